@@ -1,0 +1,62 @@
+"""Duration grammar: every case of ``vectors/periods.json`` plus the interval parser.
+
+Checks: INV-LIM-7 (bad periods are rejected at boot).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ductwork.durations import parse_interval_us, parse_period
+from ductwork.errors import DurationError
+
+VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors" / "periods.json"
+PERIODS = json.loads(VECTORS.read_text())
+
+
+@pytest.mark.parametrize("case", PERIODS, ids=lambda c: repr(c["per"]))
+def test_period_vectors(case):
+    if case.get("error"):
+        with pytest.raises(DurationError) as info:
+            parse_period(case["per"])
+        assert repr(case["per"]) in str(info.value)
+    else:
+        assert parse_period(case["per"]) == case["seconds"]
+
+
+def test_months_named_in_message():
+    with pytest.raises(DurationError, match="months and years"):
+        parse_period("1mo")
+
+
+@given(
+    st.lists(st.integers(0, 500), min_size=5, max_size=5).filter(lambda xs: any(xs)),
+)
+def test_compound_round_trip(parts):
+    """Rendering w/d/h/m/s groups and parsing them back gives the same seconds."""
+    text = "".join(f"{n}{u}" for n, u in zip(parts, "wdhms") if n)
+    expected = sum(n * s for n, s in zip(parts, (604800, 86400, 3600, 60, 1)))
+    assert parse_period(text) == expected
+    assert parse_period(str(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "micros"),
+    [(1, 1_000_000), (0.25, 250_000), ("1m", 60_000_000), (timedelta(milliseconds=5), 5_000),
+     (1e-7, 1)],
+)
+def test_interval(value, micros):
+    assert parse_interval_us(value) == micros
+
+
+@pytest.mark.parametrize("value", [0, -1, 0.0, float("nan"), float("inf"), True, None, "0s", "", [1],
+                                   timedelta(0)])
+def test_interval_rejects(value):
+    with pytest.raises(DurationError):
+        parse_interval_us(value)
