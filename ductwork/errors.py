@@ -24,6 +24,7 @@ The tree::
     ├── StepReturnError (TypeError)       a step returned a value its edge cannot carry
     ├── OverwriteError                    Context.set on a key already set (``Context.OverwriteError``)
     ├── RunStateError                     an operation not allowed in the run's state (resume)
+    ├── InputError (TypeError)            trigger/resume/context input is not JSON-serialisable
     ├── DrainTimeout (TimeoutError)       testing.drain gave up
     └── FaultInjection (RuntimeError)     raised by an armed ``raise`` fault checkpoint
 
@@ -212,6 +213,10 @@ class OverwriteError(DuctworkError):
 
 class RunStateError(DuctworkError):
     """The run is not in a state that allows the operation."""
+
+
+class InputError(DuctworkError, TypeError):
+    """A value given to trigger, resume or Context cannot be stored (not JSON, bad key)."""
 
 
 class DrainTimeout(DuctworkError, TimeoutError):

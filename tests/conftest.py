@@ -32,3 +32,110 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+# --------------------------------------------------------------------------- databases
+#
+# One suite, parametrised over the three databases. SQLite always runs (a file
+# per xdist worker); PostgreSQL and MySQL/MariaDB come from tests/databases.py
+# (URL from the environment, else a testcontainers container, else a skip that
+# says why). Each xdist worker migrates its own database once per session and
+# every test starts from empty tables.
+
+import pytest  # noqa: E402
+
+BACKENDS = ("sqlite", "postgresql", "mysql")
+
+
+def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> str:
+    from ductwork import dialects, migrate
+    from tests import databases
+
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite')}/ductwork.sqlite3"
+    else:
+        server = databases.server_for_session(kind, worker_id)
+        if isinstance(server, str):
+            pytest.skip(server)
+        url = databases.fresh_database(server, databases.database_name(worker_id))
+    engine = dialects.create_engine(url)
+    try:
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    return url
+
+
+@pytest.fixture(scope="session")
+def worker_id(request: pytest.FixtureRequest) -> str:
+    """pytest-xdist's worker id ("master" without xdist)."""
+    return getattr(request.config, "workerinput", {}).get("workerid", "master")
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> str:
+    """A migrated database of each backend, private to this xdist worker."""
+    return _migrated_url(request.param, tmp_path_factory, worker_id)
+
+
+def reset_tables(engine) -> None:  # type: ignore[no-untyped-def]
+    """Delete every ductwork row (children first)."""
+    from ductwork import schema
+
+    tables = list(reversed(schema.metadata.sorted_tables))
+    with engine.begin() as conn:
+        if conn.dialect.name in ("mysql", "mariadb"):
+            conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS=0")
+        for table in tables:
+            conn.execute(table.delete())
+        if conn.dialect.name in ("mysql", "mariadb"):
+            conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS=1")
+
+
+TEST_CONFIG = {
+    "job_worker": {"retry_delay": 0.01, "max_retry": 2, "max_crash": 4},
+    "pipeline_advancer": {"max_retry": 2, "max_crash": 3, "expand_batch": 4},
+    "supervisor": {"reaper_timeout": 5, "heartbeat_interval": 0.5, "polling_timeout": 0.2},
+}
+
+
+def make_app(url: str, *, clock=None, config=None, **section):  # type: ignore[no-untyped-def]
+    """An App on ``url`` with the test config, optionally overridden per section."""
+    import copy
+
+    from ductwork.app import App
+    from ductwork.config import Config
+
+    body = copy.deepcopy(TEST_CONFIG)
+    for name, values in section.items():
+        body.setdefault(name, {}).update(values)
+    return App(url, config or Config.from_section(body, source="<tests>"), clock)
+
+
+@pytest.fixture
+def app(db_url: str):  # type: ignore[no-untyped-def]
+    """A fresh app (database clock) on each backend, tables empty, made the default."""
+    from ductwork.app import set_default_app
+
+    application = make_app(db_url)
+    reset_tables(application.engine)
+    set_default_app(application)
+    yield application
+    set_default_app(None)
+    application.dispose()
+
+
+@pytest.fixture
+def manual_app(db_url: str):  # type: ignore[no-untyped-def]
+    """Like ``app`` but on a ManualClock that only moves when a test (or drain) moves it."""
+    from datetime import datetime
+
+    from ductwork.app import set_default_app
+    from ductwork.clock import ManualClock
+
+    application = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12, 0, 0)))
+    reset_tables(application.engine)
+    set_default_app(application)
+    yield application
+    set_default_app(None)
+    application.dispose()

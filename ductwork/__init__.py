@@ -1,0 +1,45 @@
+"""ductwork: durable pipelines on SQL databases.
+
+    >>> import ductwork
+    >>> app = ductwork.connect("sqlite:///ductwork.sqlite3")
+
+Advancing a branch from one step to the next is exactly-once (one transaction
+behind a fencing claim token); a step's code runs at least once, made safe with
+``Step.idempotency_key`` and the run-scoped ``Context``; ``limit_by`` keys get
+exact fleet-wide concurrency and rate limits from ``ductwork.yml``.
+"""
+
+from ductwork.app import App, connect
+from ductwork.context import Context
+from ductwork.errors import (
+    CollapseError,
+    CombineError,
+    ConfigError,
+    ConvergeError,
+    DefinitionError,
+    DivertError,
+    DuctworkError,
+    OverwriteError,
+    StartError,
+)
+from ductwork.pipeline import Pipeline
+from ductwork.step import Step
+
+__all__ = [
+    "App",
+    "CollapseError",
+    "CombineError",
+    "ConfigError",
+    "Context",
+    "ConvergeError",
+    "DefinitionError",
+    "DivertError",
+    "DuctworkError",
+    "OverwriteError",
+    "Pipeline",
+    "StartError",
+    "Step",
+    "connect",
+]
+
+__version__ = "0.1.0"

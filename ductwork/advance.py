@@ -1,0 +1,481 @@
+"""Advancement: moving a branch past a finished step, exactly once.
+
+    >>> advancer = Advancer(app)
+    >>> advancer.run_once()        # "idle" | "contended" | "advanced" | "stale" | "error"
+    'advanced'
+
+A branch whose latest step is ``advancing`` (its job succeeded) or ``failed`` is
+claimed with a conditional UPDATE that re-asserts every predicate of the
+candidate query and writes a fresh claim token. Every mutation after that runs
+in a *fence*: one transaction that locks the branch row, compares its token with
+the one taken at claim, and only then writes [INV-ADV-2]. Completing the step,
+creating what follows it (next step, fan-out children, fan-in target, their jobs
+and executions) and closing the bookkeeping commit together [INV-ADV-1]; a crash
+anywhere leaves all of it or none of it, and the branch is re-claimed and the
+transition re-run from scratch after the reaper releases it.
+
+Fan-in (combine, collapse) is a counter on the barrier branch, bumped inside each
+arriving sibling's fence; the sibling whose bump makes it equal the fan-out width
+creates the merge target, so the merge fires once and only after every sibling
+arrived [INV-ADV-3]. An expand creates its children in batches of
+``pipeline_advancer.expand_batch`` per fence, with a cursor on the branch, so a
+million items never sit in one transaction or in memory, and a crash between
+batches resumes without creating a child twice [INV-ADV-4].
+
+Not done here: running steps (execute.py), or recovering the claims of dead
+processes (reaper.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+
+from ductwork import dialects, faults, schema
+from ductwork.definition import render_divert_key
+from ductwork.errors import StaleClaim, TransitionError
+from ductwork.executions import ErrorInfo
+from ductwork.ids import new_id, new_token
+from ductwork.runs import resolve_run
+from ductwork.steps import (ADVANCEABLE, NewStep, StepRow, create_steps, latest_step, payload_json,
+                            step_complete, step_output_json)
+
+if TYPE_CHECKING:
+    from ductwork.app import App, Tx
+    from ductwork.definition import Definition
+
+log = logging.getLogger("ductwork.advance")
+
+PROCESS_CRASH = "ductwork.ProcessCrash"
+THREAD_CRASH = "ductwork.ThreadCrash"
+CRASH_CLASSES = (PROCESS_CRASH, THREAD_CRASH)
+MAX_CLAIM_ATTEMPTS = 3
+
+_b, _a = schema.branches, schema.advancements
+
+
+@dataclass
+class BranchClaim:
+    """A branch this advancer holds, with the token captured at claim time."""
+
+    branch_id: str
+    run_id: str
+    token: str
+    advancement_id: str
+    crash_count: int
+    step: StepRow
+    definition_sha1: str
+    #: set once a fence committed the advancement's close; cleanup then has nothing to do
+    closed: bool = field(default=False)
+
+
+def candidates(tx: Tx, window: int) -> list[str]:
+    """Branches that look claimable, least recently advanced first (a read; the claim re-checks)."""
+    s = schema.steps
+    return list(tx.execute(
+        sa.select(_b.c.id)
+        .join(s, s.c.branch_id == _b.c.id)
+        .where(s.c.status.in_(ADVANCEABLE),  # its job is done
+               _b.c.status == "in_progress",  # not finished, not held
+               _b.c.claim_token.is_(None))  # unclaimed
+        .order_by(_b.c.last_advanced_at)
+        .limit(window)
+    ).scalars())
+
+
+def claim_branch(app: App, branch_id: str, process_id: str) -> BranchClaim | None:
+    """Claim one branch; None if another advancer won it or it no longer qualifies."""
+    token = new_token()
+    s = schema.steps
+    try:
+        with app.begin() as tx:
+            won = tx.execute(
+                _b.update()
+                .where(_b.c.id == branch_id,
+                       # Re-assert every predicate of `candidates`: a branch advanced and
+                       # released since we read it must not be claimed off its new step.
+                       _b.c.status == "in_progress",
+                       _b.c.claim_token.is_(None),
+                       sa.exists().where(s.c.branch_id == branch_id, s.c.status.in_(ADVANCEABLE)))
+                .values(status="advancing", claim_token=token, claimed_at=tx.now, updated_at=tx.now)
+            )
+            if won.rowcount != 1:
+                return None
+            step = latest_step(tx, branch_id)
+            assert step is not None, f"branch {branch_id} has no step"
+            previous = tx.execute(
+                sa.select(_a.c.crash_count, _a.c.error_klass).where(_a.c.step_id == step.id)
+                .order_by(_a.c.started_at.desc(), _a.c.id.desc()).limit(1)
+            ).first()
+            crash_count = 0 if previous is None else (
+                previous.crash_count + (1 if previous.error_klass in CRASH_CLASSES else 0))
+            faults.hit(faults.BEFORE_ADVANCEMENT_CREATE)
+            advancement_id = new_id()
+            tx.execute(_a.insert().values(
+                id=advancement_id, branch_id=branch_id, step_id=step.id, process_id=process_id,
+                claim_token=token, started_at=tx.now, crash_count=crash_count,
+                created_at=tx.now, updated_at=tx.now))
+            sha1 = tx.execute(
+                sa.select(schema.runs.c.definition_sha1).where(schema.runs.c.id == step.run_id)
+            ).scalar_one()
+    except exc.IntegrityError as error:
+        if dialects.violated_constraint(error) is None:
+            # Our process row was reaped mid-claim: the foreign key failed and the
+            # whole claim rolled back. A lost race, not a failure.
+            log.warning("branch claim lost: process %s no longer registered", process_id)
+            return None
+        raise
+    return BranchClaim(branch_id, step.run_id, token, advancement_id, crash_count, step, sha1)
+
+
+class Advancer:
+    """Claims and advances branches, one per :meth:`run_once`."""
+
+    def __init__(self, app: App, *, process_id: str | None = None, rng: random.Random | None = None):
+        self.app = app
+        self._process_id = process_id
+        self.rng = rng or random.Random()
+        self._unreleased: list[BranchClaim] = []
+
+    @property
+    def process_id(self) -> str:
+        return self._process_id or self.app.process_id()
+
+    # -- the loop body ----------------------------------------------------------------
+
+    def run_once(self) -> str:
+        """Claim and advance at most one branch. Never sleeps.
+
+        Returns ``idle`` (nothing to do), ``contended`` (candidates existed but others
+        won them), ``advanced``, ``stale`` (the claim was lost mid-way; nothing
+        committed) or ``error`` (routing raised; recorded, branch released).
+        """
+        self._retry_cleanups()
+        cfg = self.app.config.pipeline_advancer
+        window = max(20, min(100, 4 * cfg.count))
+        with self.app.begin() as tx:
+            ids = candidates(tx, window)
+        if not ids:
+            return "idle"
+        faults.hit(faults.AFTER_BRANCH_CANDIDATE_SELECT)
+        picks = ids[:1] if len(ids) == 1 else self.rng.sample(ids, min(MAX_CLAIM_ATTEMPTS, len(ids)))
+        claim = None
+        for branch_id in picks:
+            claim = claim_branch(self.app, branch_id, self.process_id)
+            if claim is not None:
+                break
+        if claim is None:
+            return "contended"
+        faults.hit(faults.AFTER_BRANCH_CLAIM)
+        try:
+            result = self.advance(claim)
+        finally:
+            if not claim.closed:
+                self._abandon(claim)
+        faults.hit(faults.AFTER_BRANCH_ADVANCEMENT)
+        return result
+
+    def advance(self, c: BranchClaim) -> str:
+        """Advance a claimed branch past its latest step (the decision order of semantics §3)."""
+        cfg = self.app.config.pipeline_advancer
+        try:
+            if c.step.status not in ADVANCEABLE:
+                # Stale-claim backstop: nothing to route. Release without an error so a
+                # healthy branch's budgets are not burnt.
+                with self._fence(c) as tx:
+                    self._close(tx, c)
+                    self._release(tx, c)
+                log.warning("branch %s claimed with no advanceable step; released", c.branch_id)
+                return "stale"
+            if c.crash_count >= cfg.max_crash:
+                self._halt(c, "advancer_crashes_exhausted")
+            elif c.step.status == "failed":
+                self._halt(c, self._job_halt_reason(c))
+            else:
+                self._route(c)
+            return "advanced"
+        except StaleClaim as stale:
+            log.warning("%s; nothing committed", stale)
+            c.closed = True  # someone else holds it now: nothing of ours to clean up
+            return "stale"
+        except TransitionError as error:
+            self._halt(c, "transition_invalid", ErrorInfo.of(error))
+            return "advanced"
+        except Exception as error:  # noqa: BLE001 - any routing error is recorded, never lost
+            log.exception("advancing branch %s failed", c.branch_id)
+            self._record_error(c, error)
+            return "error"
+
+    # -- fences and bookkeeping ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _fence(self, c: BranchClaim) -> Iterator[Tx]:
+        """A transaction that commits only while ``c.token`` still holds the branch."""
+        with self.app.begin() as tx:
+            found = tx.execute(
+                dialects.for_update(sa.select(_b.c.claim_token).where(_b.c.id == c.branch_id), tx.conn)
+            ).scalar_one()
+            if found != c.token:  # [INV-ADV-2] a stale token commits nothing
+                raise StaleClaim(c.branch_id, c.token, found)
+            yield tx
+            faults.hit(faults.BEFORE_FENCE_COMMIT)
+
+    def _close(self, tx: Tx, c: BranchClaim, error: ErrorInfo | None = None) -> None:
+        closed = tx.execute(
+            _a.update().where(_a.c.id == c.advancement_id, _a.c.completed_at.is_(None))
+            .values(completed_at=tx.now, updated_at=tx.now,
+                    error_klass=error.klass if error else None,
+                    error_message=error.message if error else None,
+                    error_backtrace=error.backtrace if error else None)
+        )
+        if closed.rowcount != 1:
+            raise AssertionError(f"advancement {c.advancement_id} not open inside its fence [INV-ADV-2]")
+        c.closed = True
+
+    def _set_branch(self, tx: Tx, c: BranchClaim, status: str, **values: object) -> None:
+        """Move the held branch to ``status`` and drop the claim (token-guarded)."""
+        moved = tx.execute(
+            _b.update()
+            .where(_b.c.id == c.branch_id,
+                   _b.c.claim_token == c.token)  # [INV-ADV-2] only the holder may move it
+            .values(status=status, claim_token=None, claimed_at=None, last_advanced_at=tx.now,
+                    updated_at=tx.now, **values)
+        )
+        if moved.rowcount != 1:
+            raise AssertionError(f"branch {c.branch_id} lost inside its fence [INV-ADV-2]")
+
+    def _release(self, tx: Tx, c: BranchClaim) -> None:
+        self._set_branch(tx, c, "in_progress")
+
+    def _abandon(self, c: BranchClaim, klass: str = THREAD_CRASH) -> None:
+        """Close an advancement that an exception left open and release the branch."""
+        try:
+            with self.app.begin() as tx:
+                tx.execute(_a.update().where(_a.c.id == c.advancement_id, _a.c.completed_at.is_(None))
+                           .values(completed_at=tx.now, updated_at=tx.now, error_klass=klass,
+                                   error_message="Advancement was abandoned by its thread"))
+                tx.execute(_b.update()
+                           .where(_b.c.id == c.branch_id, _b.c.claim_token == c.token,
+                                  _b.c.status == "advancing")
+                           .values(status="in_progress", claim_token=None, claimed_at=None,
+                                   last_advanced_at=tx.now, updated_at=tx.now))
+            c.closed = True
+        except exc.DBAPIError:
+            log.exception("could not release branch %s; will retry", c.branch_id)
+            self._unreleased.append(c)
+
+    def _retry_cleanups(self) -> None:
+        pending, self._unreleased = self._unreleased, []
+        for c in pending:
+            self._abandon(c)
+
+    def _job_halt_reason(self, c: BranchClaim) -> str:
+        with self.app.begin() as tx:
+            outcome = tx.execute(
+                sa.select(schema.executions.c.outcome)
+                .where(schema.executions.c.job_id == c.step.job_id,
+                       schema.executions.c.completed_at.is_not(None))
+                .order_by(schema.executions.c.completed_at.desc(), schema.executions.c.id.desc()).limit(1)
+            ).scalar_one_or_none()
+        return "job_crashes_exhausted" if outcome == "process_crashed" else "job_retries_exhausted"
+
+    def _halt(self, c: BranchClaim, reason: str, error: ErrorInfo | None = None) -> None:
+        with self._fence(c) as tx:
+            if c.step.status == "advancing":
+                step_complete(tx, c.step.id)
+            self._close(tx, c, error)
+            self._set_branch(tx, c, "halted", halt_reason=reason, completed_at=tx.now)
+            resolve_run(tx, c.run_id)
+
+    def _record_error(self, c: BranchClaim, error: Exception) -> None:
+        info = ErrorInfo.of(error)
+        max_retry = self.app.config.pipeline_advancer.max_retry
+        try:
+            with self._fence(c) as tx:
+                failures = tx.execute(
+                    sa.select(sa.func.count()).select_from(_a)
+                    .where(_a.c.step_id == c.step.id, _a.c.error_klass.is_not(None),
+                           _a.c.error_klass.not_in(CRASH_CLASSES))
+                ).scalar_one()
+                if failures >= max_retry:
+                    if c.step.status == "advancing":
+                        step_complete(tx, c.step.id)
+                    self._close(tx, c, info)
+                    self._set_branch(tx, c, "halted", halt_reason="advancer_retries_exhausted",
+                                     completed_at=tx.now)
+                    resolve_run(tx, c.run_id)
+                else:
+                    self._close(tx, c, info)
+                    self._release(tx, c)
+        except StaleClaim:
+            c.closed = True
+
+    # -- routing ----------------------------------------------------------------------------
+
+    def _route(self, c: BranchClaim) -> None:
+        definition = self.app.definition(c.definition_sha1)
+        edge = definition.edges.get(c.step.node)
+        if edge is None or not edge.to:
+            return self._leaf(c)
+        kind = edge.type
+        if kind in ("chain", "converge"):
+            return self._continue(c, definition, edge.to[0], "chain" if kind == "chain" else kind)
+        if kind == "divert":
+            with self.app.begin() as tx:
+                value = json.loads(step_output_json(tx, c.step.id))
+            key = render_divert_key(value)
+            node = edge.to.get(key) if key is not None else None
+            node = node or edge.to.get("otherwise")
+            if node is None:
+                raise TransitionError(f"divert from {c.step.node}: no target for {key!r} and no otherwise")
+            return self._continue(c, definition, node, "divert")
+        if kind == "divide":
+            return self._divide(c, definition, list(edge.to))
+        if kind == "expand":
+            return self._expand(c, definition, edge.to[0])
+        if kind in ("combine", "collapse"):
+            return self._fan_in(c, definition, kind)
+        if kind == "dampen":
+            with self._fence(c) as tx:
+                step_complete(tx, c.step.id)
+                self._close(tx, c)
+                self._set_branch(tx, c, "dampened")
+                resolve_run(tx, c.run_id)
+            return None
+        raise TransitionError(f"unknown edge type {kind!r} from node {c.step.node}")
+
+    def _leaf(self, c: BranchClaim) -> None:
+        with self._fence(c) as tx:
+            step_complete(tx, c.step.id)
+            self._close(tx, c)
+            self._set_branch(tx, c, "completed", completed_at=tx.now)
+            resolve_run(tx, c.run_id)
+
+    def _continue(self, c: BranchClaim, definition: Definition, node: str, kind: str) -> None:
+        """chain, converge, divert: the next step on the same branch."""
+        with self._fence(c) as tx:
+            args = "[" + step_output_json(tx, c.step.id) + "]"
+            step_complete(tx, c.step.id)
+            create_steps(tx, c.run_id, definition, [NewStep(c.branch_id, node, kind, args)])
+            self._close(tx, c)
+            self._release(tx, c)
+
+    def _new_branches(self, tx: Tx, c: BranchClaim, count: int, first_index: int) -> list[str]:
+        ids = [new_id() for _ in range(count)]
+        tx.execute(_b.insert(), [
+            {"id": bid, "run_id": c.run_id, "status": "in_progress", "parent_id": c.branch_id,
+             "barrier_id": c.branch_id, "barrier_index": first_index + i, "fanin_arrivals": 0,
+             "last_advanced_at": tx.now, "started_at": tx.now, "created_at": tx.now, "updated_at": tx.now}
+            for i, bid in enumerate(ids)
+        ])  # [INV-ADV-4] uq_branch_child_index: one child per (parent, index)
+        return ids
+
+    def _divide(self, c: BranchClaim, definition: Definition, nodes: list[str]) -> None:
+        with self._fence(c) as tx:
+            args = "[" + step_output_json(tx, c.step.id) + "]"
+            step_complete(tx, c.step.id)
+            children = self._new_branches(tx, c, len(nodes), 0)
+            create_steps(tx, c.run_id, definition,
+                         [NewStep(b, n, "divide", args) for b, n in zip(children, nodes)])
+            self._close(tx, c)
+            self._set_branch(tx, c, "completed", completed_at=tx.now, fanout_width=len(nodes))
+
+    def _expand(self, c: BranchClaim, definition: Definition, node: str) -> None:
+        batch = self.app.config.pipeline_advancer.expand_batch
+        while True:
+            with self._fence(c) as tx:
+                payload = tx.execute(
+                    sa.select(schema.jobs.c.output_payload).where(schema.jobs.c.id == c.step.job_id)
+                ).scalar_one()
+                total = json.loads(payload)["expand_items"]
+                if total == 0:
+                    step_complete(tx, c.step.id)
+                    self._close(tx, c)
+                    self._set_branch(tx, c, "completed", completed_at=tx.now)
+                    resolve_run(tx, c.run_id)
+                    return
+                cursor = tx.execute(sa.select(_b.c.fanout_cursor).where(_b.c.id == c.branch_id)).scalar_one() or 0
+                items = tx.execute(
+                    sa.select(schema.expand_items.c.item_index, schema.expand_items.c.value)
+                    .where(schema.expand_items.c.job_id == c.step.job_id,
+                           schema.expand_items.c.item_index >= cursor)  # [INV-ADV-4] resume at the cursor
+                    .order_by(schema.expand_items.c.item_index).limit(batch)
+                ).all()
+                children = self._new_branches(tx, c, len(items), cursor)
+                create_steps(tx, c.run_id, definition,
+                             [NewStep(b, node, "expand", "[" + v + "]") for b, (_, v) in zip(children, items)])
+                cursor += len(items)
+                done = cursor >= total
+                values = {"fanout_cursor": cursor, "fanout_width": total}
+                if done:
+                    step_complete(tx, c.step.id)
+                    self._close(tx, c)
+                    self._set_branch(tx, c, "completed", completed_at=tx.now, **values)
+                else:
+                    tx.execute(_b.update().where(_b.c.id == c.branch_id).values(updated_at=tx.now, **values))
+            if done:
+                return
+            faults.hit(faults.BETWEEN_EXPAND_BATCHES)
+
+    def _fan_in(self, c: BranchClaim, definition: Definition, kind: str) -> None:
+        edge = definition.edges[c.step.node]
+        with self._fence(c) as tx:
+            barrier_id = tx.execute(sa.select(_b.c.barrier_id).where(_b.c.id == c.branch_id)).scalar_one()
+            if barrier_id is None:
+                raise TransitionError(f"{kind} from {c.step.node}: branch {c.branch_id} has no barrier")
+            barrier = tx.execute(
+                sa.select(_b.c.fanout_width, _b.c.barrier_id, _b.c.barrier_index).where(_b.c.id == barrier_id)
+            ).one()
+            fanned = latest_step(tx, barrier_id)
+            if fanned is None or fanned.node not in (edge.barrier or ()):
+                raise TransitionError(
+                    f"{kind} from {c.step.node}: barrier {barrier_id} ran "
+                    f"{fanned.node if fanned else None}, expected one of {edge.barrier}")
+            step_complete(tx, c.step.id)
+            self._close(tx, c)
+            self._set_branch(tx, c, "completed", completed_at=tx.now, fanin_arrived_at=tx.now)
+            faults.hit(faults.BEFORE_FANIN_BUMP)
+            fired = tx.execute(
+                _b.update()
+                .where(_b.c.id == barrier_id,
+                       _b.c.fanin_arrivals + 1 == _b.c.fanout_width)  # [INV-ADV-3] the last arrival fires
+                .values(fanin_arrivals=_b.c.fanin_arrivals + 1, updated_at=tx.now)
+            ).rowcount == 1
+            if not fired:
+                bumped = tx.execute(
+                    _b.update()
+                    .where(_b.c.id == barrier_id, _b.c.fanin_arrivals + 1 < _b.c.fanout_width)
+                    .values(fanin_arrivals=_b.c.fanin_arrivals + 1, updated_at=tx.now)
+                ).rowcount
+                if bumped != 1:
+                    raise AssertionError(f"barrier {barrier_id}: more arrivals than its width [INV-ADV-3]")
+            faults.hit(faults.AFTER_FANIN_BUMP)
+            if not fired:
+                resolve_run(tx, c.run_id)
+                return
+            sources = [n for n, e in definition.edges.items() if e.type == kind and list(e.to) == list(edge.to)]
+            s, j = schema.steps, schema.jobs
+            outputs = tx.execute(
+                sa.select(j.c.output_payload)
+                .select_from(_b).join(s, s.c.branch_id == _b.c.id).join(j, j.c.step_id == s.c.id)
+                .where(_b.c.barrier_id == barrier_id, _b.c.fanin_arrived_at.is_not(None), s.c.node.in_(sources))
+                .order_by(_b.c.barrier_index)
+            ).scalars().all()
+            if len(outputs) != barrier.fanout_width:
+                raise AssertionError(
+                    f"barrier {barrier_id}: fired with {len(outputs)} of {barrier.fanout_width} inputs [INV-ADV-3]")
+            merged = new_id()
+            tx.execute(_b.insert().values(
+                id=merged, run_id=c.run_id, status="in_progress", barrier_id=barrier.barrier_id,
+                barrier_index=barrier.barrier_index, merged_barrier_id=barrier_id, fanin_arrivals=0,
+                last_advanced_at=tx.now, started_at=tx.now, created_at=tx.now, updated_at=tx.now,
+            ))  # [INV-ADV-3] uq_branch_merge_per_barrier
+            args = "[[" + ",".join(payload_json(o) for o in outputs) + "]]"
+            create_steps(tx, c.run_id, definition, [NewStep(merged, edge.to[0], kind, args)])

@@ -1,0 +1,179 @@
+"""The application handle: one database, one config, one clock.
+
+    >>> app = ductwork.connect("sqlite:///ductwork.sqlite3")
+    >>> run = SyncOrders.trigger(since="2026-01-01")
+
+``connect`` picks the database URL from its argument, then
+``DUCTWORK_DATABASE_URL``, then the config's ``database.url``, then
+``sqlite:///ductwork.sqlite3``; the config from its argument (a path, a mapping
+or a :class:`~ductwork.config.Config`), else ``./ductwork.yml`` if present, else
+defaults. The most recent ``connect`` is the default app that
+``Pipeline.trigger`` uses.
+
+Every unit of work is one transaction opened with :meth:`App.begin`, which
+yields a :class:`Tx`: its connection and its database time, read lazily and
+once (so a keyed claim can read it after taking the key lock) [INV-CLK-1].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from ductwork import dialects
+from ductwork.clock import Clock, DatabaseClock, to_us
+from ductwork.config import Config, config_from_mapping, load_config
+
+if TYPE_CHECKING:
+    from ductwork.definition import Definition
+    from ductwork.runs import Run
+
+DEFAULT_URL = "sqlite:///ductwork.sqlite3"
+
+
+class Tx:
+    """One open transaction: ``conn``, and ``now`` (database time, read on first use)."""
+
+    __slots__ = ("conn", "_clock", "_now", "backend")
+
+    def __init__(self, conn: Connection, clock: Clock, backend: str):
+        self.conn = conn
+        self._clock = clock
+        self._now: datetime | None = None
+        self.backend = backend
+
+    @property
+    def now(self) -> datetime:
+        if self._now is None:
+            self._now = self._clock.now(self.conn)
+        return self._now
+
+    @property
+    def now_us(self) -> int:
+        return to_us(self.now)
+
+    def execute(self, stmt: Any, params: Any = None) -> sa.CursorResult:
+        return self.conn.execute(stmt, params) if params is not None else self.conn.execute(stmt)
+
+
+class App:
+    """A connected ductwork: engine, config and clock. Thread-safe."""
+
+    def __init__(self, url: str, config: Config, clock: Clock | None = None,
+                 engine: Engine | None = None, **engine_settings: Any):
+        self.url = url
+        self.config = config
+        self.clock: Clock = clock or DatabaseClock()
+        self.engine = engine or dialects.create_engine(url, **engine_settings)
+        self.backend = dialects.backend(self.engine)
+        self._lock = threading.Lock()
+        self._inline_process: str | None = None
+        self._definitions: dict[str, Definition] = {}
+
+    # -- transactions ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def begin(self) -> Iterator[Tx]:
+        """One transaction; commits when the block exits normally, else rolls back."""
+        with self.engine.begin() as conn:
+            yield Tx(conn, self.clock, self.backend)
+
+    def now(self) -> datetime:
+        """Database time, in a transaction of its own."""
+        with self.begin() as tx:
+            return tx.now
+
+    # -- identities -----------------------------------------------------------------
+
+    def process_id(self) -> str:
+        """The process row this App uses for work done in this OS process (registered once)."""
+        with self._lock:
+            if self._inline_process is None:
+                from ductwork.processes import register
+
+                self._inline_process = register(self, role="inline", label="inline")
+            return self._inline_process
+
+    def forget_process(self) -> None:
+        """Drop the cached inline process id (after it was reaped or the tables were reset)."""
+        with self._lock:
+            self._inline_process = None
+
+    def definition(self, sha1: str, text: str | None = None) -> Definition:
+        """The parsed definition snapshot with this digest (cached per App)."""
+        cached = self._definitions.get(sha1)
+        if cached is not None:
+            return cached
+        from ductwork import schema
+        from ductwork.definition import Definition
+        import json
+
+        if text is None:
+            with self.engine.connect() as conn:
+                text = conn.execute(
+                    sa.select(schema.runs.c.definition)
+                    .where(schema.runs.c.definition_sha1 == sha1).limit(1)
+                ).scalar_one()
+        parsed = Definition.from_json(json.loads(text))
+        self._definitions[sha1] = parsed
+        return parsed
+
+    # -- runs -----------------------------------------------------------------------
+
+    def run(self, run_id: str) -> Run:
+        """A handle on an existing run."""
+        from ductwork.runs import Run
+
+        return Run(self, run_id)
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"App({self.engine.url.render_as_string(hide_password=True)!r}, env={self.config.env!r})"
+
+
+_default: App | None = None
+
+
+def connect(url: str | None = None, config: Config | Mapping[str, Any] | str | os.PathLike | None = None,
+            env: str | None = None, *, clock: Clock | None = None, **engine_settings: Any) -> App:
+    """Connect to a database and make the result the default app.
+
+    >>> app = connect("postgresql://localhost/shop", config="ductwork.yml", env="production")
+    """
+    global _default
+    if isinstance(config, Config):
+        cfg = config
+    elif isinstance(config, Mapping):
+        cfg = config_from_mapping(config, env or os.environ.get("DUCTWORK_ENV", "default"))
+    else:
+        cfg = load_config(Path(config) if config is not None else None, env)
+    chosen = url or os.environ.get("DUCTWORK_DATABASE_URL") or cfg.database_url or DEFAULT_URL
+    app = App(chosen, cfg, clock, **engine_settings)
+    _default = app
+    return app
+
+
+def default_app() -> App:
+    """The app of the most recent :func:`connect`; raises if there was none."""
+    if _default is None:
+        from ductwork.errors import RunStateError
+
+        raise RunStateError("no ductwork app: call ductwork.connect() first or pass app=")
+    return _default
+
+
+def set_default_app(app: App | None) -> None:
+    """Make ``app`` the default (tests)."""
+    global _default
+    _default = app

@@ -1,0 +1,145 @@
+"""Running one step in a child process that can be killed: the home of ``timeout=``.
+
+    >>> value = run_in_child(app, claimed)     # raises StepTimedOut after the timeout
+
+Python threads cannot be killed, so a step that declares ``timeout=`` runs in a
+fresh interpreter (``python -m ductwork.child``) in its own process group. The
+parent waits for its result with a deadline measured from when it started the
+child; past the deadline it SIGKILLs the whole group and waits until the child is
+reaped by the OS, and only then is the execution recorded ``timed_out`` and its
+concurrency slot freed [INV-EXE-5]. The child also dies with its parent
+(``PR_SET_PDEATHSIG`` on Linux), so a killed worker leaves no step code running.
+
+Costs and limits: one interpreter start per execution (tens of milliseconds,
+counted inside the timeout); the step class must be importable by its module
+path (defined at module level); its return value crosses back as JSON.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ductwork.app import App
+    from ductwork.executions import Claimed
+
+PR_SET_PDEATHSIG = 1
+
+
+def run_in_child(app: App, claimed: Claimed) -> Any:
+    """Run the claimed step in a child process; returns its value or raises.
+
+    Raises ``StepTimedOut`` (killed at the deadline), ``ChildStepError`` (the step
+    raised) or ``BuildFailed`` (the child could not build the step).
+    """
+    from ductwork.execute import BuildFailed, ChildStepError, StepTimedOut
+    from ductwork.executions import ErrorInfo
+
+    timeout_s = claimed.timeout_us / 1_000_000
+    request = {
+        "url": app.url, "sys_path": [p for p in sys.path if p], "klass": claimed.klass,
+        "input_json": claimed.input_json, "step_id": claimed.step_id, "run_id": claimed.run_id,
+    }
+    read_fd, write_fd = os.pipe()
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ductwork.child", str(write_fd)],
+        stdin=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True,
+    )
+    os.close(write_fd)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(request).encode())
+        proc.stdin.close()
+        chunks: list[bytes] = []
+        while True:
+            remaining = started + timeout_s - time.monotonic()
+            if remaining <= 0:
+                _kill_group(proc)  # [INV-EXE-5] stopped and reaped before the outcome is recorded
+                raise StepTimedOut(f"{claimed.klass} ran past its timeout of {timeout_s:g} s; killed")
+            ready, _, _ = select.select([read_fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        proc.wait()
+    finally:
+        os.close(read_fd)
+        if proc.poll() is None:
+            _kill_group(proc)
+    if not chunks:
+        raise BuildFailed(ErrorInfo("ductwork.ChildDied",
+                                    f"step child exited with status {proc.returncode} without a result", None))
+    message = json.loads(b"".join(chunks))
+    if "ok" in message:
+        return json.loads(message["ok"])
+    info = ErrorInfo(**message["error"])
+    raise (BuildFailed(info) if message.get("build") else ChildStepError(info))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the parent's kill of the group still applies
+        pass
+
+
+def main() -> None:
+    _die_with_parent()
+    out = int(sys.argv[1])
+    if os.getppid() == 1:  # the parent died before the death signal was armed
+        os._exit(1)
+    request = json.loads(sys.stdin.read())
+    sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
+
+    from ductwork.app import App
+    from ductwork.config import config_from_mapping
+    from ductwork.errors import StepReturnError
+    from ductwork.execute import BuildFailed, build_step
+    from ductwork.executions import ErrorInfo
+
+    app = App(request["url"], config_from_mapping({"default": {}}))
+    try:
+        instance = build_step(app, request["klass"], request["input_json"], request["step_id"], request["run_id"])
+        value = instance.execute()
+        try:
+            message: dict[str, Any] = {"ok": json.dumps(value, allow_nan=False)}
+        except (TypeError, ValueError) as error:
+            raise StepReturnError(request["klass"], value,
+                                  f"return value is not JSON-serialisable ({error})") from None
+    except BuildFailed as failed:
+        message = {"build": True, "error": vars(failed.info)}
+    except Exception as error:  # noqa: BLE001 - reported to the parent, which records it
+        message = {"error": vars(ErrorInfo.of(error))}
+    except BaseException as error:  # SystemExit inside a step is the step's failure too
+        message = {"error": vars(ErrorInfo.of(error))}
+    try:
+        payload = json.dumps(message).encode()
+    except (TypeError, ValueError) as error:
+        payload = json.dumps({"error": vars(ErrorInfo.of(error))}).encode()
+    with os.fdopen(out, "wb") as pipe:
+        pipe.write(payload)
+    app.dispose()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""Claiming one execution, with limits enforced exactly, fleet-wide.
+
+    >>> claimed = claim_next(app, process_id)      # None when nothing may run now
+
+A poll looks at *lanes*: each limit key with eligible pending work that is not
+rate-blocked and not concurrency-saturated, plus one lane for unkeyed work, and
+tries them in the order of their oldest eligible execution (eligible time, then
+creation order) [INV-LIM-6]. The unkeyed lane claims with ``FOR UPDATE SKIP
+LOCKED``. A keyed lane claims in one transaction that
+
+1. locks the key's header row before any other read [INV-LIM-1],
+2. reads the database clock only then [INV-CLK-1],
+3. finds the key's oldest eligible execution,
+4. counts the key's in-flight executions (derived from execution rows, never a
+   stored counter, so a slot cannot leak [INV-LIM-3]),
+5. runs the pure decision (:func:`ductwork.buckets.decide`) on the current config,
+6. writes refilled buckets and the ``blocked_until`` stamp [INV-LIM-4, INV-LIM-5],
+   and, if admitted, claims the execution and spends the tokens.
+
+The claim, the token spend and the stamp commit together or not at all, so a
+limit of five never reaches six: two workers cannot both read "four in flight".
+Worked numbers: ``concurrency: 3`` admits a fourth claim only after one of three
+in-flight executions completed; ``rate: {limit: 5, per: 1s}`` (burst 5) admits at
+most 5 + 5·T claims in any T seconds of database time [INV-LIM-2].
+
+Not done here: running the step, or releasing slots (completion does that, under
+the same key lock: executions.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from ductwork import buckets, dialects, faults, schema
+from ductwork.clock import from_us
+from ductwork.executions import Claimed
+
+if TYPE_CHECKING:
+    from ductwork.app import App, Tx
+
+log = logging.getLogger("ductwork.claims")
+
+UNKEYED = ""
+"""The pending lane of unkeyed executions (limit keys are never blank)."""
+
+_e = schema.executions
+
+
+@dataclass(frozen=True, order=True)
+class Lane:
+    """A lane with eligible work; ordering is the poll's order."""
+
+    oldest_at: datetime
+    oldest_id: str
+    key: str = field(compare=False)  # UNKEYED for the unkeyed lane
+
+
+@dataclass
+class Refusal:
+    """Why a keyed lane did not admit (for status and tests)."""
+
+    key: str
+    reason: str  # "concurrency" | "rate" | "gone"
+
+
+def _oldest(column: sa.ColumnElement, lane: sa.ColumnElement | str, now: datetime) -> sa.ScalarSelect:
+    return (
+        sa.select(column)
+        .where(_e.c.pending_lane == lane,  # pending in this lane
+               _e.c.eligible_at <= now)  # eligible: delays and back-off have passed
+        .order_by(_e.c.eligible_at, _e.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+def scan_lanes(app: App, tx: Tx) -> list[Lane]:
+    """Every lane that may admit now, oldest first. A read: the claims re-check under locks."""
+    k = schema.limit_keys
+    now = tx.now
+    inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
+    rows = tx.execute(
+        sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now), _oldest(_e.c.id, k.c.key, now), inflight)
+        .where(sa.or_(k.c.blocked_until.is_(None),  # never rate-blocked
+                      k.c.blocked_until <= now))  # or its next token has arrived [INV-LIM-5]
+    ).all()
+    lanes = []
+    for key, oldest_at, oldest_id, in_flight in rows:
+        if oldest_id is None:
+            continue
+        entry = app.config.limits.get(key)
+        if entry is not None and entry.concurrency is not None and in_flight >= entry.concurrency:
+            continue  # saturated: retried on the next poll, no one knows when a slot frees
+        lanes.append(Lane(oldest_at, oldest_id, key))
+    unkeyed = tx.execute(
+        sa.select(_e.c.eligible_at, _e.c.id)
+        .where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= now)
+        .order_by(_e.c.eligible_at, _e.c.id).limit(1)
+    ).first()
+    if unkeyed is not None:
+        lanes.append(Lane(unkeyed[0], unkeyed[1], UNKEYED))
+    lanes.sort()
+    return lanes
+
+
+def _load(tx: Tx, execution_id: str, process_id: str) -> Claimed:
+    j, s, r = schema.jobs, schema.steps, schema.runs
+    row = tx.execute(
+        sa.select(_e.c.id, _e.c.job_id, s.c.id, s.c.run_id, s.c.branch_id, s.c.node, j.c.klass,
+                  r.c.pipeline_klass, r.c.definition_sha1, j.c.input_args, _e.c.limit_key,
+                  s.c.timeout_us, _e.c.retry_count, _e.c.crash_count, _e.c.process_id, _e.c.claimed_at)
+        .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
+        .where(_e.c.id == execution_id)
+    ).one()
+    return Claimed(*row)
+
+
+def _claim_row(tx: Tx, execution_id: str, process_id: str, seq: int | None) -> bool:
+    result = tx.execute(
+        _e.update()
+        .where(_e.c.id == execution_id,
+               _e.c.claimed_at.is_(None))  # still pending: nobody claimed it since we read it
+        .values(claimed_at=tx.now, process_id=process_id, claim_seq=seq, updated_at=tx.now)
+    )
+    return result.rowcount == 1
+
+
+def claim_unkeyed(app: App, process_id: str) -> Claimed | None:
+    """Claim the oldest eligible unkeyed execution, skipping rows other claimers hold."""
+    with app.begin() as tx:
+        stmt = dialects.for_update(
+            sa.select(_e.c.id)
+            .where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= tx.now)
+            .order_by(_e.c.eligible_at, _e.c.id).limit(1),
+            tx.conn, skip_locked=True,
+        )
+        execution_id = tx.execute(stmt).scalar_one_or_none()
+        if execution_id is None or not _claim_row(tx, execution_id, process_id, None):
+            return None
+        return _load(tx, execution_id, process_id)
+
+
+def _buckets_of(tx: Tx, key: str) -> dict[int, buckets.Bucket]:
+    b = schema.limit_buckets
+    return {
+        period: buckets.Bucket(period, level, refilled)
+        for period, level, refilled in tx.execute(
+            sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us).where(b.c.key == key)
+        )
+    }
+
+
+def _write_buckets(tx: Tx, key: str, new: tuple[buckets.Bucket, ...], old: dict[int, buckets.Bucket]) -> None:
+    b = schema.limit_buckets
+    for bucket in new:
+        values = {"level_units": bucket.level_units, "refilled_at_us": bucket.refilled_at_us,
+                  "updated_at": tx.now}
+        if bucket.period_s in old:
+            tx.execute(b.update().where(b.c.key == key, b.c.period_s == bucket.period_s).values(**values))
+        else:
+            tx.execute(b.insert().values(key=key, period_s=bucket.period_s, **values))
+
+
+def claim_keyed(app: App, key: str, process_id: str) -> Claimed | Refusal:
+    """Claim the oldest eligible execution of ``key`` if its limits admit one now."""
+    k = schema.limit_keys
+    with app.begin() as tx:
+        header = tx.execute(
+            dialects.for_update(sa.select(k.c.seq).where(k.c.key == key), tx.conn)  # [INV-LIM-1] key lock
+        ).first()
+        faults.hit(faults.AFTER_KEY_LOCK)
+        now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
+        execution_id = tx.execute(
+            sa.select(_e.c.id)
+            .where(_e.c.pending_lane == key, _e.c.eligible_at <= tx.now)
+            .order_by(_e.c.eligible_at, _e.c.id).limit(1)
+        ).scalar_one_or_none()
+        if header is None or execution_id is None:
+            return Refusal(key, "gone")
+        in_flight = tx.execute(
+            sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
+        ).scalar_one()
+        entry = app.config.limits.get(key)
+        old = _buckets_of(tx, key)
+        decision = buckets.decide(entry, old, in_flight, now_us)
+        if decision.refused_for == "concurrency":
+            return Refusal(key, "concurrency")  # nothing refilled, nothing stamped
+        seq = int(header.seq) + 1
+        if decision.admitted:
+            if decision.unconfigured:
+                log.warning("Claiming a limit key with no configuration entry unlimited: %r", key)
+            if not _claim_row(tx, execution_id, process_id, seq):
+                raise AssertionError(
+                    f"key {key!r}: execution {execution_id} taken under the key lock [INV-LIM-1]")
+            faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
+        _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
+        values: dict = {"updated_at": tx.now}
+        if decision.stamp:  # [INV-LIM-5] the exact time of the next token, or cleared
+            values["blocked_until"] = (None if decision.blocked_until_us is None
+                                       else from_us(decision.blocked_until_us))
+        if decision.admitted:
+            values["seq"] = seq
+        tx.execute(k.update().where(k.c.key == key).values(**values))
+        if not decision.admitted:
+            return Refusal(key, "rate")
+        return _load(tx, execution_id, process_id)
+
+
+def claim_next(app: App, process_id: str) -> Claimed | None:
+    """Claim at most one execution: the oldest that its lane's limits admit now."""
+    with app.begin() as tx:
+        lanes = scan_lanes(app, tx)
+    for lane in lanes:
+        if lane.key == UNKEYED:
+            claimed = claim_unkeyed(app, process_id)
+            if claimed is not None:
+                return claimed
+            continue
+        outcome = claim_keyed(app, lane.key, process_id)
+        if isinstance(outcome, Claimed):
+            return outcome
+    return None
+

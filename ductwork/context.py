@@ -1,0 +1,74 @@
+"""Run-scoped key/value store: a race-safe "have I done X in this run" guard.
+
+    >>> self.context.set("charged", True)          # inside a step
+    >>> self.context.get("charged")
+    True
+
+``set`` inserts; the database's ``uq_context_run_key`` constraint makes a key
+settable once per run, so of concurrent setters exactly one wins and the rest get
+:class:`Context.OverwriteError` [INV-CTX-1]. ``overwrite=True`` upserts instead
+(last writer wins; avoid it for guards). Values are JSON. Each call is its own
+transaction: a value set by a step stays set even if the step later fails.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from ductwork import dialects, schema
+from ductwork.errors import InputError, OverwriteError
+
+if TYPE_CHECKING:
+    from ductwork.app import App
+
+
+class Context:
+    """The context of one run."""
+
+    OverwriteError = OverwriteError
+
+    def __init__(self, app: App, run_id: str):
+        self._app = app
+        self.run_id = run_id
+
+    @staticmethod
+    def _check_key(key: Any) -> str:
+        if not isinstance(key, str) or not key:
+            raise InputError(f"Context key must be a non-empty str, got {key!r}")
+        if len(key) > 255:
+            raise InputError(f"Context key is longer than 255 characters: {key[:40]!r}…")
+        return key
+
+    def get(self, key: str) -> Any:
+        """The value set for ``key`` in this run, or None."""
+        self._check_key(key)
+        with self._app.begin() as tx:
+            text = tx.execute(
+                sa.select(schema.context.c.value).where(
+                    schema.context.c.run_id == self.run_id, schema.context.c.key == key
+                )
+            ).scalar_one_or_none()
+        return None if text is None else json.loads(text)["raw_value"]
+
+    def set(self, key: str, value: Any, overwrite: bool = False) -> Any:
+        """Set ``key`` once for this run (or replace it with ``overwrite=True``); returns value."""
+        self._check_key(key)
+        try:
+            text = json.dumps({"raw_value": value})
+        except (TypeError, ValueError) as error:
+            raise InputError(f"Context value for {key!r} is not JSON-serialisable: {error}") from None
+        with self._app.begin() as tx:
+            row = {"run_id": self.run_id, "key": key, "value": text,
+                   "first_set_at": tx.now, "last_set_at": tx.now}
+            if overwrite:
+                tx.execute(dialects.upsert(tx.conn, schema.context, ["run_id", "key"], row,
+                                           ["value", "last_set_at"]))
+            else:
+                with dialects.translate_db_errors(
+                    {"uq_context_run_key": lambda _: OverwriteError(self.run_id, key)}  # [INV-CTX-1]
+                ):
+                    tx.execute(schema.context.insert().values(**row))
+        return value

@@ -1,0 +1,412 @@
+"""The one seam where PostgreSQL, MySQL/MariaDB and SQLite differ.
+
+    >>> engine = create_engine("sqlite:///ductwork.sqlite3")
+    >>> stmt = for_update(select(limit_keys).where(...), engine.dialect)
+
+Every backend-specific statement or setting lives here, registered per backend
+with :meth:`Seam.for_db`; callers never test ``dialect.name``. PostgreSQL is the
+reference; each other variant opens with "Differs from PostgreSQL in that …
+because …". An unknown backend raises :class:`UnsupportedDialectError`, never a
+silent fallback.
+
+Not API: internal to ductwork.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
+
+from ductwork.errors import DatabaseURLError, UnsupportedDialectError
+
+BACKENDS = ("postgresql", "mysql", "sqlite")
+_ALIASES = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "sqlite": "sqlite"}
+
+
+def backend(bind: Connection | Engine | Dialect | str) -> str:
+    """``postgresql``, ``mysql`` (MySQL and MariaDB) or ``sqlite``; else raises."""
+    if isinstance(bind, str):
+        name = bind
+    elif isinstance(bind, Dialect):
+        name = bind.name
+    else:
+        name = bind.dialect.name
+    try:
+        return _ALIASES[name]
+    except KeyError:
+        raise UnsupportedDialectError(name, "ductwork") from None
+
+
+class Seam:
+    """A function with one implementation per backend: ``@seam.for_db("mysql")``."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._impls: dict[str, Callable[..., Any]] = {}
+
+    def for_db(self, *backends: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            for b in backends:
+                self._impls[b] = fn
+            return fn
+
+        return register
+
+    def __call__(self, bind: Connection | Engine | Dialect | str, *args: Any, **kw: Any) -> Any:
+        name = backend(bind)
+        try:
+            impl = self._impls[name]
+        except KeyError:
+            raise UnsupportedDialectError(name, self.name) from None
+        return impl(bind, *args, **kw)
+
+
+# --------------------------------------------------------------------------- URLs and engines
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse a database URL and pin ductwork's drivers (psycopg 3, PyMySQL).
+
+    Raises :class:`DatabaseURLError` naming the URL (password masked) when it is
+    malformed, names an unsupported backend, or is an in-memory SQLite database
+    (which ductwork's several connections could not share).
+    """
+    try:
+        parsed = make_url(url)
+    except (exc.ArgumentError, ValueError) as e:
+        raise DatabaseURLError("database.url", str(url), f"not a database URL ({e})") from None
+    shown = parsed.render_as_string(hide_password=True)
+    scheme, _, driver = parsed.drivername.partition("+")
+    if scheme == "postgres":
+        scheme = "postgresql"
+    if scheme not in _ALIASES:
+        raise DatabaseURLError(
+            "database.url", shown, f"unsupported backend {scheme!r} (postgresql, mysql, mariadb, sqlite)"
+        )
+    wanted = {"postgresql": "psycopg", "mysql": "pymysql", "mariadb": "pymysql", "sqlite": "pysqlite"}
+    if driver and driver != wanted[scheme]:
+        raise DatabaseURLError(
+            "database.url", shown, f"driver {driver!r} is not supported; use {scheme}+{wanted[scheme]}"
+        )
+    parsed = parsed.set(drivername=f"{scheme}+{wanted[scheme]}")
+    if scheme == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise DatabaseURLError(
+            "database.url", shown, "in-memory SQLite cannot be shared by ductwork's connections; use a file"
+        )
+    if scheme in ("mysql", "mariadb") and "charset" not in parsed.query:
+        parsed = parsed.update_query_dict({"charset": "utf8mb4"})
+    return parsed
+
+
+_engine_options = Seam("engine options")
+
+
+@_engine_options.for_db("postgresql")
+def _pg_engine_options(_: str, settings: dict[str, Any]) -> dict[str, Any]:
+    # READ COMMITTED (the default) is what every fence and count relies on: each
+    # statement sees rows committed before it started.
+    connect_args = {
+        "connect_timeout": int(settings.get("connect_timeout", 10)),
+        # A frozen server or a dead peer must not hang a worker forever.
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(settings.get("io_timeout", 30) * 1000),
+    }
+    return {"isolation_level": "READ COMMITTED", "connect_args": connect_args}
+
+
+@_engine_options.for_db("mysql")
+def _mysql_engine_options(_: str, settings: dict[str, Any]) -> dict[str, Any]:
+    # Differs from PostgreSQL in that InnoDB defaults to REPEATABLE READ, whose
+    # snapshot would make a count read after a lock stale; READ COMMITTED gives
+    # each statement a fresh view, like PostgreSQL.
+    io_timeout = int(settings.get("io_timeout", 30))
+    return {
+        "isolation_level": "READ COMMITTED",
+        "connect_args": {
+            "connect_timeout": int(settings.get("connect_timeout", 10)),
+            "read_timeout": io_timeout,
+            "write_timeout": io_timeout,
+        },
+    }
+
+
+@_engine_options.for_db("sqlite")
+def _sqlite_engine_options(_: str, settings: dict[str, Any]) -> dict[str, Any]:
+    # Differs from PostgreSQL in that there is no server and no row locks: every
+    # transaction takes the database write lock at BEGIN (see _sqlite_hooks), which
+    # serialises claims exactly as a key lock would.
+    return {"connect_args": {"timeout": float(settings.get("busy_timeout", 30))}}
+
+
+def create_engine(url: str | URL, **settings: Any) -> Engine:
+    """An Engine with ductwork's per-backend settings applied.
+
+    ``settings`` may carry ``connect_timeout``, ``io_timeout`` (seconds a network
+    read or write may block) and ``busy_timeout`` (SQLite lock wait); ``pool_size``
+    is passed through.
+    """
+    parsed = normalize_url(url)
+    name = backend(parsed.get_backend_name())
+    options = _engine_options(name, settings)
+    if "pool_size" in settings and name != "sqlite":
+        options["pool_size"] = settings["pool_size"]
+        options["max_overflow"] = settings.get("max_overflow", 10)
+    options["pool_pre_ping"] = True
+    engine = sa.create_engine(parsed, **options)
+    if name == "sqlite":
+        _sqlite_hooks(engine, float(settings.get("busy_timeout", 30)))
+    return engine
+
+
+def _sqlite_hooks(engine: Engine, busy_timeout: float) -> None:
+    """SQLAlchemy's documented pysqlite recipe: ductwork emits BEGIN itself.
+
+    Differs from PostgreSQL in that ``SELECT … FOR UPDATE`` renders nothing on
+    SQLite, so every transaction is ``BEGIN IMMEDIATE``: it holds the database
+    write lock from its first statement, which serialises it against every other
+    writer in every process. WAL lets readers proceed meanwhile.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # pysqlite must not emit its own BEGIN
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+# --------------------------------------------------------------------------- the clock
+
+db_now = Seam("db_now")
+
+
+@db_now.for_db("postgresql")
+def _pg_now(conn: Connection) -> datetime:
+    # clock_timestamp(), not now(): the time of this statement, not of BEGIN.
+    return conn.exec_driver_sql("SELECT clock_timestamp() AT TIME ZONE 'UTC'").scalar_one()
+
+
+@db_now.for_db("mysql")
+def _mysql_now(conn: Connection) -> datetime:
+    # Differs from PostgreSQL in that the function is UTC_TIMESTAMP(6): like
+    # CURRENT_TIMESTAMP(6) but independent of the session time zone, because
+    # DATETIME columns store no zone.
+    return conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one()
+
+
+@db_now.for_db("sqlite")
+def _sqlite_now(conn: Connection) -> datetime:
+    # Differs from PostgreSQL in that an embedded database has no server clock and
+    # SQLite's own 'now' has only millisecond precision: the host clock is the
+    # database clock, read with microseconds. Every process sharing the file runs
+    # on this host, so they all read the same clock.
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+# --------------------------------------------------------------------------- locking reads
+
+_for_update = Seam("for_update")
+
+
+@_for_update.for_db("postgresql", "mysql")
+def _row_lock(_: Any, stmt: sa.Select, skip_locked: bool, no_key: bool) -> sa.Select:
+    return stmt.with_for_update(skip_locked=skip_locked, key_share=no_key)
+
+
+@_for_update.for_db("sqlite")
+def _sqlite_lock(_: Any, stmt: sa.Select, skip_locked: bool, no_key: bool) -> sa.Select:
+    # Differs from PostgreSQL in that there are no row locks: the transaction
+    # already holds the database write lock (BEGIN IMMEDIATE), so the plain read
+    # is as exclusive as FOR UPDATE.
+    return stmt
+
+
+def for_update(stmt: sa.Select, bind: Any, *, skip_locked: bool = False) -> sa.Select:
+    """``SELECT … FOR UPDATE [SKIP LOCKED]`` (nothing on SQLite: see _sqlite_lock)."""
+    return _for_update(bind, stmt, skip_locked, False)
+
+
+_run_lock = Seam("lock_run")
+
+
+@_run_lock.for_db("postgresql")
+def _pg_run_lock(bind: Any, stmt: sa.Select) -> sa.Select:
+    # FOR NO KEY UPDATE: inserts of rows referencing the run hold FOR KEY SHARE on
+    # it; a plain FOR UPDATE would conflict with them and deadlock two transitions.
+    return _for_update(bind, stmt, False, True)
+
+
+@_run_lock.for_db("mysql", "sqlite")
+def _other_run_lock(bind: Any, stmt: sa.Select) -> sa.Select:
+    # Differs from PostgreSQL in that there is no NO KEY lock mode; transactions
+    # that take this lock insert nothing that references the run before it, so the
+    # plain exclusive lock cannot deadlock with their own foreign-key checks.
+    return _for_update(bind, stmt, False, False)
+
+
+def for_update_run(stmt: sa.Select, bind: Any) -> sa.Select:
+    """The run-row lock taken before deciding a run's terminal state."""
+    return _run_lock(bind, stmt)
+
+
+# --------------------------------------------------------------------------- inserts
+
+insert_ignore = Seam("insert_ignore")
+
+
+@insert_ignore.for_db("postgresql")
+def _pg_insert_ignore(_: Any, table: sa.Table) -> Any:
+    from sqlalchemy.dialects.postgresql import insert
+
+    return insert(table).on_conflict_do_nothing()
+
+
+@insert_ignore.for_db("mysql")
+def _mysql_insert_ignore(_: Any, table: sa.Table) -> Any:
+    # Differs from PostgreSQL in that MySQL has no ON CONFLICT; INSERT IGNORE turns
+    # the duplicate-key error into a warning.
+    return sa.insert(table).prefix_with("IGNORE")
+
+
+@insert_ignore.for_db("sqlite")
+def _sqlite_insert_ignore(_: Any, table: sa.Table) -> Any:
+    from sqlalchemy.dialects.sqlite import insert
+
+    return insert(table).on_conflict_do_nothing()
+
+
+upsert = Seam("upsert")
+
+
+@upsert.for_db("postgresql")
+def _pg_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, Any],
+               update: list[str]) -> Any:
+    from sqlalchemy.dialects.postgresql import insert
+
+    stmt = insert(table).values(**values)
+    return stmt.on_conflict_do_update(index_elements=keys,
+                                      set_={c: stmt.excluded[c] for c in update})
+
+
+@upsert.for_db("mysql")
+def _mysql_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, Any],
+                  update: list[str]) -> Any:
+    # Differs from PostgreSQL in that ON DUPLICATE KEY has no conflict target: it
+    # fires on any unique key, which is the primary key here.
+    from sqlalchemy.dialects.mysql import insert
+
+    stmt = insert(table).values(**values)
+    return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in update})
+
+
+@upsert.for_db("sqlite")
+def _sqlite_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, Any],
+                   update: list[str]) -> Any:
+    from sqlalchemy.dialects.sqlite import insert
+
+    stmt = insert(table).values(**values)
+    return stmt.on_conflict_do_update(index_elements=keys,
+                                      set_={c: stmt.excluded[c] for c in update})
+
+
+# --------------------------------------------------------------------------- error boundary
+
+_MYSQL_KEY = re.compile(r"for key '(?:[^'.]*\.)?([^']+)'")
+_SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: (.+)$")
+
+
+def violated_constraint(error: exc.IntegrityError) -> str | None:
+    """The name of the unique constraint an IntegrityError violated, if known.
+
+    PostgreSQL reports the name; MySQL names the index in its message; SQLite names
+    the columns, which are mapped back through ``schema.CONSTRAINT_COLUMNS``.
+    """
+    from ductwork.schema import CONSTRAINT_COLUMNS
+
+    orig = error.orig
+    diag = getattr(orig, "diag", None)
+    if diag is not None and getattr(diag, "constraint_name", None):
+        return diag.constraint_name
+    text = str(orig)
+    match = _MYSQL_KEY.search(text)
+    if match:
+        name = match.group(1)
+        return "uq_context_run_key" if name == "PRIMARY" and "ductwork_context" in text else name
+    match = _SQLITE_UNIQUE.search(text)
+    if match:
+        cols = [c.strip() for c in match.group(1).split(",")]
+        table = cols[0].split(".")[0]
+        names = tuple(c.split(".", 1)[1] for c in cols)
+        for name, (t, columns) in CONSTRAINT_COLUMNS.items():
+            if t == table and columns == names:
+                return name
+    return None
+
+
+@contextlib.contextmanager
+def translate_db_errors(mapping: dict[str, Callable[[exc.IntegrityError], Exception]]) -> Iterator[None]:
+    """Map unique-constraint violations to domain errors by constraint name.
+
+    ``mapping`` gives, per constraint name, a factory for the error to raise (with
+    ``raise … from``). Any other database error propagates unchanged.
+    """
+    try:
+        yield
+    except exc.IntegrityError as error:
+        name = violated_constraint(error)
+        if name in mapping:
+            raise mapping[name](error) from error
+        raise
+
+
+_RETRYABLE_PG = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock not available
+_RETRYABLE_MYSQL = {1205, 1213}  # lock wait timeout, deadlock
+
+
+def is_retryable(error: BaseException) -> bool:
+    """A transaction was rolled back by the database for contention; retrying is safe."""
+    if not isinstance(error, exc.DBAPIError):
+        return False
+    orig = error.orig
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate in _RETRYABLE_PG:
+        return True
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _RETRYABLE_MYSQL:
+        return True
+    return "database is locked" in str(orig)
+
+
+def is_disconnect(error: BaseException) -> bool:
+    """The connection to the database was lost (server restart, killed session)."""
+    return isinstance(error, exc.DBAPIError) and bool(error.connection_invalidated)
+
+
+def retry_transient(fn: Callable[[], Any], *, attempts: int = 5) -> Any:
+    """Run ``fn`` (one whole transaction), retrying it when the database rolled it back
+    for contention. Anything else propagates at once."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except exc.DBAPIError as error:
+            if attempt + 1 == attempts or not (is_retryable(error) or is_disconnect(error)):
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")

@@ -1,0 +1,212 @@
+"""Recording how an execution ended, at most once, and what follows it.
+
+    >>> record_success(app, claimed, Output('{"payload": 3}'))
+    >>> record_crash(app, execution_id, owner=None, error_klass="ProcessCrash", message="reaped")
+
+Every outcome is one transaction whose first write is a guarded UPDATE: the
+execution must still be open (``completed_at IS NULL``) and owned by the
+process that claimed it. If the reaper got there first, nothing is recorded:
+:func:`record_success` and :func:`record_failure` raise :class:`CommitFailed`
+(the reaper's retry is the live one), :func:`record_crash` returns False, so
+crashing is idempotent when several reapers race [INV-EXE-2].
+
+A keyed execution's completion first locks its key's header row and takes the
+key's next sequence number, so every change to a key's in-flight set is ordered
+under one lock (what the concurrency checker sweeps) [INV-LIM-1, INV-LIM-3].
+
+What follows in the same transaction: success keeps the output and moves the step
+to ``advancing``; a failure or timeout enqueues a retry while ``retry_count <
+max_retry``; a crash enqueues a re-run while ``crash_count < max_crash`` (at once
+for the first third of the budget, then backing off by 10 s per crash); a spent
+budget marks the step ``failed`` [INV-EXE-4]. The code that ran is not stopped
+here: a caller that knows it may still run must stop it first [INV-EXE-5].
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from ductwork import dialects, schema
+from ductwork.errors import CommitFailed
+from ductwork.steps import new_execution_row
+
+if TYPE_CHECKING:
+    from ductwork.app import App, Tx
+
+CRASH_BACKOFF = timedelta(seconds=10)
+MESSAGE_LIMIT = 255
+BACKTRACE_FRAMES = 10
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An execution this process holds, with what running it needs."""
+
+    execution_id: str
+    job_id: str
+    step_id: str
+    run_id: str
+    branch_id: str
+    node: str
+    klass: str
+    pipeline_klass: str
+    definition_sha1: str
+    input_json: str
+    limit_key: str | None
+    timeout_us: int | None
+    retry_count: int
+    crash_count: int
+    process_id: str
+    claimed_at: datetime
+
+
+@dataclass(frozen=True)
+class Output:
+    """A validated return value: the job's payload text, and expand items if the edge expands."""
+
+    payload_json: str
+    expand_items: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    klass: str
+    message: str
+    backtrace: str | None
+
+    @classmethod
+    def of(cls, error: BaseException) -> ErrorInfo:
+        frames = traceback.format_tb(error.__traceback__)
+        if len(frames) > BACKTRACE_FRAMES:
+            frames = frames[:BACKTRACE_FRAMES] + [f"... {len(frames) - BACKTRACE_FRAMES} more frames\n"]
+        return cls(f"{type(error).__module__}.{type(error).__qualname__}",
+                   str(error)[:MESSAGE_LIMIT], "".join(frames) or None)
+
+
+def _lock_key(tx: Tx, key: str) -> int:
+    """Lock the key's header row and return its sequence value."""
+    k = schema.limit_keys
+    seq = tx.execute(dialects.for_update(sa.select(k.c.seq).where(k.c.key == key), tx.conn)).scalar_one()
+    return int(seq)
+
+
+def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | None, outcome: str,
+              error: ErrorInfo | None) -> bool:
+    """The guarded completion; True when this call ended the execution."""
+    seq = _lock_key(tx, limit_key) + 1 if limit_key else None  # [INV-LIM-1] key lock first
+    e = schema.executions
+    guard = e.c.process_id.is_(None) if owner is None else e.c.process_id == owner
+    result = tx.execute(
+        e.update()
+        .where(e.c.id == execution_id,
+               e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended
+               e.c.claimed_at.is_not(None),  # claimed: a pending execution has no outcome
+               guard)  # [INV-EXE-2] still ours: the reaper did not take it
+        .values(completed_at=tx.now, outcome=outcome, release_seq=seq, updated_at=tx.now,
+                error_klass=error.klass if error else None,
+                error_message=error.message if error else None,
+                error_backtrace=error.backtrace if error else None)
+    )
+    if result.rowcount != 1:
+        return False
+    if limit_key:
+        tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == limit_key)
+                   .values(seq=seq, updated_at=tx.now))
+    return True
+
+
+def _mark_failed(tx: Tx, step_id: str) -> None:
+    tx.execute(schema.steps.update()
+               .where(schema.steps.c.id == step_id, schema.steps.c.status == "in_progress")
+               .values(status="failed", updated_at=tx.now))
+
+
+def record_success(app: App, claimed: Claimed, output: Output) -> None:
+    """Record success: the job's output, expand items, the step ``advancing``. Raises CommitFailed."""
+    with app.begin() as tx:
+        if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "success", None):
+            raise CommitFailed(claimed.execution_id, claimed.process_id)
+        tx.execute(schema.jobs.update().where(schema.jobs.c.id == claimed.job_id)
+                   .values(output_payload=output.payload_json, completed_at=tx.now, updated_at=tx.now))
+        if output.expand_items is not None:
+            rows = [{"job_id": claimed.job_id, "item_index": i, "value": v}
+                    for i, v in enumerate(output.expand_items)]
+            for start in range(0, len(rows), 1000):
+                tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
+        tx.execute(schema.steps.update()
+                   .where(schema.steps.c.id == claimed.step_id, schema.steps.c.status == "in_progress")
+                   .values(status="advancing", updated_at=tx.now))
+
+
+def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo, *,
+                   outcome: str = "failure") -> bool:
+    """Record a failure or timeout and enqueue a retry or fail the step. Raises CommitFailed.
+
+    Returns True when a retry was enqueued.
+    """
+    assert outcome in ("failure", "timed_out"), outcome
+    max_retry = app.config.job_worker.max_retry_for(claimed.pipeline_klass, claimed.klass)
+    with app.begin() as tx:
+        info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
+        if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, outcome, info):
+            raise CommitFailed(claimed.execution_id, claimed.process_id)
+        if claimed.retry_count < max_retry:  # [INV-EXE-4]
+            delay = timedelta(seconds=app.config.job_worker.retry_delay)
+            tx.execute(schema.executions.insert().values(**new_execution_row(
+                claimed.job_id, claimed.limit_key, tx.now + delay, claimed.retry_count + 1,
+                claimed.crash_count, tx.now)))
+            return True
+        _mark_failed(tx, claimed.step_id)
+        return False
+
+
+def record_crash(app: App, execution_id: str, owner: str | None, error_klass: str, message: str,
+                 backtrace: str | None = None) -> bool:
+    """Crash an execution held by ``owner`` (None: an orphan) and enqueue its re-run.
+
+    Idempotent: False, and nothing written, if it already ended or another owner holds it.
+    """
+    with app.begin() as tx:
+        return crash_in(app, tx, execution_id, owner, error_klass, message, backtrace)
+
+
+def crash_in(app: App, tx: Tx, execution_id: str, owner: str | None, error_klass: str, message: str,
+             backtrace: str | None = None) -> bool:
+    """:func:`record_crash` inside the caller's transaction (the reaper's)."""
+    e, j, s, r = schema.executions, schema.jobs, schema.steps, schema.runs
+    row = tx.execute(
+        sa.select(e.c.job_id, e.c.limit_key, e.c.retry_count, e.c.crash_count, s.c.id, s.c.klass,
+                  r.c.pipeline_klass)
+        .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
+        .where(e.c.id == execution_id)
+    ).first()
+    if row is None:
+        return False
+    job_id, limit_key, retry_count, crash_count, step_id, klass, pipeline = row
+    info = ErrorInfo(error_klass, message[:MESSAGE_LIMIT], backtrace)
+    if not _complete(tx, execution_id, limit_key, owner, "process_crashed", info):
+        return False
+    max_crash = app.config.job_worker.max_crash_for(pipeline, klass)
+    if crash_count < max_crash:  # [INV-EXE-4]
+        count = crash_count + 1
+        eligible = tx.now if count <= max_crash // 3 else tx.now + CRASH_BACKOFF * count
+        tx.execute(schema.executions.insert().values(**new_execution_row(
+            job_id, limit_key, eligible, retry_count, count, tx.now)))
+    else:
+        _mark_failed(tx, step_id)
+    return True
+
+
+def payload_envelope(value_json: str) -> str:
+    """Wrap a value's JSON text as a job's ``output_payload``."""
+    return '{"payload": ' + value_json + "}"
+
+
+def expand_envelope(count: int) -> str:
+    return json.dumps({"expand_items": count})

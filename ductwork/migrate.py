@@ -1,0 +1,62 @@
+"""Schema migrations: ``ductwork db upgrade`` and the same from code.
+
+    >>> upgrade("postgresql://localhost/shop")
+
+Runs Alembic with ductwork's own script directory and version table
+(``ductwork_alembic_version``), so it never touches an application's own
+Alembic history. Each upgrade runs in one transaction where the database
+supports transactional DDL (PostgreSQL, SQLite); on MySQL each DDL statement
+commits on its own, so a failed upgrade may need the failing revision re-run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Engine
+
+from ductwork import schema
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+VERSION_TABLE = "ductwork_alembic_version"
+
+
+def _alembic_config(connection: sa.Connection | None = None) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply migrations up to ``revision``."""
+    with engine.begin() as connection:
+        command.upgrade(_alembic_config(connection), revision)
+
+
+def downgrade(engine: Engine, revision: str = "base") -> None:
+    with engine.begin() as connection:
+        command.downgrade(_alembic_config(connection), revision)
+
+
+def current(engine: Engine) -> str | None:
+    """The applied revision, or None for a database ductwork never migrated."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+
+
+def head() -> str:
+    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+
+
+def missing_tables(engine: Engine, tables: tuple[str, ...] | None = None) -> list[str]:
+    """Which of ``tables`` (default: all of ductwork's) the database lacks."""
+    wanted = tables or tuple(schema.metadata.tables)
+    present = set(sa.inspect(engine).get_table_names())
+    return sorted(t for t in wanted if t not in present)

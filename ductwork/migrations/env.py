@@ -1,0 +1,30 @@
+"""Alembic environment for ductwork's own tables (version table: ductwork_alembic_version)."""
+
+from alembic import context
+
+from ductwork.schema import metadata
+
+VERSION_TABLE = "ductwork_alembic_version"
+
+
+def run() -> None:
+    connection = context.config.attributes.get("connection")
+    if connection is None:
+        from ductwork.dialects import create_engine
+
+        engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
+        with engine.begin() as connection:
+            _configure_and_run(connection)
+        engine.dispose()
+    else:
+        _configure_and_run(connection)
+
+
+def _configure_and_run(connection) -> None:
+    context.configure(connection=connection, target_metadata=metadata, version_table=VERSION_TABLE,
+                      compare_type=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+run()

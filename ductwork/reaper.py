@@ -1,0 +1,124 @@
+"""The reaper: recovering the claims of processes that died.
+
+    >>> reap_stale(app, own_process_id)        # every supervisor tick
+    ['0192…']
+    >>> sweep_orphans(app)
+
+A process whose heartbeat (database time) is older than
+``supervisor.reaper_timeout`` is dead to the fleet. :func:`reap` recovers what it
+held and deletes its row, in one transaction: each open execution is crashed
+(re-run or failed by the crash budget) and each open advancement closed as a
+crash with its branch released, token-guarded, so a fresh advancer re-runs the
+transition from scratch [INV-EXE-1]. It is idempotent: of several supervisors
+racing, one reaps and the rest find nothing.
+
+Locks are taken in the order every other transaction uses (limit keys, then
+branches, then the process row), so a reap never deadlocks with a claim.
+
+Deleting the row nullifies ``process_id`` on claims that raced in after the reap
+read them; :func:`sweep_orphans` crashes those after three reaper timeouts.
+Never reaps the caller's own row. Not done here: killing processes (the
+supervisor does that before it force-reaps a child it has proof is dead).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from ductwork import dialects, faults, schema
+from ductwork.advance import PROCESS_CRASH
+from ductwork.executions import crash_in, record_crash
+
+if TYPE_CHECKING:
+    from ductwork.app import App, Tx
+
+log = logging.getLogger("ductwork.reaper")
+
+ORPHANED = "ductwork.OrphanedClaim"
+_p, _e, _a, _b = schema.processes, schema.executions, schema.advancements, schema.branches
+
+
+def _stale_before(app: App, tx: Tx, factor: int = 1) -> object:
+    return tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout * factor)
+
+
+def reap_stale(app: App, own_process_id: str | None) -> list[str]:
+    """Reap every process whose heartbeat is older than ``reaper_timeout`` (never our own)."""
+    with app.begin() as tx:
+        stmt = sa.select(_p.c.id).where(_p.c.last_heartbeat_at <= _stale_before(app, tx))
+        if own_process_id is not None:
+            stmt = stmt.where(_p.c.id != own_process_id)
+        ids = list(tx.execute(stmt).scalars())
+    return [pid for pid in ids if reap(app, pid, force=False)]
+
+
+def _release_advancement(tx: Tx, advancement_id: str, branch_id: str, token: str, message: str) -> None:
+    closed = tx.execute(
+        _a.update().where(_a.c.id == advancement_id, _a.c.completed_at.is_(None))
+        .values(completed_at=tx.now, updated_at=tx.now, error_klass=PROCESS_CRASH, error_message=message)
+    )
+    if closed.rowcount == 1:
+        tx.execute(
+            _b.update()
+            .where(_b.c.id == branch_id,
+                   _b.c.claim_token == token,  # [INV-ADV-2] only if that claim still holds it
+                   _b.c.status == "advancing")
+            .values(status="in_progress", claim_token=None, claimed_at=None, last_advanced_at=tx.now,
+                    updated_at=tx.now)
+        )
+
+
+def reap(app: App, process_id: str, *, force: bool) -> bool:
+    """Recover a process's claims and delete its row. ``force`` skips the staleness test
+    (for callers with proof of death). Returns False when there was nothing to reap."""
+    with app.begin() as tx:
+        executions = tx.execute(
+            sa.select(_e.c.id, _e.c.limit_key).where(_e.c.process_id == process_id, _e.c.completed_at.is_(None))
+        ).all()
+        advancements = tx.execute(
+            sa.select(_a.c.id, _a.c.branch_id, _a.c.claim_token)
+            .where(_a.c.process_id == process_id, _a.c.completed_at.is_(None))
+        ).all()
+        # Lock order: keys, branches, then the process row (as claims and fences do).
+        for key in sorted({k for _, k in executions if k}):  # [INV-LIM-1] key locks first
+            tx.execute(dialects.for_update(sa.select(schema.limit_keys.c.key)
+                                           .where(schema.limit_keys.c.key == key), tx.conn))
+        for branch_id in sorted({b for _, b, _ in advancements}):
+            tx.execute(dialects.for_update(sa.select(_b.c.id).where(_b.c.id == branch_id), tx.conn))
+        stmt = sa.select(_p.c.id).where(_p.c.id == process_id)
+        if not force:
+            stmt = stmt.where(_p.c.last_heartbeat_at <= _stale_before(app, tx))
+        if tx.execute(dialects.for_update(stmt, tx.conn)).first() is None:
+            return False  # gone (another reaper won) or no longer stale
+        for execution_id, _ in executions:
+            crash_in(app, tx, execution_id, process_id, PROCESS_CRASH, "Reaped from a dead process")
+        for advancement_id, branch_id, token in advancements:
+            _release_advancement(tx, advancement_id, branch_id, token, "Reaped from a dead process")
+        faults.hit(faults.DURING_REAP)
+        # Deleting the row nullifies process_id on claims that raced in after our read;
+        # they are the orphan sweep's.
+        tx.execute(_p.delete().where(_p.c.id == process_id))
+    log.info("reaped process %s: %d executions, %d advancements", process_id, len(executions), len(advancements))
+    return True
+
+
+def sweep_orphans(app: App) -> int:
+    """Crash claims whose process row vanished (``process_id`` NULL) three reaper timeouts ago."""
+    with app.begin() as tx:
+        threshold = _stale_before(app, tx, factor=3)
+        executions = list(tx.execute(
+            sa.select(_e.c.id).where(_e.c.process_id.is_(None), _e.c.claimed_at.is_not(None),
+                                     _e.c.completed_at.is_(None), _e.c.claimed_at <= threshold)
+        ).scalars())
+        advancements = tx.execute(
+            sa.select(_a.c.id, _a.c.branch_id, _a.c.claim_token)
+            .where(_a.c.process_id.is_(None), _a.c.completed_at.is_(None), _a.c.started_at <= threshold)
+        ).all()
+        for advancement_id, branch_id, token in advancements:
+            _release_advancement(tx, advancement_id, branch_id, token, "Orphaned claim swept")
+    swept = sum(record_crash(app, eid, None, ORPHANED, "Orphaned claim swept") for eid in executions)
+    return swept + len(advancements)

@@ -1,0 +1,226 @@
+"""Runs: triggering one, watching it, resuming it, and deciding when it is over.
+
+    >>> run = SyncOrders.trigger("2026-01-01")
+    >>> run.wait(timeout=60).status
+    'completed'
+
+``trigger`` writes, in one transaction, the run (with its definition snapshot),
+its start branch, and the start step with its job and first execution: a
+trigger either fully happened or not at all.
+
+A run's state follows from its branches [INV-RUN-1]: while any branch is
+``in_progress`` or ``advancing`` the run is ``in_progress``; otherwise it is
+``dampened`` if a branch waits in ``dampen``, else ``halted`` if a branch
+halted, else ``completed``. ``completed`` and ``halted`` are final. The decision
+is taken under the run row's lock by every transaction that ends a branch, so
+the last two branches to end cannot both think the other is still running.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from ductwork import dialects, schema
+from ductwork.errors import DefinitionError, InputError, RunStateError
+from ductwork.ids import new_id
+from ductwork.steps import NewStep, create_steps, latest_step, step_output_json
+
+if TYPE_CHECKING:
+    from ductwork.app import App, Tx
+    from ductwork.pipeline import Pipeline
+
+TERMINAL = ("completed", "halted")
+SETTLED = ("completed", "halted", "dampened")
+ACTIVE_BRANCH = ("in_progress", "advancing")
+
+
+def _json_args(what: str, args: Any) -> str:
+    try:
+        return json.dumps(args)
+    except (TypeError, ValueError) as error:
+        raise InputError(f"{what}: arguments must be JSON-serialisable ({error})") from None
+
+
+def trigger_run(app: App | None, pipeline: type[Pipeline], args: list[Any]) -> Run:
+    """Start a run of ``pipeline`` with ``args`` as the start step's positional arguments."""
+    from ductwork.app import default_app
+
+    app = app or default_app()
+    definition = getattr(pipeline, "definition", None)
+    if definition is None:
+        raise DefinitionError(pipeline.__qualname__, "trigger", "pipeline has no definition (define() missing)")
+    snapshot = json.dumps(definition.to_json(), sort_keys=True)
+    sha1 = hashlib.sha1(snapshot.encode()).hexdigest()
+    input_json = _json_args(f"{pipeline.__qualname__}.trigger", list(args))
+    run_id, branch_id = new_id(), new_id()
+    with app.begin() as tx:
+        now = tx.now
+        tx.execute(schema.runs.insert().values(
+            id=run_id, pipeline_klass=definition.pipeline, definition=snapshot, definition_sha1=sha1,
+            status="in_progress", triggered_at=now, completed_at=None, halted_at=None,
+            created_at=now, updated_at=now))
+        tx.execute(schema.branches.insert().values(
+            id=branch_id, run_id=run_id, status="in_progress", last_advanced_at=now, started_at=now,
+            fanin_arrivals=0, created_at=now, updated_at=now))
+        create_steps(tx, run_id, definition, [NewStep(branch_id, definition.start, "start", input_json)])
+    app._definitions.setdefault(sha1, definition)
+    return Run(app, run_id)
+
+
+def resolve_run(tx: Tx, run_id: str) -> str:
+    """Decide the run's state after a branch ended; returns it. Takes the run row lock."""
+    r, b = schema.runs, schema.branches
+    status = tx.execute(
+        dialects.for_update_run(sa.select(r.c.status).where(r.c.id == run_id), tx.conn)
+    ).scalar_one()
+    if status in TERMINAL:
+        return status  # [INV-RUN-1] final
+
+    def has(*statuses: str) -> bool:
+        return tx.execute(
+            sa.select(b.c.id).where(b.c.run_id == run_id, b.c.status.in_(statuses)).limit(1)
+        ).first() is not None
+
+    # Read after the lock: every branch ended by a transaction that held it before us is visible.
+    if has(*ACTIVE_BRANCH):
+        new = "in_progress"
+    elif has("dampened"):
+        new = "dampened"
+    elif has("halted"):
+        new = "halted"
+    else:
+        new = "completed"
+    if new != status:  # read before write: no needless lock traffic on a shared row
+        values: dict[str, Any] = {"status": new, "updated_at": tx.now}
+        if new == "completed":
+            values["completed_at"] = tx.now
+        elif new == "halted":
+            values["halted_at"] = tx.now
+        tx.execute(r.update().where(r.c.id == run_id).values(**values))
+    return new
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """A step of a run, as ``Run.steps()`` reports it."""
+
+    id: str
+    branch_id: str
+    node: str
+    klass: str
+    status: str
+    to_transition: str
+    input: Any
+    output: Any
+    started_at: datetime
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.id
+
+
+class Run:
+    """A handle on one run. Attributes reflect the last :meth:`refresh`."""
+
+    def __init__(self, app: App, run_id: str):
+        self.app = app
+        self.id = run_id
+        self.status: str = ""
+        self.pipeline: str = ""
+        self.triggered_at: datetime | None = None
+        self.refresh()
+
+    def refresh(self) -> Run:
+        with self.app.begin() as tx:
+            row = tx.execute(
+                sa.select(schema.runs.c.status, schema.runs.c.pipeline_klass, schema.runs.c.triggered_at)
+                .where(schema.runs.c.id == self.id)
+            ).first()
+        if row is None:
+            raise RunStateError(f"run {self.id} does not exist")
+        self.status, self.pipeline, self.triggered_at = row
+        return self
+
+    def wait(self, timeout: float, poll: float = 0.1) -> Run:
+        """Block until the run is completed, halted or dampened; TimeoutError after ``timeout`` s.
+
+        Needs a fleet (``ductwork start``) or another thread doing the work; tests use
+        ``ductwork.testing.drain`` instead.
+        """
+        deadline = time.monotonic() + timeout
+        while self.refresh().status not in SETTLED:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {self.id} still {self.status} after {timeout} s")
+            time.sleep(poll)
+        return self
+
+    def steps(self) -> list[StepInfo]:
+        """Every step of the run, in start order, with inputs and outputs."""
+        s, j = schema.steps, schema.jobs
+        with self.app.begin() as tx:
+            rows = tx.execute(
+                sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition,
+                          j.c.input_args, j.c.output_payload, s.c.started_at)
+                .join(j, j.c.step_id == s.c.id)
+                .where(s.c.run_id == self.id)
+                .order_by(s.c.started_at, s.c.id)
+            ).all()
+        out = []
+        for sid, bid, node, klass, status, kind, args, payload, started in rows:
+            decoded = json.loads(payload) if payload is not None else None
+            output = decoded.get("payload", decoded) if isinstance(decoded, dict) else None
+            out.append(StepInfo(sid, bid, node, klass, status, kind, json.loads(args), output, started))
+        return out
+
+    def resume(self, input: Any = None, **kwargs: Any) -> Run:  # noqa: A002 - public API name
+        """Continue a dampened run: every dampened branch gets its next step.
+
+        The next step's input is ``input`` if given (it replaces the previous step's
+        output), else the output of the step before the dampen. Exactly once: a second
+        resume finds no dampened branch and raises :class:`RunStateError`.
+        """
+        replace = "input" in kwargs or input is not None
+        if kwargs and set(kwargs) != {"input"}:
+            raise TypeError(f"resume() got unexpected arguments {sorted(kwargs)}")
+        value = kwargs.get("input", input)
+        value_json = _json_args(f"run {self.id} resume", value) if replace else None
+        r, b = schema.runs, schema.branches
+        with self.app.begin() as tx:
+            run = tx.execute(
+                dialects.for_update_run(sa.select(r.c.status, r.c.definition_sha1).where(r.c.id == self.id),
+                                        tx.conn)
+            ).first()
+            if run is None:
+                raise RunStateError(f"run {self.id} does not exist")
+            dampened = tx.execute(
+                sa.select(b.c.id).where(b.c.run_id == self.id, b.c.status == "dampened").order_by(b.c.id)
+            ).scalars().all()
+            if run.status in TERMINAL or not dampened:
+                raise RunStateError(f"run {self.id} is {run.status} with no dampened branch; nothing to resume")
+            definition = self.app.definition(run.definition_sha1)
+            new = []
+            for branch_id in dampened:
+                step = latest_step(tx, branch_id)
+                assert step is not None and step.status == "completed", (branch_id, step)
+                edge = definition.edges[step.node]
+                args = "[" + (value_json if replace else step_output_json(tx, step.id)) + "]"
+                new.append(NewStep(branch_id, edge.to[0], "dampen", args))
+                moved = tx.execute(
+                    b.update().where(b.c.id == branch_id, b.c.status == "dampened")
+                    .values(status="in_progress", last_advanced_at=tx.now, updated_at=tx.now)
+                )
+                if moved.rowcount != 1:
+                    raise RunStateError(f"run {self.id}: branch {branch_id} was resumed concurrently")
+            create_steps(tx, self.id, definition, new)
+            tx.execute(r.update().where(r.c.id == self.id).values(status="in_progress", updated_at=tx.now))
+        return self.refresh()
+
+    def __repr__(self) -> str:
+        return f"Run({self.id!r}, pipeline={self.pipeline!r}, status={self.status!r})"

@@ -1,0 +1,156 @@
+"""Creating steps: a step row, its one job, and its first execution, together.
+
+    >>> create_steps(tx, run_id, definition, [NewStep(branch_id, "Charge#1", "chain", "[42]")])
+
+A step is created with its job and its first (pending) execution in the caller's
+transaction, so a step never exists without something to run it, and a rolled
+back advancement leaves no step behind [INV-ADV-1]. Options come from the run's
+definition snapshot: ``limit_by`` sets the execution's lane, ``delay`` its
+eligibility (database time plus the delay), ``timeout`` is kept on the step.
+
+Not done here: deciding which steps to create (advance.py) or running them (execute.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Iterable
+
+import sqlalchemy as sa
+
+from ductwork import dialects, schema
+from ductwork.ids import new_id
+
+if TYPE_CHECKING:
+    from ductwork.app import Tx
+    from ductwork.definition import Definition
+
+ADVANCEABLE = ("advancing", "failed")
+"""Step statuses meaning "the job is done, the branch can move" (claim and fence share it)."""
+
+
+@dataclass(frozen=True)
+class NewStep:
+    branch_id: str
+    node: str
+    to_transition: str
+    #: the JSON text of the positional-argument list
+    input_json: str
+
+
+@dataclass(frozen=True)
+class StepRow:
+    id: str
+    run_id: str
+    branch_id: str
+    node: str
+    klass: str
+    status: str
+    job_id: str
+
+
+def ensure_limit_keys(tx: Tx, keys: Iterable[str]) -> None:
+    """Create the header rows of these keys if missing (the row every keyed claim locks).
+
+    A plain read first: once a key exists this takes no lock at all, so an
+    advancement never waits on a claimer holding the key.
+    """
+    wanted = set(keys)
+    if not wanted:
+        return
+    existing = set(
+        tx.execute(sa.select(schema.limit_keys.c.key).where(schema.limit_keys.c.key.in_(wanted))).scalars()
+    )
+    missing = sorted(wanted - existing)
+    if missing:
+        tx.execute(
+            dialects.insert_ignore(tx.conn, schema.limit_keys),
+            [{"key": k, "seq": 0, "created_at": tx.now, "updated_at": tx.now} for k in missing],
+        )
+
+
+def create_steps(tx: Tx, run_id: str, definition: Definition, new: list[NewStep]) -> list[str]:
+    """Insert each step with its job and first execution; returns the step ids in order."""
+    if not new:
+        return []
+    now = tx.now
+    step_rows: list[dict[str, Any]] = []
+    job_rows: list[dict[str, Any]] = []
+    execution_rows: list[dict[str, Any]] = []
+    keys: set[str] = set()
+    for spec in new:
+        node = definition.nodes[spec.node]
+        step_id, job_id = new_id(), new_id()
+        if node.limit_by:
+            keys.add(node.limit_by)
+        step_rows.append({
+            "id": step_id, "run_id": run_id, "branch_id": spec.branch_id, "node": spec.node,
+            "klass": node.klass, "to_transition": spec.to_transition, "status": "in_progress",
+            "limit_key": node.limit_by, "timeout_us": node.timeout_us, "started_at": now,
+            "completed_at": None, "created_at": now, "updated_at": now,
+        })
+        job_rows.append({
+            "id": job_id, "step_id": step_id, "klass": node.klass, "input_args": spec.input_json,
+            "output_payload": None, "started_at": now, "completed_at": None,
+            "created_at": now, "updated_at": now,
+        })
+        eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
+        execution_rows.append(new_execution_row(job_id, node.limit_by, eligible, 0, 0, now))
+    ensure_limit_keys(tx, keys)
+    tx.execute(schema.steps.insert(), step_rows)  # [INV-ADV-1] uq_step_branch_node
+    tx.execute(schema.jobs.insert(), job_rows)  # [INV-ADV-1] uq_job_step
+    tx.execute(schema.executions.insert(), execution_rows)
+    return [row["id"] for row in step_rows]
+
+
+def new_execution_row(job_id: str, limit_key: str | None, eligible_at: Any, retry_count: int,
+                      crash_count: int, now: Any) -> dict[str, Any]:
+    """A pending execution (the claim queue entry) for ``job_id``."""
+    return {
+        "id": new_id(), "job_id": job_id, "limit_key": limit_key, "eligible_at": eligible_at,
+        "claimed_at": None, "process_id": None, "completed_at": None, "outcome": None,
+        "error_klass": None, "error_message": None, "error_backtrace": None,
+        "retry_count": retry_count, "crash_count": crash_count, "claim_seq": None,
+        "release_seq": None, "created_at": now, "updated_at": now,
+    }
+
+
+def latest_step(tx: Tx, branch_id: str) -> StepRow | None:
+    """The branch's most recent step (ties on start time broken by the time-ordered id)."""
+    s, j = schema.steps, schema.jobs
+    row = tx.execute(
+        sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, j.c.id)
+        .join(j, j.c.step_id == s.c.id)
+        .where(s.c.branch_id == branch_id)
+        .order_by(s.c.started_at.desc(), s.c.id.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else StepRow(*row)
+
+
+def step_output_json(tx: Tx, step_id: str) -> str:
+    """The JSON text of a succeeded step's return value."""
+    text = tx.execute(
+        sa.select(schema.jobs.c.output_payload).where(schema.jobs.c.step_id == step_id)
+    ).scalar_one()
+    if text is None:
+        raise AssertionError(f"step {step_id} has no output but is being advanced [INV-ADV-1]")
+    return payload_json(text)
+
+
+def payload_json(output_payload: str) -> str:
+    """The value's JSON text inside a job's ``{"payload": …}`` envelope."""
+    return json.dumps(json.loads(output_payload)["payload"])
+
+
+def step_complete(tx: Tx, step_id: str, *, from_status: tuple[str, ...] = ("advancing",)) -> None:
+    """Mark the step advanced past. The status guard makes a stale writer match nothing."""
+    result = tx.execute(
+        schema.steps.update()
+        .where(schema.steps.c.id == step_id, schema.steps.c.status.in_(from_status))
+        .values(status="completed", completed_at=tx.now, updated_at=tx.now)
+    )
+    if result.rowcount != 1:
+        raise AssertionError(f"step {step_id}: expected status in {from_status} inside the fence [INV-ADV-1]")
