@@ -1,0 +1,78 @@
+"""The base class of every pipeline step.
+
+    class ChargeOrder(Step):
+        def __init__(self, order_id):   # input: trigger args or the previous step's output
+            self.order_id = order_id
+        def execute(self):              # the return value must be JSON-serialisable
+            return gateway.charge(self.order_id, idempotency_key=self.idempotency_key)
+
+Execution is **at-least-once**: ``execute`` may run again after a crash, a reap or a
+timeout, possibly after its side effects already happened; its outcome is recorded
+at most once (INV-EXE-2). Use :attr:`Step.idempotency_key` (equal across every
+execution of one step, distinct across steps and runs, INV-EXE-3) and
+:attr:`Step.context` to make a re-run harmless. Ductwork does not undo, dedupe or
+detect side effects itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+_UNBOUND = "is only available while ductwork runs the step (build it with the engine, not Step())"
+
+
+class Step:
+    """Subclass, take the step's input in ``__init__`` and do the work in ``execute``.
+
+        class Double(Step):
+            def __init__(self, n): self.n = n
+            def execute(self): return self.n * 2
+
+    The engine builds each instance with :meth:`_ductwork_build`, which binds the step
+    id, run id and context *before* ``__init__`` runs, so ``__init__`` may already read
+    :attr:`idempotency_key` and :attr:`context`. An instance created directly
+    (``Double(2)``, e.g. in a unit test) is unbound: both properties raise
+    ``RuntimeError``. ``execute`` takes no arguments; definitions reject a class whose
+    ``execute`` needs any.
+    """
+
+    #: set by the engine before ``__init__``; None on an instance built directly
+    _ductwork_step_id: str | None = None
+    #: the run this step belongs to; None when unbound
+    _ductwork_run_id: str | None = None
+    #: the run-scoped Context object the engine passed; None when unbound
+    _ductwork_context: Any = None
+
+    @classmethod
+    def _ductwork_build(
+        cls, args: Sequence[Any], step_id: Any, run_id: Any, context: Any
+    ) -> Step:
+        """Engine seam, not API: allocate, bind ids and context, then ``__init__(*args)``.
+
+        Errors raised by the user's ``__init__`` propagate unchanged (the engine counts
+        them as a crash of this execution, as the Ruby engine does).
+        """
+        step = cls.__new__(cls)
+        step._ductwork_step_id = str(step_id)
+        step._ductwork_run_id = str(run_id)
+        step._ductwork_context = context
+        step.__init__(*args)
+        return step
+
+    @property
+    def idempotency_key(self) -> str:
+        """The step's id: stable across re-executions of this step, unique across steps and runs."""
+        if self._ductwork_step_id is None:
+            raise RuntimeError(f"{type(self).__name__}.idempotency_key {_UNBOUND}")
+        return self._ductwork_step_id
+
+    @property
+    def context(self) -> Any:
+        """The run-scoped Context (``get``/``set``) shared by every step of this run."""
+        if self._ductwork_step_id is None:
+            raise RuntimeError(f"{type(self).__name__}.context {_UNBOUND}")
+        return self._ductwork_context
+
+    def execute(self) -> Any:
+        """Do the step's work and return its output; override this. May run more than once."""
+        raise NotImplementedError(f"{type(self).__name__} must override execute(self)")

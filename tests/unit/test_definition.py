@@ -1,0 +1,854 @@
+"""Definitions: builder snapshots, branch builders, definition errors, divert keys, class refs.
+
+Pure: no database. Relates to INV-ADV-1 and INV-ADV-3 through their shape
+preconditions: every definition that builds routes without ``transition_invalid``,
+and each fan-in's arrival counter reaches exactly its fan-out's width
+(``test_random_definitions_round_trip_and_route``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ductwork.definition import (
+    Definition,
+    EdgeSpec,
+    NodeSpec,
+    PipelineBuilder,
+    render_divert_key,
+    resolve_pipeline,
+    resolve_step,
+    step_ref,
+)
+from ductwork.errors import (
+    CollapseError,
+    CombineError,
+    ConvergeError,
+    DefinitionError,
+    DivertError,
+    StartError,
+)
+from ductwork.pipeline import Pipeline
+from ductwork.step import Step
+
+MOD = __name__
+
+
+class A(Step):
+    def execute(self):
+        return type(self).__name__
+
+
+class B(A):
+    """Inherits A's execute: a valid step with its own node names."""
+
+
+class C(A):
+    pass
+
+
+class D(A):
+    pass
+
+
+class E(A):
+    pass
+
+
+class Outer:
+    class Inner(Step):
+        def execute(self):
+            return None
+
+
+class NeverReferenced(Step):
+    def execute(self):
+        return None
+
+
+def build(fn, name="P"):
+    """A Pipeline subclass named ``name`` whose define calls ``fn(builder)``."""
+    return type(name, (Pipeline,), {"define": classmethod(lambda cls, p: fn(p)), "__module__": MOD})
+
+
+def snapshot(fn):
+    return build(fn).definition.to_json()
+
+
+def node(cls, delay_us=None, timeout_us=None, limit_by=None):
+    return {"klass": f"{MOD}:{cls.__name__}", "delay_us": delay_us, "timeout_us": timeout_us,
+            "limit_by": limit_by}
+
+
+def edge(kind, *to, barrier=None):
+    out = {"type": kind, "to": to[0] if isinstance(to[0], dict) else list(to)}
+    if barrier is not None:
+        out["barrier"] = barrier
+    return out
+
+
+def expect(start, nodes, edges):
+    return {"format": 1, "pipeline": f"{MOD}:P", "start": start, "nodes": nodes, "edges": edges}
+
+
+def fails(fn, error, message):
+    """Building ``fn`` raises exactly ``error`` with the exact message ``message``."""
+    with pytest.raises(error) as info:
+        build(fn)
+    assert type(info.value) is error
+    assert str(info.value) == message
+    return info.value
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+def test_semantics_example_snapshot():
+    """docs/semantics.md §1's example, with this module's classes."""
+    got = snapshot(lambda p: p.start(A).expand(to=B, timeout=30, limit_by="vendor_api")
+                   .collapse(into=C))
+    assert got == expect("A#0", {
+        "A#0": node(A),
+        "B#1": node(B, timeout_us=30_000_000, limit_by="vendor_api"),
+        "C#2": node(C),
+    }, {
+        "A#0": edge("expand", "B#1"),
+        "B#1": edge("collapse", "C#2", barrier=["A#0"]),
+    })
+
+
+def test_chain_and_leaf():
+    assert snapshot(lambda p: p.start(A).chain(to=B)) == expect(
+        "A#0", {"A#0": node(A), "B#1": node(B)}, {"A#0": edge("chain", "B#1")})
+
+
+def test_single_node_is_a_leaf():
+    assert snapshot(lambda p: p.start(A)) == expect("A#0", {"A#0": node(A)}, {})
+
+
+def test_same_class_twice_gives_two_nodes():
+    got = snapshot(lambda p: p.start(A).chain(to=A).chain(to=A))
+    assert list(got["nodes"]) == ["A#0", "A#1", "A#2"]
+    assert got["edges"] == {"A#0": edge("chain", "A#1"), "A#1": edge("chain", "A#2")}
+
+
+def test_dampen():
+    assert snapshot(lambda p: p.start(A).dampen(before=B))["edges"] == {
+        "A#0": edge("dampen", "B#1")}
+
+
+def test_divide_combine():
+    assert snapshot(lambda p: p.start(A).divide(to=[B, C]).combine(into=D))["edges"] == {
+        "A#0": edge("divide", "B#1", "C#2"),
+        "B#1": edge("combine", "D#3", barrier=["A#0"]),
+        "C#2": edge("combine", "D#3", barrier=["A#0"]),
+    }
+
+
+def test_chain_after_divide_is_one_node_for_every_branch():
+    got = snapshot(lambda p: p.start(A).divide(to=[B, C]).chain(to=D).combine(into=E))
+    assert got["edges"] == {
+        "A#0": edge("divide", "B#1", "C#2"),
+        "B#1": edge("chain", "D#3"),
+        "C#2": edge("chain", "D#3"),
+        "D#3": edge("combine", "E#4", barrier=["A#0"]),
+    }
+
+
+def test_divert_converge_renders_keys():
+    got = snapshot(lambda p: p.start(A).divert(
+        to={"ok": B, True: C, None: D, 7: E, 1.5: A, "otherwise": B}).converge(into=C))
+    assert got["edges"] == {
+        "A#0": edge("divert", {"ok": "B#1", "true": "C#2", "": "D#3", "7": "E#4", "1.5": "A#5",
+                               "otherwise": "B#6"}),
+        **{name: edge("converge", "C#7") for name in ("B#1", "C#2", "D#3", "E#4", "A#5", "B#6")},
+    }
+
+
+def test_multi_source_expand_and_nested_chained_divide():
+    got = snapshot(lambda p: p.start(A).divide(to=[B, C]).expand(to=D).collapse(into=E)
+                   .divide(to=[A, B]).combine(into=C).combine(into=D))
+    assert got["edges"] == {
+        "A#0": edge("divide", "B#1", "C#2"),
+        "B#1": edge("expand", "D#3"),
+        "C#2": edge("expand", "D#3"),
+        "D#3": edge("collapse", "E#4", barrier=["B#1", "C#2"]),
+        "E#4": edge("divide", "A#5", "B#6"),
+        "A#5": edge("combine", "C#7", barrier=["E#4"]),
+        "B#6": edge("combine", "C#7", barrier=["E#4"]),
+        "C#7": edge("combine", "D#8", barrier=["A#0"]),
+    }
+
+
+def test_branch_builders_combine_returns_the_forking_builder():
+    seen = {}
+
+    def define(p):
+        b, c = p.start(A).divide(to=[B, C])
+        b.chain(to=D)
+        seen["joined"] = b.combine(c, into=E)
+        seen["root"] = p
+        p.chain(to=A)
+
+    got = snapshot(define)
+    assert seen["joined"] is seen["root"]
+    assert got["edges"] == {
+        "A#0": edge("divide", "B#1", "C#2"),
+        "B#1": edge("chain", "D#3"),
+        "C#2": edge("combine", "E#4", barrier=["A#0"]),
+        "D#3": edge("combine", "E#4", barrier=["A#0"]),
+        "E#4": edge("chain", "A#5"),
+    }
+
+
+def test_nested_divide_inside_a_divide_branch():
+    def define(p):
+        b, c = p.start(A).divide(to=[B, C])
+        d, e = b.divide(to=[D, E])
+        assert d.combine(e, into=A) is b
+        b.combine(c, into=B)
+
+    assert snapshot(define)["edges"] == {
+        "A#0": edge("divide", "B#1", "C#2"),
+        "B#1": edge("divide", "D#3", "E#4"),
+        "C#2": edge("combine", "B#6", barrier=["A#0"]),
+        "D#3": edge("combine", "A#5", barrier=["B#1"]),
+        "E#4": edge("combine", "A#5", barrier=["B#1"]),
+        "A#5": edge("combine", "B#6", barrier=["A#0"]),
+    }
+
+
+def test_expand_collapse_inside_a_divide_branch():
+    def define(p):
+        b, c = p.start(A).divide(to=[B, C])
+        b.expand(to=D).collapse(into=E)
+        b.combine(c, into=A)
+
+    assert snapshot(define)["edges"] == {
+        "A#0": edge("divide", "B#1", "C#2"),
+        "B#1": edge("expand", "D#3"),
+        "C#2": edge("combine", "A#5", barrier=["A#0"]),
+        "D#3": edge("collapse", "E#4", barrier=["B#1"]),
+        "E#4": edge("combine", "A#5", barrier=["A#0"]),
+    }
+
+
+def test_divert_unpacks_in_dict_order_and_converges():
+    def define(p):
+        x, y, z = p.start(A).divert(to={"a": B, 2: C, "otherwise": D})
+        y.chain(to=E)
+        x.converge(y, z, into=A)
+
+    assert snapshot(define)["edges"] == {
+        "A#0": edge("divert", {"a": "B#1", "2": "C#2", "otherwise": "D#3"}),
+        "B#1": edge("converge", "A#5"),
+        "C#2": edge("chain", "E#4"),
+        "D#3": edge("converge", "A#5"),
+        "E#4": edge("converge", "A#5"),
+    }
+
+
+def test_forking_builder_continues_from_every_branch():
+    """Ruby's block form followed by a top-level combine."""
+    def define(p):
+        b, c = p.start(A).divide(to=[B, C])
+        b.chain(to=D)
+        c.chain(to=E)
+        p.combine(into=A)
+
+    assert snapshot(define)["edges"] == {
+        "A#0": edge("divide", "B#1", "C#2"),
+        "B#1": edge("chain", "D#3"),
+        "C#2": edge("chain", "E#4"),
+        "D#3": edge("combine", "A#5", barrier=["A#0"]),
+        "E#4": edge("combine", "A#5", barrier=["A#0"]),
+    }
+
+
+def test_unjoined_branches_end_as_leaves():
+    def define(p):
+        b, c = p.start(A).divide(to=[B, C])
+        b.expand(to=D)
+
+    got = snapshot(define)
+    assert set(got["edges"]) == {"A#0", "B#1"}
+
+
+def test_snapshot_is_deterministic_and_json():
+    define = lambda p: p.start(A).divide(to=[B, C]).chain(to=D).combine(into=E)  # noqa: E731
+    first, second = build(define).definition, build(define).definition
+    assert json.dumps(first.to_json()) == json.dumps(second.to_json())
+    assert Definition.from_json(json.loads(json.dumps(first.to_json()))) == first
+
+
+# --------------------------------------------------------------------------- options
+
+OPTION_CASES = {
+    "start": (lambda p, o: p.start(A, **o), ["A#0"]),
+    "chain": (lambda p, o: p.start(A).chain(to=B, **o), ["B#1"]),
+    "expand": (lambda p, o: p.start(A).expand(to=B, **o), ["B#1"]),
+    "collapse": (lambda p, o: p.start(A).expand(to=B).collapse(into=C, **o), ["C#2"]),
+    "divide": (lambda p, o: p.start(A).divide(to=[B, C], **o), ["B#1", "C#2"]),
+    "combine": (lambda p, o: p.start(A).divide(to=[B, C]).combine(into=D, **o), ["D#3"]),
+    "divert": (lambda p, o: p.start(A).divert(to={1: B, "otherwise": C}, **o), ["B#1", "C#2"]),
+    "converge": (lambda p, o: p.start(A).divert(to={"otherwise": B}).converge(into=C, **o),
+                 ["C#2"]),
+    "dampen": (lambda p, o: p.start(A).dampen(before=B, **o), ["B#1"]),
+    "branch combine": (lambda p, o: (lambda b, c: b.combine(c, into=D, **o))(
+        *p.start(A).divide(to=[B, C])), ["D#3"]),
+}
+
+
+@pytest.mark.parametrize("case", OPTION_CASES, ids=str)
+@pytest.mark.parametrize(("options", "fields"), [
+    ({"delay": 5, "timeout": "1m", "limit_by": "api"},
+     {"delay_us": 5_000_000, "timeout_us": 60_000_000, "limit_by": "api"}),
+    ({"delay": timedelta(milliseconds=1), "timeout": 0.5},
+     {"delay_us": 1_000, "timeout_us": 500_000, "limit_by": None}),
+])
+def test_options_apply_to_created_nodes_only(case, options, fields):
+    fn, created = OPTION_CASES[case]
+    definition = build(lambda p: fn(p, options)).definition
+    for name, spec in definition.nodes.items():
+        want = fields if name in created else dict.fromkeys(fields)
+        assert {k: getattr(spec, k) for k in want} == want, name
+    assert definition.limit_keys() == ({"api"} if fields["limit_by"] else set())
+
+
+@pytest.mark.parametrize(("options", "reason"), [
+    ({"delay": 0}, "delay=0: must be positive"),
+    ({"delay": -1.5}, "delay=-1.5: must be positive"),
+    ({"timeout": "1mo"}, "timeout='1mo': months and years are not supported (their length varies)"),
+    ({"timeout": True},
+     "timeout=True: expected seconds, a timedelta or a duration string, got bool"),
+    ({"limit_by": ""}, "limit_by must be a non-blank str, got ''"),
+    ({"limit_by": "  "}, "limit_by must be a non-blank str, got '  '"),
+    ({"limit_by": 5}, "limit_by must be a non-blank str, got 5"),
+])
+@pytest.mark.parametrize("case", ["start", "expand", "divert", "combine"])
+def test_bad_options_name_the_value(case, options, reason):
+    fn, _ = OPTION_CASES[case]
+    transition = case.split()[-1]
+    fails(lambda p: fn(p, options), DefinitionError, f"P.{transition}: {reason}")
+
+
+# --------------------------------------------------------------------------- errors
+
+BEFORE_START = {
+    "chain": lambda p: p.chain(to=A),
+    "expand": lambda p: p.expand(to=A),
+    "collapse": lambda p: p.collapse(into=A),
+    "divide": lambda p: p.divide(to=[A, B]),
+    "combine": lambda p: p.combine(into=A),
+    "divert": lambda p: p.divert(to={"otherwise": A}),
+    "converge": lambda p: p.converge(into=A),
+    "dampen": lambda p: p.dampen(before=A),
+}
+
+
+@pytest.mark.parametrize("transition", BEFORE_START)
+def test_transition_before_start(transition):
+    gerund = {"chain": "chaining", "expand": "expanding", "collapse": "collapsing",
+              "divide": "dividing", "combine": "combining", "divert": "diverting",
+              "converge": "converging", "dampen": "dampening"}[transition]
+    fails(BEFORE_START[transition], StartError,
+          f"P.{transition}: Must start pipeline definition before {gerund}")
+
+
+def test_start_twice_and_never():
+    fails(lambda p: p.start(A).start(B), StartError,
+          "P.start: Can only start pipeline definition once")
+    fails(lambda p: None, StartError, "P.define: Must start pipeline definition before completing")
+
+
+class NotAStep:
+    def execute(self):
+        return None
+
+
+class NoExecute(Step):
+    pass
+
+
+class ExecuteTakesArgs(Step):
+    def execute(self, extra):
+        return extra
+
+
+class StaticExecute(Step):
+    @staticmethod
+    def execute():
+        return None
+
+
+@pytest.mark.parametrize("bad", [42, "A", NotAStep, Step, NoExecute, ExecuteTakesArgs, A()])
+def test_class_arguments_must_be_step_classes(bad):
+    fails(lambda p: p.start(bad), DefinitionError,
+          f"P.start: Argument must be a valid step class (a Step subclass defining execute(self)), "
+          f"got {bad!r}")
+    fails(lambda p: p.start(A).divide(to=[B, bad]), DefinitionError,
+          f"P.divide: Arguments must be valid step classes (Step subclasses defining "
+          f"execute(self)), got {bad!r}")
+
+
+def test_static_execute_without_arguments_is_a_valid_step():
+    assert build(lambda p: p.start(StaticExecute)).definition.start == "StaticExecute#0"
+
+
+@pytest.mark.parametrize(("fn", "error", "message"), [
+    (lambda p: p.start(A).combine(into=B), CombineError,
+     "P.combine: Must divide pipeline definition before combining"),
+    (lambda p: p.start(A).collapse(into=B), CollapseError,
+     "P.collapse: Must expand pipeline definition before collapsing"),
+    (lambda p: p.start(A).converge(into=B), ConvergeError,
+     "P.converge: Must divert pipeline definition before converging"),
+    (lambda p: p.start(A).divide(to=[B, C]).combine(into=D).combine(into=E), CombineError,
+     "P.combine: Must divide pipeline definition before combining"),
+    (lambda p: p.start(A).divide(to=[B, C]).expand(to=D).combine(into=E), CombineError,
+     "P.combine: Ambiguous combine on most recently expanded definition"),
+    (lambda p: p.start(A).divert(to={"otherwise": B}).combine(into=E), CombineError,
+     "P.combine: Ambiguous combine on most recently diverted definition"),
+    (lambda p: p.start(A).expand(to=B).divide(to=[C, D]).collapse(into=E), CollapseError,
+     "P.collapse: Ambiguous collapse on most recently divided definition"),
+    (lambda p: p.start(A).divide(to=[B, C]).converge(into=E), ConvergeError,
+     "P.converge: Ambiguous converge on most recently divided definition"),
+])
+def test_fan_in_must_close_the_innermost_fan_out(fn, error, message):
+    fails(fn, error, message)
+
+
+def _branches(p, n=2):
+    return list(p.start(A).divide(to=[B, C, D][:n]))
+
+
+@pytest.mark.parametrize(("fn", "error", "message"), [
+    (lambda p: (lambda b, c, d: b.combine(c, into=E))(*_branches(p, 3)), CombineError,
+     "P.combine: combine must join every branch of the divide at A#0: got 2 of 3"),
+    (lambda p: (lambda b, c: b.combine(c, c, into=E))(*_branches(p)), CombineError,
+     "P.combine: the same branch builder is passed to combine twice"),
+    (lambda p: (lambda b, c: (b.expand(to=E), b.combine(c, into=E)))(*_branches(p)), CombineError,
+     "P.combine: branch 0 of the divide at A#0 has an open expand at B#1; close it on that "
+     "branch first"),
+    (lambda p: (lambda b, c: (list(c.divide(to=[D, E])), b.combine(c, into=E)))(*_branches(p)),
+     CombineError, "P.combine: branch 1 of the divide at A#0 has an open divide at C#2; close it "
+                   "on that branch first"),
+    (lambda p: (lambda b, c: (b.divert(to={"otherwise": D}), p.combine(into=E)))(*_branches(p)),
+     CombineError, "P.combine: branch 0 of the divide at A#0 has an open divert at B#1; close it "
+                   "on that branch first"),
+    (lambda p: (lambda b, c: (b.expand(to=D), p.chain(to=E)))(*_branches(p)), DefinitionError,
+     "P.chain: branch 0 of the divide at A#0 has an open expand at B#1; close it on that "
+     "branch first"),
+    (lambda p: (lambda b, c: b.combine(into=E))(*_branches(p)), CombineError,
+     "P.combine: combine must join every branch of the divide at A#0: got 1 of 2"),
+    (lambda p: (lambda b, c: b.collapse(into=E))(*_branches(p)), CollapseError,
+     "P.collapse: Must expand pipeline definition before collapsing"),
+    (lambda p: (lambda b, c: b.converge(c, into=E))(*_branches(p)), ConvergeError,
+     "P.converge: Ambiguous converge on most recently divided definition"),
+    (lambda p: (lambda x, y: x.combine(y, into=E))(*p.start(A).divert(to={1: B, "otherwise": C})),
+     CombineError, "P.combine: Ambiguous combine on most recently diverted definition"),
+    (lambda p: p.start(A).combine(p, into=E), CombineError,
+     "P.combine: can only combine branch builders unpacked from one fork"),
+    (lambda p: (lambda b, c: b.combine(42, into=E))(*_branches(p)), CombineError,
+     "P.combine: can only combine branch builders of this definition, got 42"),
+])
+def test_branch_joins(fn, error, message):
+    fails(fn, error, message)
+
+
+def test_branches_of_different_forks_do_not_combine():
+    def define(p):
+        b, c = p.start(A).divide(to=[B, C])
+        d, e = b.divide(to=[D, E])
+        d.combine(c, into=A)
+
+    fails(define, CombineError,
+          "P.combine: can only combine branch builders unpacked from one fork")
+
+
+def test_joined_branch_is_closed():
+    def define(p):
+        b, c = p.start(A).divide(to=[B, C])
+        b.combine(c, into=D)
+        b.chain(to=E)
+
+    fails(define, DefinitionError, "P.chain: this branch builder was joined into its parent; "
+                                   "continue on the builder combine/converge returned")
+
+
+@pytest.mark.parametrize("fn", [
+    lambda p: list(p.start(A)),
+    lambda p: list(p.start(A).divide(to=[B, C]).chain(to=D)),
+    lambda p: (list(p.start(A).divide(to=[B, C])), list(p)),
+    lambda p: list(p.start(A).divide(to=[B, C]).divide(to=[D, E]).combine(into=A)),
+])
+def test_unpacking_only_right_after_a_fork(fn):
+    fails(fn, DefinitionError, "P.unpack: Can only unpack a divide() or divert() right after it")
+
+
+def test_builder_unusable_after_define():
+    kept = []
+    build(lambda p: kept.append(p.start(A)))
+    with pytest.raises(DefinitionError, match=r"^P\.chain: the definition is complete"):
+        kept[0].chain(to=B)
+
+
+@pytest.mark.parametrize(("to", "message"), [
+    ({"a": B}, "Must define an 'otherwise' target when diverting, got {'a': %r}" % B),
+    ([B], "Must define an 'otherwise' target when diverting, got [%r]" % B),
+    ({1: B, "1": C, "otherwise": D}, "keys 1 and '1' both render as '1'"),
+    ({True: B, "true": C, "otherwise": D}, "keys True and 'true' both render as 'true'"),
+    ({None: B, "": C, "otherwise": D}, "keys None and '' both render as ''"),
+    ({(1, 2): B, "otherwise": D}, "key (1, 2) can never match a step output "
+                                  "(keys are str, int, float, bool or None)"),
+])
+def test_divert_errors(to, message):
+    fails(lambda p: p.start(A).divert(to=to), DivertError, f"P.divert: {message}")
+
+
+@pytest.mark.parametrize("to", [[], (), B, None])
+def test_divide_needs_a_list(to):
+    fails(lambda p: p.start(A).divide(to=to), DefinitionError,
+          f"P.divide: to must be a non-empty list of step classes, got {to!r}")
+
+
+def test_define_must_be_a_classmethod():
+    with pytest.raises(DefinitionError) as info:
+        class Bad(Pipeline):
+            def define(cls, pipeline):
+                pipeline.start(A)
+    assert str(info.value) == "Bad.define: define must be a @classmethod taking the builder"
+
+
+# --------------------------------------------------------------------------- pipeline and step
+
+
+def test_abstract_pipeline_and_trigger(monkeypatch):
+    class Base(Pipeline):
+        pass
+
+    class Concrete(Base):
+        @classmethod
+        def define(cls, pipeline):
+            pipeline.start(A)
+
+    class Derived(Concrete):
+        pass
+
+    assert Base.definition is None
+    assert Concrete.definition.pipeline == step_ref(Concrete)
+    assert Derived.definition.pipeline == step_ref(Derived)
+    with pytest.raises(DefinitionError) as info:
+        Base.trigger(1)
+    assert str(info.value) == ("Base.trigger: Must define pipeline before triggering "
+                               "(override the classmethod define)")
+
+    calls = []
+    runs = types.ModuleType("ductwork.runs")
+    runs.trigger_run = lambda app, cls, args: calls.append((app, cls, args)) or "handle"
+    monkeypatch.setitem(sys.modules, "ductwork.runs", runs)
+    assert Concrete.trigger(1, "x", app="app") == "handle"
+    assert calls == [("app", Concrete, [1, "x"])]
+
+
+def test_step_binding():
+    class Recorder(Step):
+        def __init__(self, value):
+            self.value = value
+            self.key_in_init = self.idempotency_key
+
+        def execute(self):
+            return self.value
+
+    context = object()
+    step = Recorder._ductwork_build([7], "step-1", "run-1", context)
+    assert (step.value, step.key_in_init, step.idempotency_key, step.context) == \
+        (7, "step-1", "step-1", context)
+    assert step.execute() == 7
+
+    unbound = Recorder.__new__(Recorder)
+    for attribute in ("idempotency_key", "context"):
+        with pytest.raises(RuntimeError, match="only available while ductwork runs the step"):
+            getattr(unbound, attribute)
+    with pytest.raises(NotImplementedError):
+        Step().execute()
+
+
+# --------------------------------------------------------------------------- divert keys
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    ("x", "x"), ("", ""), (True, "true"), (False, "false"), (None, ""), (1, "1"), (0, "0"),
+    (-12, "-12"), (10**30, "1" + "0" * 30), (1.0, "1.0"), (0.1, "0.1"), (-2.5, "-2.5"),
+    ([1], None), ({"a": 1}, None), ((1,), None), (object(), None),
+])
+def test_render_divert_key(value, text):
+    assert render_divert_key(value) == text
+
+
+# --------------------------------------------------------------------------- class references
+
+
+def test_refs_resolve_through_registry_and_import():
+    assert step_ref(A) == f"{MOD}:A"
+    assert resolve_step(f"{MOD}:A") is A
+    assert resolve_step(f"{MOD}:NeverReferenced") is NeverReferenced  # import + walk
+    assert resolve_step(f"{MOD}:Outer.Inner") is Outer.Inner
+    assert resolve_pipeline(step_ref(build(lambda p: p.start(A), "Q"))).__name__ == "Q"
+
+
+def test_classes_defined_inside_functions_resolve_once_referenced():
+    class Local(Step):
+        def execute(self):
+            return None
+
+    class LocalPipeline(Pipeline):
+        @classmethod
+        def define(cls, pipeline):
+            pipeline.start(Local)
+
+    assert "<locals>" in step_ref(Local)
+    assert resolve_step(LocalPipeline.definition.nodes["Local#0"].klass) is Local
+    assert resolve_pipeline(LocalPipeline.definition.pipeline) is LocalPipeline
+
+    class Unused(Step):
+        def execute(self):
+            return None
+
+    with pytest.raises(ImportError, match="defined inside a function"):
+        resolve_step(step_ref(Unused))
+
+
+def test_resolution_imports_a_module_not_yet_imported(tmp_path, monkeypatch):
+    (tmp_path / "dw_fresh_steps.py").write_text(
+        "from ductwork.step import Step\n"
+        "class Fresh(Step):\n"
+        "    def execute(self):\n"
+        "        return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "dw_fresh_steps", raising=False)
+    fresh = resolve_step("dw_fresh_steps:Fresh")
+    assert fresh.__module__ == "dw_fresh_steps" and issubclass(fresh, Step)
+    monkeypatch.delitem(sys.modules, "dw_fresh_steps")
+
+
+@pytest.mark.parametrize(("resolve", "ref", "needle"), [
+    (resolve_step, "no_such_module_xyz:A", "cannot resolve step class 'no_such_module_xyz:A'"),
+    (resolve_step, f"{MOD}:Missing", f"module '{MOD}' has no 'Missing'"),
+    (resolve_step, "no-colon", "expected 'module:qualname'"),
+    (resolve_step, f"{MOD}:NotAStep", "not a Step subclass"),
+    (resolve_step, f"{MOD}:build", "not a Step subclass"),
+    (resolve_pipeline, f"{MOD}:A", "not a Pipeline subclass"),
+])
+def test_unresolvable_refs_name_the_ref(resolve, ref, needle):
+    with pytest.raises(ImportError) as info:
+        resolve(ref)
+    assert needle in str(info.value)
+    assert repr(ref) in str(info.value)
+
+
+# --------------------------------------------------------------------------- snapshots read back
+
+
+GOOD = {
+    "format": 1, "pipeline": "m:P", "start": "A#0",
+    "nodes": {"A#0": {"klass": "m:A", "delay_us": None, "timeout_us": 5, "limit_by": "k"},
+              "B#1": {"klass": "m:B", "delay_us": 1, "timeout_us": None, "limit_by": None}},
+    "edges": {"A#0": {"type": "expand", "to": ["B#1"]},
+              "B#1": {"type": "collapse", "to": ["A#0"], "barrier": ["A#0"]}},
+}
+
+
+def mutate(path, value):
+    data = json.loads(json.dumps(GOOD))
+    *parents, last = path
+    target = data
+    for key in parents:
+        target = target[key]
+    if value is KeyError:
+        del target[last]
+    else:
+        target[last] = value
+    return data
+
+
+def test_from_json_reads_good_snapshot():
+    definition = Definition.from_json(GOOD)
+    assert definition.to_json() == GOOD
+    assert definition.node_options("A#0") == NodeSpec("m:A", None, 5, "k")
+    assert definition.edges["B#1"] == EdgeSpec("collapse", ["A#0"], ["A#0"])
+    assert definition.limit_keys() == {"k"}
+    with pytest.raises(KeyError, match="m:P has no node 'Z#9'"):
+        definition.node_options("Z#9")
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    ([], "expected a JSON object, got list"),
+    (mutate(["format"], 2), "format=2: only format 1 is understood"),
+    (mutate(["format"], True), "format=True"),
+    (mutate(["extra"], 1), "expected keys"),
+    (mutate(["edges"], KeyError), "expected keys"),
+    (mutate(["pipeline"], 5), "pipeline must be 'module:qualname', got 5"),
+    (mutate(["start"], "Z#9"), "start 'Z#9' is not a node"),
+    (mutate(["start"], ["A#0"]), "is not a node"),
+    (mutate(["nodes"], {}), "nodes must be a non-empty object"),
+    (mutate(["nodes", "A#0", "klass"], KeyError), "node 'A#0': expected keys"),
+    (mutate(["nodes", "A#0", "klass"], "noclass"), "klass must be 'module:qualname'"),
+    (mutate(["nodes", "A#0", "delay_us"], 0), "delay_us must be a positive int or null, got 0"),
+    (mutate(["nodes", "A#0", "timeout_us"], True), "timeout_us must be a positive int or null"),
+    (mutate(["nodes", "A#0", "limit_by"], " "), "limit_by must be a non-blank str or null"),
+    (mutate(["edges", "Z#9"], {"type": "chain", "to": ["A#0"]}), "edge from 'Z#9': no such node"),
+    (mutate(["edges", "A#0", "type"], "teleport"), "type must be one of"),
+    (mutate(["edges", "A#0", "to"], ["B#1", "A#0"]), "expand 'to' must be a list of one node name"),
+    (mutate(["edges", "A#0", "to"], ["Z#9"]), "'to' names unknown nodes"),
+    (mutate(["edges", "A#0", "barrier"], ["A#0"]), "expected keys ['to', 'type']"),
+    (mutate(["edges", "B#1", "barrier"], KeyError), "expected keys ['barrier', 'to', 'type']"),
+    (mutate(["edges", "B#1", "barrier"], []), "barrier must be a non-empty list of node names"),
+    (mutate(["edges", "B#1", "barrier"], ["Z#9"]), "barrier must be a non-empty list"),
+    (mutate(["edges", "A#0"], {"type": "divert", "to": {"a": "B#1"}}), "with an 'otherwise' key"),
+    (mutate(["edges", "A#0"], {"type": "divert", "to": ["B#1"]}), "with an 'otherwise' key"),
+    (mutate(["edges", "A#0"], {"type": "divide", "to": []}), "divide 'to' must be a list of node"),
+])
+def test_from_json_rejects_garbage(data, needle):
+    with pytest.raises(DefinitionError) as info:
+        Definition.from_json(data)
+    assert info.value.transition == "snapshot"
+    assert info.value.pipeline == ("m:P" if isinstance(data, dict) and data.get("pipeline") == "m:P"
+                                   else "<snapshot>")
+    assert needle in str(info.value)
+
+
+# --------------------------------------------------------------------------- random definitions
+
+CLASSES = st.sampled_from([A, B, C, D, E])
+INTERVALS = st.one_of(
+    st.integers(1, 10**6), st.sampled_from(["1m", "1h30m", "90"]),
+    st.timedeltas(min_value=timedelta(microseconds=1), max_value=timedelta(days=3)),
+    st.floats(min_value=1e-6, max_value=1e6),
+)
+OPTIONS = st.fixed_dictionaries({}, optional={
+    "delay": INTERVALS, "timeout": INTERVALS, "limit_by": st.sampled_from(["api", "db"])})
+DIVERT_KEYS = st.lists(
+    st.one_of(st.text(max_size=3), st.integers(-5, 5), st.booleans(), st.none(),
+              st.floats(allow_nan=False, allow_infinity=False)),
+    unique_by=render_divert_key, max_size=3,
+).map(lambda keys: [k for k in keys if render_divert_key(k) != "otherwise"] + ["otherwise"])
+CLOSER = {"divide": "combine", "expand": "collapse", "divert": "converge"}
+CLOSER_OF = {"combine": "divide", "collapse": "expand"}
+
+
+def grow(draw, builder, depth, close_all):
+    """Apply random valid transitions to ``builder``; returns the builder to continue on."""
+    stack = []
+    for _ in range(draw(st.integers(0, 4))):
+        ops = ["chain", "expand", "dampen", "divide", "divert"] + [CLOSER[k] for k in stack[-1:]]
+        op, options = draw(st.sampled_from(ops)), draw(OPTIONS)
+        if op in ("chain", "expand"):
+            getattr(builder, op)(to=draw(CLASSES), **options)
+        elif op == "dampen":
+            builder.dampen(before=draw(CLASSES), **options)
+        elif op in CLOSER.values():
+            getattr(builder, op)(into=draw(CLASSES), **options)
+            stack.pop()
+        elif op == "divide":
+            builder.divide(to=draw(st.lists(CLASSES, min_size=1, max_size=3)), **options)
+        else:
+            builder.divert(to={key: draw(CLASSES) for key in draw(DIVERT_KEYS)}, **options)
+        if op in CLOSER:
+            stack.append(op)
+        if op in ("divide", "divert") and depth < 2 and draw(st.booleans()):
+            branches = list(builder)
+            leave_open = depth == 0 and not close_all and draw(st.booleans())
+            for branch in branches:
+                grow(draw, branch, depth + 1, close_all=not leave_open)
+            if leave_open:
+                return builder
+            if draw(st.booleans()):  # join on the branches; else the forking builder absorbs them
+                joined = getattr(branches[0], CLOSER[op])(*branches[1:], into=draw(CLASSES))
+                assert joined is builder
+                stack.pop()
+    while close_all and stack:
+        getattr(builder, CLOSER[stack.pop()])(into=draw(CLASSES))
+    return builder
+
+
+def route(snapshot, rnd):
+    """Walk a snapshot as docs/semantics.md §3 routes it; assert every fan-in is valid and fires."""
+    edges, branches = snapshot["edges"], []
+
+    def branch(barrier):
+        branches.append(
+            {"barrier": barrier, "fanout": None, "width": 0, "arrivals": 0, "into": None})
+        return branches[-1]
+
+    queue = [(branch(None), snapshot["start"])]
+    while queue:
+        current, name = queue.pop(rnd.randrange(len(queue)))
+        edge = edges.get(name)
+        if edge is None:
+            continue
+        kind = edge["type"]
+        if kind == "divert":
+            queue.append((current, rnd.choice(list(edge["to"].values()))))
+        elif kind in ("chain", "converge", "dampen"):
+            queue.append((current, edge["to"][0]))
+        elif kind in ("divide", "expand"):
+            # an empty expand is a leaf whose collapse never fires (§3.6), so draw >= 1 item
+            targets = edge["to"] if kind == "divide" else edge["to"] * rnd.randint(1, 3)
+            current.update(fanout=(kind, name), width=len(targets))
+            queue.extend((branch(current), target) for target in targets)
+        else:
+            barrier = current["barrier"]
+            assert barrier is not None, f"{name}: fan-in on a branch without a barrier"
+            fan_kind, fan_node = barrier["fanout"]
+            assert fan_node in edge["barrier"], f"{name}: transition_invalid ({fan_node})"
+            assert fan_kind == CLOSER_OF[kind], f"{name}: {kind} closes a {fan_kind}"
+            assert barrier["into"] in (None, edge["to"][0]), "siblings merge into different nodes"
+            barrier["into"] = edge["to"][0]
+            barrier["arrivals"] += 1
+            if barrier["arrivals"] == barrier["width"]:
+                queue.append((branch(barrier["barrier"]), edge["to"][0]))
+    closed = {node for e in edges.values() for node in e.get("barrier", [])}
+    for b in branches:
+        if b["width"]:
+            expected = b["width"] if b["fanout"][1] in closed else 0
+            assert b["arrivals"] == expected, b
+
+
+
+@given(st.data(), st.randoms(use_true_random=False))
+def test_random_definitions_round_trip_and_route(data, rnd):
+    drawn = []
+
+    def record(strategy):
+        drawn.append(data.draw(strategy))
+        return drawn[-1]
+
+    def define(p):
+        grow(record, p.start(record(CLASSES), **record(OPTIONS)), 0, record(st.booleans()))
+
+    definition = build(define).definition
+    replayed = iter(drawn)
+    again = build(lambda p: grow(lambda _: next(replayed),
+                                 p.start(next(replayed), **next(replayed)), 0, next(replayed)))
+    text = json.dumps(definition.to_json())
+    assert json.dumps(again.definition.to_json()) == text  # deterministic names and order
+    assert Definition.from_json(json.loads(text)) == definition
+    assert Definition.from_json(json.loads(text)).to_json() == definition.to_json()
+    assert list(definition.nodes) == [f"{n.klass.split(':')[1]}#{i}"
+                                      for i, n in enumerate(definition.nodes.values())]
+    for _ in range(3):
+        route(definition.to_json(), rnd)
+
+
+def test_builder_is_the_define_argument():
+    seen = []
+    build(lambda p: (seen.append(p), p.start(A)))
+    assert isinstance(seen[0], PipelineBuilder)
