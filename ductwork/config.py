@@ -1,0 +1,473 @@
+"""Loading ``ductwork.yml``: environments, defaults and validation.
+
+    >>> config_from_mapping({"default": {"job_worker": {"max_retry": 0}}}).job_worker.max_retry
+    0
+
+Top-level keys are environments (``default``, ``production``, …); the one used is
+``env``, else ``DUCTWORK_ENV``, else ``default``. The file is read with
+``yaml.safe_load``, so anchors and ``<<`` merge keys work as YAML defines them:
+*shallow*. ``staging: {<<: *default, job_worker: {limits: …}}`` replaces the whole
+``job_worker`` mapping of ``default``, so staging has only the limits it lists.
+
+Guarantees:
+
+- every value is checked at load, and every failure is a :class:`ConfigError` (or a
+  subclass) whose ``path`` names the offending key (``job_worker.count``,
+  ``job_worker.limits.vendor_api.rate[1].per``) or, for file-level problems, the
+  file; no other exception escapes for any input ``yaml.safe_load`` can produce;
+- unknown keys fail, listing the valid ones, so a typo fails the boot;
+- ``0`` is a value, not "unset" (``max_retry: 0`` means no retries); an omitted key
+  takes its default; an explicit ``null`` for a value is an error (a ``null``
+  section, like ``job_worker:`` with everything commented out, is empty).
+
+Not done here: importing pipelines, checking that configured pipeline or step names
+exist, or checking ``limit_by`` references (``ductwork.limits.validate_references``
+does that once pipelines are loaded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ductwork.durations import parse_interval_us
+from ductwork.errors import ConfigError
+from ductwork.limits import LimitEntry, check_int, check_mapping, child_path, parse_limits
+
+DEFAULT_ENV = "default"
+DEFAULT_PATH = "ductwork.yml"
+ROLES = ("all", "advancer", "worker")
+#: Upper bound of counts and retry/crash budgets (fits a 32-bit INTEGER column).
+MAX_COUNT = 2**31 - 1
+#: Upper bound of every time value: 100 years, in µs (stays a valid timestamp and wait).
+MAX_INTERVAL_US = 3_155_760_000 * 1_000_000
+
+_SECTION_KEYS = (
+    "pipelines", "imports", "role", "database", "job_worker", "pipeline_advancer", "supervisor",
+)
+
+
+# --------------------------------------------------------------------------- value checks
+
+
+def _seconds(path: str, value: Any) -> float:
+    """A positive time value (int/float seconds or a duration string) as float seconds."""
+    try:
+        micros = parse_interval_us(value)
+    except (ValueError, OverflowError) as exc:  # DurationError; huge digit strings; 1e305
+        raise ConfigError(path, value, getattr(exc, "reason", str(exc))) from exc
+    if micros > MAX_INTERVAL_US:
+        raise ConfigError(path, value, "must be at most 100 years")
+    return micros / 1_000_000
+
+
+def _count(path: str, value: Any) -> int:
+    return check_int(path, value, minimum=1, maximum=MAX_COUNT)
+
+
+def _budget(path: str, value: Any) -> int:
+    return check_int(path, value, minimum=0, maximum=MAX_COUNT)
+
+
+def _dotted(name: str) -> bool:
+    return all(part.isidentifier() for part in name.split("."))
+
+
+def _qualified(name: Any) -> bool:
+    """``module:Qual.Name`` with identifier parts, or a bare ``Qual.Name``."""
+    if not isinstance(name, str):
+        return False
+    module, _, qualname = name.rpartition(":")
+    return _dotted(qualname) and (module == "" and ":" not in name or _dotted(module))
+
+
+def _names(name: str) -> tuple[str, ...]:
+    """What ``module:Qual.Name`` answers to, most specific first: itself, ``Qual.Name``, ``Name``.
+    """
+    qualname = name.rpartition(":")[2]
+    return tuple(dict.fromkeys((name, qualname, qualname.rpartition(".")[2])))
+
+
+# --------------------------------------------------------------------------- max_retry / max_crash
+
+
+def _budget_key(path: str, name: Any, what: str) -> None:
+    if name != "default" and not _qualified(name):
+        raise ConfigError(
+            path, name, f"expected 'default' or a {what} name ('module:Class' or 'Class')"
+        )
+
+
+def _overrides(path: str, value: Any, default: int) -> tuple[int, dict[str, dict[str, int]]]:
+    """Parse ``n`` or ``{default: n, "<Pipeline>": n | {default: n, "<Step>": n}}``.
+
+    Returns the fleet-wide value and ``{pipeline: {"default"|step: n}}`` (a bare
+    ``"<Pipeline>": n`` becomes ``{"default": n}``).
+    """
+    if not isinstance(value, Mapping):
+        return _budget(path, value), {}
+    overrides: dict[str, dict[str, int]] = {}
+    for pipeline, inner in value.items():
+        pipeline_path = child_path(path, pipeline)
+        _budget_key(pipeline_path, pipeline, "pipeline")
+        if pipeline == "default":
+            default = _budget(pipeline_path, inner)
+        elif not isinstance(inner, Mapping):
+            overrides[pipeline] = {"default": _budget(pipeline_path, inner)}
+        else:
+            overrides[pipeline] = {}
+            for step, n in inner.items():
+                _budget_key(child_path(pipeline_path, step), step, "step")
+                overrides[pipeline][step] = _budget(child_path(pipeline_path, step), n)
+    return default, overrides
+
+
+def _lookup(
+    default: int, overrides: Mapping[str, Mapping[str, int]], pipeline: str, step: str
+) -> int:
+    for name in _names(pipeline):
+        if name in overrides:
+            steps = overrides[name]
+            for step_name in _names(step):
+                if step_name in steps:
+                    return steps[step_name]
+            if "default" in steps:
+                return steps["default"]
+            break
+    return default
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class JobWorkerConfig:
+    """``job_worker``: the threads that claim and execute jobs. Time values are float seconds."""
+
+    #: threads per worker process
+    count: int = 5
+    #: worker processes per supervisor
+    processes: int = 1
+    #: retries of a failing step before its branch halts; 0 = never retry [INV-EXE-4]
+    max_retry: int = 3
+    #: crashes of a step before its branch halts; 0 = halt on the first crash [INV-EXE-4]
+    max_crash: int = 10
+    #: seconds between polls of an idle worker thread
+    polling_timeout: float = 1.0
+    #: seconds a stopping worker waits for running steps
+    shutdown_timeout: float = 20.0
+    #: seconds before a failed execution is retried
+    retry_delay: float = 10.0
+    #: per-pipeline/per-step ``max_retry``: ``{pipeline: {"default" | step: n}}``
+    max_retry_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: per-pipeline/per-step ``max_crash``, same shape
+    max_crash_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def max_retry_for(self, pipeline: str, step: str) -> int:
+        """The retry budget of ``step`` in ``pipeline`` (both ``module:qualname``).
+
+        The step's own value under the pipeline, else the pipeline's ``default``, else
+        the fleet-wide one. Names match in full or by bare class name, so
+        ``max_retry: {default: 3, SyncOrders: {PushOrder: 0}}`` gives
+        ``max_retry_for("app.p:SyncOrders", "app.s:PushOrder") == 0`` and 3 elsewhere.
+        """
+        return _lookup(self.max_retry, self.max_retry_overrides, pipeline, step)
+
+    def max_crash_for(self, pipeline: str, step: str) -> int:
+        """The crash budget of ``step`` in ``pipeline``; looked up like :meth:`max_retry_for`."""
+        return _lookup(self.max_crash, self.max_crash_overrides, pipeline, step)
+
+
+@dataclass(frozen=True)
+class PipelineAdvancerConfig:
+    """``pipeline_advancer``: the threads that advance branches. Time values are float seconds."""
+
+    #: advancer threads per process
+    count: int = 3
+    #: non-crash advancement errors tolerated before the branch halts; 0 honoured
+    max_retry: int = 10
+    #: advancement crashes tolerated before the branch halts; 0 honoured
+    max_crash: int = 10
+    #: seconds between polls of an idle advancer thread
+    polling_timeout: float = 1.0
+    #: seconds a stopping advancer waits for the advancement in hand
+    shutdown_timeout: float = 20.0
+    #: children created per transaction by a batched expand [INV-ADV-4]
+    expand_batch: int = 1000
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    """``supervisor``: the process that runs workers, advancers and the reaper. Float seconds."""
+
+    #: seconds between supervisor ticks (heartbeat check, child check, reap)
+    polling_timeout: float = 1.0
+    #: seconds without a heartbeat after which a process is reaped as dead
+    reaper_timeout: float = 300.0
+    #: seconds a stopping supervisor waits for its children
+    shutdown_timeout: float = 30.0
+    #: seconds between a process's heartbeats
+    heartbeat_interval: float = 5.0
+
+
+_JOB_WORKER_SCALARS = ("count", "processes", "polling_timeout", "shutdown_timeout", "retry_delay")
+_JOB_WORKER_KEYS = _JOB_WORKER_SCALARS + ("max_retry", "max_crash", "limits")
+_ADVANCER_KEYS = tuple(f.name for f in dataclasses.fields(PipelineAdvancerConfig))
+_SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))
+_COUNT_FIELDS = frozenset({"count", "processes", "expand_batch"})
+_BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
+
+
+def _scalars(path: str, body: Mapping, keys: tuple[str, ...]) -> dict[str, Any]:
+    """Check the plain scalar keys of a section: counts, budgets and time values."""
+    values: dict[str, Any] = {}
+    for key in keys:
+        if key not in body:
+            continue
+        key_path = f"{path}.{key}"
+        if key in _COUNT_FIELDS:
+            values[key] = _count(key_path, body[key])
+        elif key in _BUDGET_FIELDS:
+            values[key] = _budget(key_path, body[key])
+        else:
+            values[key] = _seconds(key_path, body[key])
+    return values
+
+
+def _job_worker(body: Mapping) -> tuple[JobWorkerConfig, dict[str, LimitEntry]]:
+    values = _scalars("job_worker", body, _JOB_WORKER_SCALARS)
+    for budget in ("max_retry", "max_crash"):
+        if budget in body:
+            builtin = getattr(JobWorkerConfig, budget)
+            values[budget], values[f"{budget}_overrides"] = _overrides(
+                f"job_worker.{budget}", body[budget], builtin
+            )
+    limits = parse_limits(body.get("limits"), "job_worker.limits")
+    return JobWorkerConfig(**values), limits
+
+
+def _string_list(path: str, value: Any, valid, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise ConfigError(path, value, f"expected a list of {what}")
+    for index, item in enumerate(items):
+        if not valid(item):
+            raise ConfigError(f"{path}[{index}]", item, f"expected {what}")
+    return tuple(items)
+
+
+def _pipelines(value: Any) -> tuple[str, ...]:
+    what = "'module:Class' (e.g. 'myapp.pipelines:SyncOrders'), or the single entry '*'"
+    names = _string_list(
+        "pipelines", value, lambda v: v == "*" or (_qualified(v) and ":" in v), what
+    )
+    if "*" in names and len(names) > 1:
+        raise ConfigError("pipelines", value, "'*' must be the only entry")
+    return names
+
+
+def _role(body: Mapping, environ: Mapping[str, str]) -> str:
+    path, role = "role", body.get("role", "all")
+    if environ.get("DUCTWORK_ROLE"):
+        path, role = "DUCTWORK_ROLE", environ["DUCTWORK_ROLE"]
+    if not isinstance(role, str) or role not in ROLES:
+        raise ConfigError(path, role, f"expected one of {', '.join(ROLES)}")
+    return role
+
+
+def _database_url(value: Any) -> str | None:
+    body = check_mapping("database", value, ("url",))
+    url = body.get("url")
+    if url is not None and (not isinstance(url, str) or not url.strip()):
+        raise ConfigError("database.url", url, "expected a non-blank database URL string")
+    return url
+
+
+# --------------------------------------------------------------------------- Config
+
+
+@dataclass(frozen=True)
+class Config:
+    """One environment of ``ductwork.yml``, validated; every field has its default.
+
+    Frozen: build variants with :meth:`with_limits` or ``dataclasses.replace``.
+    """
+
+    #: the environment this section came from
+    env: str = DEFAULT_ENV
+    #: ``database.url``; None lets ``connect`` fall back (env var, then SQLite)
+    database_url: str | None = None
+    #: ``module:Class`` names, or the single entry ``"*"`` (every Pipeline in ``imports``)
+    pipelines: tuple[str, ...] = ()
+    #: modules to import (what ``"*"`` scans)
+    imports: tuple[str, ...] = ()
+    #: ``all``, ``advancer`` or ``worker``; ``DUCTWORK_ROLE`` overrides the file
+    role: Literal["all", "advancer", "worker"] = "all"
+    job_worker: JobWorkerConfig = field(default_factory=JobWorkerConfig)
+    pipeline_advancer: PipelineAdvancerConfig = field(default_factory=PipelineAdvancerConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    #: ``job_worker.limits``, parsed: key → kept concurrency and rate entries [INV-LIM-7]
+    limits: dict[str, LimitEntry] = field(default_factory=dict)
+    #: where this came from (a file path, ``<mapping>`` or ``<defaults>``), for messages
+    source: str = "<defaults>"
+
+    def with_limits(self, limits: Mapping[str, LimitEntry]) -> Config:
+        """A copy with ``limits`` in place of this config's (already parsed entries)."""
+        return dataclasses.replace(self, limits=dict(limits))
+
+    @classmethod
+    def from_section(
+        cls,
+        section: Any,
+        env: str = DEFAULT_ENV,
+        *,
+        source: str = "<section>",
+        environ: Mapping[str, str] | None = None,
+    ) -> Config:
+        """Validate one environment's section (``{"job_worker": {...}, ...}``).
+
+        ``Config.from_section({"job_worker": {"count": 2}}).job_worker.count == 2``.
+        ``environ`` (default ``os.environ``) supplies ``DUCTWORK_ROLE``.
+        """
+        environ = os.environ if environ is None else environ
+        if section is not None and not isinstance(section, Mapping):
+            raise ConfigError(
+                env or "<environment>", section,
+                f"expected a mapping of settings, got {type(section).__name__}",
+            )
+        body = check_mapping("", section, _SECTION_KEYS)
+        job_worker, limits = _job_worker(check_mapping("job_worker", body.get("job_worker"),
+                                                       _JOB_WORKER_KEYS))
+        advancer = check_mapping("pipeline_advancer", body.get("pipeline_advancer"), _ADVANCER_KEYS)
+        supervisor = check_mapping("supervisor", body.get("supervisor"), _SUPERVISOR_KEYS)
+        return cls(
+            env=env,
+            database_url=_database_url(body.get("database")),
+            pipelines=_pipelines(body.get("pipelines")),
+            imports=_string_list(
+                "imports", body.get("imports"), lambda v: isinstance(v, str) and _dotted(v),
+                "module names (e.g. 'myapp.pipelines')",
+            ),
+            role=_role(body, environ),
+            job_worker=job_worker,
+            pipeline_advancer=PipelineAdvancerConfig(
+                **_scalars("pipeline_advancer", advancer, _ADVANCER_KEYS)
+            ),
+            supervisor=SupervisorConfig(
+                **_scalars("supervisor", supervisor, _SUPERVISOR_KEYS)
+            ),
+            limits=limits,
+            source=source,
+        )
+
+
+def config_from_mapping(
+    doc: Any,
+    env: str = DEFAULT_ENV,
+    source: str = "<mapping>",
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Validate a whole ``ductwork.yml`` document (environments at the top) and pick ``env``.
+
+    ``config_from_mapping({"default": {"role": "worker"}}).role == "worker"``. An
+    empty document (``None``) means all defaults. A missing environment raises
+    ``ConfigError`` naming it and the environments the document defines.
+    """
+    source = source if source else "<mapping>"
+    if doc is None:
+        return Config.from_section(None, env, source=source, environ=environ)
+    if not isinstance(doc, Mapping):
+        raise ConfigError(
+            source, doc, f"expected a mapping of environment names to settings, got "
+            f"{type(doc).__name__}"
+        )
+    if env not in doc:
+        defined = ", ".join(sorted(map(str, doc))) or "none"
+        hint = ""
+        if any(key in _SECTION_KEYS for key in doc):
+            hint = "; settings must sit under an environment name such as 'default:'"
+        raise ConfigError(
+            source, env, f"environment not defined (defined: {defined}); choose one with "
+            f"--env or DUCTWORK_ENV{hint}"
+        )
+    return Config.from_section(doc[env], env, source=source, environ=environ)
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (same tags, anchors, merge keys) whose value errors carry a line.
+
+    PyYAML's safe constructors raise plain ``ValueError`` for a scalar such as
+    ``2020-02-30`` or a 5,000-digit integer; this re-raises it as a
+    ``ConstructorError`` marked with the node's position.
+    """
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"invalid {node.tag} value: {exc}", node.start_mark
+            ) from exc
+
+
+def _safe_load(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        if mark is None:
+            raise ConfigError(source, None, f"invalid YAML: {problem}") from exc
+        lines = text.splitlines()
+        line = lines[mark.line] if mark.line < len(lines) else ""
+        line = line if len(line) <= 120 else line[:117] + "..."
+        context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        where = f" ({context} at line {start.line + 1})" if context and start is not None else ""
+        raise ConfigError(
+            source,
+            line,
+            f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}{where}",
+        ) from exc
+    except RecursionError as exc:
+        raise ConfigError(source, None, "invalid YAML: nested too deeply") from exc
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    env: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Load and validate ``ductwork.yml``.
+
+    ``load_config("ductwork.yml", "production")``. ``path`` None reads
+    ``./ductwork.yml`` when it exists and otherwise returns all defaults; a path given
+    explicitly must exist. ``env`` None reads ``DUCTWORK_ENV``, then ``default``.
+    ``environ`` (default ``os.environ``) supplies ``DUCTWORK_ENV`` and ``DUCTWORK_ROLE``.
+    Raises :class:`ConfigError` naming the file for unreadable files and YAML syntax
+    errors (with the line), and naming the key for everything else.
+    """
+    environ = os.environ if environ is None else environ
+    if env is None:
+        env = environ.get("DUCTWORK_ENV") or DEFAULT_ENV
+    if path is None:
+        if not Path(DEFAULT_PATH).exists():
+            return Config.from_section(None, env, source="<defaults>", environ=environ)
+        path = DEFAULT_PATH
+    source = os.fspath(path)
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(source, source, "no such file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, source, f"cannot read: {exc}") from exc
+    return config_from_mapping(_safe_load(text, source), env, source, environ=environ)
