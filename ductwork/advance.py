@@ -43,7 +43,7 @@ from ductwork.definition import render_divert_key
 from ductwork.errors import StaleClaim, TransitionError
 from ductwork.executions import ErrorInfo
 from ductwork.ids import new_id, new_token
-from ductwork.runs import resolve_run
+from ductwork.runs import lock_run, resolve_run
 from ductwork.steps import (ADVANCEABLE, NewStep, StepRow, create_steps, latest_step, payload_json,
                             step_complete, step_output_json)
 
@@ -216,14 +216,24 @@ class Advancer:
     # -- fences and bookkeeping ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _fence(self, c: BranchClaim) -> Iterator[Tx]:
-        """A transaction that commits only while ``c.token`` still holds the branch."""
+    def _fence(self, c: BranchClaim, *, ends_branch: bool = False) -> Iterator[Tx]:
+        """A transaction that commits only while ``c.token`` still holds the branch.
+
+        ``ends_branch``: the block may end the branch and so decide the run's state;
+        the run row is then locked right after the branch row, before any write. One
+        lock order (own branch, run, barrier) for every such transaction means two
+        siblings ending at once queue instead of deadlocking (on InnoDB, earlier
+        writes take shared locks on the run row that a later exclusive lock would
+        have to upgrade).
+        """
         with self.app.begin() as tx:
             found = tx.execute(
                 dialects.for_update(sa.select(_b.c.claim_token).where(_b.c.id == c.branch_id), tx.conn)
             ).scalar_one()
             if found != c.token:  # [INV-ADV-2] a stale token commits nothing
                 raise StaleClaim(c.branch_id, c.token, found)
+            if ends_branch:
+                lock_run(tx, c.run_id)
             yield tx
             faults.hit(faults.BEFORE_FENCE_COMMIT)
 
@@ -287,7 +297,7 @@ class Advancer:
         return "job_crashes_exhausted" if outcome == "process_crashed" else "job_retries_exhausted"
 
     def _halt(self, c: BranchClaim, reason: str, error: ErrorInfo | None = None) -> None:
-        with self._fence(c) as tx:
+        with self._fence(c, ends_branch=True) as tx:
             if c.step.status == "advancing":
                 step_complete(tx, c.step.id)
             self._close(tx, c, error)
@@ -298,7 +308,7 @@ class Advancer:
         info = ErrorInfo.of(error)
         max_retry = self.app.config.pipeline_advancer.max_retry
         try:
-            with self._fence(c) as tx:
+            with self._fence(c, ends_branch=True) as tx:
                 failures = tx.execute(
                     sa.select(sa.func.count()).select_from(_a)
                     .where(_a.c.step_id == c.step.id, _a.c.error_klass.is_not(None),
@@ -343,7 +353,7 @@ class Advancer:
         if kind in ("combine", "collapse"):
             return self._fan_in(c, definition, kind)
         if kind == "dampen":
-            with self._fence(c) as tx:
+            with self._fence(c, ends_branch=True) as tx:
                 step_complete(tx, c.step.id)
                 self._close(tx, c)
                 self._set_branch(tx, c, "dampened")
@@ -352,7 +362,7 @@ class Advancer:
         raise TransitionError(f"unknown edge type {kind!r} from node {c.step.node}")
 
     def _leaf(self, c: BranchClaim) -> None:
-        with self._fence(c) as tx:
+        with self._fence(c, ends_branch=True) as tx:
             step_complete(tx, c.step.id)
             self._close(tx, c)
             self._set_branch(tx, c, "completed", completed_at=tx.now)
@@ -390,7 +400,7 @@ class Advancer:
     def _expand(self, c: BranchClaim, definition: Definition, node: str) -> None:
         batch = self.app.config.pipeline_advancer.expand_batch
         while True:
-            with self._fence(c) as tx:
+            with self._fence(c, ends_branch=True) as tx:
                 payload = tx.execute(
                     sa.select(schema.jobs.c.output_payload).where(schema.jobs.c.id == c.step.job_id)
                 ).scalar_one()
@@ -426,7 +436,7 @@ class Advancer:
 
     def _fan_in(self, c: BranchClaim, definition: Definition, kind: str) -> None:
         edge = definition.edges[c.step.node]
-        with self._fence(c) as tx:
+        with self._fence(c, ends_branch=True) as tx:
             barrier_id = tx.execute(sa.select(_b.c.barrier_id).where(_b.c.id == c.branch_id)).scalar_one()
             if barrier_id is None:
                 raise TransitionError(f"{kind} from {c.step.node}: branch {c.branch_id} has no barrier")
@@ -442,20 +452,18 @@ class Advancer:
             self._close(tx, c)
             self._set_branch(tx, c, "completed", completed_at=tx.now, fanin_arrived_at=tx.now)
             faults.hit(faults.BEFORE_FANIN_BUMP)
-            fired = tx.execute(
+            bumped = tx.execute(
                 _b.update()
                 .where(_b.c.id == barrier_id,
-                       _b.c.fanin_arrivals + 1 == _b.c.fanout_width)  # [INV-ADV-3] the last arrival fires
+                       _b.c.fanin_arrivals < _b.c.fanout_width)  # never more arrivals than children
                 .values(fanin_arrivals=_b.c.fanin_arrivals + 1, updated_at=tx.now)
-            ).rowcount == 1
-            if not fired:
-                bumped = tx.execute(
-                    _b.update()
-                    .where(_b.c.id == barrier_id, _b.c.fanin_arrivals + 1 < _b.c.fanout_width)
-                    .values(fanin_arrivals=_b.c.fanin_arrivals + 1, updated_at=tx.now)
-                ).rowcount
-                if bumped != 1:
-                    raise AssertionError(f"barrier {barrier_id}: more arrivals than its width [INV-ADV-3]")
+            ).rowcount
+            if bumped != 1:
+                raise AssertionError(f"barrier {barrier_id}: more arrivals than its width [INV-ADV-3]")
+            # We hold the barrier row's lock from the UPDATE until commit, so this read sees
+            # our increment on top of every earlier one: exactly one sibling reads the width.
+            arrivals = tx.execute(sa.select(_b.c.fanin_arrivals).where(_b.c.id == barrier_id)).scalar_one()
+            fired = arrivals == barrier.fanout_width  # [INV-ADV-3] the last arrival fires
             faults.hit(faults.AFTER_FANIN_BUMP)
             if not fired:
                 resolve_run(tx, c.run_id)

@@ -39,6 +39,7 @@ import sqlalchemy as sa
 from ductwork import buckets, dialects, faults, schema
 from ductwork.clock import from_us
 from ductwork.executions import Claimed
+from ductwork.limits import LimitEntry, entry_digest
 
 if TYPE_CHECKING:
     from ductwork.app import App, Tx
@@ -83,20 +84,26 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
     """Every lane that may admit now, oldest first. A read: the claims re-check under locks."""
     k = schema.limit_keys
     now = tx.now
-    inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
-    rows = tx.execute(
-        sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now), _oldest(_e.c.id, k.c.key, now), inflight)
-        .where(sa.or_(k.c.blocked_until.is_(None),  # never rate-blocked
-                      k.c.blocked_until <= now))  # or its next token has arrived [INV-LIM-5]
-    ).all()
+    keys = [
+        key for key, blocked_until, digest in tx.execute(sa.select(k.c.key, k.c.blocked_until, k.c.config_digest))
+        if blocked_until is None  # never rate-blocked
+        or blocked_until <= now  # or its next token has arrived [INV-LIM-5]
+        or digest != entry_digest(app.config.limits.get(key))  # or its stamp came from other values
+    ]
     lanes = []
-    for key, oldest_at, oldest_id, in_flight in rows:
-        if oldest_id is None:
-            continue
-        entry = app.config.limits.get(key)
-        if entry is not None and entry.concurrency is not None and in_flight >= entry.concurrency:
-            continue  # saturated: retried on the next poll, no one knows when a slot frees
-        lanes.append(Lane(oldest_at, oldest_id, key))
+    if keys:
+        inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
+        rows = tx.execute(
+            sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now), _oldest(_e.c.id, k.c.key, now), inflight)
+            .where(k.c.key.in_(keys))
+        ).all()
+        for key, oldest_at, oldest_id, in_flight in rows:
+            if oldest_id is None:
+                continue
+            entry = app.config.limits.get(key)
+            if entry is not None and entry.concurrency is not None and in_flight >= entry.concurrency:
+                continue  # saturated: retried on the next poll, no one knows when a slot frees
+            lanes.append(Lane(oldest_at, oldest_id, key))
     unkeyed = tx.execute(
         sa.select(_e.c.eligible_at, _e.c.id)
         .where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= now)
@@ -166,13 +173,61 @@ def _write_buckets(tx: Tx, key: str, new: tuple[buckets.Bucket, ...], old: dict[
             tx.execute(b.insert().values(key=key, period_s=bucket.period_s, **values))
 
 
+def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
+            stored: dict[int, buckets.Bucket]) -> dict[int, buckets.Bucket]:
+    """Apply a changed config to a locked key: keep only the buckets of periods the new
+    entry keeps, and clear the stamp computed from the old values [INV-LIM-4].
+
+    Returns the buckets the decision may use. A key whose values did not change is
+    left as it is.
+    """
+    digest = entry_digest(entry)
+    if applied == digest:
+        return stored
+    kept = buckets.carry_over(entry, stored)
+    dropped = sorted(set(stored) - set(kept))
+    b = schema.limit_buckets
+    if dropped:
+        tx.execute(b.delete().where(b.c.key == key, b.c.period_s.in_(dropped)))
+    tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
+               .values(config_digest=digest, blocked_until=None, updated_at=tx.now))
+    return kept
+
+
+def _lock_key(tx: Tx, key: str) -> sa.Row | None:
+    k = schema.limit_keys
+    return tx.execute(
+        dialects.for_update(sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key), tx.conn)
+    ).first()
+
+
+def rebase_keys(app: App) -> list[str]:
+    """Apply this process's config to every key whose stored values differ (at boot).
+
+    Claims apply it lazily too, under the same lock; doing it at boot means a key
+    stamped under stricter old values is not skipped until that old stamp passes.
+    Returns the keys that changed.
+    """
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(schema.limit_keys.c.key, schema.limit_keys.c.config_digest)).all()
+    changed = []
+    for key, digest in rows:
+        entry = app.config.limits.get(key)
+        if digest == entry_digest(entry):
+            continue
+        with app.begin() as tx:
+            header = _lock_key(tx, key)
+            if header is not None and header.config_digest != entry_digest(entry):
+                _rebase(tx, key, entry, header.config_digest, _buckets_of(tx, key))
+                changed.append(key)
+    return changed
+
+
 def claim_keyed(app: App, key: str, process_id: str) -> Claimed | Refusal:
     """Claim the oldest eligible execution of ``key`` if its limits admit one now."""
     k = schema.limit_keys
     with app.begin() as tx:
-        header = tx.execute(
-            dialects.for_update(sa.select(k.c.seq).where(k.c.key == key), tx.conn)  # [INV-LIM-1] key lock
-        ).first()
+        header = _lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
         faults.hit(faults.AFTER_KEY_LOCK)
         now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
         execution_id = tx.execute(
@@ -186,7 +241,7 @@ def claim_keyed(app: App, key: str, process_id: str) -> Claimed | Refusal:
             sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
         ).scalar_one()
         entry = app.config.limits.get(key)
-        old = _buckets_of(tx, key)
+        old = _rebase(tx, key, entry, header.config_digest, _buckets_of(tx, key))
         decision = buckets.decide(entry, old, in_flight, now_us)
         if decision.refused_for == "concurrency":
             return Refusal(key, "concurrency")  # nothing refilled, nothing stamped

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from ductwork import dialects, schema
 from ductwork.errors import InputError, OverwriteError
+from ductwork.ids import new_id
 
 if TYPE_CHECKING:
     from ductwork.app import App
@@ -61,7 +62,7 @@ class Context:
         except (TypeError, ValueError) as error:
             raise InputError(f"Context value for {key!r} is not JSON-serialisable: {error}") from None
         with self._app.begin() as tx:
-            row = {"run_id": self.run_id, "key": key, "value": text,
+            row = {"id": new_id(), "run_id": self.run_id, "key": key, "value": text,
                    "first_set_at": tx.now, "last_set_at": tx.now}
             if overwrite:
                 tx.execute(dialects.upsert(tx.conn, schema.context, ["run_id", "key"], row,

@@ -347,8 +347,7 @@ def violated_constraint(error: exc.IntegrityError) -> str | None:
     text = str(orig)
     match = _MYSQL_KEY.search(text)
     if match:
-        name = match.group(1)
-        return "uq_context_run_key" if name == "PRIMARY" and "ductwork_context" in text else name
+        return match.group(1)
     match = _SQLITE_UNIQUE.search(text)
     if match:
         cols = [c.strip() for c in match.group(1).split(",")]

@@ -89,7 +89,7 @@ class ErrorInfo:
                    str(error)[:MESSAGE_LIMIT], "".join(frames) or None)
 
 
-def _lock_key(tx: Tx, key: str) -> int:
+def _key_seq(tx: Tx, key: str) -> int:
     """Lock the key's header row and return its sequence value."""
     k = schema.limit_keys
     seq = tx.execute(dialects.for_update(sa.select(k.c.seq).where(k.c.key == key), tx.conn)).scalar_one()
@@ -99,7 +99,7 @@ def _lock_key(tx: Tx, key: str) -> int:
 def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | None, outcome: str,
               error: ErrorInfo | None) -> bool:
     """The guarded completion; True when this call ended the execution."""
-    seq = _lock_key(tx, limit_key) + 1 if limit_key else None  # [INV-LIM-1] key lock first
+    seq = _key_seq(tx, limit_key) + 1 if limit_key else None  # [INV-LIM-1] key lock first
     e = schema.executions
     guard = e.c.process_id.is_(None) if owner is None else e.c.process_id == owner
     result = tx.execute(

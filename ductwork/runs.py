@@ -74,12 +74,20 @@ def trigger_run(app: App | None, pipeline: type[Pipeline], args: list[Any]) -> R
     return Run(app, run_id)
 
 
+def lock_run(tx: Tx, run_id: str) -> str:
+    """Lock the run row (FOR NO KEY UPDATE on PostgreSQL) and return its status."""
+    r = schema.runs
+    return tx.execute(dialects.for_update_run(sa.select(r.c.status).where(r.c.id == run_id), tx.conn)).scalar_one()
+
+
 def resolve_run(tx: Tx, run_id: str) -> str:
-    """Decide the run's state after a branch ended; returns it. Takes the run row lock."""
+    """Decide the run's state after a branch ended; returns it.
+
+    Takes the run row lock (callers that end branches take it earlier, right after
+    their fence: see ``advance.Advancer._fence``).
+    """
     r, b = schema.runs, schema.branches
-    status = tx.execute(
-        dialects.for_update_run(sa.select(r.c.status).where(r.c.id == run_id), tx.conn)
-    ).scalar_one()
+    status = lock_run(tx, run_id)
     if status in TERMINAL:
         return status  # [INV-RUN-1] final
 

@@ -250,13 +250,16 @@ expand_items = sa.Table(
 context = sa.Table(
     "ductwork_context",
     metadata,
+    sa.Column("id", Id, primary_key=True),
     sa.Column("run_id", Id, sa.ForeignKey("ductwork_runs.id"), nullable=False),
     sa.Column("key", Name, nullable=False),
     sa.Column("value", sa.Text, nullable=False),  # JSON {"raw_value": value}
     sa.Column("first_set_at", Timestamp, nullable=False),
     sa.Column("last_set_at", Timestamp, nullable=False),
-    # [INV-CTX-1] a context key is set once per run
-    sa.PrimaryKeyConstraint("run_id", "key", name="uq_context_run_key"),
+    # [INV-CTX-1] a context key is set once per run (a unique key, not the primary key:
+    # MariaDB names a violated primary key only "PRIMARY", which the error boundary
+    # could not tell apart from any other table's)
+    sa.UniqueConstraint("run_id", "key", name="uq_context_run_key"),
 )
 
 limit_keys = sa.Table(
@@ -265,6 +268,9 @@ limit_keys = sa.Table(
     #: the header row locked by every keyed claim and keyed completion [INV-LIM-1]
     sa.Column("key", Name, primary_key=True),
     sa.Column("blocked_until", Timestamp, nullable=True),  # NULL: not rate-blocked
+    #: fingerprint of the config values last applied to this key (limits.entry_digest);
+    #: NULL: no claim has applied any config yet
+    sa.Column("config_digest", sa.String(16), nullable=True),
     #: the key's event counter: claims and releases take the next value under the lock
     sa.Column("seq", sa.BigInteger, nullable=False, server_default="0"),
     *_timestamps(),

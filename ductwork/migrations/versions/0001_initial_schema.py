@@ -18,6 +18,7 @@ def upgrade() -> None:
     op.create_table('ductwork_limit_keys',
     sa.Column('key', sa.String(length=255), nullable=False),
     sa.Column('blocked_until', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
+    sa.Column('config_digest', sa.String(length=16), nullable=True),
     sa.Column('seq', sa.BigInteger(), server_default='0', nullable=False),
     sa.Column('created_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
     sa.Column('updated_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
@@ -81,13 +82,15 @@ def upgrade() -> None:
     op.create_index('ix_branch_barrier', 'ductwork_branches', ['barrier_id'], unique=False)
     op.create_index('ix_branch_run_status', 'ductwork_branches', ['run_id', 'status'], unique=False)
     op.create_table('ductwork_context',
+    sa.Column('id', sa.String(length=36), nullable=False),
     sa.Column('run_id', sa.String(length=36), nullable=False),
     sa.Column('key', sa.String(length=255), nullable=False),
     sa.Column('value', sa.Text(), nullable=False),
     sa.Column('first_set_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
     sa.Column('last_set_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
     sa.ForeignKeyConstraint(['run_id'], ['ductwork_runs.id'], ),
-    sa.PrimaryKeyConstraint('run_id', 'key', name='uq_context_run_key')
+    sa.PrimaryKeyConstraint('id'),
+    sa.UniqueConstraint('run_id', 'key', name='uq_context_run_key')
     )
     op.create_table('ductwork_limit_buckets',
     sa.Column('key', sa.String(length=255), nullable=False),

@@ -1,0 +1,241 @@
+"""Each exactly-once guard, attacked by real threads on separate connections.
+
+Checks: INV-ADV-1 (successors created once), INV-ADV-2 (a stale claim token commits
+nothing; the claim re-asserts the candidate predicate), INV-ADV-3 (the fan-in
+counter fires once), INV-EXE-2 (an outcome is recorded at most once; a reaped
+owner's commit is rejected), and that every named unique constraint exists on
+each database.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import Pipeline, Step, schema
+from ductwork.advance import Advancer, candidates, claim_branch
+from ductwork.claims import claim_next
+from ductwork.dialects import violated_constraint
+from ductwork.errors import CommitFailed
+from ductwork.execute import Worker, make_output
+from ductwork.executions import record_success
+from ductwork.processes import register
+from ductwork.reaper import reap
+from ductwork.testing import drain
+
+RACERS = 4
+
+
+class Num(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return self.n
+
+
+class Spread(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return list(range(self.n))
+
+
+class Gather(Step):
+    def __init__(self, xs):
+        self.xs = xs
+
+    def execute(self):
+        return self.xs
+
+
+class TwoStep(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Num).chain(to=Num)
+
+
+class FanP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Spread).expand(to=Num).collapse(into=Gather)
+
+
+def race(fns):
+    """Run the callables at once (released together by a barrier); return their results."""
+    barrier = threading.Barrier(len(fns))
+
+    def go(fn):
+        barrier.wait(timeout=30)
+        return fn()
+
+    with ThreadPoolExecutor(len(fns)) as pool:
+        return [f.result(timeout=60) for f in [pool.submit(go, fn) for fn in fns]]
+
+
+def processes(app, n):
+    return [register(app, role="test", label=f"racer-{i}") for i in range(n)]
+
+
+def step_nodes(app, run_id):
+    with app.begin() as tx:
+        return Counter(tx.execute(
+            sa.select(schema.steps.c.node).where(schema.steps.c.run_id == run_id)).scalars())
+
+
+def ready_branch(app, pipeline, arg):
+    """Trigger and run the first step, leaving its branch ready to advance."""
+    run = pipeline.trigger(arg)
+    assert Worker(app).run_once().outcome == "success"
+    with app.begin() as tx:
+        (branch_id,) = candidates(tx, 10)
+    return run, branch_id
+
+
+def test_racing_claims_on_one_branch_have_one_winner(app):
+    pids = processes(app, RACERS)
+    for _ in range(10):
+        run, branch_id = ready_branch(app, TwoStep, 1)
+        claims = race([lambda p=p: claim_branch(app, branch_id, p) for p in pids])
+        winners = [c for c in claims if c is not None]
+        assert len(winners) == 1  # [INV-ADV-2] one token
+        assert Advancer(app, process_id=winners[0].token and pids[claims.index(winners[0])]).advance(
+            winners[0]) == "advanced"
+        assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}  # [INV-ADV-1]
+        drain(app, timeout=30)
+
+
+def test_racing_advancers_on_fan_out_and_fan_in_create_each_successor_once(app):
+    pids = processes(app, RACERS)
+    runs = [FanP.trigger(6) for _ in range(3)]
+    stop = threading.Event()
+
+    def advance_loop(pid):
+        advancer, worker = Advancer(app, process_id=pid), Worker(app, process_id=pid)
+        while not stop.is_set():
+            if advancer.run_once() == "idle" and worker.run_once() is None:
+                if all(r.refresh().status != "in_progress" for r in runs):
+                    return
+
+    race([lambda p=p: advance_loop(p) for p in pids])
+    for run in runs:
+        assert run.refresh().status == "completed"
+        assert step_nodes(app, run.id) == {"Spread#0": 1, "Num#1": 6, "Gather#2": 1}
+        assert run.steps()[-1].output == list(range(6))
+    with app.begin() as tx:
+        errors = tx.execute(sa.select(schema.advancements.c.error_klass)
+                            .where(schema.advancements.c.error_klass.is_not(None))).scalars().all()
+    assert errors == []  # no advancement hit a constraint or a stale fence error
+
+
+def test_stale_token_commits_nothing(app):
+    pa, pb = processes(app, 2)
+    run, branch_id = ready_branch(app, TwoStep, 1)
+    stale = claim_branch(app, branch_id, pa)
+    assert reap(app, pa, force=True)  # the reaper releases A's claim
+    fresh = claim_branch(app, branch_id, pb)
+    assert fresh is not None and fresh.token != stale.token
+    assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
+    assert Advancer(app, process_id=pa).advance(stale) == "stale"  # [INV-ADV-2]
+    assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(schema.advancements.c.error_klass)
+                          .order_by(schema.advancements.c.started_at)).scalars().all()
+    assert rows == ["ductwork.ProcessCrash", None]
+
+
+def test_stale_candidate_is_not_claimed_off_its_new_step(app):
+    (pid,) = processes(app, 1)
+    run, branch_id = ready_branch(app, TwoStep, 1)
+    with app.begin() as tx:
+        assert candidates(tx, 10) == [branch_id]  # read by a slow advancer...
+    assert Advancer(app).run_once() == "advanced"  # ...while another advances and releases it
+    assert claim_branch(app, branch_id, pid) is None  # the re-asserted predicate refuses
+    assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}
+
+
+def test_fan_in_counter_fires_once_when_siblings_race(app):
+    pids = processes(app, RACERS)
+    run = FanP.trigger(RACERS)
+    drain_first = Worker(app)
+    assert drain_first.run_once().outcome == "success"
+    assert Advancer(app).run_once() == "advanced"  # expands into RACERS children
+    while drain_first.run_once() is not None:
+        pass
+    with app.begin() as tx:
+        children = candidates(tx, 10)
+    assert len(children) == RACERS
+    claims = [claim_branch(app, b, p) for b, p in zip(children, pids)]
+    results = race([lambda c=c, p=p: Advancer(app, process_id=p).advance(c) for c, p in zip(claims, pids)])
+    assert results == ["advanced"] * RACERS
+    assert step_nodes(app, run.id)["Gather#2"] == 1  # [INV-ADV-3]
+    drain(app, timeout=30)
+    assert run.refresh().steps()[-1].output == list(range(RACERS))
+
+
+def test_workers_racing_for_one_execution(app):
+    pids = processes(app, RACERS)
+    TwoStep.trigger(1)
+    claims = race([lambda p=p: claim_next(app, p) for p in pids])
+    assert sum(c is not None for c in claims) == 1
+
+
+def test_reaped_owner_cannot_commit_and_the_step_runs_again(app):
+    (pid,) = processes(app, 1)
+    run = TwoStep.trigger(5)
+    claimed = claim_next(app, pid)
+    assert reap(app, pid, force=True)  # crashed: a re-run execution is queued
+    output = make_output(claimed.klass, app.definition(claimed.definition_sha1), claimed.node, 5)
+    with pytest.raises(CommitFailed):
+        record_success(app, claimed, output)  # [INV-EXE-2]
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+    e = schema.executions
+    with app.begin() as tx:
+        outcomes = tx.execute(sa.select(e.c.outcome).order_by(e.c.created_at, e.c.id)).scalars().all()
+    assert outcomes[:2] == ["process_crashed", "success"]
+
+
+def test_racing_reapers_crash_an_execution_once(app):
+    pids = processes(app, 1)
+    TwoStep.trigger(1)
+    assert claim_next(app, pids[0]) is not None
+    results = race([lambda: reap(app, pids[0], force=True) for _ in range(RACERS)])
+    assert sorted(results) == [False] * (RACERS - 1) + [True]
+    with app.begin() as tx:
+        count = tx.execute(sa.select(sa.func.count()).select_from(schema.executions)).scalar_one()
+    assert count == 2  # the crashed one and exactly one re-run
+
+
+@pytest.mark.parametrize("constraint", [
+    "uq_step_branch_node", "uq_job_step", "uq_execution_open_per_job", "uq_context_run_key",
+])
+def test_named_unique_constraints_exist_on_every_database(app, constraint):
+    run = TwoStep.trigger(1)
+    s, j, e, c = schema.steps, schema.jobs, schema.executions, schema.context
+    with app.begin() as tx:
+        step = tx.execute(sa.select(s).where(s.c.run_id == run.id)).mappings().one()
+        job = tx.execute(sa.select(j).where(j.c.step_id == step["id"])).mappings().one()
+        execution = tx.execute(sa.select(e).where(e.c.job_id == job["id"])).mappings().one()
+    copies = {
+        "uq_step_branch_node": (s, {**step, "id": "dup-step"}),
+        "uq_job_step": (j, {**job, "id": "dup-job"}),
+        "uq_execution_open_per_job": (e, {k: v for k, v in execution.items()
+                                          if k not in ("pending_lane", "inflight_key", "open_job_id")}
+                                      | {"id": "dup-exec"}),
+        "uq_context_run_key": (c, {"id": "ctx", "run_id": run.id, "key": "k", "value": "1",
+                                   "first_set_at": step["started_at"], "last_set_at": step["started_at"]}),
+    }
+    table, row = copies[constraint]
+    if constraint == "uq_context_run_key":
+        with app.begin() as tx:
+            tx.execute(table.insert().values(**{**row, "id": "ctx-first"}))
+    with pytest.raises(sa.exc.IntegrityError) as info:
+        with app.begin() as tx:
+            tx.execute(table.insert().values(**row))
+    assert violated_constraint(info.value) == constraint

@@ -1,0 +1,413 @@
+"""Every transition kind and error path, end to end, on SQLite, PostgreSQL and MySQL.
+
+Checks: INV-ADV-1 (each successor created once), INV-ADV-3 (fan-in fires once with
+all outputs, in fan-out order), INV-ADV-4 (batched expand yields N children),
+INV-EXE-3 (idempotency keys), INV-EXE-4 (retry and crash budgets, halt reasons),
+INV-RUN-1 (terminal states), INV-CTX-1 (context set once).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from ductwork import Pipeline, Step
+from ductwork.errors import OverwriteError, RunStateError
+from ductwork.testing import drain
+
+
+# --------------------------------------------------------------------------- steps
+
+
+class Add1(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return self.n + 1
+
+
+class Triple(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return [self.n, self.n * 2, self.n * 3]
+
+
+class Many(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return list(range(self.n))
+
+
+class Times10(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return self.n * 10
+
+
+class Sum(Step):
+    def __init__(self, xs):
+        self.xs = xs
+
+    def execute(self):
+        return sum(self.xs)
+
+
+class Echo(Step):
+    def __init__(self, value):
+        self.value = value
+
+    def execute(self):
+        return self.value
+
+
+class Tag(Step):
+    """Returns its input wrapped with its class name."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def execute(self):
+        return [type(self).__name__, self.value]
+
+
+class TagB(Tag):
+    pass
+
+
+class TagC(Tag):
+    pass
+
+
+class Collect(Step):
+    def __init__(self, values):
+        self.values = values
+
+    def execute(self):
+        return self.values
+
+
+class Boom(Step):
+    def __init__(self, value):
+        self.value = value
+
+    def execute(self):
+        raise ValueError(f"boom {self.value}")
+
+
+class BadInit(Step):
+    def __init__(self, value):
+        raise KeyError("constructor fails")
+
+    def execute(self):  # pragma: no cover - never reached
+        return 1
+
+
+class NotJson(Step):
+    def __init__(self, value):
+        pass
+
+    def execute(self):
+        return {1, 2}
+
+
+class NotAList(Step):
+    def __init__(self, value):
+        pass
+
+    def execute(self):
+        return 5
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+class ChainP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Add1).chain(to=Add1).chain(to=Times10)
+
+
+class ExpandP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Many).expand(to=Times10).collapse(into=Sum)
+
+
+class DivideP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        b, c = p.start(Echo).divide(to=[Tag, TagB])
+        b.chain(to=TagC)
+        b.combine(c, into=Collect)
+
+
+class DivertP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        (p.start(Echo)
+         .divert(to={True: Tag, None: TagB, 3: TagC, "otherwise": Echo})
+         .converge(into=Collect))
+
+
+class DampenP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Add1).dampen(before=Times10).chain(to=Add1)
+
+
+class FailingP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo).chain(to=Boom)
+
+
+class CrashingP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(BadInit)
+
+
+class NotJsonP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(NotJson)
+
+
+class NotAListP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(NotAList).expand(to=Echo)
+
+
+class HaltedSiblingP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Triple).expand(to=Boom).collapse(into=Sum)
+
+
+class NestedP(Pipeline):
+    """expand → each child divides → combine → collapse: fan-ins nested in fan-outs."""
+
+    @classmethod
+    def define(cls, p):
+        (p.start(Many).expand(to=Echo)
+         .divide(to=[Add1, Times10]).combine(into=Sum)
+         .collapse(into=Collect))
+
+
+class DelayedP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo).chain(to=Add1, delay=timedelta(minutes=5))
+
+
+def nodes(run):
+    return Counter((s.klass.rsplit(":", 1)[1], s.status) for s in run.steps())
+
+
+# --------------------------------------------------------------------------- transitions
+
+
+def test_chain_passes_each_output_on(app):
+    run = ChainP.trigger(1)
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+    steps = run.steps()
+    assert [(s.node, s.input, s.output) for s in steps] == [
+        ("Add1#0", [1], 2), ("Add1#1", [2], 3), ("Times10#2", [3], 30)]
+    assert {s.status for s in steps} == {"completed"}
+    assert {s.to_transition for s in steps} == {"start", "chain"}
+
+
+def test_expand_collapse_in_batches_keeps_item_order(app):
+    run = ExpandP.trigger(10)  # expand_batch is 4 in the test config: 3 batches
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+    steps = run.steps()
+    children = [s for s in steps if s.node == "Times10#1"]
+    assert sorted(s.input[0] for s in children) == list(range(10))
+    (merge,) = [s for s in steps if s.node == "Sum#2"]
+    assert merge.input == [[i * 10 for i in range(10)]]  # ordered by fan-out index
+    assert merge.output == 450
+
+
+def test_empty_expand_is_a_leaf(app):
+    run = ExpandP.trigger(0)
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+    assert [s.node for s in run.steps()] == ["Many#0"]  # collapse never fires
+
+
+def test_divide_combine_with_branch_builders(app):
+    run = DivideP.trigger("x")
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+    steps = {s.node: s for s in run.steps()}
+    assert steps["Collect#4"].input == [[["TagC", ["Tag", "x"]], ["TagB", "x"]]]
+    assert len({s.branch_id for s in run.steps()}) == 4  # start, two children, merge
+
+
+@pytest.mark.parametrize(("value", "taken"), [
+    (True, "Tag"), (None, "TagB"), (3, "TagC"), ("true", "Tag"), ("3", "TagC"), (False, "Echo"),
+    ([1], "Echo"), (3.0, "Echo"),
+])
+def test_divert_renders_keys_like_ruby(app, value, taken):
+    run = DivertP.trigger(value)
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+    klasses = [s.klass.rsplit(":", 1)[1] for s in run.steps()]
+    assert klasses[1] == taken
+    assert klasses[-1] == "Collect"
+    assert len({s.branch_id for s in run.steps()}) == 1  # divert never creates a branch
+
+
+def test_dampen_holds_no_worker_and_resume_continues(app):
+    run = DampenP.trigger(1)
+    drain(app, timeout=30)
+    assert run.refresh().status == "dampened"
+    assert [s.node for s in run.steps()] == ["Add1#0"]
+    run.resume(input=7)
+    assert run.status == "in_progress"
+    with pytest.raises(RunStateError, match="nothing to resume"):
+        run.resume()
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+    assert [(s.node, s.input, s.output) for s in run.steps()] == [
+        ("Add1#0", [1], 2), ("Times10#1", [7], 70), ("Add1#2", [70], 71)]
+
+
+def test_resume_without_input_passes_the_previous_output(app):
+    run = DampenP.trigger(1)
+    drain(app, timeout=30)
+    run.resume()
+    drain(app, timeout=30)
+    assert [s.output for s in run.steps()] == [2, 20, 21]
+
+
+def test_nested_fan_in_inside_fan_out(app):
+    run = NestedP.trigger(3)
+    drain(app, timeout=60)
+    assert run.refresh().status == "completed"
+    (final,) = [s for s in run.steps() if s.node.startswith("Collect")]
+    assert final.input == [[i + 1 + i * 10 for i in range(3)]]
+
+
+def test_many_runs_in_parallel_do_not_mix(app):
+    runs = [ChainP.trigger(i) for i in range(5)]
+    drain(app, timeout=60)
+    assert [r.refresh().status for r in runs] == ["completed"] * 5
+    assert [r.steps()[-1].output for r in runs] == [(i + 2) * 10 for i in range(5)]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _executions(app, run):
+    import sqlalchemy as sa
+
+    from ductwork import schema
+
+    e, j, s = schema.executions, schema.jobs, schema.steps
+    with app.begin() as tx:
+        return tx.execute(
+            sa.select(s.c.node, e.c.outcome, e.c.retry_count, e.c.crash_count, e.c.error_klass, e.c.error_message)
+            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+            .where(s.c.run_id == run.id).order_by(e.c.created_at, e.c.id)
+        ).all()
+
+
+def _halt_reasons(app, run):
+    import sqlalchemy as sa
+
+    from ductwork import schema
+
+    with app.begin() as tx:
+        return sorted(tx.execute(
+            sa.select(schema.branches.c.halt_reason)
+            .where(schema.branches.c.run_id == run.id, schema.branches.c.status == "halted")
+        ).scalars())
+
+
+def test_failures_retry_within_budget_then_halt(app):
+    run = FailingP.trigger("x")
+    drain(app, timeout=30)
+    assert run.refresh().status == "halted"
+    rows = [r for r in _executions(app, run) if r.node == "Boom#1"]
+    assert [(r.outcome, r.retry_count) for r in rows] == [("failure", 0), ("failure", 1), ("failure", 2)]
+    assert rows[0].error_klass.endswith("ValueError") and rows[0].error_message == "boom x"
+    assert _halt_reasons(app, run) == ["job_retries_exhausted"]
+    assert nodes(run)[("Boom", "failed")] == 1
+
+
+def test_constructor_errors_spend_the_crash_budget(manual_app):
+    app = manual_app  # crash back-off is 10 s per crash after the first third: drain moves the clock
+    run = CrashingP.trigger("x")
+    drain(app, timeout=60)
+    assert run.refresh().status == "halted"
+    rows = _executions(app, run)
+    assert [r.crash_count for r in rows] == [0, 1, 2, 3, 4]  # max_crash 4: five crashes
+    assert {r.outcome for r in rows} == {"process_crashed"}
+    assert _halt_reasons(app, run) == ["job_crashes_exhausted"]
+
+
+def test_non_json_return_fails_the_execution_naming_step_and_type(app):
+    run = NotJsonP.trigger(1)
+    drain(app, timeout=30)
+    assert run.refresh().status == "halted"
+    rows = _executions(app, run)
+    assert {r.outcome for r in rows} == {"failure"}
+    assert rows[0].error_klass == "ductwork.errors.StepReturnError"
+    assert "test_pipelines:NotJson returned set" in rows[0].error_message
+
+
+def test_expand_of_a_non_list_fails_the_step(app):
+    run = NotAListP.trigger(1)
+    drain(app, timeout=30)
+    assert run.refresh().status == "halted"
+    assert "must return a list" in _executions(app, run)[0].error_message
+
+
+def test_halted_sibling_means_the_merge_never_fires(app):
+    run = HaltedSiblingP.trigger(1)
+    drain(app, timeout=60)
+    assert run.refresh().status == "halted"
+    assert _halt_reasons(app, run) == ["job_retries_exhausted"] * 3
+    assert not [s for s in run.steps() if s.node.startswith("Sum")]
+
+
+def test_terminal_runs_stay_terminal(app):
+    run = ChainP.trigger(1)
+    drain(app, timeout=30)
+    with pytest.raises(RunStateError):
+        run.resume(input=1)
+    assert run.refresh().status == "completed"
+
+
+# --------------------------------------------------------------------------- time
+
+
+def test_delay_is_not_eligible_before_its_time(manual_app):
+    from ductwork.execute import Worker
+    from ductwork.advance import Advancer
+
+    app = manual_app
+    run = DelayedP.trigger(1)
+    worker, advancer = Worker(app), Advancer(app)
+    assert worker.run_once().outcome == "success"
+    assert advancer.run_once() == "advanced"
+    assert worker.run_once() is None  # delayed five minutes: holds no worker
+    app.clock.advance(timedelta(minutes=5) - timedelta(microseconds=1))
+    assert worker.run_once() is None
+    app.clock.advance(microseconds=1)
+    assert worker.run_once().outcome == "success"
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
