@@ -173,8 +173,8 @@ class Advancer:
                 break
         if claim is None:
             return "contended"
-        faults.hit(faults.AFTER_BRANCH_CLAIM)
         try:
+            faults.hit(faults.AFTER_BRANCH_CLAIM)
             result = self.advance(claim)
         finally:
             if not claim.closed:

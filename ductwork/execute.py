@@ -117,12 +117,13 @@ class Worker:
         claimed = claim_next(self.app, self.process_id)
         if claimed is None:
             return None
-        faults.hit(faults.AFTER_JOB_CLAIM)
         return self.perform(claimed)
 
     def perform(self, claimed: Claimed) -> Performed:
+        """Run a claimed execution and record its outcome; on any escape, crash it."""
         recorded = False
         try:
+            faults.hit(faults.AFTER_JOB_CLAIM)
             outcome = self._perform(claimed)
             recorded = True
             return Performed(claimed.execution_id, claimed.node, outcome)

@@ -1,0 +1,85 @@
+"""Boot validation: what ``ductwork check`` runs, and ``ductwork start`` before anything.
+
+    >>> warnings = validate(app)        # raises on the first problem
+
+Fails closed, one rule per check, each error naming what is wrong (the seed's
+table) [INV-LIM-7]:
+
+===========================================  =========================================
+A ``limit_by`` key has no entry              MissingLimitError naming key and pipelines
+An entry has neither concurrency nor rate    EmptyLimitError (raised by config parsing)
+Two rate entries share a period              DuplicatePeriodError (config parsing)
+A period is months/years, zero or garbage    InvalidPeriodError (config parsing)
+Tables are missing                           MissingTablesError naming them
+A configured key nobody references           a warning only
+===========================================  =========================================
+
+Only the pipelines the config lists (``pipelines``, or ``"*"`` for every Pipeline
+subclass in the ``imports`` modules) are seen; importing them runs their
+``define``, so definition errors surface here too.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from ductwork import migrate
+from ductwork.definition import resolve_pipeline
+from ductwork.errors import ConfigError, MissingTablesError
+from ductwork.limits import validate_references
+from ductwork.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from ductwork.app import App
+    from ductwork.config import Config
+
+
+def load_pipelines(config: Config) -> list[type[Pipeline]]:
+    """Import the configured pipelines (ConfigError naming the entry that fails)."""
+    for module in config.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ConfigError("imports", module, f"cannot import module ({error})") from None
+    if config.pipelines == ("*",):
+        found = [cls for cls in _subclasses(Pipeline)
+                 if cls.definition is not None and cls.__module__ in config.imports]
+        return sorted(found, key=lambda c: (c.__module__, c.__qualname__))
+    pipelines = []
+    for i, ref in enumerate(config.pipelines):
+        try:
+            cls = resolve_pipeline(ref)
+        except ImportError as error:
+            raise ConfigError(f"pipelines[{i}]", ref, f"cannot load pipeline ({error})") from None
+        pipelines.append(cls)
+    return pipelines
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_subclasses(sub))
+    return out
+
+
+def limit_references(pipelines: list[type[Pipeline]]) -> dict[str, set[str]]:
+    """limit_by key -> names of the pipelines whose definitions reference it."""
+    refs: dict[str, set[str]] = defaultdict(set)
+    for cls in pipelines:
+        if cls.definition is not None:
+            for key in cls.definition.limit_keys():
+                refs[key].add(cls.definition.pipeline)
+    return dict(refs)
+
+
+def validate(app: App, pipelines: list[type[Pipeline]] | None = None) -> list[str]:
+    """Run every boot check; returns warnings, raises the first error."""
+    loaded = load_pipelines(app.config) if pipelines is None else pipelines
+    warnings = validate_references(app.config.limits, limit_references(loaded))
+    missing = migrate.missing_tables(app.engine)
+    if missing:
+        raise MissingTablesError(missing)
+    return warnings

@@ -1,0 +1,151 @@
+"""The ``ductwork`` command.
+
+    ductwork db upgrade            create or migrate ductwork's tables
+    ductwork check                 boot validation; exit 1 with the message on failure
+    ductwork start [--role R]      run a supervisor with advancer and worker processes
+    ductwork status                runs by state, processes, and each limit key
+    ductwork demo                  a pipeline with limits on an embedded SQLite file
+
+Options for every command: ``--database-url`` (else ``DUCTWORK_DATABASE_URL``,
+then the config's ``database.url``, then ``sqlite:///ductwork.sqlite3``),
+``-c/--config`` (default ``./ductwork.yml``), ``--env`` (else ``DUCTWORK_ENV``,
+else ``default``). Errors print one line naming what is wrong and exit 1; they
+never print a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ductwork.errors import DuctworkError
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--database-url", help="database URL (default: $DUCTWORK_DATABASE_URL, config, sqlite)")
+    common.add_argument("-c", "--config", help="path to ductwork.yml (default: ./ductwork.yml if present)")
+    common.add_argument("--env", help="config environment (default: $DUCTWORK_ENV or 'default')")
+    common.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+
+    parser = argparse.ArgumentParser(prog="ductwork", description="Durable pipelines on SQL databases.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    db = commands.add_parser("db", help="schema migrations", parents=[common])
+    db.add_argument("action", choices=["upgrade", "current"])
+    commands.add_parser("check", help="validate config, pipelines, limits and tables", parents=[common])
+    start = commands.add_parser("start", help="run a supervisor and its processes", parents=[common])
+    start.add_argument("--role", choices=["all", "advancer", "worker"], help="override the config's role")
+    start.add_argument("--label", default="supervisor", help="names this supervisor's process rows")
+    commands.add_parser("status", help="runs, processes and limit keys", parents=[common])
+    demo = commands.add_parser("demo", help="run a demo pipeline on an embedded SQLite file", parents=[common])
+    demo.add_argument("--orders", type=int, default=12, help="orders to sync (default 12)")
+    child = commands.add_parser("_child", parents=[common])
+    child.add_argument("--role", required=True)
+    child.add_argument("--threads", type=int, required=True)
+    child.add_argument("--label", required=True)
+    return parser
+
+
+def _connect(args: argparse.Namespace, **settings: object):  # type: ignore[no-untyped-def]
+    from ductwork.app import connect
+
+    config = args.config
+    if config is not None and not Path(config).exists():
+        from ductwork.errors import ConfigError
+
+        raise ConfigError("--config", config, "no such file")
+    return connect(args.database_url, config, args.env, **settings)
+
+
+def _common_args(args: argparse.Namespace) -> list[str]:
+    out = []
+    if args.database_url:
+        out += ["--database-url", args.database_url]
+    if args.config:
+        out += ["--config", str(Path(args.config).resolve())]
+    if args.env:
+        out += ["--env", args.env]
+    if args.verbose:
+        out.append("--verbose")
+    return out
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from ductwork import migrate
+
+    app = _connect(args)
+    if args.action == "upgrade":
+        migrate.upgrade(app.engine)
+    print(f"ductwork schema at revision {migrate.current(app.engine)} (head {migrate.head()})")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from ductwork.boot import load_pipelines, validate
+
+    app = _connect(args)
+    pipelines = load_pipelines(app.config)
+    for warning in validate(app, pipelines):
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"ok: {len(pipelines)} pipelines, {len(app.config.limits)} limit keys, env {app.config.env!r}")
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from ductwork.boot import validate
+    from ductwork.supervisor import Supervisor
+
+    app = _connect(args)
+    for warning in validate(app):
+        print(f"warning: {warning}", file=sys.stderr)
+    command = [sys.executable, "-m", "ductwork.cli", "_child", *_common_args(args)]
+    return Supervisor(app, command, role=args.role, label=args.label).run()
+
+
+def cmd_child(args: argparse.Namespace) -> int:
+    from ductwork.boot import load_pipelines
+    from ductwork.supervisor import Runner
+
+    app = _connect(args, pool_size=args.threads + 2)
+    load_pipelines(app.config)
+    return Runner(app, args.role, args.threads, args.label).run()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ductwork.status import render, snapshot
+
+    app = _connect(args)
+    print(render(snapshot(app)))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ductwork.demo import main as demo_main
+
+    return demo_main(args.database_url, args.orders)
+
+
+COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_status,
+            "demo": cmd_demo, "_child": cmd_child}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    try:
+        return COMMANDS[args.command](args)
+    except DuctworkError as error:
+        print(f"ductwork {args.command}: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    except ImportError as error:
+        print(f"ductwork {args.command}: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

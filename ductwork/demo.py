@@ -1,0 +1,153 @@
+"""``ductwork demo``: a pipeline with an exact shared limit, on an embedded SQLite file.
+
+    $ ductwork demo --orders 12
+
+Syncs orders to a pretend vendor whose API allows 2 concurrent connections and
+5 requests per second. ``FetchPendingOrders`` returns order ids, each order is
+pushed by its own ``PushOrderToVendor`` step (``limit_by="vendor_api"``), and
+``RecordSyncResults`` receives every result, in order. ``RefreshVendorCatalog``,
+another pipeline, draws from the same ``vendor_api`` pool. The first push of
+order 3 fails once and is retried with the same idempotency key. Four worker
+threads and one advancer thread run in this process; every push prints the
+in-flight count it observed, which never exceeds 2.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from ductwork.pipeline import Pipeline
+from ductwork.step import Step
+
+CONFIG = {
+    "default": {
+        "job_worker": {
+            "retry_delay": 0.2,
+            "limits": {"vendor_api": {"concurrency": 2, "rate": {"limit": 5, "per": "1s"}}},
+        },
+    }
+}
+
+_lock = threading.Lock()
+_in_flight = 0
+_max_in_flight = 0
+_started = time.monotonic()
+_pushes: list[float] = []
+
+
+def _say(text: str) -> None:
+    print(f"[{time.monotonic() - _started:6.2f}s] {text}", flush=True)
+
+
+class FetchPendingOrders(Step):
+    def __init__(self, count):
+        self.count = count
+
+    def execute(self):
+        _say(f"fetched {self.count} pending orders")
+        return list(range(1, self.count + 1))
+
+
+class PushOrderToVendor(Step):
+    def __init__(self, order_id):
+        self.order_id = order_id
+
+    def execute(self):
+        global _in_flight, _max_in_flight
+        with _lock:
+            _in_flight += 1
+            _max_in_flight = max(_max_in_flight, _in_flight)
+            seen = _in_flight
+            _pushes.append(time.monotonic())
+        try:
+            _say(f"push order {self.order_id:>3}  vendor_api in flight {seen}/2  "
+                 f"idempotency_key …{self.idempotency_key[-12:]}")
+            time.sleep(0.3)  # the vendor call
+            if self.order_id == 3 and self.context.get("order-3-failed-once") is None:
+                self.context.set("order-3-failed-once", True)
+                raise ConnectionError("vendor timed out (first attempt of order 3)")
+            return {"order": self.order_id, "vendor_ref": f"V-{self.order_id:04d}"}
+        finally:
+            with _lock:
+                _in_flight -= 1
+
+
+class RecordSyncResults(Step):
+    def __init__(self, results):
+        self.results = results
+
+    def execute(self):
+        _say(f"recorded {len(self.results)} results: {[r['vendor_ref'] for r in self.results][:4]} …")
+        return len(self.results)
+
+
+class RefreshVendorCatalog(Step):
+    def __init__(self, _):
+        pass
+
+    def execute(self):
+        _say("refresh vendor catalog (shares the vendor_api pool)")
+        return "ok"
+
+
+class SyncOrders(Pipeline):
+    @classmethod
+    def define(cls, pipeline):
+        (pipeline.start(FetchPendingOrders)
+         .expand(to=PushOrderToVendor, limit_by="vendor_api")
+         .collapse(into=RecordSyncResults))
+
+
+class RefreshCatalog(Pipeline):
+    @classmethod
+    def define(cls, pipeline):
+        pipeline.start(RefreshVendorCatalog, limit_by="vendor_api")
+
+
+def main(database_url: str | None = None, orders: int = 12) -> int:
+    from ductwork import migrate
+    from ductwork.advance import Advancer
+    from ductwork.app import connect
+    from ductwork.execute import Worker
+    from ductwork.supervisor import Loop
+
+    if database_url is None:
+        path = Path("ductwork-demo.sqlite3").resolve()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        database_url = f"sqlite:///{path}"
+    app = connect(database_url, CONFIG)
+    migrate.upgrade(app.engine)
+    print(f"ductwork demo on {app.engine.url.render_as_string(hide_password=True)}")
+    print("limit vendor_api: concurrency 2, rate 5 per 1s (burst 5); 4 worker threads, 1 advancer\n")
+    sync = SyncOrders.trigger(orders)
+    refresh = RefreshCatalog.trigger(None)
+    stop = threading.Event()
+    loops = [Loop(f"worker-{i}", lambda w=Worker(app): w.run_once() is not None, 0.02, stop) for i in range(4)]
+    loops.append(Loop("advancer", lambda a=Advancer(app): a.run_once() != "idle", 0.02, stop))
+    for loop in loops:
+        loop.start()
+    deadline = time.monotonic() + 120
+    while sync.refresh().status == "in_progress" or refresh.refresh().status == "in_progress":
+        if time.monotonic() > deadline:
+            print("demo: runs did not finish within 120 s", flush=True)
+            stop.set()
+            return 1
+        time.sleep(0.05)
+    stop.set()
+    for loop in loops:
+        loop.join(5)
+    span = (_pushes[-1] - _pushes[0]) if len(_pushes) > 1 else 0.0
+    print(f"\nSyncOrders run {sync.id}: {sync.status}; RefreshCatalog: {refresh.status}")
+    print(f"pushes: {len(_pushes)} (one retry), highest in flight {_max_in_flight} (limit 2), "
+          f"{len(_pushes)} starts in {span:.2f}s (rate limit 5/s, burst 5)")
+    print(f"result recorded: {sync.steps()[-1].output} orders")
+    app.dispose()
+    return 0 if sync.status == "completed" and _max_in_flight <= 2 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(os.environ.get("DUCTWORK_DATABASE_URL")))

@@ -1,0 +1,335 @@
+"""The fleet: a supervisor process and its advancer and job-worker processes.
+
+    $ ductwork start -c ductwork.yml --env production
+
+**Supervisor** (``ductwork start``): one per host (two for redundancy is fine). It
+starts children as fresh interpreters — one advancer process with
+``pipeline_advancer.count`` threads and ``job_worker.processes`` worker processes
+with ``job_worker.count`` threads each (``role`` picks which) — and every tick
+(``supervisor.polling_timeout``):
+
+1. notices a child that exited (it waits on its children; SIGCHLD wakes the
+   tick early), force-reaps the child's process row — so its executions,
+   advancements and limit slots come back within that tick — and starts a
+   replacement; a child whose heartbeat is stale is SIGKILLed first and reaped
+   only once its death is confirmed;
+2. heartbeats its own row (re-registering if another supervisor reaped it);
+3. reaps every process whose heartbeat is older than ``reaper_timeout`` (never
+   its own row) and sweeps orphaned claims.
+
+Each step is rescued on its own, so one bad tick cannot stop the loop.
+
+**Runner** (a child): registers a process row, runs its threads (each calls
+``run_once`` and waits a jittered ``polling_timeout`` only when idle), and
+heartbeats every ``heartbeat_interval``. It holds a *lease*: if it has not
+completed a heartbeat for ``reaper_timeout`` minus a margin (database paused or
+unreachable), or finds its row reaped, it kills itself at once. The reaper only
+reaps after ``reaper_timeout``, so a reaped process's step code is already dead
+when its claims are handed to someone else [INV-EXE-5, INV-LIM-1].
+
+Shutdown (SIGTERM/SIGINT): the supervisor TERMs its children and waits up to
+``supervisor.shutdown_timeout``; a runner stops claiming, lets threads finish the
+unit in hand for up to its ``shutdown_timeout``, then exits; stragglers are
+SIGKILLed and force-reaped. Nothing held is lost: whatever was in hand is crashed
+and re-run, or released.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import sqlalchemy as sa
+
+from ductwork import schema
+from ductwork.app import App
+from ductwork.processes import heartbeat, machine_identifier, register
+from ductwork.reaper import reap, reap_stale, sweep_orphans
+
+log = logging.getLogger("ductwork.supervisor")
+
+EXIT_LEASE_LOST = 75
+KILL_CONFIRM_S = 5.0
+
+
+def jittered(seconds: float, rng: random.Random) -> float:
+    """``seconds`` ± 25 %, re-drawn every time, so pollers do not wake in lockstep."""
+    return seconds * rng.uniform(0.75, 1.25)
+
+
+def lease_margin(reaper_timeout: float, heartbeat_interval: float) -> float:
+    """How long before ``reaper_timeout`` a runner without a heartbeat kills itself."""
+    return max(heartbeat_interval * 2, reaper_timeout * 0.2)
+
+
+# --------------------------------------------------------------------------- runner (child)
+
+
+class Loop(threading.Thread):
+    """One worker or advancer thread: ``unit()`` returns whether it did something."""
+
+    def __init__(self, name: str, unit: Callable[[], bool], idle_wait: float, stop: threading.Event):
+        super().__init__(name=name, daemon=True)
+        self.unit, self.idle_wait, self.stop = unit, idle_wait, stop
+        self.rng = random.Random()
+        self.busy = False
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.busy = True
+                did = self.unit()
+            except Exception:  # noqa: BLE001 - one failed unit must not end the thread
+                log.exception("%s: unit of work failed", self.name)
+                did = False
+            finally:
+                self.busy = False
+            if not did:
+                self.stop.wait(jittered(self.idle_wait, self.rng))
+
+
+class Runner:
+    """A child process: threads of one role, a heartbeat, and the lease watchdog."""
+
+    def __init__(self, app: App, role: str, threads: int, label: str):
+        if role not in ("job_worker", "pipeline_advancer"):
+            raise ValueError(f"runner role must be job_worker or pipeline_advancer, got {role!r}")
+        self.app, self.role, self.threads, self.label = app, role, threads, label
+        self.stop = threading.Event()
+        self.process_id = ""
+        self._last_heartbeat_sent = time.monotonic()
+        self._reaped = False
+
+    def _units(self) -> list[Loop]:
+        from ductwork.advance import Advancer
+        from ductwork.execute import Worker
+
+        loops = []
+        for i in range(self.threads):
+            if self.role == "job_worker":
+                worker = Worker(self.app, process_id=self.process_id)
+                unit: Callable[[], bool] = lambda w=worker: w.run_once() is not None
+                wait = self.app.config.job_worker.polling_timeout
+            else:
+                advancer = Advancer(self.app, process_id=self.process_id)
+                unit = lambda a=advancer: a.run_once() != "idle"
+                wait = self.app.config.pipeline_advancer.polling_timeout
+            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop))
+        return loops
+
+    def _heartbeats(self) -> None:
+        interval = self.app.config.supervisor.heartbeat_interval
+        while not self.stop.is_set():
+            sent = time.monotonic()
+            try:
+                alive = heartbeat(self.app, self.process_id)
+            except Exception:  # noqa: BLE001 - the watchdog decides when this is fatal
+                log.warning("heartbeat failed", exc_info=True)
+            else:
+                if not alive:
+                    self._reaped = True
+                    return
+                self._last_heartbeat_sent = sent
+            self.stop.wait(interval)
+
+    def run(self) -> int:
+        cfg = self.app.config.supervisor
+        self.process_id = register(self.app, role=self.role, label=self.label)
+        from ductwork.claims import rebase_keys
+
+        if self.role == "job_worker":
+            rebase_keys(self.app)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        loops = self._units()
+        for loop in loops:
+            loop.start()
+        threading.Thread(target=self._heartbeats, name="ductwork.heartbeat", daemon=True).start()
+        lease = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
+        log.info("%s %s started: %d threads, lease %.1fs", self.role, self.process_id, self.threads, lease)
+        while not self.stop.is_set():
+            if self._reaped or time.monotonic() - self._last_heartbeat_sent > lease:
+                # Our claims are (or are about to be) someone else's: no code of ours may run.
+                sys.stderr.write(f"ductwork: {self.role} {self.process_id} lost its lease; exiting\n")
+                sys.stderr.flush()
+                os._exit(EXIT_LEASE_LOST)
+            self.stop.wait(0.05)
+        shutdown = (self.app.config.job_worker.shutdown_timeout if self.role == "job_worker"
+                    else self.app.config.pipeline_advancer.shutdown_timeout)
+        deadline = time.monotonic() + shutdown
+        for loop in loops:
+            loop.join(max(0.0, deadline - time.monotonic()))
+        if any(loop.is_alive() for loop in loops):
+            # Threads cannot be killed: exit, and let the supervisor (or reaper) recover.
+            log.warning("%s: threads still busy after %.1fs; exiting", self.role, shutdown)
+            os._exit(0)
+        reap(self.app, self.process_id, force=True)  # nothing in hand: just remove the row
+        self.app.dispose()
+        return 0
+
+
+# --------------------------------------------------------------------------- supervisor
+
+
+@dataclass
+class Child:
+    role: str  # job_worker | pipeline_advancer
+    label: str
+    threads: int
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    failures: int = 0
+    not_before: float = 0.0
+    restarts: int = field(default=0)
+
+
+class Supervisor:
+    """Starts, watches and replaces runner processes; reaps the dead. See the module doc."""
+
+    def __init__(self, app: App, child_command: list[str], *, role: str | None = None,
+                 label: str = "supervisor"):
+        self.app = app
+        self.child_command = child_command
+        self.role = role or app.config.role
+        self.label = label
+        self.stop = threading.Event()
+        self.wake = threading.Event()
+        self.process_id: str | None = None
+        self.children: list[Child] = []
+        cfg = app.config
+        if self.role in ("all", "advancer"):
+            self.children.append(Child("pipeline_advancer", f"{label}.advancer", cfg.pipeline_advancer.count))
+        if self.role in ("all", "worker"):
+            for i in range(cfg.job_worker.processes):
+                self.children.append(Child("job_worker", f"{label}.worker.{i}", cfg.job_worker.count))
+
+    # -- children --------------------------------------------------------------------------
+
+    def _spawn(self, child: Child) -> None:
+        command = self.child_command + ["--role", child.role, "--threads", str(child.threads),
+                                        "--label", child.label]
+        child.proc = subprocess.Popen(command)
+        child.started = time.monotonic()
+        log.info("started %s (pid %d)", child.label, child.proc.pid)
+
+    def _rows_of(self, pid: int) -> list[str]:
+        with self.app.begin() as tx:
+            return list(tx.execute(
+                sa.select(schema.processes.c.id).where(schema.processes.c.pid == pid,
+                                                       schema.processes.c.machine_identifier == machine_identifier())
+            ).scalars())
+
+    def _force_reap(self, pid: int) -> None:
+        for process_id in self._rows_of(pid):
+            reap(self.app, process_id, force=True)
+
+    def _kill_and_confirm(self, child: Child) -> bool:
+        assert child.proc is not None
+        try:
+            child.proc.kill()
+        except ProcessLookupError:
+            pass
+        try:
+            child.proc.wait(KILL_CONFIRM_S)
+            return True
+        except subprocess.TimeoutExpired:
+            log.error("%s (pid %d) did not die after SIGKILL; leaving it", child.label, child.proc.pid)
+            return False
+
+    def _stale(self, child: Child) -> bool:
+        cfg = self.app.config.supervisor
+        threshold = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval) / 2
+        if child.proc is None or time.monotonic() - child.started < threshold:
+            return False
+        with self.app.begin() as tx:
+            last = tx.execute(sa.select(sa.func.max(schema.processes.c.last_heartbeat_at))
+                              .where(schema.processes.c.pid == child.proc.pid,
+                                     schema.processes.c.machine_identifier == machine_identifier())).scalar()
+            now = tx.now
+        return last is None or (now - last).total_seconds() > threshold
+
+    def check_children(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None and self._stale(child):
+                log.warning("%s (pid %d) stopped heartbeating; killing it", child.label, child.proc.pid)
+                if not self._kill_and_confirm(child):
+                    continue
+            if child.proc is not None and child.proc.poll() is not None:
+                code = child.proc.returncode
+                log.warning("%s (pid %d) exited with %s; reaping and replacing", child.label, child.proc.pid, code)
+                self._force_reap(child.proc.pid)  # proof of death: it was waited for
+                short_lived = now - child.started < 5.0
+                child.failures = child.failures + 1 if short_lived else 0
+                child.not_before = now + min(10.0, 0.25 * 2 ** child.failures) if short_lived else now
+                child.proc = None
+                child.restarts += 1
+            if child.proc is None and not self.stop.is_set() and now >= child.not_before:
+                self._spawn(child)
+
+    # -- the tick -----------------------------------------------------------------------------
+
+    def run_once(self) -> None:
+        """One supervisor tick: children, own heartbeat, reap, sweep. Each step rescued."""
+        for step in (self.check_children, self._heartbeat, self._reap):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - a failed step must not stop the supervisor
+                log.exception("supervisor step %s failed", step.__name__)
+
+    def _heartbeat(self) -> None:
+        if self.process_id is None or not heartbeat(self.app, self.process_id):
+            self.process_id = register(self.app, role="supervisor", label=self.label)
+
+    def _reap(self) -> None:
+        reaped = reap_stale(self.app, self.process_id)
+        if reaped:
+            log.warning("reaped stale processes: %s", reaped)
+        sweep_orphans(self.app)
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: (self.stop.set(), self.wake.set()))
+        signal.signal(signal.SIGCHLD, lambda *_: self.wake.set())
+        from ductwork.claims import rebase_keys
+
+        rebase_keys(self.app)
+        tick = self.app.config.supervisor.polling_timeout
+        while not self.stop.is_set():
+            self.run_once()
+            self.wake.wait(tick)
+            self.wake.clear()
+        self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        running = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for child in running:
+            try:
+                child.proc.terminate()  # type: ignore[union-attr]
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + self.app.config.supervisor.shutdown_timeout
+        for child in running:
+            try:
+                child.proc.wait(max(0.0, deadline - time.monotonic()))  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time; killing it", child.label)
+                self._kill_and_confirm(child)
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is not None:
+                try:
+                    self._force_reap(child.proc.pid)
+                except Exception:  # noqa: BLE001 - the reaper of another supervisor will finish it
+                    log.exception("could not reap %s", child.label)
+        if self.process_id is not None:
+            reap(self.app, self.process_id, force=True)
+        self.app.dispose()

@@ -1,0 +1,49 @@
+"""A child process for the fault-checkpoint tests: does all the work it can find.
+
+    python -m tests.integration.fault_child URL CONFIG_JSON LABEL
+
+Registers a process row, then loops — reap stale processes, advance, work — until
+nothing is left to do, with whatever ``DUCTWORK_FAULT`` arms. Prints ``READY
+<process id>`` first. Exits 0 when idle; a ``kill``/``exit`` fault ends it earlier.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def main() -> int:
+    from ductwork.advance import Advancer
+    from ductwork.app import App
+    from ductwork.config import Config
+    from ductwork.errors import FaultInjection
+    from ductwork.execute import Worker
+    from ductwork.processes import register
+    from ductwork.reaper import reap_stale
+
+    url, config_json, label = sys.argv[1:4]
+    app = App(url, Config.from_section(json.loads(config_json), source="<fault child>"))
+    process_id = register(app, role="fault_child", label=label)
+    print(f"READY {process_id}", flush=True)
+    worker, advancer = Worker(app, process_id=process_id), Advancer(app, process_id=process_id)
+    deadline = time.monotonic() + 60
+    idle_rounds = 0
+    while idle_rounds < 3 and time.monotonic() < deadline:
+        did = False
+        for unit in (lambda: bool(reap_stale(app, process_id)),
+                     lambda: advancer.run_once() != "idle",
+                     lambda: worker.run_once() is not None):
+            try:
+                did = unit() or did
+            except FaultInjection as fault:
+                print(f"FAULT RAISED {fault.checkpoint}", flush=True)
+                did = True
+        idle_rounds = 0 if did else idle_rounds + 1
+    app.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""A real process killed (or failed) at every fault checkpoint, then recovery.
+
+For each checkpoint × action × database: a child process runs the fleet's work
+for a keyed expand/collapse run with ``DUCTWORK_FAULT=<checkpoint>:<action>:1``;
+the test asserts the checkpoint fired and the child ended as the action says
+(SIGKILL, exit 1, or carried on), force-reaps the dead child's row as its
+supervisor would, finishes the work in this process, and checks the run
+completed with every step exactly once and the fan-in inputs complete and in
+order.
+
+Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-LIM-3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import faults, schema
+from ductwork.claims import claim_next
+from ductwork.processes import register
+from ductwork.reaper import reap, reap_stale
+from ductwork.testing import drain
+from tests.conftest import TEST_CONFIG, make_app, reset_tables
+from tests.workloads import FAULT_KEY, FaultPipeline, fault_pipeline_expected
+
+ITEMS = 10  # expand_batch is 4: three batches
+EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
+CONFIG = {**TEST_CONFIG, "job_worker": {
+    **TEST_CONFIG["job_worker"],
+    "limits": {FAULT_KEY: {"concurrency": 2, "rate": {"limit": 1000, "per": 1}}},
+}}
+
+
+@pytest.fixture
+def fault_app(db_url):
+    from ductwork.app import set_default_app
+    from ductwork.config import Config
+
+    app = make_app(db_url, config=Config.from_section(CONFIG, source="<fault tests>"))
+    reset_tables(app.engine)
+    set_default_app(app)
+    yield app
+    set_default_app(None)
+    app.dispose()
+
+
+def _ghost_holding_a_claim(app):
+    """A stale process that holds a claim, so a reaper has something to reap."""
+    ghost = register(app, role="ghost", label="ghost")
+    assert claim_next(app, ghost) is not None
+    with app.begin() as tx:
+        tx.execute(schema.processes.update().where(schema.processes.c.id == ghost)
+                   .values(last_heartbeat_at=tx.now - timedelta(hours=1)))
+    return ghost
+
+
+@pytest.mark.parametrize("action", list(EXIT_CODES))
+@pytest.mark.parametrize("checkpoint", faults.CHECKPOINTS)
+def test_checkpoint(fault_app, db_url, checkpoint, action):
+    app = fault_app
+    run = FaultPipeline.trigger(ITEMS)
+    if checkpoint == faults.DURING_REAP:
+        _ghost_holding_a_claim(app)
+    env = {**os.environ, "DUCTWORK_FAULT": f"{checkpoint}:{action}:1", "DUCTWORK_FAULT_SLEEP": "0.05"}
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.integration.fault_child", db_url, json.dumps(CONFIG), "fault-child"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert f"FAULT FIRING {checkpoint}:{action}" in child.stderr, child.stderr[-2000:]
+    assert child.returncode == EXIT_CODES[action], child.stderr[-2000:]
+    (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
+    # The child is dead (or done): its supervisor would force-reap its row now.
+    reap(app, ready.split()[1], force=True)
+    reap_stale(app, None)
+    drain(app, timeout=60)
+
+    assert run.refresh().status == "completed"
+    steps = run.steps()
+    assert Counter(s.node for s in steps) == fault_pipeline_expected(ITEMS)  # [INV-ADV-1]
+    assert {s.status for s in steps} == {"completed"}
+    assert steps[-1].input == [[i * i for i in range(ITEMS)]]  # [INV-ADV-3] once, complete, in order
+    with app.begin() as tx:
+        open_executions = tx.execute(sa.select(sa.func.count()).select_from(schema.executions)
+                                     .where(schema.executions.c.completed_at.is_(None))).scalar_one()
+        claimed_branches = tx.execute(sa.select(sa.func.count()).select_from(schema.branches)
+                                      .where(schema.branches.c.claim_token.is_not(None))).scalar_one()
+    assert (open_executions, claimed_branches) == (0, 0)  # [INV-LIM-3] nothing left held
+
+
+def test_every_checkpoint_has_exactly_one_call_site():
+    """Each name in the registry is passed at exactly one place in ductwork/ (STYLE 17)."""
+    import pathlib
+    import re
+
+    source = "\n".join(p.read_text() for p in pathlib.Path(faults.__file__).parent.rglob("*.py")
+                       if p.name != "faults.py")
+    for name, value in vars(faults).items():
+        if isinstance(value, str) and value in faults.CHECKPOINTS:
+            assert len(re.findall(rf"faults\.hit\(faults\.{name}\)", source)) == 1, name
