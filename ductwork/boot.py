@@ -25,7 +25,6 @@ import importlib
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from ductwork import migrate
 from ductwork.definition import resolve_pipeline
 from ductwork.errors import ConfigError, MissingTablesError
 from ductwork.limits import validate_references
@@ -79,6 +78,8 @@ def validate(app: App, pipelines: list[type[Pipeline]] | None = None) -> list[st
     """Run every boot check; returns warnings, raises the first error."""
     loaded = load_pipelines(app.config) if pipelines is None else pipelines
     warnings = validate_references(app.config.limits, limit_references(loaded))
+    from ductwork import migrate
+
     missing = migrate.missing_tables(app.engine)
     if missing:
         raise MissingTablesError(missing)

@@ -70,7 +70,7 @@ class Forever(Step):
         import os
 
         with open(self.marker_path, "a") as marker:
-            marker.write(f"{os.getpid()}\n")
+            marker.write(f"start {os.getpid()} {self.idempotency_key}\n")
         while True:
             time.sleep(0.05)
 
@@ -85,3 +85,66 @@ class ForeverPipeline(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Forever, timeout=1)
+
+
+class Slow(Step):
+    """Records ``start <pid> <idempotency_key>`` in ``job["path"]``, sleeps, records ``end``.
+
+    Sleeps ``job["first"]`` seconds on the first attempt of the step and ``job["after"]``
+    on later ones, so a test can kill the first attempt mid-step and let a retry finish.
+    """
+
+    def __init__(self, job):
+        self.job = job
+
+    def _note(self, what: str) -> list[str]:
+        import os
+
+        with open(self.job["path"], "a") as marker:
+            marker.write(f"{what} {os.getpid()} {self.idempotency_key}\n")
+        with open(self.job["path"]) as marker:
+            return marker.read().splitlines()
+
+    def execute(self):
+        lines = self._note("start")
+        first = sum(1 for line in lines if line.startswith("start")) == 1
+        time.sleep(self.job["first"] if first else self.job["after"])
+        self._note("end")
+        return self.job
+
+
+class Done(Step):
+    def __init__(self, job):
+        self.job = job
+
+    def execute(self):
+        return "done"
+
+
+class SlowPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Slow).chain(to=Done)
+
+
+class SlowKeyedPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Slow, limit_by="slow_key").chain(to=Done)
+
+
+class ForeverKeyedPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Forever, timeout=1, limit_by="forever_key")
+
+
+def marker_lines(path, what: str = "start") -> list[tuple[int, str]]:
+    """(pid, idempotency_key) of each ``what`` line a Slow/Forever step wrote."""
+    import os
+
+    if not os.path.exists(path):
+        return []
+    with open(path) as marker:
+        return [(int(parts[1]), parts[2]) for parts in (line.split() for line in marker)
+                if len(parts) == 3 and parts[0] == what]

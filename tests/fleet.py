@@ -1,0 +1,131 @@
+"""Running real ``ductwork start`` processes from tests.
+
+    with Fleet(db_url, tmp_path, pipelines=["tests.workloads:NapPipeline"]) as fleet:
+        fleet.wait_for(lambda: fleet.rows("job_worker"), "a worker registered")
+
+A :class:`Fleet` writes a ``ductwork.yml`` with short timeouts, starts
+``ductwork start`` in its own session (so the whole host — supervisor and
+children — can be SIGKILLed at once), and stops it on exit. Waits poll a
+condition against a deadline and say what never happened.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import sqlalchemy as sa
+import yaml
+
+from ductwork import schema
+
+FLEET_SETTINGS = {
+    "job_worker": {"count": 2, "processes": 1, "polling_timeout": 0.05, "retry_delay": 0.05,
+                   "max_retry": 2, "max_crash": 4, "shutdown_timeout": 3},
+    "pipeline_advancer": {"count": 1, "polling_timeout": 0.05, "shutdown_timeout": 3},
+    "supervisor": {"polling_timeout": 0.2, "reaper_timeout": 3, "heartbeat_interval": 0.2,
+                   "shutdown_timeout": 8},
+}
+
+
+def wait_for(predicate: Callable[[], Any], what: str, deadline_s: float = 30.0, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until truthy; AssertionError naming ``what`` at the deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"within {deadline_s} s, never: {what}")
+        time.sleep(interval)
+
+
+def write_config(path: Path, *, pipelines: list[str], limits: dict | None = None,
+                 overrides: dict | None = None) -> Path:
+    section: dict[str, Any] = {k: dict(v) for k, v in FLEET_SETTINGS.items()}
+    section["pipelines"] = pipelines
+    for name, values in (overrides or {}).items():
+        section.setdefault(name, {}).update(values)
+    if limits:
+        section["job_worker"]["limits"] = limits
+    path.write_text(yaml.safe_dump({"default": section}))
+    return path
+
+
+class Fleet:
+    """One ``ductwork start`` (a supervisor and its children) in its own session."""
+
+    def __init__(self, url: str, config: Path, *, label: str = "supervisor", role: str | None = None,
+                 env: dict[str, str] | None = None, log: Path | None = None):
+        self.url, self.config, self.label, self.role = url, config, label, role
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = log or config.with_name(f"{label}.log")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Fleet:
+        command = [sys.executable, "-m", "ductwork.cli", "start", "--database-url", self.url,
+                   "-c", str(self.config), "--label", self.label, "--verbose"]
+        if self.role:
+            command += ["--role", self.role]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def __enter__(self) -> Fleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill_host()
+
+    def kill_host(self) -> None:
+        """SIGKILL the supervisor and every child at once (the host vanished)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # children that outlived the supervisor
+            except ProcessLookupError:
+                pass
+        self._log.close() if hasattr(self, "_log") else None
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM the supervisor and wait for it: a graceful shutdown."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def process_rows(engine: sa.Engine, *, role: str | None = None, label_prefix: str | None = None) -> list[sa.Row]:
+    p = schema.processes
+    stmt = sa.select(p.c.id, p.c.pid, p.c.role, p.c.label, p.c.last_heartbeat_at)
+    if role:
+        stmt = stmt.where(p.c.role == role)
+    if label_prefix:
+        stmt = stmt.where(p.c.label.like(f"{label_prefix}%"))
+    with engine.connect() as conn:
+        return conn.execute(stmt).all()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
