@@ -1,0 +1,796 @@
+"""Independent history checkers: one pure function per invariant of DESIGN.md §6.
+
+    >>> problems = check_all(read_history(engine, limits, witness_table="chaos_witnesses"))
+    >>> assert not any(problems.values()), problems
+
+Each ``check_…(history) -> list[str]`` returns one message per violation (empty:
+the invariant holds on this history); every message starts with the invariant's
+ID. They read only a :class:`~tests.chaos.history.History` (committed rows, witness
+rows written by the step bodies, the limits the fleet ran with). They share no
+code with the engine's enforcement and do not import ``model/``; from ``ductwork``
+they use only the snapshot reader (``Definition.from_json``), divert-key rendering
+(``render_divert_key``) and the limit records. Arithmetic is exact (integers;
+``Fraction`` only to print a level).
+
+What each proves, and what it assumes, is in its docstring. Assumptions common to
+all: the history is of a fresh database (every row of the round is present) and the
+fleet ran with one config (``History.limits``) for the whole round. Liveness checks
+(INV-LIM-3, INV-EXE-1) are meaningful only after the quiet phase; the others hold
+at any moment.
+
+Choices where DESIGN/VERIFICATION and docs/semantics.md leave room:
+
+- INV-LIM-1 orders events only by the per-key sequence (never by timestamps); the
+  witness sweep is a second, independent check that compares times of separate
+  transactions, so it assumes the database server's clock does not run backwards,
+  and counts an interval that ends at the very microsecond another starts as not
+  overlapping.
+- INV-LIM-2 has two checks. The window bound is the invariant's statement. The
+  replay runs each bucket from EMPTY at the earliest ``eligible_at`` of the key's
+  executions: a real bucket is created empty by the first claim attempt, which saw
+  an eligible execution, so no earlier; starting earlier can only hold more tokens
+  (refill is monotone and does not depend on when refills happen), so a claim that
+  finds less than a token in the replay found less in the engine. It is stronger
+  than the window bound (a window bound is a bucket replay started FULL) and catches
+  a free first burst.
+- A run stuck ``in_progress`` after the quiet phase is INV-EXE-1's; INV-RUN-1 checks
+  that each run's state agrees with its branches (including ``in_progress`` ⇒ an
+  active branch) and that ``completed``/``halted`` were final (their timestamps are
+  set only on entering that state).
+- A branch halted by the advancer in the middle of a batched expand keeps the
+  children its committed batches created (semantics.md does not say; the engine's
+  halt completes the step and leaves them): INV-ADV-1 expects exactly the indices
+  below ``fanout_cursor`` there, not all N and not none.
+- A missing or duplicated fan-in merge is reported by both INV-ADV-1 (as a
+  successor) and INV-ADV-3 (as a barrier): each invariant stands on its own.
+- Fan-in "after every sibling arrived" is checked by counts, not by timestamps: the
+  firing sibling's transaction may read its time before another sibling's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Callable, Iterable
+
+from ductwork.definition import Definition, EdgeSpec, render_divert_key
+from ductwork.limits import US_PER_S, RateEntry
+from tests.chaos.history import BranchRow, Execution, History, StepRow, Witness
+
+SETTLED_RUNS = ("completed", "halted", "dampened")
+ACTIVE_BRANCHES = ("in_progress", "advancing")
+FAN_IN = ("combine", "collapse")
+INFINITY = float("inf")
+
+
+def _ids(items: Iterable[Any], attr: str) -> str:
+    return ", ".join(str(getattr(item, attr)) for item in items)
+
+
+def _canon(value: Any) -> str:
+    """JSON text for comparing values exactly (``1``, ``1.0`` and ``true`` differ)."""
+    return json.dumps(value, sort_keys=True)
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def _keyed_claims(history: History) -> dict[str, list[Execution]]:
+    """Claimed keyed executions by key."""
+    by_key: dict[str, list[Execution]] = defaultdict(list)
+    for execution in history.executions:
+        if execution.key is not None and execution.claimed_at_us is not None:
+            by_key[execution.key].append(execution)
+    return by_key
+
+
+# --------------------------------------------------------------------------- INV-LIM-1
+
+
+def check_inv_lim_1(history: History) -> list[str]:
+    """INV-LIM-1: in-flight executions of a key never exceed its ``concurrency``.
+
+    First, exactly, by per-key sequence (VERIFICATION.md, concurrency (a)): every
+    claim (+1 at ``claim_seq``) and release (−1 at ``release_seq``) of a key is
+    swept in sequence order; after each claim the in-flight count must be at most
+    the limit. The sweep's preconditions are checked too: a claimed keyed execution
+    has a ``claim_seq``, a completed one a ``release_seq`` greater than it, and no
+    sequence number is used twice in a key. A completion without ``release_seq``
+    counts as never released (nothing orders it).
+
+    Second, independently, over witness rows: at no instant do more step bodies of a
+    key run than its limit. A witness without an end runs until its execution's
+    ``completed_at`` (the latest execution of its step claimed at or before the
+    witness started), else to the end of history.
+
+    Does not prove: anything for keys without ``concurrency`` in ``History.limits``
+    (unlimited), or for a config changed mid-round.
+    """
+    out: list[str] = []
+    for key, claims in sorted(_keyed_claims(history).items()):
+        out += _sweep_sequences(history, key, claims)
+    out += _sweep_witnesses(history)
+    return out
+
+
+def _concurrency(history: History, key: str) -> int | None:
+    entry = history.limits.get(key)
+    return None if entry is None else entry.concurrency
+
+
+def _sweep_sequences(history: History, key: str, claims: list[Execution]) -> list[str]:
+    out: list[str] = []
+    events: list[tuple[int, int, str]] = []  # (seq, +1 claim | -1 release, execution id)
+    for e in sorted(claims, key=lambda e: e.execution_id):
+        if e.claim_seq is None:
+            out.append(f"INV-LIM-1: execution {e.execution_id} of key {key!r} was claimed without a claim_seq")
+        else:
+            events.append((e.claim_seq, +1, e.execution_id))
+        if e.completed_at_us is not None and e.release_seq is None:
+            out.append(f"INV-LIM-1: execution {e.execution_id} of key {key!r} completed ({e.outcome}) "
+                       "without a release_seq")
+        if e.release_seq is not None:
+            events.append((e.release_seq, -1, e.execution_id))
+            if e.claim_seq is not None and e.release_seq <= e.claim_seq:
+                out.append(f"INV-LIM-1: execution {e.execution_id} of key {key!r} has release_seq "
+                           f"{e.release_seq}, not after its claim_seq {e.claim_seq}")
+    users: dict[int, list[str]] = defaultdict(list)
+    for seq, delta, execution_id in events:
+        users[seq].append(f"{'claim' if delta > 0 else 'release'} of {execution_id}")
+    for seq in sorted(users):
+        if len(users[seq]) > 1:
+            out.append(f"INV-LIM-1: key {key!r} used seq {seq} {_times(len(users[seq]))}: "
+                       + ", ".join(users[seq]))
+    limit = _concurrency(history, key)
+    in_flight = 0
+    for seq, delta, execution_id in sorted(events, key=lambda ev: (ev[0], -ev[1], ev[2])):
+        in_flight += delta
+        if delta > 0 and limit is not None and in_flight > limit:
+            out.append(f"INV-LIM-1: key {key!r} had {in_flight} in flight (limit {limit}) after "
+                       f"claim_seq {seq} (execution {execution_id})")
+    return out
+
+
+def _witness_end(executions_by_step: dict[str, list[Execution]], witness: Witness) -> float:
+    """When the body stopped: its recorded end, else its execution's completion, else never."""
+    if witness.ended_at_us is not None:
+        return witness.ended_at_us
+    before = [e for e in executions_by_step.get(witness.step_id, ())
+              if e.claimed_at_us is not None and e.claimed_at_us <= witness.started_at_us]
+    if before:
+        latest = max(before, key=lambda e: (e.claimed_at_us, e.execution_id))
+        if latest.completed_at_us is not None:
+            return latest.completed_at_us
+    return INFINITY
+
+
+def _sweep_witnesses(history: History) -> list[str]:
+    by_step: dict[str, list[Execution]] = defaultdict(list)
+    for e in history.executions:
+        if e.step_id is not None:
+            by_step[e.step_id].append(e)
+    by_key: dict[str, list[tuple[float, int, int]]] = defaultdict(list)  # (time, +1|-1, witness index)
+    for index, w in enumerate(history.witnesses):
+        if w.key is not None and _concurrency(history, w.key) is not None:
+            by_key[w.key] += [(w.started_at_us, +1, index), (_witness_end(by_step, w), -1, index)]
+    out = []
+    for key, events in sorted(by_key.items()):
+        limit = _concurrency(history, key) or 0
+        running: set[int] = set()
+        peak_at, peak = 0.0, []  # the first moment the most bodies ran, and which
+        for at, delta, index in sorted(events):  # at equal times, ends (-1) before starts
+            if delta < 0:
+                running.discard(index)
+            else:
+                running.add(index)
+                if len(running) > len(peak):
+                    peak_at, peak = at, sorted(running)
+        if len(peak) > limit:
+            steps = ", ".join(history.witnesses[i].step_id for i in peak)
+            out.append(f"INV-LIM-1: key {key!r} had {len(peak)} step bodies running at once at "
+                       f"{peak_at} µs (limit {limit}): steps {steps}")
+    return out
+
+
+# --------------------------------------------------------------------------- INV-LIM-2
+
+
+def _rate_label(rate: RateEntry) -> str:
+    return f"limit {rate.limit} per {rate.per_s}s, burst {rate.burst}"
+
+
+def check_inv_lim_2(history: History) -> list[str]:
+    """INV-LIM-2: claims of a key in any interval of length T are at most B + L·T/P.
+
+    Window bound, per key and kept rate entry (L per P s, burst B), all windows in one
+    pass: with claim times t_1 ≤ … ≤ t_n (µs) and U = P·10⁶, the bound for every
+    i ≤ j is ``(j·U − L·t_j) − min_{i≤j}(i·U − L·t_i) + U ≤ B·U`` (integers, exact).
+    The worst window (largest excess) is reported, once per key and entry.
+
+    Replay, per key and entry: an exact token bucket (units of 1/U token, refill
+    ``dt·L`` capped at ``B·U``, no credit for ``dt ≤ 0``) starting EMPTY at the earliest
+    ``eligible_at`` of the key's executions, fed the claims in ``claim_seq`` order (the
+    order of the key lock), each spending one token. The first claim that finds less
+    than a token is reported. Sound because the engine's bucket is created empty by
+    the first claim attempt, and an attempt needs an eligible execution (module
+    docstring). Proves also that the key got no free first burst. Skipped when no
+    ``eligible_at`` is known.
+
+    Does not prove: anything for keys without rate entries in ``History.limits``, or
+    across a config change (re-basing discards or clamps buckets).
+    """
+    out: list[str] = []
+    eligible: dict[str, int] = {}
+    for e in history.executions:
+        if e.key is not None and e.eligible_at_us is not None:
+            eligible[e.key] = min(eligible.get(e.key, e.eligible_at_us), e.eligible_at_us)
+    for key, claims in sorted(_keyed_claims(history).items()):
+        entry = history.limits.get(key)
+        for rate in entry.rates if entry is not None else ():
+            out += _worst_window(key, rate, claims)
+            if key in eligible:
+                out += _replay(key, rate, claims, eligible[key])
+    return out
+
+
+def _worst_window(key: str, rate: RateEntry, claims: list[Execution]) -> list[str]:
+    unit, limit = rate.per_s * US_PER_S, rate.limit
+    ordered = sorted(claims, key=lambda e: (e.claimed_at_us, e.claim_seq or 0, e.execution_id))
+    times = [e.claimed_at_us for e in ordered]
+    best_i, best_a = 0, -limit * times[0]  # a_i = i·U − L·t_i, 0-based
+    worst = (-1, 0, 0)  # (excess units, i, j)
+    for j, t in enumerate(times):
+        a = j * unit - limit * t
+        if a < best_a:
+            best_i, best_a = j, a
+        excess = a - best_a + unit - rate.burst * unit
+        if excess > worst[0]:
+            worst = (excess, best_i, j)
+    excess, i, j = worst
+    if excess <= 0:
+        return []
+    span = times[j] - times[i]
+    allowed = (rate.burst * unit + limit * span) // unit
+    return [f"INV-LIM-2: key {key!r} ({_rate_label(rate)}): {j - i + 1} claims in the {span} µs window "
+            f"[{times[i]}, {times[j]}] (executions {ordered[i].execution_id} … {ordered[j].execution_id}), "
+            f"B + L·T/P allows {allowed}"]
+
+
+def _replay(key: str, rate: RateEntry, claims: list[Execution], start_us: int) -> list[str]:
+    unit = rate.per_s * US_PER_S
+    capacity = rate.burst * unit
+    if all(e.claim_seq is not None for e in claims):
+        ordered = sorted(claims, key=lambda e: (e.claim_seq, e.execution_id))
+    else:
+        ordered = sorted(claims, key=lambda e: (e.claimed_at_us, e.execution_id))
+    level, refilled = 0, start_us
+    for e in ordered:
+        now = e.claimed_at_us
+        if now > refilled:
+            level = min(capacity, level + (now - refilled) * rate.limit)
+            refilled = now
+        if level < unit:
+            return [f"INV-LIM-2: key {key!r} ({_rate_label(rate)}): claim_seq {e.claim_seq} (execution "
+                    f"{e.execution_id}) at {now} µs found {Fraction(level, unit)} of a token in a bucket "
+                    f"started empty at {start_us} µs (the key's earliest eligible_at); a claim needs 1"]
+        level -= unit
+    return []
+
+
+# --------------------------------------------------------------------------- INV-LIM-3
+
+
+def check_inv_lim_3(history: History) -> list[str]:
+    """INV-LIM-3: after quiescence no slot is held: every claimed execution is completed.
+
+    Per key (and the unkeyed lane), the executions claimed and never completed are
+    the key's in-flight count as the engine derives it; it must be 0. Run only after
+    the quiet phase. Does not prove that the engine *counts* a completed execution as
+    released (the schema derives it, ``inflight_key``); release ordering is INV-LIM-1's.
+    """
+    open_by_key: dict[str, list[Execution]] = defaultdict(list)
+    for e in history.executions:
+        if e.claimed_at_us is not None and e.completed_at_us is None:
+            open_by_key["" if e.key is None else e.key].append(e)
+    out = []
+    for key, held in sorted(open_by_key.items()):
+        lane = "unkeyed lane" if key == "" else f"key {key!r}"
+        held.sort(key=lambda e: (e.claim_seq or 0, e.execution_id))
+        out.append(f"INV-LIM-3: {lane} has {len(held)} in flight after quiescence (claimed, never "
+                   f"completed: {_ids(held, 'execution_id')})")
+    return out
+
+
+# --------------------------------------------------------------------------- pipeline index
+
+
+@dataclass
+class _Index:
+    """Lookups over a history's runs, branches and steps that ADV/RUN checks share."""
+
+    history: History
+    definitions: dict[str, Definition] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    branches: dict[str, BranchRow] = field(default_factory=dict)
+    #: steps of each branch in creation order (started_at, then the time-ordered id)
+    steps_of: dict[str, list[StepRow]] = field(default_factory=lambda: defaultdict(list))
+    #: branches standing at each barrier's level (barrier_id), fan-out children and merges
+    level_of: dict[str, list[BranchRow]] = field(default_factory=lambda: defaultdict(list))
+    merges_of: dict[str, list[BranchRow]] = field(default_factory=lambda: defaultdict(list))
+    branches_of_run: dict[str, list[BranchRow]] = field(default_factory=lambda: defaultdict(list))
+
+    def __post_init__(self) -> None:
+        for run in self.history.runs:
+            try:
+                self.definitions[run.run_id] = Definition.from_json(run.definition)
+            except (ValueError, TypeError, KeyError, AttributeError) as error:
+                self.errors.append(f"run {run.run_id} has an unreadable definition snapshot: {error}")
+        for b in self.history.branches:
+            self.branches[b.branch_id] = b
+            self.branches_of_run[b.run_id].append(b)
+            if b.barrier_id is not None:
+                self.level_of[b.barrier_id].append(b)
+            if b.merged_barrier_id is not None:
+                self.merges_of[b.merged_barrier_id].append(b)
+        for s in self.history.steps:
+            self.steps_of[s.branch_id].append(s)
+        for steps in self.steps_of.values():
+            steps.sort(key=lambda s: (s.started_at_us, s.step_id))
+
+    def last_step(self, branch_id: str) -> StepRow | None:
+        steps = self.steps_of.get(branch_id)
+        return steps[-1] if steps else None
+
+    def first_step(self, branch_id: str) -> StepRow | None:
+        steps = self.steps_of.get(branch_id)
+        return steps[0] if steps else None
+
+    def edge(self, step: StepRow) -> EdgeSpec | None:
+        definition = self.definitions.get(step.run_id)
+        return None if definition is None else definition.edges.get(step.node)
+
+    def arrivals(self, barrier: BranchRow) -> list[BranchRow]:
+        return sorted((b for b in self.level_of.get(barrier.branch_id, ()) if b.fanin_arrived_at_us is not None),
+                      key=lambda b: (b.barrier_index if b.barrier_index is not None else -1, b.branch_id))
+
+    def fan_in_complete(self, barrier: BranchRow) -> bool:
+        """Every index of the barrier's fan-out arrived, each once."""
+        indices = [b.barrier_index for b in self.arrivals(barrier)]
+        width = barrier.fanout_width
+        if width is None or None in indices:
+            return False
+        return sorted(indices) == list(range(width))  # type: ignore[type-var]
+
+    def fan_in_target(self, barrier: BranchRow) -> tuple[str, str] | None:
+        """(kind, node) of the fan-in edge the barrier's arrived siblings completed, if any."""
+        for arrived in self.arrivals(barrier):
+            last = self.last_step(arrived.branch_id)
+            edge = None if last is None else self.edge(last)
+            if edge is not None and edge.type in FAN_IN:
+                return edge.type, edge.to[0]  # type: ignore[index]
+        return None
+
+
+# --------------------------------------------------------------------------- INV-ADV-1
+
+Slot = tuple  # ("root", run) | ("child", parent, index) | ("merge", barrier) | ("step", branch, node)
+
+
+def _slot_name(slot: Slot) -> str:
+    kind = slot[0]
+    if kind == "root":
+        return f"root branch of run {slot[1]}"
+    if kind == "child":
+        return f"child branch {slot[2]} of branch {slot[1]}"
+    if kind == "merge":
+        return f"merge branch of barrier {slot[1]}"
+    return f"step {slot[2]} on branch {slot[1]}"
+
+
+def _branch_slot(b: BranchRow) -> Slot:
+    if b.parent_id is not None:
+        return ("child", b.parent_id, b.barrier_index)
+    if b.merged_barrier_id is not None:
+        return ("merge", b.merged_barrier_id)
+    return ("root", b.run_id)
+
+
+@dataclass
+class _Expected:
+    """What the history's completed transitions should have created."""
+
+    ix: _Index
+    actual: dict[Slot, list[str]]
+    slots: dict[Slot, list[str]] = field(default_factory=lambda: defaultdict(list))
+    #: (step slot, expected input, transition, predecessor) for the input checks
+    inputs: list[tuple[Slot, Any, str, str]] = field(default_factory=list)
+    out: list[str] = field(default_factory=list)
+
+    def step(self, branch_id: str, node: str, pred: str, transition: str, value: Any = ...) -> None:
+        slot = ("step", branch_id, node)
+        self.slots[slot].append(pred)
+        self.inputs.append((slot, value, transition, pred))
+
+    def children(self, parent: str, nodes: list[str], pred: str, transition: str, values: list) -> None:
+        for index, node in enumerate(nodes):
+            slot = ("child", parent, index)
+            self.slots[slot].append(pred)
+            for child in self.actual.get(slot, ()):
+                self.step(child, node, pred, transition, values[index])
+
+
+def check_inv_adv_1(history: History) -> list[str]:
+    """INV-ADV-1: every completed step's transition created its successors exactly once.
+
+    From each run's definition snapshot, each ``completed`` step S on branch b with
+    edge E must have created: chain/converge → a step for ``E.to[0]`` on b; divert →
+    on b, a step for ``E.to[render_divert_key(output)]`` else ``E.to["otherwise"]``;
+    divide → child branch i of b (``parent_id`` b, ``barrier_index`` i) with a step
+    for ``E.to[i]``; expand of N items → N such children with a step for ``E.to[0]``
+    (N = 0: nothing); dampen → a step for ``E.to[0]`` on b once resumed (b not
+    dampened at S), else nothing; combine/collapse → b's arrival at its barrier; leaf
+    → nothing. Each barrier whose every index arrived → one merge branch with a step
+    for the fan-in target. The trigger → one root branch with the start step. Not
+    completed steps (and the halting step of a halted branch, whose halt reason must
+    match its status) → nothing, except that an expand halted between batches keeps
+    the children its committed batches created (indices below ``fanout_cursor``).
+    These expectations are compared as a multiset with every branch and step
+    present: none lost, none duplicated, none unexpected (steps on an unexpected
+    branch are not listed again). Successor inputs must be
+    ``[output(S)]`` (divide, chain, converge, divert), ``[items[i]]`` (expand, when
+    the items were recorded), with the matching ``to_transition``; a fan-out branch's
+    ``fanout_width`` must be its number of children.
+
+    Does not prove: the resumed input of a dampen (the caller's), merge inputs
+    (INV-ADV-3), or that a step ran at all (INV-EXE-1).
+    """
+    ix = _Index(history)
+    actual: dict[Slot, list[str]] = defaultdict(list)
+    for b in history.branches:
+        actual[_branch_slot(b)].append(b.branch_id)
+    for s in history.steps:
+        actual[("step", s.branch_id, s.node)].append(s.step_id)
+    exp = _Expected(ix, actual, out=[f"INV-ADV-1: {error}" for error in ix.errors])
+    for run in history.runs:
+        exp.slots[("root", run.run_id)].append(f"the trigger of run {run.run_id}")
+        definition = ix.definitions.get(run.run_id)
+        for root in actual.get(("root", run.run_id), ()):
+            if definition is not None:
+                exp.step(root, definition.start, f"the trigger of run {run.run_id}", "start")
+    for branch in history.branches:
+        steps = ix.steps_of.get(branch.branch_id, [])
+        for position, step in enumerate(steps):
+            _expect_from_step(exp, branch, step, last=position == len(steps) - 1)
+        if ix.fan_in_complete(branch):
+            target = ix.fan_in_target(branch)
+            pred = f"barrier {branch.branch_id} (all {branch.fanout_width} arrived)"
+            exp.slots[("merge", branch.branch_id)].append(pred)
+            for merge in actual.get(("merge", branch.branch_id), ()):
+                if target is not None:
+                    exp.step(merge, target[1], pred, target[0])
+    return exp.out + _compare(exp, history)
+
+
+#: halt reason → the statuses its halting step may have: a job's spent budget leaves the step
+#: failed; a routing error completes it; the advancer's budgets can run out on either
+_HALTED_AT = {"job_retries_exhausted": ("failed",), "job_crashes_exhausted": ("failed",),
+              "transition_invalid": ("completed",)}
+
+
+def _expect_from_step(exp: _Expected, branch: BranchRow, step: StepRow, *, last: bool) -> None:
+    ix, out = exp.ix, exp.out
+    edge = ix.edge(step)
+    kind, b = (edge.type if edge else "leaf"), branch.branch_id
+    pred = f"step {step.step_id} ({step.node} --{kind}-->)"
+    if branch.status == "halted" and last:
+        allowed = _HALTED_AT.get(branch.halt_reason or "", ("completed", "failed"))
+        if step.status not in allowed:
+            out.append(f"INV-ADV-1: branch {b} halted ({branch.halt_reason}) at step {step.step_id}, "
+                       f"which is {step.status}, not {' or '.join(allowed)}")
+        elif kind == "expand" and branch.fanout_cursor:
+            # halted between expand batches: the batches committed before the halt stand
+            _expect_expand(exp, branch, step, edge, pred, branch.fanout_cursor)  # type: ignore[arg-type]
+        return
+    if step.status != "completed" or edge is None:
+        return
+    if kind == "dampen":
+        if not (branch.status == "dampened" and last):
+            exp.step(b, edge.to[0], pred, kind)  # type: ignore[index]
+    elif kind in FAN_IN:
+        if branch.fanin_arrived_at_us is None:
+            out.append(f"INV-ADV-1: lost successor: {pred} completed but branch {b} never arrived at "
+                       f"its barrier {branch.barrier_id}")
+    elif kind == "expand":
+        _expect_expand(exp, branch, step, edge, pred, None)
+    elif not step.has_output:
+        out.append(f"INV-ADV-1: {pred} completed without an output")
+    elif kind == "divide":
+        _check_width(out, branch, pred, len(edge.to))
+        exp.children(b, list(edge.to), pred, kind, [[step.output]] * len(edge.to))
+    elif kind == "divert":
+        rendered = render_divert_key(step.output)
+        target = edge.to.get(rendered) if rendered is not None else None  # type: ignore[union-attr]
+        exp.step(b, target or edge.to["otherwise"], pred, kind, [step.output])  # type: ignore[call-overload]
+    else:  # chain, converge
+        exp.step(b, edge.to[0], pred, kind, [step.output])  # type: ignore[index]
+
+
+def _expect_expand(exp: _Expected, branch: BranchRow, step: StepRow, edge: EdgeSpec, pred: str,
+                   prefix: int | None) -> None:
+    """Children 0..N-1 of an expand (only the first ``prefix`` when it halted part-way)."""
+    count = step.expand_count
+    if count is None:
+        exp.out.append(f"INV-ADV-1: {pred} completed without an expand_items count")
+        return
+    items = step.expand_items if step.expand_items is not None and len(step.expand_items) == count else None
+    values = [[v] for v in items] if items is not None else [...] * count
+    if prefix is None:
+        _check_width(exp.out, branch, pred, count)
+    else:
+        count = min(prefix, count)
+    exp.children(branch.branch_id, [edge.to[0]] * count, pred, "expand", values[:count])  # type: ignore[index]
+
+
+def _check_width(out: list[str], branch: BranchRow, pred: str, width: int) -> None:
+    if width and branch.fanout_width != width:
+        out.append(f"INV-ADV-1: {pred} fanned out {width} children but branch {branch.branch_id} "
+                   f"records fanout_width {branch.fanout_width}")
+
+
+def _compare(exp: _Expected, history: History) -> list[str]:
+    out: list[str] = []
+    unexpected_branches: set[str] = set()
+    slots = list(exp.slots) + [slot for slot in exp.actual if slot not in exp.slots]
+    slots.sort(key=lambda slot: slot[0] == "step")  # branches first, so their steps can be skipped
+    for slot in slots:
+        preds, found = exp.slots.get(slot, []), exp.actual.get(slot, [])
+        wanted, name = len(preds), _slot_name(slot)
+        if not wanted:
+            if slot[0] == "step" and slot[1] in unexpected_branches:
+                continue
+            if slot[0] != "step":
+                unexpected_branches.update(found)
+            out.append(f"INV-ADV-1: unexpected {name} ({', '.join(found)}): no completed transition explains it")
+        elif len(found) < wanted:
+            out.append(f"INV-ADV-1: lost successor: {'; '.join(preds)} should have created {name} "
+                       f"{_times(wanted)}; found {len(found) or 'none'}")
+        elif len(found) > wanted:
+            out.append(f"INV-ADV-1: duplicated successor: {'; '.join(preds)} should have created {name} "
+                       f"{_times(wanted)}; found {len(found)} ({', '.join(found)})")
+    steps = {s.step_id: s for s in history.steps}
+    for slot, value, transition, pred in exp.inputs:
+        for step_id in exp.actual.get(slot, ()):
+            step = steps[step_id]
+            if value is not ... and _canon(step.input) != _canon(value):
+                out.append(f"INV-ADV-1: step {step_id} ({step.node} on branch {step.branch_id}) has input "
+                           f"{_canon(step.input)}, expected {_canon(value)} from {pred}")
+            if step.to_transition != transition:
+                out.append(f"INV-ADV-1: step {step_id} ({step.node} on branch {step.branch_id}) has "
+                           f"to_transition {step.to_transition!r}, expected {transition!r} from {pred}")
+    return out
+
+
+# --------------------------------------------------------------------------- INV-ADV-3
+
+
+def check_inv_adv_3(history: History) -> list[str]:
+    """INV-ADV-3: each fan-in fires exactly once, after every sibling arrived, with all outputs.
+
+    For each barrier (a branch with ``fanout_width`` w) and the branches standing at
+    its level (``barrier_id`` = it; fan-out children and merges standing in for
+    them): each index arrives at most once and within [0, w); every arrived branch's
+    latest step is a completed combine/collapse step; ``fanin_arrivals`` equals the
+    number arrived; at most one merge branch (``merged_barrier_id``), only when all w
+    indices arrived, and one if they did; the merge stands in the barrier's place
+    (its ``barrier_id``/``barrier_index``) and its first step's input is
+    ``[[output of each arrived branch's latest step, by barrier_index]]``. Arrivals
+    at a branch that never fanned out are reported too.
+
+    Does not prove: that the merge fired after the last arrival in time (the
+    timestamps of separate transactions cannot order them; counts do).
+    """
+    ix = _Index(history)
+    out: list[str] = []
+    for barrier_id, level in sorted(ix.level_of.items()):
+        barrier = ix.branches.get(barrier_id)
+        if barrier is None or barrier.fanout_width is None:
+            for b in level:
+                if b.fanin_arrived_at_us is not None:
+                    out.append(f"INV-ADV-3: branch {b.branch_id} arrived at {barrier_id}, which never fanned out")
+    for barrier in history.branches:
+        width = barrier.fanout_width
+        if width is None:
+            continue
+        bid = barrier.branch_id
+        arrived = ix.arrivals(barrier)
+        per_index = Counter(b.barrier_index for b in arrived)
+        for index, count in sorted(per_index.items(), key=lambda item: (item[0] is None, item[0] or 0)):
+            if index is None or not 0 <= index < width:
+                out.append(f"INV-ADV-3: barrier {bid} (width {width}): a branch arrived at index {index}")
+            elif count > 1:
+                twins = [b for b in arrived if b.barrier_index == index]
+                out.append(f"INV-ADV-3: barrier {bid}: index {index} arrived {_times(count)} "
+                           f"(branches {_ids(twins, 'branch_id')})")
+        if barrier.fanin_arrivals != len(arrived):
+            out.append(f"INV-ADV-3: barrier {bid} counts {barrier.fanin_arrivals} arrivals but "
+                       f"{len(arrived)} siblings arrived")
+        outputs = []
+        for b in arrived:
+            last = ix.last_step(b.branch_id)
+            edge = None if last is None else ix.edge(last)
+            if last is None or last.status != "completed" or edge is None or edge.type not in FAN_IN:
+                what = "none" if last is None else f"{last.step_id} ({last.node}, {last.status})"
+                out.append(f"INV-ADV-3: branch {b.branch_id} arrived at barrier {bid} without completing "
+                           f"a fan-in step (latest step: {what})")
+            outputs.append(last.output if last is not None and last.has_output else None)
+        merges = sorted(ix.merges_of.get(bid, []), key=lambda b: b.branch_id)
+        complete = ix.fan_in_complete(barrier)
+        if len(merges) > 1:
+            out.append(f"INV-ADV-3: barrier {bid} merged {len(merges)} times (branches {_ids(merges, 'branch_id')})")
+        if merges and not complete:
+            indices = sorted(per_index.elements(), key=lambda i: (i is None, i or 0))
+            out.append(f"INV-ADV-3: barrier {bid} merged before each of its {width} indices arrived once: "
+                       f"arrived {indices} (merge {_ids(merges, 'branch_id')})")
+        if not merges and complete:
+            out.append(f"INV-ADV-3: barrier {bid}: all {width} siblings arrived but it never merged")
+        for merge in merges:
+            out += _check_merge(ix, barrier, merge, [outputs] if complete else None)
+    return out
+
+
+def _check_merge(ix: _Index, barrier: BranchRow, merge: BranchRow, expected: list | None) -> list[str]:
+    out = []
+    bid, mid = barrier.branch_id, merge.branch_id
+    if (merge.barrier_id, merge.barrier_index) != (barrier.barrier_id, barrier.barrier_index):
+        out.append(f"INV-ADV-3: merge {mid} of barrier {bid} stands at barrier {merge.barrier_id} index "
+                   f"{merge.barrier_index}, expected barrier {barrier.barrier_id} index {barrier.barrier_index}")
+    first = ix.first_step(mid)
+    if expected is not None and first is not None and _canon(first.input) != _canon(expected):
+        hint = " (the same outputs, out of order)" if _same_items(first.input, expected) else ""
+        out.append(f"INV-ADV-3: barrier {bid} merge step {first.step_id} has input {_canon(first.input)}, "
+                   f"expected the arrived outputs by barrier_index {_canon(expected)}{hint}")
+    return out
+
+
+def _same_items(actual: Any, expected: list) -> bool:
+    """``[[…]]`` holding the expected outputs in another order."""
+    if not (isinstance(actual, list) and len(actual) == 1 and isinstance(actual[0], list)):
+        return False
+    return sorted(map(_canon, actual[0])) == sorted(map(_canon, expected[0]))
+
+
+# --------------------------------------------------------------------------- INV-EXE-1
+
+
+def check_inv_exe_1(history: History) -> list[str]:
+    """INV-EXE-1: after the quiet phase, no work is lost or stuck.
+
+    Every execution is completed (none pending, none in flight); every step has an
+    execution; every run is completed, halted or dampened; no branch is
+    ``advancing`` or holds a claim token. Run only after the quiet phase (faults off,
+    live workers, delays waited out). Does not prove that the outcomes are right.
+    """
+    out = []
+    executed = {e.step_id for e in history.executions}
+    for e in history.executions:
+        if e.completed_at_us is None:
+            state = "pending" if e.claimed_at_us is None else f"in flight (claimed at {e.claimed_at_us} µs)"
+            out.append(f"INV-EXE-1: execution {e.execution_id} (step {e.step_id}, run {e.run_id}) is still "
+                       f"{state} after the quiet phase")
+    for s in history.steps:
+        if s.step_id not in executed:
+            out.append(f"INV-EXE-1: step {s.step_id} ({s.node}, run {s.run_id}) has no execution")
+    for r in history.runs:
+        if r.status not in SETTLED_RUNS:
+            out.append(f"INV-EXE-1: run {r.run_id} is still {r.status} after the quiet phase")
+    for b in history.branches:
+        if b.status == "advancing" or b.claim_token is not None:
+            state = "advancing" if b.status == "advancing" else f"{b.status} with a claim token"
+            out.append(f"INV-EXE-1: branch {b.branch_id} (run {b.run_id}) is still {state} after the quiet phase")
+    return out
+
+
+# --------------------------------------------------------------------------- INV-EXE-3
+
+
+def check_inv_exe_3(history: History) -> list[str]:
+    """INV-EXE-3: ``idempotency_key`` is the step's id, equal across its executions, unique.
+
+    Over witness rows (what the step bodies saw as ``self.idempotency_key``): all
+    witnesses of one step carry one key, equal to the step id; no two steps share a
+    key; every witnessed step exists. Does not prove anything for steps whose bodies
+    wrote no witness.
+    """
+    out = []
+    known = {s.step_id for s in history.steps}
+    keys_of: dict[str, list[str]] = defaultdict(list)
+    steps_of: dict[str, list[str]] = defaultdict(list)
+    for w in history.witnesses:
+        if w.idempotency_key not in keys_of[w.step_id]:
+            keys_of[w.step_id].append(w.idempotency_key)
+        if w.step_id not in steps_of[w.idempotency_key]:
+            steps_of[w.idempotency_key].append(w.step_id)
+    for step_id, keys in keys_of.items():
+        if history.steps and step_id not in known:
+            out.append(f"INV-EXE-3: witnesses name step {step_id}, which does not exist")
+        if len(keys) > 1:
+            out.append(f"INV-EXE-3: step {step_id} ran with {len(keys)} idempotency keys: "
+                       + ", ".join(map(repr, keys)))
+        for key in keys:
+            if key != step_id:
+                out.append(f"INV-EXE-3: step {step_id} ran with idempotency key {key!r}, not its step id")
+    for key, step_ids in steps_of.items():
+        if len(step_ids) > 1:
+            out.append(f"INV-EXE-3: idempotency key {key!r} shared by steps {', '.join(step_ids)}")
+    return out
+
+
+# --------------------------------------------------------------------------- INV-RUN-1
+
+
+def check_inv_run_1(history: History) -> list[str]:
+    """INV-RUN-1: each run's state agrees with its branches, and terminal states were final.
+
+    completed ⇒ every branch completed; halted ⇒ some branch halted, none active
+    (``in_progress``/``advancing``), none dampened; dampened ⇒ some branch dampened,
+    none active; in_progress ⇒ some branch active (holds at any moment: resolution
+    runs in the transaction that ends a branch). ``completed_at`` is set only by
+    becoming completed and ``halted_at`` only by halting, so a run carrying one with
+    another status left a terminal state. Does not prove finality of a run whose
+    timestamps were never written, nor that runs settle (INV-EXE-1).
+    """
+    ix = _Index(history)
+    out = []
+    for run in history.runs:
+        rid, status = run.run_id, run.status
+        branches = ix.branches_of_run.get(rid, [])
+        by_status: dict[str, list[BranchRow]] = defaultdict(list)
+        for b in branches:
+            by_status[b.status].append(b)
+        active = [b for b in branches if b.status in ACTIVE_BRANCHES]
+
+        def listed(bs: list[BranchRow]) -> str:
+            return ", ".join(f"{b.branch_id} ({b.status})" for b in bs)
+
+        if not branches:
+            out.append(f"INV-RUN-1: run {rid} ({status}) has no branch")
+        elif status == "completed":
+            others = [b for b in branches if b.status != "completed"]
+            if others:
+                out.append(f"INV-RUN-1: run {rid} is completed but has branches not completed: {listed(others)}")
+        elif status in ("halted", "dampened"):
+            if not by_status[status]:
+                out.append(f"INV-RUN-1: run {rid} is {status} but no branch is {status}")
+            if active:
+                out.append(f"INV-RUN-1: run {rid} is {status} but has active branches: {listed(active)}")
+            if status == "halted" and by_status["dampened"]:
+                out.append(f"INV-RUN-1: run {rid} is halted but has dampened branches: "
+                           f"{listed(by_status['dampened'])}")
+        elif status == "in_progress" and not active:
+            out.append(f"INV-RUN-1: run {rid} is in_progress but no branch is active")
+        for stamp, terminal in ((run.completed_at_us, "completed"), (run.halted_at_us, "halted")):
+            if stamp is not None and status != terminal:
+                out.append(f"INV-RUN-1: run {rid} was {terminal} at {stamp} µs but is now {status}")
+    return out
+
+
+# --------------------------------------------------------------------------- all
+
+CHECKERS: dict[str, Callable[[History], list[str]]] = {
+    "INV-LIM-1": check_inv_lim_1,
+    "INV-LIM-2": check_inv_lim_2,
+    "INV-LIM-3": check_inv_lim_3,
+    "INV-ADV-1": check_inv_adv_1,
+    "INV-ADV-3": check_inv_adv_3,
+    "INV-EXE-1": check_inv_exe_1,
+    "INV-EXE-3": check_inv_exe_3,
+    "INV-RUN-1": check_inv_run_1,
+}
+
+
+def check_all(history: History) -> dict[str, list[str]]:
+    """Every checker's violations by invariant ID (all present; empty lists = all hold)."""
+    return {inv: check(history) for inv, check in CHECKERS.items()}

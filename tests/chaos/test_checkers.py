@@ -1,0 +1,802 @@
+"""The chaos history checkers can fail: each is run on hand-made histories that hold
+its invariant (no message) and that violate it (the exact message).
+
+Invariants covered (tests/chaos/checkers.py): INV-LIM-1 (concurrency, by per-key
+sequence and by witness overlap), INV-LIM-2 (rate: worst window and empty-start
+bucket replay, plus hypothesis properties), INV-LIM-3 (no leaked slot), INV-ADV-1
+(successors exactly once), INV-ADV-3 (fan-in once, complete, ordered), INV-EXE-1
+(liveness after the quiet phase), INV-EXE-3 (idempotency keys), INV-RUN-1 (run
+state agrees with branches; terminal states final). Also the JSONL round trip of
+tests/chaos/history.py.
+
+Pure and fast: no database, no processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from datetime import datetime, timedelta, timezone
+from fractions import Fraction
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ductwork.limits import RateEntry, parse_limits
+from tests.chaos.checkers import (
+    CHECKERS,
+    check_all,
+    check_inv_adv_1,
+    check_inv_adv_3,
+    check_inv_exe_1,
+    check_inv_exe_3,
+    check_inv_lim_1,
+    check_inv_lim_2,
+    check_inv_lim_3,
+    check_inv_run_1,
+)
+from tests.chaos.history import BranchRow, Execution, History, RunRow, StepRow, Witness, to_us
+
+S = 1_000_000  # µs per second
+
+
+# --------------------------------------------------------------------------- factories
+
+
+def limits(**entries: dict) -> dict:
+    """``limits(api={"concurrency": 3})``: parsed exactly as ``job_worker.limits``."""
+    return parse_limits(entries)
+
+
+def execution(eid: str, *, key: str | None = "api", at: int | None = None, done: int | None = None,
+              seq: int | None = None, released: int | None = None, eligible: int | None = 0,
+              step: str | None = None, outcome: str = "success") -> Execution:
+    return Execution(eid, f"j-{eid}", step or f"s-{eid}", "r1", key, at, done,
+                     outcome if done is not None else None, seq, released, eligible)
+
+
+def keyed(*spans: tuple[int | None, int | None], concurrency: int = 3) -> History:
+    """Executions e1, e2, … of key 'api' claimed at claim_seq and released at release_seq
+    (None: still open); times are ten times the sequence numbers."""
+    history = History(limits=limits(api={"concurrency": concurrency}))
+    for n, (claim, release) in enumerate(spans, 1):
+        history.executions.append(execution(
+            f"e{n}", at=None if claim is None else claim * 10, done=None if release is None else release * 10,
+            seq=claim, released=release))
+    return history
+
+
+def claims_at(times: list[int], rate: dict, *, eligible: int | None = 0) -> History:
+    """Executions e1, e2, … of key 'api' claimed at ``times`` (µs), claim_seq in that order."""
+    history = History(limits=limits(api={"rate": rate}))
+    for n, at in enumerate(times, 1):
+        history.executions.append(execution(f"e{n}", at=at, seq=n, eligible=eligible))
+    return history
+
+
+def witnessed(*spans: tuple[int, int | None], concurrency: int = 1) -> History:
+    """Witnesses of steps s1, s2, … under key 'api' running over [start, end]."""
+    history = History(limits=limits(api={"concurrency": concurrency}))
+    for n, (start, end) in enumerate(spans, 1):
+        history.witnesses.append(Witness(f"s{n}", f"s{n}", 100 + n, "api", start, end))
+    return history
+
+
+def snapshot(edges: dict[str, tuple], start: str = "A#0") -> dict:
+    """A format-1 definition; ``edges`` maps a node to ``(type, to[, barrier])``."""
+    names = {start, *edges}
+    for edge in edges.values():
+        names.update(edge[1].values() if isinstance(edge[1], dict) else edge[1])
+    nodes = {name: {"klass": f"shop.steps:{name.split('#')[0]}", "delay_us": None, "timeout_us": None,
+                    "limit_by": None}
+             for name in sorted(names, key=lambda n: int(n.split("#")[1]))}
+    json_edges = {}
+    for node, (kind, to, *barrier) in edges.items():
+        json_edges[node] = {"type": kind, "to": to, **({"barrier": barrier[0]} if barrier else {})}
+    return {"format": 1, "pipeline": "shop.pipelines:P", "start": start, "nodes": nodes, "edges": json_edges}
+
+
+class Build:
+    """A hand-made pipeline history: one successful execution per step, time moving on."""
+
+    def __init__(self) -> None:
+        self.h = History()
+        self.clock = 0
+
+    def tick(self) -> int:
+        self.clock += 10
+        return self.clock
+
+    def run(self, rid: str, edges: dict[str, tuple], status: str = "completed", **kw: Any) -> None:
+        self.h.runs.append(RunRow(rid, status, snapshot(edges), **kw))
+
+    def branch(self, bid: str, status: str = "completed", run: str = "r1", *, arrived: bool = False,
+               **kw: Any) -> None:
+        self.h.branches.append(BranchRow(bid, run, status, fanin_arrived_at_us=self.tick() if arrived else None,
+                                         **kw))
+
+    def step(self, sid: str, branch: str, node: str, input: Any, output: Any = None, *, via: str = "chain",
+             status: str = "completed", items: list | None = None, run: str = "r1") -> None:
+        at = self.tick()
+        payload = {"expand_items": len(items)} if items is not None else {"payload": output}
+        if status in ("failed", "in_progress"):
+            payload = None
+        self.h.steps.append(StepRow(sid, run, branch, node, status, via, f"j-{sid}", None, input, payload,
+                                    items, at, at if status == "completed" else None))
+        self.h.executions.append(Execution(f"x-{sid}", f"j-{sid}", sid, run, None, at, at + 1,
+                                           "failure" if status == "failed" else "success", None, None, at))
+
+
+FULL = {
+    "A#0": ("divide", ["B#1", "C#2"]),
+    "B#1": ("combine", ["D#3"], ["A#0"]),
+    "C#2": ("combine", ["D#3"], ["A#0"]),
+    "D#3": ("expand", ["E#4"]),
+    "E#4": ("collapse", ["F#5"], ["D#3"]),
+    "F#5": ("divert", {"big": "G#6", "otherwise": "H#7"}),
+    "G#6": ("converge", ["I#8"]),
+    "H#7": ("converge", ["I#8"]),
+}
+
+
+def full() -> History:
+    """One run through every fan-out and fan-in: divide → combine → expand → collapse →
+    divert → converge → leaf, every branch completed."""
+    b = Build()
+    b.run("r1", FULL)
+    b.branch("root", fanout_width=2, fanin_arrivals=2)
+    b.step("sA", "root", "A#0", [1], "x", via="start")
+    b.branch("b0", parent_id="root", barrier_id="root", barrier_index=0, arrived=True)
+    b.step("sB", "b0", "B#1", ["x"], "b", via="divide")
+    b.branch("b1", parent_id="root", barrier_id="root", barrier_index=1, arrived=True)
+    b.step("sC", "b1", "C#2", ["x"], "c", via="divide")
+    b.branch("m0", merged_barrier_id="root", fanout_width=2, fanin_arrivals=2)
+    b.step("sD", "m0", "D#3", [["b", "c"]], via="combine", items=[10, 20])
+    b.branch("e0", parent_id="m0", barrier_id="m0", barrier_index=0, arrived=True)
+    b.step("sE0", "e0", "E#4", [10], 11, via="expand")
+    b.branch("e1", parent_id="m0", barrier_id="m0", barrier_index=1, arrived=True)
+    b.step("sE1", "e1", "E#4", [20], 21, via="expand")
+    b.branch("m1", merged_barrier_id="m0")
+    b.step("sF", "m1", "F#5", [[11, 21]], "big", via="collapse")
+    b.step("sG", "m1", "G#6", ["big"], 7, via="divert")
+    b.step("sI", "m1", "I#8", [7], None, via="converge")
+    return b.h
+
+
+def find(items: list, **match: Any) -> Any:
+    (found,) = [item for item in items if all(getattr(item, k) == v for k, v in match.items())]
+    return found
+
+
+def without(history: History, *ids: str) -> History:
+    """A copy with these branches and steps (and the steps' executions) removed."""
+    h = copy.deepcopy(history)
+    h.branches = [b for b in h.branches if b.branch_id not in ids]
+    h.steps = [s for s in h.steps if s.step_id not in ids]
+    h.executions = [e for e in h.executions if e.step_id not in ids]
+    return h
+
+
+def edit(history: History, attr: str, ident: str, **changes: Any) -> History:
+    """A copy with the record of ``attr`` whose first field is ``ident`` changed."""
+    h = copy.deepcopy(history)
+    for record in getattr(h, attr):
+        if getattr(record, next(iter(record.__dataclass_fields__))) == ident:
+            for name, value in changes.items():
+                setattr(record, name, value)
+    return h
+
+
+# --------------------------------------------------------------------------- INV-LIM-1
+
+
+def test_lim_1_holds_at_the_limit():
+    assert check_inv_lim_1(keyed((1, 4), (2, 6), (3, 8), (5, 9))) == []
+
+
+def test_lim_1_four_in_flight_under_limit_three():
+    assert check_inv_lim_1(keyed((1, 5), (2, 6), (3, 7), (4, 8))) == [
+        "INV-LIM-1: key 'api' had 4 in flight (limit 3) after claim_seq 4 (execution e4)"]
+
+
+def test_lim_1_orders_by_sequence_not_by_time():
+    history = keyed((1, 2), (3, 4), concurrency=1)
+    history.executions[1].claimed_at_us = 5  # before e1's completion time (20): still fine
+    assert check_inv_lim_1(history) == []
+    history.executions[1].claim_seq = 1
+    history.executions[0].release_seq = 3  # now e2's claim (1) precedes e1's release (3)
+    assert check_inv_lim_1(history) == [
+        "INV-LIM-1: key 'api' used seq 1 twice: claim of e1, claim of e2",
+        "INV-LIM-1: key 'api' had 2 in flight (limit 1) after claim_seq 1 (execution e2)"]
+
+
+def test_lim_1_claim_without_claim_seq():
+    history = keyed((1, 2))
+    history.executions.append(execution("e2", at=30, seq=None))
+    assert check_inv_lim_1(history) == ["INV-LIM-1: execution e2 of key 'api' was claimed without a claim_seq"]
+
+
+def test_lim_1_completion_without_release_seq():
+    history = keyed((1, 2))
+    history.executions.append(execution("e2", at=30, done=40, seq=3, released=None, outcome="timed_out"))
+    assert check_inv_lim_1(history) == [
+        "INV-LIM-1: execution e2 of key 'api' completed (timed_out) without a release_seq"]
+
+
+def test_lim_1_release_not_after_claim():
+    assert check_inv_lim_1(keyed((5, 3))) == [
+        "INV-LIM-1: execution e1 of key 'api' has release_seq 3, not after its claim_seq 5"]
+
+
+def test_lim_1_sequence_number_used_twice():
+    assert check_inv_lim_1(keyed((1, 3), (3, 4))) == [
+        "INV-LIM-1: key 'api' used seq 3 twice: release of e1, claim of e2"]
+
+
+def test_lim_1_unlimited_and_unconfigured_keys_have_no_bound():
+    history = keyed((1, None), (2, None), (3, None), (4, None))
+    history.limits = limits(api={"rate": {"limit": 100, "per": 1}})
+    assert check_inv_lim_1(history) == []
+    history.limits = {}
+    assert check_inv_lim_1(history) == []
+
+
+def test_lim_1_witnesses_back_to_back_do_not_overlap():
+    assert check_inv_lim_1(witnessed((0, 100), (100, 200), (200, 300))) == []
+
+
+def test_lim_1_witnesses_overlap():
+    assert check_inv_lim_1(witnessed((0, 200), (150, 250), (50, 160), concurrency=2)) == [
+        "INV-LIM-1: key 'api' had 3 step bodies running at once at 150 µs (limit 2): steps s1, s2, s3"]
+
+
+def test_lim_1_killed_body_runs_until_its_execution_completed():
+    history = witnessed((0, None), (100, 200))
+    history.executions.append(execution("x1", step="s1", at=0, done=100, seq=1, released=2))
+    assert check_inv_lim_1(history) == []
+    history.executions[0].completed_at_us = 150  # reaped later than the next body started
+    assert check_inv_lim_1(history) == [
+        "INV-LIM-1: key 'api' had 2 step bodies running at once at 100 µs (limit 1): steps s1, s2"]
+
+
+def test_lim_1_killed_body_without_execution_runs_to_the_end():
+    assert check_inv_lim_1(witnessed((0, None), (10_000, 10_100))) == [
+        "INV-LIM-1: key 'api' had 2 step bodies running at once at 10000 µs (limit 1): steps s1, s2"]
+
+
+# --------------------------------------------------------------------------- INV-LIM-2
+
+FIVE_PER_SECOND_BURST_1 = {"limit": 5, "per": "1s", "burst": 1}
+
+
+def test_lim_2_holds_at_exactly_the_rate():
+    times = [S + k * 200_000 for k in range(10)]  # a token every 0.2 s, from a full bucket of 1
+    assert check_inv_lim_2(claims_at(times, FIVE_PER_SECOND_BURST_1)) == []
+
+
+def test_lim_2_six_claims_within_a_second_under_five_per_second_burst_one():
+    times = [S + k * 100_000 for k in range(6)]
+    assert check_inv_lim_2(claims_at(times, FIVE_PER_SECOND_BURST_1)) == [
+        "INV-LIM-2: key 'api' (limit 5 per 1s, burst 1): 6 claims in the 500000 µs window "
+        "[1000000, 1500000] (executions e1 … e6), B + L·T/P allows 3",
+        "INV-LIM-2: key 'api' (limit 5 per 1s, burst 1): claim_seq 2 (execution e2) at 1100000 µs "
+        "found 1/2 of a token in a bucket started empty at 0 µs (the key's earliest eligible_at); "
+        "a claim needs 1",
+    ]
+
+
+def test_lim_2_one_microsecond_early_fails():
+    times = [S, S + 199_999]
+    assert check_inv_lim_2(claims_at(times, FIVE_PER_SECOND_BURST_1)) == [
+        "INV-LIM-2: key 'api' (limit 5 per 1s, burst 1): 2 claims in the 199999 µs window "
+        "[1000000, 1199999] (executions e1 … e2), B + L·T/P allows 1",
+        "INV-LIM-2: key 'api' (limit 5 per 1s, burst 1): claim_seq 2 (execution e2) at 1199999 µs "
+        "found 199999/200000 of a token in a bucket started empty at 0 µs (the key's earliest "
+        "eligible_at); a claim needs 1",
+    ]
+
+
+def test_lim_2_a_new_key_gets_no_free_burst():
+    history = claims_at([0, 1, 2], {"limit": 1, "per": "1s", "burst": 5})
+    assert check_inv_lim_2(history) == [  # the window bound (burst 5) holds; the replay does not
+        "INV-LIM-2: key 'api' (limit 1 per 1s, burst 5): claim_seq 1 (execution e1) at 0 µs found 0 of a "
+        "token in a bucket started empty at 0 µs (the key's earliest eligible_at); a claim needs 1"]
+
+
+def test_lim_2_replay_starts_at_the_earliest_eligible_time():
+    history = claims_at([0, 1, 2], {"limit": 1, "per": "1s", "burst": 5}, eligible=None)
+    assert check_inv_lim_2(history) == []  # unknown: only the window bound applies
+    history.executions.append(execution("pending", eligible=-5 * S))
+    assert check_inv_lim_2(history) == []  # a bucket could have filled from -5 s
+
+
+def test_lim_2_checks_every_kept_rate_entry():
+    rates = [{"limit": 1, "per": "1s", "burst": 1}, {"limit": 10, "per": "100s", "burst": 5}]
+    history = claims_at([k * S for k in range(1, 8)], rates[0])
+    history.limits = limits(api={"rate": rates})
+    assert [len(entry.rates) for entry in history.limits.values()] == [2]  # neither dominates
+    assert check_inv_lim_2(history) == [
+        "INV-LIM-2: key 'api' (limit 10 per 100s, burst 5): 7 claims in the 6000000 µs window "
+        "[1000000, 7000000] (executions e1 … e7), B + L·T/P allows 5",
+        "INV-LIM-2: key 'api' (limit 10 per 100s, burst 5): claim_seq 1 (execution e1) at 1000000 µs "
+        "found 1/10 of a token in a bucket started empty at 0 µs (the key's earliest eligible_at); "
+        "a claim needs 1",
+    ]
+
+
+def test_lim_2_replays_in_lock_order():
+    # Same times, but claim_seq says e2 came first: both at 1 s, and the bucket had one token.
+    history = claims_at([S, S], FIVE_PER_SECOND_BURST_1)
+    history.executions[0].claim_seq, history.executions[1].claim_seq = 2, 1
+    assert check_inv_lim_2(history)[1] == (
+        "INV-LIM-2: key 'api' (limit 5 per 1s, burst 1): claim_seq 2 (execution e1) at 1000000 µs found 0 of "
+        "a token in a bucket started empty at 0 µs (the key's earliest eligible_at); a claim needs 1")
+
+
+@st.composite
+def bucket_schedules(draw: Any) -> tuple[RateEntry, int, list[int], list[int]]:
+    """Claim times an exact bucket (empty at ``start``) admits, and the saturating times:
+    moments after whose claims the bucket held less than one token."""
+    rate = RateEntry(draw(st.integers(1, 20)), draw(st.sampled_from([1, 2, 10, 60])), draw(st.integers(1, 5)))
+    unit, cap = rate.per_s * S, rate.burst * rate.per_s * S
+    start = draw(st.integers(-10 * S, 10 * S))
+    level, now, times, saturating = 0, start, [], []
+
+    def attempt(at: int, count: int) -> None:
+        nonlocal level, now
+        level, now = min(cap, level + (at - now) * rate.limit), at
+        count = min(count, level // unit)
+        times.extend([at] * count)
+        level -= count * unit
+        if count and level < unit:
+            saturating.append(at)
+
+    for _ in range(draw(st.integers(0, 25))):
+        attempt(now + draw(st.integers(0, 2 * unit // rate.limit + 1) | st.sampled_from([0, 1])),
+                draw(st.integers(0, rate.burst)))
+    short = max(0, -(-(unit - level) // rate.limit))  # wait until a whole token is there, then drain
+    attempt(now + short, rate.burst)
+    return rate, start, times, saturating
+
+
+def _history_for(rate: RateEntry, start: int, times: list[int]) -> History:
+    history = History(limits={"api": parse_limits({"api": {"rate": {
+        "limit": rate.limit, "per": rate.per_s, "burst": rate.burst}}})["api"]})
+    for n, at in enumerate(sorted(times), 1):
+        history.executions.append(execution(f"e{n}", at=at, seq=n, eligible=start))
+    return history
+
+
+@given(bucket_schedules(), st.data())
+def test_lim_2_bucket_schedules_pass_and_one_extra_claim_fails(schedule: Any, data: Any):
+    rate, start, times, saturating = schedule
+    assert check_inv_lim_2(_history_for(rate, start, times)) == []
+    extra = data.draw(st.sampled_from(saturating), label="saturating time")
+    found = check_inv_lim_2(_history_for(rate, start, times + [extra]))
+    assert found and all(m.startswith("INV-LIM-2: key 'api'") for m in found)
+    assert f"at {extra} µs found " in found[-1]  # the replay fails exactly at the extra claim
+
+
+@given(st.lists(st.integers(0, 3 * S), min_size=1, max_size=12), st.integers(1, 7),
+       st.sampled_from([1, 2]), st.integers(1, 3))
+def test_lim_2_window_agrees_with_every_pair_of_claims(times: list[int], limit: int, per: int, burst: int):
+    history = claims_at(times, {"limit": limit, "per": per, "burst": burst}, eligible=None)
+    ordered = sorted(times)
+    worst = None  # (excess, i, j): the largest excess, earliest j, then earliest i
+    for j in range(len(ordered)):
+        for i in range(j + 1):
+            excess = (j - i + 1) - burst - Fraction(limit * (ordered[j] - ordered[i]), per * S)
+            if excess > 0 and (worst is None or excess > worst[0]):
+                worst = (excess, i, j)
+    found = check_inv_lim_2(history)
+    if worst is None:
+        assert found == []
+    else:
+        _, i, j = worst
+        [message] = found
+        span = ordered[j] - ordered[i]
+        assert f": {j - i + 1} claims in the {span} µs window [{ordered[i]}, {ordered[j]}]" in message
+
+
+# --------------------------------------------------------------------------- INV-LIM-3
+
+
+def test_lim_3_holds_when_every_claim_completed():
+    assert check_inv_lim_3(keyed((1, 2), (3, 4))) == []
+
+
+def test_lim_3_leaked_slot():
+    history = keyed((1, 2), (3, None), (4, 5), (6, None))
+    history.executions.append(execution("u1", key=None, at=70))
+    history.executions.append(execution("p1", at=None))  # pending: holds no slot
+    assert check_inv_lim_3(history) == [
+        "INV-LIM-3: unkeyed lane has 1 in flight after quiescence (claimed, never completed: u1)",
+        "INV-LIM-3: key 'api' has 2 in flight after quiescence (claimed, never completed: e2, e4)",
+    ]
+
+
+# --------------------------------------------------------------------------- INV-ADV-1
+
+CHAIN = {"A#0": ("chain", ["B#1"]), "B#1": ("chain", ["C#2"])}
+DAMPEN = {"A#0": ("dampen", ["B#1"]), "B#1": ("chain", ["C#2"])}
+
+
+def test_adv_1_holds_on_every_transition():
+    assert check_inv_adv_1(full()) == []
+
+
+def test_adv_1_lost_successor():
+    assert check_inv_adv_1(without(full(), "sI")) == [
+        "INV-ADV-1: lost successor: step sG (G#6 --converge-->) should have created step I#8 on branch m1 "
+        "once; found none"]
+
+
+def test_adv_1_duplicated_successor():
+    history = full()
+    history.steps.append(dataclasses.replace(find(history.steps, step_id="sI"), step_id="sI2", started_at_us=1000))
+    assert check_inv_adv_1(history) == [
+        "INV-ADV-1: duplicated successor: step sG (G#6 --converge-->) should have created step I#8 on "
+        "branch m1 once; found 2 (sI, sI2)"]
+
+
+def test_adv_1_unexpected_step():
+    history = full()
+    history.steps.append(StepRow("sX", "r1", "m1", "H#7", "in_progress", "divert", started_at_us=5))
+    assert check_inv_adv_1(history) == [
+        "INV-ADV-1: unexpected step H#7 on branch m1 (sX): no completed transition explains it"]
+
+
+def test_adv_1_divert_follows_the_rendered_output():
+    assert check_inv_adv_1(edit(full(), "steps", "sF", output_payload={"payload": "small"})) == [
+        "INV-ADV-1: lost successor: step sF (F#5 --divert-->) should have created step H#7 on branch m1 "
+        "once; found none",
+        "INV-ADV-1: unexpected step G#6 on branch m1 (sG): no completed transition explains it",
+    ]
+
+
+def test_adv_1_lost_expand_child_makes_the_merge_unexpected():
+    assert check_inv_adv_1(without(full(), "e1", "sE1")) == [
+        "INV-ADV-1: lost successor: step sD (D#3 --expand-->) should have created child branch 1 of "
+        "branch m0 once; found none",
+        "INV-ADV-1: unexpected merge branch of barrier m0 (m1): no completed transition explains it",
+    ]
+
+
+def test_adv_1_duplicated_child_branch():
+    history = full()
+    history.branches.append(BranchRow("b1x", "r1", "completed", parent_id="root", barrier_id="root",
+                                      barrier_index=1))
+    history.steps.append(StepRow("sC2", "r1", "b1x", "C#2", "in_progress", "divide", input=["x"], started_at_us=35))
+    assert check_inv_adv_1(history) == [
+        "INV-ADV-1: duplicated successor: step sA (A#0 --divide-->) should have created child branch 1 of "
+        "branch root once; found 2 (b1, b1x)"]
+
+
+def test_adv_1_successor_input_and_transition():
+    history = edit(full(), "steps", "sB", input=["y"])
+    history = edit(history, "steps", "sE1", input=[99])
+    history = edit(history, "steps", "sI", to_transition="chain")
+    assert check_inv_adv_1(history) == [
+        'INV-ADV-1: step sB (B#1 on branch b0) has input ["y"], expected ["x"] from step sA (A#0 --divide-->)',
+        "INV-ADV-1: step sE1 (E#4 on branch e1) has input [99], expected [20] from step sD (D#3 --expand-->)",
+        "INV-ADV-1: step sI (I#8 on branch m1) has to_transition 'chain', expected 'converge' from step sG "
+        "(G#6 --converge-->)",
+    ]
+
+
+def test_adv_1_fanout_width():
+    assert check_inv_adv_1(edit(full(), "branches", "root", fanout_width=3)) == [
+        "INV-ADV-1: step sA (A#0 --divide-->) fanned out 2 children but branch root records fanout_width 3",
+        # with width 3 the two arrivals no longer complete the barrier, so its merge is unexplained too
+        "INV-ADV-1: unexpected merge branch of barrier root (m0): no completed transition explains it",
+    ]
+
+
+def test_adv_1_lost_arrival():
+    assert check_inv_adv_1(edit(full(), "branches", "e0", fanin_arrived_at_us=None)) == [
+        "INV-ADV-1: lost successor: step sE0 (E#4 --collapse-->) completed but branch e0 never arrived at "
+        "its barrier m0",
+        "INV-ADV-1: unexpected merge branch of barrier m0 (m1): no completed transition explains it",
+    ]
+
+
+def test_adv_1_lost_start_step():
+    assert check_inv_adv_1(without(full(), "sA")) == [  # the children's own steps are not listed again
+        "INV-ADV-1: unexpected child branch 0 of branch root (b0): no completed transition explains it",
+        "INV-ADV-1: unexpected child branch 1 of branch root (b1): no completed transition explains it",
+        "INV-ADV-1: lost successor: the trigger of run r1 should have created step A#0 on branch root once; "
+        "found none",
+    ]
+
+
+def halted_chain(*, reason: str = "job_retries_exhausted", failed: bool = True) -> Build:
+    b = Build()
+    b.run("r2", CHAIN, status="halted")
+    b.branch("root", "halted", run="r2", halt_reason=reason)
+    b.step("sA", "root", "A#0", [1], 2, via="start", run="r2")
+    b.step("sB", "root", "B#1", [2], 3, run="r2", status="failed" if failed else "completed")
+    return b
+
+
+def test_adv_1_halted_step_has_no_successor():
+    assert check_inv_adv_1(halted_chain().h) == []
+    assert check_inv_adv_1(halted_chain(reason="advancer_retries_exhausted", failed=False).h) == []
+    b = halted_chain()
+    b.step("sC", "root", "C#2", [None], status="in_progress", run="r2")
+    assert check_inv_adv_1(b.h) == [
+        "INV-ADV-1: branch root halted (job_retries_exhausted) at step sC, which is in_progress, not failed",
+        "INV-ADV-1: unexpected step C#2 on branch root (sC): no completed transition explains it",
+    ]
+
+
+def test_adv_1_halt_reason_names_the_halting_step():
+    # the advancer's budgets can run out while halting a failed step: the step stays failed
+    assert check_inv_adv_1(halted_chain(reason="advancer_crashes_exhausted").h) == []
+    assert check_inv_adv_1(halted_chain(reason="transition_invalid").h) == [
+        "INV-ADV-1: branch root halted (transition_invalid) at step sB, which is failed, not completed"]
+    assert check_inv_adv_1(halted_chain(reason="job_crashes_exhausted", failed=False).h) == [
+        "INV-ADV-1: branch root halted (job_crashes_exhausted) at step sB, which is completed, not failed"]
+
+
+def test_adv_1_expand_halted_between_batches_keeps_its_committed_children():
+    b = Build()
+    b.run("r1", {"A#0": ("expand", ["B#1"])}, status="halted")
+    b.branch("root", "halted", halt_reason="advancer_crashes_exhausted", fanout_width=3, fanout_cursor=2)
+    b.step("sA", "root", "A#0", [3], via="start", items=["p", "q", "r"])
+    for index, item in enumerate("pq"):
+        b.branch(f"c{index}", parent_id="root", barrier_id="root", barrier_index=index)
+        b.step(f"sB{index}", f"c{index}", "B#1", [item], item, via="expand")
+    assert check_inv_adv_1(b.h) == []
+    b.branch("c2", parent_id="root", barrier_id="root", barrier_index=2)  # past the cursor
+    assert check_inv_adv_1(b.h) == [
+        "INV-ADV-1: unexpected child branch 2 of branch root (c2): no completed transition explains it"]
+
+
+def test_adv_1_dampen_creates_the_next_step_only_when_resumed():
+    b = Build()
+    b.run("r1", DAMPEN, status="dampened")
+    b.branch("root", "dampened")
+    b.step("sA", "root", "A#0", [1], 2, via="start")
+    assert check_inv_adv_1(b.h) == []
+    resumed = edit(b.h, "branches", "root", status="completed")
+    assert check_inv_adv_1(resumed) == [
+        "INV-ADV-1: lost successor: step sA (A#0 --dampen-->) should have created step B#1 on branch root "
+        "once; found none"]
+    b.h = resumed
+    b.step("sB", "root", "B#1", ["resume input"], 3, via="dampen")
+    b.step("sC", "root", "C#2", [3], 4)
+    assert check_inv_adv_1(b.h) == []
+
+
+def test_adv_1_expand_of_nothing_is_a_leaf():
+    b = Build()
+    b.run("r1", {"A#0": ("expand", ["B#1"]), "B#1": ("collapse", ["C#2"], ["A#0"])})
+    b.branch("root")
+    b.step("sA", "root", "A#0", [0], via="start", items=[])
+    assert check_inv_adv_1(b.h) == []
+    assert check_inv_adv_3(b.h) == []
+
+
+def test_adv_1_unreadable_snapshot():
+    history = edit(full(), "runs", "r1", definition={"format": 2})
+    assert check_inv_adv_1(history)[0] == (
+        "INV-ADV-1: run r1 has an unreadable definition snapshot: <snapshot>.snapshot: format=2: "
+        "only format 1 is understood")
+
+
+# --------------------------------------------------------------------------- INV-ADV-3
+
+
+def test_adv_3_holds_on_nested_fan_ins():
+    assert check_inv_adv_3(full()) == []
+
+
+def test_adv_3_merge_fired_twice():
+    history = full()
+    history.branches.append(BranchRow("m0b", "r1", "completed", merged_barrier_id="root"))
+    history.steps.append(StepRow("sD2", "r1", "m0b", "D#3", "completed", "combine", input=[["b", "c"]],
+                                 started_at_us=45))
+    assert check_inv_adv_3(history) == ["INV-ADV-3: barrier root merged 2 times (branches m0, m0b)"]
+
+
+def test_adv_3_merge_fired_early():
+    history = edit(full(), "branches", "b1", fanin_arrived_at_us=None)
+    history = edit(history, "branches", "root", fanin_arrivals=1)
+    assert check_inv_adv_3(history) == [
+        "INV-ADV-3: barrier root merged before each of its 2 indices arrived once: arrived [0] (merge m0)"]
+
+
+def test_adv_3_merge_inputs_out_of_order():
+    assert check_inv_adv_3(edit(full(), "steps", "sD", input=[["c", "b"]])) == [
+        'INV-ADV-3: barrier root merge step sD has input [["c", "b"]], expected the arrived outputs by '
+        'barrier_index [["b", "c"]] (the same outputs, out of order)']
+    assert check_inv_adv_3(edit(full(), "steps", "sD", input=[["b"]])) == [
+        'INV-ADV-3: barrier root merge step sD has input [["b"]], expected the arrived outputs by '
+        'barrier_index [["b", "c"]]']
+
+
+def test_adv_3_arrival_counter():
+    assert check_inv_adv_3(edit(full(), "branches", "root", fanin_arrivals=3)) == [
+        "INV-ADV-3: barrier root counts 3 arrivals but 2 siblings arrived"]
+
+
+def test_adv_3_never_fired():
+    history = without(full(), "m1", "sF", "sG", "sI")
+    assert check_inv_adv_3(history) == ["INV-ADV-3: barrier m0: all 2 siblings arrived but it never merged"]
+    assert check_inv_adv_1(history) == [  # the same loss, seen as a successor
+        "INV-ADV-1: lost successor: barrier m0 (all 2 arrived) should have created merge branch of barrier m0 "
+        "once; found none"]
+
+
+def test_adv_3_index_arrived_twice():
+    history = full()
+    history.branches.append(BranchRow("b2", "r1", "completed", barrier_id="root", barrier_index=1,
+                                      fanin_arrived_at_us=99))
+    history.steps.append(StepRow("sC3", "r1", "b2", "C#2", "completed", "combine", input=["x"],
+                                 output_payload={"payload": "c"}, started_at_us=31))
+    assert check_inv_adv_3(history) == [
+        "INV-ADV-3: barrier root: index 1 arrived twice (branches b1, b2)",
+        "INV-ADV-3: barrier root counts 2 arrivals but 3 siblings arrived",
+        "INV-ADV-3: barrier root merged before each of its 2 indices arrived once: arrived [0, 1, 1] (merge m0)",
+    ]
+
+
+def test_adv_3_arrival_without_a_fan_in_step():
+    assert check_inv_adv_3(edit(full(), "steps", "sB", status="advancing")) == [
+        "INV-ADV-3: branch b0 arrived at barrier root without completing a fan-in step (latest step: "
+        "sB (B#1, advancing))"]
+
+
+def test_adv_3_merge_stands_in_the_barriers_place():
+    assert check_inv_adv_3(edit(full(), "branches", "m1", barrier_id="root", barrier_index=0)) == [
+        "INV-ADV-3: merge m1 of barrier m0 stands at barrier root index 0, expected barrier None index None"]
+
+
+def test_adv_3_arrival_at_a_branch_that_never_fanned_out():
+    assert check_inv_adv_3(edit(full(), "branches", "m1", barrier_id="sX", fanin_arrived_at_us=5)) == [
+        "INV-ADV-3: branch m1 arrived at sX, which never fanned out",
+        "INV-ADV-3: merge m1 of barrier m0 stands at barrier sX index None, expected barrier None index None",
+    ]
+
+
+# --------------------------------------------------------------------------- INV-EXE-1
+
+
+def test_exe_1_holds_when_everything_settled():
+    assert check_inv_exe_1(full()) == []
+    assert check_inv_exe_1(halted_chain().h) == []
+
+
+def test_exe_1_run_stuck_in_progress():
+    assert check_inv_exe_1(edit(full(), "runs", "r1", status="in_progress")) == [
+        "INV-EXE-1: run r1 is still in_progress after the quiet phase"]
+
+
+def test_exe_1_lost_and_stuck_work():
+    history = edit(full(), "branches", "m1", status="advancing", claim_token="t1")
+    history = edit(history, "branches", "e0", claim_token="t2")
+    history = edit(history, "executions", "x-sE1", completed_at_us=None)
+    history = edit(history, "executions", "x-sI", claimed_at_us=None, completed_at_us=None)
+    history.executions = [e for e in history.executions if e.step_id != "sG"]
+    assert check_inv_exe_1(history) == [
+        "INV-EXE-1: execution x-sE1 (step sE1, run r1) is still in flight (claimed at 100 µs) after the quiet phase",
+        "INV-EXE-1: execution x-sI (step sI, run r1) is still pending after the quiet phase",
+        "INV-EXE-1: step sG (G#6, run r1) has no execution",
+        "INV-EXE-1: branch e0 (run r1) is still completed with a claim token after the quiet phase",
+        "INV-EXE-1: branch m1 (run r1) is still advancing after the quiet phase",
+    ]
+
+
+# --------------------------------------------------------------------------- INV-EXE-3
+
+
+def witnesses(*pairs: tuple[str, str]) -> History:
+    history = full()
+    history.witnesses = [Witness(step, key, 7, None, n, n + 1) for n, (step, key) in enumerate(pairs)]
+    return history
+
+
+def test_exe_3_holds_across_re_runs():
+    assert check_inv_exe_3(witnesses(("sA", "sA"), ("sA", "sA"), ("sB", "sB"))) == []
+
+
+def test_exe_3_two_steps_share_a_key():
+    assert check_inv_exe_3(witnesses(("sA", "sA"), ("sB", "sA"))) == [
+        "INV-EXE-3: step sB ran with idempotency key 'sA', not its step id",
+        "INV-EXE-3: idempotency key 'sA' shared by steps sA, sB",
+    ]
+
+
+def test_exe_3_a_step_with_two_keys():
+    assert check_inv_exe_3(witnesses(("sA", "sA"), ("sA", "k2"))) == [
+        "INV-EXE-3: step sA ran with 2 idempotency keys: 'sA', 'k2'",
+        "INV-EXE-3: step sA ran with idempotency key 'k2', not its step id",
+    ]
+
+
+def test_exe_3_witness_of_an_unknown_step():
+    assert check_inv_exe_3(witnesses(("ghost", "ghost"))) == [
+        "INV-EXE-3: witnesses name step ghost, which does not exist"]
+
+
+# --------------------------------------------------------------------------- INV-RUN-1
+
+
+def test_run_1_holds_for_every_settled_state():
+    assert check_inv_run_1(full()) == []
+    assert check_inv_run_1(halted_chain().h) == []
+    dampened = edit(edit(full(), "runs", "r1", status="dampened"), "branches", "m1", status="dampened")
+    assert check_inv_run_1(dampened) == []
+    running = edit(edit(full(), "runs", "r1", status="in_progress"), "branches", "m1", status="in_progress")
+    assert check_inv_run_1(running) == []
+
+
+def test_run_1_completed_run_with_a_halted_branch():
+    assert check_inv_run_1(edit(full(), "branches", "b1", status="halted")) == [
+        "INV-RUN-1: run r1 is completed but has branches not completed: b1 (halted)"]
+
+
+def test_run_1_halted_run_with_active_or_dampened_branches():
+    history = halted_chain().h
+    history.branches.append(BranchRow("b9", "r2", "advancing"))
+    history.branches.append(BranchRow("b8", "r2", "dampened"))
+    assert check_inv_run_1(history) == [
+        "INV-RUN-1: run r2 is halted but has active branches: b9 (advancing)",
+        "INV-RUN-1: run r2 is halted but has dampened branches: b8 (dampened)",
+    ]
+    assert check_inv_run_1(edit(halted_chain().h, "branches", "root", status="completed")) == [
+        "INV-RUN-1: run r2 is halted but no branch is halted"]
+
+
+def test_run_1_dampened_run_without_a_dampened_branch():
+    assert check_inv_run_1(edit(full(), "runs", "r1", status="dampened")) == [
+        "INV-RUN-1: run r1 is dampened but no branch is dampened"]
+
+
+def test_run_1_in_progress_run_with_nothing_active():
+    assert check_inv_run_1(edit(full(), "runs", "r1", status="in_progress")) == [
+        "INV-RUN-1: run r1 is in_progress but no branch is active"]
+
+
+def test_run_1_terminal_states_are_final():
+    history = edit(halted_chain().h, "runs", "r2", completed_at_us=50, halted_at_us=60)
+    assert check_inv_run_1(history) == ["INV-RUN-1: run r2 was completed at 50 µs but is now halted"]
+
+
+def test_run_1_run_without_branches():
+    history = full()
+    history.runs.append(RunRow("r3", "completed", snapshot(CHAIN)))
+    assert check_inv_run_1(history) == ["INV-RUN-1: run r3 (completed) has no branch"]
+
+
+# --------------------------------------------------------------------------- all, and the history file
+
+
+def test_check_all_names_every_checker_and_passes_a_valid_history():
+    assert check_all(full()) == {inv: [] for inv in CHECKERS}
+    assert list(CHECKERS) == ["INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-ADV-1", "INV-ADV-3",
+                              "INV-EXE-1", "INV-EXE-3", "INV-RUN-1"]
+    broken = check_all(without(full(), "sI"))
+    assert broken["INV-ADV-1"] and all(m.startswith(inv + ": ") for inv, ms in broken.items() for m in ms)
+
+
+def test_history_round_trips_through_jsonl(tmp_path):
+    history = full()
+    history.executions += keyed((1, 2)).executions
+    history.witnesses.append(Witness("sA", "sA", 42, "api", 5, None))
+    history.limits = limits(api={"concurrency": 2, "rate": [{"limit": 5, "per": "1s"}, {"limit": 60, "per": "1h",
+                                                                                        "burst": 30}]})
+    history.kills.append({"pid": 42, "role": "worker", "at_us": 7, "how": "SIGKILL"})
+    history.seed, history.meta = 1234, {"database": "sqlite 3.45", "commit": "abc"}
+    history.to_jsonl(tmp_path / "round.jsonl")
+    again = History.from_jsonl(tmp_path / "round.jsonl")
+    assert again == history
+    assert check_all(again) == check_all(history)
+
+
+def test_to_us_is_exact():
+    assert to_us(datetime(1970, 1, 1, 0, 0, 1, 5)) == 1_000_005
+    assert to_us(datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=2)))) == to_us(datetime(2025, 12, 31, 22))
+    assert to_us("2026-01-01 00:00:00.000001") == to_us(datetime(2026, 1, 1)) + 1
+    assert to_us(None) is None
