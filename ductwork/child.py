@@ -4,15 +4,17 @@
 
 Python threads cannot be killed, so a step that declares ``timeout=`` runs in a
 fresh interpreter (``python -m ductwork.child``) in its own process group. The
-parent waits for its result with a deadline measured from when it started the
-child; past the deadline it SIGKILLs the whole group and waits until the child is
-reaped by the OS, and only then is the execution recorded ``timed_out`` and its
-concurrency slot freed [INV-EXE-5]. The child also dies with its parent
-(``PR_SET_PDEATHSIG`` on Linux), so a killed worker leaves no step code running.
+child tells the parent the moment it calls ``execute``; the timeout is measured
+from then (execution start), so interpreter start-up never eats into it (start-up
+has its own deadline, ``STARTUP_S``). Past the deadline the parent SIGKILLs the
+whole group and waits until the child is reaped by the OS, and only then is the
+execution recorded ``timed_out`` and its concurrency slot freed [INV-EXE-5]. The
+child also dies with its parent (``PR_SET_PDEATHSIG`` on Linux), so a killed
+worker leaves no step code running.
 
-Costs and limits: one interpreter start per execution (tens of milliseconds,
-counted inside the timeout); the step class must be importable by its module
-path (defined at module level); its return value crosses back as JSON.
+Costs and limits: one interpreter start per execution (tens of milliseconds);
+the step class must be importable by its module path (defined at module level);
+its return value crosses back as JSON.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from ductwork.executions import Claimed
 
 PR_SET_PDEATHSIG = 1
+STARTUP_S = 60.0
+RUNNING = b"R"
 
 
 def run_in_child(app: App, claimed: Claimed) -> Any:
@@ -60,18 +64,27 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
         proc.stdin.write(json.dumps(request).encode())
         proc.stdin.close()
         chunks: list[bytes] = []
+        deadline = time.monotonic() + STARTUP_S
+        running = False
         while True:
-            remaining = started + timeout_s - time.monotonic()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 _kill_group(proc)  # [INV-EXE-5] stopped and reaped before the outcome is recorded
-                raise StepTimedOut(f"{claimed.klass} ran past its timeout of {timeout_s:g} s; killed")
+                if running:
+                    raise StepTimedOut(f"{claimed.klass} ran past its timeout of {timeout_s:g} s; killed")
+                raise BuildFailed(ErrorInfo("ductwork.ChildStartup",
+                                            f"step child did not start within {STARTUP_S:g} s; killed", None))
             ready, _, _ = select.select([read_fd], [], [], remaining)
             if not ready:
                 continue
             chunk = os.read(read_fd, 65536)
             if not chunk:
                 break
-            chunks.append(chunk)
+            if not running and not chunks and chunk.startswith(RUNNING):
+                running, chunk = True, chunk[len(RUNNING):]
+                deadline = time.monotonic() + timeout_s  # measured from execution start
+            if chunk:
+                chunks.append(chunk)
         proc.wait()
     finally:
         os.close(read_fd)
@@ -118,8 +131,11 @@ def main() -> None:
     from ductwork.executions import ErrorInfo
 
     app = App(request["url"], config_from_mapping({"default": {}}))
+    pipe = os.fdopen(out, "wb")
     try:
         instance = build_step(app, request["klass"], request["input_json"], request["step_id"], request["run_id"])
+        pipe.write(RUNNING)
+        pipe.flush()
         value = instance.execute()
         try:
             message: dict[str, Any] = {"ok": json.dumps(value, allow_nan=False)}
@@ -136,7 +152,7 @@ def main() -> None:
         payload = json.dumps(message).encode()
     except (TypeError, ValueError) as error:
         payload = json.dumps({"error": vars(ErrorInfo.of(error))}).encode()
-    with os.fdopen(out, "wb") as pipe:
+    with pipe:
         pipe.write(payload)
     app.dispose()
 

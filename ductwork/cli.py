@@ -50,7 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_opened: list = []
+
+
 def _connect(args: argparse.Namespace, **settings: object):  # type: ignore[no-untyped-def]
+    """Connect as the options say; ``main`` disposes the app when the command ends."""
     from ductwork.app import connect
 
     config = args.config
@@ -58,7 +62,9 @@ def _connect(args: argparse.Namespace, **settings: object):  # type: ignore[no-u
         from ductwork.errors import ConfigError
 
         raise ConfigError("--config", config, "no such file")
-    return connect(args.database_url, config, args.env, **settings)
+    app = connect(args.database_url, config, args.env, **settings)
+    _opened.append(app)
+    return app
 
 
 def _common_args(args: argparse.Namespace) -> list[str]:
@@ -145,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as error:
         print(f"ductwork {args.command}: {error}", file=sys.stderr)
         return 1
+    finally:
+        while _opened:
+            _opened.pop().dispose()
 
 
 if __name__ == "__main__":

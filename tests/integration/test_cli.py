@@ -1,0 +1,176 @@
+"""The ``ductwork`` command: boot validation row by row, hostile configs, db, status, demo.
+
+Checks: INV-LIM-7 (every row of the seed's boot-validation table, through
+``ductwork check``; configuration errors name the offending path and never
+print a traceback).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ductwork.cli import main
+
+PIPELINE = "tests.workloads:SlowKeyedPipeline"  # references limit key "slow_key"
+
+
+def _check(tmp_path: Path, url: str, section, capsys, *, env: str = "default"):
+    path = tmp_path / "ductwork.yml"
+    path.write_text(yaml.safe_dump({env: section}) if section is not None else "")
+    code = main(["check", "-c", str(path), "--database-url", url, "--env", env])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    from ductwork import dialects, migrate
+
+    url = f"sqlite:///{tmp_path}/check.sqlite3"
+    engine = dialects.create_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return url
+
+
+def test_ok_with_every_key_configured(tmp_path, sqlite_url, capsys):
+    code, out, err = _check(tmp_path, sqlite_url, {"pipelines": [PIPELINE],
+                                                    "job_worker": {"limits": {"slow_key": {"concurrency": 2}}}}, capsys)
+    assert (code, err) == (0, "")
+    assert "ok: 1 pipelines, 1 limit keys" in out
+
+
+def test_missing_entry_names_the_key_and_the_pipelines(tmp_path, sqlite_url, capsys):
+    code, _, err = _check(tmp_path, sqlite_url, {"pipelines": [PIPELINE]}, capsys)
+    assert code == 1
+    assert err.strip() == (
+        "ductwork check: MissingLimitError: job_worker.limits.slow_key: no entry for limit key 'slow_key', "
+        "referenced by limit_by in tests.workloads:SlowKeyedPipeline")
+
+
+@pytest.mark.parametrize(("limits", "error", "fragment"), [
+    ({"slow_key": {}}, "EmptyLimitError", "job_worker.limits.slow_key="),
+    ({"slow_key": {"rate": [{"limit": 1, "per": "1s"}, {"limit": 5, "per": 1, "burst": 9}]}},
+     "DuplicatePeriodError", "job_worker.limits.slow_key.rate[1].per="),
+    ({"slow_key": {"rate": {"limit": 1, "per": "1mo"}}}, "InvalidPeriodError",
+     "job_worker.limits.slow_key.rate.per='1mo'"),
+    ({"slow_key": {"rate": {"limit": 1, "per": 0}}}, "InvalidPeriodError", "job_worker.limits.slow_key.rate.per=0"),
+    ({"slow_key": {"rate": {"limit": 1, "per": "soon"}}}, "InvalidPeriodError",
+     "job_worker.limits.slow_key.rate.per='soon'"),
+])
+def test_bad_entries_fail_the_boot_naming_the_path(tmp_path, sqlite_url, capsys, limits, error, fragment):
+    code, _, err = _check(tmp_path, sqlite_url, {"pipelines": [PIPELINE], "job_worker": {"limits": limits}}, capsys)
+    assert code == 1
+    assert err.startswith(f"ductwork check: {error}: ")
+    assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_unreferenced_entry_only_warns(tmp_path, sqlite_url, capsys):
+    code, out, err = _check(tmp_path, sqlite_url, {"pipelines": [PIPELINE], "job_worker": {"limits": {
+        "slow_key": {"concurrency": 1}, "retired_key": {"concurrency": 1}}}}, capsys)
+    assert code == 0
+    assert "warning:" in err and "retired_key" in err
+
+
+def test_missing_tables_are_named(tmp_path, db_url, capsys):
+    """An unmigrated database of each backend: the error names the missing tables."""
+    from ductwork import dialects, schema
+
+    engine = dialects.create_engine(db_url)
+    schema.limit_buckets.drop(engine)
+    engine.dispose()
+    try:
+        code, _, err = _check(tmp_path, db_url, {"pipelines": [PIPELINE], "job_worker": {
+            "limits": {"slow_key": {"concurrency": 1}}}}, capsys)
+        assert code == 1
+        assert err.strip() == ("ductwork check: MissingTablesError: missing tables: ductwork_limit_buckets "
+                               "(run `ductwork db upgrade` to create them)")
+    finally:
+        engine = dialects.create_engine(db_url)
+        schema.limit_buckets.create(engine)
+        engine.dispose()
+
+
+def test_check_as_a_real_process_exits_1_with_one_line(tmp_path, sqlite_url):
+    path = tmp_path / "ductwork.yml"
+    path.write_text(yaml.safe_dump({"default": {"pipelines": [PIPELINE]}}))
+    done = subprocess.run([sys.executable, "-m", "ductwork.cli", "check", "-c", str(path),
+                           "--database-url", sqlite_url], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "MissingLimitError" in done.stderr
+
+
+def test_unknown_environment_and_file(tmp_path, sqlite_url, capsys):
+    code, _, err = _check(tmp_path, sqlite_url, {"pipelines": []}, capsys, env="staging")
+    assert code == 0
+    path = tmp_path / "ductwork.yml"
+    code = main(["check", "-c", str(path), "--database-url", sqlite_url, "--env", "production"])
+    assert code == 1 and "environment not defined" in capsys.readouterr().err
+    code = main(["check", "-c", str(tmp_path / "nope.yml"), "--database-url", sqlite_url])
+    assert code == 1 and "--config=" in capsys.readouterr().err
+
+
+def test_bad_database_url_is_named(capsys):
+    assert main(["check", "--database-url", "oracle://x/y"]) == 1
+    assert "DatabaseURLError: database.url='oracle://x/y': unsupported backend 'oracle'" in capsys.readouterr().err
+
+
+# Hostile documents: anything YAML can express, at any position.
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                    st.text(max_size=12))
+garbage = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)), max_leaves=12)
+sections = st.fixed_dictionaries({}, optional={
+    "pipelines": st.one_of(garbage, st.just([PIPELINE])),
+    "job_worker": st.one_of(garbage, st.fixed_dictionaries({}, optional={
+        "count": garbage, "max_retry": garbage, "polling_timeout": garbage,
+        "limits": st.one_of(garbage, st.dictionaries(st.text(min_size=1, max_size=8), st.one_of(
+            garbage, st.fixed_dictionaries({}, optional={
+                "concurrency": garbage,
+                "rate": st.one_of(garbage, st.lists(st.fixed_dictionaries(
+                    {"limit": garbage, "per": garbage}, optional={"burst": garbage}), max_size=3))})),
+            max_size=3))})),
+    "supervisor": garbage,
+    "database": garbage,
+    "bogus": garbage,
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(section=sections)
+def test_hostile_configs_fail_only_with_a_config_error_naming_the_path(tmp_path, sqlite_url, capsys, section):
+    path = tmp_path / "ductwork.yml"
+    path.write_text(yaml.safe_dump({"default": section}, allow_unicode=True))
+    code = main(["check", "-c", str(path), "--database-url", sqlite_url])
+    err = capsys.readouterr().err
+    assert code in (0, 1)
+    assert "Traceback" not in err
+    if code == 1:
+        assert err.startswith("ductwork check: ")
+        assert any(kind in err for kind in ("ConfigError", "PeriodError", "LimitError", "DatabaseURLError")), err
+        assert "=" in err or "MissingLimitError" in err  # names the offending path=value
+
+
+def test_db_upgrade_and_status(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path}/fresh.sqlite3"
+    assert main(["db", "upgrade", "--database-url", url, "-c", "/dev/null"]) == 0
+    assert "at revision 0001 (head 0001)" in capsys.readouterr().out
+    assert main(["status", "--database-url", url, "-c", "/dev/null"]) == 0
+    out = capsys.readouterr().out
+    assert "runs:" in out and "limit keys:" in out
+
+
+def test_demo_runs_and_respects_its_limit(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ductwork.cli", "demo", "--orders", "6"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "SyncOrders run" in done.stdout and ": completed;" in done.stdout
+    assert "highest in flight 2 (limit 2)" in done.stdout or "highest in flight 1 (limit 2)" in done.stdout
