@@ -38,7 +38,7 @@ def test_a_dead_hosts_step_is_reaped_by_another_supervisor(app, db_url, tmp_path
     wait_for(lambda: marker_lines(marker), "the step started on host A")
     host_a.kill_host()  # supervisor and children SIGKILLed mid-step
     ((a_pid, key),) = marker_lines(marker)
-    assert not pid_alive(a_pid)
+    wait_for(lambda: not pid_alive(a_pid), "host A's worker died of the SIGKILL", 10)
     with Fleet(db_url, config, label="host-b") as host_b:
         wait_for(lambda: run.refresh().status == "completed", "the run completed on host B", 60)
         wait_for(lambda: not process_rows(app.engine, label_prefix="host-a"),
@@ -101,7 +101,7 @@ def test_sigterm_past_the_shutdown_timeout_crashes_and_requeues_the_step(app, db
         assert fleet.terminate(30) == 0, fleet.log()[-3000:]
     finally:
         fleet.kill_host()
-    assert not pid_alive(pid)
+    wait_for(lambda: not pid_alive(pid), "the worker that ran the step is gone", 10)
     drain(app, timeout=30)
     assert run.refresh().status == "completed"
     assert [o for n, o, _ in _outcomes(app, run.id) if n == "Slow#0"] == ["process_crashed", "success"]
