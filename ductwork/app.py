@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 from ductwork import dialects
 from ductwork.clock import Clock, DatabaseClock, to_us
 from ductwork.config import Config, config_from_mapping, load_config
+from ductwork.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from ductwork.definition import Definition
@@ -42,13 +43,21 @@ DEFAULT_URL = "sqlite:///ductwork.sqlite3"
 class Tx:
     """One open transaction: ``conn``, and ``now`` (database time, read on first use)."""
 
-    __slots__ = ("conn", "_clock", "_now", "backend")
+    __slots__ = ("conn", "_clock", "_now", "backend", "woken")
 
     def __init__(self, conn: Connection, clock: Clock, backend: str):
         self.conn = conn
         self._clock = clock
         self._now: datetime | None = None
         self.backend = backend
+        self.woken = False
+
+    def wake(self) -> None:
+        """Mark that this transaction made work claimable (an execution created or
+        completed): idle workers are woken once it commits (ductwork.wakeup)."""
+        if not self.woken:
+            self.woken = True
+            dialects.notify_wakeup(self.conn)
 
     @property
     def now(self) -> datetime:
@@ -76,6 +85,7 @@ class App:
         self.backend = dialects.backend(self.engine)
         self._lock = threading.Lock()
         self._inline_process: str | None = None
+        self.wakeup = Wakeup()
         self._definitions: dict[str, Definition] = {}
 
     # -- transactions ---------------------------------------------------------------
@@ -84,7 +94,10 @@ class App:
     def begin(self) -> Iterator[Tx]:
         """One transaction; commits when the block exits normally, else rolls back."""
         with self.engine.begin() as conn:
-            yield Tx(conn, self.clock, self.backend)
+            tx = Tx(conn, self.clock, self.backend)
+            yield tx
+        if tx.woken:
+            self.wakeup.notify()
 
     def now(self) -> datetime:
         """Database time, in a transaction of its own."""

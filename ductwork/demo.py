@@ -126,8 +126,9 @@ def main(database_url: str | None = None, orders: int = 12) -> int:
     sync = SyncOrders.trigger(orders)
     refresh = RefreshCatalog.trigger(None)
     stop = threading.Event()
-    loops = [Loop(f"worker-{i}", lambda w=Worker(app): w.run_once() is not None, 0.02, stop) for i in range(4)]
-    loops.append(Loop("advancer", lambda a=Advancer(app): a.run_once() != "idle", 0.02, stop))
+    loops = [Loop(f"worker-{i}", lambda w=Worker(app): w.run_once() is not None, 0.5, stop, app.wakeup)
+             for i in range(4)]
+    loops.append(Loop("advancer", lambda a=Advancer(app): a.run_once() != "idle", 0.5, stop, app.wakeup))
     for loop in loops:
         loop.start()
     deadline = time.monotonic() + 120

@@ -326,6 +326,24 @@ def _sqlite_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, A
                                       set_={c: stmt.excluded[c] for c in update})
 
 
+# --------------------------------------------------------------------------- wakeups
+
+notify_wakeup = Seam("notify_wakeup")
+
+
+@notify_wakeup.for_db("postgresql")
+def _pg_notify(conn: Connection) -> None:
+    # Delivered to listeners only if this transaction commits; coalesced per transaction.
+    conn.exec_driver_sql("SELECT pg_notify('ductwork_wakeup', '')")
+
+
+@notify_wakeup.for_db("mysql", "sqlite")
+def _no_notify(conn: Connection) -> None:
+    # Differs from PostgreSQL in that there is no notification channel: processes
+    # other than this one find the work at their next poll.
+    return None
+
+
 # --------------------------------------------------------------------------- error boundary
 
 _MYSQL_KEY = re.compile(r"for key '(?:[^'.]*\.)?([^']+)'")

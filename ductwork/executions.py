@@ -115,6 +115,7 @@ def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | Non
     )
     if result.rowcount != 1:
         return False
+    tx.wake()  # a slot is free, a retry may be queued, the step may be advanceable
     if limit_key:
         tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == limit_key)
                    .values(seq=seq, updated_at=tx.now))

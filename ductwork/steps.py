@@ -102,6 +102,7 @@ def create_steps(tx: Tx, run_id: str, definition: Definition, new: list[NewStep]
     tx.execute(schema.steps.insert(), step_rows)  # [INV-ADV-1] uq_step_branch_node
     tx.execute(schema.jobs.insert(), job_rows)  # [INV-ADV-1] uq_job_step
     tx.execute(schema.executions.insert(), execution_rows)
+    tx.wake()
     return [row["id"] for row in step_rows]
 
 

@@ -53,6 +53,7 @@ from ductwork import schema
 from ductwork.app import App
 from ductwork.processes import heartbeat, machine_identifier, register
 from ductwork.reaper import reap, reap_stale, sweep_orphans
+from ductwork.wakeup import PgListener, Wakeup
 
 log = logging.getLogger("ductwork.supervisor")
 
@@ -74,16 +75,23 @@ def lease_margin(reaper_timeout: float, heartbeat_interval: float) -> float:
 
 
 class Loop(threading.Thread):
-    """One worker or advancer thread: ``unit()`` returns whether it did something."""
+    """One worker or advancer thread: ``unit()`` returns whether it did something.
 
-    def __init__(self, name: str, unit: Callable[[], bool], idle_wait: float, stop: threading.Event):
+    When idle it waits a jittered ``idle_wait``, or less if ``wakeup`` fires (work
+    became claimable) or ``stop`` is set.
+    """
+
+    def __init__(self, name: str, unit: Callable[[], bool], idle_wait: float, stop: threading.Event,
+                 wakeup: Wakeup | None = None):
         super().__init__(name=name, daemon=True)
         self.unit, self.idle_wait, self.stop = unit, idle_wait, stop
+        self.wakeup = wakeup
         self.rng = random.Random()
         self.busy = False
 
     def run(self) -> None:
         while not self.stop.is_set():
+            seen = self.wakeup.generation if self.wakeup else 0
             try:
                 self.busy = True
                 did = self.unit()
@@ -93,7 +101,11 @@ class Loop(threading.Thread):
             finally:
                 self.busy = False
             if not did:
-                self.stop.wait(jittered(self.idle_wait, self.rng))
+                wait = jittered(self.idle_wait, self.rng)
+                if self.wakeup is None:
+                    self.stop.wait(wait)
+                else:
+                    self.wakeup.wait(seen, wait)
 
 
 class Runner:
@@ -122,7 +134,7 @@ class Runner:
                 advancer = Advancer(self.app, process_id=self.process_id)
                 unit = lambda a=advancer: a.run_once() != "idle"
                 wait = self.app.config.pipeline_advancer.polling_timeout
-            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop))
+            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, self.app.wakeup))
         return loops
 
     def _heartbeats(self) -> None:
@@ -148,7 +160,9 @@ class Runner:
         if self.role == "job_worker":
             rebase_keys(self.app)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop.set())
+            signal.signal(sig, lambda *_: (self.stop.set(), self.app.wakeup.notify()))
+        if self.app.backend == "postgresql":
+            PgListener(self.app, self.stop).start()
         loops = self._units()
         for loop in loops:
             loop.start()

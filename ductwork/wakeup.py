@@ -1,0 +1,79 @@
+"""Waking idle workers when work may have become claimable, instead of at the next poll.
+
+    >>> seen = app.wakeup.generation
+    >>> if not unit_of_work():
+    ...     app.wakeup.wait(seen, timeout=polling_timeout)
+
+A transaction that creates an execution (a new step, a retry) or completes one
+(which frees a concurrency slot) calls :meth:`ductwork.app.Tx.wake`; after it
+commits, every idle thread of this process waiting on :attr:`App.wakeup` wakes
+and polls at once. On PostgreSQL the same transaction also sends
+``NOTIFY ductwork_wakeup`` (delivered only if it commits, coalesced per
+transaction), and each fleet process runs a :class:`PgListener` that turns the
+notification into a local wakeup, so a slot freed on one host is claimed
+promptly on another. MySQL and SQLite have no such channel: other processes
+find the work at their next poll.
+
+A wakeup is only a hint: it never grants anything, the claim re-checks
+everything under its locks, and a lost wakeup costs one polling interval.
+Generations make it race-free: a waiter passes the generation it saw *before*
+doing its last unit of work, so a wakeup during that work is not missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ductwork.app import App
+
+log = logging.getLogger("ductwork.wakeup")
+
+CHANNEL = "ductwork_wakeup"
+
+
+class Wakeup:
+    """An in-process wakeup with a generation counter. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def notify(self) -> None:
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Wait until the generation moves past ``seen`` or ``timeout`` s; True if woken."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._generation != seen, timeout)
+
+
+class PgListener(threading.Thread):
+    """LISTEN on PostgreSQL and relay each notification to ``app.wakeup`` (fleet processes)."""
+
+    def __init__(self, app: App, stop: threading.Event):
+        super().__init__(name="ductwork.pg-listener", daemon=True)
+        self.app, self.stop = app, stop
+
+    def run(self) -> None:
+        import psycopg
+
+        url = self.app.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    while not self.stop.is_set():
+                        for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            self.app.wakeup.notify()
+            except Exception:  # noqa: BLE001 - the listener is a hint; polling still works
+                log.warning("wakeup listener lost its connection; reconnecting", exc_info=True)
+                self.stop.wait(1.0)
