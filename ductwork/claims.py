@@ -266,6 +266,18 @@ def claim_keyed(app: App, key: str, process_id: str) -> Claimed | Refusal:
         return _load(tx, execution_id, process_id)
 
 
+def seconds_to_next_token(app: App) -> float | None:
+    """Seconds until the earliest rate-blocked key that has pending work gets its next
+    token (database time), or None: how long an idle worker may wait before a poll can
+    succeed because of time alone."""
+    k = schema.limit_keys
+    with app.begin() as tx:
+        pending = sa.exists().where(_e.c.pending_lane == k.c.key)
+        soonest = tx.execute(sa.select(sa.func.min(k.c.blocked_until))
+                             .where(k.c.blocked_until > tx.now, pending)).scalar()
+        return None if soonest is None else max(0.0, (soonest - tx.now).total_seconds())
+
+
 def claim_next(app: App, process_id: str) -> Claimed | None:
     """Claim at most one execution: the oldest that its lane's limits admit now."""
     with app.begin() as tx:

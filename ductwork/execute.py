@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ductwork import faults
 from ductwork.context import Context
-from ductwork.claims import claim_next
+from ductwork.claims import claim_next, seconds_to_next_token
 from ductwork.definition import resolve_step
 from ductwork.errors import CommitFailed, StepReturnError
 from ductwork.executions import (Claimed, ErrorInfo, Output, expand_envelope, payload_envelope,
@@ -107,6 +107,8 @@ class Worker:
     def __init__(self, app: App, *, process_id: str | None = None):
         self.app = app
         self._process_id = process_id
+        #: after an idle poll: seconds until a rate-blocked key's next token, if any
+        self.next_token_s: float | None = None
 
     @property
     def process_id(self) -> str:
@@ -116,6 +118,7 @@ class Worker:
         """Claim and run at most one execution. Never sleeps (except inside the step)."""
         claimed = claim_next(self.app, self.process_id)
         if claimed is None:
+            self.next_token_s = seconds_to_next_token(self.app)
             return None
         return self.perform(claimed)
 

@@ -82,10 +82,11 @@ class Loop(threading.Thread):
     """
 
     def __init__(self, name: str, unit: Callable[[], bool], idle_wait: float, stop: threading.Event,
-                 wakeup: Wakeup | None = None):
+                 wakeup: Wakeup | None = None, until_token: Callable[[], float | None] | None = None):
         super().__init__(name=name, daemon=True)
         self.unit, self.idle_wait, self.stop = unit, idle_wait, stop
         self.wakeup = wakeup
+        self.until_token = until_token
         self.rng = random.Random()
         self.busy = False
 
@@ -102,6 +103,9 @@ class Loop(threading.Thread):
                 self.busy = False
             if not did:
                 wait = jittered(self.idle_wait, self.rng)
+                token = self.until_token() if self.until_token else None
+                if token is not None:
+                    wait = min(wait, token)  # a token arrives at an exact time: be there
                 if self.wakeup is None:
                     self.stop.wait(wait)
                 else:
@@ -126,15 +130,17 @@ class Runner:
 
         loops = []
         for i in range(self.threads):
+            token: Callable[[], float | None] | None = None
             if self.role == "job_worker":
                 worker = Worker(self.app, process_id=self.process_id)
                 unit: Callable[[], bool] = lambda w=worker: w.run_once() is not None
+                token = lambda w=worker: w.next_token_s
                 wait = self.app.config.job_worker.polling_timeout
             else:
                 advancer = Advancer(self.app, process_id=self.process_id)
                 unit = lambda a=advancer: a.run_once() != "idle"
                 wait = self.app.config.pipeline_advancer.polling_timeout
-            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, self.app.wakeup))
+            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, self.app.wakeup, token))
         return loops
 
     def _heartbeats(self) -> None:
