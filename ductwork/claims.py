@@ -29,6 +29,7 @@ the same key lock: executions.py).
 
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from ductwork import buckets, dialects, faults, schema
+from ductwork import buckets, dialects, faults, mutants, schema
 from ductwork.clock import from_us
 from ductwork.executions import Claimed
 from ductwork.limits import LimitEntry, entry_digest
@@ -59,6 +60,8 @@ class Lane:
     oldest_at: datetime
     oldest_id: str
     key: str = field(compare=False)  # UNKEYED for the unkeyed lane
+    #: in flight when scanned (a hint only: the claim counts again under the lock)
+    scanned_in_flight: int = field(default=0, compare=False)
 
 
 @dataclass
@@ -103,15 +106,19 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
             entry = app.config.limits.get(key)
             if entry is not None and entry.concurrency is not None and in_flight >= entry.concurrency:
                 continue  # saturated: retried on the next poll, no one knows when a slot frees
-            lanes.append(Lane(oldest_at, oldest_id, key))
+            lanes.append(Lane(oldest_at, oldest_id, key, in_flight))
     unkeyed = tx.execute(
         sa.select(_e.c.eligible_at, _e.c.id)
         .where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= now)
         .order_by(_e.c.eligible_at, _e.c.id).limit(1)
     ).first()
-    if unkeyed is not None:
-        lanes.append(Lane(unkeyed[0], unkeyed[1], UNKEYED))
     lanes.sort()
+    if unkeyed is not None:
+        lane = Lane(unkeyed[0], unkeyed[1], UNKEYED)
+        if mutants.on("unkeyed_first"):
+            lanes.insert(0, lane)
+        else:
+            bisect.insort(lanes, lane)  # [INV-LIM-6] oldest lane first, unkeyed among them
     return lanes
 
 
@@ -196,9 +203,10 @@ def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
 
 def _lock_key(tx: Tx, key: str) -> sa.Row | None:
     k = schema.limit_keys
-    return tx.execute(
-        dialects.for_update(sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key), tx.conn)
-    ).first()
+    stmt = sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key)
+    if mutants.on("no_key_lock"):
+        return tx.execute(stmt).first()
+    return tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock
 
 
 def rebase_keys(app: App) -> list[str]:
@@ -223,10 +231,16 @@ def rebase_keys(app: App) -> list[str]:
     return changed
 
 
-def claim_keyed(app: App, key: str, process_id: str) -> Claimed | Refusal:
+def _is_retry(tx: Tx, execution_id: str) -> bool:
+    return tx.execute(sa.select(_e.c.retry_count).where(_e.c.id == execution_id)).scalar_one() > 0
+
+
+def claim_keyed(app: App, key: str, process_id: str, scanned_in_flight: int | None = None) -> Claimed | Refusal:
     """Claim the oldest eligible execution of ``key`` if its limits admit one now."""
     k = schema.limit_keys
     with app.begin() as tx:
+        if mutants.on("clock_before_lock"):
+            tx.now  # noqa: B018 - the mutant reads the clock before the lock
         header = _lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
         faults.hit(faults.AFTER_KEY_LOCK)
         now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
@@ -240,9 +254,11 @@ def claim_keyed(app: App, key: str, process_id: str) -> Claimed | Refusal:
         in_flight = tx.execute(
             sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
         ).scalar_one()
+        if mutants.on("count_outside_lock") and scanned_in_flight is not None:
+            in_flight = scanned_in_flight
         entry = app.config.limits.get(key)
         old = _rebase(tx, key, entry, header.config_digest, _buckets_of(tx, key))
-        decision = buckets.decide(entry, old, in_flight, now_us)
+        decision = buckets.decide(entry, old, in_flight, now_us, refill_fn=mutants.refill_for_mutants())
         if decision.refused_for == "concurrency":
             return Refusal(key, "concurrency")  # nothing refilled, nothing stamped
         seq = int(header.seq) + 1
@@ -253,9 +269,11 @@ def claim_keyed(app: App, key: str, process_id: str) -> Claimed | Refusal:
                 raise AssertionError(
                     f"key {key!r}: execution {execution_id} taken under the key lock [INV-LIM-1]")
             faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
-        _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
+        if not (mutants.on("no_spend_on_retry") and decision.admitted and _is_retry(tx, execution_id)):
+            _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
         values: dict = {"updated_at": tx.now}
-        if decision.stamp:  # [INV-LIM-5] the exact time of the next token, or cleared
+        if decision.stamp and not (mutants.on("no_stamp") and not decision.admitted):
+            # [INV-LIM-5] the exact time of the next token, or cleared
             values["blocked_until"] = (None if decision.blocked_until_us is None
                                        else from_us(decision.blocked_until_us))
         if decision.admitted:
@@ -288,7 +306,7 @@ def claim_next(app: App, process_id: str) -> Claimed | None:
             if claimed is not None:
                 return claimed
             continue
-        outcome = claim_keyed(app, lane.key, process_id)
+        outcome = claim_keyed(app, lane.key, process_id, lane.scanned_in_flight)
         if isinstance(outcome, Claimed):
             return outcome
     return None
