@@ -1,0 +1,76 @@
+"""Row factories: put ductwork rows in place with only the fields a test is about.
+
+    run_id, branch_id = make_run(app)
+    execution_id = make_execution(app, run_id, branch_id, key="a", eligible_at=app.clock.now())
+
+For tests that drive the claim path directly (the limits conformance machine,
+benchmarks): a job in the claim queue needs its step, job and run rows; the
+step's definition is never routed, so a minimal snapshot is enough.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from ductwork import schema
+from ductwork.ids import new_id
+from ductwork.steps import ensure_limit_keys, new_execution_row
+
+if TYPE_CHECKING:
+    from ductwork.app import App
+
+STEP_CLASS = "tests.factories:Noop"
+PIPELINE_CLASS = "tests.factories:NoopPipeline"
+
+
+def make_run(app: App) -> tuple[str, str]:
+    """A run with one branch (no steps); returns (run_id, branch_id)."""
+    definition = json.dumps({"format": 1, "pipeline": PIPELINE_CLASS, "start": "Noop#0",
+                             "nodes": {"Noop#0": {"klass": STEP_CLASS, "delay_us": None, "timeout_us": None,
+                                                  "limit_by": None}}, "edges": {}}, sort_keys=True)
+    run_id, branch_id = new_id(), new_id()
+    with app.begin() as tx:
+        tx.execute(schema.runs.insert().values(
+            id=run_id, pipeline_klass=PIPELINE_CLASS, definition=definition,
+            definition_sha1=hashlib.sha1(definition.encode()).hexdigest(), status="in_progress",
+            triggered_at=tx.now, created_at=tx.now, updated_at=tx.now))
+        tx.execute(schema.branches.insert().values(
+            id=branch_id, run_id=run_id, status="in_progress", last_advanced_at=tx.now, started_at=tx.now,
+            fanin_arrivals=0, created_at=tx.now, updated_at=tx.now))
+    return run_id, branch_id
+
+
+def make_executions(app: App, run_id: str, branch_id: str, key: str | None, eligible_at: datetime,
+                    count: int = 1) -> list[str]:
+    """``count`` pending executions in lane ``key``, each with its own step and job, in order."""
+    steps, jobs, executions = [], [], []
+    with app.begin() as tx:
+        for _ in range(count):
+            step_id, job_id = new_id(), new_id()
+            steps.append({"id": step_id, "run_id": run_id, "branch_id": branch_id, "node": f"Noop#{step_id}",
+                          "klass": STEP_CLASS, "to_transition": "start", "status": "in_progress",
+                          "limit_key": key, "timeout_us": None, "started_at": tx.now, "completed_at": None,
+                          "created_at": tx.now, "updated_at": tx.now})
+            jobs.append({"id": job_id, "step_id": step_id, "klass": STEP_CLASS, "input_args": "[null]",
+                         "output_payload": None, "started_at": tx.now, "completed_at": None,
+                         "created_at": tx.now, "updated_at": tx.now})
+            executions.append(new_execution_row(job_id, key, eligible_at, 0, 0, tx.now))
+        if key is not None:
+            ensure_limit_keys(tx, [key])
+        tx.execute(schema.steps.insert(), steps)
+        tx.execute(schema.jobs.insert(), jobs)
+        tx.execute(schema.executions.insert(), executions)
+    return [row["id"] for row in executions]
+
+
+def open_execution_of(app: App, job_id: str) -> sa.Row | None:
+    """The job's open (pending or in-flight) execution, if any."""
+    e = schema.executions
+    with app.begin() as tx:
+        return tx.execute(sa.select(e.c.id, e.c.eligible_at, e.c.retry_count, e.c.crash_count)
+                          .where(e.c.job_id == job_id, e.c.completed_at.is_(None))).first()

@@ -1,0 +1,231 @@
+"""The engine's claim path against the model, step by step, on each database.
+
+``LimitsAgainstModel`` drives the engine (a real database, a ManualClock) and
+``model.LimitsModel`` side by side: enqueue keyed, unkeyed and delayed jobs,
+move the clock (by zero, one µs, sub-millisecond and larger steps), claim by
+one of several workers, complete, fail (retries), crash and reap a worker,
+restart with changed limits. After every rule the engine and the model agree on
+each key's in-flight count, bucket levels and ``blocked_until`` stamp, and every
+claim chose the same job.
+
+Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-LIM-7,
+INV-CLK-1 (every decision uses the injected database time), INV-EXE-2, INV-EXE-4.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+
+from ductwork import claims, schema
+from ductwork.app import App
+from ductwork.clock import ManualClock, from_us, to_us
+from ductwork.config import Config
+from ductwork.errors import CommitFailed
+from ductwork.executions import Output, record_failure, record_success
+from ductwork.processes import register
+from ductwork.reaper import reap
+from model import LimitsModel
+from model.invariants import check_all
+from tests.conftest import TEST_CONFIG, reset_tables
+from tests.factories import make_executions, make_run, open_execution_of
+
+KEYS = ("a", "b")
+UNCONFIGURED = "u"  # stamped on jobs, absent from config: claims unlimited
+WORKERS = ("w0", "w1", "w2")
+MAX_RETRY = TEST_CONFIG["job_worker"]["max_retry"]
+MAX_CRASH = TEST_CONFIG["job_worker"]["max_crash"]
+RETRY_DELAY_US = int(TEST_CONFIG["job_worker"]["retry_delay"] * 1_000_000)
+T0 = datetime(2026, 1, 1)
+
+rate_entry = st.fixed_dictionaries(
+    {"limit": st.integers(1, 5), "per": st.sampled_from([1, 2, 60])}, optional={"burst": st.integers(1, 4)})
+key_limits = st.one_of(
+    st.fixed_dictionaries({"concurrency": st.integers(1, 3)}),
+    st.fixed_dictionaries({"rate": st.lists(rate_entry, min_size=1, max_size=2, unique_by=lambda e: e["per"])}),
+    st.fixed_dictionaries({"concurrency": st.integers(1, 3),
+                           "rate": st.lists(rate_entry, min_size=1, max_size=2, unique_by=lambda e: e["per"])}),
+)
+rated = st.fixed_dictionaries(
+    {"rate": st.lists(rate_entry, min_size=1, max_size=2, unique_by=lambda e: e["per"])},
+    optional={"concurrency": st.integers(1, 3)})
+# Key "a" always has rate entries (where buckets live); "b" is anything.
+limit_configs = st.fixed_dictionaries({"a": rated, "b": key_limits})
+clock_steps = st.sampled_from([0, 1, 2, 7, 999, 1_000, 99_999, 250_000, 999_999, 1_000_000, 3_000_000, 61_000_000])
+
+
+def engine_config(limits: dict) -> Config:
+    section = {name: dict(values) for name, values in TEST_CONFIG.items()}
+    section["job_worker"] = {**section["job_worker"], "limits": limits}
+    return Config.from_section(section, source="<conformance>")
+
+
+class LimitsAgainstModel(RuleBasedStateMachine):
+    """Engine and model side by side; rules are operations, invariants compare them."""
+
+    def __init__(self, url: str, engine: sa.Engine):
+        super().__init__()
+        self.url, self.engine = url, engine
+
+    @initialize(limits=limit_configs)
+    def setup(self, limits):
+        self.clock = ManualClock(T0)
+        self.app = App(self.url, engine_config(limits), self.clock, engine=self.engine)
+        reset_tables(self.engine)
+        self.model = LimitsModel(limits)
+        self.run_id, self.branch_id = make_run(self.app)
+        self.process = {w: register(self.app, role="test", label=w) for w in WORKERS}
+        self.generation = {w: 0 for w in WORKERS}
+        self.held: dict[str, tuple[str, object]] = {}  # execution id -> (worker, Claimed)
+        self.keys: dict[str, str | None] = {}  # execution id -> key
+
+    @property
+    def now_us(self) -> int:
+        return to_us(self.clock.now())
+
+    # -- rules ------------------------------------------------------------------------------
+
+    @rule(key=st.sampled_from([None, "a", "a", "b", UNCONFIGURED]),
+          delay_us=st.sampled_from([0, 0, 0, 1, 500_000, 2_000_000]), count=st.integers(1, 3))
+    def enqueue(self, key, delay_us, count):
+        eligible = self.clock.now() + timedelta(microseconds=delay_us)
+        for execution_id in make_executions(self.app, self.run_id, self.branch_id, key, eligible, count):
+            self.model.enqueue(execution_id, key, self.now_us + delay_us)
+            self.keys[execution_id] = key
+
+    @rule(microseconds=clock_steps)
+    def advance_clock(self, microseconds):
+        self.clock.advance(microseconds=microseconds)
+
+    @precondition(lambda self: hasattr(self, "model") and any(s is not None and s > self.now_us
+                                   for s in (self.model.blocked_until(k) for k in KEYS)))
+    @rule(offset=st.sampled_from([-1, 0, 0, 1]))
+    def advance_to_next_stamp(self, offset):
+        """Jump to a rate-blocked key's stamp (one µs before, at, or after it) [INV-LIM-5]."""
+        soonest = min(s for s in (self.model.blocked_until(k) for k in KEYS) if s is not None and s > self.now_us)
+        target = soonest + offset
+        if target > self.now_us:
+            self.clock.set(from_us(target))
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def claim(self, worker):
+        name = f"{worker}.{self.generation[worker]}"
+        claimed = claims.claim_next(self.app, self.process[worker])
+        expected = self.model.claim(name, self.now_us)
+        got = None if claimed is None else claimed.execution_id
+        assert got == expected, f"INV-LIM-6: engine claimed {got}, model {expected} at {self.now_us}"
+        if claimed is not None:
+            self.held[claimed.execution_id] = (worker, claimed)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def complete(self, data):
+        execution_id = data.draw(st.sampled_from(sorted(self.held)))
+        worker, claimed = self.held.pop(execution_id)
+        record_success(self.app, claimed, Output('{"payload": null}'))
+        self.model.complete(execution_id, self.now_us)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def fail(self, data):
+        """The step raised: the execution completes as a failure and a retry is queued."""
+        execution_id = data.draw(st.sampled_from(sorted(self.held)))
+        worker, claimed = self.held.pop(execution_id)
+        retried = record_failure(self.app, claimed, RuntimeError("boom"))
+        self.model.complete(execution_id, self.now_us, "failure")
+        assert retried == (claimed.retry_count < MAX_RETRY), "INV-EXE-4: retry budget"
+        if retried:
+            follow = open_execution_of(self.app, claimed.job_id)
+            assert to_us(follow.eligible_at) == self.now_us + RETRY_DELAY_US
+            self.model.enqueue(follow.id, self.keys[execution_id], self.now_us + RETRY_DELAY_US)
+            self.keys[follow.id] = self.keys[execution_id]
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def crash_and_reap(self, worker):
+        """The worker dies; its supervisor force-reaps it and starts a replacement."""
+        name = f"{worker}.{self.generation[worker]}"
+        mine = {eid: c for eid, (w, c) in self.held.items() if w == worker}
+        self.model.crash_worker(name, self.now_us)
+        assert reap(self.app, self.process[worker], force=True)
+        requeue = {}
+        for execution_id, claimed in mine.items():
+            del self.held[execution_id]
+            follow = open_execution_of(self.app, claimed.job_id)
+            count = claimed.crash_count + 1
+            if claimed.crash_count >= MAX_CRASH:
+                assert follow is None, "INV-EXE-4: crash budget spent"
+                continue
+            expected_at = self.now_us + (0 if count <= MAX_CRASH // 3 else 10_000_000 * count)
+            assert to_us(follow.eligible_at) == expected_at
+            requeue[execution_id] = (follow.id, expected_at)
+            self.keys[follow.id] = self.keys[execution_id]
+        self.model.reap(name, self.now_us, requeue=requeue)
+        with pytest.raises(CommitFailed):  # INV-EXE-2: a reaped owner's late commit is rejected
+            for claimed in mine.values():
+                record_success(self.app, claimed, Output('{"payload": null}'))
+            raise CommitFailed("none held", None)
+        self.generation[worker] += 1
+        self.process[worker] = register(self.app, role="test", label=f"{worker}.{self.generation[worker]}")
+
+    @rule(limits=limit_configs)
+    def restart_with(self, limits):
+        """The fleet restarts with new limit values: a new app re-bases every key at boot."""
+        self.app = App(self.url, engine_config(limits), self.clock, engine=self.engine)
+        claims.rebase_keys(self.app)
+        self.model.restart_with(limits, self.now_us)
+
+    # -- the comparison, after every rule --------------------------------------------------------
+
+    def _engine_key(self, key: str) -> tuple[int, list[int | None], int | None]:
+        e, k, b = schema.executions, schema.limit_keys, schema.limit_buckets
+        with self.engine.connect() as conn:
+            in_flight = conn.execute(sa.select(sa.func.count()).where(e.c.inflight_key == key)).scalar_one()
+            blocked = conn.execute(sa.select(k.c.blocked_until).where(k.c.key == key)).scalar()
+            stored = dict(conn.execute(sa.select(b.c.period_s, b.c.level_units).where(b.c.key == key)).all())
+        entry = self.app.config.limits.get(key)
+        levels = [stored.get(rate.per_s) for rate in (entry.rates if entry else ())]
+        return in_flight, levels, None if blocked is None else to_us(blocked)
+
+    @invariant()
+    def inv_lim_engine_agrees_with_model(self):
+        """In-flight counts, bucket levels and stamps are the model's, key by key."""
+        if not hasattr(self, "model"):
+            return
+        for key in (*KEYS, UNCONFIGURED):
+            in_flight, levels, blocked = self._engine_key(key)
+            assert in_flight == self.model.in_flight(key), f"INV-LIM-1/3: {key} in flight"
+            assert levels == self.model.levels(key), f"INV-LIM-4: {key} levels {levels} != {self.model.levels(key)}"
+            assert blocked == self.model.blocked_until(key), (
+                f"INV-LIM-5: {key} blocked_until {blocked} != {self.model.blocked_until(key)}")
+
+    @invariant()
+    def inv_lim_model_invariants_hold(self):
+        if hasattr(self, "model"):
+            check_all(self.model)
+
+
+CONFORMANCE = {"dev": (10, 40), "ci": (40, 50), "deep": (400, 100)}
+
+
+def conformance_settings(**overrides) -> settings:
+    """Examples and steps per HYPOTHESIS_PROFILE (each example resets the database)."""
+    import os
+
+    examples, steps = CONFORMANCE.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), CONFORMANCE["dev"])
+    chosen = {"max_examples": examples, "stateful_step_count": steps, "deadline": None, **overrides}
+    return settings(settings(), **chosen)
+
+
+def test_limits_engine_agrees_with_model(db_url):
+    from ductwork import dialects
+
+    engine = dialects.create_engine(db_url)
+    try:
+        run_state_machine_as_test(lambda: LimitsAgainstModel(db_url, engine), settings=conformance_settings())
+    finally:
+        engine.dispose()
