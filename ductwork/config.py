@@ -164,6 +164,9 @@ class JobWorkerConfig:
     shutdown_timeout: float = 20.0
     #: seconds before a failed execution is retried
     retry_delay: float = 10.0
+    #: seconds per crash that a crashed execution waits before it re-runs, once past
+    #: the first third of ``max_crash`` (which re-run at once); 10 s as in the Ruby engine
+    crash_backoff: float = 10.0
     #: per-pipeline/per-step ``max_retry``: ``{pipeline: {"default" | step: n}}``
     max_retry_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
     #: per-pipeline/per-step ``max_crash``, same shape
@@ -216,7 +219,8 @@ class SupervisorConfig:
     heartbeat_interval: float = 5.0
 
 
-_JOB_WORKER_SCALARS = ("count", "processes", "polling_timeout", "shutdown_timeout", "retry_delay")
+_JOB_WORKER_SCALARS = ("count", "processes", "polling_timeout", "shutdown_timeout", "retry_delay",
+                       "crash_backoff")
 _JOB_WORKER_KEYS = _JOB_WORKER_SCALARS + ("max_retry", "max_crash", "limits")
 _ADVANCER_KEYS = tuple(f.name for f in dataclasses.fields(PipelineAdvancerConfig))
 _SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))

@@ -39,7 +39,6 @@ from ductwork.steps import new_execution_row
 if TYPE_CHECKING:
     from ductwork.app import App, Tx
 
-CRASH_BACKOFF = timedelta(seconds=10)
 MESSAGE_LIMIT = 255
 BACKTRACE_FRAMES = 10
 
@@ -196,7 +195,8 @@ def crash_in(app: App, tx: Tx, execution_id: str, owner: str | None, error_klass
     max_crash = app.config.job_worker.max_crash_for(pipeline, klass)
     if crash_count < max_crash:  # [INV-EXE-4]
         count = crash_count + 1
-        eligible = tx.now if count <= max_crash // 3 else tx.now + CRASH_BACKOFF * count
+        backoff = timedelta(seconds=app.config.job_worker.crash_backoff)
+        eligible = tx.now if count <= max_crash // 3 else tx.now + backoff * count
         tx.execute(schema.executions.insert().values(**new_execution_row(
             job_id, limit_key, eligible, retry_count, count, tx.now)))
     else:

@@ -56,7 +56,7 @@ def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id
     else:
         server = databases.server_for_session(kind, worker_id)
         if isinstance(server, str):
-            pytest.skip(server)
+            databases.skip_or_fail(server)
         url = databases.fresh_database(server, databases.database_name(worker_id))
     engine = dialects.create_engine(url)
     try:
@@ -93,7 +93,7 @@ def reset_tables(engine) -> None:  # type: ignore[no-untyped-def]
 
 
 TEST_CONFIG = {
-    "job_worker": {"retry_delay": 0.01, "max_retry": 2, "max_crash": 4},
+    "job_worker": {"retry_delay": 0.01, "max_retry": 2, "max_crash": 4, "crash_backoff": 10},
     "pipeline_advancer": {"max_retry": 2, "max_crash": 3, "expand_batch": 4},
     "supervisor": {"reaper_timeout": 5, "heartbeat_interval": 0.5, "polling_timeout": 0.2},
 }

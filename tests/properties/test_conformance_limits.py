@@ -41,6 +41,7 @@ WORKERS = ("w0", "w1", "w2")
 MAX_RETRY = TEST_CONFIG["job_worker"]["max_retry"]
 MAX_CRASH = TEST_CONFIG["job_worker"]["max_crash"]
 RETRY_DELAY_US = int(TEST_CONFIG["job_worker"]["retry_delay"] * 1_000_000)
+CRASH_BACKOFF_US = int(TEST_CONFIG["job_worker"]["crash_backoff"] * 1_000_000)
 T0 = datetime(2026, 1, 1)
 
 rate_entry = st.fixed_dictionaries(
@@ -160,7 +161,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
             if claimed.crash_count >= MAX_CRASH:
                 assert follow is None, "INV-EXE-4: crash budget spent"
                 continue
-            expected_at = self.now_us + (0 if count <= MAX_CRASH // 3 else 10_000_000 * count)
+            expected_at = self.now_us + (0 if count <= MAX_CRASH // 3 else CRASH_BACKOFF_US * count)
             assert to_us(follow.eligible_at) == expected_at
             requeue[execution_id] = (follow.id, expected_at)
             self.keys[follow.id] = self.keys[execution_id]
