@@ -143,6 +143,8 @@ class Advancer:
         self._process_id = process_id
         self.rng = rng or random.Random()
         self._unreleased: list[BranchClaim] = []
+        #: the advancement this advancer is working on (what a runner's reconciliation skips)
+        self.current: str | None = None
 
     @property
     def process_id(self) -> str:
@@ -173,10 +175,12 @@ class Advancer:
                 break
         if claim is None:
             return "contended"
+        self.current = claim.advancement_id
         try:
             faults.hit(faults.AFTER_BRANCH_CLAIM)
             result = self.advance(claim)
         finally:
+            self.current = None
             if not claim.closed:
                 self._abandon(claim)
         faults.hit(faults.AFTER_BRANCH_ADVANCEMENT)

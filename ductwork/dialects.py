@@ -416,14 +416,20 @@ def is_disconnect(error: BaseException) -> bool:
     return isinstance(error, exc.DBAPIError) and bool(error.connection_invalidated)
 
 
-def retry_transient(fn: Callable[[], Any], *, attempts: int = 5) -> Any:
+def retry_transient(fn: Callable[[], Any], *, attempts: int = 8) -> Any:
     """Run ``fn`` (one whole transaction), retrying it when the database rolled it back
-    for contention. Anything else propagates at once."""
+    for contention or the connection was lost; back-off doubles from 50 ms to 2 s
+    (about 6 s in all). Anything else, or the last failure, propagates.
+
+    Only for transactions that are safe to repeat: a commit whose acknowledgement was
+    lost is repeated too, so the transaction must be guarded (the outcome writes match
+    nothing the second time and say so).
+    """
     for attempt in range(attempts):
         try:
             return fn()
         except exc.DBAPIError as error:
             if attempt + 1 == attempts or not (is_retryable(error) or is_disconnect(error)):
                 raise
-            time.sleep(0.01 * (attempt + 1))
+            time.sleep(min(2.0, 0.05 * 2 ** attempt))
     raise AssertionError("unreachable")

@@ -35,6 +35,7 @@ from ductwork import faults
 from ductwork.context import Context
 from ductwork.claims import claim_next, seconds_to_next_token
 from ductwork.definition import resolve_step
+from ductwork.dialects import retry_transient
 from ductwork.errors import CommitFailed, StepReturnError
 from ductwork.executions import (Claimed, ErrorInfo, Output, expand_envelope, payload_envelope,
                                  record_crash, record_failure, record_success)
@@ -109,6 +110,8 @@ class Worker:
         self._process_id = process_id
         #: after an idle poll: seconds until a rate-blocked key's next token, if any
         self.next_token_s: float | None = None
+        #: the execution this worker is performing (what a runner's reconciliation skips)
+        self.current: str | None = None
 
     @property
     def process_id(self) -> str:
@@ -125,13 +128,17 @@ class Worker:
     def perform(self, claimed: Claimed) -> Performed:
         """Run a claimed execution and record its outcome; on any escape, crash it."""
         recorded = False
+        self.current = claimed.execution_id
         try:
             faults.hit(faults.AFTER_JOB_CLAIM)
             outcome = self._perform(claimed)
             recorded = True
             return Performed(claimed.execution_id, claimed.node, outcome)
         finally:
+            self.current = None
             if not recorded:  # an exception (or thread exit) escaped: never leave the claim held
+                # (if the database is unreachable this fails too; the runner's
+                # reconciliation crashes the orphaned claim once it answers again)
                 record_crash(self.app, claimed.execution_id, claimed.process_id, ABANDONED,
                              "execution abandoned by its worker thread")
 
@@ -153,22 +160,25 @@ class Worker:
                 faults.hit(faults.DURING_JOB_EXECUTION)
             except BuildFailed as failed:
                 info = failed.info
-                record_crash(self.app, claimed.execution_id, claimed.process_id, info.klass, info.message,
-                             info.backtrace)
+                retry_transient(lambda: record_crash(self.app, claimed.execution_id, claimed.process_id,
+                                                     info.klass, info.message, info.backtrace))
                 return "process_crashed"
             except StepTimedOut as timed_out:
-                record_failure(self.app, claimed, timed_out, outcome="timed_out")
+                retry_transient(lambda: record_failure(self.app, claimed, timed_out, outcome="timed_out"))
                 return "timed_out"
             except ChildStepError as error:
-                record_failure(self.app, claimed, error.info)
+                retry_transient(lambda: record_failure(self.app, claimed, error.info))
                 return "failure"
             except Exception as error:  # noqa: BLE001 - the step's own failure: retried, never lost
-                record_failure(self.app, claimed, error)
+                info = ErrorInfo.of(error)
+                retry_transient(lambda: record_failure(self.app, claimed, info))
                 return "failure"
             # AT-LEAST-ONCE: execute() has run and its side effects are durable. The
             # commit below can still fail (CommitFailed) if the reaper took the claim;
             # then the reaper's re-run is the live execution and the step runs again.
-            record_success(self.app, claimed, output)
+            # Repeated on a lost connection: a commit whose acknowledgement was lost is seen
+            # as CommitFailed the second time (the guarded update matches nothing).
+            retry_transient(lambda: record_success(self.app, claimed, output))
             faults.hit(faults.AFTER_JOB_COMMIT)
             return "success"
         except CommitFailed as failed:

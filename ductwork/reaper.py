@@ -56,7 +56,8 @@ def reap_stale(app: App, own_process_id: str | None) -> list[str]:
     return [pid for pid in ids if reap(app, pid, force=False)]
 
 
-def _release_advancement(tx: Tx, advancement_id: str, branch_id: str, token: str, message: str) -> None:
+def release_advancement(tx: Tx, advancement_id: str, branch_id: str, token: str, message: str) -> None:
+    """Close an open advancement as a crash and release its branch if that claim still holds it."""
     closed = tx.execute(
         _a.update().where(_a.c.id == advancement_id, _a.c.completed_at.is_(None))
         .values(completed_at=tx.now, updated_at=tx.now, error_klass=PROCESS_CRASH, error_message=message)
@@ -97,7 +98,7 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
         for execution_id, _ in executions:
             crash_in(app, tx, execution_id, process_id, PROCESS_CRASH, "Reaped from a dead process")
         for advancement_id, branch_id, token in advancements:
-            _release_advancement(tx, advancement_id, branch_id, token, "Reaped from a dead process")
+            release_advancement(tx, advancement_id, branch_id, token, "Reaped from a dead process")
         faults.hit(faults.DURING_REAP)
         # Deleting the row nullifies process_id on claims that raced in after our read;
         # they are the orphan sweep's.
@@ -119,6 +120,6 @@ def sweep_orphans(app: App) -> int:
             .where(_a.c.process_id.is_(None), _a.c.completed_at.is_(None), _a.c.started_at <= threshold)
         ).all()
         for advancement_id, branch_id, token in advancements:
-            _release_advancement(tx, advancement_id, branch_id, token, "Orphaned claim swept")
+            release_advancement(tx, advancement_id, branch_id, token, "Orphaned claim swept")
     swept = sum(record_crash(app, eid, None, ORPHANED, "Orphaned claim swept") for eid in executions)
     return swept + len(advancements)

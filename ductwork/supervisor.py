@@ -59,6 +59,7 @@ log = logging.getLogger("ductwork.supervisor")
 
 EXIT_LEASE_LOST = 75
 KILL_CONFIRM_S = 5.0
+RECONCILE_GRACE_S = 5.0
 
 
 def jittered(seconds: float, rng: random.Random) -> float:
@@ -121,6 +122,7 @@ class Runner:
         self.app, self.role, self.threads, self.label = app, role, threads, label
         self.stop = threading.Event()
         self.process_id = ""
+        self.units: list = []  # the Worker or Advancer of each thread
         self._last_heartbeat_sent = time.monotonic()
         self._reaped = False
 
@@ -133,11 +135,13 @@ class Runner:
             token: Callable[[], float | None] | None = None
             if self.role == "job_worker":
                 worker = Worker(self.app, process_id=self.process_id)
+                self.units.append(worker)
                 unit: Callable[[], bool] = lambda w=worker: w.run_once() is not None
                 token = lambda w=worker: w.next_token_s
                 wait = self.app.config.job_worker.polling_timeout
             else:
                 advancer = Advancer(self.app, process_id=self.process_id)
+                self.units.append(advancer)
                 unit = lambda a=advancer: a.run_once() != "idle"
                 wait = self.app.config.pipeline_advancer.polling_timeout
             loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, self.app.wakeup, token))
@@ -156,6 +160,10 @@ class Runner:
                     self._reaped = True
                     return
                 self._last_heartbeat_sent = sent
+                try:
+                    reconcile(self.app, self.process_id, {u.current for u in self.units if u.current})
+                except Exception:  # noqa: BLE001 - retried at the next heartbeat
+                    log.warning("reconciliation failed", exc_info=True)
             self.stop.wait(interval)
 
     def run(self) -> int:
@@ -194,6 +202,39 @@ class Runner:
         reap(self.app, self.process_id, force=True)  # nothing in hand: just remove the row
         self.app.dispose()
         return 0
+
+
+def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONCILE_GRACE_S) -> int:
+    """Recover claims recorded under this live process that none of its threads holds.
+
+    They arise when a transaction's commit reached the database but its
+    acknowledgement did not (a killed connection), or when a thread's cleanup could
+    not reach the database: the process lives, so no reaper would ever take them.
+    Claims younger than ``grace_s`` are left alone (their thread may not have
+    registered them yet). Executions are crashed (re-run within the crash budget),
+    advancements closed and their branches released, token-guarded.
+    """
+    from datetime import timedelta
+
+    from ductwork.executions import record_crash
+    from ductwork.reaper import release_advancement
+
+    e, a = schema.executions, schema.advancements
+    with app.begin() as tx:
+        before = tx.now - timedelta(seconds=grace_s)
+        executions = [i for i in tx.execute(sa.select(e.c.id).where(
+            e.c.process_id == process_id, e.c.completed_at.is_(None), e.c.claimed_at <= before)).scalars()
+            if i not in held]
+        advancements = [row for row in tx.execute(sa.select(a.c.id, a.c.branch_id, a.c.claim_token).where(
+            a.c.process_id == process_id, a.c.completed_at.is_(None), a.c.started_at <= before))
+            if row.id not in held]
+        for advancement_id, branch_id, token in advancements:
+            release_advancement(tx, advancement_id, branch_id, token, "Claim held by no thread of its process")
+    recovered = sum(record_crash(app, i, process_id, "ductwork.AbandonedClaim",
+                                 "claim held by no thread of its process") for i in executions)
+    if recovered or advancements:
+        log.warning("reconciled %d executions and %d advancements held by no thread", recovered, len(advancements))
+    return recovered + len(advancements)
 
 
 # --------------------------------------------------------------------------- supervisor

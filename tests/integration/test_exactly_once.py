@@ -239,3 +239,30 @@ def test_named_unique_constraints_exist_on_every_database(app, constraint):
         with app.begin() as tx:
             tx.execute(table.insert().values(**row))
     assert violated_constraint(info.value) == constraint
+
+
+def test_a_live_process_recovers_claims_no_thread_holds(manual_app):
+    """An acknowledgement lost with a killed connection leaves a claim in a live process's
+    name that none of its threads knows: reconciliation recovers it, after a grace period,
+    and leaves held claims alone."""
+    from datetime import timedelta
+
+    from ductwork.supervisor import RECONCILE_GRACE_S, reconcile
+
+    app = manual_app
+    (pid,) = processes(app, 1)
+    TwoStep.trigger(1)
+    TwoStep.trigger(2)
+    orphan, held = claim_next(app, pid), claim_next(app, pid)
+    assert reconcile(app, pid, {held.execution_id}) == 0  # too young: its thread may be registering it
+    app.clock.advance(timedelta(seconds=RECONCILE_GRACE_S))
+    assert reconcile(app, pid, {held.execution_id}) == 1
+    e = schema.executions
+    with app.begin() as tx:
+        rows = dict(tx.execute(sa.select(e.c.id, e.c.outcome)
+                               .where(e.c.id.in_([orphan.execution_id, held.execution_id]))).all())
+    assert rows == {orphan.execution_id: "process_crashed", held.execution_id: None}
+    with app.begin() as tx:  # the orphan's step runs again; the held one is still its thread's
+        rerun = tx.execute(sa.select(e.c.crash_count).where(e.c.job_id == orphan.job_id,
+                                                            e.c.completed_at.is_(None))).scalar_one()
+    assert rerun == 1
