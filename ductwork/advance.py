@@ -162,7 +162,7 @@ class Advancer:
         self._retry_cleanups()
         cfg = self.app.config.pipeline_advancer
         window = max(20, min(100, 4 * cfg.count))
-        with self.app.begin() as tx:
+        with self.app.begin(readonly=True) as tx:
             ids = candidates(tx, window)
         if not ids:
             return "idle"

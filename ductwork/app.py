@@ -91,11 +91,20 @@ class App:
     # -- transactions ---------------------------------------------------------------
 
     @contextlib.contextmanager
-    def begin(self) -> Iterator[Tx]:
-        """One transaction; commits when the block exits normally, else rolls back."""
-        with self.engine.begin() as conn:
-            tx = Tx(conn, self.clock, self.backend)
-            yield tx
+    def begin(self, *, readonly: bool = False) -> Iterator[Tx]:
+        """One transaction; commits when the block exits normally, else rolls back.
+
+        ``readonly``: the block only reads (a lane scan, a candidate query, status).
+        On SQLite it then starts deferred and takes no write lock, so readers do not
+        queue behind writers; a decision made on what it read is re-checked by a
+        writing transaction anyway.
+        """
+        with self.engine.connect() as conn:
+            if readonly:
+                conn = conn.execution_options(ductwork_readonly=True)
+            with conn.begin():
+                tx = Tx(conn, self.clock, self.backend)
+                yield tx
         if tx.woken:
             self.wakeup.notify()
 

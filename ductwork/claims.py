@@ -289,7 +289,7 @@ def seconds_to_next_token(app: App) -> float | None:
     token (database time), or None: how long an idle worker may wait before a poll can
     succeed because of time alone."""
     k = schema.limit_keys
-    with app.begin() as tx:
+    with app.begin(readonly=True) as tx:
         pending = sa.exists().where(_e.c.pending_lane == k.c.key)
         soonest = tx.execute(sa.select(sa.func.min(k.c.blocked_until))
                              .where(k.c.blocked_until > tx.now, pending)).scalar()
@@ -298,7 +298,7 @@ def seconds_to_next_token(app: App) -> float | None:
 
 def claim_next(app: App, process_id: str) -> Claimed | None:
     """Claim at most one execution: the oldest that its lane's limits admit now."""
-    with app.begin() as tx:
+    with app.begin(readonly=True) as tx:
         lanes = scan_lanes(app, tx)
     for lane in lanes:
         if lane.key == UNKEYED:

@@ -46,7 +46,7 @@ class Context:
     def get(self, key: str) -> Any:
         """The value set for ``key`` in this run, or None."""
         self._check_key(key)
-        with self._app.begin() as tx:
+        with self._app.begin(readonly=True) as tx:
             text = tx.execute(
                 sa.select(schema.context.c.value).where(
                     schema.context.c.run_id == self.run_id, schema.context.c.key == key

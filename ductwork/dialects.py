@@ -189,7 +189,11 @@ def _sqlite_hooks(engine: Engine, busy_timeout: float) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A read-only transaction (App.begin(readonly=True)) starts deferred: under WAL
+        # it reads a snapshot without the write lock, so readers never queue behind
+        # writers. Everything that decides and writes starts IMMEDIATE.
+        readonly = conn.get_execution_options().get("ductwork_readonly")
+        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
 
 # --------------------------------------------------------------------------- the clock

@@ -48,7 +48,7 @@ def _stale_before(app: App, tx: Tx, factor: int = 1) -> object:
 
 def reap_stale(app: App, own_process_id: str | None) -> list[str]:
     """Reap every process whose heartbeat is older than ``reaper_timeout`` (never our own)."""
-    with app.begin() as tx:
+    with app.begin(readonly=True) as tx:
         stmt = sa.select(_p.c.id).where(_p.c.last_heartbeat_at <= _stale_before(app, tx))
         if own_process_id is not None:
             stmt = stmt.where(_p.c.id != own_process_id)

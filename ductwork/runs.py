@@ -146,7 +146,7 @@ class Run:
         self.refresh()
 
     def refresh(self) -> Run:
-        with self.app.begin() as tx:
+        with self.app.begin(readonly=True) as tx:
             row = tx.execute(
                 sa.select(schema.runs.c.status, schema.runs.c.pipeline_klass, schema.runs.c.triggered_at)
                 .where(schema.runs.c.id == self.id)
@@ -172,7 +172,7 @@ class Run:
     def steps(self) -> list[StepInfo]:
         """Every step of the run, in start order, with inputs and outputs."""
         s, j = schema.steps, schema.jobs
-        with self.app.begin() as tx:
+        with self.app.begin(readonly=True) as tx:
             rows = tx.execute(
                 sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition,
                           j.c.input_args, j.c.output_payload, s.c.started_at)

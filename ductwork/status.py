@@ -46,7 +46,7 @@ class Status:
 
 def snapshot(app: App) -> Status:
     r, p, k, e, b = schema.runs, schema.processes, schema.limit_keys, schema.executions, schema.limit_buckets
-    with app.begin() as tx:
+    with app.begin(readonly=True) as tx:
         now = tx.now
         runs = dict(tx.execute(sa.select(r.c.status, sa.func.count()).group_by(r.c.status)).all())
         procs = [(pid, role, label, ospid, (now - beat).total_seconds())

@@ -60,6 +60,7 @@ log = logging.getLogger("ductwork.supervisor")
 EXIT_LEASE_LOST = 75
 KILL_CONFIRM_S = 5.0
 RECONCILE_GRACE_S = 5.0
+STARTUP_GRACE_S = 60.0
 
 
 def jittered(seconds: float, rng: random.Random) -> float:
@@ -282,7 +283,7 @@ class Supervisor:
         log.info("started %s (pid %d)", child.label, child.proc.pid)
 
     def _rows_of(self, pid: int) -> list[str]:
-        with self.app.begin() as tx:
+        with self.app.begin(readonly=True) as tx:
             return list(tx.execute(
                 sa.select(schema.processes.c.id).where(schema.processes.c.pid == pid,
                                                        schema.processes.c.machine_identifier == machine_identifier())
@@ -306,16 +307,21 @@ class Supervisor:
             return False
 
     def _stale(self, child: Child) -> bool:
+        """A running child whose heartbeat is older than its lease allows (it should have
+        killed itself), or that never registered within ``STARTUP_GRACE_S``."""
         cfg = self.app.config.supervisor
         threshold = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval) / 2
-        if child.proc is None or time.monotonic() - child.started < threshold:
+        age = time.monotonic() - child.started
+        if child.proc is None or age < threshold:
             return False
-        with self.app.begin() as tx:
+        with self.app.begin(readonly=True) as tx:
             last = tx.execute(sa.select(sa.func.max(schema.processes.c.last_heartbeat_at))
                               .where(schema.processes.c.pid == child.proc.pid,
                                      schema.processes.c.machine_identifier == machine_identifier())).scalar()
             now = tx.now
-        return last is None or (now - last).total_seconds() > threshold
+        if last is None:  # still starting (imports, connecting, registering)
+            return age > max(STARTUP_GRACE_S, cfg.reaper_timeout)
+        return (now - last).total_seconds() > threshold
 
     def check_children(self) -> None:
         now = time.monotonic()

@@ -35,7 +35,7 @@ __all__ = ["drain"]
 
 
 def _unsettled(app: App) -> list[str]:
-    with app.begin() as tx:
+    with app.begin(readonly=True) as tx:
         return list(tx.execute(
             sa.select(schema.runs.c.id).where(schema.runs.c.status == "in_progress").limit(20)
         ).scalars())
@@ -45,7 +45,7 @@ def _next_wake(app: App) -> tuple[datetime | None, datetime]:
     """The next moment something waiting on time may run: a delayed or backed-off execution
     becoming eligible, or a rate-blocked key's next token."""
     e, k = schema.executions, schema.limit_keys
-    with app.begin() as tx:
+    with app.begin(readonly=True) as tx:
         now = tx.now
         at = tx.execute(sa.select(sa.func.min(e.c.eligible_at))
                         .where(e.c.claimed_at.is_(None), e.c.eligible_at > now)).scalar()

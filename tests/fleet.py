@@ -83,6 +83,10 @@ class Fleet:
     def __exit__(self, *exc: object) -> None:
         self.kill_host()
 
+    def close_log(self) -> None:
+        if hasattr(self, "_log") and not self._log.closed:
+            self._log.close()
+
     def kill_host(self) -> None:
         """SIGKILL the supervisor and every child at once (the host vanished)."""
         if self.proc is not None and self.proc.poll() is None:
@@ -96,7 +100,7 @@ class Fleet:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # children that outlived the supervisor
             except ProcessLookupError:
                 pass
-        self._log.close() if hasattr(self, "_log") else None
+        self.close_log()
 
     def terminate(self, timeout: float = 30.0) -> int:
         """SIGTERM the supervisor and wait for it: a graceful shutdown."""

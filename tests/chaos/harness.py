@@ -1,0 +1,289 @@
+"""One chaos round: a real fleet on a real database, attacked, then checked.
+
+    result = ChaosRound(seed=7, url=url, server=server, workdir=tmp, backend="postgresql").run()
+    assert result.violations == {}
+
+A round
+
+1. starts two ``ductwork start`` hosts (supervisor, one advancer process, two
+   worker processes of three threads each) with short timeouts;
+2. triggers the chaos workload (every transition; keys with concurrency and
+   multi-entry rates shared across pipelines; retries; delays);
+3. runs a **kill plan** drawn from ``random.Random(seed)`` before the round starts,
+   so the same seed attacks at the same moments in the same way: SIGKILL a
+   random worker, advancer or supervisor (restarted), kill a whole host
+   (restarted, sometimes with a fault checkpoint armed so its children die there),
+   terminate the fleet's database connections from the server side, and, where
+   the database runs in a container, restart the server once;
+4. a **quiet phase**: faults off, a healthy fleet, until every run is completed,
+   halted or dampened (bounded);
+5. stops the fleet, reads the history (execution, step, branch and run rows,
+   witness rows the step bodies wrote, the harness's own kill log) and runs the
+   independent checkers of ``tests/chaos/checkers.py`` over it.
+
+The history is written as JSONL (with the seed, the plan and the database
+version) so the checkers can be re-run offline; a failure prints the command that
+replays the round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from ductwork import faults, schema
+from ductwork.app import App
+from ductwork.config import Config
+from tests.chaos.checkers import check_all
+from tests.chaos.history import History, read_history
+from tests.chaos.workload import LIMITS, PIPELINES, WITNESS, trigger_workload
+from tests.fleet import Fleet, process_rows, wait_for, write_config
+
+SETTINGS = {
+    "job_worker": {"count": 3, "processes": 2, "polling_timeout": 0.1, "retry_delay": 0.1, "max_retry": 3,
+                   "max_crash": 30, "crash_backoff": 0.1, "shutdown_timeout": 2},
+    "pipeline_advancer": {"count": 2, "polling_timeout": 0.1, "expand_batch": 25, "max_crash": 30,
+                          "shutdown_timeout": 2},
+    "supervisor": {"polling_timeout": 0.2, "reaper_timeout": 3, "heartbeat_interval": 0.2, "shutdown_timeout": 6},
+}
+HOSTS = ("host-a", "host-b")
+#: action -> weight in the plan
+ACTIONS = {
+    "kill_worker": 6, "kill_advancer": 3, "kill_supervisor": 2, "kill_host": 2,
+    "kill_host_at_checkpoint": 2, "terminate_connections": 3,
+}
+FAULTABLE = [c for c in faults.CHECKPOINTS if c != faults.DURING_REAP]
+
+
+def make_plan(seed: int, duration_s: float, *, connections: bool, container: bool) -> list[dict]:
+    """The round's fault schedule, entirely from ``seed``."""
+    rng = random.Random(seed)
+    actions = {a: w for a, w in ACTIONS.items() if connections or a != "terminate_connections"}
+    plan, at = [], 0.5
+    while at < duration_s:
+        action = rng.choices(list(actions), weights=list(actions.values()))[0]
+        event: dict[str, Any] = {"at_s": round(at, 3), "action": action, "pick": rng.random(),
+                                 "host": rng.choice(HOSTS), "down_s": round(rng.uniform(0.2, 1.5), 3)}
+        if action == "kill_host_at_checkpoint":
+            event["fault"] = f"{rng.choice(FAULTABLE)}:kill:{rng.randint(2, 12)}"
+        plan.append(event)
+        at += rng.uniform(0.4, 1.2)
+    if container:
+        plan.append({"at_s": round(duration_s / 2, 3), "action": "restart_database", "pick": 0.0,
+                     "host": HOSTS[0], "down_s": 0.0})
+        plan.sort(key=lambda e: e["at_s"])
+    return plan
+
+
+@dataclass
+class Result:
+    seed: int
+    violations: dict[str, list[str]]
+    counts: dict[str, int]
+    history_path: Path
+    plan: list[dict]
+    log: list[dict] = field(default_factory=list)
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{k} {v}" for k, v in self.counts.items())
+        return f"chaos seed {self.seed}: {counts}; history {self.history_path}"
+
+
+class ChaosRound:
+    def __init__(self, *, seed: int, url: str, backend: str, workdir: Path, server: Any = None,
+                 scale: int = 1, mutant: str | None = None, duration_s: float | None = None):
+        self.seed, self.url, self.backend, self.workdir = seed, url, backend, workdir
+        self.server, self.scale, self.mutant = server, max(1, scale), mutant
+        self.duration_s = duration_s if duration_s is not None else 8.0 * self.scale
+        self.container = server is not None and getattr(server, "container", None) is not None
+        self.plan = make_plan(seed, self.duration_s, connections=backend != "sqlite", container=self.container)
+        self.kills: list[dict] = []
+        self.rng = random.Random(seed + 1)
+        self.hosts: dict[str, Fleet | None] = {}
+        self.retired: list[Fleet] = []  # supervisors killed alone: their children live on
+        self.config_path = write_config(workdir / "ductwork.yml",
+                                        pipelines=[f"{p.__module__}:{p.__qualname__}" for p in PIPELINES],
+                                        limits=LIMITS, overrides=SETTINGS)
+
+    # -- fleet ---------------------------------------------------------------------------------
+
+    def _env(self, fault: str | None = None) -> dict[str, str]:
+        env = {"DUCTWORK_CHAOS_WITNESS_URL": self.url, "DUCTWORK_FAULT": fault or ""}
+        if self.mutant:
+            env["DUCTWORK_MUTANT"] = self.mutant
+        return env
+
+    def _start(self, host: str, fault: str | None = None) -> None:
+        fleet = Fleet(self.url, self.config_path, label=host, env=self._env(fault),
+                      log=self.workdir / f"{host}.log")
+        self.hosts[host] = fleet.start()
+
+    def _down(self, host: str) -> None:
+        fleet = self.hosts.get(host)
+        if fleet is not None:
+            fleet.kill_host()
+        self.hosts[host] = None
+
+    def _engine(self) -> sa.Engine:
+        from ductwork.dialects import create_engine
+
+        return create_engine(self.url, io_timeout=10)
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def _kill_process(self, role: str, pick: float) -> dict:
+        rows = sorted(process_rows(self.engine, role=role), key=lambda r: r.label)
+        if not rows:
+            return {"target": None}
+        row = rows[int(pick * len(rows))]
+        try:
+            os.kill(row.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return {"target": row.label, "pid": row.pid, "note": "already gone"}
+        return {"target": row.label, "pid": row.pid}
+
+    def _terminate_connections(self) -> dict:
+        with self.engine.connect() as conn:
+            if self.backend == "postgresql":
+                killed = conn.execute(sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")).scalar_one()
+            else:
+                ids = conn.execute(sa.text(
+                    "SELECT id FROM information_schema.processlist WHERE db = DATABASE() "
+                    "AND id <> CONNECTION_ID()")).scalars().all()
+                killed = 0
+                for connection_id in ids:
+                    try:
+                        conn.execute(sa.text(f"KILL {int(connection_id)}"))
+                        killed += 1
+                    except sa.exc.DBAPIError:
+                        pass  # it ended meanwhile
+        return {"connections": int(killed)}
+
+    def _apply(self, event: dict) -> dict:
+        action = event["action"]
+        if action == "kill_worker":
+            return self._kill_process("job_worker", event["pick"])
+        if action == "kill_advancer":
+            return self._kill_process("pipeline_advancer", event["pick"])
+        if action == "kill_supervisor":
+            host = event["host"]
+            fleet = self.hosts.get(host)
+            if fleet is None or fleet.proc is None or fleet.proc.poll() is not None:
+                return {"target": host, "note": "down"}
+            os.kill(fleet.proc.pid, signal.SIGKILL)  # its children live on, orphaned
+            fleet.proc.wait(10)
+            fleet.close_log()
+            self.retired.append(fleet)
+            self._start(host)
+            return {"target": f"{host}.supervisor", "pid": fleet.proc.pid}
+        if action in ("kill_host", "kill_host_at_checkpoint"):
+            host = event["host"]
+            self._down(host)
+            time.sleep(event["down_s"])  # the host stays down this long (the plan's choice)
+            self._start(host, event.get("fault"))
+            return {"target": host, "fault": event.get("fault")}
+        if action == "terminate_connections":
+            return self._terminate_connections()
+        if action == "restart_database":
+            self.server.restart()
+            self.server.wait_ready(60)
+            return {"target": "database"}
+        raise AssertionError(f"unknown chaos action {action!r}")
+
+    # -- the round -----------------------------------------------------------------------------
+
+    def _settled(self) -> bool:
+        try:
+            with self.engine.connect() as conn:
+                return conn.execute(sa.select(sa.func.count()).select_from(schema.runs)
+                                    .where(schema.runs.c.status == "in_progress")).scalar_one() == 0
+        except sa.exc.DBAPIError:
+            return False
+
+    def run(self) -> Result:
+        self.engine = self._engine()
+        WITNESS.drop(self.engine, checkfirst=True)
+        WITNESS.create(self.engine)
+        app = App(self.url, Config.from_section({"job_worker": {"limits": LIMITS}}, source="<chaos>"),
+                  engine=self.engine)
+        runs = trigger_workload(app, self.scale)
+        for host in HOSTS:
+            self._start(host)
+        wait_for(lambda: len(process_rows(self.engine, role="job_worker")) >= 2 * len(HOSTS),
+                 "both hosts' workers registered", deadline_s=60)
+        started = time.monotonic()
+        try:
+            for event in self.plan:
+                delay = started + event["at_s"] - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)  # the plan's schedule, not a wait for a condition
+                outcome = self._apply(event)
+                self.kills.append({**event, **outcome, "done_s": round(time.monotonic() - started, 3)})
+            # Quiet phase: a healthy fleet, no faults, until everything settles.
+            for host in HOSTS:
+                fleet = self.hosts.get(host)
+                healthy = fleet is not None and fleet.proc is not None and fleet.proc.poll() is None
+                if not healthy or fleet.env.get("DUCTWORK_FAULT"):
+                    self._down(host)
+                    self._start(host)
+            wait_for(self._settled, f"every run settled after the chaos phase (seed {self.seed})",
+                     deadline_s=240, interval=0.25)
+        finally:
+            for fleet in self.retired:
+                fleet.kill_host()  # the orphaned children of supervisors killed alone
+            for host in HOSTS:
+                fleet = self.hosts.get(host)
+                if fleet is not None:
+                    try:
+                        fleet.terminate(20)
+                    except (subprocess.TimeoutExpired, OSError):
+                        pass
+                    fleet.kill_host()
+        history = read_history(self.engine, app.config.limits, WITNESS, kills=self.kills, seed=self.seed,
+                               meta=self._meta(len(runs)))
+        path = self.workdir / f"history-{self.backend}-{self.seed}.jsonl"
+        history.to_jsonl(path)
+        violations = {k: v for k, v in check_all(history).items() if v}
+        result = Result(self.seed, violations, self._counts(history), path, self.plan, self.kills)
+        self.engine.dispose()
+        return result
+
+    def _meta(self, runs: int) -> dict:
+        with self.engine.connect() as conn:
+            version = {"postgresql": "SELECT version()", "mysql": "SELECT version()",
+                       "sqlite": "SELECT sqlite_version()"}[self.backend]
+            db_version = conn.execute(sa.text(version)).scalar_one()
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+        return {"backend": self.backend, "database_version": db_version, "commit": commit, "runs": runs,
+                "scale": self.scale, "duration_s": self.duration_s, "plan": self.plan, "mutant": self.mutant,
+                "python": sys.version.split()[0]}
+
+    @staticmethod
+    def _counts(history: History) -> dict[str, int]:
+        return {
+            "kills": sum(1 for k in history.kills if k["action"] != "terminate_connections"),
+            "connection kills": sum(k.get("connections", 0) for k in history.kills),
+            "runs": len(history.runs),
+            "steps": len(history.steps),
+            "claims": sum(1 for e in history.executions if e.claimed_at_us is not None),
+            "keyed claims": sum(1 for e in history.executions if e.claimed_at_us is not None and e.key),
+            "witnesses": len(history.witnesses),
+            "halted runs": sum(1 for r in history.runs if r.status == "halted"),
+        }
+
+
+def replay_command(backend: str, seed: int) -> str:
+    return f"DUCTWORK_CHAOS_SEED={seed} pytest -m chaos -k 'test_chaos_round and {backend}' -s"

@@ -1,0 +1,88 @@
+"""``pytest -m chaos``: a real fleet on each real database, attacked, then checked.
+
+Each round (``tests/chaos/harness.py``) runs two ``ductwork start`` hosts over the
+chaos workload while a kill plan drawn from the seed SIGKILLs workers, advancers,
+supervisors and whole hosts (some at armed fault checkpoints), terminates the
+fleet's database connections from the server side and, where the database runs
+in a container, restarts the server; then a quiet phase, then the independent
+history checkers.
+
+Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-ADV-1, INV-ADV-3, INV-EXE-1, INV-EXE-3,
+INV-RUN-1 (tests/chaos/checkers.py), from recorded rows and witness rows.
+
+Sizes: ``DUCTWORK_CHAOS_SCALE`` (default 1: about 8 s of faults per round);
+``DUCTWORK_CHAOS_SEED`` (comma-separated seeds; default one fixed seed) replays or
+widens the search. ``DUCTWORK_CHAOS_ARTIFACTS`` keeps the histories (JSONL).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests import databases
+from tests.chaos.harness import ChaosRound, replay_command
+
+pytestmark = pytest.mark.chaos
+
+SEEDS = [int(s) for s in os.environ.get("DUCTWORK_CHAOS_SEED", "20261129").split(",") if s.strip()]
+SCALE = int(os.environ.get("DUCTWORK_CHAOS_SCALE", "1"))
+
+
+def _migrate(url: str) -> None:
+    from ductwork import dialects, migrate
+
+    engine = dialects.create_engine(url)
+    try:
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql", "mysql"])
+def chaos_target(request, worker_id):
+    """(backend, server or None): a container where one can be had (its faults need it)."""
+    kind = request.param
+    if kind == "sqlite":
+        return kind, None
+    server = databases.server_for_session(kind, worker_id, require_container=True)
+    if isinstance(server, str):
+        if os.environ.get("DUCTWORK_REQUIRE_CONTAINERS") == "1":
+            pytest.fail(f"containerized {kind} required for the chaos suite: {server}")
+        server = databases.server_for_session(kind, worker_id)
+        if isinstance(server, str):
+            pytest.skip(server)
+    return kind, server
+
+
+def _database(kind, server, tmp_path: Path, name: str) -> str:
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path}/chaos.sqlite3"
+    else:
+        url = databases.fresh_database(server, databases.database_name(prefix=name, unique=True))
+    _migrate(url)
+    return url
+
+
+def _workdir(tmp_path: Path) -> Path:
+    root = os.environ.get("DUCTWORK_CHAOS_ARTIFACTS")
+    if not root:
+        return tmp_path
+    path = Path(root) / tmp_path.name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chaos_round(chaos_target, seed, tmp_path):
+    kind, server = chaos_target
+    url = _database(kind, server, tmp_path, "chaos")
+    result = ChaosRound(seed=seed, url=url, backend=kind, server=server, workdir=_workdir(tmp_path),
+                        scale=SCALE).run()
+    print(result.summary())
+    assert not result.violations, (
+        f"{result.summary()}\nviolated: { {k: v[:5] for k, v in result.violations.items()} }\n"
+        f"replay: {replay_command(kind, seed)}")
+    assert result.counts["kills"] > 0 and result.counts["claims"] > 0

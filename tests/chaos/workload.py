@@ -1,0 +1,188 @@
+"""The chaos workload: pipelines covering every transition, keys shared across them.
+
+Every step body writes a witness row when it starts and stamps it when it
+returns, each in its own short transaction with database time
+(``DUCTWORK_CHAOS_WITNESS_URL`` names the database), so the checkers can see
+which step bodies actually ran at the same time — not only what was claimed.
+
+Keys: ``api`` (concurrency 3 and a rate) is shared by ``ChaosFan``'s items and
+``ChaosDivideKeyed``; ``vendor`` (concurrency 2 and two rate entries) by
+``ChaosChain`` and ``ChaosDivertKeyed``. A step class that writes a key into its
+witness rows is only ever used with that ``limit_by``. ``Flaky`` fails its first
+attempt (a retry), ``Nap`` after a ``delay``. Durations come from the input, so a
+round with one seed is the same workload every time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+
+from ductwork import Pipeline, Step
+from tests.chaos.history import make_witness_table
+
+WITNESS = make_witness_table()
+LIMITS = {
+    "api": {"concurrency": 3, "rate": {"limit": 40, "per": "1s", "burst": 10}},
+    "vendor": {"concurrency": 2, "rate": [{"limit": 10, "per": "1s", "burst": 3},
+                                          {"limit": 240, "per": "1m", "burst": 20}]},
+}
+_engine = None
+
+
+def _witness_engine():
+    global _engine
+    if _engine is None:
+        from ductwork.dialects import create_engine
+
+        _engine = create_engine(os.environ["DUCTWORK_CHAOS_WITNESS_URL"], pool_size=2, io_timeout=10)
+    return _engine
+
+
+class Witnessed(Step):
+    """A step that records its body's start and end; subclasses implement ``body``."""
+
+    #: the limit key this step is declared with in the pipelines below (None: unkeyed)
+    limit_key: str | None = None
+
+    def __init__(self, value):
+        self.value = value
+
+    def execute(self):
+        from ductwork.dialects import db_now
+
+        engine = _witness_engine()
+        with engine.begin() as conn:
+            witness_id = conn.execute(WITNESS.insert().values(
+                step_id=self._ductwork_step_id, idempotency_key=self.idempotency_key, pid=os.getpid(),
+                limit_key=self.limit_key, started_at=db_now(conn))).inserted_primary_key[0]
+        result = self.body()
+        with engine.begin() as conn:
+            conn.execute(WITNESS.update().where(WITNESS.c.id == witness_id).values(ended_at=db_now(conn)))
+        return result
+
+    def body(self):
+        return self.value
+
+    def pause(self, salt: int = 0) -> None:
+        """Sleep 10-49 ms, determined by the input (so the workload is reproducible)."""
+        time.sleep((zlib.crc32(f"{self.value!r}:{salt}".encode()) % 40 + 10) / 1000)
+
+
+class Fan(Witnessed):
+    def body(self):
+        return list(range(self.value))
+
+
+class ApiCall(Witnessed):
+    limit_key = "api"
+
+    def body(self):
+        self.pause()
+        return self.value * 2 if isinstance(self.value, int) else self.value
+
+
+class VendorCall(Witnessed):
+    limit_key = "vendor"
+
+    def body(self):
+        self.pause(1)
+        return self.value
+
+
+class Total(Witnessed):
+    """Counts a fan-in's inputs (a list), or passes a single value through."""
+
+    def body(self):
+        return len(self.value) if isinstance(self.value, list) else self.value
+
+
+class Seed(Witnessed):
+    pass
+
+
+class Route(Witnessed):
+    def body(self):
+        return self.value % 3
+
+
+class Flaky(Witnessed):
+    """Fails its step's first attempt (remembered in the run's Context), then succeeds."""
+
+    def body(self):
+        marker = f"flaky:{self.idempotency_key}"
+        try:
+            self.context.set(marker, True)
+        except self.context.OverwriteError:
+            return self.value
+        raise RuntimeError("flaky step: first attempt fails")
+
+
+class Nap(Witnessed):
+    def body(self):
+        self.pause(2)
+        return self.value
+
+
+class ChaosFan(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Fan).expand(to=ApiCall, limit_by="api").collapse(into=Total)
+
+
+class ChaosChain(Pipeline):
+    @classmethod
+    def define(cls, p):
+        (p.start(Seed).chain(to=VendorCall, limit_by="vendor").chain(to=Flaky)
+         .chain(to=Nap, delay=0.3))
+
+
+class ChaosDivide(Pipeline):
+    """divide with branch builders: the left branch chains on before the combine."""
+
+    @classmethod
+    def define(cls, p):
+        left, right = p.start(Seed).divide(to=[Seed, Nap])
+        left.chain(to=Nap)
+        left.combine(right, into=Total)
+
+
+class ChaosDivideKeyed(Pipeline):
+    """divide where both targets are keyed (options apply to every target)."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Seed).divide(to=[ApiCall, ApiCall], limit_by="api").combine(into=Total)
+
+
+class ChaosDivert(Pipeline):
+    @classmethod
+    def define(cls, p):
+        (p.start(Route)
+         .divert(to={0: Seed, 1: Nap, "otherwise": Flaky})
+         .converge(into=Seed))
+
+
+class ChaosDivertKeyed(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Route).divert(to={0: VendorCall, "otherwise": VendorCall}, limit_by="vendor").converge(into=Total)
+
+
+PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed]
+
+
+def trigger_workload(app, scale: int) -> list:
+    """Trigger one round's runs; returns their handles."""
+    runs = []
+    for i in range(2 * scale):
+        runs.append(ChaosFan.trigger(60 + 20 * i, app=app))
+    for i in range(8 * scale):
+        runs.append(ChaosChain.trigger(i, app=app))
+        runs.append(ChaosDivert.trigger(i, app=app))
+    for i in range(4 * scale):
+        runs.append(ChaosDivide.trigger(i, app=app))
+        runs.append(ChaosDivideKeyed.trigger(i, app=app))
+        runs.append(ChaosDivertKeyed.trigger(i, app=app))
+    return runs
