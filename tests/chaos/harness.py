@@ -101,12 +101,14 @@ class Result:
 
 class ChaosRound:
     def __init__(self, *, seed: int, url: str, backend: str, workdir: Path, server: Any = None,
-                 scale: int = 1, mutant: str | None = None, duration_s: float | None = None):
+                 scale: int = 1, mutant: str | None = None, duration_s: float | None = None,
+                 plan: list[dict] | None = None):
         self.seed, self.url, self.backend, self.workdir = seed, url, backend, workdir
         self.server, self.scale, self.mutant = server, max(1, scale), mutant
         self.duration_s = duration_s if duration_s is not None else 8.0 * self.scale
         self.container = server is not None and getattr(server, "container", None) is not None
-        self.plan = make_plan(seed, self.duration_s, connections=backend != "sqlite", container=self.container)
+        self.plan = plan if plan is not None else make_plan(
+            seed, self.duration_s, connections=backend != "sqlite", container=self.container)
         self.kills: list[dict] = []
         self.rng = random.Random(seed + 1)
         self.hosts: dict[str, Fleet | None] = {}
@@ -200,6 +202,17 @@ class ChaosRound:
             self.server.restart()
             self.server.wait_ready(60)
             return {"target": "database"}
+        if action == "kill_database":  # the server process dies (SIGKILL), then comes back
+            self.server.kill()
+            time.sleep(event["down_s"])  # down this long (the plan's choice)
+            self.server.start()
+            self.server.wait_ready(60)
+            return {"target": "database"}
+        if action == "pause_database":  # frozen with connections open, for pause_s
+            self.server.pause()
+            time.sleep(event["pause_s"])  # frozen this long (the plan's choice)
+            self.server.unpause()
+            return {"target": "database", "paused_s": event["pause_s"]}
         raise AssertionError(f"unknown chaos action {action!r}")
 
     # -- the round -----------------------------------------------------------------------------

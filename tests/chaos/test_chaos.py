@@ -86,3 +86,40 @@ def test_chaos_round(chaos_target, seed, tmp_path):
         f"{result.summary()}\nviolated: { {k: v[:5] for k, v in result.violations.items()} }\n"
         f"replay: {replay_command(kind, seed)}")
     assert result.counts["kills"] > 0 and result.counts["claims"] > 0
+
+
+def _container(chaos_target):
+    kind, server = chaos_target
+    if kind == "sqlite":
+        pytest.skip("SQLite has no server to freeze or kill")
+    if getattr(server, "container", None) is None:
+        pytest.skip(f"{kind} is not in a container here (set DOCKER_HOST; see docs/containers.md)")
+    return kind, server
+
+
+def test_paused_database_longer_than_reaper_timeout(chaos_target, tmp_path):
+    """A frozen server (connections open) for longer than reaper_timeout: every process
+    loses its lease and dies before any claim could be reaped from under it; after the
+    thaw the fleet recovers on its own, loses nothing and never exceeds a limit."""
+    kind, server = _container(chaos_target)
+    from tests.chaos.harness import SETTINGS
+
+    pause_s = SETTINGS["supervisor"]["reaper_timeout"] + 2.0
+    plan = [{"at_s": 2.0, "action": "pause_database", "pause_s": pause_s, "pick": 0.0, "host": "host-a",
+             "down_s": 0.0}]
+    url = _database(kind, server, tmp_path, "paused")
+    result = ChaosRound(seed=1, url=url, backend=kind, server=server, workdir=_workdir(tmp_path),
+                        plan=plan).run()
+    print(result.summary())
+    assert not result.violations, result.violations
+
+
+def test_killed_database_container_recovers(chaos_target, tmp_path):
+    """The database server is SIGKILLed mid-run and started again: no manual action."""
+    kind, server = _container(chaos_target)
+    plan = [{"at_s": 2.0, "action": "kill_database", "down_s": 1.0, "pick": 0.0, "host": "host-a"}]
+    url = _database(kind, server, tmp_path, "killed")
+    result = ChaosRound(seed=2, url=url, backend=kind, server=server, workdir=_workdir(tmp_path),
+                        plan=plan).run()
+    print(result.summary())
+    assert not result.violations, result.violations
