@@ -241,6 +241,7 @@ def claim_keyed(app: App, key: str, process_id: str, scanned_in_flight: int | No
     with app.begin() as tx:
         if mutants.on("clock_before_lock"):
             tx.now  # noqa: B018 - the mutant reads the clock before the lock
+        faults.hit(faults.BEFORE_KEY_LOCK)
         header = _lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
         faults.hit(faults.AFTER_KEY_LOCK)
         now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held

@@ -47,6 +47,7 @@ BETWEEN_EXPAND_BATCHES = "between_expand_batches"
 BEFORE_FANIN_BUMP = "before_fanin_bump"
 AFTER_FANIN_BUMP = "after_fanin_bump"
 # Worker
+BEFORE_KEY_LOCK = "before_key_lock"
 AFTER_KEY_LOCK = "after_key_lock"
 BETWEEN_CLAIM_AND_SPEND = "between_claim_and_spend"
 AFTER_JOB_CLAIM = "after_job_claim"
@@ -64,6 +65,7 @@ CHECKPOINTS = (
     BETWEEN_EXPAND_BATCHES,
     BEFORE_FANIN_BUMP,
     AFTER_FANIN_BUMP,
+    BEFORE_KEY_LOCK,
     AFTER_KEY_LOCK,
     BETWEEN_CLAIM_AND_SPEND,
     AFTER_JOB_CLAIM,
@@ -79,6 +81,7 @@ class _Armed:
     action: str
     nth: int  # fire on this hit (1-based); 0 = every hit
     hits: int = 0
+    fired: int = 0
 
 
 _lock = threading.Lock()
@@ -117,6 +120,13 @@ def disarm(name: str | None = None) -> None:
             _armed.pop(name, None)
 
 
+def fired(name: str) -> int:
+    """How many times the armed checkpoint ``name`` has fired in this process (tests)."""
+    with _lock:
+        armed = _armed.get(name)
+        return 0 if armed is None else armed.fired
+
+
 def hit(name: str) -> None:
     """Pass a checkpoint: does nothing unless ``name`` is armed."""
     if not _armed:
@@ -128,6 +138,7 @@ def hit(name: str) -> None:
         armed.hits += 1
         if armed.nth and armed.hits != armed.nth:
             return
+        armed.fired += 1
         action = armed.action
     sys.stderr.write(f"FAULT FIRING {name}:{action}\n")
     sys.stderr.flush()

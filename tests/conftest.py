@@ -139,3 +139,21 @@ def manual_app(db_url: str):  # type: ignore[no-untyped-def]
     yield application
     set_default_app(None)
     application.dispose()
+
+
+def pytest_configure(config):  # type: ignore[no-untyped-def]
+    config.addinivalue_line("markers", "needs(capability): runs only on backends with it (tests/capabilities.py)")
+
+
+@pytest.fixture(autouse=True)
+def backend_filter(request):  # type: ignore[no-untyped-def]
+    """Skip a ``@needs(...)`` test on a backend without the capability, saying why."""
+    marker = request.node.get_closest_marker("needs")
+    if marker is None or "db_url" not in request.fixturenames:
+        return
+    from tests.capabilities import CAPABILITIES
+
+    backends, reason = CAPABILITIES[marker.args[0]]
+    backend = request.node.callspec.params.get("db_url") if hasattr(request.node, "callspec") else None
+    if backend is not None and backend not in backends:
+        pytest.skip(f"{marker.args[0]}: {reason}")

@@ -304,6 +304,34 @@ def check_inv_lim_3(history: History) -> list[str]:
     return out
 
 
+def check_inv_clk_1(history: History) -> list[str]:
+    """INV-CLK-1: a key's events are timed by the database clock read under its lock.
+
+    Every claim and every release of a keyed execution takes the key's next sequence
+    number under the key's lock and stamps the event with database time read after
+    that lock; so, per key, times in sequence order never go backwards. A claim that
+    read its clock before the lock (and waited for it) carries an earlier time than
+    the claim that held the lock before it. Proves the ordering only; assumes the
+    database clock itself never steps back during a round.
+    """
+    out = []
+    events: dict[str, list[tuple[int, int, str, str]]] = defaultdict(list)
+    for e in history.executions:
+        if e.key is None:
+            continue
+        if e.claim_seq is not None and e.claimed_at_us is not None:
+            events[e.key].append((e.claim_seq, e.claimed_at_us, "claim", e.execution_id))
+        if e.release_seq is not None and e.completed_at_us is not None:
+            events[e.key].append((e.release_seq, e.completed_at_us, "release", e.execution_id))
+    for key, seq in sorted(events.items()):
+        seq.sort()
+        for (s1, t1, k1, id1), (s2, t2, k2, id2) in zip(seq, seq[1:]):
+            if t2 < t1:
+                out.append(f"INV-CLK-1: key {key!r}: {k2} seq {s2} of {id2} at {t2} us is earlier than "
+                           f"{k1} seq {s1} of {id1} at {t1} us")
+    return out
+
+
 # --------------------------------------------------------------------------- pipeline index
 
 
@@ -780,6 +808,7 @@ def check_inv_run_1(history: History) -> list[str]:
 # --------------------------------------------------------------------------- all
 
 CHECKERS: dict[str, Callable[[History], list[str]]] = {
+    "INV-CLK-1": check_inv_clk_1,
     "INV-LIM-1": check_inv_lim_1,
     "INV-LIM-2": check_inv_lim_2,
     "INV-LIM-3": check_inv_lim_3,

@@ -28,6 +28,7 @@ from tests.chaos.checkers import (
     CHECKERS,
     check_all,
     check_inv_adv_1,
+    check_inv_clk_1,
     check_inv_adv_3,
     check_inv_exe_1,
     check_inv_exe_3,
@@ -775,7 +776,7 @@ def test_run_1_run_without_branches():
 
 def test_check_all_names_every_checker_and_passes_a_valid_history():
     assert check_all(full()) == {inv: [] for inv in CHECKERS}
-    assert list(CHECKERS) == ["INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-ADV-1", "INV-ADV-3",
+    assert list(CHECKERS) == ["INV-CLK-1", "INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-ADV-1", "INV-ADV-3",
                               "INV-EXE-1", "INV-EXE-3", "INV-RUN-1"]
     broken = check_all(without(full(), "sI"))
     assert broken["INV-ADV-1"] and all(m.startswith(inv + ": ") for inv, ms in broken.items() for m in ms)
@@ -800,3 +801,24 @@ def test_to_us_is_exact():
     assert to_us(datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=2)))) == to_us(datetime(2025, 12, 31, 22))
     assert to_us("2026-01-01 00:00:00.000001") == to_us(datetime(2026, 1, 1)) + 1
     assert to_us(None) is None
+
+
+# --------------------------------------------------------------------------- INV-CLK-1
+
+
+def test_clk_1_holds_when_times_follow_the_key_sequence():
+    assert check_inv_clk_1(keyed((1, 3), (2, 4), (5, None))) == []
+
+
+def test_clk_1_catches_a_claim_timed_before_the_lock_it_waited_for():
+    history = keyed((1, 3), (2, 4))
+    history.executions[1] = dataclasses.replace(history.executions[1], claimed_at_us=5)  # seq 2 at 5 < seq 1 at 10
+    assert check_inv_clk_1(history) == [
+        "INV-CLK-1: key 'api': claim seq 2 of e2 at 5 us is earlier than claim seq 1 of e1 at 10 us"]
+
+
+def test_clk_1_orders_releases_with_claims():
+    history = keyed((1, 2), (3, None))
+    history.executions[0] = dataclasses.replace(history.executions[0], completed_at_us=40)  # release seq 2 at 40
+    assert check_inv_clk_1(history) == [
+        "INV-CLK-1: key 'api': claim seq 3 of e2 at 30 us is earlier than release seq 2 of e1 at 40 us"]

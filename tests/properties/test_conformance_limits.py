@@ -219,6 +219,10 @@ def conformance_settings(**overrides) -> settings:
 
     examples, steps = CONFORMANCE.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), CONFORMANCE["dev"])
     chosen = {"max_examples": examples, "stateful_step_count": steps, "deadline": None, **overrides}
+    if os.environ.get("DUCTWORK_NO_SHRINK") == "1":  # mutant runs: the first counterexample is enough
+        from hypothesis import Phase
+
+        chosen.setdefault("phases", [Phase.explicit, Phase.reuse, Phase.generate])
     return settings(settings(), **chosen)
 
 

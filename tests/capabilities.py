@@ -1,0 +1,35 @@
+"""What each backend can do, with reasons: used as marks, never as ``if dialect`` in tests.
+
+    @needs("row_lock_waits_observable")
+    def test_...(app): ...
+
+A capability names the backends that have it and why the others do not; a test
+that needs one is skipped on the others with that reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+CAPABILITIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "row_lock_waits_observable": (
+        ("postgresql", "mysql"),
+        "SQLite has no row locks: its claimers queue for the database write lock, which no view shows",
+    ),
+    "key_lock_after_begin": (
+        ("postgresql", "mysql"),
+        "SQLite takes its write lock at BEGIN, before any statement, so a claim has no moment "
+        "between starting and locking its key",
+    ),
+    "server_side_connections": (
+        ("postgresql", "mysql"),
+        "SQLite is embedded: there is no server to terminate connections from",
+    ),
+}
+
+
+def needs(capability: str) -> pytest.MarkDecorator:
+    """Mark a test that only runs where ``capability`` holds (see ``backend_filter`` in conftest)."""
+    if capability not in CAPABILITIES:
+        raise KeyError(f"unknown capability {capability!r}; known: {sorted(CAPABILITIES)}")
+    return pytest.mark.needs(capability)

@@ -1,0 +1,140 @@
+"""Claims racing on one key, with one claimer parked inside the key's lock.
+
+A claimer is held inside ``claim_keyed`` right after the key lock (the ``wait``
+fault at ``after_key_lock``) while the others are observed, through the
+database's own lock-wait views, blocked on that lock; then it is released. No
+sleeps: every wait is on a condition with a deadline.
+
+Checks: INV-LIM-1 (claims on a key serialise on its lock: of N racing claimers
+under ``concurrency: 1`` exactly one is admitted), INV-CLK-1 (a claim's time is
+read after the lock, so a key's claim times follow its sequence).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import Pipeline, Step, faults, schema
+from ductwork.claims import claim_next
+from ductwork.clock import to_us
+from ductwork.processes import register
+from tests.capabilities import needs
+from tests.conftest import make_app, reset_tables
+from tests.fleet import wait_for
+
+RACERS = 4
+
+
+class Solo(Step):
+    def __init__(self, value):
+        self.value = value
+
+    def execute(self):
+        return self.value
+
+
+class SoloPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Solo, limit_by="solo")
+
+
+class PairPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Solo, limit_by="pair")
+
+
+def lock_waiters(app) -> int:
+    """Transactions of this database waiting for a row lock right now."""
+    with app.engine.connect() as conn:
+        if app.backend == "postgresql":
+            return conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()")).scalar_one()
+        return conn.execute(sa.text(
+            "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'")).scalar_one()
+
+
+@pytest.fixture
+def race_app(db_url, tmp_path, monkeypatch):
+    from ductwork.app import set_default_app
+
+    app = make_app(db_url, job_worker={"limits": {"solo": {"concurrency": 1}, "pair": {"concurrency": 2}}})
+    reset_tables(app.engine)
+    set_default_app(app)
+    monkeypatch.setenv("DUCTWORK_FAULT_RELEASE", str(tmp_path / "release"))
+    faults.arm(faults.AFTER_KEY_LOCK, "wait")
+    yield app, tmp_path / "release"
+    faults.disarm()
+    set_default_app(None)
+    app.dispose()
+
+
+def race_claims(app, release, claimers: int, *, observe_waiters: bool) -> list:
+    """Start ``claimers`` threads claiming; park the first inside the key lock until the
+    others wait for that lock (or have all passed it: a missing lock); then release."""
+    pids = [register(app, role="test", label=f"racer-{i}") for i in range(claimers)]
+    results: list = [None] * claimers
+    errors: list[BaseException] = []
+
+    def claim(i: int) -> None:
+        try:
+            results[i] = claim_next(app, pids[i])
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(claimers)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: faults.fired(faults.AFTER_KEY_LOCK) >= 1, "a claimer is inside the key lock", 20)
+    if observe_waiters:
+        wait_for(lambda: lock_waiters(app) >= claimers - 1 or faults.fired(faults.AFTER_KEY_LOCK) >= claimers,
+                 "the other claimers wait on the key lock (or passed it: no lock)", 20)
+    release.touch()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    return results
+
+
+def test_racing_claims_on_a_key_serialise_on_its_lock(race_app):
+    app, release = race_app
+    for i in range(RACERS):
+        SoloPipeline.trigger(i)
+    observe = app.backend != "sqlite"  # SQLite: the claimers queue for the database write lock
+    results = race_claims(app, release, RACERS, observe_waiters=observe)
+    assert sum(r is not None for r in results) == 1  # [INV-LIM-1] concurrency 1
+    with app.begin() as tx:
+        assert tx.execute(sa.select(sa.func.count()).where(
+            schema.executions.c.inflight_key == "solo")).scalar_one() == 1
+
+
+@needs("key_lock_after_begin")
+def test_a_claims_time_is_read_after_the_key_lock(race_app):
+    """Claimer B is parked just before the key lock; A claims meanwhile, later in time;
+    then B claims. B's claim takes the next sequence number, so its time must not be
+    earlier than A's: it must read the clock after the lock, not before [INV-CLK-1]."""
+    app, release = race_app
+    faults.disarm()
+    faults.arm(faults.BEFORE_KEY_LOCK, "wait", nth=1)  # only the first to arrive waits
+    for i in range(2):
+        PairPipeline.trigger(i)
+    pid_a, pid_b = (register(app, role="test", label=f"racer-{n}") for n in "ab")
+    outcome: dict = {}
+    late = threading.Thread(target=lambda: outcome.setdefault("b", claim_next(app, pid_b)))
+    late.start()
+    wait_for(lambda: faults.fired(faults.BEFORE_KEY_LOCK) == 1, "claimer B parked before the key lock", 20)
+    outcome["a"] = claim_next(app, pid_a)
+    release.touch()
+    late.join(30)
+    assert outcome["a"] is not None and outcome["b"] is not None  # concurrency 2: both admitted
+    e = schema.executions
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(e.c.claim_seq, e.c.claimed_at).where(e.c.limit_key == "pair")
+                          .order_by(e.c.claim_seq)).all()
+    times = [to_us(at) for _, at in rows]
+    assert times == sorted(times), f"[INV-CLK-1] claim times out of sequence order: {rows}"
