@@ -332,6 +332,61 @@ def check_inv_clk_1(history: History) -> list[str]:
     return out
 
 
+def check_inv_lim_4(history: History) -> list[str]:
+    """INV-LIM-4: every stored bucket level lies in [0, burst] of the round's config.
+
+    A bucket whose period the config no longer keeps is ignored (it is never
+    consulted). Proves the stored state only at the end of the round, not at
+    every instant (the conformance machine compares levels after every step).
+    """
+    out = []
+    for bucket in history.buckets:
+        entry = history.limits.get(bucket.key)
+        rate = next((r for r in (entry.rates if entry else ()) if r.per_s == bucket.period_s), None)
+        if rate is None:
+            continue
+        if not 0 <= bucket.level_units <= rate.capacity_units:
+            out.append(f"INV-LIM-4: key {bucket.key!r} bucket per {bucket.period_s}s holds "
+                       f"{bucket.level_units} units, outside [0, {rate.capacity_units}]")
+    return out
+
+
+def check_inv_exe_2(history: History) -> list[str]:
+    """INV-EXE-2: a step's outcome is recorded once: no job has two successes, no
+    execution was completed without having been claimed, and a job has at most one
+    open execution. (A step's *code* may run more than once; its recorded completion
+    may not.)"""
+    out = []
+    successes: dict[str, list[str]] = defaultdict(list)
+    open_: dict[str, list[str]] = defaultdict(list)
+    for e in history.executions:
+        if e.outcome == "success":
+            successes[e.job_id].append(e.execution_id)
+        if e.completed_at_us is not None and e.claimed_at_us is None:
+            out.append(f"INV-EXE-2: execution {e.execution_id} has an outcome but was never claimed")
+        if e.completed_at_us is None:
+            open_[e.job_id].append(e.execution_id)
+    for job, ids in sorted(successes.items()):
+        if len(ids) > 1:
+            out.append(f"INV-EXE-2: job {job} succeeded {len(ids)} times: {', '.join(ids)}")
+    for job, ids in sorted(open_.items()):
+        if len(ids) > 1:
+            out.append(f"INV-EXE-2: job {job} has {len(ids)} open executions: {', '.join(ids)}")
+    return out
+
+
+def check_inv_exe_4(history: History) -> list[str]:
+    """INV-EXE-4: no job ran past its budgets: retry_count <= max_retry and
+    crash_count <= max_crash on every execution (budgets from ``history.meta``,
+    which the harness records; skipped when absent)."""
+    max_retry, max_crash = history.meta.get("max_retry"), history.meta.get("max_crash")
+    if max_retry is None or max_crash is None:
+        return []
+    return [f"INV-EXE-4: execution {e.execution_id} of job {e.job_id} has retry_count {e.retry_count} "
+            f"(max {max_retry}) and crash_count {e.crash_count} (max {max_crash})"
+            for e in history.executions if e.retry_count > max_retry or e.crash_count > max_crash]
+
+
 # --------------------------------------------------------------------------- pipeline index
 
 
@@ -812,10 +867,13 @@ CHECKERS: dict[str, Callable[[History], list[str]]] = {
     "INV-LIM-1": check_inv_lim_1,
     "INV-LIM-2": check_inv_lim_2,
     "INV-LIM-3": check_inv_lim_3,
+    "INV-LIM-4": check_inv_lim_4,
     "INV-ADV-1": check_inv_adv_1,
     "INV-ADV-3": check_inv_adv_3,
     "INV-EXE-1": check_inv_exe_1,
+    "INV-EXE-2": check_inv_exe_2,
     "INV-EXE-3": check_inv_exe_3,
+    "INV-EXE-4": check_inv_exe_4,
     "INV-RUN-1": check_inv_run_1,
 }
 

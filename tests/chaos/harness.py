@@ -282,7 +282,8 @@ class ChaosRound:
                                 cwd=Path(__file__).parent).stdout.strip()
         return {"backend": self.backend, "database_version": db_version, "commit": commit, "runs": runs,
                 "scale": self.scale, "duration_s": self.duration_s, "plan": self.plan, "mutant": self.mutant,
-                "python": sys.version.split()[0]}
+                "python": sys.version.split()[0], "max_retry": SETTINGS["job_worker"]["max_retry"],
+                "max_crash": SETTINGS["job_worker"]["max_crash"]}
 
     @staticmethod
     def _counts(history: History) -> dict[str, int]:

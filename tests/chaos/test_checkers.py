@@ -29,6 +29,9 @@ from tests.chaos.checkers import (
     check_all,
     check_inv_adv_1,
     check_inv_clk_1,
+    check_inv_exe_2,
+    check_inv_exe_4,
+    check_inv_lim_4,
     check_inv_adv_3,
     check_inv_exe_1,
     check_inv_exe_3,
@@ -776,8 +779,8 @@ def test_run_1_run_without_branches():
 
 def test_check_all_names_every_checker_and_passes_a_valid_history():
     assert check_all(full()) == {inv: [] for inv in CHECKERS}
-    assert list(CHECKERS) == ["INV-CLK-1", "INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-ADV-1", "INV-ADV-3",
-                              "INV-EXE-1", "INV-EXE-3", "INV-RUN-1"]
+    assert list(CHECKERS) == ["INV-CLK-1", "INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-LIM-4", "INV-ADV-1",
+                              "INV-ADV-3", "INV-EXE-1", "INV-EXE-2", "INV-EXE-3", "INV-EXE-4", "INV-RUN-1"]
     broken = check_all(without(full(), "sI"))
     assert broken["INV-ADV-1"] and all(m.startswith(inv + ": ") for inv, ms in broken.items() for m in ms)
 
@@ -822,3 +825,47 @@ def test_clk_1_orders_releases_with_claims():
     history.executions[0] = dataclasses.replace(history.executions[0], completed_at_us=40)  # release seq 2 at 40
     assert check_inv_clk_1(history) == [
         "INV-CLK-1: key 'api': claim seq 3 of e2 at 30 us is earlier than release seq 2 of e1 at 40 us"]
+
+
+# --------------------------------------------------------------------------- INV-LIM-4, INV-EXE-2, INV-EXE-4
+
+
+def test_lim_4_levels_within_the_configured_burst():
+    from tests.chaos.history import BucketRow
+
+    history = History(limits=limits(api={"rate": {"limit": 5, "per": "1s", "burst": 2}}))
+    history.buckets = [BucketRow("api", 1, 2 * S, 0), BucketRow("api", 60, 10**12, 0)]  # 60 s: not kept
+    assert check_inv_lim_4(history) == []
+    history.buckets.append(BucketRow("api", 1, 2 * S + 1, 0))
+    history.buckets.append(BucketRow("api", 1, -1, 0))
+    assert check_inv_lim_4(history) == [
+        "INV-LIM-4: key 'api' bucket per 1s holds 2000001 units, outside [0, 2000000]",
+        "INV-LIM-4: key 'api' bucket per 1s holds -1 units, outside [0, 2000000]"]
+
+
+def test_exe_2_a_jobs_success_is_recorded_once():
+    history = History(limits={})
+    history.executions = [execution("e1", key=None, at=1, done=2), execution("e2", key=None, at=3)]
+    assert check_inv_exe_2(history) == []
+    twice = dataclasses.replace(history.executions[1], job_id="j-e1", completed_at_us=4, outcome="success")
+    history.executions[1] = twice
+    never_claimed = dataclasses.replace(execution("e3", key=None, done=5), job_id="j-e3")
+    history.executions.append(never_claimed)
+    assert check_inv_exe_2(history) == [
+        "INV-EXE-2: execution e3 has an outcome but was never claimed",
+        "INV-EXE-2: job j-e1 succeeded 2 times: e1, e2"]
+
+
+def test_exe_2_one_open_execution_per_job():
+    history = History(limits={})
+    history.executions = [execution("e1", key=None), dataclasses.replace(execution("e2", key=None), job_id="j-e1")]
+    assert check_inv_exe_2(history) == ["INV-EXE-2: job j-e1 has 2 open executions: e1, e2"]
+
+
+def test_exe_4_budgets():
+    history = History(limits={}, meta={"max_retry": 1, "max_crash": 2})
+    history.executions = [dataclasses.replace(execution("e1", key=None), retry_count=1, crash_count=2)]
+    assert check_inv_exe_4(history) == []
+    history.executions.append(dataclasses.replace(execution("e2", key=None), retry_count=2, crash_count=0))
+    assert check_inv_exe_4(history) == [
+        "INV-EXE-4: execution e2 of job j-e2 has retry_count 2 (max 1) and crash_count 0 (max 2)"]
