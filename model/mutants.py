@@ -1,0 +1,123 @@
+"""Model variants with one guard removed: tests that must fail (VERIFICATION.md).
+
+Example::
+
+    from model.mutants import MUTANTS
+    for mutant in MUTANTS:  # tests/properties/test_model_mutants.py runs each
+        ...                 # the machine for mutant.machine must fail naming mutant.caught_by[0]
+
+A guard that no test misses is a guard nobody has verified: each mutant here
+overrides exactly one hook of ``LimitsModel`` or ``PipelinesModel`` and names
+the invariants whose check must go red when hypothesis drives it (the first
+is the one it targets; a neighbour that sees the damage first also counts).
+Not API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.limits import Bucket, LimitJob, LimitsModel, RateEntry, cap_units, next_token_us
+from model.pipelines import Branch, Execution, PipelinesModel
+
+__all__ = ["MUTANTS", "Mutant"]
+
+
+class RefillWithoutClamp(LimitsModel):
+    """Refill adds elapsed × limit but never clamps to the burst."""
+
+    def _refill(self, bucket: Bucket, entry: RateEntry, now_us: int) -> Bucket:
+        gained = max(0, now_us - bucket.refilled_at_us) * entry.limit
+        return Bucket(bucket.units + gained, now_us, cap_units(entry))
+
+
+class NoConcurrencyCheck(LimitsModel):
+    """Neither the lane filter nor the key decision looks at in-flight counts."""
+
+    def _saturated(self, key: str) -> bool:
+        return False
+
+
+class SpendSkipped(LimitsModel):
+    """An admitted claim spends no token."""
+
+    def _spend(self, bucket: Bucket, entry: RateEntry) -> Bucket:
+        return bucket
+
+
+class StampOffByOne(LimitsModel):
+    """``blocked_until`` is one µs later than the next token."""
+
+    def _next_token_us(self, bucket: Bucket, entry: RateEntry) -> int:
+        return next_token_us(bucket, entry) + 1
+
+
+class FifoByCreationOnly(LimitsModel):
+    """Lanes and jobs ordered by creation alone, ignoring ``eligible_at``."""
+
+    def _lane_order(self, job: LimitJob) -> tuple[int, int]:
+        return (job.created, 0)
+
+
+class FanInFiresOnEveryArrival(PipelinesModel):
+    """Every arriving sibling creates a merge target, not only the last."""
+
+    def _fires(self, barrier: Branch) -> bool:
+        return True
+
+
+class StaleTokenAccepted(PipelinesModel):
+    """The fence checks only that the branch exists."""
+
+    def _fence_ok(self, branch: Branch, token: int) -> bool:
+        return True
+
+
+class ExpandCursorLost(PipelinesModel):
+    """An advancer crash forgets the expand cursor, so resumption starts over at item 0."""
+
+    def advancer_crash(self, branch_id: str) -> None:
+        super().advancer_crash(branch_id)
+        self.branches[branch_id].expand_cursor = None
+
+
+class CrashBudgetOffByOne(PipelinesModel):
+    """A crash is retried while ``crash_count <= max_crash`` (one too many)."""
+
+    def _may_retry(self, execution: Execution) -> bool:
+        if execution.outcome == "process_crashed":
+            return execution.crash_count <= self.config.max_crash
+        return super()._may_retry(execution)
+
+
+class ContextOverwriteAllowed(PipelinesModel):
+    """``context_set`` without ``overwrite`` silently replaces an existing value."""
+
+    @staticmethod
+    def _context_accepts(existed: bool, overwrite: bool) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One guard removed: ``model_class`` replaces the model of the ``machine`` noun."""
+
+    name: str
+    machine: str  # "limits" | "pipelines"
+    model_class: type
+    #: invariant IDs allowed to report it, the one it targets first (others may see it earlier)
+    caught_by: tuple[str, ...]
+
+
+MUTANTS = (
+    Mutant("refill_without_clamp", "limits", RefillWithoutClamp, ("INV-LIM-4", "INV-LIM-2")),
+    Mutant("no_concurrency_check", "limits", NoConcurrencyCheck, ("INV-LIM-1", "INV-LIM-6")),
+    Mutant("spend_skipped", "limits", SpendSkipped, ("INV-LIM-2",)),
+    Mutant("stamp_off_by_one", "limits", StampOffByOne, ("INV-LIM-5",)),
+    Mutant("fifo_by_creation_only", "limits", FifoByCreationOnly, ("INV-LIM-6",)),
+    Mutant("fan_in_fires_on_every_arrival", "pipelines", FanInFiresOnEveryArrival, ("INV-ADV-3", "INV-ADV-1")),
+    Mutant("stale_token_accepted", "pipelines", StaleTokenAccepted, ("INV-ADV-2",)),
+    Mutant("expand_cursor_lost", "pipelines", ExpandCursorLost, ("INV-ADV-4", "INV-ADV-1")),
+    Mutant("crash_budget_off_by_one", "pipelines", CrashBudgetOffByOne, ("INV-EXE-4",)),
+    Mutant("context_overwrite_allowed", "pipelines", ContextOverwriteAllowed, ("INV-CTX-1",)),
+)

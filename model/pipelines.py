@@ -1,0 +1,861 @@
+"""Pipelines: the executable specification of semantics §1–§4.
+
+Example::
+
+    m = PipelinesModel()
+    run = m.trigger(snapshot, [42])                  # snapshot: semantics §1 JSON
+    m.run_execution(m.runnable_executions()[0], success([1, 2]))
+    m.advance(m.advanceable_branches()[0])           # one fenced transaction
+
+Runs, branches, steps, jobs (one per step) and executions (one per attempt),
+driven one atomic operation at a time by the caller, so hypothesis can
+interleave them: ``trigger``, ``run_execution``, ``claim_branch``, ``advance``,
+``advancer_error``, ``advancer_crash``, ``resume``, ``context_set`` and
+``advance_clock``. ``drive(oracle)`` and the module-level ``run_to_quiescence``
+run everything to quiescence deterministically and ``summary`` gives the
+comparable result.
+
+The model is time-aware: it keeps a clock in integer µs (``now_us``) that only
+``advance_clock``/``set_clock`` move; delays, retry back-off and crash back-off
+make executions eligible later (``runnable_executions`` lists only eligible ones).
+
+Every step records the step(s) it came from (``Step.predecessors``) and every
+fenced transaction is logged (``commits``), so ``model/invariants.py`` can
+re-derive the expected successors from the snapshot alone [INV-ADV-1].
+Nothing here imports ``ductwork``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import pickle
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from model.errors import CommitFailed, DefinitionError, OverwriteError, PreconditionError, StaleClaim
+
+__all__ = [
+    "CRASH",
+    "EDGE_TYPES",
+    "FAILURE",
+    "FAN_IN",
+    "FAN_OUT",
+    "NO_INPUT",
+    "TIMED_OUT",
+    "Branch",
+    "Definition",
+    "Execution",
+    "Outcome",
+    "PipelineConfig",
+    "PipelinesModel",
+    "Run",
+    "RunSummary",
+    "Step",
+    "canonical_json",
+    "is_json_value",
+    "render_key",
+    "resolve_run_status",
+    "run_to_quiescence",
+    "success",
+]
+
+EDGE_TYPES = ("chain", "expand", "divide", "combine", "collapse", "divert", "converge", "dampen")
+FAN_OUT = ("divide", "expand")
+FAN_IN = ("combine", "collapse")
+FINAL_RUN_STATES = ("completed", "halted")
+
+
+class _NoInput:
+    def __repr__(self) -> str:
+        return "NO_INPUT"
+
+
+#: ``resume(run_id)`` without ``input``: dampened branches continue with their own output.
+NO_INPUT: Any = _NoInput()
+
+# --------------------------------------------------------------------------- values
+
+
+def canonical_json(value: Any) -> str:
+    """A stable text form of a JSON value (sorted keys), for ordering and hashing."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def is_json_value(value: Any) -> bool:
+    """True when ``value`` serialises to JSON (finite floats, string keys, no tuples).
+
+    The model's reading of "JSON-serialisable" (semantics §4): the value must
+    survive ``json.loads(json.dumps(value))`` unchanged, so tuples, non-string
+    keys and NaN/∞ are rejected rather than silently converted.
+    """
+    if value is None or isinstance(value, (bool, str, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if type(value) is list:
+        return all(is_json_value(item) for item in value)
+    if type(value) is dict:
+        return all(isinstance(k, str) and is_json_value(v) for k, v in value.items())
+    return False
+
+
+def render_key(value: Any) -> str | None:
+    """Render a step output as a divert key the way Ruby's ``to_s`` does (semantics §3.4).
+
+    ``str`` → itself, ``True``/``False`` → ``"true"``/``"false"``, ``None`` →
+    ``""``, ``int`` → decimal digits, ``float`` → ``repr`` (``1.0`` → ``"1.0"``);
+    anything else renders to ``None``, which matches no key (→ ``otherwise``).
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    return None
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one execution ended with: ``success`` (with ``value``), ``failure``,
+    ``timed_out`` or ``process_crashed``."""
+
+    kind: str
+    value: Any = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("success", "failure", "timed_out", "process_crashed"):
+            raise PreconditionError(f"unknown outcome kind {self.kind!r}")
+
+
+def success(value: Any) -> Outcome:
+    """``success(v)``: the step returned ``v``."""
+    return Outcome("success", value)
+
+
+FAILURE = Outcome("failure")
+TIMED_OUT = Outcome("timed_out")
+CRASH = Outcome("process_crashed")
+
+# --------------------------------------------------------------------------- definitions
+
+
+@dataclass(frozen=True)
+class Definition:
+    """A validated snapshot format 1 (semantics §1): ``start``, ``nodes`` and ``edges``."""
+
+    snapshot: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, snapshot: Mapping[str, Any]) -> Definition:
+        """Validate ``snapshot``; raise ``DefinitionError`` naming the first problem."""
+        if not isinstance(snapshot, Mapping) or snapshot.get("format") != 1:
+            raise DefinitionError("snapshot must be a mapping with format 1")
+        nodes, edges = snapshot.get("nodes"), snapshot.get("edges", {})
+        if not isinstance(nodes, Mapping) or snapshot.get("start") not in nodes:
+            raise DefinitionError(f"start {snapshot.get('start')!r} is not a node")
+        for name, options in nodes.items():
+            if not isinstance(options, Mapping) or not {"klass", "delay_us"} <= set(options):
+                raise DefinitionError(f"node {name!r} lacks klass/delay_us")
+        for name, edge in edges.items():
+            if name not in nodes or edge.get("type") not in EDGE_TYPES:
+                raise DefinitionError(f"edge from {name!r}: unknown node or type {edge.get('type')!r}")
+            targets = list(edge["to"].values()) if edge["type"] == "divert" else list(edge["to"])
+            if edge["type"] == "divert" and "otherwise" not in edge["to"]:
+                raise DefinitionError(f"divert from {name!r} lacks 'otherwise'")
+            if any(target not in nodes for target in targets):
+                raise DefinitionError(f"edge from {name!r} targets an unknown node")
+            if edge["type"] in FAN_IN and not isinstance(edge.get("barrier"), list):
+                raise DefinitionError(f"{edge['type']} from {name!r} lacks barrier")
+        return cls(copy.deepcopy(dict(snapshot)))
+
+    @property
+    def start(self) -> str:
+        return self.snapshot["start"]
+
+    def edge(self, node: str) -> Mapping[str, Any] | None:
+        """The edge out of ``node``; ``None`` (or an empty ``to``) is a leaf."""
+        edge = self.snapshot.get("edges", {}).get(node)
+        return edge if edge and edge["to"] else None
+
+    def delay_us(self, node: str) -> int:
+        return self.snapshot["nodes"][node].get("delay_us") or 0
+
+    def limit_by(self, node: str) -> str | None:
+        return self.snapshot["nodes"][node].get("limit_by")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Budgets and constants (semantics §3–§4; names follow ``ductwork.yml``).
+
+    ``max_retry = 3`` means at most 4 executions of a step end in failure or
+    timeout; ``max_crash = 10`` at most 11 in ``process_crashed``.
+    ``advancer_max_retry = 3`` would mean the 4th routing error on one step
+    halts (default 10: the Ruby engine's code default; its template says 3).
+    ``advancer_max_crash = 10``: after 10 advancer crashes on one step the next
+    ``advance`` halts. ``0`` is a value, not "unset".
+    """
+
+    max_retry: int = 3
+    max_crash: int = 10
+    retry_delay_us: int = 10_000_000
+    crash_delay_us: int = 10_000_000
+    expand_batch: int = 1000
+    advancer_max_retry: int = 10
+    advancer_max_crash: int = 10
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class Execution:
+    """One attempt at a step's job. ``state``: pending | completed (a run is atomic here)."""
+
+    id: int
+    step_id: str
+    retry_count: int
+    crash_count: int
+    eligible_at_us: int
+    state: str = "pending"
+    outcome: str | None = None
+    error: str | None = None
+    completed_at_us: int | None = None
+
+    @property
+    def idempotency_key(self) -> str:
+        """The step's id: equal across a step's executions, distinct across steps [INV-EXE-3]."""
+        return self.step_id
+
+
+@dataclass
+class Step:
+    """One visit of a node on a branch; its job is the list ``executions``.
+
+    ``status``: in_progress | advancing | failed | completed. ``origin`` is the
+    transition kind that created it (``trigger`` and ``resume`` included) and
+    ``predecessors`` the step(s) it came from (all arrived siblings for a fan-in).
+    """
+
+    id: str
+    run_id: str
+    branch_id: str
+    node: str
+    input: list
+    origin: str
+    predecessors: tuple[str, ...]
+    status: str = "in_progress"
+    output: Any = None
+    executions: list[int] = field(default_factory=list)
+    #: set when an advancer halt completed this step (transition_invalid, advancer_*)
+    halted_by_advancer: bool = False
+
+
+@dataclass
+class Branch:
+    """One thread of execution (semantics §2).
+
+    ``barrier``/``fanout_index``: the fan-out that created it (inherited from the
+    closed barrier for a fan-in target). A branch that fans out records
+    ``fanout_step`` (its fan-out step), ``fanout_width`` and
+    ``fanin_arrivals``; ``arrived`` maps fanout_index → arrived sibling.
+    ``expand_cursor`` counts children created so far by a batched expand.
+    ``merge_of`` names the barrier whose fan-in created this branch.
+    """
+
+    id: str
+    run_id: str
+    barrier: str | None
+    fanout_index: int | None
+    status: str = "in_progress"
+    claim_token: int | None = None
+    halt_reason: str | None = None
+    steps: list[str] = field(default_factory=list)
+    fanout_step: str | None = None
+    fanout_width: int | None = None
+    fanin_arrivals: int = 0
+    arrived: dict[int, str] = field(default_factory=dict)
+    expand_cursor: int | None = None
+    merge_of: str | None = None
+    advancer_errors: int = 0
+    advancer_crashes: int = 0
+
+    @property
+    def latest_step(self) -> str:
+        return self.steps[-1]
+
+
+@dataclass
+class Run:
+    """A triggered pipeline: its frozen definition, branches and run-scoped context."""
+
+    id: str
+    definition: Definition
+    args: list
+    status: str = "in_progress"
+    status_history: list[str] = field(default_factory=lambda: ["in_progress"])
+    branches: list[str] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One committed fenced transaction: which branch, with which token, what it did."""
+
+    branch_id: str
+    token: int
+    action: str
+    created_steps: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ContextWrite:
+    """One ``context_set`` attempt and whether it was accepted [INV-CTX-1]."""
+
+    run_id: str
+    key: str
+    overwrite: bool
+    existed: bool
+    accepted: bool
+
+
+def resolve_run_status(branch_statuses: Sequence[str]) -> str:
+    """Semantics §3 run resolution over the run's branch statuses."""
+    if any(status in ("in_progress", "advancing") for status in branch_statuses):
+        return "in_progress"
+    if "dampened" in branch_statuses:
+        return "dampened"
+    if "halted" in branch_statuses:
+        return "halted"
+    return "completed"
+
+
+# --------------------------------------------------------------------------- summary
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run's end state in engine-independent terms (no ids), for engine-vs-model equality.
+
+    * ``status``: the run status;
+    * ``steps``: multiset of ``(node, step status)``;
+    * ``branches``: multiset of ``(latest node, branch status, halt_reason or None)``;
+    * ``halt_reasons``: multiset of ``(latest node, halt_reason)`` of halted branches;
+    * ``fan_in_inputs``: fan-in target node → the input lists of its steps
+      (``[[sibling outputs by fanout_index]]``), sorted by canonical JSON.
+    """
+
+    status: str
+    steps: Counter
+    branches: Counter
+    halt_reasons: Counter
+    fan_in_inputs: dict[str, list[list]]
+
+    def as_json(self) -> dict[str, Any]:
+        """The same, as sorted JSON-friendly lists (for messages and files)."""
+
+        def rows(counter: Counter) -> list[list]:
+            return sorted(([*key, n] for key, n in counter.items()), key=canonical_json)
+
+        return {"status": self.status, "steps": rows(self.steps), "branches": rows(self.branches),
+                "halt_reasons": rows(self.halt_reasons), "fan_in_inputs": self.fan_in_inputs}
+
+
+# --------------------------------------------------------------------------- the model
+
+Oracle = Callable[[str, list, int], Outcome]
+
+
+@dataclass
+class PipelinesModel:
+    """Runs, branches, steps, jobs and executions under semantics §2–§4.
+
+    Example::
+
+        m = PipelinesModel(PipelineConfig(max_retry=0))
+        run_id = m.trigger(snapshot, ["2024-01-01"])
+        m.drive(oracle); m.summary(run_id).status   # -> "completed"
+
+    Every operation is one atomic transaction; a refused one (``StaleClaim``,
+    ``CommitFailed``, ``OverwriteError``, ``PreconditionError``) changes nothing.
+    Not modelled: the limits of an execution's ``limit_by`` key (that is
+    ``LimitsModel``), timeouts as wall time (``timed_out`` is an outcome the
+    caller chooses), advancer *processes* (``advancer_crash`` stands for one
+    reaped while it held the claim).
+    """
+
+    config: PipelineConfig = field(default_factory=PipelineConfig)
+    now_us: int = 0
+    runs: dict[str, Run] = field(default_factory=dict)
+    branches: dict[str, Branch] = field(default_factory=dict)
+    steps: dict[str, Step] = field(default_factory=dict)
+    executions: dict[int, Execution] = field(default_factory=dict)
+    commits: list[Commit] = field(default_factory=list)
+    #: ``(kind, branch_id, token)`` for every claim, commit and release, in order [INV-ADV-2]
+    fence_log: list[tuple[str, str, int]] = field(default_factory=list)
+    outcomes: list[tuple[int, str]] = field(default_factory=list)
+    context_writes: list[ContextWrite] = field(default_factory=list)
+    _ids: Counter = field(default_factory=Counter)
+
+    # ----------------------------------------------------------------- clock
+
+    def advance_clock(self, delta_us: int) -> None:
+        """Move the model clock forward by ``delta_us >= 0`` µs."""
+        if delta_us < 0:
+            raise PreconditionError("the model clock only moves forward")
+        self.now_us += delta_us
+
+    def set_clock(self, now_us: int) -> None:
+        """Set the clock to ``now_us`` (not earlier than now)."""
+        self.advance_clock(now_us - self.now_us)
+
+    # ----------------------------------------------------------------- queries
+
+    def runnable_executions(self) -> list[int]:
+        """Pending executions with ``eligible_at <= now``, by ``(eligible_at, id)``."""
+        return [e.id for e in self._pending() if e.eligible_at_us <= self.now_us]
+
+    def pending_executions(self) -> list[int]:
+        """Every pending execution (eligible or not), by ``(eligible_at, id)``."""
+        return [e.id for e in self._pending()]
+
+    def claimable_branches(self) -> list[str]:
+        """Branches an advancer may claim: in_progress, unclaimed, latest step advancing or failed."""
+        return [b.id for b in self.branches.values()
+                if b.status == "in_progress" and b.claim_token is None
+                and self.steps[b.latest_step].status in ("advancing", "failed")]
+
+    def advanceable_branches(self) -> list[str]:
+        """Branches where ``advance`` makes progress: claimable ones plus held mid-expand ones."""
+        held = [b.id for b in self.branches.values() if b.status == "advancing"]
+        return sorted(self.claimable_branches() + held, key=self._id_order)
+
+    def is_quiescent(self) -> bool:
+        """Nothing pending (now or later) and nothing to advance: only resume can change the state."""
+        return not self.pending_executions() and not self.advanceable_branches()
+
+    def execution_input(self, exec_id: int) -> tuple[str, list, int]:
+        """``(node, input args, attempt)`` of an execution, as an oracle receives them."""
+        execution = self.executions[exec_id]
+        step = self.steps[execution.step_id]
+        return step.node, step.input, step.executions.index(exec_id)
+
+    def latest_outcome(self, step_id: str) -> str | None:
+        """Outcome of the step's last completed execution."""
+        done = [self.executions[e] for e in self.steps[step_id].executions
+                if self.executions[e].state == "completed"]
+        return done[-1].outcome if done else None
+
+    # ----------------------------------------------------------------- trigger / execute
+
+    def trigger(self, definition: Mapping[str, Any] | Definition, args: Sequence = ()) -> str:
+        """Start a run: one branch with a step for ``start`` whose input is ``args``."""
+        definition = definition if isinstance(definition, Definition) else Definition.parse(definition)
+        run = Run(self._new_id("run"), definition, list(args))
+        self.runs[run.id] = run
+        branch = self._new_branch(run, barrier=None, fanout_index=None)
+        self._new_step(branch, definition.start, list(args), "trigger", ())
+        return run.id
+
+    def run_execution(self, exec_id: int, outcome: Outcome) -> None:
+        """A worker claims ``exec_id``, runs it and records ``outcome`` in one guarded commit.
+
+        Raises ``CommitFailed`` if the execution is already completed (its
+        outcome is recorded at most once [INV-EXE-2]) and ``PreconditionError``
+        if it is not eligible yet. A success whose value is not JSON, or not a
+        list on an ``expand`` edge, is recorded as ``failure`` (StepReturnError).
+        Failure and timeout retry while ``retry_count < max_retry`` after
+        ``retry_delay``; a crash retries while ``crash_count < max_crash``, at
+        once for the first ``max_crash // 3`` crashes, then after
+        ``(crash_count + 1) × crash_delay``; past the budget the step fails
+        [INV-EXE-4].
+        """
+        execution = self.executions.get(exec_id)
+        if execution is None or execution.state != "pending":
+            raise CommitFailed(f"execution {exec_id} is not open")
+        if execution.eligible_at_us > self.now_us:
+            raise PreconditionError(f"execution {exec_id} is not eligible until {execution.eligible_at_us}")
+        step = self.steps[execution.step_id]
+        definition = self.runs[step.run_id].definition
+        kind, error = outcome.kind, None
+        if kind == "success":
+            edge = definition.edge(step.node)
+            if not is_json_value(outcome.value):
+                kind, error = "failure", f"StepReturnError: {step.node} returned {type(outcome.value).__name__}"
+            elif edge is not None and edge["type"] == "expand" and type(outcome.value) is not list:
+                kind, error = "failure", f"StepReturnError: {step.node} must return a list, not {type(outcome.value).__name__}"
+        execution.state, execution.outcome, execution.error = "completed", kind, error
+        execution.completed_at_us = self.now_us
+        self.outcomes.append((exec_id, kind))  # [INV-EXE-2] recorded once, guarded above
+        if kind == "success":
+            step.output, step.status = copy.deepcopy(outcome.value), "advancing"
+            return
+        retry, crash = execution.retry_count, execution.crash_count
+        if not self._may_retry(execution):  # [INV-EXE-4] budget spent
+            step.status = "failed"
+        elif kind in ("failure", "timed_out"):
+            self._new_execution(step, retry + 1, crash, self.now_us + self.config.retry_delay_us)
+        else:
+            immediate = crash + 1 <= self.config.max_crash // 3
+            delay = 0 if immediate else (crash + 1) * self.config.crash_delay_us
+            self._new_execution(step, retry, crash + 1, self.now_us + delay)
+
+    # ----------------------------------------------------------------- advancement
+
+    def claim_branch(self, branch_id: str) -> int:
+        """Claim a claimable branch for advancing; returns its fresh claim token."""
+        if branch_id not in self.claimable_branches():
+            raise PreconditionError(f"branch {branch_id} is not claimable")
+        branch = self.branches[branch_id]
+        branch.status, branch.claim_token = "advancing", self._next_token()
+        self.fence_log.append(("claim", branch_id, branch.claim_token))
+        return branch.claim_token
+
+    def advance(self, branch_id: str, token: int | None = None) -> Commit:
+        """One fenced transaction on ``branch_id`` (semantics §3); returns what it committed.
+
+        With ``token=None`` the branch is claimed first if claimable, or the
+        current holder continues (a batched expand). A ``token`` that is not the
+        branch's current one raises ``StaleClaim`` and commits nothing
+        [INV-ADV-2]. An expand commits one batch of at most ``expand_batch``
+        children per call and keeps the claim until the last batch [INV-ADV-4].
+        """
+        branch = self.branches.get(branch_id)
+        if branch is None:
+            raise PreconditionError(f"no branch {branch_id}")
+        if token is None:
+            if branch.status == "advancing":
+                token = branch.claim_token
+            else:
+                token = self.claim_branch(branch_id)
+        if not self._fence_ok(branch, token):  # [INV-ADV-2] the fence
+            raise StaleClaim(f"branch {branch_id}: token {token} is not the claim token {branch.claim_token}")
+        step = self.steps[branch.latest_step]
+        run = self.runs[branch.run_id]
+        if branch.advancer_crashes >= self.config.advancer_max_crash:
+            return self._halt(branch, token, "advancer_crashes_exhausted", step_completed=True)
+        if step.status == "failed":
+            reason = ("job_crashes_exhausted" if self.latest_outcome(step.id) == "process_crashed"
+                      else "job_retries_exhausted")
+            return self._halt(branch, token, reason, step_completed=False)
+        edge = run.definition.edge(step.node)
+        kind = "leaf" if edge is None else edge["type"]
+        if kind == "leaf" or (kind == "expand" and not step.output):
+            step.status = "completed"
+            return self._finish(branch, token, "completed", kind, ())
+        if kind in ("chain", "converge", "divert"):
+            target = edge["to"][0] if kind != "divert" else edge["to"].get(render_key(step.output), edge["to"]["otherwise"])
+            step.status = "completed"
+            created = self._new_step(branch, target, [step.output], kind, (step.id,))
+            return self._release(branch, token, kind, (created,))
+        if kind == "divide":
+            step.status = "completed"
+            branch.fanout_step, branch.fanout_width = step.id, len(edge["to"])
+            created = tuple(self._new_step(self._new_branch(run, branch.id, i), node, [step.output], kind, (step.id,))
+                            for i, node in enumerate(edge["to"]))
+            return self._finish(branch, token, "completed", kind, created)
+        if kind == "expand":
+            return self._expand_batch(run, branch, step, edge, token)
+        if kind in FAN_IN:
+            return self._fan_in(run, branch, step, edge, token)
+        if kind == "dampen":
+            step.status = "completed"
+            return self._finish(branch, token, "dampened", kind, ())
+        raise AssertionError(f"unknown edge type {kind!r}")  # Definition.parse rejects these
+
+    def advancer_error(self, branch_id: str, transition_error: bool = False) -> None:
+        """Routing raised: everything rolls back and the claim is released.
+
+        The ``advancer_max_retry + 1``-th error on one step halts the branch
+        ``advancer_retries_exhausted``; a ``TransitionError`` (raised only by
+        routing, so only for an ``advancing`` step) halts ``transition_invalid``
+        at once. The halting step is marked completed unless it had failed.
+        """
+        branch = self.branches.get(branch_id)
+        if transition_error and branch is not None and self.steps[branch.latest_step].status != "advancing":
+            raise PreconditionError(f"branch {branch_id}: only routing raises TransitionError")
+        token = self._claim_or_hold(branch_id)
+        if transition_error:
+            self._halt(branch, token, "transition_invalid", step_completed=True)
+        elif branch.advancer_errors >= self.config.advancer_max_retry:
+            self._halt(branch, token, "advancer_retries_exhausted", step_completed=True)
+        else:
+            branch.advancer_errors += 1
+            self._drop_claim(branch, token)
+
+    def advancer_crash(self, branch_id: str) -> None:
+        """The advancer holding ``branch_id`` was reaped mid-way: its open transaction is lost.
+
+        Committed batches stay (resumed at the cursor [INV-ADV-4]); the claim is
+        released and the crash counts towards ``advancer_max_crash``; once the
+        count reaches it, the next ``advance`` halts ``advancer_crashes_exhausted``.
+        """
+        token = self._claim_or_hold(branch_id)
+        branch = self.branches[branch_id]
+        branch.advancer_crashes += 1
+        self._drop_claim(branch, token)
+
+    def resume(self, run_id: str, input: Any = NO_INPUT) -> int:
+        """Give every dampened branch of the run a step for its dampen target; returns how many.
+
+        Input is ``[input]`` if given, else ``[output of the dampen step]``
+        (semantics §3 item 8). A run without dampened branches is left alone.
+        """
+        run = self.runs[run_id]
+        resumed = 0
+        for branch_id in run.branches:
+            branch = self.branches[branch_id]
+            if branch.status != "dampened":
+                continue
+            step = self.steps[branch.latest_step]
+            target = run.definition.edge(step.node)["to"][0]
+            value = step.output if input is NO_INPUT else copy.deepcopy(input)
+            branch.status = "in_progress"
+            self._new_step(branch, target, [value], "resume", (step.id,))
+            resumed += 1
+        self._resolve(run)
+        return resumed
+
+    # ----------------------------------------------------------------- context
+
+    def context_set(self, run_id: str, key: str, value: Any, overwrite: bool = False) -> Any:
+        """Set a run-scoped context value; a second set without ``overwrite`` raises ``OverwriteError``."""
+        run = self.runs[run_id]
+        existed = key in run.context
+        accepted = self._context_accepts(existed, overwrite)  # [INV-CTX-1] the unique (run, key) row
+        self.context_writes.append(ContextWrite(run_id, key, overwrite, existed, accepted))
+        if not accepted:
+            raise OverwriteError(f"run {run_id}: context key {key!r} can only be set once")
+        run.context[key] = copy.deepcopy(value)
+        return value
+
+    def context_get(self, run_id: str, key: str) -> Any:
+        return self.runs[run_id].context.get(key)
+
+    # ----------------------------------------------------------------- driving
+
+    def drive(self, oracle: Oracle, max_actions: int = 100_000, stop_after: int | None = None) -> int:
+        """Run and advance everything to quiescence, deterministically; returns the action count.
+
+        Each round makes one ``advance`` on every branch advanceable at its
+        start (lowest id first; a batched expand so takes one batch per round),
+        then runs every execution runnable at that point with
+        ``oracle(node, input, attempt)``; when neither is possible but
+        executions wait, the clock jumps to the earliest ``eligible_at``.
+        ``stop_after`` returns early after that many actions (a partial drive);
+        more than ``max_actions`` raises ``PreconditionError`` (no quiescence).
+        """
+        actions = 0
+        while True:
+            progressed = False
+            for branch_id in self.advanceable_branches():
+                if actions == stop_after:
+                    return actions
+                if branch_id not in self.advanceable_branches():  # an earlier advance this round took it
+                    continue
+                self.advance(branch_id)
+                actions, progressed = actions + 1, True
+            for exec_id in self.runnable_executions():
+                if actions == stop_after:
+                    return actions
+                self.run_execution(exec_id, oracle(*self.execution_input(exec_id)))
+                actions, progressed = actions + 1, True
+            if not progressed:
+                pending = self._pending()
+                if not pending:
+                    return actions
+                self.set_clock(pending[0].eligible_at_us)
+            if actions > max_actions:
+                raise PreconditionError(f"no quiescence after {max_actions} actions")
+
+    def summary(self, run_id: str) -> RunSummary:
+        """The run's state as a ``RunSummary`` (comparable with the engine's)."""
+        run = self.runs[run_id]
+        branches = [self.branches[b] for b in run.branches]
+        steps = [self.steps[s] for b in branches for s in b.steps]
+        fan_in: dict[str, list[list]] = {}
+        for step in steps:
+            if step.origin in FAN_IN:
+                fan_in.setdefault(step.node, []).append(step.input)
+        return RunSummary(
+            status=run.status,
+            steps=Counter((s.node, s.status) for s in steps),
+            branches=Counter((self.steps[b.latest_step].node, b.status, b.halt_reason) for b in branches),
+            halt_reasons=Counter((self.steps[b.latest_step].node, b.halt_reason)
+                                 for b in branches if b.status == "halted"),
+            fan_in_inputs={node: sorted(inputs, key=canonical_json) for node, inputs in sorted(fan_in.items())},
+        )
+
+    def snapshot(self) -> bytes:
+        """All state, serialised: equal snapshots mean a refused operation changed nothing."""
+        return pickle.dumps((self.runs, self.branches, self.steps, self.executions, self.commits,
+                             self.fence_log, self.outcomes, self.now_us))
+
+    # ----------------------------------------------------------------- hooks (mutants override)
+
+    def _fence_ok(self, branch: Branch, token: int) -> bool:
+        """The fence: the branch is held and its token is the caller's [INV-ADV-2]."""
+        return branch.status == "advancing" and branch.claim_token == token
+
+    def _may_retry(self, execution: Execution) -> bool:
+        """Budget left after this execution's non-success outcome [INV-EXE-4]."""
+        if execution.outcome == "process_crashed":
+            return execution.crash_count < self.config.max_crash
+        return execution.retry_count < self.config.max_retry
+
+    def _fires(self, barrier: Branch) -> bool:
+        """The arrival that makes ``fanin_arrivals == fanout_width`` fires the merge [INV-ADV-3]."""
+        return barrier.fanin_arrivals == barrier.fanout_width
+
+    @staticmethod
+    def _context_accepts(existed: bool, overwrite: bool) -> bool:
+        """A plain set only creates; ``overwrite`` upserts [INV-CTX-1]."""
+        return overwrite or not existed
+
+    # ----------------------------------------------------------------- internals
+
+    def _new_id(self, kind: str) -> str:
+        self._ids[kind] += 1
+        return f"{kind}{self._ids[kind]}"
+
+    def _next_token(self) -> int:
+        self._ids["token"] += 1
+        return self._ids["token"]
+
+    @staticmethod
+    def _id_order(ident: str) -> tuple[int, str]:
+        digits = "".join(ch for ch in ident if ch.isdigit())
+        return (int(digits or 0), ident)
+
+    def _pending(self) -> list[Execution]:
+        pending = [e for e in self.executions.values() if e.state == "pending"]
+        return sorted(pending, key=lambda e: (e.eligible_at_us, e.id))
+
+    def _new_branch(self, run: Run, barrier: str | None, fanout_index: int | None) -> Branch:
+        branch = Branch(self._new_id("branch"), run.id, barrier, fanout_index)
+        self.branches[branch.id] = branch
+        run.branches.append(branch.id)
+        return branch
+
+    def _new_step(self, branch: Branch, node: str, input: list, origin: str,
+                  predecessors: tuple[str, ...]) -> str:
+        step = Step(self._new_id("step"), branch.run_id, branch.id, node, copy.deepcopy(input), origin,
+                    predecessors)
+        self.steps[step.id] = step
+        branch.steps.append(step.id)
+        branch.advancer_errors = branch.advancer_crashes = 0  # budgets are per step
+        delay = self.runs[branch.run_id].definition.delay_us(node)
+        self._new_execution(step, 0, 0, self.now_us + delay)
+        return step.id
+
+    def _new_execution(self, step: Step, retry: int, crash: int, eligible_at_us: int) -> None:
+        self._ids["execution"] += 1
+        execution = Execution(self._ids["execution"], step.id, retry, crash, eligible_at_us)
+        self.executions[execution.id] = execution
+        step.executions.append(execution.id)
+
+    def _claim_or_hold(self, branch_id: str) -> int:
+        branch = self.branches.get(branch_id)
+        if branch is not None and branch.status == "advancing":
+            return branch.claim_token
+        return self.claim_branch(branch_id)
+
+    def _drop_claim(self, branch: Branch, token: int) -> None:
+        """The holder's transaction rolled back (error) or was lost (crash): release only."""
+        branch.status, branch.claim_token = "in_progress", None
+        self.fence_log.append(("release", branch.id, token))
+
+    def _commit(self, branch: Branch, token: int, action: str, created: tuple[str, ...]) -> Commit:
+        commit = Commit(branch.id, token, action, created)
+        self.commits.append(commit)
+        self.fence_log.append(("commit", branch.id, token))
+        if branch.claim_token is None:  # the transaction also released (or ended) the claim
+            self.fence_log.append(("release", branch.id, token))
+        self._resolve(self.runs[branch.run_id])
+        return commit
+
+    def _release(self, branch: Branch, token: int, action: str, created: tuple[str, ...]) -> Commit:
+        branch.status, branch.claim_token = "in_progress", None
+        return self._commit(branch, token, action, created)
+
+    def _finish(self, branch: Branch, token: int, status: str, action: str, created: tuple[str, ...]) -> Commit:
+        branch.status, branch.claim_token = status, None
+        return self._commit(branch, token, action, created)
+
+    def _halt(self, branch: Branch, token: int, reason: str, step_completed: bool) -> Commit:
+        step = self.steps[branch.latest_step]
+        if step_completed and step.status == "advancing":  # a failed step stays failed
+            step.status, step.halted_by_advancer = "completed", True
+        branch.halt_reason = reason
+        return self._finish(branch, token, "halted", f"halt:{reason}", ())
+
+    def _expand_batch(self, run: Run, branch: Branch, step: Step, edge: Mapping, token: int) -> Commit:
+        items = step.output
+        if branch.expand_cursor is None:
+            branch.fanout_step, branch.fanout_width, branch.expand_cursor = step.id, len(items), 0
+        start = branch.expand_cursor
+        stop = min(len(items), start + self.config.expand_batch)
+        created = tuple(self._new_step(self._new_branch(run, branch.id, i), edge["to"][0], [items[i]],
+                                       "expand", (step.id,)) for i in range(start, stop))
+        branch.expand_cursor = stop  # [INV-ADV-4] the cursor commits with its batch
+        if stop < len(items):
+            return self._commit(branch, token, "expand", created)  # keeps the claim
+        step.status = "completed"
+        return self._finish(branch, token, "completed", "expand", created)
+
+    def _fan_in(self, run: Run, branch: Branch, step: Step, edge: Mapping, token: int) -> Commit:
+        barrier = self.branches.get(branch.barrier) if branch.barrier else None
+        if barrier is None or self.steps[barrier.fanout_step].node not in edge["barrier"]:
+            return self._halt(branch, token, "transition_invalid", step_completed=True)
+        step.status = "completed"
+        barrier.fanin_arrivals += 1  # [INV-ADV-3] in this same fenced transaction
+        barrier.arrived[branch.fanout_index] = branch.id
+        created: tuple[str, ...] = ()
+        if self._fires(barrier):
+            siblings = [self.branches[barrier.arrived[i]] for i in sorted(barrier.arrived)]
+            sibling_steps = [self.steps[s.latest_step] for s in siblings]
+            merge = self._new_branch(run, barrier.barrier, barrier.fanout_index)
+            merge.merge_of = barrier.id
+            created = (self._new_step(merge, edge["to"][0], [[s.output for s in sibling_steps]],
+                                      edge["type"], tuple(s.id for s in sibling_steps)),)
+        return self._finish(branch, token, "completed", edge["type"], created)
+
+    def _resolve(self, run: Run) -> None:
+        if run.status in FINAL_RUN_STATES:  # [INV-RUN-1] terminal states are final
+            return
+        status = resolve_run_status([self.branches[b].status for b in run.branches])
+        if status != run.status:
+            run.status = status
+            run.status_history.append(status)
+
+
+def run_to_quiescence(definition: Mapping[str, Any], args: Sequence, oracle: Oracle,
+                      config: PipelineConfig | None = None, resumes: Sequence[Any] = ()) -> RunSummary:
+    """Trigger ``definition`` with ``args`` and drive it with ``oracle`` until quiescent.
+
+    ``oracle(node, input_args, attempt) -> Outcome`` decides every execution
+    (``attempt`` counts the step's earlier executions from 0). Each value in
+    ``resumes`` (``NO_INPUT`` or an input) resumes the run once if it is left
+    dampened. Returns ``summary(run)``.
+    """
+    model = PipelinesModel(config or PipelineConfig())
+    run_id = model.trigger(definition, args)
+    model.drive(oracle)
+    for value in resumes:
+        if model.runs[run_id].status != "dampened":
+            break
+        model.resume(run_id, value)
+        model.drive(oracle)
+    return model.summary(run_id)

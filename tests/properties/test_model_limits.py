@@ -1,0 +1,147 @@
+"""``LimitsModelMachine``: the limits model alone, driven by random polls, completions,
+crashes, reaps, clock moves and restarts; every invariant after every step.
+
+Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-EXE-2
+(a reaped worker's late completion is rejected).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from model.errors import CommitFailed
+from model.invariants import INVARIANT_FUNCTIONS
+from model.limits import LimitsModel
+from tests.properties.strategies import LIMIT_KEYS, limits_configs
+
+#: steps per example: the ci profile's 100 examples of 40 steps take a few seconds
+STEPS = 100 if os.environ.get("HYPOTHESIS_PROFILE") == "deep" else 40
+CLOCK_STEPS = st.one_of(st.sampled_from([0, 1, 999, 1_000, 250_000, 500_000, 1_000_000, 5_000_000, 60_000_000]),
+                        st.integers(0, 2_000_000))
+
+
+class LimitsModelMachine(RuleBasedStateMachine):
+    """Nouns: jobs, workers, keys. ``model_class`` is swapped for mutants."""
+
+    model_class: type[LimitsModel] = LimitsModel
+
+    @initialize(config=limits_configs())
+    def configure(self, config):
+        self.model = self.model_class(config)
+        self.now = 0
+        self.jobs = 0
+        self.live = ["w0", "w1"]
+        self.workers = 2
+        self.reaped_alive: list = []  # jobs reaped from a worker that is still alive
+
+    def _job_id(self) -> int:
+        self.jobs += 1
+        return self.jobs
+
+    # ------------------------------------------------------------------ rules
+
+    @rule(keys=st.lists(st.sampled_from((None, "a", *LIMIT_KEYS)), min_size=1, max_size=3),
+          delay=st.sampled_from([0, 0, 1, 500_000, 2_000_000]))
+    def enqueue(self, keys, delay):
+        """A few jobs at once, keyed ``a`` most often; creation order is list order."""
+        for key in keys:
+            self.model.enqueue(self._job_id(), key, self.now + delay)
+
+    @rule()
+    def poll(self):
+        """The oldest live worker polls once. No arguments on purpose: hypothesis tries
+        argument-free rules first, so polling is what an example does by default."""
+        self.model.claim(self.live[0], self.now)
+
+    @rule(data=st.data(), polls=st.integers(1, 3))
+    def claim(self, data, polls):
+        """One to three polls at the same instant, by random live workers."""
+        for _ in range(polls):
+            self.model.claim(data.draw(st.sampled_from(self.live)), self.now)
+
+    @precondition(lambda self: any(self.model.jobs[j].worker in self.live for j in self.model.in_flight_jobs()))
+    @rule(data=st.data(), outcome=st.sampled_from(["success", "failure", "timed_out"]))
+    def complete(self, data, outcome):
+        mine = [j for j in self.model.in_flight_jobs() if self.model.jobs[j].worker in self.live]
+        self.model.complete(data.draw(st.sampled_from(mine)), self.now, outcome)
+
+    @precondition(lambda self: self.reaped_alive)
+    @rule(data=st.data())
+    def late_complete(self, data):
+        job = data.draw(st.sampled_from(self.reaped_alive))
+        with pytest.raises(CommitFailed):
+            self.model.complete(job, self.now)
+
+    @precondition(lambda self: len(self.live) > 0)
+    @rule(data=st.data())
+    def crash_worker(self, data):
+        worker = data.draw(st.sampled_from(self.live))
+        self.model.crash_worker(worker, self.now)
+        self.live.remove(worker)
+        self.live.append(f"w{self.workers}")
+        self.workers += 1
+
+    @precondition(lambda self: self.model.in_flight_jobs())
+    @rule(data=st.data(), requeue=st.booleans(), delay=st.sampled_from([0, 1, 1_000_000]))
+    def reap(self, data, requeue, delay):
+        """Reap a dead worker, or a live one that missed heartbeats (its late commit must fail)."""
+        owners = sorted({self.model.jobs[j].worker for j in self.model.in_flight_jobs()})
+        worker = data.draw(st.sampled_from(owners))
+        plan = {j: (self._job_id(), self.now + delay) for j in self.model.in_flight_jobs(worker)} if requeue else None
+        reaped = self.model.reap(worker, self.now, plan)
+        if worker in self.live:
+            self.reaped_alive += reaped
+
+    @rule(dt=CLOCK_STEPS)
+    def advance_clock(self, dt):
+        self.now += dt
+
+    @precondition(lambda self: any(stamp > self.now for stamp in self.model.stamps.values()))
+    @rule(data=st.data(), early=st.sampled_from([0, 1]))
+    def advance_clock_to_stamp(self, data, early):
+        """Jump to a key's ``blocked_until`` (or 1 µs before): the edge INV-LIM-5 is about."""
+        stamps = sorted(stamp for stamp in self.model.stamps.values() if stamp > self.now)
+        self.now = max(self.now, data.draw(st.sampled_from(stamps)) - early)
+
+    @rule(config=limits_configs())
+    def restart_with_config(self, config):
+        before = dict(self.model.buckets)
+        self.model.restart_with(config, self.now)
+        for where, bucket in self.model.buckets.items():
+            assert before[where] == bucket, f"[INV-LIM-4] restart changed kept bucket {where}"
+        assert self.model.stamps == {}
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def inv_lim_1_in_flight_within_concurrency(self):
+        INVARIANT_FUNCTIONS["INV-LIM-1"](self.model)
+
+    @invariant()
+    def inv_lim_2_rate_window(self):
+        INVARIANT_FUNCTIONS["INV-LIM-2"](self.model)
+
+    @invariant()
+    def inv_lim_3_no_leaked_slots(self):
+        INVARIANT_FUNCTIONS["INV-LIM-3"](self.model)
+
+    @invariant()
+    def inv_lim_4_levels_in_range(self):
+        INVARIANT_FUNCTIONS["INV-LIM-4"](self.model)
+
+    @invariant()
+    def inv_lim_5_stamp_exact(self):
+        INVARIANT_FUNCTIONS["INV-LIM-5"](self.model)
+
+    @invariant()
+    def inv_lim_6_fifo(self):
+        INVARIANT_FUNCTIONS["INV-LIM-6"](self.model)
+
+
+LimitsModelMachine.TestCase.settings = settings(stateful_step_count=STEPS)
+TestLimitsModel = LimitsModelMachine.TestCase

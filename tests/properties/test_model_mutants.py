@@ -1,0 +1,61 @@
+"""Tests that must fail: each model mutant (one guard removed) makes its machine go red.
+
+Checks: that the invariants below can fail at all — INV-LIM-1, INV-LIM-2, INV-LIM-4,
+INV-LIM-5, INV-LIM-6, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-4, INV-CTX-1 — and that
+their failure message names the ID.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from model.mutants import MUTANTS
+from tests.properties.test_model_limits import LimitsModelMachine
+from tests.properties.test_model_pipelines import PipelinesModelMachine
+
+MACHINES = {"limits": LimitsModelMachine, "pipelines": PipelinesModelMachine}
+#: generate only (no shrinking: any failure will do), fixed seed, no example database
+HUNT = settings(
+    max_examples=1000,
+    stateful_step_count=40,
+    phases=[Phase.generate],
+    derandomize=True,
+    database=None,
+    deadline=None,
+    report_multiple_bugs=False,
+    print_blob=False,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_mutant_is_caught(mutant):
+    base = MACHINES[mutant.machine]
+    machine = type(f"{base.__name__}_{mutant.name}", (base,), {"model_class": mutant.model_class})
+    with pytest.raises(AssertionError) as info:
+        run_state_machine_as_test(machine, settings=HUNT)
+    message = str(info.value).splitlines()[0]
+    assert any(f"[{inv_id}]" in message for inv_id in mutant.caught_by), message
+
+
+def test_every_mutant_overrides_one_hook():
+    """A mutant is its model with exactly one guard replaced."""
+    for mutant in MUTANTS:
+        own = {name for name in vars(mutant.model_class) if not name.startswith("__")}
+        assert len(own) == 1, (mutant.name, own)
+
+
+def test_rate_window_checker_on_hand_made_histories():
+    """The pure INV-LIM-2 checker (reusable on chaos histories) fails with the exact window."""
+    from model.invariants import inv_lim_2_rate_window
+    from model.limits import RateEntry
+
+    one_per_second = RateEntry(limit=1, per_s=1, burst=1)
+    inv_lim_2_rate_window([0, 1_000_000, 2_000_000, 2_000_000 + 1_000_000], [one_per_second])
+    with pytest.raises(AssertionError) as info:
+        inv_lim_2_rate_window([1_000_000, 5], [one_per_second])  # unsorted on purpose
+    assert str(info.value) == (
+        "[INV-LIM-2] 2 claims in [5, 1000000] µs exceed burst 1 + 1/1s × 999995 µs "
+        "for entry RateEntry(limit=1, per_s=1, burst=1)")

@@ -1,0 +1,255 @@
+"""``PipelinesModelMachine``: the pipelines model alone, on random definitions, with
+executions, advancement, advancer errors and crashes, stale tokens, resumes, context
+writes and clock moves interleaved at random; every invariant after every step.
+
+Rules (verbs): ``trigger``, ``drive_a_little`` (the fault-free scheduler, three
+actions), ``run_execution`` (oracle or forced failure/timeout/crash/bad return),
+``run_completed_execution_again``, ``advance`` (commit, crash holding the claim,
+routing error, TransitionError), ``advancer_crash_mid_expand``,
+``advance_with_stale_token``, ``advance_clock``, ``resume``, ``context_set``;
+``teardown`` drives every run to rest with the oracle (liveness).
+
+Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3,
+INV-EXE-4, INV-RUN-1, INV-CTX-1.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from model.errors import CommitFailed, OverwriteError, StaleClaim
+from model.invariants import INVARIANT_FUNCTIONS, check_all
+from model.pipelines import CRASH, FAILURE, NO_INPUT, TIMED_OUT, PipelinesModel, run_to_quiescence, success
+from tests.properties.strategies import pipeline_configs, pipeline_scenarios
+
+#: steps per example: 40 keeps the ci profile at a few seconds; deep explores longer runs
+STEPS = 100 if os.environ.get("HYPOTHESIS_PROFILE") == "deep" else 40
+FORCED = {"failure": FAILURE, "timed_out": TIMED_OUT, "crash": CRASH, "not_json": success(object())}
+HOW = st.sampled_from(["oracle"] * 8 + list(FORCED))
+ADVANCER = st.sampled_from(["advance"] * 6 + ["crash", "error", "transition_error"])
+
+
+class PipelinesModelMachine(RuleBasedStateMachine):
+    """Nouns: runs, branches, executions, claim tokens. ``model_class`` is swapped for mutants."""
+
+    model_class: type[PipelinesModel] = PipelinesModel
+
+    @initialize(scenario=pipeline_scenarios(), config=pipeline_configs())
+    def configure(self, scenario, config):
+        self.definition, self.args, self.oracle = scenario
+        self.model = self.model_class(config)
+        self.model.trigger(self.definition, self.args)
+        self.rejected = 0
+
+    def _pick(self, data, items):
+        return data.draw(st.sampled_from(sorted(items, key=str)))
+
+    # ------------------------------------------------------------------ rules
+
+    @precondition(lambda self: len(self.model.runs) < 3)
+    @rule(args=st.lists(st.integers(0, 9), max_size=2))
+    def trigger(self, args):
+        self.model.trigger(self.definition, args)
+
+    @precondition(lambda self: self.model.runnable_executions())
+    @rule(data=st.data(), times=st.integers(1, 3))
+    def run_execution(self, data, times):
+        """Workers run one to three eligible executions; the oracle decides most outcomes."""
+        for _ in range(times):
+            if not self.model.runnable_executions():
+                return
+            exec_id = self._pick(data, self.model.runnable_executions())
+            how = data.draw(HOW)
+            outcome = self.oracle(*self.model.execution_input(exec_id)) if how == "oracle" else FORCED[how]
+            self.model.run_execution(exec_id, outcome)
+
+    @precondition(lambda self: self.model.outcomes and self.rejected < 3)
+    @rule(data=st.data())
+    def run_completed_execution_again(self, data):
+        done = [e.id for e in self.model.executions.values() if e.state == "completed"]
+        exec_id = self._pick(data, done)
+        before = self.model.snapshot()
+        self.rejected += 1
+        with pytest.raises(CommitFailed):
+            self.model.run_execution(exec_id, success(0))
+        assert self.model.snapshot() == before, f"[INV-EXE-2] a rejected commit on {exec_id} changed state"
+
+    @precondition(lambda self: self.model.advanceable_branches())
+    @rule(data=st.data(), times=st.integers(1, 3))
+    def advance(self, data, times):
+        """Advancers take one to three branches: each commits one transaction, or crashes
+        holding the claim, or routing raises (a TransitionError now and then)."""
+        for _ in range(times):
+            if not self.model.advanceable_branches():
+                return
+            how = data.draw(ADVANCER)
+            branch_id = self._pick(data, self.model.advanceable_branches())
+            if how == "advance":
+                self.model.advance(branch_id)
+            elif how == "crash":
+                self.model.advancer_crash(branch_id)
+            else:  # only routing raises TransitionError: not for a failed step
+                routing = self.model.steps[self.model.branches[branch_id].latest_step].status == "advancing"
+                self.model.advancer_error(branch_id, transition_error=how == "transition_error" and routing)
+
+    @precondition(lambda self: self._mid_expand())
+    @rule()
+    def advancer_crash_mid_expand(self):
+        """The advancer holding a half-done expand dies between two batches [INV-ADV-4]."""
+        self.model.advancer_crash(self._mid_expand()[0])
+
+    def _mid_expand(self) -> list[str]:
+        return [b.id for b in self.model.branches.values() if b.status == "advancing" and b.expand_cursor]
+
+    @precondition(lambda self: self._stale())
+    @rule(data=st.data())
+    def advance_with_stale_token(self, data):
+        branch_id, token = self._pick(data, self._stale())
+        before = self.model.snapshot()
+        try:
+            self.model.advance(branch_id, token)
+        except StaleClaim:
+            pass
+        else:
+            raise AssertionError(f"[INV-ADV-2] stale token {token} on {branch_id} was accepted")
+        assert self.model.snapshot() == before, f"[INV-ADV-2] a stale token on {branch_id} changed state"
+
+    def _stale(self) -> list[tuple[str, int]]:
+        """(branch, old token) pairs for branches an advancer could be working on right now."""
+        live = set(self.model.advanceable_branches())
+        current = {b: self.model.branches[b].claim_token for b in live}
+        return sorted({(b, t) for kind, b, t in self.model.fence_log if kind == "claim" and b in live and t != current[b]})
+
+    @precondition(lambda self: self.model.pending_executions() != self.model.runnable_executions()
+                  or self.model.is_quiescent())
+    @rule(dt=st.sampled_from([0, 1, 999, 1_000_000, 10_000_000, 40_000_000]))
+    def advance_clock(self, dt):
+        """Time moves while something waits (a delay or back-off), or when all is at rest;
+        0 and 1 µs steps included."""
+        self.model.advance_clock(dt)
+
+    @precondition(lambda self: any(b.status == "dampened" for b in self.model.branches.values()))
+    @rule(data=st.data(), given_input=st.booleans(), value=st.integers(0, 9))
+    def resume(self, data, given_input, value):
+        runs = {b.run_id for b in self.model.branches.values() if b.status == "dampened"}
+        assert self.model.resume(self._pick(data, runs), value if given_input else NO_INPUT) > 0
+
+    @precondition(lambda self: len(self.model.context_writes) < 6)
+    @rule(data=st.data(), key=st.sampled_from(["k1", "k2"]), value=st.integers(0, 9), overwrite=st.booleans())
+    def context_set(self, data, key, value, overwrite):
+        run_id = self._pick(data, self.model.runs)
+        before = self.model.context_get(run_id, key)
+        existed = key in self.model.runs[run_id].context
+        try:
+            self.model.context_set(run_id, key, value, overwrite)
+        except OverwriteError:
+            assert existed and not overwrite, f"[INV-CTX-1] set of fresh key {key!r} refused"
+            assert self.model.context_get(run_id, key) == before, f"[INV-CTX-1] refused set changed {key!r}"
+        else:
+            assert overwrite or not existed, f"[INV-CTX-1] second plain set of {key!r} in {run_id} accepted"
+            assert self.model.context_get(run_id, key) == value
+
+    @precondition(lambda self: not self.model.is_quiescent())
+    @rule()
+    def drive_a_little(self):
+        """The fleet does three things in the scheduler's order (waiting out delays).
+
+        No arguments on purpose: hypothesis tries argument-free rules first, so
+        runs make progress by default and the other rules interleave faults."""
+        self.model.drive(self.oracle, stop_after=3)
+
+    def teardown(self):
+        """Liveness: from wherever the rules left it, the oracle drives every run to rest."""
+        if hasattr(self, "model"):
+            self.model.drive(self.oracle, max_actions=5_000)
+            assert self.model.is_quiescent()
+            check_all(self.model)
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def inv_adv_1_successors_exactly_once(self):
+        INVARIANT_FUNCTIONS["INV-ADV-1"](self.model)
+
+    @invariant()
+    def inv_adv_2_stale_token_commits_nothing(self):
+        INVARIANT_FUNCTIONS["INV-ADV-2"](self.model)
+
+    @invariant()
+    def inv_adv_3_fan_in_once(self):
+        INVARIANT_FUNCTIONS["INV-ADV-3"](self.model)
+
+    @invariant()
+    def inv_adv_4_expand_children(self):
+        INVARIANT_FUNCTIONS["INV-ADV-4"](self.model)
+
+    @invariant()
+    def inv_exe_1_no_lost_work(self):
+        INVARIANT_FUNCTIONS["INV-EXE-1"](self.model)
+
+    @invariant()
+    def inv_exe_2_outcome_once(self):
+        INVARIANT_FUNCTIONS["INV-EXE-2"](self.model)
+
+    @invariant()
+    def inv_exe_3_idempotency_keys(self):
+        INVARIANT_FUNCTIONS["INV-EXE-3"](self.model)
+
+    @invariant()
+    def inv_exe_4_budgets(self):
+        INVARIANT_FUNCTIONS["INV-EXE-4"](self.model)
+
+    @invariant()
+    def inv_run_1_terminal_final(self):
+        INVARIANT_FUNCTIONS["INV-RUN-1"](self.model)
+
+    @invariant()
+    def inv_ctx_1_set_once(self):
+        INVARIANT_FUNCTIONS["INV-CTX-1"](self.model)
+
+
+PipelinesModelMachine.TestCase.settings = settings(stateful_step_count=STEPS)
+TestPipelinesModel = PipelinesModelMachine.TestCase
+
+
+@given(pipeline_scenarios(), pipeline_configs())
+def test_run_to_quiescence_is_deterministic_and_resolved(scenario, config):
+    """The summary is a pure function of (definition, args, oracle, config); runs end resolved.
+
+    Two drives with different interleavings (batch-by-batch vs. the default
+    order) give equal summaries: fan-in inputs are ordered by fanout_index,
+    not by arrival [INV-ADV-3]; the run ends completed, halted or dampened
+    [INV-RUN-1].
+    """
+    definition, args, oracle = scenario
+    summary = run_to_quiescence(definition, args, oracle, config, resumes=[NO_INPUT, 5])
+    assert summary == run_to_quiescence(definition, args, oracle, config, resumes=[NO_INPUT, 5])
+    assert summary.status in ("completed", "halted", "dampened")
+    model = PipelinesModel(config)
+    run_id = model.trigger(definition, args)
+    while not model.is_quiescent():  # newest branch and newest execution first
+        if model.advanceable_branches():
+            model.advance(model.advanceable_branches()[-1])
+        elif model.runnable_executions():
+            exec_id = model.runnable_executions()[-1]
+            model.run_execution(exec_id, oracle(*model.execution_input(exec_id)))
+        else:
+            model.set_clock(model.executions[model.pending_executions()[0]].eligible_at_us)
+        check_all(model)
+    for value in (NO_INPUT, 5):
+        if model.runs[run_id].status == "dampened":
+            model.resume(run_id, value)
+            model.drive(oracle)
+    reordered = model.summary(run_id)
+    assert reordered == summary, (reordered.as_json(), summary.as_json())
+    assert sum(reordered.steps.values()) == len(model.steps)
+    by_status: Counter = Counter()
+    for (_, status, _), n in reordered.branches.items():
+        by_status[status] += n
+    assert Counter(b.status for b in model.branches.values()) == by_status
