@@ -377,6 +377,7 @@ class Advancer:
         """chain, converge, divert: the next step on the same branch."""
         with self._fence(c) as tx:
             args = "[" + step_output_json(tx, c.step.id) + "]"
+            # [INV-ADV-1] the step completes and its successor exists in one fenced transaction
             step_complete(tx, c.step.id)
             create_steps(tx, c.run_id, definition, [NewStep(c.branch_id, node, kind, args)])
             self._close(tx, c)

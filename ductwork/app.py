@@ -62,7 +62,7 @@ class Tx:
     @property
     def now(self) -> datetime:
         if self._now is None:
-            self._now = self._clock.now(self.conn)
+            self._now = self._clock.now(self.conn)  # [INV-CLK-1] the one clock, once per transaction
         return self._now
 
     @property

@@ -77,6 +77,7 @@ def limit_references(pipelines: list[type[Pipeline]]) -> dict[str, set[str]]:
 def validate(app: App, pipelines: list[type[Pipeline]] | None = None) -> list[str]:
     """Run every boot check; returns warnings, raises the first error."""
     loaded = load_pipelines(app.config) if pipelines is None else pipelines
+    # [INV-LIM-7] every referenced key has an entry (fail closed); unreferenced entries warn
     warnings = validate_references(app.config.limits, limit_references(loaded))
     from ductwork import migrate
 

@@ -181,15 +181,15 @@ def _write_buckets(tx: Tx, key: str, new: tuple[buckets.Bucket, ...], old: dict[
 
 
 def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
-            stored: dict[int, buckets.Bucket]) -> dict[int, buckets.Bucket]:
-    """Apply a changed config to a locked key: keep only the buckets of periods the new
-    entry keeps, and clear the stamp computed from the old values [INV-LIM-4].
+            stored: dict[int, buckets.Bucket], *, restart: bool = False) -> dict[int, buckets.Bucket]:
+    """Apply the config to a locked key: keep only the buckets of periods the entry keeps,
+    and clear the stamp [INV-LIM-4].
 
-    Returns the buckets the decision may use. A key whose values did not change is
-    left as it is.
+    Returns the buckets the decision may use. Outside a ``restart``, a key whose values
+    did not change is left as it is.
     """
     digest = entry_digest(entry)
-    if applied == digest:
+    if applied == digest and not restart:
         return stored
     kept = buckets.carry_over(entry, stored)
     dropped = sorted(set(stored) - set(kept))
@@ -210,25 +210,24 @@ def _lock_key(tx: Tx, key: str) -> sa.Row | None:
 
 
 def rebase_keys(app: App) -> list[str]:
-    """Apply this process's config to every key whose stored values differ (at boot).
+    """A restart: re-base every key on this process's config (at boot).
 
-    Claims apply it lazily too, under the same lock; doing it at boot means a key
-    stamped under stricter old values is not skipped until that old stamp passes.
-    Returns the keys that changed.
+    Every key's stamp is cleared (a stamp is only a hint that lets workers skip a
+    key; the next refusal stamps it again, exactly), and a key whose values changed
+    keeps only the buckets of the periods its new entry keeps. That is what
+    ``vectors/buckets.json``'s ``restart_with`` specifies. Claims re-base lazily too,
+    under the same lock, when the stored values differ, so a rolling deploy converges.
+    Returns the keys re-based.
     """
-    with app.begin() as tx:
-        rows = tx.execute(sa.select(schema.limit_keys.c.key, schema.limit_keys.c.config_digest)).all()
-    changed = []
-    for key, digest in rows:
-        entry = app.config.limits.get(key)
-        if digest == entry_digest(entry):
-            continue
+    with app.begin(readonly=True) as tx:
+        keys = list(tx.execute(sa.select(schema.limit_keys.c.key)).scalars())
+    for key in keys:
         with app.begin() as tx:
             header = _lock_key(tx, key)
-            if header is not None and header.config_digest != entry_digest(entry):
-                _rebase(tx, key, entry, header.config_digest, _buckets_of(tx, key))
-                changed.append(key)
-    return changed
+            if header is not None:
+                _rebase(tx, key, app.config.limits.get(key), header.config_digest, _buckets_of(tx, key),
+                        restart=True)
+    return keys
 
 
 def _is_retry(tx: Tx, execution_id: str) -> bool:

@@ -97,6 +97,7 @@ def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str)
     try:
         cls = resolve_step(klass)
         args = json.loads(input_json)
+        # [INV-EXE-3] the key is the step row's id: the same for every execution of the step
         return cls._ductwork_build(args, step_id, run_id, Context(app, run_id))
     except Exception as error:  # noqa: BLE001 - any construction error is a crash, never lost
         raise BuildFailed(ErrorInfo.of(error)) from error

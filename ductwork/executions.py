@@ -114,6 +114,7 @@ def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | Non
     )
     if result.rowcount != 1:
         return False
+    # [INV-LIM-3] completion frees the slot: in-flight is derived from completed_at
     tx.wake()  # a slot is free, a retry may be queued, the step may be advanceable
     if limit_key:
         tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == limit_key)

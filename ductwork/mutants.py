@@ -25,7 +25,7 @@ MUTANTS = {
     "no_spend_on_retry": "a retried execution's claim spends no token [INV-LIM-2]",
     "no_stamp": "a rate refusal leaves blocked_until unstamped [INV-LIM-5]",
     "unkeyed_first": "the unkeyed lane is tried before older keyed lanes [INV-LIM-6]",
-    "stale_fence_commits": "the advancement fence does not compare the claim token [INV-ADV-2]",
+    "stale_fence_commits": "the advancement fence does not compare the claim token [INV-ADV-2, INV-ADV-1]",
     "fanin_outside_fence": "the fan-in counter is bumped in its own transaction before the fence [INV-ADV-3]",
 }
 

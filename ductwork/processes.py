@@ -74,7 +74,7 @@ def heartbeat(app: App, process_id: str) -> bool:
         result = tx.execute(
             schema.processes.update()
             .where(schema.processes.c.id == process_id)
-            .values(last_heartbeat_at=tx.now, updated_at=tx.now)
+            .values(last_heartbeat_at=tx.now, updated_at=tx.now)  # [INV-CLK-1] database time
         )
         return result.rowcount == 1
 

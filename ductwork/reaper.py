@@ -96,6 +96,7 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
         if tx.execute(dialects.for_update(stmt, tx.conn)).first() is None:
             return False  # gone (another reaper won) or no longer stale
         for execution_id, _ in executions:
+            # [INV-EXE-1] a dead owner's execution is re-run (or failed by budget), never lost
             crash_in(app, tx, execution_id, process_id, PROCESS_CRASH, "Reaped from a dead process")
         for advancement_id, branch_id, token in advancements:
             release_advancement(tx, advancement_id, branch_id, token, "Reaped from a dead process")

@@ -91,7 +91,8 @@ def _keyed_claims(history: History) -> dict[str, list[Execution]]:
 
 
 def check_inv_lim_1(history: History) -> list[str]:
-    """INV-LIM-1: in-flight executions of a key never exceed its ``concurrency``.
+    """INV-LIM-1: in-flight executions of a key never exceed its ``concurrency`` (and, from
+    the witness rows, INV-EXE-5: step bodies still running count until their execution ended).
 
     First, exactly, by per-key sequence (VERIFICATION.md, concurrency (a)): every
     claim (+1 at ``claim_seq``) and release (−1 at ``release_seq``) of a key is
@@ -506,7 +507,8 @@ class _Expected:
 
 
 def check_inv_adv_1(history: History) -> list[str]:
-    """INV-ADV-1: every completed step's transition created its successors exactly once.
+    """INV-ADV-1: every completed step's transition created its successors exactly once
+    (and INV-ADV-4: an expand created exactly one child per item).
 
     From each run's definition snapshot, each ``completed`` step S on branch b with
     edge E must have created: chain/converge → a step for ``E.to[0]`` on b; divert →

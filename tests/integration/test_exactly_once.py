@@ -2,9 +2,10 @@
 
 Checks: INV-ADV-1 (successors created once), INV-ADV-2 (a stale claim token commits
 nothing; the claim re-asserts the candidate predicate), INV-ADV-3 (the fan-in
-counter fires once), INV-EXE-2 (an outcome is recorded at most once; a reaped
-owner's commit is rejected), and that every named unique constraint exists on
-each database.
+counter fires once), INV-EXE-1 (a live process recovers claims no thread of it
+holds), INV-EXE-2 (an outcome is recorded at most once; a reaped owner's commit is
+rejected), INV-RUN-1 (siblings ending at once still settle their run), and that
+every named unique constraint exists on each database.
 """
 
 from __future__ import annotations
