@@ -178,7 +178,7 @@ class _Builder:
 
     def options(self) -> dict[str, Any]:
         return {
-            "delay_us": self.draw(st.sampled_from([None, None, None, 0, 1, 1_000_000])),
+            "delay_us": self.draw(st.sampled_from([None, None, None, 1, 1_000_000])),  # delays are positive
             "timeout_us": self.draw(st.sampled_from([None, 30_000_000])),
             "limit_by": self.draw(st.sampled_from([None, None, "a", "b"])),
         }
