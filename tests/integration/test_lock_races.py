@@ -49,7 +49,7 @@ class PairPipeline(Pipeline):
 
 
 def lock_waiters(app) -> int:
-    """Transactions of this database waiting for a row lock right now."""
+    """Transactions of this database waiting for a row lock right now (diagnostic printed)."""
     with app.engine.connect() as conn:
         if app.backend == "postgresql":
             return conn.execute(sa.text(
@@ -57,6 +57,19 @@ def lock_waiters(app) -> int:
                 "AND datname = current_database()")).scalar_one()
         return conn.execute(sa.text(
             "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'")).scalar_one()
+
+
+def server_view(app) -> list:
+    """What the database says its sessions are doing (for a failure message)."""
+    with app.engine.connect() as conn:
+        if app.backend == "postgresql":
+            return conn.execute(sa.text(
+                "SELECT pid, state, wait_event_type, wait_event, left(query, 80) FROM pg_stat_activity "
+                "WHERE datname = current_database()")).all()
+        return conn.execute(sa.text(
+            "SELECT p.id, p.state, t.trx_state, left(p.info, 80) FROM information_schema.processlist p "
+            "LEFT JOIN information_schema.innodb_trx t ON t.trx_mysql_thread_id = p.id "
+            "WHERE p.db = DATABASE()")).all()
 
 
 @pytest.fixture
@@ -90,13 +103,18 @@ def race_claims(app, release, claimers: int, *, observe_waiters: bool) -> list:
     threads = [threading.Thread(target=claim, args=(i,)) for i in range(claimers)]
     for thread in threads:
         thread.start()
-    wait_for(lambda: faults.fired(faults.AFTER_KEY_LOCK) >= 1, "a claimer is inside the key lock", 20)
-    if observe_waiters:
-        wait_for(lambda: lock_waiters(app) >= claimers - 1 or faults.fired(faults.AFTER_KEY_LOCK) >= claimers,
-                 "the other claimers wait on the key lock (or passed it: no lock)", 20)
-    release.touch()
-    for thread in threads:
-        thread.join(30)
+    try:
+        wait_for(lambda: faults.fired(faults.AFTER_KEY_LOCK) >= 1, "a claimer is inside the key lock", 20)
+        if observe_waiters:
+            try:
+                wait_for(lambda: lock_waiters(app) >= claimers - 1 or faults.fired(faults.AFTER_KEY_LOCK) >= claimers,
+                         "the other claimers wait on the key lock (or passed it: no lock)", 20)
+            except AssertionError as timeout:
+                raise AssertionError(f"{timeout}; claimer errors {errors!r}; server: {server_view(app)}") from None
+    finally:
+        release.touch()  # never leave a claimer parked holding the lock
+        for thread in threads:
+            thread.join(30)
     assert not errors, errors
     return results
 
@@ -127,10 +145,12 @@ def test_a_claims_time_is_read_after_the_key_lock(race_app):
     outcome: dict = {}
     late = threading.Thread(target=lambda: outcome.setdefault("b", claim_next(app, pid_b)))
     late.start()
-    wait_for(lambda: faults.fired(faults.BEFORE_KEY_LOCK) == 1, "claimer B parked before the key lock", 20)
-    outcome["a"] = claim_next(app, pid_a)
-    release.touch()
-    late.join(30)
+    try:
+        wait_for(lambda: faults.fired(faults.BEFORE_KEY_LOCK) == 1, "claimer B parked before the key lock", 20)
+        outcome["a"] = claim_next(app, pid_a)
+    finally:
+        release.touch()
+        late.join(30)
     assert outcome["a"] is not None and outcome["b"] is not None  # concurrency 2: both admitted
     e = schema.executions
     with app.begin() as tx:
