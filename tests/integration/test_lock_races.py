@@ -55,8 +55,12 @@ def lock_waiters(app) -> int:
             return conn.execute(sa.text(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                 "AND datname = current_database()")).scalar_one()
+        # Sessions executing the key-lock statement: the holder sits idle inside its
+        # transaction, so each one still executing it is blocked on the lock. (MariaDB
+        # may not list a waiter in innodb_trx until it holds a lock of its own.)
         return conn.execute(sa.text(
-            "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'")).scalar_one()
+            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
+            "AND info LIKE '%FROM ductwork_limit_keys%FOR UPDATE%'")).scalar_one()
 
 
 def server_view(app) -> list:
