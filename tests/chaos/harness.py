@@ -13,6 +13,7 @@ A round
    so the same seed attacks at the same moments in the same way: SIGKILL a
    random worker, advancer or supervisor (restarted), kill a whole host
    (restarted, sometimes with a fault checkpoint armed so its children die there),
+   freeze a whole host past ``reaper_timeout`` (SIGSTOP, then SIGCONT: zombies),
    terminate the fleet's database connections from the server side, and, where
    the database runs in a container, restart the server once;
 4. a **quiet phase**: faults off, a healthy fleet, until every run is completed,
@@ -60,7 +61,7 @@ HOSTS = ("host-a", "host-b")
 #: action -> weight in the plan
 ACTIONS = {
     "kill_worker": 6, "kill_advancer": 3, "kill_supervisor": 2, "kill_host": 2,
-    "kill_host_at_checkpoint": 2, "terminate_connections": 3,
+    "kill_host_at_checkpoint": 2, "terminate_connections": 3, "freeze_host": 1,
 }
 FAULTABLE = [c for c in faults.CHECKPOINTS if c != faults.DURING_REAP]
 
@@ -198,6 +199,19 @@ class ChaosRound:
             return {"target": host, "fault": event.get("fault")}
         if action == "terminate_connections":
             return self._terminate_connections()
+        if action == "freeze_host":
+            # SIGSTOP the whole host past reaper_timeout (a VM or GC pause): the other host
+            # reaps its rows, then it thaws with threads mid-claim. Its lease kills it soon
+            # after, but until then those threads are zombies whose commits must be rejected.
+            host = event["host"]
+            fleet = self.hosts.get(host)
+            if fleet is None or fleet.proc is None or fleet.proc.poll() is not None:
+                return {"target": host, "note": "down"}
+            frozen_s = SETTINGS["supervisor"]["reaper_timeout"] + 1.5
+            os.killpg(fleet.proc.pid, signal.SIGSTOP)
+            time.sleep(frozen_s)  # frozen this long (the plan's choice)
+            os.killpg(fleet.proc.pid, signal.SIGCONT)
+            return {"target": host, "frozen_s": frozen_s}
         if action == "restart_database":
             self.server.restart()
             self.server.wait_ready(60)

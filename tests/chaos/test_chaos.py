@@ -124,3 +124,32 @@ def test_killed_database_container_recovers(chaos_target, tmp_path):
                         plan=plan).run()
     print(result.summary())
     assert not result.violations, result.violations
+
+
+MUTANT_RUNS = [m for m in os.environ.get("DUCTWORK_CHAOS_MUTANTS", "").split(",") if m]
+
+
+@pytest.mark.skipif(not MUTANT_RUNS, reason="opt-in: DUCTWORK_CHAOS_MUTANTS=no_key_lock,stale_fence_commits")
+@pytest.mark.parametrize("mutant", MUTANT_RUNS or ["none"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chaos_detects_mutant(chaos_target, mutant, seed, tmp_path):
+    """The same round with one guard removed from the fleet's engine must report a violation.
+
+    Opt-in (a race may need several seeds to show): the evidence that the chaos checkers
+    can fail. Prints which invariants were reported.
+    """
+    from tests.chaos.harness import make_plan
+
+    kind, server = chaos_target
+    url = _database(kind, server, tmp_path, "mutant")
+    plan = make_plan(seed, 8.0 * SCALE, connections=kind != "sqlite",
+                     container=getattr(server, "container", None) is not None)
+    # Zombies (a thawed host's threads) are what a fence exists for: freeze each host once.
+    plan += [{"at_s": at, "action": "freeze_host", "host": host, "pick": 0.0, "down_s": 0.0}
+             for at, host in ((2.5, "host-a"), (6.0, "host-b"))]
+    plan.sort(key=lambda e: e["at_s"])
+    result = ChaosRound(seed=seed, url=url, backend=kind, server=server, workdir=_workdir(tmp_path),
+                        scale=SCALE, mutant=mutant, plan=plan).run()
+    reported = {inv: len(v) for inv, v in result.violations.items()}
+    print(f"mutant {mutant} seed {seed} on {kind}: reported {reported or 'nothing'}; {result.summary()}")
+    assert result.violations, f"mutant {mutant} went unnoticed by the chaos checkers ({result.summary()})"
