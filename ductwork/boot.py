@@ -26,7 +26,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from ductwork.definition import resolve_pipeline
-from ductwork.errors import ConfigError, MissingTablesError
+from ductwork.errors import ConfigError, MissingTablesError, SchemaVersionError
 from ductwork.limits import validate_references
 from ductwork.pipeline import Pipeline
 
@@ -84,4 +84,7 @@ def validate(app: App, pipelines: list[type[Pipeline]] | None = None) -> list[st
     missing = migrate.missing_tables(app.engine)
     if missing:
         raise MissingTablesError(missing)
+    current, head = migrate.current(app.engine), migrate.head()
+    if current != head:
+        raise SchemaVersionError(current, head)
     return warnings

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from sqlalchemy.exc import DBAPIError
+
 from ductwork.errors import DuctworkError
 
 
@@ -132,7 +134,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ductwork.demo import main as demo_main
 
-    return demo_main(args.database_url, args.orders)
+    return demo_main(args.database_url or os.environ.get("DUCTWORK_DATABASE_URL"), args.orders)
 
 
 COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_status,
@@ -141,6 +143,8 @@ COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if os.getcwd() not in sys.path:  # like `python -m`: pipelines in the current directory import
+        sys.path.insert(0, os.getcwd())
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     try:
@@ -150,6 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except ImportError as error:
         print(f"ductwork {args.command}: {error}", file=sys.stderr)
+        return 1
+    except DBAPIError as error:
+        where = _opened[-1].engine.url.render_as_string(hide_password=True) if _opened else "the database"
+        reason = str(error.orig).strip().splitlines()[0] if error.orig else type(error).__name__
+        print(f"ductwork {args.command}: cannot use {where}: {reason}", file=sys.stderr)
         return 1
     finally:
         while _opened:

@@ -228,6 +228,18 @@ _COUNT_FIELDS = frozenset({"count", "processes", "expand_batch"})
 _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
 
 
+def _supervisor(values: dict[str, Any]) -> SupervisorConfig:
+    """The supervisor section, checked for a lease that can hold: a process must manage a
+    few heartbeats within ``reaper_timeout`` or it would kill itself for want of one."""
+    cfg = SupervisorConfig(**values)
+    if cfg.reaper_timeout < 3 * cfg.heartbeat_interval:
+        raise ConfigError(
+            "supervisor.reaper_timeout", cfg.reaper_timeout,
+            f"must be at least 3 x supervisor.heartbeat_interval ({cfg.heartbeat_interval}), or every "
+            "process would lose its lease before its next heartbeat")
+    return cfg
+
+
 def _scalars(path: str, body: Mapping, keys: tuple[str, ...]) -> dict[str, Any]:
     """Check the plain scalar keys of a section: counts, budgets and time values."""
     values: dict[str, Any] = {}
@@ -365,9 +377,7 @@ class Config:
             pipeline_advancer=PipelineAdvancerConfig(
                 **_scalars("pipeline_advancer", advancer, _ADVANCER_KEYS)
             ),
-            supervisor=SupervisorConfig(
-                **_scalars("supervisor", supervisor, _SUPERVISOR_KEYS)
-            ),
+            supervisor=_supervisor(_scalars("supervisor", supervisor, _SUPERVISOR_KEYS)),
             limits=limits,
             source=source,
         )

@@ -16,7 +16,8 @@ The tree::
     │   ├── EmptyLimitError               a limit entry declares neither concurrency nor rate
     │   ├── MissingLimitError             a ``limit_by`` key has no entry (names key and pipelines)
     │   └── DatabaseURLError              a database URL is malformed or names no known driver
-    ├── MissingTablesError                limits are configured but the schema lacks their tables
+    ├── MissingTablesError                the schema lacks tables (names them)
+    ├── SchemaVersionError                the schema is not at this ductwork's migration head
     ├── UnsupportedDialectError (NotImplementedError)
     ├── StaleClaim                        a fence found another claim token (internal, caught)
     ├── CommitFailed                      a guarded execution commit matched nothing (reaped owner)
@@ -149,6 +150,15 @@ class MissingTablesError(DuctworkError):
             + ", ".join(self.tables)
             + " (run `ductwork db upgrade` to create them)"
         )
+
+
+class SchemaVersionError(DuctworkError):
+    """The database's ductwork schema is at another revision than this ductwork needs."""
+
+    def __init__(self, current: str | None, head: str):
+        self.current, self.head = current, head
+        super().__init__(f"schema at revision {current!r}, this ductwork needs {head!r} "
+                         "(run `ductwork db upgrade`)")
 
 
 class UnsupportedDialectError(DuctworkError, NotImplementedError):

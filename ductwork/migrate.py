@@ -1,6 +1,6 @@
 """Schema migrations: ``ductwork db upgrade`` and the same from code.
 
-    >>> upgrade("postgresql://localhost/shop")
+    >>> upgrade(ductwork.connect("postgresql://localhost/shop").engine)
 
 Runs Alembic with ductwork's own script directory and version table
 (``ductwork_alembic_version``), so it never touches an application's own

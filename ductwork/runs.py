@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ductwork.pipeline import Pipeline
 
 TERMINAL = ("completed", "halted")
+_UNSET: Any = object()  # resume() without input
 SETTLED = ("completed", "halted", "dampened")
 ACTIVE_BRANCH = ("in_progress", "advancing")
 
@@ -187,18 +188,16 @@ class Run:
             out.append(StepInfo(sid, bid, node, klass, status, kind, json.loads(args), output, started))
         return out
 
-    def resume(self, input: Any = None, **kwargs: Any) -> Run:  # noqa: A002 - public API name
+    def resume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
         """Continue a dampened run: every dampened branch gets its next step.
 
         The next step's input is ``input`` if given (it replaces the previous step's
-        output), else the output of the step before the dampen. Exactly once: a second
-        resume finds no dampened branch and raises :class:`RunStateError`.
+        output; ``None`` is a value), else the output of the step before the dampen.
+        Exactly once: a second resume finds no dampened branch and raises
+        :class:`RunStateError`.
         """
-        replace = "input" in kwargs or input is not None
-        if kwargs and set(kwargs) != {"input"}:
-            raise TypeError(f"resume() got unexpected arguments {sorted(kwargs)}")
-        value = kwargs.get("input", input)
-        value_json = _json_args(f"run {self.id} resume", value) if replace else None
+        replace = input is not _UNSET
+        value_json = _json_args(f"run {self.id} resume", input) if replace else None
         r, b = schema.runs, schema.branches
         with self.app.begin() as tx:
             run = tx.execute(

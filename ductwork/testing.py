@@ -27,6 +27,7 @@ from ductwork.advance import Advancer
 from ductwork.clock import ManualClock
 from ductwork.errors import DrainTimeout
 from ductwork.execute import Worker
+from ductwork.processes import heartbeat
 
 if TYPE_CHECKING:
     from ductwork.app import App
@@ -58,7 +59,13 @@ def drain(app: App, timeout: float = 30.0) -> None:
     """Do every run's work in this thread until all are completed, halted or dampened."""
     deadline = time.monotonic() + timeout
     worker, advancer = Worker(app), Advancer(app)
+    beat_every = app.config.supervisor.heartbeat_interval
+    next_beat = time.monotonic() + beat_every
     while True:
+        if time.monotonic() >= next_beat:  # a live fleet on this database must not reap us
+            next_beat = time.monotonic() + beat_every
+            if not heartbeat(app, app.process_id()):
+                app.forget_process()
         progressed = False
         while advancer.run_once() != "idle":
             progressed = True
