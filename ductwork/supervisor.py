@@ -124,6 +124,7 @@ class Runner:
         self.stop = threading.Event()
         self.process_id = ""
         self.units: list = []  # the Worker or Advancer of each thread
+        self._signalled = False
         self._last_heartbeat_sent = time.monotonic()
         self._reaped = False
 
@@ -147,6 +148,11 @@ class Runner:
                 wait = self.app.config.pipeline_advancer.polling_timeout
             loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, self.app.wakeup, token))
         return loops
+
+    def _on_signal(self, *_: object) -> None:
+        # Only a plain assignment: a second signal arriving while the first handler sits
+        # in Event.set() would re-enter its non-reentrant lock and hang the process.
+        self._signalled = True
 
     def _heartbeats(self) -> None:
         interval = self.app.config.supervisor.heartbeat_interval
@@ -175,7 +181,7 @@ class Runner:
         if self.role == "job_worker":
             rebase_keys(self.app)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: (self.stop.set(), self.app.wakeup.notify()))
+            signal.signal(sig, self._on_signal)
         if self.app.backend == "postgresql":
             PgListener(self.app, self.stop).start()
         loops = self._units()
@@ -185,6 +191,10 @@ class Runner:
         lease = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
         log.info("%s %s started: %d threads, lease %.1fs", self.role, self.process_id, self.threads, lease)
         while not self.stop.is_set():
+            if self._signalled:  # set by the handler; acted on here, outside it
+                self.stop.set()
+                self.app.wakeup.notify()
+                break
             if self._reaped or time.monotonic() - self._last_heartbeat_sent > lease:
                 # Our claims are (or are about to be) someone else's: no code of ours may run.
                 sys.stderr.write(f"ductwork: {self.role} {self.process_id} lost its lease; exiting\n")
@@ -263,7 +273,8 @@ class Supervisor:
         self.role = role or app.config.role
         self.label = label
         self.stop = threading.Event()
-        self.wake = threading.Event()
+        self._stopping = False
+        self._child_exited = False
         self.process_id: str | None = None
         self.children: list[Child] = []
         cfg = app.config
@@ -364,18 +375,34 @@ class Supervisor:
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: (self.stop.set(), self.wake.set()))
-        signal.signal(signal.SIGCHLD, lambda *_: self.wake.set())
+            signal.signal(sig, self._on_stop_signal)
+        signal.signal(signal.SIGCHLD, self._on_child_signal)
         from ductwork.claims import rebase_keys
 
         rebase_keys(self.app)
         tick = self.app.config.supervisor.polling_timeout
-        while not self.stop.is_set():
+        while not self._stopping:
             self.run_once()
-            self.wake.wait(tick)
-            self.wake.clear()
+            self._sleep(tick)
+        self.stop.set()
         self.shutdown()
         return 0
+
+    # Signal handlers only assign flags (an Event.set() in a handler can re-enter the
+    # Event's own lock when a second signal arrives); the loop acts on them.
+    def _on_stop_signal(self, *_: object) -> None:
+        self._stopping = True
+        self._child_exited = True
+
+    def _on_child_signal(self, *_: object) -> None:
+        self._child_exited = True
+
+    def _sleep(self, tick: float) -> None:
+        """Until the next tick, or at once when a child exited or a stop was asked for."""
+        end = time.monotonic() + tick
+        while time.monotonic() < end and not self._child_exited:
+            time.sleep(0.01)
+        self._child_exited = False
 
     def shutdown(self) -> None:
         running = [c for c in self.children if c.proc is not None and c.proc.poll() is None]

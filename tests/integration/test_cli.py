@@ -174,3 +174,24 @@ def test_demo_runs_and_respects_its_limit(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "SyncOrders run" in done.stdout and ": completed;" in done.stdout
     assert "highest in flight 2 (limit 2)" in done.stdout or "highest in flight 1 (limit 2)" in done.stdout
+
+
+def test_schema_behind_the_migration_head_is_named(tmp_path, sqlite_url, capsys):
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ductwork_alembic_version SET version_num = '0000'"))
+    engine.dispose()
+    code, _, err = _check(tmp_path, sqlite_url, {"pipelines": []}, capsys)
+    assert code == 1
+    assert err.strip() == ("ductwork check: SchemaVersionError: schema at revision '0000', this ductwork needs "
+                           "'0001' (run `ductwork db upgrade`)")
+
+
+def test_an_unreachable_database_is_one_line_not_a_traceback(capsys):
+    code = main(["status", "--database-url", "postgresql://nobody@127.0.0.1:1/nowhere", "-c", "/dev/null"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("ductwork status: cannot use postgresql+psycopg://nobody@127.0.0.1:1/nowhere: ")
+    assert err.count("\n") == 1 and "Traceback" not in err

@@ -129,3 +129,22 @@ def test_a_timed_out_step_is_killed_recorded_and_retried(db_url, tmp_path):
     assert (halt, in_flight) == ("job_retries_exhausted", 0)
     set_default_app(None)
     app.dispose()
+
+
+def test_sigterm_to_the_whole_group_twice_stops_cleanly(app, db_url, tmp_path):
+    """Ctrl-C or systemd signal every process of the group, and the supervisor signals its
+    children again: a second signal during the first handler must not hang a runner."""
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowPipeline"])
+    marker = tmp_path / "marker"
+    run = SlowPipeline.trigger({"path": str(marker), "first": 1.0, "after": 0.05})
+    fleet = Fleet(db_url, config).start()
+    try:
+        wait_for(lambda: marker_lines(marker), "the step started")
+        for _ in range(2):
+            os.killpg(fleet.proc.pid, signal.SIGTERM)
+        assert fleet.proc.wait(30) == 0, fleet.log()[-3000:]
+        wait_for(lambda: not process_rows(app.engine), "every process row removed on shutdown", 20)
+    finally:
+        fleet.kill_host()
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"

@@ -285,6 +285,13 @@ def test_dampen_holds_no_worker_and_resume_continues(app):
         ("Add1#0", [1], 2), ("Times10#1", [7], 70), ("Add1#2", [70], 71)]
 
 
+def test_resume_with_none_passes_none(app):
+    run = DampenP.trigger(1)
+    drain(app, timeout=30)
+    run.resume(input=None)
+    assert [s.input for s in run.steps()][1] == [None]
+
+
 def test_resume_without_input_passes_the_previous_output(app):
     run = DampenP.trigger(1)
     drain(app, timeout=30)

@@ -414,3 +414,13 @@ def test_hostile_yaml_files_raise_only_config_errors(text):
         path = Path(folder) / "ductwork.yml"
         path.write_text(text, encoding="utf-8")
         _valid_or_config_error(lambda: load_config(path, environ=NO_ENV))
+
+
+def test_a_lease_that_cannot_hold_is_rejected():
+    from ductwork.config import Config
+    from ductwork.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"supervisor.reaper_timeout=5.0: must be at least 3 x "
+                                          r"supervisor.heartbeat_interval \(2.0\)"):
+        Config.from_section({"supervisor": {"reaper_timeout": 5, "heartbeat_interval": 2}})
+    assert Config.from_section({"supervisor": {"reaper_timeout": 6, "heartbeat_interval": 2}})
