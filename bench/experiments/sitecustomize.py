@@ -1,0 +1,65 @@
+"""Bench-only patches for fleet experiments, applied at interpreter start-up.
+
+    BENCH_PATCHES=no_notify,no_fsync PYTHONPATH=bench/experiments:. python -m ductwork.cli start ...
+
+Used by ``python -m bench.fleet_experiments`` (which sets both variables for the fleet it
+starts); it never runs otherwise: the directory is on no path by default. Each patch
+changes one thing so a fleet's throughput can be compared with and without it:
+
+- ``no_notify``: ``Tx.wake`` sends no ``pg_notify`` (the in-process wakeup stays);
+- ``no_fsync``: every PostgreSQL connection sets ``synchronous_commit = off`` (commits
+  stop waiting for the WAL flush: the bound on what fewer commits could give);
+- ``key_skip_locked``: a keyed claim takes the key's header lock with ``SKIP LOCKED``: a
+  key another claimer holds is skipped (refusal "gone", the poll tries the next lane)
+  instead of queued behind; completions still wait for the lock;
+- ``wake_one``: a wakeup wakes one idle thread of the process instead of all of them.
+"""
+
+import os
+
+_patches = {p.strip() for p in os.environ.get("BENCH_PATCHES", "").split(",") if p.strip()}
+
+if _patches:
+    from sqlalchemy import event
+
+    from ductwork import dialects
+
+    if "no_notify" in _patches:
+        dialects.notify_wakeup._impls["postgresql"] = lambda conn: None
+
+    if "no_fsync" in _patches:
+        _create = dialects.create_engine
+
+        def create_engine(url, **settings):
+            engine = _create(url, **settings)
+            if engine.dialect.name == "postgresql":
+                @event.listens_for(engine, "connect")
+                def _connect(dbapi_connection, _record):
+                    with dbapi_connection.cursor() as cursor:
+                        cursor.execute("SET synchronous_commit = off")
+                    dbapi_connection.commit()
+            return engine
+
+        dialects.create_engine = create_engine
+
+    if "key_skip_locked" in _patches:
+        import sqlalchemy as sa
+
+        from ductwork import claims, schema
+
+        def _lock_key(tx, key):
+            k = schema.limit_keys
+            stmt = sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key)
+            return tx.execute(dialects.for_update(stmt, tx.conn, skip_locked=True)).first()
+
+        claims._lock_key = _lock_key
+
+    if "wake_one" in _patches:
+        from ductwork import wakeup
+
+        def notify(self):
+            with self._cond:
+                self._generation += 1
+                self._cond.notify(1)
+
+        wakeup.Wakeup.notify = notify

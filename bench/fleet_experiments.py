@@ -1,0 +1,118 @@
+"""Fleet experiments: B1's chain and drain throughput with one engine behaviour patched out.
+
+    python -m bench.fleet_experiments [--database-url URL] [--repeats 2] [--patches no_notify,no_fsync]
+    python -m bench.fleet_experiments --limits --patches key_skip_locked,wake_one,key_skip_locked+wake_one
+
+Runs the B1 batches (chains of 5 no-op steps; one-step unkeyed drains) through real
+``ductwork start`` fleets, the default one and the one with more workers, once per
+*mode*: ``baseline`` (the engine as it is) and each patch of
+``bench/experiments/sitecustomize.py`` (loaded into the fleet's processes only):
+``no_notify`` (no ``pg_notify`` in transactions that create or complete executions)
+and ``no_fsync`` (``synchronous_commit = off``). Both patches are PostgreSQL-only; on
+other databases only the baseline runs. A mode's ratio to the baseline is what that
+behaviour costs. Not a benchmark of the product: an aid for the optimisation proposals
+in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from bench.b1_throughput import FLEETS, _chain_batch, _drain_batch
+from bench.harness import ProcessFleet, Target, log
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--patches", default="no_notify,no_fsync")
+    parser.add_argument("--chain-runs", type=int, default=100)
+    parser.add_argument("--drain-jobs", type=int, default=1000)
+    parser.add_argument("--limits", action="store_true",
+                        help="instead of B1: B2's concurrency-5 and rate-200/s-burst-1 batches, per patch")
+    parser.add_argument("--limit-jobs", type=int, default=300)
+    args = parser.parse_args()
+    target = Target.from_url(args.database_url)
+    target.setup()
+    target.reset()
+    pg_only = {"no_notify", "no_fsync", "key_skip_locked"}
+    modes = [()] + [tuple(p.split("+")) for p in args.patches.split(",")
+                    if p and (target.kind == "postgresql" or not set(p.split("+")) & pg_only)]
+    if args.limits:
+        return limits(target, args, modes)
+    results: dict[tuple[str, str, str], list[float]] = {}
+    app = target.app()
+    try:
+        for fleet_name, kwargs in FLEETS.items():
+            for patches in modes:
+                mode = "+".join(patches) or "baseline"
+                for what, role, batch, n in (("chain steps/s", "all", _chain_batch, args.chain_runs),
+                                             ("drain claims/s", "worker", _drain_batch, args.drain_jobs)):
+                    # Empty tables for every fleet: a drain leaves its one-step runs advanceable, and
+                    # the next fleet's advancer would spend its first batch completing them.
+                    app.dispose()
+                    target.reset()
+                    fleet = ProcessFleet(target, role=role, label=f"benchx{len(results)}", patches=patches,
+                                         **kwargs).start(app)
+                    try:
+                        got = results.setdefault((fleet_name, mode, what), [])
+                        for rep in range(args.repeats):
+                            got.append(batch(app, f"x{len(results)}{rep}", n, timeout=600))
+                            log(f"{fleet_name}, {mode}: {what} {got[-1]:.0f}")
+                    finally:
+                        fleet.stop()
+    finally:
+        app.dispose()
+    print(f"\n## {target.name}: fleet experiments (median of {args.repeats})\n")
+    print("| fleet | mode | chain steps/s | × baseline | drain claims/s | × baseline |")
+    print("|---|---|---:|---:|---:|---:|")
+    for fleet_name in FLEETS:
+        base = {w: statistics.median(results[(fleet_name, "baseline", w)]) for w in ("chain steps/s", "drain claims/s")}
+        for patches in modes:
+            mode = "+".join(patches) or "baseline"
+            c = statistics.median(results[(fleet_name, mode, "chain steps/s")])
+            d = statistics.median(results[(fleet_name, mode, "drain claims/s")])
+            print(f"| {fleet_name} | {mode} | {c:.0f} | {c / base['chain steps/s']:.2f}× | {d:.0f} | "
+                  f"{d / base['drain claims/s']:.2f}× |")
+
+
+def limits(target: Target, args: argparse.Namespace, modes: list[tuple[str, ...]]) -> None:
+    from bench.b2_limits import SCENARIOS, _batch
+
+    scenarios = {k: v for k, v in SCENARIOS.items() if k in ("concurrency 5", "rate 200/s, burst 1")}
+    ideal = {"concurrency 5": 250.0, "rate 200/s, burst 1": 200.0}
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    app = target.app()
+    try:
+        for rep in range(args.repeats):
+            for patches in modes:
+                mode = "+".join(patches) or "baseline"
+                app.dispose()
+                target.reset()
+                fleet = ProcessFleet(target, role="worker", workers=2, label=f"benchy{rep}{mode}",
+                                     patches=patches).start(app)
+                try:
+                    for i, (name, (pipeline, key)) in enumerate(scenarios.items()):
+                        got = _batch(app, f"y{rep}{len(results)}{i}", pipeline, key, args.limit_jobs)
+                        results.setdefault((mode, name), []).append((got["rate"] / ideal[name], got["slots"]))
+                        log(f"{mode}: {name}: {got['rate'] / ideal[name]:.2f} of ideal, {got['slots']:.2f} slots")
+                finally:
+                    fleet.stop()
+    finally:
+        app.dispose()
+    print(f"\n## {target.name}: limit experiments, 2 worker processes × 5 threads (median of {args.repeats})\n")
+    print("| mode | " + " | ".join(f"{n}: achieved/ideal | {n}: slots in use" for n in scenarios) + " |")
+    print("|---|" + "---:|---:|" * len(scenarios))
+    for patches in modes:
+        mode = "+".join(patches) or "baseline"
+        cells = []
+        for name in scenarios:
+            values = results[(mode, name)]
+            cells += [f"{statistics.median(v[0] for v in values):.2f}", f"{statistics.median(v[1] for v in values):.2f}"]
+        print(f"| {mode} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,521 @@
+"""The bench harness: databases, bulk rows, fleets, repetitions and the results table.
+
+    target = Target.from_url("postgresql://postgres@127.0.0.1:5432/ductwork_bench")
+    target.setup(); target.reset()
+    app = target.app()
+    insert_pending(app, One, 1000, prefix="a")        # 1000 pending runs, in SQL, in bulk
+    with ProcessFleet(target, workers=2) as fleet: ... # real ``ductwork start`` processes
+
+Not run directly: ``python -m bench --help``. Every benchmark takes ``--database-url``
+through ``bench/__main__.py`` and defaults to SQLite (a fresh file under the temp dir).
+
+What the harness promises:
+
+- a target database is ductwork's alone: it is created if missing, migrated to head,
+  and every ductwork row in it is deleted between benchmarks. The test suite's
+  databases (``test``, ``ductwork_test_*``) are refused.
+- bulk rows are inserted with ``INSERT … SELECT`` over a numbers CTE, row for row what
+  ``trigger`` would write (a run, its start branch, its start step, job and pending
+  execution), so 10⁶ pending jobs take seconds rather than 10⁶ Python triggers.
+- times used in figures are database times read from rows (``claimed_at``,
+  ``completed_at``), so the fleet's own clocks and the bench process never skew them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import sqlalchemy as sa
+import yaml
+
+from ductwork import dialects, migrate, schema
+from ductwork.app import App
+from ductwork.config import Config
+
+REPO = Path(__file__).resolve().parent.parent
+FORBIDDEN_DATABASES = ("test",)
+FORBIDDEN_PREFIXES = ("ductwork_test_",)
+DEFAULT_SERVERS = {
+    "postgresql": "postgresql://postgres@127.0.0.1:5432/ductwork_bench",
+    "mariadb": "mysql://root@127.0.0.1:3306/ductwork_bench",
+}
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+@dataclass
+class Metric:
+    """One figure: the median of ``samples`` (one per repetition), with its unit."""
+
+    value: float | None
+    unit: str = ""
+    samples: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @classmethod
+    def of(cls, samples: Iterable[float | None], unit: str = "", note: str = "") -> Metric:
+        kept = [s for s in samples if s is not None]
+        return cls(statistics.median(kept) if kept else None, unit, kept, note)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": self.value, "unit": self.unit, "samples": self.samples, "note": self.note}
+
+
+def ratio(numerators: list[float], denominators: list[float]) -> list[float]:
+    """Per-repetition ratios (a comparison measured within one repetition)."""
+    return [n / d for n, d in zip(numerators, denominators) if d]
+
+
+def label(fn: Callable[..., Any]) -> str:
+    """A bench function's label: the first line of its docstring."""
+    return (fn.__doc__ or fn.__name__).strip().splitlines()[0]
+
+
+@dataclass
+class Sizes:
+    """How big and how often; ``quick`` is the smoke run, ``full`` adds the 10⁶ cases."""
+
+    quick: bool = False
+    full: bool = False
+
+    @property
+    def repeats(self) -> int:
+        return 1 if self.quick else 3
+
+
+class Timer:
+    def __enter__(self) -> Timer:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start
+
+
+def log(message: str) -> None:
+    print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- databases
+
+
+def bench_config(**sections: dict[str, Any]) -> Config:
+    """Defaults (ductwork's own) plus the bench pipelines and limits, with overrides."""
+    from bench.workloads import LIMITS, PIPELINES
+
+    body: dict[str, Any] = {"pipelines": PIPELINES, "job_worker": {"limits": LIMITS}}
+    for name, values in sections.items():
+        body.setdefault(name, {}).update(values)
+    return Config.from_section(body, source="<bench>")
+
+
+@dataclass
+class Target:
+    """One database the benchmarks own: ``kind`` is sqlite, postgresql or mariadb/mysql."""
+
+    url: str
+    kind: str
+    name: str
+    _template: Path | None = None
+    _tempdir: Path | None = None
+
+    @classmethod
+    def from_url(cls, url: str | None) -> Target:
+        directory = None
+        if url is None:
+            directory = Path(tempfile.mkdtemp(prefix="ductwork_bench_"))
+            url = f"sqlite:///{directory}/bench.sqlite3"
+        parsed = dialects.normalize_url(url)
+        kind = dialects.backend(parsed.get_backend_name())
+        database = parsed.database or ""
+        if kind != "sqlite" and (database in FORBIDDEN_DATABASES or database.startswith(FORBIDDEN_PREFIXES)):
+            raise SystemExit(f"bench: refusing database {database!r}: it belongs to the test suite "
+                             f"(the bench deletes every ductwork row); use e.g. ductwork_bench")
+        name = kind
+        if kind == "mysql":
+            name = "mariadb" if "mariadb" in _server_version(parsed).lower() else "mysql"
+        return cls(url, kind, name, _tempdir=directory)
+
+    def cleanup(self) -> None:
+        """Remove the SQLite file this target created (a server database is left, emptied)."""
+        if self._tempdir is not None:
+            shutil.rmtree(self._tempdir, ignore_errors=True)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Create the database if missing and migrate it to head."""
+        parsed = dialects.normalize_url(self.url)
+        if self.kind == "sqlite":
+            path = Path(parsed.database)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            _create_database(parsed, self.kind)
+        engine = dialects.create_engine(self.url)
+        try:
+            migrate.upgrade(engine)
+        finally:
+            engine.dispose()
+        if self.kind == "sqlite":
+            self._template = path.with_suffix(".template")
+            shutil.copyfile(path, self._template)
+
+    def reset(self) -> None:
+        """Delete every ductwork row (a fresh copy of the migrated file on SQLite)."""
+        if self.kind == "sqlite":
+            path = Path(dialects.normalize_url(self.url).database)
+            for suffix in ("-wal", "-shm"):
+                Path(str(path) + suffix).unlink(missing_ok=True)
+            assert self._template is not None, "setup() first"
+            shutil.copyfile(self._template, path)
+            return
+        engine = dialects.create_engine(self.url)
+        tables = [t.name for t in reversed(schema.metadata.sorted_tables)]
+        try:
+            with engine.begin() as conn:
+                if self.kind == "postgresql":
+                    conn.exec_driver_sql("TRUNCATE " + ", ".join(tables) + " CASCADE")
+                else:
+                    conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS=0")
+                    for table in tables:
+                        conn.exec_driver_sql(f"TRUNCATE TABLE {table}")
+                    conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS=1")
+        finally:
+            engine.dispose()
+
+    def app(self, **sections: dict[str, Any]) -> App:
+        return App(self.url, bench_config(**sections), pool_size=10)
+
+    def analyze(self, app: App) -> None:
+        """Refresh planner statistics (what autovacuum / InnoDB auto-stats would do)."""
+        with app.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            if self.kind == "postgresql":
+                conn.exec_driver_sql("ANALYZE")
+            elif self.kind == "mysql":
+                for t in schema.metadata.sorted_tables:
+                    conn.exec_driver_sql(f"ANALYZE TABLE {t.name}").all()
+            else:
+                conn.exec_driver_sql("ANALYZE")
+
+    def describe(self) -> str:
+        engine = dialects.create_engine(self.url)
+        try:
+            with engine.connect() as conn:
+                if self.kind == "sqlite":
+                    return "SQLite " + conn.exec_driver_sql("select sqlite_version()").scalar_one()
+                version = conn.exec_driver_sql("select version()").scalar_one()
+                return version.split(" on ")[0] if self.kind == "postgresql" else f"MariaDB/MySQL {version}"
+        finally:
+            engine.dispose()
+
+
+def _server_version(parsed: sa.URL) -> str:
+    engine = sa.create_engine(parsed._replace(database=None))
+    try:
+        with engine.connect() as conn:
+            return conn.exec_driver_sql("select version()").scalar_one()
+    finally:
+        engine.dispose()
+
+
+def _create_database(parsed: sa.URL, kind: str) -> None:
+    name = parsed.database
+    admin = parsed._replace(database="postgres" if kind == "postgresql" else None)
+    engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            if kind == "postgresql":
+                exists = conn.execute(sa.text("select 1 from pg_database where datname = :n"), {"n": name}).first()
+                if not exists:
+                    conn.exec_driver_sql(f'CREATE DATABASE "{name}" ENCODING \'UTF8\' TEMPLATE template0')
+            else:
+                conn.exec_driver_sql(f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
+    finally:
+        engine.dispose()
+
+
+# --------------------------------------------------------------------------- bulk rows
+
+
+def _numbers(n: int) -> tuple[sa.Subquery, sa.ColumnElement]:
+    """A subquery yielding ``n`` rows and the column ``0 .. n-1`` (portable: a recursive CTE
+    of 1000 rows, cross-joined with itself for more)."""
+    k = min(n, 1000)
+    seq = sa.select(sa.literal_column("0").label("n")).cte("bench_seq", recursive=True)
+    seq = seq.union_all(sa.select((seq.c.n + sa.literal_column("1")).label("n")).where(seq.c.n < k - 1))
+    if n <= 1000:
+        sub = sa.select(seq.c.n.label("i")).subquery("nums")
+    else:
+        a, b = seq.alias("a"), seq.alias("b")
+        i = (b.c.n * sa.literal_column("1000") + a.c.n)
+        sub = sa.select(i.label("i")).select_from(a.join(b, sa.true())).where(i < n).subquery("nums")
+    return sub, sub.c.i
+
+
+def _id(prefix: str, i: sa.ColumnElement) -> sa.ColumnElement:
+    """Ids that sort before every UUIDv7 (``00000000-…``), fixed width, unique per prefix."""
+    return sa.literal(f"00000000-{prefix}-", sa.String) + sa.cast(i + sa.literal_column("1000000000000"), sa.String)
+
+
+def definition_row(pipeline: type) -> tuple[str, str, str]:
+    """(pipeline name, snapshot text, sha1) exactly as ``trigger`` stores them."""
+    definition = pipeline.definition
+    snapshot = json.dumps(definition.to_json(), sort_keys=True)
+    return definition.pipeline, snapshot, hashlib.sha1(snapshot.encode()).hexdigest()
+
+
+def insert_pending(app: App, pipeline: type, n: int, prefix: str, *, one_run: bool = False,
+                   input_json: str = "[0]") -> datetime:
+    """Insert ``n`` pending start steps of ``pipeline`` in one transaction; returns its time.
+
+    ``one_run=False``: n runs, each with its start branch, step, job and pending
+    execution: what n ``trigger`` calls write. ``one_run=True``: one run and one branch
+    holding n steps (node names made unique): only for claim-cost benchmarks whose
+    jobs are never executed or advanced (it spares 10⁶ snapshot texts).
+    """
+    from ductwork.steps import ensure_limit_keys
+
+    name, snapshot, sha1 = definition_row(pipeline)
+    definition = pipeline.definition
+    node = definition.nodes[definition.start]
+    key = node.limit_by
+    with app.begin() as tx:
+        now = tx.now
+        nums, i = _numbers(n)
+        t = sa.literal(now, schema.Timestamp)
+        run_id = _id(prefix + "r", i)
+        branch_id = _id(prefix + "b", i)
+        if one_run:
+            run_id = sa.literal(f"00000000-{prefix}r-one", sa.String)
+            branch_id = sa.literal(f"00000000-{prefix}b-one", sa.String)
+            tx.execute(schema.runs.insert().values(
+                id=f"00000000-{prefix}r-one", pipeline_klass=name, definition=snapshot, definition_sha1=sha1,
+                status="in_progress", triggered_at=now, created_at=now, updated_at=now))
+            tx.execute(schema.branches.insert().values(
+                id=f"00000000-{prefix}b-one", run_id=f"00000000-{prefix}r-one", status="in_progress",
+                last_advanced_at=now, started_at=now, fanin_arrivals=0, created_at=now, updated_at=now))
+            node_name = sa.literal(definition.start + ".", sa.String) + sa.cast(i, sa.String)
+        else:
+            r, b = schema.runs, schema.branches
+            tx.execute(r.insert().from_select(
+                ["id", "pipeline_klass", "definition", "definition_sha1", "status", "triggered_at",
+                 "created_at", "updated_at"],
+                sa.select(run_id, sa.literal(name, sa.String), sa.literal(snapshot, sa.Text),
+                          sa.literal(sha1, sa.String), sa.literal("in_progress", sa.String), t, t, t)
+                .select_from(nums)))
+            tx.execute(b.insert().from_select(
+                ["id", "run_id", "status", "last_advanced_at", "started_at", "fanin_arrivals",
+                 "created_at", "updated_at"],
+                sa.select(branch_id, run_id, sa.literal("in_progress", sa.String), t, t,
+                          sa.literal_column("0"), t, t).select_from(nums)))
+            node_name = sa.literal(definition.start, sa.String)
+        step_id, job_id, execution_id = _id(prefix + "s", i), _id(prefix + "j", i), _id(prefix + "e", i)
+        if key:
+            ensure_limit_keys(tx, [key])
+        s, j, e = schema.steps, schema.jobs, schema.executions
+        tx.execute(s.insert().from_select(
+            ["id", "run_id", "branch_id", "node", "klass", "to_transition", "status", "limit_key",
+             "timeout_us", "started_at", "created_at", "updated_at"],
+            sa.select(step_id, run_id, branch_id, node_name, sa.literal(node.klass, sa.String),
+                      sa.literal("start", sa.String), sa.literal("in_progress", sa.String),
+                      sa.literal(key, sa.String), sa.literal(node.timeout_us, sa.BigInteger), t, t, t)
+            .select_from(nums)))
+        tx.execute(j.insert().from_select(
+            ["id", "step_id", "klass", "input_args", "started_at", "created_at", "updated_at"],
+            sa.select(job_id, step_id, sa.literal(node.klass, sa.String), sa.literal(input_json, sa.Text),
+                      t, t, t).select_from(nums)))
+        tx.execute(e.insert().from_select(
+            ["id", "job_id", "limit_key", "eligible_at", "retry_count", "crash_count", "created_at",
+             "updated_at"],
+            sa.select(execution_id, job_id, sa.literal(key, sa.String), t, sa.literal_column("0"),
+                      sa.literal_column("0"), t, t).select_from(nums)))
+        if hasattr(tx, "wake"):  # as trigger does: wake idle workers once this commits
+            tx.wake()
+    app._definitions.setdefault(sha1, definition)
+    return now
+
+
+def count(app: App, stmt: sa.Select) -> int:
+    with app.begin() as tx:
+        return int(tx.execute(stmt).scalar_one())
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float, interval: float = 0.1) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise TimeoutError(f"bench: within {timeout:.0f} s, never: {what}")
+        time.sleep(interval)
+
+
+def seconds(delta: Any) -> float:
+    return delta.total_seconds()
+
+
+def percentile_time(times: list[datetime], fraction: float) -> datetime:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, max(0, int(round(fraction * len(ordered))) - 1))]
+
+
+# --------------------------------------------------------------------------- fleets
+
+
+class ProcessFleet:
+    """A real ``ductwork start`` (supervisor, one advancer process, N worker processes).
+
+    Config: ductwork's defaults (polling 1 s, 3 advancer threads, 5 worker threads per
+    process) except for what the caller passes; the bench pipelines and limits are listed.
+    """
+
+    def __init__(self, target: Target, *, workers: int = 1, worker_threads: int = 5,
+                 advancer_threads: int = 3, role: str = "all", label: str = "bench",
+                 overrides: dict[str, dict[str, Any]] | None = None, patches: tuple[str, ...] = ()):
+        from bench.workloads import LIMITS, PIPELINES
+
+        self.patches = patches  # bench/experiments/sitecustomize.py patches, for experiments only
+
+        self.target, self.role, self.label = target, role, label
+        self.workers = workers if role in ("all", "worker") else 0
+        self.advancers = 1 if role in ("all", "advancer") else 0
+        section: dict[str, Any] = {
+            "pipelines": PIPELINES,
+            "job_worker": {"count": worker_threads, "processes": workers, "limits": LIMITS},
+            "pipeline_advancer": {"count": advancer_threads},
+        }
+        for name, values in (overrides or {}).items():
+            section.setdefault(name, {}).update(values)
+        self.dir = Path(tempfile.mkdtemp(prefix="ductwork_bench_fleet_"))
+        self.config = self.dir / "ductwork.yml"
+        self.config.write_text(yaml.safe_dump({"default": section}))
+        self.proc: subprocess.Popen | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.advancers:
+            parts.append("1 advancer process")
+        if self.workers:
+            parts.append(f"{self.workers} worker process{'es' if self.workers > 1 else ''}")
+        return " + ".join(parts)
+
+    def start(self, app: App, timeout: float = 60.0) -> ProcessFleet:
+        paths = [str(REPO / "bench" / "experiments")] if self.patches else []
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*paths, str(REPO), os.environ.get("PYTHONPATH")])),
+               "BENCH_PATCHES": ",".join(self.patches)}
+        command = [sys.executable, "-m", "ductwork.cli", "start", "--database-url", self.target.url,
+                   "-c", str(self.config), "--label", self.label]
+        if self.role != "all":
+            command += ["--role", self.role]
+        self._log = open(self.dir / "fleet.log", "ab")
+        self.proc = subprocess.Popen(command, env=env, cwd=str(REPO), stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        p = schema.processes
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"bench fleet exited with {self.proc.returncode}: "
+                                   f"{(self.dir / 'fleet.log').read_text()[-2000:]}")
+            with app.begin() as tx:
+                roles = [r for (r,) in tx.execute(sa.select(p.c.role).where(p.c.label.like(f"{self.label}%")))]
+            return roles.count("job_worker") == self.workers and roles.count("pipeline_advancer") == self.advancers
+
+        wait_until(ready, "the fleet registered its processes", timeout)
+        return self
+
+    def stop(self, timeout: float = 40.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            # SIGTERM to the supervisor only: it TERMs its children. (A TERM to the whole
+            # process group makes each child receive two; the second can re-enter the
+            # first's Event.set in the handler and deadlock the runner until SIGKILL.)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+        self._log.close()
+        self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- child processes
+
+
+def run_child(module: str, args: list[str], timeout: float) -> dict[str, Any]:
+    """Run ``python -m module args`` (a bench child) and parse the JSON line it prints last."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=str(REPO), capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench child {module} failed ({done.returncode}): {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set size so far, KiB (Linux ``ru_maxrss``)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                            "cpus": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["memory_gib"] = round(int(line.split()[1]) / 1024 / 1024, 1)
+                break
+    except OSError:
+        pass
+    try:
+        info["load_average"] = os.getloadavg()
+    except OSError:
+        pass
+    import sqlalchemy
+
+    info["sqlalchemy"] = sqlalchemy.__version__
+    return info
+
+
+def git_commit() -> str | None:
+    """HEAD, suffixed ``+dirty (files)`` when tracked files differ from it (read-only git)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(REPO), capture_output=True, text=True,
+                              check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=str(REPO),
+                                 capture_output=True, text=True, check=True).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    files = sorted(line[3:] for line in changed if line.strip())
+    return head + (f" +dirty ({', '.join(files)})" if files else "")
