@@ -33,7 +33,7 @@ import json
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import exc
@@ -511,3 +511,52 @@ class Advancer:
             ))  # [INV-ADV-3] uq_branch_merge_per_barrier
             args = "[[" + ",".join(payload_json(o) for o in outputs) + "]]"
             create_steps(tx, c.run_id, definition, [NewStep(merged, edge.to[0], kind, args)])
+
+
+def advance_on_success(app: App, claimed: Any, definition: Definition, value_json: str, tx: Tx) -> bool:
+    """Advance a branch past a step inside the transaction that records the step's success.
+
+    For linear edges only — ``chain``, ``converge``, and ``divert`` with a target — where
+    advancing creates exactly one step on the same branch. The step goes straight from
+    ``in_progress`` to ``completed`` and its successor (step, job, first execution) is
+    created in the same commit as the job's outcome, so no advancer hop (three
+    transactions and, in a fleet, a hand-off between processes) is needed.
+
+    Exactly once for the same reasons as a fenced advancement [INV-ADV-1]: the branch row
+    is locked and must be unclaimed — no advancer can hold it, since until this
+    transaction commits its step is not advanceable — the step's completion is guarded by
+    its status, and ``uq_step_branch_node`` forbids a second successor. An advancement
+    row, opened and closed here by the worker's process, keeps the bookkeeping complete.
+
+    Returns False, changing nothing, for every other edge (leaf, fan-out, fan-in,
+    expand, dampen, a divert without a target) or a branch not free to advance: the step
+    is then left ``advancing`` for an advancer, as without this shortcut. Not done here:
+    ending a branch (that needs the run's lock, which an advancer takes in its fence).
+    """
+    edge = definition.edges.get(claimed.node)
+    if edge is None or not edge.to:
+        return False
+    if edge.type in ("chain", "converge"):
+        node = edge.to[0]
+    elif edge.type == "divert":
+        key = render_divert_key(json.loads(value_json))
+        node = (edge.to.get(key) if key is not None else None) or edge.to.get("otherwise")
+        if node is None:
+            return False
+    else:
+        return False
+    branch = tx.execute(dialects.for_update(
+        sa.select(_b.c.claim_token, _b.c.status).where(_b.c.id == claimed.branch_id), tx.conn)).one()
+    if branch.claim_token is not None or branch.status != "in_progress":
+        return False
+    # [INV-ADV-1] the step completes and its successor exists in the outcome's own transaction
+    step_complete(tx, claimed.step_id, from_status=("in_progress",))
+    create_steps(tx, claimed.run_id, definition,
+                 [NewStep(claimed.branch_id, node, edge.type, "[" + value_json + "]")])
+    now = tx.now
+    tx.execute(_a.insert().values(
+        id=new_id(), branch_id=claimed.branch_id, step_id=claimed.step_id, process_id=claimed.process_id,
+        claim_token=new_token(), started_at=now, completed_at=now, crash_count=0, created_at=now, updated_at=now))
+    tx.execute(_b.update().where(_b.c.id == claimed.branch_id, _b.c.claim_token.is_(None))
+               .values(last_advanced_at=now, updated_at=now))
+    return True

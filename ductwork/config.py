@@ -203,6 +203,9 @@ class PipelineAdvancerConfig:
     shutdown_timeout: float = 20.0
     #: children created per transaction by a batched expand [INV-ADV-4]
     expand_batch: int = 1000
+    #: advance chain, converge, divert and leaf edges inside the worker's success
+    #: transaction (no advancer hop); false leaves every edge to the advancers
+    inline_linear: bool = True
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,7 @@ _ADVANCER_KEYS = tuple(f.name for f in dataclasses.fields(PipelineAdvancerConfig
 _SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))
 _COUNT_FIELDS = frozenset({"count", "processes", "expand_batch"})
 _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
+_FLAG_FIELDS = frozenset({"inline_linear"})
 
 
 def _supervisor(values: dict[str, Any]) -> SupervisorConfig:
@@ -247,7 +251,11 @@ def _scalars(path: str, body: Mapping, keys: tuple[str, ...]) -> dict[str, Any]:
         if key not in body:
             continue
         key_path = f"{path}.{key}"
-        if key in _COUNT_FIELDS:
+        if key in _FLAG_FIELDS:
+            if not isinstance(body[key], bool):
+                raise ConfigError(key_path, body[key], "expected true or false")
+            values[key] = body[key]
+        elif key in _COUNT_FIELDS:
             values[key] = _count(key_path, body[key])
         elif key in _BUDGET_FIELDS:
             values[key] = _budget(key_path, body[key])

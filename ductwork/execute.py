@@ -26,12 +26,14 @@ killed, so only a process kill stops them.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ductwork import faults
+from ductwork.advance import advance_on_success
 from ductwork.context import Context
 from ductwork.claims import claim_next, seconds_to_next_token
 from ductwork.definition import resolve_step
@@ -89,7 +91,7 @@ def make_output(klass: str, definition: Definition, node: str, value: Any) -> Ou
         if not isinstance(value, list):
             raise StepReturnError(klass, value, "a step followed by expand must return a list")
         return Output(expand_envelope(len(value)), [json.dumps(v) for v in value])
-    return Output(payload_envelope(text))
+    return Output(payload_envelope(text), value_json=text)
 
 
 def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str) -> Any:
@@ -179,7 +181,10 @@ class Worker:
             # then the reaper's re-run is the live execution and the step runs again.
             # Repeated on a lost connection: a commit whose acknowledgement was lost is seen
             # as CommitFailed the second time (the guarded update matches nothing).
-            retry_transient(lambda: record_success(self.app, claimed, output))
+            inline = None
+            if self.app.config.pipeline_advancer.inline_linear and output.value_json is not None:
+                inline = functools.partial(advance_on_success, self.app, claimed, definition, output.value_json)
+            retry_transient(lambda: record_success(self.app, claimed, output, inline))
             faults.hit(faults.AFTER_JOB_COMMIT)
             return "success"
         except CommitFailed as failed:

@@ -28,7 +28,7 @@ import json
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import sqlalchemy as sa
 
@@ -71,6 +71,8 @@ class Output:
 
     payload_json: str
     expand_items: list[str] | None = None
+    #: the value's own JSON text (None for an expand's list)
+    value_json: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,8 +130,14 @@ def _mark_failed(tx: Tx, step_id: str) -> None:
                .values(status="failed", updated_at=tx.now))
 
 
-def record_success(app: App, claimed: Claimed, output: Output) -> None:
-    """Record success: the job's output, expand items, the step ``advancing``. Raises CommitFailed."""
+def record_success(app: App, claimed: Claimed, output: Output,
+                   advance: Callable[[Tx], bool] | None = None) -> None:
+    """Record success: the job's output, expand items, the step ``advancing``. Raises CommitFailed.
+
+    ``advance(tx)`` may advance the branch past the step in this same transaction (a
+    linear edge: ``advance.advance_on_success``); when it returns False the step is
+    left ``advancing`` for an advancer.
+    """
     with app.begin() as tx:
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "success", None):
             raise CommitFailed(claimed.execution_id, claimed.process_id)
@@ -140,6 +148,8 @@ def record_success(app: App, claimed: Claimed, output: Output) -> None:
                     for i, v in enumerate(output.expand_items)]
             for start in range(0, len(rows), 1000):
                 tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
+        if advance is not None and advance(tx):
+            return
         tx.execute(schema.steps.update()
                    .where(schema.steps.c.id == claimed.step_id, schema.steps.c.status == "in_progress")
                    .values(status="advancing", updated_at=tx.now))

@@ -31,6 +31,21 @@ from ductwork.testing import drain
 RACERS = 4
 
 
+@pytest.fixture
+def app(db_url):
+    """The conftest app, but every edge goes through an advancer (these tests race the
+    advancer's claim protocol on chains, which workers would otherwise advance inline)."""
+    from ductwork.app import set_default_app
+    from tests.conftest import make_app, reset_tables
+
+    application = make_app(db_url, pipeline_advancer={"inline_linear": False})
+    reset_tables(application.engine)
+    set_default_app(application)
+    yield application
+    set_default_app(None)
+    application.dispose()
+
+
 class Num(Step):
     def __init__(self, n):
         self.n = n
