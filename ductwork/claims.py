@@ -147,16 +147,20 @@ def _claim_row(tx: Tx, execution_id: str, process_id: str, seq: int | None) -> b
 def claim_unkeyed(app: App, process_id: str) -> Claimed | None:
     """Claim the oldest eligible unkeyed execution, skipping rows other claimers hold."""
     with app.begin() as tx:
-        stmt = dialects.for_update(
-            sa.select(_e.c.id)
-            .where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= tx.now)
-            .order_by(_e.c.eligible_at, _e.c.id).limit(1),
-            tx.conn, skip_locked=True,
-        )
-        execution_id = tx.execute(stmt).scalar_one_or_none()
-        if execution_id is None or not _claim_row(tx, execution_id, process_id, None):
-            return None
-        return _load(tx, execution_id, process_id)
+        return _claim_unkeyed_in(tx, process_id)
+
+
+def _claim_unkeyed_in(tx: Tx, process_id: str) -> Claimed | None:
+    stmt = dialects.for_update(
+        sa.select(_e.c.id)
+        .where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= tx.now)
+        .order_by(_e.c.eligible_at, _e.c.id).limit(1),
+        tx.conn, skip_locked=True,
+    )
+    execution_id = tx.execute(stmt).scalar_one_or_none()
+    if execution_id is None or not _claim_row(tx, execution_id, process_id, None):
+        return None
+    return _load(tx, execution_id, process_id)
 
 
 def _buckets_of(tx: Tx, key: str) -> dict[int, buckets.Bucket]:
@@ -297,9 +301,19 @@ def seconds_to_next_token(app: App) -> float | None:
 
 
 def claim_next(app: App, process_id: str) -> Claimed | None:
-    """Claim at most one execution: the oldest that its lane's limits admit now."""
-    with app.begin(readonly=True) as tx:
+    """Claim at most one execution: the oldest that its lane's limits admit now.
+
+    When the oldest lane is the unkeyed one, the claim happens in the lane scan's own
+    transaction (one transaction instead of two); a keyed claim always takes its own,
+    whose first statement is the key lock.
+    """
+    with app.begin() as tx:
         lanes = scan_lanes(app, tx)
+        if lanes and lanes[0].key == UNKEYED:
+            claimed = _claim_unkeyed_in(tx, process_id)
+            if claimed is not None:
+                return claimed
+            lanes = lanes[1:]
     for lane in lanes:
         if lane.key == UNKEYED:
             claimed = claim_unkeyed(app, process_id)
