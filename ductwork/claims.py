@@ -240,52 +240,85 @@ def _is_retry(tx: Tx, execution_id: str) -> bool:
 
 def claim_keyed(app: App, key: str, process_id: str, scanned_in_flight: int | None = None) -> Claimed | Refusal:
     """Claim the oldest eligible execution of ``key`` if its limits admit one now."""
-    k = schema.limit_keys
     with app.begin() as tx:
         if mutants.on("clock_before_lock"):
             tx.now  # noqa: B018 - the mutant reads the clock before the lock
         faults.hit(faults.BEFORE_KEY_LOCK)
         header = _lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
         faults.hit(faults.AFTER_KEY_LOCK)
-        now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
-        execution_id = tx.execute(
-            sa.select(_e.c.id)
-            .where(_e.c.pending_lane == key, _e.c.eligible_at <= tx.now)
-            .order_by(_e.c.eligible_at, _e.c.id).limit(1)
-        ).scalar_one_or_none()
-        if header is None or execution_id is None:
-            return Refusal(key, "gone")
-        in_flight = tx.execute(
-            sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
-        ).scalar_one()
-        if mutants.on("count_outside_lock") and scanned_in_flight is not None:
-            in_flight = scanned_in_flight
-        entry = app.config.limits.get(key)
-        old = _rebase(tx, key, entry, header.config_digest, _buckets_of(tx, key))
-        decision = buckets.decide(entry, old, in_flight, now_us, refill_fn=mutants.refill_for_mutants())
-        if decision.refused_for == "concurrency":
-            return Refusal(key, "concurrency")  # nothing refilled, nothing stamped
-        seq = int(header.seq) + 1
-        if decision.admitted:
-            if decision.unconfigured:
-                log.warning("Claiming a limit key with no configuration entry unlimited: %r", key)
-            if not _claim_row(tx, execution_id, process_id, seq):
-                raise AssertionError(
-                    f"key {key!r}: execution {execution_id} taken under the key lock [INV-LIM-1]")
-            faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
-        if not (mutants.on("no_spend_on_retry") and decision.admitted and _is_retry(tx, execution_id)):
-            _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
-        values: dict = {"updated_at": tx.now}
-        if decision.stamp and not (mutants.on("no_stamp") and not decision.admitted):
-            # [INV-LIM-5] the exact time of the next token, or cleared
-            values["blocked_until"] = (None if decision.blocked_until_us is None
-                                       else from_us(decision.blocked_until_us))
-        if decision.admitted:
-            values["seq"] = seq
-        tx.execute(k.update().where(k.c.key == key).values(**values))
-        if not decision.admitted:
-            return Refusal(key, "rate")
-        return _load(tx, execution_id, process_id)
+        return _decide_and_claim(app, tx, key, header, process_id, scanned_in_flight)
+
+
+def hand_off(app: App, tx: Tx, key: str, process_id: str) -> Claimed | None:
+    """In the transaction that just completed an execution of ``key`` (and so holds the
+    key's lock and has read the clock after it): claim the key's next execution for the
+    same worker, if a poll made now would claim it.
+
+    That is when the key's lane is the first lane a poll would try [INV-LIM-6] and its
+    limits admit a claim now; the claim is then the one :func:`claim_keyed` makes, with
+    the same decision, spend and stamp. Otherwise nothing at all is written (not even a
+    refill or a stamp) and the worker polls as usual. A freed slot thus passes to the
+    next execution in the same commit, with no moment at which it stands empty while
+    work waits. Not done: a key whose stored values differ from this process's config
+    (a deploy in progress) is left to an ordinary claim, which re-bases it first.
+    """
+    lanes = scan_lanes(app, tx)
+    if mutants.on("hand_off_any_lane"):
+        lanes = [lane for lane in lanes if lane.key == key]
+    if not lanes or lanes[0].key != key:  # [INV-LIM-6] only what a poll would claim first
+        return None
+    header = _lock_key(tx, key)  # [INV-LIM-1] held since the completion's first statement
+    if header is None or header.config_digest != entry_digest(app.config.limits.get(key)):
+        return None
+    outcome = _decide_and_claim(app, tx, key, header, process_id, None, write_refusal=False)
+    return outcome if isinstance(outcome, Claimed) else None
+
+
+def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process_id: str,
+                      scanned_in_flight: int | None, *, write_refusal: bool = True) -> Claimed | Refusal:
+    """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds."""
+    k = schema.limit_keys
+    now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
+    execution_id = tx.execute(
+        sa.select(_e.c.id)
+        .where(_e.c.pending_lane == key, _e.c.eligible_at <= tx.now)
+        .order_by(_e.c.eligible_at, _e.c.id).limit(1)
+    ).scalar_one_or_none()
+    if header is None or execution_id is None:
+        return Refusal(key, "gone")
+    in_flight = tx.execute(
+        sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
+    ).scalar_one()
+    if mutants.on("count_outside_lock") and scanned_in_flight is not None:
+        in_flight = scanned_in_flight
+    entry = app.config.limits.get(key)
+    old = _rebase(tx, key, entry, header.config_digest, _buckets_of(tx, key))
+    decision = buckets.decide(entry, old, in_flight, now_us, refill_fn=mutants.refill_for_mutants())
+    if decision.refused_for == "concurrency":
+        return Refusal(key, "concurrency")  # nothing refilled, nothing stamped
+    if not decision.admitted and not write_refusal:
+        return Refusal(key, "rate")  # a hand-off that does not happen leaves no trace
+    seq = int(header.seq) + 1
+    if decision.admitted:
+        if decision.unconfigured:
+            log.warning("Claiming a limit key with no configuration entry unlimited: %r", key)
+        if not _claim_row(tx, execution_id, process_id, seq):
+            raise AssertionError(
+                f"key {key!r}: execution {execution_id} taken under the key lock [INV-LIM-1]")
+        faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
+    if not (mutants.on("no_spend_on_retry") and decision.admitted and _is_retry(tx, execution_id)):
+        _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
+    values: dict = {"updated_at": tx.now}
+    if decision.stamp and not (mutants.on("no_stamp") and not decision.admitted):
+        # [INV-LIM-5] the exact time of the next token, or cleared
+        values["blocked_until"] = (None if decision.blocked_until_us is None
+                                   else from_us(decision.blocked_until_us))
+    if decision.admitted:
+        values["seq"] = seq
+    tx.execute(k.update().where(k.c.key == key).values(**values))
+    if not decision.admitted:
+        return Refusal(key, "rate")
+    return _load(tx, execution_id, process_id)
 
 
 def seconds_to_next_token(app: App) -> float | None:

@@ -167,6 +167,9 @@ class JobWorkerConfig:
     #: seconds per crash that a crashed execution waits before it re-runs, once past
     #: the first third of ``max_crash`` (which re-run at once); 10 s as in the Ruby engine
     crash_backoff: float = 10.0
+    #: a thread whose keyed step succeeded claims the key's next execution in the same
+    #: transaction, when a poll would claim it (claims.hand_off); false: always poll
+    hand_off: bool = True
     #: per-pipeline/per-step ``max_retry``: ``{pipeline: {"default" | step: n}}``
     max_retry_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
     #: per-pipeline/per-step ``max_crash``, same shape
@@ -223,13 +226,13 @@ class SupervisorConfig:
 
 
 _JOB_WORKER_SCALARS = ("count", "processes", "polling_timeout", "shutdown_timeout", "retry_delay",
-                       "crash_backoff")
+                       "crash_backoff", "hand_off")
 _JOB_WORKER_KEYS = _JOB_WORKER_SCALARS + ("max_retry", "max_crash", "limits")
 _ADVANCER_KEYS = tuple(f.name for f in dataclasses.fields(PipelineAdvancerConfig))
 _SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))
 _COUNT_FIELDS = frozenset({"count", "processes", "expand_batch"})
 _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
-_FLAG_FIELDS = frozenset({"inline_linear"})
+_FLAG_FIELDS = frozenset({"inline_linear", "hand_off"})
 
 
 def _supervisor(values: dict[str, Any]) -> SupervisorConfig:

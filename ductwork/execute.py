@@ -30,12 +30,12 @@ import functools
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ductwork import faults
 from ductwork.advance import advance_on_success
 from ductwork.context import Context
-from ductwork.claims import claim_next, seconds_to_next_token
+from ductwork.claims import claim_next, hand_off as claim_hand_off, seconds_to_next_token
 from ductwork.definition import resolve_step
 from ductwork.dialects import retry_transient
 from ductwork.errors import CommitFailed, StepReturnError
@@ -108,9 +108,15 @@ def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str)
 class Worker:
     """Claims and runs executions, one per :meth:`run_once`."""
 
-    def __init__(self, app: App, *, process_id: str | None = None):
+    def __init__(self, app: App, *, process_id: str | None = None,
+                 hand_off: Callable[[], bool] | None = None):
         self.app = app
         self._process_id = process_id
+        #: asked after each keyed success: may this worker take the key's next execution
+        #: in the same transaction (``claims.hand_off``)? None: never (one per run_once)
+        self._may_hand_off = hand_off
+        #: an execution handed to this worker by its last completion, not yet performed
+        self._handed: Claimed | None = None
         #: after an idle poll: seconds until a rate-blocked key's next token, if any
         self.next_token_s: float | None = None
         #: the execution this worker is performing (what a runner's reconciliation skips)
@@ -121,12 +127,20 @@ class Worker:
         return self._process_id or self.app.process_id()
 
     def run_once(self) -> Performed | None:
-        """Claim and run at most one execution. Never sleeps (except inside the step)."""
-        claimed = claim_next(self.app, self.process_id)
+        """Claim and run one execution, then every execution its completions hand to
+        this worker (only while ``hand_off()`` says yes, so a stopping worker performs at
+        most the one already handed to it). Never sleeps (except inside the step)."""
+        claimed, self._handed = self._handed, None
+        if claimed is None:
+            claimed = claim_next(self.app, self.process_id)
         if claimed is None:
             self.next_token_s = seconds_to_next_token(self.app)
             return None
-        return self.perform(claimed)
+        performed = self.perform(claimed)
+        while self._handed is not None:
+            claimed, self._handed = self._handed, None
+            performed = self.perform(claimed)
+        return performed
 
     def perform(self, claimed: Claimed) -> Performed:
         """Run a claimed execution and record its outcome; on any escape, crash it."""
@@ -138,7 +152,7 @@ class Worker:
             recorded = True
             return Performed(claimed.execution_id, claimed.node, outcome)
         finally:
-            self.current = None
+            self.current = None if self._handed is None else self._handed.execution_id
             if not recorded:  # an exception (or thread exit) escaped: never leave the claim held
                 # (if the database is unreachable this fails too; the runner's
                 # reconciliation crashes the orphaned claim once it answers again)
@@ -184,7 +198,11 @@ class Worker:
             inline = None
             if self.app.config.pipeline_advancer.inline_linear and output.value_json is not None:
                 inline = functools.partial(advance_on_success, self.app, claimed, definition, output.value_json)
-            retry_transient(lambda: record_success(self.app, claimed, output, inline))
+            hand_off = None
+            if self._may_hand_off is not None and self._may_hand_off():
+                hand_off = functools.partial(claim_hand_off, self.app, key=claimed.limit_key,
+                                             process_id=claimed.process_id)
+            self._handed = retry_transient(lambda: record_success(self.app, claimed, output, inline, hand_off))
             faults.hit(faults.AFTER_JOB_COMMIT)
             return "success"
         except CommitFailed as failed:

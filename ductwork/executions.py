@@ -131,12 +131,15 @@ def _mark_failed(tx: Tx, step_id: str) -> None:
 
 
 def record_success(app: App, claimed: Claimed, output: Output,
-                   advance: Callable[[Tx], bool] | None = None) -> None:
+                   advance: Callable[[Tx], bool] | None = None,
+                   hand_off: Callable[[Tx], Claimed | None] | None = None) -> Claimed | None:
     """Record success: the job's output, expand items, the step ``advancing``. Raises CommitFailed.
 
     ``advance(tx)`` may advance the branch past the step in this same transaction (a
     linear edge: ``advance.advance_on_success``); when it returns False the step is
-    left ``advancing`` for an advancer.
+    left ``advancing`` for an advancer. ``hand_off(tx)`` may then claim the next
+    execution of the freed key in this same transaction (``claims.hand_off``); what it
+    claims is returned, and the caller must perform it.
     """
     with app.begin() as tx:
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "success", None):
@@ -148,11 +151,11 @@ def record_success(app: App, claimed: Claimed, output: Output,
                     for i, v in enumerate(output.expand_items)]
             for start in range(0, len(rows), 1000):
                 tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
-        if advance is not None and advance(tx):
-            return
-        tx.execute(schema.steps.update()
-                   .where(schema.steps.c.id == claimed.step_id, schema.steps.c.status == "in_progress")
-                   .values(status="advancing", updated_at=tx.now))
+        if advance is None or not advance(tx):
+            tx.execute(schema.steps.update()
+                       .where(schema.steps.c.id == claimed.step_id, schema.steps.c.status == "in_progress")
+                       .values(status="advancing", updated_at=tx.now))
+        return None if hand_off is None or not claimed.limit_key else hand_off(tx)
 
 
 def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo, *,

@@ -79,6 +79,7 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
     with app.begin() as tx:
         executions = tx.execute(
             sa.select(_e.c.id, _e.c.limit_key).where(_e.c.process_id == process_id, _e.c.completed_at.is_(None))
+            .order_by(_e.c.id)  # re-runs are created in the order their executions were
         ).all()
         advancements = tx.execute(
             sa.select(_a.c.id, _a.c.branch_id, _a.c.claim_token)
@@ -115,6 +116,7 @@ def sweep_orphans(app: App) -> int:
         executions = list(tx.execute(
             sa.select(_e.c.id).where(_e.c.process_id.is_(None), _e.c.claimed_at.is_not(None),
                                      _e.c.completed_at.is_(None), _e.c.claimed_at <= threshold)
+            .order_by(_e.c.id)
         ).scalars())
         advancements = tx.execute(
             sa.select(_a.c.id, _a.c.branch_id, _a.c.claim_token)

@@ -136,7 +136,8 @@ class Runner:
         for i in range(self.threads):
             token: Callable[[], float | None] | None = None
             if self.role == "job_worker":
-                worker = Worker(self.app, process_id=self.process_id)
+                may_hand_off = (lambda: not self.stop.is_set()) if self.app.config.job_worker.hand_off else None
+                worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off)
                 self.units.append(worker)
                 unit: Callable[[], bool] = lambda w=worker: w.run_once() is not None
                 token = lambda w=worker: w.next_token_s

@@ -58,7 +58,7 @@ def _next_wake(app: App) -> tuple[datetime | None, datetime]:
 def drain(app: App, timeout: float = 30.0) -> None:
     """Do every run's work in this thread until all are completed, halted or dampened."""
     deadline = time.monotonic() + timeout
-    worker, advancer = Worker(app), Advancer(app)
+    worker, advancer = Worker(app, hand_off=lambda: app.config.job_worker.hand_off), Advancer(app)
     beat_every = app.config.supervisor.heartbeat_interval
     next_beat = time.monotonic() + beat_every
     while True:

@@ -558,20 +558,9 @@ class LimitsModel:
         if worker in self.dead_workers:
             raise PreconditionError(f"worker {worker!r} is dead and cannot poll")
         first_seq = len(self.events)
-        oldest: dict[Key, LimitJob] = {}
-        for job in sorted(self._eligible(now_us), key=self._lane_order):
-            oldest.setdefault(job.key, job)
-        verdicts: list[LaneVerdict] = []
-        candidates = []
-        for key, job in oldest.items():
-            if key is not None and (stamp := self.stamps.get(key)) is not None and stamp > now_us:
-                verdicts.append(self._verdict(job, "blocked"))  # [INV-LIM-5] skip until the stamp
-            elif key is not None and self._saturated(key):
-                verdicts.append(self._verdict(job, "saturated"))  # [INV-LIM-1]
-            else:
-                candidates.append(job)
+        verdicts, candidates = self._lanes(now_us)
         claimed: LimitJob | None = None
-        for job in sorted(candidates, key=self._lane_order):
+        for job in candidates:
             if claimed is not None:
                 verdicts.append(self._verdict(job, "untried"))
                 continue
@@ -587,6 +576,53 @@ class LimitsModel:
             return None
         self._start(claimed, worker, now_us)
         return claimed.job_id
+
+    def complete_and_hand_off(self, job_id: JobId, now_us: int) -> JobId | None:
+        """The owner records success and, in the same step, takes its key's next job if a
+        poll at ``now_us`` would claim that job: the key's lane is the first candidate lane
+        [INV-LIM-6] and the key's limits admit now. Then the hand-off *is* that poll
+        (same choice, spend and stamp); otherwise nothing changes beyond the completion
+        (no refill, no stamp). Returns the job handed on, or None.
+        """
+        job = self.jobs.get(job_id)
+        worker, key = (job.worker, job.key) if job is not None else (None, None)
+        self.complete(job_id, now_us)
+        if key is None or worker is None:
+            return None
+        _, candidates = self._lanes(now_us)
+        if not candidates or candidates[0].key != key or not self._would_admit(key, now_us):
+            return None
+        return self.claim(worker, now_us)
+
+    def _lanes(self, now_us: int) -> tuple[list[LaneVerdict], list[LimitJob]]:
+        """The verdicts of lanes a poll skips (blocked, saturated), and the head job of
+        every other lane with eligible work, in the order a poll tries them."""
+        oldest: dict[Key, LimitJob] = {}
+        for job in sorted(self._eligible(now_us), key=self._lane_order):
+            oldest.setdefault(job.key, job)
+        skipped: list[LaneVerdict] = []
+        candidates = []
+        for key, job in oldest.items():
+            if key is not None and (stamp := self.stamps.get(key)) is not None and stamp > now_us:
+                skipped.append(self._verdict(job, "blocked"))  # [INV-LIM-5] skip until the stamp
+            elif key is not None and self._saturated(key):
+                skipped.append(self._verdict(job, "saturated"))  # [INV-LIM-1]
+            else:
+                candidates.append(job)
+        return skipped, sorted(candidates, key=self._lane_order)
+
+    def _would_admit(self, key: str, now_us: int) -> bool:
+        """Whether the key decision would admit a claim now; changes nothing."""
+        limits = self.config.get(key)
+        if limits is None:
+            return True
+        if self._saturated(key):
+            return False
+        for entry in limits.rates:
+            bucket = self.buckets.get((key, entry.per_s)) or Bucket(0, now_us, cap_units(entry))
+            if self._refill(bucket, entry, now_us).units < token_units(entry):
+                return False
+        return True
 
     def decide(self, key: str, now_us: int) -> Decision:
         """The raw key decision of semantics §5 (what ``buckets.json`` specifies), outside a poll.

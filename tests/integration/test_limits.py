@@ -9,9 +9,10 @@ INV-LIM-6 (FIFO across lanes), and the seed's two-entry example.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from fractions import Fraction
 
 import pytest
@@ -302,3 +303,94 @@ def test_unkeyed_and_keyed_lanes_are_served_oldest_first(limits_app):
     assert [__import__("json").loads(a)[0] for a in inputs] == [x[1] for x in expected]
     app.dispose()
     set_default_app(limits_app)
+
+
+# -- hand-off: a freed slot passes to the key's next execution in the same commit ----------------
+
+
+def _succeed_and_hand_off(app, claimed):
+    from ductwork import claims
+    from ductwork.executions import Output, record_success
+
+    take = functools.partial(claims.hand_off, app, key=claimed.limit_key, process_id=claimed.process_id)
+    return record_success(app, claimed, Output('{"payload": null}'), hand_off=take)
+
+
+def _claim_row(app, execution_id):
+    e = schema.executions
+    with app.begin() as tx:
+        return tx.execute(sa.select(e.c.claimed_at, e.c.completed_at, e.c.claim_seq, e.c.release_seq,
+                                    e.c.process_id).where(e.c.id == execution_id)).one()
+
+
+def test_a_freed_slot_is_handed_on_in_the_commit_that_frees_it(limits_app):
+    """The next execution of the key is claimed at the very database time (and next key
+    sequence number) at which the previous one completed: the slot is never empty while
+    the key has eligible work [INV-LIM-1, INV-LIM-3]."""
+    from ductwork import claims
+    from ductwork.processes import register
+    from tests.factories import make_executions, make_run
+
+    app = limits_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ids = make_executions(app, run_id, branch_id, "shared", datetime(2000, 1, 1), 3)
+    claimed = claims.claim_next(app, process)
+    assert claimed.execution_id == ids[0]
+    for previous, following in zip(ids, ids[1:]):
+        handed = _succeed_and_hand_off(app, claimed)
+        assert handed is not None and handed.execution_id == following
+        done, taken = _claim_row(app, previous), _claim_row(app, following)
+        assert taken.claimed_at == done.completed_at and taken.process_id == process
+        assert taken.claim_seq == done.release_seq + 1
+        claimed = handed
+    assert _succeed_and_hand_off(app, claimed) is None  # nothing left of the key
+
+
+def test_a_hand_off_yields_to_an_older_lane(limits_app):
+    """A completion hands on only what a poll would claim first [INV-LIM-6]: with an
+    unkeyed job older than the key's next one, it claims nothing and a poll takes the
+    unkeyed job, then the key's."""
+    from ductwork import claims
+    from ductwork.processes import register
+    from tests.factories import make_executions, make_run
+
+    app = limits_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    at = datetime(2000, 1, 1)
+    first, = make_executions(app, run_id, branch_id, "shared", at)
+    older, = make_executions(app, run_id, branch_id, None, at)
+    later, = make_executions(app, run_id, branch_id, "shared", at)
+    claimed = claims.claim_next(app, process)
+    assert claimed.execution_id == first
+    assert _succeed_and_hand_off(app, claimed) is None
+    assert _claim_row(app, later).claimed_at is None
+    assert [claims.claim_next(app, process).execution_id for _ in range(2)] == [older, later]
+
+
+class HandedOn(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Gen).expand(to=Quick, limit_by="shared")
+
+
+@pytest.mark.parametrize("hand_off", [True, False])
+def test_a_worker_performs_what_its_completions_hand_it(limits_app, hand_off):
+    """With hand-offs a worker's run_once goes on to every execution handed to it; without
+    (or once its process is stopping) it performs exactly one per call."""
+    run = HandedOn.trigger(4)
+    worker = Worker(limits_app, hand_off=lambda: hand_off)
+    assert worker.run_once().node.startswith("Gen")
+    while Advancer(limits_app).run_once() != "idle":
+        pass
+    performed = worker.run_once()
+    assert performed is not None and performed.outcome == "success"
+    e, j, s = schema.executions, schema.jobs, schema.steps
+    with limits_app.begin() as tx:
+        done = tx.execute(sa.select(sa.func.count())
+                          .select_from(e.join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id))
+                          .where(s.c.run_id == run.id, e.c.limit_key == "shared",
+                                 e.c.outcome == "success")).scalar_one()
+    assert done == (4 if hand_off else 1)
+    assert worker.current is None

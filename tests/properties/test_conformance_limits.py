@@ -3,7 +3,7 @@
 ``LimitsAgainstModel`` drives the engine (a real database, a ManualClock) and
 ``model.LimitsModel`` side by side: enqueue keyed, unkeyed and delayed jobs,
 move the clock (by zero, one µs, sub-millisecond and larger steps), claim by
-one of several workers, complete, fail (retries), crash and reap a worker,
+one of several workers, complete (also with a hand-off of the key's next job), fail (retries), crash and reap a worker,
 restart with changed limits. After every rule the engine and the model agree on
 each key's in-flight count, bucket levels and ``blocked_until`` stamp, and every
 claim chose the same job.
@@ -14,6 +14,7 @@ INV-CLK-1 (every decision uses the injected database time), INV-EXE-2, INV-EXE-4
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 
 import pytest
@@ -133,6 +134,21 @@ class LimitsAgainstModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
+    def complete_and_hand_off(self, data):
+        """Success recorded by a worker that takes hand-offs: the same commit may claim the
+        key's next execution for it, exactly when a poll would have [INV-LIM-6]."""
+        execution_id = data.draw(st.sampled_from(sorted(self.held)))
+        worker, claimed = self.held.pop(execution_id)
+        take = functools.partial(claims.hand_off, self.app, key=claimed.limit_key, process_id=claimed.process_id)
+        handed = record_success(self.app, claimed, Output('{"payload": null}'), hand_off=take)
+        expected = self.model.complete_and_hand_off(execution_id, self.now_us)
+        got = None if handed is None else handed.execution_id
+        assert got == expected, f"INV-LIM-6: hand-off gave {got}, model {expected} at {self.now_us}"
+        if handed is not None:
+            self.held[handed.execution_id] = (worker, handed)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
     def fail(self, data):
         """The step raised: the execution completes as a failure and a retry is queued."""
         execution_id = data.draw(st.sampled_from(sorted(self.held)))
@@ -219,10 +235,11 @@ def conformance_settings(**overrides) -> settings:
 
     examples, steps = CONFORMANCE.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), CONFORMANCE["dev"])
     chosen = {"max_examples": examples, "stateful_step_count": steps, "deadline": None, **overrides}
-    if os.environ.get("DUCTWORK_NO_SHRINK") == "1":  # mutant runs: the first counterexample is enough
-        from hypothesis import Phase
+    if os.environ.get("DUCTWORK_NO_SHRINK") == "1":  # mutant hunts: the first counterexample is enough,
+        from hypothesis import Phase  # and a deep budget costs nothing once one is found
 
         chosen.setdefault("phases", [Phase.explicit, Phase.reuse, Phase.generate])
+        chosen["max_examples"], chosen["stateful_step_count"] = CONFORMANCE["deep"]
     return settings(settings(), **chosen)
 
 

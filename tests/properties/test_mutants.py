@@ -29,8 +29,9 @@ DETECTORS = {
     "float_refill": CONFORMANCE,
     "no_spend_on_retry": CONFORMANCE,
     "unkeyed_first": CONFORMANCE,
+    "hand_off_any_lane": "tests/integration/test_limits.py::test_a_hand_off_yields_to_an_older_lane[sqlite]",
     "count_outside_lock":
-        "tests/integration/test_lock_races.py::test_racing_claims_on_a_key_serialise_on_its_lock[sqlite]",
+        "tests/integration/test_lock_races.py::test_racing_claims_on_a_key_serialise_on_its_lock[postgresql]",
     "no_key_lock":
         "tests/integration/test_lock_races.py::test_racing_claims_on_a_key_serialise_on_its_lock[postgresql]",
     "clock_before_lock":
