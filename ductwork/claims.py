@@ -249,28 +249,33 @@ def claim_keyed(app: App, key: str, process_id: str, scanned_in_flight: int | No
         return _decide_and_claim(app, tx, key, header, process_id, scanned_in_flight)
 
 
-def hand_off(app: App, tx: Tx, key: str, process_id: str) -> Claimed | None:
-    """In the transaction that just completed an execution of ``key`` (and so holds the
-    key's lock and has read the clock after it): claim the key's next execution for the
-    same worker, if a poll made now would claim it.
+def hand_off(app: App, tx: Tx, key: str | None, process_id: str) -> Claimed | None:
+    """In the transaction that just completed an execution of lane ``key`` (None: the
+    unkeyed lane): claim the lane's next execution for the same worker, if a poll made
+    now would claim it.
 
-    That is when the key's lane is the first lane a poll would try [INV-LIM-6] and its
-    limits admit a claim now; the claim is then the one :func:`claim_keyed` makes, with
-    the same decision, spend and stamp. Otherwise nothing at all is written (not even a
-    refill or a stamp) and the worker polls as usual. A freed slot thus passes to the
-    next execution in the same commit, with no moment at which it stands empty while
-    work waits. Not done: a key whose stored values differ from this process's config
-    (a deploy in progress) is left to an ordinary claim, which re-bases it first.
+    That is when the lane is the first lane a poll would try [INV-LIM-6] and, for a key,
+    its limits admit a claim now. The completion of a keyed execution holds the key's
+    lock and has read the clock after it, so the claim is the one :func:`claim_keyed`
+    makes, with the same decision, spend and stamp. Otherwise nothing at all is written
+    (not even a refill or a stamp) and the worker polls as usual. A freed slot thus
+    passes to the next execution in the commit that frees it, with no moment at which it
+    stands empty while work waits, and a busy worker saves a poll per step. Not done: a
+    key whose stored values differ from this process's config (a deploy in progress) is
+    left to an ordinary claim, which re-bases it first.
     """
+    lane = key or UNKEYED
     lanes = scan_lanes(app, tx)
     if mutants.on("hand_off_any_lane"):
-        lanes = [lane for lane in lanes if lane.key == key]
-    if not lanes or lanes[0].key != key:  # [INV-LIM-6] only what a poll would claim first
+        lanes = [candidate for candidate in lanes if candidate.key == lane]
+    if not lanes or lanes[0].key != lane:  # [INV-LIM-6] only what a poll would claim first
         return None
-    header = _lock_key(tx, key)  # [INV-LIM-1] held since the completion's first statement
-    if header is None or header.config_digest != entry_digest(app.config.limits.get(key)):
+    if lane == UNKEYED:
+        return _claim_unkeyed_in(tx, process_id)
+    header = _lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
+    if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return None
-    outcome = _decide_and_claim(app, tx, key, header, process_id, None, write_refusal=False)
+    outcome = _decide_and_claim(app, tx, lane, header, process_id, None, write_refusal=False)
     return outcome if isinstance(outcome, Claimed) else None
 
 

@@ -167,7 +167,7 @@ class JobWorkerConfig:
     #: seconds per crash that a crashed execution waits before it re-runs, once past
     #: the first third of ``max_crash`` (which re-run at once); 10 s as in the Ruby engine
     crash_backoff: float = 10.0
-    #: a thread whose keyed step succeeded claims the key's next execution in the same
+    #: a thread whose step succeeded claims its lane's next execution in the same
     #: transaction, when a poll would claim it (claims.hand_off); false: always poll
     hand_off: bool = True
     #: per-pipeline/per-step ``max_retry``: ``{pipeline: {"default" | step: n}}``

@@ -98,8 +98,9 @@ def _key_seq(tx: Tx, key: str) -> int:
 
 
 def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | None, outcome: str,
-              error: ErrorInfo | None) -> bool:
-    """The guarded completion; True when this call ended the execution."""
+              error: ErrorInfo | None, *, wake: bool = True) -> bool:
+    """The guarded completion; True when this call ended the execution. ``wake=False``:
+    the caller decides whether idle threads have anything new to do."""
     seq = _key_seq(tx, limit_key) + 1 if limit_key else None  # [INV-LIM-1] key lock first
     e = schema.executions
     guard = e.c.process_id.is_(None) if owner is None else e.c.process_id == owner
@@ -117,7 +118,8 @@ def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | Non
     if result.rowcount != 1:
         return False
     # [INV-LIM-3] completion frees the slot: in-flight is derived from completed_at
-    tx.wake()  # a slot is free, a retry may be queued, the step may be advanceable
+    if wake:
+        tx.wake()  # a slot is free, a retry may be queued, the step may be advanceable
     if limit_key:
         tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == limit_key)
                    .values(seq=seq, updated_at=tx.now))
@@ -138,11 +140,12 @@ def record_success(app: App, claimed: Claimed, output: Output,
     ``advance(tx)`` may advance the branch past the step in this same transaction (a
     linear edge: ``advance.advance_on_success``); when it returns False the step is
     left ``advancing`` for an advancer. ``hand_off(tx)`` may then claim the next
-    execution of the freed key in this same transaction (``claims.hand_off``); what it
+    execution of the step's lane in this same transaction (``claims.hand_off``); what it
     claims is returned, and the caller must perform it.
     """
     with app.begin() as tx:
-        if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "success", None):
+        if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "success", None,
+                         wake=False):
             raise CommitFailed(claimed.execution_id, claimed.process_id)
         tx.execute(schema.jobs.update().where(schema.jobs.c.id == claimed.job_id)
                    .values(output_payload=output.payload_json, completed_at=tx.now, updated_at=tx.now))
@@ -151,11 +154,15 @@ def record_success(app: App, claimed: Claimed, output: Output,
                     for i, v in enumerate(output.expand_items)]
             for start in range(0, len(rows), 1000):
                 tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
-        if advance is None or not advance(tx):
+        if advance is None or not advance(tx):  # (a successor created inline wakes idle threads)
             tx.execute(schema.steps.update()
                        .where(schema.steps.c.id == claimed.step_id, schema.steps.c.status == "in_progress")
                        .values(status="advancing", updated_at=tx.now))
-        return None if hand_off is None or not claimed.limit_key else hand_off(tx)
+            tx.wake()  # an advancer has work
+        handed = None if hand_off is None else hand_off(tx)
+        if claimed.limit_key and handed is None:
+            tx.wake()  # a slot is free (a hand-off took it over: nothing for anyone else)
+        return handed
 
 
 def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo, *,

@@ -578,21 +578,21 @@ class LimitsModel:
         return claimed.job_id
 
     def complete_and_hand_off(self, job_id: JobId, now_us: int) -> JobId | None:
-        """The owner records success and, in the same step, takes its key's next job if a
-        poll at ``now_us`` would claim that job: the key's lane is the first candidate lane
-        [INV-LIM-6] and the key's limits admit now. Then the hand-off *is* that poll
+        """The owner records success and, in the same step, takes its lane's next job if a
+        poll at ``now_us`` would claim that job: the job's lane (its key, or the unkeyed
+        lane) is the first candidate lane [INV-LIM-6] and, for a key, its limits admit now. Then the hand-off *is* that poll
         (same choice, spend and stamp); otherwise nothing changes beyond the completion
         (no refill, no stamp). Returns the job handed on, or None.
         """
         job = self.jobs.get(job_id)
-        worker, key = (job.worker, job.key) if job is not None else (None, None)
         self.complete(job_id, now_us)
-        if key is None or worker is None:
-            return None
+        assert job is not None and job.worker is not None
         _, candidates = self._lanes(now_us)
-        if not candidates or candidates[0].key != key or not self._would_admit(key, now_us):
+        if not candidates or candidates[0].key != job.key:
             return None
-        return self.claim(worker, now_us)
+        if job.key is not None and not self._would_admit(job.key, now_us):
+            return None
+        return self.claim(job.worker, now_us)
 
     def _lanes(self, now_us: int) -> tuple[list[LaneVerdict], list[LimitJob]]:
         """The verdicts of lanes a poll skips (blocked, saturated), and the head job of
