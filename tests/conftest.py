@@ -157,3 +157,21 @@ def backend_filter(request):  # type: ignore[no-untyped-def]
     backend = request.node.callspec.params.get("db_url") if hasattr(request.node, "callspec") else None
     if backend is not None and backend not in backends:
         pytest.skip(f"{marker.args[0]}: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]  # noqa: ARG001
+    """A "chaos evidence" section: what each chaos round did and checked (kills, runs,
+    steps, claims, violations), recorded by tests/chaos/test_chaos.py with
+    ``record_property``; the properties travel with pytest-xdist's reports."""
+    lines = []
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if getattr(report, "when", None) != "call":
+                continue
+            for name, value in getattr(report, "user_properties", []):
+                if name == "chaos":
+                    lines.append(f"{outcome} {report.nodeid.split('::')[-1]}: {value}")
+    if lines:
+        terminalreporter.section("chaos evidence")
+        for line in sorted(lines):
+            terminalreporter.line(line)

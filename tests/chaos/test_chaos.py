@@ -67,6 +67,14 @@ def _database(kind, server, tmp_path: Path, name: str) -> str:
     return url
 
 
+def _report(record_property, kind: str, result) -> None:
+    """Print the round's counts and hand them to the run's "chaos evidence" summary
+    (tests/conftest.py), which a CI log keeps even under pytest-xdist."""
+    print(result.summary())
+    violations = sum(len(v) for v in result.violations.values())
+    record_property("chaos", f"{kind}: {result.summary().split(';')[0]}; violations {violations}")
+
+
 def _workdir(tmp_path: Path) -> Path:
     root = os.environ.get("DUCTWORK_CHAOS_ARTIFACTS")
     if not root:
@@ -77,12 +85,12 @@ def _workdir(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_chaos_round(chaos_target, seed, tmp_path):
+def test_chaos_round(chaos_target, seed, tmp_path, record_property):
     kind, server = chaos_target
     url = _database(kind, server, tmp_path, "chaos")
     result = ChaosRound(seed=seed, url=url, backend=kind, server=server, workdir=_workdir(tmp_path),
                         scale=SCALE).run()
-    print(result.summary())
+    _report(record_property, kind, result)
     assert not result.violations, (
         f"{result.summary()}\nviolated: { {k: v[:5] for k, v in result.violations.items()} }\n"
         f"replay: {replay_command(kind, seed)}")
@@ -98,7 +106,7 @@ def _container(chaos_target):
     return kind, server
 
 
-def test_paused_database_longer_than_reaper_timeout(chaos_target, tmp_path):
+def test_paused_database_longer_than_reaper_timeout(chaos_target, tmp_path, record_property):
     """A frozen server (connections open) for longer than reaper_timeout: every process
     loses its lease and dies before any claim could be reaped from under it; after the
     thaw the fleet recovers on its own, loses nothing and never exceeds a limit."""
@@ -111,18 +119,18 @@ def test_paused_database_longer_than_reaper_timeout(chaos_target, tmp_path):
     url = _database(kind, server, tmp_path, "paused")
     result = ChaosRound(seed=1, url=url, backend=kind, server=server, workdir=_workdir(tmp_path),
                         plan=plan).run()
-    print(result.summary())
+    _report(record_property, kind, result)
     assert not result.violations, result.violations
 
 
-def test_killed_database_container_recovers(chaos_target, tmp_path):
+def test_killed_database_container_recovers(chaos_target, tmp_path, record_property):
     """The database server is SIGKILLed mid-run and started again: no manual action."""
     kind, server = _container(chaos_target)
     plan = [{"at_s": 2.0, "action": "kill_database", "down_s": 1.0, "pick": 0.0, "host": "host-a"}]
     url = _database(kind, server, tmp_path, "killed")
     result = ChaosRound(seed=2, url=url, backend=kind, server=server, workdir=_workdir(tmp_path),
                         plan=plan).run()
-    print(result.summary())
+    _report(record_property, kind, result)
     assert not result.violations, result.violations
 
 

@@ -70,6 +70,16 @@ class LimitsModelMachine(RuleBasedStateMachine):
         mine = [j for j in self.model.in_flight_jobs() if self.model.jobs[j].worker in self.live]
         self.model.complete(data.draw(st.sampled_from(mine)), self.now, outcome)
 
+    @precondition(lambda self: any(self.model.jobs[j].worker in self.live for j in self.model.in_flight_jobs()))
+    @rule(data=st.data())
+    def complete_and_hand_off(self, data):
+        """A success whose commit takes its lane's next job for the same worker when a poll would."""
+        mine = [j for j in self.model.in_flight_jobs() if self.model.jobs[j].worker in self.live]
+        job = data.draw(st.sampled_from(mine))
+        worker = self.model.jobs[job].worker
+        handed = self.model.complete_and_hand_off(job, self.now)
+        assert handed is None or self.model.jobs[handed].worker == worker
+
     @precondition(lambda self: self.reaped_alive)
     @rule(data=st.data())
     def late_complete(self, data):
