@@ -237,6 +237,40 @@ def test_rate_limit_windows_hold_in_database_time(limits_app):
     assert times[0] - to_us(triggered) >= 200_000
 
 
+def test_a_rate_keys_long_run_throughput_is_its_rate(limits_app):
+    """``limit: 5, per: 1s`` over 150 claims by two workers that poll whenever the key's
+    stamp says a token is due: the throughput in database time is within 5 % of 5/s
+    (exactly 5/s here: buckets start empty, so no banked burst inflates it), and no window
+    exceeds burst + 5·T [INV-LIM-2, INV-LIM-5]. An injected clock makes this a property of
+    the limiter, not of this machine's speed (bench/ measures that)."""
+    from ductwork.clock import ManualClock
+
+    app = make_app(limits_app.url, config=limits_app.config, clock=ManualClock(datetime(2026, 1, 1)))
+    set_default_app(app)
+    run = Paced.trigger(150)
+    workers, advancer = [Worker(app), Worker(app)], Advancer(app)
+    while advancer.run_once() != "idle" or workers[0].run_once() is not None:
+        pass
+    claimed: list[int] = []
+    while len(claimed) < 150:
+        if workers[len(claimed) % 2].run_once() is not None:
+            claimed.append(to_us(app.clock.now()))
+            continue
+        with app.begin() as tx:  # refused: the next poll is when the stamp says
+            blocked = tx.execute(sa.select(schema.limit_keys.c.blocked_until)
+                                 .where(schema.limit_keys.c.key == "paced")).scalar_one()
+        assert blocked is not None and blocked > app.clock.now()  # [INV-LIM-5]
+        app.clock.set(blocked)
+    throughput = Fraction(len(claimed) - 1, claimed[-1] - claimed[0]) * 1_000_000
+    assert abs(throughput - 5) <= Fraction(5, 100) * 5, float(throughput)
+    assert _window_violations(claimed, 5, 1, 5) is None
+    while advancer.run_once() != "idle" or workers[0].run_once() is not None:
+        pass
+    assert run.refresh().status == "completed"
+    app.dispose()
+    set_default_app(limits_app)
+
+
 def test_the_seeds_two_entry_example_obeys_both_buckets(limits_app):
     """``1 per 1s`` and ``2000 per 1h, burst 50``: a start needs a token from each."""
     from datetime import datetime
