@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from ductwork.buckets import Bucket, carry_over, decide, next_token_us, refill
 from ductwork.limits import LimitEntry, RateEntry, drop_dominated, parse_limit_entry
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
+VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 SCENARIOS = json.loads((VECTORS / "buckets.json").read_text())
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ductwork.durations import parse_interval_us, parse_period
 from ductwork.errors import DurationError
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors" / "periods.json"
+VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "periods.json"
 PERIODS = json.loads(VECTORS.read_text())
 
 

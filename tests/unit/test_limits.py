@@ -31,7 +31,7 @@ from ductwork.limits import (
     validate_references,
 )
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
+VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 RATE_ENTRIES = json.loads((VECTORS / "rate_entries.json").read_text())
 PERIODS = json.loads((VECTORS / "periods.json").read_text())
 BAD_PERIODS = [case["per"] for case in PERIODS if case.get("error")]

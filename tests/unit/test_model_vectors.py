@@ -15,7 +15,7 @@ from model.errors import ConfigError
 from model.invariants import LIMITS_INVARIANTS, check_all
 from model.limits import LimitsModel, drop_dominated, parse_period, parse_rate_entries
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
+VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 BUCKETS = json.loads((VECTORS / "buckets.json").read_text())
 RATE_ENTRIES = json.loads((VECTORS / "rate_entries.json").read_text())
 PERIODS = json.loads((VECTORS / "periods.json").read_text())
