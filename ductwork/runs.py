@@ -171,20 +171,28 @@ class Run:
         return self
 
     def steps(self) -> list[StepInfo]:
-        """Every step of the run, in start order, with inputs and outputs."""
-        s, j = schema.steps, schema.jobs
+        """Every step of the run, in start order, with inputs and outputs (an expanding
+        step's output is the list it returned; None before a success)."""
+        s, j, x = schema.steps, schema.jobs, schema.expand_items
         with self.app.begin(readonly=True) as tx:
             rows = tx.execute(
                 sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition,
-                          j.c.input_args, j.c.output_payload, s.c.started_at)
+                          j.c.input_args, j.c.output_payload, s.c.started_at, j.c.id)
                 .join(j, j.c.step_id == s.c.id)
                 .where(s.c.run_id == self.id)
                 .order_by(s.c.started_at, s.c.id)
             ).all()
+            decoded = {row[9]: json.loads(row[7]) for row in rows if row[7] is not None}
+            expanded = [job for job, value in decoded.items() if isinstance(value, dict) and "expand_items" in value]
+            items: dict[str, list[Any]] = {job: [] for job in expanded}
+            if expanded:
+                for job, value in tx.execute(sa.select(x.c.job_id, x.c.value).where(x.c.job_id.in_(expanded))
+                                             .order_by(x.c.job_id, x.c.item_index)):
+                    items[job].append(json.loads(value))
         out = []
-        for sid, bid, node, klass, status, kind, args, payload, started in rows:
-            decoded = json.loads(payload) if payload is not None else None
-            output = decoded.get("payload", decoded) if isinstance(decoded, dict) else None
+        for sid, bid, node, klass, status, kind, args, _, started, job in rows:
+            value = decoded.get(job)
+            output = items[job] if job in items else value.get("payload") if isinstance(value, dict) else None
             out.append(StepInfo(sid, bid, node, klass, status, kind, json.loads(args), output, started))
         return out
 

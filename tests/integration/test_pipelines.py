@@ -238,13 +238,15 @@ def test_expand_collapse_in_batches_keeps_item_order(app):
     (merge,) = [s for s in steps if s.node == "Sum#2"]
     assert merge.input == [[i * 10 for i in range(10)]]  # ordered by fan-out index
     assert merge.output == 450
+    (source,) = [s for s in steps if s.node == "Many#0"]
+    assert source.output == list(range(10))  # the list it returned, not the storage envelope
 
 
 def test_empty_expand_is_a_leaf(app):
     run = ExpandP.trigger(0)
     drain(app, timeout=30)
     assert run.refresh().status == "completed"
-    assert [s.node for s in run.steps()] == ["Many#0"]  # collapse never fires
+    assert [(s.node, s.output) for s in run.steps()] == [("Many#0", [])]  # collapse never fires
 
 
 def test_divide_combine_with_branch_builders(app):
