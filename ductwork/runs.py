@@ -144,16 +144,23 @@ class Run:
         self.status: str = ""
         self.pipeline: str = ""
         self.triggered_at: datetime | None = None
+        #: why each halted branch halted (e.g. ``job_retries_exhausted``), sorted; empty
+        #: while no branch has halted
+        self.halt_reasons: list[str] = []
         self.refresh()
 
     def refresh(self) -> Run:
+        b = schema.branches
         with self.app.begin(readonly=True) as tx:
             row = tx.execute(
                 sa.select(schema.runs.c.status, schema.runs.c.pipeline_klass, schema.runs.c.triggered_at)
                 .where(schema.runs.c.id == self.id)
             ).first()
-        if row is None:
-            raise RunStateError(f"run {self.id} does not exist")
+            if row is None:
+                raise RunStateError(f"run {self.id} does not exist")
+            reasons = tx.execute(sa.select(b.c.halt_reason)
+                                 .where(b.c.run_id == self.id, b.c.status == "halted")).scalars()
+            self.halt_reasons = sorted(r for r in reasons if r is not None)
         self.status, self.pipeline, self.triggered_at = row
         return self
 

@@ -335,15 +335,7 @@ def _executions(app, run):
 
 
 def _halt_reasons(app, run):
-    import sqlalchemy as sa
-
-    from ductwork import schema
-
-    with app.begin() as tx:
-        return sorted(tx.execute(
-            sa.select(schema.branches.c.halt_reason)
-            .where(schema.branches.c.run_id == run.id, schema.branches.c.status == "halted")
-        ).scalars())
+    return run.refresh().halt_reasons  # the public attribute, read from the branch rows
 
 
 def test_failures_retry_within_budget_then_halt(app):
