@@ -39,8 +39,7 @@ from ductwork.claims import claim_next, hand_off as claim_hand_off, seconds_to_n
 from ductwork.definition import resolve_step
 from ductwork.dialects import retry_transient
 from ductwork.errors import CommitFailed, StepReturnError
-from ductwork.executions import (Claimed, ErrorInfo, Output, expand_envelope, payload_envelope,
-                                 record_crash, record_failure, record_success)
+from ductwork.executions import Claimed, ErrorInfo, Output, record_crash, record_failure, record_success
 
 if TYPE_CHECKING:
     from ductwork.app import App
@@ -90,8 +89,8 @@ def make_output(klass: str, definition: Definition, node: str, value: Any) -> Ou
     if edge is not None and edge.type == "expand":
         if not isinstance(value, list):
             raise StepReturnError(klass, value, "a step followed by expand must return a list")
-        return Output(expand_envelope(len(value)), [json.dumps(v) for v in value])
-    return Output(payload_envelope(text), value_json=text)
+        return Output(expand_items=[json.dumps(v) for v in value])
+    return Output(text)
 
 
 def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str) -> Any:

@@ -1,6 +1,6 @@
 """Recording how an execution ended, at most once, and what follows it.
 
-    >>> record_success(app, claimed, Output('{"payload": 3}'))
+    >>> record_success(app, claimed, Output("3"))
     >>> record_crash(app, execution_id, owner=None, error_klass="ProcessCrash", message="reaped")
 
 Every outcome is one transaction whose first write is a guarded UPDATE: the
@@ -67,12 +67,18 @@ class Claimed:
 
 @dataclass(frozen=True)
 class Output:
-    """A validated return value: the job's payload text, and expand items if the edge expands."""
+    """A validated return value: its JSON text, or, when the edge expands, its items' JSON texts."""
 
-    payload_json: str
-    expand_items: list[str] | None = None
-    #: the value's own JSON text (None for an expand's list)
     value_json: str | None = None
+    expand_items: list[str] | None = None
+
+    @property
+    def payload_json(self) -> str:
+        """The job's ``output_payload``: the value's envelope, or an expand's item count."""
+        if self.expand_items is not None:
+            return expand_envelope(len(self.expand_items))
+        assert self.value_json is not None, "an Output holds a value or expand items"
+        return payload_envelope(self.value_json)
 
 
 @dataclass(frozen=True)

@@ -347,7 +347,7 @@ def _succeed_and_hand_off(app, claimed):
     from ductwork.executions import Output, record_success
 
     take = functools.partial(claims.hand_off, app, key=claimed.limit_key, process_id=claimed.process_id)
-    return record_success(app, claimed, Output('{"payload": null}'), hand_off=take)
+    return record_success(app, claimed, Output("null"), hand_off=take)
 
 
 def _claim_row(app, execution_id):

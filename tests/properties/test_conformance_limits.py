@@ -129,7 +129,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
     def complete(self, data):
         execution_id = data.draw(st.sampled_from(sorted(self.held)))
         worker, claimed = self.held.pop(execution_id)
-        record_success(self.app, claimed, Output('{"payload": null}'))
+        record_success(self.app, claimed, Output("null"))
         self.model.complete(execution_id, self.now_us)
 
     @precondition(lambda self: self.held)
@@ -140,7 +140,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         execution_id = data.draw(st.sampled_from(sorted(self.held)))
         worker, claimed = self.held.pop(execution_id)
         take = functools.partial(claims.hand_off, self.app, key=claimed.limit_key, process_id=claimed.process_id)
-        handed = record_success(self.app, claimed, Output('{"payload": null}'), hand_off=take)
+        handed = record_success(self.app, claimed, Output("null"), hand_off=take)
         expected = self.model.complete_and_hand_off(execution_id, self.now_us)
         got = None if handed is None else handed.execution_id
         assert got == expected, f"INV-LIM-6: hand-off gave {got}, model {expected} at {self.now_us}"
@@ -184,7 +184,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         self.model.reap(name, self.now_us, requeue=requeue)
         with pytest.raises(CommitFailed):  # INV-EXE-2: a reaped owner's late commit is rejected
             for claimed in mine.values():
-                record_success(self.app, claimed, Output('{"payload": null}'))
+                record_success(self.app, claimed, Output("null"))
             raise CommitFailed("none held", None)
         self.generation[worker] += 1
         self.process[worker] = register(self.app, role="test", label=f"{worker}.{self.generation[worker]}")
