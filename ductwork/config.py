@@ -206,8 +206,8 @@ class PipelineAdvancerConfig:
     shutdown_timeout: float = 20.0
     #: children created per transaction by a batched expand [INV-ADV-4]
     expand_batch: int = 1000
-    #: advance chain, converge, divert and leaf edges inside the worker's success
-    #: transaction (no advancer hop); false leaves every edge to the advancers
+    #: advance chain, converge and divert edges inside the worker's success transaction
+    #: (no advancer hop; advance.advance_on_success); false leaves every edge to the advancers
     inline_linear: bool = True
 
 

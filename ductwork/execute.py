@@ -105,14 +105,14 @@ def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str)
 
 
 class Worker:
-    """Claims and runs executions, one per :meth:`run_once`."""
+    """Claims and runs executions: one claim per :meth:`run_once`, and what its completions hand on."""
 
     def __init__(self, app: App, *, process_id: str | None = None,
                  hand_off: Callable[[], bool] | None = None):
         self.app = app
         self._process_id = process_id
-        #: asked after each keyed success: may this worker take the key's next execution
-        #: in the same transaction (``claims.hand_off``)? None: never (one per run_once)
+        #: asked after each success: may this worker take its lane's next execution in
+        #: the same transaction (``claims.hand_off``)? None: never (one per run_once)
         self._may_hand_off = hand_off
         #: an execution handed to this worker by its last completion, not yet performed
         self._handed: Claimed | None = None

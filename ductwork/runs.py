@@ -37,9 +37,9 @@ if TYPE_CHECKING:
     from ductwork.pipeline import Pipeline
 
 TERMINAL = ("completed", "halted")
-_UNSET: Any = object()  # resume() without input
 SETTLED = ("completed", "halted", "dampened")
 ACTIVE_BRANCH = ("in_progress", "advancing")
+_UNSET: Any = object()  # resume() without input
 
 
 def _json_args(what: str, args: Any) -> str:
@@ -184,24 +184,25 @@ class Run:
         with self.app.begin(readonly=True) as tx:
             rows = tx.execute(
                 sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition,
-                          j.c.input_args, j.c.output_payload, s.c.started_at, j.c.id)
+                          j.c.input_args, j.c.output_payload, s.c.started_at, j.c.id.label("job_id"))
                 .join(j, j.c.step_id == s.c.id)
                 .where(s.c.run_id == self.id)
                 .order_by(s.c.started_at, s.c.id)
             ).all()
-            decoded = {row[9]: json.loads(row[7]) for row in rows if row[7] is not None}
-            expanded = [job for job, value in decoded.items() if isinstance(value, dict) and "expand_items" in value]
-            items: dict[str, list[Any]] = {job: [] for job in expanded}
-            if expanded:
-                for job, value in tx.execute(sa.select(x.c.job_id, x.c.value).where(x.c.job_id.in_(expanded))
+            # output_payload is {"payload": value}, or {"expand_items": n} with the items in their table
+            payloads = {row.job_id: json.loads(row.output_payload) for row in rows if row.output_payload}
+            items: dict[str, list[Any]] = {job: [] for job, p in payloads.items() if "expand_items" in p}
+            if items:
+                for job, value in tx.execute(sa.select(x.c.job_id, x.c.value).where(x.c.job_id.in_(list(items)))
                                              .order_by(x.c.job_id, x.c.item_index)):
                     items[job].append(json.loads(value))
-        out = []
-        for sid, bid, node, klass, status, kind, args, _, started, job in rows:
-            value = decoded.get(job)
-            output = items[job] if job in items else value.get("payload") if isinstance(value, dict) else None
-            out.append(StepInfo(sid, bid, node, klass, status, kind, json.loads(args), output, started))
-        return out
+        return [
+            StepInfo(row.id, row.branch_id, row.node, row.klass, row.status, row.to_transition,
+                     json.loads(row.input_args),
+                     items[row.job_id] if row.job_id in items else payloads.get(row.job_id, {}).get("payload"),
+                     row.started_at)
+            for row in rows
+        ]
 
     def resume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
         """Continue a dampened run: every dampened branch gets its next step.

@@ -584,9 +584,8 @@ class LimitsModel:
         (same choice, spend and stamp); otherwise nothing changes beyond the completion
         (no refill, no stamp). Returns the job handed on, or None.
         """
-        job = self.jobs.get(job_id)
-        self.complete(job_id, now_us)
-        assert job is not None and job.worker is not None
+        self.complete(job_id, now_us)  # raises unless the job was in flight with a live owner
+        job = self.jobs[job_id]
         _, candidates = self._lanes(now_us)
         if not candidates or candidates[0].key != job.key:
             return None
