@@ -146,6 +146,11 @@ class Advancer:
         #: the advancement this advancer is working on (what a runner's reconciliation skips)
         self.current: str | None = None
 
+    def held(self) -> set[str]:
+        """The advancement this advancer holds (what a runner's reconciliation skips)."""
+        current = self.current
+        return set() if current is None else {current}
+
     @property
     def process_id(self) -> str:
         return self._process_id or self.app.process_id()

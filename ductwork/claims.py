@@ -122,19 +122,21 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
     return lanes
 
 
-def _load(tx: Tx, execution_id: str, process_id: str) -> Claimed:
+def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
+    """What running each claimed execution needs, in the order of ``execution_ids``."""
     j, s, r = schema.jobs, schema.steps, schema.runs
-    row = tx.execute(
+    rows = tx.execute(
         sa.select(_e.c.id, _e.c.job_id, s.c.id, s.c.run_id, s.c.branch_id, s.c.node, j.c.klass,
                   r.c.pipeline_klass, r.c.definition_sha1, j.c.input_args, _e.c.limit_key,
                   s.c.timeout_us, _e.c.retry_count, _e.c.crash_count, _e.c.process_id, _e.c.claimed_at)
         .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
-        .where(_e.c.id == execution_id)
-    ).one()
-    return Claimed(*row)
+        .where(_e.c.id.in_(execution_ids))
+    ).all()
+    by_id = {row[0]: Claimed(*row) for row in rows}
+    return [by_id[execution_id] for execution_id in execution_ids]
 
 
-def _claim_row(tx: Tx, execution_id: str, process_id: str, seq: int | None) -> bool:
+def _claim_row(tx: Tx, execution_id: str, process_id: str, seq: int) -> bool:
     result = tx.execute(
         _e.update()
         .where(_e.c.id == execution_id,
@@ -144,23 +146,41 @@ def _claim_row(tx: Tx, execution_id: str, process_id: str, seq: int | None) -> b
     return result.rowcount == 1
 
 
-def claim_unkeyed(app: App, process_id: str) -> Claimed | None:
-    """Claim the oldest eligible unkeyed execution, skipping rows other claimers hold."""
+def claim_unkeyed(app: App, process_id: str, limit: int = 1, before: Lane | None = None) -> list[Claimed]:
+    """Claim up to ``limit`` of the oldest eligible unkeyed executions, skipping rows
+    other claimers hold, and only those a poll would take before lane ``before``."""
     with app.begin() as tx:
-        return _claim_unkeyed_in(tx, process_id)
+        return _claim_unkeyed_in(tx, process_id, limit, before)
 
 
-def _claim_unkeyed_in(tx: Tx, process_id: str) -> Claimed | None:
-    stmt = dialects.for_update(
-        sa.select(_e.c.id)
-        .where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= tx.now)
-        .order_by(_e.c.eligible_at, _e.c.id).limit(1),
-        tx.conn, skip_locked=True,
-    )
-    execution_id = tx.execute(stmt).scalar_one_or_none()
-    if execution_id is None or not _claim_row(tx, execution_id, process_id, None):
-        return None
-    return _load(tx, execution_id, process_id)
+def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) -> list[Claimed]:
+    """The unkeyed claim in ``tx``: what ``limit`` successive polls would claim while the
+    unkeyed lane stays first, in one statement of each kind.
+
+    ``before`` is the next lane of the scan (the oldest keyed lane that may admit): an
+    execution is taken only if it comes before that lane's oldest in poll order, so a
+    batch never overtakes a key [INV-LIM-6]. Nothing of a key changes in between: the
+    batch is read at one database time, and a key's lane is not touched by unkeyed claims.
+    """
+    query = sa.select(_e.c.id).where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= tx.now)
+    if before is not None and not mutants.on("batch_past_lane"):
+        query = query.where(sa.or_(  # [INV-LIM-6] (eligible_at, id) before the next lane's oldest
+            _e.c.eligible_at < before.oldest_at,
+            sa.and_(_e.c.eligible_at == before.oldest_at, _e.c.id < before.oldest_id)))
+    stmt = dialects.for_update(query.order_by(_e.c.eligible_at, _e.c.id).limit(limit), tx.conn, skip_locked=True)
+    execution_ids = list(tx.execute(stmt).scalars())
+    if not execution_ids:
+        return []
+    claimed = tx.execute(
+        _e.update()
+        .where(_e.c.id.in_(execution_ids),
+               _e.c.claimed_at.is_(None))  # still pending (locked by the read above)
+        .values(claimed_at=tx.now, process_id=process_id, updated_at=tx.now)
+    ).rowcount
+    if claimed != len(execution_ids):
+        raise AssertionError(f"unkeyed claim: {claimed} of {len(execution_ids)} locked executions were "
+                             "still pending")
+    return _load(tx, execution_ids)
 
 
 def _buckets_of(tx: Tx, key: str) -> dict[int, buckets.Bucket]:
@@ -249,10 +269,11 @@ def claim_keyed(app: App, key: str, process_id: str, scanned_in_flight: int | No
         return _decide_and_claim(app, tx, key, header, process_id, scanned_in_flight)
 
 
-def hand_off(app: App, tx: Tx, key: str | None, process_id: str) -> Claimed | None:
+def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1) -> list[Claimed]:
     """In the transaction that just completed an execution of lane ``key`` (None: the
     unkeyed lane): claim the lane's next execution for the same worker, if a poll made
-    now would claim it.
+    now would claim it; for the unkeyed lane, up to ``limit`` of them, as
+    :func:`claim_next_batch` would.
 
     That is when the lane is the first lane a poll would try [INV-LIM-6] and, for a key,
     its limits admit a claim now. The completion of a keyed execution holds the key's
@@ -269,14 +290,14 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str) -> Claimed | No
     if mutants.on("hand_off_any_lane"):
         lanes = [candidate for candidate in lanes if candidate.key == lane]
     if not lanes or lanes[0].key != lane:  # [INV-LIM-6] only what a poll would claim first
-        return None
+        return []
     if lane == UNKEYED:
-        return _claim_unkeyed_in(tx, process_id)
+        return _claim_unkeyed_in(tx, process_id, limit, lanes[1] if len(lanes) > 1 else None)
     header = _lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
-        return None
+        return []
     outcome = _decide_and_claim(app, tx, lane, header, process_id, None, write_refusal=False)
-    return outcome if isinstance(outcome, Claimed) else None
+    return [outcome] if isinstance(outcome, Claimed) else []
 
 
 def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process_id: str,
@@ -323,7 +344,7 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process
     tx.execute(k.update().where(k.c.key == key).values(**values))
     if not decision.admitted:
         return Refusal(key, "rate")
-    return _load(tx, execution_id, process_id)
+    return _load(tx, [execution_id])[0]
 
 
 def seconds_to_next_token(app: App) -> float | None:
@@ -339,27 +360,36 @@ def seconds_to_next_token(app: App) -> float | None:
 
 
 def claim_next(app: App, process_id: str) -> Claimed | None:
-    """Claim at most one execution: the oldest that its lane's limits admit now.
+    """Claim at most one execution: the oldest that its lane's limits admit now."""
+    claimed = claim_next_batch(app, process_id, 1)
+    return claimed[0] if claimed else None
 
-    When the oldest lane is the unkeyed one, the claim happens in the lane scan's own
-    transaction (one transaction instead of two); a keyed claim always takes its own,
-    whose first statement is the key lock.
+
+def claim_next_batch(app: App, process_id: str, limit: int) -> list[Claimed]:
+    """What up to ``limit`` successive polls would claim, in one transaction when they
+    all come from the unkeyed lane.
+
+    A poll claims the oldest execution that its lane's limits admit now. When the oldest
+    lane is the unkeyed one, the claim happens in the lane scan's own transaction, and
+    takes up to ``limit`` unkeyed executions, each older than the next lane's oldest
+    [INV-LIM-6]: the claims that many polls would make in a row. A keyed claim is always
+    one execution in a transaction of its own, whose first statement is the key lock
+    [INV-LIM-1]. Returns the claimed executions in poll order (empty: nothing may run now).
     """
     with app.begin() as tx:
         lanes = scan_lanes(app, tx)
         if lanes and lanes[0].key == UNKEYED:
-            claimed = _claim_unkeyed_in(tx, process_id)
-            if claimed is not None:
+            claimed = _claim_unkeyed_in(tx, process_id, limit, lanes[1] if len(lanes) > 1 else None)
+            if claimed:
                 return claimed
             lanes = lanes[1:]
-    for lane in lanes:
+    for index, lane in enumerate(lanes):
         if lane.key == UNKEYED:
-            claimed = claim_unkeyed(app, process_id)
-            if claimed is not None:
+            claimed = claim_unkeyed(app, process_id, limit, lanes[index + 1] if index + 1 < len(lanes) else None)
+            if claimed:
                 return claimed
             continue
         outcome = claim_keyed(app, lane.key, process_id, lane.scanned_in_flight)
         if isinstance(outcome, Claimed):
-            return outcome
-    return None
-
+            return [outcome]
+    return []

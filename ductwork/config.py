@@ -170,6 +170,12 @@ class JobWorkerConfig:
     #: a thread whose step succeeded claims its lane's next execution in the same
     #: transaction, when a poll would claim it (claims.hand_off); false: always poll
     hand_off: bool = True
+    #: unkeyed executions a worker thread may claim at once, and record in one commit,
+    #: when its recent steps are fast (execute.Worker); 1: one at a time
+    batch_size: int = 16
+    #: seconds of recent-pace work a batch may hold: a claimed execution waits behind
+    #: its siblings, and a success stays unrecorded, for about this long
+    batch_window: float = 0.05
     #: per-pipeline/per-step ``max_retry``: ``{pipeline: {"default" | step: n}}``
     max_retry_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
     #: per-pipeline/per-step ``max_crash``, same shape
@@ -226,11 +232,13 @@ class SupervisorConfig:
 
 
 _JOB_WORKER_SCALARS = ("count", "processes", "polling_timeout", "shutdown_timeout", "retry_delay",
-                       "crash_backoff", "hand_off")
+                       "crash_backoff", "hand_off", "batch_size", "batch_window")
 _JOB_WORKER_KEYS = _JOB_WORKER_SCALARS + ("max_retry", "max_crash", "limits")
 _ADVANCER_KEYS = tuple(f.name for f in dataclasses.fields(PipelineAdvancerConfig))
 _SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))
 _COUNT_FIELDS = frozenset({"count", "processes", "expand_batch"})
+#: a batch's ids travel in one IN list: keep it far below every driver's parameter limit
+MAX_BATCH_SIZE = 1000
 _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
 _FLAG_FIELDS = frozenset({"inline_linear", "hand_off"})
 
@@ -260,6 +268,8 @@ def _scalars(path: str, body: Mapping, keys: tuple[str, ...]) -> dict[str, Any]:
             values[key] = body[key]
         elif key in _COUNT_FIELDS:
             values[key] = _count(key_path, body[key])
+        elif key == "batch_size":
+            values[key] = check_int(key_path, body[key], minimum=1, maximum=MAX_BATCH_SIZE)
         elif key in _BUDGET_FIELDS:
             values[key] = _budget(key_path, body[key])
         else:

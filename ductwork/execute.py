@@ -29,17 +29,20 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ductwork import faults
 from ductwork.advance import advance_on_success
 from ductwork.context import Context
-from ductwork.claims import claim_next, hand_off as claim_hand_off, seconds_to_next_token
+from ductwork.claims import claim_next_batch, hand_off as claim_hand_off, seconds_to_next_token
 from ductwork.definition import resolve_step
 from ductwork.dialects import retry_transient
 from ductwork.errors import CommitFailed, StepReturnError
-from ductwork.executions import Claimed, ErrorInfo, Output, record_crash, record_failure, record_success
+from ductwork.executions import (Claimed, ErrorInfo, Output, Success, record_crash, record_failure, record_success,
+                                 record_successes)
 
 if TYPE_CHECKING:
     from ductwork.app import App
@@ -93,6 +96,18 @@ def make_output(klass: str, definition: Definition, node: str, value: Any) -> Ou
     return Output(text)
 
 
+def batch_for(pace_s: float, window_s: float, size: int) -> int:
+    """How many executions a batch may take: as many as run in ``window_s`` at ``pace_s``
+    seconds each, at least one and at most ``size``.
+
+    >>> batch_for(0.0001, 0.05, 16), batch_for(0.02, 0.05, 16), batch_for(3.0, 0.05, 16)
+    (16, 2, 1)
+    """
+    if pace_s * size <= window_s:  # (also a zero pace: no division by it, nor an overflow)
+        return size
+    return max(1, int(window_s / pace_s))
+
+
 def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str) -> Any:
     """Construct the user's step with its identity bound; errors become :class:`BuildFailed`."""
     try:
@@ -105,58 +120,137 @@ def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str)
 
 
 class Worker:
-    """Claims and runs executions: one claim per :meth:`run_once`, and what its completions hand on."""
+    """Claims and runs executions: one claim (or batch) per :meth:`run_once`, and what its
+    completions hand on.
+
+    Batches (``batch_size`` > 1): when the oldest lane is the unkeyed one, a claim takes
+    up to as many unkeyed executions as this worker's recent steps could run in
+    ``batch_window`` seconds (one, until a step has been timed; never more than
+    ``batch_size``), and their successes are recorded together in one transaction at the
+    batch's end, or as soon as the oldest unrecorded success is ``batch_window`` old. A
+    claimed execution therefore waits behind its siblings for about ``batch_window`` at
+    the recent pace, and a success stays unrecorded about as long: a crash in that time
+    re-runs it (at-least-once, as for any crash before the commit). A keyed execution is
+    always claimed and recorded alone. Not done: handing back claimed executions that a
+    stopping worker has not started (it runs them; they were sized to take
+    ``batch_window``).
+    """
 
     def __init__(self, app: App, *, process_id: str | None = None,
-                 hand_off: Callable[[], bool] | None = None):
+                 hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
         self.app = app
         self._process_id = process_id
         #: asked after each success: may this worker take its lane's next execution in
         #: the same transaction (``claims.hand_off``)? None: never (one per run_once)
         self._may_hand_off = hand_off
-        #: an execution handed to this worker by its last completion, not yet performed
-        self._handed: Claimed | None = None
+        self._batch_size = batch_size
+        self._batch_window = batch_window
+        #: how many unkeyed executions the next claim may take (from the recent pace)
+        self.batch = 1
+        self._pace_s: float | None = None
+        #: claimed, not yet performed: handed on by a completion, or the rest of a batch
+        self._queue: deque[Claimed] = deque()
+        #: performed successes not yet recorded (the batch's group commit)
+        self._group: list[Success] = []
+        self._group_started = 0.0
         #: after an idle poll: seconds until a rate-blocked key's next token, if any
         self.next_token_s: float | None = None
-        #: the execution this worker is performing (what a runner's reconciliation skips)
+        #: the execution this worker is performing
         self.current: str | None = None
 
     @property
     def process_id(self) -> str:
         return self._process_id or self.app.process_id()
 
+    def held(self) -> set[str]:
+        """The executions this worker holds (what a runner's reconciliation skips): the one
+        it runs, those claimed and queued, and those run but not yet recorded."""
+        held = {claimed.execution_id for claimed in list(self._queue)}
+        held.update(success.claimed.execution_id for success in list(self._group))
+        current = self.current
+        if current is not None:
+            held.add(current)
+        return held
+
     def run_once(self) -> Performed | None:
-        """Claim and run one execution, then every execution its completions hand to
-        this worker (only while ``hand_off()`` says yes, so a stopping worker performs at
-        most the one already handed to it). Never sleeps (except inside the step)."""
-        claimed, self._handed = self._handed, None
-        if claimed is None:
-            claimed = claim_next(self.app, self.process_id)
-        if claimed is None:
+        """Claim and run one execution (or one batch), then every execution its
+        completions hand to this worker (only while ``hand_off()`` says yes, so a stopping
+        worker performs only what it already holds). Everything it ran is recorded when
+        this returns. Never sleeps (except inside the step)."""
+        if not self._queue:
+            self._queue.extend(claim_next_batch(self.app, self.process_id, self.batch))
+        if not self._queue:
             self.next_token_s = seconds_to_next_token(self.app)
             return None
-        performed = self.perform(claimed)
-        while self._handed is not None:
-            claimed, self._handed = self._handed, None
-            performed = self.perform(claimed)
+        performed = None
+        try:
+            while self._queue:
+                claimed = self._queue.popleft()
+                performed = self._run(claimed, group=self._batch_size > 1 and claimed.limit_key is None)
+                if self._group and (not self._queue
+                                    or time.monotonic() - self._group_started >= self._batch_window):
+                    self._flush()
+        except BaseException:
+            self._abandon()
+            raise
         return performed
 
     def perform(self, claimed: Claimed) -> Performed:
         """Run a claimed execution and record its outcome; on any escape, crash it."""
+        return self._run(claimed, group=False)
+
+    def _run(self, claimed: Claimed, *, group: bool) -> Performed:
         recorded = False
         self.current = claimed.execution_id
         try:
             faults.hit(faults.AFTER_JOB_CLAIM)
-            outcome = self._perform(claimed)
+            outcome = self._perform(claimed, group)
             recorded = True
             return Performed(claimed.execution_id, claimed.node, outcome)
         finally:
-            self.current = None if self._handed is None else self._handed.execution_id
+            self.current = None
             if not recorded:  # an exception (or thread exit) escaped: never leave the claim held
                 # (if the database is unreachable this fails too; the runner's
                 # reconciliation crashes the orphaned claim once it answers again)
                 record_crash(self.app, claimed.execution_id, claimed.process_id, ABANDONED,
                              "execution abandoned by its worker thread")
+
+    def _abandon(self) -> None:
+        """An exception is leaving run_once: crash what this worker holds and has not
+        recorded (each re-runs within its crash budget). What cannot be crashed now is
+        no longer held, so the runner's reconciliation crashes it later."""
+        left = [success.claimed for success in self._group] + list(self._queue)
+        self._group.clear()
+        self._queue.clear()
+        for claimed in left:
+            record_crash(self.app, claimed.execution_id, claimed.process_id, ABANDONED,
+                         "execution abandoned by its worker thread")
+
+    def _hand_off(self, key: str | None) -> Callable[[Any], list[Claimed]] | None:
+        if self._may_hand_off is None or not self._may_hand_off():
+            return None
+        return functools.partial(claim_hand_off, self.app, key=key, process_id=self.process_id, limit=self.batch)
+
+    def _flush(self) -> None:
+        """Record the group of successes in one transaction; take what it hands on."""
+        take = None if self._queue else self._hand_off(None)
+        try:
+            self._record(lambda: record_successes(self.app, self._group, take))
+        except CommitFailed as failed:  # a group of one, reaped under it (larger groups log each)
+            log.warning("%s", failed)
+        self._group.clear()  # (on any other escape run_once crashes the group: _abandon)
+
+    def _record(self, commit: Callable[[], list[Claimed]]) -> None:
+        """Commit successes (repeated on a lost connection) and queue what is handed on."""
+        self._queue.extend(retry_transient(commit))
+        faults.hit(faults.AFTER_JOB_COMMIT)
+
+    def _paced(self, seconds: float) -> None:
+        """Size the next batch from the recent pace."""
+        self._pace_s = seconds if self._pace_s is None else (self._pace_s + seconds) / 2
+        self.batch = batch_for(self._pace_s, self._batch_window, self._batch_size)
 
     def _invoke(self, claimed: Claimed, definition: Definition) -> Output:
         if claimed.timeout_us:
@@ -168,11 +262,13 @@ class Worker:
             value = instance.execute()
         return make_output(claimed.klass, definition, claimed.node, value)
 
-    def _perform(self, claimed: Claimed) -> str:
+    def _perform(self, claimed: Claimed, group: bool) -> str:
         definition = self.app.definition(claimed.definition_sha1)
         try:
             try:
+                started = time.monotonic()
                 output = self._invoke(claimed, definition)
+                self._paced(time.monotonic() - started)
                 faults.hit(faults.DURING_JOB_EXECUTION)
             except BuildFailed as failed:
                 info = failed.info
@@ -197,12 +293,13 @@ class Worker:
             inline = None
             if self.app.config.pipeline_advancer.inline_linear and output.value_json is not None:
                 inline = functools.partial(advance_on_success, self.app, claimed, definition, output.value_json)
-            hand_off = None
-            if self._may_hand_off is not None and self._may_hand_off():
-                hand_off = functools.partial(claim_hand_off, self.app, key=claimed.limit_key,
-                                             process_id=claimed.process_id)
-            self._handed = retry_transient(lambda: record_success(self.app, claimed, output, inline, hand_off))
-            faults.hit(faults.AFTER_JOB_COMMIT)
+            if group:  # recorded with the batch's group commit (run_once flushes it)
+                if not self._group:
+                    self._group_started = time.monotonic()
+                self._group.append(Success(claimed, output, inline))
+                return "success"
+            hand_off = self._hand_off(claimed.limit_key)
+            self._record(lambda: record_success(self.app, claimed, output, inline, hand_off))
             return "success"
         except CommitFailed as failed:
             log.warning("%s", failed)

@@ -25,6 +25,7 @@ here: a caller that knows it may still run must stop it first [INV-EXE-5].
 from __future__ import annotations
 
 import json
+import logging
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,12 +33,14 @@ from typing import TYPE_CHECKING, Callable
 
 import sqlalchemy as sa
 
-from ductwork import dialects, schema
+from ductwork import dialects, mutants, schema
 from ductwork.errors import CommitFailed
 from ductwork.steps import new_execution_row
 
 if TYPE_CHECKING:
     from ductwork.app import App, Tx
+
+log = logging.getLogger("ductwork.executions")
 
 MESSAGE_LIMIT = 255
 BACKTRACE_FRAMES = 10
@@ -140,7 +143,7 @@ def _mark_failed(tx: Tx, step_id: str) -> None:
 
 def record_success(app: App, claimed: Claimed, output: Output,
                    advance: Callable[[Tx], bool] | None = None,
-                   hand_off: Callable[[Tx], Claimed | None] | None = None) -> Claimed | None:
+                   hand_off: Callable[[Tx], list[Claimed]] | None = None) -> list[Claimed]:
     """Record success: the job's output, expand items, the step ``advancing``. Raises CommitFailed.
 
     ``advance(tx)`` may advance the branch past the step in this same transaction (a
@@ -149,24 +152,112 @@ def record_success(app: App, claimed: Claimed, output: Output,
     execution of the step's lane in this same transaction (``claims.hand_off``); what it
     claims is returned, and the caller must perform it.
     """
+    return record_successes(app, [Success(claimed, output, advance)], hand_off)
+
+
+@dataclass(frozen=True)
+class Success:
+    """One execution's success, to be recorded: what :func:`record_successes` takes."""
+
+    claimed: Claimed
+    output: Output
+    #: advances the branch past the step in the recording transaction (or returns False)
+    advance: Callable[[Tx], bool] | None = None
+
+
+class _Taken(Exception):
+    """A batch's guard matched fewer executions than it holds: one was reaped."""
+
+
+def record_successes(app: App, successes: list[Success],
+                     hand_off: Callable[[Tx], list[Claimed]] | None = None) -> list[Claimed]:
+    """Record several successes of one owner in one transaction (a group commit).
+
+    Each success is recorded as :func:`record_success` would record it, and the batch
+    commits as a whole. The guard is one UPDATE over the batch: if it ends fewer
+    executions than the batch holds (the reaper took one), nothing is written and
+    each success is recorded in a transaction of its own, so the reaped one raises
+    :class:`CommitFailed` alone [INV-EXE-2]. Keyed executions are recorded alone too
+    (their completion takes the key's lock and next sequence number). Raises
+    CommitFailed only for a batch of one.
+    """
+    if len(successes) > 1 and all(s.claimed.limit_key is None for s in successes):
+        try:
+            return _record_batch(app, successes, hand_off)
+        except _Taken:
+            log.warning("a batch of %d successes lost an execution to the reaper; recording each alone",
+                        len(successes))
+        handed: list[Claimed] = []
+        for success in successes:
+            try:
+                handed = _record_one(app, success, hand_off if success is successes[-1] else None)
+            except CommitFailed as failed:
+                log.warning("%s", failed)
+        return handed
+    handed = []
+    for success in successes:
+        handed = _record_one(app, success, hand_off if success is successes[-1] else None)
+    return handed
+
+
+def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], list[Claimed]] | None
+                  ) -> list[Claimed]:
+    owner = successes[0].claimed.process_id
+    e, j = schema.executions, schema.jobs
+    with app.begin() as tx:
+        guard = [e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended
+                 e.c.claimed_at.is_not(None),
+                 e.c.process_id == owner]  # [INV-EXE-2] still ours: the reaper took none of them
+        if mutants.on("batch_no_guard"):
+            guard = []
+        ended = tx.execute(
+            e.update().where(e.c.id.in_([s.claimed.execution_id for s in successes]), *guard)
+            .values(completed_at=tx.now, outcome="success", updated_at=tx.now)
+        ).rowcount
+        if ended != len(successes):
+            raise _Taken()
+        tx.execute(j.update().where(j.c.id == sa.bindparam("b_id"))
+                   .values(output_payload=sa.bindparam("b_payload"), completed_at=tx.now, updated_at=tx.now),
+                   [{"b_id": s.claimed.job_id, "b_payload": s.output.payload_json} for s in successes])
+        advancing = []
+        for success in successes:
+            _write_expand_items(tx, success)
+            if success.advance is None or not success.advance(tx):
+                advancing.append(success.claimed.step_id)
+        _mark_advancing(tx, advancing)
+        return [] if hand_off is None else hand_off(tx)
+
+
+def _write_expand_items(tx: Tx, success: Success) -> None:
+    items = success.output.expand_items
+    if items is not None:
+        rows = [{"job_id": success.claimed.job_id, "item_index": i, "value": v} for i, v in enumerate(items)]
+        for start in range(0, len(rows), 1000):
+            tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
+
+
+def _mark_advancing(tx: Tx, step_ids: list[str]) -> None:
+    """Leave these succeeded steps to an advancer, and wake one."""
+    if step_ids:
+        tx.execute(schema.steps.update()
+                   .where(schema.steps.c.id.in_(step_ids), schema.steps.c.status == "in_progress")
+                   .values(status="advancing", updated_at=tx.now))
+        tx.wake()  # an advancer has work
+
+
+def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claimed]] | None) -> list[Claimed]:
+    claimed, output, advance = success.claimed, success.output, success.advance
     with app.begin() as tx:
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "success", None,
                          wake=False):
             raise CommitFailed(claimed.execution_id, claimed.process_id)
         tx.execute(schema.jobs.update().where(schema.jobs.c.id == claimed.job_id)
                    .values(output_payload=output.payload_json, completed_at=tx.now, updated_at=tx.now))
-        if output.expand_items is not None:
-            rows = [{"job_id": claimed.job_id, "item_index": i, "value": v}
-                    for i, v in enumerate(output.expand_items)]
-            for start in range(0, len(rows), 1000):
-                tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
+        _write_expand_items(tx, success)
         if advance is None or not advance(tx):  # (a successor created inline wakes idle threads)
-            tx.execute(schema.steps.update()
-                       .where(schema.steps.c.id == claimed.step_id, schema.steps.c.status == "in_progress")
-                       .values(status="advancing", updated_at=tx.now))
-            tx.wake()  # an advancer has work
-        handed = None if hand_off is None else hand_off(tx)
-        if claimed.limit_key and handed is None:
+            _mark_advancing(tx, [claimed.step_id])
+        handed = [] if hand_off is None else hand_off(tx)
+        if claimed.limit_key and not handed:
             tx.wake()  # a slot is free (a hand-off took it over: nothing for anyone else)
         return handed
 

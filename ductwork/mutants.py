@@ -26,6 +26,8 @@ MUTANTS = {
     "no_stamp": "a rate refusal leaves blocked_until unstamped [INV-LIM-5]",
     "unkeyed_first": "the unkeyed lane is tried before older keyed lanes [INV-LIM-6]",
     "hand_off_any_lane": "claims.hand_off claims its key's next job even when an older lane comes first [INV-LIM-6]",
+    "batch_past_lane": "a batch of unkeyed claims takes executions younger than the next lane's oldest [INV-LIM-6]",
+    "batch_no_guard": "executions.record_successes ends a batch's executions without the open-and-ours guard [INV-EXE-2]",
     "stale_fence_commits": "the advancement fence does not compare the claim token [INV-ADV-2, INV-ADV-1]",
     "fanin_outside_fence": "the fan-in counter is bumped in its own transaction before the fence [INV-ADV-3]",
 }

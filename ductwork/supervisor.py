@@ -137,7 +137,9 @@ class Runner:
             token: Callable[[], float | None] | None = None
             if self.role == "job_worker":
                 may_hand_off = (lambda: not self.stop.is_set()) if self.app.config.job_worker.hand_off else None
-                worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off)
+                worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off,
+                                batch_size=self.app.config.job_worker.batch_size,
+                                batch_window=self.app.config.job_worker.batch_window)
                 self.units.append(worker)
                 unit: Callable[[], bool] = lambda w=worker: w.run_once() is not None
                 token = lambda w=worker: w.next_token_s
@@ -169,7 +171,7 @@ class Runner:
                     return
                 self._last_heartbeat_sent = sent
                 try:
-                    reconcile(self.app, self.process_id, {u.current for u in self.units if u.current})
+                    reconcile(self.app, self.process_id, set().union(*(u.held() for u in self.units)))
                 except Exception:  # noqa: BLE001 - retried at the next heartbeat
                     log.warning("reconciliation failed", exc_info=True)
             self.stop.wait(interval)

@@ -577,21 +577,49 @@ class LimitsModel:
         self._start(claimed, worker, now_us)
         return claimed.job_id
 
-    def complete_and_hand_off(self, job_id: JobId, now_us: int) -> JobId | None:
+    def claim_batch(self, worker: str, now_us: int, limit: int) -> list[JobId]:
+        """Up to ``limit`` polls by ``worker`` at ``now_us``, made in a row while the
+        unkeyed lane comes first: a batch claim. The first poll is an ordinary one (of any
+        lane); only unkeyed claims are batched, and each is exactly the claim a poll would
+        make at that moment [INV-LIM-6]. Returns the jobs claimed, in order."""
+        first = self.claim(worker, now_us)
+        if first is None:
+            return []
+        claimed = [first]
+        if self.jobs[first].key is not None:
+            return claimed  # a keyed claim is always alone
+        while len(claimed) < limit:
+            _, candidates = self._lanes(now_us)
+            if not candidates or candidates[0].key is not None:
+                break
+            job_id = self.claim(worker, now_us)
+            assert job_id is not None, "the unkeyed lane always admits"
+            claimed.append(job_id)
+        return claimed
+
+    def complete_and_hand_off(self, job_id: JobId, now_us: int, limit: int = 1) -> list[JobId]:
         """The owner records success and, in the same step, takes its lane's next job if a
         poll at ``now_us`` would claim that job: the job's lane (its key, or the unkeyed
         lane) is the first candidate lane [INV-LIM-6] and, for a key, its limits admit now. Then the hand-off *is* that poll
         (same choice, spend and stamp); otherwise nothing changes beyond the completion
-        (no refill, no stamp). Returns the job handed on, or None.
+        (no refill, no stamp). For the unkeyed lane, up to ``limit`` jobs are handed on,
+        as :meth:`claim_batch` takes them. Returns the jobs handed on.
         """
-        self.complete(job_id, now_us)  # raises unless the job was in flight with a live owner
-        job = self.jobs[job_id]
+        return self.complete_all_and_hand_off([job_id], now_us, limit)
+
+    def complete_all_and_hand_off(self, job_ids: list[JobId], now_us: int, limit: int = 1) -> list[JobId]:
+        """Several successes of one owner recorded at once (a group commit), then the
+        hand-off of :meth:`complete_and_hand_off` for the last job's lane."""
+        for job_id in job_ids:
+            self.complete(job_id, now_us)  # raises unless the job was in flight with a live owner
+        job = self.jobs[job_ids[-1]]
         _, candidates = self._lanes(now_us)
         if not candidates or candidates[0].key != job.key:
-            return None
+            return []
         if job.key is not None and not self._would_admit(job.key, now_us):
-            return None
-        return self.claim(job.worker, now_us)
+            return []
+        assert job.worker is not None
+        return self.claim_batch(job.worker, now_us, limit)
 
     def _lanes(self, now_us: int) -> tuple[list[LaneVerdict], list[LimitJob]]:
         """The verdicts of lanes a poll skips (blocked, saturated), and the head job of

@@ -372,13 +372,13 @@ def test_a_freed_slot_is_handed_on_in_the_commit_that_frees_it(limits_app):
     claimed = claims.claim_next(app, process)
     assert claimed.execution_id == ids[0]
     for previous, following in zip(ids, ids[1:]):
-        handed = _succeed_and_hand_off(app, claimed)
-        assert handed is not None and handed.execution_id == following
+        handed, = _succeed_and_hand_off(app, claimed)
+        assert handed.execution_id == following
         done, taken = _claim_row(app, previous), _claim_row(app, following)
         assert taken.claimed_at == done.completed_at and taken.process_id == process
         assert taken.claim_seq == done.release_seq + 1
         claimed = handed
-    assert _succeed_and_hand_off(app, claimed) is None  # nothing left of the key
+    assert _succeed_and_hand_off(app, claimed) == []  # nothing left of the key
 
 
 def test_a_hand_off_yields_to_an_older_lane(limits_app):
@@ -398,7 +398,7 @@ def test_a_hand_off_yields_to_an_older_lane(limits_app):
     later, = make_executions(app, run_id, branch_id, "shared", at)
     claimed = claims.claim_next(app, process)
     assert claimed.execution_id == first
-    assert _succeed_and_hand_off(app, claimed) is None
+    assert _succeed_and_hand_off(app, claimed) == []
     assert _claim_row(app, later).claimed_at is None
     assert [claims.claim_next(app, process).execution_id for _ in range(2)] == [older, later]
 

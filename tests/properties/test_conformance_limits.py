@@ -3,7 +3,8 @@
 ``LimitsAgainstModel`` drives the engine (a real database, a ManualClock) and
 ``model.LimitsModel`` side by side: enqueue keyed, unkeyed and delayed jobs,
 move the clock (by zero, one µs, sub-millisecond and larger steps), claim by
-one of several workers, complete (also with a hand-off of the key's next job), fail (retries), crash and reap a worker,
+one of several workers, claim a batch, complete (also with a hand-off of the key's next
+job, and several at once in a group commit), fail (retries), crash and reap a worker,
 restart with changed limits. After every rule the engine and the model agree on
 each key's in-flight count, bucket levels and ``blocked_until`` stamp, and every
 claim chose the same job.
@@ -28,7 +29,7 @@ from ductwork.app import App
 from ductwork.clock import ManualClock, from_us, to_us
 from ductwork.config import Config
 from ductwork.errors import CommitFailed
-from ductwork.executions import Output, record_failure, record_success
+from ductwork.executions import Output, Success, record_failure, record_success, record_successes
 from ductwork.processes import register
 from ductwork.reaper import reap
 from model import LimitsModel
@@ -124,6 +125,36 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         if claimed is not None:
             self.held[claimed.execution_id] = (worker, claimed)
 
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(2, 4))
+    def claim_batch(self, worker, limit):
+        """A batch claim takes what ``limit`` polls in a row would, while the unkeyed lane
+        is first, and never an execution past an older keyed lane [INV-LIM-6]."""
+        name = f"{worker}.{self.generation[worker]}"
+        claimed = claims.claim_next_batch(self.app, self.process[worker], limit)
+        expected = self.model.claim_batch(name, self.now_us, limit)
+        got = [c.execution_id for c in claimed]
+        assert got == expected, f"INV-LIM-6: engine batch {got}, model {expected} at {self.now_us}"
+        for c in claimed:
+            self.held[c.execution_id] = (worker, c)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), limit=st.integers(1, 3))
+    def complete_batch_and_hand_off(self, data, limit):
+        """A worker's group commit: several successes of one owner in one transaction, then
+        the hand-off of its lane's next executions [INV-EXE-2, INV-LIM-6]."""
+        worker = data.draw(st.sampled_from(sorted({w for w, _ in self.held.values()})))
+        mine = sorted(eid for eid, (w, _) in self.held.items() if w == worker)
+        chosen = data.draw(st.lists(st.sampled_from(mine), min_size=1, max_size=4, unique=True))
+        group = [self.held.pop(eid)[1] for eid in chosen]
+        take = functools.partial(claims.hand_off, self.app, key=group[-1].limit_key,
+                                 process_id=group[-1].process_id, limit=limit)
+        handed = record_successes(self.app, [Success(c, Output("null")) for c in group], take)
+        expected = self.model.complete_all_and_hand_off(chosen, self.now_us, limit)
+        got = [c.execution_id for c in handed]
+        assert got == expected, f"INV-LIM-6: group hand-off gave {got}, model {expected} at {self.now_us}"
+        for c in handed:
+            self.held[c.execution_id] = (worker, c)
+
     @precondition(lambda self: self.held)
     @rule(data=st.data())
     def complete(self, data):
@@ -142,10 +173,10 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         take = functools.partial(claims.hand_off, self.app, key=claimed.limit_key, process_id=claimed.process_id)
         handed = record_success(self.app, claimed, Output("null"), hand_off=take)
         expected = self.model.complete_and_hand_off(execution_id, self.now_us)
-        got = None if handed is None else handed.execution_id
+        got = [c.execution_id for c in handed]
         assert got == expected, f"INV-LIM-6: hand-off gave {got}, model {expected} at {self.now_us}"
-        if handed is not None:
-            self.held[handed.execution_id] = (worker, handed)
+        for c in handed:
+            self.held[c.execution_id] = (worker, c)
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())

@@ -64,6 +64,14 @@ class LimitsModelMachine(RuleBasedStateMachine):
         for _ in range(polls):
             self.model.claim(data.draw(st.sampled_from(self.live)), self.now)
 
+    @precondition(lambda self: len(self.live) > 0)
+    @rule(data=st.data(), limit=st.integers(1, 4))
+    def claim_batch(self, data, limit):
+        """A batch claim: polls in a row while the unkeyed lane is first [INV-LIM-6]."""
+        claimed = self.model.claim_batch(data.draw(st.sampled_from(self.live)), self.now, limit)
+        assert len(claimed) <= limit
+        assert len(claimed) <= 1 or all(self.model.jobs[j].key is None for j in claimed)
+
     @precondition(lambda self: any(self.model.jobs[j].worker in self.live for j in self.model.in_flight_jobs()))
     @rule(data=st.data(), outcome=st.sampled_from(["success", "failure", "timed_out"]))
     def complete(self, data, outcome):
@@ -77,8 +85,9 @@ class LimitsModelMachine(RuleBasedStateMachine):
         mine = [j for j in self.model.in_flight_jobs() if self.model.jobs[j].worker in self.live]
         job = data.draw(st.sampled_from(mine))
         worker = self.model.jobs[job].worker
-        handed = self.model.complete_and_hand_off(job, self.now)
-        assert handed is None or self.model.jobs[handed].worker == worker
+        handed = self.model.complete_and_hand_off(job, self.now, data.draw(st.sampled_from([1, 1, 3])))
+        assert all(self.model.jobs[h].worker == worker for h in handed)
+        assert len(handed) <= 1 or all(self.model.jobs[h].key is None for h in handed)
 
     @precondition(lambda self: self.reaped_alive)
     @rule(data=st.data())

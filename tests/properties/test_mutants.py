@@ -8,7 +8,7 @@ A mutant that survives is a guard nobody has verified. Times to the first
 counterexample are printed (``-s``) and recorded in INVARIANTS.md.
 
 Checks the detectors of: INV-LIM-1, INV-LIM-2, INV-LIM-4, INV-LIM-5, INV-LIM-6,
-INV-CLK-1, INV-ADV-2, INV-ADV-3.
+INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ DETECTORS = {
         "tests/integration/test_lock_races.py::test_racing_claims_on_a_key_serialise_on_its_lock[postgresql]",
     "clock_before_lock":
         "tests/integration/test_lock_races.py::test_a_claims_time_is_read_after_the_key_lock[postgresql]",
+    "batch_past_lane": "tests/integration/test_batches.py::test_a_batch_stops_before_an_older_keyed_lane[sqlite]",
+    "batch_no_guard":
+        "tests/integration/test_batches.py::test_a_group_commit_leaves_a_reaped_execution_to_the_reaper[sqlite]",
     "stale_fence_commits": "tests/integration/test_exactly_once.py::test_stale_token_commits_nothing[sqlite]",
     "fanin_outside_fence":
         "tests/integration/test_fault_checkpoints.py::test_checkpoint[sqlite-before_fanin_bump-raise]",

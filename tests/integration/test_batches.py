@@ -1,0 +1,209 @@
+"""Batches: several unkeyed claims in one transaction, several successes in one commit.
+
+Checks: INV-LIM-6 (a batch takes exactly what polls in a row would, and never an
+execution past an older keyed lane), INV-EXE-2 (a group commit ends only executions
+still open and held by its owner; one reaped under it is left to the reaper and the
+rest are recorded alone), INV-EXE-1 (a worker that dies mid-batch leaves nothing
+claimed: what it ran but did not record, and what it had not started, is crashed
+and re-runs), and that concurrent batches claim each execution once.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import Pipeline, Step, schema
+from ductwork.claims import claim_next, claim_next_batch
+from ductwork.execute import Worker
+from ductwork.executions import Output, Success, record_crash, record_successes
+from ductwork.processes import register
+from tests.factories import make_executions, make_run
+
+AT = datetime(2000, 1, 1)
+
+
+class Tick(Step):
+    def __init__(self, i):
+        self.i = i
+
+    def execute(self):
+        return self.i
+
+
+class Ticks(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Tick)
+
+
+def _rows(app, ids):
+    e = schema.executions
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(e.c.id, e.c.claimed_at, e.c.completed_at, e.c.outcome, e.c.process_id)
+                          .where(e.c.id.in_(ids))).all()
+    return {row.id: row for row in rows}
+
+
+def test_a_batch_claims_the_oldest_unkeyed_executions_in_poll_order(app):
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ids = make_executions(app, run_id, branch_id, None, AT, 5)
+    claimed = claim_next_batch(app, process, 3)
+    assert [c.execution_id for c in claimed] == ids[:3]
+    rows = _rows(app, ids)
+    assert {rows[i].claimed_at for i in ids[:3]} == {claimed[0].claimed_at}  # one transaction
+    assert all(rows[i].process_id == process for i in ids[:3])
+    assert all(rows[i].claimed_at is None for i in ids[3:])
+    assert [c.execution_id for c in claim_next_batch(app, process, 10)] == ids[3:]
+    assert claim_next_batch(app, process, 10) == []
+
+
+def test_a_batch_stops_before_an_older_keyed_lane(app):
+    """Unkeyed u1, u2, then keyed k, then unkeyed u3, all eligible at once: a batch of
+    five takes u1 and u2 only; the next poll takes k, as polls one by one would [INV-LIM-6]."""
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    u1, u2 = make_executions(app, run_id, branch_id, None, AT, 2)
+    k, = make_executions(app, run_id, branch_id, "shared", AT)
+    u3, = make_executions(app, run_id, branch_id, None, AT)
+    assert [c.execution_id for c in claim_next_batch(app, process, 5)] == [u1, u2]
+    assert claim_next(app, process).execution_id == k
+    assert [c.execution_id for c in claim_next_batch(app, process, 5)] == [u3]
+
+
+def test_racing_batches_claim_each_execution_once(app):
+    """Four threads on their own connections claim batches until nothing is left: every
+    execution is claimed by exactly one of them."""
+    run_id, branch_id = make_run(app)
+    ids = make_executions(app, run_id, branch_id, None, AT, 40)
+    pids = [register(app, role="test", label=f"w{i}") for i in range(4)]
+    got: dict[str, list[str]] = {p: [] for p in pids}
+    barrier = threading.Barrier(len(pids))
+    failures = []
+
+    def claimer(pid):
+        try:
+            barrier.wait(timeout=30)
+            while batch := claim_next_batch(app, pid, 3):
+                got[pid].extend(c.execution_id for c in batch)
+        except Exception as error:  # noqa: BLE001 - reported below, on the test's thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=claimer, args=(p,)) for p in pids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+    claimed = [i for batch in got.values() for i in batch]
+    assert sorted(claimed) == sorted(ids)  # each once: no duplicate, none missed
+    rows = _rows(app, ids)
+    assert all(rows[i].process_id == p for p, batch in got.items() for i in batch)
+
+
+def test_a_group_commit_records_every_success_in_one_transaction(app):
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ids = make_executions(app, run_id, branch_id, None, AT, 3)
+    claimed = claim_next_batch(app, process, 3)
+    assert record_successes(app, [Success(c, Output(str(n))) for n, c in enumerate(claimed)]) == []
+    rows = _rows(app, ids)
+    assert {rows[i].outcome for i in ids} == {"success"}
+    assert len({rows[i].completed_at for i in ids}) == 1
+    j, s = schema.jobs, schema.steps
+    with app.begin() as tx:
+        outputs = dict(tx.execute(sa.select(j.c.id, j.c.output_payload)
+                                  .where(j.c.id.in_([c.job_id for c in claimed]))).all())
+        statuses = set(tx.execute(sa.select(s.c.status).where(s.c.id.in_([c.step_id for c in claimed]))).scalars())
+    assert [outputs[c.job_id] for c in claimed] == ['{"payload": 0}', '{"payload": 1}', '{"payload": 2}']
+    assert statuses == {"advancing"}
+
+
+def test_a_group_commit_leaves_a_reaped_execution_to_the_reaper(app):
+    """One execution of the batch is crashed under it (as a reaper would): the group's
+    guard ends fewer rows than it holds, so nothing of the group is written, and each of
+    the others is then recorded alone; the crashed one keeps its outcome and its re-run
+    [INV-EXE-2]."""
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ids = make_executions(app, run_id, branch_id, None, AT, 3)
+    claimed = claim_next_batch(app, process, 3)
+    assert record_crash(app, ids[1], process, "ductwork.ProcessCrash", "reaped")
+    record_successes(app, [Success(c, Output("null")) for c in claimed])
+    rows = _rows(app, ids)
+    assert [rows[i].outcome for i in ids] == ["success", "process_crashed", "success"]
+    e = schema.executions
+    with app.begin() as tx:
+        reruns = tx.execute(sa.select(sa.func.count()).where(
+            e.c.job_id == claimed[1].job_id, e.c.completed_at.is_(None))).scalar_one()
+    assert reruns == 1
+
+
+def _open_claims(app, process):
+    e = schema.executions
+    with app.begin() as tx:
+        return tx.execute(sa.select(sa.func.count()).where(
+            e.c.process_id == process, e.c.completed_at.is_(None))).scalar_one()
+
+
+def test_a_worker_runs_fast_steps_in_batches_and_group_commits_them(app):
+    runs = [Ticks.trigger(i) for i in range(20)]
+    process = register(app, role="test", label="w")
+    worker = Worker(app, process_id=process, hand_off=lambda: True, batch_size=8)
+    while worker.run_once() is not None:
+        pass
+    e, j, s = schema.executions, schema.jobs, schema.steps
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(e.c.outcome, e.c.claimed_at, e.c.completed_at)
+                          .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+                          .where(s.c.run_id.in_([r.id for r in runs]))).all()
+    assert len(rows) == 20 and {r.outcome for r in rows} == {"success"}
+    commits = {r.completed_at for r in rows}
+    assert len(commits) < 20, "fast steps were group-committed"
+    assert max(sum(1 for r in rows if r.completed_at == at) for at in commits) <= 8
+    assert worker.held() == set() and _open_claims(app, process) == 0
+
+
+def test_a_worker_without_batches_takes_one_execution_per_claim(app):
+    runs = [Ticks.trigger(i) for i in range(3)]
+    worker = Worker(app, hand_off=lambda: False, batch_size=1)
+    for _ in runs:
+        assert worker.run_once().outcome == "success"
+    assert worker.run_once() is None
+
+
+def test_a_worker_dying_mid_batch_leaves_nothing_claimed(app, monkeypatch):
+    """The third step of a batch raises what no step failure covers (the thread is
+    leaving): the two run but not yet recorded, the third, and the two not started are
+    all crashed and re-run; while it ran, the worker held all five [INV-EXE-1]."""
+    for i in range(5):
+        Ticks.trigger(i)
+    process = register(app, role="test", label="w")
+    worker = Worker(app, process_id=process, hand_off=lambda: True, batch_size=5)
+    worker.batch = 5  # as after fast steps
+    calls, seen = [], []
+    original = Worker._invoke
+
+    def invoke(self, claimed, definition):
+        calls.append(claimed.execution_id)
+        seen.append(self.held())
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(self, claimed, definition)
+
+    monkeypatch.setattr(Worker, "_invoke", invoke)
+    with pytest.raises(KeyboardInterrupt):
+        worker.run_once()
+    assert len(calls) == 3 and seen[0] == seen[2] and len(seen[0]) == 5
+    assert worker.held() == set() and _open_claims(app, process) == 0
+    e = schema.executions
+    with app.begin() as tx:
+        outcomes = tx.execute(sa.select(e.c.outcome, e.c.crash_count).where(e.c.process_id == process)).all()
+        pending = tx.execute(sa.select(sa.func.count()).where(e.c.claimed_at.is_(None), e.c.crash_count == 1)
+                             ).scalar_one()
+    assert sorted(outcomes) == [("process_crashed", 0)] * 5
+    assert pending == 5

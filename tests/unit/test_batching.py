@@ -1,0 +1,64 @@
+"""How big a worker's batch may be, and how its settings are checked (no database).
+
+Checks: the batch bound documented on ``execute.Worker`` (a batch is sized to run in
+about ``batch_window`` at the recent pace, between one and ``batch_size``), and that
+a bad ``job_worker.batch_size`` / ``batch_window`` fails the load naming its path.
+The claims a batch makes are checked against the model in
+``tests/properties/test_conformance_limits.py`` [INV-LIM-6].
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ductwork.config import MAX_BATCH_SIZE, Config
+from ductwork.errors import ConfigError
+from ductwork.execute import batch_for
+
+paces = st.floats(min_value=0, max_value=3600, allow_nan=False)
+windows = st.floats(min_value=1e-6, max_value=60, allow_nan=False)
+sizes = st.integers(1, MAX_BATCH_SIZE)
+
+
+def test_batch_for_worked_numbers():
+    assert batch_for(0.0001, 0.05, 16) == 16  # no-op steps: the whole batch
+    assert batch_for(0.02, 0.05, 16) == 2  # 20 ms steps: two fit in 50 ms
+    assert batch_for(3.0, 0.05, 16) == 1  # slow steps: one at a time, as without batches
+    assert batch_for(0.0, 0.05, 16) == 16  # an untimed (instant) step
+
+
+@given(paces, windows, sizes)
+def test_a_batch_is_between_one_and_its_size_and_fits_its_window(pace, window, size):
+    batch = batch_for(pace, window, size)
+    assert 1 <= batch <= size
+    assert batch == 1 or batch * pace <= window
+
+
+@given(paces, paces, windows, sizes)
+def test_slower_steps_never_make_bigger_batches(a, b, window, size):
+    fast, slow = sorted((a, b))
+    assert batch_for(slow, window, size) <= batch_for(fast, window, size)
+
+
+def _job_worker(**values):
+    return Config.from_section({"job_worker": values}, source="<test>").job_worker
+
+
+def test_batch_settings_default_and_parse():
+    defaults = _job_worker()
+    assert (defaults.batch_size, defaults.batch_window) == (16, 0.05)
+    chosen = _job_worker(batch_size=1, batch_window=0.2)
+    assert (chosen.batch_size, chosen.batch_window) == (1, 0.2)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("batch_size", 0), ("batch_size", MAX_BATCH_SIZE + 1), ("batch_size", "16"), ("batch_size", True),
+    ("batch_size", 2.5), ("batch_window", -1), ("batch_window", "soon"),
+])
+def test_bad_batch_settings_name_their_path(key, value):
+    with pytest.raises(ConfigError) as info:
+        _job_worker(**{key: value})
+    assert info.value.path == f"job_worker.{key}"
+    assert info.value.value == value
