@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -308,6 +309,9 @@ class ChaosRound:
             "steps": len(history.steps),
             "claims": sum(1 for e in history.executions if e.claimed_at_us is not None),
             "keyed claims": sum(1 for e in history.executions if e.claimed_at_us is not None and e.key),
+            # unkeyed claims made in one transaction with another (a worker's batch): same claim time
+            "batched claims": sum(n for n in Counter(e.claimed_at_us for e in history.executions
+                                                     if e.claimed_at_us is not None and not e.key).values() if n > 1),
             "witnesses": len(history.witnesses),
             "halted runs": sum(1 for r in history.runs if r.status == "halted"),
         }
