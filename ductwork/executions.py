@@ -220,7 +220,8 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
                    .values(output_payload=sa.bindparam("b_payload"), completed_at=tx.now, updated_at=tx.now),
                    [{"b_id": s.claimed.job_id, "b_payload": s.output.payload_json} for s in successes])
         advancing = []
-        for success in successes:
+        # one lock order (branch id) for every group commit: two never wait on each other's branches
+        for success in sorted(successes, key=lambda s: s.claimed.branch_id):
             _write_expand_items(tx, success)
             if success.advance is None or not success.advance(tx):
                 advancing.append(success.claimed.step_id)

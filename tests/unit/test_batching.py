@@ -48,7 +48,7 @@ def _job_worker(**values):
 
 def test_batch_settings_default_and_parse():
     defaults = _job_worker()
-    assert (defaults.batch_size, defaults.batch_window) == (16, 0.05)
+    assert (defaults.batch_size, defaults.batch_window) == (64, 0.05)
     chosen = _job_worker(batch_size=1, batch_window=0.2)
     assert (chosen.batch_size, chosen.batch_window) == (1, 0.2)
 
