@@ -207,7 +207,8 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
     with app.begin() as tx:
         guard = [e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended
                  e.c.claimed_at.is_not(None),
-                 e.c.process_id == owner]  # [INV-EXE-2] still ours: the reaper took none of them
+                 # [INV-EXE-2] still ours: the reaper took none of them
+                 dialects.by_primary_key(e.c.process_id, tx.conn) == owner]
         if mutants.on("batch_no_guard"):
             guard = []
         ended = tx.execute(
@@ -240,8 +241,9 @@ def _write_expand_items(tx: Tx, success: Success) -> None:
 def _mark_advancing(tx: Tx, step_ids: list[str]) -> None:
     """Leave these succeeded steps to an advancer, and wake one."""
     if step_ids:
+        status = dialects.by_primary_key(schema.steps.c.status, tx.conn)
         tx.execute(schema.steps.update()
-                   .where(schema.steps.c.id.in_(step_ids), schema.steps.c.status == "in_progress")
+                   .where(schema.steps.c.id.in_(step_ids), status == "in_progress")
                    .values(status="advancing", updated_at=tx.now))
         tx.wake()  # an advancer has work
 

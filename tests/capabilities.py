@@ -21,6 +21,11 @@ CAPABILITIES: dict[str, tuple[tuple[str, ...], str]] = {
         "SQLite takes its write lock at BEGIN, before any statement, so a claim has no moment "
         "between starting and locking its key",
     ),
+    "planner_without_statistics": (
+        ("sqlite",),
+        "PostgreSQL and MySQL plan with the table statistics they keep; SQLite has none until "
+        "ANALYZE, so only its planner needs steering away from a low-selectivity index",
+    ),
     "server_side_connections": (
         ("postgresql", "mysql"),
         "SQLite is embedded: there is no server to terminate connections from",

@@ -21,6 +21,7 @@ from ductwork.claims import claim_next, claim_next_batch
 from ductwork.execute import Worker
 from ductwork.executions import Output, Success, record_crash, record_successes
 from ductwork.processes import register
+from tests.capabilities import needs
 from tests.factories import make_executions, make_run
 
 AT = datetime(2000, 1, 1)
@@ -141,6 +142,34 @@ def test_a_group_commit_leaves_a_reaped_execution_to_the_reaper(app):
         reruns = tx.execute(sa.select(sa.func.count()).where(
             e.c.job_id == claimed[1].job_id, e.c.completed_at.is_(None))).scalar_one()
     assert reruns == 1
+
+
+@needs("planner_without_statistics")
+def test_a_group_commit_reads_its_rows_by_primary_key(app):
+    """Every UPDATE of a batch finds its rows through the primary key, not through the
+    index of a guard column (``process_id``, ``status``) that would make it read every
+    execution the process ever ran, or every step of that status."""
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    make_executions(app, run_id, branch_id, None, AT, 3)
+    claimed = claim_next_batch(app, process, 3)
+    sent = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+        if statement.lstrip().upper().startswith("UPDATE") and not executemany:
+            sent.append((statement, parameters))
+
+    sa.event.listen(app.engine, "before_cursor_execute", capture)
+    try:
+        record_successes(app, [Success(c, Output("null")) for c in claimed])
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", capture)
+    assert len(sent) == 2  # the executions' guard and the steps' status
+    with app.engine.connect() as conn:
+        for statement, parameters in sent:
+            plan = " ".join(row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters))
+            assert "ix_execution_process" not in plan and "ix_step_status" not in plan, (statement, plan)
+            assert "(id=?)" in plan, (statement, plan)
 
 
 def _open_claims(app, process):
