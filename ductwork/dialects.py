@@ -167,7 +167,29 @@ def create_engine(url: str | URL, **settings: Any) -> Engine:
     engine = sa.create_engine(parsed, **options)
     if name == "sqlite":
         _sqlite_hooks(engine, float(settings.get("busy_timeout", 30)))
+    elif name == "postgresql":
+        _pg_hooks(engine)
     return engine
+
+
+def _pg_hooks(engine: Engine) -> None:
+    """Plan every statement with its parameters (``plan_cache_mode = force_custom_plan``).
+
+    psycopg prepares a statement on the server once it has run five times, and the
+    server may then reuse one generic plan for the life of the connection. Queue tables
+    grow, shrink and skew faster than their statistics: a generic plan chosen while
+    they were small (sequential scans, hash joins) was kept as they grew, and a worker's
+    batch load slowed with every thousand rows (five drains of 5,000 jobs in one process:
+    2,508 -> 783 jobs/s; with custom plans 3,439 -> 2,691). A custom plan costs one
+    planning per execution. Not done on servers before 12, which lack the setting.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        if dbapi_connection.info.server_version >= 120000:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute("SET plan_cache_mode = force_custom_plan")
+            dbapi_connection.commit()
 
 
 def _sqlite_hooks(engine: Engine, busy_timeout: float) -> None:

@@ -172,6 +172,16 @@ def test_a_group_commit_reads_its_rows_by_primary_key(app):
             assert "(id=?)" in plan, (statement, plan)
 
 
+@needs("server_side_plan_cache")
+def test_every_connection_plans_with_its_parameters(app):
+    """A prepared statement is planned for its parameters at each execution: a generic plan
+    chosen while the queue tables were small slowed a worker's batch load with every
+    thousand rows (ductwork.dialects._pg_hooks)."""
+    with app.engine.connect() as first, app.engine.connect() as second:
+        for conn in (first, second):
+            assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar_one() == "force_custom_plan"
+
+
 def _open_claims(app, process):
     e = schema.executions
     with app.begin() as tx:
