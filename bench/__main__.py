@@ -45,6 +45,9 @@ def parser(doc: str | None = None, prog: str = "python -m bench") -> argparse.Ar
     p.add_argument("--full", action="store_true", help="include the 10⁶ sizes of B3 and B4")
     p.add_argument("--only", default=None, help="comma-separated subset of B1,B2,B3,B4,B5")
     p.add_argument("--json", default=None, help="write every measurement to this file")
+    p.add_argument("--pgqueuer-python", default=None,
+                   help="an interpreter with pgqueuer[asyncpg] installed: B1 also drains with pgqueuer "
+                        "on PostgreSQL (bench/pgqueuer_drain.py)")
     return p
 
 
@@ -89,7 +92,7 @@ def table(results: dict[str, dict[str, dict[str, dict[str, Metric]]]]) -> str:
 
 
 def run(args: argparse.Namespace, only: list[str] | None = None) -> dict[str, Any]:
-    sizes = Sizes(quick=args.quick, full=args.full)
+    sizes = Sizes(quick=args.quick, full=args.full, pgqueuer_python=args.pgqueuer_python)
     urls: list[str | None] = list(args.database_url or [])
     if args.all:
         urls = [None, DEFAULT_SERVERS["postgresql"], DEFAULT_SERVERS["mariadb"]] + urls

@@ -8,7 +8,9 @@ Fleets are real ``ductwork start`` processes with ductwork's default config (pol
 
 - *default fleet*: one advancer process × 3 threads and one worker process × 5 threads
   (the default counts);
-- *more workers*: the same advancer and 2 worker processes × 5 threads.
+- *more workers*: the same advancer and 2 worker processes × 5 threads;
+- *no batches*: the default fleet with ``job_worker.batch_size: 1`` (one execution per
+  claim and per commit), to show what batches gain.
 
 Each repetition inserts a fresh batch while the fleet is up and idle (``INSERT …
 SELECT``, row for row what ``trigger`` writes) and is timed from database rows: from
@@ -20,16 +22,23 @@ figure is the median of the repetitions; each ratio is taken within a repetition
 
 from __future__ import annotations
 
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
 import sqlalchemy as sa
 
-from bench.harness import (Metric, ProcessFleet, Sizes, Target, insert_pending, log, percentile_time, ratio,
-                           seconds, wait_until)
+from bench.harness import (Metric, ProcessFleet, Sizes, Target, create_database, insert_pending, log,
+                           percentile_time, ratio, seconds, wait_until)
 from bench.workloads import CHAIN_LENGTH, Chain, One
-from ductwork import schema
+from ductwork import dialects, schema
 
 FLEETS = {
     "default fleet": {"workers": 1},
     "more workers": {"workers": 2},
+    # the default fleet one execution per claim and per commit: what batches gain
+    "no batches": {"workers": 1, "overrides": {"job_worker": {"batch_size": 1}}},
 }
 
 
@@ -59,6 +68,12 @@ def _chain_batch(app, prefix: str, n: int, timeout: float) -> float:
     assert len(completed) == n * CHAIN_LENGTH, (len(completed), n)
     t90 = percentile_time(completed, 0.9)
     return 0.9 * len(completed) / seconds(t90 - first_claim)
+
+
+def drain_jobs(sizes: Sizes) -> int:
+    """Jobs per drained batch: enough that a drain outlasts the fleet's start (each thread
+    finds the batch at its next poll, up to ``polling_timeout`` later) many times over."""
+    return 150 if sizes.quick else 5000
 
 
 def _drain_batch(app, prefix: str, n: int, timeout: float) -> float:
@@ -105,17 +120,49 @@ def chain_steps(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
         "steps/s, default fleet (1 adv×3 + 1 wrk×5)": Metric.of(got["default fleet"], "steps/s"),
         "steps/s, more workers (1 adv×3 + 2 wrk×5)": Metric.of(got["more workers"], "steps/s"),
         "more workers / default": Metric.of(ratio(got["more workers"], got["default fleet"]), "×"),
+        "steps/s, default fleet without batches (batch_size 1)": Metric.of(got["no batches"], "steps/s"),
+        "default / without batches": Metric.of(ratio(got["default fleet"], got["no batches"]), "×"),
     }
+
+
+def pgqueuer_drains(target: Target, sizes: Sizes, jobs: int) -> tuple[str, list[float]]:
+    """pgqueuer's no-op drain on the same server (its own database), once per repetition."""
+    parsed = dialects.normalize_url(target.url)
+    database = f"{parsed.database}_pgq"
+    create_database(parsed._replace(database=database), "postgresql")
+    dsn = parsed._replace(database=database, drivername="postgresql").render_as_string(hide_password=False)
+    got, version = [], "?"
+    for rep in range(sizes.repeats):
+        done = subprocess.run([sizes.pgqueuer_python, str(Path(__file__).with_name("pgqueuer_drain.py")),
+                               "--dsn", dsn, "--jobs", str(jobs)], capture_output=True, text=True, check=True)
+        line = json.loads(done.stdout.strip().splitlines()[-1])
+        got.append(line["jobs_per_s"])
+        version = line["version"]
+        log(f"pgqueuer {version}: repetition {rep + 1}: {got[-1]:.0f}/s")
+    return version, got
 
 
 def unkeyed_claims(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
     """B1 unkeyed one-step jobs drained: claim + run + commit (worker processes)"""
-    n = 150 if sizes.quick else 1000
+    n = drain_jobs(sizes)
     got = _per_fleet(target, app, sizes, "worker", _drain_batch, n, "u")
+    compared = {}
+    if sizes.pgqueuer_python and target.kind == "postgresql":
+        version, pgq = pgqueuer_drains(target, sizes, n)
+        compared = {
+            f"pgqueuer {version} drain, jobs/s (1 process, its defaults)": Metric.of(pgq, "jobs/s"),
+            "default fleet / pgqueuer (medians)": Metric.of(
+                [statistics.median(got["default fleet"]) / statistics.median(pgq)], "×"),
+            "more workers / pgqueuer (medians)": Metric.of(
+                [statistics.median(got["more workers"]) / statistics.median(pgq)], "×"),
+        }
     return {
         "claims/s, default fleet (1 wrk×5)": Metric.of(got["default fleet"], "claims/s"),
         "claims/s, more workers (2 wrk×5)": Metric.of(got["more workers"], "claims/s"),
         "more workers / default": Metric.of(ratio(got["more workers"], got["default fleet"]), "×"),
+        "claims/s, default fleet without batches (batch_size 1)": Metric.of(got["no batches"], "claims/s"),
+        "default / without batches": Metric.of(ratio(got["default fleet"], got["no batches"]), "×"),
+        **compared,
     }
 
 

@@ -26,7 +26,7 @@ import time
 
 import sqlalchemy as sa
 
-from bench.b1_throughput import _drain_batch
+from bench.b1_throughput import _drain_batch, drain_jobs
 from bench.harness import Metric, ProcessFleet, Sizes, Target, insert_pending, log, ratio
 from bench.workloads import BLOCKED_KEY, Blocked, One
 from ductwork import schema
@@ -35,7 +35,7 @@ from ductwork.processes import register
 
 
 def _drains(target: Target, app, sizes: Sizes, tag: str) -> list[float]:
-    n = 150 if sizes.quick else 1000
+    n = drain_jobs(sizes)
     fleet = ProcessFleet(target, role="worker", workers=1, label=f"bench{tag}").start(app)
     try:
         out = []

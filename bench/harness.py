@@ -92,6 +92,9 @@ class Sizes:
 
     quick: bool = False
     full: bool = False
+    #: an interpreter with ``pgqueuer[asyncpg]`` installed: B1 then drains with pgqueuer
+    #: too, on PostgreSQL, for a comparison within the same run (bench/pgqueuer_drain.py)
+    pgqueuer_python: str | None = None
 
     @property
     def repeats(self) -> int:
@@ -165,7 +168,7 @@ class Target:
             path = Path(parsed.database)
             path.parent.mkdir(parents=True, exist_ok=True)
         else:
-            _create_database(parsed, self.kind)
+            create_database(parsed, self.kind)
         engine = dialects.create_engine(self.url)
         try:
             migrate.upgrade(engine)
@@ -233,7 +236,8 @@ def _server_version(parsed: sa.URL) -> str:
         engine.dispose()
 
 
-def _create_database(parsed: sa.URL, kind: str) -> None:
+def create_database(parsed: sa.URL, kind: str) -> None:
+    """Create the database ``parsed`` names on its server if it does not exist."""
     name = parsed.database
     admin = parsed._replace(database="postgres" if kind == "postgresql" else None)
     engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
