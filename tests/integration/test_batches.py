@@ -16,29 +16,16 @@ from datetime import datetime
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step, schema
+from ductwork import schema
 from ductwork.claims import claim_next, claim_next_batch
 from ductwork.execute import Worker
 from ductwork.executions import Output, Success, record_crash, record_successes
 from ductwork.processes import register
 from tests.capabilities import needs
 from tests.factories import make_executions, make_run
+from tests.workloads import Unkeyed
 
 AT = datetime(2000, 1, 1)
-
-
-class Tick(Step):
-    def __init__(self, i):
-        self.i = i
-
-    def execute(self):
-        return self.i
-
-
-class Ticks(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Tick)
 
 
 def _rows(app, ids):
@@ -190,7 +177,7 @@ def _open_claims(app, process):
 
 
 def test_a_worker_runs_fast_steps_in_batches_and_group_commits_them(app):
-    runs = [Ticks.trigger(i) for i in range(20)]
+    runs = [Unkeyed.trigger(i) for i in range(20)]
     process = register(app, role="test", label="w")
     worker = Worker(app, process_id=process, hand_off=lambda: True, batch_size=8)
     while worker.run_once() is not None:
@@ -208,7 +195,7 @@ def test_a_worker_runs_fast_steps_in_batches_and_group_commits_them(app):
 
 
 def test_a_worker_without_batches_takes_one_execution_per_claim(app):
-    runs = [Ticks.trigger(i) for i in range(3)]
+    runs = [Unkeyed.trigger(i) for i in range(3)]
     worker = Worker(app, hand_off=lambda: False, batch_size=1)
     for _ in runs:
         assert worker.run_once().outcome == "success"
@@ -220,7 +207,7 @@ def test_a_worker_dying_mid_batch_leaves_nothing_claimed(app, monkeypatch):
     leaving): the two run but not yet recorded, the third, and the two not started are
     all crashed and re-run; while it ran, the worker held all five [INV-EXE-1]."""
     for i in range(5):
-        Ticks.trigger(i)
+        Unkeyed.trigger(i)
     process = register(app, role="test", label="w")
     worker = Worker(app, process_id=process, hand_off=lambda: True, batch_size=5)
     worker.batch = 5  # as after fast steps

@@ -25,6 +25,7 @@ from ductwork.clock import to_us
 from ductwork.execute import Worker
 from ductwork.supervisor import Loop
 from tests.conftest import make_app, reset_tables
+from tests.workloads import Quick, Unkeyed
 
 witness_meta = sa.MetaData()
 witness = sa.Table(
@@ -97,14 +98,6 @@ class SharedB(Pipeline):
         p.start(Gen).expand(to=UseSharedToo, limit_by="shared")
 
 
-class Quick(Step):
-    def __init__(self, i):
-        self.i = i
-
-    def execute(self):
-        return self.i
-
-
 class Paced(Pipeline):
     @classmethod
     def define(cls, p):
@@ -115,12 +108,6 @@ class SeedTwoEntries(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Gen).expand(to=Quick, limit_by="vendor_api")
-
-
-class Unkeyed(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Quick)
 
 
 class KeyedQuick(Pipeline):
