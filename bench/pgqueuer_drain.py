@@ -28,10 +28,8 @@ async def drain_once(dsn: str, jobs: int) -> float:
 
     connection = await asyncpg.connect(dsn)
     queries = Queries(AsyncpgDriver(connection))
-    try:
+    if await queries.schema_is_installed():  # a fresh schema for every repetition
         await queries.uninstall()
-    except Exception:  # noqa: BLE001 - nothing installed yet (first repetition)
-        pass
     await queries.install()
     await queries.enqueue(["noop"] * jobs, [None] * jobs, [0] * jobs)
     manager = QueueManager(queries)
