@@ -178,7 +178,10 @@ class Worker:
         """Claim and run one execution (or one batch), then every execution its
         completions hand to this worker (only while ``hand_off()`` says yes, so a stopping
         worker performs only what it already holds). Everything it ran is recorded when
-        this returns. Never sleeps (except inside the step)."""
+        this returns; when it raises, what failed was crashed, and the executions still
+        queued stay held and run at the next call. Never sleeps (except inside the step)."""
+        if self._group and not self._queue:
+            self._flush()  # successes left unrecorded when an exception left the last call
         if not self._queue:
             self._queue.extend(claim_next_batch(self.app, self.process_id, self.batch))
         if not self._queue:
@@ -192,8 +195,10 @@ class Worker:
                 if self._group and (not self._queue
                                     or time.monotonic() - self._group_started >= self._batch_window):
                     self._flush()
+        except Exception:
+            raise  # what failed was crashed (_run, _flush); the rest stays held for the next call
         except BaseException:
-            self._abandon()
+            self._abandon()  # the thread is leaving: nothing may stay held by it
             raise
         return performed
 
@@ -218,9 +223,10 @@ class Worker:
                              "execution abandoned by its worker thread")
 
     def _abandon(self) -> None:
-        """An exception is leaving run_once: crash what this worker holds and has not
-        recorded (each re-runs within its crash budget). What cannot be crashed now is
-        no longer held, so the runner's reconciliation crashes it later."""
+        """The thread is leaving run_once (KeyboardInterrupt, SystemExit): crash what this
+        worker holds and has not recorded (each re-runs within its crash budget). What
+        cannot be crashed now is no longer held, so the runner's reconciliation crashes
+        it later."""
         left = [success.claimed for success in self._group] + list(self._queue)
         self._group.clear()
         self._queue.clear()
@@ -240,7 +246,15 @@ class Worker:
             self._record(lambda: record_successes(self.app, self._group, take))
         except CommitFailed as failed:  # a group of one, reaped under it (larger groups log each)
             log.warning("%s", failed)
-        self._group.clear()  # (on any other escape run_once crashes the group: _abandon)
+        except Exception:
+            # As for one execution (_run): crash what could not be recorded. The crash is
+            # guarded, so the successes that were recorded are left as they are.
+            group, self._group = self._group, []
+            for success in group:
+                record_crash(self.app, success.claimed.execution_id, success.claimed.process_id, ABANDONED,
+                             "success could not be recorded")
+            raise
+        self._group.clear()
 
     def _record(self, commit: Callable[[], list[Claimed]]) -> None:
         """Commit successes (repeated on a lost connection) and queue what is handed on."""

@@ -177,9 +177,12 @@ def record_successes(app: App, successes: list[Success],
     commits as a whole. The guard is one UPDATE over the batch: if it ends fewer
     executions than the batch holds (the reaper took one), nothing is written and
     each success is recorded in a transaction of its own, so the reaped one raises
-    :class:`CommitFailed` alone [INV-EXE-2]. Keyed executions are recorded alone too
-    (their completion takes the key's lock and next sequence number). Raises
-    CommitFailed only for a batch of one.
+    :class:`CommitFailed` alone [INV-EXE-2]. So is a batch whose transaction fails for
+    any reason the database would not retry (an advancement error of one step): that
+    error is then raised, once the other successes are recorded, and only the step
+    that caused it is left unrecorded, so its siblings' crash budgets are not spent on
+    it. Keyed executions are recorded alone too (their completion takes the key's lock
+    and next sequence number). Raises CommitFailed only for a batch of one.
     """
     if len(successes) > 1 and all(s.claimed.limit_key is None for s in successes):
         try:
@@ -187,16 +190,23 @@ def record_successes(app: App, successes: list[Success],
         except _Taken:
             log.warning("a batch of %d successes lost an execution to the reaper; recording each alone",
                         len(successes))
-        handed: list[Claimed] = []
-        for success in successes:
-            try:
-                handed = _record_one(app, success, hand_off if success is successes[-1] else None)
-            except CommitFailed as failed:
-                log.warning("%s", failed)
-        return handed
-    handed = []
+        except Exception as error:  # noqa: BLE001 - re-raised below by the success that causes it
+            if dialects.is_retryable(error) or dialects.is_disconnect(error):
+                raise  # the whole batch is repeated (retry_transient)
+            log.warning("a batch of %d successes failed (%s); recording each alone", len(successes), error)
+    if len(successes) == 1:
+        return _record_one(app, successes[0], hand_off)
+    handed: list[Claimed] = []
+    failure: Exception | None = None
     for success in successes:
-        handed = _record_one(app, success, hand_off if success is successes[-1] else None)
+        try:
+            handed = _record_one(app, success, hand_off if success is successes[-1] else None)
+        except CommitFailed as failed:  # the reaper's re-run is the live execution
+            log.warning("%s", failed)
+        except Exception as error:  # noqa: BLE001 - raised once the others are recorded
+            failure = failure or error
+    if failure is not None:
+        raise failure
     return handed
 
 

@@ -233,3 +233,61 @@ def test_a_worker_dying_mid_batch_leaves_nothing_claimed(app, monkeypatch):
                              ).scalar_one()
     assert sorted(outcomes) == [("process_crashed", 0)] * 5
     assert pending == 5
+
+
+def test_one_failing_success_does_not_sink_its_batch(app):
+    """The second success's advancement raises: the batch's transaction rolls back, the
+    first and third are recorded alone, and the error is raised for the second, which
+    stays claimed for its worker to crash; its siblings' crash budgets are untouched."""
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ids = make_executions(app, run_id, branch_id, None, AT, 3)
+    claimed = claim_next_batch(app, process, 3)
+
+    def broken(tx):
+        raise RuntimeError("routing failed")
+
+    successes = [Success(c, Output("null"), broken if i == 1 else None) for i, c in enumerate(claimed)]
+    with pytest.raises(RuntimeError, match="routing failed"):
+        record_successes(app, successes)
+    rows = _rows(app, ids)
+    assert [rows[i].outcome for i in ids] == ["success", None, "success"]
+    assert rows[ids[1]].claimed_at is not None and rows[ids[1]].completed_at is None
+
+
+def test_a_failed_group_commit_crashes_only_its_group(app, monkeypatch):
+    """The first group commit fails with an engine error: the one success in it is
+    crashed (it re-runs), the two executions still queued stay held and run at the next
+    run_once, and every job ends with exactly one success."""
+    import ductwork.execute as execute
+
+    runs = [Unkeyed.trigger(i) for i in range(3)]
+    process = register(app, role="test", label="w")
+    worker = Worker(app, process_id=process, hand_off=lambda: True, batch_size=3, batch_window=0.0)
+    worker.batch = 3  # as after fast steps; a zero window flushes after every success
+    calls = []
+    original = execute.record_successes
+
+    def failing_once(*args, **kwargs):
+        calls.append(args[1][0].claimed.execution_id)
+        if len(calls) == 1:
+            raise RuntimeError("engine error")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(execute, "record_successes", failing_once)
+    with pytest.raises(RuntimeError, match="engine error"):
+        worker.run_once()
+    assert len(worker.held()) == 2  # the two not yet run, still claimed by this worker
+    while worker.run_once() is not None:
+        pass
+    e, j, s = schema.executions, schema.jobs, schema.steps
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(j.c.id, e.c.outcome, e.c.crash_count)
+                          .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+                          .where(s.c.run_id.in_([r.id for r in runs]))).all()
+    by_job: dict = {}
+    for job_id, outcome, crashes in rows:
+        by_job.setdefault(job_id, []).append((outcome, crashes))
+    assert sorted(sorted(v) for v in by_job.values()) == [
+        [("process_crashed", 0), ("success", 1)], [("success", 0)], [("success", 0)]]
+    assert worker.held() == set() and _open_claims(app, process) == 0
