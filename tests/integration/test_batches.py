@@ -169,6 +169,15 @@ def test_every_connection_plans_with_its_parameters(app):
             assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar_one() == "force_custom_plan"
 
 
+def _executions_of(app, runs):
+    """Every execution of these runs' steps."""
+    e, j, s = schema.executions, schema.jobs, schema.steps
+    with app.begin() as tx:
+        return tx.execute(sa.select(e.c.job_id, e.c.outcome, e.c.crash_count, e.c.claimed_at, e.c.completed_at)
+                          .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+                          .where(s.c.run_id.in_([r.id for r in runs]))).all()
+
+
 def _open_claims(app, process):
     e = schema.executions
     with app.begin() as tx:
@@ -182,11 +191,7 @@ def test_a_worker_runs_fast_steps_in_batches_and_group_commits_them(app):
     worker = Worker(app, process_id=process, hand_off=lambda: True, batch_size=8)
     while worker.run_once() is not None:
         pass
-    e, j, s = schema.executions, schema.jobs, schema.steps
-    with app.begin() as tx:
-        rows = tx.execute(sa.select(e.c.outcome, e.c.claimed_at, e.c.completed_at)
-                          .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
-                          .where(s.c.run_id.in_([r.id for r in runs]))).all()
+    rows = _executions_of(app, runs)
     assert len(rows) == 20 and {r.outcome for r in rows} == {"success"}
     commits = {r.completed_at for r in rows}
     assert len(commits) < 20, "fast steps were group-committed"
@@ -280,14 +285,9 @@ def test_a_failed_group_commit_crashes_only_its_group(app, monkeypatch):
     assert len(worker.held()) == 2  # the two not yet run, still claimed by this worker
     while worker.run_once() is not None:
         pass
-    e, j, s = schema.executions, schema.jobs, schema.steps
-    with app.begin() as tx:
-        rows = tx.execute(sa.select(j.c.id, e.c.outcome, e.c.crash_count)
-                          .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
-                          .where(s.c.run_id.in_([r.id for r in runs]))).all()
     by_job: dict = {}
-    for job_id, outcome, crashes in rows:
-        by_job.setdefault(job_id, []).append((outcome, crashes))
+    for row in _executions_of(app, runs):
+        by_job.setdefault(row.job_id, []).append((row.outcome, row.crash_count))
     assert sorted(sorted(v) for v in by_job.values()) == [
         [("process_crashed", 0), ("success", 1)], [("success", 0)], [("success", 0)]]
     assert worker.held() == set() and _open_claims(app, process) == 0
