@@ -130,7 +130,7 @@ def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
                   r.c.pipeline_klass, r.c.definition_sha1, j.c.input_args, _e.c.limit_key,
                   s.c.timeout_us, _e.c.retry_count, _e.c.crash_count, _e.c.process_id, _e.c.claimed_at)
         .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
-        .where(_e.c.id.in_(execution_ids))
+        .where(_e.c.id.in_(dialects.inline_ids(execution_ids)))
     ).all()
     by_id = {row[0]: Claimed(*row) for row in rows}
     return [by_id[execution_id] for execution_id in execution_ids]
@@ -173,7 +173,7 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
         return []
     claimed = tx.execute(
         _e.update()
-        .where(_e.c.id.in_(execution_ids),
+        .where(_e.c.id.in_(dialects.inline_ids(execution_ids)),
                _e.c.claimed_at.is_(None))  # still pending (locked by the read above)
         .values(claimed_at=tx.now, process_id=process_id, updated_at=tx.now)
     ).rowcount

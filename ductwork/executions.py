@@ -222,7 +222,7 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
         if mutants.on("batch_no_guard"):
             guard = []
         ended = tx.execute(
-            e.update().where(e.c.id.in_([s.claimed.execution_id for s in successes]), *guard)
+            e.update().where(e.c.id.in_(dialects.inline_ids([s.claimed.execution_id for s in successes])), *guard)
             .values(completed_at=tx.now, outcome="success", updated_at=tx.now)
         ).rowcount
         if ended != len(successes):
@@ -253,7 +253,7 @@ def _mark_advancing(tx: Tx, step_ids: list[str]) -> None:
     if step_ids:
         status = dialects.by_primary_key(schema.steps.c.status, tx.conn)
         tx.execute(schema.steps.update()
-                   .where(schema.steps.c.id.in_(step_ids), status == "in_progress")
+                   .where(schema.steps.c.id.in_(dialects.inline_ids(step_ids)), status == "in_progress")
                    .values(status="advancing", updated_at=tx.now))
         tx.wake()  # an advancer has work
 

@@ -26,11 +26,6 @@ CAPABILITIES: dict[str, tuple[tuple[str, ...], str]] = {
         "PostgreSQL and MySQL plan with the table statistics they keep; SQLite has none until "
         "ANALYZE, so only its planner needs steering away from a low-selectivity index",
     ),
-    "server_side_plan_cache": (
-        ("postgresql",),
-        "only psycopg prepares statements on the server, where a generic plan can outlive the "
-        "table sizes it was chosen for; PyMySQL and sqlite3 plan each execution",
-    ),
     "server_side_connections": (
         ("postgresql", "mysql"),
         "SQLite is embedded: there is no server to terminate connections from",

@@ -159,14 +159,33 @@ def test_a_group_commit_reads_its_rows_by_primary_key(app):
             assert "(id=?)" in plan, (statement, plan)
 
 
-@needs("server_side_plan_cache")
-def test_every_connection_plans_with_its_parameters(app):
-    """A prepared statement is planned for its parameters at each execution: a generic plan
-    chosen while the queue tables were small slowed a worker's batch load with every
-    thousand rows (ductwork.dialects._pg_hooks)."""
-    with app.engine.connect() as first, app.engine.connect() as second:
-        for conn in (first, second):
-            assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar_one() == "force_custom_plan"
+def test_a_batch_plans_for_the_ids_it_carries(app):
+    """The claim, the load and the group commit write their batch's ids into the statement
+    text, so the database plans each for those ids: a prepared statement's generic plan,
+    chosen while the queue tables were small, would otherwise be kept as they grow
+    (ductwork.dialects.inline_ids)."""
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ids = make_executions(app, run_id, branch_id, None, AT, 3)
+    sent = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+        if " IN " in statement.upper():
+            sent.append((statement, parameters))
+
+    sa.event.listen(app.engine, "before_cursor_execute", capture)
+    try:
+        claimed = claim_next_batch(app, process, 3)
+        record_successes(app, [Success(c, Output("null")) for c in claimed])
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", capture)
+    assert len(sent) == 4  # claim, load, the executions' guard, the steps' status
+    step_ids = [c.step_id for c in claimed]
+    for statement, parameters in sent:
+        expected = step_ids if "ductwork_steps SET" in statement else ids
+        assert all(f"'{i}'" in statement for i in expected), statement
+        values = parameters.values() if isinstance(parameters, dict) else parameters
+        assert not set(expected) & set(values), (statement, parameters)
 
 
 def _executions_of(app, runs):
