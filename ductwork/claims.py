@@ -122,6 +122,11 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
     return lanes
 
 
+def _next_lane(lanes: list[Lane], index: int) -> Lane | None:
+    """The lane a poll tries after ``lanes[index]``: what an unkeyed batch must stop before."""
+    return lanes[index + 1] if index + 1 < len(lanes) else None
+
+
 def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
     """What running each claimed execution needs, in the order of ``execution_ids``."""
     j, s, r = schema.jobs, schema.steps, schema.runs
@@ -292,7 +297,7 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1)
     if not lanes or lanes[0].key != lane:  # [INV-LIM-6] only what a poll would claim first
         return []
     if lane == UNKEYED:
-        return _claim_unkeyed_in(tx, process_id, limit, lanes[1] if len(lanes) > 1 else None)
+        return _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))
     header = _lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
@@ -379,13 +384,13 @@ def claim_next_batch(app: App, process_id: str, limit: int) -> list[Claimed]:
     with app.begin() as tx:
         lanes = scan_lanes(app, tx)
         if lanes and lanes[0].key == UNKEYED:
-            claimed = _claim_unkeyed_in(tx, process_id, limit, lanes[1] if len(lanes) > 1 else None)
+            claimed = _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))
             if claimed:
                 return claimed
             lanes = lanes[1:]
     for index, lane in enumerate(lanes):
         if lane.key == UNKEYED:
-            claimed = claim_unkeyed(app, process_id, limit, lanes[index + 1] if index + 1 < len(lanes) else None)
+            claimed = claim_unkeyed(app, process_id, limit, _next_lane(lanes, index))
             if claimed:
                 return claimed
             continue

@@ -67,8 +67,8 @@ def _seconds(path: str, value: Any) -> float:
     return micros / 1_000_000
 
 
-def _count(path: str, value: Any) -> int:
-    return check_int(path, value, minimum=1, maximum=MAX_COUNT)
+def _count(path: str, value: Any, maximum: int) -> int:
+    return check_int(path, value, minimum=1, maximum=maximum)
 
 
 def _budget(path: str, value: Any) -> int:
@@ -236,9 +236,11 @@ _JOB_WORKER_SCALARS = ("count", "processes", "polling_timeout", "shutdown_timeou
 _JOB_WORKER_KEYS = _JOB_WORKER_SCALARS + ("max_retry", "max_crash", "limits")
 _ADVANCER_KEYS = tuple(f.name for f in dataclasses.fields(PipelineAdvancerConfig))
 _SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))
-_COUNT_FIELDS = frozenset({"count", "processes", "expand_batch"})
 #: a batch's ids travel in one IN list: keep it far below every driver's parameter limit
 MAX_BATCH_SIZE = 1000
+#: count fields (at least 1) and the most each may be
+_COUNT_FIELDS = {"count": MAX_COUNT, "processes": MAX_COUNT, "expand_batch": MAX_COUNT,
+                 "batch_size": MAX_BATCH_SIZE}
 _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
 _FLAG_FIELDS = frozenset({"inline_linear", "hand_off"})
 
@@ -267,9 +269,7 @@ def _scalars(path: str, body: Mapping, keys: tuple[str, ...]) -> dict[str, Any]:
                 raise ConfigError(key_path, body[key], "expected true or false")
             values[key] = body[key]
         elif key in _COUNT_FIELDS:
-            values[key] = _count(key_path, body[key])
-        elif key == "batch_size":
-            values[key] = check_int(key_path, body[key], minimum=1, maximum=MAX_BATCH_SIZE)
+            values[key] = _count(key_path, body[key], _COUNT_FIELDS[key])
         elif key in _BUDGET_FIELDS:
             values[key] = _budget(key_path, body[key])
         else:

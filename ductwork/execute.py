@@ -202,11 +202,9 @@ class Worker:
             raise
         return performed
 
-    def perform(self, claimed: Claimed) -> Performed:
-        """Run a claimed execution and record its outcome; on any escape, crash it."""
-        return self._run(claimed, group=False)
-
     def _run(self, claimed: Claimed, *, group: bool) -> Performed:
+        """Run a claimed execution and record its outcome (``group``: leave a success to
+        the batch's group commit); on any escape, crash it."""
         recorded = False
         self.current = claimed.execution_id
         try:
