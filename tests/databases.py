@@ -320,8 +320,24 @@ class Server:
         self._wait_status({"running"}, timeout_s + 30)
 
     def pause(self) -> None:
-        """Freeze every process of the server (connections stay open, nothing answers)."""
-        self._docker().pause()
+        """Freeze every process of the server (connections stay open, nothing answers).
+
+        The kernel's cgroup freezer cannot freeze a task in uninterruptible I/O (a server
+        in the middle of an fsync): runc then thaws the container again and Docker answers
+        500 "unable to freeze" (seen once in .ci/run, on MariaDB). That refusal leaves the
+        container running, so it is asked again until a deadline; any other error raises.
+        """
+        import docker
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self._docker().pause()
+                break
+            except docker.errors.APIError as error:
+                if "unable to freeze" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)  # the task's I/O finishes in milliseconds
         self._wait_status({"paused"}, 30)
 
     def unpause(self) -> None:
