@@ -57,7 +57,10 @@ def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id
         server = databases.server_for_session(kind, worker_id)
         if isinstance(server, str):
             databases.skip_or_fail(server)
-        url = databases.fresh_database(server, databases.database_name(worker_id))
+        # DUCTWORK_TEST_DB_PREFIX lets two checkouts share one server without
+        # dropping each other's databases (default: ductwork_test_<worker>).
+        prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test")
+        url = databases.fresh_database(server, databases.database_name(worker_id, prefix=prefix))
     engine = dialects.create_engine(url)
     try:
         migrate.upgrade(engine)
