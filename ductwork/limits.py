@@ -4,8 +4,8 @@
     (RateEntry(limit=2000, per_s=3600, burst=1),)
 
 An entry declares ``concurrency`` (an int >= 1), ``rate`` (one entry or a list of
-``{limit, per, burst?}``), or both. Parsing applies the rules of DESIGN.md §3 and
-``vectors/rate_entries.json`` exactly:
+``{limit, per, burst?}``), or both. Parsing applies the rules of docs/limits.md ("Configuring a key") and
+``tests/vectors/rate_entries.json`` exactly:
 
 - ``per`` goes through :func:`ductwork.durations.parse_period` (whole seconds >= 1;
   months, years, zero, sub-second and garbage raise :class:`InvalidPeriodError`);

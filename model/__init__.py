@@ -20,7 +20,7 @@ Modules, one per noun:
 
 Rules for changing it: exact arithmetic only (``int``/``Fraction``; time is
 integer µs passed in), no import of ``ductwork`` (a test parses every file),
-and a new state invariant gets an ID in DESIGN §6 and a function here.
+and a new state invariant gets an ID in INVARIANTS.md and a function here.
 
 Adding a feature, in order: change docs/semantics.md; add the state and the
 operation to the noun's module (one atomic method per operation, refusals

@@ -1,4 +1,4 @@
-"""State invariants of DESIGN.md §6, one function per ID.
+"""State invariants of INVARIANTS.md, one function per ID.
 
 Example::
 

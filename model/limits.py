@@ -1,4 +1,4 @@
-"""Limits: the executable specification of semantics §5 and DESIGN §3–§4.
+"""Limits: the executable specification of docs/semantics.md §5 and docs/limits.md.
 
 Example::
 

@@ -1,4 +1,4 @@
-"""Model variants with one guard removed: tests that must fail (VERIFICATION.md).
+"""Model variants with one guard removed: tests that must fail (docs/verification.md).
 
 Example::
 

@@ -1,4 +1,4 @@
-"""Independent history checkers: one pure function per invariant of DESIGN.md §6.
+"""Independent history checkers: one pure function per invariant of INVARIANTS.md.
 
     >>> problems = check_all(read_history(engine, limits, witness_table="chaos_witnesses"))
     >>> assert not any(problems.values()), problems
@@ -18,7 +18,7 @@ fleet ran with one config (``History.limits``) for the whole round. Liveness che
 (INV-LIM-3, INV-EXE-1) are meaningful only after the quiet phase; the others hold
 at any moment.
 
-Choices where DESIGN/VERIFICATION and docs/semantics.md leave room:
+Choices where INVARIANTS.md, docs/verification.md and docs/semantics.md leave room:
 
 - INV-LIM-1 orders events only by the per-key sequence (never by timestamps); the
   witness sweep is a second, independent check that compares times of separate
@@ -94,7 +94,7 @@ def check_inv_lim_1(history: History) -> list[str]:
     """INV-LIM-1: in-flight executions of a key never exceed its ``concurrency`` (and, from
     the witness rows, INV-EXE-5: step bodies still running count until their execution ended).
 
-    First, exactly, by per-key sequence (VERIFICATION.md, concurrency (a)): every
+    First, exactly, by per-key sequence (docs/verification.md, concurrency (a)): every
     claim (+1 at ``claim_seq``) and release (−1 at ``release_seq``) of a key is
     swept in sequence order; after each claim the in-flight count must be at most
     the limit. The sweep's preconditions are checked too: a claimed keyed execution

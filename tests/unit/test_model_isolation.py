@@ -1,6 +1,6 @@
 """``model/`` is an independent specification: no file in it may import ``ductwork``.
 
-Checks: the independence the engine-vs-model tests rely on (DESIGN §7.1).
+Checks: the independence the engine-vs-model tests rely on (docs/verification.md, "Layers of evidence").
 """
 
 from __future__ import annotations
