@@ -195,3 +195,32 @@ def test_an_unreachable_database_is_one_line_not_a_traceback(capsys):
     assert code == 1
     assert err.startswith("ductwork status: cannot use postgresql+psycopg://nobody@127.0.0.1:1/nowhere: ")
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_help_lists_only_user_commands(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("db", "check", "start", "status", "demo"):
+        assert f"\n    {command} " in out
+    assert "_child" not in out
+    with pytest.raises(SystemExit):
+        main(["bogus"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'bogus'" in err and "_child" not in err
+
+
+def test_the_internal_child_command_still_parses(capsys):
+    """``_child`` is hidden, not gone: supervisors start their children with it."""
+    from ductwork.cli import COMMANDS, CHILD, _child_parser
+
+    args = _child_parser().parse_args(["--database-url", "sqlite://", "--role", "job_worker",
+                                       "--threads", "2", "--label", "w", "-v"])
+    assert (args.command, args.role, args.threads, args.label, args.verbose) == (CHILD, "job_worker", 2, "w", True)
+    assert COMMANDS[args.command].__name__ == "cmd_child"
+    with pytest.raises(SystemExit) as exited:
+        main([CHILD, "--help"])
+    assert exited.value.code == 0
+    assert "--threads" in capsys.readouterr().out
+
