@@ -121,11 +121,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from ductwork.boot import validate
+    from ductwork.processes import same_host_warning, supervisors_on_this_host
     from ductwork.supervisor import Supervisor
 
     app = _connect(args)
     for warning in validate(app):
         print(f"warning: {warning}", file=sys.stderr)
+    for row in supervisors_on_this_host(app):  # legal, so only a warning
+        print(f"warning: {same_host_warning(row)}", file=sys.stderr)
     command = [sys.executable, "-m", "ductwork.cli", CHILD, *_common_args(args)]
     return Supervisor(app, command, role=args.role, label=args.label).run()
 
