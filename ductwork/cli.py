@@ -27,13 +27,18 @@ from sqlalchemy.exc import DBAPIError
 from ductwork.errors import DuctworkError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--database-url", help="database URL (default: $DUCTWORK_DATABASE_URL, config, sqlite)")
     common.add_argument("-c", "--config", help="path to ductwork.yml (default: ./ductwork.yml if present)")
     common.add_argument("--env", help="config environment (default: $DUCTWORK_ENV or 'default')")
     common.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    return common
 
+
+def _parser() -> argparse.ArgumentParser:
+    """The user commands. ``_child`` is not one of them (see :func:`_child_parser`)."""
+    common = _common()
     parser = argparse.ArgumentParser(prog="ductwork", description="Durable pipelines on SQL databases.")
     commands = parser.add_subparsers(dest="command", required=True)
     db = commands.add_parser("db", help="schema migrations", parents=[common])
@@ -45,11 +50,22 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("status", help="runs, processes and limit keys", parents=[common])
     demo = commands.add_parser("demo", help="run a demo pipeline on an embedded SQLite file", parents=[common])
     demo.add_argument("--orders", type=int, default=12, help="orders to sync (default 12)")
-    child = commands.add_parser("_child", parents=[common])
+    return parser
+
+
+#: the internal command a supervisor starts its children with
+CHILD = "_child"
+
+
+def _child_parser() -> argparse.ArgumentParser:
+    """``ductwork _child``, parsed apart from the user commands so that ``--help``, the
+    usage line and the "invalid choice" message never list it."""
+    child = argparse.ArgumentParser(prog=f"ductwork {CHILD}", parents=[_common()])
     child.add_argument("--role", required=True)
     child.add_argument("--threads", type=int, required=True)
     child.add_argument("--label", required=True)
-    return parser
+    child.set_defaults(command=CHILD)
+    return child
 
 
 _opened: list = []
@@ -105,12 +121,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from ductwork.boot import validate
+    from ductwork.processes import same_host_warning, supervisors_on_this_host
     from ductwork.supervisor import Supervisor
 
     app = _connect(args)
     for warning in validate(app):
         print(f"warning: {warning}", file=sys.stderr)
-    command = [sys.executable, "-m", "ductwork.cli", "_child", *_common_args(args)]
+    for row in supervisors_on_this_host(app):  # legal, so only a warning
+        print(f"warning: {same_host_warning(row)}", file=sys.stderr)
+    command = [sys.executable, "-m", "ductwork.cli", CHILD, *_common_args(args)]
     return Supervisor(app, command, role=args.role, label=args.label).run()
 
 
@@ -138,11 +157,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_status,
-            "demo": cmd_demo, "_child": cmd_child}
+            "demo": cmd_demo, CHILD: cmd_child}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == [CHILD]:
+        args = _child_parser().parse_args(argv[1:])
+    else:
+        args = _parser().parse_args(argv)
     if os.getcwd() not in sys.path:  # like `python -m`: pipelines in the current directory import
         sys.path.insert(0, os.getcwd())
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

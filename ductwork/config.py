@@ -227,7 +227,8 @@ class SupervisorConfig:
     reaper_timeout: float = 300.0
     #: seconds a stopping supervisor waits for its children
     shutdown_timeout: float = 30.0
-    #: seconds between a process's heartbeats
+    #: seconds between a process's heartbeats; omitted with ``reaper_timeout`` set, it is
+    #: ``min(5, reaper_timeout / 10)`` (:func:`default_heartbeat_interval`)
     heartbeat_interval: float = 5.0
 
 
@@ -245,15 +246,38 @@ _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
 _FLAG_FIELDS = frozenset({"inline_linear", "hand_off"})
 
 
+#: a process's lease (reaper_timeout minus its margin, ductwork.supervisor.lease_margin) must
+#: outlast this many heartbeat intervals, so one slow or failed heartbeat does not end it
+LEASE_HEARTBEATS = 2
+#: reaper_timeout / heartbeat_interval at least: the lease is reaper_timeout - 2 x interval
+#: until reaper_timeout reaches 10 intervals, so 2 intervals of lease need 4
+MIN_HEARTBEATS_PER_TIMEOUT = 2 + LEASE_HEARTBEATS
+#: when only reaper_timeout is set, heartbeat_interval defaults to reaper_timeout / this
+#: (capped at the built-in 5 s): a lease of 8 intervals
+DERIVED_HEARTBEATS_PER_TIMEOUT = 10
+
+
+def default_heartbeat_interval(reaper_timeout: float) -> float:
+    """The ``heartbeat_interval`` used when the config sets only ``reaper_timeout``: the
+    built-in 5 s, or ``reaper_timeout / 10`` when that is shorter (``reaper_timeout: 10``
+    heartbeats every second), so a short timeout never fails validation for want of a
+    heartbeat setting."""
+    return min(SupervisorConfig.heartbeat_interval, reaper_timeout / DERIVED_HEARTBEATS_PER_TIMEOUT)
+
+
 def _supervisor(values: dict[str, Any]) -> SupervisorConfig:
     """The supervisor section, checked for a lease that can hold: a process must manage a
-    few heartbeats within ``reaper_timeout`` or it would kill itself for want of one."""
+    few heartbeats within ``reaper_timeout`` or it would kill itself for want of one.
+    ``heartbeat_interval`` omitted with ``reaper_timeout`` set is derived from it."""
+    if "reaper_timeout" in values and "heartbeat_interval" not in values:
+        values = {**values, "heartbeat_interval": default_heartbeat_interval(values["reaper_timeout"])}
     cfg = SupervisorConfig(**values)
-    if cfg.reaper_timeout < 3 * cfg.heartbeat_interval:
+    if cfg.reaper_timeout < MIN_HEARTBEATS_PER_TIMEOUT * cfg.heartbeat_interval:
         raise ConfigError(
             "supervisor.reaper_timeout", cfg.reaper_timeout,
-            f"must be at least 3 x supervisor.heartbeat_interval ({cfg.heartbeat_interval}), or every "
-            "process would lose its lease before its next heartbeat")
+            f"must be at least {MIN_HEARTBEATS_PER_TIMEOUT} x supervisor.heartbeat_interval "
+            f"({cfg.heartbeat_interval}), or a process's lease would not outlast "
+            f"{LEASE_HEARTBEATS} heartbeats and it would exit for want of one")
     return cfg
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,12 +33,65 @@ if TYPE_CHECKING:
 
 
 def machine_identifier() -> str:
-    """``/etc/machine-id`` when readable, else the host name."""
+    """``HOST/MACHINE-ID``: the host name, then ``/etc/machine-id`` when readable.
+
+    The host name is what people recognise (``ductwork status`` shows it, see
+    :func:`host_name`); the machine id keeps apart two hosts that share a name, and
+    the host name keeps apart containers whose image carries one machine id.
+    """
     try:
         value = Path("/etc/machine-id").read_text().strip()
     except OSError:
         value = ""
-    return value or socket.gethostname()
+    host = socket.gethostname()
+    return f"{host}/{value}"[:255] if value else host[:255]
+
+
+def host_name(identifier: str) -> str:
+    """The host name in a :func:`machine_identifier` (rows written before it carried
+    one hold only the machine id, which is returned as it is)."""
+    return identifier.split("/", 1)[0]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (signal 0 probes, sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def supervisors_on_this_host(app: App) -> list[sa.Row]:
+    """Other live supervisors of this database on this host: rows with role
+    ``supervisor``, this host's identifier, a heartbeat younger than ``reaper_timeout``
+    and a pid that exists (``id``, ``pid``, ``label``, ``machine_identifier``).
+
+    Two on one host is legal (they share the work, as on two hosts) but is usually a
+    ``ductwork start`` left running; ``ductwork start`` warns. Not done: telling a
+    reused pid from the supervisor itself (a fresh heartbeat makes that unlikely).
+    """
+    p = schema.processes
+    with app.begin(readonly=True) as tx:
+        since = tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout)
+        rows = tx.execute(
+            sa.select(p.c.id, p.c.pid, p.c.label, p.c.machine_identifier)
+            .where(p.c.role == "supervisor", p.c.machine_identifier == machine_identifier(),
+                   p.c.pid != os.getpid(), p.c.last_heartbeat_at > since)
+            .order_by(p.c.label)
+        ).all()
+    return [row for row in rows if pid_alive(row.pid)]
+
+
+def same_host_warning(row: sa.Row) -> str:
+    """What ``ductwork start`` prints for a row of :func:`supervisors_on_this_host`."""
+    return (f"another ductwork supervisor of this database is running on this host "
+            f"({host_name(row.machine_identifier)}): pid {row.pid}, label {row.label!r}; both will "
+            "share the work (right for a fleet of hosts, usually a mistake on one host)")
 
 
 def register(app: App, *, role: str, label: str | None = None, pid: int | None = None) -> str:

@@ -1,4 +1,5 @@
-"""What ``ductwork status`` reports: runs by state, processes, and each limit key.
+"""What ``ductwork status`` reports: runs by state, processes (host, pid, heartbeat age),
+and each limit key.
 
     >>> print(render(snapshot(app)))
 
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 
 from ductwork import buckets, schema
 from ductwork.clock import to_us
+from ductwork.processes import host_name
 
 if TYPE_CHECKING:
     from ductwork.app import App
@@ -37,10 +39,24 @@ class KeyStatus:
 
 
 @dataclass(frozen=True)
+class ProcessStatus:
+    id: str
+    role: str
+    label: str
+    #: the host name of its machine identifier (ductwork.processes.host_name)
+    host: str
+    pid: int
+    heartbeat_age_s: float
+    #: the heartbeat is older than ``reaper_timeout``: dead to the fleet, reaped at the
+    #: next tick of any running supervisor (an exited script's ``inline`` row, a lost host)
+    stale: bool
+
+
+@dataclass(frozen=True)
 class Status:
     now: datetime
     runs: dict[str, int]
-    processes: list[tuple[str, str, str, int, float]]  # id, role, label, pid, heartbeat age s
+    processes: list[ProcessStatus]
     keys: list[KeyStatus]
 
 
@@ -49,9 +65,12 @@ def snapshot(app: App) -> Status:
     with app.begin(readonly=True) as tx:
         now = tx.now
         runs = dict(tx.execute(sa.select(r.c.status, sa.func.count()).group_by(r.c.status)).all())
-        procs = [(pid, role, label, ospid, (now - beat).total_seconds())
-                 for pid, role, label, ospid, beat in tx.execute(
-                     sa.select(p.c.id, p.c.role, p.c.label, p.c.pid, p.c.last_heartbeat_at).order_by(p.c.label))]
+        procs = []
+        for row in tx.execute(sa.select(p.c.id, p.c.role, p.c.label, p.c.machine_identifier, p.c.pid,
+                                        p.c.last_heartbeat_at).order_by(p.c.label)):
+            age = (now - row.last_heartbeat_at).total_seconds()
+            procs.append(ProcessStatus(row.id, row.role, row.label, host_name(row.machine_identifier), row.pid,
+                                       age, age >= app.config.supervisor.reaper_timeout))  # as reaper.reap_stale
         keys = []
         for key, blocked in tx.execute(sa.select(k.c.key, k.c.blocked_until).order_by(k.c.key)).all():
             in_flight = tx.execute(sa.select(sa.func.count()).where(e.c.inflight_key == key)).scalar_one()
@@ -76,8 +95,11 @@ def render(status: Status) -> str:
     lines += ["", "processes:"]
     if not status.processes:
         lines.append("  (none)")
-    for pid, role, label, ospid, age in status.processes:
-        lines.append(f"  {label:<28} {role:<18} pid {ospid:<7} heartbeat {age:6.1f}s ago  {pid}")
+    width = max((len(proc.host) for proc in status.processes), default=0)
+    for proc in status.processes:
+        lines.append(f"  {proc.label:<28} {proc.role:<18} {proc.host:<{width}} pid {proc.pid:<7} "
+                     f"heartbeat {proc.heartbeat_age_s:6.1f}s ago  {proc.id}"
+                     + ("  stale: any running supervisor reaps it" if proc.stale else ""))
     lines += ["", "limit keys:"]
     if not status.keys:
         lines.append("  (none)")

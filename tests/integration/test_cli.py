@@ -195,3 +195,132 @@ def test_an_unreachable_database_is_one_line_not_a_traceback(capsys):
     assert code == 1
     assert err.startswith("ductwork status: cannot use postgresql+psycopg://nobody@127.0.0.1:1/nowhere: ")
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_help_lists_only_user_commands(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("db", "check", "start", "status", "demo"):
+        assert f"\n    {command} " in out
+    assert "_child" not in out
+    with pytest.raises(SystemExit):
+        main(["bogus"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'bogus'" in err and "_child" not in err
+
+
+def test_the_internal_child_command_still_parses(capsys):
+    """``_child`` is hidden, not gone: supervisors start their children with it."""
+    from ductwork.cli import COMMANDS, CHILD, _child_parser
+
+    args = _child_parser().parse_args(["--database-url", "sqlite://", "--role", "job_worker",
+                                       "--threads", "2", "--label", "w", "-v"])
+    assert (args.command, args.role, args.threads, args.label, args.verbose) == (CHILD, "job_worker", 2, "w", True)
+    assert COMMANDS[args.command].__name__ == "cmd_child"
+    with pytest.raises(SystemExit) as exited:
+        main([CHILD, "--help"])
+    assert exited.value.code == 0
+    assert "--threads" in capsys.readouterr().out
+
+
+def test_status_shows_each_process_host_and_pid(app, db_url, capsys):
+    import os
+    import socket
+
+    from ductwork.processes import host_name, machine_identifier, register
+
+    register(app, role="job_worker", label="host-test.worker", pid=os.getpid())
+    assert main(["status", "--database-url", db_url, "-c", "/dev/null"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "host-test.worker" in line]
+    assert f" {host_name(machine_identifier())} pid {os.getpid()} " in line
+    assert host_name(machine_identifier()) == socket.gethostname()
+    assert "stale" not in line
+
+
+def test_status_marks_a_row_older_than_reaper_timeout_as_stale(app, db_url, capsys):
+    """An exited script's ``inline`` row waits for a running supervisor to reap it; status says so."""
+    import os
+    from datetime import timedelta
+
+    from ductwork import schema
+    from ductwork.processes import register
+
+    inline = register(app, role="inline", label="inline", pid=os.getpid())
+    with app.begin() as tx:
+        tx.execute(schema.processes.update().where(schema.processes.c.id == inline)
+                   .values(last_heartbeat_at=tx.now - timedelta(seconds=301)))
+    assert main(["status", "--database-url", db_url, "-c", "/dev/null"]) == 0  # reaper_timeout 300
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if inline in line]
+    assert line.endswith(f"{inline}  stale: any running supervisor reaps it")
+
+
+def test_the_cli_imports_pipelines_from_the_current_directory(tmp_path, sqlite_url):
+    """The console script (not ``python -m``, which adds the directory itself) finds a
+    pipeline module in the directory it runs in, as the docs tell users to rely on."""
+    import os
+    import shutil
+
+    script = shutil.which("ductwork", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("no ductwork console script next to this interpreter")
+    (tmp_path / "here_pipelines.py").write_text(
+        "from ductwork import Pipeline, Step\n\n\nclass Only(Step):\n    def execute(self):\n        return 1\n\n\n"
+        "class HerePipeline(Pipeline):\n    @classmethod\n    def define(cls, p):\n        p.start(Only)\n")
+    (tmp_path / "ductwork.yml").write_text(yaml.safe_dump({"default": {"pipelines": ["here_pipelines:HerePipeline"]}}))
+    repo = str(Path(__file__).resolve().parents[2])  # this checkout's ductwork, not the directory
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DUCTWORK_")}, "PYTHONPATH": repo}
+    done = subprocess.run([script, "check", "--database-url", sqlite_url], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok: 1 pipelines")
+
+
+def test_only_live_supervisors_on_this_host_are_found(app, db_url):
+    import os
+    from datetime import timedelta
+
+    import sqlalchemy as sa
+
+    from ductwork import schema
+    from ductwork.processes import register, same_host_warning, supervisors_on_this_host
+
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    alive = os.getppid()
+    live = register(app, role="supervisor", label="live", pid=alive)
+    register(app, role="supervisor", label="mine", pid=os.getpid())
+    register(app, role="supervisor", label="exited", pid=exited.pid)
+    register(app, role="job_worker", label="live.worker.0", pid=alive)
+    stale = register(app, role="supervisor", label="stale", pid=alive)
+    elsewhere = register(app, role="supervisor", label="elsewhere", pid=alive)
+    p = schema.processes
+    with app.begin() as tx:
+        old = tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout + 1)
+        tx.execute(p.update().where(p.c.id == stale).values(last_heartbeat_at=old))
+        tx.execute(p.update().where(p.c.id == elsewhere).values(machine_identifier="another-host/0f0f"))
+    (found,) = supervisors_on_this_host(app)
+    assert (found.id, found.pid) == (live, alive)
+    warning = same_host_warning(found)
+    assert f"pid {alive}, label 'live'" in warning and "share the work" in warning
+
+
+def test_a_second_start_on_one_host_warns_and_still_starts(tmp_path, sqlite_url):
+    from tests.fleet import Fleet, process_rows, wait_for, write_config
+
+    import sqlalchemy as sa
+
+    config = write_config(tmp_path / "ductwork.yml", pipelines=[])
+    engine = sa.create_engine(sqlite_url)
+    try:
+        with Fleet(sqlite_url, config, label="first", role="advancer") as first:
+            (row,) = wait_for(lambda: process_rows(engine, role="supervisor"), "the first supervisor registered")
+            assert "another ductwork supervisor" not in first.log()
+            with Fleet(sqlite_url, config, label="second", role="advancer") as second:
+                wait_for(lambda: "another ductwork supervisor" in second.log(), "the second start warned")
+                wait_for(lambda: process_rows(engine, label_prefix="second.advancer"),
+                         f"the second supervisor started anyway; log: {second.log()[-2000:]}")
+                assert f"pid {row.pid}, label 'first'" in second.log()
+    finally:
+        engine.dispose()

@@ -30,7 +30,7 @@ empty directory of its own, top to bottom, like a reader would go through it:
 - ``<!-- support file PATH`` … ``-->`` holds a file the page needs that the reader
   does not (a stand-in vendor client); it is written before anything runs.
 
-Commands run with ``PYTHONPATH`` set to the page's directory, as for an installed
+Commands run with the page's directory first on ``PYTHONPATH``, as for an installed
 application, and without ``DUCTWORK_*`` variables from the environment.
 """
 
@@ -255,7 +255,9 @@ def test_links_between_pages_resolve():
 
 def _env(workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
-    env["PYTHONPATH"] = str(workdir)
+    # The page's directory first; an inherited PYTHONPATH (a checkout that must win over
+    # an installed ductwork) stays behind it, so commands run this checkout's code.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), os.environ.get("PYTHONPATH")) if p)
     return env
 
 

@@ -148,3 +148,37 @@ def test_sigterm_to_the_whole_group_twice_stops_cleanly(app, db_url, tmp_path):
         fleet.kill_host()
     drain(app, timeout=30)
     assert run.refresh().status == "completed"
+
+
+def test_an_exited_scripts_inline_row_is_reaped_by_a_supervisor_tick(manual_app, db_url):
+    """A script that did its work in its own process (``drain``) and exited leaves an
+    ``inline`` row; a supervisor's tick reaps it once its heartbeat is older than
+    ``reaper_timeout``, as any process's, and leaves a live script's row alone."""
+    from datetime import timedelta
+
+    from ductwork.processes import heartbeat, register
+    from ductwork.supervisor import Supervisor
+    from tests.workloads import NapPipeline
+
+    clock = manual_app.clock
+    script = make_app(db_url, clock=clock)  # the script's own App, in its own process
+    run = NapPipeline.trigger(0, app=script)
+    drain(script, timeout=30)
+    assert run.refresh().status == "completed"
+    exited = script.process_id()  # registered by drain; the script exits without a word
+    script.dispose()
+    live = register(manual_app, role="inline", label="inline", pid=os.getpid() + 1)
+
+    supervisor = Supervisor(manual_app, [], role="advancer")
+    supervisor.children.clear()  # the tick without child processes: heartbeat and reap
+    supervisor.run_once()
+    timeout = manual_app.config.supervisor.reaper_timeout
+    clock.advance(timedelta(seconds=timeout) - timedelta(microseconds=1))
+    supervisor.run_once()
+    assert {row.id for row in process_rows(manual_app.engine, role="inline")} == {exited, live}
+
+    clock.advance(microseconds=2)  # the exited script's heartbeat is now older than reaper_timeout
+    assert heartbeat(manual_app, live)  # the live script heartbeats (drain does)
+    supervisor.run_once()
+    assert {row.id for row in process_rows(manual_app.engine, role="inline")} == {live}
+    assert {row.role for row in process_rows(manual_app.engine)} == {"inline", "supervisor"}

@@ -417,10 +417,39 @@ def test_hostile_yaml_files_raise_only_config_errors(text):
 
 
 def test_a_lease_that_cannot_hold_is_rejected():
+    """reaper_timeout = 3 x heartbeat_interval leaves a lease of one interval, which every
+    runner outlives before its next heartbeat lands: 4 x (a lease of two) is the least."""
+    from ductwork.config import Config
+    from ductwork.errors import ConfigError
+    from ductwork.supervisor import lease_margin
+
+    with pytest.raises(ConfigError, match=r"supervisor.reaper_timeout=6.0: must be at least 4 x "
+                                          r"supervisor.heartbeat_interval \(2.0\)"):
+        Config.from_section({"supervisor": {"reaper_timeout": 6, "heartbeat_interval": 2}})
+    supervisor = Config.from_section({"supervisor": {"reaper_timeout": 8, "heartbeat_interval": 2}}).supervisor
+    lease = supervisor.reaper_timeout - lease_margin(supervisor.reaper_timeout, supervisor.heartbeat_interval)
+    assert lease == 2 * supervisor.heartbeat_interval
+
+
+@pytest.mark.parametrize(("reaper_timeout", "heartbeat_interval"), [
+    (300, 5.0), (50, 5.0), (30, 3.0), (10, 1.0), (3, 0.3), ("1h", 5.0),
+])
+def test_heartbeat_interval_is_derived_when_only_reaper_timeout_is_set(reaper_timeout, heartbeat_interval):
+    from ductwork.config import Config
+    from ductwork.supervisor import lease_margin
+
+    supervisor = Config.from_section({"supervisor": {"reaper_timeout": reaper_timeout}}).supervisor
+    assert supervisor.heartbeat_interval == pytest.approx(heartbeat_interval)
+    lease = supervisor.reaper_timeout - lease_margin(supervisor.reaper_timeout, supervisor.heartbeat_interval)
+    assert lease >= 8 * supervisor.heartbeat_interval - 1e-9  # several heartbeats may be missed
+
+
+def test_an_explicit_heartbeat_interval_is_kept_and_checked():
     from ductwork.config import Config
     from ductwork.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"supervisor.reaper_timeout=5.0: must be at least 3 x "
-                                          r"supervisor.heartbeat_interval \(2.0\)"):
-        Config.from_section({"supervisor": {"reaper_timeout": 5, "heartbeat_interval": 2}})
-    assert Config.from_section({"supervisor": {"reaper_timeout": 6, "heartbeat_interval": 2}})
+    assert Config.from_section({"supervisor": {"reaper_timeout": 10, "heartbeat_interval": 2.5}}
+                               ).supervisor.heartbeat_interval == 2.5
+    assert Config.from_section({"supervisor": {"heartbeat_interval": 1}}).supervisor.reaper_timeout == 300
+    with pytest.raises(ConfigError, match=r"supervisor.reaper_timeout=300.0: must be at least 4 x"):
+        Config.from_section({"supervisor": {"heartbeat_interval": 100}})
