@@ -210,6 +210,22 @@ def _sqlite_hooks(engine: Engine, busy_timeout: float) -> None:
 LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
+statement_limit = Seam("statement_limit")
+
+
+@statement_limit.for_db("postgresql", "sqlite")
+def _no_statement_limit(conn: Connection) -> int | None:
+    return None  # a statement may carry a value of up to 1 GB
+
+
+@statement_limit.for_db("mysql")
+def _mysql_statement_limit(conn: Connection) -> int | None:
+    # Differs from PostgreSQL in that the server refuses (and drops the connection
+    # of) a statement longer than max_allowed_packet, because it reads each client
+    # packet whole into a buffer of at most that size.
+    return int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+
+
 # --------------------------------------------------------------------------- the clock
 
 db_now = Seam("db_now")

@@ -32,6 +32,8 @@ from ductwork.errors import NotJSONError, PayloadTooLargeError
 
 #: The longest JSON text (in bytes, which is characters: it is ASCII) of one stored value.
 MAX_PAYLOAD_BYTES = 8_000_000
+#: The statement size (MySQL/MariaDB ``max_allowed_packet``) that a value of the maximum needs.
+STATEMENT_BYTES_NEEDED = 16 * 1024 * 1024
 
 
 def dump(value: Any, what: str) -> str:
@@ -49,3 +51,13 @@ def check_size(size: int, what: str) -> None:
     """Raise :class:`PayloadTooLargeError` when ``size`` bytes of JSON exceed the maximum."""
     if size > MAX_PAYLOAD_BYTES:
         raise PayloadTooLargeError(what, size, MAX_PAYLOAD_BYTES)
+
+
+def statement_limit_warning(limit: int | None) -> str | None:
+    """A warning when the database's statement limit (None: no limit) cannot carry a
+    value of the maximum; ``ductwork check`` and ``ductwork start`` print it."""
+    if limit is None or limit >= STATEMENT_BYTES_NEEDED:
+        return None
+    return (f"the database's max_allowed_packet is {limit:,} bytes: a value near the maximum payload "
+            f"({MAX_PAYLOAD_BYTES:,} bytes of JSON) needs {STATEMENT_BYTES_NEEDED:,}, or the statement that "
+            f"stores it is refused; raise it (SET GLOBAL max_allowed_packet = {STATEMENT_BYTES_NEEDED})")

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from ductwork import Context, Pipeline, Step, schema
 from ductwork.errors import InputError, NotJSONError, PayloadTooLargeError
-from ductwork.payloads import MAX_PAYLOAD_BYTES
+from ductwork.payloads import MAX_PAYLOAD_BYTES, STATEMENT_BYTES_NEEDED
 from ductwork.testing import drain
 
 #: a str whose JSON text is 2 + 2 × n bytes: every quote is escaped (\"), and
@@ -222,3 +222,13 @@ def test_context_values_follow_the_same_rule(app):
     assert context.get("k") is None  # nothing written
     largest = QUOTE * ((MAX_PAYLOAD_BYTES - 2) // 2)
     assert context.set("k", largest) == largest and context.get("k") == largest
+
+
+def test_the_database_takes_a_statement_with_the_largest_value(app):
+    from ductwork import dialects
+    from ductwork.boot import validate
+
+    with app.engine.connect() as conn:
+        limit = dialects.statement_limit(conn)
+    assert limit is None or limit >= STATEMENT_BYTES_NEEDED  # None: no limit (PostgreSQL, SQLite)
+    assert not [w for w in validate(app, []) if "max_allowed_packet" in w]

@@ -16,7 +16,7 @@ from ductwork.definition import Definition
 from ductwork.errors import InputError, NotJSONError, PayloadTooLargeError, StepReturnError
 from ductwork.execute import make_output
 from ductwork.executions import payload_envelope
-from ductwork.payloads import MAX_PAYLOAD_BYTES, check_size, dump
+from ductwork.payloads import MAX_PAYLOAD_BYTES, check_size, dump, statement_limit_warning
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -73,3 +73,13 @@ def test_fan_in_size_is_the_length_of_the_list_the_fan_in_builds(outputs):
 ])
 def test_halt_reasons_of_a_failed_step(outcome, error_klass, reason):
     assert job_halt_reason(outcome, error_klass) == reason
+
+
+@pytest.mark.parametrize(("limit", "warned"), [(None, False), (16 * 1024 * 1024, False), (64 * 1024 * 1024, False),
+                                               (16 * 1024 * 1024 - 1, True), (4 * 1024 * 1024, True)])
+def test_a_statement_limit_below_16_mib_is_warned_about(limit, warned):
+    warning = statement_limit_warning(limit)
+    assert (warning is not None) == warned
+    if warned:
+        assert warning.startswith(f"the database's max_allowed_packet is {limit:,} bytes")
+        assert "SET GLOBAL max_allowed_packet = 16777216" in warning
