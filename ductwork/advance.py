@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 import sqlalchemy as sa
 from sqlalchemy import exc
 
-from ductwork import dialects, faults, mutants, schema
+from ductwork import dialects, faults, mutants, payloads, schema
 from ductwork.definition import render_divert_key
-from ductwork.errors import StaleClaim, TransitionError
-from ductwork.executions import ErrorInfo
+from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
+from ductwork.executions import ErrorInfo, payload_envelope
 from ductwork.ids import new_id, new_token
 from ductwork.runs import lock_run, resolve_run
 from ductwork.steps import (ADVANCEABLE, NewStep, StepRow, create_steps, latest_step, payload_json,
@@ -57,6 +57,32 @@ PROCESS_CRASH = "ductwork.ProcessCrash"
 THREAD_CRASH = "ductwork.ThreadCrash"
 CRASH_CLASSES = (PROCESS_CRASH, THREAD_CRASH)
 MAX_CLAIM_ATTEMPTS = 3
+
+#: halt reasons of a step failed by an error that is not retried because it would recur
+#: (execute.ReturnRejected), by the error's class
+RECURRING_HALTS = {
+    "ductwork.errors.PayloadTooLargeError": "payload_too_large",
+    "ductwork.errors.NotJSONError": "step_return_invalid",
+    "ductwork.errors.StepReturnError": "step_return_invalid",
+}
+
+
+def job_halt_reason(outcome: str | None, error_klass: str | None) -> str:
+    """Why a branch halts on its failed step, from the step's last execution (semantics §3.1).
+
+    >>> job_halt_reason("failure", "ductwork.errors.PayloadTooLargeError")
+    'payload_too_large'
+    """
+    if outcome == "process_crashed":
+        return "job_crashes_exhausted"
+    return RECURRING_HALTS.get(error_klass or "", "job_retries_exhausted")
+
+
+def fan_in_size(stored: int, count: int) -> int:
+    """Length of the JSON list of ``count`` outputs whose stored envelopes
+    (``executions.payload_envelope``) are ``stored`` characters long in all."""
+    return stored - count * len(payload_envelope("")) + max(count - 1, 0) + len("[]")
+
 
 _b, _a = schema.branches, schema.advancements
 
@@ -217,6 +243,9 @@ class Advancer:
         except TransitionError as error:
             self._halt(c, "transition_invalid", ErrorInfo.of(error))
             return "advanced"
+        except PayloadTooLargeError as error:  # a fan-in's list: as large again on every retry
+            self._halt(c, "payload_too_large", ErrorInfo.of(error))
+            return "advanced"
         except Exception as error:  # noqa: BLE001 - any routing error is recorded, never lost
             log.exception("advancing branch %s failed", c.branch_id)
             self._record_error(c, error)
@@ -297,14 +326,14 @@ class Advancer:
             self._abandon(c)
 
     def _job_halt_reason(self, c: BranchClaim) -> str:
+        e = schema.executions
         with self.app.begin() as tx:
-            outcome = tx.execute(
-                sa.select(schema.executions.c.outcome)
-                .where(schema.executions.c.job_id == c.step.job_id,
-                       schema.executions.c.completed_at.is_not(None))
-                .order_by(schema.executions.c.completed_at.desc(), schema.executions.c.id.desc()).limit(1)
-            ).scalar_one_or_none()
-        return "job_crashes_exhausted" if outcome == "process_crashed" else "job_retries_exhausted"
+            last = tx.execute(
+                sa.select(e.c.outcome, e.c.error_klass)
+                .where(e.c.job_id == c.step.job_id, e.c.completed_at.is_not(None))
+                .order_by(e.c.completed_at.desc(), e.c.id.desc()).limit(1)
+            ).first()
+        return job_halt_reason(last.outcome, last.error_klass) if last else job_halt_reason(None, None)
 
     def _halt(self, c: BranchClaim, reason: str, error: ErrorInfo | None = None) -> None:
         with self._fence(c, ends_branch=True) as tx:
@@ -499,11 +528,16 @@ class Advancer:
                 return
             sources = [n for n, e in definition.edges.items() if e.type == kind and list(e.to) == list(edge.to)]
             s, j = schema.steps, schema.jobs
+            joined = _b.join(s, s.c.branch_id == _b.c.id).join(j, j.c.step_id == s.c.id)
+            arrived = (_b.c.barrier_id == barrier_id, _b.c.fanin_arrived_at.is_not(None), s.c.node.in_(sources))
+            what = f"{kind} into {edge.to[0]}: the outputs of {barrier.fanout_width} branches"
+            # Measured in the database first: outputs too large together are never loaded.
+            stored = tx.execute(
+                sa.select(sa.func.sum(sa.func.length(j.c.output_payload))).select_from(joined).where(*arrived)
+            ).scalar_one()
+            payloads.check_size(fan_in_size(int(stored or 0), barrier.fanout_width), what)
             outputs = tx.execute(
-                sa.select(j.c.output_payload)
-                .select_from(_b).join(s, s.c.branch_id == _b.c.id).join(j, j.c.step_id == s.c.id)
-                .where(_b.c.barrier_id == barrier_id, _b.c.fanin_arrived_at.is_not(None), s.c.node.in_(sources))
-                .order_by(_b.c.barrier_index)
+                sa.select(j.c.output_payload).select_from(joined).where(*arrived).order_by(_b.c.barrier_index)
             ).scalars().all()
             if len(outputs) != barrier.fanout_width:
                 raise AssertionError(
@@ -514,8 +548,9 @@ class Advancer:
                 barrier_index=barrier.barrier_index, merged_barrier_id=barrier_id, fanin_arrivals=0,
                 last_advanced_at=tx.now, started_at=tx.now, created_at=tx.now, updated_at=tx.now,
             ))  # [INV-ADV-3] uq_branch_merge_per_barrier
-            args = "[[" + ",".join(payload_json(o) for o in outputs) + "]]"
-            create_steps(tx, c.run_id, definition, [NewStep(merged, edge.to[0], kind, args)])
+            value_json = "[" + ",".join(payload_json(o) for o in outputs) + "]"
+            payloads.check_size(len(value_json), what)  # the one rule, on the list itself
+            create_steps(tx, c.run_id, definition, [NewStep(merged, edge.to[0], kind, "[" + value_json + "]")])
 
 
 def advance_on_success(app: App, claimed: Any, definition: Definition, value_json: str, tx: Tx) -> bool:

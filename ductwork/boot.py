@@ -12,6 +12,7 @@ Two rate entries share a period              DuplicatePeriodError (config parsin
 A period is months/years, zero or garbage    InvalidPeriodError (config parsing)
 Tables are missing                           MissingTablesError naming them
 A configured key nobody references           a warning only
+MySQL's max_allowed_packet below 16 MiB      a warning only (payloads.statement_limit_warning)
 ===========================================  =========================================
 
 Only the pipelines the config lists (``pipelines``, or ``"*"`` for every Pipeline
@@ -25,6 +26,7 @@ import importlib
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from ductwork import dialects, payloads
 from ductwork.definition import resolve_pipeline
 from ductwork.errors import ConfigError, MissingTablesError, SchemaVersionError
 from ductwork.limits import validate_references
@@ -87,4 +89,6 @@ def validate(app: App, pipelines: list[type[Pipeline]] | None = None) -> list[st
     current, head = migrate.current(app.engine), migrate.head()
     if current != head:
         raise SchemaVersionError(current, head)
-    return warnings
+    with app.engine.connect() as conn:
+        packet = payloads.statement_limit_warning(dialects.statement_limit(conn))
+    return warnings + ([packet] if packet else [])

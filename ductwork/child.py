@@ -42,9 +42,10 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     """Run the claimed step in a child process; returns its value or raises.
 
     Raises ``StepTimedOut`` (killed at the deadline), ``ChildStepError`` (the step
-    raised) or ``BuildFailed`` (the child could not build the step).
+    raised), ``ReturnRejected`` (its return value cannot be stored) or ``BuildFailed``
+    (the child could not build the step).
     """
-    from ductwork.execute import BuildFailed, ChildStepError, StepTimedOut
+    from ductwork.execute import BuildFailed, ChildStepError, ReturnRejected, StepTimedOut
     from ductwork.executions import ErrorInfo
 
     timeout_s = claimed.timeout_us / 1_000_000
@@ -97,6 +98,8 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     if "ok" in message:
         return json.loads(message["ok"])
     info = ErrorInfo(**message["error"])
+    if message.get("returned"):
+        raise ReturnRejected(info)
     raise (BuildFailed(info) if message.get("build") else ChildStepError(info))
 
 
@@ -127,8 +130,9 @@ def main() -> None:
     from ductwork.app import App
     from ductwork.config import config_from_mapping
     from ductwork.errors import StepReturnError
-    from ductwork.execute import BuildFailed, build_step
+    from ductwork.execute import BuildFailed, build_step, returned
     from ductwork.executions import ErrorInfo
+    from ductwork.payloads import dump
 
     app = App(request["url"], config_from_mapping({"default": {}}))
     pipe = os.fdopen(out, "wb")
@@ -138,10 +142,9 @@ def main() -> None:
         pipe.flush()
         value = instance.execute()
         try:
-            message: dict[str, Any] = {"ok": json.dumps(value, allow_nan=False)}
-        except (TypeError, ValueError) as error:
-            raise StepReturnError(request["klass"], value,
-                                  f"return value is not JSON-serialisable ({error})") from None
+            message: dict[str, Any] = {"ok": dump(value, returned(request["klass"], value))}
+        except StepReturnError as error:  # the parent fails the execution once (ReturnRejected)
+            message = {"returned": True, "error": vars(ErrorInfo.of(error))}
     except BuildFailed as failed:
         message = {"build": True, "error": vars(failed.info)}
     except Exception as error:  # noqa: BLE001 - reported to the parent, which records it

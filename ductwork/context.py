@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ductwork import dialects, schema
+from ductwork import dialects, payloads, schema
 from ductwork.errors import InputError, OverwriteError
 from ductwork.ids import new_id
 
@@ -55,12 +55,12 @@ class Context:
         return None if text is None else json.loads(text)["raw_value"]
 
     def set(self, key: str, value: Any, overwrite: bool = False) -> Any:
-        """Set ``key`` once for this run (or replace it with ``overwrite=True``); returns value."""
+        """Set ``key`` once for this run (or replace it with ``overwrite=True``); returns value.
+
+        A value that breaks the payload rule (``payloads.dump``) raises
+        :class:`~ductwork.errors.PayloadError` and nothing is written."""
         self._check_key(key)
-        try:
-            text = json.dumps({"raw_value": value})
-        except (TypeError, ValueError) as error:
-            raise InputError(f"Context value for {key!r} is not JSON-serialisable: {error}") from None
+        text = '{"raw_value": ' + payloads.dump(value, f"context key {key!r}") + "}"
         with self._app.begin() as tx:
             row = {"id": new_id(), "run_id": self.run_id, "key": key, "value": text,
                    "first_set_at": tx.now, "last_set_at": tx.now}

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
+from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.sql.elements import UnaryExpression
 from sqlalchemy.sql.operators import custom_op
@@ -196,6 +197,33 @@ def _sqlite_hooks(engine: Engine, busy_timeout: float) -> None:
         # writers. Everything that decides and writes starts IMMEDIATE.
         readonly = conn.get_execution_options().get("ductwork_readonly")
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+
+# --------------------------------------------------------------------------- column types
+
+#: Text that holds a payload (JSON of a step's input or output, an expand item, a
+#: context value), a definition snapshot or a backtrace: at least
+#: ``payloads.MAX_PAYLOAD_BYTES`` plus its envelope on every backend.
+#: Differs from PostgreSQL in that MySQL/MariaDB's ``TEXT`` holds only 65,535 bytes
+#: (PostgreSQL's ``text`` and SQLite's ``TEXT`` hold up to 1 GB) because its length
+#: prefix is two bytes; ``LONGTEXT`` (4 GB) holds what the other two hold.
+LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+
+statement_limit = Seam("statement_limit")
+
+
+@statement_limit.for_db("postgresql", "sqlite")
+def _no_statement_limit(conn: Connection) -> int | None:
+    return None  # a statement may carry a value of up to 1 GB
+
+
+@statement_limit.for_db("mysql")
+def _mysql_statement_limit(conn: Connection) -> int | None:
+    # Differs from PostgreSQL in that the server refuses (and drops the connection
+    # of) a statement longer than max_allowed_packet, because it reads each client
+    # packet whole into a buffer of at most that size.
+    return int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
 
 
 # --------------------------------------------------------------------------- the clock

@@ -26,6 +26,9 @@ The tree::
     ├── OverwriteError                    Context.set on a key already set (``Context.OverwriteError``)
     ├── RunStateError                     an operation not allowed in the run's state (resume)
     ├── InputError (TypeError)            trigger/resume/context input is not JSON-serialisable
+    ├── PayloadError (InputError, StepReturnError)  a value breaks the one payload rule (payloads.dump)
+    │   ├── NotJSONError                  not JSON-serialisable (NaN, ∞, a set, an object)
+    │   └── PayloadTooLargeError (ValueError)  its JSON text is longer than MAX_PAYLOAD_BYTES
     ├── DrainTimeout (TimeoutError)       testing.drain gave up
     └── FaultInjection (RuntimeError)     raised by an armed ``raise`` fault checkpoint
 
@@ -227,6 +230,45 @@ class RunStateError(DuctworkError):
 
 class InputError(DuctworkError, TypeError):
     """A value given to trigger, resume or Context cannot be stored (not JSON, bad key)."""
+
+
+class PayloadError(InputError, StepReturnError):
+    """A value breaks the one rule for stored values (``ductwork.payloads.dump``), naming it.
+
+    The same class and message shape wherever the value enters: trigger and resume
+    arguments and ``Context.set`` raise it to the caller (an :class:`InputError`); a
+    step's return value fails the execution once and halts the branch (a
+    :class:`StepReturnError`); the list a collapse or combine assembles halts the
+    branch that would fire it. ``what`` names the value:
+    ``Orders.trigger arguments: not JSON-serialisable (…)``.
+    """
+
+    def __init__(self, what: str, reason: str):
+        self.what = what
+        self.reason = reason
+        DuctworkError.__init__(self, f"{what}: {reason}")
+
+
+class NotJSONError(PayloadError):
+    """The value is not JSON-serialisable by ``json.dumps(allow_nan=False)``: NaN or ∞, a
+    set, bytes, an object (tuples become lists and keys strings, as JSON gives them back)."""
+
+    def __init__(self, what: str, value: Any, reason: str):
+        self.value_type = type(value).__name__
+        super().__init__(what, f"not JSON-serialisable ({reason})")
+
+
+class PayloadTooLargeError(PayloadError, ValueError):
+    """The value's JSON text is longer than ``ductwork.payloads.MAX_PAYLOAD_BYTES``.
+
+    ``Orders.trigger arguments: 8,000,012 bytes of JSON, more than the maximum of
+    8,000,000 (MAX_PAYLOAD_BYTES)``; ``size`` and ``maximum`` carry the numbers.
+    """
+
+    def __init__(self, what: str, size: int, maximum: int):
+        self.size = size
+        self.maximum = maximum
+        super().__init__(what, f"{size:,} bytes of JSON, more than the maximum of {maximum:,} (MAX_PAYLOAD_BYTES)")
 
 
 class DrainTimeout(DuctworkError, TimeoutError):

@@ -11,8 +11,13 @@ outcome itself is recorded at most once [INV-EXE-2].
 
 Rescue layering, one owner per failure:
 
-- the step's ``execute`` raising (or returning what its edge cannot carry) is a
-  **failure**: retried within ``max_retry`` [INV-EXE-4];
+- the step's ``execute`` raising is a **failure**: retried within ``max_retry``
+  [INV-EXE-4];
+- returning what its edge cannot carry (:class:`StepReturnError`: not JSON, longer
+  than ``payloads.MAX_PAYLOAD_BYTES``, not a list before an expand) is a failure
+  that is not retried, since the same code returns the same value again: the step
+  fails at once and its branch halts (``step_return_invalid``,
+  ``payload_too_large``);
 - running past ``timeout=`` is **timed_out** (counts like a failure); the step
   ran in a child process, which is killed and reaped *before* the outcome is
   recorded, so a freed slot never has code still running behind it [INV-EXE-5];
@@ -34,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from ductwork import faults
+from ductwork import faults, payloads
 from ductwork.advance import advance_on_success
 from ductwork.context import Context
 from ductwork.claims import claim_next_batch, hand_off as claim_hand_off, seconds_to_next_token
@@ -82,17 +87,29 @@ class ChildStepError(Exception):
         super().__init__(info.message)
 
 
+class ReturnRejected(Exception):
+    """The step's return value cannot be stored (a :class:`StepReturnError`, in this
+    process or in the step's child): it fails the execution once, without a retry."""
+
+    def __init__(self, info: ErrorInfo):
+        self.info = info
+        super().__init__(info.message)
+
+
+def returned(klass: str, value: Any) -> str:
+    """How a return value is named in its errors: ``shop.steps:Fetch returned list``."""
+    return f"{klass} returned {type(value).__name__}"
+
+
 def make_output(klass: str, definition: Definition, node: str, value: Any) -> Output:
-    """Validate a return value against the step's edge; raises :class:`StepReturnError`."""
-    try:
-        text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise StepReturnError(klass, value, f"return value is not JSON-serialisable ({error})") from None
+    """Validate a return value against the step's edge; raises :class:`StepReturnError`
+    (a :class:`~ductwork.errors.PayloadError` when it breaks the payload rule)."""
+    text = payloads.dump(value, returned(klass, value))
     edge = definition.edges.get(node)
     if edge is not None and edge.type == "expand":
         if not isinstance(value, list):
             raise StepReturnError(klass, value, "a step followed by expand must return a list")
-        return Output(expand_items=[json.dumps(v) for v in value])
+        return Output(expand_items=[json.dumps(v, allow_nan=False) for v in value])
     return Output(text)
 
 
@@ -272,7 +289,10 @@ class Worker:
         else:
             instance = build_step(self.app, claimed.klass, claimed.input_json, claimed.step_id, claimed.run_id)
             value = instance.execute()
-        return make_output(claimed.klass, definition, claimed.node, value)
+        try:
+            return make_output(claimed.klass, definition, claimed.node, value)
+        except StepReturnError as error:  # (not one that execute() itself raised)
+            raise ReturnRejected(ErrorInfo.of(error)) from error
 
     def _perform(self, claimed: Claimed, group: bool) -> str:
         definition = self.app.definition(claimed.definition_sha1)
@@ -292,6 +312,9 @@ class Worker:
                 return "timed_out"
             except ChildStepError as error:
                 retry_transient(lambda: record_failure(self.app, claimed, error.info))
+                return "failure"
+            except ReturnRejected as rejected:  # the same code returns the same value: no retry
+                retry_transient(lambda: record_failure(self.app, claimed, rejected.info, retry=False))
                 return "failure"
             except Exception as error:  # noqa: BLE001 - the step's own failure: retried, never lost
                 info = ErrorInfo.of(error)

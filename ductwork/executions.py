@@ -16,7 +16,7 @@ under one lock (what the concurrency checker sweeps) [INV-LIM-1, INV-LIM-3].
 
 What follows in the same transaction: success keeps the output and moves the step
 to ``advancing``; a failure or timeout enqueues a retry while ``retry_count <
-max_retry``; a crash enqueues a re-run while ``crash_count < max_crash`` (at once
+max_retry`` (never for a return value that cannot be stored: it would recur); a crash enqueues a re-run while ``crash_count < max_crash`` (at once
 for the first third of the budget, then backing off by 10 s per crash); a spent
 budget marks the step ``failed`` [INV-EXE-4]. The code that ran is not stopped
 here: a caller that knows it may still run must stop it first [INV-EXE-5].
@@ -276,10 +276,11 @@ def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claime
 
 
 def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo, *,
-                   outcome: str = "failure") -> bool:
+                   outcome: str = "failure", retry: bool = True) -> bool:
     """Record a failure or timeout and enqueue a retry or fail the step. Raises CommitFailed.
 
-    Returns True when a retry was enqueued.
+    Returns True when a retry was enqueued. ``retry=False``: a failure that would recur
+    (a return value that cannot be stored) fails the step at once, budget or not.
     """
     assert outcome in ("failure", "timed_out"), outcome
     max_retry = app.config.job_worker.max_retry_for(claimed.pipeline_klass, claimed.klass)
@@ -287,7 +288,7 @@ def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo,
         info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, outcome, info):
             raise CommitFailed(claimed.execution_id, claimed.process_id)
-        if claimed.retry_count < max_retry:  # [INV-EXE-4]
+        if retry and claimed.retry_count < max_retry:  # [INV-EXE-4]
             delay = timedelta(seconds=app.config.job_worker.retry_delay)
             tx.execute(schema.executions.insert().values(**new_execution_row(
                 claimed.job_id, claimed.limit_key, tx.now + delay, claimed.retry_count + 1,

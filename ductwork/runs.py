@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ductwork import dialects, schema
-from ductwork.errors import DefinitionError, InputError, RunStateError
+from ductwork import dialects, payloads, schema
+from ductwork.errors import DefinitionError, RunStateError
 from ductwork.ids import new_id
 from ductwork.steps import NewStep, create_steps, latest_step, step_output_json
 
@@ -42,15 +42,12 @@ ACTIVE_BRANCH = ("in_progress", "advancing")
 _UNSET: Any = object()  # resume() without input
 
 
-def _json_args(what: str, args: Any) -> str:
-    try:
-        return json.dumps(args)
-    except (TypeError, ValueError) as error:
-        raise InputError(f"{what}: arguments must be JSON-serialisable ({error})") from None
-
-
 def trigger_run(app: App | None, pipeline: type[Pipeline], args: list[Any]) -> Run:
-    """Start a run of ``pipeline`` with ``args`` as the start step's positional arguments."""
+    """Start a run of ``pipeline`` with ``args`` as the start step's positional arguments.
+
+    Arguments that break the payload rule (``payloads.dump``: not JSON, or longer than
+    ``MAX_PAYLOAD_BYTES``) raise before anything is written.
+    """
     from ductwork.app import default_app
 
     app = app or default_app()
@@ -59,7 +56,7 @@ def trigger_run(app: App | None, pipeline: type[Pipeline], args: list[Any]) -> R
         raise DefinitionError(pipeline.__qualname__, "trigger", "pipeline has no definition (define() missing)")
     snapshot = json.dumps(definition.to_json(), sort_keys=True)
     sha1 = hashlib.sha1(snapshot.encode()).hexdigest()
-    input_json = _json_args(f"{pipeline.__qualname__}.trigger", list(args))
+    input_json = payloads.dump(list(args), f"{pipeline.__qualname__}.trigger arguments")
     run_id, branch_id = new_id(), new_id()
     with app.begin() as tx:
         now = tx.now
@@ -213,7 +210,7 @@ class Run:
         :class:`RunStateError`.
         """
         replace = input is not _UNSET
-        value_json = _json_args(f"run {self.id} resume", input) if replace else None
+        value_json = payloads.dump(input, f"run {self.id} resume input") if replace else None
         r, b = schema.runs, schema.branches
         with self.app.begin() as tx:
             run = tx.execute(

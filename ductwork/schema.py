@@ -22,6 +22,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
+from ductwork.dialects import LongText
+
 metadata = sa.MetaData()
 
 #: Microsecond timestamps on every backend (MySQL's DATETIME defaults to whole seconds).
@@ -58,7 +60,7 @@ runs = sa.Table(
     sa.Column("id", Id, primary_key=True),
     sa.Column("pipeline_klass", Name, nullable=False),
     #: the definition snapshot (JSON, format 1); routing reads only this
-    sa.Column("definition", sa.Text, nullable=False),
+    sa.Column("definition", LongText, nullable=False),
     sa.Column("definition_sha1", sa.String(40), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("triggered_at", Timestamp, nullable=False),
@@ -137,9 +139,9 @@ jobs = sa.Table(
     sa.Column("id", Id, primary_key=True),
     sa.Column("step_id", Id, sa.ForeignKey("ductwork_steps.id"), nullable=False),
     sa.Column("klass", Name, nullable=False),
-    sa.Column("input_args", sa.Text, nullable=False),  # JSON list of positional arguments
+    sa.Column("input_args", LongText, nullable=False),  # JSON list of positional arguments
     #: JSON {"payload": value}; NULL: no success yet. Expand outputs live in expand_items.
-    sa.Column("output_payload", sa.Text, nullable=True),
+    sa.Column("output_payload", LongText, nullable=True),
     sa.Column("started_at", Timestamp, nullable=False),
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: not succeeded
     *_timestamps(),
@@ -165,7 +167,7 @@ executions = sa.Table(
     sa.Column("outcome", sa.String(16), nullable=True),
     sa.Column("error_klass", Name, nullable=True),  # NULL: no error
     sa.Column("error_message", sa.String(255), nullable=True),
-    sa.Column("error_backtrace", sa.Text, nullable=True),
+    sa.Column("error_backtrace", LongText, nullable=True),
     sa.Column("retry_count", sa.Integer, nullable=False),
     sa.Column("crash_count", sa.Integer, nullable=False),
     #: the key's event sequence at claim, taken under the key lock; NULL: unkeyed or pending
@@ -222,7 +224,7 @@ advancements = sa.Table(
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: open
     sa.Column("error_klass", Name, nullable=True),  # NULL: succeeded (or open)
     sa.Column("error_message", sa.String(255), nullable=True),
-    sa.Column("error_backtrace", sa.Text, nullable=True),
+    sa.Column("error_backtrace", LongText, nullable=True),
     #: advancer crashes on this step so far, carried forward attempt to attempt
     sa.Column("crash_count", sa.Integer, nullable=False),
     *_timestamps(),
@@ -243,7 +245,7 @@ expand_items = sa.Table(
     metadata,
     sa.Column("job_id", Id, sa.ForeignKey("ductwork_jobs.id"), nullable=False),
     sa.Column("item_index", sa.Integer, nullable=False),
-    sa.Column("value", sa.Text, nullable=False),  # JSON of one element of the step's output
+    sa.Column("value", LongText, nullable=False),  # JSON of one element of the step's output
     sa.PrimaryKeyConstraint("job_id", "item_index", name="pk_expand_items"),
 )
 
@@ -253,7 +255,7 @@ context = sa.Table(
     sa.Column("id", Id, primary_key=True),
     sa.Column("run_id", Id, sa.ForeignKey("ductwork_runs.id"), nullable=False),
     sa.Column("key", Name, nullable=False),
-    sa.Column("value", sa.Text, nullable=False),  # JSON {"raw_value": value}
+    sa.Column("value", LongText, nullable=False),  # JSON {"raw_value": value}
     sa.Column("first_set_at", Timestamp, nullable=False),
     sa.Column("last_set_at", Timestamp, nullable=False),
     # [INV-CTX-1] a context key is set once per run (a unique key, not the primary key:

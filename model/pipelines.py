@@ -239,6 +239,12 @@ class Execution:
         """The step's id: equal across a step's executions, distinct across steps [INV-EXE-3]."""
         return self.step_id
 
+    @property
+    def return_rejected(self) -> bool:
+        """A failure because the return value cannot be stored: it would recur, so it is
+        never retried and its branch halts ``step_return_invalid`` (semantics §4)."""
+        return self.outcome == "failure" and (self.error or "").startswith("StepReturnError")
+
 
 @dataclass
 class Step:
@@ -475,8 +481,8 @@ class PipelinesModel:
         Raises ``CommitFailed`` if the execution is already completed (its
         outcome is recorded at most once [INV-EXE-2]) and ``PreconditionError``
         if it is not eligible yet. A success whose value is not JSON, or not a
-        list on an ``expand`` edge, is recorded as ``failure`` (StepReturnError).
-        Failure and timeout retry while ``retry_count < max_retry`` after
+        list on an ``expand`` edge, is recorded as ``failure`` (StepReturnError) and
+        fails the step at once. Other failures and timeouts retry while ``retry_count < max_retry`` after
         ``retry_delay``; a crash retries while ``crash_count < max_crash``, at
         once for the first ``max_crash // 3`` crashes, then after
         ``(crash_count + 1) × crash_delay``; past the budget the step fails
@@ -547,8 +553,9 @@ class PipelinesModel:
         if branch.advancer_crashes >= self.config.advancer_max_crash:
             return self._halt(branch, token, "advancer_crashes_exhausted", step_completed=True)
         if step.status == "failed":
-            reason = ("job_crashes_exhausted" if self.latest_outcome(step.id) == "process_crashed"
-                      else "job_retries_exhausted")
+            last = self.executions[step.executions[-1]]
+            reason = ("job_crashes_exhausted" if last.outcome == "process_crashed"
+                      else "step_return_invalid" if last.return_rejected else "job_retries_exhausted")
             return self._halt(branch, token, reason, step_completed=False)
         edge = run.definition.edge(step.node)
         kind = "leaf" if edge is None else edge["type"]
@@ -710,7 +717,10 @@ class PipelinesModel:
         return branch.status == "advancing" and branch.claim_token == token
 
     def _may_retry(self, execution: Execution) -> bool:
-        """Budget left after this execution's non-success outcome [INV-EXE-4]."""
+        """Budget left after this execution's non-success outcome [INV-EXE-4]; none after a
+        return value that cannot be stored (it would be returned again)."""
+        if execution.return_rejected:
+            return False
         if execution.outcome == "process_crashed":
             return execution.crash_count < self.config.max_crash
         return execution.retry_count < self.config.max_retry

@@ -365,16 +365,20 @@ def test_non_json_return_fails_the_execution_naming_step_and_type(app):
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
     rows = _executions(app, run)
-    assert {r.outcome for r in rows} == {"failure"}
-    assert rows[0].error_klass == "ductwork.errors.StepReturnError"
-    assert "test_pipelines:NotJson returned set" in rows[0].error_message
+    assert [r.outcome for r in rows] == ["failure"]  # it would recur: not retried (max_retry 2)
+    assert rows[0].error_klass == "ductwork.errors.NotJSONError"
+    assert "test_pipelines:NotJson returned set: not JSON-serialisable" in rows[0].error_message
+    assert _halt_reasons(app, run) == ["step_return_invalid"]
 
 
 def test_expand_of_a_non_list_fails_the_step(app):
     run = NotAListP.trigger(1)
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
-    assert "must return a list" in _executions(app, run)[0].error_message
+    rows = _executions(app, run)
+    assert [(r.outcome, r.error_klass) for r in rows] == [("failure", "ductwork.errors.StepReturnError")]
+    assert "must return a list" in rows[0].error_message
+    assert _halt_reasons(app, run) == ["step_return_invalid"]
 
 
 def test_halted_sibling_means_the_merge_never_fires(app):
