@@ -44,6 +44,7 @@ __all__ = [
     "FAILURE",
     "FAN_IN",
     "FAN_OUT",
+    "INVALID",
     "NO_INPUT",
     "TIMED_OUT",
     "Branch",
@@ -57,6 +58,7 @@ __all__ = [
     "Step",
     "canonical_json",
     "is_json_value",
+    "job_halt_reason",
     "render_key",
     "resolve_run_status",
     "run_to_quiescence",
@@ -129,14 +131,24 @@ def render_key(value: Any) -> str | None:
 @dataclass(frozen=True)
 class Outcome:
     """What one execution ended with: ``success`` (with ``value``), ``failure``,
-    ``timed_out`` or ``process_crashed``."""
+    ``timed_out``, ``invalid`` (the step can never run as stored: its class does not
+    resolve or its input does not bind) or ``process_crashed``."""
 
     kind: str
     value: Any = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("success", "failure", "timed_out", "process_crashed"):
+        if self.kind not in ("success", "failure", "timed_out", "invalid", "process_crashed"):
             raise PreconditionError(f"unknown outcome kind {self.kind!r}")
+
+
+def job_halt_reason(outcome: str | None) -> str:
+    """The halt reason of a branch whose step failed, from its last execution's outcome."""
+    if outcome == "process_crashed":
+        return "job_crashes_exhausted"
+    if outcome == "invalid":
+        return "job_invalid"
+    return "job_retries_exhausted"
 
 
 def success(value: Any) -> Outcome:
@@ -146,6 +158,7 @@ def success(value: Any) -> Outcome:
 
 FAILURE = Outcome("failure")
 TIMED_OUT = Outcome("timed_out")
+INVALID = Outcome("invalid")
 CRASH = Outcome("process_crashed")
 
 # --------------------------------------------------------------------------- definitions
@@ -480,7 +493,8 @@ class PipelinesModel:
         ``retry_delay``; a crash retries while ``crash_count < max_crash``, at
         once for the first ``max_crash // 3`` crashes, then after
         ``(crash_count + 1) × crash_delay``; past the budget the step fails
-        [INV-EXE-4].
+        [INV-EXE-4]. An ``invalid`` execution fails the step at once, whatever
+        budget is left: running it again could not end otherwise.
         """
         execution = self.executions.get(exec_id)
         if execution is None or execution.state != "pending":
@@ -503,7 +517,7 @@ class PipelinesModel:
             step.output, step.status = copy.deepcopy(outcome.value), "advancing"
             return
         retry, crash = execution.retry_count, execution.crash_count
-        if not self._may_retry(execution):  # [INV-EXE-4] budget spent
+        if kind == "invalid" or not self._may_retry(execution):  # [INV-EXE-4] budget spent
             step.status = "failed"
         elif kind in ("failure", "timed_out"):
             self._new_execution(step, retry + 1, crash, self.now_us + self.config.retry_delay_us)
@@ -547,9 +561,7 @@ class PipelinesModel:
         if branch.advancer_crashes >= self.config.advancer_max_crash:
             return self._halt(branch, token, "advancer_crashes_exhausted", step_completed=True)
         if step.status == "failed":
-            reason = ("job_crashes_exhausted" if self.latest_outcome(step.id) == "process_crashed"
-                      else "job_retries_exhausted")
-            return self._halt(branch, token, reason, step_completed=False)
+            return self._halt(branch, token, job_halt_reason(self.latest_outcome(step.id)), step_completed=False)
         edge = run.definition.edge(step.node)
         kind = "leaf" if edge is None else edge["type"]
         if kind == "leaf" or (kind == "expand" and not step.output):
