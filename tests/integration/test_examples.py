@@ -255,7 +255,8 @@ def test_links_between_pages_resolve():
 
 def _env(workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
-    env["PYTHONPATH"] = str(workdir)
+    # the checkout's ductwork, not whichever one is installed (another checkout's, editable)
+    env["PYTHONPATH"] = os.pathsep.join([str(workdir), str(REPO)])
     return env
 
 
