@@ -60,6 +60,18 @@ MAX_CLAIM_ATTEMPTS = 3
 
 _b, _a = schema.branches, schema.advancements
 
+#: the last execution's outcome of a failed step -> the halt reason of its branch
+_JOB_HALTS = {"process_crashed": "job_crashes_exhausted", "invalid": "job_invalid"}
+
+
+def job_halt_reason(outcome: str | None) -> str:
+    """Why a branch halts on a failed step, from its last execution's outcome (semantics §3.1).
+
+    >>> [job_halt_reason(o) for o in ("failure", "timed_out", "process_crashed", "invalid")]
+    ['job_retries_exhausted', 'job_retries_exhausted', 'job_crashes_exhausted', 'job_invalid']
+    """
+    return _JOB_HALTS.get(outcome or "", "job_retries_exhausted")
+
 
 @dataclass
 class BranchClaim:
@@ -304,7 +316,7 @@ class Advancer:
                        schema.executions.c.completed_at.is_not(None))
                 .order_by(schema.executions.c.completed_at.desc(), schema.executions.c.id.desc()).limit(1)
             ).scalar_one_or_none()
-        return "job_crashes_exhausted" if outcome == "process_crashed" else "job_retries_exhausted"
+        return job_halt_reason(outcome)
 
     def _halt(self, c: BranchClaim, reason: str, error: ErrorInfo | None = None) -> None:
         with self._fence(c, ends_branch=True) as tx:

@@ -42,9 +42,10 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     """Run the claimed step in a child process; returns its value or raises.
 
     Raises ``StepTimedOut`` (killed at the deadline), ``ChildStepError`` (the step
-    raised) or ``BuildFailed`` (the child could not build the step).
+    raised), ``StepInvalid`` (the child cannot resolve the class or bind the input)
+    or ``BuildFailed`` (``__init__`` raised, or the child died or never started).
     """
-    from ductwork.execute import BuildFailed, ChildStepError, StepTimedOut
+    from ductwork.execute import BuildFailed, ChildStepError, StepInvalid, StepTimedOut
     from ductwork.executions import ErrorInfo
 
     timeout_s = claimed.timeout_us / 1_000_000
@@ -97,6 +98,8 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     if "ok" in message:
         return json.loads(message["ok"])
     info = ErrorInfo(**message["error"])
+    if message.get("invalid"):
+        raise StepInvalid(info)
     raise (BuildFailed(info) if message.get("build") else ChildStepError(info))
 
 
@@ -127,7 +130,7 @@ def main() -> None:
     from ductwork.app import App
     from ductwork.config import config_from_mapping
     from ductwork.errors import StepReturnError
-    from ductwork.execute import BuildFailed, build_step
+    from ductwork.execute import BuildFailed, StepInvalid, build_step
     from ductwork.executions import ErrorInfo
 
     app = App(request["url"], config_from_mapping({"default": {}}))
@@ -142,6 +145,8 @@ def main() -> None:
         except (TypeError, ValueError) as error:
             raise StepReturnError(request["klass"], value,
                                   f"return value is not JSON-serialisable ({error})") from None
+    except StepInvalid as invalid:
+        message = {"invalid": True, "error": vars(invalid.info)}
     except BuildFailed as failed:
         message = {"build": True, "error": vars(failed.info)}
     except Exception as error:  # noqa: BLE001 - reported to the parent, which records it

@@ -18,7 +18,8 @@ What follows in the same transaction: success keeps the output and moves the ste
 to ``advancing``; a failure or timeout enqueues a retry while ``retry_count <
 max_retry``; a crash enqueues a re-run while ``crash_count < max_crash`` (at once
 for the first third of the budget, then backing off by 10 s per crash); a spent
-budget marks the step ``failed`` [INV-EXE-4]. The code that ran is not stopped
+budget marks the step ``failed``, and so does an ``invalid`` execution (one that
+can never succeed) at once [INV-EXE-4]. The code that ran is not stopped
 here: a caller that knows it may still run must stop it first [INV-EXE-5].
 """
 
@@ -295,6 +296,22 @@ def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo,
             return True
         _mark_failed(tx, claimed.step_id)
         return False
+
+
+def record_invalid(app: App, claimed: Claimed, error: BaseException | ErrorInfo) -> None:
+    """Record an execution that can never succeed (outcome ``invalid``) and fail its step.
+
+    For a step that cannot run as stored: its class does not resolve, or its input
+    does not bind to ``__init__``. Running it again would end the same way, so no
+    retry or re-run is enqueued whatever budget is left; the step becomes ``failed``
+    in this transaction and an advancer halts its branch ``job_invalid``
+    [INV-EXE-4]. Raises CommitFailed, as :func:`record_failure` does.
+    """
+    with app.begin() as tx:
+        info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
+        if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "invalid", info):
+            raise CommitFailed(claimed.execution_id, claimed.process_id)
+        _mark_failed(tx, claimed.step_id)  # [INV-EXE-4] no budget applies: it cannot succeed
 
 
 def record_crash(app: App, execution_id: str, owner: str | None, error_klass: str, message: str,
