@@ -517,7 +517,7 @@ class PipelinesModel:
             step.output, step.status = copy.deepcopy(outcome.value), "advancing"
             return
         retry, crash = execution.retry_count, execution.crash_count
-        if kind == "invalid" or not self._may_retry(execution):  # [INV-EXE-4] budget spent
+        if not self._may_retry(execution):  # [INV-EXE-4] budget spent, or invalid
             step.status = "failed"
         elif kind in ("failure", "timed_out"):
             self._new_execution(step, retry + 1, crash, self.now_us + self.config.retry_delay_us)
@@ -723,6 +723,8 @@ class PipelinesModel:
 
     def _may_retry(self, execution: Execution) -> bool:
         """Budget left after this execution's non-success outcome [INV-EXE-4]."""
+        if execution.outcome == "invalid":  # it cannot succeed: no budget applies
+            return False
         if execution.outcome == "process_crashed":
             return execution.crash_count < self.config.max_crash
         return execution.retry_count < self.config.max_retry
