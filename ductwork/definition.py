@@ -43,7 +43,7 @@ from ductwork.errors import (
     MainModuleError,
     StartError,
 )
-from ductwork.step import Step
+from ductwork.step import Step, check_execute
 
 FORMAT = 1
 EDGE_TYPES = ("chain", "expand", "divide", "combine", "collapse", "divert", "converge", "dampen")
@@ -405,6 +405,7 @@ class _Graph:
                 what = ("Arguments must be valid step classes (Step subclasses" if len(classes) > 1
                         else "Argument must be a valid step class (a Step subclass")
                 raise self.error(transition, f"{what} defining execute(self)), got {klass!r}")
+            check_execute(klass)  # (again: execute may have been replaced after the class statement)
             if options["timeout_us"] is not None and in_main_module(step_ref(klass)):
                 raise self.error(transition, f"{klass.__qualname__} is defined in __main__ and has "
                                              "timeout=, so it runs in a child process, which cannot "

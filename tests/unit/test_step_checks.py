@@ -83,6 +83,11 @@ def test_async_generator_and_inherited_async_execute_are_refused():
     with pytest.raises(AsyncStepError, match="Child.execute: async steps"):
         class Child(Base):  # ... but a subclass inheriting it is checked
             pass
+    with pytest.raises(AsyncStepError, match="Base.execute: async steps"):
+        class UsesBase(Pipeline):  # ... and so is a class a definition uses
+            @classmethod
+            def define(cls, pipeline):
+                pipeline.start(Base)
 
 
 async def _async_execute(self):  # pragma: no cover - never awaited
