@@ -58,24 +58,29 @@ THREAD_CRASH = "ductwork.ThreadCrash"
 CRASH_CLASSES = (PROCESS_CRASH, THREAD_CRASH)
 MAX_CLAIM_ATTEMPTS = 3
 
-#: halt reasons of a step failed by an error that is not retried because it would recur
-#: (execute.ReturnRejected), by the error's class
-RECURRING_HALTS = {
+#: halt reasons of a step whose last execution was ``invalid`` because its return value
+#: cannot be stored (execute.ReturnRejected), by the error's class; any other ``invalid``
+#: execution (the class does not resolve, the input does not bind) halts ``job_invalid``
+RETURN_HALTS = {
     "ductwork.errors.PayloadTooLargeError": "payload_too_large",
     "ductwork.errors.NotJSONError": "step_return_invalid",
     "ductwork.errors.StepReturnError": "step_return_invalid",
 }
 
 
-def job_halt_reason(outcome: str | None, error_klass: str | None) -> str:
+def job_halt_reason(outcome: str | None, error_klass: str | None = None) -> str:
     """Why a branch halts on its failed step, from the step's last execution (semantics §3.1).
 
-    >>> job_halt_reason("failure", "ductwork.errors.PayloadTooLargeError")
+    >>> [job_halt_reason(o) for o in ("failure", "timed_out", "process_crashed", "invalid")]
+    ['job_retries_exhausted', 'job_retries_exhausted', 'job_crashes_exhausted', 'job_invalid']
+    >>> job_halt_reason("invalid", "ductwork.errors.PayloadTooLargeError")
     'payload_too_large'
     """
     if outcome == "process_crashed":
         return "job_crashes_exhausted"
-    return RECURRING_HALTS.get(error_klass or "", "job_retries_exhausted")
+    if outcome == "invalid":
+        return RETURN_HALTS.get(error_klass or "", "job_invalid")
+    return "job_retries_exhausted"
 
 
 def fan_in_size(stored: int, count: int) -> int:

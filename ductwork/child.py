@@ -42,10 +42,11 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     """Run the claimed step in a child process; returns its value or raises.
 
     Raises ``StepTimedOut`` (killed at the deadline), ``ChildStepError`` (the step
-    raised), ``ReturnRejected`` (its return value cannot be stored) or ``BuildFailed``
-    (the child could not build the step).
+    raised), ``ReturnRejected`` (its return value cannot be stored), ``StepInvalid``
+    (the child cannot resolve the class or bind the input) or ``BuildFailed``
+    (``__init__`` raised, or the child died or never started).
     """
-    from ductwork.execute import BuildFailed, ChildStepError, ReturnRejected, StepTimedOut
+    from ductwork.execute import BuildFailed, ChildStepError, ReturnRejected, StepInvalid, StepTimedOut
     from ductwork.executions import ErrorInfo
 
     timeout_s = claimed.timeout_us / 1_000_000
@@ -100,6 +101,8 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     info = ErrorInfo(**message["error"])
     if message.get("returned"):
         raise ReturnRejected(info)
+    if message.get("invalid"):
+        raise StepInvalid(info)
     raise (BuildFailed(info) if message.get("build") else ChildStepError(info))
 
 
@@ -130,7 +133,7 @@ def main() -> None:
     from ductwork.app import App
     from ductwork.config import config_from_mapping
     from ductwork.errors import StepReturnError
-    from ductwork.execute import BuildFailed, build_step, returned
+    from ductwork.execute import BuildFailed, StepInvalid, build_step, returned
     from ductwork.executions import ErrorInfo
     from ductwork.payloads import dump
 
@@ -145,6 +148,8 @@ def main() -> None:
             message: dict[str, Any] = {"ok": dump(value, returned(request["klass"], value))}
         except StepReturnError as error:  # the parent fails the execution once (ReturnRejected)
             message = {"returned": True, "error": vars(ErrorInfo.of(error))}
+    except StepInvalid as invalid:
+        message = {"invalid": True, "error": vars(invalid.info)}
     except BuildFailed as failed:
         message = {"build": True, "error": vars(failed.info)}
     except Exception as error:  # noqa: BLE001 - reported to the parent, which records it

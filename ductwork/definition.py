@@ -40,9 +40,10 @@ from ductwork.errors import (
     DefinitionError,
     DivertError,
     DurationError,
+    MainModuleError,
     StartError,
 )
-from ductwork.step import Step
+from ductwork.step import Step, check_execute
 
 FORMAT = 1
 EDGE_TYPES = ("chain", "expand", "divide", "combine", "collapse", "divert", "converge", "dampen")
@@ -90,6 +91,24 @@ def register_class(cls: type) -> str:
     ref = step_ref(cls)
     _REGISTRY[ref] = cls
     return ref
+
+
+def referenced_class(ref: str) -> type | None:
+    """The class a definition (or Pipeline subclass) created in this process registered as
+    ``ref``, without importing anything; None when none did."""
+    return _REGISTRY.get(ref)
+
+
+def in_main_module(ref: str) -> bool:
+    """Whether ``ref`` names a class of ``__main__``: the script (or ``python -m`` module)
+    this process runs, which another process cannot import under that name."""
+    return ref.partition(":")[0] == "__main__"
+
+
+def main_module_refs(definition: Definition) -> list[str]:
+    """The pipeline's and the nodes' class references that live in ``__main__``, in order."""
+    refs = [definition.pipeline, *(node.klass for node in definition.nodes.values())]
+    return [ref for ref in dict.fromkeys(refs) if in_main_module(ref)]
 
 
 def resolve_step(ref: str) -> type[Step]:
@@ -386,6 +405,12 @@ class _Graph:
                 what = ("Arguments must be valid step classes (Step subclasses" if len(classes) > 1
                         else "Argument must be a valid step class (a Step subclass")
                 raise self.error(transition, f"{what} defining execute(self)), got {klass!r}")
+            check_execute(klass)  # (again: execute may have been replaced after the class statement)
+            if options["timeout_us"] is not None and in_main_module(step_ref(klass)):
+                raise self.error(transition, f"{klass.__qualname__} is defined in __main__ and has "
+                                             "timeout=, so it runs in a child process, which cannot "
+                                             "import __main__: move it into an importable module",
+                                 MainModuleError)
         names = []
         for klass in classes:
             name = f"{klass.__name__}#{len(self.nodes)}"

@@ -8,7 +8,9 @@ The tree::
     │   ├── CombineError                  combine() without a matching divide()
     │   ├── CollapseError                 collapse() without a matching expand()
     │   ├── ConvergeError                 converge() without a matching divert()
-    │   └── DivertError                   divert() without an "otherwise" target
+    │   ├── DivertError                   divert() without an "otherwise" target
+    │   ├── AsyncStepError                a Step subclass defines ``async def execute``
+    │   └── MainModuleError               a class in ``__main__`` triggered where other processes run steps
     ├── DurationError (ValueError)        a duration value cannot be parsed (no context)
     ├── ConfigError (ValueError)          ductwork.yml or a config value is wrong; names the path
     │   ├── InvalidPeriodError            a rate ``per`` is zero, sub-second, months/years or garbage
@@ -83,6 +85,23 @@ class ConvergeError(DefinitionError):
 
 class DivertError(DefinitionError):
     """``divert`` lacks an ``otherwise`` target or has a bad key."""
+
+
+class AsyncStepError(DefinitionError):
+    """A Step subclass defines ``async def execute``; raised when the class is created.
+
+    ``AsyncStepError("Fetch", "execute", reason)`` reads ``Fetch.execute: async steps are
+    not supported yet …``. Nothing would await the coroutine, so the step could never run.
+    """
+
+
+class MainModuleError(DefinitionError):
+    """A pipeline or step class lives in ``__main__``, which no other process can import.
+
+    Raised by ``trigger`` when worker processes of another OS process are alive on the
+    database, and when the class is created for a step with ``timeout=`` (which always
+    runs in a child process). The fix is to move the class into an importable module.
+    """
 
 
 # --------------------------------------------------------------------------- configuration

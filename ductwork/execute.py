@@ -21,9 +21,12 @@ Rescue layering, one owner per failure:
 - running past ``timeout=`` is **timed_out** (counts like a failure); the step
   ran in a child process, which is killed and reaped *before* the outcome is
   recorded, so a freed slot never has code still running behind it [INV-EXE-5];
-- anything else — the class cannot be imported or built, ductwork's own code
-  raised, the thread is leaving — is a **crash** of the execution, re-run within
-  ``max_crash``.
+- a step that can never run as stored — its class cannot be resolved (imported),
+  or its stored input does not bind to its ``__init__`` — is **invalid**: recorded
+  once, never retried, its branch halts ``job_invalid`` [INV-EXE-4];
+- anything else — the step's ``__init__`` raised, ductwork's own code raised, the
+  thread is leaving, the process died — is a **crash** of the execution, re-run
+  within ``max_crash``.
 
 Steps without ``timeout=`` run in the worker's thread: Python threads cannot be
 killed, so only a process kill stops them.
@@ -43,11 +46,11 @@ from ductwork import faults, payloads
 from ductwork.advance import advance_on_success
 from ductwork.context import Context
 from ductwork.claims import claim_next_batch, hand_off as claim_hand_off, seconds_to_next_token
-from ductwork.definition import resolve_step
+from ductwork.definition import in_main_module, resolve_step
 from ductwork.dialects import retry_transient
 from ductwork.errors import CommitFailed, StepReturnError
-from ductwork.executions import (Claimed, ErrorInfo, Output, Success, record_crash, record_failure, record_success,
-                                 record_successes)
+from ductwork.executions import (MESSAGE_LIMIT, Claimed, ErrorInfo, Output, Success, record_crash, record_failure,
+                                 record_invalid, record_success, record_successes)
 
 if TYPE_CHECKING:
     from ductwork.app import App
@@ -64,15 +67,29 @@ class Performed:
 
     execution_id: str
     node: str
-    outcome: str  # success | failure | timed_out | process_crashed | commit_failed
+    outcome: str  # success | failure | timed_out | invalid | process_crashed | commit_failed
 
 
 class BuildFailed(Exception):
-    """The step could not be constructed (import, arguments, ``__init__``): a crash, not a failure."""
+    """The step's ``__init__`` raised, or its child process never ran it: a crash, not a failure."""
 
     def __init__(self, info: ErrorInfo):
         self.info = info
         super().__init__(info.message)
+
+
+class StepInvalid(Exception):
+    """The step can never run as stored (its class does not resolve, its input does not
+    bind): recorded ``invalid`` once, and the step fails at once (no retry, no re-run)."""
+
+    def __init__(self, info: ErrorInfo):
+        self.info = info
+        super().__init__(info.message)
+
+
+#: added to the reason when a class of ``__main__`` does not resolve in a worker
+_MAIN_HINT = ("; it is defined in __main__ (a script), which only the process running that "
+              "script can resolve: move it into an importable module")
 
 
 class StepTimedOut(Exception):
@@ -87,13 +104,10 @@ class ChildStepError(Exception):
         super().__init__(info.message)
 
 
-class ReturnRejected(Exception):
+class ReturnRejected(StepInvalid):
     """The step's return value cannot be stored (a :class:`StepReturnError`, in this
-    process or in the step's child): it fails the execution once, without a retry."""
-
-    def __init__(self, info: ErrorInfo):
-        self.info = info
-        super().__init__(info.message)
+    process or in the step's child): the same code would return it again, so it is an
+    ``invalid`` execution too, and its branch halts with the error's own reason."""
 
 
 def returned(klass: str, value: Any) -> str:
@@ -126,13 +140,29 @@ def batch_for(pace_s: float, window_s: float, size: int) -> int:
 
 
 def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str) -> Any:
-    """Construct the user's step with its identity bound; errors become :class:`BuildFailed`."""
+    """Construct the user's step with its identity bound.
+
+    Raises :class:`StepInvalid` when the class does not resolve or the stored input
+    does not bind to its ``__init__`` (neither can change by running again), and
+    :class:`BuildFailed` when ``__init__`` itself raised (a crash, re-run).
+    """
     try:
         cls = resolve_step(klass)
+    except Exception as error:  # noqa: BLE001 - whatever importing the module raised
+        info = ErrorInfo.of(error)
+        if in_main_module(klass):
+            message = info.message[:MESSAGE_LIMIT - len(_MAIN_HINT)] + _MAIN_HINT
+            info = ErrorInfo(info.klass, message, info.backtrace)
+        raise StepInvalid(info) from error
+    try:
         args = json.loads(input_json)
+        cls._ductwork_bind(args)
+    except (TypeError, ValueError) as error:
+        raise StepInvalid(ErrorInfo.of(error)) from error
+    try:
         # [INV-EXE-3] the key is the step row's id: the same for every execution of the step
         return cls._ductwork_build(args, step_id, run_id, Context(app, run_id))
-    except Exception as error:  # noqa: BLE001 - any construction error is a crash, never lost
+    except Exception as error:  # noqa: BLE001 - an error in __init__ is a crash, never lost
         raise BuildFailed(ErrorInfo.of(error)) from error
 
 
@@ -302,6 +332,9 @@ class Worker:
                 output = self._invoke(claimed, definition)
                 self._paced(time.monotonic() - started)
                 faults.hit(faults.DURING_JOB_EXECUTION)
+            except StepInvalid as invalid:  # can never succeed: fail the step at once [INV-EXE-4]
+                retry_transient(lambda: record_invalid(self.app, claimed, invalid.info))
+                return "invalid"
             except BuildFailed as failed:
                 info = failed.info
                 retry_transient(lambda: record_crash(self.app, claimed.execution_id, claimed.process_id,
@@ -312,9 +345,6 @@ class Worker:
                 return "timed_out"
             except ChildStepError as error:
                 retry_transient(lambda: record_failure(self.app, claimed, error.info))
-                return "failure"
-            except ReturnRejected as rejected:  # the same code returns the same value: no retry
-                retry_transient(lambda: record_failure(self.app, claimed, rejected.info, retry=False))
                 return "failure"
             except Exception as error:  # noqa: BLE001 - the step's own failure: retried, never lost
                 info = ErrorInfo.of(error)

@@ -18,7 +18,8 @@ What follows in the same transaction: success keeps the output and moves the ste
 to ``advancing``; a failure or timeout enqueues a retry while ``retry_count <
 max_retry`` (never for a return value that cannot be stored: it would recur); a crash enqueues a re-run while ``crash_count < max_crash`` (at once
 for the first third of the budget, then backing off by 10 s per crash); a spent
-budget marks the step ``failed`` [INV-EXE-4]. The code that ran is not stopped
+budget marks the step ``failed``, and so does an ``invalid`` execution (one that
+can never succeed) at once [INV-EXE-4]. The code that ran is not stopped
 here: a caller that knows it may still run must stop it first [INV-EXE-5].
 """
 
@@ -276,11 +277,10 @@ def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claime
 
 
 def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo, *,
-                   outcome: str = "failure", retry: bool = True) -> bool:
+                   outcome: str = "failure") -> bool:
     """Record a failure or timeout and enqueue a retry or fail the step. Raises CommitFailed.
 
-    Returns True when a retry was enqueued. ``retry=False``: a failure that would recur
-    (a return value that cannot be stored) fails the step at once, budget or not.
+    Returns True when a retry was enqueued.
     """
     assert outcome in ("failure", "timed_out"), outcome
     max_retry = app.config.job_worker.max_retry_for(claimed.pipeline_klass, claimed.klass)
@@ -288,7 +288,7 @@ def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo,
         info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, outcome, info):
             raise CommitFailed(claimed.execution_id, claimed.process_id)
-        if retry and claimed.retry_count < max_retry:  # [INV-EXE-4]
+        if claimed.retry_count < max_retry:  # [INV-EXE-4]
             delay = timedelta(seconds=app.config.job_worker.retry_delay)
             tx.execute(schema.executions.insert().values(**new_execution_row(
                 claimed.job_id, claimed.limit_key, tx.now + delay, claimed.retry_count + 1,
@@ -296,6 +296,24 @@ def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo,
             return True
         _mark_failed(tx, claimed.step_id)
         return False
+
+
+def record_invalid(app: App, claimed: Claimed, error: BaseException | ErrorInfo) -> None:
+    """Record an execution that can never succeed (outcome ``invalid``) and fail its step.
+
+    For a step that cannot run as stored (its class does not resolve, or its input
+    does not bind to ``__init__``) and for a return value that cannot be stored (not
+    JSON, too large, not a list before ``expand``). Running it again would end the same
+    way, so no retry or re-run is enqueued whatever budget is left; the step becomes
+    ``failed`` in this transaction and an advancer halts its branch ``job_invalid``,
+    ``step_return_invalid`` or ``payload_too_large`` (``advance.job_halt_reason``)
+    [INV-EXE-4]. Raises CommitFailed, as :func:`record_failure` does.
+    """
+    with app.begin() as tx:
+        info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
+        if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "invalid", info):
+            raise CommitFailed(claimed.execution_id, claimed.process_id)
+        _mark_failed(tx, claimed.step_id)  # [INV-EXE-4] no budget applies: it cannot succeed
 
 
 def record_crash(app: App, execution_id: str, owner: str | None, error_klass: str, message: str,

@@ -19,8 +19,15 @@ from __future__ import annotations
 import inspect
 from typing import Any, ClassVar
 
-from ductwork.definition import Definition, PipelineBuilder, build_definition, register_class
-from ductwork.errors import DefinitionError
+from ductwork.definition import (
+    Definition,
+    PipelineBuilder,
+    build_definition,
+    main_module_refs,
+    referenced_class,
+    register_class,
+)
+from ductwork.errors import DefinitionError, InputError, MainModuleError
 
 
 class Pipeline:
@@ -55,13 +62,40 @@ class Pipeline:
     def trigger(cls, *args: Any, app: Any = None) -> Any:
         """Start a run with ``args`` as the first step's input; returns the run handle.
 
-        ``app`` defaults to the last ``ductwork.connect``. Raises DefinitionError on an
-        abstract pipeline before touching the database.
+        ``app`` defaults to the last ``ductwork.connect``. Checked before anything is
+        written: DefinitionError on an abstract pipeline (no database touched);
+        :class:`~ductwork.errors.InputError` when ``args`` do not bind to the first
+        step's ``__init__`` (``trigger(1, 2, 3)`` for ``__init__(self, since)``);
+        :class:`~ductwork.errors.MainModuleError` when the pipeline or a step class is
+        defined in ``__main__`` while job workers of another process are alive on the
+        database (they could never import it). Not checked: the later steps' inputs
+        (they are outputs, known only at run time) and workers started after this call.
         """
-        if cls.definition is None:
+        definition = cls.definition
+        if definition is None:
             raise DefinitionError(cls.__name__, "trigger",
                                   "Must define pipeline before triggering "
                                   "(override the classmethod define)")
+        bind = getattr(referenced_class(definition.nodes[definition.start].klass), "_ductwork_bind", None)
+        if bind is not None:  # (a definition read from a snapshot may name a class not loaded here)
+            try:
+                bind(args)
+            except TypeError as error:
+                raise InputError(f"{cls.__name__}.trigger: {error}") from None
         from ductwork.runs import trigger_run
 
+        refs = main_module_refs(definition)
+        if refs:
+            from ductwork.app import default_app
+            from ductwork.processes import other_job_workers
+
+            app = app or default_app()
+            workers = other_job_workers(app)
+            if workers:
+                raise MainModuleError(
+                    cls.__name__, "trigger",
+                    f"{', '.join(refs)} {'is' if len(refs) == 1 else 'are'} defined in __main__ (the "
+                    f"script this process runs), which the {workers} job worker process(es) on this "
+                    "database cannot import: move the classes into a module they can import (and "
+                    "import them from there)")
         return trigger_run(app, cls, list(args))

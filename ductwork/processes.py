@@ -138,3 +138,22 @@ def alive(app: App, process_id: str) -> bool:
         return tx.execute(
             sa.select(schema.processes.c.id).where(schema.processes.c.id == process_id)
         ).first() is not None
+
+
+def other_job_workers(app: App) -> int:
+    """How many job worker processes other than this OS process are alive on the database.
+
+    Alive: a ``job_worker`` row whose heartbeat is younger than ``supervisor.reaper_timeout``
+    (the reaper's own test). Rows of this process (same host and pid: threads or an
+    embedded runner) do not count. A snapshot: a worker may start right after.
+    """
+    p = schema.processes
+    with app.begin(readonly=True) as tx:
+        since = tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout)
+        return int(tx.execute(
+            sa.select(sa.func.count()).select_from(p)
+            .where(p.c.role == "job_worker",
+                   p.c.last_heartbeat_at > since,  # alive, as the reaper judges it
+                   sa.not_(sa.and_(p.c.machine_identifier == machine_identifier(),
+                                   p.c.pid == os.getpid())))  # not this process
+        ).scalar_one())

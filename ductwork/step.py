@@ -16,7 +16,11 @@ detect side effects itself.
 
 from __future__ import annotations
 
+import inspect
+import reprlib
 from typing import Any, Sequence
+
+from ductwork.errors import AsyncStepError, DefinitionError
 
 _UNBOUND = "is only available while ductwork runs the step (build it with the engine, not Step())"
 
@@ -34,6 +38,12 @@ class Step:
     (``Double(2)``, e.g. in a unit test) is unbound: both properties raise
     ``RuntimeError``. ``execute`` takes no arguments; definitions reject a class whose
     ``execute`` needs any.
+
+    Checked when the subclass is created: an ``execute`` it defines or inherits must be
+    callable and a plain function: ``async def execute`` (or an async generator) raises
+    :class:`~ductwork.errors.AsyncStepError`, since nothing would await it. A subclass
+    that does not override ``execute`` is allowed (an abstract base); definitions
+    reject it.
     """
 
     #: set by the engine before ``__init__``; None on an instance built directly
@@ -43,6 +53,34 @@ class Step:
     #: the run-scoped Context object the engine passed; None when unbound
     _ductwork_context: Any = None
 
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        check_execute(cls)
+
+    @classmethod
+    def _ductwork_bind(cls, args: Sequence[Any]) -> None:
+        """Engine seam, not API: raise ``TypeError`` if ``__init__`` cannot take ``args``.
+
+        Binds the arguments to ``__init__``'s signature without calling it, so a step
+        that can never be built from this input (``trigger(1, 2, 3)`` for a one-argument
+        step) is told apart from an ``__init__`` that raised. Nothing is checked when
+        the signature cannot be read (a C-level ``__init__``).
+        """
+        init = cls.__init__
+        if init is object.__init__:  # object.__init__ refuses any argument here
+            signature = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)])
+        else:
+            try:
+                signature = inspect.signature(init)
+            except (TypeError, ValueError):
+                return
+        try:
+            signature.bind(None, *args)  # None stands for self
+        except TypeError as error:
+            takes = signature.replace(parameters=list(signature.parameters.values())[1:])
+            raise TypeError(f"{cls.__name__}{takes} cannot take the arguments "
+                            f"{reprlib.repr(tuple(args))}: {error}") from None
+
     @classmethod
     def _ductwork_build(
         cls, args: Sequence[Any], step_id: Any, run_id: Any, context: Any
@@ -50,7 +88,8 @@ class Step:
         """Engine seam, not API: allocate, bind ids and context, then ``__init__(*args)``.
 
         Errors raised by the user's ``__init__`` propagate unchanged (the engine counts
-        them as a crash of this execution, as the Ruby engine does).
+        them as a crash of this execution, as the Ruby engine does); arguments that do
+        not bind are told apart beforehand by :meth:`_ductwork_bind`.
         """
         step = cls.__new__(cls)
         step._ductwork_step_id = str(step_id)
@@ -76,3 +115,24 @@ class Step:
     def execute(self) -> Any:
         """Do the step's work and return its output; override this. May run more than once."""
         raise NotImplementedError(f"{type(self).__name__} must override execute(self)")
+
+
+def check_execute(cls: type) -> None:
+    """Raise if ``cls.execute`` can never run as a step's work; an un-overridden one passes.
+
+        >>> class Fetch(Step):
+        ...     async def execute(self): ...
+        Traceback (most recent call last):
+        AsyncStepError: Fetch.execute: async steps are not supported yet ...
+    """
+    raw = inspect.getattr_static(cls, "execute", None)
+    if raw is Step.__dict__["execute"]:
+        return
+    function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    if not callable(function):
+        raise DefinitionError(cls.__name__, "execute", f"execute must be a method, got {raw!r}")
+    if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+        kind = "an async generator" if inspect.isasyncgenfunction(function) else "a coroutine function"
+        raise AsyncStepError(cls.__name__, "execute",
+                             f"async steps are not supported yet (execute is {kind}, so nothing would "
+                             "await it); define a plain `def execute(self)`")

@@ -37,7 +37,7 @@ from model.limits import (
     RateEntry,
     Restarted,
 )
-from model.pipelines import FAN_IN, PipelinesModel, canonical_json, render_key, resolve_run_status
+from model.pipelines import FAN_IN, PipelinesModel, canonical_json, job_halt_reason, render_key, resolve_run_status
 
 __all__ = [
     "INVARIANT_FUNCTIONS",
@@ -556,8 +556,8 @@ def inv_exe_3_idempotency_keys(model: PipelinesModel) -> None:
 
 def inv_exe_4_budgets(model: PipelinesModel) -> None:
     """Retries ≤ ``max_retry``, crashes ≤ ``max_crash``; then the step fails and the branch halts
-    with the matching reason. A return value that cannot be stored is never retried: the
-    step fails at once and the branch halts ``step_return_invalid``.
+    with the matching reason. An ``invalid`` execution (the step cannot run as stored, or its
+    return value cannot be stored) is the step's last: it fails at once.
 
     Re-derives each execution's counters and eligibility from its predecessor's
     outcome (retry: ``+retry_delay``; crash: at once while ``crash_count ≤
@@ -573,7 +573,7 @@ def inv_exe_4_budgets(model: PipelinesModel) -> None:
             if prev.outcome == "process_crashed":
                 want = (prev.retry_count, prev.crash_count + 1)
                 delay = 0 if want[1] <= cfg.max_crash // 3 else want[1] * cfg.crash_delay_us
-            elif prev.outcome in ("failure", "timed_out") and not prev.return_rejected:
+            elif prev.outcome in ("failure", "timed_out"):  # (after "invalid" nothing may follow)
                 want, delay = (prev.retry_count + 1, prev.crash_count), cfg.retry_delay_us
             else:
                 _fail("INV-EXE-4", f"step {step.id}: execution {nxt.id} follows {prev.outcome} {prev.id}")
@@ -591,8 +591,7 @@ def inv_exe_4_budgets(model: PipelinesModel) -> None:
         if spent != (step.status == "failed"):
             _fail("INV-EXE-4", f"step {step.id} is {step.status} after last execution {last.id} {last.outcome}")
         if spent and branch.status == "halted":
-            want = ("job_crashes_exhausted" if last.outcome == "process_crashed"
-                    else "step_return_invalid" if last.return_rejected else "job_retries_exhausted")
+            want = job_halt_reason(last.outcome, last.return_rejected)
             if branch.halt_reason != want and branch.halt_reason not in _ADVANCER_HALTS:
                 _fail("INV-EXE-4", f"branch {branch.id} halted {branch.halt_reason}, expected {want}")
 

@@ -90,11 +90,11 @@ class CrashBudgetOffByOne(PipelinesModel):
         return super()._may_retry(execution)
 
 
-class ReturnErrorRetried(PipelinesModel):
-    """A return value that cannot be stored is retried like any failure (it would recur)."""
+class InvalidRetried(PipelinesModel):
+    """An ``invalid`` execution is retried within the retry budget, like a failure."""
 
     def _may_retry(self, execution: Execution) -> bool:
-        if execution.return_rejected:
+        if execution.outcome == "invalid":
             return execution.retry_count < self.config.max_retry
         return super()._may_retry(execution)
 
@@ -128,6 +128,6 @@ MUTANTS = (
     Mutant("stale_token_accepted", "pipelines", StaleTokenAccepted, ("INV-ADV-2",)),
     Mutant("expand_cursor_lost", "pipelines", ExpandCursorLost, ("INV-ADV-4", "INV-ADV-1")),
     Mutant("crash_budget_off_by_one", "pipelines", CrashBudgetOffByOne, ("INV-EXE-4",)),
-    Mutant("return_error_retried", "pipelines", ReturnErrorRetried, ("INV-EXE-4",)),
+    Mutant("invalid_retried", "pipelines", InvalidRetried, ("INV-EXE-4",)),
     Mutant("context_overwrite_allowed", "pipelines", ContextOverwriteAllowed, ("INV-CTX-1",)),
 )

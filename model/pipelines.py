@@ -44,6 +44,7 @@ __all__ = [
     "FAILURE",
     "FAN_IN",
     "FAN_OUT",
+    "INVALID",
     "NO_INPUT",
     "TIMED_OUT",
     "Branch",
@@ -57,6 +58,7 @@ __all__ = [
     "Step",
     "canonical_json",
     "is_json_value",
+    "job_halt_reason",
     "render_key",
     "resolve_run_status",
     "run_to_quiescence",
@@ -129,14 +131,25 @@ def render_key(value: Any) -> str | None:
 @dataclass(frozen=True)
 class Outcome:
     """What one execution ended with: ``success`` (with ``value``), ``failure``,
-    ``timed_out`` or ``process_crashed``."""
+    ``timed_out``, ``invalid`` (the step can never run as stored: its class does not
+    resolve or its input does not bind) or ``process_crashed``."""
 
     kind: str
     value: Any = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("success", "failure", "timed_out", "process_crashed"):
+        if self.kind not in ("success", "failure", "timed_out", "invalid", "process_crashed"):
             raise PreconditionError(f"unknown outcome kind {self.kind!r}")
+
+
+def job_halt_reason(outcome: str | None, return_rejected: bool = False) -> str:
+    """The halt reason of a branch whose step failed, from its last execution: its outcome,
+    and for an ``invalid`` one whether the step's return value was rejected."""
+    if outcome == "process_crashed":
+        return "job_crashes_exhausted"
+    if outcome == "invalid":
+        return "step_return_invalid" if return_rejected else "job_invalid"
+    return "job_retries_exhausted"
 
 
 def success(value: Any) -> Outcome:
@@ -146,6 +159,7 @@ def success(value: Any) -> Outcome:
 
 FAILURE = Outcome("failure")
 TIMED_OUT = Outcome("timed_out")
+INVALID = Outcome("invalid")
 CRASH = Outcome("process_crashed")
 
 # --------------------------------------------------------------------------- definitions
@@ -241,9 +255,9 @@ class Execution:
 
     @property
     def return_rejected(self) -> bool:
-        """A failure because the return value cannot be stored: it would recur, so it is
-        never retried and its branch halts ``step_return_invalid`` (semantics §4)."""
-        return self.outcome == "failure" and (self.error or "").startswith("StepReturnError")
+        """An ``invalid`` execution because the return value cannot be stored: it would
+        recur, so it is never retried and its branch halts ``step_return_invalid`` (semantics §4)."""
+        return self.outcome == "invalid" and (self.error or "").startswith("StepReturnError")
 
 
 @dataclass
@@ -481,12 +495,13 @@ class PipelinesModel:
         Raises ``CommitFailed`` if the execution is already completed (its
         outcome is recorded at most once [INV-EXE-2]) and ``PreconditionError``
         if it is not eligible yet. A success whose value is not JSON, or not a
-        list on an ``expand`` edge, is recorded as ``failure`` (StepReturnError) and
+        list on an ``expand`` edge, is recorded as ``invalid`` (StepReturnError) and
         fails the step at once. Other failures and timeouts retry while ``retry_count < max_retry`` after
         ``retry_delay``; a crash retries while ``crash_count < max_crash``, at
         once for the first ``max_crash // 3`` crashes, then after
         ``(crash_count + 1) × crash_delay``; past the budget the step fails
-        [INV-EXE-4].
+        [INV-EXE-4]. An ``invalid`` execution fails the step at once, whatever
+        budget is left: running it again could not end otherwise.
         """
         execution = self.executions.get(exec_id)
         if execution is None or execution.state != "pending":
@@ -499,9 +514,9 @@ class PipelinesModel:
         if kind == "success":
             edge = definition.edge(step.node)
             if not is_json_value(outcome.value):
-                kind, error = "failure", f"StepReturnError: {step.node} returned {type(outcome.value).__name__}"
+                kind, error = "invalid", f"StepReturnError: {step.node} returned {type(outcome.value).__name__}"
             elif edge is not None and edge["type"] == "expand" and type(outcome.value) is not list:
-                kind, error = "failure", f"StepReturnError: {step.node} must return a list, not {type(outcome.value).__name__}"
+                kind, error = "invalid", f"StepReturnError: {step.node} must return a list, not {type(outcome.value).__name__}"
         execution.state, execution.outcome, execution.error = "completed", kind, error
         execution.completed_at_us = self.now_us
         self.outcomes.append((exec_id, kind))  # [INV-EXE-2] recorded once, guarded above
@@ -509,7 +524,7 @@ class PipelinesModel:
             step.output, step.status = copy.deepcopy(outcome.value), "advancing"
             return
         retry, crash = execution.retry_count, execution.crash_count
-        if not self._may_retry(execution):  # [INV-EXE-4] budget spent
+        if not self._may_retry(execution):  # [INV-EXE-4] budget spent, or invalid
             step.status = "failed"
         elif kind in ("failure", "timed_out"):
             self._new_execution(step, retry + 1, crash, self.now_us + self.config.retry_delay_us)
@@ -554,9 +569,7 @@ class PipelinesModel:
             return self._halt(branch, token, "advancer_crashes_exhausted", step_completed=True)
         if step.status == "failed":
             last = self.executions[step.executions[-1]]
-            reason = ("job_crashes_exhausted" if last.outcome == "process_crashed"
-                      else "step_return_invalid" if last.return_rejected else "job_retries_exhausted")
-            return self._halt(branch, token, reason, step_completed=False)
+            return self._halt(branch, token, job_halt_reason(last.outcome, last.return_rejected), step_completed=False)
         edge = run.definition.edge(step.node)
         kind = "leaf" if edge is None else edge["type"]
         if kind == "leaf" or (kind == "expand" and not step.output):
@@ -717,9 +730,8 @@ class PipelinesModel:
         return branch.status == "advancing" and branch.claim_token == token
 
     def _may_retry(self, execution: Execution) -> bool:
-        """Budget left after this execution's non-success outcome [INV-EXE-4]; none after a
-        return value that cannot be stored (it would be returned again)."""
-        if execution.return_rejected:
+        """Budget left after this execution's non-success outcome [INV-EXE-4]."""
+        if execution.outcome == "invalid":  # it cannot succeed: no budget applies
             return False
         if execution.outcome == "process_crashed":
             return execution.crash_count < self.config.max_crash

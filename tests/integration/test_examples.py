@@ -255,9 +255,9 @@ def test_links_between_pages_resolve():
 
 def _env(workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
-    # The page's directory first; an inherited PYTHONPATH (a checkout that must win over
-    # an installed ductwork) stays behind it, so commands run this checkout's code.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), os.environ.get("PYTHONPATH")) if p)
+    # The page's directory first, then this checkout (its ductwork, not whichever one is
+    # installed), then an inherited PYTHONPATH, so commands run this checkout's code.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), str(REPO), os.environ.get("PYTHONPATH")) if p)
     return env
 
 

@@ -162,7 +162,7 @@ def test_a_return_value_one_byte_longer_fails_once_and_halts(app):
     assert run.refresh().status == "halted"
     assert run.halt_reasons == ["payload_too_large"]
     rows = _executions(app, run)
-    assert [(r.outcome, r.error_klass) for r in rows] == [("failure", "ductwork.errors.PayloadTooLargeError")]
+    assert [(r.outcome, r.error_klass) for r in rows] == [("invalid", "ductwork.errors.PayloadTooLargeError")]
     assert rows[0].error_message == (
         f"tests.integration.test_payloads:Quotes returned str: {MAX_PAYLOAD_BYTES + 2:,} bytes of JSON, "
         f"more than the maximum of {MAX_PAYLOAD_BYTES:,} (MAX_PAYLOAD_BYTES)")
@@ -198,7 +198,7 @@ def test_nan_breaks_the_same_rule_at_trigger_as_at_return(app):
     run = NanP.trigger(1)
     drain(app, timeout=60)
     rows = _executions(app, run)
-    assert [(r.outcome, r.error_klass) for r in rows] == [("failure", "ductwork.errors.NotJSONError")]
+    assert [(r.outcome, r.error_klass) for r in rows] == [("invalid", "ductwork.errors.NotJSONError")]
     at_return = rows[0].error_message
     assert at_return.startswith("tests.integration.test_payloads:ReturnsNan returned float: not JSON-serialisable")
     assert at_return.split(": ", 1)[1] == at_trigger.split(": ", 1)[1]  # same reason, same words
@@ -210,7 +210,7 @@ def test_a_bad_return_in_a_timeout_child_is_not_retried_either(app):
     drain(app, timeout=120)
     assert run.refresh().halt_reasons == ["step_return_invalid"]
     rows = _executions(app, run)
-    assert [(r.outcome, r.error_klass) for r in rows] == [("failure", "ductwork.errors.NotJSONError")]
+    assert [(r.outcome, r.error_klass) for r in rows] == [("invalid", "ductwork.errors.NotJSONError")]
 
 
 def test_context_values_follow_the_same_rule(app):

@@ -365,7 +365,7 @@ def test_non_json_return_fails_the_execution_naming_step_and_type(app):
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
     rows = _executions(app, run)
-    assert [r.outcome for r in rows] == ["failure"]  # it would recur: not retried (max_retry 2)
+    assert [r.outcome for r in rows] == ["invalid"]  # it would recur: not retried (max_retry 2)
     assert rows[0].error_klass == "ductwork.errors.NotJSONError"
     assert "test_pipelines:NotJson returned set: not JSON-serialisable" in rows[0].error_message
     assert _halt_reasons(app, run) == ["step_return_invalid"]
@@ -376,7 +376,7 @@ def test_expand_of_a_non_list_fails_the_step(app):
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
     rows = _executions(app, run)
-    assert [(r.outcome, r.error_klass) for r in rows] == [("failure", "ductwork.errors.StepReturnError")]
+    assert [(r.outcome, r.error_klass) for r in rows] == [("invalid", "ductwork.errors.StepReturnError")]
     assert "must return a list" in rows[0].error_message
     assert _halt_reasons(app, run) == ["step_return_invalid"]
 

@@ -6,7 +6,8 @@ classes (``tests.properties.oracle_steps:Fetch`` …) and an oracle
 with :func:`install` what to do, given its node and how many executions of it
 already ended (read from the database, as the model counts them), and then
 returns the value, raises (a failure), raises ``StepTimedOut`` as the timeout
-path does, or raises :class:`SimulatedCrash` (a ``BaseException``: the worker's
+path does, raises ``StepInvalid`` as an unresolvable class or unbindable input
+does, or raises :class:`SimulatedCrash` (a ``BaseException``: the worker's
 cleanup records the execution as crashed, exactly as a dying thread would).
 """
 
@@ -34,7 +35,8 @@ class OracleStep(Step):
         self.args = list(args)
 
     def execute(self):
-        from ductwork.execute import StepTimedOut
+        from ductwork.execute import StepInvalid, StepTimedOut
+        from ductwork.executions import ErrorInfo
 
         app, oracle = _current["app"], _current["oracle"]
         s, j, e = schema.steps, schema.jobs, schema.executions
@@ -50,6 +52,8 @@ class OracleStep(Step):
             raise RuntimeError(f"oracle: {node} fails attempt {attempt}")
         if outcome.kind == "timed_out":
             raise StepTimedOut(f"oracle: {node} times out on attempt {attempt}")
+        if outcome.kind == "invalid":  # as a class that does not resolve or input that does not bind
+            raise StepInvalid(ErrorInfo("builtins.TypeError", f"oracle: {node} is invalid", None))
         raise SimulatedCrash(f"oracle: {node} crashes on attempt {attempt}")
 
 

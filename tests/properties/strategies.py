@@ -59,7 +59,9 @@ CLASS_POOL = ("Fetch", "Push", "Record", "Check", "Split")
 DIVERT_KEYS = (("a", "a"), ("true", True), ("", None), ("7", 7), ("1.0", 1.0), ("false", False))
 #: outputs that match no key and so take ``otherwise``
 UNMATCHED = (["a"], "zzz", 2.5, {"k": 1})
-FAULTS = ("failure", "timed_out", "process_crashed")
+FAULTS = ("failure", "timed_out", "process_crashed", "invalid")
+#: what a fault is drawn from: ``invalid`` ends the step's branch at once, so it is rarer
+_FAULT_DRAW = ("failure", "timed_out", "process_crashed") * 3 + ("invalid",)
 
 # --------------------------------------------------------------------------- limits
 
@@ -266,7 +268,7 @@ def oracles(draw, definition: Mapping[str, Any]) -> Oracle:
             choices = tuple(by_key[k] for k in edge["to"] if k != "otherwise") + (draw(st.sampled_from(UNMATCHED)),)
         plans[node] = NodePlan(
             kind=kind,
-            faults=tuple(draw(st.lists(st.sampled_from(FAULTS), max_size=3))),
+            faults=tuple(draw(st.lists(st.sampled_from(_FAULT_DRAW), max_size=3))),
             unlucky=draw(st.integers(0, 4)),
             max_items=draw(st.integers(0, 4)) if kind == "list" else 2,
             choices=choices,

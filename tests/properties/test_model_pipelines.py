@@ -25,12 +25,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from model.errors import CommitFailed, OverwriteError, StaleClaim
 from model.invariants import INVARIANT_FUNCTIONS, check_all
-from model.pipelines import CRASH, FAILURE, NO_INPUT, TIMED_OUT, PipelinesModel, run_to_quiescence, success
+from model.pipelines import (CRASH, FAILURE, INVALID, NO_INPUT, TIMED_OUT, PipelinesModel, run_to_quiescence,
+                             success)
 from tests.properties.strategies import pipeline_configs, pipeline_scenarios
 
 #: steps per example: 40 keeps the ci profile at a few seconds; deep explores longer runs
 STEPS = 100 if os.environ.get("HYPOTHESIS_PROFILE") == "deep" else 40
-FORCED = {"failure": FAILURE, "timed_out": TIMED_OUT, "crash": CRASH, "not_json": success(object())}
+FORCED = {"failure": FAILURE, "timed_out": TIMED_OUT, "crash": CRASH, "invalid": INVALID,
+          "not_json": success(object())}
 HOW = st.sampled_from(["oracle"] * 8 + list(FORCED))
 ADVANCER = st.sampled_from(["advance"] * 6 + ["crash", "error", "transition_error"])
 

@@ -529,6 +529,14 @@ def test_define_must_be_a_classmethod():
 # --------------------------------------------------------------------------- pipeline and step
 
 
+class TakesTwo(Step):
+    def __init__(self, n, s):
+        self.n, self.s = n, s
+
+    def execute(self):
+        return self.n
+
+
 def test_abstract_pipeline_and_trigger(monkeypatch):
     class Base(Pipeline):
         pass
@@ -536,7 +544,7 @@ def test_abstract_pipeline_and_trigger(monkeypatch):
     class Concrete(Base):
         @classmethod
         def define(cls, pipeline):
-            pipeline.start(A)
+            pipeline.start(TakesTwo)
 
     class Derived(Concrete):
         pass

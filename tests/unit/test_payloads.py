@@ -66,9 +66,11 @@ def test_fan_in_size_is_the_length_of_the_list_the_fan_in_builds(outputs):
     ("process_crashed", None, "job_crashes_exhausted"),
     ("failure", "builtins.ValueError", "job_retries_exhausted"),
     ("timed_out", "ductwork.execute.StepTimedOut", "job_retries_exhausted"),
-    ("failure", "ductwork.errors.StepReturnError", "step_return_invalid"),
-    ("failure", "ductwork.errors.NotJSONError", "step_return_invalid"),
-    ("failure", "ductwork.errors.PayloadTooLargeError", "payload_too_large"),
+    ("invalid", "ductwork.errors.StepReturnError", "step_return_invalid"),
+    ("invalid", "ductwork.errors.NotJSONError", "step_return_invalid"),
+    ("invalid", "ductwork.errors.PayloadTooLargeError", "payload_too_large"),
+    ("invalid", "builtins.ModuleNotFoundError", "job_invalid"),
+    ("failure", "ductwork.errors.PayloadTooLargeError", "job_retries_exhausted"),  # raised by the step itself
     (None, None, "job_retries_exhausted"),
 ])
 def test_halt_reasons_of_a_failed_step(outcome, error_klass, reason):

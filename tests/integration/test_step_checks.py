@@ -1,0 +1,203 @@
+"""Mistakes that can never succeed halt at once, on SQLite, PostgreSQL and MySQL.
+
+Checks: INV-EXE-4 (an ``invalid`` execution — its class does not resolve, or its
+stored input does not bind to ``__init__`` — fails its step at once, whatever budget
+is left, and the branch halts ``job_invalid`` after exactly one execution; an error
+raised inside ``__init__`` stays a crash: ``test_pipelines.py``). Also: ``trigger`` refuses arguments the
+first step cannot take, and classes of ``__main__`` while job workers of another
+process are alive, before writing anything. Workers and advancers are driven one
+``run_once`` at a time: nothing here waits for a retry or crash delay.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import Pipeline, Step, schema
+from ductwork.advance import Advancer
+from ductwork.errors import InputError, MainModuleError
+from ductwork.execute import Worker
+from ductwork.processes import register
+from ductwork.testing import drain
+
+
+class Since(Step):
+    def __init__(self, since):
+        self.since = since
+
+    def execute(self):
+        return self.since
+
+
+class NeedsTwo(Step):
+    """Chained after Since, it receives one argument: its input never binds."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def execute(self):  # pragma: no cover - never built
+        return self.first
+
+
+class SinceP(Pipeline):
+    @classmethod
+    def define(cls, pipeline):
+        pipeline.start(Since)
+
+
+class UnbindableP(Pipeline):
+    @classmethod
+    def define(cls, pipeline):
+        pipeline.start(Since).chain(to=NeedsTwo)
+
+
+def _counts(app):
+    with app.begin() as tx:
+        return {table.name: tx.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
+                for table in (schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions)}
+
+
+def _executions(app, run):
+    e, j, s = schema.executions, schema.jobs, schema.steps
+    with app.begin() as tx:
+        return tx.execute(
+            sa.select(s.c.node, s.c.status, e.c.outcome, e.c.completed_at, e.c.error_klass, e.c.error_message)
+            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+            .where(s.c.run_id == run.id).order_by(e.c.created_at, e.c.id)
+        ).all()
+
+
+def _retarget(app, run, klass):
+    """Make the run's steps name ``klass``, as a definition naming a class that is gone does."""
+    with app.begin() as tx:
+        step_ids = sa.select(schema.steps.c.id).where(schema.steps.c.run_id == run.id)
+        tx.execute(schema.jobs.update().where(schema.jobs.c.step_id.in_(step_ids)).values(klass=klass))
+        tx.execute(schema.steps.update().where(schema.steps.c.run_id == run.id).values(klass=klass))
+
+
+def _work_once(app):
+    """One worker claim (whatever it performs), then the advancer until it is idle."""
+    performed = Worker(app).run_once()
+    advancer = Advancer(app)
+    while advancer.run_once() != "idle":
+        pass
+    return performed
+
+
+# --------------------------------------------------------------------------- at trigger
+
+
+def test_trigger_with_arguments_the_first_step_cannot_take_writes_nothing(app):
+    with pytest.raises(InputError) as info:
+        SinceP.trigger(1, 2, 3)
+    assert str(info.value) == ("SinceP.trigger: Since(since) cannot take the arguments (1, 2, 3): "
+                               "too many positional arguments")
+    with pytest.raises(InputError, match="missing a required argument: 'since'"):
+        SinceP.trigger()
+    assert set(_counts(app).values()) == {0}
+
+
+def test_main_classes_are_refused_while_other_processes_run_job_workers(app):
+    script_step = type("ScriptStep", (Since,), {})
+    script_step.__module__ = "__main__"  # as if defined in a script run with `python script.py`
+
+    class ScriptP(Pipeline):
+        @classmethod
+        def define(cls, pipeline):
+            pipeline.start(script_step)
+
+    elsewhere = register(app, role="job_worker", label="elsewhere", pid=os.getpid() + 100_000)
+    with pytest.raises(MainModuleError) as info:
+        ScriptP.trigger(1)
+    assert str(info.value).startswith(
+        "ScriptP.trigger: __main__:ScriptStep is defined in __main__ (the script this process runs), "
+        "which the 1 job worker process(es) on this database cannot import: move the classes")
+    assert _counts(app) == {"ductwork_runs": 0, "ductwork_branches": 0, "ductwork_steps": 0,
+                            "ductwork_jobs": 0, "ductwork_executions": 0}
+
+    with app.begin() as tx:  # that worker is gone: only this process can run the steps
+        tx.execute(schema.processes.delete().where(schema.processes.c.id == elsewhere))
+    run = ScriptP.trigger(1)
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed" and run.steps()[-1].output == 1
+
+
+# --------------------------------------------------------------------------- at run time
+
+
+def test_a_class_that_does_not_resolve_halts_after_one_execution(app):
+    run = SinceP.trigger(1)
+    _retarget(app, run, f"{__name__}:Gone")
+    assert _work_once(app).outcome == "invalid"
+    assert _work_once(app) is None  # nothing re-queued: no retry, no re-run
+    assert run.refresh().status == "halted"
+    assert run.halt_reasons == ["job_invalid"]
+    [row] = _executions(app, run)
+    assert (row.status, row.outcome, row.error_klass) == ("failed", "invalid", "builtins.ImportError")
+    assert row.error_message == f"cannot resolve step class '{__name__}:Gone': module '{__name__}' has no 'Gone'"
+
+
+def test_a_module_that_raises_on_import_halts_after_one_execution(app, tmp_path, monkeypatch):
+    (tmp_path / "dw_mistakes_raises.py").write_text("raise RuntimeError('this module is broken')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = SinceP.trigger(1)
+    _retarget(app, run, "dw_mistakes_raises:Since")
+    assert _work_once(app).outcome == "invalid"
+    assert _work_once(app) is None
+    assert run.refresh().halt_reasons == ["job_invalid"]
+    [row] = _executions(app, run)
+    assert (row.outcome, row.error_klass, row.error_message) == (
+        "invalid", "builtins.RuntimeError", "this module is broken")
+
+
+def test_a_main_class_that_does_not_resolve_says_how_to_fix_it(app):
+    run = SinceP.trigger(1)
+    _retarget(app, run, "__main__:NotHere")  # what a worker of another process finds
+    assert _work_once(app).outcome == "invalid"
+    [row] = _executions(app, run)
+    assert row.error_message.endswith("; it is defined in __main__ (a script), which only the process "
+                                      "running that script can resolve: move it into an importable module")
+
+
+def test_stored_input_that_does_not_bind_halts_after_one_execution(app):
+    run = UnbindableP.trigger(1)
+    assert _work_once(app).outcome == "success"  # Since, then NeedsTwo([1]) is created
+    assert _work_once(app).outcome == "invalid"
+    assert _work_once(app) is None
+    assert run.refresh().status == "halted" and run.halt_reasons == ["job_invalid"]
+    rows = _executions(app, run)
+    assert [(r.node, r.outcome) for r in rows] == [("Since#0", "success"), ("NeedsTwo#1", "invalid")]
+    assert (rows[1].status, rows[1].error_klass) == ("failed", "builtins.TypeError")
+    assert rows[1].error_message == ("NeedsTwo(first, second) cannot take the arguments (1,): "
+                                     "missing a required argument: 'second'")
+
+
+def test_a_child_process_that_cannot_import_the_class_halts_after_one_execution(app, tmp_path, monkeypatch):
+    module = tmp_path / "dw_mistakes_child.py"
+    module.write_text("from ductwork import Step\n"
+                      "class Brittle(Step):\n"
+                      "    def __init__(self, n):\n"
+                      "        self.n = n\n"
+                      "    def execute(self):\n"
+                      "        return self.n\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "dw_mistakes_child", raising=False)
+    from dw_mistakes_child import Brittle
+
+    class ChildP(Pipeline):
+        @classmethod
+        def define(cls, pipeline):
+            pipeline.start(Brittle, timeout=60)
+
+    run = ChildP.trigger(1)
+    module.write_text("raise RuntimeError('broken since the deploy')\n")  # the child imports this
+    assert _work_once(app).outcome == "invalid"
+    assert _work_once(app) is None
+    assert run.refresh().halt_reasons == ["job_invalid"]
+    [row] = _executions(app, run)
+    assert (row.outcome, row.error_klass, row.error_message) == (
+        "invalid", "builtins.RuntimeError", "broken since the deploy")
+

@@ -1,0 +1,193 @@
+"""Mistakes that can never succeed are refused when the class is created or at trigger.
+
+Pure: no database. ``async def execute`` and a non-callable ``execute`` raise when
+the Step subclass is created; a step class of ``__main__`` with ``timeout=`` raises
+when the pipeline is created; ``trigger`` binds its arguments to the first step's
+``__init__`` before touching anything; and the halt reason of a failed step follows
+its last execution's outcome (``invalid`` halts ``job_invalid``), in the engine and
+the model alike. Relates to INV-EXE-4 (an invalid execution fails its step at once).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from ductwork.advance import job_halt_reason
+from ductwork.definition import in_main_module, main_module_refs
+from ductwork.errors import AsyncStepError, DefinitionError, InputError, MainModuleError
+from ductwork.pipeline import Pipeline
+from ductwork.step import Step
+from model.pipelines import job_halt_reason as model_job_halt_reason
+
+
+class One(Step):
+    def __init__(self, since):
+        self.since = since
+
+    def execute(self):
+        return self.since
+
+
+class Flexible(Step):
+    def __init__(self, first, *rest, flag=False):
+        self.first = first
+
+    def execute(self):
+        return self.first
+
+
+class NoInit(Step):
+    def execute(self):
+        return 0
+
+
+class OneP(Pipeline):
+    @classmethod
+    def define(cls, pipeline):
+        pipeline.start(One)
+
+
+# --------------------------------------------------------------------------- class creation
+
+
+def test_async_execute_is_refused_when_the_class_is_created():
+    with pytest.raises(AsyncStepError) as info:
+        class Fetch(Step):
+            async def execute(self):
+                return 1
+    assert str(info.value) == (
+        "Fetch.execute: async steps are not supported yet (execute is a coroutine function, so "
+        "nothing would await it); define a plain `def execute(self)`")
+    assert isinstance(info.value, DefinitionError)
+
+
+def test_async_generator_and_inherited_async_execute_are_refused():
+    with pytest.raises(AsyncStepError, match="Stream.execute: .* an async generator"):
+        class Stream(Step):
+            async def execute(self):
+                yield 1
+
+    with pytest.raises(AsyncStepError, match="Static.execute: async steps"):
+        class Static(Step):
+            @staticmethod
+            async def execute():
+                return 1
+
+    class Base(Step):
+        pass
+
+    Base.execute = _async_execute  # bypasses the class statement's check ...
+    with pytest.raises(AsyncStepError, match="Child.execute: async steps"):
+        class Child(Base):  # ... but a subclass inheriting it is checked
+            pass
+    with pytest.raises(AsyncStepError, match="Base.execute: async steps"):
+        class UsesBase(Pipeline):  # ... and so is a class a definition uses
+            @classmethod
+            def define(cls, pipeline):
+                pipeline.start(Base)
+
+
+async def _async_execute(self):  # pragma: no cover - never awaited
+    return 1
+
+
+def test_execute_must_be_callable():
+    with pytest.raises(DefinitionError) as info:
+        class NotCallable(Step):
+            execute = 5
+    assert str(info.value) == "NotCallable.execute: execute must be a method, got 5"
+
+
+def test_plain_and_abstract_steps_are_accepted():
+    class Abstract(Step):  # no execute of its own: allowed here, definitions reject it
+        pass
+
+    class Concrete(Abstract):
+        def execute(self):
+            return 1
+
+    assert Concrete().execute() == 1
+
+
+# --------------------------------------------------------------------------- binding input
+
+
+@pytest.mark.parametrize(("cls", "args"), [
+    (One, [1]), (Flexible, [1]), (Flexible, [1, 2, 3]), (NoInit, []),
+])
+def test_arguments_that_bind(cls, args):
+    cls._ductwork_bind(args)
+
+
+@pytest.mark.parametrize(("cls", "args", "message"), [
+    (One, [1, 2, 3], "One(since) cannot take the arguments (1, 2, 3): too many positional arguments"),
+    (One, [], "One(since) cannot take the arguments (): missing a required argument: 'since'"),
+    (Flexible, [], "Flexible(first, *rest, flag=False) cannot take the arguments (): "
+                   "missing a required argument: 'first'"),
+    (NoInit, [1], "NoInit() cannot take the arguments (1,): too many positional arguments"),
+])
+def test_arguments_that_do_not_bind_name_the_class_and_its_signature(cls, args, message):
+    with pytest.raises(TypeError) as info:
+        cls._ductwork_bind(args)
+    assert str(info.value) == message
+
+
+def test_trigger_refuses_arguments_the_first_step_cannot_take(monkeypatch):
+    calls = []
+    runs = types.ModuleType("ductwork.runs")
+    runs.trigger_run = lambda app, cls, args: calls.append(args) or "handle"
+    monkeypatch.setitem(sys.modules, "ductwork.runs", runs)
+    with pytest.raises(InputError) as info:
+        OneP.trigger(1, 2, 3, app="app")
+    assert str(info.value) == ("OneP.trigger: One(since) cannot take the arguments (1, 2, 3): "
+                               "too many positional arguments")
+    assert calls == []  # refused before the engine was asked to write anything
+    assert OneP.trigger("2026-01-01", app="app") == "handle"
+    assert calls == [["2026-01-01"]]
+
+
+# --------------------------------------------------------------------------- __main__
+
+
+def _in_main(cls: type) -> type:
+    cls.__module__ = "__main__"
+    return cls
+
+
+def test_main_module_refs_name_the_pipeline_and_step_classes_of_main():
+    main_step = _in_main(type("Script", (One,), {}))
+
+    class Mixed(Pipeline):
+        @classmethod
+        def define(cls, pipeline):
+            pipeline.start(main_step).chain(to=One)
+
+    assert in_main_module("__main__:Script") and not in_main_module("shop.steps:Script")
+    assert main_module_refs(Mixed.definition) == ["__main__:Script"]
+    assert main_module_refs(OneP.definition) == []
+
+
+def test_a_main_step_with_timeout_is_refused_when_the_pipeline_is_created():
+    main_step = _in_main(type("Script", (One,), {}))
+    with pytest.raises(MainModuleError) as info:
+        class Timed(Pipeline):
+            @classmethod
+            def define(cls, pipeline):
+                pipeline.start(One).chain(to=main_step, timeout=5)
+    assert str(info.value) == (
+        "Timed.chain: Script is defined in __main__ and has timeout=, so it runs in a child "
+        "process, which cannot import __main__: move it into an importable module")
+
+
+# --------------------------------------------------------------------------- halt reasons
+
+
+@pytest.mark.parametrize(("outcome", "reason"), [
+    ("failure", "job_retries_exhausted"), ("timed_out", "job_retries_exhausted"),
+    ("process_crashed", "job_crashes_exhausted"), ("invalid", "job_invalid"),
+])
+def test_halt_reason_follows_the_last_outcome_in_engine_and_model(outcome, reason):
+    assert job_halt_reason(outcome) == model_job_halt_reason(outcome) == reason
