@@ -45,6 +45,9 @@ def load_pipelines(config: Config) -> list[type[Pipeline]]:
     if config.pipelines == ("*",):
         found = [cls for cls in _subclasses(Pipeline)
                  if cls.definition is not None and cls.__module__ in config.imports]
+        if not found:
+            raise ConfigError("pipelines", ["*"], "no Pipeline subclass is defined in the imports "
+                              f"({', '.join(config.imports)})")
         return sorted(found, key=lambda c: (c.__module__, c.__qualname__))
     pipelines = []
     for i, ref in enumerate(config.pipelines):

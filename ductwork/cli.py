@@ -30,7 +30,8 @@ from ductwork.errors import DuctworkError
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--database-url", help="database URL (default: $DUCTWORK_DATABASE_URL, config, sqlite)")
-    common.add_argument("-c", "--config", help="path to ductwork.yml (default: ./ductwork.yml if present)")
+    common.add_argument("-c", "--config",
+                        help="path to ductwork.yml (default: $DUCTWORK_CONFIG, else ./ductwork.yml if present)")
     common.add_argument("--env", help="config environment (default: $DUCTWORK_ENV or 'default')")
     common.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
 

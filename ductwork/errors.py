@@ -136,8 +136,29 @@ class MissingLimitError(ConfigError):
         self.reason = "missing"
 
 
+class DuplicateKeyError(ConfigError):
+    """A YAML mapping lists one key twice; YAML would silently keep only the last.
+
+    ``DuplicateKeyError("ductwork.yml", "default.job_worker", "job_worker", 3, 9)`` reads
+    ``ductwork.yml: default.job_worker: key 'job_worker' appears twice, at lines 3 and 9
+    (YAML keeps only the last; merge the two)``.
+    """
+
+    def __init__(self, source: str, path: str, key: Any, first_line: int, second_line: int):
+        self.source, self.first_line, self.second_line = source, first_line, second_line
+        DuctworkError.__init__(
+            self,
+            f"{source}: {path}: key {key!r} appears twice, at lines {first_line} and {second_line} "
+            "(YAML keeps only the last; merge the two)",
+        )
+        self.path = path
+        self.value = key
+        self.reason = "duplicate key"
+
+
 class DatabaseURLError(ConfigError):
-    """A database URL is malformed or names a backend ductwork does not support."""
+    """A database URL is malformed, names a backend ductwork does not support or no
+    database, or needs a driver that is not installed."""
 
 
 class MissingTablesError(DuctworkError):

@@ -195,3 +195,61 @@ def test_an_unreachable_database_is_one_line_not_a_traceback(capsys):
     assert code == 1
     assert err.startswith("ductwork status: cannot use postgresql+psycopg://nobody@127.0.0.1:1/nowhere: ")
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- what a new adopter hit
+
+
+def test_ductwork_config_selects_the_file_and_config_wins(tmp_path, sqlite_url, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ductwork.yml").write_text("default: {job_worker: {limits: {a: {concurrency: 1}}}}\n")
+    chosen = tmp_path / "chosen.yml"
+    chosen.write_text("default: {job_worker: {limits: {a: {concurrency: 1}, b: {concurrency: 1}}}}\n")
+    monkeypatch.setenv("DUCTWORK_CONFIG", str(chosen))
+    assert main(["check", "--database-url", sqlite_url]) == 0
+    assert "2 limit keys" in capsys.readouterr().out
+    assert main(["check", "--database-url", sqlite_url, "-c", "ductwork.yml"]) == 0
+    assert "1 limit keys" in capsys.readouterr().out
+    monkeypatch.setenv("DUCTWORK_CONFIG", "missing.yml")
+    assert main(["check", "--database-url", sqlite_url]) == 1
+    assert capsys.readouterr().err == "ductwork check: ConfigError: DUCTWORK_CONFIG='missing.yml': no such file\n"
+
+
+def test_a_mysql_url_without_a_database_is_one_line(capsys):
+    assert main(["check", "--database-url", "mysql://root:pw@127.0.0.1:3306", "-c", "/dev/null"]) == 1
+    assert capsys.readouterr().err == (
+        "ductwork check: DatabaseURLError: database.url='mysql://root:***@127.0.0.1:3306': "
+        "names no database; add one, e.g. mysql://user@host/ductwork\n")
+
+
+def test_a_duplicated_key_fails_the_check(tmp_path, sqlite_url, capsys):
+    path = tmp_path / "ductwork.yml"
+    path.write_text("default:\n  job_worker: {count: 2}\n  job_worker: {max_retry: 0}\n")
+    assert main(["check", "-c", str(path), "--database-url", sqlite_url]) == 1
+    assert capsys.readouterr().err == (
+        f"ductwork check: DuplicateKeyError: {path}: default.job_worker: key 'job_worker' appears twice, "
+        "at lines 2 and 3 (YAML keeps only the last; merge the two)\n")
+
+
+_NO_DRIVERS = """
+import sys
+sys.modules["psycopg"] = sys.modules["pymysql"] = None  # as if not installed: imports fail, find_spec is None
+from ductwork.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sqlite_needs_neither_server_driver(tmp_path):
+    """``pip install ductwork`` has no driver extra: SQLite must work without psycopg and
+    PyMySQL, and a server URL must say which extra to install."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _NO_DRIVERS, *args, "-c", "/dev/null"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    for command in (["db", "upgrade"], ["check"], ["status"]):
+        done = run(*command, "--database-url", "sqlite:///shop.sqlite3")
+        assert done.returncode == 0, done.stderr
+    done = run("check", "--database-url", "postgresql://u:secret@db/shop")
+    assert done.returncode == 1
+    assert done.stderr == ("ductwork check: DatabaseURLError: database.url='postgresql+psycopg://u:***@db/shop': "
+                           "needs the psycopg driver, which is not installed: pip install 'ductwork[postgres]'\n")
