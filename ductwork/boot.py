@@ -10,7 +10,8 @@ A ``limit_by`` key has no entry              MissingLimitError naming key and pi
 An entry has neither concurrency nor rate    EmptyLimitError (raised by config parsing)
 Two rate entries share a period              DuplicatePeriodError (config parsing)
 A period is months/years, zero or garbage    InvalidPeriodError (config parsing)
-Tables are missing                           MissingTablesError naming them
+Tables are missing                           MissingTablesError naming them and the database
+The SQLite file does not exist               MissingDatabaseError (the file is not created)
 A configured key nobody references           a warning only
 ===========================================  =========================================
 
@@ -26,7 +27,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from ductwork.definition import resolve_pipeline
-from ductwork.errors import ConfigError, MissingTablesError, SchemaVersionError
+from ductwork.errors import ConfigError, SchemaVersionError
 from ductwork.limits import validate_references
 from ductwork.pipeline import Pipeline
 
@@ -84,9 +85,7 @@ def validate(app: App, pipelines: list[type[Pipeline]] | None = None) -> list[st
     warnings = validate_references(app.config.limits, limit_references(loaded))
     from ductwork import migrate
 
-    missing = migrate.missing_tables(app.engine)
-    if missing:
-        raise MissingTablesError(missing)
+    app.check_schema()
     current, head = migrate.current(app.engine), migrate.head()
     if current != head:
         raise SchemaVersionError(current, head)

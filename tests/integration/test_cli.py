@@ -91,8 +91,9 @@ def test_missing_tables_are_named(tmp_path, db_url, capsys):
         code, _, err = _check(tmp_path, db_url, {"pipelines": [PIPELINE], "job_worker": {
             "limits": {"slow_key": {"concurrency": 1}}}}, capsys)
         assert code == 1
-        assert err.strip() == ("ductwork check: MissingTablesError: missing tables: ductwork_limit_buckets "
-                               "(run `ductwork db upgrade` to create them)")
+        shown = dialects.describe(db_url)
+        assert err.strip() == (f"ductwork check: MissingTablesError: missing tables in {shown}: "
+                               "ductwork_limit_buckets (run `ductwork db upgrade` to create them)")
     finally:
         engine = dialects.create_engine(db_url)
         schema.limit_buckets.create(engine)
@@ -198,6 +199,34 @@ def test_an_unreachable_database_is_one_line_not_a_traceback(capsys):
 
 
 # --------------------------------------------------------------------------- what a new adopter hit
+
+
+@pytest.mark.parametrize("command", [["check"], ["status"], ["db", "current"], ["start"]])
+def test_reading_commands_never_create_a_sqlite_file(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    code = main([*command, "--database-url", "sqlite:///typo.sqlite3", "-c", "/dev/null"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err == (f"ductwork {command[0]}: MissingDatabaseError: no database at sqlite+pysqlite:///typo.sqlite3: "
+                   f"no file {tmp_path}/typo.sqlite3 (run `ductwork db upgrade` to create it)\n")
+    assert list(tmp_path.iterdir()) == []
+    assert main(["db", "upgrade", "--database-url", "sqlite:///typo.sqlite3", "-c", "/dev/null"]) == 0
+    assert (tmp_path / "typo.sqlite3").exists()
+
+
+def test_the_default_database_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DUCTWORK_DATABASE_URL", raising=False)
+    assert main(["check", "-c", "/dev/null"]) == 1
+    assert capsys.readouterr().err.startswith(
+        "ductwork check: MissingDatabaseError: no database at sqlite+pysqlite:///ductwork.sqlite3 (ductwork's "
+        "default: no database URL configured): no file ")
+    assert main(["db", "upgrade", "-c", "/dev/null"]) == 0
+    capsys.readouterr()
+    assert main(["check", "-c", "/dev/null"]) == 0
+    assert capsys.readouterr().out == ("ok: 0 pipelines, 0 limit keys, env 'default', database "
+                                       "sqlite+pysqlite:///ductwork.sqlite3 (ductwork's default: no database URL "
+                                       "configured)\n")
 
 
 def test_ductwork_config_selects_the_file_and_config_wins(tmp_path, sqlite_url, monkeypatch, capsys):

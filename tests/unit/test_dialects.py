@@ -1,6 +1,6 @@
 """Database URLs: the spellings ductwork reads as its drivers, the ones it refuses, a
-MySQL URL without a database and a driver that is not installed. No database is
-needed.
+MySQL URL without a database, a driver that is not installed, and a SQLite file that
+does not exist (checked without creating it). No database is needed.
 
 Checks: none (configuration errors name the offending URL, password masked).
 """
@@ -12,7 +12,9 @@ import importlib.util
 import pytest
 
 from ductwork import dialects
-from ductwork.errors import DatabaseURLError
+from ductwork.app import App
+from ductwork.config import Config
+from ductwork.errors import DatabaseURLError, MissingDatabaseError, MissingTablesError
 
 
 @pytest.mark.parametrize(("url", "read_as"), [
@@ -71,3 +73,35 @@ def test_sqlite_needs_no_driver_beyond_python(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("psycopg", "pymysql") else real(name, *a))
     dialects.create_engine(f"sqlite:///{tmp_path}/x.sqlite3").dispose()
+
+
+def test_a_missing_sqlite_file_is_reported_not_created(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app = App("sqlite:///typo.sqlite3", Config())
+    try:
+        with pytest.raises(MissingDatabaseError) as info, app.begin():
+            pass
+    finally:
+        app.dispose()
+    assert isinstance(info.value, MissingTablesError)
+    assert str(info.value) == (f"no database at sqlite+pysqlite:///typo.sqlite3: no file {tmp_path}/typo.sqlite3 "
+                               "(run `ductwork db upgrade` to create it)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_default_database_says_it_is_the_default(tmp_path, monkeypatch):
+    from ductwork.app import connect, set_default_app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DUCTWORK_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DUCTWORK_CONFIG", raising=False)
+    app = connect()
+    try:
+        assert app.url_source == "default"
+        assert app.database == "sqlite+pysqlite:///ductwork.sqlite3 (ductwork's default: no database URL configured)"
+        with pytest.raises(MissingDatabaseError, match=r"ductwork's default"):
+            app.check_schema()
+    finally:
+        app.dispose()
+        set_default_app(None)
+    assert list(tmp_path.iterdir()) == []
