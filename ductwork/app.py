@@ -5,10 +5,17 @@
 
 ``connect`` picks the database URL from its argument, then
 ``DUCTWORK_DATABASE_URL``, then the config's ``database.url``, then
-``sqlite:///ductwork.sqlite3``; the config from its argument (a path, a mapping
-or a :class:`~ductwork.config.Config`), else ``./ductwork.yml`` if present, else
-defaults. The most recent ``connect`` is the default app that
+``sqlite:///ductwork.sqlite3`` (``App.database`` and ``App.url_source`` say which);
+the config from its argument (a path, a mapping or a
+:class:`~ductwork.config.Config`), else ``DUCTWORK_CONFIG``, else ``./ductwork.yml``
+if present, else defaults. The most recent ``connect`` is the default app that
 ``Pipeline.trigger`` uses.
+
+Before its first transaction an App checks that its database has ductwork's tables
+and raises :class:`~ductwork.errors.MissingTablesError` naming the database if not
+(:class:`~ductwork.errors.MissingDatabaseError` for a SQLite file that does not
+exist, which it never creates); only ``ductwork db upgrade``
+(:func:`ductwork.migrate.upgrade`) creates a database.
 
 Every unit of work is one transaction opened with :meth:`App.begin`, which
 yields a :class:`Tx`: its connection and its database time, read lazily and
@@ -77,16 +84,58 @@ class App:
     """A connected ductwork: engine, config and clock. Thread-safe."""
 
     def __init__(self, url: str, config: Config, clock: Clock | None = None,
-                 engine: Engine | None = None, **engine_settings: Any):
+                 engine: Engine | None = None, *, url_source: str = "argument", **engine_settings: Any):
         self.url = url
+        #: where ``url`` came from: ``argument``, ``DUCTWORK_DATABASE_URL``,
+        #: ``<config file> database.url`` or ``default`` (nothing configured one)
+        self.url_source = url_source
         self.config = config
         self.clock: Clock = clock or DatabaseClock()
         self.engine = engine or dialects.create_engine(url, **engine_settings)
+        self._schema_checked = False
         self.backend = dialects.backend(self.engine)
         self._lock = threading.Lock()
         self._inline_process: str | None = None
         self.wakeup = Wakeup()
         self._definitions: dict[str, Definition] = {}
+
+    @property
+    def database(self) -> str:
+        """The database this App uses, for messages: its URL, password masked, and
+        ``(ductwork's default: …)`` when nothing configured one."""
+        shown = self.engine.url.render_as_string(hide_password=True)
+        if self.url_source == "default":
+            shown += " (ductwork's default: no database URL configured)"
+        return shown
+
+    def check_database(self) -> None:
+        """Raise :class:`MissingDatabaseError` when the database is a SQLite file that
+        does not exist. Creates nothing (connects to nothing)."""
+        path = dialects.absent_database_file(self.engine.url)
+        if path is not None:
+            from ductwork import schema
+            from ductwork.errors import MissingDatabaseError
+
+            raise MissingDatabaseError(schema.metadata.tables, self.database, str(path))
+
+    def check_schema(self) -> None:
+        """Raise :class:`MissingTablesError` naming this database when ductwork's tables
+        are absent (:meth:`check_database` first, so a missing SQLite file is reported,
+        not created).
+
+        :meth:`begin` calls this before the App's first transaction, until it passes
+        once; tables dropped later are not noticed (the driver's error propagates).
+        Does not compare the schema revision (``ductwork check`` does).
+        """
+        self.check_database()
+        from ductwork import migrate, schema
+        from ductwork.errors import MissingTablesError
+
+        with self.engine.connect() as conn:
+            missing = migrate.missing_tables(conn.execution_options(ductwork_readonly=True))
+        if missing:
+            raise MissingTablesError(missing, self.database, every=len(missing) == len(schema.metadata.tables))
+        self._schema_checked = True
 
     # -- transactions ---------------------------------------------------------------
 
@@ -98,7 +147,12 @@ class App:
         On SQLite it then starts deferred and takes no write lock, so readers do not
         queue behind writers; a decision made on what it read is re-checked by a
         writing transaction anyway.
+
+        The App's first transaction is preceded by :meth:`check_schema`, so a database
+        without ductwork's tables raises :class:`MissingTablesError` naming it.
         """
+        if not self._schema_checked:
+            self.check_schema()
         with self.engine.connect() as conn:
             if readonly:
                 conn = conn.execution_options(ductwork_readonly=True)
@@ -139,6 +193,8 @@ class App:
         import json
 
         if text is None:
+            if not self._schema_checked:
+                self.check_schema()
             with self.engine.connect() as conn:
                 text = conn.execute(
                     sa.select(schema.runs.c.definition)
@@ -172,6 +228,9 @@ def connect(url: str | None = None, config: Config | Mapping[str, Any] | str | o
     """Connect to a database and make the result the default app.
 
     >>> app = connect("postgresql://localhost/shop", config="ductwork.yml", env="production")
+
+    Connects to nothing yet: the first transaction checks the tables (see
+    :meth:`App.check_schema`). ``app.database`` names the database chosen.
     """
     global _default
     if isinstance(config, Config):
@@ -180,8 +239,10 @@ def connect(url: str | None = None, config: Config | Mapping[str, Any] | str | o
         cfg = config_from_mapping(config, env or os.environ.get("DUCTWORK_ENV", "default"))
     else:
         cfg = load_config(Path(config) if config is not None else None, env)
-    chosen = url or os.environ.get("DUCTWORK_DATABASE_URL") or cfg.database_url or DEFAULT_URL
-    app = App(chosen, cfg, clock, **engine_settings)
+    chosen, source = next((value, source) for value, source in (
+        (url, "argument"), (os.environ.get("DUCTWORK_DATABASE_URL"), "DUCTWORK_DATABASE_URL"),
+        (cfg.database_url, f"{cfg.source} database.url"), (DEFAULT_URL, "default")) if value)
+    app = App(chosen, cfg, clock, url_source=source, **engine_settings)
     _default = app
     return app
 

@@ -10,7 +10,8 @@ A ``limit_by`` key has no entry              MissingLimitError naming key and pi
 An entry has neither concurrency nor rate    EmptyLimitError (raised by config parsing)
 Two rate entries share a period              DuplicatePeriodError (config parsing)
 A period is months/years, zero or garbage    InvalidPeriodError (config parsing)
-Tables are missing                           MissingTablesError naming them
+Tables are missing                           MissingTablesError naming them and the database
+The SQLite file does not exist               MissingDatabaseError (the file is not created)
 A configured key nobody references           a warning only
 MySQL's max_allowed_packet below 16 MiB      a warning only (payloads.statement_limit_warning)
 ===========================================  =========================================
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ductwork import dialects, payloads
 from ductwork.definition import resolve_pipeline
-from ductwork.errors import ConfigError, MissingTablesError, SchemaVersionError
+from ductwork.errors import ConfigError, SchemaVersionError
 from ductwork.limits import validate_references
 from ductwork.pipeline import Pipeline
 
@@ -47,6 +48,9 @@ def load_pipelines(config: Config) -> list[type[Pipeline]]:
     if config.pipelines == ("*",):
         found = [cls for cls in _subclasses(Pipeline)
                  if cls.definition is not None and cls.__module__ in config.imports]
+        if not found:
+            raise ConfigError("pipelines", ["*"], "no Pipeline subclass is defined in the imports "
+                              f"({', '.join(config.imports)})")
         return sorted(found, key=lambda c: (c.__module__, c.__qualname__))
     pipelines = []
     for i, ref in enumerate(config.pipelines):
@@ -83,9 +87,7 @@ def validate(app: App, pipelines: list[type[Pipeline]] | None = None) -> list[st
     warnings = validate_references(app.config.limits, limit_references(loaded))
     from ductwork import migrate
 
-    missing = migrate.missing_tables(app.engine)
-    if missing:
-        raise MissingTablesError(missing)
+    app.check_schema()
     current, head = migrate.current(app.engine), migrate.head()
     if current != head:
         raise SchemaVersionError(current, head)

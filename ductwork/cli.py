@@ -8,9 +8,10 @@
 
 Options for every command: ``--database-url`` (else ``DUCTWORK_DATABASE_URL``,
 then the config's ``database.url``, then ``sqlite:///ductwork.sqlite3``),
-``-c/--config`` (default ``./ductwork.yml``), ``--env`` (else ``DUCTWORK_ENV``,
-else ``default``). Errors print one line naming what is wrong and exit 1; they
-never print a traceback.
+``-c/--config`` (else ``DUCTWORK_CONFIG``, else ``./ductwork.yml``), ``--env`` (else
+``DUCTWORK_ENV``, else ``default``). Errors print one line naming what is wrong and
+exit 1; they never print a traceback. Only ``db upgrade`` and ``demo`` create a
+SQLite file; the other commands report a missing one (MissingDatabaseError).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from ductwork.errors import DuctworkError
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--database-url", help="database URL (default: $DUCTWORK_DATABASE_URL, config, sqlite)")
-    common.add_argument("-c", "--config", help="path to ductwork.yml (default: ./ductwork.yml if present)")
+    common.add_argument("-c", "--config",
+                        help="path to ductwork.yml (default: $DUCTWORK_CONFIG, else ./ductwork.yml if present)")
     common.add_argument("--env", help="config environment (default: $DUCTWORK_ENV or 'default')")
     common.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     return common
@@ -104,6 +106,8 @@ def cmd_db(args: argparse.Namespace) -> int:
     app = _connect(args)
     if args.action == "upgrade":
         migrate.upgrade(app.engine)
+    else:
+        app.check_database()  # `db current` reads: it must not create a SQLite file
     print(f"ductwork schema at revision {migrate.current(app.engine)} (head {migrate.head()})")
     return 0
 
@@ -115,7 +119,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     pipelines = load_pipelines(app.config)
     for warning in validate(app, pipelines):
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"ok: {len(pipelines)} pipelines, {len(app.config.limits)} limit keys, env {app.config.env!r}")
+    print(f"ok: {len(pipelines)} pipelines, {len(app.config.limits)} limit keys, env {app.config.env!r}, "
+          f"database {app.database}")
     return 0
 
 
@@ -146,7 +151,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from ductwork.status import render, snapshot
 
     app = _connect(args)
-    print(render(snapshot(app)))
+    shown = render(snapshot(app))
+    print(f"database: {app.database}")
+    print(shown)
     return 0
 
 

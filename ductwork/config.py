@@ -37,7 +37,7 @@ from typing import Any, Literal
 import yaml
 
 from ductwork.durations import parse_interval_us
-from ductwork.errors import ConfigError
+from ductwork.errors import ConfigError, DuplicateKeyError
 from ductwork.limits import LimitEntry, check_int, check_mapping, child_path, parse_limits
 
 DEFAULT_ENV = "default"
@@ -405,6 +405,14 @@ class Config:
                 f"expected a mapping of settings, got {type(section).__name__}",
             )
         body = check_mapping("", section, _SECTION_KEYS)
+        pipelines = _pipelines(body.get("pipelines"))
+        imports = _string_list(
+            "imports", body.get("imports"), lambda v: isinstance(v, str) and _dotted(v),
+            "module names (e.g. 'myapp.pipelines')",
+        )
+        if pipelines == ("*",) and not imports:
+            raise ConfigError("pipelines", list(pipelines), "'*' loads the pipelines of the modules listed "
+                              "in imports, and imports lists none; add imports: ['myapp.pipelines']")
         job_worker, limits = _job_worker(check_mapping("job_worker", body.get("job_worker"),
                                                        _JOB_WORKER_KEYS))
         advancer = check_mapping("pipeline_advancer", body.get("pipeline_advancer"), _ADVANCER_KEYS)
@@ -412,11 +420,8 @@ class Config:
         return cls(
             env=env,
             database_url=_database_url(body.get("database")),
-            pipelines=_pipelines(body.get("pipelines")),
-            imports=_string_list(
-                "imports", body.get("imports"), lambda v: isinstance(v, str) and _dotted(v),
-                "module names (e.g. 'myapp.pipelines')",
-            ),
+            pipelines=pipelines,
+            imports=imports,
             role=_role(body, environ),
             job_worker=job_worker,
             pipeline_advancer=PipelineAdvancerConfig(
@@ -462,12 +467,18 @@ def config_from_mapping(
 
 
 class _SafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` (same tags, anchors, merge keys) whose value errors carry a line.
+    """``yaml.SafeLoader`` (same tags, anchors, merge keys) whose value errors carry a line,
+    and which rejects a key repeated in one mapping.
 
     PyYAML's safe constructors raise plain ``ValueError`` for a scalar such as
     ``2020-02-30`` or a 5,000-digit integer; this re-raises it as a
-    ``ConstructorError`` marked with the node's position.
+    ``ConstructorError`` marked with the node's position. A mapping that lists a key
+    twice (at any depth) raises :class:`DuplicateKeyError` naming the key's path and
+    both lines, where YAML would keep the last silently; a key brought in by a ``<<``
+    merge and overridden in place is not a duplicate.
     """
+
+    source = "<yaml>"
 
     def construct_object(self, node, deep=False):
         try:
@@ -477,10 +488,46 @@ class _SafeLoader(yaml.SafeLoader):
                 None, None, f"invalid {node.tag} value: {exc}", node.start_mark
             ) from exc
 
+    def construct_document(self, node):
+        self._reject_duplicate_keys(node)
+        return super().construct_document(node)
+
+    def _reject_duplicate_keys(self, root: yaml.Node) -> None:
+        seen_nodes: set[int] = set()
+        stack: list[tuple[yaml.Node, str]] = [(root, "")]
+        while stack:
+            node, path = stack.pop()
+            if id(node) in seen_nodes:  # an alias: checked where its anchor is
+                continue
+            seen_nodes.add(id(node))
+            if isinstance(node, yaml.SequenceNode):
+                stack.extend(reversed([(item, f"{path}[{i}]") for i, item in enumerate(node.value)]))
+            elif isinstance(node, yaml.MappingNode):
+                lines: dict[Any, int] = {}
+                children: list[tuple[yaml.Node, str]] = []
+                for key_node, value_node in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                        continue
+                    try:
+                        key = self.construct_object(key_node)
+                        hash(key)
+                    except (yaml.YAMLError, TypeError):
+                        continue  # construction reports it with its position
+                    key_path = child_path(path, key)
+                    line = key_node.start_mark.line + 1
+                    if key in lines:
+                        raise DuplicateKeyError(self.source, key_path, key, lines[key], line)
+                    lines[key] = line
+                    children.append((value_node, key_path))
+                stack.extend(reversed(children))  # depth first, in document order
+
 
 def _safe_load(text: str, source: str) -> Any:
+    loader = None
     try:
-        return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader subclass
+        loader = _SafeLoader(text)  # may already raise: it reads the first characters
+        loader.source = source
+        return loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
@@ -498,6 +545,9 @@ def _safe_load(text: str, source: str) -> Any:
         ) from exc
     except RecursionError as exc:
         raise ConfigError(source, None, "invalid YAML: nested too deeply") from exc
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def load_config(
@@ -508,16 +558,21 @@ def load_config(
 ) -> Config:
     """Load and validate ``ductwork.yml``.
 
-    ``load_config("ductwork.yml", "production")``. ``path`` None reads
-    ``./ductwork.yml`` when it exists and otherwise returns all defaults; a path given
-    explicitly must exist. ``env`` None reads ``DUCTWORK_ENV``, then ``default``.
-    ``environ`` (default ``os.environ``) supplies ``DUCTWORK_ENV`` and ``DUCTWORK_ROLE``.
+    ``load_config("ductwork.yml", "production")``. ``path`` None reads the file named
+    by ``DUCTWORK_CONFIG``, else ``./ductwork.yml`` when it exists, else returns all
+    defaults; a path given explicitly or in ``DUCTWORK_CONFIG`` must exist. ``env``
+    None reads ``DUCTWORK_ENV``, then ``default``. ``environ`` (default
+    ``os.environ``) supplies ``DUCTWORK_CONFIG``, ``DUCTWORK_ENV`` and ``DUCTWORK_ROLE``.
     Raises :class:`ConfigError` naming the file for unreadable files and YAML syntax
     errors (with the line), and naming the key for everything else.
     """
     environ = os.environ if environ is None else environ
     if env is None:
         env = environ.get("DUCTWORK_ENV") or DEFAULT_ENV
+    if path is None and environ.get("DUCTWORK_CONFIG"):
+        path = environ["DUCTWORK_CONFIG"]
+        if not Path(path).is_file():
+            raise ConfigError("DUCTWORK_CONFIG", path, "no such file")
     if path is None:
         if not Path(DEFAULT_PATH).exists():
             return Config.from_section(None, env, source="<defaults>", environ=environ)

@@ -15,9 +15,11 @@ Not API: internal to ductwork.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
@@ -74,12 +76,43 @@ class Seam:
 # --------------------------------------------------------------------------- URLs and engines
 
 
+#: the driver ductwork uses per URL scheme, and the module that must be importable
+DRIVERS = {"postgresql": "psycopg", "mysql": "pymysql", "mariadb": "pymysql", "sqlite": "pysqlite"}
+_MODULES = {"psycopg": "psycopg", "pymysql": "pymysql", "pysqlite": "sqlite3"}
+#: the ``pip install`` extra that brings each driver (SQLite's comes with Python)
+EXTRAS = {"psycopg": "postgres", "pymysql": "mysql"}
+#: other drivers' spellings read as ductwork's driver: the URL's host, user, password,
+#: database and libpq/MySQL options mean the same to both, and ductwork opens its own
+#: synchronous connections (an async driver's URL works the same way)
+DRIVER_ALIASES = {
+    "postgresql": ("psycopg2", "psycopg2cffi", "asyncpg", "pg8000", "psycopg_async"),
+    "mysql": ("mysqldb", "mysqlconnector", "mariadbconnector", "aiomysql", "asyncmy", "cymysql"),
+    "sqlite": ("aiosqlite",),
+}
+DRIVER_ALIASES["mariadb"] = DRIVER_ALIASES["mysql"]
+
+
+def _spellings(scheme: str) -> str:
+    """The URL spellings ductwork accepts for ``scheme``, and where its driver comes from."""
+    driver = DRIVERS[scheme]
+    others = ", ".join(f"+{d}" for d in DRIVER_ALIASES[scheme])
+    form = "sqlite:///path" if scheme == "sqlite" else f"{scheme}://"
+    text = f"write {form} or {scheme}+{driver}:// (also read as +{driver}: {others})"
+    if driver in EXTRAS:
+        text += f"; the driver comes with pip install 'ductwork[{EXTRAS[driver]}]'"
+    return text
+
+
 def normalize_url(url: str | URL) -> URL:
     """Parse a database URL and pin ductwork's drivers (psycopg 3, PyMySQL).
 
-    Raises :class:`DatabaseURLError` naming the URL (password masked) when it is
-    malformed, names an unsupported backend, or is an in-memory SQLite database
-    (which ductwork's several connections could not share).
+    Other drivers' spellings (``postgresql+psycopg2``, ``postgresql+asyncpg``,
+    ``mysql+mysqldb``, ``mysql+mysqlconnector``, … in :data:`DRIVER_ALIASES`) and
+    ``postgres://`` are read as ductwork's driver. Raises :class:`DatabaseURLError`
+    naming the URL (password masked) when it is malformed, names an unsupported
+    backend or driver, is an in-memory SQLite database (which ductwork's several
+    connections could not share), or is a MySQL/MariaDB URL without a database name.
+    Does not check that the driver is installed (:func:`create_engine` does).
     """
     try:
         parsed = make_url(url)
@@ -93,19 +126,73 @@ def normalize_url(url: str | URL) -> URL:
         raise DatabaseURLError(
             "database.url", shown, f"unsupported backend {scheme!r} (postgresql, mysql, mariadb, sqlite)"
         )
-    wanted = {"postgresql": "psycopg", "mysql": "pymysql", "mariadb": "pymysql", "sqlite": "pysqlite"}
-    if driver and driver != wanted[scheme]:
+    if driver and driver != DRIVERS[scheme] and driver not in DRIVER_ALIASES[scheme]:
         raise DatabaseURLError(
-            "database.url", shown, f"driver {driver!r} is not supported; use {scheme}+{wanted[scheme]}"
+            "database.url", shown, f"driver {driver!r} is not supported; {_spellings(scheme)}"
         )
-    parsed = parsed.set(drivername=f"{scheme}+{wanted[scheme]}")
+    parsed = parsed.set(drivername=f"{scheme}+{DRIVERS[scheme]}")
     if scheme == "sqlite" and parsed.database in (None, "", ":memory:"):
         raise DatabaseURLError(
             "database.url", shown, "in-memory SQLite cannot be shared by ductwork's connections; use a file"
         )
+    if scheme in ("mysql", "mariadb") and not parsed.database:
+        # Differs from PostgreSQL in that a MySQL session without a database has no
+        # default schema (PostgreSQL connects to the database named after the user).
+        raise DatabaseURLError(
+            "database.url", shown, f"names no database; add one, e.g. {scheme}://user@host/ductwork"
+        )
     if scheme in ("mysql", "mariadb") and "charset" not in parsed.query:
         parsed = parsed.update_query_dict({"charset": "utf8mb4"})
     return parsed
+
+
+def require_driver(url: URL) -> None:
+    """Raise :class:`DatabaseURLError` naming ``url`` (a normalised URL, password
+    masked) and the ``pip install`` command when its driver cannot be imported.
+
+    Checked with ``importlib.util.find_spec``: the driver is not imported here.
+    """
+    driver = url.drivername.partition("+")[2]
+    if importlib.util.find_spec(_MODULES[driver]) is None:
+        raise DatabaseURLError(
+            "database.url", url.render_as_string(hide_password=True),
+            f"needs the {_MODULES[driver]} driver, which is not installed: "
+            f"pip install 'ductwork[{EXTRAS[driver]}]'",
+        )
+
+
+def describe(url: str | URL) -> str:
+    """The URL as messages show it: ductwork's driver, password masked."""
+    return normalize_url(url).render_as_string(hide_password=True)
+
+
+_database_file = Seam("database_file")
+
+
+@_database_file.for_db("sqlite")
+def _sqlite_file(_: str, url: URL) -> Path | None:
+    # Differs from PostgreSQL in that connecting creates the database: a SQLite file
+    # springs into existence on first connect, so whether it exists is checked first.
+    if url.query.get("uri") in ("true", "1") or str(url.database).startswith("file:"):
+        return None  # a URI filename: its mode decides, sqlite3 reports the rest
+    return Path(str(url.database)).absolute()
+
+
+@_database_file.for_db("postgresql", "mysql")
+def _server_database(_: str, url: URL) -> Path | None:
+    return None  # a server database exists or the connect fails; connecting never creates it
+
+
+def absent_database_file(url: str | URL) -> Path | None:
+    """The absolute path of ``url``'s SQLite file when the file does not exist, else None.
+
+    Connecting to SQLite creates the file; callers that must not create a database
+    (``ductwork check``, ``status``, ``start``, an App before its first transaction)
+    ask this first. Always None for PostgreSQL and MySQL.
+    """
+    parsed = normalize_url(url)
+    path = _database_file(parsed.get_backend_name(), parsed)
+    return path if path is not None and not path.exists() else None
 
 
 _engine_options = Seam("engine options")
@@ -156,9 +243,12 @@ def create_engine(url: str | URL, **settings: Any) -> Engine:
 
     ``settings`` may carry ``connect_timeout``, ``io_timeout`` (seconds a network
     read or write may block) and ``busy_timeout`` (SQLite lock wait); ``pool_size``
-    is passed through.
+    is passed through. Raises :class:`DatabaseURLError` for a URL :func:`normalize_url`
+    rejects and when the driver is not installed. Connects to nothing: the first
+    connection to a SQLite file that does not exist creates it.
     """
     parsed = normalize_url(url)
+    require_driver(parsed)
     name = backend(parsed.get_backend_name())
     options = _engine_options(name, settings)
     if "pool_size" in settings and name != "sqlite":

@@ -17,8 +17,11 @@ The tree::
     │   ├── DuplicatePeriodError          two rate entries of one key share a period
     │   ├── EmptyLimitError               a limit entry declares neither concurrency nor rate
     │   ├── MissingLimitError             a ``limit_by`` key has no entry (names key and pipelines)
-    │   └── DatabaseURLError              a database URL is malformed or names no known driver
-    ├── MissingTablesError                the schema lacks tables (names them)
+    │   ├── DuplicateKeyError             a YAML mapping repeats a key (names it, its path and lines)
+    │   └── DatabaseURLError              a database URL is malformed, names no database or a
+    │                                     driver that is not installed
+    ├── MissingTablesError                the schema lacks tables (names them and the database)
+    │   └── MissingDatabaseError          a SQLite file does not exist (never created by a check)
     ├── SchemaVersionError                the schema is not at this ductwork's migration head
     ├── UnsupportedDialectError (NotImplementedError)
     ├── StaleClaim                        a fence found another claim token (internal, caught)
@@ -158,20 +161,65 @@ class MissingLimitError(ConfigError):
         self.reason = "missing"
 
 
+class DuplicateKeyError(ConfigError):
+    """A YAML mapping lists one key twice; YAML would silently keep only the last.
+
+    ``DuplicateKeyError("ductwork.yml", "default.job_worker", "job_worker", 3, 9)`` reads
+    ``ductwork.yml: default.job_worker: key 'job_worker' appears twice, at lines 3 and 9
+    (YAML keeps only the last; merge the two)``.
+    """
+
+    def __init__(self, source: str, path: str, key: Any, first_line: int, second_line: int):
+        self.source, self.first_line, self.second_line = source, first_line, second_line
+        DuctworkError.__init__(
+            self,
+            f"{source}: {path}: key {key!r} appears twice, at lines {first_line} and {second_line} "
+            "(YAML keeps only the last; merge the two)",
+        )
+        self.path = path
+        self.value = key
+        self.reason = "duplicate key"
+
+
 class DatabaseURLError(ConfigError):
-    """A database URL is malformed or names a backend ductwork does not support."""
+    """A database URL is malformed, names a backend ductwork does not support or no
+    database, or needs a driver that is not installed."""
 
 
 class MissingTablesError(DuctworkError):
-    """Tables that configured features need are absent; run ``ductwork db upgrade``."""
+    """Tables that configured features need are absent; run ``ductwork db upgrade``.
 
-    def __init__(self, tables: Iterable[str]):
+    ``database`` (the URL, password masked) is named when known:
+    ``missing tables in postgresql://app@db/shop: ductwork_jobs (run `ductwork db
+    upgrade` to create them)``; when every table is missing the message says so
+    instead of listing them.
+    """
+
+    def __init__(self, tables: Iterable[str], database: str | None = None, *, every: bool = False):
         self.tables = sorted(tables)
-        super().__init__(
-            "missing tables: "
-            + ", ".join(self.tables)
-            + " (run `ductwork db upgrade` to create them)"
+        self.database = database
+        where = f" in {database}" if database else ""
+        if every:
+            text = f"no ductwork tables{where}"
+        else:
+            text = f"missing tables{where}: " + ", ".join(self.tables)
+        super().__init__(text + " (run `ductwork db upgrade` to create them)")
+
+
+class MissingDatabaseError(MissingTablesError):
+    """The database does not exist (a SQLite file that is absent): every table is missing.
+
+    Raised instead of creating an empty file: only ``ductwork db upgrade`` (and
+    ``ductwork demo``) create a SQLite database.
+    """
+
+    def __init__(self, tables: Iterable[str], database: str, path: str):
+        self.path = path
+        DuctworkError.__init__(
+            self, f"no database at {database}: no file {path} (run `ductwork db upgrade` to create it)"
         )
+        self.tables = sorted(tables)
+        self.database = database
 
 
 class SchemaVersionError(DuctworkError):

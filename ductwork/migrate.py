@@ -55,7 +55,7 @@ def head() -> str:
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
 
-def missing_tables(engine: Engine, tables: tuple[str, ...] | None = None) -> list[str]:
+def missing_tables(engine: Engine | sa.Connection, tables: tuple[str, ...] | None = None) -> list[str]:
     """Which of ``tables`` (default: all of ductwork's) the database lacks."""
     wanted = tables or tuple(schema.metadata.tables)
     present = set(sa.inspect(engine).get_table_names())

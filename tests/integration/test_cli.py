@@ -91,8 +91,9 @@ def test_missing_tables_are_named(tmp_path, db_url, capsys):
         code, _, err = _check(tmp_path, db_url, {"pipelines": [PIPELINE], "job_worker": {
             "limits": {"slow_key": {"concurrency": 1}}}}, capsys)
         assert code == 1
-        assert err.strip() == ("ductwork check: MissingTablesError: missing tables: ductwork_limit_buckets "
-                               "(run `ductwork db upgrade` to create them)")
+        shown = dialects.describe(db_url)
+        assert err.strip() == (f"ductwork check: MissingTablesError: missing tables in {shown}: "
+                               "ductwork_limit_buckets (run `ductwork db upgrade` to create them)")
     finally:
         engine = dialects.create_engine(db_url)
         schema.limit_buckets.create(engine)
@@ -324,3 +325,89 @@ def test_a_second_start_on_one_host_warns_and_still_starts(tmp_path, sqlite_url)
                 assert f"pid {row.pid}, label 'first'" in second.log()
     finally:
         engine.dispose()
+
+
+# --------------------------------------------------------------------------- what a new adopter hit
+
+
+@pytest.mark.parametrize("command", [["check"], ["status"], ["db", "current"], ["start"]])
+def test_reading_commands_never_create_a_sqlite_file(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    code = main([*command, "--database-url", "sqlite:///typo.sqlite3", "-c", "/dev/null"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err == (f"ductwork {command[0]}: MissingDatabaseError: no database at sqlite+pysqlite:///typo.sqlite3: "
+                   f"no file {tmp_path}/typo.sqlite3 (run `ductwork db upgrade` to create it)\n")
+    assert list(tmp_path.iterdir()) == []
+    assert main(["db", "upgrade", "--database-url", "sqlite:///typo.sqlite3", "-c", "/dev/null"]) == 0
+    assert (tmp_path / "typo.sqlite3").exists()
+
+
+def test_the_default_database_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DUCTWORK_DATABASE_URL", raising=False)
+    assert main(["check", "-c", "/dev/null"]) == 1
+    assert capsys.readouterr().err.startswith(
+        "ductwork check: MissingDatabaseError: no database at sqlite+pysqlite:///ductwork.sqlite3 (ductwork's "
+        "default: no database URL configured): no file ")
+    assert main(["db", "upgrade", "-c", "/dev/null"]) == 0
+    capsys.readouterr()
+    assert main(["check", "-c", "/dev/null"]) == 0
+    assert capsys.readouterr().out == ("ok: 0 pipelines, 0 limit keys, env 'default', database "
+                                       "sqlite+pysqlite:///ductwork.sqlite3 (ductwork's default: no database URL "
+                                       "configured)\n")
+
+
+def test_ductwork_config_selects_the_file_and_config_wins(tmp_path, sqlite_url, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ductwork.yml").write_text("default: {job_worker: {limits: {a: {concurrency: 1}}}}\n")
+    chosen = tmp_path / "chosen.yml"
+    chosen.write_text("default: {job_worker: {limits: {a: {concurrency: 1}, b: {concurrency: 1}}}}\n")
+    monkeypatch.setenv("DUCTWORK_CONFIG", str(chosen))
+    assert main(["check", "--database-url", sqlite_url]) == 0
+    assert "2 limit keys" in capsys.readouterr().out
+    assert main(["check", "--database-url", sqlite_url, "-c", "ductwork.yml"]) == 0
+    assert "1 limit keys" in capsys.readouterr().out
+    monkeypatch.setenv("DUCTWORK_CONFIG", "missing.yml")
+    assert main(["check", "--database-url", sqlite_url]) == 1
+    assert capsys.readouterr().err == "ductwork check: ConfigError: DUCTWORK_CONFIG='missing.yml': no such file\n"
+
+
+def test_a_mysql_url_without_a_database_is_one_line(capsys):
+    assert main(["check", "--database-url", "mysql://root:pw@127.0.0.1:3306", "-c", "/dev/null"]) == 1
+    assert capsys.readouterr().err == (
+        "ductwork check: DatabaseURLError: database.url='mysql://root:***@127.0.0.1:3306': "
+        "names no database; add one, e.g. mysql://user@host/ductwork\n")
+
+
+def test_a_duplicated_key_fails_the_check(tmp_path, sqlite_url, capsys):
+    path = tmp_path / "ductwork.yml"
+    path.write_text("default:\n  job_worker: {count: 2}\n  job_worker: {max_retry: 0}\n")
+    assert main(["check", "-c", str(path), "--database-url", sqlite_url]) == 1
+    assert capsys.readouterr().err == (
+        f"ductwork check: DuplicateKeyError: {path}: default.job_worker: key 'job_worker' appears twice, "
+        "at lines 2 and 3 (YAML keeps only the last; merge the two)\n")
+
+
+_NO_DRIVERS = """
+import sys
+sys.modules["psycopg"] = sys.modules["pymysql"] = None  # as if not installed: imports fail, find_spec is None
+from ductwork.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sqlite_needs_neither_server_driver(tmp_path):
+    """``pip install ductwork`` has no driver extra: SQLite must work without psycopg and
+    PyMySQL, and a server URL must say which extra to install."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _NO_DRIVERS, *args, "-c", "/dev/null"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    for command in (["db", "upgrade"], ["check"], ["status"]):
+        done = run(*command, "--database-url", "sqlite:///shop.sqlite3")
+        assert done.returncode == 0, done.stderr
+    done = run("check", "--database-url", "postgresql://u:secret@db/shop")
+    assert done.returncode == 1
+    assert done.stderr == ("ductwork check: DatabaseURLError: database.url='postgresql+psycopg://u:***@db/shop': "
+                           "needs the psycopg driver, which is not installed: pip install 'ductwork[postgres]'\n")

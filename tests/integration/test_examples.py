@@ -60,7 +60,7 @@ _DIRECTIVE = re.compile(r"^<!--\s*(.*?)\s*-->$")
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _CHECK_CONFIG = "check: ductwork.yml → ductwork check"
 _CHECK_DEFINE = "check: define → DefinitionError"
-_CLEAN_ENV = ("DUCTWORK_DATABASE_URL", "DUCTWORK_ENV", "DUCTWORK_ROLE", "DUCTWORK_FAULT")
+_CLEAN_ENV = ("DUCTWORK_DATABASE_URL", "DUCTWORK_CONFIG", "DUCTWORK_ENV", "DUCTWORK_ROLE", "DUCTWORK_FAULT")
 
 
 # --------------------------------------------------------------------------- examples

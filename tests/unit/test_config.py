@@ -9,6 +9,7 @@ including 0 and per-pipeline/per-step overrides, are read as written).
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
 from pathlib import Path
 
@@ -453,3 +454,66 @@ def test_an_explicit_heartbeat_interval_is_kept_and_checked():
     assert Config.from_section({"supervisor": {"heartbeat_interval": 1}}).supervisor.reaper_timeout == 300
     with pytest.raises(ConfigError, match=r"supervisor.reaper_timeout=300.0: must be at least 4 x"):
         Config.from_section({"supervisor": {"heartbeat_interval": 100}})
+
+
+# --------------------------------------------------------------------------- what a new adopter hit
+
+
+def test_a_duplicated_key_is_rejected_naming_its_path_and_both_lines(tmp_path):
+    from ductwork.errors import DuplicateKeyError
+
+    path = write(tmp_path, "default:\n  job_worker:\n    count: 2\n  role: all\n  job_worker:\n    max_retry: 0\n")
+    with pytest.raises(DuplicateKeyError) as info:
+        load_config(path, environ=NO_ENV)
+    assert str(info.value) == (f"{path}: default.job_worker: key 'job_worker' appears twice, at lines 2 and 5 "
+                               "(YAML keeps only the last; merge the two)")
+    assert isinstance(info.value, ConfigError) and info.value.path == "default.job_worker"
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("default:\n  job_worker:\n    limits:\n      api: {concurrency: 1}\n      api: {concurrency: 2}\n",
+     "default.job_worker.limits.api: key 'api' appears twice, at lines 4 and 5"),
+    ("default: {}\ndefault: {role: worker}\n", "default: key 'default' appears twice, at lines 1 and 2"),
+    ("default:\n  job_worker:\n    limits:\n      api:\n        rate:\n          - {limit: 1, per: 1s, per: 2s}\n",
+     "default.job_worker.limits.api.rate[0].per: key 'per' appears twice, at lines 6 and 6"),
+    ("default:\n  job_worker:\n    max_retry:\n      1: 2\n      1: 3\n", "default.job_worker.max_retry[1]: key 1"),
+])
+def test_duplicate_keys_are_found_at_any_depth(tmp_path, text, where):
+    from ductwork.errors import DuplicateKeyError
+
+    with pytest.raises(DuplicateKeyError, match=re.escape(where)):
+        load_config(write(tmp_path, text), environ=NO_ENV)
+
+
+def test_a_key_overriding_a_merge_is_not_a_duplicate(tmp_path):
+    path = write(tmp_path, "default: &d\n  job_worker: {count: 2}\n  role: worker\n"
+                           "staging:\n  <<: *d\n  job_worker: {count: 3}\n")
+    staging = load_config(path, "staging", environ=NO_ENV)
+    assert (staging.job_worker.count, staging.role) == (3, "worker")
+
+
+def test_star_without_imports_is_an_error():
+    with pytest.raises(ConfigError) as info:
+        section(pipelines=["*"])
+    assert info.value.path == "pipelines"
+    assert "'*' loads the pipelines of the modules listed in imports, and imports lists none" in str(info.value)
+
+
+def test_star_finding_no_pipeline_in_the_imports_is_an_error():
+    from ductwork.boot import load_pipelines
+
+    with pytest.raises(ConfigError, match=r"no Pipeline subclass is defined in the imports \(json\)"):
+        load_pipelines(section(pipelines=["*"], imports=["json"]))
+
+
+def test_ductwork_config_names_the_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "default:\n  job_worker:\n    count: 2\n")
+    other = tmp_path / "other.yml"
+    other.write_text("default:\n  job_worker:\n    count: 3\n")
+    assert load_config(environ={"DUCTWORK_CONFIG": str(other)}).job_worker.count == 3
+    assert load_config(environ={"DUCTWORK_CONFIG": ""}).job_worker.count == 2
+    assert load_config("ductwork.yml", environ={"DUCTWORK_CONFIG": str(other)}).job_worker.count == 2
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={"DUCTWORK_CONFIG": "missing.yml"})
+    assert str(info.value) == "DUCTWORK_CONFIG='missing.yml': no such file"
