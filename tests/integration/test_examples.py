@@ -30,8 +30,9 @@ empty directory of its own, top to bottom, like a reader would go through it:
 - ``<!-- support file PATH`` … ``-->`` holds a file the page needs that the reader
   does not (a stand-in vendor client); it is written before anything runs.
 
-Commands run with ``PYTHONPATH`` set to the page's directory, as for an installed
-application, and without ``DUCTWORK_*`` variables from the environment.
+Commands run with the page's directory first on ``PYTHONPATH``, as for an installed
+application (then the ``PYTHONPATH`` the tests got, if any), and without ``DUCTWORK_*``
+variables from the environment.
 """
 
 from __future__ import annotations
@@ -255,7 +256,9 @@ def test_links_between_pages_resolve():
 
 def _env(workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
-    env["PYTHONPATH"] = str(workdir)
+    # the page's directory first; then what the tests inherit, so that a checkout put on
+    # PYTHONPATH (rather than installed) is the ductwork the pages run against
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))
     return env
 
 
