@@ -22,7 +22,9 @@ from ductwork.errors import (
     OverwriteError,
     StartError,
 )
+from ductwork.definition import PipelineBuilder
 from ductwork.pipeline import Pipeline
+from ductwork.runs import Run, StepError, StepInfo
 from ductwork.step import Step
 
 __all__ = [
@@ -37,8 +39,12 @@ __all__ = [
     "DuctworkError",
     "OverwriteError",
     "Pipeline",
+    "PipelineBuilder",
+    "Run",
     "StartError",
     "Step",
+    "StepError",
+    "StepInfo",
     "connect",
 ]
 

@@ -76,7 +76,7 @@ class Tx:
     def now_us(self) -> int:
         return to_us(self.now)
 
-    def execute(self, stmt: Any, params: Any = None) -> sa.CursorResult:
+    def execute(self, stmt: Any, params: Any = None) -> sa.CursorResult[Any]:
         return self.conn.execute(stmt, params) if params is not None else self.conn.execute(stmt)
 
 
@@ -223,7 +223,7 @@ class App:
 _default: App | None = None
 
 
-def connect(url: str | None = None, config: Config | Mapping[str, Any] | str | os.PathLike | None = None,
+def connect(url: str | None = None, config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
             env: str | None = None, *, clock: Clock | None = None, **engine_settings: Any) -> App:
     """Connect to a database and make the result the default app.
 

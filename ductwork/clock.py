@@ -48,7 +48,8 @@ class DatabaseClock:
     def now(self, conn: Connection) -> datetime:
         from ductwork.dialects import db_now
 
-        return db_now(conn)
+        moment: datetime = db_now(conn)
+        return moment
 
     def __repr__(self) -> str:
         return "DatabaseClock()"
@@ -83,3 +84,43 @@ class ManualClock:
 
     def __repr__(self) -> str:
         return f"ManualClock({self._now.isoformat()})"
+
+
+class OffsetClock:
+    """Another clock's time plus an offset that only grows: time flows, and a test may
+    skip ahead (``ductwork.testing.drain(app, skip_delays=True)`` does, past a retry's
+    ``retry_delay``, a crash back-off or a ``delay=``).
+
+        >>> clock = OffsetClock()                 # the database's clock, not moved yet
+        >>> clock.skip_to(moment, now)            # from now on it reads ``moment - now`` later
+
+    Thread-safe. Every transaction of an App reads this one clock, so everything that
+    App decides stays consistent with itself [INV-CLK-1]; another process on the same
+    database, on the database's own clock, sees this App's times ahead by the offset.
+    Not for production: a skip makes ``delay=`` and back-offs shorter than configured.
+    """
+
+    def __init__(self, base: Clock | None = None):
+        self._base: Clock = base if base is not None else DatabaseClock()
+        self._lock = threading.Lock()
+        self._offset = timedelta()
+
+    @property
+    def offset(self) -> timedelta:
+        """How far ahead of the base clock this clock reads (zero until a skip)."""
+        with self._lock:
+            return self._offset
+
+    def now(self, conn: Connection) -> datetime:
+        base = self._base.now(conn)
+        with self._lock:
+            return base + self._offset
+
+    def skip_to(self, moment: datetime, now: datetime) -> None:
+        """Move ahead by ``moment - now`` (``now``: a reading of this clock); never back."""
+        if moment > now:
+            with self._lock:
+                self._offset += moment - now
+
+    def __repr__(self) -> str:
+        return f"OffsetClock({self._base!r}, offset={self.offset})"

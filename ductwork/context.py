@@ -14,7 +14,7 @@ transaction: a value set by a step stays set even if the step later fails.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -24,6 +24,8 @@ from ductwork.ids import new_id
 
 if TYPE_CHECKING:
     from ductwork.app import App
+
+T = TypeVar("T")
 
 
 class Context:
@@ -54,7 +56,7 @@ class Context:
             ).scalar_one_or_none()
         return None if text is None else json.loads(text)["raw_value"]
 
-    def set(self, key: str, value: Any, overwrite: bool = False) -> Any:
+    def set(self, key: str, value: T, overwrite: bool = False) -> T:
         """Set ``key`` once for this run (or replace it with ``overwrite=True``); returns value.
 
         A value that breaks the payload rule (``payloads.dump``) raises

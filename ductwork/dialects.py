@@ -596,3 +596,26 @@ def retry_transient(fn: Callable[[], Any], *, attempts: int = 8) -> Any:
                 raise
             time.sleep(min(2.0, 0.05 * 2 ** attempt))
     raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------- emptying (test fixtures)
+
+delete_all_rows = Seam("delete_all_rows")
+
+
+@delete_all_rows.for_db("postgresql", "sqlite")
+def _delete_children_first(conn: Connection, tables: list[sa.Table]) -> None:
+    for table in tables:
+        conn.execute(table.delete())
+
+
+@delete_all_rows.for_db("mysql")
+def _mysql_delete_all(conn: Connection, tables: list[sa.Table]) -> None:
+    # Differs from PostgreSQL in that InnoDB checks foreign keys row by row within one
+    # DELETE, because it does not defer them to the statement's end: deleting branches
+    # that point at each other fails part-way. The checks are off for these deletes only.
+    conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS=0")
+    try:
+        _delete_children_first(conn, tables)
+    finally:
+        conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS=1")

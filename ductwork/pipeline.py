@@ -17,7 +17,7 @@ to the engine) and re-definition (edit the class and re-import instead).
 from __future__ import annotations
 
 import inspect
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ductwork.definition import (
     Definition,
@@ -28,6 +28,10 @@ from ductwork.definition import (
     register_class,
 )
 from ductwork.errors import DefinitionError, InputError, MainModuleError
+
+if TYPE_CHECKING:
+    from ductwork.app import App
+    from ductwork.runs import Run
 
 
 class Pipeline:
@@ -42,7 +46,7 @@ class Pipeline:
     #: the frozen graph built from ``define`` at class creation; None when abstract
     definition: ClassVar[Definition | None] = None
 
-    def __init_subclass__(cls, **kwargs: Any):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.definition = None
         raw = inspect.getattr_static(cls, "define")
@@ -59,7 +63,7 @@ class Pipeline:
         raise NotImplementedError(f"{cls.__name__} must override the classmethod define")
 
     @classmethod
-    def trigger(cls, *args: Any, app: Any = None) -> Any:
+    def trigger(cls, *args: Any, app: App | None = None) -> Run:
         """Start a run with ``args`` as the first step's input; returns the run handle.
 
         ``app`` defaults to the last ``ductwork.connect``. Checked before anything is

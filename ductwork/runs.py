@@ -23,7 +23,7 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 
@@ -75,7 +75,9 @@ def trigger_run(app: App | None, pipeline: type[Pipeline], args: list[Any]) -> R
 def lock_run(tx: Tx, run_id: str) -> str:
     """Lock the run row (FOR NO KEY UPDATE on PostgreSQL) and return its status."""
     r = schema.runs
-    return tx.execute(dialects.for_update_run(sa.select(r.c.status).where(r.c.id == run_id), tx.conn)).scalar_one()
+    status: str = tx.execute(dialects.for_update_run(sa.select(r.c.status).where(r.c.id == run_id),
+                                                     tx.conn)).scalar_one()
+    return status
 
 
 def resolve_run(tx: Tx, run_id: str) -> str:
@@ -113,19 +115,54 @@ def resolve_run(tx: Tx, run_id: str) -> str:
     return new
 
 
+#: a run's status: ``in_progress`` until every branch ended, then one of the other three
+RunStatus = Literal["in_progress", "completed", "halted", "dampened"]
+#: a step's status: its code runs while ``in_progress``; ``advancing`` once it succeeded and
+#: until the branch moved past it; ``completed`` then; ``failed`` when its budget was spent
+StepStatus = Literal["in_progress", "advancing", "completed", "failed"]
+
+
 @dataclass(frozen=True)
+class StepError:
+    """How one execution of a step ended badly, as ``StepInfo.error`` reports it."""
+
+    #: ``module.QualName`` of the exception (``ductwork.AbandonedClaim``, ``ProcessCrash``, ...
+    #: for crashes ductwork detected itself)
+    klass: str
+    #: the exception's text, cut to 255 characters
+    message: str
+    #: ``failure`` (raised), ``timed_out`` (ran past ``timeout=``) or ``process_crashed``
+    outcome: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepInfo:
-    """A step of a run, as ``Run.steps()`` reports it."""
+    """A step of a run, as ``Run.steps()`` reports it: a snapshot, not a live view."""
 
     id: str
     branch_id: str
+    #: the node's name in the definition: the class name and its position (``Charge#1``)
     node: str
+    #: the step class, ``module:QualName``
     klass: str
-    status: str
+    status: StepStatus
+    #: the transition that created the step (``start``, ``chain``, ``expand``, ...)
     to_transition: str
-    input: Any
+    #: the positional arguments the step's ``__init__`` got
+    input: list[Any]
+    #: what ``execute`` returned; None before a success
     output: Any
-    started_at: datetime
+    #: the error of the step's latest finished execution; None when that one succeeded or
+    #: none has finished (a step retried after a failure shows the failure while it waits)
+    error: StepError | None
+    #: executions claimed so far: the first run, retries and re-runs after crashes
+    attempts: int
+    #: when the step was created (its job became eligible then, or after its ``delay=``)
+    created_at: datetime
+    #: when its first execution was claimed; None while none was
+    started_at: datetime | None
+    #: when it completed, or when its last execution failed for good; None before
+    finished_at: datetime | None
 
     @property
     def idempotency_key(self) -> str:
@@ -135,30 +172,34 @@ class StepInfo:
 class Run:
     """A handle on one run. Attributes reflect the last :meth:`refresh`."""
 
+    app: App
+    id: str
+    status: RunStatus
+    #: the pipeline class, ``module:QualName``
+    pipeline: str
+    triggered_at: datetime
+    #: why each halted branch halted (e.g. ``job_retries_exhausted``), sorted; empty
+    #: while no branch has halted
+    halt_reasons: list[str]
+
     def __init__(self, app: App, run_id: str):
         self.app = app
         self.id = run_id
-        self.status: str = ""
-        self.pipeline: str = ""
-        self.triggered_at: datetime | None = None
-        #: why each halted branch halted (e.g. ``job_retries_exhausted``), sorted; empty
-        #: while no branch has halted
-        self.halt_reasons: list[str] = []
         self.refresh()
 
     def refresh(self) -> Run:
-        b = schema.branches
+        """Read the run's status, pipeline, trigger time and halt reasons again; returns self."""
+        b, r = schema.branches, schema.runs
         with self.app.begin(readonly=True) as tx:
             row = tx.execute(
-                sa.select(schema.runs.c.status, schema.runs.c.pipeline_klass, schema.runs.c.triggered_at)
-                .where(schema.runs.c.id == self.id)
+                sa.select(r.c.status, r.c.pipeline_klass, r.c.triggered_at).where(r.c.id == self.id)
             ).first()
             if row is None:
                 raise RunStateError(f"run {self.id} does not exist")
             reasons = tx.execute(sa.select(b.c.halt_reason)
                                  .where(b.c.run_id == self.id, b.c.status == "halted")).scalars()
-            self.halt_reasons = sorted(r for r in reasons if r is not None)
-        self.status, self.pipeline, self.triggered_at = row
+            self.halt_reasons = sorted(reason for reason in reasons if reason is not None)
+        self.status, self.pipeline, self.triggered_at = row.status, row.pipeline_klass, row.triggered_at
         return self
 
     def wait(self, timeout: float, poll: float = 0.1) -> Run:
@@ -176,12 +217,14 @@ class Run:
 
     def steps(self) -> list[StepInfo]:
         """Every step of the run, in start order, with inputs and outputs (an expanding
-        step's output is the list it returned; None before a success)."""
-        s, j, x = schema.steps, schema.jobs, schema.expand_items
+        step's output is the list it returned; None before a success), its latest error,
+        attempts and times. One read-only transaction: a consistent snapshot."""
+        s, j, x, e = schema.steps, schema.jobs, schema.expand_items, schema.executions
         with self.app.begin(readonly=True) as tx:
             rows = tx.execute(
                 sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition,
-                          j.c.input_args, j.c.output_payload, s.c.started_at, j.c.id.label("job_id"))
+                          j.c.input_args, j.c.output_payload, s.c.created_at, s.c.completed_at,
+                          j.c.id.label("job_id"))
                 .join(j, j.c.step_id == s.c.id)
                 .where(s.c.run_id == self.id)
                 .order_by(s.c.started_at, s.c.id)
@@ -190,16 +233,21 @@ class Run:
             payloads = {row.job_id: json.loads(row.output_payload) for row in rows if row.output_payload}
             items: dict[str, list[Any]] = {job: [] for job, p in payloads.items() if "expand_items" in p}
             if items:
-                for job, value in tx.execute(sa.select(x.c.job_id, x.c.value).where(x.c.job_id.in_(list(items)))
-                                             .order_by(x.c.job_id, x.c.item_index)):
-                    items[job].append(json.loads(value))
-        return [
-            StepInfo(row.id, row.branch_id, row.node, row.klass, row.status, row.to_transition,
-                     json.loads(row.input_args),
-                     items[row.job_id] if row.job_id in items else payloads.get(row.job_id, {}).get("payload"),
-                     row.started_at)
-            for row in rows
-        ]
+                for item in tx.execute(sa.select(x.c.job_id, x.c.value).where(x.c.job_id.in_(list(items)))
+                                       .order_by(x.c.job_id, x.c.item_index)):
+                    items[item.job_id].append(json.loads(item.value))
+            executions: dict[str, list[sa.Row[Any]]] = {}
+            for execution in tx.execute(
+                sa.select(e.c.job_id, e.c.claimed_at, e.c.completed_at, e.c.outcome, e.c.error_klass,
+                          e.c.error_message)
+                .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+                .where(s.c.run_id == self.id)
+                .order_by(e.c.created_at, e.c.id)
+            ):
+                executions.setdefault(execution.job_id, []).append(execution)
+        return [_step_info(row, items[row.job_id] if row.job_id in items
+                           else payloads.get(row.job_id, {}).get("payload"), executions.get(row.job_id, []))
+                for row in rows]
 
     def resume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
         """Continue a dampened run: every dampened branch gets its next step.
@@ -230,7 +278,8 @@ class Run:
                 step = latest_step(tx, branch_id)
                 assert step is not None and step.status == "completed", (branch_id, step)
                 edge = definition.edges[step.node]
-                args = "[" + (value_json if replace else step_output_json(tx, step.id)) + "]"
+                assert isinstance(edge.to, list), edge  # a dampen edge names one node
+                args = "[" + (value_json if value_json is not None else step_output_json(tx, step.id)) + "]"
                 new.append(NewStep(branch_id, edge.to[0], "dampen", args))
                 moved = tx.execute(
                     b.update().where(b.c.id == branch_id, b.c.status == "dampened")
@@ -244,3 +293,20 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, pipeline={self.pipeline!r}, status={self.status!r})"
+
+
+def _step_info(row: sa.Row[Any], output: Any, executions: list[sa.Row[Any]]) -> StepInfo:
+    """One StepInfo from its step-and-job row and its executions in creation order."""
+    claimed = [x.claimed_at for x in executions if x.claimed_at is not None]
+    ended = [x for x in executions if x.completed_at is not None]
+    last = ended[-1] if ended else None
+    error = None
+    if last is not None and last.outcome != "success":
+        error = StepError(klass=last.error_klass or "", message=last.error_message or "", outcome=last.outcome)
+    finished = row.completed_at
+    if finished is None and row.status == "failed" and last is not None:
+        finished = last.completed_at
+    return StepInfo(id=row.id, branch_id=row.branch_id, node=row.node, klass=row.klass, status=row.status,
+                    to_transition=row.to_transition, input=json.loads(row.input_args), output=output,
+                    error=error, attempts=len(claimed), created_at=row.created_at,
+                    started_at=min(claimed) if claimed else None, finished_at=finished)

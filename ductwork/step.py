@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import inspect
 import reprlib
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Self, Sequence
+
+if TYPE_CHECKING:
+    from ductwork.context import Context
 
 from ductwork.errors import AsyncStepError, DefinitionError
 
@@ -51,7 +54,7 @@ class Step:
     #: the run this step belongs to; None when unbound
     _ductwork_run_id: str | None = None
     #: the run-scoped Context object the engine passed; None when unbound
-    _ductwork_context: Any = None
+    _ductwork_context: Context | None = None
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -83,8 +86,8 @@ class Step:
 
     @classmethod
     def _ductwork_build(
-        cls, args: Sequence[Any], step_id: Any, run_id: Any, context: Any
-    ) -> Step:
+        cls, args: Sequence[Any], step_id: object, run_id: object, context: Context | None
+    ) -> Self:
         """Engine seam, not API: allocate, bind ids and context, then ``__init__(*args)``.
 
         Errors raised by the user's ``__init__`` propagate unchanged (the engine counts
@@ -95,7 +98,7 @@ class Step:
         step._ductwork_step_id = str(step_id)
         step._ductwork_run_id = str(run_id)
         step._ductwork_context = context
-        step.__init__(*args)
+        cls.__init__(step, *args)
         return step
 
     @property
@@ -106,9 +109,9 @@ class Step:
         return self._ductwork_step_id
 
     @property
-    def context(self) -> Any:
+    def context(self) -> Context:
         """The run-scoped Context (``get``/``set``) shared by every step of this run."""
-        if self._ductwork_step_id is None:
+        if self._ductwork_step_id is None or self._ductwork_context is None:
             raise RuntimeError(f"{type(self).__name__}.context {_UNBOUND}")
         return self._ductwork_context
 

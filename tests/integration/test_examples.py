@@ -31,7 +31,8 @@ empty directory of its own, top to bottom, like a reader would go through it:
   does not (a stand-in vendor client); it is written before anything runs.
 
 Commands run with the page's directory first on ``PYTHONPATH``, as for an installed
-application, and without ``DUCTWORK_*`` variables from the environment.
+application (then this checkout, then the ``PYTHONPATH`` the tests got, if any), and
+without ``DUCTWORK_*`` variables from the environment.
 """
 
 from __future__ import annotations
