@@ -109,7 +109,9 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
     for event in crashed:  # committed: now they may be told
         if event is not None:
             logs.step_ended(log, event)
-    log.info("reaped process %s: %d executions, %d advancements", process_id, len(executions), len(advancements))
+    # (a process removing its own row at a clean stop recovers nothing: not worth an INFO line)
+    log.log(logging.INFO if executions or advancements else logging.DEBUG,
+            "reaped process %s: %d executions, %d advancements", process_id, len(executions), len(advancements))
     return True
 
 

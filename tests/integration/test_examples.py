@@ -31,7 +31,8 @@ empty directory of its own, top to bottom, like a reader would go through it:
   does not (a stand-in vendor client); it is written before anything runs.
 
 Commands run with ``PYTHONPATH`` set to the page's directory, as for an installed
-application, and without ``DUCTWORK_*`` variables from the environment.
+application, then to this checkout (whose ``ductwork`` is the one under test), and
+without ``DUCTWORK_*`` variables from the environment.
 """
 
 from __future__ import annotations
@@ -255,7 +256,8 @@ def test_links_between_pages_resolve():
 
 def _env(workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
-    env["PYTHONPATH"] = str(workdir)
+    # the page's directory, then this checkout (so a worktree's ductwork runs, not an installed one)
+    env["PYTHONPATH"] = os.pathsep.join([str(workdir), str(REPO)])
     return env
 
 
