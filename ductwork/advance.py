@@ -344,24 +344,22 @@ class Advancer:
                 else:
                     self._close(tx, c, info)
                     self._release(tx, c)
-        except BaseException as lost:
-            if isinstance(lost, StaleClaim):
-                c.closed = True
-            self._log_error(c, info, "not recorded: its claim was lost" if isinstance(lost, StaleClaim)
-                            else f"not recorded: recording it raised {type(lost).__name__}", "none")
-            if not isinstance(lost, StaleClaim):
-                raise
+        except StaleClaim:
+            c.closed = True
+            self._log_error(c, info, "not recorded: its claim was lost", "none")
             return
+        except BaseException as failed:
+            self._log_error(c, info, f"not recorded: recording it raised {type(failed).__name__}", "none")
+            raise
         if run_status is not None:
             self._log_halt(c, "advancer_retries_exhausted", run_status, info)
         else:
             self._log_error(c, info, f"the branch is released for retry {failures + 1} of {max_retry}", "retry")
 
     def _log_error(self, c: BranchClaim, info: ErrorInfo, then: str, next_: str) -> None:
-        context = {"run_id": c.run_id, "branch_id": c.branch_id, "node": c.step.node, "step_id": c.step.id,
-                   "error": info.klass, "next": next_}
-        logs.emit(log, logging.WARNING, f"advancing past {c.step.node} failed: {info.klass}: {info.message}; "
-                  f"{then} ({' '.join(f'{k}={v}' for k, v in context.items())})", context, info.text)
+        logs.advancement_failed(log, run_id=c.run_id, branch_id=c.branch_id, node=c.step.node,
+                                step_id=c.step.id, error=info.klass, error_message=info.message, then=then,
+                                next_=next_, traceback=info.text)
 
     # -- routing ----------------------------------------------------------------------------
 

@@ -20,6 +20,10 @@ max_retry``; a crash enqueues a re-run while ``crash_count < max_crash`` (at onc
 for the first third of the budget, then backing off by 10 s per crash); a spent
 budget marks the step ``failed`` [INV-EXE-4]. The code that ran is not stopped
 here: a caller that knows it may still run must stop it first [INV-EXE-5].
+
+Once an outcome has committed it is logged (``ductwork.logs``): a failure, timeout
+or crash as one WARNING with its context, what follows and its traceback; a success
+at DEBUG. Nothing is logged for an outcome that was not recorded.
 """
 
 from __future__ import annotations
@@ -242,7 +246,9 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
             if success.advance is None or not success.advance(tx):
                 advancing.append(success.claimed.step_id)
         _mark_advancing(tx, advancing)
-        return [] if hand_off is None else hand_off(tx)
+        handed = [] if hand_off is None else hand_off(tx)
+    _log_successes(successes)
+    return handed
 
 
 def _write_expand_items(tx: Tx, success: Success) -> None:
@@ -277,7 +283,19 @@ def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claime
         handed = [] if hand_off is None else hand_off(tx)
         if claimed.limit_key and not handed:
             tx.wake()  # a slot is free (a hand-off took it over: nothing for anyone else)
-        return handed
+    _log_successes([success])
+    return handed
+
+
+def _log_successes(successes: list[Success]) -> None:
+    """One DEBUG per committed success (thousands per second: never INFO)."""
+    if log.isEnabledFor(logging.DEBUG):
+        for success in successes:
+            c = success.claimed
+            log.debug("step succeeded: %s (run_id=%s step_id=%s execution_id=%s attempt=%d)", c.node, c.run_id,
+                      c.step_id, c.execution_id, c.retry_count + c.crash_count + 1,
+                      extra={"run_id": c.run_id, "step": c.klass, "node": c.node, "step_id": c.step_id,
+                             "execution_id": c.execution_id, "outcome": "success"})
 
 
 def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo, *,

@@ -10,9 +10,10 @@ they go. The ``ductwork`` command owns its process's logging (:func:`configure`)
 One record per event, logged only after the transaction that records the event
 has committed (an outcome that rolled back is never logged):
 
-- WARNING: every step failure, timeout and crash (:func:`step_ended`), and every
-  branch halt (:func:`branch_halted`), with what happens next and, for an error
-  the step raised, its traceback;
+- WARNING: every step failure, timeout and crash (:func:`step_ended`), every
+  branch halt (:func:`branch_halted`) and every other advancement error
+  (:func:`advancement_failed`), with what happens next and, for an error that was
+  raised, its traceback;
 - INFO: ``ductwork start`` starting (what it runs, against which database, with
   which limit keys) and stopping, processes started and reaped;
 - DEBUG: each success (thousands per second: too many for INFO).
@@ -237,3 +238,16 @@ def branch_halted(logger: logging.Logger, *, run_id: str, pipeline: str, branch_
     cause = f" ({error}: {error_message})" if error else ""
     emit(logger, logging.WARNING, f"branch halted: {reason} at {node}{cause}; {run} ({_fields(context)})",
          context, traceback)
+
+
+def advancement_failed(logger: logging.Logger, *, run_id: str, branch_id: str, node: str, step_id: str, error: str,
+                       error_message: str, then: str, next_: str, traceback: str | None) -> None:
+    """One WARNING for an error while advancing a branch that did not halt it (the
+    halt is :func:`branch_halted`), with what became of it (``then``).
+
+    ``advancing past Charge#0 failed: KeyError: 'x'; the branch is released for retry 1 of 10 (run_id=… …)``
+    """
+    context = {"run_id": run_id, "branch_id": branch_id, "node": node, "step_id": step_id, "error": error,
+               "next": next_}
+    emit(logger, logging.WARNING, f"advancing past {node} failed: {error}: {error_message}; {then} "
+         f"({_fields(context)})", context, traceback)

@@ -17,8 +17,9 @@ branches, then the process row), so a reap never deadlocks with a claim.
 
 Deleting the row nullifies ``process_id`` on claims that raced in after the reap
 read them; :func:`sweep_orphans` crashes those after three reaper timeouts.
-Never reaps the caller's own row. Not done here: killing processes (the
-supervisor does that before it force-reaps a child it has proof is dead).
+Never reaps the caller's own row. Each crashed execution is logged at WARNING once
+the reap has committed. Not done here: killing processes (the supervisor does
+that before it force-reaps a child it has proof is dead).
 """
 
 from __future__ import annotations

@@ -107,6 +107,15 @@ def test_a_failing_step_logs_a_warning_per_attempt_with_its_traceback(app, caplo
     assert halt.getMessage().startswith("branch halted: job_retries_exhausted at Decline#0; the run is halted (")
 
 
+def test_a_success_is_logged_at_debug_only(app, caplog):
+    caplog.set_level(logging.DEBUG, logger="ductwork.executions")
+    run = LeafP.trigger(1)
+    drain(app, timeout=30)
+    (success,) = [r for r in caplog.records if r.name == "ductwork.executions"]
+    assert (success.levelno, success.outcome, success.run_id) == (logging.DEBUG, "success", run.id)
+    assert success.getMessage().startswith("step succeeded: Same#0 (run_id=")
+
+
 def test_a_reaped_execution_logs_a_crash_warning(app, caplog):
     caplog.set_level(logging.WARNING, logger="ductwork")
     process = register(app, role="test", label="doomed")
