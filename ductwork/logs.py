@@ -234,7 +234,7 @@ def branch_halted(logger: logging.Logger, *, run_id: str, pipeline: str, branch_
     """
     context = {"run_id": run_id, "pipeline": pipeline, "branch_id": branch_id, "step": step, "node": node,
                "step_id": step_id, "halt_reason": reason, "run_status": run_status, "error": error}
-    run = "the run is halted" if run_status == "halted" else f"the run is {run_status}"
+    run = ("the run's other branches go on" if run_status == "in_progress" else f"the run is {run_status}")
     cause = f" ({error}: {error_message})" if error else ""
     emit(logger, logging.WARNING, f"branch halted: {reason} at {node}{cause}; {run} ({_fields(context)})",
          context, traceback)

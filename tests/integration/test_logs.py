@@ -49,6 +49,28 @@ class KeyedDeclineP(Pipeline):
         p.start(Decline, limit_by="log_key")
 
 
+class Three(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return [1, 2, 3]
+
+
+class Gather(Step):
+    def __init__(self, values):
+        self.values = values
+
+    def execute(self):  # pragma: no cover - never reached: its inputs halt
+        return self.values
+
+
+class ThreeDeclinesP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Three).expand(to=Decline).collapse(into=Gather)
+
+
 class Unbuildable(Step):
     def __init__(self, value):
         raise KeyError("constructor fails")
@@ -105,6 +127,17 @@ def test_a_failing_step_logs_a_warning_per_attempt_with_its_traceback(app, caplo
     assert (halt.run_id, halt.pipeline, halt.halt_reason, halt.run_status) == (
         run.id, pipeline, "job_retries_exhausted", "halted")
     assert halt.getMessage().startswith("branch halted: job_retries_exhausted at Decline#0; the run is halted (")
+
+
+def test_each_halted_branch_says_whether_its_run_halted(app, caplog):
+    caplog.set_level(logging.WARNING, logger="ductwork.advance")
+    run = ThreeDeclinesP.trigger(0)
+    drain(app, timeout=60)
+    halts = _warnings(caplog, "ductwork.advance")
+    assert [r.run_status for r in halts] == ["in_progress", "in_progress", "halted"]
+    assert "; the run's other branches go on (" in halts[0].getMessage()
+    assert "; the run is halted (" in halts[2].getMessage()
+    assert len({r.branch_id for r in halts}) == 3 and {r.run_id for r in halts} == {run.id}
 
 
 def test_a_success_is_logged_at_debug_only(app, caplog):
