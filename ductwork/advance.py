@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import sqlalchemy as sa
 from sqlalchemy import exc
 
-from ductwork import dialects, faults, mutants, payloads, schema
+from ductwork import dialects, faults, logs, mutants, payloads, schema
 from ductwork.definition import render_divert_key
 from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
 from ductwork.executions import ErrorInfo, payload_envelope
@@ -252,7 +252,6 @@ class Advancer:
             self._halt(c, "payload_too_large", ErrorInfo.of(error))
             return "advanced"
         except Exception as error:  # noqa: BLE001 - any routing error is recorded, never lost
-            log.exception("advancing branch %s failed", c.branch_id)
             self._record_error(c, error)
             return "error"
 
@@ -346,11 +345,22 @@ class Advancer:
                 step_complete(tx, c.step.id)
             self._close(tx, c, error)
             self._set_branch(tx, c, "halted", halt_reason=reason, completed_at=tx.now)
-            resolve_run(tx, c.run_id)
+            run_status = resolve_run(tx, c.run_id)
+        self._log_halt(c, reason, run_status, error)
+
+    def _log_halt(self, c: BranchClaim, reason: str, run_status: str, error: ErrorInfo | None) -> None:
+        """The WARNING for a halt, once its fence committed."""
+        logs.branch_halted(log, run_id=c.run_id, pipeline=self.app.definition(c.definition_sha1).pipeline,
+                           branch_id=c.branch_id, step=c.step.klass, node=c.step.node, step_id=c.step.id,
+                           reason=reason, run_status=run_status, error=error.klass if error else None,
+                           error_message=error.message if error else None, traceback=error.text if error else None)
 
     def _record_error(self, c: BranchClaim, error: Exception) -> None:
+        """Record a routing error: the branch is released for another attempt, or halts
+        ``advancer_retries_exhausted``; logged at WARNING once that committed."""
         info = ErrorInfo.of(error)
         max_retry = self.app.config.pipeline_advancer.max_retry
+        run_status = None
         try:
             with self._fence(c, ends_branch=True) as tx:
                 failures = tx.execute(
@@ -364,12 +374,26 @@ class Advancer:
                     self._close(tx, c, info)
                     self._set_branch(tx, c, "halted", halt_reason="advancer_retries_exhausted",
                                      completed_at=tx.now)
-                    resolve_run(tx, c.run_id)
+                    run_status = resolve_run(tx, c.run_id)
                 else:
                     self._close(tx, c, info)
                     self._release(tx, c)
         except StaleClaim:
             c.closed = True
+            self._log_error(c, info, "not recorded: its claim was lost", "none")
+            return
+        except BaseException as failed:
+            self._log_error(c, info, f"not recorded: recording it raised {type(failed).__name__}", "none")
+            raise
+        if run_status is not None:
+            self._log_halt(c, "advancer_retries_exhausted", run_status, info)
+        else:
+            self._log_error(c, info, f"the branch is released for retry {failures + 1} of {max_retry}", "retry")
+
+    def _log_error(self, c: BranchClaim, info: ErrorInfo, then: str, next_: str) -> None:
+        logs.advancement_failed(log, run_id=c.run_id, branch_id=c.branch_id, node=c.step.node,
+                                step_id=c.step.id, error=info.klass, error_message=info.message, then=then,
+                                next_=next_, traceback=info.text)
 
     # -- routing ----------------------------------------------------------------------------
 

@@ -9,9 +9,11 @@
 Options for every command: ``--database-url`` (else ``DUCTWORK_DATABASE_URL``,
 then the config's ``database.url``, then ``sqlite:///ductwork.sqlite3``),
 ``-c/--config`` (else ``DUCTWORK_CONFIG``, else ``./ductwork.yml``), ``--env`` (else
-``DUCTWORK_ENV``, else ``default``). Errors print one line naming what is wrong and
-exit 1; they never print a traceback. Only ``db upgrade`` and ``demo`` create a
-SQLite file; the other commands report a missing one (MissingDatabaseError).
+``DUCTWORK_ENV``, else ``default``), ``--log-level`` and ``--log-format`` (else the
+config's ``logging``; the command configures the process's logging, the library never
+does). Errors print one line naming what is wrong and exit 1; they never print a
+traceback. Only ``db upgrade`` and ``demo`` create a SQLite file; the other commands
+report a missing one (MissingDatabaseError).
 """
 
 from __future__ import annotations
@@ -21,11 +23,18 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from sqlalchemy.exc import DBAPIError
 
+from ductwork import logs
 from ductwork.errors import DuctworkError
+from ductwork.logs import FORMATS, LEVELS
+
+if TYPE_CHECKING:
+    from ductwork.config import Config
+
+log = logging.getLogger("ductwork.cli")
 
 
 def _common() -> argparse.ArgumentParser:
@@ -34,7 +43,13 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument("-c", "--config",
                         help="path to ductwork.yml (default: $DUCTWORK_CONFIG, else ./ductwork.yml if present)")
     common.add_argument("--env", help="config environment (default: $DUCTWORK_ENV or 'default')")
-    common.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    common.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (--log-level INFO)")
+    common.add_argument("--log-level", type=str.upper, choices=LEVELS,
+                        help="log records at this level and above (default: the config's logging.level, "
+                             "else INFO for start and WARNING for the other commands)")
+    common.add_argument("--log-format", choices=FORMATS,
+                        help="text: one line per record; json: one JSON object per line "
+                             "(default: the config's logging.format, else text)")
     return common
 
 
@@ -84,7 +99,15 @@ def _connect(args: argparse.Namespace, **settings: object):  # type: ignore[no-u
         raise ConfigError("--config", config, "no such file")
     app = connect(args.database_url, config, args.env, **settings)
     _opened.append(app)
+    logs.configure(*_log_settings(args, app.config))  # the config's logging, unless the options say
     return app
+
+
+def _log_settings(args: argparse.Namespace, config: Config | None = None) -> tuple[str, str]:
+    """The log level and format: the options, else the config's ``logging``, else the defaults."""
+    level = (args.log_level or ("INFO" if args.verbose else None) or (config.logging.level if config else None)
+             or ("INFO" if args.command in ("start", "_child") else "WARNING"))
+    return level, args.log_format or (config.logging.format if config else "text")
 
 
 def _common_args(args: argparse.Namespace) -> list[str]:
@@ -97,6 +120,10 @@ def _common_args(args: argparse.Namespace) -> list[str]:
         out += ["--env", args.env]
     if args.verbose:
         out.append("--verbose")
+    if args.log_level:
+        out += ["--log-level", args.log_level]
+    if args.log_format:
+        out += ["--log-format", args.log_format]
     return out
 
 
@@ -125,17 +152,24 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from ductwork.boot import validate
+    from ductwork.boot import load_pipelines, validate
     from ductwork.processes import same_host_warning, supervisors_on_this_host
     from ductwork.supervisor import Supervisor
 
     app = _connect(args)
-    for warning in validate(app):
+    pipelines = load_pipelines(app.config)
+    for warning in validate(app, pipelines):
         print(f"warning: {warning}", file=sys.stderr)
     for row in supervisors_on_this_host(app):  # legal, so only a warning
-        print(f"warning: {same_host_warning(row)}", file=sys.stderr)
+        log.warning("%s", same_host_warning(row))
+    role = args.role or app.config.role
+    for line in logs.start_lines(app.config, app.engine.url.render_as_string(hide_password=True),
+                                 [p.definition.pipeline for p in pipelines if p.definition], role):
+        log.info("%s", line)
     command = [sys.executable, "-m", "ductwork.cli", CHILD, *_common_args(args)]
-    return Supervisor(app, command, role=args.role, label=args.label).run()
+    code = Supervisor(app, command, role=args.role, label=args.label).run()
+    log.info("ductwork start: stopped, exit status %d", code)
+    return code
 
 
 def cmd_child(args: argparse.Namespace) -> int:
@@ -175,8 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     if os.getcwd() not in sys.path:  # like `python -m`: pipelines in the current directory import
         sys.path.insert(0, os.getcwd())
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    restore = logs.configure(*_log_settings(args))  # the command owns logging; _connect adds the config's
     try:
         return COMMANDS[args.command](args)
     except DuctworkError as error:
@@ -193,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         while _opened:
             _opened.pop().dispose()
+        restore()
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import yaml
 from ductwork.durations import parse_interval_us
 from ductwork.errors import ConfigError, DuplicateKeyError
 from ductwork.limits import LimitEntry, check_int, check_mapping, child_path, parse_limits
+from ductwork.logs import FORMATS, LEVELS
 
 DEFAULT_ENV = "default"
 DEFAULT_PATH = "ductwork.yml"
@@ -49,7 +50,7 @@ MAX_COUNT = 2**31 - 1
 MAX_INTERVAL_US = 3_155_760_000 * 1_000_000
 
 _SECTION_KEYS = (
-    "pipelines", "imports", "role", "database", "job_worker", "pipeline_advancer", "supervisor",
+    "pipelines", "imports", "role", "database", "job_worker", "pipeline_advancer", "supervisor", "logging",
 )
 
 
@@ -232,6 +233,31 @@ class SupervisorConfig:
     heartbeat_interval: float = 5.0
 
 
+@dataclass(frozen=True)
+class LoggingConfig:
+    """``logging``: what the ``ductwork`` command logs (the library itself configures nothing)."""
+
+    #: DEBUG, INFO, WARNING or ERROR; None: INFO for ``ductwork start``, WARNING for the
+    #: other commands. ``--log-level`` (or ``-v``) overrides it
+    level: str | None = None
+    #: ``text`` (one line per record, a traceback under it) or ``json`` (one object per
+    #: line); ``--log-format`` overrides it
+    format: str = "text"
+
+
+def _logging(value: Any) -> LoggingConfig:
+    body = check_mapping("logging", value, ("level", "format"))
+    values = {}
+    for key, valid in (("level", LEVELS), ("format", FORMATS)):
+        if key in body:
+            given = body[key]
+            chosen = given.upper() if key == "level" and isinstance(given, str) else given
+            if chosen not in valid:
+                raise ConfigError(f"logging.{key}", given, f"expected one of {', '.join(valid)}")
+            values[key] = chosen
+    return LoggingConfig(**values)
+
+
 _JOB_WORKER_SCALARS = ("count", "processes", "polling_timeout", "shutdown_timeout", "retry_delay",
                        "crash_backoff", "hand_off", "batch_size", "batch_window")
 _JOB_WORKER_KEYS = _JOB_WORKER_SCALARS + ("max_retry", "max_crash", "limits")
@@ -375,6 +401,7 @@ class Config:
     job_worker: JobWorkerConfig = field(default_factory=JobWorkerConfig)
     pipeline_advancer: PipelineAdvancerConfig = field(default_factory=PipelineAdvancerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     #: ``job_worker.limits``, parsed: key → kept concurrency and rate entries [INV-LIM-7]
     limits: dict[str, LimitEntry] = field(default_factory=dict)
     #: where this came from (a file path, ``<mapping>`` or ``<defaults>``), for messages
@@ -428,6 +455,7 @@ class Config:
                 **_scalars("pipeline_advancer", advancer, _ADVANCER_KEYS)
             ),
             supervisor=_supervisor(_scalars("supervisor", supervisor, _SUPERVISOR_KEYS)),
+            logging=_logging(body.get("logging")),
             limits=limits,
             source=source,
         )

@@ -338,7 +338,7 @@ class Worker:
             except BuildFailed as failed:
                 info = failed.info
                 retry_transient(lambda: record_crash(self.app, claimed.execution_id, claimed.process_id,
-                                                     info.klass, info.message, info.backtrace))
+                                                     info.klass, info.message, info.backtrace, info.text))
                 return "process_crashed"
             except StepTimedOut as timed_out:
                 retry_transient(lambda: record_failure(self.app, claimed, timed_out, outcome="timed_out"))

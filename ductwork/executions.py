@@ -21,6 +21,10 @@ for the first third of the budget, then backing off by 10 s per crash); a spent
 budget marks the step ``failed``, and so does an ``invalid`` execution (one that
 can never succeed) at once [INV-EXE-4]. The code that ran is not stopped
 here: a caller that knows it may still run must stop it first [INV-EXE-5].
+
+Once an outcome has committed it is logged (``ductwork.logs``): a failure, timeout
+or crash as one WARNING with its context, what follows and its traceback; a success
+at DEBUG. Nothing is logged for an outcome that was not recorded.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING, Callable
 
 import sqlalchemy as sa
 
-from ductwork import dialects, mutants, schema
+from ductwork import dialects, logs, mutants, schema
 from ductwork.errors import CommitFailed
 from ductwork.steps import new_execution_row
 
@@ -87,9 +91,13 @@ class Output:
 
 @dataclass(frozen=True)
 class ErrorInfo:
+    """An error as recorded: class, message (cut to 255) and backtrace (first frames).
+    ``text`` is the whole traceback, chained errors included, for the log only (not stored)."""
+
     klass: str
     message: str
     backtrace: str | None
+    text: str | None = None
 
     @classmethod
     def of(cls, error: BaseException) -> ErrorInfo:
@@ -97,7 +105,8 @@ class ErrorInfo:
         if len(frames) > BACKTRACE_FRAMES:
             frames = frames[:BACKTRACE_FRAMES] + [f"... {len(frames) - BACKTRACE_FRAMES} more frames\n"]
         return cls(f"{type(error).__module__}.{type(error).__qualname__}",
-                   str(error)[:MESSAGE_LIMIT], "".join(frames) or None)
+                   str(error)[:MESSAGE_LIMIT], "".join(frames) or None,
+                   "".join(traceback.format_exception(error)).rstrip("\n"))
 
 
 def _key_seq(tx: Tx, key: str) -> int:
@@ -238,7 +247,9 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
             if success.advance is None or not success.advance(tx):
                 advancing.append(success.claimed.step_id)
         _mark_advancing(tx, advancing)
-        return [] if hand_off is None else hand_off(tx)
+        handed = [] if hand_off is None else hand_off(tx)
+    _log_successes(successes)
+    return handed
 
 
 def _write_expand_items(tx: Tx, success: Success) -> None:
@@ -273,7 +284,19 @@ def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claime
         handed = [] if hand_off is None else hand_off(tx)
         if claimed.limit_key and not handed:
             tx.wake()  # a slot is free (a hand-off took it over: nothing for anyone else)
-        return handed
+    _log_successes([success])
+    return handed
+
+
+def _log_successes(successes: list[Success]) -> None:
+    """One DEBUG per committed success (thousands per second: never INFO)."""
+    if log.isEnabledFor(logging.DEBUG):
+        for success in successes:
+            c = success.claimed
+            log.debug("step succeeded: %s (run_id=%s step_id=%s execution_id=%s attempt=%d)", c.node, c.run_id,
+                      c.step_id, c.execution_id, c.retry_count + c.crash_count + 1,
+                      extra={"run_id": c.run_id, "step": c.klass, "node": c.node, "step_id": c.step_id,
+                             "execution_id": c.execution_id, "outcome": "success"})
 
 
 def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo, *,
@@ -284,18 +307,30 @@ def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo,
     """
     assert outcome in ("failure", "timed_out"), outcome
     max_retry = app.config.job_worker.max_retry_for(claimed.pipeline_klass, claimed.klass)
+    retry_at = None
     with app.begin() as tx:
         info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, outcome, info):
             raise CommitFailed(claimed.execution_id, claimed.process_id)
         if claimed.retry_count < max_retry:  # [INV-EXE-4]
-            delay = timedelta(seconds=app.config.job_worker.retry_delay)
+            retry_at = tx.now + timedelta(seconds=app.config.job_worker.retry_delay)
             tx.execute(schema.executions.insert().values(**new_execution_row(
-                claimed.job_id, claimed.limit_key, tx.now + delay, claimed.retry_count + 1,
+                claimed.job_id, claimed.limit_key, retry_at, claimed.retry_count + 1,
                 claimed.crash_count, tx.now)))
-            return True
-        _mark_failed(tx, claimed.step_id)
-        return False
+        else:
+            _mark_failed(tx, claimed.step_id)
+    logs.step_ended(log, logs.StepEnded(  # committed: now it may be told
+        outcome, claimed.run_id, claimed.pipeline_klass, claimed.klass, claimed.node, claimed.step_id,
+        claimed.execution_id, claimed.retry_count, claimed.crash_count, max_retry, info.klass, info.message,
+        retry_at, info.text or _traceback(info)))
+    return retry_at is not None
+
+
+def _traceback(info: ErrorInfo) -> str | None:
+    """The log's traceback text from a recorded error (when the whole text is not known)."""
+    if info.backtrace is None:
+        return None
+    return f"Traceback (most recent call last):\n{info.backtrace}{info.klass}: {info.message}"
 
 
 def record_invalid(app: App, claimed: Claimed, error: BaseException | ErrorInfo) -> None:
@@ -314,44 +349,57 @@ def record_invalid(app: App, claimed: Claimed, error: BaseException | ErrorInfo)
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "invalid", info):
             raise CommitFailed(claimed.execution_id, claimed.process_id)
         _mark_failed(tx, claimed.step_id)  # [INV-EXE-4] no budget applies: it cannot succeed
+    logs.step_ended(log, logs.StepEnded(  # committed: now it may be told
+        "invalid", claimed.run_id, claimed.pipeline_klass, claimed.klass, claimed.node, claimed.step_id,
+        claimed.execution_id, claimed.retry_count, claimed.crash_count, 0, info.klass, info.message,
+        None, info.text or _traceback(info)))
 
 
 def record_crash(app: App, execution_id: str, owner: str | None, error_klass: str, message: str,
-                 backtrace: str | None = None) -> bool:
-    """Crash an execution held by ``owner`` (None: an orphan) and enqueue its re-run.
+                 backtrace: str | None = None, traceback_text: str | None = None) -> bool:
+    """Crash an execution held by ``owner`` (None: an orphan) and enqueue its re-run;
+    logged (WARNING, ``traceback_text`` or ``backtrace`` under it) once committed.
 
-    Idempotent: False, and nothing written, if it already ended or another owner holds it.
+    Idempotent: False, and nothing written or logged, if it already ended or another
+    owner holds it.
     """
     with app.begin() as tx:
-        return crash_in(app, tx, execution_id, owner, error_klass, message, backtrace)
+        crashed = crash_in(app, tx, execution_id, owner, error_klass, message, backtrace, traceback_text)
+    if crashed is not None:
+        logs.step_ended(log, crashed)  # committed: now it may be told
+    return crashed is not None
 
 
 def crash_in(app: App, tx: Tx, execution_id: str, owner: str | None, error_klass: str, message: str,
-             backtrace: str | None = None) -> bool:
-    """:func:`record_crash` inside the caller's transaction (the reaper's)."""
+             backtrace: str | None = None, traceback_text: str | None = None) -> logs.StepEnded | None:
+    """:func:`record_crash` inside the caller's transaction (the reaper's). Returns what
+    to log once the transaction commits (:func:`ductwork.logs.step_ended`), or None
+    when it crashed nothing."""
     e, j, s, r = schema.executions, schema.jobs, schema.steps, schema.runs
     row = tx.execute(
-        sa.select(e.c.job_id, e.c.limit_key, e.c.retry_count, e.c.crash_count, s.c.id, s.c.klass,
-                  r.c.pipeline_klass)
+        sa.select(e.c.job_id, e.c.limit_key, e.c.retry_count, e.c.crash_count, s.c.id.label("step_id"),
+                  s.c.klass, s.c.node, s.c.run_id, r.c.pipeline_klass)
         .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
         .where(e.c.id == execution_id)
     ).first()
     if row is None:
-        return False
-    job_id, limit_key, retry_count, crash_count, step_id, klass, pipeline = row
+        return None
     info = ErrorInfo(error_klass, message[:MESSAGE_LIMIT], backtrace)
-    if not _complete(tx, execution_id, limit_key, owner, "process_crashed", info):
-        return False
-    max_crash = app.config.job_worker.max_crash_for(pipeline, klass)
-    if crash_count < max_crash:  # [INV-EXE-4]
-        count = crash_count + 1
+    if not _complete(tx, execution_id, row.limit_key, owner, "process_crashed", info):
+        return None
+    max_crash = app.config.job_worker.max_crash_for(row.pipeline_klass, row.klass)
+    eligible = None
+    if row.crash_count < max_crash:  # [INV-EXE-4]
+        count = row.crash_count + 1
         backoff = timedelta(seconds=app.config.job_worker.crash_backoff)
         eligible = tx.now if count <= max_crash // 3 else tx.now + backoff * count
         tx.execute(schema.executions.insert().values(**new_execution_row(
-            job_id, limit_key, eligible, retry_count, count, tx.now)))
+            row.job_id, row.limit_key, eligible, row.retry_count, count, tx.now)))
     else:
-        _mark_failed(tx, step_id)
-    return True
+        _mark_failed(tx, row.step_id)
+    return logs.StepEnded("process_crashed", row.run_id, row.pipeline_klass, row.klass, row.node, row.step_id,
+                          execution_id, row.retry_count, row.crash_count, max_crash, error_klass, info.message,
+                          eligible, traceback_text or _traceback(info))
 
 
 def payload_envelope(value_json: str) -> str:

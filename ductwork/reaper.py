@@ -17,8 +17,9 @@ branches, then the process row), so a reap never deadlocks with a claim.
 
 Deleting the row nullifies ``process_id`` on claims that raced in after the reap
 read them; :func:`sweep_orphans` crashes those after three reaper timeouts.
-Never reaps the caller's own row. Not done here: killing processes (the
-supervisor does that before it force-reaps a child it has proof is dead).
+Never reaps the caller's own row. Each crashed execution is logged at WARNING once
+the reap has committed. Not done here: killing processes (the supervisor does
+that before it force-reaps a child it has proof is dead).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from ductwork import dialects, faults, schema
+from ductwork import dialects, faults, logs, schema
 from ductwork.advance import PROCESS_CRASH
 from ductwork.executions import crash_in, record_crash
 
@@ -96,16 +97,22 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
             stmt = stmt.where(_p.c.last_heartbeat_at <= _stale_before(app, tx))
         if tx.execute(dialects.for_update(stmt, tx.conn)).first() is None:
             return False  # gone (another reaper won) or no longer stale
+        crashed = []
         for execution_id, _ in executions:
             # [INV-EXE-1] a dead owner's execution is re-run (or failed by budget), never lost
-            crash_in(app, tx, execution_id, process_id, PROCESS_CRASH, "Reaped from a dead process")
+            crashed.append(crash_in(app, tx, execution_id, process_id, PROCESS_CRASH, "Reaped from a dead process"))
         for advancement_id, branch_id, token in advancements:
             release_advancement(tx, advancement_id, branch_id, token, "Reaped from a dead process")
         faults.hit(faults.DURING_REAP)
         # Deleting the row nullifies process_id on claims that raced in after our read;
         # they are the orphan sweep's.
         tx.execute(_p.delete().where(_p.c.id == process_id))
-    log.info("reaped process %s: %d executions, %d advancements", process_id, len(executions), len(advancements))
+    for event in crashed:  # committed: now they may be told
+        if event is not None:
+            logs.step_ended(log, event)
+    # (a process removing its own row at a clean stop recovers nothing: not worth an INFO line)
+    log.log(logging.INFO if executions or advancements else logging.DEBUG,
+            "reaped process %s: %d executions, %d advancements", process_id, len(executions), len(advancements))
     return True
 
 

@@ -61,15 +61,16 @@ class Fleet:
     """One ``ductwork start`` (a supervisor and its children) in its own session."""
 
     def __init__(self, url: str, config: Path, *, label: str = "supervisor", role: str | None = None,
-                 env: dict[str, str] | None = None, log: Path | None = None):
+                 env: dict[str, str] | None = None, log: Path | None = None, args: list[str] | None = None):
         self.url, self.config, self.label, self.role = url, config, label, role
+        self.args = list(args or ["--verbose"])  # more options for `ductwork start`
         self.env = {**os.environ, **(env or {})}
         self.log_path = log or config.with_name(f"{label}.log")
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Fleet:
         command = [sys.executable, "-m", "ductwork.cli", "start", "--database-url", self.url,
-                   "-c", str(self.config), "--label", self.label, "--verbose"]
+                   "-c", str(self.config), "--label", self.label, *self.args]
         if self.role:
             command += ["--role", self.role]
         self._log = open(self.log_path, "ab")
