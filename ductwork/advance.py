@@ -41,7 +41,7 @@ from sqlalchemy import exc
 from ductwork import dialects, faults, mutants, schema
 from ductwork.definition import render_divert_key
 from ductwork.errors import StaleClaim, TransitionError
-from ductwork.executions import ErrorInfo
+from ductwork.executions import UNKNOWN_CLASS, ErrorInfo
 from ductwork.ids import new_id, new_token
 from ductwork.runs import lock_run, resolve_run
 from ductwork.steps import (ADVANCEABLE, NewStep, StepRow, create_steps, latest_step, payload_json,
@@ -298,13 +298,16 @@ class Advancer:
 
     def _job_halt_reason(self, c: BranchClaim) -> str:
         with self.app.begin() as tx:
-            outcome = tx.execute(
-                sa.select(schema.executions.c.outcome)
+            last = tx.execute(
+                sa.select(schema.executions.c.outcome, schema.executions.c.error_klass)
                 .where(schema.executions.c.job_id == c.step.job_id,
                        schema.executions.c.completed_at.is_not(None))
                 .order_by(schema.executions.c.completed_at.desc(), schema.executions.c.id.desc()).limit(1)
-            ).scalar_one_or_none()
-        return "job_crashes_exhausted" if outcome == "process_crashed" else "job_retries_exhausted"
+            ).first()
+        if last is not None and last.error_klass == UNKNOWN_CLASS:
+            return "unknown_step_class"
+        return "job_crashes_exhausted" if last is not None and last.outcome == "process_crashed" \
+            else "job_retries_exhausted"
 
     def _halt(self, c: BranchClaim, reason: str, error: ErrorInfo | None = None) -> None:
         with self._fence(c, ends_branch=True) as tx:

@@ -25,7 +25,7 @@ import importlib
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from ductwork.definition import resolve_pipeline
+from ductwork.definition import import_pipeline
 from ductwork.errors import ConfigError, MissingTablesError, SchemaVersionError
 from ductwork.limits import validate_references
 from ductwork.pipeline import Pipeline
@@ -49,7 +49,7 @@ def load_pipelines(config: Config) -> list[type[Pipeline]]:
     pipelines = []
     for i, ref in enumerate(config.pipelines):
         try:
-            cls = resolve_pipeline(ref)
+            cls = import_pipeline(ref)
         except ImportError as error:
             raise ConfigError(f"pipelines[{i}]", ref, f"cannot load pipeline ({error})") from None
         pipelines.append(cls)

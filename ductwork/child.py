@@ -13,7 +13,9 @@ child also dies with its parent (``PR_SET_PDEATHSIG`` on Linux), so a killed
 worker leaves no step code running.
 
 Costs and limits: one interpreter start per execution (tens of milliseconds);
-the step class must be importable by its module path (defined at module level);
+the child imports the run's pipeline by its module path (the parent checked that
+it and the step class are of its configured pipelines), so both must be defined
+at module level;
 its return value crosses back as JSON.
 """
 
@@ -50,7 +52,8 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     timeout_s = claimed.timeout_us / 1_000_000
     request = {
         "url": app.url, "sys_path": [p for p in sys.path if p], "klass": claimed.klass,
-        "input_json": claimed.input_json, "step_id": claimed.step_id, "run_id": claimed.run_id,
+        "pipeline": claimed.pipeline_klass, "input_json": claimed.input_json, "step_id": claimed.step_id,
+        "run_id": claimed.run_id,
     }
     read_fd, write_fd = os.pipe()
     started = time.monotonic()
@@ -126,6 +129,7 @@ def main() -> None:
 
     from ductwork.app import App
     from ductwork.config import config_from_mapping
+    from ductwork.definition import import_pipeline
     from ductwork.errors import StepReturnError
     from ductwork.execute import BuildFailed, build_step
     from ductwork.executions import ErrorInfo
@@ -133,6 +137,9 @@ def main() -> None:
     app = App(request["url"], config_from_mapping({"default": {}}))
     pipe = os.fdopen(out, "wb")
     try:
+        # The parent resolved both names among its configured pipelines' classes: import
+        # that pipeline's module (its define() registers the step class), nothing else.
+        import_pipeline(request["pipeline"])
         instance = build_step(app, request["klass"], request["input_json"], request["step_id"], request["run_id"])
         pipe.write(RUNNING)
         pipe.flush()

@@ -16,8 +16,12 @@ Rescue layering, one owner per failure:
 - running past ``timeout=`` is **timed_out** (counts like a failure); the step
   ran in a child process, which is killed and reaped *before* the outcome is
   recorded, so a freed slot never has code still running behind it [INV-EXE-5];
-- anything else — the class cannot be imported or built, ductwork's own code
-  raised, the thread is leaving — is a **crash** of the execution, re-run within
+- a step whose stored class (or its run's pipeline) is not one of the classes of
+  the pipelines this process runs is never built, and nothing is imported for it:
+  the step fails at once and its branch halts ``unknown_step_class``
+  (:class:`~ductwork.errors.UnknownStepClassError`);
+- anything else — the class cannot be built, ductwork's own code raised, the
+  thread is leaving — is a **crash** of the execution, re-run within
   ``max_crash``.
 
 Steps without ``timeout=`` run in the worker's thread: Python threads cannot be
@@ -38,11 +42,11 @@ from ductwork import faults
 from ductwork.advance import advance_on_success
 from ductwork.context import Context
 from ductwork.claims import claim_next_batch, hand_off as claim_hand_off, seconds_to_next_token
-from ductwork.definition import resolve_step
+from ductwork.definition import resolve_pipeline, resolve_step
 from ductwork.dialects import retry_transient
-from ductwork.errors import CommitFailed, StepReturnError
+from ductwork.errors import CommitFailed, StepReturnError, UnknownStepClassError
 from ductwork.executions import (Claimed, ErrorInfo, Output, Success, record_crash, record_failure, record_success,
-                                 record_successes)
+                                 record_successes, record_unknown_class)
 
 if TYPE_CHECKING:
     from ductwork.app import App
@@ -59,7 +63,7 @@ class Performed:
 
     execution_id: str
     node: str
-    outcome: str  # success | failure | timed_out | process_crashed | commit_failed
+    outcome: str  # success | failure | timed_out | unknown_class | process_crashed | commit_failed
 
 
 class BuildFailed(Exception):
@@ -140,6 +144,11 @@ class Worker:
                  hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+        from ductwork.boot import load_pipelines
+
+        # Only configured code runs: the classes of these pipelines (and of those this
+        # process's own code defined) are the only ones a stored name resolves to.
+        load_pipelines(app.config)
         self.app = app
         self._process_id = process_id
         #: asked after each success: may this worker take its lane's next execution in
@@ -277,6 +286,14 @@ class Worker:
     def _perform(self, claimed: Claimed, group: bool) -> str:
         definition = self.app.definition(claimed.definition_sha1)
         try:
+            try:
+                # Only configured code runs: both names resolve without an import, before
+                # anything is built here or in a child process.
+                resolve_pipeline(claimed.pipeline_klass)
+                resolve_step(claimed.klass)
+            except UnknownStepClassError as unknown:
+                retry_transient(lambda: record_unknown_class(self.app, claimed, unknown))
+                return "unknown_class"
             try:
                 started = time.monotonic()
                 output = self._invoke(claimed, definition)

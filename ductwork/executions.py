@@ -18,7 +18,8 @@ What follows in the same transaction: success keeps the output and moves the ste
 to ``advancing``; a failure or timeout enqueues a retry while ``retry_count <
 max_retry``; a crash enqueues a re-run while ``crash_count < max_crash`` (at once
 for the first third of the budget, then backing off by 10 s per crash); a spent
-budget marks the step ``failed`` [INV-EXE-4]. The code that ran is not stopped
+budget marks the step ``failed`` [INV-EXE-4], and so does, at once, an execution whose
+class is not of the configured pipelines (:func:`record_unknown_class`). The code that ran is not stopped
 here: a caller that knows it may still run must stop it first [INV-EXE-5].
 """
 
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Callable
 import sqlalchemy as sa
 
 from ductwork import dialects, mutants, schema
-from ductwork.errors import CommitFailed
+from ductwork.errors import CommitFailed, UnknownStepClassError
 from ductwork.steps import new_execution_row
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ductwork.executions")
 
 MESSAGE_LIMIT = 255
+#: ``error_klass`` of an execution whose class is not of the configured pipelines
+UNKNOWN_CLASS = f"{UnknownStepClassError.__module__}.{UnknownStepClassError.__qualname__}"
 BACKTRACE_FRAMES = 10
 
 
@@ -295,6 +298,17 @@ def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo,
             return True
         _mark_failed(tx, claimed.step_id)
         return False
+
+
+def record_unknown_class(app: App, claimed: Claimed, error: UnknownStepClassError) -> None:
+    """Record an execution whose class is not of the configured pipelines: a failure that
+    fails the step at once, whatever budget is left (running again cannot make the name
+    known); an advancer then halts the branch ``unknown_step_class``. Raises CommitFailed."""
+    with app.begin() as tx:
+        if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "failure",
+                         ErrorInfo.of(error)):
+            raise CommitFailed(claimed.execution_id, claimed.process_id)
+        _mark_failed(tx, claimed.step_id)
 
 
 def record_crash(app: App, execution_id: str, owner: str | None, error_klass: str, message: str,

@@ -24,13 +24,12 @@ import threading
 import traceback
 
 import pytest
-import sqlalchemy as sa
 import yaml
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool
 
-from ductwork import Pipeline, Step, schema
+from ductwork import Pipeline, Step
 from ductwork.app import set_default_app
 from ductwork.claims import claim_next, rebase_keys
 from ductwork.cli import main
