@@ -34,12 +34,13 @@ from ductwork.app import set_default_app
 from ductwork.claims import claim_next, rebase_keys
 from ductwork.cli import main
 from ductwork.context import Context
+from ductwork.execute import Worker
 from ductwork.processes import heartbeat, register
 from ductwork.reaper import reap, reap_stale, sweep_orphans
 from ductwork.supervisor import reconcile
 from ductwork.testing import drain
 from tests.conftest import make_app
-from tests.workloads import Approval, Quick
+from tests.workloads import Approval, Quick, Unkeyed
 
 LIMITS = {"guard_key": {"concurrency": 2, "rate": [{"limit": 1000, "per": "1s"}]}}
 
@@ -204,6 +205,15 @@ def test_no_public_call_opens_a_second_connection_inside_a_write_transaction(app
         reap_stale(cold(), None)
         sweep_orphans(cold())
         drain(cold(), timeout=60)
+
+        # a batch of unkeyed executions claimed together and recorded in one group commit
+        batched = [Unkeyed.trigger(i, app=cold()) for i in range(6)]
+        batcher = Worker(cold(), batch_size=8, batch_window=60)
+        batcher.batch = 8
+        while batcher.run_once() is not None:
+            pass
+        drain(cold(), timeout=60)
+        assert all(cold().run(run.id).status == "completed" for run in batched)
     finally:
         set_default_app(app)
         for fresh in opened:
