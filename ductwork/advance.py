@@ -41,7 +41,7 @@ from sqlalchemy import exc
 from ductwork import dialects, faults, logs, mutants, payloads, schema
 from ductwork.definition import render_divert_key
 from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
-from ductwork.executions import ErrorInfo, payload_envelope
+from ductwork.executions import UNKNOWN_CLASS, ErrorInfo, payload_envelope
 from ductwork.ids import new_id, new_token
 from ductwork.runs import lock_run, resolve_run
 from ductwork.steps import (ADVANCEABLE, NewStep, StepRow, create_steps, latest_step, payload_json,
@@ -58,10 +58,12 @@ THREAD_CRASH = "ductwork.ThreadCrash"
 CRASH_CLASSES = (PROCESS_CRASH, THREAD_CRASH)
 MAX_CLAIM_ATTEMPTS = 3
 
-#: halt reasons of a step whose last execution was ``invalid`` because its return value
-#: cannot be stored (execute.ReturnRejected), by the error's class; any other ``invalid``
-#: execution (the class does not resolve, the input does not bind) halts ``job_invalid``
-RETURN_HALTS = {
+#: halt reasons of a step whose last execution was ``invalid``, by the error's class: a
+#: stored class that is not of the configured pipelines (never imported), or a return
+#: value that cannot be stored (execute.ReturnRejected); any other ``invalid`` execution
+#: (the input does not bind to ``__init__``) halts ``job_invalid``
+INVALID_HALTS = {
+    UNKNOWN_CLASS: "unknown_step_class",
     "ductwork.errors.PayloadTooLargeError": "payload_too_large",
     "ductwork.errors.NotJSONError": "step_return_invalid",
     "ductwork.errors.StepReturnError": "step_return_invalid",
@@ -79,7 +81,7 @@ def job_halt_reason(outcome: str | None, error_klass: str | None = None) -> str:
     if outcome == "process_crashed":
         return "job_crashes_exhausted"
     if outcome == "invalid":
-        return RETURN_HALTS.get(error_klass or "", "job_invalid")
+        return INVALID_HALTS.get(error_klass or "", "job_invalid")
     return "job_retries_exhausted"
 
 

@@ -183,8 +183,14 @@ class App:
         with self._lock:
             self._inline_process = None
 
-    def definition(self, sha1: str, text: str | None = None) -> Definition:
-        """The parsed definition snapshot with this digest (cached per App)."""
+    def definition(self, sha1: str, text: str | None = None, *, tx: Tx | None = None) -> Definition:
+        """The parsed definition snapshot with this digest (cached per App).
+
+        Read, when not cached and ``text`` is not given, through ``tx`` if given, else in
+        a read-only transaction of its own. A caller inside a transaction passes it: a
+        second connection opened while the first holds SQLite's write lock would wait
+        for that lock until ``busy_timeout`` and fail (``database is locked``).
+        """
         cached = self._definitions.get(sha1)
         if cached is not None:
             return cached
@@ -195,11 +201,12 @@ class App:
         if text is None:
             if not self._schema_checked:
                 self.check_schema()
-            with self.engine.connect() as conn:
-                text = conn.execute(
-                    sa.select(schema.runs.c.definition)
-                    .where(schema.runs.c.definition_sha1 == sha1).limit(1)
-                ).scalar_one()
+            query = sa.select(schema.runs.c.definition).where(schema.runs.c.definition_sha1 == sha1).limit(1)
+            if tx is not None:
+                text = tx.execute(query).scalar_one()
+            else:
+                with self.begin(readonly=True) as own:
+                    text = own.execute(query).scalar_one()
         parsed = Definition.from_json(json.loads(text))
         self._definitions[sha1] = parsed
         return parsed

@@ -28,7 +28,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from ductwork import dialects, payloads
-from ductwork.definition import resolve_pipeline
+from ductwork.definition import import_pipeline
 from ductwork.errors import ConfigError, SchemaVersionError
 from ductwork.limits import validate_references
 from ductwork.pipeline import Pipeline
@@ -55,7 +55,7 @@ def load_pipelines(config: Config) -> list[type[Pipeline]]:
     pipelines = []
     for i, ref in enumerate(config.pipelines):
         try:
-            cls = resolve_pipeline(ref)
+            cls = import_pipeline(ref)
         except ImportError as error:
             raise ConfigError(f"pipelines[{i}]", ref, f"cannot load pipeline ({error})") from None
         pipelines.append(cls)

@@ -13,7 +13,9 @@ child also dies with its parent (``PR_SET_PDEATHSIG`` on Linux), so a killed
 worker leaves no step code running.
 
 Costs and limits: one interpreter start per execution (tens of milliseconds);
-the step class must be importable by its module path (defined at module level);
+the child imports the run's pipeline by its module path (the parent checked that
+it and the step class are of its configured pipelines), so both must be defined
+at module level;
 its return value crosses back as JSON.
 """
 
@@ -52,7 +54,8 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     timeout_s = claimed.timeout_us / 1_000_000
     request = {
         "url": app.url, "sys_path": [p for p in sys.path if p], "klass": claimed.klass,
-        "input_json": claimed.input_json, "step_id": claimed.step_id, "run_id": claimed.run_id,
+        "pipeline": claimed.pipeline_klass, "input_json": claimed.input_json, "step_id": claimed.step_id,
+        "run_id": claimed.run_id,
     }
     read_fd, write_fd = os.pipe()
     started = time.monotonic()
@@ -132,6 +135,7 @@ def main() -> None:
 
     from ductwork.app import App
     from ductwork.config import config_from_mapping
+    from ductwork.definition import import_pipeline
     from ductwork.errors import StepReturnError
     from ductwork.execute import BuildFailed, StepInvalid, build_step, returned
     from ductwork.executions import ErrorInfo
@@ -140,6 +144,12 @@ def main() -> None:
     app = App(request["url"], config_from_mapping({"default": {}}))
     pipe = os.fdopen(out, "wb")
     try:
+        # The parent resolved both names among its configured pipelines' classes: import
+        # that pipeline's module (its define() registers the step class), nothing else.
+        try:
+            import_pipeline(request["pipeline"])
+        except Exception as error:  # noqa: BLE001 - the module no longer imports: it will not next time
+            raise StepInvalid(ErrorInfo.of(error)) from error
         instance = build_step(app, request["klass"], request["input_json"], request["step_id"], request["run_id"])
         pipe.write(RUNNING)
         pipe.flush()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
@@ -42,6 +43,7 @@ from ductwork.errors import (
     DurationError,
     MainModuleError,
     StartError,
+    UnknownStepClassError,
 )
 from ductwork.step import Step, check_execute
 
@@ -75,9 +77,11 @@ def render_divert_key(value: Any) -> str | None:
 
 # --------------------------------------------------------------------------- class references
 
-#: every class a definition referenced and every Pipeline subclass, by reference.
-#: Strong references: a class defined inside a function stays resolvable for the
-#: life of the process. A later class with the same reference replaces the earlier.
+#: every class a definition referenced and every Pipeline subclass, by reference: the
+#: classes of the pipelines this process defined (its configuration's, which every
+#: worker imports at boot, and those its own code imported). Stored names resolve only
+#: through it. Strong references: a class defined inside a function stays resolvable
+#: for the life of the process. A later class with the same reference replaces the earlier.
 _REGISTRY: dict[str, type] = {}
 
 
@@ -112,27 +116,55 @@ def main_module_refs(definition: Definition) -> list[str]:
 
 
 def resolve_step(ref: str) -> type[Step]:
-    """The Step subclass a snapshot's ``klass`` names; ``ImportError`` naming ``ref`` if none."""
+    """The Step subclass a stored ``klass`` names, among the classes of the pipelines this
+    process defined; :class:`~ductwork.errors.UnknownStepClassError` naming ``ref`` if it
+    is none of them. Never imports: a name written into a row cannot make a worker import
+    a module its configuration does not."""
     return _resolve(ref, Step, "step")
 
 
 def resolve_pipeline(ref: str) -> type:
-    """The Pipeline subclass a snapshot's ``pipeline`` names; ImportError naming ``ref`` if none."""
+    """The Pipeline subclass a stored ``pipeline`` names, among those this process defined;
+    UnknownStepClassError naming ``ref`` otherwise. Never imports (see resolve_step)."""
     from ductwork.pipeline import Pipeline
 
     return _resolve(ref, Pipeline, "pipeline")
 
 
-def _resolve(ref: str, base: type, what: str) -> type:
-    """Registry first, else import the module and walk the qualname."""
+def import_pipeline(ref: str) -> type:
+    """The Pipeline subclass a *configuration* entry names, importing its module if needed
+    (``ductwork.yml``'s ``pipelines``); ``ImportError`` naming ``ref`` if none. For names
+    the operator configured, never for names read from the database."""
+    from ductwork.pipeline import Pipeline
+
     found = _REGISTRY.get(ref)
     if found is None:
-        found = _import(ref, what)
-    if not (isinstance(found, type) and issubclass(found, base)):
-        raise ImportError(
-            f"{what} class {ref!r} resolves to {found!r}, not a {base.__name__} subclass"
-        )
+        found = _import(ref, "pipeline")
+    if not (isinstance(found, type) and issubclass(found, Pipeline)):
+        raise ImportError(f"pipeline class {ref!r} resolves to {found!r}, not a Pipeline subclass")
     return found
+
+
+def _resolve(ref: str, base: type, what: str) -> type:
+    """The registry, else a name in a module a registered class comes from (an alias such
+    as ``OldName = NewName`` left for running runs), looked up in the module already
+    imported. Anything else is unknown; nothing is imported."""
+    found = _REGISTRY.get(ref)
+    if found is None:
+        module_name, _, qualname = ref.partition(":")
+        module = sys.modules.get(module_name) if module_name in _registered_modules() else None
+        found = module
+        for part in qualname.split(".") if module is not None and qualname else ():
+            found = getattr(found, part, None)
+        if found is None or found is module:
+            raise UnknownStepClassError(what, ref)
+    if not (isinstance(found, type) and issubclass(found, base)):
+        raise UnknownStepClassError(what, ref, f"names {found!r}, not a {base.__name__} subclass")
+    return found
+
+
+def _registered_modules() -> set[str]:
+    return {cls.__module__ for cls in list(_REGISTRY.values())}
 
 
 def _import(ref: str, what: str) -> Any:

@@ -28,6 +28,7 @@ The tree::
     ├── CommitFailed                      a guarded execution commit matched nothing (reaped owner)
     ├── TransitionError                   an edge cannot be applied to a run at advance time
     ├── StepReturnError (TypeError)       a step returned a value its edge cannot carry
+    ├── UnknownStepClassError (LookupError) a stored class name is not of the configured pipelines
     ├── OverwriteError                    Context.set on a key already set (``Context.OverwriteError``)
     ├── RunStateError                     an operation not allowed in the run's state (resume)
     ├── InputError (TypeError)            trigger/resume/context input is not JSON-serialisable
@@ -280,6 +281,21 @@ class StepReturnError(DuctworkError, TypeError):
         self.step = step
         self.value_type = type(value).__name__
         super().__init__(f"{step} returned {type(value).__name__}: {reason}")
+
+
+class UnknownStepClassError(DuctworkError, LookupError):
+    """A class name stored in a run (a step's ``klass``, the run's pipeline) is not a class
+    of the pipelines this process runs, so it is not resolved, and nothing is imported.
+
+    ``UnknownStepClassError("step", "evil:Payload")`` reads ``step class 'evil:Payload'
+    is not in the configured pipelines (only their classes run; nothing was imported)``.
+    A worker halts the run's branch ``unknown_step_class`` with this error.
+    """
+
+    def __init__(self, what: str, ref: str, reason: str = "is not in the configured pipelines"):
+        self.what = what
+        self.ref = ref
+        super().__init__(f"{what} class {ref!r} {reason} (only their classes run; nothing was imported)")
 
 
 class OverwriteError(DuctworkError):

@@ -21,9 +21,13 @@ Rescue layering, one owner per failure:
 - running past ``timeout=`` is **timed_out** (counts like a failure); the step
   ran in a child process, which is killed and reaped *before* the outcome is
   recorded, so a freed slot never has code still running behind it [INV-EXE-5];
-- a step that can never run as stored — its class cannot be resolved (imported),
-  or its stored input does not bind to its ``__init__`` — is **invalid**: recorded
-  once, never retried, its branch halts ``job_invalid`` [INV-EXE-4];
+- a step that can never succeed is **invalid**: recorded once, never retried, its
+  step failed at once [INV-EXE-4]. That is a stored class (or its run's pipeline)
+  that is not one of the classes of the pipelines this process runs: it is never
+  built and nothing is imported for it (``unknown_step_class``,
+  :class:`~ductwork.errors.UnknownStepClassError`); stored input that does not bind
+  to the class's ``__init__`` (``job_invalid``); and a return value that cannot be
+  stored (``step_return_invalid``, ``payload_too_large``);
 - anything else — the step's ``__init__`` raised, ductwork's own code raised, the
   thread is leaving, the process died — is a **crash** of the execution, re-run
   within ``max_crash``.
@@ -46,9 +50,9 @@ from ductwork import faults, payloads
 from ductwork.advance import advance_on_success
 from ductwork.context import Context
 from ductwork.claims import claim_next_batch, hand_off as claim_hand_off, seconds_to_next_token
-from ductwork.definition import in_main_module, resolve_step
+from ductwork.definition import in_main_module, resolve_pipeline, resolve_step
 from ductwork.dialects import retry_transient
-from ductwork.errors import CommitFailed, StepReturnError
+from ductwork.errors import CommitFailed, StepReturnError, UnknownStepClassError
 from ductwork.executions import (MESSAGE_LIMIT, Claimed, ErrorInfo, Output, Success, record_crash, record_failure,
                                  record_invalid, record_success, record_successes)
 
@@ -139,6 +143,27 @@ def batch_for(pace_s: float, window_s: float, size: int) -> int:
     return max(1, int(window_s / pace_s))
 
 
+def _invalid(error: Exception, ref: str) -> StepInvalid:
+    """The :class:`StepInvalid` for a class reference that does not resolve (with how to
+    fix a class of ``__main__``)."""
+    info = ErrorInfo.of(error)
+    if in_main_module(ref):
+        info = ErrorInfo(info.klass, info.message[:MESSAGE_LIMIT - len(_MAIN_HINT)] + _MAIN_HINT, info.backtrace)
+    return StepInvalid(info)
+
+
+def check_configured(claimed: Claimed) -> None:
+    """Only configured code runs: the run's pipeline and the step's class must be classes
+    of the pipelines this process defined (``definition.resolve_step``), else
+    :class:`StepInvalid` (``UnknownStepClassError``). Nothing is imported for a stored
+    name, here or in a step's child process, which is started only after this check."""
+    for ref, resolve in ((claimed.pipeline_klass, resolve_pipeline), (claimed.klass, resolve_step)):
+        try:
+            resolve(ref)
+        except UnknownStepClassError as error:
+            raise _invalid(error, ref) from error
+
+
 def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str) -> Any:
     """Construct the user's step with its identity bound.
 
@@ -148,12 +173,8 @@ def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str)
     """
     try:
         cls = resolve_step(klass)
-    except Exception as error:  # noqa: BLE001 - whatever importing the module raised
-        info = ErrorInfo.of(error)
-        if in_main_module(klass):
-            message = info.message[:MESSAGE_LIMIT - len(_MAIN_HINT)] + _MAIN_HINT
-            info = ErrorInfo(info.klass, message, info.backtrace)
-        raise StepInvalid(info) from error
+    except Exception as error:  # noqa: BLE001 - UnknownStepClassError, or what a class lookup raised
+        raise _invalid(error, klass) from error
     try:
         args = json.loads(input_json)
         cls._ductwork_bind(args)
@@ -187,6 +208,11 @@ class Worker:
                  hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+        from ductwork.boot import load_pipelines
+
+        # Only configured code runs: the classes of these pipelines (and of those this
+        # process's own code defined) are the only ones a stored name resolves to.
+        load_pipelines(app.config)
         self.app = app
         self._process_id = process_id
         #: asked after each success: may this worker take its lane's next execution in
@@ -328,6 +354,7 @@ class Worker:
         definition = self.app.definition(claimed.definition_sha1)
         try:
             try:
+                check_configured(claimed)  # before anything is built here or in a child process
                 started = time.monotonic()
                 output = self._invoke(claimed, definition)
                 self._paced(time.monotonic() - started)

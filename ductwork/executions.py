@@ -19,7 +19,8 @@ to ``advancing``; a failure or timeout enqueues a retry while ``retry_count <
 max_retry`` (never for a return value that cannot be stored: it would recur); a crash enqueues a re-run while ``crash_count < max_crash`` (at once
 for the first third of the budget, then backing off by 10 s per crash); a spent
 budget marks the step ``failed``, and so does an ``invalid`` execution (one that
-can never succeed) at once [INV-EXE-4]. The code that ran is not stopped
+can never succeed: its class is not of the configured pipelines, its input does not
+bind, its return value cannot be stored) at once [INV-EXE-4]. The code that ran is not stopped
 here: a caller that knows it may still run must stop it first [INV-EXE-5].
 
 Once an outcome has committed it is logged (``ductwork.logs``): a failure, timeout
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Callable
 import sqlalchemy as sa
 
 from ductwork import dialects, logs, mutants, schema
-from ductwork.errors import CommitFailed
+from ductwork.errors import CommitFailed, UnknownStepClassError
 from ductwork.steps import new_execution_row
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ductwork.executions")
 
 MESSAGE_LIMIT = 255
+#: ``error_klass`` of an execution whose class is not of the configured pipelines
+UNKNOWN_CLASS = f"{UnknownStepClassError.__module__}.{UnknownStepClassError.__qualname__}"
 BACKTRACE_FRAMES = 10
 
 

@@ -272,7 +272,7 @@ class Run:
             ).scalars().all()
             if run.status in TERMINAL or not dampened:
                 raise RunStateError(f"run {self.id} is {run.status} with no dampened branch; nothing to resume")
-            definition = self.app.definition(run.definition_sha1)
+            definition = self.app.definition(run.definition_sha1, tx=tx)  # this connection: see App.definition
             new = []
             for branch_id in dampened:
                 step = latest_step(tx, branch_id)

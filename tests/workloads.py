@@ -166,3 +166,11 @@ class Unkeyed(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Quick)
+
+
+class Approval(Pipeline):
+    """Quick, then a dampen: the run waits for ``resume`` (from any process)."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Quick).dampen(before=Quick)

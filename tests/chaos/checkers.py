@@ -562,7 +562,8 @@ def check_inv_adv_1(history: History) -> list[str]:
 #: halt reason → the statuses its halting step may have: a job's spent budget leaves the step
 #: failed; a routing error completes it; the advancer's budgets can run out on either
 _HALTED_AT = {"job_retries_exhausted": ("failed",), "job_crashes_exhausted": ("failed",),
-              "job_invalid": ("failed",), "transition_invalid": ("completed",)}
+              "job_invalid": ("failed",), "unknown_step_class": ("failed",),
+              "transition_invalid": ("completed",)}
 
 
 def _expect_from_step(exp: _Expected, branch: BranchRow, step: StepRow, *, last: bool) -> None:

@@ -33,7 +33,7 @@ from tests.workloads import FAULT_KEY, FaultPipeline, fault_pipeline_expected
 
 ITEMS = 10  # expand_batch is 4: three batches
 EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
-CONFIG = {**TEST_CONFIG, "job_worker": {
+CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads:FaultPipeline"], "job_worker": {
     **TEST_CONFIG["job_worker"],
     "limits": {FAULT_KEY: {"concurrency": 2, "rate": {"limit": 1000, "per": 1}}},
 }}

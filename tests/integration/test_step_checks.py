@@ -134,23 +134,26 @@ def test_a_class_that_does_not_resolve_halts_after_one_execution(app):
     assert _work_once(app).outcome == "invalid"
     assert _work_once(app) is None  # nothing re-queued: no retry, no re-run
     assert run.refresh().status == "halted"
-    assert run.halt_reasons == ["job_invalid"]
+    assert run.halt_reasons == ["unknown_step_class"]
     [row] = _executions(app, run)
-    assert (row.status, row.outcome, row.error_klass) == ("failed", "invalid", "builtins.ImportError")
-    assert row.error_message == f"cannot resolve step class '{__name__}:Gone': module '{__name__}' has no 'Gone'"
+    assert (row.status, row.outcome, row.error_klass) == ("failed", "invalid", "ductwork.errors.UnknownStepClassError")
+    assert row.error_message == (f"step class '{__name__}:Gone' is not in the configured pipelines "
+                                 "(only their classes run; nothing was imported)")
 
 
-def test_a_module_that_raises_on_import_halts_after_one_execution(app, tmp_path, monkeypatch):
+def test_a_module_no_configured_pipeline_comes_from_is_never_imported(app, tmp_path, monkeypatch):
+    """(Before only configured code ran, such a module was imported and its error halted
+    the branch: now it is not even imported.)"""
     (tmp_path / "dw_mistakes_raises.py").write_text("raise RuntimeError('this module is broken')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     run = SinceP.trigger(1)
     _retarget(app, run, "dw_mistakes_raises:Since")
     assert _work_once(app).outcome == "invalid"
     assert _work_once(app) is None
-    assert run.refresh().halt_reasons == ["job_invalid"]
+    assert run.refresh().halt_reasons == ["unknown_step_class"]
+    assert "dw_mistakes_raises" not in __import__("sys").modules
     [row] = _executions(app, run)
-    assert (row.outcome, row.error_klass, row.error_message) == (
-        "invalid", "builtins.RuntimeError", "this module is broken")
+    assert (row.outcome, row.error_klass) == ("invalid", "ductwork.errors.UnknownStepClassError")
 
 
 def test_a_main_class_that_does_not_resolve_says_how_to_fix_it(app):
@@ -177,20 +180,19 @@ def test_stored_input_that_does_not_bind_halts_after_one_execution(app):
 
 def test_a_child_process_that_cannot_import_the_class_halts_after_one_execution(app, tmp_path, monkeypatch):
     module = tmp_path / "dw_mistakes_child.py"
-    module.write_text("from ductwork import Step\n"
+    module.write_text("from ductwork import Pipeline, Step\n"
                       "class Brittle(Step):\n"
                       "    def __init__(self, n):\n"
                       "        self.n = n\n"
                       "    def execute(self):\n"
-                      "        return self.n\n")
+                      "        return self.n\n"
+                      "class ChildP(Pipeline):\n"
+                      "    @classmethod\n"
+                      "    def define(cls, pipeline):\n"
+                      "        pipeline.start(Brittle, timeout=60)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(__import__("sys").modules, "dw_mistakes_child", raising=False)
-    from dw_mistakes_child import Brittle
-
-    class ChildP(Pipeline):
-        @classmethod
-        def define(cls, pipeline):
-            pipeline.start(Brittle, timeout=60)
+    from dw_mistakes_child import ChildP
 
     run = ChildP.trigger(1)
     module.write_text("raise RuntimeError('broken since the deploy')\n")  # the child imports this

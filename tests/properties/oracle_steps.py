@@ -17,7 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ductwork import Step, schema
+from ductwork import Pipeline, Step, schema
 
 _current: dict[str, Any] = {}
 
@@ -28,6 +28,13 @@ class SimulatedCrash(BaseException):
 
 def install(app: Any, oracle: Any) -> None:
     _current["app"], _current["oracle"] = app, oracle
+
+
+class Generated(Pipeline):
+    """The pipeline every generated definition names (abstract: each scenario brings its
+    definition). Only configured code runs: a worker resolves stored class names among
+    the classes of the pipelines this process defined and the modules they come from, so
+    this class is what makes this module's steps resolvable."""
 
 
 class OracleStep(Step):

@@ -251,7 +251,7 @@ def definitions(draw, max_nodes: int = 14, max_depth: int = 2) -> dict:
     builder = _Builder(draw, max_nodes, max_depth)
     start = builder.node(builder.options())
     builder.grow(start, 0, None)
-    return {"format": 1, "pipeline": "tests.properties.generated:Generated", "start": start,
+    return {"format": 1, "pipeline": "tests.properties.oracle_steps:Generated", "start": start,
             "nodes": builder.nodes, "edges": builder.edges}
 
 

@@ -22,6 +22,7 @@ from ductwork.definition import (
     EdgeSpec,
     NodeSpec,
     PipelineBuilder,
+    import_pipeline,
     render_divert_key,
     resolve_pipeline,
     resolve_step,
@@ -34,6 +35,7 @@ from ductwork.errors import (
     DefinitionError,
     DivertError,
     StartError,
+    UnknownStepClassError,
 )
 from ductwork.pipeline import Pipeline
 from ductwork.step import Step
@@ -603,10 +605,11 @@ def test_render_divert_key(value, text):
 # --------------------------------------------------------------------------- class references
 
 
-def test_refs_resolve_through_registry_and_import():
+def test_refs_resolve_through_registry_and_registered_modules():
     assert step_ref(A) == f"{MOD}:A"
     assert resolve_step(f"{MOD}:A") is A
-    assert resolve_step(f"{MOD}:NeverReferenced") is NeverReferenced  # import + walk
+    # a name in a module a registered class comes from (an alias), looked up without import
+    assert resolve_step(f"{MOD}:NeverReferenced") is NeverReferenced
     assert resolve_step(f"{MOD}:Outer.Inner") is Outer.Inner
     assert resolve_pipeline(step_ref(build(lambda p: p.start(A), "Q"))).__name__ == "Q"
 
@@ -629,35 +632,60 @@ def test_classes_defined_inside_functions_resolve_once_referenced():
         def execute(self):
             return None
 
-    with pytest.raises(ImportError, match="defined inside a function"):
+    with pytest.raises(UnknownStepClassError, match="is not in the configured pipelines"):
         resolve_step(step_ref(Unused))
 
 
-def test_resolution_imports_a_module_not_yet_imported(tmp_path, monkeypatch):
+def test_stored_names_never_import_but_configured_pipelines_do(tmp_path, monkeypatch):
     (tmp_path / "dw_fresh_steps.py").write_text(
-        "from ductwork.step import Step\n"
+        "from ductwork import Pipeline, Step\n"
         "class Fresh(Step):\n"
         "    def execute(self):\n"
         "        return None\n"
+        "class FreshPipeline(Pipeline):\n"
+        "    @classmethod\n"
+        "    def define(cls, p):\n"
+        "        p.start(Fresh)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "dw_fresh_steps", raising=False)
+    with pytest.raises(UnknownStepClassError, match="'dw_fresh_steps:Fresh' is not in the configured"):
+        resolve_step("dw_fresh_steps:Fresh")
+    with pytest.raises(UnknownStepClassError, match="pipeline class 'dw_fresh_steps:FreshPipeline'"):
+        resolve_pipeline("dw_fresh_steps:FreshPipeline")
+    assert "dw_fresh_steps" not in sys.modules
+    # a configuration entry imports its module, which registers the pipeline's classes
+    assert import_pipeline("dw_fresh_steps:FreshPipeline").__name__ == "FreshPipeline"
     fresh = resolve_step("dw_fresh_steps:Fresh")
     assert fresh.__module__ == "dw_fresh_steps" and issubclass(fresh, Step)
     monkeypatch.delitem(sys.modules, "dw_fresh_steps")
 
 
 @pytest.mark.parametrize(("resolve", "ref", "needle"), [
-    (resolve_step, "no_such_module_xyz:A", "cannot resolve step class 'no_such_module_xyz:A'"),
-    (resolve_step, f"{MOD}:Missing", f"module '{MOD}' has no 'Missing'"),
-    (resolve_step, "no-colon", "expected 'module:qualname'"),
+    (resolve_step, "no_such_module_xyz:A", "step class 'no_such_module_xyz:A' is not in the configured"),
+    (resolve_step, f"{MOD}:Missing", "is not in the configured pipelines"),
+    (resolve_step, "no-colon", "is not in the configured pipelines"),
     (resolve_step, f"{MOD}:NotAStep", "not a Step subclass"),
     (resolve_step, f"{MOD}:build", "not a Step subclass"),
     (resolve_pipeline, f"{MOD}:A", "not a Pipeline subclass"),
 ])
-def test_unresolvable_refs_name_the_ref(resolve, ref, needle):
-    with pytest.raises(ImportError) as info:
+def test_unresolvable_stored_refs_name_the_ref(resolve, ref, needle):
+    with pytest.raises(UnknownStepClassError) as info:
         resolve(ref)
+    assert needle in str(info.value)
+    assert repr(ref) in str(info.value)
+    assert "nothing was imported" in str(info.value)
+
+
+@pytest.mark.parametrize(("ref", "needle"), [
+    ("no_such_module_xyz:A", "cannot resolve pipeline class 'no_such_module_xyz:A'"),
+    (f"{MOD}:Missing", f"module '{MOD}' has no 'Missing'"),
+    ("no-colon", "expected 'module:qualname'"),
+    (f"{MOD}:A", "not a Pipeline subclass"),
+])
+def test_unimportable_configured_pipelines_name_the_ref(ref, needle):
+    with pytest.raises(ImportError) as info:
+        import_pipeline(ref)
     assert needle in str(info.value)
     assert repr(ref) in str(info.value)
 
