@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from bench.harness import (Metric, ProcessFleet, Sizes, Target, create_database, insert_pending, log,
                            percentile_time, ratio, seconds, wait_until)
 from bench.workloads import CHAIN_LENGTH, Chain, One
-from ductwork import dialects, schema
+from ductwork.db import dialects, schema
 
 FLEETS = {
     "default fleet": {"workers": 1},

@@ -6,7 +6,7 @@
 One lane at a time: the backlog is grown in place (``INSERT … SELECT``, one run holding
 every pending step, jobs never executed) to 10³, 10⁴, 10⁵ pending executions (10⁶ with
 ``--full``: minutes of inserting per database), statistics are refreshed (``ANALYZE``,
-what autovacuum or InnoDB's auto-stats would do), and ``ductwork.claims.claim_next`` is
+what autovacuum or InnoDB's auto-stats would do), and ``ductwork.limits.claims.claim_next`` is
 timed in this process, one call after another, on one connection pool: the unkeyed
 lane, then a keyed lane (``bench_backlog``: concurrency 10⁶ and rate 10⁶/s, so every
 decision admits and the bucket arithmetic still runs). Claimed executions are marked
@@ -22,9 +22,9 @@ import time
 
 from bench.harness import Metric, Sizes, Target, insert_pending, log
 from bench.workloads import Backlog, One
-from ductwork import schema
-from ductwork.claims import claim_next
-from ductwork.processes import register
+from ductwork.db import schema
+from ductwork.limits.claims import claim_next
+from ductwork.fleet.processes import register
 
 
 def _sizes(sizes: Sizes) -> list[int]:

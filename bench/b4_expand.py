@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 from bench.harness import Metric, Sizes, Target, _numbers, log, peak_rss_kib, run_child
 from bench.workloads import Expand
-from ductwork import schema
+from ductwork.db import schema
 
 
 def _sizes(sizes: Sizes) -> list[int]:
@@ -42,7 +42,7 @@ def _sizes(sizes: Sizes) -> list[int]:
 
 def prepare(app, n: int) -> str:
     """A run whose start step succeeded with an N-item list; returns its start branch id."""
-    from ductwork.runs import trigger_run
+    from ductwork.pipelines.runs import trigger_run
 
     run = trigger_run(app, Expand, [n])
     s, j, e, x = schema.steps, schema.jobs, schema.executions, schema.expand_items
@@ -65,9 +65,9 @@ def prepare(app, n: int) -> str:
 def advance_child(url: str) -> None:
     """The measured process: one run_once of a fresh advancer; prints a JSON line."""
     from bench.harness import bench_config
-    from ductwork.advance import Advancer
+    from ductwork.pipelines.advance import Advancer
     from ductwork.app import App
-    from ductwork.processes import register
+    from ductwork.fleet.processes import register
 
     app = App(url, bench_config())
     process_id = register(app, role="pipeline_advancer", label="bench-b4")

@@ -29,9 +29,9 @@ import sqlalchemy as sa
 from bench.b1_throughput import _drain_batch, drain_jobs
 from bench.harness import Metric, ProcessFleet, Sizes, Target, insert_pending, log, ratio
 from bench.workloads import BLOCKED_KEY, Blocked, One
-from ductwork import schema
-from ductwork.claims import claim_next
-from ductwork.processes import register
+from ductwork.db import schema
+from ductwork.limits.claims import claim_next
+from ductwork.fleet.processes import register
 
 
 def _drains(target: Target, app, sizes: Sizes, tag: str) -> list[float]:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable
 import sqlalchemy as sa
 import yaml
 
-from ductwork import dialects, migrate, schema
+from ductwork.db import dialects, migrate, schema
 from ductwork.app import App
 from ductwork.config import Config
 
@@ -292,7 +292,7 @@ def insert_pending(app: App, pipeline: type, n: int, prefix: str, *, one_run: bo
     holding n steps (node names made unique): only for claim-cost benchmarks whose
     jobs are never executed or advanced (it spares 10⁶ snapshot texts).
     """
-    from ductwork.steps import ensure_limit_keys
+    from ductwork.pipelines.steps import ensure_limit_keys
 
     name, snapshot, sha1 = definition_row(pipeline)
     definition = pipeline.definition

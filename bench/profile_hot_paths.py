@@ -55,12 +55,12 @@ from sqlalchemy import event
 
 from bench.harness import Target, insert_pending, log
 from bench.workloads import CHAIN_LENGTH, Chain
-from ductwork import advance as advance_mod
-from ductwork import claims as claims_mod
+from ductwork.pipelines import advance as advance_mod
+from ductwork.limits import claims as claims_mod
 from ductwork.app import App
-from ductwork.execute import Worker
-from ductwork.executions import record_success
-from ductwork.processes import register
+from ductwork.fleet.worker import Worker
+from ductwork.limits.executions import record_success
+from ductwork.fleet.processes import register
 
 _phase = threading.local()
 _outer = threading.local()

@@ -10,7 +10,7 @@ exact fleet-wide concurrency and rate limits from ``ductwork.yml``.
 """
 
 from ductwork.app import App, connect
-from ductwork.context import Context
+from ductwork.pipelines.context import Context
 from ductwork.errors import (
     CollapseError,
     CombineError,
@@ -22,10 +22,10 @@ from ductwork.errors import (
     OverwriteError,
     StartError,
 )
-from ductwork.definition import PipelineBuilder
-from ductwork.pipeline import Pipeline
-from ductwork.runs import Run, StepError, StepInfo
-from ductwork.step import Step
+from ductwork.pipelines.definition import PipelineBuilder
+from ductwork.pipelines.pipeline import Pipeline
+from ductwork.pipelines.runs import Run, StepError, StepInfo
+from ductwork.pipelines.step import Step
 
 __all__ = [
     "App",

@@ -128,7 +128,7 @@ def _common_args(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from ductwork import migrate
+    from ductwork.db import migrate
 
     app = _connect(args)
     if args.action == "upgrade":
@@ -140,7 +140,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ductwork.boot import load_pipelines, validate
+    from ductwork.fleet.boot import load_pipelines, validate
 
     app = _connect(args)
     pipelines = load_pipelines(app.config)
@@ -152,9 +152,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from ductwork.boot import load_pipelines, validate
-    from ductwork.processes import same_host_warning, supervisors_on_this_host
-    from ductwork.supervisor import Supervisor
+    from ductwork.fleet.boot import load_pipelines, validate
+    from ductwork.fleet.processes import same_host_warning, supervisors_on_this_host
+    from ductwork.fleet.supervisor import Supervisor
 
     app = _connect(args)
     pipelines = load_pipelines(app.config)
@@ -173,8 +173,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_child(args: argparse.Namespace) -> int:
-    from ductwork.boot import load_pipelines
-    from ductwork.supervisor import Runner
+    from ductwork.fleet.boot import load_pipelines
+    from ductwork.fleet.supervisor import Runner
 
     app = _connect(args, pool_size=args.threads + 2)
     load_pipelines(app.config)

@@ -21,7 +21,7 @@ Guarantees:
   section, like ``job_worker:`` with everything commented out, is empty).
 
 Not done here: importing pipelines, checking that configured pipeline or step names
-exist, or checking ``limit_by`` references (``ductwork.limits.validate_references``
+exist, or checking ``limit_by`` references (``ductwork.limit_entries.validate_references``
 does that once pipelines are loaded).
 """
 
@@ -38,8 +38,12 @@ import yaml
 
 from ductwork.durations import parse_interval_us
 from ductwork.errors import ConfigError, DuplicateKeyError
-from ductwork.limits import LimitEntry, check_int, check_mapping, child_path, parse_limits
-from ductwork.logs import FORMATS, LEVELS
+from ductwork.limit_entries import LimitEntry, check_int, check_mapping, child_path, parse_limits
+
+#: the values ``logging.level`` and ``logging.format`` take (``ductwork.logs`` uses them;
+#: defined here, below it, because ``logs.start_lines`` reads a Config)
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+FORMATS = ("text", "json")
 
 DEFAULT_ENV = "default"
 DEFAULT_PATH = "ductwork.yml"
@@ -272,7 +276,7 @@ _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
 _FLAG_FIELDS = frozenset({"inline_linear", "hand_off"})
 
 
-#: a process's lease (reaper_timeout minus its margin, ductwork.supervisor.lease_margin) must
+#: a process's lease (reaper_timeout minus its margin, ductwork.fleet.supervisor.lease_margin) must
 #: outlast this many heartbeat intervals, so one slow or failed heartbeat does not end it
 LEASE_HEARTBEATS = 2
 #: reaper_timeout / heartbeat_interval at least: the lease is reaper_timeout - 2 x interval

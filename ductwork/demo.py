@@ -19,8 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-from ductwork.pipeline import Pipeline
-from ductwork.step import Step
+from ductwork.pipelines.pipeline import Pipeline
+from ductwork.pipelines.step import Step
 
 CONFIG = {
     "default": {
@@ -108,11 +108,11 @@ class RefreshCatalog(Pipeline):
 
 
 def main(database_url: str | None = None, orders: int = 12) -> int:
-    from ductwork import migrate
-    from ductwork.advance import Advancer
+    from ductwork.db import migrate
+    from ductwork.pipelines.advance import Advancer
     from ductwork.app import connect
-    from ductwork.execute import Worker
-    from ductwork.supervisor import Loop
+    from ductwork.fleet.worker import Worker
+    from ductwork.fleet.supervisor import Loop
 
     if database_url is None:
         path = Path("ductwork-demo.sqlite3").resolve()

@@ -40,7 +40,7 @@ The tree::
 
 Constructors take the subject and build the message, so every message names the
 offending key, value, class or transition.  Driver errors are translated at one
-boundary (``ductwork.dialects.translate_db_errors``); anything unknown propagates
+boundary (``ductwork.db.dialects.translate_db_errors``); anything unknown propagates
 unchanged.
 """
 
@@ -316,7 +316,7 @@ class InputError(DuctworkError, TypeError):
 
 
 class PayloadError(InputError, StepReturnError):
-    """A value breaks the one rule for stored values (``ductwork.payloads.dump``), naming it.
+    """A value breaks the one rule for stored values (``ductwork.pipelines.payloads.dump``), naming it.
 
     The same class and message shape wherever the value enters: trigger and resume
     arguments and ``Context.set`` raise it to the caller (an :class:`InputError`); a
@@ -342,7 +342,7 @@ class NotJSONError(PayloadError):
 
 
 class PayloadTooLargeError(PayloadError, ValueError):
-    """The value's JSON text is longer than ``ductwork.payloads.MAX_PAYLOAD_BYTES``.
+    """The value's JSON text is longer than ``ductwork.pipelines.payloads.MAX_PAYLOAD_BYTES``.
 
     ``Orders.trigger arguments: 8,000,012 bytes of JSON, more than the maximum of
     8,000,000 (MAX_PAYLOAD_BYTES)``; ``size`` and ``maximum`` carry the numbers.

@@ -34,13 +34,9 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import IO, TYPE_CHECKING, Any, Callable
+from typing import IO, Any, Callable
 
-if TYPE_CHECKING:
-    from ductwork.config import Config
-
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-FORMATS = ("text", "json")
+from ductwork.config import FORMATS as FORMATS, LEVELS as LEVELS, Config  # re-exported (the cli's choices)
 TEXT_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 #: third-party loggers held at WARNING unless the level is DEBUG (Alembic logs its
 #: plugins and migration context at INFO on every schema check)

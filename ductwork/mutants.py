@@ -56,7 +56,7 @@ def deactivate() -> None:
 
 def refill_for_mutants():  # type: ignore[no-untyped-def]
     """The refill function an active bucket mutant substitutes (None: the real one)."""
-    from ductwork import buckets
+    from ductwork.limits import buckets
 
     if on("no_clamp"):
         def no_clamp(bucket, entry, now_us):  # type: ignore[no-untyped-def]

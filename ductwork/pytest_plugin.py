@@ -24,7 +24,7 @@ Fixtures:
   ``./ductwork.yml`` if present, else defaults). Override it in your conftest to return a
   mapping, a path or a ``Config``.
 - ``ductwork_app``: an App on that database with that config, made the default app (so
-  ``Pipeline.trigger`` uses it), on an :class:`~ductwork.clock.OffsetClock` so that
+  ``Pipeline.trigger`` uses it), on an :class:`~ductwork.db.clock.OffsetClock` so that
   ``drain(skip_delays=True)`` can skip back-offs. Disposed after the test.
 - ``ductwork_drain``: ``ductwork.testing.drain`` bound to ``ductwork_app``:
   ``ductwork_drain(timeout=30, skip_delays=False)``.
@@ -66,7 +66,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _on_database(url: str, action: Callable[[Engine], None]) -> None:
     """``action(engine)`` with an engine of its own, disposed of after."""
-    from ductwork import dialects
+    from ductwork.db import dialects
 
     engine = dialects.create_engine(url)
     try:
@@ -76,14 +76,14 @@ def _on_database(url: str, action: Callable[[Engine], None]) -> None:
 
 
 def _migrate(engine: Engine) -> None:
-    from ductwork import migrate
+    from ductwork.db import migrate
 
     migrate.upgrade(engine)
 
 
 def _empty_tables(engine: Engine) -> None:
     """Delete every ductwork row, children first."""
-    from ductwork import dialects, schema
+    from ductwork.db import dialects, schema
 
     with engine.begin() as conn:
         dialects.delete_all_rows(conn, list(reversed(schema.metadata.sorted_tables)))
@@ -126,7 +126,7 @@ def ductwork_app(ductwork_database_url: str,
                  ductwork_config: Config | dict[str, object] | str | None) -> Iterator[App]:
     """An App on this test's database, the default app while the test runs."""
     from ductwork.app import connect, set_default_app
-    from ductwork.clock import OffsetClock
+    from ductwork.db.clock import OffsetClock
 
     app = connect(ductwork_database_url, ductwork_config, clock=OffsetClock())
     try:

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from ductwork import buckets, schema
-from ductwork.clock import to_us
-from ductwork.processes import host_name
+from ductwork.db import schema
+from ductwork.limits import buckets
+from ductwork.db.clock import to_us
+from ductwork.fleet.processes import host_name
 
 if TYPE_CHECKING:
     from ductwork.app import App
@@ -43,7 +44,7 @@ class ProcessStatus:
     id: str
     role: str
     label: str
-    #: the host name of its machine identifier (ductwork.processes.host_name)
+    #: the host name of its machine identifier (ductwork.fleet.processes.host_name)
     host: str
     pid: int
     heartbeat_age_s: float

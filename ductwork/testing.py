@@ -8,9 +8,9 @@
 :func:`drain` alternates an advancer and a worker in the calling thread until
 every run is completed, halted or dampened. When nothing is runnable but work is
 waiting on time (``delay=``, retry or crash back-off, a rate limit's next token),
-it waits that time out: with a :class:`~ductwork.clock.ManualClock` it moves the
+it waits that time out: with a :class:`~ductwork.db.clock.ManualClock` it moves the
 clock to the next eligible moment; with ``skip_delays=True`` it moves an
-:class:`~ductwork.clock.OffsetClock` past delays and back-offs (never past a rate
+:class:`~ductwork.db.clock.OffsetClock` past delays and back-offs (never past a rate
 limit's wait, which it sleeps through); otherwise it waits for the clock to get
 there. Raises :class:`~ductwork.errors.DrainTimeout` at the deadline, naming each
 unsettled run and what it waits for (:func:`waiting_for`). This and the pytest
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from ductwork import schema
-from ductwork.advance import Advancer
-from ductwork.clock import ManualClock, OffsetClock
+from ductwork.db import schema
+from ductwork.pipelines.advance import Advancer
+from ductwork.db.clock import ManualClock, OffsetClock
 from ductwork.errors import ConfigError, DrainTimeout
-from ductwork.execute import Worker
-from ductwork.processes import heartbeat
+from ductwork.fleet.worker import Worker
+from ductwork.fleet.processes import heartbeat
 
 if TYPE_CHECKING:
     from ductwork.app import App, Tx
@@ -72,7 +72,7 @@ def drain(app: App, timeout: float = 30.0, *, skip_delays: bool = False) -> None
     """Do every run's work in this thread until all are completed, halted or dampened.
 
     ``skip_delays=True``: a retry's ``retry_delay``, a crash back-off and a transition's
-    ``delay=`` are not waited for: the app's clock, an :class:`~ductwork.clock.OffsetClock`
+    ``delay=`` are not waited for: the app's clock, an :class:`~ductwork.db.clock.OffsetClock`
     (the pytest plugin's ``ductwork_app`` has one) or a ``ManualClock``, is moved to the
     moment the work becomes eligible, so a failure path runs at once. Limits still hold:
     concurrency is never skipped and a rate limit's next token is waited for in real time
@@ -82,7 +82,7 @@ def drain(app: App, timeout: float = 30.0, *, skip_delays: bool = False) -> None
     """
     if skip_delays and not isinstance(app.clock, (ManualClock, OffsetClock)):
         raise ConfigError("clock", app.clock, "drain(skip_delays=True) needs a clock it can move: "
-                          "connect(..., clock=ductwork.clock.OffsetClock()) or a ManualClock")
+                          "connect(..., clock=ductwork.db.clock.OffsetClock()) or a ManualClock")
     deadline = time.monotonic() + timeout
     worker, advancer = Worker(app, hand_off=lambda: app.config.job_worker.hand_off), Advancer(app)
     beat_every = app.config.supervisor.heartbeat_interval

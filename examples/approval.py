@@ -29,7 +29,8 @@ import tempfile
 from pathlib import Path
 
 import ductwork
-from ductwork import Pipeline, Step, migrate
+from ductwork import Pipeline, Step
+from ductwork.db import migrate
 from ductwork.errors import RunStateError
 from ductwork.testing import drain
 

@@ -37,7 +37,8 @@ import uuid
 from pathlib import Path
 
 import ductwork
-from ductwork import Pipeline, Step, migrate
+from ductwork import Pipeline, Step
+from ductwork.db import migrate
 from ductwork.errors import DrainTimeout
 from ductwork.testing import drain
 

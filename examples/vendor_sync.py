@@ -26,7 +26,7 @@ bucket banks tokens meanwhile, so once slots free the pushes go out 0.1 s apart
 5 s entry). Which pipeline goes first varies from run to run.
 
 Five worker threads and one advancer thread run in this process, threads of
-``ductwork.supervisor.Loop`` as in ``ductwork start``. The example prints every
+``ductwork.fleet.supervisor.Loop`` as in ``ductwork start``. The example prints every
 request as it starts, with the number in flight. Then it reads the claim and
 completion times of the key's executions from ductwork's tables, the same history
 the chaos checkers read, and checks three things on the database clock: at most 3
@@ -48,11 +48,12 @@ from pathlib import Path
 import sqlalchemy as sa
 
 import ductwork
-from ductwork import Pipeline, Step, migrate, schema
-from ductwork.advance import Advancer
-from ductwork.clock import to_us
-from ductwork.execute import Worker
-from ductwork.supervisor import Loop
+from ductwork import Pipeline, Step
+from ductwork.db import migrate, schema
+from ductwork.pipelines.advance import Advancer
+from ductwork.db.clock import to_us
+from ductwork.fleet.worker import Worker
+from ductwork.fleet.supervisor import Loop
 
 LIMIT = {"concurrency": 3, "rate": [{"limit": 10, "per": "1s", "burst": 1},
                                     {"limit": 20, "per": "5s", "burst": 4}]}

@@ -48,7 +48,7 @@ BACKENDS = ("sqlite", "postgresql", "mysql")
 
 
 def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> str:
-    from ductwork import dialects, migrate
+    from ductwork.db import dialects, migrate
     from tests import databases
 
     if kind == "sqlite":
@@ -83,7 +83,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 def reset_tables(engine) -> None:  # type: ignore[no-untyped-def]
     """Delete every ductwork row (children first)."""
-    from ductwork import schema
+    from ductwork.db import schema
 
     tables = list(reversed(schema.metadata.sorted_tables))
     with engine.begin() as conn:
@@ -134,7 +134,7 @@ def manual_app(db_url: str):  # type: ignore[no-untyped-def]
     from datetime import datetime
 
     from ductwork.app import set_default_app
-    from ductwork.clock import ManualClock
+    from ductwork.db.clock import ManualClock
 
     application = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12, 0, 0)))
     reset_tables(application.engine)

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from ductwork import schema
-from ductwork.ids import new_id
-from ductwork.steps import ensure_limit_keys, new_execution_row
+from ductwork.db import schema
+from ductwork.db.ids import new_id
+from ductwork.limits.executions import new_execution_row
+from ductwork.pipelines.steps import ensure_limit_keys
 
 if TYPE_CHECKING:
     from ductwork.app import App

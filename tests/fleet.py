@@ -22,7 +22,7 @@ from typing import Any, Callable
 import sqlalchemy as sa
 import yaml
 
-from ductwork import schema
+from ductwork.db import schema
 
 FLEET_SETTINGS = {
     "job_worker": {"count": 2, "processes": 1, "polling_timeout": 0.05, "retry_delay": 0.05,

@@ -22,7 +22,7 @@ _patches = {p.strip() for p in os.environ.get("BENCH_PATCHES", "").split(",") if
 if _patches:
     from sqlalchemy import event
 
-    from ductwork import dialects
+    from ductwork.db import dialects
 
     if "no_notify" in _patches:
         dialects.notify_wakeup._impls["postgresql"] = lambda conn: None
@@ -45,7 +45,8 @@ if _patches:
     if "key_skip_locked" in _patches:
         import sqlalchemy as sa
 
-        from ductwork import claims, schema
+        from ductwork.db import schema
+        from ductwork.limits import claims
 
         def _lock_key(tx, key):
             k = schema.limit_keys
@@ -55,7 +56,7 @@ if _patches:
         claims._lock_key = _lock_key
 
     if "wake_one" in _patches:
-        from ductwork import wakeup
+        from ductwork.db import wakeup
 
         def notify(self):
             with self._cond:

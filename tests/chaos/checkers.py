@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Iterable
 
-from ductwork.definition import Definition, EdgeSpec, render_divert_key
-from ductwork.limits import US_PER_S, RateEntry
+from ductwork.pipelines.definition import Definition, EdgeSpec, render_divert_key
+from ductwork.limit_entries import US_PER_S, RateEntry
 from tests.chaos.history import BranchRow, Execution, History, StepRow, Witness
 
 SETTLED_RUNS = ("completed", "halted", "dampened")

@@ -43,7 +43,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ductwork import faults, schema
+from ductwork import faults
+from ductwork.db import schema
 from ductwork.app import App
 from ductwork.config import Config
 from tests.chaos.checkers import check_all
@@ -141,7 +142,7 @@ class ChaosRound:
         self.hosts[host] = None
 
     def _engine(self) -> sa.Engine:
-        from ductwork.dialects import create_engine
+        from ductwork.db.dialects import create_engine
 
         return create_engine(self.url, io_timeout=10)
 

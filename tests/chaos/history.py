@@ -38,8 +38,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from ductwork import schema
-from ductwork.limits import LimitEntry, RateEntry
+from ductwork.db import schema
+from ductwork.limit_entries import LimitEntry, RateEntry
 
 EPOCH = datetime(1970, 1, 1)
 ONE_US = timedelta(microseconds=1)

@@ -33,7 +33,7 @@ SCALE = int(os.environ.get("DUCTWORK_CHAOS_SCALE", "1"))
 
 
 def _migrate(url: str) -> None:
-    from ductwork import dialects, migrate
+    from ductwork.db import dialects, migrate
 
     engine = dialects.create_engine(url)
     try:

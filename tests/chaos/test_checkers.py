@@ -23,7 +23,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ductwork.limits import RateEntry, parse_limits
+from ductwork.limit_entries import RateEntry, parse_limits
 from tests.chaos.checkers import (
     CHECKERS,
     check_all,

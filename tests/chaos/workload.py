@@ -34,7 +34,7 @@ _engine = None
 def _witness_engine():
     global _engine
     if _engine is None:
-        from ductwork.dialects import create_engine
+        from ductwork.db.dialects import create_engine
 
         _engine = create_engine(os.environ["DUCTWORK_CHAOS_WITNESS_URL"], pool_size=2, io_timeout=10)
     return _engine
@@ -50,7 +50,7 @@ class Witnessed(Step):
         self.value = value
 
     def execute(self):
-        from ductwork.dialects import db_now
+        from ductwork.db.dialects import db_now
 
         engine = _witness_engine()
         with engine.begin() as conn:

@@ -16,11 +16,11 @@ from datetime import datetime
 import pytest
 import sqlalchemy as sa
 
-from ductwork import schema
-from ductwork.claims import claim_next, claim_next_batch
-from ductwork.execute import Worker
-from ductwork.executions import Output, Success, record_crash, record_successes
-from ductwork.processes import register
+from ductwork.db import schema
+from ductwork.limits.claims import claim_next, claim_next_batch
+from ductwork.fleet.worker import Worker
+from ductwork.limits.executions import Output, Success, record_crash, record_successes
+from ductwork.fleet.processes import register
 from tests.capabilities import needs
 from tests.factories import make_executions, make_run
 from tests.workloads import Unkeyed
@@ -163,7 +163,7 @@ def test_a_batch_plans_for_the_ids_it_carries(app):
     """The claim, the load and the group commit write their batch's ids into the statement
     text, so the database plans each for those ids: a prepared statement's generic plan,
     chosen while the queue tables were small, would otherwise be kept as they grow
-    (ductwork.dialects.inline_ids)."""
+    (ductwork.db.dialects.inline_ids)."""
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
@@ -283,7 +283,7 @@ def test_a_failed_group_commit_crashes_only_its_group(app, monkeypatch):
     """The first group commit fails with an engine error: the one success in it is
     crashed (it re-runs), the two executions still queued stay held and run at the next
     run_once, and every job ends with exactly one success."""
-    import ductwork.execute as execute
+    import ductwork.fleet.worker as execute
 
     runs = [Unkeyed.trigger(i) for i in range(3)]
     process = register(app, role="test", label="w")

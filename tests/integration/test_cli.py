@@ -31,7 +31,7 @@ def _check(tmp_path: Path, url: str, section, capsys, *, env: str = "default"):
 
 @pytest.fixture
 def sqlite_url(tmp_path):
-    from ductwork import dialects, migrate
+    from ductwork.db import dialects, migrate
 
     url = f"sqlite:///{tmp_path}/check.sqlite3"
     engine = dialects.create_engine(url)
@@ -82,7 +82,7 @@ def test_unreferenced_entry_only_warns(tmp_path, sqlite_url, capsys):
 
 def test_missing_tables_are_named(tmp_path, db_url, capsys):
     """An unmigrated database of each backend: the error names the missing tables."""
-    from ductwork import dialects, schema
+    from ductwork.db import dialects, schema
 
     engine = dialects.create_engine(db_url)
     schema.limit_buckets.drop(engine)
@@ -230,7 +230,7 @@ def test_status_shows_each_process_host_and_pid(app, db_url, capsys):
     import os
     import socket
 
-    from ductwork.processes import host_name, machine_identifier, register
+    from ductwork.fleet.processes import host_name, machine_identifier, register
 
     register(app, role="job_worker", label="host-test.worker", pid=os.getpid())
     assert main(["status", "--database-url", db_url, "-c", "/dev/null"]) == 0
@@ -245,8 +245,8 @@ def test_status_marks_a_row_older_than_reaper_timeout_as_stale(app, db_url, caps
     import os
     from datetime import timedelta
 
-    from ductwork import schema
-    from ductwork.processes import register
+    from ductwork.db import schema
+    from ductwork.fleet.processes import register
 
     inline = register(app, role="inline", label="inline", pid=os.getpid())
     with app.begin() as tx:
@@ -284,8 +284,8 @@ def test_only_live_supervisors_on_this_host_are_found(app, db_url):
 
     import sqlalchemy as sa
 
-    from ductwork import schema
-    from ductwork.processes import register, same_host_warning, supervisors_on_this_host
+    from ductwork.db import schema
+    from ductwork.fleet.processes import register, same_host_warning, supervisors_on_this_host
 
     exited = subprocess.Popen([sys.executable, "-c", "pass"])
     exited.wait()

@@ -15,7 +15,7 @@ import uuid
 
 import sqlalchemy as sa
 
-from ductwork import schema
+from ductwork.db import schema
 from ductwork.testing import drain
 from tests.fleet import Fleet, wait_for, write_config
 from tests.workloads import Unkeyed

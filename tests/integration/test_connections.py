@@ -31,13 +31,13 @@ from sqlalchemy.pool import Pool
 
 from ductwork import Pipeline, Step
 from ductwork.app import set_default_app
-from ductwork.claims import claim_next, rebase_keys
+from ductwork.limits.claims import claim_next, rebase_keys
 from ductwork.cli import main
-from ductwork.context import Context
-from ductwork.execute import Worker
-from ductwork.processes import heartbeat, register
-from ductwork.reaper import reap, reap_stale, sweep_orphans
-from ductwork.supervisor import reconcile
+from ductwork.pipelines.context import Context
+from ductwork.fleet.worker import Worker
+from ductwork.fleet.processes import heartbeat, register
+from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
+from ductwork.fleet.supervisor import reconcile
 from ductwork.testing import drain
 from tests.conftest import make_app
 from tests.workloads import Approval, Quick, Unkeyed

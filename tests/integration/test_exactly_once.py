@@ -17,15 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step, schema
-from ductwork.advance import Advancer, candidates, claim_branch
-from ductwork.claims import claim_next
-from ductwork.dialects import violated_constraint
+from ductwork import Pipeline, Step
+from ductwork.db import schema
+from ductwork.pipelines.advance import Advancer, candidates, claim_branch
+from ductwork.limits.claims import claim_next
+from ductwork.db.dialects import violated_constraint
 from ductwork.errors import CommitFailed
-from ductwork.execute import Worker, make_output
-from ductwork.executions import record_success
-from ductwork.processes import register
-from ductwork.reaper import reap
+from ductwork.fleet.worker import Worker, make_output
+from ductwork.limits.executions import record_success
+from ductwork.fleet.processes import register
+from ductwork.fleet.reaper import reap
 from ductwork.testing import drain
 
 RACERS = 4
@@ -263,7 +264,7 @@ def test_a_live_process_recovers_claims_no_thread_holds(manual_app):
     and leaves held claims alone."""
     from datetime import timedelta
 
-    from ductwork.supervisor import RECONCILE_GRACE_S, reconcile
+    from ductwork.fleet.supervisor import RECONCILE_GRACE_S, reconcile
 
     app = manual_app
     (pid,) = processes(app, 1)

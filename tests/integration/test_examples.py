@@ -325,7 +325,7 @@ def _check_definitions(page: Page, line: int, rows: list[tuple[str, str]]) -> No
 
 
 def _run_checks(page: Page, workdir: Path) -> None:
-    from ductwork import dialects, migrate
+    from ductwork.db import dialects, migrate
     from ductwork.cli import main
 
     sys.path.insert(0, str(REPO))  # the tables name the pipelines of examples/

@@ -23,10 +23,11 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from ductwork import faults, schema
-from ductwork.claims import claim_next
-from ductwork.processes import register
-from ductwork.reaper import reap, reap_stale
+from ductwork import faults
+from ductwork.db import schema
+from ductwork.limits.claims import claim_next
+from ductwork.fleet.processes import register
+from ductwork.fleet.reaper import reap, reap_stale
 from ductwork.testing import drain
 from tests.conftest import TEST_CONFIG, make_app, reset_tables
 from tests.workloads import FAULT_KEY, FaultPipeline, fault_pipeline_expected

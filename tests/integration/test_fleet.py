@@ -13,7 +13,7 @@ import signal
 
 import sqlalchemy as sa
 
-from ductwork import schema
+from ductwork.db import schema
 from ductwork.testing import drain
 from tests.conftest import make_app, reset_tables
 from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
@@ -156,8 +156,8 @@ def test_an_exited_scripts_inline_row_is_reaped_by_a_supervisor_tick(manual_app,
     ``reaper_timeout``, as any process's, and leaves a live script's row alone."""
     from datetime import timedelta
 
-    from ductwork.processes import heartbeat, register
-    from ductwork.supervisor import Supervisor
+    from ductwork.fleet.processes import heartbeat, register
+    from ductwork.fleet.supervisor import Supervisor
     from tests.workloads import NapPipeline
 
     clock = manual_app.clock

@@ -18,12 +18,13 @@ from fractions import Fraction
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step, schema
-from ductwork.advance import Advancer
+from ductwork import Pipeline, Step
+from ductwork.db import schema
+from ductwork.pipelines.advance import Advancer
 from ductwork.app import set_default_app
-from ductwork.clock import to_us
-from ductwork.execute import Worker
-from ductwork.supervisor import Loop
+from ductwork.db.clock import to_us
+from ductwork.fleet.worker import Worker
+from ductwork.fleet.supervisor import Loop
 from tests.conftest import make_app, reset_tables
 from tests.workloads import Quick, Unkeyed
 
@@ -230,7 +231,7 @@ def test_a_rate_keys_long_run_throughput_is_its_rate(limits_app):
     (exactly 5/s here: buckets start empty, so no banked burst inflates it), and no window
     exceeds burst + 5·T [INV-LIM-2, INV-LIM-5]. An injected clock makes this a property of
     the limiter, not of this machine's speed (bench/ measures that)."""
-    from ductwork.clock import ManualClock
+    from ductwork.db.clock import ManualClock
 
     app = make_app(limits_app.url, config=limits_app.config, clock=ManualClock(datetime(2026, 1, 1)))
     set_default_app(app)
@@ -262,7 +263,7 @@ def test_the_seeds_two_entry_example_obeys_both_buckets(limits_app):
     """``1 per 1s`` and ``2000 per 1h, burst 50``: a start needs a token from each."""
     from datetime import datetime
 
-    from ductwork.clock import ManualClock
+    from ductwork.db.clock import ManualClock
 
     app = make_app(limits_app.url, config=limits_app.config, clock=ManualClock(datetime(2026, 1, 1)))
     set_default_app(app)
@@ -301,7 +302,7 @@ def test_unkeyed_and_keyed_lanes_are_served_oldest_first(limits_app):
     """With nothing saturated, claims follow global FIFO across lanes [INV-LIM-6]."""
     from datetime import datetime
 
-    from ductwork.clock import ManualClock
+    from ductwork.db.clock import ManualClock
 
     app = make_app(limits_app.url, config=limits_app.config, clock=ManualClock(datetime(2026, 1, 1)))
     set_default_app(app)
@@ -330,8 +331,8 @@ def test_unkeyed_and_keyed_lanes_are_served_oldest_first(limits_app):
 
 
 def _succeed_and_hand_off(app, claimed):
-    from ductwork import claims
-    from ductwork.executions import Output, record_success
+    from ductwork.limits import claims
+    from ductwork.limits.executions import Output, record_success
 
     take = functools.partial(claims.hand_off, app, key=claimed.limit_key, process_id=claimed.process_id)
     return record_success(app, claimed, Output("null"), hand_off=take)
@@ -348,8 +349,8 @@ def test_a_freed_slot_is_handed_on_in_the_commit_that_frees_it(limits_app):
     """The next execution of the key is claimed at the very database time (and next key
     sequence number) at which the previous one completed: the slot is never empty while
     the key has eligible work [INV-LIM-1, INV-LIM-3]."""
-    from ductwork import claims
-    from ductwork.processes import register
+    from ductwork.limits import claims
+    from ductwork.fleet.processes import register
     from tests.factories import make_executions, make_run
 
     app = limits_app
@@ -372,8 +373,8 @@ def test_a_hand_off_yields_to_an_older_lane(limits_app):
     """A completion hands on only what a poll would claim first [INV-LIM-6]: with an
     unkeyed job older than the key's next one, it claims nothing and a poll takes the
     unkeyed job, then the key's."""
-    from ductwork import claims
-    from ductwork.processes import register
+    from ductwork.limits import claims
+    from ductwork.fleet.processes import register
     from tests.factories import make_executions, make_run
 
     app = limits_app

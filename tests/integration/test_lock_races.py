@@ -17,10 +17,11 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step, faults, schema
-from ductwork.claims import claim_next
-from ductwork.clock import to_us
-from ductwork.processes import register
+from ductwork import Pipeline, Step, faults
+from ductwork.db import schema
+from ductwork.limits.claims import claim_next
+from ductwork.db.clock import to_us
+from ductwork.fleet.processes import register
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
 from tests.fleet import wait_for

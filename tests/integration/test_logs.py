@@ -20,10 +20,10 @@ import sys
 import pytest
 
 from ductwork import Pipeline, Step
-from ductwork.claims import claim_next
+from ductwork.limits.claims import claim_next
 from ductwork.errors import CommitFailed
-from ductwork.processes import register
-from ductwork.reaper import reap
+from ductwork.fleet.processes import register
+from ductwork.fleet.reaper import reap
 from ductwork.testing import drain
 from tests.conftest import make_app, reset_tables
 from tests.fleet import Fleet, wait_for, write_config
@@ -208,7 +208,7 @@ def test_a_step_that_cannot_be_built_logs_its_crashes_with_the_traceback(manual_
 
 
 def test_advancement_errors_log_each_retry_and_the_halt_with_the_traceback(app, caplog, monkeypatch):
-    from ductwork.advance import Advancer
+    from ductwork.pipelines.advance import Advancer
 
     def broken(self, c):
         raise RuntimeError("routing broke")
@@ -251,7 +251,7 @@ def test_a_timed_out_step_logs_a_warning_without_a_traceback(db_url, caplog):
 
 
 def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
-    import ductwork.executions as executions
+    import ductwork.limits.executions as executions
 
     caplog.set_level(logging.WARNING, logger="ductwork")
     process = register(app, role="test", label="rolls-back")
@@ -277,7 +277,7 @@ def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
 
 
 def _masked(url: str) -> str:
-    from ductwork import dialects
+    from ductwork.db import dialects
 
     engine = dialects.create_engine(url)
     try:

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from ductwork import dialects, migrate, schema
+from ductwork.db import dialects, migrate, schema
 from tests import databases
 from tests.conftest import BACKENDS
 

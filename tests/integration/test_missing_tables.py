@@ -15,12 +15,12 @@ import sqlite3
 import pytest
 from sqlalchemy.engine import make_url
 
-from ductwork import migrate
-from ductwork.advance import Advancer
+from ductwork.db import migrate
+from ductwork.pipelines.advance import Advancer
 from ductwork.cli import main
 from ductwork.errors import MissingTablesError
-from ductwork.execute import Worker
-from ductwork.supervisor import Runner
+from ductwork.fleet.worker import Worker
+from ductwork.fleet.supervisor import Runner
 from ductwork.testing import drain
 from tests.conftest import BACKENDS, make_app
 from tests.workloads import Unkeyed

@@ -16,9 +16,10 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Context, Pipeline, Step, schema
+from ductwork import Context, Pipeline, Step
+from ductwork.db import schema
 from ductwork.errors import InputError, NotJSONError, PayloadTooLargeError
-from ductwork.payloads import MAX_PAYLOAD_BYTES, STATEMENT_BYTES_NEEDED
+from ductwork.pipelines.payloads import MAX_PAYLOAD_BYTES, STATEMENT_BYTES_NEEDED
 from ductwork.testing import drain
 
 #: a str whose JSON text is 2 + 2 × n bytes: every quote is escaped (\"), and
@@ -225,8 +226,8 @@ def test_context_values_follow_the_same_rule(app):
 
 
 def test_the_database_takes_a_statement_with_the_largest_value(app):
-    from ductwork import dialects
-    from ductwork.boot import validate
+    from ductwork.db import dialects
+    from ductwork.fleet.boot import validate
 
     with app.engine.connect() as conn:
         limit = dialects.statement_limit(conn)

@@ -323,7 +323,7 @@ def test_many_runs_in_parallel_do_not_mix(app):
 def _executions(app, run):
     import sqlalchemy as sa
 
-    from ductwork import schema
+    from ductwork.db import schema
 
     e, j, s = schema.executions, schema.jobs, schema.steps
     with app.begin() as tx:
@@ -401,8 +401,8 @@ def test_terminal_runs_stay_terminal(app):
 
 
 def test_delay_is_not_eligible_before_its_time(manual_app):
-    from ductwork.execute import Worker
-    from ductwork.advance import Advancer
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
 
     app = manual_app
     run = DelayedP.trigger(1)

@@ -16,11 +16,12 @@ import os
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step, schema
-from ductwork.advance import Advancer
+from ductwork import Pipeline, Step
+from ductwork.db import schema
+from ductwork.pipelines.advance import Advancer
 from ductwork.errors import InputError, MainModuleError
-from ductwork.execute import Worker
-from ductwork.processes import register
+from ductwork.fleet.worker import Worker
+from ductwork.fleet.processes import register
 from ductwork.testing import drain
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from ductwork import Pipeline, Step
 from ductwork.app import set_default_app
-from ductwork.clock import OffsetClock
+from ductwork.db.clock import OffsetClock
 from ductwork.errors import ConfigError, DrainTimeout
 from ductwork.testing import drain, waiting_for
 from tests.conftest import make_app, reset_tables
@@ -176,7 +176,7 @@ def test_drain_timeout_names_a_pending_retry_and_its_error(offset_app):
 FRESH = """
 import sqlalchemy as sa
 
-from ductwork import schema
+from ductwork.db import schema
 from orders.pipelines import Checkout
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step, schema
+from ductwork import Pipeline, Step
+from ductwork.db import schema
 
 _current: dict[str, Any] = {}
 
@@ -42,8 +43,8 @@ class OracleStep(Step):
         self.args = list(args)
 
     def execute(self):
-        from ductwork.execute import StepInvalid, StepTimedOut
-        from ductwork.executions import ErrorInfo
+        from ductwork.fleet.worker import StepInvalid, StepTimedOut
+        from ductwork.limits.executions import ErrorInfo
 
         app, oracle = _current["app"], _current["oracle"]
         s, j, e = schema.steps, schema.jobs, schema.executions

@@ -24,14 +24,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from ductwork import claims, schema
+from ductwork.db import schema
+from ductwork.limits import claims
 from ductwork.app import App
-from ductwork.clock import ManualClock, from_us, to_us
+from ductwork.db.clock import ManualClock, from_us, to_us
 from ductwork.config import Config
 from ductwork.errors import CommitFailed
-from ductwork.executions import Output, Success, record_failure, record_success, record_successes
-from ductwork.processes import register
-from ductwork.reaper import reap
+from ductwork.limits.executions import Output, Success, record_failure, record_success, record_successes
+from ductwork.fleet.processes import register
+from ductwork.fleet.reaper import reap
 from model import LimitsModel
 from model.invariants import check_all
 from tests.conftest import TEST_CONFIG, reset_tables
@@ -275,7 +276,7 @@ def conformance_settings(**overrides) -> settings:
 
 
 def test_limits_engine_agrees_with_model(db_url):
-    from ductwork import dialects
+    from ductwork.db import dialects
 
     engine = dialects.create_engine(db_url)
     try:

@@ -23,15 +23,15 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ductwork import schema
-from ductwork.advance import Advancer
+from ductwork.db import schema
+from ductwork.pipelines.advance import Advancer
 from ductwork.app import App
-from ductwork.clock import ManualClock
+from ductwork.db.clock import ManualClock
 from ductwork.config import Config
-from ductwork.definition import Definition
-from ductwork.execute import Worker
-from ductwork.runs import trigger_run
-from ductwork.steps import latest_step
+from ductwork.pipelines.definition import Definition
+from ductwork.fleet.worker import Worker
+from ductwork.pipelines.runs import trigger_run
+from ductwork.pipelines.steps import latest_step
 from ductwork.testing import _next_wake
 from model.pipelines import NO_INPUT, canonical_json, run_to_quiescence
 from tests.conftest import reset_tables
@@ -124,7 +124,7 @@ def check_agreement(url: str, engine, scenario, config) -> None:
 
 
 def test_engine_runs_end_where_the_model_ends(db_url):
-    from ductwork import dialects
+    from ductwork.db import dialects
 
     engine = dialects.create_engine(db_url)
     examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])

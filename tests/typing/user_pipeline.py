@@ -11,7 +11,7 @@ from typing import assert_type
 
 import ductwork
 from ductwork import App, Context, Pipeline, PipelineBuilder, Run, Step, StepError, StepInfo
-from ductwork.clock import OffsetClock
+from ductwork.db.clock import OffsetClock
 from ductwork.errors import DrainTimeout, DuctworkError
 from ductwork.pytest_plugin import Drain
 from ductwork.testing import drain, waiting_for

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ductwork.config import MAX_BATCH_SIZE, Config
 from ductwork.errors import ConfigError
-from ductwork.execute import batch_for
+from ductwork.fleet.worker import batch_for
 
 paces = st.floats(min_value=0, max_value=3600, allow_nan=False)
 windows = st.floats(min_value=1e-6, max_value=60, allow_nan=False)

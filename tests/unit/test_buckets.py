@@ -17,8 +17,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from ductwork.buckets import Bucket, carry_over, decide, next_token_us, refill
-from ductwork.limits import LimitEntry, RateEntry, drop_dominated, parse_limit_entry
+from ductwork.limits.buckets import Bucket, carry_over, decide, next_token_us, refill
+from ductwork.limit_entries import LimitEntry, RateEntry, drop_dominated, parse_limit_entry
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 SCENARIOS = json.loads((VECTORS / "buckets.json").read_text())

@@ -27,7 +27,7 @@ from ductwork.config import (
     load_config,
 )
 from ductwork.errors import ConfigError, DuplicatePeriodError, EmptyLimitError, InvalidPeriodError
-from ductwork.limits import LimitEntry, RateEntry
+from ductwork.limit_entries import LimitEntry, RateEntry
 
 NO_ENV: dict[str, str] = {}
 
@@ -422,7 +422,7 @@ def test_a_lease_that_cannot_hold_is_rejected():
     runner outlives before its next heartbeat lands: 4 x (a lease of two) is the least."""
     from ductwork.config import Config
     from ductwork.errors import ConfigError
-    from ductwork.supervisor import lease_margin
+    from ductwork.fleet.supervisor import lease_margin
 
     with pytest.raises(ConfigError, match=r"supervisor.reaper_timeout=6.0: must be at least 4 x "
                                           r"supervisor.heartbeat_interval \(2.0\)"):
@@ -437,7 +437,7 @@ def test_a_lease_that_cannot_hold_is_rejected():
 ])
 def test_heartbeat_interval_is_derived_when_only_reaper_timeout_is_set(reaper_timeout, heartbeat_interval):
     from ductwork.config import Config
-    from ductwork.supervisor import lease_margin
+    from ductwork.fleet.supervisor import lease_margin
 
     supervisor = Config.from_section({"supervisor": {"reaper_timeout": reaper_timeout}}).supervisor
     assert supervisor.heartbeat_interval == pytest.approx(heartbeat_interval)
@@ -500,7 +500,7 @@ def test_star_without_imports_is_an_error():
 
 
 def test_star_finding_no_pipeline_in_the_imports_is_an_error():
-    from ductwork.boot import load_pipelines
+    from ductwork.fleet.boot import load_pipelines
 
     with pytest.raises(ConfigError, match=r"no Pipeline subclass is defined in the imports \(json\)"):
         load_pipelines(section(pipelines=["*"], imports=["json"]))

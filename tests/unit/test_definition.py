@@ -17,17 +17,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ductwork.definition import (
+from ductwork.pipelines.definition import (
     Definition,
     EdgeSpec,
     NodeSpec,
     PipelineBuilder,
-    import_pipeline,
     render_divert_key,
-    resolve_pipeline,
     resolve_step,
     step_ref,
 )
+from ductwork.pipelines.pipeline import import_pipeline, resolve_pipeline
 from ductwork.errors import (
     CollapseError,
     CombineError,
@@ -37,8 +36,8 @@ from ductwork.errors import (
     StartError,
     UnknownStepClassError,
 )
-from ductwork.pipeline import Pipeline
-from ductwork.step import Step
+from ductwork.pipelines.pipeline import Pipeline
+from ductwork.pipelines.step import Step
 
 MOD = __name__
 
@@ -560,9 +559,9 @@ def test_abstract_pipeline_and_trigger(monkeypatch):
                                "(override the classmethod define)")
 
     calls = []
-    runs = types.ModuleType("ductwork.runs")
+    runs = types.ModuleType("ductwork.pipelines.runs")
     runs.trigger_run = lambda app, cls, args: calls.append((app, cls, args)) or "handle"
-    monkeypatch.setitem(sys.modules, "ductwork.runs", runs)
+    monkeypatch.setitem(sys.modules, "ductwork.pipelines.runs", runs)
     assert Concrete.trigger(1, "x", app="app") == "handle"
     assert calls == [("app", Concrete, [1, "x"])]
 

@@ -11,7 +11,7 @@ import importlib.util
 
 import pytest
 
-from ductwork import dialects
+from ductwork.db import dialects
 from ductwork.app import App
 from ductwork.config import Config
 from ductwork.errors import DatabaseURLError, MissingDatabaseError, MissingTablesError

@@ -21,7 +21,7 @@ from ductwork.errors import (
     InvalidPeriodError,
     MissingLimitError,
 )
-from ductwork.limits import (
+from ductwork.limit_entries import (
     INT64_MAX,
     LimitEntry,
     RateEntry,

@@ -15,11 +15,11 @@ import types
 
 import pytest
 
-from ductwork.advance import job_halt_reason
-from ductwork.definition import in_main_module, main_module_refs
+from ductwork.pipelines.advance import job_halt_reason
+from ductwork.pipelines.definition import in_main_module, main_module_refs
 from ductwork.errors import AsyncStepError, DefinitionError, InputError, MainModuleError
-from ductwork.pipeline import Pipeline
-from ductwork.step import Step
+from ductwork.pipelines.pipeline import Pipeline
+from ductwork.pipelines.step import Step
 from model.pipelines import job_halt_reason as model_job_halt_reason
 
 
@@ -137,9 +137,9 @@ def test_arguments_that_do_not_bind_name_the_class_and_its_signature(cls, args, 
 
 def test_trigger_refuses_arguments_the_first_step_cannot_take(monkeypatch):
     calls = []
-    runs = types.ModuleType("ductwork.runs")
+    runs = types.ModuleType("ductwork.pipelines.runs")
     runs.trigger_run = lambda app, cls, args: calls.append(args) or "handle"
-    monkeypatch.setitem(sys.modules, "ductwork.runs", runs)
+    monkeypatch.setitem(sys.modules, "ductwork.pipelines.runs", runs)
     with pytest.raises(InputError) as info:
         OneP.trigger(1, 2, 3, app="app")
     assert str(info.value) == ("OneP.trigger: One(since) cannot take the arguments (1, 2, 3): "

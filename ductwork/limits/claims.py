@@ -13,7 +13,7 @@ LOCKED``. A keyed lane claims in one transaction that
 3. finds the key's oldest eligible execution,
 4. counts the key's in-flight executions (derived from execution rows, never a
    stored counter, so a slot cannot leak [INV-LIM-3]),
-5. runs the pure decision (:func:`ductwork.buckets.decide`) on the current config,
+5. runs the pure decision (:func:`ductwork.limits.buckets.decide`) on the current config,
 6. writes refilled buckets and the ``blocked_until`` stamp [INV-LIM-4, INV-LIM-5],
    and, if admitted, claims the execution and spends the tokens.
 
@@ -37,13 +37,15 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from ductwork import buckets, dialects, faults, mutants, schema
-from ductwork.clock import from_us
-from ductwork.executions import Claimed
-from ductwork.limits import LimitEntry, entry_digest
+from ductwork import faults, mutants
+from ductwork.db import dialects, schema
+from ductwork.limits import buckets
+from ductwork.db.clock import from_us
+from ductwork.limits.executions import Claimed
+from ductwork.limit_entries import LimitEntry, entry_digest
 
 if TYPE_CHECKING:
-    from ductwork.app import App, Tx
+    from ductwork.db.database import Database as App, Tx
 
 log = logging.getLogger("ductwork.claims")
 

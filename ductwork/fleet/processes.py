@@ -18,33 +18,17 @@ Not done here: deciding who is stale (reaper.py) or killing anything (supervisor
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from ductwork import schema
-from ductwork.ids import new_id
+from ductwork.db import schema
+from ductwork.db.hosts import machine_identifier, other_job_workers  # noqa: F401 - this module's API too
+from ductwork.db.ids import new_id
 
 if TYPE_CHECKING:
-    from ductwork.app import App
-
-
-def machine_identifier() -> str:
-    """``HOST/MACHINE-ID``: the host name, then ``/etc/machine-id`` when readable.
-
-    The host name is what people recognise (``ductwork status`` shows it, see
-    :func:`host_name`); the machine id keeps apart two hosts that share a name, and
-    the host name keeps apart containers whose image carries one machine id.
-    """
-    try:
-        value = Path("/etc/machine-id").read_text().strip()
-    except OSError:
-        value = ""
-    host = socket.gethostname()
-    return f"{host}/{value}"[:255] if value else host[:255]
+    from ductwork.db.database import Database as App
 
 
 def host_name(identifier: str) -> str:
@@ -96,7 +80,7 @@ def same_host_warning(row: sa.Row) -> str:
 
 def register(app: App, *, role: str, label: str | None = None, pid: int | None = None) -> str:
     """Create this process's row and return its id, recovering a previous incarnation's claims."""
-    from ductwork.reaper import reap
+    from ductwork.fleet.reaper import reap
 
     pid = os.getpid() if pid is None else pid
     label = label or role
@@ -138,22 +122,3 @@ def alive(app: App, process_id: str) -> bool:
         return tx.execute(
             sa.select(schema.processes.c.id).where(schema.processes.c.id == process_id)
         ).first() is not None
-
-
-def other_job_workers(app: App) -> int:
-    """How many job worker processes other than this OS process are alive on the database.
-
-    Alive: a ``job_worker`` row whose heartbeat is younger than ``supervisor.reaper_timeout``
-    (the reaper's own test). Rows of this process (same host and pid: threads or an
-    embedded runner) do not count. A snapshot: a worker may start right after.
-    """
-    p = schema.processes
-    with app.begin(readonly=True) as tx:
-        since = tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout)
-        return int(tx.execute(
-            sa.select(sa.func.count()).select_from(p)
-            .where(p.c.role == "job_worker",
-                   p.c.last_heartbeat_at > since,  # alive, as the reaper judges it
-                   sa.not_(sa.and_(p.c.machine_identifier == machine_identifier(),
-                                   p.c.pid == os.getpid())))  # not this process
-        ).scalar_one())

@@ -27,14 +27,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 
-from ductwork import dialects, payloads, schema
+from ductwork.db import dialects, schema
+from ductwork.db.database import default_app
+from ductwork.pipelines import payloads
 from ductwork.errors import DefinitionError, RunStateError
-from ductwork.ids import new_id
-from ductwork.steps import NewStep, create_steps, latest_step, step_output_json
+from ductwork.db.ids import new_id
+from ductwork.pipelines.definition import Definition
+from ductwork.pipelines.steps import NewStep, create_steps, latest_step, step_output_json
 
 if TYPE_CHECKING:
-    from ductwork.app import App, Tx
-    from ductwork.pipeline import Pipeline
+    from ductwork.db.database import Database as App, Tx
 
 TERMINAL = ("completed", "halted")
 SETTLED = ("completed", "halted", "dampened")
@@ -42,14 +44,13 @@ ACTIVE_BRANCH = ("in_progress", "advancing")
 _UNSET: Any = object()  # resume() without input
 
 
-def trigger_run(app: App | None, pipeline: type[Pipeline], args: list[Any]) -> Run:
-    """Start a run of ``pipeline`` with ``args`` as the start step's positional arguments.
+def trigger_run(app: App | None, pipeline: type, args: list[Any]) -> Run:
+    """Start a run of ``pipeline`` (a Pipeline subclass) with ``args`` as the start step's
+    positional arguments.
 
     Arguments that break the payload rule (``payloads.dump``: not JSON, or longer than
     ``MAX_PAYLOAD_BYTES``) raise before anything is written.
     """
-    from ductwork.app import default_app
-
     app = app or default_app()
     definition = getattr(pipeline, "definition", None)
     if definition is None:
@@ -70,6 +71,31 @@ def trigger_run(app: App | None, pipeline: type[Pipeline], args: list[Any]) -> R
         create_steps(tx, run_id, definition, [NewStep(branch_id, definition.start, "start", input_json)])
     app._definitions.setdefault(sha1, definition)
     return Run(app, run_id)
+
+
+def cached_definition(app: App, sha1: str, text: str | None = None, *, tx: Tx | None = None) -> Definition:
+    """The parsed definition snapshot with this digest (cached per App).
+
+    Read, when not cached and ``text`` is not given, through ``tx`` if given, else in
+    a read-only transaction of its own. A caller inside a transaction passes it: a
+    second connection opened while the first holds SQLite's write lock would wait
+    for that lock until ``busy_timeout`` and fail (``database is locked``).
+    """
+    cached: Definition | None = app._definitions.get(sha1)
+    if cached is not None:
+        return cached
+    if text is None:
+        if not app._schema_checked:
+            app.check_schema()
+        query = sa.select(schema.runs.c.definition).where(schema.runs.c.definition_sha1 == sha1).limit(1)
+        if tx is not None:
+            text = tx.execute(query).scalar_one()
+        else:
+            with app.begin(readonly=True) as own:
+                text = own.execute(query).scalar_one()
+    parsed = Definition.from_json(json.loads(text))
+    app._definitions[sha1] = parsed
+    return parsed
 
 
 def lock_run(tx: Tx, run_id: str) -> str:
@@ -272,7 +298,7 @@ class Run:
             ).scalars().all()
             if run.status in TERMINAL or not dampened:
                 raise RunStateError(f"run {self.id} is {run.status} with no dampened branch; nothing to resume")
-            definition = self.app.definition(run.definition_sha1, tx=tx)  # this connection: see App.definition
+            definition = cached_definition(self.app, run.definition_sha1, tx=tx)  # this connection: see there
             new = []
             for branch_id in dampened:
                 step = latest_step(tx, branch_id)

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
-from ductwork import dialects, payloads, schema
+from ductwork.db import dialects, schema
+from ductwork.pipelines import payloads
 from ductwork.errors import InputError, OverwriteError
-from ductwork.ids import new_id
+from ductwork.db.ids import new_id
 
 if TYPE_CHECKING:
-    from ductwork.app import App
+    from ductwork.db.database import Database as App
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ An entry declares ``concurrency`` (an int >= 1), ``rate`` (one entry or a list o
 - an entry with neither ``concurrency`` nor ``rate`` raises :class:`EmptyLimitError`:
   an empty entry is never silently unlimited [INV-LIM-7].
 
-Values are bounded so the bucket arithmetic of :mod:`ductwork.buckets` fits the
+Values are bounded so the bucket arithmetic of :mod:`ductwork.limits.buckets` fits the
 engine's BIGINT columns: ``burst × per_s × 10⁶ + limit <= 2⁶³ − 1`` (the capacity in
 units, plus the most one refill step can overshoot it before the cap) and ``per`` is at
 most 100 years (so a next-token time stays a representable timestamp).

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import sqlalchemy as sa
 
-from ductwork import dialects, schema
-from ductwork.ids import new_id
+from ductwork.db import dialects, schema
+from ductwork.db.ids import new_id
+from ductwork.limits.executions import new_execution_row
 
 if TYPE_CHECKING:
-    from ductwork.app import Tx
-    from ductwork.definition import Definition
+    from ductwork.db.database import Tx
+    from ductwork.pipelines.definition import Definition
 
 ADVANCEABLE = ("advancing", "failed")
 """Step statuses meaning "the job is done, the branch can move" (claim and fence share it)."""
@@ -104,18 +105,6 @@ def create_steps(tx: Tx, run_id: str, definition: Definition, new: list[NewStep]
     tx.execute(schema.executions.insert(), execution_rows)
     tx.wake()
     return [row["id"] for row in step_rows]
-
-
-def new_execution_row(job_id: str, limit_key: str | None, eligible_at: Any, retry_count: int,
-                      crash_count: int, now: Any) -> dict[str, Any]:
-    """A pending execution (the claim queue entry) for ``job_id``."""
-    return {
-        "id": new_id(), "job_id": job_id, "limit_key": limit_key, "eligible_at": eligible_at,
-        "claimed_at": None, "process_id": None, "completed_at": None, "outcome": None,
-        "error_klass": None, "error_message": None, "error_backtrace": None,
-        "retry_count": retry_count, "crash_count": crash_count, "claim_seq": None,
-        "release_seq": None, "created_at": now, "updated_at": now,
-    }
 
 
 def latest_step(tx: Tx, branch_id: str) -> StepRow | None:

@@ -20,7 +20,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-from ductwork import schema
+from ductwork.db import schema
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "ductwork_alembic_version"

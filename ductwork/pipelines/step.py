@@ -21,7 +21,7 @@ import reprlib
 from typing import TYPE_CHECKING, Any, Self, Sequence
 
 if TYPE_CHECKING:
-    from ductwork.context import Context
+    from ductwork.pipelines.context import Context
 
 from ductwork.errors import AsyncStepError, DefinitionError
 

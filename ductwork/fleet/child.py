@@ -3,7 +3,7 @@
     >>> value = run_in_child(app, claimed)     # raises StepTimedOut after the timeout
 
 Python threads cannot be killed, so a step that declares ``timeout=`` runs in a
-fresh interpreter (``python -m ductwork.child``) in its own process group. The
+fresh interpreter (``python -m ductwork.fleet.child``) in its own process group. The
 child tells the parent the moment it calls ``execute``; the timeout is measured
 from then (execution start), so interpreter start-up never eats into it (start-up
 has its own deadline, ``STARTUP_S``). Past the deadline the parent SIGKILLs the
@@ -32,8 +32,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ductwork.app import App
-    from ductwork.executions import Claimed
+    from ductwork.db.database import Database as App
+    from ductwork.limits.executions import Claimed
 
 PR_SET_PDEATHSIG = 1
 STARTUP_S = 60.0
@@ -48,8 +48,8 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     (the child cannot resolve the class or bind the input) or ``BuildFailed``
     (``__init__`` raised, or the child died or never started).
     """
-    from ductwork.execute import BuildFailed, ChildStepError, ReturnRejected, StepInvalid, StepTimedOut
-    from ductwork.executions import ErrorInfo
+    from ductwork.fleet.invoke import BuildFailed, ChildStepError, ReturnRejected, StepInvalid, StepTimedOut
+    from ductwork.limits.executions import ErrorInfo
 
     timeout_s = claimed.timeout_us / 1_000_000
     request = {
@@ -60,7 +60,7 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     read_fd, write_fd = os.pipe()
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ductwork.child", str(write_fd)],
+        [sys.executable, "-m", "ductwork.fleet.child", str(write_fd)],
         stdin=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True,
     )
     os.close(write_fd)
@@ -133,13 +133,13 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
 
-    from ductwork.app import App
+    from ductwork.db.database import Database as App
     from ductwork.config import config_from_mapping
-    from ductwork.definition import import_pipeline
+    from ductwork.pipelines.pipeline import import_pipeline
     from ductwork.errors import StepReturnError
-    from ductwork.execute import BuildFailed, StepInvalid, build_step, returned
-    from ductwork.executions import ErrorInfo
-    from ductwork.payloads import dump
+    from ductwork.fleet.invoke import BuildFailed, StepInvalid, build_step, returned
+    from ductwork.limits.executions import ErrorInfo
+    from ductwork.pipelines.payloads import dump
 
     app = App(request["url"], config_from_mapping({"default": {}}))
     pipe = os.fdopen(out, "wb")

@@ -46,19 +46,21 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from ductwork import faults, payloads
-from ductwork.advance import advance_on_success
-from ductwork.context import Context
-from ductwork.claims import claim_next_batch, hand_off as claim_hand_off, seconds_to_next_token
-from ductwork.definition import in_main_module, resolve_pipeline, resolve_step
-from ductwork.dialects import retry_transient
-from ductwork.errors import CommitFailed, StepReturnError, UnknownStepClassError
-from ductwork.executions import (MESSAGE_LIMIT, Claimed, ErrorInfo, Output, Success, record_crash, record_failure,
+from ductwork import faults
+from ductwork.pipelines import payloads
+from ductwork.pipelines.advance import advance_on_success
+from ductwork.limits.claims import claim_next_batch, hand_off as claim_hand_off, seconds_to_next_token
+from ductwork.db.dialects import retry_transient
+from ductwork.errors import CommitFailed, StepReturnError
+from ductwork.fleet.invoke import (BuildFailed, ChildStepError, ReturnRejected, StepInvalid, StepTimedOut, build_step,
+                                   check_configured, returned)
+from ductwork.limits.executions import (Claimed, ErrorInfo, Output, Success, record_crash, record_failure,
                                  record_invalid, record_success, record_successes)
+from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
-    from ductwork.app import App
-    from ductwork.definition import Definition
+    from ductwork.db.database import Database as App
+    from ductwork.pipelines.definition import Definition
 
 log = logging.getLogger("ductwork.execute")
 
@@ -72,51 +74,6 @@ class Performed:
     execution_id: str
     node: str
     outcome: str  # success | failure | timed_out | invalid | process_crashed | commit_failed
-
-
-class BuildFailed(Exception):
-    """The step's ``__init__`` raised, or its child process never ran it: a crash, not a failure."""
-
-    def __init__(self, info: ErrorInfo):
-        self.info = info
-        super().__init__(info.message)
-
-
-class StepInvalid(Exception):
-    """The step can never run as stored (its class does not resolve, its input does not
-    bind): recorded ``invalid`` once, and the step fails at once (no retry, no re-run)."""
-
-    def __init__(self, info: ErrorInfo):
-        self.info = info
-        super().__init__(info.message)
-
-
-#: added to the reason when a class of ``__main__`` does not resolve in a worker
-_MAIN_HINT = ("; it is defined in __main__ (a script), which only the process running that "
-              "script can resolve: move it into an importable module")
-
-
-class StepTimedOut(Exception):
-    """The step ran past its timeout and its process was killed."""
-
-
-class ChildStepError(Exception):
-    """The step raised inside its child process; carries the child's error."""
-
-    def __init__(self, info: ErrorInfo):
-        self.info = info
-        super().__init__(info.message)
-
-
-class ReturnRejected(StepInvalid):
-    """The step's return value cannot be stored (a :class:`StepReturnError`, in this
-    process or in the step's child): the same code would return it again, so it is an
-    ``invalid`` execution too, and its branch halts with the error's own reason."""
-
-
-def returned(klass: str, value: Any) -> str:
-    """How a return value is named in its errors: ``shop.steps:Fetch returned list``."""
-    return f"{klass} returned {type(value).__name__}"
 
 
 def make_output(klass: str, definition: Definition, node: str, value: Any) -> Output:
@@ -143,50 +100,6 @@ def batch_for(pace_s: float, window_s: float, size: int) -> int:
     return max(1, int(window_s / pace_s))
 
 
-def _invalid(error: Exception, ref: str) -> StepInvalid:
-    """The :class:`StepInvalid` for a class reference that does not resolve (with how to
-    fix a class of ``__main__``)."""
-    info = ErrorInfo.of(error)
-    if in_main_module(ref):
-        info = ErrorInfo(info.klass, info.message[:MESSAGE_LIMIT - len(_MAIN_HINT)] + _MAIN_HINT, info.backtrace)
-    return StepInvalid(info)
-
-
-def check_configured(claimed: Claimed) -> None:
-    """Only configured code runs: the run's pipeline and the step's class must be classes
-    of the pipelines this process defined (``definition.resolve_step``), else
-    :class:`StepInvalid` (``UnknownStepClassError``). Nothing is imported for a stored
-    name, here or in a step's child process, which is started only after this check."""
-    for ref, resolve in ((claimed.pipeline_klass, resolve_pipeline), (claimed.klass, resolve_step)):
-        try:
-            resolve(ref)
-        except UnknownStepClassError as error:
-            raise _invalid(error, ref) from error
-
-
-def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str) -> Any:
-    """Construct the user's step with its identity bound.
-
-    Raises :class:`StepInvalid` when the class does not resolve or the stored input
-    does not bind to its ``__init__`` (neither can change by running again), and
-    :class:`BuildFailed` when ``__init__`` itself raised (a crash, re-run).
-    """
-    try:
-        cls = resolve_step(klass)
-    except Exception as error:  # noqa: BLE001 - UnknownStepClassError, or what a class lookup raised
-        raise _invalid(error, klass) from error
-    try:
-        args = json.loads(input_json)
-        cls._ductwork_bind(args)
-    except (TypeError, ValueError) as error:
-        raise StepInvalid(ErrorInfo.of(error)) from error
-    try:
-        # [INV-EXE-3] the key is the step row's id: the same for every execution of the step
-        return cls._ductwork_build(args, step_id, run_id, Context(app, run_id))
-    except Exception as error:  # noqa: BLE001 - an error in __init__ is a crash, never lost
-        raise BuildFailed(ErrorInfo.of(error)) from error
-
-
 class Worker:
     """Claims and runs executions: one claim (or batch) per :meth:`run_once`, and what its
     completions hand on.
@@ -208,7 +121,7 @@ class Worker:
                  hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
-        from ductwork.boot import load_pipelines
+        from ductwork.fleet.boot import load_pipelines
 
         # Only configured code runs: the classes of these pipelines (and of those this
         # process's own code defined) are the only ones a stored name resolves to.
@@ -339,7 +252,7 @@ class Worker:
 
     def _invoke(self, claimed: Claimed, definition: Definition) -> Output:
         if claimed.timeout_us:
-            from ductwork.child import run_in_child
+            from ductwork.fleet.child import run_in_child
 
             value = run_in_child(self.app, claimed)
         else:
@@ -351,7 +264,7 @@ class Worker:
             raise ReturnRejected(ErrorInfo.of(error)) from error
 
     def _perform(self, claimed: Claimed, group: bool) -> str:
-        definition = self.app.definition(claimed.definition_sha1)
+        definition = cached_definition(self.app, claimed.definition_sha1)
         try:
             try:
                 check_configured(claimed)  # before anything is built here or in a child process

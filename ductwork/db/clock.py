@@ -43,10 +43,10 @@ class Clock(Protocol):
 
 
 class DatabaseClock:
-    """The database server's clock (``ductwork.dialects.db_now``)."""
+    """The database server's clock (``ductwork.db.dialects.db_now``)."""
 
     def now(self, conn: Connection) -> datetime:
-        from ductwork.dialects import db_now
+        from ductwork.db.dialects import db_now
 
         moment: datetime = db_now(conn)
         return moment

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from ductwork.app import App
+from sqlalchemy.engine import Engine
 
 log = logging.getLogger("ductwork.wakeup")
 
@@ -56,10 +55,18 @@ class Wakeup:
             return self._cond.wait_for(lambda: self._generation != seen, timeout)
 
 
+class Listened(Protocol):
+    """What :class:`PgListener` needs of its app (a ``Database``, which holds a
+    :class:`Wakeup` and so is defined above this module)."""
+
+    engine: Engine
+    wakeup: Wakeup
+
+
 class PgListener(threading.Thread):
     """LISTEN on PostgreSQL and relay each notification to ``app.wakeup`` (fleet processes)."""
 
-    def __init__(self, app: App, stop: threading.Event):
+    def __init__(self, app: Listened, stop: threading.Event):
         super().__init__(name="ductwork.pg-listener", daemon=True)
         self.app, self.stop = app, stop
 

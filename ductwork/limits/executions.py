@@ -35,16 +35,17 @@ import logging
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
 
-from ductwork import dialects, logs, mutants, schema
+from ductwork import logs, mutants
+from ductwork.db import dialects, schema
+from ductwork.db.ids import new_id
 from ductwork.errors import CommitFailed, UnknownStepClassError
-from ductwork.steps import new_execution_row
 
 if TYPE_CHECKING:
-    from ductwork.app import App, Tx
+    from ductwork.db.database import Database as App, Tx
 
 log = logging.getLogger("ductwork.executions")
 
@@ -412,3 +413,15 @@ def payload_envelope(value_json: str) -> str:
 
 def expand_envelope(count: int) -> str:
     return json.dumps({"expand_items": count})
+
+
+def new_execution_row(job_id: str, limit_key: str | None, eligible_at: Any, retry_count: int,
+                      crash_count: int, now: Any) -> dict[str, Any]:
+    """A pending execution (the claim queue entry) for ``job_id``."""
+    return {
+        "id": new_id(), "job_id": job_id, "limit_key": limit_key, "eligible_at": eligible_at,
+        "claimed_at": None, "process_id": None, "completed_at": None, "outcome": None,
+        "error_klass": None, "error_message": None, "error_backtrace": None,
+        "retry_count": retry_count, "crash_count": crash_count, "claim_seq": None,
+        "release_seq": None, "created_at": now, "updated_at": now,
+    }

@@ -38,18 +38,20 @@ from typing import TYPE_CHECKING, Any, Iterator
 import sqlalchemy as sa
 from sqlalchemy import exc
 
-from ductwork import dialects, faults, logs, mutants, payloads, schema
-from ductwork.definition import render_divert_key
+from ductwork import faults, logs, mutants
+from ductwork.db import dialects, schema
+from ductwork.pipelines import payloads
+from ductwork.pipelines.definition import render_divert_key
 from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
-from ductwork.executions import UNKNOWN_CLASS, ErrorInfo, payload_envelope
-from ductwork.ids import new_id, new_token
-from ductwork.runs import lock_run, resolve_run
-from ductwork.steps import (ADVANCEABLE, NewStep, StepRow, create_steps, latest_step, payload_json,
+from ductwork.limits.executions import UNKNOWN_CLASS, ErrorInfo, payload_envelope
+from ductwork.db.ids import new_id, new_token
+from ductwork.pipelines.runs import cached_definition, lock_run, resolve_run
+from ductwork.pipelines.steps import (ADVANCEABLE, NewStep, StepRow, create_steps, latest_step, payload_json,
                             step_complete, step_output_json)
 
 if TYPE_CHECKING:
-    from ductwork.app import App, Tx
-    from ductwork.definition import Definition
+    from ductwork.db.database import Database as App, Tx
+    from ductwork.pipelines.definition import Definition
 
 log = logging.getLogger("ductwork.advance")
 
@@ -352,7 +354,7 @@ class Advancer:
 
     def _log_halt(self, c: BranchClaim, reason: str, run_status: str, error: ErrorInfo | None) -> None:
         """The WARNING for a halt, once its fence committed."""
-        logs.branch_halted(log, run_id=c.run_id, pipeline=self.app.definition(c.definition_sha1).pipeline,
+        logs.branch_halted(log, run_id=c.run_id, pipeline=cached_definition(self.app, c.definition_sha1).pipeline,
                            branch_id=c.branch_id, step=c.step.klass, node=c.step.node, step_id=c.step.id,
                            reason=reason, run_status=run_status, error=error.klass if error else None,
                            error_message=error.message if error else None, traceback=error.text if error else None)
@@ -400,7 +402,7 @@ class Advancer:
     # -- routing ----------------------------------------------------------------------------
 
     def _route(self, c: BranchClaim) -> None:
-        definition = self.app.definition(c.definition_sha1)
+        definition = cached_definition(self.app, c.definition_sha1)
         edge = definition.edges.get(c.step.node)
         if edge is None or not edge.to:
             return self._leaf(c)

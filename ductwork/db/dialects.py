@@ -24,11 +24,11 @@ from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
-from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.sql.elements import UnaryExpression
 from sqlalchemy.sql.operators import custom_op
 
+from ductwork.db.schema import CONSTRAINT_COLUMNS
 from ductwork.errors import DatabaseURLError, UnsupportedDialectError
 
 BACKENDS = ("postgresql", "mysql", "sqlite")
@@ -289,17 +289,6 @@ def _sqlite_hooks(engine: Engine, busy_timeout: float) -> None:
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
 
-# --------------------------------------------------------------------------- column types
-
-#: Text that holds a payload (JSON of a step's input or output, an expand item, a
-#: context value), a definition snapshot or a backtrace: at least
-#: ``payloads.MAX_PAYLOAD_BYTES`` plus its envelope on every backend.
-#: Differs from PostgreSQL in that MySQL/MariaDB's ``TEXT`` holds only 65,535 bytes
-#: (PostgreSQL's ``text`` and SQLite's ``TEXT`` hold up to 1 GB) because its length
-#: prefix is two bytes; ``LONGTEXT`` (4 GB) holds what the other two hold.
-LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
-
-
 statement_limit = Seam("statement_limit")
 
 
@@ -519,8 +508,6 @@ def violated_constraint(error: exc.IntegrityError) -> str | None:
     PostgreSQL reports the name; MySQL names the index in its message; SQLite names
     the columns, which are mapped back through ``schema.CONSTRAINT_COLUMNS``.
     """
-    from ductwork.schema import CONSTRAINT_COLUMNS
-
     orig = error.orig
     diag = getattr(orig, "diag", None)
     if diag is not None and getattr(diag, "constraint_name", None):

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Callable, Literal
 
-from ductwork.limits import LimitEntry, RateEntry
+from ductwork.limit_entries import LimitEntry, RateEntry
 
 
 @dataclass(frozen=True)

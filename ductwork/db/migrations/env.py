@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from ductwork.schema import metadata
+from ductwork.db.schema import metadata
 
 VERSION_TABLE = "ductwork_alembic_version"
 
@@ -10,7 +10,7 @@ VERSION_TABLE = "ductwork_alembic_version"
 def run() -> None:
     connection = context.config.attributes.get("connection")
     if connection is None:
-        from ductwork.dialects import create_engine
+        from ductwork.db.dialects import create_engine
 
         engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
         with engine.begin() as connection:

@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from ductwork import dialects, faults, logs, schema
-from ductwork.advance import PROCESS_CRASH
-from ductwork.executions import crash_in, record_crash
+from ductwork import faults, logs
+from ductwork.db import dialects, schema
+from ductwork.pipelines.advance import PROCESS_CRASH
+from ductwork.limits.executions import crash_in, record_crash
 
 if TYPE_CHECKING:
-    from ductwork.app import App, Tx
+    from ductwork.db.database import Database as App, Tx
 
 log = logging.getLogger("ductwork.reaper")
 

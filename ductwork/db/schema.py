@@ -13,7 +13,7 @@ Timestamps are naive UTC with microseconds on every backend (``TIMESTAMP(6)``,
 ``DATETIME(6)``, SQLite text with six fractional digits). Every one that gates
 a decision is written from the database clock [INV-CLK-1].
 
-The migrations in ``ductwork/migrations`` create exactly this schema; a test
+The migrations in ``ductwork/db/migrations`` create exactly this schema; a test
 compares them on every database.
 """
 
@@ -22,7 +22,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-from ductwork.dialects import LongText
+#: Text that holds a payload (JSON of a step's input or output, an expand item, a
+#: context value), a definition snapshot or a backtrace: at least
+#: ``payloads.MAX_PAYLOAD_BYTES`` plus its envelope on every backend.
+#: Differs from PostgreSQL in that MySQL/MariaDB's ``TEXT`` holds only 65,535 bytes
+#: (PostgreSQL's ``text`` and SQLite's ``TEXT`` hold up to 1 GB) because its length
+#: prefix is two bytes; ``LONGTEXT`` (4 GB) holds what the other two hold.
+LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 metadata = sa.MetaData()
 

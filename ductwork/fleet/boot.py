@@ -27,14 +27,14 @@ import importlib
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from ductwork import dialects, payloads
-from ductwork.definition import import_pipeline
+from ductwork.db import dialects
+from ductwork.pipelines import payloads
 from ductwork.errors import ConfigError, SchemaVersionError
-from ductwork.limits import validate_references
-from ductwork.pipeline import Pipeline
+from ductwork.limit_entries import validate_references
+from ductwork.pipelines.pipeline import Pipeline, import_pipeline
 
 if TYPE_CHECKING:
-    from ductwork.app import App
+    from ductwork.db.database import Database as App
     from ductwork.config import Config
 
 
@@ -85,7 +85,7 @@ def validate(app: App, pipelines: list[type[Pipeline]] | None = None) -> list[st
     loaded = load_pipelines(app.config) if pipelines is None else pipelines
     # [INV-LIM-7] every referenced key has an entry (fail closed); unreferenced entries warn
     warnings = validate_references(app.config.limits, limit_references(loaded))
-    from ductwork import migrate
+    from ductwork.db import migrate
 
     app.check_schema()
     current, head = migrate.current(app.engine), migrate.head()

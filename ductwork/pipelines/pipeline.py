@@ -9,7 +9,7 @@
 
 Guarantees: ``define`` runs exactly once, when the class statement executes, so every
 :class:`~ductwork.errors.DefinitionError` surfaces at import time; the resulting
-:class:`~ductwork.definition.Definition` is stored on the class as ``definition``
+:class:`~ductwork.pipelines.definition.Definition` is stored on the class as ``definition``
 and snapshotted into each run. Not done here: database access (``trigger`` delegates
 to the engine) and re-definition (edit the class and re-import instead).
 """
@@ -19,9 +19,14 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ductwork.definition import (
+from ductwork.db.database import default_app
+from ductwork.db.hosts import other_job_workers
+from ductwork.pipelines.definition import (
+    _REGISTRY,
     Definition,
     PipelineBuilder,
+    _import,
+    _resolve,
     build_definition,
     main_module_refs,
     referenced_class,
@@ -30,8 +35,8 @@ from ductwork.definition import (
 from ductwork.errors import DefinitionError, InputError, MainModuleError
 
 if TYPE_CHECKING:
-    from ductwork.app import App
-    from ductwork.runs import Run
+    from ductwork.db.database import Database as App
+    from ductwork.pipelines.runs import Run
 
 
 class Pipeline:
@@ -86,13 +91,10 @@ class Pipeline:
                 bind(args)
             except TypeError as error:
                 raise InputError(f"{cls.__name__}.trigger: {error}") from None
-        from ductwork.runs import trigger_run
+        from ductwork.pipelines.runs import trigger_run
 
         refs = main_module_refs(definition)
         if refs:
-            from ductwork.app import default_app
-            from ductwork.processes import other_job_workers
-
             app = app or default_app()
             workers = other_job_workers(app)
             if workers:
@@ -103,3 +105,23 @@ class Pipeline:
                     "database cannot import: move the classes into a module they can import (and "
                     "import them from there)")
         return trigger_run(app, cls, list(args))
+
+
+# The lookups of a stored or configured pipeline name live here, next to the class
+# they check for (definition.py, which this module imports, cannot import it back).
+def resolve_pipeline(ref: str) -> type:
+    """The Pipeline subclass a stored ``pipeline`` names, among those this process defined;
+    UnknownStepClassError naming ``ref`` otherwise. Never imports (see ``definition.resolve_step``)."""
+    return _resolve(ref, Pipeline, "pipeline")
+
+
+def import_pipeline(ref: str) -> type:
+    """The Pipeline subclass a *configuration* entry names, importing its module if needed
+    (``ductwork.yml``'s ``pipelines``); ``ImportError`` naming ``ref`` if none. For names
+    the operator configured, never for names read from the database."""
+    found = _REGISTRY.get(ref)
+    if found is None:
+        found = _import(ref, "pipeline")
+    if not (isinstance(found, type) and issubclass(found, Pipeline)):
+        raise ImportError(f"pipeline class {ref!r} resolves to {found!r}, not a Pipeline subclass")
+    return found

@@ -49,11 +49,11 @@ from typing import Callable
 
 import sqlalchemy as sa
 
-from ductwork import schema
-from ductwork.app import App
-from ductwork.processes import heartbeat, machine_identifier, register
-from ductwork.reaper import reap, reap_stale, sweep_orphans
-from ductwork.wakeup import PgListener, Wakeup
+from ductwork.db import schema
+from ductwork.db.database import Database as App
+from ductwork.fleet.processes import heartbeat, machine_identifier, register
+from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
+from ductwork.db.wakeup import PgListener, Wakeup
 
 log = logging.getLogger("ductwork.supervisor")
 
@@ -129,8 +129,8 @@ class Runner:
         self._reaped = False
 
     def _units(self) -> list[Loop]:
-        from ductwork.advance import Advancer
-        from ductwork.execute import Worker
+        from ductwork.pipelines.advance import Advancer
+        from ductwork.fleet.worker import Worker
 
         loops = []
         for i in range(self.threads):
@@ -179,7 +179,7 @@ class Runner:
     def run(self) -> int:
         cfg = self.app.config.supervisor
         self.process_id = register(self.app, role=self.role, label=self.label)
-        from ductwork.claims import rebase_keys
+        from ductwork.limits.claims import rebase_keys
 
         if self.role == "job_worker":
             rebase_keys(self.app)
@@ -230,8 +230,8 @@ def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONC
     """
     from datetime import timedelta
 
-    from ductwork.executions import record_crash
-    from ductwork.reaper import release_advancement
+    from ductwork.limits.executions import record_crash
+    from ductwork.fleet.reaper import release_advancement
 
     e, a = schema.executions, schema.advancements
     with app.begin() as tx:
@@ -380,7 +380,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_stop_signal)
         signal.signal(signal.SIGCHLD, self._on_child_signal)
-        from ductwork.claims import rebase_keys
+        from ductwork.limits.claims import rebase_keys
 
         rebase_keys(self.app)
         tick = self.app.config.supervisor.polling_timeout

@@ -45,7 +45,7 @@ from ductwork.errors import (
     StartError,
     UnknownStepClassError,
 )
-from ductwork.step import Step, check_execute
+from ductwork.pipelines.step import Step, check_execute
 
 FORMAT = 1
 EDGE_TYPES = ("chain", "expand", "divide", "combine", "collapse", "divert", "converge", "dampen")
@@ -121,28 +121,6 @@ def resolve_step(ref: str) -> type[Step]:
     is none of them. Never imports: a name written into a row cannot make a worker import
     a module its configuration does not."""
     return _resolve(ref, Step, "step")
-
-
-def resolve_pipeline(ref: str) -> type:
-    """The Pipeline subclass a stored ``pipeline`` names, among those this process defined;
-    UnknownStepClassError naming ``ref`` otherwise. Never imports (see resolve_step)."""
-    from ductwork.pipeline import Pipeline
-
-    return _resolve(ref, Pipeline, "pipeline")
-
-
-def import_pipeline(ref: str) -> type:
-    """The Pipeline subclass a *configuration* entry names, importing its module if needed
-    (``ductwork.yml``'s ``pipelines``); ``ImportError`` naming ``ref`` if none. For names
-    the operator configured, never for names read from the database."""
-    from ductwork.pipeline import Pipeline
-
-    found = _REGISTRY.get(ref)
-    if found is None:
-        found = _import(ref, "pipeline")
-    if not (isinstance(found, type) and issubclass(found, Pipeline)):
-        raise ImportError(f"pipeline class {ref!r} resolves to {found!r}, not a Pipeline subclass")
-    return found
 
 
 def _resolve(ref: str, base: type, what: str) -> type:

@@ -1,0 +1,198 @@
+"""The database handle every layer above uses: :class:`Database` and its :class:`Tx`.
+
+Every unit of work is one transaction opened with :meth:`Database.begin`, which
+yields a :class:`Tx`: its connection and its database time, read lazily and
+once (so a keyed claim can read it after taking the key lock) [INV-CLK-1].
+
+Before its first transaction a Database checks that its database has ductwork's
+tables and raises :class:`~ductwork.errors.MissingTablesError` naming the database
+if not (:class:`~ductwork.errors.MissingDatabaseError` for a SQLite file that does
+not exist, which it never creates).
+
+Also the default app (:func:`default_app`), the most recent ``ductwork.connect``,
+which ``Pipeline.trigger`` uses. Not done here: choosing the URL and config
+(``ductwork.app.connect``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from datetime import datetime
+from typing import Any, Iterator
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from ductwork.config import Config
+from ductwork.db import dialects, schema
+from ductwork.db.clock import Clock, DatabaseClock, to_us
+from ductwork.db.wakeup import Wakeup
+from ductwork.errors import MissingDatabaseError, MissingTablesError, RunStateError
+
+
+class Tx:
+    """One open transaction: ``conn``, and ``now`` (database time, read on first use)."""
+
+    __slots__ = ("conn", "_clock", "_now", "backend", "woken")
+
+    def __init__(self, conn: Connection, clock: Clock, backend: str):
+        self.conn = conn
+        self._clock = clock
+        self._now: datetime | None = None
+        self.backend = backend
+        self.woken = False
+
+    def wake(self) -> None:
+        """Mark that this transaction made work claimable (an execution created or
+        completed): idle workers are woken once it commits (ductwork.db.wakeup)."""
+        if not self.woken:
+            self.woken = True
+            dialects.notify_wakeup(self.conn)
+
+    @property
+    def now(self) -> datetime:
+        if self._now is None:
+            self._now = self._clock.now(self.conn)  # [INV-CLK-1] the one clock, once per transaction
+        return self._now
+
+    @property
+    def now_us(self) -> int:
+        return to_us(self.now)
+
+    def execute(self, stmt: Any, params: Any = None) -> sa.CursorResult[Any]:
+        return self.conn.execute(stmt, params) if params is not None else self.conn.execute(stmt)
+
+
+class Database:
+    """The bottom half of an App: engine, config, clock, wake-ups and transactions.
+
+    Everything below the public face takes one of these (an :class:`~ductwork.app.App`
+    is one). Thread-safe. Not done here: parsing definitions
+    (:func:`ductwork.pipelines.runs.cached_definition`) and registering process
+    rows (the App does, :meth:`register_inline_process`), which live in layers above.
+    """
+
+    def __init__(self, url: str, config: Config, clock: Clock | None = None,
+                 engine: Engine | None = None, *, url_source: str = "argument", **engine_settings: Any):
+        self.url = url
+        #: where ``url`` came from: ``argument``, ``DUCTWORK_DATABASE_URL``,
+        #: ``<config file> database.url`` or ``default`` (nothing configured one)
+        self.url_source = url_source
+        self.config = config
+        self.clock: Clock = clock or DatabaseClock()
+        self.engine = engine or dialects.create_engine(url, **engine_settings)
+        self._schema_checked = False
+        self.backend = dialects.backend(self.engine)
+        self._lock = threading.Lock()
+        self._inline_process: str | None = None
+        self.wakeup = Wakeup()
+        #: parsed definition snapshots by digest (``pipelines.runs.cached_definition``)
+        self._definitions: dict[str, Any] = {}
+
+    @property
+    def database(self) -> str:
+        """The database this App uses, for messages: its URL, password masked, and
+        ``(ductwork's default: …)`` when nothing configured one."""
+        shown = self.engine.url.render_as_string(hide_password=True)
+        if self.url_source == "default":
+            shown += " (ductwork's default: no database URL configured)"
+        return shown
+
+    def check_database(self) -> None:
+        """Raise :class:`MissingDatabaseError` when the database is a SQLite file that
+        does not exist. Creates nothing (connects to nothing)."""
+        path = dialects.absent_database_file(self.engine.url)
+        if path is not None:
+            raise MissingDatabaseError(schema.metadata.tables, self.database, str(path))
+
+    def check_schema(self) -> None:
+        """Raise :class:`MissingTablesError` naming this database when ductwork's tables
+        are absent (:meth:`check_database` first, so a missing SQLite file is reported,
+        not created).
+
+        :meth:`begin` calls this before the App's first transaction, until it passes
+        once; tables dropped later are not noticed (the driver's error propagates).
+        Does not compare the schema revision (``ductwork check`` does).
+        """
+        self.check_database()
+        from ductwork.db import migrate  # a sibling, imported late: alembic is slow to import
+
+        with self.engine.connect() as conn:
+            missing = migrate.missing_tables(conn.execution_options(ductwork_readonly=True))
+        if missing:
+            raise MissingTablesError(missing, self.database, every=len(missing) == len(schema.metadata.tables))
+        self._schema_checked = True
+
+    # -- transactions ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def begin(self, *, readonly: bool = False) -> Iterator[Tx]:
+        """One transaction; commits when the block exits normally, else rolls back.
+
+        ``readonly``: the block only reads (a lane scan, a candidate query, status).
+        On SQLite it then starts deferred and takes no write lock, so readers do not
+        queue behind writers; a decision made on what it read is re-checked by a
+        writing transaction anyway.
+
+        The App's first transaction is preceded by :meth:`check_schema`, so a database
+        without ductwork's tables raises :class:`MissingTablesError` naming it.
+        """
+        if not self._schema_checked:
+            self.check_schema()
+        with self.engine.connect() as conn:
+            if readonly:
+                conn = conn.execution_options(ductwork_readonly=True)
+            with conn.begin():
+                tx = Tx(conn, self.clock, self.backend)
+                yield tx
+        if tx.woken:
+            self.wakeup.notify()
+
+    def now(self) -> datetime:
+        """Database time, in a transaction of its own."""
+        with self.begin() as tx:
+            return tx.now
+
+    # -- identities -----------------------------------------------------------------
+
+    def process_id(self) -> str:
+        """The process row this App uses for work done in this OS process (registered once)."""
+        with self._lock:
+            if self._inline_process is None:
+                self._inline_process = self.register_inline_process()
+            return self._inline_process
+
+    def register_inline_process(self) -> str:
+        """Register the inline process row and return its id. Process rows are the
+        fleet's (:func:`ductwork.fleet.processes.register`), a layer above this one, so
+        :class:`~ductwork.app.App` implements this; a bare Database registers none."""
+        raise NotImplementedError("a bare Database registers no process row: use ductwork.App")
+
+    def forget_process(self) -> None:
+        """Drop the cached inline process id (after it was reaped or the tables were reset)."""
+        with self._lock:
+            self._inline_process = None
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.engine.url.render_as_string(hide_password=True)!r}, env={self.config.env!r})"
+
+
+_default: Database | None = None
+
+
+def default_app() -> Database:
+    """The app of the most recent ``ductwork.connect``; raises if there was none."""
+    if _default is None:
+        raise RunStateError("no ductwork app: call ductwork.connect() first or pass app=")
+    return _default
+
+
+def set_default_app(app: Database | None) -> None:
+    """Make ``app`` the default (``ductwork.connect`` and tests)."""
+    global _default
+    _default = app
