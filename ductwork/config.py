@@ -176,7 +176,7 @@ class JobWorkerConfig:
     #: transaction, when a poll would claim it (claims.hand_off); false: always poll
     hand_off: bool = True
     #: unkeyed executions a worker thread may claim at once, and record in one commit,
-    #: when its recent steps are fast (execute.Worker); 1: one at a time
+    #: when its recent steps are fast (fleet.worker.Worker); 1: one at a time
     batch_size: int = 64
     #: seconds of recent-pace work a batch may hold: a claimed execution waits behind
     #: its siblings, and a success stays unrecorded, for about this long

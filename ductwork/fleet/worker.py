@@ -55,7 +55,7 @@ from ductwork.errors import CommitFailed, StepReturnError
 from ductwork.fleet.invoke import (BuildFailed, ChildStepError, ReturnRejected, StepInvalid, StepTimedOut, build_step,
                                    check_configured, returned)
 from ductwork.limits.executions import (Claimed, ErrorInfo, Output, Success, record_crash, record_failure,
-                                 record_invalid, record_success, record_successes)
+                                        record_invalid, record_success, record_successes)
 from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:

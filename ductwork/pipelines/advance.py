@@ -22,7 +22,7 @@ arrived [INV-ADV-3]. An expand creates its children in batches of
 million items never sit in one transaction or in memory, and a crash between
 batches resumes without creating a child twice [INV-ADV-4].
 
-Not done here: running steps (execute.py), or recovering the claims of dead
+Not done here: running steps (fleet/worker.py), or recovering the claims of dead
 processes (reaper.py).
 """
 
@@ -47,7 +47,7 @@ from ductwork.limits.executions import UNKNOWN_CLASS, ErrorInfo, payload_envelop
 from ductwork.db.ids import new_id, new_token
 from ductwork.pipelines.runs import cached_definition, lock_run, resolve_run
 from ductwork.pipelines.steps import (ADVANCEABLE, NewStep, StepRow, create_steps, latest_step, payload_json,
-                            step_complete, step_output_json)
+                                      step_complete, step_output_json)
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App, Tx
@@ -62,7 +62,7 @@ MAX_CLAIM_ATTEMPTS = 3
 
 #: halt reasons of a step whose last execution was ``invalid``, by the error's class: a
 #: stored class that is not of the configured pipelines (never imported), or a return
-#: value that cannot be stored (execute.ReturnRejected); any other ``invalid`` execution
+#: value that cannot be stored (fleet.invoke.ReturnRejected); any other ``invalid`` execution
 #: (the input does not bind to ``__init__``) halts ``job_invalid``
 INVALID_HALTS = {
     UNKNOWN_CLASS: "unknown_step_class",

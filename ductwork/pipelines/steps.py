@@ -8,7 +8,7 @@ back advancement leaves no step behind [INV-ADV-1]. Options come from the run's
 definition snapshot: ``limit_by`` sets the execution's lane, ``delay`` its
 eligibility (database time plus the delay), ``timeout`` is kept on the step.
 
-Not done here: deciding which steps to create (advance.py) or running them (execute.py).
+Not done here: deciding which steps to create (advance.py) or running them (fleet/worker.py).
 """
 
 from __future__ import annotations

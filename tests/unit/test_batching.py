@@ -1,6 +1,6 @@
 """How big a worker's batch may be, and how its settings are checked (no database).
 
-Checks: the batch bound documented on ``execute.Worker`` (a batch is sized to run in
+Checks: the batch bound documented on ``fleet.worker.Worker`` (a batch is sized to run in
 about ``batch_window`` at the recent pace, between one and ``batch_size``), and that
 a bad ``job_worker.batch_size`` / ``batch_window`` fails the load naming its path.
 The claims a batch makes are checked against the model in
