@@ -1,6 +1,12 @@
 """Claiming one execution, with limits enforced exactly, fleet-wide.
 
-    >>> claimed = claim_next(app, process_id)      # None when nothing may run now
+    >>> claimed = claim(app, process_id)      # None when nothing may run now
+    >>> handed = complete_and_hand_off(app, claimed, Output("3"))
+
+Each model operation of ``model.limits.LimitsModel`` is one function here of the same
+name (``claim``, ``claim_batch``, ``complete_and_hand_off``, ``complete_all_and_hand_off``,
+``restart_with``): the whole transaction, called by the worker and by the conformance
+machine alike (CONTRIBUTING.md, "Operations").
 
 A poll looks at *lanes*: each limit key with eligible pending work that is not
 rate-blocked and not concurrency-saturated, plus one lane for unkeyed work, and
@@ -30,7 +36,9 @@ the same key lock: executions.py).
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -39,7 +47,7 @@ import sqlalchemy as sa
 
 from ductwork import buckets, dialects, faults, mutants, schema
 from ductwork.clock import from_us
-from ductwork.executions import Claimed
+from ductwork.executions import Claimed, Output, Success, record_successes
 from ductwork.limits import LimitEntry, entry_digest
 
 if TYPE_CHECKING:
@@ -238,8 +246,9 @@ def _lock_key(tx: Tx, key: str) -> sa.Row | None:
     return tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock
 
 
-def rebase_keys(app: App) -> list[str]:
-    """A restart: re-base every key on this process's config (at boot).
+def restart_with(app: App) -> list[str]:
+    """A restart with this process's limits: re-base every key on its config (at boot);
+    ``LimitsModel.restart_with``.
 
     Every key's stamp is cleared (a stamp is only a hint that lets workers skip a
     key; the next refusal stamps it again, exactly), and a key whose values changed
@@ -278,7 +287,7 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1)
     """In the transaction that just completed an execution of lane ``key`` (None: the
     unkeyed lane): claim the lane's next execution for the same worker, if a poll made
     now would claim it; for the unkeyed lane, up to ``limit`` of them, as
-    :func:`claim_next_batch` would.
+    :func:`claim_batch` would.
 
     That is when the lane is the first lane a poll would try [INV-LIM-6] and, for a key,
     its limits admit a claim now. The completion of a keyed execution holds the key's
@@ -303,6 +312,28 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1)
         return []
     outcome = _decide_and_claim(app, tx, lane, header, process_id, None, write_refusal=False)
     return [outcome] if isinstance(outcome, Claimed) else []
+
+
+def complete_and_hand_off(app: App, claimed: Claimed, output: Output,
+                          advance: Callable[[Tx], bool] | None = None, *, limit: int = 1) -> list[Claimed]:
+    """Record ``claimed``'s success and, in the same transaction, claim its lane's next
+    execution(s) for the same owner if a poll made now would (:func:`hand_off`):
+    ``LimitsModel.complete_and_hand_off``. Raises CommitFailed as
+    :func:`ductwork.executions.record_success` does; returns what was handed on, which
+    the caller must perform. ``advance`` as for ``record_success``.
+    """
+    return complete_all_and_hand_off(app, [Success(claimed, output, advance)], limit=limit)
+
+
+def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int = 1) -> list[Claimed]:
+    """Record several successes of one owner in one transaction (a group commit,
+    :func:`ductwork.executions.record_successes`), then hand on the last one's lane as
+    :func:`complete_and_hand_off` does: ``LimitsModel.complete_all_and_hand_off``.
+    Not done: a group that falls back to one transaction per success hands off only in
+    the last one's."""
+    last = successes[-1].claimed
+    take = functools.partial(hand_off, app, key=last.limit_key, process_id=last.process_id, limit=limit)
+    return record_successes(app, successes, take)
 
 
 def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process_id: str,
@@ -364,13 +395,13 @@ def seconds_to_next_token(app: App) -> float | None:
         return None if soonest is None else max(0.0, (soonest - tx.now).total_seconds())
 
 
-def claim_next(app: App, process_id: str) -> Claimed | None:
+def claim(app: App, process_id: str) -> Claimed | None:
     """Claim at most one execution: the oldest that its lane's limits admit now."""
-    claimed = claim_next_batch(app, process_id, 1)
+    claimed = claim_batch(app, process_id, 1)
     return claimed[0] if claimed else None
 
 
-def claim_next_batch(app: App, process_id: str, limit: int) -> list[Claimed]:
+def claim_batch(app: App, process_id: str, limit: int) -> list[Claimed]:
     """What up to ``limit`` successive polls would claim, in one transaction when they
     all come from the unkeyed lane.
 

@@ -179,10 +179,10 @@ class Runner:
     def run(self) -> int:
         cfg = self.app.config.supervisor
         self.process_id = register(self.app, role=self.role, label=self.label)
-        from ductwork.claims import rebase_keys
+        from ductwork.claims import restart_with
 
         if self.role == "job_worker":
-            rebase_keys(self.app)
+            restart_with(self.app)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         if self.app.backend == "postgresql":
@@ -380,9 +380,9 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_stop_signal)
         signal.signal(signal.SIGCHLD, self._on_child_signal)
-        from ductwork.claims import rebase_keys
+        from ductwork.claims import restart_with
 
-        rebase_keys(self.app)
+        restart_with(self.app)
         tick = self.app.config.supervisor.polling_timeout
         while not self._stopping:
             self.run_once()

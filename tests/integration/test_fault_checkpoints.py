@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from ductwork import faults, schema
-from ductwork.claims import claim_next
+from ductwork.claims import claim
 from ductwork.processes import register
 from ductwork.reaper import reap, reap_stale
 from ductwork.testing import drain
@@ -55,7 +55,7 @@ def fault_app(db_url):
 def _ghost_holding_a_claim(app):
     """A stale process that holds a claim, so a reaper has something to reap."""
     ghost = register(app, role="ghost", label="ghost")
-    assert claim_next(app, ghost) is not None
+    assert claim(app, ghost) is not None
     with app.begin() as tx:
         tx.execute(schema.processes.update().where(schema.processes.c.id == ghost)
                    .values(last_heartbeat_at=tx.now - timedelta(hours=1)))
