@@ -80,15 +80,18 @@ class Refusal:
     reason: str  # "concurrency" | "rate" | "gone"
 
 
+def in_lane(query: sa.Select, lane: sa.ColumnElement | str, now: datetime) -> sa.Select:
+    """The lane predicate: ``query`` over the executions pending in ``lane`` (a key, or
+    UNKEYED) and eligible at ``now``, oldest first (eligible time, then creation order),
+    as the index ``ix_execution_pending_lane`` serves it. Not done: locking or limiting."""
+    return (query
+            .where(_e.c.pending_lane == lane,  # pending in this lane
+                   _e.c.eligible_at <= now)  # eligible: delays and back-off have passed
+            .order_by(_e.c.eligible_at, _e.c.id))  # [INV-LIM-6] FIFO within the lane
+
+
 def _oldest(column: sa.ColumnElement, lane: sa.ColumnElement | str, now: datetime) -> sa.ScalarSelect:
-    return (
-        sa.select(column)
-        .where(_e.c.pending_lane == lane,  # pending in this lane
-               _e.c.eligible_at <= now)  # eligible: delays and back-off have passed
-        .order_by(_e.c.eligible_at, _e.c.id)
-        .limit(1)
-        .scalar_subquery()
-    )
+    return in_lane(sa.select(column), lane, now).limit(1).scalar_subquery()
 
 
 def scan_lanes(app: App, tx: Tx) -> list[Lane]:
@@ -115,11 +118,7 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
             if entry is not None and entry.concurrency is not None and in_flight >= entry.concurrency:
                 continue  # saturated: retried on the next poll, no one knows when a slot frees
             lanes.append(Lane(oldest_at, oldest_id, key, in_flight))
-    unkeyed = tx.execute(
-        sa.select(_e.c.eligible_at, _e.c.id)
-        .where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= now)
-        .order_by(_e.c.eligible_at, _e.c.id).limit(1)
-    ).first()
+    unkeyed = tx.execute(in_lane(sa.select(_e.c.eligible_at, _e.c.id), UNKEYED, now).limit(1)).first()
     lanes.sort()
     if unkeyed is not None:
         lane = Lane(unkeyed[0], unkeyed[1], UNKEYED)
@@ -175,12 +174,12 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
     batch never overtakes a key [INV-LIM-6]. Nothing of a key changes in between: the
     batch is read at one database time, and a key's lane is not touched by unkeyed claims.
     """
-    query = sa.select(_e.c.id).where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= tx.now)
+    query = in_lane(sa.select(_e.c.id), UNKEYED, tx.now)
     if before is not None and not mutants.on("batch_past_lane"):
         query = query.where(sa.or_(  # [INV-LIM-6] (eligible_at, id) before the next lane's oldest
             _e.c.eligible_at < before.oldest_at,
             sa.and_(_e.c.eligible_at == before.oldest_at, _e.c.id < before.oldest_id)))
-    stmt = dialects.for_update(query.order_by(_e.c.eligible_at, _e.c.id).limit(limit), tx.conn, skip_locked=True)
+    stmt = dialects.for_update(query.limit(limit), tx.conn, skip_locked=True)
     execution_ids = list(tx.execute(stmt).scalars())
     if not execution_ids:
         return []
@@ -341,11 +340,7 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process
     """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds."""
     k = schema.limit_keys
     now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
-    execution_id = tx.execute(
-        sa.select(_e.c.id)
-        .where(_e.c.pending_lane == key, _e.c.eligible_at <= tx.now)
-        .order_by(_e.c.eligible_at, _e.c.id).limit(1)
-    ).scalar_one_or_none()
+    execution_id = tx.execute(in_lane(sa.select(_e.c.id), key, tx.now).limit(1)).scalar_one_or_none()
     if header is None or execution_id is None:
         return Refusal(key, "gone")
     in_flight = tx.execute(
