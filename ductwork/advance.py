@@ -44,8 +44,8 @@ from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
 from ductwork.executions import UNKNOWN_CLASS, ErrorInfo, payload_envelope
 from ductwork.ids import new_id, new_token
 from ductwork.runs import lock_run, resolve_run
-from ductwork.steps import (ADVANCEABLE, NewStep, StepRow, create_steps, latest_step, payload_json,
-                            step_complete, step_output_json)
+from ductwork.steps import (ADVANCEABLE, NewStep, StepRow, create_branches, create_steps, latest_step,
+                            payload_json, step_complete, step_output_json)
 
 if TYPE_CHECKING:
     from ductwork.app import App, Tx
@@ -450,10 +450,8 @@ class Advancer:
 
     def _new_branches(self, tx: Tx, c: BranchClaim, count: int, first_index: int) -> list[str]:
         ids = [new_id() for _ in range(count)]
-        tx.execute(_b.insert(), [
-            {"id": bid, "run_id": c.run_id, "status": "in_progress", "parent_id": c.branch_id,
-             "barrier_id": c.branch_id, "barrier_index": first_index + i, "fanin_arrivals": 0,
-             "last_advanced_at": tx.now, "started_at": tx.now, "created_at": tx.now, "updated_at": tx.now}
+        create_branches(tx, c.run_id, [
+            {"id": bid, "parent_id": c.branch_id, "barrier_id": c.branch_id, "barrier_index": first_index + i}
             for i, bid in enumerate(ids)
         ])  # [INV-ADV-4] uq_branch_child_index: one child per (parent, index)
         return ids
@@ -574,11 +572,10 @@ class Advancer:
                 raise AssertionError(
                     f"barrier {barrier_id}: fired with {len(outputs)} of {barrier.fanout_width} inputs [INV-ADV-3]")
             merged = new_id()
-            tx.execute(_b.insert().values(
-                id=merged, run_id=c.run_id, status="in_progress", barrier_id=barrier.barrier_id,
-                barrier_index=barrier.barrier_index, merged_barrier_id=barrier_id, fanin_arrivals=0,
-                last_advanced_at=tx.now, started_at=tx.now, created_at=tx.now, updated_at=tx.now,
-            ))  # [INV-ADV-3] uq_branch_merge_per_barrier
+            create_branches(tx, c.run_id, [{
+                "id": merged, "barrier_id": barrier.barrier_id, "barrier_index": barrier.barrier_index,
+                "merged_barrier_id": barrier_id,
+            }])  # [INV-ADV-3] uq_branch_merge_per_barrier
             value_json = "[" + ",".join(payload_json(o) for o in outputs) + "]"
             payloads.check_size(len(value_json), what)  # the one rule, on the list itself
             create_steps(tx, c.run_id, definition, [NewStep(merged, edge.to[0], kind, "[" + value_json + "]")])

@@ -51,6 +51,21 @@ class StepRow:
     job_id: str
 
 
+def create_branches(tx: Tx, run_id: str, branches: list[dict[str, Any]]) -> None:
+    """Insert new branches of ``run_id``: in progress, no arrivals yet, started now; each
+    dict gives the branch's ``id`` and its place (``parent_id``, ``barrier_id``,
+    ``barrier_index``, ``merged_barrier_id``). All dicts must have the same keys (one
+    statement). The unique constraints on those columns refuse a second child at an index
+    or a second merge of a barrier [INV-ADV-3, INV-ADV-4]; not done here: the steps on
+    them (:func:`create_steps`)."""
+    now = tx.now
+    tx.execute(schema.branches.insert(), [
+        {"run_id": run_id, "status": "in_progress", "fanin_arrivals": 0, "last_advanced_at": now,
+         "started_at": now, "created_at": now, "updated_at": now, **branch}
+        for branch in branches
+    ])
+
+
 def ensure_limit_keys(tx: Tx, keys: Iterable[str]) -> None:
     """Create the header rows of these keys if missing (the row every keyed claim locks).
 
