@@ -94,6 +94,34 @@ def fan_in_size(stored: int, count: int) -> int:
 _b, _a = schema.branches, schema.advancements
 
 
+def close_advancement(tx: Tx, advancement_id: str, **error: str | None) -> bool:
+    """Close an open advancement now, with ``error_klass``, ``error_message`` and
+    ``error_backtrace`` as given (an advancement that failed or crashed); True when this
+    call closed it, False when it was already closed. The one close: fences, abandoned
+    and reaped advancements all go through it. Not done: releasing the branch."""
+    closed = tx.execute(
+        _a.update().where(_a.c.id == advancement_id, _a.c.completed_at.is_(None))
+        .values(completed_at=tx.now, updated_at=tx.now, **error)
+    )
+    return bool(closed.rowcount == 1)
+
+
+def release_advancement(tx: Tx, advancement_id: str, branch_id: str, token: str, message: str,
+                        klass: str = PROCESS_CRASH) -> None:
+    """Close an open advancement as a crash (``klass``) and release its branch if that claim
+    still holds it, so a fresh advancer re-runs the transition; for a dead process (the
+    reaper), a claim no thread holds (the supervisor) and a thread that left (the advancer)."""
+    if close_advancement(tx, advancement_id, error_klass=klass, error_message=message):
+        tx.execute(
+            _b.update()
+            .where(_b.c.id == branch_id,
+                   _b.c.claim_token == token,  # [INV-ADV-2] only if that claim still holds it
+                   _b.c.status == "advancing")
+            .values(status="in_progress", claim_token=None, claimed_at=None, last_advanced_at=tx.now,
+                    updated_at=tx.now)
+        )
+
+
 @dataclass
 class BranchClaim:
     """A branch this advancer holds, with the token captured at claim time."""
@@ -282,14 +310,10 @@ class Advancer:
             faults.hit(faults.BEFORE_FENCE_COMMIT)
 
     def _close(self, tx: Tx, c: BranchClaim, error: ErrorInfo | None = None) -> None:
-        closed = tx.execute(
-            _a.update().where(_a.c.id == c.advancement_id, _a.c.completed_at.is_(None))
-            .values(completed_at=tx.now, updated_at=tx.now,
-                    error_klass=error.klass if error else None,
-                    error_message=error.message if error else None,
-                    error_backtrace=error.backtrace if error else None)
-        )
-        if closed.rowcount != 1 and not mutants.on("stale_fence_commits"):
+        closed = close_advancement(tx, c.advancement_id, error_klass=error.klass if error else None,
+                                   error_message=error.message if error else None,
+                                   error_backtrace=error.backtrace if error else None)
+        if not closed and not mutants.on("stale_fence_commits"):
             raise AssertionError(f"advancement {c.advancement_id} not open inside its fence [INV-ADV-2]")
         c.closed = True
 
@@ -313,14 +337,8 @@ class Advancer:
         """Close an advancement that an exception left open and release the branch."""
         try:
             with self.app.begin() as tx:
-                tx.execute(_a.update().where(_a.c.id == c.advancement_id, _a.c.completed_at.is_(None))
-                           .values(completed_at=tx.now, updated_at=tx.now, error_klass=klass,
-                                   error_message="Advancement was abandoned by its thread"))
-                tx.execute(_b.update()
-                           .where(_b.c.id == c.branch_id, _b.c.claim_token == c.token,
-                                  _b.c.status == "advancing")
-                           .values(status="in_progress", claim_token=None, claimed_at=None,
-                                   last_advanced_at=tx.now, updated_at=tx.now))
+                release_advancement(tx, c.advancement_id, c.branch_id, c.token,
+                                    "Advancement was abandoned by its thread", klass)
             c.closed = True
         except exc.DBAPIError:
             log.exception("could not release branch %s; will retry", c.branch_id)

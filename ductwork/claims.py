@@ -47,7 +47,7 @@ import sqlalchemy as sa
 
 from ductwork import buckets, dialects, faults, mutants, schema
 from ductwork.clock import from_us
-from ductwork.executions import Claimed, Output, Success, record_successes
+from ductwork.executions import Claimed, Output, Success, lock_key, record_successes
 from ductwork.limits import LimitEntry, entry_digest
 
 if TYPE_CHECKING:
@@ -237,14 +237,6 @@ def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
     return kept
 
 
-def _lock_key(tx: Tx, key: str) -> sa.Row | None:
-    k = schema.limit_keys
-    stmt = sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key)
-    if mutants.on("no_key_lock"):
-        return tx.execute(stmt).first()
-    return tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock
-
-
 def restart_with(app: App) -> list[str]:
     """A restart with this process's limits: re-base every key on its config (at boot);
     ``LimitsModel.restart_with``.
@@ -260,7 +252,7 @@ def restart_with(app: App) -> list[str]:
         keys = list(tx.execute(sa.select(schema.limit_keys.c.key)).scalars())
     for key in keys:
         with app.begin() as tx:
-            header = _lock_key(tx, key)
+            header = lock_key(tx, key)
             if header is not None:
                 _rebase(tx, key, app.config.limits.get(key), header.config_digest, _buckets_of(tx, key),
                         restart=True)
@@ -277,7 +269,7 @@ def claim_keyed(app: App, key: str, process_id: str, scanned_in_flight: int | No
         if mutants.on("clock_before_lock"):
             tx.now  # noqa: B018 - the mutant reads the clock before the lock
         faults.hit(faults.BEFORE_KEY_LOCK)
-        header = _lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
+        header = lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
         faults.hit(faults.AFTER_KEY_LOCK)
         return _decide_and_claim(app, tx, key, header, process_id, scanned_in_flight)
 
@@ -306,7 +298,7 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1)
         return []
     if lane == UNKEYED:
         return _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))
-    header = _lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
+    header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
     outcome = _decide_and_claim(app, tx, lane, header, process_id, None, write_refusal=False)

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from ductwork import dialects, faults, logs, schema
-from ductwork.advance import PROCESS_CRASH
-from ductwork.executions import crash_in, record_crash
+from ductwork.advance import PROCESS_CRASH, release_advancement
+from ductwork.executions import crash_in, lock_key, record_crash
 
 if TYPE_CHECKING:
     from ductwork.app import App, Tx
@@ -57,23 +57,6 @@ def reap_stale(app: App, own_process_id: str | None) -> list[str]:
     return [pid for pid in ids if reap(app, pid, force=False)]
 
 
-def release_advancement(tx: Tx, advancement_id: str, branch_id: str, token: str, message: str) -> None:
-    """Close an open advancement as a crash and release its branch if that claim still holds it."""
-    closed = tx.execute(
-        _a.update().where(_a.c.id == advancement_id, _a.c.completed_at.is_(None))
-        .values(completed_at=tx.now, updated_at=tx.now, error_klass=PROCESS_CRASH, error_message=message)
-    )
-    if closed.rowcount == 1:
-        tx.execute(
-            _b.update()
-            .where(_b.c.id == branch_id,
-                   _b.c.claim_token == token,  # [INV-ADV-2] only if that claim still holds it
-                   _b.c.status == "advancing")
-            .values(status="in_progress", claim_token=None, claimed_at=None, last_advanced_at=tx.now,
-                    updated_at=tx.now)
-        )
-
-
 def reap(app: App, process_id: str, *, force: bool) -> bool:
     """Recover a process's claims and delete its row. ``force`` skips the staleness test
     (for callers with proof of death). Returns False when there was nothing to reap."""
@@ -87,9 +70,8 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
             .where(_a.c.process_id == process_id, _a.c.completed_at.is_(None))
         ).all()
         # Lock order: keys, branches, then the process row (as claims and fences do).
-        for key in sorted({k for _, k in executions if k}):  # [INV-LIM-1] key locks first
-            tx.execute(dialects.for_update(sa.select(schema.limit_keys.c.key)
-                                           .where(schema.limit_keys.c.key == key), tx.conn))
+        for key in sorted({k for _, k in executions if k}):
+            lock_key(tx, key)  # [INV-LIM-1] key locks first
         for branch_id in sorted({b for _, b, _ in advancements}):
             tx.execute(dialects.for_update(sa.select(_b.c.id).where(_b.c.id == branch_id), tx.conn))
         stmt = sa.select(_p.c.id).where(_p.c.id == process_id)

@@ -230,8 +230,8 @@ def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONC
     """
     from datetime import timedelta
 
+    from ductwork.advance import release_advancement
     from ductwork.executions import record_crash
-    from ductwork.reaper import release_advancement
 
     e, a = schema.executions, schema.advancements
     with app.begin() as tx:
