@@ -507,7 +507,7 @@ class Advancer:
                 ).all()
                 children = self._new_branches(tx, c, len(items), cursor)
                 create_steps(tx, c.run_id, definition,
-                             [NewStep(b, node, "expand", "[" + v + "]") for b, (_, v) in zip(children, items)])
+                             [NewStep(b, node, "expand", "[" + item.value + "]") for b, item in zip(children, items)])
                 cursor += len(items)
                 done = cursor >= total
                 values = {"fanout_cursor": cursor, "fanout_width": total}

@@ -99,29 +99,30 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
     k = schema.limit_keys
     now = tx.now
     keys = [
-        key for key, blocked_until, digest in tx.execute(sa.select(k.c.key, k.c.blocked_until, k.c.config_digest))
-        if blocked_until is None  # never rate-blocked
-        or blocked_until <= now  # or its next token has arrived [INV-LIM-5]
-        or digest != entry_digest(app.config.limits.get(key))  # or its stamp came from other values
+        row.key for row in tx.execute(sa.select(k.c.key, k.c.blocked_until, k.c.config_digest))
+        if row.blocked_until is None  # never rate-blocked
+        or row.blocked_until <= now  # or its next token has arrived [INV-LIM-5]
+        or row.config_digest != entry_digest(app.config.limits.get(row.key))  # or its stamp came from other values
     ]
     lanes = []
     if keys:
         inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
         rows = tx.execute(
-            sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now), _oldest(_e.c.id, k.c.key, now), inflight)
+            sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now).label("oldest_at"),
+                      _oldest(_e.c.id, k.c.key, now).label("oldest_id"), inflight.label("in_flight"))
             .where(k.c.key.in_(keys))
         ).all()
-        for key, oldest_at, oldest_id, in_flight in rows:
-            if oldest_id is None:
+        for row in rows:
+            if row.oldest_id is None:
                 continue
-            entry = app.config.limits.get(key)
-            if entry is not None and entry.concurrency is not None and in_flight >= entry.concurrency:
+            entry = app.config.limits.get(row.key)
+            if entry is not None and entry.concurrency is not None and row.in_flight >= entry.concurrency:
                 continue  # saturated: retried on the next poll, no one knows when a slot frees
-            lanes.append(Lane(oldest_at, oldest_id, key, in_flight))
+            lanes.append(Lane(row.oldest_at, row.oldest_id, row.key, row.in_flight))
     unkeyed = tx.execute(in_lane(sa.select(_e.c.eligible_at, _e.c.id), UNKEYED, now).limit(1)).first()
     lanes.sort()
     if unkeyed is not None:
-        lane = Lane(unkeyed[0], unkeyed[1], UNKEYED)
+        lane = Lane(unkeyed.eligible_at, unkeyed.id, UNKEYED)
         if mutants.on("unkeyed_first"):
             lanes.insert(0, lane)
         else:
@@ -138,13 +139,14 @@ def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
     """What running each claimed execution needs, in the order of ``execution_ids``."""
     j, s, r = schema.jobs, schema.steps, schema.runs
     rows = tx.execute(
-        sa.select(_e.c.id, _e.c.job_id, s.c.id, s.c.run_id, s.c.branch_id, s.c.node, j.c.klass,
-                  r.c.pipeline_klass, r.c.definition_sha1, j.c.input_args, _e.c.limit_key,
-                  s.c.timeout_us, _e.c.retry_count, _e.c.crash_count, _e.c.process_id, _e.c.claimed_at)
+        sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"), s.c.run_id, s.c.branch_id,
+                  s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1, j.c.input_args.label("input_json"),
+                  _e.c.limit_key, s.c.timeout_us, _e.c.retry_count, _e.c.crash_count, _e.c.process_id,
+                  _e.c.claimed_at)
         .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
         .where(_e.c.id.in_(dialects.inline_ids(execution_ids)))
     ).all()
-    by_id = {row[0]: Claimed(*row) for row in rows}
+    by_id = {row.execution_id: Claimed.from_row(row) for row in rows}
     return [by_id[execution_id] for execution_id in execution_ids]
 
 
@@ -198,10 +200,8 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
 def _buckets_of(tx: Tx, key: str) -> dict[int, buckets.Bucket]:
     b = schema.limit_buckets
     return {
-        period: buckets.Bucket(period, level, refilled)
-        for period, level, refilled in tx.execute(
-            sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us).where(b.c.key == key)
-        )
+        row.period_s: buckets.Bucket(row.period_s, row.level_units, row.refilled_at_us)
+        for row in tx.execute(sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us).where(b.c.key == key))
     }
 
 

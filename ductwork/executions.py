@@ -75,6 +75,11 @@ class Claimed:
     process_id: str
     claimed_at: datetime
 
+    @classmethod
+    def from_row(cls, row: sa.Row) -> Claimed:
+        """From a row whose columns are labelled with the field names (``claims._load``)."""
+        return schema.from_row(cls, row)
+
 
 @dataclass(frozen=True)
 class Output:

@@ -70,9 +70,9 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
             .where(_a.c.process_id == process_id, _a.c.completed_at.is_(None))
         ).all()
         # Lock order: keys, branches, then the process row (as claims and fences do).
-        for key in sorted({k for _, k in executions if k}):
+        for key in sorted({row.limit_key for row in executions if row.limit_key}):
             lock_key(tx, key)  # [INV-LIM-1] key locks first
-        for branch_id in sorted({b for _, b, _ in advancements}):
+        for branch_id in sorted({row.branch_id for row in advancements}):
             tx.execute(dialects.for_update(sa.select(_b.c.id).where(_b.c.id == branch_id), tx.conn))
         stmt = sa.select(_p.c.id).where(_p.c.id == process_id)
         if not force:
@@ -80,11 +80,11 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
         if tx.execute(dialects.for_update(stmt, tx.conn)).first() is None:
             return False  # gone (another reaper won) or no longer stale
         crashed = []
-        for execution_id, _ in executions:
+        for row in executions:
             # [INV-EXE-1] a dead owner's execution is re-run (or failed by budget), never lost
-            crashed.append(crash_in(app, tx, execution_id, process_id, PROCESS_CRASH, "Reaped from a dead process"))
-        for advancement_id, branch_id, token in advancements:
-            release_advancement(tx, advancement_id, branch_id, token, "Reaped from a dead process")
+            crashed.append(crash_in(app, tx, row.id, process_id, PROCESS_CRASH, "Reaped from a dead process"))
+        for row in advancements:
+            release_advancement(tx, row.id, row.branch_id, row.claim_token, "Reaped from a dead process")
         faults.hit(faults.DURING_REAP)
         # Deleting the row nullifies process_id on claims that raced in after our read;
         # they are the orphan sweep's.
@@ -111,7 +111,7 @@ def sweep_orphans(app: App) -> int:
             sa.select(_a.c.id, _a.c.branch_id, _a.c.claim_token)
             .where(_a.c.process_id.is_(None), _a.c.completed_at.is_(None), _a.c.started_at <= threshold)
         ).all()
-        for advancement_id, branch_id, token in advancements:
-            release_advancement(tx, advancement_id, branch_id, token, "Orphaned claim swept")
+        for row in advancements:
+            release_advancement(tx, row.id, row.branch_id, row.claim_token, "Orphaned claim swept")
     swept = sum(record_crash(app, eid, None, ORPHANED, "Orphaned claim swept") for eid in executions)
     return swept + len(advancements)

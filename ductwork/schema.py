@@ -19,10 +19,23 @@ compares them on every database.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, TypeVar
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 from ductwork.dialects import LongText
+
+T = TypeVar("T")
+
+
+def from_row(cls: type[T], row: sa.Row[Any]) -> T:
+    """An instance of the dataclass ``cls`` from a query row, each field read by its column
+    name (the query labels its columns as the fields are named), never by position; a
+    column the query does not select raises KeyError."""
+    mapping = row._mapping
+    return cls(**{field.name: mapping[field.name] for field in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
 metadata = sa.MetaData()
 

@@ -50,6 +50,11 @@ class StepRow:
     status: str
     job_id: str
 
+    @classmethod
+    def from_row(cls, row: sa.Row) -> StepRow:
+        """From a row whose columns are labelled with the field names (:func:`latest_step`)."""
+        return schema.from_row(cls, row)
+
 
 def create_branches(tx: Tx, run_id: str, branches: list[dict[str, Any]]) -> None:
     """Insert new branches of ``run_id``: in progress, no arrivals yet, started now; each
@@ -137,13 +142,13 @@ def latest_step(tx: Tx, branch_id: str) -> StepRow | None:
     """The branch's most recent step (ties on start time broken by the time-ordered id)."""
     s, j = schema.steps, schema.jobs
     row = tx.execute(
-        sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, j.c.id)
+        sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, j.c.id.label("job_id"))
         .join(j, j.c.step_id == s.c.id)
         .where(s.c.branch_id == branch_id)
         .order_by(s.c.started_at.desc(), s.c.id.desc())
         .limit(1)
     ).first()
-    return None if row is None else StepRow(*row)
+    return None if row is None else StepRow.from_row(row)
 
 
 def step_output_json(tx: Tx, step_id: str) -> str:

@@ -242,8 +242,8 @@ def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONC
         advancements = [row for row in tx.execute(sa.select(a.c.id, a.c.branch_id, a.c.claim_token).where(
             a.c.process_id == process_id, a.c.completed_at.is_(None), a.c.started_at <= before))
             if row.id not in held]
-        for advancement_id, branch_id, token in advancements:
-            release_advancement(tx, advancement_id, branch_id, token, "Claim held by no thread of its process")
+        for row in advancements:
+            release_advancement(tx, row.id, row.branch_id, row.claim_token, "Claim held by no thread of its process")
     recovered = sum(record_crash(app, i, process_id, "ductwork.AbandonedClaim",
                                  "claim held by no thread of its process") for i in executions)
     if recovered or advancements:
