@@ -6,7 +6,7 @@
 One lane at a time: the backlog is grown in place (``INSERT … SELECT``, one run holding
 every pending step, jobs never executed) to 10³, 10⁴, 10⁵ pending executions (10⁶ with
 ``--full``: minutes of inserting per database), statistics are refreshed (``ANALYZE``,
-what autovacuum or InnoDB's auto-stats would do), and ``ductwork.limits.claims.claim_next`` is
+what autovacuum or InnoDB's auto-stats would do), and ``ductwork.limits.claims.claim`` is
 timed in this process, one call after another, on one connection pool: the unkeyed
 lane, then a keyed lane (``bench_backlog``: concurrency 10⁶ and rate 10⁶/s, so every
 decision admits and the bucket arithmetic still runs). Claimed executions are marked
@@ -23,7 +23,7 @@ import time
 from bench.harness import Metric, Sizes, Target, insert_pending, log
 from bench.workloads import Backlog, One
 from ductwork.db import schema
-from ductwork.limits.claims import claim_next
+from ductwork.limits.claims import claim
 from ductwork.fleet.processes import register
 
 
@@ -53,12 +53,12 @@ def _lane(target: Target, app, sizes: Sizes, pipeline, tag: str, calls: int) -> 
         # A keyed lane's bucket is created empty by its first decision (semantics §5), so
         # the very first claim of the key is refused for a microsecond: warm up first.
         for _ in range(10):
-            if claim_next(app, process_id) is not None:
+            if claim(app, process_id) is not None:
                 break
         latencies = []
         for _ in range(calls):
             start = time.perf_counter()
-            claimed = claim_next(app, process_id)
+            claimed = claim(app, process_id)
             latencies.append(time.perf_counter() - start)
             assert claimed is not None, f"B3 {tag}: nothing claimed with {size} pending"
         _complete_claimed(app, process_id)

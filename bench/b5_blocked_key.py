@@ -30,7 +30,7 @@ from bench.b1_throughput import _drain_batch, drain_jobs
 from bench.harness import Metric, ProcessFleet, Sizes, Target, insert_pending, log, ratio
 from bench.workloads import BLOCKED_KEY, Blocked, One
 from ductwork.db import schema
-from ductwork.limits.claims import claim_next
+from ductwork.limits.claims import claim
 from ductwork.fleet.processes import register
 
 
@@ -54,7 +54,7 @@ def _latencies(app, tag: str, calls: int) -> float:
     samples = []
     for _ in range(calls):
         start = time.perf_counter()
-        claimed = claim_next(app, process_id)
+        claimed = claim(app, process_id)
         samples.append(time.perf_counter() - start)
         assert claimed is not None and claimed.limit_key is None, claimed
     with app.begin() as tx:  # take the rest of this backlog out of the way of later drains
@@ -72,7 +72,7 @@ def blocked_key(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
     t0 = time.perf_counter()
     insert_pending(app, Blocked, backlog, "blk", one_run=True)
     target.analyze(app)
-    assert claim_next(app, register(app, role="inline", label="bench-b5-stamp")) is None
+    assert claim(app, register(app, role="inline", label="bench-b5-stamp")) is None
     k = schema.limit_keys
     with app.begin() as tx:
         blocked_until, now = tx.execute(sa.select(k.c.blocked_until).where(k.c.key == BLOCKED_KEY)).scalar(), tx.now

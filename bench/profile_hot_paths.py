@@ -11,7 +11,7 @@ Single-threaded on purpose (one worker and one advancer driven in turn by this p
 as ``ductwork.testing.drain`` does), so every statement is attributed to exactly one
 phase and nothing waits on another thread's lock:
 
-- ``claim``: ``claims.claim_next`` (the lane scan and the claim);
+- ``claim``: ``claims.claim`` (the lane scan and the claim);
 - ``execute+commit``: building and running the step and ``record_success``;
 - ``advance: candidates`` / ``advance: claim`` / ``advance: route+fence``: the three
   parts of ``Advancer.run_once`` that advance one branch;
@@ -201,7 +201,7 @@ def drain(app: App, mode: str, counts: Counts | None, runs: int) -> tuple[float,
 
     def claim() -> Any:
         with phase("claim"), (fused(app) if fuse_scan else contextlib.nullcontext()):
-            return claims_mod.claim_next(app, worker.process_id)
+            return claims_mod.claim(app, worker.process_id)
 
     def advance() -> None:
         with phase("advance"), (fused(app) if fuse_adv else contextlib.nullcontext()):

@@ -65,7 +65,8 @@ def snapshot(app: App) -> Status:
     r, p, k, e, b = schema.runs, schema.processes, schema.limit_keys, schema.executions, schema.limit_buckets
     with app.begin(readonly=True) as tx:
         now = tx.now
-        runs = dict(tx.execute(sa.select(r.c.status, sa.func.count()).group_by(r.c.status)).all())
+        runs = {row.status: row.runs for row in tx.execute(
+            sa.select(r.c.status, sa.func.count().label("runs")).group_by(r.c.status))}
         procs = []
         for row in tx.execute(sa.select(p.c.id, p.c.role, p.c.label, p.c.machine_identifier, p.c.pid,
                                         p.c.last_heartbeat_at).order_by(p.c.label)):
@@ -73,11 +74,13 @@ def snapshot(app: App) -> Status:
             procs.append(ProcessStatus(row.id, row.role, row.label, host_name(row.machine_identifier), row.pid,
                                        age, age >= app.config.supervisor.reaper_timeout))  # as reaper.reap_stale
         keys = []
-        for key, blocked in tx.execute(sa.select(k.c.key, k.c.blocked_until).order_by(k.c.key)).all():
+        for header in tx.execute(sa.select(k.c.key, k.c.blocked_until).order_by(k.c.key)).all():
+            key, blocked = header.key, header.blocked_until
             in_flight = tx.execute(sa.select(sa.func.count()).where(e.c.inflight_key == key)).scalar_one()
             pending = tx.execute(sa.select(sa.func.count()).where(e.c.pending_lane == key)).scalar_one()
-            stored = {period: buckets.Bucket(period, level, at) for period, level, at in tx.execute(
-                sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us).where(b.c.key == key))}
+            stored = {row.period_s: buckets.Bucket(row.period_s, row.level_units, row.refilled_at_us)
+                      for row in tx.execute(sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us)
+                                            .where(b.c.key == key))}
             entry = app.config.limits.get(key)
             shown = []
             for rate in (entry.rates if entry else ()):

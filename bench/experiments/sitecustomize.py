@@ -48,12 +48,12 @@ if _patches:
         from ductwork.db import schema
         from ductwork.limits import claims
 
-        def _lock_key(tx, key):
+        def lock_key(tx, key):  # the claim path's key lock only (claims' binding of executions.lock_key)
             k = schema.limit_keys
             stmt = sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key)
             return tx.execute(dialects.for_update(stmt, tx.conn, skip_locked=True)).first()
 
-        claims._lock_key = _lock_key
+        claims.lock_key = lock_key
 
     if "wake_one" in _patches:
         from ductwork.db import wakeup

@@ -19,6 +19,9 @@ compares them on every database.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, TypeVar
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
@@ -29,6 +32,16 @@ from sqlalchemy.dialects import mysql
 #: (PostgreSQL's ``text`` and SQLite's ``TEXT`` hold up to 1 GB) because its length
 #: prefix is two bytes; ``LONGTEXT`` (4 GB) holds what the other two hold.
 LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+T = TypeVar("T")
+
+
+def from_row(cls: type[T], row: sa.Row[Any]) -> T:
+    """An instance of the dataclass ``cls`` from a query row, each field read by its column
+    name (the query labels its columns as the fields are named), never by position; a
+    column the query does not select raises KeyError."""
+    mapping = row._mapping
+    return cls(**{field.name: mapping[field.name] for field in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
 metadata = sa.MetaData()
 

@@ -32,8 +32,8 @@ import sqlalchemy as sa
 
 from ductwork import faults, logs
 from ductwork.db import dialects, schema
-from ductwork.pipelines.advance import PROCESS_CRASH
-from ductwork.limits.executions import crash_in, record_crash
+from ductwork.pipelines.advance import PROCESS_CRASH, release_advancement
+from ductwork.limits.executions import crash_in, lock_key, record_crash
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App, Tx
@@ -58,23 +58,6 @@ def reap_stale(app: App, own_process_id: str | None) -> list[str]:
     return [pid for pid in ids if reap(app, pid, force=False)]
 
 
-def release_advancement(tx: Tx, advancement_id: str, branch_id: str, token: str, message: str) -> None:
-    """Close an open advancement as a crash and release its branch if that claim still holds it."""
-    closed = tx.execute(
-        _a.update().where(_a.c.id == advancement_id, _a.c.completed_at.is_(None))
-        .values(completed_at=tx.now, updated_at=tx.now, error_klass=PROCESS_CRASH, error_message=message)
-    )
-    if closed.rowcount == 1:
-        tx.execute(
-            _b.update()
-            .where(_b.c.id == branch_id,
-                   _b.c.claim_token == token,  # [INV-ADV-2] only if that claim still holds it
-                   _b.c.status == "advancing")
-            .values(status="in_progress", claim_token=None, claimed_at=None, last_advanced_at=tx.now,
-                    updated_at=tx.now)
-        )
-
-
 def reap(app: App, process_id: str, *, force: bool) -> bool:
     """Recover a process's claims and delete its row. ``force`` skips the staleness test
     (for callers with proof of death). Returns False when there was nothing to reap."""
@@ -88,10 +71,9 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
             .where(_a.c.process_id == process_id, _a.c.completed_at.is_(None))
         ).all()
         # Lock order: keys, branches, then the process row (as claims and fences do).
-        for key in sorted({k for _, k in executions if k}):  # [INV-LIM-1] key locks first
-            tx.execute(dialects.for_update(sa.select(schema.limit_keys.c.key)
-                                           .where(schema.limit_keys.c.key == key), tx.conn))
-        for branch_id in sorted({b for _, b, _ in advancements}):
+        for key in sorted({row.limit_key for row in executions if row.limit_key}):
+            lock_key(tx, key)  # [INV-LIM-1] key locks first
+        for branch_id in sorted({row.branch_id for row in advancements}):
             tx.execute(dialects.for_update(sa.select(_b.c.id).where(_b.c.id == branch_id), tx.conn))
         stmt = sa.select(_p.c.id).where(_p.c.id == process_id)
         if not force:
@@ -99,11 +81,11 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
         if tx.execute(dialects.for_update(stmt, tx.conn)).first() is None:
             return False  # gone (another reaper won) or no longer stale
         crashed = []
-        for execution_id, _ in executions:
+        for row in executions:
             # [INV-EXE-1] a dead owner's execution is re-run (or failed by budget), never lost
-            crashed.append(crash_in(app, tx, execution_id, process_id, PROCESS_CRASH, "Reaped from a dead process"))
-        for advancement_id, branch_id, token in advancements:
-            release_advancement(tx, advancement_id, branch_id, token, "Reaped from a dead process")
+            crashed.append(crash_in(app, tx, row.id, process_id, PROCESS_CRASH, "Reaped from a dead process"))
+        for row in advancements:
+            release_advancement(tx, row.id, row.branch_id, row.claim_token, "Reaped from a dead process")
         faults.hit(faults.DURING_REAP)
         # Deleting the row nullifies process_id on claims that raced in after our read;
         # they are the orphan sweep's.
@@ -130,7 +112,7 @@ def sweep_orphans(app: App) -> int:
             sa.select(_a.c.id, _a.c.branch_id, _a.c.claim_token)
             .where(_a.c.process_id.is_(None), _a.c.completed_at.is_(None), _a.c.started_at <= threshold)
         ).all()
-        for advancement_id, branch_id, token in advancements:
-            release_advancement(tx, advancement_id, branch_id, token, "Orphaned claim swept")
+        for row in advancements:
+            release_advancement(tx, row.id, row.branch_id, row.claim_token, "Orphaned claim swept")
     swept = sum(record_crash(app, eid, None, ORPHANED, "Orphaned claim swept") for eid in executions)
     return swept + len(advancements)

@@ -179,10 +179,10 @@ class Runner:
     def run(self) -> int:
         cfg = self.app.config.supervisor
         self.process_id = register(self.app, role=self.role, label=self.label)
-        from ductwork.limits.claims import rebase_keys
+        from ductwork.limits.claims import restart_with
 
         if self.role == "job_worker":
-            rebase_keys(self.app)
+            restart_with(self.app)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         if self.app.backend == "postgresql":
@@ -230,8 +230,8 @@ def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONC
     """
     from datetime import timedelta
 
+    from ductwork.pipelines.advance import release_advancement
     from ductwork.limits.executions import record_crash
-    from ductwork.fleet.reaper import release_advancement
 
     e, a = schema.executions, schema.advancements
     with app.begin() as tx:
@@ -242,8 +242,8 @@ def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONC
         advancements = [row for row in tx.execute(sa.select(a.c.id, a.c.branch_id, a.c.claim_token).where(
             a.c.process_id == process_id, a.c.completed_at.is_(None), a.c.started_at <= before))
             if row.id not in held]
-        for advancement_id, branch_id, token in advancements:
-            release_advancement(tx, advancement_id, branch_id, token, "Claim held by no thread of its process")
+        for row in advancements:
+            release_advancement(tx, row.id, row.branch_id, row.claim_token, "Claim held by no thread of its process")
     recovered = sum(record_crash(app, i, process_id, "ductwork.AbandonedClaim",
                                  "claim held by no thread of its process") for i in executions)
     if recovered or advancements:
@@ -380,9 +380,9 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_stop_signal)
         signal.signal(signal.SIGCHLD, self._on_child_signal)
-        from ductwork.limits.claims import rebase_keys
+        from ductwork.limits.claims import restart_with
 
-        rebase_keys(self.app)
+        restart_with(self.app)
         tick = self.app.config.supervisor.polling_timeout
         while not self._stopping:
             self.run_once()

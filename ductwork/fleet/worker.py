@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ductwork import faults
 from ductwork.pipelines import payloads
 from ductwork.pipelines.advance import advance_on_success
-from ductwork.limits.claims import claim_next_batch, hand_off as claim_hand_off, seconds_to_next_token
+from ductwork.limits.claims import claim_batch, complete_all_and_hand_off, complete_and_hand_off, seconds_to_next_token
 from ductwork.db.dialects import retry_transient
 from ductwork.errors import CommitFailed, StepReturnError
 from ductwork.fleet.invoke import (BuildFailed, ChildStepError, ReturnRejected, StepInvalid, StepTimedOut, build_step,
@@ -169,7 +169,7 @@ class Worker:
         if self._group and not self._queue:
             self._flush()  # successes left unrecorded when an exception left the last call
         if not self._queue:
-            self._queue.extend(claim_next_batch(self.app, self.process_id, self.batch))
+            self._queue.extend(claim_batch(self.app, self.process_id, self.batch))
         if not self._queue:
             self.next_token_s = seconds_to_next_token(self.app)
             return None
@@ -218,16 +218,18 @@ class Worker:
             record_crash(self.app, claimed.execution_id, claimed.process_id, ABANDONED,
                          "execution abandoned by its worker thread")
 
-    def _hand_off(self, key: str | None) -> Callable[[Any], list[Claimed]] | None:
-        if self._may_hand_off is None or not self._may_hand_off():
-            return None
-        return functools.partial(claim_hand_off, self.app, key=key, process_id=self.process_id, limit=self.batch)
+    def _hands_off(self) -> bool:
+        """Whether the completion being recorded may take its lane's next execution."""
+        return self._may_hand_off is not None and self._may_hand_off()
 
     def _flush(self) -> None:
         """Record the group of successes in one transaction; take what it hands on."""
-        take = None if self._queue else self._hand_off(None)
+        take = not self._queue and self._hands_off()
         try:
-            self._record(lambda: record_successes(self.app, self._group, take))
+            if take:
+                self._record(lambda: complete_all_and_hand_off(self.app, self._group, limit=self.batch))
+            else:
+                self._record(lambda: record_successes(self.app, self._group))
         except CommitFailed as failed:  # a group of one, reaped under it (larger groups log each)
             log.warning("%s", failed)
         except Exception:
@@ -303,8 +305,10 @@ class Worker:
                     self._group_started = time.monotonic()
                 self._group.append(Success(claimed, output, inline))
                 return "success"
-            hand_off = self._hand_off(claimed.limit_key)
-            self._record(lambda: record_success(self.app, claimed, output, inline, hand_off))
+            if self._hands_off():
+                self._record(lambda: complete_and_hand_off(self.app, claimed, output, inline, limit=self.batch))
+            else:
+                self._record(lambda: record_success(self.app, claimed, output, inline))
             return "success"
         except CommitFailed as failed:
             log.warning("%s", failed)

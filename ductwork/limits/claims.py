@@ -1,6 +1,12 @@
 """Claiming one execution, with limits enforced exactly, fleet-wide.
 
-    >>> claimed = claim_next(app, process_id)      # None when nothing may run now
+    >>> claimed = claim(app, process_id)      # None when nothing may run now
+    >>> handed = complete_and_hand_off(app, claimed, Output("3"))
+
+Each model operation of ``model.limits.LimitsModel`` is one function here of the same
+name (``claim``, ``claim_batch``, ``complete_and_hand_off``, ``complete_all_and_hand_off``,
+``restart_with``): the whole transaction, called by the worker and by the conformance
+machine alike (CONTRIBUTING.md, "Operations").
 
 A poll looks at *lanes*: each limit key with eligible pending work that is not
 rate-blocked and not concurrency-saturated, plus one lane for unkeyed work, and
@@ -30,7 +36,9 @@ the same key lock: executions.py).
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -38,10 +46,10 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from ductwork import faults, mutants
-from ductwork.db import dialects, schema
 from ductwork.limits import buckets
+from ductwork.db import dialects, schema
 from ductwork.db.clock import from_us
-from ductwork.limits.executions import Claimed
+from ductwork.limits.executions import Claimed, Output, Success, lock_key, record_successes
 from ductwork.limit_entries import LimitEntry, entry_digest
 
 if TYPE_CHECKING:
@@ -74,15 +82,18 @@ class Refusal:
     reason: str  # "concurrency" | "rate" | "gone"
 
 
+def in_lane(query: sa.Select, lane: sa.ColumnElement | str, now: datetime) -> sa.Select:
+    """The lane predicate: ``query`` over the executions pending in ``lane`` (a key, or
+    UNKEYED) and eligible at ``now``, oldest first (eligible time, then creation order),
+    as the index ``ix_execution_pending_lane`` serves it. Not done: locking or limiting."""
+    return (query
+            .where(_e.c.pending_lane == lane,  # pending in this lane
+                   _e.c.eligible_at <= now)  # eligible: delays and back-off have passed
+            .order_by(_e.c.eligible_at, _e.c.id))  # [INV-LIM-6] FIFO within the lane
+
+
 def _oldest(column: sa.ColumnElement, lane: sa.ColumnElement | str, now: datetime) -> sa.ScalarSelect:
-    return (
-        sa.select(column)
-        .where(_e.c.pending_lane == lane,  # pending in this lane
-               _e.c.eligible_at <= now)  # eligible: delays and back-off have passed
-        .order_by(_e.c.eligible_at, _e.c.id)
-        .limit(1)
-        .scalar_subquery()
-    )
+    return in_lane(sa.select(column), lane, now).limit(1).scalar_subquery()
 
 
 def scan_lanes(app: App, tx: Tx) -> list[Lane]:
@@ -90,33 +101,30 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
     k = schema.limit_keys
     now = tx.now
     keys = [
-        key for key, blocked_until, digest in tx.execute(sa.select(k.c.key, k.c.blocked_until, k.c.config_digest))
-        if blocked_until is None  # never rate-blocked
-        or blocked_until <= now  # or its next token has arrived [INV-LIM-5]
-        or digest != entry_digest(app.config.limits.get(key))  # or its stamp came from other values
+        row.key for row in tx.execute(sa.select(k.c.key, k.c.blocked_until, k.c.config_digest))
+        if row.blocked_until is None  # never rate-blocked
+        or row.blocked_until <= now  # or its next token has arrived [INV-LIM-5]
+        or row.config_digest != entry_digest(app.config.limits.get(row.key))  # or its stamp came from other values
     ]
     lanes = []
     if keys:
         inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
         rows = tx.execute(
-            sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now), _oldest(_e.c.id, k.c.key, now), inflight)
+            sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now).label("oldest_at"),
+                      _oldest(_e.c.id, k.c.key, now).label("oldest_id"), inflight.label("in_flight"))
             .where(k.c.key.in_(keys))
         ).all()
-        for key, oldest_at, oldest_id, in_flight in rows:
-            if oldest_id is None:
+        for row in rows:
+            if row.oldest_id is None:
                 continue
-            entry = app.config.limits.get(key)
-            if entry is not None and entry.concurrency is not None and in_flight >= entry.concurrency:
+            entry = app.config.limits.get(row.key)
+            if entry is not None and entry.concurrency is not None and row.in_flight >= entry.concurrency:
                 continue  # saturated: retried on the next poll, no one knows when a slot frees
-            lanes.append(Lane(oldest_at, oldest_id, key, in_flight))
-    unkeyed = tx.execute(
-        sa.select(_e.c.eligible_at, _e.c.id)
-        .where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= now)
-        .order_by(_e.c.eligible_at, _e.c.id).limit(1)
-    ).first()
+            lanes.append(Lane(row.oldest_at, row.oldest_id, row.key, row.in_flight))
+    unkeyed = tx.execute(in_lane(sa.select(_e.c.eligible_at, _e.c.id), UNKEYED, now).limit(1)).first()
     lanes.sort()
     if unkeyed is not None:
-        lane = Lane(unkeyed[0], unkeyed[1], UNKEYED)
+        lane = Lane(unkeyed.eligible_at, unkeyed.id, UNKEYED)
         if mutants.on("unkeyed_first"):
             lanes.insert(0, lane)
         else:
@@ -133,13 +141,14 @@ def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
     """What running each claimed execution needs, in the order of ``execution_ids``."""
     j, s, r = schema.jobs, schema.steps, schema.runs
     rows = tx.execute(
-        sa.select(_e.c.id, _e.c.job_id, s.c.id, s.c.run_id, s.c.branch_id, s.c.node, j.c.klass,
-                  r.c.pipeline_klass, r.c.definition_sha1, j.c.input_args, _e.c.limit_key,
-                  s.c.timeout_us, _e.c.retry_count, _e.c.crash_count, _e.c.process_id, _e.c.claimed_at)
+        sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"), s.c.run_id, s.c.branch_id,
+                  s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1, j.c.input_args.label("input_json"),
+                  _e.c.limit_key, s.c.timeout_us, _e.c.retry_count, _e.c.crash_count, _e.c.process_id,
+                  _e.c.claimed_at)
         .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
         .where(_e.c.id.in_(dialects.inline_ids(execution_ids)))
     ).all()
-    by_id = {row[0]: Claimed(*row) for row in rows}
+    by_id = {row.execution_id: Claimed.from_row(row) for row in rows}
     return [by_id[execution_id] for execution_id in execution_ids]
 
 
@@ -169,12 +178,12 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
     batch never overtakes a key [INV-LIM-6]. Nothing of a key changes in between: the
     batch is read at one database time, and a key's lane is not touched by unkeyed claims.
     """
-    query = sa.select(_e.c.id).where(_e.c.pending_lane == UNKEYED, _e.c.eligible_at <= tx.now)
+    query = in_lane(sa.select(_e.c.id), UNKEYED, tx.now)
     if before is not None and not mutants.on("batch_past_lane"):
         query = query.where(sa.or_(  # [INV-LIM-6] (eligible_at, id) before the next lane's oldest
             _e.c.eligible_at < before.oldest_at,
             sa.and_(_e.c.eligible_at == before.oldest_at, _e.c.id < before.oldest_id)))
-    stmt = dialects.for_update(query.order_by(_e.c.eligible_at, _e.c.id).limit(limit), tx.conn, skip_locked=True)
+    stmt = dialects.for_update(query.limit(limit), tx.conn, skip_locked=True)
     execution_ids = list(tx.execute(stmt).scalars())
     if not execution_ids:
         return []
@@ -193,10 +202,8 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
 def _buckets_of(tx: Tx, key: str) -> dict[int, buckets.Bucket]:
     b = schema.limit_buckets
     return {
-        period: buckets.Bucket(period, level, refilled)
-        for period, level, refilled in tx.execute(
-            sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us).where(b.c.key == key)
-        )
+        row.period_s: buckets.Bucket(row.period_s, row.level_units, row.refilled_at_us)
+        for row in tx.execute(sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us).where(b.c.key == key))
     }
 
 
@@ -232,16 +239,9 @@ def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
     return kept
 
 
-def _lock_key(tx: Tx, key: str) -> sa.Row | None:
-    k = schema.limit_keys
-    stmt = sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key)
-    if mutants.on("no_key_lock"):
-        return tx.execute(stmt).first()
-    return tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock
-
-
-def rebase_keys(app: App) -> list[str]:
-    """A restart: re-base every key on this process's config (at boot).
+def restart_with(app: App) -> list[str]:
+    """A restart with this process's limits: re-base every key on its config (at boot);
+    ``LimitsModel.restart_with``.
 
     Every key's stamp is cleared (a stamp is only a hint that lets workers skip a
     key; the next refusal stamps it again, exactly), and a key whose values changed
@@ -254,7 +254,7 @@ def rebase_keys(app: App) -> list[str]:
         keys = list(tx.execute(sa.select(schema.limit_keys.c.key)).scalars())
     for key in keys:
         with app.begin() as tx:
-            header = _lock_key(tx, key)
+            header = lock_key(tx, key)
             if header is not None:
                 _rebase(tx, key, app.config.limits.get(key), header.config_digest, _buckets_of(tx, key),
                         restart=True)
@@ -271,7 +271,7 @@ def claim_keyed(app: App, key: str, process_id: str, scanned_in_flight: int | No
         if mutants.on("clock_before_lock"):
             tx.now  # noqa: B018 - the mutant reads the clock before the lock
         faults.hit(faults.BEFORE_KEY_LOCK)
-        header = _lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
+        header = lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
         faults.hit(faults.AFTER_KEY_LOCK)
         return _decide_and_claim(app, tx, key, header, process_id, scanned_in_flight)
 
@@ -280,7 +280,7 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1)
     """In the transaction that just completed an execution of lane ``key`` (None: the
     unkeyed lane): claim the lane's next execution for the same worker, if a poll made
     now would claim it; for the unkeyed lane, up to ``limit`` of them, as
-    :func:`claim_next_batch` would.
+    :func:`claim_batch` would.
 
     That is when the lane is the first lane a poll would try [INV-LIM-6] and, for a key,
     its limits admit a claim now. The completion of a keyed execution holds the key's
@@ -300,11 +300,33 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1)
         return []
     if lane == UNKEYED:
         return _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))
-    header = _lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
+    header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
     outcome = _decide_and_claim(app, tx, lane, header, process_id, None, write_refusal=False)
     return [outcome] if isinstance(outcome, Claimed) else []
+
+
+def complete_and_hand_off(app: App, claimed: Claimed, output: Output,
+                          advance: Callable[[Tx], bool] | None = None, *, limit: int = 1) -> list[Claimed]:
+    """Record ``claimed``'s success and, in the same transaction, claim its lane's next
+    execution(s) for the same owner if a poll made now would (:func:`hand_off`):
+    ``LimitsModel.complete_and_hand_off``. Raises CommitFailed as
+    :func:`ductwork.limits.executions.record_success` does; returns what was handed on, which
+    the caller must perform. ``advance`` as for ``record_success``.
+    """
+    return complete_all_and_hand_off(app, [Success(claimed, output, advance)], limit=limit)
+
+
+def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int = 1) -> list[Claimed]:
+    """Record several successes of one owner in one transaction (a group commit,
+    :func:`ductwork.limits.executions.record_successes`), then hand on the last one's lane as
+    :func:`complete_and_hand_off` does: ``LimitsModel.complete_all_and_hand_off``.
+    Not done: a group that falls back to one transaction per success hands off only in
+    the last one's."""
+    last = successes[-1].claimed
+    take = functools.partial(hand_off, app, key=last.limit_key, process_id=last.process_id, limit=limit)
+    return record_successes(app, successes, take)
 
 
 def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process_id: str,
@@ -312,11 +334,7 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process
     """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds."""
     k = schema.limit_keys
     now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
-    execution_id = tx.execute(
-        sa.select(_e.c.id)
-        .where(_e.c.pending_lane == key, _e.c.eligible_at <= tx.now)
-        .order_by(_e.c.eligible_at, _e.c.id).limit(1)
-    ).scalar_one_or_none()
+    execution_id = tx.execute(in_lane(sa.select(_e.c.id), key, tx.now).limit(1)).scalar_one_or_none()
     if header is None or execution_id is None:
         return Refusal(key, "gone")
     in_flight = tx.execute(
@@ -366,13 +384,13 @@ def seconds_to_next_token(app: App) -> float | None:
         return None if soonest is None else max(0.0, (soonest - tx.now).total_seconds())
 
 
-def claim_next(app: App, process_id: str) -> Claimed | None:
+def claim(app: App, process_id: str) -> Claimed | None:
     """Claim at most one execution: the oldest that its lane's limits admit now."""
-    claimed = claim_next_batch(app, process_id, 1)
+    claimed = claim_batch(app, process_id, 1)
     return claimed[0] if claimed else None
 
 
-def claim_next_batch(app: App, process_id: str, limit: int) -> list[Claimed]:
+def claim_batch(app: App, process_id: str, limit: int) -> list[Claimed]:
     """What up to ``limit`` successive polls would claim, in one transaction when they
     all come from the unkeyed lane.
 

@@ -76,6 +76,11 @@ class Claimed:
     process_id: str
     claimed_at: datetime
 
+    @classmethod
+    def from_row(cls, row: sa.Row) -> Claimed:
+        """From a row whose columns are labelled with the field names (``claims._load``)."""
+        return schema.from_row(cls, row)
+
 
 @dataclass(frozen=True)
 class Output:
@@ -113,18 +118,29 @@ class ErrorInfo:
                    "".join(traceback.format_exception(error)).rstrip("\n"))
 
 
-def _key_seq(tx: Tx, key: str) -> int:
-    """Lock the key's header row and return its sequence value."""
+def lock_key(tx: Tx, key: str) -> sa.Row | None:
+    """Lock the key's header row (``SELECT … FOR UPDATE``; SQLite: the write lock taken at
+    ``BEGIN IMMEDIATE``) and return its ``seq`` and ``config_digest``; None if the key has
+    no row. The one key lock: claims, completions and the reaper take it, each as the
+    first statement on the key, so a key's in-flight set changes under it [INV-LIM-1].
+    Not done: creating the row (``steps.ensure_limit_keys`` does, with the work)."""
     k = schema.limit_keys
-    seq = tx.execute(dialects.for_update(sa.select(k.c.seq).where(k.c.key == key), tx.conn)).scalar_one()
-    return int(seq)
+    stmt = sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key)
+    if mutants.on("no_key_lock"):
+        return tx.execute(stmt).first()
+    return tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock
 
 
 def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | None, outcome: str,
               error: ErrorInfo | None, *, wake: bool = True) -> bool:
     """The guarded completion; True when this call ended the execution. ``wake=False``:
     the caller decides whether idle threads have anything new to do."""
-    seq = _key_seq(tx, limit_key) + 1 if limit_key else None  # [INV-LIM-1] key lock first
+    seq = None
+    if limit_key:
+        header = lock_key(tx, limit_key)  # [INV-LIM-1] key lock first
+        if header is None:
+            raise sa.exc.NoResultFound(f"limit key {limit_key!r} has no row")
+        seq = int(header.seq) + 1
     e = schema.executions
     guard = e.c.process_id.is_(None) if owner is None else e.c.process_id == owner
     result = tx.execute(

@@ -46,8 +46,8 @@ from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
 from ductwork.limits.executions import UNKNOWN_CLASS, ErrorInfo, payload_envelope
 from ductwork.db.ids import new_id, new_token
 from ductwork.pipelines.runs import cached_definition, lock_run, resolve_run
-from ductwork.pipelines.steps import (ADVANCEABLE, NewStep, StepRow, create_steps, latest_step, payload_json,
-                                      step_complete, step_output_json)
+from ductwork.pipelines.steps import (ADVANCEABLE, NewStep, StepRow, create_branches, create_steps, latest_step,
+                            payload_json, step_complete, step_output_json)
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App, Tx
@@ -94,6 +94,34 @@ def fan_in_size(stored: int, count: int) -> int:
 
 
 _b, _a = schema.branches, schema.advancements
+
+
+def close_advancement(tx: Tx, advancement_id: str, **error: str | None) -> bool:
+    """Close an open advancement now, with ``error_klass``, ``error_message`` and
+    ``error_backtrace`` as given (an advancement that failed or crashed); True when this
+    call closed it, False when it was already closed. The one close: fences, abandoned
+    and reaped advancements all go through it. Not done: releasing the branch."""
+    closed = tx.execute(
+        _a.update().where(_a.c.id == advancement_id, _a.c.completed_at.is_(None))
+        .values(completed_at=tx.now, updated_at=tx.now, **error)
+    )
+    return bool(closed.rowcount == 1)
+
+
+def release_advancement(tx: Tx, advancement_id: str, branch_id: str, token: str, message: str,
+                        klass: str = PROCESS_CRASH) -> None:
+    """Close an open advancement as a crash (``klass``) and release its branch if that claim
+    still holds it, so a fresh advancer re-runs the transition; for a dead process (the
+    reaper), a claim no thread holds (the supervisor) and a thread that left (the advancer)."""
+    if close_advancement(tx, advancement_id, error_klass=klass, error_message=message):
+        tx.execute(
+            _b.update()
+            .where(_b.c.id == branch_id,
+                   _b.c.claim_token == token,  # [INV-ADV-2] only if that claim still holds it
+                   _b.c.status == "advancing")
+            .values(status="in_progress", claim_token=None, claimed_at=None, last_advanced_at=tx.now,
+                    updated_at=tx.now)
+        )
 
 
 @dataclass
@@ -284,14 +312,10 @@ class Advancer:
             faults.hit(faults.BEFORE_FENCE_COMMIT)
 
     def _close(self, tx: Tx, c: BranchClaim, error: ErrorInfo | None = None) -> None:
-        closed = tx.execute(
-            _a.update().where(_a.c.id == c.advancement_id, _a.c.completed_at.is_(None))
-            .values(completed_at=tx.now, updated_at=tx.now,
-                    error_klass=error.klass if error else None,
-                    error_message=error.message if error else None,
-                    error_backtrace=error.backtrace if error else None)
-        )
-        if closed.rowcount != 1 and not mutants.on("stale_fence_commits"):
+        closed = close_advancement(tx, c.advancement_id, error_klass=error.klass if error else None,
+                                   error_message=error.message if error else None,
+                                   error_backtrace=error.backtrace if error else None)
+        if not closed and not mutants.on("stale_fence_commits"):
             raise AssertionError(f"advancement {c.advancement_id} not open inside its fence [INV-ADV-2]")
         c.closed = True
 
@@ -315,14 +339,8 @@ class Advancer:
         """Close an advancement that an exception left open and release the branch."""
         try:
             with self.app.begin() as tx:
-                tx.execute(_a.update().where(_a.c.id == c.advancement_id, _a.c.completed_at.is_(None))
-                           .values(completed_at=tx.now, updated_at=tx.now, error_klass=klass,
-                                   error_message="Advancement was abandoned by its thread"))
-                tx.execute(_b.update()
-                           .where(_b.c.id == c.branch_id, _b.c.claim_token == c.token,
-                                  _b.c.status == "advancing")
-                           .values(status="in_progress", claim_token=None, claimed_at=None,
-                                   last_advanced_at=tx.now, updated_at=tx.now))
+                release_advancement(tx, c.advancement_id, c.branch_id, c.token,
+                                    "Advancement was abandoned by its thread", klass)
             c.closed = True
         except exc.DBAPIError:
             log.exception("could not release branch %s; will retry", c.branch_id)
@@ -452,10 +470,8 @@ class Advancer:
 
     def _new_branches(self, tx: Tx, c: BranchClaim, count: int, first_index: int) -> list[str]:
         ids = [new_id() for _ in range(count)]
-        tx.execute(_b.insert(), [
-            {"id": bid, "run_id": c.run_id, "status": "in_progress", "parent_id": c.branch_id,
-             "barrier_id": c.branch_id, "barrier_index": first_index + i, "fanin_arrivals": 0,
-             "last_advanced_at": tx.now, "started_at": tx.now, "created_at": tx.now, "updated_at": tx.now}
+        create_branches(tx, c.run_id, [
+            {"id": bid, "parent_id": c.branch_id, "barrier_id": c.branch_id, "barrier_index": first_index + i}
             for i, bid in enumerate(ids)
         ])  # [INV-ADV-4] uq_branch_child_index: one child per (parent, index)
         return ids
@@ -493,7 +509,7 @@ class Advancer:
                 ).all()
                 children = self._new_branches(tx, c, len(items), cursor)
                 create_steps(tx, c.run_id, definition,
-                             [NewStep(b, node, "expand", "[" + v + "]") for b, (_, v) in zip(children, items)])
+                             [NewStep(b, node, "expand", "[" + item.value + "]") for b, item in zip(children, items)])
                 cursor += len(items)
                 done = cursor >= total
                 values = {"fanout_cursor": cursor, "fanout_width": total}
@@ -576,11 +592,10 @@ class Advancer:
                 raise AssertionError(
                     f"barrier {barrier_id}: fired with {len(outputs)} of {barrier.fanout_width} inputs [INV-ADV-3]")
             merged = new_id()
-            tx.execute(_b.insert().values(
-                id=merged, run_id=c.run_id, status="in_progress", barrier_id=barrier.barrier_id,
-                barrier_index=barrier.barrier_index, merged_barrier_id=barrier_id, fanin_arrivals=0,
-                last_advanced_at=tx.now, started_at=tx.now, created_at=tx.now, updated_at=tx.now,
-            ))  # [INV-ADV-3] uq_branch_merge_per_barrier
+            create_branches(tx, c.run_id, [{
+                "id": merged, "barrier_id": barrier.barrier_id, "barrier_index": barrier.barrier_index,
+                "merged_barrier_id": barrier_id,
+            }])  # [INV-ADV-3] uq_branch_merge_per_barrier
             value_json = "[" + ",".join(payload_json(o) for o in outputs) + "]"
             payloads.check_size(len(value_json), what)  # the one rule, on the list itself
             create_steps(tx, c.run_id, definition, [NewStep(merged, edge.to[0], kind, "[" + value_json + "]")])

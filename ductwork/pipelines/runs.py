@@ -33,7 +33,7 @@ from ductwork.pipelines import payloads
 from ductwork.errors import DefinitionError, RunStateError
 from ductwork.db.ids import new_id
 from ductwork.pipelines.definition import Definition
-from ductwork.pipelines.steps import NewStep, create_steps, latest_step, step_output_json
+from ductwork.pipelines.steps import NewStep, create_branches, create_steps, latest_step, step_output_json
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App, Tx
@@ -65,9 +65,7 @@ def trigger_run(app: App | None, pipeline: type, args: list[Any]) -> Run:
             id=run_id, pipeline_klass=definition.pipeline, definition=snapshot, definition_sha1=sha1,
             status="in_progress", triggered_at=now, completed_at=None, halted_at=None,
             created_at=now, updated_at=now))
-        tx.execute(schema.branches.insert().values(
-            id=branch_id, run_id=run_id, status="in_progress", last_advanced_at=now, started_at=now,
-            fanin_arrivals=0, created_at=now, updated_at=now))
+        create_branches(tx, run_id, [{"id": branch_id}])
         create_steps(tx, run_id, definition, [NewStep(branch_id, definition.start, "start", input_json)])
     app._definitions.setdefault(sha1, definition)
     return Run(app, run_id)

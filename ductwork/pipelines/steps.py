@@ -51,6 +51,26 @@ class StepRow:
     status: str
     job_id: str
 
+    @classmethod
+    def from_row(cls, row: sa.Row) -> StepRow:
+        """From a row whose columns are labelled with the field names (:func:`latest_step`)."""
+        return schema.from_row(cls, row)
+
+
+def create_branches(tx: Tx, run_id: str, branches: list[dict[str, Any]]) -> None:
+    """Insert new branches of ``run_id``: in progress, no arrivals yet, started now; each
+    dict gives the branch's ``id`` and its place (``parent_id``, ``barrier_id``,
+    ``barrier_index``, ``merged_barrier_id``). All dicts must have the same keys (one
+    statement). The unique constraints on those columns refuse a second child at an index
+    or a second merge of a barrier [INV-ADV-3, INV-ADV-4]; not done here: the steps on
+    them (:func:`create_steps`)."""
+    now = tx.now
+    tx.execute(schema.branches.insert(), [
+        {"run_id": run_id, "status": "in_progress", "fanin_arrivals": 0, "last_advanced_at": now,
+         "started_at": now, "created_at": now, "updated_at": now, **branch}
+        for branch in branches
+    ])
+
 
 def ensure_limit_keys(tx: Tx, keys: Iterable[str]) -> None:
     """Create the header rows of these keys if missing (the row every keyed claim locks).
@@ -111,13 +131,13 @@ def latest_step(tx: Tx, branch_id: str) -> StepRow | None:
     """The branch's most recent step (ties on start time broken by the time-ordered id)."""
     s, j = schema.steps, schema.jobs
     row = tx.execute(
-        sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, j.c.id)
+        sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, j.c.id.label("job_id"))
         .join(j, j.c.step_id == s.c.id)
         .where(s.c.branch_id == branch_id)
         .order_by(s.c.started_at.desc(), s.c.id.desc())
         .limit(1)
     ).first()
-    return None if row is None else StepRow(*row)
+    return None if row is None else StepRow.from_row(row)
 
 
 def step_output_json(tx: Tx, step_id: str) -> str:

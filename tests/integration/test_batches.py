@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from ductwork.db import schema
-from ductwork.limits.claims import claim_next, claim_next_batch
+from ductwork.limits.claims import claim, claim_batch
 from ductwork.fleet.worker import Worker
 from ductwork.limits.executions import Output, Success, record_crash, record_successes
 from ductwork.fleet.processes import register
@@ -40,14 +40,14 @@ def test_a_batch_claims_the_oldest_unkeyed_executions_in_poll_order(app):
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     ids = make_executions(app, run_id, branch_id, None, AT, 5)
-    claimed = claim_next_batch(app, process, 3)
+    claimed = claim_batch(app, process, 3)
     assert [c.execution_id for c in claimed] == ids[:3]
     rows = _rows(app, ids)
     assert {rows[i].claimed_at for i in ids[:3]} == {claimed[0].claimed_at}  # one transaction
     assert all(rows[i].process_id == process for i in ids[:3])
     assert all(rows[i].claimed_at is None for i in ids[3:])
-    assert [c.execution_id for c in claim_next_batch(app, process, 10)] == ids[3:]
-    assert claim_next_batch(app, process, 10) == []
+    assert [c.execution_id for c in claim_batch(app, process, 10)] == ids[3:]
+    assert claim_batch(app, process, 10) == []
 
 
 def test_a_batch_stops_before_an_older_keyed_lane(app):
@@ -58,9 +58,9 @@ def test_a_batch_stops_before_an_older_keyed_lane(app):
     u1, u2 = make_executions(app, run_id, branch_id, None, AT, 2)
     k, = make_executions(app, run_id, branch_id, "shared", AT)
     u3, = make_executions(app, run_id, branch_id, None, AT)
-    assert [c.execution_id for c in claim_next_batch(app, process, 5)] == [u1, u2]
-    assert claim_next(app, process).execution_id == k
-    assert [c.execution_id for c in claim_next_batch(app, process, 5)] == [u3]
+    assert [c.execution_id for c in claim_batch(app, process, 5)] == [u1, u2]
+    assert claim(app, process).execution_id == k
+    assert [c.execution_id for c in claim_batch(app, process, 5)] == [u3]
 
 
 def test_racing_batches_claim_each_execution_once(app):
@@ -76,7 +76,7 @@ def test_racing_batches_claim_each_execution_once(app):
     def claimer(pid):
         try:
             barrier.wait(timeout=30)
-            while batch := claim_next_batch(app, pid, 3):
+            while batch := claim_batch(app, pid, 3):
                 got[pid].extend(c.execution_id for c in batch)
         except Exception as error:  # noqa: BLE001 - reported below, on the test's thread
             failures.append(error)
@@ -97,7 +97,7 @@ def test_a_group_commit_records_every_success_in_one_transaction(app):
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
-    claimed = claim_next_batch(app, process, 3)
+    claimed = claim_batch(app, process, 3)
     assert record_successes(app, [Success(c, Output(str(n))) for n, c in enumerate(claimed)]) == []
     rows = _rows(app, ids)
     assert {rows[i].outcome for i in ids} == {"success"}
@@ -119,7 +119,7 @@ def test_a_group_commit_leaves_a_reaped_execution_to_the_reaper(app):
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
-    claimed = claim_next_batch(app, process, 3)
+    claimed = claim_batch(app, process, 3)
     assert record_crash(app, ids[1], process, "ductwork.ProcessCrash", "reaped")
     record_successes(app, [Success(c, Output("null")) for c in claimed])
     rows = _rows(app, ids)
@@ -139,7 +139,7 @@ def test_a_group_commit_reads_its_rows_by_primary_key(app):
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     make_executions(app, run_id, branch_id, None, AT, 3)
-    claimed = claim_next_batch(app, process, 3)
+    claimed = claim_batch(app, process, 3)
     sent = []
 
     def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
@@ -175,7 +175,7 @@ def test_a_batch_plans_for_the_ids_it_carries(app):
 
     sa.event.listen(app.engine, "before_cursor_execute", capture)
     try:
-        claimed = claim_next_batch(app, process, 3)
+        claimed = claim_batch(app, process, 3)
         record_successes(app, [Success(c, Output("null")) for c in claimed])
     finally:
         sa.event.remove(app.engine, "before_cursor_execute", capture)
@@ -266,7 +266,7 @@ def test_one_failing_success_does_not_sink_its_batch(app):
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
-    claimed = claim_next_batch(app, process, 3)
+    claimed = claim_batch(app, process, 3)
 
     def broken(tx):
         raise RuntimeError("routing failed")

@@ -31,7 +31,7 @@ from sqlalchemy.pool import Pool
 
 from ductwork import Pipeline, Step
 from ductwork.app import set_default_app
-from ductwork.limits.claims import claim_next, rebase_keys
+from ductwork.limits.claims import claim, restart_with
 from ductwork.cli import main
 from ductwork.pipelines.context import Context
 from ductwork.fleet.worker import Worker
@@ -179,7 +179,7 @@ def test_no_public_call_opens_a_second_connection_inside_a_write_transaction(app
         return fresh
 
     try:
-        rebase_keys(cold())
+        restart_with(cold())
         drain(cold(), timeout=60)
         run = cold().run(everything.id)
         assert run.status == "dampened", run
@@ -198,9 +198,9 @@ def test_no_public_call_opens_a_second_connection_inside_a_write_transaction(app
         fleet = cold()
         dead = register(fleet, role="job_worker", label="guard.dead")
         assert heartbeat(fleet, dead)
-        assert claim_next(fleet, dead) is not None
+        assert claim(fleet, dead) is not None
         reconcile(fleet, dead, held=set(), grace_s=0)
-        assert claim_next(cold(), dead) is not None
+        assert claim(cold(), dead) is not None
         assert reap(cold(), dead, force=True)
         reap_stale(cold(), None)
         sweep_orphans(cold())

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from ductwork import Pipeline, Step
 from ductwork.db import schema
 from ductwork.pipelines.advance import Advancer, candidates, claim_branch
-from ductwork.limits.claims import claim_next
+from ductwork.limits.claims import claim
 from ductwork.db.dialects import violated_constraint
 from ductwork.errors import CommitFailed
 from ductwork.fleet.worker import Worker, make_output
@@ -198,14 +198,14 @@ def test_fan_in_counter_fires_once_when_siblings_race(app):
 def test_workers_racing_for_one_execution(app):
     pids = processes(app, RACERS)
     TwoStep.trigger(1)
-    claims = race([lambda p=p: claim_next(app, p) for p in pids])
+    claims = race([lambda p=p: claim(app, p) for p in pids])
     assert sum(c is not None for c in claims) == 1
 
 
 def test_reaped_owner_cannot_commit_and_the_step_runs_again(app):
     (pid,) = processes(app, 1)
     run = TwoStep.trigger(5)
-    claimed = claim_next(app, pid)
+    claimed = claim(app, pid)
     assert reap(app, pid, force=True)  # crashed: a re-run execution is queued
     output = make_output(claimed.klass, app.definition(claimed.definition_sha1), claimed.node, 5)
     with pytest.raises(CommitFailed):
@@ -221,7 +221,7 @@ def test_reaped_owner_cannot_commit_and_the_step_runs_again(app):
 def test_racing_reapers_crash_an_execution_once(app):
     pids = processes(app, 1)
     TwoStep.trigger(1)
-    assert claim_next(app, pids[0]) is not None
+    assert claim(app, pids[0]) is not None
     results = race([lambda: reap(app, pids[0], force=True) for _ in range(RACERS)])
     assert sorted(results) == [False] * (RACERS - 1) + [True]
     with app.begin() as tx:
@@ -270,7 +270,7 @@ def test_a_live_process_recovers_claims_no_thread_holds(manual_app):
     (pid,) = processes(app, 1)
     TwoStep.trigger(1)
     TwoStep.trigger(2)
-    orphan, held = claim_next(app, pid), claim_next(app, pid)
+    orphan, held = claim(app, pid), claim(app, pid)
     assert reconcile(app, pid, {held.execution_id}) == 0  # too young: its thread may be registering it
     app.clock.advance(timedelta(seconds=RECONCILE_GRACE_S))
     assert reconcile(app, pid, {held.execution_id}) == 1

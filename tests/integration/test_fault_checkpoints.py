@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from ductwork import faults
 from ductwork.db import schema
-from ductwork.limits.claims import claim_next
+from ductwork.limits.claims import claim
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap, reap_stale
 from ductwork.testing import drain
@@ -56,7 +56,7 @@ def fault_app(db_url):
 def _ghost_holding_a_claim(app):
     """A stale process that holds a claim, so a reaper has something to reap."""
     ghost = register(app, role="ghost", label="ghost")
-    assert claim_next(app, ghost) is not None
+    assert claim(app, ghost) is not None
     with app.begin() as tx:
         tx.execute(schema.processes.update().where(schema.processes.c.id == ghost)
                    .values(last_heartbeat_at=tx.now - timedelta(hours=1)))

@@ -9,7 +9,6 @@ INV-LIM-6 (FIFO across lanes), and the seed's two-entry example.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from datetime import datetime, timedelta
@@ -332,10 +331,9 @@ def test_unkeyed_and_keyed_lanes_are_served_oldest_first(limits_app):
 
 def _succeed_and_hand_off(app, claimed):
     from ductwork.limits import claims
-    from ductwork.limits.executions import Output, record_success
+    from ductwork.limits.executions import Output
 
-    take = functools.partial(claims.hand_off, app, key=claimed.limit_key, process_id=claimed.process_id)
-    return record_success(app, claimed, Output("null"), hand_off=take)
+    return claims.complete_and_hand_off(app, claimed, Output("null"))
 
 
 def _claim_row(app, execution_id):
@@ -357,7 +355,7 @@ def test_a_freed_slot_is_handed_on_in_the_commit_that_frees_it(limits_app):
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     ids = make_executions(app, run_id, branch_id, "shared", datetime(2000, 1, 1), 3)
-    claimed = claims.claim_next(app, process)
+    claimed = claims.claim(app, process)
     assert claimed.execution_id == ids[0]
     for previous, following in zip(ids, ids[1:]):
         handed, = _succeed_and_hand_off(app, claimed)
@@ -384,11 +382,11 @@ def test_a_hand_off_yields_to_an_older_lane(limits_app):
     first, = make_executions(app, run_id, branch_id, "shared", at)
     older, = make_executions(app, run_id, branch_id, None, at)
     later, = make_executions(app, run_id, branch_id, "shared", at)
-    claimed = claims.claim_next(app, process)
+    claimed = claims.claim(app, process)
     assert claimed.execution_id == first
     assert _succeed_and_hand_off(app, claimed) == []
     assert _claim_row(app, later).claimed_at is None
-    assert [claims.claim_next(app, process).execution_id for _ in range(2)] == [older, later]
+    assert [claims.claim(app, process).execution_id for _ in range(2)] == [older, later]
 
 
 class HandedOn(Pipeline):

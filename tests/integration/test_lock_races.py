@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from ductwork import Pipeline, Step, faults
 from ductwork.db import schema
-from ductwork.limits.claims import claim_next
+from ductwork.limits.claims import claim
 from ductwork.db.clock import to_us
 from ductwork.fleet.processes import register
 from tests.capabilities import needs
@@ -99,13 +99,13 @@ def race_claims(app, release, claimers: int, *, observe_waiters: bool) -> list:
     results: list = [None] * claimers
     errors: list[BaseException] = []
 
-    def claim(i: int) -> None:
+    def claim_one(i: int) -> None:
         try:
-            results[i] = claim_next(app, pids[i])
+            results[i] = claim(app, pids[i])
         except BaseException as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
-    threads = [threading.Thread(target=claim, args=(i,)) for i in range(claimers)]
+    threads = [threading.Thread(target=claim_one, args=(i,)) for i in range(claimers)]
     for thread in threads:
         thread.start()
     try:
@@ -148,11 +148,11 @@ def test_a_claims_time_is_read_after_the_key_lock(race_app):
         PairPipeline.trigger(i)
     pid_a, pid_b = (register(app, role="test", label=f"racer-{n}") for n in "ab")
     outcome: dict = {}
-    late = threading.Thread(target=lambda: outcome.setdefault("b", claim_next(app, pid_b)))
+    late = threading.Thread(target=lambda: outcome.setdefault("b", claim(app, pid_b)))
     late.start()
     try:
         wait_for(lambda: faults.fired(faults.BEFORE_KEY_LOCK) == 1, "claimer B parked before the key lock", 20)
-        outcome["a"] = claim_next(app, pid_a)
+        outcome["a"] = claim(app, pid_a)
     finally:
         release.touch()
         late.join(30)

@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from ductwork import Pipeline, Step
-from ductwork.limits.claims import claim_next
+from ductwork.limits.claims import claim
 from ductwork.errors import CommitFailed
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
@@ -183,7 +183,7 @@ def test_a_reaped_execution_logs_a_crash_warning(app, caplog):
     caplog.set_level(logging.WARNING, logger="ductwork")
     process = register(app, role="test", label="doomed")
     run = DeclineP.trigger(7)
-    claimed = claim_next(app, process)
+    claimed = claim(app, process)
     assert reap(app, process, force=True)
     (crash,) = _warnings(caplog, "ductwork.reaper")
     assert (crash.outcome, crash.run_id, crash.execution_id, crash.attempt, crash.next) == (
@@ -256,7 +256,7 @@ def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="ductwork")
     process = register(app, role="test", label="rolls-back")
     DeclineP.trigger(1)
-    claimed = claim_next(app, process)
+    claimed = claim(app, process)
 
     def broken(*args, **kwargs):
         raise RuntimeError("the database went away")

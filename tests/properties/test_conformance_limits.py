@@ -15,7 +15,6 @@ INV-CLK-1 (every decision uses the injected database time), INV-EXE-2, INV-EXE-4
 
 from __future__ import annotations
 
-import functools
 from datetime import datetime, timedelta
 
 import pytest
@@ -30,7 +29,7 @@ from ductwork.app import App
 from ductwork.db.clock import ManualClock, from_us, to_us
 from ductwork.config import Config
 from ductwork.errors import CommitFailed
-from ductwork.limits.executions import Output, Success, record_failure, record_success, record_successes
+from ductwork.limits.executions import Output, Success, record_failure, record_success
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from model import LimitsModel
@@ -119,7 +118,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
     @rule(worker=st.sampled_from(WORKERS))
     def claim(self, worker):
         name = f"{worker}.{self.generation[worker]}"
-        claimed = claims.claim_next(self.app, self.process[worker])
+        claimed = claims.claim(self.app, self.process[worker])
         expected = self.model.claim(name, self.now_us)
         got = None if claimed is None else claimed.execution_id
         assert got == expected, f"INV-LIM-6: engine claimed {got}, model {expected} at {self.now_us}"
@@ -131,7 +130,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         """A batch claim takes what ``limit`` polls in a row would, while the unkeyed lane
         is first, and never an execution past an older keyed lane [INV-LIM-6]."""
         name = f"{worker}.{self.generation[worker]}"
-        claimed = claims.claim_next_batch(self.app, self.process[worker], limit)
+        claimed = claims.claim_batch(self.app, self.process[worker], limit)
         expected = self.model.claim_batch(name, self.now_us, limit)
         got = [c.execution_id for c in claimed]
         assert got == expected, f"INV-LIM-6: engine batch {got}, model {expected} at {self.now_us}"
@@ -140,16 +139,14 @@ class LimitsAgainstModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), limit=st.integers(1, 3))
-    def complete_batch_and_hand_off(self, data, limit):
+    def complete_all_and_hand_off(self, data, limit):
         """A worker's group commit: several successes of one owner in one transaction, then
         the hand-off of its lane's next executions [INV-EXE-2, INV-LIM-6]."""
         worker = data.draw(st.sampled_from(sorted({w for w, _ in self.held.values()})))
         mine = sorted(eid for eid, (w, _) in self.held.items() if w == worker)
         chosen = data.draw(st.lists(st.sampled_from(mine), min_size=1, max_size=4, unique=True))
         group = [self.held.pop(eid)[1] for eid in chosen]
-        take = functools.partial(claims.hand_off, self.app, key=group[-1].limit_key,
-                                 process_id=group[-1].process_id, limit=limit)
-        handed = record_successes(self.app, [Success(c, Output("null")) for c in group], take)
+        handed = claims.complete_all_and_hand_off(self.app, [Success(c, Output("null")) for c in group], limit=limit)
         expected = self.model.complete_all_and_hand_off(chosen, self.now_us, limit)
         got = [c.execution_id for c in handed]
         assert got == expected, f"INV-LIM-6: group hand-off gave {got}, model {expected} at {self.now_us}"
@@ -171,8 +168,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         key's next execution for it, exactly when a poll would have [INV-LIM-6]."""
         execution_id = data.draw(st.sampled_from(sorted(self.held)))
         worker, claimed = self.held.pop(execution_id)
-        take = functools.partial(claims.hand_off, self.app, key=claimed.limit_key, process_id=claimed.process_id)
-        handed = record_success(self.app, claimed, Output("null"), hand_off=take)
+        handed = claims.complete_and_hand_off(self.app, claimed, Output("null"))
         expected = self.model.complete_and_hand_off(execution_id, self.now_us)
         got = [c.execution_id for c in handed]
         assert got == expected, f"INV-LIM-6: hand-off gave {got}, model {expected} at {self.now_us}"
@@ -225,7 +221,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
     def restart_with(self, limits):
         """The fleet restarts with new limit values: a new app re-bases every key at boot."""
         self.app = App(self.url, engine_config(limits), self.clock, engine=self.engine)
-        claims.rebase_keys(self.app)
+        claims.restart_with(self.app)
         self.model.restart_with(limits, self.now_us)
 
     # -- the comparison, after every rule --------------------------------------------------------
