@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Callable
 
 import sqlalchemy as sa
 
-from ductwork import dialects, logs, mutants, schema
+from ductwork import dialects, logs, schema
 from ductwork.errors import CommitFailed, UnknownStepClassError
 from ductwork.steps import new_execution_row
 
@@ -232,8 +232,6 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
                  e.c.claimed_at.is_not(None),
                  # [INV-EXE-2] still ours: the reaper took none of them
                  dialects.by_primary_key(e.c.process_id, tx.conn) == owner]
-        if mutants.on("batch_no_guard"):
-            guard = []
         ended = tx.execute(
             e.update().where(e.c.id.in_(dialects.inline_ids([s.claimed.execution_id for s in successes])), *guard)
             .values(completed_at=tx.now, outcome="success", updated_at=tx.now)
