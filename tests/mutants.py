@@ -67,9 +67,9 @@ MUTANTS: dict[str, Mutant] = {
           "    sa.select(sa.func.count()).where(schema.executions.c.inflight_key == key)).scalar_one()\n"
           + _BEFORE_KEY_LOCK),
          ("sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock",
-          'sa.select(sa.literal(tx.conn.info.pop("in_flight_before_lock"))) '
-          'if "in_flight_before_lock" in tx.conn.info '
-          "else sa.select(sa.func.count()).where(_e.c.inflight_key == key)")),
+          ('sa.select(sa.literal(tx.conn.info.pop("in_flight_before_lock"))) '
+           'if "in_flight_before_lock" in tx.conn.info '
+           "else sa.select(sa.func.count()).where(_e.c.inflight_key == key)"))),
     ),
     "clock_before_lock": Mutant(
         "claim_keyed reads the clock before taking the key lock [INV-CLK-1]",
@@ -97,10 +97,10 @@ MUTANTS: dict[str, Mutant] = {
         "a retried execution's claim spends no token [INV-LIM-2]",
         "a retry's claim spends a token [INV-LIM-2]",
         (("_write_buckets(tx, key, decision.buckets, old)",
-          "if not (decision.admitted and tx.execute(  # mutant: a retry spends nothing\n"
-          "        sa.select(schema.executions.c.retry_count)\n"
-          "        .where(schema.executions.c.id == execution_id)).scalar_one() > 0):\n"
-          "    _write_buckets(tx, key, decision.buckets, old)"),),
+          ("if not (decision.admitted and tx.execute(  # mutant: a retry spends nothing\n"
+           "        sa.select(schema.executions.c.retry_count)\n"
+           "        .where(schema.executions.c.id == execution_id)).scalar_one() > 0):\n"
+           "    _write_buckets(tx, key, decision.buckets, old)")),),
     ),
     "no_stamp": Mutant(
         "a rate refusal leaves blocked_until unstamped [INV-LIM-5]",
@@ -116,8 +116,8 @@ MUTANTS: dict[str, Mutant] = {
         "hand_off claims its lane's next job even when an older lane comes first [INV-LIM-6]",
         "a hand-off only takes what a poll would [INV-LIM-6]",
         (("if not lanes or lanes[0].key != lane:",
-          "lanes = [candidate for candidate in lanes if candidate.key == lane]  # mutant: any lane\n"
-          "if not lanes or lanes[0].key != lane:"),),
+          ("lanes = [candidate for candidate in lanes if candidate.key == lane]  # mutant: any lane\n"
+           "if not lanes or lanes[0].key != lane:")),),
     ),
     "batch_past_lane": Mutant(
         "a batch of unkeyed claims takes executions younger than the next lane's oldest [INV-LIM-6]",
@@ -141,15 +141,15 @@ MUTANTS: dict[str, Mutant] = {
         "the fan-in counter is bumped in its own transaction before the fence [INV-ADV-3]",
         "the fan-in bump inside the fence [INV-ADV-3]",
         (("edge = definition.edges[c.step.node]",
-          "edge = definition.edges[c.step.node]\n"
-          "with self.app.begin() as own:  # mutant: the bump commits on its own, before the fence\n"
-          "    own_barrier = own.execute(sa.select(schema.branches.c.barrier_id)\n"
-          "                              .where(schema.branches.c.id == c.branch_id)).scalar_one()\n"
-          "    if own_barrier is not None:\n"
-          "        own.execute(schema.branches.update().where(schema.branches.c.id == own_barrier)\n"
-          "                    .values(fanin_arrivals=schema.branches.c.fanin_arrivals + 1))\n"
-          "        own_arrivals = own.execute(sa.select(schema.branches.c.fanin_arrivals)\n"
-          "                                   .where(schema.branches.c.id == own_barrier)).scalar_one()"),
+          ("edge = definition.edges[c.step.node]\n"
+           "with self.app.begin() as own:  # mutant: the bump commits on its own, before the fence\n"
+           "    own_barrier = own.execute(sa.select(schema.branches.c.barrier_id)\n"
+           "                              .where(schema.branches.c.id == c.branch_id)).scalar_one()\n"
+           "    if own_barrier is not None:\n"
+           "        own.execute(schema.branches.update().where(schema.branches.c.id == own_barrier)\n"
+           "                    .values(fanin_arrivals=schema.branches.c.fanin_arrivals + 1))\n"
+           "        own_arrivals = own.execute(sa.select(schema.branches.c.fanin_arrivals)\n"
+           "                                   .where(schema.branches.c.id == own_barrier)).scalar_one()")),
          ("bumped = tx.execute(", "bumped = 1 or tx.execute(  # mutant: no bump inside the fence"),
          ("arrivals = tx.execute(sa.select(_b.c.fanin_arrivals).where(_b.c.id == barrier_id)).scalar_one()",
           "arrivals = own_arrivals  # mutant: the count its own bump read")),
