@@ -165,8 +165,10 @@ def backend_filter(request):  # type: ignore[no-untyped-def]
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]  # noqa: ARG001
     """A "chaos evidence" section: what each chaos round did and checked (kills, runs,
     steps, claims, violations), recorded by tests/chaos/test_chaos.py with
-    ``record_property``; the properties travel with pytest-xdist's reports."""
-    lines = []
+    ``record_property``; and an "engine mutants" section: INVARIANTS.md's engine-mutant
+    table, a row per mutant killed in this run (tests/properties/test_mutants.py). The
+    properties travel with pytest-xdist's reports."""
+    lines, rows = [], []
     for outcome in ("passed", "failed"):
         for report in terminalreporter.stats.get(outcome, []):
             if getattr(report, "when", None) != "call":
@@ -174,7 +176,23 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
             for name, value in getattr(report, "user_properties", []):
                 if name == "chaos":
                     lines.append(f"{outcome} {report.nodeid.split('::')[-1]}: {value}")
+                elif name == "engine_mutant":
+                    rows.append(value)
     if lines:
         terminalreporter.section("chaos evidence")
         for line in sorted(lines):
             terminalreporter.line(line)
+    if rows:
+        terminalreporter.section("engine mutants")
+        terminalreporter.line("| mutant | guard removed | detector | killed in |")
+        terminalreporter.line("|---|---|---|---:|")
+        for row in sorted(rows, key=_mutant_order):
+            terminalreporter.line(row)
+
+
+def _mutant_order(row: str) -> int:
+    """The registry's order (tests/mutants.py), which INVARIANTS.md's table follows."""
+    from tests.mutants import MUTANTS
+
+    name = row.split("`")[1]
+    return list(MUTANTS).index(name)

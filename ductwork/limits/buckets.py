@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Callable, Literal
+from typing import Literal
 
 from ductwork.limit_entries import LimitEntry, RateEntry
 
@@ -165,7 +165,6 @@ class Decision:
 
 def decide(
     entry: LimitEntry | None, buckets: Mapping[int, Bucket], in_flight: int, now_us: int,
-    *, refill_fn: Callable[[Bucket, RateEntry, int], Bucket] | None = None,
 ) -> Decision:
     """The key decision of ``docs/semantics.md`` §5, at database time ``now_us``.
 
@@ -196,9 +195,8 @@ def decide(
     if entry.concurrency is not None and in_flight >= entry.concurrency:
         return Decision(False, "concurrency", (), False, None, False)  # [INV-LIM-1]
     rates = entry.rates
-    refill_one = refill_fn or refill  # refill_fn: only ductwork.mutants passes one
     refilled = tuple(
-        refill_one(_stored_or_empty(buckets, rate, now_us), rate, now_us) for rate in rates
+        refill(_stored_or_empty(buckets, rate, now_us), rate, now_us) for rate in rates  # [INV-LIM-4]
     )
     blocked_until = _latest_next_token(refilled, rates, now_us)
     if blocked_until is not None:  # [INV-LIM-5] stamp the exact time of the next token

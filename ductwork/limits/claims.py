@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from ductwork import faults, mutants
+from ductwork import faults
 from ductwork.limits import buckets
 from ductwork.db import dialects, schema
 from ductwork.db.clock import from_us
@@ -70,8 +70,6 @@ class Lane:
     oldest_at: datetime
     oldest_id: str
     key: str = field(compare=False)  # UNKEYED for the unkeyed lane
-    #: in flight when scanned (a hint only: the claim counts again under the lock)
-    scanned_in_flight: int = field(default=0, compare=False)
 
 
 @dataclass
@@ -125,10 +123,7 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
     lanes.sort()
     if unkeyed is not None:
         lane = Lane(unkeyed.eligible_at, unkeyed.id, UNKEYED)
-        if mutants.on("unkeyed_first"):
-            lanes.insert(0, lane)
-        else:
-            bisect.insort(lanes, lane)  # [INV-LIM-6] oldest lane first, unkeyed among them
+        bisect.insort(lanes, lane)  # [INV-LIM-6] oldest lane first, unkeyed among them
     return lanes
 
 
@@ -179,7 +174,7 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
     batch is read at one database time, and a key's lane is not touched by unkeyed claims.
     """
     query = in_lane(sa.select(_e.c.id), UNKEYED, tx.now)
-    if before is not None and not mutants.on("batch_past_lane"):
+    if before is not None:
         query = query.where(sa.or_(  # [INV-LIM-6] (eligible_at, id) before the next lane's oldest
             _e.c.eligible_at < before.oldest_at,
             sa.and_(_e.c.eligible_at == before.oldest_at, _e.c.id < before.oldest_id)))
@@ -261,19 +256,13 @@ def restart_with(app: App) -> list[str]:
     return keys
 
 
-def _is_retry(tx: Tx, execution_id: str) -> bool:
-    return tx.execute(sa.select(_e.c.retry_count).where(_e.c.id == execution_id)).scalar_one() > 0
-
-
-def claim_keyed(app: App, key: str, process_id: str, scanned_in_flight: int | None = None) -> Claimed | Refusal:
+def claim_keyed(app: App, key: str, process_id: str) -> Claimed | Refusal:
     """Claim the oldest eligible execution of ``key`` if its limits admit one now."""
     with app.begin() as tx:
-        if mutants.on("clock_before_lock"):
-            tx.now  # noqa: B018 - the mutant reads the clock before the lock
         faults.hit(faults.BEFORE_KEY_LOCK)
         header = lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
         faults.hit(faults.AFTER_KEY_LOCK)
-        return _decide_and_claim(app, tx, key, header, process_id, scanned_in_flight)
+        return _decide_and_claim(app, tx, key, header, process_id)
 
 
 def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1) -> list[Claimed]:
@@ -294,8 +283,6 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1)
     """
     lane = key or UNKEYED
     lanes = scan_lanes(app, tx)
-    if mutants.on("hand_off_any_lane"):
-        lanes = [candidate for candidate in lanes if candidate.key == lane]
     if not lanes or lanes[0].key != lane:  # [INV-LIM-6] only what a poll would claim first
         return []
     if lane == UNKEYED:
@@ -303,7 +290,7 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1)
     header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
-    outcome = _decide_and_claim(app, tx, lane, header, process_id, None, write_refusal=False)
+    outcome = _decide_and_claim(app, tx, lane, header, process_id, write_refusal=False)
     return [outcome] if isinstance(outcome, Claimed) else []
 
 
@@ -330,7 +317,7 @@ def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int 
 
 
 def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process_id: str,
-                      scanned_in_flight: int | None, *, write_refusal: bool = True) -> Claimed | Refusal:
+                      *, write_refusal: bool = True) -> Claimed | Refusal:
     """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds."""
     k = schema.limit_keys
     now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
@@ -340,11 +327,9 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process
     in_flight = tx.execute(
         sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
     ).scalar_one()
-    if mutants.on("count_outside_lock") and scanned_in_flight is not None:
-        in_flight = scanned_in_flight
     entry = app.config.limits.get(key)
     old = _rebase(tx, key, entry, header.config_digest, _buckets_of(tx, key))
-    decision = buckets.decide(entry, old, in_flight, now_us, refill_fn=mutants.refill_for_mutants())
+    decision = buckets.decide(entry, old, in_flight, now_us)
     if decision.refused_for == "concurrency":
         return Refusal(key, "concurrency")  # nothing refilled, nothing stamped
     if not decision.admitted and not write_refusal:
@@ -357,10 +342,9 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process
             raise AssertionError(
                 f"key {key!r}: execution {execution_id} taken under the key lock [INV-LIM-1]")
         faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
-    if not (mutants.on("no_spend_on_retry") and decision.admitted and _is_retry(tx, execution_id)):
-        _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
+    _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
     values: dict = {"updated_at": tx.now}
-    if decision.stamp and not (mutants.on("no_stamp") and not decision.admitted):
+    if decision.stamp:
         # [INV-LIM-5] the exact time of the next token, or cleared
         values["blocked_until"] = (None if decision.blocked_until_us is None
                                    else from_us(decision.blocked_until_us))
@@ -414,7 +398,7 @@ def claim_batch(app: App, process_id: str, limit: int) -> list[Claimed]:
             if claimed:
                 return claimed
             continue
-        outcome = claim_keyed(app, lane.key, process_id, lane.scanned_in_flight)
+        outcome = claim_keyed(app, lane.key, process_id)
         if isinstance(outcome, Claimed):
             return [outcome]
     return []

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
 
-from ductwork import logs, mutants
+from ductwork import logs
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.errors import CommitFailed, UnknownStepClassError
@@ -126,8 +126,6 @@ def lock_key(tx: Tx, key: str) -> sa.Row | None:
     Not done: creating the row (``steps.ensure_limit_keys`` does, with the work)."""
     k = schema.limit_keys
     stmt = sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key)
-    if mutants.on("no_key_lock"):
-        return tx.execute(stmt).first()
     return tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock
 
 
@@ -249,8 +247,6 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
                  e.c.claimed_at.is_not(None),
                  # [INV-EXE-2] still ours: the reaper took none of them
                  dialects.by_primary_key(e.c.process_id, tx.conn) == owner]
-        if mutants.on("batch_no_guard"):
-            guard = []
         ended = tx.execute(
             e.update().where(e.c.id.in_(dialects.inline_ids([s.claimed.execution_id for s in successes])), *guard)
             .values(completed_at=tx.now, outcome="success", updated_at=tx.now)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import sqlalchemy as sa
 from sqlalchemy import exc
 
-from ductwork import faults, logs, mutants
+from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.pipelines import payloads
 from ductwork.pipelines.definition import render_divert_key
@@ -304,7 +304,7 @@ class Advancer:
             found = tx.execute(
                 dialects.for_update(sa.select(_b.c.claim_token).where(_b.c.id == c.branch_id), tx.conn)
             ).scalar_one()
-            if found != c.token and not mutants.on("stale_fence_commits"):
+            if found != c.token:
                 raise StaleClaim(c.branch_id, c.token, found)  # [INV-ADV-2] a stale token commits nothing
             if ends_branch:
                 lock_run(tx, c.run_id)
@@ -315,17 +315,16 @@ class Advancer:
         closed = close_advancement(tx, c.advancement_id, error_klass=error.klass if error else None,
                                    error_message=error.message if error else None,
                                    error_backtrace=error.backtrace if error else None)
-        if not closed and not mutants.on("stale_fence_commits"):
+        if not closed:
             raise AssertionError(f"advancement {c.advancement_id} not open inside its fence [INV-ADV-2]")
         c.closed = True
 
     def _set_branch(self, tx: Tx, c: BranchClaim, status: str, **values: object) -> None:
         """Move the held branch to ``status`` and drop the claim (token-guarded)."""
-        holder = sa.true() if mutants.on("stale_fence_commits") else _b.c.claim_token == c.token
         moved = tx.execute(
             _b.update()
             .where(_b.c.id == c.branch_id,
-                   holder)  # [INV-ADV-2] only the holder may move it
+                   _b.c.claim_token == c.token)  # [INV-ADV-2] only the holder may move it
             .values(status=status, claim_token=None, claimed_at=None, last_advanced_at=tx.now,
                     updated_at=tx.now, **values)
         )
@@ -523,26 +522,8 @@ class Advancer:
                 return
             faults.hit(faults.BETWEEN_EXPAND_BATCHES)
 
-    def _arrivals(self, tx: Tx, barrier_id: str) -> int:
-        if mutants.on("fanin_outside_fence"):
-            return self._mutant_arrivals
-        return tx.execute(sa.select(_b.c.fanin_arrivals).where(_b.c.id == barrier_id)).scalar_one()
-
-    def _mutant_bump(self, c: BranchClaim) -> None:
-        """fanin_outside_fence: the bump commits on its own, before (and regardless of) the fence."""
-        with self.app.begin() as own:
-            barrier_id = own.execute(sa.select(_b.c.barrier_id).where(_b.c.id == c.branch_id)).scalar_one()
-            if barrier_id is None:
-                return
-            own.execute(_b.update().where(_b.c.id == barrier_id)
-                        .values(fanin_arrivals=_b.c.fanin_arrivals + 1))
-            self._mutant_arrivals = own.execute(
-                sa.select(_b.c.fanin_arrivals).where(_b.c.id == barrier_id)).scalar_one()
-
     def _fan_in(self, c: BranchClaim, definition: Definition, kind: str) -> None:
         edge = definition.edges[c.step.node]
-        if mutants.on("fanin_outside_fence"):
-            self._mutant_bump(c)
         with self._fence(c, ends_branch=True) as tx:
             barrier_id = tx.execute(sa.select(_b.c.barrier_id).where(_b.c.id == c.branch_id)).scalar_one()
             if barrier_id is None:
@@ -559,7 +540,7 @@ class Advancer:
             self._close(tx, c)
             self._set_branch(tx, c, "completed", completed_at=tx.now, fanin_arrived_at=tx.now)
             faults.hit(faults.BEFORE_FANIN_BUMP)
-            bumped = 1 if mutants.on("fanin_outside_fence") else tx.execute(
+            bumped = tx.execute(
                 _b.update()
                 .where(_b.c.id == barrier_id,
                        _b.c.fanin_arrivals < _b.c.fanout_width)  # never more arrivals than children
@@ -569,7 +550,7 @@ class Advancer:
                 raise AssertionError(f"barrier {barrier_id}: more arrivals than its width [INV-ADV-3]")
             # We hold the barrier row's lock from the UPDATE until commit, so this read sees
             # our increment on top of every earlier one: exactly one sibling reads the width.
-            arrivals = self._arrivals(tx, barrier_id)
+            arrivals = tx.execute(sa.select(_b.c.fanin_arrivals).where(_b.c.id == barrier_id)).scalar_one()
             fired = arrivals == barrier.fanout_width  # [INV-ADV-3] the last arrival fires
             faults.hit(faults.AFTER_FANIN_BUMP)
             if not fired:

@@ -22,6 +22,10 @@ A round
    witness rows the step bodies wrote, the harness's own kill log) and runs the
    independent checkers of ``tests/chaos/checkers.py`` over it.
 
+With ``mutant=NAME``, the fleet runs a scratch copy of ``ductwork`` with that engine
+mutant's edits (``tests/mutants.py``), first on its processes' ``PYTHONPATH``; the
+harness itself and its checkers run the real package.
+
 The history is written as JSONL (with the seed, the plan and the database
 version) so the checkers can be re-run offline; a failure prints the command that
 replays the round.
@@ -47,6 +51,7 @@ from ductwork import faults
 from ductwork.db import schema
 from ductwork.app import App
 from ductwork.config import Config
+from tests import mutants
 from tests.chaos.checkers import check_all
 from tests.chaos.history import History, read_history
 from tests.chaos.workload import LIMITS, PIPELINES, WITNESS, trigger_workload
@@ -110,6 +115,8 @@ class ChaosRound:
                  plan: list[dict] | None = None):
         self.seed, self.url, self.backend, self.workdir = seed, url, backend, workdir
         self.server, self.scale, self.mutant = server, max(1, scale), mutant
+        #: the patched copy the fleet runs when ``mutant`` is set (tests/mutants.py)
+        self.mutant_copy = mutants.apply(mutant, workdir / "mutant") if mutant else None
         self.duration_s = duration_s if duration_s is not None else 8.0 * self.scale
         self.container = server is not None and getattr(server, "container", None) is not None
         self.plan = plan if plan is not None else make_plan(
@@ -126,8 +133,8 @@ class ChaosRound:
 
     def _env(self, fault: str | None = None) -> dict[str, str]:
         env = {"DUCTWORK_CHAOS_WITNESS_URL": self.url, "DUCTWORK_FAULT": fault or ""}
-        if self.mutant:
-            env["DUCTWORK_MUTANT"] = self.mutant
+        if self.mutant_copy is not None:
+            env["PYTHONPATH"] = mutants.environ(self.mutant_copy)["PYTHONPATH"]
         return env
 
     def _start(self, host: str, fault: str | None = None) -> None:

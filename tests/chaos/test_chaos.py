@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import databases
+from tests import databases, mutants
 from tests.chaos.harness import ChaosRound, replay_command
 
 pytestmark = pytest.mark.chaos
@@ -156,8 +156,10 @@ def test_chaos_detects_mutant(chaos_target, mutant, seed, tmp_path):
     plan += [{"at_s": at, "action": "freeze_host", "host": host, "pick": 0.0, "down_s": 0.0}
              for at, host in ((2.5, "host-a"), (6.0, "host-b"))]
     plan.sort(key=lambda e: e["at_s"])
-    result = ChaosRound(seed=seed, url=url, backend=kind, server=server, workdir=_workdir(tmp_path),
-                        scale=SCALE, mutant=mutant, plan=plan).run()
+    chaos = ChaosRound(seed=seed, url=url, backend=kind, server=server, workdir=_workdir(tmp_path),
+                       scale=SCALE, mutant=mutant, plan=plan)
+    result = chaos.run()
+    mutants.check_ran_patched(mutant, chaos.mutant_copy)  # the fleet ran the patched copy, not ductwork/
     reported = {inv: len(v) for inv, v in result.violations.items()}
     print(f"mutant {mutant} seed {seed} on {kind}: reported {reported or 'nothing'}; {result.summary()}")
     assert result.violations, f"mutant {mutant} went unnoticed by the chaos checkers ({result.summary()})"

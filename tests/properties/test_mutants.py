@@ -1,11 +1,18 @@
 """Every engine mutant is killed by the test that is meant to catch it.
 
-``ductwork/mutants.py`` lists variants of the engine each missing one guard. For
-each, this runs its detector — a property machine, a race test, an
-exactly-once test or a fault-checkpoint test — in a fresh pytest process with
-``DUCTWORK_MUTANT`` set (and hypothesis shrinking off), and expects it to fail.
-A mutant that survives is a guard nobody has verified. Times to the first
-counterexample are printed (``-s``) and recorded in INVARIANTS.md.
+``tests/mutants.py`` lists variants of the engine each missing one guard, as source
+edits. For each, this copies the ``ductwork`` package into a scratch directory with
+the mutant's edits applied, runs its detector (a property machine, a race test, an
+exactly-once test or a fault-checkpoint test) in a fresh pytest process that imports
+that copy (scratch first on ``PYTHONPATH``, hypothesis shrinking off), and expects it
+to fail. It also checks, from what every process of the run recorded, that
+``ductwork`` was imported from the scratch copy, that no ``ductwork`` module came from
+anywhere else, and that a patched module was loaded: a mutant never silently runs
+against the real source. A failure caused by the patch itself (a ``NameError``, a
+``SyntaxError``) is not a kill. A mutant that survives is a guard nobody has
+verified. Each run's time to the first counterexample is printed (``-s``) and, as a
+row of INVARIANTS.md's engine-mutant table, in the "engine mutants" section at the
+end of the run.
 
 Checks the detectors of: INV-LIM-1, INV-LIM-2, INV-LIM-4, INV-LIM-5, INV-LIM-6,
 INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2.
@@ -20,9 +27,11 @@ import time
 
 import pytest
 
-from ductwork.mutants import MUTANTS
+from tests import mutants
+from tests.mutants import MUTANTS
 
 CONFORMANCE = "tests/properties/test_conformance_limits.py::test_limits_engine_agrees_with_model[sqlite]"
+RACE = "tests/integration/test_lock_races.py::test_racing_claims_on_a_key_serialise_on_its_lock[postgresql]"
 DETECTORS = {
     "no_stamp": CONFORMANCE,
     "no_clamp": CONFORMANCE,
@@ -30,10 +39,8 @@ DETECTORS = {
     "no_spend_on_retry": CONFORMANCE,
     "unkeyed_first": CONFORMANCE,
     "hand_off_any_lane": "tests/integration/test_limits.py::test_a_hand_off_yields_to_an_older_lane[sqlite]",
-    "count_outside_lock":
-        "tests/integration/test_lock_races.py::test_racing_claims_on_a_key_serialise_on_its_lock[postgresql]",
-    "no_key_lock":
-        "tests/integration/test_lock_races.py::test_racing_claims_on_a_key_serialise_on_its_lock[postgresql]",
+    "count_outside_lock": RACE,
+    "no_key_lock": RACE,
     "clock_before_lock":
         "tests/integration/test_lock_races.py::test_a_claims_time_is_read_after_the_key_lock[postgresql]",
     "batch_past_lane": "tests/integration/test_batches.py::test_a_batch_stops_before_an_older_keyed_lane[sqlite]",
@@ -43,6 +50,18 @@ DETECTORS = {
     "fanin_outside_fence":
         "tests/integration/test_fault_checkpoints.py::test_checkpoint[sqlite-before_fanin_bump-raise]",
 }
+#: errors that mean the patch broke the code rather than the guard
+BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")
+
+
+def detector_label(mutant: str) -> str:
+    """How INVARIANTS.md's table names the detector of ``mutant``."""
+    detector = DETECTORS[mutant]
+    if detector == CONFORMANCE:
+        return "limits conformance, SQLite"
+    if detector == RACE and mutant != "no_key_lock":
+        return "the same race test"
+    return f"`{detector.split('/')[-1]}`"
 
 
 def test_every_mutant_has_a_detector():
@@ -51,14 +70,21 @@ def test_every_mutant_has_a_detector():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
-def test_mutant_is_killed(mutant):
+def test_mutant_is_killed(mutant, tmp_path, record_property):
     detector = DETECTORS[mutant]
     if "[postgresql]" in detector and not os.environ.get("DUCTWORK_TEST_POSTGRES_URL"):
         pytest.skip("this detector needs PostgreSQL row locks: set DUCTWORK_TEST_POSTGRES_URL")
-    env = {**os.environ, "DUCTWORK_MUTANT": mutant, "DUCTWORK_NO_SHRINK": "1", "HYPOTHESIS_PROFILE": "ci"}
+    scratch = mutants.apply(mutant, tmp_path / "scratch")
+    env = {**mutants.environ(scratch), "DUCTWORK_NO_SHRINK": "1", "HYPOTHESIS_PROFILE": "ci"}
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pytest", detector, "-x", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:randomly"], env=env, capture_output=True, text=True, timeout=600)
+                           "-p", "no:randomly"], env=env, capture_output=True, text=True, timeout=600, check=False,
+                          cwd=mutants.REPO)
     took = time.monotonic() - started
     print(f"mutant {mutant}: {'killed' if done.returncode == 1 else 'SURVIVED'} by {detector} in {took:.1f} s")
+    mutants.check_ran_patched(mutant, scratch)
+    broken = [error for error in BROKEN if error in done.stdout]
+    assert not broken, f"mutant {mutant}: the patch broke the code ({broken}):\n{done.stdout[-3000:]}"
     assert done.returncode == 1, f"mutant {mutant} survived {detector}:\n{done.stdout[-3000:]}"
+    record_property("engine_mutant", f"| `{mutant}` | {MUTANTS[mutant].guard} | {detector_label(mutant)} "
+                                     f"| {took:.1f} s |")

@@ -3,7 +3,10 @@
 For each invariant ID: a statement, what it relies on, where it is enforced (each
 named function exists and carries a ``# [INV-…]`` tag for that ID), the model
 predicate, the history checker, the engine tests (whose module docstrings name
-the ID) and the mutants killed (which exist and name the ID). Conversely, every
+the ID) and the mutants killed (which exist in ``tests/mutants.py`` and name the ID);
+the engine-mutant table lists every mutant, in the registry's order, with its guard
+and detector (its times come from a run: the "engine mutants" section that
+``pytest -m slow tests/properties/test_mutants.py`` prints). Conversely, every
 ID cited by engine code or by a test module is defined on the page, and every ID
 is enforced somewhere in ``ductwork/``.
 
@@ -83,7 +86,7 @@ def test_enforcement_points_carry_the_tag(inv):
 
 @pytest.mark.parametrize("inv", sorted(EXPECTED))
 def test_model_checker_tests_and_mutants_name_the_id(inv):
-    from ductwork.mutants import MUTANTS
+    from tests.mutants import MUTANTS
     from model.invariants import INVARIANT_FUNCTIONS
 
     fields = sections()[inv]
@@ -102,7 +105,7 @@ def test_model_checker_tests_and_mutants_name_the_id(inv):
         assert inv in doc, f"{inv}: {path.name}'s docstring does not list it"
     for mutant in re.findall(r"`(\w+)`", fields["Mutants killed"]):
         assert mutant in MUTANTS, f"{inv}: unknown mutant {mutant}"
-        assert inv in MUTANTS[mutant], f"{inv}: mutant {mutant} does not name it"
+        assert inv in MUTANTS[mutant].description, f"{inv}: mutant {mutant} does not name it"
 
 
 def test_engine_tags_and_test_docstrings_cite_only_known_ids_and_every_id_is_enforced():
@@ -116,3 +119,16 @@ def test_engine_tags_and_test_docstrings_cite_only_known_ids_and_every_id_is_enf
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         unknown = set(ID.findall(doc)) - EXPECTED
         assert not unknown, f"{path.relative_to(ROOT)} cites unknown {sorted(unknown)}"
+
+
+def test_the_engine_mutant_table_lists_every_mutant_with_its_guard_and_detector():
+    from tests.mutants import MUTANTS
+    from tests.properties.test_mutants import detector_label
+
+    start = PAGE.index("| mutant | guard removed | detector | killed in |")
+    table = PAGE[start:].split("\n\n")[0].splitlines()[2:]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    assert [row[0] for row in rows] == [f"`{name}`" for name in MUTANTS]
+    for (name, mutant), row in zip(MUTANTS.items(), rows):
+        assert row[1:3] == [mutant.guard, detector_label(name)], f"{name}: {row}"
+        assert re.fullmatch(r"\d+\.\d s", row[3]), f"{name}: no time measured: {row}"

@@ -1,0 +1,268 @@
+"""Deliberately broken variants of the engine, each missing one guard, as source patches.
+
+A guard that no test misses is a guard nobody has verified, so each mutant below
+removes exactly one guard, and ``tests/properties/test_mutants.py`` (and the chaos
+suite's opt-in mutant rounds) expect a property machine, a race test or a history
+checker to go red with it. The engine itself knows nothing of them: a mutant is a
+list of ``(old, new)`` edits applied to a scratch copy of the ``ductwork`` package
+(:func:`apply`), and the code under test imports that copy (:func:`environ`).
+
+Each ``old`` snippet is found by searching every ``.py`` file of the package, not by
+path, so the engine's modules may move; it must occur exactly once in the whole
+package, or applying the mutant fails naming the mutant and the snippet
+(``tests/unit/test_mutants_apply.py`` checks every mutant against the current
+source). A ``new`` text of several lines is indented like the line ``old`` starts on.
+
+The scratch directory also gets a ``sitecustomize.py``: every Python process started
+with :func:`environ` (the detector's pytest, a fleet's supervisor and workers, a
+timeout child) imports ``ductwork`` from the copy before anything can put the real
+package ahead of it on ``sys.path`` (pytest's ``pythonpath = ["."]`` does), and
+records in ``imports.log`` the file of every ``ductwork`` module it loaded, at start
+and at exit; :func:`imported_files` reads it back so a test can check that the
+mutant really ran. Not done: a process killed with SIGKILL records only its start.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "ductwork"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    #: what the mutant does instead, with the IDs of the invariants it breaks
+    description: str
+    #: the guard it removes, as INVARIANTS.md's engine-mutant table names it
+    guard: str
+    #: ``(old, new)`` source edits, applied in order
+    edits: tuple[tuple[str, str], ...]
+
+
+def _bucket_refill(body: str) -> str:
+    """``new`` for an edit at ``rates = entry.rates`` in ``buckets.decide``: a local
+    ``refill`` that shadows the real one for the decision only (as the mutant's
+    refill function used to be passed to it)."""
+    return "rates = entry.rates\n\ndef refill(bucket, entry, now_us):\n" + body
+
+
+_BEFORE_KEY_LOCK = "faults.hit(faults.BEFORE_KEY_LOCK)"
+
+MUTANTS: dict[str, Mutant] = {
+    "no_key_lock": Mutant(
+        "the key lock (claims, completions, the reaper) reads the header row without locking it [INV-LIM-1]",
+        "the key's row lock, taken by claims, completions and the reaper [INV-LIM-1]",
+        (("tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock",
+          "tx.execute(stmt).first()  # mutant: no lock"),),
+    ),
+    "count_outside_lock": Mutant(
+        "claim_keyed decides on the in-flight count read before the key lock [INV-LIM-1]",
+        "in-flight counted under the lock [INV-LIM-1]",
+        ((_BEFORE_KEY_LOCK,
+          'tx.conn.info["in_flight_before_lock"] = tx.execute(  # mutant: counted before the lock\n'
+          "    sa.select(sa.func.count()).where(schema.executions.c.inflight_key == key)).scalar_one()\n"
+          + _BEFORE_KEY_LOCK),
+         ("sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock",
+          ('sa.select(sa.literal(tx.conn.info.pop("in_flight_before_lock"))) '
+           'if "in_flight_before_lock" in tx.conn.info '
+           "else sa.select(sa.func.count()).where(_e.c.inflight_key == key)"))),
+    ),
+    "clock_before_lock": Mutant(
+        "claim_keyed reads the clock before taking the key lock [INV-CLK-1]",
+        "clock read after the lock [INV-CLK-1]",
+        ((_BEFORE_KEY_LOCK, "tx.now  # noqa: B018 - mutant: the clock read before the lock\n" + _BEFORE_KEY_LOCK),),
+    ),
+    "no_clamp": Mutant(
+        "a claim's buckets refill without capping at the burst [INV-LIM-4]",
+        "refill capped at the burst [INV-LIM-4]",
+        (("rates = entry.rates", _bucket_refill(
+            "    dt = max(0, now_us - bucket.refilled_at_us)  # mutant: no cap\n"
+            "    return Bucket(bucket.period_s, bucket.level_units + dt * entry.limit,\n"
+            "                  max(bucket.refilled_at_us, now_us))")),),
+    ),
+    "float_refill": Mutant(
+        "a claim's buckets refill through float tokens, rounding [INV-LIM-2, INV-LIM-4]",
+        "exact integer refill [INV-LIM-2, INV-LIM-4]",
+        (("rates = entry.rates", _bucket_refill(
+            "    dt = max(0, now_us - bucket.refilled_at_us)  # mutant: float tokens\n"
+            "    tokens = bucket.level_units / entry.units_per_token + dt / 1e6 * entry.limit / entry.per_s\n"
+            "    level = min(int(tokens * entry.units_per_token), entry.capacity_units)\n"
+            "    return Bucket(bucket.period_s, level, max(bucket.refilled_at_us, now_us))")),),
+    ),
+    "no_spend_on_retry": Mutant(
+        "a retried execution's claim spends no token [INV-LIM-2]",
+        "a retry's claim spends a token [INV-LIM-2]",
+        (("_write_buckets(tx, key, decision.buckets, old)",
+          ("if not (decision.admitted and tx.execute(  # mutant: a retry spends nothing\n"
+           "        sa.select(schema.executions.c.retry_count)\n"
+           "        .where(schema.executions.c.id == execution_id)).scalar_one() > 0):\n"
+           "    _write_buckets(tx, key, decision.buckets, old)")),),
+    ),
+    "no_stamp": Mutant(
+        "a rate refusal leaves blocked_until unstamped [INV-LIM-5]",
+        "a rate refusal stamps `blocked_until` [INV-LIM-5]",
+        (("if decision.stamp:", "if decision.stamp and decision.admitted:  # mutant: a refusal stamps nothing"),),
+    ),
+    "unkeyed_first": Mutant(
+        "the lane scan puts the unkeyed lane before older keyed lanes [INV-LIM-6]",
+        "oldest lane first [INV-LIM-6]",
+        (("bisect.insort(lanes, lane)", "lanes.insert(0, lane)  # mutant: unkeyed first"),),
+    ),
+    "hand_off_any_lane": Mutant(
+        "hand_off claims its lane's next job even when an older lane comes first [INV-LIM-6]",
+        "a hand-off only takes what a poll would [INV-LIM-6]",
+        (("if not lanes or lanes[0].key != lane:",
+          ("lanes = [candidate for candidate in lanes if candidate.key == lane]  # mutant: any lane\n"
+           "if not lanes or lanes[0].key != lane:")),),
+    ),
+    "batch_past_lane": Mutant(
+        "a batch of unkeyed claims takes executions younger than the next lane's oldest [INV-LIM-6]",
+        "a batch stops before the next lane's oldest [INV-LIM-6]",
+        (("if before is not None:", "if False:  # mutant: a batch ignores the next lane"),),
+    ),
+    "batch_no_guard": Mutant(
+        "a group commit ends its executions without the open-and-ours guard [INV-EXE-2]",
+        "a group commit's open-and-ours guard [INV-EXE-2]",
+        (("*guard)", ")  # mutant: no guard"),),
+    ),
+    "stale_fence_commits": Mutant(
+        "the advancement fence does not compare the claim token [INV-ADV-2, INV-ADV-1]",
+        "the fence compares the claim token [INV-ADV-2]",
+        (("if found != c.token:", "if False:  # mutant: any token passes the fence"),
+         ("if not closed:", "if False:  # mutant: a closed advancement is not noticed"),
+         ("_b.c.claim_token == c.token)  # [INV-ADV-2] only the holder may move it",
+          "sa.true())  # mutant: anyone may move it")),
+    ),
+    "fanin_outside_fence": Mutant(
+        "the fan-in counter is bumped in its own transaction before the fence [INV-ADV-3]",
+        "the fan-in bump inside the fence [INV-ADV-3]",
+        (("edge = definition.edges[c.step.node]",
+          ("edge = definition.edges[c.step.node]\n"
+           "with self.app.begin() as own:  # mutant: the bump commits on its own, before the fence\n"
+           "    own_barrier = own.execute(sa.select(schema.branches.c.barrier_id)\n"
+           "                              .where(schema.branches.c.id == c.branch_id)).scalar_one()\n"
+           "    if own_barrier is not None:\n"
+           "        own.execute(schema.branches.update().where(schema.branches.c.id == own_barrier)\n"
+           "                    .values(fanin_arrivals=schema.branches.c.fanin_arrivals + 1))\n"
+           "        own_arrivals = own.execute(sa.select(schema.branches.c.fanin_arrivals)\n"
+           "                                   .where(schema.branches.c.id == own_barrier)).scalar_one()")),
+         ("bumped = tx.execute(", "bumped = 1 or tx.execute(  # mutant: no bump inside the fence"),
+         ("arrivals = tx.execute(sa.select(_b.c.fanin_arrivals).where(_b.c.id == barrier_id)).scalar_one()",
+          "arrivals = own_arrivals  # mutant: the count its own bump read")),
+    ),
+}
+
+
+class MutantError(Exception):
+    """A mutant that does not apply to the current source (a snippet missing or repeated)."""
+
+
+def _sources(package: Path) -> dict[Path, str]:
+    return {path.relative_to(package): path.read_text()
+            for path in sorted(package.rglob("*.py")) if "__pycache__" not in path.parts}
+
+
+def _replace(text: str, at: int, old: str, new: str) -> str:
+    line_start = text.rfind("\n", 0, at) + 1
+    line = text[line_start:at]
+    indent = line[:len(line) - len(line.lstrip())]  # of the line ``old`` starts on
+    new = new.replace("\n", "\n" + indent)
+    return text[:at] + new + text[at + len(old):]
+
+
+def locate(name: str, old: str, sources: dict[Path, str]) -> tuple[Path, int]:
+    """The file (relative to the package) and offset of ``old``, which must occur
+    exactly once in all of ``sources``; :class:`MutantError` otherwise."""
+    hits = [(path, text.find(old)) for path, text in sources.items() for _ in range(text.count(old))]
+    if len(hits) != 1:
+        where = ", ".join(sorted({str(path) for path, _ in hits})) or "nowhere"
+        raise MutantError(f"mutant {name}: snippet {old!r} occurs {len(hits)} times in the package "
+                          f"({where}), not exactly once")
+    return hits[0]
+
+
+def patched(name: str, package: Path = PACKAGE) -> dict[Path, str]:
+    """The package's files that mutant ``name`` changes, with its edits applied
+    (paths relative to the package). Every ``old`` snippet is located in the original
+    sources, and again, exactly once, as the edits before it leave them."""
+    mutant = MUTANTS[name]
+    original = _sources(package)
+    current = dict(original)
+    for old, new in mutant.edits:
+        locate(name, old, original)
+        path, at = locate(name, old, current)
+        current[path] = _replace(current[path], at, old, new)
+    return {path: text for path, text in current.items() if text != original[path]}
+
+
+_SITECUSTOMIZE = '''\
+"""Written by tests/mutants.py: import ductwork from this directory (a mutant's patched
+copy) before anything else can, and record where each ductwork module came from."""
+import atexit
+import os
+import sys
+
+import ductwork  # noqa: F401
+
+_LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "imports.log")
+
+
+def _record():
+    files = sorted({getattr(module, "__file__", None) or "" for name, module in list(sys.modules.items())
+                    if name == "ductwork" or name.startswith("ductwork.")} - {""})
+    with open(_LOG, "a") as log:
+        log.writelines(f"{os.getpid()} {path}\\n" for path in files)
+
+
+_record()
+atexit.register(_record)
+'''
+
+
+def apply(name: str, scratch: Path, package: Path = PACKAGE) -> Path:
+    """Copy the package into ``scratch`` with mutant ``name``'s edits, and the
+    ``sitecustomize.py`` described above; returns ``scratch``."""
+    changed = patched(name, package)
+    scratch.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(package, scratch / "ductwork", ignore=shutil.ignore_patterns("__pycache__"))
+    for path, text in changed.items():
+        (scratch / "ductwork" / path).write_text(text)
+    (scratch / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    (scratch / "MUTANT").write_text(name + "\n")
+    return scratch
+
+
+def environ(scratch: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with ``scratch`` first on
+    ``PYTHONPATH``: processes started with it, and their children, run the copy."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(scratch), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def imported_files(scratch: Path) -> set[Path]:
+    """The files of every ``ductwork`` module that processes run with
+    :func:`environ` loaded so far (recorded by the scratch's ``sitecustomize.py``)."""
+    log = scratch / "imports.log"
+    if not log.exists():
+        return set()
+    return {Path(line.split(" ", 1)[1]).resolve() for line in log.read_text().splitlines() if " " in line}
+
+
+def check_ran_patched(name: str, scratch: Path) -> set[Path]:
+    """Assert that processes ran mutant ``name``'s copy in ``scratch``: they loaded
+    ``ductwork`` from it, every ``ductwork`` module they loaded is inside it, and they
+    loaded at least one of the patched files. Returns the files loaded."""
+    files = imported_files(scratch)
+    root = (scratch / "ductwork").resolve()
+    assert root / "__init__.py" in files, (
+        f"mutant {name}: no process imported ductwork from the scratch copy {root} (loaded: {sorted(files)})")
+    outside = sorted(str(path) for path in files if not path.is_relative_to(root))
+    assert not outside, f"mutant {name}: ductwork modules loaded from outside the scratch copy: {outside}"
+    changed = {(root / path).resolve() for path in patched(name)}
+    assert files & changed, f"mutant {name}: none of its patched modules {sorted(map(str, changed))} was loaded"
+    return files
