@@ -118,7 +118,7 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
             entry = app.config.limits.get(row.key)
             if entry is not None and entry.concurrency is not None and row.in_flight >= entry.concurrency:
                 continue  # saturated: retried on the next poll, no one knows when a slot frees
-            lanes.append(Lane(row.oldest_at, row.oldest_id, row.key, row.in_flight))
+            lanes.append(Lane(row.oldest_at, row.oldest_id, row.key))
     unkeyed = tx.execute(in_lane(sa.select(_e.c.eligible_at, _e.c.id), UNKEYED, now).limit(1)).first()
     lanes.sort()
     if unkeyed is not None:
