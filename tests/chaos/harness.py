@@ -29,7 +29,7 @@ replays the round.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import random
 import signal
@@ -276,10 +276,8 @@ class ChaosRound:
             for host in HOSTS:
                 fleet = self.hosts.get(host)
                 if fleet is not None:
-                    try:
+                    with contextlib.suppress(subprocess.TimeoutExpired, OSError):
                         fleet.terminate(20)
-                    except (subprocess.TimeoutExpired, OSError):
-                        pass
                     fleet.kill_host()
         history = read_history(self.engine, app.config.limits, WITNESS, kills=self.kills, seed=self.seed,
                                meta=self._meta(len(runs)))

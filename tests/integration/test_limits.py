@@ -10,6 +10,7 @@ INV-LIM-6 (FIFO across lanes), and the seed's two-entry example.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import time
 from datetime import datetime, timedelta
@@ -119,8 +120,9 @@ class KeyedQuick(Pipeline):
 def _fleet(app, workers, until, deadline_s=60.0):
     """Worker and advancer threads (each its own connections) until ``until()``."""
     stop = threading.Event()
-    loops = [Loop(f"w{i}", lambda w=Worker(app): w.run_once() is not None, 0.01, stop) for i in range(workers)]
-    loops.append(Loop("a", lambda a=Advancer(app): a.run_once() != "idle", 0.01, stop))
+    loops = [Loop(f"w{i}", lambda w=Worker(app): w.run_once() is not None, 0.01, stop)  # noqa: B008 - one each
+             for i in range(workers)]
+    loops.append(Loop("a", lambda a=Advancer(app): a.run_once() != "idle", 0.01, stop))  # noqa: B008
     for loop in loops:
         loop.start()
     deadline = time.monotonic() + deadline_s
@@ -246,7 +248,8 @@ def test_a_rate_keys_long_run_throughput_is_its_rate(limits_app):
         with app.begin() as tx:  # refused: the next poll is when the stamp says
             blocked = tx.execute(sa.select(schema.limit_keys.c.blocked_until)
                                  .where(schema.limit_keys.c.key == "paced")).scalar_one()
-        assert blocked is not None and blocked > app.clock.now()  # [INV-LIM-5]
+        assert blocked is not None
+        assert blocked > app.clock.now()
         app.clock.set(blocked)
     throughput = Fraction(len(claimed) - 1, claimed[-1] - claimed[0]) * 1_000_000
     assert abs(throughput - 5) <= Fraction(5, 100) * 5, float(throughput)
@@ -281,9 +284,10 @@ def test_the_seeds_two_entry_example_obeys_both_buckets(limits_app):
         with app.begin() as tx:  # refused: jump exactly to the stamped next-token time
             blocked = tx.execute(sa.select(schema.limit_keys.c.blocked_until)
                                  .where(schema.limit_keys.c.key == "vendor_api")).scalar_one()
-        assert blocked is not None and blocked > app.clock.now()  # [INV-LIM-5]
+        assert blocked is not None
+        assert blocked > app.clock.now()
         app.clock.set(blocked)
-    gaps = [b - a for a, b in zip(claimed, claimed[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(claimed)]
     assert min(gaps) >= 1_000_000  # the per-second bucket: never two starts within 1 s
     assert _window_violations(claimed, 1, 1, 1) is None
     assert _window_violations(claimed, 2000, 3600, 50) is None
@@ -358,11 +362,12 @@ def test_a_freed_slot_is_handed_on_in_the_commit_that_frees_it(limits_app):
     ids = make_executions(app, run_id, branch_id, "shared", datetime(2000, 1, 1), 3)
     claimed = claims.claim_next(app, process)
     assert claimed.execution_id == ids[0]
-    for previous, following in zip(ids, ids[1:]):
+    for previous, following in itertools.pairwise(ids):
         handed, = _succeed_and_hand_off(app, claimed)
         assert handed.execution_id == following
         done, taken = _claim_row(app, previous), _claim_row(app, following)
-        assert taken.claimed_at == done.completed_at and taken.process_id == process
+        assert taken.claimed_at == done.completed_at
+        assert taken.process_id == process
         assert taken.claim_seq == done.release_seq + 1
         claimed = handed
     assert _succeed_and_hand_off(app, claimed) == []  # nothing left of the key
@@ -406,7 +411,8 @@ def test_a_worker_performs_what_its_completions_hand_it(limits_app, hand_off):
     while Advancer(limits_app).run_once() != "idle":
         pass
     performed = worker.run_once()
-    assert performed is not None and performed.outcome == "success"
+    assert performed is not None
+    assert performed.outcome == "success"
     e, j, s = schema.executions, schema.jobs, schema.steps
     with limits_app.begin() as tx:
         done = tx.execute(sa.select(sa.func.count())

@@ -50,7 +50,8 @@ def _names_the_database(error: MissingTablesError, url: str) -> None:
     shown = make_url(url)
     assert str(error).startswith("no ductwork tables in ")
     assert str(error).endswith(" (run `ductwork db upgrade` to create them)")
-    assert f"{shown.host or ''}" in str(error) and str(shown.database) in str(error)
+    assert f"{shown.host or ''}" in str(error)
+    assert str(shown.database) in str(error)
     if shown.password:
         assert shown.password not in str(error)
 

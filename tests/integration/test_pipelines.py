@@ -14,9 +14,8 @@ from datetime import timedelta
 import pytest
 
 from ductwork import Pipeline, Step
-from ductwork.errors import OverwriteError, RunStateError
+from ductwork.errors import RunStateError
 from ductwork.testing import drain
-
 
 # --------------------------------------------------------------------------- steps
 
@@ -344,7 +343,8 @@ def test_failures_retry_within_budget_then_halt(app):
     assert run.refresh().status == "halted"
     rows = [r for r in _executions(app, run) if r.node == "Boom#1"]
     assert [(r.outcome, r.retry_count) for r in rows] == [("failure", 0), ("failure", 1), ("failure", 2)]
-    assert rows[0].error_klass.endswith("ValueError") and rows[0].error_message == "boom x"
+    assert rows[0].error_klass.endswith("ValueError")
+    assert rows[0].error_message == "boom x"
     assert _halt_reasons(app, run) == ["job_retries_exhausted"]
     assert nodes(run)[("Boom", "failed")] == 1
 
@@ -401,8 +401,8 @@ def test_terminal_runs_stay_terminal(app):
 
 
 def test_delay_is_not_eligible_before_its_time(manual_app):
-    from ductwork.execute import Worker
     from ductwork.advance import Advancer
+    from ductwork.execute import Worker
 
     app = manual_app
     run = DelayedP.trigger(1)

@@ -21,7 +21,6 @@ from datetime import datetime
 
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from ductwork import schema
 from ductwork.advance import Advancer

@@ -276,7 +276,7 @@ def test_forking_builder_continues_from_every_branch():
 
 def test_unjoined_branches_end_as_leaves():
     def define(p):
-        b, c = p.start(A).divide(to=[B, C])
+        b, _c = p.start(A).divide(to=[B, C])
         b.expand(to=D)
 
     got = snapshot(define)
@@ -467,7 +467,7 @@ def test_branch_joins(fn, error, message):
 def test_branches_of_different_forks_do_not_combine():
     def define(p):
         b, c = p.start(A).divide(to=[B, C])
-        d, e = b.divide(to=[D, E])
+        d, _e = b.divide(to=[D, E])
         d.combine(c, into=A)
 
     fails(define, CombineError,
@@ -502,8 +502,8 @@ def test_builder_unusable_after_define():
 
 
 @pytest.mark.parametrize(("to", "message"), [
-    ({"a": B}, "Must define an 'otherwise' target when diverting, got {'a': %r}" % B),
-    ([B], "Must define an 'otherwise' target when diverting, got [%r]" % B),
+    ({"a": B}, f"Must define an 'otherwise' target when diverting, got {{'a': {B!r}}}"),
+    ([B], f"Must define an 'otherwise' target when diverting, got [{B!r}]"),
     ({1: B, "1": C, "otherwise": D}, "keys 1 and '1' both render as '1'"),
     ({True: B, "true": C, "otherwise": D}, "keys True and 'true' both render as 'true'"),
     ({None: B, "": C, "otherwise": D}, "keys None and '' both render as ''"),
@@ -657,7 +657,8 @@ def test_stored_names_never_import_but_configured_pipelines_do(tmp_path, monkeyp
     # a configuration entry imports its module, which registers the pipeline's classes
     assert import_pipeline("dw_fresh_steps:FreshPipeline").__name__ == "FreshPipeline"
     fresh = resolve_step("dw_fresh_steps:Fresh")
-    assert fresh.__module__ == "dw_fresh_steps" and issubclass(fresh, Step)
+    assert fresh.__module__ == "dw_fresh_steps"
+    assert issubclass(fresh, Step)
     monkeypatch.delitem(sys.modules, "dw_fresh_steps")
 
 

@@ -36,7 +36,8 @@ def test_values_json_cannot_carry_are_one_error(value):
     with pytest.raises(NotJSONError, match=r"^X.trigger arguments: not JSON-serialisable \(") as raised:
         dump(value, "X.trigger arguments")
     # caught where trigger's errors were caught, and where a step's return errors are
-    assert isinstance(raised.value, InputError) and isinstance(raised.value, StepReturnError)
+    assert isinstance(raised.value, InputError)
+    assert isinstance(raised.value, StepReturnError)
     assert isinstance(raised.value, TypeError)
 
 

@@ -65,12 +65,12 @@ def test_async_execute_is_refused_when_the_class_is_created():
 
 
 def test_async_generator_and_inherited_async_execute_are_refused():
-    with pytest.raises(AsyncStepError, match="Stream.execute: .* an async generator"):
+    with pytest.raises(AsyncStepError, match=r"Stream.execute: .* an async generator"):
         class Stream(Step):
             async def execute(self):
                 yield 1
 
-    with pytest.raises(AsyncStepError, match="Static.execute: async steps"):
+    with pytest.raises(AsyncStepError, match=r"Static.execute: async steps"):
         class Static(Step):
             @staticmethod
             async def execute():
@@ -80,10 +80,10 @@ def test_async_generator_and_inherited_async_execute_are_refused():
         pass
 
     Base.execute = _async_execute  # bypasses the class statement's check ...
-    with pytest.raises(AsyncStepError, match="Child.execute: async steps"):
+    with pytest.raises(AsyncStepError, match=r"Child.execute: async steps"):
         class Child(Base):  # ... but a subclass inheriting it is checked
             pass
-    with pytest.raises(AsyncStepError, match="Base.execute: async steps"):
+    with pytest.raises(AsyncStepError, match=r"Base.execute: async steps"):
         class UsesBase(Pipeline):  # ... and so is a class a definition uses
             @classmethod
             def define(cls, pipeline):
@@ -165,7 +165,8 @@ def test_main_module_refs_name_the_pipeline_and_step_classes_of_main():
         def define(cls, pipeline):
             pipeline.start(main_step).chain(to=One)
 
-    assert in_main_module("__main__:Script") and not in_main_module("shop.steps:Script")
+    assert in_main_module("__main__:Script")
+    assert not in_main_module("shop.steps:Script")
     assert main_module_refs(Mixed.definition) == ["__main__:Script"]
     assert main_module_refs(OneP.definition) == []
 
