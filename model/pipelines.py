@@ -844,6 +844,7 @@ class PipelinesModel:
 
     def _fan_in(self, run: Run, branch: Branch, step: Step, edge: Mapping[str, Any], token: int) -> Commit:
         barrier = self.branches.get(branch.barrier) if branch.barrier else None
+        # a barrier is a branch that fanned out, so its fanout_step is set
         fanned_out_at = None if barrier is None else self.steps[barrier.fanout_step or ""].node
         if barrier is None or fanned_out_at not in edge["barrier"]:
             return self._halt(branch, token, "transition_invalid", step_completed=True)
