@@ -162,7 +162,7 @@ def backend_filter(request):  # type: ignore[no-untyped-def]
         pytest.skip(f"{marker.args[0]}: {reason}")
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
+def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
     """A "chaos evidence" section: what each chaos round did and checked (kills, runs,
     steps, claims, violations), recorded by tests/chaos/test_chaos.py with
     ``record_property``; the properties travel with pytest-xdist's reports."""

@@ -142,7 +142,7 @@ def test_a_group_commit_reads_its_rows_by_primary_key(app):
     claimed = claim_next_batch(app, process, 3)
     sent = []
 
-    def capture(conn, cursor, statement, parameters, context, executemany):
+    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001 - SQLAlchemy's hook
         if statement.lstrip().upper().startswith("UPDATE") and not executemany:
             sent.append((statement, parameters))
 
@@ -170,7 +170,7 @@ def test_a_batch_plans_for_the_ids_it_carries(app):
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
     sent = []
 
-    def capture(conn, cursor, statement, parameters, context, executemany):
+    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001 - SQLAlchemy's hook
         if " IN " in statement.upper():
             sent.append((statement, parameters))
 
@@ -274,7 +274,7 @@ def test_one_failing_success_does_not_sink_its_batch(app):
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
     claimed = claim_next_batch(app, process, 3)
 
-    def broken(tx):
+    def broken(tx):  # noqa: ARG001 - stands in for the routing it replaces
         raise RuntimeError("routing failed")
 
     successes = [Success(c, Output("null"), broken if i == 1 else None) for i, c in enumerate(claimed)]

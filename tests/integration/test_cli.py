@@ -286,7 +286,7 @@ def test_the_cli_imports_pipelines_from_the_current_directory(tmp_path, sqlite_u
     assert done.stdout.startswith("ok: 1 pipelines")
 
 
-def test_only_live_supervisors_on_this_host_are_found(app, db_url):
+def test_only_live_supervisors_on_this_host_are_found(app):
     import os
     from datetime import timedelta
 

@@ -117,7 +117,7 @@ def _roundtrip(url: str, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_env_url_server(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_url_server(kind: str) -> None:
     var = databases._kind(kind).url_env
     if not os.environ.get(var):
         pytest.skip(f"{var} is not set")

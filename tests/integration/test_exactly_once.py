@@ -187,9 +187,9 @@ def test_fan_in_counter_fires_once_when_siblings_race(app):
     with app.begin() as tx:
         children = candidates(tx, 10)
     assert len(children) == RACERS
-    claims = [claim_branch(app, b, p) for b, p in zip(children, pids, strict=False)]
+    claims = [claim_branch(app, b, p) for b, p in zip(children, pids, strict=True)]
     results = race([lambda c=c, p=p: Advancer(app, process_id=p).advance(c)
-                    for c, p in zip(claims, pids, strict=False)])
+                    for c, p in zip(claims, pids, strict=True)])
     assert results == ["advanced"] * RACERS
     assert step_nodes(app, run.id)["Gather#2"] == 1  # [INV-ADV-3]
     drain(app, timeout=30)

@@ -72,7 +72,7 @@ class ThreeDeclinesP(Pipeline):
 
 
 class Unbuildable(Step):
-    def __init__(self, value):
+    def __init__(self, value):  # noqa: ARG002 - the step takes one argument, and fails to build
         raise KeyError("constructor fails")
 
     def execute(self):  # pragma: no cover - never reached
@@ -213,7 +213,7 @@ def test_a_step_that_cannot_be_built_logs_its_crashes_with_the_traceback(manual_
 def test_advancement_errors_log_each_retry_and_the_halt_with_the_traceback(app, caplog, monkeypatch):
     from ductwork.advance import Advancer
 
-    def broken(self, c):
+    def broken(self, c):  # noqa: ARG001 - stands in for the method it replaces
         raise RuntimeError("routing broke")
 
     monkeypatch.setattr(Advancer, "_leaf", broken)
@@ -262,7 +262,7 @@ def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
     DeclineP.trigger(1)
     claimed = claim_next(app, process)
 
-    def broken(*args, **kwargs):
+    def broken(*args, **kwargs):  # noqa: ARG001 - stands in for any call
         raise RuntimeError("the database went away")
 
     monkeypatch.setattr(executions, "new_execution_row", broken)  # fails after the outcome is written
@@ -290,7 +290,7 @@ def _masked(url: str) -> str:
         engine.dispose()
 
 
-def _fleet_failing_run(app, db_url, tmp_path, args):
+def _fleet_failing_run(db_url, tmp_path, args):
     """Start a fleet, let a keyed step fail until its run halts, stop the fleet; its log."""
     config = write_config(tmp_path / "ductwork.yml", pipelines=[f"{__name__}:KeyedDeclineP"],
                           limits={"log_key": {"concurrency": 1, "rate": {"limit": 100, "per": 1}}})
@@ -305,8 +305,9 @@ def _fleet_failing_run(app, db_url, tmp_path, args):
     return run, fleet.log()
 
 
-def test_start_logs_what_it_runs_and_each_failure_with_its_traceback(app, db_url, tmp_path):
-    run, log = _fleet_failing_run(app, db_url, tmp_path, [])  # no option: INFO, text
+@pytest.mark.usefixtures("app")  # empty tables on db_url
+def test_start_logs_what_it_runs_and_each_failure_with_its_traceback(db_url, tmp_path):
+    run, log = _fleet_failing_run(db_url, tmp_path, [])  # no option: INFO, text
     lines = log.splitlines()
     (start,) = [line for line in lines if " ductwork.cli INFO ductwork start: database " in line]
     assert f"database {_masked(db_url)}, config {tmp_path / 'ductwork.yml'}, env 'default', role all" in start
@@ -328,8 +329,9 @@ def test_start_logs_what_it_runs_and_each_failure_with_its_traceback(app, db_url
     assert "alembic" not in log
 
 
-def test_start_with_log_format_json_writes_one_object_per_line(app, db_url, tmp_path):
-    run, log = _fleet_failing_run(app, db_url, tmp_path, ["--log-format", "json"])
+@pytest.mark.usefixtures("app")  # empty tables on db_url
+def test_start_with_log_format_json_writes_one_object_per_line(db_url, tmp_path):
+    run, log = _fleet_failing_run(db_url, tmp_path, ["--log-format", "json"])
     records = [json.loads(line) for line in log.splitlines()]  # every line parses
     assert {"time", "level", "logger", "process", "message"} <= set(records[0])
     (start,) = [r for r in records if r["message"].startswith("ductwork start: database ")]

@@ -159,7 +159,7 @@ def test_drain_timeout_says_what_each_run_waits_for(offset_app):
     assert message.startswith("drain: runs still in progress after 1 s:\n")
     lines = message.splitlines()[1:]
     assert len(lines) == len(waiting), message
-    for run, line in zip(sorted(waiting, key=lambda r: r.triggered_at), lines, strict=False):
+    for run, line in zip(sorted(waiting, key=lambda r: r.triggered_at), lines, strict=True):
         assert line.startswith(f"- run {run.id} (tests.integration.test_testing:WaitsTwoWays) in_progress: "), line
         assert re.search(r"branch \S+: dampened after Pause#1, waiting for run\.resume\(\)", line), line
         assert re.search(r"branch \S+: step Vendor#\d+ waits for limit key 'vendor': rate-blocked until "

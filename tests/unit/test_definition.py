@@ -77,7 +77,7 @@ class NeverReferenced(Step):
 
 def build(fn, name="P"):
     """A Pipeline subclass named ``name`` whose define calls ``fn(builder)``."""
-    return type(name, (Pipeline,), {"define": classmethod(lambda cls, p: fn(p)), "__module__": MOD})
+    return type(name, (Pipeline,), {"define": classmethod(lambda _cls, p: fn(p)), "__module__": MOD})
 
 
 def snapshot(fn):
@@ -367,7 +367,7 @@ def test_transition_before_start(transition):
 def test_start_twice_and_never():
     fails(lambda p: p.start(A).start(B), StartError,
           "P.start: Can only start pipeline definition once")
-    fails(lambda p: None, StartError, "P.define: Must start pipeline definition before completing")
+    fails(lambda _p: None, StartError, "P.define: Must start pipeline definition before completing")
 
 
 class NotAStep:
@@ -431,7 +431,7 @@ def _branches(p, n=2):
 
 
 @pytest.mark.parametrize(("fn", "error", "message"), [
-    (lambda p: (lambda b, c, d: b.combine(c, into=E))(*_branches(p, 3)), CombineError,
+    (lambda p: (lambda b, c, _d: b.combine(c, into=E))(*_branches(p, 3)), CombineError,
      "P.combine: combine must join every branch of the divide at A#0: got 2 of 3"),
     (lambda p: (lambda b, c: b.combine(c, c, into=E))(*_branches(p)), CombineError,
      "P.combine: the same branch builder is passed to combine twice"),
@@ -441,15 +441,15 @@ def _branches(p, n=2):
     (lambda p: (lambda b, c: (list(c.divide(to=[D, E])), b.combine(c, into=E)))(*_branches(p)),
      CombineError, "P.combine: branch 1 of the divide at A#0 has an open divide at C#2; close it "
                    "on that branch first"),
-    (lambda p: (lambda b, c: (b.divert(to={"otherwise": D}), p.combine(into=E)))(*_branches(p)),
+    (lambda p: (lambda b, _c: (b.divert(to={"otherwise": D}), p.combine(into=E)))(*_branches(p)),
      CombineError, "P.combine: branch 0 of the divide at A#0 has an open divert at B#1; close it "
                    "on that branch first"),
-    (lambda p: (lambda b, c: (b.expand(to=D), p.chain(to=E)))(*_branches(p)), DefinitionError,
+    (lambda p: (lambda b, _c: (b.expand(to=D), p.chain(to=E)))(*_branches(p)), DefinitionError,
      "P.chain: branch 0 of the divide at A#0 has an open expand at B#1; close it on that "
      "branch first"),
-    (lambda p: (lambda b, c: b.combine(into=E))(*_branches(p)), CombineError,
+    (lambda p: (lambda b, _c: b.combine(into=E))(*_branches(p)), CombineError,
      "P.combine: combine must join every branch of the divide at A#0: got 1 of 2"),
-    (lambda p: (lambda b, c: b.collapse(into=E))(*_branches(p)), CollapseError,
+    (lambda p: (lambda b, _c: b.collapse(into=E))(*_branches(p)), CollapseError,
      "P.collapse: Must expand pipeline definition before collapsing"),
     (lambda p: (lambda b, c: b.converge(c, into=E))(*_branches(p)), ConvergeError,
      "P.converge: Ambiguous converge on most recently divided definition"),
@@ -457,7 +457,7 @@ def _branches(p, n=2):
      CombineError, "P.combine: Ambiguous combine on most recently diverted definition"),
     (lambda p: p.start(A).combine(p, into=E), CombineError,
      "P.combine: can only combine branch builders unpacked from one fork"),
-    (lambda p: (lambda b, c: b.combine(42, into=E))(*_branches(p)), CombineError,
+    (lambda p: (lambda b, _c: b.combine(42, into=E))(*_branches(p)), CombineError,
      "P.combine: can only combine branch builders of this definition, got 42"),
 ])
 def test_branch_joins(fn, error, message):

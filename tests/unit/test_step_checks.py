@@ -32,7 +32,7 @@ class One(Step):
 
 
 class Flexible(Step):
-    def __init__(self, first, *rest, flag=False):
+    def __init__(self, first, *rest, flag=False):  # noqa: ARG002 - the signature is what is checked
         self.first = first
 
     def execute(self):
@@ -90,7 +90,7 @@ def test_async_generator_and_inherited_async_execute_are_refused():
                 pipeline.start(Base)
 
 
-async def _async_execute(self):  # pragma: no cover - never awaited
+async def _async_execute(self):  # noqa: ARG001  # pragma: no cover - never awaited
     return 1
 
 
@@ -138,7 +138,7 @@ def test_arguments_that_do_not_bind_name_the_class_and_its_signature(cls, args, 
 def test_trigger_refuses_arguments_the_first_step_cannot_take(monkeypatch):
     calls = []
     runs = types.ModuleType("ductwork.runs")
-    runs.trigger_run = lambda app, cls, args: calls.append(args) or "handle"
+    runs.trigger_run = lambda _app, _cls, args: calls.append(args) or "handle"
     monkeypatch.setitem(sys.modules, "ductwork.runs", runs)
     with pytest.raises(InputError) as info:
         OneP.trigger(1, 2, 3, app="app")
