@@ -104,7 +104,7 @@ class Counts:
     def _begin(self, conn: Any) -> None:
         conn.info["bench_writes"] = False
 
-    def _statement(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+    def _statement(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:  # noqa: ARG002 - the hook's
         name = getattr(_phase, "name", None) or "other"
         head = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else ""
         if statement.startswith("BEGIN"):
