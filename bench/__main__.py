@@ -26,7 +26,7 @@ import shlex
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from bench import b1_throughput, b2_limits, b3_claim_cost, b4_expand, b5_blocked_key
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace, only: list[str] | None = None) -> dict[str, An
     sizes = Sizes(quick=args.quick, full=args.full, pgqueuer_python=args.pgqueuer_python)
     urls: list[str | None] = list(args.database_url or [])
     if args.all:
-        urls = [None, DEFAULT_SERVERS["postgresql"], DEFAULT_SERVERS["mariadb"]] + urls
+        urls = [None, DEFAULT_SERVERS["postgresql"], DEFAULT_SERVERS["mariadb"], *urls]
     if not urls:
         urls = [None]
     wanted = only or ([s.strip().upper() for s in args.only.split(",")] if args.only else list(MODULES))
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace, only: list[str] | None = None) -> dict[str, An
     started = time.monotonic()
     report: dict[str, Any] = {
         "command": "python -m bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "git_commit": git_commit(), "machine": machine(),
         "sizes": {"quick": sizes.quick, "full": sizes.full, "repeats": sizes.repeats},
         "databases": {},

@@ -29,8 +29,19 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from bench.harness import (Metric, ProcessFleet, Sizes, Target, create_database, insert_pending, log,
-                           percentile_time, ratio, seconds, wait_until)
+from bench.harness import (
+    Metric,
+    ProcessFleet,
+    Sizes,
+    Target,
+    create_database,
+    insert_pending,
+    log,
+    percentile_time,
+    ratio,
+    seconds,
+    wait_until,
+)
 from bench.workloads import CHAIN_LENGTH, Chain, One
 from ductwork.db import dialects, schema
 

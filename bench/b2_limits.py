@@ -29,9 +29,17 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from bench.harness import (Metric, ProcessFleet, Sizes, Target, insert_pending, log, wait_until)
-from bench.workloads import (CONCURRENCY_KEY, LIMITS, NAP_S, RATE_BURST1_KEY, RATE_KEY, ConcurrencyNap,
-                             RateBurst1Nap, RateNap)
+from bench.harness import Metric, ProcessFleet, Sizes, Target, insert_pending, log, wait_until
+from bench.workloads import (
+    CONCURRENCY_KEY,
+    LIMITS,
+    NAP_S,
+    RATE_BURST1_KEY,
+    RATE_KEY,
+    ConcurrencyNap,
+    RateBurst1Nap,
+    RateNap,
+)
 from ductwork.db import schema
 from ductwork.db.clock import to_us
 from ductwork.limit_entries import parse_limits

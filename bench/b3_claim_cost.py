@@ -23,8 +23,8 @@ import time
 from bench.harness import Metric, Sizes, Target, insert_pending, log
 from bench.workloads import Backlog, One
 from ductwork.db import schema
-from ductwork.limits.claims import claim
 from ductwork.fleet.processes import register
+from ductwork.limits.claims import claim
 
 
 def _sizes(sizes: Sizes) -> list[int]:

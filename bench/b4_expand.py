@@ -15,7 +15,8 @@ elapsed time and its peak RSS (``ru_maxrss``). The parent checks that exactly N
 children exist.
 
 Sizes: 5·10³ and 2.5·10⁴ (10³ and 5·10³ with ``--quick``); ``--full`` runs 10⁴, 10⁵ and
-10⁶ (the 10⁶ case once: tens of minutes per database at the current children/s). Peak-RSS growth of the largest over the smallest size says
+10⁶ (the 10⁶ case once: tens of minutes per database at the current children/s). Peak-RSS growth
+of the largest over the smallest size says
 whether memory is flat in N.
 """
 
@@ -65,9 +66,9 @@ def prepare(app, n: int) -> str:
 def advance_child(url: str) -> None:
     """The measured process: one run_once of a fresh advancer; prints a JSON line."""
     from bench.harness import bench_config
-    from ductwork.pipelines.advance import Advancer
     from ductwork.app import App
     from ductwork.fleet.processes import register
+    from ductwork.pipelines.advance import Advancer
 
     app = App(url, bench_config())
     process_id = register(app, role="pipeline_advancer", label="bench-b4")
@@ -89,7 +90,7 @@ def expand_advance(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
         reps = 1 if n >= 1_000_000 else sizes.repeats
         times, peaks = [], []
         growth[n] = []
-        for rep in range(reps):
+        for _rep in range(reps):
             app.dispose()
             target.reset()
             t0 = time.perf_counter()

@@ -30,8 +30,8 @@ from bench.b1_throughput import _drain_batch, drain_jobs
 from bench.harness import Metric, ProcessFleet, Sizes, Target, insert_pending, log, ratio
 from bench.workloads import BLOCKED_KEY, Blocked, One
 from ductwork.db import schema
-from ductwork.limits.claims import claim
 from ductwork.fleet.processes import register
+from ductwork.limits.claims import claim
 
 
 def _drains(target: Target, app, sizes: Sizes, tag: str) -> list[float]:
@@ -56,7 +56,8 @@ def _latencies(app, tag: str, calls: int) -> float:
         start = time.perf_counter()
         claimed = claim(app, process_id)
         samples.append(time.perf_counter() - start)
-        assert claimed is not None and claimed.limit_key is None, claimed
+        assert claimed is not None
+        assert claimed.limit_key is None, claimed
     with app.begin() as tx:  # take the rest of this backlog out of the way of later drains
         tx.execute(e.update().where(e.c.id.like(f"00000000-{tag}late-%"), e.c.completed_at.is_(None))
                    .values(claimed_at=tx.now, completed_at=tx.now, outcome="success", updated_at=tx.now))
@@ -76,7 +77,8 @@ def blocked_key(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
     k = schema.limit_keys
     with app.begin() as tx:
         blocked_until, now = tx.execute(sa.select(k.c.blocked_until).where(k.c.key == BLOCKED_KEY)).scalar(), tx.now
-    assert blocked_until is not None and blocked_until > now, "the key is rate-blocked"
+    assert blocked_until is not None, "the key is rate-blocked"
+    assert blocked_until > now, "the key is rate-blocked"
     log(f"B5: {backlog:,} blocked pending (inserted in {time.perf_counter() - t0:.1f} s), "
         f"blocked for {(blocked_until - now).total_seconds():.0f} s")
     blocked_latency = [_latencies(app, f"b{i}", calls) for i in range(sizes.repeats)]

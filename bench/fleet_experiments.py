@@ -110,7 +110,8 @@ def limits(target: Target, args: argparse.Namespace, modes: list[tuple[str, ...]
         cells = []
         for name in scenarios:
             values = results[(mode, name)]
-            cells += [f"{statistics.median(v[0] for v in values):.2f}", f"{statistics.median(v[1] for v in values):.2f}"]
+            cells += [f"{statistics.median(v[0] for v in values):.2f}",
+                      f"{statistics.median(v[1] for v in values):.2f}"]
         print(f"| {mode} | " + " | ".join(cells) + " |")
 
 

@@ -23,6 +23,7 @@ What the harness promises:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,17 +35,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import sqlalchemy as sa
 import yaml
 
-from ductwork.db import dialects, migrate, schema
 from ductwork.app import App
 from ductwork.config import Config
+from ductwork.db import dialects, migrate, schema
 
 REPO = Path(__file__).resolve().parent.parent
 FORBIDDEN_DATABASES = ("test",)
@@ -78,7 +80,7 @@ class Metric:
 
 def ratio(numerators: list[float], denominators: list[float]) -> list[float]:
     """Per-repetition ratios (a comparison measured within one repetition)."""
-    return [n / d for n, d in zip(numerators, denominators) if d]
+    return [n / d for n, d in zip(numerators, denominators, strict=False) if d]
 
 
 def label(fn: Callable[..., Any]) -> str:
@@ -376,7 +378,7 @@ def seconds(delta: Any) -> float:
 
 def percentile_time(times: list[datetime], fraction: float) -> datetime:
     ordered = sorted(times)
-    return ordered[min(len(ordered) - 1, max(0, int(round(fraction * len(ordered))) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
 
 
 # --------------------------------------------------------------------------- fleets
@@ -421,13 +423,14 @@ class ProcessFleet:
 
     def start(self, app: App, timeout: float = 60.0) -> ProcessFleet:
         paths = [str(REPO / "bench" / "experiments")] if self.patches else []
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*paths, str(REPO), os.environ.get("PYTHONPATH")])),
+        python_path = os.pathsep.join(filter(None, [*paths, str(REPO), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": python_path,
                "BENCH_PATCHES": ",".join(self.patches)}
         command = [sys.executable, "-m", "ductwork.cli", "start", "--database-url", self.target.url,
                    "-c", str(self.config), "--label", self.label]
         if self.role != "all":
             command += ["--role", self.role]
-        self._log = open(self.dir / "fleet.log", "ab")
+        self._log = open(self.dir / "fleet.log", "ab")  # noqa: SIM115 - open while the fleet runs; stop() closes it
         self.proc = subprocess.Popen(command, env=env, cwd=str(REPO), stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         p = schema.processes
@@ -451,14 +454,10 @@ class ProcessFleet:
             # process group makes each child receive two; the second can re-enter the
             # first's Event.set in the handler and deadlock the runner until SIGKILL.)
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(10)
         self._log.close()
         self.proc = None
@@ -502,10 +501,8 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    try:
+    with contextlib.suppress(OSError):
         info["load_average"] = os.getloadavg()
-    except OSError:
-        pass
     import sqlalchemy
 
     info["sqlalchemy"] = sqlalchemy.__version__

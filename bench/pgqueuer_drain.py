@@ -36,7 +36,7 @@ async def drain_once(dsn: str, jobs: int) -> float:
     done = 0
 
     @manager.entrypoint("noop")
-    async def noop(job) -> None:  # noqa: ANN001 - pgqueuer's Job
+    async def noop(job) -> None:  # noqa: ARG001 - pgqueuer passes the job
         nonlocal done
         done += 1
 

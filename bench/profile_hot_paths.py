@@ -49,18 +49,19 @@ import statistics
 import threading
 import time
 from collections import Counter, defaultdict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from sqlalchemy import event
 
 from bench.harness import Target, insert_pending, log
 from bench.workloads import CHAIN_LENGTH, Chain
-from ductwork.pipelines import advance as advance_mod
-from ductwork.limits import claims as claims_mod
 from ductwork.app import App
-from ductwork.fleet.worker import Worker
-from ductwork.limits.executions import record_success
 from ductwork.fleet.processes import register
+from ductwork.fleet.worker import Worker
+from ductwork.limits import claims as claims_mod
+from ductwork.limits.executions import record_success
+from ductwork.pipelines import advance as advance_mod
 
 _phase = threading.local()
 _outer = threading.local()
@@ -103,14 +104,14 @@ class Counts:
     def _begin(self, conn: Any) -> None:
         conn.info["bench_writes"] = False
 
-    def _statement(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+    def _statement(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:  # noqa: ARG002 - the hook's
         name = getattr(_phase, "name", None) or "other"
         head = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else ""
         if statement.startswith("BEGIN"):
             return  # SQLite's explicit BEGIN IMMEDIATE: counted as a transaction, not a statement
         self.statements[name] += 1
         conn.info["bench_phase"] = name  # the commit is charged to the phase of its last statement
-        if head in self.WRITES or "FOR UPDATE" in statement or "FOR NO KEY UPDATE" in statement or "pg_notify" in statement:
+        if head in self.WRITES or any(mark in statement for mark in ("FOR UPDATE", "FOR NO KEY UPDATE", "pg_notify")):
             conn.info["bench_writes"] = True
         if self.trace is not None:
             self.trace.append((name, " ".join(statement.split())[:150]))
@@ -273,7 +274,8 @@ def main() -> None:
     app = _fresh(target, args.runs)
     counts = Counts(app)
     seconds, steps = drain(app, "baseline", counts, args.runs)
-    print(f"\n## {target.name}: {steps} chain steps in {seconds:.2f} s, single thread ({steps / seconds:.0f} steps/s)\n")
+    print(f"\n## {target.name}: {steps} chain steps in {seconds:.2f} s, single thread "
+          f"({steps / seconds:.0f} steps/s)\n")
     print("| phase | statements/step | transactions/step | writing tx (commits that flush)/step | "
           "round trips/step (statements + BEGIN + COMMIT + pool ping) |")
     print("|---|---:|---:|---:|---:|")
@@ -283,14 +285,15 @@ def main() -> None:
         return counts.statements[name] + begins + counts.transactions[name] + counts.pings[name]
 
     phases = ["claim", "execute+commit", "advance: candidates", "advance: claim", "advance: route+fence"]
-    for name in phases + ["idle polls", "other"]:
+    for name in [*phases, "idle polls", "other"]:
         if counts.statements[name] or counts.transactions[name]:
             print(f"| {name} | {counts.statements[name] / steps:.2f} | {counts.transactions[name] / steps:.2f} | "
                   f"{counts.writing[name] / steps:.2f} | {trips(name) / steps:.2f} |")
     total = sum(counts.statements[p] for p in phases)
     print(f"| **per step, excluding idle polls** | **{total / steps:.2f}** | "
           f"**{sum(counts.transactions[p] for p in phases) / steps:.2f}** | "
-          f"**{sum(counts.writing[p] for p in phases) / steps:.2f}** | **{sum(trips(p) for p in phases) / steps:.2f}** |")
+          f"**{sum(counts.writing[p] for p in phases) / steps:.2f}** | "
+          f"**{sum(trips(p) for p in phases) / steps:.2f}** |")
     trace = getattr(counts, "final_trace", [])
     if trace:
         print("\nOne mid-run step, statement by statement:\n")
@@ -316,7 +319,8 @@ def main() -> None:
     recv = sum(v[2] for k, v in raw.items() if "pymysql" in k[0] and k[2] in ("_read_bytes", "recv_into"))
     sqlite = sum(v[2] for k, v in raw.items() if k[0] == "~" and "sqlite3" in k[2])
     print(f"\ncProfile: {steps} steps in {seconds:.2f} s (profiled); waiting on the server (psycopg wait / "
-          f"pymysql reads / sqlite3 calls): {(wait + recv + sqlite):.2f} s; listing in {args.profile_out or '(not saved)'}")
+          f"pymysql reads / sqlite3 calls): {(wait + recv + sqlite):.2f} s; "
+          f"listing in {args.profile_out or '(not saved)'}")
     print(out.getvalue()[:6000] if not args.profile_out else "")
     app.dispose()
 
@@ -352,7 +356,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for mode in modes:
         value = statistics.median(rates[mode])
-        paired = statistics.median(m / b for m, b in zip(rates[mode], rates["baseline"]))
+        paired = statistics.median(m / b for m, b in zip(rates[mode], rates["baseline"], strict=False))
         print(f"| {mode} | {value:.1f} | {paired:.2f}× | {commits.get(mode, float('nan')):.2f} | "
               f"{round_trips.get(mode, float('nan')):.1f} |")
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import argparse
 import sqlite3
-from contextlib import closing
 import sys
 import tempfile
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 import ductwork

@@ -50,10 +50,10 @@ import sqlalchemy as sa
 import ductwork
 from ductwork import Pipeline, Step
 from ductwork.db import migrate, schema
-from ductwork.pipelines.advance import Advancer
 from ductwork.db.clock import to_us
-from ductwork.fleet.worker import Worker
 from ductwork.fleet.supervisor import Loop
+from ductwork.fleet.worker import Worker
+from ductwork.pipelines.advance import Advancer
 
 LIMIT = {"concurrency": 3, "rate": [{"limit": 10, "per": "1s", "burst": 1},
                                     {"limit": 20, "per": "5s", "burst": 4}]}
@@ -198,11 +198,11 @@ def demonstrate(url: str, orders: int, pages: int) -> int:
     _t0 = time.monotonic()
     runs = [RefreshCatalog.trigger(pages), SyncOrders.trigger(orders)]
     stop = threading.Event()
-    loops = []
-    for i in range(THREADS):
-        worker = Worker(app)
-        loops.append(Loop(f"worker-{i}", lambda w=worker: w.run_once() is not None, 0.2, stop, app.wakeup,
-                          lambda w=worker: w.next_token_s))
+
+    def worker_loop(name: str, worker: Worker) -> Loop:
+        return Loop(name, lambda: worker.run_once() is not None, 0.2, stop, app.wakeup, lambda: worker.next_token_s)
+
+    loops = [worker_loop(f"worker-{i}", Worker(app)) for i in range(THREADS)]
     advancer = Advancer(app)
     loops.append(Loop("advancer", lambda: advancer.run_once() != "idle", 0.2, stop, app.wakeup))
     for loop in loops:
@@ -222,6 +222,7 @@ def demonstrate(url: str, orders: int, pages: int) -> int:
     print("\nruns: " + ", ".join(f"{run.pipeline.split(':')[-1]} {run.status}" for run in runs))
     print(f"requests: {len(claims)}, claimed over {span:.2f} s of database time")
     entry = app.config.limits["vendor_api"]
+    assert entry.concurrency is not None  # configured above
     in_flight = most_in_flight(history)
     print(f"highest in flight: {in_flight} by the database's claim history, {_highest} seen by the steps "
           f"(limit {entry.concurrency})")

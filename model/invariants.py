@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from itertools import pairwise
+from typing import Any, NoReturn
 
 from model.limits import (
     Claimed,
@@ -37,7 +38,15 @@ from model.limits import (
     RateEntry,
     Restarted,
 )
-from model.pipelines import FAN_IN, PipelinesModel, canonical_json, job_halt_reason, render_key, resolve_run_status
+from model.pipelines import (
+    FAN_IN,
+    PipelinesModel,
+    Step,
+    canonical_json,
+    job_halt_reason,
+    render_key,
+    resolve_run_status,
+)
 
 __all__ = [
     "INVARIANT_FUNCTIONS",
@@ -68,7 +77,7 @@ _MICROS = 1_000_000
 _ADVANCER_HALTS = ("advancer_crashes_exhausted", "advancer_retries_exhausted", "transition_invalid")
 
 
-def _fail(inv_id: str, message: str) -> None:
+def _fail(inv_id: str, message: str) -> NoReturn:
     raise AssertionError(f"[{inv_id}] {message}")
 
 
@@ -101,7 +110,7 @@ def inv_lim_1_in_flight_within_concurrency(model: LimitsModel) -> None:
     a restart that lowers the ceiling does not evict holders, but no claim
     may be made while at or over it.
     """
-    holders: dict[Any, set] = defaultdict(set)
+    holders: dict[Any, set[Any]] = defaultdict(set)
     for event, config in _sweep(model):
         if isinstance(event, Claimed):
             holders[event.key].add(event.job_id)
@@ -163,7 +172,7 @@ def inv_lim_3_no_leaked_slots(model: LimitsModel) -> None:
     stored — equals the count the history gives; so when every execution of a
     key is completed the count is 0.
     """
-    open_jobs: dict[Any, set] = defaultdict(set)
+    open_jobs: dict[Any, set[Any]] = defaultdict(set)
     for event in model.events:
         if isinstance(event, Claimed):
             if event.job_id in open_jobs[event.key]:
@@ -220,15 +229,16 @@ def inv_lim_5_stamp_exact(model: LimitsModel) -> None:
     in force.
     """
     fresh = _refilled_since_restart(model)
-    for key, stamp in model.stamps.items():
+    for key, stamped in model.stamps.items():
         if key not in fresh:
-            _fail("INV-LIM-5", f"key {key!r} stamped {stamp} without a refill since the last restart")
+            _fail("INV-LIM-5", f"key {key!r} stamped {stamped} without a refill since the last restart")
     for key in fresh:
         limits = model.config.get(key)
         rates = limits.rates if limits else ()
-        buckets = [(e, model.buckets.get((key, e.per_s))) for e in rates]
-        if any(b is None for _, b in buckets):
-            _fail("INV-LIM-5", f"key {key!r} decided but missing a bucket: {buckets}")
+        found = [(e, model.buckets.get((key, e.per_s))) for e in rates]
+        buckets = [(e, b) for e, b in found if b is not None]
+        if len(buckets) != len(found):
+            _fail("INV-LIM-5", f"key {key!r} decided but missing a bucket: {found}")
         short = [(e, b) for e, b in buckets if b.units < _units(e)]
         expected = max((b.refilled_at_us - (b.units - _units(e)) // e.limit for e, b in short), default=None)
         stamp = model.stamps.get(key)
@@ -272,7 +282,7 @@ def inv_lim_6_fifo(model: LimitsModel) -> None:
     is global FIFO.
     """
     pending: dict[Any, Enqueued] = {}
-    in_flight: Counter = Counter()
+    in_flight: Counter[Any] = Counter()
     stamps: dict[str, int] = {}
     before_poll: dict[str, int] = {}
     poll_starts = {event.first_seq for event in model.events if isinstance(event, Polled)}
@@ -291,7 +301,7 @@ def inv_lim_6_fifo(model: LimitsModel) -> None:
         _track_stamps(stamps, event)
 
 
-def _check_poll(poll: Polled, pending: Mapping[Any, Enqueued], in_flight: Counter,
+def _check_poll(poll: Polled, pending: Mapping[Any, Enqueued], in_flight: Counter[Any],
                 stamps: Mapping[str, int], config: Mapping[str, KeyLimits]) -> None:
     oldest: dict[Any, Enqueued] = {}
     for job in sorted(pending.values(), key=lambda j: (j.eligible_at_us, j.created)):
@@ -314,10 +324,11 @@ def _check_poll(poll: Polled, pending: Mapping[Any, Enqueued], in_flight: Counte
             tried.append(lane)
     orders = [(lane.eligible_at_us, lane.created) for lane in tried]
     if orders != sorted(orders):
-        _fail("INV-LIM-6", f"poll at {poll.at_us}: lanes tried out of FIFO order {[(l.key, o) for l, o in zip(tried, orders)]}")
+        order = [(lane.key, o) for lane, o in zip(tried, orders, strict=True)]
+        _fail("INV-LIM-6", f"poll at {poll.at_us}: lanes tried out of FIFO order {order}")
     verdicts = [lane.verdict for lane in tried]
     first = next((i for i, v in enumerate(verdicts) if not v.startswith("refused")), len(verdicts))
-    if any(v.startswith("refused") and lane.key is None for v, lane in zip(verdicts, tried)):
+    if any(v.startswith("refused") and lane.key is None for v, lane in zip(verdicts, tried, strict=True)):
         _fail("INV-LIM-6", f"poll at {poll.at_us}: the unkeyed lane was refused")
     if verdicts[first:first + 1] not in ([], ["claimed"]) or any(v != "untried" for v in verdicts[first + 1:]):
         _fail("INV-LIM-6", f"poll at {poll.at_us}: verdicts {verdicts} skip a permitted older lane")
@@ -329,15 +340,15 @@ def _check_poll(poll: Polled, pending: Mapping[Any, Enqueued], in_flight: Counte
 # =========================================================================== pipelines
 
 
-def _successors(model: PipelinesModel) -> dict[str, list]:
-    found: dict[str, list] = defaultdict(list)
+def _successors(model: PipelinesModel) -> dict[str, list[Step]]:
+    found: dict[str, list[Step]] = defaultdict(list)
     for step in model.steps.values():
         for pred in step.predecessors:
             found[pred].append(step)
     return found
 
 
-def _edge(model: PipelinesModel, step) -> Mapping[str, Any] | None:
+def _edge(model: PipelinesModel, step: Step) -> Mapping[str, Any] | None:
     return model.runs[step.run_id].definition.edge(step.node)
 
 
@@ -370,8 +381,8 @@ def inv_adv_1_successors_exactly_once(model: PipelinesModel) -> None:
                 _fail("INV-ADV-1", f"fan-in step {step.id} has {len(actual)} successors")
             continue
         is_latest_halted = branch.status == "halted" and branch.latest_step == step.id
-        expected: list[tuple] = []
-        if kind == "expand" and step.status in ("advancing", "completed") and (
+        expected: list[tuple[str, str, int | str | None]] = []
+        if edge is not None and kind == "expand" and step.status in ("advancing", "completed") and (
                 is_latest_halted or step.status == "advancing"):
             # batches committed before a halt (or before the last batch) stay
             expected = [(edge["to"][0], canonical_json([item]), i)
@@ -389,9 +400,10 @@ def inv_adv_1_successors_exactly_once(model: PipelinesModel) -> None:
                 expected = [(edge["to"][0], canonical_json([item]), i) for i, item in enumerate(out)]
             elif kind == "dampen" and not (branch.status == "dampened" and branch.latest_step == step.id):
                 expected = [(edge["to"][0], "*", "same")]
-        got = []
+        got: list[tuple[str, str, int | str | None]] = []
         for succ in actual:
             child = model.branches[succ.branch_id]
+            relation: int | str | None
             if succ.branch_id == step.branch_id:
                 relation = "same"
             elif child.barrier == step.branch_id:
@@ -435,7 +447,7 @@ def inv_adv_3_fan_in_once(model: PipelinesModel) -> None:
     exists; it exists iff all ``fanout_width`` indices arrived; its input is
     ``[[outputs by fanout_index]]`` and its branch takes the barrier's place.
     """
-    merges: dict[str, list] = defaultdict(list)
+    merges: dict[str | None, list[Step]] = defaultdict(list)
     for step in model.steps.values():
         if step.origin in FAN_IN:
             barriers = {model.branches[model.steps[p].branch_id].barrier for p in step.predecessors}
@@ -447,7 +459,7 @@ def inv_adv_3_fan_in_once(model: PipelinesModel) -> None:
             if merges.get(barrier.id):
                 _fail("INV-ADV-3", f"branch {barrier.id} never fanned out but has merges {merges[barrier.id]}")
             continue
-        arrived = {}
+        arrived: dict[int | None, Step] = {}
         for child in model.branches.values():
             step = model.steps[child.latest_step]
             edge = _edge(model, step)
@@ -460,13 +472,13 @@ def inv_adv_3_fan_in_once(model: PipelinesModel) -> None:
         if barrier.fanin_arrivals != len(arrived):
             _fail("INV-ADV-3", f"barrier {barrier.id}: counter {barrier.fanin_arrivals} but {len(arrived)} arrived")
         fired = merges.get(barrier.id, [])
-        complete = sorted(arrived) == list(range(barrier.fanout_width))
+        complete = set(arrived) == set(range(barrier.fanout_width))  # (keys are distinct)
         if len(fired) > 1 or (fired and not complete) or (complete and not fired):
             _fail("INV-ADV-3", f"barrier {barrier.id} ({barrier.fanin_arrivals}/{barrier.fanout_width} arrived) "
                   f"has {len(fired)} merge steps {[s.id for s in fired]}")
         if fired:
             merge = fired[0]
-            want = [[arrived[i].output for i in sorted(arrived)]]
+            want = [[arrived[i].output for i in range(barrier.fanout_width)]]  # complete: the indices arrived
             merge_branch = model.branches[merge.branch_id]
             if canonical_json(merge.input) != canonical_json(want):
                 _fail("INV-ADV-3", f"merge step {merge.id} input {merge.input} != sibling outputs {want}")
@@ -499,7 +511,7 @@ def inv_adv_4_expand_children(model: PipelinesModel) -> None:
         children = Counter(model.branches[s.branch_id].fanout_index for s in successors.get(step.id, []))
         if children != Counter(range(cursor)):
             _fail("INV-ADV-4", f"expand step {step.id}: cursor {cursor} but children at indices "
-                  f"{sorted(children.elements())}")
+                  f"{sorted(children.elements(), key=lambda i: -1 if i is None else i)}")
         if step.status == "completed" and branch.status != "halted" and cursor != len(step.output):
             _fail("INV-ADV-4", f"expand step {step.id} completed with {cursor} of {len(step.output)} children")
         for succ in successors.get(step.id, []):
@@ -569,7 +581,7 @@ def inv_exe_4_budgets(model: PipelinesModel) -> None:
         first = executions[0]
         if (first.retry_count, first.crash_count) != (0, 0):
             _fail("INV-EXE-4", f"step {step.id}: first execution starts at {first.retry_count}/{first.crash_count}")
-        for prev, nxt in zip(executions, executions[1:]):
+        for prev, nxt in pairwise(executions):
             if prev.outcome == "process_crashed":
                 want = (prev.retry_count, prev.crash_count + 1)
                 delay = 0 if want[1] <= cfg.max_crash // 3 else want[1] * cfg.crash_delay_us
@@ -577,6 +589,8 @@ def inv_exe_4_budgets(model: PipelinesModel) -> None:
                 want, delay = (prev.retry_count + 1, prev.crash_count), cfg.retry_delay_us
             else:
                 _fail("INV-EXE-4", f"step {step.id}: execution {nxt.id} follows {prev.outcome} {prev.id}")
+            if prev.completed_at_us is None:
+                _fail("INV-EXE-4", f"step {step.id}: execution {nxt.id} follows {prev.id}, which never completed")
             got = (nxt.retry_count, nxt.crash_count, nxt.eligible_at_us)
             if got != (*want, prev.completed_at_us + delay):
                 _fail("INV-EXE-4", f"step {step.id}: execution {nxt.id} has retry/crash/eligible {got}, "
@@ -591,9 +605,9 @@ def inv_exe_4_budgets(model: PipelinesModel) -> None:
         if spent != (step.status == "failed"):
             _fail("INV-EXE-4", f"step {step.id} is {step.status} after last execution {last.id} {last.outcome}")
         if spent and branch.status == "halted":
-            want = job_halt_reason(last.outcome, last.return_rejected)
-            if branch.halt_reason != want and branch.halt_reason not in _ADVANCER_HALTS:
-                _fail("INV-EXE-4", f"branch {branch.id} halted {branch.halt_reason}, expected {want}")
+            reason = job_halt_reason(last.outcome, last.return_rejected)
+            if branch.halt_reason != reason and branch.halt_reason not in _ADVANCER_HALTS:
+                _fail("INV-EXE-4", f"branch {branch.id} halted {branch.halt_reason}, expected {reason}")
 
 
 def inv_run_1_terminal_final(model: PipelinesModel) -> None:

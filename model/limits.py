@@ -32,7 +32,7 @@ import re
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Union
+from typing import Any
 
 from model.errors import CommitFailed, ConfigError, PreconditionError
 
@@ -70,7 +70,7 @@ MICROS = 1_000_000
 UNCONFIGURED_WARNING = "Claiming a limit key with no configuration entry unlimited"
 
 JobId = Hashable
-Key = Union[str, None]
+Key = str | None
 
 # --------------------------------------------------------------------------- durations
 
@@ -99,7 +99,7 @@ def parse_period(value: object, path: str = "per") -> int:
             if re.search(r"[0-9](mo|y|M)", value):
                 raise ConfigError(path, value, "months and years are not supported")
             raise ConfigError(path, value, "unparseable duration (use w d h m s, e.g. '1h30m')")
-        seconds = sum(int(n) * unit for n, (_, unit) in zip(match.groups(), _UNITS) if n)
+        seconds = sum(int(n) * unit for n, (_, unit) in zip(match.groups(), _UNITS, strict=True) if n)
     if seconds < 1:
         raise ConfigError(path, value, "a period must be at least one second")
     return seconds
@@ -379,7 +379,7 @@ class Restarted:
     seq: int
     at_us: int
     limits: Mapping[str, KeyLimits]
-    rebased: frozenset = frozenset()
+    rebased: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -409,7 +409,7 @@ class Decided(Decision):
     seq: int
 
 
-Event = Union[Enqueued, Decided, Polled, Claimed, Completed, Restarted]
+Event = Enqueued | Decided | Polled | Claimed | Completed | Restarted
 
 
 @dataclass
@@ -600,7 +600,8 @@ class LimitsModel:
     def complete_and_hand_off(self, job_id: JobId, now_us: int, limit: int = 1) -> list[JobId]:
         """The owner records success and, in the same step, takes its lane's next job if a
         poll at ``now_us`` would claim that job: the job's lane (its key, or the unkeyed
-        lane) is the first candidate lane [INV-LIM-6] and, for a key, its limits admit now. Then the hand-off *is* that poll
+        lane) is the first candidate lane [INV-LIM-6] and, for a key, its limits admit now. Then the
+        hand-off *is* that poll
         (same choice, spend and stamp); otherwise nothing changes beyond the completion
         (no refill, no stamp). For the unkeyed lane, up to ``limit`` jobs are handed on,
         as :meth:`claim_batch` takes them. Returns the jobs handed on.
@@ -680,7 +681,7 @@ class LimitsModel:
             raise PreconditionError(f"job {job_id!r} belongs to dead worker {job.worker!r}")
         self._finish(job, now_us, outcome)
 
-    def crash_worker(self, worker: str, now_us: int) -> list[JobId]:
+    def crash_worker(self, worker: str, now_us: int) -> list[JobId]:  # noqa: ARG002 - every operation takes the time
         """``worker`` dies: it polls and commits no more; its jobs keep their slots until reaped."""
         self.dead_workers.add(worker)
         return self.in_flight_jobs(worker)
@@ -775,8 +776,8 @@ class LimitsModel:
 
     def _decided(self, key: str, now_us: int, admitted: bool, refused_for: str | None,
                  in_flight: int, unconfigured: bool = False) -> Decision:
-        fields = dict(key=key, at_us=now_us, admitted=admitted, refused_for=refused_for,
-                      blocked_until_us=self.stamps.get(key), levels=tuple(self.levels(key)),
-                      in_flight=in_flight, unconfigured=unconfigured)
+        fields: dict[str, Any] = {"key": key, "at_us": now_us, "admitted": admitted, "refused_for": refused_for,
+                                  "blocked_until_us": self.stamps.get(key), "levels": tuple(self.levels(key)),
+                                  "in_flight": in_flight, "unconfigured": unconfigured}
         self._emit(Decided, **fields)
         return Decision(**fields)

@@ -196,7 +196,8 @@ class Definition:
 
     @property
     def start(self) -> str:
-        return self.snapshot["start"]
+        start: str = self.snapshot["start"]
+        return start
 
     def edge(self, node: str) -> Mapping[str, Any] | None:
         """The edge out of ``node``; ``None`` (or an empty ``to``) is a leaf."""
@@ -207,7 +208,8 @@ class Definition:
         return self.snapshot["nodes"][node].get("delay_us") or 0
 
     def limit_by(self, node: str) -> str | None:
-        return self.snapshot["nodes"][node].get("limit_by")
+        key: str | None = self.snapshot["nodes"][node].get("limit_by")
+        return key
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,7 @@ class Step:
     run_id: str
     branch_id: str
     node: str
-    input: list
+    input: list[Any]
     origin: str
     predecessors: tuple[str, ...]
     status: str = "in_progress"
@@ -323,7 +325,7 @@ class Run:
 
     id: str
     definition: Definition
-    args: list
+    args: list[Any]
     status: str = "in_progress"
     status_history: list[str] = field(default_factory=lambda: ["in_progress"])
     branches: list[str] = field(default_factory=list)
@@ -378,15 +380,15 @@ class RunSummary:
     """
 
     status: str
-    steps: Counter
-    branches: Counter
-    halt_reasons: Counter
-    fan_in_inputs: dict[str, list[list]]
+    steps: Counter[tuple[str, str]]
+    branches: Counter[tuple[str, str, str | None]]
+    halt_reasons: Counter[tuple[str, str | None]]
+    fan_in_inputs: dict[str, list[list[Any]]]
 
     def as_json(self) -> dict[str, Any]:
         """The same, as sorted JSON-friendly lists (for messages and files)."""
 
-        def rows(counter: Counter) -> list[list]:
+        def rows(counter: Counter[Any]) -> list[list[Any]]:
             return sorted(([*key, n] for key, n in counter.items()), key=canonical_json)
 
         return {"status": self.status, "steps": rows(self.steps), "branches": rows(self.branches),
@@ -395,7 +397,7 @@ class RunSummary:
 
 # --------------------------------------------------------------------------- the model
 
-Oracle = Callable[[str, list, int], Outcome]
+Oracle = Callable[[str, list[Any], int], Outcome]
 
 
 @dataclass
@@ -427,7 +429,7 @@ class PipelinesModel:
     fence_log: list[tuple[str, str, int]] = field(default_factory=list)
     outcomes: list[tuple[int, str]] = field(default_factory=list)
     context_writes: list[ContextWrite] = field(default_factory=list)
-    _ids: Counter = field(default_factory=Counter)
+    _ids: Counter[str] = field(default_factory=Counter)
 
     # ----------------------------------------------------------------- clock
 
@@ -466,7 +468,7 @@ class PipelinesModel:
         """Nothing pending (now or later) and nothing to advance: only resume can change the state."""
         return not self.pending_executions() and not self.advanceable_branches()
 
-    def execution_input(self, exec_id: int) -> tuple[str, list, int]:
+    def execution_input(self, exec_id: int) -> tuple[str, list[Any], int]:
         """``(node, input args, attempt)`` of an execution, as an oracle receives them."""
         execution = self.executions[exec_id]
         step = self.steps[execution.step_id]
@@ -480,7 +482,7 @@ class PipelinesModel:
 
     # ----------------------------------------------------------------- trigger / execute
 
-    def trigger(self, definition: Mapping[str, Any] | Definition, args: Sequence = ()) -> str:
+    def trigger(self, definition: Mapping[str, Any] | Definition, args: Sequence[Any] = ()) -> str:
         """Start a run: one branch with a step for ``start`` whose input is ``args``."""
         definition = definition if isinstance(definition, Definition) else Definition.parse(definition)
         run = Run(self._new_id("run"), definition, list(args))
@@ -516,7 +518,8 @@ class PipelinesModel:
             if not is_json_value(outcome.value):
                 kind, error = "invalid", f"StepReturnError: {step.node} returned {type(outcome.value).__name__}"
             elif edge is not None and edge["type"] == "expand" and type(outcome.value) is not list:
-                kind, error = "invalid", f"StepReturnError: {step.node} must return a list, not {type(outcome.value).__name__}"
+                kind, error = ("invalid",
+                               f"StepReturnError: {step.node} must return a list, not {type(outcome.value).__name__}")
         execution.state, execution.outcome, execution.error = "completed", kind, error
         execution.completed_at_us = self.now_us
         self.outcomes.append((exec_id, kind))  # [INV-EXE-2] recorded once, guarded above
@@ -556,11 +559,8 @@ class PipelinesModel:
         branch = self.branches.get(branch_id)
         if branch is None:
             raise PreconditionError(f"no branch {branch_id}")
-        if token is None:
-            if branch.status == "advancing":
-                token = branch.claim_token
-            else:
-                token = self.claim_branch(branch_id)
+        if token is None:  # the holder continues, or the branch is claimed first
+            token = self._claim_or_hold(branch_id)
         if not self._fence_ok(branch, token):  # [INV-ADV-2] the fence
             raise StaleClaim(f"branch {branch_id}: token {token} is not the claim token {branch.claim_token}")
         step = self.steps[branch.latest_step]
@@ -571,21 +571,22 @@ class PipelinesModel:
             last = self.executions[step.executions[-1]]
             return self._halt(branch, token, job_halt_reason(last.outcome, last.return_rejected), step_completed=False)
         edge = run.definition.edge(step.node)
-        kind = "leaf" if edge is None else edge["type"]
-        if kind == "leaf" or (kind == "expand" and not step.output):
+        if edge is None or (edge["type"] == "expand" and not step.output):
             step.status = "completed"
-            return self._finish(branch, token, "completed", kind, ())
+            return self._finish(branch, token, "completed", "leaf" if edge is None else edge["type"], ())
+        kind = edge["type"]
         if kind in ("chain", "converge", "divert"):
-            target = edge["to"][0] if kind != "divert" else edge["to"].get(render_key(step.output), edge["to"]["otherwise"])
+            to = edge["to"]
+            target = to[0] if kind != "divert" else to.get(render_key(step.output), to["otherwise"])
             step.status = "completed"
             created = self._new_step(branch, target, [step.output], kind, (step.id,))
             return self._release(branch, token, kind, (created,))
         if kind == "divide":
             step.status = "completed"
             branch.fanout_step, branch.fanout_width = step.id, len(edge["to"])
-            created = tuple(self._new_step(self._new_branch(run, branch.id, i), node, [step.output], kind, (step.id,))
-                            for i, node in enumerate(edge["to"]))
-            return self._finish(branch, token, "completed", kind, created)
+            children = tuple(self._new_step(self._new_branch(run, branch.id, i), node, [step.output], kind, (step.id,))
+                             for i, node in enumerate(edge["to"]))
+            return self._finish(branch, token, "completed", kind, children)
         if kind == "expand":
             return self._expand_batch(run, branch, step, edge, token)
         if kind in FAN_IN:
@@ -607,6 +608,7 @@ class PipelinesModel:
         if transition_error and branch is not None and self.steps[branch.latest_step].status != "advancing":
             raise PreconditionError(f"branch {branch_id}: only routing raises TransitionError")
         token = self._claim_or_hold(branch_id)
+        branch = self.branches[branch_id]  # it exists: it was claimed or is held
         if transition_error:
             self._halt(branch, token, "transition_invalid", step_completed=True)
         elif branch.advancer_errors >= self.config.advancer_max_retry:
@@ -627,7 +629,7 @@ class PipelinesModel:
         branch.advancer_crashes += 1
         self._drop_claim(branch, token)
 
-    def resume(self, run_id: str, input: Any = NO_INPUT) -> int:
+    def resume(self, run_id: str, input: Any = NO_INPUT) -> int:  # noqa: A002 - the engine's name
         """Give every dampened branch of the run a step for its dampen target; returns how many.
 
         Input is ``[input]`` if given, else ``[output of the dampen step]``
@@ -640,7 +642,9 @@ class PipelinesModel:
             if branch.status != "dampened":
                 continue
             step = self.steps[branch.latest_step]
-            target = run.definition.edge(step.node)["to"][0]
+            edge = run.definition.edge(step.node)
+            assert edge is not None, "a dampened branch's step has its dampen edge"
+            target = edge["to"][0]
             value = step.output if input is NO_INPUT else copy.deepcopy(input)
             branch.status = "in_progress"
             self._new_step(branch, target, [value], "resume", (step.id,))
@@ -705,7 +709,7 @@ class PipelinesModel:
         run = self.runs[run_id]
         branches = [self.branches[b] for b in run.branches]
         steps = [self.steps[s] for b in branches for s in b.steps]
-        fan_in: dict[str, list[list]] = {}
+        fan_in: dict[str, list[list[Any]]] = {}
         for step in steps:
             if step.origin in FAN_IN:
                 fan_in.setdefault(step.node, []).append(step.input)
@@ -771,7 +775,7 @@ class PipelinesModel:
         run.branches.append(branch.id)
         return branch
 
-    def _new_step(self, branch: Branch, node: str, input: list, origin: str,
+    def _new_step(self, branch: Branch, node: str, input: list[Any], origin: str,  # noqa: A002 - a step's input
                   predecessors: tuple[str, ...]) -> str:
         step = Step(self._new_id("step"), branch.run_id, branch.id, node, copy.deepcopy(input), origin,
                     predecessors)
@@ -791,6 +795,7 @@ class PipelinesModel:
     def _claim_or_hold(self, branch_id: str) -> int:
         branch = self.branches.get(branch_id)
         if branch is not None and branch.status == "advancing":
+            assert branch.claim_token is not None, "an advancing branch holds its claim's token"
             return branch.claim_token
         return self.claim_branch(branch_id)
 
@@ -823,7 +828,7 @@ class PipelinesModel:
         branch.halt_reason = reason
         return self._finish(branch, token, "halted", f"halt:{reason}", ())
 
-    def _expand_batch(self, run: Run, branch: Branch, step: Step, edge: Mapping, token: int) -> Commit:
+    def _expand_batch(self, run: Run, branch: Branch, step: Step, edge: Mapping[str, Any], token: int) -> Commit:
         items = step.output
         if branch.expand_cursor is None:
             branch.fanout_step, branch.fanout_width, branch.expand_cursor = step.id, len(items), 0
@@ -837,10 +842,13 @@ class PipelinesModel:
         step.status = "completed"
         return self._finish(branch, token, "completed", "expand", created)
 
-    def _fan_in(self, run: Run, branch: Branch, step: Step, edge: Mapping, token: int) -> Commit:
+    def _fan_in(self, run: Run, branch: Branch, step: Step, edge: Mapping[str, Any], token: int) -> Commit:
         barrier = self.branches.get(branch.barrier) if branch.barrier else None
-        if barrier is None or self.steps[barrier.fanout_step].node not in edge["barrier"]:
+        # a barrier is a branch that fanned out, so its fanout_step is set
+        fanned_out_at = None if barrier is None else self.steps[barrier.fanout_step or ""].node
+        if barrier is None or fanned_out_at not in edge["barrier"]:
             return self._halt(branch, token, "transition_invalid", step_completed=True)
+        assert branch.fanout_index is not None, "a branch with a barrier has its fan-out index"
         step.status = "completed"
         barrier.fanin_arrivals += 1  # [INV-ADV-3] in this same fenced transaction
         barrier.arrived[branch.fanout_index] = branch.id
@@ -863,7 +871,7 @@ class PipelinesModel:
             run.status_history.append(status)
 
 
-def run_to_quiescence(definition: Mapping[str, Any], args: Sequence, oracle: Oracle,
+def run_to_quiescence(definition: Mapping[str, Any], args: Sequence[Any], oracle: Oracle,
                       config: PipelineConfig | None = None, resumes: Sequence[Any] = ()) -> RunSummary:
     """Trigger ``definition`` with ``args`` and drive it with ``oracle`` until quiescent.
 

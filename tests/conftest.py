@@ -162,7 +162,7 @@ def backend_filter(request):  # type: ignore[no-untyped-def]
         pytest.skip(f"{marker.args[0]}: {reason}")
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]  # noqa: ARG001
+def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
     """A "chaos evidence" section: what each chaos round did and checked (kills, runs,
     steps, claims, violations), recorded by tests/chaos/test_chaos.py with
     ``record_property``; and an "engine mutants" section: INVARIANTS.md's engine-mutant

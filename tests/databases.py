@@ -67,6 +67,7 @@ __all__ = [
     "NotAContainerError",
     "Server",
     "ServerError",
+    "containers_required",
     "database_name",
     "dedicated_server",
     "docker_status",
@@ -75,7 +76,6 @@ __all__ = [
     "provide",
     "server_for_session",
     "skip_or_fail",
-    "containers_required",
     "stop_all",
 ]
 
@@ -109,7 +109,8 @@ _KINDS = {
     ),
 }
 KINDS = tuple(_KINDS)
-_ALIASES = {"postgresql": "postgresql", "postgres": "postgresql", "pg": "postgresql", "mysql": "mysql", "mariadb": "mysql"}
+_ALIASES = {"postgresql": "postgresql", "postgres": "postgresql", "pg": "postgresql",
+            "mysql": "mysql", "mariadb": "mysql"}
 
 # Credentials of the containers this module starts (throwaway servers).
 _CONTAINER_USER = {"postgresql": "ductwork", "mysql": "root"}
@@ -255,7 +256,8 @@ class Server:
             pause = min(interval_s, deadline - time.monotonic())
             if pause > 0:
                 time.sleep(pause)  # polling interval, not a settle delay
-        detail = f"{type(last).__name__}: {str(last).strip().splitlines()[0] if str(last).strip() else ''}" if last else ""
+        first_line = str(last).strip().splitlines()[0] if str(last).strip() else ""
+        detail = f"{type(last).__name__}: {first_line}" if last else ""
         raise TimeoutError(f"{self!r} did not answer within {deadline_s:.1f} s (last error: {detail})")
 
     # -- container faults -------------------------------------------------

@@ -11,13 +11,15 @@ condition against a deadline and say what never happened.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import sqlalchemy as sa
 import yaml
@@ -73,7 +75,7 @@ class Fleet:
                    "-c", str(self.config), "--label", self.label, *self.args]
         if self.role:
             command += ["--role", self.role]
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open while the fleet runs; close_log() closes it
         self.proc = subprocess.Popen(command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         return self
@@ -91,16 +93,12 @@ class Fleet:
     def kill_host(self) -> None:
         """SIGKILL the supervisor and every child at once (the host vanished)."""
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.proc.wait(10)
         if self.proc is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)  # children that outlived the supervisor
-            except ProcessLookupError:
-                pass
         self.close_log()
 
     def terminate(self, timeout: float = 30.0) -> int:

@@ -25,7 +25,7 @@ if _patches:
     from ductwork.db import dialects
 
     if "no_notify" in _patches:
-        dialects.notify_wakeup._impls["postgresql"] = lambda conn: None
+        dialects.notify_wakeup._impls["postgresql"] = lambda _conn: None
 
     if "no_fsync" in _patches:
         _create = dialects.create_engine

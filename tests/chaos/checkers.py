@@ -49,14 +49,16 @@ Choices where INVARIANTS.md, docs/verification.md and docs/semantics.md leave ro
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from ductwork.pipelines.definition import Definition, EdgeSpec, render_divert_key
 from ductwork.limit_entries import US_PER_S, RateEntry
+from ductwork.pipelines.definition import Definition, EdgeSpec, render_divert_key
 from tests.chaos.history import BranchRow, Execution, History, StepRow, Witness
 
 SETTLED_RUNS = ("completed", "halted", "dampened")
@@ -326,7 +328,7 @@ def check_inv_clk_1(history: History) -> list[str]:
             events[e.key].append((e.release_seq, e.completed_at_us, "release", e.execution_id))
     for key, seq in sorted(events.items()):
         seq.sort()
-        for (s1, t1, k1, id1), (s2, t2, k2, id2) in zip(seq, seq[1:]):
+        for (s1, t1, k1, id1), (s2, t2, k2, id2) in itertools.pairwise(seq):
             if t2 < t1:
                 out.append(f"INV-CLK-1: key {key!r}: {k2} seq {s2} of {id2} at {t2} us is earlier than "
                            f"{k1} seq {s1} of {id1} at {t1} us")

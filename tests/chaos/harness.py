@@ -33,7 +33,7 @@ replays the round.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import random
 import signal
@@ -48,9 +48,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from ductwork import faults
-from ductwork.db import schema
 from ductwork.app import App
 from ductwork.config import Config
+from ductwork.db import schema
 from tests import mutants
 from tests.chaos.checkers import check_all
 from tests.chaos.history import History, read_history
@@ -284,10 +284,8 @@ class ChaosRound:
             for host in HOSTS:
                 fleet = self.hosts.get(host)
                 if fleet is not None:
-                    try:
+                    with contextlib.suppress(subprocess.TimeoutExpired, OSError):
                         fleet.terminate(20)
-                    except (subprocess.TimeoutExpired, OSError):
-                        pass
                     fleet.kill_host()
         history = read_history(self.engine, app.config.limits, WITNESS, kills=self.kills, seed=self.seed,
                                meta=self._meta(len(runs)))

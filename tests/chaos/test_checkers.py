@@ -28,16 +28,16 @@ from tests.chaos.checkers import (
     CHECKERS,
     check_all,
     check_inv_adv_1,
-    check_inv_clk_1,
-    check_inv_exe_2,
-    check_inv_exe_4,
-    check_inv_lim_4,
     check_inv_adv_3,
+    check_inv_clk_1,
     check_inv_exe_1,
+    check_inv_exe_2,
     check_inv_exe_3,
+    check_inv_exe_4,
     check_inv_lim_1,
     check_inv_lim_2,
     check_inv_lim_3,
+    check_inv_lim_4,
     check_inv_run_1,
 )
 from tests.chaos.history import BranchRow, Execution, History, RunRow, StepRow, Witness, to_us
@@ -120,7 +120,7 @@ class Build:
         self.h.branches.append(BranchRow(bid, run, status, fanin_arrived_at_us=self.tick() if arrived else None,
                                          **kw))
 
-    def step(self, sid: str, branch: str, node: str, input: Any, output: Any = None, *, via: str = "chain",
+    def step(self, sid: str, branch: str, node: str, input: Any, output: Any = None, *, via: str = "chain",  # noqa: A002
              status: str = "completed", items: list | None = None, run: str = "r1") -> None:
         at = self.tick()
         payload = {"expand_items": len(items)} if items is not None else {"payload": output}
@@ -377,8 +377,9 @@ def test_lim_2_bucket_schedules_pass_and_one_extra_claim_fails(schedule: Any, da
     rate, start, times, saturating = schedule
     assert check_inv_lim_2(_history_for(rate, start, times)) == []
     extra = data.draw(st.sampled_from(saturating), label="saturating time")
-    found = check_inv_lim_2(_history_for(rate, start, times + [extra]))
-    assert found and all(m.startswith("INV-LIM-2: key 'api'") for m in found)
+    found = check_inv_lim_2(_history_for(rate, start, [*times, extra]))
+    assert found
+    assert all(m.startswith("INV-LIM-2: key 'api'") for m in found)
     assert f"at {extra} µs found " in found[-1]  # the replay fails exactly at the extra claim
 
 
@@ -782,7 +783,8 @@ def test_check_all_names_every_checker_and_passes_a_valid_history():
     assert list(CHECKERS) == ["INV-CLK-1", "INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-LIM-4", "INV-ADV-1",
                               "INV-ADV-3", "INV-EXE-1", "INV-EXE-2", "INV-EXE-3", "INV-EXE-4", "INV-RUN-1"]
     broken = check_all(without(full(), "sI"))
-    assert broken["INV-ADV-1"] and all(m.startswith(inv + ": ") for inv, ms in broken.items() for m in ms)
+    assert broken["INV-ADV-1"]
+    assert all(m.startswith(inv + ": ") for inv, ms in broken.items() for m in ms)
 
 
 def test_history_round_trips_through_jsonl(tmp_path):

@@ -15,13 +15,13 @@ import time
 
 
 def main() -> int:
-    from ductwork.pipelines.advance import Advancer
     from ductwork.app import App
     from ductwork.config import Config
     from ductwork.errors import FaultInjection
-    from ductwork.fleet.worker import Worker
     from ductwork.fleet.processes import register
     from ductwork.fleet.reaper import reap_stale
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
 
     url, config_json, label = sys.argv[1:4]
     app = App(url, Config.from_section(json.loads(config_json), source="<fault child>"))

@@ -17,10 +17,10 @@ import pytest
 import sqlalchemy as sa
 
 from ductwork.db import schema
-from ductwork.limits.claims import claim, claim_batch
-from ductwork.fleet.worker import Worker
-from ductwork.limits.executions import Output, Success, record_crash, record_successes
 from ductwork.fleet.processes import register
+from ductwork.fleet.worker import Worker
+from ductwork.limits.claims import claim, claim_batch
+from ductwork.limits.executions import Output, Success, record_crash, record_successes
 from tests.capabilities import needs
 from tests.factories import make_executions, make_run
 from tests.workloads import Unkeyed
@@ -142,7 +142,7 @@ def test_a_group_commit_reads_its_rows_by_primary_key(app):
     claimed = claim_batch(app, process, 3)
     sent = []
 
-    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001 - SQLAlchemy's hook
         if statement.lstrip().upper().startswith("UPDATE") and not executemany:
             sent.append((statement, parameters))
 
@@ -155,7 +155,8 @@ def test_a_group_commit_reads_its_rows_by_primary_key(app):
     with app.engine.connect() as conn:
         for statement, parameters in sent:
             plan = " ".join(row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters))
-            assert "ix_execution_process" not in plan and "ix_step_status" not in plan, (statement, plan)
+            assert "ix_execution_process" not in plan, (statement, plan)
+            assert "ix_step_status" not in plan, (statement, plan)
             assert "(id=?)" in plan, (statement, plan)
 
 
@@ -169,7 +170,7 @@ def test_a_batch_plans_for_the_ids_it_carries(app):
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
     sent = []
 
-    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001 - SQLAlchemy's hook
         if " IN " in statement.upper():
             sent.append((statement, parameters))
 
@@ -211,11 +212,13 @@ def test_a_worker_runs_fast_steps_in_batches_and_group_commits_them(app):
     while worker.run_once() is not None:
         pass
     rows = _executions_of(app, runs)
-    assert len(rows) == 20 and {r.outcome for r in rows} == {"success"}
+    assert len(rows) == 20
+    assert {r.outcome for r in rows} == {"success"}
     commits = {r.completed_at for r in rows}
     assert len(commits) < 20, "fast steps were group-committed"
     assert max(sum(1 for r in rows if r.completed_at == at) for at in commits) <= 8
-    assert worker.held() == set() and _open_claims(app, process) == 0
+    assert worker.held() == set()
+    assert _open_claims(app, process) == 0
 
 
 def test_a_worker_without_batches_takes_one_execution_per_claim(app):
@@ -248,8 +251,11 @@ def test_a_worker_dying_mid_batch_leaves_nothing_claimed(app, monkeypatch):
     monkeypatch.setattr(Worker, "_invoke", invoke)
     with pytest.raises(KeyboardInterrupt):
         worker.run_once()
-    assert len(calls) == 3 and seen[0] == seen[2] and len(seen[0]) == 5
-    assert worker.held() == set() and _open_claims(app, process) == 0
+    assert len(calls) == 3
+    assert seen[0] == seen[2]
+    assert len(seen[0]) == 5
+    assert worker.held() == set()
+    assert _open_claims(app, process) == 0
     e = schema.executions
     with app.begin() as tx:
         outcomes = tx.execute(sa.select(e.c.outcome, e.c.crash_count).where(e.c.process_id == process)).all()
@@ -268,7 +274,7 @@ def test_one_failing_success_does_not_sink_its_batch(app):
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
     claimed = claim_batch(app, process, 3)
 
-    def broken(tx):
+    def broken(tx):  # noqa: ARG001 - stands in for the routing it replaces
         raise RuntimeError("routing failed")
 
     successes = [Success(c, Output("null"), broken if i == 1 else None) for i, c in enumerate(claimed)]
@@ -276,7 +282,8 @@ def test_one_failing_success_does_not_sink_its_batch(app):
         record_successes(app, successes)
     rows = _rows(app, ids)
     assert [rows[i].outcome for i in ids] == ["success", None, "success"]
-    assert rows[ids[1]].claimed_at is not None and rows[ids[1]].completed_at is None
+    assert rows[ids[1]].claimed_at is not None
+    assert rows[ids[1]].completed_at is None
 
 
 def test_a_failed_group_commit_crashes_only_its_group(app, monkeypatch):
@@ -309,4 +316,5 @@ def test_a_failed_group_commit_crashes_only_its_group(app, monkeypatch):
         by_job.setdefault(row.job_id, []).append((row.outcome, row.crash_count))
     assert sorted(sorted(v) for v in by_job.values()) == [
         [("process_crashed", 0), ("success", 1)], [("success", 0)], [("success", 0)]]
-    assert worker.held() == set() and _open_claims(app, process) == 0
+    assert worker.held() == set()
+    assert _open_claims(app, process) == 0

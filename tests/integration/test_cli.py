@@ -74,10 +74,11 @@ def test_bad_entries_fail_the_boot_naming_the_path(tmp_path, sqlite_url, capsys,
 
 
 def test_unreferenced_entry_only_warns(tmp_path, sqlite_url, capsys):
-    code, out, err = _check(tmp_path, sqlite_url, {"pipelines": [PIPELINE], "job_worker": {"limits": {
+    code, _out, err = _check(tmp_path, sqlite_url, {"pipelines": [PIPELINE], "job_worker": {"limits": {
         "slow_key": {"concurrency": 1}, "retired_key": {"concurrency": 1}}}}, capsys)
     assert code == 0
-    assert "warning:" in err and "retired_key" in err
+    assert "warning:" in err
+    assert "retired_key" in err
 
 
 def test_missing_tables_are_named(tmp_path, db_url, capsys):
@@ -106,17 +107,20 @@ def test_check_as_a_real_process_exits_1_with_one_line(tmp_path, sqlite_url):
     done = subprocess.run([sys.executable, "-m", "ductwork.cli", "check", "-c", str(path),
                            "--database-url", sqlite_url], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
-    assert done.stderr.count("\n") == 1 and "MissingLimitError" in done.stderr
+    assert done.stderr.count("\n") == 1
+    assert "MissingLimitError" in done.stderr
 
 
 def test_unknown_environment_and_file(tmp_path, sqlite_url, capsys):
-    code, _, err = _check(tmp_path, sqlite_url, {"pipelines": []}, capsys, env="staging")
+    code, _, _err = _check(tmp_path, sqlite_url, {"pipelines": []}, capsys, env="staging")
     assert code == 0
     path = tmp_path / "ductwork.yml"
     code = main(["check", "-c", str(path), "--database-url", sqlite_url, "--env", "production"])
-    assert code == 1 and "environment not defined" in capsys.readouterr().err
+    assert code == 1
+    assert "environment not defined" in capsys.readouterr().err
     code = main(["check", "-c", str(tmp_path / "nope.yml"), "--database-url", sqlite_url])
-    assert code == 1 and "--config=" in capsys.readouterr().err
+    assert code == 1
+    assert "--config=" in capsys.readouterr().err
 
 
 def test_bad_database_url_is_named(capsys):
@@ -166,14 +170,16 @@ def test_db_upgrade_and_status(tmp_path, capsys):
     assert "at revision 0002 (head 0002)" in capsys.readouterr().out
     assert main(["status", "--database-url", url, "-c", "/dev/null"]) == 0
     out = capsys.readouterr().out
-    assert "runs:" in out and "limit keys:" in out
+    assert "runs:" in out
+    assert "limit keys:" in out
 
 
 def test_demo_runs_and_respects_its_limit(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ductwork.cli", "demo", "--orders", "6"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "SyncOrders run" in done.stdout and ": completed;" in done.stdout
+    assert "SyncOrders run" in done.stdout
+    assert ": completed;" in done.stdout
     assert "highest in flight 2 (limit 2)" in done.stdout or "highest in flight 1 (limit 2)" in done.stdout
 
 
@@ -195,7 +201,8 @@ def test_an_unreachable_database_is_one_line_not_a_traceback(capsys):
     err = capsys.readouterr().err
     assert code == 1
     assert err.startswith("ductwork status: cannot use postgresql+psycopg://nobody@127.0.0.1:1/nowhere: ")
-    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
 
 
 def test_help_lists_only_user_commands(capsys):
@@ -209,12 +216,13 @@ def test_help_lists_only_user_commands(capsys):
     with pytest.raises(SystemExit):
         main(["bogus"])
     err = capsys.readouterr().err
-    assert "invalid choice: 'bogus'" in err and "_child" not in err
+    assert "invalid choice: 'bogus'" in err
+    assert "_child" not in err
 
 
 def test_the_internal_child_command_still_parses(capsys):
     """``_child`` is hidden, not gone: supervisors start their children with it."""
-    from ductwork.cli import COMMANDS, CHILD, _child_parser
+    from ductwork.cli import CHILD, COMMANDS, _child_parser
 
     args = _child_parser().parse_args(["--database-url", "sqlite://", "--role", "job_worker",
                                        "--threads", "2", "--label", "w", "-v"])
@@ -278,11 +286,9 @@ def test_the_cli_imports_pipelines_from_the_current_directory(tmp_path, sqlite_u
     assert done.stdout.startswith("ok: 1 pipelines")
 
 
-def test_only_live_supervisors_on_this_host_are_found(app, db_url):
+def test_only_live_supervisors_on_this_host_are_found(app):
     import os
     from datetime import timedelta
-
-    import sqlalchemy as sa
 
     from ductwork.db import schema
     from ductwork.fleet.processes import register, same_host_warning, supervisors_on_this_host
@@ -304,13 +310,14 @@ def test_only_live_supervisors_on_this_host_are_found(app, db_url):
     (found,) = supervisors_on_this_host(app)
     assert (found.id, found.pid) == (live, alive)
     warning = same_host_warning(found)
-    assert f"pid {alive}, label 'live'" in warning and "share the work" in warning
+    assert f"pid {alive}, label 'live'" in warning
+    assert "share the work" in warning
 
 
 def test_a_second_start_on_one_host_warns_and_still_starts(tmp_path, sqlite_url):
-    from tests.fleet import Fleet, process_rows, wait_for, write_config
-
     import sqlalchemy as sa
+
+    from tests.fleet import Fleet, process_rows, wait_for, write_config
 
     config = write_config(tmp_path / "ductwork.yml", pipelines=[])
     engine = sa.create_engine(sqlite_url)

@@ -82,8 +82,10 @@ def test_a_run_naming_an_unknown_pipeline_halts_before_any_import(app, tmp_path,
     with app.begin() as tx:
         tx.execute(schema.runs.update().where(schema.runs.c.id == run.id).values(pipeline_klass=f"{module}:Evil"))
     drain(app, timeout=30)
-    assert module not in sys.modules and not marker.exists()
-    assert run.refresh().status == "halted" and run.halt_reasons == ["unknown_step_class"]
+    assert module not in sys.modules
+    assert not marker.exists()
+    assert run.refresh().status == "halted"
+    assert run.halt_reasons == ["unknown_step_class"]
     ((_, klass, message),) = _errors(app, run.id)
     assert klass == "ductwork.errors.UnknownStepClassError"
     assert f"pipeline class '{module}:Evil' is not in the configured pipelines" in message

@@ -31,13 +31,13 @@ from sqlalchemy.pool import Pool
 
 from ductwork import Pipeline, Step
 from ductwork.app import set_default_app
-from ductwork.limits.claims import claim, restart_with
 from ductwork.cli import main
-from ductwork.pipelines.context import Context
-from ductwork.fleet.worker import Worker
 from ductwork.fleet.processes import heartbeat, register
 from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
 from ductwork.fleet.supervisor import reconcile
+from ductwork.fleet.worker import Worker
+from ductwork.limits.claims import claim, restart_with
+from ductwork.pipelines.context import Context
 from ductwork.testing import drain
 from tests.conftest import make_app
 from tests.workloads import Approval, Quick, Unkeyed
@@ -127,7 +127,7 @@ class Fails(Step):
 
 
 class CannotBuild(Step):
-    def __init__(self, value):
+    def __init__(self, value):  # noqa: ARG002 - the step takes one argument, and fails to build
         raise KeyError("cannot build")
 
     def execute(self):  # pragma: no cover - never reached
@@ -168,7 +168,8 @@ def guard():
     assert not installed.violations, "\n\n".join(installed.violations)
 
 
-def test_no_public_call_opens_a_second_connection_inside_a_write_transaction(app, guard, tmp_path, capsys):
+@pytest.mark.usefixtures("guard")
+def test_no_public_call_opens_a_second_connection_inside_a_write_transaction(app, tmp_path, capsys):
     everything, failing, crashing = Everything.trigger(3), Failing.trigger(1), Crashing.trigger(1)
     opened = []
 

@@ -82,7 +82,8 @@ def test_database_names() -> None:
     assert databases.database_name("gw0") == "ductwork_test_gw0"
     assert databases.database_name("master") == "ductwork_test_master"
     unique = databases.database_name("gw1", unique=True)
-    assert unique.startswith("ductwork_test_gw1_") and len(unique) <= 63
+    assert unique.startswith("ductwork_test_gw1_")
+    assert len(unique) <= 63
     server = databases.Server("postgresql+psycopg://u@h/ductwork_test_gw0", "postgresql")
     with pytest.raises(ValueError, match="must match"):
         databases.fresh_database(server, "Robert'); DROP TABLE students;--")
@@ -116,12 +117,13 @@ def _roundtrip(url: str, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_env_url_server(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_url_server(kind: str) -> None:
     var = databases._kind(kind).url_env
     if not os.environ.get(var):
         pytest.skip(f"{var} is not set")
     server = databases.provide(kind)
-    assert isinstance(server, databases.Server) and server.container is None
+    assert isinstance(server, databases.Server)
+    assert server.container is None
     assert server.wait_ready(10) < 10
     # A database of this test's own (unique per run): the server is shared.
     name = databases.database_name(unique=True, prefix="ductwork_seam")
@@ -172,10 +174,12 @@ def _recover(server: databases.Server) -> None:
 @pytest.mark.containers
 def test_container_server_answers(running: databases.Server) -> None:
     server = running
-    assert server.container is not None and server.owned
+    assert server.container is not None
+    assert server.owned
     assert server.url.startswith({"postgresql": "postgresql+psycopg://", "mysql": "mysql+pymysql://"}[server.kind])
     assert make_url(server.url).host == "127.0.0.1" or not databases._is_local_engine()
-    assert server.startup_s is not None and server.startup_s < 60
+    assert server.startup_s is not None
+    assert server.startup_s < 60
     url = databases.fresh_database(server, "ductwork_test_container")
     _roundtrip(url, server.kind)
 
@@ -263,7 +267,8 @@ def test_server_for_session_is_cached_per_process(monkeypatch: pytest.MonkeyPatc
         databases.skip_or_fail(first)
     try:
         assert databases.server_for_session("postgres", "gw9", require_container=True) is first
-        assert first.container_name is not None and "-gw9-" in first.container_name
+        assert first.container_name is not None
+        assert "-gw9-" in first.container_name
         url = databases.fresh_database(first, databases.database_name("gw9"))
         assert make_url(url).database == "ductwork_test_gw9"
     finally:

@@ -19,14 +19,14 @@ import sqlalchemy as sa
 
 from ductwork import Pipeline, Step
 from ductwork.db import schema
-from ductwork.pipelines.advance import Advancer, candidates, claim_branch
-from ductwork.limits.claims import claim
 from ductwork.db.dialects import violated_constraint
 from ductwork.errors import CommitFailed
-from ductwork.fleet.worker import Worker, make_output
-from ductwork.limits.executions import record_success
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
+from ductwork.fleet.worker import Worker, make_output
+from ductwork.limits.claims import claim
+from ductwork.limits.executions import record_success
+from ductwork.pipelines.advance import Advancer, candidates, claim_branch
 from ductwork.testing import drain
 
 RACERS = 4
@@ -118,7 +118,7 @@ def test_racing_claims_on_one_branch_have_one_winner(app):
     pids = processes(app, RACERS)
     for _ in range(10):
         run, branch_id = ready_branch(app, TwoStep, 1)
-        claims = race([lambda p=p: claim_branch(app, branch_id, p) for p in pids])
+        claims = race([lambda p=p, b=branch_id: claim_branch(app, b, p) for p in pids])
         winners = [c for c in claims if c is not None]
         assert len(winners) == 1  # [INV-ADV-2] one token
         assert Advancer(app, process_id=winners[0].token and pids[claims.index(winners[0])]).advance(
@@ -135,9 +135,9 @@ def test_racing_advancers_on_fan_out_and_fan_in_create_each_successor_once(app):
     def advance_loop(pid):
         advancer, worker = Advancer(app, process_id=pid), Worker(app, process_id=pid)
         while not stop.is_set():
-            if advancer.run_once() == "idle" and worker.run_once() is None:
-                if all(r.refresh().status != "in_progress" for r in runs):
-                    return
+            if (advancer.run_once() == "idle" and worker.run_once() is None
+                    and all(r.refresh().status != "in_progress" for r in runs)):
+                return
 
     race([lambda p=p: advance_loop(p) for p in pids])
     for run in runs:
@@ -156,7 +156,8 @@ def test_stale_token_commits_nothing(app):
     stale = claim_branch(app, branch_id, pa)
     assert reap(app, pa, force=True)  # the reaper releases A's claim
     fresh = claim_branch(app, branch_id, pb)
-    assert fresh is not None and fresh.token != stale.token
+    assert fresh is not None
+    assert fresh.token != stale.token
     assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
     assert Advancer(app, process_id=pa).advance(stale) == "stale"  # [INV-ADV-2]
     assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}
@@ -187,8 +188,9 @@ def test_fan_in_counter_fires_once_when_siblings_race(app):
     with app.begin() as tx:
         children = candidates(tx, 10)
     assert len(children) == RACERS
-    claims = [claim_branch(app, b, p) for b, p in zip(children, pids)]
-    results = race([lambda c=c, p=p: Advancer(app, process_id=p).advance(c) for c, p in zip(claims, pids)])
+    claims = [claim_branch(app, b, p) for b, p in zip(children, pids, strict=True)]
+    results = race([lambda c=c, p=p: Advancer(app, process_id=p).advance(c)
+                    for c, p in zip(claims, pids, strict=True)])
     assert results == ["advanced"] * RACERS
     assert step_nodes(app, run.id)["Gather#2"] == 1  # [INV-ADV-3]
     drain(app, timeout=30)
@@ -252,9 +254,8 @@ def test_named_unique_constraints_exist_on_every_database(app, constraint):
     if constraint == "uq_context_run_key":
         with app.begin() as tx:
             tx.execute(table.insert().values(**{**row, "id": "ctx-first"}))
-    with pytest.raises(sa.exc.IntegrityError) as info:
-        with app.begin() as tx:
-            tx.execute(table.insert().values(**row))
+    with pytest.raises(sa.exc.IntegrityError) as info, app.begin() as tx:
+        tx.execute(table.insert().values(**row))
     assert violated_constraint(info.value) == constraint
 
 

@@ -310,7 +310,7 @@ def _validate_yaml(block: Block) -> None:
 def _check_definitions(page: Page, line: int, rows: list[tuple[str, str]]) -> None:
     from ductwork import Pipeline, Step
 
-    steps = {name: type(name, (Step,), {"__init__": lambda self, *args: None, "execute": lambda self: None,
+    steps = {name: type(name, (Step,), {"__init__": lambda _self, *_args: None, "execute": lambda _self: None,
                                         "__module__": "steps"}) for name in "ABCD"}
     for body, expected in rows:
         source = f"class Example(Pipeline):\n    @classmethod\n    def define(cls, pipeline):\n        {body}\n"
@@ -325,8 +325,8 @@ def _check_definitions(page: Page, line: int, rows: list[tuple[str, str]]) -> No
 
 
 def _run_checks(page: Page, workdir: Path) -> None:
-    from ductwork.db import dialects, migrate
     from ductwork.cli import main
+    from ductwork.db import dialects, migrate
 
     sys.path.insert(0, str(REPO))  # the tables name the pipelines of examples/
     checkdir = workdir / "check"

@@ -25,9 +25,9 @@ import sqlalchemy as sa
 
 from ductwork import faults
 from ductwork.db import schema
-from ductwork.limits.claims import claim
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap, reap_stale
+from ductwork.limits.claims import claim
 from ductwork.testing import drain
 from tests.conftest import TEST_CONFIG, make_app, reset_tables
 from tests.workloads import FAULT_KEY, FaultPipeline, fault_pipeline_expected

@@ -9,6 +9,7 @@ INV-LIM-6 (FIFO across lanes), and the seed's two-entry example.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from datetime import datetime, timedelta
@@ -18,12 +19,12 @@ import pytest
 import sqlalchemy as sa
 
 from ductwork import Pipeline, Step
-from ductwork.db import schema
-from ductwork.pipelines.advance import Advancer
 from ductwork.app import set_default_app
+from ductwork.db import schema
 from ductwork.db.clock import to_us
-from ductwork.fleet.worker import Worker
 from ductwork.fleet.supervisor import Loop
+from ductwork.fleet.worker import Worker
+from ductwork.pipelines.advance import Advancer
 from tests.conftest import make_app, reset_tables
 from tests.workloads import Quick, Unkeyed
 
@@ -119,8 +120,9 @@ class KeyedQuick(Pipeline):
 def _fleet(app, workers, until, deadline_s=60.0):
     """Worker and advancer threads (each its own connections) until ``until()``."""
     stop = threading.Event()
-    loops = [Loop(f"w{i}", lambda w=Worker(app): w.run_once() is not None, 0.01, stop) for i in range(workers)]
-    loops.append(Loop("a", lambda a=Advancer(app): a.run_once() != "idle", 0.01, stop))
+    loops = [Loop(f"w{i}", lambda w=Worker(app): w.run_once() is not None, 0.01, stop)  # noqa: B008 - one each
+             for i in range(workers)]
+    loops.append(Loop("a", lambda a=Advancer(app): a.run_once() != "idle", 0.01, stop))  # noqa: B008
     for loop in loops:
         loop.start()
     deadline = time.monotonic() + deadline_s
@@ -246,7 +248,8 @@ def test_a_rate_keys_long_run_throughput_is_its_rate(limits_app):
         with app.begin() as tx:  # refused: the next poll is when the stamp says
             blocked = tx.execute(sa.select(schema.limit_keys.c.blocked_until)
                                  .where(schema.limit_keys.c.key == "paced")).scalar_one()
-        assert blocked is not None and blocked > app.clock.now()  # [INV-LIM-5]
+        assert blocked is not None
+        assert blocked > app.clock.now()
         app.clock.set(blocked)
     throughput = Fraction(len(claimed) - 1, claimed[-1] - claimed[0]) * 1_000_000
     assert abs(throughput - 5) <= Fraction(5, 100) * 5, float(throughput)
@@ -281,9 +284,10 @@ def test_the_seeds_two_entry_example_obeys_both_buckets(limits_app):
         with app.begin() as tx:  # refused: jump exactly to the stamped next-token time
             blocked = tx.execute(sa.select(schema.limit_keys.c.blocked_until)
                                  .where(schema.limit_keys.c.key == "vendor_api")).scalar_one()
-        assert blocked is not None and blocked > app.clock.now()  # [INV-LIM-5]
+        assert blocked is not None
+        assert blocked > app.clock.now()
         app.clock.set(blocked)
-    gaps = [b - a for a, b in zip(claimed, claimed[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(claimed)]
     assert min(gaps) >= 1_000_000  # the per-second bucket: never two starts within 1 s
     assert _window_violations(claimed, 1, 1, 1) is None
     assert _window_violations(claimed, 2000, 3600, 50) is None
@@ -347,8 +351,8 @@ def test_a_freed_slot_is_handed_on_in_the_commit_that_frees_it(limits_app):
     """The next execution of the key is claimed at the very database time (and next key
     sequence number) at which the previous one completed: the slot is never empty while
     the key has eligible work [INV-LIM-1, INV-LIM-3]."""
-    from ductwork.limits import claims
     from ductwork.fleet.processes import register
+    from ductwork.limits import claims
     from tests.factories import make_executions, make_run
 
     app = limits_app
@@ -357,11 +361,12 @@ def test_a_freed_slot_is_handed_on_in_the_commit_that_frees_it(limits_app):
     ids = make_executions(app, run_id, branch_id, "shared", datetime(2000, 1, 1), 3)
     claimed = claims.claim(app, process)
     assert claimed.execution_id == ids[0]
-    for previous, following in zip(ids, ids[1:]):
+    for previous, following in itertools.pairwise(ids):
         handed, = _succeed_and_hand_off(app, claimed)
         assert handed.execution_id == following
         done, taken = _claim_row(app, previous), _claim_row(app, following)
-        assert taken.claimed_at == done.completed_at and taken.process_id == process
+        assert taken.claimed_at == done.completed_at
+        assert taken.process_id == process
         assert taken.claim_seq == done.release_seq + 1
         claimed = handed
     assert _succeed_and_hand_off(app, claimed) == []  # nothing left of the key
@@ -371,8 +376,8 @@ def test_a_hand_off_yields_to_an_older_lane(limits_app):
     """A completion hands on only what a poll would claim first [INV-LIM-6]: with an
     unkeyed job older than the key's next one, it claims nothing and a poll takes the
     unkeyed job, then the key's."""
-    from ductwork.limits import claims
     from ductwork.fleet.processes import register
+    from ductwork.limits import claims
     from tests.factories import make_executions, make_run
 
     app = limits_app
@@ -405,7 +410,8 @@ def test_a_worker_performs_what_its_completions_hand_it(limits_app, hand_off):
     while Advancer(limits_app).run_once() != "idle":
         pass
     performed = worker.run_once()
-    assert performed is not None and performed.outcome == "success"
+    assert performed is not None
+    assert performed.outcome == "success"
     e, j, s = schema.executions, schema.jobs, schema.steps
     with limits_app.begin() as tx:
         done = tx.execute(sa.select(sa.func.count())

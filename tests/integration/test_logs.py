@@ -20,10 +20,10 @@ import sys
 import pytest
 
 from ductwork import Pipeline, Step
-from ductwork.limits.claims import claim
 from ductwork.errors import CommitFailed
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
+from ductwork.limits.claims import claim
 from ductwork.testing import drain
 from tests.conftest import make_app, reset_tables
 from tests.fleet import Fleet, wait_for, write_config
@@ -72,7 +72,7 @@ class ThreeDeclinesP(Pipeline):
 
 
 class Unbuildable(Step):
-    def __init__(self, value):
+    def __init__(self, value):  # noqa: ARG002 - the step takes one argument, and fails to build
         raise KeyError("constructor fails")
 
     def execute(self):  # pragma: no cover - never reached
@@ -121,7 +121,8 @@ def test_a_failing_step_logs_a_warning_per_attempt_with_its_traceback(app, caplo
         assert 'raise RuntimeError(f"card declined for order {self.order_id}")' in record.exc_text
         assert record.exc_text.endswith("RuntimeError: card declined for order 1042")
     assert "; retry 1 of 2 at " in failures[0].getMessage()
-    assert failures[0].next_at is not None and failures[2].next_at is None
+    assert failures[0].next_at is not None
+    assert failures[2].next_at is None
     assert "no retry left (max_retry 2): the step failed and its branch halts" in failures[2].getMessage()
     (halt,) = _warnings(caplog, "ductwork.advance")
     assert (halt.run_id, halt.pipeline, halt.halt_reason, halt.run_status) == (
@@ -167,7 +168,8 @@ def test_each_halted_branch_says_whether_its_run_halted(app, caplog):
     assert [r.run_status for r in halts] == ["in_progress", "in_progress", "halted"]
     assert "; the run's other branches go on (" in halts[0].getMessage()
     assert "; the run is halted (" in halts[2].getMessage()
-    assert len({r.branch_id for r in halts}) == 3 and {r.run_id for r in halts} == {run.id}
+    assert len({r.branch_id for r in halts}) == 3
+    assert {r.run_id for r in halts} == {run.id}
 
 
 def test_a_success_is_logged_at_debug_only(app, caplog):
@@ -200,7 +202,8 @@ def test_a_step_that_cannot_be_built_logs_its_crashes_with_the_traceback(manual_
     drain(app, timeout=60)
     crashes = _warnings(caplog, "ductwork.executions")
     assert [(r.outcome, r.attempt) for r in crashes] == [("process_crashed", n) for n in range(1, 6)]  # max_crash 4
-    assert crashes[-1].next == "halt" and "no re-run left (max_crash 4)" in crashes[-1].getMessage()
+    assert crashes[-1].next == "halt"
+    assert "no re-run left (max_crash 4)" in crashes[-1].getMessage()
     assert all(r.run_id == run.id and r.error == "builtins.KeyError" for r in crashes)
     assert 'raise KeyError("constructor fails")' in crashes[0].exc_text
     (halt,) = _warnings(caplog, "ductwork.advance")
@@ -210,7 +213,7 @@ def test_a_step_that_cannot_be_built_logs_its_crashes_with_the_traceback(manual_
 def test_advancement_errors_log_each_retry_and_the_halt_with_the_traceback(app, caplog, monkeypatch):
     from ductwork.pipelines.advance import Advancer
 
-    def broken(self, c):
+    def broken(self, c):  # noqa: ARG001 - stands in for the method it replaces
         raise RuntimeError("routing broke")
 
     monkeypatch.setattr(Advancer, "_leaf", broken)
@@ -243,7 +246,8 @@ def test_a_timed_out_step_logs_a_warning_without_a_traceback(db_url, caplog):
         drain(app, timeout=60)
         (timeout,) = _warnings(caplog, "ductwork.executions")
         assert (timeout.outcome, timeout.run_id, timeout.attempt, timeout.next) == ("timed_out", run.id, 1, "halt")
-        assert "step timed out: " in timeout.getMessage() and "ran past its timeout of 1 s" in timeout.getMessage()
+        assert "step timed out: " in timeout.getMessage()
+        assert "ran past its timeout of 1 s" in timeout.getMessage()
         assert timeout.exc_text is None  # the step raised nothing: ductwork killed it
     finally:
         set_default_app(None)
@@ -258,7 +262,7 @@ def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
     DeclineP.trigger(1)
     claimed = claim(app, process)
 
-    def broken(*args, **kwargs):
+    def broken(*args, **kwargs):  # noqa: ARG001 - stands in for any call
         raise RuntimeError("the database went away")
 
     monkeypatch.setattr(executions, "new_execution_row", broken)  # fails after the outcome is written
@@ -286,7 +290,7 @@ def _masked(url: str) -> str:
         engine.dispose()
 
 
-def _fleet_failing_run(app, db_url, tmp_path, args):
+def _fleet_failing_run(db_url, tmp_path, args):
     """Start a fleet, let a keyed step fail until its run halts, stop the fleet; its log."""
     config = write_config(tmp_path / "ductwork.yml", pipelines=[f"{__name__}:KeyedDeclineP"],
                           limits={"log_key": {"concurrency": 1, "rate": {"limit": 100, "per": 1}}})
@@ -301,8 +305,9 @@ def _fleet_failing_run(app, db_url, tmp_path, args):
     return run, fleet.log()
 
 
-def test_start_logs_what_it_runs_and_each_failure_with_its_traceback(app, db_url, tmp_path):
-    run, log = _fleet_failing_run(app, db_url, tmp_path, [])  # no option: INFO, text
+@pytest.mark.usefixtures("app")  # empty tables on db_url
+def test_start_logs_what_it_runs_and_each_failure_with_its_traceback(db_url, tmp_path):
+    run, log = _fleet_failing_run(db_url, tmp_path, [])  # no option: INFO, text
     lines = log.splitlines()
     (start,) = [line for line in lines if " ductwork.cli INFO ductwork start: database " in line]
     assert f"database {_masked(db_url)}, config {tmp_path / 'ductwork.yml'}, env 'default', role all" in start
@@ -313,7 +318,8 @@ def test_start_logs_what_it_runs_and_each_failure_with_its_traceback(app, db_url
                for line in lines)
     failed = [i for i, line in enumerate(lines) if " ductwork.executions WARNING step failed: " in line]
     assert len(failed) == 3, log[-3000:]  # max_retry 2
-    assert f"run_id={run.id} " in lines[failed[0]] and "attempt=1 " in lines[failed[0]]
+    assert f"run_id={run.id} " in lines[failed[0]]
+    assert "attempt=1 " in lines[failed[0]]
     assert lines[failed[0] + 1] == "Traceback (most recent call last):"
     # (other processes' lines may come between a record's lines: each line is written alone)
     assert next(line for line in lines[failed[0]:] if line.startswith("RuntimeError")) == (
@@ -323,8 +329,9 @@ def test_start_logs_what_it_runs_and_each_failure_with_its_traceback(app, db_url
     assert "alembic" not in log
 
 
-def test_start_with_log_format_json_writes_one_object_per_line(app, db_url, tmp_path):
-    run, log = _fleet_failing_run(app, db_url, tmp_path, ["--log-format", "json"])
+@pytest.mark.usefixtures("app")  # empty tables on db_url
+def test_start_with_log_format_json_writes_one_object_per_line(db_url, tmp_path):
+    run, log = _fleet_failing_run(db_url, tmp_path, ["--log-format", "json"])
     records = [json.loads(line) for line in log.splitlines()]  # every line parses
     assert {"time", "level", "logger", "process", "message"} <= set(records[0])
     (start,) = [r for r in records if r["message"].startswith("ductwork start: database ")]

@@ -15,12 +15,12 @@ import sqlite3
 import pytest
 from sqlalchemy.engine import make_url
 
-from ductwork.db import migrate
-from ductwork.pipelines.advance import Advancer
 from ductwork.cli import main
+from ductwork.db import migrate
 from ductwork.errors import MissingTablesError
-from ductwork.fleet.worker import Worker
 from ductwork.fleet.supervisor import Runner
+from ductwork.fleet.worker import Worker
+from ductwork.pipelines.advance import Advancer
 from ductwork.testing import drain
 from tests.conftest import BACKENDS, make_app
 from tests.workloads import Unkeyed
@@ -50,7 +50,8 @@ def _names_the_database(error: MissingTablesError, url: str) -> None:
     shown = make_url(url)
     assert str(error).startswith("no ductwork tables in ")
     assert str(error).endswith(" (run `ductwork db upgrade` to create them)")
-    assert f"{shown.host or ''}" in str(error) and str(shown.database) in str(error)
+    assert f"{shown.host or ''}" in str(error)
+    assert str(shown.database) in str(error)
     if shown.password:
         assert shown.password not in str(error)
 

@@ -134,7 +134,8 @@ def test_the_largest_trigger_argument_round_trips(app):
     drain(app, timeout=120)
     assert run.refresh().status == "completed"
     (step,) = run.steps()
-    assert step.input == [value] and step.output == value
+    assert step.input == [value]
+    assert step.output == value
 
 
 def test_a_trigger_argument_one_byte_longer_raises_and_writes_nothing(app):
@@ -170,7 +171,7 @@ def test_a_return_value_one_byte_longer_fails_once_and_halts(app):
 
 
 def test_a_collapse_of_400_items_of_200_bytes_completes(app):
-    items = ["%0198d" % i for i in range(400)]  # JSON text of 200 bytes each
+    items = [f"{i:0198d}" for i in range(400)]  # JSON text of 200 bytes each
     run = ItemsP.trigger(items)
     drain(app, timeout=300)
     assert run.refresh().status == "completed"
@@ -222,7 +223,8 @@ def test_context_values_follow_the_same_rule(app):
         context.set("k", float("inf"))
     assert context.get("k") is None  # nothing written
     largest = QUOTE * ((MAX_PAYLOAD_BYTES - 2) // 2)
-    assert context.set("k", largest) == largest and context.get("k") == largest
+    assert context.set("k", largest) == largest
+    assert context.get("k") == largest
 
 
 def test_the_database_takes_a_statement_with_the_largest_value(app):

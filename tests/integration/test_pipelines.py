@@ -14,9 +14,8 @@ from datetime import timedelta
 import pytest
 
 from ductwork import Pipeline, Step
-from ductwork.errors import OverwriteError, RunStateError
+from ductwork.errors import RunStateError
 from ductwork.testing import drain
-
 
 # --------------------------------------------------------------------------- steps
 
@@ -104,7 +103,7 @@ class Boom(Step):
 
 
 class BadInit(Step):
-    def __init__(self, value):
+    def __init__(self, value):  # noqa: ARG002 - the step takes one argument, and fails to build
         raise KeyError("constructor fails")
 
     def execute(self):  # pragma: no cover - never reached
@@ -334,7 +333,7 @@ def _executions(app, run):
         ).all()
 
 
-def _halt_reasons(app, run):
+def _halt_reasons(run):
     return run.refresh().halt_reasons  # the public attribute, read from the branch rows
 
 
@@ -344,8 +343,9 @@ def test_failures_retry_within_budget_then_halt(app):
     assert run.refresh().status == "halted"
     rows = [r for r in _executions(app, run) if r.node == "Boom#1"]
     assert [(r.outcome, r.retry_count) for r in rows] == [("failure", 0), ("failure", 1), ("failure", 2)]
-    assert rows[0].error_klass.endswith("ValueError") and rows[0].error_message == "boom x"
-    assert _halt_reasons(app, run) == ["job_retries_exhausted"]
+    assert rows[0].error_klass.endswith("ValueError")
+    assert rows[0].error_message == "boom x"
+    assert _halt_reasons(run) == ["job_retries_exhausted"]
     assert nodes(run)[("Boom", "failed")] == 1
 
 
@@ -357,7 +357,7 @@ def test_constructor_errors_spend_the_crash_budget(manual_app):
     rows = _executions(app, run)
     assert [r.crash_count for r in rows] == [0, 1, 2, 3, 4]  # max_crash 4: five crashes
     assert {r.outcome for r in rows} == {"process_crashed"}
-    assert _halt_reasons(app, run) == ["job_crashes_exhausted"]
+    assert _halt_reasons(run) == ["job_crashes_exhausted"]
 
 
 def test_non_json_return_fails_the_execution_naming_step_and_type(app):
@@ -368,7 +368,7 @@ def test_non_json_return_fails_the_execution_naming_step_and_type(app):
     assert [r.outcome for r in rows] == ["invalid"]  # it would recur: not retried (max_retry 2)
     assert rows[0].error_klass == "ductwork.errors.NotJSONError"
     assert "test_pipelines:NotJson returned set: not JSON-serialisable" in rows[0].error_message
-    assert _halt_reasons(app, run) == ["step_return_invalid"]
+    assert _halt_reasons(run) == ["step_return_invalid"]
 
 
 def test_expand_of_a_non_list_fails_the_step(app):
@@ -378,14 +378,14 @@ def test_expand_of_a_non_list_fails_the_step(app):
     rows = _executions(app, run)
     assert [(r.outcome, r.error_klass) for r in rows] == [("invalid", "ductwork.errors.StepReturnError")]
     assert "must return a list" in rows[0].error_message
-    assert _halt_reasons(app, run) == ["step_return_invalid"]
+    assert _halt_reasons(run) == ["step_return_invalid"]
 
 
 def test_halted_sibling_means_the_merge_never_fires(app):
     run = HaltedSiblingP.trigger(1)
     drain(app, timeout=60)
     assert run.refresh().status == "halted"
-    assert _halt_reasons(app, run) == ["job_retries_exhausted"] * 3
+    assert _halt_reasons(run) == ["job_retries_exhausted"] * 3
     assert not [s for s in run.steps() if s.node.startswith("Sum")]
 
 

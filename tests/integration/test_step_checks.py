@@ -18,10 +18,10 @@ import sqlalchemy as sa
 
 from ductwork import Pipeline, Step
 from ductwork.db import schema
-from ductwork.pipelines.advance import Advancer
 from ductwork.errors import InputError, MainModuleError
-from ductwork.fleet.worker import Worker
 from ductwork.fleet.processes import register
+from ductwork.fleet.worker import Worker
+from ductwork.pipelines.advance import Advancer
 from ductwork.testing import drain
 
 
@@ -123,7 +123,8 @@ def test_main_classes_are_refused_while_other_processes_run_job_workers(app):
         tx.execute(schema.processes.delete().where(schema.processes.c.id == elsewhere))
     run = ScriptP.trigger(1)
     drain(app, timeout=30)
-    assert run.refresh().status == "completed" and run.steps()[-1].output == 1
+    assert run.refresh().status == "completed"
+    assert run.steps()[-1].output == 1
 
 
 # --------------------------------------------------------------------------- at run time
@@ -171,7 +172,8 @@ def test_stored_input_that_does_not_bind_halts_after_one_execution(app):
     assert _work_once(app).outcome == "success"  # Since, then NeedsTwo([1]) is created
     assert _work_once(app).outcome == "invalid"
     assert _work_once(app) is None
-    assert run.refresh().status == "halted" and run.halt_reasons == ["job_invalid"]
+    assert run.refresh().status == "halted"
+    assert run.halt_reasons == ["job_invalid"]
     rows = _executions(app, run)
     assert [(r.node, r.outcome) for r in rows] == [("Since#0", "success"), ("NeedsTwo#1", "invalid")]
     assert (rows[1].status, rows[1].error_klass) == ("failed", "builtins.TypeError")

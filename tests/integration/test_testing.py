@@ -104,9 +104,11 @@ def test_steps_report_attempts_error_and_times_of_a_retried_step(offset_app):
     assert run.refresh().status == "completed"
     (step,) = run.steps()
     assert (step.status, step.output, step.attempts, step.error) == ("completed", 3, 3, None)
-    assert step.started_at is not None and step.finished_at is not None
+    assert step.started_at is not None
+    assert step.finished_at is not None
     assert step.created_at <= step.started_at <= step.finished_at
-    assert step.klass.endswith(":FailsFirst") and step.input == [2]
+    assert step.klass.endswith(":FailsFirst")
+    assert step.input == [2]
 
 
 def test_steps_report_the_last_error_of_a_step_that_ran_out_of_retries(offset_app):
@@ -119,7 +121,8 @@ def test_steps_report_the_last_error_of_a_step_that_ran_out_of_retries(offset_ap
     assert step.error is not None
     assert (step.error.klass, step.error.message, step.error.outcome) == ("builtins.RuntimeError", "try 4 fails",
                                                                           "failure")
-    assert step.finished_at is not None and step.started_at is not None
+    assert step.finished_at is not None
+    assert step.started_at is not None
     assert step.started_at < step.finished_at
 
 
@@ -151,11 +154,12 @@ def test_drain_timeout_says_what_each_run_waits_for(offset_app):
     message = str(raised.value)
     # a run whose vendor call got the hour's token settled, dampened; the others wait for the next
     waiting = [run for run in runs if run.refresh().status == "in_progress"]
-    assert waiting and all(run.status == "dampened" for run in runs if run not in waiting)
+    assert waiting
+    assert all(run.status == "dampened" for run in runs if run not in waiting)
     assert message.startswith("drain: runs still in progress after 1 s:\n")
     lines = message.splitlines()[1:]
     assert len(lines) == len(waiting), message
-    for run, line in zip(sorted(waiting, key=lambda r: r.triggered_at), lines):
+    for run, line in zip(sorted(waiting, key=lambda r: r.triggered_at), lines, strict=True):
         assert line.startswith(f"- run {run.id} (tests.integration.test_testing:WaitsTwoWays) in_progress: "), line
         assert re.search(r"branch \S+: dampened after Pause#1, waiting for run\.resume\(\)", line), line
         assert re.search(r"branch \S+: step Vendor#\d+ waits for limit key 'vendor': rate-blocked until "
@@ -242,7 +246,8 @@ def test_plugin_loaded_by_its_entry_point_and_by_name_registers_once(pytester, m
                                                                    os.environ.get("PYTHONPATH")])))
     monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
     pytester.makeconftest('pytest_plugins = ["ductwork.pytest_plugin"]')
-    pytester.makepyfile(test_app="def test_app(ductwork_app):\n    assert ductwork_app.clock.offset.total_seconds() == 0\n")
+    pytester.makepyfile(
+        test_app="def test_app(ductwork_app):\n    assert ductwork_app.clock.offset.total_seconds() == 0\n")
     result = pytester.runpytest_subprocess("-p", "ductwork.pytest_plugin", "-p", "no:cacheprovider", "-q",
                                            timeout=300)
     result.assert_outcomes(passed=1)
@@ -252,5 +257,6 @@ def test_plugin_fixtures_do_not_collide_with_the_suites_own():
     import ductwork.pytest_plugin as plugin
 
     names = [name for name in vars(plugin) if hasattr(getattr(plugin, name), "_fixture_function_marker")]
-    assert "ductwork_app" in names and "ductwork_drain" in names, names
+    assert "ductwork_app" in names, names
+    assert "ductwork_drain" in names, names
     assert all(name.lstrip("_").startswith("ductwork_") for name in names), names

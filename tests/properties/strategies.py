@@ -265,7 +265,7 @@ def oracles(draw, definition: Mapping[str, Any]) -> Oracle:
         choices: tuple = ()
         if kind == "divert":
             by_key = dict(DIVERT_KEYS)
-            choices = tuple(by_key[k] for k in edge["to"] if k != "otherwise") + (draw(st.sampled_from(UNMATCHED)),)
+            choices = (*tuple(by_key[k] for k in edge["to"] if k != "otherwise"), draw(st.sampled_from(UNMATCHED)))
         plans[node] = NodePlan(
             kind=kind,
             faults=tuple(draw(st.lists(st.sampled_from(_FAULT_DRAW), max_size=3))),

@@ -21,15 +21,14 @@ from datetime import datetime
 
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from ductwork.db import schema
-from ductwork.pipelines.advance import Advancer
 from ductwork.app import App
-from ductwork.db.clock import ManualClock
 from ductwork.config import Config
-from ductwork.pipelines.definition import Definition
+from ductwork.db import schema
+from ductwork.db.clock import ManualClock
 from ductwork.fleet.worker import Worker
+from ductwork.pipelines.advance import Advancer
+from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.runs import trigger_run
 from ductwork.pipelines.steps import latest_step
 from ductwork.testing import _next_wake

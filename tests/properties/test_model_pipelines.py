@@ -25,8 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from model.errors import CommitFailed, OverwriteError, StaleClaim
 from model.invariants import INVARIANT_FUNCTIONS, check_all
-from model.pipelines import (CRASH, FAILURE, INVALID, NO_INPUT, TIMED_OUT, PipelinesModel, run_to_quiescence,
-                             success)
+from model.pipelines import CRASH, FAILURE, INVALID, NO_INPUT, TIMED_OUT, PipelinesModel, run_to_quiescence, success
 from tests.properties.strategies import pipeline_configs, pipeline_scenarios
 
 #: steps per example: 40 keeps the ci profile at a few seconds; deep explores longer runs
@@ -126,7 +125,8 @@ class PipelinesModelMachine(RuleBasedStateMachine):
         """(branch, old token) pairs for branches an advancer could be working on right now."""
         live = set(self.model.advanceable_branches())
         current = {b: self.model.branches[b].claim_token for b in live}
-        return sorted({(b, t) for kind, b, t in self.model.fence_log if kind == "claim" and b in live and t != current[b]})
+        return sorted({(b, t) for kind, b, t in self.model.fence_log
+                       if kind == "claim" and b in live and t != current[b]})
 
     @precondition(lambda self: self.model.pending_executions() != self.model.runnable_executions()
                   or self.model.is_quiescent())
@@ -151,7 +151,8 @@ class PipelinesModelMachine(RuleBasedStateMachine):
         try:
             self.model.context_set(run_id, key, value, overwrite)
         except OverwriteError:
-            assert existed and not overwrite, f"[INV-CTX-1] set of fresh key {key!r} refused"
+            assert existed, f"[INV-CTX-1] set of fresh key {key!r} refused"
+            assert not overwrite, f"[INV-CTX-1] set of fresh key {key!r} refused"
             assert self.model.context_get(run_id, key) == before, f"[INV-CTX-1] refused set changed {key!r}"
         else:
             assert overwrite or not existed, f"[INV-CTX-1] second plain set of {key!r} in {run_id} accepted"

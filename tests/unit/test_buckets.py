@@ -17,8 +17,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from ductwork.limits.buckets import Bucket, carry_over, decide, next_token_us, refill
 from ductwork.limit_entries import LimitEntry, RateEntry, drop_dominated, parse_limit_entry
+from ductwork.limits.buckets import Bucket, carry_over, decide, next_token_us, refill
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 SCENARIOS = json.loads((VECTORS / "buckets.json").read_text())
@@ -88,26 +88,32 @@ def test_worked_example_5_per_10s():
     assert first.buckets == (Bucket(10, 0, 0),)
     assert not key.claim(1_999_999).admitted
     second = key.claim(2_000_000)
-    assert second.admitted and second.blocked_until_us == 4_000_000
+    assert second.admitted
+    assert second.blocked_until_us == 4_000_000
     assert second.buckets == (Bucket(10, 0, 2_000_000),)
 
 
 def test_unconfigured_key_is_admitted_and_flagged():
     decision = decide(None, {}, in_flight=99, now_us=5)
-    assert decision.admitted and decision.unconfigured and decision.buckets == ()
+    assert decision.admitted
+    assert decision.unconfigured
+    assert decision.buckets == ()
 
 
 def test_concurrency_refusal_changes_nothing():
     entry = LimitEntry("k", 2, (RATE_5_PER_10S,))
     decision = decide(entry, {}, in_flight=2, now_us=5)
     assert (decision.admitted, decision.refused_for) == (False, "concurrency")
-    assert decision.buckets == () and not decision.stamp
+    assert decision.buckets == ()
+    assert not decision.stamp
     assert decide(entry, {}, in_flight=1, now_us=5).refused_for == "rate"
 
 
 def test_concurrency_only_admit_clears_stamp():
     decision = decide(LimitEntry("k", 1, ()), {}, in_flight=0, now_us=5)
-    assert decision.admitted and decision.stamp and decision.blocked_until_us is None
+    assert decision.admitted
+    assert decision.stamp
+    assert decision.blocked_until_us is None
 
 
 def test_time_going_backwards_refills_nothing_and_keeps_refill_time():

@@ -95,7 +95,8 @@ def test_defaults():
 def test_no_file_means_defaults(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = load_config(environ={"DUCTWORK_ENV": "production"})
-    assert config.env == "production" and config.job_worker == JobWorkerConfig()
+    assert config.env == "production"
+    assert config.job_worker == JobWorkerConfig()
 
 
 def test_default_file_in_cwd_is_read(tmp_path, monkeypatch):
@@ -213,7 +214,8 @@ def test_seed_example_environments(tmp_path):
     assert default.limits["report_export"] == LimitEntry("report_export", 2, ())
     assert default.limits["bulk_import"].rates == (RateEntry(100, 60, 1),)
     production = load_config(path, "production", environ=NO_ENV)
-    assert production.limits == default.limits and production.env == "production"
+    assert production.limits == default.limits
+    assert production.env == "production"
     # `<<` is shallow: staging's job_worker replaces default's, so only vendor_api remains
     staging = load_config(path, "staging", environ=NO_ENV)
     assert staging.limits == {"vendor_api": LimitEntry("vendor_api", 1, ())}
@@ -232,7 +234,8 @@ def test_missing_environment_names_it_and_the_defined_ones(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(path, "qa", environ=NO_ENV)
     message = str(info.value)
-    assert "'qa'" in message and "default, production, staging" in message
+    assert "'qa'" in message
+    assert "default, production, staging" in message
     assert info.value.path == str(path)
 
 
@@ -254,7 +257,8 @@ def test_from_section_and_variants():
     config = Config.from_section({"job_worker": {"count": 2}}, environ=NO_ENV)
     assert config.job_worker.count == 2
     limits = {"k": LimitEntry("k", 1, ())}
-    assert config.with_limits(limits).limits == limits and config.limits == {}
+    assert config.with_limits(limits).limits == limits
+    assert config.limits == {}
     assert dataclasses.replace(config, role="worker").role == "worker"
     assert Config.from_section(None, environ=NO_ENV).job_worker == JobWorkerConfig()
     assert (PipelineAdvancerConfig(), SupervisorConfig()) == (
@@ -264,7 +268,8 @@ def test_from_section_and_variants():
 def test_null_sections_are_empty():
     config = config_from_mapping({"default": {"job_worker": None, "supervisor": None}},
                                  environ=NO_ENV)
-    assert config.job_worker == JobWorkerConfig() and config.limits == {}
+    assert config.job_worker == JobWorkerConfig()
+    assert config.limits == {}
     assert config_from_mapping({"default": None}, environ=NO_ENV).role == "all"
 
 
@@ -383,8 +388,9 @@ documents = (
 def _valid_or_config_error(load):
     try:
         config = load()
-    except ConfigError as exc:
-        assert isinstance(exc.path, str) and exc.path
+    except ConfigError as exc:  # either outcome is right; an error must name its path
+        assert isinstance(exc.path, str)  # noqa: PT017
+        assert exc.path  # noqa: PT017
     else:
         assert isinstance(config, Config)
 
@@ -467,7 +473,8 @@ def test_a_duplicated_key_is_rejected_naming_its_path_and_both_lines(tmp_path):
         load_config(path, environ=NO_ENV)
     assert str(info.value) == (f"{path}: default.job_worker: key 'job_worker' appears twice, at lines 2 and 5 "
                                "(YAML keeps only the last; merge the two)")
-    assert isinstance(info.value, ConfigError) and info.value.path == "default.job_worker"
+    assert isinstance(info.value, ConfigError)
+    assert info.value.path == "default.job_worker"
 
 
 @pytest.mark.parametrize(("text", "where"), [

@@ -17,16 +17,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ductwork.pipelines.definition import (
-    Definition,
-    EdgeSpec,
-    NodeSpec,
-    PipelineBuilder,
-    render_divert_key,
-    resolve_step,
-    step_ref,
-)
-from ductwork.pipelines.pipeline import import_pipeline, resolve_pipeline
 from ductwork.errors import (
     CollapseError,
     CombineError,
@@ -36,7 +26,16 @@ from ductwork.errors import (
     StartError,
     UnknownStepClassError,
 )
-from ductwork.pipelines.pipeline import Pipeline
+from ductwork.pipelines.definition import (
+    Definition,
+    EdgeSpec,
+    NodeSpec,
+    PipelineBuilder,
+    render_divert_key,
+    resolve_step,
+    step_ref,
+)
+from ductwork.pipelines.pipeline import Pipeline, import_pipeline, resolve_pipeline
 from ductwork.pipelines.step import Step
 
 MOD = __name__
@@ -76,7 +75,7 @@ class NeverReferenced(Step):
 
 def build(fn, name="P"):
     """A Pipeline subclass named ``name`` whose define calls ``fn(builder)``."""
-    return type(name, (Pipeline,), {"define": classmethod(lambda cls, p: fn(p)), "__module__": MOD})
+    return type(name, (Pipeline,), {"define": classmethod(lambda _cls, p: fn(p)), "__module__": MOD})
 
 
 def snapshot(fn):
@@ -275,7 +274,7 @@ def test_forking_builder_continues_from_every_branch():
 
 def test_unjoined_branches_end_as_leaves():
     def define(p):
-        b, c = p.start(A).divide(to=[B, C])
+        b, _c = p.start(A).divide(to=[B, C])
         b.expand(to=D)
 
     got = snapshot(define)
@@ -366,7 +365,7 @@ def test_transition_before_start(transition):
 def test_start_twice_and_never():
     fails(lambda p: p.start(A).start(B), StartError,
           "P.start: Can only start pipeline definition once")
-    fails(lambda p: None, StartError, "P.define: Must start pipeline definition before completing")
+    fails(lambda _p: None, StartError, "P.define: Must start pipeline definition before completing")
 
 
 class NotAStep:
@@ -430,7 +429,7 @@ def _branches(p, n=2):
 
 
 @pytest.mark.parametrize(("fn", "error", "message"), [
-    (lambda p: (lambda b, c, d: b.combine(c, into=E))(*_branches(p, 3)), CombineError,
+    (lambda p: (lambda b, c, _d: b.combine(c, into=E))(*_branches(p, 3)), CombineError,
      "P.combine: combine must join every branch of the divide at A#0: got 2 of 3"),
     (lambda p: (lambda b, c: b.combine(c, c, into=E))(*_branches(p)), CombineError,
      "P.combine: the same branch builder is passed to combine twice"),
@@ -440,15 +439,15 @@ def _branches(p, n=2):
     (lambda p: (lambda b, c: (list(c.divide(to=[D, E])), b.combine(c, into=E)))(*_branches(p)),
      CombineError, "P.combine: branch 1 of the divide at A#0 has an open divide at C#2; close it "
                    "on that branch first"),
-    (lambda p: (lambda b, c: (b.divert(to={"otherwise": D}), p.combine(into=E)))(*_branches(p)),
+    (lambda p: (lambda b, _c: (b.divert(to={"otherwise": D}), p.combine(into=E)))(*_branches(p)),
      CombineError, "P.combine: branch 0 of the divide at A#0 has an open divert at B#1; close it "
                    "on that branch first"),
-    (lambda p: (lambda b, c: (b.expand(to=D), p.chain(to=E)))(*_branches(p)), DefinitionError,
+    (lambda p: (lambda b, _c: (b.expand(to=D), p.chain(to=E)))(*_branches(p)), DefinitionError,
      "P.chain: branch 0 of the divide at A#0 has an open expand at B#1; close it on that "
      "branch first"),
-    (lambda p: (lambda b, c: b.combine(into=E))(*_branches(p)), CombineError,
+    (lambda p: (lambda b, _c: b.combine(into=E))(*_branches(p)), CombineError,
      "P.combine: combine must join every branch of the divide at A#0: got 1 of 2"),
-    (lambda p: (lambda b, c: b.collapse(into=E))(*_branches(p)), CollapseError,
+    (lambda p: (lambda b, _c: b.collapse(into=E))(*_branches(p)), CollapseError,
      "P.collapse: Must expand pipeline definition before collapsing"),
     (lambda p: (lambda b, c: b.converge(c, into=E))(*_branches(p)), ConvergeError,
      "P.converge: Ambiguous converge on most recently divided definition"),
@@ -456,7 +455,7 @@ def _branches(p, n=2):
      CombineError, "P.combine: Ambiguous combine on most recently diverted definition"),
     (lambda p: p.start(A).combine(p, into=E), CombineError,
      "P.combine: can only combine branch builders unpacked from one fork"),
-    (lambda p: (lambda b, c: b.combine(42, into=E))(*_branches(p)), CombineError,
+    (lambda p: (lambda b, _c: b.combine(42, into=E))(*_branches(p)), CombineError,
      "P.combine: can only combine branch builders of this definition, got 42"),
 ])
 def test_branch_joins(fn, error, message):
@@ -466,7 +465,7 @@ def test_branch_joins(fn, error, message):
 def test_branches_of_different_forks_do_not_combine():
     def define(p):
         b, c = p.start(A).divide(to=[B, C])
-        d, e = b.divide(to=[D, E])
+        d, _e = b.divide(to=[D, E])
         d.combine(c, into=A)
 
     fails(define, CombineError,
@@ -501,8 +500,8 @@ def test_builder_unusable_after_define():
 
 
 @pytest.mark.parametrize(("to", "message"), [
-    ({"a": B}, "Must define an 'otherwise' target when diverting, got {'a': %r}" % B),
-    ([B], "Must define an 'otherwise' target when diverting, got [%r]" % B),
+    ({"a": B}, f"Must define an 'otherwise' target when diverting, got {{'a': {B!r}}}"),
+    ([B], f"Must define an 'otherwise' target when diverting, got [{B!r}]"),
     ({1: B, "1": C, "otherwise": D}, "keys 1 and '1' both render as '1'"),
     ({True: B, "true": C, "otherwise": D}, "keys True and 'true' both render as 'true'"),
     ({None: B, "": C, "otherwise": D}, "keys None and '' both render as ''"),
@@ -656,7 +655,8 @@ def test_stored_names_never_import_but_configured_pipelines_do(tmp_path, monkeyp
     # a configuration entry imports its module, which registers the pipeline's classes
     assert import_pipeline("dw_fresh_steps:FreshPipeline").__name__ == "FreshPipeline"
     fresh = resolve_step("dw_fresh_steps:Fresh")
-    assert fresh.__module__ == "dw_fresh_steps" and issubclass(fresh, Step)
+    assert fresh.__module__ == "dw_fresh_steps"
+    assert issubclass(fresh, Step)
     monkeypatch.delitem(sys.modules, "dw_fresh_steps")
 
 

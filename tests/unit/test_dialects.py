@@ -11,9 +11,9 @@ import importlib.util
 
 import pytest
 
-from ductwork.db import dialects
 from ductwork.app import App
 from ductwork.config import Config
+from ductwork.db import dialects
 from ductwork.errors import DatabaseURLError, MissingDatabaseError, MissingTablesError
 
 
@@ -50,7 +50,8 @@ def test_an_unknown_driver_names_the_url_the_spellings_and_the_extra(url, fragme
 def test_a_mysql_url_without_a_database_is_named(url):
     with pytest.raises(DatabaseURLError, match=r"names no database; add one, e\.g\. m") as info:
         dialects.create_engine(url)
-    assert info.value.path == "database.url" and "pw" not in str(info.value)
+    assert info.value.path == "database.url"
+    assert "pw" not in str(info.value)
 
 
 @pytest.mark.parametrize(("url", "module", "extra"), [
@@ -65,7 +66,8 @@ def test_a_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url
         dialects.create_engine(url)
     message = str(info.value)
     assert f"needs the {module} driver, which is not installed: pip install 'ductwork[{extra}]'" in message
-    assert message.startswith("database.url='") and "secret" not in message
+    assert message.startswith("database.url='")
+    assert "secret" not in message
 
 
 def test_sqlite_needs_no_driver_beyond_python(monkeypatch, tmp_path):

@@ -40,8 +40,8 @@ def test_months_named_in_message():
 )
 def test_compound_round_trip(parts):
     """Rendering w/d/h/m/s groups and parsing them back gives the same seconds."""
-    text = "".join(f"{n}{u}" for n, u in zip(parts, "wdhms") if n)
-    expected = sum(n * s for n, s in zip(parts, (604800, 86400, 3600, 60, 1)))
+    text = "".join(f"{n}{u}" for n, u in zip(parts, "wdhms", strict=True) if n)
+    expected = sum(n * s for n, s in zip(parts, (604800, 86400, 3600, 60, 1), strict=True))
     assert parse_period(text) == expected
     assert parse_period(str(expected)) == expected
 

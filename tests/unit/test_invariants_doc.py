@@ -86,8 +86,8 @@ def test_enforcement_points_carry_the_tag(inv):
 
 @pytest.mark.parametrize("inv", sorted(EXPECTED))
 def test_model_checker_tests_and_mutants_name_the_id(inv):
-    from tests.mutants import MUTANTS
     from model.invariants import INVARIANT_FUNCTIONS
+    from tests.mutants import MUTANTS
 
     fields = sections()[inv]
     model = fields["Model"]
@@ -129,6 +129,6 @@ def test_the_engine_mutant_table_lists_every_mutant_with_its_guard_and_detector(
     table = PAGE[start:].split("\n\n")[0].splitlines()[2:]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
     assert [row[0] for row in rows] == [f"`{name}`" for name in MUTANTS]
-    for (name, mutant), row in zip(MUTANTS.items(), rows):
+    for (name, mutant), row in zip(MUTANTS.items(), rows, strict=False):
         assert row[1:3] == [mutant.guard, detector_label(name)], f"{name}: {row}"
         assert re.fullmatch(r"\d+\.\d s", row[3]), f"{name}: no time measured: {row}"

@@ -81,7 +81,8 @@ def test_missing_entry_names_key_and_pipelines():
     with pytest.raises(MissingLimitError) as info:
         validate_references(limits, refs)
     message = str(info.value)
-    assert "vendor_api" in message and "a:SyncOrders, b:Refresh" in message
+    assert "vendor_api" in message
+    assert "a:SyncOrders, b:Refresh" in message
     assert info.value.path == "job_worker.limits.vendor_api"
     assert info.value.pipelines == ["a:SyncOrders", "b:Refresh"]
 
@@ -121,7 +122,8 @@ def test_months_message_names_the_path():
 def test_unreferenced_entry_only_warns():
     limits = parse_limits({"old_api": {"concurrency": 1}, "vendor_api": {"concurrency": 5}})
     warnings = validate_references(limits, {"vendor_api": {"a:SyncOrders"}, "gone": set()})
-    assert len(warnings) == 1 and "job_worker.limits.old_api" in warnings[0]
+    assert len(warnings) == 1
+    assert "job_worker.limits.old_api" in warnings[0]
     assert validate_references(limits, {"old_api": {"p:X"}, "vendor_api": {"p:Y"}}) == []
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
@@ -27,7 +27,7 @@ def _record(**extra) -> logging.LogRecord:
 
 
 def test_json_is_one_object_per_line_with_the_context_as_keys():
-    record = _record(run_id="r1", attempt=2, next_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    record = _record(run_id="r1", attempt=2, next_at=datetime(2026, 1, 1, tzinfo=UTC))
     record.exc_text = "Traceback (most recent call last):\n  File \"x\", line 1\nValueError: boom"
     line = logs.JsonFormatter().format(record)
     assert "\n" not in line
@@ -44,7 +44,8 @@ def test_json_formats_a_live_exception():
     except KeyError:
         record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), __import__("sys").exc_info())
     out = json.loads(logs.JsonFormatter().format(record))
-    assert out["exc_info"].startswith("Traceback") and out["exc_info"].endswith("KeyError: 'gone'")
+    assert out["exc_info"].startswith("Traceback")
+    assert out["exc_info"].endswith("KeyError: 'gone'")
 
 
 def test_emit_carries_context_and_traceback_text_and_names_the_caller():

@@ -32,7 +32,8 @@ def test_the_mutant_applies_once_and_changes_the_package(name):
 
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_the_mutant_names_the_invariants_it_breaks(name):
-    assert "[INV-" in MUTANTS[name].description and "[INV-" in MUTANTS[name].guard
+    assert "[INV-" in MUTANTS[name].description
+    assert "[INV-" in MUTANTS[name].guard
 
 
 def test_a_snippet_missing_or_repeated_is_an_error_naming_the_mutant(tmp_path, monkeypatch):

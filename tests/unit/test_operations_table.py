@@ -47,7 +47,8 @@ def table(text: str | None = None) -> list[dict[str, str]]:
     lines = [line for line in section.splitlines() if line.startswith("|")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header == ["model operation", "engine function", "conformance rule", "INV IDs", "note"], header
-    return [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[2:]]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    return [dict(zip(header, cells, strict=True)) for cells in rows]
 
 
 def names(cell: str) -> list[str]:
@@ -215,7 +216,7 @@ def test_the_known_operations_are_found():
         assert f"model.{read}" not in found
 
 
-@pytest.mark.parametrize("breakage, expected", [
+@pytest.mark.parametrize(("breakage", "expected"), [
     (("engine function", "`ductwork.limits.claims.complete_and_hand_off`", "`ductwork.limits.claims.no_such_function`"),
      "does not import"),
     (("model operation", "`model.limits.LimitsModel.claim`", "`model.limits.LimitsModel.claim_one`"),
@@ -223,7 +224,8 @@ def test_the_known_operations_are_found():
     (("conformance rule", "LimitsAgainstModel.restart_with`", "LimitsAgainstModel.inv_lim_model_invariants_hold`"),
      "is not a hypothesis @rule"),
     (("INV IDs", "INV-LIM-4, INV-LIM-7", "INV-LIM-4, INV-LIM-77"), "not defined in INVARIANTS.md"),
-    (("engine function", "`ductwork.limits.claims.restart_with`", "`ductwork.limits.claims.claim`"), "no note says why"),
+    (("engine function", "`ductwork.limits.claims.restart_with`", "`ductwork.limits.claims.claim`"),
+     "no note says why"),
 ])
 def test_a_broken_row_is_reported(breakage, expected):
     column, old, new = breakage

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ductwork.pipelines.advance import fan_in_size, job_halt_reason
-from ductwork.pipelines.definition import Definition
 from ductwork.errors import InputError, NotJSONError, PayloadTooLargeError, StepReturnError
 from ductwork.fleet.worker import make_output
 from ductwork.limits.executions import payload_envelope
+from ductwork.pipelines.advance import fan_in_size, job_halt_reason
+from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.payloads import MAX_PAYLOAD_BYTES, check_size, dump, statement_limit_warning
 
 json_values = st.recursive(
@@ -36,7 +36,8 @@ def test_values_json_cannot_carry_are_one_error(value):
     with pytest.raises(NotJSONError, match=r"^X.trigger arguments: not JSON-serialisable \(") as raised:
         dump(value, "X.trigger arguments")
     # caught where trigger's errors were caught, and where a step's return errors are
-    assert isinstance(raised.value, InputError) and isinstance(raised.value, StepReturnError)
+    assert isinstance(raised.value, InputError)
+    assert isinstance(raised.value, StepReturnError)
     assert isinstance(raised.value, TypeError)
 
 

@@ -15,9 +15,9 @@ import types
 
 import pytest
 
+from ductwork.errors import AsyncStepError, DefinitionError, InputError, MainModuleError
 from ductwork.pipelines.advance import job_halt_reason
 from ductwork.pipelines.definition import in_main_module, main_module_refs
-from ductwork.errors import AsyncStepError, DefinitionError, InputError, MainModuleError
 from ductwork.pipelines.pipeline import Pipeline
 from ductwork.pipelines.step import Step
 from model.pipelines import job_halt_reason as model_job_halt_reason
@@ -32,7 +32,7 @@ class One(Step):
 
 
 class Flexible(Step):
-    def __init__(self, first, *rest, flag=False):
+    def __init__(self, first, *rest, flag=False):  # noqa: ARG002 - the signature is what is checked
         self.first = first
 
     def execute(self):
@@ -65,12 +65,12 @@ def test_async_execute_is_refused_when_the_class_is_created():
 
 
 def test_async_generator_and_inherited_async_execute_are_refused():
-    with pytest.raises(AsyncStepError, match="Stream.execute: .* an async generator"):
+    with pytest.raises(AsyncStepError, match=r"Stream.execute: .* an async generator"):
         class Stream(Step):
             async def execute(self):
                 yield 1
 
-    with pytest.raises(AsyncStepError, match="Static.execute: async steps"):
+    with pytest.raises(AsyncStepError, match=r"Static.execute: async steps"):
         class Static(Step):
             @staticmethod
             async def execute():
@@ -80,17 +80,17 @@ def test_async_generator_and_inherited_async_execute_are_refused():
         pass
 
     Base.execute = _async_execute  # bypasses the class statement's check ...
-    with pytest.raises(AsyncStepError, match="Child.execute: async steps"):
+    with pytest.raises(AsyncStepError, match=r"Child.execute: async steps"):
         class Child(Base):  # ... but a subclass inheriting it is checked
             pass
-    with pytest.raises(AsyncStepError, match="Base.execute: async steps"):
+    with pytest.raises(AsyncStepError, match=r"Base.execute: async steps"):
         class UsesBase(Pipeline):  # ... and so is a class a definition uses
             @classmethod
             def define(cls, pipeline):
                 pipeline.start(Base)
 
 
-async def _async_execute(self):  # pragma: no cover - never awaited
+async def _async_execute(self):  # noqa: ARG001  # pragma: no cover - never awaited
     return 1
 
 
@@ -138,7 +138,7 @@ def test_arguments_that_do_not_bind_name_the_class_and_its_signature(cls, args, 
 def test_trigger_refuses_arguments_the_first_step_cannot_take(monkeypatch):
     calls = []
     runs = types.ModuleType("ductwork.pipelines.runs")
-    runs.trigger_run = lambda app, cls, args: calls.append(args) or "handle"
+    runs.trigger_run = lambda _app, _cls, args: calls.append(args) or "handle"
     monkeypatch.setitem(sys.modules, "ductwork.pipelines.runs", runs)
     with pytest.raises(InputError) as info:
         OneP.trigger(1, 2, 3, app="app")
@@ -165,7 +165,8 @@ def test_main_module_refs_name_the_pipeline_and_step_classes_of_main():
         def define(cls, pipeline):
             pipeline.start(main_step).chain(to=One)
 
-    assert in_main_module("__main__:Script") and not in_main_module("shop.steps:Script")
+    assert in_main_module("__main__:Script")
+    assert not in_main_module("shop.steps:Script")
     assert main_module_refs(Mixed.definition) == ["__main__:Script"]
     assert main_module_refs(OneP.definition) == []
 
