@@ -10,7 +10,6 @@ exact fleet-wide concurrency and rate limits from ``ductwork.yml``.
 """
 
 from ductwork.app import App, connect
-from ductwork.pipelines.context import Context
 from ductwork.errors import (
     CollapseError,
     CombineError,
@@ -22,6 +21,7 @@ from ductwork.errors import (
     OverwriteError,
     StartError,
 )
+from ductwork.pipelines.context import Context
 from ductwork.pipelines.definition import PipelineBuilder
 from ductwork.pipelines.pipeline import Pipeline
 from ductwork.pipelines.runs import Run, StepError, StepInfo

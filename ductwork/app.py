@@ -39,7 +39,7 @@ from ductwork.fleet.processes import register
 from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.runs import Run, cached_definition
 
-__all__ = ["App", "DEFAULT_URL", "Tx", "connect", "default_app", "set_default_app"]
+__all__ = ["DEFAULT_URL", "App", "Tx", "connect", "default_app", "set_default_app"]
 
 DEFAULT_URL = "sqlite:///ductwork.sqlite3"
 

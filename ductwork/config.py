@@ -89,7 +89,7 @@ def _qualified(name: Any) -> bool:
     if not isinstance(name, str):
         return False
     module, _, qualname = name.rpartition(":")
-    return _dotted(qualname) and (module == "" and ":" not in name or _dotted(module))
+    return _dotted(qualname) and ((module == "" and ":" not in name) or _dotted(module))
 
 
 def _names(name: str) -> tuple[str, ...]:

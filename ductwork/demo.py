@@ -108,11 +108,11 @@ class RefreshCatalog(Pipeline):
 
 
 def main(database_url: str | None = None, orders: int = 12) -> int:
-    from ductwork.db import migrate
-    from ductwork.pipelines.advance import Advancer
     from ductwork.app import connect
-    from ductwork.fleet.worker import Worker
+    from ductwork.db import migrate
     from ductwork.fleet.supervisor import Loop
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
 
     if database_url is None:
         path = Path("ductwork-demo.sqlite3").resolve()

@@ -46,7 +46,8 @@ unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 class DuctworkError(Exception):

@@ -32,11 +32,15 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import IO, Any, Callable
+from datetime import UTC, datetime
+from typing import IO, Any
 
-from ductwork.config import FORMATS as FORMATS, LEVELS as LEVELS, Config  # re-exported (the cli's choices)
+from ductwork.config import FORMATS as FORMATS  # re-exported (the cli's choices)
+from ductwork.config import LEVELS as LEVELS
+from ductwork.config import Config
+
 TEXT_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 #: third-party loggers held at WARNING unless the level is DEBUG (Alembic logs its
 #: plugins and migration context at INFO on every schema check)
@@ -56,7 +60,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "process": record.process,

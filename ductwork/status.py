@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from ductwork.db import schema
-from ductwork.limits import buckets
 from ductwork.db.clock import to_us
 from ductwork.fleet.processes import host_name
+from ductwork.limits import buckets
 
 if TYPE_CHECKING:
     from ductwork.app import App

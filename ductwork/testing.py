@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from ductwork.db import schema
-from ductwork.pipelines.advance import Advancer
 from ductwork.db.clock import ManualClock, OffsetClock
 from ductwork.errors import ConfigError, DrainTimeout
-from ductwork.fleet.worker import Worker
 from ductwork.fleet.processes import heartbeat
+from ductwork.fleet.worker import Worker
+from ductwork.pipelines.advance import Advancer
 
 if TYPE_CHECKING:
     from ductwork.app import App, Tx

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -34,7 +35,7 @@ from ductwork.errors import MissingDatabaseError, MissingTablesError, RunStateEr
 class Tx:
     """One open transaction: ``conn``, and ``now`` (database time, read on first use)."""
 
-    __slots__ = ("conn", "_clock", "_now", "backend", "woken")
+    __slots__ = ("_clock", "_now", "backend", "conn", "woken")
 
     def __init__(self, conn: Connection, clock: Clock, backend: str):
         self.conn = conn

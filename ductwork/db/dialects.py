@@ -18,9 +18,10 @@ import contextlib
 import importlib.util
 import re
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -330,7 +331,7 @@ def _sqlite_now(conn: Connection) -> datetime:
     # SQLite's own 'now' has only millisecond precision: the host clock is the
     # database clock, read with microseconds. Every process sharing the file runs
     # on this host, so they all read the same clock.
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 # --------------------------------------------------------------------------- locking reads

@@ -28,14 +28,14 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from ductwork.db import dialects
-from ductwork.pipelines import payloads
 from ductwork.errors import ConfigError, SchemaVersionError
 from ductwork.limit_entries import validate_references
+from ductwork.pipelines import payloads
 from ductwork.pipelines.pipeline import Pipeline, import_pipeline
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
     from ductwork.config import Config
+    from ductwork.db.database import Database as App
 
 
 def load_pipelines(config: Config) -> list[type[Pipeline]]:

@@ -133,13 +133,13 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
 
-    from ductwork.db.database import Database as App
     from ductwork.config import config_from_mapping
-    from ductwork.pipelines.pipeline import import_pipeline
+    from ductwork.db.database import Database as App
     from ductwork.errors import StepReturnError
     from ductwork.fleet.invoke import BuildFailed, StepInvalid, build_step, returned
     from ductwork.limits.executions import ErrorInfo
     from ductwork.pipelines.payloads import dump
+    from ductwork.pipelines.pipeline import import_pipeline
 
     app = App(request["url"], config_from_mapping({"default": {}}))
     pipe = os.fdopen(out, "wb")
@@ -148,7 +148,7 @@ def main() -> None:
         # that pipeline's module (its define() registers the step class), nothing else.
         try:
             import_pipeline(request["pipeline"])
-        except Exception as error:  # noqa: BLE001 - the module no longer imports: it will not next time
+        except Exception as error:
             raise StepInvalid(ErrorInfo.of(error)) from error
         instance = build_step(app, request["klass"], request["input_json"], request["step_id"], request["run_id"])
         pipe.write(RUNNING)

@@ -32,11 +32,12 @@ import sqlalchemy as sa
 
 from ductwork import faults, logs
 from ductwork.db import dialects, schema
-from ductwork.pipelines.advance import PROCESS_CRASH, release_advancement
 from ductwork.limits.executions import crash_in, lock_key, record_crash
+from ductwork.pipelines.advance import PROCESS_CRASH, release_advancement
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App, Tx
+    from ductwork.db.database import Database as App
+    from ductwork.db.database import Tx
 
 log = logging.getLogger("ductwork.reaper")
 

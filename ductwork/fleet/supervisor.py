@@ -44,16 +44,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import sqlalchemy as sa
 
 from ductwork.db import schema
 from ductwork.db.database import Database as App
+from ductwork.db.wakeup import PgListener, Wakeup
 from ductwork.fleet.processes import heartbeat, machine_identifier, register
 from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
-from ductwork.db.wakeup import PgListener, Wakeup
 
 log = logging.getLogger("ductwork.supervisor")
 
@@ -98,7 +98,7 @@ class Loop(threading.Thread):
             try:
                 self.busy = True
                 did = self.unit()
-            except Exception:  # noqa: BLE001 - one failed unit must not end the thread
+            except Exception:
                 log.exception("%s: unit of work failed", self.name)
                 did = False
             finally:
@@ -129,8 +129,8 @@ class Runner:
         self._reaped = False
 
     def _units(self) -> list[Loop]:
-        from ductwork.pipelines.advance import Advancer
         from ductwork.fleet.worker import Worker
+        from ductwork.pipelines.advance import Advancer
 
         loops = []
         for i in range(self.threads):
@@ -163,7 +163,7 @@ class Runner:
             sent = time.monotonic()
             try:
                 alive = heartbeat(self.app, self.process_id)
-            except Exception:  # noqa: BLE001 - the watchdog decides when this is fatal
+            except Exception:
                 log.warning("heartbeat failed", exc_info=True)
             else:
                 if not alive:
@@ -172,7 +172,7 @@ class Runner:
                 self._last_heartbeat_sent = sent
                 try:
                     reconcile(self.app, self.process_id, set().union(*(u.held() for u in self.units)))
-                except Exception:  # noqa: BLE001 - retried at the next heartbeat
+                except Exception:
                     log.warning("reconciliation failed", exc_info=True)
             self.stop.wait(interval)
 
@@ -230,8 +230,8 @@ def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONC
     """
     from datetime import timedelta
 
-    from ductwork.pipelines.advance import release_advancement
     from ductwork.limits.executions import record_crash
+    from ductwork.pipelines.advance import release_advancement
 
     e, a = schema.executions, schema.advancements
     with app.begin() as tx:
@@ -363,7 +363,7 @@ class Supervisor:
         for step in (self.check_children, self._heartbeat, self._reap):
             try:
                 step()
-            except Exception:  # noqa: BLE001 - a failed step must not stop the supervisor
+            except Exception:
                 log.exception("supervisor step %s failed", step.__name__)
 
     def _heartbeat(self) -> None:
@@ -425,7 +425,7 @@ class Supervisor:
             if child.proc is not None and child.proc.poll() is not None:
                 try:
                     self._force_reap(child.proc.pid)
-                except Exception:  # noqa: BLE001 - the reaper of another supervisor will finish it
+                except Exception:
                     log.exception("could not reap %s", child.label)
         if self.process_id is not None:
             reap(self.app, self.process_id, force=True)

@@ -43,19 +43,37 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ductwork import faults
-from ductwork.pipelines import payloads
-from ductwork.pipelines.advance import advance_on_success
-from ductwork.limits.claims import claim_batch, complete_all_and_hand_off, complete_and_hand_off, seconds_to_next_token
 from ductwork.db.dialects import retry_transient
 from ductwork.errors import CommitFailed, StepReturnError
-from ductwork.fleet.invoke import (BuildFailed, ChildStepError, ReturnRejected, StepInvalid, StepTimedOut, build_step,
-                                   check_configured, returned)
-from ductwork.limits.executions import (Claimed, ErrorInfo, Output, Success, record_crash, record_failure,
-                                        record_invalid, record_success, record_successes)
+from ductwork.fleet.invoke import (
+    BuildFailed,
+    ChildStepError,
+    ReturnRejected,
+    StepInvalid,
+    StepTimedOut,
+    build_step,
+    check_configured,
+    returned,
+)
+from ductwork.limits.claims import claim_batch, complete_all_and_hand_off, complete_and_hand_off, seconds_to_next_token
+from ductwork.limits.executions import (
+    Claimed,
+    ErrorInfo,
+    Output,
+    Success,
+    record_crash,
+    record_failure,
+    record_invalid,
+    record_success,
+    record_successes,
+)
+from ductwork.pipelines import payloads
+from ductwork.pipelines.advance import advance_on_success
 from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
@@ -274,7 +292,7 @@ class Worker:
                 output = self._invoke(claimed, definition)
                 self._paced(time.monotonic() - started)
                 faults.hit(faults.DURING_JOB_EXECUTION)
-            except StepInvalid as invalid:  # can never succeed: fail the step at once [INV-EXE-4]
+            except StepInvalid:  # can never succeed: fail the step at once [INV-EXE-4]
                 retry_transient(lambda: record_invalid(self.app, claimed, invalid.info))
                 return "invalid"
             except BuildFailed as failed:
@@ -282,10 +300,10 @@ class Worker:
                 retry_transient(lambda: record_crash(self.app, claimed.execution_id, claimed.process_id,
                                                      info.klass, info.message, info.backtrace, info.text))
                 return "process_crashed"
-            except StepTimedOut as timed_out:
+            except StepTimedOut:
                 retry_transient(lambda: record_failure(self.app, claimed, timed_out, outcome="timed_out"))
                 return "timed_out"
-            except ChildStepError as error:
+            except ChildStepError:
                 retry_transient(lambda: record_failure(self.app, claimed, error.info))
                 return "failure"
             except Exception as error:  # noqa: BLE001 - the step's own failure: retried, never lost

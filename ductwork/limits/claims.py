@@ -46,14 +46,15 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from ductwork import faults
-from ductwork.limits import buckets
 from ductwork.db import dialects, schema
 from ductwork.db.clock import from_us
-from ductwork.limits.executions import Claimed, Output, Success, lock_key, record_successes
 from ductwork.limit_entries import LimitEntry, entry_digest
+from ductwork.limits import buckets
+from ductwork.limits.executions import Claimed, Output, Success, lock_key, record_successes
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App, Tx
+    from ductwork.db.database import Database as App
+    from ductwork.db.database import Tx
 
 log = logging.getLogger("ductwork.claims")
 

@@ -33,9 +33,10 @@ from __future__ import annotations
 import json
 import logging
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -45,7 +46,8 @@ from ductwork.db.ids import new_id
 from ductwork.errors import CommitFailed, UnknownStepClassError
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App, Tx
+    from ductwork.db.database import Database as App
+    from ductwork.db.database import Tx
 
 log = logging.getLogger("ductwork.executions")
 
@@ -218,7 +220,7 @@ def record_successes(app: App, successes: list[Success],
         except _Taken:
             log.warning("a batch of %d successes lost an execution to the reaper; recording each alone",
                         len(successes))
-        except Exception as error:  # noqa: BLE001 - re-raised below by the success that causes it
+        except Exception as error:
             if dialects.is_retryable(error) or dialects.is_disconnect(error):
                 raise  # the whole batch is repeated (retry_transient)
             log.warning("a batch of %d successes failed (%s); recording each alone", len(successes), error)

@@ -32,25 +32,36 @@ import contextlib
 import json
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc
 
 from ductwork import faults, logs
 from ductwork.db import dialects, schema
-from ductwork.pipelines import payloads
-from ductwork.pipelines.definition import render_divert_key
+from ductwork.db.ids import new_id, new_token
 from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
 from ductwork.limits.executions import UNKNOWN_CLASS, ErrorInfo, payload_envelope
-from ductwork.db.ids import new_id, new_token
+from ductwork.pipelines import payloads
+from ductwork.pipelines.definition import render_divert_key
 from ductwork.pipelines.runs import cached_definition, lock_run, resolve_run
-from ductwork.pipelines.steps import (ADVANCEABLE, NewStep, StepRow, create_branches, create_steps, latest_step,
-                            payload_json, step_complete, step_output_json)
+from ductwork.pipelines.steps import (
+    ADVANCEABLE,
+    NewStep,
+    StepRow,
+    create_branches,
+    create_steps,
+    latest_step,
+    payload_json,
+    step_complete,
+    step_output_json,
+)
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App, Tx
+    from ductwork.db.database import Database as App
+    from ductwork.db.database import Tx
     from ductwork.pipelines.definition import Definition
 
 log = logging.getLogger("ductwork.advance")

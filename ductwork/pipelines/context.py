@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy as sa
 
 from ductwork.db import dialects, schema
-from ductwork.pipelines import payloads
-from ductwork.errors import InputError, OverwriteError
 from ductwork.db.ids import new_id
+from ductwork.errors import InputError, OverwriteError
+from ductwork.pipelines import payloads
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App

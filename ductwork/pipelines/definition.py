@@ -30,8 +30,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from ductwork.durations import parse_interval_us
 from ductwork.errors import (

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ductwork.db.database import default_app
 from ductwork.db.hosts import other_job_workers
+from ductwork.errors import DefinitionError, InputError, MainModuleError
 from ductwork.pipelines.definition import (
     _REGISTRY,
     Definition,
@@ -32,7 +33,6 @@ from ductwork.pipelines.definition import (
     referenced_class,
     register_class,
 )
-from ductwork.errors import DefinitionError, InputError, MainModuleError
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App

@@ -29,14 +29,15 @@ import sqlalchemy as sa
 
 from ductwork.db import dialects, schema
 from ductwork.db.database import default_app
-from ductwork.pipelines import payloads
-from ductwork.errors import DefinitionError, RunStateError
 from ductwork.db.ids import new_id
+from ductwork.errors import DefinitionError, RunStateError
+from ductwork.pipelines import payloads
 from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.steps import NewStep, create_branches, create_steps, latest_step, step_output_json
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App, Tx
+    from ductwork.db.database import Database as App
+    from ductwork.db.database import Tx
 
 TERMINAL = ("completed", "halted")
 SETTLED = ("completed", "halted", "dampened")

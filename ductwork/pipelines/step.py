@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import inspect
 import reprlib
-from typing import TYPE_CHECKING, Any, Self, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     from ductwork.pipelines.context import Context

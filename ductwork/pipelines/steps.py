@@ -14,9 +14,10 @@ Not done here: deciding which steps to create (advance.py) or running them (flee
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
