@@ -204,10 +204,7 @@ COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == [CHILD]:
-        args = _child_parser().parse_args(argv[1:])
-    else:
-        args = _parser().parse_args(argv)
+    args = _child_parser().parse_args(argv[1:]) if argv[:1] == [CHILD] else _parser().parse_args(argv)
     if os.getcwd() not in sys.path:  # like `python -m`: pipelines in the current directory import
         sys.path.insert(0, os.getcwd())
     restore = logs.configure(*_log_settings(args))  # the command owns logging; _connect adds the config's

@@ -264,7 +264,7 @@ def _logging(value: Any) -> LoggingConfig:
 
 _JOB_WORKER_SCALARS = ("count", "processes", "polling_timeout", "shutdown_timeout", "retry_delay",
                        "crash_backoff", "hand_off", "batch_size", "batch_window")
-_JOB_WORKER_KEYS = _JOB_WORKER_SCALARS + ("max_retry", "max_crash", "limits")
+_JOB_WORKER_KEYS = (*_JOB_WORKER_SCALARS, "max_retry", "max_crash", "limits")
 _ADVANCER_KEYS = tuple(f.name for f in dataclasses.fields(PipelineAdvancerConfig))
 _SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))
 #: a batch's ids travel in one IN list: keep it far below every driver's parameter limit

@@ -126,9 +126,11 @@ def main(database_url: str | None = None, orders: int = 12) -> int:
     sync = SyncOrders.trigger(orders)
     refresh = RefreshCatalog.trigger(None)
     stop = threading.Event()
-    loops = [Loop(f"worker-{i}", lambda w=Worker(app): w.run_once() is not None, 0.5, stop, app.wakeup)
-             for i in range(4)]
-    loops.append(Loop("advancer", lambda a=Advancer(app): a.run_once() != "idle", 0.5, stop, app.wakeup))
+    workers = [Worker(app) for _ in range(4)]
+    loops = [Loop(f"worker-{i}", lambda w=w: w.run_once() is not None, 0.5, stop, app.wakeup)
+             for i, w in enumerate(workers)]
+    advancer = Advancer(app)
+    loops.append(Loop("advancer", lambda: advancer.run_once() != "idle", 0.5, stop, app.wakeup))
     for loop in loops:
         loop.start()
     deadline = time.monotonic() + 120

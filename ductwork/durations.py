@@ -47,7 +47,7 @@ def _parse_string_seconds(value: str) -> int:
             "expected whole seconds or <int><unit> groups in the order w d h m s "
             "(e.g. '90', '1m', '1h30m')",
         )
-    return sum(int(n) * size for n, (_, size) in zip(match.groups(), _UNITS) if n)
+    return sum(int(n) * size for n, (_, size) in zip(match.groups(), _UNITS, strict=True) if n)
 
 
 def parse_period(value: Any) -> int:

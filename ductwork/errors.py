@@ -201,10 +201,7 @@ class MissingTablesError(DuctworkError):
         self.tables = sorted(tables)
         self.database = database
         where = f" in {database}" if database else ""
-        if every:
-            text = f"no ductwork tables{where}"
-        else:
-            text = f"missing tables{where}: " + ", ".join(self.tables)
+        text = f"no ductwork tables{where}" if every else f"missing tables{where}: " + ", ".join(self.tables)
         super().__init__(text + " (run `ductwork db upgrade` to create them)")
 
 

@@ -106,7 +106,7 @@ def configure(level: str = "WARNING", fmt: str = "text", stream: IO[str] | None 
         for installed in [h for h in root.handlers if isinstance(h, _Handler)]:
             root.removeHandler(installed)  # this call's, or a later call's that replaced it
         root.setLevel(before[0])
-        for logger, previous in zip(quiet, before[1]):
+        for logger, previous in zip(quiet, before[1], strict=True):
             logger.setLevel(previous)
 
     return restore

@@ -65,7 +65,7 @@ class ManualClock:
         self._lock = threading.Lock()
         self._now = start if start is not None else datetime(2026, 1, 1)
 
-    def now(self, conn: Connection | None = None) -> datetime:
+    def now(self, conn: Connection | None = None) -> datetime:  # noqa: ARG002 - the Clock signature; no database read
         with self._lock:
             return self._now
 

@@ -180,7 +180,8 @@ class Database:
         self.engine.dispose()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.engine.url.render_as_string(hide_password=True)!r}, env={self.config.env!r})"
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"{type(self).__name__}({url!r}, env={self.config.env!r})"
 
 
 _default: Database | None = None

@@ -81,6 +81,6 @@ class PgListener(threading.Thread):
                     while not self.stop.is_set():
                         for _ in conn.notifies(timeout=1.0, stop_after=1):
                             self.app.wakeup.notify()
-            except Exception:
+            except Exception:  # the listener is a hint; polling still works
                 log.warning("wakeup listener lost its connection; reconnecting", exc_info=True)
                 self.stop.wait(1.0)

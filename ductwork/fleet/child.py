@@ -21,6 +21,7 @@ its return value crosses back as JSON.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -58,7 +59,6 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
         "run_id": claimed.run_id,
     }
     read_fd, write_fd = os.pipe()
-    started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ductwork.fleet.child", str(write_fd)],
         stdin=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True,
@@ -110,10 +110,8 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 
@@ -148,7 +146,7 @@ def main() -> None:
         # that pipeline's module (its define() registers the step class), nothing else.
         try:
             import_pipeline(request["pipeline"])
-        except Exception as error:
+        except Exception as error:  # the module no longer imports: it will not next time
             raise StepInvalid(ErrorInfo.of(error)) from error
         instance = build_step(app, request["klass"], request["input_json"], request["step_id"], request["run_id"])
         pipe.write(RUNNING)
@@ -164,7 +162,7 @@ def main() -> None:
         message = {"build": True, "error": vars(failed.info)}
     except Exception as error:  # noqa: BLE001 - reported to the parent, which records it
         message = {"error": vars(ErrorInfo.of(error))}
-    except BaseException as error:  # SystemExit inside a step is the step's failure too
+    except BaseException as error:  # noqa: BLE001 - SystemExit inside a step is the step's failure too
         message = {"error": vars(ErrorInfo.of(error))}
     try:
         payload = json.dumps(message).encode()

@@ -100,7 +100,7 @@ def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str)
     """
     try:
         cls = resolve_step(klass)
-    except Exception as error:
+    except Exception as error:  # UnknownStepClassError, or what a class lookup raised
         raise _invalid(error, klass) from error
     try:
         args = json.loads(input_json)
@@ -110,7 +110,7 @@ def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str)
     try:
         # [INV-EXE-3] the key is the step row's id: the same for every execution of the step
         return cls._ductwork_build(args, step_id, run_id, Context(app, run_id))
-    except Exception as error:
+    except Exception as error:  # an error in __init__ is a crash, never lost
         raise BuildFailed(ErrorInfo.of(error)) from error
 
 

@@ -36,6 +36,7 @@ and re-run, or released.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -98,7 +99,7 @@ class Loop(threading.Thread):
             try:
                 self.busy = True
                 did = self.unit()
-            except Exception:
+            except Exception:  # one failed unit must not end the thread
                 log.exception("%s: unit of work failed", self.name)
                 did = False
             finally:
@@ -141,13 +142,24 @@ class Runner:
                                 batch_size=self.app.config.job_worker.batch_size,
                                 batch_window=self.app.config.job_worker.batch_window)
                 self.units.append(worker)
-                unit: Callable[[], bool] = lambda w=worker: w.run_once() is not None
-                token = lambda w=worker: w.next_token_s
+
+                def worked(w: Worker = worker) -> bool:
+                    return w.run_once() is not None
+
+                def next_token(w: Worker = worker) -> float | None:
+                    return w.next_token_s
+
+                unit: Callable[[], bool] = worked
+                token = next_token
                 wait = self.app.config.job_worker.polling_timeout
             else:
                 advancer = Advancer(self.app, process_id=self.process_id)
                 self.units.append(advancer)
-                unit = lambda a=advancer: a.run_once() != "idle"
+
+                def advanced(a: Advancer = advancer) -> bool:
+                    return a.run_once() != "idle"
+
+                unit = advanced
                 wait = self.app.config.pipeline_advancer.polling_timeout
             loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, self.app.wakeup, token))
         return loops
@@ -163,7 +175,7 @@ class Runner:
             sent = time.monotonic()
             try:
                 alive = heartbeat(self.app, self.process_id)
-            except Exception:
+            except Exception:  # the watchdog decides when this is fatal
                 log.warning("heartbeat failed", exc_info=True)
             else:
                 if not alive:
@@ -172,7 +184,7 @@ class Runner:
                 self._last_heartbeat_sent = sent
                 try:
                     reconcile(self.app, self.process_id, set().union(*(u.held() for u in self.units)))
-                except Exception:
+                except Exception:  # retried at the next heartbeat
                     log.warning("reconciliation failed", exc_info=True)
             self.stop.wait(interval)
 
@@ -290,8 +302,8 @@ class Supervisor:
     # -- children --------------------------------------------------------------------------
 
     def _spawn(self, child: Child) -> None:
-        command = self.child_command + ["--role", child.role, "--threads", str(child.threads),
-                                        "--label", child.label]
+        command = [*self.child_command, "--role", child.role, "--threads", str(child.threads),
+                   "--label", child.label]
         child.proc = subprocess.Popen(command)
         child.started = time.monotonic()
         log.info("started %s (pid %d)", child.label, child.proc.pid)
@@ -309,10 +321,8 @@ class Supervisor:
 
     def _kill_and_confirm(self, child: Child) -> bool:
         assert child.proc is not None
-        try:
+        with contextlib.suppress(ProcessLookupError):
             child.proc.kill()
-        except ProcessLookupError:
-            pass
         try:
             child.proc.wait(KILL_CONFIRM_S)
             return True
@@ -363,7 +373,7 @@ class Supervisor:
         for step in (self.check_children, self._heartbeat, self._reap):
             try:
                 step()
-            except Exception:
+            except Exception:  # a failed step must not stop the supervisor
                 log.exception("supervisor step %s failed", step.__name__)
 
     def _heartbeat(self) -> None:
@@ -410,10 +420,8 @@ class Supervisor:
     def shutdown(self) -> None:
         running = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
         for child in running:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 child.proc.terminate()  # type: ignore[union-attr]
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + self.app.config.supervisor.shutdown_timeout
         for child in running:
             try:
@@ -425,7 +433,7 @@ class Supervisor:
             if child.proc is not None and child.proc.poll() is not None:
                 try:
                     self._force_reap(child.proc.pid)
-                except Exception:
+                except Exception:  # the reaper of another supervisor will finish it
                     log.exception("could not reap %s", child.label)
         if self.process_id is not None:
             reap(self.app, self.process_id, force=True)

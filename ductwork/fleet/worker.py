@@ -292,19 +292,22 @@ class Worker:
                 output = self._invoke(claimed, definition)
                 self._paced(time.monotonic() - started)
                 faults.hit(faults.DURING_JOB_EXECUTION)
-            except StepInvalid:  # can never succeed: fail the step at once [INV-EXE-4]
-                retry_transient(lambda: record_invalid(self.app, claimed, invalid.info))
+            except StepInvalid as invalid:  # can never succeed: fail the step at once [INV-EXE-4]
+                info = invalid.info  # bound here: the name `invalid` ends with this block
+                retry_transient(lambda: record_invalid(self.app, claimed, info))
                 return "invalid"
             except BuildFailed as failed:
                 info = failed.info
                 retry_transient(lambda: record_crash(self.app, claimed.execution_id, claimed.process_id,
                                                      info.klass, info.message, info.backtrace, info.text))
                 return "process_crashed"
-            except StepTimedOut:
-                retry_transient(lambda: record_failure(self.app, claimed, timed_out, outcome="timed_out"))
+            except StepTimedOut as timed_out:
+                info = ErrorInfo.of(timed_out)
+                retry_transient(lambda: record_failure(self.app, claimed, info, outcome="timed_out"))
                 return "timed_out"
-            except ChildStepError:
-                retry_transient(lambda: record_failure(self.app, claimed, error.info))
+            except ChildStepError as child_error:
+                info = child_error.info
+                retry_transient(lambda: record_failure(self.app, claimed, info))
                 return "failure"
             except Exception as error:  # noqa: BLE001 - the step's own failure: retried, never lost
                 info = ErrorInfo.of(error)
@@ -317,7 +320,7 @@ class Worker:
             # as CommitFailed the second time (the guarded update matches nothing).
             inline = None
             if self.app.config.pipeline_advancer.inline_linear and output.value_json is not None:
-                inline = functools.partial(advance_on_success, self.app, claimed, definition, output.value_json)
+                inline = functools.partial(advance_on_success, claimed, definition, output.value_json)
             if group:  # recorded with the batch's group commit (run_once flushes it)
                 if not self._group:
                     self._group_started = time.monotonic()

@@ -114,7 +114,7 @@ def _latest_next_token(
     buckets: tuple[Bucket, ...], rates: tuple[RateEntry, ...], now_us: int
 ) -> int | None:
     """The first µs at which every bucket holds a token again; None if all hold one now."""
-    times = [t for b, r in zip(buckets, rates) if (t := next_token_us(b, r, now_us)) is not None]
+    times = [t for b, r in zip(buckets, rates, strict=True) if (t := next_token_us(b, r, now_us)) is not None]
     return max(times, default=None)
 
 
@@ -203,6 +203,6 @@ def decide(
         return Decision(False, "rate", refilled, True, blocked_until, False)
     spent = tuple(
         replace(bucket, level_units=bucket.level_units - rate.units_per_token)  # [INV-LIM-2]
-        for bucket, rate in zip(refilled, rates)
+        for bucket, rate in zip(refilled, rates, strict=True)
     )
     return Decision(True, None, spent, True, _latest_next_token(spent, rates, now_us), False)

@@ -16,9 +16,9 @@ under one lock (what the concurrency checker sweeps) [INV-LIM-1, INV-LIM-3].
 
 What follows in the same transaction: success keeps the output and moves the step
 to ``advancing``; a failure or timeout enqueues a retry while ``retry_count <
-max_retry`` (never for a return value that cannot be stored: it would recur); a crash enqueues a re-run while ``crash_count < max_crash`` (at once
-for the first third of the budget, then backing off by 10 s per crash); a spent
-budget marks the step ``failed``, and so does an ``invalid`` execution (one that
+max_retry`` (never for a return value that cannot be stored: it would recur); a crash enqueues a
+re-run while ``crash_count < max_crash`` (at once for the first third of the budget, then
+backing off by 10 s per crash); a spent budget marks the step ``failed``, and so does an ``invalid`` execution (one that
 can never succeed: its class is not of the configured pipelines, its input does not
 bind, its return value cannot be stored) at once [INV-EXE-4]. The code that ran is not stopped
 here: a caller that knows it may still run must stop it first [INV-EXE-5].
@@ -114,7 +114,7 @@ class ErrorInfo:
     def of(cls, error: BaseException) -> ErrorInfo:
         frames = traceback.format_tb(error.__traceback__)
         if len(frames) > BACKTRACE_FRAMES:
-            frames = frames[:BACKTRACE_FRAMES] + [f"... {len(frames) - BACKTRACE_FRAMES} more frames\n"]
+            frames = [*frames[:BACKTRACE_FRAMES], f"... {len(frames) - BACKTRACE_FRAMES} more frames\n"]
         return cls(f"{type(error).__module__}.{type(error).__qualname__}",
                    str(error)[:MESSAGE_LIMIT], "".join(frames) or None,
                    "".join(traceback.format_exception(error)).rstrip("\n"))
@@ -220,7 +220,7 @@ def record_successes(app: App, successes: list[Success],
         except _Taken:
             log.warning("a batch of %d successes lost an execution to the reaper; recording each alone",
                         len(successes))
-        except Exception as error:
+        except Exception as error:  # re-raised below by the success that causes it
             if dialects.is_retryable(error) or dialects.is_disconnect(error):
                 raise  # the whole batch is repeated (retry_transient)
             log.warning("a batch of %d successes failed (%s); recording each alone", len(successes), error)

@@ -492,7 +492,7 @@ class Advancer:
             step_complete(tx, c.step.id)
             children = self._new_branches(tx, c, len(nodes), 0)
             create_steps(tx, c.run_id, definition,
-                         [NewStep(b, n, "divide", args) for b, n in zip(children, nodes)])
+                         [NewStep(b, n, "divide", args) for b, n in zip(children, nodes, strict=True)])
             self._close(tx, c)
             self._set_branch(tx, c, "completed", completed_at=tx.now, fanout_width=len(nodes))
 
@@ -519,7 +519,8 @@ class Advancer:
                 ).all()
                 children = self._new_branches(tx, c, len(items), cursor)
                 create_steps(tx, c.run_id, definition,
-                             [NewStep(b, node, "expand", "[" + item.value + "]") for b, item in zip(children, items)])
+                             [NewStep(b, node, "expand", "[" + item.value + "]")
+                              for b, item in zip(children, items, strict=True)])
                 cursor += len(items)
                 done = cursor >= total
                 values = {"fanout_cursor": cursor, "fanout_width": total}
@@ -593,7 +594,7 @@ class Advancer:
             create_steps(tx, c.run_id, definition, [NewStep(merged, edge.to[0], kind, "[" + value_json + "]")])
 
 
-def advance_on_success(app: App, claimed: Any, definition: Definition, value_json: str, tx: Tx) -> bool:
+def advance_on_success(claimed: Any, definition: Definition, value_json: str, tx: Tx) -> bool:
     """Advance a branch past a step inside the transaction that records the step's success.
 
     For linear edges only — ``chain``, ``converge``, and ``divert`` with a target — where

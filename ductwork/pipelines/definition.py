@@ -642,7 +642,7 @@ class PipelineBuilder:
                  delay: Any, timeout: Any, limit_by: Any) -> PipelineBuilder:
         graph = self._graph
         nodes = graph.add_nodes(kind, classes, graph.options(kind, delay, timeout, limit_by))
-        graph.connect(self._tips, kind, nodes if keys is None else dict(zip(keys, nodes)))
+        graph.connect(self._tips, kind, nodes if keys is None else dict(zip(keys, nodes, strict=True)))
         self._stack.append(_Frame(kind, tuple(self._tips)))
         self._tips = nodes
         self._fork = list(nodes)

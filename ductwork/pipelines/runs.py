@@ -301,7 +301,8 @@ class Run:
             new = []
             for branch_id in dampened:
                 step = latest_step(tx, branch_id)
-                assert step is not None and step.status == "completed", (branch_id, step)
+                assert step is not None, branch_id
+                assert step.status == "completed", (branch_id, step)
                 edge = definition.edges[step.node]
                 assert isinstance(edge.to, list), edge  # a dampen edge names one node
                 args = "[" + (value_json if value_json is not None else step_output_json(tx, step.id)) + "]"

@@ -1,7 +1,7 @@
 """initial schema
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-29
 """
 import sqlalchemy as sa
@@ -14,14 +14,19 @@ branch_labels = None
 depends_on = None
 
 
+def _datetime() -> sa.DateTime:
+    """A timestamp with microseconds on every backend (MySQL's DATETIME keeps none unless told)."""
+    return sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql')
+
+
 def upgrade() -> None:
     op.create_table('ductwork_limit_keys',
     sa.Column('key', sa.String(length=255), nullable=False),
-    sa.Column('blocked_until', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
+    sa.Column('blocked_until', _datetime(), nullable=True),
     sa.Column('config_digest', sa.String(length=16), nullable=True),
     sa.Column('seq', sa.BigInteger(), server_default='0', nullable=False),
-    sa.Column('created_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('updated_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
+    sa.Column('created_at', _datetime(), nullable=False),
+    sa.Column('updated_at', _datetime(), nullable=False),
     sa.PrimaryKeyConstraint('key')
     )
     op.create_table('ductwork_processes',
@@ -30,9 +35,9 @@ def upgrade() -> None:
     sa.Column('machine_identifier', sa.String(length=255), nullable=False),
     sa.Column('label', sa.String(length=100), nullable=False),
     sa.Column('role', sa.String(length=32), nullable=False),
-    sa.Column('last_heartbeat_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('created_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('updated_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
+    sa.Column('last_heartbeat_at', _datetime(), nullable=False),
+    sa.Column('created_at', _datetime(), nullable=False),
+    sa.Column('updated_at', _datetime(), nullable=False),
     sa.PrimaryKeyConstraint('id'),
     sa.UniqueConstraint('machine_identifier', 'pid', 'label', name='uq_process_host_pid_label')
     )
@@ -43,11 +48,11 @@ def upgrade() -> None:
     sa.Column('definition', sa.Text(), nullable=False),
     sa.Column('definition_sha1', sa.String(length=40), nullable=False),
     sa.Column('status', sa.String(length=16), nullable=False),
-    sa.Column('triggered_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('completed_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
-    sa.Column('halted_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
-    sa.Column('created_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('updated_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
+    sa.Column('triggered_at', _datetime(), nullable=False),
+    sa.Column('completed_at', _datetime(), nullable=True),
+    sa.Column('halted_at', _datetime(), nullable=True),
+    sa.Column('created_at', _datetime(), nullable=False),
+    sa.Column('updated_at', _datetime(), nullable=False),
     sa.PrimaryKeyConstraint('id')
     )
     op.create_index('ix_run_pipeline_triggered', 'ductwork_runs', ['pipeline_klass', 'triggered_at'], unique=False)
@@ -58,20 +63,20 @@ def upgrade() -> None:
     sa.Column('status', sa.String(length=16), nullable=False),
     sa.Column('halt_reason', sa.String(length=40), nullable=True),
     sa.Column('claim_token', sa.String(length=36), nullable=True),
-    sa.Column('claimed_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
-    sa.Column('last_advanced_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
+    sa.Column('claimed_at', _datetime(), nullable=True),
+    sa.Column('last_advanced_at', _datetime(), nullable=False),
     sa.Column('parent_id', sa.String(length=36), nullable=True),
     sa.Column('barrier_id', sa.String(length=36), nullable=True),
     sa.Column('barrier_index', sa.Integer(), nullable=True),
     sa.Column('fanout_width', sa.Integer(), nullable=True),
     sa.Column('fanout_cursor', sa.Integer(), nullable=True),
     sa.Column('fanin_arrivals', sa.Integer(), server_default='0', nullable=False),
-    sa.Column('fanin_arrived_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
+    sa.Column('fanin_arrived_at', _datetime(), nullable=True),
     sa.Column('merged_barrier_id', sa.String(length=36), nullable=True),
-    sa.Column('started_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('completed_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
-    sa.Column('created_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('updated_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
+    sa.Column('started_at', _datetime(), nullable=False),
+    sa.Column('completed_at', _datetime(), nullable=True),
+    sa.Column('created_at', _datetime(), nullable=False),
+    sa.Column('updated_at', _datetime(), nullable=False),
     sa.ForeignKeyConstraint(['barrier_id'], ['ductwork_branches.id'], ),
     sa.ForeignKeyConstraint(['parent_id'], ['ductwork_branches.id'], ),
     sa.ForeignKeyConstraint(['run_id'], ['ductwork_runs.id'], ),
@@ -86,8 +91,8 @@ def upgrade() -> None:
     sa.Column('run_id', sa.String(length=36), nullable=False),
     sa.Column('key', sa.String(length=255), nullable=False),
     sa.Column('value', sa.Text(), nullable=False),
-    sa.Column('first_set_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('last_set_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
+    sa.Column('first_set_at', _datetime(), nullable=False),
+    sa.Column('last_set_at', _datetime(), nullable=False),
     sa.ForeignKeyConstraint(['run_id'], ['ductwork_runs.id'], ),
     sa.PrimaryKeyConstraint('id'),
     sa.UniqueConstraint('run_id', 'key', name='uq_context_run_key')
@@ -97,7 +102,7 @@ def upgrade() -> None:
     sa.Column('period_s', sa.Integer(), nullable=False),
     sa.Column('level_units', sa.BigInteger(), nullable=False),
     sa.Column('refilled_at_us', sa.BigInteger(), nullable=False),
-    sa.Column('updated_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
+    sa.Column('updated_at', _datetime(), nullable=False),
     sa.ForeignKeyConstraint(['key'], ['ductwork_limit_keys.key'], ),
     sa.PrimaryKeyConstraint('key', 'period_s', name='pk_limit_bucket')
     )
@@ -111,10 +116,10 @@ def upgrade() -> None:
     sa.Column('status', sa.String(length=16), nullable=False),
     sa.Column('limit_key', sa.String(length=255), nullable=True),
     sa.Column('timeout_us', sa.BigInteger(), nullable=True),
-    sa.Column('started_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('completed_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
-    sa.Column('created_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('updated_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
+    sa.Column('started_at', _datetime(), nullable=False),
+    sa.Column('completed_at', _datetime(), nullable=True),
+    sa.Column('created_at', _datetime(), nullable=False),
+    sa.Column('updated_at', _datetime(), nullable=False),
     sa.ForeignKeyConstraint(['branch_id'], ['ductwork_branches.id'], ),
     sa.ForeignKeyConstraint(['run_id'], ['ductwork_runs.id'], ),
     sa.PrimaryKeyConstraint('id'),
@@ -129,15 +134,16 @@ def upgrade() -> None:
     sa.Column('step_id', sa.String(length=36), nullable=False),
     sa.Column('process_id', sa.String(length=36), nullable=True),
     sa.Column('claim_token', sa.String(length=36), nullable=False),
-    sa.Column('started_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('completed_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
+    sa.Column('started_at', _datetime(), nullable=False),
+    sa.Column('completed_at', _datetime(), nullable=True),
     sa.Column('error_klass', sa.String(length=255), nullable=True),
     sa.Column('error_message', sa.String(length=255), nullable=True),
     sa.Column('error_backtrace', sa.Text(), nullable=True),
     sa.Column('crash_count', sa.Integer(), nullable=False),
-    sa.Column('created_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('updated_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('open_branch_id', sa.String(length=36), sa.Computed('CASE WHEN completed_at IS NULL THEN branch_id END', persisted=True), nullable=True),
+    sa.Column('created_at', _datetime(), nullable=False),
+    sa.Column('updated_at', _datetime(), nullable=False),
+    sa.Column('open_branch_id', sa.String(length=36),
+              sa.Computed('CASE WHEN completed_at IS NULL THEN branch_id END', persisted=True), nullable=True),
     sa.ForeignKeyConstraint(['branch_id'], ['ductwork_branches.id'], ),
     sa.ForeignKeyConstraint(['process_id'], ['ductwork_processes.id'], ondelete='SET NULL'),
     sa.ForeignKeyConstraint(['step_id'], ['ductwork_steps.id'], ),
@@ -152,10 +158,10 @@ def upgrade() -> None:
     sa.Column('klass', sa.String(length=255), nullable=False),
     sa.Column('input_args', sa.Text(), nullable=False),
     sa.Column('output_payload', sa.Text(), nullable=True),
-    sa.Column('started_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('completed_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
-    sa.Column('created_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('updated_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
+    sa.Column('started_at', _datetime(), nullable=False),
+    sa.Column('completed_at', _datetime(), nullable=True),
+    sa.Column('created_at', _datetime(), nullable=False),
+    sa.Column('updated_at', _datetime(), nullable=False),
     sa.ForeignKeyConstraint(['step_id'], ['ductwork_steps.id'], ),
     sa.PrimaryKeyConstraint('id'),
     sa.UniqueConstraint('step_id', name='uq_job_step')
@@ -164,10 +170,10 @@ def upgrade() -> None:
     sa.Column('id', sa.String(length=36), nullable=False),
     sa.Column('job_id', sa.String(length=36), nullable=False),
     sa.Column('limit_key', sa.String(length=255), nullable=True),
-    sa.Column('eligible_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('claimed_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
+    sa.Column('eligible_at', _datetime(), nullable=False),
+    sa.Column('claimed_at', _datetime(), nullable=True),
     sa.Column('process_id', sa.String(length=36), nullable=True),
-    sa.Column('completed_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=True),
+    sa.Column('completed_at', _datetime(), nullable=True),
     sa.Column('outcome', sa.String(length=16), nullable=True),
     sa.Column('error_klass', sa.String(length=255), nullable=True),
     sa.Column('error_message', sa.String(length=255), nullable=True),
@@ -176,11 +182,17 @@ def upgrade() -> None:
     sa.Column('crash_count', sa.Integer(), nullable=False),
     sa.Column('claim_seq', sa.BigInteger(), nullable=True),
     sa.Column('release_seq', sa.BigInteger(), nullable=True),
-    sa.Column('created_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('updated_at', sa.DateTime().with_variant(mysql.DATETIME(fsp=6), 'mariadb').with_variant(mysql.DATETIME(fsp=6), 'mysql'), nullable=False),
-    sa.Column('pending_lane', sa.String(length=255), sa.Computed("CASE WHEN claimed_at IS NULL THEN COALESCE(limit_key, '') END", persisted=True), nullable=True),
-    sa.Column('inflight_key', sa.String(length=255), sa.Computed('CASE WHEN claimed_at IS NOT NULL AND completed_at IS NULL THEN limit_key END', persisted=True), nullable=True),
-    sa.Column('open_job_id', sa.String(length=36), sa.Computed('CASE WHEN completed_at IS NULL THEN job_id END', persisted=True), nullable=True),
+    sa.Column('created_at', _datetime(), nullable=False),
+    sa.Column('updated_at', _datetime(), nullable=False),
+    sa.Column('pending_lane', sa.String(length=255),
+              sa.Computed("CASE WHEN claimed_at IS NULL THEN COALESCE(limit_key, '') END", persisted=True),
+              nullable=True),
+    sa.Column('inflight_key', sa.String(length=255),
+              sa.Computed('CASE WHEN claimed_at IS NOT NULL AND completed_at IS NULL THEN limit_key END',
+                          persisted=True),
+              nullable=True),
+    sa.Column('open_job_id', sa.String(length=36),
+              sa.Computed('CASE WHEN completed_at IS NULL THEN job_id END', persisted=True), nullable=True),
     sa.ForeignKeyConstraint(['job_id'], ['ductwork_jobs.id'], ),
     sa.ForeignKeyConstraint(['process_id'], ['ductwork_processes.id'], ondelete='SET NULL'),
     sa.PrimaryKeyConstraint('id'),
@@ -188,7 +200,8 @@ def upgrade() -> None:
     )
     op.create_index('ix_execution_inflight_key', 'ductwork_executions', ['inflight_key'], unique=False)
     op.create_index('ix_execution_job', 'ductwork_executions', ['job_id'], unique=False)
-    op.create_index('ix_execution_pending_lane', 'ductwork_executions', ['pending_lane', 'eligible_at', 'id'], unique=False)
+    op.create_index('ix_execution_pending_lane', 'ductwork_executions', ['pending_lane', 'eligible_at', 'id'],
+                    unique=False)
     op.create_index('ix_execution_process', 'ductwork_executions', ['process_id'], unique=False)
     op.create_table('ductwork_expand_items',
     sa.Column('job_id', sa.String(length=36), nullable=False),
