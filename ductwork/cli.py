@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import DBAPIError
 
@@ -33,6 +33,7 @@ from ductwork.errors import DuctworkError
 from ductwork.logs import FORMATS, LEVELS
 
 if TYPE_CHECKING:
+    from ductwork.app import App
     from ductwork.config import Config
 
 log = logging.getLogger("ductwork.cli")
@@ -86,10 +87,10 @@ def _child_parser() -> argparse.ArgumentParser:
     return child
 
 
-_opened: list = []
+_opened: list[App] = []
 
 
-def _connect(args: argparse.Namespace, **settings: object):  # type: ignore[no-untyped-def]
+def _connect(args: argparse.Namespace, **settings: Any) -> App:
     """Connect as the options say; ``main`` disposes the app when the command ends."""
     from ductwork.app import connect
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -47,7 +47,8 @@ FORMATS = ("text", "json")
 
 DEFAULT_ENV = "default"
 DEFAULT_PATH = "ductwork.yml"
-ROLES = ("all", "advancer", "worker")
+Role = Literal["all", "advancer", "worker"]
+ROLES: tuple[Role, ...] = ("all", "advancer", "worker")
 #: Upper bound of counts and retry/crash budgets (fits a 32-bit INTEGER column).
 MAX_COUNT = 2**31 - 1
 #: Upper bound of every time value: 100 years, in µs (stays a valid timestamp and wait).
@@ -311,7 +312,7 @@ def _supervisor(values: dict[str, Any]) -> SupervisorConfig:
     return cfg
 
 
-def _scalars(path: str, body: Mapping, keys: tuple[str, ...]) -> dict[str, Any]:
+def _scalars(path: str, body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     """Check the plain scalar keys of a section: counts, budgets and time values."""
     values: dict[str, Any] = {}
     for key in keys:
@@ -331,7 +332,7 @@ def _scalars(path: str, body: Mapping, keys: tuple[str, ...]) -> dict[str, Any]:
     return values
 
 
-def _job_worker(body: Mapping) -> tuple[JobWorkerConfig, dict[str, LimitEntry]]:
+def _job_worker(body: Mapping[str, Any]) -> tuple[JobWorkerConfig, dict[str, LimitEntry]]:
     values = _scalars("job_worker", body, _JOB_WORKER_SCALARS)
     for budget in ("max_retry", "max_crash"):
         if budget in body:
@@ -343,7 +344,7 @@ def _job_worker(body: Mapping) -> tuple[JobWorkerConfig, dict[str, LimitEntry]]:
     return JobWorkerConfig(**values), limits
 
 
-def _string_list(path: str, value: Any, valid, what: str) -> tuple[str, ...]:
+def _string_list(path: str, value: Any, valid: Callable[[Any], bool], what: str) -> tuple[str, ...]:
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
@@ -365,13 +366,14 @@ def _pipelines(value: Any) -> tuple[str, ...]:
     return names
 
 
-def _role(body: Mapping, environ: Mapping[str, str]) -> str:
+def _role(body: Mapping[str, Any], environ: Mapping[str, str]) -> Role:
     path, role = "role", body.get("role", "all")
     if environ.get("DUCTWORK_ROLE"):
         path, role = "DUCTWORK_ROLE", environ["DUCTWORK_ROLE"]
-    if not isinstance(role, str) or role not in ROLES:
-        raise ConfigError(path, role, f"expected one of {', '.join(ROLES)}")
-    return role
+    for known in ROLES:  # (a value that is not a string equals none of them)
+        if role == known:
+            return known
+    raise ConfigError(path, role, f"expected one of {', '.join(ROLES)}")
 
 
 def _database_url(value: Any) -> str | None:
@@ -401,7 +403,7 @@ class Config:
     #: modules to import (what ``"*"`` scans)
     imports: tuple[str, ...] = ()
     #: ``all``, ``advancer`` or ``worker``; ``DUCTWORK_ROLE`` overrides the file
-    role: Literal["all", "advancer", "worker"] = "all"
+    role: Role = "all"
     job_worker: JobWorkerConfig = field(default_factory=JobWorkerConfig)
     pipeline_advancer: PipelineAdvancerConfig = field(default_factory=PipelineAdvancerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
@@ -512,7 +514,7 @@ class _SafeLoader(yaml.SafeLoader):
 
     source = "<yaml>"
 
-    def construct_object(self, node, deep=False):
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep)
         except (ValueError, TypeError, OverflowError) as exc:
@@ -520,7 +522,7 @@ class _SafeLoader(yaml.SafeLoader):
                 None, None, f"invalid {node.tag} value: {exc}", node.start_mark
             ) from exc
 
-    def construct_document(self, node):
+    def construct_document(self, node: yaml.Node) -> Any:
         self._reject_duplicate_keys(node)
         return super().construct_document(node)
 

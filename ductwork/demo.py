@@ -14,13 +14,19 @@ in-flight count it observed, which never exceeds 2.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from ductwork.pipelines.definition import PipelineBuilder
 from ductwork.pipelines.pipeline import Pipeline
 from ductwork.pipelines.step import Step
+
+if TYPE_CHECKING:
+    from ductwork.fleet.worker import Worker
 
 CONFIG = {
     "default": {
@@ -43,19 +49,19 @@ def _say(text: str) -> None:
 
 
 class FetchPendingOrders(Step):
-    def __init__(self, count):
+    def __init__(self, count: int) -> None:
         self.count = count
 
-    def execute(self):
+    def execute(self) -> list[int]:
         _say(f"fetched {self.count} pending orders")
         return list(range(1, self.count + 1))
 
 
 class PushOrderToVendor(Step):
-    def __init__(self, order_id):
+    def __init__(self, order_id: int) -> None:
         self.order_id = order_id
 
-    def execute(self):
+    def execute(self) -> dict[str, Any]:
         global _in_flight, _max_in_flight
         with _lock:
             _in_flight += 1
@@ -76,26 +82,26 @@ class PushOrderToVendor(Step):
 
 
 class RecordSyncResults(Step):
-    def __init__(self, results):
+    def __init__(self, results: list[dict[str, Any]]) -> None:
         self.results = results
 
-    def execute(self):
+    def execute(self) -> int:
         _say(f"recorded {len(self.results)} results: {[r['vendor_ref'] for r in self.results][:4]} …")
         return len(self.results)
 
 
 class RefreshVendorCatalog(Step):
-    def __init__(self, _):
+    def __init__(self, _: object) -> None:
         pass
 
-    def execute(self):
+    def execute(self) -> str:
         _say("refresh vendor catalog (shares the vendor_api pool)")
         return "ok"
 
 
 class SyncOrders(Pipeline):
     @classmethod
-    def define(cls, pipeline):
+    def define(cls, pipeline: PipelineBuilder) -> None:
         (pipeline.start(FetchPendingOrders)
          .expand(to=PushOrderToVendor, limit_by="vendor_api")
          .collapse(into=RecordSyncResults))
@@ -103,8 +109,12 @@ class SyncOrders(Pipeline):
 
 class RefreshCatalog(Pipeline):
     @classmethod
-    def define(cls, pipeline):
+    def define(cls, pipeline: PipelineBuilder) -> None:
         pipeline.start(RefreshVendorCatalog, limit_by="vendor_api")
+
+
+def _worked(worker: Worker) -> bool:
+    return worker.run_once() is not None
 
 
 def main(database_url: str | None = None, orders: int = 12) -> int:
@@ -127,7 +137,7 @@ def main(database_url: str | None = None, orders: int = 12) -> int:
     refresh = RefreshCatalog.trigger(None)
     stop = threading.Event()
     workers = [Worker(app) for _ in range(4)]
-    loops = [Loop(f"worker-{i}", lambda w=w: w.run_once() is not None, 0.5, stop, app.wakeup)
+    loops = [Loop(f"worker-{i}", functools.partial(_worked, w), 0.5, stop, app.wakeup)
              for i, w in enumerate(workers)]
     advancer = Advancer(app)
     loops.append(Loop("advancer", lambda: advancer.run_once() != "idle", 0.5, stop, app.wakeup))

@@ -68,7 +68,7 @@ def child_path(path: str, key: Any) -> str:
     return f"{path}[{key!r}]"
 
 
-def check_mapping(path: str, value: Any, allowed: Iterable[str] | None = None) -> Mapping:
+def check_mapping(path: str, value: Any, allowed: Iterable[str] | None = None) -> Mapping[str, Any]:
     """Return ``value`` if it is a mapping whose keys are all in ``allowed``.
 
     ``None`` (a YAML key with nothing under it) reads as an empty mapping. An unknown

@@ -112,7 +112,7 @@ def configure(level: str = "WARNING", fmt: str = "text", stream: IO[str] | None 
     return restore
 
 
-class _Handler(logging.StreamHandler):
+class _Handler(logging.StreamHandler[IO[str]]):
     """The handler :func:`configure` installs (so a second call replaces it)."""
 
     #: the root and quiet loggers' levels before the first :func:`configure`

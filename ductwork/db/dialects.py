@@ -314,7 +314,8 @@ db_now = Seam("db_now")
 @db_now.for_db("postgresql")
 def _pg_now(conn: Connection) -> datetime:
     # clock_timestamp(), not now(): the time of this statement, not of BEGIN.
-    return conn.exec_driver_sql("SELECT clock_timestamp() AT TIME ZONE 'UTC'").scalar_one()
+    now: datetime = conn.exec_driver_sql("SELECT clock_timestamp() AT TIME ZONE 'UTC'").scalar_one()
+    return now
 
 
 @db_now.for_db("mysql")
@@ -322,7 +323,8 @@ def _mysql_now(conn: Connection) -> datetime:
     # Differs from PostgreSQL in that the function is UTC_TIMESTAMP(6): like
     # CURRENT_TIMESTAMP(6) but independent of the session time zone, because
     # DATETIME columns store no zone.
-    return conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one()
+    now: datetime = conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one()
+    return now
 
 
 @db_now.for_db("sqlite")
@@ -340,24 +342,25 @@ _for_update = Seam("for_update")
 
 
 @_for_update.for_db("postgresql", "mysql")
-def _row_lock(_: Any, stmt: sa.Select, skip_locked: bool, no_key: bool) -> sa.Select:
+def _row_lock(_: Any, stmt: sa.Select[Any], skip_locked: bool, no_key: bool) -> sa.Select[Any]:
     return stmt.with_for_update(skip_locked=skip_locked, key_share=no_key)
 
 
 @_for_update.for_db("sqlite")
-def _sqlite_lock(_: Any, stmt: sa.Select, skip_locked: bool, no_key: bool) -> sa.Select:
+def _sqlite_lock(_: Any, stmt: sa.Select[Any], skip_locked: bool, no_key: bool) -> sa.Select[Any]:
     # Differs from PostgreSQL in that there are no row locks: the transaction
     # already holds the database write lock (BEGIN IMMEDIATE), so the plain read
     # is as exclusive as FOR UPDATE.
     return stmt
 
 
-def for_update(stmt: sa.Select, bind: Any, *, skip_locked: bool = False) -> sa.Select:
+def for_update(stmt: sa.Select[Any], bind: Any, *, skip_locked: bool = False) -> sa.Select[Any]:
     """``SELECT … FOR UPDATE [SKIP LOCKED]`` (nothing on SQLite: see _sqlite_lock)."""
-    return _for_update(bind, stmt, skip_locked, False)
+    locked: sa.Select[Any] = _for_update(bind, stmt, skip_locked, False)
+    return locked
 
 
-def inline_ids(ids: list[str]) -> sa.BindParameter:
+def inline_ids(ids: list[str]) -> sa.BindParameter[Any]:
     """A batch's ids for ``column.in_(...)``, written into the statement's text.
 
     A batch's statements (claim, load, group commit) are then planned for the ids they
@@ -376,7 +379,7 @@ _by_key = Seam("by_primary_key")
 
 
 @_by_key.for_db("sqlite")
-def _sqlite_by_key(_: Any, column: sa.ColumnElement) -> sa.ColumnElement:
+def _sqlite_by_key(_: Any, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     # Differs from PostgreSQL and MySQL in that SQLite's planner, without statistics,
     # prefers an index on ``column`` (``status = ?``, ``process_id = ?``) to a
     # primary-key IN list and then reads every row with that value: 100,000 pending
@@ -387,36 +390,40 @@ def _sqlite_by_key(_: Any, column: sa.ColumnElement) -> sa.ColumnElement:
 
 
 @_by_key.for_db("postgresql", "mysql")
-def _other_by_key(_: Any, column: sa.ColumnElement) -> sa.ColumnElement:
+def _other_by_key(_: Any, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     return column  # their planners weigh the IN list's few rows against the index
 
 
-def by_primary_key(column: sa.ColumnElement, bind: Any) -> sa.ColumnElement:
+def by_primary_key(column: sa.ColumnElement[Any], bind: Any) -> sa.ColumnElement[Any]:
     """``column`` in a guard that must not steer the plan away from a primary-key lookup."""
-    return _by_key(bind, column)
+    guarded: sa.ColumnElement[Any] = _by_key(bind, column)
+    return guarded
 
 
 _run_lock = Seam("lock_run")
 
 
 @_run_lock.for_db("postgresql")
-def _pg_run_lock(bind: Any, stmt: sa.Select) -> sa.Select:
+def _pg_run_lock(bind: Any, stmt: sa.Select[Any]) -> sa.Select[Any]:
     # FOR NO KEY UPDATE: inserts of rows referencing the run hold FOR KEY SHARE on
     # it; a plain FOR UPDATE would conflict with them and deadlock two transitions.
-    return _for_update(bind, stmt, False, True)
+    locked: sa.Select[Any] = _for_update(bind, stmt, False, True)
+    return locked
 
 
 @_run_lock.for_db("mysql", "sqlite")
-def _other_run_lock(bind: Any, stmt: sa.Select) -> sa.Select:
+def _other_run_lock(bind: Any, stmt: sa.Select[Any]) -> sa.Select[Any]:
     # Differs from PostgreSQL in that there is no NO KEY lock mode; transactions
     # that take this lock insert nothing that references the run before it, so the
     # plain exclusive lock cannot deadlock with their own foreign-key checks.
-    return _for_update(bind, stmt, False, False)
+    locked: sa.Select[Any] = _for_update(bind, stmt, False, False)
+    return locked
 
 
-def for_update_run(stmt: sa.Select, bind: Any) -> sa.Select:
+def for_update_run(stmt: sa.Select[Any], bind: Any) -> sa.Select[Any]:
     """The run-row lock taken before deciding a run's terminal state."""
-    return _run_lock(bind, stmt)
+    locked: sa.Select[Any] = _run_lock(bind, stmt)
+    return locked
 
 
 # --------------------------------------------------------------------------- inserts
@@ -511,8 +518,9 @@ def violated_constraint(error: exc.IntegrityError) -> str | None:
     """
     orig = error.orig
     diag = getattr(orig, "diag", None)
-    if diag is not None and getattr(diag, "constraint_name", None):
-        return diag.constraint_name
+    name: str | None = getattr(diag, "constraint_name", None) if diag is not None else None
+    if name:
+        return name
     text = str(orig)
     match = _MYSQL_KEY.search(text)
     if match:

@@ -62,8 +62,8 @@ def load_pipelines(config: Config) -> list[type[Pipeline]]:
     return pipelines
 
 
-def _subclasses(cls: type) -> list[type]:
-    out = []
+def _subclasses(cls: type[Pipeline]) -> list[type[Pipeline]]:
+    out: list[type[Pipeline]] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_subclasses(sub))

@@ -52,6 +52,7 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     from ductwork.fleet.invoke import BuildFailed, ChildStepError, ReturnRejected, StepInvalid, StepTimedOut
     from ductwork.limits.executions import ErrorInfo
 
+    assert claimed.timeout_us, "run_in_child runs a timeout= step"
     timeout_s = claimed.timeout_us / 1_000_000
     request = {
         "url": app.url, "sys_path": [p for p in sys.path if p], "klass": claimed.klass,
@@ -109,7 +110,7 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     raise (BuildFailed(info) if message.get("build") else ChildStepError(info))
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

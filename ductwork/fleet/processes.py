@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from ductwork.db import schema
-from ductwork.db.hosts import machine_identifier, other_job_workers  # noqa: F401 - this module's API too
+from ductwork.db.hosts import machine_identifier as machine_identifier  # this module's API too
+from ductwork.db.hosts import other_job_workers as other_job_workers
 from ductwork.db.ids import new_id
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def supervisors_on_this_host(app: App) -> list[sa.Row]:
+def supervisors_on_this_host(app: App) -> list[sa.Row[Any]]:
     """Other live supervisors of this database on this host: rows with role
     ``supervisor``, this host's identifier, a heartbeat younger than ``reaper_timeout``
     and a pid that exists (``id``, ``pid``, ``label``, ``machine_identifier``).
@@ -71,7 +72,7 @@ def supervisors_on_this_host(app: App) -> list[sa.Row]:
     return [row for row in rows if pid_alive(row.pid)]
 
 
-def same_host_warning(row: sa.Row) -> str:
+def same_host_warning(row: sa.Row[Any]) -> str:
     """What ``ductwork start`` prints for a row of :func:`supervisors_on_this_host`."""
     return (f"another ductwork supervisor of this database is running on this host "
             f"({host_name(row.machine_identifier)}): pid {row.pid}, label {row.label!r}; both will "

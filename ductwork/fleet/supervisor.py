@@ -47,6 +47,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
@@ -55,6 +57,10 @@ from ductwork.db.database import Database as App
 from ductwork.db.wakeup import PgListener, Wakeup
 from ductwork.fleet.processes import heartbeat, machine_identifier, register
 from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
+
+if TYPE_CHECKING:
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
 
 log = logging.getLogger("ductwork.supervisor")
 
@@ -124,7 +130,7 @@ class Runner:
         self.app, self.role, self.threads, self.label = app, role, threads, label
         self.stop = threading.Event()
         self.process_id = ""
-        self.units: list = []  # the Worker or Advancer of each thread
+        self.units: list[Worker | Advancer] = []  # the Worker or Advancer of each thread
         self._signalled = False
         self._last_heartbeat_sent = time.monotonic()
         self._reaped = False
@@ -271,7 +277,7 @@ class Child:
     role: str  # job_worker | pipeline_advancer
     label: str
     threads: int
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     failures: int = 0
     not_before: float = 0.0
@@ -339,7 +345,7 @@ class Supervisor:
         if child.proc is None or age < threshold:
             return False
         with self.app.begin(readonly=True) as tx:
-            last = tx.execute(sa.select(sa.func.max(schema.processes.c.last_heartbeat_at))
+            last: datetime | None = tx.execute(sa.select(sa.func.max(schema.processes.c.last_heartbeat_at))
                               .where(schema.processes.c.pid == child.proc.pid,
                                      schema.processes.c.machine_identifier == machine_identifier())).scalar()
             now = tx.now

@@ -41,7 +41,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -81,7 +81,7 @@ class Refusal:
     reason: str  # "concurrency" | "rate" | "gone"
 
 
-def in_lane(query: sa.Select, lane: sa.ColumnElement | str, now: datetime) -> sa.Select:
+def in_lane(query: sa.Select[Any], lane: sa.ColumnElement[Any] | str, now: datetime) -> sa.Select[Any]:
     """The lane predicate: ``query`` over the executions pending in ``lane`` (a key, or
     UNKEYED) and eligible at ``now``, oldest first (eligible time, then creation order),
     as the index ``ix_execution_pending_lane`` serves it. Not done: locking or limiting."""
@@ -91,7 +91,7 @@ def in_lane(query: sa.Select, lane: sa.ColumnElement | str, now: datetime) -> sa
             .order_by(_e.c.eligible_at, _e.c.id))  # [INV-LIM-6] FIFO within the lane
 
 
-def _oldest(column: sa.ColumnElement, lane: sa.ColumnElement | str, now: datetime) -> sa.ScalarSelect:
+def _oldest(column: sa.ColumnElement[Any], lane: sa.ColumnElement[Any] | str, now: datetime) -> sa.ScalarSelect[Any]:
     return in_lane(sa.select(column), lane, now).limit(1).scalar_subquery()
 
 
@@ -317,7 +317,7 @@ def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int 
     return record_successes(app, successes, take)
 
 
-def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process_id: str,
+def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str,
                       *, write_refusal: bool = True) -> Claimed | Refusal:
     """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds."""
     k = schema.limit_keys
@@ -344,7 +344,7 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row | None, process
                 f"key {key!r}: execution {execution_id} taken under the key lock [INV-LIM-1]")
         faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
     _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
-    values: dict = {"updated_at": tx.now}
+    values: dict[str, Any] = {"updated_at": tx.now}
     if decision.stamp:
         # [INV-LIM-5] the exact time of the next token, or cleared
         values["blocked_until"] = (None if decision.blocked_until_us is None

@@ -79,7 +79,7 @@ class Claimed:
     claimed_at: datetime
 
     @classmethod
-    def from_row(cls, row: sa.Row) -> Claimed:
+    def from_row(cls, row: sa.Row[Any]) -> Claimed:
         """From a row whose columns are labelled with the field names (``claims._load``)."""
         return schema.from_row(cls, row)
 
@@ -120,7 +120,7 @@ class ErrorInfo:
                    "".join(traceback.format_exception(error)).rstrip("\n"))
 
 
-def lock_key(tx: Tx, key: str) -> sa.Row | None:
+def lock_key(tx: Tx, key: str) -> sa.Row[Any] | None:
     """Lock the key's header row (``SELECT … FOR UPDATE``; SQLite: the write lock taken at
     ``BEGIN IMMEDIATE``) and return its ``seq`` and ``config_digest``; None if the key has
     no row. The one key lock: claims, completions and the reaper take it, each as the

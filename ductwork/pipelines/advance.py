@@ -436,20 +436,19 @@ class Advancer:
             return self._leaf(c)
         kind = edge.type
         if kind in ("chain", "converge"):
-            return self._continue(c, definition, edge.to[0], "chain" if kind == "chain" else kind)
+            return self._continue(c, definition, edge.first(), "chain" if kind == "chain" else kind)
         if kind == "divert":
             with self.app.begin() as tx:
                 value = json.loads(step_output_json(tx, c.step.id))
             key = render_divert_key(value)
-            node = edge.to.get(key) if key is not None else None
-            node = node or edge.to.get("otherwise")
+            node = edge.divert_target(key)
             if node is None:
                 raise TransitionError(f"divert from {c.step.node}: no target for {key!r} and no otherwise")
             return self._continue(c, definition, node, "divert")
         if kind == "divide":
             return self._divide(c, definition, list(edge.to))
         if kind == "expand":
-            return self._expand(c, definition, edge.to[0])
+            return self._expand(c, definition, edge.first())
         if kind in ("combine", "collapse"):
             return self._fan_in(c, definition, kind)
         if kind == "dampen":
@@ -572,7 +571,7 @@ class Advancer:
             s, j = schema.steps, schema.jobs
             joined = _b.join(s, s.c.branch_id == _b.c.id).join(j, j.c.step_id == s.c.id)
             arrived = (_b.c.barrier_id == barrier_id, _b.c.fanin_arrived_at.is_not(None), s.c.node.in_(sources))
-            what = f"{kind} into {edge.to[0]}: the outputs of {barrier.fanout_width} branches"
+            what = f"{kind} into {edge.first()}: the outputs of {barrier.fanout_width} branches"
             # Measured in the database first: outputs too large together are never loaded.
             stored = tx.execute(
                 sa.select(sa.func.sum(sa.func.length(j.c.output_payload))).select_from(joined).where(*arrived)
@@ -591,7 +590,7 @@ class Advancer:
             }])  # [INV-ADV-3] uq_branch_merge_per_barrier
             value_json = "[" + ",".join(payload_json(o) for o in outputs) + "]"
             payloads.check_size(len(value_json), what)  # the one rule, on the list itself
-            create_steps(tx, c.run_id, definition, [NewStep(merged, edge.to[0], kind, "[" + value_json + "]")])
+            create_steps(tx, c.run_id, definition, [NewStep(merged, edge.first(), kind, "[" + value_json + "]")])
 
 
 def advance_on_success(claimed: Any, definition: Definition, value_json: str, tx: Tx) -> bool:
@@ -617,11 +616,11 @@ def advance_on_success(claimed: Any, definition: Definition, value_json: str, tx
     edge = definition.edges.get(claimed.node)
     if edge is None or not edge.to:
         return False
+    node: str | None
     if edge.type in ("chain", "converge"):
-        node = edge.to[0]
+        node = edge.first()
     elif edge.type == "divert":
-        key = render_divert_key(json.loads(value_json))
-        node = (edge.to.get(key) if key is not None else None) or edge.to.get("otherwise")
+        node = edge.divert_target(render_divert_key(json.loads(value_json)))
         if node is None:
             return False
     else:

@@ -128,7 +128,7 @@ def _resolve(ref: str, base: type, what: str) -> type:
     """The registry, else a name in a module a registered class comes from (an alias such
     as ``OldName = NewName`` left for running runs), looked up in the module already
     imported. Anything else is unknown; nothing is imported."""
-    found = _REGISTRY.get(ref)
+    found: object = _REGISTRY.get(ref)
     if found is None:
         module_name, _, qualname = ref.partition(":")
         module = sys.modules.get(module_name) if module_name in _registered_modules() else None
@@ -208,6 +208,16 @@ class EdgeSpec:
     to: list[str] | dict[str, str]
     #: ``combine``/``collapse`` only: the nodes whose divide/expand this fan-in closes
     barrier: list[str] | None = None
+
+    def first(self) -> str:
+        """The first target of an edge whose ``to`` is a list (every kind but ``divert``)."""
+        assert isinstance(self.to, list), self
+        return self.to[0]
+
+    def divert_target(self, key: str | None) -> str | None:
+        """A ``divert`` edge's target for a rendered key: its own, else ``"otherwise"``'s."""
+        assert isinstance(self.to, dict), self
+        return (self.to.get(key) if key is not None else None) or self.to.get("otherwise")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "to": _copy(self.to)}
@@ -391,7 +401,7 @@ class _Graph:
         self.start: str | None = None
         self.frozen = False
 
-    def error(self, transition: str, reason: str, kind: type[DefinitionError] = DefinitionError):
+    def error(self, transition: str, reason: str, kind: type[DefinitionError] = DefinitionError) -> DefinitionError:
         return kind(self.name, transition, reason)
 
     def options(self, transition: str, delay: Any, timeout: Any, limit_by: Any) -> dict[str, Any]:
@@ -681,7 +691,7 @@ class PipelineBuilder:
             branch._check_usable(kind)
         parent = self._parent
         siblings = parent._children if parent is not None else None
-        if siblings is None or any(branch not in siblings for branch in branches):
+        if parent is None or siblings is None or any(branch not in siblings for branch in branches):
             raise graph.error(
                 kind, f"can only {kind} branch builders unpacked from one fork", error)
         if len({id(branch) for branch in branches}) != len(branches):

@@ -53,7 +53,7 @@ class StepRow:
     job_id: str
 
     @classmethod
-    def from_row(cls, row: sa.Row) -> StepRow:
+    def from_row(cls, row: sa.Row[Any]) -> StepRow:
         """From a row whose columns are labelled with the field names (:func:`latest_step`)."""
         return schema.from_row(cls, row)
 

@@ -51,7 +51,7 @@ def test_mypy_passes_on_the_public_api_and_a_typed_user(cache):
     assert done.returncode == 0, done.stdout + done.stderr
     checked = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
     assert "tests/typing" in checked
-    assert "ductwork/pipelines/runs.py" in checked
+    assert "ductwork" in checked  # the whole package, the public API's modules among it
 
 
 def test_mypy_fails_when_a_public_type_is_wrong(tmp_path, cache):

@@ -1,8 +1,7 @@
 """The repository is ruff clean and mypy clean, as configured in pyproject.toml.
 
-Checks: none (tooling). ``ruff check .`` with ``[tool.ruff]`` (the engine, ``ductwork/``,
-is excluded until issue 14's restructuring makes it clean) and ``mypy`` with
-``[tool.mypy]`` (model/ strict, the public API, tests/typing/ and examples/) run as
+Checks: none (tooling). ``ruff check .`` with ``[tool.ruff]`` (the whole repository) and
+``mypy`` with ``[tool.mypy]`` (ductwork/ and model/ strict, tests/typing/ and examples/) run as
 subprocesses; a finding fails the test with their output. Two more tests show that each
 check can fail: a file with a violation, checked with the same configuration, is reported.
 About 10 s (mypy on a cold cache in a temporary directory).
@@ -50,14 +49,15 @@ def test_ruff_reports_a_violation(tmp_path):
     assert "B006" in done.stdout, done.stdout  # mutable default
 
 
-def test_mypy_is_strict_on_the_model(tmp_path, cache):
-    """A module of the ``model`` package with an unannotated function is reported."""
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "__init__.py").write_text("")
-    (tmp_path / "model" / "bad.py").write_text(textwrap.dedent("""
+@pytest.mark.parametrize("package", ["model", "ductwork"])
+def test_mypy_is_strict_on_the_model_and_the_engine(tmp_path, cache, package):
+    """A module of the ``model`` or ``ductwork`` package with an unannotated function is reported."""
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "bad.py").write_text(textwrap.dedent("""
         def half(x):
             return x / 2
     """))
-    done = _run("mypy", "--cache-dir", str(cache), "--config-file", str(CONFIG), "model/bad.py", cwd=tmp_path)
+    done = _run("mypy", "--cache-dir", str(cache), "--config-file", str(CONFIG), f"{package}/bad.py", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "[no-untyped-def]" in done.stdout, done.stdout

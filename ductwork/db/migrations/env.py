@@ -1,6 +1,7 @@
 """Alembic environment for ductwork's own tables (version table: ductwork_alembic_version)."""
 
 from alembic import context
+from sqlalchemy.engine import Connection
 
 from ductwork.db.schema import metadata
 
@@ -12,7 +13,9 @@ def run() -> None:
     if connection is None:
         from ductwork.db.dialects import create_engine
 
-        engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
+        url = context.config.get_main_option("sqlalchemy.url")
+        assert url is not None, "alembic.ini or the caller sets sqlalchemy.url"
+        engine = create_engine(url)
         with engine.begin() as connection:
             _configure_and_run(connection)
         engine.dispose()
@@ -20,7 +23,7 @@ def run() -> None:
         _configure_and_run(connection)
 
 
-def _configure_and_run(connection) -> None:
+def _configure_and_run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=metadata, version_table=VERSION_TABLE,
                       compare_type=True)
     with context.begin_transaction():
