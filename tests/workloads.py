@@ -87,6 +87,24 @@ class ForeverPipeline(Pipeline):
         p.start(Forever, timeout=1)
 
 
+class RaisesInChild(Step):
+    """A ``timeout=`` step that raises in its child process, naming that process's pid."""
+
+    def __init__(self, _):
+        pass
+
+    def execute(self):
+        import os
+
+        raise ValueError(f"raised in pid {os.getpid()}")
+
+
+class RaisesInChildPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(RaisesInChild, timeout=30)
+
+
 class Slow(Step):
     """Records ``start <pid> <idempotency_key>`` in ``job["path"]``, sleeps, records ``end``.
 

@@ -254,6 +254,31 @@ def test_a_timed_out_step_logs_a_warning_without_a_traceback(db_url, caplog):
         app.dispose()
 
 
+def test_a_step_that_raises_in_its_timeout_child_is_a_failure_with_the_childs_error(db_url, caplog):
+    """The worker records the error the child process sent back (ChildStepError's info)."""
+    import os
+
+    from ductwork.app import set_default_app
+    from tests.workloads import RaisesInChildPipeline
+
+    app = make_app(db_url, job_worker={"max_retry": 0})
+    reset_tables(app.engine)
+    set_default_app(app)
+    try:
+        caplog.set_level(logging.WARNING, logger="ductwork")
+        run = RaisesInChildPipeline.trigger(None)
+        drain(app, timeout=60)
+        assert run.refresh().status == "halted"
+        (failure,) = _warnings(caplog, "ductwork.executions")
+        assert (failure.outcome, failure.run_id, failure.next) == ("failure", run.id, "halt")
+        assert failure.error == "builtins.ValueError"
+        assert "raised in pid " in failure.getMessage()
+        assert f"raised in pid {os.getpid()}" not in failure.getMessage()  # the child's, not ours
+    finally:
+        set_default_app(None)
+        app.dispose()
+
+
 def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
     import ductwork.limits.executions as executions
 
