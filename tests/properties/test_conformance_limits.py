@@ -146,7 +146,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), limit=st.integers(1, 3))
-    def complete_all_and_hand_off(self, data, limit):
+    def complete_batch_and_hand_off(self, data, limit):
         """A worker's group commit: several successes of one owner in one transaction, then
         the hand-off of its lane's next executions [INV-EXE-2, INV-LIM-6]."""
         worker = data.draw(st.sampled_from(sorted({w for w, _ in self.held.values()})))
