@@ -81,7 +81,8 @@ def test_mutant_is_killed(mutant, tmp_path, record_property):
     # assertion-rewrite the installed pytest11 plugin's package and warns; that warning is
     # about the harness, not the mutant (the detector's own asserts are in tests/, rewritten).
     done = subprocess.run([sys.executable, "-m", "pytest", detector, "-x", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:randomly", "-W", "ignore::pytest.PytestAssertRewriteWarning"], env=env, capture_output=True, text=True, timeout=600, check=False,
+                           "-p", "no:randomly", "-W", "ignore::pytest.PytestAssertRewriteWarning"],
+                          env=env, capture_output=True, text=True, timeout=600, check=False,
                           cwd=mutants.REPO)
     took = time.monotonic() - started
     print(f"mutant {mutant}: {'killed' if done.returncode == 1 else 'SURVIVED'} by {detector} in {took:.1f} s")
