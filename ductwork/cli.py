@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import DBAPIError
 
 from ductwork import logs
+from ductwork.config import FORMATS, LEVELS
 from ductwork.errors import DuctworkError
-from ductwork.logs import FORMATS, LEVELS
 
 if TYPE_CHECKING:
     from ductwork.app import App

@@ -37,9 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from ductwork.config import FORMATS as FORMATS  # re-exported (the cli's choices)
-from ductwork.config import LEVELS as LEVELS
-from ductwork.config import Config
+from ductwork.config import FORMATS, LEVELS, Config
 
 TEXT_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 #: third-party loggers held at WARNING unless the level is DEBUG (Alembic logs its

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ductwork.db import schema
-from ductwork.db.hosts import machine_identifier as machine_identifier  # this module's API too
-from ductwork.db.hosts import other_job_workers as other_job_workers
+from ductwork.db.hosts import machine_identifier
 from ductwork.db.ids import new_id
 
 if TYPE_CHECKING:

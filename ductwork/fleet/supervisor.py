@@ -54,8 +54,9 @@ import sqlalchemy as sa
 
 from ductwork.db import schema
 from ductwork.db.database import Database as App
+from ductwork.db.hosts import machine_identifier
 from ductwork.db.wakeup import PgListener, Wakeup
-from ductwork.fleet.processes import heartbeat, machine_identifier, register
+from ductwork.fleet.processes import heartbeat, register
 from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
 
 if TYPE_CHECKING:

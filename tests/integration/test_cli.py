@@ -238,7 +238,8 @@ def test_status_shows_each_process_host_and_pid(app, db_url, capsys):
     import os
     import socket
 
-    from ductwork.fleet.processes import host_name, machine_identifier, register
+    from ductwork.db.hosts import machine_identifier
+    from ductwork.fleet.processes import host_name, register
 
     register(app, role="job_worker", label="host-test.worker", pid=os.getpid())
     assert main(["status", "--database-url", db_url, "-c", "/dev/null"]) == 0
