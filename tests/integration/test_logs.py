@@ -233,50 +233,49 @@ def test_advancement_errors_log_each_retry_and_the_halt_with_the_traceback(app, 
         assert 'raise RuntimeError("routing broke")' in record.exc_text
 
 
-def test_a_timed_out_step_logs_a_warning_without_a_traceback(db_url, caplog):
+@pytest.fixture
+def no_retry_app(db_url):
+    """The default app, on empty tables, with steps that are not retried."""
     from ductwork.app import set_default_app
-    from tests.workloads import ForeverPipeline
 
     app = make_app(db_url, job_worker={"max_retry": 0})
     reset_tables(app.engine)
     set_default_app(app)
     try:
-        caplog.set_level(logging.WARNING, logger="ductwork")
-        run = ForeverPipeline.trigger("/dev/null")
-        drain(app, timeout=60)
-        (timeout,) = _warnings(caplog, "ductwork.executions")
-        assert (timeout.outcome, timeout.run_id, timeout.attempt, timeout.next) == ("timed_out", run.id, 1, "halt")
-        assert "step timed out: " in timeout.getMessage()
-        assert "ran past its timeout of 1 s" in timeout.getMessage()
-        assert timeout.exc_text is None  # the step raised nothing: ductwork killed it
+        yield app
     finally:
         set_default_app(None)
         app.dispose()
 
 
-def test_a_step_that_raises_in_its_timeout_child_is_a_failure_with_the_childs_error(db_url, caplog):
+def test_a_timed_out_step_logs_a_warning_without_a_traceback(no_retry_app, caplog):
+    from tests.workloads import ForeverPipeline
+
+    caplog.set_level(logging.WARNING, logger="ductwork")
+    run = ForeverPipeline.trigger("/dev/null")
+    drain(no_retry_app, timeout=60)
+    (timeout,) = _warnings(caplog, "ductwork.executions")
+    assert (timeout.outcome, timeout.run_id, timeout.attempt, timeout.next) == ("timed_out", run.id, 1, "halt")
+    assert "step timed out: " in timeout.getMessage()
+    assert "ran past its timeout of 1 s" in timeout.getMessage()
+    assert timeout.exc_text is None  # the step raised nothing: ductwork killed it
+
+
+def test_a_step_that_raises_in_its_timeout_child_is_a_failure_with_the_childs_error(no_retry_app, caplog):
     """The worker records the error the child process sent back (ChildStepError's info)."""
     import os
 
-    from ductwork.app import set_default_app
     from tests.workloads import RaisesInChildPipeline
 
-    app = make_app(db_url, job_worker={"max_retry": 0})
-    reset_tables(app.engine)
-    set_default_app(app)
-    try:
-        caplog.set_level(logging.WARNING, logger="ductwork")
-        run = RaisesInChildPipeline.trigger(None)
-        drain(app, timeout=60)
-        assert run.refresh().status == "halted"
-        (failure,) = _warnings(caplog, "ductwork.executions")
-        assert (failure.outcome, failure.run_id, failure.next) == ("failure", run.id, "halt")
-        assert failure.error == "builtins.ValueError"
-        assert "raised in pid " in failure.getMessage()
-        assert f"raised in pid {os.getpid()}" not in failure.getMessage()  # the child's, not ours
-    finally:
-        set_default_app(None)
-        app.dispose()
+    caplog.set_level(logging.WARNING, logger="ductwork")
+    run = RaisesInChildPipeline.trigger(None)
+    drain(no_retry_app, timeout=60)
+    assert run.refresh().status == "halted"
+    (failure,) = _warnings(caplog, "ductwork.executions")
+    assert (failure.outcome, failure.run_id, failure.next) == ("failure", run.id, "halt")
+    assert failure.error == "builtins.ValueError"
+    assert "raised in pid " in failure.getMessage()
+    assert f"raised in pid {os.getpid()}" not in failure.getMessage()  # the child's, not ours
 
 
 def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
