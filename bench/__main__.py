@@ -15,7 +15,10 @@ refused).
 
 Each row of the table is a bench function's docstring (its label) and one of its
 metrics; each cell is the median of the repetitions (3, or 1 with ``--quick``). The
-JSON has every sample, the machine, the date, the command and the git commit.
+user-visible figures (runs completed, bodies running, violations, ratios to pgqueuer
+measured in the same repetitions) come first; the engine's own figures (claims/s, slots
+in use, CPU and statements per step) follow under "engine diagnostics". The JSON has
+every sample, the machine, the date, the command and the git commit.
 """
 
 from __future__ import annotations

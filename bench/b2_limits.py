@@ -209,9 +209,11 @@ def limit3_two_fleets(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
     got: dict[str, list[float]] = {}
     pgq: dict[str, list[float]] = {"per_s": [], "running": []}
     version = "1.6.0"
-    fleets = (ProcessFleet(target, label="benchl3a").start(app), ProcessFleet(target, label="benchl3b").start(app))
-    log(f"B2 limit 3: two fleets of {fleets[0].describe()} up")
+    fleets = (ProcessFleet(target, label="benchl3a"), ProcessFleet(target, label="benchl3b"))
     try:
+        for fleet in fleets:
+            fleet.start(app)
+        log(f"B2 limit 3: two fleets of {fleets[0].describe()} up")
         for rep in range(sizes.repeats):
             measured = _batch(app, fleets, f"m{rep}", Limit3Nap, LIMIT3_KEY, n, NAP3_S)
             for k, v in measured.items():

@@ -18,7 +18,14 @@ What the harness promises:
   ``trigger`` would write (a run, its start branch, its start step, job and pending
   execution), so 10⁶ pending jobs take seconds rather than 10⁶ Python triggers.
 - times used in figures are database times read from rows (``claimed_at``,
-  ``completed_at``), so the fleet's own clocks and the bench process never skew them.
+  ``completed_at``), so the fleet's own clocks and the bench process never skew them;
+  except the bodies' witness lines (``bench.workloads.witness``), which are wall-clock
+  times written by the bodies themselves, every process on this one host reading the
+  same clock.
+- a fleet's CPU (``ProcessFleet.cpu_seconds``, from ``/proc``) and SQL statements
+  (``ProcessFleet.statements``, counted by bench/probes/sitecustomize.py, which only
+  the bench's fleets load) can be read at any moment; ``Meter`` takes the difference
+  over a batch.
 """
 
 from __future__ import annotations
@@ -99,8 +106,8 @@ class Sizes:
 
     quick: bool = False
     full: bool = False
-    #: an interpreter with ``pgqueuer[asyncpg]`` installed: B1 then drains with pgqueuer
-    #: too, on PostgreSQL, for a comparison within the same run (bench/pgqueuer_drain.py)
+    #: an interpreter with ``pgqueuer[asyncpg]`` installed: on PostgreSQL, B1 and B2 then
+    #: run pgqueuer too, in the same repetitions (bench/pgqueuer_drain.py)
     pgqueuer_python: str | None = None
 
     @property
