@@ -69,8 +69,10 @@ def keyed_vs_unkeyed(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
 
 def saturated_idle(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
     """B6 idle CPU: default fleet, a `concurrency: 2` key held by long bodies, its backlog waiting"""
-    window = 1.0 if sizes.quick else 3.0
-    body_s = 3.0 + sizes.repeats * window + 2.0
+    window = 0.5 if sizes.quick else 3.0
+    # the two bodies outlast every window after their claim (settling 1 s, each window
+    # plus the meter's 0.3 s) with a margin, so nothing else can be claimed meanwhile
+    body_s = 1.0 + sizes.repeats * (window + 0.3) + (2.0 if sizes.quick else 4.0)
     backlog = 50 if sizes.quick else 200
     fleet = ProcessFleet(target, label="bench6i").start(app)
     e = schema.executions
