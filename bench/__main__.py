@@ -1,6 +1,6 @@
 """Run ductwork's benchmarks and print one table (and optionally JSON).
 
-    python -m bench                                   # SQLite (fresh temp file), B1-B5
+    python -m bench                                   # SQLite (fresh temp file), B1-B6
     python -m bench --all --json bench/results.json   # SQLite + PostgreSQL + MariaDB on this host
     python -m bench --quick                           # the smoke run: everything sized down (< 60 s)
     python -m bench --only B2,B5 --database-url postgresql://postgres@127.0.0.1:5432/ductwork_bench
@@ -15,7 +15,10 @@ refused).
 
 Each row of the table is a bench function's docstring (its label) and one of its
 metrics; each cell is the median of the repetitions (3, or 1 with ``--quick``). The
-JSON has every sample, the machine, the date, the command and the git commit.
+user-visible figures (runs completed, bodies running, violations, ratios to pgqueuer
+measured in the same repetitions) come first; the engine's own figures (claims/s, slots
+in use, CPU and statements per step) follow under "engine diagnostics". The JSON has
+every sample, the machine, the date, the command and the git commit.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import traceback
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import b1_throughput, b2_limits, b3_claim_cost, b4_expand, b5_blocked_key
+from bench import b1_throughput, b2_limits, b3_claim_cost, b4_expand, b5_blocked_key, b6_keyed
 from bench.harness import DEFAULT_SERVERS, Metric, Sizes, Target, git_commit, label, log, machine
 
-MODULES = {"B1": b1_throughput, "B2": b2_limits, "B3": b3_claim_cost, "B4": b4_expand, "B5": b5_blocked_key}
+MODULES = {"B1": b1_throughput, "B2": b2_limits, "B3": b3_claim_cost, "B4": b4_expand, "B5": b5_blocked_key,
+           "B6": b6_keyed}
 
 
 def parser(doc: str | None = None, prog: str = "python -m bench") -> argparse.ArgumentParser:
@@ -43,11 +47,11 @@ def parser(doc: str | None = None, prog: str = "python -m bench") -> argparse.Ar
     p.add_argument("--all", action="store_true", help="SQLite + the PostgreSQL and MariaDB on this host")
     p.add_argument("--quick", action="store_true", help="smoke sizes, one repetition (< 60 s in all)")
     p.add_argument("--full", action="store_true", help="include the 10⁶ sizes of B3 and B4")
-    p.add_argument("--only", default=None, help="comma-separated subset of B1,B2,B3,B4,B5")
+    p.add_argument("--only", default=None, help="comma-separated subset of B1,B2,B3,B4,B5,B6")
     p.add_argument("--json", default=None, help="write every measurement to this file")
     p.add_argument("--pgqueuer-python", default=None,
-                   help="an interpreter with pgqueuer[asyncpg] installed: B1 also drains with pgqueuer "
-                        "on PostgreSQL (bench/pgqueuer_drain.py)")
+                   help="an interpreter with pgqueuer[asyncpg] installed: on PostgreSQL, B1 and B2 also "
+                        "run pgqueuer in the same repetitions (bench/pgqueuer_drain.py)")
     return p
 
 
@@ -64,9 +68,14 @@ def _fmt(value: float | None) -> str:
 
 
 def table(results: dict[str, dict[str, dict[str, dict[str, Metric]]]]) -> str:
-    """Markdown: one row per (bench label, metric), one column per database."""
+    """Markdown: one row per (bench label, metric), one column per database.
+
+    Every user-visible figure comes first (runs completed, bodies running, violations,
+    the same-run ratios to pgqueuer); the engine's own figures (claims/s, slots in use,
+    CPU and statements per step) follow under "engine diagnostics".
+    """
     names = list(results)
-    rows: list[tuple[str, str, list[str]]] = []
+    rows: list[tuple[bool, str, str, list[str]]] = []
     seen: dict[tuple[str, str], int] = {}
     for db, per_bench in results.items():
         for bench_label, metrics in per_bench.items():
@@ -74,20 +83,23 @@ def table(results: dict[str, dict[str, dict[str, dict[str, Metric]]]]) -> str:
                 key = (bench_label, metric_name)
                 if key not in seen:
                     seen[key] = len(rows)
-                    rows.append((bench_label, metric_name, ["" for _ in names]))
+                    rows.append((metric.diagnostic, bench_label, metric_name, ["" for _ in names]))
                 cell = _fmt(metric.value)
                 if metric.unit and metric.unit not in ("×",):
                     cell += f" {metric.unit}"
                 elif metric.unit == "×" and metric.value is not None:
                     cell += "×"
-                rows[seen[key]][2][names.index(db)] = cell
+                rows[seen[key]][3][names.index(db)] = cell
     lines = ["| benchmark | measure | " + " | ".join(names) + " |",
              "|---|---|" + "---:|" * len(names)]
-    previous = None
-    for bench_label, metric_name, cells in rows:
-        shown = bench_label if bench_label != previous else ""
-        previous = bench_label
-        lines.append(f"| {shown} | {metric_name} | " + " | ".join(cells) + " |")
+    for diagnostic in (False, True):
+        if diagnostic and any(r[0] for r in rows):
+            lines.append("| **engine diagnostics** | |" + " |" * len(names))
+        previous = None
+        for _, bench_label, metric_name, cells in (r for r in rows if r[0] == diagnostic):
+            shown = bench_label if bench_label != previous else ""
+            previous = bench_label
+            lines.append(f"| {shown} | {metric_name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

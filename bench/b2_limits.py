@@ -1,42 +1,75 @@
-"""B2 limit precision: how much of a limit the fleet uses, and that it never exceeds it.
+"""B2 limits as a user sees them: step bodies running under a key, from the bodies' own witness.
 
-    python -m bench --only B2 [--database-url URL] [--quick]
+    python -m bench --only B2 [--database-url URL] [--quick] [--pgqueuer-python PATH]
     python -m bench.b2_limits [--database-url URL] [--quick]
 
-Three keys, each fed a batch of 20 ms steps (``bench.workloads.Nap``) in turn, drained
-by real worker processes (2 processes × 5 threads, ductwork's default polling of 1 s):
+Every body (``bench.workloads.Nap``) appends one line ``tag start end`` (wall-clock
+seconds, ``time.time``) to a file of its own process: one ``write`` to an ``O_APPEND``
+file, a few microseconds, no database round trip, so what is recorded is the body's own
+interval and the database carries no extra load; the bench merges every process's file.
+From a batch's witness lines, over the window from its 10 % to its 90 % body start (no
+first wake-up, no tail):
 
-- ``concurrency: 5``: ideal 5 slots busy, 5 / 20 ms = 250 steps/s;
-- ``rate: {limit: 200, per: 1s}`` (default burst, one second's worth = 200): ideal 200/s;
-- ``rate: {limit: 200, per: 1s, burst: 1}``: ideal 200/s with nothing banked, so every
-  late claim is throughput lost for good.
+- *bodies/s / ideal*: body starts in the window / its length / the ideal rate;
+- *mean bodies running*: the time-integral of running bodies over the window / its length.
 
-Before each rate batch the key's bucket is emptied (the state right after a spent
-burst), so "ideal" is exactly the refill rate. Figures come from execution rows, in
-database time, over the middle of each batch (from its 10 % to its 90 % claim), which
-leaves out the first wake-up and the tail:
+Scenarios (real ``ductwork start`` fleets, ductwork's defaults but for the counts given):
 
-- *achieved / ideal*: claims per second in that window over the ideal rate;
-- *mean slots in use*: the time-average of claimed-not-completed executions of the key
-  (a slot is in use from its claim to its completion, commit included);
-- *violations*: for concurrency, a sweep of the key's ``claim_seq`` / ``release_seq``
-  events counting claims that made more than 5 in flight; for rates, the exact
-  token-bucket bound over every pair of claims i ≤ j: ``(j − i + 1) ≤ burst + limit ×
-  (t_j − t_i) / per``, in integer microseconds, over every claim the key ever had. Must be 0.
+- one fleet of 1 advancer process × 3 threads + 2 worker processes × 5 threads, fed in
+  turn ``concurrency: 5`` with 20 ms bodies (ideal 5 running, 250/s), ``rate: {limit:
+  200, per: 1s}`` with 20 ms bodies (ideal 200/s; default burst) and the same with
+  ``burst: 1`` (nothing banked). Before each rate batch the key's bucket is emptied (the
+  state right after a spent burst), so "ideal" is exactly the refill rate;
+- ``concurrency: 3`` with 50 ms bodies and TWO default ``ductwork start`` fleets (1
+  advancer × 3 + 1 worker × 5 each; ideal 3 running, 60/s), beside pgqueuer 1.6.0 in the
+  same repetition: two ``QueueManager`` processes, the entrypoint registered with
+  ``concurrency_limit=3``, 50 ms ``asyncio.sleep`` bodies timed the same way
+  (bench/pgqueuer_drain.py); ratio ductwork / pgqueuer of mean bodies running per
+  repetition.
+
+*Violations* count from database rows over every claim the key ever had (must be 0):
+for concurrency, a sweep of the key's ``claim_seq`` / ``release_seq`` events counting
+claims that made more than the limit in flight; for rates, the exact token-bucket bound
+over every pair of claims i ≤ j: ``(j − i + 1) ≤ burst + limit × (t_j − t_i) / per``, in
+integer microseconds.
+
+Diagnostics (engine-internal, below the headlines): claims/s from ``claimed_at`` over
+the same kind of window and mean *slots in use* (claimed-not-completed executions: a
+slot is held from claim to completion, bookkeeping included), CPU per completed step
+(user + system CPU of the fleets' whole process trees from the insert until every run of
+the batch completed / steps) and SQL statements per step.
 """
 
 from __future__ import annotations
 
+import json
+
 import sqlalchemy as sa
 
-from bench.harness import Metric, ProcessFleet, Sizes, Target, insert_pending, log, wait_until
+from bench.b1_throughput import pgqueuer, with_pgqueuer
+from bench.harness import (
+    Meter,
+    Metric,
+    ProcessFleet,
+    Sizes,
+    Target,
+    bodies,
+    insert_pending,
+    log,
+    per_step,
+    ratio,
+    wait_until,
+)
 from bench.workloads import (
     CONCURRENCY_KEY,
+    LIMIT3_KEY,
     LIMITS,
+    NAP3_S,
     NAP_S,
     RATE_BURST1_KEY,
     RATE_KEY,
     ConcurrencyNap,
+    Limit3Nap,
     RateBurst1Nap,
     RateNap,
 )
@@ -85,26 +118,34 @@ def rate_violations(claim_us: list[int], limit: int, per_s: int, burst: int) -> 
     return violations
 
 
-def _batch(app, prefix: str, pipeline, key: str, n: int) -> dict[str, float]:
-    e = schema.executions
-    if key != CONCURRENCY_KEY:
+def _batch(app, fleets: tuple[ProcessFleet, ...], prefix: str, pipeline, key: str, n: int,
+           body_s: float) -> dict[str, float]:
+    """One batch of ``n`` keyed bodies through running fleets: witness, row and meter figures."""
+    e, r = schema.executions, schema.runs
+    if key in (RATE_KEY, RATE_BURST1_KEY):
         _empty_bucket(app, key)
-    insert_pending(app, pipeline, n, prefix)
+    meter = Meter(*fleets).start()
+    insert_pending(app, pipeline, n, prefix, input_json=json.dumps([prefix, body_s]))
     mine = e.c.id.like(f"00000000-{prefix}e-%")
+    runs = r.c.id.like(f"00000000-{prefix}r-%")
 
     def done() -> bool:
         with app.begin() as tx:
-            return tx.execute(sa.select(sa.func.count()).where(mine, e.c.completed_at.is_(None))).scalar_one() == 0
+            return tx.execute(sa.select(sa.func.count()).where(runs, r.c.status != "completed")).scalar_one() == 0
 
-    wait_until(done, f"{n} executions of {key} completed", timeout=max(60.0, n / 20))
+    wait_until(done, f"{n} runs of {key} completed", timeout=max(120.0, n / 2))
+    used = meter.stop()
     with app.begin() as tx:
         rows = tx.execute(sa.select(e.c.claimed_at, e.c.completed_at).where(mine)).all()
+    witnessed = [i for fleet in fleets for i in fleet.witnesses(prefix)]
+    assert len(witnessed) == n, f"{len(witnessed)} witness lines for {n} bodies"
     claims = sorted(to_us(c) for c, _ in rows)
     a, b = claims[len(claims) // 10], claims[(len(claims) * 9) // 10]
-    window_s = (b - a) / 1e6
     in_window = sum(1 for c in claims if a <= c <= b)
     busy_us = sum(max(0, min(to_us(d), b) - max(to_us(c), a)) for c, d in rows)
-    return {"rate": in_window / window_s, "slots": busy_us / (b - a)}
+    seen = bodies(witnessed)
+    return {"bodies_per_s": seen["per_s"], "running": seen["running"],
+            "claims_per_s": in_window / ((b - a) / 1e6), "slots": busy_us / (b - a), **per_step(used, n)}
 
 
 def _violations(app, key: str) -> int:
@@ -121,34 +162,90 @@ def _violations(app, key: str) -> int:
     return count
 
 
+def _diagnostics(name: str, got: dict[str, list[float]], ideal: float, slots_label: str) -> dict[str, Metric]:
+    return {
+        f"{name}: claims/s / ideal (from claimed_at)": Metric.of(
+            [v / ideal for v in got["claims_per_s"]], "×", diagnostic=True),
+        f"{name}: mean slots in use ({slots_label}; claim to completion)": Metric.of(
+            got["slots"], "", diagnostic=True),
+        f"{name}: CPU per completed step (fleet process trees)": Metric.of(got["cpu_ms_per_step"], "ms",
+                                                                          diagnostic=True),
+        f"{name}: SQL statements per step": Metric.of(got["statements_per_step"], "", diagnostic=True),
+    }
+
+
 def limit_precision(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
-    """B2 limit precision, 20 ms steps (2 worker processes × 5 threads)"""
+    """B2 limits, 20 ms bodies, one fleet (1 adv×3 + 2 wrk×5): bodies as witnessed"""
     n = 60 if sizes.quick else 300
-    got: dict[str, dict[str, list[float]]] = {name: {"rate": [], "slots": []} for name in SCENARIOS}
-    fleet = ProcessFleet(target, role="worker", workers=2, label="benchlim").start(app)
+    got: dict[str, dict[str, list[float]]] = {name: {} for name in SCENARIOS}
+    fleet = ProcessFleet(target, workers=2, label="benchlim").start(app)
     log(f"B2: {fleet.describe()} up")
     try:
         for rep in range(sizes.repeats):
             for i, (name, (pipeline, key)) in enumerate(SCENARIOS.items()):
-                measured = _batch(app, f"l{rep}{i}", pipeline, key, n)
-                log(f"B2: {name} repetition {rep + 1}: {measured['rate']:.0f}/s, "
-                    f"{measured['slots']:.2f} slots in use")
+                measured = _batch(app, (fleet,), f"l{rep}{i}", pipeline, key, n, NAP_S)
+                log(f"B2: {name} repetition {rep + 1}: bodies {measured['bodies_per_s']:.0f}/s, "
+                    f"{measured['running']:.2f} running; {measured['slots']:.2f} slots in use")
                 for k, v in measured.items():
-                    got[name][k].append(v)
+                    got[name].setdefault(k, []).append(v)
     finally:
         fleet.stop()
     out: dict[str, Metric] = {}
     ideal = {"concurrency 5": 5 / NAP_S, "rate 200/s": 200.0, "rate 200/s, burst 1": 200.0}
     ideal_slots = {"concurrency 5": "of 5", "rate 200/s": "4 needed", "rate 200/s, burst 1": "4 needed"}
+    diagnostics: dict[str, Metric] = {}
     for name, (_, key) in SCENARIOS.items():
-        out[f"{name}: achieved / ideal ({ideal[name]:.0f}/s)"] = Metric.of(
-            [r / ideal[name] for r in got[name]["rate"]], "×")
-        out[f"{name}: mean slots in use ({ideal_slots[name]})"] = Metric.of(got[name]["slots"], "")
+        out[f"{name}: bodies/s / ideal ({ideal[name]:.0f}/s)"] = Metric.of(
+            [r / ideal[name] for r in got[name]["bodies_per_s"]], "×")
+        out[f"{name}: mean bodies running ({ideal_slots[name]})"] = Metric.of(got[name]["running"], "")
         out[f"{name}: violations"] = Metric(_violations(app, key), "", note="over every claim of the key")
+        diagnostics.update(_diagnostics(name, got[name], ideal[name], ideal_slots[name]))
+    return {**out, **diagnostics}
+
+
+def limit3_two_fleets(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
+    """B2 `concurrency: 3`, 50 ms bodies, two `ductwork start` fleets, beside pgqueuer"""
+    n = 60 if sizes.quick else 300
+    got: dict[str, list[float]] = {}
+    pgq: dict[str, list[float]] = {"per_s": [], "running": []}
+    version = "1.6.0"
+    fleets = (ProcessFleet(target, label="benchl3a"), ProcessFleet(target, label="benchl3b"))
+    try:
+        for fleet in fleets:
+            fleet.start(app)
+        log(f"B2 limit 3: two fleets of {fleets[0].describe()} up")
+        for rep in range(sizes.repeats):
+            measured = _batch(app, fleets, f"m{rep}", Limit3Nap, LIMIT3_KEY, n, NAP3_S)
+            for k, v in measured.items():
+                got.setdefault(k, []).append(v)
+            log(f"B2 limit 3 repetition {rep + 1}: {measured['running']:.2f} bodies running")
+            if with_pgqueuer(target, sizes):
+                line = pgqueuer(sizes, target, "--jobs", str(n), "--concurrency-limit", "3",
+                                "--sleep", str(NAP3_S), "--managers", "2")
+                version = line["version"]
+                seen = bodies([tuple(i) for i in line["intervals"]])
+                pgq["per_s"].append(seen["per_s"])
+                pgq["running"].append(seen["running"])
+                log(f"pgqueuer {version} limit 3 repetition {rep + 1}: {seen['running']:.2f} bodies running")
+    finally:
+        for fleet in fleets:
+            fleet.stop()
+    ideal = 3 / NAP3_S
+    out = {
+        "mean bodies running (of 3)": Metric.of(got["running"], ""),
+        f"bodies/s / ideal ({ideal:.0f}/s)": Metric.of([v / ideal for v in got["bodies_per_s"]], "×"),
+    }
+    if pgq["running"]:
+        out[f"pgqueuer {version} (2 managers, concurrency_limit=3): mean bodies running (of 3)"] = Metric.of(
+            pgq["running"], "")
+        out["mean bodies running: ductwork / pgqueuer (per repetition)"] = Metric.of(
+            ratio(got["running"], pgq["running"]), "×")
+    out["violations"] = Metric(_violations(app, LIMIT3_KEY), "", note="over every claim of the key")
+    out.update(_diagnostics("limit 3", got, ideal, "of 3"))
     return out
 
 
-BENCHES = [limit_precision]
+BENCHES = [limit_precision, limit3_two_fleets]
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
     python -m bench.fleet_experiments [--database-url URL] [--repeats 2] [--patches no_notify,no_fsync]
     python -m bench.fleet_experiments --limits --patches key_skip_locked,wake_one,key_skip_locked+wake_one
 
-Runs the B1 batches (chains of 5 no-op steps; one-step unkeyed drains) through real
+Runs the B1 batches (chains of 5 no-op steps, trigger to run completed; one-step unkeyed
+claim drains) through real
 ``ductwork start`` fleets, the default one and the one with more workers, once per
 *mode*: ``baseline`` (the engine as it is) and each patch of
 ``bench/experiments/sitecustomize.py`` (loaded into the fleet's processes only):
@@ -19,8 +20,20 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from bench.b1_throughput import FLEETS, _chain_batch, _drain_batch
+from bench.b1_throughput import _drain_batch, runs_batch
 from bench.harness import ProcessFleet, Target, log
+from bench.workloads import CHAIN_LENGTH, NAP_S, Chain
+
+FLEETS = {"default fleet": {"workers": 1}, "more workers": {"workers": 2}}
+
+
+def _chain_batch(app, fleet: ProcessFleet, prefix: str, n: int, timeout: float) -> float:
+    """Chain steps completed/s, trigger to run completed (B1's chain batch)."""
+    return runs_batch(app, (fleet,), Chain, prefix, n, CHAIN_LENGTH, timeout)["runs_per_s"] * CHAIN_LENGTH
+
+
+def _drain(app, _fleet: ProcessFleet, prefix: str, n: int, timeout: float) -> float:
+    return _drain_batch(app, prefix, n, timeout)
 
 
 def main() -> None:
@@ -49,7 +62,7 @@ def main() -> None:
             for patches in modes:
                 mode = "+".join(patches) or "baseline"
                 for what, role, batch, n in (("chain steps/s", "all", _chain_batch, args.chain_runs),
-                                             ("drain claims/s", "worker", _drain_batch, args.drain_jobs)):
+                                             ("drain claims/s", "worker", _drain, args.drain_jobs)):
                     # Empty tables for every fleet: a drain leaves its one-step runs advanceable, and
                     # the next fleet's advancer would spend its first batch completing them.
                     app.dispose()
@@ -59,7 +72,7 @@ def main() -> None:
                     try:
                         got = results.setdefault((fleet_name, mode, what), [])
                         for rep in range(args.repeats):
-                            got.append(batch(app, f"x{len(results)}{rep}", n, timeout=600))
+                            got.append(batch(app, fleet, f"x{len(results)}{rep}", n, timeout=600))
                             log(f"{fleet_name}, {mode}: {what} {got[-1]:.0f}")
                     finally:
                         fleet.stop()
@@ -91,19 +104,20 @@ def limits(target: Target, args: argparse.Namespace, modes: list[tuple[str, ...]
                 mode = "+".join(patches) or "baseline"
                 app.dispose()
                 target.reset()
-                fleet = ProcessFleet(target, role="worker", workers=2, label=f"benchy{rep}{mode}",
-                                     patches=patches).start(app)
+                fleet = ProcessFleet(target, workers=2, label=f"benchy{rep}{mode}", patches=patches).start(app)
                 try:
                     for i, (name, (pipeline, key)) in enumerate(scenarios.items()):
-                        got = _batch(app, f"y{rep}{len(results)}{i}", pipeline, key, args.limit_jobs)
-                        results.setdefault((mode, name), []).append((got["rate"] / ideal[name], got["slots"]))
-                        log(f"{mode}: {name}: {got['rate'] / ideal[name]:.2f} of ideal, {got['slots']:.2f} slots")
+                        got = _batch(app, (fleet,), f"y{rep}{len(results)}{i}", pipeline, key, args.limit_jobs, NAP_S)
+                        results.setdefault((mode, name), []).append(
+                            (got["bodies_per_s"] / ideal[name], got["running"]))
+                        log(f"{mode}: {name}: bodies {got['bodies_per_s'] / ideal[name]:.2f} of ideal, "
+                            f"{got['running']:.2f} running")
                 finally:
                     fleet.stop()
     finally:
         app.dispose()
-    print(f"\n## {target.name}: limit experiments, 2 worker processes × 5 threads (median of {args.repeats})\n")
-    print("| mode | " + " | ".join(f"{n}: achieved/ideal | {n}: slots in use" for n in scenarios) + " |")
+    print(f"\n## {target.name}: limit experiments, 1 adv×3 + 2 wrk×5 (median of {args.repeats})\n")
+    print("| mode | " + " | ".join(f"{n}: bodies/s / ideal | {n}: bodies running" for n in scenarios) + " |")
     print("|---|" + "---:|---:|" * len(scenarios))
     for patches in modes:
         mode = "+".join(patches) or "baseline"

@@ -18,7 +18,14 @@ What the harness promises:
   ``trigger`` would write (a run, its start branch, its start step, job and pending
   execution), so 10⁶ pending jobs take seconds rather than 10⁶ Python triggers.
 - times used in figures are database times read from rows (``claimed_at``,
-  ``completed_at``), so the fleet's own clocks and the bench process never skew them.
+  ``completed_at``), so the fleet's own clocks and the bench process never skew them;
+  except the bodies' witness lines (``bench.workloads.witness``), which are wall-clock
+  times written by the bodies themselves, every process on this one host reading the
+  same clock.
+- a fleet's CPU (``ProcessFleet.cpu_seconds``, from ``/proc``) and SQL statements
+  (``ProcessFleet.statements``, counted by bench/probes/sitecustomize.py, which only
+  the bench's fleets load) can be read at any moment; ``Meter`` takes the difference
+  over a batch.
 """
 
 from __future__ import annotations
@@ -68,14 +75,19 @@ class Metric:
     unit: str = ""
     samples: list[float] = field(default_factory=list)
     note: str = ""
+    #: an engine-internal figure (claims/s, slots in use, CPU, statements): the table
+    #: lists it below every user-visible figure
+    diagnostic: bool = False
 
     @classmethod
-    def of(cls, samples: Iterable[float | None], unit: str = "", note: str = "") -> Metric:
-        kept = [s for s in samples if s is not None]
-        return cls(statistics.median(kept) if kept else None, unit, kept, note)
+    def of(cls, samples: Iterable[float | None], unit: str = "", note: str = "",
+           diagnostic: bool = False) -> Metric:
+        kept = [s for s in samples if s is not None and s == s]  # drops None and NaN
+        return cls(statistics.median(kept) if kept else None, unit, kept, note, diagnostic)
 
     def to_json(self) -> dict[str, Any]:
-        return {"value": self.value, "unit": self.unit, "samples": self.samples, "note": self.note}
+        return {"value": self.value, "unit": self.unit, "samples": self.samples, "note": self.note,
+                "diagnostic": self.diagnostic}
 
 
 def ratio(numerators: list[float], denominators: list[float]) -> list[float]:
@@ -94,8 +106,8 @@ class Sizes:
 
     quick: bool = False
     full: bool = False
-    #: an interpreter with ``pgqueuer[asyncpg]`` installed: B1 then drains with pgqueuer
-    #: too, on PostgreSQL, for a comparison within the same run (bench/pgqueuer_drain.py)
+    #: an interpreter with ``pgqueuer[asyncpg]`` installed: on PostgreSQL, B1 and B2 then
+    #: run pgqueuer too, in the same repetitions (bench/pgqueuer_drain.py)
     pgqueuer_python: str | None = None
 
     @property
@@ -422,10 +434,17 @@ class ProcessFleet:
         return " + ".join(parts)
 
     def start(self, app: App, timeout: float = 60.0) -> ProcessFleet:
-        paths = [str(REPO / "bench" / "experiments")] if self.patches else []
+        from bench.workloads import WITNESS_ENV
+
+        for sub in ("stats", "witness"):
+            (self.dir / sub).mkdir(exist_ok=True)
+        # bench/probes/sitecustomize.py counts each process's statements (and applies the
+        # experiments' patches when asked); the bodies write witness lines (bench.workloads)
+        paths = [str(REPO / "bench" / "probes")]
         python_path = os.pathsep.join(filter(None, [*paths, str(REPO), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": python_path,
-               "BENCH_PATCHES": ",".join(self.patches)}
+               "BENCH_PATCHES": ",".join(self.patches), "BENCH_STATS_DIR": str(self.dir / "stats"),
+               WITNESS_ENV: str(self.dir / "witness")}
         command = [sys.executable, "-m", "ductwork.cli", "start", "--database-url", self.target.url,
                    "-c", str(self.config), "--label", self.label]
         if self.role != "all":
@@ -446,6 +465,52 @@ class ProcessFleet:
         wait_until(ready, "the fleet registered its processes", timeout)
         return self
 
+    # -- what the fleet used: CPU, statements, and the bodies' witness lines ----------
+
+    def pids(self) -> list[int]:
+        """The supervisor and every live descendant (from ``/proc``)."""
+        if self.proc is None:
+            return []
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                stat = _proc_stat(int(entry))
+                if stat is not None:
+                    children.setdefault(int(stat[1]), []).append(int(entry))
+        tree, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            tree.append(pid)
+            todo.extend(children.get(pid, []))
+        return tree
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the whole process tree so far (``/proc/<pid>/stat``)."""
+        ticks = 0
+        for pid in self.pids():
+            stat = _proc_stat(pid)
+            if stat is not None:
+                ticks += int(stat[11]) + int(stat[12])  # utime, stime (fields 14, 15)
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def statements(self) -> int:
+        """SQL statements sent by the fleet's processes so far (bench/probes/sitecustomize.py)."""
+        total = 0
+        for path in (self.dir / "stats").glob("*.count"):
+            with contextlib.suppress(OSError, ValueError):
+                total += int(path.read_text() or 0)
+        return total
+
+    def witnesses(self, tag: str) -> list[tuple[float, float]]:
+        """(start, end) wall-clock seconds of every body that wrote ``tag`` (bench.workloads.witness)."""
+        out = []
+        for path in (self.dir / "witness").glob("witness-*.txt"):
+            for line in path.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 3 and parts[0] == tag:
+                    out.append((float(parts[1]), float(parts[2])))
+        return out
+
     def stop(self, timeout: float = 40.0) -> None:
         if self.proc is None:
             return
@@ -462,6 +527,64 @@ class ProcessFleet:
         self._log.close()
         self.proc = None
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields 3… of ``/proc/<pid>/stat`` (state, ppid, …), or None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+class Meter:
+    """CPU and statements of some fleets over an interval: ``start()``, then ``stop()``.
+
+    CPU is user + system time of every process of the fleets (supervisor, advancer and
+    worker processes), read from ``/proc`` at both ends; statements come from the
+    per-process counts of bench/probes/sitecustomize.py, read after a 0.15 s pause so
+    the counts (rewritten every 50 ms) include the interval's last statements.
+    """
+
+    def __init__(self, *fleets: ProcessFleet):
+        self.fleets = fleets
+
+    def _read(self) -> tuple[float, float, int]:
+        return (time.monotonic(), sum(f.cpu_seconds() for f in self.fleets),
+                sum(f.statements() for f in self.fleets))
+
+    def start(self) -> Meter:
+        time.sleep(0.15)
+        self.t0, self.cpu0, self.statements0 = self._read()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        t1, cpu1 = time.monotonic(), sum(f.cpu_seconds() for f in self.fleets)
+        time.sleep(0.15)
+        statements1 = sum(f.statements() for f in self.fleets)
+        return {"seconds": t1 - self.t0, "cpu_s": cpu1 - self.cpu0, "statements": statements1 - self.statements0}
+
+
+def per_step(used: dict[str, float], steps: int) -> dict[str, float]:
+    """CPU ms and statements per completed step over a metered interval."""
+    return {"cpu_ms_per_step": 1000 * used["cpu_s"] / steps, "statements_per_step": used["statements"] / steps}
+
+
+def bodies(intervals: list[tuple[float, float]]) -> dict[str, float]:
+    """Bodies per second and mean bodies running, from the bodies' own (start, end) times.
+
+    The window runs from the 10 % to the 90 % body start (leaving out the first wake-up
+    and the tail): throughput = starts in the window / its length; mean running = the
+    time-integral of running bodies over the window / its length.
+    """
+    starts = sorted(s for s, _ in intervals)
+    a, b = starts[len(starts) // 10], starts[(len(starts) * 9) // 10]
+    if b <= a:
+        return {"per_s": float("nan"), "running": float("nan"), "window_s": 0.0}
+    in_window = sum(1 for s in starts if a <= s < b)
+    busy = sum(max(0.0, min(e, b) - max(s, a)) for s, e in intervals)
+    return {"per_s": in_window / (b - a), "running": busy / (b - a), "window_s": b - a}
 
 
 # --------------------------------------------------------------------------- child processes

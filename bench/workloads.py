@@ -7,18 +7,24 @@ Run any benchmark with ``python -m bench --only B1 [--database-url URL]``.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 from ductwork import Pipeline, Step
 
 CHAIN_LENGTH = 5
 NAP_S = 0.020
+NAP3_S = 0.050
 
 CONCURRENCY_KEY = "bench_concurrency"
 RATE_KEY = "bench_rate"
 RATE_BURST1_KEY = "bench_rate_burst1"
 BLOCKED_KEY = "bench_blocked"
 BACKLOG_KEY = "bench_backlog"
+LIMIT3_KEY = "bench_limit3"
+WIDE_KEY = "bench_wide"
+SATURATED_KEY = "bench_saturated"
 
 #: ``job_worker.limits`` of every bench fleet (keys nobody references only warn).
 LIMITS = {
@@ -27,7 +33,34 @@ LIMITS = {
     RATE_BURST1_KEY: {"rate": {"limit": 200, "per": "1s", "burst": 1}},
     BLOCKED_KEY: {"rate": {"limit": 1, "per": "1h"}},
     BACKLOG_KEY: {"concurrency": 1_000_000, "rate": {"limit": 1_000_000, "per": "1s"}},
+    LIMIT3_KEY: {"concurrency": 3},
+    WIDE_KEY: {"concurrency": 50},  # B6: a key that never binds (50 > the fleet's threads)
+    SATURATED_KEY: {"concurrency": 2},  # B6 idle: 2 long bodies hold it, the backlog waits
 }
+
+#: where step bodies write their witness lines (set by ``ProcessFleet`` for every fleet)
+WITNESS_ENV = "BENCH_WITNESS_DIR"
+_witness_fd: list[int] = []
+_witness_lock = threading.Lock()
+
+
+def witness(tag, started: float, ended: float) -> None:
+    """Append ``tag started ended`` (wall-clock seconds) to this process's witness file.
+
+    One ``write`` of one short line to a file opened ``O_APPEND``, per body: a few
+    microseconds, no database round trip, so the body's own interval is what is recorded
+    and the database sees no extra load. Wall-clock time (``time.time``) is shared by every
+    process on the host, so the bench can merge the files of several fleets.
+    """
+    directory = os.environ.get(WITNESS_ENV)
+    if not directory:
+        return
+    if not _witness_fd:
+        with _witness_lock:
+            if not _witness_fd:
+                _witness_fd.append(os.open(os.path.join(directory, f"witness-{os.getpid()}.txt"),
+                                           os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+    os.write(_witness_fd[0], f"{tag} {started:.6f} {ended:.6f}\n".encode())
 
 
 class Noop(Step):
@@ -41,13 +74,19 @@ class Noop(Step):
 
 
 class Nap(Step):
-    """Sleeps 20 ms (a stand-in for a short call to a limited API)."""
+    """Sleeps ``seconds`` (20 ms: a short call to a limited API) and writes its witness line.
 
-    def __init__(self, value=None):
-        self.value = value
+    Its input is ``[tag]`` or ``[tag, seconds]``; the tag names the bench batch.
+    """
+
+    def __init__(self, value=None, seconds=NAP_S):
+        self.value, self.seconds = value, seconds
 
     def execute(self):
-        time.sleep(NAP_S)
+        started = time.time()
+        if self.seconds:
+            time.sleep(self.seconds)
+        witness(self.value, started, time.time())
         return self.value
 
 
@@ -97,6 +136,24 @@ class RateBurst1Nap(Pipeline):
         p.start(Nap, limit_by=RATE_BURST1_KEY)
 
 
+class Limit3Nap(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Nap, limit_by=LIMIT3_KEY)
+
+
+class WideNoop(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Noop, limit_by=WIDE_KEY)
+
+
+class SaturatedNap(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Nap, limit_by=SATURATED_KEY)
+
+
 class Blocked(Pipeline):
     @classmethod
     def define(cls, p):
@@ -116,4 +173,5 @@ class Expand(Pipeline):
 
 
 PIPELINES = [f"bench.workloads:{cls.__name__}" for cls in
-             (Chain, One, ConcurrencyNap, RateNap, RateBurst1Nap, Blocked, Backlog, Expand)]
+             (Chain, One, ConcurrencyNap, RateNap, RateBurst1Nap, Limit3Nap, WideNoop, SaturatedNap,
+              Blocked, Backlog, Expand)]

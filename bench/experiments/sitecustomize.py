@@ -2,8 +2,9 @@
 
     BENCH_PATCHES=no_notify,no_fsync PYTHONPATH=bench/experiments:. python -m ductwork.cli start ...
 
-Used by ``python -m bench.fleet_experiments`` (which sets both variables for the fleet it
-starts); it never runs otherwise: the directory is on no path by default. Each patch
+Used by ``python -m bench.fleet_experiments``: the fleets it starts get ``BENCH_PATCHES``
+and bench/probes/sitecustomize.py, which runs this file when that variable is set; it
+never runs otherwise: this directory is on no path. Each patch
 changes one thing so a fleet's throughput can be compared with and without it:
 
 - ``no_notify``: ``Tx.wake`` sends no ``pg_notify`` (the in-process wakeup stays);
