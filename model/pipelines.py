@@ -761,7 +761,8 @@ class PipelinesModel:
 
     # ----------------------------------------------------------------- driving
 
-    def drive(self, oracle: Oracle, max_actions: int = 100_000, stop_after: int | None = None) -> int:
+    def drive(self, oracle: Oracle, max_actions: int = 100_000, stop_after: int | None = None,
+              batch: int | None = None) -> int:
         """Run and advance everything to quiescence, deterministically; returns the action count.
 
         Each round makes one ``advance`` on every branch advanceable at its
@@ -771,7 +772,14 @@ class PipelinesModel:
         executions wait, the clock jumps to the earliest ``eligible_at``.
         ``stop_after`` returns early after that many actions (a partial drive);
         more than ``max_actions`` raises ``PreconditionError`` (no quiescence).
+
+        ``batch``: the fleet's batched operations instead, up to ``batch`` items each (one
+        action): the batchable claimable branches through ``claim_branches`` and
+        ``advance_batch``, the rest one by one, then the runnable executions through
+        ``advance_on_successes`` (every outcome; successes advance inline).
         """
+        if batch is not None:
+            return self._drive_batched(oracle, batch, max_actions)
         actions = 0
         while True:
             progressed = False
@@ -786,6 +794,31 @@ class PipelinesModel:
                 if actions == stop_after:
                     return actions
                 self.run_execution(exec_id, oracle(*self.execution_input(exec_id)))
+                actions, progressed = actions + 1, True
+            if not progressed:
+                pending = self._pending()
+                if not pending:
+                    return actions
+                self.set_clock(pending[0].eligible_at_us)
+            if actions > max_actions:
+                raise PreconditionError(f"no quiescence after {max_actions} actions")
+
+    def _drive_batched(self, oracle: Oracle, batch: int, max_actions: int) -> int:
+        actions = 0
+        while True:
+            progressed = False
+            simple = [b for b in self.claimable_branches() if self.batchable(b)]
+            for start in range(0, len(simple), batch):
+                self.advance_batch(self.claim_branches(simple[start:start + batch]))
+                actions, progressed = actions + 1, True
+            for branch_id in self.advanceable_branches():
+                if branch_id in self.advanceable_branches():  # not taken by an earlier advance
+                    self.advance(branch_id)
+                    actions, progressed = actions + 1, True
+            runnable = self.runnable_executions()
+            for start in range(0, len(runnable), batch):
+                chunk = runnable[start:start + batch]
+                self.advance_on_successes([(e, oracle(*self.execution_input(e))) for e in chunk])
                 actions, progressed = actions + 1, True
             if not progressed:
                 pending = self._pending()
@@ -963,20 +996,22 @@ class PipelinesModel:
 
 
 def run_to_quiescence(definition: Mapping[str, Any], args: Sequence[Any], oracle: Oracle,
-                      config: PipelineConfig | None = None, resumes: Sequence[Any] = ()) -> RunSummary:
+                      config: PipelineConfig | None = None, resumes: Sequence[Any] = (),
+                      batch: int | None = None) -> RunSummary:
     """Trigger ``definition`` with ``args`` and drive it with ``oracle`` until quiescent.
 
     ``oracle(node, input_args, attempt) -> Outcome`` decides every execution
     (``attempt`` counts the step's earlier executions from 0). Each value in
     ``resumes`` (``NO_INPUT`` or an input) resumes the run once if it is left
-    dampened. Returns ``summary(run)``.
+    dampened. ``batch``: drive with the batched operations (``drive(batch=…)``).
+    Returns ``summary(run)``.
     """
     model = PipelinesModel(config or PipelineConfig())
     run_id = model.trigger(definition, args)
-    model.drive(oracle)
+    model.drive(oracle, batch=batch)
     for value in resumes:
         if model.runs[run_id].status != "dampened":
             break
         model.resume(run_id, value)
-        model.drive(oracle)
+        model.drive(oracle, batch=batch)
     return model.summary(run_id)

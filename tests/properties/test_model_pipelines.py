@@ -312,3 +312,14 @@ def test_run_to_quiescence_is_deterministic_and_resolved(scenario, config):
     for (_, status, _), n in reordered.branches.items():
         by_status[status] += n
     assert Counter(b.status for b in model.branches.values()) == by_status
+
+
+@settings(max_examples=60 if os.environ.get("HYPOTHESIS_PROFILE") == "deep" else 25, deadline=None)
+@given(scenario=pipeline_scenarios(), config=pipeline_configs(), batch=st.sampled_from([1, 2, 5, 50]))
+def test_batched_fleet_ends_every_run_where_the_one_by_one_fleet_does(scenario, config, batch):
+    """Driven by the batched operations (group commits advancing inline, advancer
+    batches), every run ends exactly where the one-by-one drive ends it."""
+    definition, args, oracle = scenario
+    singles = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,))
+    batched = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,), batch=batch)
+    assert batched == singles
