@@ -22,6 +22,15 @@ arrived [INV-ADV-3]. An expand creates its children in batches of
 million items never sit in one transaction or in memory, and a crash between
 batches resumes without creating a child twice [INV-ADV-4].
 
+Batches: an advancer claims up to ``pipeline_advancer.advance_batch`` branches in one
+transaction (:func:`claim_branches`) and advances their simple transitions (halts, leaf,
+chain, converge, divert, dampen) in one transaction fenced per branch
+(:meth:`Advancer.advance_batch`); a worker's group commit advances the simple
+transitions of its successes inline (:func:`advance_on_successes`). Each is equal to the
+single operations one by one (the model's ``claim_branches``, ``advance_batch`` and
+``advance_on_successes``), and every batch locks its branch rows, then its run rows,
+before any write.
+
 Not done here: running steps (fleet/worker.py), or recovering the claims of dead
 processes (reaper.py).
 """
@@ -232,7 +241,7 @@ def _claim_in(tx: Tx, branch_id: str, process_id: str) -> BranchClaim | None:
 
 
 class Advancer:
-    """Claims and advances branches, one per :meth:`run_once`."""
+    """Claims and advances branches, a batch per :meth:`run_once`."""
 
     def __init__(self, app: App, *, process_id: str | None = None, rng: random.Random | None = None):
         self.app = app
@@ -263,7 +272,8 @@ class Advancer:
         """
         self._retry_cleanups()
         cfg = self.app.config.pipeline_advancer
-        window = max(20, min(100, 4 * cfg.count), cfg.advance_batch)
+        # room for every thread's batch, so threads sampling it overlap (and wait on each other) little
+        window = max(20, min(100, 4 * cfg.count), cfg.advance_batch * cfg.count)
         with self.app.begin(readonly=True) as tx:
             ids = candidates(tx, window)
         if not ids:
