@@ -221,8 +221,9 @@ class PipelineAdvancerConfig:
     #: branches an advancer thread claims in one transaction; their simple transitions
     #: (leaf, chain, converge, divert, dampen, halts) are advanced in one fenced transaction
     advance_batch: int = 50
-    #: advance chain, converge and divert edges inside the worker's success transaction
-    #: (no advancer hop; advance.advance_on_success); false leaves every edge to the advancers
+    #: advance chain, converge, divert and dampen edges and leaves inside the worker's success
+    #: transaction (no advancer hop; advance.advance_on_success); false leaves every edge to
+    #: the advancers
     inline_linear: bool = True
 
 
