@@ -221,7 +221,7 @@ def test_advancement_errors_log_each_retry_and_the_halt_with_the_traceback(db_ur
     app = make_app(db_url, pipeline_advancer={"inline_linear": False})
     reset_tables(app.engine)
     set_default_app(app)
-    monkeypatch.setattr(Advancer, "_batch_move", lambda self, c, value_json: None)
+    monkeypatch.setattr(Advancer, "_batch_move", lambda *_: None)
     monkeypatch.setattr(Advancer, "_leaf", broken)
     caplog.set_level(logging.WARNING, logger="ductwork")
     run = LeafP.trigger("b")
