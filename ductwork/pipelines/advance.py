@@ -62,6 +62,7 @@ from ductwork.pipelines.steps import (
     StepRow,
     create_branches,
     create_steps,
+    create_steps_across,
     latest_step,
     payload_json,
     step_complete,
@@ -792,15 +793,15 @@ def _make_moves(tx: Tx, moves: list[Move], definitions: dict[str, Definition]) -
             .values(status="completed", completed_at=tx.now, updated_at=tx.now)).rowcount
         if done != len(ids):  # [INV-ADV-1] each step is moved past once
             raise AssertionError(f"steps {ids}: {done} of {len(ids)} were {status} inside the batch [INV-ADV-1]")
-    by_run: dict[str, list[NewStep]] = {}
+    new: list[tuple[str, Definition, NewStep]] = []
     for m in moves:
         if m.node is not None:
             assert m.kind is not None, m
             assert m.value_json is not None, m
-            by_run.setdefault(m.run_id, []).append(NewStep(m.branch_id, m.node, m.kind, "[" + m.value_json + "]"))
-    for run_id, new in sorted(by_run.items()):
-        # [INV-ADV-1] each step completes and its successor exists in one transaction
-        create_steps(tx, run_id, definitions[run_id], new)
+            step = NewStep(m.branch_id, m.node, m.kind, "[" + m.value_json + "]")
+            new.append((m.run_id, definitions[m.run_id], step))
+    # [INV-ADV-1] each step completes and its successor exists in one transaction
+    create_steps_across(tx, new)
 
 
 def _end_branches(tx: Tx, moves: list[Move], guard: Any) -> None:
