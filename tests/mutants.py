@@ -163,6 +163,13 @@ MUTANTS: dict[str, Mutant] = {
          ("if closed != len(ids):", "if False:  # mutant: a closed advancement is not noticed"),
          ("_b.c.claim_token.in_([c.token for c, _ in live]))", "sa.true())  # mutant: anyone may move them")),
     ),
+    "claim_held_branch": Mutant(
+        "a batch claim does not re-assert that the branch is unheld: racing advancers all win it [INV-ADV-2]",
+        "a claim re-asserts that the branch is in progress and unclaimed [INV-ADV-2]",
+        (('_b.c.status == "in_progress",  # [INV-ADV-2] not ended, not held', "sa.true(),  # mutant: held or not"),
+         ("_b.c.claim_token.is_(None),  # [INV-ADV-2] unclaimed: one winner per branch",
+          "sa.true(),  # mutant: claimed or not")),
+    ),
     "inline_takes_held_branch": Mutant(
         "a success advances its branch inline even while an advancer holds it [INV-ADV-2]",
         "a success advances inline only a free branch [INV-ADV-2]",

@@ -181,21 +181,71 @@ def claim_branch(app: App, branch_id: str, process_id: str) -> BranchClaim | Non
 
 
 def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list[BranchClaim]:
-    """Claim several branches in one transaction, in branch-id order; returns those won.
+    """Claim several branches in one transaction; returns those won, in branch-id order.
 
-    Equal to :func:`claim_branch` of each in turn (the model's ``claim_branches``): each is
-    a conditional UPDATE that re-asserts every predicate of :func:`candidates` and writes
-    a fresh token, checked by its rowcount, so a branch another advancer won, or that was
-    advanced and released since it was read, is skipped. Empty if this process's row was
-    reaped meanwhile (the whole claim rolls back). Not done: advancing them.
+    Equal to :func:`claim_branch` of each in turn (the model's ``claim_branches``): one
+    conditional UPDATE re-asserts every predicate of :func:`candidates` for each branch
+    and writes this claim's fresh token, and the branches that carry the token after it
+    are the ones won (a branch another advancer won, or that was advanced and released
+    since it was read, is skipped). The token is this transaction's: the claims of one
+    batch share it, and a branch and its token still name one claim. Empty if this
+    process's row was reaped meanwhile (the whole claim rolls back). Not done: advancing
+    them.
     """
-    claims: list[BranchClaim] = []
+    ids = sorted(set(branch_ids))
+    if not ids:
+        return []
+    token = new_token()
+    s, j = schema.steps, schema.jobs
     try:
         with app.begin() as tx:
-            for branch_id in sorted(set(branch_ids)):  # one lock order for every claimer
-                claim = _claim_in(tx, branch_id, process_id)
-                if claim is not None:
-                    claims.append(claim)
+            tx.execute(
+                _b.update()
+                .where(_b.c.id.in_(dialects.inline_ids(ids)),
+                       # Re-assert every predicate of `candidates`: a branch advanced and
+                       # released since we read it must not be claimed off its new step.
+                       _b.c.status == "in_progress",  # [INV-ADV-2] not ended, not held
+                       _b.c.claim_token.is_(None),  # [INV-ADV-2] unclaimed: one winner per branch
+                       sa.exists().where(s.c.branch_id == _b.c.id, s.c.status.in_(ADVANCEABLE)))
+                .values(status="advancing", claim_token=token, claimed_at=tx.now, updated_at=tx.now)
+            )
+            won = sorted(tx.execute(sa.select(_b.c.id).where(
+                _b.c.id.in_(dialects.inline_ids(ids)), _b.c.claim_token == token)).scalars())  # [INV-ADV-2]
+            if not won:
+                return []
+            latest: dict[str, StepRow] = {}
+            order: dict[str, tuple[Any, str]] = {}
+            for row in tx.execute(
+                    sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status,
+                              j.c.id.label("job_id"), s.c.started_at)
+                    .join(j, j.c.step_id == s.c.id).where(s.c.branch_id.in_(dialects.inline_ids(won)))):
+                if row.branch_id not in order or (row.started_at, row.id) > order[row.branch_id]:
+                    order[row.branch_id] = (row.started_at, row.id)  # latest_step's order
+                    latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass,
+                                                    row.status, row.job_id)
+            step_ids = [latest[b].id for b in won]
+            previous: dict[str, tuple[Any, str, int, str | None]] = {}
+            for row in tx.execute(
+                    sa.select(_a.c.step_id, _a.c.started_at, _a.c.id, _a.c.crash_count, _a.c.error_klass)
+                    .where(_a.c.step_id.in_(dialects.inline_ids(step_ids)))):
+                key = (row.started_at, row.id, row.crash_count, row.error_klass)
+                if row.step_id not in previous or key[:2] > previous[row.step_id][:2]:
+                    previous[row.step_id] = key
+            r, run_ids = schema.runs, sorted({latest[b].run_id for b in won})
+            sha1s: dict[str, str] = {row.id: row.definition_sha1 for row in tx.execute(
+                sa.select(r.c.id, r.c.definition_sha1).where(r.c.id.in_(dialects.inline_ids(run_ids))))}
+            claims = []
+            for branch_id in won:
+                step = latest[branch_id]
+                last = previous.get(step.id)
+                crash_count = 0 if last is None else last[2] + (1 if last[3] in CRASH_CLASSES else 0)
+                claims.append(BranchClaim(branch_id, step.run_id, token, new_id(), crash_count, step,
+                                          sha1s[step.run_id]))
+            faults.hit(faults.BEFORE_ADVANCEMENT_CREATE)
+            tx.execute(_a.insert(), [{
+                "id": c.advancement_id, "branch_id": c.branch_id, "step_id": c.step.id, "process_id": process_id,
+                "claim_token": token, "started_at": tx.now, "crash_count": c.crash_count,
+                "created_at": tx.now, "updated_at": tx.now} for c in claims])
     except exc.IntegrityError as error:
         if dialects.violated_constraint(error) is None:
             # Our process row was reaped mid-claim: the foreign key failed and the
@@ -204,41 +254,6 @@ def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list
             return []
         raise
     return claims
-
-
-def _claim_in(tx: Tx, branch_id: str, process_id: str) -> BranchClaim | None:
-    token = new_token()
-    s = schema.steps
-    won = tx.execute(
-        _b.update()
-        .where(_b.c.id == branch_id,
-               # Re-assert every predicate of `candidates`: a branch advanced and
-               # released since we read it must not be claimed off its new step.
-               _b.c.status == "in_progress",
-               _b.c.claim_token.is_(None),
-               sa.exists().where(s.c.branch_id == branch_id, s.c.status.in_(ADVANCEABLE)))
-        .values(status="advancing", claim_token=token, claimed_at=tx.now, updated_at=tx.now)
-    )
-    if won.rowcount != 1:
-        return None
-    step = latest_step(tx, branch_id)
-    assert step is not None, f"branch {branch_id} has no step"
-    previous = tx.execute(
-        sa.select(_a.c.crash_count, _a.c.error_klass).where(_a.c.step_id == step.id)
-        .order_by(_a.c.started_at.desc(), _a.c.id.desc()).limit(1)
-    ).first()
-    crash_count = 0 if previous is None else (
-        previous.crash_count + (1 if previous.error_klass in CRASH_CLASSES else 0))
-    faults.hit(faults.BEFORE_ADVANCEMENT_CREATE)
-    advancement_id = new_id()
-    tx.execute(_a.insert().values(
-        id=advancement_id, branch_id=branch_id, step_id=step.id, process_id=process_id,
-        claim_token=token, started_at=tx.now, crash_count=crash_count,
-        created_at=tx.now, updated_at=tx.now))
-    sha1 = tx.execute(
-        sa.select(schema.runs.c.definition_sha1).where(schema.runs.c.id == step.run_id)
-    ).scalar_one()
-    return BranchClaim(branch_id, step.run_id, token, advancement_id, crash_count, step, sha1)
 
 
 class Advancer:

@@ -51,6 +51,8 @@ DETECTORS = {
         "tests/integration/test_fault_checkpoints.py::test_checkpoint[sqlite-before_fanin_bump-raise]",
     "batch_fence_dropped":
         "tests/integration/test_exactly_once.py::test_a_stale_token_in_a_batch_commits_nothing_for_its_branch_only[sqlite]",
+    "claim_held_branch":
+        "tests/integration/test_exactly_once.py::test_racing_claims_on_one_branch_have_one_winner[sqlite]",
     "inline_takes_held_branch":
         "tests/integration/test_exactly_once.py::test_a_success_leaves_a_held_branch_to_its_advancer[sqlite]",
 }
