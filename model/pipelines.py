@@ -795,13 +795,8 @@ class PipelinesModel:
                     return actions
                 self.run_execution(exec_id, oracle(*self.execution_input(exec_id)))
                 actions, progressed = actions + 1, True
-            if not progressed:
-                pending = self._pending()
-                if not pending:
-                    return actions
-                self.set_clock(pending[0].eligible_at_us)
-            if actions > max_actions:
-                raise PreconditionError(f"no quiescence after {max_actions} actions")
+            if self._round_ended(progressed, actions, max_actions):
+                return actions
 
     def _drive_batched(self, oracle: Oracle, batch: int, max_actions: int) -> int:
         actions = 0
@@ -820,13 +815,20 @@ class PipelinesModel:
                 chunk = runnable[start:start + batch]
                 self.advance_on_successes([(e, oracle(*self.execution_input(e))) for e in chunk])
                 actions, progressed = actions + 1, True
-            if not progressed:
-                pending = self._pending()
-                if not pending:
-                    return actions
-                self.set_clock(pending[0].eligible_at_us)
-            if actions > max_actions:
-                raise PreconditionError(f"no quiescence after {max_actions} actions")
+            if self._round_ended(progressed, actions, max_actions):
+                return actions
+
+    def _round_ended(self, progressed: bool, actions: int, max_actions: int) -> bool:
+        """After a round of ``drive``: True when nothing is pending; when the round did
+        nothing, the clock jumps to the earliest ``eligible_at``."""
+        if not progressed:
+            pending = self._pending()
+            if not pending:
+                return True
+            self.set_clock(pending[0].eligible_at_us)
+        if actions > max_actions:
+            raise PreconditionError(f"no quiescence after {max_actions} actions")
+        return False
 
     def summary(self, run_id: str) -> RunSummary:
         """The run's state as a ``RunSummary`` (comparable with the engine's)."""

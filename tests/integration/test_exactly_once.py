@@ -32,19 +32,24 @@ from ductwork.testing import drain
 RACERS = 4
 
 
-@pytest.fixture
-def app(db_url):
-    """The conftest app, but every edge goes through an advancer (these tests race the
-    advancer's claim protocol on chains, which workers would otherwise advance inline)."""
+def _default_app(db_url, **section):
+    """A fresh app on empty tables, made the default for the test (a fixture's body)."""
     from ductwork.app import set_default_app
     from tests.conftest import make_app, reset_tables
 
-    application = make_app(db_url, pipeline_advancer={"inline_linear": False})
+    application = make_app(db_url, **section)
     reset_tables(application.engine)
     set_default_app(application)
     yield application
     set_default_app(None)
     application.dispose()
+
+
+@pytest.fixture
+def app(db_url):
+    """The conftest app, but every edge goes through an advancer (these tests race the
+    advancer's claim protocol on chains, which workers would otherwise advance inline)."""
+    yield from _default_app(db_url, pipeline_advancer={"inline_linear": False})
 
 
 class Num(Step):
@@ -104,15 +109,7 @@ def race(fns):
 @pytest.fixture
 def app_inline(db_url):
     """The conftest app as configured by default: workers advance simple edges inline."""
-    from ductwork.app import set_default_app
-    from tests.conftest import make_app, reset_tables
-
-    application = make_app(db_url)
-    reset_tables(application.engine)
-    set_default_app(application)
-    yield application
-    set_default_app(None)
-    application.dispose()
+    yield from _default_app(db_url)
 
 
 def processes(app, n):
