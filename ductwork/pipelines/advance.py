@@ -772,7 +772,9 @@ def simple_move(definition: Definition, node: str, value_json: str) -> tuple[str
     fan-in, expand, a divert without a target): those are advanced one by one.
 
     >>> from ductwork.pipelines.definition import Definition as D
-    >>> d = D.from_json({"format": 1, "start": "a", "nodes": {n: {"klass": n, "delay_us": 0} for n in "ab"},
+    >>> node = {"delay_us": None, "limit_by": None, "timeout_us": None}
+    >>> d = D.from_json({"format": 1, "pipeline": "m:P", "start": "a",
+    ...                  "nodes": {n: {**node, "klass": f"m:{n}"} for n in "ab"},
     ...                  "edges": {"a": {"type": "chain", "to": ["b"]}}})
     >>> simple_move(d, "a", "1"), simple_move(d, "b", "1")
     (('in_progress', 'b', 'chain'), ('completed', None, None))
