@@ -218,8 +218,12 @@ class PipelineAdvancerConfig:
     shutdown_timeout: float = 20.0
     #: children created per transaction by a batched expand [INV-ADV-4]
     expand_batch: int = 1000
-    #: advance chain, converge and divert edges inside the worker's success transaction
-    #: (no advancer hop; advance.advance_on_success); false leaves every edge to the advancers
+    #: branches an advancer thread claims in one transaction; their simple transitions
+    #: (leaf, chain, converge, divert, dampen, halts) are advanced in one fenced transaction
+    advance_batch: int = 50
+    #: advance chain, converge, divert and dampen edges and leaves inside the worker's success
+    #: transaction (no advancer hop; advance.advance_on_success); false leaves every edge to
+    #: the advancers
     inline_linear: bool = True
 
 
@@ -271,7 +275,7 @@ _SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))
 #: a batch's ids travel in one IN list: keep it far below every driver's parameter limit
 MAX_BATCH_SIZE = 1000
 #: count fields (at least 1) and the most each may be
-_COUNT_FIELDS = {"count": MAX_COUNT, "processes": MAX_COUNT, "expand_batch": MAX_COUNT,
+_COUNT_FIELDS = {"count": MAX_COUNT, "processes": MAX_COUNT, "expand_batch": MAX_COUNT, "advance_batch": MAX_BATCH_SIZE,
                  "batch_size": MAX_BATCH_SIZE}
 _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
 _FLAG_FIELDS = frozenset({"inline_linear", "hand_off"})

@@ -10,10 +10,12 @@ Example::
 Runs, branches, steps, jobs (one per step) and executions (one per attempt),
 driven one atomic operation at a time by the caller, so hypothesis can
 interleave them: ``trigger``, ``run_execution``, ``claim_branch``, ``advance``,
-``advancer_error``, ``advancer_crash``, ``resume``, ``context_set`` and
-``advance_clock``. ``drive(oracle)`` and the module-level ``run_to_quiescence``
-run everything to quiescence deterministically and ``summary`` gives the
-comparable result.
+the batched ``advance_on_success(es)`` (a worker's success advancing its branch in
+its own transaction), ``claim_branches`` and ``advance_batch`` (an advancer's batch;
+each defined as the single operations one by one), ``advancer_error``,
+``advancer_crash``, ``resume``, ``context_set`` and ``advance_clock``.
+``drive(oracle)`` and the module-level ``run_to_quiescence`` run everything to
+quiescence deterministically and ``summary`` gives the comparable result.
 
 The model is time-aware: it keeps a clock in integer µs (``now_us``) that only
 ``advance_clock``/``set_clock`` move; delays, retry back-off and crash back-off
@@ -44,6 +46,7 @@ __all__ = [
     "FAILURE",
     "FAN_IN",
     "FAN_OUT",
+    "INLINE_EDGES",
     "INVALID",
     "NO_INPUT",
     "TIMED_OUT",
@@ -69,6 +72,8 @@ EDGE_TYPES = ("chain", "expand", "divide", "combine", "collapse", "divert", "con
 FAN_OUT = ("divide", "expand")
 FAN_IN = ("combine", "collapse")
 FINAL_RUN_STATES = ("completed", "halted")
+#: edges a success advances past inside its own transaction (and a leaf, no edge)
+INLINE_EDGES = ("chain", "converge", "divert", "dampen")
 
 
 class _NoInput:
@@ -596,6 +601,92 @@ class PipelinesModel:
             return self._finish(branch, token, "dampened", kind, ())
         raise AssertionError(f"unknown edge type {kind!r}")  # Definition.parse rejects these
 
+    # ----------------------------------------------------------------- batches
+
+    def advances_inline(self, step_id: str) -> bool:
+        """Whether a success of this step advances its branch in the success's own
+        transaction: a leaf, ``chain``, ``converge``, ``divert`` or ``dampen`` edge (one
+        step on the same branch, or the branch ends); never a fan-out, fan-in or expand."""
+        edge = self.runs[self.steps[step_id].run_id].definition.edge(self.steps[step_id].node)
+        return edge is None or edge["type"] in INLINE_EDGES
+
+    def batchable(self, branch_id: str) -> bool:
+        """Whether an advancer may advance this branch inside a batch: its advance is one
+        of the simple transitions (a halt of a failed step or of a spent crash budget, a
+        leaf, ``chain``, ``converge``, ``divert``, ``dampen``); fan-out, expand and fan-in
+        are advanced one by one."""
+        branch = self.branches[branch_id]
+        step = self.steps[branch.latest_step]
+        if step.status == "failed" or branch.advancer_crashes >= self.config.advancer_max_crash:
+            return True
+        return step.status == "advancing" and self.advances_inline(step.id)
+
+    def advance_on_success(self, exec_id: int, outcome: Outcome) -> Commit | None:
+        """A worker records ``outcome`` and, in the same transaction, advances the branch
+        past the step when the step succeeded, its edge advances inline
+        (:meth:`advances_inline`) and the branch is free (unclaimed, in progress): the next
+        step is created, or the branch ends (``completed`` for a leaf, ``dampened``) and
+        the run is resolved [INV-RUN-1]. Returns what the advance committed (None: the step
+        is left ``advancing`` for an advancer, or did not succeed).
+
+        Defined as ``run_execution(exec_id, outcome)``, then ``claim_branch`` and
+        ``advance`` of its branch when those conditions hold, as one transaction; refused
+        (``CommitFailed``, ``PreconditionError``) exactly when ``run_execution`` is,
+        changing nothing.
+        """
+        self.run_execution(exec_id, outcome)
+        step = self.steps[self.executions[exec_id].step_id]
+        if step.status != "advancing" or not self.advances_inline(step.id):
+            return None
+        if step.branch_id not in self.claimable_branches():
+            return None
+        return self.advance(step.branch_id)
+
+    def advance_on_successes(self, items: Sequence[tuple[int, Outcome]]) -> list[Commit | None]:
+        """A group commit: :meth:`advance_on_success` of every ``(execution, outcome)``, in
+        one transaction. Equal to doing them one by one in the order given; refused as a
+        whole (``CommitFailed``, nothing changed) when any execution is not open or is
+        listed twice, and (``PreconditionError``) when any is not eligible yet.
+        """
+        ids = [exec_id for exec_id, _ in items]
+        if len(set(ids)) != len(ids) or any(
+                self.executions.get(i) is None or self.executions[i].state != "pending" for i in ids):
+            raise CommitFailed(f"executions {ids}: not all open")  # [INV-EXE-2] the batch's one guard
+        if any(self.executions[i].eligible_at_us > self.now_us for i in ids):
+            raise PreconditionError(f"executions {ids}: not all eligible")
+        return [self.advance_on_success(exec_id, outcome) for exec_id, outcome in items]
+
+    def claim_branches(self, branch_ids: Sequence[str]) -> dict[str, int]:
+        """Claim every claimable branch of ``branch_ids`` in one transaction; returns the
+        tokens of those claimed. Equal to ``claim_branch`` of each claimable one in turn
+        (the others, e.g. taken meanwhile by another advancer, are skipped)."""
+        tokens: dict[str, int] = {}
+        for branch_id in dict.fromkeys(branch_ids):
+            if branch_id in self.claimable_branches():
+                tokens[branch_id] = self.claim_branch(branch_id)
+        return tokens
+
+    def advance_batch(self, claims: Mapping[str, int]) -> dict[str, Commit | None]:
+        """Advance several claimed branches in one fenced transaction; returns, per
+        branch, what it committed, or None when its token was stale.
+
+        Defined as ``advance(branch, token)`` of each branch in id order. The fence is per
+        branch [INV-ADV-2]: a branch whose token is stale commits nothing and only it is
+        refused, the others commit. Only :meth:`batchable` branches: any other raises
+        ``PreconditionError``, changing nothing.
+        """
+        for branch_id in claims:
+            if branch_id not in self.branches or not self.batchable(branch_id):
+                raise PreconditionError(f"branch {branch_id} is not advanced in a batch")
+        done: dict[str, Commit | None] = {}
+        for branch_id in sorted(claims, key=self._id_order):
+            branch = self.branches[branch_id]
+            if not self._fence_ok(branch, claims[branch_id]):  # [INV-ADV-2] per branch
+                done[branch_id] = None
+                continue
+            done[branch_id] = self.advance(branch_id, claims[branch_id])
+        return done
+
     def advancer_error(self, branch_id: str, transition_error: bool = False) -> None:
         """Routing raised: everything rolls back and the claim is released.
 
@@ -670,7 +761,8 @@ class PipelinesModel:
 
     # ----------------------------------------------------------------- driving
 
-    def drive(self, oracle: Oracle, max_actions: int = 100_000, stop_after: int | None = None) -> int:
+    def drive(self, oracle: Oracle, max_actions: int = 100_000, stop_after: int | None = None,
+              batch: int | None = None) -> int:
         """Run and advance everything to quiescence, deterministically; returns the action count.
 
         Each round makes one ``advance`` on every branch advanceable at its
@@ -680,7 +772,14 @@ class PipelinesModel:
         executions wait, the clock jumps to the earliest ``eligible_at``.
         ``stop_after`` returns early after that many actions (a partial drive);
         more than ``max_actions`` raises ``PreconditionError`` (no quiescence).
+
+        ``batch``: the fleet's batched operations instead, up to ``batch`` items each (one
+        action): the batchable claimable branches through ``claim_branches`` and
+        ``advance_batch``, the rest one by one, then the runnable executions through
+        ``advance_on_successes`` (every outcome; successes advance inline).
         """
+        if batch is not None:
+            return self._drive_batched(oracle, batch, max_actions)
         actions = 0
         while True:
             progressed = False
@@ -696,13 +795,40 @@ class PipelinesModel:
                     return actions
                 self.run_execution(exec_id, oracle(*self.execution_input(exec_id)))
                 actions, progressed = actions + 1, True
-            if not progressed:
-                pending = self._pending()
-                if not pending:
-                    return actions
-                self.set_clock(pending[0].eligible_at_us)
-            if actions > max_actions:
-                raise PreconditionError(f"no quiescence after {max_actions} actions")
+            if self._round_ended(progressed, actions, max_actions):
+                return actions
+
+    def _drive_batched(self, oracle: Oracle, batch: int, max_actions: int) -> int:
+        actions = 0
+        while True:
+            progressed = False
+            simple = [b for b in self.claimable_branches() if self.batchable(b)]
+            for start in range(0, len(simple), batch):
+                self.advance_batch(self.claim_branches(simple[start:start + batch]))
+                actions, progressed = actions + 1, True
+            for branch_id in self.advanceable_branches():
+                if branch_id in self.advanceable_branches():  # not taken by an earlier advance
+                    self.advance(branch_id)
+                    actions, progressed = actions + 1, True
+            runnable = self.runnable_executions()
+            for start in range(0, len(runnable), batch):
+                chunk = runnable[start:start + batch]
+                self.advance_on_successes([(e, oracle(*self.execution_input(e))) for e in chunk])
+                actions, progressed = actions + 1, True
+            if self._round_ended(progressed, actions, max_actions):
+                return actions
+
+    def _round_ended(self, progressed: bool, actions: int, max_actions: int) -> bool:
+        """After a round of ``drive``: True when nothing is pending; when the round did
+        nothing, the clock jumps to the earliest ``eligible_at``."""
+        if not progressed:
+            pending = self._pending()
+            if not pending:
+                return True
+            self.set_clock(pending[0].eligible_at_us)
+        if actions > max_actions:
+            raise PreconditionError(f"no quiescence after {max_actions} actions")
+        return False
 
     def summary(self, run_id: str) -> RunSummary:
         """The run's state as a ``RunSummary`` (comparable with the engine's)."""
@@ -872,20 +998,22 @@ class PipelinesModel:
 
 
 def run_to_quiescence(definition: Mapping[str, Any], args: Sequence[Any], oracle: Oracle,
-                      config: PipelineConfig | None = None, resumes: Sequence[Any] = ()) -> RunSummary:
+                      config: PipelineConfig | None = None, resumes: Sequence[Any] = (),
+                      batch: int | None = None) -> RunSummary:
     """Trigger ``definition`` with ``args`` and drive it with ``oracle`` until quiescent.
 
     ``oracle(node, input_args, attempt) -> Outcome`` decides every execution
     (``attempt`` counts the step's earlier executions from 0). Each value in
     ``resumes`` (``NO_INPUT`` or an input) resumes the run once if it is left
-    dampened. Returns ``summary(run)``.
+    dampened. ``batch``: drive with the batched operations (``drive(batch=…)``).
+    Returns ``summary(run)``.
     """
     model = PipelinesModel(config or PipelineConfig())
     run_id = model.trigger(definition, args)
-    model.drive(oracle)
+    model.drive(oracle, batch=batch)
     for value in resumes:
         if model.runs[run_id].status != "dampened":
             break
         model.resume(run_id, value)
-        model.drive(oracle)
+        model.drive(oracle, batch=batch)
     return model.summary(run_id)

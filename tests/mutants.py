@@ -154,6 +154,31 @@ MUTANTS: dict[str, Mutant] = {
          ("arrivals = tx.execute(sa.select(_b.c.fanin_arrivals).where(_b.c.id == barrier_id)).scalar_one()",
           "arrivals = own_arrivals  # mutant: the count its own bump read")),
     ),
+    "batch_fence_dropped": Mutant(
+        "an advancer's batch does not compare each branch's claim token: a stale claim commits [INV-ADV-2, INV-ADV-1]",
+        "the batch fence compares each branch's claim token [INV-ADV-2]",
+        (("if rows[c.branch_id].claim_token == c.token]  # [INV-ADV-2] a stale token commits nothing",
+          "if True]  # mutant: any token passes the batch fence"),
+         ("if rows[c.branch_id].claim_token != c.token:", "if False:  # mutant: nothing is stale"),
+         ("if closed != len(ids):", "if False:  # mutant: a closed advancement is not noticed"),
+         ("_b.c.claim_token.in_([c.token for c, _ in live]))", "sa.true())  # mutant: anyone may move them")),
+    ),
+    "claim_held_branch": Mutant(
+        "a batch claim does not re-assert that the branch is unheld: racing advancers all win it [INV-ADV-2]",
+        "a claim re-asserts that the branch is in progress and unclaimed [INV-ADV-2]",
+        (('_b.c.status == "in_progress",  # [INV-ADV-2] not ended, not held', "sa.true(),  # mutant: held or not"),
+         ("_b.c.claim_token.is_(None),  # [INV-ADV-2] unclaimed: one winner per branch",
+          "sa.true(),  # mutant: claimed or not")),
+    ),
+    "inline_takes_held_branch": Mutant(
+        "a success advances its branch inline even while an advancer holds it [INV-ADV-2]",
+        "a success advances inline only a free branch [INV-ADV-2]",
+        (("if branches[i.claimed.branch_id].claim_token is None  # [INV-ADV-2] free: no advancer holds it",
+          "if True  # mutant: held or not"),
+         ('and branches[i.claimed.branch_id].status == "in_progress"]', "or True]"),
+         ("_end_branches(tx, ending, _b.c.claim_token.is_(None))  # [INV-ADV-2] still free: locked above",
+          "_end_branches(tx, ending, sa.true())  # mutant: held or not")),
+    ),
 }
 
 

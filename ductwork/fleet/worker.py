@@ -38,7 +38,6 @@ killed, so only a process kill stops them.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
@@ -73,7 +72,7 @@ from ductwork.limits.executions import (
     record_successes,
 )
 from ductwork.pipelines import payloads
-from ductwork.pipelines.advance import advance_on_success
+from ductwork.pipelines.advance import InlineAdvance, advance_on_successes
 from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
@@ -320,11 +319,12 @@ class Worker:
             # as CommitFailed the second time (the guarded update matches nothing).
             inline = None
             if self.app.config.pipeline_advancer.inline_linear and output.value_json is not None:
-                inline = functools.partial(advance_on_success, claimed, definition, output.value_json)
+                inline = InlineAdvance(claimed, definition, output.value_json)
             if group:  # recorded with the batch's group commit (run_once flushes it)
                 if not self._group:
                     self._group_started = time.monotonic()
-                self._group.append(Success(claimed, output, inline))
+                together = advance_on_successes if self.app.config.pipeline_advancer.inline_linear else None
+                self._group.append(Success(claimed, output, inline, together))
                 return "success"
             if self._hands_off():
                 self._record(lambda: complete_and_hand_off(self.app, claimed, output, inline, limit=self.batch))

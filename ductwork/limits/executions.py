@@ -193,6 +193,10 @@ class Success:
     output: Output
     #: advances the branch past the step in the recording transaction (or returns False)
     advance: Callable[[Tx], bool] | None = None
+    #: advances a group commit's successes together, in the recording transaction (all
+    #: locks first): returns the ids of the steps it advanced; when every success of a
+    #: group carries the same one, it stands for their ``advance`` one by one
+    advance_group: Callable[[Tx, list[Success]], set[str]] | None = None
 
 
 class _Taken(Exception):
@@ -258,13 +262,15 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
         tx.execute(j.update().where(j.c.id == sa.bindparam("b_id"))
                    .values(output_payload=sa.bindparam("b_payload"), completed_at=tx.now, updated_at=tx.now),
                    [{"b_id": s.claimed.job_id, "b_payload": s.output.payload_json} for s in successes])
-        advancing = []
-        # one lock order (branch id) for every group commit: two never wait on each other's branches
-        for success in sorted(successes, key=lambda s: s.claimed.branch_id):
+        for success in successes:
             _write_expand_items(tx, success)
-            if success.advance is None or not success.advance(tx):
-                advancing.append(success.claimed.step_id)
-        _mark_advancing(tx, advancing)
+        group = successes[0].advance_group
+        if group is not None and all(s.advance_group is group for s in successes):
+            advanced = group(tx, successes)
+        else:  # one lock order (branch id) for every group commit: two never wait on each other's branches
+            advanced = {s.claimed.step_id for s in sorted(successes, key=lambda s: s.claimed.branch_id)
+                        if s.advance is not None and s.advance(tx)}
+        _mark_advancing(tx, [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced])
         handed = [] if hand_off is None else hand_off(tx)
     _log_successes(successes)
     return handed

@@ -22,6 +22,15 @@ arrived [INV-ADV-3]. An expand creates its children in batches of
 million items never sit in one transaction or in memory, and a crash between
 batches resumes without creating a child twice [INV-ADV-4].
 
+Batches: an advancer claims up to ``pipeline_advancer.advance_batch`` branches in one
+transaction (:func:`claim_branches`) and advances their simple transitions (halts, leaf,
+chain, converge, divert, dampen) in one transaction fenced per branch
+(:meth:`Advancer.advance_batch`); a worker's group commit advances the simple
+transitions of its successes inline (:func:`advance_on_successes`). Each is equal to the
+single operations one by one (the model's ``claim_branches``, ``advance_batch`` and
+``advance_on_successes``), and every batch locks its branch rows, then its run rows,
+before any write.
+
 Not done here: running steps (fleet/worker.py), or recovering the claims of dead
 processes (reaper.py).
 """
@@ -32,7 +41,7 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,13 +55,14 @@ from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
 from ductwork.limits.executions import UNKNOWN_CLASS, ErrorInfo, payload_envelope
 from ductwork.pipelines import payloads
 from ductwork.pipelines.definition import render_divert_key
-from ductwork.pipelines.runs import cached_definition, lock_run, resolve_run
+from ductwork.pipelines.runs import cached_definition, lock_run, lock_runs, resolve_run, resolve_runs
 from ductwork.pipelines.steps import (
     ADVANCEABLE,
     NewStep,
     StepRow,
     create_branches,
     create_steps,
+    create_steps_across,
     latest_step,
     payload_json,
     step_complete,
@@ -166,64 +176,100 @@ def candidates(tx: Tx, window: int) -> list[str]:
 
 def claim_branch(app: App, branch_id: str, process_id: str) -> BranchClaim | None:
     """Claim one branch; None if another advancer won it or it no longer qualifies."""
+    claims = claim_branches(app, [branch_id], process_id)
+    return claims[0] if claims else None
+
+
+def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list[BranchClaim]:
+    """Claim several branches in one transaction; returns those won, in branch-id order.
+
+    Equal to :func:`claim_branch` of each in turn (the model's ``claim_branches``): one
+    conditional UPDATE re-asserts every predicate of :func:`candidates` for each branch
+    and writes this claim's fresh token, and the branches that carry the token after it
+    are the ones won (a branch another advancer won, or that was advanced and released
+    since it was read, is skipped). The token is this transaction's: the claims of one
+    batch share it, and a branch and its token still name one claim. Empty if this
+    process's row was reaped meanwhile (the whole claim rolls back). Not done: advancing
+    them.
+    """
+    ids = sorted(set(branch_ids))
+    if not ids:
+        return []
     token = new_token()
-    s = schema.steps
+    s, j = schema.steps, schema.jobs
     try:
         with app.begin() as tx:
-            won = tx.execute(
+            tx.execute(
                 _b.update()
-                .where(_b.c.id == branch_id,
+                .where(_b.c.id.in_(dialects.inline_ids(ids)),
                        # Re-assert every predicate of `candidates`: a branch advanced and
                        # released since we read it must not be claimed off its new step.
-                       _b.c.status == "in_progress",
-                       _b.c.claim_token.is_(None),
-                       sa.exists().where(s.c.branch_id == branch_id, s.c.status.in_(ADVANCEABLE)))
+                       _b.c.status == "in_progress",  # [INV-ADV-2] not ended, not held
+                       _b.c.claim_token.is_(None),  # [INV-ADV-2] unclaimed: one winner per branch
+                       sa.exists().where(s.c.branch_id == _b.c.id, s.c.status.in_(ADVANCEABLE)))
                 .values(status="advancing", claim_token=token, claimed_at=tx.now, updated_at=tx.now)
             )
-            if won.rowcount != 1:
-                return None
-            step = latest_step(tx, branch_id)
-            assert step is not None, f"branch {branch_id} has no step"
-            previous = tx.execute(
-                sa.select(_a.c.crash_count, _a.c.error_klass).where(_a.c.step_id == step.id)
-                .order_by(_a.c.started_at.desc(), _a.c.id.desc()).limit(1)
-            ).first()
-            crash_count = 0 if previous is None else (
-                previous.crash_count + (1 if previous.error_klass in CRASH_CLASSES else 0))
+            won = sorted(tx.execute(sa.select(_b.c.id).where(
+                _b.c.id.in_(dialects.inline_ids(ids)), _b.c.claim_token == token)).scalars())  # [INV-ADV-2]
+            if not won:
+                return []
+            latest: dict[str, StepRow] = {}
+            order: dict[str, tuple[Any, str]] = {}
+            for row in tx.execute(
+                    sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status,
+                              j.c.id.label("job_id"), s.c.started_at)
+                    .join(j, j.c.step_id == s.c.id).where(s.c.branch_id.in_(dialects.inline_ids(won)))):
+                if row.branch_id not in order or (row.started_at, row.id) > order[row.branch_id]:
+                    order[row.branch_id] = (row.started_at, row.id)  # latest_step's order
+                    latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass,
+                                                    row.status, row.job_id)
+            step_ids = [latest[b].id for b in won]
+            previous: dict[str, tuple[Any, str, int, str | None]] = {}
+            for row in tx.execute(
+                    sa.select(_a.c.step_id, _a.c.started_at, _a.c.id, _a.c.crash_count, _a.c.error_klass)
+                    .where(_a.c.step_id.in_(dialects.inline_ids(step_ids)))):
+                key = (row.started_at, row.id, row.crash_count, row.error_klass)
+                if row.step_id not in previous or key[:2] > previous[row.step_id][:2]:
+                    previous[row.step_id] = key
+            r, run_ids = schema.runs, sorted({latest[b].run_id for b in won})
+            sha1s: dict[str, str] = {row.id: row.definition_sha1 for row in tx.execute(
+                sa.select(r.c.id, r.c.definition_sha1).where(r.c.id.in_(dialects.inline_ids(run_ids))))}
+            claims = []
+            for branch_id in won:
+                step = latest[branch_id]
+                last = previous.get(step.id)
+                crash_count = 0 if last is None else last[2] + (1 if last[3] in CRASH_CLASSES else 0)
+                claims.append(BranchClaim(branch_id, step.run_id, token, new_id(), crash_count, step,
+                                          sha1s[step.run_id]))
             faults.hit(faults.BEFORE_ADVANCEMENT_CREATE)
-            advancement_id = new_id()
-            tx.execute(_a.insert().values(
-                id=advancement_id, branch_id=branch_id, step_id=step.id, process_id=process_id,
-                claim_token=token, started_at=tx.now, crash_count=crash_count,
-                created_at=tx.now, updated_at=tx.now))
-            sha1 = tx.execute(
-                sa.select(schema.runs.c.definition_sha1).where(schema.runs.c.id == step.run_id)
-            ).scalar_one()
+            tx.execute(_a.insert(), [{
+                "id": c.advancement_id, "branch_id": c.branch_id, "step_id": c.step.id, "process_id": process_id,
+                "claim_token": token, "started_at": tx.now, "crash_count": c.crash_count,
+                "created_at": tx.now, "updated_at": tx.now} for c in claims])
     except exc.IntegrityError as error:
         if dialects.violated_constraint(error) is None:
             # Our process row was reaped mid-claim: the foreign key failed and the
             # whole claim rolled back. A lost race, not a failure.
             log.warning("branch claim lost: process %s no longer registered", process_id)
-            return None
+            return []
         raise
-    return BranchClaim(branch_id, step.run_id, token, advancement_id, crash_count, step, sha1)
+    return claims
 
 
 class Advancer:
-    """Claims and advances branches, one per :meth:`run_once`."""
+    """Claims and advances branches, a batch per :meth:`run_once`."""
 
     def __init__(self, app: App, *, process_id: str | None = None, rng: random.Random | None = None):
         self.app = app
         self._process_id = process_id
         self.rng = rng or random.Random()
         self._unreleased: list[BranchClaim] = []
-        #: the advancement this advancer is working on (what a runner's reconciliation skips)
-        self.current: str | None = None
+        #: the advancements this advancer is working on (what a runner's reconciliation skips)
+        self.current: frozenset[str] = frozenset()
 
     def held(self) -> set[str]:
-        """The advancement this advancer holds (what a runner's reconciliation skips)."""
-        current = self.current
-        return set() if current is None else {current}
+        """The advancements this advancer holds (what a runner's reconciliation skips)."""
+        return set(self.current)
 
     @property
     def process_id(self) -> str:
@@ -232,38 +278,140 @@ class Advancer:
     # -- the loop body ----------------------------------------------------------------
 
     def run_once(self) -> str:
-        """Claim and advance at most one branch. Never sleeps.
+        """Claim up to ``advance_batch`` branches in one transaction and advance them
+        (:meth:`advance_batch`). Never sleeps.
 
         Returns ``idle`` (nothing to do), ``contended`` (candidates existed but others
-        won them), ``advanced``, ``stale`` (the claim was lost mid-way; nothing
-        committed) or ``error`` (routing raised; recorded, branch released).
+        won them), ``advanced`` (at least one branch advanced), ``error`` (routing raised;
+        recorded, branch released) or ``stale`` (the claims were lost mid-way; nothing
+        committed for them).
         """
         self._retry_cleanups()
         cfg = self.app.config.pipeline_advancer
-        window = max(20, min(100, 4 * cfg.count))
+        # room for every thread's batch, so threads sampling it overlap (and wait on each other) little
+        window = max(20, min(100, 4 * cfg.count), cfg.advance_batch * cfg.count)
         with self.app.begin(readonly=True) as tx:
             ids = candidates(tx, window)
         if not ids:
             return "idle"
         faults.hit(faults.AFTER_BRANCH_CANDIDATE_SELECT)
-        picks = ids[:1] if len(ids) == 1 else self.rng.sample(ids, min(MAX_CLAIM_ATTEMPTS, len(ids)))
-        claim = None
-        for branch_id in picks:
-            claim = claim_branch(self.app, branch_id, self.process_id)
-            if claim is not None:
-                break
-        if claim is None:
+        picks = ids if len(ids) <= cfg.advance_batch else self.rng.sample(ids, cfg.advance_batch)
+        claims = claim_branches(self.app, picks, self.process_id)
+        if not claims:
             return "contended"
-        self.current = claim.advancement_id
+        self.current = frozenset(c.advancement_id for c in claims)
         try:
             faults.hit(faults.AFTER_BRANCH_CLAIM)
-            result = self.advance(claim)
+            results = self.advance_batch(claims)
         finally:
-            self.current = None
-            if not claim.closed:
-                self._abandon(claim)
+            self.current = frozenset()
+            for claim in claims:
+                if not claim.closed:
+                    self._abandon(claim)
         faults.hit(faults.AFTER_BRANCH_ADVANCEMENT)
-        return result
+        return next((r for r in ("advanced", "error", "stale") if r in results), "stale")
+
+    def advance_batch(self, claims: list[BranchClaim]) -> list[str]:
+        """Advance claimed branches; returns :meth:`advance`'s result for each.
+
+        The simple transitions (:meth:`_batch_move`: halts of a failed step or of a spent
+        crash budget, a leaf, ``chain``, ``converge``, a ``divert`` with a target,
+        ``dampen``) commit together in one fenced transaction (the model's
+        ``advance_batch``: equal to advancing them one by one). The fence is per branch:
+        every branch row is locked (FOR UPDATE, branch-id order) and its token compared;
+        a branch whose token is stale commits nothing and only it is refused
+        [INV-ADV-2]; then every run row of the batch is locked (run-id order) before any
+        write, the order :func:`advance_on_successes` takes too. Fan-out, expand, fan-in,
+        a divert without a target, and a batch whose transaction fails are advanced one
+        by one (:meth:`advance`), where errors are recorded.
+        """
+        moves: list[tuple[BranchClaim, Move]] = []
+        results: dict[str, str] = {}
+        outputs = self._outputs([c for c in claims if c.step.status == "advancing"])
+        for c in claims:
+            move = self._batch_move(c, outputs.get(c.step.id))
+            if move is not None:
+                moves.append((c, move))
+        if len(moves) > 0:
+            try:
+                results.update(self._commit_batch(moves))
+            except Exception as error:  # each is advanced alone below, where errors are recorded
+                if dialects.is_disconnect(error):
+                    raise
+                log.warning("a batch of %d advancements failed (%s); advancing each alone", len(moves), error)
+        return [results[c.branch_id] if c.branch_id in results else self.advance(c) for c in claims]
+
+    def _outputs(self, claims: list[BranchClaim]) -> dict[str, str]:
+        """The JSON text of each succeeded step's value, by step id (one read)."""
+        if not claims:
+            return {}
+        j = schema.jobs
+        with self.app.begin(readonly=True) as tx:
+            rows = tx.execute(sa.select(j.c.step_id, j.c.output_payload)
+                              .where(j.c.step_id.in_(dialects.inline_ids([c.step.id for c in claims])))).all()
+        found = {row.step_id: json.loads(row.output_payload) for row in rows if row.output_payload is not None}
+        return {step_id: json.dumps(value["payload"]) for step_id, value in found.items()
+                if "payload" in value}  # (an expand's is its item count: never a simple move)
+
+    def _batch_move(self, c: BranchClaim, value_json: str | None) -> Move | None:
+        """The move of a claimed branch when it is a simple transition (decided as
+        :meth:`advance` decides it); None: it is advanced alone."""
+        cfg = self.app.config.pipeline_advancer
+        if c.step.status not in ADVANCEABLE:
+            return None  # the stale-claim backstop: alone
+        completes = "advancing" if c.step.status == "advancing" else None
+        if c.crash_count >= cfg.max_crash:
+            return Move(c.branch_id, c.run_id, c.step.id, completes, "halted",
+                        halt_reason="advancer_crashes_exhausted")
+        if c.step.status == "failed":
+            return Move(c.branch_id, c.run_id, c.step.id, None, "halted", halt_reason=self._job_halt_reason(c))
+        if value_json is None:
+            return None
+        found = simple_move(cached_definition(self.app, c.definition_sha1), c.step.node, value_json)
+        if found is None:
+            return None
+        status, node, kind = found
+        return Move(c.branch_id, c.run_id, c.step.id, "advancing", status, node, kind, value_json)
+
+    def _commit_batch(self, moves: list[tuple[BranchClaim, Move]]) -> dict[str, str]:
+        """One fenced transaction for the batch's moves; returns each branch's result."""
+        results: dict[str, str] = {}
+        with self.app.begin() as tx:
+            rows = _lock_branches(tx, [c.branch_id for c, _ in moves])
+            live = [(c, m) for c, m in moves
+                    if rows[c.branch_id].claim_token == c.token]  # [INV-ADV-2] a stale token commits nothing
+            for c, _ in moves:
+                if rows[c.branch_id].claim_token != c.token:
+                    results[c.branch_id] = "stale"
+            if not live:
+                return self._stale(moves, results)
+            runs = lock_runs(tx, [m.run_id for _, m in live])
+            faults.hit(faults.INSIDE_ADVANCE_BATCH)
+            definitions = {c.run_id: cached_definition(self.app, c.definition_sha1) for c, _ in live}
+            _make_moves(tx, [m for _, m in live], definitions)
+            ids = [c.advancement_id for c, _ in live]
+            closed = tx.execute(
+                _a.update().where(_a.c.id.in_(dialects.inline_ids(ids)), _a.c.completed_at.is_(None))
+                .values(completed_at=tx.now, updated_at=tx.now)).rowcount
+            if closed != len(ids):
+                raise AssertionError(f"advancements {ids}: {closed} open inside their fence [INV-ADV-2]")
+            # [INV-ADV-2] only the holders may move them
+            _end_branches(tx, [m for _, m in live], _b.c.claim_token.in_([c.token for c, _ in live]))
+            ended = resolve_runs(tx, {m.run_id: runs[m.run_id] for _, m in live if m.ends})
+        for c, m in live:
+            c.closed = True
+            results[c.branch_id] = "advanced"
+            if m.halt_reason is not None:
+                self._log_halt(c, m.halt_reason, ended[m.run_id], None)
+        return self._stale(moves, results)
+
+    @staticmethod
+    def _stale(moves: list[tuple[BranchClaim, Move]], results: dict[str, str]) -> dict[str, str]:
+        for c, _ in moves:
+            if results.get(c.branch_id) == "stale":
+                log.warning("branch %s: claim %s is stale; nothing committed", c.branch_id, c.token)
+                c.closed = True  # someone else holds it now: nothing of ours to clean up
+        return results
 
     def advance(self, c: BranchClaim) -> str:
         """Advance a claimed branch past its latest step (the decision order of semantics §3)."""
@@ -593,14 +741,189 @@ class Advancer:
             create_steps(tx, c.run_id, definition, [NewStep(merged, edge.first(), kind, "[" + value_json + "]")])
 
 
+@dataclass(frozen=True)
+class Move:
+    """A simple transition, decided before the transaction that makes it: the branch goes
+    on to ``node`` (reached by ``kind``, with ``value_json`` as its input) and stays
+    ``in_progress``, or ends with ``status`` (``completed``, ``dampened``, ``halted`` with
+    ``halt_reason``). ``complete_from``: the step's status that completing it requires
+    (None: a failed step stays failed)."""
+
+    branch_id: str
+    run_id: str
+    step_id: str
+    complete_from: str | None
+    status: str = "in_progress"
+    node: str | None = None
+    kind: str | None = None
+    value_json: str | None = None
+    halt_reason: str | None = None
+
+    @property
+    def ends(self) -> bool:
+        return self.status != "in_progress"
+
+
+def simple_move(definition: Definition, node: str, value_json: str) -> tuple[str, str | None, str | None] | None:
+    """Where a succeeded step of ``node`` returning ``value_json`` takes its branch, when
+    that is a simple transition: ``(branch status, next node, kind)`` for a leaf
+    (``completed``), ``dampen`` (``dampened``), ``chain``, ``converge`` and a ``divert`` with
+    a target (``in_progress`` and the next node). None for every other edge (fan-out,
+    fan-in, expand, a divert without a target): those are advanced one by one.
+
+    >>> from ductwork.pipelines.definition import Definition as D
+    >>> node = {"delay_us": None, "limit_by": None, "timeout_us": None}
+    >>> d = D.from_json({"format": 1, "pipeline": "m:P", "start": "a",
+    ...                  "nodes": {n: {**node, "klass": f"m:{n}"} for n in "ab"},
+    ...                  "edges": {"a": {"type": "chain", "to": ["b"]}}})
+    >>> simple_move(d, "a", "1"), simple_move(d, "b", "1")
+    (('in_progress', 'b', 'chain'), ('completed', None, None))
+    """
+    edge = definition.edges.get(node)
+    if edge is None or not edge.to:
+        return ("completed", None, None)
+    if edge.type in ("chain", "converge"):
+        return ("in_progress", edge.first(), edge.type)
+    if edge.type == "divert":
+        target = edge.divert_target(render_divert_key(json.loads(value_json)))
+        return None if target is None else ("in_progress", target, "divert")
+    if edge.type == "dampen":
+        return ("dampened", None, None)
+    return None
+
+
+def _lock_branches(tx: Tx, branch_ids: list[str]) -> dict[str, sa.Row[Any]]:
+    """Lock the branch rows, in branch-id order (one statement), and return them by id."""
+    stmt = (sa.select(_b.c.id, _b.c.claim_token, _b.c.status)
+            .where(_b.c.id.in_(dialects.inline_ids(sorted(set(branch_ids))))).order_by(_b.c.id))
+    return {row.id: row for row in tx.execute(dialects.for_update(stmt, tx.conn))}
+
+
+def _make_moves(tx: Tx, moves: list[Move], definitions: dict[str, Definition]) -> None:
+    """Complete the moves' steps and create their successors; the branches' own rows are
+    the caller's (each path guards them its own way)."""
+    for status in sorted({m.complete_from for m in moves if m.complete_from is not None}):
+        ids = [m.step_id for m in moves if m.complete_from == status]
+        done = tx.execute(
+            schema.steps.update()
+            .where(schema.steps.c.id.in_(dialects.inline_ids(ids)), schema.steps.c.status == status)
+            .values(status="completed", completed_at=tx.now, updated_at=tx.now)).rowcount
+        if done != len(ids):  # [INV-ADV-1] each step is moved past once
+            raise AssertionError(f"steps {ids}: {done} of {len(ids)} were {status} inside the batch [INV-ADV-1]")
+    new: list[tuple[str, Definition, NewStep]] = []
+    for m in moves:
+        if m.node is not None:
+            assert m.kind is not None, m
+            assert m.value_json is not None, m
+            step = NewStep(m.branch_id, m.node, m.kind, "[" + m.value_json + "]")
+            new.append((m.run_id, definitions[m.run_id], step))
+    # [INV-ADV-1] each step completes and its successor exists in one transaction
+    create_steps_across(tx, new)
+
+
+def _end_branches(tx: Tx, moves: list[Move], guard: Any) -> None:
+    """Move each branch to its move's status (one UPDATE per status and halt reason),
+    dropping any claim; ``guard`` is the caller's condition on the branch rows, and every
+    row must match it."""
+    groups: dict[tuple[str, str | None], list[str]] = {}
+    for m in moves:
+        groups.setdefault((m.status, m.halt_reason), []).append(m.branch_id)
+    for (status, reason), ids in sorted(groups.items(), key=str):
+        values: dict[str, Any] = {"status": status, "claim_token": None, "claimed_at": None,
+                                  "last_advanced_at": tx.now, "updated_at": tx.now}
+        if status in ("completed", "halted"):
+            values["completed_at"] = tx.now
+        if reason is not None:
+            values["halt_reason"] = reason
+        moved = tx.execute(_b.update().where(_b.c.id.in_(dialects.inline_ids(ids)), guard).values(**values))
+        if moved.rowcount != len(ids):
+            raise AssertionError(f"branches {ids}: {moved.rowcount} moved inside the batch [INV-ADV-2]")
+
+
+def advance_on_successes(tx: Tx, successes: Sequence[Any]) -> set[str]:
+    """Advance the branches of a group commit's successes past their steps, in the
+    transaction that records them; returns the ids of the steps advanced.
+
+    The batched form of :func:`advance_on_success`, equal to it applied to each success
+    (the model's ``advance_on_successes``). Each success (``limits.executions.Success``
+    whose ``advance`` is an :class:`InlineAdvance`) whose edge is a simple transition (:func:`simple_move`)
+    and whose branch is free (unclaimed, in progress) has its step go straight from
+    ``in_progress`` to ``completed``, with its successor (step, job, first execution)
+    created, or its branch ended (``completed`` for a leaf, ``dampened``) and its run
+    resolved [INV-RUN-1], and an advancement row opened and closed by the worker's
+    process. The others are left to the caller (their steps become ``advancing``, for an
+    advancer).
+
+    Lock order: every branch row first, in branch-id order, then every run row of the
+    moves, in run-id order (``runs.lock_runs``), before any write; an advancer's batch
+    takes the same order, and a single fence its own branch, then its run. The runs of
+    branches that go on are locked too: on InnoDB inserting their steps takes shared
+    locks on the run rows, and two batches each holding one run and inserting under the
+    other's would deadlock. Not done here: fan-out, fan-in and expand edges.
+    """
+    planned: list[tuple[InlineAdvance, tuple[str, str | None, str | None]]] = []
+    for success in successes:
+        inline = success.advance
+        if not isinstance(inline, InlineAdvance):
+            continue
+        move = simple_move(inline.definition, inline.claimed.node, inline.value_json)
+        if move is not None:
+            planned.append((inline, move))
+    if not planned:
+        return set()
+    definitions = {i.claimed.run_id: i.definition for i, _ in planned}
+    branches = _lock_branches(tx, [i.claimed.branch_id for i, _ in planned])
+    # a branch an advancer holds, or that ended, is not ours to move: its step waits for an advancer
+    moves = [Move(i.claimed.branch_id, i.claimed.run_id, i.claimed.step_id, "in_progress", status, node, kind,
+                  i.value_json)
+             for i, (status, node, kind) in planned
+             if branches[i.claimed.branch_id].claim_token is None  # [INV-ADV-2] free: no advancer holds it
+             and branches[i.claimed.branch_id].status == "in_progress"]
+    if not moves:
+        return set()
+    runs = lock_runs(tx, [m.run_id for m in moves])
+    faults.hit(faults.INSIDE_INLINE_BATCH)
+    _make_moves(tx, moves, definitions)
+    now = tx.now
+    owner = {i.claimed.step_id: i.claimed.process_id for i, _ in planned}
+    tx.execute(_a.insert(), [{
+        "id": new_id(), "branch_id": m.branch_id, "step_id": m.step_id, "process_id": owner[m.step_id],
+        "claim_token": new_token(), "started_at": now, "completed_at": now, "crash_count": 0, "created_at": now,
+        "updated_at": now} for m in moves])
+    going = [m.branch_id for m in moves if not m.ends]
+    if going:
+        tx.execute(_b.update().where(_b.c.id.in_(dialects.inline_ids(going)), _b.c.claim_token.is_(None))
+                   .values(last_advanced_at=now, updated_at=now))
+    ending = [m for m in moves if m.ends]
+    if ending:
+        _end_branches(tx, ending, _b.c.claim_token.is_(None))  # [INV-ADV-2] still free: locked above
+        resolve_runs(tx, {m.run_id: runs[m.run_id] for m in ending})
+    return {m.step_id for m in moves}
+
+
+@dataclass(frozen=True)
+class InlineAdvance:
+    """``advance`` of a success (``limits.executions.Success``): advances the branch past
+    the step in the transaction that records the success (:func:`advance_on_success`);
+    a group commit advances all of its successes at once (:func:`advance_on_successes`)."""
+
+    claimed: Any
+    definition: Definition
+    value_json: str
+
+    def __call__(self, tx: Tx) -> bool:
+        return advance_on_success(self.claimed, self.definition, self.value_json, tx)
+
+
 def advance_on_success(claimed: Any, definition: Definition, value_json: str, tx: Tx) -> bool:
     """Advance a branch past a step inside the transaction that records the step's success.
 
-    For linear edges only — ``chain``, ``converge``, and ``divert`` with a target — where
-    advancing creates exactly one step on the same branch. The step goes straight from
-    ``in_progress`` to ``completed`` and its successor (step, job, first execution) is
-    created in the same commit as the job's outcome, so no advancer hop (three
-    transactions and, in a fleet, a hand-off between processes) is needed.
+    For simple transitions only (:func:`simple_move`): ``chain``, ``converge``, a
+    ``divert`` with a target (one step on the same branch), a leaf and ``dampen`` (the
+    branch ends and the run is resolved, under the run's lock taken right after the
+    branch's). The step goes straight from ``in_progress`` to ``completed`` and what
+    follows commits with the job's outcome, so no advancer hop (three transactions and,
+    in a fleet, a hand-off between processes) is needed.
 
     Exactly once for the same reasons as a fenced advancement [INV-ADV-1]: the branch row
     is locked and must be unclaimed — no advancer can hold it, since until this
@@ -608,35 +931,17 @@ def advance_on_success(claimed: Any, definition: Definition, value_json: str, tx
     its status, and ``uq_step_branch_node`` forbids a second successor. An advancement
     row, opened and closed here by the worker's process, keeps the bookkeeping complete.
 
-    Returns False, changing nothing, for every other edge (leaf, fan-out, fan-in,
-    expand, dampen, a divert without a target) or a branch not free to advance: the step
-    is then left ``advancing`` for an advancer, as without this shortcut. Not done here:
-    ending a branch (that needs the run's lock, which an advancer takes in its fence).
+    Returns False, changing nothing, for every other edge (fan-out, fan-in, expand, a
+    divert without a target) or a branch not free to advance: the step is then left
+    ``advancing`` for an advancer, as without this shortcut. The one-success case of
+    :func:`advance_on_successes`.
     """
-    edge = definition.edges.get(claimed.node)
-    if edge is None or not edge.to:
-        return False
-    node: str | None
-    if edge.type in ("chain", "converge"):
-        node = edge.first()
-    elif edge.type == "divert":
-        node = edge.divert_target(render_divert_key(json.loads(value_json)))
-        if node is None:
-            return False
-    else:
-        return False
-    branch = tx.execute(dialects.for_update(
-        sa.select(_b.c.claim_token, _b.c.status).where(_b.c.id == claimed.branch_id), tx.conn)).one()
-    if branch.claim_token is not None or branch.status != "in_progress":
-        return False
-    # [INV-ADV-1] the step completes and its successor exists in the outcome's own transaction
-    step_complete(tx, claimed.step_id, from_status=("in_progress",))
-    create_steps(tx, claimed.run_id, definition,
-                 [NewStep(claimed.branch_id, node, edge.type, "[" + value_json + "]")])
-    now = tx.now
-    tx.execute(_a.insert().values(
-        id=new_id(), branch_id=claimed.branch_id, step_id=claimed.step_id, process_id=claimed.process_id,
-        claim_token=new_token(), started_at=now, completed_at=now, crash_count=0, created_at=now, updated_at=now))
-    tx.execute(_b.update().where(_b.c.id == claimed.branch_id, _b.c.claim_token.is_(None))
-               .values(last_advanced_at=now, updated_at=now))
-    return True
+    one = _Inline(InlineAdvance(claimed, definition, value_json))
+    return bool(advance_on_successes(tx, [one]))
+
+
+@dataclass(frozen=True)
+class _Inline:
+    """A success as :func:`advance_on_successes` reads it (only its ``advance``)."""
+
+    advance: InlineAdvance

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -138,6 +139,67 @@ def resolve_run(tx: Tx, run_id: str) -> str:
             values["halted_at"] = tx.now
         tx.execute(r.update().where(r.c.id == run_id).values(**values))
     return new
+
+
+def lock_runs(tx: Tx, run_ids: Iterable[str]) -> dict[str, str]:
+    """Lock several run rows in run-id order (one statement) and return their statuses:
+    the run lock of a batch that ends branches of several runs. Every batch takes its run
+    locks in this order after all its branch locks, so two batches never wait on each other."""
+    r = schema.runs
+    ids = sorted(set(run_ids))
+    if not ids:
+        return {}
+    stmt = sa.select(r.c.id, r.c.status).where(r.c.id.in_(dialects.inline_ids(ids))).order_by(r.c.id)
+    return {row.id: row.status for row in tx.execute(dialects.for_update_run(stmt, tx.conn))}
+
+
+def decide_run_status(branch_statuses: Iterable[str]) -> str:
+    """Semantics §3 run resolution over a run's branch statuses (a pure decision).
+
+    >>> decide_run_status(["completed", "halted"]), decide_run_status(["dampened", "advancing"])
+    ('halted', 'in_progress')
+    """
+    statuses = set(branch_statuses)
+    if statuses & set(ACTIVE_BRANCH):
+        return "in_progress"
+    if "dampened" in statuses:
+        return "dampened"
+    if "halted" in statuses:
+        return "halted"
+    return "completed"
+
+
+def resolve_runs(tx: Tx, locked: dict[str, str]) -> dict[str, str]:
+    """:func:`resolve_run` for several runs whose rows this transaction locked
+    (:func:`lock_runs`, given its result): one read of the branch statuses grouped by
+    run, then one UPDATE per resulting status. Returns each run's status. A final run
+    is left as it is [INV-RUN-1]."""
+    r, b = schema.runs, schema.branches
+    open_runs = sorted(run_id for run_id, status in locked.items() if status not in TERMINAL)  # [INV-RUN-1]
+    result = dict(locked)
+    if not open_runs:
+        return result
+    statuses: dict[str, set[str]] = {run_id: set() for run_id in open_runs}
+    # Read after the locks: every branch ended by a transaction that held them before us is visible.
+    for row in tx.execute(sa.select(b.c.run_id, b.c.status).where(
+            b.c.run_id.in_(dialects.inline_ids(open_runs))).group_by(b.c.run_id, b.c.status)):
+        statuses[row.run_id].add(row.status)
+    moved: dict[str, list[str]] = {}
+    for run_id in open_runs:
+        new = decide_run_status(statuses[run_id])
+        result[run_id] = new
+        if new != locked[run_id]:  # read before write: no needless writes to a shared row
+            moved.setdefault(new, []).append(run_id)
+    for new, ids in sorted(moved.items()):
+        values: dict[str, Any] = {"status": new, "updated_at": tx.now}
+        if new == "completed":
+            values["completed_at"] = tx.now
+        elif new == "halted":
+            values["halted_at"] = tx.now
+        tx.execute(r.update().where(r.c.id.in_(dialects.inline_ids(ids)),
+                                    r.c.status.not_in(TERMINAL))  # [INV-RUN-1] a final run never changes
+                   .values(**values))
+    return result
 
 
 #: a run's status: ``in_progress`` until every branch ended, then one of the other three

@@ -94,7 +94,13 @@ def ensure_limit_keys(tx: Tx, keys: Iterable[str]) -> None:
 
 
 def create_steps(tx: Tx, run_id: str, definition: Definition, new: list[NewStep]) -> list[str]:
-    """Insert each step with its job and first execution; returns the step ids in order."""
+    """Insert each step of one run with its job and first execution; returns the step ids in order."""
+    return create_steps_across(tx, [(run_id, definition, spec) for spec in new])
+
+
+def create_steps_across(tx: Tx, new: list[tuple[str, Definition, NewStep]]) -> list[str]:
+    """Insert each ``(run id, its definition, step)`` with its job and first execution, in
+    three statements whatever the runs (a batch's successors); returns the step ids in order."""
     if not new:
         return []
     now = tx.now
@@ -102,7 +108,7 @@ def create_steps(tx: Tx, run_id: str, definition: Definition, new: list[NewStep]
     job_rows: list[dict[str, Any]] = []
     execution_rows: list[dict[str, Any]] = []
     keys: set[str] = set()
-    for spec in new:
+    for run_id, definition, spec in new:
         node = definition.nodes[spec.node]
         step_id, job_id = new_id(), new_id()
         if node.limit_by:

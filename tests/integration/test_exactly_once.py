@@ -26,25 +26,30 @@ from ductwork.fleet.reaper import reap
 from ductwork.fleet.worker import Worker, make_output
 from ductwork.limits.claims import claim
 from ductwork.limits.executions import record_success
-from ductwork.pipelines.advance import Advancer, candidates, claim_branch
+from ductwork.pipelines.advance import Advancer, candidates, claim_branch, claim_branches, release_advancement
 from ductwork.testing import drain
 
 RACERS = 4
+
+
+def _default_app(db_url, **section):
+    """A fresh app on empty tables, made the default for the test (a fixture's body)."""
+    from ductwork.app import set_default_app
+    from tests.conftest import make_app, reset_tables
+
+    application = make_app(db_url, **section)
+    reset_tables(application.engine)
+    set_default_app(application)
+    yield application
+    set_default_app(None)
+    application.dispose()
 
 
 @pytest.fixture
 def app(db_url):
     """The conftest app, but every edge goes through an advancer (these tests race the
     advancer's claim protocol on chains, which workers would otherwise advance inline)."""
-    from ductwork.app import set_default_app
-    from tests.conftest import make_app, reset_tables
-
-    application = make_app(db_url, pipeline_advancer={"inline_linear": False})
-    reset_tables(application.engine)
-    set_default_app(application)
-    yield application
-    set_default_app(None)
-    application.dispose()
+    yield from _default_app(db_url, pipeline_advancer={"inline_linear": False})
 
 
 class Num(Step):
@@ -77,6 +82,12 @@ class TwoStep(Pipeline):
         p.start(Num).chain(to=Num)
 
 
+class OneStep(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Num)
+
+
 class FanP(Pipeline):
     @classmethod
     def define(cls, p):
@@ -93,6 +104,12 @@ def race(fns):
 
     with ThreadPoolExecutor(len(fns)) as pool:
         return [f.result(timeout=60) for f in [pool.submit(go, fn) for fn in fns]]
+
+
+@pytest.fixture
+def app_inline(db_url):
+    """The conftest app as configured by default: workers advance simple edges inline."""
+    yield from _default_app(db_url)
 
 
 def processes(app, n):
@@ -165,6 +182,59 @@ def test_stale_token_commits_nothing(app):
         rows = tx.execute(sa.select(schema.advancements.c.error_klass)
                           .order_by(schema.advancements.c.started_at)).scalars().all()
     assert rows == ["ductwork.ProcessCrash", None]
+
+
+def test_a_stale_token_in_a_batch_commits_nothing_for_its_branch_only(app):
+    """An advancer's batch holds two claims, one of them lost meanwhile (released and
+    re-claimed by another process): the batch advances the live one and refuses only the
+    stale one, which the new holder then advances once [INV-ADV-2]."""
+    pa, pb = processes(app, 2)
+    run1, branch1 = ready_branch(app, TwoStep, 1)
+    run2 = TwoStep.trigger(2)
+    assert Worker(app).run_once().outcome == "success"
+    with app.begin() as tx:
+        branch2 = next(b for b in candidates(tx, 10) if b != branch1)
+    claims = {c.branch_id: c for c in claim_branches(app, [branch1, branch2], pa)}
+    assert set(claims) == {branch1, branch2}
+    lost = claims[branch1]
+    with app.begin() as tx:  # A's claim on branch 1 is released (as the reaper would) ...
+        release_advancement(tx, lost.advancement_id, branch1, lost.token, "released by the test")
+    fresh = claim_branch(app, branch1, pb)  # ... and B claims it
+    assert fresh is not None
+    results = Advancer(app, process_id=pa).advance_batch([claims[branch1], claims[branch2]])
+    assert results == ["stale", "advanced"]  # [INV-ADV-2] only the stale branch is refused
+    assert step_nodes(app, run1.id) == {"Num#0": 1}
+    assert step_nodes(app, run2.id) == {"Num#0": 1, "Num#1": 1}
+    assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
+    assert step_nodes(app, run1.id) == {"Num#0": 1, "Num#1": 1}  # [INV-ADV-1]
+
+
+def test_a_success_leaves_a_held_branch_to_its_advancer(app_inline):
+    """A success whose branch an advancer holds is not advanced inline: the step is left
+    ``advancing`` and the branch and its run untouched [INV-ADV-2]."""
+    run = OneStep.trigger(1)
+    b = schema.branches
+    with app_inline.begin() as tx:
+        tx.execute(b.update().where(b.c.run_id == run.id).values(status="advancing", claim_token="held-elsewhere"))
+    assert Worker(app_inline).run_once().outcome == "success"
+    with app_inline.begin() as tx:
+        branch = tx.execute(sa.select(b.c.status, b.c.claim_token).where(b.c.run_id == run.id)).one()
+        step = tx.execute(sa.select(schema.steps.c.status).where(schema.steps.c.run_id == run.id)).scalar_one()
+    assert (tuple(branch), step, run.refresh().status) == (("advancing", "held-elsewhere"), "advancing",
+                                                          "in_progress")
+
+
+def test_a_group_commit_completes_one_step_runs_without_an_advancer(app_inline):
+    """One-step runs: the worker's group commit completes each step, ends each branch and
+    completes each run in the transaction that records the successes."""
+    runs = [OneStep.trigger(i) for i in range(6)]
+    worker = Worker(app_inline)
+    while worker.run_once() is not None:
+        pass
+    assert {r.refresh().status for r in runs} == {"completed"}
+    with app_inline.begin() as tx:
+        assert candidates(tx, 10) == []
+        assert set(tx.execute(sa.select(schema.branches.c.status)).scalars()) == {"completed"}
 
 
 def test_stale_candidate_is_not_claimed_off_its_new_step(app):

@@ -71,8 +71,11 @@ def test_checkpoint(fault_app, db_url, checkpoint, action):
     if checkpoint == faults.DURING_REAP:
         _ghost_holding_a_claim(app)
     env = {**os.environ, "DUCTWORK_FAULT": f"{checkpoint}:{action}:1", "DUCTWORK_FAULT_SLEEP": "0.05"}
+    config = CONFIG
+    if checkpoint == faults.INSIDE_ADVANCE_BATCH:  # the leaf is then an advancer's, in a batch
+        config = {**CONFIG, "pipeline_advancer": {**CONFIG["pipeline_advancer"], "inline_linear": False}}
     child = subprocess.run(
-        [sys.executable, "-m", "tests.integration.fault_child", db_url, json.dumps(CONFIG), "fault-child"],
+        [sys.executable, "-m", "tests.integration.fault_child", db_url, json.dumps(config), "fault-child"],
         env=env, capture_output=True, text=True, timeout=120,
     )
     assert f"FAULT FIRING {checkpoint}:{action}" in child.stderr, child.stderr[-2000:]

@@ -210,12 +210,18 @@ def test_a_step_that_cannot_be_built_logs_its_crashes_with_the_traceback(manual_
     assert halt.halt_reason == "job_crashes_exhausted"
 
 
-def test_advancement_errors_log_each_retry_and_the_halt_with_the_traceback(app, caplog, monkeypatch):
+def test_advancement_errors_log_each_retry_and_the_halt_with_the_traceback(db_url, caplog, monkeypatch):
+    from ductwork.app import set_default_app
     from ductwork.pipelines.advance import Advancer
 
     def broken(self, c):  # noqa: ARG001 - stands in for the method it replaces
         raise RuntimeError("routing broke")
 
+    # the leaf goes through an advancer (no inline advance), one by one (no batch), to the broken _leaf
+    app = make_app(db_url, pipeline_advancer={"inline_linear": False})
+    reset_tables(app.engine)
+    set_default_app(app)
+    monkeypatch.setattr(Advancer, "_batch_move", lambda *_: None)
     monkeypatch.setattr(Advancer, "_leaf", broken)
     caplog.set_level(logging.WARNING, logger="ductwork")
     run = LeafP.trigger("b")
@@ -231,6 +237,8 @@ def test_advancement_errors_log_each_retry_and_the_halt_with_the_traceback(app, 
            "the run is halted" in halt.getMessage()
     for record in (*errors, halt):
         assert 'raise RuntimeError("routing broke")' in record.exc_text
+    set_default_app(None)
+    app.dispose()
 
 
 @pytest.fixture

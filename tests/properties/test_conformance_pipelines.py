@@ -9,7 +9,10 @@ resuming a dampened run once) must agree on the run's final state: its status,
 the multiset of (node, status) of its steps, each branch's final node, status and
 halt reason, and every fan-in's inputs.
 
-Checks: INV-ADV-1, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-4, INV-RUN-1.
+A second machine drives both sides with the batched operations (group commits that
+advance inline, advancer batches) and compares them the same way.
+
+Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-4, INV-RUN-1.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ductwork.app import App
 from ductwork.config import Config
@@ -40,12 +44,17 @@ from tests.properties.strategies import pipeline_configs, pipeline_scenarios
 EXAMPLES = {"dev": 15, "ci": 40, "deep": 400}
 
 
-def engine_config(config) -> Config:
+def engine_config(config, batch: int | None = None) -> Config:
+    """The engine's configuration for the model's ``config``; ``batch``: the size of the
+    worker's group commits and of the advancer's batches (default: the engine's)."""
+    batches = {} if batch is None else {"batch_size": batch}
     return Config.from_section({
         "job_worker": {"max_retry": config.max_retry, "max_crash": config.max_crash,
-                       "retry_delay": config.retry_delay_us / 1e6, "crash_backoff": config.crash_delay_us / 1e6},
+                       "retry_delay": config.retry_delay_us / 1e6, "crash_backoff": config.crash_delay_us / 1e6,
+                       **batches},
         "pipeline_advancer": {"expand_batch": config.expand_batch, "max_retry": config.advancer_max_retry,
-                              "max_crash": config.advancer_max_crash},
+                              "max_crash": config.advancer_max_crash,
+                              **({} if batch is None else {"advance_batch": batch})},
     }, source="<pipeline conformance>")
 
 
@@ -100,11 +109,13 @@ class Generated:
     definition: Definition
 
 
-def check_agreement(url: str, engine, scenario, config) -> None:
+def check_agreement(url: str, engine, scenario, config, batch: int | None = None) -> None:
+    """``batch``: the model drives with its batched operations of that size, and the
+    engine's worker and advancer batch as much (else each side drives as it does by default)."""
     definition, args, oracle = scenario
-    expected = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,)).as_json()
+    expected = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,), batch=batch).as_json()
     reset_tables(engine)
-    app = App(url, engine_config(config), ManualClock(datetime(2026, 1, 1)), engine=engine)
+    app = App(url, engine_config(config, batch), ManualClock(datetime(2026, 1, 1)), engine=engine)
     oracle_steps.install(app, oracle)
     # Steps that declare timeout= run in a child process, where this process's oracle is
     # not installed; routing never depends on it and the oracle produces timeouts itself
@@ -133,6 +144,29 @@ def test_engine_runs_end_where_the_model_ends(db_url):
     @given(scenario=pipeline_scenarios(), config=pipeline_configs())
     def agree(scenario, config):
         check_agreement(db_url, engine, scenario, config)
+
+    try:
+        agree()
+    finally:
+        engine.dispose()
+
+
+def test_engine_batches_end_where_the_model_batches_end(db_url):
+    """The batched operations against the engine: the model drives with
+    ``advance_on_successes``, ``claim_branches`` and ``advance_batch`` (batches of the
+    drawn size), the engine with group commits that advance inline (``advance_on_successes``)
+    and an advancer that claims and advances in batches (``claim_branches``,
+    ``Advancer.advance_batch``) of that size; every run ends in the same state."""
+    from ductwork.db import dialects
+
+    engine = dialects.create_engine(db_url)
+    examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
+
+    @settings(settings(), max_examples=examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(scenario=pipeline_scenarios(), config=pipeline_configs(), batch=st.sampled_from([2, 5, 50]))
+    def agree(scenario, config, batch):
+        check_agreement(db_url, engine, scenario, config, batch)
 
     try:
         agree()

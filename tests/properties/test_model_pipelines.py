@@ -6,7 +6,8 @@ Rules (verbs): ``trigger``, ``drive_a_little`` (the fault-free scheduler, three
 actions), ``run_execution`` (oracle or forced failure/timeout/crash/bad return),
 ``run_completed_execution_again``, ``advance`` (commit, crash holding the claim,
 routing error, TransitionError), ``advancer_crash_mid_expand``,
-``advance_with_stale_token``, ``advance_clock``, ``resume``, ``context_set``;
+``advance_with_stale_token``, ``group_commit`` and ``advance_batch`` (each against the
+single operations one by one on a copy), ``advance_clock``, ``resume``, ``context_set``;
 ``teardown`` drives every run to rest with the oracle (liveness).
 
 Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3,
@@ -15,6 +16,7 @@ INV-EXE-4, INV-RUN-1, INV-CTX-1.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import Counter
 
@@ -127,6 +129,60 @@ class PipelinesModelMachine(RuleBasedStateMachine):
         current = {b: self.model.branches[b].claim_token for b in live}
         return sorted({(b, t) for kind, b, t in self.model.fence_log
                        if kind == "claim" and b in live and t != current[b]})
+
+    @precondition(lambda self: self.model.runnable_executions())
+    @rule(data=st.data(), with_done=st.booleans())
+    def group_commit(self, data, with_done):
+        """A worker's group commit of one to four outcomes, each success advancing its
+        branch inline: equal to ``advance_on_success`` one by one; a batch holding an
+        execution already ended is refused whole and changes nothing."""
+        ids = data.draw(st.lists(st.sampled_from(self.model.runnable_executions()), min_size=1, max_size=4,
+                                 unique=True))
+        items = [(i, self.oracle(*self.model.execution_input(i))) for i in ids]
+        done = [e.id for e in self.model.executions.values() if e.state == "completed"]
+        if with_done and done and self.rejected < 3:
+            self.rejected += 1
+            before = self.model.snapshot()
+            with pytest.raises(CommitFailed):
+                self.model.advance_on_successes([*items, (self._pick(data, done), success(0))])
+            assert self.model.snapshot() == before, "[INV-EXE-2] a refused group commit changed state"
+        alone = copy.deepcopy(self.model)
+        singles = [alone.advance_on_success(i, outcome) for i, outcome in items]
+        batch = self.model.advance_on_successes(items)
+        assert self.model.snapshot() == alone.snapshot(), "a group commit differs from its successes one by one"
+        assert batch == singles
+
+    @precondition(lambda self: self._batchable())
+    @rule(data=st.data(), stale=st.booleans())
+    def advance_batch(self, data, stale):
+        """An advancer claims one to four simple branches in one transaction and advances
+        them in one fenced transaction: equal to claiming and advancing them one by one;
+        a branch whose claim went stale meanwhile (its advancer was reaped and another
+        claimed it) is refused alone [INV-ADV-2]."""
+        ids = data.draw(st.lists(st.sampled_from(self._batchable()), min_size=1, max_size=4, unique=True))
+        alone = copy.deepcopy(self.model)
+        tokens = self.model.claim_branches(ids)
+        assert tokens == {b: alone.claim_branch(b) for b in ids}
+        assert self.model.snapshot() == alone.snapshot(), "claim_branches differs from claim_branch one by one"
+        victim = self._pick(data, tokens) if stale else None
+        for model in (self.model, alone):
+            if victim is not None:
+                model.advancer_crash(victim)
+                model.claim_branch(victim)
+        singles = {}
+        for branch_id in sorted(tokens, key=alone._id_order):
+            try:
+                singles[branch_id] = alone.advance(branch_id, tokens[branch_id])
+            except StaleClaim:
+                singles[branch_id] = None
+        batch = self.model.advance_batch(tokens)
+        assert self.model.snapshot() == alone.snapshot(), "an advancer batch differs from its branches one by one"
+        assert batch == singles
+        if victim is not None:
+            assert batch[victim] is None, f"[INV-ADV-2] stale token on {victim} committed in a batch"
+
+    def _batchable(self) -> list[str]:
+        return [b for b in self.model.claimable_branches() if self.model.batchable(b)]
 
     @precondition(lambda self: self.model.pending_executions() != self.model.runnable_executions()
                   or self.model.is_quiescent())
@@ -256,3 +312,14 @@ def test_run_to_quiescence_is_deterministic_and_resolved(scenario, config):
     for (_, status, _), n in reordered.branches.items():
         by_status[status] += n
     assert Counter(b.status for b in model.branches.values()) == by_status
+
+
+@settings(max_examples=60 if os.environ.get("HYPOTHESIS_PROFILE") == "deep" else 25, deadline=None)
+@given(scenario=pipeline_scenarios(), config=pipeline_configs(), batch=st.sampled_from([1, 2, 5, 50]))
+def test_batched_fleet_ends_every_run_where_the_one_by_one_fleet_does(scenario, config, batch):
+    """Driven by the batched operations (group commits advancing inline, advancer
+    batches), every run ends exactly where the one-by-one drive ends it."""
+    definition, args, oracle = scenario
+    singles = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,))
+    batched = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,), batch=batch)
+    assert batched == singles

@@ -49,6 +49,12 @@ DETECTORS = {
     "stale_fence_commits": "tests/integration/test_exactly_once.py::test_stale_token_commits_nothing[sqlite]",
     "fanin_outside_fence":
         "tests/integration/test_fault_checkpoints.py::test_checkpoint[sqlite-before_fanin_bump-raise]",
+    "batch_fence_dropped":
+        "tests/integration/test_exactly_once.py::test_a_stale_token_in_a_batch_commits_nothing_for_its_branch_only[sqlite]",
+    "claim_held_branch":
+        "tests/integration/test_exactly_once.py::test_racing_claims_on_one_branch_have_one_winner[sqlite]",
+    "inline_takes_held_branch":
+        "tests/integration/test_exactly_once.py::test_a_success_leaves_a_held_branch_to_its_advancer[sqlite]",
 }
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")
