@@ -168,7 +168,8 @@ class Runner:
 
                 unit = advanced
                 wait = self.app.config.pipeline_advancer.polling_timeout
-            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, self.app.wakeup, token))
+            wakeup = self.app.wakeup if self.role == "job_worker" else self.app.advancer_wakeup
+            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, wakeup, token))
         return loops
 
     def _on_signal(self, *_: object) -> None:
@@ -216,6 +217,7 @@ class Runner:
             if self._signalled:  # set by the handler; acted on here, outside it
                 self.stop.set()
                 self.app.wakeup.notify()
+                self.app.advancer_wakeup.notify()
                 break
             if self._reaped or time.monotonic() - self._last_heartbeat_sent > lease:
                 # Our claims are (or are about to be) someone else's: no code of ours may run.
