@@ -28,7 +28,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from bench.harness import ProcessFleet, Target, insert_pending, log, wait_until
-from bench.workloads import CONCURRENCY_KEY, ConcurrencyNap
+from bench.workloads import ConcurrencyNap
 from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.limits import claims
@@ -54,7 +54,7 @@ def _worker_pids(fleet: ProcessFleet) -> list[int]:
 
 def _spy(pid: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(seconds), "-r", "200",
-                             "--format", "raw", "-o", str(out), "--nonblocking"],
+                             "--format", "raw", "-o", str(out), "--nonblocking", "--idle"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -65,7 +65,7 @@ def _top(raw: Path, n: int = 25) -> list[tuple[str, float]]:
     for line in raw.read_text().splitlines():
         stack, _, num = line.rpartition(" ")
         frames = stack.split(";")
-        if any("wait (threading.py" in f or "select" in f and "selectors" in f for f in frames[-3:]):
+        if any("wait (threading.py" in f or ("select" in f and "selectors" in f) for f in frames[-3:]):
             continue  # an idle wait, not CPU
         k = int(num)
         total += k
@@ -78,7 +78,7 @@ def _top(raw: Path, n: int = 25) -> list[tuple[str, float]]:
     return [(name, k / max(total, 1)) for name, k in counts.most_common(n)]
 
 
-def drain(target: Target, app, fleet: ProcessFleet, n: int, spy: bool) -> None:
+def drain(app, fleet: ProcessFleet, n: int, spy: bool) -> None:
     pids = _worker_pids(fleet)
     e = schema.executions
     cpu0, t0 = _cpu_s(pids), time.monotonic()
@@ -143,7 +143,7 @@ def main() -> None:
     try:
         fleet.start(app)
         time.sleep(1.0)
-        drain(target, app, fleet, args.n, args.py_spy)
+        drain(app, fleet, args.n, args.py_spy)
         saturated(app, fleet, args.idle_seconds)
     finally:
         fleet.stop()

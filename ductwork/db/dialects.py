@@ -498,7 +498,7 @@ def _pg_notify(conn: Connection, channel: str) -> None:
 
 
 @notify_wakeup.for_db("mysql", "sqlite")
-def _no_notify(conn: Connection, channel: str) -> None:  # noqa: ARG001 - the seam's signature
+def _no_notify(conn: Connection, channel: str) -> None:
     # Differs from PostgreSQL in that there is no notification channel: processes
     # other than this one find the work at their next poll.
     return None

@@ -53,10 +53,15 @@ class Wakeup:
     def generation(self) -> int:
         return self._generation
 
-    def notify(self) -> None:
+    def notify(self, n: int | None = None) -> None:
+        """Wake every waiter, or only ``n`` of them (the others see the new generation
+        when their own wait ends)."""
         with self._cond:
             self._generation += 1
-            self._cond.notify_all()
+            if n is None:
+                self._cond.notify_all()
+            else:
+                self._cond.notify(n)
 
     def wait(self, seen: int, timeout: float) -> bool:
         """Wait until the generation moves past ``seen`` or ``timeout`` s; True if woken."""
