@@ -288,7 +288,7 @@ def _claim_more(app: App, tx: Tx, key: str, process_id: str, limit: int) -> list
     changes but what this transaction writes, and no other lane is touched by it, so
     the next lane's oldest bounds every further claim."""
     lanes = scan_lanes(app, tx)
-    if not lanes or lanes[0].key != key:  # [INV-LIM-6] another lane would come first
+    if not lanes or lanes[0].key != key:  # [INV-LIM-6] another lane would come first: the batch ends
         return []
     before = _next_lane(lanes, 0)
     claimed: list[Claimed] = []
@@ -360,8 +360,7 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, pr
     k = schema.limit_keys
     now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
     query = in_lane(sa.select(_e.c.id), key, tx.now)
-    if before is not None:
-        query = query.where(_before(before))  # [INV-LIM-6] not past the next lane's oldest
+    query = query if before is None else query.where(_before(before))  # [INV-LIM-6] not past the next lane
     execution_id = tx.execute(query.limit(1)).scalar_one_or_none()
     if header is None or execution_id is None:
         return Refusal(key, "gone")
