@@ -121,17 +121,21 @@ def batch_for(pace_s: float, window_s: float, size: int) -> int:
 class Inbox:
     """Keyed executions one worker thread claimed for its process's idle threads (a keyed
     batch, ``claims.claim_batch``'s ``keyed_limit``): each is performed by the first
-    thread that looks, before it polls. Thread-safe. ``spare()`` says how many threads
-    are idle now, what a thread's keyed batch may take beyond its own one.
+    thread that looks, before it polls. Thread-safe. ``idle()`` says how many threads
+    are idle now; :meth:`spare`, those of them no execution here waits for yet: what a
+    thread's keyed batch may take beyond its own one.
 
     Claimed executions wait here only as long as it takes an idle thread to wake; a
     process that dies or stops with some left has them crashed by its reaping (re-run
     within the crash budget), as for any execution held when a process ends."""
 
-    def __init__(self, wake: Callable[[int], None], spare: Callable[[], int]):
+    def __init__(self, wake: Callable[[int], None], idle: Callable[[], int]):
         self._items: deque[Claimed] = deque()
         self._wake = wake
-        self.spare = spare
+        self._idle = idle
+
+    def spare(self) -> int:
+        return max(0, self._idle() - len(self._items))
 
     def put(self, claimed: list[Claimed]) -> None:
         self._items.extend(claimed)
@@ -145,6 +149,9 @@ class Inbox:
 
     def held(self) -> set[str]:
         return {claimed.execution_id for claimed in list(self._items)}
+
+    def waiting(self) -> bool:
+        return bool(self._items)
 
 
 class Worker:
@@ -234,6 +241,8 @@ class Worker:
                 if self._group and (not self._queue
                                     or time.monotonic() - self._group_started >= self._batch_window):
                     self._flush()
+                if not self._queue and self._inbox is not None and (given := self._inbox.take()) is not None:
+                    self._queue.append(given)  # claimed for this process: before anything new
         except Exception:
             raise  # what failed was crashed (_run, _flush); the rest stays held for the next call
         except BaseException:
@@ -282,8 +291,12 @@ class Worker:
                          "execution abandoned by its worker thread")
 
     def _hands_off(self) -> bool:
-        """Whether the completion being recorded may take its lane's next execution."""
-        return self._may_hand_off is not None and self._may_hand_off()
+        """Whether the completion being recorded may take its lane's next execution: not
+        while executions claimed for this process wait in the inbox (they come first)."""
+        return self._may_hand_off is not None and self._may_hand_off() and not self._inbox_waiting()
+
+    def _inbox_waiting(self) -> bool:
+        return self._inbox is not None and self._inbox.waiting()
 
     def _flush(self) -> None:
         """Record the group of successes in one transaction; take what it hands on."""
