@@ -2,8 +2,8 @@
 
     python -m tests.integration.fault_child URL CONFIG_JSON LABEL
 
-Registers a process row, then loops (its worker claims batches of up to four) — reap stale processes, advance, work — until
-nothing is left to do, with whatever ``DUCTWORK_FAULT`` arms. Prints ``READY
+Registers a process row, then loops — reap stale processes, advance, work (in batches
+of up to four) — until nothing is left to do, with whatever ``DUCTWORK_FAULT`` arms. Prints ``READY
 <process id>`` first. Exits 0 when idle; a ``kill``/``exit`` fault ends it earlier.
 """
 

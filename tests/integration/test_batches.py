@@ -343,7 +343,8 @@ def test_a_keyed_batch_claims_what_polls_in_a_row_would(keyed_app):
     with app.begin() as tx:
         seqs = [tx.execute(sa.select(schema.executions.c.claim_seq).where(schema.executions.c.id == k))
                 .scalar_one() for k in ks[:3]]
-    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    assert seqs == sorted(seqs)
+    assert len(set(seqs)) == 3
     assert claim_batch(app, process, 1, keyed_limit=5) == []  # saturated
 
 
