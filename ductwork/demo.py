@@ -140,7 +140,7 @@ def main(database_url: str | None = None, orders: int = 12) -> int:
     loops = [Loop(f"worker-{i}", functools.partial(_worked, w), 0.5, stop, app.wakeup)
              for i, w in enumerate(workers)]
     advancer = Advancer(app)
-    loops.append(Loop("advancer", lambda: advancer.run_once() != "idle", 0.5, stop, app.wakeup))
+    loops.append(Loop("advancer", lambda: advancer.run_once() != "idle", 0.5, stop, app.advancer_wakeup))
     for loop in loops:
         loop.start()
     deadline = time.monotonic() + 120

@@ -52,6 +52,7 @@ INSIDE_INLINE_BATCH = "inside_inline_batch"
 BEFORE_KEY_LOCK = "before_key_lock"
 AFTER_KEY_LOCK = "after_key_lock"
 BETWEEN_CLAIM_AND_SPEND = "between_claim_and_spend"
+BETWEEN_KEYED_BATCH_CLAIMS = "between_keyed_batch_claims"
 AFTER_JOB_CLAIM = "after_job_claim"
 DURING_JOB_EXECUTION = "during_job_execution"
 AFTER_JOB_COMMIT = "after_job_commit"
@@ -72,6 +73,7 @@ CHECKPOINTS = (
     BEFORE_KEY_LOCK,
     AFTER_KEY_LOCK,
     BETWEEN_CLAIM_AND_SPEND,
+    BETWEEN_KEYED_BATCH_CLAIMS,
     AFTER_JOB_CLAIM,
     DURING_JOB_EXECUTION,
     AFTER_JOB_COMMIT,

@@ -577,23 +577,31 @@ class LimitsModel:
         self._start(claimed, worker, now_us)
         return claimed.job_id
 
-    def claim_batch(self, worker: str, now_us: int, limit: int) -> list[JobId]:
-        """Up to ``limit`` polls by ``worker`` at ``now_us``, made in a row while the
-        unkeyed lane comes first: a batch claim. The first poll is an ordinary one (of any
-        lane); only unkeyed claims are batched, and each is exactly the claim a poll would
-        make at that moment [INV-LIM-6]. Returns the jobs claimed, in order."""
+    def claim_batch(self, worker: str, now_us: int, limit: int, keyed_limit: int = 1) -> list[JobId]:
+        """Polls by ``worker`` at ``now_us``, made in a row while the first poll's lane
+        stays the first lane and admits: a batch claim. The first poll is an ordinary one
+        (of any lane); then, up to ``limit`` claims in all when that lane is the unkeyed
+        one, up to ``keyed_limit`` when it is a key. Each is exactly the claim a poll
+        would make at that moment [INV-LIM-6], with its decision, spend and stamp
+        [INV-LIM-2, INV-LIM-5]; the batch stops, writing nothing more, before a poll that
+        would try another lane first or that the key would refuse (so a refusal's stamp
+        is never written by a batch: the last spend already stamped the key if it ran
+        short). Returns the jobs claimed, in order."""
         first = self.claim(worker, now_us)
         if first is None:
             return []
         claimed = [first]
-        if self.jobs[first].key is not None:
-            return claimed  # a keyed claim is always alone
-        while len(claimed) < limit:
+        key = self.jobs[first].key
+        most = limit if key is None else keyed_limit
+        while len(claimed) < most:
             _, candidates = self._lanes(now_us)
-            if not candidates or candidates[0].key is not None:
-                break
+            if not candidates or candidates[0].key != key:
+                break  # [INV-LIM-6] another lane would come first
+            if key is not None and not self._would_admit(key, now_us):
+                break  # the next poll would be refused: the batch ends, no trace of it
             job_id = self.claim(worker, now_us)
-            assert job_id is not None, "the unkeyed lane always admits"
+            assert job_id is not None, "the first lane admits"
+            assert self.jobs[job_id].key == key, "the first lane's job is claimed"
             claimed.append(job_id)
         return claimed
 

@@ -26,6 +26,10 @@ CAPABILITIES: dict[str, tuple[tuple[str, ...], str]] = {
         "PostgreSQL and MySQL plan with the table statistics they keep; SQLite has none until "
         "ANALYZE, so only its planner needs steering away from a low-selectivity index",
     ),
+    "notify_channel": (
+        ("postgresql",),
+        "MySQL and SQLite have no notification channel: other processes find work at their next poll",
+    ),
     "server_side_connections": (
         ("postgresql", "mysql"),
         "SQLite is embedded: there is no server to terminate connections from",

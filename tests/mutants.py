@@ -124,6 +124,12 @@ MUTANTS: dict[str, Mutant] = {
         "a batch stops before the next lane's oldest [INV-LIM-6]",
         (("if before is not None:", "if False:  # mutant: a batch ignores the next lane"),),
     ),
+    "keyed_batch_past_lane": Mutant(
+        "a keyed batch takes executions of its key past an older lane's oldest [INV-LIM-6]",
+        "a keyed batch stops where another lane would come first [INV-LIM-6]",
+        (("if not lanes or lanes[0].key != key:", "if not lanes:  # mutant: the key need not be first"),
+         ("query if before is None else query.where(_before(before))", "query  # mutant: no bound")),
+    ),
     "batch_no_guard": Mutant(
         "a group commit ends its executions without the open-and-ours guard [INV-EXE-2]",
         "a group commit's open-and-ours guard [INV-EXE-2]",

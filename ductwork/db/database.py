@@ -28,14 +28,14 @@ from sqlalchemy.engine import Connection, Engine
 from ductwork.config import Config
 from ductwork.db import dialects, schema
 from ductwork.db.clock import Clock, DatabaseClock, to_us
-from ductwork.db.wakeup import Wakeup
+from ductwork.db.wakeup import ADVANCERS, WORKERS, Wakeup
 from ductwork.errors import MissingDatabaseError, MissingTablesError, RunStateError
 
 
 class Tx:
     """One open transaction: ``conn``, and ``now`` (database time, read on first use)."""
 
-    __slots__ = ("_clock", "_now", "backend", "conn", "woken")
+    __slots__ = ("_clock", "_now", "advancers_woken", "backend", "conn", "woken")
 
     def __init__(self, conn: Connection, clock: Clock, backend: str):
         self.conn = conn
@@ -43,13 +43,25 @@ class Tx:
         self._now: datetime | None = None
         self.backend = backend
         self.woken = False
+        self.advancers_woken = False
 
     def wake(self) -> None:
         """Mark that this transaction made work claimable (an execution created or
-        completed): idle workers are woken once it commits (ductwork.db.wakeup)."""
+        completed): idle workers and advancers are woken once it commits
+        (ductwork.db.wakeup)."""
         if not self.woken:
             self.woken = True
-            dialects.notify_wakeup(self.conn)
+            dialects.notify_wakeup(self.conn, WORKERS)
+        self.wake_advancers()
+
+    def wake_advancers(self) -> None:
+        """Mark that this transaction gave advancers work (a step left ``advancing``) and
+        nothing a job worker could claim: only idle advancers are woken once it commits.
+        A worker woken for it would poll for nothing (with a saturated key, every
+        completion would make every idle worker thread of the fleet scan the lanes)."""
+        if not self.advancers_woken:
+            self.advancers_woken = True
+            dialects.notify_wakeup(self.conn, ADVANCERS)
 
     @property
     def now(self) -> datetime:
@@ -88,6 +100,8 @@ class Database:
         self._lock = threading.Lock()
         self._inline_process: str | None = None
         self.wakeup = Wakeup()
+        #: woken when advancers have work (``Tx.wake``, ``Tx.wake_advancers``)
+        self.advancer_wakeup = Wakeup()
         #: parsed definition snapshots by digest (``pipelines.runs.cached_definition``)
         self._definitions: dict[str, Any] = {}
 
@@ -149,6 +163,8 @@ class Database:
                 yield tx
         if tx.woken:
             self.wakeup.notify()
+        if tx.advancers_woken:
+            self.advancer_wakeup.notify()
 
     def now(self) -> datetime:
         """Database time, in a transaction of its own."""

@@ -492,13 +492,13 @@ notify_wakeup = Seam("notify_wakeup")
 
 
 @notify_wakeup.for_db("postgresql")
-def _pg_notify(conn: Connection) -> None:
+def _pg_notify(conn: Connection, channel: str) -> None:
     # Delivered to listeners only if this transaction commits; coalesced per transaction.
-    conn.exec_driver_sql("SELECT pg_notify('ductwork_wakeup', '')")
+    conn.exec_driver_sql(f"SELECT pg_notify('{channel}', '')")
 
 
 @notify_wakeup.for_db("mysql", "sqlite")
-def _no_notify(conn: Connection) -> None:
+def _no_notify(conn: Connection, channel: str) -> None:
     # Differs from PostgreSQL in that there is no notification channel: processes
     # other than this one find the work at their next poll.
     return None

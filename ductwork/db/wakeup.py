@@ -6,13 +6,19 @@
 
 A transaction that creates an execution (a new step, a retry) or completes one
 (which frees a concurrency slot) calls :meth:`ductwork.app.Tx.wake`; after it
-commits, every idle thread of this process waiting on :attr:`App.wakeup` wakes
-and polls at once. On PostgreSQL the same transaction also sends
-``NOTIFY ductwork_wakeup`` (delivered only if it commits, coalesced per
-transaction), and each fleet process runs a :class:`PgListener` that turns the
-notification into a local wakeup, so a slot freed on one host is claimed
-promptly on another. MySQL and SQLite have no such channel: other processes
-find the work at their next poll.
+commits, every idle thread of this process waiting on :attr:`App.wakeup` (job
+workers) or :attr:`App.advancer_wakeup` (advancers) wakes and polls at once. A
+transaction that only gives advancers work (a success leaving its step
+``advancing``, its slot handed on or never keyed) calls
+:meth:`ductwork.app.Tx.wake_advancers` and wakes advancers alone: a job worker
+woken by it would find nothing new, and with a key saturated every completion
+would make every idle worker thread of the fleet scan the lanes for nothing.
+On PostgreSQL the same transaction also sends ``NOTIFY ductwork_wakeup`` (job
+workers) or ``NOTIFY ductwork_advance`` (delivered only if it commits,
+coalesced per transaction), and each fleet process runs a :class:`PgListener`
+that turns the notification into a local wakeup, so a slot freed on one host is
+claimed promptly on another. MySQL and SQLite have no such channel: other
+processes find the work at their next poll.
 
 A wakeup is only a hint: it never grants anything, the claim re-checks
 everything under its locks, and a lost wakeup costs one polling interval.
@@ -31,6 +37,9 @@ from sqlalchemy.engine import Engine
 log = logging.getLogger("ductwork.wakeup")
 
 CHANNEL = "ductwork_wakeup"
+#: the channel of each kind of wakeup (``Tx.wake`` sends both, ``Tx.wake_advancers`` one)
+WORKERS = CHANNEL
+ADVANCERS = "ductwork_advance"
 
 
 class Wakeup:
@@ -44,10 +53,15 @@ class Wakeup:
     def generation(self) -> int:
         return self._generation
 
-    def notify(self) -> None:
+    def notify(self, n: int | None = None) -> None:
+        """Wake every waiter, or only ``n`` of them (the others see the new generation
+        when their own wait ends)."""
         with self._cond:
             self._generation += 1
-            self._cond.notify_all()
+            if n is None:
+                self._cond.notify_all()
+            else:
+                self._cond.notify(n)
 
     def wait(self, seen: int, timeout: float) -> bool:
         """Wait until the generation moves past ``seen`` or ``timeout`` s; True if woken."""
@@ -61,6 +75,7 @@ class Listened(Protocol):
 
     engine: Engine
     wakeup: Wakeup
+    advancer_wakeup: Wakeup
 
 
 class PgListener(threading.Thread):
@@ -77,10 +92,12 @@ class PgListener(threading.Thread):
         while not self.stop.is_set():
             try:
                 with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {WORKERS}")
+                    conn.execute(f"LISTEN {ADVANCERS}")
                     while not self.stop.is_set():
-                        for _ in conn.notifies(timeout=1.0, stop_after=1):
-                            self.app.wakeup.notify()
+                        for note in conn.notifies(timeout=1.0, stop_after=1):
+                            wakeup = self.app.advancer_wakeup if note.channel == ADVANCERS else self.app.wakeup
+                            wakeup.notify()
             except Exception:  # the listener is a hint; polling still works
                 log.warning("wakeup listener lost its connection; reconnecting", exc_info=True)
                 self.stop.wait(1.0)

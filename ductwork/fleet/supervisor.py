@@ -137,17 +137,19 @@ class Runner:
         self._reaped = False
 
     def _units(self) -> list[Loop]:
-        from ductwork.fleet.worker import Worker
+        from ductwork.fleet.worker import Inbox, Worker
         from ductwork.pipelines.advance import Advancer
 
-        loops = []
+        loops: list[Loop] = []
+        #: keyed executions claimed for idle threads (a keyed batch), for any thread to take
+        self.inbox = Inbox(self.app.wakeup.notify, lambda: sum(1 for loop in loops if not loop.busy))
         for i in range(self.threads):
             token: Callable[[], float | None] | None = None
             if self.role == "job_worker":
                 may_hand_off = (lambda: not self.stop.is_set()) if self.app.config.job_worker.hand_off else None
                 worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off,
                                 batch_size=self.app.config.job_worker.batch_size,
-                                batch_window=self.app.config.job_worker.batch_window)
+                                batch_window=self.app.config.job_worker.batch_window, inbox=self.inbox)
                 self.units.append(worker)
 
                 def worked(w: Worker = worker) -> bool:
@@ -168,7 +170,8 @@ class Runner:
 
                 unit = advanced
                 wait = self.app.config.pipeline_advancer.polling_timeout
-            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, self.app.wakeup, token))
+            wakeup = self.app.wakeup if self.role == "job_worker" else self.app.advancer_wakeup
+            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, wakeup, token))
         return loops
 
     def _on_signal(self, *_: object) -> None:
@@ -190,7 +193,8 @@ class Runner:
                     return
                 self._last_heartbeat_sent = sent
                 try:
-                    reconcile(self.app, self.process_id, set().union(*(u.held() for u in self.units)))
+                    held = set().union(*(u.held() for u in self.units), self.inbox.held())
+                    reconcile(self.app, self.process_id, held)
                 except Exception:  # retried at the next heartbeat
                     log.warning("reconciliation failed", exc_info=True)
             self.stop.wait(interval)
@@ -216,6 +220,7 @@ class Runner:
             if self._signalled:  # set by the handler; acted on here, outside it
                 self.stop.set()
                 self.app.wakeup.notify()
+                self.app.advancer_wakeup.notify()
                 break
             if self._reaped or time.monotonic() - self._last_heartbeat_sent > lease:
                 # Our claims are (or are about to be) someone else's: no code of ours may run.

@@ -117,6 +117,42 @@ def batch_for(pace_s: float, window_s: float, size: int) -> int:
     return max(1, int(window_s / pace_s))
 
 
+class Inbox:
+    """Keyed executions one worker thread claimed for its process's idle threads (a keyed
+    batch, ``claims.claim_batch``'s ``keyed_limit``): each is performed by the first
+    thread that looks, before it polls. Thread-safe. ``idle()`` says how many threads
+    are idle now; :meth:`spare`, those of them no execution here waits for yet: what a
+    thread's keyed batch may take beyond its own one.
+
+    Claimed executions wait here only as long as it takes an idle thread to wake; a
+    process that dies or stops with some left has them crashed by its reaping (re-run
+    within the crash budget), as for any execution held when a process ends."""
+
+    def __init__(self, wake: Callable[[int], None], idle: Callable[[], int]):
+        self._items: deque[Claimed] = deque()
+        self._wake = wake
+        self._idle = idle
+
+    def spare(self) -> int:
+        return max(0, self._idle() - len(self._items))
+
+    def put(self, claimed: list[Claimed]) -> None:
+        self._items.extend(claimed)
+        self._wake(len(claimed))
+
+    def take(self) -> Claimed | None:
+        try:
+            return self._items.popleft()
+        except IndexError:
+            return None
+
+    def held(self) -> set[str]:
+        return {claimed.execution_id for claimed in list(self._items)}
+
+    def waiting(self) -> bool:
+        return bool(self._items)
+
+
 class Worker:
     """Claims and runs executions: one claim (or batch) per :meth:`run_once`, and what its
     completions hand on.
@@ -129,13 +165,16 @@ class Worker:
     claimed execution therefore waits behind its siblings for about ``batch_window`` at
     the recent pace, and a success stays unrecorded about as long: a crash in that time
     re-runs it (at-least-once, as for any crash before the commit). A keyed execution is
-    always claimed and recorded alone. Not done: handing back claimed executions that a
-    stopping worker has not started (it runs them; they were sized to take
-    ``batch_window``).
+    always recorded alone. A keyed claim takes up to as many executions of its key as
+    the process has idle threads plus this one (``inbox``: the others wait there for
+    them), or, for a worker alone, as many as an unkeyed batch. Not done: handing back
+    claimed executions that a stopping worker has not started (it runs them; they were
+    sized to take ``batch_window``).
     """
 
     def __init__(self, app: App, *, process_id: str | None = None,
-                 hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05):
+                 hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05,
+                 inbox: Inbox | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
         from ductwork.fleet.boot import load_pipelines
@@ -150,6 +189,7 @@ class Worker:
         self._may_hand_off = hand_off
         self._batch_size = batch_size
         self._batch_window = batch_window
+        self._inbox = inbox
         #: how many unkeyed executions the next claim may take (from the recent pace)
         self.batch = 1
         self._pace_s: float | None = None
@@ -185,8 +225,10 @@ class Worker:
         queued stay held and run at the next call. Never sleeps (except inside the step)."""
         if self._group and not self._queue:
             self._flush()  # successes left unrecorded when an exception left the last call
+        if not self._queue and self._inbox is not None and (given := self._inbox.take()) is not None:
+            self._queue.append(given)
         if not self._queue:
-            self._queue.extend(claim_batch(self.app, self.process_id, self.batch))
+            self._claim()
         if not self._queue:
             self.next_token_s = seconds_to_next_token(self.app)
             return None
@@ -198,12 +240,24 @@ class Worker:
                 if self._group and (not self._queue
                                     or time.monotonic() - self._group_started >= self._batch_window):
                     self._flush()
+                if not self._queue and self._inbox is not None and (given := self._inbox.take()) is not None:
+                    self._queue.append(given)  # claimed for this process: before anything new
         except Exception:
             raise  # what failed was crashed (_run, _flush); the rest stays held for the next call
         except BaseException:
             self._abandon()  # the thread is leaving: nothing may stay held by it
             raise
         return performed
+
+    def _claim(self) -> None:
+        """Claim a batch; what a keyed batch took for idle threads goes to the inbox."""
+        keyed_limit = self.batch if self._inbox is None else 1 + self._inbox.spare()
+        claimed = claim_batch(self.app, self.process_id, self.batch, keyed_limit)
+        if self._inbox is not None and len(claimed) > 1 and claimed[0].limit_key is not None:
+            self._queue.append(claimed[0])
+            self._inbox.put(claimed[1:])
+        else:
+            self._queue.extend(claimed)
 
     def _run(self, claimed: Claimed, *, group: bool) -> Performed:
         """Run a claimed execution and record its outcome (``group``: leave a success to
@@ -236,8 +290,12 @@ class Worker:
                          "execution abandoned by its worker thread")
 
     def _hands_off(self) -> bool:
-        """Whether the completion being recorded may take its lane's next execution."""
-        return self._may_hand_off is not None and self._may_hand_off()
+        """Whether the completion being recorded may take its lane's next execution: not
+        while executions claimed for this process wait in the inbox (they come first)."""
+        return self._may_hand_off is not None and self._may_hand_off() and not self._inbox_waiting()
+
+    def _inbox_waiting(self) -> bool:
+        return self._inbox is not None and self._inbox.waiting()
 
     def _flush(self) -> None:
         """Record the group of successes in one transaction; take what it hands on."""

@@ -158,6 +158,12 @@ def _claim_row(tx: Tx, execution_id: str, process_id: str, seq: int) -> bool:
     return result.rowcount == 1
 
 
+def _before(lane: Lane) -> sa.ColumnElement[bool]:
+    """Executions a poll takes before ``lane``'s oldest: (eligible_at, id) less than its."""
+    return sa.or_(_e.c.eligible_at < lane.oldest_at,
+                  sa.and_(_e.c.eligible_at == lane.oldest_at, _e.c.id < lane.oldest_id))
+
+
 def claim_unkeyed(app: App, process_id: str, limit: int = 1, before: Lane | None = None) -> list[Claimed]:
     """Claim up to ``limit`` of the oldest eligible unkeyed executions, skipping rows
     other claimers hold, and only those a poll would take before lane ``before``."""
@@ -176,9 +182,7 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
     """
     query = in_lane(sa.select(_e.c.id), UNKEYED, tx.now)
     if before is not None:
-        query = query.where(sa.or_(  # [INV-LIM-6] (eligible_at, id) before the next lane's oldest
-            _e.c.eligible_at < before.oldest_at,
-            sa.and_(_e.c.eligible_at == before.oldest_at, _e.c.id < before.oldest_id)))
+        query = query.where(_before(before))  # [INV-LIM-6] not past the next lane's oldest
     stmt = dialects.for_update(query.limit(limit), tx.conn, skip_locked=True)
     execution_ids = list(tx.execute(stmt).scalars())
     if not execution_ids:
@@ -257,13 +261,45 @@ def restart_with(app: App) -> list[str]:
     return keys
 
 
-def claim_keyed(app: App, key: str, process_id: str) -> Claimed | Refusal:
-    """Claim the oldest eligible execution of ``key`` if its limits admit one now."""
+def claim_keyed(app: App, key: str, process_id: str, limit: int = 1) -> Claimed | Refusal | list[Claimed]:
+    """Claim the oldest eligible execution of ``key`` if its limits admit one now; with
+    ``limit`` > 1, up to ``limit`` of them under the same lock hold, as successive polls
+    would (:func:`_claim_more`): then a list, the first claim first."""
     with app.begin() as tx:
         faults.hit(faults.BEFORE_KEY_LOCK)
         header = lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
         faults.hit(faults.AFTER_KEY_LOCK)
-        return _decide_and_claim(app, tx, key, header, process_id)
+        outcome = _decide_and_claim(app, tx, key, header, process_id)
+        if limit == 1 or not isinstance(outcome, Claimed):
+            return outcome
+        return [outcome, *_claim_more(app, tx, key, process_id, limit - 1)]
+
+
+def _claim_more(app: App, tx: Tx, key: str, process_id: str, limit: int) -> list[Claimed]:
+    """In the transaction that holds ``key``'s lock and has just claimed one of its
+    executions: up to ``limit`` more, each exactly the claim the worker's next poll
+    would make (``LimitsModel.claim_batch``): while the key's lane is the first lane
+    of a scan made now and the key admits. Each claim decides, spends and stamps as a
+    poll does [INV-LIM-2, INV-LIM-5]; the batch ends before an execution that another
+    lane's oldest precedes [INV-LIM-6] or a decision that refuses (which writes
+    nothing: the last spend already stamped the key if it ran short).
+
+    The scan is made once, after the first claim: under the lock nothing of this key
+    changes but what this transaction writes, and no other lane is touched by it, so
+    the next lane's oldest bounds every further claim."""
+    lanes = scan_lanes(app, tx)
+    if not lanes or lanes[0].key != key:  # [INV-LIM-6] another lane would come first: the batch ends
+        return []
+    before = _next_lane(lanes, 0)
+    claimed: list[Claimed] = []
+    while len(claimed) < limit:
+        faults.hit(faults.BETWEEN_KEYED_BATCH_CLAIMS)
+        outcome = _decide_and_claim(app, tx, key, lock_key(tx, key), process_id, write_refusal=False,
+                                    before=before)
+        if not isinstance(outcome, Claimed):
+            break
+        claimed.append(outcome)
+    return claimed
 
 
 def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1) -> list[Claimed]:
@@ -318,11 +354,14 @@ def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int 
 
 
 def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str,
-                      *, write_refusal: bool = True) -> Claimed | Refusal:
-    """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds."""
+                      *, write_refusal: bool = True, before: Lane | None = None) -> Claimed | Refusal:
+    """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds; ``before``:
+    only an execution a poll would take before that lane's oldest (else "gone")."""
     k = schema.limit_keys
     now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
-    execution_id = tx.execute(in_lane(sa.select(_e.c.id), key, tx.now).limit(1)).scalar_one_or_none()
+    query = in_lane(sa.select(_e.c.id), key, tx.now)
+    query = query if before is None else query.where(_before(before))  # [INV-LIM-6] not past the next lane
+    execution_id = tx.execute(query.limit(1)).scalar_one_or_none()
     if header is None or execution_id is None:
         return Refusal(key, "gone")
     in_flight = tx.execute(
@@ -375,16 +414,18 @@ def claim(app: App, process_id: str) -> Claimed | None:
     return claimed[0] if claimed else None
 
 
-def claim_batch(app: App, process_id: str, limit: int) -> list[Claimed]:
-    """What up to ``limit`` successive polls would claim, in one transaction when they
-    all come from the unkeyed lane.
+def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1) -> list[Claimed]:
+    """What successive polls would claim while the first poll's lane stays first:
+    ``LimitsModel.claim_batch``, in one transaction.
 
     A poll claims the oldest execution that its lane's limits admit now. When the oldest
     lane is the unkeyed one, the claim happens in the lane scan's own transaction, and
     takes up to ``limit`` unkeyed executions, each older than the next lane's oldest
-    [INV-LIM-6]: the claims that many polls would make in a row. A keyed claim is always
-    one execution in a transaction of its own, whose first statement is the key lock
-    [INV-LIM-1]. Returns the claimed executions in poll order (empty: nothing may run now).
+    [INV-LIM-6]: the claims that many polls would make in a row. A keyed claim is a
+    transaction of its own, whose first statement is the key lock [INV-LIM-1]; it takes
+    up to ``keyed_limit`` executions of the key under that one lock hold, each the claim
+    the next poll would make (:func:`_claim_more`). Returns the claimed executions in
+    poll order (empty: nothing may run now).
     """
     with app.begin() as tx:
         lanes = scan_lanes(app, tx)
@@ -399,7 +440,9 @@ def claim_batch(app: App, process_id: str, limit: int) -> list[Claimed]:
             if claimed:
                 return claimed
             continue
-        outcome = claim_keyed(app, lane.key, process_id)
+        outcome = claim_keyed(app, lane.key, process_id, keyed_limit)
         if isinstance(outcome, Claimed):
             return [outcome]
+        if isinstance(outcome, list):
+            return outcome
     return []

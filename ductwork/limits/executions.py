@@ -291,7 +291,7 @@ def _mark_advancing(tx: Tx, step_ids: list[str]) -> None:
         tx.execute(schema.steps.update()
                    .where(schema.steps.c.id.in_(dialects.inline_ids(step_ids)), status == "in_progress")
                    .values(status="advancing", updated_at=tx.now))
-        tx.wake()  # an advancer has work
+        tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
 
 
 def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claimed]] | None) -> list[Claimed]:

@@ -2,8 +2,8 @@
 
     python -m tests.integration.fault_child URL CONFIG_JSON LABEL
 
-Registers a process row, then loops — reap stale processes, advance, work — until
-nothing is left to do, with whatever ``DUCTWORK_FAULT`` arms. Prints ``READY
+Registers a process row, then loops — reap stale processes, advance, work (in batches
+of up to four) — until nothing is left to do, with whatever ``DUCTWORK_FAULT`` arms. Prints ``READY
 <process id>`` first. Exits 0 when idle; a ``kill``/``exit`` fault ends it earlier.
 """
 
@@ -27,7 +27,10 @@ def main() -> int:
     app = App(url, Config.from_section(json.loads(config_json), source="<fault child>"))
     process_id = register(app, role="fault_child", label=label)
     print(f"READY {process_id}", flush=True)
-    worker, advancer = Worker(app, process_id=process_id), Advancer(app, process_id=process_id)
+    # Batches (up to 4, sized from the recent pace): unkeyed and keyed batches are claimed
+    # inside the kill windows too, and a keyed batch reaches between_keyed_batch_claims.
+    worker = Worker(app, process_id=process_id, batch_size=4)
+    advancer = Advancer(app, process_id=process_id)
     deadline = time.monotonic() + 60
     idle_rounds = 0
     while idle_rounds < 3 and time.monotonic() < deadline:

@@ -318,3 +318,45 @@ def test_a_failed_group_commit_crashes_only_its_group(app, monkeypatch):
         [("process_crashed", 0), ("success", 1)], [("success", 0)], [("success", 0)]]
     assert worker.held() == set()
     assert _open_claims(app, process) == 0
+
+
+@pytest.fixture
+def keyed_app(db_url):
+    from tests.conftest import make_app, reset_tables
+
+    app = make_app(db_url, job_worker={"limits": {"three": {"concurrency": 3}}})
+    reset_tables(app.engine)
+    yield app
+    app.dispose()
+
+
+def test_a_keyed_batch_claims_what_polls_in_a_row_would(keyed_app):
+    """Keyed k1..k5 of a ``concurrency: 3`` key: a keyed batch of up to five takes
+    k1, k2, k3 under one lock hold (the next poll would find the key saturated), each
+    with its own claim sequence number, as three polls would [INV-LIM-1, INV-LIM-6]."""
+    app = keyed_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ks = make_executions(app, run_id, branch_id, "three", AT, 5)
+    got = claim_batch(app, process, 1, keyed_limit=5)
+    assert [c.execution_id for c in got] == ks[:3]
+    with app.begin() as tx:
+        seqs = [tx.execute(sa.select(schema.executions.c.claim_seq).where(schema.executions.c.id == k))
+                .scalar_one() for k in ks[:3]]
+    assert seqs == sorted(seqs)
+    assert len(set(seqs)) == 3
+    assert claim_batch(app, process, 1, keyed_limit=5) == []  # saturated
+
+
+def test_a_keyed_batch_stops_before_an_older_lane(keyed_app):
+    """Keyed k1, k2, then unkeyed u, then keyed k3: a keyed batch of up to three takes
+    k1 and k2 only; the next poll takes u, as polls one by one would [INV-LIM-6]."""
+    app = keyed_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    k1, k2 = make_executions(app, run_id, branch_id, "three", AT, 2)
+    u, = make_executions(app, run_id, branch_id, None, AT)
+    k3, = make_executions(app, run_id, branch_id, "three", AT)
+    assert [c.execution_id for c in claim_batch(app, process, 1, keyed_limit=3)] == [k1, k2]
+    assert claim(app, process).execution_id == u
+    assert [c.execution_id for c in claim_batch(app, process, 1, keyed_limit=3)] == [k3]

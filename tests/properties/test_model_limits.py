@@ -7,6 +7,7 @@ Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-EX
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -23,6 +24,12 @@ from tests.properties.strategies import LIMIT_KEYS, limits_configs
 STEPS = 100 if os.environ.get("HYPOTHESIS_PROFILE") == "deep" else 40
 CLOCK_STEPS = st.one_of(st.sampled_from([0, 1, 999, 1_000, 250_000, 500_000, 1_000_000, 5_000_000, 60_000_000]),
                         st.integers(0, 2_000_000))
+
+
+def _state(model: LimitsModel) -> tuple:
+    """What a claim changes: each job's state and owner, the buckets and the stamps."""
+    return ({j.job_id: (j.state, j.worker, j.claimed_at_us) for j in model.jobs.values()},
+            dict(model.buckets), dict(model.stamps))
 
 
 class LimitsModelMachine(RuleBasedStateMachine):
@@ -65,12 +72,28 @@ class LimitsModelMachine(RuleBasedStateMachine):
             self.model.claim(data.draw(st.sampled_from(self.live)), self.now)
 
     @precondition(lambda self: len(self.live) > 0)
-    @rule(data=st.data(), limit=st.integers(1, 4))
-    def claim_batch(self, data, limit):
-        """A batch claim: polls in a row while the unkeyed lane is first [INV-LIM-6]."""
-        claimed = self.model.claim_batch(data.draw(st.sampled_from(self.live)), self.now, limit)
-        assert len(claimed) <= limit
-        assert len(claimed) <= 1 or all(self.model.jobs[j].key is None for j in claimed)
+    @rule(data=st.data(), limit=st.integers(1, 4), keyed_limit=st.integers(1, 4))
+    def claim_batch(self, data, limit, keyed_limit):
+        """A batch claim is what polls in a row would claim, made on a copy of the model
+        one at a time: the same jobs, then the same jobs, buckets and stamps (the same
+        decisions and spends [INV-LIM-2, INV-LIM-5]); and it stops only where the next
+        poll would try another lane first or be refused [INV-LIM-6]."""
+        worker = data.draw(st.sampled_from(self.live))
+        polls = copy.deepcopy(self.model)
+        claimed = self.model.claim_batch(worker, self.now, limit, keyed_limit)
+        if not claimed:
+            assert polls.claim(worker, self.now) is None
+            return
+        key = self.model.jobs[claimed[0]].key
+        cap = limit if key is None else keyed_limit
+        assert len(claimed) <= cap
+        assert all(self.model.jobs[j].key == key for j in claimed)
+        assert [polls.claim(worker, self.now) for _ in claimed] == claimed, "a batch is polls in a row"
+        assert _state(polls) == _state(self.model), "a batch decides, spends and stamps as polls do"
+        if len(claimed) < cap:  # why it stopped: the next poll tries another lane first, or is refused
+            polls.claim(worker, self.now)
+            tried = [lane for lane in polls.polls[-1].lanes if lane.verdict not in ("blocked", "saturated")]
+            assert not tried or tried[0].key != key or tried[0].verdict.startswith("refused"), tried
 
     @precondition(lambda self: any(self.model.jobs[j].worker in self.live for j in self.model.in_flight_jobs()))
     @rule(data=st.data(), outcome=st.sampled_from(["success", "failure", "timed_out"]))
@@ -87,7 +110,7 @@ class LimitsModelMachine(RuleBasedStateMachine):
         worker = self.model.jobs[job].worker
         handed = self.model.complete_and_hand_off(job, self.now, data.draw(st.sampled_from([1, 1, 3])))
         assert all(self.model.jobs[h].worker == worker for h in handed)
-        assert len(handed) <= 1 or all(self.model.jobs[h].key is None for h in handed)
+        assert len(handed) <= 1 or all(self.model.jobs[h].key is None for h in handed)  # a keyed hand-off: one
 
     @precondition(lambda self: self.reaped_alive)
     @rule(data=st.data())

@@ -44,6 +44,7 @@ DETECTORS = {
     "clock_before_lock":
         "tests/integration/test_lock_races.py::test_a_claims_time_is_read_after_the_key_lock[postgresql]",
     "batch_past_lane": "tests/integration/test_batches.py::test_a_batch_stops_before_an_older_keyed_lane[sqlite]",
+    "keyed_batch_past_lane": "tests/integration/test_batches.py::test_a_keyed_batch_stops_before_an_older_lane[sqlite]",
     "batch_no_guard":
         "tests/integration/test_batches.py::test_a_group_commit_leaves_a_reaped_execution_to_the_reaper[sqlite]",
     "stale_fence_commits": "tests/integration/test_exactly_once.py::test_stale_token_commits_nothing[sqlite]",

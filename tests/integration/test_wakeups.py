@@ -1,0 +1,97 @@
+"""Wakeups by kind: what a transaction wakes, in its process and (PostgreSQL) in others.
+
+A success that leaves its step ``advancing`` wakes advancers only; a new execution or a
+slot freed without a hand-off wakes job workers too; a keyed batch wakes as many of its
+process's threads as it left executions in the inbox. No timing: generations are
+compared, and a notification from another process is waited for with a deadline.
+
+Checks: that no job-worker thread is woken by a completion it cannot follow up (the
+polling storm of a saturated key, docs/semantics.md "Wakeups").
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+
+from ductwork.db.wakeup import PgListener
+from ductwork.fleet.processes import register
+from ductwork.fleet.worker import Inbox, Worker
+from ductwork.limits.claims import claim
+from ductwork.limits.executions import Output, record_success
+from tests.capabilities import needs
+from tests.conftest import make_app, reset_tables
+from tests.factories import make_executions, make_run
+from tests.fleet import wait_for
+
+AT = datetime(2020, 1, 1)
+
+
+def _generations(app):
+    return app.wakeup.generation, app.advancer_wakeup.generation
+
+
+def test_a_success_left_advancing_wakes_advancers_only(app):
+    run_id, branch_id = make_run(app)
+    make_executions(app, run_id, branch_id, None, AT)
+    process = register(app, role="test", label="w")
+    claimed = claim(app, process)
+    workers, advancers = _generations(app)
+    record_success(app, claimed, Output("null"))
+    assert _generations(app) == (workers, advancers + 1)
+
+
+def test_a_keyed_success_without_a_hand_off_wakes_workers_too(app):
+    """Its slot is free and nobody took it over: an idle worker may claim now."""
+    run_id, branch_id = make_run(app)
+    make_executions(app, run_id, branch_id, "shared", AT)
+    process = register(app, role="test", label="w")
+    claimed = claim(app, process)
+    workers, advancers = _generations(app)
+    record_success(app, claimed, Output("null"))
+    assert _generations(app) == (workers + 1, advancers + 1)
+
+
+def test_a_keyed_batch_leaves_the_rest_to_idle_threads(db_url):
+    """A thread whose process has two idle threads claims three executions of a
+    ``concurrency: 3`` key: it keeps one, leaves two in the inbox and wakes two threads."""
+    app = make_app(db_url, job_worker={"limits": {"three": {"concurrency": 3}}})
+    reset_tables(app.engine)
+    try:
+        run_id, branch_id = make_run(app)
+        ids = make_executions(app, run_id, branch_id, "three", AT, 5)
+        woken: list[int] = []
+        inbox = Inbox(woken.append, lambda: 2)
+        worker = Worker(app, process_id=register(app, role="test", label="w"), inbox=inbox)
+        worker._claim()  # the claim step alone: running needs real step classes
+        assert [c.execution_id for c in worker._queue] == ids[:1]
+        assert inbox.held() == set(ids[1:3])
+        assert woken == [2]
+        assert inbox.spare() == 0  # two idle threads, two executions waiting for them
+        assert worker.held() == set(ids[:1])
+    finally:
+        app.dispose()
+
+
+@needs("notify_channel")
+def test_the_listener_relays_each_channel_to_its_own_wakeup(db_url):
+    """Another process's ``wake_advancers`` reaches this process's advancers, not its workers."""
+    app, other = make_app(db_url), make_app(db_url)
+    stop = threading.Event()
+    listener = PgListener(app, stop)
+    listener.start()
+    try:
+        workers, advancers = _generations(app)
+
+        def advancers_woken() -> bool:
+            with other.begin() as tx:  # sent until the listener has started listening
+                tx.wake_advancers()
+            return app.advancer_wakeup.generation > advancers
+
+        wait_for(advancers_woken, "a NOTIFY ductwork_advance relayed to the advancers' wakeup")
+        assert app.wakeup.generation == workers
+    finally:
+        stop.set()
+        listener.join(5)
+        app.dispose()
+        other.dispose()
