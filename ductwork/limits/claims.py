@@ -302,11 +302,12 @@ def _claim_more(app: App, tx: Tx, key: str, process_id: str, limit: int) -> list
     return claimed
 
 
-def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1) -> list[Claimed]:
+def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
+             keyed_limit: int = 1) -> list[Claimed]:
     """In the transaction that just completed an execution of lane ``key`` (None: the
     unkeyed lane): claim the lane's next execution for the same worker, if a poll made
-    now would claim it; for the unkeyed lane, up to ``limit`` of them, as
-    :func:`claim_batch` would.
+    now would claim it; for the unkeyed lane, up to ``limit`` of them, for a key up to
+    ``keyed_limit`` (a keyed group commit's hand-off), as :func:`claim_batch` would.
 
     That is when the lane is the first lane a poll would try [INV-LIM-6] and, for a key,
     its limits admit a claim now. The completion of a keyed execution holds the key's
@@ -328,7 +329,11 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1)
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
     outcome = _decide_and_claim(app, tx, lane, header, process_id, write_refusal=False)
-    return [outcome] if isinstance(outcome, Claimed) else []
+    if not isinstance(outcome, Claimed):
+        return []
+    if keyed_limit == 1:
+        return [outcome]
+    return [outcome, *_claim_more(app, tx, lane, process_id, keyed_limit - 1)]  # as the next polls would
 
 
 def complete_and_hand_off(app: App, claimed: Claimed, output: Output,
@@ -342,14 +347,19 @@ def complete_and_hand_off(app: App, claimed: Claimed, output: Output,
     return complete_all_and_hand_off(app, [Success(claimed, output, advance)], limit=limit)
 
 
-def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int = 1) -> list[Claimed]:
+def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int = 1,
+                              keyed_limit: int = 1) -> list[Claimed]:
     """Record several successes of one owner in one transaction (a group commit,
     :func:`ductwork.limits.executions.record_successes`), then hand on the last one's lane as
-    :func:`complete_and_hand_off` does: ``LimitsModel.complete_all_and_hand_off``.
-    Not done: a group that falls back to one transaction per success hands off only in
-    the last one's."""
+    :func:`complete_and_hand_off` does, up to ``limit`` unkeyed executions or
+    ``keyed_limit`` of a key: ``LimitsModel.complete_all_and_hand_off``. A keyed group
+    commit (successes of one key) holds the key's lock from its first statement to the
+    hand-off, so the hand-off is what ``keyed_limit`` polls in a row would claim right
+    after the releases. Not done: a group that falls back to one transaction per success
+    hands off only in the last one's."""
     last = successes[-1].claimed
-    take = functools.partial(hand_off, app, key=last.limit_key, process_id=last.process_id, limit=limit)
+    take = functools.partial(hand_off, app, key=last.limit_key, process_id=last.process_id, limit=limit,
+                             keyed_limit=keyed_limit)
     return record_successes(app, successes, take)
 
 
