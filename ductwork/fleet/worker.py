@@ -254,8 +254,13 @@ class Worker:
     batch's end, or as soon as the oldest unrecorded success is ``batch_window`` old. A
     claimed execution therefore waits behind its siblings for about ``batch_window`` at
     the recent pace, and a success stays unrecorded about as long: a crash in that time
-    re-runs it (at-least-once, as for any crash before the commit). A keyed execution is
-    always recorded alone. A keyed claim takes up to as many executions of its key as
+    re-runs it (at-least-once, as for any crash before the commit). A keyed success is
+    recorded by its process's keyed group commit (``inbox.commits``,
+    :class:`KeyedCommits`): with the other successes of its key that threads of the
+    process have ready, under one hold of the key's lock, each with its own release
+    sequence number, and one hand-off of up to one execution per thread that asked; a
+    worker alone (no inbox) groups the successes of its own keyed batch instead, as it
+    groups unkeyed ones. A keyed claim takes up to as many executions of its key as
     the process has idle threads plus this one (``inbox``: the others wait there for
     them), or, for a worker alone, as many as an unkeyed batch. Not done: handing back
     claimed executions that a stopping worker has not started (it runs them; they were
@@ -419,13 +424,11 @@ class Worker:
 
     def _commit_keyed(self, successes: list[Success], take: int) -> list[Claimed]:
         """A keyed group commit (:class:`KeyedCommits`): record ``successes`` and hand on up
-        to ``take`` executions of their key (repeated on a lost connection)."""
-        handed: list[Claimed]
+        to ``take`` executions of their key. Not repeated here on a lost connection: each
+        thread of the group repeats its own :meth:`KeyedCommits.record` (``_record``)."""
         if take:
-            handed = retry_transient(lambda: complete_all_and_hand_off(self.app, successes, keyed_limit=take))
-        else:
-            handed = retry_transient(lambda: record_successes(self.app, successes))
-        return handed
+            return complete_all_and_hand_off(self.app, successes, keyed_limit=take)
+        return record_successes(self.app, successes)
 
     def _paced(self, seconds: float) -> None:
         """Size the next batch from the recent pace."""
@@ -490,10 +493,8 @@ class Worker:
                 self._group.append(Success(claimed, output, inline, together))
                 return "success"
             if claimed.limit_key is not None and self._inbox is not None:  # the process's keyed group commit
-                handed = self._inbox.commits.record(Success(claimed, output, inline, together), self._hands_off(),
-                                                    self._commit_keyed)
-                self._queue.extend(handed)
-                faults.hit(faults.AFTER_JOB_COMMIT)
+                success, commits = Success(claimed, output, inline, together), self._inbox.commits
+                self._record(lambda: commits.record(success, self._hands_off(), self._commit_keyed))
                 return "success"
             if self._hands_off():
                 self._record(lambda: complete_and_hand_off(self.app, claimed, output, inline, limit=self.batch))
