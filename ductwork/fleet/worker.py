@@ -163,10 +163,13 @@ class KeyedCommits:
         self._overflow = overflow
 
     def record(self, success: Success, take: bool,
-               commit: Callable[[list[Success], int], list[Claimed]]) -> list[Claimed]:
+               commit: Callable[[list[Success], Callable[[], list[Success]], Callable[[], int]], list[Claimed]]
+               ) -> list[Claimed]:
         """Record ``success`` (keyed) with the others of its key that are ready; ``take``:
-        this thread wants a handed-on execution. ``commit(successes, n)`` records them in
-        one transaction and hands on up to ``n``. Returns what this thread is handed."""
+        this thread wants a handed-on execution. ``commit(successes, gather, n)`` records
+        them in one transaction, calls ``gather()`` once it holds the key's lock for those
+        that became ready meanwhile, and hands on up to ``n()``. Returns what this thread
+        is handed."""
         key = success.claimed.limit_key
         assert key is not None, "keyed group commits are for keyed successes"
         me = _Waiting(success, take)
@@ -180,8 +183,15 @@ class KeyedCommits:
                 return me.result()
         with self._lock:
             group = self._waiting.pop(key)
+
+        def gather() -> list[Success]:
+            with self._lock:
+                more = self._waiting.pop(key, [])
+            group.extend(more)
+            return [w.success for w in more]
+
         try:
-            handed = commit([w.success for w in group], sum(1 for w in group if w.take))
+            handed = commit([w.success for w in group], gather, lambda: sum(1 for w in group if w.take))
         except BaseException as error:  # noqa: BLE001 - raised in each thread, which crashes its own
             for w in group:
                 w.error = error
@@ -422,13 +432,13 @@ class Worker:
         self._queue.extend(retry_transient(commit))
         faults.hit(faults.AFTER_JOB_COMMIT)
 
-    def _commit_keyed(self, successes: list[Success], take: int) -> list[Claimed]:
-        """A keyed group commit (:class:`KeyedCommits`): record ``successes`` and hand on up
-        to ``take`` executions of their key. Not repeated here on a lost connection: each
-        thread of the group repeats its own :meth:`KeyedCommits.record` (``_record``)."""
-        if take:
-            return complete_all_and_hand_off(self.app, successes, keyed_limit=take)
-        return record_successes(self.app, successes)
+    def _commit_keyed(self, successes: list[Success], gather: Callable[[], list[Success]],
+                      take: Callable[[], int]) -> list[Claimed]:
+        """A keyed group commit (:class:`KeyedCommits`): record ``successes`` and those
+        ``gather`` adds under the key's lock, and hand on up to ``take()`` executions of
+        their key. Not repeated here on a lost connection: each thread of the group
+        repeats its own :meth:`KeyedCommits.record` (``_record``)."""
+        return complete_all_and_hand_off(self.app, successes, keyed_limit=take, gather=gather)
 
     def _paced(self, seconds: float) -> None:
         """Size the next batch from the recent pace."""

@@ -36,7 +36,6 @@ the same key lock: executions.py).
 from __future__ import annotations
 
 import bisect
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -348,7 +347,8 @@ def complete_and_hand_off(app: App, claimed: Claimed, output: Output,
 
 
 def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int = 1,
-                              keyed_limit: int = 1) -> list[Claimed]:
+                              keyed_limit: int | Callable[[], int] = 1,
+                              gather: Callable[[], list[Success]] | None = None) -> list[Claimed]:
     """Record several successes of one owner in one transaction (a group commit,
     :func:`ductwork.limits.executions.record_successes`), then hand on the last one's lane as
     :func:`complete_and_hand_off` does, up to ``limit`` unkeyed executions or
@@ -356,11 +356,16 @@ def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int 
     commit (successes of one key) holds the key's lock from its first statement to the
     hand-off, so the hand-off is what ``keyed_limit`` polls in a row would claim right
     after the releases. Not done: a group that falls back to one transaction per success
-    hands off only in the last one's."""
+    hands off only in the last one's. ``gather``: more successes of the key, taken once
+    its lock is held (``record_successes``); ``keyed_limit`` may then be a function, read
+    at the hand-off."""
     last = successes[-1].claimed
-    take = functools.partial(hand_off, app, key=last.limit_key, process_id=last.process_id, limit=limit,
-                             keyed_limit=keyed_limit)
-    return record_successes(app, successes, take)
+
+    def take(tx: Tx) -> list[Claimed]:
+        most = keyed_limit() if callable(keyed_limit) else keyed_limit
+        return hand_off(app, tx, last.limit_key, last.process_id, limit, most) if most > 0 else []
+
+    return record_successes(app, successes, take, gather)
 
 
 def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str,

@@ -204,7 +204,8 @@ class _Taken(Exception):
 
 
 def record_successes(app: App, successes: list[Success],
-                     hand_off: Callable[[Tx], list[Claimed]] | None = None) -> list[Claimed]:
+                     hand_off: Callable[[Tx], list[Claimed]] | None = None,
+                     gather: Callable[[], list[Success]] | None = None) -> list[Claimed]:
     """Record several successes of one owner in one transaction (a group commit).
 
     Each success is recorded as :func:`record_success` would record it, and the batch
@@ -219,12 +220,16 @@ def record_successes(app: App, successes: list[Success],
     first, reads the clock only then, and releases each execution with its own
     sequence number, in the order given (``seq + 1``, ``seq + 2``, …), under that one
     lock hold [INV-LIM-1, INV-CLK-1]; a batch that mixes keys, or keyed and unkeyed
-    executions, is recorded one by one. Raises CommitFailed only for a batch of one.
+    executions, is recorded one by one. ``gather()`` (keyed only) is called once the key's
+    lock is held and returns more successes of the key and owner, which join the group
+    (``successes`` is extended with them): those that became ready while the lock was
+    awaited. Raises CommitFailed only for a batch of one.
     """
     keys = {s.claimed.limit_key for s in successes}
-    if len(successes) > 1 and len(keys) == 1:
+    keyed_gather = gather if None not in keys else None
+    if (len(successes) > 1 or keyed_gather is not None) and len(keys) == 1:
         try:
-            return _record_batch(app, successes, hand_off)
+            return _record_batch(app, successes, hand_off, keyed_gather)
         except _Taken:
             log.warning("a batch of %d successes lost an execution to the reaper; recording each alone",
                         len(successes))
@@ -248,8 +253,8 @@ def record_successes(app: App, successes: list[Success],
     return handed
 
 
-def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], list[Claimed]] | None
-                  ) -> list[Claimed]:
+def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], list[Claimed]] | None,
+                  gather: Callable[[], list[Success]] | None = None) -> list[Claimed]:
     owner = successes[0].claimed.process_id
     key = successes[0].claimed.limit_key
     e, j = schema.executions, schema.jobs
@@ -261,6 +266,8 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
             if header is None:
                 raise sa.exc.NoResultFound(f"limit key {key!r} has no row")
             seq = int(header.seq)
+            if gather is not None:
+                successes.extend(gather())  # ready while the lock was awaited: one hold for them too
             # [INV-CLK-1] each release its own seq, in the order of the successes
             release["release_seq"] = sa.case({s.claimed.execution_id: seq + i
                                               for i, s in enumerate(successes, start=1)}, value=e.c.id)

@@ -407,9 +407,9 @@ def test_a_keyed_group_commit_leaves_a_reaped_execution_to_the_reaper(keyed_app)
 
 
 def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
-    """Successes of one key that threads of a process have ready at once are recorded by
-    one commit, each thread gets its result, and the hand-off is spread over the threads
-    that asked."""
+    """Successes of one key that threads of a process have ready while a commit of the key
+    waits for its lock are recorded by that commit (gathered once the lock is held), each
+    thread gets its result, and the hand-off is spread over the threads that asked."""
     from ductwork.fleet.worker import KeyedCommits
 
     app = keyed_app
@@ -419,14 +419,13 @@ def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
     got = claim_batch(app, process, 1, keyed_limit=3)
     overflow: list = []
     commits = KeyedCommits(overflow.extend)
-    gate, entered, groups = threading.Event(), threading.Event(), []
+    gate, entered, calls = threading.Event(), threading.Event(), []
 
-    def commit(successes, take):
-        groups.append([s.claimed.execution_id for s in successes])
-        if len(groups) == 1:
-            entered.set()
-            assert gate.wait(30)
-        return complete_all_and_hand_off(app, successes, keyed_limit=take)
+    def commit(successes, gather, take):
+        calls.append([s.claimed.execution_id for s in successes])
+        entered.set()
+        assert gate.wait(30)  # as if the key's lock were held elsewhere
+        return complete_all_and_hand_off(app, successes, keyed_limit=take, gather=gather)
 
     results: dict = {}
 
@@ -440,17 +439,19 @@ def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
     for t in others:
         t.start()
     waited = threading.Event()
-    for _ in range(3000):  # both followers are waiting before the first commit ends (30 s at most)
+    for _ in range(3000):  # both followers are waiting before the lock is "granted" (30 s at most)
         if sum(len(v) for v in commits._waiting.values()) == 2:
             break
         waited.wait(0.01)
     gate.set()
     for t in (first, *others):
         t.join(30)
-    assert groups[0] == [ks[0]]
-    assert sorted(groups[1]) == sorted(ks[1:3])  # the two that waited: one commit
+    assert calls == [[ks[0]]]  # one commit: the two that waited were gathered under its lock
+    rows = _rows(app, ks)
+    assert [rows[k].outcome for k in ks[:3]] == ["success"] * 3
+    assert len({rows[k].completed_at for k in ks[:3]}) == 1  # one transaction
     handed = [c.execution_id for v in results.values() for c in v] + [c.execution_id for c in overflow]
     assert sorted(handed) == sorted(ks[3:5])  # one per success that asked: k6 waits for a poll
     assert overflow == []
     assert results[ks[2]] == []  # the third did not ask for a hand-off
-    assert [r.outcome for r in _rows(app, ks[:3]).values()] == ["success"] * 3
+    assert _seqs(app, ks[:3], "release_seq") == sorted(_seqs(app, ks[:3], "release_seq"))
