@@ -144,7 +144,8 @@ class KeyedCommits:
     A thread whose keyed success is ready calls :meth:`record`: when no commit of that
     key is in progress in this process, it commits at once (the leader); otherwise it
     waits, and the commit in progress, once done, wakes the first waiting thread to
-    commit every success of the key waiting by then in one transaction
+    commit every success of the key waiting by then in one transaction, joined by those
+    that become ready while it waits for the key's lock
     (``claims.complete_all_and_hand_off``: the key lock first, the clock after it, each
     release with its own sequence number in order, the inline advancement of all, then
     one hand-off of up to as many executions as the successes that asked for one). Each
@@ -267,7 +268,8 @@ class Worker:
     re-runs it (at-least-once, as for any crash before the commit). A keyed success is
     recorded by its process's keyed group commit (``inbox.commits``,
     :class:`KeyedCommits`): with the other successes of its key that threads of the
-    process have ready, under one hold of the key's lock, each with its own release
+    process have ready by the time the key's lock is granted, under one hold of that
+    lock, each with its own release
     sequence number, and one hand-off of up to one execution per thread that asked; a
     worker alone (no inbox) groups the successes of its own keyed batch instead, as it
     groups unkeyed ones. A keyed claim takes up to as many executions of its key as
