@@ -616,9 +616,14 @@ class LimitsModel:
         """
         return self.complete_all_and_hand_off([job_id], now_us, limit)
 
-    def complete_all_and_hand_off(self, job_ids: list[JobId], now_us: int, limit: int = 1) -> list[JobId]:
+    def complete_all_and_hand_off(self, job_ids: list[JobId], now_us: int, limit: int = 1,
+                                  keyed_limit: int = 1) -> list[JobId]:
         """Several successes of one owner recorded at once (a group commit), then the
-        hand-off of :meth:`complete_and_hand_off` for the last job's lane."""
+        hand-off of :meth:`complete_and_hand_off` for the last job's lane: up to ``limit``
+        jobs when that lane is the unkeyed one, up to ``keyed_limit`` when it is a key
+        (a keyed group commit: the successes of one key, then what ``keyed_limit`` polls
+        in a row would claim of it, :meth:`claim_batch`). The successes release their
+        slots in the order given, at the same time."""
         for job_id in job_ids:
             self.complete(job_id, now_us)  # raises unless the job was in flight with a live owner
         job = self.jobs[job_ids[-1]]
@@ -628,7 +633,7 @@ class LimitsModel:
         if job.key is not None and not self._would_admit(job.key, now_us):
             return []
         assert job.worker is not None
-        return self.claim_batch(job.worker, now_us, limit)
+        return self.claim_batch(job.worker, now_us, limit, keyed_limit)
 
     def _lanes(self, now_us: int) -> tuple[list[LaneVerdict], list[LimitJob]]:
         """The verdicts of lanes a poll skips (blocked, saturated), and the head job of

@@ -135,6 +135,11 @@ MUTANTS: dict[str, Mutant] = {
         "a group commit's open-and-ours guard [INV-EXE-2]",
         (("*guard)", ")  # mutant: no guard"),),
     ),
+    "keyed_group_one_seq": Mutant(
+        "a keyed group commit releases all its executions with one sequence number [INV-LIM-1, INV-CLK-1]",
+        "a keyed group commit releases each execution with its own sequence number, in order [INV-CLK-1]",
+        (("seq + i\n", "seq + 1  # mutant: one seq for the whole group\n"),),
+    ),
     "stale_fence_commits": Mutant(
         "the advancement fence does not compare the claim token [INV-ADV-2, INV-ADV-1]",
         "the fence compares the claim token [INV-ADV-2]",

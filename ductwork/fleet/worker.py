@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -117,6 +118,104 @@ def batch_for(pace_s: float, window_s: float, size: int) -> int:
     return max(1, int(window_s / pace_s))
 
 
+class _Waiting:
+    """One thread's keyed success in :class:`KeyedCommits`, and what its commit gave it."""
+
+    __slots__ = ("done", "error", "handed", "lead", "success", "take")
+
+    def __init__(self, success: Success, take: bool):
+        self.success, self.take = success, take
+        self.done = threading.Event()
+        self.lead = False  # woken to commit the next round, not with its result
+        self.handed: list[Claimed] = []
+        self.error: BaseException | None = None
+
+    def result(self) -> list[Claimed]:
+        if self.error is not None:
+            raise self.error
+        return self.handed
+
+
+class KeyedCommits:
+    """Keyed group commits of one process: the successes of one key that its threads
+    have ready are recorded together, under one hold of the key's lock (leader and
+    followers). Thread-safe.
+
+    A thread whose keyed success is ready calls :meth:`record`: when no commit of that
+    key is in progress in this process, it commits at once (the leader); otherwise it
+    waits, and the commit in progress, once done, wakes the first waiting thread to
+    commit every success of the key waiting by then in one transaction, joined by those
+    that become ready while it waits for the key's lock
+    (``claims.complete_all_and_hand_off``: the key lock first, the clock after it, each
+    release with its own sequence number in order, the inline advancement of all, then
+    one hand-off of up to as many executions as the successes that asked for one). Each
+    waiting thread gets one handed-on execution (in order); what is left goes to
+    ``overflow`` (the process inbox). The result (or the error) of the commit is each
+    thread's own: a reaped execution in the group makes it fall back to one transaction
+    per success, so only that one is not recorded [INV-EXE-2].
+
+    Not done: waiting for more successes than are ready (a commit starts as soon as the
+    previous one of its key ends), or grouping across keys."""
+
+    def __init__(self, overflow: Callable[[list[Claimed]], None]):
+        self._lock = threading.Lock()
+        self._waiting: dict[str, list[_Waiting]] = {}
+        self._leading: set[str] = set()
+        self._overflow = overflow
+
+    def record(self, success: Success, take: bool,
+               commit: Callable[[list[Success], Callable[[], list[Success]], Callable[[], int]], list[Claimed]]
+               ) -> list[Claimed]:
+        """Record ``success`` (keyed) with the others of its key that are ready; ``take``:
+        this thread wants a handed-on execution. ``commit(successes, gather, n)`` records
+        them in one transaction, calls ``gather()`` once it holds the key's lock for those
+        that became ready meanwhile, and hands on up to ``n()``. Returns what this thread
+        is handed."""
+        key = success.claimed.limit_key
+        assert key is not None, "keyed group commits are for keyed successes"
+        me = _Waiting(success, take)
+        with self._lock:
+            self._waiting.setdefault(key, []).append(me)
+            lead = key not in self._leading
+            self._leading.add(key)
+        if not lead:
+            me.done.wait()
+            if not me.lead:
+                return me.result()
+        with self._lock:
+            group = self._waiting.pop(key)
+
+        def gather() -> list[Success]:
+            with self._lock:
+                more = self._waiting.pop(key, [])
+            group.extend(more)
+            return [w.success for w in more]
+
+        try:
+            handed = commit([w.success for w in group], gather, lambda: sum(1 for w in group if w.take))
+        except BaseException as error:  # noqa: BLE001 - raised in each thread, which crashes its own
+            for w in group:
+                w.error = error
+            handed = []
+        rest = list(handed)
+        for w in group:
+            if w.take and rest:
+                w.handed = [rest.pop(0)]
+        with self._lock:
+            following = self._waiting.get(key)
+            if following:
+                following[0].lead = True
+                following[0].done.set()  # the next round: every success waiting by now
+            else:
+                self._leading.discard(key)
+        if rest:
+            self._overflow(rest)
+        for w in group:
+            if w is not me:
+                w.done.set()
+        return me.result()
+
+
 class Inbox:
     """Keyed executions one worker thread claimed for its process's idle threads (a keyed
     batch, ``claims.claim_batch``'s ``keyed_limit``): each is performed by the first
@@ -132,6 +231,8 @@ class Inbox:
         self._items: deque[Claimed] = deque()
         self._wake = wake
         self._idle = idle
+        #: the process's keyed group commits; what their hand-offs leave over comes here
+        self.commits = KeyedCommits(self.put)
 
     def spare(self) -> int:
         return max(0, self._idle() - len(self._items))
@@ -164,8 +265,14 @@ class Worker:
     batch's end, or as soon as the oldest unrecorded success is ``batch_window`` old. A
     claimed execution therefore waits behind its siblings for about ``batch_window`` at
     the recent pace, and a success stays unrecorded about as long: a crash in that time
-    re-runs it (at-least-once, as for any crash before the commit). A keyed execution is
-    always recorded alone. A keyed claim takes up to as many executions of its key as
+    re-runs it (at-least-once, as for any crash before the commit). A keyed success is
+    recorded by its process's keyed group commit (``inbox.commits``,
+    :class:`KeyedCommits`): with the other successes of its key that threads of the
+    process have ready by the time the key's lock is granted, under one hold of that
+    lock, each with its own release
+    sequence number, and one hand-off of up to one execution per thread that asked; a
+    worker alone (no inbox) groups the successes of its own keyed batch instead, as it
+    groups unkeyed ones. A keyed claim takes up to as many executions of its key as
     the process has idle threads plus this one (``inbox``: the others wait there for
     them), or, for a worker alone, as many as an unkeyed batch. Not done: handing back
     claimed executions that a stopping worker has not started (it runs them; they were
@@ -235,8 +342,12 @@ class Worker:
         performed = None
         try:
             while self._queue:
+                if self._group and self._group[0].claimed.limit_key != self._queue[0].limit_key:
+                    self._flush()  # a group commit holds one lane's successes (one key's: one lock hold)
                 claimed = self._queue.popleft()
-                performed = self._run(claimed, group=self._batch_size > 1 and claimed.limit_key is None)
+                # alone (no inbox), a worker's keyed batch is its own keyed group commit
+                keyed_group = claimed.limit_key is None or self._inbox is None
+                performed = self._run(claimed, group=self._batch_size > 1 and keyed_group)
                 if self._group and (not self._queue
                                     or time.monotonic() - self._group_started >= self._batch_window):
                     self._flush()
@@ -302,7 +413,8 @@ class Worker:
         take = not self._queue and self._hands_off()
         try:
             if take:
-                self._record(lambda: complete_all_and_hand_off(self.app, self._group, limit=self.batch))
+                self._record(lambda: complete_all_and_hand_off(self.app, self._group, limit=self.batch,
+                                                               keyed_limit=len(self._group)))
             else:
                 self._record(lambda: record_successes(self.app, self._group))
         except CommitFailed as failed:  # a group of one, reaped under it (larger groups log each)
@@ -321,6 +433,14 @@ class Worker:
         """Commit successes (repeated on a lost connection) and queue what is handed on."""
         self._queue.extend(retry_transient(commit))
         faults.hit(faults.AFTER_JOB_COMMIT)
+
+    def _commit_keyed(self, successes: list[Success], gather: Callable[[], list[Success]],
+                      take: Callable[[], int]) -> list[Claimed]:
+        """A keyed group commit (:class:`KeyedCommits`): record ``successes`` and those
+        ``gather`` adds under the key's lock, and hand on up to ``take()`` executions of
+        their key. Not repeated here on a lost connection: each thread of the group
+        repeats its own :meth:`KeyedCommits.record` (``_record``)."""
+        return complete_all_and_hand_off(self.app, successes, keyed_limit=take, gather=gather)
 
     def _paced(self, seconds: float) -> None:
         """Size the next batch from the recent pace."""
@@ -378,11 +498,15 @@ class Worker:
             inline = None
             if self.app.config.pipeline_advancer.inline_linear and output.value_json is not None:
                 inline = InlineAdvance(claimed, definition, output.value_json)
+            together = advance_on_successes if self.app.config.pipeline_advancer.inline_linear else None
             if group:  # recorded with the batch's group commit (run_once flushes it)
                 if not self._group:
                     self._group_started = time.monotonic()
-                together = advance_on_successes if self.app.config.pipeline_advancer.inline_linear else None
                 self._group.append(Success(claimed, output, inline, together))
+                return "success"
+            if claimed.limit_key is not None and self._inbox is not None:  # the process's keyed group commit
+                success, commits = Success(claimed, output, inline, together), self._inbox.commits
+                self._record(lambda: commits.record(success, self._hands_off(), self._commit_keyed))
                 return "success"
             if self._hands_off():
                 self._record(lambda: complete_and_hand_off(self.app, claimed, output, inline, limit=self.batch))

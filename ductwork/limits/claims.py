@@ -36,7 +36,6 @@ the same key lock: executions.py).
 from __future__ import annotations
 
 import bisect
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -302,11 +301,12 @@ def _claim_more(app: App, tx: Tx, key: str, process_id: str, limit: int) -> list
     return claimed
 
 
-def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1) -> list[Claimed]:
+def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
+             keyed_limit: int = 1) -> list[Claimed]:
     """In the transaction that just completed an execution of lane ``key`` (None: the
     unkeyed lane): claim the lane's next execution for the same worker, if a poll made
-    now would claim it; for the unkeyed lane, up to ``limit`` of them, as
-    :func:`claim_batch` would.
+    now would claim it; for the unkeyed lane, up to ``limit`` of them, for a key up to
+    ``keyed_limit`` (a keyed group commit's hand-off), as :func:`claim_batch` would.
 
     That is when the lane is the first lane a poll would try [INV-LIM-6] and, for a key,
     its limits admit a claim now. The completion of a keyed execution holds the key's
@@ -328,7 +328,11 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1)
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
     outcome = _decide_and_claim(app, tx, lane, header, process_id, write_refusal=False)
-    return [outcome] if isinstance(outcome, Claimed) else []
+    if not isinstance(outcome, Claimed):
+        return []
+    if keyed_limit == 1:
+        return [outcome]
+    return [outcome, *_claim_more(app, tx, lane, process_id, keyed_limit - 1)]  # as the next polls would
 
 
 def complete_and_hand_off(app: App, claimed: Claimed, output: Output,
@@ -342,15 +346,26 @@ def complete_and_hand_off(app: App, claimed: Claimed, output: Output,
     return complete_all_and_hand_off(app, [Success(claimed, output, advance)], limit=limit)
 
 
-def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int = 1) -> list[Claimed]:
+def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int = 1,
+                              keyed_limit: int | Callable[[], int] = 1,
+                              gather: Callable[[], list[Success]] | None = None) -> list[Claimed]:
     """Record several successes of one owner in one transaction (a group commit,
     :func:`ductwork.limits.executions.record_successes`), then hand on the last one's lane as
-    :func:`complete_and_hand_off` does: ``LimitsModel.complete_all_and_hand_off``.
-    Not done: a group that falls back to one transaction per success hands off only in
-    the last one's."""
+    :func:`complete_and_hand_off` does, up to ``limit`` unkeyed executions or
+    ``keyed_limit`` of a key: ``LimitsModel.complete_all_and_hand_off``. A keyed group
+    commit (successes of one key) holds the key's lock from its first statement to the
+    hand-off, so the hand-off is what ``keyed_limit`` polls in a row would claim right
+    after the releases. Not done: a group that falls back to one transaction per success
+    hands off only in the last one's. ``gather``: more successes of the key, taken once
+    its lock is held (``record_successes``); ``keyed_limit`` may then be a function, read
+    at the hand-off."""
     last = successes[-1].claimed
-    take = functools.partial(hand_off, app, key=last.limit_key, process_id=last.process_id, limit=limit)
-    return record_successes(app, successes, take)
+
+    def take(tx: Tx) -> list[Claimed]:
+        most = keyed_limit() if callable(keyed_limit) else keyed_limit
+        return hand_off(app, tx, last.limit_key, last.process_id, limit, most) if most > 0 else []
+
+    return record_successes(app, successes, take, gather)
 
 
 def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str,

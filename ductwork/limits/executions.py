@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ductwork import logs
+from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.errors import CommitFailed, UnknownStepClassError
@@ -204,7 +204,8 @@ class _Taken(Exception):
 
 
 def record_successes(app: App, successes: list[Success],
-                     hand_off: Callable[[Tx], list[Claimed]] | None = None) -> list[Claimed]:
+                     hand_off: Callable[[Tx], list[Claimed]] | None = None,
+                     gather: Callable[[], list[Success]] | None = None) -> list[Claimed]:
     """Record several successes of one owner in one transaction (a group commit).
 
     Each success is recorded as :func:`record_success` would record it, and the batch
@@ -215,12 +216,20 @@ def record_successes(app: App, successes: list[Success],
     any reason the database would not retry (an advancement error of one step): that
     error is then raised, once the other successes are recorded, and only the step
     that caused it is left unrecorded, so its siblings' crash budgets are not spent on
-    it. Keyed executions are recorded alone too (their completion takes the key's lock
-    and next sequence number). Raises CommitFailed only for a batch of one.
+    it. A batch of one key's executions (a keyed group commit) takes the key's lock
+    first, reads the clock only then, and releases each execution with its own
+    sequence number, in the order given (``seq + 1``, ``seq + 2``, …), under that one
+    lock hold [INV-LIM-1, INV-CLK-1]; a batch that mixes keys, or keyed and unkeyed
+    executions, is recorded one by one. ``gather()`` (keyed only) is called once the key's
+    lock is held and returns more successes of the key and owner, which join the group
+    (``successes`` is extended with them): those that became ready while the lock was
+    awaited. Raises CommitFailed only for a batch of one.
     """
-    if len(successes) > 1 and all(s.claimed.limit_key is None for s in successes):
+    keys = {s.claimed.limit_key for s in successes}
+    keyed_gather = gather if None not in keys else None
+    if (len(successes) > 1 or keyed_gather is not None) and len(keys) == 1:
         try:
-            return _record_batch(app, successes, hand_off)
+            return _record_batch(app, successes, hand_off, keyed_gather)
         except _Taken:
             log.warning("a batch of %d successes lost an execution to the reaper; recording each alone",
                         len(successes))
@@ -244,21 +253,38 @@ def record_successes(app: App, successes: list[Success],
     return handed
 
 
-def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], list[Claimed]] | None
-                  ) -> list[Claimed]:
+def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], list[Claimed]] | None,
+                  gather: Callable[[], list[Success]] | None = None) -> list[Claimed]:
     owner = successes[0].claimed.process_id
+    key = successes[0].claimed.limit_key
     e, j = schema.executions, schema.jobs
     with app.begin() as tx:
+        release: dict[str, Any] = {}
+        seq = 0
+        if key is not None:
+            header = lock_key(tx, key)  # [INV-LIM-1] key lock first, before the clock [INV-CLK-1]
+            if header is None:
+                raise sa.exc.NoResultFound(f"limit key {key!r} has no row")
+            seq = int(header.seq)
+            if gather is not None:
+                successes.extend(gather())  # ready while the lock was awaited: one hold for them too
+            # [INV-CLK-1] each release its own seq, in the order of the successes
+            release["release_seq"] = sa.case({s.claimed.execution_id: seq + i
+                                              for i, s in enumerate(successes, start=1)}, value=e.c.id)
+            faults.hit(faults.IN_KEYED_GROUP_COMMIT)
         guard = [e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended
                  e.c.claimed_at.is_not(None),
                  # [INV-EXE-2] still ours: the reaper took none of them
                  dialects.by_primary_key(e.c.process_id, tx.conn) == owner]
         ended = tx.execute(
             e.update().where(e.c.id.in_(dialects.inline_ids([s.claimed.execution_id for s in successes])), *guard)
-            .values(completed_at=tx.now, outcome="success", updated_at=tx.now)
+            .values(completed_at=tx.now, outcome="success", updated_at=tx.now, **release)
         ).rowcount
         if ended != len(successes):
             raise _Taken()
+        if key is not None:  # [INV-LIM-3] the slots are free: in-flight is derived from completed_at
+            tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
+                       .values(seq=seq + len(successes), updated_at=tx.now))
         tx.execute(j.update().where(j.c.id == sa.bindparam("b_id"))
                    .values(output_payload=sa.bindparam("b_payload"), completed_at=tx.now, updated_at=tx.now),
                    [{"b_id": s.claimed.job_id, "b_payload": s.output.payload_json} for s in successes])
@@ -272,6 +298,8 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
                         if s.advance is not None and s.advance(tx)}
         _mark_advancing(tx, [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced])
         handed = [] if hand_off is None else hand_off(tx)
+        if key is not None and len(handed) < len(successes):
+            tx.wake()  # a slot is free (those a hand-off took over are nothing for anyone else)
     _log_successes(successes)
     return handed
 

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
-from ductwork.limits.claims import claim, claim_batch
+from ductwork.limits.claims import claim, claim_batch, complete_all_and_hand_off
 from ductwork.limits.executions import Output, Success, record_crash, record_successes
 from tests.capabilities import needs
 from tests.factories import make_executions, make_run
@@ -360,3 +360,98 @@ def test_a_keyed_batch_stops_before_an_older_lane(keyed_app):
     assert [c.execution_id for c in claim_batch(app, process, 1, keyed_limit=3)] == [k1, k2]
     assert claim(app, process).execution_id == u
     assert [c.execution_id for c in claim_batch(app, process, 1, keyed_limit=3)] == [k3]
+
+
+def _seqs(app, ids, column):
+    e = schema.executions
+    with app.begin() as tx:
+        return [tx.execute(sa.select(getattr(e.c, column)).where(e.c.id == i)).scalar_one() for i in ids]
+
+
+def test_a_keyed_group_commit_releases_each_with_its_own_seq_and_hands_on_the_next(keyed_app):
+    """Keyed k1..k5 of a ``concurrency: 3`` key, k1..k3 claimed: their successes recorded
+    in one keyed group commit release k1, k2, k3 with seq+1, +2, +3 in that order, under
+    one lock hold after the claims [INV-LIM-1, INV-CLK-1], and the hand-off of up to three
+    takes k4 and k5, with the next sequence numbers, as two polls in a row would."""
+    app = keyed_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ks = make_executions(app, run_id, branch_id, "three", AT, 5)
+    got = claim_batch(app, process, 1, keyed_limit=3)
+    handed = complete_all_and_hand_off(app, [Success(c, Output("null")) for c in got], keyed_limit=3)
+    assert [c.execution_id for c in handed] == ks[3:]
+    claims_, releases = _seqs(app, ks, "claim_seq"), _seqs(app, ks[:3], "release_seq")
+    assert releases == [claims_[2] + 1, claims_[2] + 2, claims_[2] + 3]  # one per success, in order
+    assert claims_[3:] == [releases[-1] + 1, releases[-1] + 2]
+    rows = _rows(app, ks)
+    assert {rows[k].completed_at for k in ks[:3]} == {rows[ks[3]].claimed_at}  # one transaction
+    with app.begin() as tx:
+        seq = tx.execute(sa.select(schema.limit_keys.c.seq).where(schema.limit_keys.c.key == "three")).scalar_one()
+    assert seq == claims_[4]
+
+
+def test_a_keyed_group_commit_leaves_a_reaped_execution_to_the_reaper(keyed_app):
+    """A keyed group commit whose guard misses one execution (the reaper crashed it) is
+    recorded one by one: the others succeed, the reaped one keeps its crash [INV-EXE-2]."""
+    app = keyed_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ks = make_executions(app, run_id, branch_id, "three", AT, 3)
+    got = claim_batch(app, process, 1, keyed_limit=3)
+    record_crash(app, ks[1], process, "Reaped", "reaped")
+    complete_all_and_hand_off(app, [Success(c, Output("null")) for c in got], keyed_limit=3)
+    rows = _rows(app, ks)
+    assert [rows[k].outcome for k in ks] == ["success", "process_crashed", "success"]
+    releases = _seqs(app, ks, "release_seq")
+    assert len(set(releases)) == 3
+
+
+def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
+    """Successes of one key that threads of a process have ready while a commit of the key
+    waits for its lock are recorded by that commit (gathered once the lock is held), each
+    thread gets its result, and the hand-off is spread over the threads that asked."""
+    from ductwork.fleet.worker import KeyedCommits
+
+    app = keyed_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ks = make_executions(app, run_id, branch_id, "three", AT, 6)
+    got = claim_batch(app, process, 1, keyed_limit=3)
+    overflow: list = []
+    commits = KeyedCommits(overflow.extend)
+    gate, entered, calls = threading.Event(), threading.Event(), []
+
+    def commit(successes, gather, take):
+        calls.append([s.claimed.execution_id for s in successes])
+        entered.set()
+        assert gate.wait(30)  # as if the key's lock were held elsewhere
+        return complete_all_and_hand_off(app, successes, keyed_limit=take, gather=gather)
+
+    results: dict = {}
+
+    def record(c, take):
+        results[c.execution_id] = commits.record(Success(c, Output("null")), take, commit)
+
+    first = threading.Thread(target=record, args=(got[0], True))
+    first.start()
+    assert entered.wait(30)
+    others = [threading.Thread(target=record, args=(c, take)) for c, take in ((got[1], True), (got[2], False))]
+    for t in others:
+        t.start()
+    waited = threading.Event()
+    for _ in range(3000):  # both followers are waiting before the lock is "granted" (30 s at most)
+        if sum(len(v) for v in commits._waiting.values()) == 2:
+            break
+        waited.wait(0.01)
+    gate.set()
+    for t in (first, *others):
+        t.join(30)
+    assert calls == [[ks[0]]]  # one commit: the two that waited were gathered under its lock
+    rows = _rows(app, ks)
+    assert [rows[k].outcome for k in ks[:3]] == ["success"] * 3
+    assert len({rows[k].completed_at for k in ks[:3]}) == 1  # one transaction
+    handed = [c.execution_id for v in results.values() for c in v] + [c.execution_id for c in overflow]
+    assert sorted(handed) == sorted(ks[3:5])  # one per success that asked: k6 waits for a poll
+    assert overflow == []
+    assert results[ks[2]] == []  # the third did not ask for a hand-off
+    assert _seqs(app, ks[:3], "release_seq") == sorted(_seqs(app, ks[:3], "release_seq"))

@@ -150,13 +150,17 @@ class LimitsAgainstModel(RuleBasedStateMachine):
     @rule(data=st.data(), limit=st.integers(1, 3))
     def complete_batch_and_hand_off(self, data, limit):
         """A worker's group commit: several successes of one owner in one transaction, then
-        the hand-off of its lane's next executions [INV-EXE-2, INV-LIM-6]."""
+        the hand-off of its lane's next executions, up to ``limit`` of them for a key too
+        (a keyed group commit when they share a key: one lock hold, one release sequence
+        number each) [INV-EXE-2, INV-LIM-1, INV-LIM-6]. No new draw: ``keyed_limit`` is
+        ``limit``."""
         worker = data.draw(st.sampled_from(sorted({w for w, _ in self.held.values()})))
         mine = sorted(eid for eid, (w, _) in self.held.items() if w == worker)
         chosen = data.draw(st.lists(st.sampled_from(mine), min_size=1, max_size=4, unique=True))
         group = [self.held.pop(eid)[1] for eid in chosen]
-        handed = claims.complete_all_and_hand_off(self.app, [Success(c, Output("null")) for c in group], limit=limit)
-        expected = self.model.complete_all_and_hand_off(chosen, self.now_us, limit)
+        handed = claims.complete_all_and_hand_off(self.app, [Success(c, Output("null")) for c in group], limit=limit,
+                                                  keyed_limit=limit)
+        expected = self.model.complete_all_and_hand_off(chosen, self.now_us, limit, limit)
         got = [c.execution_id for c in handed]
         assert got == expected, f"INV-LIM-6: group hand-off gave {got}, model {expected} at {self.now_us}"
         for c in handed:

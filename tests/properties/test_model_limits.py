@@ -112,6 +112,33 @@ class LimitsModelMachine(RuleBasedStateMachine):
         assert all(self.model.jobs[h].worker == worker for h in handed)
         assert len(handed) <= 1 or all(self.model.jobs[h].key is None for h in handed)  # a keyed hand-off: one
 
+    @precondition(lambda self: any(self.model.jobs[j].worker in self.live and self.model.jobs[j].key is not None
+                                   for j in self.model.in_flight_jobs()))
+    @rule(data=st.data(), keyed_limit=st.integers(1, 3))
+    def complete_keyed_group_and_hand_off(self, data, keyed_limit):
+        """A keyed group commit: successes of one key by one worker recorded at once, then
+        what ``keyed_limit`` polls in a row would claim of that key, and nothing else: the
+        same jobs and state as completing them, then polling while the key stays first."""
+        mine = [j for j in self.model.in_flight_jobs()
+                if self.model.jobs[j].worker in self.live and self.model.jobs[j].key is not None]
+        first = data.draw(st.sampled_from(mine))
+        worker, key = self.model.jobs[first].worker, self.model.jobs[first].key
+        same = sorted((j for j in mine if self.model.jobs[j].worker == worker and self.model.jobs[j].key == key),
+                      key=repr)
+        group = data.draw(st.lists(st.sampled_from(same), min_size=1, max_size=3, unique=True))
+        reference = copy.deepcopy(self.model)
+        handed = self.model.complete_all_and_hand_off(group, self.now, 1, keyed_limit)
+        for job in group:
+            reference.complete(job, self.now)
+        expected = []
+        while len(expected) < keyed_limit:
+            _, candidates = reference._lanes(self.now)
+            if not candidates or candidates[0].key != key or not reference._would_admit(key, self.now):
+                break
+            expected.append(reference.claim(worker, self.now))
+        assert handed == expected, f"keyed group hand-off {handed}, polls in a row {expected}"
+        assert _state(self.model) == _state(reference)
+
     @precondition(lambda self: self.reaped_alive)
     @rule(data=st.data())
     def late_complete(self, data):

@@ -47,6 +47,8 @@ DETECTORS = {
     "keyed_batch_past_lane": "tests/integration/test_batches.py::test_a_keyed_batch_stops_before_an_older_lane[sqlite]",
     "batch_no_guard":
         "tests/integration/test_batches.py::test_a_group_commit_leaves_a_reaped_execution_to_the_reaper[sqlite]",
+    "keyed_group_one_seq": "tests/integration/test_batches.py::"
+    "test_a_keyed_group_commit_releases_each_with_its_own_seq_and_hands_on_the_next[sqlite]",
     "stale_fence_commits": "tests/integration/test_exactly_once.py::test_stale_token_commits_nothing[sqlite]",
     "fanin_outside_fence":
         "tests/integration/test_fault_checkpoints.py::test_checkpoint[sqlite-before_fanin_bump-raise]",
