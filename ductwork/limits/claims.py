@@ -260,18 +260,29 @@ def restart_with(app: App) -> list[str]:
     return keys
 
 
-def claim_keyed(app: App, key: str, process_id: str, limit: int = 1) -> Claimed | Refusal | list[Claimed]:
-    """Claim the oldest eligible execution of ``key`` if its limits admit one now; with
-    ``limit`` > 1, up to ``limit`` of them under the same lock hold, as successive polls
-    would (:func:`_claim_more`): then a list, the first claim first."""
+def claim_keyed(app: App, key: str, process_id: str, limit: int = 1) -> list[Claimed] | Refusal:
+    """Claim the oldest eligible execution of ``key`` if its limits admit one now, and up
+    to ``limit`` in all under the same lock hold, as successive polls would
+    (:func:`_claim_up_to`); the first claim first."""
     with app.begin() as tx:
         faults.hit(faults.BEFORE_KEY_LOCK)
         header = lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
         faults.hit(faults.AFTER_KEY_LOCK)
-        outcome = _decide_and_claim(app, tx, key, header, process_id)
-        if limit == 1 or not isinstance(outcome, Claimed):
-            return outcome
-        return [outcome, *_claim_more(app, tx, key, process_id, limit - 1)]
+        return _claim_up_to(app, tx, key, header, process_id, limit)
+
+
+def _claim_up_to(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str, limit: int,
+                 *, write_refusal: bool = True) -> list[Claimed] | Refusal:
+    """The claim a poll makes on ``key`` (whose lock ``tx`` holds), then, with ``limit`` > 1,
+    up to ``limit`` in all as the next polls would (:func:`_claim_more`); the Refusal of
+    the first decision if it did not admit. One place for a keyed claim and a keyed
+    hand-off alike."""
+    outcome = _decide_and_claim(app, tx, key, header, process_id, write_refusal=write_refusal)
+    if not isinstance(outcome, Claimed):
+        return outcome
+    if limit == 1:
+        return [outcome]
+    return [outcome, *_claim_more(app, tx, key, process_id, limit - 1)]
 
 
 def _claim_more(app: App, tx: Tx, key: str, process_id: str, limit: int) -> list[Claimed]:
@@ -327,12 +338,8 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
     header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
-    outcome = _decide_and_claim(app, tx, lane, header, process_id, write_refusal=False)
-    if not isinstance(outcome, Claimed):
-        return []
-    if keyed_limit == 1:
-        return [outcome]
-    return [outcome, *_claim_more(app, tx, lane, process_id, keyed_limit - 1)]  # as the next polls would
+    outcome = _claim_up_to(app, tx, lane, header, process_id, keyed_limit, write_refusal=False)
+    return outcome if isinstance(outcome, list) else []
 
 
 def complete_and_hand_off(app: App, claimed: Claimed, output: Output,
@@ -456,8 +463,6 @@ def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1) -> 
                 return claimed
             continue
         outcome = claim_keyed(app, lane.key, process_id, keyed_limit)
-        if isinstance(outcome, Claimed):
-            return [outcome]
         if isinstance(outcome, list):
             return outcome
     return []

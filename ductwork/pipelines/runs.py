@@ -107,38 +107,13 @@ def lock_run(tx: Tx, run_id: str) -> str:
 
 
 def resolve_run(tx: Tx, run_id: str) -> str:
-    """Decide the run's state after a branch ended; returns it.
+    """Decide the run's state after a branch ended; returns it (:func:`resolve_runs` for
+    one run).
 
     Takes the run row lock (callers that end branches take it earlier, right after
     their fence: see ``advance.Advancer._fence``).
     """
-    r, b = schema.runs, schema.branches
-    status = lock_run(tx, run_id)
-    if status in TERMINAL:
-        return status  # [INV-RUN-1] final
-
-    def has(*statuses: str) -> bool:
-        return tx.execute(
-            sa.select(b.c.id).where(b.c.run_id == run_id, b.c.status.in_(statuses)).limit(1)
-        ).first() is not None
-
-    # Read after the lock: every branch ended by a transaction that held it before us is visible.
-    if has(*ACTIVE_BRANCH):
-        new = "in_progress"
-    elif has("dampened"):
-        new = "dampened"
-    elif has("halted"):
-        new = "halted"
-    else:
-        new = "completed"
-    if new != status:  # read before write: no needless lock traffic on a shared row
-        values: dict[str, Any] = {"status": new, "updated_at": tx.now}
-        if new == "completed":
-            values["completed_at"] = tx.now
-        elif new == "halted":
-            values["halted_at"] = tx.now
-        tx.execute(r.update().where(r.c.id == run_id).values(**values))
-    return new
+    return resolve_runs(tx, {run_id: lock_run(tx, run_id)})[run_id]
 
 
 def lock_runs(tx: Tx, run_ids: Iterable[str]) -> dict[str, str]:
