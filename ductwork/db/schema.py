@@ -86,7 +86,11 @@ runs = sa.Table(
     sa.Column("triggered_at", Timestamp, nullable=False),
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: not completed
     sa.Column("halted_at", Timestamp, nullable=True),  # NULL: not halted
+    #: the halted run this run revives (NULL: triggered, not revived); unique, so a
+    #: halted run is revived at most once however many processes race to revive it
+    sa.Column("revived_from", Id, nullable=True),
     *_timestamps(),
+    sa.Index("uq_run_revived_from", "revived_from", unique=True),
     sa.Index("ix_run_status_triggered", "status", "triggered_at"),
     sa.Index("ix_run_pipeline_triggered", "pipeline_klass", "triggered_at"),
 )
