@@ -144,8 +144,20 @@ def manual_app(db_url: str):  # type: ignore[no-untyped-def]
     application.dispose()
 
 
+def _terminated(signum, _frame):  # type: ignore[no-untyped-def]
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config):  # type: ignore[no-untyped-def]
     config.addinivalue_line("markers", "needs(capability): runs only on backends with it (tests/capabilities.py)")
+    # A SIGTERM (``timeout``, CI cancelling) ends the session the way Ctrl-C does, so
+    # fixtures tear down and tests/fleet.py's exit hook kills the fleets this process
+    # started; Python's default for SIGTERM is to die at once and leave them running.
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ condition against a deadline and say what never happened.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -58,6 +59,22 @@ def write_config(path: Path, *, pipelines: list[str], limits: dict | None = None
     path.write_text(yaml.safe_dump({"default": section}))
     return path
 
+#: every fleet started by this process and not yet killed: a test process that ends
+#: (SIGTERM from a ``timeout``, an interrupted session) kills them at exit instead of
+#: leaving whole fleets running against a database nobody reads (they used a 2-core
+#: machine's CPU for the rest of the day once)
+_LIVE: set[Fleet] = set()
+
+
+def kill_all_fleets() -> None:
+    """SIGKILL every fleet this process started and has not stopped."""
+    for fleet in list(_LIVE):
+        with contextlib.suppress(Exception):
+            fleet.kill_host()
+
+
+atexit.register(kill_all_fleets)
+
 
 class Fleet:
     """One ``ductwork start`` (a supervisor and its children) in its own session."""
@@ -78,6 +95,7 @@ class Fleet:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - open while the fleet runs; close_log() closes it
         self.proc = subprocess.Popen(command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        _LIVE.add(self)
         return self
 
     def __enter__(self) -> Fleet:
@@ -99,6 +117,7 @@ class Fleet:
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)  # children that outlived the supervisor
+        _LIVE.discard(self)
         self.close_log()
 
     def terminate(self, timeout: float = 30.0) -> int:
