@@ -126,7 +126,8 @@ def claim_hook(app: App, process_id: str) -> ClaimedHook | None:
         row = tx.execute(dialects.for_update(
             sa.select(_h.c.id, _h.c.run_id, _h.c.klass, _h.c.retry_count, _h.c.crash_count, _r.c.pipeline_klass)
             .join(_r, _r.c.id == _h.c.run_id)
-            .where(_h.c.status == "pending", _h.c.eligible_at <= tx.now)
+            .where(_h.c.status == "pending",  # [INV-HLT-1] a running or final hook is not claimable
+                   _h.c.eligible_at <= tx.now)
             .order_by(_h.c.eligible_at, _h.c.id).limit(1), tx.conn, skip_locked=True)).first()
         if row is None:
             return None
