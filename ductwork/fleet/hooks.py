@@ -80,7 +80,7 @@ def run_due_hook(app: App, process_id: str, holding: Callable[[str | None], None
         if not recorded:  # never leave the claim held by a thread that is gone
             try:
                 record_hook(app, claimed, "process_crashed", ABANDONED)
-            except Exception:  # noqa: BLE001 - the reaper or reconciliation crashes it later
+            except Exception:  # the reaper, the sweep or the runner's reconciliation crashes it later
                 log.exception("on_halt hook %s: could not crash the abandoned attempt", claimed.hook_id)
 
 

@@ -99,11 +99,11 @@ def owe_hooks(tx: Tx, run_ids: list[str]) -> int:
     The unique constraint ``uq_halt_hook_run`` allows one per run [INV-HLT-1]; a run
     already halted is never passed here (a final run never changes, INV-RUN-1)."""
     owed = []
-    for run_id, text in tx.execute(sa.select(_r.c.id, _r.c.definition).where(
+    for run in tx.execute(sa.select(_r.c.id, _r.c.definition).where(
             _r.c.id.in_(dialects.inline_ids(sorted(run_ids))))):
-        klass = json.loads(text).get("on_halt")
+        klass = json.loads(run.definition).get("on_halt")
         if klass is not None:
-            owed.append({"id": new_id(), "run_id": run_id, "klass": klass, "status": "pending",
+            owed.append({"id": new_id(), "run_id": run.id, "klass": klass, "status": "pending",
                          "eligible_at": tx.now, "claim_token": None, "claimed_at": None, "process_id": None,
                          "retry_count": 0, "crash_count": 0, "last_outcome": None, "error_klass": None,
                          "error_message": None, "error_backtrace": None, "completed_at": None,
@@ -147,10 +147,11 @@ def halt_of(tx: Tx, run_id: str, pipeline: str) -> dict[str, Any]:
     node, and the error each halted branch's last step (or advancement) ended with."""
     e, j, a = schema.executions, schema.jobs, schema.advancements
     reasons, errors = [], []
-    for branch_id, reason in tx.execute(sa.select(_b.c.id, _b.c.halt_reason).where(
+    for branch in tx.execute(sa.select(_b.c.id, _b.c.halt_reason).where(
             _b.c.run_id == run_id, _b.c.status == "halted").order_by(_b.c.id)):
-        step = latest_step(tx, branch_id)
-        reasons.append({"node": step.node, "reason": reason, "branch_id": branch_id, "step_id": step.id})
+        step = latest_step(tx, branch.id)
+        assert step is not None, f"halted branch {branch.id} has a step"
+        reasons.append({"node": step.node, "reason": branch.halt_reason, "branch_id": branch.id, "step_id": step.id})
         error = tx.execute(
             sa.select(e.c.error_klass, e.c.error_message).join(j, j.c.id == e.c.job_id)
             .where(j.c.step_id == step.id, e.c.error_klass.is_not(None))
@@ -248,7 +249,7 @@ def record_hook(app: App, claimed: ClaimedHook, outcome: str, error: ErrorInfo |
     return status
 
 
-def crash_hooks_of(app: App, tx: Tx, process_id: str | None, claimed_before: datetime | None = None,
+def crash_hooks_of(app: App, tx: Tx, process_id: str | None, claimed_before: object = None,
                    *, only: list[str] | None = None) -> list[HookEnded]:
     """Inside the reaper's transaction: crash every hook ``process_id`` holds (None: the
     orphans, whose process row was deleted, claimed before ``claimed_before``; ``only``:

@@ -25,8 +25,6 @@ from hypothesis import strategies as st
 
 from ductwork.limit_entries import RateEntry, parse_limits
 from tests.chaos.checkers import (
-    check_inv_hlt_1,
-    check_inv_hlt_2,
     CHECKERS,
     check_all,
     check_inv_adv_1,
@@ -36,6 +34,8 @@ from tests.chaos.checkers import (
     check_inv_exe_2,
     check_inv_exe_3,
     check_inv_exe_4,
+    check_inv_hlt_1,
+    check_inv_hlt_2,
     check_inv_lim_1,
     check_inv_lim_2,
     check_inv_lim_3,

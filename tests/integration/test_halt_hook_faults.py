@@ -82,7 +82,8 @@ def test_hook_checkpoint(hook_app, db_url, checkpoint, action, tmp_path, monkeyp
     [hook] = rows  # [INV-HLT-1] one hook, one recorded outcome
     assert (hook.status, hook.claim_token, hook.last_outcome) == ("succeeded", None, "success")
     attempts = log_file.read_text().splitlines()
-    assert attempts and {line.split()[0] for line in attempts} == {hook.id}  # the same idempotency key
+    assert attempts
+    assert {line.split()[0] for line in attempts} == {hook.id}  # the same idempotency key
     assert {line.split()[1] for line in attempts} == {run.id}
     died = action in ("kill", "exit")
     crashed_holding_claim = died and checkpoint in (faults.AFTER_HOOK_CLAIM, faults.IN_HOOK_COMMIT)

@@ -130,9 +130,11 @@ def test_a_halted_run_gets_one_hook_with_its_halt(manual_app):
     assert run.refresh().status == "halted"
     [hook] = hooks(manual_app, run.id)
     assert (hook.status, hook.retry_count, hook.crash_count, hook.last_outcome) == ("succeeded", 0, 0, "success")
-    assert hook.completed_at is not None and hook.claim_token is None
+    assert hook.completed_at is not None
+    assert hook.claim_token is None
     [halt] = SEEN[hook.id]  # the idempotency key is the hook's id [INV-HLT-1]
-    assert halt["run_id"] == run.id and halt["pipeline"].endswith("Halting")
+    assert halt["run_id"] == run.id
+    assert halt["pipeline"].endswith("Halting")
     assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Fail#0", "job_retries_exhausted")]
     assert halt["errors"] == [{"node": "Fail#0", "klass": "builtins.RuntimeError", "message": "fail 7"}]
 
@@ -151,14 +153,19 @@ def test_a_failing_handler_is_retried_and_its_failures_logged(manual_app, caplog
         drain(manual_app, timeout=60)
     [hook] = hooks(manual_app, run.id)
     assert (hook.status, hook.retry_count, hook.crash_count) == ("succeeded", 2, 0)
-    assert FAILS[hook.id] == 3 and len(SEEN[hook.id]) == 1
+    assert FAILS[hook.id] == 3
+    assert len(SEEN[hook.id]) == 1
     assert hook.error_klass == "builtins.ConnectionError"  # the last failure stays visible
     warnings = [r for r in caplog.records if r.name == "ductwork.hooks"]
     assert [r.attempt for r in warnings] == [0, 1]
     for record in warnings:
-        assert record.levelno == logging.WARNING and record.run_id == run.id
-        assert record.hook.endswith("FlakyTwice") and record.pipeline.endswith("Halting")
-        assert "pager unreachable" in record.getMessage() and record.exc_text and "Traceback" in record.exc_text
+        assert record.levelno == logging.WARNING
+        assert record.run_id == run.id
+        assert record.hook.endswith("FlakyTwice")
+        assert record.pipeline.endswith("Halting")
+        assert "pager unreachable" in record.getMessage()
+        assert record.exc_text
+        assert "Traceback" in record.exc_text
 
 
 def test_a_handler_that_always_fails_ends_failed_after_its_budget(manual_app, caplog):
@@ -206,7 +213,7 @@ def test_budgets_are_configurable_per_pipeline_and_handler(db_url):
 def test_one_hook_per_run_is_a_named_constraint(manual_app):
     run = halting(Remember).trigger(1)
     drain(manual_app, timeout=60)
-    with pytest.raises(sa.exc.IntegrityError, match="uq_halt_hook_run|UNIQUE|Duplicate"), \
+    with pytest.raises(sa.exc.IntegrityError, match=r"uq_halt_hook_run|UNIQUE|Duplicate"), \
             manual_app.begin() as tx:  # [INV-HLT-1]
         tx.execute(schema.halt_hooks.insert().values(
             id=new_id(), run_id=run.id, klass="x:Y", status="pending", eligible_at=tx.now, retry_count=0,
@@ -230,13 +237,16 @@ def test_a_stale_claim_records_nothing_and_the_reaper_re_runs_the_hook(manual_ap
     assert run.refresh().status == "halted"
     ghost = register(manual_app, role="ghost", label="ghost")
     claimed = claim_hook(manual_app, ghost)
-    assert claimed is not None and claimed.run_id == run.id and claim_hook(manual_app, ghost) is None
+    assert claimed is not None
+    assert claimed.run_id == run.id
+    assert claim_hook(manual_app, ghost) is None
     assert reap(manual_app, ghost, force=True)  # the ghost died holding it: crashed, re-run at once
     [hook] = hooks(manual_app, run.id)
     assert (hook.status, hook.crash_count, hook.claim_token) == ("pending", 1, None)
     live = register(manual_app, role="live", label="live")
     again = claim_hook(manual_app, live)
-    assert again is not None and again.claim_token != claimed.claim_token
+    assert again is not None
+    assert again.claim_token != claimed.claim_token
     with pytest.raises(HookClaimLost):  # [INV-HLT-1] the ghost's late record is fenced off
         record_hook(manual_app, claimed, "success")
     assert hooks(manual_app, run.id)[0].status == "running"
@@ -264,7 +274,7 @@ def test_the_snapshot_names_the_handler_only_when_declared():
     assert hooked["on_halt"] == "tests.workloads:HaltRecorder"
     assert Definition.from_json(hooked) == HaltingPipeline.definition
     assert Definition.from_json(plain).on_halt is None
-    with pytest.raises(DefinitionError, match="on_halt must be 'module:qualname'"):
+    with pytest.raises(DefinitionError, match=r"on_halt must be 'module:qualname'"):
         Definition.from_json({**hooked, "on_halt": 3})
 
 

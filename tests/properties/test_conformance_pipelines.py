@@ -205,7 +205,7 @@ def check_hook_agreement(url: str, engine, scenario, config, attempts: list[str]
     definition, args, oracle = scenario
     definition = {**definition, "on_halt": HOOK_HANDLER}
 
-    def hook_oracle(run_id, attempt):
+    def hook_oracle(_run_id, attempt):
         return _HOOK_OUTCOMES[attempts[attempt]] if attempt < len(attempts) else success(None)
 
     summary, model, model_run = run_and_model(definition, args, oracle, config, resumes=(NO_INPUT,),

@@ -128,7 +128,8 @@ class HaltHooksModelMachine(RuleBasedStateMachine):
             for run in self.model.runs.values():
                 if run.status == "halted":
                     hook = self.model.hook_of(run.id)
-                    assert hook is not None and hook.status in ("succeeded", "failed"), run.id
+                    assert hook is not None, run.id
+                    assert hook.status in ("succeeded", "failed"), run.id
             check_all(self.model)
 
     @invariant()
@@ -155,7 +156,7 @@ def test_every_halted_run_has_its_hook_delivered_once(scenario, config, attempts
     definition, args, oracle = scenario
     plan = {"success": success(None), "failure": FAILURE, "process_crashed": CRASH, "invalid": INVALID}
 
-    def hook_oracle(run_id, attempt):
+    def hook_oracle(_run_id, attempt):
         return plan[attempts[attempt]] if attempt < len(attempts) else success(None)
 
     summary, model, run_id = run_and_model(with_hook(definition), args, oracle, config, hook_oracle=hook_oracle)
@@ -164,7 +165,8 @@ def test_every_halted_run_has_its_hook_delivered_once(scenario, config, attempts
     if summary.status != "halted":
         assert hook is None
         return
-    assert hook is not None and hook["status"] in ("succeeded", "failed")
+    assert hook is not None
+    assert hook["status"] in ("succeeded", "failed")
     assert len(model.hook_outcomes) == 1
     assert hook["attempts"] == attempts[:len(hook["attempts"])] + ["success"] * (
         len(hook["attempts"]) - min(len(attempts), len(hook["attempts"])))
