@@ -176,6 +176,11 @@ def test_a_handler_that_always_fails_ends_failed_after_its_budget(manual_app, ca
     budget = manual_app.config.job_worker.max_retry
     assert (hook.status, hook.retry_count, hook.last_outcome) == ("failed", budget, "failure")
     assert "no retry left" in caplog.records[-1].getMessage()
+    from ductwork.status import render, snapshot
+
+    shown = render(snapshot(manual_app))  # what `ductwork status` prints
+    assert "on_halt hooks:" in shown
+    assert f"failed: run {run.id} {hook.klass}: builtins.ConnectionError: pager down" in shown
 
 
 def test_a_handler_that_cannot_be_built_is_re_run_then_fails(manual_app):
