@@ -227,19 +227,7 @@ def test_one_hook_per_run_is_a_named_constraint(manual_app):
 
 
 def test_a_stale_claim_records_nothing_and_the_reaper_re_runs_the_hook(manual_app):
-    run = HaltingPipeline.trigger(3)
-    from ductwork.fleet.worker import Worker
-    from ductwork.pipelines.advance import Advancer
-
-    worker, advancer = Worker(manual_app), Advancer(manual_app)
-    for _ in range(50):  # run and advance until the run halts, without running hooks
-        advancer.run_once()
-        if run.refresh().status == "halted":
-            break
-        worker._hook = lambda: None  # this worker runs executions only: the hook is left owed
-        worker.run_once()
-        manual_app.clock.advance(timedelta(seconds=1))
-    assert run.refresh().status == "halted"
+    run = _halted_with_owed_hook(manual_app, 3)
     ghost = register(manual_app, role="ghost", label="ghost")
     claimed = claim_hook(manual_app, ghost)
     assert claimed is not None
@@ -295,3 +283,49 @@ def test_on_halt_rejects_a_second_handler_and_a_non_step():
             @classmethod
             def define(cls, p):
                 p.start(Fine).on_halt(object)
+
+
+def _halted_with_owed_hook(app, n=1):
+    """A HaltingPipeline run driven to its halt by a worker that runs no hooks."""
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
+
+    run = HaltingPipeline.trigger(n)
+    worker, advancer = Worker(app), Advancer(app)
+    worker._hook = lambda: None  # this worker runs executions only: the hook is left owed
+    for _ in range(50):
+        advancer.run_once()
+        if run.refresh().status == "halted":
+            return run
+        worker.run_once()
+        app.clock.advance(timedelta(seconds=1))
+    raise AssertionError(f"run {run.id} did not halt")
+
+
+def test_a_hook_held_by_no_thread_of_a_live_process_is_reconciled(manual_app):
+    from ductwork.fleet.supervisor import RECONCILE_GRACE_S, reconcile
+
+    run = _halted_with_owed_hook(manual_app)
+    live = register(manual_app, role="job_worker", label="w")
+    claimed = claim_hook(manual_app, live)
+    assert claimed is not None
+    assert reconcile(manual_app, live, {claimed.hook_id}) == 0  # a thread holds it: left alone
+    manual_app.clock.advance(timedelta(seconds=RECONCILE_GRACE_S + 1))
+    assert reconcile(manual_app, live, set()) == 1  # [INV-HLT-2] no thread holds it: crashed, re-run
+    [hook] = hooks(manual_app, run.id)
+    assert (hook.status, hook.crash_count, hook.process_id) == ("pending", 1, None)
+
+
+def test_an_orphaned_hook_claim_is_swept(manual_app):
+    from ductwork.fleet.reaper import sweep_orphans
+
+    run = _halted_with_owed_hook(manual_app)
+    ghost = register(manual_app, role="ghost", label="ghost")
+    assert claim_hook(manual_app, ghost) is not None
+    with manual_app.begin() as tx:  # its row vanished (a reap that raced the claim)
+        tx.execute(schema.processes.delete().where(schema.processes.c.id == ghost))
+    assert hooks(manual_app, run.id)[0].process_id is None
+    assert sweep_orphans(manual_app) == 0  # not three reaper timeouts old yet
+    manual_app.clock.advance(timedelta(seconds=3 * manual_app.config.supervisor.reaper_timeout + 1))
+    assert sweep_orphans(manual_app) == 1  # [INV-HLT-2]
+    assert hooks(manual_app, run.id)[0].status == "pending"
