@@ -216,6 +216,11 @@ MUTANTS: dict[str, Mutant] = {
         (("retry_count < config.max_retry_for(pipeline, klass):  # [INV-HLT-2] budget",
           "True:  # mutant: no budget"),),
     ),
+    "hook_crashes_forever": Mutant(
+        "a crashing on_halt handler is re-run whatever its crash budget: its hook never ends [INV-HLT-2]",
+        "a hook's crash budget (`max_crash` for its pipeline and handler) [INV-HLT-2]",
+        (("crash_count < max_crash:  # [INV-HLT-2] budget", "True:  # mutant: no budget"),),
+    ),
     "hook_not_reaped": Mutant(
         "the reaper leaves a dead worker's on_halt hook running: it is never re-run [INV-HLT-2]",
         "the reaper crashes the hooks a dead process held [INV-HLT-2]",

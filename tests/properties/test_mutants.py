@@ -34,6 +34,8 @@ CONFORMANCE = "tests/properties/test_conformance_limits.py::test_limits_engine_a
 RACE = "tests/integration/test_lock_races.py::test_racing_claims_on_a_key_serialise_on_its_lock[postgresql]"
 HOOK_STALE = ("tests/integration/test_halt_hooks.py::"
               "test_a_stale_claim_records_nothing_and_the_reaper_re_runs_the_hook[sqlite]")
+HOOK_CONFORMANCE = ("tests/properties/test_conformance_pipelines.py::"
+                    "test_engine_hooks_end_where_the_model_hooks_end[sqlite]")
 DETECTORS = {
     "no_stamp": CONFORMANCE,
     "no_clamp": CONFORMANCE,
@@ -64,8 +66,8 @@ DETECTORS = {
     "hook_not_owed": "tests/integration/test_halt_hooks.py::test_a_halted_run_gets_one_hook_with_its_halt[sqlite]",
     "hook_fence_dropped": HOOK_STALE,
     "hook_claims_running": HOOK_STALE,
-    "hook_retries_forever":
-        "tests/properties/test_conformance_pipelines.py::test_engine_hooks_end_where_the_model_hooks_end[sqlite]",
+    "hook_retries_forever": HOOK_CONFORMANCE,
+    "hook_crashes_forever": HOOK_CONFORMANCE,
     "hook_not_reaped":
         "tests/integration/test_halt_hook_faults.py::test_hook_checkpoint[sqlite-after_hook_claim-kill]",
 }
@@ -82,6 +84,8 @@ def detector_label(mutant: str) -> str:
         return "the same race test"
     if detector == HOOK_STALE and mutant != "hook_fence_dropped":
         return "the same stale-claim test"
+    if detector == HOOK_CONFORMANCE:
+        return "pipeline hook conformance, SQLite"
     return f"`{detector.split('/')[-1]}`"
 
 
