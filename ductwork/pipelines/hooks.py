@@ -123,22 +123,23 @@ def claim_hook(app: App, process_id: str) -> ClaimedHook | None:
     worker claimed it first). The claim is a conditional UPDATE from ``pending``, checked
     by rowcount, that sets a fresh ``claim_token``: the fence of this attempt's record."""
     with app.begin() as tx:
+        # the hook row alone is locked (no join: the halted run's row stays free)
         row = tx.execute(dialects.for_update(
-            sa.select(_h.c.id, _h.c.run_id, _h.c.klass, _h.c.retry_count, _h.c.crash_count, _r.c.pipeline_klass)
-            .join(_r, _r.c.id == _h.c.run_id)
+            sa.select(_h.c.id, _h.c.run_id, _h.c.klass, _h.c.retry_count, _h.c.crash_count)
             .where(_h.c.status == "pending",  # [INV-HLT-1] a running or final hook is not claimable
                    _h.c.eligible_at <= tx.now)
             .order_by(_h.c.eligible_at, _h.c.id).limit(1), tx.conn, skip_locked=True)).first()
         if row is None:
             return None
+        pipeline: str = tx.execute(sa.select(_r.c.pipeline_klass).where(_r.c.id == row.run_id)).scalar_one()
         token = new_id()
         claimed = tx.execute(_h.update().where(_h.c.id == row.id, _h.c.status == "pending")  # [INV-HLT-1]
                              .values(status="running", claim_token=token, claimed_at=tx.now,
                                      process_id=process_id, updated_at=tx.now))
         if claimed.rowcount != 1:
             return None
-        halt = halt_of(tx, row.run_id, row.pipeline_klass)
-    return ClaimedHook(row.id, row.run_id, row.klass, row.pipeline_klass, token, process_id,
+        halt = halt_of(tx, row.run_id, pipeline)
+    return ClaimedHook(row.id, row.run_id, row.klass, pipeline, token, process_id,
                        row.retry_count, row.crash_count, halt)
 
 
