@@ -100,10 +100,14 @@ class HaltHooksModelMachine(RuleBasedStateMachine):
             return  # failed by its crash budget, or backing off
         fresh = self.model.claim_hook(hook_id)
         before = self.model.snapshot()
-        with pytest.raises(StaleClaim):
+        try:
             self.model.run_hook(hook_id, stale, HOOK_OUTCOMES[how])
-        assert self.model.snapshot() == before, f"[INV-HLT-1] a stale record on {hook_id} changed state"
-        self.model.run_hook(hook_id, fresh, success(None))
+        except StaleClaim:
+            assert self.model.snapshot() == before, f"[INV-HLT-1] a stale record on {hook_id} changed state"
+            self.model.run_hook(hook_id, fresh, success(None))
+        else:  # the invariant names what went wrong; failing here too keeps a broken model red
+            INVARIANT_FUNCTIONS["INV-HLT-1"](self.model)
+            raise AssertionError(f"[INV-HLT-1] hook {hook_id}: a stale token {stale} recorded an attempt")
 
     @precondition(lambda self: self.model.runnable_hooks())
     @rule(data=st.data())
@@ -125,12 +129,12 @@ class HaltHooksModelMachine(RuleBasedStateMachine):
         if hasattr(self, "model"):
             self.model.drive(self.oracle, max_actions=5_000)
             assert self.model.is_quiescent()
+            check_all(self.model)
             for run in self.model.runs.values():
                 if run.status == "halted":
                     hook = self.model.hook_of(run.id)
-                    assert hook is not None, run.id
-                    assert hook.status in ("succeeded", "failed"), run.id
-            check_all(self.model)
+                    assert hook is not None, f"[INV-HLT-2] halted run {run.id} owes no hook"
+                    assert hook.status in ("succeeded", "failed"), f"[INV-HLT-2] hook {hook.id} is {hook.status}"
 
     @invariant()
     def inv_hlt_1_hook_outcome_once(self):
