@@ -59,6 +59,12 @@ DURING_JOB_EXECUTION = "during_job_execution"
 AFTER_JOB_COMMIT = "after_job_commit"
 # Reaper
 DURING_REAP = "during_reap"
+# on_halt hooks (issue 16)
+BETWEEN_HALT_AND_HOOK = "between_halt_and_hook"
+AFTER_HOOK_CLAIM = "after_hook_claim"
+IN_HOOK_COMMIT = "in_hook_commit"
+#: the checkpoints only a halting run with an on_halt handler passes
+HOOK_CHECKPOINTS = (BETWEEN_HALT_AND_HOOK, AFTER_HOOK_CLAIM, IN_HOOK_COMMIT)
 
 CHECKPOINTS = (
     AFTER_BRANCH_CANDIDATE_SELECT,
@@ -80,6 +86,7 @@ CHECKPOINTS = (
     DURING_JOB_EXECUTION,
     AFTER_JOB_COMMIT,
     DURING_REAP,
+    *HOOK_CHECKPOINTS,
 )
 ACTIONS = ("kill", "exit", "raise", "sleep", "wait")
 

@@ -241,6 +241,30 @@ def branch_halted(logger: logging.Logger, *, run_id: str, pipeline: str, branch_
          context, traceback)
 
 
+def hook_ended(logger: logging.Logger, *, run_id: str, pipeline: str, hook: str, hook_id: str, attempt: int,
+               outcome: str, status: str, next_at: datetime | None, budget: int, error: str,
+               error_message: str, traceback: str | None) -> None:
+    """One WARNING for an ``on_halt`` hook attempt that did not succeed, after its commit.
+
+    ``on_halt hook failed: builtins.ValueError: boom; retry 1 of 3 at … (run_id=… pipeline=…
+    hook=… hook_id=… attempt=0)``
+    """
+    crash = outcome == "process_crashed"
+    word = "re-run" if crash else "retry"
+    if status == "pending" and next_at is not None:
+        then = f"{word} {attempt + 1} of {budget} at {_at(next_at)}"
+    elif outcome == "invalid":
+        then = "not retried (it would end the same way): the hook failed"
+    else:
+        then = f"no {word} left ({'max_crash' if crash else 'max_retry'} {budget}): the hook failed"
+    context = {"run_id": run_id, "pipeline": pipeline, "hook": hook, "hook_id": hook_id, "attempt": attempt,
+               "outcome": outcome, "error": error, "next": word if status == "pending" else "failed",
+               "next_at": next_at.isoformat() if next_at is not None else None}
+    message = (f"on_halt hook {_VERBS.get(outcome, outcome)}: {error}: {error_message}; {then} "
+               f"({_fields(context)})")
+    emit(logger, logging.WARNING, message, context, traceback)
+
+
 def advancement_failed(logger: logging.Logger, *, run_id: str, branch_id: str, node: str, step_id: str, error: str,
                        error_message: str, then: str, next_: str, traceback: str | None) -> None:
     """One WARNING for an error while advancing a branch that did not halt it (the

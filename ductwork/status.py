@@ -1,5 +1,5 @@
-"""What ``ductwork status`` reports: runs by state, processes (host, pid, heartbeat age),
-and each limit key.
+"""What ``ductwork status`` reports: runs by state, on_halt hooks by state (with the most
+recent failed ones), processes (host, pid, heartbeat age), and each limit key.
 
     >>> print(render(snapshot(app)))
 
@@ -11,7 +11,7 @@ skipped by every worker until then). Read-only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
 from typing import TYPE_CHECKING
@@ -25,6 +25,9 @@ from ductwork.limits import buckets
 
 if TYPE_CHECKING:
     from ductwork.app import App
+
+#: the most recent failed on_halt hooks ``ductwork status`` lists
+FAILED_HOOKS_SHOWN = 5
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ class Status:
     runs: dict[str, int]
     processes: list[ProcessStatus]
     keys: list[KeyStatus]
+    #: on_halt hooks by status (pending, running, succeeded, failed); empty: none owed ever
+    hooks: dict[str, int] = field(default_factory=dict)
+    #: the failed hooks: (run id, handler, last error class, last error message)
+    failed_hooks: list[tuple[str, str, str | None, str | None]] = field(default_factory=list)
 
 
 def snapshot(app: App) -> Status:
@@ -89,13 +96,25 @@ def snapshot(app: App) -> Status:
                 shown.append((rate.per_s, Fraction(level, rate.units_per_token), rate.burst))
             keys.append(KeyStatus(key, in_flight, pending, entry.concurrency if entry else None, shown,
                                   blocked, entry is not None))
-    return Status(now, runs, procs, keys)
+        h = schema.halt_hooks
+        hooks = {row.status: row.hooks for row in tx.execute(
+            sa.select(h.c.status, sa.func.count().label("hooks")).group_by(h.c.status))}
+        failed = [(row.run_id, row.klass, row.error_klass, row.error_message) for row in tx.execute(
+            sa.select(h.c.run_id, h.c.klass, h.c.error_klass, h.c.error_message)
+            .where(h.c.status == "failed").order_by(h.c.completed_at.desc()).limit(FAILED_HOOKS_SHOWN))]
+    return Status(now, runs, procs, keys, hooks, failed)
 
 
 def render(status: Status) -> str:
     lines = [f"database time {status.now.isoformat(sep=' ')} UTC", "", "runs:"]
     for state in ("in_progress", "dampened", "completed", "halted"):
         lines.append(f"  {state:<12} {status.runs.get(state, 0)}")
+    if status.hooks:  # only once some run owed an on_halt hook
+        lines += ["", "on_halt hooks:"]
+        for state in ("pending", "running", "succeeded", "failed"):
+            lines.append(f"  {state:<12} {status.hooks.get(state, 0)}")
+        for run_id, klass, error, message in status.failed_hooks:
+            lines.append(f"  failed: run {run_id} {klass}: {error}: {message}")
     lines += ["", "processes:"]
     if not status.processes:
         lines.append("  (none)")

@@ -6,7 +6,8 @@
     'completed'
 
 :func:`drain` alternates an advancer and a worker in the calling thread until
-every run is completed, halted or dampened. When nothing is runnable but work is
+every run is completed, halted or dampened and every ``on_halt`` hook owed has its
+outcome (the worker runs due hooks). When nothing is runnable but work is
 waiting on time (``delay=``, retry or crash back-off, a rate limit's next token),
 it waits that time out: with a :class:`~ductwork.db.clock.ManualClock` it moves the
 clock to the next eligible moment; with ``skip_delays=True`` it moves an
@@ -31,6 +32,7 @@ from ductwork.errors import ConfigError, DrainTimeout
 from ductwork.fleet.processes import heartbeat
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
+from ductwork.pipelines.hooks import next_hook_at, open_hooks
 
 if TYPE_CHECKING:
     from ductwork.app import App, Tx
@@ -43,9 +45,10 @@ _ACTIVE = ("in_progress", "advancing", "dampened")
 
 
 def _unsettled(app: App) -> bool:
+    """A run in progress, or an on_halt hook owed without its outcome yet."""
     with app.begin(readonly=True) as tx:
         return tx.execute(sa.select(schema.runs.c.id).where(schema.runs.c.status == "in_progress")
-                          .limit(1)).first() is not None
+                          .limit(1)).first() is not None or open_hooks(tx)
 
 
 def _next_wake(app: App) -> tuple[datetime | None, datetime]:
@@ -65,6 +68,9 @@ def _wake_moments(app: App) -> tuple[datetime | None, datetime | None, datetime]
         eligible = tx.execute(sa.select(sa.func.min(e.c.eligible_at))
                               .where(e.c.claimed_at.is_(None), e.c.eligible_at > now)).scalar()
         blocked = tx.execute(sa.select(sa.func.min(k.c.blocked_until)).where(k.c.blocked_until > now)).scalar()
+        hook = next_hook_at(tx)
+    if hook is not None and (eligible is None or hook < eligible):
+        eligible = hook  # a backed-off on_halt hook waits like an execution
     return eligible, blocked, now
 
 

@@ -62,6 +62,8 @@ __all__ = [
     "inv_exe_2_outcome_once",
     "inv_exe_3_idempotency_keys",
     "inv_exe_4_budgets",
+    "inv_hlt_1_hook_outcome_once",
+    "inv_hlt_2_halted_run_gets_its_hook",
     "inv_lim_1_in_flight_within_concurrency",
     "inv_lim_2_rate_window",
     "inv_lim_2_rate_windows_of",
@@ -641,6 +643,86 @@ def inv_ctx_1_set_once(model: PipelinesModel) -> None:
             _fail("INV-CTX-1", f"run {run.id} context keys {sorted(run.context)} disagree with accepted writes")
 
 
+def inv_hlt_1_hook_outcome_once(model: PipelinesModel) -> None:
+    """A halted run's ``on_halt`` outcome is recorded exactly once: at most one hook per run,
+    only for a halted run whose definition names a handler; a final hook (``succeeded`` or
+    ``failed``) has exactly one recorded outcome, equal to its status, and an open one none;
+    and every recorded attempt was fenced by the hook's current claim token (a record with
+    a token that is not the latest claim's, or a second record with one token, is a
+    stale claimer writing)."""
+    per_run = Counter(hook.run_id for hook in model.hooks.values())
+    for run_id, count in per_run.items():
+        if count > 1:
+            _fail("INV-HLT-1", f"run {run_id} has {count} hooks")
+    for hook in model.hooks.values():
+        run = model.runs[hook.run_id]
+        if run.status != "halted" or run.definition.on_halt != hook.klass:
+            _fail("INV-HLT-1", f"hook {hook.id} of run {run.id} ({run.status}, on_halt "
+                  f"{run.definition.on_halt!r}) names {hook.klass!r}")
+    recorded = Counter(hook_id for hook_id, _ in model.hook_outcomes)
+    last = dict(model.hook_outcomes)
+    for hook in model.hooks.values():
+        final = hook.status in ("succeeded", "failed")
+        if recorded[hook.id] != (1 if final else 0):
+            _fail("INV-HLT-1", f"hook {hook.id} is {hook.status} with {recorded[hook.id]} recorded outcomes")
+        if final and last[hook.id] != hook.status:
+            _fail("INV-HLT-1", f"hook {hook.id} is {hook.status} but recorded {last[hook.id]}")
+    claimed: dict[str, int | None] = {}
+    for kind, hook_id, token in model.hook_log:
+        if kind == "claim":
+            claimed[hook_id] = token
+        elif claimed.get(hook_id) != token:
+            _fail("INV-HLT-1", f"hook {hook_id}: an attempt recorded with token {token}, "
+                  f"not its claim {claimed.get(hook_id)}")
+        else:
+            claimed[hook_id] = None  # one record per claim
+
+
+def inv_hlt_2_halted_run_gets_its_hook(model: PipelinesModel) -> None:
+    """Every halted run whose definition names an ``on_halt`` handler owes its hook from the
+    halt on, and the hook is delivered within its budgets: each attempt follows from the
+    last (a failure retries after ``retry_delay`` while ``retry_count < max_retry``, a crash
+    re-runs, at once for the first ``max_crash // 3``, while ``crash_count < max_crash``),
+    it ends ``succeeded`` after a success and ``failed`` only when the budget is spent or
+    the handler cannot be built (``invalid``); a quiescent model has no hook left open."""
+    cfg = model.config
+    for run in model.runs.values():
+        if run.status == "halted" and run.definition.on_halt is not None and model.hook_of(run.id) is None:
+            _fail("INV-HLT-2", f"halted run {run.id} owes no hook to {run.definition.on_halt!r}")
+    for hook in model.hooks.values():
+        retry = crash = 0
+        for i, kind in enumerate(hook.attempts):
+            last = i == len(hook.attempts) - 1
+            if kind == "success":
+                if not last or hook.status != "succeeded":
+                    _fail("INV-HLT-2", f"hook {hook.id}: attempt {i} succeeded, then {hook.attempts[i + 1:]} "
+                          f"({hook.status})")
+                continue
+            spent = (kind == "invalid" or (kind in ("failure", "timed_out") and retry >= cfg.max_retry)
+                     or (kind == "process_crashed" and crash >= cfg.max_crash))
+            if spent and (not last or hook.status != "failed"):
+                _fail("INV-HLT-2", f"hook {hook.id}: attempt {i} ({kind}) spent its budget "
+                      f"{retry}/{crash}, yet it is {hook.status} after {len(hook.attempts)} attempts")
+            if not spent and last and hook.status == "failed":
+                _fail("INV-HLT-2", f"hook {hook.id} failed with budget left ({retry}/{crash}) after {kind}")
+            if spent:
+                continue
+            if kind == "process_crashed":
+                crash += 1
+                delay = 0 if crash <= cfg.max_crash // 3 else crash * cfg.crash_delay_us
+            else:
+                retry += 1
+                delay = cfg.retry_delay_us
+            if last and hook.status == "pending" and hook.eligible_at_us != hook.attempt_times[i] + delay:
+                _fail("INV-HLT-2", f"hook {hook.id} eligible at {hook.eligible_at_us}, expected "
+                      f"{hook.attempt_times[i] + delay}")
+        if (retry, crash) != (hook.retry_count, hook.crash_count):
+            _fail("INV-HLT-2", f"hook {hook.id} counts {hook.retry_count}/{hook.crash_count}, "
+                  f"attempts give {retry}/{crash}")
+    if model.is_quiescent() and model.open_hooks():
+        _fail("INV-HLT-2", f"hooks {model.open_hooks()} are open at quiescence")
+
+
 # =========================================================================== catalogue
 
 INVARIANT_FUNCTIONS: dict[str, Callable[[Any], None]] = {
@@ -660,6 +742,8 @@ INVARIANT_FUNCTIONS: dict[str, Callable[[Any], None]] = {
     "INV-EXE-4": inv_exe_4_budgets,
     "INV-RUN-1": inv_run_1_terminal_final,
     "INV-CTX-1": inv_ctx_1_set_once,
+    "INV-HLT-1": inv_hlt_1_hook_outcome_once,
+    "INV-HLT-2": inv_hlt_2_halted_run_gets_its_hook,
 }
 LIMITS_INVARIANTS = tuple(i for i in INVARIANT_FUNCTIONS if i.startswith("INV-LIM"))
 PIPELINE_INVARIANTS = tuple(i for i in INVARIANT_FUNCTIONS if not i.startswith("INV-LIM"))

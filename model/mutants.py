@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.limits import Bucket, LimitJob, LimitsModel, RateEntry, cap_units, next_token_us
-from model.pipelines import Branch, Execution, PipelinesModel
+from model.pipelines import Branch, Execution, HaltHook, PipelinesModel, Run
 
 __all__ = ["MUTANTS", "Mutant"]
 
@@ -107,6 +107,21 @@ class ContextOverwriteAllowed(PipelinesModel):
         return True
 
 
+class HookFenceDropped(PipelinesModel):
+    """A hook attempt is recorded whatever claim token its recorder holds."""
+
+    @staticmethod
+    def _hook_fence_ok(hook: HaltHook, token: int) -> bool:
+        return hook.status == "running"
+
+
+class HookNotOwed(PipelinesModel):
+    """The halting transaction owes no on_halt hook."""
+
+    def _owe_hook(self, run: Run) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One guard removed: ``model_class`` replaces the model of the ``machine`` noun."""
@@ -130,4 +145,6 @@ MUTANTS = (
     Mutant("crash_budget_off_by_one", "pipelines", CrashBudgetOffByOne, ("INV-EXE-4",)),
     Mutant("invalid_retried", "pipelines", InvalidRetried, ("INV-EXE-4",)),
     Mutant("context_overwrite_allowed", "pipelines", ContextOverwriteAllowed, ("INV-CTX-1",)),
+    Mutant("hook_fence_dropped", "hooks", HookFenceDropped, ("INV-HLT-1",)),
+    Mutant("hook_not_owed", "hooks", HookNotOwed, ("INV-HLT-2",)),
 )

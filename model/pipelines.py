@@ -13,7 +13,8 @@ interleave them: ``trigger``, ``run_execution``, ``claim_branch``, ``advance``,
 the batched ``advance_on_success(es)`` (a worker's success advancing its branch in
 its own transaction), ``claim_branches`` and ``advance_batch`` (an advancer's batch;
 each defined as the single operations one by one), ``advancer_error``,
-``advancer_crash``, ``resume``, ``context_set`` and ``advance_clock``.
+``advancer_crash``, ``resume``, ``context_set`` and ``advance_clock``; and the
+``on_halt`` hook a halted run owes (``claim_hook``, ``run_hook``, ``reap_hook``).
 ``drive(oracle)`` and the module-level ``run_to_quiescence`` run everything to
 quiescence deterministically and ``summary`` gives the comparable result.
 
@@ -53,6 +54,7 @@ __all__ = [
     "Branch",
     "Definition",
     "Execution",
+    "HaltHook",
     "Outcome",
     "PipelineConfig",
     "PipelinesModel",
@@ -64,6 +66,7 @@ __all__ = [
     "job_halt_reason",
     "render_key",
     "resolve_run_status",
+    "run_and_model",
     "run_to_quiescence",
     "success",
 ]
@@ -197,6 +200,9 @@ class Definition:
                 raise DefinitionError(f"edge from {name!r} targets an unknown node")
             if edge["type"] in FAN_IN and not isinstance(edge.get("barrier"), list):
                 raise DefinitionError(f"{edge['type']} from {name!r} lacks barrier")
+        on_halt = snapshot.get("on_halt")
+        if on_halt is not None and not (isinstance(on_halt, str) and on_halt):
+            raise DefinitionError(f"on_halt must be a class name, got {on_halt!r}")
         return cls(copy.deepcopy(dict(snapshot)))
 
     @property
@@ -215,6 +221,12 @@ class Definition:
     def limit_by(self, node: str) -> str | None:
         key: str | None = self.snapshot["nodes"][node].get("limit_by")
         return key
+
+    @property
+    def on_halt(self) -> str | None:
+        """The handler class a halted run of this definition owes a hook to; None: no hook."""
+        klass: str | None = self.snapshot.get("on_halt")
+        return klass
 
 
 @dataclass(frozen=True)
@@ -265,6 +277,34 @@ class Execution:
         """An ``invalid`` execution because the return value cannot be stored: it would
         recur, so it is never retried and its branch halts ``step_return_invalid`` (semantics §4)."""
         return self.outcome == "invalid" and (self.error or "").startswith("StepReturnError")
+
+
+@dataclass
+class HaltHook:
+    """The ``on_halt`` hook a halted run owes: one per halted run [INV-HLT-1], created by
+    the transaction that halts the run, then claimed and run like an execution.
+
+    ``status``: pending | running | succeeded | failed (``succeeded`` and ``failed`` are
+    final: the recorded outcome). ``claim_token`` is the fence of the current claim
+    (None unless running); ``attempts`` the outcome of every attempt, in order;
+    ``completed_at_us`` of each attempt in ``attempt_times``. The idempotency key the
+    handler sees is the hook's id: equal across its attempts, distinct across runs.
+    """
+
+    id: str
+    run_id: str
+    klass: str
+    eligible_at_us: int
+    status: str = "pending"
+    retry_count: int = 0
+    crash_count: int = 0
+    claim_token: int | None = None
+    attempts: list[str] = field(default_factory=list)
+    attempt_times: list[int] = field(default_factory=list)
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.id
 
 
 @dataclass
@@ -403,6 +443,8 @@ class RunSummary:
 # --------------------------------------------------------------------------- the model
 
 Oracle = Callable[[str, list[Any], int], Outcome]
+#: ``hook_oracle(run_id, attempt) -> Outcome``: how an on_halt hook's attempt ends
+HookOracle = Callable[[str, int], Outcome]
 
 
 @dataclass
@@ -434,6 +476,12 @@ class PipelinesModel:
     fence_log: list[tuple[str, str, int]] = field(default_factory=list)
     outcomes: list[tuple[int, str]] = field(default_factory=list)
     context_writes: list[ContextWrite] = field(default_factory=list)
+    #: the on_halt hooks owed, by id [INV-HLT-1]
+    hooks: dict[str, HaltHook] = field(default_factory=dict)
+    #: ``(hook_id, final status)`` each time a hook's final outcome was recorded [INV-HLT-1]
+    hook_outcomes: list[tuple[str, str]] = field(default_factory=list)
+    #: ``(kind, hook_id, token)`` for every hook claim and fenced record [INV-HLT-1]
+    hook_log: list[tuple[str, str, int]] = field(default_factory=list)
     _ids: Counter[str] = field(default_factory=Counter)
 
     # ----------------------------------------------------------------- clock
@@ -470,8 +518,30 @@ class PipelinesModel:
         return sorted(self.claimable_branches() + held, key=self._id_order)
 
     def is_quiescent(self) -> bool:
-        """Nothing pending (now or later) and nothing to advance: only resume can change the state."""
-        return not self.pending_executions() and not self.advanceable_branches()
+        """Nothing pending (now or later), nothing to advance and no hook owed: only resume
+        can change the state."""
+        return not self.pending_executions() and not self.advanceable_branches() and not self.open_hooks()
+
+    def runnable_hooks(self) -> list[str]:
+        """Pending hooks with ``eligible_at <= now``, by ``(eligible_at, id)``."""
+        return [h.id for h in self._pending_hooks() if h.eligible_at_us <= self.now_us]
+
+    def open_hooks(self) -> list[str]:
+        """Hooks whose outcome is not recorded yet (pending or running)."""
+        return [h.id for h in self.hooks.values() if h.status in ("pending", "running")]
+
+    def hook_of(self, run_id: str) -> HaltHook | None:
+        """The hook the run owes (or owed), if any."""
+        return next((h for h in self.hooks.values() if h.run_id == run_id), None)
+
+    def hook_summary(self, run_id: str) -> dict[str, Any] | None:
+        """The run's hook in engine-independent terms: its status, counters and the outcome
+        of each attempt (None: the run owes no hook)."""
+        hook = self.hook_of(run_id)
+        if hook is None:
+            return None
+        return {"klass": hook.klass, "status": hook.status, "retry_count": hook.retry_count,
+                "crash_count": hook.crash_count, "attempts": list(hook.attempts)}
 
     def execution_input(self, exec_id: int) -> tuple[str, list[Any], int]:
         """``(node, input args, attempt)`` of an execution, as an oracle receives them."""
@@ -743,6 +813,72 @@ class PipelinesModel:
         self._resolve(run)
         return resumed
 
+    # ----------------------------------------------------------------- on_halt hooks
+
+    def claim_hook(self, hook_id: str) -> int:
+        """A worker claims a pending, eligible hook: it becomes ``running`` with a fresh claim
+        token, the fence of the outcome it will record. ``PreconditionError`` otherwise."""
+        hook = self.hooks.get(hook_id)
+        if hook is None or hook.status != "pending":
+            raise PreconditionError(f"hook {hook_id} is not pending")
+        if hook.eligible_at_us > self.now_us:
+            raise PreconditionError(f"hook {hook_id} is not eligible until {hook.eligible_at_us}")
+        hook.status, hook.claim_token = "running", self._next_token()
+        self.hook_log.append(("claim", hook_id, hook.claim_token))
+        return hook.claim_token
+
+    def run_hook(self, hook_id: str, token: int, outcome: Outcome) -> str:
+        """The claimer ran the handler and records how it ended, fenced by its token; returns
+        the hook's status afterwards.
+
+        A ``token`` that is not the hook's current claim (the reaper took it, another
+        worker re-claimed it) raises ``StaleClaim`` and records nothing [INV-HLT-1].
+        ``success`` ends the hook ``succeeded``; ``failure`` (or ``timed_out``) is retried
+        after ``retry_delay`` while ``retry_count < max_retry``, ``process_crashed`` (the
+        handler could not be built, the thread left) at once for the first
+        ``max_crash // 3`` crashes then backing off, while ``crash_count < max_crash``; an
+        ``invalid`` outcome (the class does not resolve) or a spent budget ends it
+        ``failed``. ``succeeded`` and ``failed`` are final: the recorded outcome.
+        """
+        hook = self.hooks.get(hook_id)
+        if hook is None or not self._hook_fence_ok(hook, token):  # [INV-HLT-1] the fence
+            raise StaleClaim(f"hook {hook_id}: token {token} is not its claim")
+        self.hook_log.append(("record", hook_id, token))
+        self._end_attempt(hook, outcome.kind)
+        return hook.status
+
+    def reap_hook(self, hook_id: str) -> str:
+        """The worker running ``hook_id`` died: the reaper crashes its claim (a re-run within
+        the crash budget, else ``failed``) [INV-HLT-2]; returns the status afterwards.
+        ``PreconditionError`` unless the hook is running."""
+        hook = self.hooks.get(hook_id)
+        if hook is None or hook.status != "running":
+            raise PreconditionError(f"hook {hook_id} is not running")
+        self._end_attempt(hook, "process_crashed")
+        return hook.status
+
+    def _end_attempt(self, hook: HaltHook, kind: str) -> None:
+        hook.attempts.append(kind)
+        hook.attempt_times.append(self.now_us)
+        hook.claim_token = None
+        cfg = self.config
+        if kind == "success":
+            final = "succeeded"
+        elif kind in ("failure", "timed_out") and hook.retry_count < cfg.max_retry:  # [INV-HLT-2] budget
+            hook.status, hook.retry_count = "pending", hook.retry_count + 1
+            hook.eligible_at_us = self.now_us + cfg.retry_delay_us
+            return
+        elif kind == "process_crashed" and hook.crash_count < cfg.max_crash:
+            hook.crash_count += 1
+            immediate = hook.crash_count <= cfg.max_crash // 3
+            hook.status = "pending"
+            hook.eligible_at_us = self.now_us + (0 if immediate else hook.crash_count * cfg.crash_delay_us)
+            return
+        else:
+            final = "failed"
+        hook.status = final
+        self.hook_outcomes.append((hook.id, final))
+
     # ----------------------------------------------------------------- context
 
     def context_set(self, run_id: str, key: str, value: Any, overwrite: bool = False) -> Any:
@@ -762,7 +898,7 @@ class PipelinesModel:
     # ----------------------------------------------------------------- driving
 
     def drive(self, oracle: Oracle, max_actions: int = 100_000, stop_after: int | None = None,
-              batch: int | None = None) -> int:
+              batch: int | None = None, hook_oracle: HookOracle | None = None, hooks: bool = True) -> int:
         """Run and advance everything to quiescence, deterministically; returns the action count.
 
         Each round makes one ``advance`` on every branch advanceable at its
@@ -777,9 +913,14 @@ class PipelinesModel:
         action): the batchable claimable branches through ``claim_branches`` and
         ``advance_batch``, the rest one by one, then the runnable executions through
         ``advance_on_successes`` (every outcome; successes advance inline).
+
+        Each round then claims and runs every runnable ``on_halt`` hook, its outcome
+        decided by ``hook_oracle(run_id, attempt)`` (default: success); a ``process_crashed``
+        outcome stands for the worker dying, so the hook is reaped (``reap_hook``).
+        ``hooks=False`` leaves the hooks to the caller (quiescence then ignores them).
         """
         if batch is not None:
-            return self._drive_batched(oracle, batch, max_actions)
+            return self._drive_batched(oracle, batch, max_actions, hook_oracle)
         actions = 0
         while True:
             progressed = False
@@ -795,10 +936,27 @@ class PipelinesModel:
                     return actions
                 self.run_execution(exec_id, oracle(*self.execution_input(exec_id)))
                 actions, progressed = actions + 1, True
-            if self._round_ended(progressed, actions, max_actions):
+            ran = self._drive_hooks(hook_oracle) if hooks else 0
+            actions, progressed = actions + ran, progressed or ran > 0
+            if self._round_ended(progressed, actions, max_actions, hooks):
                 return actions
 
-    def _drive_batched(self, oracle: Oracle, batch: int, max_actions: int) -> int:
+    def _drive_hooks(self, hook_oracle: HookOracle | None) -> int:
+        """Claim and run every runnable hook once; returns how many."""
+        done = 0
+        for hook_id in self.runnable_hooks():
+            hook = self.hooks[hook_id]
+            outcome = hook_oracle(hook.run_id, len(hook.attempts)) if hook_oracle else success(None)
+            token = self.claim_hook(hook_id)
+            if outcome.kind == "process_crashed":
+                self.reap_hook(hook_id)
+            else:
+                self.run_hook(hook_id, token, outcome)
+            done += 1
+        return done
+
+    def _drive_batched(self, oracle: Oracle, batch: int, max_actions: int,
+                       hook_oracle: HookOracle | None = None) -> int:
         actions = 0
         while True:
             progressed = False
@@ -815,17 +973,20 @@ class PipelinesModel:
                 chunk = runnable[start:start + batch]
                 self.advance_on_successes([(e, oracle(*self.execution_input(e))) for e in chunk])
                 actions, progressed = actions + 1, True
+            hooks = self._drive_hooks(hook_oracle)
+            actions, progressed = actions + hooks, progressed or hooks > 0
             if self._round_ended(progressed, actions, max_actions):
                 return actions
 
-    def _round_ended(self, progressed: bool, actions: int, max_actions: int) -> bool:
+    def _round_ended(self, progressed: bool, actions: int, max_actions: int, hooks: bool = True) -> bool:
         """After a round of ``drive``: True when nothing is pending; when the round did
         nothing, the clock jumps to the earliest ``eligible_at``."""
         if not progressed:
-            pending = self._pending()
-            if not pending:
+            waits = sorted([e.eligible_at_us for e in self._pending()]
+                           + [h.eligible_at_us for h in self._pending_hooks() if hooks])
+            if not waits:
                 return True
-            self.set_clock(pending[0].eligible_at_us)
+            self.set_clock(waits[0])
         if actions > max_actions:
             raise PreconditionError(f"no quiescence after {max_actions} actions")
         return False
@@ -851,7 +1012,7 @@ class PipelinesModel:
     def snapshot(self) -> bytes:
         """All state, serialised: equal snapshots mean a refused operation changed nothing."""
         return pickle.dumps((self.runs, self.branches, self.steps, self.executions, self.commits,
-                             self.fence_log, self.outcomes, self.now_us))
+                             self.fence_log, self.outcomes, self.now_us, self.hooks, self.hook_outcomes))
 
     # ----------------------------------------------------------------- hooks (mutants override)
 
@@ -872,6 +1033,15 @@ class PipelinesModel:
         return barrier.fanin_arrivals == barrier.fanout_width
 
     @staticmethod
+    def _hook_fence_ok(hook: HaltHook, token: int) -> bool:
+        """The hook's fence: it is running and its claim token is the caller's [INV-HLT-1]."""
+        return hook.status == "running" and hook.claim_token == token
+
+    def _hook_owed(self, run: Run) -> bool:
+        """Whether the run already owes a hook: one hook row per run [INV-HLT-1]."""
+        return any(h.run_id == run.id for h in self.hooks.values())
+
+    @staticmethod
     def _context_accepts(existed: bool, overwrite: bool) -> bool:
         """A plain set only creates; ``overwrite`` upserts [INV-CTX-1]."""
         return overwrite or not existed
@@ -890,6 +1060,10 @@ class PipelinesModel:
     def _id_order(ident: str) -> tuple[int, str]:
         digits = "".join(ch for ch in ident if ch.isdigit())
         return (int(digits or 0), ident)
+
+    def _pending_hooks(self) -> list[HaltHook]:
+        pending = [h for h in self.hooks.values() if h.status == "pending"]
+        return sorted(pending, key=lambda h: (h.eligible_at_us, self._id_order(h.id)))
 
     def _pending(self) -> list[Execution]:
         pending = [e for e in self.executions.values() if e.state == "pending"]
@@ -995,25 +1169,46 @@ class PipelinesModel:
         if status != run.status:
             run.status = status
             run.status_history.append(status)
+            if status == "halted":
+                self._owe_hook(run)
+
+    def _owe_hook(self, run: Run) -> None:
+        """The halt's own transaction records that the run owes its hook [INV-HLT-2]; at
+        most one per run [INV-HLT-1] (the engine's unique constraint on the run)."""
+        klass = run.definition.on_halt
+        if klass is None or self._hook_owed(run):  # [INV-HLT-1] one hook per run
+            return
+        hook = HaltHook(self._new_id("hook"), run.id, klass, self.now_us)
+        self.hooks[hook.id] = hook
 
 
 def run_to_quiescence(definition: Mapping[str, Any], args: Sequence[Any], oracle: Oracle,
                       config: PipelineConfig | None = None, resumes: Sequence[Any] = (),
                       batch: int | None = None) -> RunSummary:
+    """Trigger ``definition`` with ``args``, drive it with ``oracle`` until quiescent and
+    return ``summary(run)`` (:func:`run_and_model` without the model)."""
+    return run_and_model(definition, args, oracle, config, resumes, batch)[0]
+
+
+def run_and_model(definition: Mapping[str, Any], args: Sequence[Any], oracle: Oracle,
+                  config: PipelineConfig | None = None, resumes: Sequence[Any] = (),
+                  batch: int | None = None, hook_oracle: HookOracle | None = None,
+                  ) -> tuple[RunSummary, PipelinesModel, str]:
     """Trigger ``definition`` with ``args`` and drive it with ``oracle`` until quiescent.
 
     ``oracle(node, input_args, attempt) -> Outcome`` decides every execution
     (``attempt`` counts the step's earlier executions from 0). Each value in
     ``resumes`` (``NO_INPUT`` or an input) resumes the run once if it is left
-    dampened. ``batch``: drive with the batched operations (``drive(batch=…)``).
-    Returns ``summary(run)``.
+    dampened. ``batch``: drive with the batched operations (``drive(batch=…)``);
+    ``hook_oracle``: how the attempts of an ``on_halt`` hook end (``drive``).
+    Returns ``(summary(run), the model, the run's id)``.
     """
     model = PipelinesModel(config or PipelineConfig())
     run_id = model.trigger(definition, args)
-    model.drive(oracle, batch=batch)
+    model.drive(oracle, batch=batch, hook_oracle=hook_oracle)
     for value in resumes:
         if model.runs[run_id].status != "dampened":
             break
         model.resume(run_id, value)
-        model.drive(oracle, batch=batch)
-    return model.summary(run_id)
+        model.drive(oracle, batch=batch, hook_oracle=hook_oracle)
+    return model.summary(run_id), model, run_id

@@ -190,6 +190,43 @@ MUTANTS: dict[str, Mutant] = {
          ("_end_branches(tx, ending, _b.c.claim_token.is_(None))  # [INV-ADV-2] still free: locked above",
           "_end_branches(tx, ending, sa.true())  # mutant: held or not")),
     ),
+    # --- on_halt hooks (issue 16) ---
+    "hook_not_owed": Mutant(
+        "the halting transaction owes no on_halt hook: a halted run's handler never runs [INV-HLT-2]",
+        "the halt's own transaction writes the hook row [INV-HLT-2]",
+        (("owe_hooks(tx, ids)  # [INV-HLT-2] the halt's own transaction owes the on_halt hook",
+          "pass  # mutant: no hook owed"),),
+    ),
+    "hook_fence_dropped": Mutant(
+        "a hook attempt's record is not fenced by its claim token: a reaped claimer records over the "
+        "live attempt [INV-HLT-1]",
+        "a hook's record matches only its current claim token [INV-HLT-1]",
+        (("_h.c.claim_token == token)  # [INV-HLT-1] the claim's fence", "sa.true())  # mutant: any claim"),),
+    ),
+    "hook_claims_running": Mutant(
+        "a claim takes a hook that is running (or final) again: two attempts at once [INV-HLT-1]",
+        "a hook claim takes only a pending hook, and re-asserts it in its UPDATE [INV-HLT-1]",
+        (('.where(_h.c.status == "pending",  # [INV-HLT-1] a running or final hook is not claimable',
+          ".where(_h.c.status.is_not(None),  # mutant: any status"),
+         ('_h.c.status == "pending")  # [INV-HLT-1]', "sa.true())  # mutant")),
+    ),
+    "hook_retries_forever": Mutant(
+        "a failing on_halt handler is retried whatever its budget: its hook never ends [INV-HLT-2]",
+        "a hook's retry budget (`max_retry` for its pipeline and handler) [INV-HLT-2]",
+        (("retry_count < config.max_retry_for(pipeline, klass):  # [INV-HLT-2] budget",
+          "True:  # mutant: no budget"),),
+    ),
+    "hook_crashes_forever": Mutant(
+        "a crashing on_halt handler is re-run whatever its crash budget: its hook never ends [INV-HLT-2]",
+        "a hook's crash budget (`max_crash` for its pipeline and handler) [INV-HLT-2]",
+        (("crash_count < max_crash:  # [INV-HLT-2] budget", "True:  # mutant: no budget"),),
+    ),
+    "hook_not_reaped": Mutant(
+        "the reaper leaves a dead worker's on_halt hook running: it is never re-run [INV-HLT-2]",
+        "the reaper crashes the hooks a dead process held [INV-HLT-2]",
+        (("hooks = crash_hooks_of(app, tx, process_id)  # [INV-HLT-2] a dead worker's hook is re-run",
+          "hooks = []  # mutant: hooks left running"),),
+    ),
 }
 
 

@@ -192,3 +192,48 @@ class Approval(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Quick).dampen(before=Quick)
+
+
+# --------------------------------------------------------------------------- on_halt hooks (issue 16)
+
+#: the file each HaltRecorder attempt appends a line to (set by the test, read back by it)
+HOOK_LOG_ENV = "DUCTWORK_TEST_HOOK_LOG"
+
+
+class Refuse(Step):
+    """Always raises: with max_retry spent, its branch (and run) halts."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        raise ValueError(f"refused {self.n}")
+
+
+class HaltRecorder(Step):
+    """An on_halt handler: appends ``<idempotency_key> <run_id> <reasons>`` to the file named
+    by ``$DUCTWORK_TEST_HOOK_LOG`` (when set), so a test in another process sees every
+    attempt that ran, crashed ones included."""
+
+    def __init__(self, halt):
+        self.halt = halt
+
+    def execute(self):
+        import json
+        import os
+
+        path = os.environ.get(HOOK_LOG_ENV)
+        if path:
+            reasons = ",".join(r["reason"] for r in self.halt["halt_reasons"])
+            with open(path, "a") as out:
+                out.write(f"{self.idempotency_key} {self.halt['run_id']} {reasons} {json.dumps(self.halt)}\n")
+        return None
+
+
+class HaltingPipeline(Pipeline):
+    """start(Refuse): halts ``job_retries_exhausted`` once its retries are spent, and owes
+    its HaltRecorder hook."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Refuse).on_halt(HaltRecorder)

@@ -315,6 +315,41 @@ limit_buckets = sa.Table(
     sa.PrimaryKeyConstraint("key", "period_s", name="pk_limit_bucket"),
 )
 
+# --- on_halt hooks (issue 16): one self-contained block ---------------------------------
+halt_hooks = sa.Table(
+    "ductwork_halt_hooks",
+    metadata,
+    #: also the handler's idempotency_key: the same on every attempt [INV-HLT-1]
+    sa.Column("id", Id, primary_key=True),
+    sa.Column("run_id", Id, sa.ForeignKey("ductwork_runs.id"), nullable=False),
+    #: ``module:qualname`` of the handler (the run snapshot's ``on_halt``)
+    sa.Column("klass", Name, nullable=False),
+    #: pending | running | succeeded | failed (the last two are final: the recorded outcome)
+    sa.Column("status", sa.String(16), nullable=False),
+    #: not claimable before this time (retry and crash back-off)
+    sa.Column("eligible_at", Timestamp, nullable=False),
+    #: the fencing token of the current attempt's claim; NULL: not running [INV-HLT-1]
+    sa.Column("claim_token", Id, nullable=True),
+    sa.Column("claimed_at", Timestamp, nullable=True),  # NULL: not running
+    #: the claiming process; NULL: not running, or its process row was reaped (orphan sweep)
+    sa.Column(
+        "process_id", Id, sa.ForeignKey("ductwork_processes.id", ondelete="SET NULL"), nullable=True
+    ),
+    sa.Column("retry_count", sa.Integer, nullable=False),
+    sa.Column("crash_count", sa.Integer, nullable=False),
+    #: the last attempt's outcome: success | failure | invalid | process_crashed; NULL: none yet
+    sa.Column("last_outcome", sa.String(16), nullable=True),
+    sa.Column("error_klass", Name, nullable=True),  # NULL: no attempt has failed
+    sa.Column("error_message", sa.String(255), nullable=True),
+    sa.Column("error_backtrace", LongText, nullable=True),
+    sa.Column("completed_at", Timestamp, nullable=True),  # NULL: no outcome recorded yet
+    *_timestamps(),
+    # [INV-HLT-1] one hook per run: a halted run's outcome is recorded exactly once
+    sa.UniqueConstraint("run_id", name="uq_halt_hook_run"),
+    sa.Index("ix_halt_hook_due", "status", "eligible_at"),
+    sa.Index("ix_halt_hook_process", "process_id"),
+)
+
 #: Tables the limits feature needs (boot validation names the missing ones).
 LIMIT_TABLES = ("ductwork_limit_keys", "ductwork_limit_buckets")
 
@@ -328,4 +363,5 @@ CONSTRAINT_COLUMNS = {
     "uq_execution_open_per_job": ("ductwork_executions", ("open_job_id",)),
     "uq_advancement_open_per_branch": ("ductwork_advancements", ("open_branch_id",)),
     "uq_process_host_pid_label": ("ductwork_processes", ("machine_identifier", "pid", "label")),
+    "uq_halt_hook_run": ("ductwork_halt_hooks", ("run_id",)),
 }

@@ -9,7 +9,8 @@ A process whose heartbeat (database time) is older than
 held and deletes its row, in one transaction: each open execution is crashed
 (re-run or failed by the crash budget) and each open advancement closed as a
 crash with its branch released, token-guarded, so a fresh advancer re-runs the
-transition from scratch [INV-EXE-1]. It is idempotent: of several supervisors
+transition from scratch [INV-EXE-1], and each ``on_halt`` hook it was running crashed
+(re-run within the crash budget) [INV-HLT-2]. It is idempotent: of several supervisors
 racing, one reaps and the rest find nothing.
 
 Locks are taken in the order every other transaction uses (limit keys, then
@@ -34,6 +35,7 @@ from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.limits.executions import crash_in, lock_key, record_crash
 from ductwork.pipelines.advance import PROCESS_CRASH, release_advancement
+from ductwork.pipelines.hooks import crash_hooks_of, log_ended
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -87,6 +89,7 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
             crashed.append(crash_in(app, tx, row.id, process_id, PROCESS_CRASH, "Reaped from a dead process"))
         for row in advancements:
             release_advancement(tx, row.id, row.branch_id, row.claim_token, "Reaped from a dead process")
+        hooks = crash_hooks_of(app, tx, process_id)  # [INV-HLT-2] a dead worker's hook is re-run
         faults.hit(faults.DURING_REAP)
         # Deleting the row nullifies process_id on claims that raced in after our read;
         # they are the orphan sweep's.
@@ -94,6 +97,7 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
     for event in crashed:  # committed: now they may be told
         if event is not None:
             logs.step_ended(log, event)
+    log_ended(hooks)
     # (a process removing its own row at a clean stop recovers nothing: not worth an INFO line)
     log.log(logging.INFO if executions or advancements else logging.DEBUG,
             "reaped process %s: %d executions, %d advancements", process_id, len(executions), len(advancements))
@@ -115,5 +119,7 @@ def sweep_orphans(app: App) -> int:
         ).all()
         for row in advancements:
             release_advancement(tx, row.id, row.branch_id, row.claim_token, "Orphaned claim swept")
+        hooks = crash_hooks_of(app, tx, None, threshold)
+    log_ended(hooks)
     swept = sum(record_crash(app, eid, None, ORPHANED, "Orphaned claim swept") for eid in executions)
-    return swept + len(advancements)
+    return swept + len(advancements) + len(hooks)

@@ -249,15 +249,16 @@ def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONC
     acknowledgement did not (a killed connection), or when a thread's cleanup could
     not reach the database: the process lives, so no reaper would ever take them.
     Claims younger than ``grace_s`` are left alone (their thread may not have
-    registered them yet). Executions are crashed (re-run within the crash budget),
-    advancements closed and their branches released, token-guarded.
+    registered them yet). Executions and on_halt hooks are crashed (re-run within the
+    crash budget), advancements closed and their branches released, token-guarded.
     """
     from datetime import timedelta
 
     from ductwork.limits.executions import record_crash
     from ductwork.pipelines.advance import release_advancement
+    from ductwork.pipelines.hooks import crash_hooks_of, log_ended
 
-    e, a = schema.executions, schema.advancements
+    e, a, h = schema.executions, schema.advancements, schema.halt_hooks
     with app.begin() as tx:
         before = tx.now - timedelta(seconds=grace_s)
         executions = [i for i in tx.execute(sa.select(e.c.id).where(
@@ -268,11 +269,16 @@ def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONC
             if row.id not in held]
         for row in advancements:
             release_advancement(tx, row.id, row.branch_id, row.claim_token, "Claim held by no thread of its process")
+        hooks = [row.id for row in tx.execute(sa.select(h.c.id).where(
+            h.c.process_id == process_id, h.c.status == "running", h.c.claimed_at <= before)) if row.id not in held]
+        crashed_hooks = crash_hooks_of(app, tx, process_id, only=hooks) if hooks else []
+    log_ended(crashed_hooks)
     recovered = sum(record_crash(app, i, process_id, "ductwork.AbandonedClaim",
                                  "claim held by no thread of its process") for i in executions)
-    if recovered or advancements:
-        log.warning("reconciled %d executions and %d advancements held by no thread", recovered, len(advancements))
-    return recovered + len(advancements)
+    if recovered or advancements or crashed_hooks:
+        log.warning("reconciled %d executions, %d advancements and %d on_halt hooks held by no thread",
+                    recovered, len(advancements), len(crashed_hooks))
+    return recovered + len(advancements) + len(crashed_hooks)
 
 
 # --------------------------------------------------------------------------- supervisor

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from ductwork import faults
 from ductwork.db.dialects import retry_transient
 from ductwork.errors import CommitFailed, StepReturnError
+from ductwork.fleet.hooks import run_due_hook
 from ductwork.fleet.invoke import (
     BuildFailed,
     ChildStepError,
@@ -83,6 +84,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ductwork.execute")
 
 ABANDONED = "ductwork.AbandonedClaim"
+#: how often a busy worker polls for a due on_halt hook, at most (an idle one polls each time)
+HOOK_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -309,6 +312,9 @@ class Worker:
         self.next_token_s: float | None = None
         #: the execution this worker is performing
         self.current: str | None = None
+        #: the on_halt hook this worker is running (ductwork.fleet.hooks)
+        self.current_hook: str | None = None
+        self._next_hook_poll = 0.0
 
     @property
     def process_id(self) -> str:
@@ -322,7 +328,19 @@ class Worker:
         current = self.current
         if current is not None:
             held.add(current)
+        hook = self.current_hook
+        if hook is not None:
+            held.add(hook)
         return held
+
+    def _hook(self) -> Performed | None:
+        """Run one due on_halt hook (``fleet.hooks``); at most one poll a second while busy."""
+        self._next_hook_poll = time.monotonic() + HOOK_POLL_S
+        done = run_due_hook(self.app, self.process_id, self._holding_hook)
+        return None if done is None else Performed(done.hook_id, "on_halt", done.outcome)
+
+    def _holding_hook(self, hook_id: str | None) -> None:
+        self.current_hook = hook_id
 
     def run_once(self) -> Performed | None:
         """Claim and run one execution (or one batch), then every execution its
@@ -334,11 +352,16 @@ class Worker:
             self._flush()  # successes left unrecorded when an exception left the last call
         if not self._queue and self._inbox is not None and (given := self._inbox.take()) is not None:
             self._queue.append(given)
+        polled = False
+        if not self._queue and not self._group and time.monotonic() >= self._next_hook_poll:
+            polled = True  # busy or not, a halted run's hook waits at most a second for a poll
+            if (hooked := self._hook()) is not None:
+                return hooked
         if not self._queue:
             self._claim()
         if not self._queue:
             self.next_token_s = seconds_to_next_token(self.app)
-            return None
+            return None if polled else self._hook()  # idle: an owed hook is the work
         performed = None
         try:
             while self._queue:

@@ -111,8 +111,11 @@ def in_main_module(ref: str) -> bool:
 
 
 def main_module_refs(definition: Definition) -> list[str]:
-    """The pipeline's and the nodes' class references that live in ``__main__``, in order."""
+    """The pipeline's, the nodes' and the on_halt handler's class references that live in
+    ``__main__``, in order."""
     refs = [definition.pipeline, *(node.klass for node in definition.nodes.values())]
+    if definition.on_halt is not None:
+        refs.append(definition.on_halt)
     return [ref for ref in dict.fromkeys(refs) if in_main_module(ref)]
 
 
@@ -249,16 +252,24 @@ class Definition:
     nodes: dict[str, NodeSpec]
     #: the outgoing edge of each non-leaf node, in node order
     edges: dict[str, EdgeSpec]
+    #: ``"module:qualname"`` of the ``on_halt`` handler (a Step subclass); None: no hook
+    on_halt: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The format-1 snapshot: plain dicts, lists, strs, ints and None; deterministic order."""
-        return {
+        """The format-1 snapshot: plain dicts, lists, strs, ints and None; deterministic order.
+
+        ``on_halt`` is written only when a handler is declared, so a definition without
+        one has the snapshot (and the digest) it had before hooks existed."""
+        out: dict[str, Any] = {
             "format": FORMAT,
             "pipeline": self.pipeline,
             "start": self.start,
             "nodes": {name: node.to_json() for name, node in self.nodes.items()},
             "edges": {name: edge.to_json() for name, edge in self.edges.items()},
         }
+        if self.on_halt is not None:
+            out["on_halt"] = self.on_halt
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> Definition:
@@ -278,6 +289,8 @@ class Definition:
 
 
 _SNAPSHOT_KEYS = {"format", "pipeline", "start", "nodes", "edges"}
+#: keys a snapshot may add (absent from every snapshot written before they existed)
+_OPTIONAL_KEYS = {"on_halt"}
 _NODE_KEYS = {"klass", "delay_us", "timeout_us", "limit_by"}
 
 
@@ -302,8 +315,12 @@ class _SnapshotReader:
         self.check(isinstance(data, dict), f"expected a JSON object, got {type(data).__name__}")
         self.check(type(data.get("format")) is int and data["format"] == FORMAT,
                    f"format={data.get('format')!r}: only format {FORMAT} is understood")
-        self.check(set(data) == _SNAPSHOT_KEYS,
-                   f"expected keys {sorted(_SNAPSHOT_KEYS)}, got {sorted(data)}")
+        self.check(_SNAPSHOT_KEYS <= set(data) <= _SNAPSHOT_KEYS | _OPTIONAL_KEYS,
+                   f"expected keys {sorted(_SNAPSHOT_KEYS)} (and optionally {sorted(_OPTIONAL_KEYS)}), "
+                   f"got {sorted(data)}")
+        on_halt = data.get("on_halt")
+        self.check(on_halt is None or (isinstance(on_halt, str) and ":" in on_halt),
+                   f"on_halt must be 'module:qualname', got {on_halt!r}")
         self.check(isinstance(data["pipeline"], str) and ":" in data["pipeline"],
                    f"pipeline must be 'module:qualname', got {data['pipeline']!r}")
         self.check(isinstance(data["nodes"], dict) and bool(data["nodes"]),
@@ -313,7 +330,7 @@ class _SnapshotReader:
                    f"start {data['start']!r} is not a node")
         self.check(isinstance(data["edges"], dict), "edges must be an object")
         edges = {name: self.edge(name, raw, nodes) for name, raw in data["edges"].items()}
-        return Definition(data["pipeline"], data["start"], nodes, edges)
+        return Definition(data["pipeline"], data["start"], nodes, edges, on_halt)
 
     def node(self, name: str, raw: Any) -> NodeSpec:
         where = f"node {name!r}"
@@ -399,6 +416,7 @@ class _Graph:
         self.nodes: dict[str, NodeSpec] = {}
         self.edges: dict[str, EdgeSpec] = {}
         self.start: str | None = None
+        self.on_halt: str | None = None
         self.frozen = False
 
     def error(self, transition: str, reason: str, kind: type[DefinitionError] = DefinitionError) -> DefinitionError:
@@ -450,7 +468,7 @@ class _Graph:
         assert self.start is not None
         self.frozen = True
         edges = {name: self.edges[name] for name in self.nodes if name in self.edges}
-        return Definition(self.ref, self.start, dict(self.nodes), edges)
+        return Definition(self.ref, self.start, dict(self.nodes), edges, self.on_halt)
 
 
 def _is_step_class(klass: Any) -> bool:
@@ -586,6 +604,24 @@ class PipelineBuilder:
                  timeout: Any = None, limit_by: Any = None) -> PipelineBuilder:
         """Close the innermost divert: whichever target ran, continue with ``into``."""
         return self._fan_in("converge", others, into, delay, timeout, limit_by)
+
+    def on_halt(self, handler: type[Step]) -> PipelineBuilder:
+        """Run ``handler`` (a Step subclass) once the run halts: exactly one hook per halted
+        run, its outcome recorded once, its code at least once (docs/semantics.md,
+        "on_halt hooks"). The handler's ``__init__`` takes one argument, the halt (a dict:
+        ``run_id``, ``pipeline``, ``halt_reasons``, ``errors``); ``execute()`` does the work;
+        :attr:`Step.idempotency_key` is the hook's id, the same on every attempt.
+        At most once per definition, anywhere in ``define``."""
+        graph = self._graph
+        self._check_usable("on_halt")
+        if graph.on_halt is not None:
+            raise graph.error("on_halt", f"on_halt is declared once per pipeline, already {graph.on_halt!r}")
+        if not _is_step_class(handler):
+            raise graph.error("on_halt", "Argument must be a valid step class (a Step subclass defining "
+                                         f"execute(self)), got {handler!r}")
+        check_execute(handler)
+        graph.on_halt = register_class(handler)
+        return self
 
     def __iter__(self) -> Iterator[PipelineBuilder]:
         """Unpack a fork into branch builders, one per divide target or divert key, in order."""

@@ -34,6 +34,7 @@ from ductwork.db.ids import new_id
 from ductwork.errors import DefinitionError, RunStateError
 from ductwork.pipelines import payloads
 from ductwork.pipelines.definition import Definition
+from ductwork.pipelines.hooks import owe_hooks
 from ductwork.pipelines.steps import NewStep, create_branches, create_steps, latest_step, step_output_json
 
 if TYPE_CHECKING:
@@ -174,6 +175,8 @@ def resolve_runs(tx: Tx, locked: dict[str, str]) -> dict[str, str]:
         tx.execute(r.update().where(r.c.id.in_(dialects.inline_ids(ids)),
                                     r.c.status.not_in(TERMINAL))  # [INV-RUN-1] a final run never changes
                    .values(**values))
+        if new == "halted":
+            owe_hooks(tx, ids)  # [INV-HLT-2] the halt's own transaction owes the on_halt hook
     return result
 
 

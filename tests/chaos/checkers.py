@@ -865,6 +865,67 @@ def check_inv_run_1(history: History) -> list[str]:
     return out
 
 
+# --------------------------------------------------------------------------- INV-HLT (issue 16)
+
+
+def check_inv_hlt_1(history: History) -> list[str]:
+    """INV-HLT-1: one hook per run, only for a halted run whose snapshot names the handler,
+    its outcome recorded once: a hook has a ``completed_at`` exactly when it is final
+    (``succeeded``/``failed``), a final hook holds no claim token, and a ``succeeded`` one
+    ended with a success. Does not see attempts a kill erased."""
+    out = []
+    runs = {r.run_id: r for r in history.runs}
+    per_run: dict[str, list[str]] = defaultdict(list)
+    for hook in history.hooks:
+        per_run[hook.run_id].append(hook.hook_id)
+        run = runs.get(hook.run_id)
+        on_halt = run.definition.get("on_halt") if run is not None and isinstance(run.definition, dict) else None
+        if run is None or run.status != "halted" or on_halt != hook.klass:
+            out.append(f"INV-HLT-1: hook {hook.hook_id} names {hook.klass!r} for run {hook.run_id} "
+                       f"({'missing' if run is None else run.status}, on_halt {on_halt!r})")
+        final = hook.status in ("succeeded", "failed")
+        if final != (hook.completed_at_us is not None):
+            out.append(f"INV-HLT-1: hook {hook.hook_id} is {hook.status} with completed_at {hook.completed_at_us}")
+        if final and hook.claim_token is not None:
+            out.append(f"INV-HLT-1: hook {hook.hook_id} is {hook.status} but still holds claim {hook.claim_token}")
+        if hook.status == "succeeded" and hook.last_outcome != "success":
+            out.append(f"INV-HLT-1: hook {hook.hook_id} succeeded with last outcome {hook.last_outcome}")
+    for run_id, hooks in per_run.items():
+        if len(hooks) > 1:
+            out.append(f"INV-HLT-1: run {run_id} has {len(hooks)} hooks: {', '.join(hooks)}")
+    return out
+
+
+def check_inv_hlt_2(history: History) -> list[str]:
+    """INV-HLT-2: every halted run whose snapshot names an ``on_halt`` handler has its hook,
+    and (the history is read after the quiet phase) the hook ended within its budgets:
+    counters at most ``max_retry``/``max_crash`` (``meta``), ``failed`` only with a
+    budget spent or a handler that cannot be built. Does not prove the handler ran (it
+    writes no witness): that is the fault-checkpoint tests'."""
+    out = []
+    hooked = {hook.run_id for hook in history.hooks}
+    max_retry, max_crash = history.meta.get("max_retry"), history.meta.get("max_crash")
+    for run in history.runs:
+        on_halt = run.definition.get("on_halt") if isinstance(run.definition, dict) else None
+        if run.status == "halted" and on_halt is not None and run.run_id not in hooked:
+            out.append(f"INV-HLT-2: halted run {run.run_id} owes no hook to {on_halt!r}")
+    for hook in history.hooks:
+        if hook.status not in ("succeeded", "failed"):
+            out.append(f"INV-HLT-2: hook {hook.hook_id} of run {hook.run_id} is {hook.status} after the quiet phase")
+        if max_retry is not None and hook.retry_count > max_retry:
+            out.append(f"INV-HLT-2: hook {hook.hook_id} retried {hook.retry_count} times (max_retry {max_retry})")
+        if max_crash is not None and hook.crash_count > max_crash:
+            out.append(f"INV-HLT-2: hook {hook.hook_id} re-run {hook.crash_count} times (max_crash {max_crash})")
+        if hook.status == "failed" and max_retry is not None and max_crash is not None:
+            spent = (hook.last_outcome == "invalid"
+                     or (hook.last_outcome == "failure" and hook.retry_count == max_retry)
+                     or (hook.last_outcome == "process_crashed" and hook.crash_count == max_crash))
+            if not spent:
+                out.append(f"INV-HLT-2: hook {hook.hook_id} failed after {hook.last_outcome} with budget left "
+                           f"({hook.retry_count}/{max_retry} retries, {hook.crash_count}/{max_crash} crashes)")
+    return out
+
+
 # --------------------------------------------------------------------------- all
 
 CHECKERS: dict[str, Callable[[History], list[str]]] = {
@@ -880,6 +941,8 @@ CHECKERS: dict[str, Callable[[History], list[str]]] = {
     "INV-EXE-3": check_inv_exe_3,
     "INV-EXE-4": check_inv_exe_4,
     "INV-RUN-1": check_inv_run_1,
+    "INV-HLT-1": check_inv_hlt_1,
+    "INV-HLT-2": check_inv_hlt_2,
 }
 
 

@@ -17,7 +17,7 @@ A round
    terminate the fleet's database connections from the server side, and, where
    the database runs in a container, restart the server once;
 4. a **quiet phase**: faults off, a healthy fleet, until every run is completed,
-   halted or dampened (bounded);
+   halted or dampened and every on_halt hook owed has its outcome (bounded);
 5. stops the fleet, reads the history (execution, step, branch and run rows,
    witness rows the step bodies wrote, the harness's own kill log) and runs the
    independent checkers of ``tests/chaos/checkers.py`` over it.
@@ -245,8 +245,11 @@ class ChaosRound:
     def _settled(self) -> bool:
         try:
             with self.engine.connect() as conn:
+                h = schema.halt_hooks  # and every hook owed by a halted run has its outcome
                 return conn.execute(sa.select(sa.func.count()).select_from(schema.runs)
-                                    .where(schema.runs.c.status == "in_progress")).scalar_one() == 0
+                                    .where(schema.runs.c.status == "in_progress")).scalar_one() == 0 \
+                    and conn.execute(sa.select(sa.func.count()).select_from(h)
+                                     .where(h.c.status.not_in(("succeeded", "failed")))).scalar_one() == 0
         except sa.exc.DBAPIError:
             return False
 
@@ -322,6 +325,7 @@ class ChaosRound:
                                                      if e.claimed_at_us is not None and not e.key).values() if n > 1),
             "witnesses": len(history.witnesses),
             "halted runs": sum(1 for r in history.runs if r.status == "halted"),
+            "on_halt hooks": len(history.hooks),
         }
 
 

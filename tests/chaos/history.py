@@ -9,7 +9,7 @@ checkers of :mod:`tests.chaos.checkers` need from a migrated ductwork database:
 executions (claims and completions in database time, with the per-key
 ``claim_seq``/``release_seq`` taken under the key's lock), steps with their job's
 input and output, branches, runs with their definition snapshot, token buckets,
-and the witness rows that chaos step bodies write in their own transactions.
+the ``on_halt`` hooks halted runs owe, and the witness rows that chaos step bodies write in their own transactions.
 Everything is data a committed transaction left behind; a SIGKILL or rollback
 erased its own events with it. What the harness did to the fleet (``kills``) and
 how to replay the round (``seed``, ``meta``: database version, commit, kill plan)
@@ -194,6 +194,21 @@ class BucketRow:
     refilled_at_us: int
 
 
+@dataclass
+class HookRow:
+    """The ``on_halt`` hook a halted run owes, as the round left it (issue 16)."""
+
+    hook_id: str
+    run_id: str
+    klass: str
+    status: str
+    retry_count: int
+    crash_count: int
+    last_outcome: str | None = None
+    claim_token: str | None = None
+    completed_at_us: int | None = None
+
+
 _RECORDS: dict[str, tuple[str, type]] = {
     "execution": ("executions", Execution),
     "step": ("steps", StepRow),
@@ -201,6 +216,7 @@ _RECORDS: dict[str, tuple[str, type]] = {
     "run": ("runs", RunRow),
     "witness": ("witnesses", Witness),
     "bucket": ("buckets", BucketRow),
+    "hook": ("hooks", HookRow),
 }
 
 
@@ -214,6 +230,7 @@ class History:
     runs: list[RunRow] = field(default_factory=list)
     witnesses: list[Witness] = field(default_factory=list)
     buckets: list[BucketRow] = field(default_factory=list)
+    hooks: list[HookRow] = field(default_factory=list)
     #: the ``job_worker.limits`` the fleet ran with (one config for the whole round)
     limits: dict[str, LimitEntry] = field(default_factory=dict)
     #: the harness's log of what it killed: ``{"pid", "role", "at_us", "how", ...}``
@@ -388,10 +405,16 @@ def read_history(engine: Engine, limits: dict[str, LimitEntry], witness_table: s
             history.buckets.append(BucketRow(key, period, int(level), int(refilled)))
         if witness_table is not None:
             history.witnesses = _read_witnesses(conn, witness_table)
+        h = schema.halt_hooks
+        for row in conn.execute(
+            sa.select(h.c.id, h.c.run_id, h.c.klass, h.c.status, h.c.retry_count, h.c.crash_count,
+                      h.c.last_outcome, h.c.claim_token, h.c.completed_at).order_by(h.c.id)
+        ):
+            history.hooks.append(HookRow(*row[:8], completed_at_us=to_us(row[8])))
     return history
 
 
 __all__ = [
-    "BranchRow", "BucketRow", "ClaimEvent", "Execution", "History", "RunRow", "StepRow", "Witness",
+    "BranchRow", "BucketRow", "ClaimEvent", "Execution", "History", "HookRow", "RunRow", "StepRow", "Witness",
     "make_witness_table", "read_history", "to_us",
 ]

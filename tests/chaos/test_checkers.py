@@ -34,13 +34,15 @@ from tests.chaos.checkers import (
     check_inv_exe_2,
     check_inv_exe_3,
     check_inv_exe_4,
+    check_inv_hlt_1,
+    check_inv_hlt_2,
     check_inv_lim_1,
     check_inv_lim_2,
     check_inv_lim_3,
     check_inv_lim_4,
     check_inv_run_1,
 )
-from tests.chaos.history import BranchRow, Execution, History, RunRow, StepRow, Witness, to_us
+from tests.chaos.history import BranchRow, Execution, History, HookRow, RunRow, StepRow, Witness, to_us
 
 S = 1_000_000  # µs per second
 
@@ -781,7 +783,8 @@ def test_run_1_run_without_branches():
 def test_check_all_names_every_checker_and_passes_a_valid_history():
     assert check_all(full()) == {inv: [] for inv in CHECKERS}
     assert list(CHECKERS) == ["INV-CLK-1", "INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-LIM-4", "INV-ADV-1",
-                              "INV-ADV-3", "INV-EXE-1", "INV-EXE-2", "INV-EXE-3", "INV-EXE-4", "INV-RUN-1"]
+                              "INV-ADV-3", "INV-EXE-1", "INV-EXE-2", "INV-EXE-3", "INV-EXE-4", "INV-RUN-1",
+                              "INV-HLT-1", "INV-HLT-2"]
     broken = check_all(without(full(), "sI"))
     assert broken["INV-ADV-1"]
     assert all(m.startswith(inv + ": ") for inv, ms in broken.items() for m in ms)
@@ -794,6 +797,7 @@ def test_history_round_trips_through_jsonl(tmp_path):
     history.limits = limits(api={"concurrency": 2, "rate": [{"limit": 5, "per": "1s"}, {"limit": 60, "per": "1h",
                                                                                         "burst": 30}]})
     history.kills.append({"pid": 42, "role": "worker", "at_us": 7, "how": "SIGKILL"})
+    history.hooks += halted_with_hook().hooks
     history.seed, history.meta = 1234, {"database": "sqlite 3.45", "commit": "abc"}
     history.to_jsonl(tmp_path / "round.jsonl")
     again = History.from_jsonl(tmp_path / "round.jsonl")
@@ -871,3 +875,60 @@ def test_exe_4_budgets():
     history.executions.append(dataclasses.replace(execution("e2", key=None), retry_count=2, crash_count=0))
     assert check_inv_exe_4(history) == [
         "INV-EXE-4: execution e2 of job j-e2 has retry_count 2 (max 1) and crash_count 0 (max 2)"]
+
+
+# --------------------------------------------------------------------------- INV-HLT (issue 16)
+
+HANDLER = "shop.hooks:Page"
+
+
+def halted_with_hook(**hook: Any) -> History:
+    """A halted run whose snapshot names an on_halt handler, and its hook, succeeded."""
+    h = History(meta={"max_retry": 3, "max_crash": 5})
+    h.runs.append(RunRow("r1", "halted", {**snapshot({}), "on_halt": HANDLER}))
+    h.branches.append(BranchRow("b1", "r1", "halted", "job_retries_exhausted"))
+    fields = {"hook_id": "k1", "run_id": "r1", "klass": HANDLER, "status": "succeeded", "retry_count": 1,
+              "crash_count": 0, "last_outcome": "success", "claim_token": None, "completed_at_us": 50, **hook}
+    h.hooks.append(HookRow(**fields))
+    return h
+
+
+def test_hlt_holds_for_a_delivered_and_a_spent_hook():
+    assert check_inv_hlt_1(halted_with_hook()) == check_inv_hlt_2(halted_with_hook()) == []
+    spent = halted_with_hook(status="failed", retry_count=3, last_outcome="failure")
+    assert check_inv_hlt_1(spent) == check_inv_hlt_2(spent) == []
+
+
+def test_hlt_1_two_hooks_for_one_run():
+    h = halted_with_hook()
+    h.hooks.append(dataclasses.replace(h.hooks[0], hook_id="k2"))
+    assert any("run r1 has 2 hooks" in v for v in check_inv_hlt_1(h))
+
+
+def test_hlt_1_a_hook_for_a_run_that_did_not_halt_or_names_another_handler():
+    h = halted_with_hook()
+    h.runs[0] = dataclasses.replace(h.runs[0], status="completed")
+    assert any("INV-HLT-1: hook k1" in v for v in check_inv_hlt_1(h))
+    assert any("INV-HLT-1: hook k1" in v for v in check_inv_hlt_1(halted_with_hook(klass="shop.hooks:Other")))
+
+
+def test_hlt_1_outcome_recorded_and_claim_released_together():
+    assert any("completed_at" in v for v in check_inv_hlt_1(halted_with_hook(completed_at_us=None)))
+    assert any("completed_at" in v for v in check_inv_hlt_1(halted_with_hook(status="pending")))
+    assert any("still holds claim" in v for v in check_inv_hlt_1(halted_with_hook(claim_token="t9")))
+    assert any("last outcome failure" in v for v in check_inv_hlt_1(halted_with_hook(last_outcome="failure")))
+
+
+def test_hlt_2_a_halted_run_without_its_hook():
+    h = halted_with_hook()
+    h.hooks.clear()
+    assert check_inv_hlt_2(h) == [f"INV-HLT-2: halted run r1 owes no hook to {HANDLER!r}"]
+
+
+def test_hlt_2_a_hook_left_open_or_past_its_budgets():
+    assert any("after the quiet phase" in v
+               for v in check_inv_hlt_2(halted_with_hook(status="running", completed_at_us=None)))
+    assert any("retried 4 times" in v for v in check_inv_hlt_2(halted_with_hook(retry_count=4)))
+    assert any("re-run 6 times" in v for v in check_inv_hlt_2(halted_with_hook(crash_count=6)))
+    early = halted_with_hook(status="failed", retry_count=1, last_outcome="failure")
+    assert any("budget left" in v for v in check_inv_hlt_2(early))

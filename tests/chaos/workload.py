@@ -9,7 +9,8 @@ Keys: ``api`` (concurrency 3 and a rate) is shared by ``ChaosFan``'s items and
 ``ChaosDivideKeyed``; ``vendor`` (concurrency 2 and two rate entries) by
 ``ChaosChain`` and ``ChaosDivertKeyed``. A step class that writes a key into its
 witness rows is only ever used with that ``limit_by``. ``Flaky`` fails its first
-attempt (a retry), ``Nap`` after a ``delay``. Durations come from the input, so a
+attempt (a retry), ``Nap`` after a ``delay``. ``ChaosHalts`` runs always halt and owe
+their ``PageOnHalt`` hook, whose first attempt fails. Durations come from the input, so a
 round with one seed is the same workload every time.
 """
 
@@ -170,7 +171,39 @@ class ChaosDivertKeyed(Pipeline):
         p.start(Route).divert(to={0: VendorCall, "otherwise": VendorCall}, limit_by="vendor").converge(into=Total)
 
 
-PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed]
+# --- on_halt hooks (issue 16): runs that halt and owe a hook -----------------------------
+
+
+class Refuse(Witnessed):
+    """Always fails: its step's retries are spent and its run halts."""
+
+    def body(self):
+        raise RuntimeError("refuse: this step always fails")
+
+
+class PageOnHalt(Step):
+    """The on_halt handler: fails its hook's first attempt (remembered in the halted run's
+    Context, keyed by the hook's idempotency key), then succeeds. Writes no witness row:
+    witnesses are step bodies' (INV-EXE-3 checks them against steps)."""
+
+    def __init__(self, halt):
+        self.halt = halt
+
+    def execute(self):
+        try:
+            self.context.set(f"paged:{self.idempotency_key}", True)
+        except self.context.OverwriteError:
+            return None
+        raise ConnectionError("pager: first attempt fails")
+
+
+class ChaosHalts(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Seed).chain(to=Refuse).on_halt(PageOnHalt)
+
+
+PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed, ChaosHalts]
 
 
 def trigger_workload(app, scale: int) -> list:
@@ -185,4 +218,6 @@ def trigger_workload(app, scale: int) -> list:
         runs.append(ChaosDivide.trigger(i, app=app))
         runs.append(ChaosDivideKeyed.trigger(i, app=app))
         runs.append(ChaosDivertKeyed.trigger(i, app=app))
+    for i in range(2 * scale):
+        runs.append(ChaosHalts.trigger(i, app=app))
     return runs

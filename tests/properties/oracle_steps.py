@@ -83,3 +83,31 @@ class Check(OracleStep):
 
 class Split(OracleStep):
     pass
+
+
+class OnHalt(Step):
+    """The on_halt handler of generated definitions: each attempt ends as the installed hook
+    plan says (``install_hooks``), by the attempt's number read from the hook row, as the
+    model counts it: ``success``, ``failure`` (raises) or ``process_crashed``
+    (:class:`SimulatedCrash`: the worker's cleanup crashes the attempt, as a dying thread's
+    would). Past the plan's end, it succeeds."""
+
+    def __init__(self, halt):
+        self.halt = halt
+
+    def execute(self):
+        app, plan = _current["app"], _current.get("hook_plan", [])
+        h = schema.halt_hooks
+        with app.begin(readonly=True) as tx:
+            attempt = tx.execute(sa.select(h.c.retry_count + h.c.crash_count)
+                                 .where(h.c.id == self.idempotency_key)).scalar_one()
+        kind = plan[attempt] if attempt < len(plan) else "success"
+        if kind == "failure":
+            raise RuntimeError(f"oracle: on_halt fails attempt {attempt}")
+        if kind == "process_crashed":
+            raise SimulatedCrash(f"oracle: on_halt crashes on attempt {attempt}")
+
+
+def install_hooks(plan: list[str]) -> None:
+    """How each attempt of an on_halt hook ends (``OnHalt``), by attempt number."""
+    _current["hook_plan"] = list(plan)

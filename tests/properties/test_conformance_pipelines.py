@@ -12,7 +12,13 @@ halt reason, and every fan-in's inputs.
 A second machine drives both sides with the batched operations (group commits that
 advance inline, advancer batches) and compares them the same way.
 
-Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-4, INV-RUN-1.
+A third gives every definition an ``on_halt`` handler and draws how each of the hook's
+attempts ends (success, failure, crash): a halted run owes one hook on both sides, and
+it ends with the same status, counters and last outcome (``claim_hook``, ``run_hook``,
+``reap_hook`` against the worker's hook runner).
+
+Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-4, INV-RUN-1,
+INV-HLT-1, INV-HLT-2.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.runs import trigger_run
 from ductwork.pipelines.steps import latest_step
 from ductwork.testing import _next_wake
-from model.pipelines import NO_INPUT, canonical_json, run_to_quiescence
+from model.pipelines import CRASH, FAILURE, NO_INPUT, canonical_json, run_and_model, run_to_quiescence, success
 from tests.conftest import reset_tables
 from tests.properties import oracle_steps
 from tests.properties.strategies import pipeline_configs, pipeline_scenarios
@@ -167,6 +173,79 @@ def test_engine_batches_end_where_the_model_batches_end(db_url):
     @given(scenario=pipeline_scenarios(), config=pipeline_configs(), batch=st.sampled_from([2, 5, 50]))
     def agree(scenario, config, batch):
         check_agreement(db_url, engine, scenario, config, batch)
+
+    try:
+        agree()
+    finally:
+        engine.dispose()
+
+
+# --------------------------------------------------------------------------- on_halt hooks (issue 16)
+
+HOOK_HANDLER = "tests.properties.oracle_steps:OnHalt"
+HOOK_ATTEMPTS = st.lists(st.sampled_from(["success", "failure", "process_crashed"]), max_size=5)
+_HOOK_OUTCOMES = {"success": success(None), "failure": FAILURE, "process_crashed": CRASH}
+
+
+def engine_hook(app: App, run_id: str) -> dict | None:
+    h = schema.halt_hooks
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(h).where(h.c.run_id == run_id)).all()
+    assert len(rows) <= 1, f"[INV-HLT-1] run {run_id} has {len(rows)} hooks"
+    if not rows:
+        return None
+    row = rows[0]
+    return {"klass": row.klass, "status": row.status, "retry_count": row.retry_count,
+            "crash_count": row.crash_count, "last": row.last_outcome}
+
+
+def check_hook_agreement(url: str, engine, scenario, config, attempts: list[str]) -> None:
+    """The scenario with an on_halt handler whose attempts end as ``attempts`` says: the
+    run and its hook end where the model's do."""
+    definition, args, oracle = scenario
+    definition = {**definition, "on_halt": HOOK_HANDLER}
+
+    def hook_oracle(_run_id, attempt):
+        return _HOOK_OUTCOMES[attempts[attempt]] if attempt < len(attempts) else success(None)
+
+    summary, model, model_run = run_and_model(definition, args, oracle, config, resumes=(NO_INPUT,),
+                                              hook_oracle=hook_oracle)
+    hook = model.hook_summary(model_run)
+    expected_hook = None if hook is None else {
+        "klass": hook["klass"], "status": hook["status"], "retry_count": hook["retry_count"],
+        "crash_count": hook["crash_count"], "last": hook["attempts"][-1] if hook["attempts"] else None}
+    reset_tables(engine)
+    app = App(url, engine_config(config), ManualClock(datetime(2026, 1, 1)), engine=engine)
+    oracle_steps.install(app, oracle)
+    oracle_steps.install_hooks(attempts)
+    in_process = {**definition, "nodes": {n: {**spec, "timeout_us": None} for n, spec in definition["nodes"].items()}}
+    Generated.definition = Definition.from_json(in_process)
+    run = trigger_run(app, Generated, list(args))
+    drive(app, run.id)
+    if run.refresh().status == "dampened":
+        run.resume()
+        drive(app, run.id)
+    got = {"run": engine_summary(app, run.id), "hook": engine_hook(app, run.id)}
+    want = {"run": summary.as_json(), "hook": expected_hook}
+    assert got == want, (
+        f"engine and model disagree\ndefinition: {json.dumps(definition)}\nargs: {args}\n"
+        f"oracle: {oracle.to_json()}\nhook attempts: {attempts}\nconfig: {config}\nengine: {got}\nmodel:  {want}")
+
+
+def test_engine_hooks_end_where_the_model_hooks_end(db_url):
+    """Every generated definition names an on_halt handler: a run that halts owes exactly
+    one hook on both sides [INV-HLT-1], delivered within the same budgets to the same
+    status, counters and last outcome [INV-HLT-2]; a run that does not halt owes none."""
+    from ductwork.db import dialects
+
+    engine = dialects.create_engine(db_url)
+    examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
+
+    @settings(settings(), max_examples=examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(scenario=pipeline_scenarios(), config=pipeline_configs(), attempts=HOOK_ATTEMPTS)
+    def agree(scenario, config, attempts):
+        check_hook_agreement(db_url, engine, scenario, config, attempts)
 
     try:
         agree()

@@ -1,7 +1,8 @@
 """Tests that must fail: each model mutant (one guard removed) makes its machine go red.
 
 Checks: that the invariants below can fail at all — INV-LIM-1, INV-LIM-2, INV-LIM-4,
-INV-LIM-5, INV-LIM-6, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-4, INV-CTX-1 — and that
+INV-LIM-5, INV-LIM-6, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-4, INV-CTX-1, INV-HLT-1,
+INV-HLT-2 — and that
 their failure message names the ID.
 """
 
@@ -12,10 +13,11 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from model.mutants import MUTANTS
+from tests.properties.test_model_hooks import HaltHooksModelMachine
 from tests.properties.test_model_limits import LimitsModelMachine
 from tests.properties.test_model_pipelines import PipelinesModelMachine
 
-MACHINES = {"limits": LimitsModelMachine, "pipelines": PipelinesModelMachine}
+MACHINES = {"limits": LimitsModelMachine, "pipelines": PipelinesModelMachine, "hooks": HaltHooksModelMachine}
 #: generate only (no shrinking: any failure will do), fixed seed, no example database
 HUNT = settings(
     max_examples=1000,

@@ -15,7 +15,7 @@ row of INVARIANTS.md's engine-mutant table, in the "engine mutants" section at t
 end of the run.
 
 Checks the detectors of: INV-LIM-1, INV-LIM-2, INV-LIM-4, INV-LIM-5, INV-LIM-6,
-INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2.
+INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2, INV-HLT-1, INV-HLT-2.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ from tests.mutants import MUTANTS
 
 CONFORMANCE = "tests/properties/test_conformance_limits.py::test_limits_engine_agrees_with_model[sqlite]"
 RACE = "tests/integration/test_lock_races.py::test_racing_claims_on_a_key_serialise_on_its_lock[postgresql]"
+HOOK_STALE = ("tests/integration/test_halt_hooks.py::"
+              "test_a_stale_claim_records_nothing_and_the_reaper_re_runs_the_hook[sqlite]")
+HOOK_CONFORMANCE = ("tests/properties/test_conformance_pipelines.py::"
+                    "test_engine_hooks_end_where_the_model_hooks_end[sqlite]")
 DETECTORS = {
     "no_stamp": CONFORMANCE,
     "no_clamp": CONFORMANCE,
@@ -58,6 +62,14 @@ DETECTORS = {
         "tests/integration/test_exactly_once.py::test_racing_claims_on_one_branch_have_one_winner[sqlite]",
     "inline_takes_held_branch":
         "tests/integration/test_exactly_once.py::test_a_success_leaves_a_held_branch_to_its_advancer[sqlite]",
+    # --- on_halt hooks (issue 16) ---
+    "hook_not_owed": "tests/integration/test_halt_hooks.py::test_a_halted_run_gets_one_hook_with_its_halt[sqlite]",
+    "hook_fence_dropped": HOOK_STALE,
+    "hook_claims_running": HOOK_STALE,
+    "hook_retries_forever": HOOK_CONFORMANCE,
+    "hook_crashes_forever": HOOK_CONFORMANCE,
+    "hook_not_reaped":
+        "tests/integration/test_halt_hook_faults.py::test_hook_checkpoint[sqlite-after_hook_claim-kill]",
 }
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")
@@ -70,6 +82,10 @@ def detector_label(mutant: str) -> str:
         return "limits conformance, SQLite"
     if detector == RACE and mutant != "no_key_lock":
         return "the same race test"
+    if detector == HOOK_STALE and mutant != "hook_fence_dropped":
+        return "the same stale-claim test"
+    if detector == HOOK_CONFORMANCE:
+        return "pipeline hook conformance, SQLite"
     return f"`{detector.split('/')[-1]}`"
 
 

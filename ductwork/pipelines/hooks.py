@@ -1,0 +1,303 @@
+"""``on_halt`` hooks: a halted run owes its handler one hook, delivered exactly once as a
+recorded outcome and at least once as code.
+
+    >>> claimed = claim_hook(app, process_id)          # None: no hook due
+    >>> record_hook(app, claimed, "success")           # fenced by the claim's token
+
+The hook's row is written by the transaction that halts the run (:func:`owe_hooks`,
+called by ``runs.resolve_runs`` when a run moves to ``halted``), so a crash anywhere
+after the halt commits cannot lose it, and a halt that rolls back owes nothing. The
+unique constraint ``uq_halt_hook_run`` makes it one hook per run [INV-HLT-1].
+
+A worker claims a due hook (:func:`claim_hook`: a conditional UPDATE from ``pending``
+that sets a fresh ``claim_token``, checked by rowcount), runs the handler outside any
+transaction, then records the attempt (:func:`record_hook`: a conditional UPDATE on
+``status = 'running' AND claim_token = <its token>``, checked by rowcount). A claimer
+whose claim was taken (reaped, then re-claimed) records nothing: :class:`HookClaimLost`
+[INV-HLT-1]. A failure is retried after ``job_worker.retry_delay`` while ``retry_count <
+max_retry``; a crash (the handler could not be built, the worker thread left, the process
+died: :func:`crash_hooks_of`, called by the reaper) is re-run, at once for the first
+``max_crash // 3`` crashes then ``crash_count × crash_backoff`` later, while
+``crash_count < max_crash``; the budgets are the step budgets, looked up for the run's
+pipeline and the handler's class (``job_worker.max_retry``/``max_crash`` and their
+per-pipeline, per-step overrides) [INV-HLT-2]. A handler whose class does not resolve
+or whose input does not bind ends ``failed`` at once (``invalid``). ``succeeded`` and
+``failed`` are final.
+
+Every attempt that did not succeed is logged at WARNING once recorded (run id,
+pipeline, handler, attempt, what follows, traceback), and the hook row keeps the last
+error. Not done: running the handler (``ductwork.fleet.hooks``), a timeout for it (a
+handler runs in the worker's thread, like a step without ``timeout=``), and any
+ordering between the hooks of different runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from ductwork import faults, logs
+from ductwork.db import dialects, schema
+from ductwork.db.ids import new_id
+from ductwork.errors import DuctworkError
+from ductwork.limits.executions import MESSAGE_LIMIT, ErrorInfo
+from ductwork.pipelines.steps import latest_step
+
+if TYPE_CHECKING:
+    from ductwork.db.database import Database as App
+    from ductwork.db.database import Tx
+
+log = logging.getLogger("ductwork.hooks")
+
+_h, _r, _b = schema.halt_hooks, schema.runs, schema.branches
+FINAL = ("succeeded", "failed")
+OUTCOMES = ("success", "failure", "invalid", "process_crashed")
+
+
+class HookClaimLost(DuctworkError):
+    """A hook attempt's record matched no row: its claim was reaped (and perhaps re-claimed)
+    or its outcome is already recorded. Nothing was recorded."""
+
+    def __init__(self, hook_id: str, token: str):
+        self.hook_id, self.token = hook_id, token
+        super().__init__(f"on_halt hook {hook_id}: claim {token} is no longer the hook's; "
+                         "this attempt's outcome was not recorded")
+
+
+@dataclass(frozen=True)
+class ClaimedHook:
+    """A hook this process holds, with what running it needs."""
+
+    hook_id: str
+    run_id: str
+    klass: str
+    pipeline_klass: str
+    claim_token: str
+    process_id: str
+    retry_count: int
+    crash_count: int
+    #: the handler's one argument: ``run_id``, ``pipeline``, ``halt_reasons``, ``errors``
+    halt: dict[str, Any]
+
+    @property
+    def attempt(self) -> int:
+        return self.retry_count + self.crash_count
+
+
+# --------------------------------------------------------------------------- owing
+
+
+def owe_hooks(tx: Tx, run_ids: list[str]) -> int:
+    """Inside the transaction that moves ``run_ids`` to ``halted``: write the hook each owes
+    its definition's ``on_halt`` handler (runs without one owe nothing); returns how many.
+
+    The unique constraint ``uq_halt_hook_run`` allows one per run [INV-HLT-1]; a run
+    already halted is never passed here (a final run never changes, INV-RUN-1)."""
+    owed = []
+    for run in tx.execute(sa.select(_r.c.id, _r.c.definition).where(
+            _r.c.id.in_(dialects.inline_ids(sorted(run_ids))))):
+        klass = json.loads(run.definition).get("on_halt")
+        if klass is not None:
+            owed.append({"id": new_id(), "run_id": run.id, "klass": klass, "status": "pending",
+                         "eligible_at": tx.now, "claim_token": None, "claimed_at": None, "process_id": None,
+                         "retry_count": 0, "crash_count": 0, "last_outcome": None, "error_klass": None,
+                         "error_message": None, "error_backtrace": None, "completed_at": None,
+                         "created_at": tx.now, "updated_at": tx.now})
+    if owed:
+        tx.execute(_h.insert(), owed)  # [INV-HLT-2] owed by the halt's own transaction
+        faults.hit(faults.BETWEEN_HALT_AND_HOOK)
+        tx.wake()  # a worker may claim it
+    return len(owed)
+
+
+# --------------------------------------------------------------------------- claiming
+
+
+def claim_hook(app: App, process_id: str) -> ClaimedHook | None:
+    """Claim the oldest due hook for ``process_id``; None when none is due (or another
+    worker claimed it first). The claim is a conditional UPDATE from ``pending``, checked
+    by rowcount, that sets a fresh ``claim_token``: the fence of this attempt's record."""
+    with app.begin() as tx:
+        # the hook row alone is locked (no join: the halted run's row stays free)
+        row = tx.execute(dialects.for_update(
+            sa.select(_h.c.id, _h.c.run_id, _h.c.klass, _h.c.retry_count, _h.c.crash_count)
+            .where(_h.c.status == "pending",  # [INV-HLT-1] a running or final hook is not claimable
+                   _h.c.eligible_at <= tx.now)
+            .order_by(_h.c.eligible_at, _h.c.id).limit(1), tx.conn, skip_locked=True)).first()
+        if row is None:
+            return None
+        pipeline: str = tx.execute(sa.select(_r.c.pipeline_klass).where(_r.c.id == row.run_id)).scalar_one()
+        token = new_id()
+        claimed = tx.execute(_h.update().where(_h.c.id == row.id, _h.c.status == "pending")  # [INV-HLT-1]
+                             .values(status="running", claim_token=token, claimed_at=tx.now,
+                                     process_id=process_id, updated_at=tx.now))
+        if claimed.rowcount != 1:
+            return None
+        halt = halt_of(tx, row.run_id, pipeline)
+    return ClaimedHook(row.id, row.run_id, row.klass, pipeline, token, process_id,
+                       row.retry_count, row.crash_count, halt)
+
+
+def halt_of(tx: Tx, run_id: str, pipeline: str) -> dict[str, Any]:
+    """What the handler is told: the run, its pipeline, each halted branch's reason and
+    node, and the error each halted branch's last step (or advancement) ended with."""
+    e, j, a = schema.executions, schema.jobs, schema.advancements
+    reasons, errors = [], []
+    for branch in tx.execute(sa.select(_b.c.id, _b.c.halt_reason).where(
+            _b.c.run_id == run_id, _b.c.status == "halted").order_by(_b.c.id)):
+        step = latest_step(tx, branch.id)
+        assert step is not None, f"halted branch {branch.id} has a step"
+        reasons.append({"node": step.node, "reason": branch.halt_reason, "branch_id": branch.id, "step_id": step.id})
+        error = tx.execute(
+            sa.select(e.c.error_klass, e.c.error_message).join(j, j.c.id == e.c.job_id)
+            .where(j.c.step_id == step.id, e.c.error_klass.is_not(None))
+            .order_by(e.c.completed_at.desc(), e.c.id.desc()).limit(1)).first()
+        if error is None:
+            error = tx.execute(
+                sa.select(a.c.error_klass, a.c.error_message)
+                .where(a.c.step_id == step.id, a.c.error_klass.is_not(None))
+                .order_by(a.c.completed_at.desc(), a.c.id.desc()).limit(1)).first()
+        if error is not None:
+            errors.append({"node": step.node, "klass": error.error_klass, "message": error.error_message})
+    return {"run_id": run_id, "pipeline": pipeline, "halt_reasons": reasons, "errors": errors}
+
+
+# --------------------------------------------------------------------------- recording
+
+
+@dataclass(frozen=True)
+class HookEnded:
+    """An attempt that did not succeed, to log once its transaction committed."""
+
+    hook_id: str
+    run_id: str
+    pipeline: str
+    klass: str
+    attempt: int
+    outcome: str
+    status: str
+    next_at: datetime | None
+    budget: int
+    error: ErrorInfo
+
+
+def decide(app: App, pipeline: str, klass: str, retry_count: int, crash_count: int, outcome: str,
+           now: datetime) -> dict[str, Any]:
+    """The hook's columns after an attempt ended with ``outcome`` (a pure decision over the
+    counters read under the claim): final, or pending again with its next eligibility
+    [INV-HLT-2]."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"hook outcome must be one of {OUTCOMES}, got {outcome!r}")
+    config = app.config.job_worker
+    if outcome == "success":
+        return {"status": "succeeded", "completed_at": now}
+    if outcome == "failure" and retry_count < config.max_retry_for(pipeline, klass):  # [INV-HLT-2] budget
+        return {"status": "pending", "retry_count": retry_count + 1,
+                "eligible_at": now + timedelta(seconds=config.retry_delay)}
+    max_crash = config.max_crash_for(pipeline, klass)
+    if outcome == "process_crashed" and crash_count < max_crash:  # [INV-HLT-2] budget
+        count = crash_count + 1
+        backoff = timedelta(seconds=config.crash_backoff) * count
+        return {"status": "pending", "crash_count": count,
+                "eligible_at": now if count <= max_crash // 3 else now + backoff}
+    return {"status": "failed", "completed_at": now}
+
+
+def _record_in(app: App, tx: Tx, hook_id: str, token: str, pipeline: str, klass: str, retry_count: int,
+               crash_count: int, outcome: str, error: ErrorInfo | None) -> tuple[str | None, HookEnded | None]:
+    """The fenced record: the hook's status after it (None: the claim was not the hook's,
+    nothing written), and what to log once committed (None for a success)."""
+    values = decide(app, pipeline, klass, retry_count, crash_count, outcome, tx.now)
+    values.update(claim_token=None, claimed_at=None, process_id=None, last_outcome=outcome, updated_at=tx.now)
+    if error is not None:
+        values.update(error_klass=error.klass, error_message=error.message[:MESSAGE_LIMIT],
+                      error_backtrace=error.backtrace)
+    result = tx.execute(_h.update().where(_h.c.id == hook_id, _h.c.status == "running",
+                                          _h.c.claim_token == token)  # [INV-HLT-1] the claim's fence
+                        .values(**values))
+    if result.rowcount != 1:
+        return None, None
+    if values["status"] == "pending":
+        tx.wake()
+    if outcome == "success":
+        return values["status"], None
+    budget_of = app.config.job_worker.max_crash_for if outcome == "process_crashed" \
+        else app.config.job_worker.max_retry_for
+    return values["status"], HookEnded(
+        hook_id, "", pipeline, klass, retry_count + crash_count, outcome, values["status"],
+        values.get("eligible_at") if values["status"] == "pending" else None,
+        budget_of(pipeline, klass), error or ErrorInfo("ductwork.Unknown", "", None))
+
+
+def record_hook(app: App, claimed: ClaimedHook, outcome: str, error: ErrorInfo | None = None) -> str:
+    """Record how the claimed attempt ended (``success``, ``failure``, ``invalid``,
+    ``process_crashed``), fenced by the claim's token; returns the hook's status after it.
+    Raises :class:`HookClaimLost` when the claim is no longer the hook's (nothing is
+    recorded). A non-success is logged at WARNING once committed."""
+    with app.begin() as tx:
+        status, ended = _record_in(app, tx, claimed.hook_id, claimed.claim_token, claimed.pipeline_klass,
+                                   claimed.klass, claimed.retry_count, claimed.crash_count, outcome, error)
+        if status is None:
+            raise HookClaimLost(claimed.hook_id, claimed.claim_token)
+        faults.hit(faults.IN_HOOK_COMMIT)
+    if ended is not None:  # committed: now it may be told
+        _log(HookEnded(**{**ended.__dict__, "run_id": claimed.run_id}))
+    return status
+
+
+def crash_hooks_of(app: App, tx: Tx, process_id: str | None, claimed_before: object = None,
+                   *, only: list[str] | None = None) -> list[HookEnded]:
+    """Inside the reaper's transaction: crash every hook ``process_id`` holds (None: the
+    orphans, whose process row was deleted, claimed before ``claimed_before``; ``only``:
+    just these hooks), each fenced by the token it holds; returns what to log once
+    committed [INV-HLT-2]."""
+    where = [_h.c.status == "running"]
+    if only is not None:
+        where.append(_h.c.id.in_(dialects.inline_ids(sorted(only))))
+    if process_id is None:
+        where += [_h.c.process_id.is_(None), _h.c.claimed_at <= claimed_before]
+    else:
+        where.append(_h.c.process_id == process_id)
+    rows = tx.execute(sa.select(_h.c.id, _h.c.run_id, _h.c.klass, _h.c.claim_token, _h.c.retry_count,
+                                _h.c.crash_count, _r.c.pipeline_klass)
+                      .join(_r, _r.c.id == _h.c.run_id).where(*where).order_by(_h.c.id)).all()
+    ended = []
+    for row in rows:
+        crash = ErrorInfo("ductwork.ProcessCrash", "on_halt hook reaped from a dead process", None)
+        _, event = _record_in(app, tx, row.id, row.claim_token, row.pipeline_klass, row.klass, row.retry_count,
+                              row.crash_count, "process_crashed", crash)
+        if event is not None:
+            ended.append(HookEnded(**{**event.__dict__, "run_id": row.run_id}))
+    return ended
+
+
+def log_ended(events: list[HookEnded]) -> None:
+    """Log what :func:`crash_hooks_of` crashed, once its transaction committed."""
+    for event in events:
+        _log(event)
+
+
+def _log(event: HookEnded) -> None:
+    error = event.error
+    logs.hook_ended(log, run_id=event.run_id, pipeline=event.pipeline, hook=event.klass, hook_id=event.hook_id,
+                    attempt=event.attempt, outcome=event.outcome, status=event.status, next_at=event.next_at,
+                    budget=event.budget, error=error.klass, error_message=error.message,
+                    traceback=error.text or (f"Traceback (most recent call last):\n{error.backtrace}"
+                                             f"{error.klass}: {error.message}" if error.backtrace else None))
+
+
+def open_hooks(tx: Tx) -> bool:
+    """Whether any hook is owed and has no recorded outcome yet."""
+    return tx.execute(sa.select(_h.c.id).where(_h.c.status.not_in(FINAL)).limit(1)).first() is not None
+
+
+def next_hook_at(tx: Tx) -> datetime | None:
+    """When the next backed-off hook becomes claimable (None: none waits so)."""
+    eligible: datetime | None = tx.execute(sa.select(sa.func.min(_h.c.eligible_at)).where(
+        _h.c.status == "pending", _h.c.eligible_at > tx.now)).scalar()
+    return eligible

@@ -1,0 +1,95 @@
+"""A real process killed (or failed) at every on_halt hook checkpoint, then recovery.
+
+For each hook checkpoint × action × database: a child process does the fleet's work
+for a run that halts and owes a ``HaltRecorder`` hook, with
+``DUCTWORK_FAULT=<checkpoint>:<action>:1``; the test asserts the checkpoint fired and
+the child ended as the action says, force-reaps the dead child's row as its
+supervisor would, finishes the work in this process, and checks that the run is
+halted with exactly one hook, ``succeeded``, whose handler ran at least once (every
+attempt with the hook's id as its idempotency key) and again only when the kill came
+after it ran and before its outcome committed.
+
+- ``between_halt_and_hook``: inside the halting transaction, after the hook row is
+  written: the halt and the hook roll back together, the run is halted again later
+  and owes one hook;
+- ``after_hook_claim``: the hook is claimed, its handler not run: the reap crashes the
+  claim and the hook is re-run;
+- ``in_hook_commit``: the handler ran, its record is not committed: the reap crashes
+  the claim, the handler runs again (at least once as code) and the outcome is
+  recorded once.
+
+Checks: INV-HLT-1, INV-HLT-2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import faults
+from ductwork.db import schema
+from ductwork.fleet.reaper import reap, reap_stale
+from ductwork.testing import drain
+from tests.conftest import TEST_CONFIG, make_app, reset_tables
+from tests.workloads import HOOK_LOG_ENV, HaltingPipeline
+
+EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
+CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads:HaltingPipeline"],
+          "job_worker": {**TEST_CONFIG["job_worker"], "max_retry": 0}}
+
+
+@pytest.fixture
+def hook_app(db_url):
+    from ductwork.app import set_default_app
+    from ductwork.config import Config
+
+    app = make_app(db_url, config=Config.from_section(CONFIG, source="<hook fault tests>"))
+    reset_tables(app.engine)
+    set_default_app(app)
+    yield app
+    set_default_app(None)
+    app.dispose()
+
+
+@pytest.mark.parametrize("action", list(EXIT_CODES))
+@pytest.mark.parametrize("checkpoint", faults.HOOK_CHECKPOINTS)
+def test_hook_checkpoint(hook_app, db_url, checkpoint, action, tmp_path, monkeypatch):
+    app = hook_app
+    log_file = tmp_path / "hooks.log"
+    monkeypatch.setenv(HOOK_LOG_ENV, str(log_file))
+    run = HaltingPipeline.trigger(5)
+    env = {**os.environ, "DUCTWORK_FAULT": f"{checkpoint}:{action}:1", "DUCTWORK_FAULT_SLEEP": "0.05"}
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.integration.fault_child", db_url, json.dumps(CONFIG), "hook-fault-child"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert f"FAULT FIRING {checkpoint}:{action}" in child.stderr, child.stderr[-2000:]
+    assert child.returncode == EXIT_CODES[action], child.stderr[-2000:]
+    (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
+    reap(app, ready.split()[1], force=True)  # its supervisor would force-reap it now
+    reap_stale(app, None)
+    drain(app, timeout=60)
+
+    assert run.refresh().status == "halted"
+    h = schema.halt_hooks
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(h).where(h.c.run_id == run.id)).all()
+    [hook] = rows  # [INV-HLT-1] one hook, one recorded outcome
+    assert (hook.status, hook.claim_token, hook.last_outcome) == ("succeeded", None, "success")
+    attempts = log_file.read_text().splitlines()
+    assert attempts
+    assert {line.split()[0] for line in attempts} == {hook.id}  # the same idempotency key
+    assert {line.split()[1] for line in attempts} == {run.id}
+    died = action in ("kill", "exit")
+    crashed_holding_claim = died and checkpoint in (faults.AFTER_HOOK_CLAIM, faults.IN_HOOK_COMMIT)
+    # [INV-HLT-2] a claim held by a dead worker is crashed and re-run; one raised in the
+    # worker's own thread is crashed by the worker itself
+    raised_in_hook = action == "raise" and checkpoint != faults.BETWEEN_HALT_AND_HOOK
+    assert hook.crash_count == (1 if crashed_holding_claim or raised_in_hook else 0)
+    ran_before_dying = checkpoint == faults.IN_HOOK_COMMIT and action in ("kill", "exit", "raise")
+    assert len(attempts) == (2 if ran_before_dying else 1)  # at least once as code

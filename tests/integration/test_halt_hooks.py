@@ -1,0 +1,331 @@
+"""``on_halt`` hooks end to end on SQLite, PostgreSQL and MySQL: a halted run owes one hook,
+written by the halt's own transaction, claimed and run by a worker, fenced by its claim
+token, retried and re-run within the step budgets, recovered from a dead worker, and
+its outcome recorded once; a run that does not halt owes none.
+
+Checks: INV-HLT-1 (one hook per run by ``uq_halt_hook_run``; a stale claim records
+nothing), INV-HLT-2 (the halt owes the hook; failures retried, crashes re-run, budgets
+end it ``failed``; the reaper re-runs a dead worker's hook).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import Pipeline, Step
+from ductwork.db import schema
+from ductwork.db.ids import new_id
+from ductwork.errors import DefinitionError
+from ductwork.fleet.hooks import run_due_hook
+from ductwork.fleet.processes import register
+from ductwork.fleet.reaper import reap
+from ductwork.pipelines.definition import Definition
+from ductwork.pipelines.hooks import HookClaimLost, claim_hook, record_hook
+from ductwork.testing import drain
+from tests.workloads import HOOK_LOG_ENV, HaltingPipeline, HaltRecorder
+
+SEEN: dict[str, list[dict]] = {}
+FAILS: dict[str, int] = {}
+
+
+class Fail(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        raise RuntimeError(f"fail {self.n}")
+
+
+class Fine(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return self.n
+
+
+class Remember(Step):
+    """Records what it was told, by idempotency key."""
+
+    def __init__(self, halt):
+        self.halt = halt
+
+    def execute(self):
+        SEEN.setdefault(self.idempotency_key, []).append(self.halt)
+
+
+class FlakyTwice(Remember):
+    """Fails its first two attempts, then records."""
+
+    def execute(self):
+        FAILS[self.idempotency_key] = FAILS.get(self.idempotency_key, 0) + 1
+        if FAILS[self.idempotency_key] <= 2:
+            raise ConnectionError(f"pager unreachable (attempt {FAILS[self.idempotency_key]})")
+        super().execute()
+
+
+class AlwaysFails(Remember):
+    def execute(self):
+        raise ConnectionError("pager down")
+
+
+class BrokenInit(Step):
+    def __init__(self, halt):  # noqa: ARG002 - takes the halt, and fails to build
+        raise KeyError("cannot build")
+
+    def execute(self):  # pragma: no cover - never reached
+        return None
+
+
+def halting(handler):
+    class Halting(Pipeline):
+        @classmethod
+        def define(cls, p):
+            p.start(Fail).on_halt(handler)
+
+    return Halting
+
+
+class Completes(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Fine).on_halt(Remember)
+
+
+class HaltsAlwaysFails(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Fail).on_halt(AlwaysFails)
+
+
+class NoHook(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Fail)
+
+
+def hooks(app, run_id=None):
+    h = schema.halt_hooks
+    with app.begin() as tx:
+        stmt = sa.select(h)
+        if run_id is not None:
+            stmt = stmt.where(h.c.run_id == run_id)
+        return tx.execute(stmt).all()
+
+
+@pytest.fixture(autouse=True)
+def _clear():
+    SEEN.clear()
+    FAILS.clear()
+
+
+def test_a_halted_run_gets_one_hook_with_its_halt(manual_app):
+    run = halting(Remember).trigger(7)
+    drain(manual_app, timeout=60)
+    assert run.refresh().status == "halted"
+    [hook] = hooks(manual_app, run.id)
+    assert (hook.status, hook.retry_count, hook.crash_count, hook.last_outcome) == ("succeeded", 0, 0, "success")
+    assert hook.completed_at is not None
+    assert hook.claim_token is None
+    [halt] = SEEN[hook.id]  # the idempotency key is the hook's id [INV-HLT-1]
+    assert halt["run_id"] == run.id
+    assert halt["pipeline"].endswith("Halting")
+    assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Fail#0", "job_retries_exhausted")]
+    assert halt["errors"] == [{"node": "Fail#0", "klass": "builtins.RuntimeError", "message": "fail 7"}]
+
+
+def test_runs_that_do_not_halt_or_declare_no_handler_owe_nothing(manual_app):
+    done, plain = Completes.trigger(1), NoHook.trigger(2)
+    drain(manual_app, timeout=60)
+    assert (done.refresh().status, plain.refresh().status) == ("completed", "halted")
+    assert hooks(manual_app) == []
+    assert SEEN == {}
+
+
+def test_a_failing_handler_is_retried_and_its_failures_logged(manual_app, caplog):
+    run = halting(FlakyTwice).trigger(1)
+    with caplog.at_level(logging.WARNING, logger="ductwork.hooks"):
+        drain(manual_app, timeout=60)
+    [hook] = hooks(manual_app, run.id)
+    assert (hook.status, hook.retry_count, hook.crash_count) == ("succeeded", 2, 0)
+    assert FAILS[hook.id] == 3
+    assert len(SEEN[hook.id]) == 1
+    assert hook.error_klass == "builtins.ConnectionError"  # the last failure stays visible
+    warnings = [r for r in caplog.records if r.name == "ductwork.hooks"]
+    assert [r.attempt for r in warnings] == [0, 1]
+    for record in warnings:
+        assert record.levelno == logging.WARNING
+        assert record.run_id == run.id
+        assert record.hook.endswith("FlakyTwice")
+        assert record.pipeline.endswith("Halting")
+        assert "pager unreachable" in record.getMessage()
+        assert record.exc_text
+        assert "Traceback" in record.exc_text
+
+
+def test_a_handler_that_always_fails_ends_failed_after_its_budget(manual_app, caplog):
+    run = halting(AlwaysFails).trigger(1)
+    with caplog.at_level(logging.WARNING, logger="ductwork.hooks"):
+        drain(manual_app, timeout=60)
+    [hook] = hooks(manual_app, run.id)
+    budget = manual_app.config.job_worker.max_retry
+    assert (hook.status, hook.retry_count, hook.last_outcome) == ("failed", budget, "failure")
+    assert "no retry left" in caplog.records[-1].getMessage()
+    from ductwork.status import render, snapshot
+
+    shown = render(snapshot(manual_app))  # what `ductwork status` prints
+    assert "on_halt hooks:" in shown
+    assert f"failed: run {run.id} {hook.klass}: builtins.ConnectionError: pager down" in shown
+
+
+def test_a_handler_that_cannot_be_built_is_re_run_then_fails(manual_app):
+    run = halting(BrokenInit).trigger(1)
+    drain(manual_app, timeout=60)
+    [hook] = hooks(manual_app, run.id)
+    budget = manual_app.config.job_worker.max_crash
+    assert (hook.status, hook.crash_count, hook.last_outcome) == ("failed", budget, "process_crashed")
+    assert hook.error_klass == "builtins.KeyError"
+
+
+def test_budgets_are_configurable_per_pipeline_and_handler(db_url):
+    from ductwork.app import set_default_app
+    from tests.conftest import make_app, reset_tables
+
+    pipeline = HaltsAlwaysFails
+    from datetime import datetime
+
+    from ductwork.db.clock import ManualClock
+
+    app = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
+                   job_worker={"max_retry": {"default": 2, "HaltsAlwaysFails": {"AlwaysFails": 0}}})
+    reset_tables(app.engine)
+    set_default_app(app)
+    try:
+        run = pipeline.trigger(1)
+        drain(app, timeout=60)
+        [hook] = hooks(app, run.id)
+        assert (hook.status, hook.retry_count) == ("failed", 0)
+    finally:
+        set_default_app(None)
+        app.dispose()
+
+
+def test_one_hook_per_run_is_a_named_constraint(manual_app):
+    run = halting(Remember).trigger(1)
+    drain(manual_app, timeout=60)
+    with pytest.raises(sa.exc.IntegrityError, match=r"uq_halt_hook_run|UNIQUE|Duplicate"), \
+            manual_app.begin() as tx:  # [INV-HLT-1]
+        tx.execute(schema.halt_hooks.insert().values(
+            id=new_id(), run_id=run.id, klass="x:Y", status="pending", eligible_at=tx.now, retry_count=0,
+            crash_count=0, created_at=tx.now, updated_at=tx.now))
+    assert len(hooks(manual_app, run.id)) == 1
+
+
+def test_a_stale_claim_records_nothing_and_the_reaper_re_runs_the_hook(manual_app):
+    run = _halted_with_owed_hook(manual_app, 3)
+    ghost = register(manual_app, role="ghost", label="ghost")
+    claimed = claim_hook(manual_app, ghost)
+    assert claimed is not None
+    assert claimed.run_id == run.id
+    assert claim_hook(manual_app, ghost) is None
+    assert reap(manual_app, ghost, force=True)  # the ghost died holding it: crashed, re-run at once
+    [hook] = hooks(manual_app, run.id)
+    assert (hook.status, hook.crash_count, hook.claim_token) == ("pending", 1, None)
+    live = register(manual_app, role="live", label="live")
+    again = claim_hook(manual_app, live)
+    assert again is not None
+    assert again.claim_token != claimed.claim_token
+    with pytest.raises(HookClaimLost):  # [INV-HLT-1] the ghost's late record is fenced off
+        record_hook(manual_app, claimed, "success")
+    assert hooks(manual_app, run.id)[0].status == "running"
+    assert record_hook(manual_app, again, "success") == "succeeded"
+    with pytest.raises(HookClaimLost):  # recorded once: a repeat matches nothing
+        record_hook(manual_app, again, "success")
+
+
+def test_the_worker_runs_a_due_hook_with_its_idempotency_key(manual_app, tmp_path, monkeypatch):
+    log_file = tmp_path / "hooks.log"
+    monkeypatch.setenv(HOOK_LOG_ENV, str(log_file))
+    run = HaltingPipeline.trigger(4)
+    drain(manual_app, timeout=60)
+    [hook] = hooks(manual_app, run.id)
+    [line] = log_file.read_text().splitlines()
+    key, run_id, reasons, halt = line.split(" ", 3)
+    assert (key, run_id, reasons) == (hook.id, run.id, "job_retries_exhausted")
+    assert json.loads(halt)["pipeline"] == HaltingPipeline.definition.pipeline
+    assert run_due_hook(manual_app, register(manual_app, role="w", label="w")) is None  # nothing left
+
+
+def test_the_snapshot_names_the_handler_only_when_declared():
+    plain, hooked = NoHook.definition.to_json(), HaltingPipeline.definition.to_json()
+    assert "on_halt" not in plain  # a definition without a handler keeps its snapshot and digest
+    assert hooked["on_halt"] == "tests.workloads:HaltRecorder"
+    assert Definition.from_json(hooked) == HaltingPipeline.definition
+    assert Definition.from_json(plain).on_halt is None
+    with pytest.raises(DefinitionError, match=r"on_halt must be 'module:qualname'"):
+        Definition.from_json({**hooked, "on_halt": 3})
+
+
+def test_on_halt_rejects_a_second_handler_and_a_non_step():
+    with pytest.raises(DefinitionError, match="on_halt is declared once"):
+        class Twice(Pipeline):
+            @classmethod
+            def define(cls, p):
+                p.start(Fine).on_halt(HaltRecorder).on_halt(Remember)
+
+    with pytest.raises(DefinitionError, match="valid step class"):
+        class NotAStep(Pipeline):
+            @classmethod
+            def define(cls, p):
+                p.start(Fine).on_halt(object)
+
+
+def _halted_with_owed_hook(app, n=1):
+    """A HaltingPipeline run driven to its halt by a worker that runs no hooks."""
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
+
+    run = HaltingPipeline.trigger(n)
+    worker, advancer = Worker(app), Advancer(app)
+    worker._hook = lambda: None  # this worker runs executions only: the hook is left owed
+    for _ in range(50):
+        advancer.run_once()
+        if run.refresh().status == "halted":
+            return run
+        worker.run_once()
+        app.clock.advance(timedelta(seconds=1))
+    raise AssertionError(f"run {run.id} did not halt")
+
+
+def test_a_hook_held_by_no_thread_of_a_live_process_is_reconciled(manual_app):
+    from ductwork.fleet.supervisor import RECONCILE_GRACE_S, reconcile
+
+    run = _halted_with_owed_hook(manual_app)
+    live = register(manual_app, role="job_worker", label="w")
+    claimed = claim_hook(manual_app, live)
+    assert claimed is not None
+    assert reconcile(manual_app, live, {claimed.hook_id}) == 0  # a thread holds it: left alone
+    manual_app.clock.advance(timedelta(seconds=RECONCILE_GRACE_S + 1))
+    assert reconcile(manual_app, live, set()) == 1  # [INV-HLT-2] no thread holds it: crashed, re-run
+    [hook] = hooks(manual_app, run.id)
+    assert (hook.status, hook.crash_count, hook.process_id) == ("pending", 1, None)
+
+
+def test_an_orphaned_hook_claim_is_swept(manual_app):
+    from ductwork.fleet.reaper import sweep_orphans
+
+    run = _halted_with_owed_hook(manual_app)
+    ghost = register(manual_app, role="ghost", label="ghost")
+    assert claim_hook(manual_app, ghost) is not None
+    with manual_app.begin() as tx:  # its row vanished (a reap that raced the claim)
+        tx.execute(schema.processes.delete().where(schema.processes.c.id == ghost))
+    assert hooks(manual_app, run.id)[0].process_id is None
+    assert sweep_orphans(manual_app) == 0  # not three reaper timeouts old yet
+    manual_app.clock.advance(timedelta(seconds=3 * manual_app.config.supervisor.reaper_timeout + 1))
+    assert sweep_orphans(manual_app) == 1  # [INV-HLT-2]
+    assert hooks(manual_app, run.id)[0].status == "pending"
