@@ -59,6 +59,8 @@ DURING_JOB_EXECUTION = "during_job_execution"
 AFTER_JOB_COMMIT = "after_job_commit"
 # Reaper
 DURING_REAP = "during_reap"
+# Prune (ductwork prune): inside a batch's transaction, its runs' rows deleted but the runs' own
+INSIDE_PRUNE_BATCH = "inside_prune_batch"
 
 CHECKPOINTS = (
     AFTER_BRANCH_CANDIDATE_SELECT,
@@ -80,6 +82,7 @@ CHECKPOINTS = (
     DURING_JOB_EXECUTION,
     AFTER_JOB_COMMIT,
     DURING_REAP,
+    INSIDE_PRUNE_BATCH,
 )
 ACTIONS = ("kill", "exit", "raise", "sleep", "wait")
 
