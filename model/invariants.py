@@ -641,6 +641,35 @@ def inv_ctx_1_set_once(model: PipelinesModel) -> None:
             _fail("INV-CTX-1", f"run {run.id} context keys {sorted(run.context)} disagree with accepted writes")
 
 
+def inv_prn_1_prune_never_touches_a_live_run(model: PipelinesModel) -> None:
+    """A prune deletes only runs that were completed or halted, and finished before its
+    cutoff, when it decided; and it deletes each such run it was asked about."""
+    for prune in model.prunes:
+        pruned = set(prune.pruned)
+        for run_id, status, finished_at_us in prune.considered:
+            allowed = (status in ("completed", "halted") and finished_at_us is not None
+                       and finished_at_us < prune.cutoff_us)
+            if (run_id in pruned) != allowed:
+                _fail("INV-PRN-1", f"prune at cutoff {prune.cutoff_us} µs {'deleted' if run_id in pruned else 'kept'}"
+                      f" run {run_id}, {status} finished at {finished_at_us}")
+
+
+def inv_prn_2_pruned_run_leaves_nothing(model: PipelinesModel) -> None:
+    """A pruned run is gone whole: nothing of it changes after the prune (no step, execution,
+    branch or context write; the engine checks that no row is left), and it is pruned once."""
+    seen: set[str] = set()
+    for prune in model.prunes:
+        for run_id, digest in prune.digests:
+            if run_id in seen:
+                _fail("INV-PRN-2", f"run {run_id} pruned twice")
+            seen.add(run_id)
+            if model.run_digest(run_id) != digest:
+                _fail("INV-PRN-2", f"run {run_id} changed after it was pruned")
+    flagged = {run_id for run_id, run in model.runs.items() if run.pruned}
+    if flagged != seen:
+        _fail("INV-PRN-2", f"runs marked pruned {sorted(flagged)} disagree with the prunes {sorted(seen)}")
+
+
 # =========================================================================== catalogue
 
 INVARIANT_FUNCTIONS: dict[str, Callable[[Any], None]] = {
@@ -660,6 +689,8 @@ INVARIANT_FUNCTIONS: dict[str, Callable[[Any], None]] = {
     "INV-EXE-4": inv_exe_4_budgets,
     "INV-RUN-1": inv_run_1_terminal_final,
     "INV-CTX-1": inv_ctx_1_set_once,
+    "INV-PRN-1": inv_prn_1_prune_never_touches_a_live_run,
+    "INV-PRN-2": inv_prn_2_pruned_run_leaves_nothing,
 }
 LIMITS_INVARIANTS = tuple(i for i in INVARIANT_FUNCTIONS if i.startswith("INV-LIM"))
 PIPELINE_INVARIANTS = tuple(i for i in INVARIANT_FUNCTIONS if not i.startswith("INV-LIM"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.limits import Bucket, LimitJob, LimitsModel, RateEntry, cap_units, next_token_us
-from model.pipelines import Branch, Execution, PipelinesModel
+from model.pipelines import Branch, Execution, PipelinesModel, Run
 
 __all__ = ["MUTANTS", "Mutant"]
 
@@ -107,6 +107,13 @@ class ContextOverwriteAllowed(PipelinesModel):
         return True
 
 
+class PruneLiveRun(PipelinesModel):
+    """A prune batch deletes every run it is asked about, live or not."""
+
+    def _may_prune(self, run: Run, cutoff_us: int) -> bool:
+        return True
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One guard removed: ``model_class`` replaces the model of the ``machine`` noun."""
@@ -130,4 +137,5 @@ MUTANTS = (
     Mutant("crash_budget_off_by_one", "pipelines", CrashBudgetOffByOne, ("INV-EXE-4",)),
     Mutant("invalid_retried", "pipelines", InvalidRetried, ("INV-EXE-4",)),
     Mutant("context_overwrite_allowed", "pipelines", ContextOverwriteAllowed, ("INV-CTX-1",)),
+    Mutant("prune_live_run", "pipelines", PruneLiveRun, ("INV-PRN-1",)),
 )

@@ -10,12 +10,12 @@
 
 Guarantees:
 
-- never a live run [INV-PRUNE-1]: each batch transaction locks its candidate run
+- never a live run [INV-PRN-1]: each batch transaction locks its candidate run
   rows and re-reads their status and finish time under the lock, so a run that is
   ``in_progress`` or ``dampened`` at that moment, or resumed or revived since the
   candidates were chosen, is not touched; a ``completed`` or ``halted`` run never
   becomes live again (INV-RUN-1), so the decision holds until the commit.
-- whole runs only [INV-PRUNE-2]: a batch deletes its runs' rows from every table in
+- whole runs only [INV-PRN-2]: a batch deletes its runs' rows from every table in
   :data:`RUN_TABLES` in one transaction, so a prune killed at any point leaves each
   run either entirely there or entirely gone; running it again carries on.
 - bounded: one batch holds the row locks of at most ``batch_size`` runs and their rows.
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ductwork.prune")
 
-#: the run statuses a prune may delete [INV-PRUNE-1]
+#: the run statuses a prune may delete [INV-PRN-1]
 PRUNABLE = ("completed", "halted")
 #: runs deleted per transaction unless the caller says otherwise
 DEFAULT_BATCH_SIZE = 100
@@ -64,7 +64,7 @@ class RunTable:
 
 #: Every table with rows that belong to a run, in delete order (rows that reference
 #: others first). A new table that references a run is one line here; a unit test
-#: fails when a table with a foreign key into these is missing [INV-PRUNE-2].
+#: fails when a table with a foreign key into these is missing [INV-PRN-2].
 RUN_TABLES: tuple[RunTable, ...] = (
     RunTable(schema.expand_items, "job"),
     RunTable(schema.executions, "job"),
@@ -112,7 +112,7 @@ def _finished(r: sa.Table) -> sa.ColumnElement[Any]:
 
 
 def _may_prune(status: str) -> bool:
-    """The live-run guard: only a final run may be deleted [INV-PRUNE-1]."""
+    """The live-run guard: only a final run may be deleted [INV-PRN-1]."""
     return status in PRUNABLE
 
 
@@ -135,7 +135,7 @@ def prune_batch(tx: Tx, run_ids: list[str], cutoff: datetime) -> dict[str, int]:
     locked = tx.execute(dialects.for_update(
         sa.select(r.c.id, r.c.status, _finished(r).label("finished_at"))
         .where(r.c.id.in_(dialects.inline_ids(sorted(run_ids)))).order_by(r.c.id), tx.conn)).all()
-    ids = sorted(row.id for row in locked if _may_prune(row.status)  # [INV-PRUNE-1] re-checked under the lock
+    ids = sorted(row.id for row in locked if _may_prune(row.status)  # [INV-PRN-1] re-checked under the lock
                  and row.finished_at is not None and row.finished_at < cutoff)
     if not ids:
         return {}
@@ -148,7 +148,7 @@ def prune_batch(tx: Tx, run_ids: list[str], cutoff: datetime) -> dict[str, int]:
         if run_table.table is schema.runs:
             faults.hit(faults.INSIDE_PRUNE_BATCH)  # every row of the runs deleted but the runs' own
         deleted[run_table.table.name] = tx.execute(
-            run_table.table.delete().where(_rows_of(run_table, batch))).rowcount  # [INV-PRUNE-2] every table
+            run_table.table.delete().where(_rows_of(run_table, batch))).rowcount  # [INV-PRN-2] every table
     return deleted
 
 

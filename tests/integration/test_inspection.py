@@ -5,7 +5,7 @@ render them (one source of truth), their errors and read-only-ness; ``ductwork
 prune``: what it deletes and what it never touches, batches, dry runs, and a
 prune killed inside a batch.
 
-Checks: INV-PRUNE-1 (never a live run, re-checked under the lock), INV-PRUNE-2
+Checks: INV-PRN-1 (never a live run, re-checked under the lock), INV-PRN-2
 (a pruned run leaves no row; a killed batch leaves whole runs), INV-CLK-1 (the
 cutoff is database time).
 """
@@ -286,8 +286,8 @@ def test_prune_deletes_old_final_runs_whole_and_never_a_live_one(clocked, db_url
     assert (result.runs, result.batches, batches, result.rows) == (2, 2, [1, 1], gone_before)
     assert pruning.render(result).startswith("deleted 2 runs finished before 2026-01-02 12:00:00")
     assert " UTC in 2 batches\n" in pruning.render(result)
-    assert set(_rows_of(clocked, [done.id, halted.id]).values()) == {0}  # [INV-PRUNE-2] no row behind
-    assert _rows_of(clocked, [waiting.id, later.id, fresh.id]) == kept_before  # [INV-PRUNE-1]
+    assert set(_rows_of(clocked, [done.id, halted.id]).values()) == {0}  # [INV-PRN-2] no row behind
+    assert _rows_of(clocked, [waiting.id, later.id, fresh.id]) == kept_before  # [INV-PRN-1]
     with pytest.raises(UnknownRunError):
         done.history()
     assert pruning.prune(clocked, timedelta(days=1)).runs == 0  # a second prune finds nothing
@@ -309,7 +309,7 @@ def test_the_prune_command_prints_counts_per_table(app, db_url, capsys):
 
 
 def test_a_batch_rechecks_each_run_under_its_lock(clocked):
-    """Candidates chosen, then the run resumed before the batch: the batch leaves it [INV-PRUNE-1]."""
+    """Candidates chosen, then the run resumed before the batch: the batch leaves it [INV-PRN-1]."""
     waiting, done = Waits.trigger(1), Fans.trigger(1)
     drain(clocked)
     clocked.clock.advance(timedelta(days=1))
@@ -323,7 +323,7 @@ def test_a_batch_rechecks_each_run_under_its_lock(clocked):
 
 def test_prune_rows_cover_every_table_that_references_a_run():
     """A table with a foreign key into a run's tables must be in RUN_TABLES (else a prune
-    would fail on it, or leave its rows behind) [INV-PRUNE-2]."""
+    would fail on it, or leave its rows behind) [INV-PRN-2]."""
     listed = {t.table.name for t in pruning.RUN_TABLES}
     for table in schema.metadata.sorted_tables:
         if any(fk.column.table.name in listed for fk in table.foreign_keys):
@@ -332,7 +332,7 @@ def test_prune_rows_cover_every_table_that_references_a_run():
 
 def test_a_prune_killed_inside_a_batch_leaves_whole_runs(app, db_url):
     """SIGKILL inside the second batch's transaction: the first batch's run is gone, every
-    other run is whole, and a second prune finishes the job [INV-PRUNE-2]."""
+    other run is whole, and a second prune finishes the job [INV-PRN-2]."""
     runs = [Fans.trigger(2) for _ in range(3)]
     drain(app)
     before = {run.id: _rows_of(app, [run.id]) for run in runs}

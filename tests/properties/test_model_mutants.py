@@ -1,7 +1,7 @@
 """Tests that must fail: each model mutant (one guard removed) makes its machine go red.
 
 Checks: that the invariants below can fail at all — INV-LIM-1, INV-LIM-2, INV-LIM-4,
-INV-LIM-5, INV-LIM-6, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-4, INV-CTX-1 — and that
+INV-LIM-5, INV-LIM-6, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-4, INV-CTX-1, INV-PRN-1 — and that
 their failure message names the ID.
 """
 
