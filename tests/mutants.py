@@ -190,6 +190,13 @@ MUTANTS: dict[str, Mutant] = {
          ("_end_branches(tx, ending, _b.c.claim_token.is_(None))  # [INV-ADV-2] still free: locked above",
           "_end_branches(tx, ending, sa.true())  # mutant: held or not")),
     ),
+    "prune_without_recheck": Mutant(
+        "a prune batch deletes its candidate runs without re-reading their status under the lock: "
+        "a live run among them goes [INV-PRN-1]",
+        "a prune batch re-checks each run's status and finish time under its lock [INV-PRN-1]",
+        (("if _may_prune(row.status, row.finished_at, cutoff))  # [INV-PRN-1] re-checked under the lock",
+          "if True)  # mutant: not re-checked"),),
+    ),
 }
 
 

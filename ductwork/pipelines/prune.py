@@ -111,9 +111,10 @@ def _finished(r: sa.Table) -> sa.ColumnElement[Any]:
     return sa.func.coalesce(r.c.completed_at, r.c.halted_at)
 
 
-def _may_prune(status: str) -> bool:
-    """The live-run guard: only a final run may be deleted [INV-PRN-1]."""
-    return status in PRUNABLE
+def _may_prune(status: str, finished_at: datetime | None, cutoff: datetime) -> bool:
+    """The live-run guard: only a completed or halted run that finished before the cutoff
+    may be deleted [INV-PRN-1]."""
+    return status in PRUNABLE and finished_at is not None and finished_at < cutoff
 
 
 def candidates(tx: Tx, cutoff: datetime, limit: int) -> list[str]:
@@ -135,8 +136,8 @@ def prune_batch(tx: Tx, run_ids: list[str], cutoff: datetime) -> dict[str, int]:
     locked = tx.execute(dialects.for_update(
         sa.select(r.c.id, r.c.status, _finished(r).label("finished_at"))
         .where(r.c.id.in_(dialects.inline_ids(sorted(run_ids)))).order_by(r.c.id), tx.conn)).all()
-    ids = sorted(row.id for row in locked if _may_prune(row.status)  # [INV-PRN-1] re-checked under the lock
-                 and row.finished_at is not None and row.finished_at < cutoff)
+    ids = sorted(row.id for row in locked
+                 if _may_prune(row.status, row.finished_at, cutoff))  # [INV-PRN-1] re-checked under the lock
     if not ids:
         return {}
     batch = dialects.inline_ids(ids)

@@ -15,7 +15,7 @@ row of INVARIANTS.md's engine-mutant table, in the "engine mutants" section at t
 end of the run.
 
 Checks the detectors of: INV-LIM-1, INV-LIM-2, INV-LIM-4, INV-LIM-5, INV-LIM-6,
-INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2.
+INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2, INV-PRN-1.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ DETECTORS = {
         "tests/integration/test_exactly_once.py::test_racing_claims_on_one_branch_have_one_winner[sqlite]",
     "inline_takes_held_branch":
         "tests/integration/test_exactly_once.py::test_a_success_leaves_a_held_branch_to_its_advancer[sqlite]",
+    "prune_without_recheck":
+        "tests/integration/test_inspection.py::test_a_batch_rechecks_each_run_under_its_lock[sqlite]",
 }
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")
