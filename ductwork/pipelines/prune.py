@@ -145,7 +145,7 @@ def prune_batch(tx: Tx, run_ids: list[str], cutoff: datetime) -> dict[str, int]:
     # by row within one DELETE, so the links inside the runs go first (all three databases alike).
     tx.execute(b.update().where(b.c.run_id.in_(batch)).values(parent_id=None, barrier_id=None))
     deleted: dict[str, int] = {}
-    for index, run_table in enumerate(RUN_TABLES):
+    for run_table in RUN_TABLES:
         if run_table.table is schema.runs:
             faults.hit(faults.INSIDE_PRUNE_BATCH)  # every row of the runs deleted but the runs' own
         deleted[run_table.table.name] = tx.execute(

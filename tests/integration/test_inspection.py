@@ -19,7 +19,6 @@ import sys
 from datetime import datetime, timedelta
 
 import pytest
-import sqlalchemy as sa
 
 import ductwork
 from ductwork import Pipeline, Step
@@ -148,9 +147,11 @@ def test_history_of_a_completed_fan_out(clocked):
     children = [b for b in history.branches if b.parent_id is not None]
     assert sorted(b.barrier_index for b in children) == [0, 1, 2]
     for step in history.steps:
-        assert step.wait is None and step.status == "completed"
+        assert step.wait is None
+        assert step.status == "completed"
         assert [x.outcome for x in step.executions] == ["success"]
-        assert step.executions[0].claimed_at is not None and step.executions[0].error is None
+        assert step.executions[0].claimed_at is not None
+        assert step.executions[0].error is None
     with pytest.raises(AttributeError):
         history.run.status = "halted"  # type: ignore[misc]  # frozen
 
@@ -161,7 +162,8 @@ def test_history_of_a_halted_run_names_the_error_and_the_backtrace_on_request(cl
     history = run.history()
     assert (history.run.status, history.run.halt_reasons) == ("halted", ("job_retries_exhausted",))
     (failed,) = [s for s in history.steps if s.status == "failed"]
-    assert failed.node == "Boom#1" and len(failed.executions) == 3  # max_retry 2
+    assert failed.node == "Boom#1"
+    assert len(failed.executions) == 3
     assert [x.outcome for x in failed.executions] == ["failure"] * 3
     assert {(x.error.klass, x.error.message, x.error.backtrace) for x in failed.executions if x.error} == {
         ("builtins.ValueError", "boom 4", None)}
@@ -171,10 +173,13 @@ def test_history_of_a_halted_run_names_the_error_and_the_backtrace_on_request(cl
 
     code, out, err = _cli(capsys, db_url, "show", run.id)
     assert (code, err) == (0, "")
-    assert f"run {run.id}  halted" in out and "halt reasons  job_retries_exhausted" in out
-    assert "builtins.ValueError: boom 4" in out and "raise ValueError" not in out
+    assert f"run {run.id}  halted" in out
+    assert "halt reasons  job_retries_exhausted" in out
+    assert "builtins.ValueError: boom 4" in out
+    assert "raise ValueError" not in out
     code, out, _ = _cli(capsys, db_url, "show", run.id, "--backtrace")
-    assert code == 0 and "raise ValueError" in out
+    assert code == 0
+    assert "raise ValueError" in out
     code, out, _ = _cli(capsys, db_url, "show", run.id, "--json")
     document = json.loads(out)
     assert (code, document["format"], document["run"]["status"]) == (0, 1, "halted")
@@ -188,7 +193,8 @@ def test_waits_delay_dampen_and_a_keys_concurrency(clocked):
     waiting = Waits.trigger(1)
     _work_now(clocked)  # Later's delayed step stays pending
     (delayed,) = [s for s in later.history().steps if s.status == "in_progress"]
-    assert delayed.wait is not None and delayed.wait.kind == "delay"
+    assert delayed.wait is not None
+    assert delayed.wait.kind == "delay"
     assert delayed.wait.until == clocked.now() + timedelta(days=30)
     (branch,) = waiting.history().branches
     assert (branch.status, branch.wait) == ("dampened", ductwork.Wait(kind="resume"))
@@ -215,7 +221,9 @@ def test_list_runs_filters_and_the_runs_command(clocked, db_url, capsys):
     assert len(list_runs(clocked, limit=1)) == 1
     code, out, err = _cli(capsys, db_url, "runs", "--status", "halted")
     assert (code, err) == (0, "")
-    assert failed.id in out and "job_retries_exhausted" in out and old.id not in out
+    assert failed.id in out
+    assert "job_retries_exhausted" in out
+    assert old.id not in out
     code, out, _ = _cli(capsys, db_url, "runs", "--json", "--limit", "2")
     document = json.loads(out)
     assert [r["id"] for r in document["runs"]] == [waiting.id, failed.id]
@@ -233,17 +241,19 @@ def test_list_runs_filters_and_the_runs_command(clocked, db_url, capsys):
     (["prune", "--finished-before", "1d", "--batch-size", "0"],
      "ductwork prune: RunFilterError: --batch-size=0: expected a whole number of runs, at least 1"),
 ])
-def test_bad_values_are_one_named_line_and_exit_1(app, db_url, capsys, argv, message):
+def test_bad_values_are_one_named_line_and_exit_1(app, db_url, capsys, argv, message):  # noqa: ARG001 - app: migrated, empty tables
     code, out, err = _cli(capsys, db_url, *argv)
     assert (code, out) == (1, "")
-    assert err.startswith(message) and err.count("\n") == 1, err
+    assert err.startswith(message), err
+    assert err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("argv", [["runs"], ["show", "x"], ["prune", "--finished-before", "1d"]])
 def test_inspection_and_prune_never_create_a_sqlite_file(tmp_path, capsys, argv):
     url = f"sqlite:///{tmp_path}/absent.sqlite3"
     code, _, err = _cli(capsys, url, *argv)
-    assert code == 1 and "MissingDatabaseError" in err
+    assert code == 1
+    assert "MissingDatabaseError" in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -262,7 +272,7 @@ def _rows_of(app, run_ids) -> dict[str, int]:
         return pruning._count(tx, sorted(run_ids))
 
 
-def test_prune_deletes_old_final_runs_whole_and_never_a_live_one(clocked, db_url, capsys):
+def test_prune_deletes_old_final_runs_whole_and_never_a_live_one(clocked):
     done, halted, waiting = Fans.trigger(2), Fails.trigger(1), Waits.trigger(1)
     drain(clocked)
     later = Later.trigger(1)  # its delayed step stays pending: in progress
@@ -282,7 +292,7 @@ def test_prune_deletes_old_final_runs_whole_and_never_a_live_one(clocked, db_url
     assert _rows_of(clocked, [done.id, halted.id]) == gone_before  # a dry run deletes nothing
 
     batches = []
-    result = pruning.prune(clocked, timedelta(days=1), batch_size=1, on_batch=lambda n, rows: batches.append(n))
+    result = pruning.prune(clocked, timedelta(days=1), batch_size=1, on_batch=lambda n, _rows: batches.append(n))
     assert (result.runs, result.batches, batches, result.rows) == (2, 2, [1, 1], gone_before)
     assert pruning.render(result).startswith("deleted 2 runs finished before 2026-01-02 12:00:00")
     assert " UTC in 2 batches\n" in pruning.render(result)
@@ -302,7 +312,8 @@ def test_the_prune_command_prints_counts_per_table(app, db_url, capsys):
     assert out.startswith("would delete 1 runs finished before ")
     code, out, err = _cli(capsys, db_url, "prune", "--finished-before", "0", "--batch-size", "1")
     assert (code, err) == (0, "")
-    assert "deleted 1 runs finished before " in out and " in 1 batches" in out
+    assert "deleted 1 runs finished before " in out
+    assert " in 1 batches" in out
     for name, n in rows.items():
         assert f"\n  {name:<21}  {n}" in out
     assert waiting.refresh().status == "dampened"

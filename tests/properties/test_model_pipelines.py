@@ -216,9 +216,8 @@ class PipelinesModelMachine(RuleBasedStateMachine):
             assert self.model.context_get(run_id, key) == value
 
     @precondition(lambda self: self.model.live_runs())
-    @rule(data=st.data(), back_us=st.sampled_from([0, 1, 1_000_000]), limit=st.sampled_from([None, 1, 2]),
-          ask_live=st.booleans())
-    def prune(self, data, back_us, limit, ask_live):
+    @rule(back_us=st.sampled_from([0, 1, 1_000_000]), limit=st.sampled_from([None, 1, 2]), ask_live=st.booleans())
+    def prune(self, back_us, limit, ask_live):
         """A prune batch at now − back_us; ``ask_live``: its candidates are every run not yet
         pruned (as if chosen before a resume), so the guard must refuse the live ones."""
         cutoff = self.model.now_us - back_us

@@ -31,6 +31,7 @@ EXPECTED = {
     "INV-ADV-1", "INV-ADV-2", "INV-ADV-3", "INV-ADV-4",
     "INV-EXE-1", "INV-EXE-2", "INV-EXE-3", "INV-EXE-4", "INV-EXE-5",
     "INV-RUN-1", "INV-CTX-1", "INV-CLK-1",
+    "INV-PRN-1", "INV-PRN-2",
 }
 
 
