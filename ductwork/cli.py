@@ -9,7 +9,7 @@
                                    runs, newest first
     ductwork show RUN_ID [--json] [--backtrace]
                                    one run's branches, steps, executions, errors and waits
-    ductwork prune --finished-before DURATION [--dry-run] [--batch-size N]
+    ductwork prune --finished-before DURATION [--dry-run] [--pipeline P] [--batch-size N]
                                    delete completed and halted runs, whole, in batches
 
 Options for every command: ``--database-url`` (else ``DUCTWORK_DATABASE_URL``,
@@ -104,6 +104,7 @@ def _inspection_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     prune.add_argument("--finished-before", required=True, metavar="DURATION",
                        help="runs that finished more than this long ago (database time), e.g. '30d', '1w'")
     prune.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
+    prune.add_argument("--pipeline", help="only runs of this pipeline (module:Class, or the bare class name)")
     prune.add_argument("--batch-size", default=str(DEFAULT_BATCH_SIZE),
                        help=f"runs per transaction (default {DEFAULT_BATCH_SIZE})")
 
@@ -142,7 +143,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from datetime import timedelta
+    from datetime import datetime, timedelta
 
     from ductwork.durations import parse_period
     from ductwork.errors import DurationError, RunFilterError
@@ -155,11 +156,14 @@ def cmd_prune(args: argparse.Namespace) -> int:
     batch_size = _whole("--batch-size", args.batch_size)
     app = _connect(args)
 
+    def start(cutoff: datetime) -> None:
+        print(f"pruning runs finished before {cutoff.isoformat(sep=' ')} UTC", flush=True)
+
     def progress(runs: int, rows: dict[str, int]) -> None:
         print(f"batch: {runs} runs, {sum(rows.values())} rows", flush=True)
 
     result = prune(app, timedelta(seconds=seconds), batch_size=batch_size, dry_run=args.dry_run,
-                   on_batch=progress)
+                   pipeline=args.pipeline, on_start=start, on_batch=progress)
     print(render(result))
     return 0
 

@@ -117,13 +117,22 @@ def _may_prune(status: str, finished_at: datetime | None, cutoff: datetime) -> b
     return status in PRUNABLE and finished_at is not None and finished_at < cutoff
 
 
-def candidates(tx: Tx, cutoff: datetime, limit: int) -> list[str]:
-    """Up to ``limit`` prunable run ids that finished before ``cutoff``, oldest first
-    (read without locks; :func:`prune_batch` re-checks each under its lock)."""
+def _prunable(cutoff: datetime, pipeline: str | None) -> sa.ColumnElement[bool]:
     r = schema.runs
-    return list(tx.execute(
-        sa.select(r.c.id).where(r.c.status.in_(PRUNABLE), _finished(r) < cutoff)
-        .order_by(_finished(r), r.c.id).limit(limit)).scalars())
+    where = sa.and_(r.c.status.in_(PRUNABLE), _finished(r) < cutoff)
+    if pipeline is not None:
+        where = sa.and_(where, r.c.pipeline_klass == pipeline if ":" in pipeline
+                        else r.c.pipeline_klass.like(f"%:{pipeline}"))
+    return where
+
+
+def candidates(tx: Tx, cutoff: datetime, limit: int, pipeline: str | None = None) -> list[str]:
+    """Up to ``limit`` prunable run ids (of ``pipeline`` if given) that finished before
+    ``cutoff``, oldest first (read without locks; :func:`prune_batch` re-checks each under
+    its lock)."""
+    r = schema.runs
+    return list(tx.execute(sa.select(r.c.id).where(_prunable(cutoff, pipeline))
+                           .order_by(_finished(r), r.c.id).limit(limit)).scalars())
 
 
 def prune_batch(tx: Tx, run_ids: list[str], cutoff: datetime) -> dict[str, int]:
@@ -160,10 +169,13 @@ def _count(tx: Tx, run_ids: list[str]) -> dict[str, int]:
 
 
 def prune(app: App, finished_before: timedelta, *, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False,
+          pipeline: str | None = None, on_start: Callable[[datetime], None] | None = None,
           on_batch: Callable[[int, dict[str, int]], None] | None = None) -> PruneResult:
     """Delete completed and halted runs that finished more than ``finished_before`` ago
     (database time), ``batch_size`` runs per transaction, until none is left.
 
+    ``pipeline``: only runs of this pipeline (``module:QualName``, or the bare class name).
+    ``on_start(cutoff)``: called once the cutoff is read, before the first batch.
     ``dry_run``: count what would go, in one read-only transaction, and delete nothing.
     ``on_batch(runs, rows)``: called after each committed batch (the CLI prints progress).
     Every committed batch is logged at INFO.
@@ -176,9 +188,7 @@ def prune(app: App, finished_before: timedelta, *, batch_size: int = DEFAULT_BAT
         with app.begin(readonly=True) as tx:
             cutoff = tx.now - finished_before  # [INV-CLK-1] the database's now
             result = PruneResult(cutoff, True)
-            r = schema.runs
-            ids = list(tx.execute(sa.select(r.c.id).where(r.c.status.in_(PRUNABLE), _finished(r) < cutoff))
-                       .scalars())
+            ids = list(tx.execute(sa.select(schema.runs.c.id).where(_prunable(cutoff, pipeline))).scalars())
             result.runs = len(ids)
             for start in range(0, len(ids), batch_size):
                 for name, n in _count(tx, ids[start:start + batch_size]).items():
@@ -187,10 +197,12 @@ def prune(app: App, finished_before: timedelta, *, batch_size: int = DEFAULT_BAT
     with app.begin(readonly=True) as tx:
         cutoff = tx.now - finished_before  # [INV-CLK-1] one cutoff for every batch
     result = PruneResult(cutoff, False)
+    if on_start is not None:
+        on_start(cutoff)
     while True:
         def one_batch() -> tuple[bool, dict[str, int]]:
             with app.begin() as tx:
-                found = candidates(tx, cutoff, batch_size)
+                found = candidates(tx, cutoff, batch_size, pipeline)
                 return bool(found), prune_batch(tx, found, cutoff)
 
         found, deleted = dialects.retry_transient(one_batch)

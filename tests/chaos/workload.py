@@ -11,6 +11,11 @@ Keys: ``api`` (concurrency 3 and a rate) is shared by ``ChaosFan``'s items and
 witness rows is only ever used with that ``limit_by``. ``Flaky`` fails its first
 attempt (a retry), ``Nap`` after a ``delay``. Durations come from the input, so a
 round with one seed is the same workload every time.
+
+``ChaosRetained`` is what the round's prunes delete (``ductwork prune --pipeline``):
+unwitnessed steps (a pruned run's witness rows would name steps that no longer exist),
+a delay so some of its runs are live when a prune runs, and a step that fails every
+attempt for every third input, so some halt.
 """
 
 from __future__ import annotations
@@ -170,7 +175,34 @@ class ChaosDivertKeyed(Pipeline):
         p.start(Route).divert(to={0: VendorCall, "otherwise": VendorCall}, limit_by="vendor").converge(into=Total)
 
 
-PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed]
+class Plain(Step):
+    """An unwitnessed step (ChaosRetained's): returns its input."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def execute(self):
+        return self.value
+
+
+class FailsOnThirds(Plain):
+    """Fails every attempt when its input is a multiple of 3: the run halts."""
+
+    def execute(self):
+        if self.value % 3 == 0:
+            raise RuntimeError(f"retained run {self.value}: fails on purpose")
+        return self.value
+
+
+class ChaosRetained(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Plain).chain(to=FailsOnThirds, delay=0.5)
+
+
+#: the pipeline the round's prunes are limited to (``ductwork prune --pipeline``)
+RETAINED = "tests.chaos.workload:ChaosRetained"
+PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed, ChaosRetained]
 
 
 def trigger_workload(app, scale: int) -> list:
@@ -185,4 +217,6 @@ def trigger_workload(app, scale: int) -> list:
         runs.append(ChaosDivide.trigger(i, app=app))
         runs.append(ChaosDivideKeyed.trigger(i, app=app))
         runs.append(ChaosDivertKeyed.trigger(i, app=app))
+    for i in range(6 * scale):
+        runs.append(ChaosRetained.trigger(i, app=app))
     return runs

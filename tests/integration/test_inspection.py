@@ -310,6 +310,9 @@ def test_the_prune_command_prints_counts_per_table(app, db_url, capsys):
     code, out, err = _cli(capsys, db_url, "prune", "--finished-before", "0", "--dry-run")
     assert (code, err) == (0, "")
     assert out.startswith("would delete 1 runs finished before ")
+    code, out, _ = _cli(capsys, db_url, "prune", "--finished-before", "0", "--pipeline", "Fails")
+    assert code == 0
+    assert "deleted 0 runs finished before " in out  # only Fails runs: there are none
     code, out, err = _cli(capsys, db_url, "prune", "--finished-before", "0", "--batch-size", "1")
     assert (code, err) == (0, "")
     assert "deleted 1 runs finished before " in out
