@@ -767,7 +767,8 @@ class PipelinesModel:
 
     def prunable_runs(self, cutoff_us: int) -> list[str]:
         """Runs ``prune(cutoff_us)`` deletes: completed or halted before ``cutoff_us``,
-        oldest finish first (the engine's candidate order)."""
+        oldest finish first (the engine picks its batches in another order; the set a
+        whole prune deletes is the same)."""
         runs = [r for r in self.runs.values() if not r.pruned and r.status in FINAL_RUN_STATES
                 and r.finished_at_us is not None and r.finished_at_us < cutoff_us]
         return [r.id for r in sorted(runs, key=lambda r: (r.finished_at_us, self._id_order(r.id)))]

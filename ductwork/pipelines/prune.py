@@ -68,7 +68,7 @@ class RunTable:
 RUN_TABLES: tuple[RunTable, ...] = (
     RunTable(schema.expand_items, "job"),
     RunTable(schema.executions, "job"),
-    RunTable(schema.advancements, "branch"),
+    RunTable(schema.advancements, "step"),  # by step: ix_advancement_step (no index on branch_id)
     RunTable(schema.jobs, "step"),
     RunTable(schema.steps, "run"),
     RunTable(schema.context, "run"),
@@ -117,22 +117,32 @@ def _may_prune(status: str, finished_at: datetime | None, cutoff: datetime) -> b
     return status in PRUNABLE and finished_at is not None and finished_at < cutoff
 
 
+def _of_pipeline(pipeline: str) -> sa.ColumnElement[bool]:
+    r = schema.runs
+    return r.c.pipeline_klass == pipeline if ":" in pipeline else r.c.pipeline_klass.like(f"%:{pipeline}")
+
+
 def _prunable(cutoff: datetime, pipeline: str | None) -> sa.ColumnElement[bool]:
     r = schema.runs
     where = sa.and_(r.c.status.in_(PRUNABLE), _finished(r) < cutoff)
-    if pipeline is not None:
-        where = sa.and_(where, r.c.pipeline_klass == pipeline if ":" in pipeline
-                        else r.c.pipeline_klass.like(f"%:{pipeline}"))
-    return where
+    return where if pipeline is None else sa.and_(where, _of_pipeline(pipeline))
 
 
 def candidates(tx: Tx, cutoff: datetime, limit: int, pipeline: str | None = None) -> list[str]:
     """Up to ``limit`` prunable run ids (of ``pipeline`` if given) that finished before
-    ``cutoff``, oldest first (read without locks; :func:`prune_batch` re-checks each under
-    its lock)."""
+    ``cutoff``, oldest trigger first (read without locks; :func:`prune_batch` re-checks
+    each under its lock). One query per status, each a walk of ``ix_run_status_triggered``
+    that stops after ``limit`` matches, so a batch does not sort every finished run."""
     r = schema.runs
-    return list(tx.execute(sa.select(r.c.id).where(_prunable(cutoff, pipeline))
-                           .order_by(_finished(r), r.c.id).limit(limit)).scalars())
+    found: list[str] = []
+    for status, finished in (("completed", r.c.completed_at), ("halted", r.c.halted_at)):
+        if len(found) >= limit:
+            break
+        query = sa.select(r.c.id).where(r.c.status == status, finished < cutoff)
+        if pipeline is not None:
+            query = query.where(_of_pipeline(pipeline))
+        found += tx.execute(query.order_by(r.c.triggered_at, r.c.id).limit(limit - len(found))).scalars()
+    return found
 
 
 def prune_batch(tx: Tx, run_ids: list[str], cutoff: datetime) -> dict[str, int]:
