@@ -188,6 +188,22 @@ def test_history_of_a_halted_run_names_the_error_and_the_backtrace_on_request(cl
     assert {**document, "now": None} == {**expected, "now": None}  # the CLI's clock is the database's
 
 
+def test_a_revived_run_names_its_source_even_once_that_is_pruned(clocked, db_url, capsys):
+    """``revived_from`` (migration 0003) is shown; the run it names may be gone (pruned)."""
+    source, revived = Fails.trigger(1), Fans.trigger(1)
+    drain(clocked, skip_delays=True)
+    with clocked.begin() as tx:  # as a revive records it
+        tx.execute(schema.runs.update().where(schema.runs.c.id == revived.id).values(revived_from=source.id))
+    clocked.clock.advance(timedelta(days=1))
+    assert pruning.prune(clocked, timedelta(hours=1), pipeline="Fails").runs == 1
+    assert revived.history().run.revived_from == source.id
+    code, out, _ = _cli(capsys, db_url, "show", revived.id)
+    assert code == 0
+    assert f"revived from  {source.id} (that run may have been pruned since)" in out
+    code, out, _ = _cli(capsys, db_url, "runs", "--json")
+    assert [(r["id"], r["revived_from"]) for r in json.loads(out)["runs"]] == [(revived.id, source.id)]
+
+
 def test_waits_delay_dampen_and_a_keys_concurrency(clocked):
     later = Later.trigger(1)
     waiting = Waits.trigger(1)

@@ -221,9 +221,11 @@ def test_engine_prunes_what_the_model_prunes(db_url):
     engine = dialects.create_engine(db_url)
     examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
 
+    PRUNE_COVERAGE.clear()
+
     @settings(settings(), max_examples=examples, deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(scenario=pipeline_scenarios(), config=pipeline_configs(), runs=st.integers(1, 4),
+    @given(scenario=pipeline_scenarios(), config=pipeline_configs(), runs=st.integers(2, 4),
            back_halves=st.sampled_from([0, 1, 3, 5]), batch=st.sampled_from([1, 2, 100]))
     def agree(scenario, config, runs, back_halves, batch):
         check_prune_agreement(db_url, engine, scenario, config, runs, back_halves, batch)
