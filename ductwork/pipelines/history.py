@@ -311,6 +311,13 @@ def parse_since(value: str, now: datetime) -> datetime:
                                            "or an ISO 8601 time (e.g. '2026-01-01T12:00:00Z')")
 
 
+def of_pipeline(pipeline: str) -> sa.ColumnElement[bool]:
+    """Runs of ``pipeline``: ``module:QualName`` exactly, or a bare class name as the part
+    after the colon (``ductwork runs --pipeline``, ``ductwork prune --pipeline``)."""
+    klass = schema.runs.c.pipeline_klass
+    return klass == pipeline if ":" in pipeline else klass.endswith(f":{pipeline}", autoescape=True)
+
+
 def list_runs(app: App, *, status: str | None = None, pipeline: str | None = None,
               since: str | datetime | None = None, limit: int = DEFAULT_LIMIT) -> list[RunRecord]:
     """Runs, newest trigger first: at most ``limit`` (1..MAX_LIMIT) of them, of ``status``
@@ -327,8 +334,7 @@ def list_runs(app: App, *, status: str | None = None, pipeline: str | None = Non
         if status is not None:
             query = query.where(r.c.status == status)
         if pipeline is not None:
-            query = query.where(r.c.pipeline_klass == pipeline if ":" in pipeline
-                                else r.c.pipeline_klass.like(f"%:{pipeline}"))
+            query = query.where(of_pipeline(pipeline))
         if since is not None:
             query = query.where(r.c.triggered_at >= (since if isinstance(since, datetime)
                                                      else parse_since(since, tx.now)))

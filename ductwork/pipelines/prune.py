@@ -39,6 +39,7 @@ import sqlalchemy as sa
 from ductwork import faults
 from ductwork.db import dialects, schema
 from ductwork.errors import RunFilterError
+from ductwork.pipelines.history import of_pipeline
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -117,15 +118,10 @@ def _may_prune(status: str, finished_at: datetime | None, cutoff: datetime) -> b
     return status in PRUNABLE and finished_at is not None and finished_at < cutoff
 
 
-def _of_pipeline(pipeline: str) -> sa.ColumnElement[bool]:
-    r = schema.runs
-    return r.c.pipeline_klass == pipeline if ":" in pipeline else r.c.pipeline_klass.like(f"%:{pipeline}")
-
-
 def _prunable(cutoff: datetime, pipeline: str | None) -> sa.ColumnElement[bool]:
     r = schema.runs
     where = sa.and_(r.c.status.in_(PRUNABLE), _finished(r) < cutoff)
-    return where if pipeline is None else sa.and_(where, _of_pipeline(pipeline))
+    return where if pipeline is None else sa.and_(where, of_pipeline(pipeline))
 
 
 def candidates(tx: Tx, cutoff: datetime, limit: int, pipeline: str | None = None) -> list[str]:
@@ -140,7 +136,7 @@ def candidates(tx: Tx, cutoff: datetime, limit: int, pipeline: str | None = None
             break
         query = sa.select(r.c.id).where(r.c.status == status, finished < cutoff)
         if pipeline is not None:
-            query = query.where(_of_pipeline(pipeline))
+            query = query.where(of_pipeline(pipeline))
         found += tx.execute(query.order_by(r.c.triggered_at, r.c.id).limit(limit - len(found))).scalars()
     return found
 
