@@ -890,8 +890,17 @@ def check_inv_prn_1(history: History) -> list[str]:
     runs. A run that was live in the read before and finished before a cutoff later than
     that read (a prune slow to start) cannot be judged and is not reported; a prune
     killed before printing its cutoff is judged by status alone.
+
+    Independently of timing: a run seen ``dampened`` by any read stays dampened (the
+    harness resumes none of the pruned pipeline's runs), so it must still be there at
+    the end.
     """
     out = []
+    runs = {run.run_id for run in history.runs}
+    dampened = {run_id for prune in _prunes(history) for run_id, (status, _) in prune["before"].items()
+                if status == "dampened"}
+    for run_id in sorted(dampened - runs):
+        out.append(f"INV-PRN-1: run {run_id} was dampened (live) and is gone")
     for prune in _prunes(history):
         cutoff = _cutoff_us(prune)
         gone = set(prune["before"]) - set(prune["after"])

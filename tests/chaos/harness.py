@@ -264,7 +264,8 @@ class ChaosRound:
 
     def _retained_aged(self) -> bool:
         now, runs = self._retained()
-        return all(finished is not None and now - finished > 1_000_000 for _, finished in runs.values())
+        return all(status == "dampened" or (finished is not None and now - finished > 1_000_000)
+                   for status, finished in runs.values())
 
     def _prune(self, fault: str | None, fresh: int = 0) -> dict:
         """Trigger ``fresh`` ChaosRetained runs, read every such run's status, run ``ductwork

@@ -893,15 +893,21 @@ def _whole(run_id: str, status: str = "completed") -> History:
 
 
 def test_prn_1_holds_when_only_old_final_runs_go():
-    history = _whole("kept", "in_progress")
-    history.kills = [_prune({"old": ["completed", 5 * S], "halt": ["halted", 6 * S], "kept": ["in_progress", None]},
+    history = _whole("kept", "dampened")
+    history.kills = [_prune({"old": ["completed", 5 * S], "halt": ["halted", 6 * S], "kept": ["dampened", None]},
                             ["kept"])]
     assert check_inv_prn_1(history) == []
 
 
 def test_prn_1_a_live_run_deleted():
-    history = History(kills=[_prune({"live": ["dampened", None]}, [])])
-    assert check_inv_prn_1(history) == ["INV-PRN-1: prune at 1.0 s deleted run live, which was dampened"]
+    history = History(kills=[_prune({"live": ["in_progress", None]}, [])])
+    assert check_inv_prn_1(history) == ["INV-PRN-1: prune at 1.0 s deleted run live, which was in_progress"]
+
+
+def test_prn_1_a_dampened_run_that_is_gone():
+    """Seen dampened by one read (kept then), gone at the end: a later prune took it."""
+    history = History(kills=[_prune({"waits": ["dampened", None]}, ["waits"])])
+    assert check_inv_prn_1(history) == ["INV-PRN-1: run waits was dampened (live) and is gone"]
 
 
 def test_prn_1_a_run_finished_after_the_cutoff_deleted():

@@ -14,8 +14,9 @@ round with one seed is the same workload every time.
 
 ``ChaosRetained`` is what the round's prunes delete (``ductwork prune --pipeline``):
 unwitnessed steps (a pruned run's witness rows would name steps that no longer exist),
-a delay so some of its runs are live when a prune runs, and a step that fails every
-attempt for every third input, so some halt.
+a delay so some of its runs are in progress when a prune runs, a step that fails every
+attempt for every third input, so those halt, and a dampen after it, so the others
+stay dampened: live runs that nothing resumes, which no prune may ever delete.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ class FailsOnThirds(Plain):
 class ChaosRetained(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Plain).chain(to=FailsOnThirds, delay=0.5)
+        p.start(Plain).chain(to=FailsOnThirds, delay=0.5).dampen(before=Plain)
 
 
 #: the pipeline the round's prunes are limited to (``ductwork prune --pipeline``)
