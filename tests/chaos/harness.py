@@ -92,7 +92,7 @@ def make_plan(seed: int, duration_s: float, *, connections: bool, container: boo
         if action == "kill_host_at_checkpoint":
             event["fault"] = f"{rng.choice(FAULTABLE)}:kill:{rng.randint(2, 12)}"
         if action == "prune" and rng.random() < 0.5:
-            event["fault"] = f"{faults.INSIDE_PRUNE_BATCH}:kill:{rng.randint(1, 3)}"
+            event["fault"] = f"{faults.INSIDE_PRUNE_BATCH}:kill:{rng.randint(1, 2)}"
         plan.append(event)
         at += rng.uniform(0.4, 1.2)
     if container:
@@ -273,8 +273,8 @@ class ChaosRound:
         from tests.chaos.workload import ChaosRetained
 
         try:
-            for i in range(fresh):
-                ChaosRetained.trigger(1000 + len(self.kills) * 10 + i, app=self.app)
+            for i in range(fresh):  # a multiple of 3 halts (a later prune's), the others stay dampened
+                ChaosRetained.trigger(3 * (1000 + len(self.kills)) + i, app=self.app)
             before_us, before = self._retained()
         except sa.exc.DBAPIError as error:  # the database is down (a restart in the plan)
             return {"target": "prune", "note": f"database unavailable: {type(error).__name__}"}

@@ -209,6 +209,8 @@ PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, C
 def trigger_workload(app, scale: int) -> list:
     """Trigger one round's runs; returns their handles."""
     runs = []
+    for i in range(6 * scale):  # first: the earliest prunes find some of them halted
+        runs.append(ChaosRetained.trigger(i, app=app))
     for i in range(2 * scale):
         runs.append(ChaosFan.trigger(60 + 20 * i, app=app))
     for i in range(8 * scale):
@@ -218,6 +220,4 @@ def trigger_workload(app, scale: int) -> list:
         runs.append(ChaosDivide.trigger(i, app=app))
         runs.append(ChaosDivideKeyed.trigger(i, app=app))
         runs.append(ChaosDivertKeyed.trigger(i, app=app))
-    for i in range(6 * scale):
-        runs.append(ChaosRetained.trigger(i, app=app))
     return runs
