@@ -19,16 +19,32 @@ from ductwork.errors import (
     DivertError,
     DuctworkError,
     OverwriteError,
+    RunFilterError,
     StartError,
+    UnknownRunError,
 )
 from ductwork.pipelines.context import Context
 from ductwork.pipelines.definition import PipelineBuilder
+from ductwork.pipelines.history import (
+    AdvancementRecord,
+    BranchRecord,
+    ErrorRecord,
+    ExecutionRecord,
+    RunHistory,
+    RunRecord,
+    StepRecord,
+    Wait,
+    list_runs,
+)
 from ductwork.pipelines.pipeline import Pipeline
+from ductwork.pipelines.prune import PruneResult, prune
 from ductwork.pipelines.runs import Run, StepError, StepInfo
 from ductwork.pipelines.step import Step
 
 __all__ = [
+    "AdvancementRecord",
     "App",
+    "BranchRecord",
     "CollapseError",
     "CombineError",
     "ConfigError",
@@ -37,15 +53,26 @@ __all__ = [
     "DefinitionError",
     "DivertError",
     "DuctworkError",
+    "ErrorRecord",
+    "ExecutionRecord",
     "OverwriteError",
     "Pipeline",
     "PipelineBuilder",
+    "PruneResult",
     "Run",
+    "RunFilterError",
+    "RunHistory",
+    "RunRecord",
     "StartError",
     "Step",
     "StepError",
     "StepInfo",
+    "StepRecord",
+    "UnknownRunError",
+    "Wait",
     "connect",
+    "list_runs",
+    "prune",
 ]
 
 __version__ = "0.1.0"

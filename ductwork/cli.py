@@ -5,6 +5,12 @@
     ductwork start [--role R]      run a supervisor with advancer and worker processes
     ductwork status                runs by state, processes, and each limit key
     ductwork demo                  a pipeline with limits on an embedded SQLite file
+    ductwork runs [--status S] [--pipeline P] [--since T] [--limit N] [--json]
+                                   runs, newest first
+    ductwork show RUN_ID [--json] [--backtrace]
+                                   one run's branches, steps, executions, errors and waits
+    ductwork prune --finished-before DURATION [--dry-run] [--pipeline P] [--batch-size N]
+                                   delete completed and halted runs, whole, in batches
 
 Options for every command: ``--database-url`` (else ``DUCTWORK_DATABASE_URL``,
 then the config's ``database.url``, then ``sqlite:///ductwork.sqlite3``),
@@ -67,9 +73,99 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--role", choices=["all", "advancer", "worker"], help="override the config's role")
     start.add_argument("--label", default="supervisor", help="names this supervisor's process rows")
     commands.add_parser("status", help="runs, processes and limit keys", parents=[common])
+    _inspection_parsers(commands, common)
     demo = commands.add_parser("demo", help="run a demo pipeline on an embedded SQLite file", parents=[common])
     demo.add_argument("--orders", type=int, default=12, help="orders to sync (default 12)")
     return parser
+
+
+# --------------------------------------------------------------------------- inspection and retention
+
+
+def _inspection_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``runs``, ``show`` and ``prune`` (issue 16: inspection without SQL, retention)."""
+    from ductwork.pipelines.history import DEFAULT_LIMIT
+    from ductwork.pipelines.prune import DEFAULT_BATCH_SIZE
+
+    runs = commands.add_parser("runs", help="list runs, newest first (read-only)", parents=[common])
+    runs.add_argument("--status", help="in_progress, dampened, completed or halted")
+    runs.add_argument("--pipeline", help="module:Class, or the bare class name")
+    runs.add_argument("--since", help="triggered at or after: a duration back from now ('1h', '2d') "
+                                      "or an ISO 8601 time")
+    runs.add_argument("--limit", default=str(DEFAULT_LIMIT), help=f"at most this many (default {DEFAULT_LIMIT})")
+    runs.add_argument("--json", action="store_true", help="one JSON document (docs/operating.md)")
+    show = commands.add_parser("show", help="one run's branches, steps, executions and waits (read-only)",
+                               parents=[common])
+    show.add_argument("run_id", metavar="RUN_ID")
+    show.add_argument("--json", action="store_true", help="one JSON document (docs/operating.md)")
+    show.add_argument("--backtrace", action="store_true", help="include each error's traceback")
+    prune = commands.add_parser("prune", help="delete completed and halted runs that finished long ago",
+                                parents=[common])
+    prune.add_argument("--finished-before", required=True, metavar="DURATION",
+                       help="runs that finished more than this long ago (database time), e.g. '30d', '1w'")
+    prune.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
+    prune.add_argument("--pipeline", help="only runs of this pipeline (module:Class, or the bare class name)")
+    prune.add_argument("--batch-size", default=str(DEFAULT_BATCH_SIZE),
+                       help=f"runs per transaction (default {DEFAULT_BATCH_SIZE})")
+
+
+def _whole(option: str, text: str) -> int:
+    from ductwork.errors import RunFilterError
+
+    if not text.isdigit():
+        raise RunFilterError(option, text, "expected a whole number")
+    return int(text)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    import json
+
+    from ductwork.pipelines.history import JSON_FORMAT, list_runs, render_runs, run_json
+
+    limit = _whole("--limit", args.limit)
+    app = _connect(args)
+    records = list_runs(app, status=args.status, pipeline=args.pipeline, since=args.since, limit=limit)
+    if args.json:
+        print(json.dumps({"format": JSON_FORMAT, "runs": [run_json(r) for r in records]}, indent=2))
+    else:
+        print(render_runs(records))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import json
+
+    from ductwork.pipelines.history import history_json, render_history, run_history
+
+    history = run_history(_connect(args), args.run_id, backtraces=args.backtrace)
+    print(json.dumps(history_json(history), indent=2) if args.json else render_history(history))
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from datetime import datetime, timedelta
+
+    from ductwork.durations import parse_period
+    from ductwork.errors import DurationError, RunFilterError
+    from ductwork.pipelines.prune import prune, render
+
+    try:
+        seconds = 0 if args.finished_before == "0" else parse_period(args.finished_before)
+    except DurationError as error:
+        raise RunFilterError("--finished-before", args.finished_before, str(error)) from None
+    batch_size = _whole("--batch-size", args.batch_size)
+    app = _connect(args)
+
+    def start(cutoff: datetime) -> None:
+        print(f"pruning runs finished before {cutoff.isoformat(sep=' ')} UTC", flush=True)
+
+    def progress(runs: int, rows: dict[str, int]) -> None:
+        print(f"batch: {runs} runs, {sum(rows.values())} rows", flush=True)
+
+    result = prune(app, timedelta(seconds=seconds), batch_size=batch_size, dry_run=args.dry_run,
+                   pipeline=args.pipeline, on_start=start, on_batch=progress)
+    print(render(result))
+    return 0
 
 
 #: the internal command a supervisor starts its children with
@@ -200,7 +296,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_status,
-            "demo": cmd_demo, CHILD: cmd_child}
+            "demo": cmd_demo, "runs": cmd_runs, "show": cmd_show, "prune": cmd_prune, CHILD: cmd_child}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

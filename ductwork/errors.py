@@ -31,6 +31,8 @@ The tree::
     ├── UnknownStepClassError (LookupError) a stored class name is not of the configured pipelines
     ├── OverwriteError                    Context.set on a key already set (``Context.OverwriteError``)
     ├── RunStateError                     an operation not allowed in the run's state (resume)
+    │   └── UnknownRunError (LookupError) no run has this id (never triggered, or pruned)
+    ├── RunFilterError (ValueError)       a run-listing or prune option is malformed (names it)
     ├── InputError (TypeError)            trigger/resume/context input is not JSON-serialisable
     ├── PayloadError (InputError, StepReturnError)  a value breaks the one payload rule (payloads.dump)
     │   ├── NotJSONError                  not JSON-serialisable (NaN, ∞, a set, an object)
@@ -307,6 +309,23 @@ class OverwriteError(DuctworkError):
 
 class RunStateError(DuctworkError):
     """The run is not in a state that allows the operation."""
+
+
+class UnknownRunError(RunStateError, LookupError):
+    """No run has this id: it was never triggered, or ``ductwork prune`` deleted it."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r} (never triggered, or pruned)")
+
+
+class RunFilterError(DuctworkError, ValueError):
+    """An option of ``ductwork runs``/``show``/``prune`` (or its Python call) is malformed."""
+
+    def __init__(self, option: str, value: object, reason: str):
+        self.option = option
+        self.value = value
+        super().__init__(f"{option}={value!r}: {reason}")
 
 
 class InputError(DuctworkError, TypeError):

@@ -65,6 +65,8 @@ AFTER_HOOK_CLAIM = "after_hook_claim"
 IN_HOOK_COMMIT = "in_hook_commit"
 #: the checkpoints only a halting run with an on_halt handler passes
 HOOK_CHECKPOINTS = (BETWEEN_HALT_AND_HOOK, AFTER_HOOK_CLAIM, IN_HOOK_COMMIT)
+# Prune (ductwork prune): inside a batch's transaction, its runs' rows deleted but the runs' own
+INSIDE_PRUNE_BATCH = "inside_prune_batch"
 
 CHECKPOINTS = (
     AFTER_BRANCH_CANDIDATE_SELECT,
@@ -87,6 +89,7 @@ CHECKPOINTS = (
     AFTER_JOB_COMMIT,
     DURING_REAP,
     *HOOK_CHECKPOINTS,
+    INSIDE_PRUNE_BATCH,
 )
 ACTIONS = ("kill", "exit", "raise", "sleep", "wait")
 

@@ -723,6 +723,37 @@ def inv_hlt_2_halted_run_gets_its_hook(model: PipelinesModel) -> None:
         _fail("INV-HLT-2", f"hooks {model.open_hooks()} are open at quiescence")
 
 
+def inv_prn_1_prune_never_touches_a_live_run(model: PipelinesModel) -> None:
+    """A prune deletes only runs that were completed or halted, finished before its cutoff
+    and owed no on_halt hook still to run, when it decided; and it deletes each such run it
+    was asked about."""
+    for prune in model.prunes:
+        pruned = set(prune.pruned)
+        for run_id, status, finished_at_us, hook_open in prune.considered:
+            allowed = (status in ("completed", "halted") and finished_at_us is not None
+                       and finished_at_us < prune.cutoff_us and not hook_open)
+            if (run_id in pruned) != allowed:
+                _fail("INV-PRN-1", f"prune at cutoff {prune.cutoff_us} µs {'deleted' if run_id in pruned else 'kept'}"
+                      f" run {run_id}, {status} finished at {finished_at_us}"
+                      f"{', its on_halt hook still to run' if hook_open else ''}")
+
+
+def inv_prn_2_pruned_run_leaves_nothing(model: PipelinesModel) -> None:
+    """A pruned run is gone whole: nothing of it changes after the prune (no step, execution,
+    branch or context write; the engine checks that no row is left), and it is pruned once."""
+    seen: set[str] = set()
+    for prune in model.prunes:
+        for run_id, digest in prune.digests:
+            if run_id in seen:
+                _fail("INV-PRN-2", f"run {run_id} pruned twice")
+            seen.add(run_id)
+            if model.run_digest(run_id) != digest:
+                _fail("INV-PRN-2", f"run {run_id} changed after it was pruned")
+    flagged = {run_id for run_id, run in model.runs.items() if run.pruned}
+    if flagged != seen:
+        _fail("INV-PRN-2", f"runs marked pruned {sorted(flagged)} disagree with the prunes {sorted(seen)}")
+
+
 # =========================================================================== catalogue
 
 INVARIANT_FUNCTIONS: dict[str, Callable[[Any], None]] = {
@@ -744,6 +775,8 @@ INVARIANT_FUNCTIONS: dict[str, Callable[[Any], None]] = {
     "INV-CTX-1": inv_ctx_1_set_once,
     "INV-HLT-1": inv_hlt_1_hook_outcome_once,
     "INV-HLT-2": inv_hlt_2_halted_run_gets_its_hook,
+    "INV-PRN-1": inv_prn_1_prune_never_touches_a_live_run,
+    "INV-PRN-2": inv_prn_2_pruned_run_leaves_nothing,
 }
 LIMITS_INVARIANTS = tuple(i for i in INVARIANT_FUNCTIONS if i.startswith("INV-LIM"))
 PIPELINE_INVARIANTS = tuple(i for i in INVARIANT_FUNCTIONS if not i.startswith("INV-LIM"))

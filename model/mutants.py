@@ -120,6 +120,11 @@ class HookNotOwed(PipelinesModel):
 
     def _owe_hook(self, run: Run) -> None:
         return None
+class PruneLiveRun(PipelinesModel):
+    """A prune batch deletes every run it is asked about, live or not."""
+
+    def _may_prune(self, run: Run, cutoff_us: int) -> bool:
+        return True
 
 
 @dataclass(frozen=True)
@@ -147,4 +152,5 @@ MUTANTS = (
     Mutant("context_overwrite_allowed", "pipelines", ContextOverwriteAllowed, ("INV-CTX-1",)),
     Mutant("hook_fence_dropped", "hooks", HookFenceDropped, ("INV-HLT-1",)),
     Mutant("hook_not_owed", "hooks", HookNotOwed, ("INV-HLT-2",)),
+    Mutant("prune_live_run", "pipelines", PruneLiveRun, ("INV-PRN-1",)),
 )

@@ -13,8 +13,9 @@ interleave them: ``trigger``, ``run_execution``, ``claim_branch``, ``advance``,
 the batched ``advance_on_success(es)`` (a worker's success advancing its branch in
 its own transaction), ``claim_branches`` and ``advance_batch`` (an advancer's batch;
 each defined as the single operations one by one), ``advancer_error``,
-``advancer_crash``, ``resume``, ``context_set`` and ``advance_clock``; and the
-``on_halt`` hook a halted run owes (``claim_hook``, ``run_hook``, ``reap_hook``).
+``advancer_crash``, ``resume``, ``context_set``, ``prune`` (retention: deletes final
+runs whole) and ``advance_clock``; and the ``on_halt`` hook a halted run owes
+(``claim_hook``, ``run_hook``, ``reap_hook``).
 ``drive(oracle)`` and the module-level ``run_to_quiescence`` run everything to
 quiescence deterministically and ``summary`` gives the comparable result.
 
@@ -58,6 +59,7 @@ __all__ = [
     "Outcome",
     "PipelineConfig",
     "PipelinesModel",
+    "Prune",
     "Run",
     "RunSummary",
     "Step",
@@ -375,6 +377,11 @@ class Run:
     status_history: list[str] = field(default_factory=lambda: ["in_progress"])
     branches: list[str] = field(default_factory=list)
     context: dict[str, Any] = field(default_factory=dict)
+    #: model time at which it became completed or halted; None while live
+    finished_at_us: int | None = None
+    #: deleted by ``prune``: its records stay here, frozen, for the invariants; the
+    #: engine has no row of it left [INV-PRN-2]
+    pruned: bool = False
 
 
 @dataclass(frozen=True)
@@ -396,6 +403,18 @@ class ContextWrite:
     overwrite: bool
     existed: bool
     accepted: bool
+
+
+@dataclass(frozen=True)
+class Prune:
+    """One ``prune`` transaction: its cutoff, the runs it was asked about, and for each the
+    status and finish time it had when the prune decided (the engine's lock re-read)."""
+
+    cutoff_us: int
+    considered: tuple[tuple[str, str, int | None, bool], ...]
+    pruned: tuple[str, ...]
+    #: digest of each pruned run's records when it was pruned (nothing may change them after)
+    digests: tuple[tuple[str, bytes], ...]
 
 
 def resolve_run_status(branch_statuses: Sequence[str]) -> str:
@@ -482,6 +501,7 @@ class PipelinesModel:
     hook_outcomes: list[tuple[str, str]] = field(default_factory=list)
     #: ``(kind, hook_id, token)`` for every hook claim and fenced record [INV-HLT-1]
     hook_log: list[tuple[str, str, int]] = field(default_factory=list)
+    prunes: list[Prune] = field(default_factory=list)
     _ids: Counter[str] = field(default_factory=Counter)
 
     # ----------------------------------------------------------------- clock
@@ -796,7 +816,7 @@ class PipelinesModel:
         Input is ``[input]`` if given, else ``[output of the dampen step]``
         (semantics §3 item 8). A run without dampened branches is left alone.
         """
-        run = self.runs[run_id]
+        run = self._live(run_id)
         resumed = 0
         for branch_id in run.branches:
             branch = self.branches[branch_id]
@@ -878,12 +898,70 @@ class PipelinesModel:
             final = "failed"
         hook.status = final
         self.hook_outcomes.append((hook.id, final))
+    # ----------------------------------------------------------------- retention
+
+    def prunable_runs(self, cutoff_us: int) -> list[str]:
+        """Runs ``prune(cutoff_us)`` deletes: completed or halted before ``cutoff_us``,
+        oldest finish first (the engine picks its batches in another order; the set a
+        whole prune deletes is the same)."""
+        runs = [r for r in self.runs.values() if not r.pruned and self._may_prune(r, cutoff_us)]
+        return [r.id for r in sorted(runs, key=lambda r: (r.finished_at_us, self._id_order(r.id)))]
+
+    def prune(self, cutoff_us: int, limit: int | None = None, candidates: Sequence[str] | None = None) -> list[str]:
+        """One prune batch: of ``candidates`` (default: ``prunable_runs(cutoff_us)``), up
+        to ``limit``, delete each run the guard still allows (final, finished before the
+        cutoff) with every record of it; returns the pruned ids. A candidate the guard
+        refuses (live, or finished later) is left untouched [INV-PRN-1]."""
+        chosen = list(self.prunable_runs(cutoff_us) if candidates is None else candidates)
+        if limit is not None:
+            chosen = chosen[:limit]
+        considered, pruned, digests = [], [], []
+        for run_id in chosen:
+            run = self.runs.get(run_id)
+            if run is None or run.pruned:
+                continue
+            considered.append((run_id, run.status, run.finished_at_us, self._hook_open(run)))
+            if not self._may_prune(run, cutoff_us):  # [INV-PRN-1] the live-run guard
+                continue
+            run.pruned = True  # [INV-PRN-2] the whole run: every branch, step and execution with it
+            pruned.append(run_id)
+            digests.append((run_id, self.run_digest(run_id)))
+        self.prunes.append(Prune(cutoff_us, tuple(considered), tuple(pruned), tuple(digests)))
+        return pruned
+
+    def prune_all(self, cutoff_us: int, batch: int) -> list[str]:
+        """``prune`` in batches of ``batch`` until nothing is left (the engine's ``prune``)."""
+        done: list[str] = []
+        while True:
+            pruned = self.prune(cutoff_us, limit=batch)
+            if not pruned:
+                return done
+            done += pruned
+
+    def run_digest(self, run_id: str) -> bytes:
+        """Every record of the run, serialised (equal digests: nothing of it changed)."""
+        run = self.runs[run_id]
+        branches = [self.branches[b] for b in run.branches]
+        steps = [self.steps[s] for b in branches for s in b.steps]
+        executions = [self.executions[e] for s in steps for e in s.executions]
+        return pickle.dumps((run.status, run.status_history, run.context, run.finished_at_us, branches, steps,
+                             executions))
+
+    def live_runs(self) -> list[str]:
+        """Runs not pruned (the engine has rows of exactly these)."""
+        return [run_id for run_id, run in self.runs.items() if not run.pruned]
+
+    def _live(self, run_id: str) -> Run:
+        run = self.runs[run_id]
+        if run.pruned:
+            raise PreconditionError(f"run {run_id} was pruned")
+        return run
 
     # ----------------------------------------------------------------- context
 
     def context_set(self, run_id: str, key: str, value: Any, overwrite: bool = False) -> Any:
         """Set a run-scoped context value; a second set without ``overwrite`` raises ``OverwriteError``."""
-        run = self.runs[run_id]
+        run = self._live(run_id)
         existed = key in run.context
         accepted = self._context_accepts(existed, overwrite)  # [INV-CTX-1] the unique (run, key) row
         self.context_writes.append(ContextWrite(run_id, key, overwrite, existed, accepted))
@@ -1015,6 +1093,17 @@ class PipelinesModel:
                              self.fence_log, self.outcomes, self.now_us, self.hooks, self.hook_outcomes))
 
     # ----------------------------------------------------------------- hooks (mutants override)
+
+    def _may_prune(self, run: Run, cutoff_us: int) -> bool:
+        """The live-run guard: only a completed or halted run that finished before the
+        cutoff, and owes no on_halt hook still to run, may be deleted [INV-PRN-1]."""
+        return (run.status in FINAL_RUN_STATES and run.finished_at_us is not None
+                and run.finished_at_us < cutoff_us and not self._hook_open(run))
+
+    def _hook_open(self, run: Run) -> bool:
+        """The run owes an on_halt hook whose outcome is not recorded yet (live work)."""
+        hook = self.hook_of(run.id)
+        return hook is not None and hook.status in ("pending", "running")
 
     def _fence_ok(self, branch: Branch, token: int) -> bool:
         """The fence: the branch is held and its token is the caller's [INV-ADV-2]."""
@@ -1169,6 +1258,8 @@ class PipelinesModel:
         if status != run.status:
             run.status = status
             run.status_history.append(status)
+            if status in FINAL_RUN_STATES:
+                run.finished_at_us = self.now_us
             if status == "halted":
                 self._owe_hook(run)
 

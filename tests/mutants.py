@@ -227,6 +227,13 @@ MUTANTS: dict[str, Mutant] = {
         (("hooks = crash_hooks_of(app, tx, process_id)  # [INV-HLT-2] a dead worker's hook is re-run",
           "hooks = []  # mutant: hooks left running"),),
     ),
+    "prune_without_recheck": Mutant(
+        "a prune batch deletes its candidate runs without re-reading their status under the lock: "
+        "a live run among them goes [INV-PRN-1]",
+        "a prune batch re-checks each run's status and finish time under its lock [INV-PRN-1]",
+        (("bool(row.hook_open)))  # [INV-PRN-1] re-checked under the lock",
+          "bool(row.hook_open)) or True)  # mutant: not re-checked"),),
+    ),
 }
 
 

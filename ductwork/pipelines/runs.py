@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from ductwork.db import dialects, schema
 from ductwork.db.database import default_app
 from ductwork.db.ids import new_id
-from ductwork.errors import DefinitionError, RunStateError
+from ductwork.errors import DefinitionError, RunStateError, UnknownRunError
 from ductwork.pipelines import payloads
 from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.hooks import owe_hooks
@@ -40,6 +40,7 @@ from ductwork.pipelines.steps import NewStep, create_branches, create_steps, lat
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
     from ductwork.db.database import Tx
+    from ductwork.pipelines.history import RunHistory
 
 TERMINAL = ("completed", "halted")
 SETTLED = ("completed", "halted", "dampened")
@@ -260,7 +261,7 @@ class Run:
                 sa.select(r.c.status, r.c.pipeline_klass, r.c.triggered_at).where(r.c.id == self.id)
             ).first()
             if row is None:
-                raise RunStateError(f"run {self.id} does not exist")
+                raise UnknownRunError(self.id)
             reasons = tx.execute(sa.select(b.c.halt_reason)
                                  .where(b.c.run_id == self.id, b.c.status == "halted")).scalars()
             self.halt_reasons = sorted(reason for reason in reasons if reason is not None)
@@ -313,6 +314,15 @@ class Run:
         return [_step_info(row, items[row.job_id] if row.job_id in items
                            else payloads.get(row.job_id, {}).get("payload"), executions.get(row.job_id, []))
                 for row in rows]
+
+    def history(self, *, backtraces: bool = False) -> RunHistory:
+        """The run's branches, steps, executions, errors, timings, limit keys and waits as
+        typed records (what ``ductwork show`` prints), in one read-only transaction.
+        ``backtraces``: include each error's traceback. Raises UnknownRunError once the run
+        was pruned."""
+        from ductwork.pipelines.history import run_history
+
+        return run_history(self.app, self.id, backtraces=backtraces)
 
     def resume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
         """Continue a dampened run: every dampened branch gets its next step.

@@ -926,6 +926,91 @@ def check_inv_hlt_2(history: History) -> list[str]:
     return out
 
 
+# --------------------------------------------------------------------------- retention
+
+
+def _prunes(history: History) -> list[dict]:
+    """The harness's prune records (``kills`` with ``action == "prune"`` that ran)."""
+    return [k for k in history.kills if k.get("action") == "prune" and "before" in k]
+
+
+def _cutoff_us(prune: dict) -> int | None:
+    from tests.chaos.history import to_us
+
+    return to_us(prune["cutoff"]) if prune.get("cutoff") else None
+
+
+def check_inv_prn_1(history: History) -> list[str]:
+    """INV-PRN-1: a prune deleted only runs that were completed or halted, and finished
+    before its cutoff.
+
+    For each prune the harness read every run of the pruned pipeline (status, finish
+    time) just before it, and which still existed just after. A run that went in between
+    must have been completed or halted before the prune, finished before its cutoff (the
+    line ``ductwork prune`` prints before its first batch). Assumes nothing else deletes
+    runs. A run that was live in the read before and finished before a cutoff later than
+    that read (a prune slow to start) cannot be judged and is not reported; a prune
+    killed before printing its cutoff is judged by status alone.
+
+    Independently of timing: a run seen ``dampened`` by any read stays dampened (the
+    harness resumes none of the pruned pipeline's runs), so it must still be there at
+    the end.
+    """
+    out = []
+    runs = {run.run_id for run in history.runs}
+    dampened = {run_id for prune in _prunes(history) for run_id, (status, _) in prune["before"].items()
+                if status == "dampened"}
+    for run_id in sorted(dampened - runs):
+        out.append(f"INV-PRN-1: run {run_id} was dampened (live) and is gone")
+    for prune in _prunes(history):
+        cutoff = _cutoff_us(prune)
+        gone = set(prune["before"]) - set(prune["after"])
+        for run_id in sorted(gone):
+            status, finished = prune["before"][run_id]
+            if status not in ("completed", "halted"):
+                if cutoff is None or cutoff <= prune["before_us"]:
+                    out.append(f"INV-PRN-1: prune at {prune.get('at_s')} s deleted run {run_id}, which was {status}")
+            elif cutoff is not None and (finished is None or finished >= cutoff):
+                out.append(f"INV-PRN-1: prune at {prune.get('at_s')} s deleted run {run_id}, finished at "
+                           f"{finished} µs, not before its cutoff {cutoff} µs")
+    return out
+
+
+def check_inv_prn_2(history: History) -> list[str]:
+    """INV-PRN-2: a pruned run left no row, and every run is whole.
+
+    No branch, step or execution names a run that is not in the history (a prune killed
+    inside a batch must not leave part of a run); every run has a branch and a step; no
+    run a prune deleted is present at the end; after the round's last prune (no fault),
+    no run of the pruned pipeline that finished before its cutoff is left (a killed
+    prune's work was finished). Assumes the harness's last record is that last prune.
+    """
+    out = []
+    runs = {run.run_id for run in history.runs}
+    for kind, rows in (("branch", history.branches), ("step", history.steps), ("execution", history.executions)):
+        for row in rows:
+            if row.run_id is not None and row.run_id not in runs:
+                ident = getattr(row, f"{kind}_id")
+                out.append(f"INV-PRN-2: {kind} {ident} belongs to run {row.run_id}, which has no run row")
+    with_branch = {b.run_id for b in history.branches}
+    with_step = {s.run_id for s in history.steps}
+    for run_id in sorted(runs - (with_branch & with_step)):
+        out.append(f"INV-PRN-2: run {run_id} has {'no branch' if run_id not in with_branch else 'no step'}")
+    prunes = _prunes(history)
+    for prune in prunes:
+        for run_id in sorted((set(prune["before"]) - set(prune["after"])) & runs):
+            out.append(f"INV-PRN-2: run {run_id}, deleted by the prune at {prune.get('at_s')} s, is back")
+    last = [p for p in prunes if p.get("last")]
+    if last and last[-1].get("cutoff"):
+        cutoff = _cutoff_us(last[-1])
+        assert cutoff is not None
+        for run_id, (status, finished) in sorted(last[-1]["before"].items()):
+            if (run_id in runs and status in ("completed", "halted") and finished is not None
+                    and finished < cutoff):
+                out.append(f"INV-PRN-2: run {run_id} ({status}, finished before the last prune's cutoff) is left")
+    return out
+
+
 # --------------------------------------------------------------------------- all
 
 CHECKERS: dict[str, Callable[[History], list[str]]] = {
@@ -943,6 +1028,8 @@ CHECKERS: dict[str, Callable[[History], list[str]]] = {
     "INV-RUN-1": check_inv_run_1,
     "INV-HLT-1": check_inv_hlt_1,
     "INV-HLT-2": check_inv_hlt_2,
+    "INV-PRN-1": check_inv_prn_1,
+    "INV-PRN-2": check_inv_prn_2,
 }
 
 

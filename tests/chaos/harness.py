@@ -14,10 +14,13 @@ A round
    random worker, advancer or supervisor (restarted), kill a whole host
    (restarted, sometimes with a fault checkpoint armed so its children die there),
    freeze a whole host past ``reaper_timeout`` (SIGSTOP, then SIGCONT: zombies),
-   terminate the fleet's database connections from the server side, and, where
-   the database runs in a container, restart the server once;
+   terminate the fleet's database connections from the server side, run
+   ``ductwork prune --pipeline ChaosRetained`` (sometimes killed inside a batch,
+   after triggering two fresh runs so some are live), and, where the database runs
+   in a container, restart the server once;
 4. a **quiet phase**: faults off, a healthy fleet, until every run is completed,
-   halted or dampened and every on_halt hook owed has its outcome (bounded);
+   halted or dampened and every on_halt hook owed has its outcome (bounded), then
+   one last prune (it finishes what a killed one left);
 5. stops the fleet, reads the history (execution, step, branch and run rows,
    witness rows the step bodies wrote, the harness's own kill log) and runs the
    independent checkers of ``tests/chaos/checkers.py`` over it.
@@ -54,7 +57,7 @@ from ductwork.db import schema
 from tests import mutants
 from tests.chaos.checkers import check_all
 from tests.chaos.history import History, read_history
-from tests.chaos.workload import LIMITS, PIPELINES, WITNESS, trigger_workload
+from tests.chaos.workload import LIMITS, PIPELINES, RETAINED, WITNESS, trigger_workload
 from tests.fleet import Fleet, process_rows, wait_for, write_config
 
 SETTINGS = {
@@ -70,9 +73,12 @@ HOSTS = ("host-a", "host-b")
 #: action -> weight in the plan
 ACTIONS = {
     "kill_worker": 6, "kill_advancer": 3, "kill_supervisor": 2, "kill_host": 2,
-    "kill_host_at_checkpoint": 2, "terminate_connections": 3, "freeze_host": 1,
+    "kill_host_at_checkpoint": 2, "terminate_connections": 3, "freeze_host": 1, "prune": 2,
 }
-FAULTABLE = [c for c in faults.CHECKPOINTS if c != faults.DURING_REAP]
+#: checkpoints a host passes (the harness's own prunes pass inside_prune_batch)
+FAULTABLE = [c for c in faults.CHECKPOINTS if c not in (faults.DURING_REAP, faults.INSIDE_PRUNE_BATCH)]
+#: a round's prunes: runs of ChaosRetained finished more than this long ago
+PRUNE_BACK = "1s"
 
 
 def make_plan(seed: int, duration_s: float, *, connections: bool, container: bool) -> list[dict]:
@@ -86,6 +92,8 @@ def make_plan(seed: int, duration_s: float, *, connections: bool, container: boo
                                  "host": rng.choice(HOSTS), "down_s": round(rng.uniform(0.2, 1.5), 3)}
         if action == "kill_host_at_checkpoint":
             event["fault"] = f"{rng.choice(FAULTABLE)}:kill:{rng.randint(2, 12)}"
+        if action == "prune" and rng.random() < 0.5:
+            event["fault"] = f"{faults.INSIDE_PRUNE_BATCH}:kill:{rng.randint(1, 2)}"
         plan.append(event)
         at += rng.uniform(0.4, 1.2)
     if container:
@@ -223,6 +231,8 @@ class ChaosRound:
             time.sleep(frozen_s)  # frozen this long (the plan's choice)
             os.killpg(fleet.proc.pid, signal.SIGCONT)
             return {"target": host, "frozen_s": frozen_s}
+        if action == "prune":
+            return self._prune(event.get("fault"), fresh=2)
         if action == "restart_database":
             self.server.restart()
             self.server.wait_ready(60)
@@ -239,6 +249,50 @@ class ChaosRound:
             self.server.unpause()
             return {"target": "database", "paused_s": event["pause_s"]}
         raise AssertionError(f"unknown chaos action {action!r}")
+
+    def _retained(self) -> tuple[int, dict[str, list]]:
+        """Database now and each ChaosRetained run's ``[status, finished µs]``, in one read."""
+        from tests.chaos.history import to_us
+
+        r = schema.runs
+        with self.engine.connect() as conn:
+            from ductwork.db.dialects import db_now
+
+            now = to_us(db_now(conn))
+            rows = conn.execute(sa.select(r.c.id, r.c.status, r.c.completed_at, r.c.halted_at)
+                                .where(r.c.pipeline_klass == RETAINED)).all()
+        return now, {row.id: [row.status, to_us(row.completed_at or row.halted_at)] for row in rows}
+
+    def _retained_aged(self) -> bool:
+        now, runs = self._retained()
+        return all(status == "dampened" or (finished is not None and now - finished > 1_000_000)
+                   for status, finished in runs.values())
+
+    def _prune(self, fault: str | None, fresh: int = 0) -> dict:
+        """Trigger ``fresh`` ChaosRetained runs, read every such run's status, run ``ductwork
+        prune`` on them (``fault`` armed in it), read them again: the checkers compare."""
+        from tests.chaos.workload import ChaosRetained
+
+        try:
+            for i in range(fresh):  # a multiple of 3 halts (a later prune's), the others stay dampened
+                ChaosRetained.trigger(3 * (1000 + len(self.kills)) + i, app=self.app)
+            before_us, before = self._retained()
+        except sa.exc.DBAPIError as error:  # the database is down (a restart in the plan)
+            return {"target": "prune", "note": f"database unavailable: {type(error).__name__}"}
+        env = {**os.environ, **self._env(fault)}
+        done = subprocess.run([sys.executable, "-m", "ductwork.cli", "prune", "--finished-before", PRUNE_BACK,
+                               "--pipeline", RETAINED, "--batch-size", "2", "--database-url", self.url,
+                               "-c", "/dev/null"], env=env, capture_output=True, text=True, timeout=120,
+                              check=False, cwd=self.workdir)
+        cutoff = [line for line in done.stdout.splitlines() if line.startswith("pruning runs finished before ")]
+        try:
+            _, after = self._retained()
+        except sa.exc.DBAPIError as error:
+            return {"target": "prune", "note": f"database unavailable after: {type(error).__name__}"}
+        return {"target": "prune", "fault": fault, "returncode": done.returncode, "before_us": before_us,
+                "before": before, "after": sorted(after),
+                "cutoff": cutoff[0].removeprefix("pruning runs finished before ").removesuffix(" UTC")
+                if cutoff else None, "stderr": done.stderr.strip().splitlines()[-1:] if done.returncode else []}
 
     # -- the round -----------------------------------------------------------------------------
 
@@ -259,6 +313,7 @@ class ChaosRound:
         WITNESS.create(self.engine)
         app = App(self.url, Config.from_section({"job_worker": {"limits": LIMITS}}, source="<chaos>"),
                   engine=self.engine)
+        self.app = app
         runs = trigger_workload(app, self.scale)
         for host in HOSTS:
             self._start(host)
@@ -281,6 +336,10 @@ class ChaosRound:
                     self._start(host)
             wait_for(self._settled, f"every run settled after the chaos phase (seed {self.seed})",
                      deadline_s=240, interval=0.25)
+            wait_for(self._retained_aged, f"every ChaosRetained run finished more than {PRUNE_BACK} ago",
+                     deadline_s=30, interval=0.25)
+            self.kills.append({"at_s": round(time.monotonic() - started, 3), "action": "prune", "last": True,
+                               **self._prune(None)})
         finally:
             for fleet in self.retired:
                 fleet.kill_host()  # the orphaned children of supervisors killed alone
@@ -314,7 +373,10 @@ class ChaosRound:
     @staticmethod
     def _counts(history: History) -> dict[str, int]:
         return {
-            "kills": sum(1 for k in history.kills if k["action"] != "terminate_connections"),
+            "kills": sum(1 for k in history.kills if k["action"] not in ("terminate_connections", "prune")),
+            "prunes": sum(1 for k in history.kills if k["action"] == "prune" and "before" in k),
+            "pruned runs": sum(len(set(k["before"]) - set(k["after"])) for k in history.kills
+                               if k["action"] == "prune" and "before" in k),
             "connection kills": sum(k.get("connections", 0) for k in history.kills),
             "runs": len(history.runs),
             "steps": len(history.steps),

@@ -3,13 +3,15 @@
 Each round (``tests/chaos/harness.py``) runs two ``ductwork start`` hosts over the
 chaos workload while a kill plan drawn from the seed SIGKILLs workers, advancers,
 supervisors and whole hosts (some at armed fault checkpoints), terminates the
-fleet's database connections from the server side and, where the database runs
-in a container, restarts the server; then a quiet phase, then the independent
-history checkers.
+fleet's database connections from the server side, prunes the retained runs
+(``ductwork prune``, sometimes killed inside a batch) and, where the database runs
+in a container, restarts the server; then a quiet phase and a last prune, then the
+independent history checkers.
 
 Checks: INV-CLK-1, INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-ADV-1, INV-ADV-3,
 INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3, INV-EXE-4, INV-EXE-5 (witness rows of bodies killed
-with their process), INV-RUN-1 (tests/chaos/checkers.py), from recorded rows and witness rows.
+with their process), INV-RUN-1, INV-PRN-1, INV-PRN-2 (tests/chaos/checkers.py), from recorded
+rows, witness rows and the harness's reads around each prune.
 
 Sizes: ``DUCTWORK_CHAOS_SCALE`` (default 1: about 8 s of faults per round);
 ``DUCTWORK_CHAOS_SEED`` (comma-separated seeds; default one fixed seed) replays or

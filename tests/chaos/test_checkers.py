@@ -6,8 +6,9 @@ sequence and by witness overlap), INV-LIM-2 (rate: worst window and empty-start
 bucket replay, plus hypothesis properties), INV-LIM-3 (no leaked slot), INV-ADV-1
 (successors exactly once), INV-ADV-3 (fan-in once, complete, ordered), INV-EXE-1
 (liveness after the quiet phase), INV-EXE-3 (idempotency keys), INV-RUN-1 (run
-state agrees with branches; terminal states final). Also the JSONL round trip of
-tests/chaos/history.py.
+state agrees with branches; terminal states final), INV-PRN-1 (a prune deleted only
+final runs finished before its cutoff), INV-PRN-2 (no row of a pruned run, whole runs,
+the last prune finished the job). Also the JSONL round trip of tests/chaos/history.py.
 
 Pure and fast: no database, no processes.
 """
@@ -40,6 +41,8 @@ from tests.chaos.checkers import (
     check_inv_lim_2,
     check_inv_lim_3,
     check_inv_lim_4,
+    check_inv_prn_1,
+    check_inv_prn_2,
     check_inv_run_1,
 )
 from tests.chaos.history import BranchRow, Execution, History, HookRow, RunRow, StepRow, Witness, to_us
@@ -784,7 +787,7 @@ def test_check_all_names_every_checker_and_passes_a_valid_history():
     assert check_all(full()) == {inv: [] for inv in CHECKERS}
     assert list(CHECKERS) == ["INV-CLK-1", "INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-LIM-4", "INV-ADV-1",
                               "INV-ADV-3", "INV-EXE-1", "INV-EXE-2", "INV-EXE-3", "INV-EXE-4", "INV-RUN-1",
-                              "INV-HLT-1", "INV-HLT-2"]
+                              "INV-HLT-1", "INV-HLT-2", "INV-PRN-1", "INV-PRN-2"]
     broken = check_all(without(full(), "sI"))
     assert broken["INV-ADV-1"]
     assert all(m.startswith(inv + ": ") for inv, ms in broken.items() for m in ms)
@@ -932,3 +935,72 @@ def test_hlt_2_a_hook_left_open_or_past_its_budgets():
     assert any("re-run 6 times" in v for v in check_inv_hlt_2(halted_with_hook(crash_count=6)))
     early = halted_with_hook(status="failed", retry_count=1, last_outcome="failure")
     assert any("budget left" in v for v in check_inv_hlt_2(early))
+# --------------------------------------------------------------------------- INV-PRN
+
+
+def _prune(before: dict, after: list, *, cutoff: str | None = "1970-01-01 00:00:10", before_us: int = 20 * S,
+           last: bool = False) -> dict:
+    return {"action": "prune", "at_s": 1.0, "before_us": before_us, "before": before, "after": after,
+            "cutoff": cutoff, **({"last": True} if last else {})}
+
+
+def _whole(run_id: str, status: str = "completed") -> History:
+    return History(runs=[RunRow(run_id, status, None)],
+                   branches=[BranchRow(f"b-{run_id}", run_id, status)],
+                   steps=[StepRow(f"s-{run_id}", run_id, f"b-{run_id}", "A#0", status, "start")])
+
+
+def test_prn_1_holds_when_only_old_final_runs_go():
+    history = _whole("kept", "dampened")
+    history.kills = [_prune({"old": ["completed", 5 * S], "halt": ["halted", 6 * S], "kept": ["dampened", None]},
+                            ["kept"])]
+    assert check_inv_prn_1(history) == []
+
+
+def test_prn_1_a_live_run_deleted():
+    history = History(kills=[_prune({"live": ["in_progress", None]}, [])])
+    assert check_inv_prn_1(history) == ["INV-PRN-1: prune at 1.0 s deleted run live, which was in_progress"]
+
+
+def test_prn_1_a_dampened_run_that_is_gone():
+    """Seen dampened by one read (kept then), gone at the end: a later prune took it."""
+    history = History(kills=[_prune({"waits": ["dampened", None]}, ["waits"])])
+    assert check_inv_prn_1(history) == ["INV-PRN-1: run waits was dampened (live) and is gone"]
+
+
+def test_prn_1_a_run_finished_after_the_cutoff_deleted():
+    history = History(kills=[_prune({"late": ["completed", 11 * S]}, [])])
+    assert check_inv_prn_1(history) == [
+        "INV-PRN-1: prune at 1.0 s deleted run late, finished at 11000000 µs, not before its cutoff 10000000 µs"]
+
+
+def test_prn_1_a_prune_slow_to_start_cannot_judge_a_run_that_finished_meanwhile():
+    history = History(kills=[_prune({"r": ["in_progress", None]}, [], before_us=5 * S)])
+    assert check_inv_prn_1(history) == []
+
+
+def test_prn_2_holds_on_whole_runs():
+    history = _whole("r1")
+    history.kills = [_prune({"gone": ["completed", S], "r1": ["completed", 30 * S]}, ["r1"], last=True)]
+    assert check_inv_prn_2(history) == []
+
+
+def test_prn_2_rows_of_a_run_without_its_run_row():
+    history = _whole("r1")
+    history.runs = []
+    assert check_inv_prn_2(history) == [
+        "INV-PRN-2: branch b-r1 belongs to run r1, which has no run row",
+        "INV-PRN-2: step s-r1 belongs to run r1, which has no run row"]
+
+
+def test_prn_2_a_run_cut_in_half():
+    history = _whole("r1")
+    history.steps = []
+    assert check_inv_prn_2(history) == ["INV-PRN-2: run r1 has no step"]
+
+
+def test_prn_2_the_last_prune_left_an_old_final_run():
+    history = _whole("r1")
+    history.kills = [_prune({"r1": ["completed", S]}, ["r1"], last=True)]
+    assert check_inv_prn_2(history) == [
+        "INV-PRN-2: run r1 (completed, finished before the last prune's cutoff) is left"]

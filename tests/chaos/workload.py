@@ -12,6 +12,12 @@ witness rows is only ever used with that ``limit_by``. ``Flaky`` fails its first
 attempt (a retry), ``Nap`` after a ``delay``. ``ChaosHalts`` runs always halt and owe
 their ``PageOnHalt`` hook, whose first attempt fails. Durations come from the input, so a
 round with one seed is the same workload every time.
+
+``ChaosRetained`` is what the round's prunes delete (``ductwork prune --pipeline``):
+unwitnessed steps (a pruned run's witness rows would name steps that no longer exist),
+a delay so some of its runs are in progress when a prune runs, a step that fails every
+attempt for every third input, so those halt, and a dampen after it, so the others
+stay dampened: live runs that nothing resumes, which no prune may ever delete.
 """
 
 from __future__ import annotations
@@ -203,12 +209,42 @@ class ChaosHalts(Pipeline):
         p.start(Seed).chain(to=Refuse).on_halt(PageOnHalt)
 
 
-PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed, ChaosHalts]
+class Plain(Step):
+    """An unwitnessed step (ChaosRetained's): returns its input."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def execute(self):
+        return self.value
+
+
+class FailsOnThirds(Plain):
+    """Fails every attempt when its input is a multiple of 3: the run halts."""
+
+    def execute(self):
+        if self.value % 3 == 0:
+            raise RuntimeError(f"retained run {self.value}: fails on purpose")
+        return self.value
+
+
+class ChaosRetained(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Plain).chain(to=FailsOnThirds, delay=0.5).dampen(before=Plain)
+
+
+#: the pipeline the round's prunes are limited to (``ductwork prune --pipeline``)
+RETAINED = "tests.chaos.workload:ChaosRetained"
+PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed, ChaosHalts,
+             ChaosRetained]
 
 
 def trigger_workload(app, scale: int) -> list:
     """Trigger one round's runs; returns their handles."""
     runs = []
+    for i in range(6 * scale):  # first: the earliest prunes find some of them halted
+        runs.append(ChaosRetained.trigger(i, app=app))
     for i in range(2 * scale):
         runs.append(ChaosFan.trigger(60 + 20 * i, app=app))
     for i in range(8 * scale):

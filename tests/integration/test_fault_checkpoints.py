@@ -35,6 +35,9 @@ from tests.workloads import FAULT_KEY, FaultPipeline, fault_pipeline_expected
 
 ITEMS = 10  # expand_batch is 4: three batches
 EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
+#: checkpoints outside the fleet's work, each with its own kill test:
+#: inside_prune_batch (``ductwork prune``): tests/integration/test_inspection.py
+ELSEWHERE = (faults.INSIDE_PRUNE_BATCH, *faults.HOOK_CHECKPOINTS)
 CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads:FaultPipeline"], "job_worker": {
     **TEST_CONFIG["job_worker"],
     "limits": {FAULT_KEY: {"concurrency": 2, "rate": {"limit": 1000, "per": 1}}},
@@ -65,7 +68,7 @@ def _ghost_holding_a_claim(app):
 
 
 @pytest.mark.parametrize("action", list(EXIT_CODES))
-@pytest.mark.parametrize("checkpoint", [c for c in faults.CHECKPOINTS if c not in faults.HOOK_CHECKPOINTS])
+@pytest.mark.parametrize("checkpoint", [c for c in faults.CHECKPOINTS if c not in ELSEWHERE])
 def test_checkpoint(fault_app, db_url, checkpoint, action):
     app = fault_app
     run = FaultPipeline.trigger(ITEMS)

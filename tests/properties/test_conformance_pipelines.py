@@ -17,8 +17,13 @@ attempts ends (success, failure, crash): a halted run owes one hook on both side
 it ends with the same status, counters and last outcome (``claim_hook``, ``run_hook``,
 ``reap_hook`` against the worker's hook runner).
 
+A fourth (``test_engine_prunes_what_the_model_prunes``) triggers a generated pipeline
+several times an hour apart (the last run left in progress; some runs dampen), then
+prunes in batches at a generated cutoff on both sides: the same runs go, a pruned run
+leaves no row in any run table, and every kept run is as it was.
+
 Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-4, INV-RUN-1,
-INV-HLT-1, INV-HLT-2.
+INV-HLT-1, INV-HLT-2, INV-PRN-1, INV-PRN-2.
 """
 
 from __future__ import annotations
@@ -155,6 +160,87 @@ def test_engine_runs_end_where_the_model_ends(db_url):
         agree()
     finally:
         engine.dispose()
+
+
+# --------------------------------------------------------------------------- prune
+
+HOUR_US = 3_600_000_000
+#: (runs pruned, live runs kept) per example, printed with ``-s``
+PRUNE_COVERAGE: Counter = Counter()
+
+
+def check_prune_agreement(url: str, engine, scenario, config, runs: int, back_halves: int, batch: int) -> None:
+    """``runs`` runs of the scenario an hour apart, each driven to rest but the last; then a
+    prune of everything finished more than ``back_halves`` half-hours ago, in batches of
+    ``batch``, on both sides. Runs settle within minutes of model time, so a cutoff on a
+    half hour never falls inside one run's life and both sides decide alike."""
+    from datetime import timedelta
+
+    from ductwork.pipelines import prune as pruning
+    from model.invariants import check_all
+    from model.pipelines import PipelinesModel
+
+    definition, args, oracle = scenario
+    model = PipelinesModel(config)
+    model_runs = []
+    reset_tables(engine)
+    app = App(url, engine_config(config), ManualClock(datetime(2026, 1, 1)), engine=engine)
+    oracle_steps.install(app, oracle)
+    in_process = {**definition, "nodes": {n: {**spec, "timeout_us": None} for n, spec in definition["nodes"].items()}}
+    Generated.definition = Definition.from_json(in_process)
+    engine_runs = []
+    for index in range(runs):
+        model_runs.append(model.trigger(definition, args))
+        engine_runs.append(trigger_run(app, Generated, list(args)))
+        if index < runs - 1:  # the last run stays in progress
+            model.drive(oracle)
+            drive(app, engine_runs[-1].id)
+            model.advance_clock(HOUR_US)
+            app.clock.advance(timedelta(microseconds=HOUR_US))
+    kept_before = {run.id: engine_summary(app, run.id) for run in engine_runs}
+    back_us = back_halves * HOUR_US // 2
+    expected = set(model.prune_all(model.now_us - back_us, batch))
+    check_all(model)
+    result = pruning.prune(app, timedelta(microseconds=back_us), batch_size=batch)
+    by_index = dict(zip(model_runs, engine_runs, strict=True))
+    expected_engine = {by_index[run_id].id for run_id in expected}
+    with app.begin() as tx:
+        present = set(tx.execute(sa.select(schema.runs.c.id)).scalars())
+        left = pruning._count(tx, sorted(expected_engine)) if expected_engine else {}
+    statuses = [model.runs[r].status for r in model_runs]
+    assert present == {run.id for run in engine_runs} - expected_engine, (
+        f"engine and model prune different runs\ndefinition: {json.dumps(definition)}\nstatuses: {statuses}\n"
+        f"back: {back_halves} half-hours\nmodel pruned: {sorted(model_runs.index(r) for r in expected)}\n"
+        f"engine kept: {sorted(i for i, run in enumerate(engine_runs) if run.id in present)}")
+    assert result.runs == len(expected)
+    PRUNE_COVERAGE[(len(expected), sum(model.runs[r].status not in ('completed', 'halted') for r in model_runs))] += 1
+    assert set(left.values()) <= {0}, f"[INV-PRN-2] rows left of pruned runs: {left}"
+    for run in engine_runs:
+        if run.id in present:
+            assert engine_summary(app, run.id) == kept_before[run.id], f"[INV-PRN-1] kept run {run.id} changed"
+
+
+def test_engine_prunes_what_the_model_prunes(db_url):
+    from ductwork.db import dialects
+
+    engine = dialects.create_engine(db_url)
+    examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
+
+    PRUNE_COVERAGE.clear()
+
+    @settings(settings(), max_examples=examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(scenario=pipeline_scenarios(), config=pipeline_configs(), runs=st.integers(2, 4),
+           back_halves=st.sampled_from([0, 1, 3, 5]), batch=st.sampled_from([1, 2, 100]))
+    def agree(scenario, config, runs, back_halves, batch):
+        check_prune_agreement(db_url, engine, scenario, config, runs, back_halves, batch)
+
+    try:
+        agree()
+    finally:
+        engine.dispose()
+        print(f"prune conformance [{db_url.split(':')[0]}]: (pruned, live kept) per example: "
+              f"{sorted(PRUNE_COVERAGE.items())}")
 
 
 def test_engine_batches_end_where_the_model_batches_end(db_url):

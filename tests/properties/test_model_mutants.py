@@ -2,7 +2,7 @@
 
 Checks: that the invariants below can fail at all — INV-LIM-1, INV-LIM-2, INV-LIM-4,
 INV-LIM-5, INV-LIM-6, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-4, INV-CTX-1, INV-HLT-1,
-INV-HLT-2 — and that
+INV-HLT-2, INV-PRN-1 — and that
 their failure message names the ID.
 """
 

@@ -7,11 +7,12 @@ actions), ``run_execution`` (oracle or forced failure/timeout/crash/bad return),
 ``run_completed_execution_again``, ``advance`` (commit, crash holding the claim,
 routing error, TransitionError), ``advancer_crash_mid_expand``,
 ``advance_with_stale_token``, ``group_commit`` and ``advance_batch`` (each against the
-single operations one by one on a copy), ``advance_clock``, ``resume``, ``context_set``;
+single operations one by one on a copy), ``advance_clock``, ``resume``, ``context_set``,
+``prune`` (a batch at a random cutoff, sometimes asked about live runs too);
 ``teardown`` drives every run to rest with the oracle (liveness).
 
 Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3,
-INV-EXE-4, INV-RUN-1, INV-CTX-1.
+INV-EXE-4, INV-RUN-1, INV-CTX-1, INV-PRN-1, INV-PRN-2.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class PipelinesModelMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ rules
 
-    @precondition(lambda self: len(self.model.runs) < 3)
+    @precondition(lambda self: len(self.model.runs) < 4)
     @rule(args=st.lists(st.integers(0, 9), max_size=2))
     def trigger(self, args):
         self.model.trigger(self.definition, args)
@@ -198,10 +199,10 @@ class PipelinesModelMachine(RuleBasedStateMachine):
         runs = {b.run_id for b in self.model.branches.values() if b.status == "dampened"}
         assert self.model.resume(self._pick(data, runs), value if given_input else NO_INPUT) > 0
 
-    @precondition(lambda self: len(self.model.context_writes) < 6)
+    @precondition(lambda self: len(self.model.context_writes) < 6 and self.model.live_runs())
     @rule(data=st.data(), key=st.sampled_from(["k1", "k2"]), value=st.integers(0, 9), overwrite=st.booleans())
     def context_set(self, data, key, value, overwrite):
-        run_id = self._pick(data, self.model.runs)
+        run_id = self._pick(data, self.model.live_runs())
         before = self.model.context_get(run_id, key)
         existed = key in self.model.runs[run_id].context
         try:
@@ -213,6 +214,17 @@ class PipelinesModelMachine(RuleBasedStateMachine):
         else:
             assert overwrite or not existed, f"[INV-CTX-1] second plain set of {key!r} in {run_id} accepted"
             assert self.model.context_get(run_id, key) == value
+
+    @precondition(lambda self: self.model.live_runs())
+    @rule(back_us=st.sampled_from([0, 1, 1_000_000]), limit=st.sampled_from([None, 1, 2]), ask_live=st.booleans())
+    def prune(self, back_us, limit, ask_live):
+        """A prune batch at now − back_us; ``ask_live``: its candidates are every run not yet
+        pruned (as if chosen before a resume), so the guard must refuse the live ones."""
+        cutoff = self.model.now_us - back_us
+        candidates = sorted(self.model.live_runs(), key=str) if ask_live else None
+        before = {r: self.model.runs[r].status for r in self.model.live_runs()}
+        pruned = self.model.prune(cutoff, limit, candidates)
+        assert all(before[r] in ("completed", "halted") for r in pruned), f"[INV-PRN-1] pruned {pruned} of {before}"
 
     @precondition(lambda self: not self.model.is_quiescent())
     @rule()
@@ -271,6 +283,14 @@ class PipelinesModelMachine(RuleBasedStateMachine):
     @invariant()
     def inv_ctx_1_set_once(self):
         INVARIANT_FUNCTIONS["INV-CTX-1"](self.model)
+
+    @invariant()
+    def inv_prn_1_prune_never_touches_a_live_run(self):
+        INVARIANT_FUNCTIONS["INV-PRN-1"](self.model)
+
+    @invariant()
+    def inv_prn_2_pruned_run_leaves_nothing(self):
+        INVARIANT_FUNCTIONS["INV-PRN-2"](self.model)
 
 
 PipelinesModelMachine.TestCase.settings = settings(stateful_step_count=STEPS)

@@ -15,7 +15,7 @@ row of INVARIANTS.md's engine-mutant table, in the "engine mutants" section at t
 end of the run.
 
 Checks the detectors of: INV-LIM-1, INV-LIM-2, INV-LIM-4, INV-LIM-5, INV-LIM-6,
-INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2, INV-HLT-1, INV-HLT-2.
+INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2, INV-HLT-1, INV-HLT-2, INV-PRN-1.
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ DETECTORS = {
     "hook_crashes_forever": HOOK_CONFORMANCE,
     "hook_not_reaped":
         "tests/integration/test_halt_hook_faults.py::test_hook_checkpoint[sqlite-after_hook_claim-kill]",
+    "prune_without_recheck":
+        "tests/integration/test_inspection.py::test_a_batch_rechecks_each_run_under_its_lock[sqlite]",
 }
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")

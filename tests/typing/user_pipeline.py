@@ -6,7 +6,7 @@ typed ``-> Any`` would make ``assert_type(run, Run)`` an error, and so on.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import assert_type
 
 import ductwork
@@ -88,6 +88,28 @@ def use(url: str) -> None:
         assert_type(step.idempotency_key, str)
     context = Context(app, run.id)
     assert_type(context.set("charged", True), bool)
+    history = run.history(backtraces=True)
+    assert_type(history, ductwork.RunHistory)
+    assert_type(history.run, ductwork.RunRecord)
+    assert_type(history.run.finished_at, datetime | None)
+    assert_type(history.run.revived_from, str | None)
+    assert_type(history.run.halt_reasons, tuple[str, ...])
+    for branch in history.branches:
+        assert_type(branch, ductwork.BranchRecord)
+        assert_type(branch.halt_reason, str | None)
+        assert_type(branch.wait, ductwork.Wait | None)
+    for record in history.steps:
+        assert_type(record, ductwork.StepRecord)
+        assert_type(record.wait, ductwork.Wait | None)
+        for execution in record.executions:
+            assert_type(execution, ductwork.ExecutionRecord)
+            assert_type(execution.error, ductwork.ErrorRecord | None)
+            assert_type(execution.claimed_at, datetime | None)
+    listed = ductwork.list_runs(app, status="halted", pipeline="Sync", since="1d", limit=10)
+    assert_type(listed, list[ductwork.RunRecord])
+    pruned = ductwork.prune(app, timedelta(days=30), batch_size=50, dry_run=True)
+    assert_type(pruned, ductwork.PruneResult)
+    assert_type(pruned.rows, dict[str, int])
 
 
 def in_a_test(ductwork_app: App, ductwork_drain: Drain) -> None:

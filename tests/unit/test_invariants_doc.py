@@ -32,6 +32,7 @@ EXPECTED = {
     "INV-EXE-1", "INV-EXE-2", "INV-EXE-3", "INV-EXE-4", "INV-EXE-5",
     "INV-RUN-1", "INV-CTX-1", "INV-CLK-1",
     "INV-HLT-1", "INV-HLT-2",
+    "INV-PRN-1", "INV-PRN-2",
 }
 
 

@@ -1,0 +1,579 @@
+"""A run's history without SQL: what ``ductwork runs`` and ``ductwork show`` print.
+
+    >>> for record in list_runs(app, status="halted", limit=10):
+    ...     print(record.id, record.pipeline, record.halt_reasons)
+    >>> history = run.history(backtraces=True)     # a RunHistory
+    >>> [(s.node, s.status, s.wait) for s in history.steps]
+
+Every record is a frozen dataclass read by column name (``schema.from_row``); the
+CLI renders these and nothing else, so the command line and Python see one truth.
+
+Guarantees: each call is one read-only transaction (a consistent snapshot as of
+the database time ``now`` it reports); it writes nothing and creates nothing (a
+missing table or SQLite file raises :class:`~ductwork.errors.MissingTablesError`).
+A run that does not exist (never triggered, or pruned by ``ductwork prune``)
+raises :class:`~ductwork.errors.UnknownRunError`; a bad filter raises
+:class:`~ductwork.errors.RunFilterError` naming the value.
+
+Not done: payloads (step inputs and outputs) are not part of the history
+(``Run.steps()`` has them); a key's rate tokens are ``ductwork status``'s; the
+``wait`` of a step is what the rows say at ``now``, not a prediction (a step
+queued behind a free key is claimed by the next worker poll).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+import sqlalchemy as sa
+
+from ductwork.db import schema
+from ductwork.durations import parse_period
+from ductwork.errors import DurationError, RunFilterError, UnknownRunError
+
+if TYPE_CHECKING:
+    from ductwork.db.database import Database as App
+
+#: the statuses ``list_runs(status=…)`` and ``ductwork runs --status`` accept
+RUN_STATUSES = ("in_progress", "dampened", "completed", "halted")
+#: ``list_runs``'s default and largest ``limit``
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 10_000
+#: version of the ``--json`` documents (docs/operating.md describes them); bumped on a
+#: change that removes or renames a field (a new field does not bump it)
+JSON_FORMAT = 1
+
+#: what a step or branch waits for (``Wait.kind``):
+#: ``delay``: its execution is not eligible before ``until`` (``delay=``, retry or crash back-off);
+#: ``concurrency``: its key has ``in_flight`` of ``concurrency`` executions running;
+#: ``rate``: its key is rate-blocked until ``until``;
+#: ``queued``: eligible and nothing in the rows holds it back (the next worker poll claims it);
+#: ``running``: an execution is claimed and running since ``since``;
+#: ``advance``: it succeeded and waits for an advancer to move its branch on;
+#: ``resume``: its branch is dampened and waits for ``Run.resume`` (``ductwork`` has no timer for it)
+WaitKind = Literal["delay", "concurrency", "rate", "queued", "running", "advance", "resume"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wait:
+    """What holds a step (or a dampened branch) back at ``RunHistory.now``."""
+
+    kind: WaitKind
+    #: the step's limit key (``concurrency``, ``rate``, ``queued``, ``running``); None: unkeyed
+    key: str | None = None
+    #: ``delay`` and ``rate``: the moment the wait ends (database time)
+    until: datetime | None = None
+    #: ``running``: when the execution was claimed
+    since: datetime | None = None
+    #: ``concurrency``: executions of the key in flight, and the key's configured concurrency
+    in_flight: int | None = None
+    concurrency: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorRecord:
+    """An exception a step execution or an advancement ended with."""
+
+    #: ``module.QualName`` of the exception
+    klass: str
+    #: its text, cut to 255 characters
+    message: str
+    #: the formatted traceback; None unless asked for (``backtraces=True``, ``--backtrace``)
+    backtrace: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionRecord:
+    """One attempt at a step's job (the first run, a retry, a re-run after a crash)."""
+
+    id: str
+    #: the key it was claimed under; None: the unkeyed lane
+    limit_key: str | None
+    eligible_at: datetime
+    claimed_at: datetime | None
+    completed_at: datetime | None
+    #: success | failure | timed_out | process_crashed; None while pending or running
+    outcome: str | None
+    error: ErrorRecord | None
+    retry_count: int
+    crash_count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvancementRecord:
+    """An advancer's attempt to move a branch past a step that ended with an error (an
+    invalid transition, an advancer crash); successful advancements are not listed."""
+
+    step_id: str
+    started_at: datetime
+    completed_at: datetime | None
+    error: ErrorRecord
+    crash_count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """A step of the run with every execution of its job, in creation order."""
+
+    id: str
+    branch_id: str
+    node: str
+    klass: str
+    #: in_progress | advancing | completed | failed
+    status: str
+    #: the transition that created it (start, chain, expand, dampen, ...)
+    to_transition: str
+    limit_key: str | None
+    created_at: datetime
+    completed_at: datetime | None
+    executions: tuple[ExecutionRecord, ...]
+    #: what holds it back now; None when it is completed or failed
+    wait: Wait | None
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.id
+
+
+@dataclass(frozen=True, kw_only=True)
+class BranchRecord:
+    """A thread of the run: the start branch, a fan-out child or a fan-in target."""
+
+    id: str
+    #: in_progress | advancing | dampened | completed | halted
+    status: str
+    #: why it halted (job_retries_exhausted, transition_invalid, ...); None unless halted
+    halt_reason: str | None
+    #: the branch whose fan-out created it, and its position there; None: top level or a fan-in target
+    parent_id: str | None
+    barrier_index: int | None
+    started_at: datetime
+    completed_at: datetime | None
+    #: the failed advancements of this branch, oldest first
+    advancement_errors: tuple[AdvancementRecord, ...]
+    #: ``resume`` while dampened; None otherwise
+    wait: Wait | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """One run as ``list_runs`` and ``ductwork runs`` report it."""
+
+    id: str
+    #: the pipeline class, ``module:QualName``
+    pipeline: str
+    #: in_progress | dampened | completed | halted
+    status: str
+    triggered_at: datetime
+    completed_at: datetime | None
+    halted_at: datetime | None
+    #: the halted run this run was revived from; None: triggered. The run it names may
+    #: have been pruned since (``ductwork prune``), so it may not exist any more.
+    revived_from: str | None
+    #: why each halted branch halted, sorted; empty unless a branch halted
+    halt_reasons: tuple[str, ...]
+
+    @property
+    def finished_at(self) -> datetime | None:
+        """When it completed or halted; None while in progress or dampened."""
+        return self.completed_at or self.halted_at
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunHistory:
+    """Everything ``ductwork show`` prints about one run, as of ``now`` (database time)."""
+
+    now: datetime
+    run: RunRecord
+    branches: tuple[BranchRecord, ...]
+    #: every step, in start order
+    steps: tuple[StepRecord, ...]
+    #: the run's context keys, sorted (their values are ``Context``'s)
+    context_keys: tuple[str, ...]
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True)
+class _RunRow:
+    id: str
+    pipeline_klass: str
+    status: str
+    triggered_at: datetime
+    completed_at: datetime | None
+    halted_at: datetime | None
+    revived_from: str | None
+
+
+@dataclass(frozen=True)
+class _StepRow:
+    id: str
+    branch_id: str
+    node: str
+    klass: str
+    status: str
+    to_transition: str
+    limit_key: str | None
+    created_at: datetime
+    completed_at: datetime | None
+    job_id: str | None
+
+
+@dataclass(frozen=True)
+class _ExecutionRow:
+    id: str
+    job_id: str
+    limit_key: str | None
+    eligible_at: datetime
+    claimed_at: datetime | None
+    completed_at: datetime | None
+    outcome: str | None
+    error_klass: str | None
+    error_message: str | None
+    error_backtrace: str | None
+    retry_count: int
+    crash_count: int
+
+
+@dataclass(frozen=True)
+class _BranchRow:
+    id: str
+    status: str
+    halt_reason: str | None
+    parent_id: str | None
+    barrier_index: int | None
+    started_at: datetime
+    completed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class _AdvancementRow:
+    branch_id: str
+    step_id: str
+    started_at: datetime
+    completed_at: datetime | None
+    error_klass: str
+    error_message: str | None
+    error_backtrace: str | None
+    crash_count: int
+
+
+_RUN_COLUMNS = (schema.runs.c.id, schema.runs.c.pipeline_klass, schema.runs.c.status, schema.runs.c.triggered_at,
+                schema.runs.c.completed_at, schema.runs.c.halted_at, schema.runs.c.revived_from)
+
+
+def _error(klass: str | None, message: str | None, backtrace: str | None, backtraces: bool) -> ErrorRecord | None:
+    if klass is None:
+        return None
+    return ErrorRecord(klass=klass, message=message or "", backtrace=backtrace if backtraces else None)
+
+
+def _halt_reasons(tx: Any, run_ids: list[str]) -> dict[str, tuple[str, ...]]:
+    b = schema.branches
+    reasons: dict[str, list[str]] = {run_id: [] for run_id in run_ids}
+    if run_ids:
+        for row in tx.execute(sa.select(b.c.run_id, b.c.halt_reason)
+                              .where(b.c.run_id.in_(run_ids), b.c.status == "halted")):
+            if row.halt_reason is not None:
+                reasons[row.run_id].append(row.halt_reason)
+    return {run_id: tuple(sorted(found)) for run_id, found in reasons.items()}
+
+
+def _record(row: _RunRow, reasons: tuple[str, ...]) -> RunRecord:
+    return RunRecord(id=row.id, pipeline=row.pipeline_klass, status=row.status, triggered_at=row.triggered_at,
+                     completed_at=row.completed_at, halted_at=row.halted_at, revived_from=row.revived_from,
+                     halt_reasons=reasons)
+
+
+# --------------------------------------------------------------------------- filters
+
+
+def parse_since(value: str, now: datetime) -> datetime:
+    """``--since``: a duration back from ``now`` (``"90m"``, ``"1d"``: the project's duration
+    grammar) or an ISO 8601 moment (``2026-01-01``, ``2026-01-01T12:00:00+02:00``; without an
+    offset it is UTC). Returns naive UTC; :class:`RunFilterError` naming the value otherwise."""
+    try:
+        return now - timedelta(seconds=parse_period(value))
+    except DurationError:
+        pass
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}([T ][0-9:.]+([+-]\d{2}:?\d{2}|Z)?)?", value):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+    raise RunFilterError("--since", value, "expected a duration back from now (e.g. '90m', '1d', '1w') "
+                                           "or an ISO 8601 time (e.g. '2026-01-01T12:00:00Z')")
+
+
+def of_pipeline(pipeline: str) -> sa.ColumnElement[bool]:
+    """Runs of ``pipeline``: ``module:QualName`` exactly, or a bare class name as the part
+    after the colon (``ductwork runs --pipeline``, ``ductwork prune --pipeline``)."""
+    klass = schema.runs.c.pipeline_klass
+    return klass == pipeline if ":" in pipeline else klass.endswith(f":{pipeline}", autoescape=True)
+
+
+def list_runs(app: App, *, status: str | None = None, pipeline: str | None = None,
+              since: str | datetime | None = None, limit: int = DEFAULT_LIMIT) -> list[RunRecord]:
+    """Runs, newest trigger first: at most ``limit`` (1..MAX_LIMIT) of them, of ``status``
+    (one of RUN_STATUSES) and ``pipeline`` (``module:QualName``, or the bare class name) if
+    given, triggered at or after ``since`` (a datetime in naive UTC, or :func:`parse_since`'s
+    text). One read-only transaction."""
+    if status is not None and status not in RUN_STATUSES:
+        raise RunFilterError("--status", status, f"expected one of {', '.join(RUN_STATUSES)}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise RunFilterError("--limit", limit, f"expected a whole number from 1 to {MAX_LIMIT}")
+    r = schema.runs
+    with app.begin(readonly=True) as tx:
+        query = sa.select(*_RUN_COLUMNS)
+        if status is not None:
+            query = query.where(r.c.status == status)
+        if pipeline is not None:
+            query = query.where(of_pipeline(pipeline))
+        if since is not None:
+            query = query.where(r.c.triggered_at >= (since if isinstance(since, datetime)
+                                                     else parse_since(since, tx.now)))
+        rows = [schema.from_row(_RunRow, row) for row in
+                tx.execute(query.order_by(r.c.triggered_at.desc(), r.c.id.desc()).limit(limit))]
+        reasons = _halt_reasons(tx, [row.id for row in rows if row.status == "halted"])
+    return [_record(row, reasons.get(row.id, ())) for row in rows]
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistory:
+    """The run's branches, steps, executions, errors, timings, limit keys and waits, in one
+    read-only transaction. ``backtraces``: include each error's traceback (else None)."""
+    r, b, s, j, e, a, k = (schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions,
+                           schema.advancements, schema.limit_keys)
+    with app.begin(readonly=True) as tx:
+        now = tx.now
+        found = tx.execute(sa.select(*_RUN_COLUMNS).where(r.c.id == run_id)).first()
+        if found is None:
+            raise UnknownRunError(run_id)
+        run_row = schema.from_row(_RunRow, found)
+        branch_rows = [schema.from_row(_BranchRow, row) for row in tx.execute(
+            sa.select(b.c.id, b.c.status, b.c.halt_reason, b.c.parent_id, b.c.barrier_index, b.c.started_at,
+                      b.c.completed_at).where(b.c.run_id == run_id).order_by(b.c.started_at, b.c.id))]
+        step_rows = [schema.from_row(_StepRow, row) for row in tx.execute(
+            sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition, s.c.limit_key,
+                      s.c.created_at, s.c.completed_at, j.c.id.label("job_id"))
+            .outerjoin(j, j.c.step_id == s.c.id).where(s.c.run_id == run_id).order_by(s.c.started_at, s.c.id))]
+        executions: dict[str, list[_ExecutionRow]] = {}
+        for row in tx.execute(
+                sa.select(e.c.id, e.c.job_id, e.c.limit_key, e.c.eligible_at, e.c.claimed_at, e.c.completed_at,
+                          e.c.outcome, e.c.error_klass, e.c.error_message,
+                          (e.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
+                          e.c.retry_count, e.c.crash_count)
+                .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id).where(s.c.run_id == run_id)
+                .order_by(e.c.created_at, e.c.id)):
+            execution = schema.from_row(_ExecutionRow, row)
+            executions.setdefault(execution.job_id, []).append(execution)
+        advancements: dict[str, list[_AdvancementRow]] = {}
+        for row in tx.execute(
+                sa.select(a.c.branch_id, a.c.step_id, a.c.started_at, a.c.completed_at, a.c.error_klass,
+                          a.c.error_message,
+                          (a.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
+                          a.c.crash_count)
+                .join(b, b.c.id == a.c.branch_id)
+                .where(b.c.run_id == run_id, a.c.error_klass.is_not(None)).order_by(a.c.started_at)):
+            advancement = schema.from_row(_AdvancementRow, row)
+            advancements.setdefault(advancement.branch_id, []).append(advancement)
+        keys = sorted({x.limit_key for xs in executions.values() for x in xs
+                       if x.limit_key is not None and x.completed_at is None})
+        in_flight: dict[str, int] = {}
+        blocked: dict[str, datetime | None] = {}
+        if keys:
+            in_flight = {row.inflight_key: row.n for row in tx.execute(
+                sa.select(e.c.inflight_key, sa.func.count().label("n"))
+                .where(e.c.inflight_key.in_(keys)).group_by(e.c.inflight_key))}
+            blocked = {row.key: row.blocked_until for row in tx.execute(
+                sa.select(k.c.key, k.c.blocked_until).where(k.c.key.in_(keys)))}
+        context_keys = tuple(sorted(tx.execute(sa.select(schema.context.c.key)
+                                               .where(schema.context.c.run_id == run_id)).scalars()))
+    reasons = tuple(sorted(row.halt_reason for row in branch_rows if row.halt_reason is not None
+                           and row.status == "halted"))
+
+    def wait(step: _StepRow, mine: list[_ExecutionRow]) -> Wait | None:
+        if step.status == "advancing":
+            return Wait(kind="advance")
+        if step.status != "in_progress" or not mine or mine[-1].completed_at is not None:
+            return None
+        last = mine[-1]
+        if last.claimed_at is not None:
+            return Wait(kind="running", key=last.limit_key, since=last.claimed_at)
+        if last.eligible_at > now:
+            return Wait(kind="delay", key=last.limit_key, until=last.eligible_at)
+        if last.limit_key is not None:
+            until = blocked.get(last.limit_key)
+            if until is not None and until > now:
+                return Wait(kind="rate", key=last.limit_key, until=until)
+            entry = app.config.limits.get(last.limit_key)
+            running = in_flight.get(last.limit_key, 0)
+            if entry is not None and entry.concurrency is not None and running >= entry.concurrency:
+                return Wait(kind="concurrency", key=last.limit_key, in_flight=running,
+                            concurrency=entry.concurrency)
+        return Wait(kind="queued", key=last.limit_key)
+
+    steps = tuple(
+        StepRecord(id=row.id, branch_id=row.branch_id, node=row.node, klass=row.klass, status=row.status,
+                   to_transition=row.to_transition, limit_key=row.limit_key, created_at=row.created_at,
+                   completed_at=row.completed_at,
+                   executions=tuple(
+                       ExecutionRecord(id=x.id, limit_key=x.limit_key, eligible_at=x.eligible_at,
+                                       claimed_at=x.claimed_at, completed_at=x.completed_at, outcome=x.outcome,
+                                       error=_error(x.error_klass, x.error_message, x.error_backtrace, backtraces),
+                                       retry_count=x.retry_count, crash_count=x.crash_count)
+                       for x in executions.get(row.job_id or "", [])),
+                   wait=wait(row, executions.get(row.job_id or "", [])))
+        for row in step_rows)
+    branches = tuple(
+        BranchRecord(id=row.id, status=row.status, halt_reason=row.halt_reason, parent_id=row.parent_id,
+                     barrier_index=row.barrier_index, started_at=row.started_at, completed_at=row.completed_at,
+                     advancement_errors=tuple(
+                         AdvancementRecord(step_id=x.step_id, started_at=x.started_at, completed_at=x.completed_at,
+                                           error=ErrorRecord(klass=x.error_klass, message=x.error_message or "",
+                                                             backtrace=x.error_backtrace if backtraces else None),
+                                           crash_count=x.crash_count)
+                         for x in advancements.get(row.id, [])),
+                     wait=Wait(kind="resume") if row.status == "dampened" else None)
+        for row in branch_rows)
+    return RunHistory(now=now, run=_record(run_row, reasons), branches=branches, steps=steps,
+                      context_keys=context_keys)
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat(sep="T", timespec="microseconds") + "Z"
+    if isinstance(value, dict):
+        return {key: _json_value(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(item) for item in value]
+    return value
+
+
+def run_json(record: RunRecord) -> dict[str, Any]:
+    """``ductwork runs --json``'s object for one run: the RunRecord's fields plus
+    ``finished_at``; times are ISO 8601 UTC with microseconds and a ``Z``."""
+    return _json_value({**asdict(record), "finished_at": record.finished_at})  # type: ignore[no-any-return]
+
+
+def history_json(history: RunHistory) -> dict[str, Any]:
+    """``ductwork show --json``'s document: ``{"format": 1, "now", "run", "branches",
+    "steps", "context_keys"}``, each record's fields by name (docs/operating.md)."""
+    document = {"format": JSON_FORMAT, "now": history.now, "run": run_json(history.run),
+                "branches": [asdict(branch) for branch in history.branches],
+                "steps": [asdict(step) for step in history.steps], "context_keys": list(history.context_keys)}
+    return _json_value(document)  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _at(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.isoformat(sep=" ", timespec="milliseconds")
+
+
+def _took(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return ""
+    return f" ({(end - start).total_seconds():.3f}s)"
+
+
+def describe_wait(wait: Wait, now: datetime) -> str:
+    """One line for a wait, relative to ``now``."""
+    key = f" key {wait.key!r}" if wait.key else ""
+    if wait.kind == "delay":
+        assert wait.until is not None
+        return f"waits: not eligible until {_at(wait.until)} ({(wait.until - now).total_seconds():.3f}s from now)"
+    if wait.kind == "rate":
+        assert wait.until is not None
+        return (f"waits:{key} is rate-blocked until {_at(wait.until)} "
+                f"({(wait.until - now).total_seconds():.3f}s from now)")
+    if wait.kind == "concurrency":
+        return f"waits:{key} has {wait.in_flight} of {wait.concurrency} in flight (its concurrency)"
+    if wait.kind == "running":
+        assert wait.since is not None
+        return f"running{key} since {_at(wait.since)} ({(now - wait.since).total_seconds():.3f}s)"
+    if wait.kind == "advance":
+        return "waits: an advancer to move its branch on"
+    if wait.kind == "resume":
+        return "waits: Run.resume() (dampened; nothing resumes it by itself)"
+    return f"waits: a worker to claim it{key} (eligible, nothing holds it back)"
+
+
+def render_runs(records: list[RunRecord]) -> str:
+    """``ductwork runs``'s table."""
+    if not records:
+        return "(no runs)"
+    rows = [("RUN", "STATUS", "PIPELINE", "TRIGGERED (UTC)", "FINISHED (UTC)", "HALT REASONS")]
+    for record in records:
+        reasons = ", ".join(record.halt_reasons)
+        if record.revived_from:
+            reasons = (reasons + "; " if reasons else "") + f"revived from {record.revived_from}"
+        rows.append((record.id, record.status, record.pipeline, _at(record.triggered_at),
+                     _at(record.finished_at), reasons))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1]
+                     for row in rows).rstrip()
+
+
+def render_history(history: RunHistory) -> str:
+    """``ductwork show``'s text: the run, then each branch with its steps and executions."""
+    run = history.run
+    lines = [f"run {run.id}  {run.status}", f"  pipeline      {run.pipeline}",
+             f"  triggered     {_at(run.triggered_at)} UTC"]
+    if run.finished_at is not None:
+        lines.append(f"  {run.status:<13} {_at(run.finished_at)} UTC{_took(run.triggered_at, run.finished_at)}")
+    if run.revived_from:
+        lines.append(f"  revived from  {run.revived_from} (that run may have been pruned since)")
+    if run.halt_reasons:
+        lines.append(f"  halt reasons  {', '.join(run.halt_reasons)}")
+    if history.context_keys:
+        lines.append(f"  context keys  {', '.join(history.context_keys)}")
+    lines.append(f"  database time {_at(history.now)} UTC")
+    by_branch: dict[str, list[StepRecord]] = {}
+    for step in history.steps:
+        by_branch.setdefault(step.branch_id, []).append(step)
+    for branch in history.branches:
+        where = "" if branch.parent_id is None else f"  child {branch.barrier_index} of {branch.parent_id}"
+        lines += ["", f"branch {branch.id}  {branch.status}"
+                  + (f" ({branch.halt_reason})" if branch.halt_reason else "") + where]
+        if branch.wait is not None:
+            lines.append(f"  {describe_wait(branch.wait, history.now)}")
+        for advancement in branch.advancement_errors:
+            lines.append(f"  advancer error on step {advancement.step_id} at {_at(advancement.started_at)}: "
+                         f"{advancement.error.klass}: {advancement.error.message}")
+            lines += _backtrace(advancement.error, "    ")
+        for step in by_branch.get(branch.id, []):
+            key = f"  key {step.limit_key!r}" if step.limit_key else ""
+            lines.append(f"  step {step.node} ({step.klass})  {step.status}  via {step.to_transition}{key}")
+            lines.append(f"    id {step.id}  created {_at(step.created_at)}"
+                         + (f"  completed {_at(step.completed_at)}{_took(step.created_at, step.completed_at)}"
+                            if step.completed_at else ""))
+            if step.wait is not None:
+                lines.append(f"    {describe_wait(step.wait, history.now)}")
+            for number, execution in enumerate(step.executions, 1):
+                outcome = execution.outcome or ("running" if execution.claimed_at else "pending")
+                lines.append(f"    #{number} {outcome:<15} claimed {_at(execution.claimed_at)}  "
+                             f"ended {_at(execution.completed_at)}{_took(execution.claimed_at, execution.completed_at)}"
+                             f"  retries {execution.retry_count} crashes {execution.crash_count}")
+                if execution.error is not None:
+                    lines.append(f"       {execution.error.klass}: {execution.error.message}")
+                    lines += _backtrace(execution.error, "       ")
+    return "\n".join(lines)
+
+
+def _backtrace(error: ErrorRecord, indent: str) -> list[str]:
+    if error.backtrace is None:
+        return []
+    return [indent + line for line in error.backtrace.rstrip().splitlines()]

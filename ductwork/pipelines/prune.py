@@ -1,0 +1,246 @@
+"""Retention: delete completed and halted runs, whole, in bounded batches.
+
+    >>> result = prune(app, finished_before=timedelta(days=30))
+    >>> result.runs, result.rows["ductwork_executions"]
+
+``prune`` deletes every run that is ``completed`` or ``halted`` and finished
+(``completed_at``/``halted_at``) before the database's now minus ``finished_before``
+[INV-CLK-1], with every row that belongs to it (:data:`RUN_TABLES`), at most
+``batch_size`` runs per transaction.
+
+Guarantees:
+
+- never a live run [INV-PRN-1]: each batch transaction locks its candidate run
+  rows and re-reads their status and finish time under the lock, so a run that is
+  ``in_progress`` or ``dampened`` at that moment, or resumed or revived since the
+  candidates were chosen, is not touched; a ``completed`` or ``halted`` run never
+  becomes live again (INV-RUN-1), so the decision holds until the commit.
+- whole runs only [INV-PRN-2]: a batch deletes its runs' rows from every table in
+  :data:`RUN_TABLES` in one transaction, so a prune killed at any point leaves each
+  run either entirely there or entirely gone; running it again carries on.
+- bounded: one batch holds the row locks of at most ``batch_size`` runs and their rows.
+
+Not done: a run revived from a pruned run keeps its ``revived_from`` (the id of a run
+that no longer exists); rows that belong to no run (processes, limit keys and
+buckets) are not touched; the deleted space is the database's to reclaim (VACUUM,
+OPTIMIZE TABLE).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+import sqlalchemy as sa
+
+from ductwork import faults
+from ductwork.db import dialects, schema
+from ductwork.errors import RunFilterError
+from ductwork.pipelines.history import of_pipeline
+
+if TYPE_CHECKING:
+    from ductwork.db.database import Database as App
+    from ductwork.db.database import Tx
+
+log = logging.getLogger("ductwork.prune")
+
+#: the run statuses a prune may delete [INV-PRN-1]
+PRUNABLE = ("completed", "halted")
+#: runs deleted per transaction unless the caller says otherwise
+DEFAULT_BATCH_SIZE = 100
+
+
+@dataclass(frozen=True)
+class RunTable:
+    """A table with rows that belong to a run, and how a row names its run: ``run`` (a
+    ``run_id`` column), ``branch``, ``step`` or ``job`` (a ``branch_id``, ``step_id`` or
+    ``job_id`` column of a row of that run), or ``id`` (the runs table itself)."""
+
+    table: sa.Table
+    via: Literal["run", "branch", "step", "job", "id"]
+
+
+#: Every table with rows that belong to a run, in delete order (rows that reference
+#: others first). A new table that references a run is one line here; a unit test
+#: fails when a table with a foreign key into these is missing [INV-PRN-2].
+RUN_TABLES: tuple[RunTable, ...] = (
+    RunTable(schema.expand_items, "job"),
+    RunTable(schema.executions, "job"),
+    RunTable(schema.advancements, "step"),  # by step: ix_advancement_step (no index on branch_id)
+    RunTable(schema.jobs, "step"),
+    RunTable(schema.steps, "run"),
+    RunTable(schema.context, "run"),
+    RunTable(schema.halt_hooks, "run"),
+    RunTable(schema.branches, "run"),
+    RunTable(schema.runs, "id"),
+)
+
+
+@dataclass
+class PruneResult:
+    """What a prune deleted (or, for a dry run, would delete)."""
+
+    #: the cutoff: runs that finished before this database time
+    finished_before: datetime
+    dry_run: bool
+    #: runs deleted (or that would be)
+    runs: int = 0
+    #: rows per table (every table of RUN_TABLES, zeros included)
+    rows: dict[str, int] = field(default_factory=lambda: {t.table.name: 0 for t in RUN_TABLES})
+    #: transactions that deleted at least one run
+    batches: int = 0
+
+
+def _rows_of(run_table: RunTable, ids: sa.BindParameter[Any]) -> sa.ColumnElement[bool]:
+    """The WHERE clause that selects ``run_table``'s rows of the runs ``ids``."""
+    t, s, j, b = run_table.table, schema.steps, schema.jobs, schema.branches
+    if run_table.via == "id":
+        return t.c.id.in_(ids)
+    if run_table.via == "run":
+        return t.c.run_id.in_(ids)
+    if run_table.via == "branch":
+        return t.c.branch_id.in_(sa.select(b.c.id).where(b.c.run_id.in_(ids)).scalar_subquery())
+    if run_table.via == "step":
+        return t.c.step_id.in_(sa.select(s.c.id).where(s.c.run_id.in_(ids)).scalar_subquery())
+    return t.c.job_id.in_(sa.select(j.c.id).join(s, s.c.id == j.c.step_id)
+                          .where(s.c.run_id.in_(ids)).scalar_subquery())
+
+
+def _finished(r: sa.Table) -> sa.ColumnElement[Any]:
+    return sa.func.coalesce(r.c.completed_at, r.c.halted_at)
+
+
+def _may_prune(status: str, finished_at: datetime | None, cutoff: datetime, hook_open: bool) -> bool:
+    """The live-run guard: only a completed or halted run that finished before the cutoff,
+    and owes no on_halt hook still to run, may be deleted [INV-PRN-1]."""
+    return status in PRUNABLE and finished_at is not None and finished_at < cutoff and not hook_open
+
+
+def _hook_open(r: sa.Table) -> sa.Exists:
+    """The run owes an on_halt hook whose outcome is not recorded yet (pending or running):
+    live work, which a prune leaves alone. A final hook never opens again."""
+    h = schema.halt_hooks
+    return sa.exists().where(h.c.run_id == r.c.id, h.c.status.in_(("pending", "running")))
+
+
+def _prunable(cutoff: datetime, pipeline: str | None) -> sa.ColumnElement[bool]:
+    r = schema.runs
+    where = sa.and_(r.c.status.in_(PRUNABLE), _finished(r) < cutoff, ~_hook_open(r))
+    return where if pipeline is None else sa.and_(where, of_pipeline(pipeline))
+
+
+def candidates(tx: Tx, cutoff: datetime, limit: int, pipeline: str | None = None) -> list[str]:
+    """Up to ``limit`` prunable run ids (of ``pipeline`` if given) that finished before
+    ``cutoff``, oldest trigger first (read without locks; :func:`prune_batch` re-checks
+    each under its lock). One query per status, each a walk of ``ix_run_status_triggered``
+    that stops after ``limit`` matches, so a batch does not sort every finished run."""
+    r = schema.runs
+    found: list[str] = []
+    for status, finished in (("completed", r.c.completed_at), ("halted", r.c.halted_at)):
+        if len(found) >= limit:
+            break
+        query = sa.select(r.c.id).where(r.c.status == status, finished < cutoff, ~_hook_open(r))
+        if pipeline is not None:
+            query = query.where(of_pipeline(pipeline))
+        found += tx.execute(query.order_by(r.c.triggered_at, r.c.id).limit(limit - len(found))).scalars()
+    return found
+
+
+def prune_batch(tx: Tx, run_ids: list[str], cutoff: datetime) -> dict[str, int]:
+    """Delete, in the caller's transaction, the runs of ``run_ids`` that are still final
+    and finished before ``cutoff`` under their row locks, with all their rows; returns
+    rows deleted per table (``ductwork_runs`` is the number of runs)."""
+    r, b = schema.runs, schema.branches
+    if not run_ids:
+        return {}
+    locked = tx.execute(dialects.for_update(
+        sa.select(r.c.id, r.c.status, _finished(r).label("finished_at"), _hook_open(r).label("hook_open"))
+        .where(r.c.id.in_(dialects.inline_ids(sorted(run_ids)))).order_by(r.c.id), tx.conn)).all()
+    ids = sorted(row.id for row in locked
+                 if _may_prune(row.status, row.finished_at, cutoff,
+                               bool(row.hook_open)))  # [INV-PRN-1] re-checked under the lock
+    if not ids:
+        return {}
+    batch = dialects.inline_ids(ids)
+    # Branches reference each other (fan-out parent, barrier); InnoDB checks a foreign key row
+    # by row within one DELETE, so the links inside the runs go first (all three databases alike).
+    tx.execute(b.update().where(b.c.run_id.in_(batch)).values(parent_id=None, barrier_id=None))
+    deleted: dict[str, int] = {}
+    for run_table in RUN_TABLES:
+        if run_table.table is schema.runs:
+            faults.hit(faults.INSIDE_PRUNE_BATCH)  # every row of the runs deleted but the runs' own
+        deleted[run_table.table.name] = tx.execute(
+            run_table.table.delete().where(_rows_of(run_table, batch))).rowcount  # [INV-PRN-2] every table
+    return deleted
+
+
+def _count(tx: Tx, run_ids: list[str]) -> dict[str, int]:
+    batch = dialects.inline_ids(run_ids)
+    return {t.table.name: tx.execute(sa.select(sa.func.count()).select_from(t.table)
+                                     .where(_rows_of(t, batch))).scalar_one() for t in RUN_TABLES}
+
+
+def prune(app: App, finished_before: timedelta, *, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False,
+          pipeline: str | None = None, on_start: Callable[[datetime], None] | None = None,
+          on_batch: Callable[[int, dict[str, int]], None] | None = None) -> PruneResult:
+    """Delete completed and halted runs that finished more than ``finished_before`` ago
+    (database time), ``batch_size`` runs per transaction, until none is left.
+
+    ``pipeline``: only runs of this pipeline (``module:QualName``, or the bare class name).
+    ``on_start(cutoff)``: called once the cutoff is read, before the first batch.
+    ``dry_run``: count what would go, in one read-only transaction, and delete nothing.
+    ``on_batch(runs, rows)``: called after each committed batch (the CLI prints progress).
+    Every committed batch is logged at INFO.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise RunFilterError("--batch-size", batch_size, "expected a whole number of runs, at least 1")
+    if finished_before < timedelta(0):
+        raise RunFilterError("--finished-before", finished_before, "must not be negative")
+    if dry_run:
+        with app.begin(readonly=True) as tx:
+            cutoff = tx.now - finished_before  # [INV-CLK-1] the database's now
+            result = PruneResult(cutoff, True)
+            ids = list(tx.execute(sa.select(schema.runs.c.id).where(_prunable(cutoff, pipeline))).scalars())
+            result.runs = len(ids)
+            for start in range(0, len(ids), batch_size):
+                for name, n in _count(tx, ids[start:start + batch_size]).items():
+                    result.rows[name] += n
+        return result
+    with app.begin(readonly=True) as tx:
+        cutoff = tx.now - finished_before  # [INV-CLK-1] one cutoff for every batch
+    result = PruneResult(cutoff, False)
+    if on_start is not None:
+        on_start(cutoff)
+    while True:
+        def one_batch() -> tuple[bool, dict[str, int]]:
+            with app.begin() as tx:
+                found = candidates(tx, cutoff, batch_size, pipeline)
+                return bool(found), prune_batch(tx, found, cutoff)
+
+        found, deleted = dialects.retry_transient(one_batch)
+        if not found:
+            return result
+        if not deleted:  # another prune deleted them first: look again
+            continue
+        runs = deleted[schema.runs.name]
+        result.runs += runs
+        result.batches += 1
+        for name, n in deleted.items():
+            result.rows[name] += n
+        log.info("prune: deleted %d runs finished before %s (%s)", runs, cutoff.isoformat(sep=" "),
+                 ", ".join(f"{name} {n}" for name, n in deleted.items()))
+        if on_batch is not None:
+            on_batch(runs, deleted)
+
+
+def render(result: PruneResult) -> str:
+    """``ductwork prune``'s report: runs, then rows per table."""
+    verb = "would delete" if result.dry_run else "deleted"
+    lines = [f"{verb} {result.runs} runs finished before {result.finished_before.isoformat(sep=' ')} UTC"
+             + ("" if result.dry_run else f" in {result.batches} batches")]
+    width = max(len(name) for name in result.rows)
+    lines += [f"  {name:<{width}}  {n}" for name, n in result.rows.items()]
+    return "\n".join(lines)

@@ -1,0 +1,413 @@
+"""Inspection without SQL and retention, on SQLite, PostgreSQL and MySQL.
+
+``Run.history()``/``list_runs`` and the ``ductwork runs``/``show`` commands that
+render them (one source of truth), their errors and read-only-ness; ``ductwork
+prune``: what it deletes and what it never touches, batches, dry runs, and a
+prune killed inside a batch.
+
+Checks: INV-PRN-1 (never a live run, re-checked under the lock), INV-PRN-2
+(a pruned run leaves no row; a killed batch leaves whole runs), INV-CLK-1 (the
+cutoff is database time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta
+
+import pytest
+
+import ductwork
+from ductwork import Pipeline, Step
+from ductwork.cli import main
+from ductwork.db import schema
+from ductwork.errors import RunFilterError, UnknownRunError
+from ductwork.fleet.processes import register
+from ductwork.limits.claims import claim
+from ductwork.pipelines import prune as pruning
+from ductwork.pipelines.history import list_runs
+from ductwork.testing import drain
+from tests.conftest import make_app, reset_tables
+
+# --------------------------------------------------------------------------- pipelines
+
+
+class Emit(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return list(range(self.n))
+
+
+class Square(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return self.n * self.n
+
+
+class Gather(Step):
+    def __init__(self, xs):
+        self.xs = xs
+
+    def execute(self):
+        return sum(self.xs)
+
+
+class Boom(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        raise ValueError(f"boom {self.n}")
+
+
+class Fans(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Emit).expand(to=Square).collapse(into=Gather)
+
+
+class Fails(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Square).chain(to=Boom)
+
+
+class Later(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Square).chain(to=Square, delay="30d")
+
+
+class Waits(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Square).dampen(before=Square)
+
+
+class Keyed(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Square, limit_by="one_at_a_time")
+
+
+@pytest.fixture
+def clocked(db_url):
+    """A ManualClock app (so a test can age its runs), tables empty, the default app."""
+    from ductwork.app import set_default_app
+    from ductwork.db.clock import ManualClock
+
+    app = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12)),
+                   job_worker={"limits": {"one_at_a_time": {"concurrency": 1}}})
+    reset_tables(app.engine)
+    set_default_app(app)
+    yield app
+    set_default_app(None)
+    app.dispose()
+
+
+def _work_now(app) -> None:
+    """Everything runnable at the clock's now, without moving the clock (drain would)."""
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
+
+    worker, advancer = Worker(app), Advancer(app)
+    for _ in range(1000):
+        if advancer.run_once() == "idle" and worker.run_once() is None:
+            return
+    raise AssertionError("work did not run out")
+
+
+def _cli(capsys, db_url, *argv):
+    code = main([*argv, "--database-url", db_url, "-c", "/dev/null"])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# --------------------------------------------------------------------------- history
+
+
+def test_history_of_a_completed_fan_out(clocked):
+    run = Fans.trigger(3)
+    drain(clocked, skip_delays=True)
+    history = run.history()
+    assert isinstance(history, ductwork.RunHistory)
+    assert (history.run.status, history.run.pipeline, history.run.revived_from) == (
+        "completed", "tests.integration.test_inspection:Fans", None)
+    assert history.run.finished_at == history.run.completed_at is not None
+    assert sorted(s.node for s in history.steps) == ["Emit#0", "Gather#2", "Square#1", "Square#1", "Square#1"]
+    assert len(history.branches) == 5  # start, three children, the fan-in target
+    assert {b.status for b in history.branches} == {"completed"}
+    children = [b for b in history.branches if b.parent_id is not None]
+    assert sorted(b.barrier_index for b in children) == [0, 1, 2]
+    for step in history.steps:
+        assert step.wait is None
+        assert step.status == "completed"
+        assert [x.outcome for x in step.executions] == ["success"]
+        assert step.executions[0].claimed_at is not None
+        assert step.executions[0].error is None
+    with pytest.raises(AttributeError):
+        history.run.status = "halted"  # type: ignore[misc]  # frozen
+
+
+def test_history_of_a_halted_run_names_the_error_and_the_backtrace_on_request(clocked, db_url, capsys):
+    run = Fails.trigger(2)
+    drain(clocked, skip_delays=True)
+    history = run.history()
+    assert (history.run.status, history.run.halt_reasons) == ("halted", ("job_retries_exhausted",))
+    (failed,) = [s for s in history.steps if s.status == "failed"]
+    assert failed.node == "Boom#1"
+    assert len(failed.executions) == 3
+    assert [x.outcome for x in failed.executions] == ["failure"] * 3
+    assert {(x.error.klass, x.error.message, x.error.backtrace) for x in failed.executions if x.error} == {
+        ("builtins.ValueError", "boom 4", None)}
+    traced = run.history(backtraces=True)
+    (failed,) = [s for s in traced.steps if s.status == "failed"]
+    assert all("raise ValueError" in (x.error.backtrace or "") for x in failed.executions if x.error)
+
+    code, out, err = _cli(capsys, db_url, "show", run.id)
+    assert (code, err) == (0, "")
+    assert f"run {run.id}  halted" in out
+    assert "halt reasons  job_retries_exhausted" in out
+    assert "builtins.ValueError: boom 4" in out
+    assert "raise ValueError" not in out
+    code, out, _ = _cli(capsys, db_url, "show", run.id, "--backtrace")
+    assert code == 0
+    assert "raise ValueError" in out
+    code, out, _ = _cli(capsys, db_url, "show", run.id, "--json")
+    document = json.loads(out)
+    assert (code, document["format"], document["run"]["status"]) == (0, 1, "halted")
+    assert set(document) == {"format", "now", "run", "branches", "steps", "context_keys"}
+    expected = json.loads(json.dumps(ductwork.pipelines.history.history_json(run.history())))
+    assert {**document, "now": None} == {**expected, "now": None}  # the CLI's clock is the database's
+
+
+def test_a_revived_run_names_its_source_even_once_that_is_pruned(clocked, db_url, capsys):
+    """``revived_from`` (migration 0003) is shown; the run it names may be gone (pruned)."""
+    source, revived = Fails.trigger(1), Fans.trigger(1)
+    drain(clocked, skip_delays=True)
+    with clocked.begin() as tx:  # as a revive records it
+        tx.execute(schema.runs.update().where(schema.runs.c.id == revived.id).values(revived_from=source.id))
+    clocked.clock.advance(timedelta(days=1))
+    assert pruning.prune(clocked, timedelta(hours=1), pipeline="Fails").runs == 1
+    assert revived.history().run.revived_from == source.id
+    code, out, _ = _cli(capsys, db_url, "show", revived.id)
+    assert code == 0
+    assert f"revived from  {source.id} (that run may have been pruned since)" in out
+    code, out, _ = _cli(capsys, db_url, "runs", "--json")
+    assert [(r["id"], r["revived_from"]) for r in json.loads(out)["runs"]] == [(revived.id, source.id)]
+
+
+def test_waits_delay_dampen_and_a_keys_concurrency(clocked):
+    later = Later.trigger(1)
+    waiting = Waits.trigger(1)
+    _work_now(clocked)  # Later's delayed step stays pending
+    (delayed,) = [s for s in later.history().steps if s.status == "in_progress"]
+    assert delayed.wait is not None
+    assert delayed.wait.kind == "delay"
+    assert delayed.wait.until == clocked.now() + timedelta(days=30)
+    (branch,) = waiting.history().branches
+    assert (branch.status, branch.wait) == ("dampened", ductwork.Wait(kind="resume"))
+
+    first, second = Keyed.trigger(1), Keyed.trigger(2)
+    assert claim(clocked, register(clocked, role="test", label="holder")) is not None
+    waits = {run.id: run.history().steps[0].wait for run in (first, second)}
+    assert sorted(w.kind for w in waits.values() if w) == ["concurrency", "running"]
+    (blocked,) = [w for w in waits.values() if w and w.kind == "concurrency"]
+    assert (blocked.key, blocked.in_flight, blocked.concurrency) == ("one_at_a_time", 1, 1)
+
+
+def test_list_runs_filters_and_the_runs_command(clocked, db_url, capsys):
+    old = Fans.trigger(1)
+    clocked.clock.advance(timedelta(hours=2))
+    failed, waiting = Fails.trigger(1), Waits.trigger(1)
+    drain(clocked, skip_delays=True)
+    assert [r.id for r in list_runs(clocked)] == [waiting.id, failed.id, old.id]  # newest first
+    assert [r.id for r in list_runs(clocked, status="halted")] == [failed.id]
+    assert [r.id for r in list_runs(clocked, pipeline="Fans")] == [old.id]
+    assert [r.id for r in list_runs(clocked, pipeline="tests.integration.test_inspection:Fails")] == [failed.id]
+    assert {r.id for r in list_runs(clocked, since="1h")} == {failed.id, waiting.id}
+    assert {r.id for r in list_runs(clocked, since="2026-01-01T13:00:00Z")} == {failed.id, waiting.id}
+    assert len(list_runs(clocked, limit=1)) == 1
+    code, out, err = _cli(capsys, db_url, "runs", "--status", "halted")
+    assert (code, err) == (0, "")
+    assert failed.id in out
+    assert "job_retries_exhausted" in out
+    assert old.id not in out
+    code, out, _ = _cli(capsys, db_url, "runs", "--json", "--limit", "2")
+    document = json.loads(out)
+    assert [r["id"] for r in document["runs"]] == [waiting.id, failed.id]
+    assert set(document["runs"][0]) == {"id", "pipeline", "status", "triggered_at", "completed_at", "halted_at",
+                                        "revived_from", "halt_reasons", "finished_at"}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["runs", "--status", "done"], "ductwork runs: RunFilterError: --status='done': expected one of"),
+    (["runs", "--since", "yesterday"], "ductwork runs: RunFilterError: --since='yesterday': expected a duration"),
+    (["runs", "--limit", "0"], "ductwork runs: RunFilterError: --limit=0: expected a whole number from 1"),
+    (["runs", "--limit", "ten"], "ductwork runs: RunFilterError: --limit='ten': expected a whole number"),
+    (["show", "nope"], "ductwork show: UnknownRunError: no run 'nope' (never triggered, or pruned)"),
+    (["prune", "--finished-before", "1mo"], "ductwork prune: RunFilterError: --finished-before='1mo':"),
+    (["prune", "--finished-before", "1d", "--batch-size", "0"],
+     "ductwork prune: RunFilterError: --batch-size=0: expected a whole number of runs, at least 1"),
+])
+def test_bad_values_are_one_named_line_and_exit_1(app, db_url, capsys, argv, message):  # noqa: ARG001 - app: migrated, empty tables
+    code, out, err = _cli(capsys, db_url, *argv)
+    assert (code, out) == (1, "")
+    assert err.startswith(message), err
+    assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv", [["runs"], ["show", "x"], ["prune", "--finished-before", "1d"]])
+def test_inspection_and_prune_never_create_a_sqlite_file(tmp_path, capsys, argv):
+    url = f"sqlite:///{tmp_path}/absent.sqlite3"
+    code, _, err = _cli(capsys, url, *argv)
+    assert code == 1
+    assert "MissingDatabaseError" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_history_of_an_unknown_run(app):
+    with pytest.raises(UnknownRunError, match="no run 'x'"):
+        ductwork.pipelines.history.run_history(app, "x")
+    with pytest.raises(RunFilterError, match="--status='done'"):
+        list_runs(app, status="done")
+
+
+# --------------------------------------------------------------------------- prune
+
+
+def _rows_of(app, run_ids) -> dict[str, int]:
+    with app.begin(readonly=True) as tx:
+        return pruning._count(tx, sorted(run_ids))
+
+
+def test_prune_deletes_old_final_runs_whole_and_never_a_live_one(clocked):
+    done, halted, waiting = Fans.trigger(2), Fails.trigger(1), Waits.trigger(1)
+    drain(clocked)
+    later = Later.trigger(1)  # its delayed step stays pending: in progress
+    _work_now(clocked)
+    clocked.clock.advance(timedelta(days=2))
+    fresh = Fans.trigger(1)
+    _work_now(clocked)
+    assert [r.refresh().status for r in (done, halted, waiting, later, fresh)] == [
+        "completed", "halted", "dampened", "in_progress", "completed"]
+    kept_before = _rows_of(clocked, [waiting.id, later.id, fresh.id])
+    gone_before = _rows_of(clocked, [done.id, halted.id])
+
+    dry = pruning.prune(clocked, timedelta(days=1), dry_run=True)  # the CLI's, on this app's clock
+    out = pruning.render(dry)
+    assert out.startswith("would delete 2 runs finished before 2026-01-02 12:00:00")
+    assert dry.rows == gone_before
+    assert _rows_of(clocked, [done.id, halted.id]) == gone_before  # a dry run deletes nothing
+
+    batches = []
+    result = pruning.prune(clocked, timedelta(days=1), batch_size=1, on_batch=lambda n, _rows: batches.append(n))
+    assert (result.runs, result.batches, batches, result.rows) == (2, 2, [1, 1], gone_before)
+    assert pruning.render(result).startswith("deleted 2 runs finished before 2026-01-02 12:00:00")
+    assert " UTC in 2 batches\n" in pruning.render(result)
+    assert set(_rows_of(clocked, [done.id, halted.id]).values()) == {0}  # [INV-PRN-2] no row behind
+    assert _rows_of(clocked, [waiting.id, later.id, fresh.id]) == kept_before  # [INV-PRN-1]
+    with pytest.raises(UnknownRunError):
+        done.history()
+    assert pruning.prune(clocked, timedelta(days=1)).runs == 0  # a second prune finds nothing
+
+
+def test_the_prune_command_prints_counts_per_table(app, db_url, capsys):
+    done, waiting = Fans.trigger(2), Waits.trigger(1)
+    drain(app)
+    rows = _rows_of(app, [done.id])
+    code, out, err = _cli(capsys, db_url, "prune", "--finished-before", "0", "--dry-run")
+    assert (code, err) == (0, "")
+    assert out.startswith("would delete 1 runs finished before ")
+    code, out, _ = _cli(capsys, db_url, "prune", "--finished-before", "0", "--pipeline", "Fails")
+    assert code == 0
+    assert "deleted 0 runs finished before " in out  # only Fails runs: there are none
+    code, out, err = _cli(capsys, db_url, "prune", "--finished-before", "0", "--batch-size", "1")
+    assert (code, err) == (0, "")
+    assert "deleted 1 runs finished before " in out
+    assert " in 1 batches" in out
+    for name, n in rows.items():
+        assert f"\n  {name:<21}  {n}" in out
+    assert waiting.refresh().status == "dampened"
+
+
+def test_a_batch_rechecks_each_run_under_its_lock(clocked):
+    """Candidates chosen, then the run resumed before the batch: the batch leaves it [INV-PRN-1]."""
+    waiting, done = Waits.trigger(1), Fans.trigger(1)
+    drain(clocked)
+    clocked.clock.advance(timedelta(days=1))
+    cutoff = clocked.now()
+    with clocked.begin() as tx:  # as if chosen while the run was final: the lock re-reads it
+        deleted = pruning.prune_batch(tx, [waiting.id, done.id], cutoff)
+    assert deleted["ductwork_runs"] == 1
+    assert waiting.refresh().status == "dampened"
+    assert set(_rows_of(clocked, [done.id]).values()) == {0}
+
+
+def test_prune_rows_cover_every_table_that_references_a_run():
+    """A table with a foreign key into a run's tables must be in RUN_TABLES (else a prune
+    would fail on it, or leave its rows behind) [INV-PRN-2]."""
+    listed = {t.table.name for t in pruning.RUN_TABLES}
+    for table in schema.metadata.sorted_tables:
+        if any(fk.column.table.name in listed for fk in table.foreign_keys):
+            assert table.name in listed, table.name
+
+
+def test_a_prune_killed_inside_a_batch_leaves_whole_runs(app, db_url):
+    """SIGKILL inside the second batch's transaction: the first batch's run is gone, every
+    other run is whole, and a second prune finishes the job [INV-PRN-2]."""
+    runs = [Fans.trigger(2) for _ in range(3)]
+    drain(app)
+    before = {run.id: _rows_of(app, [run.id]) for run in runs}
+    env = {**os.environ, "DUCTWORK_FAULT": "inside_prune_batch:kill:2"}
+    child = subprocess.run([sys.executable, "-m", "ductwork.cli", "prune", "--finished-before", "0",
+                            "--batch-size", "1", "--database-url", db_url, "-c", "/dev/null"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert "FAULT FIRING inside_prune_batch:kill" in child.stderr, child.stderr[-2000:]
+    assert child.returncode == -9
+    after = {run.id: _rows_of(app, [run.id]) for run in runs}
+    gone = [run_id for run_id, rows in after.items() if set(rows.values()) == {0}]
+    assert len(gone) == 1, after
+    assert all(after[run_id] == before[run_id] for run_id in after if run_id not in gone)  # whole
+    result = pruning.prune(app, timedelta(0))
+    assert result.runs == 2
+    assert all(set(_rows_of(app, [run.id]).values()) == {0} for run in runs)
+
+
+def test_prune_waits_for_an_on_halt_hook_and_then_deletes_it_with_its_run(clocked):
+    """A halted run whose on_halt hook is still pending or running is live work: a prune
+    leaves it (the hook's outcome is not recorded yet) [INV-PRN-1]; once the hook is final
+    the run goes with its hook row [INV-PRN-2]."""
+    import sqlalchemy as sa
+
+    from tests.workloads import HaltingPipeline
+
+    run = HaltingPipeline.trigger(1)
+    drain(clocked, skip_delays=True)
+    h = schema.halt_hooks
+    with clocked.begin() as tx:
+        assert tx.execute(sa.select(h.c.status).where(h.c.run_id == run.id)).scalar_one() == "succeeded"
+        for status in ("pending", "running"):  # the hook owed and not yet run, or being run
+            tx.execute(h.update().where(h.c.run_id == run.id).values(status=status, completed_at=None))
+    clocked.clock.advance(timedelta(days=2))
+    for status in ("running", "pending"):
+        with clocked.begin() as tx:
+            tx.execute(h.update().where(h.c.run_id == run.id).values(status=status))
+        assert pruning.prune(clocked, timedelta(days=1)).runs == 0
+        cutoff = clocked.now()
+        with clocked.begin() as tx:  # candidates chosen while the hook was final: the batch re-checks
+            assert pruning.prune_batch(tx, [run.id], cutoff) == {}
+        assert run.refresh().status == "halted"
+    now = clocked.now()
+    with clocked.begin() as tx:
+        tx.execute(h.update().where(h.c.run_id == run.id).values(status="succeeded", completed_at=now))
+    result = pruning.prune(clocked, timedelta(days=1))
+    assert (result.runs, result.rows["ductwork_halt_hooks"]) == (1, 1)
+    assert set(_rows_of(clocked, [run.id]).values()) == {0}
