@@ -15,10 +15,12 @@ Not API.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from model.limits import Bucket, LimitJob, LimitsModel, RateEntry, cap_units, next_token_us
-from model.pipelines import Branch, Execution, PipelinesModel
+from model.pipelines import Branch, Execution, PipelinesModel, Run, Step
 
 __all__ = ["MUTANTS", "Mutant"]
 
@@ -107,6 +109,24 @@ class ContextOverwriteAllowed(PipelinesModel):
         return True
 
 
+class ReviveTwice(PipelinesModel):
+    """A second revive of a halted run creates another run (no unique ``revived_from``)."""
+
+    def _existing_revival(self, run_id: str) -> str | None:
+        return None
+
+
+class ReviveRerunsEverything(PipelinesModel):
+    """A revive re-enqueues every step of a halted branch, the succeeded ones too."""
+
+    def _carry_step(self, run: Run, branch: Branch, old: Step, step_ids: Mapping[str, str], resume: bool) -> None:
+        if self.branches[old.branch_id].status == "halted" and old.status == "completed":
+            old = copy.copy(old)
+            old.status = "failed"
+            resume = True
+        super()._carry_step(run, branch, old, step_ids, resume)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One guard removed: ``model_class`` replaces the model of the ``machine`` noun."""
@@ -130,4 +150,7 @@ MUTANTS = (
     Mutant("crash_budget_off_by_one", "pipelines", CrashBudgetOffByOne, ("INV-EXE-4",)),
     Mutant("invalid_retried", "pipelines", InvalidRetried, ("INV-EXE-4",)),
     Mutant("context_overwrite_allowed", "pipelines", ContextOverwriteAllowed, ("INV-CTX-1",)),
+    Mutant("revive_twice", "pipelines", ReviveTwice, ("INV-REV-1",)),
+    Mutant("revive_reruns_everything", "pipelines", ReviveRerunsEverything, ("INV-REV-2", "INV-EXE-3",
+                                                                               "INV-REV-3", "INV-ADV-1")),
 )
