@@ -19,6 +19,7 @@ from ductwork.errors import (
     DivertError,
     DuctworkError,
     OverwriteError,
+    ReviveError,
     StartError,
 )
 from ductwork.pipelines.context import Context
@@ -40,6 +41,7 @@ __all__ = [
     "OverwriteError",
     "Pipeline",
     "PipelineBuilder",
+    "ReviveError",
     "Run",
     "StartError",
     "Step",

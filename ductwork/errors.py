@@ -31,6 +31,7 @@ The tree::
     ├── UnknownStepClassError (LookupError) a stored class name is not of the configured pipelines
     ├── OverwriteError                    Context.set on a key already set (``Context.OverwriteError``)
     ├── RunStateError                     an operation not allowed in the run's state (resume)
+    │   └── ReviveError                   revive of a run that is not halted, or unknown
     ├── InputError (TypeError)            trigger/resume/context input is not JSON-serialisable
     ├── PayloadError (InputError, StepReturnError)  a value breaks the one payload rule (payloads.dump)
     │   ├── NotJSONError                  not JSON-serialisable (NaN, ∞, a set, an object)
@@ -307,6 +308,30 @@ class OverwriteError(DuctworkError):
 
 class RunStateError(DuctworkError):
     """The run is not in a state that allows the operation."""
+
+
+class ReviveError(RunStateError):
+    """``Run.revive`` of a run that is not halted (running, completed, dampened) or does not
+    exist; names the run and its status.
+
+    ``ReviveError("0193…", "completed")`` reads ``cannot revive run 0193…: it is completed;
+    only a halted run can be revived``.
+    """
+
+    def __init__(self, run_id: str, status: str | None):
+        self.run_id = run_id
+        self.status = status
+        why = "it does not exist" if status is None else f"it is {status}"
+        super().__init__(f"cannot revive run {run_id}: {why}; only a halted run can be revived")
+
+
+class RevivedConcurrently(ReviveError):
+    """Internal: another transaction revived the run first (``uq_run_revived_from``);
+    ``Run.revive`` catches it and returns the run that revived it."""
+
+    def __init__(self, run_id: str):
+        super().__init__(run_id, "halted")
+        self.args = (f"run {run_id} was revived concurrently by another transaction",)
 
 
 class InputError(DuctworkError, TypeError):

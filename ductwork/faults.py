@@ -59,6 +59,8 @@ DURING_JOB_EXECUTION = "during_job_execution"
 AFTER_JOB_COMMIT = "after_job_commit"
 # Reaper
 DURING_REAP = "during_reap"
+# Revive (Run.revive): after every row of the new run is written, before the commit
+INSIDE_REVIVE = "inside_revive"
 
 CHECKPOINTS = (
     AFTER_BRANCH_CANDIDATE_SELECT,
@@ -80,6 +82,7 @@ CHECKPOINTS = (
     DURING_JOB_EXECUTION,
     AFTER_JOB_COMMIT,
     DURING_REAP,
+    INSIDE_REVIVE,
 )
 ACTIONS = ("kill", "exit", "raise", "sleep", "wait")
 
