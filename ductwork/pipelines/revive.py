@@ -124,12 +124,11 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> str:
         job = {"id": jid, "step_id": sid, "klass": step["klass"], "input_args": step["input_args"],
                "output_payload": step["output_payload"], "started_at": step["job_started_at"],
                "completed_at": step["job_completed_at"], "created_at": now, "updated_at": now}
-        if resumed and step["status"] == "failed":
-            # [INV-REV-3] re-enqueued: same node, same input, fresh budget, the failed step's key
+        if resumed and step["status"] == "failed":  # re-enqueued, with a fresh budget:
             node = definition.nodes[step["node"]]
-            row.update(status="in_progress", started_at=now, completed_at=None, created_at=now,
-                       idempotency_key=step["idempotency_key"] or step["id"])
-            job.update(output_payload=None, started_at=now, completed_at=None)
+            key = step["idempotency_key"] or step["id"]  # [INV-REV-3] the failed step's key, kept
+            row.update(status="in_progress", started_at=now, completed_at=None, created_at=now, idempotency_key=key)
+            job.update(output_payload=None, started_at=now, completed_at=None)  # [INV-REV-3] input_args kept
             eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
             execution_rows.append(new_execution_row(jid, step["limit_key"], eligible, 0, 0, now))
             if step["limit_key"]:

@@ -15,7 +15,7 @@ row of INVARIANTS.md's engine-mutant table, in the "engine mutants" section at t
 end of the run.
 
 Checks the detectors of: INV-LIM-1, INV-LIM-2, INV-LIM-4, INV-LIM-5, INV-LIM-6,
-INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2.
+INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2, INV-REV-1, INV-REV-2, INV-REV-3.
 """
 
 from __future__ import annotations
@@ -58,6 +58,14 @@ DETECTORS = {
         "tests/integration/test_exactly_once.py::test_racing_claims_on_one_branch_have_one_winner[sqlite]",
     "inline_takes_held_branch":
         "tests/integration/test_exactly_once.py::test_a_success_leaves_a_held_branch_to_its_advancer[sqlite]",
+    # revive (issue 16)
+    "revive_twice": "tests/integration/test_revive.py::test_concurrent_revives_from_threads_create_one_run[sqlite]",
+    "revive_reruns_history": "tests/integration/test_revive.py::"
+    "test_a_crashes_exhausted_halt_reruns_the_step_with_its_original_input[sqlite]",
+    "revive_nil_input": "tests/integration/test_revive.py::"
+    "test_a_crashes_exhausted_halt_reruns_the_step_with_its_original_input[sqlite]",
+    "revive_new_key": "tests/integration/test_revive.py::"
+    "test_a_revived_fan_out_reruns_only_the_failed_children_and_then_merges[sqlite]",
 }
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")
