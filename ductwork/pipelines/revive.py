@@ -38,6 +38,7 @@ items are copied server-side), or changing the halted run (it stays halted, fina
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,7 @@ from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.errors import ReviveError, RevivedConcurrently
 from ductwork.limits.executions import new_execution_row
-from ductwork.pipelines.runs import cached_definition
+from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.steps import ensure_limit_keys
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> str:
         return existing
     if run.status != "halted":
         raise ReviveError(run_id, run.status)
-    definition = cached_definition(app, run.definition_sha1, run.definition)
+    definition = app._definitions.get(run.definition_sha1) or Definition.from_json(json.loads(run.definition))
     now, new_run = tx.now, new_id()
     tx.execute(_r.insert().values(
         id=new_run, pipeline_klass=run.pipeline_klass, definition=run.definition,
