@@ -47,7 +47,7 @@ import sqlalchemy as sa
 from ductwork import faults
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
-from ductwork.errors import ReviveError, RevivedConcurrently
+from ductwork.errors import RevivedConcurrently, ReviveError
 from ductwork.limits.executions import new_execution_row
 from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.steps import ensure_limit_keys
@@ -120,7 +120,7 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> str:
     for step in steps:  # new ids in the old order: "latest step" stays the latest
         sid, jid = new_id(), new_id()
         resumed = step["id"] in stopped
-        row = {**{k: step[k] for k in _s.c.keys()}, "id": sid, "run_id": new_run,
+        row = {**{c.name: step[c.name] for c in _s.c}, "id": sid, "run_id": new_run,
                "branch_id": branch_ids[step["branch_id"]]}
         job = {"id": jid, "step_id": sid, "klass": step["klass"], "input_args": step["input_args"],
                "output_payload": step["output_payload"], "started_at": step["job_started_at"],

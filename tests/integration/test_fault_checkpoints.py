@@ -158,7 +158,8 @@ def test_a_revive_killed_inside_its_transaction_leaves_nothing_or_everything(db_
             assert [r.id for r in revived] == [child.stdout.strip()]  # everything
         else:
             assert child.returncode == (1 if action == "raise" else EXIT_CODES[action]), child.stderr[-2000:]
-            assert revived == [] and _revive_counts(app) == before  # nothing
+            assert revived == []  # nothing
+            assert _revive_counts(app) == before
         new = run.revive()
         assert [r.id for r in revived] in ([], [new.id])
         BROKEN["fail"] = False

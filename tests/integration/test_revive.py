@@ -175,7 +175,8 @@ def test_a_revived_fan_out_reruns_only_the_failed_children_and_then_merges(offse
     failed = {s.input[0]: s for s in run.steps() if s.status == "failed"}
     BROKEN["fail"] = False  # the fix is deployed
     new = run.revive()
-    assert new.id != run.id and new.status == "in_progress"
+    assert new.id != run.id
+    assert new.status == "in_progress"
     assert run.refresh().status == "halted"  # the halted run stays as it was
     drain(app, timeout=60, skip_delays=True)
     assert new.refresh().status == "completed"
@@ -189,7 +190,8 @@ def test_a_revived_fan_out_reruns_only_the_failed_children_and_then_merges(offse
     # [INV-REV-3] a re-run step has the failed step's input and idempotency key
     for n in (1, 3):
         (again,) = [s for s in steps if s.node.startswith("Fragile") and s.input == [n]]
-        assert again.id != failed[n].id and again.attempts == 1
+        assert again.id != failed[n].id
+        assert again.attempts == 1
         assert set(KEYS[f"Fragile {n}"]) == {failed[n].id} == {again.idempotency_key}
     new_run = _rows(app, schema.runs, id=new.id)[0]
     assert (new_run.revived_from, new_run.halted_at) == (run.id, None)
@@ -267,7 +269,8 @@ def test_a_revived_run_that_halts_again_can_be_revived_and_keeps_the_first_key(o
     drain(app, timeout=60, skip_delays=True)
     assert third.refresh().status == "completed"
     assert set(KEYS["Fragile 1"]) == {failed.id}  # one key across the three runs' executions
-    assert RAN["Count 2"] == 1 and RAN["Fragile 0"] == 1
+    assert RAN["Count 2"] == 1
+    assert RAN["Fragile 0"] == 1
 
 
 # --------------------------------------------------------------------------- refusals
@@ -322,7 +325,8 @@ def test_concurrent_revives_from_threads_create_one_run(offset_app):
     for t in threads:
         t.join(60)
     assert not errors
-    assert len(set(got)) == 1 and len(got) == 4  # [INV-REV-1]
+    assert len(got) == 4
+    assert len(set(got)) == 1  # [INV-REV-1]
     assert [r.id for r in _rows(app, schema.runs, revived_from=run.id)] == got[:1]
     assert len(_rows(app, schema.steps, run_id=got[0])) == len(_rows(app, schema.steps, run_id=run.id))
 

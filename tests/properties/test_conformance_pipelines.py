@@ -257,7 +257,7 @@ def check_revives(url: str, engine, scenario, config, revives) -> None:
     assert isinstance(runs[-1], Run)
     REVIVE_FIGURES.update(examples=1, revives=len(runs) - 1,
                           revived_completed=sum(1 for g in got[1:] if g["status"] == "completed"))
-    assert len(got) == len(expected) and got == expected, (
+    assert got == expected, (
         f"engine and model disagree over a revive chain of {len(model_runs)} runs\n"
         f"definition: {json.dumps(definition)}\nargs: {args}\noracle: {oracle.to_json()}\n"
         f"revives: {revives}\nconfig: {config}\nengine: {got}\nmodel:  {expected}")

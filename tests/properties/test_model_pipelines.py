@@ -7,8 +7,8 @@ actions), ``run_execution`` (oracle or forced failure/timeout/crash/bad return),
 ``run_completed_execution_again``, ``advance`` (commit, crash holding the claim,
 routing error, TransitionError), ``advancer_crash_mid_expand``,
 ``advance_with_stale_token``, ``group_commit`` and ``advance_batch`` (each against the
-single operations one by one on a copy), ``advance_clock``, ``resume``, ``context_set``, ``revive`` (a halted run, twice, or a run
-that is not halted);
+single operations one by one on a copy), ``advance_clock``, ``resume``, ``context_set``,
+``revive`` (a halted run, twice, or a run that is not halted);
 ``teardown`` drives every run to rest with the oracle (liveness).
 
 Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3,
