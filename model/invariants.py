@@ -692,7 +692,8 @@ def inv_rev_2_no_succeeded_step_reexecuted(model: PipelinesModel) -> None:
     """A revive re-executes and re-advances no succeeded step: every step of the halted run
     but a halted branch's failed latest step has one copy in the revived run, with its node,
     input and output, no execution, and (unless an advancement halt stopped at it) the
-    status ``completed`` and successors that are themselves copies."""
+    status ``completed`` and successors that are themselves copies (or a re-run step, or the
+    merge a re-run sibling's arrival fired)."""
     successors = _successors(model)
     for source, run in _revived(model):
         copies: dict[str, list[Step]] = defaultdict(list)
@@ -722,7 +723,11 @@ def inv_rev_2_no_succeeded_step_reexecuted(model: PipelinesModel) -> None:
                     continue
                 if new.status != "completed":
                     _fail("INV-REV-2", f"step {new.id} (copy of completed {old.id}) is {new.status}")
-                fresh = [s.id for s in successors.get(new.id, []) if s.copied_from is None and s.revives is None]
+                # new work after it is allowed only where a revived step made it: a re-run step, or
+                # a merge that a re-run sibling's arrival fired (the copy's own arrival was
+                # counted before the halt and carried over in the barrier's counter, INV-ADV-3)
+                fresh = [s.id for s in successors.get(new.id, [])
+                         if s.copied_from is None and s.revives is None and s.origin not in FAN_IN]
                 if fresh:
                     _fail("INV-REV-2", f"step {new.id} (copy of completed {old.id}) was advanced again: {fresh}")
 
