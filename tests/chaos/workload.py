@@ -9,8 +9,10 @@ Keys: ``api`` (concurrency 3 and a rate) is shared by ``ChaosFan``'s items and
 ``ChaosDivideKeyed``; ``vendor`` (concurrency 2 and two rate entries) by
 ``ChaosChain`` and ``ChaosDivertKeyed``. A step class that writes a key into its
 witness rows is only ever used with that ``limit_by``. ``Flaky`` fails its first
-attempt (a retry), ``Nap`` after a ``delay``. Durations come from the input, so a
-round with one seed is the same workload every time.
+attempt (a retry), ``Nap`` after a ``delay``. ``Halting`` fails on odd values until its
+run is a revived one, so ``ChaosReviveFan`` and ``ChaosReviveChain`` runs halt and the
+harness revives them (from two threads at once) while the faults go on. Durations come
+from the input, so a round with one seed is the same workload every time.
 """
 
 from __future__ import annotations
@@ -125,6 +127,25 @@ class Nap(Witnessed):
         return self.value
 
 
+class Halting(Witnessed):
+    """Fails every attempt on an odd value until its run is a revived one: its branch halts
+    (retries exhausted), and the harness's reviver revives the run (the fix deployed)."""
+
+    def body(self):
+        import sqlalchemy as sa
+
+        from ductwork.db import schema
+
+        if isinstance(self.value, int) and self.value % 2:
+            with _witness_engine().connect() as conn:
+                revived = conn.execute(sa.select(schema.runs.c.revived_from)
+                                       .where(schema.runs.c.id == self._ductwork_run_id)).scalar()
+            if revived is None:
+                raise RuntimeError(f"halting step: {self.value} fails until its run is revived")
+        self.pause(3)
+        return self.value
+
+
 class ChaosFan(Pipeline):
     @classmethod
     def define(cls, p):
@@ -170,7 +191,24 @@ class ChaosDivertKeyed(Pipeline):
         p.start(Route).divert(to={0: VendorCall, "otherwise": VendorCall}, limit_by="vendor").converge(into=Total)
 
 
-PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed]
+class ChaosReviveFan(Pipeline):
+    """The odd items' branches halt; the revived run re-runs them and the collapse fires."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Fan).expand(to=Halting).collapse(into=Total)
+
+
+class ChaosReviveChain(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Seed).chain(to=Halting).chain(to=Nap)
+
+
+PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed,
+             ChaosReviveFan, ChaosReviveChain]
+#: pipelines whose halted runs the harness revives (by the name runs store)
+REVIVED = tuple(p.definition.pipeline for p in (ChaosReviveFan, ChaosReviveChain))
 
 
 def trigger_workload(app, scale: int) -> list:
@@ -185,4 +223,7 @@ def trigger_workload(app, scale: int) -> list:
         runs.append(ChaosDivide.trigger(i, app=app))
         runs.append(ChaosDivideKeyed.trigger(i, app=app))
         runs.append(ChaosDivertKeyed.trigger(i, app=app))
+    for i in range(2 * scale):
+        runs.append(ChaosReviveFan.trigger(4, app=app))
+        runs.append(ChaosReviveChain.trigger(2 * i + 1, app=app))
     return runs
