@@ -39,6 +39,7 @@ items are copied server-side), or changing the halted run (it stays halted, fina
 from __future__ import annotations
 
 import json
+import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,8 @@ from ductwork.pipelines.steps import ensure_limit_keys
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
     from ductwork.db.database import Tx
+
+log = logging.getLogger("ductwork.revive")
 
 _r, _b, _s, _j, _x, _c = (schema.runs, schema.branches, schema.steps, schema.jobs, schema.expand_items,
                           schema.context)
@@ -74,7 +77,12 @@ def revive_run(app: App, run_id: str, duplicate_context: bool = False) -> str:
         with dialects.translate_db_errors(
             {"uq_run_revived_from": lambda _: RevivedConcurrently(run_id)}  # [INV-REV-1]
         ), app.begin() as tx:
-            return _revive(app, tx, run_id, duplicate_context)
+            revived, resumed = _revive(app, tx, run_id, duplicate_context)
+        if resumed is not None:  # committed: now it may be told
+            log.info("run %s revived as run %s: %d halted branch(es) resumed, context %s",
+                     run_id, revived, resumed, "copied" if duplicate_context else "not copied",
+                     extra={"run_id": revived, "revived_from": run_id})
+        return revived
     except RevivedConcurrently:
         with app.begin(readonly=True) as tx:
             found = existing_revival(tx, run_id)
@@ -83,7 +91,9 @@ def revive_run(app: App, run_id: str, duplicate_context: bool = False) -> str:
         return found
 
 
-def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> str:
+def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str, int | None]:
+    """The revive in ``tx``: the new run's id and how many halted branches it resumed
+    (None: the run was revived already, nothing written)."""
     run = tx.execute(dialects.for_update_run(
         sa.select(_r.c.status, _r.c.pipeline_klass, _r.c.definition, _r.c.definition_sha1)
         .where(_r.c.id == run_id), tx.conn)).first()  # revivers of one run queue here
@@ -91,7 +101,7 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> str:
         raise ReviveError(run_id, None)
     existing = existing_revival(tx, run_id)
     if existing is not None:  # [INV-REV-1] revived already: that run, nothing written
-        return existing
+        return existing, None
     if run.status != "halted":
         raise ReviveError(run_id, run.status)
     definition = app._definitions.get(run.definition_sha1) or Definition.from_json(json.loads(run.definition))
@@ -161,7 +171,7 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> str:
                       _c.c.first_set_at, _c.c.last_set_at).where(_c.c.run_id == run_id)))
     faults.hit(faults.INSIDE_REVIVE)
     tx.wake()
-    return new_run
+    return new_run, len(halted)
 
 
 def _context_ids(tx: Tx, run_id: str) -> sa.ColumnElement[Any]:
