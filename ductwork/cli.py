@@ -11,6 +11,7 @@
                                    one run's branches, steps, executions, errors and waits
     ductwork prune --finished-before DURATION [--dry-run] [--pipeline P] [--batch-size N]
                                    delete completed and halted runs, whole, in batches
+    ductwork revive RUN_ID         continue a halted run as a new run; prints the new run's id
 
 Options for every command: ``--database-url`` (else ``DUCTWORK_DATABASE_URL``,
 then the config's ``database.url``, then ``sqlite:///ductwork.sqlite3``),
@@ -76,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     _inspection_parsers(commands, common)
     demo = commands.add_parser("demo", help="run a demo pipeline on an embedded SQLite file", parents=[common])
     demo.add_argument("--orders", type=int, default=12, help="orders to sync (default 12)")
+    _add_revive(commands, common)
     return parser
 
 
@@ -165,6 +167,27 @@ def cmd_prune(args: argparse.Namespace) -> int:
     result = prune(app, timedelta(seconds=seconds), batch_size=batch_size, dry_run=args.dry_run,
                    pipeline=args.pipeline, on_start=start, on_batch=progress)
     print(render(result))
+    return 0
+
+
+# -- revive (issue 16) ---------------------------------------------------------------------
+
+
+def _add_revive(commands: Any, common: argparse.ArgumentParser) -> None:
+    revive = commands.add_parser("revive", parents=[common],
+                                 help="continue a halted run as a new run; prints the new run's id")
+    revive.add_argument("run_id", metavar="RUN_ID", help="the halted run")
+    revive.add_argument("--duplicate-context", action="store_true",
+                        help="copy the halted run's context into the new run (default: start empty)")
+
+
+def cmd_revive(args: argparse.Namespace) -> int:
+    """Print the id of the run that revives RUN_ID (the existing one if it was revived
+    already); ReviveError (one line, exit 1) when RUN_ID is not halted or unknown."""
+    from ductwork.pipelines.revive import revive_run
+
+    app = _connect(args)
+    print(revive_run(app, args.run_id, args.duplicate_context))
     return 0
 
 
@@ -296,7 +319,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_status,
-            "demo": cmd_demo, "runs": cmd_runs, "show": cmd_show, "prune": cmd_prune, CHILD: cmd_child}
+            "demo": cmd_demo, "runs": cmd_runs, "show": cmd_show, "prune": cmd_prune, "revive": cmd_revive,
+            CHILD: cmd_child}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

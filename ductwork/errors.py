@@ -33,6 +33,7 @@ The tree::
     ├── RunStateError                     an operation not allowed in the run's state (resume)
     │   └── UnknownRunError (LookupError) no run has this id (never triggered, or pruned)
     ├── RunFilterError (ValueError)       a run-listing or prune option is malformed (names it)
+    │   └── ReviveError                   revive of a run that is not halted, or unknown
     ├── InputError (TypeError)            trigger/resume/context input is not JSON-serialisable
     ├── PayloadError (InputError, StepReturnError)  a value breaks the one payload rule (payloads.dump)
     │   ├── NotJSONError                  not JSON-serialisable (NaN, ∞, a set, an object)
@@ -326,6 +327,28 @@ class RunFilterError(DuctworkError, ValueError):
         self.option = option
         self.value = value
         super().__init__(f"{option}={value!r}: {reason}")
+class ReviveError(RunStateError):
+    """``Run.revive`` of a run that is not halted (running, completed, dampened) or does not
+    exist; names the run and its status.
+
+    ``ReviveError("0193…", "completed")`` reads ``cannot revive run 0193…: it is completed;
+    only a halted run can be revived``.
+    """
+
+    def __init__(self, run_id: str, status: str | None):
+        self.run_id = run_id
+        self.status = status
+        why = "it does not exist" if status is None else f"it is {status}"
+        super().__init__(f"cannot revive run {run_id}: {why}; only a halted run can be revived")
+
+
+class RevivedConcurrently(ReviveError):
+    """Internal: another transaction revived the run first (``uq_run_revived_from``);
+    ``Run.revive`` catches it and returns the run that revived it."""
+
+    def __init__(self, run_id: str):
+        super().__init__(run_id, "halted")
+        self.args = (f"run {run_id} was revived concurrently by another transaction",)
 
 
 class InputError(DuctworkError, TypeError):

@@ -67,6 +67,8 @@ IN_HOOK_COMMIT = "in_hook_commit"
 HOOK_CHECKPOINTS = (BETWEEN_HALT_AND_HOOK, AFTER_HOOK_CLAIM, IN_HOOK_COMMIT)
 # Prune (ductwork prune): inside a batch's transaction, its runs' rows deleted but the runs' own
 INSIDE_PRUNE_BATCH = "inside_prune_batch"
+# Revive (Run.revive): after every row of the new run is written, before the commit
+INSIDE_REVIVE = "inside_revive"
 
 CHECKPOINTS = (
     AFTER_BRANCH_CANDIDATE_SELECT,
@@ -90,6 +92,7 @@ CHECKPOINTS = (
     DURING_REAP,
     *HOOK_CHECKPOINTS,
     INSIDE_PRUNE_BATCH,
+    INSIDE_REVIVE,
 )
 ACTIONS = ("kill", "exit", "raise", "sleep", "wait")
 

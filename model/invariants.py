@@ -71,6 +71,9 @@ __all__ = [
     "inv_lim_4_levels_in_range",
     "inv_lim_5_stamp_exact",
     "inv_lim_6_fifo",
+    "inv_rev_1_one_run_per_revive",
+    "inv_rev_2_no_succeeded_step_reexecuted",
+    "inv_rev_3_revived_branch_resumes",
     "inv_run_1_terminal_final",
 ]
 
@@ -555,17 +558,34 @@ def inv_exe_2_outcome_once(model: PipelinesModel) -> None:
             _fail("INV-EXE-2", f"execution {execution.id} outcome {execution.outcome} != recorded {last[execution.id]}")
 
 
+def _key_root(model: PipelinesModel, step: Step) -> str:
+    """The id of the first step of ``step``'s revive chain (itself when no revive re-ran it)."""
+    while step.revives is not None:
+        step = model.steps[step.revives]
+    return step.id
+
+
 def inv_exe_3_idempotency_keys(model: PipelinesModel) -> None:
-    """``idempotency_key`` is equal across a step's executions and distinct across steps and runs."""
-    owner: dict[str, str] = {}
+    """``idempotency_key`` is equal across a step's executions and distinct across steps and
+    runs, except that a step a revive re-enqueued carries the key of the failed step it re-runs
+    (the first of its revive chain), and no other step does.
+
+    Steps a revive carried over as history have no executions here (they are checked in
+    the run they came from).
+    """
+    owner: dict[tuple[str, str], str] = {}
     for step in model.steps.values():
+        if step.copied_from is not None and not step.executions:
+            continue
         keys = {model.executions[e].idempotency_key for e in step.executions}
         if len(keys) != 1:
             _fail("INV-EXE-3", f"step {step.id} executions carry keys {sorted(keys)}")
         key = keys.pop()
-        if key in owner:
-            _fail("INV-EXE-3", f"key {key!r} shared by steps {owner[key]} and {step.id}")
-        owner[key] = step.id
+        if key != _key_root(model, step):
+            _fail("INV-EXE-3", f"step {step.id} carries key {key!r}, not {_key_root(model, step)!r}")
+        if (step.run_id, key) in owner:
+            _fail("INV-EXE-3", f"key {key!r} shared by steps {owner[step.run_id, key]} and {step.id} of one run")
+        owner[step.run_id, key] = step.id
 
 
 def inv_exe_4_budgets(model: PipelinesModel) -> None:
@@ -580,6 +600,8 @@ def inv_exe_4_budgets(model: PipelinesModel) -> None:
     cfg = model.config
     for step in model.steps.values():
         executions = [model.executions[e] for e in step.executions]
+        if not executions and step.copied_from is not None:  # history a revive carried over
+            continue
         first = executions[0]
         if (first.retry_count, first.crash_count) != (0, 0):
             _fail("INV-EXE-4", f"step {step.id}: first execution starts at {first.retry_count}/{first.crash_count}")
@@ -752,6 +774,106 @@ def inv_prn_2_pruned_run_leaves_nothing(model: PipelinesModel) -> None:
     flagged = {run_id for run_id, run in model.runs.items() if run.pruned}
     if flagged != seen:
         _fail("INV-PRN-2", f"runs marked pruned {sorted(flagged)} disagree with the prunes {sorted(seen)}")
+# =========================================================================== revive
+
+
+def _revived(model: PipelinesModel) -> Iterable[tuple[Any, Any]]:
+    """``(halted run, run that revives it)`` for every revived run."""
+    for run in model.runs.values():
+        if run.revived_from is not None:
+            yield model.runs[run.revived_from], run
+
+
+def inv_rev_1_one_run_per_revive(model: PipelinesModel) -> None:
+    """A halted run is revived at most once: one run at most names it in ``revived_from``,
+    that run is what every ``revive`` of it returned, and only a halted run is revived."""
+    revived = Counter(run.revived_from for run in model.runs.values() if run.revived_from is not None)
+    for source, count in revived.items():
+        if count > 1:
+            _fail("INV-REV-1", f"run {source} was revived {count} times")
+        if model.runs[source].status != "halted":
+            _fail("INV-REV-1", f"run {source} was revived but is {model.runs[source].status}")
+    by_source = {run.revived_from: run.id for run in model.runs.values() if run.revived_from is not None}
+    for source, returned in model.revivals:
+        if by_source.get(source) != returned:
+            _fail("INV-REV-1", f"revive of {source} returned {returned}, but {by_source.get(source)} revives it")
+
+
+def inv_rev_2_no_succeeded_step_reexecuted(model: PipelinesModel) -> None:
+    """A revive re-executes and re-advances no succeeded step: every step of the halted run
+    but a halted branch's failed latest step has one copy in the revived run, with its node,
+    input and output, no execution, and (unless an advancement halt stopped at it) the
+    status ``completed`` and successors that are themselves copies (or a re-run step, or the
+    merge a re-run sibling's arrival fired)."""
+    successors = _successors(model)
+    for source, run in _revived(model):
+        copies: dict[str, list[Step]] = defaultdict(list)
+        for branch_id in run.branches:
+            for step_id in model.branches[branch_id].steps:
+                step = model.steps[step_id]
+                if step.copied_from is not None:
+                    copies[step.copied_from].append(step)
+        stopped = {model.branches[b].latest_step for b in source.branches if model.branches[b].status == "halted"}
+        for branch_id in source.branches:
+            for step_id in model.branches[branch_id].steps:
+                old = model.steps[step_id]
+                if old.id in stopped and old.status == "failed":
+                    if copies.get(old.id):
+                        _fail("INV-REV-2", f"failed step {old.id} carried over as history into {run.id}")
+                    continue
+                if len(copies.get(old.id, [])) != 1:
+                    _fail("INV-REV-2", f"step {old.id} of {source.id} has {len(copies.get(old.id, []))} copies "
+                          f"in {run.id}")
+                new = copies[old.id][0]
+                if new.executions:
+                    _fail("INV-REV-2", f"step {new.id} (copy of succeeded {old.id}) was executed again")
+                if (new.node, canonical_json(new.input), canonical_json(new.output)) != (
+                        old.node, canonical_json(old.input), canonical_json(old.output)):
+                    _fail("INV-REV-2", f"step {new.id} is not a copy of {old.id}")
+                if old.id in stopped:
+                    continue
+                if new.status != "completed":
+                    _fail("INV-REV-2", f"step {new.id} (copy of completed {old.id}) is {new.status}")
+                # new work after it is allowed only where a revived step made it: a re-run step, or
+                # a merge that a re-run sibling's arrival fired (the copy's own arrival was
+                # counted before the halt and carried over in the barrier's counter, INV-ADV-3)
+                fresh = [s.id for s in successors.get(new.id, [])
+                         if s.copied_from is None and s.revives is None and s.origin not in FAN_IN]
+                if fresh:
+                    _fail("INV-REV-2", f"step {new.id} (copy of completed {old.id}) was advanced again: {fresh}")
+
+
+def inv_rev_3_revived_branch_resumes(model: PipelinesModel) -> None:
+    """Each halted branch of a revived run resumes where it stopped: a failed step is re-run
+    on the same node with the same input, a fresh budget and the failed step's idempotency key;
+    a step an advancement halt stopped at is carried over with its output, to be advanced."""
+    for source, run in _revived(model):
+        mapped = {model.branches[b].copied_from: model.branches[b] for b in run.branches}
+        for branch_id in source.branches:
+            old = model.branches[branch_id]
+            if old.status != "halted":
+                continue
+            stopped = model.steps[old.latest_step]
+            branch = mapped.get(old.id)
+            if branch is None:
+                _fail("INV-REV-3", f"halted branch {old.id} of {source.id} is missing from {run.id}")
+            if stopped.status == "failed":
+                again = [model.steps[s] for s in branch.steps if model.steps[s].revives == stopped.id]
+                if len(again) != 1:
+                    _fail("INV-REV-3", f"failed step {stopped.id} re-run {len(again)} times in {run.id}")
+                step = again[0]
+                first = model.executions[step.executions[0]] if step.executions else None
+                if (step.node, canonical_json(step.input)) != (stopped.node, canonical_json(stopped.input)):
+                    _fail("INV-REV-3", f"step {step.id} re-runs {stopped.id} with {step.node} {step.input}, "
+                          f"not {stopped.node} {stopped.input}")
+                if first is None or (first.retry_count, first.crash_count) != (0, 0):
+                    _fail("INV-REV-3", f"step {step.id} re-runs {stopped.id} without a fresh budget")
+                if step.key != (stopped.key or stopped.id):
+                    _fail("INV-REV-3", f"step {step.id} has key {step.key!r}, not {stopped.key!r}")
+            else:
+                again = [model.steps[s] for s in branch.steps if model.steps[s].copied_from == stopped.id]
+                if len(again) != 1 or again[0].status not in ("advancing", "completed"):
+                    _fail("INV-REV-3", f"step {stopped.id} (advancement halt) is not resumed advancing in {run.id}")
 
 
 # =========================================================================== catalogue
@@ -777,6 +899,9 @@ INVARIANT_FUNCTIONS: dict[str, Callable[[Any], None]] = {
     "INV-HLT-2": inv_hlt_2_halted_run_gets_its_hook,
     "INV-PRN-1": inv_prn_1_prune_never_touches_a_live_run,
     "INV-PRN-2": inv_prn_2_pruned_run_leaves_nothing,
+    "INV-REV-1": inv_rev_1_one_run_per_revive,
+    "INV-REV-2": inv_rev_2_no_succeeded_step_reexecuted,
+    "INV-REV-3": inv_rev_3_revived_branch_resumes,
 }
 LIMITS_INVARIANTS = tuple(i for i in INVARIANT_FUNCTIONS if i.startswith("INV-LIM"))
 PIPELINE_INVARIANTS = tuple(i for i in INVARIANT_FUNCTIONS if not i.startswith("INV-LIM"))

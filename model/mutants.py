@@ -15,10 +15,12 @@ Not API.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from model.limits import Bucket, LimitJob, LimitsModel, RateEntry, cap_units, next_token_us
-from model.pipelines import Branch, Execution, HaltHook, PipelinesModel, Run
+from model.pipelines import Branch, Execution, HaltHook, PipelinesModel, Run, Step
 
 __all__ = ["MUTANTS", "Mutant"]
 
@@ -125,6 +127,22 @@ class PruneLiveRun(PipelinesModel):
 
     def _may_prune(self, run: Run, cutoff_us: int) -> bool:
         return True
+class ReviveTwice(PipelinesModel):
+    """A second revive of a halted run creates another run (no unique ``revived_from``)."""
+
+    def _existing_revival(self, run_id: str) -> str | None:
+        return None
+
+
+class ReviveRerunsEverything(PipelinesModel):
+    """A revive re-enqueues every step of a halted branch, the succeeded ones too."""
+
+    def _carry_step(self, run: Run, branch: Branch, old: Step, step_ids: Mapping[str, str], resume: bool) -> None:
+        if self.branches[old.branch_id].status == "halted" and old.status == "completed":
+            old = copy.copy(old)
+            old.status = "failed"
+            resume = True
+        super()._carry_step(run, branch, old, step_ids, resume)
 
 
 @dataclass(frozen=True)
@@ -153,4 +171,7 @@ MUTANTS = (
     Mutant("hook_fence_dropped", "hooks", HookFenceDropped, ("INV-HLT-1",)),
     Mutant("hook_not_owed", "hooks", HookNotOwed, ("INV-HLT-2",)),
     Mutant("prune_live_run", "pipelines", PruneLiveRun, ("INV-PRN-1",)),
+    Mutant("revive_twice", "pipelines", ReviveTwice, ("INV-REV-1",)),
+    Mutant("revive_reruns_everything", "pipelines", ReviveRerunsEverything, ("INV-REV-2", "INV-EXE-3",
+                                                                               "INV-REV-3", "INV-ADV-1")),
 )

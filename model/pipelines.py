@@ -13,9 +13,9 @@ interleave them: ``trigger``, ``run_execution``, ``claim_branch``, ``advance``,
 the batched ``advance_on_success(es)`` (a worker's success advancing its branch in
 its own transaction), ``claim_branches`` and ``advance_batch`` (an advancer's batch;
 each defined as the single operations one by one), ``advancer_error``,
-``advancer_crash``, ``resume``, ``context_set``, ``prune`` (retention: deletes final
-runs whole) and ``advance_clock``; and the ``on_halt`` hook a halted run owes
-(``claim_hook``, ``run_hook``, ``reap_hook``).
+``advancer_crash``, ``resume``, ``revive``, ``context_set``, ``prune`` (retention:
+deletes final runs whole) and ``advance_clock``; and the ``on_halt`` hook a halted run
+owes (``claim_hook``, ``run_hook``, ``reap_hook``).
 ``drive(oracle)`` and the module-level ``run_to_quiescence`` run everything to
 quiescence deterministically and ``summary`` gives the comparable result.
 
@@ -268,11 +268,15 @@ class Execution:
     outcome: str | None = None
     error: str | None = None
     completed_at_us: int | None = None
+    #: the step's idempotency key (its id, or for a step a revive re-enqueued the key of the
+    #: failed step it re-runs) [INV-EXE-3]
+    key: str = ""
 
     @property
     def idempotency_key(self) -> str:
-        """The step's id: equal across a step's executions, distinct across steps [INV-EXE-3]."""
-        return self.step_id
+        """Equal across a step's executions, distinct across steps except along a revive
+        chain (:meth:`PipelinesModel.revive`) [INV-EXE-3]."""
+        return self.key or self.step_id
 
     @property
     def return_rejected(self) -> bool:
@@ -330,6 +334,13 @@ class Step:
     executions: list[int] = field(default_factory=list)
     #: set when an advancer halt completed this step (transition_invalid, advancer_*)
     halted_by_advancer: bool = False
+    #: the step of the halted run this one was carried over from by a revive (history: it
+    #: has no executions here); None otherwise
+    copied_from: str | None = None
+    #: the failed step of the halted run this one re-runs (a revive re-enqueued it); None otherwise
+    revives: str | None = None
+    #: the idempotency key its executions get: its id, or the key of the step it ``revives``
+    key: str = ""
 
 
 @dataclass
@@ -360,6 +371,8 @@ class Branch:
     merge_of: str | None = None
     advancer_errors: int = 0
     advancer_crashes: int = 0
+    #: the branch of the halted run this one was carried over from by a revive; None otherwise
+    copied_from: str | None = None
 
     @property
     def latest_step(self) -> str:
@@ -382,6 +395,8 @@ class Run:
     #: deleted by ``prune``: its records stay here, frozen, for the invariants; the
     #: engine has no row of it left [INV-PRN-2]
     pruned: bool = False
+    #: the halted run this run revives; None for a triggered run
+    revived_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -502,6 +517,8 @@ class PipelinesModel:
     #: ``(kind, hook_id, token)`` for every hook claim and fenced record [INV-HLT-1]
     hook_log: list[tuple[str, str, int]] = field(default_factory=list)
     prunes: list[Prune] = field(default_factory=list)
+    #: ``(halted run, run returned)`` for every accepted ``revive`` call, in order [INV-REV-1]
+    revivals: list[tuple[str, str]] = field(default_factory=list)
     _ids: Counter[str] = field(default_factory=Counter)
 
     # ----------------------------------------------------------------- clock
@@ -956,6 +973,82 @@ class PipelinesModel:
         if run.pruned:
             raise PreconditionError(f"run {run_id} was pruned")
         return run
+    # ----------------------------------------------------------------- revive
+
+    def revive(self, run_id: str, duplicate_context: bool = False) -> str:
+        """Continue a halted run as a new run, in one transaction; returns the new run's id.
+
+        The new run has the same definition and arguments and ``revived_from = run_id``.
+        Every branch is carried over with its links (barrier, fan-out index, fan-out step,
+        width, arrivals, expand cursor, merge) mapped to the new ids, and every step as
+        history (``copied_from``; no executions: those stay with the halted run), so no
+        succeeded step runs or advances again [INV-REV-2]. Each halted branch resumes where
+        it stopped [INV-REV-3]: a ``failed`` latest step (a job halt: retries or crashes
+        exhausted, invalid) is replaced by a fresh step on the same node with the same input,
+        a fresh budget and the failed step's idempotency key (``revives``); a latest step an
+        advancement halt completed is carried over ``advancing`` with its output, for an
+        advancer to run the transition again. Context is copied only with
+        ``duplicate_context``. ``halted_at`` is not a field here; the engine leaves it unset.
+
+        Exactly once [INV-REV-1]: a run already revived returns the run that revived it,
+        changing nothing (the engine's ``uq_run_revived_from``). A run that is not halted
+        (or does not exist) raises ``PreconditionError``, changing nothing.
+        """
+        run = self.runs.get(run_id)
+        if run is None or run.pruned:  # a pruned run is gone: the engine finds no row of it
+            raise PreconditionError(f"no run {run_id}")
+        existing = self._existing_revival(run_id)  # [INV-REV-1] one new run per halted run
+        if existing is not None:
+            self.revivals.append((run_id, existing))
+            return existing
+        if run.status != "halted":
+            raise PreconditionError(f"run {run_id} is {run.status}, not halted: only a halted run is revived")
+        new = Run(self._new_id("run"), run.definition, copy.deepcopy(run.args), revived_from=run_id)
+        self.runs[new.id] = new
+        branch_ids = {old: self._new_id("branch") for old in run.branches}
+        step_ids = {s: self._new_id("step") for old in run.branches for s in self.branches[old].steps}
+        for old_id in run.branches:
+            old = self.branches[old_id]
+            resumed = old.status == "halted"
+            branch = Branch(branch_ids[old_id], new.id, branch_ids.get(old.barrier or ""), old.fanout_index,
+                            status="in_progress" if resumed else old.status,
+                            fanout_step=step_ids.get(old.fanout_step or ""), fanout_width=old.fanout_width,
+                            fanin_arrivals=old.fanin_arrivals,
+                            arrived={i: branch_ids[b] for i, b in old.arrived.items()},
+                            expand_cursor=old.expand_cursor, merge_of=branch_ids.get(old.merge_of or ""),
+                            copied_from=old.id)
+            self.branches[branch.id] = branch
+            new.branches.append(branch.id)
+            for old_step_id in old.steps:
+                self._carry_step(new, branch, self.steps[old_step_id], step_ids,
+                                 resume=resumed and old_step_id == old.latest_step)
+        if duplicate_context:
+            for key, value in run.context.items():
+                new.context[key] = copy.deepcopy(value)
+                self.context_writes.append(ContextWrite(new.id, key, False, False, True))
+        self._resolve(new)
+        self.revivals.append((run_id, new.id))
+        return new.id
+
+    def _carry_step(self, run: Run, branch: Branch, old: Step, step_ids: Mapping[str, str], resume: bool) -> None:
+        """One step of a halted run into its revived run: history, or where a halted branch resumes."""
+        predecessors = tuple(step_ids[p] for p in old.predecessors)
+        step = Step(step_ids[old.id], run.id, branch.id, old.node, copy.deepcopy(old.input), old.origin,
+                    predecessors, status=old.status, output=copy.deepcopy(old.output), key=old.key or old.id)
+        self.steps[step.id] = step
+        branch.steps.append(step.id)
+        if resume and old.status == "failed":  # [INV-REV-3] re-enqueued: same input, fresh budget, same key
+            step.status, step.output, step.revives = "in_progress", None, old.id
+            delay = run.definition.delay_us(old.node)
+            self._new_execution(step, 0, 0, self.now_us + delay)
+            return
+        step.copied_from = old.id  # [INV-REV-2] history: no execution, never advanced again
+        if resume:  # an advancement halt completed it: the transition runs again [INV-REV-3]
+            step.status = "advancing"
+
+    def _existing_revival(self, run_id: str) -> str | None:
+        """The run that already revived ``run_id`` (the engine's unique ``revived_from``) [INV-REV-1]."""
+        return next((r.id for r in self.runs.values() if r.revived_from == run_id), None)
 
     # ----------------------------------------------------------------- context
 
@@ -1168,6 +1261,7 @@ class PipelinesModel:
                   predecessors: tuple[str, ...]) -> str:
         step = Step(self._new_id("step"), branch.run_id, branch.id, node, copy.deepcopy(input), origin,
                     predecessors)
+        step.key = step.id
         self.steps[step.id] = step
         branch.steps.append(step.id)
         branch.advancer_errors = branch.advancer_crashes = 0  # budgets are per step
@@ -1177,7 +1271,7 @@ class PipelinesModel:
 
     def _new_execution(self, step: Step, retry: int, crash: int, eligible_at_us: int) -> None:
         self._ids["execution"] += 1
-        execution = Execution(self._ids["execution"], step.id, retry, crash, eligible_at_us)
+        execution = Execution(self._ids["execution"], step.id, retry, crash, eligible_at_us, key=step.key)
         self.executions[execution.id] = execution
         step.executions.append(execution.id)
 

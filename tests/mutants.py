@@ -234,6 +234,35 @@ MUTANTS: dict[str, Mutant] = {
         (("bool(row.hook_open)))  # [INV-PRN-1] re-checked under the lock",
           "bool(row.hook_open)) or True)  # mutant: not re-checked"),),
     ),
+    # -- revive (issue 16) ---------------------------------------------------------------
+    "revive_twice": Mutant(
+        "a revive neither finds the run that revived the halted run nor names it, so a second "
+        "revive creates another run [INV-REV-1]",
+        "a revived run names the halted run in `revived_from` (unique) and a revive returns it [INV-REV-1]",
+        (("revived_from=run_id,  # [INV-REV-1] uq_run_revived_from: one new run per halted run",
+          "revived_from=None,  # mutant: the new run does not name the halted run"),
+         ("if existing is not None:  # [INV-REV-1] revived already: that run, nothing written",
+          "if False:  # mutant: never revived already")),
+    ),
+    "revive_reruns_history": Mutant(
+        "a revive gives every carried-over step a pending execution, so succeeded steps run again [INV-REV-2]",
+        "carried-over steps get no execution [INV-REV-2]",
+        (("else:  # [INV-REV-2] history: no execution, its status stays, never advanced again",
+          "else:  # mutant: history is executed again\n"
+          "    execution_rows.append(new_execution_row(jid, step[\"limit_key\"], now, 0, 0, now))"),),
+    ),
+    "revive_nil_input": Mutant(
+        "a revive re-enqueues a failed step with a null input (the original engine's gap) [INV-REV-3]",
+        "a re-enqueued step keeps its input [INV-REV-3]",
+        (("job.update(output_payload=None, started_at=now, completed_at=None)  # [INV-REV-3] input_args kept",
+          'job.update(input_args="[null]", output_payload=None, started_at=now, completed_at=None)  # mutant'),),
+    ),
+    "revive_new_key": Mutant(
+        "a re-enqueued step gets a fresh idempotency key (its own id) [INV-REV-3, INV-EXE-3]",
+        "a re-enqueued step keeps the failed step's idempotency key [INV-REV-3]",
+        (('key = step["idempotency_key"] or step["id"]  # [INV-REV-3] the failed step\'s key, kept',
+          "key = None  # mutant: the step's own id"),),
+    ),
 }
 
 

@@ -136,7 +136,7 @@ branches = sa.Table(
 steps = sa.Table(
     "ductwork_steps",
     metadata,
-    #: also the step's idempotency_key [INV-EXE-3]
+    #: also the step's idempotency_key unless ``idempotency_key`` is set [INV-EXE-3]
     sa.Column("id", Id, primary_key=True),
     sa.Column("run_id", Id, sa.ForeignKey("ductwork_runs.id"), nullable=False),
     sa.Column("branch_id", Id, sa.ForeignKey("ductwork_branches.id"), nullable=False),
@@ -150,6 +150,9 @@ steps = sa.Table(
     sa.Column("started_at", Timestamp, nullable=False),
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: not completed
     *_timestamps(),
+    #: the idempotency key its executions get; NULL: the step's id. Set by a revive on the
+    #: step it re-enqueues: the key of the failed step it re-runs [INV-EXE-3, INV-REV-3]
+    sa.Column("idempotency_key", Id, nullable=True),
     # [INV-ADV-1] a branch visits a node at most once: a successor cannot be created twice
     sa.UniqueConstraint("branch_id", "node", name="uq_step_branch_node"),
     sa.Index("ix_step_branch_started", "branch_id", "started_at", "id"),
@@ -364,4 +367,5 @@ CONSTRAINT_COLUMNS = {
     "uq_advancement_open_per_branch": ("ductwork_advancements", ("open_branch_id",)),
     "uq_process_host_pid_label": ("ductwork_processes", ("machine_identifier", "pid", "label")),
     "uq_halt_hook_run": ("ductwork_halt_hooks", ("run_id",)),
+    "uq_run_revived_from": ("ductwork_runs", ("revived_from",)),
 }

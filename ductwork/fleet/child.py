@@ -56,7 +56,8 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     timeout_s = claimed.timeout_us / 1_000_000
     request = {
         "url": app.url, "sys_path": [p for p in sys.path if p], "klass": claimed.klass,
-        "pipeline": claimed.pipeline_klass, "input_json": claimed.input_json, "step_id": claimed.step_id,
+        "pipeline": claimed.pipeline_klass, "input_json": claimed.input_json,
+        "idempotency_key": claimed.idempotency_key,
         "run_id": claimed.run_id,
     }
     read_fd, write_fd = os.pipe()
@@ -149,7 +150,8 @@ def main() -> None:
             import_pipeline(request["pipeline"])
         except Exception as error:  # the module no longer imports: it will not next time
             raise StepInvalid(ErrorInfo.of(error)) from error
-        instance = build_step(app, request["klass"], request["input_json"], request["step_id"], request["run_id"])
+        instance = build_step(app, request["klass"], request["input_json"], request["idempotency_key"],
+                              request["run_id"])
         pipe.write(RUNNING)
         pipe.flush()
         value = instance.execute()

@@ -2,7 +2,7 @@
 worker (``worker.py``) and a ``timeout=`` step's child process (``child.py``) share.
 
     >>> check_configured(claimed)        # StepInvalid unless both classes are configured
-    >>> step = build_step(app, claimed.klass, claimed.input_json, claimed.step_id, claimed.run_id)
+    >>> step = build_step(app, claimed.klass, claimed.input_json, claimed.idempotency_key, claimed.run_id)
 
 Only configured code runs: a stored class name that is not a class of the pipelines this
 process defined is never built and nothing is imported for it (``check_configured``).
@@ -91,8 +91,9 @@ def check_configured(claimed: Claimed) -> None:
             raise _invalid(error, ref) from error
 
 
-def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str) -> Any:
-    """Construct the user's step with its identity bound.
+def build_step(app: App, klass: str, input_json: str, idempotency_key: str, run_id: str) -> Any:
+    """Construct the user's step with its identity bound: ``idempotency_key`` is what
+    ``Step.idempotency_key`` returns (the step's id, or a revived step's carried-over key).
 
     Raises :class:`StepInvalid` when the class does not resolve or the stored input
     does not bind to its ``__init__`` (neither can change by running again), and
@@ -109,7 +110,7 @@ def build_step(app: App, klass: str, input_json: str, step_id: str, run_id: str)
         raise StepInvalid(ErrorInfo.of(error)) from error
     try:
         # [INV-EXE-3] the key is the step row's id: the same for every execution of the step
-        return cls._ductwork_build(args, step_id, run_id, Context(app, run_id))
+        return cls._ductwork_build(args, idempotency_key, run_id, Context(app, run_id))
     except Exception as error:  # an error in __init__ is a crash, never lost
         raise BuildFailed(ErrorInfo.of(error)) from error
 

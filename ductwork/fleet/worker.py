@@ -476,7 +476,8 @@ class Worker:
 
             value = run_in_child(self.app, claimed)
         else:
-            instance = build_step(self.app, claimed.klass, claimed.input_json, claimed.step_id, claimed.run_id)
+            instance = build_step(self.app, claimed.klass, claimed.input_json, claimed.idempotency_key,
+                                  claimed.run_id)
             value = instance.execute()
         try:
             return make_output(claimed.klass, definition, claimed.node, value)

@@ -136,7 +136,8 @@ def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
     """What running each claimed execution needs, in the order of ``execution_ids``."""
     j, s, r = schema.jobs, schema.steps, schema.runs
     rows = tx.execute(
-        sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"), s.c.run_id, s.c.branch_id,
+        sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"),
+                  sa.func.coalesce(s.c.idempotency_key, s.c.id).label("idempotency_key"), s.c.run_id, s.c.branch_id,
                   s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1, j.c.input_args.label("input_json"),
                   _e.c.limit_key, s.c.timeout_us, _e.c.retry_count, _e.c.crash_count, _e.c.process_id,
                   _e.c.claimed_at)

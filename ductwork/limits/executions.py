@@ -64,6 +64,9 @@ class Claimed:
     execution_id: str
     job_id: str
     step_id: str
+    #: what ``Step.idempotency_key`` returns: the step's id, or the key a revive carried
+    #: over from the failed step this one re-runs [INV-EXE-3]
+    idempotency_key: str
     run_id: str
     branch_id: str
     node: str

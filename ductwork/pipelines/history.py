@@ -183,6 +183,26 @@ class RunRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HookRecord:
+    """The ``on_halt`` hook a halted run owes (docs/semantics.md §6): one per halted run
+    whose definition names a handler."""
+
+    id: str
+    #: the handler, ``module:qualname``
+    klass: str
+    #: pending | running | succeeded | failed (the last two are final: the recorded outcome)
+    status: str
+    retry_count: int
+    crash_count: int
+    #: success | failure | invalid | process_crashed; None before the first attempt ends
+    last_outcome: str | None
+    #: the last failed attempt's error; None if none failed
+    error: ErrorRecord | None
+    eligible_at: datetime
+    completed_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunHistory:
     """Everything ``ductwork show`` prints about one run, as of ``now`` (database time)."""
 
@@ -193,6 +213,8 @@ class RunHistory:
     steps: tuple[StepRecord, ...]
     #: the run's context keys, sorted (their values are ``Context``'s)
     context_keys: tuple[str, ...]
+    #: its ``on_halt`` hook; None unless it halted with a handler declared
+    hook: HookRecord | None = None
 
 
 # --------------------------------------------------------------------------- rows
@@ -397,6 +419,17 @@ def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistor
                 sa.select(k.c.key, k.c.blocked_until).where(k.c.key.in_(keys)))}
         context_keys = tuple(sorted(tx.execute(sa.select(schema.context.c.key)
                                                .where(schema.context.c.run_id == run_id)).scalars()))
+        h = schema.halt_hooks
+        hook_row = tx.execute(sa.select(
+            h.c.id, h.c.klass, h.c.status, h.c.retry_count, h.c.crash_count, h.c.last_outcome, h.c.error_klass,
+            h.c.error_message, (h.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
+            h.c.eligible_at, h.c.completed_at).where(h.c.run_id == run_id)).first()
+    hook = None if hook_row is None else HookRecord(
+        id=hook_row.id, klass=hook_row.klass, status=hook_row.status, retry_count=hook_row.retry_count,
+        crash_count=hook_row.crash_count, last_outcome=hook_row.last_outcome,
+        error=None if hook_row.error_klass is None else ErrorRecord(
+            klass=hook_row.error_klass, message=hook_row.error_message or "", backtrace=hook_row.error_backtrace),
+        eligible_at=hook_row.eligible_at, completed_at=hook_row.completed_at)
     reasons = tuple(sorted(row.halt_reason for row in branch_rows if row.halt_reason is not None
                            and row.status == "halted"))
 
@@ -445,7 +478,7 @@ def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistor
                      wait=Wait(kind="resume") if row.status == "dampened" else None)
         for row in branch_rows)
     return RunHistory(now=now, run=_record(run_row, reasons), branches=branches, steps=steps,
-                      context_keys=context_keys)
+                      context_keys=context_keys, hook=hook)
 
 
 # --------------------------------------------------------------------------- JSON
@@ -469,10 +502,11 @@ def run_json(record: RunRecord) -> dict[str, Any]:
 
 def history_json(history: RunHistory) -> dict[str, Any]:
     """``ductwork show --json``'s document: ``{"format": 1, "now", "run", "branches",
-    "steps", "context_keys"}``, each record's fields by name (docs/operating.md)."""
+    "steps", "context_keys", "hook"}``, each record's fields by name (docs/operating.md)."""
     document = {"format": JSON_FORMAT, "now": history.now, "run": run_json(history.run),
                 "branches": [asdict(branch) for branch in history.branches],
-                "steps": [asdict(step) for step in history.steps], "context_keys": list(history.context_keys)}
+                "steps": [asdict(step) for step in history.steps], "context_keys": list(history.context_keys),
+                "hook": None if history.hook is None else asdict(history.hook)}
     return _json_value(document)  # type: ignore[no-any-return]
 
 
@@ -540,6 +574,14 @@ def render_history(history: RunHistory) -> str:
         lines.append(f"  halt reasons  {', '.join(run.halt_reasons)}")
     if history.context_keys:
         lines.append(f"  context keys  {', '.join(history.context_keys)}")
+    if history.hook is not None:
+        hook = history.hook
+        lines.append(f"  on_halt hook  {hook.klass}  {hook.status}  retries {hook.retry_count} "
+                     f"crashes {hook.crash_count}" + (f"  ended {_at(hook.completed_at)}" if hook.completed_at else
+                                                      f"  eligible {_at(hook.eligible_at)}"))
+        if hook.error is not None:
+            lines.append(f"    last error {hook.error.klass}: {hook.error.message}")
+            lines += _backtrace(hook.error, "    ")
     lines.append(f"  database time {_at(history.now)} UTC")
     by_branch: dict[str, list[StepRecord]] = {}
     for step in history.steps:

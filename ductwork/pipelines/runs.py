@@ -229,10 +229,9 @@ class StepInfo:
     started_at: datetime | None
     #: when it completed, or when its last execution failed for good; None before
     finished_at: datetime | None
-
-    @property
-    def idempotency_key(self) -> str:
-        return self.id
+    #: what ``Step.idempotency_key`` returns to its executions: the step's id, or for a step a
+    #: revive re-enqueued, the key of the failed step it re-runs
+    idempotency_key: str
 
 
 class Run:
@@ -290,7 +289,8 @@ class Run:
             rows = tx.execute(
                 sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition,
                           j.c.input_args, j.c.output_payload, s.c.created_at, s.c.completed_at,
-                          j.c.id.label("job_id"))
+                          j.c.id.label("job_id"),
+                          sa.func.coalesce(s.c.idempotency_key, s.c.id).label("idempotency_key"))
                 .join(j, j.c.step_id == s.c.id)
                 .where(s.c.run_id == self.id)
                 .order_by(s.c.started_at, s.c.id)
@@ -367,6 +367,23 @@ class Run:
             tx.execute(r.update().where(r.c.id == self.id).values(status="in_progress", updated_at=tx.now))
         return self.refresh()
 
+    def revive(self, duplicate_context: bool = False) -> Run:
+        """Continue this halted run as a new run; returns the new run (this one stays halted).
+
+        One transaction: the new run, on the same definition snapshot, carries every
+        branch and step over as history (no succeeded step runs or advances again) and
+        resumes each halted branch where it stopped: a failed step is enqueued again with
+        its original input, a fresh retry and crash budget and the same
+        ``idempotency_key``; a step where advancing failed is advanced again. The context
+        is copied only with ``duplicate_context``. Exactly once: reviving the same run
+        again, from any process, returns the run that revived it and writes nothing.
+        Raises :class:`~ductwork.errors.ReviveError` (naming the run and its status) when
+        the run is not halted (running, completed, dampened) or does not exist.
+        """
+        from ductwork.pipelines.revive import revive_run
+
+        return Run(self.app, revive_run(self.app, self.id, duplicate_context))
+
     def __repr__(self) -> str:
         return f"Run({self.id!r}, pipeline={self.pipeline!r}, status={self.status!r})"
 
@@ -385,4 +402,5 @@ def _step_info(row: sa.Row[Any], output: Any, executions: list[sa.Row[Any]]) -> 
     return StepInfo(id=row.id, branch_id=row.branch_id, node=row.node, klass=row.klass, status=row.status,
                     to_transition=row.to_transition, input=json.loads(row.input_args), output=output,
                     error=error, attempts=len(claimed), created_at=row.created_at,
-                    started_at=min(claimed) if claimed else None, finished_at=finished)
+                    started_at=min(claimed) if claimed else None, finished_at=finished,
+                    idempotency_key=row.idempotency_key)

@@ -104,7 +104,11 @@ class Step:
 
     @property
     def idempotency_key(self) -> str:
-        """The step's id: stable across re-executions of this step, unique across steps and runs."""
+        """The step's id: stable across re-executions of this step, unique across steps and runs.
+
+        Except after a revive: a failed step that ``Run.revive`` re-enqueues in the new run
+        keeps the key of the step it re-runs, so a side effect made before the halt under
+        that key is not made twice (docs/semantics.md, "Reviving a halted run")."""
         if self._ductwork_step_id is None:
             raise RuntimeError(f"{type(self).__name__}.idempotency_key {_UNBOUND}")
         return self._ductwork_step_id

@@ -45,6 +45,10 @@ Choices where INVARIANTS.md, docs/verification.md and docs/semantics.md leave ro
   successor) and INV-ADV-3 (as a barrier): each invariant stands on its own.
 - Fan-in "after every sibling arrived" is checked by counts, not by timestamps: the
   firing sibling's transaction may read its time before another sibling's.
+- A revived run's carried-over steps have no executions by design (INV-REV-2): INV-EXE-1
+  does not count them as lost work, and INV-EXE-3 lets a re-run step share the key of
+  the failed step it re-runs (and no other); the INV-REV checkers match a halted run's
+  steps with its revived run's by node and input (the schema keeps no per-step link).
 """
 
 from __future__ import annotations
@@ -763,13 +767,15 @@ def check_inv_exe_1(history: History) -> list[str]:
     """
     out = []
     executed = {e.step_id for e in history.executions}
+    revived = {r.run_id for r in history.runs if r.revived_from is not None}
     for e in history.executions:
         if e.completed_at_us is None:
             state = "pending" if e.claimed_at_us is None else f"in flight (claimed at {e.claimed_at_us} µs)"
             out.append(f"INV-EXE-1: execution {e.execution_id} (step {e.step_id}, run {e.run_id}) is still "
                        f"{state} after the quiet phase")
     for s in history.steps:
-        if s.step_id not in executed:
+        if s.step_id not in executed and not (s.run_id in revived and s.status == "completed"):
+            # (a completed step of a revived run without execution is carried-over history)
             out.append(f"INV-EXE-1: step {s.step_id} ({s.node}, run {s.run_id}) has no execution")
     for r in history.runs:
         if r.status not in SETTLED_RUNS:
@@ -788,12 +794,14 @@ def check_inv_exe_3(history: History) -> list[str]:
     """INV-EXE-3: ``idempotency_key`` is the step's id, equal across its executions, unique.
 
     Over witness rows (what the step bodies saw as ``self.idempotency_key``): all
-    witnesses of one step carry one key, equal to the step id; no two steps share a
-    key; every witnessed step exists. Does not prove anything for steps whose bodies
-    wrote no witness.
+    witnesses of one step carry one key, equal to the step id, or for a step a revive
+    re-enqueued to the key it records (the failed step's); no two steps share a key but a
+    re-run step and the steps it re-runs; every witnessed step exists. Does not prove
+    anything for steps whose bodies wrote no witness.
     """
     out = []
     known = {s.step_id for s in history.steps}
+    own_key = {s.step_id: s.key for s in history.steps}
     keys_of: dict[str, list[str]] = defaultdict(list)
     steps_of: dict[str, list[str]] = defaultdict(list)
     for w in history.witnesses:
@@ -808,10 +816,10 @@ def check_inv_exe_3(history: History) -> list[str]:
             out.append(f"INV-EXE-3: step {step_id} ran with {len(keys)} idempotency keys: "
                        + ", ".join(map(repr, keys)))
         for key in keys:
-            if key != step_id:
+            if key != own_key.get(step_id, step_id):
                 out.append(f"INV-EXE-3: step {step_id} ran with idempotency key {key!r}, not its step id")
     for key, step_ids in steps_of.items():
-        if len(step_ids) > 1:
+        if len(step_ids) > 1 and any(own_key.get(s, s) != key for s in step_ids):
             out.append(f"INV-EXE-3: idempotency key {key!r} shared by steps {', '.join(step_ids)}")
     return out
 
@@ -1013,6 +1021,107 @@ def check_inv_prn_2(history: History) -> list[str]:
 
 # --------------------------------------------------------------------------- all
 
+# --------------------------------------------------------------------------- INV-REV (revive)
+
+
+def _revivals(history: History) -> list[tuple[Any, Any]]:
+    """``(halted run, run that revives it)`` rows; a source missing from the history is None."""
+    runs = {r.run_id: r for r in history.runs}
+    return [(runs.get(r.revived_from), r) for r in history.runs if r.revived_from is not None]
+
+
+def _carried(steps: list[StepRow]) -> Counter[tuple[str, str]]:
+    return Counter((s.node, _canon(s.input)) for s in steps)
+
+
+def check_inv_rev_1(history: History) -> list[str]:
+    """INV-REV-1: one new run per revive. At most one run names a halted run in
+    ``revived_from``, the run it names was halted, and every revive call the harness
+    made (``meta["revives"]``, two threads at once per halted run) got that run back.
+    Does not prove anything about calls whose transaction the faults broke (recorded as
+    errors)."""
+    out = []
+    by_source: dict[str, list[str]] = defaultdict(list)
+    for source, run in _revivals(history):
+        by_source[run.revived_from].append(run.run_id)
+        if source is None or source.status != "halted":
+            out.append(f"INV-REV-1: run {run.run_id} revives {run.revived_from}, which is "
+                       f"{'missing' if source is None else source.status}, not halted")
+    for source_id, runs in by_source.items():
+        if len(runs) > 1:
+            out.append(f"INV-REV-1: run {source_id} was revived {len(runs)} times: {', '.join(runs)}")
+    for call in history.meta.get("revives", []):
+        existing = by_source.get(call["run"], [])
+        for got in call["got"]:
+            if existing[:1] != [got]:
+                out.append(f"INV-REV-1: a revive of {call['run']} returned {got}, but the run that revives it "
+                           f"is {existing or 'none'}")
+    return out
+
+
+def check_inv_rev_2(history: History) -> list[str]:
+    """INV-REV-2: a revive re-executes and re-advances no succeeded step. For each revived
+    run: its steps without an execution (carried over) are, as a multiset of (node, input),
+    exactly the halted run's steps that had not failed; each is completed; no witness names
+    one (its body never ran again). Steps are matched by node and input, not by link."""
+    out = []
+    executed = {e.step_id for e in history.executions}
+    witnessed = {w.step_id for w in history.witnesses}
+    steps_of: dict[str, list[StepRow]] = defaultdict(list)
+    for s in history.steps:
+        steps_of[s.run_id].append(s)
+    for source, run in _revivals(history):
+        if source is None:
+            continue
+        kept = [s for s in steps_of[source.run_id] if s.status != "failed"]
+        carried = [s for s in steps_of[run.run_id] if s.step_id not in executed]
+        if _carried(kept) != _carried(carried):
+            out.append(f"INV-REV-2: run {run.run_id} carried over {sorted(_carried(carried).items())} from "
+                       f"{source.run_id}, whose succeeded steps are {sorted(_carried(kept).items())}")
+        for s in carried:
+            if s.status != "completed":
+                out.append(f"INV-REV-2: carried-over step {s.step_id} ({s.node}) of {run.run_id} is {s.status}")
+            if s.step_id in witnessed:
+                out.append(f"INV-REV-2: carried-over step {s.step_id} ({s.node}) of {run.run_id} ran again")
+    return out
+
+
+def check_inv_rev_3(history: History) -> list[str]:
+    """INV-REV-3: a revived branch resumes where it stopped. Each failed step of a revived
+    run's source has, in the revived run, one re-run step on its node with its input whose
+    recorded key is the failed step's, whose first execution starts a fresh budget (0
+    retries, 0 crashes) and whose witnesses saw that key."""
+    out = []
+    executions: dict[str, list[Execution]] = defaultdict(list)
+    for e in history.executions:
+        if e.step_id is not None:
+            executions[e.step_id].append(e)
+    witness_keys: dict[str, set[str]] = defaultdict(set)
+    for w in history.witnesses:
+        witness_keys[w.step_id].add(w.idempotency_key)
+    steps_of: dict[str, list[StepRow]] = defaultdict(list)
+    for s in history.steps:
+        steps_of[s.run_id].append(s)
+    for source, run in _revivals(history):
+        if source is None:
+            continue
+        for failed in (s for s in steps_of[source.run_id] if s.status == "failed"):
+            again = [s for s in steps_of[run.run_id]
+                     if (s.node, _canon(s.input)) == (failed.node, _canon(failed.input)) and s.key == failed.key
+                     and s.step_id in executions]
+            if len(again) != 1:
+                out.append(f"INV-REV-3: failed step {failed.step_id} ({failed.node} {failed.input}) of "
+                           f"{source.run_id} is re-run {len(again)} times in {run.run_id}")
+                continue
+            first = min(executions[again[0].step_id], key=lambda e: e.execution_id)
+            if (first.retry_count, first.crash_count) != (0, 0):
+                out.append(f"INV-REV-3: step {again[0].step_id} re-runs {failed.step_id} without a fresh budget")
+            if witness_keys[again[0].step_id] - {failed.key}:
+                out.append(f"INV-REV-3: step {again[0].step_id} ran with keys {sorted(witness_keys[again[0].step_id])}"
+                           f", not {failed.key!r}")
+    return out
+
+
 CHECKERS: dict[str, Callable[[History], list[str]]] = {
     "INV-CLK-1": check_inv_clk_1,
     "INV-LIM-1": check_inv_lim_1,
@@ -1030,6 +1139,9 @@ CHECKERS: dict[str, Callable[[History], list[str]]] = {
     "INV-HLT-2": check_inv_hlt_2,
     "INV-PRN-1": check_inv_prn_1,
     "INV-PRN-2": check_inv_prn_2,
+    "INV-REV-1": check_inv_rev_1,
+    "INV-REV-2": check_inv_rev_2,
+    "INV-REV-3": check_inv_rev_3,
 }
 
 

@@ -42,6 +42,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -57,7 +58,7 @@ from ductwork.db import schema
 from tests import mutants
 from tests.chaos.checkers import check_all
 from tests.chaos.history import History, read_history
-from tests.chaos.workload import LIMITS, PIPELINES, RETAINED, WITNESS, trigger_workload
+from tests.chaos.workload import LIMITS, PIPELINES, RETAINED, REVIVED, WITNESS, trigger_workload
 from tests.fleet import Fleet, process_rows, wait_for, write_config
 
 SETTINGS = {
@@ -130,6 +131,8 @@ class ChaosRound:
         self.plan = plan if plan is not None else make_plan(
             seed, self.duration_s, connections=backend != "sqlite", container=self.container)
         self.kills: list[dict] = []
+        #: every revive pass's calls: ``{"run", "got": [new run ids], "errors": [...]}``
+        self.revives: list[dict] = []
         self.rng = random.Random(seed + 1)
         self.hosts: dict[str, Fleet | None] = {}
         self.retired: list[Fleet] = []  # supervisors killed alone: their children live on
@@ -293,17 +296,56 @@ class ChaosRound:
                 "before": before, "after": sorted(after),
                 "cutoff": cutoff[0].removeprefix("pruning runs finished before ").removesuffix(" UTC")
                 if cutoff else None, "stderr": done.stderr.strip().splitlines()[-1:] if done.returncode else []}
+    # -- revives (issue 16) --------------------------------------------------------------------
+
+    @staticmethod
+    def _unrevived(conn: sa.Connection) -> list[str]:
+        """Halted runs of the revived pipelines that no run revives yet."""
+        r, again = schema.runs, schema.runs.alias("again")
+        return list(conn.execute(sa.select(r.c.id).where(
+            r.c.status == "halted", r.c.pipeline_klass.in_(REVIVED),
+            ~sa.exists().where(again.c.revived_from == r.c.id)).order_by(r.c.id)).scalars())
+
+    def _revive_pass(self, app: App) -> None:
+        """Revive each halted run of the revived pipelines from two threads at once; both
+        must get the same new run (INV-REV-1, checked from ``meta["revives"]``)."""
+        from ductwork.pipelines.revive import revive_run
+
+        with self.engine.connect() as conn:
+            halted = self._unrevived(conn)
+        for run_id in halted:
+            got: list[str] = []
+            errors: list[str] = []
+
+            def revive(run_id: str = run_id, got: list[str] = got, errors: list[str] = errors) -> None:
+                try:
+                    got.append(revive_run(app, run_id))
+                except Exception as error:  # noqa: BLE001 - the database is under attack: recorded
+                    errors.append(f"{type(error).__name__}: {str(error)[:200]}")
+
+            threads = [threading.Thread(target=revive, daemon=True) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            self.revives.append({"run": run_id, "got": got, "errors": errors})
+
+    def _reviver(self, app: App, stop: threading.Event) -> None:
+        while not stop.wait(0.3):  # a polling interval, not a wait for anything to settle
+            with contextlib.suppress(Exception):  # a killed connection or server: the next pass retries
+                self._revive_pass(app)
 
     # -- the round -----------------------------------------------------------------------------
 
     def _settled(self) -> bool:
         try:
             with self.engine.connect() as conn:
+                running = conn.execute(sa.select(sa.func.count()).select_from(schema.runs)
+                                       .where(schema.runs.c.status == "in_progress")).scalar_one()
                 h = schema.halt_hooks  # and every hook owed by a halted run has its outcome
-                return conn.execute(sa.select(sa.func.count()).select_from(schema.runs)
-                                    .where(schema.runs.c.status == "in_progress")).scalar_one() == 0 \
-                    and conn.execute(sa.select(sa.func.count()).select_from(h)
-                                     .where(h.c.status.not_in(("succeeded", "failed")))).scalar_one() == 0
+                open_hooks = conn.execute(sa.select(sa.func.count()).select_from(h)
+                                          .where(h.c.status.not_in(("succeeded", "failed")))).scalar_one()
+                return running == 0 and open_hooks == 0 and not self._unrevived(conn)
         except sa.exc.DBAPIError:
             return False
 
@@ -320,6 +362,9 @@ class ChaosRound:
         wait_for(lambda: len(process_rows(self.engine, role="job_worker")) >= 2 * len(HOSTS),
                  "both hosts' workers registered", deadline_s=60)
         started = time.monotonic()
+        stop_reviving = threading.Event()
+        reviver = threading.Thread(target=self._reviver, args=(app, stop_reviving), daemon=True)
+        reviver.start()
         try:
             for event in self.plan:
                 delay = started + event["at_s"] - time.monotonic()
@@ -341,6 +386,8 @@ class ChaosRound:
             self.kills.append({"at_s": round(time.monotonic() - started, 3), "action": "prune", "last": True,
                                **self._prune(None)})
         finally:
+            stop_reviving.set()
+            reviver.join(120)
             for fleet in self.retired:
                 fleet.kill_host()  # the orphaned children of supervisors killed alone
             for host in HOSTS:
@@ -350,7 +397,7 @@ class ChaosRound:
                         fleet.terminate(20)
                     fleet.kill_host()
         history = read_history(self.engine, app.config.limits, WITNESS, kills=self.kills, seed=self.seed,
-                               meta=self._meta(len(runs)))
+                               meta={**self._meta(len(runs)), "revives": self.revives})
         path = self.workdir / f"history-{self.backend}-{self.seed}.jsonl"
         history.to_jsonl(path)
         violations = {k: v for k, v in check_all(history).items() if v}
@@ -388,6 +435,8 @@ class ChaosRound:
             "witnesses": len(history.witnesses),
             "halted runs": sum(1 for r in history.runs if r.status == "halted"),
             "on_halt hooks": len(history.hooks),
+            "revived runs": sum(1 for r in history.runs if r.revived_from is not None),
+            "concurrent revive calls": sum(len(c["got"]) + len(c["errors"]) for c in history.meta.get("revives", [])),
         }
 
 

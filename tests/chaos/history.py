@@ -115,6 +115,13 @@ class StepRow:
     expand_items: list | None = None
     started_at_us: int = 0
     completed_at_us: int | None = None
+    #: the key its executions get when a revive set one (the failed step's); None: its id
+    idempotency_key: str | None = None
+
+    @property
+    def key(self) -> str:
+        """What ``Step.idempotency_key`` returned to its executions."""
+        return self.idempotency_key or self.step_id
 
     @property
     def has_output(self) -> bool:
@@ -167,6 +174,8 @@ class RunRow:
     triggered_at_us: int = 0
     completed_at_us: int | None = None
     halted_at_us: int | None = None
+    #: the halted run this run revives; None: triggered
+    revived_from: str | None = None
 
 
 @dataclass
@@ -375,13 +384,14 @@ def read_history(engine: Engine, limits: dict[str, LimitEntry], witness_table: s
             items.setdefault(job_id, []).append(json.loads(value))
         for row in conn.execute(
             sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.status, s.c.to_transition, j.c.id,
-                      s.c.limit_key, j.c.input_args, j.c.output_payload, s.c.started_at, s.c.completed_at)
+                      s.c.limit_key, j.c.input_args, j.c.output_payload, s.c.started_at, s.c.completed_at,
+                      s.c.idempotency_key)
             .select_from(s.outerjoin(j, j.c.step_id == s.c.id))
             .order_by(s.c.id)
         ):
             history.steps.append(StepRow(
                 row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], _json(row[8]),
-                _json(row[9]), items.get(row[6]), to_us(row[10]), to_us(row[11])))
+                _json(row[9]), items.get(row[6]), to_us(row[10]), to_us(row[11]), row[12]))
         for row in conn.execute(
             sa.select(b.c.id, b.c.run_id, b.c.status, b.c.halt_reason, b.c.claim_token, b.c.parent_id,
                       b.c.barrier_id, b.c.barrier_index, b.c.merged_barrier_id, b.c.fanout_width,
@@ -393,10 +403,10 @@ def read_history(engine: Engine, limits: dict[str, LimitEntry], witness_table: s
                 completed_at_us=to_us(row[14])))
         for row in conn.execute(
             sa.select(r.c.id, r.c.status, r.c.definition, r.c.pipeline_klass, r.c.triggered_at, r.c.completed_at,
-                      r.c.halted_at).order_by(r.c.id)
+                      r.c.halted_at, r.c.revived_from).order_by(r.c.id)
         ):
             history.runs.append(RunRow(row[0], row[1], json.loads(row[2]), row[3], to_us(row[4]),
-                                       to_us(row[5]), to_us(row[6])))
+                                       to_us(row[5]), to_us(row[6]), row[7]))
         lb = schema.limit_buckets
         for key, period, level, refilled in conn.execute(
             sa.select(lb.c.key, lb.c.period_s, lb.c.level_units, lb.c.refilled_at_us)

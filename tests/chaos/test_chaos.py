@@ -10,8 +10,10 @@ independent history checkers.
 
 Checks: INV-CLK-1, INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-ADV-1, INV-ADV-3,
 INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3, INV-EXE-4, INV-EXE-5 (witness rows of bodies killed
-with their process), INV-RUN-1, INV-PRN-1, INV-PRN-2 (tests/chaos/checkers.py), from recorded
-rows, witness rows and the harness's reads around each prune.
+with their process), INV-RUN-1, INV-REV-1, INV-REV-2, INV-REV-3, INV-HLT-1, INV-HLT-2,
+INV-PRN-1, INV-PRN-2 (tests/chaos/checkers.py), from recorded rows, witness rows and the
+harness's reads around each prune. Halted runs of the revive pipelines are revived during
+the round, each from two threads at once.
 
 Sizes: ``DUCTWORK_CHAOS_SCALE`` (default 1: about 8 s of faults per round);
 ``DUCTWORK_CHAOS_SEED`` (comma-separated seeds; default one fixed seed) replays or

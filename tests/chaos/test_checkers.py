@@ -9,6 +9,9 @@ bucket replay, plus hypothesis properties), INV-LIM-3 (no leaked slot), INV-ADV-
 state agrees with branches; terminal states final), INV-PRN-1 (a prune deleted only
 final runs finished before its cutoff), INV-PRN-2 (no row of a pruned run, whole runs,
 the last prune finished the job). Also the JSONL round trip of tests/chaos/history.py.
+state agrees with branches; terminal states final), INV-REV-1, INV-REV-2 and INV-REV-3
+(a halted run revived once, its succeeded steps carried over, its failed step re-run
+with its input and key). Also the JSONL round trip of tests/chaos/history.py.
 
 Pure and fast: no database, no processes.
 """
@@ -43,6 +46,9 @@ from tests.chaos.checkers import (
     check_inv_lim_4,
     check_inv_prn_1,
     check_inv_prn_2,
+    check_inv_rev_1,
+    check_inv_rev_2,
+    check_inv_rev_3,
     check_inv_run_1,
 )
 from tests.chaos.history import BranchRow, Execution, History, HookRow, RunRow, StepRow, Witness, to_us
@@ -787,7 +793,8 @@ def test_check_all_names_every_checker_and_passes_a_valid_history():
     assert check_all(full()) == {inv: [] for inv in CHECKERS}
     assert list(CHECKERS) == ["INV-CLK-1", "INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-LIM-4", "INV-ADV-1",
                               "INV-ADV-3", "INV-EXE-1", "INV-EXE-2", "INV-EXE-3", "INV-EXE-4", "INV-RUN-1",
-                              "INV-HLT-1", "INV-HLT-2", "INV-PRN-1", "INV-PRN-2"]
+                              "INV-HLT-1", "INV-HLT-2", "INV-PRN-1", "INV-PRN-2", "INV-REV-1", "INV-REV-2",
+                              "INV-REV-3"]
     broken = check_all(without(full(), "sI"))
     assert broken["INV-ADV-1"]
     assert all(m.startswith(inv + ": ") for inv, ms in broken.items() for m in ms)
@@ -1004,3 +1011,86 @@ def test_prn_2_the_last_prune_left_an_old_final_run():
     history.kills = [_prune({"r1": ["completed", S]}, ["r1"], last=True)]
     assert check_inv_prn_2(history) == [
         "INV-PRN-2: run r1 (completed, finished before the last prune's cutoff) is left"]
+# --------------------------------------------------------------------------- INV-REV (revive)
+
+
+def revived() -> History:
+    """A halted chain A → B (B failed) revived as r2: A carried over (no execution, no
+    witness), B re-run under B's key, then completed."""
+    b = Build()
+    chain = {"A#0": ("chain", ["B#1"])}
+    b.run("r1", chain, status="halted")
+    b.branch("x1", status="halted", halt_reason="job_retries_exhausted")
+    b.step("sA", "x1", "A#0", [1], 2, via="start")
+    b.step("sB", "x1", "B#1", [2], via="chain", status="failed")
+    b.run("r2", chain, revived_from="r1")
+    b.branch("x2", run="r2")
+    b.step("tA", "x2", "A#0", [1], 2, via="start", run="r2")
+    b.step("tB", "x2", "B#1", [2], 3, via="chain", run="r2")
+    b.h.executions = [e for e in b.h.executions if e.step_id != "tA"]  # history: not executed
+    find(b.h.steps, step_id="tB").idempotency_key = "sB"
+    b.h.witnesses = [Witness("sA", "sA", 1, None, 1, 2), Witness("sB", "sB", 1, None, 3, 4),
+                     Witness("tB", "sB", 1, None, 5, 6)]
+    b.h.meta["revives"] = [{"run": "r1", "got": ["r2", "r2"], "errors": []}]
+    return b.h
+
+
+def test_rev_checkers_hold_on_a_revived_run():
+    h = revived()
+    assert {inv: check(h) for inv, check in CHECKERS.items() if inv.startswith(("INV-REV", "INV-EXE-1",
+                                                                                  "INV-EXE-3"))} == {
+        "INV-REV-1": [], "INV-REV-2": [], "INV-REV-3": [], "INV-EXE-1": [], "INV-EXE-3": []}
+
+
+def test_rev_1_a_run_revived_twice_and_a_caller_given_another_run():
+    h = revived()
+    h.runs.append(RunRow("r3", "completed", h.runs[1].definition, revived_from="r1"))
+    h.meta["revives"] = [{"run": "r1", "got": ["r2", "r3"], "errors": []}]
+    assert check_inv_rev_1(h) == [
+        "INV-REV-1: run r1 was revived 2 times: r2, r3",
+        "INV-REV-1: a revive of r1 returned r3, but the run that revives it is ['r2', 'r3']",
+    ]
+
+
+def test_rev_1_a_run_that_was_not_halted_revived():
+    assert check_inv_rev_1(edit(revived(), "runs", "r1", status="completed")) == [
+        "INV-REV-1: run r2 revives r1, which is completed, not halted"]
+
+
+def test_rev_2_a_succeeded_step_executed_again():
+    h = revived()
+    h.executions.append(Execution("x-tA", "j-tA", "tA", "r2", None, 90, 91, "success", None, None, 90))
+    h.witnesses.append(Witness("tA", "tA", 1, None, 90, 91))
+    assert check_inv_rev_2(h) == [
+        "INV-REV-2: run r2 carried over [] from r1, whose succeeded steps are [(('A#0', '[1]'), 1)]"]
+
+
+def test_rev_2_a_carried_over_step_that_ran_or_is_not_completed():
+    h = edit(revived(), "steps", "tA", status="advancing")
+    h.witnesses.append(Witness("tA", "tA", 1, None, 90, 91))
+    assert check_inv_rev_2(h) == [
+        "INV-REV-2: carried-over step tA (A#0) of r2 is advancing",
+        "INV-REV-2: carried-over step tA (A#0) of r2 ran again",
+    ]
+
+
+def test_rev_3_a_failed_step_re_run_with_a_new_key_or_a_used_budget():
+    assert check_inv_rev_3(edit(revived(), "steps", "tB", idempotency_key=None)) == [
+        "INV-REV-3: failed step sB (B#1 [2]) of r1 is re-run 0 times in r2"]
+    assert check_inv_rev_3(edit(revived(), "steps", "tB", input=[None])) == [
+        "INV-REV-3: failed step sB (B#1 [2]) of r1 is re-run 0 times in r2"]
+    assert check_inv_rev_3(edit(revived(), "executions", "x-tB", retry_count=1)) == [
+        "INV-REV-3: step tB re-runs sB without a fresh budget"]
+    h = revived()
+    h.witnesses.append(Witness("tB", "tB", 1, None, 7, 8))
+    assert check_inv_rev_3(h) == ["INV-REV-3: step tB ran with keys ['sB', 'tB'], not 'sB'"]
+
+
+def test_exe_1_and_exe_3_accept_a_revive_but_nothing_else():
+    h = revived()
+    assert check_inv_exe_1(edit(h, "runs", "r2", revived_from=None)) == [
+        "INV-EXE-1: step tA (A#0, run r2) has no execution"]
+    assert check_inv_exe_3(edit(h, "steps", "tB", idempotency_key=None)) == [
+        "INV-EXE-3: step tB ran with idempotency key 'sB', not its step id",
+        "INV-EXE-3: idempotency key 'sB' shared by steps sB, tB",
+    ]

@@ -18,6 +18,10 @@ unwitnessed steps (a pruned run's witness rows would name steps that no longer e
 a delay so some of its runs are in progress when a prune runs, a step that fails every
 attempt for every third input, so those halt, and a dampen after it, so the others
 stay dampened: live runs that nothing resumes, which no prune may ever delete.
+attempt (a retry), ``Nap`` after a ``delay``. ``Halting`` fails on odd values until its
+run is a revived one, so ``ChaosReviveFan`` and ``ChaosReviveChain`` runs halt and the
+harness revives them (from two threads at once) while the faults go on. Durations come
+from the input, so a round with one seed is the same workload every time.
 """
 
 from __future__ import annotations
@@ -132,6 +136,25 @@ class Nap(Witnessed):
         return self.value
 
 
+class Halting(Witnessed):
+    """Fails every attempt on an odd value until its run is a revived one: its branch halts
+    (retries exhausted), and the harness's reviver revives the run (the fix deployed)."""
+
+    def body(self):
+        import sqlalchemy as sa
+
+        from ductwork.db import schema
+
+        if isinstance(self.value, int) and self.value % 2:
+            with _witness_engine().connect() as conn:
+                revived = conn.execute(sa.select(schema.runs.c.revived_from)
+                                       .where(schema.runs.c.id == self._ductwork_run_id)).scalar()
+            if revived is None:
+                raise RuntimeError(f"halting step: {self.value} fails until its run is revived")
+        self.pause(3)
+        return self.value
+
+
 class ChaosFan(Pipeline):
     @classmethod
     def define(cls, p):
@@ -236,8 +259,26 @@ class ChaosRetained(Pipeline):
 
 #: the pipeline the round's prunes are limited to (``ductwork prune --pipeline``)
 RETAINED = "tests.chaos.workload:ChaosRetained"
+
+
+class ChaosReviveFan(Pipeline):
+    """The odd items' branches halt; the revived run re-runs them and the collapse fires."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Fan).expand(to=Halting).collapse(into=Total)
+
+
+class ChaosReviveChain(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Seed).chain(to=Halting).chain(to=Nap)
+
+
 PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed, ChaosHalts,
-             ChaosRetained]
+             ChaosRetained, ChaosReviveFan, ChaosReviveChain]
+#: pipelines whose halted runs the harness revives (by the name runs store)
+REVIVED = tuple(p.definition.pipeline for p in (ChaosReviveFan, ChaosReviveChain))
 
 
 def trigger_workload(app, scale: int) -> list:
@@ -256,4 +297,6 @@ def trigger_workload(app, scale: int) -> list:
         runs.append(ChaosDivertKeyed.trigger(i, app=app))
     for i in range(2 * scale):
         runs.append(ChaosHalts.trigger(i, app=app))
+        runs.append(ChaosReviveFan.trigger(4, app=app))
+        runs.append(ChaosReviveChain.trigger(2 * i + 1, app=app))
     return runs

@@ -212,7 +212,7 @@ def test_help_lists_only_user_commands(capsys):
         main(["--help"])
     assert exited.value.code == 0
     out = capsys.readouterr().out
-    for command in ("db", "check", "start", "status", "demo"):
+    for command in ("db", "check", "start", "status", "demo", "revive"):
         assert f"\n    {command} " in out
     assert "_child" not in out
     with pytest.raises(SystemExit):

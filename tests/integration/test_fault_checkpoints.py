@@ -9,7 +9,11 @@ completed with every step exactly once and the fan-in inputs complete and in
 order. The on_halt hook's checkpoints, which only a halting run passes, are
 ``tests/integration/test_halt_hook_faults.py``'s.
 
-Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-LIM-3.
+Checkpoints outside the fleet's work have their own test below (``OWN_TESTS``):
+``inside_revive`` kills ``ductwork revive`` after it wrote the new run and before it
+commits, and checks that nothing or everything of the revive is there.
+
+Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-LIM-3, INV-REV-1.
 """
 
 from __future__ import annotations
@@ -67,8 +71,12 @@ def _ghost_holding_a_claim(app):
     return ghost
 
 
+#: checkpoints that the fleet's work does not reach, each with its own test in this file
+OWN_TESTS = {faults.INSIDE_REVIVE: "test_a_revive_killed_inside_its_transaction_leaves_nothing_or_everything"}
+
+
 @pytest.mark.parametrize("action", list(EXIT_CODES))
-@pytest.mark.parametrize("checkpoint", [c for c in faults.CHECKPOINTS if c not in ELSEWHERE])
+@pytest.mark.parametrize("checkpoint", [c for c in faults.CHECKPOINTS if c not in ELSEWHERE and c not in OWN_TESTS])
 def test_checkpoint(fault_app, db_url, checkpoint, action):
     app = fault_app
     run = FaultPipeline.trigger(ITEMS)
@@ -113,3 +121,56 @@ def test_every_checkpoint_has_exactly_one_call_site():
     for name, value in vars(faults).items():
         if isinstance(value, str) and value in faults.CHECKPOINTS:
             assert len(re.findall(rf"faults\.hit\(faults\.{name}\)", source)) == 1, name
+
+
+# --------------------------------------------------------------------------- revive
+
+
+def _revive_counts(app):
+    with app.begin(readonly=True) as tx:
+        return {t.name: tx.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
+                for t in (schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions,
+                          schema.expand_items, schema.context)}
+
+
+@pytest.mark.parametrize("action", list(EXIT_CODES))
+def test_a_revive_killed_inside_its_transaction_leaves_nothing_or_everything(db_url, action):
+    """``ductwork revive`` stopped at ``inside_revive`` (every row written, not committed):
+    killed, exited or raised, nothing of the new run exists and a second revive makes it
+    whole; carried on (``sleep``), the whole new run exists. Either way one new run, which
+    then completes [INV-REV-1]."""
+    from ductwork.app import set_default_app
+    from tests.integration.test_revive import BROKEN, FanP
+
+    app = make_app(db_url)
+    reset_tables(app.engine)
+    set_default_app(app)
+    try:
+        BROKEN["fail"] = True
+        run = FanP.trigger(4)
+        drain(app, timeout=60, skip_delays=False)
+        assert run.refresh().status == "halted"
+        before = _revive_counts(app)
+        env = {**os.environ, "DUCTWORK_FAULT": f"{faults.INSIDE_REVIVE}:{action}:1", "DUCTWORK_FAULT_SLEEP": "0.05"}
+        child = subprocess.run([sys.executable, "-m", "ductwork.cli", "revive", "--database-url", db_url, run.id],
+                               env=env, capture_output=True, text=True, timeout=120)
+        assert f"FAULT FIRING {faults.INSIDE_REVIVE}:{action}" in child.stderr, child.stderr[-2000:]
+        with app.begin(readonly=True) as tx:
+            revived = tx.execute(sa.select(schema.runs.c.id).where(schema.runs.c.revived_from == run.id)).all()
+        if action == "sleep":
+            assert child.returncode == 0, child.stderr[-2000:]
+            assert [r.id for r in revived] == [child.stdout.strip()]  # everything
+        else:
+            assert child.returncode == (1 if action == "raise" else EXIT_CODES[action]), child.stderr[-2000:]
+            assert revived == []  # nothing
+            assert _revive_counts(app) == before
+        new = run.revive()
+        assert [r.id for r in revived] in ([], [new.id])
+        BROKEN["fail"] = False
+        drain(app, timeout=60)
+        assert new.refresh().status == "completed"
+        assert [s.input for s in new.steps() if s.node.startswith("Total")] == [[[100, 101, 102, 103]]]
+    finally:
+        BROKEN["fail"] = True
+        set_default_app(None)
+        app.dispose()

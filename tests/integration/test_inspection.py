@@ -411,3 +411,24 @@ def test_prune_waits_for_an_on_halt_hook_and_then_deletes_it_with_its_run(clocke
     result = pruning.prune(clocked, timedelta(days=1))
     assert (result.runs, result.rows["ductwork_halt_hooks"]) == (1, 1)
     assert set(_rows_of(clocked, [run.id]).values()) == {0}
+
+
+def test_history_and_show_name_the_on_halt_hook(clocked, db_url, capsys):
+    """A halted run's hook (status, counters, last error) is in Run.history(), `ductwork
+    show` and its --json; a run that owes none has hook None."""
+    from tests.workloads import HaltingPipeline
+
+    run, done = HaltingPipeline.trigger(1), Fans.trigger(1)
+    drain(clocked, skip_delays=True)
+    hook = run.history().hook
+    assert hook is not None
+    assert (hook.klass, hook.status, hook.last_outcome) == (
+        "tests.workloads:HaltRecorder", "succeeded", "success")
+    assert done.history().hook is None
+    code, out, _ = _cli(capsys, db_url, "show", run.id)
+    assert code == 0
+    assert "  on_halt hook  tests.workloads:HaltRecorder  succeeded  retries 0 crashes 0  ended " in out
+    code, out, _ = _cli(capsys, db_url, "show", run.id, "--json")
+    assert json.loads(out)["hook"]["status"] == "succeeded"
+    code, out, _ = _cli(capsys, db_url, "show", done.id, "--json")
+    assert json.loads(out)["hook"] is None

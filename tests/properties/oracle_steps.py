@@ -52,7 +52,9 @@ class OracleStep(Step):
             node, attempt = tx.execute(
                 sa.select(s.c.node, e.c.retry_count + e.c.crash_count)
                 .join(j, j.c.step_id == s.c.id).join(e, e.c.job_id == j.c.id)
-                .where(s.c.id == self.idempotency_key, e.c.completed_at.is_(None))).one()
+                # a revived step's key is the failed step's: its open execution tells them apart
+                .where(sa.func.coalesce(s.c.idempotency_key, s.c.id) == self.idempotency_key,
+                       e.c.completed_at.is_(None))).one()
         outcome = oracle(node, self.args, attempt)
         if outcome.kind == "success":
             return outcome.value

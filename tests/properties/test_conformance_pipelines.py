@@ -22,8 +22,13 @@ several times an hour apart (the last run left in progress; some runs dampen), t
 prunes in batches at a generated cutoff on both sides: the same runs go, a pruned run
 leaves no row in any run table, and every kept run is as it was.
 
+A fifth revives: each halted run is revived (``revive``, with or without its context,
+twice over to check the second returns the same run), sometimes with a "fix deployed"
+(every step succeeds from then on), and the revived run driven to rest; the engine and
+the model must agree on every run of the chain, and the model's invariants hold.
+
 Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-4, INV-RUN-1,
-INV-HLT-1, INV-HLT-2, INV-PRN-1, INV-PRN-2.
+INV-HLT-1, INV-HLT-2, INV-PRN-1, INV-PRN-2, INV-REV-1, INV-REV-2, INV-REV-3.
 """
 
 from __future__ import annotations
@@ -337,3 +342,108 @@ def test_engine_hooks_end_where_the_model_hooks_end(db_url):
         agree()
     finally:
         engine.dispose()
+
+
+# --------------------------------------------------------------------------- revive
+
+
+#: what the revive machine did, printed with ``-s``: examples, revives, revived runs completed
+REVIVE_FIGURES: Counter[str] = Counter()
+
+
+class Fixed:
+    """The oracle after a fix is deployed: every attempt is past the planned faults."""
+
+    def __init__(self, oracle):
+        self.oracle = oracle
+
+    def __call__(self, node, input_args, attempt):
+        return self.oracle(node, input_args, attempt + 1000)
+
+    def to_json(self) -> str:
+        return json.dumps({"fixed": json.loads(self.oracle.to_json())})
+
+
+def model_revives(definition, args, oracle, config, revives) -> tuple[list[str], list[dict], object]:
+    """The model's side: trigger, drive, resume once, then for each ``(duplicate_context,
+    fixed)`` revive the last run while it is halted and drive the new run to rest."""
+    from model.invariants import check_all
+    from model.pipelines import PipelinesModel
+
+    model = PipelinesModel(config)
+    runs = [model.trigger(definition, args)]
+    model.drive(oracle)
+    if model.runs[runs[0]].status == "dampened":
+        model.resume(runs[0])
+        model.drive(oracle)
+    for duplicate_context, fixed in revives:
+        if model.runs[runs[-1]].status != "halted":
+            break
+        new = model.revive(runs[-1], duplicate_context)
+        assert model.revive(runs[-1], not duplicate_context) == new  # [INV-REV-1]
+        step_oracle = Fixed(oracle) if fixed else oracle
+        model.drive(step_oracle)
+        if model.runs[new].status == "dampened":
+            model.resume(new)
+            model.drive(step_oracle)
+        runs.append(new)
+    check_all(model)
+    return runs, [model.summary(r).as_json() for r in runs], model
+
+
+def check_revives(url: str, engine, scenario, config, revives) -> None:
+    from ductwork.pipelines.runs import Run
+
+    definition, args, oracle = scenario
+    model_runs, expected, _ = model_revives(definition, args, oracle, config, revives)
+    reset_tables(engine)
+    app = App(url, engine_config(config), ManualClock(datetime(2026, 1, 1)), engine=engine)
+    oracle_steps.install(app, oracle)
+    in_process = {**definition, "nodes": {n: {**spec, "timeout_us": None} for n, spec in definition["nodes"].items()}}
+    Generated.definition = Definition.from_json(in_process)
+    runs = [trigger_run(app, Generated, list(args))]
+    drive(app, runs[0].id)
+    if runs[0].refresh().status == "dampened":
+        runs[0].resume()
+        drive(app, runs[0].id)
+    for duplicate_context, fixed in revives:
+        if runs[-1].refresh().status != "halted":
+            break
+        new = runs[-1].revive(duplicate_context)
+        assert runs[-1].revive(not duplicate_context).id == new.id  # [INV-REV-1]
+        oracle_steps.install(app, Fixed(oracle) if fixed else oracle)
+        drive(app, new.id)
+        if new.refresh().status == "dampened":
+            new.resume()
+            drive(app, new.id)
+        runs.append(new)
+    got = [engine_summary(app, run.id) for run in runs]
+    assert isinstance(runs[-1], Run)
+    REVIVE_FIGURES.update(examples=1, revives=len(runs) - 1,
+                          revived_completed=sum(1 for g in got[1:] if g["status"] == "completed"))
+    assert got == expected, (
+        f"engine and model disagree over a revive chain of {len(model_runs)} runs\n"
+        f"definition: {json.dumps(definition)}\nargs: {args}\noracle: {oracle.to_json()}\n"
+        f"revives: {revives}\nconfig: {config}\nengine: {got}\nmodel:  {expected}")
+
+
+def test_engine_revives_end_where_the_model_ends(db_url):
+    """Revives against the engine: every run of a revive chain ends where the model's does."""
+    from ductwork.db import dialects
+
+    engine = dialects.create_engine(db_url)
+    examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
+
+    @settings(settings(), max_examples=examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(scenario=pipeline_scenarios(), config=pipeline_configs(),
+           revives=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=3))
+    def agree(scenario, config, revives):
+        check_revives(db_url, engine, scenario, config, revives)
+
+    REVIVE_FIGURES.clear()
+    try:
+        agree()
+    finally:
+        engine.dispose()
+        print(f"revive conformance on {engine.dialect.name}: {dict(REVIVE_FIGURES)}")

@@ -13,6 +13,11 @@ single operations one by one on a copy), ``advance_clock``, ``resume``, ``contex
 
 Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3,
 INV-EXE-4, INV-RUN-1, INV-CTX-1, INV-PRN-1, INV-PRN-2.
+``revive`` (a halted run, twice, or a run that is not halted);
+``teardown`` drives every run to rest with the oracle (liveness).
+
+Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3,
+INV-EXE-4, INV-RUN-1, INV-CTX-1, INV-REV-1, INV-REV-2, INV-REV-3.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from model.errors import CommitFailed, OverwriteError, StaleClaim
+from model.errors import CommitFailed, OverwriteError, PreconditionError, StaleClaim
 from model.invariants import INVARIANT_FUNCTIONS, check_all
 from model.pipelines import CRASH, FAILURE, INVALID, NO_INPUT, TIMED_OUT, PipelinesModel, run_to_quiescence, success
 from tests.properties.strategies import pipeline_configs, pipeline_scenarios
@@ -199,6 +204,39 @@ class PipelinesModelMachine(RuleBasedStateMachine):
         runs = {b.run_id for b in self.model.branches.values() if b.status == "dampened"}
         assert self.model.resume(self._pick(data, runs), value if given_input else NO_INPUT) > 0
 
+    @precondition(lambda self: any(r.status == "halted" and not r.pruned for r in self.model.runs.values())
+                  and len(self.model.runs) < 6)
+    @rule(data=st.data(), duplicate_context=st.booleans())
+    def revive(self, data, duplicate_context):
+        """Revive a halted run (a second revive of it returns the same run, changing nothing)."""
+        source = self._pick(data, [r.id for r in self.model.runs.values() if r.status == "halted" and not r.pruned])
+        already = [r.id for r in self.model.runs.values() if r.revived_from == source]
+        before = self.model.snapshot()
+        new = self.model.revive(source, duplicate_context)
+        assert new != source
+        if already:
+            assert [new] == already, f"[INV-REV-1] revive of {source} returned {new}, not {already}"
+            assert self.model.snapshot() == before, "[INV-REV-1] a second revive changed the state"
+        else:
+            assert self.model.runs[new].status == "in_progress"
+            want = self.model.runs[source].context if duplicate_context else {}
+            assert self.model.runs[new].context == want
+
+    @rule(data=st.data(), duplicate_context=st.booleans())
+    def revive_a_run_that_is_not_halted(self, data, duplicate_context):
+        """Refused, changing nothing: a run that is not halted, or was pruned."""
+        candidates = [r.id for r in self.model.runs.values() if r.status != "halted" or r.pruned]
+        if not candidates:
+            return
+        run_id = self._pick(data, candidates)
+        before = self.model.snapshot()
+        try:
+            self.model.revive(run_id, duplicate_context)
+        except PreconditionError:
+            assert self.model.snapshot() == before
+        else:
+            raise AssertionError(f"revive of {self.model.runs[run_id].status} run {run_id} accepted")
+
     @precondition(lambda self: len(self.model.context_writes) < 6 and self.model.live_runs())
     @rule(data=st.data(), key=st.sampled_from(["k1", "k2"]), value=st.integers(0, 9), overwrite=st.booleans())
     def context_set(self, data, key, value, overwrite):
@@ -291,6 +329,16 @@ class PipelinesModelMachine(RuleBasedStateMachine):
     @invariant()
     def inv_prn_2_pruned_run_leaves_nothing(self):
         INVARIANT_FUNCTIONS["INV-PRN-2"](self.model)
+    def inv_rev_1_one_run_per_revive(self):
+        INVARIANT_FUNCTIONS["INV-REV-1"](self.model)
+
+    @invariant()
+    def inv_rev_2_no_succeeded_step_reexecuted(self):
+        INVARIANT_FUNCTIONS["INV-REV-2"](self.model)
+
+    @invariant()
+    def inv_rev_3_revived_branch_resumes(self):
+        INVARIANT_FUNCTIONS["INV-REV-3"](self.model)
 
 
 PipelinesModelMachine.TestCase.settings = settings(stateful_step_count=STEPS)

@@ -15,7 +15,8 @@ row of INVARIANTS.md's engine-mutant table, in the "engine mutants" section at t
 end of the run.
 
 Checks the detectors of: INV-LIM-1, INV-LIM-2, INV-LIM-4, INV-LIM-5, INV-LIM-6,
-INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2, INV-HLT-1, INV-HLT-2, INV-PRN-1.
+INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2, INV-HLT-1, INV-HLT-2, INV-PRN-1, INV-REV-1,
+INV-REV-2, INV-REV-3.
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ DETECTORS = {
         "tests/integration/test_halt_hook_faults.py::test_hook_checkpoint[sqlite-after_hook_claim-kill]",
     "prune_without_recheck":
         "tests/integration/test_inspection.py::test_a_batch_rechecks_each_run_under_its_lock[sqlite]",
+    # revive (issue 16)
+    "revive_twice": "tests/integration/test_revive.py::test_concurrent_revives_from_threads_create_one_run[sqlite]",
+    "revive_reruns_history": "tests/integration/test_revive.py::"
+    "test_a_crashes_exhausted_halt_reruns_the_step_with_its_original_input[sqlite]",
+    "revive_nil_input": "tests/integration/test_revive.py::"
+    "test_a_crashes_exhausted_halt_reruns_the_step_with_its_original_input[sqlite]",
+    "revive_new_key": "tests/integration/test_revive.py::"
+    "test_a_revived_fan_out_reruns_only_the_failed_children_and_then_merges[sqlite]",
 }
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")

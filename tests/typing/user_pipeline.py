@@ -105,6 +105,12 @@ def use(url: str) -> None:
             assert_type(execution, ductwork.ExecutionRecord)
             assert_type(execution.error, ductwork.ErrorRecord | None)
             assert_type(execution.claimed_at, datetime | None)
+    assert_type(history.hook, ductwork.HookRecord | None)
+    if history.hook is not None:
+        assert_type(history.hook.status, str)
+        assert_type(history.hook.error, ductwork.ErrorRecord | None)
+    revived = run.revive(duplicate_context=True)
+    assert_type(revived, ductwork.Run)
     listed = ductwork.list_runs(app, status="halted", pipeline="Sync", since="1d", limit=10)
     assert_type(listed, list[ductwork.RunRecord])
     pruned = ductwork.prune(app, timedelta(days=30), batch_size=50, dry_run=True)

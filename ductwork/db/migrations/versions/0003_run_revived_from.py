@@ -10,6 +10,10 @@ revive exactly once: two processes reviving the same halted run race on it and o
 of them gets the existing run. A unique index rather than a unique constraint
 because SQLite cannot add a constraint to an existing table; an index gives the same
 guarantee on all three databases. NULLs never collide (every triggered run is NULL).
+
+``ductwork_steps.idempotency_key`` is the key a step's executions get (NULL: the
+step's id). A revive sets it on the step it re-enqueues for a failed step: the key
+of the step it re-runs, so a side effect made before the halt is not made twice.
 """
 import sqlalchemy as sa
 from alembic import op
@@ -23,8 +27,10 @@ depends_on = None
 def upgrade() -> None:
     op.add_column('ductwork_runs', sa.Column('revived_from', sa.String(36), nullable=True))
     op.create_index('uq_run_revived_from', 'ductwork_runs', ['revived_from'], unique=True)
+    op.add_column('ductwork_steps', sa.Column('idempotency_key', sa.String(36), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column('ductwork_steps', 'idempotency_key')
     op.drop_index('uq_run_revived_from', table_name='ductwork_runs')
     op.drop_column('ductwork_runs', 'revived_from')

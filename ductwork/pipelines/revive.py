@@ -1,0 +1,204 @@
+"""Reviving a halted run: a new run that carries the old one's history and resumes each
+halted branch where it stopped, in one transaction, exactly once.
+
+    >>> new = run.revive()            # run.status == "halted"
+    >>> new.status, new.id != run.id
+    ('in_progress', True)
+
+What the transaction writes (the model's ``PipelinesModel.revive``; docs/semantics.md,
+"Reviving a halted run"):
+
+* a new run on the same definition snapshot, ``in_progress``, triggered now, with
+  ``revived_from`` = the halted run; ``halted_at`` and ``completed_at`` are not copied;
+* every branch, with its links (parent, barrier, index, fan-out width and cursor, fan-in
+  arrivals and arrival time, merged barrier) mapped to the new ids; a halted branch is
+  ``in_progress`` again, without its halt reason; the others keep their status and times;
+* every step with its job (input, output, expand items) as history: same status and
+  times, **no executions** (those stay with the halted run), so no succeeded step runs
+  or advances again [INV-REV-2];
+* where each halted branch stopped [INV-REV-3]: a ``failed`` step (retries or crashes
+  exhausted, invalid input, unknown class, a rejected return value) becomes a fresh step
+  on the same node with the same input and a fresh budget, whose executions get the
+  failed step's idempotency key; a step that an advancement halt stopped at
+  (``transition_invalid``, ``advancer_*``, a fan-in too large) is carried over
+  ``advancing`` with its output, so an advancer runs the transition again;
+* context rows only with ``duplicate_context``.
+
+Exactly once [INV-REV-1]: the halted run's row is locked first, so concurrent revivers
+queue; the one that finds a run already revived from it returns that run and writes
+nothing. The unique index ``uq_run_revived_from`` is the guarantee behind the lock: a
+second run naming the same halted run cannot be inserted, and the error boundary maps
+the violation to :class:`~ductwork.errors.RevivedConcurrently`, which ``Run.revive``
+answers with the existing run.
+
+Not done: reviving a run that is not halted (:class:`~ductwork.errors.ReviveError`),
+bounding the transaction (it is proportional to the run's branches and steps; expand
+items are copied server-side), or changing the halted run (it stays halted, final).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from ductwork import faults
+from ductwork.db import dialects, schema
+from ductwork.db.ids import new_id
+from ductwork.errors import RevivedConcurrently, ReviveError
+from ductwork.limits.executions import new_execution_row
+from ductwork.pipelines.definition import Definition
+from ductwork.pipelines.steps import ensure_limit_keys
+
+if TYPE_CHECKING:
+    from ductwork.db.database import Database as App
+    from ductwork.db.database import Tx
+
+log = logging.getLogger("ductwork.revive")
+
+_r, _b, _s, _j, _x, _c = (schema.runs, schema.branches, schema.steps, schema.jobs, schema.expand_items,
+                          schema.context)
+
+
+def existing_revival(tx: Tx, run_id: str) -> str | None:
+    """The id of the run revived from ``run_id``, if any (at most one: ``uq_run_revived_from``)."""
+    found: str | None = tx.execute(sa.select(_r.c.id).where(_r.c.revived_from == run_id)).scalar()
+    return found
+
+
+def revive_run(app: App, run_id: str, duplicate_context: bool = False) -> str:
+    """Revive the halted run ``run_id`` in one transaction; returns the new run's id, or
+    the id of the run that already revived it [INV-REV-1]. ReviveError when the run is
+    not halted or does not exist; nothing is written then."""
+    try:
+        with dialects.translate_db_errors(
+            {"uq_run_revived_from": lambda _: RevivedConcurrently(run_id)}  # [INV-REV-1]
+        ), app.begin() as tx:
+            revived, resumed = _revive(app, tx, run_id, duplicate_context)
+        if resumed is not None:  # committed: now it may be told
+            log.info("run %s revived as run %s: %d halted branch(es) resumed, context %s",
+                     run_id, revived, resumed, "copied" if duplicate_context else "not copied",
+                     extra={"run_id": revived, "revived_from": run_id})
+        return revived
+    except RevivedConcurrently:
+        with app.begin(readonly=True) as tx:
+            found = existing_revival(tx, run_id)
+        if found is None:  # the winner's row is committed: the index refused ours because of it
+            raise
+        return found
+
+
+def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str, int | None]:
+    """The revive in ``tx``: the new run's id and how many halted branches it resumed
+    (None: the run was revived already, nothing written)."""
+    run = tx.execute(dialects.for_update_run(
+        sa.select(_r.c.status, _r.c.pipeline_klass, _r.c.definition, _r.c.definition_sha1)
+        .where(_r.c.id == run_id), tx.conn)).first()  # revivers of one run queue here
+    if run is None:
+        raise ReviveError(run_id, None)
+    existing = existing_revival(tx, run_id)
+    if existing is not None:  # [INV-REV-1] revived already: that run, nothing written
+        return existing, None
+    if run.status != "halted":
+        raise ReviveError(run_id, run.status)
+    definition = app._definitions.get(run.definition_sha1) or Definition.from_json(json.loads(run.definition))
+    now, new_run = tx.now, new_id()
+    tx.execute(_r.insert().values(
+        id=new_run, pipeline_klass=run.pipeline_klass, definition=run.definition,
+        definition_sha1=run.definition_sha1, status="in_progress", triggered_at=now, completed_at=None,
+        halted_at=None,  # not copied: the new run has not halted
+        revived_from=run_id,  # [INV-REV-1] uq_run_revived_from: one new run per halted run
+        created_at=now, updated_at=now))
+    branches = tx.execute(sa.select(_b).where(_b.c.run_id == run_id)
+                          .order_by(_b.c.started_at, _b.c.id)).mappings().all()
+    branch_ids = {b["id"]: new_id() for b in branches}
+    halted = {b["id"] for b in branches if b["status"] == "halted"}
+    _insert_branches(tx, new_run, branches, branch_ids, halted)
+    steps = tx.execute(
+        sa.select(_s, _j.c.id.label("job_id"), _j.c.input_args, _j.c.output_payload,
+                  _j.c.started_at.label("job_started_at"), _j.c.completed_at.label("job_completed_at"))
+        .join(_j, _j.c.step_id == _s.c.id).where(_s.c.run_id == run_id)
+        .order_by(_s.c.started_at, _s.c.id)).mappings().all()
+    latest: dict[str, Any] = {}
+    for step in steps:  # in start order: the last one of a branch is its latest
+        latest[step["branch_id"]] = step
+    stopped = {latest[b]["id"] for b in halted if b in latest}
+    step_rows, job_rows, execution_rows, expand_jobs, keys = [], [], [], [], set()
+    for step in steps:  # new ids in the old order: "latest step" stays the latest
+        sid, jid = new_id(), new_id()
+        resumed = step["id"] in stopped
+        row = {**{c.name: step[c.name] for c in _s.c}, "id": sid, "run_id": new_run,
+               "branch_id": branch_ids[step["branch_id"]]}
+        job = {"id": jid, "step_id": sid, "klass": step["klass"], "input_args": step["input_args"],
+               "output_payload": step["output_payload"], "started_at": step["job_started_at"],
+               "completed_at": step["job_completed_at"], "created_at": now, "updated_at": now}
+        if resumed and step["status"] == "failed":  # re-enqueued, with a fresh budget:
+            node = definition.nodes[step["node"]]
+            key = step["idempotency_key"] or step["id"]  # [INV-REV-3] the failed step's key, kept
+            row.update(status="in_progress", started_at=now, completed_at=None, created_at=now, idempotency_key=key)
+            job.update(output_payload=None, started_at=now, completed_at=None)  # [INV-REV-3] input_args kept
+            eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
+            execution_rows.append(new_execution_row(jid, step["limit_key"], eligible, 0, 0, now))
+            if step["limit_key"]:
+                keys.add(step["limit_key"])
+        elif resumed:  # an advancement halt stopped here: the transition runs again [INV-REV-3]
+            row.update(status="advancing", completed_at=None, updated_at=now,
+                       idempotency_key=step["idempotency_key"] or step["id"])
+        else:  # [INV-REV-2] history: no execution, its status stays, never advanced again
+            row.update(updated_at=now, idempotency_key=step["idempotency_key"] or step["id"])
+        if step["output_payload"] and '"expand_items"' in step["output_payload"]:
+            expand_jobs.append((step["job_id"], jid))
+        step_rows.append(row)
+        job_rows.append(job)
+    if step_rows:
+        tx.execute(_s.insert(), step_rows)
+        tx.execute(_j.insert(), job_rows)
+    for old_job, new_job in expand_jobs:
+        tx.execute(_x.insert().from_select(
+            ["job_id", "item_index", "value"],
+            sa.select(sa.literal(new_job, _x.c.job_id.type), _x.c.item_index, _x.c.value)
+            .where(_x.c.job_id == old_job)))
+    if execution_rows:
+        ensure_limit_keys(tx, keys)
+        tx.execute(schema.executions.insert(), execution_rows)
+    if duplicate_context:
+        tx.execute(_c.insert().from_select(
+            ["id", "run_id", "key", "value", "first_set_at", "last_set_at"],
+            sa.select(_context_ids(tx, run_id), sa.literal(new_run, _c.c.run_id.type), _c.c.key, _c.c.value,
+                      _c.c.first_set_at, _c.c.last_set_at).where(_c.c.run_id == run_id)))
+    faults.hit(faults.INSIDE_REVIVE)
+    tx.wake()
+    return new_run, len(halted)
+
+
+def _context_ids(tx: Tx, run_id: str) -> sa.ColumnElement[Any]:
+    """A new id per copied context row: a CASE over the row's key (context keys are few)."""
+    keys = tx.execute(sa.select(_c.c.key).where(_c.c.run_id == run_id).order_by(_c.c.key)).scalars().all()
+    if not keys:
+        return sa.literal("", _c.c.id.type)
+    return sa.case({key: new_id() for key in keys}, value=_c.c.key)
+
+
+def _insert_branches(tx: Tx, run_id: str, branches: Any, ids: dict[str, str], halted: set[str]) -> None:
+    """Insert the copies, parents and barriers first (their foreign keys are checked per row)."""
+    now = tx.now
+    rows = []
+    for b in branches:
+        row = {**b, "id": ids[b["id"]], "run_id": run_id, "claim_token": None, "claimed_at": None,
+               "updated_at": now, "created_at": now,
+               "parent_id": ids.get(b["parent_id"]), "barrier_id": ids.get(b["barrier_id"]),
+               "merged_barrier_id": ids.get(b["merged_barrier_id"])}
+        if b["id"] in halted:  # [INV-REV-3] resumes: in progress again, no halt reason
+            row.update(status="in_progress", halt_reason=None, completed_at=None, last_advanced_at=now)
+        rows.append(row)
+    inserted: set[str | None] = {None}
+    while rows:
+        ready = [r for r in rows if r["parent_id"] in inserted and r["barrier_id"] in inserted]
+        if not ready:
+            raise AssertionError(f"run {run_id}: branch links form a cycle")
+        tx.execute(_b.insert(), ready)
+        inserted.update(r["id"] for r in ready)
+        rows = [r for r in rows if r["id"] not in inserted]

@@ -1,0 +1,394 @@
+"""Reviving a halted run (``Run.revive``, ``ductwork revive``) on every database.
+
+INV-REV-1 (one new run per halted run, concurrent revivers included), INV-REV-2 (no
+succeeded step runs or advances again), INV-REV-3 (each halted branch resumes where it
+stopped: a failed step re-run with its input, a fresh budget and its idempotency key; an
+advancement halt advanced again), the errors for a run that is not halted, and the
+context copied only when asked.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+import threading
+from collections import Counter
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import Pipeline, ReviveError, Step
+from ductwork.db import schema
+from ductwork.testing import drain
+from tests.conftest import make_app, reset_tables
+
+#: what the broken steps do; a test "deploys a fix" by flipping these
+BROKEN = {"fail": True, "crash": True}
+RAN: Counter[str] = Counter()  # executions per (node, input), to see nothing ran twice
+KEYS: dict[str, list[str]] = {}  # idempotency keys seen per node
+
+
+class Count(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        RAN[f"Count {self.n}"] += 1
+        return list(range(self.n))
+
+
+class Double(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        RAN[f"Double {self.n}"] += 1
+        return self.n * 2
+
+
+class Fragile(Step):
+    """Fails while BROKEN["fail"], for odd inputs only."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        RAN[f"Fragile {self.n}"] += 1
+        KEYS.setdefault(f"Fragile {self.n}", []).append(self.idempotency_key)
+        if BROKEN["fail"] and self.n % 2:
+            raise ValueError(f"fragile {self.n}")
+        return self.n + 100
+
+
+class Crashy(Step):
+    """Its constructor raises while BROKEN["crash"]: every execution counts as a crash."""
+
+    def __init__(self, n):
+        if BROKEN["crash"]:
+            raise KeyError("constructor fails")
+        self.n = n
+
+    def execute(self):
+        RAN[f"Crashy {self.n}"] += 1
+        KEYS.setdefault("Crashy", []).append(self.idempotency_key)
+        return self.n
+
+
+class Total(Step):
+    def __init__(self, values):
+        self.values = values
+
+    def execute(self):
+        RAN["Total"] += 1
+        return sum(self.values)
+
+
+class SetsContext(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        self.context.set("seen", self.n)
+        return self.n
+
+
+class ReadsContext(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        if BROKEN["fail"]:
+            raise ValueError("not yet")
+        return self.context.get("seen")
+
+
+class FanP(Pipeline):
+    """expand into four children, the odd ones fail while broken, collapse into a total."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Count).expand(to=Fragile).collapse(into=Total)
+
+
+class ChainCrashP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Double).chain(to=Crashy).chain(to=Double)
+
+
+class DivideP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Double).divide(to=[Double, Double]).combine(into=Total)
+
+
+class ContextP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(SetsContext).chain(to=ReadsContext)
+
+
+@pytest.fixture(autouse=True)
+def _broken():
+    BROKEN.update(fail=True, crash=True)
+    RAN.clear()
+    KEYS.clear()
+    yield
+    BROKEN.update(fail=True, crash=True)
+
+
+def _rows(app, table, **where):
+    with app.begin(readonly=True) as tx:
+        return tx.execute(sa.select(table).where(*[table.c[k] == v for k, v in where.items()])).all()
+
+
+def _halted(app, pipeline, *args):
+    run = pipeline.trigger(*args)
+    drain(app, timeout=60, skip_delays=True)
+    assert run.refresh().status == "halted"
+    return run
+
+
+@pytest.fixture
+def offset_app(db_url):
+    """The ``app`` fixture with a clock that ``drain(skip_delays=True)`` may move."""
+    from ductwork.app import set_default_app
+    from ductwork.db.clock import OffsetClock
+
+    application = make_app(db_url, clock=OffsetClock())
+    reset_tables(application.engine)
+    set_default_app(application)
+    yield application
+    set_default_app(None)
+    application.dispose()
+
+
+# --------------------------------------------------------------------------- resumption
+
+
+def test_a_revived_fan_out_reruns_only_the_failed_children_and_then_merges(offset_app):
+    app = offset_app
+    run = _halted(app, FanP, 4)
+    assert run.halt_reasons == ["job_retries_exhausted"] * 2
+    before = dict(RAN)
+    failed = {s.input[0]: s for s in run.steps() if s.status == "failed"}
+    BROKEN["fail"] = False  # the fix is deployed
+    new = run.revive()
+    assert new.id != run.id
+    assert new.status == "in_progress"
+    assert run.refresh().status == "halted"  # the halted run stays as it was
+    drain(app, timeout=60, skip_delays=True)
+    assert new.refresh().status == "completed"
+    # [INV-REV-2] Count and the even children ran once, before the halt; the odd ones again
+    assert RAN - Counter(before) == Counter({"Fragile 1": 1, "Fragile 3": 1, "Total": 1})
+    steps = new.steps()
+    (total,) = [s for s in steps if s.node.startswith("Total")]
+    assert total.input == [[100, 101, 102, 103]]  # every child's output, in fan-out order
+    carried = [s for s in steps if s.node.startswith(("Count", "Fragile")) and s.attempts == 0]
+    assert sorted(s.input[0] for s in carried if s.node.startswith("Fragile")) == [0, 2]
+    # [INV-REV-3] a re-run step has the failed step's input and idempotency key
+    for n in (1, 3):
+        (again,) = [s for s in steps if s.node.startswith("Fragile") and s.input == [n]]
+        assert again.id != failed[n].id
+        assert again.attempts == 1
+        assert set(KEYS[f"Fragile {n}"]) == {failed[n].id} == {again.idempotency_key}
+    new_run = _rows(app, schema.runs, id=new.id)[0]
+    assert (new_run.revived_from, new_run.halted_at) == (run.id, None)
+    assert new_run.definition_sha1 == _rows(app, schema.runs, id=run.id)[0].definition_sha1
+
+
+def test_a_crashes_exhausted_halt_reruns_the_step_with_its_original_input(manual_app):
+    app = manual_app
+    run = _halted(app, ChainCrashP, 5)
+    assert run.halt_reasons == ["job_crashes_exhausted"]
+    (failed,) = [s for s in run.steps() if s.status == "failed"]
+    assert failed.input == [10]
+    BROKEN["crash"] = False
+    new = run.revive()
+    drain(app, timeout=60, skip_delays=True)
+    assert new.refresh().status == "completed"
+    steps = new.steps()
+    assert [(s.node, s.input, s.output) for s in steps] == [
+        ("Double#0", [5], 10), ("Crashy#1", [10], 10), ("Double#2", [10], 20)]
+    assert KEYS["Crashy"] == [failed.id]  # the same key as the executions that crashed
+    assert RAN["Double 5"] == 1  # carried over, not run again
+
+
+def test_an_advancement_halt_is_advanced_again(db_url, monkeypatch):
+    from ductwork.app import set_default_app
+    from ductwork.pipelines.advance import Advancer
+
+    app = make_app(db_url)
+    reset_tables(app.engine)
+    set_default_app(app)
+    try:
+        real = Advancer._divide
+
+        def broken(self, c, definition, nodes):  # noqa: ARG001 - stands in for the method
+            raise RuntimeError("routing broke")
+
+        monkeypatch.setattr(Advancer, "_divide", broken)
+        run = DivideP.trigger(1)
+        drain(app, timeout=30)
+        assert run.refresh().halt_reasons == ["advancer_retries_exhausted"]
+        monkeypatch.setattr(Advancer, "_divide", real)
+        new = run.revive()
+        (resumed,) = new.steps()
+        assert (resumed.status, resumed.output, resumed.attempts) == ("advancing", 2, 0)
+        drain(app, timeout=30)
+        assert new.refresh().status == "completed"
+        assert RAN["Double 1"] == 1  # its output was carried over; only the transition ran again
+        (total,) = [s for s in new.steps() if s.node.startswith("Total")]
+        assert total.output == 8
+    finally:
+        set_default_app(None)
+        app.dispose()
+
+
+def test_the_context_is_copied_only_when_asked(offset_app):
+    app = offset_app
+    plain, copied = _halted(app, ContextP, 7), _halted(app, ContextP, 8)
+    BROKEN["fail"] = False
+    plain_new, copied_new = plain.revive(), copied.revive(duplicate_context=True)
+    drain(app, timeout=60, skip_delays=True)
+    assert {s.node: s.output for s in plain_new.refresh().steps()}["ReadsContext#1"] is None
+    assert {s.node: s.output for s in copied_new.refresh().steps()}["ReadsContext#1"] == 8
+    assert len(_rows(app, schema.context, run_id=copied.id)) == 1  # the halted run keeps its own
+
+
+def test_a_revived_run_that_halts_again_can_be_revived_and_keeps_the_first_key(offset_app):
+    app = offset_app
+    run = _halted(app, FanP, 2)
+    (failed,) = [s for s in run.steps() if s.status == "failed"]
+    again = run.revive()
+    drain(app, timeout=60, skip_delays=True)
+    assert again.refresh().status == "halted"
+    BROKEN["fail"] = False
+    third = again.revive()
+    drain(app, timeout=60, skip_delays=True)
+    assert third.refresh().status == "completed"
+    assert set(KEYS["Fragile 1"]) == {failed.id}  # one key across the three runs' executions
+    assert RAN["Count 2"] == 1
+    assert RAN["Fragile 0"] == 1
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_only_a_halted_run_is_revived(offset_app):
+    app = offset_app
+    running = FanP.trigger(2)
+    with pytest.raises(ReviveError, match=f"cannot revive run {running.id}: it is in_progress"):
+        running.revive()
+    drain(app, timeout=60, skip_delays=True)
+    BROKEN["fail"] = False
+    done = FanP.trigger(2)
+    drain(app, timeout=60, skip_delays=True)
+    assert done.refresh().status == "completed"
+    with pytest.raises(ReviveError, match=f"cannot revive run {done.id}: it is completed; only a halted run"):
+        done.revive()
+    runs = len(_rows(app, schema.runs))
+    from ductwork.pipelines.revive import revive_run
+
+    with pytest.raises(ReviveError, match="cannot revive run no-such-run: it does not exist"):
+        revive_run(app, "no-such-run")
+    assert len(_rows(app, schema.runs)) == runs  # nothing written
+
+
+# --------------------------------------------------------------------------- exactly once
+
+
+def test_reviving_twice_returns_the_same_run(offset_app):
+    app = offset_app
+    run = _halted(app, FanP, 2)
+    first = run.revive()
+    assert run.revive().id == first.id
+    assert [r.id for r in _rows(app, schema.runs, revived_from=run.id)] == [first.id]
+
+
+def test_concurrent_revives_from_threads_create_one_run(offset_app):
+    app = offset_app
+    run = _halted(app, FanP, 4)
+    barrier, got, errors = threading.Barrier(4), [], []
+
+    def revive():
+        barrier.wait()
+        try:
+            got.append(run.revive().id)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=revive) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert len(got) == 4
+    assert len(set(got)) == 1  # [INV-REV-1]
+    assert [r.id for r in _rows(app, schema.runs, revived_from=run.id)] == got[:1]
+    assert len(_rows(app, schema.steps, run_id=got[0])) == len(_rows(app, schema.steps, run_id=run.id))
+
+
+def _revive_in_process(url, run_id, start, out):
+    from ductwork.app import App
+    from ductwork.config import Config
+    from ductwork.pipelines.revive import revive_run
+
+    app = App(url, Config.from_section({}, source="<revive>"))
+    start.wait(60)
+    out.put(revive_run(app, run_id))
+    app.dispose()
+
+
+def test_concurrent_revives_from_processes_create_one_run(offset_app, db_url):
+    app = offset_app
+    run = _halted(app, FanP, 4)
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_revive_in_process, args=(db_url, run.id, start, out)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    start.set()
+    got = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert len(set(got)) == 1  # [INV-REV-1]
+    assert [r.id for r in _rows(app, schema.runs, revived_from=run.id)] == got[:1]
+
+
+def test_the_unique_index_refuses_a_second_revived_run(offset_app):
+    """The guarantee behind the lock: a second row naming the same halted run is refused,
+    and the error boundary names it."""
+    from ductwork.db import dialects
+    from ductwork.db.ids import new_id
+    from ductwork.errors import RevivedConcurrently
+
+    app = offset_app
+    run = _halted(app, FanP, 2)
+    new = run.revive()
+    source = _rows(app, schema.runs, id=new.id)[0]._asdict()
+    with pytest.raises(RevivedConcurrently), dialects.translate_db_errors(
+            {"uq_run_revived_from": lambda _: RevivedConcurrently(run.id)}), app.begin() as tx:
+        tx.execute(schema.runs.insert().values(**{**source, "id": new_id()}))
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_the_revive_command_prints_the_new_run_and_refuses_other_states(offset_app, db_url):
+    app = offset_app
+    run = _halted(app, FanP, 2)
+    cmd = [sys.executable, "-m", "ductwork.cli", "revive", "--database-url", db_url]
+    first = subprocess.run([*cmd, run.id], capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    (revived,) = _rows(app, schema.runs, revived_from=run.id)
+    assert first.stdout.strip() == revived.id
+    again = subprocess.run([*cmd, run.id], capture_output=True, text=True, timeout=120, check=False)
+    assert (again.returncode, again.stdout.strip()) == (0, revived.id)
+    refused = subprocess.run([*cmd, revived.id], capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (f"ductwork revive: ReviveError: cannot revive run {revived.id}: "
+                                      "it is in_progress; only a halted run can be revived")
