@@ -392,3 +392,27 @@ def test_the_revive_command_prints_the_new_run_and_refuses_other_states(offset_a
     assert refused.returncode == 1
     assert refused.stderr.strip() == (f"ductwork revive: ReviveError: cannot revive run {revived.id}: "
                                       "it is in_progress; only a halted run can be revived")
+
+
+def test_a_revived_run_that_halts_again_owes_its_own_on_halt_hook(offset_app):
+    """A revive makes a new run: if it halts too, it owes its own hook (one per halted
+    run, INV-HLT-1), under its own idempotency key; the first run's hook is untouched."""
+    from tests.workloads import HaltingPipeline
+
+    first = HaltingPipeline.trigger(1)
+    drain(offset_app, skip_delays=True)
+    before = first.history().hook
+    assert before is not None
+    assert before.status == "succeeded"
+    revived = first.revive()
+    drain(offset_app, skip_delays=True)
+    assert revived.refresh().status == "halted"
+    again = revived.history().hook
+    assert again is not None
+    assert again.status == "succeeded"
+    assert again.id != before.id
+    assert first.history().hook == before
+    with offset_app.begin(readonly=True) as tx:
+        h = schema.halt_hooks
+        rows = tx.execute(sa.select(h.c.run_id).where(h.c.run_id.in_([first.id, revived.id]))).scalars().all()
+    assert sorted(rows) == sorted([first.id, revived.id])
