@@ -285,9 +285,7 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
         if key is not None:  # [INV-LIM-3] the slots are free: in-flight is derived from completed_at
             tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
                        .values(seq=seq + len(successes), updated_at=tx.now))
-        tx.execute(j.update().where(j.c.id == sa.bindparam("b_id"))
-                   .values(output_payload=sa.bindparam("b_payload"), completed_at=tx.now, updated_at=tx.now),
-                   [{"b_id": s.claimed.job_id, "b_payload": s.output.payload_json} for s in successes])
+        _write_outputs(tx, successes)
         for success in successes:
             _write_expand_items(tx, success)
         group = successes[0].advance_group
@@ -302,6 +300,29 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
             tx.wake()  # a slot is free (those a hand-off took over are nothing for anyone else)
     _log_successes(successes)
     return handed
+
+
+#: a group commit writes its jobs' outputs with one UPDATE per distinct output while there
+#: are at most this many distinct outputs (steps that return the same value: ``None``,
+#: ``True``, a status), else one UPDATE per job in one ``executemany``
+DISTINCT_OUTPUTS = 4
+
+
+def _write_outputs(tx: Tx, successes: list[Success]) -> None:
+    """Each success's job: its output and its completion time. Not done: checking that
+    the jobs exist (the guarded UPDATE of their executions came first)."""
+    j = schema.jobs
+    by_output: dict[str, list[str]] = {}
+    for success in successes:
+        by_output.setdefault(success.output.payload_json, []).append(success.claimed.job_id)
+    if len(by_output) <= DISTINCT_OUTPUTS:
+        for payload, job_ids in by_output.items():
+            tx.execute(j.update().where(j.c.id.in_(dialects.inline_ids(job_ids)))
+                       .values(output_payload=payload, completed_at=tx.now, updated_at=tx.now))
+        return
+    tx.execute(j.update().where(j.c.id == sa.bindparam("b_id"))
+               .values(output_payload=sa.bindparam("b_payload"), completed_at=tx.now, updated_at=tx.now),
+               [{"b_id": s.claimed.job_id, "b_payload": s.output.payload_json} for s in successes])
 
 
 def _write_expand_items(tx: Tx, success: Success) -> None:

@@ -16,6 +16,7 @@ detect side effects itself.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import reprlib
 from collections.abc import Sequence
@@ -27,6 +28,28 @@ if TYPE_CHECKING:
 from ductwork.errors import AsyncStepError, DefinitionError
 
 _UNBOUND = "is only available while ductwork runs the step (build it with the engine, not Step())"
+
+
+def _init_signature(init: Any) -> inspect.Signature | None:
+    """The signature of an ``__init__`` (None when it cannot be read: a C-level one), read
+    once per function (a worker binds every execution's input to it)."""
+    if inspect.isfunction(init) or init is object.__init__:
+        return _cached_signature(init)
+    return _read_signature(init)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_signature(init: Any) -> inspect.Signature | None:
+    return _read_signature(init)
+
+
+def _read_signature(init: Any) -> inspect.Signature | None:
+    if init is object.__init__:  # object.__init__ refuses any argument here
+        return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)])
+    try:
+        return inspect.signature(init)
+    except (TypeError, ValueError):
+        return None
 
 
 class Step:
@@ -70,14 +93,9 @@ class Step:
         step) is told apart from an ``__init__`` that raised. Nothing is checked when
         the signature cannot be read (a C-level ``__init__``).
         """
-        init = cls.__init__
-        if init is object.__init__:  # object.__init__ refuses any argument here
-            signature = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)])
-        else:
-            try:
-                signature = inspect.signature(init)
-            except (TypeError, ValueError):
-                return
+        signature = _init_signature(cls.__init__)
+        if signature is None:
+            return
         try:
             signature.bind(None, *args)  # None stands for self
         except TypeError as error:
