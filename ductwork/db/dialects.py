@@ -259,31 +259,7 @@ def create_engine(url: str | URL, **settings: Any) -> Engine:
     engine = sa.create_engine(parsed, **options)
     if name == "sqlite":
         _sqlite_hooks(engine, float(settings.get("busy_timeout", 30)))
-    if name == "postgresql":
-        # A batch's inserts (its successors' steps, jobs and executions, its advancement
-        # rows) as one multi-row INSERT per statement, as SQLAlchemy does for psycopg2 and
-        # PyMySQL does itself, instead of psycopg's one INSERT per row, pipelined: the same
-        # rows for a fraction of the client's and the server's work. Callers that insert
-        # large texts page their rows (``insert_pages``).
-        engine.dialect.use_insertmanyvalues_wo_returning = True
     return engine
-
-
-def insert_pages(rows: list[dict[str, Any]], column: str, most: int) -> Iterator[list[dict[str, Any]]]:
-    """``rows`` in consecutive pages whose ``column`` texts add up to at most ``most``
-    characters (a page holds at least one row): each page is one statement's worth, so a
-    multi-row INSERT of large payloads stays far below a statement's size limit."""
-    page: list[dict[str, Any]] = []
-    size = 0
-    for row in rows:
-        length = len(row[column] or "")
-        if page and size + length > most:
-            yield page
-            page, size = [], 0
-        page.append(row)
-        size += length
-    if page:
-        yield page
 
 
 def _sqlite_hooks(engine: Engine, busy_timeout: float) -> None:

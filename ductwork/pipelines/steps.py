@@ -24,7 +24,6 @@ import sqlalchemy as sa
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.limits.executions import new_execution_row
-from ductwork.pipelines import payloads
 
 if TYPE_CHECKING:
     from ductwork.db.database import Tx
@@ -129,8 +128,7 @@ def create_steps_across(tx: Tx, new: list[tuple[str, Definition, NewStep]]) -> l
         execution_rows.append(new_execution_row(job_id, node.limit_by, eligible, 0, 0, now))
     ensure_limit_keys(tx, keys)
     tx.execute(schema.steps.insert(), step_rows)  # [INV-ADV-1] uq_step_branch_node
-    for page in dialects.insert_pages(job_rows, "input_args", payloads.MAX_PAYLOAD_BYTES):
-        tx.execute(schema.jobs.insert(), page)  # [INV-ADV-1] uq_job_step
+    tx.execute(schema.jobs.insert(), job_rows)  # [INV-ADV-1] uq_job_step
     tx.execute(schema.executions.insert(), execution_rows)
     tx.wake()
     return [row["id"] for row in step_rows]
