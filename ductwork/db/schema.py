@@ -46,7 +46,7 @@ def from_row(cls: type[T], row: sa.Row[Any]) -> T:
     return cls(**{name: mapping[name] for name in _field_names(cls)})  # type: ignore[arg-type]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
     """The dataclass's field names, read once per class (rows are built per execution)."""
     return tuple(field.name for field in dataclasses.fields(cls))
