@@ -43,6 +43,20 @@ def _cached_signature(init: Any) -> inspect.Signature | None:
     return _read_signature(init)
 
 
+@functools.lru_cache(maxsize=4096)
+def _positional_counts(init: Any) -> tuple[int, int] | None:
+    """How many positional arguments (after ``self``) an ``__init__`` whose parameters are
+    all plain positional ones takes, at least and at most; None for any other signature
+    (keyword-only, ``*args``, ``**kwargs``, positional-only, unreadable)."""
+    signature = _read_signature(init)
+    if signature is None:
+        return None
+    params = list(signature.parameters.values())[1:]
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    return sum(1 for p in params if p.default is inspect.Parameter.empty), len(params)
+
+
 def _read_signature(init: Any) -> inspect.Signature | None:
     if init is object.__init__:  # object.__init__ refuses any argument here
         return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)])
@@ -93,7 +107,11 @@ class Step:
         step) is told apart from an ``__init__`` that raised. Nothing is checked when
         the signature cannot be read (a C-level ``__init__``).
         """
-        signature = _init_signature(cls.__init__)
+        init = cls.__init__
+        counts = _positional_counts(init) if inspect.isfunction(init) else None
+        if counts is not None and counts[0] <= len(args) <= counts[1]:
+            return  # binds: only positional parameters, and as many arguments as they take
+        signature = _init_signature(init)
         if signature is None:
             return
         try:
