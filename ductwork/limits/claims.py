@@ -198,10 +198,9 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
     batch is read at one database time, and a key's lane is not touched by unkeyed claims.
     """
     params: dict[str, Any] = {"b_lane": UNKEYED, "b_now": tx.now, "b_limit": limit}
-    if before is None:
-        stmt = dialects.prepared(tx.conn, _unkeyed_batch)
-    else:  # [INV-LIM-6] not past the next lane's oldest
-        stmt = dialects.prepared(tx.conn, _unkeyed_batch_before)
+    stmt = dialects.prepared(tx.conn, _unkeyed_batch)
+    if before is not None:
+        stmt = dialects.prepared(tx.conn, _unkeyed_batch_before)  # [INV-LIM-6] not past the next lane's oldest
         params.update(b_oldest_at=before.oldest_at, b_oldest_id=before.oldest_id)
     execution_ids = list(tx.execute(stmt, params).scalars())
     if not execution_ids:

@@ -279,7 +279,7 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
         else:
             ended = tx.execute(dialects.prepared(tx.conn, _end_successes),
                                {"batch_ids": execution_ids, "b_now": tx.now, "b_owner": owner}).rowcount
-        if ended != len(successes):
+        if ended != len(successes):  # [INV-EXE-2] one was reaped: nothing of the batch is written
             raise _Taken()
         if key is not None:  # [INV-LIM-3] the slots are free: in-flight is derived from completed_at
             tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
@@ -312,12 +312,12 @@ def _end_successes(bind: Any) -> sa.Update:
     still open and held by ``b_owner``."""
     e = schema.executions
     now = sa.bindparam("b_now", type_=schema.Timestamp)
-    return (e.update()
-            .where(e.c.id.in_(dialects.ids_param()),
-                   e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended
-                   e.c.claimed_at.is_not(None),
-                   # [INV-EXE-2] still ours: the reaper took none of them
-                   dialects.by_primary_key(e.c.process_id, bind) == sa.bindparam("b_owner", type_=e.c.process_id.type))
+    owner = sa.bindparam("b_owner", type_=e.c.process_id.type)
+    guard = [e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended
+             e.c.claimed_at.is_not(None),
+             # [INV-EXE-2] still ours: the reaper took none of them
+             dialects.by_primary_key(e.c.process_id, bind) == owner]
+    return (e.update().where(e.c.id.in_(dialects.ids_param()), *guard)
             .values(completed_at=now, outcome="success", updated_at=now))
 
 
