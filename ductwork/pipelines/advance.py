@@ -915,7 +915,7 @@ def advance_on_successes(tx: Tx, successes: Sequence[Any]) -> set[str]:
     _make_moves(tx, moves, definitions)
     now = tx.now
     owner = {i.claimed.step_id: i.claimed.process_id for i, _ in planned}
-    tx.execute(_a.insert(), [{
+    dialects.insert_rows(tx.conn, _a, [{
         "id": new_id(), "branch_id": m.branch_id, "step_id": m.step_id, "process_id": owner[m.step_id],
         "claim_token": new_token(), "started_at": now, "completed_at": now, "crash_count": 0, "created_at": now,
         "updated_at": now} for m in moves])
