@@ -15,6 +15,7 @@ Not API: internal to ductwork.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import re
 import time
@@ -360,7 +361,7 @@ def for_update(stmt: sa.Select[Any], bind: Any, *, skip_locked: bool = False) ->
     return locked
 
 
-def inline_ids(ids: list[str]) -> sa.BindParameter[Any]:
+def inline_ids(ids: list[str], name: str = "batch_ids") -> sa.ColumnElement[Any]:
     """A batch's ids for ``column.in_(...)``, written into the statement's text.
 
     A batch's statements (claim, load, group commit) are then planned for the ids they
@@ -369,10 +370,98 @@ def inline_ids(ids: list[str]) -> sa.BindParameter[Any]:
     the batch load chosen while the queue tables were small (sequential scans, hash
     joins) was kept as they grew, and five drains of 5,000 jobs in one process slowed
     from 2,508 to 783 jobs/s. Forcing custom plans on every statement instead cost
-    40-50 % of an expand's inserts. The ids are ductwork's own (uuid text); SQLAlchemy
-    quotes them as literals.
+    40-50 % of an expand's inserts. The ids are ductwork's own (uuid text), quoted as a
+    whole list at once (:class:`_QuotedIds`). ``ids_param(name)`` is the same list
+    given at execution (``{name: ids}``), for a statement built once (:func:`prepared`).
     """
-    return sa.bindparam("batch_ids", ids, expanding=True, literal_execute=True)
+    return sa.tuple_(sa.bindparam(name, list(ids), type_=_QuotedIds(), literal_execute=True))
+
+
+def ids_param(name: str = "batch_ids") -> sa.ColumnElement[Any]:
+    """:func:`inline_ids` whose list is given when the statement is executed (``{name: ids}``)."""
+    return sa.tuple_(sa.bindparam(name, type_=_QuotedIds(), literal_execute=True))
+
+
+#: ids, joined by spaces, that need no escaping on any backend
+_PLAIN_IDS = re.compile(r"[A-Za-z0-9_.:\-]+(?: [A-Za-z0-9_.:\-]+)*")
+
+
+class _QuotedIds(sa.types.UserDefinedType[list[str]]):
+    """The type of :func:`inline_ids`' parameter, a list rendered as ``'a', 'b'``: ids
+    made of letters, digits and ``-_.:`` (ductwork's own) are joined in one string
+    (SQLAlchemy renders a list item by item, and a worker's batch writes ten lists of 64);
+    any other text is quoted as SQLAlchemy quotes a string for the backend. An empty list
+    is ``NULL`` (``IN (NULL)`` matches nothing, as an empty list does)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:  # noqa: ARG002 - UserDefinedType's signature
+        return "TEXT"
+
+    def literal_processor(self, dialect: Dialect) -> Callable[[list[str]], str]:
+        quote = sa.String().literal_processor(dialect)  # type: ignore[no-untyped-call]
+        assert quote is not None, "a string literal can be rendered on every backend"
+
+        def process(ids: list[str]) -> str:
+            if not ids:
+                return "NULL"
+            if _PLAIN_IDS.fullmatch(" ".join(ids)):  # (a space is in no plain id)
+                return "'" + "', '".join(ids) + "'"
+            return ", ".join(quote(i) for i in ids)
+
+        return process
+
+
+_prepared: dict[tuple[Callable[..., Any], str], Any] = {}
+
+
+def prepared(bind: Connection | Engine, build: Callable[[Connection | Engine], Any]) -> Any:
+    """The statement ``build(bind)`` makes, built once per backend and kept: its values
+    are bound parameters given at execution (batch ids as :func:`ids_param`). Building
+    and keying a SQLAlchemy statement costs more Python than executing a cached one, and
+    a worker runs a dozen per batch. ``build`` must depend on nothing but the backend."""
+    key = (build, backend(bind))
+    statement = _prepared.get(key)
+    if statement is None:
+        statement = _prepared[key] = build(bind)
+    return statement
+
+
+_insert_rows = Seam("insert_rows")
+
+
+@_insert_rows.for_db("postgresql")
+def _pg_insert_rows(_: Any, table: sa.Table, rows: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    # Differs from MySQL and SQLite in the statement: one INSERT … SELECT FROM unnest(one
+    # array per column), where psycopg would pipeline one INSERT per row (PyMySQL writes
+    # one multi-row INSERT itself, SQLite's executemany runs in C). A multi-row VALUES
+    # costs psycopg more than the rows: its placeholders are converted uncached.
+    columns = tuple(rows[0])
+    return _unnest_insert(table, columns), {f"c{i}": [row[c] for row in rows] for i, c in enumerate(columns)}
+
+
+@functools.lru_cache(maxsize=64)
+def _unnest_insert(table: sa.Table, columns: tuple[str, ...]) -> sa.TextClause:
+    from sqlalchemy.dialects import postgresql
+
+    pg = postgresql.dialect()  # type: ignore[no-untyped-call]
+    arrays = ", ".join(f"CAST(:c{i} AS {table.c[c].type.compile(dialect=pg)}[])" for i, c in enumerate(columns))
+    return sa.text(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays})")
+
+
+@_insert_rows.for_db("mysql", "sqlite")
+def _plain_insert_rows(_: Any, table: sa.Table, rows: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
+    return table.insert(), rows
+
+
+def insert_rows(bind: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """Insert ``rows`` (dicts with the same keys, none of them a large text: each column
+    travels as one array on PostgreSQL) in one statement: ``executemany`` of
+    ``table.insert()`` on MySQL and SQLite, one ``INSERT … SELECT FROM unnest`` on
+    PostgreSQL. Nothing when ``rows`` is empty."""
+    if rows:
+        statement, params = _insert_rows(bind, table, rows)
+        bind.execute(statement, params)
 
 
 _by_key = Seam("by_primary_key")

@@ -20,6 +20,7 @@ compares them on every database.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -42,7 +43,13 @@ def from_row(cls: type[T], row: sa.Row[Any]) -> T:
     name (the query labels its columns as the fields are named), never by position; a
     column the query does not select raises KeyError."""
     mapping = row._mapping
-    return cls(**{field.name: mapping[field.name] for field in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    return cls(**{name: mapping[name] for name in _field_names(cls)})  # type: ignore[arg-type]
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The dataclass's field names, read once per class (rows are built per execution)."""
+    return tuple(field.name for field in dataclasses.fields(cls))
 
 metadata = sa.MetaData()
 

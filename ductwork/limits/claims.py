@@ -80,7 +80,8 @@ class Refusal:
     reason: str  # "concurrency" | "rate" | "gone"
 
 
-def in_lane(query: sa.Select[Any], lane: sa.ColumnElement[Any] | str, now: datetime) -> sa.Select[Any]:
+def in_lane(query: sa.Select[Any], lane: sa.ColumnElement[Any] | str,
+            now: datetime | sa.ColumnElement[Any]) -> sa.Select[Any]:
     """The lane predicate: ``query`` over the executions pending in ``lane`` (a key, or
     UNKEYED) and eligible at ``now``, oldest first (eligible time, then creation order),
     as the index ``ix_execution_pending_lane`` serves it. Not done: locking or limiting."""
@@ -99,7 +100,7 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
     k = schema.limit_keys
     now = tx.now
     keys = [
-        row.key for row in tx.execute(sa.select(k.c.key, k.c.blocked_until, k.c.config_digest))
+        row.key for row in tx.execute(dialects.prepared(tx.conn, _key_stamps))
         if row.blocked_until is None  # never rate-blocked
         or row.blocked_until <= now  # or its next token has arrived [INV-LIM-5]
         or row.config_digest != entry_digest(app.config.limits.get(row.key))  # or its stamp came from other values
@@ -119,12 +120,22 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
             if entry is not None and entry.concurrency is not None and row.in_flight >= entry.concurrency:
                 continue  # saturated: retried on the next poll, no one knows when a slot frees
             lanes.append(Lane(row.oldest_at, row.oldest_id, row.key))
-    unkeyed = tx.execute(in_lane(sa.select(_e.c.eligible_at, _e.c.id), UNKEYED, now).limit(1)).first()
+    unkeyed = tx.execute(dialects.prepared(tx.conn, _oldest_unkeyed), {"b_lane": UNKEYED, "b_now": now}).first()
     lanes.sort()
     if unkeyed is not None:
         lane = Lane(unkeyed.eligible_at, unkeyed.id, UNKEYED)
         bisect.insort(lanes, lane)  # [INV-LIM-6] oldest lane first, unkeyed among them
     return lanes
+
+
+def _key_stamps(_: Any) -> sa.Select[Any]:
+    k = schema.limit_keys
+    return sa.select(k.c.key, k.c.blocked_until, k.c.config_digest)
+
+
+def _oldest_unkeyed(_: Any) -> sa.Select[Any]:
+    return in_lane(sa.select(_e.c.eligible_at, _e.c.id), sa.bindparam("b_lane", type_=_e.c.pending_lane.type),
+                   sa.bindparam("b_now", type_=schema.Timestamp)).limit(1)
 
 
 def _next_lane(lanes: list[Lane], index: int) -> Lane | None:
@@ -134,18 +145,20 @@ def _next_lane(lanes: list[Lane], index: int) -> Lane | None:
 
 def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
     """What running each claimed execution needs, in the order of ``execution_ids``."""
-    j, s, r = schema.jobs, schema.steps, schema.runs
-    rows = tx.execute(
-        sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"),
-                  sa.func.coalesce(s.c.idempotency_key, s.c.id).label("idempotency_key"), s.c.run_id, s.c.branch_id,
-                  s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1, j.c.input_args.label("input_json"),
-                  _e.c.limit_key, s.c.timeout_us, _e.c.retry_count, _e.c.crash_count, _e.c.process_id,
-                  _e.c.claimed_at)
-        .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
-        .where(_e.c.id.in_(dialects.inline_ids(execution_ids)))
-    ).all()
+    rows = tx.execute(dialects.prepared(tx.conn, _load_statement), {"batch_ids": execution_ids}).all()
     by_id = {row.execution_id: Claimed.from_row(row) for row in rows}
     return [by_id[execution_id] for execution_id in execution_ids]
+
+
+def _load_statement(_: Any) -> sa.Select[Any]:
+    j, s, r = schema.jobs, schema.steps, schema.runs
+    return (sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"),
+                      sa.func.coalesce(s.c.idempotency_key, s.c.id).label("idempotency_key"), s.c.run_id,
+                      s.c.branch_id, s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1,
+                      j.c.input_args.label("input_json"), _e.c.limit_key, s.c.timeout_us, _e.c.retry_count,
+                      _e.c.crash_count, _e.c.process_id, _e.c.claimed_at)
+            .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
+            .where(_e.c.id.in_(dialects.ids_param())))
 
 
 def _claim_row(tx: Tx, execution_id: str, process_id: str, seq: int) -> bool:
@@ -160,8 +173,13 @@ def _claim_row(tx: Tx, execution_id: str, process_id: str, seq: int) -> bool:
 
 def _before(lane: Lane) -> sa.ColumnElement[bool]:
     """Executions a poll takes before ``lane``'s oldest: (eligible_at, id) less than its."""
-    return sa.or_(_e.c.eligible_at < lane.oldest_at,
-                  sa.and_(_e.c.eligible_at == lane.oldest_at, _e.c.id < lane.oldest_id))
+    return _precedes(lane.oldest_at, lane.oldest_id)
+
+
+def _precedes(oldest_at: Any, oldest_id: Any) -> sa.ColumnElement[bool]:
+    """(eligible_at, id) less than ``(oldest_at, oldest_id)`` (values or bound parameters)."""
+    return sa.or_(_e.c.eligible_at < oldest_at,
+                  sa.and_(_e.c.eligible_at == oldest_at, _e.c.id < oldest_id))
 
 
 def claim_unkeyed(app: App, process_id: str, limit: int = 1, before: Lane | None = None) -> list[Claimed]:
@@ -180,23 +198,47 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
     batch never overtakes a key [INV-LIM-6]. Nothing of a key changes in between: the
     batch is read at one database time, and a key's lane is not touched by unkeyed claims.
     """
-    query = in_lane(sa.select(_e.c.id), UNKEYED, tx.now)
+    params: dict[str, Any] = {"b_lane": UNKEYED, "b_now": tx.now, "b_limit": limit}
+    stmt = dialects.prepared(tx.conn, _unkeyed_batch)
     if before is not None:
-        query = query.where(_before(before))  # [INV-LIM-6] not past the next lane's oldest
-    stmt = dialects.for_update(query.limit(limit), tx.conn, skip_locked=True)
-    execution_ids = list(tx.execute(stmt).scalars())
+        stmt = dialects.prepared(tx.conn, _unkeyed_batch_before)  # [INV-LIM-6] not past the next lane's oldest
+        params.update(b_oldest_at=before.oldest_at, b_oldest_id=before.oldest_id)
+    execution_ids = list(tx.execute(stmt, params).scalars())
     if not execution_ids:
         return []
-    claimed = tx.execute(
-        _e.update()
-        .where(_e.c.id.in_(dialects.inline_ids(execution_ids)),
-               _e.c.claimed_at.is_(None))  # still pending (locked by the read above)
-        .values(claimed_at=tx.now, process_id=process_id, updated_at=tx.now)
-    ).rowcount
+    claimed = tx.execute(dialects.prepared(tx.conn, _claim_unkeyed_rows), {
+        "batch_ids": execution_ids, "b_now": tx.now, "b_process": process_id}).rowcount
     if claimed != len(execution_ids):
         raise AssertionError(f"unkeyed claim: {claimed} of {len(execution_ids)} locked executions were "
                              "still pending")
     return _load(tx, execution_ids)
+
+
+def _unkeyed_query() -> sa.Select[Any]:
+    """The oldest eligible unkeyed executions (``in_lane``), its values bound at execution:
+    ``b_lane``, ``b_now``, ``b_limit``."""
+    query = in_lane(sa.select(_e.c.id), sa.bindparam("b_lane", type_=_e.c.pending_lane.type),
+                    sa.bindparam("b_now", type_=schema.Timestamp))
+    return query.limit(sa.bindparam("b_limit", type_=sa.Integer))
+
+
+def _unkeyed_batch(bind: Any) -> sa.Select[Any]:
+    return dialects.for_update(_unkeyed_query(), bind, skip_locked=True)
+
+
+def _unkeyed_batch_before(bind: Any) -> sa.Select[Any]:
+    before = _precedes(sa.bindparam("b_oldest_at", type_=schema.Timestamp),
+                       sa.bindparam("b_oldest_id", type_=_e.c.id.type))
+    return dialects.for_update(_unkeyed_query().where(before), bind, skip_locked=True)
+
+
+def _claim_unkeyed_rows(_: Any) -> sa.Update:
+    now = sa.bindparam("b_now", type_=schema.Timestamp)
+    return (_e.update()
+            .where(_e.c.id.in_(dialects.ids_param()),
+                   _e.c.claimed_at.is_(None))  # still pending (locked by the read above)
+            .values(claimed_at=now, process_id=sa.bindparam("b_process", type_=_e.c.process_id.type),
+                    updated_at=now))
 
 
 def _buckets_of(tx: Tx, key: str) -> dict[int, buckets.Bucket]:

@@ -260,7 +260,7 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
                   gather: Callable[[], list[Success]] | None = None) -> list[Claimed]:
     owner = successes[0].claimed.process_id
     key = successes[0].claimed.limit_key
-    e, j = schema.executions, schema.jobs
+    e = schema.executions
     with app.begin() as tx:
         release: dict[str, Any] = {}
         seq = 0
@@ -275,22 +275,19 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
             release["release_seq"] = sa.case({s.claimed.execution_id: seq + i
                                               for i, s in enumerate(successes, start=1)}, value=e.c.id)
             faults.hit(faults.IN_KEYED_GROUP_COMMIT)
-        guard = [e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended
-                 e.c.claimed_at.is_not(None),
-                 # [INV-EXE-2] still ours: the reaper took none of them
-                 dialects.by_primary_key(e.c.process_id, tx.conn) == owner]
-        ended = tx.execute(
-            e.update().where(e.c.id.in_(dialects.inline_ids([s.claimed.execution_id for s in successes])), *guard)
-            .values(completed_at=tx.now, outcome="success", updated_at=tx.now, **release)
-        ).rowcount
-        if ended != len(successes):
+        execution_ids = [s.claimed.execution_id for s in successes]
+        if release:
+            ended = tx.execute(_end_successes(tx.conn).values(**release),
+                               {"batch_ids": execution_ids, "b_now": tx.now, "b_owner": owner}).rowcount
+        else:
+            ended = tx.execute(dialects.prepared(tx.conn, _end_successes),
+                               {"batch_ids": execution_ids, "b_now": tx.now, "b_owner": owner}).rowcount
+        if ended != len(successes):  # [INV-EXE-2] one was reaped: nothing of the batch is written
             raise _Taken()
         if key is not None:  # [INV-LIM-3] the slots are free: in-flight is derived from completed_at
             tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
                        .values(seq=seq + len(successes), updated_at=tx.now))
-        tx.execute(j.update().where(j.c.id == sa.bindparam("b_id"))
-                   .values(output_payload=sa.bindparam("b_payload"), completed_at=tx.now, updated_at=tx.now),
-                   [{"b_id": s.claimed.job_id, "b_payload": s.output.payload_json} for s in successes])
+        _write_outputs(tx, successes)
         for success in successes:
             _write_expand_items(tx, success)
         group = successes[0].advance_group
@@ -307,6 +304,51 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
     return handed
 
 
+#: a group commit writes its jobs' outputs with one UPDATE per distinct output while there
+#: are at most this many distinct outputs (steps that return the same value: ``None``,
+#: ``True``, a status), else one UPDATE per job in one ``executemany``
+DISTINCT_OUTPUTS = 4
+
+
+def _end_successes(bind: Any) -> sa.Update:
+    """A group commit's guarded UPDATE: its executions (``batch_ids``) end in success if
+    still open and held by ``b_owner``."""
+    e = schema.executions
+    now = sa.bindparam("b_now", type_=schema.Timestamp)
+    owner = sa.bindparam("b_owner", type_=e.c.process_id.type)
+    guard = [e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended
+             e.c.claimed_at.is_not(None),
+             # [INV-EXE-2] still ours: the reaper took none of them
+             dialects.by_primary_key(e.c.process_id, bind) == owner]
+    return (e.update().where(e.c.id.in_(dialects.ids_param()), *guard)
+            .values(completed_at=now, outcome="success", updated_at=now))
+
+
+def _write_outputs(tx: Tx, successes: list[Success]) -> None:
+    """Each success's job: its output and its completion time. Not done: checking that
+    the jobs exist (the guarded UPDATE of their executions came first)."""
+    j = schema.jobs
+    by_output: dict[str, list[str]] = {}
+    for success in successes:
+        by_output.setdefault(success.output.payload_json, []).append(success.claimed.job_id)
+    if len(by_output) <= DISTINCT_OUTPUTS:
+        for payload, job_ids in by_output.items():
+            tx.execute(dialects.prepared(tx.conn, _write_output),
+                       {"batch_ids": job_ids, "b_payload": payload, "b_now": tx.now})
+        return
+    tx.execute(j.update().where(j.c.id == sa.bindparam("b_id"))
+               .values(output_payload=sa.bindparam("b_payload"), completed_at=tx.now, updated_at=tx.now),
+               [{"b_id": s.claimed.job_id, "b_payload": s.output.payload_json} for s in successes])
+
+
+def _write_output(_: Any) -> sa.Update:
+    j = schema.jobs
+    now = sa.bindparam("b_now", type_=schema.Timestamp)
+    return (j.update().where(j.c.id.in_(dialects.ids_param()))
+            .values(output_payload=sa.bindparam("b_payload", type_=j.c.output_payload.type), completed_at=now,
+                    updated_at=now))
+
+
 def _write_expand_items(tx: Tx, success: Success) -> None:
     items = success.output.expand_items
     if items is not None:
@@ -318,11 +360,15 @@ def _write_expand_items(tx: Tx, success: Success) -> None:
 def _mark_advancing(tx: Tx, step_ids: list[str]) -> None:
     """Leave these succeeded steps to an advancer, and wake one."""
     if step_ids:
-        status = dialects.by_primary_key(schema.steps.c.status, tx.conn)
-        tx.execute(schema.steps.update()
-                   .where(schema.steps.c.id.in_(dialects.inline_ids(step_ids)), status == "in_progress")
-                   .values(status="advancing", updated_at=tx.now))
+        tx.execute(dialects.prepared(tx.conn, _to_advancing), {"batch_ids": step_ids, "b_now": tx.now})
         tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
+
+
+def _to_advancing(bind: Any) -> sa.Update:
+    steps = schema.steps
+    status = dialects.by_primary_key(steps.c.status, bind)
+    return (steps.update().where(steps.c.id.in_(dialects.ids_param()), status == "in_progress")
+            .values(status="advancing", updated_at=sa.bindparam("b_now", type_=schema.Timestamp)))
 
 
 def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claimed]] | None) -> list[Claimed]:

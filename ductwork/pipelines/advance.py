@@ -794,9 +794,13 @@ def simple_move(definition: Definition, node: str, value_json: str) -> tuple[str
 
 def _lock_branches(tx: Tx, branch_ids: list[str]) -> dict[str, sa.Row[Any]]:
     """Lock the branch rows, in branch-id order (one statement), and return them by id."""
-    stmt = (sa.select(_b.c.id, _b.c.claim_token, _b.c.status)
-            .where(_b.c.id.in_(dialects.inline_ids(sorted(set(branch_ids))))).order_by(_b.c.id))
-    return {row.id: row for row in tx.execute(dialects.for_update(stmt, tx.conn))}
+    rows = tx.execute(dialects.prepared(tx.conn, _branch_locks), {"batch_ids": sorted(set(branch_ids))})
+    return {row.id: row for row in rows}
+
+
+def _branch_locks(bind: Any) -> sa.Select[Any]:
+    stmt = sa.select(_b.c.id, _b.c.claim_token, _b.c.status).where(_b.c.id.in_(dialects.ids_param())).order_by(_b.c.id)
+    return dialects.for_update(stmt, bind)
 
 
 def _make_moves(tx: Tx, moves: list[Move], definitions: dict[str, Definition]) -> None:
@@ -804,10 +808,8 @@ def _make_moves(tx: Tx, moves: list[Move], definitions: dict[str, Definition]) -
     the caller's (each path guards them its own way)."""
     for status in sorted({m.complete_from for m in moves if m.complete_from is not None}):
         ids = [m.step_id for m in moves if m.complete_from == status]
-        done = tx.execute(
-            schema.steps.update()
-            .where(schema.steps.c.id.in_(dialects.inline_ids(ids)), schema.steps.c.status == status)
-            .values(status="completed", completed_at=tx.now, updated_at=tx.now)).rowcount
+        done = tx.execute(dialects.prepared(tx.conn, _complete_steps),
+                          {"batch_ids": ids, "b_status": status, "b_now": tx.now}).rowcount
         if done != len(ids):  # [INV-ADV-1] each step is moved past once
             raise AssertionError(f"steps {ids}: {done} of {len(ids)} were {status} inside the batch [INV-ADV-1]")
     new: list[tuple[str, Definition, NewStep]] = []
@@ -821,23 +823,50 @@ def _make_moves(tx: Tx, moves: list[Move], definitions: dict[str, Definition]) -
     create_steps_across(tx, new)
 
 
+def _complete_steps(_: Any) -> sa.Update:
+    steps, now = schema.steps, sa.bindparam("b_now", type_=schema.Timestamp)
+    return (steps.update().where(steps.c.id.in_(dialects.ids_param()),
+                                 steps.c.status == sa.bindparam("b_status", type_=steps.c.status.type))
+            .values(status="completed", completed_at=now, updated_at=now))
+
+
 def _end_branches(tx: Tx, moves: list[Move], guard: Any) -> None:
     """Move each branch to its move's status (one UPDATE per status and halt reason),
-    dropping any claim; ``guard`` is the caller's condition on the branch rows, and every
-    row must match it."""
+    dropping any claim; ``guard`` is the caller's condition on the branch rows (None:
+    unclaimed, ``claim_token IS NULL``), and every row must match it."""
     groups: dict[tuple[str, str | None], list[str]] = {}
     for m in moves:
         groups.setdefault((m.status, m.halt_reason), []).append(m.branch_id)
     for (status, reason), ids in sorted(groups.items(), key=str):
-        values: dict[str, Any] = {"status": status, "claim_token": None, "claimed_at": None,
-                                  "last_advanced_at": tx.now, "updated_at": tx.now}
-        if status in ("completed", "halted"):
-            values["completed_at"] = tx.now
-        if reason is not None:
-            values["halt_reason"] = reason
-        moved = tx.execute(_b.update().where(_b.c.id.in_(dialects.inline_ids(ids)), guard).values(**values))
+        if guard is None and reason is None and status in _END_FREE:
+            moved = tx.execute(dialects.prepared(tx.conn, _END_FREE[status]), {"batch_ids": ids, "b_now": tx.now})
+        else:
+            values: dict[str, Any] = {"status": status, "claim_token": None, "claimed_at": None,
+                                      "last_advanced_at": tx.now, "updated_at": tx.now}
+            if status in ("completed", "halted"):
+                values["completed_at"] = tx.now
+            if reason is not None:
+                values["halt_reason"] = reason
+            where = _b.c.claim_token.is_(None) if guard is None else guard
+            moved = tx.execute(_b.update().where(_b.c.id.in_(dialects.inline_ids(ids)), where).values(**values))
         if moved.rowcount != len(ids):
             raise AssertionError(f"branches {ids}: {moved.rowcount} moved inside the batch [INV-ADV-2]")
+
+
+def _end_free(status: str, completed: bool) -> Any:
+    """A builder (``dialects.prepared``) of the UPDATE that ends unclaimed branches with ``status``."""
+    def build(_: Any) -> sa.Update:
+        now = sa.bindparam("b_now", type_=schema.Timestamp)
+        values: dict[str, Any] = {"status": status, "claim_token": None, "claimed_at": None,
+                                  "last_advanced_at": now, "updated_at": now}
+        if completed:
+            values["completed_at"] = now
+        return _b.update().where(_b.c.id.in_(dialects.ids_param()), _b.c.claim_token.is_(None)).values(**values)
+    return build
+
+
+#: the prepared UPDATEs of the branches a worker's inline advancement ends (a leaf, dampen)
+_END_FREE = {"completed": _end_free("completed", True), "dampened": _end_free("dampened", False)}
 
 
 def advance_on_successes(tx: Tx, successes: Sequence[Any]) -> set[str]:
@@ -886,19 +915,24 @@ def advance_on_successes(tx: Tx, successes: Sequence[Any]) -> set[str]:
     _make_moves(tx, moves, definitions)
     now = tx.now
     owner = {i.claimed.step_id: i.claimed.process_id for i, _ in planned}
-    tx.execute(_a.insert(), [{
+    dialects.insert_rows(tx.conn, _a, [{
         "id": new_id(), "branch_id": m.branch_id, "step_id": m.step_id, "process_id": owner[m.step_id],
         "claim_token": new_token(), "started_at": now, "completed_at": now, "crash_count": 0, "created_at": now,
         "updated_at": now} for m in moves])
     going = [m.branch_id for m in moves if not m.ends]
     if going:
-        tx.execute(_b.update().where(_b.c.id.in_(dialects.inline_ids(going)), _b.c.claim_token.is_(None))
-                   .values(last_advanced_at=now, updated_at=now))
+        tx.execute(dialects.prepared(tx.conn, _advance_free_branches), {"batch_ids": going, "b_now": now})
     ending = [m for m in moves if m.ends]
     if ending:
-        _end_branches(tx, ending, _b.c.claim_token.is_(None))  # [INV-ADV-2] still free: locked above
+        _end_branches(tx, ending, None)  # [INV-ADV-2] still free: locked above
         resolve_runs(tx, {m.run_id: runs[m.run_id] for m in ending})
     return {m.step_id for m in moves}
+
+
+def _advance_free_branches(_: Any) -> sa.Update:
+    now = sa.bindparam("b_now", type_=schema.Timestamp)
+    return (_b.update().where(_b.c.id.in_(dialects.ids_param()), _b.c.claim_token.is_(None))
+            .values(last_advanced_at=now, updated_at=now))
 
 
 @dataclass(frozen=True)

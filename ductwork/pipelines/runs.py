@@ -122,12 +122,16 @@ def lock_runs(tx: Tx, run_ids: Iterable[str]) -> dict[str, str]:
     """Lock several run rows in run-id order (one statement) and return their statuses:
     the run lock of a batch that ends branches of several runs. Every batch takes its run
     locks in this order after all its branch locks, so two batches never wait on each other."""
-    r = schema.runs
     ids = sorted(set(run_ids))
     if not ids:
         return {}
-    stmt = sa.select(r.c.id, r.c.status).where(r.c.id.in_(dialects.inline_ids(ids))).order_by(r.c.id)
-    return {row.id: row.status for row in tx.execute(dialects.for_update_run(stmt, tx.conn))}
+    return {row.id: row.status for row in tx.execute(dialects.prepared(tx.conn, _run_locks), {"batch_ids": ids})}
+
+
+def _run_locks(bind: Any) -> sa.Select[Any]:
+    r = schema.runs
+    return dialects.for_update_run(sa.select(r.c.id, r.c.status).where(r.c.id.in_(dialects.ids_param()))
+                                   .order_by(r.c.id), bind)
 
 
 def decide_run_status(branch_statuses: Iterable[str]) -> str:
@@ -151,15 +155,14 @@ def resolve_runs(tx: Tx, locked: dict[str, str]) -> dict[str, str]:
     (:func:`lock_runs`, given its result): one read of the branch statuses grouped by
     run, then one UPDATE per resulting status. Returns each run's status. A final run
     is left as it is [INV-RUN-1]."""
-    r, b = schema.runs, schema.branches
+    r = schema.runs
     open_runs = sorted(run_id for run_id, status in locked.items() if status not in TERMINAL)  # [INV-RUN-1]
     result = dict(locked)
     if not open_runs:
         return result
     statuses: dict[str, set[str]] = {run_id: set() for run_id in open_runs}
     # Read after the locks: every branch ended by a transaction that held them before us is visible.
-    for row in tx.execute(sa.select(b.c.run_id, b.c.status).where(
-            b.c.run_id.in_(dialects.inline_ids(open_runs))).group_by(b.c.run_id, b.c.status)):
+    for row in tx.execute(dialects.prepared(tx.conn, _branch_statuses), {"batch_ids": open_runs}):
         statuses[row.run_id].add(row.status)
     moved: dict[str, list[str]] = {}
     for run_id in open_runs:
@@ -168,10 +171,11 @@ def resolve_runs(tx: Tx, locked: dict[str, str]) -> dict[str, str]:
         if new != locked[run_id]:  # read before write: no needless writes to a shared row
             moved.setdefault(new, []).append(run_id)
     for new, ids in sorted(moved.items()):
-        values: dict[str, Any] = {"status": new, "updated_at": tx.now}
         if new == "completed":
-            values["completed_at"] = tx.now
-        elif new == "halted":
+            tx.execute(dialects.prepared(tx.conn, _complete_runs), {"batch_ids": ids, "b_now": tx.now})
+            continue
+        values: dict[str, Any] = {"status": new, "updated_at": tx.now}
+        if new == "halted":
             values["halted_at"] = tx.now
         tx.execute(r.update().where(r.c.id.in_(dialects.inline_ids(ids)),
                                     r.c.status.not_in(TERMINAL))  # [INV-RUN-1] a final run never changes
@@ -179,6 +183,19 @@ def resolve_runs(tx: Tx, locked: dict[str, str]) -> dict[str, str]:
         if new == "halted":
             owe_hooks(tx, ids)  # [INV-HLT-2] the halt's own transaction owes the on_halt hook
     return result
+
+
+def _branch_statuses(_: Any) -> sa.Select[Any]:
+    b = schema.branches
+    return (sa.select(b.c.run_id, b.c.status).where(b.c.run_id.in_(dialects.ids_param()))
+            .group_by(b.c.run_id, b.c.status))
+
+
+def _complete_runs(_: Any) -> sa.Update:
+    r, now = schema.runs, sa.bindparam("b_now", type_=schema.Timestamp)
+    return (r.update().where(r.c.id.in_(dialects.ids_param()),
+                             r.c.status.not_in(TERMINAL))  # [INV-RUN-1] a final run never changes
+            .values(status="completed", updated_at=now, completed_at=now))
 
 
 #: a run's status: ``in_progress`` until every branch ended, then one of the other three

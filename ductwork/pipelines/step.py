@@ -16,6 +16,7 @@ detect side effects itself.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import reprlib
 from collections.abc import Sequence
@@ -27,6 +28,42 @@ if TYPE_CHECKING:
 from ductwork.errors import AsyncStepError, DefinitionError
 
 _UNBOUND = "is only available while ductwork runs the step (build it with the engine, not Step())"
+
+
+def _init_signature(init: Any) -> inspect.Signature | None:
+    """The signature of an ``__init__`` (None when it cannot be read: a C-level one), read
+    once per function (a worker binds every execution's input to it)."""
+    if inspect.isfunction(init) or init is object.__init__:
+        return _cached_signature(init)
+    return _read_signature(init)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_signature(init: Any) -> inspect.Signature | None:
+    return _read_signature(init)
+
+
+@functools.lru_cache(maxsize=4096)
+def _positional_counts(init: Any) -> tuple[int, int] | None:
+    """How many positional arguments (after ``self``) an ``__init__`` whose parameters are
+    all plain positional ones takes, at least and at most; None for any other signature
+    (keyword-only, ``*args``, ``**kwargs``, positional-only, unreadable)."""
+    signature = _read_signature(init)
+    if signature is None:
+        return None
+    params = list(signature.parameters.values())[1:]
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    return sum(1 for p in params if p.default is inspect.Parameter.empty), len(params)
+
+
+def _read_signature(init: Any) -> inspect.Signature | None:
+    if init is object.__init__:  # object.__init__ refuses any argument here
+        return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)])
+    try:
+        return inspect.signature(init)
+    except (TypeError, ValueError):
+        return None
 
 
 class Step:
@@ -71,13 +108,12 @@ class Step:
         the signature cannot be read (a C-level ``__init__``).
         """
         init = cls.__init__
-        if init is object.__init__:  # object.__init__ refuses any argument here
-            signature = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)])
-        else:
-            try:
-                signature = inspect.signature(init)
-            except (TypeError, ValueError):
-                return
+        counts = _positional_counts(init) if inspect.isfunction(init) else None
+        if counts is not None and counts[0] <= len(args) <= counts[1]:
+            return  # binds: only positional parameters, and as many arguments as they take
+        signature = _init_signature(init)
+        if signature is None:
+            return
         try:
             signature.bind(None, *args)  # None stands for self
         except TypeError as error:

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.limits.executions import new_execution_row
+from ductwork.pipelines import payloads
 
 if TYPE_CHECKING:
     from ductwork.db.database import Tx
@@ -127,9 +128,12 @@ def create_steps_across(tx: Tx, new: list[tuple[str, Definition, NewStep]]) -> l
         eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
         execution_rows.append(new_execution_row(job_id, node.limit_by, eligible, 0, 0, now))
     ensure_limit_keys(tx, keys)
-    tx.execute(schema.steps.insert(), step_rows)  # [INV-ADV-1] uq_step_branch_node
-    tx.execute(schema.jobs.insert(), job_rows)  # [INV-ADV-1] uq_job_step
-    tx.execute(schema.executions.insert(), execution_rows)
+    dialects.insert_rows(tx.conn, schema.steps, step_rows)  # [INV-ADV-1] uq_step_branch_node
+    if sum(len(row["input_args"]) for row in job_rows) <= payloads.MAX_PAYLOAD_BYTES:
+        dialects.insert_rows(tx.conn, schema.jobs, job_rows)  # [INV-ADV-1] uq_job_step
+    else:  # large inputs: a statement per row (on PostgreSQL an array holds a column's every value)
+        tx.execute(schema.jobs.insert(), job_rows)  # [INV-ADV-1] uq_job_step
+    dialects.insert_rows(tx.conn, schema.executions, execution_rows)
     tx.wake()
     return [row["id"] for row in step_rows]
 

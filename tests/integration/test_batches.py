@@ -151,7 +151,7 @@ def test_a_group_commit_reads_its_rows_by_primary_key(app):
         record_successes(app, [Success(c, Output("null")) for c in claimed])
     finally:
         sa.event.remove(app.engine, "before_cursor_execute", capture)
-    assert len(sent) == 2  # the executions' guard and the steps' status
+    assert len(sent) == 3  # the executions' guard, the jobs' output (one UPDATE: one output) and the steps' status
     with app.engine.connect() as conn:
         for statement, parameters in sent:
             plan = " ".join(row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters))
@@ -180,10 +180,12 @@ def test_a_batch_plans_for_the_ids_it_carries(app):
         record_successes(app, [Success(c, Output("null")) for c in claimed])
     finally:
         sa.event.remove(app.engine, "before_cursor_execute", capture)
-    assert len(sent) == 4  # claim, load, the executions' guard, the steps' status
+    assert len(sent) == 5  # claim, load, the executions' guard, the jobs' output, the steps' status
     step_ids = [c.step_id for c in claimed]
+    job_ids = [c.job_id for c in claimed]
     for statement, parameters in sent:
-        expected = step_ids if "ductwork_steps SET" in statement else ids
+        expected = (step_ids if "ductwork_steps SET" in statement
+                    else job_ids if "ductwork_jobs SET" in statement else ids)
         assert all(f"'{i}'" in statement for i in expected), statement
         values = parameters.values() if isinstance(parameters, dict) else parameters
         assert not set(expected) & set(values), (statement, parameters)
@@ -455,3 +457,37 @@ def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
     assert overflow == []
     assert results[ks[2]] == []  # the third did not ask for a hand-off
     assert _seqs(app, ks[:3], "release_seq") == sorted(_seqs(app, ks[:3], "release_seq"))
+
+
+@pytest.mark.parametrize("outputs", [["1", "1", "2", "1", "null", "2"], [str(i) for i in range(7)]],
+                         ids=["few distinct outputs", "each its own"])
+def test_a_group_commit_stores_each_jobs_own_output(app, outputs):
+    """A group commit writes one UPDATE per distinct output while there are few of them
+    (``executions.DISTINCT_OUTPUTS``), else one per job: either way each job keeps the
+    output its own execution returned, and only the group's jobs are written."""
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    make_executions(app, run_id, branch_id, None, AT, len(outputs) + 1)
+    claimed = claim_batch(app, process, len(outputs))
+    record_successes(app, [Success(c, Output(v)) for c, v in zip(claimed, outputs, strict=True)])
+    j = schema.jobs
+    with app.begin() as tx:
+        stored = dict(tx.execute(sa.select(j.c.id, j.c.output_payload)).all())
+    assert {c.job_id: stored[c.job_id] for c in claimed} == {
+        c.job_id: '{"payload": ' + v + "}" for c, v in zip(claimed, outputs, strict=True)}
+    assert [v for k, v in stored.items() if k not in {c.job_id for c in claimed}] == [None]
+
+
+def test_inline_ids_quotes_any_text_exactly(app):
+    """Plain ids are quoted by ductwork in one string, any other text by SQLAlchemy
+    (``dialects.inline_ids``): a quote, a backslash or a ``%`` finds its own row and no other."""
+    from ductwork.db import dialects
+
+    k = schema.limit_keys
+    keys = ["plain-1", "plain_2.x:y", "o'brien", "back\\slash", "50%", "a', 'plain-1"]
+    with app.begin() as tx:
+        tx.execute(k.insert(), [{"key": key, "seq": 0, "created_at": AT, "updated_at": AT} for key in keys])
+    for wanted in (keys[:2], keys[2:3], keys[3:4], keys[4:5], keys[5:], ["absent"], keys):
+        with app.begin() as tx:
+            found = set(tx.execute(sa.select(k.c.key).where(k.c.key.in_(dialects.inline_ids(wanted)))).scalars())
+        assert found == set(wanted) - {"absent"}, wanted
