@@ -127,8 +127,8 @@ MUTANTS: dict[str, Mutant] = {
     "keyed_batch_past_lane": Mutant(
         "a keyed batch takes executions of its key past an older lane's oldest [INV-LIM-6]",
         "a keyed batch stops where another lane would come first [INV-LIM-6]",
-        (("if not lanes or lanes[0].key != key:", "if not lanes:  # mutant: the key need not be first"),
-         ("query if before is None else query.where(_before(before))", "query  # mutant: no bound")),
+        (("before = next((lane for lane in lanes if lane.key != key), None)",
+          "before = None  # mutant: no other lane bounds the batch"),),
     ),
     "batch_no_guard": Mutant(
         "a group commit ends its executions without the open-and-ours guard [INV-EXE-2]",

@@ -147,14 +147,20 @@ def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
     return [by_id[execution_id] for execution_id in execution_ids]
 
 
-def _claim_row(tx: Tx, execution_id: str, process_id: str, seq: int) -> bool:
+def _claim_rows(tx: Tx, execution_ids: list[str], process_id: str, seq: int) -> bool:
+    """Claim a key's executions in one statement, the i-th (from 0) with sequence number
+    ``seq + 1 + i``; True when every one was still pending."""
+    claim_seq: Any = seq + 1
+    if len(execution_ids) > 1:
+        claim_seq = sa.case({execution_id: seq + i for i, execution_id in enumerate(execution_ids, start=1)},
+                            value=_e.c.id)
     result = tx.execute(
         _e.update()
-        .where(_e.c.id == execution_id,
+        .where(_e.c.id.in_(dialects.inline_ids(execution_ids)),
                _e.c.claimed_at.is_(None))  # still pending: nobody claimed it since we read it
-        .values(claimed_at=tx.now, process_id=process_id, claim_seq=seq, updated_at=tx.now)
+        .values(claimed_at=tx.now, process_id=process_id, claim_seq=claim_seq, updated_at=tx.now)
     )
-    return result.rowcount == 1
+    return result.rowcount == len(execution_ids)
 
 
 def _before(lane: Lane) -> sa.ColumnElement[bool]:
@@ -272,44 +278,26 @@ def claim_keyed(app: App, key: str, process_id: str, limit: int = 1) -> list[Cla
 
 
 def _claim_up_to(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str, limit: int,
-                 *, write_refusal: bool = True) -> list[Claimed] | Refusal:
+                 *, write_refusal: bool = True, lanes: list[Lane] | None = None) -> list[Claimed] | Refusal:
     """The claim a poll makes on ``key`` (whose lock ``tx`` holds), then, with ``limit`` > 1,
-    up to ``limit`` in all as the next polls would (:func:`_claim_more`); the Refusal of
-    the first decision if it did not admit. One place for a keyed claim and a keyed
-    hand-off alike."""
-    outcome = _decide_and_claim(app, tx, key, header, process_id, write_refusal=write_refusal)
-    if not isinstance(outcome, Claimed):
-        return outcome
-    if limit == 1:
-        return [outcome]
-    return [outcome, *_claim_more(app, tx, key, process_id, limit - 1)]
+    up to ``limit`` in all as the next polls would (``LimitsModel.claim_batch``); the
+    Refusal of the first decision if it did not admit. One place for a keyed claim and a
+    keyed hand-off alike; ``lanes``: a scan made under this lock hold (the hand-off's).
 
-
-def _claim_more(app: App, tx: Tx, key: str, process_id: str, limit: int) -> list[Claimed]:
-    """In the transaction that holds ``key``'s lock and has just claimed one of its
-    executions: up to ``limit`` more, each exactly the claim the worker's next poll
-    would make (``LimitsModel.claim_batch``): while the key's lane is the first lane
-    of a scan made now and the key admits. Each claim decides, spends and stamps as a
-    poll does [INV-LIM-2, INV-LIM-5]; the batch ends before an execution that another
-    lane's oldest precedes [INV-LIM-6] or a decision that refuses (which writes
-    nothing: the last spend already stamped the key if it ran short).
-
-    The scan is made once, after the first claim: under the lock nothing of this key
-    changes but what this transaction writes, and no other lane is touched by it, so
-    the next lane's oldest bounds every further claim."""
-    lanes = scan_lanes(app, tx)
-    if not lanes or lanes[0].key != key:  # [INV-LIM-6] another lane would come first: the batch ends
-        return []
-    before = _next_lane(lanes, 0)
-    claimed: list[Claimed] = []
-    while len(claimed) < limit:
-        faults.hit(faults.BETWEEN_KEYED_BATCH_CLAIMS)
-        outcome = _decide_and_claim(app, tx, key, lock_key(tx, key), process_id, write_refusal=False,
-                                    before=before)
-        if not isinstance(outcome, Claimed):
-            break
-        claimed.append(outcome)
-    return claimed
+    Each further claim is exactly the one the worker's next poll would make: while the
+    key's lane is the first lane of a scan made now and the key admits. The batch ends
+    before an execution that another lane's oldest precedes [INV-LIM-6] or before a
+    decision that refuses (which writes nothing: the last spend already stamped the key if
+    it ran short). Under the lock nothing of this key changes but what this transaction
+    writes and no other lane is touched by it, so one scan bounds every further claim
+    (the oldest of the other lanes), and the decisions are made in memory one after the
+    other (:func:`ductwork.limits.buckets.decide` on the in-flight count and buckets the
+    previous one left, at the same database time), each deciding, spending and stamping
+    as a poll does [INV-LIM-2, INV-LIM-5]; their effects are then written at once: one
+    UPDATE claims the admitted executions, each with its own sequence number, in order,
+    and the buckets and header get the last admitted decision's state."""
+    return _decide_and_claim(app, tx, key, header, process_id, write_refusal=write_refusal, limit=limit,
+                             lanes=lanes)
 
 
 def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
@@ -338,7 +326,7 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
     header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
-    outcome = _claim_up_to(app, tx, lane, header, process_id, keyed_limit, write_refusal=False)
+    outcome = _claim_up_to(app, tx, lane, header, process_id, keyed_limit, write_refusal=False, lanes=lanes)
     return outcome if isinstance(outcome, list) else []
 
 
@@ -376,33 +364,51 @@ def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int 
 
 
 def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str,
-                      *, write_refusal: bool = True, before: Lane | None = None) -> Claimed | Refusal:
-    """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds; ``before``:
-    only an execution a poll would take before that lane's oldest (else "gone")."""
+                      *, write_refusal: bool = True, limit: int = 1,
+                      lanes: list[Lane] | None = None) -> list[Claimed] | Refusal:
+    """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds, and up to
+    ``limit`` claims in all as :func:`_claim_up_to` describes; ``lanes``: a scan made
+    under this lock hold, else one is made when a further claim is possible."""
     k = schema.limit_keys
     now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
-    query = in_lane(sa.select(_e.c.id), key, tx.now)
-    query = query if before is None else query.where(_before(before))  # [INV-LIM-6] not past the next lane
-    execution_id = tx.execute(query.limit(1)).scalar_one_or_none()
-    if header is None or execution_id is None:
+    rows = tx.execute(in_lane(sa.select(_e.c.id, _e.c.eligible_at), key, tx.now).limit(limit)).all()
+    if header is None or not rows:
         return Refusal(key, "gone")
+    execution_id = rows[0].id
     in_flight = tx.execute(
         sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
     ).scalar_one()
     entry = app.config.limits.get(key)
-    old = _rebase(tx, key, entry, header.config_digest, _buckets_of(tx, key))
+    rated = entry is not None and bool(entry.rates)
+    stored = _buckets_of(tx, key) if rated or header.config_digest != entry_digest(entry) else {}
+    old = _rebase(tx, key, entry, header.config_digest, stored)
     decision = buckets.decide(entry, old, in_flight, now_us)
     if decision.refused_for == "concurrency":
         return Refusal(key, "concurrency")  # nothing refilled, nothing stamped
     if not decision.admitted and not write_refusal:
         return Refusal(key, "rate")  # a hand-off that does not happen leaves no trace
-    seq = int(header.seq) + 1
-    if decision.admitted:
+    seq = int(header.seq)
+    admitted = [execution_id] if decision.admitted else []
+    if decision.admitted and len(rows) > 1:
+        lanes = scan_lanes(app, tx) if lanes is None else lanes
+        # [INV-LIM-6] the oldest of every other lane: a further claim must come before it
+        before = next((lane for lane in lanes if lane.key != key), None)
+        for row in rows[1:]:
+            if before is not None and (row.eligible_at, row.id) >= (before.oldest_at, before.oldest_id):
+                break  # [INV-LIM-6] another lane would come first: the batch ends
+            faults.hit(faults.BETWEEN_KEYED_BATCH_CLAIMS)
+            further = buckets.decide(entry, {b.period_s: b for b in decision.buckets}, in_flight + len(admitted),
+                                     now_us)
+            if not further.admitted:
+                break  # the next poll would be refused: the batch ends, no trace of it
+            decision = further
+            admitted.append(row.id)
+    if admitted:
         if decision.unconfigured:
             log.warning("Claiming a limit key with no configuration entry unlimited: %r", key)
-        if not _claim_row(tx, execution_id, process_id, seq):
+        if not _claim_rows(tx, admitted, process_id, seq):
             raise AssertionError(
-                f"key {key!r}: execution {execution_id} taken under the key lock [INV-LIM-1]")
+                f"key {key!r}: executions {admitted} taken under the key lock [INV-LIM-1]")
         faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
     _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
     values: dict[str, Any] = {"updated_at": tx.now}
@@ -410,12 +416,12 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, pr
         # [INV-LIM-5] the exact time of the next token, or cleared
         values["blocked_until"] = (None if decision.blocked_until_us is None
                                    else from_us(decision.blocked_until_us))
-    if decision.admitted:
-        values["seq"] = seq
+    if admitted:
+        values["seq"] = seq + len(admitted)
     tx.execute(k.update().where(k.c.key == key).values(**values))
-    if not decision.admitted:
+    if not admitted:
         return Refusal(key, "rate")
-    return _load(tx, [execution_id])[0]
+    return _load(tx, admitted)
 
 
 def seconds_to_next_token(app: App) -> float | None:
@@ -446,7 +452,7 @@ def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1) -> 
     [INV-LIM-6]: the claims that many polls would make in a row. A keyed claim is a
     transaction of its own, whose first statement is the key lock [INV-LIM-1]; it takes
     up to ``keyed_limit`` executions of the key under that one lock hold, each the claim
-    the next poll would make (:func:`_claim_more`). Returns the claimed executions in
+    the next poll would make (:func:`_claim_up_to`). Returns the claimed executions in
     poll order (empty: nothing may run now).
     """
     with app.begin() as tx:
