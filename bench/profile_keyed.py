@@ -121,7 +121,7 @@ def drain(app, fleet: ProcessFleet, n: int, spy: bool) -> None:
         log(f"key-lock holds: {holds:.0f} ({holds / n:.2f} per step); per hold: wait {1000 * wait_s / holds:.2f} ms, "
             f"held {1000 * hold_s / holds:.2f} ms, {statements / holds:.1f} statements; the key held "
             f"{hold_s / wall:.0%} of the drain, waited for {wait_s / wall:.0%} (summed over threads)")
-        for kind, count in (kinds1 - kinds0).most_common(12):
+        for kind, count in (kinds1 - kinds0).most_common(40):
             log(f"  {count / holds:5.2f} per hold  {kind}")
     if proc is not None:
         proc.wait()

@@ -75,7 +75,8 @@ if _stats_dir and os.environ.get("BENCH_LOCK_STATS"):
             with _lock:
                 _locks[3] += 1
                 _kinds[" ".join(statement.split())[:70]] += 1
-        elif "ductwork_limit_keys" in statement and "FOR UPDATE" in statement and statement.lstrip().startswith("SELECT"):
+        elif ("ductwork_limit_keys" in statement and "FOR UPDATE" in statement
+              and statement.lstrip().startswith("SELECT")):
             _held[id(conn)] = [_time.perf_counter(), 0.0]
 
     @event.listens_for(Engine, "after_cursor_execute")

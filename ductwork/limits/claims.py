@@ -36,6 +36,7 @@ the same key lock: executions.py).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from ductwork.db import dialects, schema
 from ductwork.db.clock import from_us
 from ductwork.limit_entries import LimitEntry, entry_digest
 from ductwork.limits import buckets
-from ductwork.limits.executions import Claimed, Output, Success, lock_key, record_successes
+from ductwork.limits.executions import Claimed, KeyHeader, Output, Success, lock_key, record_successes
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -132,16 +133,30 @@ def _next_lane(lanes: list[Lane], index: int) -> Lane | None:
     return lanes[index + 1] if index + 1 < len(lanes) else None
 
 
+def _running(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """What running an execution needs (``Claimed``'s fields but its owner and claim time),
+    and ``columns``."""
+    j, s, r = schema.jobs, schema.steps, schema.runs
+    return (sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"), s.c.run_id,
+                      s.c.branch_id, s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1,
+                      j.c.input_args.label("input_json"), _e.c.limit_key, s.c.timeout_us, _e.c.retry_count,
+                      _e.c.crash_count, *columns)
+            .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id))
+
+
+_RUNNING = [field.name for field in dataclasses.fields(Claimed) if field.name not in ("process_id", "claimed_at")]
+
+
+def _claimed(row: sa.Row[Any], process_id: str, claimed_at: datetime) -> Claimed:
+    """A row of :func:`_running` as claimed by ``process_id`` at ``claimed_at``."""
+    mapping = row._mapping
+    return Claimed(**{name: mapping[name] for name in _RUNNING}, process_id=process_id, claimed_at=claimed_at)
+
+
 def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
     """What running each claimed execution needs, in the order of ``execution_ids``."""
-    j, s, r = schema.jobs, schema.steps, schema.runs
     rows = tx.execute(
-        sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"), s.c.run_id, s.c.branch_id,
-                  s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1, j.c.input_args.label("input_json"),
-                  _e.c.limit_key, s.c.timeout_us, _e.c.retry_count, _e.c.crash_count, _e.c.process_id,
-                  _e.c.claimed_at)
-        .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
-        .where(_e.c.id.in_(dialects.inline_ids(execution_ids)))
+        _running(_e.c.process_id, _e.c.claimed_at).where(_e.c.id.in_(dialects.inline_ids(execution_ids)))
     ).all()
     by_id = {row.execution_id: Claimed.from_row(row) for row in rows}
     return [by_id[execution_id] for execution_id in execution_ids]
@@ -223,7 +238,7 @@ def _write_buckets(tx: Tx, key: str, new: tuple[buckets.Bucket, ...], old: dict[
             tx.execute(b.insert().values(key=key, period_s=bucket.period_s, **values))
 
 
-def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
+def _rebase(tx: Tx, key: str, entry: LimitEntry | None, header: KeyHeader,
             stored: dict[int, buckets.Bucket], *, restart: bool = False) -> dict[int, buckets.Bucket]:
     """Apply the config to a locked key: keep only the buckets of periods the entry keeps,
     and clear the stamp [INV-LIM-4].
@@ -232,7 +247,7 @@ def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
     did not change is left as it is.
     """
     digest = entry_digest(entry)
-    if applied == digest and not restart:
+    if header.config_digest == digest and not restart:
         return stored
     kept = buckets.carry_over(entry, stored)
     dropped = sorted(set(stored) - set(kept))
@@ -241,6 +256,7 @@ def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
         tx.execute(b.delete().where(b.c.key == key, b.c.period_s.in_(dropped)))
     tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
                .values(config_digest=digest, blocked_until=None, updated_at=tx.now))
+    header.config_digest = digest
     return kept
 
 
@@ -261,8 +277,7 @@ def restart_with(app: App) -> list[str]:
         with app.begin() as tx:
             header = lock_key(tx, key)
             if header is not None:
-                _rebase(tx, key, app.config.limits.get(key), header.config_digest, _buckets_of(tx, key),
-                        restart=True)
+                _rebase(tx, key, app.config.limits.get(key), header, _buckets_of(tx, key), restart=True)
     return keys
 
 
@@ -277,7 +292,7 @@ def claim_keyed(app: App, key: str, process_id: str, limit: int = 1) -> list[Cla
         return _claim_up_to(app, tx, key, header, process_id, limit)
 
 
-def _claim_up_to(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str, limit: int,
+def _claim_up_to(app: App, tx: Tx, key: str, header: KeyHeader | None, process_id: str, limit: int,
                  *, write_refusal: bool = True, lanes: list[Lane] | None = None) -> list[Claimed] | Refusal:
     """The claim a poll makes on ``key`` (whose lock ``tx`` holds), then, with ``limit`` > 1,
     up to ``limit`` in all as the next polls would (``LimitsModel.claim_batch``); the
@@ -323,7 +338,7 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
         return []
     if lane == UNKEYED:
         return _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))
-    header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
+    header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement (no statement)
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
     outcome = _claim_up_to(app, tx, lane, header, process_id, keyed_limit, write_refusal=False, lanes=lanes)
@@ -363,38 +378,40 @@ def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int 
     return record_successes(app, successes, take, gather)
 
 
-def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str,
+def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, process_id: str,
                       *, write_refusal: bool = True, limit: int = 1,
                       lanes: list[Lane] | None = None) -> list[Claimed] | Refusal:
     """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds, and up to
     ``limit`` claims in all as :func:`_claim_up_to` describes; ``lanes``: a scan made
-    under this lock hold, else one is made when a further claim is possible."""
+    under this lock hold, else one is made when a further claim is possible. One
+    statement reads the key's ``limit`` oldest eligible executions, with what running
+    them needs, and the key's in-flight count."""
     k = schema.limit_keys
     now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
-    rows = tx.execute(in_lane(sa.select(_e.c.id, _e.c.eligible_at), key, tx.now).limit(limit)).all()
+    counted = sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
+    rows = tx.execute(in_lane(_running(_e.c.eligible_at, counted.scalar_subquery().label("in_flight")), key,
+                              tx.now).limit(limit)).all()
     if header is None or not rows:
         return Refusal(key, "gone")
-    execution_id = rows[0].id
-    in_flight = tx.execute(
-        sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
-    ).scalar_one()
+    execution_id = rows[0].execution_id
+    in_flight = rows[0].in_flight
     entry = app.config.limits.get(key)
     rated = entry is not None and bool(entry.rates)
     stored = _buckets_of(tx, key) if rated or header.config_digest != entry_digest(entry) else {}
-    old = _rebase(tx, key, entry, header.config_digest, stored)
+    old = _rebase(tx, key, entry, header, stored)
     decision = buckets.decide(entry, old, in_flight, now_us)
     if decision.refused_for == "concurrency":
         return Refusal(key, "concurrency")  # nothing refilled, nothing stamped
     if not decision.admitted and not write_refusal:
         return Refusal(key, "rate")  # a hand-off that does not happen leaves no trace
-    seq = int(header.seq)
-    admitted = [execution_id] if decision.admitted else []
+    seq = header.seq
+    admitted: list[sa.Row[Any]] = [rows[0]] if decision.admitted else []
     if decision.admitted and len(rows) > 1:
         lanes = scan_lanes(app, tx) if lanes is None else lanes
         # [INV-LIM-6] the oldest of every other lane: a further claim must come before it
         before = next((lane for lane in lanes if lane.key != key), None)
         for row in rows[1:]:
-            if before is not None and (row.eligible_at, row.id) >= (before.oldest_at, before.oldest_id):
+            if before is not None and (row.eligible_at, row.execution_id) >= (before.oldest_at, before.oldest_id):
                 break  # [INV-LIM-6] another lane would come first: the batch ends
             faults.hit(faults.BETWEEN_KEYED_BATCH_CLAIMS)
             further = buckets.decide(entry, {b.period_s: b for b in decision.buckets}, in_flight + len(admitted),
@@ -402,13 +419,13 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, pr
             if not further.admitted:
                 break  # the next poll would be refused: the batch ends, no trace of it
             decision = further
-            admitted.append(row.id)
+            admitted.append(row)
     if admitted:
         if decision.unconfigured:
             log.warning("Claiming a limit key with no configuration entry unlimited: %r", key)
-        if not _claim_rows(tx, admitted, process_id, seq):
-            raise AssertionError(
-                f"key {key!r}: executions {admitted} taken under the key lock [INV-LIM-1]")
+        ids = [execution_id, *(row.execution_id for row in admitted[1:])]
+        if not _claim_rows(tx, ids, process_id, seq):
+            raise AssertionError(f"key {key!r}: one of executions {ids} taken under the key lock [INV-LIM-1]")
         faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
     _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
     values: dict[str, Any] = {"updated_at": tx.now}
@@ -416,12 +433,13 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, pr
         # [INV-LIM-5] the exact time of the next token, or cleared
         values["blocked_until"] = (None if decision.blocked_until_us is None
                                    else from_us(decision.blocked_until_us))
-    if admitted:
-        values["seq"] = seq + len(admitted)
+    if admitted or header.unwritten:  # (with the releases of a group commit that hands off)
+        header.seq, header.unwritten = seq + len(admitted), False
+        values["seq"] = header.seq
     tx.execute(k.update().where(k.c.key == key).values(**values))
     if not admitted:
         return Refusal(key, "rate")
-    return _load(tx, admitted)
+    return [_claimed(row, process_id, tx.now) for row in admitted]
 
 
 def seconds_to_next_token(app: App) -> float | None:
