@@ -110,7 +110,8 @@ MUTANTS: dict[str, Mutant] = {
     "unkeyed_first": Mutant(
         "the lane scan puts the unkeyed lane before older keyed lanes [INV-LIM-6]",
         "oldest lane first [INV-LIM-6]",
-        (("bisect.insort(lanes, lane)", "lanes.insert(0, lane)  # mutant: unkeyed first"),),
+        (("lanes.sort()  # [INV-LIM-6] oldest lane first, unkeyed among them",
+          "lanes.sort(key=lambda lane: (lane.key != UNKEYED, lane))  # mutant: unkeyed first"),),
     ),
     "hand_off_any_lane": Mutant(
         "hand_off claims its lane's next job even when an older lane comes first [INV-LIM-6]",

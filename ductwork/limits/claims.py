@@ -35,7 +35,6 @@ the same key lock: executions.py).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -96,35 +95,40 @@ def _oldest(column: sa.ColumnElement[Any], lane: sa.ColumnElement[Any] | str, no
 
 
 def scan_lanes(app: App, tx: Tx) -> list[Lane]:
-    """Every lane that may admit now, oldest first. A read: the claims re-check under locks."""
+    """Every lane that may admit now, oldest first. A read: the claims re-check under locks.
+
+    A key may admit unless its stamp says it is rate-blocked until later [INV-LIM-5] (a
+    stamp made under other values than this process's config does not count: each
+    configured key's digest is written into the statement) or it is saturated; the
+    unkeyed lane is one more lane. One statement: a UNION of the keys' lanes and the
+    unkeyed one."""
     k = schema.limit_keys
     now = tx.now
-    keys = [
-        row.key for row in tx.execute(sa.select(k.c.key, k.c.blocked_until, k.c.config_digest))
-        if row.blocked_until is None  # never rate-blocked
-        or row.blocked_until <= now  # or its next token has arrived [INV-LIM-5]
-        or row.config_digest != entry_digest(app.config.limits.get(row.key))  # or its stamp came from other values
-    ]
+    limits = app.config.limits
+    unconfigured = entry_digest(None)
+    configured = (sa.case({key: entry_digest(entry) for key, entry in limits.items()}, value=k.c.key,
+                          else_=unconfigured) if limits else sa.literal(unconfigured))
+    may_admit = sa.or_(
+        k.c.blocked_until.is_(None),  # never rate-blocked
+        k.c.blocked_until <= now,  # or its next token has arrived [INV-LIM-5]
+        sa.func.coalesce(k.c.config_digest, "") != configured)  # or its stamp came from other values
+    inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
+    keyed = (sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now).label("oldest_at"),
+                       _oldest(_e.c.id, k.c.key, now).label("oldest_id"), inflight.label("in_flight"))
+             .where(may_admit))
+    unkeyed = sa.select(sa.literal(UNKEYED, schema.limit_keys.c.key.type).label("key"),
+                        _oldest(_e.c.eligible_at, UNKEYED, now).label("oldest_at"),
+                        _oldest(_e.c.id, UNKEYED, now).label("oldest_id"), sa.literal(0).label("in_flight"))
     lanes = []
-    if keys:
-        inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
-        rows = tx.execute(
-            sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now).label("oldest_at"),
-                      _oldest(_e.c.id, k.c.key, now).label("oldest_id"), inflight.label("in_flight"))
-            .where(k.c.key.in_(keys))
-        ).all()
-        for row in rows:
-            if row.oldest_id is None:
-                continue
-            entry = app.config.limits.get(row.key)
+    for row in tx.execute(sa.union_all(keyed, unkeyed)).all():
+        if row.oldest_id is None:
+            continue
+        if row.key != UNKEYED:
+            entry = limits.get(row.key)
             if entry is not None and entry.concurrency is not None and row.in_flight >= entry.concurrency:
                 continue  # saturated: retried on the next poll, no one knows when a slot frees
-            lanes.append(Lane(row.oldest_at, row.oldest_id, row.key))
-    unkeyed = tx.execute(in_lane(sa.select(_e.c.eligible_at, _e.c.id), UNKEYED, now).limit(1)).first()
-    lanes.sort()
-    if unkeyed is not None:
-        lane = Lane(unkeyed.eligible_at, unkeyed.id, UNKEYED)
-        bisect.insort(lanes, lane)  # [INV-LIM-6] oldest lane first, unkeyed among them
+        lanes.append(Lane(row.oldest_at, row.oldest_id, row.key))
+    lanes.sort()  # [INV-LIM-6] oldest lane first, unkeyed among them
     return lanes
 
 
