@@ -464,7 +464,8 @@ def claim(app: App, process_id: str) -> Claimed | None:
     return claimed[0] if claimed else None
 
 
-def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1) -> list[Claimed]:
+def claim_batch(app: App, process_id: str, limit: int,
+                keyed_limit: int | Callable[[str], int] = 1) -> list[Claimed]:
     """What successive polls would claim while the first poll's lane stays first:
     ``LimitsModel.claim_batch``, in one transaction.
 
@@ -474,8 +475,9 @@ def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1) -> 
     [INV-LIM-6]: the claims that many polls would make in a row. A keyed claim is a
     transaction of its own, whose first statement is the key lock [INV-LIM-1]; it takes
     up to ``keyed_limit`` executions of the key under that one lock hold, each the claim
-    the next poll would make (:func:`_claim_up_to`). Returns the claimed executions in
-    poll order (empty: nothing may run now).
+    the next poll would make (:func:`_claim_up_to`); ``keyed_limit`` may be a function of
+    the key, asked once its lane is tried. Returns the claimed executions in poll order
+    (empty: nothing may run now).
     """
     with app.begin() as tx:
         lanes = scan_lanes(app, tx)
@@ -490,7 +492,8 @@ def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1) -> 
             if claimed:
                 return claimed
             continue
-        outcome = claim_keyed(app, lane.key, process_id, keyed_limit)
+        most = keyed_limit(lane.key) if callable(keyed_limit) else keyed_limit
+        outcome = claim_keyed(app, lane.key, process_id, most)
         if isinstance(outcome, list):
             return outcome
     return []
