@@ -370,15 +370,13 @@ class Worker:
     def in_a_row(self, key: str) -> int:
         """How many executions of ``key`` this thread may run one after the other (a
         keyed batch of its own, recorded by one group commit): as many as an unkeyed batch
-        at the recent pace, but no more than the thread's share of the key's
-        ``concurrency`` (the process's threads' equal shares), and one for a key with a
-        rate (its tokens go to whichever thread is free) or when steps are not fast (a
-        second execution would hold a slot while the first runs). A worker alone: its
-        batch."""
+        at the recent pace (so none waits behind its siblings longer than ``batch_window``),
+        but no more than the thread's share of the key's ``concurrency`` (the process's
+        threads' equal shares: a key that binds is not held by executions waiting in one
+        thread while others could run them), and one for a key with a rate (its tokens go
+        to whichever thread is free). A worker alone: its batch."""
         if self._inbox is None:
             return self.batch
-        if self.batch < self._batch_size:
-            return 1  # not fast: an execution waiting behind its sibling would hold a slot idle
         entry = self.app.config.limits.get(key)
         if entry is not None and entry.rates:
             return 1
