@@ -141,6 +141,25 @@ MUTANTS: dict[str, Mutant] = {
         "a keyed group commit releases each execution with its own sequence number, in order [INV-CLK-1]",
         (("seq + i\n", "seq + 1  # mutant: one seq for the whole group\n"),),
     ),
+    "keyed_batch_past_refusal": Mutant(
+        "a keyed batch decided in memory claims on past a decision that refuses [INV-LIM-1, INV-LIM-2]",
+        "a keyed batch ends at the first decision that refuses [INV-LIM-1, INV-LIM-2]",
+        (("if not further.admitted:", "if False:  # mutant: a refusal does not end the batch"),),
+    ),
+    "hand_off_before_releases": Mutant(
+        "a keyed group commit's hand-off numbers its claims from the key's seq before the releases "
+        "[INV-LIM-1, INV-CLK-1]",
+        "a hand-off's claims follow the group's releases in the key's sequence [INV-CLK-1]",
+        (("header.seq, header.unwritten = seq + len(successes), True",
+          "header.unwritten = True  # mutant: the releases do not move the held header's seq"),),
+    ),
+    "releases_seq_unwritten": Mutant(
+        "a keyed group commit that hands nothing on leaves the key's seq behind its releases "
+        "[INV-LIM-1, INV-CLK-1]",
+        "a keyed group commit writes the key's seq past its releases [INV-CLK-1]",
+        (("write_seq(tx, key)  # the releases' seq, unless the hand-off's claim wrote it",
+          "pass  # mutant: the releases' seq is not written"),),
+    ),
     "stale_fence_commits": Mutant(
         "the advancement fence does not compare the claim token [INV-ADV-2, INV-ADV-1]",
         "the fence compares the claim token [INV-ADV-2]",
