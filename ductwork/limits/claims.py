@@ -16,9 +16,9 @@ LOCKED``. A keyed lane claims in one transaction that
 
 1. locks the key's header row before any other read [INV-LIM-1],
 2. reads the database clock only then [INV-CLK-1],
-3. finds the key's oldest eligible execution,
+3. finds the key's oldest eligible execution and
 4. counts the key's in-flight executions (derived from execution rows, never a
-   stored counter, so a slot cannot leak [INV-LIM-3]),
+   stored counter, so a slot cannot leak [INV-LIM-3]), both in one statement,
 5. runs the pure decision (:func:`ductwork.limits.buckets.decide`) on the current config,
 6. writes refilled buckets and the ``blocked_until`` stamp [INV-LIM-4, INV-LIM-5],
    and, if admitted, claims the execution and spends the tokens.
