@@ -430,6 +430,7 @@ class Worker:
         left = [success.claimed for success in self._group] + list(self._queue)
         self._group.clear()
         self._queue.clear()
+        self._in_a_row.clear()
         for claimed in left:
             record_crash(self.app, claimed.execution_id, claimed.process_id, ABANDONED,
                          "execution abandoned by its worker thread")
