@@ -275,8 +275,10 @@ class Worker:
     sequence number, and one hand-off of up to one execution per thread that asked; a
     worker alone (no inbox) groups the successes of its own keyed batch instead, as it
     groups unkeyed ones. A keyed claim takes up to as many executions of its key as
-    the process has idle threads plus this one (``inbox``: the others wait there for
-    them), or, for a worker alone, as many as an unkeyed batch. Not done: handing back
+    the process has idle threads (``inbox``: they wait there for them) plus as many as
+    this thread runs in a row (:meth:`in_a_row`: one, or with fast steps up to its share
+    of the key's concurrency, recorded by one group commit as a worker alone records
+    its batch), or, for a worker alone, as many as an unkeyed batch. Not done: handing back
     claimed executions that a stopping worker has not started (it runs them; they were
     sized to take ``batch_window``).
     """
