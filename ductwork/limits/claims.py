@@ -36,6 +36,7 @@ the same key lock: executions.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,7 +81,8 @@ class Refusal:
     reason: str  # "concurrency" | "rate" | "gone"
 
 
-def in_lane(query: sa.Select[Any], lane: sa.ColumnElement[Any] | str, now: datetime) -> sa.Select[Any]:
+def in_lane(query: sa.Select[Any], lane: sa.ColumnElement[Any] | str,
+            now: datetime | sa.ColumnElement[Any]) -> sa.Select[Any]:
     """The lane predicate: ``query`` over the executions pending in ``lane`` (a key, or
     UNKEYED) and eligible at ``now``, oldest first (eligible time, then creation order),
     as the index ``ix_execution_pending_lane`` serves it. Not done: locking or limiting."""
@@ -90,7 +92,8 @@ def in_lane(query: sa.Select[Any], lane: sa.ColumnElement[Any] | str, now: datet
             .order_by(_e.c.eligible_at, _e.c.id))  # [INV-LIM-6] FIFO within the lane
 
 
-def _oldest(column: sa.ColumnElement[Any], lane: sa.ColumnElement[Any] | str, now: datetime) -> sa.ScalarSelect[Any]:
+def _oldest(column: sa.ColumnElement[Any], lane: sa.ColumnElement[Any] | str,
+            now: datetime | sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
     return in_lane(sa.select(column), lane, now).limit(1).scalar_subquery()
 
 
@@ -101,26 +104,10 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
     stamp made under other values than this process's config does not count: each
     configured key's digest is written into the statement) or it is saturated; the
     unkeyed lane is one more lane. One statement: a UNION of the keys' lanes and the
-    unkeyed one."""
-    k = schema.limit_keys
-    now = tx.now
+    unkeyed one, built once per config (:func:`_scan_statement`)."""
     limits = app.config.limits
-    unconfigured = entry_digest(None)
-    configured = (sa.case({key: entry_digest(entry) for key, entry in limits.items()}, value=k.c.key,
-                          else_=unconfigured) if limits else sa.literal(unconfigured))
-    may_admit = sa.or_(
-        k.c.blocked_until.is_(None),  # never rate-blocked
-        k.c.blocked_until <= now,  # or its next token has arrived [INV-LIM-5]
-        sa.func.coalesce(k.c.config_digest, "") != configured)  # or its stamp came from other values
-    inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
-    keyed = (sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now).label("oldest_at"),
-                       _oldest(_e.c.id, k.c.key, now).label("oldest_id"), inflight.label("in_flight"))
-             .where(may_admit))
-    unkeyed = sa.select(sa.literal(UNKEYED, schema.limit_keys.c.key.type).label("key"),
-                        _oldest(_e.c.eligible_at, UNKEYED, now).label("oldest_at"),
-                        _oldest(_e.c.id, UNKEYED, now).label("oldest_id"), sa.literal(0).label("in_flight"))
     lanes = []
-    for row in tx.execute(sa.union_all(keyed, unkeyed)).all():
+    for row in tx.execute(_scan_statement(tuple(limits.items())), {"scan_now": tx.now}).all():
         if row.oldest_id is None:
             continue
         if row.key != UNKEYED:
@@ -130,6 +117,29 @@ def scan_lanes(app: App, tx: Tx) -> list[Lane]:
         lanes.append(Lane(row.oldest_at, row.oldest_id, row.key))
     lanes.sort()  # [INV-LIM-6] oldest lane first, unkeyed among them
     return lanes
+
+
+@functools.lru_cache(maxsize=16)
+def _scan_statement(limits: tuple[tuple[str, LimitEntry], ...]) -> sa.CompoundSelect[Any]:
+    """The lane scan's statement for a config's limits, the database time bound as
+    ``scan_now``."""
+    k = schema.limit_keys
+    now = sa.bindparam("scan_now", type_=schema.Timestamp)
+    unconfigured = entry_digest(None)
+    configured = (sa.case({key: entry_digest(entry) for key, entry in limits}, value=k.c.key,
+                          else_=unconfigured) if limits else sa.literal(unconfigured))
+    may_admit = sa.or_(
+        k.c.blocked_until.is_(None),  # never rate-blocked
+        k.c.blocked_until <= now,  # or its next token has arrived [INV-LIM-5]
+        sa.func.coalesce(k.c.config_digest, "") != configured)  # or its stamp came from other values
+    inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
+    keyed = (sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now).label("oldest_at"),
+                       _oldest(_e.c.id, k.c.key, now).label("oldest_id"), inflight.label("in_flight"))
+             .where(may_admit))
+    unkeyed = sa.select(sa.literal(UNKEYED, k.c.key.type).label("key"),
+                        _oldest(_e.c.eligible_at, UNKEYED, now).label("oldest_at"),
+                        _oldest(_e.c.id, UNKEYED, now).label("oldest_id"), sa.literal(0).label("in_flight"))
+    return sa.union_all(keyed, unkeyed)
 
 
 def _next_lane(lanes: list[Lane], index: int) -> Lane | None:
