@@ -19,7 +19,12 @@ Scenarios (real ``ductwork start`` fleets, ductwork's defaults but for the count
   turn ``concurrency: 5`` with 20 ms bodies (ideal 5 running, 250/s), ``rate: {limit:
   200, per: 1s}`` with 20 ms bodies (ideal 200/s; default burst) and the same with
   ``burst: 1`` (nothing banked). Before each rate batch the key's bucket is emptied (the
-  state right after a spent burst), so "ideal" is exactly the refill rate;
+  state right after a spent burst), so "ideal" is exactly the refill rate. Beside them in
+  each repetition (PostgreSQL, with ``--pgqueuer-python``), pgqueuer 1.6.0 drains as many
+  20 ms bodies with two ``QueueManager`` processes and ``concurrency_limit=5``: ratio
+  ductwork / pgqueuer of bodies/s per repetition. The rate scenarios have no pgqueuer
+  peer: 1.6.0's ``entrypoint`` takes a ``concurrency_limit`` but no rate (no
+  ``requests_per_second``);
 - ``concurrency: 3`` with 50 ms bodies and TWO default ``ductwork start`` fleets (1
   advancer × 3 + 1 worker × 5 each; ideal 3 running, 60/s), beside pgqueuer 1.6.0 in the
   same repetition: two ``QueueManager`` processes, the entrypoint registered with
@@ -178,6 +183,8 @@ def limit_precision(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
     """B2 limits, 20 ms bodies, one fleet (1 adv×3 + 2 wrk×5): bodies as witnessed"""
     n = 60 if sizes.quick else 300
     got: dict[str, dict[str, list[float]]] = {name: {} for name in SCENARIOS}
+    pgq: dict[str, list[float]] = {"per_s": [], "running": []}
+    version = "1.6.0"
     fleet = ProcessFleet(target, workers=2, label="benchlim").start(app)
     log(f"B2: {fleet.describe()} up")
     try:
@@ -188,6 +195,15 @@ def limit_precision(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
                     f"{measured['running']:.2f} running; {measured['slots']:.2f} slots in use")
                 for k, v in measured.items():
                     got[name].setdefault(k, []).append(v)
+            if with_pgqueuer(target, sizes):  # the concurrency-5 peer, in the same repetition
+                line = pgqueuer(sizes, target, "--jobs", str(n), "--concurrency-limit", "5",
+                                "--sleep", str(NAP_S), "--managers", "2")
+                version = line["version"]
+                seen = bodies([tuple(i) for i in line["intervals"]])
+                pgq["per_s"].append(seen["per_s"])
+                pgq["running"].append(seen["running"])
+                log(f"pgqueuer {version} concurrency 5 repetition {rep + 1}: bodies {seen['per_s']:.0f}/s, "
+                    f"{seen['running']:.2f} running")
     finally:
         fleet.stop()
     out: dict[str, Metric] = {}
@@ -200,6 +216,13 @@ def limit_precision(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
         out[f"{name}: mean bodies running ({ideal_slots[name]})"] = Metric.of(got[name]["running"], "")
         out[f"{name}: violations"] = Metric(_violations(app, key), "", note="over every claim of the key")
         diagnostics.update(_diagnostics(name, got[name], ideal[name], ideal_slots[name]))
+    if pgq["running"]:
+        c5 = got["concurrency 5"]
+        out[f"pgqueuer {version} (2 managers, concurrency_limit=5): concurrency 5: bodies/s / ideal (250/s)"] = (
+            Metric.of([v / ideal["concurrency 5"] for v in pgq["per_s"]], "×"))
+        out[f"pgqueuer {version}: concurrency 5: mean bodies running (of 5)"] = Metric.of(pgq["running"], "")
+        out["concurrency 5: bodies/s, ductwork / pgqueuer (per repetition)"] = Metric.of(
+            ratio(c5["bodies_per_s"], pgq["per_s"]), "×")
     return {**out, **diagnostics}
 
 

@@ -1,13 +1,16 @@
 """Where a keyed step's CPU and wall time go, and what idle threads of a saturated key cost.
 
-    python -m bench.profile_keyed [--database-url URL] [--n 600] [--py-spy]
+    python -m bench.profile_keyed [--database-url URL] [--n 600] [--py-spy] [--lock-stats]
 
 Two phases on one real fleet (2 worker processes × 5 threads, as B2 runs it):
 
 - ``drain``: ``n`` executions of the ``concurrency: 5`` key with 20 ms bodies
   (``bench.workloads.ConcurrencyNap``): steps per second over the whole drain, worker
   CPU seconds per step (user + system of the worker processes, from /proc) and, with
-  ``--py-spy``, the functions the first worker process spends its samples in;
+  ``--py-spy``, the functions the first worker process spends its samples in; with
+  ``--lock-stats`` (PostgreSQL, MariaDB), the key-lock holds of every worker process
+  (bench/probes/sitecustomize.py): holds per step, and per hold the wait for the lock,
+  the time it is held (to the end of the commit) and the statements sent under it;
 - ``saturated``: another process (this one) holds all five slots of the key and keeps
   completing one and handing its slot on to the next execution (the key stays
   saturated, 50 completions a second); the fleet's worker threads can claim nothing.
@@ -78,9 +81,26 @@ def _top(raw: Path, n: int = 25) -> list[tuple[str, float]]:
     return [(name, k / max(total, 1)) for name, k in counts.most_common(n)]
 
 
+def _lock_totals(fleet: ProcessFleet) -> tuple[list[float], collections.Counter[str]]:
+    """Key-lock totals of the fleet's processes: [holds, wait s, hold s, statements], and
+    the statements sent under holds by kind."""
+    totals = [0.0, 0.0, 0.0, 0.0]
+    kinds: collections.Counter[str] = collections.Counter()
+    for path in (fleet.dir / "stats").glob("*.locks"):
+        first, *lines = path.read_text().splitlines()
+        for i, value in enumerate(first.split()):
+            totals[i] += float(value)
+        for line in lines:
+            count, _, kind = line.partition("\t")
+            kinds[kind] += int(count)
+    return totals, kinds
+
+
 def drain(app, fleet: ProcessFleet, n: int, spy: bool) -> None:
     pids = _worker_pids(fleet)
     e = schema.executions
+    time.sleep(0.3)  # the probes rewrite their totals every 0.2 s
+    locks0, kinds0 = _lock_totals(fleet)
     cpu0, t0 = _cpu_s(pids), time.monotonic()
     insert_pending(app, ConcurrencyNap, n, "pk")
     raw = Path("/tmp/profile_keyed.raw")
@@ -94,6 +114,15 @@ def drain(app, fleet: ProcessFleet, n: int, spy: bool) -> None:
     wall, cpu = time.monotonic() - t0, _cpu_s(pids) - cpu0
     log(f"drain: {n} steps in {wall:.2f} s = {n / wall:.0f}/s ({n / wall / 250:.2f} of 250/s); "
         f"worker CPU {cpu:.2f} s = {1000 * cpu / n:.1f} ms per step")
+    time.sleep(0.3)
+    locks1, kinds1 = _lock_totals(fleet)
+    holds, wait_s, hold_s, statements = (b - a for a, b in zip(locks0, locks1, strict=True))
+    if holds:
+        log(f"key-lock holds: {holds:.0f} ({holds / n:.2f} per step); per hold: wait {1000 * wait_s / holds:.2f} ms, "
+            f"held {1000 * hold_s / holds:.2f} ms, {statements / holds:.1f} statements; the key held "
+            f"{hold_s / wall:.0%} of the drain, waited for {wait_s / wall:.0%} (summed over threads)")
+        for kind, count in (kinds1 - kinds0).most_common(40):
+            log(f"  {count / holds:5.2f} per hold  {kind}")
     if proc is not None:
         proc.wait()
         for name, share in _top(raw):
@@ -134,7 +163,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=600)
     parser.add_argument("--idle-seconds", type=float, default=8.0)
     parser.add_argument("--py-spy", action="store_true")
+    parser.add_argument("--lock-stats", action="store_true")
     args = parser.parse_args()
+    if args.lock_stats:
+        os.environ["BENCH_LOCK_STATS"] = "1"  # read by the fleet's bench/probes/sitecustomize.py
     target = Target.from_url(args.database_url)
     target.setup()
     target.reset()

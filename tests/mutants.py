@@ -110,7 +110,8 @@ MUTANTS: dict[str, Mutant] = {
     "unkeyed_first": Mutant(
         "the lane scan puts the unkeyed lane before older keyed lanes [INV-LIM-6]",
         "oldest lane first [INV-LIM-6]",
-        (("bisect.insort(lanes, lane)", "lanes.insert(0, lane)  # mutant: unkeyed first"),),
+        (("lanes.sort()  # [INV-LIM-6] oldest lane first, unkeyed among them",
+          "lanes.sort(key=lambda lane: (lane.key != UNKEYED, lane))  # mutant: unkeyed first"),),
     ),
     "hand_off_any_lane": Mutant(
         "hand_off claims its lane's next job even when an older lane comes first [INV-LIM-6]",
@@ -127,8 +128,8 @@ MUTANTS: dict[str, Mutant] = {
     "keyed_batch_past_lane": Mutant(
         "a keyed batch takes executions of its key past an older lane's oldest [INV-LIM-6]",
         "a keyed batch stops where another lane would come first [INV-LIM-6]",
-        (("if not lanes or lanes[0].key != key:", "if not lanes:  # mutant: the key need not be first"),
-         ("query if before is None else query.where(_before(before))", "query  # mutant: no bound")),
+        (("before = next((lane for lane in lanes if lane.key != key), None)",
+          "before = None  # mutant: no other lane bounds the batch"),),
     ),
     "batch_no_guard": Mutant(
         "a group commit ends its executions without the open-and-ours guard [INV-EXE-2]",
@@ -139,6 +140,25 @@ MUTANTS: dict[str, Mutant] = {
         "a keyed group commit releases all its executions with one sequence number [INV-LIM-1, INV-CLK-1]",
         "a keyed group commit releases each execution with its own sequence number, in order [INV-CLK-1]",
         (("seq + i\n", "seq + 1  # mutant: one seq for the whole group\n"),),
+    ),
+    "keyed_batch_past_refusal": Mutant(
+        "a keyed batch decided in memory claims on past a decision that refuses [INV-LIM-1, INV-LIM-2]",
+        "a keyed batch ends at the first decision that refuses [INV-LIM-1, INV-LIM-2]",
+        (("if not further.admitted:", "if False:  # mutant: a refusal does not end the batch"),),
+    ),
+    "hand_off_before_releases": Mutant(
+        "a keyed group commit's hand-off numbers its claims from the key's seq before the releases "
+        "[INV-LIM-1, INV-CLK-1]",
+        "a hand-off's claims follow the group's releases in the key's sequence [INV-CLK-1]",
+        (("header.seq, header.unwritten = seq + len(successes), True",
+          "header.unwritten = True  # mutant: the releases do not move the held header's seq"),),
+    ),
+    "releases_seq_unwritten": Mutant(
+        "a keyed group commit that hands nothing on leaves the key's seq behind its releases "
+        "[INV-LIM-1, INV-CLK-1]",
+        "a keyed group commit writes the key's seq past its releases [INV-CLK-1]",
+        (("write_seq(tx, key)  # the releases' seq, unless the hand-off's claim wrote it",
+          "pass  # mutant: the releases' seq is not written"),),
     ),
     "stale_fence_commits": Mutant(
         "the advancement fence does not compare the claim token [INV-ADV-2, INV-ADV-1]",

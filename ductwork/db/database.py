@@ -35,10 +35,13 @@ from ductwork.errors import MissingDatabaseError, MissingTablesError, RunStateEr
 class Tx:
     """One open transaction: ``conn``, and ``now`` (database time, read on first use)."""
 
-    __slots__ = ("_clock", "_now", "advancers_woken", "backend", "conn", "woken")
+    __slots__ = ("_clock", "_now", "advancers_woken", "backend", "conn", "held_keys", "woken")
 
     def __init__(self, conn: Connection, clock: Clock, backend: str):
         self.conn = conn
+        #: limit keys whose lock this transaction holds, and their header rows as it has
+        #: left them (``ductwork.limits.executions.lock_key``)
+        self.held_keys: dict[str, Any] = {}
         self._clock = clock
         self._now: datetime | None = None
         self.backend = backend

@@ -142,7 +142,8 @@ class Runner:
 
         loops: list[Loop] = []
         #: keyed executions claimed for idle threads (a keyed batch), for any thread to take
-        self.inbox = Inbox(self.app.wakeup.notify, lambda: sum(1 for loop in loops if not loop.busy))
+        self.inbox = Inbox(self.app.wakeup.notify, lambda: sum(1 for loop in loops if not loop.busy),
+                           threads=self.threads)
         for i in range(self.threads):
             token: Callable[[], float | None] | None = None
             if self.role == "job_worker":

@@ -230,10 +230,12 @@ class Inbox:
     process that dies or stops with some left has them crashed by its reaping (re-run
     within the crash budget), as for any execution held when a process ends."""
 
-    def __init__(self, wake: Callable[[int], None], idle: Callable[[], int]):
+    def __init__(self, wake: Callable[[int], None], idle: Callable[[], int], threads: int = 1):
         self._items: deque[Claimed] = deque()
         self._wake = wake
         self._idle = idle
+        #: the process's worker threads (what a thread's share of a key's concurrency is of)
+        self.threads = threads
         #: the process's keyed group commits; what their hand-offs leave over comes here
         self.commits = KeyedCommits(self.put)
 
@@ -276,8 +278,10 @@ class Worker:
     sequence number, and one hand-off of up to one execution per thread that asked; a
     worker alone (no inbox) groups the successes of its own keyed batch instead, as it
     groups unkeyed ones. A keyed claim takes up to as many executions of its key as
-    the process has idle threads plus this one (``inbox``: the others wait there for
-    them), or, for a worker alone, as many as an unkeyed batch. Not done: handing back
+    the process has idle threads (``inbox``: they wait there for them) plus as many as
+    this thread runs in a row (:meth:`in_a_row`: one, or with fast steps up to its share
+    of the key's concurrency, recorded by one group commit as a worker alone records
+    its batch), or, for a worker alone, as many as an unkeyed batch. Not done: handing back
     claimed executions that a stopping worker has not started (it runs them; they were
     sized to take ``batch_window``).
     """
@@ -305,6 +309,8 @@ class Worker:
         self._pace_s: float | None = None
         #: claimed, not yet performed: handed on by a completion, or the rest of a batch
         self._queue: deque[Claimed] = deque()
+        #: queued keyed executions this thread runs in a row (their successes: one group commit)
+        self._in_a_row: set[str] = set()
         #: performed successes not yet recorded (the batch's group commit)
         self._group: list[Success] = []
         self._group_started = 0.0
@@ -368,8 +374,11 @@ class Worker:
                 if self._group and self._group[0].claimed.limit_key != self._queue[0].limit_key:
                     self._flush()  # a group commit holds one lane's successes (one key's: one lock hold)
                 claimed = self._queue.popleft()
-                # alone (no inbox), a worker's keyed batch is its own keyed group commit
-                keyed_group = claimed.limit_key is None or self._inbox is None
+                # alone (no inbox), a worker's keyed batch is its own keyed group commit, and
+                # so is a keyed batch a thread runs in a row
+                in_a_row = claimed.execution_id in self._in_a_row
+                self._in_a_row.discard(claimed.execution_id)
+                keyed_group = claimed.limit_key is None or self._inbox is None or in_a_row
                 performed = self._run(claimed, group=self._batch_size > 1 and keyed_group)
                 if self._group and (not self._queue
                                     or time.monotonic() - self._group_started >= self._batch_window):
@@ -383,15 +392,42 @@ class Worker:
             raise
         return performed
 
+    def in_a_row(self, key: str) -> int:
+        """How many executions of ``key`` this thread may run one after the other (a
+        keyed batch of its own, recorded by one group commit): as many as an unkeyed batch
+        at the recent pace (so none waits behind its siblings longer than ``batch_window``),
+        but no more than the thread's share of the key's ``concurrency`` (the process's
+        threads' equal shares: a key that binds is not held by executions waiting in one
+        thread while others could run them), and one for a key with a rate (its tokens go
+        to whichever thread is free). A worker alone: its batch."""
+        if self._inbox is None:
+            return self.batch
+        entry = self.app.config.limits.get(key)
+        if entry is not None and entry.rates:
+            return 1
+        if entry is None or entry.concurrency is None:
+            return self.batch
+        return max(1, min(self.batch, entry.concurrency // max(1, self._inbox.threads)))
+
     def _claim(self) -> None:
-        """Claim a batch; what a keyed batch took for idle threads goes to the inbox."""
-        keyed_limit = self.batch if self._inbox is None else 1 + self._inbox.spare()
-        claimed = claim_batch(self.app, self.process_id, self.batch, keyed_limit)
-        if self._inbox is not None and len(claimed) > 1 and claimed[0].limit_key is not None:
-            self._queue.append(claimed[0])
-            self._inbox.put(claimed[1:])
-        else:
+        """Claim a batch; what a keyed batch took beyond what this thread runs in a row
+        (:meth:`in_a_row`) goes to the inbox, for idle threads."""
+        inbox = self._inbox
+        if inbox is None:
+            claimed = claim_batch(self.app, self.process_id, self.batch, self.batch)
             self._queue.extend(claimed)
+            return
+        spare = inbox.spare()
+        claimed = claim_batch(self.app, self.process_id, self.batch, lambda key: self.in_a_row(key) + spare)
+        if not claimed or claimed[0].limit_key is None:
+            self._queue.extend(claimed)
+            return
+        own = self.in_a_row(claimed[0].limit_key)
+        self._queue.extend(claimed[:own])
+        if own > 1:
+            self._in_a_row.update(c.execution_id for c in claimed[:own])
+        if len(claimed) > own:
+            inbox.put(claimed[own:])
 
     def _run(self, claimed: Claimed, *, group: bool) -> Performed:
         """Run a claimed execution and record its outcome (``group``: leave a success to
@@ -419,6 +455,7 @@ class Worker:
         left = [success.claimed for success in self._group] + list(self._queue)
         self._group.clear()
         self._queue.clear()
+        self._in_a_row.clear()
         for claimed in left:
             record_crash(self.app, claimed.execution_id, claimed.process_id, ABANDONED,
                          "execution abandoned by its worker thread")
@@ -436,8 +473,10 @@ class Worker:
         take = not self._queue and self._hands_off()
         try:
             if take:
-                self._record(lambda: complete_all_and_hand_off(self.app, self._group, limit=self.batch,
-                                                               keyed_limit=len(self._group)))
+                handed = self._record(lambda: complete_all_and_hand_off(self.app, self._group, limit=self.batch,
+                                                                        keyed_limit=len(self._group)))
+                if self._inbox is not None and self._group[0].claimed.limit_key is not None:
+                    self._in_a_row.update(c.execution_id for c in handed)  # the thread's keyed batch goes on
             else:
                 self._record(lambda: record_successes(self.app, self._group))
         except CommitFailed as failed:  # a group of one, reaped under it (larger groups log each)
@@ -452,10 +491,12 @@ class Worker:
             raise
         self._group.clear()
 
-    def _record(self, commit: Callable[[], list[Claimed]]) -> None:
+    def _record(self, commit: Callable[[], list[Claimed]]) -> list[Claimed]:
         """Commit successes (repeated on a lost connection) and queue what is handed on."""
-        self._queue.extend(retry_transient(commit))
+        handed: list[Claimed] = retry_transient(commit)
+        self._queue.extend(handed)
         faults.hit(faults.AFTER_JOB_COMMIT)
+        return handed
 
     def _commit_keyed(self, successes: list[Success], gather: Callable[[], list[Success]],
                       take: Callable[[], int]) -> list[Claimed]:

@@ -16,9 +16,9 @@ LOCKED``. A keyed lane claims in one transaction that
 
 1. locks the key's header row before any other read [INV-LIM-1],
 2. reads the database clock only then [INV-CLK-1],
-3. finds the key's oldest eligible execution,
+3. finds the key's oldest eligible execution and
 4. counts the key's in-flight executions (derived from execution rows, never a
-   stored counter, so a slot cannot leak [INV-LIM-3]),
+   stored counter, so a slot cannot leak [INV-LIM-3]), both in one statement,
 5. runs the pure decision (:func:`ductwork.limits.buckets.decide`) on the current config,
 6. writes refilled buckets and the ``blocked_until`` stamp [INV-LIM-4, INV-LIM-5],
    and, if admitted, claims the execution and spends the tokens.
@@ -35,7 +35,8 @@ the same key lock: executions.py).
 
 from __future__ import annotations
 
-import bisect
+import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from ductwork.db import dialects, schema
 from ductwork.db.clock import from_us
 from ductwork.limit_entries import LimitEntry, entry_digest
 from ductwork.limits import buckets
-from ductwork.limits.executions import Claimed, Output, Success, lock_key, record_successes
+from ductwork.limits.executions import Claimed, KeyHeader, Output, Success, lock_key, record_successes
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -91,56 +92,80 @@ def in_lane(query: sa.Select[Any], lane: sa.ColumnElement[Any] | str,
             .order_by(_e.c.eligible_at, _e.c.id))  # [INV-LIM-6] FIFO within the lane
 
 
-def _oldest(column: sa.ColumnElement[Any], lane: sa.ColumnElement[Any] | str, now: datetime) -> sa.ScalarSelect[Any]:
+def _oldest(column: sa.ColumnElement[Any], lane: sa.ColumnElement[Any] | str,
+            now: datetime | sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
     return in_lane(sa.select(column), lane, now).limit(1).scalar_subquery()
 
 
 def scan_lanes(app: App, tx: Tx) -> list[Lane]:
-    """Every lane that may admit now, oldest first. A read: the claims re-check under locks."""
-    k = schema.limit_keys
-    now = tx.now
-    keys = [
-        row.key for row in tx.execute(dialects.prepared(tx.conn, _key_stamps))
-        if row.blocked_until is None  # never rate-blocked
-        or row.blocked_until <= now  # or its next token has arrived [INV-LIM-5]
-        or row.config_digest != entry_digest(app.config.limits.get(row.key))  # or its stamp came from other values
-    ]
+    """Every lane that may admit now, oldest first. A read: the claims re-check under locks.
+
+    A key may admit unless its stamp says it is rate-blocked until later [INV-LIM-5] (a
+    stamp made under other values than this process's config does not count: each
+    configured key's digest is written into the statement) or it is saturated; the
+    unkeyed lane is one more lane. One statement: a UNION of the keys' lanes and the
+    unkeyed one, built once per config (:func:`_scan_statement`)."""
+    limits = app.config.limits
     lanes = []
-    if keys:
-        inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
-        rows = tx.execute(
-            sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now).label("oldest_at"),
-                      _oldest(_e.c.id, k.c.key, now).label("oldest_id"), inflight.label("in_flight"))
-            .where(k.c.key.in_(keys))
-        ).all()
-        for row in rows:
-            if row.oldest_id is None:
-                continue
-            entry = app.config.limits.get(row.key)
+    for row in tx.execute(_scan_statement(tuple(limits.items())), {"scan_now": tx.now}).all():
+        if row.oldest_id is None:
+            continue
+        if row.key != UNKEYED:
+            entry = limits.get(row.key)
             if entry is not None and entry.concurrency is not None and row.in_flight >= entry.concurrency:
                 continue  # saturated: retried on the next poll, no one knows when a slot frees
-            lanes.append(Lane(row.oldest_at, row.oldest_id, row.key))
-    unkeyed = tx.execute(dialects.prepared(tx.conn, _oldest_unkeyed), {"b_lane": UNKEYED, "b_now": now}).first()
-    lanes.sort()
-    if unkeyed is not None:
-        lane = Lane(unkeyed.eligible_at, unkeyed.id, UNKEYED)
-        bisect.insort(lanes, lane)  # [INV-LIM-6] oldest lane first, unkeyed among them
+        lanes.append(Lane(row.oldest_at, row.oldest_id, row.key))
+    lanes.sort()  # [INV-LIM-6] oldest lane first, unkeyed among them
     return lanes
 
 
-def _key_stamps(_: Any) -> sa.Select[Any]:
+@functools.lru_cache(maxsize=16)
+def _scan_statement(limits: tuple[tuple[str, LimitEntry], ...]) -> sa.CompoundSelect[Any]:
+    """The lane scan's statement for a config's limits, the database time bound as
+    ``scan_now``."""
     k = schema.limit_keys
-    return sa.select(k.c.key, k.c.blocked_until, k.c.config_digest)
-
-
-def _oldest_unkeyed(_: Any) -> sa.Select[Any]:
-    return in_lane(sa.select(_e.c.eligible_at, _e.c.id), sa.bindparam("b_lane", type_=_e.c.pending_lane.type),
-                   sa.bindparam("b_now", type_=schema.Timestamp)).limit(1)
+    now = sa.bindparam("scan_now", type_=schema.Timestamp)
+    unconfigured = entry_digest(None)
+    configured = (sa.case({key: entry_digest(entry) for key, entry in limits}, value=k.c.key,
+                          else_=unconfigured) if limits else sa.literal(unconfigured))
+    may_admit = sa.or_(
+        k.c.blocked_until.is_(None),  # never rate-blocked
+        k.c.blocked_until <= now,  # or its next token has arrived [INV-LIM-5]
+        sa.func.coalesce(k.c.config_digest, "") != configured)  # or its stamp came from other values
+    inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
+    keyed = (sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now).label("oldest_at"),
+                       _oldest(_e.c.id, k.c.key, now).label("oldest_id"), inflight.label("in_flight"))
+             .where(may_admit))
+    unkeyed = sa.select(sa.literal(UNKEYED, k.c.key.type).label("key"),
+                        _oldest(_e.c.eligible_at, UNKEYED, now).label("oldest_at"),
+                        _oldest(_e.c.id, UNKEYED, now).label("oldest_id"), sa.literal(0).label("in_flight"))
+    return sa.union_all(keyed, unkeyed)
 
 
 def _next_lane(lanes: list[Lane], index: int) -> Lane | None:
     """The lane a poll tries after ``lanes[index]``: what an unkeyed batch must stop before."""
     return lanes[index + 1] if index + 1 < len(lanes) else None
+
+
+def _running(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """What running an execution needs (``Claimed``'s fields but its owner and claim time),
+    and ``columns``."""
+    j, s, r = schema.jobs, schema.steps, schema.runs
+    return (sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"),
+                      sa.func.coalesce(s.c.idempotency_key, s.c.id).label("idempotency_key"), s.c.run_id,
+                      s.c.branch_id, s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1,
+                      j.c.input_args.label("input_json"), _e.c.limit_key, s.c.timeout_us, _e.c.retry_count,
+                      _e.c.crash_count, *columns)
+            .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id))
+
+
+_RUNNING = [field.name for field in dataclasses.fields(Claimed) if field.name not in ("process_id", "claimed_at")]
+
+
+def _claimed(row: sa.Row[Any], process_id: str, claimed_at: datetime) -> Claimed:
+    """A row of :func:`_running` as claimed by ``process_id`` at ``claimed_at``."""
+    mapping = row._mapping
+    return Claimed(**{name: mapping[name] for name in _RUNNING}, process_id=process_id, claimed_at=claimed_at)
 
 
 def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
@@ -161,14 +186,20 @@ def _load_statement(_: Any) -> sa.Select[Any]:
             .where(_e.c.id.in_(dialects.ids_param())))
 
 
-def _claim_row(tx: Tx, execution_id: str, process_id: str, seq: int) -> bool:
+def _claim_rows(tx: Tx, execution_ids: list[str], process_id: str, seq: int) -> bool:
+    """Claim a key's executions in one statement, the i-th (from 0) with sequence number
+    ``seq + 1 + i``; True when every one was still pending."""
+    claim_seq: Any = seq + 1
+    if len(execution_ids) > 1:
+        claim_seq = sa.case({execution_id: seq + i for i, execution_id in enumerate(execution_ids, start=1)},
+                            value=_e.c.id)
     result = tx.execute(
         _e.update()
-        .where(_e.c.id == execution_id,
+        .where(_e.c.id.in_(dialects.inline_ids(execution_ids)),
                _e.c.claimed_at.is_(None))  # still pending: nobody claimed it since we read it
-        .values(claimed_at=tx.now, process_id=process_id, claim_seq=seq, updated_at=tx.now)
+        .values(claimed_at=tx.now, process_id=process_id, claim_seq=claim_seq, updated_at=tx.now)
     )
-    return result.rowcount == 1
+    return result.rowcount == len(execution_ids)
 
 
 def _before(lane: Lane) -> sa.ColumnElement[bool]:
@@ -260,7 +291,7 @@ def _write_buckets(tx: Tx, key: str, new: tuple[buckets.Bucket, ...], old: dict[
             tx.execute(b.insert().values(key=key, period_s=bucket.period_s, **values))
 
 
-def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
+def _rebase(tx: Tx, key: str, entry: LimitEntry | None, header: KeyHeader,
             stored: dict[int, buckets.Bucket], *, restart: bool = False) -> dict[int, buckets.Bucket]:
     """Apply the config to a locked key: keep only the buckets of periods the entry keeps,
     and clear the stamp [INV-LIM-4].
@@ -269,7 +300,7 @@ def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
     did not change is left as it is.
     """
     digest = entry_digest(entry)
-    if applied == digest and not restart:
+    if header.config_digest == digest and not restart:
         return stored
     kept = buckets.carry_over(entry, stored)
     dropped = sorted(set(stored) - set(kept))
@@ -278,6 +309,7 @@ def _rebase(tx: Tx, key: str, entry: LimitEntry | None, applied: str | None,
         tx.execute(b.delete().where(b.c.key == key, b.c.period_s.in_(dropped)))
     tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
                .values(config_digest=digest, blocked_until=None, updated_at=tx.now))
+    header.config_digest = digest
     return kept
 
 
@@ -298,8 +330,7 @@ def restart_with(app: App) -> list[str]:
         with app.begin() as tx:
             header = lock_key(tx, key)
             if header is not None:
-                _rebase(tx, key, app.config.limits.get(key), header.config_digest, _buckets_of(tx, key),
-                        restart=True)
+                _rebase(tx, key, app.config.limits.get(key), header, _buckets_of(tx, key), restart=True)
     return keys
 
 
@@ -314,45 +345,27 @@ def claim_keyed(app: App, key: str, process_id: str, limit: int = 1) -> list[Cla
         return _claim_up_to(app, tx, key, header, process_id, limit)
 
 
-def _claim_up_to(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str, limit: int,
-                 *, write_refusal: bool = True) -> list[Claimed] | Refusal:
+def _claim_up_to(app: App, tx: Tx, key: str, header: KeyHeader | None, process_id: str, limit: int,
+                 *, write_refusal: bool = True, lanes: list[Lane] | None = None) -> list[Claimed] | Refusal:
     """The claim a poll makes on ``key`` (whose lock ``tx`` holds), then, with ``limit`` > 1,
-    up to ``limit`` in all as the next polls would (:func:`_claim_more`); the Refusal of
-    the first decision if it did not admit. One place for a keyed claim and a keyed
-    hand-off alike."""
-    outcome = _decide_and_claim(app, tx, key, header, process_id, write_refusal=write_refusal)
-    if not isinstance(outcome, Claimed):
-        return outcome
-    if limit == 1:
-        return [outcome]
-    return [outcome, *_claim_more(app, tx, key, process_id, limit - 1)]
+    up to ``limit`` in all as the next polls would (``LimitsModel.claim_batch``); the
+    Refusal of the first decision if it did not admit. One place for a keyed claim and a
+    keyed hand-off alike; ``lanes``: a scan made under this lock hold (the hand-off's).
 
-
-def _claim_more(app: App, tx: Tx, key: str, process_id: str, limit: int) -> list[Claimed]:
-    """In the transaction that holds ``key``'s lock and has just claimed one of its
-    executions: up to ``limit`` more, each exactly the claim the worker's next poll
-    would make (``LimitsModel.claim_batch``): while the key's lane is the first lane
-    of a scan made now and the key admits. Each claim decides, spends and stamps as a
-    poll does [INV-LIM-2, INV-LIM-5]; the batch ends before an execution that another
-    lane's oldest precedes [INV-LIM-6] or a decision that refuses (which writes
-    nothing: the last spend already stamped the key if it ran short).
-
-    The scan is made once, after the first claim: under the lock nothing of this key
-    changes but what this transaction writes, and no other lane is touched by it, so
-    the next lane's oldest bounds every further claim."""
-    lanes = scan_lanes(app, tx)
-    if not lanes or lanes[0].key != key:  # [INV-LIM-6] another lane would come first: the batch ends
-        return []
-    before = _next_lane(lanes, 0)
-    claimed: list[Claimed] = []
-    while len(claimed) < limit:
-        faults.hit(faults.BETWEEN_KEYED_BATCH_CLAIMS)
-        outcome = _decide_and_claim(app, tx, key, lock_key(tx, key), process_id, write_refusal=False,
-                                    before=before)
-        if not isinstance(outcome, Claimed):
-            break
-        claimed.append(outcome)
-    return claimed
+    Each further claim is exactly the one the worker's next poll would make: while the
+    key's lane is the first lane of a scan made now and the key admits. The batch ends
+    before an execution that another lane's oldest precedes [INV-LIM-6] or before a
+    decision that refuses (which writes nothing: the last spend already stamped the key if
+    it ran short). Under the lock nothing of this key changes but what this transaction
+    writes and no other lane is touched by it, so one scan bounds every further claim
+    (the oldest of the other lanes), and the decisions are made in memory one after the
+    other (:func:`ductwork.limits.buckets.decide` on the in-flight count and buckets the
+    previous one left, at the same database time), each deciding, spending and stamping
+    as a poll does [INV-LIM-2, INV-LIM-5]; their effects are then written at once: one
+    UPDATE claims the admitted executions, each with its own sequence number, in order,
+    and the buckets and header get the last admitted decision's state."""
+    return _decide_and_claim(app, tx, key, header, process_id, write_refusal=write_refusal, limit=limit,
+                             lanes=lanes)
 
 
 def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
@@ -378,10 +391,10 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
         return []
     if lane == UNKEYED:
         return _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))
-    header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement
+    header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement (no statement)
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
-    outcome = _claim_up_to(app, tx, lane, header, process_id, keyed_limit, write_refusal=False)
+    outcome = _claim_up_to(app, tx, lane, header, process_id, keyed_limit, write_refusal=False, lanes=lanes)
     return outcome if isinstance(outcome, list) else []
 
 
@@ -418,34 +431,54 @@ def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int 
     return record_successes(app, successes, take, gather)
 
 
-def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, process_id: str,
-                      *, write_refusal: bool = True, before: Lane | None = None) -> Claimed | Refusal:
-    """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds; ``before``:
-    only an execution a poll would take before that lane's oldest (else "gone")."""
+def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, process_id: str,
+                      *, write_refusal: bool = True, limit: int = 1,
+                      lanes: list[Lane] | None = None) -> list[Claimed] | Refusal:
+    """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds, and up to
+    ``limit`` claims in all as :func:`_claim_up_to` describes; ``lanes``: a scan made
+    under this lock hold, else one is made when a further claim is possible. One
+    statement reads the key's ``limit`` oldest eligible executions, with what running
+    them needs, and the key's in-flight count."""
     k = schema.limit_keys
     now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
-    query = in_lane(sa.select(_e.c.id), key, tx.now)
-    query = query if before is None else query.where(_before(before))  # [INV-LIM-6] not past the next lane
-    execution_id = tx.execute(query.limit(1)).scalar_one_or_none()
-    if header is None or execution_id is None:
+    counted = sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
+    rows = tx.execute(in_lane(_running(_e.c.eligible_at, counted.scalar_subquery().label("in_flight")), key,
+                              tx.now).limit(limit)).all()
+    if header is None or not rows:
         return Refusal(key, "gone")
-    in_flight = tx.execute(
-        sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
-    ).scalar_one()
+    execution_id = rows[0].execution_id
+    in_flight = rows[0].in_flight
     entry = app.config.limits.get(key)
-    old = _rebase(tx, key, entry, header.config_digest, _buckets_of(tx, key))
+    rated = entry is not None and bool(entry.rates)
+    stored = _buckets_of(tx, key) if rated or header.config_digest != entry_digest(entry) else {}
+    old = _rebase(tx, key, entry, header, stored)
     decision = buckets.decide(entry, old, in_flight, now_us)
     if decision.refused_for == "concurrency":
         return Refusal(key, "concurrency")  # nothing refilled, nothing stamped
     if not decision.admitted and not write_refusal:
         return Refusal(key, "rate")  # a hand-off that does not happen leaves no trace
-    seq = int(header.seq) + 1
-    if decision.admitted:
+    seq = header.seq
+    admitted: list[sa.Row[Any]] = [rows[0]] if decision.admitted else []
+    if decision.admitted and len(rows) > 1:
+        lanes = scan_lanes(app, tx) if lanes is None else lanes
+        # [INV-LIM-6] the oldest of every other lane: a further claim must come before it
+        before = next((lane for lane in lanes if lane.key != key), None)
+        for row in rows[1:]:
+            if before is not None and (row.eligible_at, row.execution_id) >= (before.oldest_at, before.oldest_id):
+                break  # [INV-LIM-6] another lane would come first: the batch ends
+            faults.hit(faults.BETWEEN_KEYED_BATCH_CLAIMS)
+            further = buckets.decide(entry, {b.period_s: b for b in decision.buckets}, in_flight + len(admitted),
+                                     now_us)
+            if not further.admitted:
+                break  # the next poll would be refused: the batch ends, no trace of it
+            decision = further
+            admitted.append(row)
+    if admitted:
         if decision.unconfigured:
             log.warning("Claiming a limit key with no configuration entry unlimited: %r", key)
-        if not _claim_row(tx, execution_id, process_id, seq):
-            raise AssertionError(
-                f"key {key!r}: execution {execution_id} taken under the key lock [INV-LIM-1]")
+        ids = [execution_id, *(row.execution_id for row in admitted[1:])]
+        if not _claim_rows(tx, ids, process_id, seq):
+            raise AssertionError(f"key {key!r}: one of executions {ids} taken under the key lock [INV-LIM-1]")
         faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
     _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
     values: dict[str, Any] = {"updated_at": tx.now}
@@ -453,12 +486,13 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: sa.Row[Any] | None, pr
         # [INV-LIM-5] the exact time of the next token, or cleared
         values["blocked_until"] = (None if decision.blocked_until_us is None
                                    else from_us(decision.blocked_until_us))
-    if decision.admitted:
-        values["seq"] = seq
+    if admitted or header.unwritten:  # (with the releases of a group commit that hands off)
+        header.seq, header.unwritten = seq + len(admitted), False
+        values["seq"] = header.seq
     tx.execute(k.update().where(k.c.key == key).values(**values))
-    if not decision.admitted:
+    if not admitted:
         return Refusal(key, "rate")
-    return _load(tx, [execution_id])[0]
+    return [_claimed(row, process_id, tx.now) for row in admitted]
 
 
 def seconds_to_next_token(app: App) -> float | None:
@@ -479,7 +513,8 @@ def claim(app: App, process_id: str) -> Claimed | None:
     return claimed[0] if claimed else None
 
 
-def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1) -> list[Claimed]:
+def claim_batch(app: App, process_id: str, limit: int,
+                keyed_limit: int | Callable[[str], int] = 1) -> list[Claimed]:
     """What successive polls would claim while the first poll's lane stays first:
     ``LimitsModel.claim_batch``, in one transaction.
 
@@ -489,8 +524,9 @@ def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1) -> 
     [INV-LIM-6]: the claims that many polls would make in a row. A keyed claim is a
     transaction of its own, whose first statement is the key lock [INV-LIM-1]; it takes
     up to ``keyed_limit`` executions of the key under that one lock hold, each the claim
-    the next poll would make (:func:`_claim_more`). Returns the claimed executions in
-    poll order (empty: nothing may run now).
+    the next poll would make (:func:`_claim_up_to`); ``keyed_limit`` may be a function of
+    the key, asked once its lane is tried. Returns the claimed executions in poll order
+    (empty: nothing may run now).
     """
     with app.begin() as tx:
         lanes = scan_lanes(app, tx)
@@ -505,7 +541,8 @@ def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1) -> 
             if claimed:
                 return claimed
             continue
-        outcome = claim_keyed(app, lane.key, process_id, keyed_limit)
+        most = keyed_limit(lane.key) if callable(keyed_limit) else keyed_limit
+        outcome = claim_keyed(app, lane.key, process_id, most)
         if isinstance(outcome, list):
             return outcome
     return []

@@ -123,15 +123,46 @@ class ErrorInfo:
                    "".join(traceback.format_exception(error)).rstrip("\n"))
 
 
-def lock_key(tx: Tx, key: str) -> sa.Row[Any] | None:
+@dataclass
+class KeyHeader:
+    """A limit key's header row as the transaction that holds its lock has left it:
+    ``seq``, the key's last sequence number (a claim or release takes the next), and the
+    ``config_digest`` of the values its buckets follow. ``unwritten``: ``seq`` moved in
+    this transaction and is not written yet (a keyed group commit's releases wait for
+    its hand-off, which writes the header once for both: :func:`write_seq` otherwise)."""
+
+    seq: int
+    config_digest: str | None
+    unwritten: bool = False
+
+
+def lock_key(tx: Tx, key: str) -> KeyHeader | None:
     """Lock the key's header row (``SELECT … FOR UPDATE``; SQLite: the write lock taken at
     ``BEGIN IMMEDIATE``) and return its ``seq`` and ``config_digest``; None if the key has
     no row. The one key lock: claims, completions and the reaper take it, each as the
     first statement on the key, so a key's in-flight set changes under it [INV-LIM-1].
-    Not done: creating the row (``steps.ensure_limit_keys`` does, with the work)."""
+    A transaction that holds it already gets the header as it has left it, with no
+    statement (the lock is held to the end of the transaction). Not done: creating the
+    row (``steps.ensure_limit_keys`` does, with the work)."""
+    held: KeyHeader | None = tx.held_keys.get(key)
+    if held is not None:
+        return held  # locked by this transaction already: held until it ends
     k = schema.limit_keys
     stmt = sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key)
-    return tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock
+    row = tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock
+    if row is None:
+        return None
+    header = tx.held_keys[key] = KeyHeader(int(row.seq), row.config_digest)
+    return header
+
+
+def write_seq(tx: Tx, key: str) -> None:
+    """Write a held key's ``seq`` if this transaction moved it and has not written it."""
+    header = tx.held_keys.get(key)
+    if header is not None and header.unwritten:
+        tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
+                   .values(seq=header.seq, updated_at=tx.now))
+        header.unwritten = False
 
 
 def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | None, outcome: str,
@@ -143,7 +174,7 @@ def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | Non
         header = lock_key(tx, limit_key)  # [INV-LIM-1] key lock first
         if header is None:
             raise sa.exc.NoResultFound(f"limit key {limit_key!r} has no row")
-        seq = int(header.seq) + 1
+        seq = header.seq + 1
     e = schema.executions
     guard = e.c.process_id.is_(None) if owner is None else e.c.process_id == owner
     result = tx.execute(
@@ -165,6 +196,7 @@ def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | Non
     if limit_key:
         tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == limit_key)
                    .values(seq=seq, updated_at=tx.now))
+        tx.held_keys[limit_key].seq = seq
     return True
 
 
@@ -264,11 +296,12 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
     with app.begin() as tx:
         release: dict[str, Any] = {}
         seq = 0
+        header: KeyHeader | None = None
         if key is not None:
             header = lock_key(tx, key)  # [INV-LIM-1] key lock first, before the clock [INV-CLK-1]
             if header is None:
                 raise sa.exc.NoResultFound(f"limit key {key!r} has no row")
-            seq = int(header.seq)
+            seq = header.seq
             if gather is not None:
                 successes.extend(gather())  # ready while the lock was awaited: one hold for them too
             # [INV-CLK-1] each release its own seq, in the order of the successes
@@ -284,9 +317,8 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
                                {"batch_ids": execution_ids, "b_now": tx.now, "b_owner": owner}).rowcount
         if ended != len(successes):  # [INV-EXE-2] one was reaped: nothing of the batch is written
             raise _Taken()
-        if key is not None:  # [INV-LIM-3] the slots are free: in-flight is derived from completed_at
-            tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
-                       .values(seq=seq + len(successes), updated_at=tx.now))
+        if header is not None:  # [INV-LIM-3] the slots are free: in-flight is derived from completed_at
+            header.seq, header.unwritten = seq + len(successes), True  # written with the hand-off's claim
         _write_outputs(tx, successes)
         for success in successes:
             _write_expand_items(tx, success)
@@ -298,8 +330,10 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
                         if s.advance is not None and s.advance(tx)}
         _mark_advancing(tx, [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced])
         handed = [] if hand_off is None else hand_off(tx)
-        if key is not None and len(handed) < len(successes):
-            tx.wake()  # a slot is free (those a hand-off took over are nothing for anyone else)
+        if key is not None:
+            write_seq(tx, key)  # the releases' seq, unless the hand-off's claim wrote it
+            if len(handed) < len(successes):
+                tx.wake()  # a slot is free (those a hand-off took over are nothing for anyone else)
     _log_successes(successes)
     return handed
 

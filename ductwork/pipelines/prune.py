@@ -94,7 +94,7 @@ class PruneResult:
     batches: int = 0
 
 
-def _rows_of(run_table: RunTable, ids: sa.BindParameter[Any]) -> sa.ColumnElement[bool]:
+def _rows_of(run_table: RunTable, ids: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
     """The WHERE clause that selects ``run_table``'s rows of the runs ``ids``."""
     t, s, j, b = run_table.table, schema.steps, schema.jobs, schema.branches
     if run_table.via == "id":

@@ -392,6 +392,26 @@ def test_a_keyed_group_commit_releases_each_with_its_own_seq_and_hands_on_the_ne
     assert seq == claims_[4]
 
 
+def test_a_keyed_group_commit_with_nothing_to_hand_on_moves_the_keys_seq_past_its_releases(keyed_app):
+    """Keyed k1, k2 claimed, nothing else pending: their keyed group commit hands nothing
+    on, and the key's seq is its last release's, so the next claim (k3, created after)
+    takes the number after it [INV-LIM-1, INV-CLK-1]."""
+    app = keyed_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ks = make_executions(app, run_id, branch_id, "three", AT, 2)
+    got = claim_batch(app, process, 1, keyed_limit=2)
+    assert complete_all_and_hand_off(app, [Success(c, Output("null")) for c in got], keyed_limit=2) == []
+    releases = _seqs(app, ks, "release_seq")
+    assert releases == [max(_seqs(app, ks, "claim_seq")) + 1, max(_seqs(app, ks, "claim_seq")) + 2]
+    with app.begin() as tx:
+        seq = tx.execute(sa.select(schema.limit_keys.c.seq).where(schema.limit_keys.c.key == "three")).scalar_one()
+    assert seq == releases[-1]
+    k3, = make_executions(app, run_id, branch_id, "three", AT)
+    assert [c.execution_id for c in claim_batch(app, process, 1, keyed_limit=1)] == [k3]
+    assert _seqs(app, [k3], "claim_seq") == [releases[-1] + 1]
+
+
 def test_a_keyed_group_commit_leaves_a_reaped_execution_to_the_reaper(keyed_app):
     """A keyed group commit whose guard misses one execution (the reaper crashed it) is
     recorded one by one: the others succeed, the reaped one keeps its crash [INV-EXE-2]."""

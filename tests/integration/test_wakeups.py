@@ -73,6 +73,30 @@ def test_a_keyed_batch_leaves_the_rest_to_idle_threads(db_url):
         app.dispose()
 
 
+def test_a_fast_thread_runs_its_share_of_a_wide_key_in_a_row(db_url):
+    """Fast steps, a ``concurrency: 10`` key, a process of five threads, two of them idle:
+    a claim takes four, keeps two (its share, 10 / 5) to run in a row and record in one
+    group commit, and leaves two to the idle threads; a key with a rate, or one whose
+    share is below two, is run one execution per thread as before."""
+    app = make_app(db_url, job_worker={"limits": {"wide": {"concurrency": 10}, "three": {"concurrency": 3},
+                                                  "paced": {"rate": {"limit": 100, "per": "1s"}}}})
+    reset_tables(app.engine)
+    try:
+        run_id, branch_id = make_run(app)
+        ids = make_executions(app, run_id, branch_id, "wide", AT, 6)
+        inbox = Inbox(lambda _n: None, lambda: 2, threads=5)
+        worker = Worker(app, process_id=register(app, role="test", label="w"), inbox=inbox, batch_size=64)
+        worker._paced(0.0)  # a no-op step was timed: batches of 64
+        assert (worker.in_a_row("wide"), worker.in_a_row("three"), worker.in_a_row("paced")) == (2, 1, 1)
+        assert worker.in_a_row("nowhere") == 64  # unconfigured: no share to keep to
+        worker._claim()
+        assert [c.execution_id for c in worker._queue] == ids[:2]
+        assert worker._in_a_row == set(ids[:2])  # their successes: one keyed group commit
+        assert inbox.held() == set(ids[2:4])
+    finally:
+        app.dispose()
+
+
 @needs("notify_channel")
 def test_the_listener_relays_each_channel_to_its_own_wakeup(db_url):
     """Another process's ``wake_advancers`` reaches this process's advancers, not its workers."""

@@ -54,6 +54,12 @@ DETECTORS = {
         "tests/integration/test_batches.py::test_a_group_commit_leaves_a_reaped_execution_to_the_reaper[sqlite]",
     "keyed_group_one_seq": "tests/integration/test_batches.py::"
     "test_a_keyed_group_commit_releases_each_with_its_own_seq_and_hands_on_the_next[sqlite]",
+    "keyed_batch_past_refusal": "tests/integration/test_batches.py::"
+    "test_a_keyed_batch_claims_what_polls_in_a_row_would[sqlite]",
+    "hand_off_before_releases": "tests/integration/test_batches.py::"
+    "test_a_keyed_group_commit_releases_each_with_its_own_seq_and_hands_on_the_next[sqlite]",
+    "releases_seq_unwritten": "tests/integration/test_batches.py::"
+    "test_a_keyed_group_commit_with_nothing_to_hand_on_moves_the_keys_seq_past_its_releases[sqlite]",
     "stale_fence_commits": "tests/integration/test_exactly_once.py::test_stale_token_commits_nothing[sqlite]",
     "fanin_outside_fence":
         "tests/integration/test_fault_checkpoints.py::test_checkpoint[sqlite-before_fanin_bump-raise]",
