@@ -19,8 +19,9 @@ ones the docstrings of ``ductwork/limits/buckets.py`` and ``model/limits.py`` st
 
 Run ``python -m tests.symbolic --report`` for one line per contract: ``proven`` (every
 path explored, no counterexample: a proof for all integers, as CrossHair's integers are
-unbounded), ``exhausted`` (the time budget ran out on paths not explored, none failed),
-or ``COUNTEREXAMPLE`` with the arguments. ``tests/properties/test_symbolic.py`` runs the
+unbounded), ``timed out`` (the CPU budget ran out, or CrossHair had to fall back to
+concrete values, before every path was explored; none explored failed), or
+``counterexample`` with the arguments. ``tests/properties/test_symbolic.py`` runs the
 same checks in the suite and fails on a counterexample, and shows a deliberately broken
 refill is caught. The contracts take plain ints, not buckets, so the search space is
 the arithmetic's, not a dataclass's.
@@ -117,6 +118,26 @@ def check_engine_next_token_is_exact(
         assert at > now_us
         assert not _engine_admits(rate, bucket, at - 1)  # never a token early
         assert _engine_admits(rate, bucket, at)  # never a microsecond late
+
+
+def check_engine_next_token_is_exact_on_refill(
+    limit: int, per_s: int, burst: int, level: int, refilled_at_us: int, now_us: int
+) -> None:
+    """The same instant, read off ``refill``: a whole token there, none one µs before."""
+    assert limit >= 1
+    assert per_s >= 1
+    assert burst >= 1
+    assert 0 <= level <= burst * per_s * 1_000_000
+    assert refilled_at_us <= now_us
+    rate = RateEntry(limit, per_s, burst)
+    bucket = engine.Bucket(per_s, level, refilled_at_us)
+    at = engine.next_token_us(bucket, rate, now_us)
+    if at is None:
+        assert engine.refill(bucket, rate, now_us).level_units >= rate.units_per_token
+    else:
+        assert at > now_us
+        assert engine.refill(bucket, rate, at - 1).level_units < rate.units_per_token
+        assert engine.refill(bucket, rate, at).level_units >= rate.units_per_token
 
 
 def check_engine_spend(
@@ -242,6 +263,7 @@ CHECKS: tuple[Callable[..., None], ...] = (
     check_engine_refill_is_exact,
     check_engine_refill_monotone_and_additive,
     check_engine_next_token_is_exact,
+    check_engine_next_token_is_exact_on_refill,
     check_engine_spend,
     check_model_refill_within_capacity,
     check_model_next_token_is_exact,
@@ -257,7 +279,7 @@ CHECKS: tuple[Callable[..., None], ...] = (
 
 @dataclass(frozen=True)
 class Result:
-    """One contract's outcome: ``proven``, ``exhausted`` or ``counterexample``."""
+    """One contract's outcome: ``proven``, ``timed out`` or ``counterexample``; wall seconds."""
 
     name: str
     outcome: str
@@ -287,7 +309,7 @@ def run_check(fn: Callable[..., None], per_condition_timeout: float) -> Result:
         return Result(fn.__name__, "counterexample", elapsed, detail)
     if all(m.state == MessageType.CONFIRMED for m in messages):
         return Result(fn.__name__, "proven", elapsed)
-    return Result(fn.__name__, "exhausted", elapsed)
+    return Result(fn.__name__, "timed out", elapsed)
 
 
 # Deliberately broken variants (``--mutant NAME``), each replacing one function in its
@@ -343,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(asdict(r)))
     elif args.report:
         print(f"CrossHair {crosshair.__version__}, {args.timeout:g} CPU s per contract, analysis kind `asserts`\n")
-        print("| contract | outcome | seconds |")
+        print("| contract | outcome | wall s |")
         print("|---|---|---|")
         for r in results:
             outcome = r.outcome if not r.detail else f"{r.outcome}: {r.detail}"

@@ -9,7 +9,7 @@ model and engine agree; periods render and parse back, and both parsers agree.
 The checks run in a child process (``python -m tests.symbolic --json``): CrossHair
 installs its own tracer, which must not meet a coverage tracer or pytest's in this
 process, and a child's CPU-time budget per contract bounds the run (about 25 s for the
-eleven contracts at 4 CPU s each, on a 2-core machine). The run fails on any
+twelve contracts at 4 CPU s each, on a 2-core machine). The run fails on any
 counterexample; the contracts CrossHair proves in a fraction of their budget must stay
 proven (a change that makes the arithmetic opaque to the solver shows up here); and a
 deliberately broken variant of each function must be caught, or the checks prove nothing.
@@ -33,6 +33,7 @@ MUST_BE_PROVEN = {
     "check_engine_refill_within_capacity",
     "check_engine_refill_is_exact",
     "check_engine_refill_monotone_and_additive",
+    "check_engine_next_token_is_exact_on_refill",
     "check_model_refill_within_capacity",
     "check_model_next_token_is_exact",
     "check_model_spend",
@@ -69,7 +70,9 @@ def test_no_counterexample_to_the_limit_arithmetic():
     ("mutant", "contracts"),
     [
         ("engine_refill_one_unit_too_many", ["check_engine_refill_within_capacity", "check_engine_refill_is_exact"]),
-        ("engine_next_token_rounded_down", ["check_engine_next_token_is_exact", "check_model_and_engine_agree"]),
+        ("engine_next_token_rounded_down", ["check_engine_next_token_is_exact",
+                                            "check_engine_next_token_is_exact_on_refill",
+                                            "check_model_and_engine_agree"]),
         ("model_next_token_rounded_down", ["check_model_next_token_is_exact"]),
     ],
 )
