@@ -33,6 +33,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -279,11 +280,13 @@ CHECKS: tuple[Callable[..., None], ...] = (
 
 @dataclass(frozen=True)
 class Result:
-    """One contract's outcome: ``proven``, ``timed out`` or ``counterexample``; wall seconds."""
+    """One contract's outcome: ``proven``, ``timed out`` or ``counterexample``; CPU seconds spent."""
 
     name: str
     outcome: str
     seconds: float
+    #: execution paths CrossHair explored
+    paths: int = 0
     detail: str = ""
 
 
@@ -293,23 +296,25 @@ def run_check(fn: Callable[..., None], per_condition_timeout: float) -> Result:
     from crosshair.options import AnalysisOptionSet
     from crosshair.statespace import MessageType
 
+    stats: Counter[str] = Counter()
     options = AnalysisOptionSet(
         analysis_kind=[AnalysisKind.asserts],
         per_condition_timeout=per_condition_timeout,
         report_all=True,
+        stats=stats,
     )
-    started = time.monotonic()
+    started = time.process_time()
     messages = run_checkables(analyze_function(fn, options))
-    elapsed = time.monotonic() - started
+    elapsed = time.process_time() - started
     if not messages:
         raise AssertionError(f"CrossHair found no contract in {fn.__name__} (no leading asserts?)")
     failures = [m for m in messages if m.state > MessageType.PRE_UNSAT]
     if failures:
         detail = "; ".join(f"{m.message} (line {m.line})" for m in failures)
-        return Result(fn.__name__, "counterexample", elapsed, detail)
+        return Result(fn.__name__, "counterexample", elapsed, stats["num_paths"], detail)
     if all(m.state == MessageType.CONFIRMED for m in messages):
-        return Result(fn.__name__, "proven", elapsed)
-    return Result(fn.__name__, "timed out", elapsed)
+        return Result(fn.__name__, "proven", elapsed, stats["num_paths"])
+    return Result(fn.__name__, "timed out", elapsed, stats["num_paths"])
 
 
 # Deliberately broken variants (``--mutant NAME``), each replacing one function in its
@@ -365,14 +370,14 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(asdict(r)))
     elif args.report:
         print(f"CrossHair {crosshair.__version__}, {args.timeout:g} CPU s per contract, analysis kind `asserts`\n")
-        print("| contract | outcome | wall s |")
-        print("|---|---|---|")
+        print("| contract | outcome | paths | CPU s |")
+        print("|---|---|---|---|")
         for r in results:
             outcome = r.outcome if not r.detail else f"{r.outcome}: {r.detail}"
-            print(f"| `{r.name}` | {outcome} | {r.seconds:.1f} |")
+            print(f"| `{r.name}` | {outcome} | {r.paths} | {r.seconds:.1f} |")
     else:
         for r in results:
-            print(f"{r.name}: {r.outcome} ({r.seconds:.1f} s) {r.detail}")
+            print(f"{r.name}: {r.outcome} ({r.paths} paths, {r.seconds:.1f} CPU s) {r.detail}")
     return 1 if any(r.outcome == "counterexample" for r in results) else 0
 
 
