@@ -318,8 +318,9 @@ def run_check(fn: Callable[..., None], per_condition_timeout: float) -> Result:
 
 
 # Deliberately broken variants (``--mutant NAME``), each replacing one function in its
-# module for this process only, to show the contracts notice: refill one unit too many,
-# and a next-token time rounded down instead of up (a token one µs early).
+# module for this process only, to show the contracts notice: refill one unit too many, the
+# cap applied one µs after the fill instant, and a next-token time rounded down instead of
+# up (a token one µs early).
 
 
 def _refill_one_unit_too_many(bucket: engine.Bucket, entry: RateEntry, now_us: int) -> engine.Bucket:
@@ -327,6 +328,16 @@ def _refill_one_unit_too_many(bucket: engine.Bucket, entry: RateEntry, now_us: i
     if now_us > bucket.refilled_at_us:
         return engine.Bucket(out.period_s, out.level_units + 1, out.refilled_at_us)
     return out
+
+
+def _refill_fills_one_us_late(bucket: engine.Bucket, entry: RateEntry, now_us: int) -> engine.Bucket:
+    # the cap taken only after the fill instant: at it, a fill that does not divide overshoots
+    capacity = entry.capacity_units
+    level = min(bucket.level_units, capacity)
+    dt = now_us - bucket.refilled_at_us
+    if dt > 0:
+        level = capacity if dt > -(-(capacity - level) // entry.limit) else level + dt * entry.limit
+    return engine.Bucket(bucket.period_s, level, max(bucket.refilled_at_us, now_us))
 
 
 def _next_token_rounded_down(bucket: engine.Bucket, entry: RateEntry, now_us: int) -> int | None:
@@ -342,6 +353,7 @@ def _model_next_token_rounded_down(bucket: model.Bucket, entry: model.RateEntry)
 _ENGINE_REFILL = engine.refill
 MUTANTS: dict[str, tuple[object, str, Callable[..., object]]] = {
     "engine_refill_one_unit_too_many": (engine, "refill", _refill_one_unit_too_many),
+    "engine_refill_fills_one_us_late": (engine, "refill", _refill_fills_one_us_late),
     "engine_next_token_rounded_down": (engine, "next_token_us", _next_token_rounded_down),
     "model_next_token_rounded_down": (model, "next_token_us", _model_next_token_rounded_down),
 }

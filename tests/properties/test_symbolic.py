@@ -75,6 +75,7 @@ def test_no_counterexample_to_the_limit_arithmetic():
     ("mutant", "contracts"),
     [
         ("engine_refill_one_unit_too_many", ["check_engine_refill_within_capacity", "check_engine_refill_is_exact"]),
+        ("engine_refill_fills_one_us_late", ["check_engine_refill_within_capacity", "check_engine_refill_is_exact"]),
         ("engine_next_token_rounded_down", ["check_engine_next_token_is_exact",
                                             "check_engine_next_token_is_exact_on_refill",
                                             "check_model_and_engine_agree"]),
