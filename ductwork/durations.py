@@ -7,7 +7,8 @@
 
 Two parsers, one grammar for strings: a whole number of seconds (``60`` or
 ``"60"``), or ``<int><unit>`` groups with units ``w d h m s`` in that order, each
-at most once, lowercase, no spaces, signs or decimals (``"1w2d3h4m5s"``).
+at most once, lowercase, ASCII digits ``0-9`` only (an Arabic-Indic or fullwidth digit is
+rejected), no spaces, signs or decimals (``"1w2d3h4m5s"``).
 Months and years are rejected because their length is approximate.
 
 - :func:`parse_period` is for rate ``per`` values: whole seconds, at least 1.
@@ -30,9 +31,11 @@ from typing import Any
 from ductwork.errors import DurationError
 
 _UNITS = (("w", 604_800), ("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1))
-_COMPOUND = re.compile(r"(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
-_DIGITS = re.compile(r"\d+")
-_APPROXIMATE = re.compile(r"^\d+(mo|y|M|mon|month|months|year|years)$")
+# ASCII digits only: a str pattern's \d also matches Arabic-Indic and fullwidth digits,
+# which int() accepts, so '\u0661h' would be an hour here and an error in the model and the documented grammar.
+_COMPOUND = re.compile(r"(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
+_DIGITS = re.compile(r"[0-9]+")
+_APPROXIMATE = re.compile(r"^[0-9]+(mo|y|M|mon|month|months|year|years)$")
 
 
 def _parse_string_seconds(value: str) -> int:
