@@ -183,7 +183,7 @@ def test_history_of_a_halted_run_names_the_error_and_the_backtrace_on_request(cl
     code, out, _ = _cli(capsys, db_url, "show", run.id, "--json")
     document = json.loads(out)
     assert (code, document["format"], document["run"]["status"]) == (0, 1, "halted")
-    assert set(document) == {"format", "now", "run", "branches", "steps", "context_keys"}
+    assert set(document) == {"format", "now", "run", "branches", "steps", "context_keys", "hook"}
     expected = json.loads(json.dumps(ductwork.pipelines.history.history_json(run.history())))
     assert {**document, "now": None} == {**expected, "now": None}  # the CLI's clock is the database's
 
