@@ -571,15 +571,16 @@ def per_step(used: dict[str, float], steps: int) -> dict[str, float]:
     return {"cpu_ms_per_step": 1000 * used["cpu_s"] / steps, "statements_per_step": used["statements"] / steps}
 
 
-def bodies(intervals: list[tuple[float, float]]) -> dict[str, float]:
+def bodies(intervals: list[tuple[float, float]], skip: int = 0) -> dict[str, float]:
     """Bodies per second and mean bodies running, from the bodies' own (start, end) times.
 
-    The window runs from the 10 % to the 90 % body start (leaving out the first wake-up
-    and the tail): throughput = starts in the window / its length; mean running = the
+    The window runs from the 10 % body start (or the ``skip``-th, if later: a rate batch
+    leaves out its banked burst) to the 90 % one (leaving out the first wake-up and the
+    tail): throughput = starts in the window / its length; mean running = the
     time-integral of running bodies over the window / its length.
     """
     starts = sorted(s for s, _ in intervals)
-    a, b = starts[len(starts) // 10], starts[(len(starts) * 9) // 10]
+    a, b = starts[max(len(starts) // 10, skip)], starts[(len(starts) * 9) // 10]
     if b <= a:
         return {"per_s": float("nan"), "running": float("nan"), "window_s": 0.0}
     in_window = sum(1 for s in starts if a <= s < b)
