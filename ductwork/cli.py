@@ -331,6 +331,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     restore = logs.configure(*_log_settings(args))  # the command owns logging; _connect adds the config's
     try:
         return COMMANDS[args.command](args)
+    except BrokenPipeError:
+        # The reader went away (`ductwork runs | head`): no traceback, and nothing more is
+        # written to the closed pipe (the interpreter would try again at exit). What was
+        # committed stays committed: a prune stops after its last whole batch.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a process killed by SIGPIPE reports it in a shell (128 + 13)
     except DuctworkError as error:
         print(f"ductwork {args.command}: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

@@ -432,3 +432,21 @@ def test_history_and_show_name_the_on_halt_hook(clocked, db_url, capsys):
     assert json.loads(out)["hook"]["status"] == "succeeded"
     code, out, _ = _cli(capsys, db_url, "show", done.id, "--json")
     assert json.loads(out)["hook"] is None
+
+
+def test_a_closed_pipe_stops_a_command_quietly(app, db_url):
+    """`ductwork runs | true`: the reader is gone before the first write; no traceback,
+    exit status 141 (SIGPIPE in a shell); a prune stopped so has deleted nothing or whole
+    runs (its batches' own guarantee, tested above)."""
+    for i in range(3):
+        Fans.trigger(i)
+    drain(app)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    for argv in (["runs", "--limit", "30"], ["prune", "--finished-before", "0", "--batch-size", "1"]):
+        done = subprocess.run(f"{sys.executable} -m ductwork.cli {' '.join(argv)} --database-url '{db_url}' "
+                              "-c /dev/null | true; echo \"${PIPESTATUS[0]}\"",
+                              shell=True, executable="/bin/bash", env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.stdout.strip() == "141", (argv, done.stdout, done.stderr)
+    assert {run.status for run in list_runs(app, limit=100)} <= {"completed"}
