@@ -176,14 +176,7 @@ def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
 
 
 def _load_statement(_: Any) -> sa.Select[Any]:
-    j, s, r = schema.jobs, schema.steps, schema.runs
-    return (sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"),
-                      sa.func.coalesce(s.c.idempotency_key, s.c.id).label("idempotency_key"), s.c.run_id,
-                      s.c.branch_id, s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1,
-                      j.c.input_args.label("input_json"), _e.c.limit_key, s.c.timeout_us, _e.c.retry_count,
-                      _e.c.crash_count, _e.c.process_id, _e.c.claimed_at)
-            .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
-            .where(_e.c.id.in_(dialects.ids_param())))
+    return _running(_e.c.process_id, _e.c.claimed_at).where(_e.c.id.in_(dialects.ids_param()))
 
 
 def _claim_rows(tx: Tx, execution_ids: list[str], process_id: str, seq: int) -> bool:
