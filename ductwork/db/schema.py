@@ -66,6 +66,14 @@ def _timestamps() -> list[sa.Column[datetime]]:
     ]
 
 
+
+def step_idempotency_key(s: sa.Table) -> sa.ColumnElement[str]:
+    """What ``Step.idempotency_key`` returns for a row of ``ductwork_steps`` (``s``): its
+    ``idempotency_key`` (a revived step's, carried from the failed step it re-runs), else
+    its id [INV-EXE-3, INV-REV-3]. Every read of the key goes through here."""
+    return sa.func.coalesce(s.c.idempotency_key, s.c.id)
+
+
 processes = sa.Table(
     "ductwork_processes",
     metadata,

@@ -152,7 +152,7 @@ def _running(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
     and ``columns``."""
     j, s, r = schema.jobs, schema.steps, schema.runs
     return (sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"),
-                      sa.func.coalesce(s.c.idempotency_key, s.c.id).label("idempotency_key"), s.c.run_id,
+                      schema.step_idempotency_key(s).label("idempotency_key"), s.c.run_id,
                       s.c.branch_id, s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1,
                       j.c.input_args.label("input_json"), _e.c.limit_key, s.c.timeout_us, _e.c.retry_count,
                       _e.c.crash_count, *columns)

@@ -132,10 +132,9 @@ class StepRecord:
     executions: tuple[ExecutionRecord, ...]
     #: what holds it back now; None when it is completed or failed
     wait: Wait | None
-
-    @property
-    def idempotency_key(self) -> str:
-        return self.id
+    #: what ``Step.idempotency_key`` returns to its executions: its id, or for a step a
+    #: revive re-ran, the key of the failed step it re-runs
+    idempotency_key: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,6 +242,7 @@ class _StepRow:
     created_at: datetime
     completed_at: datetime | None
     job_id: str | None
+    idempotency_key: str
 
 
 @dataclass(frozen=True)
@@ -385,7 +385,8 @@ def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistor
                       b.c.completed_at).where(b.c.run_id == run_id).order_by(b.c.started_at, b.c.id))]
         step_rows = [schema.from_row(_StepRow, row) for row in tx.execute(
             sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition, s.c.limit_key,
-                      s.c.created_at, s.c.completed_at, j.c.id.label("job_id"))
+                      s.c.created_at, s.c.completed_at, j.c.id.label("job_id"),
+                      schema.step_idempotency_key(s).label("idempotency_key"))
             .outerjoin(j, j.c.step_id == s.c.id).where(s.c.run_id == run_id).order_by(s.c.started_at, s.c.id))]
         executions: dict[str, list[_ExecutionRow]] = {}
         for row in tx.execute(
@@ -457,7 +458,7 @@ def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistor
     steps = tuple(
         StepRecord(id=row.id, branch_id=row.branch_id, node=row.node, klass=row.klass, status=row.status,
                    to_transition=row.to_transition, limit_key=row.limit_key, created_at=row.created_at,
-                   completed_at=row.completed_at,
+                   completed_at=row.completed_at, idempotency_key=row.idempotency_key,
                    executions=tuple(
                        ExecutionRecord(id=x.id, limit_key=x.limit_key, eligible_at=x.eligible_at,
                                        claimed_at=x.claimed_at, completed_at=x.completed_at, outcome=x.outcome,

@@ -307,7 +307,7 @@ class Run:
                 sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition,
                           j.c.input_args, j.c.output_payload, s.c.created_at, s.c.completed_at,
                           j.c.id.label("job_id"),
-                          sa.func.coalesce(s.c.idempotency_key, s.c.id).label("idempotency_key"))
+                          schema.step_idempotency_key(s).label("idempotency_key"))
                 .join(j, j.c.step_id == s.c.id)
                 .where(s.c.run_id == self.id)
                 .order_by(s.c.started_at, s.c.id)

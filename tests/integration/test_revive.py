@@ -193,6 +193,8 @@ def test_a_revived_fan_out_reruns_only_the_failed_children_and_then_merges(offse
         assert again.id != failed[n].id
         assert again.attempts == 1
         assert set(KEYS[f"Fragile {n}"]) == {failed[n].id} == {again.idempotency_key}
+    # Run.history() (`ductwork show --json`) names the same key for every step
+    assert {r.id: r.idempotency_key for r in new.history().steps} == {s.id: s.idempotency_key for s in steps}
     new_run = _rows(app, schema.runs, id=new.id)[0]
     assert (new_run.revived_from, new_run.halted_at) == (run.id, None)
     assert new_run.definition_sha1 == _rows(app, schema.runs, id=run.id)[0].definition_sha1
