@@ -102,6 +102,20 @@ TEST_CONFIG = {
 }
 
 
+def installed(application):  # type: ignore[no-untyped-def]
+    """For a fixture: ``application``'s tables emptied, it the default app while the test
+    runs (``yield from installed(make_app(...))``), then disposed."""
+    from ductwork.app import set_default_app
+
+    reset_tables(application.engine)
+    set_default_app(application)
+    try:
+        yield application
+    finally:
+        set_default_app(None)
+        application.dispose()
+
+
 def make_app(url: str, *, clock=None, config=None, **section):  # type: ignore[no-untyped-def]
     """An App on ``url`` with the test config, optionally overridden per section."""
     import copy
@@ -118,14 +132,7 @@ def make_app(url: str, *, clock=None, config=None, **section):  # type: ignore[n
 @pytest.fixture
 def app(db_url: str):  # type: ignore[no-untyped-def]
     """A fresh app (database clock) on each backend, tables empty, made the default."""
-    from ductwork.app import set_default_app
-
-    application = make_app(db_url)
-    reset_tables(application.engine)
-    set_default_app(application)
-    yield application
-    set_default_app(None)
-    application.dispose()
+    yield from installed(make_app(db_url))
 
 
 @pytest.fixture
@@ -133,15 +140,9 @@ def manual_app(db_url: str):  # type: ignore[no-untyped-def]
     """Like ``app`` but on a ManualClock that only moves when a test (or drain) moves it."""
     from datetime import datetime
 
-    from ductwork.app import set_default_app
     from ductwork.db.clock import ManualClock
 
-    application = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12, 0, 0)))
-    reset_tables(application.engine)
-    set_default_app(application)
-    yield application
-    set_default_app(None)
-    application.dispose()
+    yield from installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12, 0, 0))))
 
 
 def _terminated(signum, _frame):  # type: ignore[no-untyped-def]

@@ -34,15 +34,9 @@ RACERS = 4
 
 def _default_app(db_url, **section):
     """A fresh app on empty tables, made the default for the test (a fixture's body)."""
-    from ductwork.app import set_default_app
-    from tests.conftest import make_app, reset_tables
+    from tests.conftest import installed, make_app
 
-    application = make_app(db_url, **section)
-    reset_tables(application.engine)
-    set_default_app(application)
-    yield application
-    set_default_app(None)
-    application.dispose()
+    yield from installed(make_app(db_url, **section))
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap, reap_stale
 from ductwork.limits.claims import claim
 from ductwork.testing import drain
-from tests.conftest import TEST_CONFIG, make_app, reset_tables
+from tests.conftest import TEST_CONFIG, installed, make_app, reset_tables
 from tests.workloads import FAULT_KEY, FaultPipeline, fault_pipeline_expected
 
 ITEMS = 10  # expand_batch is 4: three batches
@@ -50,15 +50,9 @@ CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads:FaultPipeline"], "job_wo
 
 @pytest.fixture
 def fault_app(db_url):
-    from ductwork.app import set_default_app
     from ductwork.config import Config
 
-    app = make_app(db_url, config=Config.from_section(CONFIG, source="<fault tests>"))
-    reset_tables(app.engine)
-    set_default_app(app)
-    yield app
-    set_default_app(None)
-    app.dispose()
+    yield from installed(make_app(db_url, config=Config.from_section(CONFIG, source="<fault tests>")))
 
 
 def _ghost_holding_a_claim(app):

@@ -35,7 +35,7 @@ from ductwork import faults
 from ductwork.db import schema
 from ductwork.fleet.reaper import reap, reap_stale
 from ductwork.testing import drain
-from tests.conftest import TEST_CONFIG, make_app, reset_tables
+from tests.conftest import TEST_CONFIG, installed, make_app
 from tests.workloads import HOOK_LOG_ENV, HaltingPipeline
 
 EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
@@ -45,15 +45,9 @@ CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads:HaltingPipeline"],
 
 @pytest.fixture
 def hook_app(db_url):
-    from ductwork.app import set_default_app
     from ductwork.config import Config
 
-    app = make_app(db_url, config=Config.from_section(CONFIG, source="<hook fault tests>"))
-    reset_tables(app.engine)
-    set_default_app(app)
-    yield app
-    set_default_app(None)
-    app.dispose()
+    yield from installed(make_app(db_url, config=Config.from_section(CONFIG, source="<hook fault tests>")))
 
 
 @pytest.mark.parametrize("action", list(EXIT_CODES))

@@ -30,7 +30,7 @@ from ductwork.limits.claims import claim
 from ductwork.pipelines import prune as pruning
 from ductwork.pipelines.history import list_runs
 from ductwork.testing import drain
-from tests.conftest import make_app, reset_tables
+from tests.conftest import installed, make_app
 
 # --------------------------------------------------------------------------- pipelines
 
@@ -100,16 +100,10 @@ class Keyed(Pipeline):
 @pytest.fixture
 def clocked(db_url):
     """A ManualClock app (so a test can age its runs), tables empty, the default app."""
-    from ductwork.app import set_default_app
     from ductwork.db.clock import ManualClock
 
-    app = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12)),
-                   job_worker={"limits": {"one_at_a_time": {"concurrency": 1}}})
-    reset_tables(app.engine)
-    set_default_app(app)
-    yield app
-    set_default_app(None)
-    app.dispose()
+    yield from installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12)),
+                                  job_worker={"limits": {"one_at_a_time": {"concurrency": 1}}}))
 
 
 def _work_now(app) -> None:

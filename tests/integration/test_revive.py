@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from ductwork import Pipeline, ReviveError, Step
 from ductwork.db import schema
 from ductwork.testing import drain
-from tests.conftest import make_app, reset_tables
+from tests.conftest import installed, make_app, reset_tables
 
 #: what the broken steps do; a test "deploys a fix" by flipping these
 BROKEN = {"fail": True, "crash": True}
@@ -153,15 +153,9 @@ def _halted(app, pipeline, *args):
 @pytest.fixture
 def offset_app(db_url):
     """The ``app`` fixture with a clock that ``drain(skip_delays=True)`` may move."""
-    from ductwork.app import set_default_app
     from ductwork.db.clock import OffsetClock
 
-    application = make_app(db_url, clock=OffsetClock())
-    reset_tables(application.engine)
-    set_default_app(application)
-    yield application
-    set_default_app(None)
-    application.dispose()
+    yield from installed(make_app(db_url, clock=OffsetClock()))
 
 
 # --------------------------------------------------------------------------- resumption

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from ductwork import Pipeline, Step
-from ductwork.app import set_default_app
 from ductwork.db.clock import OffsetClock
 from ductwork.errors import ConfigError, DrainTimeout
 from ductwork.testing import drain, waiting_for
-from tests.conftest import make_app, reset_tables
+from tests.conftest import installed, make_app
 
 pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parents[2]
@@ -86,13 +85,8 @@ class WaitsTwoWays(Pipeline):
 @pytest.fixture
 def offset_app(db_url):
     """An app on an OffsetClock (what the plugin's ductwork_app uses), 1 h retry delays."""
-    app = make_app(db_url, clock=OffsetClock(), job_worker={
-        "retry_delay": 3600, "max_retry": 3, "limits": {"vendor": {"rate": {"limit": 1, "per": "1h"}}}})
-    reset_tables(app.engine)
-    set_default_app(app)
-    yield app
-    set_default_app(None)
-    app.dispose()
+    yield from installed(make_app(db_url, clock=OffsetClock(), job_worker={
+        "retry_delay": 3600, "max_retry": 3, "limits": {"vendor": {"rate": {"limit": 1, "per": "1h"}}}}))
 
 
 # --------------------------------------------------------------------------- Run.steps()
