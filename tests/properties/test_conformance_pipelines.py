@@ -149,7 +149,10 @@ def check_agreement(url: str, engine, scenario, config, batch: int | None = None
         f"oracle: {oracle.to_json()}\nconfig: {config}\nengine: {got}\nmodel:  {expected}")
 
 
-def test_engine_runs_end_where_the_model_ends(db_url):
+def hunt(db_url: str, check, **strategies) -> None:
+    """Run ``check(db_url, engine, scenario, config, **drawn)`` over generated scenarios
+    and configs (and ``strategies``, drawn by name), with the hypothesis profile's example
+    budget, on one engine for the whole hunt."""
     from ductwork.db import dialects
 
     engine = dialects.create_engine(db_url)
@@ -157,14 +160,18 @@ def test_engine_runs_end_where_the_model_ends(db_url):
 
     @settings(settings(), max_examples=examples, deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(scenario=pipeline_scenarios(), config=pipeline_configs())
-    def agree(scenario, config):
-        check_agreement(db_url, engine, scenario, config)
+    @given(scenario=pipeline_scenarios(), config=pipeline_configs(), **strategies)
+    def agree(scenario, config, **drawn):
+        check(db_url, engine, scenario, config, **drawn)
 
     try:
         agree()
     finally:
         engine.dispose()
+
+
+def test_engine_runs_end_where_the_model_ends(db_url):
+    hunt(db_url, check_agreement)
 
 
 # --------------------------------------------------------------------------- prune
@@ -226,24 +233,11 @@ def check_prune_agreement(url: str, engine, scenario, config, runs: int, back_ha
 
 
 def test_engine_prunes_what_the_model_prunes(db_url):
-    from ductwork.db import dialects
-
-    engine = dialects.create_engine(db_url)
-    examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
-
     PRUNE_COVERAGE.clear()
-
-    @settings(settings(), max_examples=examples, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(scenario=pipeline_scenarios(), config=pipeline_configs(), runs=st.integers(2, 4),
-           back_halves=st.sampled_from([0, 1, 3, 5]), batch=st.sampled_from([1, 2, 100]))
-    def agree(scenario, config, runs, back_halves, batch):
-        check_prune_agreement(db_url, engine, scenario, config, runs, back_halves, batch)
-
     try:
-        agree()
+        hunt(db_url, check_prune_agreement, runs=st.integers(2, 4), back_halves=st.sampled_from([0, 1, 3, 5]),
+             batch=st.sampled_from([1, 2, 100]))
     finally:
-        engine.dispose()
         print(f"prune conformance [{db_url.split(':')[0]}]: (pruned, live kept) per example: "
               f"{sorted(PRUNE_COVERAGE.items())}")
 
@@ -254,21 +248,7 @@ def test_engine_batches_end_where_the_model_batches_end(db_url):
     drawn size), the engine with group commits that advance inline (``advance_on_successes``)
     and an advancer that claims and advances in batches (``claim_branches``,
     ``Advancer.advance_batch``) of that size; every run ends in the same state."""
-    from ductwork.db import dialects
-
-    engine = dialects.create_engine(db_url)
-    examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
-
-    @settings(settings(), max_examples=examples, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(scenario=pipeline_scenarios(), config=pipeline_configs(), batch=st.sampled_from([2, 5, 50]))
-    def agree(scenario, config, batch):
-        check_agreement(db_url, engine, scenario, config, batch)
-
-    try:
-        agree()
-    finally:
-        engine.dispose()
+    hunt(db_url, check_agreement, batch=st.sampled_from([2, 5, 50]))
 
 
 # --------------------------------------------------------------------------- on_halt hooks (issue 16)
@@ -327,21 +307,7 @@ def test_engine_hooks_end_where_the_model_hooks_end(db_url):
     """Every generated definition names an on_halt handler: a run that halts owes exactly
     one hook on both sides [INV-HLT-1], delivered within the same budgets to the same
     status, counters and last outcome [INV-HLT-2]; a run that does not halt owes none."""
-    from ductwork.db import dialects
-
-    engine = dialects.create_engine(db_url)
-    examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
-
-    @settings(settings(), max_examples=examples, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(scenario=pipeline_scenarios(), config=pipeline_configs(), attempts=HOOK_ATTEMPTS)
-    def agree(scenario, config, attempts):
-        check_hook_agreement(db_url, engine, scenario, config, attempts)
-
-    try:
-        agree()
-    finally:
-        engine.dispose()
+    hunt(db_url, check_hook_agreement, attempts=HOOK_ATTEMPTS)
 
 
 # --------------------------------------------------------------------------- revive
@@ -429,21 +395,8 @@ def check_revives(url: str, engine, scenario, config, revives) -> None:
 
 def test_engine_revives_end_where_the_model_ends(db_url):
     """Revives against the engine: every run of a revive chain ends where the model's does."""
-    from ductwork.db import dialects
-
-    engine = dialects.create_engine(db_url)
-    examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
-
-    @settings(settings(), max_examples=examples, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(scenario=pipeline_scenarios(), config=pipeline_configs(),
-           revives=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=3))
-    def agree(scenario, config, revives):
-        check_revives(db_url, engine, scenario, config, revives)
-
     REVIVE_FIGURES.clear()
     try:
-        agree()
+        hunt(db_url, check_revives, revives=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=3))
     finally:
-        engine.dispose()
-        print(f"revive conformance on {engine.dialect.name}: {dict(REVIVE_FIGURES)}")
+        print(f"revive conformance [{db_url.split(':')[0]}]: {dict(REVIVE_FIGURES)}")
