@@ -139,12 +139,10 @@ def candidates(tx: Tx, cutoff: datetime, limit: int, pipeline: str | None = None
     that stops after ``limit`` matches, so a batch does not sort every finished run."""
     r = schema.runs
     found: list[str] = []
-    for status, finished in (("completed", r.c.completed_at), ("halted", r.c.halted_at)):
+    for status in PRUNABLE:
         if len(found) >= limit:
             break
-        query = sa.select(r.c.id).where(r.c.status == status, finished < cutoff, ~_hook_open(r))
-        if pipeline is not None:
-            query = query.where(of_pipeline(pipeline))
+        query = sa.select(r.c.id).where(r.c.status == status, _prunable(cutoff, pipeline))
         found += tx.execute(query.order_by(r.c.triggered_at, r.c.id).limit(limit - len(found))).scalars()
     return found
 
