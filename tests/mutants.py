@@ -280,8 +280,8 @@ MUTANTS: dict[str, Mutant] = {
     "revive_new_key": Mutant(
         "a re-enqueued step gets a fresh idempotency key (its own id) [INV-REV-3, INV-EXE-3]",
         "a re-enqueued step keeps the failed step's idempotency key [INV-REV-3]",
-        (('key = step["idempotency_key"] or step["id"]  # [INV-REV-3] the failed step\'s key, kept',
-          "key = None  # mutant: the step's own id"),),
+        (('"idempotency_key": step["idempotency_key"] or step["id"]}',
+          '"idempotency_key": None}  # mutant: the step\'s own id'),),
     ),
 }
 

@@ -131,24 +131,24 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str
         sid, jid = new_id(), new_id()
         resumed = step["id"] in stopped
         row = {**{c.name: step[c.name] for c in _s.c}, "id": sid, "run_id": new_run,
-               "branch_id": branch_ids[step["branch_id"]]}
+               "branch_id": branch_ids[step["branch_id"]],
+               # [INV-REV-3] every copy keeps the old step's key (schema.step_idempotency_key)
+               "idempotency_key": step["idempotency_key"] or step["id"]}
         job = {"id": jid, "step_id": sid, "klass": step["klass"], "input_args": step["input_args"],
                "output_payload": step["output_payload"], "started_at": step["job_started_at"],
                "completed_at": step["job_completed_at"], "created_at": now, "updated_at": now}
         if resumed and step["status"] == "failed":  # re-enqueued, with a fresh budget:
             node = definition.nodes[step["node"]]
-            key = step["idempotency_key"] or step["id"]  # [INV-REV-3] the failed step's key, kept
-            row.update(status="in_progress", started_at=now, completed_at=None, created_at=now, idempotency_key=key)
+            row.update(status="in_progress", started_at=now, completed_at=None, created_at=now)
             job.update(output_payload=None, started_at=now, completed_at=None)  # [INV-REV-3] input_args kept
             eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
             execution_rows.append(new_execution_row(jid, step["limit_key"], eligible, 0, 0, now))
             if step["limit_key"]:
                 keys.add(step["limit_key"])
         elif resumed:  # an advancement halt stopped here: the transition runs again [INV-REV-3]
-            row.update(status="advancing", completed_at=None, updated_at=now,
-                       idempotency_key=step["idempotency_key"] or step["id"])
+            row.update(status="advancing", completed_at=None, updated_at=now)
         else:  # [INV-REV-2] history: no execution, its status stays, never advanced again
-            row.update(updated_at=now, idempotency_key=step["idempotency_key"] or step["id"])
+            row.update(updated_at=now)
         if step["output_payload"] and '"expand_items"' in step["output_payload"]:
             expand_jobs.append((step["job_id"], jid))
         step_rows.append(row)
