@@ -202,6 +202,8 @@ def _child_parser() -> argparse.ArgumentParser:
     child.add_argument("--role", required=True)
     child.add_argument("--threads", type=int, required=True)
     child.add_argument("--label", required=True)
+    child.add_argument("--parent-pid", type=int, default=None,
+                       help="the supervisor's pid: the runner stops when that process dies")
     child.set_defaults(command=CHILD)
     return child
 
@@ -299,7 +301,7 @@ def cmd_child(args: argparse.Namespace) -> int:
 
     app = _connect(args, pool_size=args.threads + 2)
     load_pipelines(app.config)
-    return Runner(app, args.role, args.threads, args.label).run()
+    return Runner(app, args.role, args.threads, args.label, parent_pid=args.parent_pid).run()
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -254,6 +254,25 @@ MUTANTS: dict[str, Mutant] = {
         (("bool(row.hook_open)))  # [INV-PRN-1] re-checked under the lock",
           "bool(row.hook_open)) or True)  # mutant: not re-checked"),),
     ),
+    # -- process trees -------------------------------------------------------------------
+    "timeout_kills_group_only": Mutant(
+        "a timed-out step's process group is killed, but a subprocess that left the group "
+        "(setsid) keeps running beside the retry [INV-EXE-5]",
+        "a timeout kills every descendant of the step's child, not only its group [INV-EXE-5]",
+        (("tree.kill(below)", "pass  # mutant: only the group"),),
+    ),
+    "dead_runner_tree_left": Mutant(
+        "a supervisor reaps a dead runner's claims while what its steps started still runs "
+        "(re-parented to the supervisor, never killed) [INV-EXE-5]",
+        "the supervisor kills the orphans a dead runner's steps left before reaping it [INV-EXE-5]",
+        (("adopted = tree.kill_adopted({c.proc.pid for c in self.children if c.proc is not None})",
+          "adopted = []  # mutant: orphans left running"),),
+    ),
+    "runner_outlives_supervisor": Mutant(
+        "a runner keeps working, unsupervised, after its supervisor was killed [INV-EXE-5]",
+        "a runner asks for SIGTERM when its supervisor dies [INV-EXE-5]",
+        (("tree.die_with_parent(signal.SIGTERM)", "pass  # mutant: outlives its supervisor"),),
+    ),
     # -- revive (issue 16) ---------------------------------------------------------------
     "revive_twice": Mutant(
         "a revive neither finds the run that revived the halted run nor names it, so a second "

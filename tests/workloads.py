@@ -157,6 +157,49 @@ class ForeverKeyedPipeline(Pipeline):
         p.start(Forever, timeout=1, limit_by="forever_key")
 
 
+class Spawner(Step):
+    """Starts two ``sleep 600`` subprocesses, one in its process group and one that left it
+    (``setsid``), writes ``spawned <own pid> <in group> <left group>`` to ``job["path"]``,
+    then sleeps ``job["seconds"]``: a test kills or times it out meanwhile."""
+
+    def __init__(self, job):
+        self.job = job
+
+    def execute(self):
+        import os
+        import subprocess
+
+        stays = subprocess.Popen(["sleep", "600"])
+        leaves = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        with open(self.job["path"], "a") as marker:
+            marker.write(f"spawned {os.getpid()} {stays.pid} {leaves.pid}\n")
+        time.sleep(self.job["seconds"])
+        return "slept"
+
+
+class SpawnerPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Spawner)
+
+
+class SpawnerTimeoutPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Spawner, timeout=1)
+
+
+def spawned(path) -> list[tuple[int, int, int]]:
+    """(step pid, subprocess in its group, subprocess that left it) per Spawner attempt."""
+    import os
+
+    if not os.path.exists(path):
+        return []
+    with open(path) as marker:
+        return [(int(a), int(b), int(c)) for what, a, b, c in (line.split() for line in marker)
+                if what == "spawned"]
+
+
 def marker_lines(path, what: str = "start") -> list[tuple[int, str]]:
     """(pid, idempotency_key) of each ``what`` line a Slow/Forever step wrote."""
     import os

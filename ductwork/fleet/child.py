@@ -7,7 +7,8 @@ fresh interpreter (``python -m ductwork.fleet.child``) in its own process group.
 child tells the parent the moment it calls ``execute``; the timeout is measured
 from then (execution start), so interpreter start-up never eats into it (start-up
 has its own deadline, ``STARTUP_S``). Past the deadline the parent SIGKILLs the
-whole group and waits until the child is reaped by the OS, and only then is the
+whole group (and any descendant that left it, ``fleet/tree.py``) and waits until the
+child is reaped by the OS, and only then is the
 execution recorded ``timed_out`` and its concurrency slot freed [INV-EXE-5]. The
 child also dies with its parent (``PR_SET_PDEATHSIG`` on Linux), so a killed
 worker leaves no step code running.
@@ -22,7 +23,6 @@ its return value crosses back as JSON.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -32,11 +32,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from ductwork.fleet import tree
+
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
     from ductwork.limits.executions import Claimed
 
-PR_SET_PDEATHSIG = 1
 STARTUP_S = 60.0
 RUNNING = b"R"
 
@@ -62,7 +63,7 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     }
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ductwork.fleet.child", str(write_fd)],
+        [sys.executable, "-m", "ductwork.fleet.child", str(write_fd), str(os.getpid())],
         stdin=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True,
     )
     os.close(write_fd)
@@ -112,23 +113,19 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child, its process group, and every descendant that left the group
+    (``setsid``), then wait for the child [INV-EXE-5]."""
+    below = tree.descendants(proc.pid)  # read before the kill: orphans lose their link to it
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    tree.kill(below)
     proc.wait()
 
 
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the parent's kill of the group still applies
-        pass
-
-
 def main() -> None:
-    _die_with_parent()
-    out = int(sys.argv[1])
-    if os.getppid() == 1:  # the parent died before the death signal was armed
+    tree.die_with_parent(signal.SIGKILL)  # not Linux: the parent's kill of the group still applies
+    out, parent = int(sys.argv[1]), int(sys.argv[2])
+    if os.getppid() != parent:  # the parent died before the death signal was armed
         os._exit(1)
     request = json.loads(sys.stdin.read())
     sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]

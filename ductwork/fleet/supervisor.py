@@ -56,6 +56,7 @@ from ductwork.db import schema
 from ductwork.db.database import Database as App
 from ductwork.db.hosts import machine_identifier
 from ductwork.db.wakeup import PgListener, Wakeup
+from ductwork.fleet import tree
 from ductwork.fleet.processes import heartbeat, register
 from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
 
@@ -125,10 +126,12 @@ class Loop(threading.Thread):
 class Runner:
     """A child process: threads of one role, a heartbeat, and the lease watchdog."""
 
-    def __init__(self, app: App, role: str, threads: int, label: str):
+    def __init__(self, app: App, role: str, threads: int, label: str, *, parent_pid: int | None = None):
         if role not in ("job_worker", "pipeline_advancer"):
             raise ValueError(f"runner role must be job_worker or pipeline_advancer, got {role!r}")
         self.app, self.role, self.threads, self.label = app, role, threads, label
+        #: the supervisor that started this runner; None: started by hand, nobody to outlive
+        self.parent_pid = parent_pid
         self.stop = threading.Event()
         self.process_id = ""
         self.units: list[Worker | Advancer] = []  # the Worker or Advancer of each thread
@@ -209,6 +212,12 @@ class Runner:
             restart_with(self.app)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        if self.parent_pid is not None:
+            # A supervisor that dies (SIGKILL, OOM) leaves no runner working unsupervised:
+            # the kernel sends SIGTERM, and this runner shuts down as if stopped.
+            tree.die_with_parent(signal.SIGTERM)
+            if os.getppid() != self.parent_pid:  # it died before the signal was armed
+                self._signalled = True
         if self.app.backend == "postgresql":
             PgListener(self.app, self.stop).start()
         loops = self._units()
@@ -227,6 +236,7 @@ class Runner:
                 # Our claims are (or are about to be) someone else's: no code of ours may run.
                 sys.stderr.write(f"ductwork: {self.role} {self.process_id} lost its lease; exiting\n")
                 sys.stderr.flush()
+                tree.kill_descendants()  # [INV-EXE-5] nothing a step started outlives its claim
                 os._exit(EXIT_LEASE_LOST)
             self.stop.wait(0.05)
         shutdown = (self.app.config.job_worker.shutdown_timeout if self.role == "job_worker"
@@ -237,6 +247,9 @@ class Runner:
         if any(loop.is_alive() for loop in loops):
             # Threads cannot be killed: exit, and let the supervisor (or reaper) recover.
             log.warning("%s: threads still busy after %.1fs; exiting", self.role, shutdown)
+            killed = tree.kill_descendants()  # [INV-EXE-5] the busy steps' subprocesses too
+            if killed:
+                log.warning("%s: killed %d processes the busy steps started: %s", self.role, len(killed), killed)
             os._exit(0)
         reap(self.app, self.process_id, force=True)  # nothing in hand: just remove the row
         self.app.dispose()
@@ -309,6 +322,8 @@ class Supervisor:
         self.stop = threading.Event()
         self._stopping = False
         self._child_exited = False
+        #: set by run(): orphans of dead runners are re-parented to this process (Linux)
+        self._subreaper = False
         self.process_id: str | None = None
         self.children: list[Child] = []
         cfg = app.config
@@ -322,7 +337,7 @@ class Supervisor:
 
     def _spawn(self, child: Child) -> None:
         command = [*self.child_command, "--role", child.role, "--threads", str(child.threads),
-                   "--label", child.label]
+                   "--label", child.label, "--parent-pid", str(os.getpid())]
         child.proc = subprocess.Popen(command)
         child.started = time.monotonic()
         log.info("started %s (pid %d)", child.label, child.proc.pid)
@@ -367,6 +382,12 @@ class Supervisor:
         return (now - last).total_seconds() > threshold
 
     def check_children(self) -> None:
+        if self._subreaper:
+            # [INV-EXE-5] what a dead runner's steps started was re-parented here: kill it
+            # before that runner's claims are reaped below and handed to someone else
+            adopted = tree.kill_adopted({c.proc.pid for c in self.children if c.proc is not None})
+            if adopted:
+                log.warning("killed %d processes left by a dead runner's steps: %s", len(adopted), adopted)
         now = time.monotonic()
         for child in self.children:
             if child.proc is not None and child.proc.poll() is None and self._stale(child):
@@ -409,6 +430,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_stop_signal)
         signal.signal(signal.SIGCHLD, self._on_child_signal)
+        self._subreaper = tree.become_subreaper()
         from ductwork.limits.claims import restart_with
 
         restart_with(self.app)

@@ -207,7 +207,7 @@ class ChaosRound:
             fleet = self.hosts.get(host)
             if fleet is None or fleet.proc is None or fleet.proc.poll() is not None:
                 return {"target": host, "note": "down"}
-            os.kill(fleet.proc.pid, signal.SIGKILL)  # its children live on, orphaned
+            os.kill(fleet.proc.pid, signal.SIGKILL)  # its runners get SIGTERM from the kernel and stop
             fleet.proc.wait(10)
             fleet.close_log()
             self.retired.append(fleet)
@@ -389,7 +389,7 @@ class ChaosRound:
             stop_reviving.set()
             reviver.join(120)
             for fleet in self.retired:
-                fleet.kill_host()  # the orphaned children of supervisors killed alone
+                fleet.kill_host()  # runners of supervisors killed alone, if still stopping
             for host in HOSTS:
                 fleet = self.hosts.get(host)
                 if fleet is not None:

@@ -15,7 +15,7 @@ row of INVARIANTS.md's engine-mutant table, in the "engine mutants" section at t
 end of the run.
 
 Checks the detectors of: INV-LIM-1, INV-LIM-2, INV-LIM-4, INV-LIM-5, INV-LIM-6,
-INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2, INV-HLT-1, INV-HLT-2, INV-PRN-1, INV-REV-1,
+INV-CLK-1, INV-ADV-2, INV-ADV-3, INV-EXE-2, INV-EXE-5, INV-HLT-1, INV-HLT-2, INV-PRN-1, INV-REV-1,
 INV-REV-2, INV-REV-3.
 """
 
@@ -69,6 +69,13 @@ DETECTORS = {
         "tests/integration/test_exactly_once.py::test_racing_claims_on_one_branch_have_one_winner[sqlite]",
     "inline_takes_held_branch":
         "tests/integration/test_exactly_once.py::test_a_success_leaves_a_held_branch_to_its_advancer[sqlite]",
+    # --- process trees ---
+    "timeout_kills_group_only":
+        "tests/integration/test_process_trees.py::test_a_timed_out_steps_subprocesses_die_with_it[sqlite]",
+    "dead_runner_tree_left": "tests/integration/test_process_trees.py::"
+    "test_a_killed_runners_step_subprocesses_are_killed_by_its_supervisor[sqlite]",
+    "runner_outlives_supervisor":
+        "tests/integration/test_process_trees.py::test_a_killed_supervisors_runners_stop[sqlite]",
     # --- on_halt hooks (issue 16) ---
     "hook_not_owed": "tests/integration/test_halt_hooks.py::test_a_halted_run_gets_one_hook_with_its_halt[sqlite]",
     "hook_fence_dropped": HOOK_STALE,

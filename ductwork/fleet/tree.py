@@ -1,0 +1,133 @@
+"""Process trees: no step code, and nothing a step started, outlives the process that ran it.
+
+    >>> die_with_parent(signal.SIGTERM)      # a runner stops when its supervisor dies
+    >>> become_subreaper()                   # orphans of a dead runner become ours ...
+    >>> kill_adopted(known={runner.pid})     # ... and are killed before its claims are reaped
+
+A step may start subprocesses (a converter, a shell pipeline, a browser). When the
+process that ran the step is gone, its claim is re-run elsewhere [INV-EXE-5], so what
+the step started must be gone too, or the old attempt keeps producing effects beside
+the new one. Three cases, three mechanisms:
+
+- **A timed-out ``timeout=`` step** runs in its own session; the parent SIGKILLs the
+  whole process group, and first every descendant it can see, so a subprocess that
+  called ``setsid`` (left the group) dies too (``fleet/child.py``).
+- **A runner that dies** (SIGKILL, OOM, its lease lost): the supervisor is a *child
+  subreaper* (``PR_SET_CHILD_SUBREAPER``), so the runner's orphaned descendants are
+  re-parented to it instead of to init; it kills and reaps every child of its own that
+  is not one of its runners before it reaps the dead runner's claims. A runner that
+  exits on a lost lease or with threads still busy kills its own descendants first.
+- **A supervisor that dies**: each runner asked the kernel for SIGTERM when its parent
+  dies (``PR_SET_PDEATHSIG``) and shuts down as if ``ductwork start`` had been stopped.
+
+Not done: this is Linux only (``prctl`` and ``/proc``); elsewhere each function does
+nothing and says so by its return value. A process that leaves the tree entirely
+(double-forks while its parent is not a subreaper, or is started through another
+service such as systemd or Docker) is out of reach. Killing is SIGKILL: a step's
+subprocess gets no chance to clean up; a step that needs one should stop its
+subprocesses itself (``try/finally``) within its ``timeout=``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+PROC = Path("/proc")
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(option, value, 0, 0, 0) == 0)
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when the thread that started it
+    exits. False when the platform cannot (not Linux).
+
+    The caller must then check that its parent is still the one that started it: a parent
+    that died before this call sent nothing."""
+    return _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def become_subreaper() -> bool:
+    """Make this process the one orphaned descendants are re-parented to (instead of init),
+    so :func:`kill_adopted` can find them. False when the platform cannot."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process visible in /proc (empty when there is no /proc)."""
+    out: dict[int, int] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(PROC):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (PROC / entry.name / "stat").read_text()
+            except OSError:  # exited meanwhile
+                continue
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            fields = stat[stat.rindex(")") + 2:].split()
+            out[int(entry.name)] = int(fields[1])
+    return out
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` now."""
+    return sorted(child for child, parent in _parents().items() if parent == pid)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` in the tree now (children first), ``pid`` excluded."""
+    parents = _parents()
+    below: dict[int, list[int]] = {}
+    for child, parent in parents.items():
+        below.setdefault(parent, []).append(child)
+    out: list[int] = []
+    frontier = [pid]
+    while frontier:
+        found = sorted(c for p in frontier for c in below.get(p, ()) if c not in out and c != pid)
+        out.extend(found)
+        frontier = found
+    return out
+
+
+def kill(pids: list[int]) -> None:
+    """SIGKILL each pid that still exists (one that exited meanwhile is skipped)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def kill_descendants() -> list[int]:
+    """SIGKILL every descendant of this process (a runner about to exit with step code
+    possibly running). Returns the pids signalled."""
+    found = descendants(os.getpid())
+    kill(found)
+    return found
+
+
+def kill_adopted(known: set[int]) -> list[int]:
+    """SIGKILL and reap every child of this process that is not in ``known`` (its own
+    runners), with their descendants: the orphans a dead runner's steps left, re-parented
+    here by :func:`become_subreaper`. Returns the children killed.
+
+    Only pids outside ``known`` are waited for, so the runners' exit statuses stay
+    their ``Popen`` objects' to collect."""
+    adopted = [pid for pid in children(os.getpid()) if pid not in known]
+    for pid in adopted:
+        below = descendants(pid)
+        kill([pid, *below])
+    for pid in adopted:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    return adopted

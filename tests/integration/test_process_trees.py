@@ -1,0 +1,118 @@
+"""Process trees: no step code, and nothing a step started, outlives the process that ran
+it [INV-EXE-5] (``ductwork/fleet/tree.py``).
+
+A step's subprocesses are checked in three ways of dying: a ``timeout=`` step killed at its
+deadline, a runner SIGKILLed mid-step, and a supervisor SIGKILLed (its runners stop). Each
+step starts one subprocess in its process group and one that left it with ``setsid``.
+Linux only, as the mechanism is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ductwork.fleet import tree
+from ductwork.testing import drain
+from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
+from tests.workloads import SpawnerPipeline, SpawnerTimeoutPipeline, spawned
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees are handled on Linux only")
+
+
+@contextlib.contextmanager
+def no_leftovers(marker):
+    """SIGKILL whatever the steps spawned at the end, so a failing test leaks nothing."""
+    try:
+        yield
+    finally:
+        for _, *subprocesses in spawned(marker):
+            tree.kill(subprocesses)
+
+
+def test_descendants_finds_grandchildren_and_kill_stops_them():
+    shell = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait"])
+    try:
+        found = wait_for(lambda: len(tree.descendants(os.getpid())) >= 3 and tree.descendants(os.getpid()),
+                         "the shell and its two sleeps are seen")
+        assert shell.pid in found
+        grandchildren = tree.descendants(shell.pid)
+        assert len(grandchildren) == 2
+        assert shell.pid not in grandchildren
+        assert tree.children(os.getpid()).count(shell.pid) == 1
+        tree.kill([shell.pid, *grandchildren])
+        shell.wait(10)
+        wait_for(lambda: not any(pid_alive(pid) for pid in grandchildren), "the grandchildren died")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            shell.kill()
+        shell.wait(10)
+
+
+def test_a_timed_out_steps_subprocesses_die_with_it(app, tmp_path):
+    marker = tmp_path / "marker"
+    with no_leftovers(marker):
+        run = SpawnerTimeoutPipeline.trigger({"path": str(marker), "seconds": 600})
+        drain(app, timeout=60)
+        assert run.refresh().status == "halted"
+        attempts = spawned(marker)
+        assert len(attempts) == 3  # max_retry 2: three attempts, each timed out
+        for step, stays, leaves in attempts:
+            # the group kill takes the one in the group; the one that left is killed by pid
+            assert not any(pid_alive(pid) for pid in (step, stays, leaves)), (step, stays, leaves)
+
+
+def stop(fleet: Fleet, pids: list[int] = ()) -> None:
+    """Stop gracefully what is still running (the supervisor, or runners it left), so each
+    process records the modules it loaded (a mutant's run is checked against that)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    if fleet.proc.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            fleet.terminate(30)
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: not any(pid_alive(pid) for pid in pids), "the runners stopped", 30)
+
+
+@pytest.mark.usefixtures("app")  # the default app the trigger uses, tables emptied
+def test_a_killed_runners_step_subprocesses_are_killed_by_its_supervisor(db_url, tmp_path):
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SpawnerPipeline"],
+                          overrides={"supervisor": {"reaper_timeout": 600}})
+    marker = tmp_path / "marker"
+    SpawnerPipeline.trigger({"path": str(marker), "seconds": 600})
+    with Fleet(db_url, config) as fleet, no_leftovers(marker):
+        try:
+            ((runner, stays, leaves),) = wait_for(lambda: spawned(marker), "the step spawned its subprocesses")
+            os.kill(runner, signal.SIGKILL)
+            wait_for(lambda: not pid_alive(stays) and not pid_alive(leaves),
+                     f"the dead runner's step subprocesses were killed; log: {fleet.log()[-2000:]}", 10)
+            assert "processes left by a dead runner's steps" in fleet.log()
+        finally:
+            stop(fleet)
+
+
+def test_a_killed_supervisors_runners_stop(app, db_url, tmp_path):
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SpawnerPipeline"],
+                          overrides={"supervisor": {"reaper_timeout": 600}})
+    with Fleet(db_url, config) as fleet:
+        runners: list[int] = []
+        try:
+            # each runner has logged "started" (its death signal is armed by then)
+            def started() -> list[int]:
+                rows = [row for row in process_rows(app.engine) if row.role in ("job_worker", "pipeline_advancer")]
+                ready = [row.pid for row in rows if f"{row.role} {row.id} started" in fleet.log()]
+                return ready if len(ready) == 2 else []  # the advancer and the worker
+
+            runners = wait_for(started, "the runners started")
+            os.kill(fleet.proc.pid, signal.SIGKILL)
+            fleet.proc.wait(10)
+            wait_for(lambda: not any(pid_alive(pid) for pid in runners),
+                     f"every runner stopped when its supervisor died; log: {fleet.log()[-2000:]}", 15)
+        finally:
+            stop(fleet, runners)
