@@ -381,13 +381,16 @@ class Supervisor:
             return age > max(STARTUP_GRACE_S, cfg.reaper_timeout)
         return (now - last).total_seconds() > threshold
 
+    def _kill_adopted(self) -> None:
+        if not self._subreaper:
+            return
+        # [INV-EXE-5] what a dead runner's steps started was re-parented here: kill it
+        # before that runner's claims are reaped and handed to someone else
+        adopted = tree.kill_adopted({c.proc.pid for c in self.children if c.proc is not None})
+        if adopted:
+            log.warning("killed %d processes left by a dead runner's steps: %s", len(adopted), adopted)
+
     def check_children(self) -> None:
-        if self._subreaper:
-            # [INV-EXE-5] what a dead runner's steps started was re-parented here: kill it
-            # before that runner's claims are reaped below and handed to someone else
-            adopted = tree.kill_adopted({c.proc.pid for c in self.children if c.proc is not None})
-            if adopted:
-                log.warning("killed %d processes left by a dead runner's steps: %s", len(adopted), adopted)
         now = time.monotonic()
         for child in self.children:
             if child.proc is not None and child.proc.poll() is None and self._stale(child):
@@ -397,6 +400,7 @@ class Supervisor:
             if child.proc is not None and child.proc.poll() is not None:
                 code = child.proc.returncode
                 log.warning("%s (pid %d) exited with %s; reaping and replacing", child.label, child.proc.pid, code)
+                self._kill_adopted()  # what its steps started dies before its claims move on
                 self._force_reap(child.proc.pid)  # proof of death: it was waited for
                 short_lived = now - child.started < 5.0
                 child.failures = child.failures + 1 if short_lived else 0
@@ -470,6 +474,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop in time; killing it", child.label)
                 self._kill_and_confirm(child)
+        self._kill_adopted()  # the orphans of children killed above
         for child in self.children:
             if child.proc is not None and child.proc.poll() is not None:
                 try:
