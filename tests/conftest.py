@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 from hypothesis import HealthCheck, Phase, settings
 
@@ -195,6 +196,8 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
         terminalreporter.section("chaos evidence")
         for line in sorted(lines):
             terminalreporter.line(line)
+        kills = sum(int(found.group(1)) for line in lines if (found := re.search(r"\bkills (\d+)", line)))
+        terminalreporter.line(f"process kills in all rounds: {kills} ({len(lines)} rounds)")
     if rows:
         terminalreporter.section("engine mutants")
         terminalreporter.line("| mutant | guard removed | detector | killed in |")

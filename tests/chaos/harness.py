@@ -76,10 +76,37 @@ ACTIONS = {
     "kill_worker": 6, "kill_advancer": 3, "kill_supervisor": 2, "kill_host": 2,
     "kill_host_at_checkpoint": 2, "terminate_connections": 3, "freeze_host": 1, "prune": 2,
 }
+#: the plan's actions that SIGKILL a process (a worker, an advancer, a supervisor or a whole host)
+PROCESS_KILLS = ("kill_worker", "kill_advancer", "kill_supervisor", "kill_host", "kill_host_at_checkpoint")
 #: checkpoints a host passes (the harness's own prunes pass inside_prune_batch)
 FAULTABLE = [c for c in faults.CHECKPOINTS if c not in (faults.DURING_REAP, faults.INSIDE_PRUNE_BATCH)]
 #: a round's prunes: runs of ChaosRetained finished more than this long ago
 PRUNE_BACK = "1s"
+
+
+#: the first seed of the default rounds; each round's seed is printed with its counts
+BASE_SEED = 20261129
+
+
+def chaos_seeds(environ: dict[str, str]) -> list[int]:
+    """The rounds' seeds: ``DUCTWORK_CHAOS_SEED`` (comma-separated seeds and ``a-b`` ranges,
+    to replay a round or soak over a range), else ``DUCTWORK_CHAOS_ROUNDS`` seeds from
+    :data:`BASE_SEED` on (default 3 per database)."""
+    given = environ.get("DUCTWORK_CHAOS_SEED", "").strip()
+    if not given:
+        rounds = int(environ.get("DUCTWORK_CHAOS_ROUNDS", "3"))
+        if rounds < 1:
+            raise ValueError(f"DUCTWORK_CHAOS_ROUNDS={rounds}: must be at least 1")
+        return [BASE_SEED + i for i in range(rounds)]
+    seeds: list[int] = []
+    for item in (part.strip() for part in given.split(",")):
+        if not item:
+            continue
+        first, dash, last = item.partition("-")
+        if dash and int(last) < int(first):
+            raise ValueError(f"DUCTWORK_CHAOS_SEED: range {item!r} runs backwards")
+        seeds.extend(range(int(first), int(last) + 1) if dash else [int(item)])
+    return seeds
 
 
 def make_plan(seed: int, duration_s: float, *, connections: bool, container: bool) -> list[dict]:
@@ -96,7 +123,7 @@ def make_plan(seed: int, duration_s: float, *, connections: bool, container: boo
         if action == "prune" and rng.random() < 0.5:
             event["fault"] = f"{faults.INSIDE_PRUNE_BATCH}:kill:{rng.randint(1, 2)}"
         plan.append(event)
-        at += rng.uniform(0.4, 1.2)
+        at += rng.uniform(0.15, 0.55)  # about 22 faults per 8 s round
     if container:
         plan.append({"at_s": round(duration_s / 2, 3), "action": "restart_database", "pick": 0.0,
                      "host": HOSTS[0], "down_s": 0.0})
@@ -420,7 +447,9 @@ class ChaosRound:
     @staticmethod
     def _counts(history: History) -> dict[str, int]:
         return {
-            "kills": sum(1 for k in history.kills if k["action"] not in ("terminate_connections", "prune")),
+            # process kills: SIGKILLs that found their target (a host's counts once)
+            "kills": sum(1 for k in history.kills if k["action"] in PROCESS_KILLS
+                         and k.get("target") and k.get("note") not in ("down", "already gone")),
             "prunes": sum(1 for k in history.kills if k["action"] == "prune" and "before" in k),
             "pruned runs": sum(len(set(k["before"]) - set(k["after"])) for k in history.kills
                                if k["action"] == "prune" and "before" in k),

@@ -15,9 +15,12 @@ INV-PRN-1, INV-PRN-2 (tests/chaos/checkers.py), from recorded rows, witness rows
 harness's reads around each prune. Halted runs of the revive pipelines are revived during
 the round, each from two threads at once.
 
-Sizes: ``DUCTWORK_CHAOS_SCALE`` (default 1: about 8 s of faults per round);
-``DUCTWORK_CHAOS_SEED`` (comma-separated seeds; default one fixed seed) replays or
-widens the search. ``DUCTWORK_CHAOS_ARTIFACTS`` keeps the histories (JSONL).
+Sizes: ``DUCTWORK_CHAOS_SCALE`` (default 1: about 8 s of faults per round, a fault
+every 0.35 s on average); ``DUCTWORK_CHAOS_ROUNDS`` (default 3 rounds per database, seeds
+from 20261129 on); ``DUCTWORK_CHAOS_SEED`` (comma-separated seeds and ``a-b`` ranges)
+replays a round exactly or soaks over a range. ``DUCTWORK_CHAOS_ARTIFACTS`` keeps the
+histories (JSONL). Each round prints its seed and counts; the "chaos evidence" section
+at the end of the run totals the process kills.
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ from pathlib import Path
 import pytest
 
 from tests import databases, mutants
-from tests.chaos.harness import ChaosRound, replay_command
+from tests.chaos.harness import ChaosRound, chaos_seeds, replay_command
 
 pytestmark = pytest.mark.chaos
 
-SEEDS = [int(s) for s in os.environ.get("DUCTWORK_CHAOS_SEED", "20261129").split(",") if s.strip()]
+SEEDS = chaos_seeds(dict(os.environ))
 SCALE = int(os.environ.get("DUCTWORK_CHAOS_SCALE", "1"))
 
 

@@ -24,6 +24,7 @@ from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -1094,3 +1095,15 @@ def test_exe_1_and_exe_3_accept_a_revive_but_nothing_else():
         "INV-EXE-3: step tB ran with idempotency key 'sB', not its step id",
         "INV-EXE-3: idempotency key 'sB' shared by steps sB, tB",
     ]
+
+
+def test_chaos_seeds_default_rounds_lists_and_ranges():
+    from tests.chaos.harness import BASE_SEED, chaos_seeds
+
+    assert chaos_seeds({}) == [BASE_SEED, BASE_SEED + 1, BASE_SEED + 2]
+    assert chaos_seeds({"DUCTWORK_CHAOS_ROUNDS": "1"}) == [BASE_SEED]
+    assert chaos_seeds({"DUCTWORK_CHAOS_SEED": "7, 10-12", "DUCTWORK_CHAOS_ROUNDS": "5"}) == [7, 10, 11, 12]
+    with pytest.raises(ValueError, match="runs backwards"):
+        chaos_seeds({"DUCTWORK_CHAOS_SEED": "12-10"})
+    with pytest.raises(ValueError, match="DUCTWORK_CHAOS_ROUNDS=0"):
+        chaos_seeds({"DUCTWORK_CHAOS_ROUNDS": "0"})
