@@ -58,8 +58,6 @@ __all__ = [
     "inv_adv_3_fan_in_once",
     "inv_adv_4_expand_children",
     "inv_ctx_1_set_once",
-    "inv_trg_1_one_run_per_trigger_key",
-    "inv_trg_2_rolled_back_trigger_leaves_nothing",
     "inv_exe_1_no_lost_work",
     "inv_exe_2_outcome_once",
     "inv_exe_3_idempotency_keys",
@@ -77,6 +75,8 @@ __all__ = [
     "inv_rev_2_no_succeeded_step_reexecuted",
     "inv_rev_3_revived_branch_resumes",
     "inv_run_1_terminal_final",
+    "inv_trg_1_one_run_per_trigger_key",
+    "inv_trg_2_rolled_back_trigger_leaves_nothing",
 ]
 
 _MICROS = 1_000_000

@@ -10,7 +10,8 @@ Example::
 Runs, branches, steps, jobs (one per step) and executions (one per attempt),
 driven one atomic operation at a time by the caller, so hypothesis can
 interleave them: ``trigger`` (idempotent per pipeline and trigger key),
-``trigger_in`` (inside the caller's transaction, committed or rolled back), ``run_execution``, ``claim_branch``, ``advance``,
+``trigger_in`` (inside the caller's transaction, committed or rolled back),
+``run_execution``, ``claim_branch``, ``advance``,
 the batched ``advance_on_success(es)`` (a worker's success advancing its branch in
 its own transaction), ``claim_branches`` and ``advance_batch`` (an advancer's batch;
 each defined as the single operations one by one), ``advancer_error``,
