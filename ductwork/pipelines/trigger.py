@@ -165,4 +165,4 @@ def trigger_in(conn: Connection, app: App, pipeline: type, args: list[Any], key:
     if kind != app.backend:
         raise TriggerConnectionError(name, f"the connection is to {kind}, but the app's database is "
                                            f"{app.backend} ({app.database})")
-    return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key)
+    return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key)  # [INV-TRG-2]
