@@ -84,7 +84,7 @@ class Pipeline:
         processes; the key is held until the run is pruned [INV-TRG-1]. ``connection``: a
         SQLAlchemy ``Connection`` with a transaction begun, on the app's database: the run is
         written through it and commits or rolls back with the caller's transaction, which
-        this never ends [INV-TRG-2] (docs/transactions.md). Checked before anything is
+        this never ends [INV-TRG-2] (docs/triggers.md). Checked before anything is
         written: DefinitionError on an abstract pipeline (no database touched);
         :class:`~ductwork.errors.InputError` when ``args`` do not bind to the first
         step's ``__init__`` (``trigger(1, 2, 3)`` for ``__init__(self, since)``);
