@@ -22,6 +22,9 @@ from ductwork.errors import (
     ReviveError,
     RunFilterError,
     StartError,
+    TriggerConnectionError,
+    TriggeredConcurrently,
+    TriggerKeyError,
     UnknownRunError,
 )
 from ductwork.pipelines.context import Context
@@ -72,6 +75,9 @@ __all__ = [
     "StepError",
     "StepInfo",
     "StepRecord",
+    "TriggerConnectionError",
+    "TriggerKeyError",
+    "TriggeredConcurrently",
     "UnknownRunError",
     "Wait",
     "connect",

@@ -35,6 +35,9 @@ The tree::
     ├── RunFilterError (ValueError)       a run-listing or prune option is malformed (names it)
     │   └── ReviveError                   revive of a run that is not halted, or unknown
     ├── InputError (TypeError)            trigger/resume/context input is not JSON-serialisable
+    │   └── TriggerKeyError (ValueError)  a trigger key is not a non-empty string of at most 255 characters
+    ├── TriggerConnectionError (TypeError) ``trigger(connection=…)`` got no usable Connection
+    ├── TriggeredConcurrently             a trigger key was taken by a transaction this one cannot see
     ├── PayloadError (InputError, StepReturnError)  a value breaks the one payload rule (payloads.dump)
     │   ├── NotJSONError                  not JSON-serialisable (NaN, ∞, a set, an object)
     │   └── PayloadTooLargeError (ValueError)  its JSON text is longer than MAX_PAYLOAD_BYTES
@@ -353,6 +356,52 @@ class RevivedConcurrently(ReviveError):
 
 class InputError(DuctworkError, TypeError):
     """A value given to trigger, resume or Context cannot be stored (not JSON, bad key)."""
+
+
+class TriggerKeyError(InputError, ValueError):
+    """A trigger key that is not a non-empty string of at most ``MAX_TRIGGER_KEY`` characters;
+    names the pipeline and the key. Raised before anything is written.
+
+    ``TriggerKeyError("Orders", 42, "not a string")`` reads
+    ``Orders.trigger key=42: not a string; a trigger key is a non-empty string of at most 255
+    characters``.
+    """
+
+    #: the longest key (characters): the unique index holds it with the pipeline's name
+    MAX_TRIGGER_KEY = 255
+
+    def __init__(self, pipeline: str, key: Any, reason: str):
+        self.pipeline = pipeline
+        self.key = key
+        shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:57] + "..."
+        DuctworkError.__init__(
+            self, f"{pipeline}.trigger key={shown}: {reason}; a trigger key is a non-empty string of at "
+                  f"most {self.MAX_TRIGGER_KEY} characters")
+
+
+class TriggerConnectionError(DuctworkError, TypeError):
+    """``Pipeline.trigger(..., connection=…)`` got something it cannot write through: not a
+    SQLAlchemy ``Connection`` (a Session, an ``AsyncConnection``, a DBAPI connection), a
+    connection with no transaction begun, or one on another kind of database than the app's.
+    Names the pipeline and what is wrong. Raised before anything is written."""
+
+    def __init__(self, pipeline: str, reason: str):
+        self.pipeline = pipeline
+        super().__init__(f"{pipeline}.trigger(connection=…): {reason}")
+
+
+class TriggeredConcurrently(DuctworkError):
+    """Another transaction committed a run with this pipeline and trigger key after the
+    caller's transaction took its snapshot (``uq_run_trigger_key`` refused the insert, and
+    the run is not visible to it: REPEATABLE READ or SERIALIZABLE). Nothing of the trigger
+    was written and the caller's transaction is still usable; retry it (a new transaction
+    finds the run). A trigger in ductwork's own transaction (READ COMMITTED) never raises it."""
+
+    def __init__(self, pipeline: str, key: str):
+        self.pipeline = pipeline
+        self.key = key
+        super().__init__(f"{pipeline}.trigger key={key!r}: another transaction triggered a run with this key, "
+                         "committed after this transaction's snapshot; retry the transaction to get that run")
 
 
 class PayloadError(InputError, StepReturnError):

@@ -75,6 +75,8 @@ __all__ = [
     "inv_rev_2_no_succeeded_step_reexecuted",
     "inv_rev_3_revived_branch_resumes",
     "inv_run_1_terminal_final",
+    "inv_trg_1_one_run_per_trigger_key",
+    "inv_trg_2_rolled_back_trigger_leaves_nothing",
 ]
 
 _MICROS = 1_000_000
@@ -876,6 +878,41 @@ def inv_rev_3_revived_branch_resumes(model: PipelinesModel) -> None:
                     _fail("INV-REV-3", f"step {stopped.id} (advancement halt) is not resumed advancing in {run.id}")
 
 
+def inv_trg_1_one_run_per_trigger_key(model: PipelinesModel) -> None:
+    """At most one run not pruned holds a pipeline's trigger key, and every trigger with a
+    key returned the run holding it then: a trigger that created a run found the key free,
+    one that created none returned a run triggered with that key, and a key's run is
+    replaced only after it was pruned."""
+    holders: Counter[tuple[str, str]] = Counter(
+        (run.definition.pipeline, run.trigger_key) for run in model.runs.values()
+        if run.trigger_key is not None and not run.pruned)
+    for (pipeline, key), count in holders.items():
+        if count > 1:
+            _fail("INV-TRG-1", f"{count} runs of {pipeline!r} hold trigger key {key!r}")
+    latest: dict[tuple[str, str], str] = {}
+    for trigger in model.triggers:
+        if trigger.key is None:
+            continue
+        run = model.runs.get(trigger.run_id)
+        if run is None or run.trigger_key != trigger.key or run.definition.pipeline != trigger.pipeline:
+            _fail("INV-TRG-1", f"trigger of {trigger.pipeline!r} with key {trigger.key!r} returned "
+                  f"{trigger.run_id}, which was not triggered with it")
+        before = latest.get((trigger.pipeline, trigger.key))
+        if trigger.created and before is not None and not model.runs[before].pruned:
+            _fail("INV-TRG-1", f"trigger key {trigger.key!r} started {trigger.run_id} while {before} held it")
+        if not trigger.created and before != trigger.run_id:
+            _fail("INV-TRG-1", f"trigger key {trigger.key!r} returned {trigger.run_id}, not its run {before}")
+        latest[(trigger.pipeline, trigger.key)] = trigger.run_id
+
+
+def inv_trg_2_rolled_back_trigger_leaves_nothing(model: PipelinesModel) -> None:
+    """A trigger whose caller rolled its transaction back changed nothing: no run, branch,
+    step or execution of it, and the state is what it was before."""
+    for index, (before, after) in enumerate(model.rollbacks):
+        if before != after:
+            _fail("INV-TRG-2", f"rolled-back trigger #{index + 1} left state behind")
+
+
 # =========================================================================== catalogue
 
 INVARIANT_FUNCTIONS: dict[str, Callable[[Any], None]] = {
@@ -902,6 +939,8 @@ INVARIANT_FUNCTIONS: dict[str, Callable[[Any], None]] = {
     "INV-REV-1": inv_rev_1_one_run_per_revive,
     "INV-REV-2": inv_rev_2_no_succeeded_step_reexecuted,
     "INV-REV-3": inv_rev_3_revived_branch_resumes,
+    "INV-TRG-1": inv_trg_1_one_run_per_trigger_key,
+    "INV-TRG-2": inv_trg_2_rolled_back_trigger_leaves_nothing,
 }
 LIMITS_INVARIANTS = tuple(i for i in INVARIANT_FUNCTIONS if i.startswith("INV-LIM"))
 PIPELINE_INVARIANTS = tuple(i for i in INVARIANT_FUNCTIONS if not i.startswith("INV-LIM"))

@@ -16,11 +16,12 @@ Not API.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from model.limits import Bucket, LimitJob, LimitsModel, RateEntry, cap_units, next_token_us
-from model.pipelines import Branch, Execution, HaltHook, PipelinesModel, Run, Step
+from model.pipelines import Branch, Definition, Execution, HaltHook, PipelinesModel, Run, Step
 
 __all__ = ["MUTANTS", "Mutant"]
 
@@ -145,6 +146,21 @@ class ReviveRerunsEverything(PipelinesModel):
         super()._carry_step(run, branch, old, step_ids, resume)
 
 
+class TriggerKeyIgnored(PipelinesModel):
+    """A keyed trigger never finds the key's run: every trigger starts a new run."""
+
+    def _keyed_run(self, pipeline: str, key: str) -> str | None:
+        return None
+
+
+class RollbackKeepsTrigger(PipelinesModel):
+    """A trigger the caller rolled back is written anyway."""
+
+    def _rolled_back(self, definition: Mapping[str, Any] | Definition, args: Sequence[Any],
+                     key: str | None) -> None:
+        self.trigger(definition, args, key)
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One guard removed: ``model_class`` replaces the model of the ``machine`` noun."""
@@ -172,6 +188,8 @@ MUTANTS = (
     Mutant("hook_not_owed", "hooks", HookNotOwed, ("INV-HLT-2",)),
     Mutant("prune_live_run", "pipelines", PruneLiveRun, ("INV-PRN-1",)),
     Mutant("revive_twice", "pipelines", ReviveTwice, ("INV-REV-1",)),
+    Mutant("trigger_key_ignored", "pipelines", TriggerKeyIgnored, ("INV-TRG-1",)),
+    Mutant("rollback_keeps_trigger", "pipelines", RollbackKeepsTrigger, ("INV-TRG-2", "INV-TRG-1")),
     Mutant("revive_reruns_everything", "pipelines", ReviveRerunsEverything, ("INV-REV-2", "INV-EXE-3",
                                                                                "INV-REV-3", "INV-ADV-1")),
 )

@@ -9,7 +9,9 @@ Example::
 
 Runs, branches, steps, jobs (one per step) and executions (one per attempt),
 driven one atomic operation at a time by the caller, so hypothesis can
-interleave them: ``trigger``, ``run_execution``, ``claim_branch``, ``advance``,
+interleave them: ``trigger`` (idempotent per pipeline and trigger key),
+``trigger_in`` (inside the caller's transaction, committed or rolled back),
+``run_execution``, ``claim_branch``, ``advance``,
 the batched ``advance_on_success(es)`` (a worker's success advancing its branch in
 its own transaction), ``claim_branches`` and ``advance_batch`` (an advancer's batch;
 each defined as the single operations one by one), ``advancer_error``,
@@ -63,6 +65,7 @@ __all__ = [
     "Run",
     "RunSummary",
     "Step",
+    "Trigger",
     "canonical_json",
     "is_json_value",
     "job_halt_reason",
@@ -229,6 +232,12 @@ class Definition:
         """The handler class a halted run of this definition owes a hook to; None: no hook."""
         klass: str | None = self.snapshot.get("on_halt")
         return klass
+
+    @property
+    def pipeline(self) -> str:
+        """The pipeline's name: the scope of a trigger key (``""`` when the snapshot has none)."""
+        name: str = self.snapshot.get("pipeline") or ""
+        return name
 
 
 @dataclass(frozen=True)
@@ -397,6 +406,20 @@ class Run:
     pruned: bool = False
     #: the halted run this run revives; None for a triggered run
     revived_from: str | None = None
+    #: the trigger key it was started with, unique per pipeline among runs not pruned
+    #: (None: no key, or a revived run) [INV-TRG-1]
+    trigger_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """One committed ``trigger`` call: the pipeline, its key, the run it returned and
+    whether it created that run (False: the key's run existed) [INV-TRG-1]."""
+
+    pipeline: str
+    key: str | None
+    run_id: str
+    created: bool
 
 
 @dataclass(frozen=True)
@@ -519,6 +542,10 @@ class PipelinesModel:
     prunes: list[Prune] = field(default_factory=list)
     #: ``(halted run, run returned)`` for every accepted ``revive`` call, in order [INV-REV-1]
     revivals: list[tuple[str, str]] = field(default_factory=list)
+    #: every committed trigger, in order [INV-TRG-1]
+    triggers: list[Trigger] = field(default_factory=list)
+    #: ``(snapshot before, snapshot after)`` of every trigger its caller rolled back [INV-TRG-2]
+    rollbacks: list[tuple[bytes, bytes]] = field(default_factory=list)
     _ids: Counter[str] = field(default_factory=Counter)
 
     # ----------------------------------------------------------------- clock
@@ -594,14 +621,46 @@ class PipelinesModel:
 
     # ----------------------------------------------------------------- trigger / execute
 
-    def trigger(self, definition: Mapping[str, Any] | Definition, args: Sequence[Any] = ()) -> str:
-        """Start a run: one branch with a step for ``start`` whose input is ``args``."""
+    def trigger(self, definition: Mapping[str, Any] | Definition, args: Sequence[Any] = (),
+                key: str | None = None) -> str:
+        """Start a run: one branch with a step for ``start`` whose input is ``args``.
+
+        With ``key`` (a non-empty string): when a run of this pipeline holds the key (it
+        was triggered with it and is not pruned), that run is returned and nothing is
+        written; ``args`` are not compared [INV-TRG-1]. A pruned run no longer holds its
+        key: the next trigger with it starts a new run. A key that is not a non-empty
+        string raises ``PreconditionError``, changing nothing.
+        """
         definition = definition if isinstance(definition, Definition) else Definition.parse(definition)
-        run = Run(self._new_id("run"), definition, list(args))
+        if key is not None and not (isinstance(key, str) and key):
+            raise PreconditionError(f"a trigger key must be a non-empty string, got {key!r}")
+        existing = None if key is None else self._keyed_run(definition.pipeline, key)
+        if existing is not None:  # [INV-TRG-1] the key's run: nothing written
+            self.triggers.append(Trigger(definition.pipeline, key, existing, created=False))
+            return existing
+        run = Run(self._new_id("run"), definition, list(args), trigger_key=key)
         self.runs[run.id] = run
         branch = self._new_branch(run, barrier=None, fanout_index=None)
         self._new_step(branch, definition.start, list(args), "trigger", ())
+        self.triggers.append(Trigger(definition.pipeline, key, run.id, created=True))
         return run.id
+
+    def trigger_in(self, definition: Mapping[str, Any] | Definition, args: Sequence[Any] = (),
+                   key: str | None = None, commit: bool = True) -> str | None:
+        """A trigger written through the caller's transaction, which the caller then commits
+        (``commit``) or rolls back.
+
+        Committed, it is exactly ``trigger`` (the same run, the same key rule) and returns
+        its run. Rolled back, it is a no-op: no run, branch, step or execution, the key
+        still free, ``None`` returned [INV-TRG-2]. What the caller's transaction wrote
+        besides is not modelled (it commits or rolls back with the run, never apart).
+        """
+        if commit:
+            return self.trigger(definition, args, key)
+        before = self.snapshot()
+        self._rolled_back(definition, args, key)  # [INV-TRG-2] nothing of it survives
+        self.rollbacks.append((before, self.snapshot()))
+        return None
 
     def run_execution(self, exec_id: int, outcome: Outcome) -> None:
         """A worker claims ``exec_id``, runs it and records ``outcome`` in one guarded commit.
@@ -1045,6 +1104,16 @@ class PipelinesModel:
         step.copied_from = old.id  # [INV-REV-2] history: no execution, never advanced again
         if resume:  # an advancement halt completed it: the transition runs again [INV-REV-3]
             step.status = "advancing"
+
+    def _keyed_run(self, pipeline: str, key: str) -> str | None:
+        """The run of ``pipeline`` holding ``key``: triggered with it and not pruned (the
+        engine's ``uq_run_trigger_key``; a prune deletes the row, and the key with it) [INV-TRG-1]."""
+        return next((r.id for r in self.runs.values()
+                     if r.trigger_key == key and not r.pruned and r.definition.pipeline == pipeline), None)
+
+    def _rolled_back(self, definition: Mapping[str, Any] | Definition, args: Sequence[Any],
+                     key: str | None) -> None:
+        """What a trigger the caller rolled back leaves: nothing [INV-TRG-2]."""
 
     def _existing_revival(self, run_id: str) -> str | None:
         """The run that already revived ``run_id`` (the engine's unique ``revived_from``) [INV-REV-1]."""

@@ -30,6 +30,11 @@ CAPABILITIES: dict[str, tuple[tuple[str, ...], str]] = {
         ("postgresql",),
         "MySQL and SQLite have no notification channel: other processes find work at their next poll",
     ),
+    "snapshot_older_than_a_commit": (
+        ("postgresql", "mysql"),
+        "SQLite serialises writers at BEGIN IMMEDIATE: a transaction that writes never reads from a "
+        "snapshot older than another writer's commit, so it cannot miss a committed trigger key",
+    ),
     "server_side_connections": (
         ("postgresql", "mysql"),
         "SQLite is embedded: there is no server to terminate connections from",

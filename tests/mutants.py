@@ -302,6 +302,30 @@ MUTANTS: dict[str, Mutant] = {
         (('"idempotency_key": step["idempotency_key"] or step["id"]}',
           '"idempotency_key": None}  # mutant: the step\'s own id'),),
     ),
+    # -- triggers (issue 18) ---------------------------------------------------------------
+    "trigger_key_not_stored": Mutant(
+        "a keyed trigger's run is written without its key, so the index never sees it and a "
+        "second trigger with the key starts a second run [INV-TRG-1]",
+        "a keyed trigger writes its key into the run, where `uq_run_trigger_key` holds it [INV-TRG-1]",
+        (("trigger_key=key,  # [INV-TRG-1] uq_run_trigger_key: one run per pipeline and key",
+          "trigger_key=None,  # mutant: the key is not stored"),),
+    ),
+    "trigger_key_unmapped": Mutant(
+        "the violation of `uq_run_trigger_key` is not mapped by name: a trigger that loses a race "
+        "for its key raises the driver's IntegrityError instead of returning the winner's run "
+        "(or TriggeredConcurrently) [INV-TRG-1]",
+        "the index's violation is mapped by name to TriggeredConcurrently and answered with the "
+        "winner's run [INV-TRG-1]",
+        (('{"uq_run_trigger_key": lambda _: TriggeredConcurrently(definition.pipeline, key)}  # [INV-TRG-1]',
+          "{}  # mutant: the violation is not mapped"),),
+    ),
+    "trigger_outside_callers_transaction": Mutant(
+        "a trigger given the caller's connection writes in ductwork's own transaction, committed "
+        "at once, so the caller's rollback leaves the run behind [INV-TRG-2]",
+        "a trigger with `connection=` writes through the caller's transaction and never ends it [INV-TRG-2]",
+        (("return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key)  # [INV-TRG-2]",
+          "with app.begin() as own: return trigger(app, own, pipeline, args, key)  # mutant"),),
+    ),
 }
 
 

@@ -575,6 +575,28 @@ def _sqlite_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, A
                                       set_={c: stmt.excluded[c] for c in update})
 
 
+# --------------------------------------------------------------------------- savepoints
+
+statement_savepoint = Seam("statement_savepoint")
+
+
+@statement_savepoint.for_db("postgresql")
+def _pg_savepoint(conn: Connection) -> contextlib.AbstractContextManager[Any]:
+    # A failed statement aborts the whole transaction on PostgreSQL: a statement that may
+    # violate a unique index inside a transaction that must go on (the caller's) runs in a
+    # savepoint, rolled back to on the violation.
+    return conn.begin_nested()
+
+
+@statement_savepoint.for_db("mysql", "sqlite")
+def _no_savepoint(conn: Connection) -> contextlib.AbstractContextManager[Any]:
+    # Differs from PostgreSQL in that a statement failing on a unique index rolls back only
+    # itself (InnoDB's statement rollback, SQLite's ABORT): the transaction goes on without a
+    # savepoint, and pysqlite's own transaction handling (a caller's plain SQLite engine)
+    # does not support SAVEPOINT reliably.
+    return contextlib.nullcontext()
+
+
 # --------------------------------------------------------------------------- wakeups
 
 notify_wakeup = Seam("notify_wakeup")

@@ -33,8 +33,11 @@ from ductwork.pipelines.definition import (
     referenced_class,
     register_class,
 )
+from ductwork.pipelines.trigger import check_key
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
     from ductwork.db.database import Database as App
     from ductwork.pipelines.runs import Run
 
@@ -68,13 +71,26 @@ class Pipeline:
         raise NotImplementedError(f"{cls.__name__} must override the classmethod define")
 
     @classmethod
-    def trigger(cls, *args: Any, app: App | None = None) -> Run:
+    def trigger(cls, *args: Any, app: App | None = None, key: str | None = None,
+                connection: Connection | None = None) -> Run:
         """Start a run with ``args`` as the first step's input; returns the run handle.
 
-        ``app`` defaults to the last ``ductwork.connect``. Checked before anything is
+            run = Orders.trigger(order_id, key=f"order-{order_id}")   # twice: the same run
+            Orders.trigger(order_id, connection=conn)                   # in the caller's transaction
+
+        ``app`` defaults to the last ``ductwork.connect``. ``key``: at most one run of this
+        pipeline holds it; a trigger with a key that a run holds returns that run and writes
+        nothing (its arguments are not compared), also when callers race, in threads or
+        processes; the key is held until the run is pruned [INV-TRG-1]. ``connection``: a
+        SQLAlchemy ``Connection`` with a transaction begun, on the app's database: the run is
+        written through it and commits or rolls back with the caller's transaction, which
+        this never ends [INV-TRG-2] (docs/triggers.md). Checked before anything is
         written: DefinitionError on an abstract pipeline (no database touched);
         :class:`~ductwork.errors.InputError` when ``args`` do not bind to the first
         step's ``__init__`` (``trigger(1, 2, 3)`` for ``__init__(self, since)``);
+        :class:`~ductwork.errors.TriggerKeyError` for a key that is not a non-empty string
+        of at most 255 characters; :class:`~ductwork.errors.TriggerConnectionError` for a
+        connection that cannot be written through;
         :class:`~ductwork.errors.MainModuleError` when the pipeline or a step class is
         defined in ``__main__`` while job workers of another process are alive on the
         database (they could never import it). Not checked: the later steps' inputs
@@ -85,6 +101,7 @@ class Pipeline:
             raise DefinitionError(cls.__name__, "trigger",
                                   "Must define pipeline before triggering "
                                   "(override the classmethod define)")
+        check_key(cls.__qualname__, key)
         bind = getattr(referenced_class(definition.nodes[definition.start].klass), "_ductwork_bind", None)
         if bind is not None:  # (a definition read from a snapshot may name a class not loaded here)
             try:
@@ -104,7 +121,7 @@ class Pipeline:
                     f"script this process runs), which the {workers} job worker process(es) on this "
                     "database cannot import: move the classes into a module they can import (and "
                     "import them from there)")
-        return trigger_run(app, cls, list(args))
+        return trigger_run(app, cls, list(args), key=key, connection=connection)
 
 
 # The lookups of a stored or configured pipeline name live here, next to the class

@@ -18,7 +18,6 @@ the last two branches to end cannot both think the other is still running.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Iterable
@@ -27,15 +26,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from ductwork.db import dialects, schema
 from ductwork.db.database import default_app
-from ductwork.db.ids import new_id
-from ductwork.errors import DefinitionError, RunStateError, UnknownRunError
+from ductwork.errors import RunStateError, UnknownRunError
 from ductwork.pipelines import payloads
 from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.hooks import owe_hooks
-from ductwork.pipelines.steps import NewStep, create_branches, create_steps, latest_step, step_output_json
+from ductwork.pipelines.steps import NewStep, create_steps, latest_step, step_output_json
+from ductwork.pipelines.trigger import Triggered, trigger, trigger_in
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -48,31 +48,30 @@ ACTIVE_BRANCH = ("in_progress", "advancing")
 _UNSET: Any = object()  # resume() without input
 
 
-def trigger_run(app: App | None, pipeline: type, args: list[Any]) -> Run:
+def trigger_run(app: App | None, pipeline: type, args: list[Any], key: str | None = None,
+                connection: Connection | None = None) -> Run:
     """Start a run of ``pipeline`` (a Pipeline subclass) with ``args`` as the start step's
-    positional arguments.
+    positional arguments, or return the run that holds ``key`` [INV-TRG-1]
+    (``ductwork.pipelines.trigger``).
 
-    Arguments that break the payload rule (``payloads.dump``: not JSON, or longer than
-    ``MAX_PAYLOAD_BYTES``) raise before anything is written.
+    Without ``connection``, in a transaction of its own, committed on return (with a key,
+    retried on a deadlock or a lost connection: a repeat returns the same run). With one,
+    through the caller's transaction [INV-TRG-2]: the handle is read through it too (the
+    run is not visible elsewhere before the caller commits). Arguments that break the
+    payload rule (``payloads.dump``: not JSON, or longer than ``MAX_PAYLOAD_BYTES``) and bad
+    keys raise before anything is written.
     """
     app = app or default_app()
-    definition = getattr(pipeline, "definition", None)
-    if definition is None:
-        raise DefinitionError(pipeline.__qualname__, "trigger", "pipeline has no definition (define() missing)")
-    snapshot = json.dumps(definition.to_json(), sort_keys=True)
-    sha1 = hashlib.sha1(snapshot.encode()).hexdigest()
-    input_json = payloads.dump(list(args), f"{pipeline.__qualname__}.trigger arguments")
-    run_id, branch_id = new_id(), new_id()
-    with app.begin() as tx:
-        now = tx.now
-        tx.execute(schema.runs.insert().values(
-            id=run_id, pipeline_klass=definition.pipeline, definition=snapshot, definition_sha1=sha1,
-            status="in_progress", triggered_at=now, completed_at=None, halted_at=None,
-            created_at=now, updated_at=now))
-        create_branches(tx, run_id, [{"id": branch_id}])
-        create_steps(tx, run_id, definition, [NewStep(branch_id, definition.start, "start", input_json)])
-    app._definitions.setdefault(sha1, definition)
-    return Run(app, run_id)
+    if connection is not None:
+        triggered = trigger_in(connection, app, pipeline, args, key)
+        return Run.read_through(app, connection, triggered.run_id)
+
+    def once() -> Triggered:
+        with app.begin() as tx:
+            return trigger(app, tx, pipeline, args, key)
+
+    triggered = once() if key is None else dialects.retry_transient(once)
+    return Run(app, triggered.run_id)
 
 
 def cached_definition(app: App, sha1: str, text: str | None = None, *, tx: Tx | None = None) -> Definition:
@@ -264,25 +263,37 @@ class Run:
     #: while no branch has halted
     halt_reasons: list[str]
 
-    def __init__(self, app: App, run_id: str):
+    def __init__(self, app: App, run_id: str, *, _read: bool = True):
         self.app = app
         self.id = run_id
-        self.refresh()
+        if _read:
+            self.refresh()
+
+    @classmethod
+    def read_through(cls, app: App, conn: Connection, run_id: str) -> Run:
+        """A handle on ``run_id`` read through ``conn`` (the caller's open transaction, in
+        which the run may not be committed yet); :meth:`refresh` later reads through the app."""
+        run = cls(app, run_id, _read=False)
+        run._read(conn)
+        return run
 
     def refresh(self) -> Run:
         """Read the run's status, pipeline, trigger time and halt reasons again; returns self."""
-        b, r = schema.branches, schema.runs
         with self.app.begin(readonly=True) as tx:
-            row = tx.execute(
-                sa.select(r.c.status, r.c.pipeline_klass, r.c.triggered_at).where(r.c.id == self.id)
-            ).first()
-            if row is None:
-                raise UnknownRunError(self.id)
-            reasons = tx.execute(sa.select(b.c.halt_reason)
-                                 .where(b.c.run_id == self.id, b.c.status == "halted")).scalars()
-            self.halt_reasons = sorted(reason for reason in reasons if reason is not None)
-        self.status, self.pipeline, self.triggered_at = row.status, row.pipeline_klass, row.triggered_at
+            self._read(tx.conn)
         return self
+
+    def _read(self, conn: Connection) -> None:
+        b, r = schema.branches, schema.runs
+        row = conn.execute(
+            sa.select(r.c.status, r.c.pipeline_klass, r.c.triggered_at).where(r.c.id == self.id)
+        ).first()
+        if row is None:
+            raise UnknownRunError(self.id)
+        reasons = conn.execute(sa.select(b.c.halt_reason)
+                               .where(b.c.run_id == self.id, b.c.status == "halted")).scalars()
+        self.halt_reasons = sorted(reason for reason in reasons if reason is not None)
+        self.status, self.pipeline, self.triggered_at = row.status, row.pipeline_klass, row.triggered_at
 
     def wait(self, timeout: float, poll: float = 0.1) -> Run:
         """Block until the run is completed, halted or dampened; TimeoutError after ``timeout`` s.

@@ -27,8 +27,14 @@ twice over to check the second returns the same run), sometimes with a "fix depl
 (every step succeeds from then on), and the revived run driven to rest; the engine and
 the model must agree on every run of the chain, and the model's invariants hold.
 
+A sixth (``test_engine_triggers_end_where_the_model_triggers_end``) triggers with drawn keys
+(or none), in ductwork's own transaction or in a caller's that commits or rolls back, with
+prunes in between that free keys: call by call both sides return the same run or none, and
+the same runs exist at the end with the same keys.
+
 Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-4, INV-RUN-1,
-INV-HLT-1, INV-HLT-2, INV-PRN-1, INV-PRN-2, INV-REV-1, INV-REV-2, INV-REV-3.
+INV-HLT-1, INV-HLT-2, INV-PRN-1, INV-PRN-2, INV-REV-1, INV-REV-2, INV-REV-3, INV-TRG-1,
+INV-TRG-2.
 """
 
 from __future__ import annotations
@@ -400,3 +406,83 @@ def test_engine_revives_end_where_the_model_ends(db_url):
         hunt(db_url, check_revives, revives=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=3))
     finally:
         print(f"revive conformance [{db_url.split(':')[0]}]: {dict(REVIVE_FIGURES)}")
+
+
+# --------------------------------------------------------------------------- triggers
+
+#: calls per way of triggering (own, commit, rollback), runs created, runs returned by key and
+#: prunes; printed with ``-s``
+TRIGGER_FIGURES: Counter[str] = Counter()
+
+
+def check_triggers(url: str, engine, scenario, config, calls) -> None:
+    """Each call triggers the scenario with a key (or none) in ductwork's own transaction,
+    or in a caller's transaction that commits or rolls back; some calls first drive every
+    run to rest, move both clocks an hour and prune what finished more than half an hour
+    ago, freeing its key. Call by call the engine and the model return the same run (by
+    creation order) or none, and in the end the same runs exist, holding the same keys."""
+    from datetime import timedelta
+
+    from ductwork.pipelines import prune as pruning
+    from model.invariants import check_all
+    from model.pipelines import PipelinesModel
+
+    definition, args, oracle = scenario
+    model = PipelinesModel(config)
+    reset_tables(engine)
+    app = App(url, engine_config(config), ManualClock(datetime(2026, 1, 1)), engine=engine)
+    oracle_steps.install(app, oracle)
+    in_process = {**definition, "nodes": {n: {**spec, "timeout_us": None} for n, spec in definition["nodes"].items()}}
+    Generated.definition = Definition.from_json(in_process)
+    model_order: list[str] = []  # created runs, in order, on each side
+    engine_order: list[str] = []
+    for key, how, prune_first in calls:
+        if prune_first:
+            model.drive(oracle)
+            drive(app, "every run")
+            model.advance_clock(HOUR_US)
+            app.clock.advance(timedelta(microseconds=HOUR_US))
+            model.prune_all(model.now_us - HOUR_US // 2, 100)
+            pruning.prune(app, timedelta(microseconds=HOUR_US // 2), batch_size=100)
+            TRIGGER_FIGURES["prunes"] += 1
+        if how == "own":
+            expected = model.trigger(definition, args, key)
+            got: str | None = trigger_run(app, Generated, list(args), key=key).id
+        else:
+            expected = model.trigger_in(definition, args, key, commit=how == "commit")
+            with engine.connect() as conn:
+                transaction = conn.begin()
+                got = trigger_run(app, Generated, list(args), key=key, connection=conn).id
+                if how == "commit":
+                    transaction.commit()
+                else:
+                    transaction.rollback()
+                    got = None
+        if expected is not None and expected not in model_order:
+            model_order.append(expected)
+        if got is not None and got not in engine_order:
+            engine_order.append(got)
+        TRIGGER_FIGURES[how] += 1
+        index = None if expected is None else model_order.index(expected)
+        assert index == (None if got is None else engine_order.index(got)), (
+            f"call {key!r} {how}: the model returned run #{index}, the engine run "
+            f"#{None if got is None else engine_order.index(got)}\ncalls: {calls}")
+    check_all(model)
+    TRIGGER_FIGURES["created"] += len(model_order)
+    TRIGGER_FIGURES["returned_by_key"] += sum(1 for t in model.triggers if not t.created)
+    with app.begin() as tx:
+        rows = dict(tx.execute(sa.select(schema.runs.c.id, schema.runs.c.trigger_key)).all())
+    expected_rows = {engine_order[model_order.index(run_id)]: model.runs[run_id].trigger_key
+                     for run_id in model.live_runs()}
+    assert rows == expected_rows, f"runs and keys differ\nengine: {rows}\nmodel: {expected_rows}\ncalls: {calls}"
+
+
+def test_engine_triggers_end_where_the_model_triggers_end(db_url):
+    """Keyed and transactional triggers against the engine [INV-TRG-1, INV-TRG-2]."""
+    TRIGGER_FIGURES.clear()
+    try:
+        hunt(db_url, check_triggers, calls=st.lists(
+            st.tuples(st.sampled_from([None, "order-1", "order-2"]), st.sampled_from(["own", "commit", "rollback"]),
+                      st.booleans()), min_size=1, max_size=6))
+    finally:
+        print(f"trigger conformance [{db_url.split(':')[0]}]: {dict(TRIGGER_FIGURES)}")

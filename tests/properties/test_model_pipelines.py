@@ -2,22 +2,20 @@
 executions, advancement, advancer errors and crashes, stale tokens, resumes, context
 writes and clock moves interleaved at random; every invariant after every step.
 
-Rules (verbs): ``trigger``, ``drive_a_little`` (the fault-free scheduler, three
-actions), ``run_execution`` (oracle or forced failure/timeout/crash/bad return),
-``run_completed_execution_again``, ``advance`` (commit, crash holding the claim,
-routing error, TransitionError), ``advancer_crash_mid_expand``,
-``advance_with_stale_token``, ``group_commit`` and ``advance_batch`` (each against the
-single operations one by one on a copy), ``advance_clock``, ``resume``, ``context_set``,
-``prune`` (a batch at a random cutoff, sometimes asked about live runs too);
-``teardown`` drives every run to rest with the oracle (liveness).
+Rules (verbs): ``trigger``, ``trigger_with_key`` (in its own transaction, or in the
+caller's, committed or rolled back), ``trigger_rolled_back``, ``drive_a_little`` (the
+fault-free scheduler, three actions), ``run_execution`` (oracle or forced
+failure/timeout/crash/bad return), ``run_completed_execution_again``, ``advance``
+(commit, crash holding the claim, routing error, TransitionError),
+``advancer_crash_mid_expand``, ``advance_with_stale_token``, ``group_commit`` and
+``advance_batch`` (each against the single operations one by one on a copy),
+``advance_clock``, ``resume``, ``context_set``, ``prune`` (a batch at a random cutoff,
+sometimes asked about live runs too), ``revive`` (a halted run, twice, or a run that is
+not halted); ``teardown`` drives every run to rest with the oracle (liveness).
 
 Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3,
-INV-EXE-4, INV-RUN-1, INV-CTX-1, INV-PRN-1, INV-PRN-2.
-``revive`` (a halted run, twice, or a run that is not halted);
-``teardown`` drives every run to rest with the oracle (liveness).
-
-Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3,
-INV-EXE-4, INV-RUN-1, INV-CTX-1, INV-REV-1, INV-REV-2, INV-REV-3.
+INV-EXE-4, INV-RUN-1, INV-CTX-1, INV-PRN-1, INV-PRN-2, INV-REV-1, INV-REV-2, INV-REV-3,
+INV-TRG-1, INV-TRG-2.
 """
 
 from __future__ import annotations
@@ -33,7 +31,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from model.errors import CommitFailed, OverwriteError, PreconditionError, StaleClaim
 from model.invariants import INVARIANT_FUNCTIONS, check_all
-from model.pipelines import CRASH, FAILURE, INVALID, NO_INPUT, TIMED_OUT, PipelinesModel, run_to_quiescence, success
+from model.pipelines import (
+    CRASH,
+    FAILURE,
+    INVALID,
+    NO_INPUT,
+    TIMED_OUT,
+    Definition,
+    PipelinesModel,
+    run_to_quiescence,
+    success,
+)
 from tests.properties.strategies import pipeline_configs, pipeline_scenarios
 
 #: steps per example: 40 keeps the ci profile at a few seconds; deep explores longer runs
@@ -65,6 +73,28 @@ class PipelinesModelMachine(RuleBasedStateMachine):
     @rule(args=st.lists(st.integers(0, 9), max_size=2))
     def trigger(self, args):
         self.model.trigger(self.definition, args)
+
+    @precondition(lambda self: len(self.model.runs) < 6)
+    @rule(args=st.lists(st.integers(0, 9), max_size=2), key=st.sampled_from(["order-1", "order-2"]),
+          in_transaction=st.sampled_from([None, True, False]))
+    def trigger_with_key(self, args, key, in_transaction):
+        """A keyed trigger in its own transaction (``None``) or the caller's, committed or
+        rolled back: the key's run when one holds it, else a new run, or nothing at all."""
+        holder = self.model._keyed_run(Definition.parse(self.definition).pipeline, key)
+        if in_transaction is None:
+            got = self.model.trigger(self.definition, args, key=key)
+        else:
+            got = self.model.trigger_in(self.definition, args, key=key, commit=in_transaction)
+        if in_transaction is False:
+            assert got is None, "[INV-TRG-2] a rolled-back trigger returned a run"
+        elif holder is not None:
+            assert got == holder, f"[INV-TRG-1] key {key!r} returned {got}, not its run {holder}"
+
+    @precondition(lambda self: len(self.model.runs) < 6)
+    @rule(args=st.lists(st.integers(0, 9), max_size=2))
+    def trigger_rolled_back(self, args):
+        """A trigger without a key whose caller rolls back: nothing of it stays."""
+        assert self.model.trigger_in(self.definition, args, commit=False) is None
 
     @precondition(lambda self: self.model.runnable_executions())
     @rule(data=st.data(), times=st.integers(1, 3))
@@ -339,6 +369,14 @@ class PipelinesModelMachine(RuleBasedStateMachine):
     @invariant()
     def inv_rev_3_revived_branch_resumes(self):
         INVARIANT_FUNCTIONS["INV-REV-3"](self.model)
+
+    @invariant()
+    def inv_trg_1_one_run_per_trigger_key(self):
+        INVARIANT_FUNCTIONS["INV-TRG-1"](self.model)
+
+    @invariant()
+    def inv_trg_2_rolled_back_trigger_leaves_nothing(self):
+        INVARIANT_FUNCTIONS["INV-TRG-2"](self.model)
 
 
 PipelinesModelMachine.TestCase.settings = settings(stateful_step_count=STEPS)

@@ -94,6 +94,13 @@ DETECTORS = {
     "test_a_crashes_exhausted_halt_reruns_the_step_with_its_original_input[sqlite]",
     "revive_new_key": "tests/integration/test_revive.py::"
     "test_a_revived_fan_out_reruns_only_the_failed_children_and_then_merges[sqlite]",
+    # triggers (issue 18)
+    "trigger_key_not_stored":
+        "tests/integration/test_triggers.py::test_a_second_trigger_with_the_key_returns_the_first_run[sqlite]",
+    "trigger_key_unmapped": "tests/integration/test_triggers.py::"
+    "test_a_key_committed_after_the_callers_snapshot_raises_and_leaves_its_transaction_usable[postgresql]",
+    "trigger_outside_callers_transaction":
+        "tests/integration/test_triggers.py::test_a_rolled_back_trigger_leaves_nothing[postgresql]",
 }
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")

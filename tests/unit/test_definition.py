@@ -559,7 +559,7 @@ def test_abstract_pipeline_and_trigger(monkeypatch):
 
     calls = []
     runs = types.ModuleType("ductwork.pipelines.runs")
-    runs.trigger_run = lambda app, cls, args: calls.append((app, cls, args)) or "handle"
+    runs.trigger_run = lambda app, cls, args, **_: calls.append((app, cls, args)) or "handle"
     monkeypatch.setitem(sys.modules, "ductwork.pipelines.runs", runs)
     assert Concrete.trigger(1, "x", app="app") == "handle"
     assert calls == [("app", Concrete, [1, "x"])]

@@ -10,7 +10,7 @@ and detector (its times come from a run: the "engine mutants" section that
 ID cited by engine code or by a test module is defined on the page, and every ID
 is enforced somewhere in ``ductwork/``.
 
-Checks: the audit page for every ID (INV-LIM-1 … INV-CLK-1, INV-REV-1 … INV-REV-3).
+Checks: the audit page for every ID (INV-LIM-1 … INV-CLK-1, INV-REV-1 … INV-REV-3, INV-TRG-1, INV-TRG-2).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ EXPECTED = {
     "INV-RUN-1", "INV-CTX-1", "INV-CLK-1",
     "INV-HLT-1", "INV-HLT-2",
     "INV-PRN-1", "INV-PRN-2",
-    "INV-REV-1", "INV-REV-2", "INV-REV-3",
+    "INV-REV-1", "INV-REV-2", "INV-REV-3", "INV-TRG-1", "INV-TRG-2",
 }
 
 

@@ -138,7 +138,7 @@ def test_arguments_that_do_not_bind_name_the_class_and_its_signature(cls, args, 
 def test_trigger_refuses_arguments_the_first_step_cannot_take(monkeypatch):
     calls = []
     runs = types.ModuleType("ductwork.pipelines.runs")
-    runs.trigger_run = lambda _app, _cls, args: calls.append(args) or "handle"
+    runs.trigger_run = lambda _app, _cls, args, **_: calls.append(args) or "handle"
     monkeypatch.setitem(sys.modules, "ductwork.pipelines.runs", runs)
     with pytest.raises(InputError) as info:
         OneP.trigger(1, 2, 3, app="app")

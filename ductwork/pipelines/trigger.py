@@ -1,0 +1,168 @@
+"""Triggering a run: the run, its start branch, start step, job and first execution,
+written in one transaction (ductwork's own or the caller's), at most once per pipeline
+and trigger key.
+
+    run = Orders.trigger(order_id, key=f"order-{order_id}")   # a second call returns this run
+    with engine.begin() as conn:                                # the caller's transaction
+        conn.execute(orders.insert().values(id=order_id))
+        Orders.trigger(order_id, connection=conn)               # commits (or not) with the order
+
+What is written is the model's ``PipelinesModel.trigger``: the run row (with its
+definition snapshot and its key), the start branch, and the start step with its job and
+first execution; a trigger either fully happened or not at all.
+
+Idempotent [INV-TRG-1]: a trigger with ``key`` first looks for the run of its pipeline
+holding that key and returns it, writing nothing (the arguments are not compared: the
+first trigger's win). The unique index ``uq_run_trigger_key`` on ``(pipeline_klass,
+trigger_key)`` is the guarantee behind the look-up: of callers racing with one key whose
+look-ups all found nothing, one inserts the run and the index refuses the others (on
+PostgreSQL and MySQL the loser's insert waits for the winner's commit). The refusal is
+mapped by name (``dialects.translate_db_errors``) to
+:class:`~ductwork.errors.TriggeredConcurrently`; the insert ran in a savepoint
+(``dialects.statement_savepoint``), so the transaction goes on and reads the winner's run.
+A key is held as long as its run exists: ``ductwork prune`` deletes the row and frees the
+key; there is no other expiry.
+
+In the caller's transaction [INV-TRG-2]: :func:`trigger_in` writes through the caller's
+SQLAlchemy ``Connection`` and never commits or rolls back: nothing is visible to others
+before the caller commits, and a rollback leaves nothing. Workers learn of the run once it
+is committed: on PostgreSQL by the transaction's ``NOTIFY`` (delivered at commit, never
+before, never after a rollback); on MySQL and SQLite, which have no such channel, at their
+next poll (``job_worker.polling_timeout``). ``AsyncConnection.run_sync`` can call it.
+
+Not done: a time window for keys (pruning is the window), comparing arguments, checking
+that the caller's connection reaches the app's database (only its kind is compared), or
+retrying the caller's transaction (a trigger in ductwork's own transaction with a key is
+retried on a deadlock or a lost connection: it is idempotent).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ductwork.db import dialects, schema
+from ductwork.db.database import Tx
+from ductwork.db.ids import new_id
+from ductwork.errors import DefinitionError, TriggerConnectionError, TriggeredConcurrently, TriggerKeyError
+from ductwork.pipelines import payloads
+from ductwork.pipelines.steps import NewStep, create_branches, create_steps
+
+if TYPE_CHECKING:
+    from ductwork.db.database import Database as App
+    from ductwork.pipelines.definition import Definition
+
+_r = schema.runs
+
+
+@dataclass(frozen=True)
+class Triggered:
+    """What a trigger did: the run it returns, and whether it wrote it (False: the run
+    that holds the key, found; nothing written)."""
+
+    run_id: str
+    created: bool
+
+
+def check_key(pipeline: str, key: Any) -> str | None:
+    """``key`` if it may be a trigger key, else :class:`TriggerKeyError` naming ``pipeline``
+    and the key: a non-empty string of at most 255 characters, no NUL (PostgreSQL text
+    cannot hold one), no whitespace around it (MySQL's comparison ignores trailing spaces,
+    so ``"a "`` and ``"a"`` would be one key there and two elsewhere). ``None``: no key."""
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise TriggerKeyError(pipeline, key, f"not a string but {type(key).__name__}")
+    if not key:
+        raise TriggerKeyError(pipeline, key, "empty")
+    if len(key) > TriggerKeyError.MAX_TRIGGER_KEY:
+        raise TriggerKeyError(pipeline, key, f"{len(key)} characters long")
+    if "\x00" in key:
+        raise TriggerKeyError(pipeline, key, "contains a NUL character")
+    if key != key.strip():
+        raise TriggerKeyError(pipeline, key, "has whitespace around it")
+    return key
+
+
+def keyed_run(tx: Tx, pipeline: str, key: str) -> str | None:
+    """The id of the run of ``pipeline`` that holds ``key``, if it is visible to ``tx``
+    (at most one: ``uq_run_trigger_key``)."""
+    found: str | None = tx.execute(
+        sa.select(_r.c.id).where(_r.c.pipeline_klass == pipeline, _r.c.trigger_key == key)).scalar()
+    return found
+
+
+def trigger(app: App, tx: Tx, pipeline: type, args: list[Any], key: str | None = None) -> Triggered:
+    """The trigger in ``tx``, whoever's transaction it is; commits nothing.
+
+    ``pipeline`` is a Pipeline subclass (anything with a ``definition``). Checked before
+    anything is written: the key (:func:`check_key`), the arguments (``payloads.dump``: JSON,
+    at most ``MAX_PAYLOAD_BYTES``). :class:`TriggeredConcurrently` when the key's run was
+    committed by a transaction ``tx`` cannot see (its snapshot is older); nothing written.
+    """
+    definition: Definition | None = getattr(pipeline, "definition", None)
+    if definition is None:
+        raise DefinitionError(pipeline.__qualname__, "trigger", "pipeline has no definition (define() missing)")
+    key = check_key(pipeline.__qualname__, key)
+    snapshot = json.dumps(definition.to_json(), sort_keys=True)
+    sha1 = hashlib.sha1(snapshot.encode()).hexdigest()
+    input_json = payloads.dump(list(args), f"{pipeline.__qualname__}.trigger arguments")
+    if key is not None:
+        existing = keyed_run(tx, definition.pipeline, key)
+        if existing is not None:  # [INV-TRG-1] the key's run: nothing written
+            return Triggered(existing, created=False)
+    run_id, branch_id = new_id(), new_id()
+    now = tx.now
+    insert = _r.insert().values(
+        id=run_id, pipeline_klass=definition.pipeline, definition=snapshot, definition_sha1=sha1,
+        status="in_progress", triggered_at=now, completed_at=None, halted_at=None,
+        trigger_key=key,  # [INV-TRG-1] uq_run_trigger_key: one run per pipeline and key
+        created_at=now, updated_at=now)
+    if key is None:
+        tx.execute(insert)
+    else:
+        try:
+            with dialects.translate_db_errors(
+                {"uq_run_trigger_key": lambda _: TriggeredConcurrently(definition.pipeline, key)}  # [INV-TRG-1]
+            ), dialects.statement_savepoint(tx.conn):
+                tx.execute(insert)
+        except TriggeredConcurrently:
+            existing = keyed_run(tx, definition.pipeline, key)
+            if existing is None:  # committed after this transaction's snapshot: not ours to see
+                raise
+            return Triggered(existing, created=False)
+    create_branches(tx, run_id, [{"id": branch_id}])
+    create_steps(tx, run_id, definition, [NewStep(branch_id, definition.start, "start", input_json)])
+    app._definitions.setdefault(sha1, definition)
+    return Triggered(run_id, created=True)
+
+
+def trigger_in(conn: Connection, app: App, pipeline: type, args: list[Any], key: str | None = None) -> Triggered:
+    """The trigger written through the caller's ``conn`` inside the transaction it has begun,
+    which the caller commits or rolls back [INV-TRG-2]; this never ends it.
+
+    ``app`` gives the clock, the definitions cache and the kind of database. Raises
+    :class:`TriggerConnectionError` before anything is written when ``conn`` is not a
+    SQLAlchemy ``Connection`` (pass ``session.connection()`` for a Session, or call this
+    through ``AsyncConnection.run_sync``), has no transaction begun, or is on another kind
+    of database than ``app``. A violation of the key's index leaves the caller's
+    transaction usable (a savepoint on PostgreSQL; a statement rollback elsewhere).
+    """
+    name = getattr(pipeline, "__qualname__", repr(pipeline))
+    check_key(name, key)
+    if not isinstance(conn, Connection):
+        raise TriggerConnectionError(name, f"{type(conn).__name__} is not a SQLAlchemy Connection (for a Session "
+                                           "pass session.connection(); for an AsyncConnection use its run_sync)")
+    if not conn.in_transaction():
+        raise TriggerConnectionError(name, "the connection has no transaction begun; begin one "
+                                           "(engine.begin() or conn.begin()) and commit it after the trigger")
+    kind = dialects.backend(conn)
+    if kind != app.backend:
+        raise TriggerConnectionError(name, f"the connection is to {kind}, but the app's database is "
+                                           f"{app.backend} ({app.database})")
+    return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key)  # [INV-TRG-2]
