@@ -129,9 +129,57 @@ def test_the_engine_mutant_table_lists_every_mutant_with_its_guard_and_detector(
     from tests.properties.test_mutants import detector_label
 
     start = PAGE.index("| mutant | guard removed | detector | killed in |")
-    table = PAGE[start:].split("\n\n")[0].splitlines()[2:]
+    table = [line for line in PAGE[start:].split("\n\n")[0].splitlines()[2:] if line.startswith("|")]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
     assert [row[0] for row in rows] == [f"`{name}`" for name in MUTANTS]
     for (name, mutant), row in zip(MUTANTS.items(), rows, strict=False):
         assert row[1:3] == [mutant.guard, detector_label(name)], f"{name}: {row}"
         assert re.fullmatch(r"\d+\.\d s", row[3]), f"{name}: no time measured: {row}"
+
+
+COUNTS = ("prunes 2, pruned runs 3, connection kills {c}, runs 45, steps 294, claims 324, "
+          "keyed claims 163, batched claims 114, witnesses 314, halted runs 6, on_halt hooks 2, "
+          "revived runs 4, concurrent revive calls 8")
+SAMPLE_LOG = f"""ci: commit abc1234 at 2026-12-01 10:00 UTC
+================================ chaos evidence ================================
+passed test_chaos_round[sqlite-20261129]: sqlite: chaos seed 20261129: kills 11, {COUNTS.format(c=0)}; violations 0
+failed test_killed_database_container_recovers[mysql]: mysql: chaos seed 2: kills 0, {COUNTS.format(c=3)}; violations 2
+================================ engine mutants ================================
+| mutant | guard removed | detector | killed in |
+|---|---|---|---:|
+| `no_key_lock` | the key's row lock [INV-LIM-1] | the race test | 7.7 s |
+============ 1 failed, 1875 passed, 12 skipped in 551.88s (0:09:11) ============
+ci: versions Python 3.11.7
+ci: total 609 s
+"""
+
+
+def test_the_evidence_blocks_are_generated_from_a_ci_log():
+    from tests import evidence
+
+    blocks = evidence.render(evidence.parse(SAMPLE_LOG))
+    assert blocks["run"] == ("Run of 2026-12-01 10:00 UTC, from a fresh clone at commit `abc1234`: "
+                             "**1,875 passed, 12 skipped, **1 failed** in 552 s** (the whole `.ci/run`, "
+                             "databases and containers included: 609 s). Versions: Python 3.11.7.")
+    assert blocks["mutants"].splitlines()[2] == (
+        "| `no_key_lock` | the key's row lock [INV-LIM-1] | the race test | 7.7 s |")
+    chaos = blocks["chaos"].splitlines()
+    assert chaos[2] == (
+        "| round (seed 20261129) | SQLite | 11 | 0 | 45 | 294 | 324 (163, 114) | 314 | 6 / 2 / 4 (8) | 2 / 3 | 0 |")
+    assert chaos[3].startswith("| database container SIGKILLed | MariaDB | 0 | 3 |")
+    assert chaos[3].endswith("| 2 |")
+    assert chaos[4] == "| **all 2 rounds** | | **11** | 3 | | | | | | | **2** |"
+
+
+def test_invariants_md_has_every_evidence_block_and_replace_keeps_the_prose():
+    from tests import evidence
+
+    text = (ROOT / "INVARIANTS.md").read_text()
+    blocks = {name: f"generated {name}" for name in evidence.BLOCKS}
+    replaced = evidence.replace(text, blocks)
+    for name in evidence.BLOCKS:
+        assert f"<!-- evidence:{name} -->\ngenerated {name}\n<!-- /evidence:{name} -->" in replaced
+    assert replaced.count("\n") < text.count("\n")  # the tables went, the markers stayed
+    assert replaced.split("<!-- evidence:run -->")[0] == text.split("<!-- evidence:run -->")[0]
+    with pytest.raises(ValueError, match="no <!-- evidence:missing -->"):
+        evidence.replace(text, {"missing": "x"})
