@@ -89,3 +89,16 @@ def test_the_scan_finds_what_it_must(tmp_path: Path, text: str, expected: list[s
     probe.write_text(text + "\n", encoding="utf-8")
     found = dangling(probe)
     assert [p.split(": ", 1)[1].split(",")[0] for p in found] == expected
+
+
+def test_printed_schema_revisions_in_the_docs_are_the_head() -> None:
+    """What ``ductwork db upgrade`` prints, as the docs show it, names the newest migration
+    (a new migration otherwise leaves every shown output one revision behind)."""
+    from ductwork.db import migrate
+
+    head = migrate.head()
+    stale = [f"{path.relative_to(ROOT)}: {line.strip()}"
+             for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+             for line in path.read_text().splitlines()
+             if (found := re.search(r"at revision (\w+) \(head (\w+)\)", line)) and found.group(2) != head]
+    assert stale == [], f"head is {head}"
