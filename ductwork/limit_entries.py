@@ -259,7 +259,8 @@ def parse_limit_entry(key: Any, raw: Any, path: str) -> LimitEntry:
             raise ConfigError(
                 f"{path}.rate",
                 rate_raw,
-                f"expected a rate entry or a list of them, got {type(rate_raw).__name__}",
+                f"expected a rate entry ({{limit: 100, per: 1m}}, optionally with burst) or a list of "
+                f"them, got {type(rate_raw).__name__}",
             )
     if concurrency is None and not rates:
         raise EmptyLimitError(
