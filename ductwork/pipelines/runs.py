@@ -18,6 +18,7 @@ the last two branches to end cannot both think the other is still running.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -27,6 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from ductwork.db import dialects, schema
 from ductwork.db.database import default_app
@@ -271,18 +273,27 @@ class Run:
 
     def refresh(self) -> Run:
         """Read the run's status, pipeline, trigger time and halt reasons again; returns self."""
-        b, r = schema.branches, schema.runs
         with self.app.begin(readonly=True) as tx:
-            row = tx.execute(
-                sa.select(r.c.status, r.c.pipeline_klass, r.c.triggered_at).where(r.c.id == self.id)
-            ).first()
-            if row is None:
-                raise UnknownRunError(self.id)
-            reasons = tx.execute(sa.select(b.c.halt_reason)
-                                 .where(b.c.run_id == self.id, b.c.status == "halted")).scalars()
-            self.halt_reasons = sorted(reason for reason in reasons if reason is not None)
-        self.status, self.pipeline, self.triggered_at = row.status, row.pipeline_klass, row.triggered_at
+            self._read(tx.conn)
         return self
+
+    async def arefresh(self) -> Run:
+        """:meth:`refresh`, awaited: the same reads through the async driver
+        (``Database.aread``), never blocking the event loop; returns self."""
+        await self.app.aread(self._read)
+        return self
+
+    def _read(self, conn: Connection) -> None:
+        b, r = schema.branches, schema.runs
+        row = conn.execute(
+            sa.select(r.c.status, r.c.pipeline_klass, r.c.triggered_at).where(r.c.id == self.id)
+        ).first()
+        if row is None:
+            raise UnknownRunError(self.id)
+        reasons = conn.execute(sa.select(b.c.halt_reason)
+                               .where(b.c.run_id == self.id, b.c.status == "halted")).scalars()
+        self.halt_reasons = sorted(reason for reason in reasons if reason is not None)
+        self.status, self.pipeline, self.triggered_at = row.status, row.pipeline_klass, row.triggered_at
 
     def wait(self, timeout: float, poll: float = 0.1) -> Run:
         """Block until the run is completed, halted or dampened; TimeoutError after ``timeout`` s.
@@ -295,6 +306,18 @@ class Run:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"run {self.id} still {self.status} after {timeout} s")
             time.sleep(poll)
+        return self
+
+    async def await_completion(self, timeout: float, poll: float = 0.1) -> Run:
+        """:meth:`wait`, awaited: until the run is completed, halted or dampened (the same
+        three statuses), polling with :meth:`arefresh` every ``poll`` s and sleeping with
+        ``asyncio.sleep``, so the event loop runs on; TimeoutError after ``timeout`` s.
+        Cancelling the awaiting task stops the polling (the run goes on)."""
+        deadline = time.monotonic() + timeout
+        while (await self.arefresh()).status not in SETTLED:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {self.id} still {self.status} after {timeout} s")
+            await asyncio.sleep(poll)
         return self
 
     def steps(self) -> list[StepInfo]:
