@@ -1,6 +1,6 @@
 """The event loop async steps run on: one per worker process, in a thread of its own.
 
-    >>> outcomes = run_steps([fetch_one.execute(), fetch_two.execute()])   # from a worker thread
+    >>> outcomes = STEP_LOOP.run([fetch_one.execute(), fetch_two.execute()])   # from a worker thread
     [{'ok': True}, ValueError('boom')]
 
 A worker thread that claimed several ``async def execute`` steps hands their coroutines
@@ -38,6 +38,7 @@ import asyncio
 import os
 import threading
 from collections.abc import Coroutine
+from concurrent.futures import Future
 from typing import Any
 
 
@@ -70,28 +71,32 @@ class StepLoop:
         loop.call_soon(ready.set)
         loop.run_forever()
 
-    def run(self, coroutines: list[Coroutine[Any, Any, Any]]) -> list[Any]:
-        """Run ``coroutines`` concurrently on the loop; block until all ended. Returns, in
-        order, each one's value or the exception it raised (a ``CancelledError`` too)."""
+    def start(self, coroutines: list[Coroutine[Any, Any, Any]]) -> Future[list[Any]]:
+        """Start ``coroutines`` concurrently on the loop; :meth:`result` waits for them."""
         if threading.current_thread() is self._thread:
             for coroutine in coroutines:
                 coroutine.close()
             raise RuntimeError("a step's coroutine cannot wait for steps on its own loop (this would deadlock)")
-        future = asyncio.run_coroutine_threadsafe(_all(coroutines), self.loop())
+        return asyncio.run_coroutine_threadsafe(_all(coroutines), self.loop())
+
+    @staticmethod
+    def result(future: Future[list[Any]]) -> list[Any]:
+        """Block until every coroutine :meth:`start` started has ended. Returns, in order,
+        each one's value or the exception it raised (a ``CancelledError`` too)."""
         try:
             return future.result()
         except BaseException:
             future.cancel()  # the thread is leaving (interrupted): cancel what it handed over
             raise
 
+    def run(self, coroutines: list[Coroutine[Any, Any, Any]]) -> list[Any]:
+        """:meth:`start` then :meth:`result`."""
+        return self.result(self.start(coroutines))
+
 
 async def _all(coroutines: list[Coroutine[Any, Any, Any]]) -> list[Any]:
     return list(await asyncio.gather(*coroutines, return_exceptions=True))
 
 
-_PROCESS_LOOP = StepLoop()
-
-
-def run_steps(coroutines: list[Coroutine[Any, Any, Any]]) -> list[Any]:
-    """Run coroutines on this process's step loop (:meth:`StepLoop.run`)."""
-    return _PROCESS_LOOP.run(coroutines)
+#: this process's step loop
+STEP_LOOP = StepLoop()

@@ -72,7 +72,7 @@ from ductwork.fleet.invoke import (
     is_async_step,
     returned,
 )
-from ductwork.fleet.steploop import run_steps
+from ductwork.fleet.steploop import STEP_LOOP
 from ductwork.limits.claims import claim_batch, complete_all_and_hand_off, complete_and_hand_off, seconds_to_next_token
 from ductwork.limits.executions import (
     Claimed,
@@ -505,9 +505,13 @@ class Worker:
         recorded: set[str] = set()
         self._together = batch
         try:
-            faults.hit(faults.AFTER_JOB_CLAIM)
-            outcomes = run_steps([self._awaited(claimed) for claimed in batch])
-            faults.hit(faults.DURING_JOB_EXECUTION)
+            awaiting = STEP_LOOP.start([self._awaited(claimed) for claimed in batch])
+            try:
+                faults.hit(faults.WHILE_ASYNC_STEPS_AWAIT)
+            except BaseException:
+                STEP_LOOP.result(awaiting)  # no execution is crashed (below) while its step still runs
+                raise
+            outcomes = STEP_LOOP.result(awaiting)
             performed = None
             for claimed, outcome in zip(batch, outcomes, strict=True):
                 self.current = claimed.execution_id
@@ -609,7 +613,7 @@ class Worker:
                                   claimed.run_id)
             value = instance.execute()
             if asyncio.iscoroutine(value):  # (an async step is awaited by _run_together; not one built here)
-                value = _value_of(run_steps([value])[0])
+                value = _value_of(STEP_LOOP.run([value])[0])
         return self._output(claimed, definition, value)
 
     @staticmethod

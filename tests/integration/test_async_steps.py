@@ -238,3 +238,50 @@ class Odd(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(OddStep)
+
+
+class Awaiting(Step):
+    def __init__(self, i):
+        self.i = i
+
+    async def execute(self):
+        await asyncio.sleep(0.2)
+        return self.i
+
+
+class AwaitingP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Awaiting)
+
+
+@pytest.mark.parametrize("action", ["kill", "raise"])
+def test_a_worker_stopped_while_its_async_steps_await_loses_nothing(app, db_url, action):
+    """A worker process killed (or failing) at ``while_async_steps_await``, its claimed
+    async steps in the middle of their awaits: once its row is reaped, the executions it
+    held are crashed and re-run, and every step succeeds exactly once [INV-EXE-2]."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ductwork.fleet.reaper import reap, reap_stale
+    from tests.conftest import TEST_CONFIG
+
+    runs = [AwaitingP.trigger(i) for i in range(6)]
+    config = {**TEST_CONFIG, "pipelines": ["tests.integration.test_async_steps:AwaitingP"]}
+    env = {**os.environ, "DUCTWORK_FAULT": f"while_async_steps_await:{action}:2"}
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.integration.fault_child", db_url, json.dumps(config), "async-child"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert f"FAULT FIRING while_async_steps_await:{action}" in child.stderr, child.stderr[-2000:]
+    assert child.returncode == (-9 if action == "kill" else 0), child.stderr[-2000:]
+    (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
+    reap(app, ready.split()[1], force=True)
+    reap_stale(app, None)
+    drain(app, timeout=60)
+    assert [r.refresh().status for r in runs] == ["completed"] * 6
+    assert [r.steps()[0].output for r in runs] == list(range(6))
+    outcomes = [[e.outcome for e in executions_of(r)] for r in runs]
+    assert all(o.count("success") == 1 for o in outcomes), outcomes  # [INV-EXE-2]
+    assert any("process_crashed" in o for o in outcomes), outcomes  # the held ones were re-run
