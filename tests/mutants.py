@@ -283,6 +283,13 @@ MUTANTS: dict[str, Mutant] = {
         (('"idempotency_key": step["idempotency_key"] or step["id"]}',
           '"idempotency_key": None}  # mutant: the step\'s own id'),),
     ),
+    # async steps (issue 18)
+    "async_cancel_escapes": Mutant(
+        "an async step that cancels itself raises CancelledError out of the worker: the thread "
+        "leaves and the execution is crashed, not failed [INV-EXE-4]",
+        "an async step's unrequested cancellation is its failure, not the worker thread's exit [INV-EXE-4]",
+        (("if isinstance(awaited, asyncio.CancelledError):", "if False:  # mutant: cancellation escapes"),),
+    ),
 }
 
 

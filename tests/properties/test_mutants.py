@@ -87,6 +87,9 @@ DETECTORS = {
     "test_a_crashes_exhausted_halt_reruns_the_step_with_its_original_input[sqlite]",
     "revive_new_key": "tests/integration/test_revive.py::"
     "test_a_revived_fan_out_reruns_only_the_failed_children_and_then_merges[sqlite]",
+    # async steps (issue 18)
+    "async_cancel_escapes": "tests/integration/test_async_steps.py::"
+    "test_an_async_step_that_cancels_itself_or_raises_fails[sqlite-cancels_itself]",
 }
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")
