@@ -172,6 +172,26 @@ class Expand(Pipeline):
         p.start(Items).expand(to=Noop)
 
 
+class AsyncSleep(Step):
+    """Awaits ``asyncio.sleep(seconds)`` (a network call of an async step), returns nothing."""
+
+    def __init__(self, value=None, seconds=0.1):  # noqa: ARG002 - bench.harness.insert_pending's input is [0]
+        self.seconds = seconds
+
+    async def execute(self):
+        import asyncio
+
+        await asyncio.sleep(self.seconds)
+
+
+class AsyncNaps(Pipeline):
+    """One unkeyed async step awaiting 0.1 s (B7)."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(AsyncSleep)
+
+
 PIPELINES = [f"bench.workloads:{cls.__name__}" for cls in
              (Chain, One, ConcurrencyNap, RateNap, RateBurst1Nap, Limit3Nap, WideNoop, SaturatedNap,
-              Blocked, Backlog, Expand)]
+              Blocked, Backlog, Expand, AsyncNaps)]

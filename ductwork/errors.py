@@ -9,7 +9,7 @@ The tree::
     │   ├── CollapseError                 collapse() without a matching expand()
     │   ├── ConvergeError                 converge() without a matching divert()
     │   ├── DivertError                   divert() without an "otherwise" target
-    │   ├── AsyncStepError                a Step subclass defines ``async def execute``
+    │   ├── AsyncStepError                a Step subclass's ``execute`` is an async generator
     │   └── MainModuleError               a class in ``__main__`` triggered where other processes run steps
     ├── DurationError (ValueError)        a duration value cannot be parsed (no context)
     ├── ConfigError (ValueError)          ductwork.yml or a config value is wrong; names the path
@@ -99,10 +99,11 @@ class DivertError(DefinitionError):
 
 
 class AsyncStepError(DefinitionError):
-    """A Step subclass defines ``async def execute``; raised when the class is created.
+    """A Step subclass's ``execute`` is an async generator; raised when the class is created.
 
-    ``AsyncStepError("Fetch", "execute", reason)`` reads ``Fetch.execute: async steps are
-    not supported yet …``. Nothing would await the coroutine, so the step could never run.
+    ``AsyncStepError("Stream", "execute", reason)`` reads ``Stream.execute: an async
+    generator is not a step's work …``: it yields values, and a step returns one.
+    (``async def execute`` with a ``return`` is an async step, and is run.)
     """
 
 

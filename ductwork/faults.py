@@ -57,6 +57,9 @@ IN_KEYED_GROUP_COMMIT = "in_keyed_group_commit"
 AFTER_JOB_CLAIM = "after_job_claim"
 DURING_JOB_EXECUTION = "during_job_execution"
 AFTER_JOB_COMMIT = "after_job_commit"
+# Async steps: in the worker thread, once the claimed async steps were handed to the step
+# loop and before their outcomes are read (a long-awaiting step is awaiting then)
+WHILE_ASYNC_STEPS_AWAIT = "while_async_steps_await"
 # Reaper
 DURING_REAP = "during_reap"
 # on_halt hooks (issue 16)
@@ -89,6 +92,7 @@ CHECKPOINTS = (
     AFTER_JOB_CLAIM,
     DURING_JOB_EXECUTION,
     AFTER_JOB_COMMIT,
+    WHILE_ASYNC_STEPS_AWAIT,
     DURING_REAP,
     *HOOK_CHECKPOINTS,
     INSIDE_PRUNE_BATCH,

@@ -326,6 +326,13 @@ MUTANTS: dict[str, Mutant] = {
         (("return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key)  # [INV-TRG-2]",
           "with app.begin() as own: return trigger(app, own, pipeline, args, key)  # mutant"),),
     ),
+    # async steps (issue 18)
+    "async_cancel_escapes": Mutant(
+        "an async step that cancels itself raises CancelledError out of the worker: the thread "
+        "leaves and the execution is crashed, not failed [INV-EXE-4]",
+        "an async step's unrequested cancellation is its failure, not the worker thread's exit [INV-EXE-4]",
+        (("if isinstance(awaited, asyncio.CancelledError):", "if False:  # mutant: cancellation escapes"),),
+    ),
 }
 
 

@@ -16,11 +16,12 @@ which ``Pipeline.trigger`` uses. Not done here: choosing the URL and config
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -30,6 +31,11 @@ from ductwork.db import dialects, schema
 from ductwork.db.clock import Clock, DatabaseClock, to_us
 from ductwork.db.wakeup import ADVANCERS, WORKERS, Wakeup
 from ductwork.errors import MissingDatabaseError, MissingTablesError, RunStateError
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+T = TypeVar("T")
 
 
 class Tx:
@@ -107,6 +113,7 @@ class Database:
         self.advancer_wakeup = Wakeup()
         #: parsed definition snapshots by digest (``pipelines.runs.cached_definition``)
         self._definitions: dict[str, Any] = {}
+        self._async_engine: AsyncEngine | None = None
 
     @property
     def database(self) -> str:
@@ -168,6 +175,29 @@ class Database:
             self.wakeup.notify()
         if tx.advancers_woken:
             self.advancer_wakeup.notify()
+
+    def async_engine(self) -> AsyncEngine:
+        """The async twin of ``engine`` (``dialects.create_async_engine``: the same database
+        through psycopg 3's async connections, aiomysql or aiosqlite, pooling nothing),
+        created at first use."""
+        with self._lock:
+            if self._async_engine is None:
+                self._async_engine = dialects.create_async_engine(self.url)
+            return self._async_engine
+
+    async def aread(self, read: Callable[[Connection], T]) -> T:
+        """Run ``read`` (code written for a sync :class:`Connection`) in one read-only
+        transaction on :meth:`async_engine`, from a coroutine: SQLAlchemy's
+        ``AsyncConnection.run_sync`` turns each of its statements into an await on the
+        caller's event loop, so the loop runs on while the database answers. The schema
+        check of :meth:`begin` runs in a thread the first time. Not for writes (ductwork's
+        writing transactions take locks and read the clock through :class:`Tx`)."""
+        if not self._schema_checked:
+            await asyncio.to_thread(self.check_schema)
+        async with self.async_engine().connect() as aconn:
+            aconn = await aconn.execution_options(ductwork_readonly=True)
+            async with aconn.begin():
+                return await aconn.run_sync(read)
 
     def now(self) -> datetime:
         """Database time, in a transaction of its own."""

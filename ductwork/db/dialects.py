@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -32,6 +32,9 @@ from sqlalchemy.sql.operators import custom_op
 
 from ductwork.db.schema import CONSTRAINT_COLUMNS
 from ductwork.errors import DatabaseURLError, UnsupportedDialectError
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 BACKENDS = ("postgresql", "mysql", "sqlite")
 _ALIASES = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "sqlite": "sqlite"}
@@ -289,6 +292,46 @@ def _sqlite_hooks(engine: Engine, busy_timeout: float) -> None:
         # writers. Everything that decides and writes starts IMMEDIATE.
         readonly = conn.get_execution_options().get("ductwork_readonly")
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+
+#: ductwork's async driver per sync driver (``Database.async_engine``), its module, its extra
+ASYNC_DRIVERS = {"psycopg": "psycopg_async", "pymysql": "aiomysql", "pysqlite": "aiosqlite"}
+_ASYNC_MODULES = {"psycopg_async": "psycopg", "aiomysql": "aiomysql", "aiosqlite": "aiosqlite"}
+
+
+def create_async_engine(url: str | URL, **settings: Any) -> AsyncEngine:
+    """An AsyncEngine on ``url`` through ductwork's async driver (psycopg 3's async
+    connections, aiomysql, aiosqlite) with the same per-backend settings as
+    :func:`create_engine`: READ COMMITTED, timeouts, SQLite's ``BEGIN IMMEDIATE`` and
+    pragmas (the ``ductwork_readonly`` execution option starts a deferred transaction).
+
+    It pools nothing (``NullPool``): a pooled async connection belongs to the event
+    loop that opened it, and callers (a web app, tests, ``asyncio.run`` per script)
+    use several loops; each use opens a connection on the loop it runs on. Raises
+    :class:`DatabaseURLError` naming ``pip install 'ductwork[async]'`` when the async
+    driver is not installed."""
+    from sqlalchemy.ext.asyncio import create_async_engine as _create
+    from sqlalchemy.pool import NullPool
+
+    parsed = normalize_url(url)
+    name = backend(parsed.get_backend_name())
+    driver = ASYNC_DRIVERS[parsed.drivername.partition("+")[2]]
+    parsed = parsed.set(drivername=f"{parsed.drivername.partition('+')[0]}+{driver}")
+    if importlib.util.find_spec(_ASYNC_MODULES[driver]) is None or importlib.util.find_spec("greenlet") is None:
+        raise DatabaseURLError("database.url", parsed.render_as_string(hide_password=True),
+                               f"the async client needs the {driver} driver and greenlet: "
+                               "pip install 'ductwork[async]'")
+    options = _engine_options(name, settings)
+    if name == "mysql":
+        # Differs from PostgreSQL in that aiomysql takes no read or write timeout (PyMySQL
+        # does): an await that never returns blocks only its own task, and the caller
+        # bounds it (``Run.await_completion(timeout=)``).
+        options["connect_args"] = {k: v for k, v in options["connect_args"].items()
+                                   if k not in ("read_timeout", "write_timeout")}
+    engine = _create(parsed, poolclass=NullPool, **options)
+    if name == "sqlite":
+        _sqlite_hooks(engine.sync_engine, float(settings.get("busy_timeout", 30)))
+    return engine
 
 
 statement_limit = Seam("statement_limit")

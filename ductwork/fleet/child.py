@@ -13,6 +13,10 @@ execution recorded ``timed_out`` and its concurrency slot freed [INV-EXE-5]. The
 child also dies with its parent (``PR_SET_PDEATHSIG`` on Linux), so a killed
 worker leaves no step code running.
 
+An async step with ``timeout=`` runs here too, on an event loop of its own
+(``asyncio.run``): cancelling its task could not stop code that blocks the loop or
+ignores the cancellation, a kill does.
+
 Costs and limits: one interpreter start per execution (tens of milliseconds);
 the child imports the run's pipeline by its module path (the parent checked that
 it and the step class are of its configured pipelines), so both must be defined
@@ -22,6 +26,7 @@ its return value crosses back as JSON.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -152,6 +157,8 @@ def main() -> None:
         pipe.write(RUNNING)
         pipe.flush()
         value = instance.execute()
+        if asyncio.iscoroutine(value):  # an async step: on a loop of its own, killed with the child
+            value = asyncio.run(value)
         try:
             message: dict[str, Any] = {"ok": dump(value, returned(request["klass"], value))}
         except StepReturnError as error:  # the parent fails the execution once (ReturnRejected)

@@ -19,6 +19,7 @@ from ductwork.limits.executions import MESSAGE_LIMIT, ErrorInfo
 from ductwork.pipelines.context import Context
 from ductwork.pipelines.definition import in_main_module, resolve_step
 from ductwork.pipelines.pipeline import resolve_pipeline
+from ductwork.pipelines.step import is_async
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -57,6 +58,21 @@ class ChildStepError(Exception):
     def __init__(self, info: ErrorInfo):
         self.info = info
         super().__init__(info.message)
+
+
+class AsyncStepInterrupted(Exception):
+    """An async step's coroutine was cancelled without being asked to, or raised
+    ``SystemExit``/``KeyboardInterrupt`` (which would stop the loop every async step of
+    its process runs on): the step's failure, retried like any other."""
+
+
+def is_async_step(claimed: Claimed) -> bool:
+    """Whether the claimed step's class has ``async def execute``; False when the class
+    does not resolve (the plain path records that as ``invalid``)."""
+    try:
+        return is_async(resolve_step(claimed.klass))
+    except Exception:  # noqa: BLE001 - UnknownStepClassError, or what a class lookup raised
+        return False
 
 
 class ReturnRejected(StepInvalid):
@@ -117,5 +133,5 @@ def build_step(app: App, klass: str, input_json: str, idempotency_key: str, run_
 
 # Recorded (an execution's error class, the logs) as ``ductwork.execute.<name>`` before the
 # fleet package existed: the names stay, so stored rows and log searches keep matching.
-for _cls in (BuildFailed, StepInvalid, StepTimedOut, ChildStepError, ReturnRejected):
+for _cls in (BuildFailed, StepInvalid, StepTimedOut, ChildStepError, ReturnRejected, AsyncStepInterrupted):
     _cls.__module__ = "ductwork.execute"

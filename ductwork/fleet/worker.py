@@ -34,10 +34,19 @@ Rescue layering, one owner per failure:
 
 Steps without ``timeout=`` run in the worker's thread: Python threads cannot be
 killed, so only a process kill stops them.
+
+Async steps (``async def execute``) without ``timeout=`` run on the process's step
+loop (``fleet.steploop``): the executions of one claim that are async steps of the
+same lane are awaited together, concurrently, and then each outcome is recorded
+exactly as a plain step's (the same fences, budgets, group commits and hand-offs);
+since each claimed execution already holds its limit slot and token, running them
+together never exceeds a limit. With ``timeout=`` an async step runs in a child
+process like a plain one (``fleet.child``), which a kill really stops.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -52,6 +61,7 @@ from ductwork.db.dialects import retry_transient
 from ductwork.errors import CommitFailed, StepReturnError
 from ductwork.fleet.hooks import run_due_hook
 from ductwork.fleet.invoke import (
+    AsyncStepInterrupted,
     BuildFailed,
     ChildStepError,
     ReturnRejected,
@@ -59,8 +69,10 @@ from ductwork.fleet.invoke import (
     StepTimedOut,
     build_step,
     check_configured,
+    is_async_step,
     returned,
 )
+from ductwork.fleet.steploop import STEP_LOOP
 from ductwork.limits.claims import claim_batch, complete_all_and_hand_off, complete_and_hand_off, seconds_to_next_token
 from ductwork.limits.executions import (
     Claimed,
@@ -95,6 +107,20 @@ class Performed:
     execution_id: str
     node: str
     outcome: str  # success | failure | timed_out | invalid | process_crashed | commit_failed
+
+
+#: ``Worker._perform`` without an awaited outcome: the step is run there
+_NOT_AWAITED: Any = object()
+
+
+def _value_of(awaited: Any) -> Any:
+    """An awaited step's value, or raise what it raised; a ``CancelledError`` nobody
+    asked for (the step cancelled itself) is the step's failure, not the thread's exit."""
+    if isinstance(awaited, asyncio.CancelledError):
+        raise AsyncStepInterrupted(f"the step's coroutine was cancelled: {awaited!r}") from awaited
+    if isinstance(awaited, BaseException):
+        raise awaited
+    return awaited
 
 
 def make_output(klass: str, definition: Definition, node: str, value: Any) -> Output:
@@ -318,6 +344,8 @@ class Worker:
         self.next_token_s: float | None = None
         #: the execution this worker is performing
         self.current: str | None = None
+        #: the async steps this worker is awaiting together (``_run_together``)
+        self._together: list[Claimed] = []
         #: the on_halt hook this worker is running (ductwork.fleet.hooks)
         self.current_hook: str | None = None
         self._next_hook_poll = 0.0
@@ -331,6 +359,7 @@ class Worker:
         it runs, those claimed and queued, and those run but not yet recorded."""
         held = {claimed.execution_id for claimed in list(self._queue)}
         held.update(success.claimed.execution_id for success in list(self._group))
+        held.update(claimed.execution_id for claimed in list(self._together))
         current = self.current
         if current is not None:
             held.add(current)
@@ -379,7 +408,11 @@ class Worker:
                 in_a_row = claimed.execution_id in self._in_a_row
                 self._in_a_row.discard(claimed.execution_id)
                 keyed_group = claimed.limit_key is None or self._inbox is None or in_a_row
-                performed = self._run(claimed, group=self._batch_size > 1 and keyed_group)
+                group = self._batch_size > 1 and keyed_group
+                if self._awaitable(claimed):
+                    performed = self._run_together(self._async_batch(claimed, in_a_row), group=group)
+                else:
+                    performed = self._run(claimed, group=group)
                 if self._group and (not self._queue
                                     or time.monotonic() - self._group_started >= self._batch_window):
                     self._flush()
@@ -446,6 +479,65 @@ class Worker:
                 # reconciliation crashes the orphaned claim once it answers again)
                 record_crash(self.app, claimed.execution_id, claimed.process_id, ABANDONED,
                              "execution abandoned by its worker thread")
+
+    def _awaitable(self, claimed: Claimed) -> bool:
+        """Whether ``claimed`` is awaited on the step loop: an async step without ``timeout=``."""
+        return not claimed.timeout_us and is_async_step(claimed)
+
+    def _async_batch(self, first: Claimed, in_a_row: bool) -> list[Claimed]:
+        """``first`` and the queued executions after it that are awaited with it: async
+        steps of its lane, recorded the same way (in a row or not) and, with successes
+        waiting for the group commit, the same group."""
+        batch = [first]
+        while (self._queue and self._queue[0].limit_key == first.limit_key and self._awaitable(self._queue[0])
+               and (self._queue[0].execution_id in self._in_a_row) == in_a_row):
+            claimed = self._queue.popleft()
+            self._in_a_row.discard(claimed.execution_id)
+            batch.append(claimed)
+        return batch
+
+    def _run_together(self, batch: list[Claimed], *, group: bool) -> Performed:
+        """Await the async steps of ``batch`` together on the step loop, then record each
+        outcome in order as :meth:`_run` does (``group``: successes to the group commit).
+        On any escape, crash every execution of the batch not recorded yet. A claim of
+        async steps then takes ``batch_size`` executions: they run side by side, so none
+        waits behind its siblings (what pacing a batch of plain steps is for)."""
+        recorded: set[str] = set()
+        self._together = batch
+        try:
+            awaiting = STEP_LOOP.start([self._awaited(claimed) for claimed in batch])
+            try:
+                faults.hit(faults.WHILE_ASYNC_STEPS_AWAIT)
+            except BaseException:
+                STEP_LOOP.result(awaiting)  # no execution is crashed (below) while its step still runs
+                raise
+            outcomes = STEP_LOOP.result(awaiting)
+            performed = None
+            for claimed, outcome in zip(batch, outcomes, strict=True):
+                self.current = claimed.execution_id
+                performed = Performed(claimed.execution_id, claimed.node, self._perform(claimed, group, outcome))
+                recorded.add(claimed.execution_id)
+            self.batch = self._batch_size
+            assert performed is not None
+            return performed
+        finally:
+            self.current = None
+            self._together = []
+            for claimed in batch:
+                if claimed.execution_id not in recorded:  # an exception (or thread exit) escaped
+                    record_crash(self.app, claimed.execution_id, claimed.process_id, ABANDONED,
+                                 "execution abandoned by its worker thread")
+
+    async def _awaited(self, claimed: Claimed) -> Any:
+        """On the step loop: check, build and await one async step; its value, or raises
+        what :meth:`_invoke` would (``StepInvalid``, ``BuildFailed``, the step's error)."""
+        check_configured(claimed)
+        instance = build_step(self.app, claimed.klass, claimed.input_json, claimed.idempotency_key,
+                              claimed.run_id)
+        try:
+            return await instance.execute()
+        except (KeyboardInterrupt, SystemExit) as error:  # would stop the loop of every thread's steps
+            raise AsyncStepInterrupted(f"the step raised {error!r}") from error
 
     def _abandon(self) -> None:
         """The thread is leaving run_once (KeyboardInterrupt, SystemExit): crash what this
@@ -520,20 +612,31 @@ class Worker:
             instance = build_step(self.app, claimed.klass, claimed.input_json, claimed.idempotency_key,
                                   claimed.run_id)
             value = instance.execute()
+            if asyncio.iscoroutine(value):  # (an async step is awaited by _run_together; not one built here)
+                value = _value_of(STEP_LOOP.run([value])[0])
+        return self._output(claimed, definition, value)
+
+    @staticmethod
+    def _output(claimed: Claimed, definition: Definition, value: Any) -> Output:
         try:
             return make_output(claimed.klass, definition, claimed.node, value)
         except StepReturnError as error:  # (not one that execute() itself raised)
             raise ReturnRejected(ErrorInfo.of(error)) from error
 
-    def _perform(self, claimed: Claimed, group: bool) -> str:
+    def _perform(self, claimed: Claimed, group: bool, awaited: Any = _NOT_AWAITED) -> str:
+        """Run the step (or take ``awaited``: what its coroutine returned or raised on the
+        step loop) and record its outcome; returns the outcome's name."""
         definition = cached_definition(self.app, claimed.definition_sha1)
         try:
             try:
-                check_configured(claimed)  # before anything is built here or in a child process
-                started = time.monotonic()
-                output = self._invoke(claimed, definition)
-                self._paced(time.monotonic() - started)
-                faults.hit(faults.DURING_JOB_EXECUTION)
+                if awaited is _NOT_AWAITED:
+                    check_configured(claimed)  # before anything is built here or in a child process
+                    started = time.monotonic()
+                    output = self._invoke(claimed, definition)
+                    self._paced(time.monotonic() - started)
+                    faults.hit(faults.DURING_JOB_EXECUTION)
+                else:
+                    output = self._output(claimed, definition, _value_of(awaited))
             except StepInvalid as invalid:  # can never succeed: fail the step at once [INV-EXE-4]
                 info = invalid.info  # bound here: the name `invalid` ends with this block
                 retry_transient(lambda: record_invalid(self.app, claimed, info))

@@ -9,10 +9,16 @@ settable once per run, so of concurrent setters exactly one wins and the rest ge
 :class:`Context.OverwriteError` [INV-CTX-1]. ``overwrite=True`` upserts instead
 (last writer wins; avoid it for guards). Values are JSON. Each call is its own
 transaction: a value set by a step stays set even if the step later fails.
+
+In an async step, ``await self.context.aget(key)`` and ``await self.context.aset(key,
+value)`` do the same without blocking the event loop: the call runs in a thread of the
+loop's default executor (``asyncio.to_thread``), with the same transaction and the same
+guarantee.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -76,3 +82,12 @@ class Context:
                 ):
                     tx.execute(schema.context.insert().values(**row))
         return value
+
+    async def aget(self, key: str) -> Any:
+        """:meth:`get`, awaited: run in a thread (``asyncio.to_thread``), so the loop runs on."""
+        return await asyncio.to_thread(self.get, key)
+
+    async def aset(self, key: str, value: T, overwrite: bool = False) -> T:
+        """:meth:`set`, awaited: run in a thread (``asyncio.to_thread``), so the loop runs on;
+        the same :class:`Context.OverwriteError` for a key already set [INV-CTX-1]."""
+        return await asyncio.to_thread(self.set, key, value, overwrite)

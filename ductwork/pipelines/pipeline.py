@@ -16,6 +16,8 @@ to the engine) and re-definition (edit the class and re-import instead).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -122,6 +124,22 @@ class Pipeline:
                     "database cannot import: move the classes into a module they can import (and "
                     "import them from there)")
         return trigger_run(app, cls, list(args), key=key, connection=connection)
+
+
+    @classmethod
+    async def atrigger(cls, *args: Any, app: App | None = None, **options: Any) -> Run:
+        """:meth:`trigger`, awaited: the same checks and the same one transaction, run in a
+        thread (``asyncio.to_thread``) so the event loop runs on; returns the run handle
+        (whose :meth:`~ductwork.pipelines.runs.Run.arefresh` and
+        :meth:`~ductwork.pipelines.runs.Run.await_completion` use the async driver).
+        ``options`` are :meth:`trigger`'s keyword arguments, passed on unchanged.
+
+        A thread, not the async driver, because :meth:`trigger` writes through ductwork's
+        synchronous transaction (its clock, its wake-ups) and reads before it writes
+        (the ``__main__`` check): done in the thread, none of it can block the loop. The
+        thread is one of the loop's default executor's; cancelling the awaiting task does
+        not undo a trigger the thread has begun (it commits or rolls back on its own)."""
+        return await asyncio.to_thread(functools.partial(cls.trigger, *args, app=app, **options))
 
 
 # The lookups of a stored or configured pipeline name live here, next to the class

@@ -18,6 +18,7 @@ the last two branches to end cannot both think the other is still running.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterable
@@ -283,6 +284,12 @@ class Run:
             self._read(tx.conn)
         return self
 
+    async def arefresh(self) -> Run:
+        """:meth:`refresh`, awaited: the same reads through the async driver
+        (``Database.aread``), never blocking the event loop; returns self."""
+        await self.app.aread(self._read)
+        return self
+
     def _read(self, conn: Connection) -> None:
         b, r = schema.branches, schema.runs
         row = conn.execute(
@@ -306,6 +313,18 @@ class Run:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"run {self.id} still {self.status} after {timeout} s")
             time.sleep(poll)
+        return self
+
+    async def await_completion(self, timeout: float, poll: float = 0.1) -> Run:
+        """:meth:`wait`, awaited: until the run is completed, halted or dampened (the same
+        three statuses), polling with :meth:`arefresh` every ``poll`` s and sleeping with
+        ``asyncio.sleep``, so the event loop runs on; TimeoutError after ``timeout`` s.
+        Cancelling the awaiting task stops the polling (the run goes on)."""
+        deadline = time.monotonic() + timeout
+        while (await self.arefresh()).status not in SETTLED:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {self.id} still {self.status} after {timeout} s")
+            await asyncio.sleep(poll)
         return self
 
     def steps(self) -> list[StepInfo]:

@@ -80,11 +80,14 @@ class Step:
     ``RuntimeError``. ``execute`` takes no arguments; definitions reject a class whose
     ``execute`` needs any.
 
+    ``execute`` may be ``async def`` (an async step): its worker awaits it on the event
+    loop of its process, concurrently with the other async steps it claimed
+    (``ductwork.fleet.steploop``), with the same guarantees as a plain one.
+
     Checked when the subclass is created: an ``execute`` it defines or inherits must be
-    callable and a plain function: ``async def execute`` (or an async generator) raises
-    :class:`~ductwork.errors.AsyncStepError`, since nothing would await it. A subclass
-    that does not override ``execute`` is allowed (an abstract base); definitions
-    reject it.
+    callable and not an async generator (:class:`~ductwork.errors.AsyncStepError`). A
+    subclass that does not override ``execute`` is allowed (an abstract base);
+    definitions reject it.
     """
 
     #: set by the engine before ``__init__``; None on an instance built directly
@@ -164,10 +167,15 @@ class Step:
 def check_execute(cls: type) -> None:
     """Raise if ``cls.execute`` can never run as a step's work; an un-overridden one passes.
 
-        >>> class Fetch(Step):
-        ...     async def execute(self): ...
+    ``async def execute`` is a step's work too (an async step, run on its worker
+    process's event loop: ``ductwork.fleet.steploop``); an async generator is not (it
+    returns no value to record):
+
+        >>> class Stream(Step):
+        ...     async def execute(self):
+        ...         yield 1
         Traceback (most recent call last):
-        AsyncStepError: Fetch.execute: async steps are not supported yet ...
+        AsyncStepError: Stream.execute: an async generator is not a step's work ...
     """
     raw = inspect.getattr_static(cls, "execute", None)
     if raw is Step.__dict__["execute"]:
@@ -175,8 +183,14 @@ def check_execute(cls: type) -> None:
     function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
     if not callable(function):
         raise DefinitionError(cls.__name__, "execute", f"execute must be a method, got {raw!r}")
-    if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
-        kind = "an async generator" if inspect.isasyncgenfunction(function) else "a coroutine function"
+    if inspect.isasyncgenfunction(function):
         raise AsyncStepError(cls.__name__, "execute",
-                             f"async steps are not supported yet (execute is {kind}, so nothing would "
-                             "await it); define a plain `def execute(self)`")
+                             "an async generator is not a step's work (it yields values, and a step "
+                             "returns one): define `async def execute(self)` with a `return`")
+
+
+def is_async(cls: type) -> bool:
+    """Whether ``cls.execute`` is ``async def`` (an async step: its worker awaits it)."""
+    raw = inspect.getattr_static(cls, "execute", None)
+    function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    return inspect.iscoroutinefunction(function)

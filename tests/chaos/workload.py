@@ -13,6 +13,9 @@ attempt (a retry), ``Nap`` after a ``delay``. ``ChaosHalts`` runs always halt an
 their ``PageOnHalt`` hook, whose first attempt fails. Durations come from the input, so a
 round with one seed is the same workload every time.
 
+``ChaosAsyncFan`` fans out to ``AsyncApiCall``, an async step on the ``api`` key: a kill
+lands while several of them await on the worker's step loop.
+
 ``ChaosRetained`` is what the round's prunes delete (``ductwork prune --pipeline``):
 unwitnessed steps (a pruned run's witness rows would name steps that no longer exist),
 a delay so some of its runs are in progress when a prune runs, a step that fails every
@@ -275,8 +278,42 @@ class ChaosReviveChain(Pipeline):
         p.start(Seed).chain(to=Halting).chain(to=Nap)
 
 
+class AsyncApiCall(ApiCall):
+    """``ApiCall`` as an async step: its witness rows are written in a thread and its pause is
+    an ``asyncio.sleep``, so a kill lands while many of them await on the step loop
+    (``while_async_steps_await`` among the faults); the ``api`` key's concurrency holds."""
+
+    async def execute(self):
+        import asyncio
+
+        from ductwork.db.dialects import db_now
+
+        def start():
+            with _witness_engine().begin() as conn:
+                return conn.execute(WITNESS.insert().values(
+                    step_id=self._ductwork_step_id, idempotency_key=self.idempotency_key, pid=os.getpid(),
+                    limit_key=self.limit_key, started_at=db_now(conn))).inserted_primary_key[0]
+
+        def end(witness_id):
+            with _witness_engine().begin() as conn:
+                conn.execute(WITNESS.update().where(WITNESS.c.id == witness_id).values(ended_at=db_now(conn)))
+
+        witness_id = await asyncio.to_thread(start)
+        await asyncio.sleep((zlib.crc32(f"{self.value!r}:0".encode()) % 40 + 10) / 1000)
+        await asyncio.to_thread(end, witness_id)
+        return self.value * 2
+
+
+class ChaosAsyncFan(Pipeline):
+    """An expand whose items are async steps (awaited together by a worker thread), then plain ones."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Fan).expand(to=AsyncApiCall, limit_by="api").collapse(into=Total)
+
+
 PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed, ChaosHalts,
-             ChaosRetained, ChaosReviveFan, ChaosReviveChain]
+             ChaosRetained, ChaosReviveFan, ChaosReviveChain, ChaosAsyncFan]
 #: pipelines whose halted runs the harness revives (by the name runs store)
 REVIVED = tuple(p.definition.pipeline for p in (ChaosReviveFan, ChaosReviveChain))
 
@@ -288,6 +325,7 @@ def trigger_workload(app, scale: int) -> list:
         runs.append(ChaosRetained.trigger(i, app=app))
     for i in range(2 * scale):
         runs.append(ChaosFan.trigger(60 + 20 * i, app=app))
+        runs.append(ChaosAsyncFan.trigger(30 + 10 * i, app=app))
     for i in range(8 * scale):
         runs.append(ChaosChain.trigger(i, app=app))
         runs.append(ChaosDivert.trigger(i, app=app))

@@ -40,8 +40,9 @@ from tests.workloads import FAULT_KEY, FaultPipeline, fault_pipeline_expected
 ITEMS = 10  # expand_batch is 4: three batches
 EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
 #: checkpoints outside the fleet's work, each with its own kill test:
-#: inside_prune_batch (``ductwork prune``): tests/integration/test_inspection.py
-ELSEWHERE = (faults.INSIDE_PRUNE_BATCH, *faults.HOOK_CHECKPOINTS)
+#: inside_prune_batch (``ductwork prune``): tests/integration/test_inspection.py;
+#: while_async_steps_await (only async steps pass it): tests/integration/test_async_steps.py
+ELSEWHERE = (faults.INSIDE_PRUNE_BATCH, faults.WHILE_ASYNC_STEPS_AWAIT, *faults.HOOK_CHECKPOINTS)
 CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads:FaultPipeline"], "job_worker": {
     **TEST_CONFIG["job_worker"],
     "limits": {FAULT_KEY: {"concurrency": 2, "rate": {"limit": 1000, "per": 1}}},

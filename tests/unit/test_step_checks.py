@@ -19,7 +19,7 @@ from ductwork.errors import AsyncStepError, DefinitionError, InputError, MainMod
 from ductwork.pipelines.advance import job_halt_reason
 from ductwork.pipelines.definition import in_main_module, main_module_refs
 from ductwork.pipelines.pipeline import Pipeline
-from ductwork.pipelines.step import Step
+from ductwork.pipelines.step import Step, is_async
 from model.pipelines import job_halt_reason as model_job_halt_reason
 
 
@@ -53,45 +53,44 @@ class OneP(Pipeline):
 # --------------------------------------------------------------------------- class creation
 
 
-def test_async_execute_is_refused_when_the_class_is_created():
+def test_async_execute_is_a_step_and_an_async_generator_is_refused():
+    class Fetch(Step):
+        async def execute(self):
+            return 1
+
+    class Static(Step):
+        @staticmethod
+        async def execute():
+            return 1
+
+    assert is_async(Fetch)
+    assert is_async(Static)
+    assert not is_async(Step)
     with pytest.raises(AsyncStepError) as info:
-        class Fetch(Step):
-            async def execute(self):
-                return 1
-    assert str(info.value) == (
-        "Fetch.execute: async steps are not supported yet (execute is a coroutine function, so "
-        "nothing would await it); define a plain `def execute(self)`")
-    assert isinstance(info.value, DefinitionError)
-
-
-def test_async_generator_and_inherited_async_execute_are_refused():
-    with pytest.raises(AsyncStepError, match=r"Stream.execute: .* an async generator"):
         class Stream(Step):
             async def execute(self):
                 yield 1
-
-    with pytest.raises(AsyncStepError, match=r"Static.execute: async steps"):
-        class Static(Step):
-            @staticmethod
-            async def execute():
-                return 1
+    assert str(info.value) == (
+        "Stream.execute: an async generator is not a step's work (it yields values, and a step "
+        "returns one): define `async def execute(self)` with a `return`")
+    assert isinstance(info.value, DefinitionError)
 
     class Base(Step):
         pass
 
-    Base.execute = _async_execute  # bypasses the class statement's check ...
-    with pytest.raises(AsyncStepError, match=r"Child.execute: async steps"):
+    Base.execute = _async_generator  # bypasses the class statement's check ...
+    with pytest.raises(AsyncStepError, match=r"Child.execute: an async generator"):
         class Child(Base):  # ... but a subclass inheriting it is checked
             pass
-    with pytest.raises(AsyncStepError, match=r"Base.execute: async steps"):
+    with pytest.raises(AsyncStepError, match=r"Base.execute: an async generator"):
         class UsesBase(Pipeline):  # ... and so is a class a definition uses
             @classmethod
             def define(cls, pipeline):
                 pipeline.start(Base)
 
 
-async def _async_execute(self):  # noqa: ARG001  # pragma: no cover - never awaited
-    return 1
+async def _async_generator(self):  # noqa: ARG001  # pragma: no cover - never iterated
+    yield 1
 
 
 def test_execute_must_be_callable():
