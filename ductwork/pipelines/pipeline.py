@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ductwork.db.database import default_app
 from ductwork.db.hosts import other_job_workers
-from ductwork.errors import DefinitionError, InputError, MainModuleError
+from ductwork.errors import DefinitionError, InputError, MainModuleError, TriggerConnectionError
 from ductwork.pipelines.definition import (
     _REGISTRY,
     Definition,
@@ -132,13 +132,27 @@ class Pipeline:
         thread (``asyncio.to_thread``) so the event loop runs on; returns the run handle
         (whose :meth:`~ductwork.pipelines.runs.Run.arefresh` and
         :meth:`~ductwork.pipelines.runs.Run.await_completion` use the async driver).
-        ``options`` are :meth:`trigger`'s keyword arguments, passed on unchanged.
+        ``options`` are :meth:`trigger`'s keyword arguments, passed on unchanged, except
+        that ``connection`` is the caller's SQLAlchemy ``AsyncConnection`` (with a
+        transaction begun): the run is written through it, on the loop, by the async
+        driver (``AsyncConnection.run_sync``), and commits or rolls back with the caller's
+        transaction [INV-TRG-2].
 
-        A thread, not the async driver, because :meth:`trigger` writes through ductwork's
-        synchronous transaction (its clock, its wake-ups) and reads before it writes
-        (the ``__main__`` check): done in the thread, none of it can block the loop. The
-        thread is one of the loop's default executor's; cancelling the awaiting task does
-        not undo a trigger the thread has begun (it commits or rolls back on its own)."""
+        Without ``connection``, a thread, not the async driver, because :meth:`trigger`
+        writes through ductwork's synchronous transaction (its clock, its wake-ups) and
+        reads before it writes (the ``__main__`` check): done in the thread, none of it can
+        block the loop. The thread is one of the loop's default executor's; cancelling the
+        awaiting task does not undo a trigger the thread has begun (it commits or rolls
+        back on its own)."""
+        connection = options.pop("connection", None)
+        if connection is not None:
+            run_sync = getattr(connection, "run_sync", None)
+            if run_sync is None:
+                raise TriggerConnectionError(
+                    cls.__qualname__,
+                    f"atrigger takes an AsyncConnection (async with engine.begin() as conn), not "
+                    f"{type(connection).__name__}; a synchronous Connection goes to trigger()")
+            return await run_sync(lambda sync: cls.trigger(*args, app=app, connection=sync, **options))
         return await asyncio.to_thread(functools.partial(cls.trigger, *args, app=app, **options))
 
 

@@ -140,3 +140,48 @@ def test_atrigger_passes_its_checks_on():
 
     with pytest.raises(InputError, match="cannot take the arguments"):
         asyncio.run(AddP.atrigger(1, 2, 3))
+
+
+def test_atrigger_in_the_callers_async_transaction_commits_or_rolls_back_with_it(app):
+    """``atrigger(connection=AsyncConnection)`` writes through the caller's transaction on
+    the loop (the async driver), never blocking it: a rollback leaves nothing, a commit the
+    run, and a second keyed trigger in another transaction returns that run [INV-TRG-2]."""
+    from ductwork.db import dialects
+
+    async def main():
+        engine = dialects.create_async_engine(app.url)
+        try:
+            async def order_that_fails():
+                async with engine.begin() as conn:
+                    await AddP.atrigger(1, 2, connection=conn, key="order-rolled-back")
+                    raise RuntimeError("the order failed")
+
+            with pytest.raises(RuntimeError, match="the order failed"):
+                await order_that_fails()
+            async with engine.begin() as conn:
+                run = await AddP.atrigger(3, 4, connection=conn, key="order-1")
+                assert run.status == "in_progress"  # read through the caller's transaction
+            async with engine.begin() as conn:
+                again = await AddP.atrigger(5, 6, connection=conn, key="order-1")
+            return run, again
+        finally:
+            await engine.dispose()
+
+    run, again = run_unblocked(app, main)
+    assert again.id == run.id
+    from ductwork import list_runs
+
+    assert [r.id for r in list_runs(app=app)] == [run.id]  # the rolled-back trigger left nothing
+    drain(app)
+    assert run.refresh().status == "completed"
+    assert run.steps()[0].output == 7
+
+
+def test_atrigger_refuses_a_synchronous_connection(app):
+    from ductwork.errors import TriggerConnectionError
+
+    async def main():
+        with app.engine.connect() as conn, pytest.raises(TriggerConnectionError, match="AsyncConnection"):
+            await AddP.atrigger(1, 2, connection=conn)
+
+    asyncio.run(main())
