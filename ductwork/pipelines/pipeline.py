@@ -152,7 +152,8 @@ class Pipeline:
                     cls.__qualname__,
                     f"atrigger takes an AsyncConnection (async with engine.begin() as conn), not "
                     f"{type(connection).__name__}; a synchronous Connection goes to trigger()")
-            return await run_sync(lambda sync: cls.trigger(*args, app=app, connection=sync, **options))
+            run: Run = await run_sync(lambda sync: cls.trigger(*args, app=app, connection=sync, **options))
+            return run
         return await asyncio.to_thread(functools.partial(cls.trigger, *args, app=app, **options))
 
 
