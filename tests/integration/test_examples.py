@@ -126,6 +126,11 @@ def test_django_shop_starts_each_order_s_run_once_on_commit_or_atomically(kind, 
     assert "ok: every order has exactly one run, and a rolled-back order has none" in out
 
 
+def test_the_django_recipe_in_the_docs_is_the_example_s_module():
+    page = read_page(REPO / "docs" / "triggers.md")
+    assert page.support["ductwork_django.py"] == (REPO / "examples" / "django_shop" / "ductwork_django.py").read_text()
+
+
 def test_every_example_says_how_to_run_it():
     for path in [*sorted((REPO / "examples").glob("*.py")), REPO / "examples" / "django_shop" / "run_shop.py"]:
         doc = path.read_text().split('"""')[1]
