@@ -3,7 +3,10 @@
 Checks: none directly; the documentation's examples run.
 
 Each example in ``examples/`` runs as a subprocess on a temporary SQLite file and
-must exit 0 and print its key lines.
+must exit 0 and print its key lines. The Django project (``examples/django_shop``) runs on
+every database: its point is a transaction shared by Django and ductwork. It also runs
+with its connection wrapper removed, and must then fail (SQLAlchemy ends Django's
+transaction).
 
 Each Markdown page runs in a fresh interpreter (this file run as a script) in an
 empty directory of its own, top to bottom, like a reader would go through it:
@@ -67,8 +70,8 @@ _CLEAN_ENV = ("DUCTWORK_DATABASE_URL", "DUCTWORK_CONFIG", "DUCTWORK_ENV", "DUCTW
 # --------------------------------------------------------------------------- examples
 
 
-def _example(tmp_path: Path, name: str, *args: str) -> str:
-    url = f"sqlite:///{tmp_path / 'example.sqlite3'}"
+def _example(tmp_path: Path, name: str, *args: str, url: str | None = None) -> str:
+    url = url or f"sqlite:///{tmp_path / 'example.sqlite3'}"
     done = subprocess.run([sys.executable, str(REPO / "examples" / name), "--database-url", url, *args],
                           cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{name} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
@@ -102,10 +105,58 @@ def test_approval_waits_then_resumes_with_the_decision(tmp_path):
     assert "ok: both runs waited for a decision" in out
 
 
+def _shop_database(kind: str, tmp_path: Path, worker_id: str) -> str:
+    """A fresh database of ``kind`` for examples/django_shop alone."""
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'shop.sqlite3'}"
+    from tests import databases
+
+    server = databases.server_for_session(kind, worker_id)
+    if isinstance(server, str):
+        databases.skip_or_fail(server)
+    prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test") + "_django"
+    return databases.fresh_database(server, databases.database_name(worker_id, prefix=prefix))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mysql"])
+def test_django_shop_starts_each_order_s_run_once_on_commit_or_atomically(kind, tmp_path, worker_id):
+    out = _example(tmp_path, "django_shop/run_shop.py", url=_shop_database(kind, tmp_path, worker_id))
+    assert re.search(r"on commit: order 1 has run \S+; a second trigger returned the same run", out)
+    assert "sweep: triggered runs for 2 orders: [2, 3]; order 3 got its existing run back" in out
+    assert "second sweep: triggered runs for 0 orders: []" in out
+    assert re.search(r"atomic: run \S+ is not visible before the commit", out)
+    assert re.search(r"atomic: after the commit, order 4 and its run \S+ both exist", out)
+    assert re.search(r"atomic rollback: neither order 5 nor run \S+ exists", out)
+    assert "FAILED" not in out
+    assert "ok: every order has exactly one run, and a rolled-back order has none" in out
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mysql"])
+def test_django_shop_fails_without_the_wrapper_that_keeps_django_s_transaction(kind, tmp_path, worker_id):
+    """The example's mutant: SQLAlchemy handed Django's DBAPI connection itself rolls back
+    Django's transaction at its first connect (after reading the server's settings), so
+    the order inserted before the trigger is gone and run_shop.py fails."""
+    url = _shop_database(kind, tmp_path, worker_id)
+    script = ("import ductwork_django, run_shop\n"
+              "ductwork_django._Borrowed = lambda dbapi_connection: dbapi_connection\n"
+              f"raise SystemExit(run_shop.main(['--database-url', {url!r}]))\n")
+    env = _env(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join((str(REPO / "examples" / "django_shop"), env["PYTHONPATH"]))
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0, done.stdout
+    assert "Save with update_fields did not affect any rows" in done.stderr, done.stderr
+
+
+def test_the_django_recipe_in_the_docs_is_the_example_s_module():
+    page = read_page(REPO / "docs" / "triggers.md")
+    assert page.support["ductwork_django.py"] == (REPO / "examples" / "django_shop" / "ductwork_django.py").read_text()
+
+
 def test_every_example_says_how_to_run_it():
-    for path in sorted((REPO / "examples").glob("*.py")):
+    for path in [*sorted((REPO / "examples").glob("*.py")), REPO / "examples" / "django_shop" / "run_shop.py"]:
         doc = path.read_text().split('"""')[1]
-        assert f"python examples/{path.name} [--database-url URL]" in doc, path.name
+        assert f"python {path.relative_to(REPO)} [--database-url URL]" in doc, path.name
 
 
 # --------------------------------------------------------------------------- reading pages
