@@ -322,8 +322,8 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
             faults.hit(faults.BEFORE_RELEASE_KEY_LOCK)
             header = lock_for_release(tx, key)  # [INV-LIM-1, INV-CLK-1] the key's lock, then the clock
             late = gather() if gather is not None else []
-            if late:  # ready since: released in this hold too, their steps left to an advancer (its locks
-                # are branch and run rows, which no transaction takes after a key's lock)
+            if late:  # ready since: released in this hold too, their steps left to an advancer (advancing
+                # them here would lock branch and run rows after the key's: the lock order is branch, run, key)
                 successes.extend(late)
                 _follow_up(tx, late, inline=False)
             faults.hit(faults.IN_KEYED_GROUP_COMMIT)
