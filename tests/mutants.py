@@ -139,7 +139,8 @@ MUTANTS: dict[str, Mutant] = {
     "keyed_group_one_seq": Mutant(
         "a keyed group commit releases all its executions with one sequence number [INV-LIM-1, INV-CLK-1]",
         "a keyed group commit releases each execution with its own sequence number, in order [INV-CLK-1]",
-        (("seq + i\n", "seq + 1  # mutant: one seq for the whole group\n"),),
+        (("seq + i for i, s in enumerate(successes, start=1)},\n",
+          "seq + 1 for i, s in enumerate(successes, start=1)},  # mutant: one seq for the whole group\n"),),
     ),
     "keyed_batch_past_refusal": Mutant(
         "a keyed batch decided in memory claims on past a decision that refuses [INV-LIM-1, INV-LIM-2]",
@@ -150,7 +151,7 @@ MUTANTS: dict[str, Mutant] = {
         "a keyed group commit's hand-off numbers its claims from the key's seq before the releases "
         "[INV-LIM-1, INV-CLK-1]",
         "a hand-off's claims follow the group's releases in the key's sequence [INV-CLK-1]",
-        (("header.seq, header.unwritten = seq + len(successes), True",
+        (("header.seq, header.unwritten = header.seq + len(successes), True",
           "header.unwritten = True  # mutant: the releases do not move the held header's seq"),),
     ),
     "releases_seq_unwritten": Mutant(
@@ -159,6 +160,13 @@ MUTANTS: dict[str, Mutant] = {
         "a keyed group commit writes the key's seq past its releases [INV-CLK-1]",
         (("write_seq(tx, key)  # the releases' seq, unless the hand-off's claim wrote it",
           "pass  # mutant: the releases' seq is not written"),),
+    ),
+    "release_clock_before_lock": Mutant(
+        "a keyed group commit releases its executions at the time it read before the key's lock "
+        "[INV-CLK-1]",
+        "a keyed group commit reads the clock again once it holds the key's lock [INV-CLK-1]",
+        (("tx.read_clock_again()  # [INV-CLK-1] the releases' time follows the key's sequence",
+          "pass  # mutant: the releases keep the time read before the key's lock"),),
     ),
     "stale_fence_commits": Mutant(
         "the advancement fence does not compare the claim token [INV-ADV-2, INV-ADV-1]",

@@ -82,6 +82,14 @@ class Tx:
     def now_us(self) -> int:
         return to_us(self.now)
 
+    def read_clock_again(self) -> None:
+        """Read the clock once more, if this transaction has read it: its time from here
+        on. For a keyed group commit, which writes what follows its steps before it takes
+        the key's lock and releases its executions after it: a release's time must follow
+        the key's sequence [INV-CLK-1]. Not done: moving the times already written."""
+        if self._now is not None:
+            self._now = self._clock.now(self.conn)  # [INV-CLK-1] read after the key's lock
+
     def execute(self, stmt: Any, params: Any = None) -> sa.CursorResult[Any]:
         return self.conn.execute(stmt, params) if params is not None else self.conn.execute(stmt)
 

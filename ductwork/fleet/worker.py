@@ -174,10 +174,11 @@ class KeyedCommits:
     key is in progress in this process, it commits at once (the leader); otherwise it
     waits, and the commit in progress, once done, wakes the first waiting thread to
     commit every success of the key waiting by then in one transaction, joined by those
-    that become ready while it waits for the key's lock
-    (``claims.complete_all_and_hand_off``: the key lock first, the clock after it, each
-    release with its own sequence number in order, the inline advancement of all, then
-    one hand-off of up to as many executions as the successes that asked for one). Each
+    that become ready until it holds the key's lock
+    (``claims.complete_all_and_hand_off``: the outputs and inline advancement first, then
+    the key lock, the clock again, the outputs of the late ones with their steps left to an
+    advancer, each release with its own sequence number in order, then one hand-off of up
+    to as many executions as the successes that asked for one). Each
     waiting thread gets one handed-on execution (in order); what is left goes to
     ``overflow`` (the process inbox). The result (or the error) of the commit is each
     thread's own: a reaped execution in the group makes it fall back to one transaction

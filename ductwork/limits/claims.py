@@ -384,7 +384,7 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
         return []
     if lane == UNKEYED:
         return _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))
-    header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's first statement (no statement)
+    header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's release (no statement)
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
     outcome = _claim_up_to(app, tx, lane, header, process_id, keyed_limit, write_refusal=False, lanes=lanes)

@@ -3,16 +3,21 @@
     >>> record_success(app, claimed, Output("3"))
     >>> record_crash(app, execution_id, owner=None, error_klass="ProcessCrash", message="reaped")
 
-Every outcome is one transaction whose first write is a guarded UPDATE: the
-execution must still be open (``completed_at IS NULL``) and owned by the
-process that claimed it. If the reaper got there first, nothing is recorded:
+Every outcome is one transaction with a guarded UPDATE: the execution must still
+be open (``completed_at IS NULL``) and owned by the process that claimed it. If
+the reaper got there first, nothing of the transaction commits:
 :func:`record_success` and :func:`record_failure` raise :class:`CommitFailed`
 (the reaper's retry is the live one), :func:`record_crash` returns False, so
 crashing is idempotent when several reapers race [INV-EXE-2].
 
-A keyed execution's completion first locks its key's header row and takes the
-key's next sequence number, so every change to a key's in-flight set is ordered
-under one lock (what the concurrency checker sweeps) [INV-LIM-1, INV-LIM-3].
+A keyed execution's release locks its key's header row, reads the clock again and
+takes the key's next sequence number, so every change to a key's in-flight set is
+ordered under one lock, in time as in sequence (what the concurrency checker sweeps)
+[INV-LIM-1, INV-LIM-3, INV-CLK-1]. A keyed success writes what follows its step (the
+job's output, the inline advancement: branch and run locks, step, successor, run
+resolution) first, in the same transaction, so the key's lock is held only for the
+release and the hand-off; the guard comes after those writes then, and a reaped
+execution rolls them back with it. Failures, timeouts and crashes release first.
 
 What follows in the same transaction: success keeps the output and moves the step
 to ``advancing``; a failure or timeout enqueues a retry while ``retry_count <
@@ -165,16 +170,25 @@ def write_seq(tx: Tx, key: str) -> None:
         header.unwritten = False
 
 
+def lock_for_release(tx: Tx, key: str) -> KeyHeader:
+    """Lock ``key`` to release executions of it (:func:`lock_key`) and read the clock again:
+    a completion may have written what follows its step before, at the time it read then,
+    and its releases must be timed after the lock, in the key's sequence [INV-CLK-1]. Raises
+    NoResultFound if the key has no row."""
+    header = lock_key(tx, key)  # [INV-LIM-1] the releases change the key's in-flight set: under its lock
+    if header is None:
+        raise sa.exc.NoResultFound(f"limit key {key!r} has no row")
+    tx.read_clock_again()  # [INV-CLK-1] the releases' time follows the key's sequence
+    return header
+
+
 def _complete(tx: Tx, execution_id: str, limit_key: str | None, owner: str | None, outcome: str,
               error: ErrorInfo | None, *, wake: bool = True) -> bool:
     """The guarded completion; True when this call ended the execution. ``wake=False``:
     the caller decides whether idle threads have anything new to do."""
     seq = None
     if limit_key:
-        header = lock_key(tx, limit_key)  # [INV-LIM-1] key lock first
-        if header is None:
-            raise sa.exc.NoResultFound(f"limit key {limit_key!r} has no row")
-        seq = header.seq + 1
+        seq = lock_for_release(tx, limit_key).seq + 1  # [INV-LIM-1] the key's lock before the release
     e = schema.executions
     guard = e.c.process_id.is_(None) if owner is None else e.c.process_id == owner
     result = tx.execute(
@@ -251,14 +265,15 @@ def record_successes(app: App, successes: list[Success],
     any reason the database would not retry (an advancement error of one step): that
     error is then raised, once the other successes are recorded, and only the step
     that caused it is left unrecorded, so its siblings' crash budgets are not spent on
-    it. A batch of one key's executions (a keyed group commit) takes the key's lock
-    first, reads the clock only then, and releases each execution with its own
+    it. A batch of one key's executions (a keyed group commit) first writes what follows
+    its steps (outputs, inline advancement: branch rows, then run rows), then takes the
+    key's lock, reads the clock again, and releases each execution with its own
     sequence number, in the order given (``seq + 1``, ``seq + 2``, …), under that one
-    lock hold [INV-LIM-1, INV-CLK-1]; a batch that mixes keys, or keyed and unkeyed
-    executions, is recorded one by one. ``gather()`` (keyed only) is called once the key's
-    lock is held and returns more successes of the key and owner, which join the group
-    (``successes`` is extended with them): those that became ready while the lock was
-    awaited. Raises CommitFailed only for a batch of one.
+    lock hold, with the hand-off [INV-LIM-1, INV-CLK-1]; a batch that mixes keys, or keyed
+    and unkeyed executions, is recorded one by one. ``gather()`` (keyed only) is called
+    when the transaction begins and returns more successes of the key and owner, which
+    join the group (``successes`` is extended with them): those that became ready since
+    the group was formed. Raises CommitFailed only for a batch of one.
     """
     keys = {s.claimed.limit_key for s in successes}
     keyed_gather = gather if None not in keys else None
@@ -290,52 +305,72 @@ def record_successes(app: App, successes: list[Success],
 
 def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], list[Claimed]] | None,
                   gather: Callable[[], list[Success]] | None = None) -> list[Claimed]:
-    owner = successes[0].claimed.process_id
     key = successes[0].claimed.limit_key
-    e = schema.executions
     with app.begin() as tx:
-        release: dict[str, Any] = {}
-        seq = 0
-        header: KeyHeader | None = None
-        if key is not None:
-            header = lock_key(tx, key)  # [INV-LIM-1] key lock first, before the clock [INV-CLK-1]
-            if header is None:
-                raise sa.exc.NoResultFound(f"limit key {key!r} has no row")
-            seq = header.seq
-            if gather is not None:
-                successes.extend(gather())  # ready while the lock was awaited: one hold for them too
-            # [INV-CLK-1] each release its own seq, in the order of the successes
-            release["release_seq"] = sa.case({s.claimed.execution_id: seq + i
-                                              for i, s in enumerate(successes, start=1)}, value=e.c.id)
-            faults.hit(faults.IN_KEYED_GROUP_COMMIT)
-        execution_ids = [s.claimed.execution_id for s in successes]
-        if release:
-            ended = tx.execute(_end_successes(tx.conn).values(**release),
-                               {"batch_ids": execution_ids, "b_now": tx.now, "b_owner": owner}).rowcount
+        if key is None:
+            _end_batch(tx, successes, None)  # [INV-EXE-2] the guard is the first write
+            _follow_up(tx, successes)
+            handed = [] if hand_off is None else hand_off(tx)
         else:
-            ended = tx.execute(dialects.prepared(tx.conn, _end_successes),
-                               {"batch_ids": execution_ids, "b_now": tx.now, "b_owner": owner}).rowcount
-        if ended != len(successes):  # [INV-EXE-2] one was reaped: nothing of the batch is written
-            raise _Taken()
-        if header is not None:  # [INV-LIM-3] the slots are free: in-flight is derived from completed_at
-            header.seq, header.unwritten = seq + len(successes), True  # written with the hand-off's claim
-        _write_outputs(tx, successes)
-        for success in successes:
-            _write_expand_items(tx, success)
-        group = successes[0].advance_group
-        if group is not None and all(s.advance_group is group for s in successes):
-            advanced = group(tx, successes)
-        else:  # one lock order (branch id) for every group commit: two never wait on each other's branches
-            advanced = {s.claimed.step_id for s in sorted(successes, key=lambda s: s.claimed.branch_id)
-                        if s.advance is not None and s.advance(tx)}
-        _mark_advancing(tx, [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced])
-        handed = [] if hand_off is None else hand_off(tx)
-        if key is not None:
+            # What follows the steps needs no key's lock: written first, at the time read now
+            # (branch locks, then run locks, as every advancement takes them), so the key's
+            # lock is held only for the releases and the hand-off [INV-LIM-1]. A reaped
+            # execution still rolls all of it back: the guard below raises.
+            if gather is not None:
+                successes.extend(gather())  # ready by now
+            _follow_up(tx, successes)
+            faults.hit(faults.BEFORE_RELEASE_KEY_LOCK)
+            header = lock_for_release(tx, key)  # [INV-LIM-1, INV-CLK-1] the key's lock, then the clock
+            late = gather() if gather is not None else []
+            if late:  # ready since: released in this hold too, their steps left to an advancer (advancing
+                # them here would lock branch and run rows after the key's: the lock order is branch, run, key)
+                successes.extend(late)
+                _follow_up(tx, late, inline=False)
+            faults.hit(faults.IN_KEYED_GROUP_COMMIT)
+            _end_batch(tx, successes, header)
+            handed = [] if hand_off is None else hand_off(tx)
             write_seq(tx, key)  # the releases' seq, unless the hand-off's claim wrote it
             if len(handed) < len(successes):
                 tx.wake()  # a slot is free (those a hand-off took over are nothing for anyone else)
     _log_successes(successes)
     return handed
+
+
+def _end_batch(tx: Tx, successes: list[Success], header: KeyHeader | None) -> None:
+    """End a group commit's executions in one guarded UPDATE; raise :class:`_Taken` if it
+    ends fewer than the group holds. ``header``: the key's, locked by ``tx``: each release
+    takes the key's next sequence number, in the order of the successes [INV-CLK-1]."""
+    owner = successes[0].claimed.process_id
+    params = {"batch_ids": [s.claimed.execution_id for s in successes], "b_now": tx.now, "b_owner": owner}
+    if header is None:
+        ended = tx.execute(dialects.prepared(tx.conn, _end_successes), params).rowcount
+    else:
+        seq = header.seq
+        # [INV-CLK-1] each release its own seq, in the order of the successes
+        release_seq = sa.case({s.claimed.execution_id: seq + i for i, s in enumerate(successes, start=1)},
+                              value=schema.executions.c.id)
+        ended = tx.execute(_end_successes(tx.conn).values(release_seq=release_seq), params).rowcount
+    if ended != len(successes):  # [INV-EXE-2] one was reaped: nothing of the batch is written
+        raise _Taken()
+    if header is not None:  # [INV-LIM-3] the slots are free: in-flight is derived from completed_at
+        header.seq, header.unwritten = header.seq + len(successes), True  # written with the hand-off's claim
+
+
+def _follow_up(tx: Tx, successes: list[Success], *, inline: bool = True) -> None:
+    """What follows a group's successes: the jobs' outputs and expand items, and each
+    step advanced past inline or left ``advancing`` (all of them without ``inline``)."""
+    _write_outputs(tx, successes)
+    for success in successes:
+        _write_expand_items(tx, success)
+    group = successes[0].advance_group
+    if not inline:
+        advanced: set[str] = set()
+    elif group is not None and all(s.advance_group is group for s in successes):
+        advanced = group(tx, successes)
+    else:  # one lock order (branch id) for every group commit: two never wait on each other's branches
+        advanced = {s.claimed.step_id for s in sorted(successes, key=lambda s: s.claimed.branch_id)
+                    if s.advance is not None and s.advance(tx)}
+    _mark_advancing(tx, [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced])
 
 
 #: a group commit writes its jobs' outputs with one UPDATE per distinct output while there
@@ -406,21 +441,31 @@ def _to_advancing(bind: Any) -> sa.Update:
 
 
 def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claimed]] | None) -> list[Claimed]:
-    claimed, output, advance = success.claimed, success.output, success.advance
+    claimed = success.claimed
     with app.begin() as tx:
+        if claimed.limit_key:  # what follows the step first, so the key's lock is held only for the release
+            if not _still_ours(tx, claimed):  # (a reaped execution's step may have moved on: nothing to follow)
+                raise CommitFailed(claimed.execution_id, claimed.process_id)
+            _follow_up(tx, [success])
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "success", None,
                          wake=False):
-            raise CommitFailed(claimed.execution_id, claimed.process_id)
-        tx.execute(schema.jobs.update().where(schema.jobs.c.id == claimed.job_id)
-                   .values(output_payload=output.payload_json, completed_at=tx.now, updated_at=tx.now))
-        _write_expand_items(tx, success)
-        if advance is None or not advance(tx):  # (a successor created inline wakes idle threads)
-            _mark_advancing(tx, [claimed.step_id])
+            raise CommitFailed(claimed.execution_id, claimed.process_id)  # (rolls back what followed)
+        if not claimed.limit_key:
+            _follow_up(tx, [success])  # (a successor created inline wakes idle threads)
         handed = [] if hand_off is None else hand_off(tx)
         if claimed.limit_key and not handed:
             tx.wake()  # a slot is free (a hand-off took it over: nothing for anyone else)
     _log_successes([success])
     return handed
+
+
+def _still_ours(tx: Tx, claimed: Claimed) -> bool:
+    """Whether ``claimed`` is still open and its owner's, as read now (a plain read: the
+    guarded UPDATE decides; this only spares writing what follows a step for an execution
+    the reaper already took, whose step a re-run may have moved past)."""
+    e = schema.executions
+    return tx.execute(sa.select(e.c.id).where(e.c.id == claimed.execution_id, e.c.completed_at.is_(None),
+                                              e.c.process_id == claimed.process_id)).first() is not None
 
 
 def _log_successes(successes: list[Success]) -> None:

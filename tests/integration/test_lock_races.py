@@ -6,8 +6,9 @@ database's own lock-wait views, blocked on that lock; then it is released. No
 sleeps: every wait is on a condition with a deadline.
 
 Checks: INV-LIM-1 (claims on a key serialise on its lock: of N racing claimers
-under ``concurrency: 1`` exactly one is admitted), INV-CLK-1 (a claim's time is
-read after the lock, so a key's claim times follow its sequence).
+under ``concurrency: 1`` exactly one is admitted), INV-CLK-1 (a claim's time, and a
+keyed group commit's release time, is read after the lock, so a key's claim and
+release times follow its sequence).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from ductwork import Pipeline, Step, faults
 from ductwork.db import schema
 from ductwork.db.clock import to_us
 from ductwork.fleet.processes import register
-from ductwork.limits.claims import claim
+from ductwork.limits.claims import claim, complete_all_and_hand_off
+from ductwork.limits.executions import Output, Success
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
 from tests.fleet import wait_for
@@ -164,3 +166,46 @@ def test_a_claims_time_is_read_after_the_key_lock(race_app):
                           .order_by(e.c.claim_seq)).all()
     times = [to_us(at) for _, at in rows]
     assert times == sorted(times), f"[INV-CLK-1] claim times out of sequence order: {rows}"
+
+
+@needs("key_lock_after_begin")
+def test_a_keyed_group_commits_release_time_is_read_after_the_key_lock(race_app):
+    """A keyed group commit B is parked after writing what follows its step, before it
+    takes the key's lock (it has read the clock); A claims the key meanwhile, later in
+    time; then B releases. B's release takes the sequence number after A's claim, so its
+    time must not be earlier than A's: the commit reads the clock again once it holds
+    the lock [INV-CLK-1]."""
+    app, release = race_app
+    faults.disarm()
+    faults.arm(faults.BEFORE_RELEASE_KEY_LOCK, "wait", nth=1)
+    for i in range(2):
+        PairPipeline.trigger(i)
+    pid_a, pid_b = (register(app, role="test", label=f"racer-{n}") for n in "ab")
+    held = claim(app, pid_b)
+    assert held is not None
+    outcome: dict = {}
+
+    def commit_b() -> None:  # a group commit (gather): the keyed group commit's transaction
+        outcome["b"] = complete_all_and_hand_off(app, [Success(held, Output("null"))], keyed_limit=0,
+                                                 gather=list)
+
+    late = threading.Thread(target=commit_b)
+    late.start()
+    try:
+        wait_for(lambda: faults.fired(faults.BEFORE_RELEASE_KEY_LOCK) == 1,
+                 "B's group commit parked before the key lock", 20)
+        outcome["a"] = claim(app, pid_a)
+    finally:
+        release.touch()
+        late.join(30)
+    assert outcome["a"] is not None
+    assert outcome["b"] == []
+    e = schema.executions
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(e.c.claim_seq, e.c.claimed_at, e.c.release_seq, e.c.completed_at)
+                          .where(e.c.limit_key == "pair")).all()
+    events = sorted([(r.claim_seq, to_us(r.claimed_at)) for r in rows]
+                    + [(r.release_seq, to_us(r.completed_at)) for r in rows if r.release_seq is not None])
+    assert len(events) == 3, rows
+    times = [at for _, at in events]
+    assert times == sorted(times), f"[INV-CLK-1] claim and release times out of sequence order: {events}"

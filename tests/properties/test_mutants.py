@@ -48,6 +48,8 @@ DETECTORS = {
     "no_key_lock": RACE,
     "clock_before_lock":
         "tests/integration/test_lock_races.py::test_a_claims_time_is_read_after_the_key_lock[postgresql]",
+    "release_clock_before_lock": "tests/integration/test_lock_races.py::"
+    "test_a_keyed_group_commits_release_time_is_read_after_the_key_lock[postgresql]",
     "batch_past_lane": "tests/integration/test_batches.py::test_a_batch_stops_before_an_older_keyed_lane[sqlite]",
     "keyed_batch_past_lane": "tests/integration/test_batches.py::test_a_keyed_batch_stops_before_an_older_lane[sqlite]",
     "batch_no_guard":
