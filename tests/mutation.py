@@ -67,6 +67,23 @@ EQUIVALENT: dict[str, str] = {
        "on the branch value <= 0 the chosen rounding is only compared with 0: ceil or floor of "
        "value·10⁶ (or ·1,000,001) is <= 0 too, so 'must be positive' is raised either way"
        for n in (27, 31, 35)},
+    "ductwork.limit_entries.x_drop_dominated__mutmut_8":
+        "`<=` for `<` between (per_s, i) and (per_s, j): called only with i != j, so the tuples "
+        "are never equal",
+    "ductwork.limit_entries.x__parse_rate__mutmut_95":
+        "`capacity >= INT64_MAX` for `>`: capacity is burst × per × 10⁶, a multiple of 10⁶, "
+        "and INT64_MAX is not, so they are never equal",
+    # model.limits.decide(): the synthetic in-flight job that holds an admission's slot
+    # until complete(decision.job_id); only that it is in flight on the key is observed
+    **{f"model.limits.xǁLimitsModelǁdecide__mutmut_{n}":
+       "the synthetic job's id is still unique (counter stepped by −1 or 2, or another label)"
+       for n in (8, 9, 11, 12)},
+    "model.limits.xǁLimitsModelǁdecide__mutmut_15":
+        "eligible_at None for the synthetic job: it is started in the same call, and eligible_at "
+        "only orders pending jobs",
+    **{f"model.limits.xǁLimitsModelǁdecide__mutmut_{n}":
+       "the synthetic job's worker label: decide() is never mixed with a worker's claims or crash"
+       for n in (20, 25, 26)},
     "ductwork.durations.x_parse_interval_us__mutmut_34":
         "floor(value / 10⁶) for floor(value · 10⁶) on the branch value <= 0: both are <= 0, "
         "so 'must be positive' is raised either way and the value is never returned",
