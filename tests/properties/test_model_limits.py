@@ -232,3 +232,14 @@ def test_the_models_queries_on_a_worked_example():
     assert model.in_flight_jobs() == ["a", "u"]
     assert (model.in_flight_jobs("w1"), model.in_flight_jobs("w2"), model.in_flight_jobs("w3")) == (["a"], ["u"], [])
     assert model.pending() == ["b"]
+
+
+def test_a_batch_takes_one_keyed_job_unless_told_more():
+    """claim_batch's default keyed_limit is 1: a batch of a keyed lane is one claim unless
+    the caller asks for a keyed group commit (every caller passes it; mutmut found the
+    default itself untested)."""
+    model = LimitsModel({"k": {"concurrency": 5}})
+    for job in ("a", "b", "c"):
+        model.enqueue(job, "k", 0)
+    assert model.claim_batch("w1", 0, 3) == ["a"]
+    assert model.claim_batch("w1", 0, 3, 2) == ["b", "c"]
