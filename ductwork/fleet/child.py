@@ -121,7 +121,7 @@ def _die_with_parent() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the parent's kill of the group still applies
+    except (OSError, AttributeError):  # pragma: no cover - not Linux: the parent's kill of the group still applies
         pass
 
 

@@ -236,10 +236,15 @@ def test_the_models_queries_on_a_worked_example():
 
 def test_a_batch_takes_one_keyed_job_unless_told_more():
     """claim_batch's default keyed_limit is 1: a batch of a keyed lane is one claim unless
-    the caller asks for a keyed group commit (every caller passes it; mutmut found the
-    default itself untested)."""
+    the caller asks for a keyed group commit, and an unkeyed batch takes up to ``limit``
+    (mutmut found both untested: every caller passes keyed_limit, and the machine's
+    batches passed with the keyed bound applied to the unkeyed lane)."""
     model = LimitsModel({"k": {"concurrency": 5}})
     for job in ("a", "b", "c"):
         model.enqueue(job, "k", 0)
     assert model.claim_batch("w1", 0, 3) == ["a"]
     assert model.claim_batch("w1", 0, 3, 2) == ["b", "c"]
+    # the unkeyed lane's batch is bounded by limit alone
+    for job in ("u1", "u2", "u3"):
+        model.enqueue(job, None, 0)
+    assert model.claim_batch("w2", 0, 3) == ["u1", "u2", "u3"]
