@@ -427,6 +427,7 @@ def environ(scratch: Path, base: dict[str, str] | None = None) -> dict[str, str]
     """``base`` (default: this process's environment) with ``scratch`` first on
     ``PYTHONPATH``: processes started with it, and their children, run the copy."""
     env = dict(os.environ if base is None else base)
+    env.pop("COVERAGE_PROCESS_START", None)  # a mutated copy's lines are not the package's coverage
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(scratch), env.get("PYTHONPATH")) if p)
     return env
 

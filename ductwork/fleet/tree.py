@@ -45,7 +45,7 @@ def _prctl(option: int, value: int) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return bool(libc.prctl(option, value, 0, 0, 0) == 0)
-    except (OSError, AttributeError):  # not Linux
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
         return False
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections import Counter
 
 import pytest
@@ -29,7 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from model.errors import CommitFailed, OverwriteError, PreconditionError, StaleClaim
+from model.errors import CommitFailed, DefinitionError, OverwriteError, PreconditionError, StaleClaim
 from model.invariants import INVARIANT_FUNCTIONS, check_all
 from model.pipelines import (
     CRASH,
@@ -429,3 +430,29 @@ def test_batched_fleet_ends_every_run_where_the_one_by_one_fleet_does(scenario, 
     singles = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,))
     batched = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,), batch=batch)
     assert batched == singles
+
+
+def _snapshot(**changes):
+    snapshot = {"format": 1, "start": "a",
+                "nodes": {"a": {"klass": "A", "delay_us": 0}, "b": {"klass": "B", "delay_us": 0}},
+                "edges": {"a": {"type": "chain", "to": ["b"]}}}
+    snapshot.update(changes)
+    return snapshot
+
+
+@pytest.mark.parametrize(("snapshot", "message"), [
+    ([], "snapshot must be a mapping with format 1"),
+    (_snapshot(format=2), "snapshot must be a mapping with format 1"),
+    (_snapshot(start="z"), "start 'z' is not a node"),
+    (_snapshot(nodes={"a": {"klass": "A"}}), "node 'a' lacks klass/delay_us"),
+    (_snapshot(edges={"a": {"type": "teleport", "to": ["b"]}}), "edge from 'a': unknown node or type 'teleport'"),
+    (_snapshot(edges={"z": {"type": "chain", "to": ["b"]}}), "edge from 'z': unknown node or type 'chain'"),
+    (_snapshot(edges={"a": {"type": "divert", "to": {"x": "b"}}}), "divert from 'a' lacks 'otherwise'"),
+    (_snapshot(edges={"a": {"type": "chain", "to": ["z"]}}), "edge from 'a' targets an unknown node"),
+    (_snapshot(edges={"a": {"type": "combine", "to": ["b"]}}), "combine from 'a' lacks barrier"),
+    (_snapshot(on_halt=""), "on_halt must be a class name, got ''"),
+], ids=["not-a-mapping", "format", "start", "node", "edge-type", "edge-node", "divert", "target", "barrier",
+        "on-halt"])
+def test_a_malformed_snapshot_is_refused_naming_the_problem(snapshot, message):
+    with pytest.raises(DefinitionError, match=f"^{re.escape(message)}$"):
+        Definition.parse(snapshot)

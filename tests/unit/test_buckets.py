@@ -18,7 +18,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from ductwork.limit_entries import LimitEntry, RateEntry, drop_dominated, parse_limit_entry
-from ductwork.limits.buckets import Bucket, carry_over, decide, next_token_us, refill
+from ductwork.limits.buckets import Bucket, Decision, carry_over, decide, next_token_us, refill
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 SCENARIOS = json.loads((VECTORS / "buckets.json").read_text())
@@ -84,28 +84,24 @@ RATE_5_PER_10S = RateEntry(limit=5, per_s=10, burst=1)
 def test_worked_example_5_per_10s():
     key = Key(LimitEntry("api", None, (RATE_5_PER_10S,)))
     first = key.claim(0)
-    assert (first.admitted, first.refused_for, first.blocked_until_us) == (False, "rate", 2_000_000)
-    assert first.buckets == (Bucket(10, 0, 0),)
+    # every field of each Decision, stamp and flags included: the claim path writes them
+    assert first == Decision(False, "rate", (Bucket(10, 0, 0),), True, 2_000_000, unconfigured=False)
     assert not key.claim(1_999_999).admitted
     second = key.claim(2_000_000)
-    assert second.admitted
-    assert second.blocked_until_us == 4_000_000
-    assert second.buckets == (Bucket(10, 0, 2_000_000),)
+    assert second == Decision(True, None, (Bucket(10, 0, 2_000_000),), True, 4_000_000, unconfigured=False)
 
 
 def test_unconfigured_key_is_admitted_and_flagged():
     decision = decide(None, {}, in_flight=99, now_us=5)
-    assert decision.admitted
-    assert decision.unconfigured
-    assert decision.buckets == ()
+    # admitted, flagged, and the stamp cleared (stamp True, None): no bucket can be short
+    assert decision == Decision(True, None, (), True, None, unconfigured=True)
 
 
 def test_concurrency_refusal_changes_nothing():
     entry = LimitEntry("k", 2, (RATE_5_PER_10S,))
     decision = decide(entry, {}, in_flight=2, now_us=5)
-    assert (decision.admitted, decision.refused_for) == (False, "concurrency")
-    assert decision.buckets == ()
-    assert not decision.stamp
+    # no bucket, no stamp written, not flagged unconfigured
+    assert decision == Decision(False, "concurrency", (), False, None, unconfigured=False)
     assert decide(entry, {}, in_flight=1, now_us=5).refused_for == "rate"
 
 
@@ -114,6 +110,16 @@ def test_concurrency_only_admit_clears_stamp():
     assert decision.admitted
     assert decision.stamp
     assert decision.blocked_until_us is None
+
+
+def test_negative_in_flight_is_an_assertion_naming_the_invariant():
+    with pytest.raises(AssertionError, match=r"^\[INV-LIM-3\] negative in-flight count -1$"):
+        decide(LimitEntry("k", 1, ()), {}, in_flight=-1, now_us=5)
+
+
+def test_a_bucket_refilled_with_another_periods_entry_is_an_assertion_naming_both():
+    with pytest.raises(AssertionError, match=r"^bucket of period 1 s refilled with an entry of period 10 s$"):
+        refill(Bucket(1, 0, 0), RATE_5_PER_10S, 10)
 
 
 def test_time_going_backwards_refills_nothing_and_keeps_refill_time():

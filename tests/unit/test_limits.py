@@ -23,9 +23,12 @@ from ductwork.errors import (
 )
 from ductwork.limit_entries import (
     INT64_MAX,
+    MAX_PERIOD_S,
     LimitEntry,
     RateEntry,
+    check_int,
     drop_dominated,
+    entry_digest,
     parse_limit_entry,
     parse_limits,
     validate_references,
@@ -180,6 +183,103 @@ def test_largest_accepted_values_fit_64_bits():
     burst = (INT64_MAX - 10) // (per_s * 10**6)
     entry = parse({"rate": {"limit": 10, "per": per_s, "burst": burst}}).rates[0]
     assert entry.capacity_units + entry.limit <= INT64_MAX
+
+
+def _int_refusal(text: str) -> str:
+    try:
+        int(text)
+    except ValueError as exc:
+        return str(exc)
+    raise AssertionError(f"int() accepted {len(text)} digits")
+
+
+def test_the_64_bit_bound_is_exact():
+    """``burst × per × 10⁶ + limit`` may equal INT64_MAX, not exceed it. With ``per`` 1 s,
+    INT64_MAX = 9,223,372,036,854 × 10⁶ + 775,807, so limit 775,807 is the largest that fits."""
+    burst = INT64_MAX // 10**6
+    entry = parse({"rate": {"limit": 775_807, "per": 1, "burst": burst}}).rates[0]
+    assert entry.capacity_units + entry.limit == INT64_MAX
+    with pytest.raises(ConfigError) as info:
+        parse({"rate": {"limit": 775_808, "per": 1, "burst": burst}})
+    assert (info.value.path, info.value.value, info.value.reason) == (
+        f"{PATH}.rate.limit", 775_808,
+        "burst × per × 10⁶ + limit does not fit the 64-bit integer the bucket is stored in")
+    with pytest.raises(ConfigError) as info:
+        parse({"rate": {"limit": 1, "per": 1, "burst": burst + 1}})
+    assert (info.value.path, info.value.value, info.value.reason) == (
+        f"{PATH}.rate.burst", burst + 1,
+        "burst × per × 10⁶ does not fit the 64-bit integer the bucket is stored in")
+    # no burst given: the default burst (limit // per) overflows, and the limit is named
+    with pytest.raises(ConfigError) as info:
+        parse({"rate": {"limit": 2**62, "per": 1}})
+    assert (info.value.path, info.value.value) == (f"{PATH}.rate.limit", 2**62)
+
+
+def test_the_longest_period_is_exactly_100_years():
+    assert parse({"rate": {"limit": 1, "per": MAX_PERIOD_S}}).rates[0].per_s == MAX_PERIOD_S
+    with pytest.raises(InvalidPeriodError) as info:
+        parse({"rate": {"limit": 1, "per": MAX_PERIOD_S + 1}})
+    assert (info.value.path, info.value.value, info.value.reason) == (
+        f"{PATH}.rate.per", MAX_PERIOD_S + 1, "must be at most 100 years")
+
+
+@pytest.mark.parametrize(("raw", "path", "reason"), [
+    ({"rate": {"per": 1}}, f"{PATH}.rate.limit", "required: every rate entry needs limit and per"),
+    ({"rate": {"limit": 1, "per": "1mo"}}, f"{PATH}.rate.per",
+     "months and years are not supported (their length varies)"),
+    # int() refuses a digit string this long with a plain ValueError: its text is the reason
+    ({"rate": {"limit": 1, "per": "9" * 5000}}, f"{PATH}.rate.per", _int_refusal("9" * 5000)),
+], ids=["required", "months", "huge"])
+def test_rate_refusals_give_the_reason(raw, path, reason):
+    with pytest.raises(ConfigError) as info:
+        parse(raw)
+    assert (info.value.path, info.value.reason) == (path, reason)
+
+
+def test_a_blank_key_is_refused_with_the_key_and_the_hint():
+    with pytest.raises(ConfigError) as info:
+        parse_limits({" ": {"concurrency": 1}})
+    assert (info.value.value, info.value.reason) == (
+        " ", "limit keys must be non-blank strings (quote keys YAML reads as numbers, booleans or null)")
+
+
+def test_the_unreferenced_warning_text():
+    limits = parse_limits({"old_api": {"concurrency": 1}})
+    assert validate_references(limits, {}) == [
+        "job_worker.limits.old_api: configured but no loaded pipeline uses limit_by='old_api'; "
+        "remove the entry once keyed work has drained"]
+
+
+@pytest.mark.parametrize(("raw", "path", "value", "reason"), [
+    ({"concurrency": "5"}, f"{PATH}.concurrency", "5", "expected an integer >= 1, got str"),
+    ({"rate": []}, f"{PATH}.rate", [], "an empty rate list limits nothing; list entries or remove the key"),
+    ({"rate": [{"limit": 1, "per": 60}, {"limit": 2, "per": "1m"}]}, f"{PATH}.rate[1].per", "1m",
+     "same period (60 s) as rate[0]; keep one entry per period"),
+    ({"rate": "10/s"}, f"{PATH}.rate", "10/s",
+     "expected a rate entry ({limit: 100, per: 1m}, optionally with burst) or a list of them, got str"),
+    ({}, PATH, {}, "declares neither concurrency nor rate; an empty entry is never unlimited"),
+], ids=["int", "empty-list", "duplicate", "rate-type", "empty-entry"])
+def test_entry_refusals_give_path_value_and_reason(raw, path, value, reason):
+    with pytest.raises(ConfigError) as info:
+        parse(raw)
+    assert (info.value.path, info.value.value, info.value.reason) == (path, value, reason)
+
+
+def test_check_int_bounds_are_inclusive_and_named():
+    assert check_int("p", 1, minimum=1, maximum=3) == 1
+    assert check_int("p", 3, minimum=1, maximum=3) == 3
+    for value, reason in ((0, "must be at least 1"), (4, "must be at most 3")):
+        with pytest.raises(ConfigError) as info:
+            check_int("p", value, minimum=1, maximum=3)
+        assert (info.value.path, info.value.value, info.value.reason) == ("p", value, reason)
+
+
+def test_entry_digests_are_stable():
+    """Digests are stored on key header rows: a digest that changed between versions
+    would make every key look reconfigured after an upgrade. Pinned values."""
+    assert entry_digest(None) == "d519b457f1162fe4"
+    assert entry_digest(LimitEntry("k", 5, (RateEntry(1, 1, 1), RateEntry(30, 60, 5)))) == "f61157ee4a2b8bcf"
+    assert entry_digest(LimitEntry("k", None, (RateEntry(2, 10, 3),))) == "5c70efc9c6fd2f8f"
 
 
 # ---------------------------------------------------------------- dominance

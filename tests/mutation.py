@@ -1,0 +1,184 @@
+"""Generated mutants of the pure modules, with mutmut: run them and report the score.
+
+    python -m tests.mutation                      # every configured module (hours on 2 cores)
+    python -m tests.mutation ductwork.durations ductwork.limits.buckets
+    python -m tests.mutation --report             # the table of the last run, as markdown
+    python -m tests.mutation --survivors          # each surviving mutant not argued below
+
+mutmut (configured in pyproject.toml, ``[tool.mutmut]``) copies ``ductwork/`` and
+``model/`` into ``mutants/``, rewrites each function of the configured modules into
+variants (an operator, a constant, a comparison, an argument changed) behind a switch,
+and runs the unit and property tests that call the function against each variant. A
+mutant is *killed* when a test fails, *timed out* when the tests run past 4× their
+clean time, and *survives* when they all pass. This runs it with the ``ci`` hypothesis
+profile (derandomized, so a rerun gives the same verdicts) and without the database
+URLs (the unit and property tiers on SQLite only), then reads mutmut's result files.
+
+A survivor is either a gap in the tests, closed by a new test, or an *equivalent*
+mutant: no input tells it from the original. The equivalent ones are listed in
+:data:`EQUIVALENT` with the argument; the score is reported with and without them.
+Mutant names number a function's variants in order, so they hold for the source they
+were argued on: a change to the function renumbers them, and a name that no longer
+survives is reported as stale.
+
+Not run by ``.ci/run``: it is slow (each surviving mutant costs a full run of the tests
+that reach its function). The hand-written engine mutants (tests/mutants.py) are a
+different thing: guards in SQL and transaction order that a token-level tool cannot
+write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MUTANTS = ROOT / "mutants"
+
+#: the modules mutated, in report order (pyproject.toml's ``only_mutate``)
+MODULES = (
+    "ductwork.durations",
+    "ductwork.limits.buckets",
+    "ductwork.limit_entries",
+    "ductwork.pipelines.definition",
+    "model.limits",
+    "model.pipelines",
+)
+
+#: surviving mutants no input can tell from the original, each with the argument
+EQUIVALENT: dict[str, str] = {
+    # zip(..., strict=True) → strict=False / None / left out: strict only acts when the
+    # lengths differ, and here they never do
+    **{f"ductwork.durations.x__parse_string_seconds__mutmut_{n}":
+       "_COMPOUND has exactly five groups and _UNITS five entries" for n in (31, 34, 35)},
+    **{f"ductwork.limits.buckets.x__latest_next_token__mutmut_{n}":
+       "both callers pass buckets built one per rate of the same tuple" for n in (4, 7, 8)},
+    **{f"ductwork.limits.buckets.x_decide__mutmut_{n}":
+       "`refilled` is built one per rate of `rates`" for n in (86, 89, 90)},
+    "ductwork.limits.buckets.x_refill__mutmut_13":
+        "`dt >= 0` for `dt > 0`: at dt = 0 the level is capacity only if it already was "
+        "(ceil_div(0, limit) = 0), else level + 0·limit, the level unchanged either way",
+    **{f"ductwork.durations.x_parse_interval_us__mutmut_{n}":
+       "on the branch value <= 0 the chosen rounding is only compared with 0: ceil or floor of "
+       "value·10⁶ (or ·1,000,001) is <= 0 too, so 'must be positive' is raised either way"
+       for n in (27, 31, 35)},
+    "ductwork.limit_entries.x_drop_dominated__mutmut_8":
+        "`<=` for `<` between (per_s, i) and (per_s, j): called only with i != j, so the tuples "
+        "are never equal",
+    "ductwork.limit_entries.x__parse_rate__mutmut_95":
+        "`capacity >= INT64_MAX` for `>`: capacity is burst × per × 10⁶, a multiple of 10⁶, "
+        "and INT64_MAX is not, so they are never equal",
+    # model.limits.decide(): the synthetic in-flight job that holds an admission's slot
+    # until complete(decision.job_id); only that it is in flight on the key is observed
+    **{f"model.limits.xǁLimitsModelǁdecide__mutmut_{n}":
+       "the synthetic job's id is still unique (counter stepped by −1 or 2, or another label)"
+       for n in (8, 9, 11, 12)},
+    "model.limits.xǁLimitsModelǁdecide__mutmut_15":
+        "eligible_at None for the synthetic job: it is started in the same call, and eligible_at "
+        "only orders pending jobs",
+    **{f"model.limits.xǁLimitsModelǁdecide__mutmut_{n}":
+       "the synthetic job's worker label: decide() is never mixed with a worker's claims or crash"
+       for n in (20, 25, 26)},
+    "ductwork.durations.x_parse_interval_us__mutmut_34":
+        "floor(value / 10⁶) for floor(value · 10⁶) on the branch value <= 0: both are <= 0, "
+        "so 'must be positive' is raised either way and the value is never returned",
+}
+
+KILLED = {1, 3}  # a test failed (3: pytest's internal error, counted a kill by mutmut)
+TIMEOUT = {36, -24, 24, 152, 255}
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DUCTWORK_TEST_POSTGRES_URL", "DUCTWORK_TEST_MYSQL_URL", "PYTHONPATH",
+                        "COVERAGE_PROCESS_START")}
+    env["HYPOTHESIS_PROFILE"] = "ci"
+    return env
+
+
+def run(modules: list[str], max_children: int) -> int:
+    patterns = [f"{m}.*" for m in modules]
+    return subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *patterns],
+                          cwd=ROOT, env=_env(), check=False).returncode
+
+
+def results() -> dict[str, dict[str, int | None]]:
+    """Mutant name → mutmut's exit code (None: not run yet), per module."""
+    out: dict[str, dict[str, int | None]] = {}
+    for module in MODULES:
+        meta = MUTANTS / (module.replace(".", "/") + ".py.meta")
+        if meta.exists():
+            out[module] = json.loads(meta.read_text())["exit_code_by_key"]
+    return out
+
+
+def _verdict(code: int | None) -> str:
+    if code is None:
+        return "not run"
+    if code in KILLED:
+        return "killed"
+    if code in TIMEOUT:
+        return "timeout"
+    if code in SURVIVED:
+        return "survived"
+    if code in NO_TESTS:
+        return "no tests"
+    return "suspicious"
+
+
+def report() -> str:
+    lines = ["| module | mutants | killed | timed out | survived | equivalent (argued) | no tests | not run "
+             "| score | score without the equivalent |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for module, codes in results().items():
+        verdicts = Counter(_verdict(c) for c in codes.values())
+        equivalent = sum(1 for name, c in codes.items() if name in EQUIVALENT and _verdict(c) == "survived")
+        caught = verdicts["killed"] + verdicts["timeout"]
+        run_ = caught + verdicts["survived"] + verdicts["no tests"] + verdicts["suspicious"]
+        score = f"{100 * caught / run_:.1f} %" if run_ else "–"
+        strict = f"{100 * caught / (run_ - equivalent):.1f} %" if run_ - equivalent else "–"
+        lines.append(f"| `{module}` | {len(codes)} | {verdicts['killed']} | {verdicts['timeout']} "
+                     f"| {verdicts['survived']} | {equivalent} | {verdicts['no tests']} | {verdicts['not run']} "
+                     f"| {score} | {strict} |")
+    return "\n".join(lines)
+
+
+def survivors() -> list[str]:
+    return [name for codes in results().values() for name, c in codes.items()
+            if _verdict(c) in ("survived", "no tests", "suspicious")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__.split("\n")[0])
+    parser.add_argument("modules", nargs="*", help=f"modules to mutate (default: all of {', '.join(MODULES)})")
+    parser.add_argument("--max-children", type=int, default=2, help="mutants checked at once (default 2)")
+    parser.add_argument("--report", action="store_true", help="print the last run's table and stop")
+    parser.add_argument("--survivors", action="store_true",
+                        help="show each surviving mutant not argued equivalent (mutmut show), and stale arguments")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"not a mutated module: {', '.join(unknown)}")
+    if args.survivors:
+        left = [name for name in survivors() if name not in EQUIVALENT]
+        for name in left:
+            subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=ROOT, env=_env(), check=False)
+        stale = sorted(set(EQUIVALENT) - set(survivors()))
+        for name in stale:
+            print(f"stale: {name} is argued equivalent but did not survive (or was not run)")
+        print(f"{len(left)} surviving mutants not argued equivalent")
+        return 1 if left else 0
+    status = 0 if args.report else run(args.modules or list(MODULES), args.max_children)
+    print(report())
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
