@@ -133,11 +133,13 @@ class Config:
     description: str
 
 
-def explore(config: Config, model_class: type | None = None, max_states: int | None = None) -> Report:
+def explore(config: Config, model_class: type | None = None, max_states: int | None = None,
+            progress: Callable[[Report], None] | None = None) -> Report:
     """Breadth-first search of every state ``config`` reaches; stops at the first violation.
 
     ``model_class`` replaces the model (a mutant of ``model/mutants.py``). ``max_states``
     stops early (then ``Report.complete`` is False and nothing is claimed exhaustive).
+    ``progress`` is called with the report so far every 10 000 states.
     """
     started = time.monotonic()
     report = Report(config.name)
@@ -176,6 +178,8 @@ def explore(config: Config, model_class: type | None = None, max_states: int | N
             if child in parents:
                 continue
             parents[child] = (fp, label)
+            if progress is not None and len(parents) % 10_000 == 0:
+                progress(_done(report, started, len(parents)))
             if max_states is not None and len(parents) >= max_states:
                 report.complete = False
                 return _done(report, started, len(parents))
@@ -762,22 +766,21 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
 )}
 
 DEEP_CONFIGS: dict[str, Config] = {c.name: c for c in (
-    _limits("limits", "as in CI with jobs arriving at any instant, 3 workers, 2 crashes, 2 reaps and a 1.5 s "
-            "horizon", workers=3, crashes=2, reaps=2, horizon_us=1_500_000, arrive_until_us=None),
-    _limits("limits-batch", "as in CI with 4 jobs arriving at any instant, batches of 3 and a crash", jobs=4,
-            batch=3, arrive_until_us=None),
-    _limits("limits-fifo", "as in CI with key a too, 2 workers, a crash and a reap", keys=("a", "b", None),
-            delays=(0, 500_000), restarts=1),
+    _limits("limits", "as in CI with 3 workers, 2 reaps and a 1.5 s horizon", workers=3, reaps=2,
+            horizon_us=1_500_000),
+    _limits("limits-batch", "as in CI with 4 jobs, batches of 3 and a crash", jobs=4, batch=3, crashes=1),
+    _limits("limits-fifo", "as in CI with key a too and jobs arriving at any instant", keys=("a", "b", None),
+            delays=(0, 500_000), workers=1, crashes=0, reaps=0, restarts=1, arrive_until_us=None),
     _pipelines("chain", "as in CI with 4 faults, timeouts too", definition=CHAIN, faults=4,
                fault_kinds=("failure", "timed_out", "crash", "invalid")),
     _pipelines("divide", "as in CI with 3 faults", definition=DIVIDE, faults=3),
     _pipelines("expand", "as in CI with 3 faults", definition=EXPAND, faults=3),
     _pipelines("hooks", "as in CI with 5 faults and advancer faults", definition=HALTING, faults=5,
                fault_kinds=("failure", "invalid"), hooks=True),
-    _pipelines("revive", "as in CI with 2 faults, every fault kind and hooks", definition=HALTING, faults=2,
+    _pipelines("revive", "as in CI with 2 faults (failure, invalid) and the revived run's hooks",
+               definition=HALTING, faults=2, fault_kinds=("failure", "invalid"), advancer_faults=False,
                context_writes=2, prunes=1, revives=2, hooks=True),
-    _pipelines("two-runs", "as in CI with 2 faults and a revive", definition=HALTING, runs=2, faults=2, prunes=1,
-               hooks=True, revives=1),
+    _pipelines("two-runs", "as in CI with 2 faults", definition=HALTING, runs=2, faults=2, prunes=1, hooks=True),
 )}
 
 #: the configuration in which each model mutant is hunted
@@ -796,6 +799,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deep", action="store_true", help="the nightly bounds (DEEP_CONFIGS)")
     parser.add_argument("--mutants", action="store_true", help="hunt each model mutant instead")
     parser.add_argument("--only", action="append", help="a configuration (or mutant) name; repeatable")
+    parser.add_argument("--max-states", type=int, help="stop each exploration there (then it is not exhaustive)")
+    parser.add_argument("--progress", action="store_true", help="print the counts every 10 000 states")
     args = parser.parse_args(argv)
     configs = DEEP_CONFIGS if args.deep else CONFIGS
     failed = False
@@ -815,8 +820,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, config in configs.items():
         if args.only and name not in args.only:
             continue
-        report = explore(config)
-        failed |= report.violation is not None
+        report = explore(config, None, args.max_states,
+                         (lambda r: print(f"  ... {r.line()}", file=sys.stderr, flush=True)) if args.progress else None)
+        failed |= report.violation is not None or not report.complete
         print(report.line(), flush=True)
     return int(failed)
 
