@@ -16,6 +16,8 @@ Modules, one per noun:
 * ``model.invariants`` — one predicate per invariant ID, ``INVARIANT_FUNCTIONS``;
 * ``model.mutants`` — model variants with one guard removed, which the
   property tests must catch;
+* ``model.explore`` — every interleaving of small bounded configurations,
+  breadth first, every invariant in every state (``python -m model.explore``);
 * ``model.errors`` — the refusals the model raises.
 
 Rules for changing it: exact arithmetic only (``int``/``Fraction``; time is

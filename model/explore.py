@@ -1,0 +1,831 @@
+"""Exhaustive bounded exploration of the model: every interleaving of a small configuration.
+
+Example::
+
+    python -m model.explore              # the CI configurations, every invariant in every state
+    python -m model.explore --deep       # the nightly bounds
+    python -m model.explore --mutants    # each model mutant's shortest counterexample
+
+    from model.explore import CONFIGS, explore
+    report = explore(CONFIGS["limits"])  # report.states, report.transitions, report.depth
+    assert report.violation is None
+
+Where the hypothesis machines of ``tests/properties/`` *sample* interleavings, this visits
+all of them within bounds, the way TLC explores a TLA+ spec: breadth first from the
+initial state, every enabled operation applied to every state reached, each state's
+fingerprint stored so a state reached twice is expanded once. Every invariant of
+``model/invariants.py`` that applies is checked after every transition, and a refused
+operation (``model.errors``) must change nothing. Breadth first, the first violation
+found has a shortest trace: its ``Counterexample`` lists the operations from the
+initial state.
+
+What a configuration bounds (the constants of a TLA+ model): the workers, keys, jobs,
+crashes, restarts and clock instants of a limits world; the definitions, runs, injected
+faults, context writes, prunes and revives of a pipelines world. Time is discretised:
+a limits world's clock moves by a fixed step up to a horizon or jumps to a key's
+``blocked_until`` stamp (or one µs before it); a pipelines world's clock jumps to the
+next instant something becomes eligible, the only instants its operations can tell apart.
+
+The fingerprint (the TLC *view*) is the state the operations read — jobs, buckets,
+stamps, runs, branches, steps, executions, hooks, the clock and the world's counters —
+plus what a history checker needs that the present does not show (per key, the claim
+times since the last restart and whether it was refilled since, for INV-LIM-2, -4, -5).
+The append-only logs (events, commits, fence and hook logs, outcomes) are left out of
+it: two interleavings that reach one state merge, and exploration goes on from the
+first. That loses no violation: the invariants are checked on every transition's
+target, with its own history, before it is merged, and each history checker is a
+monitor whose verdict on the events a transition appends depends only on the present
+state and on what the view keeps. Not a proof beyond the bounds: a bug that needs a
+third worker, a fifth node or a longer clock is outside them (``--deep`` widens them).
+
+Nothing here imports ``ductwork``. Not API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import pickle
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from model.errors import ModelError
+from model.invariants import INVARIANT_FUNCTIONS, LIMITS_INVARIANTS, PIPELINE_INVARIANTS
+from model.limits import Claimed, Decided, LimitsModel, Restarted
+from model.pipelines import CRASH, FAILURE, INVALID, NO_INPUT, TIMED_OUT, PipelineConfig, PipelinesModel, success
+
+__all__ = ["CONFIGS", "DEEP_CONFIGS", "MUTANT_CONFIGS", "Config", "Counterexample", "LimitsWorld", "PipelinesWorld",
+           "Report", "explore", "replay"]
+
+Action = tuple[str, Callable[[Any], object]]
+
+
+class World(Protocol):
+    """One state of a bounded configuration: the model and the explorer's own counters."""
+
+    def actions(self) -> Iterable[Action]: ...
+    def fingerprint(self) -> bytes: ...
+    def present(self) -> Any: ...
+    def copy(self) -> Any: ...
+    def check(self) -> None: ...
+
+
+def _digest(value: Any) -> bytes:
+    """A fingerprint of ``value``'s content: its ``repr`` (the records are dataclasses, whose
+    repr names every field), hashed. Not ``pickle``: its bytes depend on which objects are
+    shared, which a copy does not keep, so equal states would not merge."""
+    return hashlib.blake2b(repr(value).encode(), digest_size=16).digest()
+
+
+def _copy(world: Any) -> Any:
+    """A deep copy (pickle round trip: several times faster than ``copy.deepcopy`` here)."""
+    return pickle.loads(pickle.dumps(world, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+# =========================================================================== the explorer
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    """A shortest trace from the initial state to a state where ``message`` holds."""
+
+    message: str
+    trace: tuple[str, ...]
+
+    def __str__(self) -> str:
+        steps = "".join(f"\n  {i + 1:>2}. {label}" for i, label in enumerate(self.trace))
+        return f"{self.message}\n  after {len(self.trace)} operations:{steps}"
+
+
+@dataclass
+class Report:
+    """What one exploration visited: distinct states, transitions (refused ones included),
+    the greatest depth (operations from the initial state), and the first violation."""
+
+    name: str
+    states: int = 0
+    transitions: int = 0
+    depth: int = 0
+    seconds: float = 0.0
+    complete: bool = True
+    violation: Counterexample | None = None
+
+    def line(self) -> str:
+        found = "no invariant fails" if self.violation is None else f"VIOLATION: {self.violation}"
+        bounded = "" if self.complete else " (stopped at max_states: not exhaustive)"
+        return (f"{self.name}: {self.states} states, {self.transitions} transitions, depth {self.depth}, "
+                f"{self.seconds:.1f} s{bounded}: {found}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """A named bounded configuration: ``make(model_class)`` builds its initial world."""
+
+    name: str
+    make: Callable[[type | None], Any]
+    #: the model family its mutants replace ("limits" or "pipelines")
+    machine: str
+    description: str
+
+
+def explore(config: Config, model_class: type | None = None, max_states: int | None = None,
+            progress: Callable[[Report], None] | None = None) -> Report:
+    """Breadth-first search of every state ``config`` reaches; stops at the first violation.
+
+    ``model_class`` replaces the model (a mutant of ``model/mutants.py``). ``max_states``
+    stops early (then ``Report.complete`` is False and nothing is claimed exhaustive).
+    ``progress`` is called with the report so far every 10 000 states.
+    """
+    started = time.monotonic()
+    report = Report(config.name)
+    initial = config.make(model_class)
+    parents: dict[bytes, tuple[bytes | None, str]] = {}
+    root = initial.fingerprint()
+    parents[root] = (None, "")
+    try:
+        initial.check()
+    except AssertionError as error:
+        report.violation = Counterexample(_first_line(error), ())
+        return _done(report, started, 1)
+    queue: deque[tuple[Any, bytes, int]] = deque([(initial, root, 0)])
+    while queue:
+        world, fp, depth = queue.popleft()
+        report.depth = max(report.depth, depth)
+        for label, operation in world.actions():
+            report.transitions += 1
+            successor = world.copy()
+            try:
+                operation(successor)
+            except ModelError:
+                refused = True
+            else:
+                refused = False
+            try:
+                successor.check()  # a refusal may log what it refused (a context write)
+                if refused and successor.present() != world.present():
+                    raise AssertionError(f"a refused operation changed the state: {label}")
+            except AssertionError as error:
+                report.violation = Counterexample(_first_line(error), (*_trace(parents, fp), label))
+                return _done(report, started, len(parents))
+            if refused:
+                continue  # refused, nothing changed: a self-loop
+            child = successor.fingerprint()
+            if child in parents:
+                continue
+            parents[child] = (fp, label)
+            if progress is not None and len(parents) % 10_000 == 0:
+                progress(_done(report, started, len(parents)))
+            if max_states is not None and len(parents) >= max_states:
+                report.complete = False
+                return _done(report, started, len(parents))
+            queue.append((successor, child, depth + 1))
+    return _done(report, started, len(parents))
+
+
+def _first_line(error: AssertionError) -> str:
+    return (str(error).splitlines() or [repr(error)])[0]
+
+
+def _done(report: Report, started: float, states: int) -> Report:
+    report.states = states
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _trace(parents: dict[bytes, tuple[bytes | None, str]], fp: bytes) -> tuple[str, ...]:
+    labels: list[str] = []
+    at: bytes | None = fp
+    while at is not None:
+        parent, label = parents[at]
+        if parent is not None:
+            labels.append(label)
+        at = parent
+    return tuple(reversed(labels))
+
+
+def replay(config: Config, trace: Iterable[str], model_class: type | None = None) -> Any:
+    """Apply the operations named by ``trace`` from the initial state, checking every
+    invariant after each (an ``AssertionError`` names the first that fails); returns the
+    world reached. A label that is not enabled raises ``KeyError``."""
+    world = config.make(model_class)
+    world.check()
+    for label in trace:
+        operation = dict(world.actions())[label]
+        before = world.present()
+        try:
+            operation(world)
+        except ModelError:
+            world.check()
+            assert world.present() == before, f"a refused operation changed the state: {label}"
+            continue
+        world.check()
+    return world
+
+
+# =========================================================================== limits worlds
+
+
+@dataclass(frozen=True)
+class LimitsBounds:
+    """The constants of a limits world."""
+
+    limits: dict[str, Any]
+    #: the config a restart switches to (None: no restart)
+    restart_to: dict[str, Any] | None
+    #: keys jobs are enqueued on (None: the unkeyed lane)
+    keys: tuple[str | None, ...]
+    jobs: int
+    workers: int
+    crashes: int
+    #: reaps (each of a dead worker, or of a live one that missed its heartbeats)
+    reaps: int
+    restarts: int
+    #: enqueue delays, µs
+    delays: tuple[int, ...]
+    #: the clock's fixed step and its horizon, µs
+    tick_us: int
+    horizon_us: int
+    #: jobs are enqueued while the clock is at most this (µs; None: until the horizon)
+    arrive_until_us: int | None = None
+    #: the batch size of ``claim_batch`` and ``complete_and_hand_off`` (0: not explored)
+    batch: int = 2
+
+
+@dataclass
+class LimitsWorld:
+    """A ``LimitsModel`` with the workers that poll it, the jobs left to enqueue and a clock."""
+
+    bounds: LimitsBounds
+    model: LimitsModel
+    now: int = 0
+    live: list[str] = field(default_factory=list)
+    workers_started: int = 0
+    jobs_enqueued: int = 0
+    crashes: int = 0
+    reaps: int = 0
+    restarts: int = 0
+    #: jobs reaped while their worker lived: its late completion must be refused
+    reaped_alive: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, bounds: LimitsBounds, model_class: type | None) -> LimitsWorld:
+        world = cls(bounds, (model_class or LimitsModel)(bounds.limits))
+        for _ in range(bounds.workers):
+            world._add_worker()
+        return world
+
+    _MODEL_FIELDS = frozenset(("limits", "config", "jobs", "buckets", "stamps", "dead_workers", "events", "log",
+                               "_created", "_synthetic"))
+
+    def copy(self) -> LimitsWorld:
+        """A copy sharing only immutable parts (events, buckets and parsed configs are
+        frozen, and a restart replaces ``config``); a model with other fields is pickled."""
+        old = self.model
+        if not set(vars(old)) <= self._MODEL_FIELDS:
+            return _copy(self)  # type: ignore[no-any-return]
+        model = copy.copy(old)
+        model.jobs = {job_id: copy.copy(job) for job_id, job in old.jobs.items()}
+        model.buckets, model.stamps = dict(old.buckets), dict(old.stamps)
+        model.dead_workers, model.events, model.log = set(old.dead_workers), list(old.events), list(old.log)
+        world = copy.copy(self)
+        world.model, world.live, world.reaped_alive = model, list(self.live), list(self.reaped_alive)
+        return world
+
+    def _add_worker(self) -> None:
+        self.live.append(f"w{self.workers_started}")
+        self.workers_started += 1
+
+    # ----------------------------------------------------------------- operations
+
+    def actions(self) -> Iterator[Action]:
+        b, m = self.bounds, self.model
+        if self.jobs_enqueued < b.jobs and (b.arrive_until_us is None or self.now <= b.arrive_until_us):
+            for key in b.keys:
+                for delay in b.delays:
+                    yield f"enqueue(key={key!r}, eligible_at={self.now + delay})", _enqueue(key, delay)
+        idle = [w for w in self.live if not m.in_flight_jobs(w)]
+        # symmetry: idle live workers are interchangeable, so only the first of them acts
+        acting = [w for w in self.live if w not in idle[1:]]
+        for worker in acting:
+            yield f"claim({worker}, now={self.now})", _claim(worker, 0)
+            if b.batch:
+                yield (f"claim_batch({worker}, now={self.now}, limit={b.batch}, keyed_limit={b.batch})",
+                       _claim(worker, b.batch))
+        for job_id in m.in_flight_jobs():
+            owner = m.jobs[job_id].worker
+            if owner in self.live:
+                yield f"complete(job {job_id}, {owner}, now={self.now})", _complete(job_id)
+                if b.batch:
+                    yield (f"complete_and_hand_off(job {job_id}, {owner}, now={self.now})",
+                           _hand_off(job_id, b.batch))
+        for job_id in self.reaped_alive:
+            yield f"late complete(job {job_id}) after its reap (refused)", _complete(job_id)
+        if self.crashes < b.crashes:
+            for worker in acting:
+                yield f"crash_worker({worker})", _crash(worker)
+        owners = {m.jobs[j].worker or "" for j in m.in_flight_jobs()} if self.reaps < b.reaps else set()
+        for owner in sorted(owners):
+            yield f"reap({owner}, requeue, now={self.now})", _reap(owner, True)
+            yield f"reap({owner}, budget spent, now={self.now})", _reap(owner, False)
+        if self.restarts < b.restarts and b.restart_to is not None:
+            yield f"restart_with({b.restart_to}, now={self.now})", _restart
+        if self.now + b.tick_us <= b.horizon_us:
+            yield f"clock +{b.tick_us} µs -> {self.now + b.tick_us}", _tick(b.tick_us)
+        for stamp in sorted(set(m.stamps.values())):
+            for at in (stamp - 1, stamp):
+                if self.now < at <= b.horizon_us:
+                    yield f"clock -> {at} (stamp {stamp}{' - 1' if at < stamp else ''})", _set_clock(at)
+
+    # ----------------------------------------------------------------- state
+
+    def fingerprint(self) -> bytes:
+        """The view, up to the names of workers (a symmetry: workers are interchangeable, so
+        each is named by what it holds, and two idle live workers are one class)."""
+        names = self._canonical_workers()
+        return _digest((self.now, tuple(sorted(names[w] for w in self.live)), self.jobs_enqueued, self.crashes,
+                        self.reaps, self.restarts, tuple(sorted(map(repr, self.reaped_alive))), self.present(names)))
+
+    def _canonical_workers(self) -> dict[str, str]:
+        m = self.model
+        held: dict[str, list[str]] = {}
+        for job_id in m.in_flight_jobs():
+            held.setdefault(m.jobs[job_id].worker or "", []).append(repr(job_id))
+        workers = sorted(set(self.live) | set(held), key=lambda w: (w not in self.live, sorted(held.get(w, []))))
+        return {w: f"W{i}" for i, w in enumerate(workers)}
+
+    def present(self, names: dict[str, str] | None = None) -> tuple[Any, ...]:
+        """The model's state as its operations and checkers read it (see the module's
+        docstring); with ``names``, workers renamed and completed jobs' owners dropped."""
+        m = self.model
+
+        def owner(job: Any) -> str:
+            if names is None:
+                return job.worker or ""
+            return names.get(job.worker, "") if job.state == "in_flight" else ""
+
+        # a job's claim time and outcome are history no operation reads (the checkers read the events)
+        jobs = tuple(sorted((repr(j.job_id), j.key or "", j.eligible_at_us, j.created, j.state, owner(j))
+                            for j in m.jobs.values()))
+        dead = sorted(m.dead_workers) if names is None else sorted(names[w] for w in m.dead_workers if w in names)
+        claims: dict[str, list[int]] = {}
+        refilled: set[str] = set()
+        for event in m.events:  # since the last restart: the part of the history checkers read
+            if isinstance(event, Restarted):
+                claims, refilled = {}, refilled - event.rebased
+            elif isinstance(event, Claimed) and event.key is not None:
+                claims.setdefault(event.key, []).append(event.at_us)
+            elif isinstance(event, Decided) and event.refused_for != "concurrency" and not event.unconfigured:
+                refilled.add(event.key)
+        return (sorted(m.config.items()), jobs, tuple(sorted(m.buckets.items())), tuple(sorted(m.stamps.items())),
+                tuple(dead), m._created, m._synthetic,
+                tuple(sorted((k, tuple(sorted(t))) for k, t in claims.items())), tuple(sorted(refilled)))
+
+    def check(self) -> None:
+        for inv_id in LIMITS_INVARIANTS:
+            INVARIANT_FUNCTIONS[inv_id](self.model)
+
+
+def _enqueue(key: str | None, delay: int) -> Callable[[LimitsWorld], object]:
+    def apply(w: LimitsWorld) -> None:
+        w.jobs_enqueued += 1
+        w.model.enqueue(f"j{w.jobs_enqueued}", key, w.now + delay)
+    return apply
+
+
+def _claim(worker: str, batch: int) -> Callable[[LimitsWorld], object]:
+    if batch:
+        return lambda w: w.model.claim_batch(worker, w.now, batch, batch)
+    return lambda w: w.model.claim(worker, w.now)
+
+
+def _hand_off(job_id: Any, batch: int) -> Callable[[LimitsWorld], object]:
+    return lambda w: w.model.complete_and_hand_off(job_id, w.now, batch)
+
+
+def _complete(job_id: Any) -> Callable[[LimitsWorld], object]:
+    return lambda w: w.model.complete(job_id, w.now)
+
+
+def _crash(worker: str) -> Callable[[LimitsWorld], object]:
+    def apply(w: LimitsWorld) -> None:
+        w.model.crash_worker(worker, w.now)
+        w.live.remove(worker)
+        w.crashes += 1
+        w._add_worker()
+    return apply
+
+
+def _reap(owner: str, requeue: bool) -> Callable[[LimitsWorld], object]:
+    def apply(w: LimitsWorld) -> None:
+        w.reaps += 1
+        plan = None
+        if requeue:
+            plan = {j: (f"{j}r", w.now) for j in w.model.in_flight_jobs(owner)}
+        reaped = w.model.reap(owner, w.now, plan)
+        if owner in w.live:
+            w.reaped_alive += reaped
+    return apply
+
+
+def _restart(w: LimitsWorld) -> None:
+    w.restarts += 1
+    w.model.restart_with(w.bounds.restart_to or {}, w.now)
+
+
+def _tick(dt: int) -> Callable[[LimitsWorld], object]:
+    def apply(w: LimitsWorld) -> None:
+        w.now += dt
+    return apply
+
+
+def _set_clock(at: int) -> Callable[[LimitsWorld], object]:
+    def apply(w: LimitsWorld) -> None:
+        w.now = at
+    return apply
+
+
+# =========================================================================== pipelines worlds
+
+_HOOK = "explore:OnHalt"
+#: what an execution may end in, beside success: each one uses one of the world's faults
+_FAULTS = {"failure": FAILURE, "timed_out": TIMED_OUT, "crash": CRASH, "invalid": INVALID}
+
+
+@dataclass(frozen=True)
+class PipelinesBounds:
+    """The constants of a pipelines world."""
+
+    definition: dict[str, Any]
+    #: node → the value its executions succeed with
+    outputs: dict[str, Any]
+    config: PipelineConfig
+    runs: int = 1
+    #: executions ending otherwise than in success, advancer errors and crashes, in all
+    faults: int = 2
+    fault_kinds: tuple[str, ...] = ("failure", "crash", "invalid")
+    advancer_faults: bool = True
+    context_writes: int = 0
+    prunes: int = 0
+    revives: int = 0
+    hooks: bool = False
+    #: also explore a group commit of every runnable execution and an advancer batch
+    batches: bool = True
+
+
+@dataclass
+class PipelinesWorld:
+    """A ``PipelinesModel`` with its budget of runs and injected faults left."""
+
+    bounds: PipelinesBounds
+    model: PipelinesModel
+    triggered: int = 0
+    faults: int = 0
+    context_writes: int = 0
+    prunes: int = 0
+    revives: int = 0
+
+    @classmethod
+    def start(cls, bounds: PipelinesBounds, model_class: type | None) -> PipelinesWorld:
+        world = cls(bounds, (model_class or PipelinesModel)(bounds.config))
+        world.model.trigger(bounds.definition, [0])
+        world.triggered = 1
+        return world
+
+    def copy(self) -> PipelinesWorld:
+        return _copy(self)  # type: ignore[no-any-return]
+
+    def actions(self) -> Iterator[Action]:
+        b, m = self.bounds, self.model
+        if self.triggered < b.runs:
+            yield f"trigger([{self.triggered}])", _trigger
+        runnable = m.runnable_executions()
+        for exec_id in runnable:
+            node = m.steps[m.executions[exec_id].step_id].node
+            yield f"run_execution(e{exec_id} {node}, success)", _run(exec_id, None)
+            yield f"advance_on_success(e{exec_id} {node})", _run_inline(exec_id)
+            if self.faults < b.faults:
+                for kind in b.fault_kinds:
+                    yield f"run_execution(e{exec_id} {node}, {kind})", _run(exec_id, kind)
+        if b.batches and len(runnable) > 1:
+            yield f"advance_on_successes({[f'e{e}' for e in runnable]})", _group(tuple(runnable))
+        done = [e.id for e in m.executions.values() if e.state == "completed"]
+        if done:
+            yield f"run_execution(e{done[-1]}) again (refused)", _run(done[-1], None)
+        for branch_id in m.advanceable_branches():
+            yield f"advance({branch_id})", _advance_with(branch_id, None)
+            if b.advancer_faults and self.faults < b.faults:
+                yield f"advancer_crash({branch_id})", _advancer(branch_id, "crash")
+                yield f"advancer_error({branch_id})", _advancer(branch_id, "error")
+                if m.steps[m.branches[branch_id].latest_step].status == "advancing":
+                    yield f"advancer_error({branch_id}, TransitionError)", _advancer(branch_id, "transition")
+            stale = _stale_token(m, m.branches[branch_id].claim_token)
+            if stale is not None:
+                yield f"advance({branch_id}, stale token {stale})", _advance_with(branch_id, stale)
+        batchable = [x for x in m.claimable_branches() if m.batchable(x)]
+        if b.batches and len(batchable) > 1:
+            yield f"advance_batch(claim_branches({batchable}))", _batch(tuple(batchable))
+        if self.context_writes < b.context_writes:
+            for run_id in m.live_runs():
+                yield f"context_set({run_id}, 'k')", _context(run_id, False)
+                yield f"context_set({run_id}, 'k', overwrite)", _context(run_id, True)
+        if self.prunes < b.prunes and m.live_runs():
+            yield f"prune(cutoff={m.now_us + 1}, asked about every run)", _prune
+        if self.revives < b.revives:
+            for run_id in m.live_runs():
+                if m.runs[run_id].status == "halted":
+                    yield f"revive({run_id})", _revive(run_id)
+        if any(r.status == "dampened" for r in m.runs.values()):
+            for run_id in m.live_runs():
+                if m.runs[run_id].status == "dampened":
+                    yield f"resume({run_id})", _resume(run_id)
+        if b.hooks:
+            yield from self._hook_actions()
+        waits = [e.eligible_at_us for e in m.executions.values() if e.state == "pending"]
+        waits += [h.eligible_at_us for h in m.hooks.values() if h.status == "pending"]
+        later = [t for t in waits if t > m.now_us]
+        if later:
+            yield f"clock -> {min(later)}", _set_model_clock(min(later))
+
+    def _hook_actions(self) -> Iterator[Action]:
+        m = self.model
+        for hook_id in m.runnable_hooks():
+            yield f"claim_hook({hook_id})", _claim_hook(hook_id)
+        for hook in m.hooks.values():
+            if hook.status != "running":
+                continue
+            token = hook.claim_token
+            for kind, outcome in (("success", success(None)), ("failure", FAILURE), ("invalid", INVALID)):
+                if kind != "success" and self.faults >= self.bounds.faults:
+                    continue
+                yield (f"run_hook({hook.id}, token {token}, {kind})",
+                       _hook_run(hook.id, token, outcome, kind != "success"))
+            yield f"reap_hook({hook.id})", _hook_reap(hook.id)
+            stale = _stale_token(m, token)
+            if stale is not None:
+                yield f"run_hook({hook.id}, stale token {stale}, success)", _hook_run(hook.id, stale, success(None),
+                                                                                        False)
+
+    def fingerprint(self) -> bytes:
+        return _digest((self.triggered, self.faults, self.context_writes, self.prunes, self.revives,
+                        self.present()))
+
+    def present(self) -> tuple[Any, ...]:
+        """The model's state as its operations read it: everything but the append-only logs."""
+        m = self.model
+        return (m.now_us, m.runs, m.branches, m.steps, m.executions, m.hooks,
+                sorted(m._ids.items()))
+
+    def check(self) -> None:
+        for inv_id in PIPELINE_INVARIANTS:
+            INVARIANT_FUNCTIONS[inv_id](self.model)
+
+
+def _stale_token(m: PipelinesModel, current: int | None) -> int | None:
+    """A token issued before that is not the current claim's (the last one issued, or the
+    one before it): what a claimer presumed dead would still hold."""
+    issued = m._ids["token"]
+    for token in (issued, issued - 1):
+        if token >= 1 and token != current:
+            return token
+    return None
+
+
+def _trigger(w: PipelinesWorld) -> None:
+    w.model.trigger(w.bounds.definition, [w.triggered])
+    w.triggered += 1
+
+
+def _outcome(w: PipelinesWorld, exec_id: int, kind: str | None) -> Any:
+    if kind is not None:
+        w.faults += 1
+        return _FAULTS[kind]
+    return success(w.bounds.outputs[w.model.steps[w.model.executions[exec_id].step_id].node])
+
+
+def _run(exec_id: int, kind: str | None) -> Callable[[PipelinesWorld], object]:
+    return lambda w: w.model.run_execution(exec_id, _outcome(w, exec_id, kind))
+
+
+def _run_inline(exec_id: int) -> Callable[[PipelinesWorld], object]:
+    return lambda w: w.model.advance_on_success(exec_id, _outcome(w, exec_id, None))
+
+
+def _group(exec_ids: tuple[int, ...]) -> Callable[[PipelinesWorld], object]:
+    return lambda w: w.model.advance_on_successes([(e, _outcome(w, e, None)) for e in exec_ids])
+
+
+def _advancer(branch_id: str, how: str) -> Callable[[PipelinesWorld], object]:
+    def apply(w: PipelinesWorld) -> None:
+        w.faults += 1
+        if how == "crash":
+            w.model.advancer_crash(branch_id)
+        else:
+            w.model.advancer_error(branch_id, transition_error=how == "transition")
+    return apply
+
+
+def _advance_with(branch_id: str, token: int | None) -> Callable[[PipelinesWorld], object]:
+    return lambda w: w.model.advance(branch_id, token)
+
+
+def _resume(run_id: str) -> Callable[[PipelinesWorld], object]:
+    return lambda w: w.model.resume(run_id, NO_INPUT)
+
+
+def _set_model_clock(at: int) -> Callable[[PipelinesWorld], object]:
+    return lambda w: w.model.set_clock(at)
+
+
+def _claim_hook(hook_id: str) -> Callable[[PipelinesWorld], object]:
+    return lambda w: w.model.claim_hook(hook_id)
+
+
+def _batch(branch_ids: tuple[str, ...]) -> Callable[[PipelinesWorld], object]:
+    return lambda w: w.model.advance_batch(w.model.claim_branches(branch_ids))
+
+
+def _context(run_id: str, overwrite: bool) -> Callable[[PipelinesWorld], object]:
+    def apply(w: PipelinesWorld) -> None:
+        w.context_writes += 1
+        w.model.context_set(run_id, "k", w.context_writes, overwrite)
+    return apply
+
+
+def _prune(w: PipelinesWorld) -> None:
+    w.prunes += 1
+    w.model.prune(w.model.now_us + 1, None, sorted(w.model.live_runs()))
+
+
+def _revive(run_id: str) -> Callable[[PipelinesWorld], object]:
+    def apply(w: PipelinesWorld) -> None:
+        w.revives += 1
+        w.model.revive(run_id)
+    return apply
+
+
+def _hook_run(hook_id: str, token: int | None, outcome: Any, fault: bool) -> Callable[[PipelinesWorld], object]:
+    def apply(w: PipelinesWorld) -> None:
+        w.faults += fault
+        w.model.run_hook(hook_id, token if token is not None else -1, outcome)
+    return apply
+
+
+def _hook_reap(hook_id: str) -> Callable[[PipelinesWorld], object]:
+    def apply(w: PipelinesWorld) -> None:
+        w.faults += 1
+        w.model.reap_hook(hook_id)
+    return apply
+
+
+# =========================================================================== configurations
+
+
+def _node(klass: str) -> dict[str, Any]:
+    return {"klass": f"explore:{klass}", "delay_us": 0}
+
+
+def _definition(start: str, nodes: Iterable[str], edges: dict[str, Any], on_halt: bool = False) -> dict[str, Any]:
+    snapshot: dict[str, Any] = {"format": 1, "start": start, "nodes": {n: _node(n) for n in nodes}, "edges": edges}
+    if on_halt:
+        snapshot["on_halt"] = _HOOK
+    return snapshot
+
+
+#: chain, divert, converge and a leaf: A -chain-> B -divert{"a": C, otherwise: D}; C -converge-> D
+CHAIN = _definition("A", "ABCD", {
+    "A": {"type": "chain", "to": ["B"]},
+    "B": {"type": "divert", "to": {"a": "C", "otherwise": "D"}},
+    "C": {"type": "converge", "to": ["D"]},
+})
+#: divide and combine: A -divide-> [B, C]; B, C -combine(barrier A)-> D
+DIVIDE = _definition("A", "ABCD", {
+    "A": {"type": "divide", "to": ["B", "C"]},
+    "B": {"type": "combine", "to": ["D"], "barrier": ["A"]},
+    "C": {"type": "combine", "to": ["D"], "barrier": ["A"]},
+})
+#: expand and collapse, then dampen: A -expand-> B (×2); B -collapse(barrier A)-> C -dampen-> D
+EXPAND = _definition("A", "ABCD", {
+    "A": {"type": "expand", "to": ["B"]},
+    "B": {"type": "collapse", "to": ["C"], "barrier": ["A"]},
+    "C": {"type": "dampen", "to": ["D"]},
+})
+#: a run that halts: A -chain-> B, with an on_halt hook
+HALTING = _definition("A", "AB", {"A": {"type": "chain", "to": ["B"]}}, on_halt=True)
+
+_OUTPUTS = {"A": [1, 2], "B": "a", "C": 3, "D": 4}
+_SMALL = PipelineConfig(max_retry=1, max_crash=1, retry_delay_us=1_000_000, crash_delay_us=1_000_000,
+                        expand_batch=1, advancer_max_retry=1, advancer_max_crash=1)
+#: a: a token every 0.5 s, one at most; b: 3 per 2 s (a token every 666 666⅔ µs: not a whole number of
+#: µs), two at most, so its next-token instants fall between microseconds
+_LIMITS = {"a": {"concurrency": 1, "rate": {"limit": 2, "per": 1, "burst": 1}},
+           "b": {"concurrency": 2, "rate": {"limit": 3, "per": 2, "burst": 2}}}
+#: the restart: b keeps its period with a lower burst (its bucket is clamped at its next refill)
+_LOWERED = {"a": {"concurrency": 1, "rate": {"limit": 2, "per": 1, "burst": 1}},
+            "b": {"concurrency": 1, "rate": {"limit": 3, "per": 2, "burst": 1}}}
+
+
+def _limits(name: str, description: str, **bounds: Any) -> Config:
+    fixed = LimitsBounds(**{"limits": _LIMITS, "restart_to": _LOWERED, "keys": ("a", "b"), "jobs": 3, "workers": 2,
+                            "crashes": 1, "reaps": 1, "restarts": 0, "delays": (0,), "tick_us": 500_000,
+                            "horizon_us": 1_000_000, "batch": 0, "arrive_until_us": 0, **bounds})
+    return Config(name, lambda cls: LimitsWorld.start(fixed, cls), "limits", description)
+
+
+def _pipelines(name: str, description: str, **bounds: Any) -> Config:
+    fixed = PipelinesBounds(**{"outputs": _OUTPUTS, "config": _SMALL, **bounds})
+    return Config(name, lambda cls: PipelinesWorld.start(fixed, cls), "pipelines", description)
+
+
+CONFIGS: dict[str, Config] = {c.name: c for c in (
+    _limits("limits", "keys a (concurrency 1, 2/s burst 1) and b (concurrency 2, 3/2s burst 2); 3 jobs "
+            "arriving at 0, 2 workers, 1 crash, 1 reap; clock 0..1 s in 0.5 s steps and to each stamp (and 1 µs "
+            "before)"),
+    _limits("limits-batch", "as limits with batch claims and hand-offs of up to 2, no crash", crashes=0, batch=2),
+    _limits("limits-fifo", "3 jobs on b and the unkeyed lane, eligible at once or 0.5 s later; a restart "
+            "lowering b's burst; 1 worker, no crash or reap", keys=("b", None), delays=(0, 500_000), workers=1,
+            crashes=0, reaps=0, restarts=1),
+    _pipelines("chain", "A -chain-> B -divert-> C -converge-> D: 1 run, 3 faults (failure, crash, invalid, "
+               "advancer error or crash), stale tokens, group commits", definition=CHAIN, faults=3),
+    _pipelines("divide", "A -divide-> [B, C] -combine-> D: 1 run, 2 faults", definition=DIVIDE),
+    _pipelines("expand", "A -expand(×2, batch 1)-> B -collapse-> C -dampen-> D, resume: 1 run, 2 faults",
+               definition=EXPAND),
+    _pipelines("hooks", "A -chain-> B with on_halt: 1 run, 3 faults; hook claims, records, reaps and stale "
+               "records", definition=HALTING, faults=3, fault_kinds=("failure", "invalid"), advancer_faults=False,
+               hooks=True),
+    _pipelines("revive", "A -chain-> B: 1 run, 1 fault; two context writes, a prune asked about every run, "
+               "two revives", definition=HALTING, faults=1, fault_kinds=("invalid",), advancer_faults=False,
+               context_writes=2, prunes=1, revives=2),
+    _pipelines("two-runs", "A -chain-> B with on_halt: 2 runs interleaved, 1 fault, group commits and "
+               "advancer batches across runs, hooks, a prune", definition=HALTING, runs=2, faults=1, prunes=1,
+               hooks=True),
+)}
+
+DEEP_CONFIGS: dict[str, Config] = {c.name: c for c in (
+    _limits("limits", "as in CI with 3 workers, 2 reaps and a 1.5 s horizon", workers=3, reaps=2,
+            horizon_us=1_500_000),
+    _limits("limits-batch", "as in CI with 4 jobs, batches of 3 and a crash", jobs=4, batch=3, crashes=1),
+    _limits("limits-fifo", "as in CI with key a too and jobs arriving at any instant", keys=("a", "b", None),
+            delays=(0, 500_000), workers=1, crashes=0, reaps=0, restarts=1, arrive_until_us=None),
+    _pipelines("chain", "as in CI with 4 faults, timeouts too", definition=CHAIN, faults=4,
+               fault_kinds=("failure", "timed_out", "crash", "invalid")),
+    _pipelines("divide", "as in CI with 3 faults", definition=DIVIDE, faults=3),
+    _pipelines("expand", "as in CI with 3 faults", definition=EXPAND, faults=3),
+    _pipelines("hooks", "as in CI with 5 faults and advancer faults", definition=HALTING, faults=5,
+               fault_kinds=("failure", "invalid"), hooks=True),
+    _pipelines("revive", "as in CI with 2 faults (failure, invalid) and the revived run's hooks",
+               definition=HALTING, faults=2, fault_kinds=("failure", "invalid"), advancer_faults=False,
+               context_writes=2, prunes=1, revives=2, hooks=True),
+    _pipelines("two-runs", "as in CI with 2 faults", definition=HALTING, runs=2, faults=2, prunes=1, hooks=True),
+)}
+
+#: the configuration in which each model mutant is hunted
+MUTANT_CONFIGS = {
+    "refill_without_clamp": "limits", "no_concurrency_check": "limits", "spend_skipped": "limits",
+    "stamp_off_by_one": "limits", "fifo_by_creation_only": "limits-fifo",
+    "fan_in_fires_on_every_arrival": "divide", "stale_token_accepted": "chain", "expand_cursor_lost": "expand",
+    "crash_budget_off_by_one": "chain", "invalid_retried": "chain", "context_overwrite_allowed": "revive",
+    "hook_fence_dropped": "hooks", "hook_not_owed": "hooks", "prune_live_run": "revive", "revive_twice": "revive",
+    "revive_reruns_everything": "revive",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m model.explore", description=__doc__.splitlines()[0])
+    parser.add_argument("--deep", action="store_true", help="the nightly bounds (DEEP_CONFIGS)")
+    parser.add_argument("--mutants", action="store_true", help="hunt each model mutant instead")
+    parser.add_argument("--only", action="append", help="a configuration (or mutant) name; repeatable")
+    parser.add_argument("--max-states", type=int, help="stop each exploration there (then it is not exhaustive)")
+    parser.add_argument("--progress", action="store_true", help="print the counts every 10 000 states")
+    args = parser.parse_args(argv)
+    configs = DEEP_CONFIGS if args.deep else CONFIGS
+    failed = False
+    if args.mutants:
+        from model.mutants import MUTANTS
+
+        for mutant in MUTANTS:
+            if args.only and mutant.name not in args.only:
+                continue
+            report = explore(configs[MUTANT_CONFIGS[mutant.name]], mutant.model_class)
+            caught = report.violation is not None
+            failed |= not caught
+            print(f"mutant {mutant.name} in {report.name}: {report.states} states, {report.seconds:.1f} s: "
+                  + (f"counterexample of {len(report.violation.trace)} operations: {report.violation}"
+                     if report.violation else "NOT CAUGHT"), flush=True)
+        return int(failed)
+    for name, config in configs.items():
+        if args.only and name not in args.only:
+            continue
+        report = explore(config, None, args.max_states,
+                         (lambda r: print(f"  ... {r.line()}", file=sys.stderr, flush=True)) if args.progress else None)
+        failed |= report.violation is not None or not report.complete
+        print(report.line(), flush=True)
+    return int(failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
