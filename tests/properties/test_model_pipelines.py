@@ -95,8 +95,9 @@ class PipelinesModelMachine(RuleBasedStateMachine):
         elif holder is not None and not expired:
             assert got == holder, f"[INV-TRG-1] key {key!r} returned {got}, not its run {holder}"
         elif holder is not None:
-            assert got != holder and self.model.runs[holder].key_released_at_us == self.model.now_us, (
-                f"[INV-TRG-1] key {key!r}: {holder} finished a window ago but was returned")
+            assert got != holder, f"[INV-TRG-1] key {key!r}: {holder} finished a window ago but was returned"
+            assert self.model.runs[holder].key_released_at_us == self.model.now_us, (
+                f"[INV-TRG-1] key {key!r}: {holder} was not released by the trigger that took its key")
 
     @precondition(lambda self: len(self.model.runs) < 6)
     @rule(args=st.lists(st.integers(0, 9), max_size=2))
