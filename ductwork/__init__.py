@@ -25,6 +25,7 @@ from ductwork.errors import (
     TriggerConnectionError,
     TriggeredConcurrently,
     TriggerKeyError,
+    TriggerKeyWindowError,
     UnknownRunError,
 )
 from ductwork.pipelines.context import Context
@@ -77,6 +78,7 @@ __all__ = [
     "StepRecord",
     "TriggerConnectionError",
     "TriggerKeyError",
+    "TriggerKeyWindowError",
     "TriggeredConcurrently",
     "UnknownRunError",
     "Wait",

@@ -35,7 +35,8 @@ The tree::
     ├── RunFilterError (ValueError)       a run-listing or prune option is malformed (names it)
     │   └── ReviveError                   revive of a run that is not halted, or unknown
     ├── InputError (TypeError)            trigger/resume/context input is not JSON-serialisable
-    │   └── TriggerKeyError (ValueError)  a trigger key is not a non-empty string of at most 255 characters
+    │   ├── TriggerKeyError (ValueError)  a trigger key is not a non-empty string of at most 255 characters
+    │   └── TriggerKeyWindowError (ValueError)  a key window is not a positive duration, or has no key
     ├── TriggerConnectionError (TypeError) ``trigger(connection=…)`` got no usable Connection
     ├── TriggeredConcurrently             a trigger key was taken by a transaction this one cannot see
     ├── PayloadError (InputError, StepReturnError)  a value breaks the one payload rule (payloads.dump)
@@ -378,6 +379,25 @@ class TriggerKeyError(InputError, ValueError):
         DuctworkError.__init__(
             self, f"{pipeline}.trigger key={shown}: {reason}; a trigger key is a non-empty string of at "
                   f"most {self.MAX_TRIGGER_KEY} characters")
+
+
+class TriggerKeyWindowError(InputError, ValueError):
+    """A ``key_window`` that is not a positive duration (seconds, a ``timedelta`` or a
+    duration string such as ``"1d"``), or one given without a key; names the pipeline and
+    the window. Raised before anything is written.
+
+    ``TriggerKeyWindowError("Orders", "-1d", "not a duration")`` reads
+    ``Orders.trigger key_window='-1d': not a duration; a key window is a positive duration
+    (seconds, a timedelta or a string like '1d') given with a key``.
+    """
+
+    def __init__(self, pipeline: str, window: Any, reason: str):
+        self.pipeline = pipeline
+        self.window = window
+        shown = repr(window) if len(repr(window)) <= 60 else repr(window)[:57] + "..."
+        DuctworkError.__init__(
+            self, f"{pipeline}.trigger key_window={shown}: {reason}; a key window is a positive duration "
+                  "(seconds, a timedelta or a string like '1d') given with a key")
 
 
 class TriggerConnectionError(DuctworkError, TypeError):

@@ -880,16 +880,18 @@ def inv_rev_3_revived_branch_resumes(model: PipelinesModel) -> None:
 
 def inv_trg_1_one_run_per_trigger_key(model: PipelinesModel) -> None:
     """At most one run not pruned holds a pipeline's trigger key, and every trigger with a
-    key returned the run holding it then: a trigger that created a run found the key free,
-    one that created none returned a run triggered with that key, and a key's run is
-    replaced only after it was pruned."""
+    key returned the run holding it then: a trigger that created a run found the key free
+    (its run pruned, or released by this trigger because it finished at least the trigger's
+    window before it), one that created none returned a run triggered with that key, and a
+    key is released only by a trigger with a window."""
     holders: Counter[tuple[str, str]] = Counter(
         (run.definition.pipeline, run.trigger_key) for run in model.runs.values()
-        if run.trigger_key is not None and not run.pruned)
+        if run.trigger_key is not None and not run.pruned and run.key_released_at_us is None)
     for (pipeline, key), count in holders.items():
         if count > 1:
             _fail("INV-TRG-1", f"{count} runs of {pipeline!r} hold trigger key {key!r}")
     latest: dict[tuple[str, str], str] = {}
+    released: set[str] = set()
     for trigger in model.triggers:
         if trigger.key is None:
             continue
@@ -898,11 +900,20 @@ def inv_trg_1_one_run_per_trigger_key(model: PipelinesModel) -> None:
             _fail("INV-TRG-1", f"trigger of {trigger.pipeline!r} with key {trigger.key!r} returned "
                   f"{trigger.run_id}, which was not triggered with it")
         before = latest.get((trigger.pipeline, trigger.key))
-        if trigger.created and before is not None and not model.runs[before].pruned:
-            _fail("INV-TRG-1", f"trigger key {trigger.key!r} started {trigger.run_id} while {before} held it")
+        old = None if before is None else model.runs[before]
+        if trigger.created and old is not None and (old.key_released_at_us is not None or not old.pruned):
+            if (trigger.window_us is None or old.key_released_at_us != trigger.at_us
+                    or old.finished_at_us is None or old.finished_at_us + trigger.window_us > trigger.at_us):
+                _fail("INV-TRG-1", f"trigger key {trigger.key!r} started {trigger.run_id} while {before} "
+                      f"held it (finished at {old.finished_at_us}, window {trigger.window_us}, "
+                      f"trigger at {trigger.at_us})")
+            released.add(old.id)
         if not trigger.created and before != trigger.run_id:
             _fail("INV-TRG-1", f"trigger key {trigger.key!r} returned {trigger.run_id}, not its run {before}")
         latest[(trigger.pipeline, trigger.key)] = trigger.run_id
+    for run in model.runs.values():
+        if run.key_released_at_us is not None and run.id not in released:
+            _fail("INV-TRG-1", f"run {run.id} released key {run.trigger_key!r} without a windowed trigger taking it")
 
 
 def inv_trg_2_rolled_back_trigger_leaves_nothing(model: PipelinesModel) -> None:

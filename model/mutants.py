@@ -153,6 +153,14 @@ class TriggerKeyIgnored(PipelinesModel):
         return None
 
 
+class KeyWindowIgnoresFinish(PipelinesModel):
+    """A trigger with a key window takes the key from its run whether or not that run
+    finished, and however recently."""
+
+    def _key_expired(self, run_id: str, window_us: int) -> bool:
+        return True
+
+
 class RollbackKeepsTrigger(PipelinesModel):
     """A trigger the caller rolled back is written anyway."""
 
@@ -189,6 +197,7 @@ MUTANTS = (
     Mutant("prune_live_run", "pipelines", PruneLiveRun, ("INV-PRN-1",)),
     Mutant("revive_twice", "pipelines", ReviveTwice, ("INV-REV-1",)),
     Mutant("trigger_key_ignored", "pipelines", TriggerKeyIgnored, ("INV-TRG-1",)),
+    Mutant("key_window_ignores_finish", "pipelines", KeyWindowIgnoresFinish, ("INV-TRG-1",)),
     Mutant("rollback_keeps_trigger", "pipelines", RollbackKeepsTrigger, ("INV-TRG-2", "INV-TRG-1")),
     Mutant("revive_reruns_everything", "pipelines", ReviveRerunsEverything, ("INV-REV-2", "INV-EXE-3",
                                                                                "INV-REV-3", "INV-ADV-1")),

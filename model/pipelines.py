@@ -409,6 +409,9 @@ class Run:
     #: the trigger key it was started with, unique per pipeline among runs not pruned
     #: (None: no key, or a revived run) [INV-TRG-1]
     trigger_key: str | None = None
+    #: model time at which a windowed trigger took its key from it (it holds the key no
+    #: more; the engine's row has ``trigger_key`` NULL); None while it holds it [INV-TRG-1]
+    key_released_at_us: int | None = None
 
 
 @dataclass(frozen=True)
@@ -420,6 +423,10 @@ class Trigger:
     key: str | None
     run_id: str
     created: bool
+    #: the key's window (``key_window``), None without one
+    window_us: int | None = None
+    #: model time of the trigger
+    at_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -622,31 +629,48 @@ class PipelinesModel:
     # ----------------------------------------------------------------- trigger / execute
 
     def trigger(self, definition: Mapping[str, Any] | Definition, args: Sequence[Any] = (),
-                key: str | None = None) -> str:
+                key: str | None = None, key_window_us: int | None = None) -> str:
         """Start a run: one branch with a step for ``start`` whose input is ``args``.
 
         With ``key`` (a non-empty string): when a run of this pipeline holds the key (it
-        was triggered with it and is not pruned), that run is returned and nothing is
-        written; ``args`` are not compared [INV-TRG-1]. A pruned run no longer holds its
-        key: the next trigger with it starts a new run. A key that is not a non-empty
-        string raises ``PreconditionError``, changing nothing.
+        was triggered with it, is not pruned and was not released), that run is returned and
+        nothing is written; ``args`` are not compared [INV-TRG-1]. A pruned run no longer
+        holds its key: the next trigger with it starts a new run. With ``key_window_us``
+        (positive microseconds) too: a holder that finished (completed or halted) at least
+        the window before now releases the key (it keeps its history) and a new run takes
+        it, in the same step. A key that is not a non-empty string, a window that is not
+        positive, or a window without a key raise ``PreconditionError``, changing nothing.
         """
         definition = definition if isinstance(definition, Definition) else Definition.parse(definition)
         if key is not None and not (isinstance(key, str) and key):
             raise PreconditionError(f"a trigger key must be a non-empty string, got {key!r}")
+        if key_window_us is not None and (key is None or isinstance(key_window_us, bool)
+                                          or not isinstance(key_window_us, int) or key_window_us <= 0):
+            raise PreconditionError(f"a key window is positive microseconds with a key, got {key_window_us!r}")
         existing = None if key is None else self._keyed_run(definition.pipeline, key)
+        if existing is not None and key_window_us is not None and self._key_expired(existing, key_window_us):
+            self.runs[existing].key_released_at_us = self.now_us  # [INV-TRG-1] finished a window ago
+            existing = None
         if existing is not None:  # [INV-TRG-1] the key's run: nothing written
-            self.triggers.append(Trigger(definition.pipeline, key, existing, created=False))
+            self.triggers.append(Trigger(definition.pipeline, key, existing, created=False,
+                                         window_us=key_window_us, at_us=self.now_us))
             return existing
         run = Run(self._new_id("run"), definition, list(args), trigger_key=key)
         self.runs[run.id] = run
         branch = self._new_branch(run, barrier=None, fanout_index=None)
         self._new_step(branch, definition.start, list(args), "trigger", ())
-        self.triggers.append(Trigger(definition.pipeline, key, run.id, created=True))
+        self.triggers.append(Trigger(definition.pipeline, key, run.id, created=True,
+                                     window_us=key_window_us, at_us=self.now_us))
         return run.id
 
+    def _key_expired(self, run_id: str, window_us: int) -> bool:
+        """Whether ``run_id`` finished (completed or halted) at least ``window_us`` before now."""
+        run = self.runs[run_id]
+        return (run.status in FINAL_RUN_STATES and run.finished_at_us is not None
+                and run.finished_at_us + window_us <= self.now_us)
+
     def trigger_in(self, definition: Mapping[str, Any] | Definition, args: Sequence[Any] = (),
-                   key: str | None = None, commit: bool = True) -> str | None:
+                   key: str | None = None, commit: bool = True, key_window_us: int | None = None) -> str | None:
         """A trigger written through the caller's transaction, which the caller then commits
         (``commit``) or rolls back.
 
@@ -656,7 +680,7 @@ class PipelinesModel:
         besides is not modelled (it commits or rolls back with the run, never apart).
         """
         if commit:
-            return self.trigger(definition, args, key)
+            return self.trigger(definition, args, key, key_window_us)
         before = self.snapshot()
         self._rolled_back(definition, args, key)  # [INV-TRG-2] nothing of it survives
         self.rollbacks.append((before, self.snapshot()))
@@ -1106,10 +1130,12 @@ class PipelinesModel:
             step.status = "advancing"
 
     def _keyed_run(self, pipeline: str, key: str) -> str | None:
-        """The run of ``pipeline`` holding ``key``: triggered with it and not pruned (the
-        engine's ``uq_run_trigger_key``; a prune deletes the row, and the key with it) [INV-TRG-1]."""
+        """The run of ``pipeline`` holding ``key``: triggered with it, not pruned and not
+        released (the engine's ``uq_run_trigger_key``; a prune deletes the row, and the key
+        with it; a release sets the row's key NULL) [INV-TRG-1]."""
         return next((r.id for r in self.runs.values()
-                     if r.trigger_key == key and not r.pruned and r.definition.pipeline == pipeline), None)
+                     if r.trigger_key == key and not r.pruned and r.key_released_at_us is None
+                     and r.definition.pipeline == pipeline), None)
 
     def _rolled_back(self, definition: Mapping[str, Any] | Definition, args: Sequence[Any],
                      key: str | None) -> None:

@@ -327,12 +327,22 @@ MUTANTS: dict[str, Mutant] = {
         (('{"uq_run_trigger_key": lambda _: TriggeredConcurrently(definition.pipeline, key)}  # [INV-TRG-1]',
           "{}  # mutant: the violation is not mapped"),),
     ),
+    "key_window_ignores_finish_time": Mutant(
+        "a trigger with a key window takes the key from any finished run, however recently it "
+        "finished (the decision and the UPDATE's fence both drop the finish time) [INV-TRG-1]",
+        "a key window releases a key only from a run finished at least the window before the "
+        "trigger, in the decision and in the UPDATE's fence [INV-TRG-1]",
+        (("return finished is not None and finished + timedelta(microseconds=window_us) <= now  # [INV-TRG-1]",
+          "return finished is not None  # mutant: the finish time is not compared"),
+         ("finished,  # [INV-TRG-1] fenced on the finish time, not only on the Python decision",
+          "_r.c.status.in_(('completed', 'halted')),  # mutant: no finish time in the fence")),
+    ),
     "trigger_outside_callers_transaction": Mutant(
         "a trigger given the caller's connection writes in ductwork's own transaction, committed "
         "at once, so the caller's rollback leaves the run behind [INV-TRG-2]",
         "a trigger with `connection=` writes through the caller's transaction and never ends it [INV-TRG-2]",
-        (("return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key)  # [INV-TRG-2]",
-          "with app.begin() as own: return trigger(app, own, pipeline, args, key)  # mutant"),),
+        (("return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key, key_window)  # [INV-TRG-2]",
+          "with app.begin() as own: return trigger(app, own, pipeline, args, key, key_window)  # mutant"),),
     ),
     # async steps (issue 18)
     "async_cancel_escapes": Mutant(

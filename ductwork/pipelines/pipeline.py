@@ -35,7 +35,7 @@ from ductwork.pipelines.definition import (
     referenced_class,
     register_class,
 )
-from ductwork.pipelines.trigger import check_key
+from ductwork.pipelines.trigger import check_key, check_window
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -74,7 +74,7 @@ class Pipeline:
 
     @classmethod
     def trigger(cls, *args: Any, app: App | None = None, key: str | None = None,
-                connection: Connection | None = None) -> Run:
+                key_window: Any = None, connection: Connection | None = None) -> Run:
         """Start a run with ``args`` as the first step's input; returns the run handle.
 
             run = Orders.trigger(order_id, key=f"order-{order_id}")   # twice: the same run
@@ -83,7 +83,11 @@ class Pipeline:
         ``app`` defaults to the last ``ductwork.connect``. ``key``: at most one run of this
         pipeline holds it; a trigger with a key that a run holds returns that run and writes
         nothing (its arguments are not compared), also when callers race, in threads or
-        processes; the key is held until the run is pruned [INV-TRG-1]. ``connection``: a
+        processes; the key is held until the run is pruned [INV-TRG-1]. ``key_window``: a
+        positive duration (seconds, a ``timedelta`` or a string like ``"1d"``): a run that
+        finished (completed or halted) at least that long before this trigger gives its key
+        to a new run (it keeps its history); a running, dampened or more recently finished
+        run is returned as without a window. ``connection``: a
         SQLAlchemy ``Connection`` with a transaction begun, on the app's database: the run is
         written through it and commits or rolls back with the caller's transaction, which
         this never ends [INV-TRG-2] (docs/triggers.md). Checked before anything is
@@ -91,7 +95,9 @@ class Pipeline:
         :class:`~ductwork.errors.InputError` when ``args`` do not bind to the first
         step's ``__init__`` (``trigger(1, 2, 3)`` for ``__init__(self, since)``);
         :class:`~ductwork.errors.TriggerKeyError` for a key that is not a non-empty string
-        of at most 255 characters; :class:`~ductwork.errors.TriggerConnectionError` for a
+        of at most 255 characters; :class:`~ductwork.errors.TriggerKeyWindowError` for a
+        window that is not a positive duration or has no key;
+        :class:`~ductwork.errors.TriggerConnectionError` for a
         connection that cannot be written through;
         :class:`~ductwork.errors.MainModuleError` when the pipeline or a step class is
         defined in ``__main__`` while job workers of another process are alive on the
@@ -103,7 +109,7 @@ class Pipeline:
             raise DefinitionError(cls.__name__, "trigger",
                                   "Must define pipeline before triggering "
                                   "(override the classmethod define)")
-        check_key(cls.__qualname__, key)
+        check_window(cls.__qualname__, check_key(cls.__qualname__, key), key_window)
         bind = getattr(referenced_class(definition.nodes[definition.start].klass), "_ductwork_bind", None)
         if bind is not None:  # (a definition read from a snapshot may name a class not loaded here)
             try:
@@ -123,7 +129,7 @@ class Pipeline:
                     f"script this process runs), which the {workers} job worker process(es) on this "
                     "database cannot import: move the classes into a module they can import (and "
                     "import them from there)")
-        return trigger_run(app, cls, list(args), key=key, connection=connection)
+        return trigger_run(app, cls, list(args), key=key, key_window=key_window, connection=connection)
 
 
     @classmethod

@@ -50,7 +50,7 @@ _UNSET: Any = object()  # resume() without input
 
 
 def trigger_run(app: App | None, pipeline: type, args: list[Any], key: str | None = None,
-                connection: Connection | None = None) -> Run:
+                connection: Connection | None = None, key_window: Any = None) -> Run:
     """Start a run of ``pipeline`` (a Pipeline subclass) with ``args`` as the start step's
     positional arguments, or return the run that holds ``key`` [INV-TRG-1]
     (``ductwork.pipelines.trigger``).
@@ -64,12 +64,12 @@ def trigger_run(app: App | None, pipeline: type, args: list[Any], key: str | Non
     """
     app = app or default_app()
     if connection is not None:
-        triggered = trigger_in(connection, app, pipeline, args, key)
+        triggered = trigger_in(connection, app, pipeline, args, key, key_window)
         return Run.read_through(app, connection, triggered.run_id)
 
     def once() -> Triggered:
         with app.begin() as tx:
-            return trigger(app, tx, pipeline, args, key)
+            return trigger(app, tx, pipeline, args, key, key_window)
 
     triggered = once() if key is None else dialects.retry_transient(once)
     return Run(app, triggered.run_id)

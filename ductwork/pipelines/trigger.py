@@ -21,7 +21,15 @@ mapped by name (``dialects.translate_db_errors``) to
 :class:`~ductwork.errors.TriggeredConcurrently`; the insert ran in a savepoint
 (``dialects.statement_savepoint``), so the transaction goes on and reads the winner's run.
 A key is held as long as its run exists: ``ductwork prune`` deletes the row and frees the
-key; there is no other expiry.
+key. With ``key_window`` (a positive duration) a trigger may also take the key from its
+run: when that run finished (completed or halted; a dampened or running run never) at
+least the window before the transaction's database time (:func:`key_expired`), a
+conditional UPDATE fenced on the run's id, key, status and finish time sets its
+``trigger_key`` NULL (the run keeps its history), checked by row count, and a new run is
+inserted with the key in the same transaction. Racing windowed triggers: the index still
+decides; a loser's UPDATE matches no row once the winner committed (PostgreSQL and MySQL
+re-read the locked row; SQLite writers are serialized), and it reads the winner's run (or
+gets :class:`TriggeredConcurrently` when its snapshot is older).
 
 In the caller's transaction [INV-TRG-2]: :func:`trigger_in` writes through the caller's
 SQLAlchemy ``Connection`` and never commits or rolls back: nothing is visible to others
@@ -30,7 +38,7 @@ is committed: on PostgreSQL by the transaction's ``NOTIFY`` (delivered at commit
 before, never after a rollback); on MySQL and SQLite, which have no such channel, at their
 next poll (``job_worker.polling_timeout``). ``AsyncConnection.run_sync`` can call it.
 
-Not done: a time window for keys (pruning is the window), comparing arguments, checking
+Not done: comparing arguments, checking
 that the caller's connection reaches the app's database (only its kind is compared), or
 retrying the caller's transaction (a trigger in ductwork's own transaction with a key is
 retried on a deadlock or a lost connection: it is idempotent).
@@ -41,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -49,7 +58,15 @@ from sqlalchemy.engine import Connection
 from ductwork.db import dialects, schema
 from ductwork.db.database import Tx
 from ductwork.db.ids import new_id
-from ductwork.errors import DefinitionError, TriggerConnectionError, TriggeredConcurrently, TriggerKeyError
+from ductwork.durations import parse_interval_us
+from ductwork.errors import (
+    DefinitionError,
+    DurationError,
+    TriggerConnectionError,
+    TriggeredConcurrently,
+    TriggerKeyError,
+    TriggerKeyWindowError,
+)
 from ductwork.pipelines import payloads
 from ductwork.pipelines.steps import NewStep, create_branches, create_steps
 
@@ -89,6 +106,39 @@ def check_key(pipeline: str, key: Any) -> str | None:
     return key
 
 
+def check_window(pipeline: str, key: str | None, window: Any) -> int | None:
+    """``window`` in whole microseconds, or :class:`TriggerKeyWindowError` naming ``pipeline``
+    and the window: a positive duration in ``parse_interval_us``'s forms (seconds, a
+    ``timedelta``, a duration string such as ``"1d"`` or ``"1h30m"``), and only with a key.
+    ``None``: no window (the key is held until its run is pruned)."""
+    if window is None:
+        return None
+    if key is None:
+        raise TriggerKeyWindowError(pipeline, window, "given without a key")
+    try:
+        return parse_interval_us(window)
+    except DurationError as error:
+        raise TriggerKeyWindowError(pipeline, window, error.reason) from None
+
+
+@dataclass(frozen=True)
+class KeyHolder:
+    """The run holding a key, as a windowed trigger reads it."""
+
+    run_id: str
+    status: str
+    completed_at: datetime | None
+    halted_at: datetime | None
+
+
+def key_expired(holder: KeyHolder, now: datetime, window_us: int) -> bool:
+    """Whether a trigger at ``now`` with a window of ``window_us`` may take the key from
+    ``holder``: it finished (completed or halted) at least the window before ``now``. Pure."""
+    finished = holder.completed_at if holder.status == "completed" else \
+        holder.halted_at if holder.status == "halted" else None
+    return finished is not None and finished + timedelta(microseconds=window_us) <= now  # [INV-TRG-1]
+
+
 def keyed_run(tx: Tx, pipeline: str, key: str) -> str | None:
     """The id of the run of ``pipeline`` that holds ``key``, if it is visible to ``tx``
     (at most one: ``uq_run_trigger_key``)."""
@@ -97,8 +147,37 @@ def keyed_run(tx: Tx, pipeline: str, key: str) -> str | None:
     return found
 
 
-def trigger(app: App, tx: Tx, pipeline: type, args: list[Any], key: str | None = None) -> Triggered:
+def key_holder(tx: Tx, pipeline: str, key: str) -> KeyHolder | None:
+    """:func:`keyed_run` with the holder's status and finish times."""
+    row = tx.execute(sa.select(_r.c.id, _r.c.status, _r.c.completed_at, _r.c.halted_at).where(
+        _r.c.pipeline_klass == pipeline, _r.c.trigger_key == key)).mappings().first()
+    if row is None:
+        return None
+    return KeyHolder(row["id"], row["status"], row["completed_at"], row["halted_at"])
+
+
+def release_key(tx: Tx, pipeline: str, key: str, holder: KeyHolder, window_us: int) -> bool:
+    """Take ``key`` from ``holder`` (its ``trigger_key`` set NULL; its history kept) if it
+    still holds it and finished at least ``window_us`` before ``tx.now``: a conditional
+    UPDATE fenced on id, key, status and finish time; True when it matched the one row.
+    False: another transaction took the key first (or the row changed)."""
+    cutoff = tx.now - timedelta(microseconds=window_us)
+    finished = sa.or_(sa.and_(_r.c.status == "completed", _r.c.completed_at <= cutoff),
+                      sa.and_(_r.c.status == "halted", _r.c.halted_at <= cutoff))
+    result = tx.execute(_r.update().where(
+        _r.c.id == holder.run_id, _r.c.pipeline_klass == pipeline, _r.c.trigger_key == key,
+        finished,  # [INV-TRG-1] fenced on the finish time, not only on the Python decision
+    ).values(trigger_key=None, updated_at=tx.now))
+    return bool(result.rowcount == 1)
+
+
+def trigger(app: App, tx: Tx, pipeline: type, args: list[Any], key: str | None = None,
+            key_window: Any = None) -> Triggered:
     """The trigger in ``tx``, whoever's transaction it is; commits nothing.
+
+    With ``key_window`` (:func:`check_window`), a key whose run finished at least the
+    window before ``tx.now`` is taken from it (:func:`release_key`) and a new run is
+    written; otherwise the key's run is returned as without a window.
 
     ``pipeline`` is a Pipeline subclass (anything with a ``definition``). Checked before
     anything is written: the key (:func:`check_key`), the arguments (``payloads.dump``: JSON,
@@ -109,10 +188,19 @@ def trigger(app: App, tx: Tx, pipeline: type, args: list[Any], key: str | None =
     if definition is None:
         raise DefinitionError(pipeline.__qualname__, "trigger", "pipeline has no definition (define() missing)")
     key = check_key(pipeline.__qualname__, key)
+    window_us = check_window(pipeline.__qualname__, key, key_window)
     snapshot = json.dumps(definition.to_json(), sort_keys=True)
     sha1 = hashlib.sha1(snapshot.encode()).hexdigest()
     input_json = payloads.dump(list(args), f"{pipeline.__qualname__}.trigger arguments")
-    if key is not None:
+    if key is not None and window_us is not None:
+        holder = key_holder(tx, definition.pipeline, key)
+        if holder is not None and not (key_expired(holder, tx.now, window_us)
+                                       and release_key(tx, definition.pipeline, key, holder, window_us)):
+            existing = keyed_run(tx, definition.pipeline, key)  # another trigger may have taken it
+            if existing is None or (existing == holder.run_id and key_expired(holder, tx.now, window_us)):
+                raise TriggeredConcurrently(definition.pipeline, key)  # its run is not ours to see yet
+            return Triggered(existing, created=False)  # [INV-TRG-1] the key's run: nothing written
+    elif key is not None:
         existing = keyed_run(tx, definition.pipeline, key)
         if existing is not None:  # [INV-TRG-1] the key's run: nothing written
             return Triggered(existing, created=False)
@@ -142,7 +230,8 @@ def trigger(app: App, tx: Tx, pipeline: type, args: list[Any], key: str | None =
     return Triggered(run_id, created=True)
 
 
-def trigger_in(conn: Connection, app: App, pipeline: type, args: list[Any], key: str | None = None) -> Triggered:
+def trigger_in(conn: Connection, app: App, pipeline: type, args: list[Any], key: str | None = None,
+               key_window: Any = None) -> Triggered:
     """The trigger written through the caller's ``conn`` inside the transaction it has begun,
     which the caller commits or rolls back [INV-TRG-2]; this never ends it.
 
@@ -154,7 +243,7 @@ def trigger_in(conn: Connection, app: App, pipeline: type, args: list[Any], key:
     transaction usable (a savepoint on PostgreSQL; a statement rollback elsewhere).
     """
     name = getattr(pipeline, "__qualname__", repr(pipeline))
-    check_key(name, key)
+    check_window(name, check_key(name, key), key_window)
     if not isinstance(conn, Connection):
         raise TriggerConnectionError(name, f"{type(conn).__name__} is not a SQLAlchemy Connection (for a Session "
                                            "pass session.connection(); for an AsyncConnection use its run_sync)")
@@ -165,4 +254,4 @@ def trigger_in(conn: Connection, app: App, pipeline: type, args: list[Any], key:
     if kind != app.backend:
         raise TriggerConnectionError(name, f"the connection is to {kind}, but the app's database is "
                                            f"{app.backend} ({app.database})")
-    return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key)  # [INV-TRG-2]
+    return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key, key_window)  # [INV-TRG-2]

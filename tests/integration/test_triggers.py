@@ -5,7 +5,10 @@ from threads and processes racing too; the key freed by a prune; the named index
 ``uq_run_trigger_key`` behind it, its violation mapped by name, the caller's transaction
 still usable after it) and INV-TRG-2 (a trigger through the caller's ``Connection`` is
 invisible until the caller commits, leaves nothing when it rolls back, and wakes workers on
-PostgreSQL only at the commit); the errors for bad keys and unusable connections.
+PostgreSQL only at the commit); a key window (a run finished at least the window before
+the trigger gives its key to a new run, also to one of many racing threads; a run in
+progress or finished more recently keeps it); the errors for bad keys, bad windows and
+unusable connections.
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step, TriggerConnectionError, TriggeredConcurrently, TriggerKeyError
+from ductwork import (
+    Pipeline,
+    Step,
+    TriggerConnectionError,
+    TriggeredConcurrently,
+    TriggerKeyError,
+    TriggerKeyWindowError,
+)
 from ductwork.db import schema
 from ductwork.testing import drain
 from tests.capabilities import needs
@@ -233,6 +243,132 @@ def test_a_key_committed_after_the_callers_snapshot_raises_and_leaves_its_transa
     assert _count(app, schema.runs) == 1
     with app.engine.begin() as conn:  # a new transaction sees the run
         assert ChargeOrder.trigger(1, key="order-1", connection=conn).id == winner.id
+
+
+# --------------------------------------------------------------------------- key windows
+
+
+def _finished_ago(app, run_id, ago: timedelta) -> None:
+    """Move the run's finish time ``ago`` before the database's now (time passing, without waiting)."""
+    with app.begin() as tx:
+        then = tx.now - ago
+        row = tx.execute(sa.select(schema.runs.c.status).where(schema.runs.c.id == run_id)).scalar_one()
+        column = {"completed": "completed_at", "halted": "halted_at"}[row]
+        tx.execute(schema.runs.update().where(schema.runs.c.id == run_id).values({column: then}))
+
+
+def _key_of(app, run_id):
+    with app.begin(readonly=True) as tx:
+        return tx.execute(sa.select(schema.runs.c.trigger_key).where(schema.runs.c.id == run_id)).scalar_one()
+
+
+def test_a_run_finished_a_window_ago_gives_its_key_to_a_new_run(app):
+    first = ChargeOrder.trigger(1, key="order-1")
+    drain(app)
+    _finished_ago(app, first.id, timedelta(days=1, seconds=5))
+    second = ChargeOrder.trigger(2, key="order-1", key_window="1d")
+    assert second.id != first.id  # [INV-TRG-1] released
+    assert first.refresh().status == "completed"  # the old run keeps its history
+    assert _key_of(app, first.id) is None
+    assert _key_of(app, second.id) == "order-1"
+    assert ChargeOrder.trigger(3, key="order-1", key_window="1d").id == second.id  # in progress: held
+    assert ChargeOrder.trigger(3, key="order-1").id == second.id
+    assert _count(app, schema.runs) == 2
+
+
+def test_a_run_finished_within_the_window_keeps_its_key(app):
+    first = ChargeOrder.trigger(1, key="order-1")
+    drain(app)
+    _finished_ago(app, first.id, timedelta(hours=23))
+    assert ChargeOrder.trigger(2, key="order-1", key_window="1d").id == first.id
+    assert ChargeOrder.trigger(2, key="order-1", key_window=timedelta(days=1)).id == first.id
+    assert ChargeOrder.trigger(2, key="order-1", key_window=22 * 3600).id != first.id  # seconds: 22 h ago is enough
+    assert _count(app, schema.runs) == 2
+
+
+def test_a_run_in_progress_keeps_its_key_whatever_the_window(app):
+    first = ChargeOrder.trigger(1, key="order-1")
+    assert ChargeOrder.trigger(2, key="order-1", key_window=1).id == first.id
+    assert first.refresh().status == "in_progress"
+    assert _count(app, schema.runs) == 1
+
+
+def test_a_halted_run_finished_a_window_ago_gives_its_key_to_a_new_run(app):
+    class Declines(Step):
+        def __init__(self, order):
+            self.order = order
+
+        def execute(self):
+            raise ValueError("declined")
+
+    class DecliningCharge(Pipeline):
+        @classmethod
+        def define(cls, p):
+            p.start(Declines)
+
+    halted = DecliningCharge.trigger(1, key="order-1")
+    drain(app)
+    assert halted.refresh().status == "halted"
+    _finished_ago(app, halted.id, timedelta(minutes=2))
+    assert DecliningCharge.trigger(1, key="order-1", key_window="1m").id != halted.id
+
+
+def test_racing_triggers_on_an_expired_key_create_one_run(app):
+    first = ChargeOrder.trigger(1, key="order-7")
+    drain(app)
+    _finished_ago(app, first.id, timedelta(hours=2))
+    barrier, got, errors = threading.Barrier(6), [], []
+
+    def trigger():
+        barrier.wait()
+        try:
+            got.append(ChargeOrder.trigger(7, key="order-7", key_window="1h").id)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=trigger) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert len(got) == 6
+    assert len(set(got)) == 1  # [INV-TRG-1] one new run, every caller returned it
+    assert got[0] != first.id
+    assert _count(app, schema.runs) == 2
+    assert _count(app, schema.executions) == 2
+
+
+def test_a_key_window_in_the_callers_transaction(app):
+    first = ChargeOrder.trigger(1, key="order-1")
+    drain(app)
+    _finished_ago(app, first.id, timedelta(days=2))
+    with app.engine.connect() as conn:
+        transaction = conn.begin()
+        rolled = ChargeOrder.trigger(1, key="order-1", key_window="1d", connection=conn)
+        transaction.rollback()
+    assert rolled.id != first.id
+    assert _key_of(app, first.id) == "order-1"  # [INV-TRG-2] the release rolled back with the run
+    with app.engine.connect() as conn:
+        transaction = conn.begin()
+        second = ChargeOrder.trigger(1, key="order-1", key_window="1d", connection=conn)
+        transaction.commit()
+    assert second.id != first.id
+    assert _key_of(app, first.id) is None
+    assert ChargeOrder.trigger(1, key="order-1", key_window="1d").id == second.id
+
+
+@pytest.mark.parametrize(("window", "key", "reason"), [
+    (-1, "order-1", "must be positive"), (0, "order-1", "must be positive"),
+    ("garbage", "order-1", "expected whole seconds"), ("1mo", "order-1", "months and years"),
+    (True, "order-1", "bool"), ("1d", None, "given without a key"),
+])
+def test_a_bad_key_window_is_refused_before_anything_is_written(app, window, key, reason):
+    with pytest.raises(TriggerKeyWindowError, match=reason) as info:
+        ChargeOrder.trigger(1, key=key, key_window=window)
+    assert info.value.window == window
+    assert repr(window) in str(info.value)
+    assert _nothing_written(app)
 
 
 # --------------------------------------------------------------------------- INV-TRG-2

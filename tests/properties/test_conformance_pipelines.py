@@ -415,11 +415,17 @@ def test_engine_revives_end_where_the_model_ends(db_url):
 TRIGGER_FIGURES: Counter[str] = Counter()
 
 
+def _released(model) -> int:
+    """How many runs gave their key to a windowed trigger."""
+    return sum(1 for r in model.runs.values() if r.key_released_at_us is not None)
+
+
 def check_triggers(url: str, engine, scenario, config, calls) -> None:
     """Each call triggers the scenario with a key (or none) in ductwork's own transaction,
-    or in a caller's transaction that commits or rolls back; some calls first drive every
-    run to rest, move both clocks an hour and prune what finished more than half an hour
-    ago, freeing its key. Call by call the engine and the model return the same run (by
+    or in a caller's transaction that commits or rolls back, with or without a key window
+    (half an hour, an hour or two); some calls first drive every run to rest and move both
+    clocks an hour (``age``), and then may prune what finished more than half an hour ago,
+    freeing its key (``prune``). Call by call the engine and the model return the same run (by
     creation order) or none, and in the end the same runs exist, holding the same keys."""
     from datetime import timedelta
 
@@ -436,23 +442,27 @@ def check_triggers(url: str, engine, scenario, config, calls) -> None:
     Generated.definition = Definition.from_json(in_process)
     model_order: list[str] = []  # created runs, in order, on each side
     engine_order: list[str] = []
-    for key, how, prune_first in calls:
-        if prune_first:
+    for key, how, before, window_us in calls:
+        window_us = window_us if key is not None else None
+        if before in ("prune", "age"):
             model.drive(oracle)
             drive(app, "every run")
             model.advance_clock(HOUR_US)
             app.clock.advance(timedelta(microseconds=HOUR_US))
+        if before == "prune":
             model.prune_all(model.now_us - HOUR_US // 2, 100)
             pruning.prune(app, timedelta(microseconds=HOUR_US // 2), batch_size=100)
             TRIGGER_FIGURES["prunes"] += 1
+        window = None if window_us is None else timedelta(microseconds=window_us)
+        released = _released(model)
         if how == "own":
-            expected = model.trigger(definition, args, key)
-            got: str | None = trigger_run(app, Generated, list(args), key=key).id
+            expected = model.trigger(definition, args, key, key_window_us=window_us)
+            got: str | None = trigger_run(app, Generated, list(args), key=key, key_window=window).id
         else:
-            expected = model.trigger_in(definition, args, key, commit=how == "commit")
+            expected = model.trigger_in(definition, args, key, commit=how == "commit", key_window_us=window_us)
             with engine.connect() as conn:
                 transaction = conn.begin()
-                got = trigger_run(app, Generated, list(args), key=key, connection=conn).id
+                got = trigger_run(app, Generated, list(args), key=key, connection=conn, key_window=window).id
                 if how == "commit":
                     transaction.commit()
                 else:
@@ -463,6 +473,7 @@ def check_triggers(url: str, engine, scenario, config, calls) -> None:
         if got is not None and got not in engine_order:
             engine_order.append(got)
         TRIGGER_FIGURES[how] += 1
+        TRIGGER_FIGURES["released"] += _released(model) - released
         index = None if expected is None else model_order.index(expected)
         assert index == (None if got is None else engine_order.index(got)), (
             f"call {key!r} {how}: the model returned run #{index}, the engine run "
@@ -472,17 +483,21 @@ def check_triggers(url: str, engine, scenario, config, calls) -> None:
     TRIGGER_FIGURES["returned_by_key"] += sum(1 for t in model.triggers if not t.created)
     with app.begin() as tx:
         rows = dict(tx.execute(sa.select(schema.runs.c.id, schema.runs.c.trigger_key)).all())
-    expected_rows = {engine_order[model_order.index(run_id)]: model.runs[run_id].trigger_key
+    expected_rows = {engine_order[model_order.index(run_id)]:
+                     None if model.runs[run_id].key_released_at_us is not None else model.runs[run_id].trigger_key
                      for run_id in model.live_runs()}
     assert rows == expected_rows, f"runs and keys differ\nengine: {rows}\nmodel: {expected_rows}\ncalls: {calls}"
 
 
 def test_engine_triggers_end_where_the_model_triggers_end(db_url):
-    """Keyed and transactional triggers against the engine [INV-TRG-1, INV-TRG-2]."""
+    """Keyed and transactional triggers against the engine, with and without a key window,
+    time passing between them (``age``) or finished runs pruned [INV-TRG-1, INV-TRG-2]."""
     TRIGGER_FIGURES.clear()
     try:
         hunt(db_url, check_triggers, calls=st.lists(
-            st.tuples(st.sampled_from([None, "order-1", "order-2"]), st.sampled_from(["own", "commit", "rollback"]),
-                      st.booleans()), min_size=1, max_size=6))
+            st.tuples(st.sampled_from([None, "order-1", "order-1", "order-2"]),
+                      st.sampled_from(["own", "commit", "rollback"]),
+                      st.sampled_from(["none", "age", "age", "prune"]),
+                      st.sampled_from([None, HOUR_US // 2, HOUR_US, 2 * HOUR_US])), min_size=3, max_size=6))
     finally:
         print(f"trigger conformance [{db_url.split(':')[0]}]: {dict(TRIGGER_FIGURES)}")

@@ -3,7 +3,7 @@ executions, advancement, advancer errors and crashes, stale tokens, resumes, con
 writes and clock moves interleaved at random; every invariant after every step.
 
 Rules (verbs): ``trigger``, ``trigger_with_key`` (in its own transaction, or in the
-caller's, committed or rolled back), ``trigger_rolled_back``, ``drive_a_little`` (the
+caller's, committed or rolled back; with or without a key window), ``trigger_rolled_back``, ``drive_a_little`` (the
 fault-free scheduler, three actions), ``run_execution`` (oracle or forced
 failure/timeout/crash/bad return), ``run_completed_execution_again``, ``advance``
 (commit, crash holding the claim, routing error, TransitionError),
@@ -77,19 +77,28 @@ class PipelinesModelMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.model.runs) < 6)
     @rule(args=st.lists(st.integers(0, 9), max_size=2), key=st.sampled_from(["order-1", "order-2"]),
-          in_transaction=st.sampled_from([None, True, False]))
-    def trigger_with_key(self, args, key, in_transaction):
+          in_transaction=st.sampled_from([None, True, False]),
+          window_us=st.sampled_from([None, None, 1, 1_000_000, 10_000_000]))
+    def trigger_with_key(self, args, key, in_transaction, window_us):
         """A keyed trigger in its own transaction (``None``) or the caller's, committed or
-        rolled back: the key's run when one holds it, else a new run, or nothing at all."""
+        rolled back, with or without a key window: the key's run when one holds it (and,
+        with a window, has not finished at least the window ago), else a new run, or
+        nothing at all."""
         holder = self.model._keyed_run(Definition.parse(self.definition).pipeline, key)
+        expired = holder is not None and window_us is not None and self.model._key_expired(holder, window_us)
         if in_transaction is None:
-            got = self.model.trigger(self.definition, args, key=key)
+            got = self.model.trigger(self.definition, args, key=key, key_window_us=window_us)
         else:
-            got = self.model.trigger_in(self.definition, args, key=key, commit=in_transaction)
+            got = self.model.trigger_in(self.definition, args, key=key, commit=in_transaction,
+                                        key_window_us=window_us)
         if in_transaction is False:
             assert got is None, "[INV-TRG-2] a rolled-back trigger returned a run"
-        elif holder is not None:
+        elif holder is not None and not expired:
             assert got == holder, f"[INV-TRG-1] key {key!r} returned {got}, not its run {holder}"
+        elif holder is not None:
+            assert got != holder, f"[INV-TRG-1] key {key!r}: {holder} finished a window ago but was returned"
+            assert self.model.runs[holder].key_released_at_us == self.model.now_us, (
+                f"[INV-TRG-1] key {key!r}: {holder} was not released by the trigger that took its key")
 
     @precondition(lambda self: len(self.model.runs) < 6)
     @rule(args=st.lists(st.integers(0, 9), max_size=2))

@@ -101,6 +101,8 @@ DETECTORS = {
         "tests/integration/test_triggers.py::test_a_second_trigger_with_the_key_returns_the_first_run[sqlite]",
     "trigger_key_unmapped": "tests/integration/test_triggers.py::"
     "test_a_key_committed_after_the_callers_snapshot_raises_and_leaves_its_transaction_usable[postgresql]",
+    "key_window_ignores_finish_time":
+        "tests/integration/test_triggers.py::test_a_run_finished_within_the_window_keeps_its_key[sqlite]",
     "trigger_outside_callers_transaction":
         "tests/integration/test_triggers.py::test_a_rolled_back_trigger_leaves_nothing[postgresql]",
     # async steps (issue 18)
