@@ -83,7 +83,7 @@ _GRAMMAR = "expected whole seconds or <int><unit> groups in the order w d h m s 
     (parse_interval_us, -1.5, "must be positive"),
     (parse_interval_us, timedelta(0), "must be positive"),
     (parse_interval_us, "1h1h", _GRAMMAR),
-], ids=repr)
+], ids=lambda v: v.__name__ if callable(v) else repr(v))  # a function by its name: stable across xdist workers
 def test_each_refusal_names_the_value_and_its_reason(parse, value, reason):
     """The exact text of every refusal: callers show it under the config path it came
     from, so a reason lost or garbled is a user-visible bug (killed mutmut mutants)."""
