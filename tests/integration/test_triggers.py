@@ -111,27 +111,31 @@ def test_a_pruned_run_frees_its_key(app):
     assert ChargeOrder.trigger(1, key="order-1").id == second.id
 
 
+class Declines(Step):
+    def __init__(self, order):
+        self.order = order
+
+    def execute(self):
+        raise ValueError("declined")
+
+
+class DecliningCharge(Pipeline):
+    """A charge whose only step fails: its run halts (max_retry exhausted)."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Declines)
+
+
 def test_a_revived_run_does_not_take_the_key(app):
     from ductwork.pipelines.revive import revive_run
 
-    class Fails(Step):
-        def __init__(self, order):
-            self.order = order
-
-        def execute(self):
-            raise ValueError("declined")
-
-    class FailingCharge(Pipeline):
-        @classmethod
-        def define(cls, p):
-            p.start(Fails)
-
-    halted = FailingCharge.trigger(1, key="order-1")
+    halted = DecliningCharge.trigger(1, key="order-1")
     drain(app)
     assert halted.refresh().status == "halted"
     revived = revive_run(app, halted.id)
     assert revived != halted.id
-    assert FailingCharge.trigger(1, key="order-1").id == halted.id
+    assert DecliningCharge.trigger(1, key="order-1").id == halted.id
 
 
 def test_racing_triggers_from_threads_create_one_run(app):
@@ -294,18 +298,6 @@ def test_a_run_in_progress_keeps_its_key_whatever_the_window(app):
 
 
 def test_a_halted_run_finished_a_window_ago_gives_its_key_to_a_new_run(app):
-    class Declines(Step):
-        def __init__(self, order):
-            self.order = order
-
-        def execute(self):
-            raise ValueError("declined")
-
-    class DecliningCharge(Pipeline):
-        @classmethod
-        def define(cls, p):
-            p.start(Declines)
-
     halted = DecliningCharge.trigger(1, key="order-1")
     drain(app)
     assert halted.refresh().status == "halted"
