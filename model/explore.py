@@ -475,6 +475,10 @@ class PipelinesBounds:
     hooks: bool = False
     #: also explore a group commit of every runnable execution and an advancer batch
     batches: bool = True
+    #: triggers with the key "k" (plain, with the window, rolled back in the caller's
+    #: transaction), beside the world's first, unkeyed run
+    keyed_triggers: int = 0
+    key_window_us: int | None = None
 
 
 @dataclass
@@ -488,6 +492,7 @@ class PipelinesWorld:
     context_writes: int = 0
     prunes: int = 0
     revives: int = 0
+    keyed: int = 0
 
     @classmethod
     def start(cls, bounds: PipelinesBounds, model_class: type | None) -> PipelinesWorld:
@@ -545,6 +550,15 @@ class PipelinesWorld:
                     yield f"resume({run_id})", _resume(run_id)
         if b.hooks:
             yield from self._hook_actions()
+        if self.keyed < b.keyed_triggers:
+            yield "trigger(key 'k')", _keyed_trigger(None, True)
+            yield "trigger_in(key 'k', rolled back)", _keyed_trigger(None, False)
+            if b.key_window_us is not None:
+                yield f"trigger(key 'k', window {b.key_window_us})", _keyed_trigger(b.key_window_us, True)
+        if b.key_window_us is not None:  # to the instant each finished run's key may move
+            for at in sorted({r.finished_at_us + b.key_window_us for r in m.runs.values()
+                              if r.finished_at_us is not None and r.finished_at_us + b.key_window_us > m.now_us}):
+                yield f"clock -> {at} (a key's window ends)", _set_model_clock(at)
         waits = [e.eligible_at_us for e in m.executions.values() if e.state == "pending"]
         waits += [h.eligible_at_us for h in m.hooks.values() if h.status == "pending"]
         later = [t for t in waits if t > m.now_us]
@@ -572,7 +586,7 @@ class PipelinesWorld:
 
     def fingerprint(self) -> bytes:
         return _digest((self.triggered, self.faults, self.context_writes, self.prunes, self.revives,
-                        self.present()))
+                        self.keyed, self.present()))
 
     def present(self) -> tuple[Any, ...]:
         """The model's state as its operations read it: everything but the append-only logs."""
@@ -598,6 +612,14 @@ def _stale_token(m: PipelinesModel, current: int | None) -> int | None:
 def _trigger(w: PipelinesWorld) -> None:
     w.model.trigger(w.bounds.definition, [w.triggered])
     w.triggered += 1
+
+
+def _keyed_trigger(window_us: int | None, commit: bool) -> Callable[[PipelinesWorld], object]:
+    def apply(w: PipelinesWorld) -> None:
+        w.model.trigger_in(w.bounds.definition, [w.triggered + w.keyed], key="k", commit=commit,
+                           key_window_us=window_us)
+        w.keyed += 1
+    return apply
 
 
 def _outcome(w: PipelinesWorld, exec_id: int, kind: str | None) -> Any:
@@ -716,6 +738,7 @@ EXPAND = _definition("A", "ABCD", {
 })
 #: a run that halts: A -chain-> B, with an on_halt hook
 HALTING = _definition("A", "AB", {"A": {"type": "chain", "to": ["B"]}}, on_halt=True)
+CHAIN_AB = _definition("A", "AB", {"A": {"type": "chain", "to": ["B"]}})
 
 _OUTPUTS = {"A": [1, 2], "B": "a", "C": 3, "D": 4}
 _SMALL = PipelineConfig(max_retry=1, max_crash=1, retry_delay_us=1_000_000, crash_delay_us=1_000_000,
@@ -763,6 +786,10 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     _pipelines("two-runs", "A -chain-> B with on_halt: 2 runs interleaved, 1 fault, group commits and "
                "advancer batches across runs, hooks, a prune", definition=HALTING, runs=2, faults=1, prunes=1,
                hooks=True),
+    _pipelines("triggers", "A -chain-> B: an unkeyed run and 2 triggers with key 'k' (each plain, with a 1 s "
+               "window or rolled back), 1 failure, the clock to each window's end", definition=CHAIN_AB, faults=1,
+               fault_kinds=("failure",), advancer_faults=False, batches=False, keyed_triggers=2,
+               key_window_us=1_000_000),
 )}
 
 DEEP_CONFIGS: dict[str, Config] = {c.name: c for c in (
@@ -781,6 +808,9 @@ DEEP_CONFIGS: dict[str, Config] = {c.name: c for c in (
                definition=HALTING, faults=2, fault_kinds=("failure", "invalid"), advancer_faults=False,
                context_writes=2, prunes=1, revives=2, hooks=True),
     _pipelines("two-runs", "as in CI with 2 faults", definition=HALTING, runs=2, faults=2, prunes=1, hooks=True),
+    _pipelines("triggers", "as in CI with 3 keyed triggers", definition=CHAIN_AB, faults=1,
+               fault_kinds=("failure",), advancer_faults=False, batches=False, keyed_triggers=3,
+               key_window_us=1_000_000),
 )}
 
 #: the configuration in which each model mutant is hunted
@@ -791,6 +821,7 @@ MUTANT_CONFIGS = {
     "crash_budget_off_by_one": "chain", "invalid_retried": "chain", "context_overwrite_allowed": "revive",
     "hook_fence_dropped": "hooks", "hook_not_owed": "hooks", "prune_live_run": "revive", "revive_twice": "revive",
     "revive_reruns_everything": "revive",
+    "trigger_key_ignored": "triggers", "key_window_ignores_finish": "triggers", "rollback_keeps_trigger": "triggers",
 }
 
 
