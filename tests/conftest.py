@@ -117,6 +117,22 @@ def installed(application):  # type: ignore[no-untyped-def]
         application.dispose()
 
 
+def race(fns):  # type: ignore[no-untyped-def]
+    """Run the callables at once, each in its own thread, released together by a barrier;
+    return their results in order (an exception in any is raised here)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    barrier = threading.Barrier(len(fns))
+
+    def go(fn):  # type: ignore[no-untyped-def]
+        barrier.wait(timeout=30)
+        return fn()
+
+    with ThreadPoolExecutor(len(fns)) as pool:
+        return [f.result(timeout=60) for f in [pool.submit(go, fn) for fn in fns]]
+
+
 def make_app(url: str, *, clock=None, config=None, **section):  # type: ignore[no-untyped-def]
     """An App on ``url`` with the test config, optionally overridden per section."""
     import copy

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import sqlalchemy as sa
@@ -28,6 +27,7 @@ from ductwork.limits.claims import claim
 from ductwork.limits.executions import record_success
 from ductwork.pipelines.advance import Advancer, candidates, claim_branch, claim_branches, release_advancement
 from ductwork.testing import drain
+from tests.conftest import race
 
 RACERS = 4
 
@@ -86,18 +86,6 @@ class FanP(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Spread).expand(to=Num).collapse(into=Gather)
-
-
-def race(fns):
-    """Run the callables at once (released together by a barrier); return their results."""
-    barrier = threading.Barrier(len(fns))
-
-    def go(fn):
-        barrier.wait(timeout=30)
-        return fn()
-
-    with ThreadPoolExecutor(len(fns)) as pool:
-        return [f.result(timeout=60) for f in [pool.submit(go, fn) for fn in fns]]
 
 
 @pytest.fixture

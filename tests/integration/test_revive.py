@@ -12,7 +12,6 @@ from __future__ import annotations
 import multiprocessing
 import subprocess
 import sys
-import threading
 from collections import Counter
 
 import pytest
@@ -21,7 +20,7 @@ import sqlalchemy as sa
 from ductwork import Pipeline, ReviveError, Step
 from ductwork.db import schema
 from ductwork.testing import drain
-from tests.conftest import installed, make_app, reset_tables
+from tests.conftest import installed, make_app, race, reset_tables
 
 #: what the broken steps do; a test "deploys a fix" by flipping these
 BROKEN = {"fail": True, "crash": True}
@@ -306,22 +305,7 @@ def test_reviving_twice_returns_the_same_run(offset_app):
 def test_concurrent_revives_from_threads_create_one_run(offset_app):
     app = offset_app
     run = _halted(app, FanP, 4)
-    barrier, got, errors = threading.Barrier(4), [], []
-
-    def revive():
-        barrier.wait()
-        try:
-            got.append(run.revive().id)
-        except Exception as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-
-    threads = [threading.Thread(target=revive) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
-    assert len(got) == 4
+    got = [new.id for new in race([run.revive] * 4)]
     assert len(set(got)) == 1  # [INV-REV-1]
     assert [r.id for r in _rows(app, schema.runs, revived_from=run.id)] == got[:1]
     assert len(_rows(app, schema.steps, run_id=got[0])) == len(_rows(app, schema.steps, run_id=run.id))

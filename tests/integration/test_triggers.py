@@ -13,8 +13,8 @@ unusable connections.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
-import threading
 from datetime import timedelta
 
 import pytest
@@ -31,7 +31,7 @@ from ductwork import (
 from ductwork.db import schema
 from ductwork.testing import drain
 from tests.capabilities import needs
-from tests.conftest import installed, make_app
+from tests.conftest import installed, make_app, race
 from tests.fleet import wait_for
 
 RUN_TABLES = (schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions)
@@ -139,22 +139,7 @@ def test_a_revived_run_does_not_take_the_key(app):
 
 
 def test_racing_triggers_from_threads_create_one_run(app):
-    barrier, got, errors = threading.Barrier(6), [], []
-
-    def trigger():
-        barrier.wait()
-        try:
-            got.append(ChargeOrder.trigger(7, key="order-7").id)
-        except Exception as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-
-    threads = [threading.Thread(target=trigger) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
-    assert len(got) == 6
+    got = [run.id for run in race([lambda: ChargeOrder.trigger(7, key="order-7")] * 6)]
     assert len(set(got)) == 1
     assert _count(app, schema.runs) == 1
     assert _count(app, schema.executions) == 1
@@ -191,24 +176,12 @@ def test_racing_triggers_from_processes_create_one_run(app, db_url):
 def test_racing_triggers_in_callers_transactions_create_one_run(app):
     """Each caller writes its own order and triggers with one key in the same transaction:
     every order commits, one run between them, each caller gets it."""
-    barrier, got, errors = threading.Barrier(4), [], []
-
     def caller(order):
-        barrier.wait()
-        try:
-            with app.engine.begin() as conn:
-                conn.execute(orders.insert().values(id=order))
-                got.append(ChargeOrder.trigger(order, key="batch-1", connection=conn).id)
-        except Exception as error:  # noqa: BLE001 - reported below
-            errors.append(error)
+        with app.engine.begin() as conn:
+            conn.execute(orders.insert().values(id=order))
+            return ChargeOrder.trigger(order, key="batch-1", connection=conn).id
 
-    threads = [threading.Thread(target=caller, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
-    assert len(got) == 4
+    got = race([functools.partial(caller, n) for n in range(4)])
     assert len(set(got)) == 1
     assert _count(app, schema.runs) == 1
     assert _count(app, orders) == 4
@@ -309,22 +282,7 @@ def test_racing_triggers_on_an_expired_key_create_one_run(app):
     first = ChargeOrder.trigger(1, key="order-7")
     drain(app)
     _finished_ago(app, first.id, timedelta(hours=2))
-    barrier, got, errors = threading.Barrier(6), [], []
-
-    def trigger():
-        barrier.wait()
-        try:
-            got.append(ChargeOrder.trigger(7, key="order-7", key_window="1h").id)
-        except Exception as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-
-    threads = [threading.Thread(target=trigger) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
-    assert len(got) == 6
+    got = [run.id for run in race([lambda: ChargeOrder.trigger(7, key="order-7", key_window="1h")] * 6)]
     assert len(set(got)) == 1  # [INV-TRG-1] one new run, every caller returned it
     assert got[0] != first.id
     assert _count(app, schema.runs) == 2
