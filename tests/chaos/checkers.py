@@ -111,7 +111,10 @@ def check_inv_lim_1(history: History) -> list[str]:
     Second, independently, over witness rows: at no instant do more step bodies of a
     key run than its limit. A witness without an end runs until its execution's
     ``completed_at`` (the latest execution of its step claimed at or before the
-    witness started), else to the end of history.
+    witness started), else to the end of history. A body on a host the harness froze
+    (SIGSTOP past ``reaper_timeout``) counts until the freeze began: from then it is
+    stopped, and after the thaw a zombie whose commits the fence refuses until its
+    lease watchdog kills it, the one case INV-EXE-5 states it cannot prevent.
 
     Does not prove: anything for keys without ``concurrency`` in ``History.limits``
     (unlimited), or for a config changed mid-round.
@@ -180,9 +183,15 @@ def _sweep_witnesses(history: History) -> list[str]:
         if e.step_id is not None:
             by_step[e.step_id].append(e)
     by_key: dict[str, list[tuple[float, int, int]]] = defaultdict(list)  # (time, +1|-1, witness index)
+    freezes = [(k["frozen_at_us"], set(k["pids"])) for k in history.kills
+               if k.get("action") == "freeze_host" and k.get("frozen_at_us") is not None]
     for index, w in enumerate(history.witnesses):
         if w.key is not None and _concurrency(history, w.key) is not None:
-            by_key[w.key] += [(w.started_at_us, +1, index), (_witness_end(by_step, w), -1, index)]
+            end = _witness_end(by_step, w)
+            for frozen_at_us, pids in freezes:
+                if w.pid in pids and w.started_at_us <= frozen_at_us < end:
+                    end = frozen_at_us  # frozen from here, then a fenced zombie: not running
+            by_key[w.key] += [(w.started_at_us, +1, index), (end, -1, index)]
     out = []
     for key, events in sorted(by_key.items()):
         limit = _concurrency(history, key) or 0

@@ -55,6 +55,7 @@ from ductwork import faults
 from ductwork.app import App
 from ductwork.config import Config
 from ductwork.db import schema
+from ductwork.fleet import tree
 from tests import mutants
 from tests.chaos.checkers import check_all
 from tests.chaos.history import History, read_history
@@ -193,6 +194,15 @@ class ChaosRound:
 
     # -- faults --------------------------------------------------------------------------------
 
+    def _db_now_us(self) -> int | None:
+        """The database's clock now, in µs since the epoch (as the witness rows are), or
+        None when the database does not answer."""
+        try:
+            with self.app.begin(readonly=True) as tx:
+                return tx.now_us  # the witnesses' scale: exact µs of the database's naive-UTC time
+        except sa.exc.DBAPIError:
+            return None
+
     def _kill_process(self, role: str, pick: float) -> dict:
         rows = sorted(process_rows(self.engine, role=role), key=lambda r: r.label)
         if not rows:
@@ -257,10 +267,16 @@ class ChaosRound:
             if fleet is None or fleet.proc is None or fleet.proc.poll() is not None:
                 return {"target": host, "note": "down"}
             frozen_s = SETTINGS["supervisor"]["reaper_timeout"] + 1.5
+            # the frozen processes and the database time the freeze began: a body frozen
+            # then is stopped, not running, and after the thaw a zombie whose commits the
+            # fence refuses until its lease watchdog kills it (INV-EXE-5's stated
+            # exception); the witness sweep stops counting it there
+            pids = [fleet.proc.pid, *tree.descendants(fleet.proc.pid)]
+            frozen_at_us = self._db_now_us()
             os.killpg(fleet.proc.pid, signal.SIGSTOP)
             time.sleep(frozen_s)  # frozen this long (the plan's choice)
             os.killpg(fleet.proc.pid, signal.SIGCONT)
-            return {"target": host, "frozen_s": frozen_s}
+            return {"target": host, "frozen_s": frozen_s, "pids": pids, "frozen_at_us": frozen_at_us}
         if action == "prune":
             return self._prune(event.get("fault"), fresh=2)
         if action == "restart_database":

@@ -1107,3 +1107,14 @@ def test_chaos_seeds_default_rounds_lists_and_ranges():
         chaos_seeds({"DUCTWORK_CHAOS_SEED": "12-10"})
     with pytest.raises(ValueError, match="DUCTWORK_CHAOS_ROUNDS=0"):
         chaos_seeds({"DUCTWORK_CHAOS_ROUNDS": "0"})
+
+
+def test_lim_1_a_body_on_a_frozen_host_stops_counting_when_the_freeze_began():
+    """A SIGSTOPped body is not running; after the thaw it is a fenced zombie (INV-EXE-5's
+    stated exception). Counted to its end, it would make limit 1 look exceeded by its re-run."""
+    history = witnessed((0, 5_000_000), (3_500_000, 3_600_000))  # s1 in pid 101, s2 in pid 102
+    assert any("2 step bodies running" in v for v in check_inv_lim_1(history))
+    history.kills.append({"action": "freeze_host", "pids": [100, 101], "frozen_at_us": 1_000_000})
+    assert check_inv_lim_1(history) == []
+    history.kills[-1]["pids"] = [100]  # another host's freeze does not excuse this body
+    assert any("2 step bodies running" in v for v in check_inv_lim_1(history))
