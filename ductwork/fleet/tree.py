@@ -86,9 +86,10 @@ def children(pid: int) -> list[int]:
     return sorted(child for child, parent in _parents().items() if parent == pid)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` in the tree now (children first), ``pid`` excluded."""
-    parents = _parents()
+def descendants(pid: int, parents: dict[int, int] | None = None) -> list[int]:
+    """Every process below ``pid`` in the tree now (children first), ``pid`` excluded;
+    ``parents``: a :func:`_parents` read already taken, so one walk of /proc serves many."""
+    parents = _parents() if parents is None else parents
     below: dict[int, list[int]] = {}
     for child, parent in parents.items():
         below.setdefault(parent, []).append(child)
@@ -123,10 +124,11 @@ def kill_adopted(known: set[int]) -> list[int]:
 
     Only pids outside ``known`` are waited for, so the runners' exit statuses stay
     their ``Popen`` objects' to collect."""
-    adopted = [pid for pid in children(os.getpid()) if pid not in known]
+    parents = _parents()  # one walk of /proc for the children and all their descendants
+    me = os.getpid()
+    adopted = sorted(pid for pid, parent in parents.items() if parent == me and pid not in known)
     for pid in adopted:
-        below = descendants(pid)
-        kill([pid, *below])
+        kill([pid, *descendants(pid, parents)])
     for pid in adopted:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
