@@ -218,6 +218,22 @@ MUTANTS: dict[str, Mutant] = {
          ("_end_branches(tx, ending, None)  # [INV-ADV-2] still free: locked above",
           "_end_branches(tx, ending, sa.true())  # mutant: held or not")),
     ),
+    "released_takes_held_branch": Mutant(
+        "a worker's second transaction advances a released step even while an advancer holds its branch "
+        "[INV-ADV-2]",
+        "a worker's second transaction advances a released step only on a free branch [INV-ADV-2]",
+        (('or branch.claim_token is not None or branch.status != "in_progress"  # [INV-ADV-2] held, or ended',
+          "or False  # mutant: held or not"),
+         # (a claim writes an advancement row in its transaction: the history check would refuse it too)
+         ("or row.id in touched  # an advancer's since: its budgets decide", "or False  # mutant")),
+    ),
+    "released_ignores_advancer": Mutant(
+        "a worker's second transaction advances a released step an advancer has failed or crashed on since, "
+        "past the advancer's budgets [INV-ADV-1]",
+        "a released step an advancer has claimed since is the advancer's [INV-ADV-1]",
+        (("or row.id in touched  # an advancer's since: its budgets decide",
+          "or False  # mutant: the advancer's history is ignored"),),
+    ),
     # --- on_halt hooks (issue 16) ---
     "hook_not_owed": Mutant(
         "the halting transaction owes no on_halt hook: a halted run's handler never runs [INV-HLT-2]",

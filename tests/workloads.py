@@ -38,11 +38,12 @@ class Total(Step):
 
 
 class FaultPipeline(Pipeline):
-    """start → expand (keyed) → collapse: passes every fault checkpoint."""
+    """start → expand (keyed) → collapse (keyed, a leaf: its success is released, then
+    advanced by its worker): passes every fault checkpoint."""
 
     @classmethod
     def define(cls, p):
-        p.start(Start).expand(to=Work, limit_by=FAULT_KEY).collapse(into=Total)
+        p.start(Start).expand(to=Work, limit_by=FAULT_KEY).collapse(into=Total, limit_by=FAULT_KEY)
 
 
 def fault_pipeline_expected(n: int) -> dict:

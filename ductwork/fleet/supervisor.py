@@ -140,20 +140,24 @@ class Runner:
         self._reaped = False
 
     def _units(self) -> list[Loop]:
-        from ductwork.fleet.worker import Inbox, Worker
+        from ductwork.db.wakeup import Wakeup
+        from ductwork.fleet.worker import Inbox, ReleasedSteps, Worker
         from ductwork.pipelines.advance import Advancer
 
         loops: list[Loop] = []
         #: keyed executions claimed for idle threads (a keyed batch), for any thread to take
         self.inbox = Inbox(self.app.wakeup.notify, lambda: sum(1 for loop in loops if not loop.busy),
                            threads=self.threads)
+        #: keyed steps released by this process's workers, advanced by a thread of their own
+        self.released = ReleasedSteps(self.app, Wakeup())
         for i in range(self.threads):
             token: Callable[[], float | None] | None = None
             if self.role == "job_worker":
                 may_hand_off = (lambda: not self.stop.is_set()) if self.app.config.job_worker.hand_off else None
                 worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off,
                                 batch_size=self.app.config.job_worker.batch_size,
-                                batch_window=self.app.config.job_worker.batch_window, inbox=self.inbox)
+                                batch_window=self.app.config.job_worker.batch_window, inbox=self.inbox,
+                                released=self.released)
                 self.units.append(worker)
 
                 def worked(w: Worker = worker) -> bool:
@@ -176,6 +180,9 @@ class Runner:
                 wait = self.app.config.pipeline_advancer.polling_timeout
             wakeup = self.app.wakeup if self.role == "job_worker" else self.app.advancer_wakeup
             loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, wakeup, token))
+        if self.role == "job_worker":
+            self.released_loop = Loop("ductwork.job_worker.released", self.released.run_once,
+                                      self.app.config.job_worker.polling_timeout, self.stop, self.released.wakeup)
         return loops
 
     def _on_signal(self, *_: object) -> None:
@@ -223,6 +230,8 @@ class Runner:
         loops = self._units()
         for loop in loops:
             loop.start()
+        if self.role == "job_worker":
+            self.released_loop.start()
         threading.Thread(target=self._heartbeats, name="ductwork.heartbeat", daemon=True).start()
         lease = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
         log.info("%s %s started: %d threads, lease %.1fs", self.role, self.process_id, self.threads, lease)
@@ -251,6 +260,10 @@ class Runner:
             if killed:
                 log.warning("%s: killed %d processes the busy steps started: %s", self.role, len(killed), killed)
             os._exit(0)
+        if self.role == "job_worker":  # the steps the workers released last: advanced before leaving
+            self.released_loop.join(max(0.0, deadline - time.monotonic()))
+            while self.released.run_once():
+                pass
         reap(self.app, self.process_id, force=True)  # nothing in hand: just remove the row
         self.app.dispose()
         return 0

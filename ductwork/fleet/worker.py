@@ -84,13 +84,15 @@ from ductwork.limits.executions import (
     record_invalid,
     record_success,
     record_successes,
+    released_later,
 )
 from ductwork.pipelines import payloads
-from ductwork.pipelines.advance import InlineAdvance, advance_on_successes
+from ductwork.pipelines.advance import InlineAdvance, advance_on_successes, advance_released_steps
 from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
+    from ductwork.db.wakeup import Wakeup
     from ductwork.pipelines.definition import Definition
 
 log = logging.getLogger("ductwork.execute")
@@ -286,6 +288,36 @@ class Inbox:
         return bool(self._items)
 
 
+class ReleasedSteps:
+    """A process's keyed steps whose releases have committed, to be advanced past
+    (``advance.advance_released``) by one thread of their own, many per transaction,
+    while the worker threads that released them go on to their next bodies. Thread-safe.
+
+    A step waits here only until that thread wakes; a process that dies or stops with
+    some here leaves them ``advancing``, and an advancer advances them (they were
+    recorded: only what follows them waits) [INV-ADV-1]. Not done: bounding the queue
+    (it holds at most what the worker threads released since the last round)."""
+
+    def __init__(self, app: App, wakeup: Wakeup, batch: int = 500):
+        self.app, self.wakeup, self.batch = app, wakeup, batch
+        self._lock = threading.Lock()
+        self._items: list[InlineAdvance] = []
+
+    def put(self, released: list[InlineAdvance]) -> None:
+        with self._lock:
+            self._items.extend(released)
+        self.wakeup.notify()
+
+    def run_once(self) -> bool:
+        """Advance up to ``batch`` of the queued steps in one transaction; False if none."""
+        with self._lock:
+            taken, self._items = self._items[:self.batch], self._items[self.batch:]
+        if not taken:
+            return False
+        advance_released_steps(self.app, taken)
+        return True
+
+
 class Worker:
     """Claims and runs executions: one claim (or batch) per :meth:`run_once`, and what its
     completions hand on.
@@ -315,7 +347,7 @@ class Worker:
 
     def __init__(self, app: App, *, process_id: str | None = None,
                  hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05,
-                 inbox: Inbox | None = None):
+                 inbox: Inbox | None = None, released: ReleasedSteps | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
         from ductwork.fleet.boot import load_pipelines
@@ -331,6 +363,9 @@ class Worker:
         self._batch_size = batch_size
         self._batch_window = batch_window
         self._inbox = inbox
+        #: the process's released keyed steps, advanced by a thread of their own; None: this
+        #: worker advances them itself, right after each release commits
+        self._released = released
         #: how many unkeyed executions the next claim may take (from the recent pace)
         self.batch = 1
         self._pace_s: float | None = None
@@ -567,11 +602,11 @@ class Worker:
         try:
             if take:
                 handed = self._record(lambda: complete_all_and_hand_off(self.app, self._group, limit=self.batch,
-                                                                        keyed_limit=len(self._group)))
+                                                                        keyed_limit=len(self._group)), self._group)
                 if self._inbox is not None and self._group[0].claimed.limit_key is not None:
                     self._in_a_row.update(c.execution_id for c in handed)  # the thread's keyed batch goes on
             else:
-                self._record(lambda: record_successes(self.app, self._group))
+                self._record(lambda: record_successes(self.app, self._group), self._group)
         except CommitFailed as failed:  # a group of one, reaped under it (larger groups log each)
             log.warning("%s", failed)
         except Exception:
@@ -584,20 +619,40 @@ class Worker:
             raise
         self._group.clear()
 
-    def _record(self, commit: Callable[[], list[Claimed]]) -> list[Claimed]:
-        """Commit successes (repeated on a lost connection) and queue what is handed on."""
+    def _record(self, commit: Callable[[], list[Claimed]], released: list[Success] | None = None) -> list[Claimed]:
+        """Commit successes (repeated on a lost connection) and queue what is handed on;
+        then advance the keyed ones of ``released`` (:meth:`_advance_released`)."""
         handed: list[Claimed] = retry_transient(commit)
         self._queue.extend(handed)
         faults.hit(faults.AFTER_JOB_COMMIT)
+        if released:
+            self._advance_released(released)
         return handed
+
+    def _advance_released(self, successes: list[Success]) -> None:
+        """The second transaction of keyed successes whose release has committed (their
+        steps left ``advancing``): ``advance.advance_released`` of those that advance inline,
+        by the process's :class:`ReleasedSteps` thread, or here and now for a worker
+        without one. A crash before it leaves them to an advancer [INV-ADV-1]."""
+        later = [s.advance for s in successes if released_later(s) and isinstance(s.advance, InlineAdvance)]
+        if not later:
+            return
+        faults.hit(faults.BETWEEN_RELEASE_AND_ADVANCE)
+        if self._released is not None:
+            self._released.put(later)
+        else:
+            advance_released_steps(self.app, later)
 
     def _commit_keyed(self, successes: list[Success], gather: Callable[[], list[Success]],
                       take: Callable[[], int]) -> list[Claimed]:
         """A keyed group commit (:class:`KeyedCommits`): record ``successes`` and those
         ``gather`` adds under the key's lock, and hand on up to ``take()`` executions of
-        their key. Not repeated here on a lost connection: each thread of the group
-        repeats its own :meth:`KeyedCommits.record` (``_record``)."""
-        return complete_all_and_hand_off(self.app, successes, keyed_limit=take, gather=gather)
+        their key; then advance them (:meth:`_advance_released`). Not repeated here on a
+        lost connection: each thread of the group repeats its own
+        :meth:`KeyedCommits.record` (``_record``)."""
+        handed = complete_all_and_hand_off(self.app, successes, keyed_limit=take, gather=gather)
+        self._advance_released(successes)  # (extended with what gather() added)
+        return handed
 
     def _paced(self, seconds: float) -> None:
         """Size the next batch from the recent pace."""
@@ -677,10 +732,12 @@ class Worker:
                 success, commits = Success(claimed, output, inline, together), self._inbox.commits
                 self._record(lambda: commits.record(success, self._hands_off(), self._commit_keyed))
                 return "success"
+            released = [Success(claimed, output, inline)]
             if self._hands_off():
-                self._record(lambda: complete_and_hand_off(self.app, claimed, output, inline, limit=self.batch))
+                self._record(lambda: complete_and_hand_off(self.app, claimed, output, inline, limit=self.batch),
+                             released)
             else:
-                self._record(lambda: record_success(self.app, claimed, output, inline))
+                self._record(lambda: record_success(self.app, claimed, output, inline), released)
             return "success"
         except CommitFailed as failed:
             log.warning("%s", failed)

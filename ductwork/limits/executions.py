@@ -13,11 +13,15 @@ crashing is idempotent when several reapers race [INV-EXE-2].
 A keyed execution's release locks its key's header row, reads the clock again and
 takes the key's next sequence number, so every change to a key's in-flight set is
 ordered under one lock, in time as in sequence (what the concurrency checker sweeps)
-[INV-LIM-1, INV-LIM-3, INV-CLK-1]. A keyed success writes what follows its step (the
-job's output, the inline advancement: branch and run locks, step, successor, run
-resolution) first, in the same transaction, so the key's lock is held only for the
-release and the hand-off; the guard comes after those writes then, and a reaped
-execution rolls them back with it. Failures, timeouts and crashes release first.
+[INV-LIM-1, INV-LIM-3, INV-CLK-1]. A keyed success is a release: the job's output and
+the step left ``advancing`` are written first, then the key's lock is taken for the
+release and the hand-off only, and the branch is advanced after the commit, in a
+transaction of its own (``advance.advance_released``, by the worker that recorded it,
+or by an advancer if that worker dies first), so a slot is free as soon as its
+success is durable and never waits for what follows the step. The guard comes after
+the first writes then, and a reaped execution rolls them back with it. An unkeyed
+success advances its branch inline, in its own transaction. Failures, timeouts and
+crashes release first.
 
 What follows in the same transaction: success keeps the output and moves the step
 to ``advancing``; a failure or timeout enqueues a retry while ``retry_count <
@@ -225,9 +229,11 @@ def record_success(app: App, claimed: Claimed, output: Output,
                    hand_off: Callable[[Tx], list[Claimed]] | None = None) -> list[Claimed]:
     """Record success: the job's output, expand items, the step ``advancing``. Raises CommitFailed.
 
-    ``advance(tx)`` may advance the branch past the step in this same transaction (a
-    linear edge: ``advance.advance_on_success``); when it returns False the step is
-    left ``advancing`` for an advancer. ``hand_off(tx)`` may then claim the next
+    ``advance(tx)`` may advance the branch past an unkeyed step in this same
+    transaction (a linear edge: ``advance.advance_on_success``); when it returns False
+    the step is left ``advancing`` for an advancer. A keyed step is always left
+    ``advancing``: its caller advances it after the commit (``advance.advance_released``)
+    or leaves it to an advancer. ``hand_off(tx)`` may then claim the next
     execution of the step's lane in this same transaction (``claims.hand_off``); what it
     claims is returned, and the caller must perform it.
     """
@@ -265,9 +271,9 @@ def record_successes(app: App, successes: list[Success],
     any reason the database would not retry (an advancement error of one step): that
     error is then raised, once the other successes are recorded, and only the step
     that caused it is left unrecorded, so its siblings' crash budgets are not spent on
-    it. A batch of one key's executions (a keyed group commit) first writes what follows
-    its steps (outputs, inline advancement: branch rows, then run rows), then takes the
-    key's lock, reads the clock again, and releases each execution with its own
+    it. A batch of one key's executions (a keyed group commit) first writes the jobs'
+    outputs and leaves the steps ``advancing`` (for ``advance_released`` after the
+    commit), then takes the key's lock, reads the clock again, and releases each execution with its own
     sequence number, in the order given (``seq + 1``, ``seq + 2``, …), under that one
     lock hold, with the hand-off [INV-LIM-1, INV-CLK-1]; a batch that mixes keys, or keyed
     and unkeyed executions, is recorded one by one. ``gather()`` (keyed only) is called
@@ -312,18 +318,18 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
             _follow_up(tx, successes)
             handed = [] if hand_off is None else hand_off(tx)
         else:
-            # What follows the steps needs no key's lock: written first, at the time read now
-            # (branch locks, then run locks, as every advancement takes them), so the key's
-            # lock is held only for the releases and the hand-off [INV-LIM-1]. A reaped
-            # execution still rolls all of it back: the guard below raises.
+            # A release: the jobs' outputs and the steps left `advancing` (written first, at the
+            # time read now: no other transaction writes these rows), then the key's lock for
+            # the releases and the hand-off only [INV-LIM-1]. The branches are advanced after
+            # the commit, by `advance_released` or an advancer, so a slot is free as soon as
+            # its success is durable. A reaped execution rolls all of it back: the guard raises.
             if gather is not None:
                 successes.extend(gather())  # ready by now
-            _follow_up(tx, successes)
+            _follow_up(tx, successes, inline=False)
             faults.hit(faults.BEFORE_RELEASE_KEY_LOCK)
             header = lock_for_release(tx, key)  # [INV-LIM-1, INV-CLK-1] the key's lock, then the clock
             late = gather() if gather is not None else []
-            if late:  # ready since: released in this hold too, their steps left to an advancer (advancing
-                # them here would lock branch and run rows after the key's: the lock order is branch, run, key)
+            if late:  # ready since: released in this hold too
                 successes.extend(late)
                 _follow_up(tx, late, inline=False)
             faults.hit(faults.IN_KEYED_GROUP_COMMIT)
@@ -358,19 +364,31 @@ def _end_batch(tx: Tx, successes: list[Success], header: KeyHeader | None) -> No
 
 def _follow_up(tx: Tx, successes: list[Success], *, inline: bool = True) -> None:
     """What follows a group's successes: the jobs' outputs and expand items, and each
-    step advanced past inline or left ``advancing`` (all of them without ``inline``)."""
+    step advanced past inline or left ``advancing``. Without ``inline`` (a keyed release)
+    every step is left ``advancing``, and advancers are woken only for those whose
+    ``advance`` could not move them (:func:`released_later`: their worker advances the
+    others after the commit, ``advance_released``)."""
     _write_outputs(tx, successes)
     for success in successes:
         _write_expand_items(tx, success)
     group = successes[0].advance_group
     if not inline:
-        advanced: set[str] = set()
-    elif group is not None and all(s.advance_group is group for s in successes):
+        _mark_advancing(tx, [s.claimed.step_id for s in successes],
+                        wake=any(not released_later(s) for s in successes))
+        return
+    if group is not None and all(s.advance_group is group for s in successes):
         advanced = group(tx, successes)
     else:  # one lock order (branch id) for every group commit: two never wait on each other's branches
         advanced = {s.claimed.step_id for s in sorted(successes, key=lambda s: s.claimed.branch_id)
                     if s.advance is not None and s.advance(tx)}
     _mark_advancing(tx, [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced])
+
+
+def released_later(success: Success) -> bool:
+    """Whether a keyed success's step is advanced by its worker after the release
+    commits (its ``advance`` says it may advance inline: ``advance.InlineAdvance.simple``)."""
+    simple = getattr(success.advance, "simple", None)
+    return success.claimed.limit_key is not None and simple is not None and bool(simple())
 
 
 #: a group commit writes its jobs' outputs with one UPDATE per distinct output while there
@@ -426,11 +444,12 @@ def _write_expand_items(tx: Tx, success: Success) -> None:
             tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
 
 
-def _mark_advancing(tx: Tx, step_ids: list[str]) -> None:
-    """Leave these succeeded steps to an advancer, and wake one."""
+def _mark_advancing(tx: Tx, step_ids: list[str], *, wake: bool = True) -> None:
+    """Leave these succeeded steps ``advancing``, and wake an advancer (``wake``)."""
     if step_ids:
         tx.execute(dialects.prepared(tx.conn, _to_advancing), {"batch_ids": step_ids, "b_now": tx.now})
-        tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
+        if wake:
+            tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
 
 
 def _to_advancing(bind: Any) -> sa.Update:
@@ -443,10 +462,10 @@ def _to_advancing(bind: Any) -> sa.Update:
 def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claimed]] | None) -> list[Claimed]:
     claimed = success.claimed
     with app.begin() as tx:
-        if claimed.limit_key:  # what follows the step first, so the key's lock is held only for the release
+        if claimed.limit_key:  # a release: the output first, so the key's lock is held only for the release
             if not _still_ours(tx, claimed):  # (a reaped execution's step may have moved on: nothing to follow)
                 raise CommitFailed(claimed.execution_id, claimed.process_id)
-            _follow_up(tx, [success])
+            _follow_up(tx, [success], inline=False)
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "success", None,
                          wake=False):
             raise CommitFailed(claimed.execution_id, claimed.process_id)  # (rolls back what followed)

@@ -908,13 +908,21 @@ def advance_on_successes(tx: Tx, successes: Sequence[Any]) -> set[str]:
              for i, (status, node, kind) in planned
              if branches[i.claimed.branch_id].claim_token is None  # [INV-ADV-2] free: no advancer holds it
              and branches[i.claimed.branch_id].status == "in_progress"]
+    owner = {i.claimed.step_id: i.claimed.process_id for i, _ in planned}
+    return _move_free(tx, moves, definitions, owner)
+
+
+def _move_free(tx: Tx, moves: list[Move], definitions: dict[str, Definition], owner: dict[str, str]) -> set[str]:
+    """Make the moves of free branches whose rows ``tx`` has locked (no advancer holds
+    them): lock their runs, complete the steps, create what follows, write an advancement
+    row per move (opened and closed by ``owner[step_id]``), end the branches that end and
+    resolve their runs [INV-RUN-1]. Returns the ids of the steps moved."""
     if not moves:
         return set()
     runs = lock_runs(tx, [m.run_id for m in moves])
     faults.hit(faults.INSIDE_INLINE_BATCH)
     _make_moves(tx, moves, definitions)
     now = tx.now
-    owner = {i.claimed.step_id: i.claimed.process_id for i, _ in planned}
     dialects.insert_rows(tx.conn, _a, [{
         "id": new_id(), "branch_id": m.branch_id, "step_id": m.step_id, "process_id": owner[m.step_id],
         "claim_token": new_token(), "started_at": now, "completed_at": now, "crash_count": 0, "created_at": now,
@@ -935,6 +943,78 @@ def _advance_free_branches(_: Any) -> sa.Update:
             .values(last_advanced_at=now, updated_at=now))
 
 
+def advance_released(tx: Tx, released: Sequence[InlineAdvance]) -> set[str]:
+    """A worker's second transaction after a keyed release (the model's
+    ``advance_released``): advance the branches past steps whose successes the worker
+    recorded, with their slots released, in its transaction before, which left the
+    steps ``advancing``. Returns the ids of the steps advanced.
+
+    Each step moves exactly as :func:`advance_on_successes` would have moved it inline,
+    from ``advancing`` instead of ``in_progress``, when, read under its branch's lock, the
+    step is still ``advancing`` (no advancer advanced it meanwhile), no advancer has
+    claimed it since it became so (no advancement row: a step an advancer failed or
+    crashed on is the advancer's, with its budgets), its branch is free (unclaimed, in
+    progress) and its edge is a simple transition. The value is the one stored with
+    the step's job, not the worker's copy. Every other step is left as it is: an
+    advancer claims it (``candidates``). Exactly once as for the inline path
+    [INV-ADV-1]: the branch row is locked and must be unclaimed, the step's completion
+    is guarded by its status, and ``uq_step_branch_node`` forbids a second successor.
+    Lock order: branch rows, then run rows, as every advancement. Not done: fan-out,
+    fan-in and expand edges (an advancer's).
+    """
+    by_step = {i.claimed.step_id: i for i in released}
+    if not by_step:
+        return set()
+    branches = _lock_branches(tx, [i.claimed.branch_id for i in by_step.values()])
+    s, j = schema.steps, schema.jobs
+    touched = set(tx.execute(sa.select(_a.c.step_id).where(_a.c.step_id.in_(dialects.inline_ids(sorted(by_step)))))
+                  .scalars())
+    moves: list[Move] = []
+    for row in tx.execute(sa.select(s.c.id, s.c.status, j.c.output_payload).join(j, j.c.step_id == s.c.id)
+                          .where(s.c.id.in_(dialects.inline_ids(sorted(by_step))))):
+        i = by_step[row.id]
+        branch = branches[i.claimed.branch_id]
+        if (row.status != "advancing"  # [INV-ADV-1] advanced meanwhile: moved past once
+                or row.id in touched  # an advancer's since: its budgets decide
+                or branch.claim_token is not None or branch.status != "in_progress"  # [INV-ADV-2] held, or ended
+                or row.output_payload is None):
+            continue
+        stored = json.loads(row.output_payload)
+        if "payload" not in stored:
+            continue  # an expand's item count: never a simple move
+        value_json = json.dumps(stored["payload"])
+        found = simple_move(i.definition, i.claimed.node, value_json)
+        if found is not None:
+            status, node, kind = found
+            moves.append(Move(i.claimed.branch_id, i.claimed.run_id, row.id, "advancing", status, node, kind,
+                              value_json))
+    definitions = {i.claimed.run_id: i.definition for i in by_step.values()}
+    return _move_free(tx, moves, definitions, {sid: i.claimed.process_id for sid, i in by_step.items()})
+
+
+def advance_released_steps(app: App, released: Sequence[InlineAdvance]) -> set[str]:
+    """:func:`advance_released` in a transaction of its own, repeated on a lost
+    connection; returns the ids of the steps advanced. An error is logged and changes
+    nothing: the steps stay ``advancing`` and an advancer is woken for them (they were
+    recorded; only what follows them waits)."""
+    if not released:
+        return set()
+
+    def once() -> set[str]:
+        with app.begin() as tx:
+            return advance_released(tx, released)
+
+    try:
+        advanced: set[str] = dialects.retry_transient(once)
+    except Exception:
+        log.exception("advancing %d released steps failed; left to an advancer", len(released))
+        advanced = set()
+    if len(advanced) < len(released):
+        with app.begin() as tx:  # what is left is an advancer's: no poll interval to wait out
+            tx.wake_advancers()
+    return advanced
+
+
 @dataclass(frozen=True)
 class InlineAdvance:
     """``advance`` of a success (``limits.executions.Success``): advances the branch past
@@ -947,6 +1027,10 @@ class InlineAdvance:
 
     def __call__(self, tx: Tx) -> bool:
         return advance_on_success(self.claimed, self.definition, self.value_json, tx)
+
+    def simple(self) -> bool:
+        """Whether the step's edge is a simple transition for this value (:func:`simple_move`)."""
+        return simple_move(self.definition, self.claimed.node, self.value_json) is not None
 
 
 def advance_on_success(claimed: Any, definition: Definition, value_json: str, tx: Tx) -> bool:

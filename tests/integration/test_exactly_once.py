@@ -25,7 +25,16 @@ from ductwork.fleet.reaper import reap
 from ductwork.fleet.worker import Worker, make_output
 from ductwork.limits.claims import claim
 from ductwork.limits.executions import record_success
-from ductwork.pipelines.advance import Advancer, candidates, claim_branch, claim_branches, release_advancement
+from ductwork.pipelines.advance import (
+    Advancer,
+    InlineAdvance,
+    advance_released_steps,
+    candidates,
+    claim_branch,
+    claim_branches,
+    release_advancement,
+)
+from ductwork.pipelines.runs import cached_definition
 from ductwork.testing import drain
 from tests.conftest import race
 
@@ -217,6 +226,103 @@ def test_a_group_commit_completes_one_step_runs_without_an_advancer(app_inline):
     with app_inline.begin() as tx:
         assert candidates(tx, 10) == []
         assert set(tx.execute(sa.select(schema.branches.c.status)).scalars()) == {"completed"}
+
+
+class KeyedChain(Pipeline):
+    """Two keyed steps: the first's success is a release, then an advancement."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Num, limit_by="released").chain(to=Num, limit_by="released")
+
+
+@pytest.fixture
+def keyed_app(db_url):
+    yield from _default_app(db_url, job_worker={"limits": {"released": {"concurrency": 2}}})
+
+
+def _released(app):
+    """A KeyedChain run whose first step's success is recorded (the release committed,
+    the step left ``advancing``), and its worker's second transaction, not yet made."""
+    run = KeyedChain.trigger(1)
+    pid = register(app, role="test", label="releaser")
+    claimed = claim(app, pid)
+    definition = cached_definition(app, claimed.definition_sha1)
+    output = make_output(claimed.klass, definition, claimed.node, 1)
+    inline = InlineAdvance(claimed, definition, output.value_json)
+    assert record_success(app, claimed, output, inline) == []
+    with app.begin() as tx:
+        step = tx.execute(sa.select(schema.steps.c.status).where(schema.steps.c.id == claimed.step_id)).scalar_one()
+    assert step == "advancing"  # released, not advanced: the worker's second transaction is next
+    return run, inline
+
+
+def _nodes(run) -> Counter:
+    return Counter((s.node, s.status) for s in run.steps())
+
+
+def test_a_released_step_is_advanced_by_its_worker_without_an_advancer(keyed_app):
+    """A keyed success is a release, then its worker's second transaction advances the
+    branch (advance_released): the successor exists with no advancer having run."""
+    run, inline = _released(keyed_app)
+    assert advance_released_steps(keyed_app, [inline]) == {inline.claimed.step_id}
+    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+    with keyed_app.begin() as tx:
+        assert candidates(tx, 10) == []
+
+
+def test_a_keyed_success_is_advanced_by_its_worker_after_the_release(keyed_app):
+    """A worker alone runs the first keyed step: its success is released, then the
+    worker advances the branch itself (no advancer runs), and what follows is there."""
+    run = KeyedChain.trigger(1)
+    assert Worker(keyed_app).run_once().outcome == "success"
+    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+    with keyed_app.begin() as tx:
+        assert candidates(tx, 10) == []
+
+
+def test_a_released_step_an_advancer_advanced_meanwhile_is_not_advanced_again(keyed_app, caplog):
+    """Between the release and the worker's second transaction an advancer advances the
+    step: the second transaction finds it no longer ``advancing`` and moves nothing, with
+    no error; one successor [INV-ADV-1]."""
+    run, inline = _released(keyed_app)
+    assert Advancer(keyed_app).run_once() == "advanced"
+    with caplog.at_level("WARNING", logger="ductwork"):
+        assert advance_released_steps(keyed_app, [inline]) == set()
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+
+
+def test_a_released_step_whose_branch_an_advancer_holds_is_left_to_it(keyed_app, caplog):
+    """An advancer claimed the branch after the release and has not advanced it yet: the
+    worker's second transaction leaves it alone, and the advancer's fence then advances it
+    once [INV-ADV-2, INV-ADV-1]."""
+    run, inline = _released(keyed_app)
+    pid = register(keyed_app, role="test", label="advancer")
+    held = claim_branch(keyed_app, inline.claimed.branch_id, pid)
+    assert held is not None
+    with caplog.at_level("WARNING", logger="ductwork"):
+        assert advance_released_steps(keyed_app, [inline]) == set()
+    assert _nodes(run) == Counter({("Num#0", "advancing"): 1})
+    assert Advancer(keyed_app, process_id=pid).advance(held) == "advanced"
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+
+
+def test_a_released_step_an_advancer_crashed_on_is_left_to_the_advancer(keyed_app):
+    """An advancer claimed the released step's branch and crashed (its claim released by
+    reconciliation): the step is the advancer's now, with its crash budget, and the
+    worker's second transaction leaves it."""
+    run, inline = _released(keyed_app)
+    pid = register(keyed_app, role="test", label="advancer")
+    held = claim_branch(keyed_app, inline.claimed.branch_id, pid)
+    assert held is not None
+    with keyed_app.begin() as tx:
+        release_advancement(tx, held.advancement_id, held.branch_id, held.token, "crashed")
+    assert advance_released_steps(keyed_app, [inline]) == set()
+    assert _nodes(run) == Counter({("Num#0", "advancing"): 1})
+    assert Advancer(keyed_app).run_once() == "advanced"
+    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
 
 
 def test_stale_candidate_is_not_claimed_off_its_new_step(app):

@@ -131,11 +131,17 @@ class Generated:
     definition: Definition
 
 
-def check_agreement(url: str, engine, scenario, config, batch: int | None = None) -> None:
+def check_agreement(url: str, engine, scenario, config, batch: int | None = None, released: bool = False) -> None:
     """``batch``: the model drives with its batched operations of that size, and the
-    engine's worker and advancer batch as much (else each side drives as it does by default)."""
+    engine's worker and advancer batch as much (else each side drives as it does by default).
+    ``released``: every node is keyed (``limit_by``), and the model advances keyed
+    successes with ``advance_released`` after recording them, as the engine's workers do."""
     definition, args, oracle = scenario
-    expected = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,), batch=batch).as_json()
+    if released:
+        definition = {**definition, "nodes": {n: {**spec, "limit_by": spec.get("limit_by") or "a"}
+                                              for n, spec in definition["nodes"].items()}}
+    expected = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,), batch=batch,
+                                 released=released).as_json()
     reset_tables(engine)
     app = App(url, engine_config(config, batch), ManualClock(datetime(2026, 1, 1)), engine=engine)
     oracle_steps.install(app, oracle)
@@ -255,6 +261,16 @@ def test_engine_batches_end_where_the_model_batches_end(db_url):
     and an advancer that claims and advances in batches (``claim_branches``,
     ``Advancer.advance_batch``) of that size; every run ends in the same state."""
     hunt(db_url, check_agreement, batch=st.sampled_from([2, 5, 50]))
+
+
+def test_engine_keyed_releases_end_where_the_model_releases_end(db_url):
+    """Keyed steps (every node ``limit_by`` a key): the engine's worker records each
+    keyed success as a release (outputs, steps left ``advancing``, the key's lock for the
+    release only) and advances it in a second transaction (``advance_released``), alone
+    or as a keyed group commit of the drawn size; the model records with
+    ``run_execution`` and advances with ``advance_released``; every run ends in the
+    same state [INV-ADV-1, INV-RUN-1]."""
+    hunt(db_url, check_agreement, batch=st.sampled_from([1, 2, 5]), released=st.just(True))
 
 
 # --------------------------------------------------------------------------- on_halt hooks (issue 16)

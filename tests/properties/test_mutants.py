@@ -71,6 +71,12 @@ DETECTORS = {
         "tests/integration/test_exactly_once.py::test_racing_claims_on_one_branch_have_one_winner[sqlite]",
     "inline_takes_held_branch":
         "tests/integration/test_exactly_once.py::test_a_success_leaves_a_held_branch_to_its_advancer[sqlite]",
+    "released_takes_held_branch":
+        "tests/integration/test_exactly_once.py::test_a_released_step_whose_branch_an_advancer_holds_is_left_to_it"
+        "[sqlite]",
+    "released_ignores_advancer":
+        "tests/integration/test_exactly_once.py::test_a_released_step_an_advancer_crashed_on_is_left_to_the_advancer"
+        "[sqlite]",
     # --- process trees ---
     "timeout_kills_group_only":
         "tests/integration/test_process_trees.py::test_a_timed_out_steps_subprocesses_die_with_it[sqlite]",
