@@ -168,6 +168,33 @@ MUTANTS: dict[str, Mutant] = {
         (("tx.read_clock_again()  # [INV-CLK-1] the releases' time follows the key's sequence",
           "pass  # mutant: the releases keep the time read before the key's lock"),),
     ),
+    # -- bounds per path (issue 17): the per-path places a keyed batch or hand-off applies a bound
+    "keyed_batch_stale_count": Mutant(
+        "each further claim of a keyed batch (or of a hand-off of several) is decided on the in-flight "
+        "count before the batch's own claims: the batch fills past the ceiling [INV-LIM-1]",
+        "each further claim of a keyed batch or hand-off counts the batch's claims in flight [INV-LIM-1]",
+        (("in_flight + len(admitted),", "in_flight,  # mutant: the batch's own claims not counted"),),
+    ),
+    "keyed_batch_stale_buckets": Mutant(
+        "each further claim of a keyed batch (or of a hand-off of several) is decided on the buckets as "
+        "they were before the batch's spends: one token admits the whole batch [INV-LIM-2]",
+        "each further claim of a keyed batch or hand-off decides on the buckets the previous one left "
+        "[INV-LIM-2]",
+        (("{b.period_s: b for b in decision.buckets}", "dict(old)"),),
+    ),
+    "keyed_batch_one_seq": Mutant(
+        "a keyed batch (or a hand-off of several) claims all its executions with one sequence number "
+        "[INV-CLK-1]",
+        "each claim of a keyed batch or hand-off takes its own sequence number, in order [INV-CLK-1]",
+        (("seq + i for i, execution_id in enumerate(execution_ids, start=1)},\n",
+          "seq + 1 for i, execution_id in enumerate(execution_ids, start=1)},  # mutant: one seq for the batch\n"),),
+    ),
+    "unkeyed_hand_off_past_lane": Mutant(
+        "an unkeyed hand-off takes executions younger than the next lane's oldest [INV-LIM-6]",
+        "an unkeyed hand-off stops before the next lane's oldest [INV-LIM-6]",
+        (("return _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))",
+          "return _claim_unkeyed_in(tx, process_id, limit, None)  # mutant: no lane bounds the hand-off"),),
+    ),
     "stale_fence_commits": Mutant(
         "the advancement fence does not compare the claim token [INV-ADV-2, INV-ADV-1]",
         "the fence compares the claim token [INV-ADV-2]",

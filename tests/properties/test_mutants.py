@@ -62,6 +62,15 @@ DETECTORS = {
     "test_a_keyed_group_commit_releases_each_with_its_own_seq_and_hands_on_the_next[sqlite]",
     "releases_seq_unwritten": "tests/integration/test_batches.py::"
     "test_a_keyed_group_commit_with_nothing_to_hand_on_moves_the_keys_seq_past_its_releases[sqlite]",
+    # bounds per path (issue 17)
+    "keyed_batch_stale_count":
+        "tests/integration/test_bounds.py::test_the_concurrency_ceiling_bounds_each_path[sqlite-group]",
+    "keyed_batch_stale_buckets": "tests/integration/test_bounds.py::"
+    "test_a_bucket_one_unit_short_of_two_tokens_admits_one_on_each_path[sqlite-batch]",
+    "keyed_batch_one_seq":
+        "tests/integration/test_bounds.py::test_each_path_numbers_its_claims_after_its_releases[sqlite-hand_off]",
+    "unkeyed_hand_off_past_lane": "tests/integration/test_bounds.py::"
+    "test_each_path_stops_before_an_older_lanes_oldest[sqlite-unkeyed_hand_off]",
     "stale_fence_commits": "tests/integration/test_exactly_once.py::test_stale_token_commits_nothing[sqlite]",
     "fanin_outside_fence":
         "tests/integration/test_fault_checkpoints.py::test_checkpoint[sqlite-before_fanin_bump-raise]",
