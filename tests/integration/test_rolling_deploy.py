@@ -1,28 +1,29 @@
 """A rolling deploy as users run one: two fleets with different ``ductwork.yml`` limits on
 one database at once, the old one then stopped, the work going on.
 
-The old fleet runs with ``raised: concurrency 2``, ``lowered: concurrency 4`` and
-``rated: 20 per 1s, burst 4``; the new one, started while the old one still runs, with
-``raised: 4``, ``lowered: 2`` and ``rated: 5 per 1s, burst 1``. Every step body writes
-a witness row (start and end, database time, the fleet that ran it), so the checks read
-from the database what a user would see. What docs/limits.md ("Changing limits on a
-live fleet") promises, and this checks:
+The old fleet runs with ``raised: concurrency 2``, ``lowered: concurrency 3`` and
+``rated: 5 per 1s, burst 3``; the new one, started while the old one still runs, with
+``raised: 3``, ``lowered: 1`` and ``rated: 2 per 1s, burst 1``. Both take turns on
+``rated``, each claim re-basing it to the claiming worker's values. Every step body
+writes a witness row (start and end, database time, the fleet that ran it), so the
+checks read from the database what a user would see. What docs/limits.md ("Changing
+limits on a live fleet") promises, and this checks:
 
 - at every moment, the bodies running under a key number at most the larger of the two
   concurrencies, those of the new fleet at most the new one, those of the old fleet at
-  most the old one, and once the old fleet's last body has returned, at most the new
-  one [INV-LIM-1];
-- the claims of a rated key fit ``burst + limit × T`` of the larger values in any T
-  seconds of database time, and those after the old fleet's last claim fit the new
-  values [INV-LIM-2, INV-LIM-4: a re-base drops or clamps tokens, never adds any];
+  most the old one, and once the old fleet has stopped, at most the new one [INV-LIM-1];
+- the claims of the rated key fit ``burst + limit × T`` of the larger values in any T
+  seconds of database time, and those after the old fleet stopped fit the new values
+  [INV-LIM-2, INV-LIM-4: a re-base drops or clamps tokens, never adds any];
 - a raised limit is used: the new fleet alone runs as many bodies at once as its new
-  concurrency allows;
-- every run completes, each step with one success and one body per execution
+  concurrency allows (a wait with a deadline);
+- every run completes, each step with one success and no more bodies than executions
   [INV-EXE-1, INV-EXE-2]: a graceful stop of the old fleet loses and repeats nothing.
 
-Not checked here: a key added or removed by the deploy (docs/limits.md says what the
-workers of a config without the key's entry do; docs/operating.md retires a key in
-two deploys), or hosts that die during the deploy (tests/chaos).
+Every check is a list of violations, reported together. Not checked here: a key added
+or removed by the deploy (docs/limits.md says what the workers of a config without the
+key's entry do; docs/operating.md retires a key in two deploys), or hosts that die
+during the deploy (tests/chaos).
 """
 
 from __future__ import annotations
@@ -38,13 +39,15 @@ from tests.fleet import Fleet, process_rows, wait_for, write_config
 from tests.workloads import RollingLowered, RollingRaised, RollingRated, rolling_witness_table
 
 OLD = {"raised": {"concurrency": 2}, "lowered": {"concurrency": 3},
-       "rated": {"rate": {"limit": 20, "per": "1s", "burst": 4}}}
+       "rated": {"rate": {"limit": 5, "per": "1s", "burst": 3}}}
 NEW = {"raised": {"concurrency": 3}, "lowered": {"concurrency": 1},
-       "rated": {"rate": {"limit": 5, "per": "1s", "burst": 1}}}
+       "rated": {"rate": {"limit": 2, "per": "1s", "burst": 1}}}
 PIPELINES = {"raised": RollingRaised, "lowered": RollingLowered, "rated": RollingRated}
 #: a body's pause: long enough for a key's bodies to overlap, short enough to keep the test fast
 PAUSE = {"raised": 0.15, "lowered": 0.15, "rated": 0.01}
-PENDING = 6  # eligible executions kept waiting on each key while the fleets should be busy
+#: eligible executions kept waiting on each key while the fleets should be busy: more than
+#: their limits admit at once, so that the limits bind
+PENDING = {"raised": 6, "lowered": 6, "rated": 4}
 WITNESS = rolling_witness_table()
 _e = schema.executions
 
@@ -80,13 +83,13 @@ class Deploy:
         self.app, self.runs, self.pause = app, [], dict(PAUSE)
 
     def top_up(self) -> None:
-        """Trigger runs until every key has ``PENDING`` unclaimed executions."""
+        """Trigger runs until every key has its ``PENDING`` unclaimed executions."""
         with self.app.begin(readonly=True) as tx:
             pending = dict(tx.execute(sa.select(_e.c.pending_lane, sa.func.count())
                                       .where(_e.c.pending_lane.in_(list(PIPELINES)))
                                       .group_by(_e.c.pending_lane)).all())
         for key, pipeline in PIPELINES.items():
-            for _ in range(PENDING - pending.get(key, 0)):
+            for _ in range(PENDING[key] - pending.get(key, 0)):
                 self.runs.append(pipeline.trigger(self.pause[key]))
 
     def busy(self, condition) -> bool:
@@ -106,9 +109,9 @@ class Deploy:
         with self.app.begin(readonly=True) as tx:
             return tx.execute(query.order_by(w.c.started_at, w.c.id)).all()
 
-    def ran_since(self, fleet: str, keys: Iterable[str], since: datetime) -> bool:
-        """``fleet`` began a body of each of ``keys`` at ``since`` or later."""
-        return all(any(w.started_at >= since for w in self.witnesses(key, fleet)) for key in keys)
+    def ran_since(self, fleet: str, keys: Iterable[str], since: datetime, count: int = 1) -> bool:
+        """``fleet`` began ``count`` bodies of each of ``keys`` at ``since`` or later."""
+        return all(sum(w.started_at >= since for w in self.witnesses(key, fleet)) >= count for key in keys)
 
     def most_at_once(self, key: str, since: datetime) -> int:
         """The most bodies of ``key`` that ran at one moment at or after ``since`` (a body
@@ -143,20 +146,23 @@ def test_a_rolling_deploy_keeps_each_configs_limits_and_loses_nothing(app, db_ur
         wait_for(lambda: deploy.busy(lambda: deploy.ran_since("old", PIPELINES, datetime.min)),
                  f"the old fleet ran bodies of every key; log: {fleets['old'].log()[-2000:]}", 60)
         fleets["new"].start()  # the deploy: the old fleet goes on running meanwhile
-        wait_for(lambda: process_rows(app.engine, role="job_worker", label_prefix="new-fleet"),
+        wait_for(lambda: deploy.busy(lambda: process_rows(app.engine, role="job_worker", label_prefix="new-fleet")),
                  f"the new fleet's worker registered; log: {fleets['new'].log()[-2000:]}", 60)
         deployed = deploy.now()
         # While both run, a key's free slots go to the fleets whose values admit a claim:
         # only the new fleet's workers once 'raised' holds two (the old limit), only the
         # old fleet's while 'lowered' holds one or more (the new limit).
-        wait_for(lambda: deploy.busy(lambda: deploy.ran_since("new", ("raised", "rated"), deployed)
-                                     and deploy.ran_since("old", ("lowered", "rated"), deployed)),
+        # Both take turns on 'rated', each claim re-basing it to its own values.
+        wait_for(lambda: deploy.busy(lambda: deploy.ran_since("new", ("raised",), deployed)
+                                     and deploy.ran_since("old", ("lowered",), deployed)
+                                     and deploy.ran_since("new", ("rated",), deployed, 4)
+                                     and deploy.ran_since("old", ("rated",), deployed, 4)),
                  f"both fleets ran bodies at once; logs: {fleets['old'].log()[-1000:]}\n"
                  f"{fleets['new'].log()[-1000:]}", 60)
         assert fleets["old"].terminate(30) == 0, fleets["old"].log()[-3000:]  # its bodies in hand return first
         stopped = deploy.now()
         deploy.pause["raised"] = 1.0  # bodies long enough for the new fleet to fill its raised limit
-        wait_for(lambda: deploy.busy(lambda: deploy.ran_since("new", PIPELINES, stopped)
+        wait_for(lambda: deploy.busy(lambda: deploy.ran_since("new", PIPELINES, stopped, 3)
                                      and deploy.most_at_once("raised", stopped) >= NEW["raised"]["concurrency"]),
                  f"the new fleet alone ran bodies of every key, 'raised' up to its new limit; log: "
                  f"{fleets['new'].log()[-2000:]}", 60)
