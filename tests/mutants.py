@@ -84,6 +84,16 @@ MUTANTS: dict[str, Mutant] = {
             "    return Bucket(bucket.period_s, bucket.level_units + dt * entry.limit,\n"
             "                  max(bucket.refilled_at_us, now_us))")),),
     ),
+    "claim_rebase_fills": Mutant(
+        "a claim that finds its key stored under other values (a rolling deploy) re-bases it with "
+        "the kept buckets full [INV-LIM-2, INV-LIM-4]",
+        "a claim's re-base keeps the kept buckets' levels, never adds tokens [INV-LIM-4]",
+        (("kept = buckets.carry_over(entry, stored)",
+          "kept = buckets.carry_over(entry, stored)\n"
+          "if not restart:  # mutant: a claim's re-base fills the kept buckets\n"
+          "    rates = {rate.per_s: rate for rate in entry.rates} if entry is not None else {}\n"
+          "    kept = {p: buckets.Bucket(p, rates[p].capacity_units, b.refilled_at_us) for p, b in kept.items()}"),),
+    ),
     "float_refill": Mutant(
         "a claim's buckets refill through float tokens, rounding [INV-LIM-2, INV-LIM-4]",
         "exact integer refill [INV-LIM-2, INV-LIM-4]",

@@ -41,6 +41,8 @@ DETECTORS = {
     "no_stamp": CONFORMANCE,
     "no_clamp": CONFORMANCE,
     "float_refill": CONFORMANCE,
+    "claim_rebase_fills": "tests/integration/test_rolling_deploy.py::"
+    "test_a_rolling_deploy_keeps_each_configs_limits_and_loses_nothing[sqlite]",
     "no_spend_on_retry": CONFORMANCE,
     "unkeyed_first": CONFORMANCE,
     "hand_off_any_lane": "tests/integration/test_limits.py::test_a_hand_off_yields_to_an_older_lane[sqlite]",
