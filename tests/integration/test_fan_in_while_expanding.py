@@ -172,19 +172,29 @@ class Driver:
             f"{len(merges)} merge steps after arrivals {self.arrived} with {len(children)} children created")
 
 
-def gap_hook(monkeypatch, gaps: list[Callable[[], None]]) -> list[int]:
-    """Run ``gaps[k]`` when an expand's advancer reaches its (k+1)-th gap between batches,
-    then pass the checkpoint as armed; returns the list of gaps reached."""
-    real, reached = faults.hit, []
+class Gaps:
+    """Runs ``gaps[k]`` when an expand's advancer reaches its (k+1)-th gap between batches,
+    then passes the checkpoint as armed. A check failing in a gap is kept in ``failed``
+    (the advancer would record it as a routing error) and raised by :meth:`raise_failed`."""
 
-    def hit(name: str) -> None:
+    def __init__(self, monkeypatch, gaps: list[Callable[[], None]]):
+        self.gaps, self.reached, self.failed = gaps, [], []
+        self.real = faults.hit
+        monkeypatch.setattr(faults, "hit", self.hit)
+
+    def hit(self, name: str) -> None:
         if name == faults.BETWEEN_EXPAND_BATCHES:
-            reached.append(len(reached) + 1)
-            gaps[len(reached) - 1]()
-        real(name)
+            self.reached.append(len(self.reached) + 1)
+            try:
+                self.gaps[len(self.reached) - 1]()
+            except AssertionError as failed:
+                self.failed.append(failed)
+                raise
+        self.real(name)
 
-    monkeypatch.setattr(faults, "hit", hit)
-    return reached
+    def raise_failed(self) -> None:
+        if self.failed:
+            raise self.failed[0]
 
 
 @pytest.mark.parametrize("name", list(SCHEDULES))
@@ -208,10 +218,12 @@ def test_children_arriving_while_their_expand_is_parked_fire_the_merge_once(fan_
                 faults.arm(faults.BETWEEN_EXPAND_BATCHES, "raise")
         return events
 
-    reached = gap_hook(monkeypatch, [gap(1), gap(2)])
+    hook = Gaps(monkeypatch, [gap(1), gap(2)])
+    reached = hook.reached
     assert driver.worker.run_once() is not None  # Items: the expand's step succeeds
-    assert parked.run_once() == ("advanced" if action is None else
-                                 "stale" if action == "reap" else "error")  # the expand, batch by batch
+    done = parked.run_once()  # the expand, batch by batch
+    hook.raise_failed()
+    assert done == ("advanced" if action is None else "stale" if action == "reap" else "error")
     if action is not None:
         assert reached == list(range(1, faulted + 1))
         driver.check()  # nothing more was committed by the stopped advancer [INV-ADV-2]
@@ -223,7 +235,9 @@ def test_children_arriving_while_their_expand_is_parked_fire_the_merge_once(fan_
         expand = driver.barrier()
         claim = claim_branch(app, expand, resumer.process_id)
         assert claim is not None
-        assert resumer.advance_batch([claim]) == ["advanced"]  # resumes at the cursor [INV-ADV-4]
+        done = resumer.advance_batch([claim])
+        hook.raise_failed()
+        assert done == ["advanced"], done  # resumes at the cursor [INV-ADV-4]
     assert reached == [1, 2]
     driver.check()
     assert len(driver.children()) == WIDTH
