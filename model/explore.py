@@ -51,7 +51,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from model.errors import ModelError
@@ -753,6 +753,9 @@ _SMALL = PipelineConfig(max_retry=1, max_crash=1, retry_delay_us=1_000_000, cras
                         expand_batch=1, advancer_max_retry=1, advancer_max_crash=1)
 #: a: a token every 0.5 s, one at most; b: 3 per 2 s (a token every 666 666⅔ µs: not a whole number of
 #: µs), two at most, so its next-token instants fall between microseconds
+#: an expand parked between batches while its children arrive: 3 items in batches of 1, and an
+#: advancer crash budget of 2, so an expand whose advancer crashed between batches resumes at its cursor
+_PARKED = {"outputs": {**_OUTPUTS, "A": [1, 2, 3]}, "config": replace(_SMALL, advancer_max_crash=2)}
 _LIMITS = {"a": {"concurrency": 1, "rate": {"limit": 2, "per": 1, "burst": 1}},
            "b": {"concurrency": 2, "rate": {"limit": 3, "per": 2, "burst": 2}}}
 #: the restart: b keeps its period with a lower burst (its bucket is clamped at its next refill)
@@ -785,6 +788,10 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     _pipelines("divide", "A -divide-> [B, C] -combine-> D: 1 run, 2 faults", definition=DIVIDE),
     _pipelines("expand", "A -expand(×2, batch 1)-> B -collapse-> C -dampen-> D, resume: 1 run, 2 faults",
                definition=EXPAND),
+    _pipelines("expand-parked", "A -expand(×3, batch 1)-> B -collapse-> C -dampen-> D: children run and arrive "
+               "while the expand is parked between batches; 1 advancer fault (error or crash; advancer_max_crash "
+               "2, so a crashed expand resumes at its cursor)", definition=EXPAND, faults=1, fault_kinds=(),
+               **_PARKED),
     _pipelines("hooks", "A -chain-> B with on_halt: 1 run, 3 faults; hook claims, records, reaps and stale "
                "records", definition=HALTING, faults=3, fault_kinds=("failure", "invalid"), advancer_faults=False,
                hooks=True),
@@ -810,6 +817,8 @@ DEEP_CONFIGS: dict[str, Config] = {c.name: c for c in (
                fault_kinds=("failure", "timed_out", "crash", "invalid")),
     _pipelines("divide", "as in CI with 3 faults", definition=DIVIDE, faults=3),
     _pipelines("expand", "as in CI with 3 faults", definition=EXPAND, faults=3),
+    _pipelines("expand-parked", "as in CI with 2 faults, a step's crash too", definition=EXPAND, faults=2,
+               fault_kinds=("crash",), **_PARKED),
     _pipelines("hooks", "as in CI with 5 faults and advancer faults", definition=HALTING, faults=5,
                fault_kinds=("failure", "invalid"), hooks=True),
     _pipelines("revive", "as in CI with 2 faults (failure, invalid) and the revived run's hooks",
@@ -826,6 +835,7 @@ MUTANT_CONFIGS = {
     "refill_without_clamp": "limits", "no_concurrency_check": "limits", "spend_skipped": "limits",
     "stamp_off_by_one": "limits", "fifo_by_creation_only": "limits-fifo",
     "fan_in_fires_on_every_arrival": "divide", "stale_token_accepted": "chain", "expand_cursor_lost": "expand",
+    "fan_in_fires_on_created": "expand-parked",
     "crash_budget_off_by_one": "chain", "invalid_retried": "chain", "context_overwrite_allowed": "revive",
     "hook_fence_dropped": "hooks", "hook_not_owed": "hooks", "prune_live_run": "revive", "revive_twice": "revive",
     "revive_reruns_everything": "revive",

@@ -69,6 +69,15 @@ class FanInFiresOnEveryArrival(PipelinesModel):
         return True
 
 
+class FanInFiresOnCreated(PipelinesModel):
+    """A fan-in fires when its arrivals reach the children an expand created so far (its
+    cursor), not the fan-out's width: the first batches merge while the expand is parked."""
+
+    def _fires(self, barrier: Branch) -> bool:
+        created = barrier.fanout_width if barrier.expand_cursor is None else barrier.expand_cursor
+        return barrier.fanin_arrivals == created
+
+
 class StaleTokenAccepted(PipelinesModel):
     """The fence checks only that the branch exists."""
 
@@ -187,6 +196,7 @@ MUTANTS = (
     Mutant("stamp_off_by_one", "limits", StampOffByOne, ("INV-LIM-5",)),
     Mutant("fifo_by_creation_only", "limits", FifoByCreationOnly, ("INV-LIM-6",)),
     Mutant("fan_in_fires_on_every_arrival", "pipelines", FanInFiresOnEveryArrival, ("INV-ADV-3", "INV-ADV-1")),
+    Mutant("fan_in_fires_on_created", "pipelines", FanInFiresOnCreated, ("INV-ADV-3", "INV-ADV-1")),
     Mutant("stale_token_accepted", "pipelines", StaleTokenAccepted, ("INV-ADV-2",)),
     Mutant("expand_cursor_lost", "pipelines", ExpandCursorLost, ("INV-ADV-4", "INV-ADV-1")),
     Mutant("crash_budget_off_by_one", "pipelines", CrashBudgetOffByOne, ("INV-EXE-4",)),

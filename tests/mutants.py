@@ -230,6 +230,23 @@ MUTANTS: dict[str, Mutant] = {
          ("arrivals = tx.execute(sa.select(_b.c.fanin_arrivals).where(_b.c.id == barrier_id)).scalar_one()",
           "arrivals = own_arrivals  # mutant: the count its own bump read")),
     ),
+    "fanin_fires_on_created": Mutant(
+        "a fan-in fires when its arrivals reach the children an expand created so far, not its width: "
+        "children of the first batches merge while later batches are not created [INV-ADV-3]",
+        "the last of the fan-out's full width fires the merge [INV-ADV-3]",
+        (("fired = arrivals == barrier.fanout_width  # [INV-ADV-3] the last arrival fires",
+          "fired = arrivals == (tx.execute(sa.select(_b.c.fanout_cursor).where(_b.c.id == barrier_id)).scalar_one()\n"
+          "                     or barrier.fanout_width)  # mutant: the children created so far"),
+         ("if len(outputs) != barrier.fanout_width:", "if False:  # mutant: fewer inputs than the width pass")),
+    ),
+    "expand_cursor_not_resumed": Mutant(
+        "an expand's advancer counts its batches in memory: a resumed expand (after a crash, a reap or an "
+        "error between batches) starts again at item 0, not at the branch's cursor [INV-ADV-4]",
+        "a resumed expand reads its cursor from the branch [INV-ADV-4]",
+        (("cursor = tx.execute(sa.select(_b.c.fanout_cursor).where(_b.c.id == c.branch_id)).scalar_one() or 0",
+          "cursor = getattr(c, \"expand_cursor\", 0)  # mutant: this claim's own count, not the branch's"),
+         ("cursor += len(items)", "cursor += len(items)\nc.expand_cursor = cursor  # type: ignore[attr-defined]")),
+    ),
     "batch_fence_dropped": Mutant(
         "an advancer's batch does not compare each branch's claim token: a stale claim commits [INV-ADV-2, INV-ADV-1]",
         "the batch fence compares each branch's claim token [INV-ADV-2]",

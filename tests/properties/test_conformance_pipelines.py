@@ -27,6 +27,12 @@ twice over to check the second returns the same run), sometimes with a "fix depl
 (every step succeeds from then on), and the revived run driven to rest; the engine and
 the model must agree on every run of the chain, and the model's invariants hold.
 
+A seventh (``test_engine_agrees_when_children_arrive_while_their_expand_is_parked``) holds
+every expand's advancer between its batches while a second worker and advancer do a drawn
+amount of work, so children of the first batches run and arrive at their fan-in before the
+later batches exist (``drive`` alone never does: an advancer commits all of an expand's
+batches in one ``run_once``); the runs still end where the model's do.
+
 A sixth (``test_engine_triggers_end_where_the_model_triggers_end``) triggers with drawn keys
 (or none), in ductwork's own transaction or in a caller's that commits or rolls back, with
 prunes in between that free keys: call by call both sides return the same run or none, and
@@ -39,15 +45,19 @@ INV-TRG-2.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime
 
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ductwork import faults
 from ductwork.app import App
 from ductwork.config import Config
 from ductwork.db import schema
@@ -131,11 +141,14 @@ class Generated:
     definition: Definition
 
 
-def check_agreement(url: str, engine, scenario, config, batch: int | None = None, released: bool = False) -> None:
+def check_agreement(url: str, engine, scenario, config, batch: int | None = None,
+                    parks: list[int] | None = None, released: bool = False) -> None:
     """``batch``: the model drives with its batched operations of that size, and the
     engine's worker and advancer batch as much (else each side drives as it does by default).
-    ``released``: every node is keyed (``limit_by``), and the model advances keyed
-    successes with ``advance_released`` after recording them, as the engine's workers do."""
+    ``parks``: the engine does that much work inside each expand's gaps between batches
+    (:func:`parked_gaps`). ``released``: every node is keyed (``limit_by``), and the model
+    advances keyed successes with ``advance_released`` after recording them, as the
+    engine's workers do."""
     definition, args, oracle = scenario
     if released:
         definition = {**definition, "nodes": {n: {**spec, "limit_by": spec.get("limit_by") or "a"}
@@ -151,20 +164,23 @@ def check_agreement(url: str, engine, scenario, config, batch: int | None = None
     in_process = {**definition, "nodes": {n: {**spec, "timeout_us": None} for n, spec in definition["nodes"].items()}}
     Generated.definition = Definition.from_json(in_process)
     run = trigger_run(app, Generated, list(args))
-    drive(app, run.id)
-    if run.refresh().status == "dampened":
-        run.resume()
+    with parked_gaps(app, parks) if parks else contextlib.nullcontext():
         drive(app, run.id)
+        if run.refresh().status == "dampened":
+            run.resume()
+            drive(app, run.id)
     got = engine_summary(app, run.id)
     assert got == expected, (
         f"engine and model disagree\ndefinition: {json.dumps(definition)}\nargs: {args}\n"
         f"oracle: {oracle.to_json()}\nconfig: {config}\nengine: {got}\nmodel:  {expected}")
 
 
-def hunt(db_url: str, check, **strategies) -> None:
+def hunt(db_url: str, check, scenarios: st.SearchStrategy | None = None, configs: st.SearchStrategy | None = None,
+         **strategies) -> None:
     """Run ``check(db_url, engine, scenario, config, **drawn)`` over generated scenarios
-    and configs (and ``strategies``, drawn by name), with the hypothesis profile's example
-    budget, on one engine for the whole hunt."""
+    and configs (``scenarios``, ``configs``; default ``pipeline_scenarios()`` and
+    ``pipeline_configs()``) and ``strategies``, drawn by name, with the hypothesis
+    profile's example budget, on one engine for the whole hunt."""
     from ductwork.db import dialects
 
     engine = dialects.create_engine(db_url)
@@ -172,7 +188,8 @@ def hunt(db_url: str, check, **strategies) -> None:
 
     @settings(settings(), max_examples=examples, deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(scenario=pipeline_scenarios(), config=pipeline_configs(), **strategies)
+    @given(scenario=pipeline_scenarios() if scenarios is None else scenarios,
+           config=pipeline_configs() if configs is None else configs, **strategies)
     def agree(scenario, config, **drawn):
         check(db_url, engine, scenario, config, **drawn)
 
@@ -271,6 +288,82 @@ def test_engine_keyed_releases_end_where_the_model_releases_end(db_url):
     ``run_execution`` and advances with ``advance_released``; every run ends in the
     same state [INV-ADV-1, INV-RUN-1]."""
     hunt(db_url, check_agreement, batch=st.sampled_from([1, 2, 5]), released=st.just(True))
+
+
+#: per database: expand gaps reached, and fan-in arrivals made in them, over the hunt
+PARKED_COVERAGE: Counter = Counter()
+
+
+@contextlib.contextmanager
+def parked_gaps(app: App, parks: list[int]) -> Iterator[None]:
+    """While it is open, an expand's advancer parked between two batches (the
+    ``between_expand_batches`` checkpoint, its claim held) waits while a second worker and
+    advancer do ``parks[i]`` units of work in its i-th gap (moving the clock as
+    :func:`drive` does): children of the batches so far run and arrive at their fan-in
+    before the later batches exist. Work in a gap reaching a gap of its own (a nested
+    expand) does not park again."""
+    real, worker, advancer, inside = faults.hit, Worker(app), Advancer(app), []
+
+    def arrivals() -> int:
+        with app.begin(readonly=True) as tx:
+            return int(tx.execute(sa.select(sa.func.count()).select_from(schema.branches)
+                                  .where(schema.branches.c.fanin_arrived_at.is_not(None))).scalar_one())
+
+    def hit(name: str) -> None:
+        if name == faults.BETWEEN_EXPAND_BATCHES and not inside:
+            inside.append(name)
+            try:
+                before = arrivals()
+                for _ in range(parks[PARKED_COVERAGE["gaps"] % len(parks)]):
+                    try:
+                        ran = worker.run_once() is not None
+                    except oracle_steps.SimulatedCrash:
+                        ran = True
+                    if advancer.run_once() == "idle" and not ran:
+                        wake, now = _next_wake(app)  # as drive does: time jumps to the next eligible moment
+                        if wake is None:
+                            break
+                        app.clock.set(max(wake, now))
+                PARKED_COVERAGE["gaps"] += 1
+                PARKED_COVERAGE["arrivals in gaps"] += arrivals() - before
+            finally:
+                inside.clear()
+        real(name)
+
+    faults.hit = hit
+    try:
+        yield
+    finally:
+        faults.hit = real
+
+
+def _expands_into_a_fan_in(scenario) -> bool:
+    """Whether an expand's children go straight on to a collapse (their arrivals)."""
+    edges = scenario[0]["edges"]
+    return any(e["type"] == "expand" and edges.get(e["to"][0], {}).get("type") == "collapse" for e in edges.values())
+
+
+def _wide_expands(scenario):
+    """The scenario with every expand returning 1 to 4 items (a gap after each but the last)."""
+    definition, args, oracle = scenario
+    plans = {node: dataclasses.replace(plan, max_items=4) if plan.kind == "list" else plan
+             for node, plan in oracle.plans.items()}
+    return definition, args, type(oracle)(plans)
+
+
+def test_engine_agrees_when_children_arrive_while_their_expand_is_parked(db_url):
+    """Work done inside every expand's gaps between batches (:func:`parked_gaps`, the
+    number of units per gap drawn): children of the first batches run and arrive at
+    their fan-in while the expand holds its claim, and every run still ends where the
+    model's does [INV-ADV-3, INV-ADV-4]. The gaps reached and the arrivals made in them
+    are printed (``-s``)."""
+    PARKED_COVERAGE.clear()
+    try:
+        hunt(db_url, check_agreement, scenarios=pipeline_scenarios().filter(_expands_into_a_fan_in).map(_wide_expands),
+             configs=pipeline_configs().map(lambda c: dataclasses.replace(c, expand_batch=1)),
+             parks=st.lists(st.integers(0, 20), min_size=1, max_size=4))
+    finally:
+        print(f"parked-expand conformance [{db_url.split(':')[0]}]: {dict(PARKED_COVERAGE)}")
 
 
 # --------------------------------------------------------------------------- on_halt hooks (issue 16)
@@ -517,3 +610,4 @@ def test_engine_triggers_end_where_the_model_triggers_end(db_url):
                       st.sampled_from([None, HOUR_US // 2, HOUR_US, 2 * HOUR_US])), min_size=3, max_size=6))
     finally:
         print(f"trigger conformance [{db_url.split(':')[0]}]: {dict(TRIGGER_FIGURES)}")
+

@@ -7,7 +7,8 @@ caller's, committed or rolled back; with or without a key window), ``trigger_rol
 fault-free scheduler, three actions), ``run_execution`` (oracle or forced
 failure/timeout/crash/bad return), ``run_completed_execution_again``, ``advance``
 (commit, crash holding the claim, routing error, TransitionError),
-``advancer_crash_mid_expand``, ``advance_with_stale_token``, ``group_commit`` and
+``advancer_crash_mid_expand``, ``children_run_while_their_expand_is_parked`` (a child of
+an expand held between batches runs and arrives at its fan-in), ``advance_with_stale_token``, ``group_commit`` and
 ``advance_batch`` (each against the single operations one by one on a copy),
 ``advance_clock``, ``resume``, ``context_set``, ``prune`` (a batch at a random cutoff,
 sometimes asked about live runs too), ``revive`` (a halted run, twice, or a run that is
@@ -155,6 +156,26 @@ class PipelinesModelMachine(RuleBasedStateMachine):
 
     def _mid_expand(self) -> list[str]:
         return [b.id for b in self.model.branches.values() if b.status == "advancing" and b.expand_cursor]
+
+    @precondition(lambda self: self._children_of_parked())
+    @rule(data=st.data())
+    def children_run_while_their_expand_is_parked(self, data):
+        """A child of an expand parked between batches runs (the oracle's outcome) and is
+        advanced, arriving at its fan-in while later batches do not exist yet [INV-ADV-3]."""
+        branch = self.model.branches[self._pick(data, self._children_of_parked())]
+        pending = [e for e in self.model.runnable_executions()
+                   if self.model.executions[e].step_id == branch.latest_step]
+        if pending:
+            self.model.run_execution(pending[0], self.oracle(*self.model.execution_input(pending[0])))
+        if branch.id in self.model.claimable_branches():
+            self.model.advance(branch.id)
+
+    def _children_of_parked(self) -> list[str]:
+        parked = set(self._mid_expand())
+        runnable = {self.model.executions[e].step_id for e in self.model.runnable_executions()}
+        claimable = set(self.model.claimable_branches())
+        return [b.id for b in self.model.branches.values() if b.barrier in parked
+                and (b.latest_step in runnable or b.id in claimable)]
 
     @precondition(lambda self: self._stale())
     @rule(data=st.data())
