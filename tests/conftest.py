@@ -192,11 +192,38 @@ def backend_filter(request):  # type: ignore[no-untyped-def]
         pytest.skip(f"{marker.args[0]}: {reason}")
 
 
+TIERS = ("unit", "properties", "integration", "chaos")
+TIER_SECONDS: dict[str, float] = {}
+
+
+def tier(nodeid: str) -> str:
+    """The tier of a test: its directory under tests/ (``tests/unit/test_x.py::t`` -> ``unit``),
+    or ``other`` for a test elsewhere."""
+    parts = nodeid.split("::")[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+
+
+def pytest_runtest_logreport(report):  # type: ignore[no-untyped-def]
+    """Sum each test's setup, call and teardown durations by tier. On pytest-xdist's
+    controller this sees every worker's reports, so the sums are over all workers (CPU-ish
+    time, not the run's wall time); the summary prints them as ``ci: tier times``."""
+    TIER_SECONDS[tier(report.nodeid)] = TIER_SECONDS.get(tier(report.nodeid), 0.0) + report.duration
+
+
+def tier_times_line(seconds: dict[str, float]) -> str:
+    """``ci: tier times unit 12 s, properties 210 s, … (summed test durations)``: the tiers
+    in TIERS's order, then any other, each only if it ran (tests/evidence.py parses it)."""
+    order = [name for name in TIERS if name in seconds] + sorted(set(seconds) - set(TIERS))
+    return ("ci: tier times " + ", ".join(f"{name} {seconds[name]:.0f} s" for name in order)
+            + " (summed test durations)")
+
+
 def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
     """A "chaos evidence" section: what each chaos round did and checked (kills, runs,
     steps, claims, violations), recorded by tests/chaos/test_chaos.py with
-    ``record_property``; and an "engine mutants" section: INVARIANTS.md's engine-mutant
-    table, a row per mutant killed in this run (tests/properties/test_mutants.py). The
+    ``record_property``; an "engine mutants" section: INVARIANTS.md's engine-mutant
+    table, a row per mutant killed in this run (tests/properties/test_mutants.py); and a
+    "tier times" section, one ``ci: tier times …`` line (:func:`tier_times_line`). The
     properties travel with pytest-xdist's reports."""
     lines, rows = [], []
     for outcome in ("passed", "failed"):
@@ -220,6 +247,9 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
         terminalreporter.line("|---|---|---|---:|")
         for row in sorted(rows, key=_mutant_order):
             terminalreporter.line(row)
+    if TIER_SECONDS:
+        terminalreporter.section("tier times")
+        terminalreporter.line(tier_times_line(TIER_SECONDS))
 
 
 def _mutant_order(row: str) -> int:

@@ -5,10 +5,11 @@
     python -m tests.evidence ci.log --write    # and replaces them in INVARIANTS.md
 
 ``.ci/run`` prints ``ci: commit …``, ``ci: versions …`` (:func:`versions`), pytest's
-summary line, its "chaos evidence" and "engine mutants" sections (tests/conftest.py) and
-``ci: total … s``. From these this module renders three blocks, each between
-``<!-- evidence:NAME -->`` and ``<!-- /evidence:NAME -->`` in INVARIANTS.md: ``run`` (the
-commit, date, counts, duration and tool versions), ``mutants`` (the engine-mutant table)
+summary line, its "chaos evidence", "engine mutants" and "tier times" sections
+(tests/conftest.py) and ``ci: total … s``. From these this module renders three blocks, each
+between ``<!-- evidence:NAME -->`` and ``<!-- /evidence:NAME -->`` in INVARIANTS.md: ``run``
+(the commit, date, counts, duration, each tier's summed test durations and tool versions),
+``mutants`` (the engine-mutant table)
 and ``chaos`` (a row per chaos round, with the total of process kills). The prose around
 them (what each figure means, targeted runs) stays hand-written.
 
@@ -83,8 +84,9 @@ def _short_version(text: str) -> str:
 
 def parse(log: str) -> dict:
     """The figures of one ``.ci/run`` log: ``commit``, ``date``, ``versions``, ``summary``
-    (passed, skipped, failed, seconds), ``total_s``, ``mutants`` (table rows) and ``chaos``
-    (one dict per round)."""
+    (passed, skipped, failed, seconds), ``total_s``, ``tiers`` (tier name -> summed test
+    seconds, in the printed order), ``mutants`` (table rows) and ``chaos`` (one dict per
+    round)."""
     out: dict = {"mutants": [], "chaos": []}
     if found := re.search(r"^ci: commit (\S+) at (.+)$", log, re.MULTILINE):
         out["commit"], out["date"] = found.group(1), found.group(2).strip()
@@ -92,6 +94,8 @@ def parse(log: str) -> dict:
         out["versions"] = found.group(1).strip()
     if found := re.search(r"^ci: total (\d+) s$", log, re.MULTILINE):
         out["total_s"] = int(found.group(1))
+    if found := re.search(r"^ci: tier times (.+) \(summed test durations\)$", log, re.MULTILINE):
+        out["tiers"] = {name: int(seconds) for name, seconds in re.findall(r"(\w+) (\d+) s", found.group(1))}
     summary = [line for line in log.splitlines() if re.match(r"^=+ .*\bin [\d.]+s\b.* =+$", line)]
     if summary:
         line = summary[-1]
@@ -137,7 +141,7 @@ def render(figures: dict) -> dict[str, str]:
         total = f" (the whole `.ci/run`, databases and containers included: {figures['total_s']} s)" \
             if "total_s" in figures else ""
         blocks["run"] = (f"Run of {figures['date']}, from a fresh clone at commit `{figures['commit']}`: "
-                         f"**{outcome} in {s['seconds']:.0f} s**{total}. Versions: "
+                         f"**{outcome} in {s['seconds']:.0f} s**{total}.{_tiers(figures)} Versions: "
                          f"{figures.get('versions', 'not printed')}.")
     if figures["mutants"]:
         blocks["mutants"] = "\n".join(["| mutant | guard removed | detector | killed in |", "|---|---|---|---:|",
@@ -164,6 +168,14 @@ def render(figures: dict) -> dict[str, str]:
                     f"| {sum(r.get('connection kills', 0) for r in figures['chaos'])} | | | | | | | **{violations}** |")
         blocks["chaos"] = "\n".join(rows)
     return blocks
+
+
+def _tiers(figures: dict) -> str:
+    """`` Tier times (…): unit 12 s, …, chaos 180 s.``, or nothing for a log without them."""
+    if not figures.get("tiers"):
+        return ""
+    times = ", ".join(f"{name} {seconds:,} s" for name, seconds in figures["tiers"].items())
+    return f" Tier times (test durations summed across the xdist workers, so more than the wall time): {times}."
 
 
 def replace(text: str, blocks: dict[str, str]) -> str:

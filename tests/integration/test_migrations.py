@@ -77,3 +77,19 @@ def test_upgrading_from_0001_keeps_rows_and_stores_values_above_64_kb(empty_engi
             last_set_at=sa.func.current_timestamp()))
         values = dict(conn.execute(sa.select(schema.context.c.key, schema.context.c.value)).all())
     assert values == {"k": '{"raw_value": 1}', "big": big}
+
+
+def test_downgrading_to_base_drops_every_table_and_upgrading_again_matches_schema_py(empty_engine):
+    """``migrate.downgrade`` runs each revision's ``downgrade`` in turn: base leaves none of
+    ductwork's tables, one revision down leaves the database at the one before head, and a
+    second upgrade restores exactly ``schema.py``'s tables."""
+    migrate.upgrade(empty_engine)
+    migrate.downgrade(empty_engine)
+    assert migrate.current(empty_engine) is None
+    assert migrate.missing_tables(empty_engine) == sorted(schema.metadata.tables)
+    migrate.upgrade(empty_engine)
+    migrate.downgrade(empty_engine, "-1")
+    assert migrate.current(empty_engine) not in (None, migrate.head())
+    migrate.upgrade(empty_engine)
+    assert migrate.current(empty_engine) == migrate.head()
+    assert _differences(empty_engine) == []

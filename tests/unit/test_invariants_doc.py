@@ -148,6 +148,8 @@ failed test_killed_database_container_recovers[mysql]: mysql: chaos seed 2: kill
 | mutant | guard removed | detector | killed in |
 |---|---|---|---:|
 | `no_key_lock` | the key's row lock [INV-LIM-1] | the race test | 7.7 s |
+================================== tier times ==================================
+ci: tier times unit 12 s, properties 1210 s, integration 300 s, chaos 180 s, other 1 s (summed test durations)
 ============ 1 failed, 1875 passed, 12 skipped in 551.88s (0:09:11) ============
 ci: versions Python 3.11.7
 ci: total 609 s
@@ -160,7 +162,9 @@ def test_the_evidence_blocks_are_generated_from_a_ci_log():
     blocks = evidence.render(evidence.parse(SAMPLE_LOG))
     assert blocks["run"] == ("Run of 2026-12-01 10:00 UTC, from a fresh clone at commit `abc1234`: "
                              "**1,875 passed, 12 skipped, **1 failed** in 552 s** (the whole `.ci/run`, "
-                             "databases and containers included: 609 s). Versions: Python 3.11.7.")
+                             "databases and containers included: 609 s). Tier times (test durations summed "
+                             "across the xdist workers, so more than the wall time): unit 12 s, properties "
+                             "1,210 s, integration 300 s, chaos 180 s, other 1 s. Versions: Python 3.11.7.")
     assert blocks["mutants"].splitlines()[2] == (
         "| `no_key_lock` | the key's row lock [INV-LIM-1] | the race test | 7.7 s |")
     chaos = blocks["chaos"].splitlines()
@@ -169,6 +173,24 @@ def test_the_evidence_blocks_are_generated_from_a_ci_log():
     assert chaos[3].startswith("| database container SIGKILLed | MariaDB | 0 | 3 |")
     assert chaos[3].endswith("| 2 |")
     assert chaos[4] == "| **all 2 rounds** | | **11** | 3 | | | | | | | **2** |"
+
+
+def test_the_tier_times_line_the_suite_prints_is_parsed_into_the_run_block():
+    from tests import evidence
+    from tests.conftest import tier, tier_times_line
+
+    assert [tier(n) for n in ("tests/unit/test_a.py::t", "tests/chaos/test_chaos.py::t[sqlite-1]",
+                              "examples/x/test_y.py::t", "test_top.py::t")] == ["unit", "chaos", "other", "other"]
+    line = tier_times_line({"integration": 299.6, "unit": 0.4, "other": 2.0, "chaos": 1800.2})
+    assert line == "ci: tier times unit 0 s, integration 300 s, chaos 1800 s, other 2 s (summed test durations)"
+    printed = SAMPLE_LOG.splitlines()[9]
+    assert printed.startswith("ci: tier times ")
+    figures = evidence.parse(SAMPLE_LOG.replace(printed, line))
+    assert figures["tiers"] == {"unit": 0, "integration": 300, "chaos": 1800, "other": 2}
+    assert "): unit 0 s, integration 300 s, chaos 1,800 s, other 2 s. Versions:" in evidence.render(figures)["run"]
+    without = evidence.parse(SAMPLE_LOG.replace(printed, ""))
+    assert "tiers" not in without
+    assert "Tier times" not in evidence.render(without)["run"]
 
 
 def test_invariants_md_has_every_evidence_block_and_replace_keeps_the_prose():

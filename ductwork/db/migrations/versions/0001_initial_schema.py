@@ -213,28 +213,16 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Each table's indexes go with it. Dropped first, an index on a foreign key's column
+    # (ix_execution_process) failed on MySQL/MariaDB (error 1553: the key needs it).
     op.drop_table('ductwork_expand_items')
-    op.drop_index('ix_execution_process', table_name='ductwork_executions')
-    op.drop_index('ix_execution_pending_lane', table_name='ductwork_executions')
-    op.drop_index('ix_execution_job', table_name='ductwork_executions')
-    op.drop_index('ix_execution_inflight_key', table_name='ductwork_executions')
     op.drop_table('ductwork_executions')
     op.drop_table('ductwork_jobs')
-    op.drop_index('ix_advancement_step', table_name='ductwork_advancements')
-    op.drop_index('ix_advancement_process', table_name='ductwork_advancements')
     op.drop_table('ductwork_advancements')
-    op.drop_index('ix_step_status_branch', table_name='ductwork_steps')
-    op.drop_index('ix_step_run', table_name='ductwork_steps')
-    op.drop_index('ix_step_branch_started', table_name='ductwork_steps')
     op.drop_table('ductwork_steps')
     op.drop_table('ductwork_limit_buckets')
     op.drop_table('ductwork_context')
-    op.drop_index('ix_branch_run_status', table_name='ductwork_branches')
-    op.drop_index('ix_branch_barrier', table_name='ductwork_branches')
     op.drop_table('ductwork_branches')
-    op.drop_index('ix_run_status_triggered', table_name='ductwork_runs')
-    op.drop_index('ix_run_pipeline_triggered', table_name='ductwork_runs')
     op.drop_table('ductwork_runs')
-    op.drop_index('ix_process_heartbeat', table_name='ductwork_processes')
     op.drop_table('ductwork_processes')
     op.drop_table('ductwork_limit_keys')

@@ -51,6 +51,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index('ix_halt_hook_process', table_name='ductwork_halt_hooks')
-    op.drop_index('ix_halt_hook_due', table_name='ductwork_halt_hooks')
+    # The table's indexes go with it. Dropped first, ix_halt_hook_process failed on
+    # MySQL/MariaDB (error 1553): the process_id foreign key needs an index on its column.
     op.drop_table('ductwork_halt_hooks')

@@ -1,0 +1,53 @@
+"""Edges of the clocks and the id generator that the integration tier does not reach.
+
+ManualClock refuses to move back and OffsetClock.skip_to never moves back (INV-CLK-1:
+the one injectable clock only moves forward); new_id stays strictly increasing when
+more than 4,096 ids are made within one millisecond (the counter carries into the
+timestamp); machine_identifier falls back to the host name where /etc/machine-id is
+unreadable.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+import pytest
+
+from ductwork.db import clock, hosts, ids
+
+
+def test_manual_clock_refuses_to_move_back_and_names_itself():
+    start = datetime(2026, 1, 1, 12, 0, 0)
+    manual = clock.ManualClock(start)
+    with pytest.raises(ValueError, match="time only moves forward"):
+        manual.advance(timedelta(seconds=-1))
+    assert manual.now() == start
+    assert repr(manual) == "ManualClock(2026-01-01T12:00:00)"
+
+
+def test_offset_clock_skip_to_never_moves_back():
+    start = datetime(2026, 1, 1, 12, 0, 0)
+    offset = clock.OffsetClock(clock.ManualClock(start))
+    offset.skip_to(start - timedelta(seconds=5), start)
+    assert offset.offset == timedelta()
+    offset.skip_to(start + timedelta(seconds=5), start)
+    assert offset.offset == timedelta(seconds=5)
+    assert repr(offset) == "OffsetClock(ManualClock(2026-01-01T12:00:00), offset=0:00:05)"
+
+
+def test_new_id_carries_a_full_counter_into_the_timestamp(monkeypatch):
+    future_ms = 2 ** 47  # far ahead of the real clock, so every call takes the counter path
+    monkeypatch.setattr(ids, "_last_ms", future_ms)
+    monkeypatch.setattr(ids, "_counter", 0xFFF)
+    first, second = ids.new_id(), ids.new_id()
+    assert first < second
+    assert [uuid.UUID(i).int >> 80 for i in (first, second)] == [future_ms + 1, future_ms + 1]
+
+
+def test_machine_identifier_without_machine_id_is_the_host_name(monkeypatch):
+    def unreadable(_self):  # type: ignore[no-untyped-def]
+        raise PermissionError("/etc/machine-id")
+
+    monkeypatch.setattr(hosts.Path, "read_text", unreadable)
+    assert hosts.machine_identifier() == hosts.socket.gethostname()[:255]
