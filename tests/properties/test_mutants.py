@@ -4,11 +4,11 @@
 edits. For each, this copies the ``ductwork`` package into a scratch directory with
 the mutant's edits applied, runs its detector (a property machine, a race test, an
 exactly-once test or a fault-checkpoint test) in a fresh pytest process that imports
-that copy (scratch first on ``PYTHONPATH``, hypothesis shrinking off), and expects it
-to fail. It also checks, from what every process of the run recorded, that
-``ductwork`` was imported from the scratch copy, that no ``ductwork`` module came from
-anywhere else, and that a patched module was loaded: a mutant never silently runs
-against the real source. A failure caused by the patch itself (a ``NameError``, a
+that copy (scratch first on ``PYTHONPATH``, the ``ci`` profile and its budget,
+hypothesis shrinking off), and expects it to fail. It also checks, from what every
+process of the run recorded, that ``ductwork`` was imported from the scratch copy,
+that no ``ductwork`` module came from anywhere else, and that a patched module was
+loaded: a mutant never silently runs against the real source. A failure caused by the patch itself (a ``NameError``, a
 ``SyntaxError``) is not a kill. A mutant that survives is a guard nobody has
 verified. Each run's time to the first counterexample is printed (``-s``) and, as a
 row of INVARIANTS.md's engine-mutant table, in the "engine mutants" section at the
@@ -129,6 +129,20 @@ def detector_label(mutant: str) -> str:
 
 def test_every_mutant_has_a_detector():
     assert set(DETECTORS) == set(MUTANTS)
+
+
+def test_conformance_hunts_have_the_ci_budget(monkeypatch):
+    """A conformance detector hunts with the ``ci`` profile's budget (``DUCTWORK_NO_SHRINK``
+    drops only the shrinking), so a mutant killed below is one CI's own conformance run
+    catches, and a cut of that budget that hides one fails :func:`test_mutant_is_killed`.
+    (The hunts once ran with the ``deep`` budget, which hid that ``no_spend_on_retry`` was
+    found only there: docs/verification.md, "Conformance budgets".)"""
+    from tests.properties import test_conformance_limits
+
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
+    monkeypatch.setenv("DUCTWORK_NO_SHRINK", "1")
+    chosen = test_conformance_limits.conformance_settings()
+    assert (chosen.max_examples, chosen.stateful_step_count) == test_conformance_limits.CONFORMANCE["ci"]
 
 
 @pytest.mark.slow
