@@ -109,6 +109,9 @@ DETECTORS = {
     "async_cancel_escapes": "tests/integration/test_async_steps.py::"
     "test_an_async_step_that_cancels_itself_or_raises_fails[sqlite-cancels_itself]",
 }
+#: mutants with another detector that a conformance machine found only with the ``deep``
+#: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
+ALSO_CONFORMANCE = {"batch_past_lane": CONFORMANCE, "keyed_batch_past_lane": CONFORMANCE}
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")
 
@@ -151,6 +154,22 @@ def test_mutant_is_killed(mutant, tmp_path, record_property):
     detector = DETECTORS[mutant]
     if "[postgresql]" in detector and not os.environ.get("DUCTWORK_TEST_POSTGRES_URL"):
         pytest.skip("this detector needs PostgreSQL row locks: set DUCTWORK_TEST_POSTGRES_URL")
+    took = hunt(mutant, detector, tmp_path)
+    record_property("engine_mutant", f"| `{mutant}` | {MUTANTS[mutant].guard} | {detector_label(mutant)} "
+                                     f"| {took:.1f} s |")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", sorted(ALSO_CONFORMANCE))
+def test_mutant_is_killed_by_conformance_too(mutant, tmp_path):
+    """The mutants a conformance machine once found only with the ``deep`` budget, though
+    another test is their detector, are killed by it within the ``ci`` budget too."""
+    hunt(mutant, ALSO_CONFORMANCE[mutant], tmp_path)
+
+
+def hunt(mutant: str, detector: str, tmp_path) -> float:
+    """Run ``detector`` against ``mutant``'s copy (the ``ci`` profile, no shrinking);
+    assert that it failed, not because the patch broke the code; the seconds it took."""
     scratch = mutants.apply(mutant, tmp_path / "scratch")
     env = {**mutants.environ(scratch), "DUCTWORK_NO_SHRINK": "1", "HYPOTHESIS_PROFILE": "ci"}
     started = time.monotonic()
@@ -167,5 +186,4 @@ def test_mutant_is_killed(mutant, tmp_path, record_property):
     broken = [error for error in BROKEN if error in done.stdout]
     assert not broken, f"mutant {mutant}: the patch broke the code ({broken}):\n{done.stdout[-3000:]}"
     assert done.returncode == 1, f"mutant {mutant} survived {detector}:\n{done.stdout[-3000:]}"
-    record_property("engine_mutant", f"| `{mutant}` | {MUTANTS[mutant].guard} | {detector_label(mutant)} "
-                                     f"| {took:.1f} s |")
+    return took
