@@ -4,11 +4,11 @@
 edits. For each, this copies the ``ductwork`` package into a scratch directory with
 the mutant's edits applied, runs its detector (a property machine, a race test, an
 exactly-once test or a fault-checkpoint test) in a fresh pytest process that imports
-that copy (scratch first on ``PYTHONPATH``, hypothesis shrinking off), and expects it
-to fail. It also checks, from what every process of the run recorded, that
-``ductwork`` was imported from the scratch copy, that no ``ductwork`` module came from
-anywhere else, and that a patched module was loaded: a mutant never silently runs
-against the real source. A failure caused by the patch itself (a ``NameError``, a
+that copy (scratch first on ``PYTHONPATH``, the ``ci`` profile and its budget,
+hypothesis shrinking off), and expects it to fail. It also checks, from what every
+process of the run recorded, that ``ductwork`` was imported from the scratch copy,
+that no ``ductwork`` module came from anywhere else, and that a patched module was
+loaded: a mutant never silently runs against the real source. A failure caused by the patch itself (a ``NameError``, a
 ``SyntaxError``) is not a kill. A mutant that survives is a guard nobody has
 verified. Each run's time to the first counterexample is printed (``-s``) and, as a
 row of INVARIANTS.md's engine-mutant table, in the "engine mutants" section at the
@@ -131,6 +131,9 @@ DETECTORS = {
     "async_cancel_escapes": "tests/integration/test_async_steps.py::"
     "test_an_async_step_that_cancels_itself_or_raises_fails[sqlite-cancels_itself]",
 }
+#: mutants with another detector that a conformance machine found only with the ``deep``
+#: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
+ALSO_CONFORMANCE = {"batch_past_lane": CONFORMANCE, "keyed_batch_past_lane": CONFORMANCE}
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")
 
@@ -153,12 +156,42 @@ def test_every_mutant_has_a_detector():
     assert set(DETECTORS) == set(MUTANTS)
 
 
+def test_conformance_hunts_have_the_ci_budget(monkeypatch):
+    """A conformance detector hunts with the ``ci`` profile's budget (``DUCTWORK_NO_SHRINK``
+    drops only the shrinking), so a mutant killed below is one CI's own conformance run
+    catches, and a cut of that budget that hides one fails :func:`test_mutant_is_killed`.
+    (The hunts once ran with the ``deep`` budget, which hid that ``no_spend_on_retry`` was
+    found only there: docs/verification.md, "Conformance budgets".)"""
+    from tests.properties import test_conformance_limits
+
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
+    monkeypatch.setenv("DUCTWORK_NO_SHRINK", "1")
+    chosen = test_conformance_limits.conformance_settings()
+    assert (chosen.max_examples, chosen.stateful_step_count) == test_conformance_limits.CONFORMANCE["ci"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_mutant_is_killed(mutant, tmp_path, record_property):
     detector = DETECTORS[mutant]
     if "[postgresql]" in detector and not os.environ.get("DUCTWORK_TEST_POSTGRES_URL"):
         pytest.skip("this detector needs PostgreSQL row locks: set DUCTWORK_TEST_POSTGRES_URL")
+    took = hunt(mutant, detector, tmp_path)
+    record_property("engine_mutant", f"| `{mutant}` | {MUTANTS[mutant].guard} | {detector_label(mutant)} "
+                                     f"| {took:.1f} s |")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", sorted(ALSO_CONFORMANCE))
+def test_mutant_is_killed_by_conformance_too(mutant, tmp_path):
+    """The mutants a conformance machine once found only with the ``deep`` budget, though
+    another test is their detector, are killed by it within the ``ci`` budget too."""
+    hunt(mutant, ALSO_CONFORMANCE[mutant], tmp_path)
+
+
+def hunt(mutant: str, detector: str, tmp_path) -> float:
+    """Run ``detector`` against ``mutant``'s copy (the ``ci`` profile, no shrinking);
+    assert that it failed, not because the patch broke the code; the seconds it took."""
     scratch = mutants.apply(mutant, tmp_path / "scratch")
     env = {**mutants.environ(scratch), "DUCTWORK_NO_SHRINK": "1", "HYPOTHESIS_PROFILE": "ci"}
     started = time.monotonic()
@@ -175,5 +208,4 @@ def test_mutant_is_killed(mutant, tmp_path, record_property):
     broken = [error for error in BROKEN if error in done.stdout]
     assert not broken, f"mutant {mutant}: the patch broke the code ({broken}):\n{done.stdout[-3000:]}"
     assert done.returncode == 1, f"mutant {mutant} survived {detector}:\n{done.stdout[-3000:]}"
-    record_property("engine_mutant", f"| `{mutant}` | {MUTANTS[mutant].guard} | {detector_label(mutant)} "
-                                     f"| {took:.1f} s |")
+    return took
