@@ -248,3 +248,15 @@ def test_a_batch_takes_one_keyed_job_unless_told_more():
     for job in ("u1", "u2", "u3"):
         model.enqueue(job, None, 0)
     assert model.claim_batch("w2", 0, 3) == ["u1", "u2", "u3"]
+
+
+def test_a_hand_off_takes_one_job_unless_told_more():
+    """complete_and_hand_off's default limit is 1: the owner of an unkeyed job takes one
+    next job unless the caller asks for a batch (mutmut found it untested: the machine
+    always passes limit)."""
+    model = LimitsModel({})
+    for job in ("a", "b", "c", "d"):
+        model.enqueue(job, None, 0)
+    assert model.claim("w1", 0) == "a"
+    assert model.complete_and_hand_off("a", 0) == ["b"]
+    assert model.complete_and_hand_off("b", 0, 2) == ["c", "d"]
