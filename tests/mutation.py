@@ -84,6 +84,34 @@ EQUIVALENT: dict[str, str] = {
     **{f"model.limits.xǁLimitsModelǁdecide__mutmut_{n}":
        "the synthetic job's worker label: decide() is never mixed with a worker's claims or crash"
        for n in (20, 25, 26)},
+    # ductwork.pipelines.definition
+    "ductwork.pipelines.definition.x_in_main_module__mutmut_2":
+        "rpartition for partition: a ref is step_ref's 'module:qualname', one ':' (module names "
+        "and qualnames are dotted identifiers)",
+    "ductwork.pipelines.definition.x__resolve__mutmut_6":
+        "rpartition for partition: a ref with a second ':' names no class either way (no "
+        "module name and no attribute holds a ':'), and one with one ':' splits alike",
+    "ductwork.pipelines.definition.xǁPipelineBuilderǁ_fan_out__mutmut_29":
+        "zip strict=None: divert passes one rendered key per target of `to` (two keys rendering "
+        "alike raised before)",
+    **{f"ductwork.pipelines.definition.xǁPipelineBuilderǁ_fan_out__mutmut_{n}":
+       "zip strict=False or left out: divert passes one rendered key per target of `to` (two "
+       "keys rendering alike raised before)" for n in (32, 33)},
+    "ductwork.pipelines.definition.xǁ_Graphǁ__init____mutmut_8":
+        "`frozen = None` for False: it is only tested for truth",
+    "ductwork.pipelines.definition.xǁPipelineBuilderǁ__init____mutmut_10":
+        "`_closed = None` for False: it is only tested for truth",
+    "ductwork.pipelines.definition.xǁPipelineBuilderǁ__init____mutmut_1":
+        "default index 1: only the root builder takes the default, and only branches (built with "
+        "their index) report theirs",
+    "ductwork.pipelines.definition.xǁEdgeSpecǁdivert_target__mutmut_3":
+        "`to.get(None)` for None: a divert's `to` has only str keys, so it is None too",
+    "ductwork.pipelines.definition.xǁPipelineBuilderǁcollapse__mutmut_2":
+        "None for () as `others`: _fan_in only tests it for truth, and a collapse never joins "
+        "branches",
+    "ductwork.pipelines.definition.xǁPipelineBuilderǁ_join_branches__mutmut_19":
+        "`parent is None and siblings is None`: a branch whose parent has no unpacked children "
+        "was closed by the parent's _settle, so _check_usable raised before",
     "ductwork.durations.x_parse_interval_us__mutmut_34":
         "floor(value / 10⁶) for floor(value · 10⁶) on the branch value <= 0: both are <= 0, "
         "so 'must be positive' is raised either way and the value is never returned",

@@ -17,7 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import ductwork.pipelines.definition as definition_module
 from ductwork.errors import (
+    AsyncStepError,
     CollapseError,
     CombineError,
     ConvergeError,
@@ -31,6 +33,7 @@ from ductwork.pipelines.definition import (
     EdgeSpec,
     NodeSpec,
     PipelineBuilder,
+    main_module_refs,
     render_divert_key,
     resolve_step,
     step_ref,
@@ -445,6 +448,10 @@ def _branches(p, n=2):
     (lambda p: (lambda b, _c: (b.expand(to=D), p.chain(to=E)))(*_branches(p)), DefinitionError,
      "P.chain: branch 0 of the divide at A#0 has an open expand at B#1; close it on that "
      "branch first"),
+    # a branch of a branch, checked when the outer fork settles
+    (lambda p: (lambda b, _c: (lambda d, _e: (d.expand(to=A), p.chain(to=E)))(*b.divide(to=[D, E])))(
+        *_branches(p)), DefinitionError,
+     "P.chain: branch 0 of the divide at B#1 has an open expand at D#3; close it on that branch first"),
     (lambda p: (lambda b, _c: b.combine(into=E))(*_branches(p)), CombineError,
      "P.combine: combine must join every branch of the divide at A#0: got 1 of 2"),
     (lambda p: (lambda b, _c: b.collapse(into=E))(*_branches(p)), CollapseError,
@@ -457,6 +464,11 @@ def _branches(p, n=2):
      "P.combine: can only combine branch builders unpacked from one fork"),
     (lambda p: (lambda b, _c: b.combine(42, into=E))(*_branches(p)), CombineError,
      "P.combine: can only combine branch builders of this definition, got 42"),
+    (lambda p: (lambda d, _e: d.combine(into=A))(*p.start(A).divide(to=[B, C]).divide(to=[D, E])),
+     CombineError, "P.combine: combine must join every branch of the divide at B#1, C#2: got 1 of 2"),
+    (lambda p: (lambda b, c: (b.combine(c, into=D), b.combine(c, into=E)))(*_branches(p)),
+     DefinitionError, "P.combine: this branch builder was joined into its parent; continue on the "
+                      "builder combine/converge returned"),
 ])
 def test_branch_joins(fn, error, message):
     fails(fn, error, message)
@@ -495,8 +507,90 @@ def test_unpacking_only_right_after_a_fork(fn):
 def test_builder_unusable_after_define():
     kept = []
     build(lambda p: kept.append(p.start(A)))
-    with pytest.raises(DefinitionError, match=r"^P\.chain: the definition is complete"):
+    with pytest.raises(DefinitionError) as info:
         kept[0].chain(to=B)
+    assert str(info.value) == "P.chain: the definition is complete; a builder cannot be used after define() returns"
+    with pytest.raises(DefinitionError, match=r"^P\.start: the definition is complete"):
+        kept[0].start(B)
+    with pytest.raises(DefinitionError, match=r"^P\.unpack: the definition is complete"):
+        list(kept[0])
+
+
+def test_a_joined_branch_cannot_be_unpacked():
+    def define(p):
+        b, c = p.start(A).divide(to=[B, C])
+        b.combine(c, into=D)
+        list(b)
+
+    fails(define, DefinitionError, "P.unpack: this branch builder was joined into its parent; "
+                                   "continue on the builder combine/converge returned")
+
+
+def test_builder_repr_names_its_last_nodes():
+    seen = []
+    build(lambda p: (seen.append(repr(p)), seen.append(repr(p.start(A).divide(to=[B, C])))))
+    assert seen == ["<PipelineBuilder P at (unstarted)>", "<PipelineBuilder P at B#1, C#2>"]
+
+
+# --------------------------------------------------------------------------- on_halt
+
+
+class ReplacedLater(Step):
+    def execute(self):
+        return None
+
+
+def test_on_halt_names_the_handler_in_the_snapshot():
+    definition = build(lambda p: p.start(A).on_halt(B).chain(to=C)).definition
+    assert definition.on_halt == f"{MOD}:B"
+    assert definition.to_json() == {**expect("A#0", {"A#0": node(A), "C#1": node(C)},
+                                             {"A#0": edge("chain", "C#1")}), "on_halt": f"{MOD}:B"}
+    assert Definition.from_json(definition.to_json()) == definition
+    # anywhere in define, before start too
+    assert build(lambda p: p.on_halt(B).start(A)).definition.on_halt == f"{MOD}:B"
+
+
+@pytest.mark.parametrize(("fn", "error", "message"), [
+    (lambda p: p.start(A).on_halt(B).on_halt(C), DefinitionError,
+     f"P.on_halt: on_halt is declared once per pipeline, already '{MOD}:B'"),
+    (lambda p: p.start(A).on_halt(NotAStep), DefinitionError,
+     "P.on_halt: Argument must be a valid step class (a Step subclass defining execute(self)), "
+     f"got {NotAStep!r}"),
+])
+def test_on_halt_refusals(fn, error, message):
+    fails(fn, error, message)
+
+
+def test_on_halt_checks_execute_again(monkeypatch):
+    async def stream(_self):
+        yield 1
+
+    monkeypatch.setattr(ReplacedLater, "execute", stream)  # after the class statement checked it
+    fails(lambda p: p.start(A).on_halt(ReplacedLater), AsyncStepError,
+          "ReplacedLater.execute: an async generator is not a step's work (it yields values, and a "
+          "step returns one): define `async def execute(self)` with a `return`")
+
+
+def test_on_halt_after_define_is_refused():
+    kept = []
+    build(lambda p: kept.append(p.start(A)))
+    with pytest.raises(DefinitionError, match=r"^P\.on_halt: the definition is complete"):
+        kept[0].on_halt(B)
+
+
+@pytest.mark.parametrize(("transition", "fn"), [
+    ("collapse", lambda p: p.start(A).expand(to=B).collapse(into=NotAStep)),
+    ("combine", lambda p: p.start(A).divide(to=[B, C]).combine(into=NotAStep)),
+    ("converge", lambda p: p.start(A).divert(to={"otherwise": B}).converge(into=NotAStep)),
+])
+def test_fan_ins_name_themselves_refusing_a_class(transition, fn):
+    fails(fn, DefinitionError, f"P.{transition}: Argument must be a valid step class (a Step subclass "
+                               f"defining execute(self)), got {NotAStep!r}")
+
+
+def test_main_module_refs_include_the_on_halt_handler():
+    definition = Definition("__main__:P", "A#0", {"A#0": NodeSpec(f"{MOD}:A")}, {}, "__main__:H")
+    assert main_module_refs(definition) == ["__main__:P", "__main__:H"]
 
 
 @pytest.mark.parametrize(("to", "message"), [
@@ -647,6 +741,10 @@ def test_stored_names_never_import_but_configured_pipelines_do(tmp_path, monkeyp
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "dw_fresh_steps", raising=False)
+    # as if never imported, also on a second run in one process (mutmut reruns the tests in
+    # the process that collected its stats, whose registry already holds the classes)
+    for ref in [ref for ref in definition_module._REGISTRY if ref.startswith("dw_fresh_steps:")]:
+        monkeypatch.delitem(definition_module._REGISTRY, ref)
     with pytest.raises(UnknownStepClassError, match="'dw_fresh_steps:Fresh' is not in the configured"):
         resolve_step("dw_fresh_steps:Fresh")
     with pytest.raises(UnknownStepClassError, match="pipeline class 'dw_fresh_steps:FreshPipeline'"):
@@ -667,10 +765,14 @@ def test_stored_names_never_import_but_configured_pipelines_do(tmp_path, monkeyp
     (resolve_step, f"{MOD}:NotAStep", "not a Step subclass"),
     (resolve_step, f"{MOD}:build", "not a Step subclass"),
     (resolve_pipeline, f"{MOD}:A", "not a Pipeline subclass"),
+    # an attribute of None is not looked up for a module that is not there
+    (resolve_step, "no_such_module_xyz:__class__", "is not in the configured pipelines"),
 ])
 def test_unresolvable_stored_refs_name_the_ref(resolve, ref, needle):
     with pytest.raises(UnknownStepClassError) as info:
         resolve(ref)
+    what = "step" if resolve is resolve_step else "pipeline"
+    assert str(info.value).startswith(f"{what} class {ref!r} ")
     assert needle in str(info.value)
     assert repr(ref) in str(info.value)
     assert "nothing was imported" in str(info.value)
@@ -681,12 +783,35 @@ def test_unresolvable_stored_refs_name_the_ref(resolve, ref, needle):
     (f"{MOD}:Missing", f"module '{MOD}' has no 'Missing'"),
     ("no-colon", "expected 'module:qualname'"),
     (f"{MOD}:A", "not a Pipeline subclass"),
+    (f"{MOD}:A:B", f"module '{MOD}' has no 'A:B'"),
+    (f"{MOD}:make.<locals>.Local", "it is defined inside a function and no definition in this process "
+                                   "referenced it (such classes resolve only where they were defined)"),
 ])
 def test_unimportable_configured_pipelines_name_the_ref(ref, needle):
     with pytest.raises(ImportError) as info:
         import_pipeline(ref)
     assert needle in str(info.value)
     assert repr(ref) in str(info.value)
+    module_name = ref.partition(":")[0]
+    # the module the ref names, for an importer's report; none when the ref is not module:qualname
+    assert info.value.name == (module_name if ":" in ref and ref != f"{MOD}:A" else None)
+
+
+def test_stored_names_resolve_only_in_modules_of_registered_classes(monkeypatch):
+    loose = types.ModuleType("dw_loose_steps")
+    loose.Loose = type("Loose", (A,), {"__module__": "dw_loose_steps"})
+    monkeypatch.setitem(sys.modules, "dw_loose_steps", loose)  # imported, but no class of it registered
+    with pytest.raises(UnknownStepClassError, match="'dw_loose_steps:Loose' is not in the configured"):
+        resolve_step("dw_loose_steps:Loose")
+
+
+class Aliases:
+    Nested = build(lambda p: p.start(A), "Aliased")
+
+
+def test_configured_pipelines_resolve_through_nested_names():
+    # not the class's own ref, so not in the registry: looked up part by part in its module
+    assert import_pipeline(f"{MOD}:Aliases.Nested") is Aliases.Nested
 
 
 # --------------------------------------------------------------------------- snapshots read back
@@ -724,6 +849,35 @@ def test_from_json_reads_good_snapshot():
         definition.node_options("Z#9")
 
 
+def test_from_json_reads_on_halt():
+    hooked = {**GOOD, "on_halt": "m:H"}
+    definition = Definition.from_json(hooked)
+    assert definition.on_halt == "m:H"
+    assert definition.to_json() == hooked
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (mutate(["nodes"], {}), "nodes must be a non-empty object"),
+    (mutate(["edges"], []), "edges must be an object"),
+    ({**GOOD, "on_halt": 3}, "on_halt must be 'module:qualname', got 3"),
+    ({**GOOD, "on_halt": "H"}, "on_halt must be 'module:qualname', got 'H'"),
+    ({**GOOD, "on_halt": "m:H", "extra": 1},
+     "expected keys ['edges', 'format', 'nodes', 'pipeline', 'start'] (and optionally ['on_halt']), "
+     "got ['edges', 'extra', 'format', 'nodes', 'on_halt', 'pipeline', 'start']"),
+])
+def test_from_json_refusal_reasons(data, reason):
+    with pytest.raises(DefinitionError) as info:
+        Definition.from_json(data)
+    assert (info.value.pipeline, info.value.transition, info.value.reason) == ("m:P", "snapshot", reason)
+
+
+def test_edge_targets():
+    assert EdgeSpec("divide", ["B#1", "C#2"]).first() == "B#1"
+    divert = EdgeSpec("divert", {"a": "B#1", "": "C#2", "otherwise": "D#3"})
+    # None: an output no key matches (a list, a dict), even with a key rendered ""
+    assert [divert.divert_target(key) for key in ("a", "", "zz", None)] == ["B#1", "C#2", "D#3", "D#3"]
+
+
 @pytest.mark.parametrize(("data", "needle"), [
     ([], "expected a JSON object, got list"),
     (mutate(["format"], 2), "format=2: only format 1 is understood"),
@@ -740,7 +894,8 @@ def test_from_json_reads_good_snapshot():
     (mutate(["nodes", "A#0", "timeout_us"], True), "timeout_us must be a positive int or null"),
     (mutate(["nodes", "A#0", "limit_by"], " "), "limit_by must be a non-blank str or null"),
     (mutate(["edges", "Z#9"], {"type": "chain", "to": ["A#0"]}), "edge from 'Z#9': no such node"),
-    (mutate(["edges", "A#0", "type"], "teleport"), "type must be one of"),
+    (mutate(["edges", "A#0", "type"], "teleport"),
+     "type must be one of chain, expand, divide, combine, collapse, divert, converge, dampen, got"),
     (mutate(["edges", "A#0", "to"], ["B#1", "A#0"]), "expand 'to' must be a list of one node name"),
     (mutate(["edges", "A#0", "to"], ["Z#9"]), "'to' names unknown nodes"),
     (mutate(["edges", "A#0", "barrier"], ["A#0"]), "expected keys ['to', 'type']"),

@@ -58,3 +58,16 @@ def test_non_ascii_digits_are_rejected_naming_the_value(text):
     assert repr(text) in str(raised.value) or text in str(raised.value)
     with pytest.raises(DurationError):
         parse_interval_us(text)
+
+
+def test_model_render_period_gives_the_canonical_string():
+    assert [model.render_period(n) for n in (1, 60, 5400, 694_861)] == ["1s", "1m", "1h30m", "1w1d1h1m1s"]
+
+
+@pytest.mark.parametrize("seconds", [0, -1, True, 1.0, "60"])
+def test_model_render_period_refuses_what_is_not_whole_seconds(seconds):
+    with pytest.raises(ConfigError) as raised:
+        model.render_period(seconds)
+    assert (raised.value.path, raised.value.value, raised.value.reason) == (
+        "seconds", seconds, "a period must be a whole number of seconds >= 1")
+    assert type(raised.value.value) is type(seconds)
