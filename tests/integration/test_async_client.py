@@ -67,8 +67,8 @@ def _waits(name: str, args: tuple, kwargs: dict) -> bool:
 def _blocking_calls_recorded(on_thread: Callable[[], bool]) -> Iterator[list[str]]:
     """Replaces the waiting calls (module docstring) while the block runs, restoring them
     after; yields the list of those made while ``on_thread()`` is true, each with its
-    caller's stack. A wait nested in a recorded one (``Event.wait`` in ``Condition.wait``)
-    is recorded once. Excluded by call site: ``threading.Thread.start``, which waits for
+    caller's stack. A wait nested in another (``Condition.wait`` in ``Event.wait``)
+    is recorded once, as the outer. Excluded by call site: ``threading.Thread.start``, which waits for
     the new thread to say it started (a bounded hand-shake; asyncio's executor and
     aiosqlite start their threads from the loop)."""
     seen: list[str] = []
