@@ -1,18 +1,32 @@
 """The async client (``Pipeline.atrigger``, ``Run.arefresh``, ``Run.await_completion``), on
 each database, with a loop-blocking detector.
 
-The detector has two parts, and a test fails on either: asyncio's debug mode with
-``slow_callback_duration`` small, its "Executing … took" warning turned into a failure
-by a logging handler; and a listener on the app's synchronous engine failing any
-statement run in the event loop's thread (a sync driver call there blocks the loop,
-however fast the local database answers). Both are shown to fire on a blocking call.
+The detector is deterministic (no wall-clock threshold), and a test fails on either of its
+parts: a listener on the app's synchronous engine failing any statement run in the event
+loop's thread (a sync driver call there blocks the loop, however fast the local database
+answers); and wrappers, for the duration of the run, around the calls that wait in the
+calling thread (``time.sleep``, ``threading.Event.wait``, ``threading.Condition.wait`` and
+what waits through it: ``queue.Queue.get``, ``concurrent.futures.Future.result``,
+``threading.Thread.join``, and the blocking socket calls), recording each made in the
+loop's thread however short it is. Both are shown to fire on a blocking call.
+
+Not detected: CPU-bound work on the loop (nothing waits; only a clock could tell), a bare
+``threading.Lock.acquire`` (a C type whose methods cannot be replaced; a ``Condition``,
+``Event``, ``Queue`` or ``Future`` wait goes through ``Condition.wait`` and is caught),
+a name bound before the run (``from time import sleep``), and C extensions waiting
+below Python (a sync driver's statement is caught by the engine listener instead).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import socket
+import sys
 import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import aiomysql  # noqa: F401 - imported before any loop runs: a first import is slow, not blocking
 import aiosqlite  # noqa: F401
@@ -25,55 +39,106 @@ from ductwork import Pipeline, Step
 from ductwork.errors import UnknownRunError
 from ductwork.testing import drain
 
-#: asyncio debug mode's threshold. A sync database call is caught by the engine listener
-#: however fast it is; this catches any other blocking (a sleep, a CPU-bound loop). It is
-#: above what a callback waits for the interpreter lock while a drain thread works beside
-#: the loop on a loaded two-core machine (0.15 s was seen for an aiomysql connect that
-#: takes 2 ms alone).
-SLOW_CALLBACK_S = 0.25
-
 
 class Blocked(AssertionError):
     pass
 
 
-class _SlowCallbacks(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.seen: list[str] = []
+#: The socket methods that wait for the peer when the socket is blocking (its timeout is
+#: not 0); asyncio's own socket calls are on non-blocking sockets and pass.
+_SOCKET_CALLS = ("accept", "connect", "recv", "recv_into", "recvfrom", "recvfrom_into",
+                 "send", "sendall", "sendto")
 
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if message.startswith("Executing") and " took " in message:
-            self.seen.append(message)
+
+def _waits(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether this call waits in its thread: a zero timeout (``Condition.wait(0)``, which
+    ``threading.Semaphore.acquire(timeout=0)`` in asyncio's executor makes) or
+    ``time.sleep(0)`` (a yield of the interpreter lock) does not; a non-blocking socket
+    does not."""
+    if name == "time.sleep":
+        return bool(args and args[0] > 0)
+    if name.startswith("socket."):
+        return args[0].gettimeout() != 0
+    timeout = kwargs.get("timeout", args[1] if len(args) > 1 else None)
+    return timeout is None or timeout > 0
+
+
+@contextmanager
+def _blocking_calls_recorded(on_thread: Callable[[], bool]) -> Iterator[list[str]]:
+    """Replaces the waiting calls (module docstring) while the block runs, restoring them
+    after; yields the list of those made while ``on_thread()`` is true, each with its
+    caller's stack. A wait nested in another (``Condition.wait`` in ``Event.wait``)
+    is recorded once, as the outer. Excluded by call site: ``threading.Thread.start``, which waits for
+    the new thread to say it started (a bounded hand-shake; asyncio's executor and
+    aiosqlite start their threads from the loop)."""
+    seen: list[str] = []
+    inside = threading.local()
+    thread_start = threading.Thread.start.__code__
+    replaced: list[tuple[object, str, object]] = []
+
+    def wrap(owner: object, attr: str, name: str) -> None:
+        original = getattr(owner, attr)
+
+        def recording(*args, **kwargs):
+            if (on_thread() and not getattr(inside, "depth", 0) and _waits(name, args, kwargs)
+                    and sys._getframe(1).f_code is not thread_start):
+                stack = traceback.extract_stack(limit=8)[:-1]
+                where = "".join(traceback.format_list(stack[-4:]))
+                seen.append(f"{name} on the loop's thread, from:\n{where}")
+            inside.depth = getattr(inside, "depth", 0) + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inside.depth -= 1
+
+        replaced.append((owner, attr, original))
+        setattr(owner, attr, recording)
+
+    wrap(time, "sleep", "time.sleep")
+    wrap(threading.Event, "wait", "threading.Event.wait")
+    wrap(threading.Condition, "wait", "threading.Condition.wait")
+    wrap(threading.Thread, "join", "threading.Thread.join")
+    for call in _SOCKET_CALLS:
+        wrap(socket.socket, call, f"socket.{call}")
+    try:
+        yield seen
+    finally:
+        for owner, attr, original in reversed(replaced):
+            setattr(owner, attr, original)
 
 
 def run_unblocked(app, main):
-    """``asyncio.run(main())`` in debug mode; raises :class:`Blocked` when a callback took
-    longer than SLOW_CALLBACK_S or the app's sync engine ran a statement in the loop's thread."""
-    handler = _SlowCallbacks()
-    asyncio_log = logging.getLogger("asyncio")
-    asyncio_log.addHandler(handler)
+    """``asyncio.run(main())``; raises :class:`Blocked`, listing them, when the app's sync
+    engine ran a statement in the loop's thread or a waiting call (module docstring) was
+    made there while ``main()`` ran, however short. Timing plays no part: a loaded machine
+    slows the loop without failing the test; CPU-bound work on the loop is not caught."""
     loop_thread: list[threading.Thread] = []
+    running = threading.Event()
     sync_on_loop: list[str] = []
 
+    def on_loop() -> bool:
+        return running.is_set() and bool(loop_thread) and threading.current_thread() is loop_thread[0]
+
     def before(_conn, _cursor, statement, *_):
-        if loop_thread and threading.current_thread() is loop_thread[0]:
+        if on_loop():
             sync_on_loop.append(statement)
 
     async def checked():
-        asyncio.get_running_loop().slow_callback_duration = SLOW_CALLBACK_S
         loop_thread.append(threading.current_thread())
-        return await main()
+        running.set()
+        try:
+            return await main()
+        finally:
+            running.clear()  # asyncio.run's shutdown (joining its executor) is not main's
 
     event.listen(app.engine, "before_cursor_execute", before)
     try:
-        result = asyncio.run(checked(), debug=True)
+        with _blocking_calls_recorded(on_loop) as waits:
+            result = asyncio.run(checked())
     finally:
         event.remove(app.engine, "before_cursor_execute", before)
-        asyncio_log.removeHandler(handler)
-    if handler.seen or sync_on_loop:
-        raise Blocked(f"the event loop was blocked: {handler.seen + sync_on_loop}")
+    if sync_on_loop or waits:
+        raise Blocked("the event loop was blocked by:\n" + "\n".join(sync_on_loop + waits))
     return result
 
 
@@ -118,6 +183,10 @@ def test_await_completion_times_out_and_arefresh_of_an_unknown_run_raises(app):
 
 
 def test_the_detector_fails_a_blocking_call(app):
+    """Each part fires on a call that blocks the loop, however short: a sync statement, a
+    10 ms sleep, a thread wait, a recv on a blocking socket. The same waits in a worker
+    thread, on a non-blocking socket through the loop, or once ``main`` returned, pass."""
+    originals = (time.sleep, socket.socket.recv)
     run = AddP.trigger(1, 2)
 
     async def sync_refresh():
@@ -127,12 +196,42 @@ def test_the_detector_fails_a_blocking_call(app):
         run_unblocked(app, sync_refresh)
 
     async def sleeps():
-        import time
+        time.sleep(0.01)  # the detected call itself: short, below any clock threshold
 
-        time.sleep(SLOW_CALLBACK_S * 3)
-
-    with pytest.raises(Blocked, match="Executing"):
+    with pytest.raises(Blocked, match=r"(?s)time\.sleep on the loop's thread, from:\n.*in sleeps"):
         run_unblocked(app, sleeps)
+
+    async def waits_for_a_thread():
+        done = threading.Event()
+        threading.Thread(target=done.set).start()  # Thread.start's own hand-shake passes
+        done.wait()
+
+    with pytest.raises(Blocked, match=r"(?s)threading\.Event\.wait on.*in waits_for_a_thread") as caught:
+        run_unblocked(app, waits_for_a_thread)
+    assert str(caught.value).count("on the loop's thread") == 1  # not again for its Condition.wait
+
+    async def reads_a_blocking_socket():
+        a, b = socket.socketpair()
+        with a, b:
+            a.sendall(b"x")
+            assert b.recv(1) == b"x"  # the byte is there: it returns at once, yet may wait
+
+    with pytest.raises(Blocked, match=r"(?s)socket\.sendall on.*socket\.recv on") as caught:
+        run_unblocked(app, reads_a_blocking_socket)
+    assert "in reads_a_blocking_socket" in str(caught.value)
+
+    async def waits_the_right_way():
+        await asyncio.to_thread(time.sleep, 0.01)  # in a worker thread
+        a, b = socket.socketpair()
+        with a, b:
+            a.setblocking(False)
+            b.setblocking(False)
+            loop = asyncio.get_running_loop()
+            await loop.sock_sendall(a, b"x")
+            return await loop.sock_recv(b, 1)
+
+    assert run_unblocked(app, waits_the_right_way) == b"x"
+    assert (time.sleep, socket.socket.recv) == originals  # the wrappers are gone after a run
 
 
 def test_atrigger_passes_its_checks_on():
