@@ -11,6 +11,9 @@ import time
 from ductwork import Pipeline, Step
 
 FAULT_KEY = "fault_key"
+#: the collapse's key, of concurrency 1: its claim fills it, so its success is a release
+#: first, then an advancement (between_release_and_advance)
+FAULT_TOTAL_KEY = "fault_total_key"
 
 
 class Start(Step):
@@ -38,12 +41,12 @@ class Total(Step):
 
 
 class FaultPipeline(Pipeline):
-    """start → expand (keyed) → collapse (keyed, a leaf: its success is released, then
-    advanced by its worker): passes every fault checkpoint."""
+    """start → expand (keyed) → collapse (keyed by a full key, a leaf: its success is
+    released, then advanced by its worker): passes every fault checkpoint."""
 
     @classmethod
     def define(cls, p):
-        p.start(Start).expand(to=Work, limit_by=FAULT_KEY).collapse(into=Total, limit_by=FAULT_KEY)
+        p.start(Start).expand(to=Work, limit_by=FAULT_KEY).collapse(into=Total, limit_by=FAULT_TOTAL_KEY)
 
 
 def fault_pipeline_expected(n: int) -> dict:

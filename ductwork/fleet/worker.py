@@ -73,7 +73,7 @@ from ductwork.fleet.invoke import (
     returned,
 )
 from ductwork.fleet.steploop import STEP_LOOP
-from ductwork.limits.claims import claim_batch, complete_all_and_hand_off, complete_and_hand_off, seconds_to_next_token
+from ductwork.limits.claims import claim_batch, complete_all_and_hand_off, seconds_to_next_token
 from ductwork.limits.executions import (
     Claimed,
     ErrorInfo,
@@ -82,7 +82,6 @@ from ductwork.limits.executions import (
     record_crash,
     record_failure,
     record_invalid,
-    record_success,
     record_successes,
     released_later,
 )
@@ -634,7 +633,8 @@ class Worker:
         steps left ``advancing``): ``advance.advance_released`` of those that advance inline,
         by the process's :class:`ReleasedSteps` thread, or here and now for a worker
         without one. A crash before it leaves them to an advancer [INV-ADV-1]."""
-        later = [s.advance for s in successes if released_later(s) and isinstance(s.advance, InlineAdvance)]
+        later = [s.advance for s in successes
+                 if s.released and released_later(s) and isinstance(s.advance, InlineAdvance)]
         if not later:
             return
         faults.hit(faults.BETWEEN_RELEASE_AND_ADVANCE)
@@ -732,12 +732,11 @@ class Worker:
                 success, commits = Success(claimed, output, inline, together), self._inbox.commits
                 self._record(lambda: commits.record(success, self._hands_off(), self._commit_keyed))
                 return "success"
-            released = [Success(claimed, output, inline)]
+            alone = [Success(claimed, output, inline)]  # (complete_and_hand_off and record_success, of this one)
             if self._hands_off():
-                self._record(lambda: complete_and_hand_off(self.app, claimed, output, inline, limit=self.batch),
-                             released)
+                self._record(lambda: complete_all_and_hand_off(self.app, alone, limit=self.batch), alone)
             else:
-                self._record(lambda: record_success(self.app, claimed, output, inline), released)
+                self._record(lambda: record_successes(self.app, alone), alone)
             return "success"
         except CommitFailed as failed:
             log.warning("%s", failed)

@@ -159,7 +159,8 @@ def _running(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
             .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id))
 
 
-_RUNNING = [field.name for field in dataclasses.fields(Claimed) if field.name not in ("process_id", "claimed_at")]
+_RUNNING = [field.name for field in dataclasses.fields(Claimed)
+            if field.name not in ("process_id", "claimed_at", "fills_key")]  # (not columns: the claim's own)
 
 
 def _claimed(row: sa.Row[Any], process_id: str, claimed_at: datetime) -> Claimed:
@@ -485,7 +486,9 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, proc
     tx.execute(k.update().where(k.c.key == key).values(**values))
     if not admitted:
         return Refusal(key, "rate")
-    return [_claimed(row, process_id, tx.now) for row in admitted]
+    # the key is full once these are in flight: their releases are what waiting work needs first
+    full = entry is not None and entry.concurrency is not None and in_flight + len(admitted) >= entry.concurrency
+    return [dataclasses.replace(_claimed(row, process_id, tx.now), fills_key=full) for row in admitted]
 
 
 def seconds_to_next_token(app: App) -> float | None:

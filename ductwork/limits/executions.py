@@ -39,6 +39,7 @@ at DEBUG. Nothing is logged for an outcome that was not recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import traceback
@@ -89,11 +90,16 @@ class Claimed:
     crash_count: int
     process_id: str
     claimed_at: datetime
+    #: the claim left its key's concurrency full: other work of the key may wait for this
+    #: slot, so its success is recorded as a release first (``released_later``)
+    fills_key: bool = False
 
     @classmethod
     def from_row(cls, row: sa.Row[Any]) -> Claimed:
-        """From a row whose columns are labelled with the field names (``claims._load``)."""
-        return schema.from_row(cls, row)
+        """From a row whose columns are labelled with the field names (``claims._load``);
+        ``fills_key`` is no column: False (an unkeyed claim's)."""
+        mapping = row._mapping
+        return cls(**{f.name: mapping[f.name] for f in dataclasses.fields(cls) if f.name != "fills_key"})
 
 
 @dataclass(frozen=True)
@@ -240,7 +246,7 @@ def record_success(app: App, claimed: Claimed, output: Output,
     return record_successes(app, [Success(claimed, output, advance)], hand_off)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Success:
     """One execution's success, to be recorded: what :func:`record_successes` takes."""
 
@@ -252,6 +258,10 @@ class Success:
     #: locks first): returns the ids of the steps it advanced; when every success of a
     #: group carries the same one, it stands for their ``advance`` one by one
     advance_group: Callable[[Tx, list[Success]], set[str]] | None = None
+    #: set by the recording transaction: its step was left ``advancing`` by a keyed
+    #: release (:func:`releases_first`, or ready late under the key's lock), for its worker
+    #: to advance after the commit (``advance.advance_released``) or an advancer
+    released: bool = False
 
 
 class _Taken(Exception):
@@ -325,11 +335,13 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
             # its success is durable. A reaped execution rolls all of it back: the guard raises.
             if gather is not None:
                 successes.extend(gather())  # ready by now
-            _follow_up(tx, successes, inline=False)
+            first = releases_first(successes)  # else what follows is written here, before the lock
+            _follow_up(tx, successes, inline=not first)
             faults.hit(faults.BEFORE_RELEASE_KEY_LOCK)
             header = lock_for_release(tx, key)  # [INV-LIM-1, INV-CLK-1] the key's lock, then the clock
             late = gather() if gather is not None else []
-            if late:  # ready since: released in this hold too
+            if late:  # ready since: released in this hold too (advancing them here would lock branch
+                # and run rows after the key's: the lock order is branch, run, key)
                 successes.extend(late)
                 _follow_up(tx, late, inline=False)
             faults.hit(faults.IN_KEYED_GROUP_COMMIT)
@@ -371,6 +383,7 @@ def _follow_up(tx: Tx, successes: list[Success], *, inline: bool = True) -> None
     _write_outputs(tx, successes)
     for success in successes:
         _write_expand_items(tx, success)
+        success.released = not inline and success.claimed.limit_key is not None
     group = successes[0].advance_group
     if not inline:
         _mark_advancing(tx, [s.claimed.step_id for s in successes],
@@ -384,9 +397,20 @@ def _follow_up(tx: Tx, successes: list[Success], *, inline: bool = True) -> None
     _mark_advancing(tx, [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced])
 
 
+def releases_first(successes: list[Success]) -> bool:
+    """Whether keyed successes are recorded as a release first, their steps advanced after
+    the commit (``advance.advance_released``): when one of them was claimed into a full key
+    (``Claimed.fills_key``), whose freed slot other work may be waiting for. Otherwise
+    what follows them is written inline, in the same transaction, before the key's lock:
+    one transaction instead of two, for a key that is not binding. Both are recorded
+    exactly once; the choice only moves what follows the step into the next transaction."""
+    return any(s.claimed.limit_key is not None and s.claimed.fills_key for s in successes)
+
+
 def released_later(success: Success) -> bool:
-    """Whether a keyed success's step is advanced by its worker after the release
-    commits (its ``advance`` says it may advance inline: ``advance.InlineAdvance.simple``)."""
+    """Whether a keyed success released first (:func:`releases_first`) is advanced by its
+    worker after the release commits (its ``advance`` says it may advance inline:
+    ``advance.InlineAdvance.simple``)."""
     simple = getattr(success.advance, "simple", None)
     return success.claimed.limit_key is not None and simple is not None and bool(simple())
 
@@ -465,7 +489,7 @@ def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claime
         if claimed.limit_key:  # a release: the output first, so the key's lock is held only for the release
             if not _still_ours(tx, claimed):  # (a reaped execution's step may have moved on: nothing to follow)
                 raise CommitFailed(claimed.execution_id, claimed.process_id)
-            _follow_up(tx, [success], inline=False)
+            _follow_up(tx, [success], inline=not releases_first([success]))
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "success", None,
                          wake=False):
             raise CommitFailed(claimed.execution_id, claimed.process_id)  # (rolls back what followed)

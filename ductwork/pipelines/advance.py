@@ -996,7 +996,9 @@ def advance_released_steps(app: App, released: Sequence[InlineAdvance]) -> set[s
     """:func:`advance_released` in a transaction of its own, repeated on a lost
     connection; returns the ids of the steps advanced. An error is logged and changes
     nothing: the steps stay ``advancing`` and an advancer is woken for them (they were
-    recorded; only what follows them waits)."""
+    recorded; only what follows them waits). Steps it leaves without an error are an
+    advancer's already (it advanced or holds them, or failed on them and polls again):
+    no wakeup, which would only send advancers after the next releases too."""
     if not released:
         return set()
 
@@ -1008,10 +1010,9 @@ def advance_released_steps(app: App, released: Sequence[InlineAdvance]) -> set[s
         advanced: set[str] = dialects.retry_transient(once)
     except Exception:
         log.exception("advancing %d released steps failed; left to an advancer", len(released))
-        advanced = set()
-    if len(advanced) < len(released):
-        with app.begin() as tx:  # what is left is an advancer's: no poll interval to wait out
+        with contextlib.suppress(Exception), app.begin() as tx:  # no poll interval to wait out
             tx.wake_advancers()
+        return set()
     return advanced
 
 

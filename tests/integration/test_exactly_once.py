@@ -238,7 +238,8 @@ class KeyedChain(Pipeline):
 
 @pytest.fixture
 def keyed_app(db_url):
-    yield from _default_app(db_url, job_worker={"limits": {"released": {"concurrency": 2}}})
+    limits = {"released": {"concurrency": 1}, "roomy": {"concurrency": 2}}
+    yield from _default_app(db_url, job_worker={"limits": limits})
 
 
 def _released(app):
@@ -247,6 +248,7 @@ def _released(app):
     run = KeyedChain.trigger(1)
     pid = register(app, role="test", label="releaser")
     claimed = claim(app, pid)
+    assert claimed.fills_key  # concurrency 1: the key is full while it runs
     definition = cached_definition(app, claimed.definition_sha1)
     output = make_output(claimed.klass, definition, claimed.node, 1)
     inline = InlineAdvance(claimed, definition, output.value_json)
@@ -269,6 +271,28 @@ def test_a_released_step_is_advanced_by_its_worker_without_an_advancer(keyed_app
     assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
     with keyed_app.begin() as tx:
         assert candidates(tx, 10) == []
+
+
+class RoomyChain(Pipeline):
+    """Two keyed steps on a key with room for both."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Num, limit_by="roomy").chain(to=Num, limit_by="roomy")
+
+
+def test_a_keyed_success_on_a_key_with_room_advances_in_its_own_transaction(keyed_app):
+    """A claim that leaves its key below its concurrency: nothing can be waiting for its
+    slot, so its success writes what follows it in the transaction that records it (one
+    transaction, no second one), as an unkeyed success does."""
+    run = RoomyChain.trigger(1)
+    pid = register(keyed_app, role="test", label="roomy")
+    claimed = claim(keyed_app, pid)
+    assert not claimed.fills_key
+    definition = cached_definition(keyed_app, claimed.definition_sha1)
+    output = make_output(claimed.klass, definition, claimed.node, 1)
+    assert record_success(keyed_app, claimed, output, InlineAdvance(claimed, definition, output.value_json)) == []
+    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
 
 
 def test_a_keyed_success_is_advanced_by_its_worker_after_the_release(keyed_app):

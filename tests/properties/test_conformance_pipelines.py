@@ -76,14 +76,17 @@ from tests.properties.strategies import pipeline_configs, pipeline_scenarios
 EXAMPLES = {"dev": 15, "ci": 40, "deep": 400}
 
 
-def engine_config(config, batch: int | None = None) -> Config:
+def engine_config(config, batch: int | None = None, released: bool = False) -> Config:
     """The engine's configuration for the model's ``config``; ``batch``: the size of the
-    worker's group commits and of the advancer's batches (default: the engine's)."""
+    worker's group commits and of the advancer's batches (default: the engine's);
+    ``released``: the scenarios' keys ``a`` and ``b`` of concurrency 1, so every keyed
+    claim fills its key and its success is a release first (``releases_first``)."""
     batches = {} if batch is None else {"batch_size": batch}
+    limits = {"limits": {"a": {"concurrency": 1}, "b": {"concurrency": 1}}} if released else {}
     return Config.from_section({
         "job_worker": {"max_retry": config.max_retry, "max_crash": config.max_crash,
                        "retry_delay": config.retry_delay_us / 1e6, "crash_backoff": config.crash_delay_us / 1e6,
-                       **batches},
+                       **batches, **limits},
         "pipeline_advancer": {"expand_batch": config.expand_batch, "max_retry": config.advancer_max_retry,
                               "max_crash": config.advancer_max_crash,
                               **({} if batch is None else {"advance_batch": batch})},
@@ -156,7 +159,7 @@ def check_agreement(url: str, engine, scenario, config, batch: int | None = None
     expected = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,), batch=batch,
                                  released=released).as_json()
     reset_tables(engine)
-    app = App(url, engine_config(config, batch), ManualClock(datetime(2026, 1, 1)), engine=engine)
+    app = App(url, engine_config(config, batch, released), ManualClock(datetime(2026, 1, 1)), engine=engine)
     oracle_steps.install(app, oracle)
     # Steps that declare timeout= run in a child process, where this process's oracle is
     # not installed; routing never depends on it and the oracle produces timeouts itself
