@@ -13,15 +13,17 @@ crashing is idempotent when several reapers race [INV-EXE-2].
 A keyed execution's release locks its key's header row, reads the clock again and
 takes the key's next sequence number, so every change to a key's in-flight set is
 ordered under one lock, in time as in sequence (what the concurrency checker sweeps)
-[INV-LIM-1, INV-LIM-3, INV-CLK-1]. A keyed success is a release: the job's output and
-the step left ``advancing`` are written first, then the key's lock is taken for the
-release and the hand-off only, and the branch is advanced after the commit, in a
-transaction of its own (``advance.advance_released``, by the worker that recorded it,
-or by an advancer if that worker dies first), so a slot is free as soon as its
-success is durable and never waits for what follows the step. The guard comes after
-the first writes then, and a reaped execution rolls them back with it. An unkeyed
-success advances its branch inline, in its own transaction. Failures, timeouts and
-crashes release first.
+[INV-LIM-1, INV-LIM-3, INV-CLK-1]. A keyed success whose claim filled its key
+(``Claimed.fills_key``: other work may wait for the slot) is a release: the job's
+output and the step left ``advancing`` are written first, then the key's lock is taken
+for the release and the hand-off only, and the branch is advanced after the commit, in
+a transaction of its own (``advance.advance_released``, by the worker that recorded it,
+or by an advancer if that worker dies first), so the slot is free as soon as the
+success is durable and never waits for what follows the step. On a key with room,
+what follows the step is written inline first, in the same transaction, before the
+key's lock. The guard comes after those first writes, and a reaped execution rolls
+them back with it. An unkeyed success advances its branch inline, in its own
+transaction. Failures, timeouts and crashes release first.
 
 What follows in the same transaction: success keeps the output and moves the step
 to ``advancing``; a failure or timeout enqueues a retry while ``retry_count <
@@ -235,11 +237,12 @@ def record_success(app: App, claimed: Claimed, output: Output,
                    hand_off: Callable[[Tx], list[Claimed]] | None = None) -> list[Claimed]:
     """Record success: the job's output, expand items, the step ``advancing``. Raises CommitFailed.
 
-    ``advance(tx)`` may advance the branch past an unkeyed step in this same
-    transaction (a linear edge: ``advance.advance_on_success``); when it returns False
-    the step is left ``advancing`` for an advancer. A keyed step is always left
-    ``advancing``: its caller advances it after the commit (``advance.advance_released``)
-    or leaves it to an advancer. ``hand_off(tx)`` may then claim the next
+    ``advance(tx)`` may advance the branch past the step in this same transaction (a
+    linear edge: ``advance.advance_on_success``); when it returns False the step is left
+    ``advancing`` for an advancer. A keyed step whose claim filled its key
+    (:func:`releases_first`) is always left ``advancing``: its caller advances it after
+    the commit (``advance.advance_released``; ``Success.released`` says so) or leaves it
+    to an advancer. ``hand_off(tx)`` may then claim the next
     execution of the step's lane in this same transaction (``claims.hand_off``); what it
     claims is returned, and the caller must perform it.
     """
@@ -282,8 +285,9 @@ def record_successes(app: App, successes: list[Success],
     error is then raised, once the other successes are recorded, and only the step
     that caused it is left unrecorded, so its siblings' crash budgets are not spent on
     it. A batch of one key's executions (a keyed group commit) first writes the jobs'
-    outputs and leaves the steps ``advancing`` (for ``advance_released`` after the
-    commit), then takes the key's lock, reads the clock again, and releases each execution with its own
+    outputs and either leaves the steps ``advancing`` (:func:`releases_first`: for
+    ``advance_released`` after the commit) or advances them inline, then takes the key's
+    lock, reads the clock again, and releases each execution with its own
     sequence number, in the order given (``seq + 1``, ``seq + 2``, …), under that one
     lock hold, with the hand-off [INV-LIM-1, INV-CLK-1]; a batch that mixes keys, or keyed
     and unkeyed executions, is recorded one by one. ``gather()`` (keyed only) is called
