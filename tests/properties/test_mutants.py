@@ -105,7 +105,10 @@ DETECTORS = {
     "hook_fence_dropped": HOOK_STALE,
     "hook_claims_running": HOOK_STALE,
     "hook_retries_forever": HOOK_CONFORMANCE,
-    "hook_crashes_forever": HOOK_CONFORMANCE,
+    # (the hook conformance hunt found it only for some derandomized draws, and a change to
+    # the hunt's code moved them: this test spends the crash budget outright)
+    "hook_crashes_forever":
+        "tests/integration/test_halt_hooks.py::test_a_handler_that_cannot_be_built_is_re_run_then_fails[sqlite]",
     "hook_not_reaped":
         "tests/integration/test_halt_hook_faults.py::test_hook_checkpoint[sqlite-after_hook_claim-kill]",
     "prune_without_recheck":
