@@ -44,7 +44,7 @@ MUST_BE_PROVEN = {
 pytestmark = pytest.mark.slow
 
 
-def _run(*args: str, timeout_s: float) -> dict[str, dict]:
+def _run(*args: str, timeout_s: float, cpu_s: float = PER_CONTRACT_CPU_S) -> dict[str, dict]:
     # CrossHair stays out of this process (its tracer belongs in the child); missing is a
     # failure, not a skip: the test extra installs it
     assert importlib.util.find_spec("crosshair"), "crosshair-tool is missing: pip install -e '.[test]'"
@@ -52,7 +52,7 @@ def _run(*args: str, timeout_s: float) -> dict[str, dict]:
     # nor does coverage measure the child: two tracers in one interpreter would distort both
     env.pop("COVERAGE_PROCESS_START", None)
     done = subprocess.run(
-        [sys.executable, "-m", "tests.symbolic", "--json", "--timeout", str(PER_CONTRACT_CPU_S), *args],
+        [sys.executable, "-m", "tests.symbolic", "--json", "--timeout", str(cpu_s), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
     )
     results = {r["name"]: r for r in map(json.loads, done.stdout.splitlines())}
@@ -68,7 +68,12 @@ def test_no_counterexample_to_the_limit_arithmetic():
     found = {name: r["detail"] for name, r in results.items() if r["outcome"] == "counterexample"}
     assert not found, f"CrossHair found counterexamples: {found}"
     not_proven = {name: results[name]["outcome"] for name in MUST_BE_PROVEN if results[name]["outcome"] != "proven"}
-    assert not not_proven, f"no longer proven within {PER_CONTRACT_CPU_S} CPU s: {not_proven}"
+    if not_proven and set(not_proven.values()) == {"timed out"}:
+        # CPU time still varies with a loaded machine's caches: a proof that ran out of time
+        # (never a counterexample) gets one more attempt alone, with four times the budget
+        again = _run(*sorted(not_proven), timeout_s=600, cpu_s=4 * PER_CONTRACT_CPU_S)
+        not_proven = {name: again[name]["outcome"] for name in not_proven if again[name]["outcome"] != "proven"}
+    assert not not_proven, f"no longer proven within {4 * PER_CONTRACT_CPU_S} CPU s: {not_proven}"
 
 
 @pytest.mark.parametrize(
