@@ -276,8 +276,8 @@ MUTANTS: dict[str, Mutant] = {
         "a worker's second transaction advances a released step even while an advancer holds its branch "
         "[INV-ADV-2]",
         "a worker's second transaction advances a released step only on a free branch [INV-ADV-2]",
-        (('or branch.claim_token is not None or branch.status != "in_progress"  # [INV-ADV-2] held, or ended',
-          "or False  # mutant: held or not"),
+        (('or branch.claim_token is not None or branch.status != "in_progress"):  # [INV-ADV-2] held, or ended',
+          "or False):  # mutant: held or not"),
          # (a claim writes an advancement row in its transaction: the history check would refuse it too)
          ("or row.id in touched  # an advancer's since: its budgets decide", "or False  # mutant")),
     ),

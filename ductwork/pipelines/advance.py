@@ -349,9 +349,8 @@ class Advancer:
         with self.app.begin(readonly=True) as tx:
             rows = tx.execute(sa.select(j.c.step_id, j.c.output_payload)
                               .where(j.c.step_id.in_(dialects.inline_ids([c.step.id for c in claims])))).all()
-        found = {row.step_id: json.loads(row.output_payload) for row in rows if row.output_payload is not None}
-        return {step_id: json.dumps(value["payload"]) for step_id, value in found.items()
-                if "payload" in value}  # (an expand's is its item count: never a simple move)
+        found = {row.step_id: _value_json(row.output_payload) for row in rows}
+        return {step_id: value for step_id, value in found.items() if value is not None}
 
     def _batch_move(self, c: BranchClaim, value_json: str | None) -> Move | None:
         """The move of a claimed branch when it is a simple transition (decided as
@@ -976,20 +975,25 @@ def advance_released(tx: Tx, released: Sequence[InlineAdvance]) -> set[str]:
         branch = branches[i.claimed.branch_id]
         if (row.status != "advancing"  # [INV-ADV-1] advanced meanwhile: moved past once
                 or row.id in touched  # an advancer's since: its budgets decide
-                or branch.claim_token is not None or branch.status != "in_progress"  # [INV-ADV-2] held, or ended
-                or row.output_payload is None):
+                or branch.claim_token is not None or branch.status != "in_progress"):  # [INV-ADV-2] held, or ended
             continue
-        stored = json.loads(row.output_payload)
-        if "payload" not in stored:
-            continue  # an expand's item count: never a simple move
-        value_json = json.dumps(stored["payload"])
-        found = simple_move(i.definition, i.claimed.node, value_json)
+        value_json = _value_json(row.output_payload)
+        found = None if value_json is None else simple_move(i.definition, i.claimed.node, value_json)
         if found is not None:
             status, node, kind = found
             moves.append(Move(i.claimed.branch_id, i.claimed.run_id, row.id, "advancing", status, node, kind,
                               value_json))
     definitions = {i.claimed.run_id: i.definition for i in by_step.values()}
     return _move_free(tx, moves, definitions, {sid: i.claimed.process_id for sid, i in by_step.items()})
+
+
+def _value_json(output_payload: str | None) -> str | None:
+    """The JSON text of a succeeded step's value from its job's stored output; None when
+    there is none, or it is an expand's item count (never a simple move)."""
+    if output_payload is None:
+        return None
+    stored = json.loads(output_payload)
+    return json.dumps(stored["payload"]) if "payload" in stored else None
 
 
 def advance_released_steps(app: App, released: Sequence[InlineAdvance]) -> set[str]:
