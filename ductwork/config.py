@@ -182,6 +182,13 @@ class JobWorkerConfig:
     #: seconds of recent-pace work a batch may hold: a claimed execution waits behind
     #: its siblings, and a success stays unrecorded, for about this long
     batch_window: float = 0.05
+    #: seconds a keyed step's body must have run for its success, on a key its claim
+    #: filled, to release the key's slot before the step is advanced (a second
+    #: transaction, ``advance.advance_released``); a faster body's success writes what
+    #: follows it inline, in one transaction: work that fast is CPU-bound, and the second
+    #: transaction costs more than the earlier release gains. 0: every such success
+    #: releases first
+    release_first_after: float = 0.005
     #: per-pipeline/per-step ``max_retry``: ``{pipeline: {"default" | step: n}}``
     max_retry_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
     #: per-pipeline/per-step ``max_crash``, same shape
@@ -268,7 +275,7 @@ def _logging(value: Any) -> LoggingConfig:
 
 
 _JOB_WORKER_SCALARS = ("count", "processes", "polling_timeout", "shutdown_timeout", "retry_delay",
-                       "crash_backoff", "hand_off", "batch_size", "batch_window")
+                       "crash_backoff", "hand_off", "batch_size", "batch_window", "release_first_after")
 _JOB_WORKER_KEYS = (*_JOB_WORKER_SCALARS, "max_retry", "max_crash", "limits")
 _ADVANCER_KEYS = tuple(f.name for f in dataclasses.fields(PipelineAdvancerConfig))
 _SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))
@@ -279,6 +286,8 @@ _COUNT_FIELDS = {"count": MAX_COUNT, "processes": MAX_COUNT, "expand_batch": MAX
                  "batch_size": MAX_BATCH_SIZE}
 _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
 _FLAG_FIELDS = frozenset({"inline_linear", "hand_off"})
+#: time fields that may also be 0
+_MAY_BE_ZERO = frozenset({"release_first_after"})
 
 
 #: a process's lease (reaper_timeout minus its margin, ductwork.fleet.supervisor.lease_margin) must
@@ -331,6 +340,8 @@ def _scalars(path: str, body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[
             values[key] = _count(key_path, body[key], _COUNT_FIELDS[key])
         elif key in _BUDGET_FIELDS:
             values[key] = _budget(key_path, body[key])
+        elif key in _MAY_BE_ZERO and type(body[key]) in (int, float) and body[key] == 0:
+            values[key] = 0.0  # (0 means "always"; every other value is a positive time)
         else:
             values[key] = _seconds(key_path, body[key])
     return values

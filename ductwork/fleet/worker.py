@@ -683,13 +683,15 @@ class Worker:
         """Run the step (or take ``awaited``: what its coroutine returned or raised on the
         step loop) and record its outcome; returns the outcome's name."""
         definition = cached_definition(self.app, claimed.definition_sha1)
+        ran_s: float | None = None  # (an awaited body is not timed here)
         try:
             try:
                 if awaited is _NOT_AWAITED:
                     check_configured(claimed)  # before anything is built here or in a child process
                     started = time.monotonic()
                     output = self._invoke(claimed, definition)
-                    self._paced(time.monotonic() - started)
+                    ran_s = time.monotonic() - started
+                    self._paced(ran_s)
                     faults.hit(faults.DURING_JOB_EXECUTION)
                 else:
                     output = self._output(claimed, definition, _value_of(awaited))
@@ -726,13 +728,13 @@ class Worker:
             if group:  # recorded with the batch's group commit (run_once flushes it)
                 if not self._group:
                     self._group_started = time.monotonic()
-                self._group.append(Success(claimed, output, inline, together))
+                self._group.append(Success(claimed, output, inline, together, ran_s=ran_s))
                 return "success"
             if claimed.limit_key is not None and self._inbox is not None:  # the process's keyed group commit
-                success, commits = Success(claimed, output, inline, together), self._inbox.commits
+                success, commits = Success(claimed, output, inline, together, ran_s=ran_s), self._inbox.commits
                 self._record(lambda: commits.record(success, self._hands_off(), self._commit_keyed))
                 return "success"
-            alone = [Success(claimed, output, inline)]  # (complete_and_hand_off and record_success, of this one)
+            alone = [Success(claimed, output, inline, ran_s=ran_s)]  # (complete_and_hand_off, record_success)
             if self._hands_off():
                 self._record(lambda: complete_all_and_hand_off(self.app, alone, limit=self.batch), alone)
             else:

@@ -261,6 +261,9 @@ class Success:
     #: locks first): returns the ids of the steps it advanced; when every success of a
     #: group carries the same one, it stands for their ``advance`` one by one
     advance_group: Callable[[Tx, list[Success]], set[str]] | None = None
+    #: seconds its body ran, as its worker timed it (None: not timed, as a slow body):
+    #: :func:`releases_first` releases a full key's slot first only after a slow body
+    ran_s: float | None = None
     #: set by the recording transaction: its step was left ``advancing`` by a keyed
     #: release (:func:`releases_first`, or ready late under the key's lock), for its worker
     #: to advance after the commit (``advance.advance_released``) or an advancer
@@ -339,7 +342,8 @@ def _record_batch(app: App, successes: list[Success], hand_off: Callable[[Tx], l
             # its success is durable. A reaped execution rolls all of it back: the guard raises.
             if gather is not None:
                 successes.extend(gather())  # ready by now
-            first = releases_first(successes)  # else what follows is written here, before the lock
+            # else what follows is written here, before the lock
+            first = releases_first(successes, app.config.job_worker.release_first_after)
             _follow_up(tx, successes, inline=not first)
             faults.hit(faults.BEFORE_RELEASE_KEY_LOCK)
             header = lock_for_release(tx, key)  # [INV-LIM-1, INV-CLK-1] the key's lock, then the clock
@@ -401,14 +405,23 @@ def _follow_up(tx: Tx, successes: list[Success], *, inline: bool = True) -> None
     _mark_advancing(tx, [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced])
 
 
-def releases_first(successes: list[Success]) -> bool:
+def releases_first(successes: list[Success], after_s: float) -> bool:
     """Whether keyed successes are recorded as a release first, their steps advanced after
     the commit (``advance.advance_released``): when one of them was claimed into a full key
-    (``Claimed.fills_key``), whose freed slot other work may be waiting for. Otherwise
-    what follows them is written inline, in the same transaction, before the key's lock:
-    one transaction instead of two, for a key that is not binding. Both are recorded
-    exactly once; the choice only moves what follows the step into the next transaction."""
-    return any(s.claimed.limit_key is not None and s.claimed.fills_key for s in successes)
+    (``Claimed.fills_key``), whose freed slot other work may be waiting for, and its body
+    ran at least ``after_s`` (``job_worker.release_first_after``; an untimed body counts
+    as slow). Otherwise what follows them is written inline, in the same transaction,
+    before the key's lock: one transaction instead of two, for a key that is not binding
+    or for bodies so fast that the work is CPU-bound and a second transaction costs more
+    than the earlier release gains (bench/RESULTS.md, issue 15's fifth pass). Both are
+    recorded exactly once; the choice only moves what follows the step into the next
+    transaction.
+
+    >>> releases_first([], 0.005)
+    False
+    """
+    return any(s.claimed.limit_key is not None and s.claimed.fills_key
+               and (s.ran_s is None or s.ran_s >= after_s) for s in successes)
 
 
 def released_later(success: Success) -> bool:
@@ -493,7 +506,7 @@ def _record_one(app: App, success: Success, hand_off: Callable[[Tx], list[Claime
         if claimed.limit_key:  # a release: the output first, so the key's lock is held only for the release
             if not _still_ours(tx, claimed):  # (a reaped execution's step may have moved on: nothing to follow)
                 raise CommitFailed(claimed.execution_id, claimed.process_id)
-            _follow_up(tx, [success], inline=not releases_first([success]))
+            _follow_up(tx, [success], inline=not releases_first([success], app.config.job_worker.release_first_after))
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, "success", None,
                          wake=False):
             raise CommitFailed(claimed.execution_id, claimed.process_id)  # (rolls back what followed)

@@ -238,8 +238,16 @@ class KeyedChain(Pipeline):
 
 @pytest.fixture
 def keyed_app(db_url):
+    """Keys ``released`` (concurrency 1: every claim fills it) and ``roomy`` (2); every
+    success on a full key released first, however fast its body (``release_first_after: 0``)."""
     limits = {"released": {"concurrency": 1}, "roomy": {"concurrency": 2}}
-    yield from _default_app(db_url, job_worker={"limits": limits})
+    yield from _default_app(db_url, job_worker={"limits": limits, "release_first_after": 0})
+
+
+@pytest.fixture
+def paced_app(db_url):
+    """``keyed_app``'s keys with the default ``release_first_after``."""
+    yield from _default_app(db_url, job_worker={"limits": {"released": {"concurrency": 1}}})
 
 
 def _released(app):
@@ -303,6 +311,23 @@ def test_a_keyed_success_is_advanced_by_its_worker_after_the_release(keyed_app):
     assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
     with keyed_app.begin() as tx:
         assert candidates(tx, 10) == []
+
+
+def test_a_fast_keyed_success_on_a_full_key_advances_in_its_own_transaction(paced_app, monkeypatch):
+    """A worker's keyed step whose body ran faster than ``release_first_after`` (5 ms) on
+    a key its claim filled: what follows it is written in the transaction that records it,
+    not released first (no second transaction: fast work is CPU-bound). Its successor
+    exists, and the worker's second transaction was never asked for anything."""
+    import ductwork.fleet.worker as worker_module
+
+    asked: list = []
+    real = worker_module.advance_released_steps
+    monkeypatch.setattr(worker_module, "advance_released_steps",
+                        lambda app, items: asked.extend(items) or real(app, items))
+    run = KeyedChain.trigger(1)
+    assert Worker(paced_app).run_once().outcome == "success"
+    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+    assert asked == []
 
 
 def test_a_released_step_an_advancer_advanced_meanwhile_is_not_advanced_again(keyed_app, caplog):

@@ -82,7 +82,8 @@ def engine_config(config, batch: int | None = None, released: bool = False) -> C
     ``released``: the scenarios' keys ``a`` and ``b`` of concurrency 1, so every keyed
     claim fills its key and its success is a release first (``releases_first``)."""
     batches = {} if batch is None else {"batch_size": batch}
-    limits = {"limits": {"a": {"concurrency": 1}, "b": {"concurrency": 1}}} if released else {}
+    limits = {"limits": {"a": {"concurrency": 1}, "b": {"concurrency": 1}},
+              "release_first_after": 0} if released else {}  # (the oracle's bodies take no time)
     return Config.from_section({
         "job_worker": {"max_retry": config.max_retry, "max_crash": config.max_crash,
                        "retry_delay": config.retry_delay_us / 1e6, "crash_backoff": config.crash_delay_us / 1e6,

@@ -9,6 +9,8 @@ The claims a batch makes are checked against the model in
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -48,17 +50,42 @@ def _job_worker(**values):
 
 def test_batch_settings_default_and_parse():
     defaults = _job_worker()
-    assert (defaults.batch_size, defaults.batch_window) == (64, 0.05)
-    chosen = _job_worker(batch_size=1, batch_window=0.2)
-    assert (chosen.batch_size, chosen.batch_window) == (1, 0.2)
+    assert (defaults.batch_size, defaults.batch_window, defaults.release_first_after) == (64, 0.05, 0.005)
+    chosen = _job_worker(batch_size=1, batch_window=0.2, release_first_after=0)
+    assert (chosen.batch_size, chosen.batch_window, chosen.release_first_after) == (1, 0.2, 0)
 
 
 @pytest.mark.parametrize(("key", "value"), [
     ("batch_size", 0), ("batch_size", MAX_BATCH_SIZE + 1), ("batch_size", "16"), ("batch_size", True),
     ("batch_size", 2.5), ("batch_window", -1), ("batch_window", "soon"),
+    ("release_first_after", -0.001), ("release_first_after", "soon"), ("release_first_after", True),
 ])
 def test_bad_batch_settings_name_their_path(key, value):
     with pytest.raises(ConfigError) as info:
         _job_worker(**{key: value})
     assert info.value.path == f"job_worker.{key}"
     assert info.value.value == value
+
+
+def _success(key, fills, ran_s):
+    from ductwork.limits.executions import Success
+
+    claimed = SimpleNamespace(limit_key=key, fills_key=fills)
+    return Success(claimed, None, ran_s=ran_s)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("key", "fills", "ran_s", "expected"), [
+    ("k", True, 0.005, True),     # a full key, a body of exactly release_first_after: released first
+    ("k", True, 0.0049, False),   # just faster: what follows is written inline
+    ("k", True, None, True),      # an untimed body counts as slow
+    ("k", False, 1.0, False),     # a key with room: inline, however slow
+    (None, True, 1.0, False),     # unkeyed: never a release
+])
+def test_releases_first_needs_a_full_key_and_a_body_no_faster_than_the_setting(key, fills, ran_s, expected):
+    from ductwork.limits.executions import releases_first
+
+    assert releases_first([_success(key, fills, ran_s)], 0.005) is expected
+    # one such success in a group is enough; none is nothing
+    assert releases_first([_success("k", False, 1.0), _success(key, fills, ran_s)], 0.005) is expected
+    assert releases_first([], 0.0) is False
+    assert releases_first([_success("k", True, 0.0)], 0.0) is True  # 0: every full-key success
