@@ -312,3 +312,20 @@ def test_a_key_enforced_with_other_values_is_rebased_by_a_claim_and_left_by_a_ha
     row = world.key_row("ceiling")
     assert row.config_digest == (entry_digest(bounds_app.config.limits["ceiling"]) if rebased else "another-config")
     assert row.blocked_until == (None if rebased else NOW + timedelta(hours=1))
+
+
+@pytest.mark.parametrize("path", ["claim", "batch"])
+def test_a_rebase_keeps_an_empty_buckets_level(bounds_app, path):
+    """The rate key's row carries another config's digest and its 1 s bucket holds less
+    than a token: the poll or batch that re-bases it on this process's values keeps the
+    bucket's level (it never adds tokens) and claims nothing, leaving the bucket as it
+    was [INV-LIM-2, INV-LIM-4]."""
+    world = World(bounds_app)
+    world.pending("rated", 3)
+    world.bucket("rated", TOKEN - 1)
+    with bounds_app.begin() as tx:
+        tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == "rated")
+                   .values(config_digest="another-config"))
+    assert world.take(path, [], 3) == []
+    assert world.buckets("rated") == [(TOKEN - 1, to_us(NOW))]
+    assert world.key_row("rated").config_digest == entry_digest(bounds_app.config.limits["rated"])

@@ -67,10 +67,16 @@ def test_hook_checkpoint(hook_app, db_url, checkpoint, action, tmp_path, monkeyp
     (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
     reap(app, ready.split()[1], force=True)  # its supervisor would force-reap it now
     reap_stale(app, None)
+    h = schema.halt_hooks
+    died = action in ("kill", "exit")
+    crashed_holding_claim = died and checkpoint in (faults.AFTER_HOOK_CLAIM, faults.IN_HOOK_COMMIT)
+    if crashed_holding_claim:  # [INV-HLT-2] the reap itself gives the dead worker's hook back
+        with app.begin() as tx:
+            held = tx.execute(sa.select(h.c.status, h.c.claim_token).where(h.c.run_id == run.id)).one()
+        assert tuple(held) == ("pending", None)
     drain(app, timeout=60)
 
     assert run.refresh().status == "halted"
-    h = schema.halt_hooks
     with app.begin() as tx:
         rows = tx.execute(sa.select(h).where(h.c.run_id == run.id)).all()
     [hook] = rows  # [INV-HLT-1] one hook, one recorded outcome
@@ -79,8 +85,6 @@ def test_hook_checkpoint(hook_app, db_url, checkpoint, action, tmp_path, monkeyp
     assert attempts
     assert {line.split()[0] for line in attempts} == {hook.id}  # the same idempotency key
     assert {line.split()[1] for line in attempts} == {run.id}
-    died = action in ("kill", "exit")
-    crashed_holding_claim = died and checkpoint in (faults.AFTER_HOOK_CLAIM, faults.IN_HOOK_COMMIT)
     # [INV-HLT-2] a claim held by a dead worker is crashed and re-run; one raised in the
     # worker's own thread is crashed by the worker itself
     raised_in_hook = action == "raise" and checkpoint != faults.BETWEEN_HALT_AND_HOOK

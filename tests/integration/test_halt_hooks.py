@@ -74,8 +74,20 @@ class AlwaysFails(Remember):
         raise ConnectionError("pager down")
 
 
+class BuiltPastItsBudget(BaseException):
+    """Raised by :class:`BrokenInit` once built more often than its crash budget allows: a
+    BaseException, so it leaves the worker and ``drain`` at once (no waiting out a deadline)."""
+
+
 class BrokenInit(Step):
+    #: builds so far, and the most the crash budget allows (set by the test)
+    builds = 0
+    allowed = 0
+
     def __init__(self, halt):  # noqa: ARG002 - takes the halt, and fails to build
+        BrokenInit.builds += 1
+        if BrokenInit.builds > BrokenInit.allowed:
+            raise BuiltPastItsBudget(f"built {BrokenInit.builds} times; the budget allows {BrokenInit.allowed}")
         raise KeyError("cannot build")
 
     def execute(self):  # pragma: no cover - never reached
@@ -184,10 +196,14 @@ def test_a_handler_that_always_fails_ends_failed_after_its_budget(manual_app, ca
 
 
 def test_a_handler_that_cannot_be_built_is_re_run_then_fails(manual_app):
+    """A handler whose build crashes runs once and is re-run ``max_crash`` times, then its
+    hook fails; one build more ends the test at once [INV-HLT-2]."""
+    budget = manual_app.config.job_worker.max_crash
+    BrokenInit.builds, BrokenInit.allowed = 0, budget + 1
     run = halting(BrokenInit).trigger(1)
     drain(manual_app, timeout=60)
+    assert BrokenInit.builds == budget + 1
     [hook] = hooks(manual_app, run.id)
-    budget = manual_app.config.job_worker.max_crash
     assert (hook.status, hook.crash_count, hook.last_outcome) == ("failed", budget, "process_crashed")
     assert hook.error_klass == "builtins.KeyError"
 
