@@ -5,8 +5,8 @@
     >>> job_halt_reason("process_crashed")
     'job_crashes_exhausted'
 
-No SQL, no clock, no configuration: the transactions of ``runs``, ``trigger``, ``hooks``
-and ``advance`` read the rows (and the database time, and the budgets of the pipeline's
+No SQL, no clock, no configuration: the transactions of ``runs``, ``trigger``, ``hooks``,
+``advance`` and ``prune`` read the rows (and the database time, and the budgets of the pipeline's
 configuration) under their locks, call a rule, and write what it returns in the same
 transaction. Each rule is the engine's side of a rule of ``model/pipelines.py``, named
 as the model names it where it has a public name (``resolve_run_status``,
@@ -78,6 +78,20 @@ def key_expired(holder: KeyHolder, now: datetime, window_us: int) -> bool:
     finished = holder.completed_at if holder.status == "completed" else \
         holder.halted_at if holder.status == "halted" else None
     return finished is not None and finished + timedelta(microseconds=window_us) <= now  # [INV-TRG-1]
+
+
+# --------------------------------------------------------------------------- prune
+
+#: the run statuses a prune may delete [INV-PRN-1]
+PRUNABLE = ("completed", "halted")
+
+
+def may_prune(status: str, finished_at: datetime | None, cutoff: datetime, hook_open: bool) -> bool:
+    """The live-run guard: only a completed or halted run that finished before the cutoff
+    (strictly: a run finished at the cutoff stays), and owes no on_halt hook still to run,
+    may be deleted [INV-PRN-1]. ``prune.prune_batch`` calls it on each candidate as re-read
+    under its row lock; the model's ``PipelinesModel._may_prune``."""
+    return status in PRUNABLE and finished_at is not None and finished_at < cutoff and not hook_open  # [INV-PRN-1]
 
 
 # --------------------------------------------------------------------------- halts

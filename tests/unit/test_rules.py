@@ -5,7 +5,8 @@ compared: a run's status from its branches' statuses (and the model's
 ``resolve_run_status`` on every set of statuses) [INV-RUN-1]; when a trigger key's window
 has elapsed (exactly the window is enough, a microsecond less is not; only a completed or
 halted run, by its own finish time) [INV-TRG-1]; a failed step's halt reason; the
-advancer's crash and routing-error budgets (reached exactly); where a success's simple
+advancer's crash and routing-error budgets (reached exactly); which runs a prune may
+delete (final, finished strictly before the cutoff, no open hook) [INV-PRN-1]; where a success's simple
 transition takes its branch; and an on_halt hook's columns after each outcome, with its
 retry and crash budgets reached exactly and the crash back-off's first delayed re-run
 [INV-HLT-2]. The transactions that call them are tested on every database in
@@ -22,6 +23,7 @@ import pytest
 from ductwork.pipelines.definition import Definition, EdgeSpec, NodeSpec
 from ductwork.pipelines.rules import (
     INVALID_HALTS,
+    PRUNABLE,
     UNKNOWN_CLASS,
     KeyHolder,
     advancer_crashes_exhausted,
@@ -29,6 +31,7 @@ from ductwork.pipelines.rules import (
     decide_hook,
     job_halt_reason,
     key_expired,
+    may_prune,
     resolve_run_status,
     simple_move,
 )
@@ -100,6 +103,30 @@ def test_the_window_is_counted_in_microseconds():
     finished = _holder("completed", completed_at=NOW - timedelta(microseconds=5))
     assert key_expired(finished, NOW, 5) is True
     assert key_expired(finished, NOW, 6) is False
+
+
+# --------------------------------------------------------------------------- may_prune
+
+CUTOFF = NOW - timedelta(days=30)
+
+
+@pytest.mark.parametrize(("status", "finished_at", "hook_open", "prunable"), [
+    ("completed", CUTOFF - TICK, False, True),
+    ("halted", CUTOFF - TICK, False, True),
+    ("completed", CUTOFF, False, False),  # finished at the cutoff exactly: kept
+    ("completed", CUTOFF + TICK, False, False),
+    ("halted", CUTOFF - TICK, True, False),  # its on_halt hook is still owed: live work
+    ("completed", None, False, False),
+    ("in_progress", CUTOFF - TICK, False, False),
+    ("dampened", CUTOFF - TICK, False, False),
+])
+def test_only_a_final_run_finished_before_the_cutoff_with_no_open_hook_is_pruned(
+        status, finished_at, hook_open, prunable):
+    assert may_prune(status, finished_at, CUTOFF, hook_open) is prunable
+
+
+def test_the_prunable_statuses_are_the_final_ones():
+    assert PRUNABLE == ("completed", "halted")
 
 
 # --------------------------------------------------------------------------- job_halt_reason
