@@ -311,7 +311,7 @@ MUTANTS: dict[str, Mutant] = {
     "hook_retries_forever": Mutant(
         "a failing on_halt handler is retried whatever its budget: its hook never ends [INV-HLT-2]",
         "a hook's retry budget (`max_retry` for its pipeline and handler) [INV-HLT-2]",
-        (("retry_count < config.max_retry_for(pipeline, klass):  # [INV-HLT-2] budget",
+        (("retry_count < max_retry:  # [INV-HLT-2] budget",
           "True:  # mutant: no budget"),),
     ),
     "hook_crashes_forever": Mutant(

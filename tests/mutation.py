@@ -46,6 +46,8 @@ MODULES = (
     "ductwork.limits.buckets",
     "ductwork.limit_entries",
     "ductwork.pipelines.definition",
+    "ductwork.limits.outcomes",
+    "ductwork.pipelines.rules",
     "model.limits",
     "model.pipelines",
 )
@@ -112,6 +114,16 @@ EQUIVALENT: dict[str, str] = {
     "ductwork.pipelines.definition.xǁPipelineBuilderǁ_join_branches__mutmut_19":
         "`parent is None and siblings is None`: a branch whose parent has no unpacked children "
         "was closed by the parent's _settle, so _check_usable raised before",
+    # ductwork.limits.outcomes and ductwork.pipelines.rules: the crash back-off's immediate third
+    "ductwork.limits.outcomes.x_rerun_at__mutmut_8":
+        "`count <= max_crash / 3` for `// 3`: count is an int, and an int is <= x exactly when "
+        "it is <= floor(x)",
+    "ductwork.pipelines.rules.x_decide_hook__mutmut_51":
+        "`count <= max_crash / 3` for `// 3`: count is an int, and an int is <= x exactly when "
+        "it is <= floor(x)",
+    "ductwork.pipelines.rules.x_job_halt_reason__mutmut_14":
+        "`error_klass or 'XXXX'` for `or ''`: neither '' nor 'XXXX' is a key of INVALID_HALTS "
+        "(error class names), so both give job_invalid",
     "ductwork.durations.x_parse_interval_us__mutmut_34":
         "floor(value / 10⁶) for floor(value · 10⁶) on the branch value <= 0: both are <= 0, "
         "so 'must be positive' is raised either way and the value is never returned",

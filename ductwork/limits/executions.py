@@ -31,7 +31,8 @@ max_retry`` (never for a return value that cannot be stored: it would recur); a 
 re-run while ``crash_count < max_crash`` (at once for the first third of the budget, then
 backing off by 10 s per crash); a spent budget marks the step ``failed``, and so does an ``invalid`` execution (one that
 can never succeed: its class is not of the configured pipelines, its input does not
-bind, its return value cannot be stored) at once [INV-EXE-4]. The code that ran is not stopped
+bind, its return value cannot be stored) at once [INV-EXE-4]; the budgets' rules are the pure
+functions of ``limits/outcomes.py``, called with the counters and time read here. The code that ran is not stopped
 here: a caller that knows it may still run must stop it first [INV-EXE-5].
 
 Once an outcome has committed it is logged (``ductwork.logs``): a failure, timeout
@@ -47,7 +48,7 @@ import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -55,7 +56,8 @@ import sqlalchemy as sa
 from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
-from ductwork.errors import CommitFailed, UnknownStepClassError
+from ductwork.errors import CommitFailed
+from ductwork.limits.outcomes import releases_first, rerun_at, retry_at
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -64,8 +66,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ductwork.executions")
 
 MESSAGE_LIMIT = 255
-#: ``error_klass`` of an execution whose class is not of the configured pipelines
-UNKNOWN_CLASS = f"{UnknownStepClassError.__module__}.{UnknownStepClassError.__qualname__}"
 BACKTRACE_FRAMES = 10
 
 
@@ -405,25 +405,6 @@ def _follow_up(tx: Tx, successes: list[Success], *, inline: bool = True) -> None
     _mark_advancing(tx, [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced])
 
 
-def releases_first(successes: list[Success], after_s: float) -> bool:
-    """Whether keyed successes are recorded as a release first, their steps advanced after
-    the commit (``advance.advance_released``): when one of them was claimed into a full key
-    (``Claimed.fills_key``), whose freed slot other work may be waiting for, and its body
-    ran at least ``after_s`` (``job_worker.release_first_after``; an untimed body counts
-    as slow). Otherwise what follows them is written inline, in the same transaction,
-    before the key's lock: one transaction instead of two, for a key that is not binding
-    or for bodies so fast that the work is CPU-bound and a second transaction costs more
-    than the earlier release gains (bench/RESULTS.md, issue 15's fifth pass). Both are
-    recorded exactly once; the choice only moves what follows the step into the next
-    transaction.
-
-    >>> releases_first([], 0.005)
-    False
-    """
-    return any(s.claimed.limit_key is not None and s.claimed.fills_key
-               and (s.ran_s is None or s.ran_s >= after_s) for s in successes)
-
-
 def released_later(success: Success) -> bool:
     """Whether a keyed success released first (:func:`releases_first`) is advanced by its
     worker after the release commits (its ``advance`` says it may advance inline:
@@ -547,23 +528,23 @@ def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo,
     """
     assert outcome in ("failure", "timed_out"), outcome
     max_retry = app.config.job_worker.max_retry_for(claimed.pipeline_klass, claimed.klass)
-    retry_at = None
+    retry = None
     with app.begin() as tx:
         info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
         if not _complete(tx, claimed.execution_id, claimed.limit_key, claimed.process_id, outcome, info):
             raise CommitFailed(claimed.execution_id, claimed.process_id)
-        if claimed.retry_count < max_retry:  # [INV-EXE-4]
-            retry_at = tx.now + timedelta(seconds=app.config.job_worker.retry_delay)
+        retry = retry_at(claimed.retry_count, max_retry, app.config.job_worker.retry_delay, tx.now)
+        if retry is not None:  # [INV-EXE-4] budget left: the retry is enqueued with the outcome
             tx.execute(schema.executions.insert().values(**new_execution_row(
-                claimed.job_id, claimed.limit_key, retry_at, claimed.retry_count + 1,
+                claimed.job_id, claimed.limit_key, retry, claimed.retry_count + 1,
                 claimed.crash_count, tx.now)))
         else:
             _mark_failed(tx, claimed.step_id)
     logs.step_ended(log, logs.StepEnded(  # committed: now it may be told
         outcome, claimed.run_id, claimed.pipeline_klass, claimed.klass, claimed.node, claimed.step_id,
         claimed.execution_id, claimed.retry_count, claimed.crash_count, max_retry, info.klass, info.message,
-        retry_at, info.text or _traceback(info)))
-    return retry_at is not None
+        retry, info.text or _traceback(info)))
+    return retry is not None
 
 
 def _traceback(info: ErrorInfo) -> str | None:
@@ -581,7 +562,7 @@ def record_invalid(app: App, claimed: Claimed, error: BaseException | ErrorInfo)
     JSON, too large, not a list before ``expand``). Running it again would end the same
     way, so no retry or re-run is enqueued whatever budget is left; the step becomes
     ``failed`` in this transaction and an advancer halts its branch ``job_invalid``,
-    ``step_return_invalid`` or ``payload_too_large`` (``advance.job_halt_reason``)
+    ``step_return_invalid`` or ``payload_too_large`` (``pipelines.rules.job_halt_reason``)
     [INV-EXE-4]. Raises CommitFailed, as :func:`record_failure` does.
     """
     with app.begin() as tx:
@@ -628,13 +609,10 @@ def crash_in(app: App, tx: Tx, execution_id: str, owner: str | None, error_klass
     if not _complete(tx, execution_id, row.limit_key, owner, "process_crashed", info):
         return None
     max_crash = app.config.job_worker.max_crash_for(row.pipeline_klass, row.klass)
-    eligible = None
-    if row.crash_count < max_crash:  # [INV-EXE-4]
-        count = row.crash_count + 1
-        backoff = timedelta(seconds=app.config.job_worker.crash_backoff)
-        eligible = tx.now if count <= max_crash // 3 else tx.now + backoff * count
+    eligible = rerun_at(row.crash_count, max_crash, app.config.job_worker.crash_backoff, tx.now)
+    if eligible is not None:  # [INV-EXE-4] budget left: the re-run is enqueued with the crash
         tx.execute(schema.executions.insert().values(**new_execution_row(
-            row.job_id, row.limit_key, eligible, row.retry_count, count, tx.now)))
+            row.job_id, row.limit_key, eligible, row.retry_count, row.crash_count + 1, tx.now)))
     else:
         _mark_failed(tx, row.step_id)
     return logs.StepEnded("process_crashed", row.run_id, row.pipeline_klass, row.klass, row.node, row.step_id,

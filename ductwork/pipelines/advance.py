@@ -52,9 +52,15 @@ from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id, new_token
 from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
-from ductwork.limits.executions import UNKNOWN_CLASS, ErrorInfo, payload_envelope
+from ductwork.limits.executions import ErrorInfo, payload_envelope
 from ductwork.pipelines import payloads
 from ductwork.pipelines.definition import render_divert_key
+from ductwork.pipelines.rules import (
+    advancer_crashes_exhausted,
+    advancer_retries_exhausted,
+    job_halt_reason,
+    simple_move,
+)
 from ductwork.pipelines.runs import cached_definition, lock_run, lock_runs, resolve_run, resolve_runs
 from ductwork.pipelines.steps import (
     ADVANCEABLE,
@@ -80,33 +86,6 @@ PROCESS_CRASH = "ductwork.ProcessCrash"
 THREAD_CRASH = "ductwork.ThreadCrash"
 CRASH_CLASSES = (PROCESS_CRASH, THREAD_CRASH)
 MAX_CLAIM_ATTEMPTS = 3
-
-#: halt reasons of a step whose last execution was ``invalid``, by the error's class: a
-#: stored class that is not of the configured pipelines (never imported), or a return
-#: value that cannot be stored (fleet.invoke.ReturnRejected); any other ``invalid`` execution
-#: (the input does not bind to ``__init__``) halts ``job_invalid``
-INVALID_HALTS = {
-    UNKNOWN_CLASS: "unknown_step_class",
-    "ductwork.errors.PayloadTooLargeError": "payload_too_large",
-    "ductwork.errors.NotJSONError": "step_return_invalid",
-    "ductwork.errors.StepReturnError": "step_return_invalid",
-}
-
-
-def job_halt_reason(outcome: str | None, error_klass: str | None = None) -> str:
-    """Why a branch halts on its failed step, from the step's last execution (semantics §3.1).
-
-    >>> [job_halt_reason(o) for o in ("failure", "timed_out", "process_crashed", "invalid")]
-    ['job_retries_exhausted', 'job_retries_exhausted', 'job_crashes_exhausted', 'job_invalid']
-    >>> job_halt_reason("invalid", "ductwork.errors.PayloadTooLargeError")
-    'payload_too_large'
-    """
-    if outcome == "process_crashed":
-        return "job_crashes_exhausted"
-    if outcome == "invalid":
-        return INVALID_HALTS.get(error_klass or "", "job_invalid")
-    return "job_retries_exhausted"
-
 
 def fan_in_size(stored: int, count: int) -> int:
     """Length of the JSON list of ``count`` outputs whose stored envelopes
@@ -359,7 +338,7 @@ class Advancer:
         if c.step.status not in ADVANCEABLE:
             return None  # the stale-claim backstop: alone
         completes = "advancing" if c.step.status == "advancing" else None
-        if c.crash_count >= cfg.max_crash:
+        if advancer_crashes_exhausted(c.crash_count, cfg.max_crash):
             return Move(c.branch_id, c.run_id, c.step.id, completes, "halted",
                         halt_reason="advancer_crashes_exhausted")
         if c.step.status == "failed":
@@ -424,7 +403,7 @@ class Advancer:
                     self._release(tx, c)
                 log.warning("branch %s claimed with no advanceable step; released", c.branch_id)
                 return "stale"
-            if c.crash_count >= cfg.max_crash:
+            if advancer_crashes_exhausted(c.crash_count, cfg.max_crash):
                 self._halt(c, "advancer_crashes_exhausted")
             elif c.step.status == "failed":
                 self._halt(c, self._job_halt_reason(c))
@@ -547,7 +526,7 @@ class Advancer:
                     .where(_a.c.step_id == c.step.id, _a.c.error_klass.is_not(None),
                            _a.c.error_klass.not_in(CRASH_CLASSES))
                 ).scalar_one()
-                if failures >= max_retry:
+                if advancer_retries_exhausted(failures, max_retry):
                     if c.step.status == "advancing":
                         step_complete(tx, c.step.id)
                     self._close(tx, c, info)
@@ -761,34 +740,6 @@ class Move:
     @property
     def ends(self) -> bool:
         return self.status != "in_progress"
-
-
-def simple_move(definition: Definition, node: str, value_json: str) -> tuple[str, str | None, str | None] | None:
-    """Where a succeeded step of ``node`` returning ``value_json`` takes its branch, when
-    that is a simple transition: ``(branch status, next node, kind)`` for a leaf
-    (``completed``), ``dampen`` (``dampened``), ``chain``, ``converge`` and a ``divert`` with
-    a target (``in_progress`` and the next node). None for every other edge (fan-out,
-    fan-in, expand, a divert without a target): those are advanced one by one.
-
-    >>> from ductwork.pipelines.definition import Definition as D
-    >>> node = {"delay_us": None, "limit_by": None, "timeout_us": None}
-    >>> d = D.from_json({"format": 1, "pipeline": "m:P", "start": "a",
-    ...                  "nodes": {n: {**node, "klass": f"m:{n}"} for n in "ab"},
-    ...                  "edges": {"a": {"type": "chain", "to": ["b"]}}})
-    >>> simple_move(d, "a", "1"), simple_move(d, "b", "1")
-    (('in_progress', 'b', 'chain'), ('completed', None, None))
-    """
-    edge = definition.edges.get(node)
-    if edge is None or not edge.to:
-        return ("completed", None, None)
-    if edge.type in ("chain", "converge"):
-        return ("in_progress", edge.first(), edge.type)
-    if edge.type == "divert":
-        target = edge.divert_target(render_divert_key(json.loads(value_json)))
-        return None if target is None else ("in_progress", target, "divert")
-    if edge.type == "dampen":
-        return ("dampened", None, None)
-    return None
 
 
 def _lock_branches(tx: Tx, branch_ids: list[str]) -> dict[str, sa.Row[Any]]:

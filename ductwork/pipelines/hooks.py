@@ -20,7 +20,8 @@ died: :func:`crash_hooks_of`, called by the reaper) is re-run, at once for the f
 ``max_crash // 3`` crashes then ``crash_count × crash_backoff`` later, while
 ``crash_count < max_crash``; the budgets are the step budgets, looked up for the run's
 pipeline and the handler's class (``job_worker.max_retry``/``max_crash`` and their
-per-pipeline, per-step overrides) [INV-HLT-2]. A handler whose class does not resolve
+per-pipeline, per-step overrides; the rule is ``rules.decide_hook``, a pure function of the
+counters read under the claim) [INV-HLT-2]. A handler whose class does not resolve
 or whose input does not bind ends ``failed`` at once (``invalid``). ``succeeded`` and
 ``failed`` are final.
 
@@ -36,7 +37,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -46,6 +47,7 @@ from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.errors import DuctworkError
 from ductwork.limits.executions import MESSAGE_LIMIT, ErrorInfo
+from ductwork.pipelines.rules import decide_hook
 from ductwork.pipelines.steps import latest_step
 
 if TYPE_CHECKING:
@@ -56,7 +58,6 @@ log = logging.getLogger("ductwork.hooks")
 
 _h, _r, _b = schema.halt_hooks, schema.runs, schema.branches
 FINAL = ("succeeded", "failed")
-OUTCOMES = ("success", "failure", "invalid", "process_crashed")
 
 
 class HookClaimLost(DuctworkError):
@@ -186,33 +187,14 @@ class HookEnded:
     error: ErrorInfo
 
 
-def decide(app: App, pipeline: str, klass: str, retry_count: int, crash_count: int, outcome: str,
-           now: datetime) -> dict[str, Any]:
-    """The hook's columns after an attempt ended with ``outcome`` (a pure decision over the
-    counters read under the claim): final, or pending again with its next eligibility
-    [INV-HLT-2]."""
-    if outcome not in OUTCOMES:
-        raise ValueError(f"hook outcome must be one of {OUTCOMES}, got {outcome!r}")
-    config = app.config.job_worker
-    if outcome == "success":
-        return {"status": "succeeded", "completed_at": now}
-    if outcome == "failure" and retry_count < config.max_retry_for(pipeline, klass):  # [INV-HLT-2] budget
-        return {"status": "pending", "retry_count": retry_count + 1,
-                "eligible_at": now + timedelta(seconds=config.retry_delay)}
-    max_crash = config.max_crash_for(pipeline, klass)
-    if outcome == "process_crashed" and crash_count < max_crash:  # [INV-HLT-2] budget
-        count = crash_count + 1
-        backoff = timedelta(seconds=config.crash_backoff) * count
-        return {"status": "pending", "crash_count": count,
-                "eligible_at": now if count <= max_crash // 3 else now + backoff}
-    return {"status": "failed", "completed_at": now}
-
-
 def _record_in(app: App, tx: Tx, hook_id: str, token: str, pipeline: str, klass: str, retry_count: int,
                crash_count: int, outcome: str, error: ErrorInfo | None) -> tuple[str | None, HookEnded | None]:
     """The fenced record: the hook's status after it (None: the claim was not the hook's,
     nothing written), and what to log once committed (None for a success)."""
-    values = decide(app, pipeline, klass, retry_count, crash_count, outcome, tx.now)
+    config = app.config.job_worker
+    max_retry, max_crash = config.max_retry_for(pipeline, klass), config.max_crash_for(pipeline, klass)
+    values = decide_hook(outcome, retry_count, crash_count, tx.now, max_retry=max_retry,
+                         max_crash=max_crash, retry_delay=config.retry_delay, crash_backoff=config.crash_backoff)
     values.update(claim_token=None, claimed_at=None, process_id=None, last_outcome=outcome, updated_at=tx.now)
     if error is not None:
         values.update(error_klass=error.klass, error_message=error.message[:MESSAGE_LIMIT],
@@ -226,12 +208,10 @@ def _record_in(app: App, tx: Tx, hook_id: str, token: str, pipeline: str, klass:
         tx.wake()
     if outcome == "success":
         return values["status"], None
-    budget_of = app.config.job_worker.max_crash_for if outcome == "process_crashed" \
-        else app.config.job_worker.max_retry_for
     return values["status"], HookEnded(
         hook_id, "", pipeline, klass, retry_count + crash_count, outcome, values["status"],
         values.get("eligible_at") if values["status"] == "pending" else None,
-        budget_of(pipeline, klass), error or ErrorInfo("ductwork.Unknown", "", None))
+        max_crash if outcome == "process_crashed" else max_retry, error or ErrorInfo("ductwork.Unknown", "", None))
 
 
 def record_hook(app: App, claimed: ClaimedHook, outcome: str, error: ErrorInfo | None = None) -> str:

@@ -40,6 +40,7 @@ from ductwork import faults
 from ductwork.db import dialects, schema
 from ductwork.errors import RunFilterError
 from ductwork.pipelines.history import of_pipeline
+from ductwork.pipelines.rules import PRUNABLE, may_prune
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ductwork.prune")
 
-#: the run statuses a prune may delete [INV-PRN-1]
-PRUNABLE = ("completed", "halted")
 #: runs deleted per transaction unless the caller says otherwise
 DEFAULT_BATCH_SIZE = 100
 
@@ -113,12 +112,6 @@ def _finished(r: sa.Table) -> sa.ColumnElement[Any]:
     return sa.func.coalesce(r.c.completed_at, r.c.halted_at)
 
 
-def _may_prune(status: str, finished_at: datetime | None, cutoff: datetime, hook_open: bool) -> bool:
-    """The live-run guard: only a completed or halted run that finished before the cutoff,
-    and owes no on_halt hook still to run, may be deleted [INV-PRN-1]."""
-    return status in PRUNABLE and finished_at is not None and finished_at < cutoff and not hook_open
-
-
 def _hook_open(r: sa.Table) -> sa.Exists:
     """The run owes an on_halt hook whose outcome is not recorded yet (pending or running):
     live work, which a prune leaves alone. A final hook never opens again."""
@@ -158,8 +151,8 @@ def prune_batch(tx: Tx, run_ids: list[str], cutoff: datetime) -> dict[str, int]:
         sa.select(r.c.id, r.c.status, _finished(r).label("finished_at"), _hook_open(r).label("hook_open"))
         .where(r.c.id.in_(dialects.inline_ids(sorted(run_ids)))).order_by(r.c.id), tx.conn)).all()
     ids = sorted(row.id for row in locked
-                 if _may_prune(row.status, row.finished_at, cutoff,
-                               bool(row.hook_open)))  # [INV-PRN-1] re-checked under the lock
+                 if may_prune(row.status, row.finished_at, cutoff,
+                              bool(row.hook_open)))  # [INV-PRN-1] re-checked under the lock
     if not ids:
         return {}
     batch = dialects.inline_ids(ids)

@@ -11,9 +11,10 @@ trigger either fully happened or not at all.
 A run's state follows from its branches [INV-RUN-1]: while any branch is
 ``in_progress`` or ``advancing`` the run is ``in_progress``; otherwise it is
 ``dampened`` if a branch waits in ``dampen``, else ``halted`` if a branch
-halted, else ``completed``. ``completed`` and ``halted`` are final. The decision
-is taken under the run row's lock by every transaction that ends a branch, so
-the last two branches to end cannot both think the other is still running.
+halted, else ``completed`` (``rules.resolve_run_status``, a pure function).
+``completed`` and ``halted`` are final. The decision is taken under the run row's
+lock by every transaction that ends a branch, so the last two branches to end cannot
+both think the other is still running.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ductwork.errors import RunStateError, UnknownRunError
 from ductwork.pipelines import payloads
 from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.hooks import owe_hooks
+from ductwork.pipelines.rules import resolve_run_status
 from ductwork.pipelines.steps import NewStep, create_steps, latest_step, step_output_json
 from ductwork.pipelines.trigger import Triggered, trigger, trigger_in
 
@@ -45,7 +47,6 @@ if TYPE_CHECKING:
 
 TERMINAL = ("completed", "halted")
 SETTLED = ("completed", "halted", "dampened")
-ACTIVE_BRANCH = ("in_progress", "advancing")
 _UNSET: Any = object()  # resume() without input
 
 
@@ -134,22 +135,6 @@ def _run_locks(bind: Any) -> sa.Select[Any]:
                                    .order_by(r.c.id), bind)
 
 
-def decide_run_status(branch_statuses: Iterable[str]) -> str:
-    """Semantics §3 run resolution over a run's branch statuses (a pure decision).
-
-    >>> decide_run_status(["completed", "halted"]), decide_run_status(["dampened", "advancing"])
-    ('halted', 'in_progress')
-    """
-    statuses = set(branch_statuses)
-    if statuses & set(ACTIVE_BRANCH):
-        return "in_progress"
-    if "dampened" in statuses:
-        return "dampened"
-    if "halted" in statuses:
-        return "halted"
-    return "completed"
-
-
 def resolve_runs(tx: Tx, locked: dict[str, str]) -> dict[str, str]:
     """:func:`resolve_run` for several runs whose rows this transaction locked
     (:func:`lock_runs`, given its result): one read of the branch statuses grouped by
@@ -166,7 +151,7 @@ def resolve_runs(tx: Tx, locked: dict[str, str]) -> dict[str, str]:
         statuses[row.run_id].add(row.status)
     moved: dict[str, list[str]] = {}
     for run_id in open_runs:
-        new = decide_run_status(statuses[run_id])
+        new = resolve_run_status(statuses[run_id])
         result[run_id] = new
         if new != locked[run_id]:  # read before write: no needless writes to a shared row
             moved.setdefault(new, []).append(run_id)

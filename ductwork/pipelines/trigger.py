@@ -23,7 +23,7 @@ mapped by name (``dialects.translate_db_errors``) to
 A key is held as long as its run exists: ``ductwork prune`` deletes the row and frees the
 key. With ``key_window`` (a positive duration) a trigger may also take the key from its
 run: when that run finished (completed or halted; a dampened or running run never) at
-least the window before the transaction's database time (:func:`key_expired`), a
+least the window before the transaction's database time (``rules.key_expired``), a
 conditional UPDATE fenced on the run's id, key, status and finish time sets its
 ``trigger_key`` NULL (the run keeps its history), checked by row count, and a new run is
 inserted with the key in the same transaction. Racing windowed triggers: the index still
@@ -49,7 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -68,6 +68,7 @@ from ductwork.errors import (
     TriggerKeyWindowError,
 )
 from ductwork.pipelines import payloads
+from ductwork.pipelines.rules import KeyHolder, key_expired
 from ductwork.pipelines.steps import NewStep, create_branches, create_steps
 
 if TYPE_CHECKING:
@@ -119,24 +120,6 @@ def check_window(pipeline: str, key: str | None, window: Any) -> int | None:
         return parse_interval_us(window)
     except DurationError as error:
         raise TriggerKeyWindowError(pipeline, window, error.reason) from None
-
-
-@dataclass(frozen=True)
-class KeyHolder:
-    """The run holding a key, as a windowed trigger reads it."""
-
-    run_id: str
-    status: str
-    completed_at: datetime | None
-    halted_at: datetime | None
-
-
-def key_expired(holder: KeyHolder, now: datetime, window_us: int) -> bool:
-    """Whether a trigger at ``now`` with a window of ``window_us`` may take the key from
-    ``holder``: it finished (completed or halted) at least the window before ``now``. Pure."""
-    finished = holder.completed_at if holder.status == "completed" else \
-        holder.halted_at if holder.status == "halted" else None
-    return finished is not None and finished + timedelta(microseconds=window_us) <= now  # [INV-TRG-1]
 
 
 def keyed_run(tx: Tx, pipeline: str, key: str) -> str | None:

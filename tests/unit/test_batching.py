@@ -9,8 +9,6 @@ The claims a batch makes are checked against the model in
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -66,26 +64,3 @@ def test_bad_batch_settings_name_their_path(key, value):
     assert info.value.path == f"job_worker.{key}"
     assert info.value.value == value
 
-
-def _success(key, fills, ran_s):
-    from ductwork.limits.executions import Success
-
-    claimed = SimpleNamespace(limit_key=key, fills_key=fills)
-    return Success(claimed, None, ran_s=ran_s)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(("key", "fills", "ran_s", "expected"), [
-    ("k", True, 0.005, True),     # a full key, a body of exactly release_first_after: released first
-    ("k", True, 0.0049, False),   # just faster: what follows is written inline
-    ("k", True, None, True),      # an untimed body counts as slow
-    ("k", False, 1.0, False),     # a key with room: inline, however slow
-    (None, True, 1.0, False),     # unkeyed: never a release
-])
-def test_releases_first_needs_a_full_key_and_a_body_no_faster_than_the_setting(key, fills, ran_s, expected):
-    from ductwork.limits.executions import releases_first
-
-    assert releases_first([_success(key, fills, ran_s)], 0.005) is expected
-    # one such success in a group is enough; none is nothing
-    assert releases_first([_success("k", False, 1.0), _success(key, fills, ran_s)], 0.005) is expected
-    assert releases_first([], 0.0) is False
-    assert releases_first([_success("k", True, 0.0)], 0.0) is True  # 0: every full-key success

@@ -6,12 +6,17 @@ lazy and type-only imports included; no two sibling modules or packages import e
 other, at any depth; the model and ductwork never import each other. And that the
 check can fail: the same contracts run on a copy of the packages with one upward
 import added (the db layer importing the public face) must report a broken contract.
-Skipped, saying why, only when import-linter is not installed (the ``test`` extra
+And that the pure modules (the rules the SQL code calls with values read under its
+locks, which the generated mutants of ``tests/mutation.py`` rewrite) import neither
+SQLAlchemy nor a module of ``ductwork.db``, ``.limits``, ``.pipelines`` or ``.fleet``
+that is not pure itself (read from their import statements). The import-linter checks:
+skipped, saying why, only when import-linter is not installed (the ``test`` extra
 installs it). About 2 s.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -54,3 +59,31 @@ def test_an_upward_import_breaks_the_layers(tmp_path: Path):
     assert result.returncode != 0, result.stdout
     assert "ductwork.db is not allowed to import ductwork.app" in result.stdout, result.stdout
     assert "ductwork.db.ids -> ductwork.app" in result.stdout, result.stdout
+
+
+#: the pure modules: decisions on values, no SQL, no clock, no I/O
+PURE = ("ductwork/durations.py", "ductwork/limit_entries.py", "ductwork/limits/buckets.py",
+        "ductwork/limits/outcomes.py", "ductwork/pipelines/definition.py", "ductwork/pipelines/rules.py")
+#: what a pure module may import from ductwork's packages besides the pure modules (the base
+#: modules are free): the Step class a definition's nodes refer to (no SQL either)
+PURE_PACKAGES_ALLOWED = {"ductwork.pipelines.step"}
+
+
+def _imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_the_pure_modules_import_no_sql(module: str):
+    imported = _imported(REPO / module)
+    assert not {name for name in imported if name.split(".")[0] == "sqlalchemy"}, imported
+    packaged = {name for name in imported
+                if name.split(".")[:2] in (["ductwork", "db"], ["ductwork", "limits"], ["ductwork", "pipelines"],
+                                           ["ductwork", "fleet"])}
+    assert packaged <= PURE_PACKAGES_ALLOWED | {m.removesuffix(".py").replace("/", ".") for m in PURE}, packaged

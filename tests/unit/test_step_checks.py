@@ -16,9 +16,9 @@ import types
 import pytest
 
 from ductwork.errors import AsyncStepError, DefinitionError, InputError, MainModuleError
-from ductwork.pipelines.advance import job_halt_reason
 from ductwork.pipelines.definition import in_main_module, main_module_refs
 from ductwork.pipelines.pipeline import Pipeline
+from ductwork.pipelines.rules import job_halt_reason
 from ductwork.pipelines.step import Step, is_async
 from model.pipelines import job_halt_reason as model_job_halt_reason
 
