@@ -72,6 +72,7 @@ class World(Protocol):
     def fingerprint(self) -> bytes: ...
     def present(self) -> Any: ...
     def copy(self) -> Any: ...
+    def copier(self) -> Callable[[], Any]: ...
     def check(self) -> None: ...
 
 
@@ -156,9 +157,10 @@ def explore(config: Config, model_class: type | None = None, max_states: int | N
     while queue:
         world, fp, depth = queue.popleft()
         report.depth = max(report.depth, depth)
+        copy_of_world = world.copier()  # (a pickled world is pickled once for all its successors)
         for label, operation in world.actions():
             report.transitions += 1
-            successor = world.copy()
+            successor = copy_of_world()
             try:
                 operation(successor)
             except ModelError:
@@ -281,6 +283,10 @@ class LimitsWorld:
 
     _MODEL_FIELDS = frozenset(("limits", "config", "jobs", "buckets", "stamps", "dead_workers", "events", "log",
                                "_created", "_synthetic"))
+
+    def copier(self) -> Callable[[], LimitsWorld]:
+        """Copies of this world as it is now (:meth:`copy`: it shares the frozen parts)."""
+        return self.copy
 
     def copy(self) -> LimitsWorld:
         """A copy sharing only immutable parts (events, buckets and parsed configs are
@@ -503,6 +509,11 @@ class PipelinesWorld:
 
     def copy(self) -> PipelinesWorld:
         return _copy(self)  # type: ignore[no-any-return]
+
+    def copier(self) -> Callable[[], PipelinesWorld]:
+        """Copies of this world as it is now: one pickle, loaded for each copy."""
+        blob = pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+        return lambda: pickle.loads(blob)
 
     def actions(self) -> Iterator[Action]:
         b, m = self.bounds, self.model
