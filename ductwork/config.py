@@ -340,7 +340,9 @@ def _scalars(path: str, body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[
             values[key] = _count(key_path, body[key], _COUNT_FIELDS[key])
         elif key in _BUDGET_FIELDS:
             values[key] = _budget(key_path, body[key])
-        elif key in _MAY_BE_ZERO and type(body[key]) in (int, float) and body[key] == 0:
+        elif key in _MAY_BE_ZERO and type(body[key]) in (int, float) and body[key] <= 0:
+            if body[key] < 0:
+                raise ConfigError(key_path, body[key], "must be 0 or a positive time")
             values[key] = 0.0  # (0 means "always"; every other value is a positive time)
         else:
             values[key] = _seconds(key_path, body[key])

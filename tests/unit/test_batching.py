@@ -64,3 +64,9 @@ def test_bad_batch_settings_name_their_path(key, value):
     assert info.value.path == f"job_worker.{key}"
     assert info.value.value == value
 
+
+def test_a_negative_release_first_after_says_zero_is_allowed():
+    with pytest.raises(ConfigError) as info:
+        _job_worker(release_first_after=-1)
+    assert (info.value.path, info.value.value, info.value.reason) == (
+        "job_worker.release_first_after", -1, "must be 0 or a positive time")
