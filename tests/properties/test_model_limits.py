@@ -15,9 +15,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from model.errors import CommitFailed, PreconditionError
+from model.errors import CommitFailed
 from model.invariants import INVARIANT_FUNCTIONS
-from model.limits import Completed, LimitsModel
+from model.limits import LimitsModel
 from tests.properties.strategies import LIMIT_KEYS, limits_configs
 
 #: steps per example: the ci profile's 100 examples of 40 steps take a few seconds
@@ -215,67 +215,3 @@ class LimitsModelMachine(RuleBasedStateMachine):
 LimitsModelMachine.TestCase.settings = settings(stateful_step_count=STEPS)
 TestLimitsModel = LimitsModelMachine.TestCase
 
-
-def test_the_models_queries_on_a_worked_example():
-    """pending(), in_flight_jobs() and blocked_until() as the machines' preconditions read
-    them: a query that went empty would only switch rules off, which no invariant notices
-    (mutmut's mutants of in_flight_jobs survived the machine). Concurrency 1, 1 per 1 s."""
-    model = LimitsModel({"k": {"concurrency": 1, "rate": [{"limit": 1, "per": 1}]}})
-    model.enqueue("a", "k", 0)
-    model.enqueue("b", "k", 0)
-    model.enqueue("u", None, 5)
-    assert model.pending() == ["a", "b", "u"]
-    assert model.claim("w1", 0) is None  # k has no token yet, u is not eligible before 5 µs
-    assert model.blocked_until("k") == 1_000_000
-    assert model.claim("w1", 1_000_000) == "a"
-    assert model.claim("w2", 1_000_000) == "u"  # k is saturated
-    assert model.in_flight_jobs() == ["a", "u"]
-    assert (model.in_flight_jobs("w1"), model.in_flight_jobs("w2"), model.in_flight_jobs("w3")) == (["a"], ["u"], [])
-    assert model.pending() == ["b"]
-
-
-def test_a_batch_takes_one_keyed_job_unless_told_more():
-    """claim_batch's default keyed_limit is 1: a batch of a keyed lane is one claim unless
-    the caller asks for a keyed group commit, and an unkeyed batch takes up to ``limit``
-    (mutmut found both untested: every caller passes keyed_limit, and the machine's
-    batches passed with the keyed bound applied to the unkeyed lane)."""
-    model = LimitsModel({"k": {"concurrency": 5}})
-    for job in ("a", "b", "c"):
-        model.enqueue(job, "k", 0)
-    assert model.claim_batch("w1", 0, 3) == ["a"]
-    assert model.claim_batch("w1", 0, 3, 2) == ["b", "c"]
-    # the unkeyed lane's batch is bounded by limit alone
-    for job in ("u1", "u2", "u3"):
-        model.enqueue(job, None, 0)
-    assert model.claim_batch("w2", 0, 3) == ["u1", "u2", "u3"]
-
-
-def test_a_hand_off_takes_one_job_unless_told_more():
-    """complete_and_hand_off's default limit is 1: the owner of an unkeyed job takes one
-    next job unless the caller asks for a batch (mutmut found it untested: the machine
-    always passes limit)."""
-    model = LimitsModel({})
-    for job in ("a", "b", "c", "d"):
-        model.enqueue(job, None, 0)
-    assert model.claim("w1", 0) == "a"
-    assert model.complete_and_hand_off("a", 0) == ["b"]
-    assert model.complete_and_hand_off("b", 0, 2) == ["c", "d"]
-
-
-def test_a_crash_and_a_reap_touch_only_that_workers_jobs():
-    """crash_worker() and reap() on a worked example: the dead worker's jobs, and only its,
-    are returned, refused a commit, and completed ``process_crashed`` at the reap's time
-    (mutmut found both unpinned: the machine crashes and reaps one worker at a time and
-    reads no Completed event)."""
-    model = LimitsModel({"k": {"concurrency": 2}})
-    model.enqueue("a", "k", 0)
-    model.enqueue("b", "k", 0)
-    assert (model.claim("w1", 0), model.claim("w2", 0)) == ("a", "b")
-    assert model.crash_worker("w1", 5) == ["a"]
-    with pytest.raises(PreconditionError, match="belongs to dead worker 'w1'"):
-        model.complete("a", 6)
-    assert model.reap("w1", 7, {"a": ("a2", 9)}) == ["a"]
-    assert [(e.job_id, e.worker, e.at_us, e.outcome) for e in model.events if isinstance(e, Completed)] == [
-        ("a", "w1", 7, "process_crashed")]
-    assert (model.in_flight_jobs(), model.pending()) == (["b"], ["a2"])
-    model.complete("b", 8)  # w2 is alive
