@@ -86,6 +86,32 @@ EQUIVALENT: dict[str, str] = {
     **{f"model.limits.xǁLimitsModelǁdecide__mutmut_{n}":
        "the synthetic job's worker label: decide() is never mixed with a worker's claims or crash"
        for n in (20, 25, 26)},
+    # model.limits, the rest (the unit tier, tests/unit/test_model_limits_ops.py)
+    **{f"model.limits.x_parse_period__mutmut_{n}":
+       "zip strict: _COMPOUND has exactly five groups and _UNITS five entries" for n in (51, 54, 55)},
+    "model.limits.x__beats__mutmut_8":
+        "`<=` for `<` between the periods of two entries equal in rate and burst: equal periods "
+        "only in two entries of one period, which parse_rate_entries refuses, and "
+        "drop_dominated's caller passes its entries",
+    **{f"model.limits.xǁLimitsModelǁclaim_batch__mutmut_{n}":
+       "the stop before a refusal never fires: after the batch's last admission at now_us a key "
+       "short of a token is stamped after now_us, so _lanes skips it (blocked), and a full key "
+       "(saturated); _would_admit is then True, for None too (no config)" for n in (23, 25, 29)},
+    **{f"model.limits.xǁLimitsModelǁclaim_batch__mutmut_{n}":
+       "the message of an assertion that never fails: the first lane of _lanes admits (see the "
+       "stop before it), so the poll claims its job" for n in (36, 37, 39, 40)},
+    **{f"model.limits.xǁLimitsModelǁ_would_admit__mutmut_{n}":
+       "its saturation check never fires: both callers ask only about the first lane of _lanes, "
+       "which skips saturated keys" for n in (5, 6)},
+    "model.limits.xǁLimitsModelǁ_would_admit__mutmut_12":
+        "cap_units None in a missing bucket: refill replaces it with cap_units(entry), and only "
+        "the refilled level is read",
+    "model.limits.xǁLimitsModelǁ_would_admit__mutmut_16":
+        "a missing bucket taken as 1 unit, not 0: refilled at now_us it holds 1, short of a "
+        "token (per_s·10⁶ >= 10⁶ units) either way",
+    "model.limits.xǁLimitsModelǁ_decide__mutmut_42":
+        "cap_units None in a new bucket: refill replaces it with cap_units(entry) before the "
+        "bucket is stored",
     # ductwork.pipelines.definition
     "ductwork.pipelines.definition.x_in_main_module__mutmut_2":
         "rpartition for partition: a ref is step_ref's 'module:qualname', one ':' (module names "
