@@ -239,7 +239,7 @@ def test_a_rate_only_key_has_no_ceiling_and_every_bucket_must_hold_a_token():
     assert model.claim("w", now) == 1
     assert model.claim("w", now + 20 * S - 1) is None  # blocked: skipped, no decision
     assert model.polls[-1].lanes == (_lane("m", 2, 0, 3, "blocked"),)
-    model.stamps.clear()  # as a restart would: the next poll decides and stamps again
+    model.restart_with(model.limits, now + 20 * S - 1)  # clears the stamp: the next poll decides again
     assert model.claim("w", now + 20 * S - 1) is None
     assert model.events[-2] == Decided(key="m", at_us=now + 20 * S - 1, admitted=False, refused_for="rate",
                                        blocked_until_us=now + 20 * S, levels=(2 * S, 60 * S - 3),
@@ -302,21 +302,18 @@ def test_decide_on_a_key_config_does_not_name_admits_unconfigured_and_warns_each
 def test_a_concurrency_refusal_refills_and_stamps_nothing():
     model = LimitsModel({"k": K})
     assert model.decide("k", 0).admitted is False  # creates the empty bucket, stamps 1 s
-    model.stamps.clear()
     holder = model.decide("k", 3 * S)
     assert holder.admitted
     assert model.buckets[("k", 1)] == Bucket(0, 3 * S, S)
     assert model.stamps == {"k": 4 * S}
-    model.stamps.clear()
-    assert model.decide("k", 9 * S) == Decision("k", 9 * S, False, "concurrency", None, (0,), 1)
+    assert model.decide("k", 9 * S) == Decision("k", 9 * S, False, "concurrency", 4 * S, (0,), 1)
     assert model.buckets[("k", 1)] == Bucket(0, 3 * S, S)
-    assert model.stamps == {}
+    assert model.stamps == {"k": 4 * S}
 
 
 def test_an_admission_that_leaves_a_token_clears_the_stamp():
     model = LimitsModel({"r": R})
-    model.stamps["r"] = 123  # a stale hint
-    model.buckets[("r", 1)] = Bucket(0, 0, 2 * S)
+    assert model.decide("r", 0) == Decision("r", 0, False, "rate", S // 2, (0,), 0)
     decision = model.decide("r", 2 * S)  # refilled to the burst, 2 tokens, one spent
     assert (decision.admitted, decision.blocked_until_us, decision.levels) == (True, None, (S,))
     assert model.stamps == {}
@@ -418,12 +415,9 @@ def test_no_hand_off_when_another_lane_comes_first_or_the_key_refuses():
     assert model.complete_and_hand_off("k1", 2) == []  # u1 (eligible at 0) comes before k2
     assert model.events[start:] == [Completed(start, "k1", "k", "w", 2, "success")]
     assert model.claim("v", 2) == "u1"
-    model.stamps.clear()
-    assert model.claim("w", S - 1) is None  # refused: stamped at 1 s
     model.enqueue("k3", "k", 0)
-    model.buckets[("k", 1)] = Bucket(S, 0, S)
-    assert model.claim("w", S) == "k3"
-    model.stamps.clear()
+    assert model.claim("w", S) == "k3"  # a token again at 1 s; stamped 2 s
+    model.restart_with(model.limits, S)  # clears the stamp, keeps the empty bucket
     before = (dict(model.buckets), dict(model.stamps))
     start = len(model.events)
     assert model.complete_and_hand_off("k3", S + 1) == []  # k2 is first, k has no token: no poll
