@@ -8,11 +8,11 @@
 mutmut (configured in pyproject.toml, ``[tool.mutmut]``) copies ``ductwork/`` and
 ``model/`` into ``mutants/``, rewrites each function of the configured modules into
 variants (an operator, a constant, a comparison, an argument changed) behind a switch,
-and runs the unit and property tests that call the function against each variant. A
+and runs the tests of the selection (``tests/unit``) that call the function against each variant. A
 mutant is *killed* when a test fails, *timed out* when the tests run past 4× their
 clean time, and *survives* when they all pass. This runs it with the ``ci`` hypothesis
 profile (derandomized, so a rerun gives the same verdicts) and without the database
-URLs (the unit and property tiers on SQLite only), then reads mutmut's result files.
+URLs (SQLite only), then reads mutmut's result files.
 
 A survivor is either a gap in the tests, closed by a new test, or an *equivalent*
 mutant: no input tells it from the original. The equivalent ones are listed in
