@@ -245,6 +245,8 @@ CASES = {
                                    "INV-ADV-1", "has 2 successors"),
     "adv1_successor_lost": (CHAIN_RUN, lambda m, _: m.steps.pop(_step(m, "B").id),
                             "INV-ADV-1", "(A, chain, completed): missing successors [('B', '[[1,2]]', 'same')]"),
+    "adv1_successor_on_a_stray_branch": (DIVIDE_RUN, lambda m, _: _set(_branch(m, "B"), barrier=None),
+                                         "INV-ADV-1", "'stray branch branch2')"),
     # INV-ADV-2
     "adv2_claim_while_held": (CHAIN_RUN, lambda m, _: m.fence_log.extend([("claim", "b", 90), ("claim", "b", 91)]),
                               "INV-ADV-2", "branch b claimed with token 91 while held by 90"),
@@ -292,6 +294,9 @@ CASES = {
                          "INV-EXE-3", "executions carry keys"),
     "exe3_key_not_its_own": (CHAIN_RUN, lambda m, _: _set(m.executions[1], key="step2"),
                              "INV-EXE-3", "step step1 carries key 'step2', not 'step1'"),
+    "exe3_key_shared": (CHAIN_RUN, lambda m, _: (_set(_step(m, "B"), revives="step1"),
+                                                 _set(m.executions[2], key="step1")),
+                        "INV-EXE-3", "key 'step1' shared by steps step1 and step2 of one run"),
     # INV-EXE-4
     "exe4_first_execution_counted": (CHAIN_RUN, lambda m, _: _set(m.executions[1], retry_count=1),
                                      "INV-EXE-4", "first execution starts at 1/0"),
