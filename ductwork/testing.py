@@ -51,6 +51,14 @@ def _unsettled(app: App) -> bool:
                           .limit(1)).first() is not None or open_hooks(tx)
 
 
+def _next_wake(app: App) -> tuple[datetime | None, datetime]:
+    """The next moment something waiting on time may run: a delayed or backed-off execution
+    becoming eligible, or a rate-blocked key's next token (the conformance tests' drive)."""
+    eligible, blocked, now = _wake_moments(app)
+    moments = [m for m in (eligible, blocked) if m is not None]
+    return (min(moments) if moments else None), now
+
+
 def _wake_moments(app: App) -> tuple[datetime | None, datetime | None, datetime]:
     """When the next delayed or backed-off execution becomes eligible, when the next
     rate-blocked key gets a token (None: nothing waits so), and the clock's reading."""
