@@ -563,7 +563,10 @@ class _SafeLoader(yaml.SafeLoader):
                         key = self.construct_object(key_node)
                         hash(key)
                     except (yaml.YAMLError, TypeError):
-                        continue  # construction reports it with its position
+                        # construction reports it with its position; PyYAML left the node
+                        # marked as being constructed, which it would report as recursive
+                        self.recursive_objects.pop(key_node, None)
+                        continue
                     key_path = child_path(path, key)
                     line = key_node.start_mark.line + 1
                     if key in lines:

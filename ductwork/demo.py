@@ -163,4 +163,4 @@ def main(database_url: str | None = None, orders: int = 12) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(os.environ.get("DUCTWORK_DATABASE_URL")))
+    raise SystemExit(main(os.environ.get("DUCTWORK_DATABASE_URL")))  # pragma: no cover  `ductwork demo` runs main()

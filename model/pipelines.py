@@ -789,7 +789,7 @@ class PipelinesModel:
         if kind == "dampen":
             step.status = "completed"
             return self._finish(branch, token, "dampened", kind, ())
-        raise AssertionError(f"unknown edge type {kind!r}")  # Definition.parse rejects these
+        raise AssertionError(f"unknown edge type {kind!r}")  # pragma: no cover  Definition.parse rejects these
 
     # ----------------------------------------------------------------- batches
 

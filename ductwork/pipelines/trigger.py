@@ -168,7 +168,7 @@ def trigger(app: App, tx: Tx, pipeline: type, args: list[Any], key: str | None =
     committed by a transaction ``tx`` cannot see (its snapshot is older); nothing written.
     """
     definition: Definition | None = getattr(pipeline, "definition", None)
-    if definition is None:
+    if definition is None:  # pragma: no cover  Pipeline.trigger, the only way here, refuses it first
         raise DefinitionError(pipeline.__qualname__, "trigger", "pipeline has no definition (define() missing)")
     key = check_key(pipeline.__qualname__, key)
     window_us = check_window(pipeline.__qualname__, key, key_window)

@@ -383,6 +383,25 @@ def test_ductwork_config_selects_the_file_and_config_wins(tmp_path, sqlite_url, 
     assert capsys.readouterr().err == "ductwork check: ConfigError: DUCTWORK_CONFIG='missing.yml': no such file\n"
 
 
+def test_a_config_option_naming_no_file_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--config", "nope.yml"]) == 1
+    assert capsys.readouterr().err == "ductwork check: ConfigError: --config='nope.yml': no such file\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_import_error_escaping_a_command_is_one_line(monkeypatch, capsys):
+    """A driver or module a command needs that is not installed: its message, no traceback."""
+    import ductwork.cli
+
+    def needs_a_driver(_args):
+        raise ModuleNotFoundError("No module named 'psycopg'")
+
+    monkeypatch.setitem(ductwork.cli.COMMANDS, "check", needs_a_driver)
+    assert main(["check"]) == 1
+    assert capsys.readouterr().err == "ductwork check: No module named 'psycopg'\n"
+
+
 def test_a_mysql_url_without_a_database_is_one_line(capsys):
     assert main(["check", "--database-url", "mysql://root:pw@127.0.0.1:3306", "-c", "/dev/null"]) == 1
     assert capsys.readouterr().err == (

@@ -274,6 +274,26 @@ def test_history_of_an_unknown_run(app):
         list_runs(app, status="done")
 
 
+
+def test_a_run_handle_on_no_run_and_a_wait_that_times_out(app):
+    """``app.run(id)`` of no run names it; a handle whose run was pruned since refuses
+    ``resume``; ``wait`` on a run nobody works raises TimeoutError saying its status (no
+    fleet here: the run stays in progress)."""
+    from ductwork.errors import RunStateError
+
+    with pytest.raises(UnknownRunError, match=r"^no run 'x' \(never triggered, or pruned\)$"):
+        app.run("x")
+    done = Keyed.trigger(1)
+    drain(app)
+    assert pruning.prune(app, timedelta(0)).runs == 1
+    with pytest.raises(RunStateError, match=rf"^run {done.id} does not exist$"):
+        done.resume()
+    run = Later.trigger(2)
+    assert repr(run) == f"Run({run.id!r}, pipeline='tests.integration.test_inspection:Later', status='in_progress')"
+    with pytest.raises(TimeoutError, match=rf"^run {run.id} still in_progress after 0\.05 s$"):
+        run.wait(timeout=0.05, poll=0.01)
+
+
 # --------------------------------------------------------------------------- prune
 
 

@@ -331,6 +331,39 @@ def test_unkeyed_and_keyed_lanes_are_served_oldest_first(limits_app):
     set_default_app(limits_app)
 
 
+class Hourly(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Quick, limit_by="hourly")
+
+
+def test_a_keyed_lane_its_rate_refuses_does_not_hold_back_a_younger_unkeyed_execution(db_url):
+    """The oldest lane is a key whose first decision refuses (a bucket starts empty); the
+    same poll goes on to the next lane and claims the unkeyed execution behind it
+    [INV-LIM-6]; the key's own execution waits for its token."""
+    from datetime import datetime
+
+    from ductwork.db.clock import ManualClock
+    from tests.conftest import installed
+
+    for app in installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
+                                  job_worker={"limits": {"hourly": {"rate": {"limit": 1, "per": "1h"}}}})):
+        keyed = Hourly.trigger("k")
+        app.clock.advance(microseconds=10)
+        unkeyed = Unkeyed.trigger("u")
+        worker = Worker(app)
+        assert worker.run_once() is not None
+        assert (keyed.refresh().status, unkeyed.refresh().status) == ("in_progress", "completed")
+        assert worker.run_once() is None  # the key is stamped until its token
+        (stamp,) = _blocked_until(app, "hourly")
+        assert stamp == datetime(2026, 1, 1, 1, 0, 0, 10)  # an hour after the poll (at 10 µs) created it empty
+
+
+def _blocked_until(app, key):
+    with app.begin(readonly=True) as tx:
+        return tx.execute(sa.select(schema.limit_keys.c.blocked_until).where(schema.limit_keys.c.key == key)).one()
+
+
 # -- hand-off: a freed slot passes to the key's next execution in the same commit ----------------
 
 

@@ -122,6 +122,22 @@ class DivideP(Pipeline):
         p.start(Double).divide(to=[Double, Double]).combine(into=Total)
 
 
+class Same(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return self.n
+
+
+class KeyedP(Pipeline):
+    """Its failing step is keyed: a revive re-enqueues it on its key."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Same).chain(to=Fragile, limit_by="vendor")
+
+
 class ContextP(Pipeline):
     @classmethod
     def define(cls, p):
@@ -250,6 +266,24 @@ def test_the_context_is_copied_only_when_asked(offset_app):
     assert {s.node: s.output for s in plain_new.refresh().steps()}["ReadsContext#1"] is None
     assert {s.node: s.output for s in copied_new.refresh().steps()}["ReadsContext#1"] == 8
     assert len(_rows(app, schema.context, run_id=copied.id)) == 1  # the halted run keeps its own
+
+
+def test_a_keyed_failed_step_is_re_enqueued_on_its_key_and_no_context_is_copied_as_none(offset_app):
+    app = offset_app
+    run = _halted(app, KeyedP, 3)
+    BROKEN["fail"] = False
+    new = run.revive(duplicate_context=True)  # the halted run has no context: nothing to copy
+    e, j, st = schema.executions, schema.jobs, schema.steps
+    with app.begin(readonly=True) as tx:
+        queued = tx.execute(sa.select(st.c.node, e.c.limit_key).join(j, j.c.id == e.c.job_id)
+                            .join(st, st.c.id == j.c.step_id)
+                            .where(st.c.run_id == new.id, e.c.completed_at.is_(None))).all()
+    assert [tuple(row) for row in queued] == [("Fragile#1", "vendor")]
+    assert _rows(app, schema.limit_keys, key="vendor")
+    assert _rows(app, schema.context, run_id=new.id) == []
+    drain(app, timeout=60, skip_delays=True)
+    assert new.refresh().status == "completed"
+    assert {s.node: s.output for s in new.steps()}["Fragile#1"] == 103
 
 
 def test_a_revived_run_that_halts_again_can_be_revived_and_keeps_the_first_key(offset_app):

@@ -13,10 +13,13 @@ import re
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
-from ductwork import Pipeline, Step
+from ductwork import Pipeline, Step, faults
 from ductwork.db.clock import OffsetClock
 from ductwork.errors import ConfigError, DrainTimeout
+from ductwork.fleet.worker import Worker
+from ductwork.pipelines.advance import Advancer
 from ductwork.testing import drain, waiting_for
 from tests.conftest import installed, make_app
 
@@ -167,6 +170,309 @@ def test_drain_timeout_names_a_pending_retry_and_its_error(offset_app):
         drain(offset_app, timeout=0.5)  # the retry is an hour away
     assert re.search(rf"run {run.id} \(\S+:Flaky\) in_progress: branch \S+: step FailsFirst#0 retry 1 at "
                      r"\S+ \S+ after failure: builtins\.RuntimeError: try 1 fails", str(raised.value)), raised.value
+
+
+# --------------------------------------------------------------------------- waiting_for, state by state
+#
+# Each test puts a run in one state with the engine's own parts (a Worker's and an
+# Advancer's run_once, a reap, a fault checkpoint) and asserts the exact line
+# waiting_for gives it, the ids and times read back from the tables it reads.
+
+#: callables a Probe step runs while it executes (its worker's claim held), results kept
+DURING: list = []
+SEEN: list = []
+
+
+class Probe(Step):
+    """Runs each callable of DURING while its execution is claimed, keeping the results in SEEN."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        while DURING:
+            SEEN.append(DURING.pop(0)())
+        return self.n
+
+
+class Items(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return list(range(self.n))
+
+
+class Boom(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        raise RuntimeError("boom")
+
+
+class Twice(Pipeline):
+    @classmethod
+    def define(cls, pipeline):
+        pipeline.start(Probe).chain(to=Later)
+
+
+class KeyedCall(Pipeline):
+    @classmethod
+    def define(cls, pipeline):
+        pipeline.start(Echo).chain(to=Probe, limit_by="k")
+
+
+class Fan(Pipeline):
+    @classmethod
+    def define(cls, pipeline):
+        pipeline.start(Items).expand(to=Echo).collapse(into=Later)
+
+
+class Fails(Pipeline):
+    @classmethod
+    def define(cls, pipeline):
+        pipeline.start(Boom)
+
+
+class Delayed(Pipeline):
+    @classmethod
+    def define(cls, pipeline):
+        pipeline.start(Echo).chain(to=Later, delay=3)
+
+
+@pytest.fixture
+def states_app(db_url):
+    """Steps left for the advancer (no inline chains), expands one child per batch, no
+    retries, a crash re-run an hour later, key ``k`` one at a time."""
+    DURING.clear()
+    SEEN.clear()
+    yield from installed(make_app(db_url, pipeline_advancer={"inline_linear": False, "expand_batch": 1,
+                                                             "advance_batch": 1},
+                                  job_worker={"max_retry": 0, "max_crash": 2, "crash_backoff": 3600,
+                                              "limits": {"k": {"concurrency": 1}}}))
+
+
+def _branches(app, run):
+    """The run's active branches' ids, in waiting_for's order."""
+    from ductwork.db import schema
+
+    b = schema.branches
+    with app.begin(readonly=True) as tx:
+        return list(tx.execute(sa.select(b.c.id).where(b.c.run_id == run.id, b.c.status != "completed")
+                               .order_by(b.c.started_at, b.c.id)).scalars())
+
+
+def _open_execution(app, run, node):
+    """The open execution of the run's step ``node`` (eligible_at, claimed_at, process_id)."""
+    from ductwork.db import schema
+
+    e, j, s = schema.executions, schema.jobs, schema.steps
+    with app.begin(readonly=True) as tx:
+        return tx.execute(sa.select(e.c.eligible_at, e.c.claimed_at, e.c.process_id)
+                          .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+                          .where(s.c.run_id == run.id, s.c.node == node, e.c.completed_at.is_(None))).one()
+
+
+def _claimed_at(app, branch):
+    from ductwork.db import schema
+
+    with app.begin(readonly=True) as tx:
+        return tx.execute(sa.select(schema.branches.c.claimed_at).where(schema.branches.c.id == branch)).scalar_one()
+
+
+def _head(run, branch):
+    return f"run {run.id} ({run.pipeline}) in_progress: branch {branch}: "
+
+
+def test_waiting_for_an_unclaimed_unkeyed_step_then_one_succeeded_waiting_for_an_advancer(states_app):
+    run = Twice.trigger(1)
+    (branch,) = _branches(states_app, run)
+    queued = _open_execution(states_app, run, "Probe#0")
+    assert waiting_for(states_app) == [
+        _head(run, branch) + f"step Probe#0 queued since {queued.eligible_at}, not claimed by any worker"]
+    assert Worker(states_app).run_once() is not None
+    assert waiting_for(states_app) == [_head(run, branch) + "step Probe#0 succeeded, waiting for an advancer"]
+
+
+def test_waiting_for_a_running_step(states_app):
+    run = Twice.trigger(1)
+    (branch,) = _branches(states_app, run)
+    DURING.append(lambda: (waiting_for(states_app), _open_execution(states_app, run, "Probe#0")))
+    assert Worker(states_app).run_once() is not None
+    ((lines, running),) = SEEN
+    assert running.claimed_at is not None
+    assert lines == [_head(run, branch) + f"step Probe#0 running since {running.claimed_at} "
+                                          f"(attempt 1, process {running.process_id})"]
+
+
+def test_waiting_for_a_failed_step_its_advancer_has_not_halted(states_app):
+    run = Fails.trigger(1)
+    (branch,) = _branches(states_app, run)
+    assert Worker(states_app).run_once() is not None
+    assert waiting_for(states_app) == [
+        _head(run, branch) + "step Boom#0 failed for good, waiting for an advancer to halt the branch"]
+
+
+def test_waiting_for_a_branch_held_by_an_advancer(states_app, monkeypatch):
+    run = Twice.trigger(1)
+    (branch,) = _branches(states_app, run)
+    assert Worker(states_app).run_once() is not None
+    seen, real = [], faults.hit
+
+    def hit(name):  # the advancer's claim committed, its advancement not begun
+        if name == faults.AFTER_BRANCH_CLAIM:
+            seen.append((waiting_for(states_app), _claimed_at(states_app, branch)))
+        real(name)
+
+    monkeypatch.setattr(faults, "hit", hit)
+    assert Advancer(states_app).run_once() == "advanced"
+    ((lines, claimed_at),) = seen
+    assert lines == [_head(run, branch) + f"held by an advancer since {claimed_at} (at Probe#0), "
+                                          "waiting for it to finish or for the reaper"]
+
+
+def test_waiting_for_an_expand_part_way_through_its_children(states_app):
+    run = Fan.trigger(3)
+    assert Worker(states_app).run_once() is not None  # Items: the expand's step succeeds
+    faults.arm(faults.BETWEEN_EXPAND_BATCHES, "raise")  # its advancer fails after the first batch
+    try:
+        assert Advancer(states_app).run_once() == "error"
+    finally:
+        faults.disarm()
+    expand, child = _branches(states_app, run)
+    queued = _open_execution(states_app, run, "Echo#1")
+    assert waiting_for(states_app) == [
+        _head(run, expand) + "expand after Items#0 in progress: 1 of 3 children created; "
+        f"branch {child}: step Echo#1 queued since {queued.eligible_at}, not claimed by any worker"]
+
+
+def test_waiting_for_a_crash_back_off(states_app):
+    from ductwork.fleet.processes import register
+    from ductwork.fleet.reaper import reap
+
+    run = Twice.trigger(1)
+    (branch,) = _branches(states_app, run)
+    doomed = register(states_app, role="worker", label="doomed")
+    DURING.append(lambda: reap(states_app, doomed, force=True))  # its process declared dead mid-step
+    performed = Worker(states_app, process_id=doomed).run_once()
+    assert performed is not None
+    assert performed.outcome == "commit_failed"  # the reaped worker's late success is refused
+    assert SEEN == [True]
+    rerun = _open_execution(states_app, run, "Probe#0")
+    assert waiting_for(states_app) == [
+        _head(run, branch) + f"step Probe#0 re-run 1 after a crash (ductwork.ProcessCrash) at {rerun.eligible_at}"]
+
+
+def test_waiting_for_a_delay_and_drain_moves_a_manual_clock_past_it(db_url):
+    from datetime import datetime, timedelta
+
+    from ductwork.db.clock import ManualClock
+
+    start = datetime(2026, 1, 1, 12, 0, 0)
+    for app in installed(make_app(db_url, clock=ManualClock(start), pipeline_advancer={"inline_linear": False})):
+        run = Delayed.trigger(1)
+        (branch,) = _branches(app, run)
+        assert Worker(app).run_once() is not None
+        assert Advancer(app).run_once() == "advanced"
+        assert waiting_for(app) == [
+            _head(run, branch) + f"step Later#1 delayed (delay=) until {start + timedelta(seconds=3)}"]
+        drain(app, timeout=30)
+        assert run.refresh().status == "completed"
+        assert app.clock.now() == start + timedelta(seconds=3)  # moved to the delay's end, not past it
+
+
+def test_waiting_for_a_keyed_step_unclaimed_then_behind_the_keys_concurrency(states_app):
+    first, second = KeyedCall.trigger(1), KeyedCall.trigger(2)
+    idle = Worker(states_app, hand_off=lambda: False)
+    for _ in range(2):  # each run's Echo, then its advance to the keyed Probe
+        assert idle.run_once() is not None
+        assert Advancer(states_app).run_once() == "advanced"
+    (b1,), (b2,) = _branches(states_app, first), _branches(states_app, second)
+    q1, q2 = _open_execution(states_app, first, "Probe#1"), _open_execution(states_app, second, "Probe#1")
+    assert waiting_for(states_app) == [
+        _head(first, b1) + f"step Probe#1 queued on limit key 'k' since {q1.eligible_at}, not claimed by any worker",
+        _head(second, b2) + f"step Probe#1 queued on limit key 'k' since {q2.eligible_at}, not claimed by any worker"]
+    DURING.append(lambda: waiting_for(states_app))  # the first Probe runs: k's one slot taken
+    assert idle.run_once() is not None
+    ((first_line, second_line),) = SEEN
+    assert first_line.startswith(_head(first, b1) + "step Probe#1 running since "), first_line
+    assert second_line == _head(second, b2) + "step Probe#1 waits for limit key 'k': concurrency 1 of 1 in flight"
+
+
+def test_waiting_for_names_at_most_the_oldest_runs(states_app):
+    from ductwork.testing import DESCRIBED
+
+    runs = [Twice.trigger(n) for n in range(DESCRIBED + 1)]
+    lines = waiting_for(states_app)
+    assert len(lines) == DESCRIBED + 1
+    oldest = sorted(runs, key=lambda r: (r.triggered_at, r.id))[:DESCRIBED]
+    assert [line.split(" ")[1] for line in lines[:DESCRIBED]] == [run.id for run in oldest]
+    assert lines[-1] == f"and more runs in progress (only the {DESCRIBED} oldest are shown)"
+
+
+def test_waiting_for_names_at_most_the_oldest_branches_of_a_run(states_app):
+    from ductwork.testing import DESCRIBED
+
+    run = Fan.trigger(DESCRIBED + 1)
+    assert Worker(states_app).run_once() is not None
+    assert Advancer(states_app).run_once() == "advanced"  # the expand, to its last child
+    children = _branches(states_app, run)
+    assert len(children) == DESCRIBED + 1
+    (line,) = waiting_for(states_app)
+    assert line.startswith(_head(run, children[0]) + "step Echo#1 queued "), line
+    assert [part.split(":")[0] for part in line.split("; ")[1:]] == (
+        [f"branch {child}" for child in children[1:DESCRIBED]] + [f"more than {DESCRIBED} active branches"])
+
+
+def test_drain_stops_advancing_at_its_deadline(states_app):
+    """Two branches wait for an advancer that advances one per call: the deadline passed
+    after the first, drain advances no more and says what the runs wait for."""
+    runs = [Twice.trigger(1), Twice.trigger(2)]
+    worker = Worker(states_app)
+    assert worker.run_once() is not None
+    assert worker.run_once() is not None
+    with pytest.raises(DrainTimeout) as raised:
+        drain(states_app, timeout=0)
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "drain: runs still in progress after 0 s:"
+    advanced = [line for line in lines[1:] if "Probe#0 succeeded" not in line]
+    assert len(advanced) == 1, lines  # one advanced (its Later then ran), the other still waits
+    assert len(lines) == 3, lines
+    assert {line.split(" ")[2] for line in lines[1:]} == {run.id for run in runs}
+
+
+def test_drain_waits_while_another_process_holds_a_branch(states_app):
+    from ductwork.fleet.processes import register
+    from ductwork.pipelines.advance import claim_branch
+
+    run = Twice.trigger(1)
+    (branch,) = _branches(states_app, run)
+    assert Worker(states_app).run_once() is not None
+    claim = claim_branch(states_app, branch, register(states_app, role="advancer", label="elsewhere"))
+    assert claim is not None
+    with pytest.raises(DrainTimeout) as raised:
+        drain(states_app, timeout=0.2)
+    assert str(raised.value) == ("drain: runs still in progress after 0.2 s:\n- " + _head(run, branch)
+                                 + f"held by an advancer since {_claimed_at(states_app, branch)} (at Probe#0), "
+                                   "waiting for it to finish or for the reaper")
+
+
+def test_drain_registers_again_when_its_process_was_reaped(db_url):
+    """A fleet on the same database reaped drain's process (its heartbeat was late): the
+    next heartbeat finds the row gone and drain goes on under a new process id. The
+    delay keeps drain waiting (nothing claimed under the reaped id) past a heartbeat."""
+    from ductwork.fleet.reaper import reap
+
+    for app in installed(make_app(db_url, pipeline_advancer={"inline_linear": False})):
+        run = Delayed.trigger(1)
+        assert Worker(app).run_once() is not None
+        assert Advancer(app).run_once() == "advanced"  # Later waits out its 3 s delay
+        reaped = app.process_id()
+        assert reap(app, reaped, force=True)
+        drain(app, timeout=30)
+        assert run.refresh().status == "completed"
+        assert app.process_id() != reaped
 
 
 # --------------------------------------------------------------------------- the pytest plugin

@@ -263,6 +263,13 @@ def test_a_run_finished_within_the_window_keeps_its_key(app):
     assert _count(app, schema.runs) == 2
 
 
+def test_a_key_window_on_a_key_no_run_holds_starts_a_run_with_it(app):
+    first = ChargeOrder.trigger(1, key="order-1", key_window="1d")
+    assert _key_of(app, first.id) == "order-1"
+    assert ChargeOrder.trigger(2, key="order-1", key_window="1d").id == first.id  # now it holds it
+    assert _count(app, schema.runs) == 1
+
+
 def test_a_run_in_progress_keeps_its_key_whatever_the_window(app):
     first = ChargeOrder.trigger(1, key="order-1")
     assert ChargeOrder.trigger(2, key="order-1", key_window=1).id == first.id

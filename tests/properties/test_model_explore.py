@@ -14,11 +14,12 @@ changes nothing; that each mutant of ``model/mutants.py`` is caught, naming an I
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from model.errors import CommitFailed
-from model.explore import CONFIGS, DEEP_CONFIGS, MUTANT_CONFIGS, explore, replay
+from model.explore import CONFIGS, DEEP_CONFIGS, MUTANT_CONFIGS, explore, main, replay
 from model.limits import LimitsModel
 from model.mutants import MUTANTS
 
@@ -29,11 +30,14 @@ BOUNDS = DEEP_CONFIGS if DEEP else CONFIGS
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(BOUNDS))
 def test_no_invariant_fails_in_any_reachable_state(name):
-    report = explore(BOUNDS[name])
+    progress: list[int] = []
+    report = explore(BOUNDS[name], progress=lambda so_far: progress.append(so_far.states))
     print(report.line())
     assert report.violation is None, str(report.violation)
     assert report.complete
     assert report.transitions > report.states > 1
+    # the progress callback (--progress) saw each 10 000 states once
+    assert progress == [10_000 * (i + 1) for i in range(report.states // 10_000)]
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
@@ -161,3 +165,75 @@ def test_the_parked_expand_world_reaches_arrivals_between_batches():
     assert reached == {"arrived while the claim is held", "arrived while released after a crash",
                        "some created children arrived", "arrived while parked after the middle batch",
                        "fired by the first batch's child arriving last", "fired after the expand resumed from a crash"}
+
+
+# --------------------------------------------------------------------------- python -m model.explore
+
+
+def _without_seconds(line: str) -> str:
+    return re.sub(r", \d+\.\d s", ", … s", line)
+
+
+def test_main_explores_a_configuration_and_prints_its_report(capsys):
+    """``python -m model.explore --only hooks``: the smallest configuration, exhaustively;
+    the line printed is its report's, and the exit status 0 says no invariant failed."""
+    assert main(["--only", "hooks"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    report = explore(CONFIGS["hooks"])
+    assert report.violation is None
+    assert _without_seconds(line) == _without_seconds(report.line())
+    assert re.fullmatch(rf"hooks: {report.states} states, {report.transitions} transitions, depth {report.depth}, "
+                        r"\d+\.\d s: no invariant fails", line), line
+
+
+def test_main_stopped_at_max_states_fails_as_not_exhaustive(capsys):
+    assert main(["--only", "limits", "--max-states", "50", "--progress"]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"limits: 50 states, \d+ transitions, depth \d+, \d+\.\d s "
+                        r"\(stopped at max_states: not exhaustive\): no invariant fails", line), line
+
+
+def test_main_hunts_a_mutant_and_prints_its_counterexample(capsys):
+    assert main(["--mutants", "--only", "stamp_off_by_one"]) == 0
+    line, *trace = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"mutant stamp_off_by_one in limits: \d+ states, \d+\.\d s: counterexample of 2 "
+                        r"operations: \[INV-LIM-5\] key 'a' stamped 500001, next token at 500000 .*", line), line
+    assert trace == ["  after 2 operations:", "   1. enqueue(key='a', eligible_at=0)", "   2. claim(w0, now=0)"]
+
+
+class StampedAtStart(LimitsModel):
+    """Starts with key a stamped though no decision refilled it: wrong before any operation."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.stamps["a"] = 1
+
+
+def test_an_initial_state_that_fails_its_check_is_the_counterexample():
+    report = explore(CONFIGS["limits"], StampedAtStart)
+    assert report.violation is not None
+    assert report.violation.trace == ()
+    assert report.violation.message == "[INV-LIM-5] key 'a' stamped 1 without a refill since the last restart"
+    assert report.states == 1
+
+
+class Annotated(LimitsModel):
+    """A model with a field of its own (as a mutant may have): the explorer copies it whole."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.note = "kept"
+
+
+def test_a_model_with_fields_of_its_own_is_copied_whole():
+    plain, annotated = (explore(CONFIGS["limits"], cls, max_states=200) for cls in (None, Annotated))
+    assert (annotated.states, annotated.transitions) == (plain.states, plain.transitions)
+    assert annotated.violation is None
+
+
+def test_replay_passes_over_a_refused_operation():
+    """A trace may hold an operation the model refuses (a self-loop): replay checks it
+    changed nothing and goes on."""
+    trace = ("run_execution(e1 A, success)", "run_execution(e1) again (refused)")
+    world = replay(CONFIGS["hooks"], trace)
+    assert world.present() == replay(CONFIGS["hooks"], trace[:1]).present()

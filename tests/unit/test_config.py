@@ -140,6 +140,9 @@ def test_zero_is_a_value_not_unset():
         ({"role": "boss"}, "role"),
         ({"role": None}, "role"),
         ({"pipelines": ["SyncOrders"]}, "pipelines[0]"),
+        ({"pipelines": [5]}, "pipelines[0]"),
+        ({"pipeline_advancer": {"inline_linear": "yes"}}, "pipeline_advancer.inline_linear"),
+        ({"job_worker": {"hand_off": 1}}, "job_worker.hand_off"),
         ({"pipelines": ["*", "a:B"]}, "pipelines"),
         ({"pipelines": {"a": "b"}}, "pipelines"),
         ({"imports": ["not a module"]}, "imports[0]"),
@@ -201,6 +204,9 @@ def test_nested_budget_without_default_keeps_builtin():
     jw = section(job_worker={"max_retry": {"Sync": 1}}).job_worker
     assert (jw.max_retry, jw.max_retry_for("a:Sync", "a:S"), jw.max_retry_for("a:X", "a:S")) == (
         3, 1, 3)
+    # a pipeline's own steps without a default: its other steps keep the section's
+    jw = section(job_worker={"max_retry": {"default": 2, "Sync": {"Push": 1}}}).job_worker
+    assert (jw.max_retry_for("a:Sync", "a:Push"), jw.max_retry_for("a:Sync", "a:Pull")) == (1, 2)
 
 
 # ---------------------------------------------------------------- environments
@@ -321,6 +327,24 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
 def test_bad_yaml_value_names_the_line(tmp_path):
     path = write(tmp_path, "default:\n  job_worker:\n    count: 2020-02-30\n")
     with pytest.raises(ConfigError, match=r"line 3, column 12: invalid .*timestamp") as info:
+        load_config(path, environ=NO_ENV)
+    assert info.value.path == str(path)
+
+
+def test_a_key_that_cannot_be_built_names_its_line_and_why(tmp_path):
+    """The duplicate-key check builds each key first; one that fails is reported by the
+    document's construction with its own error (not as a "recursive node")."""
+    path = write(tmp_path, "default:\n  job_worker:\n    !!int many: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ=NO_ENV)
+    assert str(info.value).endswith("invalid YAML at line 3, column 5: invalid tag:yaml.org,2002:int value: "
+                                    "invalid literal for int() with base 10: 'many'"), info.value
+    assert info.value.path == str(path)
+
+
+def test_a_control_character_is_invalid_yaml_naming_the_file(tmp_path):
+    path = write(tmp_path, "default:\n  role: \x07\n")
+    with pytest.raises(ConfigError, match=r"invalid YAML: unacceptable character #x0007") as info:
         load_config(path, environ=NO_ENV)
     assert info.value.path == str(path)
 

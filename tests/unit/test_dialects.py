@@ -107,3 +107,56 @@ def test_the_default_database_says_it_is_the_default(tmp_path, monkeypatch):
         app.dispose()
         set_default_app(None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_connect_takes_a_config_object_as_it_is(tmp_path, monkeypatch):
+    """``connect(url, config=Config)``: that config, not the environment's nor a file's."""
+    from ductwork.app import connect, set_default_app
+    from ductwork.db.database import default_app
+
+    monkeypatch.setenv("DUCTWORK_ENV", "elsewhere")
+    config = Config.from_section({"database": {"url": f"sqlite:///{tmp_path}/config.db"}}, source="<object>")
+    app = connect(config=config)
+    try:
+        assert app.config is config
+        assert app.url_source == "<object> database.url"
+        assert default_app() is app
+    finally:
+        app.dispose()
+        set_default_app(None)
+    assert list(tmp_path.iterdir()) == []  # connects to nothing yet
+
+
+def test_a_backend_or_seam_ductwork_does_not_implement_is_refused_by_name():
+    """Never a silent fallback: a dialect name outside the three (URLs are refused before
+    an engine exists, DatabaseURLError; this is the guard under it), and a seam with no
+    implementation for a backend, raise UnsupportedDialectError naming both."""
+    from ductwork.errors import UnsupportedDialectError
+
+    with pytest.raises(UnsupportedDialectError) as refused:
+        dialects.backend("oracle")
+    assert str(refused.value) == ("ductwork is not implemented for dialect 'oracle' "
+                                  "(supported: postgresql, mysql/mariadb, sqlite)")
+    assert refused.value.dialect == "oracle"
+    probe = dialects.Seam("probe")
+    probe.for_db("postgresql")(lambda bind: bind)
+    assert probe("postgresql") == "postgresql"
+    with pytest.raises(UnsupportedDialectError, match=r"^probe is not implemented for dialect 'sqlite' "):
+        probe("sqlite")
+
+
+def test_a_bare_database_registers_no_process_and_no_app_is_no_default(tmp_path):
+    """The layer under App: a Database (no fleet) refuses to register a process row, and
+    before any connect() (or after it is cleared) there is no default app to fall back on."""
+    from ductwork.db.database import Database, default_app, set_default_app
+    from ductwork.errors import RunStateError
+
+    bare = Database(f"sqlite:///{tmp_path}/bare.db", Config.from_section({}, source="<tests>"))
+    try:
+        with pytest.raises(NotImplementedError, match=r"^a bare Database registers no process row: use ductwork\.App$"):
+            bare.process_id()
+    finally:
+        bare.dispose()
+    set_default_app(None)
+    with pytest.raises(RunStateError, match=r"^no ductwork app: call ductwork\.connect\(\) first or pass app=$"):
+        default_app()

@@ -316,3 +316,24 @@ def test_drop_dominated_properties(entries):
         for b in kept:
             if a is not b:
                 assert not _dominates(a, b)
+
+
+def test_a_deep_error_keeps_its_first_frames_and_says_how_many_more():
+    """The stored backtrace of a step's error: its first BACKTRACE_FRAMES frames, then one
+    line counting the rest; the log's text keeps the whole traceback."""
+    from ductwork.limits.executions import BACKTRACE_FRAMES, ErrorInfo
+
+    depth = BACKTRACE_FRAMES + 5  # distinct functions: a traceback folds repeats of one frame
+    calls: dict = {}
+    exec("def f0():\n    raise ValueError('at the bottom')\n"  # noqa: S102 - a chain of distinct frames
+         + "".join(f"def f{i}():\n    f{i - 1}()\n" for i in range(1, depth)), calls)
+    try:
+        calls[f"f{depth - 1}"]()
+    except ValueError as error:
+        info = ErrorInfo.of(error)
+    assert (info.klass, info.message) == ("builtins.ValueError", "at the bottom")
+    assert info.backtrace is not None
+    assert info.backtrace.count('File "') == BACKTRACE_FRAMES
+    assert info.backtrace.endswith("... 6 more frames\n")  # the test's frame and 15 functions', 10 shown
+    assert info.text is not None
+    assert info.text.count('File "') == depth + 1

@@ -48,6 +48,15 @@ def test_json_formats_a_live_exception():
     assert out["exc_info"].endswith("KeyError: 'gone'")
 
 
+def test_json_carries_a_records_stack_info():
+    """``logger.warning(..., stack_info=True)``: the stack text, as the text format prints it."""
+    record = _record()
+    record.stack_info = "Stack (most recent call last):\n  File \"x\", line 1, in <module>"
+    out = json.loads(logs.JsonFormatter().format(record))
+    assert out["stack_info"] == record.stack_info
+    assert "exc_info" not in out
+
+
 def test_emit_carries_context_and_traceback_text_and_names_the_caller():
     logger = logging.getLogger("ductwork.test_emit")
     stream = io.StringIO()
