@@ -1221,3 +1221,88 @@ def test_the_smallest_worlds_hold_every_invariant_in_a_known_graph(name):
     assert report.violation is None, str(report.violation)
     assert report.complete
     assert (report.states, report.transitions) == (states, transitions)
+
+
+# ----------------------------------------------------------------- what the mutation run found
+
+
+def test_run_and_model_drives_with_the_arguments_it_was_given(monkeypatch):
+    """``run_to_quiescence``/``run_and_model`` pass the config, the args, ``batch``,
+    ``released`` and ``hook_oracle`` to the model, before each resume too: the summary alone
+    does not show it (a batched drive is defined to end as the single one does)."""
+    calls = []
+    drive = PipelinesModel.drive
+
+    def spy(self: PipelinesModel, oracle, **kwargs):
+        calls.append((self.config, kwargs))
+        return drive(self, oracle, **kwargs)
+
+    monkeypatch.setattr(PipelinesModel, "drive", spy)
+
+    def hook_oracle(*_: object) -> Outcome:
+        return success(None)
+
+    _, m, run_id = run_and_model(EXPAND3, ["x", 1], expand_oracle, CFG, resumes=["r"], batch=2,
+                                 hook_oracle=hook_oracle, released=True)
+    assert m.steps["step1"].input == ["x", 1]
+    assert m.runs[run_id].args == ["x", 1]
+    expected = {"batch": 2, "hook_oracle": hook_oracle, "released": True}
+    assert calls == [(CFG, expected), (CFG, expected)]
+    calls.clear()
+    assert run_to_quiescence(EXPAND3, [0], expand_oracle, CFG, resumes=[NO_INPUT], batch=3,
+                             released=True).status == "completed"
+    expected = {"batch": 3, "hook_oracle": None, "released": True}
+    assert calls == [(CFG, expected), (CFG, expected)]
+    calls.clear()
+    run_to_quiescence(EXPAND3, [0], expand_oracle)
+    run_and_model(EXPAND3, [0], expand_oracle)
+    expected = {"batch": None, "hook_oracle": None, "released": False}
+    assert calls == [(PipelineConfig(), expected)] * 2
+
+
+def test_a_summary_as_json_orders_rows_by_canonical_json():
+    """Rows sort by their JSON text, not as Python lists: ``"é"`` is ``"\\u00e9"`` there,
+    before ``"z"``."""
+    m = PipelinesModel(CFG)
+    m.trigger(snap("z", "zé", {"z": {"type": "chain", "to": ["é"]}}), [0])
+    m.drive(lambda node, *_: success(node))
+    assert m.summary("run1").as_json()["steps"] == [["é", "completed", 1], ["z", "completed", 1]]
+    assert m.summary("run1").as_json()["branches"] == [["é", "completed", None, 1]]
+
+
+def test_latest_outcome_of_a_step_not_run_yet_is_none():
+    m = PipelinesModel(CFG)
+    m.trigger(ONE, [0])
+    assert m.latest_outcome("step1") is None
+    m.run_execution(1, FAILURE)
+    assert m.latest_outcome("step1") == "failure"
+
+
+@pytest.mark.parametrize("batch", [None, 1, 2])
+def test_drive_stops_past_its_budget_even_when_a_round_only_advanced(batch):
+    """A round that only advanced branches (halts here) still counts against ``max_actions``."""
+    m = PipelinesModel(CFG)
+    m.trigger(ONE, [0])
+    m.trigger(ONE, [1])
+    m.run_execution(1, INVALID)
+    m.run_execution(2, INVALID)
+    with pytest.raises(PreconditionError, match="no quiescence after 0 actions"):
+        m.drive(by_node, max_actions=0, batch=batch)
+    assert m.runs["run1"].status == "halted"
+    m2 = PipelinesModel(CFG)
+    m2.trigger(ONE, [0])
+    m2.trigger(ONE, [1])
+    m2.run_execution(1, INVALID)
+    m2.run_execution(2, INVALID)
+    assert m2.drive(by_node, max_actions=2, batch=batch) == (2 if batch != 2 else 1)
+
+
+def test_a_batched_drive_advances_the_batchable_branches_in_chunks():
+    m = PipelinesModel(CFG)
+    for i in range(3):
+        m.trigger(ONE, [i])
+        m.run_execution(i + 1, INVALID)
+    assert m.drive(by_node, batch=2) == 2  # two advance_batch transactions: [1, 2], [3]
+    assert [(c.branch_id, c.token) for c in m.commits] == [("branch1", 1), ("branch2", 2), ("branch3", 3)]
+    assert [k for k, _, _ in m.fence_log] == ["claim", "claim", "commit", "release", "commit", "release",
+                                             "claim", "commit", "release"]
