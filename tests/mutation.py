@@ -50,6 +50,27 @@ MODULES = (
     "model.pipelines",
 )
 
+_P = "model.pipelines.xǁPipelinesModelǁ"
+#: model.pipelines' equivalent mutants (kept apart from the other modules' arguments)
+PIPELINES_EQUIVALENT: dict[str, str] = {
+    f"{_P}_drive_batched__mutmut_1":
+        "default released=True: drive(), its only caller, always passes released",
+    f"{_P}_drive_batched__mutmut_5":
+        "`progressed = None` for False: it is only read for truth",
+    **{f"{_P}advance_batch__mutmut_{n}":
+       "advance(branch, None) for the claim's token: the fence was checked with that token just "
+       "before, so the branch is held and None takes its holder's token" for n in (21, 23)},
+    f"{_P}_end_attempt__mutmut_35":
+        "`crash_count <= max_crash / 3` for `// 3`: for an integer c, c <= n // 3 exactly when c <= n / 3",
+    **{f"{_P}{name}":
+       "a copy for a deep copy of a halted run's own record (args, context, a step's input or output): "
+       "no operation writes a stored value in place, so sharing it is never seen"
+       for name in ("revive__mutmut_28", "revive__mutmut_97", "_carry_step__mutmut_25", "_carry_step__mutmut_27")},
+    **{f"{_P}revive__mutmut_{n}":
+       "`old.link or 'XXXX'` for `or ''`: ids are a kind and a number, so neither is a key of the id maps"
+       for n in (70, 77, 80)},
+}
+
 #: surviving mutants no input can tell from the original, each with the argument
 EQUIVALENT: dict[str, str] = {
     # zip(..., strict=True) → strict=False / None / left out: strict only acts when the
@@ -115,6 +136,8 @@ EQUIVALENT: dict[str, str] = {
     "ductwork.durations.x_parse_interval_us__mutmut_34":
         "floor(value / 10⁶) for floor(value · 10⁶) on the branch value <= 0: both are <= 0, "
         "so 'must be positive' is raised either way and the value is never returned",
+    # model.pipelines (PipelinesModel)
+    **PIPELINES_EQUIVALENT,
 }
 
 KILLED = {1, 3}  # a test failed (3: pytest's internal error, counted a kill by mutmut)

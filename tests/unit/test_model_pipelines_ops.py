@@ -960,19 +960,22 @@ def test_revive_reruns_an_advancer_halt_and_may_copy_the_context():
         m.revive("run1")
 
 
-def test_a_revived_run_of_a_completed_fan_out_resolves_at_once():
+def test_a_revived_run_revived_again_keeps_the_first_steps_keys():
     m = PipelinesModel(CFG)
     m.trigger(AB, [0])
     m.run_execution(1, success(1))
     m.advance("branch1")
     m.run_execution(2, INVALID)
     m.advance("branch1")
-    m.revive("run1")
-    m.runs["run2"].status = "halted"
-    m.branches["branch2"].status = "halted"
+    assert m.revive("run1") == "run2"
+    m.run_execution(3, INVALID)
+    m.advance("branch2")
+    assert m.runs["run2"].status == "halted"
     assert m.revive("run2") == "run3"
-    assert m.runs["run3"].status == "in_progress"
-    assert m.runs["run3"].status_history == ["in_progress"]
+    assert [(s.id, s.key, s.copied_from, s.revives) for s in m.steps.values() if s.run_id == "run3"] == [
+        ("step5", "step1", "step3", None), ("step6", "step2", None, "step4")]
+    assert m.executions[4] == ex(4, "step6", key="step2")
+    assert (m.runs["run3"].status, m.runs["run3"].status_history) == ("in_progress", ["in_progress"])
 
 
 def test_context_is_set_once_unless_overwritten():
@@ -1306,3 +1309,56 @@ def test_a_batched_drive_advances_the_batchable_branches_in_chunks():
     assert [(c.branch_id, c.token) for c in m.commits] == [("branch1", 1), ("branch2", 2), ("branch3", 3)]
     assert [k for k, _, _ in m.fence_log] == ["claim", "claim", "commit", "release", "commit", "release",
                                              "claim", "commit", "release"]
+
+
+def test_revive_carries_every_fan_out_and_fan_in_link_to_the_new_ids():
+    """A revived expand keeps its width, cursor, arrivals (mapped) and its merge branch's
+    ``merge_of`` (mapped): the revive test above had no fan-in, so each could be lost."""
+    m = PipelinesModel(CFG)
+    m.trigger(EXPAND3, [0])
+    m.drive(lambda node, *_: INVALID if node == "C" else success([1, 2, 3] if node == "A" else node))
+    assert m.revive("run1") == "run2"
+    assert [m.branches[b] for b in m.runs["run2"].branches] == [
+        Branch("branch6", "run2", None, None, "completed", steps=["step6"], fanout_step="step6", fanout_width=3,
+               fanin_arrivals=3, arrived={0: "branch7", 1: "branch8", 2: "branch9"}, expand_cursor=3,
+               copied_from="branch1"),
+        Branch("branch7", "run2", "branch6", 0, "completed", steps=["step7"], copied_from="branch2"),
+        Branch("branch8", "run2", "branch6", 1, "completed", steps=["step8"], copied_from="branch3"),
+        Branch("branch9", "run2", "branch6", 2, "completed", steps=["step9"], copied_from="branch4"),
+        Branch("branch10", "run2", None, None, "in_progress", steps=["step10"], merge_of="branch6",
+               copied_from="branch5")]
+    assert m.steps["step10"].predecessors == ("step7", "step8", "step9")
+
+
+def test_advance_batch_commits_in_id_order_with_the_claims_tokens():
+    m = PipelinesModel(CFG)
+    for i in range(10):
+        m.trigger(ONE, [i])
+        m.run_execution(i + 1, INVALID)
+    claims = m.claim_branches(["branch10", "branch9"])
+    assert claims == {"branch10": 1, "branch9": 2}
+    assert list(m.advance_batch(claims)) == ["branch9", "branch10"]
+    assert [(c.branch_id, c.token) for c in m.commits] == [("branch9", 2), ("branch10", 1)]
+
+
+def test_advancer_errors_count_up_to_a_larger_budget():
+    m = PipelinesModel(PipelineConfig(advancer_max_retry=2))
+    m.trigger(AB, [0])
+    m.run_execution(1, success(1))
+    m.advancer_error("branch1")
+    m.advancer_error("branch1")
+    assert (m.branches["branch1"].status, m.branches["branch1"].advancer_errors) == ("in_progress", 2)
+    m.advancer_error("branch1")
+    assert m.branches["branch1"].halt_reason == "advancer_retries_exhausted"
+
+
+def test_a_hooks_timeout_is_retried_like_a_failure():
+    m = halted()
+    m.run_hook("hook1", m.claim_hook("hook1"), TIMED_OUT)
+    assert m.hooks["hook1"] == HaltHook("hook1", "run1", "m:H", 10, "pending", 1, 0, None, ["timed_out"], [0])
+
+
+def test_drive_counts_every_hook_it_ran():
+    m = halted(runs=2)
+    assert m.drive(by_node) == 2
+    assert [h.status for h in m.hooks.values()] == ["succeeded", "succeeded"]
