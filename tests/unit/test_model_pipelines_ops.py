@@ -1362,3 +1362,56 @@ def test_drive_counts_every_hook_it_ran():
     m = halted(runs=2)
     assert m.drive(by_node) == 2
     assert [h.status for h in m.hooks.values()] == ["succeeded", "succeeded"]
+
+
+def test_values_taken_from_the_caller_are_deep_copies():
+    """A resume input and a context value are stored as they were when given, however deep
+    the caller later changes them."""
+    m = PipelinesModel(CFG)
+    m.trigger(snap("C", "CD", {"C": {"type": "dampen", "to": ["D"]}}), [0])
+    m.run_execution(1, success("own"))
+    m.advance("branch1")
+    given = {"v": [1]}
+    m.resume("run1", given)
+    m.context_set("run1", "k", given)
+    given["v"].append(2)
+    assert m.steps["step2"].input == [{"v": [1]}]
+    assert m.context_get("run1", "k") == {"v": [1]}
+
+
+def test_resume_counts_every_dampened_branch():
+    m = PipelinesModel(CFG)
+    m.trigger(snap("A", "ABCD", {"A": {"type": "divide", "to": ["B", "C"]}, "B": {"type": "dampen", "to": ["D"]},
+                                 "C": {"type": "dampen", "to": ["D"]}}), [0])
+    m.drive(by_node)
+    assert m.runs["run1"].status == "dampened"
+    assert m.resume("run1") == 2
+    assert [(s.node, s.input, s.origin) for s in m.steps.values() if s.node == "D"] == [
+        ("D", ["B"], "resume"), ("D", ["C"], "resume")]
+
+
+def test_run_digest_covers_the_executions():
+    """The digest is how a prune's record shows nothing of a pruned run changed after
+    [INV-PRN-2]; a change to an execution alone must show."""
+    m = PipelinesModel(CFG)
+    m.trigger(ONE, [0])
+    m.run_execution(1, success(1))
+    before = m.run_digest("run1")
+    m.executions[1].completed_at_us = 5
+    assert m.run_digest("run1") != before
+
+
+def test_a_run_whose_hook_is_running_is_not_pruned():
+    m = halted()
+    m.claim_hook("hook1")
+    assert m.prunable_runs(1) == []
+    assert m.prune(1, candidates=["run1"]) == []
+    assert m.prunes[-1].considered == (("run1", "halted", 0, True),)
+
+
+def test_expanded_steps_record_their_origin():
+    m = PipelinesModel(CFG)
+    m.trigger(EXPAND3, [0])
+    m.run_execution(1, success([1]))
+    m.advance("branch1")
+    assert m.steps["step2"] == st("step2", "B", [1], "expand", ("step1",), execs=[2], branch="branch2")
