@@ -72,6 +72,13 @@ PIPELINES_EQUIVALENT: dict[str, str] = {
     **{f"{_P}resume__mutmut_{n}":
        "the message of `assert edge is not None`: a branch is dampened only by advancing past its "
        "step's dampen edge, so it never fails" for n in (14, 15)},
+    f"{_P}_fan_in__mutmut_3":
+        "`if branch.barrier or True`: branches.get(None) is None, as the else branch gives",
+    f"{_P}_fan_in__mutmut_10":
+        "`fanout_step or 'XXXX'`: a barrier is a branch that fanned out, so its fanout_step is set",
+    **{f"{_P}_fan_in__mutmut_{n}":
+       "the message of `assert branch.fanout_index is not None`: a branch with a barrier was made by a "
+       "fan-out with its index, so it never fails" for n in (28, 29)},
 }
 
 #: surviving mutants no input can tell from the original, each with the argument

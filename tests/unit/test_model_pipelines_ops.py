@@ -18,6 +18,7 @@ import pytest
 
 from model.errors import CommitFailed, DefinitionError, OverwriteError, PreconditionError, StaleClaim
 from model.explore import _PARKED, CHAIN, CHAIN_AB, DIVIDE, EXPAND, HALTING, _pipelines, explore
+from model.mutants import RollbackKeepsTrigger
 from model.pipelines import (
     CRASH,
     FAILURE,
@@ -1415,3 +1416,34 @@ def test_expanded_steps_record_their_origin():
     m.run_execution(1, success([1]))
     m.advance("branch1")
     assert m.steps["step2"] == st("step2", "B", [1], "expand", ("step1",), execs=[2], branch="branch2")
+
+
+NESTED = snap("A", "ABCDEFG", {"A": {"type": "divide", "to": ["B", "C"]},
+                               "B": {"type": "divide", "to": ["D", "E"]},
+                               "D": {"type": "combine", "to": ["F"], "barrier": ["B"]},
+                               "E": {"type": "combine", "to": ["F"], "barrier": ["B"]},
+                               "F": {"type": "combine", "to": ["G"], "barrier": ["A"]},
+                               "C": {"type": "combine", "to": ["G"], "barrier": ["A"]}})
+
+
+def test_a_nested_fan_in_merges_into_the_outer_fan_out_at_its_index():
+    """The inner merge's branch takes the inner barrier's own barrier and fan-out index, so
+    it arrives at the outer fan-in in B's place (index 0)."""
+    m = PipelinesModel(CFG)
+    m.trigger(NESTED, [0])
+    m.drive(by_node)
+    assert m.branches["branch6"] == Branch("branch6", "run1", "branch1", 0, "completed", steps=["step6"],
+                                           merge_of="branch2")
+    assert m.branches["branch7"] == Branch("branch7", "run1", None, None, "completed", steps=["step7"],
+                                           merge_of="branch1")
+    assert m.branches["branch1"].arrived == {1: "branch3", 0: "branch6"}
+    assert m.summary("run1").fan_in_inputs == {"F": [[["D", "E"]]], "G": [[["F", "C"]]]}
+    assert m.runs["run1"].status == "completed"
+
+
+def test_a_rolled_back_trigger_hands_its_arguments_to_the_seam():
+    """``_rolled_back`` is where ``model/mutants.py``'s ``rollback_keeps_trigger`` writes the
+    trigger anyway: it gets the definition, args and key the caller gave."""
+    m = RollbackKeepsTrigger(CFG)
+    assert m.trigger_in(snap("A", "A", {}, pipeline="p"), [5], key="k", commit=False) is None
+    assert (m.runs["run1"].args, m.runs["run1"].trigger_key, m.runs["run1"].definition.pipeline) == ([5], "k", "p")
