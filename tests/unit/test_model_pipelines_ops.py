@@ -1202,8 +1202,8 @@ def test_snapshot_changes_with_the_state_and_the_queries_order():
     assert m.advanceable_branches() == ["branch3"]
     m.set_clock(5)
     assert m.runnable_executions() == [2, 1]
-    ids = ["branch10", "branch9", "branch2", "x"]
-    assert sorted(ids, key=PipelinesModel._id_order) == ["x", "branch2", "branch9", "branch10"]
+    ids = ["branch10", "branch9", "branch1", "x"]
+    assert sorted(ids, key=PipelinesModel._id_order) == ["x", "branch1", "branch9", "branch10"]
     m.claim_branch("branch3")
     m.branches["branch3"].status = "advancing"
     assert m.claimable_branches() == []
@@ -1348,6 +1348,7 @@ def test_advance_batch_commits_in_id_order_with_the_claims_tokens():
     for i in range(10):
         m.trigger(ONE, [i])
         m.run_execution(i + 1, INVALID)
+    assert m.advanceable_branches() == [f"branch{i}" for i in range(1, 11)]
     claims = m.claim_branches(["branch10", "branch9"])
     assert claims == {"branch10": 1, "branch9": 2}
     assert list(m.advance_batch(claims)) == ["branch9", "branch10"]
@@ -1459,3 +1460,21 @@ def test_a_rolled_back_trigger_hands_its_arguments_to_the_seam():
     m = RollbackKeepsTrigger(CFG)
     assert m.trigger_in(snap("A", "A", {}, pipeline="p"), [5], key="k", commit=False) is None
     assert (m.runs["run1"].args, m.runs["run1"].trigger_key, m.runs["run1"].definition.pipeline) == ([5], "k", "p")
+
+
+def test_a_spent_advancer_crash_budget_is_batchable_whatever_the_edge():
+    m = PipelinesModel(CFG)  # advancer_max_crash 2
+    m.trigger(DIVIDE4, [0])
+    m.run_execution(1, success(1))
+    assert not m.batchable("branch1")
+    m.advancer_crash("branch1")
+    assert not m.batchable("branch1")
+    m.advancer_crash("branch1")
+    assert m.batchable("branch1")
+    assert m.advance_batch(m.claim_branches(["branch1"])) == {
+        "branch1": Commit("branch1", 3, "halt:advancer_crashes_exhausted", ())}
+    m.trigger(DIVIDE4, [0])
+    m.run_execution(2, FAILURE)
+    m.set_clock(10)
+    m.run_execution(3, FAILURE)
+    assert m.batchable("branch2")  # a failed step, crashes to spare
