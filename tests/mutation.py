@@ -79,6 +79,14 @@ PIPELINES_EQUIVALENT: dict[str, str] = {
     **{f"{_P}_fan_in__mutmut_{n}":
        "the message of `assert branch.fanout_index is not None`: a branch with a barrier was made by a "
        "fan-out with its index, so it never fails" for n in (28, 29)},
+    **{f"{_P}_claim_or_hold__mutmut_{n}":
+       "the message of `assert branch.claim_token is not None`: a branch is advancing only with its "
+       "claim's token set, so it never fails" for n in (9, 10)},
+    f"{_P}advance__mutmut_37":
+        "`step_completed=None` for False: _halt only reads it for truth",
+    f"{_P}advance__mutmut_46":
+        "`step_completed=True` on the failed-step branch: _halt completes only an advancing step, and "
+        "this one is failed",
 }
 
 #: surviving mutants no input can tell from the original, each with the argument
