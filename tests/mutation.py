@@ -87,6 +87,11 @@ PIPELINES_EQUIVALENT: dict[str, str] = {
     f"{_P}advance__mutmut_46":
         "`step_completed=True` on the failed-step branch: _halt completes only an advancing step, and "
         "this one is failed",
+    f"{_P}run_execution__mutmut_78":
+        "`crash + 1 <= max_crash / 3` for `// 3`: for an integer c, c <= n // 3 exactly when c <= n / 3",
+    f"{_P}advance__mutmut_211":
+        "the message of the unknown-edge AssertionError: Definition.parse rejects every other edge type, "
+        "so it is never raised",
 }
 
 #: surviving mutants no input can tell from the original, each with the argument

@@ -1478,3 +1478,21 @@ def test_a_spent_advancer_crash_budget_is_batchable_whatever_the_edge():
     m.set_clock(10)
     m.run_execution(3, FAILURE)
     assert m.batchable("branch2")  # a failed step, crashes to spare
+
+
+def test_a_timeout_is_retried_like_a_failure():
+    m = PipelinesModel(CFG)
+    m.trigger(ONE, [0])
+    m.run_execution(1, TIMED_OUT)
+    assert m.executions[2] == ex(2, "step1", retry=1, at=10)
+    assert m.steps["step1"].status == "in_progress"
+
+
+def test_trigger_takes_a_parsed_definition_and_copies_the_callers_args():
+    m = PipelinesModel(CFG)
+    parsed = Definition.parse(AB)
+    args = [{"a": [1]}]
+    assert m.trigger(parsed, args) == "run1"
+    assert m.runs["run1"].definition is parsed
+    args[0]["a"].append(2)
+    assert m.steps["step1"].input == [{"a": [1]}]
