@@ -92,6 +92,14 @@ PIPELINES_EQUIVALENT: dict[str, str] = {
     f"{_P}advance__mutmut_211":
         "the message of the unknown-edge AssertionError: Definition.parse rejects every other edge type, "
         "so it is never raised",
+    f"{_P}resume__mutmut_25":
+        "a copy for a deep copy of the resume input: _new_step deep-copies the input it is given",
+    f"{_P}drive__mutmut_18":
+        "`progressed = None` for False: it is only read for truth",
+    f"{_P}drive__mutmut_22":
+        "`break` for `continue` where a branch listed at the round's start is no longer advanceable: an "
+        "advance changes no other listed branch (only its barrier, completed, and a new merge branch), so "
+        "it never happens",
 }
 
 #: surviving mutants no input can tell from the original, each with the argument

@@ -1496,3 +1496,50 @@ def test_trigger_takes_a_parsed_definition_and_copies_the_callers_args():
     assert m.runs["run1"].definition is parsed
     args[0]["a"].append(2)
     assert m.steps["step1"].input == [{"a": [1]}]
+
+
+def test_drive_stops_past_its_budget_when_a_round_only_ran_a_hook_or_an_empty_expand():
+    for batch in (None, 1):
+        with raises(PreconditionError, "no quiescence after 0 actions"):
+            halted().drive(by_node, max_actions=0, batch=batch)  # one hook run, nothing else
+        assert halted().drive(by_node, max_actions=1, batch=batch) == 1
+    m = PipelinesModel(CFG)
+    m.trigger(EXPAND3, [0])
+    m.run_execution(1, success([]))  # its advance (not batchable) creates nothing
+    with raises(PreconditionError, "no quiescence after 0 actions"):
+        m.drive(by_node, max_actions=0, batch=1)
+
+
+def test_drive_defaults(monkeypatch):
+    """Without ``max_actions`` a drive stops past 100,000 actions; without ``released`` a
+    batched drive records keyed successes as any other."""
+    seen = []
+    round_ended, drive_batched = PipelinesModel._round_ended, PipelinesModel._drive_batched
+
+    def spy_round(self: PipelinesModel, progressed: bool, actions: int, max_actions: int, *rest: bool) -> bool:
+        seen.append(("round", max_actions))
+        return round_ended(self, progressed, actions, max_actions, *rest)
+
+    def spy_batched(self: PipelinesModel, oracle, batch, max_actions, hook_oracle=None, released=False):
+        seen.append(("batched", released))
+        return drive_batched(self, oracle, batch, max_actions, hook_oracle, released)
+
+    monkeypatch.setattr(PipelinesModel, "_round_ended", spy_round)
+    monkeypatch.setattr(PipelinesModel, "_drive_batched", spy_batched)
+    m = PipelinesModel(CFG)
+    m.trigger(ONE, [0])
+    m.drive(by_node)
+    m.drive(by_node, batch=1)
+    assert [v for k, v in seen if k == "round"] == [100_000] * 5  # three rounds, then two batched
+    assert [v for k, v in seen if k == "batched"] == [False]
+
+
+def test_fan_in_inputs_of_one_node_sort_by_canonical_json():
+    """Two collapses into F, one per expanding branch: their inputs sort as JSON text
+    (``"é"`` is ``"\\u00e9"``, before ``"z"``)."""
+    m = PipelinesModel(CFG)
+    m.trigger(snap("A", "ABCDF", {"A": {"type": "divide", "to": ["B", "C"]},
+                                  "B": {"type": "expand", "to": ["D"]}, "C": {"type": "expand", "to": ["D"]},
+                                  "D": {"type": "collapse", "to": ["F"], "barrier": ["B", "C"]}}), [0])
+    m.drive(lambda node, inp, _: success({"B": ["z"], "C": ["é"]}[node] if node in "BC" else inp[0]))
+    assert m.summary("run1").fan_in_inputs == {"F": [[["é"]], [["z"]]]}
