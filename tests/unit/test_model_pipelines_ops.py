@@ -1496,6 +1496,7 @@ def test_trigger_takes_a_parsed_definition_and_copies_the_callers_args():
     assert m.runs["run1"].definition is parsed
     args[0]["a"].append(2)
     assert m.steps["step1"].input == [{"a": [1]}]
+    assert m.runs["run1"].args == [{"a": [1]}]  # the run's args too (a revive copies them)
 
 
 def test_drive_stops_past_its_budget_when_a_round_only_ran_a_hook_or_an_empty_expand():
