@@ -655,7 +655,7 @@ class PipelinesModel:
             self.triggers.append(Trigger(definition.pipeline, key, existing, created=False,
                                          window_us=key_window_us, at_us=self.now_us))
             return existing
-        run = Run(self._new_id("run"), definition, list(args), trigger_key=key)
+        run = Run(self._new_id("run"), definition, copy.deepcopy(list(args)), trigger_key=key)  # not the caller's
         self.runs[run.id] = run
         branch = self._new_branch(run, barrier=None, fanout_index=None)
         self._new_step(branch, definition.start, list(args), "trigger", ())

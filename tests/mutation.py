@@ -52,6 +52,58 @@ MODULES = (
     "model.pipelines",
 )
 
+_P = "model.pipelines.xǁPipelinesModelǁ"
+#: model.pipelines' equivalent mutants (kept apart from the other modules' arguments)
+PIPELINES_EQUIVALENT: dict[str, str] = {
+    f"{_P}_drive_batched__mutmut_1":
+        "default released=True: drive(), its only caller, always passes released",
+    f"{_P}_drive_batched__mutmut_5":
+        "`progressed = None` for False: it is only read for truth",
+    **{f"{_P}advance_batch__mutmut_{n}":
+       "advance(branch, None) for the claim's token: the fence was checked with that token just "
+       "before, so the branch is held and None takes its holder's token" for n in (21, 23)},
+    f"{_P}_end_attempt__mutmut_35":
+        "`crash_count <= max_crash / 3` for `// 3`: for an integer c, c <= n // 3 exactly when c <= n / 3",
+    **{f"{_P}{name}":
+       "a copy for a deep copy of a halted run's own record (args, context, a step's input or output): "
+       "no operation writes a stored value in place, so sharing it is never seen"
+       for name in ("revive__mutmut_28", "revive__mutmut_97", "_carry_step__mutmut_25", "_carry_step__mutmut_27")},
+    **{f"{_P}revive__mutmut_{n}":
+       "`old.link or 'XXXX'` for `or ''`: ids are a kind and a number, so neither is a key of the id maps"
+       for n in (70, 77, 80)},
+    **{f"{_P}resume__mutmut_{n}":
+       "the message of `assert edge is not None`: a branch is dampened only by advancing past its "
+       "step's dampen edge, so it never fails" for n in (14, 15)},
+    f"{_P}_fan_in__mutmut_3":
+        "`if branch.barrier or True`: branches.get(None) is None, as the else branch gives",
+    f"{_P}_fan_in__mutmut_10":
+        "`fanout_step or 'XXXX'`: a barrier is a branch that fanned out, so its fanout_step is set",
+    **{f"{_P}_fan_in__mutmut_{n}":
+       "the message of `assert branch.fanout_index is not None`: a branch with a barrier was made by a "
+       "fan-out with its index, so it never fails" for n in (28, 29)},
+    **{f"{_P}_claim_or_hold__mutmut_{n}":
+       "the message of `assert branch.claim_token is not None`: a branch is advancing only with its "
+       "claim's token set, so it never fails" for n in (9, 10)},
+    f"{_P}advance__mutmut_37":
+        "`step_completed=None` for False: _halt only reads it for truth",
+    f"{_P}advance__mutmut_46":
+        "`step_completed=True` on the failed-step branch: _halt completes only an advancing step, and "
+        "this one is failed",
+    f"{_P}run_execution__mutmut_78":
+        "`crash + 1 <= max_crash / 3` for `// 3`: for an integer c, c <= n // 3 exactly when c <= n / 3",
+    f"{_P}advance__mutmut_211":
+        "the message of the unknown-edge AssertionError: Definition.parse rejects every other edge type, "
+        "so it is never raised",
+    f"{_P}resume__mutmut_25":
+        "a copy for a deep copy of the resume input: _new_step deep-copies the input it is given",
+    f"{_P}drive__mutmut_18":
+        "`progressed = None` for False: it is only read for truth",
+    f"{_P}drive__mutmut_22":
+        "`break` for `continue` where a branch listed at the round's start is no longer advanceable: an "
+        "advance changes no other listed branch (only its barrier, completed, and a new merge branch), so "
+        "it never happens",
+}
+
 #: surviving mutants no input can tell from the original, each with the argument
 EQUIVALENT: dict[str, str] = {
     # zip(..., strict=True) → strict=False / None / left out: strict only acts when the
@@ -153,6 +205,8 @@ EQUIVALENT: dict[str, str] = {
     "ductwork.durations.x_parse_interval_us__mutmut_34":
         "floor(value / 10⁶) for floor(value · 10⁶) on the branch value <= 0: both are <= 0, "
         "so 'must be positive' is raised either way and the value is never returned",
+    # model.pipelines (PipelinesModel)
+    **PIPELINES_EQUIVALENT,
 }
 
 KILLED = {1, 3}  # a test failed (3: pytest's internal error, counted a kill by mutmut)
