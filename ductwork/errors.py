@@ -332,6 +332,8 @@ class RunFilterError(DuctworkError, ValueError):
         self.option = option
         self.value = value
         super().__init__(f"{option}={value!r}: {reason}")
+
+
 class ReviveError(RunStateError):
     """``Run.revive`` of a run that is not halted (running, completed, dampened) or does not
     exist; names the run and its status.

@@ -85,10 +85,6 @@ class ClaimedHook:
     #: the handler's one argument: ``run_id``, ``pipeline``, ``halt_reasons``, ``errors``
     halt: dict[str, Any]
 
-    @property
-    def attempt(self) -> int:
-        return self.retry_count + self.crash_count
-
 
 # --------------------------------------------------------------------------- owing
 

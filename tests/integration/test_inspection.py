@@ -464,3 +464,19 @@ def test_a_closed_pipe_stops_a_command_quietly(app, db_url):
         assert "Traceback" not in done.stderr, done.stderr
         assert done.stdout.strip() == "141", (argv, done.stdout, done.stderr)
     assert {run.status for run in list_runs(app, limit=100)} <= {"completed"}
+
+
+@pytest.mark.parametrize(("kwargs", "option", "value", "message"), [
+    ({"finished_before": timedelta(seconds=-1)}, "--finished-before", timedelta(seconds=-1), "must not be negative"),
+    ({"finished_before": timedelta(0), "batch_size": 0}, "--batch-size", 0,
+     "expected a whole number of runs, at least 1"),
+    ({"finished_before": timedelta(0), "batch_size": True}, "--batch-size", True,
+     "expected a whole number of runs, at least 1"),
+])
+def test_prune_from_python_refuses_a_negative_age_or_a_bad_batch_size(app, kwargs, option, value, message):
+    """``prune`` called from Python (the CLI's parser refuses these before it) names the
+    option and the value, before it reads or deletes anything."""
+    with pytest.raises(RunFilterError) as info:
+        pruning.prune(app, **kwargs)
+    assert (info.value.option, info.value.value) == (option, value)
+    assert str(info.value) == f"{option}={value!r}: {message}"
