@@ -35,7 +35,6 @@ the same key lock: executions.py).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -50,7 +49,7 @@ from ductwork.db import dialects, schema
 from ductwork.db.clock import from_us
 from ductwork.limit_entries import LimitEntry, entry_digest
 from ductwork.limits import buckets
-from ductwork.limits.executions import Claimed, KeyHeader, Output, Success, lock_key, record_successes
+from ductwork.limits.executions import CLAIM_COLUMNS, Claimed, KeyHeader, Output, Success, lock_key, record_successes
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -159,14 +158,14 @@ def _running(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
             .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id))
 
 
-_RUNNING = [field.name for field in dataclasses.fields(Claimed)
-            if field.name not in ("process_id", "claimed_at", "fills_key")]  # (not columns: the claim's own)
+_RUNNING = [name for name in CLAIM_COLUMNS if name not in ("process_id", "claimed_at")]  # (the claim's own)
 
 
-def _claimed(row: sa.Row[Any], process_id: str, claimed_at: datetime) -> Claimed:
+def _claimed(row: sa.Row[Any], process_id: str, claimed_at: datetime, fills_key: bool = False) -> Claimed:
     """A row of :func:`_running` as claimed by ``process_id`` at ``claimed_at``."""
     mapping = row._mapping
-    return Claimed(**{name: mapping[name] for name in _RUNNING}, process_id=process_id, claimed_at=claimed_at)
+    return Claimed(**{name: mapping[name] for name in _RUNNING}, process_id=process_id, claimed_at=claimed_at,
+                   fills_key=fills_key)
 
 
 def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
@@ -488,7 +487,7 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, proc
         return Refusal(key, "rate")
     # the key is full once these are in flight: their releases are what waiting work needs first
     full = entry is not None and entry.concurrency is not None and in_flight + len(admitted) >= entry.concurrency
-    return [dataclasses.replace(_claimed(row, process_id, tx.now), fills_key=full) for row in admitted]
+    return [_claimed(row, process_id, tx.now, full) for row in admitted]
 
 
 def seconds_to_next_token(app: App) -> float | None:

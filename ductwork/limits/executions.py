@@ -93,7 +93,7 @@ class Claimed:
     process_id: str
     claimed_at: datetime
     #: the claim left its key's concurrency full: other work of the key may wait for this
-    #: slot, so its success is recorded as a release first (``released_later``)
+    #: slot, so its success may be recorded as a release first (``outcomes.releases_first``)
     fills_key: bool = False
 
     @classmethod
@@ -101,7 +101,12 @@ class Claimed:
         """From a row whose columns are labelled with the field names (``claims._load``);
         ``fills_key`` is no column: False (an unkeyed claim's)."""
         mapping = row._mapping
-        return cls(**{f.name: mapping[f.name] for f in dataclasses.fields(cls) if f.name != "fills_key"})
+        return cls(**{name: mapping[name] for name in CLAIM_COLUMNS})
+
+
+#: the fields of :class:`Claimed` read from a row, by name: all but ``fills_key``, which is
+#: the claim's own decision, never stored
+CLAIM_COLUMNS = tuple(f.name for f in dataclasses.fields(Claimed) if f.name != "fills_key")
 
 
 @dataclass(frozen=True)
