@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from ductwork import Pipeline, Step, faults
-from ductwork.db.clock import OffsetClock
+from ductwork.db.clock import ManualClock, OffsetClock
 from ductwork.errors import ConfigError, DrainTimeout
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
@@ -367,8 +367,6 @@ def test_waiting_for_a_crash_back_off(states_app):
 def test_waiting_for_a_delay_and_drain_moves_a_manual_clock_past_it(db_url):
     from datetime import datetime, timedelta
 
-    from ductwork.db.clock import ManualClock
-
     start = datetime(2026, 1, 1, 12, 0, 0)
     for app in installed(make_app(db_url, clock=ManualClock(start), pipeline_advancer={"inline_linear": False})):
         run = Delayed.trigger(1)
@@ -460,14 +458,19 @@ def test_drain_waits_while_another_process_holds_a_branch(states_app):
 
 def test_drain_registers_again_when_its_process_was_reaped(db_url):
     """A fleet on the same database reaped drain's process (its heartbeat was late): the
-    next heartbeat finds the row gone and drain goes on under a new process id. The
-    delay keeps drain waiting (nothing claimed under the reaped id) past a heartbeat."""
+    next heartbeat finds the row gone and drain goes on under a new process id. A
+    heartbeat interval of 1 µs makes every pass of drain's loop beat, and the manual clock
+    moves to Later's delay at once, so nothing waits in real time."""
+    from datetime import datetime
+
     from ductwork.fleet.reaper import reap
 
-    for app in installed(make_app(db_url, pipeline_advancer={"inline_linear": False})):
+    clock = ManualClock(datetime(2026, 1, 1, 12, 0, 0))
+    for app in installed(make_app(db_url, clock=clock, pipeline_advancer={"inline_linear": False},
+                                  supervisor={"heartbeat_interval": 0.000001})):
         run = Delayed.trigger(1)
         assert Worker(app).run_once() is not None
-        assert Advancer(app).run_once() == "advanced"  # Later waits out its 3 s delay
+        assert Advancer(app).run_once() == "advanced"  # Later is delayed by 3 s
         reaped = app.process_id()
         assert reap(app, reaped, force=True)
         drain(app, timeout=30)
