@@ -2,6 +2,7 @@
 
     python -m bench.row_writes [--database-url postgresql://…/ductwork_bench] [--runs 3000]
                                [--pgqueuer-python /tmp/pgqvenv/bin/python]
+    python -m bench.row_writes --ab [--repeats 3]    # 0006's indexes full (as 0005 left them), then partial
 
 PostgreSQL only. B1's batch (one-step no-op runs inserted as ``trigger`` writes them, then
 drained by a default ``ductwork start``) is run once to warm up and once measured; the
@@ -14,17 +15,28 @@ branches, steps, jobs and executions) and its drain's (everything else). Beside 
 tables afresh (their counters start at 0), enqueues (one insert per job into ``pgqueuer``)
 and drains in one run.
 
-Each non-HOT update writes a new entry in every index of its table (a HOT update writes
-none: it needs no indexed column changed and room in the page); the index column is the
-table's index count times its inserts and non-HOT updates. Counts, not times: the figures
-do not depend on the machine's load. PostgreSQL flushes these counters at most about once
-a second per backend, so the script waits for the counts to stop moving before reading.
+Each non-HOT update writes a new entry in every full index of its table (a HOT update
+writes none: it needs no indexed column changed and room in the page); the "index entries"
+column is that count for full indexes (the table's index count times its inserts and
+non-HOT updates: an upper bound once some are partial). Row counts do not depend on the
+machine's load; the WAL bytes per run (``pg_current_wal_lsn()`` before and after, the
+server's whole write volume, index entries included) do only if nothing else writes to the
+cluster meanwhile: measure them on a quiet server. PostgreSQL flushes the table counters
+at most about once a second per backend, so the script waits for them to stop moving.
+
+``--ab``: the same batch with revision 0006's five indexes rebuilt full (as revision 0005
+left them) and partial (as 0006 makes them), in place, alternating, ``--repeats`` times, a
+fresh default fleet each time; per shape the runs completed/s, WAL bytes, CPU and
+statements per run, their medians, and partial / full per repetition: the evidence for
+revision 0006.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -34,6 +46,7 @@ import sqlalchemy as sa
 from bench.b1_throughput import pgqueuer_dsn, runs_batch
 from bench.harness import ProcessFleet, Target, log
 from bench.workloads import One
+from ductwork.db import dialects, migrate
 
 _STATS = sa.text("select relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del from pg_stat_user_tables")
 _INDEXES = sa.text("select tablename, count(*) from pg_indexes where schemaname = current_schema() "
@@ -78,28 +91,88 @@ def _table(title: str, per: str, n: int, before: dict[str, tuple[int, ...]],
     return lines
 
 
+def _wal(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.exec_driver_sql("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").scalar_one())
+
+
+def _measure(target: Target, runs: int, label: str) -> tuple[dict[str, float], dict[str, tuple[int, ...]],
+                                                               dict[str, tuple[int, ...]], dict[str, int]]:
+    """One warm-up and one measured batch on a fresh default fleet: B1's figures, WAL bytes
+    per run, and the table counters before and after the measured batch."""
+    target.reset()
+    app = target.app()
+    fleet = ProcessFleet(target, label=label).start(app)
+    try:
+        runs_batch(app, (fleet,), One, "w", 200, 1, timeout=300)  # warm-up
+        before, _ = _settled(app.engine)
+        wal = _wal(app.engine)
+        measured = runs_batch(app, (fleet,), One, "m", runs, 1, timeout=900)
+        measured["wal_bytes_per_run"] = (_wal(app.engine) - wal) / runs
+        after, indexes = _settled(app.engine)
+    finally:
+        fleet.stop()
+        app.dispose()
+    return measured, before, after, indexes
+
+
+def _shape(engine: sa.Engine, *, partial: bool) -> None:
+    """Rebuild revision 0006's five indexes partial (as it leaves them) or full (as 0005
+    did), in place: the schema's revision stays head, so today's fleet runs on both."""
+    path = Path(migrate.__file__).with_name("migrations") / "versions" / "0006_partial_indexes.py"
+    spec = importlib.util.spec_from_file_location("ductwork_revision_0006", path)
+    assert spec is not None
+    assert spec.loader is not None
+    revision = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(revision)
+    with engine.begin() as conn:
+        for name, table, columns, unique, column in revision.PARTIAL:
+            conn.exec_driver_sql(f"DROP INDEX {name}")
+            conn.exec_driver_sql(f"CREATE {'UNIQUE ' if unique else ''}INDEX {name} ON {table} ({', '.join(columns)})"
+                                 + (f" WHERE {column} IS NOT NULL" if partial else ""))
+
+
+def _ab(target: Target, runs: int, repeats: int) -> None:
+    engine = dialects.create_engine(target.url)
+    got: dict[str, dict[str, list[float]]] = {"full": {}, "partial": {}}
+    try:
+        for rep in range(repeats):
+            for shape in ("full", "partial"):
+                _shape(engine, partial=shape == "partial")
+                measured, *_ = _measure(target, runs, f"rw{rep}{shape[0]}")
+                for key in ("runs_per_s", "wal_bytes_per_run", "cpu_ms_per_step", "statements_per_step"):
+                    got[shape].setdefault(key, []).append(measured[key])
+                log(f"repetition {rep + 1}, {shape} indexes: {measured['runs_per_s']:.0f} runs/s, "
+                    f"{measured['wal_bytes_per_run']:.0f} WAL bytes per run")
+    finally:
+        _shape(engine, partial=True)
+        engine.dispose()
+    print(f"| measure (median of {repeats}) | full (0005) | partial (0006) | partial / full (per repetition) |")
+    print("|---|---:|---:|---:|")
+    for key in ("runs_per_s", "wal_bytes_per_run", "cpu_ms_per_step", "statements_per_step"):
+        a, b = got["full"][key], got["partial"][key]
+        ratios = [y / x for x, y in zip(a, b, strict=True)]
+        print(f"| {key} | {statistics.median(a):.3f} | {statistics.median(b):.3f} | {statistics.median(ratios):.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/ductwork_bench")
     parser.add_argument("--runs", type=int, default=3000)
     parser.add_argument("--pgqueuer-python", default=None)
+    parser.add_argument("--ab", action="store_true", help="revision 0006's indexes full, then partial, alternating")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     target = Target.from_url(args.database_url)
     if target.kind != "postgresql":
         raise SystemExit("bench.row_writes: PostgreSQL only (it reads pg_stat_user_tables)")
     target.setup()
-    target.reset()
-    app = target.app()
-    fleet = ProcessFleet(target, label="rowwrites").start(app)
-    try:
-        runs_batch(app, (fleet,), One, "w", 200, 1, timeout=300)  # warm-up
-        before, _ = _settled(app.engine)
-        measured = runs_batch(app, (fleet,), One, "m", args.runs, 1, timeout=900)
-        after, indexes = _settled(app.engine)
-    finally:
-        fleet.stop()
-        app.dispose()
-    log(f"ductwork: {measured['runs_per_s']:.0f} runs/s (under whatever load the machine had)")
+    if args.ab:
+        _ab(target, args.runs, args.repeats)
+        return
+    measured, before, after, indexes = _measure(target, args.runs, "rowwrites")
+    log(f"ductwork: {measured['runs_per_s']:.0f} runs/s, {measured['wal_bytes_per_run']:.0f} WAL bytes per run "
+        "(times and WAL: only on a quiet server)")
     print("\n".join(_table(f"ductwork, {args.runs} one-step runs drained", "run", args.runs, before, after,
                            indexes)))
     if args.pgqueuer_python:
@@ -108,11 +181,14 @@ def main() -> None:
                                   isolation_level="AUTOCOMMIT")
         script = str(Path(__file__).with_name("pgqueuer_drain.py"))
         # its script drops and recreates pgqueuer's tables: their counters start at 0
+        wal = _wal(engine)
         out = subprocess.run([args.pgqueuer_python, script, "--dsn", dsn, "--jobs", str(args.runs)], check=True,
                              capture_output=True, text=True).stdout
+        wal = (_wal(engine) - wal) / args.runs
         after, indexes = _settled(engine)
         engine.dispose()
-        log(f"pgqueuer: {json.loads(out.strip().splitlines()[-1])['jobs_per_s']:.0f} jobs/s")
+        log(f"pgqueuer: {json.loads(out.strip().splitlines()[-1])['jobs_per_s']:.0f} jobs/s, {wal:.0f} WAL bytes "
+            "per job (its schema's creation and the enqueue included)")
         print()
         print("\n".join(_table(f"pgqueuer 1.6.0, {args.runs} no-op jobs enqueued and drained", "job", args.runs,
                                {}, after, indexes)))

@@ -72,6 +72,12 @@ def _timestamps() -> list[sa.Column[datetime]]:
 
 
 
+def _not_null(column: str) -> sa.TextClause:
+    """A partial index's predicate on PostgreSQL (revision 0006): only the rows a look-up by
+    value can find. Ignored on MariaDB/MySQL (no partial indexes) and SQLite."""
+    return sa.text(f"{column} IS NOT NULL")
+
+
 def step_idempotency_key(s: sa.Table) -> sa.ColumnElement[str]:
     """What ``Step.idempotency_key`` returns for a row of ``ductwork_steps`` (``s``): its
     ``idempotency_key`` (a revived step's, carried from the failed step it re-runs), else
@@ -114,8 +120,9 @@ runs = sa.Table(
     #: pruned [INV-TRG-1]
     sa.Column("trigger_key", ExactKey, nullable=True),
     *_timestamps(),
-    sa.Index("uq_run_revived_from", "revived_from", unique=True),
-    sa.Index("uq_run_trigger_key", "pipeline_klass", "trigger_key", unique=True),  # [INV-TRG-1]
+    sa.Index("uq_run_revived_from", "revived_from", unique=True, postgresql_where=_not_null("revived_from")),
+    sa.Index("uq_run_trigger_key", "pipeline_klass", "trigger_key", unique=True,  # [INV-TRG-1]
+             postgresql_where=_not_null("trigger_key")),
     sa.Index("ix_run_status_triggered", "status", "triggered_at"),
     sa.Index("ix_run_pipeline_triggered", "pipeline_klass", "triggered_at"),
 )
@@ -155,7 +162,7 @@ branches = sa.Table(
     # [INV-ADV-3] one merge target per barrier: a fan-in cannot fire twice
     sa.UniqueConstraint("merged_barrier_id", name="uq_branch_merge_per_barrier"),
     sa.Index("ix_branch_run_status", "run_id", "status"),
-    sa.Index("ix_branch_barrier", "barrier_id"),
+    sa.Index("ix_branch_barrier", "barrier_id", postgresql_where=_not_null("barrier_id")),
 )
 
 steps = sa.Table(
@@ -254,8 +261,9 @@ executions = sa.Table(
     # [INV-EXE-2] at most one open execution per job: a retry cannot be enqueued twice
     sa.UniqueConstraint("open_job_id", name="uq_execution_open_per_job"),
     # [INV-LIM-6] the oldest eligible execution of a lane is an index probe, not a scan
-    sa.Index("ix_execution_pending_lane", "pending_lane", "eligible_at", "id"),
-    sa.Index("ix_execution_inflight_key", "inflight_key"),
+    sa.Index("ix_execution_pending_lane", "pending_lane", "eligible_at", "id",
+             postgresql_where=_not_null("pending_lane")),
+    sa.Index("ix_execution_inflight_key", "inflight_key", postgresql_where=_not_null("inflight_key")),
     sa.Index("ix_execution_process", "process_id"),
     sa.Index("ix_execution_job", "job_id"),
 )
