@@ -24,7 +24,7 @@ server's whole write volume, index entries included) do only if nothing else wri
 cluster meanwhile: measure them on a quiet server. PostgreSQL flushes the table counters
 at most about once a second per backend, so the script waits for them to stop moving.
 
-``--ab``: the same batch with revision 0006's five indexes rebuilt full (as revision 0005
+``--ab``: the same batch with revision 0006's nine indexes rebuilt full (as revision 0005
 left them) and partial (as 0006 makes them), in place, alternating, ``--repeats`` times, a
 fresh default fleet each time; per shape the runs completed/s, WAL bytes, CPU and
 statements per run, their medians, and partial / full per repetition: the evidence for
@@ -117,8 +117,9 @@ def _measure(target: Target, runs: int, label: str) -> tuple[dict[str, float], d
 
 
 def _shape(engine: sa.Engine, *, partial: bool) -> None:
-    """Rebuild revision 0006's five indexes partial (as it leaves them) or full (as 0005
-    did), in place: the schema's revision stays head, so today's fleet runs on both."""
+    """Rebuild revision 0006's nine indexes partial (as it leaves them) or full (as 0005
+    left them: five full indexes, four unique constraints), in place: the schema's revision
+    stays head, so today's fleet runs on both."""
     path = Path(migrate.__file__).with_name("migrations") / "versions" / "0006_partial_indexes.py"
     spec = importlib.util.spec_from_file_location("ductwork_revision_0006", path)
     assert spec is not None
@@ -126,10 +127,21 @@ def _shape(engine: sa.Engine, *, partial: bool) -> None:
     revision = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(revision)
     with engine.begin() as conn:
+        constraints = set(conn.exec_driver_sql("SELECT conname FROM pg_constraint WHERE contype = 'u'").scalars())
         for name, table, columns, unique, column in revision.PARTIAL:
             conn.exec_driver_sql(f"DROP INDEX {name}")
             conn.exec_driver_sql(f"CREATE {'UNIQUE ' if unique else ''}INDEX {name} ON {table} ({', '.join(columns)})"
                                  + (f" WHERE {column} IS NOT NULL" if partial else ""))
+        for name, table, columns, column in revision.UNIQUE:
+            if name in constraints:
+                conn.exec_driver_sql(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+            else:
+                conn.exec_driver_sql(f"DROP INDEX {name}")
+            if partial:
+                conn.exec_driver_sql(f"CREATE UNIQUE INDEX {name} ON {table} ({', '.join(columns)}) "
+                                     f"WHERE {column} IS NOT NULL")
+            else:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD CONSTRAINT {name} UNIQUE ({', '.join(columns)})")
 
 
 def _ab(target: Target, runs: int, repeats: int) -> None:

@@ -78,6 +78,20 @@ def _not_null(column: str) -> sa.TextClause:
     return sa.text(f"{column} IS NOT NULL")
 
 
+#: where a uniqueness of mostly-NULL columns stays a unique constraint (revision 0001's)
+_CONSTRAINT_DIALECTS = ("mysql", "mariadb", "sqlite")
+
+
+def _unique_where_not_null(name: str, *columns: str, nullable: str) -> tuple[sa.UniqueConstraint, sa.Index]:
+    """A uniqueness that only concerns rows whose ``nullable`` column is set: on PostgreSQL
+    a partial unique index (revision 0006: a row with NULL there writes no index entry),
+    elsewhere revision 0001's unique constraint. NULLs never collide, so both refuse exactly
+    the same rows; the name is the same, so the error boundary maps both (CONSTRAINT_COLUMNS)."""
+    # (a tuple of dialect names is documented by SQLAlchemy; its stubs say str only)
+    return (sa.UniqueConstraint(*columns, name=name).ddl_if(dialect=_CONSTRAINT_DIALECTS),  # type: ignore[arg-type]
+            sa.Index(name, *columns, unique=True, postgresql_where=_not_null(nullable)).ddl_if(dialect="postgresql"))
+
+
 def step_idempotency_key(s: sa.Table) -> sa.ColumnElement[str]:
     """What ``Step.idempotency_key`` returns for a row of ``ductwork_steps`` (``s``): its
     ``idempotency_key`` (a revived step's, carried from the failed step it re-runs), else
@@ -158,9 +172,9 @@ branches = sa.Table(
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: not completed or halted
     *_timestamps(),
     # [INV-ADV-4] one child per (parent, index): a resumed expand cannot create a child twice
-    sa.UniqueConstraint("parent_id", "barrier_index", name="uq_branch_child_index"),
+    *_unique_where_not_null("uq_branch_child_index", "parent_id", "barrier_index", nullable="parent_id"),
     # [INV-ADV-3] one merge target per barrier: a fan-in cannot fire twice
-    sa.UniqueConstraint("merged_barrier_id", name="uq_branch_merge_per_barrier"),
+    *_unique_where_not_null("uq_branch_merge_per_barrier", "merged_barrier_id", nullable="merged_barrier_id"),
     sa.Index("ix_branch_run_status", "run_id", "status"),
     sa.Index("ix_branch_barrier", "barrier_id", postgresql_where=_not_null("barrier_id")),
 )
@@ -259,7 +273,7 @@ executions = sa.Table(
         nullable=True,
     ),
     # [INV-EXE-2] at most one open execution per job: a retry cannot be enqueued twice
-    sa.UniqueConstraint("open_job_id", name="uq_execution_open_per_job"),
+    *_unique_where_not_null("uq_execution_open_per_job", "open_job_id", nullable="open_job_id"),
     # [INV-LIM-6] the oldest eligible execution of a lane is an index probe, not a scan
     sa.Index("ix_execution_pending_lane", "pending_lane", "eligible_at", "id",
              postgresql_where=_not_null("pending_lane")),
@@ -295,7 +309,7 @@ advancements = sa.Table(
         nullable=True,
     ),
     # [INV-ADV-2] one open advancement per branch
-    sa.UniqueConstraint("open_branch_id", name="uq_advancement_open_per_branch"),
+    *_unique_where_not_null("uq_advancement_open_per_branch", "open_branch_id", nullable="open_branch_id"),
     sa.Index("ix_advancement_process", "process_id"),
     sa.Index("ix_advancement_step", "step_id"),
 )

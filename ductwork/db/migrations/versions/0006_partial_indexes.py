@@ -4,27 +4,36 @@ Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-01
 
-Five indexes exist for look-ups by a value: a pending execution's lane
-(``ix_execution_pending_lane``), an in-flight execution's key
-(``ix_execution_inflight_key``), a branch's barrier (``ix_branch_barrier``), a revived
-run's origin (``uq_run_revived_from``) and a run's trigger key (``uq_run_trigger_key``).
-Their column is NULL for most rows most of the time: an execution leaves its lane when
-claimed and is in flight on a key only while claimed, most branches are not split, most
-runs are neither revived nor keyed. A full index writes an entry for every row inserted
-and every update that cannot be HOT (and every update of these rows changes an indexed
-column), NULL or not; a partial index (``WHERE col IS NOT NULL``) writes only the rows a
-look-up can find. Every query on these columns compares them with ``=`` or ``IN``, which
-implies ``IS NOT NULL``, so PostgreSQL's planner uses the partial index for each. Measured
-with ``python -m bench.row_writes``: bench/RESULTS.md.
+Nine indexes serve a look-up by value or a uniqueness on a column that is NULL for most
+rows most of the time:
 
-PostgreSQL only (the seam is this file and ``schema.py``'s ``postgresql_where``):
-MariaDB and MySQL have no partial indexes, and SQLite is not server-bound. The unique
-indexes keep their meaning: NULLs never collided. Other indexes on mostly-NULL columns
-are unique constraints (``uq_execution_open_per_job`` and the like), which PostgreSQL
-cannot make partial; they are left as they are.
+- look-ups: a pending execution's lane (``ix_execution_pending_lane``: NULL once claimed),
+  an in-flight execution's key (``ix_execution_inflight_key``: NULL unless keyed and
+  claimed), a branch's barrier (``ix_branch_barrier``), a revived run's origin
+  (``uq_run_revived_from``) and a run's trigger key (``uq_run_trigger_key``);
+- uniquenesses (revision 0001's unique constraints): an execution's open job
+  (``uq_execution_open_per_job``: NULL once completed), an advancement's open branch
+  (``uq_advancement_open_per_branch``: NULL once closed; a worker's inline advancement
+  inserts it closed), a branch's parent (``uq_branch_child_index``) and its fan-in barrier
+  (``uq_branch_merge_per_barrier``).
 
-Upgrading rebuilds the five indexes (``DROP INDEX``, ``CREATE INDEX``, each locking its
-table against writes while it builds): run it while the fleet is stopped or quiet.
+A full index writes an entry for every row inserted and every update that cannot be HOT
+(every update of these rows changes an indexed column), NULL or not; a partial index
+(``WHERE col IS NOT NULL``) writes only the rows a look-up can find. Every query on these
+columns compares them with ``=`` or ``IN``, which implies ``IS NOT NULL``, so PostgreSQL's
+planner uses the partial index for each. A constraint cannot be partial, so each of the
+four becomes a partial unique index of the same name (``schema._unique_where_not_null``):
+NULLs never collided, so the same rows are refused, and the error names the same object
+(``schema.CONSTRAINT_COLUMNS``). Measured with ``python -m bench.row_writes --ab``:
+bench/RESULTS.md.
+
+PostgreSQL only (the seam is this file and ``schema.py``'s ``postgresql_where`` and
+``ddl_if``): MariaDB and MySQL have no partial indexes, and SQLite, in-process, is not
+bound by a server's writes.
+
+Upgrading rebuilds the nine (``DROP INDEX`` or ``DROP CONSTRAINT``, then ``CREATE
+INDEX``, each blocking writes to its table while it builds): on large tables, run it
+while the fleet is stopped or quiet.
 """
 import sqlalchemy as sa
 from alembic import op
@@ -44,6 +53,16 @@ PARTIAL = (
 )
 
 
+#: (unique constraint of revision 0001, table, columns, the mostly-NULL column): a partial
+#: unique index of the same name instead
+UNIQUE = (
+    ("uq_execution_open_per_job", "ductwork_executions", ["open_job_id"], "open_job_id"),
+    ("uq_advancement_open_per_branch", "ductwork_advancements", ["open_branch_id"], "open_branch_id"),
+    ("uq_branch_child_index", "ductwork_branches", ["parent_id", "barrier_index"], "parent_id"),
+    ("uq_branch_merge_per_barrier", "ductwork_branches", ["merged_barrier_id"], "merged_barrier_id"),
+)
+
+
 def _rebuild(*, partial: bool) -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
@@ -51,6 +70,13 @@ def _rebuild(*, partial: bool) -> None:
         op.drop_index(name, table_name=table)
         where = sa.text(f"{column} IS NOT NULL") if partial else None
         op.create_index(name, table, columns, unique=unique, postgresql_where=where)
+    for name, table, columns, column in UNIQUE:
+        if partial:
+            op.drop_constraint(name, table, type_="unique")
+            op.create_index(name, table, columns, unique=True, postgresql_where=sa.text(f"{column} IS NOT NULL"))
+        else:
+            op.drop_index(name, table_name=table)
+            op.create_unique_constraint(name, table, columns)
 
 
 def upgrade() -> None:
