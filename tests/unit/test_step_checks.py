@@ -10,6 +10,7 @@ the model alike. Relates to INV-EXE-4 (an invalid execution fails its step at on
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 
@@ -132,6 +133,61 @@ def test_arguments_that_do_not_bind_name_the_class_and_its_signature(cls, args, 
     with pytest.raises(TypeError) as info:
         cls._ductwork_bind(args)
     assert str(info.value) == message
+
+
+class Tally(Step, dict):
+    """A step whose ``__init__`` is a C type's (``dict``'s): a signature, but no function."""
+
+    def execute(self):
+        return dict(self)
+
+
+class _UnreadableInit:
+    """An ``__init__`` whose signature inspect cannot read (as a C extension's may be)."""
+
+    __signature__ = "unreadable"  # not a Signature: inspect.signature raises TypeError
+
+    def __call__(self, step, *args):
+        step.args = args
+
+
+class Opaque(Step):
+    __init__ = _UnreadableInit()
+
+    def execute(self):
+        return self.args
+
+
+def _priced_init(step, amount, *, unit):
+    step.amount, step.unit = amount, unit
+
+
+class Priced(Step):
+    """A step whose ``__init__`` is no function: a ``functools.partial`` (not a descriptor)."""
+
+    __init__ = functools.partial(_priced_init, unit="EUR")
+
+    def execute(self):
+        return f"{self.amount} {self.unit}"
+
+
+def test_an_init_that_is_not_a_function_is_bound_through_its_signature():
+    """A C type's ``__init__`` (``dict``'s) and a ``functools.partial`` are read with
+    ``inspect.signature`` as they are: the arguments bind, or the refusal names the signature."""
+    Tally._ductwork_bind([[("a", 1)]])
+    assert Tally._ductwork_build([[("a", 1)]], "s", "r", None).execute() == {"a": 1}
+    Priced._ductwork_bind([5])
+    assert Priced._ductwork_build([5], "s", "r", None).execute() == "5 EUR"
+    with pytest.raises(TypeError) as info:
+        Priced._ductwork_bind([5, 6])
+    assert str(info.value) == ("Priced(amount, *, unit='EUR') cannot take the arguments (5, 6): "
+                               "too many positional arguments")
+
+
+def test_an_init_whose_signature_cannot_be_read_is_not_checked():
+    """Nothing is refused beforehand: the arguments go to ``__init__``, which decides."""
+    Opaque._ductwork_bind([1, 2, 3])
+    assert Opaque._ductwork_build([1, 2, 3], "s", "r", None).execute() == (1, 2, 3)
 
 
 def test_trigger_refuses_arguments_the_first_step_cannot_take(monkeypatch):
