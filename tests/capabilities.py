@@ -40,6 +40,11 @@ CAPABILITIES: dict[str, tuple[tuple[str, ...], str]] = {
         "SQLite has no NOWAIT: a second writer waits busy_timeout for the database lock before "
         "'database is locked', which the SQLite contention of every concurrent test meets",
     ),
+    "locking_reads_past_the_snapshot": (
+        ("mysql",),
+        "PostgreSQL's REPEATABLE READ refuses to update a row changed after its snapshot (a "
+        "serialization failure, retried by the caller); SQLite serialises writers at BEGIN IMMEDIATE",
+    ),
     "server_side_connections": (
         ("postgresql", "mysql"),
         "SQLite is embedded: there is no server to terminate connections from",
