@@ -204,6 +204,28 @@ def test_trigger_refuses_arguments_the_first_step_cannot_take(monkeypatch):
     assert calls == [["2026-01-01"]]
 
 
+def test_trigger_of_a_snapshot_whose_first_step_is_not_loaded_here_binds_nothing(monkeypatch):
+    """A pipeline whose definition is a snapshot naming a step class this process never
+    loaded (a service that only triggers): there is no ``__init__`` to bind against, so the
+    arguments go to the trigger as they are (the worker that runs the step binds them)."""
+    from ductwork.pipelines.definition import Definition
+
+    calls = []
+    runs = types.ModuleType("ductwork.pipelines.runs")
+    runs.trigger_run = lambda _app, _cls, args, **_: calls.append(args) or "handle"
+    monkeypatch.setitem(sys.modules, "ductwork.pipelines.runs", runs)
+
+    class TriggerOnly(Pipeline):
+        pass
+
+    snapshot = {"format": 1, "pipeline": "elsewhere.pipelines:Charge", "start": "Charge#0",
+                "nodes": {"Charge#0": {"klass": "elsewhere.steps:Charge", "delay_us": None, "timeout_us": None,
+                                       "limit_by": None}}, "edges": {}}
+    monkeypatch.setattr(TriggerOnly, "definition", Definition.from_json(snapshot))
+    assert TriggerOnly.trigger(1, 2, 3, app="app") == "handle"
+    assert calls == [[1, 2, 3]]
+
+
 # --------------------------------------------------------------------------- __main__
 
 
