@@ -58,18 +58,10 @@ class PairPipeline(Pipeline):
 
 
 def lock_waiters(app) -> int:
-    """Transactions of this database waiting for a row lock right now (diagnostic printed)."""
-    with app.engine.connect() as conn:
-        if app.backend == "postgresql":
-            return conn.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()")).scalar_one()
-        # Sessions executing the key-lock statement: the holder sits idle inside its
-        # transaction, so each one still executing it is blocked on the lock. (MariaDB
-        # may not list a waiter in innodb_trx until it holds a lock of its own.)
-        return conn.execute(sa.text(
-            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
-            "AND info LIKE '%FROM ductwork_limit_keys%FOR UPDATE%'")).scalar_one()
+    """Transactions of this database waiting for the key lock right now (MariaDB may not list
+    a waiter in innodb_trx until it holds a lock of its own: sessions still executing the
+    key-lock statement are counted, see :func:`blocked_on`)."""
+    return blocked_on(app, "%FROM ductwork_limit_keys%FOR UPDATE%")
 
 
 def server_view(app) -> list:

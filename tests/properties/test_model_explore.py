@@ -168,23 +168,7 @@ def test_a_world_of_keyed_triggers_without_a_window_offers_no_windowed_trigger()
 
 def _labels(name: str, limit: int = 3_000) -> set[str]:
     """Labels of the operations enabled in the first ``limit`` states, breadth first."""
-    from collections import deque
-
-    world = CONFIGS[name].make(None)
-    seen, labels, queue = {world.fingerprint()}, set(), deque([world])
-    while queue and len(seen) < limit:
-        world = queue.popleft()
-        for label, operation in world.actions():
-            labels.add(label)
-            successor = world.copy()
-            try:
-                operation(successor)
-            except Exception:  # noqa: BLE001 - refusals: only the labels matter here
-                continue
-            if successor.fingerprint() not in seen:
-                seen.add(successor.fingerprint())
-                queue.append(successor)
-    return labels
+    return set().union(*(labels for _, labels in _states(CONFIGS[name], limit)))
 
 
 def test_the_parked_expand_world_reaches_arrivals_between_batches():
