@@ -1228,7 +1228,7 @@ class PipelinesModel:
                 if actions == stop_after:
                     return actions
                 if branch_id not in self.advanceable_branches():  # an earlier advance this round took it
-                    continue
+                    continue  # pragma: no cover  defensive: an advance moves only its own branch (and adds new ones)
                 self.advance(branch_id)
                 actions, progressed = actions + 1, True
             for exec_id in self.runnable_executions():
@@ -1265,7 +1265,7 @@ class PipelinesModel:
                 self.advance_batch(self.claim_branches(simple[start:start + batch]))
                 actions, progressed = actions + 1, True
             for branch_id in self.advanceable_branches():
-                if branch_id in self.advanceable_branches():  # not taken by an earlier advance
+                if branch_id in self.advanceable_branches():  # pragma: no branch  defensive, as in drive
                     self.advance(branch_id)
                     actions, progressed = actions + 1, True
             runnable = self.runnable_executions()
@@ -1489,7 +1489,7 @@ class PipelinesModel:
 
     def _resolve(self, run: Run) -> None:
         if run.status in FINAL_RUN_STATES:  # [INV-RUN-1] terminal states are final
-            return
+            return  # pragma: no cover  defensive: every caller moved a branch of the run, so it was not final
         status = resolve_run_status([self.branches[b].status for b in run.branches])
         if status != run.status:
             run.status = status

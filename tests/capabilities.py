@@ -35,6 +35,16 @@ CAPABILITIES: dict[str, tuple[tuple[str, ...], str]] = {
         "SQLite serialises writers at BEGIN IMMEDIATE: a transaction that writes never reads from a "
         "snapshot older than another writer's commit, so it cannot miss a committed trigger key",
     ),
+    "lock_refused_at_once": (
+        ("postgresql", "mysql"),
+        "SQLite has no NOWAIT: a second writer waits busy_timeout for the database lock before "
+        "'database is locked', which the SQLite contention of every concurrent test meets",
+    ),
+    "locking_reads_past_the_snapshot": (
+        ("mysql",),
+        "PostgreSQL's REPEATABLE READ refuses to update a row changed after its snapshot (a "
+        "serialization failure, retried by the caller); SQLite serialises writers at BEGIN IMMEDIATE",
+    ),
     "server_side_connections": (
         ("postgresql", "mysql"),
         "SQLite is embedded: there is no server to terminate connections from",

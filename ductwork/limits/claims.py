@@ -195,11 +195,6 @@ def _claim_rows(tx: Tx, execution_ids: list[str], process_id: str, seq: int) -> 
     return result.rowcount == len(execution_ids)
 
 
-def _before(lane: Lane) -> sa.ColumnElement[bool]:
-    """Executions a poll takes before ``lane``'s oldest: (eligible_at, id) less than its."""
-    return _precedes(lane.oldest_at, lane.oldest_id)
-
-
 def _precedes(oldest_at: Any, oldest_id: Any) -> sa.ColumnElement[bool]:
     """(eligible_at, id) less than ``(oldest_at, oldest_id)`` (values or bound parameters)."""
     return sa.or_(_e.c.eligible_at < oldest_at,
@@ -232,7 +227,7 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
         return []
     claimed = tx.execute(dialects.prepared(tx.conn, _claim_unkeyed_rows), {
         "batch_ids": execution_ids, "b_now": tx.now, "b_process": process_id}).rowcount
-    if claimed != len(execution_ids):
+    if claimed != len(execution_ids):  # pragma: no cover  the ids were read FOR UPDATE in this transaction
         raise AssertionError(f"unkeyed claim: {claimed} of {len(execution_ids)} locked executions were "
                              "still pending")
     return _load(tx, execution_ids)
@@ -322,7 +317,7 @@ def restart_with(app: App) -> list[str]:
     for key in keys:
         with app.begin() as tx:
             header = lock_key(tx, key)
-            if header is not None:
+            if header is not None:  # pragma: no branch  a key's row, once written, is never deleted
                 _rebase(tx, key, app.config.limits.get(key), header, _buckets_of(tx, key), restart=True)
     return keys
 
@@ -470,12 +465,12 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, proc
         if decision.unconfigured:
             log.warning("Claiming a limit key with no configuration entry unlimited: %r", key)
         ids = [execution_id, *(row.execution_id for row in admitted[1:])]
-        if not _claim_rows(tx, ids, process_id, seq):
+        if not _claim_rows(tx, ids, process_id, seq):  # pragma: no cover  read under the key lock all their claims take
             raise AssertionError(f"key {key!r}: one of executions {ids} taken under the key lock [INV-LIM-1]")
         faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
     _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
     values: dict[str, Any] = {"updated_at": tx.now}
-    if decision.stamp:
+    if decision.stamp:  # pragma: no branch  only a concurrency refusal leaves the stamp, and it returned above
         # [INV-LIM-5] the exact time of the next token, or cleared
         values["blocked_until"] = (None if decision.blocked_until_us is None
                                    else from_us(decision.blocked_until_us))

@@ -133,7 +133,7 @@ def claim_hook(app: App, process_id: str) -> ClaimedHook | None:
         claimed = tx.execute(_h.update().where(_h.c.id == row.id, _h.c.status == "pending")  # [INV-HLT-1]
                              .values(status="running", claim_token=token, claimed_at=tx.now,
                                      process_id=process_id, updated_at=tx.now))
-        if claimed.rowcount != 1:
+        if claimed.rowcount != 1:  # pragma: no cover  the row was read FOR UPDATE (SQLite: BEGIN IMMEDIATE) above
             return None
         halt = halt_of(tx, row.run_id, pipeline)
     return ClaimedHook(row.id, row.run_id, row.klass, pipeline, token, process_id,

@@ -83,7 +83,7 @@ def revive_run(app: App, run_id: str, duplicate_context: bool = False) -> str:
                      run_id, revived, resumed, "copied" if duplicate_context else "not copied",
                      extra={"run_id": revived, "revived_from": run_id})
         return revived
-    except RevivedConcurrently:
+    except RevivedConcurrently:  # pragma: no cover  revivers queue on the run lock and read existing_revival under it
         with app.begin(readonly=True) as tx:
             found = existing_revival(tx, run_id)
         if found is None:  # the winner's row is committed: the index refused ours because of it

@@ -182,6 +182,32 @@ def test_await_completion_times_out_and_arefresh_of_an_unknown_run_raises(app):
     run_unblocked(app, main)
 
 
+def test_an_apps_first_read_may_be_async_its_schema_checked_off_the_loop(app):
+    """An App whose only use so far is a trigger in the caller's async transaction (which
+    checks nothing: the caller's connection) checks the schema before its first ``aread``,
+    in a thread: a sync check on the loop would block it."""
+    from ductwork.db import dialects
+    from tests.conftest import make_app
+
+    fresh = make_app(app.url)
+
+    async def main():
+        engine = dialects.create_async_engine(app.url)
+        try:
+            async with engine.begin() as conn:
+                run = await AddP.atrigger(1, 2, connection=conn, app=fresh)
+            assert not fresh._schema_checked
+            return (await run.arefresh()).status
+        finally:
+            await engine.dispose()
+
+    try:
+        assert run_unblocked(fresh, main) == "in_progress"
+        assert fresh._schema_checked
+    finally:
+        fresh.dispose()
+
+
 def test_the_detector_fails_a_blocking_call(app):
     """Each part fires on a call that blocks the loop, however short: a sync statement, a
     10 ms sleep, a thread wait, a recv on a blocking socket. The same waits in a worker

@@ -427,6 +427,45 @@ def test_reaped_owner_cannot_commit_and_the_step_runs_again(app):
     assert outcomes[:2] == ["process_crashed", "success"]
 
 
+def test_a_reaped_owner_cannot_record_its_execution_invalid(app):
+    """An owner that lost its claim to the reaper cannot fail the step as invalid either: the
+    commit matches nothing, the step stays in progress and its re-run completes it [INV-EXE-2]."""
+    from ductwork.limits.executions import record_invalid
+
+    (pid,) = processes(app, 1)
+    run = TwoStep.trigger(5)
+    claimed = claim(app, pid)
+    assert reap(app, pid, force=True)
+    with pytest.raises(CommitFailed):
+        record_invalid(app, claimed, TypeError("cannot bind"))
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+    e = schema.executions
+    with app.begin() as tx:
+        outcomes = tx.execute(sa.select(e.c.outcome).order_by(e.c.created_at, e.c.id)).scalars().all()
+    assert "invalid" not in outcomes
+
+
+def test_a_late_crash_of_a_pruned_execution_crashes_nothing(app):
+    """A sweep that read an execution's id, then crashes it after its run ended and was
+    pruned (the sweep reads its ids in one transaction, crashes each in its own), finds no
+    row: False, nothing written."""
+    from datetime import timedelta
+
+    from ductwork.limits.executions import record_crash
+    from ductwork.pipelines.prune import prune
+
+    run = TwoStep.trigger(1)
+    with app.begin(readonly=True) as tx:
+        (execution_id,) = tx.execute(sa.select(schema.executions.c.id)).scalars().all()
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+    assert prune(app, timedelta(0)).runs == 1
+    assert record_crash(app, execution_id, None, "ductwork.OrphanedClaim", "swept") is False
+    with app.begin(readonly=True) as tx:
+        assert tx.execute(sa.select(sa.func.count()).select_from(schema.executions)).scalar_one() == 0
+
+
 def test_racing_reapers_crash_an_execution_once(app):
     pids = processes(app, 1)
     TwoStep.trigger(1)

@@ -231,6 +231,34 @@ def test_budgets_are_configurable_per_pipeline_and_handler(db_url):
         app.dispose()
 
 
+def test_a_halt_that_recorded_no_error_tells_the_handler_none(db_url):
+    """``pipeline_advancer.max_crash: 0`` (honoured) halts a branch at its first advancement,
+    ``advancer_crashes_exhausted``, before anything failed (advanced by an advancer: not
+    ``inline_linear``): the handler is told the halt
+    with no error (neither an execution's nor an advancement's)."""
+    from datetime import datetime
+
+    from ductwork.app import set_default_app
+    from ductwork.db.clock import ManualClock
+    from tests.conftest import make_app, reset_tables
+
+    app = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
+                   pipeline_advancer={"max_crash": 0, "inline_linear": False})
+    reset_tables(app.engine)
+    set_default_app(app)
+    try:
+        run = Completes.trigger(3)
+        drain(app, timeout=60)
+        assert run.refresh().status == "halted"
+        [hook] = hooks(app, run.id)
+        [halt] = SEEN[hook.id]
+        assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Fine#0", "advancer_crashes_exhausted")]
+        assert halt["errors"] == []
+    finally:
+        set_default_app(None)
+        app.dispose()
+
+
 def test_one_hook_per_run_is_a_named_constraint(manual_app):
     run = halting(Remember).trigger(1)
     drain(manual_app, timeout=60)

@@ -454,3 +454,15 @@ def test_a_worker_performs_what_its_completions_hand_it(limits_app, hand_off):
                                  e.c.outcome == "success")).scalar_one()
     assert done == (4 if hand_off else 1)
     assert worker.current is None
+
+
+def test_a_claim_on_a_key_no_work_ever_named_is_refused_gone(app):
+    """A key without a row (no step was ever limited by it) has nothing to claim: refused
+    ``gone``, as a key whose lane emptied is, and no row is written for it."""
+    from ductwork.fleet.processes import register
+    from ductwork.limits.claims import Refusal, claim_keyed
+
+    pid = register(app, role="test", label="claimer")
+    assert claim_keyed(app, "never-named", pid) == Refusal("never-named", "gone")
+    with app.begin(readonly=True) as tx:
+        assert tx.execute(sa.select(sa.func.count()).select_from(schema.limit_keys)).scalar_one() == 0

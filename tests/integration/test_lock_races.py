@@ -5,10 +5,16 @@ fault at ``after_key_lock``) while the others are observed, through the
 database's own lock-wait views, blocked on that lock; then it is released. No
 sleeps: every wait is on a condition with a deadline.
 
+Then second writers that wait on a holder's row locks and find, once it commits, nothing
+left to do: a prune whose batch another prune deleted looks again, an orphan sweep whose
+hook another sweep crashed crashes nothing (PostgreSQL and MySQL: SQLite's second writer
+waits at BEGIN and reads after the commit).
+
 Checks: INV-LIM-1 (claims on a key serialise on its lock: of N racing claimers
 under ``concurrency: 1`` exactly one is admitted), INV-CLK-1 (a claim's time, and a
 keyed group commit's release time, is read after the lock, so a key's claim and
-release times follow its sequence).
+release times follow its sequence), INV-PRN-1 (a prune re-checks its batch under the
+row locks), INV-HLT-1 and INV-HLT-2 (a hook crashed once by two racing sweeps).
 """
 
 from __future__ import annotations
@@ -52,18 +58,10 @@ class PairPipeline(Pipeline):
 
 
 def lock_waiters(app) -> int:
-    """Transactions of this database waiting for a row lock right now (diagnostic printed)."""
-    with app.engine.connect() as conn:
-        if app.backend == "postgresql":
-            return conn.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()")).scalar_one()
-        # Sessions executing the key-lock statement: the holder sits idle inside its
-        # transaction, so each one still executing it is blocked on the lock. (MariaDB
-        # may not list a waiter in innodb_trx until it holds a lock of its own.)
-        return conn.execute(sa.text(
-            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
-            "AND info LIKE '%FROM ductwork_limit_keys%FOR UPDATE%'")).scalar_one()
+    """Transactions of this database waiting for the key lock right now (MariaDB may not list
+    a waiter in innodb_trx until it holds a lock of its own: sessions still executing the
+    key-lock statement are counted, see :func:`blocked_on`)."""
+    return blocked_on(app, "%FROM ductwork_limit_keys%FOR UPDATE%")
 
 
 def server_view(app) -> list:
@@ -209,3 +207,111 @@ def test_a_keyed_group_commits_release_time_is_read_after_the_key_lock(race_app)
     assert len(events) == 3, rows
     times = [at for _, at in events]
     assert times == sorted(times), f"[INV-CLK-1] claim and release times out of sequence order: {events}"
+
+
+# --------------------------------------------------------------------------- second writers that find nothing
+
+
+def blocked_on(app, mysql_statement: str) -> int:
+    """Sessions of this database waiting for a row lock now: PostgreSQL's lock waits; on
+    MySQL the sessions executing a statement like ``mysql_statement`` (the holder sits idle
+    in its transaction, so one still executing it waits)."""
+    with app.engine.connect() as conn:
+        if app.backend == "postgresql":
+            return conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()")).scalar_one()
+        return conn.execute(sa.text(
+            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND info LIKE :s"),
+            {"s": mysql_statement}).scalar_one()
+
+
+def behind_a_holder(app, hold, second, mysql_statement: str):
+    """Run ``hold(tx)`` in a transaction left open, start ``second()`` in a thread, wait
+    until it waits on the holder's row locks, commit the holder; returns what ``second`` returned."""
+    outcome: dict = {}
+
+    def run_second() -> None:
+        try:
+            outcome["second"] = second()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            outcome["error"] = error
+
+    with app.begin() as tx:
+        hold(tx)
+        thread = threading.Thread(target=run_second)
+        thread.start()
+        try:
+            wait_for(lambda: blocked_on(app, mysql_statement) >= 1 or not thread.is_alive(),
+                     "the second writer waits on the holder's row lock", 20)
+            assert thread.is_alive(), outcome  # it waited (it did not pass a missing lock)
+        except BaseException:
+            tx.conn.invalidate()  # never leave the second writer blocked behind a failed test
+            raise
+    thread.join(30)
+    assert "error" not in outcome, outcome
+    return outcome["second"]
+
+
+@needs("row_lock_waits_observable")
+def test_a_prune_whose_batch_another_prune_deleted_looks_again(app):
+    """Prune B reads a finished run as a candidate while prune A holds it, deleted but not
+    committed; B's batch locks it after A commits and finds nothing: B looks again (no
+    batch counted), finds no candidate, and ends having deleted nothing [INV-PRN-1]."""
+    from datetime import timedelta
+
+    from ductwork.pipelines.prune import candidates, prune, prune_batch
+    from ductwork.testing import drain
+
+    run = SoloPipeline.trigger(1)
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+
+    def hold(tx) -> None:
+        cutoff = tx.now
+        assert prune_batch(tx, candidates(tx, cutoff, 10), cutoff)[schema.runs.name] == 1
+
+    result = behind_a_holder(app, hold, lambda: prune(app, timedelta(0)), "%FROM ductwork_runs%FOR UPDATE%")
+    assert (result.runs, result.batches) == (0, 0)
+    with app.begin(readonly=True) as tx:
+        assert tx.execute(sa.select(sa.func.count()).select_from(schema.runs)).scalar_one() == 0
+
+
+@needs("row_lock_waits_observable")
+def test_a_sweep_that_finds_an_orphaned_hook_crashed_meanwhile_crashes_nothing(manual_app):
+    """Two orphan sweeps read the same orphaned hook claim; the first crashes it and holds
+    the row, the second's fenced record waits, then matches nothing: one crash, not two
+    [INV-HLT-1, INV-HLT-2]."""
+    from datetime import timedelta
+
+    from ductwork.fleet.reaper import sweep_orphans
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
+    from ductwork.pipelines.hooks import claim_hook, crash_hooks_of
+    from tests.workloads import HaltingPipeline
+
+    app = manual_app
+    run = HaltingPipeline.trigger(1)
+    worker, advancer = Worker(app), Advancer(app)
+    worker._hook = lambda: None  # this worker runs executions only: the hook is left owed
+
+    def step() -> bool:
+        advancer.run_once()
+        worker.run_once()
+        app.clock.advance(timedelta(seconds=1))  # past the retry delays
+        return run.refresh().status == "halted"
+
+    wait_for(step, "the run halted, owing its hook", 20)
+    ghost = register(app, role="ghost", label="ghost")
+    assert claim_hook(app, ghost) is not None
+    with app.begin() as tx:  # the claimer's row vanished (a reap that raced the claim)
+        tx.execute(schema.processes.delete().where(schema.processes.c.id == ghost))
+    app.clock.advance(timedelta(seconds=3 * app.config.supervisor.reaper_timeout + 1))
+
+    def hold(tx) -> None:
+        assert len(crash_hooks_of(app, tx, None, tx.now)) == 1
+
+    assert behind_a_holder(app, hold, lambda: sweep_orphans(app), "UPDATE ductwork_halt_hooks%") == 0
+    h = schema.halt_hooks
+    with app.begin(readonly=True) as tx:
+        assert tx.execute(sa.select(h.c.status, h.c.crash_count)).one() == ("pending", 1)

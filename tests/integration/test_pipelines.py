@@ -15,6 +15,7 @@ import pytest
 
 from ductwork import Pipeline, Step
 from ductwork.errors import RunStateError
+from ductwork.pipelines.definition import Definition
 from ductwork.testing import drain
 
 # --------------------------------------------------------------------------- steps
@@ -416,3 +417,40 @@ def test_delay_is_not_eligible_before_its_time(manual_app):
     assert worker.run_once().outcome == "success"
     drain(app, timeout=30)
     assert run.refresh().status == "completed"
+
+
+# --------------------------------------------------------------------------- definitions
+
+
+def test_an_app_reads_a_runs_definition_by_digest_or_takes_the_given_text(app):
+    """``App.definition``: on an App that has run no transaction yet, the schema is checked,
+    then the snapshot read by its digest; with the text given, nothing is read. Either is
+    cached: the same object for the digest afterwards."""
+    import json
+
+    import sqlalchemy as sa
+
+    from ductwork.db import schema
+    from tests.conftest import make_app
+
+    run = ChainP.trigger(1)
+    with app.begin(readonly=True) as tx:
+        sha1, text = tx.execute(sa.select(schema.runs.c.definition_sha1, schema.runs.c.definition)
+                                .where(schema.runs.c.id == run.id)).one()
+    fresh = make_app(app.url)
+    try:
+        assert not fresh._schema_checked
+        read = fresh.definition(sha1)
+        assert fresh._schema_checked
+        assert read == ChainP.definition
+        assert fresh.definition(sha1) is read
+    finally:
+        fresh.dispose()
+    given = make_app(app.url)
+    try:
+        parsed = given.definition("not-stored", text)  # the text given: no database read at all
+        assert parsed == Definition.from_json(json.loads(text)) == ChainP.definition
+        assert not given._schema_checked
+        assert given.definition("not-stored") is parsed
+    finally:
+        given.dispose()

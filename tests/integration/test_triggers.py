@@ -7,7 +7,8 @@ still usable after it) and INV-TRG-2 (a trigger through the caller's ``Connectio
 invisible until the caller commits, leaves nothing when it rolls back, and wakes workers on
 PostgreSQL only at the commit); a key window (a run finished at least the window before
 the trigger gives its key to a new run, also to one of many racing threads; a run in
-progress or finished more recently keeps it); the errors for bad keys, bad windows and
+progress or finished more recently keeps it; a key taken after the caller's snapshot raises
+TriggeredConcurrently); the errors for bad keys, bad windows and
 unusable connections.
 """
 
@@ -251,6 +252,32 @@ def test_a_run_finished_a_window_ago_gives_its_key_to_a_new_run(app):
     assert ChargeOrder.trigger(3, key="order-1", key_window="1d").id == second.id  # in progress: held
     assert ChargeOrder.trigger(3, key="order-1").id == second.id
     assert _count(app, schema.runs) == 2
+
+
+@needs("locking_reads_past_the_snapshot")
+def test_a_windowed_key_taken_after_the_callers_snapshot_raises_and_leaves_its_transaction_usable(app):
+    """The caller's snapshot (REPEATABLE READ) still shows the key's old run, finished a
+    window ago; another trigger took the key and committed since. The release, a locking
+    write, finds the key gone, and the snapshot shows no new holder: TriggeredConcurrently
+    (the new run is not the caller's to see), nothing written, the transaction usable."""
+    first = ChargeOrder.trigger(1, key="order-1")
+    drain(app)
+    _finished_ago(app, first.id, timedelta(days=2))
+    with app.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            conn.execute(sa.select(sa.func.count()).select_from(schema.runs)).scalar_one()  # the snapshot
+            winner = ChargeOrder.trigger(2, key="order-1", key_window="1d")  # another transaction, committed
+            assert winner.id != first.id
+            with pytest.raises(TriggeredConcurrently) as info:
+                ChargeOrder.trigger(3, key="order-1", key_window="1d", connection=conn)
+            assert "retry the transaction" in str(info.value)
+            conn.execute(orders.insert().values(id=1))  # still usable
+    assert _count(app, orders) == 1
+    assert _count(app, schema.runs) == 2
+    assert _key_of(app, winner.id) == "order-1"
+    with app.engine.begin() as conn:  # a new transaction sees the winner holding the key
+        assert ChargeOrder.trigger(3, key="order-1", key_window="1d", connection=conn).id == winner.id
 
 
 def test_a_run_finished_within_the_window_keeps_its_key(app):

@@ -102,25 +102,73 @@ def test_the_explorer_merges_states_and_reaches_every_operation():
         assert any(label.startswith(kind) for label in seen), kind
 
 
-def _labels(name: str, limit: int = 3_000) -> set[str]:
-    """Labels of the operations enabled in the first ``limit`` states, breadth first."""
+def _states(config, limit: int = 3_000):
+    """The first ``limit`` states of ``config``'s world, breadth first, each with its labels."""
     from collections import deque
 
-    world = CONFIGS[name].make(None)
-    seen, labels, queue = {world.fingerprint()}, set(), deque([world])
+    world = config.make(None)
+    seen, queue = {world.fingerprint()}, deque([world])
     while queue and len(seen) < limit:
         world = queue.popleft()
-        for label, operation in world.actions():
-            labels.add(label)
+        actions = list(world.actions())
+        yield world, [label for label, _ in actions]
+        for _, operation in actions:
             successor = world.copy()
             try:
                 operation(successor)
-            except Exception:  # noqa: BLE001 - refusals: only the labels matter here
+            except Exception:  # noqa: BLE001 - refusals: only the states matter here
                 continue
             if successor.fingerprint() not in seen:
                 seen.add(successor.fingerprint())
                 queue.append(successor)
-    return labels
+
+
+def _after(world, operation):
+    """The world after ``operation``, or None when it was refused or changed nothing."""
+    successor = world.copy()
+    try:
+        operation(successor)
+    except Exception:  # noqa: BLE001 - a refusal: another operation is taken
+        return None
+    return successor if successor.fingerprint() != world.fingerprint() else None
+
+
+def test_resume_is_offered_for_the_dampened_runs_only():
+    """With two runs, one dampened and the other not, ``resume`` names the dampened one alone:
+    the first run is walked to its dampen (first operation offered each time, the second
+    trigger held back), then the second is triggered."""
+    from model.explore import EXPAND, _pipelines
+
+    world = _pipelines("two-expands", "", definition=EXPAND, runs=2, faults=0, advancer_faults=False,
+                       batches=False).make(None)
+    (first,) = world.model.live_runs()
+    for _ in range(100):
+        if world.model.runs[first].status == "dampened":
+            break
+        world = next(w for label, op in world.actions() if not label.startswith("trigger")
+                     for w in [_after(world, op)] if w is not None)
+    assert world.model.runs[first].status == "dampened"
+    assert {label for label, _ in world.actions() if label.startswith("resume(")} == {f"resume({first})"}
+    _, trigger = next((label, op) for label, op in world.actions() if label.startswith("trigger"))
+    trigger(world)
+    second = next(r for r in world.model.live_runs() if r != first)
+    assert world.model.runs[second].status == "in_progress"
+    assert {label for label, _ in world.actions() if label.startswith("resume(")} == {f"resume({first})"}
+
+
+def test_a_world_of_keyed_triggers_without_a_window_offers_no_windowed_trigger():
+    from model.explore import CHAIN_AB, _pipelines
+
+    config = _pipelines("keyed", "", definition=CHAIN_AB, faults=0, advancer_faults=False, batches=False,
+                        keyed_triggers=1)
+    labels = set().union(*(labels for _, labels in _states(config, 500)))
+    assert {"trigger(key 'k')", "trigger_in(key 'k', rolled back)"} <= labels
+    assert not any("window" in label for label in labels)
+
+
+def _labels(name: str, limit: int = 3_000) -> set[str]:
+    """Labels of the operations enabled in the first ``limit`` states, breadth first."""
+    return set().union(*(labels for _, labels in _states(CONFIGS[name], limit)))
 
 
 def test_the_parked_expand_world_reaches_arrivals_between_batches():

@@ -46,6 +46,35 @@ def test_an_unknown_driver_names_the_url_the_spellings_and_the_extra(url, fragme
     assert "secret" not in str(info.value)
 
 
+def test_an_unknown_sqlite_driver_names_the_spellings_and_no_extra():
+    """SQLite's driver comes with Python: the refusal names the spellings, and no pip extra."""
+    with pytest.raises(DatabaseURLError) as info:
+        dialects.normalize_url("sqlite+pysqlcipher:///x.sqlite3")
+    assert str(info.value).endswith("driver 'pysqlcipher' is not supported; write sqlite:///path or "
+                                    "sqlite+pysqlite:// (also read as +pysqlite: +aiosqlite)")
+
+
+@pytest.mark.parametrize("url", ["not a url", "postgresql://h:port/db"])
+def test_a_malformed_url_is_refused_naming_it(url):
+    with pytest.raises(DatabaseURLError, match=r"not a database URL") as info:
+        dialects.normalize_url(url)
+    assert info.value.path == "database.url"
+    assert info.value.value == url
+
+
+@pytest.mark.parametrize(("name", "backend"), [
+    ("postgresql://h/db", "postgresql"), ("mysql://h/db", "mysql"), ("mariadb://h/db", "mysql"),
+    ("sqlite:///x.sqlite3", "sqlite"),
+])
+def test_the_backend_of_a_dialect_names_its_family(name, backend):
+    engine = dialects.create_engine(name)  # connects to nothing
+    try:
+        assert dialects.backend(engine.dialect) == backend
+        assert dialects.backend(engine) == backend
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("url", ["mysql://root:pw@127.0.0.1:3306", "mysql://root@h/", "mariadb://h"])
 def test_a_mysql_url_without_a_database_is_named(url):
     with pytest.raises(DatabaseURLError, match=r"names no database; add one, e\.g\. m") as info:
@@ -91,6 +120,30 @@ def test_a_missing_sqlite_file_is_reported_not_created(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_sqlite_uri_filename_is_left_to_sqlite(tmp_path, monkeypatch):
+    """A URI filename (``file:…?uri=true``) is not read as a path: its ``mode`` decides
+    whether connecting creates the file, so ductwork does not call it absent."""
+    monkeypatch.chdir(tmp_path)
+    for url in ("sqlite:///file:typo.sqlite3?mode=ro&uri=true", "sqlite:///file:typo.sqlite3?mode=ro"):
+        assert dialects.absent_database_file(url) is None
+    assert dialects.absent_database_file("sqlite:///typo.sqlite3") == tmp_path / "typo.sqlite3"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("url", "module", "driver"), [
+    ("postgresql://h/db", "psycopg", "psycopg_async"),
+    ("mysql://h/db", "aiomysql", "aiomysql"),
+    ("sqlite:///x.sqlite3", "greenlet", "aiosqlite"),
+])
+def test_an_async_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url, module, driver):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+    with pytest.raises(DatabaseURLError) as info:
+        dialects.create_async_engine(url)
+    assert str(info.value).endswith(f"the async client needs the {driver} driver and greenlet: "
+                                    "pip install 'ductwork[async]'")
+
+
 def test_the_default_database_says_it_is_the_default(tmp_path, monkeypatch):
     from ductwork.app import connect, set_default_app
 
@@ -107,6 +160,14 @@ def test_the_default_database_says_it_is_the_default(tmp_path, monkeypatch):
         app.dispose()
         set_default_app(None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_apps_repr_names_its_database_password_masked():
+    app = App("postgresql://u:secret@h/db", Config())  # connects to nothing
+    try:
+        assert repr(app) == "App('postgresql+psycopg://u:***@h/db', env='default')"
+    finally:
+        app.dispose()
 
 
 def test_connect_takes_a_config_object_as_it_is(tmp_path, monkeypatch):

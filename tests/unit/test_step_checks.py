@@ -10,6 +10,7 @@ the model alike. Relates to INV-EXE-4 (an invalid execution fails its step at on
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 
@@ -134,6 +135,61 @@ def test_arguments_that_do_not_bind_name_the_class_and_its_signature(cls, args, 
     assert str(info.value) == message
 
 
+class Tally(Step, dict):
+    """A step whose ``__init__`` is a C type's (``dict``'s): a signature, but no function."""
+
+    def execute(self):
+        return dict(self)
+
+
+class _UnreadableInit:
+    """An ``__init__`` whose signature inspect cannot read (as a C extension's may be)."""
+
+    __signature__ = "unreadable"  # not a Signature: inspect.signature raises TypeError
+
+    def __call__(self, step, *args):
+        step.args = args
+
+
+class Opaque(Step):
+    __init__ = _UnreadableInit()
+
+    def execute(self):
+        return self.args
+
+
+def _priced_init(step, amount, *, unit):
+    step.amount, step.unit = amount, unit
+
+
+class Priced(Step):
+    """A step whose ``__init__`` is no function: a ``functools.partial`` (not a descriptor)."""
+
+    __init__ = functools.partial(_priced_init, unit="EUR")
+
+    def execute(self):
+        return f"{self.amount} {self.unit}"
+
+
+def test_an_init_that_is_not_a_function_is_bound_through_its_signature():
+    """A C type's ``__init__`` (``dict``'s) and a ``functools.partial`` are read with
+    ``inspect.signature`` as they are: the arguments bind, or the refusal names the signature."""
+    Tally._ductwork_bind([[("a", 1)]])
+    assert Tally._ductwork_build([[("a", 1)]], "s", "r", None).execute() == {"a": 1}
+    Priced._ductwork_bind([5])
+    assert Priced._ductwork_build([5], "s", "r", None).execute() == "5 EUR"
+    with pytest.raises(TypeError) as info:
+        Priced._ductwork_bind([5, 6])
+    assert str(info.value) == ("Priced(amount, *, unit='EUR') cannot take the arguments (5, 6): "
+                               "too many positional arguments")
+
+
+def test_an_init_whose_signature_cannot_be_read_is_not_checked():
+    """Nothing is refused beforehand: the arguments go to ``__init__``, which decides."""
+    Opaque._ductwork_bind([1, 2, 3])
+    assert Opaque._ductwork_build([1, 2, 3], "s", "r", None).execute() == (1, 2, 3)
+
+
 def test_trigger_refuses_arguments_the_first_step_cannot_take(monkeypatch):
     calls = []
     runs = types.ModuleType("ductwork.pipelines.runs")
@@ -146,6 +202,28 @@ def test_trigger_refuses_arguments_the_first_step_cannot_take(monkeypatch):
     assert calls == []  # refused before the engine was asked to write anything
     assert OneP.trigger("2026-01-01", app="app") == "handle"
     assert calls == [["2026-01-01"]]
+
+
+def test_trigger_of_a_snapshot_whose_first_step_is_not_loaded_here_binds_nothing(monkeypatch):
+    """A pipeline whose definition is a snapshot naming a step class this process never
+    loaded (a service that only triggers): there is no ``__init__`` to bind against, so the
+    arguments go to the trigger as they are (the worker that runs the step binds them)."""
+    from ductwork.pipelines.definition import Definition
+
+    calls = []
+    runs = types.ModuleType("ductwork.pipelines.runs")
+    runs.trigger_run = lambda _app, _cls, args, **_: calls.append(args) or "handle"
+    monkeypatch.setitem(sys.modules, "ductwork.pipelines.runs", runs)
+
+    class TriggerOnly(Pipeline):
+        pass
+
+    snapshot = {"format": 1, "pipeline": "elsewhere.pipelines:Charge", "start": "Charge#0",
+                "nodes": {"Charge#0": {"klass": "elsewhere.steps:Charge", "delay_us": None, "timeout_us": None,
+                                       "limit_by": None}}, "edges": {}}
+    monkeypatch.setattr(TriggerOnly, "definition", Definition.from_json(snapshot))
+    assert TriggerOnly.trigger(1, 2, 3, app="app") == "handle"
+    assert calls == [[1, 2, 3]]
 
 
 # --------------------------------------------------------------------------- __main__

@@ -1,0 +1,92 @@
+"""The dialect seams at their edges, on every database: a batch of no ids matches nothing,
+a batch of no rows inserts nothing, a violation the error boundary does not map passes
+through it unchanged, and a lock refused for contention is read as retryable and retried.
+
+Checks: none of the invariants directly; the error boundary (``translate_db_errors``)
+is what maps INV-TRG-1's and INV-REV-1's index violations, so what it lets through matters.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork.db import dialects, schema
+from tests.capabilities import needs
+
+k = schema.limit_keys
+
+
+def _keys(app) -> list[str]:
+    with app.begin(readonly=True) as tx:
+        return list(tx.execute(sa.select(k.c.key).order_by(k.c.key)).scalars())
+
+
+def _add_key(app, key: str) -> None:
+    with app.begin() as tx:
+        tx.execute(k.insert().values(key=key, seq=0, created_at=tx.now, updated_at=tx.now))
+
+
+def test_an_empty_batch_of_ids_matches_nothing(app):
+    """``inline_ids([])`` renders ``IN (NULL)``: no row, where an empty IN would be a syntax error."""
+    _add_key(app, "k")
+    with app.begin(readonly=True) as tx:
+        assert tx.execute(sa.select(k.c.key).where(k.c.key.in_(dialects.inline_ids([])))).all() == []
+        prepared = sa.select(k.c.key).where(k.c.key.in_(dialects.ids_param()))
+        assert tx.execute(prepared, {"batch_ids": []}).all() == []
+        assert tx.execute(prepared, {"batch_ids": ["k"]}).scalars().all() == ["k"]
+
+
+def test_inserting_no_rows_writes_nothing(app):
+    """``insert_rows`` of an empty list is no statement (PostgreSQL's variant reads the first
+    row's columns: it is never called with none)."""
+    with app.begin() as tx:
+        dialects.insert_rows(tx.conn, k, [])
+        dialects.insert_rows(tx.conn, k, [{"key": "k", "seq": 0, "created_at": tx.now, "updated_at": tx.now}])
+    assert _keys(app) == ["k"]
+
+
+def test_a_violation_the_boundary_does_not_map_passes_through_unchanged(app):
+    """A duplicate primary key inside ``translate_db_errors`` for another constraint: the
+    IntegrityError itself propagates (SQLite names only columns, which map to no named
+    constraint; PostgreSQL and MySQL name the primary key, which is not in the mapping)."""
+    _add_key(app, "k")
+
+    class Mapped(Exception):
+        pass
+
+    with pytest.raises(sa.exc.IntegrityError) as info, \
+            dialects.translate_db_errors({"uq_run_trigger_key": lambda _: Mapped()}), app.begin() as tx:
+        tx.execute(k.insert().values(key="k", seq=0, created_at=tx.now, updated_at=tx.now))
+    assert dialects.violated_constraint(info.value) not in schema.CONSTRAINT_COLUMNS
+    assert _keys(app) == ["k"]
+
+
+@needs("lock_refused_at_once")
+def test_a_lock_refused_for_contention_is_retryable_and_retried(app):
+    """A row lock refused at once (``FOR UPDATE NOWAIT`` while another transaction holds
+    it: PostgreSQL's 55P03, MySQL's 1205) is a contention rollback, not a lost connection;
+    ``retry_transient`` runs the transaction again once the holder has let go."""
+    _add_key(app, "k")
+    nowait = sa.select(k.c.key).where(k.c.key == "k").with_for_update(nowait=True)
+    with app.engine.connect() as holder:
+        held = holder.begin()
+        holder.execute(sa.select(k.c.key).where(k.c.key == "k").with_for_update())
+        with pytest.raises(sa.exc.DBAPIError) as refused, app.engine.begin() as conn:
+            conn.execute(nowait)
+        assert dialects.is_retryable(refused.value)
+        assert not dialects.is_disconnect(refused.value)
+
+        attempts: list[int] = []
+
+        def once() -> str:
+            attempts.append(1)
+            try:
+                with app.engine.begin() as conn:
+                    return str(conn.execute(nowait).scalar_one())
+            finally:
+                if len(attempts) == 1:
+                    held.rollback()  # the holder lets go after the first refusal
+
+        assert dialects.retry_transient(once) == "k"
+    assert len(attempts) == 2
