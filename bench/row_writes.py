@@ -3,6 +3,7 @@
     python -m bench.row_writes [--database-url postgresql://…/ductwork_bench] [--runs 3000]
                                [--pgqueuer-python /tmp/pgqvenv/bin/python]
     python -m bench.row_writes --ab [--repeats 3]    # 0006's indexes full (as 0005 left them), then partial
+    python -m bench.row_writes --waldump /usr/lib/postgresql/15/bin/pg_waldump   # the drain's WAL, by record
 
 PostgreSQL only. B1's batch (one-step no-op runs inserted as ``trigger`` writes them, then
 drained by a default ``ductwork start``) is run once to warm up and once measured; the
@@ -24,8 +25,8 @@ server's whole write volume, index entries included) do only if nothing else wri
 cluster meanwhile: measure them on a quiet server. PostgreSQL flushes the table counters
 at most about once a second per backend, so the script waits for them to stop moving.
 
-``--ab``: the same batch with revision 0006's nine indexes rebuilt full (as revision 0005
-left them) and partial (as 0006 makes them), in place, alternating, ``--repeats`` times, a
+``--ab``: the same batch with revision 0006's nine indexes rebuilt full and its tables'
+fillfactor reset (as revision 0005 left them), and as 0006 makes them, in place, alternating, ``--repeats`` times, a
 fresh default fleet each time; per shape the runs completed/s, WAL bytes, CPU and
 statements per run, their medians, and partial / full per repetition: the evidence for
 revision 0006.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import statistics
 import subprocess
 import time
@@ -44,9 +46,9 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from bench.b1_throughput import pgqueuer_dsn, runs_batch
-from bench.harness import ProcessFleet, Target, log
+from bench.harness import ProcessFleet, Target, insert_pending, log, wait_until
 from bench.workloads import One
-from ductwork.db import dialects, migrate
+from ductwork.db import dialects, migrate, schema
 
 _STATS = sa.text("select relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del from pg_stat_user_tables")
 _INDEXES = sa.text("select tablename, count(*) from pg_indexes where schemaname = current_schema() "
@@ -118,8 +120,9 @@ def _measure(target: Target, runs: int, label: str) -> tuple[dict[str, float], d
 
 def _shape(engine: sa.Engine, *, partial: bool) -> None:
     """Rebuild revision 0006's nine indexes partial (as it leaves them) or full (as 0005
-    left them: five full indexes, four unique constraints), in place: the schema's revision
-    stays head, so today's fleet runs on both."""
+    left them: five full indexes, four unique constraints), and set or reset its fillfactor,
+    in place: the schema's revision stays head, so today's fleet runs on both (the bench's
+    reset truncates the tables, so every page is new)."""
     path = Path(migrate.__file__).with_name("migrations") / "versions" / "0006_partial_indexes.py"
     spec = importlib.util.spec_from_file_location("ductwork_revision_0006", path)
     assert spec is not None
@@ -128,6 +131,9 @@ def _shape(engine: sa.Engine, *, partial: bool) -> None:
     spec.loader.exec_module(revision)
     with engine.begin() as conn:
         constraints = set(conn.exec_driver_sql("SELECT conname FROM pg_constraint WHERE contype = 'u'").scalars())
+        for table in revision.UPDATED_IN_PLACE:
+            conn.exec_driver_sql(f"ALTER TABLE {table} SET (fillfactor = {revision.FILLFACTOR})" if partial
+                                 else f"ALTER TABLE {table} RESET (fillfactor)")
         for name, table, columns, unique, column in revision.PARTIAL:
             conn.exec_driver_sql(f"DROP INDEX {name}")
             conn.exec_driver_sql(f"CREATE {'UNIQUE ' if unique else ''}INDEX {name} ON {table} ({', '.join(columns)})"
@@ -159,12 +165,69 @@ def _ab(target: Target, runs: int, repeats: int) -> None:
     finally:
         _shape(engine, partial=True)
         engine.dispose()
-    print(f"| measure (median of {repeats}) | full (0005) | partial (0006) | partial / full (per repetition) |")
+    print(f"| measure (median of {repeats}) | as 0005 left it | as 0006 makes it | 0006 / 0005 (per repetition) |")
     print("|---|---:|---:|---:|")
     for key in ("runs_per_s", "wal_bytes_per_run", "cpu_ms_per_step", "statements_per_step"):
         a, b = got["full"][key], got["partial"][key]
         ratios = [y / x for x, y in zip(a, b, strict=True)]
         print(f"| {key} | {statistics.median(a):.3f} | {statistics.median(b):.3f} | {statistics.median(ratios):.3f} |")
+
+
+def _lsn(engine: sa.Engine) -> str:
+    with engine.connect() as conn:
+        return str(conn.exec_driver_sql("SELECT pg_current_wal_insert_lsn()").scalar_one())
+
+
+def _waldump(target: Target, runs: int, pg_waldump: str) -> None:
+    """The drain's WAL records per run, by kind and relation: pg_waldump over the LSNs from
+    just after the batch's insert committed to its last run completed, this database's
+    records only (other databases of the cluster may write meanwhile; their records are
+    left out, but run it on a quiet server all the same)."""
+    r = schema.runs
+    target.reset()
+    app = target.app()
+    fleet = ProcessFleet(target, label="waldump").start(app)
+    try:
+        runs_batch(app, (fleet,), One, "w", 200, 1, timeout=300)  # warm-up
+        insert_pending(app, One, runs, "m")
+        start = _lsn(app.engine)  # (the fleet may have begun: a few of its records come before)
+
+        def done() -> bool:
+            with app.begin() as tx:
+                return tx.execute(sa.select(sa.func.count()).where(r.c.status != "completed")).scalar_one() == 0
+
+        wait_until(done, f"{runs} runs completed", 900, interval=0.1)
+        end = _lsn(app.engine)
+        with app.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            wal_dir = str(conn.exec_driver_sql("SHOW data_directory").scalar_one()) + "/pg_wal"
+            database = str(conn.exec_driver_sql("SELECT oid FROM pg_database WHERE datname = current_database()")
+                           .scalar_one())
+            names = {str(n): name for n, name in conn.exec_driver_sql(
+                "SELECT relfilenode, relname FROM pg_class WHERE relkind IN ('r', 'i')")}
+            conn.exec_driver_sql("SELECT pg_switch_wal()")  # the last segment complete for pg_waldump
+    finally:
+        fleet.stop()
+        app.dispose()
+    dump = subprocess.run([pg_waldump, "-p", wal_dir, "-s", start, "-e", end], capture_output=True, text=True)
+    counts: dict[tuple[str, str, str], int] = {}
+    record = re.compile(r"rmgr: (\w+)\s.*?desc: (\w+)(?: .*?flags \S+ (.*?) ,)?.*?blkref #0: rel \d+/(\d+)/(\d+)")
+    for line in dump.stdout.splitlines():
+        m = record.search(line)
+        if m is None or m.group(4) != database:
+            continue
+        rmgr, desc, lock, _, rel = m.groups()
+        kind = f"{rmgr}/{desc}" + (f" ({lock.removeprefix('LOCK_ONLY ')})" if lock else "")
+        key = (kind, names.get(rel, rel), "")
+        counts[key] = counts.get(key, 0) + 1
+    print(f"WAL records of this database per run, {runs} one-step runs drained ({start} to {end}):")
+    print("| record | relation | per run |\n|---|---|---:|")
+    for (kind, rel, _), n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        if n / runs >= 0.05:
+            print(f"| {kind} | `{rel}` | {n / runs:.2f} |")
+    totals: dict[str, int] = {}
+    for (kind, _, _), n in counts.items():
+        totals[kind.split(" ")[0]] = totals.get(kind.split(" ")[0], 0) + n
+    print("\nby kind: " + ", ".join(f"{k} {n / runs:.2f}" for k, n in sorted(totals.items(), key=lambda kv: -kv[1])))
 
 
 def main() -> None:
@@ -174,6 +237,9 @@ def main() -> None:
     parser.add_argument("--pgqueuer-python", default=None)
     parser.add_argument("--ab", action="store_true", help="revision 0006's indexes full, then partial, alternating")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--waldump", metavar="PG_WALDUMP", default=None,
+                        help="instead: the drain's WAL records per run by kind and table (pg_waldump's path; "
+                             "the server's data directory must be readable here)")
     args = parser.parse_args()
     target = Target.from_url(args.database_url)
     if target.kind != "postgresql":
@@ -181,6 +247,9 @@ def main() -> None:
     target.setup()
     if args.ab:
         _ab(target, args.runs, args.repeats)
+        return
+    if args.waldump:
+        _waldump(target, args.runs, args.waldump)
         return
     measured, before, after, indexes = _measure(target, args.runs, "rowwrites")
     log(f"ductwork: {measured['runs_per_s']:.0f} runs/s, {measured['wal_bytes_per_run']:.0f} WAL bytes per run "

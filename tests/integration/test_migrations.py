@@ -129,11 +129,11 @@ PARTIAL_ON_POSTGRESQL = {
 }
 
 
-def test_indexes_on_mostly_null_columns_are_partial_on_postgresql_and_serve_look_ups(empty_engine):
-    """autogenerate does not compare an index's predicate, so this reads it: after the
-    upgrade each of these indexes is ``WHERE col IS NOT NULL`` on PostgreSQL (and a look-up
-    by value is planned on it), a full index elsewhere; one revision down makes them full
-    again."""
+def test_revision_0006_partial_indexes_serve_look_ups_and_updated_tables_keep_room(empty_engine):
+    """autogenerate compares neither an index's predicate nor a table's storage parameters,
+    so this reads them: after the upgrade each of these indexes is ``WHERE col IS NOT NULL``
+    on PostgreSQL (and a look-up by value is planned on it), a full index elsewhere, and the
+    tables updated in place have ``fillfactor=80``; one revision down undoes both."""
     migrate.upgrade(empty_engine)
     with empty_engine.connect() as conn:
         if empty_engine.dialect.name != "postgresql":
@@ -149,8 +149,20 @@ def test_indexes_on_mostly_null_columns_are_partial_on_postgresql_and_serve_look
             conn.exec_driver_sql("SET enable_seqscan = off")  # empty tables: else any plan is a scan
             plan = "\n".join(conn.exec_driver_sql(f"EXPLAIN SELECT 1 FROM {table} WHERE {column} = 'x'").scalars())
             assert f"using {name} on {table}" in plan, plan
+        assert _fillfactors(conn) == {table: ["fillfactor=80"] for table in UPDATED_IN_PLACE}
     migrate.downgrade(empty_engine, "0005")
     with empty_engine.connect() as conn:
         defs = dict(conn.execute(sa.text("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = "
                                          "current_schema()")).all())
+        assert _fillfactors(conn) == dict.fromkeys(UPDATED_IN_PLACE, None)
     assert all("WHERE" not in defs[name] for name in PARTIAL_ON_POSTGRESQL)
+
+
+#: revision 0006: tables whose rows are updated soon after their insert keep room for it
+UPDATED_IN_PLACE = ("ductwork_branches", "ductwork_executions", "ductwork_jobs", "ductwork_runs", "ductwork_steps")
+
+
+def _fillfactors(conn: sa.Connection) -> dict[str, list[str] | None]:
+    return dict(conn.exec_driver_sql(
+        "SELECT relname, reloptions FROM pg_class WHERE relkind = 'r' AND relname IN ("
+        + ", ".join(f"'{t}'" for t in UPDATED_IN_PLACE) + ") ORDER BY relname").all())

@@ -1,4 +1,4 @@
-"""PostgreSQL: indexes on mostly-NULL columns hold only their non-NULL rows
+"""PostgreSQL: indexes on mostly-NULL columns hold only their non-NULL rows; room for updates
 
 Revision ID: 0006
 Revises: 0005
@@ -27,8 +27,15 @@ NULLs never collided, so the same rows are refused, and the error names the same
 (``schema.CONSTRAINT_COLUMNS``). Measured with ``python -m bench.row_writes --ab``:
 bench/RESULTS.md.
 
-PostgreSQL only (the seam is this file and ``schema.py``'s ``postgresql_where`` and
-``ddl_if``): MariaDB and MySQL have no partial indexes, and SQLite, in-process, is not
+The five tables whose rows are updated soon after their insert (a run, a branch, a step,
+a job once each, an execution twice) get ``fillfactor = 80``: a fifth of each new page
+is left free, so an update's new row version fits on its page. Without the room
+PostgreSQL moves the row to another page and first writes a lock record for the old one
+(and an update that changes no indexed column, a job's output, cannot be HOT). Existing
+pages are not rewritten; ``ductwork_advancements`` and the rest are left as they are.
+
+PostgreSQL only (the seam is this file and ``schema.py``'s ``postgresql_where``,
+``postgresql_with`` and ``ddl_if``): MariaDB and MySQL have no partial indexes, and SQLite, in-process, is not
 bound by a server's writes.
 
 Upgrading rebuilds the nine (``DROP INDEX`` or ``DROP CONSTRAINT``, then ``CREATE
@@ -63,9 +70,18 @@ UNIQUE = (
 )
 
 
+#: tables whose rows are updated a few times each soon after their insert: pages kept 20 %
+#: free (new pages only; existing rows are not moved)
+FILLFACTOR = 80
+UPDATED_IN_PLACE = ("ductwork_runs", "ductwork_branches", "ductwork_steps", "ductwork_jobs", "ductwork_executions")
+
+
 def _rebuild(*, partial: bool) -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
+    for table in UPDATED_IN_PLACE:
+        op.execute(f"ALTER TABLE {table} SET (fillfactor = {FILLFACTOR})" if partial
+                   else f"ALTER TABLE {table} RESET (fillfactor)")
     for name, table, columns, unique, column in PARTIAL:
         op.drop_index(name, table_name=table)
         where = sa.text(f"{column} IS NOT NULL") if partial else None
