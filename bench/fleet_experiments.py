@@ -2,6 +2,7 @@
 
     python -m bench.fleet_experiments [--database-url URL] [--repeats 2] [--patches no_notify,no_fsync]
     python -m bench.fleet_experiments --limits --patches key_skip_locked,wake_one,key_skip_locked+wake_one
+    python -m bench.fleet_experiments --b6 --repeats 3 --patches whole_key_in_a_row
 
 Runs the B1 batches (chains of 5 no-op steps, trigger to run completed; one-step unkeyed
 claim drains) through real
@@ -46,6 +47,9 @@ def main() -> None:
     parser.add_argument("--limits", action="store_true",
                         help="instead of B1: B2's concurrency-5 and rate-200/s-burst-1 batches, per patch")
     parser.add_argument("--limit-jobs", type=int, default=300)
+    parser.add_argument("--b6", action="store_true",
+                        help="instead of B1: B6's keyed / unkeyed batches of one-step no-op runs, per patch")
+    parser.add_argument("--b6-runs", type=int, default=1000)
     args = parser.parse_args()
     target = Target.from_url(args.database_url)
     target.setup()
@@ -55,6 +59,8 @@ def main() -> None:
                     if p and (target.kind == "postgresql" or not set(p.split("+")) & pg_only)]
     if args.limits:
         return limits(target, args, modes)
+    if args.b6:
+        return keyed(target, args, modes)
     results: dict[tuple[str, str, str], list[float]] = {}
     app = target.app()
     try:
@@ -127,6 +133,43 @@ def limits(target: Target, args: argparse.Namespace, modes: list[tuple[str, ...]
             cells += [f"{statistics.median(v[0] for v in values):.2f}",
                       f"{statistics.median(v[1] for v in values):.2f}"]
         print(f"| {mode} | " + " | ".join(cells) + " |")
+
+
+def keyed(target: Target, args: argparse.Namespace, modes: list[tuple[str, ...]]) -> None:
+    """B6's batches (one-step no-op runs unkeyed, then of one ``concurrency: 50`` key, trigger
+    to run completed) on a default fleet per mode and repetition, modes alternating."""
+    from bench.workloads import One, WideNoop
+
+    results: dict[tuple[str, str], list[dict[str, float]]] = {}
+    app = target.app()
+    try:
+        for rep in range(args.repeats):
+            for patches in modes:
+                mode = "+".join(patches) or "baseline"
+                app.dispose()
+                target.reset()
+                fleet = ProcessFleet(target, label=f"benchz{rep}{len(results)}", patches=patches).start(app)
+                try:
+                    for kind, pipeline in (("unkeyed", One), ("keyed", WideNoop)):
+                        got = runs_batch(app, (fleet,), pipeline, f"z{rep}{len(results)}{kind[0]}", args.b6_runs, 1,
+                                         timeout=900)
+                        results.setdefault((mode, kind), []).append(got)
+                        log(f"{mode}: B6 {kind}: {got['runs_per_s']:.0f} runs/s, {got['cpu_ms_per_step']:.2f} ms CPU "
+                            f"and {got['statements_per_step']:.2f} statements per step")
+                finally:
+                    fleet.stop()
+    finally:
+        app.dispose()
+    print(f"\n## {target.name}: B6 experiments, default fleet (median of {args.repeats})\n")
+    print("| mode | keyed runs/s | keyed / unkeyed | keyed CPU ms/step | keyed statements/step |")
+    print("|---|---:|---:|---:|---:|")
+    for patches in modes:
+        mode = "+".join(patches) or "baseline"
+        k, u = results[(mode, "keyed")], results[(mode, "unkeyed")]
+        print(f"| {mode} | {statistics.median(x['runs_per_s'] for x in k):.0f} | "
+              f"{statistics.median(a['runs_per_s'] / b['runs_per_s'] for a, b in zip(k, u, strict=True)):.3f} | "
+              f"{statistics.median(x['cpu_ms_per_step'] for x in k):.2f} | "
+              f"{statistics.median(x['statements_per_step'] for x in k):.2f} |")
 
 
 if __name__ == "__main__":

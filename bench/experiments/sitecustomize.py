@@ -13,7 +13,10 @@ changes one thing so a fleet's throughput can be compared with and without it:
 - ``key_skip_locked``: a keyed claim takes the key's header lock with ``SKIP LOCKED``: a
   key another claimer holds is skipped (refusal "gone", the poll tries the next lane)
   instead of queued behind; completions still wait for the lock;
-- ``wake_one``: a wakeup wakes one idle thread of the process instead of all of them.
+- ``wake_one``: a wakeup wakes one idle thread of the process instead of all of them;
+- ``whole_key_in_a_row``: a thread runs in a row as many of a key's executions as its
+  pace-sized batch allows, up to the key's whole ``concurrency`` (not its share of it);
+  ``key_halves_in_a_row``: up to half of it (two threads' shares, whatever the threads).
 """
 
 import os
@@ -65,3 +68,20 @@ if _patches:
                 self._cond.notify(1)
 
         wakeup.Wakeup.notify = notify
+
+    if _patches & {"whole_key_in_a_row", "key_halves_in_a_row"}:
+        from ductwork.fleet import worker
+
+        _shares = 1 if "whole_key_in_a_row" in _patches else 2
+
+        def in_a_row(self, key):
+            if self._inbox is None:
+                return self.batch
+            entry = self.app.config.limits.get(key)
+            if entry is not None and entry.rates:
+                return 1
+            if entry is None or entry.concurrency is None:
+                return self.batch
+            return max(1, min(self.batch, entry.concurrency // _shares))
+
+        worker.Worker.in_a_row = in_a_row

@@ -338,7 +338,8 @@ class Worker:
     groups unkeyed ones. A keyed claim takes up to as many executions of its key as
     the process has idle threads (``inbox``: they wait there for them) plus as many as
     this thread runs in a row (:meth:`in_a_row`: one, or with fast steps up to its share
-    of the key's concurrency, recorded by one group commit as a worker alone records
+    of the key's concurrency, a thread's or, for bodies that mostly run Python, the
+    process's, recorded by one group commit as a worker alone records
     its batch), or, for a worker alone, as many as an unkeyed batch. Not done: handing back
     claimed executions that a stopping worker has not started (it runs them; they were
     sized to take ``batch_window``).
@@ -368,6 +369,8 @@ class Worker:
         #: how many unkeyed executions the next claim may take (from the recent pace)
         self.batch = 1
         self._pace_s: float | None = None
+        #: how much of the recent bodies' time was this thread's CPU (0 to 1; None: none timed)
+        self._cpu_share: float | None = None
         #: claimed, not yet performed: handed on by a completion, or the rest of a batch
         self._queue: deque[Claimed] = deque()
         #: queued keyed executions this thread runs in a row (their successes: one group commit)
@@ -464,10 +467,18 @@ class Worker:
         """How many executions of ``key`` this thread may run one after the other (a
         keyed batch of its own, recorded by one group commit): as many as an unkeyed batch
         at the recent pace (so none waits behind its siblings longer than ``batch_window``),
-        but no more than the thread's share of the key's ``concurrency`` (the process's
-        threads' equal shares: a key that binds is not held by executions waiting in one
-        thread while others could run them), and one for a key with a rate (its tokens go
-        to whichever thread is free). A worker alone: its batch."""
+        but no more than the thread's share of the key's ``concurrency``, and one for a key
+        with a rate (its tokens go to whichever thread is free). A worker alone: its batch.
+
+        The share: bodies that mostly wait (sleep, I/O: less than half their time this
+        thread's CPU) run side by side in threads, so each of the process's threads gets an
+        equal share (a key that binds is not held by executions waiting in one thread while
+        others could run them). Bodies that mostly run Python hold the GIL, so the
+        process's threads would run them one at a time anyway: spreading them buys nothing
+        and costs a key-lock hold per thread, so the share is the process's, one of the
+        supervisor's ``job_worker.processes`` equal shares (processes do run side by side).
+        Either way the executions are ones this process claimed under the key's lock: the
+        key's ``concurrency`` holds as for any claim [INV-LIM-1]."""
         if self._inbox is None:
             return self.batch
         entry = self.app.config.limits.get(key)
@@ -475,7 +486,9 @@ class Worker:
             return 1
         if entry is None or entry.concurrency is None:
             return self.batch
-        return max(1, min(self.batch, entry.concurrency // max(1, self._inbox.threads)))
+        mostly_cpu = self._cpu_share is not None and self._cpu_share >= 0.5
+        shares = self.app.config.job_worker.processes if mostly_cpu else self._inbox.threads
+        return max(1, min(self.batch, entry.concurrency // max(1, shares)))
 
     def _claim(self) -> None:
         """Claim a batch; what a keyed batch took beyond what this thread runs in a row
@@ -654,9 +667,12 @@ class Worker:
         self._advance_released(successes)  # (extended with what gather() added)
         return handed
 
-    def _paced(self, seconds: float) -> None:
-        """Size the next batch from the recent pace."""
+    def _paced(self, seconds: float, cpu_s: float) -> None:
+        """Size the next batch from the recent pace, and note how much of a body's time is
+        this thread's own CPU (``cpu_s`` of ``seconds``: 1 for a body that did nothing)."""
         self._pace_s = seconds if self._pace_s is None else (self._pace_s + seconds) / 2
+        share = min(1.0, cpu_s / seconds) if seconds > 0 else 1.0
+        self._cpu_share = share if self._cpu_share is None else (self._cpu_share + share) / 2
         self.batch = batch_for(self._pace_s, self._batch_window, self._batch_size)
 
     def _invoke(self, claimed: Claimed, definition: Definition) -> Output:
@@ -688,10 +704,10 @@ class Worker:
             try:
                 if awaited is _NOT_AWAITED:
                     check_configured(claimed)  # before anything is built here or in a child process
-                    started = time.monotonic()
+                    started, cpu = time.monotonic(), time.thread_time()
                     output = self._invoke(claimed, definition)
                     ran_s = time.monotonic() - started
-                    self._paced(ran_s)
+                    self._paced(ran_s, time.thread_time() - cpu)
                     faults.hit(faults.DURING_JOB_EXECUTION)
                 else:
                     output = self._output(claimed, definition, _value_of(awaited))

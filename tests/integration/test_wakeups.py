@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 from datetime import datetime
 
+import pytest
+
 from ductwork.db.wakeup import PgListener
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Inbox, Worker
@@ -74,10 +76,11 @@ def test_a_keyed_batch_leaves_the_rest_to_idle_threads(db_url):
 
 
 def test_a_fast_thread_runs_its_share_of_a_wide_key_in_a_row(db_url):
-    """Fast steps, a ``concurrency: 10`` key, a process of five threads, two of them idle:
-    a claim takes four, keeps two (its share, 10 / 5) to run in a row and record in one
-    group commit, and leaves two to the idle threads; a key with a rate, or one whose
-    share is below two, is run one execution per thread as before."""
+    """Fast steps that mostly wait (a body of 0.5 ms, none of it this thread's CPU), a
+    ``concurrency: 10`` key, a process of five threads, two of them idle: a claim takes
+    four, keeps two (its share, 10 / 5) to run in a row and record in one group commit,
+    and leaves two to the idle threads; a key with a rate, or one whose share is below
+    two, is run one execution per thread as before."""
     app = make_app(db_url, job_worker={"limits": {"wide": {"concurrency": 10}, "three": {"concurrency": 3},
                                                   "paced": {"rate": {"limit": 100, "per": "1s"}}}})
     reset_tables(app.engine)
@@ -86,13 +89,43 @@ def test_a_fast_thread_runs_its_share_of_a_wide_key_in_a_row(db_url):
         ids = make_executions(app, run_id, branch_id, "wide", AT, 6)
         inbox = Inbox(lambda _n: None, lambda: 2, threads=5)
         worker = Worker(app, process_id=register(app, role="test", label="w"), inbox=inbox, batch_size=64)
-        worker._paced(0.0)  # a no-op step was timed: batches of 64
+        worker._paced(0.0005, 0.0)  # a fast step was timed, waiting all along: batches of 64
         assert (worker.in_a_row("wide"), worker.in_a_row("three"), worker.in_a_row("paced")) == (2, 1, 1)
         assert worker.in_a_row("nowhere") == 64  # unconfigured: no share to keep to
         worker._claim()
         assert [c.execution_id for c in worker._queue] == ids[:2]
         assert worker._in_a_row == set(ids[:2])  # their successes: one keyed group commit
         assert inbox.held() == set(ids[2:4])
+    finally:
+        app.dispose()
+
+
+@pytest.mark.parametrize(("processes", "share"), [(1, 10), (2, 5), (20, 1)])
+def test_bodies_that_mostly_run_python_take_the_processes_share_of_a_wide_key(db_url, processes, share):
+    """Bodies that mostly run Python (this thread's CPU for at least half their time; a
+    no-op's is all of it) hold the GIL: the process's five threads would run them one at
+    a time, so one thread runs the process's whole share in a row (``concurrency`` over
+    the supervisor's ``job_worker.processes``) and records it in one group commit; the
+    key's concurrency still holds (INV-LIM-1: nothing beyond it is claimed)."""
+    app = make_app(db_url, job_worker={"processes": processes, "limits": {"wide": {"concurrency": 10},
+                                                                          "three": {"concurrency": 3}}})
+    reset_tables(app.engine)
+    try:
+        run_id, branch_id = make_run(app)
+        ids = make_executions(app, run_id, branch_id, "wide", AT, 12)
+        inbox = Inbox(lambda _n: None, lambda: 0, threads=5)
+        worker = Worker(app, process_id=register(app, role="test", label="w"), inbox=inbox, batch_size=64)
+        worker._paced(0.0, 0.0)  # a no-op step: nothing but this thread's CPU
+        assert worker.in_a_row("wide") == share
+        assert worker.in_a_row("three") == max(1, 3 // processes)
+        worker._paced(0.002, 0.0006)  # then steps that mostly waited: the average falls below half
+        worker._paced(0.002, 0.0)
+        assert worker.in_a_row("wide") == 2  # the thread's share again (10 / 5)
+        worker._paced(0.0, 0.0)  # a no-op again: more than half
+        worker._claim()
+        assert [c.execution_id for c in worker._queue] == ids[:share]
+        assert worker._in_a_row == (set(ids[:share]) if share > 1 else set())
+        assert inbox.held() == set()  # no idle thread asked: nothing beyond the thread's own
     finally:
         app.dispose()
 
