@@ -226,12 +226,13 @@ def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list
                 "claim_token": token, "started_at": tx.now, "crash_count": c.crash_count,
                 "created_at": tx.now, "updated_at": tx.now} for c in claims])
     except exc.IntegrityError as error:
-        if dialects.violated_constraint(error) is None:
+        # PostgreSQL names the foreign key too: only the unique constraints mean something else
+        if dialects.violated_constraint(error) not in schema.CONSTRAINT_COLUMNS:
             # Our process row was reaped mid-claim: the foreign key failed and the
             # whole claim rolled back. A lost race, not a failure.
             log.warning("branch claim lost: process %s no longer registered", process_id)
             return []
-        raise
+        raise  # pragma: no cover  [INV-ADV-2] a claimable branch has no open advancement (a release closes it)
     return claims
 
 
@@ -436,17 +437,26 @@ class Advancer:
         siblings ending at once queue instead of deadlocking (on InnoDB, earlier
         writes take shared locks on the run row that a later exclusive lock would
         have to upgrade).
+
+        ``c.closed``, set by :meth:`_close` inside the block, is put back when the
+        transaction does not commit: the advancement is open again, and if recording the
+        error fails too, ``run_once`` must still release it (:meth:`_abandon`).
         """
-        with self.app.begin() as tx:
-            found = tx.execute(
-                dialects.for_update(sa.select(_b.c.claim_token).where(_b.c.id == c.branch_id), tx.conn)
-            ).scalar_one()
-            if found != c.token:
-                raise StaleClaim(c.branch_id, c.token, found)  # [INV-ADV-2] a stale token commits nothing
-            if ends_branch:
-                lock_run(tx, c.run_id)
-            yield tx
-            faults.hit(faults.BEFORE_FENCE_COMMIT)
+        closed = c.closed
+        try:
+            with self.app.begin() as tx:
+                found = tx.execute(
+                    dialects.for_update(sa.select(_b.c.claim_token).where(_b.c.id == c.branch_id), tx.conn)
+                ).scalar_one()
+                if found != c.token:
+                    raise StaleClaim(c.branch_id, c.token, found)  # [INV-ADV-2] a stale token commits nothing
+                if ends_branch:
+                    lock_run(tx, c.run_id)
+                yield tx
+                faults.hit(faults.BEFORE_FENCE_COMMIT)
+        except BaseException:
+            c.closed = closed  # rolled back: the close did not happen
+            raise
 
     def _close(self, tx: Tx, c: BranchClaim, error: ErrorInfo | None = None) -> None:
         closed = close_advancement(tx, c.advancement_id, error_klass=error.klass if error else None,
