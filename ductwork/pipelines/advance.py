@@ -193,15 +193,14 @@ def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list
             if not won:
                 return []
             latest: dict[str, StepRow] = {}
-            order: dict[str, tuple[Any, str]] = {}
             for row in tx.execute(
                     sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status,
-                              j.c.id.label("job_id"), s.c.started_at)
-                    .join(j, j.c.step_id == s.c.id).where(s.c.branch_id.in_(dialects.inline_ids(won)))):
-                if row.branch_id not in order or (row.started_at, row.id) > order[row.branch_id]:
-                    order[row.branch_id] = (row.started_at, row.id)  # latest_step's order
-                    latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass,
-                                                    row.status, row.job_id)
+                              j.c.id.label("job_id"))
+                    .join(j, j.c.step_id == s.c.id).where(s.c.branch_id.in_(dialects.inline_ids(won)))
+                    .order_by(s.c.branch_id, s.c.started_at, s.c.id)):  # ix_step_branch_started
+                # latest_step's order: each branch's last row is its latest step
+                latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass,
+                                                row.status, row.job_id)
             step_ids = [latest[b].id for b in won]
             previous: dict[str, tuple[Any, str, int, str | None]] = {}
             for row in tx.execute(

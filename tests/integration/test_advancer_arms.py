@@ -10,6 +10,8 @@ nothing; a claim left by its thread is released), INV-RUN-1 (the run settles).
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import sqlalchemy as sa
 
@@ -267,9 +269,10 @@ def test_a_claim_whose_error_could_not_be_recorded_is_released_by_its_thread(app
     assert [a.crash_count for a in _advancements(app, branch.id)] == [0, 1]
 
 
-def test_a_claim_takes_the_latest_step_whatever_order_the_rows_come_in(app):
-    """Branches whose later step's node sorts before, and after, the earlier one's (an
-    index on the node can return either first): each claim is of the latest step."""
+def test_a_claim_takes_its_branchs_latest_step(app):
+    """Branches of two steps whose later step's node sorts before, and after, the earlier
+    one's (``uq_step_branch_node`` orders them by node): each claim is of the latest step,
+    the one ``latest_step`` names."""
     runs = [ZedThenAlpha.trigger(1), AlphaThenZed.trigger(2)]
     _work(app)
     while Advancer(app).run_once() != "idle":
@@ -280,3 +283,48 @@ def test_a_claim_takes_the_latest_step_whatever_order_the_rows_come_in(app):
     claims = claim_branches(app, ids, register(app, role="advancer", label="reader"))
     assert sorted((c.run_id, c.step.node, c.step.status) for c in claims) == sorted(
         [(runs[0].id, "Alpha#1", "advancing"), (runs[1].id, "Zed#1", "advancing")])
+
+
+def _branch_lock_waiters(app) -> int:
+    """Transactions of this database waiting for a branch row's lock right now."""
+    with app.engine.connect() as conn:
+        if app.backend == "postgresql":
+            return conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()")).scalar_one()
+        # the batch's session sits idle in its transaction: a session executing this waits
+        return conn.execute(sa.text(
+            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
+            "AND info LIKE '%FROM ductwork_branches%FOR UPDATE%'")).scalar_one()
+
+
+def test_a_reaper_racing_a_committing_batch_leaves_its_advancement_as_committed(app, monkeypatch):
+    """The reaper reads a live process's open advancement, then waits for the branch row
+    that the process's batch holds; the batch closes the advancement and commits. The
+    reaper's release then finds it closed and changes nothing: no crash is recorded over
+    the close, the branch is not released again [INV-ADV-2]. (SQLite: the reaper's
+    transaction waits for the database's write lock and reads the advancement closed.)"""
+    from tests.fleet import wait_for
+
+    run = TwoStep.trigger(1)
+    _work(app)
+    advancer = Advancer(app, process_id=register(app, role="advancer", label="slow"))
+    reaped: list[bool] = []
+    reaper = threading.Thread(target=lambda: reaped.append(reap(app, advancer.process_id, force=True)))
+    real = faults.hit
+
+    def hit(name):
+        if name == faults.INSIDE_ADVANCE_BATCH:  # the branch row locked, its advancement open
+            reaper.start()
+            if app.backend != "sqlite":
+                wait_for(lambda: _branch_lock_waiters(app) >= 1, "the reaper waits for the branch row", 20)
+        real(name)
+
+    monkeypatch.setattr(faults, "hit", hit)
+    assert advancer.run_once() == "advanced"
+    reaper.join(30)
+    assert reaped == [True]
+    branch = _branch(app, run.id)
+    assert (branch.status, branch.claim_token) == ("in_progress", None)
+    assert [(a.completed_at is not None, a.error_klass) for a in _advancements(app, branch.id)] == [(True, None)]
+    assert [(s.node, s.status) for s in run.steps()] == [("Num#0", "completed"), ("Num#1", "in_progress")]
