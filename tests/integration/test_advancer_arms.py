@@ -2,7 +2,8 @@
 process, a batch whose claims are all stale, a batch whose transaction fails (each
 branch then advanced alone: a divert, a dampen, a spent crash budget), a failed step
 whose halt keeps failing, an error recorded after the claim was lost, a thread whose
-error could not be recorded, and a claim reading its branch's steps in any order.
+error could not be recorded, a claim of a branch's latest step, and a reaper racing a
+committing batch.
 
 Checks: INV-ADV-1 (each step moved past once), INV-ADV-2 (a stale or lost claim commits
 nothing; a claim left by its thread is released), INV-RUN-1 (the run settles).
