@@ -173,7 +173,7 @@ def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list
     """
     ids = sorted(set(branch_ids))
     if not ids:
-        return []
+        return []  # pragma: no cover  both callers pass ids: claim_branch one, run_once a non-empty sample
     token = new_token()
     s, j = schema.steps, schema.jobs
     try:
@@ -193,15 +193,14 @@ def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list
             if not won:
                 return []
             latest: dict[str, StepRow] = {}
-            order: dict[str, tuple[Any, str]] = {}
             for row in tx.execute(
                     sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status,
-                              j.c.id.label("job_id"), s.c.started_at)
-                    .join(j, j.c.step_id == s.c.id).where(s.c.branch_id.in_(dialects.inline_ids(won)))):
-                if row.branch_id not in order or (row.started_at, row.id) > order[row.branch_id]:
-                    order[row.branch_id] = (row.started_at, row.id)  # latest_step's order
-                    latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass,
-                                                    row.status, row.job_id)
+                              j.c.id.label("job_id"))
+                    .join(j, j.c.step_id == s.c.id).where(s.c.branch_id.in_(dialects.inline_ids(won)))
+                    .order_by(s.c.branch_id, s.c.started_at, s.c.id)):  # ix_step_branch_started
+                # latest_step's order: each branch's last row is its latest step
+                latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass,
+                                                row.status, row.job_id)
             step_ids = [latest[b].id for b in won]
             previous: dict[str, tuple[Any, str, int, str | None]] = {}
             for row in tx.execute(
@@ -226,12 +225,13 @@ def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list
                 "claim_token": token, "started_at": tx.now, "crash_count": c.crash_count,
                 "created_at": tx.now, "updated_at": tx.now} for c in claims])
     except exc.IntegrityError as error:
-        if dialects.violated_constraint(error) is None:
+        # PostgreSQL names the foreign key too: only the unique constraints mean something else
+        if dialects.violated_constraint(error) not in schema.CONSTRAINT_COLUMNS:
             # Our process row was reaped mid-claim: the foreign key failed and the
             # whole claim rolled back. A lost race, not a failure.
             log.warning("branch claim lost: process %s no longer registered", process_id)
             return []
-        raise
+        raise  # pragma: no cover  [INV-ADV-2] a claimable branch has no open advancement (a release closes it)
     return claims
 
 
@@ -371,7 +371,7 @@ class Advancer:
             closed = tx.execute(
                 _a.update().where(_a.c.id.in_(dialects.inline_ids(ids)), _a.c.completed_at.is_(None))
                 .values(completed_at=tx.now, updated_at=tx.now)).rowcount
-            if closed != len(ids):
+            if closed != len(ids):  # pragma: no cover  [INV-ADV-2] tokens checked under the locks: none closed
                 raise AssertionError(f"advancements {ids}: {closed} open inside their fence [INV-ADV-2]")
             # [INV-ADV-2] only the holders may move them
             _end_branches(tx, [m for _, m in live], _b.c.claim_token.in_([c.token for c, _ in live]))
@@ -436,23 +436,32 @@ class Advancer:
         siblings ending at once queue instead of deadlocking (on InnoDB, earlier
         writes take shared locks on the run row that a later exclusive lock would
         have to upgrade).
+
+        ``c.closed``, set by :meth:`_close` inside the block, is put back when the
+        transaction does not commit: the advancement is open again, and if recording the
+        error fails too, ``run_once`` must still release it (:meth:`_abandon`).
         """
-        with self.app.begin() as tx:
-            found = tx.execute(
-                dialects.for_update(sa.select(_b.c.claim_token).where(_b.c.id == c.branch_id), tx.conn)
-            ).scalar_one()
-            if found != c.token:
-                raise StaleClaim(c.branch_id, c.token, found)  # [INV-ADV-2] a stale token commits nothing
-            if ends_branch:
-                lock_run(tx, c.run_id)
-            yield tx
-            faults.hit(faults.BEFORE_FENCE_COMMIT)
+        closed = c.closed
+        try:
+            with self.app.begin() as tx:
+                found = tx.execute(
+                    dialects.for_update(sa.select(_b.c.claim_token).where(_b.c.id == c.branch_id), tx.conn)
+                ).scalar_one()
+                if found != c.token:
+                    raise StaleClaim(c.branch_id, c.token, found)  # [INV-ADV-2] a stale token commits nothing
+                if ends_branch:
+                    lock_run(tx, c.run_id)
+                yield tx
+                faults.hit(faults.BEFORE_FENCE_COMMIT)
+        except BaseException:
+            c.closed = closed  # rolled back: the close did not happen
+            raise
 
     def _close(self, tx: Tx, c: BranchClaim, error: ErrorInfo | None = None) -> None:
         closed = close_advancement(tx, c.advancement_id, error_klass=error.klass if error else None,
                                    error_message=error.message if error else None,
                                    error_backtrace=error.backtrace if error else None)
-        if not closed:
+        if not closed:  # pragma: no cover  [INV-ADV-2] the fence checked the token: every other close releases it
             raise AssertionError(f"advancement {c.advancement_id} not open inside its fence [INV-ADV-2]")
         c.closed = True
 
@@ -465,7 +474,7 @@ class Advancer:
             .values(status=status, claim_token=None, claimed_at=None, last_advanced_at=tx.now,
                     updated_at=tx.now, **values)
         )
-        if moved.rowcount != 1:
+        if moved.rowcount != 1:  # pragma: no cover  [INV-ADV-2] the fence holds the row's lock, token checked
             raise AssertionError(f"branch {c.branch_id} lost inside its fence [INV-ADV-2]")
 
     def _release(self, tx: Tx, c: BranchClaim) -> None:
@@ -568,7 +577,7 @@ class Advancer:
                 value = json.loads(step_output_json(tx, c.step.id))
             key = render_divert_key(value)
             node = edge.divert_target(key)
-            if node is None:
+            if node is None:  # pragma: no cover  Definition requires a divert's 'otherwise' (edge(), divert())
                 raise TransitionError(f"divert from {c.step.node}: no target for {key!r} and no otherwise")
             return self._continue(c, definition, node, "divert")
         if kind == "divide":
@@ -584,7 +593,8 @@ class Advancer:
                 self._set_branch(tx, c, "dampened")
                 resolve_run(tx, c.run_id)
             return None
-        raise TransitionError(f"unknown edge type {kind!r} from node {c.step.node}")
+        raise TransitionError(  # pragma: no cover  Definition.edge() accepts EDGE_TYPES only, each routed above
+            f"unknown edge type {kind!r} from node {c.step.node}")
 
     def _leaf(self, c: BranchClaim) -> None:
         with self._fence(c, ends_branch=True) as tx:
@@ -683,7 +693,7 @@ class Advancer:
                        _b.c.fanin_arrivals < _b.c.fanout_width)  # never more arrivals than children
                 .values(fanin_arrivals=_b.c.fanin_arrivals + 1, updated_at=tx.now)
             ).rowcount
-            if bumped != 1:
+            if bumped != 1:  # pragma: no cover  [INV-ADV-3] each child arrives once, in the fence that completes it
                 raise AssertionError(f"barrier {barrier_id}: more arrivals than its width [INV-ADV-3]")
             # We hold the barrier row's lock from the UPDATE until commit, so this read sees
             # our increment on top of every earlier one: exactly one sibling reads the width.
@@ -706,7 +716,7 @@ class Advancer:
             outputs = tx.execute(
                 sa.select(j.c.output_payload).select_from(joined).where(*arrived).order_by(_b.c.barrier_index)
             ).scalars().all()
-            if len(outputs) != barrier.fanout_width:
+            if len(outputs) != barrier.fanout_width:  # pragma: no cover  [INV-ADV-3] fired at the last arrival
                 raise AssertionError(
                     f"barrier {barrier_id}: fired with {len(outputs)} of {barrier.fanout_width} inputs [INV-ADV-3]")
             merged = new_id()
@@ -760,7 +770,7 @@ def _make_moves(tx: Tx, moves: list[Move], definitions: dict[str, Definition]) -
         ids = [m.step_id for m in moves if m.complete_from == status]
         done = tx.execute(dialects.prepared(tx.conn, _complete_steps),
                           {"batch_ids": ids, "b_status": status, "b_now": tx.now}).rowcount
-        if done != len(ids):  # [INV-ADV-1] each step is moved past once
+        if done != len(ids):  # pragma: no cover  [INV-ADV-1] the steps' branches are locked: moved past once
             raise AssertionError(f"steps {ids}: {done} of {len(ids)} were {status} inside the batch [INV-ADV-1]")
     new: list[tuple[str, Definition, NewStep]] = []
     for m in moves:
@@ -799,7 +809,7 @@ def _end_branches(tx: Tx, moves: list[Move], guard: Any) -> None:
                 values["halt_reason"] = reason
             where = _b.c.claim_token.is_(None) if guard is None else guard
             moved = tx.execute(_b.update().where(_b.c.id.in_(dialects.inline_ids(ids)), where).values(**values))
-        if moved.rowcount != len(ids):
+        if moved.rowcount != len(ids):  # pragma: no cover  [INV-ADV-2] rows locked and guarded before: all match
             raise AssertionError(f"branches {ids}: {moved.rowcount} moved inside the batch [INV-ADV-2]")
 
 
@@ -914,7 +924,7 @@ def advance_released(tx: Tx, released: Sequence[InlineAdvance]) -> set[str]:
     """
     by_step = {i.claimed.step_id: i for i in released}
     if not by_step:
-        return set()
+        return set()  # pragma: no cover  its only caller, advance_released_steps, returns first on none
     branches = _lock_branches(tx, [i.claimed.branch_id for i in by_step.values()])
     s, j = schema.steps, schema.jobs
     touched = set(tx.execute(sa.select(_a.c.step_id).where(_a.c.step_id.in_(dialects.inline_ids(sorted(by_step)))))
@@ -930,7 +940,7 @@ def advance_released(tx: Tx, released: Sequence[InlineAdvance]) -> set[str]:
             continue
         value_json = _value_json(row.output_payload)
         found = None if value_json is None else simple_move(i.definition, i.claimed.node, value_json)
-        if found is not None:
+        if found is not None:  # pragma: no branch  released_later passes simple moves only, of this stored value
             status, node, kind = found
             moves.append(Move(i.claimed.branch_id, i.claimed.run_id, row.id, "advancing", status, node, kind,
                               value_json))
@@ -942,7 +952,7 @@ def _value_json(output_payload: str | None) -> str | None:
     """The JSON text of a succeeded step's value from its job's stored output; None when
     there is none, or it is an expand's item count (never a simple move)."""
     if output_payload is None:
-        return None
+        return None  # pragma: no cover  read only for advancing steps, whose success stored the output
     stored = json.loads(output_payload)
     return json.dumps(stored["payload"]) if "payload" in stored else None
 
@@ -955,7 +965,7 @@ def advance_released_steps(app: App, released: Sequence[InlineAdvance]) -> set[s
     advancer's already (it advanced or holds them, or failed on them and polls again):
     no wakeup, which would only send advancers after the next releases too."""
     if not released:
-        return set()
+        return set()  # pragma: no cover  its callers (ReleasedSteps.run_once, _advance_released) pass some
 
     def once() -> set[str]:
         with app.begin() as tx:

@@ -300,7 +300,7 @@ def _halt_reasons(tx: Any, run_ids: list[str]) -> dict[str, tuple[str, ...]]:
     if run_ids:
         for row in tx.execute(sa.select(b.c.run_id, b.c.halt_reason)
                               .where(b.c.run_id.in_(run_ids), b.c.status == "halted")):
-            if row.halt_reason is not None:
+            if row.halt_reason is not None:  # pragma: no branch  every halt writes its reason (_set_branch, Move)
                 reasons[row.run_id].append(row.halt_reason)
     return {run_id: tuple(sorted(found)) for run_id, found in reasons.items()}
 

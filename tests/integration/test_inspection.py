@@ -196,6 +196,9 @@ def test_a_revived_run_names_its_source_even_once_that_is_pruned(clocked, db_url
     assert f"revived from  {source.id} (that run may have been pruned since)" in out
     code, out, _ = _cli(capsys, db_url, "runs", "--json")
     assert [(r["id"], r["revived_from"]) for r in json.loads(out)["runs"]] == [(revived.id, source.id)]
+    code, out, _ = _cli(capsys, db_url, "runs")
+    (line,) = [line for line in out.splitlines() if line.startswith(revived.id)]
+    assert (code, line.split("  ")[-1]) == (0, f"revived from {source.id}")
 
 
 def test_waits_delay_dampen_and_a_keys_concurrency(clocked):
@@ -244,6 +247,7 @@ def test_list_runs_filters_and_the_runs_command(clocked, db_url, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["runs", "--status", "done"], "ductwork runs: RunFilterError: --status='done': expected one of"),
     (["runs", "--since", "yesterday"], "ductwork runs: RunFilterError: --since='yesterday': expected a duration"),
+    (["runs", "--since", "2026-02-30"], "ductwork runs: RunFilterError: --since='2026-02-30': expected a duration"),
     (["runs", "--limit", "0"], "ductwork runs: RunFilterError: --limit=0: expected a whole number from 1"),
     (["runs", "--limit", "ten"], "ductwork runs: RunFilterError: --limit='ten': expected a whole number"),
     (["show", "nope"], "ductwork show: UnknownRunError: no run 'nope' (never triggered, or pruned)"),
@@ -480,3 +484,149 @@ def test_prune_from_python_refuses_a_negative_age_or_a_bad_batch_size(app, kwarg
         pruning.prune(app, **kwargs)
     assert (info.value.option, info.value.value) == (option, value)
     assert str(info.value) == f"{option}={value!r}: {message}"
+
+
+# --------------------------------------------------------------------------- show: every wait and error
+
+
+class Pager(Step):
+    """An on_halt handler that always fails (its last error is shown)."""
+
+    def __init__(self, halt):
+        self.halt = halt
+
+    def execute(self):
+        raise ConnectionError("pager down")
+
+
+class FailsAndPages(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Boom).on_halt(Pager)
+
+
+class Hourly(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Square, limit_by="hourly")
+
+
+@pytest.fixture
+def waits_app(db_url):
+    """A ManualClock app with a concurrency key and a rate key, expands in batches of one."""
+    from ductwork.db.clock import ManualClock
+
+    yield from installed(make_app(
+        db_url, clock=ManualClock(datetime(2026, 1, 1, 12)),
+        job_worker={"limits": {"one_at_a_time": {"concurrency": 1},
+                               "hourly": {"rate": {"limit": 1, "per": "1h"}}}},
+        pipeline_advancer={"expand_batch": 1}))
+
+
+def _shown(run) -> str:
+    """``ductwork show``'s text of the run at the app's clock (the CLI renders the same record)."""
+    return ductwork.pipelines.history.render_history(run.history())
+
+
+def test_show_names_what_each_step_of_a_run_in_progress_waits_for(waits_app):
+    """``ductwork show`` of runs in progress: the line under each waiting step or branch
+    (delay, dampened, queued on a free key, running, full key, rate-blocked key, waiting for
+    an advancer), with no finish time and no duration for an execution still running."""
+    from ductwork.fleet.worker import Worker
+
+    app = waits_app
+    later, waiting = Later.trigger(1), Waits.trigger(1)
+    _work_now(app)
+    text = _shown(later)
+    assert f"run {later.id}  in_progress\n" in text
+    assert "  in_progress   " not in text  # not finished: no finish line
+    assert "    waits: not eligible until 2026-01-31 12:00:00.000 (2592000.000s from now)" in text
+    (branch,) = waiting.history().branches
+    assert (f"branch {branch.id}  dampened\n  waits: Run.resume() (dampened; nothing resumes it by itself)"
+            in _shown(waiting))
+
+    queued = Keyed.trigger(1)
+    assert "    waits: a worker to claim it key 'one_at_a_time' (eligible, nothing holds it back)" in _shown(queued)
+    holder = register(app, role="test", label="holder")
+    assert claim(app, holder) is not None  # the key's one slot: queued's step is running
+    full = Keyed.trigger(2)
+    text = _shown(queued)
+    (running,) = [x for s in queued.history().steps for x in s.executions]
+    assert (f"    running key 'one_at_a_time' since {running.claimed_at.isoformat(sep=' ', timespec='milliseconds')}"
+            " (0.000s)") in text
+    assert "    #1 running         claimed 2026-01-01 12:00:00.000  ended -  retries 0 crashes 0" in text
+    assert "    waits: key 'one_at_a_time' has 1 of 1 in flight (its concurrency)" in _shown(full)
+    assert "    #1 pending         claimed -  ended -  retries 0 crashes 0" in _shown(full)
+
+    Hourly.trigger(1)
+    second = Hourly.trigger(2)
+    _work_now(app)  # the key's one token an hour: the second run is rate-blocked
+    (step,) = second.history().steps
+    assert step.wait is not None
+    assert step.wait.kind == "rate"
+    until = step.wait.until.isoformat(sep=" ", timespec="milliseconds")
+    assert f"    waits: key 'hourly' is rate-blocked until {until} (3600.000s from now)" in _shown(second)
+
+    fans = Fans.trigger(2)
+    while Worker(app).run_once() is not None:  # Emit succeeds; no advancer has run
+        pass
+    (emit,) = fans.history().steps
+    assert (emit.status, emit.wait) == ("advancing", ductwork.Wait(kind="advance"))
+    assert "    waits: an advancer to move its branch on" in _shown(fans)
+
+
+def test_show_names_advancer_errors_context_keys_and_the_hooks_last_error(waits_app, db_url, capsys):
+    """An advancer's error on a branch (an expand stopped between batches), the run's
+    context keys, and the last error of its failing on_halt hook, in Run.history() and
+    ``ductwork show`` (with the backtraces on request)."""
+    from ductwork import Context
+    from ductwork.errors import FaultInjection
+    from ductwork.faults import BETWEEN_EXPAND_BATCHES
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
+
+    app = waits_app
+    fans = Fans.trigger(2)
+    assert Worker(app).run_once() is not None  # Emit succeeds: the expand is the advancer's
+    ductwork.faults.arm(BETWEEN_EXPAND_BATCHES, "raise", nth=1)
+    try:
+        assert Advancer(app).run_once() == "error"  # one child created, then the error
+    finally:
+        ductwork.faults.disarm()
+    capsys.readouterr()  # the checkpoint's FAULT FIRING line
+    Context(app, fans.id).set("region", "eu")
+    Context(app, fans.id).set("attempt", 1)
+    paged = FailsAndPages.trigger(3)
+    drain(app, skip_delays=True)  # (the expand's branch was released: drain finishes it too)
+    history = fans.history()
+    (expand, *_children) = history.branches
+    (error,) = expand.advancement_errors
+    assert (error.error.klass, error.error.message, error.error.backtrace) == (
+        f"{FaultInjection.__module__}.FaultInjection", f"FaultInjection: {BETWEEN_EXPAND_BATCHES}", None)
+    assert error.completed_at is not None
+    (emit,) = [s for s in history.steps if s.node == "Emit#0"]
+    assert error.step_id == emit.id
+    hook = paged.history().hook
+    assert hook is not None
+    assert (hook.status, hook.error) == ("failed", ductwork.pipelines.history.ErrorRecord(
+        klass="builtins.ConnectionError", message="pager down", backtrace=None))
+
+    code, out, err = _cli(capsys, db_url, "show", fans.id)  # (the CLI's app is the default after it)
+    assert (code, err) == (0, "")
+    assert "  context keys  attempt, region\n" in out
+    assert (f"  advancer error on step {emit.id} at {error.started_at.isoformat(sep=' ', timespec='milliseconds')}: "
+            f"{error.error.klass}: {error.error.message}\n") in out
+    assert "raise FaultInjection" not in out
+    _, out, _ = _cli(capsys, db_url, "show", fans.id, "--backtrace")
+    assert ", in _expand\n" in out
+    assert "        raise FaultInjection(name)\n" in out
+    code, out, _ = _cli(capsys, db_url, "show", paged.id)
+    assert code == 0
+    assert "  on_halt hook  tests.integration.test_inspection:Pager  failed  " in out
+    assert "\n    last error builtins.ConnectionError: pager down\n" in out
+    _, out, _ = _cli(capsys, db_url, "show", paged.id, "--backtrace")
+    assert 'raise ConnectionError("pager down")' in out
+
+
+def test_the_runs_command_with_no_runs(app, db_url, capsys):  # noqa: ARG001 - app: migrated, empty tables
+    assert _cli(capsys, db_url, "runs") == (0, "(no runs)\n", "")

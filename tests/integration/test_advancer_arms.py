@@ -1,0 +1,331 @@
+"""The advancer's rarer arms, on SQLite, PostgreSQL and MySQL: a claim by a reaped
+process, a batch whose claims are all stale, a batch whose transaction fails (each
+branch then advanced alone: a divert, a dampen, a spent crash budget), a failed step
+whose halt keeps failing, an error recorded after the claim was lost, a thread whose
+error could not be recorded, a claim of a branch's latest step, and a reaper racing a
+committing batch.
+
+Checks: INV-ADV-1 (each step moved past once), INV-ADV-2 (a stale or lost claim commits
+nothing; a claim left by its thread is released), INV-RUN-1 (the run settles).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import Pipeline, Step, faults
+from ductwork.db import schema
+from ductwork.errors import FaultInjection
+from ductwork.fleet.processes import register
+from ductwork.fleet.reaper import reap
+from ductwork.fleet.worker import Worker
+from ductwork.pipelines.advance import Advancer, candidates, claim_branch, claim_branches, release_advancement
+from tests.conftest import installed, make_app
+
+
+class Num(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return self.n
+
+
+class Alpha(Num):
+    pass
+
+
+class Zed(Num):
+    pass
+
+
+class Items(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return list(range(self.n))
+
+
+class Boom(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        raise ValueError(f"boom {self.n}")
+
+
+class TwoStep(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Num).chain(to=Num)
+
+
+class Diverts(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Num).divert(to={1: Alpha, "otherwise": Zed})
+
+
+class Dampens(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Num).dampen(before=Num)
+
+
+class Expands(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Items).expand(to=Num)
+
+
+class Fails(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Boom)
+
+
+class ZedThenAlpha(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Zed).chain(to=Alpha)
+
+
+class AlphaThenZed(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Alpha).chain(to=Zed)
+
+
+@pytest.fixture
+def app(db_url):
+    """Every edge goes through an advancer (workers advance nothing inline), a failing job
+    is not retried; the test config's advancer budgets: max_retry 2, max_crash 3, expand_batch 4."""
+    yield from installed(make_app(db_url, pipeline_advancer={"inline_linear": False}, job_worker={"max_retry": 0}))
+
+
+@pytest.fixture(autouse=True)
+def _disarmed():
+    yield
+    faults.disarm()
+
+
+def _work(app) -> None:
+    """Run every job that is ready, leaving their branches to an advancer."""
+    worker = Worker(app)
+    while worker.run_once() is not None:
+        pass
+
+
+def _branch(app, run_id):
+    b = schema.branches
+    with app.begin() as tx:
+        return tx.execute(sa.select(b.c.id, b.c.status, b.c.halt_reason, b.c.claim_token)
+                          .where(b.c.run_id == run_id, b.c.parent_id.is_(None))).one()
+
+
+def _advancements(app, branch_id):
+    a = schema.advancements
+    with app.begin() as tx:
+        return tx.execute(sa.select(a.c.completed_at, a.c.error_klass, a.c.crash_count)
+                          .where(a.c.branch_id == branch_id).order_by(a.c.started_at, a.c.id)).all()
+
+
+def _crash(app, branch_id, times):
+    """``times`` advancers claim the branch and die (reaped: each a ProcessCrash)."""
+    for i in range(times):
+        pid = register(app, role="advancer", label=f"doomed-{i}")
+        assert claim_branch(app, branch_id, pid) is not None
+        assert reap(app, pid, force=True)
+
+
+def test_a_claim_by_a_reaped_process_is_lost_and_rolls_back(app):
+    """The advancement row's process foreign key fails (the row was reaped mid-claim):
+    the claim is a lost race, nothing of it is committed, and a live advancer claims."""
+    run = TwoStep.trigger(1)
+    _work(app)
+    gone = register(app, role="advancer", label="gone")
+    assert reap(app, gone, force=True)
+    assert Advancer(app, process_id=gone).run_once() == "contended"
+    branch = _branch(app, run.id)
+    assert (branch.status, branch.claim_token) == ("in_progress", None)  # the whole claim rolled back
+    assert _advancements(app, branch.id) == []
+    assert Advancer(app).run_once() == "advanced"
+    _work(app)
+    assert Advancer(app).run_once() == "advanced"
+    assert run.refresh().status == "completed"
+
+
+def test_a_batch_whose_every_claim_is_stale_commits_nothing(app):
+    """Both claims of a batch lost (released and claimed again elsewhere) before its
+    transaction: nothing is committed for either [INV-ADV-2], and the new holders advance
+    each once [INV-ADV-1]."""
+    runs = [TwoStep.trigger(1), TwoStep.trigger(2)]
+    _work(app)
+    pa, pb = (register(app, role="advancer", label=name) for name in ("a", "b"))
+    with app.begin() as tx:
+        ids = candidates(tx, 10)
+    lost = claim_branches(app, ids, pa)
+    assert len(lost) == 2
+    with app.begin() as tx:
+        for c in lost:
+            release_advancement(tx, c.advancement_id, c.branch_id, c.token, "released by the test")
+    fresh = claim_branches(app, ids, pb)
+    assert Advancer(app, process_id=pa).advance_batch(lost) == ["stale", "stale"]
+    assert all(len(run.steps()) == 1 for run in runs)  # nothing committed
+    assert Advancer(app, process_id=pb).advance_batch(fresh) == ["advanced", "advanced"]
+    assert [len(run.steps()) for run in runs] == [2, 2]
+
+
+@pytest.mark.parametrize("batch_fails", [False, True], ids=["batch", "alone"])
+def test_a_divert_a_dampen_and_a_spent_crash_budget_in_a_batch_or_each_alone(app, batch_fails):
+    """One advancer's batch holds a divert, a dampen and a branch whose advancers crashed
+    ``max_crash`` times. They commit together; or, when the batch's transaction fails
+    (``inside_advance_batch`` raises), each is advanced alone, to the same end."""
+    diverts, dampens, crashed = Diverts.trigger(1), Dampens.trigger(2), TwoStep.trigger(3)
+    _work(app)
+    _crash(app, _branch(app, crashed.id).id, 3)  # the test config's max_crash
+    if batch_fails:
+        faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise", nth=1)
+    assert Advancer(app).run_once() == "advanced"
+    assert faults.fired(faults.INSIDE_ADVANCE_BATCH) == (1 if batch_fails else 0)
+    assert [s.node for s in diverts.steps()] == ["Num#0", "Alpha#1"]  # key 1's target
+    assert (dampens.refresh().status, [s.status for s in dampens.steps()]) == ("dampened", ["completed"])
+    assert (crashed.refresh().status, crashed.refresh().halt_reasons) == ("halted", ["advancer_crashes_exhausted"])
+    branch = _branch(app, crashed.id)
+    assert (branch.status, branch.claim_token) == ("halted", None)
+    assert [(a.error_klass, a.crash_count) for a in _advancements(app, branch.id)] == [
+        ("ductwork.ProcessCrash", 0), ("ductwork.ProcessCrash", 1), ("ductwork.ProcessCrash", 2), (None, 3)]
+    assert [s.status for s in crashed.steps()] == ["completed"]  # moved past once, into the halt
+    _work(app)
+    assert Advancer(app).run_once() == "advanced"
+    assert diverts.refresh().status == "completed"
+
+
+def test_a_failed_step_whose_halt_keeps_failing_halts_advancer_retries_exhausted(app):
+    """A failed step's halt raises each time (its batch and then its own fence fail): each
+    error is recorded and the branch released, until ``max_retry`` (2) errors halt it
+    ``advancer_retries_exhausted``; the step stays failed."""
+    run = Fails.trigger(1)
+    _work(app)
+    assert [s.status for s in run.steps()] == ["failed"]
+    branch_id = _branch(app, run.id).id
+    for attempt in (1, 2, 3):
+        faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise")
+        faults.arm(faults.BEFORE_FENCE_COMMIT, "raise", nth=1)  # the halt's fence; the error's commits
+        assert Advancer(app).run_once() == "error", attempt
+        faults.disarm()
+        expected = "halted" if attempt == 3 else "in_progress"
+        assert _branch(app, run.id).status == expected
+    assert run.refresh().halt_reasons == ["advancer_retries_exhausted"]
+    assert [s.status for s in run.steps()] == ["failed"]
+    assert [a.error_klass for a in _advancements(app, branch_id)] == ["ductwork.errors.FaultInjection"] * 3
+
+
+def test_an_error_whose_claim_was_lost_is_not_recorded(app, monkeypatch):
+    """An expand stopped between batches by an error, its process reaped meanwhile: the
+    error is not recorded over the reaper's close (the claim is lost, nothing committed),
+    and a fresh advancer resumes at the cursor [INV-ADV-2, INV-ADV-4]."""
+    run = Expands.trigger(6)  # expand_batch 4: two batches
+    _work(app)
+    advancer = Advancer(app, process_id=register(app, role="advancer", label="reaped"))
+    real = faults.hit
+
+    def hit(name):
+        if name == faults.BETWEEN_EXPAND_BATCHES:
+            assert reap(app, advancer.process_id, force=True)  # its claim released, a crash counted
+            raise FaultInjection(name)
+        real(name)
+
+    monkeypatch.setattr(faults, "hit", hit)
+    assert advancer.run_once() == "error"
+    monkeypatch.setattr(faults, "hit", real)
+    branch = _branch(app, run.id)
+    assert (branch.status, branch.claim_token) == ("in_progress", None)
+    assert [a.error_klass for a in _advancements(app, branch.id)] == ["ductwork.ProcessCrash"]
+    assert Advancer(app).run_once() == "advanced"
+    assert sorted(s.input for s in run.steps() if s.node == "Num#1") == [[i] for i in range(6)]
+
+
+def test_a_claim_whose_error_could_not_be_recorded_is_released_by_its_thread(app):
+    """A fence that fails at its commit, then the recording of that error failing too: the
+    error leaves the advancer, and the claim its thread still holds is released as a
+    thread crash (not left to the supervisor's sweep); the next advancer advances it once."""
+    run = TwoStep.trigger(1)
+    _work(app)
+    faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise")
+    faults.arm(faults.BEFORE_FENCE_COMMIT, "raise")  # the chain's fence, then the error's
+    with pytest.raises(FaultInjection):
+        Advancer(app).run_once()
+    faults.disarm()
+    branch = _branch(app, run.id)
+    assert (branch.status, branch.claim_token) == ("in_progress", None)
+    assert [(a.completed_at is not None, a.error_klass) for a in _advancements(app, branch.id)] == [
+        (True, "ductwork.ThreadCrash")]
+    assert Advancer(app).run_once() == "advanced"
+    assert [(s.node, s.status) for s in run.steps()] == [("Num#0", "completed"), ("Num#1", "in_progress")]
+    assert [a.crash_count for a in _advancements(app, branch.id)] == [0, 1]
+
+
+def test_a_claim_takes_its_branchs_latest_step(app):
+    """Branches of two steps whose later step's node sorts before, and after, the earlier
+    one's (``uq_step_branch_node`` orders them by node): each claim is of the latest step,
+    the one ``latest_step`` names."""
+    runs = [ZedThenAlpha.trigger(1), AlphaThenZed.trigger(2)]
+    _work(app)
+    while Advancer(app).run_once() != "idle":
+        pass
+    _work(app)
+    with app.begin() as tx:
+        ids = candidates(tx, 10)
+    claims = claim_branches(app, ids, register(app, role="advancer", label="reader"))
+    assert sorted((c.run_id, c.step.node, c.step.status) for c in claims) == sorted(
+        [(runs[0].id, "Alpha#1", "advancing"), (runs[1].id, "Zed#1", "advancing")])
+
+
+def _branch_lock_waiters(app) -> int:
+    """Transactions of this database waiting for a branch row's lock right now."""
+    with app.engine.connect() as conn:
+        if app.backend == "postgresql":
+            return conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()")).scalar_one()
+        # the batch's session sits idle in its transaction: a session executing this waits
+        return conn.execute(sa.text(
+            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
+            "AND info LIKE '%FROM ductwork_branches%FOR UPDATE%'")).scalar_one()
+
+
+def test_a_reaper_racing_a_committing_batch_leaves_its_advancement_as_committed(app, monkeypatch):
+    """The reaper reads a live process's open advancement, then waits for the branch row
+    that the process's batch holds; the batch closes the advancement and commits. The
+    reaper's release then finds it closed and changes nothing: no crash is recorded over
+    the close, the branch is not released again [INV-ADV-2]. (SQLite: the reaper's
+    transaction waits for the database's write lock and reads the advancement closed.)"""
+    from tests.fleet import wait_for
+
+    run = TwoStep.trigger(1)
+    _work(app)
+    advancer = Advancer(app, process_id=register(app, role="advancer", label="slow"))
+    reaped: list[bool] = []
+    reaper = threading.Thread(target=lambda: reaped.append(reap(app, advancer.process_id, force=True)))
+    real = faults.hit
+
+    def hit(name):
+        if name == faults.INSIDE_ADVANCE_BATCH:  # the branch row locked, its advancement open
+            reaper.start()
+            if app.backend != "sqlite":
+                wait_for(lambda: _branch_lock_waiters(app) >= 1, "the reaper waits for the branch row", 20)
+        real(name)
+
+    monkeypatch.setattr(faults, "hit", hit)
+    assert advancer.run_once() == "advanced"
+    reaper.join(30)
+    assert reaped == [True]
+    branch = _branch(app, run.id)
+    assert (branch.status, branch.claim_token) == ("in_progress", None)
+    assert [(a.completed_at is not None, a.error_klass) for a in _advancements(app, branch.id)] == [(True, None)]
+    assert [(s.node, s.status) for s in run.steps()] == [("Num#0", "completed"), ("Num#1", "in_progress")]
