@@ -42,6 +42,7 @@ from ductwork.errors import DuctworkError
 if TYPE_CHECKING:
     from ductwork.app import App
     from ductwork.config import Config
+    from ductwork.db.database import Database
 
 log = logging.getLogger("ductwork.cli")
 
@@ -208,7 +209,9 @@ def _child_parser() -> argparse.ArgumentParser:
     return child
 
 
+#: the apps this command opened, and the default app before the first of them
 _opened: list[App] = []
+_before: list[Database | None] = []
 
 
 def _connect(args: argparse.Namespace, **settings: Any) -> App:
@@ -220,6 +223,10 @@ def _connect(args: argparse.Namespace, **settings: Any) -> App:
         from ductwork.errors import ConfigError
 
         raise ConfigError("--config", config, "no such file")
+    if not _opened:
+        from ductwork.db.database import current_default_app
+
+        _before[:] = [current_default_app()]
     app = connect(args.database_url, config, args.env, **settings)
     _opened.append(app)
     logs.configure(*_log_settings(args, app.config))  # the config's logging, unless the options say
@@ -351,6 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ductwork {args.command}: cannot use {where}: {reason}", file=sys.stderr)
         return 1
     finally:
+        if _opened:  # called in-process (from Python, a test): the caller's default app again,
+            from ductwork.app import set_default_app  # not one disposed here
+
+            set_default_app(_before.pop())
         while _opened:
             _opened.pop().dispose()
         restore()

@@ -251,6 +251,11 @@ def default_app() -> Database:
     return _default
 
 
+def current_default_app() -> Database | None:
+    """The default app, or None when there is none (``default_app`` raises instead)."""
+    return _default
+
+
 def set_default_app(app: Database | None) -> None:
     """Make ``app`` the default (``ductwork.connect`` and tests)."""
     global _default

@@ -440,3 +440,26 @@ def test_sqlite_needs_neither_server_driver(tmp_path):
     assert done.returncode == 1
     assert done.stderr == ("ductwork check: DatabaseURLError: database.url='postgresql+psycopg://u:***@db/shop': "
                            "needs the psycopg driver, which is not installed: pip install 'ductwork[postgres]'\n")
+
+
+def test_a_command_run_in_process_leaves_the_callers_default_app(tmp_path):
+    """``main()`` called from Python (a script, a test) connects, which makes its app the
+    default; when the command ends it disposes that app and the caller's default is back,
+    not the disposed one (through which a later trigger would reopen connections nobody
+    closes)."""
+    from ductwork.app import App, set_default_app
+    from ductwork.config import Config
+    from ductwork.db.database import current_default_app
+
+    url = f"sqlite:///{tmp_path}/in_process.sqlite3"
+    mine = App(url, Config())
+    set_default_app(mine)
+    try:
+        assert main(["db", "upgrade", "--database-url", url, "-c", "/dev/null"]) == 0
+        assert current_default_app() is mine
+        set_default_app(None)
+        assert main(["db", "current", "--database-url", url, "-c", "/dev/null"]) == 0
+        assert current_default_app() is None
+    finally:
+        set_default_app(None)
+        mine.dispose()
