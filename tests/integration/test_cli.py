@@ -464,6 +464,7 @@ def test_start_hands_its_options_to_its_children_and_prints_the_checks_warnings(
     section = {name: dict(values) for name, values in FLEET_SETTINGS.items()}
     section["pipelines"] = []
     section["job_worker"]["limits"] = {"nobody_uses_it": {"concurrency": 1}}
+    section["supervisor"]["reaper_timeout"] = 600  # a loaded machine's late heartbeat ends no runner
     config = tmp_path / "ductwork.yml"
     config.write_text(yaml.safe_dump({"staging": section}))
     engine = sa.create_engine(sqlite_url)

@@ -336,7 +336,9 @@ def test_a_runner_started_by_hand_exits_when_its_row_is_reaped(app, db_url, tmp_
     from ductwork.fleet.reaper import reap
     from ductwork.fleet.supervisor import EXIT_LEASE_LOST
 
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowPipeline"])
+    # a lease far longer than the test: only the reap can end the runner
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowPipeline"],
+                          overrides={"supervisor": {"reaper_timeout": 600}})
     log = tmp_path / "runner.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "ductwork.cli", "_child", "--database-url", db_url,
