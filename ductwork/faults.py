@@ -182,7 +182,7 @@ def hit(name: str) -> None:
         raise FaultInjection(name)
     elif action == "sleep":
         time.sleep(float(os.environ.get("DUCTWORK_FAULT_SLEEP", "1")))
-    elif action == "wait":
+    elif action == "wait":  # pragma: no branch  parse() admits only ACTIONS: this is the last
         release = os.environ.get("DUCTWORK_FAULT_RELEASE")
         if not release:
             raise FaultInjection(f"{name} (wait armed without DUCTWORK_FAULT_RELEASE)")

@@ -109,6 +109,37 @@ class RaisesInChildPipeline(Pipeline):
         p.start(RaisesInChild, timeout=30)
 
 
+class EndsItsChild(Step):
+    """A ``timeout=`` step that ends its child process its own way (``how``): ``"exit"``
+    leaves with ``os._exit(3)`` (no result), ``"system_exit"`` raises SystemExit,
+    ``"init"`` raises in ``__init__``; ``"marker:<path>"`` writes ``start <pid> <key>`` to
+    the path and sleeps until killed."""
+
+    def __init__(self, how):
+        if how == "init":
+            raise KeyError("cannot build")
+        self.how = how
+
+    def execute(self):
+        import os
+        import sys
+
+        if self.how == "exit":
+            os._exit(3)
+        if self.how == "system_exit":
+            sys.exit(4)
+        with open(self.how.removeprefix("marker:"), "a") as marker:
+            marker.write(f"start {os.getpid()} {self.idempotency_key}\n")
+        while True:
+            time.sleep(0.05)
+
+
+class EndsItsChildPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(EndsItsChild, timeout=30)
+
+
 class Slow(Step):
     """Records ``start <pid> <idempotency_key>`` in ``job["path"]``, sleeps, records ``end``.
 

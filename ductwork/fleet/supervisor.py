@@ -235,7 +235,7 @@ class Runner:
         threading.Thread(target=self._heartbeats, name="ductwork.heartbeat", daemon=True).start()
         lease = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
         log.info("%s %s started: %d threads, lease %.1fs", self.role, self.process_id, self.threads, lease)
-        while not self.stop.is_set():
+        while True:  # left by the break below (stop is set there only) or by os._exit
             if self._signalled:  # set by the handler; acted on here, outside it
                 self.stop.set()
                 self.app.wakeup.notify()

@@ -239,7 +239,7 @@ class KeyedCommits:
                 following[0].done.set()  # the next round: every success waiting by now
             else:
                 self._leading.discard(key)
-        if rest:
+        if rest:  # pragma: no cover  defensive: the commit hands on at most take(), one per taker
             self._overflow(rest)
         for w in group:
             if w is not me:
@@ -439,7 +439,7 @@ class Worker:
         try:
             while self._queue:
                 if self._group and self._group[0].claimed.limit_key != self._queue[0].limit_key:
-                    self._flush()  # a group commit holds one lane's successes (one key's: one lock hold)
+                    self._flush()  # pragma: no cover  defensive: a queue holds one lane (claims, hand-offs)
                 claimed = self._queue.popleft()
                 # alone (no inbox), a worker's keyed batch is its own keyed group commit, and
                 # so is a keyed batch a thread runs in a row
@@ -479,7 +479,7 @@ class Worker:
         supervisor's ``job_worker.processes`` equal shares (processes do run side by side).
         Either way the executions are ones this process claimed under the key's lock: the
         key's ``concurrency`` holds as for any claim [INV-LIM-1]."""
-        if self._inbox is None:
+        if self._inbox is None:  # pragma: no cover  _claim, the only caller, asks only with an inbox
             return self.batch
         entry = self.app.config.limits.get(key)
         if entry is not None and entry.rates:

@@ -213,14 +213,18 @@ def test_async_steps_together_keep_their_keys_concurrency(db_url):
         assert [r.refresh().status for r in runs] == ["completed"] * 12
 
 
-@pytest.mark.parametrize("case", ["raises", "cancels_itself"])
+@pytest.mark.parametrize("case", ["raises", "cancels_itself", "exits"])
 def test_an_async_step_that_cancels_itself_or_raises_fails(app, case):
+    """A step's own exception fails it; so do a cancellation it asked for nobody and a
+    SystemExit, which would otherwise stop the loop every thread's async steps share."""
     run = Odd.trigger(case)
     worker = Worker(app)
     assert worker.run_once().outcome == "failure"
     execution = executions_of(run)[0]
-    assert execution.error.klass == ("ductwork.execute.AsyncStepInterrupted" if case == "cancels_itself"
-                                     else "builtins.ValueError")
+    assert execution.error.klass == ("builtins.ValueError" if case == "raises"
+                                     else "ductwork.execute.AsyncStepInterrupted")
+    if case == "exits":
+        assert "SystemExit(3)" in execution.error.message
 
 
 class OddStep(Step):
@@ -230,6 +234,8 @@ class OddStep(Step):
     async def execute(self):
         if self.case == "raises":
             raise ValueError("no")
+        if self.case == "exits":
+            raise SystemExit(3)
         asyncio.current_task().cancel()
         await asyncio.sleep(1)
 
@@ -238,6 +244,35 @@ class Odd(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(OddStep)
+
+
+class ReturnsACoroutine(Step):
+    """A plain ``execute`` that returns a coroutine (it delegates to an async helper)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    async def _double(self):
+        await asyncio.sleep(0)
+        return self.n * 2
+
+    def execute(self):
+        return self._double()
+
+
+class Delegating(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(ReturnsACoroutine).chain(to=PlainIncrement)
+
+
+def test_a_plain_execute_returning_a_coroutine_has_it_awaited(app):
+    """``execute`` is not ``async def`` but returns a coroutine: the worker runs it as a
+    plain step and awaits what it returned on the step loop; its value flows on."""
+    run = Delegating.trigger(5)
+    drain(app, timeout=60)
+    assert run.refresh().status == "completed"
+    assert [s.output for s in run.steps()] == [10, 11]
 
 
 class Awaiting(Step):

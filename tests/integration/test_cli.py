@@ -7,6 +7,7 @@ print a traceback).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,16 @@ def test_demo_runs_and_respects_its_limit(tmp_path):
     assert "SyncOrders run" in done.stdout
     assert ": completed;" in done.stdout
     assert "highest in flight 2 (limit 2)" in done.stdout or "highest in flight 1 (limit 2)" in done.stdout
+
+
+def test_demo_runs_on_the_database_it_is_given(tmp_path):
+    url = f"sqlite:///{tmp_path}/given.sqlite3"
+    done = subprocess.run([sys.executable, "-m", "ductwork.cli", "demo", "--orders", "1", "--database-url", url],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"/{tmp_path}/given.sqlite3" in done.stdout  # the file it was given
+    assert ": completed;" in done.stdout
+    assert not (tmp_path / "ductwork-demo.sqlite3").exists()  # the default file is left alone
 
 
 def test_schema_behind_the_migration_head_is_named(tmp_path, sqlite_url, capsys):
@@ -463,3 +474,34 @@ def test_a_command_run_in_process_leaves_the_callers_default_app(tmp_path):
     finally:
         set_default_app(None)
         mine.dispose()
+
+
+def test_start_hands_its_options_to_its_children_and_prints_the_checks_warnings(tmp_path, sqlite_url):
+    """``ductwork start --env staging --log-level INFO --role worker``: the boot check's
+    warnings are printed, the start lines name only worker processes, and the children get
+    the same options (a child without ``--env staging`` would find no such section)."""
+    import sqlalchemy as sa
+
+    from tests.fleet import FLEET_SETTINGS, Fleet, process_rows, wait_for
+
+    section = {name: dict(values) for name, values in FLEET_SETTINGS.items()}
+    section["pipelines"] = []
+    section["job_worker"]["limits"] = {"nobody_uses_it": {"concurrency": 1}}
+    section["supervisor"]["reaper_timeout"] = 600  # a loaded machine's late heartbeat ends no runner
+    config = tmp_path / "ductwork.yml"
+    config.write_text(yaml.safe_dump({"staging": section}))
+    engine = sa.create_engine(sqlite_url)
+    try:
+        fleet = Fleet(sqlite_url, config, label="staged", role="worker",
+                      args=["--env", "staging", "--log-level", "INFO"])
+        with fleet:
+            (row,) = wait_for(lambda: process_rows(engine, label_prefix="staged.worker"),
+                              f"the worker started with the staging section; log: {fleet.log()[-2000:]}")
+            wait_for(lambda: f"job_worker {row.id} started" in fleet.log(), "the worker logged its start at INFO")
+            assert fleet.terminate(30) == 0, fleet.log()[-2000:]
+        log = fleet.log()
+        assert re.search(r"^warning: .*'nobody_uses_it'", log, re.MULTILINE), log[-2000:]
+        assert "processes: 1 worker process with 2 threads" in log
+        assert "advancer" not in log
+    finally:
+        engine.dispose()

@@ -91,10 +91,54 @@ class OneStep(Pipeline):
         p.start(Num)
 
 
+class KeyedNum(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Num, limit_by="in_a_row")
+
+
+#: what :class:`ReapsItsWorker` does while it runs (set by the test)
+WHILE_RUNNING: list = []
+
+
+class ReapsItsWorker(Step):
+    """Returns its argument after the test's callback ran (the reaper taking its claim)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        WHILE_RUNNING[0]()
+        return self.n
+
+
+class ReapedUnderItsStep(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(ReapsItsWorker)
+
+
 class FanP(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Spread).expand(to=Num).collapse(into=Gather)
+
+
+@pytest.fixture
+def manual_advancer_app(db_url):
+    """As ``app`` (every edge through an advancer), on a ManualClock that only the test moves."""
+    from datetime import datetime
+
+    from ductwork.db.clock import ManualClock
+
+    yield from _default_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12, 0, 0)),
+                            pipeline_advancer={"inline_linear": False})
+
+
+@pytest.fixture
+def in_a_row_app(db_url):
+    """The conftest app with a key whose concurrency lets one thread run 4 in a row."""
+    yield from _default_app(db_url, job_worker={"limits": {"in_a_row": {"concurrency": 8}}})
 
 
 @pytest.fixture
@@ -530,3 +574,100 @@ def test_a_live_process_recovers_claims_no_thread_holds(manual_app):
         rerun = tx.execute(sa.select(e.c.crash_count).where(e.c.job_id == orphan.job_id,
                                                             e.c.completed_at.is_(None))).scalar_one()
     assert rerun == 1
+
+
+def test_a_live_process_recovers_an_advancement_no_thread_holds(manual_advancer_app):
+    """A branch claim recorded under a live process that none of its threads holds (its
+    acknowledgement was lost) is released by the process's reconciliation after the grace
+    period; another process then advances the branch once, and the lost claim's token
+    commits nothing [INV-ADV-1, INV-ADV-2]."""
+    from datetime import timedelta
+
+    from ductwork.fleet.supervisor import RECONCILE_GRACE_S, reconcile
+
+    app = manual_advancer_app
+    pa, pb = processes(app, 2)
+    run, branch_id = ready_branch(app, TwoStep, 1)
+    lost = claim_branch(app, branch_id, pa)
+    assert lost is not None
+    assert reconcile(app, pa, set()) == 0  # too young: its thread may be registering it
+    app.clock.advance(timedelta(seconds=RECONCILE_GRACE_S))
+    assert reconcile(app, pa, {lost.advancement_id}) == 0  # a thread holds it: left alone
+    assert reconcile(app, pa, set()) == 1
+    fresh = claim_branch(app, branch_id, pb)
+    assert fresh is not None
+    assert Advancer(app, process_id=pa).advance(lost) == "stale"
+    assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
+    assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}
+    with app.begin() as tx:
+        errors = tx.execute(sa.select(schema.advancements.c.error_message)
+                            .order_by(schema.advancements.c.started_at)).scalars().all()
+    assert errors == ["Claim held by no thread of its process", None]
+
+
+def test_an_orphaned_advancement_is_swept(manual_advancer_app):
+    """A branch claim whose process row vanished (a reap that raced the claim) is released by
+    the orphan sweep three reaper timeouts after it was made, and advanced once."""
+    from datetime import timedelta
+
+    from ductwork.fleet.reaper import sweep_orphans
+
+    app = manual_advancer_app
+    ghost, live = processes(app, 2)
+    run, branch_id = ready_branch(app, TwoStep, 1)
+    orphan = claim_branch(app, branch_id, ghost)
+    assert orphan is not None
+    with app.begin() as tx:
+        tx.execute(schema.processes.delete().where(schema.processes.c.id == ghost))
+        assert tx.execute(sa.select(schema.advancements.c.process_id)).scalar_one() is None
+    assert sweep_orphans(app) == 0  # not three reaper timeouts old yet
+    app.clock.advance(timedelta(seconds=3 * app.config.supervisor.reaper_timeout + 1))
+    assert sweep_orphans(app) == 1
+    fresh = claim_branch(app, branch_id, live)
+    assert fresh is not None
+    assert Advancer(app, process_id=live).advance(fresh) == "advanced"
+    assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}
+
+
+def test_a_batched_success_reaped_under_its_step_is_the_reapers(app, caplog):
+    """A batching worker's success waits for the group commit; its claim was reaped while the
+    step ran (the worker looked dead): the group commit records nothing for it
+    (CommitFailed, logged) and the reaper's re-run is the live execution [INV-EXE-2]."""
+    import logging
+
+    (pid,) = processes(app, 1)
+    run = ReapedUnderItsStep.trigger(3)
+    WHILE_RUNNING[:] = [lambda: reap(app, pid, force=True)]
+    worker = Worker(app, process_id=pid, batch_size=4, batch_window=60)
+    with caplog.at_level(logging.WARNING, logger="ductwork.worker"):
+        assert worker.run_once().outcome == "success"  # ran; its record is the group commit's
+    assert "its outcome was not recorded" in caplog.text
+    e = schema.executions
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(e.c.outcome, e.c.crash_count).order_by(e.c.created_at, e.c.id)).all()
+    assert [tuple(r) for r in rows] == [("process_crashed", 0), (None, 1)]
+    WHILE_RUNNING[:] = [lambda: None]
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+
+
+def test_a_threads_keyed_batch_goes_on_through_its_own_hand_off(in_a_row_app):
+    """A worker thread of a process (an inbox) claims a keyed batch it runs in a row; its
+    group commit hands the key's next executions to the same thread, which runs them in a
+    row too: one call runs all 8, recorded by two group commits (one clock read each)."""
+    from ductwork.fleet.worker import Inbox
+
+    app = in_a_row_app
+    (pid,) = processes(app, 1)
+    runs = [KeyedNum.trigger(i) for i in range(8)]
+    inbox = Inbox(lambda _: None, lambda: 0, threads=1)
+    worker = Worker(app, process_id=pid, hand_off=lambda: True, batch_size=4, batch_window=60, inbox=inbox)
+    worker.batch = 4  # paced as fast steps are (a new worker starts at 1)
+    assert worker.run_once().outcome == "success"
+    e = schema.executions
+    with app.begin() as tx:
+        rows = tx.execute(sa.select(e.c.outcome, e.c.completed_at)).all()
+    assert [r.outcome for r in rows] == ["success"] * 8
+    assert len({r.completed_at for r in rows}) == 2  # two group commits of 4, not 4 + one per hand-off
+    assert not inbox.waiting()
+    assert [r.refresh().status for r in runs] == ["completed"] * 8

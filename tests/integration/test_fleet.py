@@ -8,9 +8,14 @@ reaper), INV-EXE-3 (re-runs carry the step's idempotency key).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
+import subprocess
+import time
 
+import pytest
 import sqlalchemy as sa
 
 from ductwork.db import schema
@@ -185,3 +190,167 @@ def test_an_exited_scripts_inline_row_is_reaped_by_a_supervisor_tick(manual_app,
     supervisor.run_once()
     assert {row.id for row in process_rows(manual_app.engine, role="inline")} == {live}
     assert {row.role for row in process_rows(manual_app.engine)} == {"inline", "supervisor"}
+
+
+# --------------------------------------------------------------------------- one process, in this one
+
+
+@contextlib.contextmanager
+def _started(command: list[str]):
+    """A real child process that says ``ready`` once it is set up; killed at the end."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+def test_a_runner_takes_a_role_the_supervisor_starts():
+    from ductwork.fleet.supervisor import Runner
+
+    with pytest.raises(ValueError, match="runner role must be job_worker or pipeline_advancer, got 'worker'"):
+        Runner(None, "worker", 1, "by-hand")
+
+
+def test_a_child_not_dead_after_sigkill_is_left_until_its_death_is_confirmed(manual_app, monkeypatch, caplog):
+    """A stale child that SIGKILL did not end (uninterruptible sleep, here a kill that does
+    not arrive) is neither reaped nor replaced: its claims stay its own until a later tick
+    sees it dead [INV-EXE-5]. A ``--role worker`` supervisor watches worker processes only."""
+    from datetime import timedelta
+
+    from ductwork.fleet import supervisor as sup
+    from ductwork.fleet.processes import register
+
+    monkeypatch.setattr(sup, "KILL_CONFIRM_S", 0.2)
+    supervisor = sup.Supervisor(manual_app, [], role="worker")
+    assert [c.role for c in supervisor.children] == ["job_worker"]
+    (child,) = supervisor.children
+    supervisor.stop.set()  # no replacement is started: the test watches the one child
+    with _started(["sh", "-c", "echo ready; exec sleep 600"]) as proc:
+        row = register(manual_app, role="job_worker", label=child.label, pid=proc.pid)
+        child.proc, child.started = proc, time.monotonic() - 3600
+        manual_app.clock.advance(timedelta(seconds=manual_app.config.supervisor.reaper_timeout))  # stale
+        monkeypatch.setattr(proc, "kill", lambda: None)
+        with caplog.at_level(logging.WARNING, logger="ductwork.supervisor"):
+            supervisor.check_children()
+        assert "did not die after SIGKILL; leaving it" in caplog.text
+        assert (child.proc, child.restarts) == (proc, 0)
+        assert row in {r.id for r in process_rows(manual_app.engine)}  # not reaped: no proof of death
+        monkeypatch.undo()  # the kill arrives at the next tick
+        supervisor.check_children()
+        assert proc.returncode == -signal.SIGKILL
+        assert (child.proc, child.restarts) == (None, 1)
+        assert row not in {r.id for r in process_rows(manual_app.engine)}  # reaped once confirmed dead
+
+
+@pytest.fixture
+def quick_stop_app(db_url):
+    """The conftest app with a short ``supervisor.shutdown_timeout``, made the default."""
+    from tests.conftest import installed
+
+    yield from installed(make_app(db_url, supervisor={"shutdown_timeout": 0.2}))
+
+
+def test_shutdown_kills_a_child_that_ignores_sigterm_and_survives_a_failed_reap(quick_stop_app, caplog):
+    """At shutdown a child that ignores SIGTERM past ``shutdown_timeout`` is SIGKILLed; a
+    reap of its row that fails is logged and left to another supervisor's reaper, and the
+    shutdown goes on."""
+    from datetime import timedelta
+
+    from ductwork import faults
+    from ductwork.fleet.processes import register
+    from ductwork.fleet.reaper import reap_stale
+    from ductwork.fleet.supervisor import Supervisor
+
+    app = quick_stop_app
+    supervisor = Supervisor(app, [], role="advancer")
+    (child,) = supervisor.children
+    with _started(["sh", "-c", "trap '' TERM; echo ready; exec sleep 600"]) as proc:
+        row = register(app, role="pipeline_advancer", label=child.label, pid=proc.pid)
+        child.proc = proc
+        faults.arm(faults.DURING_REAP, "raise")
+        try:
+            with caplog.at_level(logging.WARNING, logger="ductwork.supervisor"):
+                supervisor.shutdown()
+        finally:
+            faults.disarm()
+        assert proc.returncode == -signal.SIGKILL
+    assert f"{child.label} did not stop in time; killing it" in caplog.text
+    assert f"could not reap {child.label}" in caplog.text
+    assert row in {r.id for r in process_rows(app.engine)}
+    assert supervisor.process_id is None  # never ran: no row of its own to remove
+    with app.begin() as tx:  # once stale, any supervisor's reaper removes it
+        tx.execute(schema.processes.update().values(
+            last_heartbeat_at=tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout + 1)))
+    assert reap_stale(app, None) == [row]
+
+
+def test_a_runners_heartbeat_outlives_a_failed_reconciliation_and_ends_when_reaped(manual_app, monkeypatch,
+                                                                                   caplog):
+    """A reconciliation that raises is logged and retried at the next heartbeat; a heartbeat
+    that finds the runner's row reaped ends the heartbeats and marks the lease lost."""
+    import threading
+
+    from ductwork.fleet import supervisor as sup
+    from ductwork.fleet.processes import register
+    from ductwork.fleet.reaper import reap
+
+    runner = sup.Runner(manual_app, "job_worker", 1, "beat")
+    runner.process_id = register(manual_app, role="job_worker", label="beat")
+    runner._units()  # its worker, not started: what the heartbeat asks for the claims it holds
+    calls = []
+    real = sup.reconcile
+
+    def fails_once(app, process_id, held):
+        calls.append(held)
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("SELECT", {}, ConnectionError("server closed the connection"))
+        return real(app, process_id, held)
+
+    monkeypatch.setattr(sup, "reconcile", fails_once)
+    beats = threading.Thread(target=runner._heartbeats, daemon=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ductwork.supervisor"):
+            beats.start()
+            wait_for(lambda: len(calls) >= 2, "a reconciliation after the failed one")
+            assert "reconciliation failed" in caplog.text
+            assert not runner._reaped
+            assert reap(manual_app, runner.process_id, force=True)  # another supervisor took its row
+            beats.join(10)
+        assert not beats.is_alive()
+        assert runner._reaped  # the runner's loop exits (EXIT_LEASE_LOST) on this
+    finally:
+        runner.stop.set()
+
+
+def test_a_runner_started_by_hand_exits_when_its_row_is_reaped(app, db_url, tmp_path):
+    """``ductwork _child`` without a supervisor (no ``--parent-pid``): its heartbeat finds its
+    row reaped, and it exits at once with EXIT_LEASE_LOST [INV-EXE-5]."""
+    import sys
+
+    from ductwork.fleet.reaper import reap
+    from ductwork.fleet.supervisor import EXIT_LEASE_LOST
+
+    # a lease far longer than the test: only the reap can end the runner
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowPipeline"],
+                          overrides={"supervisor": {"reaper_timeout": 600}})
+    log = tmp_path / "runner.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ductwork.cli", "_child", "--database-url", db_url,
+                                 "-c", str(config), "--role", "job_worker", "--threads", "1", "--label", "by-hand"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        (row,) = wait_for(lambda: process_rows(app.engine, label_prefix="by-hand"), "the runner registered")
+        assert row.pid == proc.pid
+        assert reap(app, row.id, force=True)
+        assert proc.wait(30) == EXIT_LEASE_LOST, log.read_text()[-2000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(10)
+    assert f"job_worker {row.id} lost its lease; exiting" in log.read_text()

@@ -94,6 +94,40 @@ class BrokenInit(Step):
         return None
 
 
+#: what a handler below calls while it runs (the test sets it): the reaper taking its claim
+UNDER: list = []
+
+
+class ReapedUnderIt(Remember):
+    """Runs while the reaper takes its claim, then returns."""
+
+    def execute(self):
+        UNDER[0]()
+        super().execute()
+
+
+class LeavesItsThread(BaseException):
+    """Raised by :class:`LeavesAfterItsReap`: the worker thread leaves (as on SystemExit)."""
+
+
+class LeavesAfterItsReap(Remember):
+    """Runs while the reaper takes its claim, then leaves the worker's thread."""
+
+    def execute(self):
+        UNDER[0]()
+        raise LeavesItsThread
+
+
+class TakesNoHalt(Step):
+    """A handler whose ``__init__`` cannot take the halt it is given."""
+
+    def __init__(self):
+        pass
+
+    def execute(self):  # pragma: no cover - never built
+        return None
+
+
 def halting(handler):
     class Halting(Pipeline):
         @classmethod
@@ -134,6 +168,7 @@ def hooks(app, run_id=None):
 def _clear():
     SEEN.clear()
     FAILS.clear()
+    UNDER.clear()
 
 
 def test_a_halted_run_gets_one_hook_with_its_halt(manual_app):
@@ -329,12 +364,12 @@ def test_on_halt_rejects_a_second_handler_and_a_non_step():
                 p.start(Fine).on_halt(object)
 
 
-def _halted_with_owed_hook(app, n=1):
-    """A HaltingPipeline run driven to its halt by a worker that runs no hooks."""
+def _halted_with_owed_hook(app, n=1, pipeline=HaltingPipeline):
+    """A run of ``pipeline`` (one that halts) driven to its halt by a worker that runs no hooks."""
     from ductwork.fleet.worker import Worker
     from ductwork.pipelines.advance import Advancer
 
-    run = HaltingPipeline.trigger(n)
+    run = pipeline.trigger(n)
     worker, advancer = Worker(app), Advancer(app)
     worker._hook = lambda: None  # this worker runs executions only: the hook is left owed
     for _ in range(50):
@@ -373,3 +408,59 @@ def test_an_orphaned_hook_claim_is_swept(manual_app):
     manual_app.clock.advance(timedelta(seconds=3 * manual_app.config.supervisor.reaper_timeout + 1))
     assert sweep_orphans(manual_app) == 1  # [INV-HLT-2]
     assert hooks(manual_app, run.id)[0].status == "pending"
+
+
+def test_a_hook_reaped_under_its_handler_records_nothing(manual_app, caplog):
+    """The reaper takes the claim while the handler runs (its worker looked dead): the
+    handler's record matches nothing, and the reaper's re-run is the live attempt
+    [INV-HLT-1]. Called as a caller that tracks no held hook (no ``holding``)."""
+    run = _halted_with_owed_hook(manual_app, pipeline=halting(ReapedUnderIt))
+    worker = register(manual_app, role="job_worker", label="w")
+    UNDER.append(lambda: reap(manual_app, worker, force=True))
+    with caplog.at_level(logging.WARNING, logger="ductwork.hooks"):
+        done = run_due_hook(manual_app, worker)
+    assert done is not None
+    assert (done.outcome, done.status) == ("claim_lost", None)
+    assert "this attempt's outcome was not recorded" in caplog.text
+    [hook] = hooks(manual_app, run.id)
+    assert (hook.status, hook.crash_count, hook.last_outcome, hook.claim_token) == (
+        "pending", 1, "process_crashed", None)  # the reaper's crash, and nothing after it
+    assert len(SEEN[hook.id]) == 1
+
+
+def test_a_handler_leaving_its_thread_after_a_reap_leaves_the_reapers_record(manual_app, caplog):
+    """The thread leaves the handler (a BaseException) after the reaper took the claim: the
+    crash of the abandoned attempt matches nothing, is logged, and the reaper's record
+    stands; the caller is told the hook is no longer held."""
+    run = _halted_with_owed_hook(manual_app, pipeline=halting(LeavesAfterItsReap))
+    worker = register(manual_app, role="job_worker", label="w")
+    UNDER.append(lambda: reap(manual_app, worker, force=True))
+    held = []
+    with caplog.at_level(logging.ERROR, logger="ductwork.hooks"), pytest.raises(LeavesItsThread):
+        run_due_hook(manual_app, worker, held.append)
+    [hook] = hooks(manual_app, run.id)
+    assert held == [hook.id, None]
+    assert "could not crash the abandoned attempt" in caplog.text
+    assert (hook.status, hook.crash_count, hook.last_outcome) == ("pending", 1, "process_crashed")
+
+
+@pytest.mark.parametrize("case", ["does_not_take_the_halt", "class_gone"])
+def test_a_handler_that_cannot_be_built_from_its_halt_fails_at_once(manual_app, caplog, case):
+    """A handler whose ``__init__`` does not take the halt, or whose class this process no
+    longer has (a deploy renamed it), is ``invalid``: not retried, the hook fails."""
+    run = _halted_with_owed_hook(manual_app, pipeline=halting(TakesNoHalt if case == "does_not_take_the_halt"
+                                                            else Remember))
+    if case == "class_gone":
+        with manual_app.begin() as tx:
+            tx.execute(schema.halt_hooks.update().values(klass=f"{__name__}:RenamedHandler"))
+    worker = register(manual_app, role="job_worker", label="w")
+    with caplog.at_level(logging.WARNING, logger="ductwork.hooks"):
+        done = run_due_hook(manual_app, worker)
+    assert done is not None
+    assert (done.outcome, done.status) == ("invalid", "failed")
+    [hook] = hooks(manual_app, run.id)
+    assert (hook.status, hook.retry_count, hook.crash_count, hook.last_outcome) == ("failed", 0, 0, "invalid")
+    assert hook.error_klass == ("builtins.TypeError" if case == "does_not_take_the_halt"
+                                else "ductwork.errors.UnknownStepClassError")
+    assert "not retried (it would end the same way): the hook failed" in caplog.text
+    assert SEEN == {}

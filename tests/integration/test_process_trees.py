@@ -116,3 +116,22 @@ def test_a_killed_supervisors_runners_stop(app, db_url, tmp_path):
                      f"every runner stopped when its supervisor died; log: {fleet.log()[-2000:]}", 15)
         finally:
             stop(fleet, runners)
+
+
+@pytest.mark.usefixtures("app")  # the default app the trigger uses, tables emptied
+def test_a_runner_stopped_past_its_shutdown_timeout_kills_its_steps_subprocesses(db_url, tmp_path):
+    """SIGTERM while a step is busy past ``shutdown_timeout``: the runner exits without
+    waiting for the thread, and first kills what the busy step started (in its group and
+    out of it); the step is re-run elsewhere."""
+    # (a long lease: a loaded machine's late heartbeat must not end the runner first)
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SpawnerPipeline"],
+                          overrides={"job_worker": {"shutdown_timeout": 0.2}, "supervisor": {"reaper_timeout": 600}})
+    marker = tmp_path / "marker"
+    SpawnerPipeline.trigger({"path": str(marker), "seconds": 600})
+    with Fleet(db_url, config) as fleet, no_leftovers(marker):
+        ((runner, stays, leaves),) = wait_for(lambda: spawned(marker), "the step spawned its subprocesses")
+        assert fleet.terminate(30) == 0, fleet.log()[-2000:]
+        wait_for(lambda: not any(pid_alive(pid) for pid in (runner, stays, leaves)),
+                 f"the runner and its busy step's subprocesses are gone; log: {fleet.log()[-2000:]}", 10)
+        assert f"job_worker: killed 2 processes the busy steps started: {sorted([stays, leaves])}" in fleet.log()
+        assert len(spawned(marker)) == 1  # the one attempt, ended by the shutdown

@@ -15,11 +15,17 @@ from hypothesis import strategies as st
 
 from ductwork.config import MAX_BATCH_SIZE, Config
 from ductwork.errors import ConfigError
-from ductwork.fleet.worker import batch_for
+from ductwork.fleet.worker import Worker, batch_for
 
 paces = st.floats(min_value=0, max_value=3600, allow_nan=False)
 windows = st.floats(min_value=1e-6, max_value=60, allow_nan=False)
 sizes = st.integers(1, MAX_BATCH_SIZE)
+
+
+def test_a_worker_built_by_hand_refuses_a_batch_size_below_one():
+    """``Worker(app, batch_size=…)`` (tests, scripts) checks what the config's loader checks."""
+    with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
+        Worker(None, batch_size=0)
 
 
 def test_batch_for_worked_numbers():

@@ -537,6 +537,31 @@ def test_star_finding_no_pipeline_in_the_imports_is_an_error():
         load_pipelines(section(pipelines=["*"], imports=["json"]))
 
 
+def test_star_loads_the_defined_pipelines_of_the_imports_in_name_order():
+    from ductwork.fleet.boot import load_pipelines
+    from tests import workloads
+
+    loaded = load_pipelines(section(pipelines=["*"], imports=["tests.workloads"]))
+    assert workloads.SlowKeyedPipeline in loaded
+    assert {cls.__module__ for cls in loaded} == {"tests.workloads"}
+    assert all(cls.definition is not None for cls in loaded)
+    assert [cls.__qualname__ for cls in loaded] == sorted(cls.__qualname__ for cls in loaded)
+
+
+def test_a_listed_pipeline_without_a_definition_references_no_limit_key():
+    """A base class named in ``pipelines`` (it defines no graph) is loaded, and the boot
+    check's key references come from the pipelines that define one."""
+    from ductwork import Pipeline
+    from ductwork.fleet.boot import limit_references
+    from tests.workloads import SlowKeyedPipeline
+
+    class Base(Pipeline):
+        pass
+
+    assert Base.definition is None
+    assert limit_references([Base, SlowKeyedPipeline]) == {"slow_key": {SlowKeyedPipeline.definition.pipeline}}
+
+
 def test_ductwork_config_names_the_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "default:\n  job_worker:\n    count: 2\n")

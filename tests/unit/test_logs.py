@@ -151,3 +151,5 @@ def test_start_lines_say_what_runs_where_with_which_limits():
     ]
     assert logs.start_lines(Config(), "sqlite:///x", [], "advancer")[1:] == [
         "pipelines: none listed", "processes: 1 advancer process with 3 threads", "limit keys: none"]
+    assert logs.start_lines(Config(), "sqlite:///x", [], "worker")[2] == (
+        "processes: 1 worker process with 5 threads each")
