@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     _inspection_parsers(commands, common)
     demo = commands.add_parser("demo", help="run a demo pipeline on an embedded SQLite file", parents=[common])
     demo.add_argument("--orders", type=int, default=12, help="orders to sync (default 12)")
+    demo.add_argument("--timeout", type=float, default=120.0,
+                      help="seconds to wait for the runs before giving up with status 1 (default 120)")
     _add_revive(commands, common)
     return parser
 
@@ -324,7 +326,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ductwork.demo import main as demo_main
 
-    return demo_main(args.database_url or os.environ.get("DUCTWORK_DATABASE_URL"), args.orders)
+    return demo_main(args.database_url or os.environ.get("DUCTWORK_DATABASE_URL"), args.orders, args.timeout)
 
 
 COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_status,

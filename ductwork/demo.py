@@ -117,7 +117,13 @@ def _worked(worker: Worker) -> bool:
     return worker.run_once() is not None
 
 
-def main(database_url: str | None = None, orders: int = 12) -> int:
+def _stop(stop: threading.Event, loops: list[Any]) -> None:
+    stop.set()
+    for loop in loops:
+        loop.join(5)
+
+
+def main(database_url: str | None = None, orders: int = 12, timeout: float = 120.0) -> int:
     from ductwork.app import connect
     from ductwork.db import migrate
     from ductwork.fleet.supervisor import Loop
@@ -143,16 +149,15 @@ def main(database_url: str | None = None, orders: int = 12) -> int:
     loops.append(Loop("advancer", lambda: advancer.run_once() != "idle", 0.5, stop, app.advancer_wakeup))
     for loop in loops:
         loop.start()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while sync.refresh().status == "in_progress" or refresh.refresh().status == "in_progress":
-        if time.monotonic() > deadline:  # pragma: no cover  a broken engine only; no test waits 120 s
-            print("demo: runs did not finish within 120 s", flush=True)
-            stop.set()
+        if time.monotonic() > deadline:
+            print(f"demo: runs did not finish within {timeout:g} s (--timeout)", flush=True)
+            _stop(stop, loops)
+            app.dispose()
             return 1
         time.sleep(0.05)
-    stop.set()
-    for loop in loops:
-        loop.join(5)
+    _stop(stop, loops)
     span = (_pushes[-1] - _pushes[0]) if len(_pushes) > 1 else 0.0
     print(f"\nSyncOrders run {sync.id}: {sync.status}; RefreshCatalog: {refresh.status}")
     print(f"pushes: {len(_pushes)} (one retry), highest in flight {_max_in_flight} (limit 2), "

@@ -196,6 +196,15 @@ def test_demo_runs_on_the_database_it_is_given(tmp_path):
     assert not (tmp_path / "ductwork-demo.sqlite3").exists()  # the default file is left alone
 
 
+def test_a_demo_past_its_timeout_says_so_and_exits_1(tmp_path):
+    """``--timeout``: a demo whose runs are not finished by then (none can be in no time:
+    its pushes are rate-limited) stops its threads and exits 1 naming the option."""
+    done = subprocess.run([sys.executable, "-m", "ductwork.cli", "demo", "--orders", "1", "--timeout", "0"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "demo: runs did not finish within 0 s (--timeout)"
+
+
 def test_schema_behind_the_migration_head_is_named(tmp_path, sqlite_url, capsys):
     import sqlalchemy as sa
 
