@@ -22,6 +22,7 @@ from model.errors import CommitFailed
 from model.explore import CONFIGS, DEEP_CONFIGS, MUTANT_CONFIGS, explore, main, replay
 from model.limits import LimitsModel
 from model.mutants import MUTANTS
+from model.pipelines import PipelinesModel
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 BOUNDS = DEEP_CONFIGS if DEEP else CONFIGS
@@ -277,6 +278,29 @@ def test_a_model_with_fields_of_its_own_is_copied_whole():
     plain, annotated = (explore(CONFIGS["limits"], cls, max_states=200) for cls in (None, Annotated))
     assert (annotated.states, annotated.transitions) == (plain.states, plain.transitions)
     assert annotated.violation is None
+
+
+class Tallied(PipelinesModel):
+    """A pipelines model with a field of its own that its operations change in place."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ran = []
+
+    def run_execution(self, exec_id, outcome):
+        super().run_execution(exec_id, outcome)
+        self.ran.append(exec_id)
+
+
+def test_a_pipelines_model_with_fields_of_its_own_is_copied_whole():
+    """The explorer's record-by-record copy knows the model's own fields only: a model
+    with more is copied whole, so what an operation does to one copy stays in it."""
+    world = CONFIGS["hooks"].make(Tallied)
+    successor = world.copy()
+    dict(successor.actions())["run_execution(e1 A, success)"](successor)
+    assert (successor.model.ran, world.model.ran) == ([1], [])
+    plain, tallied = (explore(CONFIGS["hooks"], cls) for cls in (None, Tallied))
+    assert (tallied.states, tallied.transitions, tallied.violation) == (plain.states, plain.transitions, None)
 
 
 def test_replay_passes_over_a_refused_operation():
