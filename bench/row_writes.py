@@ -27,9 +27,9 @@ at most about once a second per backend, so the script waits for them to stop mo
 
 ``--ab``: the same batch with revision 0006's nine indexes rebuilt full and its tables'
 fillfactor reset (as revision 0005 left them), and as 0006 makes them, in place, alternating, ``--repeats`` times, a
-fresh default fleet each time; per shape the runs completed/s, WAL bytes, CPU and
-statements per run, their medians, and partial / full per repetition: the evidence for
-revision 0006.
+fresh default fleet each time; per shape the one-step runs completed/s, WAL bytes, CPU
+and statements per run, then B1's chains of 5 (100 runs) completed/s, their medians, and
+0006 / 0005 per repetition: the evidence for revision 0006.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import sqlalchemy as sa
 
 from bench.b1_throughput import pgqueuer_dsn, runs_batch
 from bench.harness import ProcessFleet, Target, insert_pending, log, wait_until
-from bench.workloads import One
+from bench.workloads import CHAIN_LENGTH, Chain, One
 from ductwork.db import dialects, migrate, schema
 
 _STATS = sa.text("select relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del from pg_stat_user_tables")
@@ -112,10 +112,18 @@ def _measure(target: Target, runs: int, label: str) -> tuple[dict[str, float], d
         measured = runs_batch(app, (fleet,), One, "m", runs, 1, timeout=900)
         measured["wal_bytes_per_run"] = (_wal(app.engine) - wal) / runs
         after, indexes = _settled(app.engine)
+        chains = runs_batch(app, (fleet,), Chain, "c", CHAIN_RUNS, CHAIN_LENGTH, timeout=900)
+        measured["chain_runs_per_s"] = chains["runs_per_s"]
     finally:
         fleet.stop()
         app.dispose()
     return measured, before, after, indexes
+
+
+#: what the A/B compares: B1's one-step batch (runs/s, WAL, fleet CPU and statements per
+#: run), then B1's chain batch on the same fleet (runs of 5 steps completed/s)
+MEASURES = ("runs_per_s", "wal_bytes_per_run", "cpu_ms_per_step", "statements_per_step", "chain_runs_per_s")
+CHAIN_RUNS = 100
 
 
 def _shape(engine: sa.Engine, *, partial: bool) -> None:
@@ -158,7 +166,7 @@ def _ab(target: Target, runs: int, repeats: int) -> None:
             for shape in ("full", "partial"):
                 _shape(engine, partial=shape == "partial")
                 measured, *_ = _measure(target, runs, f"rw{rep}{shape[0]}")
-                for key in ("runs_per_s", "wal_bytes_per_run", "cpu_ms_per_step", "statements_per_step"):
+                for key in MEASURES:
                     got[shape].setdefault(key, []).append(measured[key])
                 log(f"repetition {rep + 1}, {shape} indexes: {measured['runs_per_s']:.0f} runs/s, "
                     f"{measured['wal_bytes_per_run']:.0f} WAL bytes per run")
@@ -167,7 +175,7 @@ def _ab(target: Target, runs: int, repeats: int) -> None:
         engine.dispose()
     print(f"| measure (median of {repeats}) | as 0005 left it | as 0006 makes it | 0006 / 0005 (per repetition) |")
     print("|---|---:|---:|---:|")
-    for key in ("runs_per_s", "wal_bytes_per_run", "cpu_ms_per_step", "statements_per_step"):
+    for key in MEASURES:
         a, b = got["full"][key], got["partial"][key]
         ratios = [y / x for x, y in zip(a, b, strict=True)]
         print(f"| {key} | {statistics.median(a):.3f} | {statistics.median(b):.3f} | {statistics.median(ratios):.3f} |")
