@@ -225,10 +225,6 @@ def _connect(args: argparse.Namespace, **settings: Any) -> App:
         from ductwork.errors import ConfigError
 
         raise ConfigError("--config", config, "no such file")
-    if not _opened:
-        from ductwork.db.database import current_default_app
-
-        _before[:] = [current_default_app()]
     app = connect(args.database_url, config, args.env, **settings)
     _opened.append(app)
     logs.configure(*_log_settings(args, app.config))  # the config's logging, unless the options say
@@ -340,6 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # like `python -m`: pipelines in the current directory import
         sys.path.insert(0, os.getcwd())
     restore = logs.configure(*_log_settings(args))  # the command owns logging; _connect adds the config's
+    from ductwork.db.database import current_default_app
+
+    _before[:] = [current_default_app()]  # the caller's, given back when the command ends
     try:
         return COMMANDS[args.command](args)
     except BrokenPipeError:
@@ -363,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _opened:  # called in-process (from Python, a test): the caller's default app again,
             from ductwork.app import set_default_app  # not one disposed here
 
-            set_default_app(_before.pop())
+            set_default_app(_before[0])
         while _opened:
             _opened.pop().dispose()
         restore()

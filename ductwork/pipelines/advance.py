@@ -205,10 +205,10 @@ def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list
             previous: dict[str, tuple[Any, str, int, str | None]] = {}
             for row in tx.execute(
                     sa.select(_a.c.step_id, _a.c.started_at, _a.c.id, _a.c.crash_count, _a.c.error_klass)
-                    .where(_a.c.step_id.in_(dialects.inline_ids(step_ids)))):
-                key = (row.started_at, row.id, row.crash_count, row.error_klass)
-                if row.step_id not in previous or key[:2] > previous[row.step_id][:2]:
-                    previous[row.step_id] = key
+                    .where(_a.c.step_id.in_(dialects.inline_ids(step_ids)))
+                    .order_by(_a.c.step_id, _a.c.started_at, _a.c.id)):
+                # each step's last row is its latest advancement (as for the steps above)
+                previous[row.step_id] = (row.started_at, row.id, row.crash_count, row.error_klass)
             r, run_ids = schema.runs, sorted({latest[b].run_id for b in won})
             sha1s: dict[str, str] = {row.id: row.definition_sha1 for row in tx.execute(
                 sa.select(r.c.id, r.c.definition_sha1).where(r.c.id.in_(dialects.inline_ids(run_ids))))}

@@ -202,7 +202,8 @@ def test_a_demo_past_its_timeout_says_so_and_exits_1(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ductwork.cli", "demo", "--orders", "1", "--timeout", "0"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
-    assert done.stdout.splitlines()[-1] == "demo: runs did not finish within 0 s (--timeout)"
+    # (a line, not the last: the demo's step threads may still print while they stop)
+    assert "demo: runs did not finish within 0 s (--timeout)" in done.stdout.splitlines()
 
 
 def test_schema_behind_the_migration_head_is_named(tmp_path, sqlite_url, capsys):
