@@ -42,7 +42,6 @@ from ductwork.errors import DuctworkError
 if TYPE_CHECKING:
     from ductwork.app import App
     from ductwork.config import Config
-    from ductwork.db.database import Database
 
 log = logging.getLogger("ductwork.cli")
 
@@ -211,9 +210,8 @@ def _child_parser() -> argparse.ArgumentParser:
     return child
 
 
-#: the apps this command opened, and the default app before the first of them
+#: the apps this command opened
 _opened: list[App] = []
-_before: list[Database | None] = []
 
 
 def _connect(args: argparse.Namespace, **settings: Any) -> App:
@@ -338,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     restore = logs.configure(*_log_settings(args))  # the command owns logging; _connect adds the config's
     from ductwork.db.database import current_default_app
 
-    _before[:] = [current_default_app()]  # the caller's, given back when the command ends
+    before = current_default_app()  # the caller's, given back when the command ends
     try:
         return COMMANDS[args.command](args)
     except BrokenPipeError:
@@ -362,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _opened:  # called in-process (from Python, a test): the caller's default app again,
             from ductwork.app import set_default_app  # not one disposed here
 
-            set_default_app(_before[0])
+            set_default_app(before)
         while _opened:
             _opened.pop().dispose()
         restore()
