@@ -24,6 +24,7 @@ from ductwork.fleet.reaper import reap
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer, candidates, claim_branch, claim_branches, release_advancement
 from tests.conftest import installed, make_app
+from tests.integration.test_lock_races import blocked_on
 
 
 class Num(Step):
@@ -286,19 +287,6 @@ def test_a_claim_takes_its_branchs_latest_step(app):
         [(runs[0].id, "Alpha#1", "advancing"), (runs[1].id, "Zed#1", "advancing")])
 
 
-def _branch_lock_waiters(app) -> int:
-    """Transactions of this database waiting for a branch row's lock right now."""
-    with app.engine.connect() as conn:
-        if app.backend == "postgresql":
-            return conn.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()")).scalar_one()
-        # the batch's session sits idle in its transaction: a session executing this waits
-        return conn.execute(sa.text(
-            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
-            "AND info LIKE '%FROM ductwork_branches%FOR UPDATE%'")).scalar_one()
-
-
 def test_a_reaper_racing_a_committing_batch_leaves_its_advancement_as_committed(app, monkeypatch):
     """The reaper reads a live process's open advancement, then waits for the branch row
     that the process's batch holds; the batch closes the advancement and commits. The
@@ -318,7 +306,8 @@ def test_a_reaper_racing_a_committing_batch_leaves_its_advancement_as_committed(
         if name == faults.INSIDE_ADVANCE_BATCH:  # the branch row locked, its advancement open
             reaper.start()
             if app.backend != "sqlite":
-                wait_for(lambda: _branch_lock_waiters(app) >= 1, "the reaper waits for the branch row", 20)
+                wait_for(lambda: blocked_on(app, "%FROM ductwork_branches%FOR UPDATE%") >= 1,
+                         "the reaper waits for the branch row", 20)
         real(name)
 
     monkeypatch.setattr(faults, "hit", hit)
