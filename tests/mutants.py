@@ -56,8 +56,8 @@ MUTANTS: dict[str, Mutant] = {
     "no_key_lock": Mutant(
         "the key lock (claims, completions, the reaper) reads the header row without locking it [INV-LIM-1]",
         "the key's row lock, taken by claims, completions and the reaper [INV-LIM-1]",
-        (("tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock",
-          "tx.execute(stmt).first()  # mutant: no lock"),),
+        (("return dialects.for_update(stmt, bind)  # [INV-LIM-1] the key's lock",
+          "return stmt  # mutant: no lock"),),
     ),
     "count_outside_lock": Mutant(
         "claim_keyed decides on the in-flight count read before the key lock [INV-LIM-1]",
@@ -66,10 +66,8 @@ MUTANTS: dict[str, Mutant] = {
           'tx.conn.info["in_flight_before_lock"] = tx.execute(  # mutant: counted before the lock\n'
           "    sa.select(sa.func.count()).where(schema.executions.c.inflight_key == key)).scalar_one()\n"
           + _BEFORE_KEY_LOCK),
-         ("sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock",
-          ('sa.select(sa.literal(tx.conn.info.pop("in_flight_before_lock"))) '
-           'if "in_flight_before_lock" in tx.conn.info '
-           "else sa.select(sa.func.count()).where(_e.c.inflight_key == key)"))),
+         ("in_flight = rows[0].in_flight",
+          'in_flight = tx.conn.info.pop("in_flight_before_lock", rows[0].in_flight)  # mutant: counted before')),
     ),
     "clock_before_lock": Mutant(
         "claim_keyed reads the clock before taking the key lock [INV-CLK-1]",

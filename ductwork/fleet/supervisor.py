@@ -141,7 +141,7 @@ class Runner:
 
     def _units(self) -> list[Loop]:
         from ductwork.db.wakeup import Wakeup
-        from ductwork.fleet.worker import Inbox, ReleasedSteps, Worker
+        from ductwork.fleet.worker import Inbox, ReleasedSteps, TokenAlarm, Worker
         from ductwork.pipelines.advance import Advancer
 
         loops: list[Loop] = []
@@ -150,6 +150,8 @@ class Runner:
                            threads=self.threads)
         #: keyed steps released by this process's workers, advanced by a thread of their own
         self.released = ReleasedSteps(self.app, Wakeup())
+        #: wakes an idle thread when a rated key's next token is due (a claim spent the last)
+        self.tokens = TokenAlarm(self.app.wakeup.notify)
         for i in range(self.threads):
             token: Callable[[], float | None] | None = None
             if self.role == "job_worker":
@@ -157,7 +159,7 @@ class Runner:
                 worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off,
                                 batch_size=self.app.config.job_worker.batch_size,
                                 batch_window=self.app.config.job_worker.batch_window, inbox=self.inbox,
-                                released=self.released)
+                                released=self.released, tokens=self.tokens)
                 self.units.append(worker)
 
                 def worked(w: Worker = worker) -> bool:
@@ -183,6 +185,9 @@ class Runner:
         if self.role == "job_worker":
             self.released_loop = Loop("ductwork.job_worker.released", self.released.run_once,
                                       self.app.config.job_worker.polling_timeout, self.stop, self.released.wakeup)
+            self.tokens_loop = Loop("ductwork.job_worker.tokens", self.tokens.run_once,
+                                    self.app.config.job_worker.polling_timeout, self.stop, self.tokens.changed,
+                                    self.tokens.seconds_left)
         return loops
 
     def _on_signal(self, *_: object) -> None:
@@ -232,6 +237,7 @@ class Runner:
             loop.start()
         if self.role == "job_worker":
             self.released_loop.start()
+            self.tokens_loop.start()
         threading.Thread(target=self._heartbeats, name="ductwork.heartbeat", daemon=True).start()
         lease = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
         log.info("%s %s started: %d threads, lease %.1fs", self.role, self.process_id, self.threads, lease)

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from ductwork import faults
 from ductwork.db.dialects import retry_transient
+from ductwork.db.wakeup import Wakeup
 from ductwork.errors import CommitFailed, StepReturnError
 from ductwork.fleet.hooks import run_due_hook
 from ductwork.fleet.invoke import (
@@ -91,7 +92,6 @@ from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
-    from ductwork.db.wakeup import Wakeup
     from ductwork.pipelines.definition import Definition
 
 log = logging.getLogger("ductwork.execute")
@@ -287,6 +287,52 @@ class Inbox:
         return bool(self._items)
 
 
+class TokenAlarm:
+    """Wakes one idle worker thread of the process when a rate-limited key's next token
+    is due, after a claim of this process spent the key's last one
+    (``Claimed.next_token_in_s``, the stamp that claim wrote). Thread-safe.
+
+    Without it a spent bucket's next token waited for a thread that happened to poll:
+    a refused poll learns the time (``seconds_to_next_token``), but an admitted one left
+    the others sleeping until a wakeup or their polling interval, and the token went
+    unused (at ``burst: 1``, lost). A thread of its own (the runner's
+    ``ductwork.job_worker.tokens`` loop) waits for the earliest time set and then calls
+    ``wake(1)``: one poll per due token, not one per idle thread. A hint like any
+    wakeup: the poll decides under the key's lock as always [INV-LIM-1, INV-LIM-2].
+    Not done: other processes (they learn the time from their own refused polls), and a
+    token per key (one time is kept, the earliest: the woken poll stamps the next)."""
+
+    def __init__(self, wake: Callable[[int], None], clock: Callable[[], float] = time.monotonic):
+        self._wake, self._clock = wake, clock
+        self._lock = threading.Lock()
+        self._due: float | None = None
+        #: notified when an earlier time is set (what the alarm's loop waits on)
+        self.changed = Wakeup()
+
+    def at(self, seconds: float) -> None:
+        """Wake a thread ``seconds`` from now, unless an earlier wake is already set."""
+        due = self._clock() + max(0.0, seconds)
+        with self._lock:
+            if self._due is not None and self._due <= due:
+                return
+            self._due = due
+        self.changed.notify()
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the wake that is set (0 once due); None: none is set."""
+        due = self._due
+        return None if due is None else max(0.0, due - self._clock())
+
+    def run_once(self) -> bool:
+        """Wake one idle thread if the time set has come (and clear it); False if not."""
+        with self._lock:
+            if self._due is None or self._clock() < self._due:
+                return False
+            self._due = None
+        self._wake(1)
+        return True
+
+
 class ReleasedSteps:
     """A process's keyed steps whose releases have committed, to be advanced past
     (``advance.advance_released``) by one thread of their own, many per transaction,
@@ -347,7 +393,8 @@ class Worker:
 
     def __init__(self, app: App, *, process_id: str | None = None,
                  hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05,
-                 inbox: Inbox | None = None, released: ReleasedSteps | None = None):
+                 inbox: Inbox | None = None, released: ReleasedSteps | None = None,
+                 tokens: TokenAlarm | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
         from ductwork.fleet.boot import load_pipelines
@@ -366,6 +413,8 @@ class Worker:
         #: the process's released keyed steps, advanced by a thread of their own; None: this
         #: worker advances them itself, right after each release commits
         self._released = released
+        #: the process's token alarm: set when a claim spends a rated key's last token
+        self._tokens = tokens
         #: how many unkeyed executions the next claim may take (from the recent pace)
         self.batch = 1
         self._pace_s: float | None = None
@@ -496,10 +545,12 @@ class Worker:
         inbox = self._inbox
         if inbox is None:
             claimed = claim_batch(self.app, self.process_id, self.batch, self.batch)
+            self._note_tokens(claimed)
             self._queue.extend(claimed)
             return
         spare = inbox.spare()
         claimed = claim_batch(self.app, self.process_id, self.batch, lambda key: self.in_a_row(key) + spare)
+        self._note_tokens(claimed)
         if not claimed or claimed[0].limit_key is None:
             self._queue.extend(claimed)
             return
@@ -509,6 +560,12 @@ class Worker:
             self._in_a_row.update(c.execution_id for c in claimed[:own])
         if len(claimed) > own:
             inbox.put(claimed[own:])
+
+    def _note_tokens(self, claimed: list[Claimed]) -> None:
+        """A claim (or hand-off) that spent its key's last token sets the process's alarm
+        for the next one (:class:`TokenAlarm`)."""
+        if self._tokens is not None and claimed and claimed[-1].next_token_in_s is not None:
+            self._tokens.at(claimed[-1].next_token_in_s)
 
     def _run(self, claimed: Claimed, *, group: bool) -> Performed:
         """Run a claimed execution and record its outcome (``group``: leave a success to
@@ -635,6 +692,7 @@ class Worker:
         """Commit successes (repeated on a lost connection) and queue what is handed on;
         then advance the keyed ones of ``released`` (:meth:`_advance_released`)."""
         handed: list[Claimed] = retry_transient(commit)
+        self._note_tokens(handed)
         self._queue.extend(handed)
         faults.hit(faults.AFTER_JOB_COMMIT)
         if released:

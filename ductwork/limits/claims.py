@@ -161,11 +161,12 @@ def _running(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
 _RUNNING = [name for name in CLAIM_COLUMNS if name not in ("process_id", "claimed_at")]  # (the claim's own)
 
 
-def _claimed(row: sa.Row[Any], process_id: str, claimed_at: datetime, fills_key: bool = False) -> Claimed:
+def _claimed(row: sa.Row[Any], process_id: str, claimed_at: datetime, fills_key: bool = False,
+             next_token_in_s: float | None = None) -> Claimed:
     """A row of :func:`_running` as claimed by ``process_id`` at ``claimed_at``."""
     mapping = row._mapping
     return Claimed(**{name: mapping[name] for name in _RUNNING}, process_id=process_id, claimed_at=claimed_at,
-                   fills_key=fills_key)
+                   fills_key=fills_key, next_token_in_s=next_token_in_s)
 
 
 def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
@@ -182,10 +183,13 @@ def _load_statement(_: Any) -> sa.Select[Any]:
 def _claim_rows(tx: Tx, execution_ids: list[str], process_id: str, seq: int) -> bool:
     """Claim a key's executions in one statement, the i-th (from 0) with sequence number
     ``seq + 1 + i``; True when every one was still pending."""
-    claim_seq: Any = seq + 1
-    if len(execution_ids) > 1:
-        claim_seq = sa.case({execution_id: seq + i for i, execution_id in enumerate(execution_ids, start=1)},
-                            value=_e.c.id)
+    if len(execution_ids) == 1:  # (a poll's claim: the statement built once)
+        result = tx.execute(dialects.prepared(tx.conn, _claim_one_row),
+                            {"batch_ids": execution_ids, "c_now": tx.now, "c_process": process_id,
+                             "c_seq": seq + 1})
+        return result.rowcount == 1
+    claim_seq = sa.case({execution_id: seq + i for i, execution_id in enumerate(execution_ids, start=1)},
+                        value=_e.c.id)
     result = tx.execute(
         _e.update()
         .where(_e.c.id.in_(dialects.inline_ids(execution_ids)),
@@ -193,6 +197,34 @@ def _claim_rows(tx: Tx, execution_ids: list[str], process_id: str, seq: int) -> 
         .values(claimed_at=tx.now, process_id=process_id, claim_seq=claim_seq, updated_at=tx.now)
     )
     return result.rowcount == len(execution_ids)
+
+
+def _claim_one_row(_: Any) -> sa.Update:
+    """:func:`_claim_rows` of one execution, its values bound at execution."""
+    now = sa.bindparam("c_now", type_=schema.Timestamp)
+    return (_e.update()
+            .where(_e.c.id.in_(dialects.ids_param()),
+                   _e.c.claimed_at.is_(None))  # still pending: nobody claimed it since we read it
+            .values(claimed_at=now, process_id=sa.bindparam("c_process", type_=_e.c.process_id.type),
+                    claim_seq=sa.bindparam("c_seq", type_=_e.c.claim_seq.type), updated_at=now))
+
+
+def _decide_statement(_: Any) -> sa.Select[Any]:
+    """A keyed claim's read under the key's lock: the key's ``d_limit`` oldest executions
+    eligible at ``d_now``, with what running them needs and the key's in-flight count."""
+    key = sa.bindparam("d_key", type_=_e.c.pending_lane.type)
+    counted = sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] run under the key's lock
+    return (in_lane(_running(_e.c.eligible_at, counted.scalar_subquery().label("in_flight")), key,
+                    sa.bindparam("d_now", type_=schema.Timestamp))
+            .limit(sa.bindparam("d_limit", type_=sa.Integer)))
+
+
+@functools.lru_cache(maxsize=8)
+def _key_update(columns: tuple[str, ...]) -> sa.Update:
+    """The key header's UPDATE of ``columns``, each bound as ``k_<column>``, the key as ``k_key``."""
+    k = schema.limit_keys
+    return (k.update().where(k.c.key == sa.bindparam("k_key", type_=k.c.key.type))
+            .values(**{name: sa.bindparam(f"k_{name}", type_=k.c[name].type) for name in columns}))
 
 
 def _precedes(oldest_at: Any, oldest_id: Any) -> sa.ColumnElement[bool]:
@@ -261,11 +293,16 @@ def _claim_unkeyed_rows(_: Any) -> sa.Update:
 
 
 def _buckets_of(tx: Tx, key: str) -> dict[int, buckets.Bucket]:
-    b = schema.limit_buckets
     return {
         row.period_s: buckets.Bucket(row.period_s, row.level_units, row.refilled_at_us)
-        for row in tx.execute(sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us).where(b.c.key == key))
+        for row in tx.execute(dialects.prepared(tx.conn, _buckets_statement), {"b_key": key})
     }
+
+
+def _buckets_statement(_: Any) -> sa.Select[Any]:
+    b = schema.limit_buckets
+    return sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us).where(
+        b.c.key == sa.bindparam("b_key", type_=b.c.key.type))
 
 
 def _write_buckets(tx: Tx, key: str, new: tuple[buckets.Bucket, ...], old: dict[int, buckets.Bucket]) -> None:
@@ -274,9 +311,19 @@ def _write_buckets(tx: Tx, key: str, new: tuple[buckets.Bucket, ...], old: dict[
         values = {"level_units": bucket.level_units, "refilled_at_us": bucket.refilled_at_us,
                   "updated_at": tx.now}
         if bucket.period_s in old:
-            tx.execute(b.update().where(b.c.key == key, b.c.period_s == bucket.period_s).values(**values))
+            tx.execute(dialects.prepared(tx.conn, _bucket_update),
+                       {"b_key": key, "b_period": bucket.period_s, **{f"b_{k}": v for k, v in values.items()}})
         else:
             tx.execute(b.insert().values(key=key, period_s=bucket.period_s, **values))
+
+
+def _bucket_update(_: Any) -> sa.Update:
+    b = schema.limit_buckets
+    return (b.update().where(b.c.key == sa.bindparam("b_key", type_=b.c.key.type),
+                             b.c.period_s == sa.bindparam("b_period", type_=b.c.period_s.type))
+            .values(level_units=sa.bindparam("b_level_units", type_=b.c.level_units.type),
+                    refilled_at_us=sa.bindparam("b_refilled_at_us", type_=b.c.refilled_at_us.type),
+                    updated_at=sa.bindparam("b_updated_at", type_=schema.Timestamp)))
 
 
 def _rebase(tx: Tx, key: str, entry: LimitEntry | None, header: KeyHeader,
@@ -427,11 +474,10 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, proc
     under this lock hold, else one is made when a further claim is possible. One
     statement reads the key's ``limit`` oldest eligible executions, with what running
     them needs, and the key's in-flight count."""
-    k = schema.limit_keys
     now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
-    counted = sa.select(sa.func.count()).where(_e.c.inflight_key == key)  # [INV-LIM-1] counted under the lock
-    rows = tx.execute(in_lane(_running(_e.c.eligible_at, counted.scalar_subquery().label("in_flight")), key,
-                              tx.now).limit(limit)).all()
+    # [INV-LIM-1] the in-flight count is read under the lock, with the candidates
+    rows = tx.execute(dialects.prepared(tx.conn, _decide_statement),
+                      {"d_key": key, "d_now": tx.now, "d_limit": limit}).all()
     if header is None or not rows:
         return Refusal(key, "gone")
     execution_id = rows[0].execution_id
@@ -477,12 +523,14 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, proc
     if admitted or header.unwritten:  # (with the releases of a group commit that hands off)
         header.seq, header.unwritten = seq + len(admitted), False
         values["seq"] = header.seq
-    tx.execute(k.update().where(k.c.key == key).values(**values))
+    tx.execute(_key_update(tuple(values)), {"k_key": key, **{f"k_{name}": v for name, v in values.items()}})
     if not admitted:
         return Refusal(key, "rate")
     # the key is full once these are in flight: their releases are what waiting work needs first
     full = entry is not None and entry.concurrency is not None and in_flight + len(admitted) >= entry.concurrency
-    return [_claimed(row, process_id, tx.now, full) for row in admitted]
+    # the last token is spent: when the next one is due (the stamp just written), for TokenAlarm
+    next_token = None if decision.blocked_until_us is None else (decision.blocked_until_us - now_us) / 1e6
+    return [_claimed(row, process_id, tx.now, full, next_token) for row in admitted]
 
 
 def seconds_to_next_token(app: App) -> float | None:

@@ -95,18 +95,23 @@ class Claimed:
     #: the claim left its key's concurrency full: other work of the key may wait for this
     #: slot, so its success may be recorded as a release first (``outcomes.releases_first``)
     fills_key: bool = False
+    #: the claim spent its key's last token: seconds (database time, from the claim) until
+    #: the rate admits the next claim (the key's ``blocked_until`` stamp); None: a token is
+    #: left, or the key has no rate. A hint for waking a poller then (``TokenAlarm``)
+    next_token_in_s: float | None = None
 
     @classmethod
     def from_row(cls, row: sa.Row[Any]) -> Claimed:
         """From a row whose columns are labelled with the field names (``claims._load``);
-        ``fills_key`` is no column: False (an unkeyed claim's)."""
+        ``fills_key`` and ``next_token_in_s`` are no columns: their defaults (an unkeyed
+        claim's)."""
         mapping = row._mapping
         return cls(**{name: mapping[name] for name in CLAIM_COLUMNS})
 
 
-#: the fields of :class:`Claimed` read from a row, by name: all but ``fills_key``, which is
-#: the claim's own decision, never stored
-CLAIM_COLUMNS = tuple(f.name for f in dataclasses.fields(Claimed) if f.name != "fills_key")
+#: the fields of :class:`Claimed` read from a row, by name: all but ``fills_key`` and
+#: ``next_token_in_s``, which are the claim's own decision, never stored
+CLAIM_COLUMNS = tuple(f.name for f in dataclasses.fields(Claimed) if f.name not in ("fills_key", "next_token_in_s"))
 
 
 @dataclass(frozen=True)
@@ -169,22 +174,34 @@ def lock_key(tx: Tx, key: str) -> KeyHeader | None:
     held: KeyHeader | None = tx.held_keys.get(key)
     if held is not None:
         return held  # locked by this transaction already: held until it ends
-    k = schema.limit_keys
-    stmt = sa.select(k.c.seq, k.c.config_digest).where(k.c.key == key)
-    row = tx.execute(dialects.for_update(stmt, tx.conn)).first()  # [INV-LIM-1] the key's lock
+    row = tx.execute(dialects.prepared(tx.conn, _lock_key_statement), {"k_key": key}).first()  # the key's lock
     if row is None:
         return None
     header = tx.held_keys[key] = KeyHeader(int(row.seq), row.config_digest)
     return header
 
 
+def _lock_key_statement(bind: Any) -> sa.Select[Any]:
+    """The key lock (:func:`lock_key`): its header row ``FOR UPDATE``, the key bound as ``k_key``."""
+    k = schema.limit_keys
+    stmt = sa.select(k.c.seq, k.c.config_digest).where(k.c.key == sa.bindparam("k_key", type_=k.c.key.type))
+    return dialects.for_update(stmt, bind)  # [INV-LIM-1] the key's lock
+
+
 def write_seq(tx: Tx, key: str) -> None:
     """Write a held key's ``seq`` if this transaction moved it and has not written it."""
     header = tx.held_keys.get(key)
     if header is not None and header.unwritten:
-        tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
-                   .values(seq=header.seq, updated_at=tx.now))
+        tx.execute(dialects.prepared(tx.conn, _write_seq_statement),
+                   {"k_key": key, "k_seq": header.seq, "k_now": tx.now})
         header.unwritten = False
+
+
+def _write_seq_statement(_: Any) -> sa.Update:
+    k = schema.limit_keys
+    return (k.update().where(k.c.key == sa.bindparam("k_key", type_=k.c.key.type))
+            .values(seq=sa.bindparam("k_seq", type_=k.c.seq.type),
+                    updated_at=sa.bindparam("k_now", type_=schema.Timestamp)))
 
 
 def lock_for_release(tx: Tx, key: str) -> KeyHeader:
@@ -375,6 +392,8 @@ def _end_batch(tx: Tx, successes: list[Success], header: KeyHeader | None) -> No
     params = {"batch_ids": [s.claimed.execution_id for s in successes], "b_now": tx.now, "b_owner": owner}
     if header is None:
         ended = tx.execute(dialects.prepared(tx.conn, _end_successes), params).rowcount
+    elif len(successes) == 1:  # [INV-CLK-1] the release takes the key's next seq
+        ended = tx.execute(dialects.prepared(tx.conn, _release_one), {**params, "b_seq": header.seq + 1}).rowcount
     else:
         seq = header.seq
         # [INV-CLK-1] each release its own seq, in the order of the successes
@@ -436,6 +455,11 @@ def _end_successes(bind: Any) -> sa.Update:
              dialects.by_primary_key(e.c.process_id, bind) == owner]
     return (e.update().where(e.c.id.in_(dialects.ids_param()), *guard)
             .values(completed_at=now, outcome="success", updated_at=now))
+
+
+def _release_one(bind: Any) -> sa.Update:
+    """:func:`_end_successes` of one keyed execution, its release's seq bound as ``b_seq``."""
+    return _end_successes(bind).values(release_seq=sa.bindparam("b_seq", type_=schema.executions.c.release_seq.type))
 
 
 def _write_outputs(tx: Tx, successes: list[Success]) -> None:

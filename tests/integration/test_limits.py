@@ -359,6 +359,34 @@ def test_a_keyed_lane_its_rate_refuses_does_not_hold_back_a_younger_unkeyed_exec
         assert stamp == datetime(2026, 1, 1, 1, 0, 0, 10)  # an hour after the poll (at 10 µs) created it empty
 
 
+def test_a_claim_that_spends_its_keys_last_token_sets_the_alarm_for_the_next(db_url):
+    """A claim that leaves its key's bucket empty carries when the next token is due (the
+    stamp it wrote, ``Claimed.next_token_in_s``), and its worker sets the process's
+    ``TokenAlarm`` to it, so an idle thread polls then; a refused poll sets nothing (it
+    waits for the stamp itself), and an unrated claim carries nothing."""
+    from ductwork.db.clock import ManualClock
+    from ductwork.fleet.worker import TokenAlarm
+    from tests.conftest import installed
+
+    for app in installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
+                                  job_worker={"limits": {"hourly": {"rate": {"limit": 1, "per": "1h"}}}})):
+        Hourly.trigger("a")
+        Hourly.trigger("b")
+        woken: list[int] = []
+        alarm = TokenAlarm(woken.append, clock=lambda: 100.0)
+        worker = Worker(app, tokens=alarm)
+        assert worker.run_once() is None  # the bucket starts empty: refused, stamped an hour on
+        assert alarm.seconds_left() is None
+        app.clock.advance(seconds=3600)
+        assert worker.run_once() is not None  # the token: claimed and run; the bucket is empty again
+        assert alarm.seconds_left() == 3600.0  # the next token, an hour after this claim
+        assert (alarm.run_once(), woken) == (False, [])  # not due yet
+        Unkeyed.trigger("u")
+        unkeyed = Worker(app, tokens=TokenAlarm(woken.append, clock=lambda: 100.0))
+        assert unkeyed.run_once() is not None
+        assert unkeyed._tokens.seconds_left() is None
+
+
 def _blocked_until(app, key):
     with app.begin(readonly=True) as tx:
         return tx.execute(sa.select(schema.limit_keys.c.blocked_until).where(schema.limit_keys.c.key == key)).one()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ductwork.config import MAX_BATCH_SIZE, Config
 from ductwork.errors import ConfigError
-from ductwork.fleet.worker import Worker, batch_for
+from ductwork.fleet.worker import TokenAlarm, Worker, batch_for
 
 paces = st.floats(min_value=0, max_value=3600, allow_nan=False)
 windows = st.floats(min_value=1e-6, max_value=60, allow_nan=False)
@@ -76,3 +76,29 @@ def test_a_negative_release_first_after_says_zero_is_allowed():
         _job_worker(release_first_after=-1)
     assert (info.value.path, info.value.value, info.value.reason) == (
         "job_worker.release_first_after", -1, "must be 0 or a positive time")
+
+
+def test_a_token_alarm_wakes_one_thread_once_its_earliest_time_has_come():
+    """``TokenAlarm`` (a rated key's next token, set by the claim that spent the last):
+    the earliest time set wins, ``run_once`` wakes exactly one thread when it has come and
+    clears it, and a new earlier time notifies the alarm's own loop (``changed``)."""
+    now = [10.0]
+    woken: list[int] = []
+    alarm = TokenAlarm(woken.append, clock=lambda: now[0])
+    assert (alarm.seconds_left(), alarm.run_once()) == (None, False)
+    seen = alarm.changed.generation
+    alarm.at(0.5)
+    assert alarm.changed.generation != seen  # the loop re-reads its wait
+    seen = alarm.changed.generation
+    alarm.at(2.0)  # later than the one set: ignored
+    assert (alarm.seconds_left(), alarm.changed.generation) == (0.5, seen)
+    alarm.at(0.25)
+    assert alarm.seconds_left() == 0.25
+    now[0] = 10.2
+    assert (alarm.run_once(), woken) == (False, [])
+    now[0] = 10.25
+    assert alarm.seconds_left() == 0.0
+    assert (alarm.run_once(), woken) == (True, [1])
+    assert (alarm.run_once(), alarm.seconds_left(), woken) == (False, None, [1])
+    alarm.at(-1.0)  # a token already due: at once
+    assert (alarm.seconds_left(), alarm.run_once(), woken) == (0.0, True, [1, 1])
