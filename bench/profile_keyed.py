@@ -1,6 +1,6 @@
 """Where a keyed step's CPU and wall time go, and what idle threads of a saturated key cost.
 
-    python -m bench.profile_keyed [--database-url URL] [--n 600] [--py-spy] [--lock-stats]
+    python -m bench.profile_keyed [--database-url URL] [--n 600] [--py-spy] [--lock-stats] [--statement-kinds]
 
 Two phases on one real fleet (2 worker processes × 5 threads, as B2 runs it):
 
@@ -96,11 +96,22 @@ def _lock_totals(fleet: ProcessFleet) -> tuple[list[float], collections.Counter[
     return totals, kinds
 
 
+def _statement_kinds(fleet: ProcessFleet) -> collections.Counter[str]:
+    """Every statement the fleet's processes sent, by kind (``--statement-kinds``)."""
+    kinds: collections.Counter[str] = collections.Counter()
+    for path in (fleet.dir / "stats").glob("*.kinds"):
+        for line in path.read_text().splitlines():
+            count, _, kind = line.partition("\t")
+            kinds[kind] += int(count)
+    return kinds
+
+
 def drain(app, fleet: ProcessFleet, n: int, spy: bool) -> None:
     pids = _worker_pids(fleet)
     e = schema.executions
     time.sleep(0.3)  # the probes rewrite their totals every 0.2 s
     locks0, kinds0 = _lock_totals(fleet)
+    every0 = _statement_kinds(fleet)
     cpu0, t0 = _cpu_s(pids), time.monotonic()
     insert_pending(app, ConcurrencyNap, n, "pk")
     raw = Path("/tmp/profile_keyed.raw")
@@ -123,6 +134,11 @@ def drain(app, fleet: ProcessFleet, n: int, spy: bool) -> None:
             f"{hold_s / wall:.0%} of the drain, waited for {wait_s / wall:.0%} (summed over threads)")
         for kind, count in (kinds1 - kinds0).most_common(40):
             log(f"  {count / holds:5.2f} per hold  {kind}")
+    every = _statement_kinds(fleet) - every0
+    if every:
+        log(f"statements per step, every kind: {sum(every.values()) / n:.2f}")
+        for kind, count in every.most_common(40):
+            log(f"  {count / n:5.2f} per step  {kind}")
     if proc is not None:
         proc.wait()
         for name, share in _top(raw):
@@ -164,7 +180,10 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=8.0)
     parser.add_argument("--py-spy", action="store_true")
     parser.add_argument("--lock-stats", action="store_true")
+    parser.add_argument("--statement-kinds", action="store_true")
     args = parser.parse_args()
+    if args.statement_kinds:
+        os.environ["BENCH_STATEMENT_KINDS"] = "1"  # read by the fleet's bench/probes/sitecustomize.py
     if args.lock_stats:
         os.environ["BENCH_LOCK_STATS"] = "1"  # read by the fleet's bench/probes/sitecustomize.py
     target = Target.from_url(args.database_url)

@@ -2,6 +2,10 @@
 
     BENCH_STATS_DIR=/tmp/x PYTHONPATH=bench/probes:. python -m ductwork.cli start ...
 
+With ``BENCH_STATEMENT_KINDS`` set too, each process also rewrites ``<dir>/<pid>.kinds``
+with one line per kind of statement it sent (``count<TAB>its first 70 characters``):
+``python -m bench.profile_keyed`` reports them per step.
+
 ``bench.harness.ProcessFleet`` puts this directory first on the ``PYTHONPATH`` of every
 fleet it starts (the supervisor's children inherit it); nothing else does, and nothing
 in ``ductwork/`` knows of it. With ``BENCH_STATS_DIR`` set, each process counts the SQL
@@ -58,6 +62,36 @@ if _stats_dir:
 
     threading.Thread(target=_writer, name="bench-statement-count", daemon=True).start()
     atexit.register(_write)
+
+if _stats_dir and os.environ.get("BENCH_STATEMENT_KINDS"):
+    import collections as _kc
+
+    _all_kinds: _kc.Counter[str] = _kc.Counter()
+
+    @event.listens_for(Engine, "before_cursor_execute")
+    def _kind(_conn, _cursor, statement, *_args):
+        with _lock:
+            _all_kinds[" ".join(statement.split())[:70]] += 1
+
+    _kinds_path = os.path.join(_stats_dir, f"{os.getpid()}.kinds")
+
+    def _write_kinds():
+        tmp = _kinds_path + ".tmp"
+        with open(tmp, "w") as out:
+            for kind, count in list(_all_kinds.items()):
+                out.write(f"{count}\t{kind}\n")
+        os.replace(tmp, _kinds_path)
+
+    def _kinds_writer():
+        stop = threading.Event()
+        while not stop.wait(0.2):
+            try:
+                _write_kinds()
+            except OSError:
+                return
+
+    threading.Thread(target=_kinds_writer, name="bench-statement-kinds", daemon=True).start()
+    atexit.register(_write_kinds)
 
 if _stats_dir and os.environ.get("BENCH_LOCK_STATS"):
     import time as _time
