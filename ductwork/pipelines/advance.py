@@ -926,12 +926,10 @@ def advance_released(tx: Tx, released: Sequence[InlineAdvance]) -> set[str]:
     if not by_step:
         return set()  # pragma: no cover  its only caller, advance_released_steps, returns first on none
     branches = _lock_branches(tx, [i.claimed.branch_id for i in by_step.values()])
-    s, j = schema.steps, schema.jobs
-    touched = set(tx.execute(sa.select(_a.c.step_id).where(_a.c.step_id.in_(dialects.inline_ids(sorted(by_step)))))
-                  .scalars())
+    step_ids = {"batch_ids": sorted(by_step)}
+    touched = set(tx.execute(dialects.prepared(tx.conn, _advanced_steps), step_ids).scalars())
     moves: list[Move] = []
-    for row in tx.execute(sa.select(s.c.id, s.c.status, j.c.output_payload).join(j, j.c.step_id == s.c.id)
-                          .where(s.c.id.in_(dialects.inline_ids(sorted(by_step))))):
+    for row in tx.execute(dialects.prepared(tx.conn, _released_steps), step_ids):
         i = by_step[row.id]
         branch = branches[i.claimed.branch_id]
         if (row.status != "advancing"  # [INV-ADV-1] advanced meanwhile: moved past once
@@ -946,6 +944,18 @@ def advance_released(tx: Tx, released: Sequence[InlineAdvance]) -> set[str]:
                               value_json))
     definitions = {i.claimed.run_id: i.definition for i in by_step.values()}
     return _move_free(tx, moves, definitions, {sid: i.claimed.process_id for sid, i in by_step.items()})
+
+
+def _advanced_steps(_: Any) -> sa.Select[Any]:
+    """Which of the steps (``batch_ids``) an advancer has claimed: they have an advancement row."""
+    return sa.select(_a.c.step_id).where(_a.c.step_id.in_(dialects.ids_param()))
+
+
+def _released_steps(_: Any) -> sa.Select[Any]:
+    """The released steps (``batch_ids``): their status and their job's stored output."""
+    s, j = schema.steps, schema.jobs
+    return (sa.select(s.c.id, s.c.status, j.c.output_payload).join(j, j.c.step_id == s.c.id)
+            .where(s.c.id.in_(dialects.ids_param())))
 
 
 def _value_json(output_payload: str | None) -> str | None:
