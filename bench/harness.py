@@ -54,6 +54,7 @@ import yaml
 from ductwork.app import App
 from ductwork.config import Config
 from ductwork.db import dialects, migrate, schema
+from ductwork.fleet import tree
 
 REPO = Path(__file__).resolve().parent.parent
 FORBIDDEN_DATABASES = ("test",)
@@ -450,8 +451,12 @@ class ProcessFleet:
         if self.role != "all":
             command += ["--role", self.role]
         self._log = open(self.dir / "fleet.log", "ab")  # noqa: SIM115 - open while the fleet runs; stop() closes it
+        # the fleet is stopped with this process even when it is killed (a `timeout`, a
+        # SIGKILL) before stop() runs: a fleet left behind polls the bench database and
+        # skews every later measurement (it did, once, this bench's own profiling runs)
         self.proc = subprocess.Popen(command, env=env, cwd=str(REPO), stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=lambda: tree.die_with_parent(signal.SIGTERM))
         p = schema.processes
 
         def ready() -> bool:
