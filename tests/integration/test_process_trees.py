@@ -92,7 +92,10 @@ def test_a_killed_runners_step_subprocesses_are_killed_by_its_supervisor(db_url,
             os.kill(runner, signal.SIGKILL)
             wait_for(lambda: not pid_alive(stays) and not pid_alive(leaves),
                      f"the dead runner's step subprocesses were killed; log: {fleet.log()[-2000:]}", 10)
-            assert "processes left by a dead runner's steps" in fleet.log()
+            # the supervisor logs the kill after making it: wait for the line, not only the deaths
+            # (read at once, it was not there yet once, in a CI run on a loaded 2-core VM)
+            wait_for(lambda: "processes left by a dead runner's steps" in fleet.log(),
+                     "the supervisor logged that it killed them", 10)
         finally:
             stop(fleet)
 
