@@ -403,15 +403,18 @@ class ChaosRound:
                   engine=self.engine)
         self.app = app
         runs = trigger_workload(app, self.scale)
-        for host in HOSTS:
-            self._start(host)
-        wait_for(lambda: len(process_rows(self.engine, role="job_worker")) >= 2 * len(HOSTS),
-                 "both hosts' workers registered", deadline_s=60)
-        started = time.monotonic()
         stop_reviving = threading.Event()
         reviver = threading.Thread(target=self._reviver, args=(app, stop_reviving), daemon=True)
-        reviver.start()
         try:
+            # (inside the try: a fleet that never registers is stopped by the finally below too;
+            # started before it, one leaked on a loaded machine and kept replacing its workers,
+            # which lost their short lease, until the whole CI run starved)
+            for host in HOSTS:
+                self._start(host)
+            wait_for(lambda: len(process_rows(self.engine, role="job_worker")) >= 2 * len(HOSTS),
+                     "both hosts' workers registered", deadline_s=60)
+            started = time.monotonic()
+            reviver.start()
             for event in self.plan:
                 delay = started + event["at_s"] - time.monotonic()
                 if delay > 0:
@@ -433,7 +436,8 @@ class ChaosRound:
                                **self._prune(None)})
         finally:
             stop_reviving.set()
-            reviver.join(120)
+            if reviver.ident is not None:  # (started)
+                reviver.join(120)
             for fleet in self.retired:
                 fleet.kill_host()  # runners of supervisors killed alone, if still stopping
             for host in HOSTS:
