@@ -233,6 +233,15 @@ class Runner:
         if self.app.backend == "postgresql":
             PgListener(self.app, self.stop).start()
         loops = self._units()
+        # The lease runs from a heartbeat sent now, after the start-up above (the pipelines'
+        # code imported): counted from before it, a start-up slower than a short lease on a
+        # loaded machine ended each new runner at once, and its replacement the same way.
+        # No loop has started: nothing is claimed before this heartbeat.
+        sent = time.monotonic()
+        if not heartbeat(self.app, self.process_id):
+            sys.stderr.write(f"ductwork: {self.role} {self.process_id} lost its lease; exiting\n")  # reaped meanwhile
+            return EXIT_LEASE_LOST
+        self._last_heartbeat_sent = sent
         for loop in loops:
             loop.start()
         if self.role == "job_worker":
