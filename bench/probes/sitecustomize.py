@@ -63,6 +63,21 @@ if _stats_dir:
     threading.Thread(target=_writer, name="bench-statement-count", daemon=True).start()
     atexit.register(_write)
 
+if _stats_dir:
+    def _rewrite_every(interval, write, name):
+        """Run ``write`` every ``interval`` seconds on a daemon thread (until it fails: the
+        directory is gone), and once more at exit."""
+        def loop():
+            stop = threading.Event()
+            while not stop.wait(interval):
+                try:
+                    write()
+                except OSError:
+                    return
+
+        threading.Thread(target=loop, name=name, daemon=True).start()
+        atexit.register(write)
+
 if _stats_dir and os.environ.get("BENCH_STATEMENT_KINDS"):
     import collections as _kc
 
@@ -82,16 +97,7 @@ if _stats_dir and os.environ.get("BENCH_STATEMENT_KINDS"):
                 out.write(f"{count}\t{kind}\n")
         os.replace(tmp, _kinds_path)
 
-    def _kinds_writer():
-        stop = threading.Event()
-        while not stop.wait(0.2):
-            try:
-                _write_kinds()
-            except OSError:
-                return
-
-    threading.Thread(target=_kinds_writer, name="bench-statement-kinds", daemon=True).start()
-    atexit.register(_write_kinds)
+    _rewrite_every(0.2, _write_kinds, "bench-statement-kinds")
 
 if _stats_dir and os.environ.get("BENCH_LOCK_STATS"):
     import time as _time
@@ -139,16 +145,7 @@ if _stats_dir and os.environ.get("BENCH_LOCK_STATS"):
                 out.write(f"\n{count}\t{kind}")
         os.replace(tmp, _lock_path)
 
-    def _lock_writer():
-        stop = threading.Event()
-        while not stop.wait(0.2):
-            try:
-                _write_locks()
-            except OSError:
-                return
-
-    threading.Thread(target=_lock_writer, name="bench-lock-stats", daemon=True).start()
-    atexit.register(_write_locks)
+    _rewrite_every(0.2, _write_locks, "bench-lock-stats")
 
 if os.environ.get("BENCH_PATCHES", "").strip():
     import runpy
