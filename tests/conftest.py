@@ -192,6 +192,28 @@ def backend_filter(request):  # type: ignore[no-untyped-def]
         pytest.skip(f"{marker.args[0]}: {reason}")
 
 
+@pytest.fixture(autouse=True)
+def no_fleet_left_running(request):  # type: ignore[no-untyped-def]
+    """Fail a test that leaves a ``ductwork start`` fleet of its own running (tests/fleet.py's
+    ``Fleet``), and kill it, children included, so the next tests do not share the machine
+    with it. A leaked fleet keeps polling, replacing workers and loading a 2-core machine
+    for the rest of the run (a CI run was starved that way by a chaos round that raised
+    before stopping its hosts). Only fleets started by this process are seen."""
+    yield
+    import sys
+
+    fleet_module = sys.modules.get("tests.fleet")
+    if fleet_module is None:  # no test of this process has started a fleet
+        return
+    fleets = list(fleet_module._LIVE)
+    running = sorted(f.label for f in fleets if f.proc is not None and f.proc.poll() is None)
+    for fleet in fleets:  # exited or not: a stopped supervisor's children may still run
+        fleet.kill_host()
+    if running:
+        pytest.fail(f"{request.node.nodeid} left {len(running)} ductwork fleet(s) running: "
+                    f"{', '.join(running)} (killed); stop each in a finally or use it as a context manager")
+
+
 TIERS = ("unit", "properties", "integration", "chaos")
 TIER_SECONDS: dict[str, float] = {}
 
