@@ -18,7 +18,14 @@ changes one thing so a fleet's throughput can be compared with and without it:
   pace-sized batch allows, up to the key's whole ``concurrency`` (not its share of it);
   ``key_halves_in_a_row``: up to half of it (two threads' shares, whatever the threads);
 - ``switch_interval``: ``sys.setswitchinterval(0.0005)`` (the GIL is handed to a waiting
-  thread after 0.5 ms instead of Python's default 5 ms).
+  thread after 0.5 ms instead of Python's default 5 ms);
+- ``hand_off_no_scan``: a keyed hand-off claims without scanning the lanes first (as if its
+  key's lane were the only one: the bound on what the scan under the key's lock costs;
+  not exact when another lane has older work);
+- ``timeline``: a probe, no change: each worker process writes when each execution's
+  hand-off commit returned, was handed to its thread, entered ``_perform``, finished its
+  body and was recorded (``timeline-<pid>.txt`` in ``BENCH_STATS_DIR``, read by
+  ``python -m bench.slot_timeline``).
 """
 
 import os
@@ -92,3 +99,83 @@ if _patches:
 
     if "switch_interval" in _patches:
         sys.setswitchinterval(0.0005)
+
+    if "hand_off_no_scan" in _patches:
+        from ductwork.limit_entries import entry_digest
+        from ductwork.limits import claims, executions
+
+        _hand_off = claims.hand_off
+
+        def hand_off(app, tx, key, process_id, limit=1, keyed_limit=1):
+            if key is None:
+                return _hand_off(app, tx, key, process_id, limit, keyed_limit)
+            header = executions.lock_key(tx, key)
+            if header is None or header.config_digest != entry_digest(app.config.limits.get(key)):
+                return []
+            outcome = claims._claim_up_to(app, tx, key, header, process_id, keyed_limit, write_refusal=False,
+                                          lanes=[])
+            return outcome if isinstance(outcome, list) else []
+
+        claims.hand_off = hand_off
+
+    if "timeline" in _patches:  # a probe, not a change: when each execution reaches each point
+        import threading as _threading
+        import time as _time
+
+        from ductwork.fleet import worker as _worker
+
+        _out = open(f"{os.environ['BENCH_STATS_DIR']}/timeline-{os.getpid()}.txt", "a")  # noqa: SIM115
+        _out_lock = _threading.Lock()
+
+        def _note(point, execution_id):
+            with _out_lock:
+                _out.write(f"{point} {execution_id} {_time.time():.6f}\n")
+                _out.flush()
+
+        _perform = _worker.Worker._perform
+
+        def _timed_perform(self, claimed, group, *args, **kwargs):
+            _note("perform", claimed.execution_id)
+            try:
+                return _perform(self, claimed, group, *args, **kwargs)
+            finally:
+                _note("recorded", claimed.execution_id)
+
+        _worker.Worker._perform = _timed_perform
+        _invoke = _worker.Worker._invoke
+
+        def _timed_invoke(self, claimed, definition):
+            try:
+                return _invoke(self, claimed, definition)
+            finally:
+                _note("ran", claimed.execution_id)
+
+        _worker.Worker._invoke = _timed_invoke
+        _record = _worker.KeyedCommits.record
+
+        def _timed_record(self, success, take, commit):
+            handed = _record(self, success, take, commit)
+            for c in handed:
+                _note("handed", c.execution_id)
+            return handed
+
+        _worker.KeyedCommits.record = _timed_record
+        _complete = _worker.complete_all_and_hand_off
+
+        def _timed_complete(*args, **kwargs):
+            handed = _complete(*args, **kwargs)
+            for c in handed:
+                _note("committed", c.execution_id)
+            return handed
+
+        _worker.complete_all_and_hand_off = _timed_complete
+
+    if "released_to_advancer" in _patches:
+        from ductwork.fleet import worker as _worker_module
+        from ductwork.limits import executions as _executions
+
+        def _never(_success):
+            return False
+
+        _executions.released_later = _never  # every released step left to (and woken for) an advancer
+        _worker_module.released_later = _never  # the worker advances none of them itself
