@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ CONFIG = {
 }
 
 _lock = threading.Lock()
+_output_lock = threading.Lock()
 _in_flight = 0
 _max_in_flight = 0
 _started = time.monotonic()
@@ -45,7 +47,12 @@ _pushes: list[float] = []
 
 
 def _say(text: str) -> None:
-    print(f"[{time.monotonic() - _started:6.2f}s] {text}", flush=True)
+    """One timestamped line, written whole: steps of several worker threads say things at
+    once, and ``print`` writes a line and its newline separately (two lines ran together)."""
+    line = f"[{time.monotonic() - _started:6.2f}s] {text}\n"
+    with _output_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 class FetchPendingOrders(Step):

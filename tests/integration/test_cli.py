@@ -184,6 +184,8 @@ def test_demo_runs_and_respects_its_limit(tmp_path):
     assert "SyncOrders run" in done.stdout
     assert ": completed;" in done.stdout
     assert "highest in flight 2 (limit 2)" in done.stdout or "highest in flight 1 (limit 2)" in done.stdout
+    # each progress line whole: two worker threads' lines never run together on one line
+    assert all(len(re.findall(r"\[\s*\d+\.\d\ds\]", line)) <= 1 for line in done.stdout.splitlines())
 
 
 def test_demo_runs_on_the_database_it_is_given(tmp_path):
