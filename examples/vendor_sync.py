@@ -200,7 +200,7 @@ def demonstrate(url: str, orders: int, pages: int) -> int:
     stop = threading.Event()
 
     def worker_loop(name: str, worker: Worker) -> Loop:
-        return Loop(name, lambda: worker.run_once() is not None, 0.2, stop, app.wakeup, lambda: worker.next_token_s)
+        return Loop(name, lambda: worker.run_once() is not None, 0.2, stop, app.wakeup, lambda: worker.next_due_s)
 
     loops = [worker_loop(f"worker-{i}", Worker(app)) for i in range(THREADS)]
     advancer = Advancer(app)

@@ -89,15 +89,16 @@ class Loop(threading.Thread):
     """One worker or advancer thread: ``unit()`` returns whether it did something.
 
     When idle it waits a jittered ``idle_wait``, or less if ``wakeup`` fires (work
-    became claimable) or ``stop`` is set.
+    became claimable) or ``stop`` is set, or until ``until_due()`` seconds have passed
+    (work that time alone makes claimable: a token, a delayed execution).
     """
 
     def __init__(self, name: str, unit: Callable[[], bool], idle_wait: float, stop: threading.Event,
-                 wakeup: Wakeup | None = None, until_token: Callable[[], float | None] | None = None):
+                 wakeup: Wakeup | None = None, until_due: Callable[[], float | None] | None = None):
         super().__init__(name=name, daemon=True)
         self.unit, self.idle_wait, self.stop = unit, idle_wait, stop
         self.wakeup = wakeup
-        self.until_token = until_token
+        self.until_due = until_due
         self.rng = random.Random()
         self.busy = False
 
@@ -114,9 +115,9 @@ class Loop(threading.Thread):
                 self.busy = False
             if not did:
                 wait = jittered(self.idle_wait, self.rng)
-                token = self.until_token() if self.until_token else None
-                if token is not None:
-                    wait = min(wait, token)  # a token arrives at an exact time: be there
+                due = self.until_due() if self.until_due else None
+                if due is not None:
+                    wait = min(wait, due)  # a token or a delayed execution is due at an exact time: be there
                 if self.wakeup is None:
                     self.stop.wait(wait)
                 else:
@@ -153,7 +154,7 @@ class Runner:
         #: wakes an idle thread when a rated key's next token is due (a claim spent the last)
         self.tokens = TokenAlarm(self.app.wakeup.notify)
         for i in range(self.threads):
-            token: Callable[[], float | None] | None = None
+            due: Callable[[], float | None] | None = None
             if self.role == "job_worker":
                 may_hand_off = (lambda: not self.stop.is_set()) if self.app.config.job_worker.hand_off else None
                 worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off,
@@ -165,11 +166,11 @@ class Runner:
                 def worked(w: Worker = worker) -> bool:
                     return w.run_once() is not None
 
-                def next_token(w: Worker = worker) -> float | None:
-                    return w.next_token_s
+                def next_due(w: Worker = worker) -> float | None:
+                    return w.next_due_s
 
                 unit: Callable[[], bool] = worked
-                token = next_token
+                due = next_due
                 wait = self.app.config.job_worker.polling_timeout
             else:
                 advancer = Advancer(self.app, process_id=self.process_id)
@@ -181,7 +182,7 @@ class Runner:
                 unit = advanced
                 wait = self.app.config.pipeline_advancer.polling_timeout
             wakeup = self.app.wakeup if self.role == "job_worker" else self.app.advancer_wakeup
-            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, wakeup, token))
+            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, wakeup, due))
         if self.role == "job_worker":
             self.released_loop = Loop("ductwork.job_worker.released", self.released.run_once,
                                       self.app.config.job_worker.polling_timeout, self.stop, self.released.wakeup)

@@ -74,7 +74,7 @@ from ductwork.fleet.invoke import (
     returned,
 )
 from ductwork.fleet.steploop import STEP_LOOP
-from ductwork.limits.claims import claim_batch, complete_all_and_hand_off, seconds_to_next_token
+from ductwork.limits.claims import claim_batch, complete_all_and_hand_off, seconds_to_next_due
 from ductwork.limits.executions import (
     Claimed,
     ErrorInfo,
@@ -293,7 +293,7 @@ class TokenAlarm:
     (``Claimed.next_token_in_s``, the stamp that claim wrote). Thread-safe.
 
     Without it a spent bucket's next token waited for a thread that happened to poll:
-    a refused poll learns the time (``seconds_to_next_token``), but an admitted one left
+    a refused poll learns the time (``seconds_to_next_due``), but an admitted one left
     the others sleeping until a wakeup or their polling interval, and the token went
     unused (at ``burst: 1``, lost). A thread of its own (the runner's
     ``ductwork.job_worker.tokens`` loop) waits for the earliest time set and then calls
@@ -427,8 +427,9 @@ class Worker:
         #: performed successes not yet recorded (the batch's group commit)
         self._group: list[Success] = []
         self._group_started = 0.0
-        #: after an idle poll: seconds until a rate-blocked key's next token, if any
-        self.next_token_s: float | None = None
+        #: after an idle poll: seconds until time alone may let a poll claim (a rate-blocked
+        #: key's next token, a delayed execution's eligible time), if any: ``seconds_to_next_due``
+        self.next_due_s: float | None = None
         #: the execution this worker is performing
         self.current: str | None = None
         #: the async steps this worker is awaiting together (``_run_together``)
@@ -482,7 +483,7 @@ class Worker:
         if not self._queue:
             self._claim()
         if not self._queue:
-            self.next_token_s = seconds_to_next_token(self.app)
+            self.next_due_s = seconds_to_next_due(self.app)
             return None if polled else self._hook()  # idle: an owed hook is the work
         performed = None
         try:

@@ -26,7 +26,7 @@ from ductwork.fleet.supervisor import Loop
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from tests.conftest import make_app, reset_tables
-from tests.workloads import Quick, Unkeyed
+from tests.workloads import HaltingPipeline, Quick, Refuse, Unkeyed
 
 witness_meta = sa.MetaData()
 witness = sa.Table(
@@ -385,6 +385,50 @@ def test_a_claim_that_spends_its_keys_last_token_sets_the_alarm_for_the_next(db_
         unkeyed = Worker(app, tokens=TokenAlarm(woken.append, clock=lambda: 100.0))
         assert unkeyed.run_once() is not None
         assert unkeyed._tokens.seconds_left() is None
+
+
+class KeyedRefusal(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Refuse, limit_by="retried")
+
+
+def test_an_idle_poll_knows_when_a_delayed_execution_becomes_eligible(db_url):
+    """After an idle poll a worker knows how long until time alone lets a poll claim
+    (``Worker.next_due_s``, which caps its thread's wait before the next poll): a retry's
+    eligible time after ``retry_delay``, in the unkeyed lane or in a key's, and a
+    rate-blocked key's next token, whichever comes first; with nothing pending, None (the
+    polling interval). A retry thus runs at its time, not up to a polling interval late."""
+    from ductwork.db.clock import ManualClock
+    from tests.conftest import installed
+
+    for app in installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
+                                  job_worker={"retry_delay": 30, "max_retry": 1,
+                                              "limits": {"retried": {"concurrency": 1},
+                                                         "hourly": {"rate": {"limit": 1, "per": "1h"}}}})):
+        worker = Worker(app)
+        assert worker.run_once() is None
+        assert worker.next_due_s is None  # nothing pending at all
+        HaltingPipeline.trigger(1)
+        assert worker.run_once() is not None  # it fails: its retry is eligible in 30 s
+        assert worker.run_once() is None
+        assert worker.next_due_s == 30.0
+        app.clock.advance(seconds=10)
+        KeyedRefusal.trigger(2)
+        assert worker.run_once() is not None  # it fails too: a retry in the key's lane, in 30 s
+        assert worker.run_once() is None
+        assert worker.next_due_s == 20.0  # the unkeyed retry comes first
+        app.clock.advance(seconds=20)
+        assert worker.run_once() is not None  # the unkeyed retry, at its time (its last: the step fails)
+        assert worker.run_once() is None
+        assert worker.next_due_s == 10.0  # the key's retry
+        Hourly.trigger("a")
+        assert worker.run_once() is None  # the hourly key's bucket starts empty: refused, stamped an hour on
+        assert worker.next_due_s == 10.0  # the key's retry is still the first to come
+        app.clock.advance(seconds=10)
+        assert worker.run_once() is not None  # the key's retry (its last: the step fails)
+        assert worker.run_once() is None
+        assert worker.next_due_s == 3600.0 - 10.0  # now only the hourly key's token, due an hour after that poll
 
 
 def _blocked_until(app, key):
