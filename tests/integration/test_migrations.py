@@ -166,3 +166,35 @@ def _fillfactors(conn: sa.Connection) -> dict[str, list[str] | None]:
     return dict(conn.exec_driver_sql(
         "SELECT relname, reloptions FROM pg_class WHERE relkind = 'r' AND relname IN ("
         + ", ".join(f"'{t}'" for t in UPDATED_IN_PLACE) + ") ORDER BY relname").all())
+
+
+def test_revision_0007_gives_each_spelling_of_a_shared_key_its_own_header_row(empty_engine):
+    """MySQL/MariaDB: a key spelled two ways shared one header row before 0007 (the default
+    collation made them equal). The upgrade gives the other spelling a row of its own, with
+    the shared row's sequence number (its later claims and releases stay after the ones it
+    took there) and no config digest (its next claim applies its own config); names are
+    compared exactly from then on. On PostgreSQL and SQLite, which compared exactly all
+    along, 0007 changes nothing."""
+    migrate.upgrade(empty_engine, "0006")
+    now = sa.func.current_timestamp()
+    mysql = empty_engine.dialect.name in ("mysql", "mariadb")
+    with empty_engine.begin() as conn:
+        conn.execute(schema.limit_keys.insert().values(key="api", seq=7, config_digest="0" * 16, created_at=now,
+                                                       updated_at=now))
+        if mysql:  # an execution of the other spelling, alone (its job and step left out)
+            conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS = 0")
+            conn.execute(schema.executions.insert().values(
+                id="e1", job_id="j1", limit_key="API", eligible_at=now, retry_count=0, crash_count=0,
+                created_at=now, updated_at=now))
+            conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS = 1")
+    migrate.upgrade(empty_engine)
+    k = schema.limit_keys
+    with empty_engine.connect() as conn:
+        rows = sorted(tuple(r) for r in conn.execute(sa.select(k.c.key, k.c.seq, k.c.config_digest)))
+        exact = conn.execute(sa.select(k.c.key).where(k.c.key == "API")).scalars().all()
+    if mysql:
+        assert rows == [("API", 7, None), ("api", 7, "0" * 16)]
+        assert exact == ["API"]  # compared exactly: 'api' no longer matches
+    else:
+        assert rows == [("api", 7, "0" * 16)]
+        assert exact == []
