@@ -560,7 +560,7 @@ def _next_due_statement(keys: tuple[str, ...]) -> sa.CompoundSelect[Any]:
     each lane's earliest eligible time after now. Each lane is a value of its own in the
     statement, not a column of a join: MariaDB probes ``(lane, eligible_at > now)`` as a
     range only for a constant lane (correlated with the keys' rows, it read a lane's whole
-    backlog of eligible executions: 26 ms for 10⁵ against 3 ms)."""
+    backlog of eligible executions: 26 ms for 10⁵ of them, against 1.2 ms as constants)."""
     k = schema.limit_keys
     now = sa.bindparam("n_now", type_=schema.Timestamp)
     pending = sa.exists().where(_e.c.pending_lane == k.c.key)
