@@ -9,6 +9,11 @@
   threads: the limit never binds, so what is measured is the keyed path's own cost). Each
   is timed like B1, trigger to run completed (n / (last ``runs.completed_at`` − the
   moment the batch was visible)); the ratio keyed / unkeyed is taken per repetition.
+  Beside it in each repetition (PostgreSQL, with ``--pgqueuer-python``), pgqueuer 1.6.0
+  drains as many no-op jobs with one ``QueueManager``, without a limit and then with the
+  entrypoint's ``concurrency_limit=50`` (bench/pgqueuer_drain.py): its own limited /
+  unlimited ratio, the same question asked of the peer, and ductwork's keyed runs/s over
+  pgqueuer's limited jobs/s;
 - *idle beside a saturated key*: the same fleet shape with a ``concurrency: 2`` key whose
   two slots are held by long bodies while a backlog of that key waits: nothing can be
   claimed, so whatever CPU the fleet uses is the cost of waiting (polls, wake-ups). CPU
@@ -26,9 +31,9 @@ import time
 
 import sqlalchemy as sa
 
-from bench.b1_throughput import runs_batch
+from bench.b1_throughput import pgqueuer, runs_batch, with_pgqueuer
 from bench.harness import Meter, Metric, ProcessFleet, Sizes, Target, insert_pending, log, ratio, wait_until
-from bench.workloads import SATURATED_KEY, One, SaturatedNap, WideNoop
+from bench.workloads import SATURATED_KEY, WIDE_LIMIT, One, SaturatedNap, WideNoop
 from ductwork.db import schema
 
 
@@ -36,6 +41,8 @@ def keyed_vs_unkeyed(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
     """B6 one key `concurrency: 50`, one-step no-op runs, trigger to run completed: keyed / unkeyed"""
     n = 100 if sizes.quick else 1000
     got: dict[str, dict[str, list[float]]] = {"unkeyed": {}, "keyed": {}}
+    pgq: dict[str, list[float]] = {"unlimited": [], "limited": []}
+    version = "1.6.0"
     fleet = ProcessFleet(target, label="bench6").start(app)
     log(f"B6: {fleet.describe()} up")
     try:
@@ -46,6 +53,12 @@ def keyed_vs_unkeyed(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
                     got[kind].setdefault(k, []).append(v)
                 log(f"B6 {kind} repetition {rep + 1}: {measured['runs_per_s']:.0f} runs/s "
                     f"(executions {measured['executions_per_s']:.0f}/s)")
+            if with_pgqueuer(target, sizes):  # the peer, same repetition: what its own limit costs it
+                for kind, args in (("unlimited", ()), ("limited", ("--concurrency-limit", str(WIDE_LIMIT)))):
+                    line = pgqueuer(sizes, target, "--jobs", str(n), *args)
+                    version = line["version"]
+                    pgq[kind].append(line["jobs_per_s"])
+                    log(f"pgqueuer {version} {kind} repetition {rep + 1}: {line['jobs_per_s']:.0f} jobs/s")
     finally:
         fleet.stop()
     out = {
@@ -54,6 +67,15 @@ def keyed_vs_unkeyed(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
         "keyed runs completed/s": Metric.of(got["keyed"]["runs_per_s"], "runs/s"),
         "unkeyed runs completed/s": Metric.of(got["unkeyed"]["runs_per_s"], "runs/s"),
     }
+    if pgq["limited"]:
+        out.update({
+            f"pgqueuer {version} (1 manager): concurrency_limit={WIDE_LIMIT} / no limit, jobs/s (per repetition)":
+                Metric.of(ratio(pgq["limited"], pgq["unlimited"]), "×"),
+            f"pgqueuer {version}: jobs/s with concurrency_limit={WIDE_LIMIT}": Metric.of(pgq["limited"], "jobs/s"),
+            f"pgqueuer {version}: jobs/s without a limit": Metric.of(pgq["unlimited"], "jobs/s"),
+            "keyed: ductwork runs completed/s / pgqueuer limited jobs/s (per repetition)": Metric.of(
+                ratio(got["keyed"]["runs_per_s"], pgq["limited"]), "×"),
+        })
     for kind in ("keyed", "unkeyed"):
         out.update({
             f"{kind}: executions completed/s (to the last)": Metric.of(

@@ -24,6 +24,8 @@ BLOCKED_KEY = "bench_blocked"
 BACKLOG_KEY = "bench_backlog"
 LIMIT3_KEY = "bench_limit3"
 WIDE_KEY = "bench_wide"
+#: its concurrency (B6; pgqueuer's peer registers its entrypoint with the same limit)
+WIDE_LIMIT = 50
 SATURATED_KEY = "bench_saturated"
 
 #: ``job_worker.limits`` of every bench fleet (keys nobody references only warn).
@@ -34,7 +36,7 @@ LIMITS = {
     BLOCKED_KEY: {"rate": {"limit": 1, "per": "1h"}},
     BACKLOG_KEY: {"concurrency": 1_000_000, "rate": {"limit": 1_000_000, "per": "1s"}},
     LIMIT3_KEY: {"concurrency": 3},
-    WIDE_KEY: {"concurrency": 50},  # B6: a key that never binds (50 > the fleet's threads)
+    WIDE_KEY: {"concurrency": WIDE_LIMIT},  # B6: a key that never binds (50 > the fleet's threads)
     SATURATED_KEY: {"concurrency": 2},  # B6 idle: 2 long bodies hold it, the backlog waits
 }
 
