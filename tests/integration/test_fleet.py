@@ -354,3 +354,36 @@ def test_a_runner_started_by_hand_exits_when_its_row_is_reaped(app, db_url, tmp_
             proc.kill()
         proc.wait(10)
     assert f"job_worker {row.id} lost its lease; exiting" in log.read_text()
+
+
+def test_a_runner_reaped_before_its_first_heartbeat_exits_without_starting_a_thread(app, monkeypatch, capsys):
+    """A runner whose row is reaped while it starts up (registering, importing the
+    pipelines' code: slower than a short lease on a loaded machine) finds out from its
+    first heartbeat, sent before any loop starts, and exits with EXIT_LEASE_LOST having
+    claimed nothing: none of its threads ever ran [INV-EXE-5]."""
+    import threading
+
+    from ductwork.fleet import supervisor as sup
+    from ductwork.fleet.reaper import reap
+
+    runner = sup.Runner(app, "job_worker", 2, "late")
+    built: list[threading.Thread] = []
+    real_units = sup.Runner._units
+
+    def units_then_reaped(self):  # type: ignore[no-untyped-def]
+        loops = real_units(self)
+        built.extend([*loops, self.released_loop, self.tokens_loop])
+        assert reap(self.app, self.process_id, force=True)  # another supervisor reaped it meanwhile
+        return loops
+
+    monkeypatch.setattr(sup.Runner, "_units", units_then_reaped)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}  # run() installs its own
+    try:
+        assert runner.run() == sup.EXIT_LEASE_LOST
+    finally:
+        runner.stop.set()  # (a listener thread on PostgreSQL)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert len(built) == 4
+    assert all(thread.ident is None for thread in built)  # none was started
+    assert f"job_worker {runner.process_id} lost its lease; exiting" in capsys.readouterr().err
