@@ -349,6 +349,14 @@ MUTANTS: dict[str, Mutant] = {
         "a runner asks for SIGTERM when its supervisor dies [INV-EXE-5]",
         (("tree.die_with_parent(signal.SIGTERM)", "pass  # mutant: outlives its supervisor"),),
     ),
+    "zombie_starts_body": Mutant(
+        "a worker thawed after its process lost its lease starts the body of an execution it "
+        "claimed before the freeze, beside the re-run the reaper enqueued [INV-EXE-5, INV-LIM-1]",
+        "a worker asks its process's lease before a body starts [INV-EXE-5]",
+        (("self._may_start_code()  # [INV-EXE-5] no body starts once the lease is lost\n"
+          "            outcome = self._perform(claimed, group)",
+          "outcome = self._perform(claimed, group)  # mutant: no lease asked"),),
+    ),
     # -- revive (issue 16) ---------------------------------------------------------------
     "revive_twice": Mutant(
         "a revive neither finds the run that revived the halted run nor names it, so a second "

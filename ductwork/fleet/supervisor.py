@@ -160,7 +160,7 @@ class Runner:
                 worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off,
                                 batch_size=self.app.config.job_worker.batch_size,
                                 batch_window=self.app.config.job_worker.batch_window, inbox=self.inbox,
-                                released=self.released, tokens=self.tokens)
+                                released=self.released, tokens=self.tokens, lease=self.holds_lease)
                 self.units.append(worker)
 
                 def worked(w: Worker = worker) -> bool:
@@ -215,6 +215,15 @@ class Runner:
                 except Exception:  # retried at the next heartbeat
                     log.warning("reconciliation failed", exc_info=True)
             self.stop.wait(interval)
+
+    def holds_lease(self) -> bool:
+        """Whether this runner may still start step code: its row not found reaped, and its
+        last heartbeat younger than its lease. False once a freeze (SIGSTOP, a paused VM)
+        outlasted the lease: the reaper may have handed its claims on, and the watchdog
+        below is about to end the process [INV-EXE-5]."""
+        cfg = self.app.config.supervisor
+        lease = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
+        return not self._reaped and time.monotonic() - self._last_heartbeat_sent <= lease
 
     def run(self) -> int:
         cfg = self.app.config.supervisor

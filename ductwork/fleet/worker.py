@@ -363,6 +363,11 @@ class ReleasedSteps:
         return True
 
 
+class LeaseLost(Exception):
+    """The worker's process no longer holds its lease: no step code may start
+    (:meth:`Worker._may_start_code`)."""
+
+
 class Worker:
     """Claims and runs executions: one claim (or batch) per :meth:`run_once`, and what its
     completions hand on.
@@ -394,7 +399,7 @@ class Worker:
     def __init__(self, app: App, *, process_id: str | None = None,
                  hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05,
                  inbox: Inbox | None = None, released: ReleasedSteps | None = None,
-                 tokens: TokenAlarm | None = None):
+                 tokens: TokenAlarm | None = None, lease: Callable[[], bool] | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
         from ductwork.fleet.boot import load_pipelines
@@ -415,6 +420,9 @@ class Worker:
         self._released = released
         #: the process's token alarm: set when a claim spends a rated key's last token
         self._tokens = tokens
+        #: whether the process still holds its lease (``Runner.holds_lease``), asked before
+        #: any step code starts; None: a worker of no runner (in-process, tests), always
+        self._lease = lease
         #: how many unkeyed executions the next claim may take (from the recent pace)
         self.batch = 1
         self._pace_s: float | None = None
@@ -456,9 +464,24 @@ class Worker:
             held.add(hook)
         return held
 
+    def _may_start_code(self) -> None:
+        """Raise :class:`LeaseLost` if this worker's process no longer holds its lease.
+
+        Asked right before a step's body (or a batch of awaited ones) starts. A process
+        frozen past its lease (SIGSTOP, a paused VM) has had its claims crashed and handed
+        on by the reaper; when it thaws, its threads run on for the moment its lease
+        watchdog takes to end it, and a thread between a claim and its body would start
+        the body beside its re-run: one more body than a key's limit [INV-EXE-5,
+        INV-LIM-1]. Not done: stopping a body already running (the freeze caught it
+        there; INV-EXE-5 states it)."""
+        if self._lease is not None and not self._lease():
+            raise LeaseLost("this process has lost its lease: no step code starts")
+
     def _hook(self) -> Performed | None:
         """Run one due on_halt hook (``fleet.hooks``); at most one poll a second while busy."""
         self._next_hook_poll = time.monotonic() + HOOK_POLL_S
+        if self._lease is not None and not self._lease():
+            return None  # [INV-EXE-5] a handler is step code too: its claim is the reaper's
         done = run_due_hook(self.app, self.process_id, self._holding_hook)
         return None if done is None else Performed(done.hook_id, "on_halt", done.outcome)
 
@@ -506,6 +529,9 @@ class Worker:
                     self._flush()
                 if not self._queue and self._inbox is not None and (given := self._inbox.take()) is not None:
                     self._queue.append(given)  # claimed for this process: before anything new
+        except LeaseLost:  # the watchdog ends the process: nothing more starts here meanwhile
+            log.warning("worker %s: lease lost; not starting step code", self.process_id)
+            return None
         except Exception:
             raise  # what failed was crashed (_run, _flush); the rest stays held for the next call
         except BaseException:
@@ -575,6 +601,7 @@ class Worker:
         self.current = claimed.execution_id
         try:
             faults.hit(faults.AFTER_JOB_CLAIM)
+            self._may_start_code()  # [INV-EXE-5] no body starts once the lease is lost
             outcome = self._perform(claimed, group)
             recorded = True
             return Performed(claimed.execution_id, claimed.node, outcome)
@@ -611,6 +638,7 @@ class Worker:
         recorded: set[str] = set()
         self._together = batch
         try:
+            self._may_start_code()  # [INV-EXE-5] no body starts once the lease is lost
             awaiting = STEP_LOOP.start([self._awaited(claimed) for claimed in batch])
             try:
                 faults.hit(faults.WHILE_ASYNC_STEPS_AWAIT)

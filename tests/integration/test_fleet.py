@@ -387,3 +387,44 @@ def test_a_runner_reaped_before_its_first_heartbeat_exits_without_starting_a_thr
     assert len(built) == 4
     assert all(thread.ident is None for thread in built)  # none was started
     assert f"job_worker {runner.process_id} lost its lease; exiting" in capsys.readouterr().err
+
+
+def test_a_worker_whose_process_lost_its_lease_starts_no_step_code(app, tmp_path):
+    """A worker thread asks its process's lease before a body starts: once it is lost (the
+    process froze past it, and the reaper may have handed its claims on), a claimed
+    execution's body does not run, and the claim is crashed (its re-run is enqueued)
+    rather than run beside that re-run [INV-EXE-5, INV-LIM-1]. A worker thawed between a
+    claim and its body started it in a chaos round: four bodies of a key limited to three."""
+    from ductwork.fleet.worker import Worker
+
+    marker = tmp_path / "marker"
+    run = SlowPipeline.trigger({"path": str(marker), "first": 0, "after": 0})
+    held = [True]
+    worker = Worker(app, lease=lambda: held[0])
+    worker._claim()  # claimed while the lease held
+    assert len(worker._queue) == 1
+    held[0] = False  # then frozen past it
+    assert worker.run_once() is None
+    assert not marker.exists()  # the body never started
+    assert [(n, o) for n, o, _ in _outcomes(app, run.id)] == [("Slow#0", "process_crashed"), ("Slow#0", None)]
+    held[0] = True  # (a process that holds its lease runs the re-run)
+    assert worker.run_once() is not None
+    assert len(marker_lines(marker)) == 1
+
+
+def test_a_runner_holds_its_lease_until_its_last_heartbeat_is_older_than_it(manual_app):
+    """``Runner.holds_lease``, what each of its workers asks before a body starts: its
+    last heartbeat younger than the lease (``reaper_timeout`` less its margin), and its row
+    not found reaped."""
+    from ductwork.fleet import supervisor as sup
+
+    runner = sup.Runner(manual_app, "job_worker", 1, "leased")
+    cfg = manual_app.config.supervisor
+    lease = cfg.reaper_timeout - sup.lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
+    runner._last_heartbeat_sent = time.monotonic()
+    assert runner.holds_lease()
+    runner._last_heartbeat_sent = time.monotonic() - lease - 0.5  # a freeze longer than the lease
+    assert not runner.holds_lease()
+    runner._last_heartbeat_sent = time.monotonic()
+    runner._reaped = True
+    assert not runner.holds_lease()

@@ -100,6 +100,8 @@ DETECTORS = {
     "test_a_killed_runners_step_subprocesses_are_killed_by_its_supervisor[sqlite]",
     "runner_outlives_supervisor":
         "tests/integration/test_process_trees.py::test_a_killed_supervisors_runners_stop[sqlite]",
+    "zombie_starts_body":
+        "tests/integration/test_fleet.py::test_a_worker_whose_process_lost_its_lease_starts_no_step_code[sqlite]",
     # --- on_halt hooks (issue 16) ---
     "hook_not_owed": "tests/integration/test_halt_hooks.py::test_a_halted_run_gets_one_hook_with_its_halt[sqlite]",
     "hook_fence_dropped": HOOK_STALE,
