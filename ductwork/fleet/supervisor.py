@@ -139,6 +139,10 @@ class Runner:
         self._signalled = False
         self._last_heartbeat_sent = time.monotonic()
         self._reaped = False
+        cfg = app.config.supervisor
+        #: how long the last heartbeat keeps its claims this process's (``reaper_timeout``
+        #: less its margin): the lease the watchdog and each worker ask (:meth:`holds_lease`)
+        self.lease_s = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
 
     def _units(self) -> list[Loop]:
         from ductwork.db.wakeup import Wakeup
@@ -221,12 +225,13 @@ class Runner:
         last heartbeat younger than its lease. False once a freeze (SIGSTOP, a paused VM)
         outlasted the lease: the reaper may have handed its claims on, and the watchdog
         below is about to end the process [INV-EXE-5]."""
-        cfg = self.app.config.supervisor
-        lease = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
-        return not self._reaped and time.monotonic() - self._last_heartbeat_sent <= lease
+        return not self._reaped and time.monotonic() - self._last_heartbeat_sent <= self.lease_s
+
+    def _say_lease_lost(self) -> None:
+        sys.stderr.write(f"ductwork: {self.role} {self.process_id} lost its lease; exiting\n")
+        sys.stderr.flush()
 
     def run(self) -> int:
-        cfg = self.app.config.supervisor
         self.process_id = register(self.app, role=self.role, label=self.label)
         from ductwork.limits.claims import restart_with
 
@@ -248,8 +253,8 @@ class Runner:
         # loaded machine ended each new runner at once, and its replacement the same way.
         # No loop has started: nothing is claimed before this heartbeat.
         sent = time.monotonic()
-        if not heartbeat(self.app, self.process_id):
-            sys.stderr.write(f"ductwork: {self.role} {self.process_id} lost its lease; exiting\n")  # reaped meanwhile
+        if not heartbeat(self.app, self.process_id):  # reaped meanwhile
+            self._say_lease_lost()
             return EXIT_LEASE_LOST
         self._last_heartbeat_sent = sent
         for loop in loops:
@@ -258,18 +263,16 @@ class Runner:
             self.released_loop.start()
             self.tokens_loop.start()
         threading.Thread(target=self._heartbeats, name="ductwork.heartbeat", daemon=True).start()
-        lease = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
-        log.info("%s %s started: %d threads, lease %.1fs", self.role, self.process_id, self.threads, lease)
+        log.info("%s %s started: %d threads, lease %.1fs", self.role, self.process_id, self.threads, self.lease_s)
         while True:  # left by the break below (stop is set there only) or by os._exit
             if self._signalled:  # set by the handler; acted on here, outside it
                 self.stop.set()
                 self.app.wakeup.notify()
                 self.app.advancer_wakeup.notify()
                 break
-            if self._reaped or time.monotonic() - self._last_heartbeat_sent > lease:
+            if not self.holds_lease():
                 # Our claims are (or are about to be) someone else's: no code of ours may run.
-                sys.stderr.write(f"ductwork: {self.role} {self.process_id} lost its lease; exiting\n")
-                sys.stderr.flush()
+                self._say_lease_lost()
                 tree.kill_descendants()  # [INV-EXE-5] nothing a step started outlives its claim
                 os._exit(EXIT_LEASE_LOST)
             self.stop.wait(0.05)

@@ -464,6 +464,9 @@ class Worker:
             held.add(hook)
         return held
 
+    def _holds_lease(self) -> bool:
+        return self._lease is None or self._lease()
+
     def _may_start_code(self) -> None:
         """Raise :class:`LeaseLost` if this worker's process no longer holds its lease.
 
@@ -474,13 +477,13 @@ class Worker:
         the body beside its re-run: one more body than a key's limit [INV-EXE-5,
         INV-LIM-1]. Not done: stopping a body already running (the freeze caught it
         there; INV-EXE-5 states it)."""
-        if self._lease is not None and not self._lease():
+        if not self._holds_lease():
             raise LeaseLost("this process has lost its lease: no step code starts")
 
     def _hook(self) -> Performed | None:
         """Run one due on_halt hook (``fleet.hooks``); at most one poll a second while busy."""
         self._next_hook_poll = time.monotonic() + HOOK_POLL_S
-        if self._lease is not None and not self._lease():
+        if not self._holds_lease():
             return None  # [INV-EXE-5] a handler is step code too: its claim is the reaper's
         done = run_due_hook(self.app, self.process_id, self._holding_hook)
         return None if done is None else Performed(done.hook_id, "on_halt", done.outcome)
