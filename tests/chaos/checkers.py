@@ -177,6 +177,21 @@ def _witness_end(executions_by_step: dict[str, list[Execution]], witness: Witnes
     return INFINITY
 
 
+def _open_at(executions_by_step: dict[str, list[Execution]], witness: Witness, at_us: int) -> bool:
+    """Whether the witness's step had an execution claimed at or before ``at_us`` and not
+    completed by then: the claim a frozen process held when the freeze began.
+
+    A body of a frozen process whose witness row was written after the freeze began was
+    admitted before it (a thawed process whose lease ran out starts no body, INV-EXE-5):
+    the freeze fell between its lease question and its witness's round trip, the window
+    INV-EXE-5 states. After the thaw it is a fenced zombie, like a body frozen mid-run,
+    and is not counted as running.
+    """
+    return any(e.claimed_at_us is not None and e.claimed_at_us <= at_us
+               and (e.completed_at_us is None or e.completed_at_us > at_us)
+               for e in executions_by_step.get(witness.step_id, ()))
+
+
 def _sweep_witnesses(history: History) -> list[str]:
     by_step: dict[str, list[Execution]] = defaultdict(list)
     for e in history.executions:
@@ -191,7 +206,10 @@ def _sweep_witnesses(history: History) -> list[str]:
             for frozen_at_us, pids in freezes:
                 if w.pid in pids and w.started_at_us <= frozen_at_us < end:
                     end = frozen_at_us  # frozen from here, then a fenced zombie: not running
-            by_key[w.key] += [(w.started_at_us, +1, index), (end, -1, index)]
+                elif w.pid in pids and frozen_at_us < w.started_at_us and _open_at(by_step, w, frozen_at_us):
+                    end = w.started_at_us  # admitted before the freeze, recorded after the thaw
+            if end > w.started_at_us:
+                by_key[w.key] += [(w.started_at_us, +1, index), (end, -1, index)]
     out = []
     for key, events in sorted(by_key.items()):
         limit = _concurrency(history, key) or 0

@@ -273,7 +273,8 @@ class ChaosRound:
             # the frozen processes and the database time the freeze began: a body frozen
             # then is stopped, not running, and after the thaw a zombie whose commits the
             # fence refuses until its lease watchdog kills it (INV-EXE-5's stated
-            # exception); the witness sweep stops counting it there
+            # exception); the witness sweep stops counting it there, and does not count a
+            # body admitted before the freeze whose witness row is written after the thaw
             pids = [fleet.proc.pid, *tree.descendants(fleet.proc.pid)]
             frozen_at_us = self._db_now_us()
             os.killpg(fleet.proc.pid, signal.SIGSTOP)

@@ -1118,3 +1118,22 @@ def test_lim_1_a_body_on_a_frozen_host_stops_counting_when_the_freeze_began():
     assert check_inv_lim_1(history) == []
     history.kills[-1]["pids"] = [100]  # another host's freeze does not excuse this body
     assert any("2 step bodies running" in v for v in check_inv_lim_1(history))
+
+
+def test_lim_1_a_body_admitted_before_a_freeze_and_recorded_after_the_thaw_is_a_zombie():
+    """The freeze can fall between a worker's lease question and its witness's round trip
+    (INV-EXE-5's stated window): the row is written after the thaw, by a fenced zombie. It
+    is exempt only for the frozen host and only while a claim of its step was open at the
+    freeze (seen in CI: mysql seed 20261131, 4 bodies of a key limited to 3)."""
+    history = witnessed((6_000_000, 8_000_000), (3_500_000, 7_000_000))  # s1 in pid 101, s2 in pid 102
+    history.executions.append(execution("e1", step="s1", at=900_000, seq=1))  # claimed before the freeze
+    assert any("2 step bodies running" in v for v in check_inv_lim_1(history))
+    history.kills.append({"action": "freeze_host", "pids": [100, 101], "frozen_at_us": 1_000_000})
+    assert check_inv_lim_1(history) == []
+    history.kills[-1]["pids"] = [100]  # another host's freeze does not excuse this body
+    assert any("2 step bodies running" in v for v in check_inv_lim_1(history))
+    history.kills[-1]["pids"] = [100, 101]
+    history.executions[-1] = execution("e1", step="s1", at=1_200_000, seq=1)  # claimed after the freeze
+    assert any("2 step bodies running" in v for v in check_inv_lim_1(history))
+    history.executions[-1] = execution("e1", step="s1", at=900_000, done=950_000, seq=1, released=2)  # closed before it
+    assert any("2 step bodies running" in v for v in check_inv_lim_1(history))
