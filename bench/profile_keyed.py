@@ -6,8 +6,11 @@ Two phases on one real fleet (2 worker processes × 5 threads, as B2 runs it):
 
 - ``drain``: ``n`` executions of the ``concurrency: 5`` key with 20 ms bodies
   (``bench.workloads.ConcurrencyNap``): steps per second over the whole drain, worker
-  CPU seconds per step (user + system of the worker processes, from /proc) and, with
-  ``--py-spy``, the functions the first worker process spends its samples in; with
+  CPU seconds per step (user + system of the worker processes, from /proc), how busy
+  the whole machine was (every process, the database server's included: /proc/stat)
+  and, with ``--py-spy`` (0.4.1 or later: 0.4.0 cannot read this Python's version), the
+  functions the first worker process spends its on-CPU samples in (a thread blocked in
+  psycopg's ``wait`` for the server's reply counts as on-CPU to py-spy); with
   ``--lock-stats`` (PostgreSQL, MariaDB), the key-lock holds of every worker process
   (bench/probes/sitecustomize.py): holds per step, and per hold the wait for the lock,
   the time it is held (to the end of the commit) and the statements sent under it;
@@ -48,6 +51,13 @@ def _cpu_s(pids: list[int]) -> float:
     return total / TICK
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds every core of the machine spent busy (not idle or waiting for I/O) since
+    boot, from /proc/stat: the fleet, the database server and everything else."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / TICK
+
+
 def _worker_pids(fleet: ProcessFleet) -> list[int]:
     assert fleet.proc is not None
     out = subprocess.run(["pgrep", "-P", str(fleet.proc.pid)], capture_output=True, text=True).stdout
@@ -57,7 +67,7 @@ def _worker_pids(fleet: ProcessFleet) -> list[int]:
 
 def _spy(pid: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(seconds), "-r", "200",
-                             "--format", "raw", "-o", str(out), "--nonblocking", "--idle"],
+                             "--format", "raw", "-o", str(out), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -112,7 +122,7 @@ def drain(app, fleet: ProcessFleet, n: int, spy: bool) -> None:
     time.sleep(0.3)  # the probes rewrite their totals every 0.2 s
     locks0, kinds0 = _lock_totals(fleet)
     every0 = _statement_kinds(fleet)
-    cpu0, t0 = _cpu_s(pids), time.monotonic()
+    cpu0, busy0, t0 = _cpu_s(pids), _machine_busy_s(), time.monotonic()
     insert_pending(app, ConcurrencyNap, n, "pk")
     raw = Path("/tmp/profile_keyed.raw")
     proc = _spy(pids[0], max(2, int(n / 40)), raw) if spy else None
@@ -122,9 +132,10 @@ def drain(app, fleet: ProcessFleet, n: int, spy: bool) -> None:
             return tx.execute(sa.select(sa.func.count()).where(e.c.completed_at.is_(None))).scalar_one() == 0
 
     wait_until(done, "drained", timeout=600, interval=0.05)
-    wall, cpu = time.monotonic() - t0, _cpu_s(pids) - cpu0
+    wall, cpu, busy = time.monotonic() - t0, _cpu_s(pids) - cpu0, _machine_busy_s() - busy0
     log(f"drain: {n} steps in {wall:.2f} s = {n / wall:.0f}/s ({n / wall / 250:.2f} of 250/s); "
-        f"worker CPU {cpu:.2f} s = {1000 * cpu / n:.1f} ms per step")
+        f"worker CPU {cpu:.2f} s = {1000 * cpu / n:.1f} ms per step; the machine busy "
+        f"{busy / wall:.2f} of {os.cpu_count()} cores ({1000 * busy / n:.1f} ms of CPU per step, server included)")
     time.sleep(0.3)
     locks1, kinds1 = _lock_totals(fleet)
     holds, wait_s, hold_s, statements = (b - a for a, b in zip(locks0, locks1, strict=True))
