@@ -174,6 +174,9 @@ class RunRecord:
     revived_from: str | None
     #: why each halted branch halted, sorted; empty unless a branch halted
     halt_reasons: tuple[str, ...]
+    #: the run revived from this one (at most one: ``uq_run_revived_from``); None while
+    #: not revived (or once that run is pruned)
+    revived_as: str | None = None
 
     @property
     def finished_at(self) -> datetime | None:
@@ -305,10 +308,19 @@ def _halt_reasons(tx: Any, run_ids: list[str]) -> dict[str, tuple[str, ...]]:
     return {run_id: tuple(sorted(found)) for run_id, found in reasons.items()}
 
 
-def _record(row: _RunRow, reasons: tuple[str, ...]) -> RunRecord:
+def _revivals(tx: Any, run_ids: list[str]) -> dict[str, str]:
+    """The run revived from each of ``run_ids`` that has one (by ``uq_run_revived_from``)."""
+    r = schema.runs
+    if not run_ids:
+        return {}
+    return {row.revived_from: row.id for row in tx.execute(sa.select(r.c.id, r.c.revived_from)
+                                                           .where(r.c.revived_from.in_(run_ids)))}
+
+
+def _record(row: _RunRow, reasons: tuple[str, ...], revived_as: str | None = None) -> RunRecord:
     return RunRecord(id=row.id, pipeline=row.pipeline_klass, status=row.status, triggered_at=row.triggered_at,
                      completed_at=row.completed_at, halted_at=row.halted_at, revived_from=row.revived_from,
-                     halt_reasons=reasons)
+                     halt_reasons=reasons, revived_as=revived_as)
 
 
 # --------------------------------------------------------------------------- filters
@@ -362,8 +374,9 @@ def list_runs(app: App, *, status: str | None = None, pipeline: str | None = Non
                                                      else parse_since(since, tx.now)))
         rows = [schema.from_row(_RunRow, row) for row in
                 tx.execute(query.order_by(r.c.triggered_at.desc(), r.c.id.desc()).limit(limit))]
-        reasons = _halt_reasons(tx, [row.id for row in rows if row.status == "halted"])
-    return [_record(row, reasons.get(row.id, ())) for row in rows]
+        halted = [row.id for row in rows if row.status == "halted"]
+        reasons, revivals = _halt_reasons(tx, halted), _revivals(tx, halted)
+    return [_record(row, reasons.get(row.id, ()), revivals.get(row.id)) for row in rows]
 
 
 # --------------------------------------------------------------------------- one run
@@ -425,6 +438,7 @@ def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistor
             h.c.id, h.c.klass, h.c.status, h.c.retry_count, h.c.crash_count, h.c.last_outcome, h.c.error_klass,
             h.c.error_message, (h.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
             h.c.eligible_at, h.c.completed_at).where(h.c.run_id == run_id)).first()
+        revived_as = _revivals(tx, [run_id] if run_row.status == "halted" else []).get(run_id)
     hook = None if hook_row is None else HookRecord(
         id=hook_row.id, klass=hook_row.klass, status=hook_row.status, retry_count=hook_row.retry_count,
         crash_count=hook_row.crash_count, last_outcome=hook_row.last_outcome,
@@ -478,7 +492,7 @@ def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistor
                          for x in advancements.get(row.id, [])),
                      wait=Wait(kind="resume") if row.status == "dampened" else None)
         for row in branch_rows)
-    return RunHistory(now=now, run=_record(run_row, reasons), branches=branches, steps=steps,
+    return RunHistory(now=now, run=_record(run_row, reasons, revived_as), branches=branches, steps=steps,
                       context_keys=context_keys, hook=hook)
 
 
@@ -555,6 +569,8 @@ def render_runs(records: list[RunRecord]) -> str:
         reasons = ", ".join(record.halt_reasons)
         if record.revived_from:
             reasons = (reasons + "; " if reasons else "") + f"revived from {record.revived_from}"
+        if record.revived_as:
+            reasons = (reasons + "; " if reasons else "") + f"revived as {record.revived_as}"
         rows.append((record.id, record.status, record.pipeline, _at(record.triggered_at),
                      _at(record.finished_at), reasons))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -573,6 +589,8 @@ def render_history(history: RunHistory) -> str:
         lines.append(f"  revived from  {run.revived_from} (that run may have been pruned since)")
     if run.halt_reasons:
         lines.append(f"  halt reasons  {', '.join(run.halt_reasons)}")
+    if run.revived_as:
+        lines.append(f"  revived as    {run.revived_as}")
     if history.context_keys:
         lines.append(f"  context keys  {', '.join(history.context_keys)}")
     if history.hook is not None:

@@ -201,6 +201,31 @@ def test_a_revived_run_names_its_source_even_once_that_is_pruned(clocked, db_url
     assert (code, line.split("  ")[-1]) == (0, f"revived from {source.id}")
 
 
+def test_a_halted_run_names_the_run_revived_from_it(clocked, db_url, capsys):
+    """Once revived, a halted run says so wherever it is listed, so an operator working
+    through ``ductwork runs --status halted`` sees which are already taken care of."""
+    halted, other = Fails.trigger(1), Fails.trigger(2)
+    drain(clocked, skip_delays=True)
+    assert [r.revived_as for r in list_runs(clocked, status="halted")] == [None, None]
+    revived = halted.revive()
+    assert revived.id != halted.id
+    assert {r.id: r.revived_as for r in list_runs(clocked, status="halted")} == {halted.id: revived.id,
+                                                                                other.id: None}
+    assert (halted.history().run.revived_as, other.history().run.revived_as) == (revived.id, None)
+    assert revived.history().run.revived_as is None  # in progress: only a halted run is revived
+    code, out, _ = _cli(capsys, db_url, "runs", "--status", "halted")
+    (line,) = [line for line in out.splitlines() if line.startswith(halted.id)]
+    assert (code, line.split("  ")[-1]) == (0, f"job_retries_exhausted; revived as {revived.id}")
+    (line,) = [line for line in out.splitlines() if line.startswith(other.id)]
+    assert line.split("  ")[-1] == "job_retries_exhausted"
+    code, out, _ = _cli(capsys, db_url, "show", halted.id)
+    assert (code, f"  revived as    {revived.id}" in out.splitlines()) == (0, True)
+    code, out, _ = _cli(capsys, db_url, "runs", "--json", "--status", "halted")
+    assert {r["id"]: r["revived_as"] for r in json.loads(out)["runs"]} == {halted.id: revived.id, other.id: None}
+    code, out, _ = _cli(capsys, db_url, "show", halted.id, "--json")
+    assert json.loads(out)["run"]["revived_as"] == revived.id
+
+
 def test_waits_delay_dampen_and_a_keys_concurrency(clocked):
     later = Later.trigger(1)
     waiting = Waits.trigger(1)
@@ -241,7 +266,7 @@ def test_list_runs_filters_and_the_runs_command(clocked, db_url, capsys):
     document = json.loads(out)
     assert [r["id"] for r in document["runs"]] == [waiting.id, failed.id]
     assert set(document["runs"][0]) == {"id", "pipeline", "status", "triggered_at", "completed_at", "halted_at",
-                                        "revived_from", "halt_reasons", "finished_at"}
+                                        "revived_from", "halt_reasons", "revived_as", "finished_at"}
 
 
 @pytest.mark.parametrize(("argv", "message"), [
