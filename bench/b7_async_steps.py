@@ -1,64 +1,71 @@
-"""B7 many async steps per worker thread: 1,000 ``asyncio.sleep(0.1)`` steps on the unkeyed lane.
+"""B7 many async steps per worker thread: 1,000 ``asyncio.sleep(0.1)`` one-step runs.
 
-    python -m bench.b7_async_steps [--database-url URL] [--steps 1000] [--threads 5] [--batch-size 64]
+    python -m bench --only B7 [--database-url URL] [--quick] [--pgqueuer-python PATH]
+    python -m bench.b7_async_steps [--database-url URL] [--quick] [--pgqueuer-python PATH]
 
-A real ``ductwork start --role worker`` (1 worker process, ``--threads`` threads, the
-default ``batch_size`` of 64) drains ``--steps`` pending one-step runs of
-``bench.workloads:AsyncNaps`` inserted in bulk. Reported: the wall time from the first
-claim to the last completion, what plain steps would need at best (steps × 0.1 s /
-threads) and the ratio; the goal is the time of a few claims (steps / (threads ×
-batch_size) rounds of 0.1 s each, plus the database's work), not steps × 0.1 s / threads.
+A real ``ductwork start --role worker`` (1 worker process × 5 threads, the default
+``batch_size`` of 64, no advancer: a one-step run completes in its step's commit)
+drains 1,000 pending one-step runs of ``bench.workloads:AsyncNaps`` inserted in bulk, three
+times. Reported, as a user sees it: runs completed per second, from the insert to the
+last run completed, and the same as a multiple of what plain (synchronous) steps could
+do at best on those threads (5 threads / 0.1 s = 50 per second). Beside it in each
+repetition (PostgreSQL, with ``--pgqueuer-python``), pgqueuer 1.6.0 drains as many jobs
+whose body is ``await asyncio.sleep(0.1)`` with one ``QueueManager`` (its defaults, no
+concurrency limit): ratio ductwork / pgqueuer per repetition. CPU per completed step
+(the worker process tree) is a diagnostic.
 """
 
 from __future__ import annotations
 
-import argparse
-
-import sqlalchemy as sa
-
-from bench.harness import ProcessFleet, Target, insert_pending, seconds, wait_until
+from bench.b1_throughput import pgqueuer, runs_batch, with_pgqueuer
+from bench.harness import Metric, ProcessFleet, Sizes, Target, log, ratio
 from bench.workloads import AsyncNaps
-from ductwork.db import schema
 
 SLEEP_S = 0.1
+THREADS = 5
+
+
+def async_steps(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
+    """B7 async one-step runs, 0.1 s each, 1 worker process × 5 threads"""
+    n = 200 if sizes.quick else 1000
+    got: dict[str, list[float]] = {"runs_per_s": [], "cpu_ms_per_step": []}
+    pgq: list[float] = []
+    version = "1.6.0"
+    fleet = ProcessFleet(target, role="worker", workers=1, worker_threads=THREADS, label="bench7").start(app)
+    try:
+        for rep in range(sizes.repeats):
+            measured = runs_batch(app, (fleet,), AsyncNaps, f"a{rep}", n, 1, timeout=600)
+            got["runs_per_s"].append(measured["runs_per_s"])
+            got["cpu_ms_per_step"].append(measured["cpu_ms_per_step"])
+            log(f"B7 repetition {rep + 1}: {measured['runs_per_s']:.0f} runs/s")
+            if with_pgqueuer(target, sizes):
+                line = pgqueuer(sizes, target, "--jobs", str(n), "--sleep", str(SLEEP_S))
+                version = line["version"]
+                pgq.append(line["jobs_per_s"])
+                log(f"pgqueuer {version} repetition {rep + 1}: {line['jobs_per_s']:.0f} jobs/s")
+    finally:
+        fleet.stop()
+    plain = THREADS / SLEEP_S
+    out = {
+        "async runs completed/s (insert to last run completed)": Metric.of(got["runs_per_s"], "runs/s"),
+        f"the same / plain steps at best ({plain:.0f}/s on {THREADS} threads)": Metric.of(
+            [v / plain for v in got["runs_per_s"]], "×"),
+    }
+    if pgq:
+        out["ductwork / pgqueuer (per repetition)"] = Metric.of(ratio(got["runs_per_s"], pgq), "×")
+        out[f"pgqueuer {version} (1 manager, no limit): jobs/s, same run"] = Metric.of(pgq, "jobs/s")
+    out["CPU per completed step (worker process tree)"] = Metric.of(got["cpu_ms_per_step"], "ms",
+                                                                   diagnostic=True)
+    return out
+
+
+BENCHES = [async_steps]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.b7_async_steps", description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", default=None, help="a bench database (default: a SQLite file)")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--threads", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=64)
-    args = parser.parse_args()
-    target = Target.from_url(args.database_url)
-    target.setup()
-    target.reset()
-    app = target.app()
-    fleet = ProcessFleet(target, role="worker", workers=1, worker_threads=args.threads, label="benchasync",
-                         overrides={"job_worker": {"batch_size": args.batch_size}}).start(app)
-    try:
-        insert_pending(app, AsyncNaps, args.steps, "as")
-        e = schema.executions
+    from bench.__main__ import run_standalone
 
-        def done() -> bool:
-            with app.begin() as tx:
-                return tx.execute(sa.select(sa.func.count()).where(e.c.completed_at.is_(None))).scalar_one() == 0
-
-        wait_until(done, f"{args.steps} async steps completed", timeout=600, interval=0.1)
-        with app.begin() as tx:
-            rows = tx.execute(sa.select(e.c.claimed_at, e.c.completed_at, e.c.outcome)).all()
-    finally:
-        fleet.stop()
-        app.dispose()
-        target.cleanup()
-    assert all(outcome == "success" for _, _, outcome in rows), "every async step succeeds"
-    wall = seconds(max(d for _, d, _ in rows) - min(c for c, _, _ in rows))
-    plain = args.steps * SLEEP_S / args.threads
-    rounds = -(-args.steps // (args.threads * args.batch_size))
-    print(f"B7 {target.name}: {args.steps} async steps of asyncio.sleep({SLEEP_S}) on 1 worker process × "
-          f"{args.threads} threads (batch_size {args.batch_size}): {wall:.2f} s first claim to last completion; "
-          f"plain steps at best {plain:.1f} s ({plain / wall:.0f}× longer); {rounds} rounds of claims "
-          f"would take {rounds * SLEEP_S:.1f} s of sleeping")
+    run_standalone("B7", __doc__)
 
 
 if __name__ == "__main__":
