@@ -155,17 +155,22 @@ def _vendor_key_tried(app) -> bool:
     return stamped is not None and vendors == 2
 
 
-def test_drain_timeout_says_what_each_run_waits_for(offset_app):
-    runs = [WaitsTwoWays.trigger(1), WaitsTwoWays.trigger(2)]
-    # drains of 1 s until the work has gone as far as it can (on a loaded machine one drain of
-    # 1 s may end before the key is tried), at most a minute: the message is the last drain's
+def _timed_out_once(app, timeout: float, reached, **kwargs) -> DrainTimeout:
+    """Drains of ``timeout`` s, each expected to time out, until ``reached(app)`` (the work has
+    gone as far as it can; on a loaded machine one short drain may end before), at most a
+    minute; the last drain's DrainTimeout."""
     deadline = time.monotonic() + 60
     while True:
         with pytest.raises(DrainTimeout) as raised:
-            drain(offset_app, timeout=1, skip_delays=True)  # a rate's wait is never skipped
-        if _vendor_key_tried(offset_app) or time.monotonic() > deadline:
-            break
-    message = str(raised.value)
+            drain(app, timeout=timeout, **kwargs)
+        if reached(app) or time.monotonic() > deadline:
+            return raised.value
+
+
+def test_drain_timeout_says_what_each_run_waits_for(offset_app):
+    runs = [WaitsTwoWays.trigger(1), WaitsTwoWays.trigger(2)]
+    # a rate's wait is never skipped
+    message = str(_timed_out_once(offset_app, 1, _vendor_key_tried, skip_delays=True))
     # the key's bucket starts empty [INV-LIM-2]: no vendor call gets a token, both runs wait
     waiting = [run for run in runs if run.refresh().status == "in_progress"]
     assert waiting == runs
@@ -182,10 +187,15 @@ def test_drain_timeout_says_what_each_run_waits_for(offset_app):
 
 def test_drain_timeout_names_a_pending_retry_and_its_error(offset_app):
     run = Flaky.trigger(10)
-    with pytest.raises(DrainTimeout) as raised:
-        drain(offset_app, timeout=0.5)  # the retry is an hour away
+
+    def failed_once(app) -> bool:
+        e = schema.executions
+        with app.begin() as tx:
+            return tx.execute(sa.select(sa.func.count()).where(e.c.outcome == "failure")).scalar_one() == 1
+
+    raised = _timed_out_once(offset_app, 0.5, failed_once)  # the retry is an hour away
     assert re.search(rf"run {run.id} \(\S+:Flaky\) in_progress: branch \S+: step FailsFirst#0 retry 1 at "
-                     r"\S+ \S+ after failure: builtins\.RuntimeError: try 1 fails", str(raised.value)), raised.value
+                     r"\S+ \S+ after failure: builtins\.RuntimeError: try 1 fails", str(raised)), raised
 
 
 # --------------------------------------------------------------------------- waiting_for, state by state
