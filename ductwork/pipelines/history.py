@@ -566,13 +566,13 @@ def render_runs(records: list[RunRecord]) -> str:
         return "(no runs)"
     rows = [("RUN", "STATUS", "PIPELINE", "TRIGGERED (UTC)", "FINISHED (UTC)", "HALT REASONS")]
     for record in records:
-        reasons = ", ".join(record.halt_reasons)
+        notes = [", ".join(record.halt_reasons)] if record.halt_reasons else []
         if record.revived_from:
-            reasons = (reasons + "; " if reasons else "") + f"revived from {record.revived_from}"
+            notes.append(f"revived from {record.revived_from}")
         if record.revived_as:
-            reasons = (reasons + "; " if reasons else "") + f"revived as {record.revived_as}"
+            notes.append(f"revived as {record.revived_as}")
         rows.append((record.id, record.status, record.pipeline, _at(record.triggered_at),
-                     _at(record.finished_at), reasons))
+                     _at(record.finished_at), "; ".join(notes)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1]
                      for row in rows).rstrip()

@@ -204,9 +204,11 @@ def _sweep_witnesses(history: History) -> list[str]:
         if w.key is not None and _concurrency(history, w.key) is not None:
             end = _witness_end(by_step, w)
             for frozen_at_us, pids in freezes:
-                if w.pid in pids and w.started_at_us <= frozen_at_us < end:
+                if w.pid not in pids:
+                    continue
+                if w.started_at_us <= frozen_at_us < end:
                     end = frozen_at_us  # frozen from here, then a fenced zombie: not running
-                elif w.pid in pids and frozen_at_us < w.started_at_us and _open_at(by_step, w, frozen_at_us):
+                elif frozen_at_us < w.started_at_us and _open_at(by_step, w, frozen_at_us):
                     end = w.started_at_us  # admitted before the freeze, recorded after the thaw
             if end > w.started_at_us:
                 by_key[w.key] += [(w.started_at_us, +1, index), (end, -1, index)]
