@@ -249,7 +249,13 @@ class Run:
     #: while no branch has halted
     halt_reasons: list[str]
 
-    def __init__(self, app: App, run_id: str, *, _read: bool = True):
+    def __init__(self, app: App, run_id: str | None = None, *, _read: bool = True):
+        if isinstance(app, str) or run_id is None:
+            # Run("…") reads as "the run with this id"; Python's own message ("missing
+            # 'run_id'") would not say that the App comes first
+            named = repr(app) if isinstance(app, str) else "RUN_ID"
+            raise TypeError(f"Run(app, run_id) takes the App first; for a handle on run "
+                            f"{named} use app.run({named})")
         self.app = app
         self.id = run_id
         if _read:

@@ -66,3 +66,10 @@ def test_mypy_fails_when_a_public_type_is_wrong(tmp_path, cache):
     done = _mypy(cache, "tests/typing/user_pipeline.py", str(wrong))
     assert done.returncode == 1, done.stdout + done.stderr
     assert 'wrong.py:5: error: Expression is of type "Run", not "Any"' in done.stdout, done.stdout
+
+
+def test_a_run_handle_made_from_an_id_alone_says_the_app_comes_first():
+    """``ductwork.Run("…")`` reads as "the run with this id": the error names ``app.run``
+    rather than Python's "missing 'run_id'" (a new user's trial hit the latter)."""
+    with pytest.raises(TypeError, match=r"takes the App first; for a handle on run 'r1' use app.run\('r1'\)"):
+        ductwork.Run("r1")  # type: ignore[arg-type]
