@@ -508,6 +508,7 @@ class Worker:
                 return hooked
         if not self._queue:
             self._claim()
+            self._top_up()
         if not self._queue:
             self.next_due_s = seconds_to_next_due(self.app)
             return None if polled else self._hook()  # idle: an owed hook is the work
@@ -590,6 +591,22 @@ class Worker:
             self._in_a_row.update(c.execution_id for c in claimed[:own])
         if len(claimed) > own:
             inbox.put(claimed[own:])
+
+    def _top_up(self) -> None:
+        """A thread's first claim takes one execution, its pace being unknown. When that one
+        is an unkeyed async step, the polls that would follow it are made now, up to
+        ``batch_size`` in all, so that what they take is awaited with it, as every later
+        claim of async steps is, instead of one await later (1,000 runs of
+        ``asyncio.sleep(0.1)`` on five fresh threads: five in the first await). They are
+        those polls' claims, in lane order [INV-LIM-6]: ``claim_batch`` again, in a second
+        transaction. Not done: a claim cannot know that what it takes is async before it
+        takes it, so plain steps claimed here wait behind the batch, as the plain steps of
+        any claim after an async batch do until their pace is known."""
+        if (len(self._queue) == 1 and self.batch < self._batch_size and self._queue[0].limit_key is None
+                and self._awaitable(self._queue[0])):
+            self.batch = self._batch_size - 1
+            self._claim()
+            self.batch = self._batch_size
 
     def _note_tokens(self, claimed: list[Claimed]) -> None:
         """A claim (or hand-off) that spent its key's last token sets the process's alarm

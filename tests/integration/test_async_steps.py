@@ -107,12 +107,13 @@ class Meet(Step):
     """Waits until ``n`` steps of its claim are inside ``execute`` at once: only steps
     awaited together can all get there (each one alone would wait forever)."""
 
-    def __init__(self, n):
+    def __init__(self, n, patience=30):
         self.n = n
+        self.patience = patience
 
     async def execute(self):
         seen("inside", self.idempotency_key)
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(self.patience):
             while True:
                 with LOCK:
                     if len(SEEN["inside"]) >= self.n:
@@ -137,6 +138,22 @@ def test_one_worker_awaits_the_async_steps_of_its_claim_together(db_url):
             pass
         assert [r.refresh().status for r in runs] == ["completed"] * 8
         assert worker.batch == 8
+
+
+def test_a_fresh_workers_first_claim_of_an_async_step_takes_the_rest_of_its_batch(db_url):
+    """A fresh worker takes one execution in its first claim (no pace yet); an unkeyed
+    async step tops that claim up to ``batch_size`` (``Worker._top_up``), so the whole
+    batch is awaited together in the first ``run_once``: one Meet alone would wait for
+    the other seven and time out."""
+    SEEN.clear()
+    SEEN["inside"] = []
+    with installed(make_app(db_url, job_worker={"batch_size": 8})) as app:
+        runs = [MeetP.trigger(8, 5) for _ in range(8)]
+        worker = Worker(app, batch_size=8)
+        assert worker.batch == 1
+        worker.run_once()
+        assert [r.refresh().status for r in runs] == ["completed"] * 8
+        assert sorted(set(SEEN["inside"])) == sorted(SEEN["inside"])  # each awaited once
 
 
 class Sleepy(Step):
