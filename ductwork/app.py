@@ -63,6 +63,12 @@ class App(Database):
         """A handle on an existing run."""
         return Run(self, run_id)
 
+    async def arun(self, run_id: str) -> Run:
+        """:meth:`run`, awaited: the handle's first read goes through the async driver
+        (:meth:`~ductwork.pipelines.runs.Run.arefresh`), never blocking the event loop.
+        Raises :class:`~ductwork.errors.UnknownRunError` for no such run, as ``run`` does."""
+        return await Run(self, run_id, _read=False).arefresh()
+
 
 def connect(url: str | None = None, config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
             env: str | None = None, *, clock: Clock | None = None, **engine_settings: Any) -> App:

@@ -405,6 +405,14 @@ class Run:
             tx.execute(r.update().where(r.c.id == self.id).values(status="in_progress", updated_at=tx.now))
         return self.refresh()
 
+    async def aresume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
+        """:meth:`resume`, awaited: the same one transaction, run in a thread
+        (``asyncio.to_thread``) so the event loop runs on, as ``Pipeline.atrigger`` does;
+        returns self. The same exactly-once: a second resume raises
+        :class:`RunStateError`. Cancelling the awaiting task does not undo a resume the
+        thread has begun (it commits or rolls back on its own)."""
+        return await asyncio.to_thread(self.resume, input)
+
     def revive(self, duplicate_context: bool = False) -> Run:
         """Continue this halted run as a new run; returns the new run (this one stays halted).
 

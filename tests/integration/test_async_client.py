@@ -1,5 +1,5 @@
-"""The async client (``Pipeline.atrigger``, ``Run.arefresh``, ``Run.await_completion``), on
-each database, with a loop-blocking detector.
+"""The async client (``Pipeline.atrigger``, ``Run.arefresh``, ``Run.await_completion``,
+``App.arun``, ``Run.aresume``), on each database, with a loop-blocking detector.
 
 The detector is deterministic (no wall-clock threshold), and a test fails on either of its
 parts: a listener on the app's synchronous engine failing any statement run in the event
@@ -180,6 +180,50 @@ def test_await_completion_times_out_and_arefresh_of_an_unknown_run_raises(app):
             await run.arefresh()
 
     run_unblocked(app, main)
+
+
+class Times10(Step):
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return self.n * 10
+
+
+class PausedP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Add).dampen(before=Times10)
+
+
+def test_arun_and_aresume_never_block_the_loop(app):
+    """``app.arun(id)`` is a handle read through the async driver (an unknown id raises
+    ``UnknownRunError``); ``run.aresume(input)`` resumes a dampened run once, in a thread
+    (a second one raises ``RunStateError``, as ``resume`` does)."""
+    from ductwork.errors import RunStateError
+
+    run = PausedP.trigger(1, 2)
+    drain(app)
+    assert run.refresh().status == "dampened"
+
+    async def main():
+        handle = await app.arun(run.id)
+        assert (handle.id, handle.status) == (run.id, "dampened")
+        with pytest.raises(UnknownRunError):
+            await app.arun("no-such-run")
+        resumed = await handle.aresume(input=7)
+        assert resumed is handle
+        assert handle.status == "in_progress"
+        with pytest.raises(RunStateError, match="nothing to resume"):
+            await handle.aresume()
+        worker = asyncio.create_task(asyncio.to_thread(drain, app))
+        settled = await handle.await_completion(timeout=60, poll=0.02)
+        await worker
+        return settled
+
+    settled = run_unblocked(app, main)
+    assert settled.status == "completed"
+    assert settled.steps()[-1].output == 70
 
 
 def test_an_apps_first_read_may_be_async_its_schema_checked_off_the_loop(app):
