@@ -21,9 +21,9 @@ Three endpoints, all on the event loop, none blocking it:
   dampened run: the body becomes ``ShipOrder``'s input. **200**; **409** if the run has no
   dampened branch (already resumed, or not there yet); **404** for an unknown run.
 
-ductwork has no async twin of ``app.run(run_id)`` (which reads the run) or of
-``run.resume``: the app calls them in a thread (``asyncio.to_thread``), as ``atrigger``
-does without a connection. Everything else goes through the async driver.
+``app.arun(run_id)`` reads the run through the async driver; ``run.aresume`` and
+``run.steps`` run in a thread (``asyncio.to_thread``), as ``atrigger`` does without a
+connection. Everything else goes through the async driver.
 
 Workers (``ductwork start``, or ``ductwork.testing.drain`` in the smoke test) do the
 runs' work; they import ``orders_pipeline``. ``run_fastapi_shop.py`` runs it all.
@@ -119,7 +119,7 @@ def create_app(dw: ductwork.App) -> FastAPI:
             row = (await conn.execute(sa.select(orders.c.run_id).where(orders.c.id == order_id))).first()
         if row is None:
             raise HTTPException(404, f"no order {order_id}")
-        run = await asyncio.to_thread(dw.run, row.run_id)  # no async twin of app.run: a thread
+        run = await dw.arun(row.run_id)
         try:
             await run.await_completion(timeout=wait, poll=0.05)
         except TimeoutError:
@@ -132,11 +132,8 @@ def create_app(dw: ductwork.App) -> FastAPI:
 
     @api.post("/runs/{run_id}/resume")
     async def resume_run(run_id: str, handover: Handover):
-        def resume():  # no async twin of run.resume: one thread for the read and the resume
-            return dw.run(run_id).resume(input=handover.model_dump())
-
         try:
-            run = await asyncio.to_thread(resume)
+            run = await (await dw.arun(run_id)).aresume(input=handover.model_dump())
         except UnknownRunError:
             raise HTTPException(404, f"no run {run_id}") from None
         except RunStateError as error:
