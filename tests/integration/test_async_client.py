@@ -38,6 +38,7 @@ from sqlalchemy import event
 from ductwork import Pipeline, Step
 from ductwork.errors import UnknownRunError
 from ductwork.testing import drain
+from tests.workloads import Approval
 
 
 class Blocked(AssertionError):
@@ -182,27 +183,13 @@ def test_await_completion_times_out_and_arefresh_of_an_unknown_run_raises(app):
     run_unblocked(app, main)
 
 
-class Times10(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n * 10
-
-
-class PausedP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Add).dampen(before=Times10)
-
-
 def test_arun_and_aresume_never_block_the_loop(app):
     """``app.arun(id)`` is a handle read through the async driver (an unknown id raises
     ``UnknownRunError``); ``run.aresume(input)`` resumes a dampened run once, in a thread
     (a second one raises ``RunStateError``, as ``resume`` does)."""
     from ductwork.errors import RunStateError
 
-    run = PausedP.trigger(1, 2)
+    run = Approval.trigger(3)
     drain(app)
     assert run.refresh().status == "dampened"
 
@@ -223,7 +210,7 @@ def test_arun_and_aresume_never_block_the_loop(app):
 
     settled = run_unblocked(app, main)
     assert settled.status == "completed"
-    assert settled.steps()[-1].output == 70
+    assert settled.steps()[-1].output == 7  # the resume's input, Quick's output
 
 
 def test_an_apps_first_read_may_be_async_its_schema_checked_off_the_loop(app):
