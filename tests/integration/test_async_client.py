@@ -36,7 +36,7 @@ import sqlalchemy.ext.asyncio  # noqa: F401
 from sqlalchemy import event
 
 from ductwork import Pipeline, Step
-from ductwork.errors import UnknownRunError
+from ductwork.errors import RunStateError, UnknownRunError
 from ductwork.testing import drain
 from tests.workloads import Approval
 
@@ -187,8 +187,6 @@ def test_arun_and_aresume_never_block_the_loop(app):
     """``app.arun(id)`` is a handle read through the async driver (an unknown id raises
     ``UnknownRunError``); ``run.aresume(input)`` resumes a dampened run once, in a thread
     (a second one raises ``RunStateError``, as ``resume`` does)."""
-    from ductwork.errors import RunStateError
-
     run = Approval.trigger(3)
     drain(app)
     assert run.refresh().status == "dampened"
