@@ -357,6 +357,37 @@ MUTANTS: dict[str, Mutant] = {
           "            outcome = self._perform(claimed, group)",
           "outcome = self._perform(claimed, group)  # mutant: no lease asked"),),
     ),
+    # -- same-host recovery (issue 36) -------------------------------------------------------
+    "same_host_not_reaped": Mutant(
+        "a supervisor reaps a process of its own machine only once its heartbeat is stale, "
+        "though its OS process is provably gone: a crashed fleet's slots wait reaper_timeout "
+        "after a restart [INV-EXE-1, INV-LIM-3]",
+        "a supervisor reaps the provably dead processes of its machine at once [INV-EXE-1]",
+        (("here = sa.and_(_p.c.machine_identifier == machine_identifier(), _p.c.os_start_ticks.is_not(None))",
+          "here = sa.false()  # mutant: only stale rows"),),
+    ),
+    "reap_by_host_name": Mutant(
+        "a process of another pid namespace (a container with the same host name) whose pid "
+        "names another process here is taken for dead and reaped while it runs [INV-EXE-5, INV-LIM-1]",
+        "the proof of death compares the machine, boot and pid namespace, not the host name [INV-EXE-5]",
+        (("and identifier == machine_identifier()  # [INV-EXE-5] this machine, boot and pid namespace only",
+          "and identifier.split('/')[0] == machine_identifier().split('/')[0]  # mutant: host name only"),),
+    ),
+    "reap_by_pid_only": Mutant(
+        "a row whose pid a later process reuses is taken for alive: its claims wait "
+        "reaper_timeout [INV-EXE-1]",
+        "the proof of death compares the process's start time, not only its pid [INV-EXE-5]",
+        (("    if int(fields[19]) != start_ticks:  # [INV-EXE-5] by start time: a reused pid is not the row's process\n"
+           "        return True  # the pid was reused by a later process",
+          "    pass  # mutant: a live pid is the row's process"),),
+    ),
+    "dead_fleet_leftovers_kept": Mutant(
+        "a supervisor reaps a dead fleet's claims on its machine while a subprocess its steps "
+        "started (out of the process group) still runs [INV-EXE-5]",
+        "what a provably dead process's steps started is killed, by its mark, before its claims move on "
+        "[INV-EXE-5]",
+        (("killed = tree.kill_marked(mark)", "killed = []  # mutant: leftovers left running"),),
+    ),
     # -- revive (issue 16) ---------------------------------------------------------------
     "revive_twice": Mutant(
         "a revive neither finds the run that revived the halted run nor names it, so a second "

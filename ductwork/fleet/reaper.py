@@ -1,11 +1,16 @@
 """The reaper: recovering the claims of processes that died.
 
-    >>> reap_stale(app, own_process_id)        # every supervisor tick
+    >>> reap_dead(app, own_process_id)         # every supervisor tick
     ['0192…']
     >>> sweep_orphans(app)
 
-A process whose heartbeat (database time) is older than
-``supervisor.reaper_timeout`` is dead to the fleet. :func:`reap` recovers what it
+A process is dead to the fleet when its heartbeat (database time) is older than
+``supervisor.reaper_timeout``, or, on its own machine, as soon as its OS process is
+provably gone (:func:`proven_dead`: same boot and pid namespace, and no live
+process with its pid and start time), so a crash and restart on one host frees the
+crashed fleet's claims within a supervisor tick instead of ``reaper_timeout``. What
+its steps started is killed first: every process that still carries its mark
+(``tree.kill_marked``) [INV-EXE-5]. :func:`reap` recovers what it
 held and deletes its row, in one transaction: each open execution is crashed
 (re-run or failed by the crash budget) and each open advancement closed as a
 crash with its branch released, token-guarded, so a fresh advancer re-runs the
@@ -27,12 +32,14 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from ductwork import faults, logs
 from ductwork.db import dialects, schema
+from ductwork.db.hosts import machine_identifier, os_process_gone, pid_namespace
+from ductwork.fleet import tree
 from ductwork.limits.executions import crash_in, lock_key, record_crash
 from ductwork.pipelines.advance import PROCESS_CRASH, release_advancement
 from ductwork.pipelines.hooks import crash_hooks_of, log_ended
@@ -44,6 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ductwork.reaper")
 
 ORPHANED = "ductwork.OrphanedClaim"
+#: how long the processes a dead process left get to die after SIGKILL
+KILL_CONFIRM_S = 5.0
 _p, _e, _a, _b = schema.processes, schema.executions, schema.advancements, schema.branches
 
 
@@ -51,14 +60,58 @@ def _stale_before(app: App, tx: Tx, factor: int = 1) -> object:
     return tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout * factor)
 
 
-def reap_stale(app: App, own_process_id: str | None) -> list[str]:
-    """Reap every process whose heartbeat is older than ``reaper_timeout`` (never our own)."""
+def reap_dead(app: App, own_process_id: str | None, *, stale: bool = True) -> list[str]:
+    """Reap every process that is dead (never our own): its heartbeat is older than
+    ``reaper_timeout`` (unless ``stale`` is False), or it is of this machine and its OS
+    process is provably gone.
+
+    A provably dead process is reaped at once (``force``), after what its steps started
+    is killed; if some of that will not die, it waits for the next call."""
     with app.begin(readonly=True) as tx:
-        stmt = sa.select(_p.c.id).where(_p.c.last_heartbeat_at <= _stale_before(app, tx))
+        old = _p.c.last_heartbeat_at <= _stale_before(app, tx) if stale else sa.false()
+        here = sa.and_(_p.c.machine_identifier == machine_identifier(), _p.c.os_start_ticks.is_not(None))
+        stmt = sa.select(_p.c.id, _p.c.pid, _p.c.machine_identifier, _p.c.os_start_ticks, old.label("stale"))
+        stmt = stmt.where(sa.or_(old, here))
         if own_process_id is not None:
             stmt = stmt.where(_p.c.id != own_process_id)
-        ids = list(tx.execute(stmt).scalars())
-    return [pid for pid in ids if reap(app, pid, force=False)]
+        rows = tx.execute(stmt).all()
+    reaped = []
+    for row in rows:
+        proof = proven_dead(row.machine_identifier, row.pid, row.os_start_ticks)
+        if proof and not _left_nothing(row):
+            continue  # [INV-EXE-5] what its steps started still runs: its claims wait
+        # without proof, the reap re-checks the staleness under the row's lock
+        if (proof or row.stale) and reap(app, row.id, force=proof):  # [INV-EXE-1] a dead process's claims
+            reaped.append(row.id)
+    return reaped
+
+
+def proven_dead(identifier: str, pid: int, start_ticks: int | None) -> bool:
+    """Whether the OS process a row names is provably gone: the row is of this machine,
+    boot and pid namespace (its ``machine_identifier`` is ours, and names a namespace),
+    it recorded its start time, and no process with that pid and start time lives.
+
+    False in every case of doubt (another machine or container, a row without a start
+    time, a ``/proc`` that cannot say): such a row waits for ``reaper_timeout`` as any
+    other. Two containers with one host name have different pid namespaces, so neither
+    ever proves the other's processes dead [INV-EXE-5]."""
+    return (start_ticks is not None and bool(pid_namespace())
+            and identifier == machine_identifier()  # [INV-EXE-5] this machine, boot and pid namespace only
+            and os_process_gone(pid, start_ticks))  # [INV-EXE-5] by start time, not only by pid
+
+
+def _left_nothing(row: sa.Row[Any]) -> bool:
+    """Kill what the dead process's steps started and say whether all of it is gone
+    [INV-EXE-5]: a claim is never handed on while its step's subprocess runs."""
+    mark = tree.owner_mark(row.pid, row.os_start_ticks)
+    killed = tree.kill_marked(mark)
+    if killed:
+        log.warning("killed %d processes left by dead process %s: %s", len(killed), row.id, killed)
+    survivors = tree.wait_gone(killed, KILL_CONFIRM_S)
+    if survivors:
+        log.error("processes left by dead process %s did not die after SIGKILL: %s; its claims wait",
+                  row.id, survivors)
+    return not survivors
 
 
 def reap(app: App, process_id: str, *, force: bool) -> bool:

@@ -14,8 +14,10 @@ with ``job_worker.count`` threads each (``role`` picks which) — and every tick
    replacement; a child whose heartbeat is stale is SIGKILLed first and reaped
    only once its death is confirmed;
 2. heartbeats its own row (re-registering if another supervisor reaped it);
-3. reaps every process whose heartbeat is older than ``reaper_timeout`` (never
-   its own row) and sweeps orphaned claims.
+3. reaps every process whose heartbeat is older than ``reaper_timeout``, and every
+   process of this machine that is provably gone (a crashed ``ductwork start`` this one
+   replaced: its claims are free within a tick, not after ``reaper_timeout``), never
+   its own row, and sweeps orphaned claims.
 
 Each step is rescued on its own, so one bad tick cannot stop the loop.
 
@@ -58,7 +60,7 @@ from ductwork.db.hosts import machine_identifier
 from ductwork.db.wakeup import PgListener, Wakeup
 from ductwork.fleet import tree
 from ductwork.fleet.processes import heartbeat, register
-from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
+from ductwork.fleet.reaper import reap, reap_dead, sweep_orphans
 
 if TYPE_CHECKING:
     from ductwork.fleet.worker import Worker
@@ -233,6 +235,9 @@ class Runner:
 
     def run(self) -> int:
         self.process_id = register(self.app, role=self.role, label=self.label)
+        mark = tree.own_mark()
+        if mark:  # still one thread: every process a step starts inherits it [INV-EXE-5]
+            os.environ[tree.OWNER_ENV] = mark
         from ductwork.limits.claims import restart_with
 
         if self.role == "job_worker":
@@ -466,9 +471,9 @@ class Supervisor:
             self.process_id = register(self.app, role="supervisor", label=self.label)
 
     def _reap(self) -> None:
-        reaped = reap_stale(self.app, self.process_id)
+        reaped = reap_dead(self.app, self.process_id)
         if reaped:
-            log.warning("reaped stale processes: %s", reaped)
+            log.warning("reaped dead processes: %s", reaped)
         sweep_orphans(self.app)
 
     def run(self) -> int:

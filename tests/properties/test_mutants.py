@@ -102,6 +102,15 @@ DETECTORS = {
         "tests/integration/test_process_trees.py::test_a_killed_supervisors_runners_stop[sqlite]",
     "zombie_starts_body":
         "tests/integration/test_fleet.py::test_a_worker_whose_process_lost_its_lease_starts_no_step_code[sqlite]",
+    # --- same-host recovery (issue 36) ---
+    "same_host_not_reaped":
+        "tests/integration/test_same_host_recovery.py::test_a_reused_pid_is_told_apart_by_its_start_time",
+    "reap_by_host_name": "tests/integration/test_same_host_recovery.py::"
+    "test_a_live_process_of_another_pid_namespace_with_a_pid_that_exists_here_is_never_reaped",
+    "reap_by_pid_only":
+        "tests/integration/test_same_host_recovery.py::test_a_reused_pid_is_told_apart_by_its_start_time",
+    "dead_fleet_leftovers_kept": "tests/integration/test_same_host_recovery.py::"
+    "test_what_a_dead_fleets_step_started_dies_before_its_claim_moves_on[sqlite]",
     # --- on_halt hooks (issue 16) ---
     "hook_not_owed": "tests/integration/test_halt_hooks.py::test_a_halted_run_gets_one_hook_with_its_halt[sqlite]",
     "hook_fence_dropped": HOOK_STALE,
