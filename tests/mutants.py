@@ -318,10 +318,11 @@ MUTANTS: dict[str, Mutant] = {
         (("crash_count < max_crash:  # [INV-HLT-2] budget", "True:  # mutant: no budget"),),
     ),
     "hook_not_reaped": Mutant(
-        "the reaper leaves a dead worker's on_halt hook running: it is never re-run [INV-HLT-2]",
+        "the reaper (and every recovery) leaves a dead worker's on_halt hook running: it is never re-run "
+        "[INV-HLT-2]",
         "the reaper crashes the hooks a dead process held [INV-HLT-2]",
-        (("hooks = crash_hooks_of(app, tx, process_id)  # [INV-HLT-2] a dead worker's hook is re-run",
-          "hooks = []  # mutant: hooks left running"),),
+        (("recovered.hooks = crash_hooks_of(app, tx, found.hooks)",
+          "recovered.hooks = []  # mutant: hooks left running"),),
     ),
     "prune_without_recheck": Mutant(
         "a prune batch deletes its candidate runs without re-reading their status under the lock: "

@@ -33,8 +33,7 @@ from ductwork import Pipeline, Step
 from ductwork.app import set_default_app
 from ductwork.cli import main
 from ductwork.fleet.processes import heartbeat, register
-from ductwork.fleet.reaper import reap, reap_dead, sweep_orphans
-from ductwork.fleet.supervisor import reconcile
+from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
 from ductwork.fleet.worker import Worker
 from ductwork.limits.claims import claim, restart_with
 from ductwork.pipelines.context import Context
