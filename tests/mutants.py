@@ -140,15 +140,17 @@ MUTANTS: dict[str, Mutant] = {
           "before = None  # mutant: no other lane bounds the batch"),),
     ),
     "batch_no_guard": Mutant(
-        "a group commit ends its executions without the open-and-ours guard [INV-EXE-2]",
-        "a group commit's open-and-ours guard [INV-EXE-2]",
-        (("*guard)", ")  # mutant: no guard"),),
+        "a release (a group commit's successes, a failure, a crash: every outcome) ends its "
+        "executions without the open-and-ours guard [INV-EXE-2]",
+        "a release's open-and-ours guard, shared by every outcome [INV-EXE-2]",
+        (("_e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended\n", ""),
+         ("owner)  # [INV-EXE-2] still the owner's: the reaper did not take it", ")  # mutant: no guard")),
     ),
     "keyed_group_one_seq": Mutant(
         "a keyed group commit releases all its executions with one sequence number [INV-LIM-1, INV-CLK-1]",
         "a keyed group commit releases each execution with its own sequence number, in order [INV-CLK-1]",
-        (("seq + i for i, s in enumerate(successes, start=1)},\n",
-          "seq + 1 for i, s in enumerate(successes, start=1)},  # mutant: one seq for the whole group\n"),),
+        (("{e.execution_id: header.seq + i for i, e in enumerate(endings, start=1)}",
+          "{e.execution_id: header.seq + 1 for i, e in enumerate(endings, start=1)}"),),
     ),
     "keyed_batch_past_refusal": Mutant(
         "a keyed batch decided in memory claims on past a decision that refuses [INV-LIM-1, INV-LIM-2]",
@@ -159,14 +161,14 @@ MUTANTS: dict[str, Mutant] = {
         "a keyed group commit's hand-off numbers its claims from the key's seq before the releases "
         "[INV-LIM-1, INV-CLK-1]",
         "a hand-off's claims follow the group's releases in the key's sequence [INV-CLK-1]",
-        (("header.seq, header.unwritten = header.seq + len(successes), True",
-          "header.unwritten = True  # mutant: the releases do not move the held header's seq"),),
+        (("header.set(seq=header.seq + len(endings))",
+          "header.changed['seq'] = header.seq + len(endings)  # mutant: the held header's seq stays"),),
     ),
     "releases_seq_unwritten": Mutant(
         "a keyed group commit that hands nothing on leaves the key's seq behind its releases "
         "[INV-LIM-1, INV-CLK-1]",
         "a keyed group commit writes the key's seq past its releases [INV-CLK-1]",
-        (("write_seq(tx, key)  # the releases' seq, unless the hand-off's claim wrote it",
+        (("write_header(tx, key)  # the releases' seq, unless the hand-off's claim wrote it",
           "pass  # mutant: the releases' seq is not written"),),
     ),
     "release_clock_before_lock": Mutant(
@@ -404,7 +406,7 @@ MUTANTS: dict[str, Mutant] = {
         "carried-over steps get no execution [INV-REV-2]",
         (("else:  # [INV-REV-2] history: no execution, its status stays, never advanced again",
           "else:  # mutant: history is executed again\n"
-          "    execution_rows.append(new_execution_row(jid, step[\"limit_key\"], now, 0, 0, now))"),),
+          "    pending.append(Pending(jid, step[\"limit_key\"], now))"),),
     ),
     "revive_nil_input": Mutant(
         "a revive re-enqueues a failed step with a null input (the original engine's gap) [INV-REV-3]",

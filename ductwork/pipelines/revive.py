@@ -49,9 +49,8 @@ from ductwork import faults
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.errors import RevivedConcurrently, ReviveError
-from ductwork.limits.executions import new_execution_row
+from ductwork.limits.executions import Pending, enqueue
 from ductwork.pipelines.definition import Definition
-from ductwork.pipelines.steps import ensure_limit_keys
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -126,7 +125,8 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str
     for step in steps:  # in start order: the last one of a branch is its latest
         latest[step["branch_id"]] = step
     stopped = {latest[b]["id"] for b in halted if b in latest}
-    step_rows, job_rows, execution_rows, expand_jobs, keys = [], [], [], [], set()
+    step_rows, job_rows, expand_jobs = [], [], []
+    pending: list[Pending] = []
     for step in steps:  # new ids in the old order: "latest step" stays the latest
         sid, jid = new_id(), new_id()
         resumed = step["id"] in stopped
@@ -142,9 +142,7 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str
             row.update(status="in_progress", started_at=now, completed_at=None, created_at=now)
             job.update(output_payload=None, started_at=now, completed_at=None)  # [INV-REV-3] input_args kept
             eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
-            execution_rows.append(new_execution_row(jid, step["limit_key"], eligible, 0, 0, now))
-            if step["limit_key"]:
-                keys.add(step["limit_key"])
+            pending.append(Pending(jid, step["limit_key"], eligible))
         elif resumed:  # an advancement halt stopped here: the transition runs again [INV-REV-3]
             row.update(status="advancing", completed_at=None, updated_at=now)
         else:  # [INV-REV-2] history: no execution, its status stays, never advanced again
@@ -161,9 +159,7 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str
             ["job_id", "item_index", "value"],
             sa.select(sa.literal(new_job, _x.c.job_id.type), _x.c.item_index, _x.c.value)
             .where(_x.c.job_id == old_job)))
-    if execution_rows:
-        ensure_limit_keys(tx, keys)
-        tx.execute(schema.executions.insert(), execution_rows)
+    enqueue(tx, pending)  # the re-runs, with their keys' rows
     if duplicate_context:
         tx.execute(_c.insert().from_select(
             ["id", "run_id", "key", "value", "first_set_at", "last_set_at"],

@@ -287,7 +287,7 @@ def test_a_step_that_raises_in_its_timeout_child_is_a_failure_with_the_childs_er
 
 
 def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
-    import ductwork.limits.executions as executions
+    import ductwork.pipelines.outcomes as executions
 
     caplog.set_level(logging.WARNING, logger="ductwork")
     process = register(app, role="test", label="rolls-back")
@@ -297,7 +297,7 @@ def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
     def broken(*args, **kwargs):  # noqa: ARG001 - stands in for any call
         raise RuntimeError("the database went away")
 
-    monkeypatch.setattr(executions, "new_execution_row", broken)  # fails after the outcome is written
+    monkeypatch.setattr(executions, "enqueue", broken)  # fails after the outcome is written
     with pytest.raises(RuntimeError):
         executions.record_failure(app, claimed, ValueError("boom"))
     assert _warnings(caplog, "ductwork.executions") == []
