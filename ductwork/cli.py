@@ -5,6 +5,7 @@
     ductwork start [--role R]      run a supervisor with advancer and worker processes
     ductwork status                runs by state, processes, and each limit key
     ductwork demo                  a pipeline with limits on an embedded SQLite file
+                                   (its log, tracebacks included: ./ductwork-demo.log)
     ductwork runs [--status S] [--pipeline P] [--since T] [--limit N] [--json]
                                    runs, newest first
     ductwork show RUN_ID [--json] [--backtrace]
@@ -320,7 +321,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ductwork.demo import main as demo_main
 
-    return demo_main(args.database_url or os.environ.get("DUCTWORK_DATABASE_URL"), args.orders, args.timeout)
+    return demo_main(args.database_url or os.environ.get("DUCTWORK_DATABASE_URL"), args.orders, args.timeout,
+                     *_log_settings(args))
 
 
 COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_status,

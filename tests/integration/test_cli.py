@@ -186,6 +186,21 @@ def test_demo_runs_and_respects_its_limit(tmp_path):
     assert "highest in flight 2 (limit 2)" in done.stdout or "highest in flight 1 (limit 2)" in done.stdout
     # each progress line whole: two worker threads' lines never run together on one line
     assert all(len(re.findall(r"\[\s*\d+\.\d\ds\]", line)) <= 1 for line in done.stdout.splitlines())
+    # the deliberate failure: announced before it happens, one line when it does, its traceback
+    # only in the log, which the output names
+    lines = done.stdout.splitlines()
+    announced = lines.index("order 3's first push fails on purpose (a pretend vendor timeout), to show a retry "
+                            "that keeps its idempotency key")
+    failed = [i for i, line in enumerate(lines) if "order 3: first attempt failed as planned, ConnectionError: "
+              "vendor timed out (first attempt of order 3); it will be retried (traceback in the log)" in line]
+    assert len(failed) == 1
+    assert announced < failed[0]
+    assert "Traceback" not in done.stdout + done.stderr
+    assert done.stderr == ""
+    log = tmp_path / "ductwork-demo.log"
+    assert f"log: {log} (warnings with their tracebacks)" in lines
+    assert "Traceback (most recent call last)" in log.read_text()
+    assert "ConnectionError: vendor timed out (first attempt of order 3)" in log.read_text()
 
 
 def test_demo_runs_on_the_database_it_is_given(tmp_path):
