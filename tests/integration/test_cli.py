@@ -476,8 +476,9 @@ def test_sqlite_needs_neither_server_driver(tmp_path):
         assert done.returncode == 0, done.stderr
     done = run("check", "--database-url", "postgresql://u:secret@db/shop")
     assert done.returncode == 1
-    assert done.stderr == ("ductwork check: DatabaseURLError: database.url='postgresql+psycopg://u:***@db/shop': "
-                           "needs the psycopg driver, which is not installed: pip install 'ductwork[postgres]'\n")
+    assert done.stderr == ("ductwork check: MissingExtraError: database.url='postgresql+psycopg://u:***@db/shop' "
+                           "needs psycopg, which is not installed: pip install 'ductwork[postgres]' "
+                           "(nothing was written)\n")
 
 
 def test_a_command_run_in_process_leaves_the_callers_default_app(tmp_path):
