@@ -13,6 +13,7 @@
     ductwork prune --finished-before DURATION [--dry-run] [--pipeline P] [--batch-size N]
                                    delete completed and halted runs, whole, in batches
     ductwork revive RUN_ID         continue a halted run as a new run; prints the new run's id
+    ductwork --version             the version, the git commit it was built from, where it is
 
 Options for every command: ``--database-url`` (else ``DUCTWORK_DATABASE_URL``,
 then the config's ``database.url``, then ``sqlite:///ductwork.sqlite3``),
@@ -63,10 +64,23 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+class _Version(argparse.Action):
+    """``--version``: :func:`ductwork.version.describe`, worked out only when asked (it may
+    run git), then exit 0."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from ductwork.version import describe
+
+        print(describe())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     """The user commands. ``_child`` is not one of them (see :func:`_child_parser`)."""
     common = _common()
     parser = argparse.ArgumentParser(prog="ductwork", description="Durable pipelines on SQL databases.")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the version and the git commit it was built from, and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     db = commands.add_parser("db", help="schema migrations", parents=[common])
     db.add_argument("action", choices=["upgrade", "current"])
@@ -292,8 +306,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     for row in supervisors_on_this_host(app):  # legal, so only a warning
         log.warning("%s", same_host_warning(row))
     role = args.role or app.config.role
+    from ductwork.version import describe
+
     for line in logs.start_lines(app.config, app.engine.url.render_as_string(hide_password=True),
-                                 [p.definition.pipeline for p in pipelines if p.definition], role):
+                                 [p.definition.pipeline for p in pipelines if p.definition], role, describe()):
         log.info("%s", line)
     command = [sys.executable, "-m", "ductwork.cli", CHILD, *_common_args(args)]
     code = Supervisor(app, command, role=args.role, label=args.label).run()

@@ -7,7 +7,9 @@ print a traceback).
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -533,3 +535,27 @@ def test_start_hands_its_options_to_its_children_and_prints_the_checks_warnings(
         assert "advancer" not in log
     finally:
         engine.dispose()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_a_built_copy_outside_the_checkout_names_the_commit_it_was_built_from(tmp_path):
+    """The build (setup.py's build_py, which ``pip wheel`` runs) records the checkout's commit
+    in ``ductwork/_build.py``; the built package, imported from a directory that is no
+    checkout, prints it. The checkout itself gets no ``_build.py``."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        pytest.skip("the tests do not run from a git checkout")
+    built = tmp_path / "lib"
+    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(built)], cwd=root,
+                   capture_output=True, text=True, timeout=120, check=True)
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = "-dirty" if subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout else ""
+    assert (built / "ductwork" / "_build.py").read_text().endswith(f"COMMIT = '{head}{dirty}'\n")
+    assert not (root / "ductwork" / "_build.py").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "ductwork.cli", "--version"], cwd=elsewhere,
+                          env={**os.environ, "PYTHONPATH": str(built)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(f" (commit {head}{dirty}) from {built / 'ductwork'}\n")
