@@ -18,23 +18,25 @@ ROOT = Path(__file__).resolve().parent
 _version = runpy.run_path(str(ROOT / "ductwork" / "version.py"))
 
 
-def _write_commit(package_dir: Path) -> None:
-    commit = _version["checkout_commit"](ROOT)
+def _write_commit(commit, package_dir: Path) -> None:
     if commit is not None:
         (package_dir / "_build.py").write_text(f'"""Written by setup.py at build time."""\n\nCOMMIT = {commit!r}\n')
 
 
+# Each reads the commit before it builds: what it creates in the checkout (the sdist's
+# release tree) would read as a change.
 class BuildPy(build_py):
     def run(self):
+        commit = None if self.editable_mode else _version["checkout_commit"](ROOT)
         super().run()
-        if not self.editable_mode:
-            _write_commit(Path(self.build_lib) / "ductwork")
+        _write_commit(commit, Path(self.build_lib) / "ductwork")
 
 
 class Sdist(sdist):
     def make_release_tree(self, base_dir, files):
+        commit = _version["checkout_commit"](ROOT)
         super().make_release_tree(base_dir, files)
-        _write_commit(Path(base_dir) / "ductwork")
+        _write_commit(commit, Path(base_dir) / "ductwork")
 
 
 setup(cmdclass={"build_py": BuildPy, "sdist": Sdist})
