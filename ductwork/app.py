@@ -67,6 +67,7 @@ class App(Database):
         """:meth:`run`, awaited: the handle's first read goes through the async driver
         (:meth:`~ductwork.pipelines.runs.Run.arefresh`), never blocking the event loop.
         Raises :class:`~ductwork.errors.UnknownRunError` for no such run, as ``run`` does."""
+        self.require_async("App.arun")
         return await Run(self, run_id, _read=False).arefresh()
 
 

@@ -184,6 +184,13 @@ class Database:
         if tx.advancers_woken:
             self.advancer_wakeup.notify()
 
+    def require_async(self, user: str) -> None:
+        """Raise :class:`~ductwork.errors.MissingExtraError` naming ``user`` (the async
+        method called) and ``pip install 'ductwork[async]'`` unless what the async client
+        needs on this database imports (``dialects.require_async``); every async method
+        calls it first, before it writes or reads anything."""
+        dialects.require_async(self.engine.url, user)
+
     def async_engine(self) -> AsyncEngine:
         """The async twin of ``engine`` (``dialects.create_async_engine``: the same database
         through psycopg 3's async connections, aiomysql or aiosqlite, pooling nothing),

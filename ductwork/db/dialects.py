@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.sql.elements import UnaryExpression
 from sqlalchemy.sql.operators import custom_op
 
+from ductwork.db.extras import EXTRAS, require
 from ductwork.db.schema import CONSTRAINT_COLUMNS
 from ductwork.errors import DatabaseURLError, UnsupportedDialectError
 
@@ -84,8 +84,6 @@ class Seam:
 #: the driver ductwork uses per URL scheme, and the module that must be importable
 DRIVERS = {"postgresql": "psycopg", "mysql": "pymysql", "mariadb": "pymysql", "sqlite": "pysqlite"}
 _MODULES = {"psycopg": "psycopg", "pymysql": "pymysql", "pysqlite": "sqlite3"}
-#: the ``pip install`` extra that brings each driver (SQLite's comes with Python)
-EXTRAS = {"psycopg": "postgres", "pymysql": "mysql"}
 #: other drivers' spellings read as ductwork's driver: the URL's host, user, password,
 #: database and libpq/MySQL options mean the same to both, and ductwork opens its own
 #: synchronous connections (an async driver's URL works the same way)
@@ -103,8 +101,8 @@ def _spellings(scheme: str) -> str:
     others = ", ".join(f"+{d}" for d in DRIVER_ALIASES[scheme])
     form = "sqlite:///path" if scheme == "sqlite" else f"{scheme}://"
     text = f"write {form} or {scheme}+{driver}:// (also read as +{driver}: {others})"
-    if driver in EXTRAS:
-        text += f"; the driver comes with pip install 'ductwork[{EXTRAS[driver]}]'"
+    if _MODULES[driver] in EXTRAS:
+        text += f"; the driver comes with pip install 'ductwork[{EXTRAS[_MODULES[driver]]}]'"
     return text
 
 
@@ -152,18 +150,18 @@ def normalize_url(url: str | URL) -> URL:
 
 
 def require_driver(url: URL) -> None:
-    """Raise :class:`DatabaseURLError` naming ``url`` (a normalised URL, password
-    masked) and the ``pip install`` command when its driver cannot be imported.
+    """``extras.require`` ``url``'s driver (a normalised URL, named with its password
+    masked) when an extra installs it: MissingExtraError names the extra."""
+    module = _MODULES[url.drivername.partition("+")[2]]
+    if module in EXTRAS:
+        require(f"database.url={url.render_as_string(hide_password=True)!r}", module)
 
-    Checked with ``importlib.util.find_spec``: the driver is not imported here.
-    """
-    driver = url.drivername.partition("+")[2]
-    if importlib.util.find_spec(_MODULES[driver]) is None:
-        raise DatabaseURLError(
-            "database.url", url.render_as_string(hide_password=True),
-            f"needs the {_MODULES[driver]} driver, which is not installed: "
-            f"pip install 'ductwork[{EXTRAS[driver]}]'",
-        )
+
+def require_async(url: str | URL, user: str) -> None:
+    """``extras.require`` what the async client needs on ``url``'s database: greenlet (for
+    SQLAlchemy's asyncio extension), the extension, and ductwork's async driver there."""
+    driver = ASYNC_DRIVERS[normalize_url(url).drivername.partition("+")[2]]
+    require(user, "greenlet", "sqlalchemy.ext.asyncio", _ASYNC_MODULES[driver])
 
 
 def describe(url: str | URL) -> str:
@@ -249,7 +247,8 @@ def create_engine(url: str | URL, **settings: Any) -> Engine:
     ``settings`` may carry ``connect_timeout``, ``io_timeout`` (seconds a network
     read or write may block) and ``busy_timeout`` (SQLite lock wait); ``pool_size``
     is passed through. Raises :class:`DatabaseURLError` for a URL :func:`normalize_url`
-    rejects and when the driver is not installed. Connects to nothing: the first
+    rejects and :class:`MissingExtraError` when the driver does not import
+    (:func:`require_driver`). Connects to nothing: the first
     connection to a SQLite file that does not exist creates it.
     """
     parsed = normalize_url(url)
@@ -308,8 +307,9 @@ def create_async_engine(url: str | URL, **settings: Any) -> AsyncEngine:
     It pools nothing (``NullPool``): a pooled async connection belongs to the event
     loop that opened it, and callers (a web app, tests, ``asyncio.run`` per script)
     use several loops; each use opens a connection on the loop it runs on. Raises
-    :class:`DatabaseURLError` naming ``pip install 'ductwork[async]'`` when the async
-    driver is not installed."""
+    :class:`MissingExtraError` naming ``pip install 'ductwork[async]'`` when the async
+    driver or greenlet does not import (:func:`require_async`)."""
+    require_async(url, "the async client")
     from sqlalchemy.ext.asyncio import create_async_engine as _create
     from sqlalchemy.pool import NullPool
 
@@ -317,10 +317,6 @@ def create_async_engine(url: str | URL, **settings: Any) -> AsyncEngine:
     name = backend(parsed.get_backend_name())
     driver = ASYNC_DRIVERS[parsed.drivername.partition("+")[2]]
     parsed = parsed.set(drivername=f"{parsed.drivername.partition('+')[0]}+{driver}")
-    if importlib.util.find_spec(_ASYNC_MODULES[driver]) is None or importlib.util.find_spec("greenlet") is None:
-        raise DatabaseURLError("database.url", parsed.render_as_string(hide_password=True),
-                               f"the async client needs the {driver} driver and greenlet: "
-                               "pip install 'ductwork[async]'")
     options = _engine_options(name, settings)
     if name == "mysql":
         # Differs from PostgreSQL in that aiomysql takes no read or write timeout (PyMySQL

@@ -21,7 +21,7 @@ import functools
 import inspect
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ductwork.db.database import default_app
+from ductwork.db.database import current_default_app, default_app
 from ductwork.db.hosts import other_job_workers
 from ductwork.errors import DefinitionError, InputError, MainModuleError, TriggerConnectionError
 from ductwork.pipelines.definition import (
@@ -149,7 +149,12 @@ class Pipeline:
         reads before it writes (the ``__main__`` check): done in the thread, none of it can
         block the loop. The thread is one of the loop's default executor's; cancelling the
         awaiting task does not undo a trigger the thread has begun (it commits or rolls
-        back on its own)."""
+        back on its own). Checks first, before anything is written, that the async client's
+        modules import: :class:`~ductwork.errors.MissingExtraError` names
+        ``pip install 'ductwork[async]'`` otherwise (the run's handle awaits through them)."""
+        target = app or current_default_app()  # (none: trigger's checks say so, after its own)
+        if target is not None:
+            target.require_async(f"{cls.__qualname__}.atrigger")
         connection = options.pop("connection", None)
         if connection is not None:
             run_sync = getattr(connection, "run_sync", None)

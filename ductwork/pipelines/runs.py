@@ -277,7 +277,10 @@ class Run:
 
     async def arefresh(self) -> Run:
         """:meth:`refresh`, awaited: the same reads through the async driver
-        (``Database.aread``), never blocking the event loop; returns self."""
+        (``Database.aread``), never blocking the event loop; returns self. Like every async
+        method, checks first that the async client's modules import
+        (:class:`~ductwork.errors.MissingExtraError`, ``pip install 'ductwork[async]'``)."""
+        self.app.require_async("Run.arefresh")
         await self.app.aread(self._read)
         return self
 
@@ -311,6 +314,7 @@ class Run:
         three statuses), polling with :meth:`arefresh` every ``poll`` s and sleeping with
         ``asyncio.sleep``, so the event loop runs on; TimeoutError after ``timeout`` s.
         Cancelling the awaiting task stops the polling (the run goes on)."""
+        self.app.require_async("Run.await_completion")
         deadline = time.monotonic() + timeout
         while (await self.arefresh()).status not in SETTLED:
             if time.monotonic() >= deadline:
@@ -411,6 +415,7 @@ class Run:
         returns self. The same exactly-once: a second resume raises
         :class:`RunStateError`. Cancelling the awaiting task does not undo a resume the
         thread has begun (it commits or rolls back on its own)."""
+        self.app.require_async("Run.aresume")
         return await asyncio.to_thread(self.resume, input)
 
     def revive(self, duplicate_context: bool = False) -> Run:

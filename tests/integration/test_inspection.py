@@ -29,6 +29,7 @@ from ductwork.fleet.processes import register
 from ductwork.limits.claims import claim
 from ductwork.pipelines import prune as pruning
 from ductwork.pipelines.history import list_runs
+from ductwork.pipelines.history_text import render_history
 from ductwork.testing import drain
 from tests.conftest import installed, make_app
 
@@ -550,7 +551,7 @@ def waits_app(db_url):
 
 def _shown(run) -> str:
     """``ductwork show``'s text of the run at the app's clock (the CLI renders the same record)."""
-    return ductwork.pipelines.history.render_history(run.history())
+    return render_history(run.history())
 
 
 def test_show_names_what_each_step_of_a_run_in_progress_waits_for(waits_app):

@@ -25,6 +25,7 @@ from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.limits.claims import claim
 from ductwork.testing import drain
+from ductwork.version import describe
 from tests.conftest import make_app, reset_tables
 from tests.fleet import Fleet, wait_for, write_config
 
@@ -343,6 +344,7 @@ def test_start_logs_what_it_runs_and_each_failure_with_its_traceback(db_url, tmp
     lines = log.splitlines()
     (start,) = [line for line in lines if " ductwork.cli INFO ductwork start: database " in line]
     assert f"database {_masked(db_url)}, config {tmp_path / 'ductwork.yml'}, env 'default', role all" in start
+    assert start.endswith(f"role all; {describe()}")  # which ductwork, from which commit
     assert any(line.endswith(f"ductwork.cli INFO pipelines (1): {__name__}:KeyedDeclineP") for line in lines)
     assert any(line.endswith("ductwork.cli INFO processes: 1 advancer process with 1 threads, "
                              "1 worker process with 2 threads each") for line in lines)

@@ -7,14 +7,15 @@ Checks: none (configuration errors name the offending URL, password masked).
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.abc
+import sys
 
 import pytest
 
 from ductwork.app import App
 from ductwork.config import Config
-from ductwork.db import dialects
-from ductwork.errors import DatabaseURLError, MissingDatabaseError, MissingTablesError
+from ductwork.db import dialects, extras
+from ductwork.errors import DatabaseURLError, MissingDatabaseError, MissingExtraError, MissingTablesError
 
 
 @pytest.mark.parametrize(("url", "read_as"), [
@@ -89,20 +90,38 @@ def test_a_mysql_url_without_a_database_is_named(url):
     ("mysql://h/db", "pymysql", "mysql"),
 ])
 def test_a_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url, module, extra):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
-    with pytest.raises(DatabaseURLError) as info:
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed: its import fails
+    with pytest.raises(MissingExtraError) as info:
         dialects.create_engine(url)
     message = str(info.value)
-    assert f"needs the {module} driver, which is not installed: pip install 'ductwork[{extra}]'" in message
     assert message.startswith("database.url='")
+    assert message.endswith(f"' needs {module}, which is not installed: pip install 'ductwork[{extra}]' "
+                            "(nothing was written)")
     assert "secret" not in message
+    assert isinstance(info.value, ImportError)
+    assert (info.value.module, info.value.extra) == (module, extra)
+
+
+def test_a_driver_that_is_installed_but_does_not_load_says_why(monkeypatch):
+    """psycopg without its C library (``pip install psycopg``, no ``[binary]``, no libpq)
+    is found but raises ImportError when imported: the reason is kept."""
+    class Broken(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, *_):
+            if name == "psycopg":
+                raise ImportError("no pq wrapper available")
+            return None
+
+    monkeypatch.delitem(sys.modules, "psycopg", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+    with pytest.raises(MissingExtraError, match=r"^database\.url='postgresql\+psycopg://h/db' needs psycopg, "
+                                                r"which does not import \(no pq wrapper available\): "
+                                                r"pip install 'ductwork\[postgres\]'"):
+        dialects.create_engine("postgresql://h/db")
 
 
 def test_sqlite_needs_no_driver_beyond_python(monkeypatch, tmp_path):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("psycopg", "pymysql") else real(name, *a))
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.setitem(sys.modules, "pymysql", None)
     dialects.create_engine(f"sqlite:///{tmp_path}/x.sqlite3").dispose()
 
 
@@ -130,18 +149,36 @@ def test_a_sqlite_uri_filename_is_left_to_sqlite(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("url", "module", "driver"), [
-    ("postgresql://h/db", "psycopg", "psycopg_async"),
-    ("mysql://h/db", "aiomysql", "aiomysql"),
-    ("sqlite:///x.sqlite3", "greenlet", "aiosqlite"),
+@pytest.mark.parametrize(("url", "module", "extra"), [
+    ("postgresql://h/db", "greenlet", "async"),
+    ("mysql://h/db", "aiomysql", "async"),
+    ("sqlite:///x.sqlite3", "aiosqlite", "async"),
+    ("sqlite:///x.sqlite3", "greenlet", "async"),
+    ("mysql://h/db", "sqlalchemy.ext.asyncio", "async"),
+    ("postgresql://h/db", "psycopg", "postgres"),  # the async driver is the sync one's module
 ])
-def test_an_async_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url, module, driver):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
-    with pytest.raises(DatabaseURLError) as info:
+def test_an_async_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url, module, extra):
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(MissingExtraError) as info:
         dialects.create_async_engine(url)
-    assert str(info.value).endswith(f"the async client needs the {driver} driver and greenlet: "
-                                    "pip install 'ductwork[async]'")
+    assert str(info.value) == (f"the async client needs {module}, which is not installed: "
+                               f"pip install 'ductwork[{extra}]' (nothing was written)")
+
+
+def test_every_module_with_an_extra_is_in_that_extra():
+    """The map of modules to extras agrees with pyproject.toml: each module's extra lists
+    the distribution that installs it."""
+    import tomllib
+    from pathlib import Path
+
+    declared = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    distribution = {"psycopg": "psycopg", "pymysql": "PyMySQL", "greenlet": "SQLAlchemy[asyncio]",
+                    "sqlalchemy.ext.asyncio": "SQLAlchemy[asyncio]", "aiomysql": "aiomysql",
+                    "aiosqlite": "aiosqlite"}
+    assert set(extras.EXTRAS) == set(distribution)
+    for module, extra in extras.EXTRAS.items():
+        assert any(requirement.startswith(distribution[module]) for requirement in declared[extra]), (module, extra)
 
 
 def test_the_default_database_says_it_is_the_default(tmp_path, monkeypatch):

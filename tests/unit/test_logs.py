@@ -153,3 +153,5 @@ def test_start_lines_say_what_runs_where_with_which_limits():
         "pipelines: none listed", "processes: 1 advancer process with 3 threads", "limit keys: none"]
     assert logs.start_lines(Config(), "sqlite:///x", [], "worker")[2] == (
         "processes: 1 worker process with 5 threads each")
+    assert logs.start_lines(Config(), "sqlite:///x", [], "all", "ductwork 0.1.0 (commit 1a2b3c4) from /x")[0] \
+        .endswith("role all; ductwork 0.1.0 (commit 1a2b3c4) from /x")
