@@ -265,6 +265,20 @@ def test_pages_mark_few_blocks_not_run():
     assert len(skipped) <= 3, f"python blocks not run: {skipped}"
 
 
+def test_pages_name_every_file_they_write_where_a_reader_sees_it():
+    """A page's code may import a module that a ``<!-- file: PATH -->`` block writes or a
+    ``<!-- support file PATH -->`` holds only if PATH is on the rendered page (in its prose or
+    in a block), where a reader copying the code learns what to save where: HTML comments are
+    not rendered."""
+    hidden = []
+    for path in PAGES:
+        page = read_page(path)
+        visible = re.sub(r"<!--.*?-->", "", path.read_text(), flags=re.S)
+        written = [b.directive[len("file: "):] for b in page.blocks if (b.directive or "").startswith("file: ")]
+        hidden += [f"{page.name}: {name}" for name in [*written, *page.support] if name not in visible]
+    assert not hidden, f"files written by a page but named only in HTML comments: {hidden}"
+
+
 def test_checked_tables_are_found():
     rows = {_CHECK_CONFIG: 0, _CHECK_DEFINE: 0}
     for path in PAGES:

@@ -11,7 +11,7 @@ locks, which the generated mutants of ``tests/mutation.py`` rewrite) import neit
 SQLAlchemy nor a module of ``ductwork.db``, ``.limits``, ``.pipelines`` or ``.fleet``
 that is not pure itself (read from their import statements). The import-linter checks:
 skipped, saying why, only when import-linter is not installed (the ``test`` extra
-installs it). About 2 s.
+installs it). In the lint tier (``pytest tests/lint``) with the other static checks.
 """
 
 from __future__ import annotations
