@@ -403,7 +403,7 @@ MUTANTS: dict[str, Mutant] = {
         "carried-over steps get no execution [INV-REV-2]",
         (("else:  # [INV-REV-2] history: no execution, its status stays, never advanced again",
           "else:  # mutant: history is executed again\n"
-          "    execution_rows.append(new_execution_row(jid, step[\"limit_key\"], now, 0, 0, now))"),),
+          "    execution = new_execution_row(jid, step[\"limit_key\"], now, 0, 0, now)"),),
     ),
     "revive_nil_input": Mutant(
         "a revive re-enqueues a failed step with a null input (the original engine's gap) [INV-REV-3]",
