@@ -32,7 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ductwork.config import Config, config_from_mapping, load_config
+from ductwork.config import Config
+from ductwork.config_file import config_from_mapping, load_config
 from ductwork.db.clock import Clock
 from ductwork.db.database import Database, Tx, default_app, set_default_app
 from ductwork.fleet.processes import register

@@ -151,7 +151,7 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
 
-    from ductwork.config import config_from_mapping
+    from ductwork.config_file import config_from_mapping
     from ductwork.db.database import Database as App
     from ductwork.errors import StepReturnError
     from ductwork.fleet.invoke import BuildFailed, StepInvalid, build_step, returned

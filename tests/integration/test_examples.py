@@ -346,11 +346,12 @@ class _Background:
 def _validate_yaml(block: Block) -> None:
     import yaml
 
-    from ductwork.config import _SECTION_KEYS, Config, config_from_mapping
+    from ductwork.config import SECTION_KEYS, Config
+    from ductwork.config_file import config_from_mapping
 
     doc = yaml.safe_load(block.code)
     assert isinstance(doc, dict), f"{block.page}:{block.line}: YAML is not a mapping"
-    if any(key in _SECTION_KEYS for key in doc):
+    if any(key in SECTION_KEYS for key in doc):
         Config.from_section(doc, environ={})
     else:
         for env in doc:
