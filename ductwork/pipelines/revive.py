@@ -50,7 +50,7 @@ from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.errors import RevivedConcurrently, ReviveError
 from ductwork.limits.executions import new_execution_row
-from ductwork.pipelines.definition import Definition
+from ductwork.pipelines.snapshot import Definition
 from ductwork.pipelines.steps import ensure_limit_keys
 
 if TYPE_CHECKING:

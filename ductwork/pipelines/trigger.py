@@ -73,7 +73,7 @@ from ductwork.pipelines.steps import NewStep, create_branches, create_steps
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
-    from ductwork.pipelines.definition import Definition
+    from ductwork.pipelines.snapshot import Definition
 
 _r = schema.runs
 

@@ -64,8 +64,8 @@ from ductwork.db import schema
 from ductwork.db.clock import ManualClock
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
-from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.runs import trigger_run
+from ductwork.pipelines.snapshot import Definition
 from ductwork.pipelines.steps import latest_step
 from ductwork.testing import _next_wake
 from model.pipelines import CRASH, FAILURE, NO_INPUT, canonical_json, run_and_model, run_to_quiescence, success
