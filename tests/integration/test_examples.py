@@ -378,13 +378,13 @@ def _check_definitions(page: Page, line: int, rows: list[tuple[str, str]]) -> No
 
 def _run_checks(page: Page, workdir: Path) -> None:
     from ductwork.cli import main
-    from ductwork.db import dialects, migrate
+    from ductwork.db import engines, migrate
 
     sys.path.insert(0, str(REPO))  # the tables name the pipelines of examples/
     checkdir = workdir / "check"
     checkdir.mkdir()
     os.chdir(checkdir)
-    engine = dialects.create_engine("sqlite:///ductwork.sqlite3")
+    engine = engines.create_engine("sqlite:///ductwork.sqlite3")
     migrate.upgrade(engine)
     engine.dispose()
     for kind, line, rows in page.checks:
