@@ -50,7 +50,7 @@ BACKENDS = ("sqlite", "postgresql", "mysql")
 
 
 def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> str:
-    from ductwork.db import dialects, migrate
+    from ductwork.db import engines, migrate
     from tests import databases
 
     if kind == "sqlite":
@@ -63,7 +63,7 @@ def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id
         # dropping each other's databases (default: ductwork_test_<worker>).
         prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test")
         url = databases.fresh_database(server, databases.database_name(worker_id, prefix=prefix))
-    engine = dialects.create_engine(url)
+    engine = engines.create_engine(url)
     try:
         migrate.upgrade(engine)
     finally:

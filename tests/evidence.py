@@ -65,9 +65,9 @@ def versions() -> str:
         url = os.environ.get(env)
         if not url:
             continue
-        from ductwork.db import dialects
+        from ductwork.db import engines
 
-        engine = dialects.create_engine(url)
+        engine = engines.create_engine(url)
         try:
             with engine.connect() as conn:
                 text = conn.execute(sa.text("SELECT version()")).scalar_one()

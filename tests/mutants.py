@@ -406,7 +406,7 @@ MUTANTS: dict[str, Mutant] = {
         "carried-over steps get no execution [INV-REV-2]",
         (("else:  # [INV-REV-2] history: no execution, its status stays, never advanced again",
           "else:  # mutant: history is executed again\n"
-          "    pending.append(Pending(jid, step[\"limit_key\"], now))"),),
+          "    rerun = Pending(jid, step[\"limit_key\"], now)"),),
     ),
     "revive_nil_input": Mutant(
         "a revive re-enqueues a failed step with a null input (the original engine's gap) [INV-REV-3]",

@@ -3,8 +3,8 @@ feature's modules import before it writes anything.
 
     >>> require("the async client", "greenlet")      # MissingExtraError if greenlet is absent
 
-Not done here: which modules a database URL needs (``dialects.require_driver``,
-``dialects.require_async`` map a URL onto the modules of this table).
+Not done here: which modules a database URL needs (``engines.require_driver``,
+``engines.require_async`` map a URL onto the modules of this table).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from ductwork.pipelines import payloads
 
 if TYPE_CHECKING:
     from ductwork.db.database import Tx
-    from ductwork.pipelines.definition import Definition
+    from ductwork.pipelines.snapshot import Definition
 
 ADVANCEABLE = ("advancing", "failed")
 """Step statuses meaning "the job is done, the branch can move" (claim and fence share it)."""

@@ -215,13 +215,13 @@ def test_an_apps_first_read_may_be_async_its_schema_checked_off_the_loop(app):
     """An App whose only use so far is a trigger in the caller's async transaction (which
     checks nothing: the caller's connection) checks the schema before its first ``aread``,
     in a thread: a sync check on the loop would block it."""
-    from ductwork.db import dialects
+    from ductwork.db import engines
     from tests.conftest import make_app
 
     fresh = make_app(app.url)
 
     async def main():
-        engine = dialects.create_async_engine(app.url)
+        engine = engines.create_async_engine(app.url)
         try:
             async with engine.begin() as conn:
                 run = await AddP.atrigger(1, 2, connection=conn, app=fresh)
@@ -300,10 +300,10 @@ def test_atrigger_in_the_callers_async_transaction_commits_or_rolls_back_with_it
     """``atrigger(connection=AsyncConnection)`` writes through the caller's transaction on
     the loop (the async driver), never blocking it: a rollback leaves nothing, a commit the
     run, and a second keyed trigger in another transaction returns that run [INV-TRG-2]."""
-    from ductwork.db import dialects
+    from ductwork.db import engines
 
     async def main():
-        engine = dialects.create_async_engine(app.url)
+        engine = engines.create_async_engine(app.url)
         try:
             async def order_that_fails():
                 async with engine.begin() as conn:

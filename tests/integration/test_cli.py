@@ -35,10 +35,10 @@ def _check(tmp_path: Path, url: str, section, capsys, *, env: str = "default"):
 
 @pytest.fixture
 def sqlite_url(tmp_path):
-    from ductwork.db import dialects, migrate
+    from ductwork.db import engines, migrate
 
     url = f"sqlite:///{tmp_path}/check.sqlite3"
-    engine = dialects.create_engine(url)
+    engine = engines.create_engine(url)
     migrate.upgrade(engine)
     engine.dispose()
     return url
@@ -87,20 +87,20 @@ def test_unreferenced_entry_only_warns(tmp_path, sqlite_url, capsys):
 
 def test_missing_tables_are_named(tmp_path, db_url, capsys):
     """An unmigrated database of each backend: the error names the missing tables."""
-    from ductwork.db import dialects, schema
+    from ductwork.db import engines, schema
 
-    engine = dialects.create_engine(db_url)
+    engine = engines.create_engine(db_url)
     schema.limit_buckets.drop(engine)
     engine.dispose()
     try:
         code, _, err = _check(tmp_path, db_url, {"pipelines": [PIPELINE], "job_worker": {
             "limits": {"slow_key": {"concurrency": 1}}}}, capsys)
         assert code == 1
-        shown = dialects.describe(db_url)
+        shown = engines.describe(db_url)
         assert err.strip() == (f"ductwork check: MissingTablesError: missing tables in {shown}: "
                                "ductwork_limit_buckets (run `ductwork db upgrade` to create them)")
     finally:
-        engine = dialects.create_engine(db_url)
+        engine = engines.create_engine(db_url)
         schema.limit_buckets.create(engine)
         engine.dispose()
 

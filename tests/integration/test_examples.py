@@ -360,11 +360,12 @@ class _Background:
 def _validate_yaml(block: Block) -> None:
     import yaml
 
-    from ductwork.config import _SECTION_KEYS, Config, config_from_mapping
+    from ductwork.config import SECTION_KEYS, Config
+    from ductwork.config_file import config_from_mapping
 
     doc = yaml.safe_load(block.code)
     assert isinstance(doc, dict), f"{block.page}:{block.line}: YAML is not a mapping"
-    if any(key in _SECTION_KEYS for key in doc):
+    if any(key in SECTION_KEYS for key in doc):
         Config.from_section(doc, environ={})
     else:
         for env in doc:
@@ -391,13 +392,13 @@ def _check_definitions(page: Page, line: int, rows: list[tuple[str, str]]) -> No
 
 def _run_checks(page: Page, workdir: Path) -> None:
     from ductwork.cli import main
-    from ductwork.db import dialects, migrate
+    from ductwork.db import engines, migrate
 
     sys.path.insert(0, str(REPO))  # the tables name the pipelines of examples/
     checkdir = workdir / "check"
     checkdir.mkdir()
     os.chdir(checkdir)
-    engine = dialects.create_engine("sqlite:///ductwork.sqlite3")
+    engine = engines.create_engine("sqlite:///ductwork.sqlite3")
     migrate.upgrade(engine)
     engine.dispose()
     for kind, line, rows in page.checks:

@@ -314,9 +314,9 @@ def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
 
 
 def _masked(url: str) -> str:
-    from ductwork.db import dialects
+    from ductwork.db import engines
 
-    engine = dialects.create_engine(url)
+    engine = engines.create_engine(url)
     try:
         return engine.url.render_as_string(hide_password=True)
     finally:

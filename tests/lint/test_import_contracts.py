@@ -63,7 +63,8 @@ def test_an_upward_import_breaks_the_layers(tmp_path: Path):
 
 #: the pure modules: decisions on values, no SQL, no clock, no I/O
 PURE = ("ductwork/durations.py", "ductwork/limit_entries.py", "ductwork/limits/buckets.py",
-        "ductwork/limits/outcomes.py", "ductwork/pipelines/definition.py", "ductwork/pipelines/rules.py")
+        "ductwork/limits/outcomes.py", "ductwork/pipelines/definition.py", "ductwork/pipelines/registry.py",
+        "ductwork/pipelines/snapshot.py", "ductwork/pipelines/rules.py")
 #: what a pure module may import from ductwork's packages besides the pure modules (the base
 #: modules are free): the Step class a definition's nodes refer to (no SQL either)
 PURE_PACKAGES_ALLOWED = {"ductwork.pipelines.step"}

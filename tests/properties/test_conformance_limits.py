@@ -348,9 +348,9 @@ def conformance_settings(**overrides) -> settings:
 
 
 def test_limits_engine_agrees_with_model(db_url):
-    from ductwork.db import dialects
+    from ductwork.db import engines
 
-    engine = dialects.create_engine(db_url)
+    engine = engines.create_engine(db_url)
     try:
         run_state_machine_as_test(lambda: LimitsAgainstModel(db_url, engine), settings=conformance_settings())
     finally:

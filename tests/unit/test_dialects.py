@@ -14,7 +14,7 @@ import pytest
 
 from ductwork.app import App
 from ductwork.config import Config
-from ductwork.db import dialects, extras
+from ductwork.db import dialects, engines, extras
 from ductwork.errors import DatabaseURLError, MissingDatabaseError, MissingExtraError, MissingTablesError
 
 
@@ -30,7 +30,7 @@ from ductwork.errors import DatabaseURLError, MissingDatabaseError, MissingExtra
     ("sqlite+aiosqlite:///x.sqlite3", "sqlite+pysqlite:///x.sqlite3"),
 ])
 def test_common_driver_spellings_are_read_as_ductworks_driver(url, read_as):
-    assert dialects.describe(url) == read_as
+    assert engines.describe(url) == read_as
 
 
 @pytest.mark.parametrize(("url", "fragment"), [
@@ -42,7 +42,7 @@ def test_common_driver_spellings_are_read_as_ductworks_driver(url, read_as):
 ])
 def test_an_unknown_driver_names_the_url_the_spellings_and_the_extra(url, fragment):
     with pytest.raises(DatabaseURLError) as info:
-        dialects.normalize_url(url)
+        engines.normalize_url(url)
     assert fragment in str(info.value)
     assert "secret" not in str(info.value)
 
@@ -50,7 +50,7 @@ def test_an_unknown_driver_names_the_url_the_spellings_and_the_extra(url, fragme
 def test_an_unknown_sqlite_driver_names_the_spellings_and_no_extra():
     """SQLite's driver comes with Python: the refusal names the spellings, and no pip extra."""
     with pytest.raises(DatabaseURLError) as info:
-        dialects.normalize_url("sqlite+pysqlcipher:///x.sqlite3")
+        engines.normalize_url("sqlite+pysqlcipher:///x.sqlite3")
     assert str(info.value).endswith("driver 'pysqlcipher' is not supported; write sqlite:///path or "
                                     "sqlite+pysqlite:// (also read as +pysqlite: +aiosqlite)")
 
@@ -58,7 +58,7 @@ def test_an_unknown_sqlite_driver_names_the_spellings_and_no_extra():
 @pytest.mark.parametrize("url", ["not a url", "postgresql://h:port/db"])
 def test_a_malformed_url_is_refused_naming_it(url):
     with pytest.raises(DatabaseURLError, match=r"not a database URL") as info:
-        dialects.normalize_url(url)
+        engines.normalize_url(url)
     assert info.value.path == "database.url"
     assert info.value.value == url
 
@@ -68,7 +68,7 @@ def test_a_malformed_url_is_refused_naming_it(url):
     ("sqlite:///x.sqlite3", "sqlite"),
 ])
 def test_the_backend_of_a_dialect_names_its_family(name, backend):
-    engine = dialects.create_engine(name)  # connects to nothing
+    engine = engines.create_engine(name)  # connects to nothing
     try:
         assert dialects.backend(engine.dialect) == backend
         assert dialects.backend(engine) == backend
@@ -79,7 +79,7 @@ def test_the_backend_of_a_dialect_names_its_family(name, backend):
 @pytest.mark.parametrize("url", ["mysql://root:pw@127.0.0.1:3306", "mysql://root@h/", "mariadb://h"])
 def test_a_mysql_url_without_a_database_is_named(url):
     with pytest.raises(DatabaseURLError, match=r"names no database; add one, e\.g\. m") as info:
-        dialects.create_engine(url)
+        engines.create_engine(url)
     assert info.value.path == "database.url"
     assert "pw" not in str(info.value)
 
@@ -92,7 +92,7 @@ def test_a_mysql_url_without_a_database_is_named(url):
 def test_a_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # as if not installed: its import fails
     with pytest.raises(MissingExtraError) as info:
-        dialects.create_engine(url)
+        engines.create_engine(url)
     message = str(info.value)
     assert message.startswith("database.url='")
     assert message.endswith(f"' needs {module}, which is not installed: pip install 'ductwork[{extra}]' "
@@ -116,13 +116,13 @@ def test_a_driver_that_is_installed_but_does_not_load_says_why(monkeypatch):
     with pytest.raises(MissingExtraError, match=r"^database\.url='postgresql\+psycopg://h/db' needs psycopg, "
                                                 r"which does not import \(no pq wrapper available\): "
                                                 r"pip install 'ductwork\[postgres\]'"):
-        dialects.create_engine("postgresql://h/db")
+        engines.create_engine("postgresql://h/db")
 
 
 def test_sqlite_needs_no_driver_beyond_python(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "psycopg", None)
     monkeypatch.setitem(sys.modules, "pymysql", None)
-    dialects.create_engine(f"sqlite:///{tmp_path}/x.sqlite3").dispose()
+    engines.create_engine(f"sqlite:///{tmp_path}/x.sqlite3").dispose()
 
 
 def test_a_missing_sqlite_file_is_reported_not_created(tmp_path, monkeypatch):
@@ -144,8 +144,8 @@ def test_a_sqlite_uri_filename_is_left_to_sqlite(tmp_path, monkeypatch):
     whether connecting creates the file, so ductwork does not call it absent."""
     monkeypatch.chdir(tmp_path)
     for url in ("sqlite:///file:typo.sqlite3?mode=ro&uri=true", "sqlite:///file:typo.sqlite3?mode=ro"):
-        assert dialects.absent_database_file(url) is None
-    assert dialects.absent_database_file("sqlite:///typo.sqlite3") == tmp_path / "typo.sqlite3"
+        assert engines.absent_database_file(url) is None
+    assert engines.absent_database_file("sqlite:///typo.sqlite3") == tmp_path / "typo.sqlite3"
     assert list(tmp_path.iterdir()) == []
 
 
@@ -160,7 +160,7 @@ def test_a_sqlite_uri_filename_is_left_to_sqlite(tmp_path, monkeypatch):
 def test_an_async_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url, module, extra):
     monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(MissingExtraError) as info:
-        dialects.create_async_engine(url)
+        engines.create_async_engine(url)
     assert str(info.value) == (f"the async client needs {module}, which is not installed: "
                                f"pip install 'ductwork[{extra}]' (nothing was written)")
 

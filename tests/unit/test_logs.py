@@ -16,7 +16,8 @@ import sqlalchemy as sa
 
 from ductwork import logs
 from ductwork.cli import _log_settings, _parser
-from ductwork.config import Config, LoggingConfig, config_from_mapping
+from ductwork.config import Config, LoggingConfig
+from ductwork.config_file import config_from_mapping
 from ductwork.errors import ConfigError
 
 
