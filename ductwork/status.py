@@ -6,8 +6,13 @@ recent failed ones), processes (host, pid, heartbeat age; marked ``late``, ``sta
 
 Per key: executions in flight (claimed, not completed) against its
 ``concurrency``, each bucket's tokens against its burst (refilled to now for
-display only; nothing is written), and ``blocked_until`` (a rate-blocked key is
-skipped by every worker until then). Read-only.
+display only; nothing is written), ``blocked_until`` (a rate-blocked key is
+skipped by every worker until then) and the claims it ever admitted. Read-only:
+one read-only transaction of the same few statements however many keys there are
+(each reads every key at once), taking no key lock.
+
+:func:`execution_outcomes` counts executions by outcome (a scan of the executions
+table: the dashboard's ``/metrics`` reads it, ``ductwork status`` does not).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from ductwork.limits import buckets
 
 if TYPE_CHECKING:
     from ductwork.app import App
+    from ductwork.db.database import Tx
 
 #: the most recent failed on_halt hooks ``ductwork status`` lists
 FAILED_HOOKS_SHOWN = 5
@@ -42,6 +48,11 @@ class KeyStatus:
     buckets: list[tuple[int, Fraction, int]]
     blocked_until: datetime | None
     configured: bool
+    #: claims the key ever admitted, fleet-wide: each claim and each release of the key
+    #: takes the next value of its ``seq`` under its lock, and every release ends a claim,
+    #: so ``seq == claims + releases == 2 * claims - in_flight``. A counter: it never goes
+    #: down (a prune deletes executions, not the key's row)
+    claims: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,7 @@ class Status:
 
 
 def snapshot(app: App) -> Status:
-    r, p, k, e, b = schema.runs, schema.processes, schema.limit_keys, schema.executions, schema.limit_buckets
+    r, p = schema.runs, schema.processes
     with app.begin(readonly=True) as tx:
         now = tx.now
         runs = {row.status: row.runs for row in tx.execute(
@@ -90,22 +101,7 @@ def snapshot(app: App) -> Status:
             procs.append(ProcessStatus(row.id, row.role, row.label, host_name(row.machine_identifier), row.pid,
                                        age, stale, late=not stale and age > 2 * cfg.heartbeat_interval,
                                        dead=proven_dead(row.machine_identifier, row.pid, row.os_start_ticks)))
-        keys = []
-        for header in tx.execute(sa.select(k.c.key, k.c.blocked_until).order_by(k.c.key)).all():
-            key, blocked = header.key, header.blocked_until
-            in_flight = tx.execute(sa.select(sa.func.count()).where(e.c.inflight_key == key)).scalar_one()
-            pending = tx.execute(sa.select(sa.func.count()).where(e.c.pending_lane == key)).scalar_one()
-            stored = {row.period_s: buckets.Bucket(row.period_s, row.level_units, row.refilled_at_us)
-                      for row in tx.execute(sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us)
-                                            .where(b.c.key == key))}
-            entry = app.config.limits.get(key)
-            shown = []
-            for rate in (entry.rates if entry else ()):
-                bucket = stored.get(rate.per_s)
-                level = buckets.refill(bucket, rate, to_us(now)).level_units if bucket else 0
-                shown.append((rate.per_s, Fraction(level, rate.units_per_token), rate.burst))
-            keys.append(KeyStatus(key, in_flight, pending, entry.concurrency if entry else None, shown,
-                                  blocked, entry is not None))
+        keys = _keys(app, tx, now)
         h = schema.halt_hooks
         hooks = {row.status: row.hooks for row in tx.execute(
             sa.select(h.c.status, sa.func.count().label("hooks")).group_by(h.c.status))}
@@ -113,6 +109,46 @@ def snapshot(app: App) -> Status:
             sa.select(h.c.run_id, h.c.klass, h.c.error_klass, h.c.error_message)
             .where(h.c.status == "failed").order_by(h.c.completed_at.desc()).limit(FAILED_HOOKS_SHOWN))]
     return Status(now, runs, procs, keys, hooks, failed)
+
+
+def _keys(app: App, tx: Tx, now: datetime) -> list[KeyStatus]:
+    """Every limit key, in key order: four statements for all of them (in flight and pending
+    are counts over the partial indexes ``ix_execution_inflight_key`` and
+    ``ix_execution_pending_lane``), never one per key; no key lock."""
+    k, e, b = schema.limit_keys, schema.executions, schema.limit_buckets
+    in_flight: dict[str, int] = {row.inflight_key: row.n for row in tx.execute(
+        sa.select(e.c.inflight_key, sa.func.count().label("n"))
+        .where(e.c.inflight_key.is_not(None)).group_by(e.c.inflight_key))}
+    pending: dict[str, int] = {row.pending_lane: row.n for row in tx.execute(
+        sa.select(e.c.pending_lane, sa.func.count().label("n"))
+        .where(e.c.pending_lane.is_not(None)).group_by(e.c.pending_lane))}
+    stored: dict[str, dict[int, buckets.Bucket]] = {}
+    for row in tx.execute(sa.select(b.c.key, b.c.period_s, b.c.level_units, b.c.refilled_at_us)):
+        stored.setdefault(row.key, {})[row.period_s] = buckets.Bucket(row.period_s, row.level_units,
+                                                                      row.refilled_at_us)
+    keys = []
+    for header in tx.execute(sa.select(k.c.key, k.c.blocked_until, k.c.seq).order_by(k.c.key)):
+        key, entry, running = header.key, app.config.limits.get(header.key), in_flight.get(header.key, 0)
+        shown = []
+        for rate in (entry.rates if entry else ()):
+            bucket = stored.get(key, {}).get(rate.per_s)
+            level = buckets.refill(bucket, rate, to_us(now)).level_units if bucket else 0
+            shown.append((rate.per_s, Fraction(level, rate.units_per_token), rate.burst))
+        keys.append(KeyStatus(key, running, pending.get(key, 0), entry.concurrency if entry else None, shown,
+                              header.blocked_until, entry is not None, claims=(int(header.seq) + running) // 2))
+    return keys
+
+
+def execution_outcomes(app: App) -> dict[str, int]:
+    """Executions by outcome (``success``, ``failure``, ``timed_out``, ``process_crashed``),
+    and those not ended yet as ``pending`` (not claimed) and ``running`` (claimed): one
+    read-only statement over the whole executions table (a pruned run's are gone)."""
+    e = schema.executions
+    state = sa.case((e.c.outcome.is_not(None), e.c.outcome), (e.c.claimed_at.is_(None), "pending"),
+                    else_="running").label("state")
+    with app.begin(readonly=True) as tx:
+        return {row.state: row.n for row in tx.execute(
+            sa.select(state, sa.func.count().label("n")).group_by(state))}
 
 
 def _mark(proc: ProcessStatus) -> str:
