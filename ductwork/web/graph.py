@@ -145,7 +145,7 @@ def lay_out(definition: Definition, states: dict[str, Counter[str]]) -> Layout:
             counts=_counts_text(states.get(name)), x=at[name][0], y=at[name][1])
         for name, node in ((name, definition.nodes[name]) for name in order))
     edges = tuple(_edge(at[source], at[target], label, definition.edges[source].type)
-                  for source in definition.edges for target, label in _targets(definition, source))
+                  for source in order if source in definition.edges for target, label in _targets(definition, source))
     width = MARGIN * 2 + (max(depth.values()) + 1) * (BOX_W + GAP_X) - GAP_X
     height = MARGIN * 2 + max(rows.values()) * (BOX_H + GAP_Y) - GAP_Y
     return Layout(width, height, boxes, edges,
