@@ -205,7 +205,7 @@ def no_fleet_left_running(request):  # type: ignore[no-untyped-def]
     fleet_module = sys.modules.get("tests.fleet")
     if fleet_module is None:  # no test of this process has started a fleet
         return
-    fleets = list(fleet_module._LIVE)
+    fleets = [fleet for fleet in fleet_module._LIVE if not fleet.shared]  # a module fixture stops a shared one
     running = sorted(f.label for f in fleets if f.proc is not None and f.proc.poll() is None)
     for fleet in fleets:  # exited or not: a stopped supervisor's children may still run
         fleet.kill_host()

@@ -29,7 +29,7 @@ from ductwork.status import snapshot
 from ductwork.testing import drain
 from ductwork.web import dashboard
 from tests.conftest import installed, make_app
-from tests.web_workloads import LIMITS, POOL_KEY, XSS, XSS_KEY, Approval, Flaky, Hostile, Showcase
+from tests.web_workloads import LIMITS, POOL_KEY, XSS, XSS_KEY, Approval, Flaky, Hostile, Pushes
 
 
 @pytest.fixture
@@ -58,13 +58,13 @@ def _every_state(app, tmp_path: Path) -> dict[str, str]:
     dampened = Approval.trigger({"n": 1})
     hostile = Hostile.trigger(list(XSS))
     drain(app, skip_delays=True)
-    showcase = Showcase.trigger({"gate": str(tmp_path / "gate"), "items": 7})
+    pushes = Pushes.trigger({"gate": str(tmp_path / "gate"), "items": 7})
     worker, advancer = Worker(app), Advancer(app)
     assert worker.run_once() is not None  # Fetch
     while advancer.run_once() != "idle":  # the expand: seven pushes on POOL_KEY, pending
         pass
     assert claim(app, register(app, role="test", label="holder")) is not None  # one of them in flight
-    return {"halted": halted.id, "dampened": dampened.id, "hostile": hostile.id, "showcase": showcase.id}
+    return {"halted": halted.id, "dampened": dampened.id, "hostile": hostile.id, "pushes": pushes.id}
 
 
 def _pages(runs: dict[str, str]) -> list[str]:
@@ -103,9 +103,9 @@ def test_what_the_pages_say(sqlite_app, tmp_path):
     keys = client.get("/keys").text
     assert re.search(r"data-key-inflight>1/5<", keys)
     assert re.search(r"data-key-pending>6<", keys)
-    run = client.get(f"/runs/{runs['showcase']}").text
+    run = client.get(f"/runs/{runs['pushes']}").text
     states = dict(re.findall(r'data-node="([^"]+)" data-state="([^"]+)"', run))
-    assert states == {"Fetch#0": "done", "PushGated#1": "running", "Tally#2": "none", "Echo#3": "none"}
+    assert states == {"Fetch#0": "done", "PushGated#1": "running", "Tally#2": "none"}
     assert "1 running, 6 waiting" in run
     halted = client.get(f"/runs/{runs['halted']}").text
     assert "job_retries_exhausted" in halted
