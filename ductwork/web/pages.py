@@ -21,7 +21,7 @@ from ductwork.errors import RunFilterError, UnknownRunError
 from ductwork.limit_entries import RateEntry
 from ductwork.pipelines.context import Context
 from ductwork.pipelines.history import DEFAULT_LIMIT, RUN_STATUSES, list_runs
-from ductwork.status import KeyStatus, Status, snapshot
+from ductwork.status import KeyStatus, Status, process_statuses, snapshot
 from ductwork.web.graph import lay_out, legend, node_states
 from ductwork.web.metrics import process_state, refusals
 from ductwork.web.render import Dashboard, dashboard_of, page, url
@@ -67,26 +67,27 @@ def key_view(dash: Dashboard, key: KeyStatus, status: Status) -> KeyView:
                    key.blocked_until is not None and key.blocked_until > status.now, points, peak)
 
 
-def _snapshot(dash: Dashboard) -> Status:
-    """The snapshot, recorded for the claims-rate charts."""
-    status = snapshot(dash.app)
+def _snapshot(dash: Dashboard, **which: Any) -> Status:
+    """The snapshot (``status.snapshot``'s ``keys``, ``busy_only``), recorded for the
+    claims-rate charts."""
+    status = snapshot(dash.app, **which)
     dash.rates.record(status.now, {key.key: key.claims for key in status.keys})
     return status
 
 
 def overview(request: Request) -> HTMLResponse:
     dash = dashboard_of(request)
-    status = _snapshot(dash)
+    status = _snapshot(dash, busy_only=True)
     busiest = sorted(status.keys, key=lambda k: (-(k.in_flight + k.pending), k.key))[:OVERVIEW_KEYS]
     return page(request, "overview.html", status=status, statuses=RUN_STATUSES,
-                keys=[key_view(dash, key, status) for key in busiest], total_keys=len(status.keys),
+                keys=[key_view(dash, key, status) for key in busiest], busy_keys=len(status.keys),
                 states={proc.id: process_state(proc) for proc in status.processes})
 
 
 def processes(request: Request) -> HTMLResponse:
-    status = snapshot(dashboard_of(request).app)
-    return page(request, "processes.html", status=status,
-                states={proc.id: process_state(proc) for proc in status.processes})
+    now, procs = process_statuses(dashboard_of(request).app)
+    return page(request, "processes.html", now=now, processes=procs,
+                states={proc.id: process_state(proc) for proc in procs})
 
 
 def _cursor(query: Any) -> tuple[datetime, str] | None:
@@ -138,10 +139,9 @@ def run(request: Request) -> HTMLResponse:
 
 def keys(request: Request) -> HTMLResponse:
     dash = dashboard_of(request)
-    status = _snapshot(dash)
     text, busy = request.query_params.get("q", ""), request.query_params.get("busy") == "1"
-    chosen = [key for key in status.keys if text in key.key and (
-        not busy or key.in_flight or key.pending or (key.blocked_until and key.blocked_until > status.now))]
+    status = _snapshot(dash, busy_only=busy)
+    chosen = [key for key in status.keys if text in key.key]
     try:
         start = max(0, int(request.query_params.get("from", "0")))
     except ValueError:
@@ -159,8 +159,8 @@ def keys(request: Request) -> HTMLResponse:
 def key(request: Request) -> HTMLResponse:
     dash = dashboard_of(request)
     name = request.path_params["key"]
-    status = _snapshot(dash)
-    found = next((k for k in status.keys if k.key == name), None)
+    status = _snapshot(dash, keys=[name])
+    found = next(iter(status.keys), None)
     if found is None:
         return page(request, "missing.html", 404, what=f"no limit key {name!r} (no execution ever used it)")
     entry = dash.app.config.limits.get(name)

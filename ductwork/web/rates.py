@@ -2,14 +2,17 @@
 
     >>> rates = ClaimRates()
     >>> rates.record(status.now, {key.key: key.claims for key in status.keys})
-    >>> rates.series("vendor_api")          # [(seconds before the last sample, claims/s), ...]
+    >>> rates.series("vendor_api")    # [(seconds before the latest sample, claims/s), ...]
 
 Every snapshot the dashboard reads (a page, a ``/metrics`` scrape) is recorded: a key's
 ``claims`` (``KeyStatus.claims``, the counter behind its ``seq``) is the whole fleet's
-truth, so the difference between two samples over the database time between them is
-the fleet's claim rate in that interval, whichever process claimed. Samples closer than
-``min_gap_s`` are skipped; those older than ``window_s`` are dropped. Memory: a sample
-keeps only the keys whose counter moved.
+truth, so the difference between two samples of a key over the database time between
+them is the fleet's claim rate in that interval, whichever process claimed. A snapshot
+may hold some keys only (a key's own page): each key keeps its own samples. A sample
+closer than ``min_gap_s`` to the key's previous one is skipped; intervals older than
+``window_s`` are dropped. Memory: a key keeps its first sample, then two points per
+change of its counter (the last sample before it and the new one), so an idle key
+costs one point.
 
 Not done: history from before the dashboard began reading (the chart fills while a
 page is open or Prometheus scrapes; for long ranges use
@@ -23,48 +26,66 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from datetime import datetime
+from itertools import pairwise
+
+Point = tuple[datetime, int]
 
 
 class ClaimRates:
     def __init__(self, window_s: float = 300.0, min_gap_s: float = 1.0):
         self.window_s, self.min_gap_s = window_s, min_gap_s
         self._lock = threading.Lock()
-        self._last: dict[str, int] = {}
-        self._last_at: datetime | None = None
-        #: (end of interval, its length in seconds, claims in it per key that moved)
-        self._intervals: deque[tuple[datetime, float, dict[str, int]]] = deque()
+        self._latest: datetime | None = None
+        #: per key: its last sample
+        self._seen: dict[str, Point] = {}
+        #: per key: its first sample, then the samples on each side of every change
+        self._points: dict[str, deque[Point]] = {}
 
     def record(self, now: datetime, claims: Mapping[str, int]) -> None:
         with self._lock:
-            if self._last_at is not None:
-                seconds = (now - self._last_at).total_seconds()
-                if seconds < self.min_gap_s:
-                    return
-                moved = {key: count - self._last[key] for key, count in claims.items()
-                         if key in self._last and count > self._last[key]}
-                self._intervals.append((now, seconds, moved))
-                while self._intervals and (now - self._intervals[0][0]).total_seconds() > self.window_s:
-                    self._intervals.popleft()
-            self._last, self._last_at = dict(claims), now
+            self._latest = now if self._latest is None else max(self._latest, now)
+            for key, count in claims.items():
+                seen = self._seen.get(key)
+                if seen is not None and (now - seen[0]).total_seconds() < self.min_gap_s:
+                    continue
+                points = self._points.setdefault(key, deque())
+                if seen is None:
+                    points.append((now, count))
+                elif count != seen[1]:
+                    if points[-1] != seen:
+                        points.append(seen)
+                    points.append((now, count))
+                while len(points) > 1 and (now - points[1][0]).total_seconds() > self.window_s:
+                    points.popleft()
+                self._seen[key] = (now, count)
 
-    def series(self, key: str) -> list[tuple[float, float]]:
-        """(seconds before the latest sample, claims per second over the interval ending
-        then), oldest first; empty until two samples were recorded."""
+    def series(self, key: str) -> list[tuple[float, float, float]]:
+        """(seconds before the latest sample at the interval's start, at its end, claims per
+        second in it), oldest first; empty until the key has two samples."""
         with self._lock:
-            if self._last_at is None:
+            if self._latest is None or key not in self._seen:
                 return []
-            latest = self._last_at
-            return [((latest - end).total_seconds(), moved.get(key, 0) / seconds)
-                    for end, seconds, moved in self._intervals]
+            points = list(self._points[key])
+            if points[-1] != self._seen[key]:
+                points.append(self._seen[key])
+            latest = self._latest
+        return [((latest - t1).total_seconds(), (latest - t2).total_seconds(), (c2 - c1) / (t2 - t1).total_seconds())
+                for (t1, c1), (t2, c2) in pairwise(points) if t2 > t1]
 
     def sparkline(self, key: str, width: int = 120, height: int = 28) -> tuple[str, float]:
-        """An SVG polyline's ``points`` (numbers only) over the window, right edge = the
-        latest sample, and the highest rate drawn (the top of the chart); ``""`` with
-        fewer than two points."""
-        points = self.series(key)
-        if len(points) < 2:
+        """An SVG polyline's ``points`` (numbers only): a step line over the window, its right
+        edge the latest sample; and the highest rate drawn (the top); ``""`` before the
+        key's second sample."""
+        intervals = self.series(key)
+        if not intervals:
             return "", 0.0
-        peak = max(rate for _, rate in points)
-        scaled = [(width * (1 - ago / self.window_s), height - 2 - (height - 4) * rate / (peak or 1.0))
-                  for ago, rate in points]
-        return " ".join(f"{x:.1f},{y:.1f}" for x, y in scaled), peak
+        peak = max(rate for _, _, rate in intervals)
+
+        def x(ago: float) -> float:
+            return width * (1 - min(ago, self.window_s) / self.window_s)
+
+        def y(rate: float) -> float:
+            return height - 2 - (height - 4) * rate / (peak or 1.0)
+
+        points = [(x(ago), y(rate)) for start, end, rate in intervals for ago in (start, end)]
+        return " ".join(f"{px:.1f},{py:.1f}" for px, py in points), peak

@@ -9,7 +9,7 @@ execution by how it ended. Read-only: no statement writes or locks.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -125,3 +125,20 @@ def test_execution_outcomes_count_every_execution_by_how_it_ended(keyed):
     assert claim(keyed, register(keyed, role="test", label="holder")) is not None
     OnKey.trigger(3)
     assert execution_outcomes(keyed) == {"failure": 1, "success": 1, "running": 1, "pending": 1}
+
+
+def test_a_snapshot_of_some_keys_or_of_the_busy_ones(keyed):
+    OnKey.trigger(1)
+    assert claim(keyed, register(keyed, role="test", label="holder")) is not None  # k00: one in flight
+    Paired.trigger(2)  # pair: one pending
+    _add_keys(keyed, ["k05", "k06"])
+    with keyed.begin() as tx:  # k06 rate-blocked for an hour
+        tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == "k06")
+                   .values(blocked_until=tx.now + timedelta(hours=1)))
+    assert [k.key for k in snapshot(keyed).keys] == ["k00", "k05", "k06", "pair"]
+    assert [k.key for k in snapshot(keyed, busy_only=True).keys] == ["k00", "k06", "pair"]
+    (k05,) = snapshot(keyed, keys=["k05"]).keys
+    assert (k05.key, k05.in_flight, k05.pending, k05.buckets) == ("k05", 0, 0, [(1, 0, 5)])
+    (k00,) = snapshot(keyed, keys=["k00", "nope"]).keys
+    assert (k00.in_flight, k00.claims) == (1, 1)
+    assert snapshot(keyed, keys=[]).keys == []

@@ -96,14 +96,16 @@ def test_claim_rates_are_the_counters_differences_over_database_time():
     rates, t0 = ClaimRates(window_s=60, min_gap_s=1.0), datetime(2026, 1, 1)
     assert rates.series("k") == []
     rates.record(t0, {"k": 100, "idle": 5})
+    assert rates.series("k") == []  # one sample: no interval yet
     rates.record(t0 + timedelta(seconds=0.5), {"k": 900})  # closer than min_gap_s: skipped
     rates.record(t0 + timedelta(seconds=2), {"k": 110, "idle": 5})
+    rates.record(t0 + timedelta(seconds=3), {"k": 110})  # a snapshot of some keys only
     rates.record(t0 + timedelta(seconds=4), {"k": 150, "idle": 5, "new": 7})
-    assert rates.series("k") == [(2.0, 5.0), (0.0, 20.0)]
-    assert rates.series("idle") == [(2.0, 0.0), (0.0, 0.0)]
-    assert rates.series("new") == [(2.0, 0.0), (0.0, 0.0)]  # no rate before its first sample
+    assert rates.series("k") == [(4.0, 2.0, 5.0), (2.0, 1.0, 0.0), (1.0, 0.0, 40.0)]
+    assert rates.series("idle") == [(4.0, 0.0, 0.0)]  # one point kept, and the last sample
+    assert rates.series("new") == []
     points, peak = rates.sparkline("k", width=60, height=20)
-    assert peak == 20.0
-    assert points == "58.0,14.0 60.0,2.0"  # 5/s of the peak 20/s: a quarter of the 16 px between the margins
+    assert peak == 40.0
+    assert points == "56.0,16.0 58.0,16.0 58.0,18.0 59.0,18.0 59.0,2.0 60.0,2.0"  # 5/s: an eighth of 16 px
     rates.record(t0 + timedelta(seconds=70), {"k": 150})
-    assert rates.series("k") == [(0.0, 0.0)]  # the older intervals left the window
+    assert rates.series("k") == [(66.0, 0.0, 0.0)]  # the intervals before the window are gone
