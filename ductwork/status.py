@@ -129,10 +129,25 @@ def _processes(app: App, tx: Tx, now: datetime) -> list[ProcessStatus]:
     return procs
 
 
-def _keys(app: App, tx: Tx, now: datetime, names: Collection[str] | None, busy_only: bool) -> list[KeyStatus]:
+def key_statuses(app: App, *, keys: Collection[str] | None = None, busy_only: bool = False, contains: str = "",
+                 offset: int = 0, limit: int | None = None) -> tuple[datetime, int, list[KeyStatus]]:
+    """Limit keys as :func:`snapshot` reports them, in a read-only transaction of their own:
+    the database time, how many keys match, and those from ``offset`` (at most ``limit``)
+    in key order. ``keys`` and ``busy_only`` as for :func:`snapshot`; ``contains``: only
+    keys whose name contains it. Only the keys returned are built (their buckets refilled),
+    so a page of 100 of 10⁴ keys costs the headers' scan, not 10⁴ keys."""
+    with app.begin(readonly=True) as tx:
+        matched: list[Any] = []
+        shown = _keys(app, tx, tx.now, keys, busy_only, contains=contains, window=(offset, limit), matched=matched)
+        return tx.now, len(matched), shown
+
+
+def _keys(app: App, tx: Tx, now: datetime, names: Collection[str] | None, busy_only: bool, *, contains: str = "",
+          window: tuple[int, int | None] = (0, None), matched: list[Any] | None = None) -> list[KeyStatus]:
     """The limit keys asked for, in key order: four statements for all of them (in flight
     and pending are counts over the partial indexes ``ix_execution_inflight_key`` and
-    ``ix_execution_pending_lane``), never one per key; no key lock."""
+    ``ix_execution_pending_lane``), never one per key; no key lock. ``matched`` gets every
+    matching header, of which ``window`` (offset, limit) is built."""
     k, e, b = schema.limit_keys, schema.executions, schema.limit_buckets
     counted = {"in_flight": e.c.inflight_key, "pending": e.c.pending_lane}
     counts: dict[str, dict[str, int]] = {}
@@ -145,6 +160,11 @@ def _keys(app: App, tx: Tx, now: datetime, names: Collection[str] | None, busy_o
     if busy_only:  # filtered here: the busy keys may be too many for one IN list
         rows = [row for row in rows if row.key in counts["in_flight"] or row.key in counts["pending"]
                 or (row.blocked_until is not None and row.blocked_until > now)]
+    rows = [row for row in rows if contains in row.key]
+    if matched is not None:
+        matched.extend(rows)
+    start, size = window
+    rows = rows[start:] if size is None else rows[start:start + size]
     stored: dict[str, dict[int, buckets.Bucket]] = {}
     bucket_rows = sa.select(b.c.key, b.c.period_s, b.c.level_units, b.c.refilled_at_us)
     if len(rows) <= FEW_KEYS:  # the buckets of these keys, else all of them

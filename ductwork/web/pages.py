@@ -21,7 +21,7 @@ from ductwork.errors import RunFilterError, UnknownRunError
 from ductwork.limit_entries import RateEntry
 from ductwork.pipelines.context import Context
 from ductwork.pipelines.history import DEFAULT_LIMIT, RUN_STATUSES, list_runs
-from ductwork.status import KeyStatus, Status, process_statuses, snapshot
+from ductwork.status import KeyStatus, Status, key_statuses, process_statuses, snapshot
 from ductwork.web.graph import lay_out, legend, node_states
 from ductwork.web.metrics import process_state, refusals
 from ductwork.web.render import Dashboard, dashboard_of, page, url
@@ -140,27 +140,29 @@ def run(request: Request) -> HTMLResponse:
 def keys(request: Request) -> HTMLResponse:
     dash = dashboard_of(request)
     text, busy = request.query_params.get("q", ""), request.query_params.get("busy") == "1"
-    status = _snapshot(dash, busy_only=busy)
-    chosen = [key for key in status.keys if text in key.key]
     try:
         start = max(0, int(request.query_params.get("from", "0")))
     except ValueError:
         start = 0
-    window = chosen[start:start + KEYS_PER_PAGE]
+    now, matched, window = key_statuses(dash.app, busy_only=busy, contains=text, offset=start, limit=KEYS_PER_PAGE)
+    dash.rates.record(now, {key.key: key.claims for key in window})
+    status = Status(now, {}, [], window)
     kept = {"q": text, "busy": "1" if busy else None}
     return page(request, "keys.html", status=status, keys=[key_view(dash, key, status) for key in window],
-                matched=len(chosen), start=start, per_page=KEYS_PER_PAGE, q=text, busy=busy,
+                matched=matched, start=start, per_page=KEYS_PER_PAGE, q=text, busy=busy,
                 previous_url=url(request, "/keys", **kept, **{"from": max(0, start - KEYS_PER_PAGE)})
                 if start else None,
                 next_url=url(request, "/keys", **kept, **{"from": start + KEYS_PER_PAGE})
-                if start + KEYS_PER_PAGE < len(chosen) else None)
+                if start + KEYS_PER_PAGE < matched else None)
 
 
 def key(request: Request) -> HTMLResponse:
     dash = dashboard_of(request)
     name = request.path_params["key"]
-    status = _snapshot(dash, keys=[name])
-    found = next(iter(status.keys), None)
+    now, _, found_keys = key_statuses(dash.app, keys=[name])
+    dash.rates.record(now, {key.key: key.claims for key in found_keys})
+    status = Status(now, {}, [], found_keys)
+    found = next(iter(found_keys), None)
     if found is None:
         return page(request, "missing.html", 404, what=f"no limit key {name!r} (no execution ever used it)")
     entry = dash.app.config.limits.get(name)

@@ -18,7 +18,7 @@ from ductwork import Pipeline, Step
 from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.limits.claims import claim
-from ductwork.status import execution_outcomes, snapshot
+from ductwork.status import execution_outcomes, key_statuses, snapshot
 from ductwork.testing import drain
 from tests.conftest import installed, make_app
 
@@ -142,3 +142,12 @@ def test_a_snapshot_of_some_keys_or_of_the_busy_ones(keyed):
     (k00,) = snapshot(keyed, keys=["k00", "nope"]).keys
     assert (k00.in_flight, k00.claims) == (1, 1)
     assert snapshot(keyed, keys=[]).keys == []
+
+
+def test_key_statuses_builds_only_the_window_it_returns(keyed):
+    _add_keys(keyed, [f"k{i:02}" for i in range(30)] + ["pair"])
+    now, matched, window = key_statuses(keyed, contains="k1", offset=3, limit=4)
+    assert (matched, [k.key for k in window]) == (10, ["k13", "k14", "k15", "k16"])
+    assert now <= snapshot(keyed).now  # database time, read once
+    assert [k.key for k in key_statuses(keyed, offset=29)[2]] == ["k29", "pair"]
+    assert key_statuses(keyed, busy_only=True)[1:] == (0, [])
