@@ -249,3 +249,17 @@ def test_mounted_under_a_prefix(sqlite_app):
     assert client.get(f"/ops/ductwork/runs/{run.id}").status_code == 200
     assert "Content-Security-Policy" in page.headers
     assert json.loads(json.dumps(page.headers["Content-Security-Policy"])).startswith("default-src 'none'")
+
+
+def test_docs_list_every_metric_with_its_type_and_labels(sqlite_app):
+    """docs/dashboard.md's table is ``metrics.METRICS``, and a scrape exposes exactly those."""
+    from ductwork.web.metrics import METRICS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "dashboard.md").read_text()
+    rows = set(re.findall(r"^\| `(ductwork_\w+)` \| (\w+) \|([^|]*)\|", page, re.M))
+    expected = {(name, kind, ", ".join(f"`{label}`" for label in labels.split(", ") if label))
+                for name, kind, labels, _ in METRICS}
+    assert {(name, kind, labels.strip()) for name, kind, labels in rows} == expected
+    text = TestClient(dashboard(sqlite_app)).get("/metrics").text
+    exposed = {family.name for family in text_string_to_metric_families(text)}
+    assert {name.removesuffix("_total") for name, *_ in METRICS} == exposed

@@ -181,6 +181,7 @@ def test_a_run_fills_its_key_then_completes_on_the_page(site, page):
         row = page.locator("tr.keyrow", has=page.locator(f'a.key:text-is("{POOL_KEY}")'))
         expect(row.locator("[data-key-inflight]")).to_have_text("5/5", timeout=SHOWS)
         expect(row.locator("[data-key-pending]")).to_have_text("2", timeout=SHOWS)
+        expect(row.locator("svg.spark polyline")).to_have_count(1, timeout=SHOWS)  # two samples of the counter
         _shot(site, page, "keys")
         page.goto(site.url("/"))
         expect(page.locator('[data-runs="in_progress"]')).not_to_have_text("0", timeout=SHOWS)
