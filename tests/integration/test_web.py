@@ -263,3 +263,15 @@ def test_docs_list_every_metric_with_its_type_and_labels(sqlite_app):
     text = TestClient(dashboard(sqlite_app)).get("/metrics").text
     exposed = {family.name for family in text_string_to_metric_families(text)}
     assert {name.removesuffix("_total") for name, *_ in METRICS} == exposed
+
+
+def test_ductwork_web_names_a_missing_database_before_serving(tmp_path, capsys):
+    from ductwork.cli import main
+    from ductwork.web.serve import loopback
+
+    code = main(["web", "--database-url", f"sqlite:///{tmp_path}/absent.sqlite3", "-c", "/dev/null"])
+    assert code == 1
+    assert capsys.readouterr().err.startswith("ductwork web: MissingDatabaseError: ")
+    assert list(tmp_path.iterdir()) == []
+    assert [loopback(h) for h in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "10.0.0.1", "example.org")] == [
+        True, True, True, False, False, False]
