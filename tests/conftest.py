@@ -48,19 +48,21 @@ import pytest  # noqa: E402
 BACKENDS = ("sqlite", "postgresql", "mysql")
 
 
-def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> str:
+def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id: str, purpose: str = "") -> str:
+    """A fresh migrated database of ``kind`` for this worker; ``purpose`` names another one
+    beside the session's (a module's own, e.g. ``web``)."""
     from ductwork.db import dialects, migrate
     from tests import databases
 
     if kind == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite')}/ductwork.sqlite3"
+        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite' + purpose)}/ductwork.sqlite3"
     else:
         server = databases.server_for_session(kind, worker_id)
         if isinstance(server, str):
             databases.skip_or_fail(server)
         # DUCTWORK_TEST_DB_PREFIX lets two checkouts share one server without
         # dropping each other's databases (default: ductwork_test_<worker>).
-        prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test")
+        prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test") + (f"_{purpose}" if purpose else "")
         url = databases.fresh_database(server, databases.database_name(worker_id, prefix=prefix))
     engine = dialects.create_engine(url)
     try:

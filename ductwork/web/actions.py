@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
@@ -26,6 +26,9 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from ductwork.errors import DuctworkError
 from ductwork.web.guard import csrf_ok
 from ductwork.web.render import dashboard_of, page, segment, url
+
+if TYPE_CHECKING:
+    from ductwork.app import App
 
 log = logging.getLogger("ductwork.web")
 
@@ -58,12 +61,24 @@ async def _checked(request: Request, action: str) -> dict[str, str] | Response:
     return form
 
 
-async def _act(request: Request, action: str, do: Callable[[], str], form: dict[str, str],
-               shown: dict[str, Any]) -> Response:
-    run_id = request.path_params["run_id"]
+#: what an action does: from the form, the run's id and the App, the call that does it
+#: (returning the id of the run to show) and what the confirmation page shows; or the
+#: response that refuses the form
+Plan = Callable[[dict[str, str], str, "App"], "tuple[Callable[[], str], dict[str, Any]] | Response"]
+
+
+async def _act(request: Request, action: str, plan: Plan) -> Response:
+    checked = await _checked(request, action)
+    if isinstance(checked, Response):
+        return checked
+    form, run_id = checked, request.path_params["run_id"]
     client = request.client.host if request.client else "?"
+    planned = plan(form, run_id, dashboard_of(request).app)
+    if isinstance(planned, Response):
+        return planned
+    do, shown = planned
     if form.get("confirmed") != "yes":
-        return page(request, "confirm.html", action=action, run_id=run_id, form=form, **shown)
+        return page(request, "confirm.html", action=action, run_id=run_id, form=form, error=None, **shown)
     try:
         target = await run_in_threadpool(do)
     except DuctworkError as error:
@@ -76,34 +91,28 @@ async def _act(request: Request, action: str, do: Callable[[], str], form: dict[
 
 
 async def resume(request: Request) -> Response:
-    checked = await _checked(request, "resume")
-    if isinstance(checked, Response):
-        return checked
-    form, run_id, app = checked, request.path_params["run_id"], dashboard_of(request).app
-    previous = form.get("input_from") == "previous"
-    value: Any = None
-    if not previous:
-        try:
-            value = json.loads(form.get("input", ""))
-        except ValueError as error:
-            return page(request, "confirm.html", 400, action="resume", run_id=run_id, form=form,
-                        error=f"the input is not JSON: {error}", value=None, previous=False)
+    def plan(form: dict[str, str], run_id: str, app: App) -> tuple[Callable[[], str], dict[str, Any]] | Response:
+        previous = form.get("input_from") == "previous"
+        value: Any = None
+        if not previous:
+            try:
+                value = json.loads(form.get("input", ""))
+            except ValueError as error:
+                return page(request, "confirm.html", 400, action="resume", run_id=run_id, form=form,
+                            error=f"the input is not JSON: {error}", value=None, previous=False)
 
-    def do() -> str:
-        handle = app.run(run_id)
-        return (handle.resume() if previous else handle.resume(value)).id
+        def do() -> str:
+            handle = app.run(run_id)
+            return (handle.resume() if previous else handle.resume(value)).id
 
-    return await _act(request, "resume", do, form, {"value": value, "previous": previous, "error": None})
+        return do, {"value": value, "previous": previous}
+
+    return await _act(request, "resume", plan)
 
 
 async def revive(request: Request) -> Response:
-    checked = await _checked(request, "revive")
-    if isinstance(checked, Response):
-        return checked
-    form, run_id, app = checked, request.path_params["run_id"], dashboard_of(request).app
-    duplicate = form.get("duplicate_context") == "yes"
+    def plan(form: dict[str, str], run_id: str, app: App) -> tuple[Callable[[], str], dict[str, Any]]:
+        duplicate = form.get("duplicate_context") == "yes"
+        return (lambda: app.run(run_id).revive(duplicate_context=duplicate).id), {"duplicate": duplicate}
 
-    def do() -> str:
-        return app.run(run_id).revive(duplicate_context=duplicate).id
-
-    return await _act(request, "revive", do, form, {"duplicate": duplicate, "error": None})
+    return await _act(request, "revive", plan)

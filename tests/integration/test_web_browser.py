@@ -34,8 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import databases
-from tests.conftest import make_app
+from tests.conftest import _migrated_url, make_app
 from tests.fleet import Fleet, wait_for, write_config
 from tests.web_workloads import LIMITS, PIPELINES, POOL_KEY, XSS, XSS_KEY, Approval, Flaky, Hostile, Pushes
 
@@ -78,25 +77,6 @@ def browser():
             chromium.close()
 
 
-def _database(backend: str, worker_id: str, tmp: Path) -> str:
-    from ductwork.db import dialects, migrate
-
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp}/web.sqlite3"
-    else:
-        server = databases.server_for_session(backend, worker_id)
-        if isinstance(server, str):
-            databases.skip_or_fail(server)
-        prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test")
-        url = databases.fresh_database(server, databases.database_name(worker_id, prefix=f"{prefix}_web"))
-    engine = dialects.create_engine(url)
-    try:
-        migrate.upgrade(engine)
-    finally:
-        engine.dispose()
-    return url
-
-
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -115,7 +95,7 @@ def _answers(url: str) -> bool:
 def site(request, worker_id, tmp_path_factory):
     backend = request.param
     tmp = tmp_path_factory.mktemp(f"web-{backend}")
-    url = _database(backend, worker_id, tmp)
+    url = _migrated_url(backend, tmp_path_factory, worker_id, purpose="web")
     # eight worker threads: five pushes hold the pool key while the other tests' steps run
     config = write_config(tmp / "ductwork.yml", pipelines=PIPELINES, limits=LIMITS,
                           overrides={"job_worker": {"count": 8}})
