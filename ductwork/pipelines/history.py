@@ -378,7 +378,7 @@ def list_runs(app: App, *, status: str | None = None, pipeline: str | None = Non
         if since is not None:
             query = query.where(r.c.triggered_at >= (since if isinstance(since, datetime)
                                                      else parse_since(since, tx.now)))
-        if before is not None:  # after the previous page's last run, in (triggered_at, id) order
+        if before:  # after the previous page's last run, in (triggered_at, id) order
             query = query.where(sa.tuple_(r.c.triggered_at, r.c.id) < tuple(before))
         rows = [schema.from_row(_RunRow, row) for row in
                 tx.execute(query.order_by(r.c.triggered_at.desc(), r.c.id.desc()).limit(limit))]
