@@ -14,6 +14,8 @@
                                    delete completed and halted runs, whole, in batches
     ductwork revive RUN_ID         continue a halted run as a new run; prints the new run's id
     ductwork --version             the version, the git commit it was built from, where it is
+    ductwork web [--host H] [--port P] [--read-only] [--token T]
+                                   the dashboard and /metrics (pip install 'ductwork[web]')
 
 Options for every command: ``--database-url`` (else ``DUCTWORK_DATABASE_URL``,
 then the config's ``database.url``, then ``sqlite:///ductwork.sqlite3``),
@@ -95,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=120.0,
                       help="seconds to wait for the runs before giving up with status 1 (default 120)")
     _add_revive(commands, common)
+    _add_web(commands, common)
     return parser
 
 
@@ -210,6 +213,31 @@ def cmd_revive(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- web (issue 35) ------------------------------------------------------------------------
+
+
+def _add_web(commands: Any, common: argparse.ArgumentParser) -> None:
+    web = commands.add_parser("web", parents=[common],
+                              help="serve the dashboard and /metrics (pip install 'ductwork[web]')")
+    web.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
+    web.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    web.add_argument("--read-only", action="store_true", help="offer and accept no action (resume, revive)")
+    web.add_argument("--token", help="require this bearer token (default: $DUCTWORK_WEB_TOKEN, else none); "
+                                     "the variable keeps it out of the process list")
+    web.add_argument("--refresh", type=float, default=5.0, help="seconds between page refreshes (0: never)")
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM; ImportError naming the extra when it is not installed."""
+    from ductwork.web.serve import serve
+
+    app = _connect(args)
+    app.check_schema()  # a missing database or tables: one line now, not a 500 per page
+    token = args.token or os.environ.get("DUCTWORK_WEB_TOKEN") or None
+    serve(app, args.host, args.port, read_only=args.read_only, token=token, refresh_s=args.refresh)
+    return 0
+
+
 #: the internal command a supervisor starts its children with
 CHILD = "_child"
 
@@ -249,7 +277,7 @@ def _connect(args: argparse.Namespace, **settings: Any) -> App:
 def _log_settings(args: argparse.Namespace, config: Config | None = None) -> tuple[str, str]:
     """The log level and format: the options, else the config's ``logging``, else the defaults."""
     level = (args.log_level or ("INFO" if args.verbose else None) or (config.logging.level if config else None)
-             or ("INFO" if args.command in ("start", "_child") else "WARNING"))
+             or ("INFO" if args.command in ("start", "_child", "web") else "WARNING"))
     return level, args.log_format or (config.logging.format if config else "text")
 
 
@@ -350,7 +378,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_status,
             "demo": cmd_demo, "runs": cmd_runs, "show": cmd_show, "prune": cmd_prune, "revive": cmd_revive,
-            CHILD: cmd_child}
+            "web": cmd_web, CHILD: cmd_child}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -49,19 +49,21 @@ import pytest  # noqa: E402
 BACKENDS = ("sqlite", "postgresql", "mysql")
 
 
-def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> str:
+def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id: str, purpose: str = "") -> str:
+    """A fresh migrated database of ``kind`` for this worker; ``purpose`` names another one
+    beside the session's (a module's own, e.g. ``web``)."""
     from ductwork.db import engines, migrate
     from tests import databases
 
     if kind == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite')}/ductwork.sqlite3"
+        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite' + purpose)}/ductwork.sqlite3"
     else:
         server = databases.server_for_session(kind, worker_id)
         if isinstance(server, str):
             databases.skip_or_fail(server)
         # DUCTWORK_TEST_DB_PREFIX lets two checkouts share one server without
         # dropping each other's databases (default: ductwork_test_<worker>).
-        prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test")
+        prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test") + (f"_{purpose}" if purpose else "")
         url = databases.fresh_database(server, databases.database_name(worker_id, prefix=prefix))
     engine = engines.create_engine(url)
     try:
@@ -206,7 +208,7 @@ def no_fleet_left_running(request):  # type: ignore[no-untyped-def]
     fleet_module = sys.modules.get("tests.fleet")
     if fleet_module is None:  # no test of this process has started a fleet
         return
-    fleets = list(fleet_module._LIVE)
+    fleets = [fleet for fleet in fleet_module._LIVE if not fleet.shared]  # a module fixture stops a shared one
     running = sorted(f.label for f in fleets if f.proc is not None and f.proc.poll() is None)
     for fleet in fleets:  # exited or not: a stopped supervisor's children may still run
         fleet.kill_host()

@@ -361,11 +361,17 @@ def of_pipeline(pipeline: str) -> sa.ColumnElement[bool]:
 
 
 def list_runs(app: App, *, status: str | None = None, pipeline: str | None = None,
-              since: str | datetime | None = None, limit: int = DEFAULT_LIMIT) -> list[RunRecord]:
+              since: str | datetime | None = None, limit: int = DEFAULT_LIMIT,
+              before: tuple[datetime, str] | None = None) -> list[RunRecord]:
     """Runs, newest trigger first: at most ``limit`` (1..MAX_LIMIT) of them, of ``status``
     (one of RUN_STATUSES) and ``pipeline`` (``module:QualName``, or the bare class name) if
     given, triggered at or after ``since`` (a datetime in naive UTC, or :func:`parse_since`'s
-    text). One read-only transaction."""
+    text). One read-only transaction.
+
+    ``before``: keyset pagination, the ``(triggered_at, id)`` of the last run of the page
+    before (``(page[-1].triggered_at, page[-1].id)``): only runs after it in this order.
+    Each page is one range of an index on ``triggered_at``, as fast on the ten-thousandth
+    page as on the first, and no run is listed on two pages."""
     if status is not None and status not in RUN_STATUSES:
         raise RunFilterError("--status", status, f"expected one of {', '.join(RUN_STATUSES)}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
@@ -380,6 +386,8 @@ def list_runs(app: App, *, status: str | None = None, pipeline: str | None = Non
         if since is not None:
             query = query.where(r.c.triggered_at >= (since if isinstance(since, datetime)
                                                      else parse_since(since, tx.now)))
+        if before:  # after the previous page's last run, in (triggered_at, id) order
+            query = query.where(sa.tuple_(r.c.triggered_at, r.c.id) < tuple(before))
         rows = [schema.from_row(_RunRow, row) for row in
                 tx.execute(query.order_by(r.c.triggered_at.desc(), r.c.id.desc()).limit(limit))]
         halted = [row.id for row in rows if row.status == "halted"]

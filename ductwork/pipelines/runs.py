@@ -366,6 +366,17 @@ class Run:
 
         return run_history(self.app, self.id, backtraces=backtraces)
 
+    def definition(self) -> Definition:
+        """The definition snapshot this run follows: frozen when it was triggered (a revived
+        run shares its halted run's), whatever ``define`` says now. One read-only
+        transaction (the parse is cached per App); UnknownRunError once the run was pruned."""
+        r = schema.runs
+        with self.app.begin(readonly=True) as tx:
+            sha1 = tx.execute(sa.select(r.c.definition_sha1).where(r.c.id == self.id)).scalar_one_or_none()
+            if sha1 is None:
+                raise UnknownRunError(self.id)
+            return cached_definition(self.app, sha1, tx=tx)
+
     def resume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
         """Continue a dampened run: every dampened branch gets its next step.
 
