@@ -270,13 +270,10 @@ class UnsupportedDialectError(DuctworkError, NotImplementedError):
 class StaleClaim(DuctworkError):
     """A fence found the branch's claim token changed; nothing was committed."""
 
-    def __init__(self, branch_id: str, expected: str | None, found: str | None):
+    def __init__(self, branch_id: str, expected: str | None):
         self.branch_id = branch_id
         self.expected = expected
-        self.found = found
-        super().__init__(
-            f"branch {branch_id}: claim token {expected!r} no longer held (found {found!r})"
-        )
+        super().__init__(f"branch {branch_id}: claim token {expected!r} no longer held")
 
 
 class CommitFailed(DuctworkError):

@@ -48,7 +48,6 @@ BEFORE_FANIN_BUMP = "before_fanin_bump"
 AFTER_FANIN_BUMP = "after_fanin_bump"
 INSIDE_ADVANCE_BATCH = "inside_advance_batch"
 # Worker
-INSIDE_INLINE_BATCH = "inside_inline_batch"
 BEFORE_KEY_LOCK = "before_key_lock"
 AFTER_KEY_LOCK = "after_key_lock"
 BETWEEN_CLAIM_AND_SPEND = "between_claim_and_spend"
@@ -88,7 +87,6 @@ CHECKPOINTS = (
     BEFORE_FANIN_BUMP,
     AFTER_FANIN_BUMP,
     INSIDE_ADVANCE_BATCH,
-    INSIDE_INLINE_BATCH,
     BEFORE_KEY_LOCK,
     AFTER_KEY_LOCK,
     BETWEEN_CLAIM_AND_SPEND,

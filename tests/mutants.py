@@ -206,12 +206,19 @@ MUTANTS: dict[str, Mutant] = {
           "return _claim_unkeyed_in(tx, process_id, limit, None)  # mutant: no lane bounds the hand-off"),),
     ),
     "stale_fence_commits": Mutant(
-        "the advancement fence does not compare the claim token [INV-ADV-2, INV-ADV-1]",
-        "the fence compares the claim token [INV-ADV-2]",
-        (("if found != c.token:", "if False:  # mutant: any token passes the fence"),
+        "the branch fence does not compare the claim token: a stale advancer's claim, or a worker's "
+        "success on a branch an advancer holds, commits [INV-ADV-2, INV-ADV-1]",
+        "the one branch fence compares the claim token (an advancer's, or none: free) [INV-ADV-2]",
+        (("if _held_as(row, held[row.id])}  # [INV-ADV-2] the fence",
+          "if True}  # mutant: any claim passes the fence"),
          ("if not closed:", "if False:  # mutant: a closed advancement is not noticed"),
+         ("if closed != len(made):", "if False:  # mutant: a closed advancement is not noticed"),
          ("_b.c.claim_token == c.token)  # [INV-ADV-2] only the holder may move it",
-          "sa.true())  # mutant: anyone may move it")),
+          "sa.true())  # mutant: anyone may move it"),
+         ("moved = tx.execute(_move_held(status in _ENDED).where(_b.c.claim_token.in_(tokens)), params)",
+          "moved = tx.execute(_move_held(status in _ENDED), params)  # mutant: anyone may move them"),
+         ("return _move_held(ends).where(_b.c.claim_token.is_(None))",
+          "return _move_held(ends)  # mutant: held or not")),
     ),
     "fanin_outside_fence": Mutant(
         "the fan-in counter is bumped in its own transaction before the fence [INV-ADV-3]",
@@ -247,15 +254,6 @@ MUTANTS: dict[str, Mutant] = {
           "cursor = getattr(c, \"expand_cursor\", 0)  # mutant: this claim's own count, not the branch's"),
          ("cursor += len(items)", "cursor += len(items)\nc.expand_cursor = cursor  # type: ignore[attr-defined]")),
     ),
-    "batch_fence_dropped": Mutant(
-        "an advancer's batch does not compare each branch's claim token: a stale claim commits [INV-ADV-2, INV-ADV-1]",
-        "the batch fence compares each branch's claim token [INV-ADV-2]",
-        (("if rows[c.branch_id].claim_token == c.token]  # [INV-ADV-2] a stale token commits nothing",
-          "if True]  # mutant: any token passes the batch fence"),
-         ("if rows[c.branch_id].claim_token != c.token:", "if False:  # mutant: nothing is stale"),
-         ("if closed != len(ids):", "if False:  # mutant: a closed advancement is not noticed"),
-         ("_b.c.claim_token.in_([c.token for c, _ in live]))", "sa.true())  # mutant: anyone may move them")),
-    ),
     "claim_held_branch": Mutant(
         "a batch claim does not re-assert that the branch is unheld: racing advancers all win it [INV-ADV-2]",
         "a claim re-asserts that the branch is in progress and unclaimed [INV-ADV-2]",
@@ -263,30 +261,12 @@ MUTANTS: dict[str, Mutant] = {
          ("_b.c.claim_token.is_(None),  # [INV-ADV-2] unclaimed: one winner per branch",
           "sa.true(),  # mutant: claimed or not")),
     ),
-    "inline_takes_held_branch": Mutant(
-        "a success advances its branch inline even while an advancer holds it [INV-ADV-2]",
-        "a success advances inline only a free branch [INV-ADV-2]",
-        (("if branches[i.claimed.branch_id].claim_token is None  # [INV-ADV-2] free: no advancer holds it",
-          "if True  # mutant: held or not"),
-         ('and branches[i.claimed.branch_id].status == "in_progress"]', "or True]"),
-         ("_end_branches(tx, ending, None)  # [INV-ADV-2] still free: locked above",
-          "_end_branches(tx, ending, sa.true())  # mutant: held or not")),
-    ),
-    "released_takes_held_branch": Mutant(
-        "a worker's second transaction advances a released step even while an advancer holds its branch "
-        "[INV-ADV-2]",
-        "a worker's second transaction advances a released step only on a free branch [INV-ADV-2]",
-        (('or branch.claim_token is not None or branch.status != "in_progress"):  # [INV-ADV-2] held, or ended',
-          "or False):  # mutant: held or not"),
-         # (a claim writes an advancement row in its transaction: the history check would refuse it too)
-         ("or row.id in touched  # an advancer's since: its budgets decide", "or False  # mutant")),
-    ),
     "released_ignores_advancer": Mutant(
         "a worker's second transaction advances a released step an advancer has failed or crashed on since, "
         "past the advancer's budgets [INV-ADV-1]",
         "a released step an advancer has claimed since is the advancer's [INV-ADV-1]",
-        (("or row.id in touched  # an advancer's since: its budgets decide",
-          "or False  # mutant: the advancer's history is ignored"),),
+        (("or row.id in touched):  # an advancer's since: its budgets decide",
+          "or False):  # mutant: the advancer's history is ignored"),),
     ),
     # --- on_halt hooks (issue 16) ---
     "hook_not_owed": Mutant(

@@ -303,3 +303,10 @@ def enqueue(tx: Tx, pending: Sequence[Pending]) -> list[str]:
         for execution_id, p in zip(ids, pending, strict=True)])
     tx.wake()  # an execution was created: an idle worker may claim it
     return ids
+
+
+def forget(tx: Tx, where: sa.ColumnElement[bool]) -> int:
+    """Delete the executions ``where`` selects (those of runs a prune deletes: they all
+    ended long ago) and return how many: the history of the queue goes with its runs.
+    Not done: checking that they ended (the prune re-checked its runs under their locks)."""
+    return int(tx.execute(_e.delete().where(where)).rowcount)

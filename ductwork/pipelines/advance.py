@@ -41,7 +41,7 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +54,6 @@ from ductwork.db.ids import new_id, new_token
 from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
 from ductwork.limits.executions import Claimed, ErrorInfo
 from ductwork.pipelines import payloads
-from ductwork.pipelines.definition import render_divert_key
 from ductwork.pipelines.rules import (
     advancer_crashes_exhausted,
     advancer_retries_exhausted,
@@ -293,25 +292,26 @@ class Advancer:
     def advance_batch(self, claims: list[BranchClaim]) -> list[str]:
         """Advance claimed branches; returns :meth:`advance`'s result for each.
 
-        The simple transitions (:meth:`_batch_move`: halts of a failed step or of a spent
+        The simple transitions (:meth:`_simple_move`: halts of a failed step or of a spent
         crash budget, a leaf, ``chain``, ``converge``, a ``divert`` with a target,
         ``dampen``) commit together in one fenced transaction (the model's
         ``advance_batch``: equal to advancing them one by one). The fence is per branch:
         every branch row is locked (FOR UPDATE, branch-id order) and its token compared;
         a branch whose token is stale commits nothing and only it is refused
         [INV-ADV-2]; then every run row of the batch is locked (run-id order) before any
-        write, the order :func:`advance_on_successes` takes too. Fan-out, expand, fan-in,
-        a divert without a target, and a batch whose transaction fails are advanced one
-        by one (:meth:`advance`), where errors are recorded.
+        write, the order :func:`advance_on_successes` takes too (:func:`move_branches`).
+        Fan-out, expand, fan-in, a divert without a target, a lone simple move and a
+        batch whose transaction fails are advanced one by one (:meth:`advance`), where
+        errors are recorded.
         """
         moves: list[tuple[BranchClaim, Move]] = []
         results: dict[str, str] = {}
         outputs = self._outputs([c for c in claims if c.step.status == "advancing"])
         for c in claims:
-            move = self._batch_move(c, outputs.get(c.step.id))
+            move = self._simple_move(c, outputs.get(c.step.id))
             if move is not None:
                 moves.append((c, move))
-        if len(moves) > 0:
+        if len(moves) > 1:  # (a batch of one is advanced alone, below: one attempt, its errors recorded)
             try:
                 results.update(self._commit_batch(moves))
             except Exception as error:  # each is advanced alone below, where errors are recorded
@@ -331,9 +331,10 @@ class Advancer:
         found = {row.step_id: _value_json(row.output_payload) for row in rows}
         return {step_id: value for step_id, value in found.items() if value is not None}
 
-    def _batch_move(self, c: BranchClaim, value_json: str | None) -> Move | None:
-        """The move of a claimed branch when it is a simple transition (decided as
-        :meth:`advance` decides it); None: it is advanced alone."""
+    def _simple_move(self, c: BranchClaim, value_json: str | None) -> Move | None:
+        """The move of a claimed branch when it is a simple transition, in the decision
+        order of semantics §3 (a spent crash budget, a failed step, then the edge); None:
+        a fan-out, an expand or a fan-in, routed by :meth:`_route`."""
         cfg = self.app.config.pipeline_advancer
         if c.step.status not in ADVANCEABLE:
             return None  # the stale-claim backstop: alone
@@ -352,35 +353,20 @@ class Advancer:
         return Move(c.branch_id, c.run_id, c.step.id, "advancing", status, node, kind, value_json)
 
     def _commit_batch(self, moves: list[tuple[BranchClaim, Move]]) -> dict[str, str]:
-        """One fenced transaction for the batch's moves; returns each branch's result."""
-        results: dict[str, str] = {}
+        """One fenced transaction for the batch's moves (:func:`move_branches`, by this
+        advancer's claims); returns each branch's result: ``advanced``, or ``stale`` for a
+        branch whose claim was lost (nothing of it committed)."""
+        claims = {c.branch_id: c for c, _ in moves}
         with self.app.begin() as tx:
-            rows = _lock_branches(tx, [c.branch_id for c, _ in moves])
-            live = [(c, m) for c, m in moves
-                    if rows[c.branch_id].claim_token == c.token]  # [INV-ADV-2] a stale token commits nothing
-            for c, _ in moves:
-                if rows[c.branch_id].claim_token != c.token:
-                    results[c.branch_id] = "stale"
-            if not live:
-                return self._stale(moves, results)
-            runs = lock_runs(tx, [m.run_id for _, m in live])
-            faults.hit(faults.INSIDE_ADVANCE_BATCH)
-            definitions = {c.run_id: cached_definition(self.app, c.definition_sha1) for c, _ in live}
-            _make_moves(tx, [m for _, m in live], definitions)
-            ids = [c.advancement_id for c, _ in live]
-            closed = tx.execute(
-                _a.update().where(_a.c.id.in_(dialects.inline_ids(ids)), _a.c.completed_at.is_(None))
-                .values(completed_at=tx.now, updated_at=tx.now)).rowcount
-            if closed != len(ids):  # pragma: no cover  [INV-ADV-2] tokens checked under the locks: none closed
-                raise AssertionError(f"advancements {ids}: {closed} open inside their fence [INV-ADV-2]")
-            # [INV-ADV-2] only the holders may move them
-            _end_branches(tx, [m for _, m in live], _b.c.claim_token.in_([c.token for c, _ in live]))
-            ended = resolve_runs(tx, {m.run_id: runs[m.run_id] for _, m in live if m.ends})
-        for c, m in live:
+            definitions = {c.run_id: cached_definition(self.app, c.definition_sha1) for c, _ in moves}
+            made, ended = move_branches(tx, [m for _, m in moves], definitions, held=claims)
+        results = dict.fromkeys(claims, "stale")
+        for m in made:
+            c = claims[m.branch_id]
             c.closed = True
             results[c.branch_id] = "advanced"
             if m.halt_reason is not None:
-                self._log_halt(c, m.halt_reason, ended[m.run_id], None)
+                self._log_halt(c, m.halt_reason, ended[m.run_id], m.error)
         return self._stale(moves, results)
 
     @staticmethod
@@ -393,7 +379,6 @@ class Advancer:
 
     def advance(self, c: BranchClaim) -> str:
         """Advance a claimed branch past its latest step (the decision order of semantics §3)."""
-        cfg = self.app.config.pipeline_advancer
         try:
             if c.step.status not in ADVANCEABLE:
                 # Stale-claim backstop: nothing to route. Release without an error so a
@@ -403,12 +388,10 @@ class Advancer:
                     self._release(tx, c)
                 log.warning("branch %s claimed with no advanceable step; released", c.branch_id)
                 return "stale"
-            if advancer_crashes_exhausted(c.crash_count, cfg.max_crash):
-                self._halt(c, "advancer_crashes_exhausted")
-            elif c.step.status == "failed":
-                self._halt(c, self._job_halt_reason(c))
-            else:
-                self._route(c)
+            move = self._simple_move(c, self._outputs([c]).get(c.step.id))
+            if move is not None:  # a halt, a leaf, chain, converge, divert, dampen: one function for all
+                return self._commit_batch([(c, move)])[c.branch_id]
+            self._route(c)  # fan-out, expand, fan-in
             return "advanced"
         except StaleClaim as stale:
             log.warning("%s; nothing committed", stale)
@@ -444,13 +427,10 @@ class Advancer:
         closed = c.closed
         try:
             with self.app.begin() as tx:
-                found = tx.execute(
-                    dialects.for_update(sa.select(_b.c.claim_token).where(_b.c.id == c.branch_id), tx.conn)
-                ).scalar_one()
-                if found != c.token:
-                    raise StaleClaim(c.branch_id, c.token, found)  # [INV-ADV-2] a stale token commits nothing
+                if c.branch_id not in fence(tx, {c.branch_id: c.token}):
+                    raise StaleClaim(c.branch_id, c.token)  # [INV-ADV-2] a stale token commits nothing
                 if ends_branch:
-                    lock_run(tx, c.run_id)
+                    lock_run(tx, c.run_id)  # [lock order] the run after the branch
                 yield tx
                 faults.hit(faults.BEFORE_FENCE_COMMIT)
         except BaseException:
@@ -507,13 +487,11 @@ class Advancer:
         return job_halt_reason(last.outcome, last.error_klass) if last else job_halt_reason(None, None)
 
     def _halt(self, c: BranchClaim, reason: str, error: ErrorInfo | None = None) -> None:
-        with self._fence(c, ends_branch=True) as tx:
-            if c.step.status == "advancing":
-                step_complete(tx, c.step.id)
-            self._close(tx, c, error)
-            self._set_branch(tx, c, "halted", halt_reason=reason, completed_at=tx.now)
-            run_status = resolve_run(tx, c.run_id)
-        self._log_halt(c, reason, run_status, error)
+        """Halt the held branch ``reason`` (an error the routing raised), through the one
+        move function; a lost claim commits nothing."""
+        completes = "advancing" if c.step.status == "advancing" else None
+        self._commit_batch([(c, Move(c.branch_id, c.run_id, c.step.id, completes, "halted", halt_reason=reason,
+                                     error=error))])
 
     def _log_halt(self, c: BranchClaim, reason: str, run_status: str, error: ErrorInfo | None) -> None:
         """The WARNING for a halt, once its fence committed."""
@@ -565,53 +543,18 @@ class Advancer:
     # -- routing ----------------------------------------------------------------------------
 
     def _route(self, c: BranchClaim) -> None:
+        """The transitions that are not simple moves: fan-out, expand, fan-in."""
         definition = cached_definition(self.app, c.definition_sha1)
         edge = definition.edges.get(c.step.node)
-        if edge is None or not edge.to:
-            return self._leaf(c)
-        kind = edge.type
-        if kind in ("chain", "converge"):
-            return self._continue(c, definition, edge.first(), "chain" if kind == "chain" else kind)
-        if kind == "divert":
-            with self.app.begin() as tx:
-                value = json.loads(step_output_json(tx, c.step.id))
-            key = render_divert_key(value)
-            node = edge.divert_target(key)
-            if node is None:  # pragma: no cover  Definition requires a divert's 'otherwise' (edge(), divert())
-                raise TransitionError(f"divert from {c.step.node}: no target for {key!r} and no otherwise")
-            return self._continue(c, definition, node, "divert")
-        if kind == "divide":
+        assert edge is not None, "a leaf is a simple move"
+        if edge.type == "divide":
             return self._divide(c, definition, list(edge.to))
-        if kind == "expand":
+        if edge.type == "expand":
             return self._expand(c, definition, edge.first())
-        if kind in ("combine", "collapse"):
-            return self._fan_in(c, definition, kind)
-        if kind == "dampen":
-            with self._fence(c, ends_branch=True) as tx:
-                step_complete(tx, c.step.id)
-                self._close(tx, c)
-                self._set_branch(tx, c, "dampened")
-                resolve_run(tx, c.run_id)
-            return None
-        raise TransitionError(  # pragma: no cover  Definition.edge() accepts EDGE_TYPES only, each routed above
-            f"unknown edge type {kind!r} from node {c.step.node}")
-
-    def _leaf(self, c: BranchClaim) -> None:
-        with self._fence(c, ends_branch=True) as tx:
-            step_complete(tx, c.step.id)
-            self._close(tx, c)
-            self._set_branch(tx, c, "completed", completed_at=tx.now)
-            resolve_run(tx, c.run_id)
-
-    def _continue(self, c: BranchClaim, definition: Definition, node: str, kind: str) -> None:
-        """chain, converge, divert: the next step on the same branch."""
-        with self._fence(c) as tx:
-            args = "[" + step_output_json(tx, c.step.id) + "]"
-            # [INV-ADV-1] the step completes and its successor exists in one fenced transaction
-            step_complete(tx, c.step.id)
-            create_steps(tx, c.run_id, definition, [NewStep(c.branch_id, node, kind, args)])
-            self._close(tx, c)
-            self._release(tx, c)
+        if edge.type in ("combine", "collapse"):
+            return self._fan_in(c, definition, edge.type)
+        raise TransitionError(  # pragma: no cover  Definition requires a divert's 'otherwise'; the rest are moves
+            f"no transition for a {edge.type!r} edge from node {c.step.node}")
 
     def _new_branches(self, tx: Tx, c: BranchClaim, count: int, first_index: int) -> list[str]:
         ids = [new_id() for _ in range(count)]
@@ -746,16 +689,30 @@ class Move:
     kind: str | None = None
     value_json: str | None = None
     halt_reason: str | None = None
+    #: the routing error a halt records on its advancement (an advancer's move only)
+    error: ErrorInfo | None = None
 
     @property
     def ends(self) -> bool:
         return self.status != "in_progress"
 
 
-def _lock_branches(tx: Tx, branch_ids: list[str]) -> dict[str, sa.Row[Any]]:
-    """Lock the branch rows, in branch-id order (one statement), and return them by id."""
-    rows = tx.execute(dialects.prepared(tx.conn, _branch_locks), {"batch_ids": sorted(set(branch_ids))})
-    return {row.id: row for row in rows}
+def fence(tx: Tx, held: Mapping[str, str | None]) -> dict[str, sa.Row[Any]]:
+    """The branch fence [INV-ADV-2]: lock the branch rows (one statement, branch-id order
+    [lock order]) and return those still held as ``held`` says, each by its caller's claim
+    token, or, for None, free (unclaimed and in progress: a worker's success may move it).
+    A branch not returned is someone else's now (another claim, or it moved on): nothing of
+    it may be written. Every advancement locks its branches through this one function."""
+    rows = tx.execute(dialects.prepared(tx.conn, _branch_locks), {"batch_ids": sorted(held)})
+    return {row.id: row for row in rows if _held_as(row, held[row.id])}  # [INV-ADV-2] the fence
+
+
+def _held_as(row: sa.Row[Any], token: str | None) -> bool:
+    """Whether a locked branch row is held as its caller says: by ``token``, or, for None,
+    free (unclaimed, and in progress: not ended)."""
+    if token is None:
+        return row.claim_token is None and row.status == "in_progress"
+    return bool(row.claim_token == token)
 
 
 def _branch_locks(bind: Any) -> sa.Select[Any]:
@@ -770,7 +727,7 @@ class StepMovedOn(Exception):
     fence checked the token, it cannot happen [INV-ADV-1]."""
 
 
-def _make_moves(tx: Tx, moves: list[Move], definitions: dict[str, Definition]) -> None:
+def _make_moves(tx: Tx, moves: list[Move], definitions: Mapping[str, Definition]) -> None:
     """Complete the moves' steps and create their successors; the branches' own rows are
     the caller's (each path guards them its own way). Raises :class:`StepMovedOn` when a
     step's status is not the one its move completes it from."""
@@ -798,43 +755,48 @@ def _complete_steps(_: Any) -> sa.Update:
             .values(status="completed", completed_at=now, updated_at=now))
 
 
-def _end_branches(tx: Tx, moves: list[Move], guard: Any) -> None:
-    """Move each branch to its move's status (one UPDATE per status and halt reason),
-    dropping any claim; ``guard`` is the caller's condition on the branch rows (None:
-    unclaimed, ``claim_token IS NULL``), and every row must match it."""
+def _end_branches(tx: Tx, moves: list[Move], tokens: list[str] | None) -> None:
+    """Move each branch on (``in_progress``) or to its move's end status, dropping any claim
+    and stamping ``last_advanced_at``: one UPDATE per status and halt reason, guarded by
+    the claim that holds the branches (``tokens``; None: free, ``claim_token IS NULL``),
+    and every row must match it (the fence locked them)."""
     groups: dict[tuple[str, str | None], list[str]] = {}
     for m in moves:
         groups.setdefault((m.status, m.halt_reason), []).append(m.branch_id)
     for (status, reason), ids in sorted(groups.items(), key=str):
-        if guard is None and reason is None and status in _END_FREE:
-            moved = tx.execute(dialects.prepared(tx.conn, _END_FREE[status]), {"batch_ids": ids, "b_now": tx.now})
+        params: dict[str, Any] = {"batch_ids": ids, "b_now": tx.now, "b_status": status, "b_reason": reason}
+        if tokens is None:
+            moved = tx.execute(dialects.prepared(tx.conn, _MOVE_FREE[status in _ENDED]), params)
         else:
-            values: dict[str, Any] = {"status": status, "claim_token": None, "claimed_at": None,
-                                      "last_advanced_at": tx.now, "updated_at": tx.now}
-            if status in ("completed", "halted"):
-                values["completed_at"] = tx.now
-            if reason is not None:
-                values["halt_reason"] = reason
-            where = _b.c.claim_token.is_(None) if guard is None else guard
-            moved = tx.execute(_b.update().where(_b.c.id.in_(dialects.inline_ids(ids)), where).values(**values))
+            moved = tx.execute(_move_held(status in _ENDED).where(_b.c.claim_token.in_(tokens)), params)
         if moved.rowcount != len(ids):  # pragma: no cover  [INV-ADV-2] rows locked and guarded before: all match
             raise AssertionError(f"branches {ids}: {moved.rowcount} moved inside the batch [INV-ADV-2]")
 
 
-def _end_free(status: str, completed: bool) -> Any:
-    """A builder (``dialects.prepared``) of the UPDATE that ends unclaimed branches with ``status``."""
+#: the end statuses that stamp ``completed_at``
+_ENDED = frozenset({"completed", "halted"})
+
+
+def _move_held(ends: bool) -> sa.Update:
+    """The UPDATE that moves branches (``batch_ids``) to ``b_status`` (``b_reason``: a halt's),
+    unclaimed, at ``b_now``; ``ends``: it stamps ``completed_at``. The caller adds the guard."""
+    now = sa.bindparam("b_now", type_=schema.Timestamp)
+    values: dict[str, Any] = {"status": sa.bindparam("b_status", type_=_b.c.status.type), "claim_token": None,
+                              "claimed_at": None, "last_advanced_at": now, "updated_at": now,
+                              "halt_reason": sa.bindparam("b_reason", type_=_b.c.halt_reason.type)}
+    if ends:
+        values["completed_at"] = now
+    return _b.update().where(_b.c.id.in_(dialects.ids_param())).values(**values)
+
+
+def _move_free_statement(ends: bool) -> Any:
+    """A builder (``dialects.prepared``) of :func:`_move_held` for free branches."""
     def build(_: Any) -> sa.Update:
-        now = sa.bindparam("b_now", type_=schema.Timestamp)
-        values: dict[str, Any] = {"status": status, "claim_token": None, "claimed_at": None,
-                                  "last_advanced_at": now, "updated_at": now}
-        if completed:
-            values["completed_at"] = now
-        return _b.update().where(_b.c.id.in_(dialects.ids_param()), _b.c.claim_token.is_(None)).values(**values)
+        return _move_held(ends).where(_b.c.claim_token.is_(None))
     return build
 
 
-#: the prepared UPDATEs of the branches a worker's inline advancement ends (a leaf, dampen)
-_END_FREE = {"completed": _end_free("completed", True), "dampened": _end_free("dampened", False)}
+_MOVE_FREE = {ends: _move_free_statement(ends) for ends in (False, True)}
 
 
 def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:
@@ -868,46 +830,62 @@ def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:
     if not planned:
         return set()
     definitions = {i.claimed.run_id: i.definition for i, _ in planned}
-    branches = _lock_branches(tx, [i.claimed.branch_id for i, _ in planned])
-    # a branch an advancer holds, or that ended, is not ours to move: its step waits for an advancer
+    # a branch an advancer holds, or that ended, is not ours to move (the fence keeps only
+    # free ones): its step waits for an advancer
     moves = [Move(i.claimed.branch_id, i.claimed.run_id, i.claimed.step_id, "in_progress", status, node, kind,
-                  i.value_json)
-             for i, (status, node, kind) in planned
-             if branches[i.claimed.branch_id].claim_token is None  # [INV-ADV-2] free: no advancer holds it
-             and branches[i.claimed.branch_id].status == "in_progress"]
-    owner = {i.claimed.step_id: i.claimed.process_id for i, _ in planned}
-    return _move_free(tx, moves, definitions, owner)
+                  i.value_json) for i, (status, node, kind) in planned]
+    made, _ = move_branches(tx, moves, definitions, owner={i.claimed.step_id: i.claimed.process_id for i, _ in planned})
+    return {m.step_id for m in made}
 
 
-def _move_free(tx: Tx, moves: list[Move], definitions: dict[str, Definition], owner: dict[str, str]) -> set[str]:
-    """Make the moves of free branches whose rows ``tx`` has locked (no advancer holds
-    them): lock their runs, complete the steps, create what follows, write an advancement
-    row per move (opened and closed by ``owner[step_id]``), end the branches that end and
-    resolve their runs [INV-RUN-1]. Returns the ids of the steps moved."""
-    if not moves:
-        return set()
-    runs = lock_runs(tx, [m.run_id for m in moves])
-    faults.hit(faults.INSIDE_INLINE_BATCH)
-    _make_moves(tx, moves, definitions)
+def move_branches(tx: Tx, moves: Sequence[Move], definitions: Mapping[str, Definition], *,
+                  held: Mapping[str, BranchClaim] | None = None,
+                  owner: Mapping[str, str] | None = None) -> tuple[list[Move], dict[str, str]]:
+    """Make simple moves (:class:`Move`), fenced: the one function behind every simple
+    transition, an advancer's (``held``: its claims by branch id) or a worker's (``owner``:
+    the process id of each step's success; the branches must be free). Returns the moves
+    made and the status of each run a move ended a branch of.
+
+    The fence (:func:`fence`) keeps the moves whose branch is still held as the caller
+    says [INV-ADV-2]; then their run rows are locked (run-id order), before any write
+    [lock order]; each step is completed (from the status its move requires) and what
+    follows it created in this transaction [INV-ADV-1]; the advancements are closed (an
+    advancer's open ones; for a worker, a row opened and closed in its process's name);
+    each branch goes on (``in_progress``, unclaimed) or ends, and the runs of the branches
+    that ended are resolved [INV-RUN-1]."""
+    live = fence(tx, {m.branch_id: None if held is None else held[m.branch_id].token for m in moves})
+    made = [m for m in moves if m.branch_id in live]
+    if not made:
+        return [], {}
+    runs = lock_runs(tx, [m.run_id for m in made])  # [lock order] the runs after every branch
+    faults.hit(faults.INSIDE_ADVANCE_BATCH)
+    _make_moves(tx, made, definitions)
+    _close_advancements(tx, made, held, owner)
+    tokens = None if held is None else [held[m.branch_id].token for m in made]
+    _end_branches(tx, made, tokens)  # [INV-ADV-2] only the holders may move them
+    return made, resolve_runs(tx, {m.run_id: runs[m.run_id] for m in made if m.ends})
+
+
+def _close_advancements(tx: Tx, made: list[Move], held: Mapping[str, BranchClaim] | None,
+                        owner: Mapping[str, str] | None) -> None:
+    """The advancements of moves made: an advancer's open ones closed (with a halt's error),
+    or, for a worker, a row each opened and closed in its process's name."""
     now = tx.now
-    dialects.insert_rows(tx.conn, _a, [{
-        "id": new_id(), "branch_id": m.branch_id, "step_id": m.step_id, "process_id": owner[m.step_id],
-        "claim_token": new_token(), "started_at": now, "completed_at": now, "crash_count": 0, "created_at": now,
-        "updated_at": now} for m in moves])
-    going = [m.branch_id for m in moves if not m.ends]
-    if going:
-        tx.execute(dialects.prepared(tx.conn, _advance_free_branches), {"batch_ids": going, "b_now": now})
-    ending = [m for m in moves if m.ends]
-    if ending:
-        _end_branches(tx, ending, None)  # [INV-ADV-2] still free: locked above
-        resolve_runs(tx, {m.run_id: runs[m.run_id] for m in ending})
-    return {m.step_id for m in moves}
-
-
-def _advance_free_branches(_: Any) -> sa.Update:
-    now = sa.bindparam("b_now", type_=schema.Timestamp)
-    return (_b.update().where(_b.c.id.in_(dialects.ids_param()), _b.c.claim_token.is_(None))
-            .values(last_advanced_at=now, updated_at=now))
+    if held is None:
+        assert owner is not None, "a worker's moves name the process that made them"
+        dialects.insert_rows(tx.conn, _a, [{
+            "id": new_id(), "branch_id": m.branch_id, "step_id": m.step_id, "process_id": owner[m.step_id],
+            "claim_token": new_token(), "started_at": now, "completed_at": now, "crash_count": 0, "created_at": now,
+            "updated_at": now} for m in made])
+        return
+    ids = [held[m.branch_id].advancement_id for m in made if m.error is None]
+    closed = tx.execute(_a.update().where(_a.c.id.in_(dialects.inline_ids(ids)), _a.c.completed_at.is_(None))
+                        .values(completed_at=now, updated_at=now)).rowcount if ids else 0
+    closed += sum(close_advancement(tx, held[m.branch_id].advancement_id, error_klass=m.error.klass,
+                                    error_message=m.error.message, error_backtrace=m.error.backtrace)
+                  for m in made if m.error is not None)
+    if closed != len(made):  # pragma: no cover  [INV-ADV-2] tokens checked under the locks: none closed
+        raise AssertionError(f"advancements of {made}: {closed} open inside their fence [INV-ADV-2]")
 
 
 def advance_released(tx: Tx, released: Sequence[Inline]) -> set[str]:
@@ -926,23 +904,23 @@ def advance_released(tx: Tx, released: Sequence[Inline]) -> set[str]:
     advancer claims it (``candidates``). Exactly once as for the inline path
     [INV-ADV-1]: the branch row is locked and must be unclaimed, the step's completion
     is guarded by its status, and ``uq_step_branch_node`` forbids a second successor.
-    Lock order: branch rows, then run rows, as every advancement. Not done: fan-out,
-    fan-in and expand edges (an advancer's).
+    Lock order: branch rows, then run rows, as every advancement [lock order]. Not done:
+    fan-out, fan-in and expand edges (an advancer's).
     """
     by_step = {i.claimed.step_id: i for i in released}
     if not by_step:
         return set()  # pragma: no cover  its only caller, advance_released_steps, returns first on none
-    branches = _lock_branches(tx, [i.claimed.branch_id for i in by_step.values()])
+    # the branches locked before their steps are read [lock order] (move_branches' fence then
+    # finds them locked by this transaction already and keeps the free ones [INV-ADV-2])
+    fence(tx, dict.fromkeys((i.claimed.branch_id for i in by_step.values()), None))
     step_ids = {"batch_ids": sorted(by_step)}
     touched = set(tx.execute(dialects.prepared(tx.conn, _advanced_steps), step_ids).scalars())
     moves: list[Move] = []
     for row in tx.execute(dialects.prepared(tx.conn, _released_steps), step_ids):
         i = by_step[row.id]
-        branch = branches[i.claimed.branch_id]
         if (row.status != "advancing"  # [INV-ADV-1] advanced meanwhile: moved past once
-                or row.id in touched  # an advancer's since: its budgets decide
-                or branch.claim_token is not None or branch.status != "in_progress"):  # [INV-ADV-2] held, or ended
-            continue
+                or row.id in touched):  # an advancer's since: its budgets decide
+            continue  # (a held or ended branch: move_branches' fence leaves it)
         value_json = _value_json(row.output_payload)
         found = None if value_json is None else simple_move(i.definition, i.claimed.node, value_json)
         if found is not None:  # pragma: no branch  outcomes.released_later passes simple moves only, of this value
@@ -950,7 +928,8 @@ def advance_released(tx: Tx, released: Sequence[Inline]) -> set[str]:
             moves.append(Move(i.claimed.branch_id, i.claimed.run_id, row.id, "advancing", status, node, kind,
                               value_json))
     definitions = {i.claimed.run_id: i.definition for i in by_step.values()}
-    return _move_free(tx, moves, definitions, {sid: i.claimed.process_id for sid, i in by_step.items()})
+    made, _ = move_branches(tx, moves, definitions, owner={sid: i.claimed.process_id for sid, i in by_step.items()})
+    return {m.step_id for m in made}
 
 
 def _advanced_steps(_: Any) -> sa.Select[Any]:

@@ -39,6 +39,7 @@ import sqlalchemy as sa
 from ductwork import faults
 from ductwork.db import dialects, schema
 from ductwork.errors import RunFilterError
+from ductwork.limits.executions import forget
 from ductwork.pipelines.history import of_pipeline
 from ductwork.pipelines.rules import PRUNABLE, may_prune
 
@@ -163,8 +164,10 @@ def prune_batch(tx: Tx, run_ids: list[str], cutoff: datetime) -> dict[str, int]:
     for run_table in RUN_TABLES:
         if run_table.table is schema.runs:
             faults.hit(faults.INSIDE_PRUNE_BATCH)  # every row of the runs deleted but the runs' own
-        deleted[run_table.table.name] = tx.execute(
-            run_table.table.delete().where(_rows_of(run_table, batch))).rowcount  # [INV-PRN-2] every table
+        where = _rows_of(run_table, batch)
+        deleted[run_table.table.name] = (  # [INV-PRN-2] every table
+            forget(tx, where) if run_table.table is schema.executions  # (the limits layer's table)
+            else tx.execute(run_table.table.delete().where(where)).rowcount)
     return deleted
 
 

@@ -207,16 +207,15 @@ def test_a_divert_a_dampen_and_a_spent_crash_budget_in_a_batch_or_each_alone(app
 
 
 def test_a_failed_step_whose_halt_keeps_failing_halts_advancer_retries_exhausted(app):
-    """A failed step's halt raises each time (its batch and then its own fence fail): each
-    error is recorded and the branch released, until ``max_retry`` (2) errors halt it
-    ``advancer_retries_exhausted``; the step stays failed."""
+    """A failed step's halt raises each time (the one move function fails: in its batch and
+    then alone): each error is recorded and the branch released, until ``max_retry`` (2)
+    errors halt it ``advancer_retries_exhausted``; the step stays failed."""
     run = Fails.trigger(1)
     _work(app)
     assert [s.status for s in run.steps()] == ["failed"]
     branch_id = _branch(app, run.id).id
     for attempt in (1, 2, 3):
-        faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise")
-        faults.arm(faults.BEFORE_FENCE_COMMIT, "raise", nth=1)  # the halt's fence; the error's commits
+        faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise")  # the halt's move, batched or alone; the error's commits
         assert Advancer(app).run_once() == "error", attempt
         faults.disarm()
         expected = "halted" if attempt == 3 else "in_progress"

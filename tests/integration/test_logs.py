@@ -213,17 +213,16 @@ def test_a_step_that_cannot_be_built_logs_its_crashes_with_the_traceback(manual_
 
 def test_advancement_errors_log_each_retry_and_the_halt_with_the_traceback(db_url, caplog, monkeypatch):
     from ductwork.app import set_default_app
-    from ductwork.pipelines.advance import Advancer
+    from ductwork.pipelines import advance
 
-    def broken(self, c):  # noqa: ARG001 - stands in for the method it replaces
+    def broken(*args, **kwargs):  # noqa: ARG001 - stands in for the function it replaces
         raise RuntimeError("routing broke")
 
-    # the leaf goes through an advancer (no inline advance), one by one (no batch), to the broken _leaf
+    # the leaf goes through an advancer (no inline advance), batched then alone, to the broken move
     app = make_app(db_url, pipeline_advancer={"inline_linear": False})
     reset_tables(app.engine)
     set_default_app(app)
-    monkeypatch.setattr(Advancer, "_batch_move", lambda *_: None)
-    monkeypatch.setattr(Advancer, "_leaf", broken)
+    monkeypatch.setattr(advance, "move_branches", broken)
     caplog.set_level(logging.WARNING, logger="ductwork")
     run = LeafP.trigger("b")
     drain(app, timeout=30)

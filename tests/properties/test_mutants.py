@@ -81,15 +81,8 @@ DETECTORS = {
         "tests/integration/test_fault_checkpoints.py::test_checkpoint[sqlite-before_fanin_bump-raise]",
     "fanin_fires_on_created": PARKED + "[sqlite-each_batch_arrives_at_once]",
     "expand_cursor_not_resumed": PARKED + "[sqlite-reaped_after_the_first_batch]",
-    "batch_fence_dropped":
-        "tests/integration/test_exactly_once.py::test_a_stale_token_in_a_batch_commits_nothing_for_its_branch_only[sqlite]",
     "claim_held_branch":
         "tests/integration/test_exactly_once.py::test_racing_claims_on_one_branch_have_one_winner[sqlite]",
-    "inline_takes_held_branch":
-        "tests/integration/test_exactly_once.py::test_a_success_leaves_a_held_branch_to_its_advancer[sqlite]",
-    "released_takes_held_branch":
-        "tests/integration/test_exactly_once.py::test_a_released_step_whose_branch_an_advancer_holds_is_left_to_it"
-        "[sqlite]",
     "released_ignores_advancer":
         "tests/integration/test_exactly_once.py::test_a_released_step_an_advancer_crashed_on_is_left_to_the_advancer"
         "[sqlite]",
