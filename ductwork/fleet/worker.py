@@ -49,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -58,7 +57,6 @@ from typing import TYPE_CHECKING, Any
 
 from ductwork import faults
 from ductwork.db.dialects import retry_transient
-from ductwork.db.wakeup import Wakeup
 from ductwork.errors import CommitFailed, StepReturnError
 from ductwork.fleet.hooks import run_due_hook
 from ductwork.fleet.invoke import (
@@ -77,7 +75,7 @@ from ductwork.fleet.steploop import STEP_LOOP
 from ductwork.limits.claims import claim_batch, seconds_to_next_due
 from ductwork.limits.executions import Claimed, ErrorInfo
 from ductwork.pipelines import payloads
-from ductwork.pipelines.advance import Inline, advance_released_steps
+from ductwork.pipelines.advance import advance_released_steps
 from ductwork.pipelines.outcomes import (
     HandOff,
     Success,
@@ -92,6 +90,7 @@ from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
+    from ductwork.fleet.shared import Inbox, ReleasedSteps, TokenAlarm
     from ductwork.pipelines.definition import Definition
 
 log = logging.getLogger("ductwork.execute")
@@ -148,210 +147,6 @@ def batch_for(pace_s: float, window_s: float, size: int) -> int:
     return max(1, int(window_s / pace_s))
 
 
-class _Waiting:
-    """One thread's keyed success in :class:`KeyedCommits`, and what its commit gave it."""
-
-    __slots__ = ("done", "error", "handed", "lead", "success", "take")
-
-    def __init__(self, success: Success, take: bool):
-        self.success, self.take = success, take
-        self.done = threading.Event()
-        self.lead = False  # woken to commit the next round, not with its result
-        self.handed: list[Claimed] = []
-        self.error: BaseException | None = None
-
-    def result(self) -> list[Claimed]:
-        if self.error is not None:
-            raise self.error
-        return self.handed
-
-
-class KeyedCommits:
-    """Keyed group commits of one process: the successes of one key that its threads
-    have ready are recorded together, under one hold of the key's lock (leader and
-    followers). Thread-safe.
-
-    A thread whose keyed success is ready calls :meth:`record`: when no commit of that
-    key is in progress in this process, it commits at once (the leader); otherwise it
-    waits, and the commit in progress, once done, wakes the first waiting thread to
-    commit every success of the key waiting by then in one transaction
-    (``outcomes.record_successes``: the outputs and inline advancement first, then the key
-    lock, the clock again, each release with its own sequence number in order, then one
-    hand-off of up to as many executions as the successes that asked for one). Each
-    waiting thread gets one handed-on execution (in order); what is left goes to
-    ``overflow`` (the process inbox). The result (or the error) of the commit is each
-    thread's own: a reaped execution in the group makes it fall back to one transaction
-    per success, so only that one is not recorded [INV-EXE-2].
-
-    Not done: waiting for more successes than are ready (a commit starts as soon as the
-    previous one of its key ends; those that become ready during it wait for the next), or
-    grouping across keys."""
-
-    def __init__(self, overflow: Callable[[list[Claimed]], None]):
-        self._lock = threading.Lock()
-        self._waiting: dict[str, list[_Waiting]] = {}
-        self._leading: set[str] = set()
-        self._overflow = overflow
-
-    def record(self, success: Success, take: bool,
-               commit: Callable[[list[Success], int], list[Claimed]]) -> list[Claimed]:
-        """Record ``success`` (keyed) with the others of its key that are ready; ``take``:
-        this thread wants a handed-on execution. ``commit(successes, n)`` records them in
-        one transaction and hands on up to ``n``. Returns what this thread is handed."""
-        key = success.claimed.limit_key
-        assert key is not None, "keyed group commits are for keyed successes"
-        me = _Waiting(success, take)
-        with self._lock:
-            self._waiting.setdefault(key, []).append(me)
-            lead = key not in self._leading
-            self._leading.add(key)
-        if not lead:
-            me.done.wait()
-            if not me.lead:
-                return me.result()
-        with self._lock:
-            group = self._waiting.pop(key)
-        try:
-            handed = commit([w.success for w in group], sum(1 for w in group if w.take))
-        except BaseException as error:  # noqa: BLE001 - raised in each thread, which crashes its own
-            for w in group:
-                w.error = error
-            handed = []
-        rest = list(handed)
-        for w in group:
-            if w.take and rest:
-                w.handed = [rest.pop(0)]
-        with self._lock:
-            following = self._waiting.get(key)
-            if following:
-                following[0].lead = True
-                following[0].done.set()  # the next round: every success waiting by now
-            else:
-                self._leading.discard(key)
-        if rest:  # pragma: no cover  defensive: the commit hands on at most take(), one per taker
-            self._overflow(rest)
-        for w in group:
-            if w is not me:
-                w.done.set()
-        return me.result()
-
-
-class Inbox:
-    """Keyed executions one worker thread claimed for its process's idle threads (a keyed
-    batch, ``claims.claim_batch``'s ``keyed_limit``): each is performed by the first
-    thread that looks, before it polls. Thread-safe. ``idle()`` says how many threads
-    are idle now; :meth:`spare`, those of them no execution here waits for yet: what a
-    thread's keyed batch may take beyond its own one.
-
-    Claimed executions wait here only as long as it takes an idle thread to wake; a
-    process that dies or stops with some left has them crashed by its reaping (re-run
-    within the crash budget), as for any execution held when a process ends."""
-
-    def __init__(self, wake: Callable[[int], None], idle: Callable[[], int], threads: int = 1):
-        self._items: deque[Claimed] = deque()
-        self._wake = wake
-        self._idle = idle
-        #: the process's worker threads (what a thread's share of a key's concurrency is of)
-        self.threads = threads
-        #: the process's keyed group commits; what their hand-offs leave over comes here
-        self.commits = KeyedCommits(self.put)
-
-    def spare(self) -> int:
-        return max(0, self._idle() - len(self._items))
-
-    def put(self, claimed: list[Claimed]) -> None:
-        self._items.extend(claimed)
-        self._wake(len(claimed))
-
-    def take(self) -> Claimed | None:
-        try:
-            return self._items.popleft()
-        except IndexError:
-            return None
-
-    def held(self) -> set[str]:
-        return {claimed.execution_id for claimed in list(self._items)}
-
-    def waiting(self) -> bool:
-        return bool(self._items)
-
-
-class TokenAlarm:
-    """Wakes one idle worker thread of the process when a rate-limited key's next token
-    is due, after a claim of this process spent the key's last one
-    (``Claimed.next_token_in_s``, the stamp that claim wrote). Thread-safe.
-
-    Without it a spent bucket's next token waited for a thread that happened to poll:
-    a refused poll learns the time (``seconds_to_next_due``), but an admitted one left
-    the others sleeping until a wakeup or their polling interval, and the token went
-    unused (at ``burst: 1``, lost). A thread of its own (the runner's
-    ``ductwork.job_worker.tokens`` loop) waits for the earliest time set and then calls
-    ``wake(1)``: one poll per due token, not one per idle thread. A hint like any
-    wakeup: the poll decides under the key's lock as always [INV-LIM-1, INV-LIM-2].
-    Not done: other processes (they learn the time from their own refused polls), and a
-    token per key (one time is kept, the earliest: the woken poll stamps the next)."""
-
-    def __init__(self, wake: Callable[[int], None], clock: Callable[[], float] = time.monotonic):
-        self._wake, self._clock = wake, clock
-        self._lock = threading.Lock()
-        self._due: float | None = None
-        #: notified when an earlier time is set (what the alarm's loop waits on)
-        self.changed = Wakeup()
-
-    def at(self, seconds: float) -> None:
-        """Wake a thread ``seconds`` from now, unless an earlier wake is already set."""
-        due = self._clock() + max(0.0, seconds)
-        with self._lock:
-            if self._due is not None and self._due <= due:
-                return
-            self._due = due
-        self.changed.notify()
-
-    def seconds_left(self) -> float | None:
-        """Seconds until the wake that is set (0 once due); None: none is set."""
-        due = self._due
-        return None if due is None else max(0.0, due - self._clock())
-
-    def run_once(self) -> bool:
-        """Wake one idle thread if the time set has come (and clear it); False if not."""
-        with self._lock:
-            if self._due is None or self._clock() < self._due:
-                return False
-            self._due = None
-        self._wake(1)
-        return True
-
-
-class ReleasedSteps:
-    """A process's keyed steps whose releases have committed, to be advanced past
-    (``advance.advance_released``) by one thread of their own, many per transaction,
-    while the worker threads that released them go on to their next bodies. Thread-safe.
-
-    A step waits here only until that thread wakes; a process that dies or stops with
-    some here leaves them ``advancing``, and an advancer advances them (they were
-    recorded: only what follows them waits) [INV-ADV-1]. Not done: bounding the queue
-    (it holds at most what the worker threads released since the last round)."""
-
-    def __init__(self, app: App, wakeup: Wakeup, batch: int = 500):
-        self.app, self.wakeup, self.batch = app, wakeup, batch
-        self._lock = threading.Lock()
-        self._items: list[Inline] = []
-
-    def put(self, released: list[Inline]) -> None:
-        with self._lock:
-            self._items.extend(released)
-        self.wakeup.notify()
-
-    def run_once(self) -> bool:
-        """Advance up to ``batch`` of the queued steps in one transaction; False if none."""
-        with self._lock:
-            taken, self._items = self._items[:self.batch], self._items[self.batch:]
-        if not taken:
-            return False
-        advance_released_steps(self.app, taken)
-        return True
-
-
 class LeaseLost(Exception):
     """The worker's process no longer holds its lease: no step code may start
     (:meth:`Worker._may_start_code`)."""
@@ -370,7 +165,7 @@ class Worker:
     the recent pace, and a success stays unrecorded about as long: a crash in that time
     re-runs it (at-least-once, as for any crash before the commit). A keyed success is
     recorded by its process's keyed group commit (``inbox.commits``,
-    :class:`KeyedCommits`): with the other successes of its key that threads of the
+    :class:`~ductwork.fleet.shared.KeyedCommits`): with the other successes of its key that threads of the
     process have ready by the time the key's lock is granted, under one hold of that
     lock, each with its own release
     sequence number, and one hand-off of up to one execution per thread that asked; a
@@ -600,7 +395,7 @@ class Worker:
 
     def _note_tokens(self, claimed: list[Claimed]) -> None:
         """A claim (or hand-off) that spent its key's last token sets the process's alarm
-        for the next one (:class:`TokenAlarm`)."""
+        for the next one (``shared.TokenAlarm``)."""
         if self._tokens is not None and claimed and claimed[-1].next_token_in_s is not None:
             self._tokens.at(claimed[-1].next_token_in_s)
 
@@ -741,7 +536,7 @@ class Worker:
     def _advance_released(self, successes: list[Success]) -> None:
         """The second transaction of keyed successes whose release has committed (their
         steps left ``advancing``): ``advance.advance_released`` of those that advance inline,
-        by the process's :class:`ReleasedSteps` thread, or here and now for a worker
+        by the process's ``shared.ReleasedSteps`` thread, or here and now for a worker
         without one. A crash before it leaves them to an advancer [INV-ADV-1]."""
         later = advanced_later(self.app, successes)
         if not later:
@@ -753,10 +548,10 @@ class Worker:
             advance_released_steps(self.app, later)
 
     def _commit_keyed(self, successes: list[Success], take: int) -> list[Claimed]:
-        """A keyed group commit (:class:`KeyedCommits`): record ``successes`` and hand on
+        """A keyed group commit (``shared.KeyedCommits``): record ``successes`` and hand on
         up to ``take`` executions of their key; then advance them (:meth:`_advance_released`).
         Not repeated here on a lost connection: each thread of the group repeats its own
-        :meth:`KeyedCommits.record` (``_record``)."""
+        ``KeyedCommits.record`` (``_record``)."""
         handed = record_successes(self.app, successes, HandOff(keyed_limit=take))
         self._advance_released(successes)
         return handed

@@ -439,7 +439,7 @@ def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
     is in progress are recorded together by the next round, one transaction for all of
     them; each thread gets its result, and each round's hand-off is spread over the threads
     of that round that asked."""
-    from ductwork.fleet.worker import KeyedCommits
+    from ductwork.fleet.shared import KeyedCommits
 
     app = keyed_app
     run_id, branch_id = make_run(app)

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from ductwork.config import MAX_BATCH_SIZE, Config
 from ductwork.errors import ConfigError
-from ductwork.fleet.worker import TokenAlarm, Worker, batch_for
+from ductwork.fleet.shared import TokenAlarm
+from ductwork.fleet.worker import Worker, batch_for
 
 paces = st.floats(min_value=0, max_value=3600, allow_nan=False)
 windows = st.floats(min_value=1e-6, max_value=60, allow_nan=False)
