@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 from ductwork import faults
 from ductwork.db.dialects import retry_transient
 from ductwork.errors import CommitFailed, StepReturnError
+from ductwork.fleet import batching
 from ductwork.fleet.hooks import run_due_hook
 from ductwork.fleet.invoke import (
     AsyncStepInterrupted,
@@ -135,18 +136,6 @@ def make_output(klass: str, definition: Definition, node: str, value: Any) -> Ou
     return Output(text)
 
 
-def batch_for(pace_s: float, window_s: float, size: int) -> int:
-    """How many executions a batch may take: as many as run in ``window_s`` at ``pace_s``
-    seconds each, at least one and at most ``size``.
-
-    >>> batch_for(0.0001, 0.05, 16), batch_for(0.02, 0.05, 16), batch_for(3.0, 0.05, 16)
-    (16, 2, 1)
-    """
-    if pace_s * size <= window_s:  # (also a zero pace: no division by it, nor an overflow)
-        return size
-    return max(1, int(window_s / pace_s))
-
-
 class LeaseLost(Exception):
     """The worker's process no longer holds its lease: no step code may start
     (:meth:`Worker._may_start_code`)."""
@@ -209,9 +198,8 @@ class Worker:
         self._lease = lease
         #: how many unkeyed executions the next claim may take (from the recent pace)
         self.batch = 1
-        self._pace_s: float | None = None
-        #: how much of the recent bodies' time was this thread's CPU (0 to 1; None: none timed)
-        self._cpu_share: float | None = None
+        #: the recent bodies' pace and CPU share (what sizes the batch and a key's share)
+        self._pace = batching.Pace(batch_window, batch_size)
         #: claimed, not yet performed: handed on by a completion, or the rest of a batch
         self._queue: deque[Claimed] = deque()
         #: queued keyed executions this thread runs in a row (their successes: one group commit)
@@ -306,14 +294,14 @@ class Worker:
                 # so is a keyed batch a thread runs in a row
                 in_a_row = claimed.execution_id in self._in_a_row
                 self._in_a_row.discard(claimed.execution_id)
-                keyed_group = claimed.limit_key is None or self._inbox is None or in_a_row
-                group = self._batch_size > 1 and keyed_group
+                group = batching.groups(self._batch_size, keyed=claimed.limit_key is not None,
+                                        alone=self._inbox is None, in_a_row=in_a_row)
                 if self._awaitable(claimed):
                     performed = self._run_together(self._async_batch(claimed, in_a_row), group=group)
                 else:
                     performed = self._run(claimed, group=group)
-                if self._group and (not self._queue
-                                    or time.monotonic() - self._group_started >= self._batch_window):
+                if self._group and batching.flush_due(bool(self._queue), time.monotonic() - self._group_started,
+                                                      self._batch_window):
                     self._flush()
                 if not self._queue and self._inbox is not None and (given := self._inbox.take()) is not None:
                     self._queue.append(given)  # claimed for this process: before anything new
@@ -328,31 +316,14 @@ class Worker:
         return performed
 
     def in_a_row(self, key: str) -> int:
-        """How many executions of ``key`` this thread may run one after the other (a
-        keyed batch of its own, recorded by one group commit): as many as an unkeyed batch
-        at the recent pace (so none waits behind its siblings longer than ``batch_window``),
-        but no more than the thread's share of the key's ``concurrency``, and one for a key
-        with a rate (its tokens go to whichever thread is free). A worker alone: its batch.
-
-        The share: bodies that mostly wait (sleep, I/O: less than half their time this
-        thread's CPU) run side by side in threads, so each of the process's threads gets an
-        equal share (a key that binds is not held by executions waiting in one thread while
-        others could run them). Bodies that mostly run Python hold the GIL, so the
-        process's threads would run them one at a time anyway: spreading them buys nothing
-        and costs a key-lock hold per thread, so the share is the process's, one of the
-        supervisor's ``job_worker.processes`` equal shares (processes do run side by side).
-        Either way the executions are ones this process claimed under the key's lock: the
-        key's ``concurrency`` holds as for any claim [INV-LIM-1]."""
+        """How many executions of ``key`` this thread may run one after the other
+        (:func:`batching.in_a_row`): a share of the key's concurrency that is the thread's
+        (one of ``inbox.threads``) or, for bodies that mostly run Python, the process's (one
+        of the supervisor's ``job_worker.processes``). A worker alone: its batch."""
         if self._inbox is None:  # pragma: no cover  _claim, the only caller, asks only with an inbox
             return self.batch
-        entry = self.app.config.limits.get(key)
-        if entry is not None and entry.rates:
-            return 1
-        if entry is None or entry.concurrency is None:
-            return self.batch
-        mostly_cpu = self._cpu_share is not None and self._cpu_share >= 0.5
-        shares = self.app.config.job_worker.processes if mostly_cpu else self._inbox.threads
-        return max(1, min(self.batch, entry.concurrency // max(1, shares)))
+        return batching.in_a_row(self.batch, self.app.config.limits.get(key), cpu_share=self._pace.cpu_share,
+                                 threads=self._inbox.threads, processes=self.app.config.job_worker.processes)
 
     def _claim(self) -> None:
         """Claim a batch; what a keyed batch took beyond what this thread runs in a row
@@ -387,8 +358,7 @@ class Worker:
         transaction. Not done: a claim cannot know that what it takes is async before it
         takes it, so plain steps claimed here wait behind the batch, as the plain steps of
         any claim after an async batch do until their pace is known."""
-        if (len(self._queue) == 1 and self.batch < self._batch_size and self._queue[0].limit_key is None
-                and self._awaitable(self._queue[0])):
+        if batching.tops_up(self._queue, self.batch, self._batch_size) and self._awaitable(self._queue[0]):
             self.batch = self._batch_size - 1
             self._claim()
             self.batch = self._batch_size
@@ -557,12 +527,8 @@ class Worker:
         return handed
 
     def _paced(self, seconds: float, cpu_s: float) -> None:
-        """Size the next batch from the recent pace, and note how much of a body's time is
-        this thread's own CPU (``cpu_s`` of ``seconds``: 1 for a body that did nothing)."""
-        self._pace_s = seconds if self._pace_s is None else (self._pace_s + seconds) / 2
-        share = min(1.0, cpu_s / seconds) if seconds > 0 else 1.0
-        self._cpu_share = share if self._cpu_share is None else (self._cpu_share + share) / 2
-        self.batch = batch_for(self._pace_s, self._batch_window, self._batch_size)
+        """Size the next batch from the recent pace (:class:`batching.Pace`)."""
+        self.batch = self._pace.note(seconds, cpu_s)
 
     def _invoke(self, claimed: Claimed, definition: Definition) -> Output:
         if claimed.timeout_us:
