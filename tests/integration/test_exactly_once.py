@@ -20,9 +20,10 @@ from ductwork import Pipeline, Step
 from ductwork.db import schema
 from ductwork.db.dialects import violated_constraint
 from ductwork.errors import CommitFailed
+from ductwork.fleet.execute import make_output
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
-from ductwork.fleet.worker import Worker, make_output
+from ductwork.fleet.worker import Worker
 from ductwork.limits.claims import claim
 from ductwork.pipelines.advance import (
     Advancer,
