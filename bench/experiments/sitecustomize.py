@@ -142,16 +142,19 @@ if _patches:
                 _note("recorded", claimed.execution_id)
 
         _worker.Worker._perform = _timed_perform
-        _invoke = _worker.Worker._invoke
+        from ductwork.fleet import execute as _execute
+        from ductwork.fleet import shared as _shared
 
-        def _timed_invoke(self, claimed, definition):
+        _run_body = _execute.run_body
+
+        def _timed_run_body(app, claimed, definition):
             try:
-                return _invoke(self, claimed, definition)
+                return _run_body(app, claimed, definition)
             finally:
                 _note("ran", claimed.execution_id)
 
-        _worker.Worker._invoke = _timed_invoke
-        _record = _worker.KeyedCommits.record
+        _execute.run_body = _timed_run_body
+        _record = _shared.KeyedCommits.record
 
         def _timed_record(self, success, take, commit):
             handed = _record(self, success, take, commit)
@@ -159,7 +162,7 @@ if _patches:
                 _note("handed", c.execution_id)
             return handed
 
-        _worker.KeyedCommits.record = _timed_record
+        _shared.KeyedCommits.record = _timed_record
         _complete = _worker.complete_all_and_hand_off
 
         def _timed_complete(*args, **kwargs):

@@ -1,12 +1,12 @@
 """Resolving and building a step, and the exceptions that say how that went: what the
-worker (``worker.py``) and a ``timeout=`` step's child process (``child.py``) share.
+worker's thread (``execute.py``) and a ``timeout=`` step's child process (``child.py``) share.
 
     >>> check_configured(claimed)        # StepInvalid unless both classes are configured
     >>> step = build_step(app, claimed.klass, claimed.input_json, claimed.idempotency_key, claimed.run_id)
 
 Only configured code runs: a stored class name that is not a class of the pipelines this
 process defined is never built and nothing is imported for it (``check_configured``).
-Not done here: running the step or recording its outcome (``worker.py``, ``child.py``).
+Not done here: running the step or recording its outcome (``execute.py``, ``child.py``).
 """
 
 from __future__ import annotations

@@ -147,7 +147,8 @@ class Runner:
 
     def _units(self) -> list[Loop]:
         from ductwork.db.wakeup import Wakeup
-        from ductwork.fleet.worker import Inbox, ReleasedSteps, TokenAlarm, Worker
+        from ductwork.fleet.shared import Inbox, ReleasedSteps, TokenAlarm
+        from ductwork.fleet.worker import Worker
         from ductwork.pipelines.advance import Advancer
 
         loops: list[Loop] = []

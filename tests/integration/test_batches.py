@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from ductwork.db import schema
+from ductwork.fleet import execute
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
 from ductwork.limits.claims import claim, claim_batch
@@ -243,16 +244,16 @@ def test_a_worker_dying_mid_batch_leaves_nothing_claimed(app, monkeypatch):
     worker = Worker(app, process_id=process, hand_off=lambda: True, batch_size=5)
     worker.batch = 5  # as after fast steps
     calls, seen = [], []
-    original = Worker._invoke
+    original = execute.run_body
 
-    def invoke(self, claimed, definition):
+    def run_body(app, claimed, definition):
         calls.append(claimed.execution_id)
-        seen.append(self.held())
+        seen.append(worker.held())
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return original(self, claimed, definition)
+        return original(app, claimed, definition)
 
-    monkeypatch.setattr(Worker, "_invoke", invoke)
+    monkeypatch.setattr(execute, "run_body", run_body)
     with pytest.raises(KeyboardInterrupt):
         worker.run_once()
     assert len(calls) == 3
@@ -298,14 +299,14 @@ def test_a_failed_group_commit_crashes_only_its_group(app, monkeypatch):
     """The first group commit fails with an engine error: the one success in it is
     crashed (it re-runs), the two executions still queued stay held and run at the next
     run_once, and every job ends with exactly one success."""
-    import ductwork.fleet.worker as execute
+    import ductwork.fleet.worker as worker_module
 
     runs = [Unkeyed.trigger(i) for i in range(3)]
     process = register(app, role="test", label="w")
     worker = Worker(app, process_id=process, hand_off=lambda: True, batch_size=3, batch_window=0.0)
     worker.batch = 3  # as after fast steps; a zero window flushes after every success
     calls = []
-    original = execute.record_successes
+    original = worker_module.record_successes
 
     def failing_once(*args, **kwargs):
         calls.append(args[1][0].claimed.execution_id)
@@ -313,7 +314,7 @@ def test_a_failed_group_commit_crashes_only_its_group(app, monkeypatch):
             raise RuntimeError("engine error")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(execute, "record_successes", failing_once)
+    monkeypatch.setattr(worker_module, "record_successes", failing_once)
     with pytest.raises(RuntimeError, match="engine error"):
         worker.run_once()
     assert len(worker.held()) == 2  # the two not yet run, still claimed by this worker
@@ -439,7 +440,7 @@ def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
     is in progress are recorded together by the next round, one transaction for all of
     them; each thread gets its result, and each round's hand-off is spread over the threads
     of that round that asked."""
-    from ductwork.fleet.worker import KeyedCommits
+    from ductwork.fleet.shared import KeyedCommits
 
     app = keyed_app
     run_id, branch_id = make_run(app)

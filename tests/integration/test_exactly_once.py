@@ -20,9 +20,10 @@ from ductwork import Pipeline, Step
 from ductwork.db import schema
 from ductwork.db.dialects import violated_constraint
 from ductwork.errors import CommitFailed
+from ductwork.fleet.execute import make_output
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
-from ductwork.fleet.worker import Worker, make_output
+from ductwork.fleet.worker import Worker
 from ductwork.limits.claims import claim
 from ductwork.pipelines.advance import (
     Advancer,
@@ -658,7 +659,7 @@ def test_a_threads_keyed_batch_goes_on_through_its_own_hand_off(in_a_row_app):
     """A worker thread of a process (an inbox) claims a keyed batch it runs in a row; its
     group commit hands the key's next executions to the same thread, which runs them in a
     row too: one call runs all 8, recorded by two group commits (one clock read each)."""
-    from ductwork.fleet.worker import Inbox
+    from ductwork.fleet.shared import Inbox
 
     app = in_a_row_app
     (pid,) = processes(app, 1)

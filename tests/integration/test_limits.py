@@ -365,7 +365,7 @@ def test_a_claim_that_spends_its_keys_last_token_sets_the_alarm_for_the_next(db_
     ``TokenAlarm`` to it, so an idle thread polls then; a refused poll sets nothing (it
     waits for the stamp itself), and an unrated claim carries nothing."""
     from ductwork.db.clock import ManualClock
-    from ductwork.fleet.worker import TokenAlarm
+    from ductwork.fleet.shared import TokenAlarm
     from tests.conftest import installed
 
     for app in installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),

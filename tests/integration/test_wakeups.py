@@ -18,7 +18,8 @@ import pytest
 
 from ductwork.db.wakeup import PgListener
 from ductwork.fleet.processes import register
-from ductwork.fleet.worker import Inbox, Worker
+from ductwork.fleet.shared import Inbox
+from ductwork.fleet.worker import Worker
 from ductwork.limits.claims import claim
 from ductwork.pipelines.outcomes import record_success
 from ductwork.pipelines.payloads import Output

@@ -43,7 +43,7 @@ class OracleStep(Step):
         self.args = list(args)
 
     def execute(self):
-        from ductwork.fleet.worker import StepInvalid, StepTimedOut
+        from ductwork.fleet.invoke import StepInvalid, StepTimedOut
         from ductwork.limits.executions import ErrorInfo
 
         app, oracle = _current["app"], _current["oracle"]

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ductwork.errors import InputError, NotJSONError, PayloadTooLargeError, StepReturnError
-from ductwork.fleet.worker import make_output
+from ductwork.fleet.execute import make_output
 from ductwork.pipelines.advance import fan_in_size
 from ductwork.pipelines.payloads import MAX_PAYLOAD_BYTES, check_size, dump, payload_envelope, statement_limit_warning
 from ductwork.pipelines.rules import job_halt_reason
