@@ -51,6 +51,7 @@ def _bucket_refill(body: str) -> str:
 
 
 _BEFORE_KEY_LOCK = "faults.hit(faults.BEFORE_KEY_LOCK)"
+_GROUP_GUARD = "if ended != len(successes):  # [INV-EXE-2] one was reaped: nothing of the batch is written"
 
 MUTANTS: dict[str, Mutant] = {
     "no_key_lock": Mutant(
@@ -426,6 +427,36 @@ MUTANTS: dict[str, Mutant] = {
         "leaves and the execution is crashed, not failed [INV-EXE-4]",
         "an async step's unrequested cancellation is its failure, not the worker thread's exit [INV-EXE-4]",
         (("if isinstance(awaited, asyncio.CancelledError):", "if False:  # mutant: cancellation escapes"),),
+    ),
+    # --- partial losses inside a batch (issue 37): a guard that notices "nothing ended"
+    # instead of "fewer ended than I hold"
+    "group_guard_counts_none": Mutant(
+        "a group commit whose guard ended fewer executions than it holds goes on when any ended: "
+        "the lost one's output, expand items, step and successor are written beside its re-run "
+        "[INV-EXE-2]",
+        "a group commit is written only when its guard ended every execution it holds [INV-EXE-2]",
+        ((_GROUP_GUARD, "if ended == 0:  # mutant: notices only that nothing ended"),),
+    ),
+    "keyed_group_guard_counts_none": Mutant(
+        "a keyed group commit whose guard ended fewer executions than it holds releases the others "
+        "and keeps the lost one's output and step, with the key's seq moved past a release that "
+        "never happened [INV-EXE-2, INV-CLK-1]",
+        "a keyed group commit is written only when its guard ended every execution it holds "
+        "[INV-EXE-2]",
+        ((_GROUP_GUARD, "if (ended == 0 if header is not None else ended != len(successes)):  "
+                        "# mutant: a keyed release notices only that nothing ended"),),
+    ),
+    "batch_fence_counts_none": Mutant(
+        "an advancer's batch fence asks whether each branch is held, not held by this claim, and "
+        "its close counts only that none was closed: a branch released (and re-claimed) under the "
+        "batch is moved by the stale claim [INV-ADV-1, INV-ADV-2]",
+        "an advancer's batch moves only the branches its own token still holds, and every one it "
+        "closes [INV-ADV-2]",
+        (("if rows[c.branch_id].claim_token == c.token]  # [INV-ADV-2] a stale token commits nothing",
+          "if rows[c.branch_id].claim_token is not None]  # mutant: held by anyone"),
+         ("if rows[c.branch_id].claim_token != c.token:", "if rows[c.branch_id].claim_token is None:  # mutant"),
+         ("if closed != len(ids):", "if closed == 0:  # mutant: notices only that none was closed"),
+         ("if moved.rowcount != len(ids):", "if moved.rowcount == 0:  # mutant: notices only that none moved")),
     ),
 }
 

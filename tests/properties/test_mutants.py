@@ -38,6 +38,7 @@ HOOK_STALE = ("tests/integration/test_halt_hooks.py::"
 #: children arriving while their expand is parked between batches
 PARKED = ("tests/integration/test_fan_in_while_expanding.py::"
           "test_children_arriving_while_their_expand_is_parked_fire_the_merge_once")
+LOSSES = "tests/integration/test_partial_losses.py::"
 HOOK_CONFORMANCE = ("tests/properties/test_conformance_pipelines.py::"
                     "test_engine_hooks_end_where_the_model_hooks_end[sqlite]")
 DETECTORS = {
@@ -135,10 +136,22 @@ DETECTORS = {
     # async steps (issue 18)
     "async_cancel_escapes": "tests/integration/test_async_steps.py::"
     "test_an_async_step_that_cancels_itself_or_raises_fails[sqlite-cancels_itself]",
+    # partial losses inside a batch (issue 37)
+    "group_guard_counts_none": LOSSES + "test_a_group_commit_that_lost_one_writes_nothing_for_it[sqlite]",
+    "keyed_group_guard_counts_none":
+        LOSSES + "test_a_keyed_group_commit_that_lost_one_writes_nothing_for_it[sqlite]",
+    "batch_fence_counts_none":
+        LOSSES + "test_an_advancers_batch_that_lost_one_branch_writes_nothing_for_it[sqlite-re-claimed]",
 }
 #: mutants with another detector that a conformance machine found only with the ``deep``
 #: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
 ALSO_CONFORMANCE = {"batch_past_lane": CONFORMANCE, "keyed_batch_past_lane": CONFORMANCE}
+#: mutants of a guard that several batch paths share, killed on each path's own partial-loss
+#: test too (the unkeyed guard ends the async batch's group commit and an expand's items)
+ALSO_PATHS = {
+    "group_guard_counts_none": (LOSSES + "test_an_async_batch_that_lost_one_writes_nothing_for_it[sqlite]",
+                                LOSSES + "test_a_group_commit_that_lost_one_writes_no_expand_items_for_it[sqlite]"),
+}
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")
 
@@ -192,6 +205,15 @@ def test_mutant_is_killed_by_conformance_too(mutant, tmp_path):
     """The mutants a conformance machine once found only with the ``deep`` budget, though
     another test is their detector, are killed by it within the ``ci`` budget too."""
     hunt(mutant, ALSO_CONFORMANCE[mutant], tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mutant", "detector"),
+                         [(mutant, detector) for mutant, detectors in sorted(ALSO_PATHS.items())
+                          for detector in detectors])
+def test_mutant_is_killed_on_each_path_it_breaks(mutant, detector, tmp_path):
+    """A mutant of a guard that several batch paths share is killed by each path's test."""
+    hunt(mutant, detector, tmp_path)
 
 
 def hunt(mutant: str, detector: str, tmp_path) -> float:
