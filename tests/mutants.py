@@ -458,6 +458,61 @@ MUTANTS: dict[str, Mutant] = {
          ("if closed != len(ids):", "if closed == 0:  # mutant: notices only that none was closed"),
          ("if moved.rowcount != len(ids):", "if moved.rowcount == 0:  # mutant: notices only that none moved")),
     ),
+    # --- time predicates measured from the wrong column (issue 37)
+    "sweep_measures_creation": Mutant(
+        "the orphan sweep measures an orphaned claim from its creation time, not its claim time: a "
+        "claim made just now under a process reaped long ago is crashed while its body may still run "
+        "[INV-EXE-1, INV-EXE-5]",
+        "the orphan sweep measures a claim from its claim time [INV-EXE-1]",
+        (("_e.c.completed_at.is_(None), _e.c.claimed_at <= threshold)",
+          "_e.c.completed_at.is_(None), _e.c.created_at <= threshold)  # mutant: the creation time"),
+         ("_a.c.started_at <= threshold)", "_a.c.created_at <= threshold)  # mutant: the creation time")),
+    ),
+    "hook_sweep_measures_creation": Mutant(
+        "the orphan sweep measures an orphaned on_halt hook from its creation time, not its claim "
+        "time [INV-HLT-2]",
+        "the orphan sweep measures a hook from its claim time [INV-HLT-2]",
+        (("_h.c.claimed_at <= claimed_before]", "_h.c.created_at <= claimed_before]  # mutant: the creation time"),),
+    ),
+    "reconcile_measures_creation": Mutant(
+        "reconciliation measures a claim no thread holds from its execution's creation time, not its "
+        "claim time: a claim its thread has not registered yet is crashed [INV-EXE-1]",
+        "reconciliation leaves a claim younger than its grace, by its claim time [INV-EXE-1]",
+        (("e.c.claimed_at <= before)).scalars()", "e.c.created_at <= before)).scalars()  # mutant: creation"),),
+    ),
+    "reap_measures_registration": Mutant(
+        "the reaper measures a process from its registration, not its last heartbeat: a live process "
+        "registered long ago is reaped [INV-EXE-1]",
+        "the reaper measures a process from its last heartbeat [INV-EXE-1]",
+        (("sa.select(_p.c.id).where(_p.c.last_heartbeat_at <= _stale_before(app, tx))",
+          "sa.select(_p.c.id).where(_p.c.created_at <= _stale_before(app, tx))  # mutant: registration"),
+         ("stmt = stmt.where(_p.c.last_heartbeat_at <= _stale_before(app, tx))",
+          "stmt = stmt.where(_p.c.created_at <= _stale_before(app, tx))  # mutant: registration")),
+    ),
+    "prune_measures_trigger_time": Mutant(
+        "a prune measures a run from its trigger time, not its finish time: a run triggered long ago "
+        "that finished a minute ago is deleted [INV-PRN-1]",
+        "a prune measures a run from its finish time [INV-PRN-1]",
+        (("return sa.func.coalesce(r.c.completed_at, r.c.halted_at)",
+          "return r.c.triggered_at  # mutant: the trigger time"),),
+    ),
+    "key_window_measures_trigger_time": Mutant(
+        "a key window measures the key's run from its trigger time, not its finish time, in the "
+        "decision and in the UPDATE's fence [INV-TRG-1]",
+        "a key window measures its holder from its finish time [INV-TRG-1]",
+        (("sa.select(_r.c.id, _r.c.status, _r.c.completed_at, _r.c.halted_at)",
+          "sa.select(_r.c.id, _r.c.status, _r.c.triggered_at.label('completed_at'), "
+          "_r.c.triggered_at.label('halted_at'))"),
+         ("_r.c.completed_at <= cutoff),", "_r.c.triggered_at <= cutoff),  # mutant: the trigger time"),
+         ("_r.c.halted_at <= cutoff))", "_r.c.triggered_at <= cutoff))  # mutant: the trigger time")),
+    ),
+    "claim_measures_creation": Mutant(
+        "a claim measures an execution's eligibility from its creation time, not its eligible time: a "
+        "retry is claimed before its back-off has passed [INV-CLK-1]",
+        "a claim takes only an execution whose eligible time has passed [INV-CLK-1]",
+        (("_e.c.eligible_at <= now)  # eligible: delays and back-off have passed",
+          "_e.c.created_at <= now)  # mutant: the creation time"),),
+    ),
 }
 
 

@@ -39,6 +39,7 @@ HOOK_STALE = ("tests/integration/test_halt_hooks.py::"
 PARKED = ("tests/integration/test_fan_in_while_expanding.py::"
           "test_children_arriving_while_their_expand_is_parked_fire_the_merge_once")
 LOSSES = "tests/integration/test_partial_losses.py::"
+TIMES = "tests/integration/test_time_predicates.py::"
 HOOK_CONFORMANCE = ("tests/properties/test_conformance_pipelines.py::"
                     "test_engine_hooks_end_where_the_model_hooks_end[sqlite]")
 DETECTORS = {
@@ -142,6 +143,14 @@ DETECTORS = {
         LOSSES + "test_a_keyed_group_commit_that_lost_one_writes_nothing_for_it[sqlite]",
     "batch_fence_counts_none":
         LOSSES + "test_an_advancers_batch_that_lost_one_branch_writes_nothing_for_it[sqlite-re-claimed]",
+    # time predicates measured from the wrong column (issue 37)
+    "sweep_measures_creation": TIMES + "test_the_orphan_sweep_measures_a_claim_from_its_claim_time[sqlite]",
+    "hook_sweep_measures_creation": TIMES + "test_the_orphan_sweep_measures_a_claim_from_its_claim_time[sqlite]",
+    "reconcile_measures_creation": TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",
+    "reap_measures_registration": TIMES + "test_the_reaper_measures_a_process_from_its_last_heartbeat[sqlite]",
+    "prune_measures_trigger_time": TIMES + "test_a_prune_measures_a_run_from_its_finish_time[sqlite]",
+    "key_window_measures_trigger_time": TIMES + "test_a_key_window_measures_its_holder_from_its_finish_time[sqlite]",
+    "claim_measures_creation": TIMES + "test_a_claim_measures_an_execution_from_its_eligible_time[sqlite]",
 }
 #: mutants with another detector that a conformance machine found only with the ``deep``
 #: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
