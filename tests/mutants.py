@@ -513,6 +513,21 @@ MUTANTS: dict[str, Mutant] = {
         (("_e.c.eligible_at <= now)  # eligible: delays and back-off have passed",
           "_e.c.created_at <= now)  # mutant: the creation time"),),
     ),
+    # --- recovery preconditions over every state (issue 37): one state accepted too many
+    "resume_accepts_in_progress": Mutant(
+        "resume of a live run with no dampened branch is accepted (and rewrites its status) instead "
+        "of refused [INV-RUN-1]",
+        "resume refuses a run with no dampened branch [INV-RUN-1]",
+        (("if run.status in TERMINAL or not dampened:",
+          "if run.status in TERMINAL:  # mutant: a run with nothing dampened is resumed"),),
+    ),
+    "revive_accepts_completed": Mutant(
+        "revive continues a completed run as a new run, as if it had halted [INV-REV-1]",
+        "revive refuses every run that is not halted [INV-REV-1]",
+        (('if run.status != "halted":\n        raise ReviveError(run_id, run.status)',
+          'if run.status not in ("halted", "completed"):  # mutant: a completed run revives too\n'
+          '        raise ReviveError(run_id, run.status)'),),
+    ),
 }
 
 

@@ -40,6 +40,7 @@ PARKED = ("tests/integration/test_fan_in_while_expanding.py::"
           "test_children_arriving_while_their_expand_is_parked_fire_the_merge_once")
 LOSSES = "tests/integration/test_partial_losses.py::"
 TIMES = "tests/integration/test_time_predicates.py::"
+STATES = "tests/integration/test_recovery_preconditions.py::test_each_operation_over_every_status[sqlite]"
 HOOK_CONFORMANCE = ("tests/properties/test_conformance_pipelines.py::"
                     "test_engine_hooks_end_where_the_model_hooks_end[sqlite]")
 DETECTORS = {
@@ -151,6 +152,9 @@ DETECTORS = {
     "prune_measures_trigger_time": TIMES + "test_a_prune_measures_a_run_from_its_finish_time[sqlite]",
     "key_window_measures_trigger_time": TIMES + "test_a_key_window_measures_its_holder_from_its_finish_time[sqlite]",
     "claim_measures_creation": TIMES + "test_a_claim_measures_an_execution_from_its_eligible_time[sqlite]",
+    # recovery preconditions over every state (issue 37)
+    "resume_accepts_in_progress": STATES,
+    "revive_accepts_completed": STATES,
 }
 #: mutants with another detector that a conformance machine found only with the ``deep``
 #: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
