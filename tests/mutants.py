@@ -528,6 +528,17 @@ MUTANTS: dict[str, Mutant] = {
           'if run.status not in ("halted", "completed"):  # mutant: a completed run revives too\n'
           '        raise ReviveError(run_id, run.status)'),),
     ),
+    "hook_sweep_takes_any_status": Mutant(
+        "the reaper and the orphan sweep crash a dead claimer's on_halt hook whatever its status, and "
+        "the record's fence asks only the token: a pending hook's crash budget is spent and a final "
+        "hook's recorded outcome reopened [INV-HLT-1, INV-HLT-2] (the sweep's filter alone is masked "
+        "by the fence's status)",
+        "the reaper and the orphan sweep crash only a running hook [INV-HLT-2]",
+        (('where = [_h.c.status == "running"]',
+          'where = [_h.c.status.in_(("pending", "running", "succeeded", "failed"))]  # mutant: any status'),
+         ('result = tx.execute(_h.update().where(_h.c.id == hook_id, _h.c.status == "running",',
+          'result = tx.execute(_h.update().where(_h.c.id == hook_id,  # mutant: any status')),
+    ),
 }
 
 

@@ -16,22 +16,28 @@ makes its run ``dampened``.)
 Checks: INV-RUN-1 (terminal states are final: a completed or halted run is not
 resumed), INV-REV-1 (a halted run is revived once; a revived one returns its revival),
 INV-PRN-1 (a prune deletes only completed and halted runs), INV-CTX-1 (a context key of
-any live run is set once).
+any live run is set once), INV-HLT-1 and INV-HLT-2 (the reaper and the orphan sweep crash
+only a running hook: a pending one is not run twice, a final one's outcome stays
+recorded; mutant ``hook_sweep_takes_any_status``).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from ductwork.db import schema
+from ductwork.db.ids import new_id
 from ductwork.errors import ReviveError, RunStateError
+from ductwork.fleet.processes import register
+from ductwork.fleet.reaper import reap, sweep_orphans
 from ductwork.pipelines.context import Context
 from ductwork.pipelines.prune import prune
 from ductwork.pipelines.runs import Run
 from ductwork.testing import drain
+from tests.factories import make_run
 from tests.workloads import Approval, HaltingPipeline, Unkeyed
 
 STATUSES = ("in_progress", "dampened", "halted", "completed", "revived", "pruned")
@@ -145,3 +151,37 @@ def test_each_operation_over_every_status(app):
         run_id = made[status, "prune"]
         kept = _status(app, run_id) is not None
         assert kept == (TABLE[status, "prune"] == ("kept",) and status != "pruned"), f"prune of a {status} run"
+
+
+HOOK_STATUSES = ("pending", "running", "succeeded", "failed")
+
+
+def test_the_hook_sweep_and_the_reaper_crash_only_a_running_hook(app):
+    """An on_halt hook in each status, each still naming a claimer, a token and a claim
+    time long ago (a process that is gone: the orphan sweep's; or one being reaped): each
+    crashes the running hook only; a pending hook is left to its next claim and a final
+    one keeps its recorded outcome [INV-HLT-1, INV-HLT-2]."""
+    h = schema.halt_hooks
+    long_ago = datetime(2000, 1, 1)
+    dead = register(app, role="test", label="dead")
+    runs = {(holder, status): make_run(app)[0] for holder in ("orphan", "reaped") for status in HOOK_STATUSES}
+    hooks = {cell: new_id() for cell in runs}
+    with app.begin() as tx:
+        for (holder, status), run_id in runs.items():
+            tx.execute(h.insert().values(
+                id=hooks[holder, status], run_id=run_id, klass="tests.factories:Noop", status=status,
+                eligible_at=long_ago, claim_token=new_id(), claimed_at=long_ago,
+                process_id=None if holder == "orphan" else dead, retry_count=0, crash_count=0,
+                completed_at=long_ago if status in ("succeeded", "failed") else None,
+                created_at=long_ago, updated_at=long_ago))
+
+    def rows():  # (not process_id: deleting the reaped process's row sets it NULL on every hook it named)
+        with app.begin() as tx:
+            return {row.id: tuple(row) for row in tx.execute(sa.select(*(c for c in h.c if c.name != "process_id")))}
+
+    before = rows()
+    assert sweep_orphans(app) == 1
+    assert reap(app, dead, force=True)
+    after = rows()
+    changed = {cell for cell, hook_id in hooks.items() if after[hook_id] != before[hook_id]}
+    assert changed == {("orphan", "running"), ("reaped", "running")}

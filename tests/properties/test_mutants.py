@@ -155,6 +155,9 @@ DETECTORS = {
     # recovery preconditions over every state (issue 37)
     "resume_accepts_in_progress": STATES,
     "revive_accepts_completed": STATES,
+    "hook_sweep_takes_any_status":
+        "tests/integration/test_recovery_preconditions.py::test_the_hook_sweep_and_the_reaper_crash_only_a_running_hook"
+        "[sqlite]",
 }
 #: mutants with another detector that a conformance machine found only with the ``deep``
 #: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
