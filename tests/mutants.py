@@ -539,6 +539,16 @@ MUTANTS: dict[str, Mutant] = {
          ('result = tx.execute(_h.update().where(_h.c.id == hook_id, _h.c.status == "running",',
           'result = tx.execute(_h.update().where(_h.c.id == hook_id,  # mutant: any status')),
     ),
+    # --- process trees outside a supervisor (issue 37)
+    "keeper_kills_nothing": Mutant(
+        "a timeout= child's keeper dies with the worker's process without killing what is below it: "
+        "in an adopter's process (drain, run_once) SIGKILLed mid-step, the step's subprocesses and "
+        "theirs outlive it [INV-EXE-5]",
+        "a timeout= child's keeper kills every process below it when the worker's process dies "
+        "[INV-EXE-5]",
+        (("signal.signal(KEEPER_SIGNAL, _worker_died)",
+          "signal.signal(KEEPER_SIGNAL, signal.SIG_DFL)  # mutant: the keeper just dies"),),
+    ),
 }
 
 
