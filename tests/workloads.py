@@ -252,6 +252,19 @@ class ShellSpawner(Step):
         return "slept"
 
 
+class AsyncShellSpawner(ShellSpawner):
+    """:class:`ShellSpawner` as an async step (awaited on the process's step loop)."""
+
+    async def execute(self):
+        return ShellSpawner.execute(self)
+
+
+class AsyncShellSpawnerPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(AsyncShellSpawner)
+
+
 class ShellSpawnerPipeline(Pipeline):
     @classmethod
     def define(cls, p):

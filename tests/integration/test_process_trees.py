@@ -22,6 +22,7 @@ from ductwork.testing import drain
 from tests import mutants
 from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
 from tests.workloads import (
+    AsyncShellSpawnerPipeline,
     ShellSpawnerChildPipeline,
     ShellSpawnerPipeline,
     SpawnerPipeline,
@@ -203,12 +204,13 @@ def _status(pid: int) -> dict[str, str]:
         return dict(line.rstrip("\n").split(":\t", 1) for line in status if ":\t" in line)
 
 
-@pytest.mark.parametrize("pipeline", [ShellSpawnerPipeline, ShellSpawnerChildPipeline], ids=["thread", "child"])
+@pytest.mark.parametrize("pipeline", [ShellSpawnerPipeline, AsyncShellSpawnerPipeline, ShellSpawnerChildPipeline],
+                         ids=["thread", "step_loop", "child"])
 def test_a_killed_runners_grandchildren_are_killed_by_its_supervisor(app, db_url, tmp_path, pipeline):
-    """A runner's step (in a worker thread, or in a ``timeout=`` child) ran shells that each
-    started a process (``sh -c "sleep 600 & wait"``, one shell out of the step's group): the
-    runner is SIGKILLed, the supervisor adopts the orphans and kills each with everything
-    below it [INV-EXE-5]."""
+    """A runner's step (in a worker thread, awaited on the step loop, or in a ``timeout=``
+    child) ran shells that each started a process (``sh -c "sleep 600 & wait"``, one shell
+    out of the step's group): the runner is SIGKILLed, the supervisor adopts the orphans and
+    kills each with everything below it [INV-EXE-5]."""
     config = write_config(tmp_path / "ductwork.yml", pipelines=[f"tests.workloads:{pipeline.__name__}"],
                           overrides={"supervisor": {"reaper_timeout": 600}})
     marker = tmp_path / "marker"
