@@ -33,6 +33,7 @@ from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
 from ductwork.limits.executions import record_crash
 from ductwork.pipelines.advance import Advancer, candidates, claim_branch, claim_branches, release_advancement
+from tests.workloads import Quick
 
 #: what a losing step does while it runs: (the input that loses, the callback given its run id)
 LOSE: dict = {}
@@ -68,36 +69,28 @@ class AsyncLoser(Loser):
         return self.n
 
 
-class Then(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n
-
-
 class LoserChain(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Loser).chain(to=Then)
+        p.start(Loser).chain(to=Quick)
 
 
 class LoserExpand(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(SpreadLoser).expand(to=Then).collapse(into=Then)
+        p.start(SpreadLoser).expand(to=Quick).collapse(into=Quick)
 
 
 class KeyedLoserChain(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Loser, limit_by="three").chain(to=Then)
+        p.start(Loser, limit_by="three").chain(to=Quick)
 
 
 class AsyncLoserChain(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(AsyncLoser).chain(to=Then)
+        p.start(AsyncLoser).chain(to=Quick)
 
 
 @pytest.fixture(autouse=True)
@@ -198,7 +191,7 @@ def test_a_group_commit_that_lost_one_writes_nothing_for_it(app):
     runs, frozen = _lost_batch(app, LoserChain)
     _assert_lost_untouched(app, runs, frozen)
     for run in (runs[0], runs[2]):
-        assert _steps(app, run.id) == [("Loser#0", "completed"), ("Then#1", "in_progress")]
+        assert _steps(app, run.id) == [("Loser#0", "completed"), ("Quick#1", "in_progress")]
     assert _steps(app, runs[1].id) == [("Loser#0", "in_progress")]
 
 
@@ -241,7 +234,7 @@ def test_an_async_batch_that_lost_one_writes_nothing_for_it(app):
     runs, frozen = _lost_batch(app, AsyncLoserChain)
     _assert_lost_untouched(app, runs, frozen)
     for run in (runs[0], runs[2]):
-        assert _steps(app, run.id) == [("AsyncLoser#0", "completed"), ("Then#1", "in_progress")]
+        assert _steps(app, run.id) == [("AsyncLoser#0", "completed"), ("Quick#1", "in_progress")]
 
 
 @pytest.mark.parametrize("then", ["released", "re-claimed"])
@@ -271,8 +264,8 @@ def test_an_advancers_batch_that_lost_one_branch_writes_nothing_for_it(advancer_
     assert results == ["advanced", "stale", "advanced"]
     assert run_rows(app, runs[1].id) == frozen  # [INV-ADV-2] nothing for the stale claim
     for run in (runs[0], runs[2]):
-        assert _steps(app, run.id) == [("Loser#0", "completed"), ("Then#1", "in_progress")]
+        assert _steps(app, run.id) == [("Loser#0", "completed"), ("Quick#1", "in_progress")]
     assert _steps(app, runs[1].id) == [("Loser#0", "advancing")]
     if fresh is not None:
         assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
-        assert _steps(app, runs[1].id) == [("Loser#0", "completed"), ("Then#1", "in_progress")]  # [INV-ADV-1]
+        assert _steps(app, runs[1].id) == [("Loser#0", "completed"), ("Quick#1", "in_progress")]  # [INV-ADV-1]
