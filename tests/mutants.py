@@ -513,6 +513,12 @@ MUTANTS: dict[str, Mutant] = {
         (("_e.c.eligible_at <= now)  # eligible: delays and back-off have passed",
           "_e.c.created_at <= now)  # mutant: the creation time"),),
     ),
+    "hook_claim_measures_creation": Mutant(
+        "a hook claim measures a pending hook from its creation time, not its eligible time: a "
+        "backed-off hook is run again before its back-off has passed [INV-HLT-2]",
+        "a hook claim takes only a hook whose eligible time has passed [INV-HLT-2]",
+        (("_h.c.eligible_at <= tx.now)", "_h.c.created_at <= tx.now)  # mutant: the creation time"),),
+    ),
     # --- recovery preconditions over every state (issue 37): one state accepted too many
     "resume_accepts_in_progress": Mutant(
         "resume of a live run with no dampened branch is accepted (and rewrites its status) instead "

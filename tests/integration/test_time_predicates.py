@@ -4,7 +4,8 @@ Each decision that compares a row's time with the database's now reads one colum
 it: the orphan sweep a claim's ``claimed_at`` (an advancement's ``started_at``), the
 runner's reconciliation the same against its grace, the reaper a process's
 ``last_heartbeat_at``, a prune a run's finish time (``completed_at`` or ``halted_at``),
-a trigger key window its holder's finish time, a claim an execution's ``eligible_at``.
+a trigger key window its holder's finish time, a claim an execution's ``eligible_at``
+and a hook claim the hook's.
 Tests whose rows were all written at one moment cannot tell that column from another
 (the trigger time, the creation time, the last update). Here each test writes two rows
 on a ManualClock (STYLE §7, no sleeping): one young by the measured column and old by
@@ -12,7 +13,8 @@ every other, one old by it and young by every other, and runs the operation once
 the second is taken. The engine mutants ``sweep_measures_creation``,
 ``hook_sweep_measures_creation``, ``reconcile_measures_creation``,
 ``reap_measures_registration``, ``prune_measures_trigger_time``,
-``key_window_measures_trigger_time`` and ``claim_measures_creation`` (tests/mutants.py)
+``key_window_measures_trigger_time``, ``claim_measures_creation`` and
+``hook_claim_measures_creation`` (tests/mutants.py)
 each read a wrong column, and each is killed here.
 
 Checks: INV-EXE-1 (the sweep, the reaper and reconciliation recover only claims old by
@@ -35,6 +37,7 @@ from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap_stale, sweep_orphans
 from ductwork.fleet.supervisor import reconcile
 from ductwork.limits.claims import claim
+from ductwork.pipelines.hooks import claim_hook
 from ductwork.pipelines.prune import prune
 from tests.factories import make_executions, make_run
 from tests.workloads import Unkeyed
@@ -183,3 +186,22 @@ def test_a_claim_measures_an_execution_from_its_eligible_time(manual_app):
     process_id = register(app, role="test", label="claimer")
     assert claim(app, process_id).execution_id == due
     assert claim(app, process_id) is None
+
+
+def test_a_hook_claim_measures_a_hook_from_its_eligible_time(manual_app):
+    """An on_halt hook owed long ago but backed off for an hour is not claimed; one owed
+    just now and eligible since a second ago is [INV-HLT-2]."""
+    app = manual_app
+    now = app.clock.now()
+    hooks = {}
+    for name, eligible, other in (("later", now + timedelta(hours=1), now - FAR),
+                                  ("due", now - timedelta(seconds=1), now)):
+        run_id, _ = make_run(app)
+        hooks[name] = new_id()
+        with app.begin() as tx:
+            tx.execute(schema.halt_hooks.insert().values(
+                id=hooks[name], run_id=run_id, klass="tests.factories:Noop", status="pending", eligible_at=eligible,
+                retry_count=0, crash_count=0, created_at=other, updated_at=other))
+    process_id = register(app, role="test", label="hooks")
+    assert claim_hook(app, process_id).hook_id == hooks["due"]
+    assert claim_hook(app, process_id) is None

@@ -152,6 +152,7 @@ DETECTORS = {
     "prune_measures_trigger_time": TIMES + "test_a_prune_measures_a_run_from_its_finish_time[sqlite]",
     "key_window_measures_trigger_time": TIMES + "test_a_key_window_measures_its_holder_from_its_finish_time[sqlite]",
     "claim_measures_creation": TIMES + "test_a_claim_measures_an_execution_from_its_eligible_time[sqlite]",
+    "hook_claim_measures_creation": TIMES + "test_a_hook_claim_measures_a_hook_from_its_eligible_time[sqlite]",
     # recovery preconditions over every state (issue 37)
     "resume_accepts_in_progress": STATES,
     "revive_accepts_completed": STATES,
