@@ -18,7 +18,8 @@ the second is taken. The engine mutants ``sweep_measures_creation``,
 each read a wrong column, and each is killed here.
 
 Checks: INV-EXE-1 (the sweep, the reaper and reconciliation recover only claims old by
-their claim or heartbeat time), INV-EXE-5 (a claim made just now under a reaped process
+their claim or heartbeat time, and only their own: a live process's claims stay however
+old), INV-EXE-2, INV-EXE-5 (a claim made just now under a reaped process
 is not swept while its body may still run), INV-HLT-2 (an orphaned hook is swept by its
 claim time), INV-PRN-1 (a prune measures a run from its finish time), INV-TRG-1 (a key
 window measures its holder from its finish time), INV-CLK-1 (every such time is the
@@ -34,7 +35,7 @@ import sqlalchemy as sa
 from ductwork.db import schema
 from ductwork.db.ids import new_id
 from ductwork.fleet.processes import register
-from ductwork.fleet.reaper import reap_stale, sweep_orphans
+from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
 from ductwork.fleet.supervisor import reconcile
 from ductwork.limits.claims import claim
 from ductwork.pipelines.hooks import claim_hook
@@ -111,6 +112,32 @@ def test_the_orphan_sweep_measures_a_claim_from_its_claim_time(manual_app):
     assert _taken(app, made["old"]) == (True, True, True)
 
 
+def test_the_reaper_and_the_sweep_take_only_their_own_claims(manual_app):
+    """Claims all four reaper timeouts old: a dead process's, a live process's (still
+    heartbeating) and an orphan's. Reaping the dead one takes its claims only, once (a
+    second reap finds nothing); the sweep takes the orphan's only, not the live process's
+    however old; a live process is not reaped, and the reaper never reaps its own
+    process [INV-EXE-1, INV-EXE-2]."""
+    app = manual_app
+    now, timeout = app.clock.now(), timedelta(seconds=app.config.supervisor.reaper_timeout)
+    dead, live, own = (register(app, role="test", label=label) for label in ("dead", "live", "own"))
+    _set(app, schema.processes, dead, last_heartbeat_at=now - 2 * timeout)
+    _set(app, schema.processes, own, last_heartbeat_at=now - 2 * timeout)
+    old = {"claim": 4 * timeout}
+    held = {holder: _claims(app, pid, old, old)["claim"] for holder, pid in
+            (("dead", dead), ("live", live), ("orphan", None))}
+    assert reap(app, dead, force=True)
+    assert not reap(app, dead, force=True)  # gone: nothing left to reap
+    assert {holder: _taken(app, made) for holder, made in held.items()} == {
+        "dead": (True, True, True), "live": (False, False, False), "orphan": (False, False, False)}
+    assert sweep_orphans(app) == 3
+    assert {holder: _taken(app, made) for holder, made in held.items()} == {
+        "dead": (True, True, True), "live": (False, False, False), "orphan": (True, True, True)}
+    assert not reap(app, live, force=False)  # its heartbeat is fresh
+    assert reap_stale(app, own) == []  # never its own process, however stale
+    assert reap_stale(app, None) == [own]
+
+
 def test_reconciliation_measures_a_claim_from_its_claim_time(manual_app):
     """A live process's claims that no thread holds: one claimed within the grace, though
     created long ago, is left (its thread may not have registered it yet); one claimed
@@ -134,6 +161,23 @@ def test_the_reaper_measures_a_process_from_its_last_heartbeat(manual_app):
     _set(app, schema.processes, beating, last_heartbeat_at=now, created_at=now - FAR, updated_at=now - FAR)
     _set(app, schema.processes, silent, last_heartbeat_at=now - 2 * timeout, created_at=now, updated_at=now)
     assert reap_stale(app, None) == [silent]
+
+
+def test_each_recovery_threshold_includes_its_instant(manual_app):
+    """A heartbeat exactly ``reaper_timeout`` old is stale (reaped); a claim exactly three
+    reaper timeouts old whose process is gone is swept, its execution and its advancement
+    alike; one microsecond younger, neither [INV-EXE-1]."""
+    app = manual_app
+    now, timeout = app.clock.now(), timedelta(seconds=app.config.supervisor.reaper_timeout)
+    at, younger = (register(app, role="test", label=label) for label in ("at", "younger"))
+    _set(app, schema.processes, at, last_heartbeat_at=now - timeout)
+    _set(app, schema.processes, younger, last_heartbeat_at=now - timeout + timedelta(microseconds=1))
+    made = _claims(app, None, {"at": 3 * timeout, "younger": 3 * timeout - timedelta(microseconds=1)},
+                   {"at": timedelta(0), "younger": timedelta(0)})
+    assert reap_stale(app, None) == [at]
+    sweep_orphans(app)
+    assert _taken(app, made["at"]) == (True, True, True)
+    assert _taken(app, made["younger"]) == (False, False, False)
 
 
 def test_a_prune_measures_a_run_from_its_finish_time(manual_app):
