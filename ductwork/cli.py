@@ -308,12 +308,17 @@ def cmd_child(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from ductwork.fleet.reaper import reap_dead
     from ductwork.status import render, snapshot
 
     app = _connect(args)
-    shown = render(snapshot(app))
+    status = snapshot(app)
     print(f"database: {app.database}")
-    print(shown)
+    print(render(status))
+    if any(proc.dead for proc in status.processes):
+        # proof of death on this machine: its claims need not wait for a supervisor
+        reaped = reap_dead(app, None, stale=False)
+        print(f"\nreaped {len(reaped)} dead processes of this machine: their claims are free")
     return 0
 
 

@@ -1,5 +1,6 @@
 """What ``ductwork status`` reports: runs by state, on_halt hooks by state (with the most
-recent failed ones), processes (host, pid, heartbeat age), and each limit key.
+recent failed ones), processes (host, pid, heartbeat age; marked ``late``, ``stale`` or
+``dead``), and each limit key.
 
     >>> print(render(snapshot(app)))
 
@@ -21,6 +22,7 @@ import sqlalchemy as sa
 from ductwork.db import schema
 from ductwork.db.clock import to_us
 from ductwork.fleet.processes import host_name
+from ductwork.fleet.reaper import proven_dead
 from ductwork.limits import buckets
 
 if TYPE_CHECKING:
@@ -54,6 +56,11 @@ class ProcessStatus:
     #: the heartbeat is older than ``reaper_timeout``: dead to the fleet, reaped at the
     #: next tick of any running supervisor (an exited script's ``inline`` row, a lost host)
     stale: bool
+    #: the heartbeat is overdue (older than two ``heartbeat_interval``s) but not stale
+    late: bool = False
+    #: of this machine, and its OS process is provably gone (``reaper.proven_dead``):
+    #: ``ductwork status`` and any supervisor of this machine reap it at once
+    dead: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,11 +82,14 @@ def snapshot(app: App) -> Status:
         runs = {row.status: row.runs for row in tx.execute(
             sa.select(r.c.status, sa.func.count().label("runs")).group_by(r.c.status))}
         procs = []
+        cfg = app.config.supervisor
         for row in tx.execute(sa.select(p.c.id, p.c.role, p.c.label, p.c.machine_identifier, p.c.pid,
-                                        p.c.last_heartbeat_at).order_by(p.c.label)):
+                                        p.c.os_start_ticks, p.c.last_heartbeat_at).order_by(p.c.label)):
             age = (now - row.last_heartbeat_at).total_seconds()
+            stale = age >= cfg.reaper_timeout  # as reaper.reap_dead
             procs.append(ProcessStatus(row.id, row.role, row.label, host_name(row.machine_identifier), row.pid,
-                                       age, age >= app.config.supervisor.reaper_timeout))  # as reaper.reap_stale
+                                       age, stale, late=not stale and age > 2 * cfg.heartbeat_interval,
+                                       dead=proven_dead(row.machine_identifier, row.pid, row.os_start_ticks)))
         keys = []
         for header in tx.execute(sa.select(k.c.key, k.c.blocked_until).order_by(k.c.key)).all():
             key, blocked = header.key, header.blocked_until
@@ -105,6 +115,14 @@ def snapshot(app: App) -> Status:
     return Status(now, runs, procs, keys, hooks, failed)
 
 
+def _mark(proc: ProcessStatus) -> str:
+    if proc.dead:
+        return "  dead: its process is gone (this machine)"
+    if proc.stale:
+        return "  stale: any running supervisor reaps it"
+    return "  late: heartbeat overdue" if proc.late else ""
+
+
 def render(status: Status) -> str:
     lines = [f"database time {status.now.isoformat(sep=' ')} UTC", "", "runs:"]
     for state in ("in_progress", "dampened", "completed", "halted"):
@@ -121,8 +139,7 @@ def render(status: Status) -> str:
     width = max((len(proc.host) for proc in status.processes), default=0)
     for proc in status.processes:
         lines.append(f"  {proc.label:<28} {proc.role:<18} {proc.host:<{width}} pid {proc.pid:<7} "
-                     f"heartbeat {proc.heartbeat_age_s:6.1f}s ago  {proc.id}"
-                     + ("  stale: any running supervisor reaps it" if proc.stale else ""))
+                     f"heartbeat {proc.heartbeat_age_s:6.1f}s ago  {proc.id}" + _mark(proc))
     lines += ["", "limit keys:"]
     if not status.keys:
         lines.append("  (none)")

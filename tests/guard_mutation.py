@@ -80,58 +80,6 @@ OPERATORS = ("comparison", "boolean", "where", "column")
 #: surviving mutants argued equivalent (no test can tell them from the original), by
 #: ``module#number`` of the module's current source (a change to it renumbers them: re-argue)
 ARGUED: dict[str, tuple[str, str]] = {
-    "fleet/reaper.py#1": (
-        '`.where(_p.c.last_heartbeat_at <= _stale_before(app, tx))` dropped',
-        "reap_stale's read without the heartbeat filter: reap(force=False) re-checks the heartbeat under "
-        "the process row's lock, so only stale processes are reaped (a cost, one reap transaction per "
-        'live process, not an outcome)'),
-    "fleet/reaper.py#6": (
-        '`event is not None`: Is for IsNot',
-        '`event is None` when logging: only what is logged changes'),
-    "fleet/reaper.py#12": (
-        '`executions or advancements`: And',
-        '`executions and advancements` for the log level: only the log changes'),
-    "fleet/reaper.py#19": (
-        '`where` without `_a.c.completed_at.is_(None)`',
-        'reap reads closed advancements too: the guarded write that follows refuses what the wider read '
-        "adds (close_advancement's `completed_at IS NULL`)"),
-    "fleet/reaper.py#20": (
-        '`.where(_b.c.id == branch_id)` dropped',
-        'the branch lock without its id: SQLite has no row locks, and on a server it locks more rows (a '
-        'cost, a wider wait), not another outcome'),
-    "fleet/reaper.py#24": (
-        '`where` without `_a.c.completed_at.is_(None)`',
-        'the sweep reads closed advancements too: the guarded write that follows refuses what the wider '
-        'read adds (close_advancement)'),
-    "fleet/reaper.py#27": (
-        '`_b.c.id == branch_id`: NotEq for Eq',
-        'the branch lock on the other branches: as #20'),
-    "fleet/reaper.py#29": (
-        '`where` without `_e.c.process_id == process_id`',
-        "reap reads every process's open executions: the guarded write that follows refuses what the "
-        "wider read adds (crash_in's `process_id = owner`)"),
-    "fleet/reaper.py#30": (
-        '`where` without `_e.c.completed_at.is_(None)`',
-        'reap reads closed executions too: the guarded write that follows refuses what the wider read '
-        "adds (crash_in's `completed_at IS NULL`)"),
-    "fleet/reaper.py#38": (
-        '`where` without `_e.c.process_id.is_(None)`',
-        "the sweep reads live processes' old claims too: the guarded write that follows refuses what the "
-        'wider read adds (record_crash with owner None matches `process_id IS NULL` only)'),
-    "fleet/reaper.py#39": (
-        '`where` without `_e.c.claimed_at.is_not(None)`',
-        'the sweep without `claimed_at IS NOT NULL`: `claimed_at <= threshold` implies it'),
-    "fleet/reaper.py#40": (
-        '`where` without `_e.c.completed_at.is_(None)`',
-        'the sweep reads closed executions too: the guarded write that follows refuses what the wider '
-        "read adds (record_crash's `completed_at IS NULL`)"),
-    "fleet/reaper.py#54": (
-        '`_e.c.claimed_at` read as `eligible_at`',
-        '`eligible_at IS NOT NULL` (always true) for `claimed_at IS NOT NULL`: `claimed_at <= threshold` '
-        'implies the latter'),
-    "fleet/reaper.py#56": (
-        '`_e.c.claimed_at` read as `created_at`',
-        '`created_at IS NOT NULL` (always true): as #54'),
 }
 _SWAP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn,

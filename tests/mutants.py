@@ -319,10 +319,11 @@ MUTANTS: dict[str, Mutant] = {
         (("crash_count < max_crash:  # [INV-HLT-2] budget", "True:  # mutant: no budget"),),
     ),
     "hook_not_reaped": Mutant(
-        "the reaper leaves a dead worker's on_halt hook running: it is never re-run [INV-HLT-2]",
+        "the reaper (and every recovery) leaves a dead worker's on_halt hook running: it is never re-run "
+        "[INV-HLT-2]",
         "the reaper crashes the hooks a dead process held [INV-HLT-2]",
-        (("hooks = crash_hooks_of(app, tx, process_id)  # [INV-HLT-2] a dead worker's hook is re-run",
-          "hooks = []  # mutant: hooks left running"),),
+        (("recovered.hooks = crash_hooks_of(app, tx, found.hooks)",
+          "recovered.hooks = []  # mutant: hooks left running"),),
     ),
     "prune_without_recheck": Mutant(
         "a prune batch deletes its candidate runs without re-reading their status under the lock: "
@@ -357,6 +358,37 @@ MUTANTS: dict[str, Mutant] = {
         (("self._may_start_code()  # [INV-EXE-5] no body starts once the lease is lost\n"
           "            outcome = self._perform(claimed, group)",
           "outcome = self._perform(claimed, group)  # mutant: no lease asked"),),
+    ),
+    # -- same-host recovery (issue 36) -------------------------------------------------------
+    "same_host_not_reaped": Mutant(
+        "a supervisor reaps a process of its own machine only once its heartbeat is stale, "
+        "though its OS process is provably gone: a crashed fleet's slots wait reaper_timeout "
+        "after a restart [INV-EXE-1, INV-LIM-3]",
+        "a supervisor reaps the provably dead processes of its machine at once [INV-EXE-1]",
+        (("here = sa.and_(_p.c.machine_identifier == machine_identifier(), _p.c.os_start_ticks.is_not(None))",
+          "here = sa.false()  # mutant: only stale rows"),),
+    ),
+    "reap_by_host_name": Mutant(
+        "a process of another pid namespace (a container with the same host name) whose pid "
+        "names another process here is taken for dead and reaped while it runs [INV-EXE-5, INV-LIM-1]",
+        "the proof of death compares the machine, boot and pid namespace, not the host name [INV-EXE-5]",
+        (("and identifier == machine_identifier()  # [INV-EXE-5] this machine, boot and pid namespace only",
+          "and identifier.split('/')[0] == machine_identifier().split('/')[0]  # mutant: host name only"),),
+    ),
+    "reap_by_pid_only": Mutant(
+        "a row whose pid a later process reuses is taken for alive: its claims wait "
+        "reaper_timeout [INV-EXE-1]",
+        "the proof of death compares the process's start time, not only its pid [INV-EXE-5]",
+        (("    if int(fields[19]) != start_ticks:  # [INV-EXE-5] by start time: a reused pid is not the row's process\n"
+           "        return True  # the pid was reused by a later process",
+          "    pass  # mutant: a live pid is the row's process"),),
+    ),
+    "dead_fleet_leftovers_kept": Mutant(
+        "a supervisor reaps a dead fleet's claims on its machine while a subprocess its steps "
+        "started (out of the process group) still runs [INV-EXE-5]",
+        "what a provably dead process's steps started is killed, by its mark, before its claims move on "
+        "[INV-EXE-5]",
+        (("killed = tree.kill_marked(mark)", "killed = []  # mutant: leftovers left running"),),
     ),
     # -- revive (issue 16) ---------------------------------------------------------------
     "revive_twice": Mutant(
@@ -459,33 +491,28 @@ MUTANTS: dict[str, Mutant] = {
          ("if moved.rowcount != len(ids):", "if moved.rowcount == 0:  # mutant: notices only that none moved")),
     ),
     # --- time predicates measured from the wrong column (issue 37)
-    "sweep_measures_creation": Mutant(
-        "the orphan sweep measures an orphaned claim from its creation time, not its claim time: a "
-        "claim made just now under a process reaped long ago is crashed while its body may still run "
-        "[INV-EXE-1, INV-EXE-5]",
-        "the orphan sweep measures a claim from its claim time [INV-EXE-1]",
-        (("_e.c.completed_at.is_(None), _e.c.claimed_at <= threshold)",
-          "_e.c.completed_at.is_(None), _e.c.created_at <= threshold)  # mutant: the creation time"),
-         ("_a.c.started_at <= threshold)", "_a.c.created_at <= threshold)  # mutant: the creation time")),
+    "recovery_measures_creation": Mutant(
+        "the recovery of orphaned claims and of claims a live process's threads do not hold measures "
+        "a claim from its creation time, not its claim time: a claim made just now under a process "
+        "reaped long ago is crashed while its body may still run, and a claim its thread has not "
+        "registered yet is crashed [INV-EXE-1, INV-EXE-5]",
+        "the orphan sweep and reconciliation measure a claim from its claim time [INV-EXE-1]",
+        (("old(_e.c.claimed_at))  # (a claim made since may not be registered by its thread yet)",
+          "old(_e.c.created_at))  # mutant: the creation time"),
+         ("old(_a.c.started_at))", "old(_a.c.created_at))  # mutant: the creation time")),
     ),
-    "hook_sweep_measures_creation": Mutant(
-        "the orphan sweep measures an orphaned on_halt hook from its creation time, not its claim "
-        "time [INV-HLT-2]",
+    "hook_recovery_measures_creation": Mutant(
+        "the orphan sweep and reconciliation measure a running on_halt hook from its creation time, "
+        "not its claim time [INV-HLT-2]",
         "the orphan sweep measures a hook from its claim time [INV-HLT-2]",
-        (("_h.c.claimed_at <= claimed_before]", "_h.c.created_at <= claimed_before]  # mutant: the creation time"),),
-    ),
-    "reconcile_measures_creation": Mutant(
-        "reconciliation measures a claim no thread holds from its execution's creation time, not its "
-        "claim time: a claim its thread has not registered yet is crashed [INV-EXE-1]",
-        "reconciliation leaves a claim younger than its grace, by its claim time [INV-EXE-1]",
-        (("e.c.claimed_at <= before)).scalars()", "e.c.created_at <= before)).scalars()  # mutant: creation"),),
+        (("old(_h.c.claimed_at)).order_by(_h.c.id)", "old(_h.c.created_at)).order_by(_h.c.id)"),),
     ),
     "reap_measures_registration": Mutant(
         "the reaper measures a process from its registration, not its last heartbeat: a live process "
         "registered long ago is reaped [INV-EXE-1]",
         "the reaper measures a process from its last heartbeat [INV-EXE-1]",
-        (("sa.select(_p.c.id).where(_p.c.last_heartbeat_at <= _stale_before(app, tx))",
-          "sa.select(_p.c.id).where(_p.c.created_at <= _stale_before(app, tx))  # mutant: registration"),
+        (("old = _p.c.last_heartbeat_at <= _stale_before(app, tx) if stale else sa.false()",
+          "old = _p.c.created_at <= _stale_before(app, tx) if stale else sa.false()  # mutant: registration"),
          ("stmt = stmt.where(_p.c.last_heartbeat_at <= _stale_before(app, tx))",
           "stmt = stmt.where(_p.c.created_at <= _stale_before(app, tx))  # mutant: registration")),
     ),
@@ -535,13 +562,15 @@ MUTANTS: dict[str, Mutant] = {
           '        raise ReviveError(run_id, run.status)'),),
     ),
     "hook_sweep_takes_any_status": Mutant(
-        "the reaper and the orphan sweep crash a dead claimer's on_halt hook whatever its status, and "
-        "the record's fence asks only the token: a pending hook's crash budget is spent and a final "
-        "hook's recorded outcome reopened [INV-HLT-1, INV-HLT-2] (the sweep's filter alone is masked "
-        "by the fence's status)",
+        "the reaper and the orphan sweep crash a dead claimer's on_halt hook whatever its status (the "
+        "status asked nowhere: the recovery's read, crash_hooks_of's and the record's fence): a pending "
+        "hook's crash budget is spent and a final hook's recorded outcome reopened [INV-HLT-1, INV-HLT-2] "
+        "(each of the three alone is masked by the others)",
         "the reaper and the orphan sweep crash only a running hook [INV-HLT-2]",
-        (('where = [_h.c.status == "running"]',
-          'where = [_h.c.status.in_(("pending", "running", "succeeded", "failed"))]  # mutant: any status'),
+        (('whose(_h.c.process_id), _h.c.status == "running", old(_h.c.claimed_at))',
+          'whose(_h.c.process_id), old(_h.c.claimed_at))'),
+         ('.where(_h.c.status == "running", _h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))',
+          '.where(_h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))  # mutant: any status'),
          ('result = tx.execute(_h.update().where(_h.c.id == hook_id, _h.c.status == "running",',
           'result = tx.execute(_h.update().where(_h.c.id == hook_id,  # mutant: any status')),
     ),

@@ -1,6 +1,14 @@
-"""Which machine this is, and how many other job workers the database has: the read side
-of process rows that the layers below the fleet need (``Pipeline.trigger`` asks before
-it stores a run whose classes only this process can import).
+"""Which machine and which OS process this is, and how many other job workers the
+database has: the read side of process rows that the layers below the fleet need
+(``Pipeline.trigger`` asks before it stores a run whose classes only this process can
+import).
+
+A process row names its OS process by ``machine_identifier`` (the host, and where Linux
+tells them the boot and the pid namespace), ``pid`` and ``os_start_ticks`` (when that
+process started). Together they name one OS process for ever, so a supervisor on the
+same machine can prove that a row's process is gone (``ductwork.fleet.processes.
+proven_dead``) without mistaking a reused pid, or a process of another container with
+the same host name and pid, for it.
 
 Not done here: registering, heartbeating or reaping process rows (``ductwork.fleet``).
 """
@@ -21,20 +29,96 @@ if TYPE_CHECKING:
     from ductwork.db.database import Database as App
 
 
+PROC = Path("/proc")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:  # absent (not Linux, no /proc) or unreadable: not known
+        return ""
+
+
+def pid_namespace() -> str:
+    """``BOOT-ID:PID-NAMESPACE``: this boot of the kernel and the pid namespace this
+    process lives in (Linux), or "" when either cannot be told.
+
+    A pid names one process only within its namespace (each container has its own) and
+    only while the kernel runs: with both, two rows with the same pid are the same
+    process or pid reuse, never two containers' processes. "" also when ``/proc`` is not
+    this namespace's (its ``self`` is not this pid): a row then never proves anything.
+    """
+    boot = _read(PROC / "sys/kernel/random/boot_id")
+    try:
+        namespace = os.readlink(PROC / "self/ns/pid")  # "pid:[4026531836]"
+        mine = _read(PROC / "self/stat").split(" ", 1)[0] == str(os.getpid())
+    except OSError:
+        return ""
+    inode = namespace[namespace.find("[") + 1:namespace.rfind("]")]
+    return f"{boot}:{inode}" if boot and inode.isdigit() and mine else ""
+
+
 def machine_identifier() -> str:
-    """``HOST/MACHINE-ID``: the host name, then ``/etc/machine-id`` when readable.
+    """``HOST/MACHINE-ID/BOOT-ID:PID-NAMESPACE``: the host name, then ``/etc/machine-id``
+    and :func:`pid_namespace` when they can be read (each part left out when not).
 
     The host name is what people recognise (``ductwork status`` shows it, see
     :func:`~ductwork.fleet.processes.host_name`); the machine id keeps apart two hosts
-    that share a name, and the host name keeps apart containers whose image carries one
-    machine id.
+    that share a name; the pid namespace keeps apart containers that share a host name
+    and an image's machine id, and a boot from the one before it.
     """
+    parts = [socket.gethostname()[:120], _read(Path("/etc/machine-id"))[:64], pid_namespace()]
+    return "/".join(part for part in parts if part)[:255]
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name, from the state on; None when unreadable."""
+    stat = _read(PROC / str(pid) / "stat")
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+    return stat[stat.rindex(")") + 2:].split() if ")" in stat else None
+
+
+def os_start_ticks(pid: int) -> int | None:
+    """When the process ``pid`` of this namespace started, in clock ticks after boot
+    (``/proc/PID/stat``, field 22), or None when it cannot be read (no such process,
+    not Linux). With the boot in :func:`machine_identifier`, the pair (pid, ticks)
+    names one process: a reused pid has a later start."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def os_process_gone(pid: int, start_ticks: int) -> bool:
+    """Whether the OS process that had ``pid`` and started at ``start_ticks`` (both of
+    this machine and pid namespace) is gone: no process has the pid, or the one that has
+    it started at another time (the pid was reused), or it is a zombie (exited, not yet
+    waited for) with every thread dead. False whenever that cannot be told (``/proc``
+    hidden or unreadable): a caller in doubt waits for the heartbeat to go stale."""
     try:
-        value = Path("/etc/machine-id").read_text().strip()
+        os.kill(pid, 0)  # asks the kernel, whatever /proc shows (hidepid hides others' pids)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # exists, another user's
+        pass
+    fields = _stat_fields(pid)
+    if fields is None:
+        return False  # exists, but /proc does not say which process it is
+    if int(fields[19]) != start_ticks:  # [INV-EXE-5] by start time: a reused pid is not the row's process
+        return True  # the pid was reused by a later process
+    return fields[0] in ("Z", "X") and _all_tasks_dead(pid)
+
+
+def _all_tasks_dead(pid: int) -> bool:
+    """Whether every thread of ``pid`` is a zombie (a leader that exited while other
+    threads run is a zombie too, but its process still runs code)."""
+    try:
+        tasks = [entry.name for entry in os.scandir(PROC / str(pid) / "task")]
     except OSError:
-        value = ""
-    host = socket.gethostname()
-    return f"{host}/{value}"[:255] if value else host[:255]
+        return True  # reaped meanwhile
+    for task in tasks:
+        stat = _read(PROC / str(pid) / "task" / task / "stat")
+        if stat and stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X"):
+            return False
+    return True
 
 
 def other_job_workers(app: App) -> int:

@@ -112,11 +112,16 @@ processes = sa.Table(
     metadata,
     sa.Column("id", Id, primary_key=True),
     sa.Column("pid", sa.Integer, nullable=False),
+    #: the host, and where Linux tells them the boot and pid namespace (db/hosts.py)
     sa.Column("machine_identifier", Name, nullable=False),
     #: several process identities may live in one OS process (tests, embedded use)
     sa.Column("label", sa.String(100), nullable=False),
     sa.Column("role", sa.String(32), nullable=False),
     sa.Column("last_heartbeat_at", Timestamp, nullable=False),
+    #: when the OS process started (clock ticks after boot): with machine_identifier and
+    #: pid, proof on its machine that it is gone (revision 0008). NULL: not known (not
+    #: Linux, or written before 0008): reaped only once its heartbeat is stale
+    sa.Column("os_start_ticks", sa.BigInteger, nullable=True),
     *_timestamps(),
     sa.UniqueConstraint("machine_identifier", "pid", "label", name="uq_process_host_pid_label"),
     sa.Index("ix_process_heartbeat", "last_heartbeat_at"),

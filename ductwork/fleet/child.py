@@ -73,6 +73,7 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     proc = subprocess.Popen(
         [sys.executable, "-m", "ductwork.fleet.child", str(write_fd), str(os.getpid())],
         stdin=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True,
+        env=tree.marked_environment(),  # [INV-EXE-5] what it starts is found by this process's mark
     )
     os.close(write_fd)
     try:

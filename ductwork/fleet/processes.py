@@ -7,10 +7,12 @@
 Every claim (execution or branch) records the process row of its holder. A
 process proves it is alive by writing ``last_heartbeat_at`` from the database
 clock [INV-CLK-1]; the reaper treats a row whose heartbeat is older than
-``supervisor.reaper_timeout`` as dead and recovers its claims. Registering a
-(host, pid, label) that already has a row means the OS reused the pid: the old
-incarnation is dead, so its claims are recovered first, even if its heartbeat
-looks fresh.
+``supervisor.reaper_timeout`` as dead and recovers its claims. A row also names its OS
+process for ever (machine, boot, pid namespace, pid and start time), so a supervisor on
+the same machine reaps it as soon as that process is gone (``reaper.proven_dead``), without
+waiting for the heartbeat to go stale. Registering a (host, pid, label) that already has
+a row means the OS reused the pid: the old incarnation is dead, so its claims are
+recovered first, even if its heartbeat looks fresh.
 
 Not done here: deciding who is stale (reaper.py) or killing anything (supervisor.py).
 """
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ductwork.db import schema
-from ductwork.db.hosts import machine_identifier
+from ductwork.db.hosts import machine_identifier, os_start_ticks, pid_namespace
 from ductwork.db.ids import new_id
 
 if TYPE_CHECKING:
@@ -100,6 +102,7 @@ def register(app: App, *, role: str, label: str | None = None, pid: int | None =
         tx.execute(
             schema.processes.insert().values(
                 id=process_id, pid=pid, machine_identifier=host, label=label, role=role,
+                os_start_ticks=os_start_ticks(pid) if pid_namespace() else None,
                 last_heartbeat_at=tx.now, created_at=tx.now, updated_at=tx.now,
             )
         )

@@ -14,8 +14,10 @@ with ``job_worker.count`` threads each (``role`` picks which) — and every tick
    replacement; a child whose heartbeat is stale is SIGKILLed first and reaped
    only once its death is confirmed;
 2. heartbeats its own row (re-registering if another supervisor reaped it);
-3. reaps every process whose heartbeat is older than ``reaper_timeout`` (never
-   its own row) and sweeps orphaned claims.
+3. reaps every process whose heartbeat is older than ``reaper_timeout``, and every
+   process of this machine that is provably gone (a crashed ``ductwork start`` this one
+   replaced: its claims are free within a tick, not after ``reaper_timeout``), never
+   its own row, and sweeps orphaned claims.
 
 Each step is rescued on its own, so one bad tick cannot stop the loop.
 
@@ -58,7 +60,7 @@ from ductwork.db.hosts import machine_identifier
 from ductwork.db.wakeup import PgListener, Wakeup
 from ductwork.fleet import tree
 from ductwork.fleet.processes import heartbeat, register
-from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
+from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
 
 if TYPE_CHECKING:
     from ductwork.fleet.worker import Worker
@@ -68,7 +70,6 @@ log = logging.getLogger("ductwork.supervisor")
 
 EXIT_LEASE_LOST = 75
 KILL_CONFIRM_S = 5.0
-RECONCILE_GRACE_S = 5.0
 STARTUP_GRACE_S = 60.0
 
 
@@ -233,6 +234,9 @@ class Runner:
 
     def run(self) -> int:
         self.process_id = register(self.app, role=self.role, label=self.label)
+        mark = tree.own_mark()
+        if mark:  # still one thread: every process a step starts inherits it [INV-EXE-5]
+            os.environ[tree.OWNER_ENV] = mark
         from ductwork.limits.claims import restart_with
 
         if self.role == "job_worker":
@@ -295,45 +299,6 @@ class Runner:
         reap(self.app, self.process_id, force=True)  # nothing in hand: just remove the row
         self.app.dispose()
         return 0
-
-
-def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONCILE_GRACE_S) -> int:
-    """Recover claims recorded under this live process that none of its threads holds.
-
-    They arise when a transaction's commit reached the database but its
-    acknowledgement did not (a killed connection), or when a thread's cleanup could
-    not reach the database: the process lives, so no reaper would ever take them.
-    Claims younger than ``grace_s`` are left alone (their thread may not have
-    registered them yet). Executions and on_halt hooks are crashed (re-run within the
-    crash budget), advancements closed and their branches released, token-guarded.
-    """
-    from datetime import timedelta
-
-    from ductwork.limits.executions import record_crash
-    from ductwork.pipelines.advance import release_advancement
-    from ductwork.pipelines.hooks import crash_hooks_of, log_ended
-
-    e, a, h = schema.executions, schema.advancements, schema.halt_hooks
-    with app.begin() as tx:
-        before = tx.now - timedelta(seconds=grace_s)
-        executions = [i for i in tx.execute(sa.select(e.c.id).where(
-            e.c.process_id == process_id, e.c.completed_at.is_(None), e.c.claimed_at <= before)).scalars()
-            if i not in held]
-        advancements = [row for row in tx.execute(sa.select(a.c.id, a.c.branch_id, a.c.claim_token).where(
-            a.c.process_id == process_id, a.c.completed_at.is_(None), a.c.started_at <= before))
-            if row.id not in held]
-        for row in advancements:
-            release_advancement(tx, row.id, row.branch_id, row.claim_token, "Claim held by no thread of its process")
-        hooks = [row.id for row in tx.execute(sa.select(h.c.id).where(
-            h.c.process_id == process_id, h.c.status == "running", h.c.claimed_at <= before)) if row.id not in held]
-        crashed_hooks = crash_hooks_of(app, tx, process_id, only=hooks) if hooks else []
-    log_ended(crashed_hooks)
-    recovered = sum(record_crash(app, i, process_id, "ductwork.AbandonedClaim",
-                                 "claim held by no thread of its process") for i in executions)
-    if recovered or advancements or crashed_hooks:
-        log.warning("reconciled %d executions, %d advancements and %d on_halt hooks held by no thread",
-                    recovered, len(advancements), len(crashed_hooks))
-    return recovered + len(advancements) + len(crashed_hooks)
 
 
 # --------------------------------------------------------------------------- supervisor
@@ -466,9 +431,9 @@ class Supervisor:
             self.process_id = register(self.app, role="supervisor", label=self.label)
 
     def _reap(self) -> None:
-        reaped = reap_stale(self.app, self.process_id)
+        reaped = reap_dead(self.app, self.process_id)
         if reaped:
-            log.warning("reaped stale processes: %s", reaped)
+            log.warning("reaped dead processes: %s", reaped)
         sweep_orphans(self.app)
 
     def run(self) -> int:

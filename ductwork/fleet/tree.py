@@ -7,7 +7,7 @@
 A step may start subprocesses (a converter, a shell pipeline, a browser). When the
 process that ran the step is gone, its claim is re-run elsewhere [INV-EXE-5], so what
 the step started must be gone too, or the old attempt keeps producing effects beside
-the new one. Four cases, four mechanisms:
+the new one. Five cases, five mechanisms:
 
 - **A timed-out ``timeout=`` step** runs in its own session; the parent SIGKILLs the
   whole process group, and first every descendant it can see, so a subprocess that
@@ -19,6 +19,11 @@ the new one. Four cases, four mechanisms:
   exits on a lost lease or with threads still busy kills its own descendants first.
 - **A supervisor that dies**: each runner asked the kernel for SIGTERM when its parent
   dies (``PR_SET_PDEATHSIG``) and shuts down as if ``ductwork start`` had been stopped.
+- **A whole host's fleet that dies at once** (``kill -9`` of the process group, then a
+  restart): every process a runner's steps start carries the runner's *mark* in its
+  environment (``DUCTWORK_STEP_OWNER``, inherited by its own children); the supervisor
+  that proves the runner gone kills every process still carrying its mark before it
+  reaps the runner's claims (``reaper.reap_dead``).
 - **A worker with no supervisor that dies** (an adopter's process that runs ``drain()`` or
   ``Worker.run_once`` itself, SIGKILLed): nothing above it adopts orphans, so a
   ``timeout=`` step's child is a *keeper*, a subreaper that runs the step in a process of
@@ -29,7 +34,9 @@ the new one. Four cases, four mechanisms:
 Not done: this is Linux only (``prctl`` and ``/proc``); elsewhere each function does
 nothing and says so by its return value. A process that leaves the tree entirely
 (double-forks while its parent is not a subreaper, or is started through another
-service such as systemd or Docker) is out of reach. Killing is SIGKILL: a step's
+service such as systemd or Docker) is out of reach, unless it kept its environment's
+mark; one started with a cleared environment, or as another user whose environment
+cannot be read, loses the mark. Killing is SIGKILL: a step's
 subprocess gets no chance to clean up; a step that needs one should stop its
 subprocesses itself (``try/finally``) within its ``timeout=``.
 """
@@ -40,11 +47,18 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
 from pathlib import Path
+
+from ductwork.db.hosts import os_process_gone, os_start_ticks
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PROC = Path("/proc")
+#: the environment variable that marks what a step started with the OS process that
+#: ran the step (:func:`owner_mark`): a runner sets it for itself, a ``timeout=`` step's
+#: child is given its parent's, and every process started below inherits it
+OWNER_ENV = "DUCTWORK_STEP_OWNER"
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -139,3 +153,58 @@ def kill_adopted(known: set[int]) -> list[int]:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
     return adopted
+
+
+def owner_mark(pid: int, start_ticks: int) -> str:
+    """The mark of the OS process with this pid and start time (this machine's boot and
+    pid namespace, as a process row names it)."""
+    return f"{pid}:{start_ticks}"
+
+
+def own_mark() -> str | None:
+    """This process's mark, or None where its start time cannot be read (not Linux)."""
+    start = os_start_ticks(os.getpid())
+    return None if start is None else owner_mark(os.getpid(), start)
+
+
+def marked_environment() -> dict[str, str]:
+    """``os.environ`` with this process's mark: the environment for a process a step
+    runs in (a ``timeout=`` step's child)."""
+    mark = own_mark()
+    return {**os.environ, OWNER_ENV: mark} if mark else dict(os.environ)
+
+
+def kill_marked(mark: str) -> list[int]:
+    """SIGKILL every process of this namespace whose environment carries ``mark``
+    (what the steps of a dead process started). Returns the pids signalled; a process
+    whose environment cannot be read (another user's, exited meanwhile) is passed over."""
+    wanted = f"{OWNER_ENV}={mark}".encode()
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(PROC):
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                environ = (PROC / entry.name / "environ").read_bytes()
+            except OSError:
+                continue
+            if wanted in environ.split(b"\0"):
+                found.append(int(entry.name))
+    kill(found)
+    return found
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """Wait until none of ``pids`` runs any more (gone, or a zombie), at most
+    ``timeout_s``; returns those still running then."""
+    deadline = time.monotonic() + timeout_s
+    left = [pid for pid in pids if _running(pid)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.01)
+        left = [pid for pid in left if _running(pid)]
+    return left
+
+
+def _running(pid: int) -> bool:
+    start = os_start_ticks(pid)
+    return start is not None and not os_process_gone(pid, start)

@@ -226,22 +226,15 @@ def record_hook(app: App, claimed: ClaimedHook, outcome: str, error: ErrorInfo |
     return status
 
 
-def crash_hooks_of(app: App, tx: Tx, process_id: str | None, claimed_before: object = None,
-                   *, only: list[str] | None = None) -> list[HookEnded]:
-    """Inside the reaper's transaction: crash every hook ``process_id`` holds (None: the
-    orphans, whose process row was deleted, claimed before ``claimed_before``; ``only``:
-    just these hooks), each fenced by the token it holds; returns what to log once
+def crash_hooks_of(app: App, tx: Tx, hook_ids: list[str]) -> list[HookEnded]:
+    """Inside a recovery's transaction (``fleet.reaper.recover``): crash each of these
+    hooks that is still running, fenced by the token it holds; returns what to log once
     committed [INV-HLT-2]."""
-    where = [_h.c.status == "running"]
-    if only is not None:
-        where.append(_h.c.id.in_(dialects.inline_ids(sorted(only))))
-    if process_id is None:
-        where += [_h.c.process_id.is_(None), _h.c.claimed_at <= claimed_before]
-    else:
-        where.append(_h.c.process_id == process_id)
     rows = tx.execute(sa.select(_h.c.id, _h.c.run_id, _h.c.klass, _h.c.claim_token, _h.c.retry_count,
                                 _h.c.crash_count, _r.c.pipeline_klass)
-                      .join(_r, _r.c.id == _h.c.run_id).where(*where).order_by(_h.c.id)).all()
+                      .join(_r, _r.c.id == _h.c.run_id)
+                      .where(_h.c.status == "running", _h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))
+                      .order_by(_h.c.id)).all()
     ended = []
     for row in rows:
         crash = ErrorInfo("ductwork.ProcessCrash", "on_halt hook reaped from a dead process", None)

@@ -19,7 +19,7 @@ def main() -> int:
     from ductwork.config import Config
     from ductwork.errors import FaultInjection
     from ductwork.fleet.processes import register
-    from ductwork.fleet.reaper import reap_stale
+    from ductwork.fleet.reaper import reap_dead
     from ductwork.fleet.worker import Worker
     from ductwork.pipelines.advance import Advancer
 
@@ -36,7 +36,7 @@ def main() -> int:
     idle_rounds = 0
     while idle_rounds < 3 and time.monotonic() < deadline:
         did = False
-        for unit in (lambda: bool(reap_stale(app, process_id)),
+        for unit in (lambda: bool(reap_dead(app, process_id)),
                      lambda: advancer.run_once() != "idle",
                      lambda: worker.run_once() is not None):
             try:

@@ -317,7 +317,7 @@ def test_a_worker_stopped_while_its_async_steps_await_loses_nothing(app, db_url,
     import subprocess
     import sys
 
-    from ductwork.fleet.reaper import reap, reap_stale
+    from ductwork.fleet.reaper import reap, reap_dead
     from tests.conftest import TEST_CONFIG
 
     runs = [AwaitingP.trigger(i) for i in range(6)]
@@ -330,7 +330,7 @@ def test_a_worker_stopped_while_its_async_steps_await_loses_nothing(app, db_url,
     assert child.returncode == (-9 if action == "kill" else 0), child.stderr[-2000:]
     (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
     reap(app, ready.split()[1], force=True)
-    reap_stale(app, None)
+    reap_dead(app, None)
     drain(app, timeout=60)
     assert [r.refresh().status for r in runs] == ["completed"] * 6
     assert [r.steps()[0].output for r in runs] == list(range(6))

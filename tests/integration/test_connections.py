@@ -33,8 +33,7 @@ from ductwork import Pipeline, Step
 from ductwork.app import set_default_app
 from ductwork.cli import main
 from ductwork.fleet.processes import heartbeat, register
-from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
-from ductwork.fleet.supervisor import reconcile
+from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
 from ductwork.fleet.worker import Worker
 from ductwork.limits.claims import claim, restart_with
 from ductwork.pipelines.context import Context
@@ -203,7 +202,7 @@ def test_no_public_call_opens_a_second_connection_inside_a_write_transaction(app
         reconcile(fleet, dead, held=set(), grace_s=0)
         assert claim(cold(), dead) is not None
         assert reap(cold(), dead, force=True)
-        reap_stale(cold(), None)
+        reap_dead(cold(), None)
         sweep_orphans(cold())
         drain(cold(), timeout=60)
 

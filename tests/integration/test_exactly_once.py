@@ -290,8 +290,11 @@ def keyed_app(db_url):
 
 @pytest.fixture
 def paced_app(db_url):
-    """``keyed_app``'s keys with the default ``release_first_after``."""
-    yield from _default_app(db_url, job_worker={"limits": {"released": {"concurrency": 1}}})
+    """``keyed_app``'s keys, and a ``release_first_after`` no body reaches (a minute): every
+    body counts as fast, however loaded the machine (with the default 5 ms, a body slowed
+    down by a busy CI machine was released first and failed the fast-body test)."""
+    yield from _default_app(db_url, job_worker={"limits": {"released": {"concurrency": 1}},
+                                                "release_first_after": 60})
 
 
 def _released(app):
@@ -555,7 +558,7 @@ def test_a_live_process_recovers_claims_no_thread_holds(manual_app):
     and leaves held claims alone."""
     from datetime import timedelta
 
-    from ductwork.fleet.supervisor import RECONCILE_GRACE_S, reconcile
+    from ductwork.fleet.reaper import RECONCILE_GRACE_S, reconcile
 
     app = manual_app
     (pid,) = processes(app, 1)
@@ -583,7 +586,7 @@ def test_a_live_process_recovers_an_advancement_no_thread_holds(manual_advancer_
     commits nothing [INV-ADV-1, INV-ADV-2]."""
     from datetime import timedelta
 
-    from ductwork.fleet.supervisor import RECONCILE_GRACE_S, reconcile
+    from ductwork.fleet.reaper import RECONCILE_GRACE_S, reconcile
 
     app = manual_advancer_app
     pa, pb = processes(app, 2)

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from ductwork import faults
 from ductwork.db import schema
 from ductwork.fleet.processes import register
-from ductwork.fleet.reaper import reap, reap_stale
+from ductwork.fleet.reaper import reap, reap_dead
 from ductwork.limits.claims import claim
 from ductwork.testing import drain
 from tests.conftest import TEST_CONFIG, installed, make_app, reset_tables
@@ -98,7 +98,7 @@ def test_checkpoint(fault_app, db_url, checkpoint, action):
     (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
     # The child is dead (or done): its supervisor would force-reap its row now.
     reap(app, ready.split()[1], force=True)
-    reap_stale(app, None)
+    reap_dead(app, None)
     drain(app, timeout=60)
 
     assert run.refresh().status == "completed"

@@ -264,7 +264,7 @@ def test_shutdown_kills_a_child_that_ignores_sigterm_and_survives_a_failed_reap(
 
     from ductwork import faults
     from ductwork.fleet.processes import register
-    from ductwork.fleet.reaper import reap_stale
+    from ductwork.fleet.reaper import reap_dead
     from ductwork.fleet.supervisor import Supervisor
 
     app = quick_stop_app
@@ -287,7 +287,7 @@ def test_shutdown_kills_a_child_that_ignores_sigterm_and_survives_a_failed_reap(
     with app.begin() as tx:  # once stale, any supervisor's reaper removes it
         tx.execute(schema.processes.update().values(
             last_heartbeat_at=tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout + 1)))
-    assert reap_stale(app, None) == [row]
+    assert reap_dead(app, None) == [row]
 
 
 def test_a_runners_heartbeat_outlives_a_failed_reconciliation_and_ends_when_reaped(manual_app, monkeypatch,

@@ -33,7 +33,7 @@ import sqlalchemy as sa
 
 from ductwork import faults
 from ductwork.db import schema
-from ductwork.fleet.reaper import reap, reap_stale
+from ductwork.fleet.reaper import reap, reap_dead
 from ductwork.testing import drain
 from tests.conftest import TEST_CONFIG, installed, make_app
 from tests.workloads import HOOK_LOG_ENV, HaltingPipeline
@@ -66,7 +66,7 @@ def test_hook_checkpoint(hook_app, db_url, checkpoint, action, tmp_path, monkeyp
     assert child.returncode == EXIT_CODES[action], child.stderr[-2000:]
     (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
     reap(app, ready.split()[1], force=True)  # its supervisor would force-reap it now
-    reap_stale(app, None)
+    reap_dead(app, None)
     h = schema.halt_hooks
     died = action in ("kill", "exit")
     crashed_holding_claim = died and checkpoint in (faults.AFTER_HOOK_CLAIM, faults.IN_HOOK_COMMIT)

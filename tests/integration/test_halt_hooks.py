@@ -382,7 +382,7 @@ def _halted_with_owed_hook(app, n=1, pipeline=HaltingPipeline):
 
 
 def test_a_hook_held_by_no_thread_of_a_live_process_is_reconciled(manual_app):
-    from ductwork.fleet.supervisor import RECONCILE_GRACE_S, reconcile
+    from ductwork.fleet.reaper import RECONCILE_GRACE_S, reconcile
 
     run = _halted_with_owed_hook(manual_app)
     live = register(manual_app, role="job_worker", label="w")

@@ -309,7 +309,8 @@ def test_a_sweep_that_finds_an_orphaned_hook_crashed_meanwhile_crashes_nothing(m
     app.clock.advance(timedelta(seconds=3 * app.config.supervisor.reaper_timeout + 1))
 
     def hold(tx) -> None:
-        assert len(crash_hooks_of(app, tx, None, tx.now)) == 1
+        (hook,) = tx.execute(sa.select(schema.halt_hooks.c.id)).scalars()
+        assert len(crash_hooks_of(app, tx, [hook])) == 1
 
     assert behind_a_holder(app, hold, lambda: sweep_orphans(app), "UPDATE ductwork_halt_hooks%") == 0
     h = schema.halt_hooks

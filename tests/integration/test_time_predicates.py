@@ -10,9 +10,8 @@ Tests whose rows were all written at one moment cannot tell that column from ano
 (the trigger time, the creation time, the last update). Here each test writes two rows
 on a ManualClock (STYLE §7, no sleeping): one young by the measured column and old by
 every other, one old by it and young by every other, and runs the operation once: only
-the second is taken. The engine mutants ``sweep_measures_creation``,
-``hook_sweep_measures_creation``, ``reconcile_measures_creation``,
-``reap_measures_registration``, ``prune_measures_trigger_time``,
+the second is taken. The engine mutants ``recovery_measures_creation``,
+``hook_recovery_measures_creation``, ``reap_measures_registration``, ``prune_measures_trigger_time``,
 ``key_window_measures_trigger_time``, ``claim_measures_creation`` and
 ``hook_claim_measures_creation`` (tests/mutants.py)
 each read a wrong column, and each is killed here.
@@ -35,8 +34,7 @@ import sqlalchemy as sa
 from ductwork.db import schema
 from ductwork.db.ids import new_id
 from ductwork.fleet.processes import register
-from ductwork.fleet.reaper import reap, reap_stale, sweep_orphans
-from ductwork.fleet.supervisor import reconcile
+from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
 from ductwork.limits.claims import claim
 from ductwork.pipelines.hooks import claim_hook
 from ductwork.pipelines.prune import prune
@@ -134,8 +132,8 @@ def test_the_reaper_and_the_sweep_take_only_their_own_claims(manual_app):
     assert {holder: _taken(app, made) for holder, made in held.items()} == {
         "dead": (True, True, True), "live": (False, False, False), "orphan": (True, True, True)}
     assert not reap(app, live, force=False)  # its heartbeat is fresh
-    assert reap_stale(app, own) == []  # never its own process, however stale
-    assert reap_stale(app, None) == [own]
+    assert reap_dead(app, own) == []  # never its own process, however stale
+    assert reap_dead(app, None) == [own]
 
 
 def test_reconciliation_measures_a_claim_from_its_claim_time(manual_app):
@@ -160,7 +158,7 @@ def test_the_reaper_measures_a_process_from_its_last_heartbeat(manual_app):
     beating, silent = (register(app, role="test", label=label) for label in ("beating", "silent"))
     _set(app, schema.processes, beating, last_heartbeat_at=now, created_at=now - FAR, updated_at=now - FAR)
     _set(app, schema.processes, silent, last_heartbeat_at=now - 2 * timeout, created_at=now, updated_at=now)
-    assert reap_stale(app, None) == [silent]
+    assert reap_dead(app, None) == [silent]
 
 
 def test_each_recovery_threshold_includes_its_instant(manual_app):
@@ -174,7 +172,7 @@ def test_each_recovery_threshold_includes_its_instant(manual_app):
     _set(app, schema.processes, younger, last_heartbeat_at=now - timeout + timedelta(microseconds=1))
     made = _claims(app, None, {"at": 3 * timeout, "younger": 3 * timeout - timedelta(microseconds=1)},
                    {"at": timedelta(0), "younger": timedelta(0)})
-    assert reap_stale(app, None) == [at]
+    assert reap_dead(app, None) == [at]
     sweep_orphans(app)
     assert _taken(app, made["at"]) == (True, True, True)
     assert _taken(app, made["younger"]) == (False, False, False)

@@ -105,6 +105,15 @@ DETECTORS = {
         "tests/integration/test_process_trees.py::test_a_killed_supervisors_runners_stop[sqlite]",
     "zombie_starts_body":
         "tests/integration/test_fleet.py::test_a_worker_whose_process_lost_its_lease_starts_no_step_code[sqlite]",
+    # --- same-host recovery (issue 36) ---
+    "same_host_not_reaped":
+        "tests/integration/test_same_host_recovery.py::test_a_reused_pid_is_told_apart_by_its_start_time",
+    "reap_by_host_name": "tests/integration/test_same_host_recovery.py::"
+    "test_a_live_process_of_another_pid_namespace_with_a_pid_that_exists_here_is_never_reaped",
+    "reap_by_pid_only":
+        "tests/integration/test_same_host_recovery.py::test_a_reused_pid_is_told_apart_by_its_start_time",
+    "dead_fleet_leftovers_kept": "tests/integration/test_same_host_recovery.py::"
+    "test_what_a_dead_fleets_step_started_dies_before_its_claim_moves_on[sqlite]",
     # --- on_halt hooks (issue 16) ---
     "hook_not_owed": "tests/integration/test_halt_hooks.py::test_a_halted_run_gets_one_hook_with_its_halt[sqlite]",
     "hook_fence_dropped": HOOK_STALE,
@@ -145,9 +154,8 @@ DETECTORS = {
     "batch_fence_counts_none":
         LOSSES + "test_an_advancers_batch_that_lost_one_branch_writes_nothing_for_it[sqlite-re-claimed]",
     # time predicates measured from the wrong column (issue 37)
-    "sweep_measures_creation": TIMES + "test_the_orphan_sweep_measures_a_claim_from_its_claim_time[sqlite]",
-    "hook_sweep_measures_creation": TIMES + "test_the_orphan_sweep_measures_a_claim_from_its_claim_time[sqlite]",
-    "reconcile_measures_creation": TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",
+    "recovery_measures_creation": TIMES + "test_the_orphan_sweep_measures_a_claim_from_its_claim_time[sqlite]",
+    "hook_recovery_measures_creation": TIMES + "test_the_orphan_sweep_measures_a_claim_from_its_claim_time[sqlite]",
     "reap_measures_registration": TIMES + "test_the_reaper_measures_a_process_from_its_last_heartbeat[sqlite]",
     "prune_measures_trigger_time": TIMES + "test_a_prune_measures_a_run_from_its_finish_time[sqlite]",
     "key_window_measures_trigger_time": TIMES + "test_a_key_window_measures_its_holder_from_its_finish_time[sqlite]",
@@ -165,9 +173,13 @@ DETECTORS = {
 #: mutants with another detector that a conformance machine found only with the ``deep``
 #: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
 ALSO_CONFORMANCE = {"batch_past_lane": CONFORMANCE, "keyed_batch_past_lane": CONFORMANCE}
-#: mutants of a guard that several batch paths share, killed on each path's own partial-loss
-#: test too (the unkeyed guard ends the async batch's group commit and an expand's items)
+#: mutants of a guard that several paths share, killed on each path's own test too (the
+#: unkeyed group guard ends the async batch's group commit and an expand's items; one
+#: recovery routine serves the orphan sweep and reconciliation)
 ALSO_PATHS = {
+    # (the orphan sweep and reconciliation are one recovery routine since issue 31)
+    "recovery_measures_creation": (TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",),
+    "hook_recovery_measures_creation": (TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",),
     "group_guard_counts_none": (LOSSES + "test_an_async_batch_that_lost_one_writes_nothing_for_it[sqlite]",
                                 LOSSES + "test_a_group_commit_that_lost_one_writes_no_expand_items_for_it[sqlite]"),
 }
