@@ -25,8 +25,8 @@ change per mutant, from the module's syntax tree:
 Each mutant is the module's source with that one change (``ast.unparse``: comments are
 lost, code is not), put in a scratch copy of the package that the tests' processes import
 first (``tests/mutants.py``'s ``sitecustomize``). The module's tests (:data:`GUARD_TESTS`,
-its part of the integration tier) run against it on one database (``-k sqlite`` by
-default) and stop at the first failure: a failure kills the mutant, a run past 4x the
+its part of the integration tier) run against it on one database (SQLite by default; the
+tests of no database run too) and stop at the first failure: a failure kills the mutant, a run past 4x the
 clean run's time (plus 30 s) times out (killed by a loop), a clean pass survives. Results
 are kept per module and database in ``.guard-mutation/`` (git-ignored; ``--only`` re-runs
 some and keeps the others while the module is unchanged), so ``--report`` prints the table
@@ -59,7 +59,7 @@ _I = "tests/integration/"
 #: each guard module (relative to ductwork/) and the integration tests that guard it
 GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "fleet/reaper.py": (f"{_I}test_time_predicates.py", f"{_I}test_recovery_preconditions.py",
-                        f"{_I}test_exactly_once.py", f"{_I}test_halt_hooks.py"),
+                        f"{_I}test_exactly_once.py", f"{_I}test_halt_hooks.py", f"{_I}test_same_host_recovery.py"),
     "fleet/tree.py": (f"{_I}test_process_trees.py", f"{_I}test_timeout_children.py"),
     "fleet/child.py": (f"{_I}test_timeout_children.py", f"{_I}test_process_trees.py"),
     "pipelines/prune.py": (f"{_I}test_time_predicates.py", f"{_I}test_recovery_preconditions.py",
@@ -76,10 +76,54 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                              f"{_I}test_bounds.py"),
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
+DATABASES = ("sqlite", "postgresql", "mysql")
 
 #: surviving mutants argued equivalent (no test can tell them from the original), by
 #: ``module#number`` of the module's current source (a change to it renumbers them: re-argue)
 ARGUED: dict[str, tuple[str, str]] = {
+    "fleet/reaper.py#3": (
+        '`and_` without `_p.c.machine_identifier == machine_identifier()`',
+        "reap_dead's read of this machine's rows without the machine: each row's proof (proven_dead) "
+        'compares the machine again, and a row without proof is reaped only when stale'),
+    "fleet/reaper.py#4": (
+        '`and_` without `_p.c.os_start_ticks.is_not(None)`',
+        "reap_dead's read of this machine's rows without the start time: proven_dead asks for it again"),
+    "fleet/reaper.py#5": (
+        '`.where(sa.or_(old, here))` dropped',
+        'reap_dead reads every row: each is reaped only on proof (proven_dead) or when its own stale '
+        'column says so (a cost, not an outcome)'),
+    "fleet/reaper.py#38": (
+        '`.where(_b.c.id == branch_id)` dropped',
+        'the branch lock without its id: SQLite has no row locks, and on a server it locks more rows (a '
+        'cost, a wider wait), not another outcome'),
+    "fleet/reaper.py#41": (
+        '`_b.c.id == branch_id`: NotEq for Eq',
+        'the branch lock on the other branches: as #38'),
+    "fleet/reaper.py#44": (
+        '`where` without `whose(_e.c.process_id)`',
+        "find reads every holder's executions: the guarded write that follows refuses what the wider "
+        "read adds (crash_in's `process_id = owner`, or `IS NULL` for orphans)"),
+    "fleet/reaper.py#45": (
+        '`where` without `_e.c.claimed_at.is_not(None)`',
+        "find without `claimed_at IS NOT NULL`: a pending execution has no owner (not the reap's), and "
+        "the sweep's and reconciliation's `claimed_at <= before` implies it"),
+    "fleet/reaper.py#46": (
+        '`where` without `_e.c.completed_at.is_(None)`',
+        'find reads closed executions too: the guarded write that follows refuses what the wider read '
+        "adds (crash_in's `completed_at IS NULL`)"),
+    "fleet/reaper.py#59": (
+        "`where` without `_h.c.status == 'running'`",
+        "find reads hooks of any status: crash_hooks_of asks `status = 'running'` again (and the "
+        "record's fence a third time)"),
+    "fleet/reaper.py#61": (
+        '`_e.c.claimed_at` read as `eligible_at`',
+        '`eligible_at IS NOT NULL` (always true) for `claimed_at IS NOT NULL`: as #45'),
+    "fleet/reaper.py#63": (
+        '`_e.c.claimed_at` read as `created_at`',
+        '`created_at IS NOT NULL` (always true): as #45'),
+    "fleet/reaper.py#64": (
+        '`_e.c.claimed_at` read as `updated_at`',
+        '`updated_at IS NOT NULL` (always true): as #45'),
 }
 _SWAP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn,
@@ -194,7 +238,8 @@ def mutated_source(module: str, number: int) -> str:
 
 
 def _pytest(module: str, db: str, scratch: Path, timeout_s: float) -> tuple[str, float]:
-    command = [sys.executable, "-m", "pytest", *GUARD_TESTS[module], "-k", db, "-x", "-q", "-p", "no:randomly",
+    others = " and ".join(f"not {other}" for other in DATABASES if other != db)  # (and the tests of no database)
+    command = [sys.executable, "-m", "pytest", *GUARD_TESTS[module], "-k", others, "-x", "-q", "-p", "no:randomly",
                "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     started = time.monotonic()
     try:
@@ -273,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.guard_mutation", description=__doc__.split("\n")[0])
     parser.add_argument("modules", nargs="*", help=f"guard modules (of {', '.join(GUARD_TESTS)})")
     parser.add_argument("--all", action="store_true", help="every guard module")
-    parser.add_argument("--db", default="sqlite", choices=("sqlite", "postgresql", "mysql"))
+    parser.add_argument("--db", default="sqlite", choices=DATABASES)
     parser.add_argument("--only", type=int, nargs="*", help="only these mutant numbers")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     parser.add_argument("--report", action="store_true", help="print the table of the stored runs")

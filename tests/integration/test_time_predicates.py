@@ -151,14 +151,17 @@ def test_reconciliation_measures_a_claim_from_its_claim_time(manual_app):
 
 def test_the_reaper_measures_a_process_from_its_last_heartbeat(manual_app):
     """A process registered long ago that heartbeat just now is not reaped; one whose
-    heartbeat is two reaper timeouts old, though its row was written just now, is
+    heartbeat is two reaper timeouts old, though its row was written just now, is, on
+    this machine and on a lost host alike (no proof of death there: its heartbeat alone)
     [INV-EXE-1]."""
     app = manual_app
     now, timeout = app.clock.now(), timedelta(seconds=app.config.supervisor.reaper_timeout)
-    beating, silent = (register(app, role="test", label=label) for label in ("beating", "silent"))
+    beating, silent, lost = (register(app, role="test", label=label) for label in ("beating", "silent", "lost"))
     _set(app, schema.processes, beating, last_heartbeat_at=now, created_at=now - FAR, updated_at=now - FAR)
-    _set(app, schema.processes, silent, last_heartbeat_at=now - 2 * timeout, created_at=now, updated_at=now)
-    assert reap_dead(app, None) == [silent]
+    for pid in (silent, lost):
+        _set(app, schema.processes, pid, last_heartbeat_at=now - 2 * timeout, created_at=now, updated_at=now)
+    _set(app, schema.processes, lost, machine_identifier="a-lost-host")
+    assert sorted(reap_dead(app, None)) == sorted([silent, lost])
 
 
 def test_each_recovery_threshold_includes_its_instant(manual_app):
