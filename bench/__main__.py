@@ -1,10 +1,10 @@
 """Run ductwork's benchmarks and print one table (and optionally JSON).
 
-    python -m bench                                   # SQLite (fresh temp file), B1-B7
-    python -m bench --all --json bench/results.json   # SQLite + PostgreSQL + MariaDB on this host
-    python -m bench --quick                           # the smoke run: everything sized down (< 60 s)
+    python -m bench                                        # SQLite (fresh temp file), B1-B7
+    python -m bench --all --json bench/results/NAME.json   # SQLite + PostgreSQL + MariaDB on this host
+    python -m bench --quick                                # the smoke run: everything sized down (< 60 s)
     python -m bench --only B2,B5 --database-url postgresql://postgres@127.0.0.1:5432/ductwork_bench
-    python -m bench --full --only B3,B4               # adds the 10⁶ sizes (minutes per database)
+    python -m bench --full --only B3,B4                    # adds the 10⁶ sizes (minutes per database)
 
 ``--database-url`` may be repeated; ``--all`` means SQLite plus
 ``postgresql://postgres@127.0.0.1:5432/ductwork_bench`` and
@@ -18,7 +18,8 @@ metrics; each cell is the median of the repetitions (3, or 1 with ``--quick``). 
 user-visible figures (runs completed, bodies running, violations, ratios to pgqueuer
 measured in the same repetitions) come first; the engine's own figures (claims/s, slots
 in use, CPU and statements per step) follow under "engine diagnostics". The JSON has
-every sample, the machine, the date, the command and the git commit.
+every sample, the machine, the date, the command and the git commit; runs kept as
+evidence go to ``bench/results/`` (bench/RESULTS.md cites each).
 """
 
 from __future__ import annotations

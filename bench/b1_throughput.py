@@ -52,7 +52,7 @@ from bench.harness import (
     wait_until,
 )
 from bench.workloads import CHAIN_LENGTH, Chain, One
-from ductwork.db import dialects, schema
+from ductwork.db import engines, schema
 
 #: worker-only fleets of the claim-drain diagnostic
 CLAIM_FLEETS = {
@@ -130,7 +130,7 @@ def _drain_batch(app, prefix: str, n: int, timeout: float) -> float:
 
 def pgqueuer_dsn(target: Target) -> str:
     """pgqueuer's own database on the same server (``<bench database>_pgq``), created if missing."""
-    parsed = dialects.normalize_url(target.url)
+    parsed = engines.normalize_url(target.url)
     database = f"{parsed.database}_pgq"
     create_database(parsed._replace(database=database), "postgresql")
     return parsed._replace(database=database, drivername="postgresql").render_as_string(hide_password=False)

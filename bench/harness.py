@@ -53,7 +53,7 @@ import yaml
 
 from ductwork.app import App
 from ductwork.config import Config
-from ductwork.db import dialects, migrate, schema
+from ductwork.db import dialects, engines, migrate, schema
 from ductwork.fleet import tree
 
 REPO = Path(__file__).resolve().parent.parent
@@ -158,7 +158,7 @@ class Target:
         if url is None:
             directory = Path(tempfile.mkdtemp(prefix="ductwork_bench_"))
             url = f"sqlite:///{directory}/bench.sqlite3"
-        parsed = dialects.normalize_url(url)
+        parsed = engines.normalize_url(url)
         kind = dialects.backend(parsed.get_backend_name())
         database = parsed.database or ""
         if kind != "sqlite" and (database in FORBIDDEN_DATABASES or database.startswith(FORBIDDEN_PREFIXES)):
@@ -178,13 +178,13 @@ class Target:
 
     def setup(self) -> None:
         """Create the database if missing and migrate it to head."""
-        parsed = dialects.normalize_url(self.url)
+        parsed = engines.normalize_url(self.url)
         if self.kind == "sqlite":
             path = Path(parsed.database)
             path.parent.mkdir(parents=True, exist_ok=True)
         else:
             create_database(parsed, self.kind)
-        engine = dialects.create_engine(self.url)
+        engine = engines.create_engine(self.url)
         try:
             migrate.upgrade(engine)
         finally:
@@ -196,13 +196,13 @@ class Target:
     def reset(self) -> None:
         """Delete every ductwork row (a fresh copy of the migrated file on SQLite)."""
         if self.kind == "sqlite":
-            path = Path(dialects.normalize_url(self.url).database)
+            path = Path(engines.normalize_url(self.url).database)
             for suffix in ("-wal", "-shm"):
                 Path(str(path) + suffix).unlink(missing_ok=True)
             assert self._template is not None, "setup() first"
             shutil.copyfile(self._template, path)
             return
-        engine = dialects.create_engine(self.url)
+        engine = engines.create_engine(self.url)
         tables = [t.name for t in reversed(schema.metadata.sorted_tables)]
         try:
             with engine.begin() as conn:
@@ -231,7 +231,7 @@ class Target:
                 conn.exec_driver_sql("ANALYZE")
 
     def describe(self) -> str:
-        engine = dialects.create_engine(self.url)
+        engine = engines.create_engine(self.url)
         try:
             with engine.connect() as conn:
                 if self.kind == "sqlite":

@@ -48,7 +48,7 @@ import sqlalchemy as sa
 from bench.b1_throughput import pgqueuer_dsn, runs_batch
 from bench.harness import ProcessFleet, Target, insert_pending, log, wait_until
 from bench.workloads import CHAIN_LENGTH, Chain, One
-from ductwork.db import dialects, migrate, schema
+from ductwork.db import engines, migrate, schema
 
 _STATS = sa.text("select relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del from pg_stat_user_tables")
 _INDEXES = sa.text("select tablename, count(*) from pg_indexes where schemaname = current_schema() "
@@ -159,7 +159,7 @@ def _shape(engine: sa.Engine, *, partial: bool) -> None:
 
 
 def _ab(target: Target, runs: int, repeats: int) -> None:
-    engine = dialects.create_engine(target.url)
+    engine = engines.create_engine(target.url)
     got: dict[str, dict[str, list[float]]] = {"full": {}, "partial": {}}
     try:
         for rep in range(repeats):

@@ -197,3 +197,24 @@ class AsyncNaps(Pipeline):
 PIPELINES = [f"bench.workloads:{cls.__name__}" for cls in
              (Chain, One, ConcurrencyNap, RateNap, RateBurst1Nap, Limit3Nap, WideNoop, SaturatedNap,
               Blocked, Backlog, Expand, AsyncNaps)]
+
+
+# --------------------------------------------------------------------------- the dashboard (issue 35)
+
+
+class WebWork(Step):
+    """The step of bench/web_dashboard.py's bulk runs (never executed: the rows are made in SQL)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        return self.n
+
+
+class WebMonthly(Pipeline):
+    """bench/web_dashboard.py's runs: one keyed step."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(WebWork, limit_by="key-00000")

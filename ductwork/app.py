@@ -32,12 +32,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ductwork.config import Config, config_from_mapping, load_config
+from ductwork.config import Config
+from ductwork.config_file import config_from_mapping, load_config
 from ductwork.db.clock import Clock
 from ductwork.db.database import Database, Tx, default_app, set_default_app
 from ductwork.fleet.processes import register
-from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.runs import Run, cached_definition
+from ductwork.pipelines.snapshot import Definition
 
 __all__ = ["DEFAULT_URL", "App", "Tx", "connect", "default_app", "set_default_app"]
 
@@ -67,6 +68,7 @@ class App(Database):
         """:meth:`run`, awaited: the handle's first read goes through the async driver
         (:meth:`~ductwork.pipelines.runs.Run.arefresh`), never blocking the event loop.
         Raises :class:`~ductwork.errors.UnknownRunError` for no such run, as ``run`` does."""
+        self.require_async("App.arun")
         return await Run(self, run_id, _read=False).arefresh()
 
 

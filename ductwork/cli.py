@@ -5,6 +5,7 @@
     ductwork start [--role R]      run a supervisor with advancer and worker processes
     ductwork status                runs by state, processes, and each limit key
     ductwork demo                  a pipeline with limits on an embedded SQLite file
+                                   (its log, tracebacks included: ./ductwork-demo.log)
     ductwork runs [--status S] [--pipeline P] [--since T] [--limit N] [--json]
                                    runs, newest first
     ductwork show RUN_ID [--json] [--backtrace]
@@ -12,6 +13,9 @@
     ductwork prune --finished-before DURATION [--dry-run] [--pipeline P] [--batch-size N]
                                    delete completed and halted runs, whole, in batches
     ductwork revive RUN_ID         continue a halted run as a new run; prints the new run's id
+    ductwork --version             the version, the git commit it was built from, where it is
+    ductwork web [--host H] [--port P] [--read-only] [--token T]
+                                   the dashboard and /metrics (pip install 'ductwork[web]')
 
 Options for every command: ``--database-url`` (else ``DUCTWORK_DATABASE_URL``,
 then the config's ``database.url``, then ``sqlite:///ductwork.sqlite3``),
@@ -62,10 +66,23 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+class _Version(argparse.Action):
+    """``--version``: :func:`ductwork.version.describe`, worked out only when asked (it may
+    run git), then exit 0."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from ductwork.version import describe
+
+        print(describe())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     """The user commands. ``_child`` is not one of them (see :func:`_child_parser`)."""
     common = _common()
     parser = argparse.ArgumentParser(prog="ductwork", description="Durable pipelines on SQL databases.")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the version and the git commit it was built from, and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     db = commands.add_parser("db", help="schema migrations", parents=[common])
     db.add_argument("action", choices=["upgrade", "current"])
@@ -80,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=120.0,
                       help="seconds to wait for the runs before giving up with status 1 (default 120)")
     _add_revive(commands, common)
+    _add_web(commands, common)
     return parser
 
 
@@ -124,7 +142,8 @@ def _whole(option: str, text: str) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     import json
 
-    from ductwork.pipelines.history import JSON_FORMAT, list_runs, render_runs, run_json
+    from ductwork.pipelines.history import JSON_FORMAT, list_runs, run_json
+    from ductwork.pipelines.history_text import render_runs
 
     limit = _whole("--limit", args.limit)
     app = _connect(args)
@@ -139,7 +158,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     import json
 
-    from ductwork.pipelines.history import history_json, render_history, run_history
+    from ductwork.pipelines.history import history_json, run_history
+    from ductwork.pipelines.history_text import render_history
 
     history = run_history(_connect(args), args.run_id, backtraces=args.backtrace)
     print(json.dumps(history_json(history), indent=2) if args.json else render_history(history))
@@ -193,6 +213,31 @@ def cmd_revive(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- web (issue 35) ------------------------------------------------------------------------
+
+
+def _add_web(commands: Any, common: argparse.ArgumentParser) -> None:
+    web = commands.add_parser("web", parents=[common],
+                              help="serve the dashboard and /metrics (pip install 'ductwork[web]')")
+    web.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
+    web.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    web.add_argument("--read-only", action="store_true", help="offer and accept no action (resume, revive)")
+    web.add_argument("--token", help="require this bearer token (default: $DUCTWORK_WEB_TOKEN, else none); "
+                                     "the variable keeps it out of the process list")
+    web.add_argument("--refresh", type=float, default=5.0, help="seconds between page refreshes (0: never)")
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM; ImportError naming the extra when it is not installed."""
+    from ductwork.web.serve import serve
+
+    app = _connect(args)
+    app.check_schema()  # a missing database or tables: one line now, not a 500 per page
+    token = args.token or os.environ.get("DUCTWORK_WEB_TOKEN") or None
+    serve(app, args.host, args.port, read_only=args.read_only, token=token, refresh_s=args.refresh)
+    return 0
+
+
 #: the internal command a supervisor starts its children with
 CHILD = "_child"
 
@@ -232,7 +277,7 @@ def _connect(args: argparse.Namespace, **settings: Any) -> App:
 def _log_settings(args: argparse.Namespace, config: Config | None = None) -> tuple[str, str]:
     """The log level and format: the options, else the config's ``logging``, else the defaults."""
     level = (args.log_level or ("INFO" if args.verbose else None) or (config.logging.level if config else None)
-             or ("INFO" if args.command in ("start", "_child") else "WARNING"))
+             or ("INFO" if args.command in ("start", "_child", "web") else "WARNING"))
     return level, args.log_format or (config.logging.format if config else "text")
 
 
@@ -289,8 +334,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     for row in supervisors_on_this_host(app):  # legal, so only a warning
         log.warning("%s", same_host_warning(row))
     role = args.role or app.config.role
+    from ductwork.version import describe
+
     for line in logs.start_lines(app.config, app.engine.url.render_as_string(hide_password=True),
-                                 [p.definition.pipeline for p in pipelines if p.definition], role):
+                                 [p.definition.pipeline for p in pipelines if p.definition], role, describe()):
         log.info("%s", line)
     command = [sys.executable, "-m", "ductwork.cli", CHILD, *_common_args(args)]
     code = Supervisor(app, command, role=args.role, label=args.label).run()
@@ -325,12 +372,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ductwork.demo import main as demo_main
 
-    return demo_main(args.database_url or os.environ.get("DUCTWORK_DATABASE_URL"), args.orders, args.timeout)
+    return demo_main(args.database_url or os.environ.get("DUCTWORK_DATABASE_URL"), args.orders, args.timeout,
+                     *_log_settings(args))
 
 
 COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_status,
             "demo": cmd_demo, "runs": cmd_runs, "show": cmd_show, "prune": cmd_prune, "revive": cmd_revive,
-            CHILD: cmd_child}
+            "web": cmd_web, CHILD: cmd_child}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,20 +1,16 @@
-"""Loading ``ductwork.yml``: environments, defaults and validation.
+"""One environment of ``ductwork.yml``, validated: :class:`Config` and its sections.
 
-    >>> config_from_mapping({"default": {"job_worker": {"max_retry": 0}}}).job_worker.max_retry
+    >>> Config.from_section({"job_worker": {"max_retry": 0}}).job_worker.max_retry
     0
 
-Top-level keys are environments (``default``, ``production``, …); the one used is
-``env``, else ``DUCTWORK_ENV``, else ``default``. The file is read with
-``yaml.safe_load``, so anchors and ``<<`` merge keys work as YAML defines them:
-*shallow*. ``staging: {<<: *default, job_worker: {limits: …}}`` replaces the whole
-``job_worker`` mapping of ``default``, so staging has only the limits it lists.
+Reading the file, its environments and its YAML is :mod:`ductwork.config_file`'s.
 
 Guarantees:
 
 - every value is checked at load, and every failure is a :class:`ConfigError` (or a
   subclass) whose ``path`` names the offending key (``job_worker.count``,
-  ``job_worker.limits.vendor_api.rate[1].per``) or, for file-level problems, the
-  file; no other exception escapes for any input ``yaml.safe_load`` can produce;
+  ``job_worker.limits.vendor_api.rate[1].per``); no other exception escapes for any
+  input ``yaml.safe_load`` can produce;
 - unknown keys fail, listing the valid ones, so a typo fails the boot;
 - ``0`` is a value, not "unset" (``max_retry: 0`` means no retries); an omitted key
   takes its default; an explicit ``null`` for a value is an error (a ``null``
@@ -31,13 +27,10 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from ductwork.durations import parse_interval_us
-from ductwork.errors import ConfigError, DuplicateKeyError
+from ductwork.errors import ConfigError
 from ductwork.limit_entries import LimitEntry, check_int, check_mapping, child_path, parse_limits
 
 #: the values ``logging.level`` and ``logging.format`` take (``ductwork.logs`` uses them;
@@ -46,7 +39,6 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FORMATS = ("text", "json")
 
 DEFAULT_ENV = "default"
-DEFAULT_PATH = "ductwork.yml"
 Role = Literal["all", "advancer", "worker"]
 ROLES: tuple[Role, ...] = ("all", "advancer", "worker")
 #: Upper bound of counts and retry/crash budgets (fits a 32-bit INTEGER column).
@@ -54,7 +46,8 @@ MAX_COUNT = 2**31 - 1
 #: Upper bound of every time value: 100 years, in µs (stays a valid timestamp and wait).
 MAX_INTERVAL_US = 3_155_760_000 * 1_000_000
 
-_SECTION_KEYS = (
+#: the keys of an environment's section
+SECTION_KEYS = (
     "pipelines", "imports", "role", "database", "job_worker", "pipeline_advancer", "supervisor", "logging",
 )
 
@@ -454,7 +447,7 @@ class Config:
                 env or "<environment>", section,
                 f"expected a mapping of settings, got {type(section).__name__}",
             )
-        body = check_mapping("", section, _SECTION_KEYS)
+        body = check_mapping("", section, SECTION_KEYS)
         pipelines = _pipelines(body.get("pipelines"))
         imports = _string_list(
             "imports", body.get("imports"), lambda v: isinstance(v, str) and _dotted(v),
@@ -482,160 +475,3 @@ class Config:
             limits=limits,
             source=source,
         )
-
-
-def config_from_mapping(
-    doc: Any,
-    env: str = DEFAULT_ENV,
-    source: str = "<mapping>",
-    *,
-    environ: Mapping[str, str] | None = None,
-) -> Config:
-    """Validate a whole ``ductwork.yml`` document (environments at the top) and pick ``env``.
-
-    ``config_from_mapping({"default": {"role": "worker"}}).role == "worker"``. An
-    empty document (``None``) means all defaults. A missing environment raises
-    ``ConfigError`` naming it and the environments the document defines.
-    """
-    source = source if source else "<mapping>"
-    if doc is None:
-        return Config.from_section(None, env, source=source, environ=environ)
-    if not isinstance(doc, Mapping):
-        raise ConfigError(
-            source, doc, f"expected a mapping of environment names to settings, got "
-            f"{type(doc).__name__}"
-        )
-    if env not in doc:
-        defined = ", ".join(sorted(map(str, doc))) or "none"
-        hint = ""
-        if any(key in _SECTION_KEYS for key in doc):
-            hint = "; settings must sit under an environment name such as 'default:'"
-        raise ConfigError(
-            source, env, f"environment not defined (defined: {defined}); choose one with "
-            f"--env or DUCTWORK_ENV{hint}"
-        )
-    return Config.from_section(doc[env], env, source=source, environ=environ)
-
-
-class _SafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` (same tags, anchors, merge keys) whose value errors carry a line,
-    and which rejects a key repeated in one mapping.
-
-    PyYAML's safe constructors raise plain ``ValueError`` for a scalar such as
-    ``2020-02-30`` or a 5,000-digit integer; this re-raises it as a
-    ``ConstructorError`` marked with the node's position. A mapping that lists a key
-    twice (at any depth) raises :class:`DuplicateKeyError` naming the key's path and
-    both lines, where YAML would keep the last silently; a key brought in by a ``<<``
-    merge and overridden in place is not a duplicate.
-    """
-
-    source = "<yaml>"
-
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        try:
-            return super().construct_object(node, deep)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"invalid {node.tag} value: {exc}", node.start_mark
-            ) from exc
-
-    def construct_document(self, node: yaml.Node) -> Any:
-        self._reject_duplicate_keys(node)
-        return super().construct_document(node)
-
-    def _reject_duplicate_keys(self, root: yaml.Node) -> None:
-        seen_nodes: set[int] = set()
-        stack: list[tuple[yaml.Node, str]] = [(root, "")]
-        while stack:
-            node, path = stack.pop()
-            if id(node) in seen_nodes:  # an alias: checked where its anchor is
-                continue
-            seen_nodes.add(id(node))
-            if isinstance(node, yaml.SequenceNode):
-                stack.extend(reversed([(item, f"{path}[{i}]") for i, item in enumerate(node.value)]))
-            elif isinstance(node, yaml.MappingNode):
-                lines: dict[Any, int] = {}
-                children: list[tuple[yaml.Node, str]] = []
-                for key_node, value_node in node.value:
-                    if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
-                        continue
-                    try:
-                        key = self.construct_object(key_node)
-                        hash(key)
-                    except (yaml.YAMLError, TypeError):
-                        # construction reports it with its position; PyYAML left the node
-                        # marked as being constructed, which it would report as recursive
-                        self.recursive_objects.pop(key_node, None)
-                        continue
-                    key_path = child_path(path, key)
-                    line = key_node.start_mark.line + 1
-                    if key in lines:
-                        raise DuplicateKeyError(self.source, key_path, key, lines[key], line)
-                    lines[key] = line
-                    children.append((value_node, key_path))
-                stack.extend(reversed(children))  # depth first, in document order
-
-
-def _safe_load(text: str, source: str) -> Any:
-    loader = None
-    try:
-        loader = _SafeLoader(text)  # may already raise: it reads the first characters
-        loader.source = source
-        return loader.get_single_data()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        if mark is None:
-            raise ConfigError(source, None, f"invalid YAML: {problem}") from exc
-        lines = text.splitlines()
-        line = lines[mark.line] if mark.line < len(lines) else ""
-        line = line if len(line) <= 120 else line[:117] + "..."
-        context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-        where = f" ({context} at line {start.line + 1})" if context and start is not None else ""
-        raise ConfigError(
-            source,
-            line,
-            f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}{where}",
-        ) from exc
-    except RecursionError as exc:
-        raise ConfigError(source, None, "invalid YAML: nested too deeply") from exc
-    finally:
-        if loader is not None:
-            loader.dispose()
-
-
-def load_config(
-    path: str | os.PathLike[str] | None = None,
-    env: str | None = None,
-    *,
-    environ: Mapping[str, str] | None = None,
-) -> Config:
-    """Load and validate ``ductwork.yml``.
-
-    ``load_config("ductwork.yml", "production")``. ``path`` None reads the file named
-    by ``DUCTWORK_CONFIG``, else ``./ductwork.yml`` when it exists, else returns all
-    defaults; a path given explicitly or in ``DUCTWORK_CONFIG`` must exist. ``env``
-    None reads ``DUCTWORK_ENV``, then ``default``. ``environ`` (default
-    ``os.environ``) supplies ``DUCTWORK_CONFIG``, ``DUCTWORK_ENV`` and ``DUCTWORK_ROLE``.
-    Raises :class:`ConfigError` naming the file for unreadable files and YAML syntax
-    errors (with the line), and naming the key for everything else.
-    """
-    environ = os.environ if environ is None else environ
-    if env is None:
-        env = environ.get("DUCTWORK_ENV") or DEFAULT_ENV
-    if path is None and environ.get("DUCTWORK_CONFIG"):
-        path = environ["DUCTWORK_CONFIG"]
-        if not Path(path).is_file():
-            raise ConfigError("DUCTWORK_CONFIG", path, "no such file")
-    if path is None:
-        if not Path(DEFAULT_PATH).exists():
-            return Config.from_section(None, env, source="<defaults>", environ=environ)
-        path = DEFAULT_PATH
-    source = os.fspath(path)
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ConfigError(source, source, "no such file") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(source, source, f"cannot read: {exc}") from exc
-    return config_from_mapping(_safe_load(text, source), env, source, environ=environ)

@@ -7,14 +7,18 @@ Syncs orders to a pretend vendor whose API allows 2 concurrent connections and
 pushed by its own ``PushOrderToVendor`` step (``limit_by="vendor_api"``), and
 ``RecordSyncResults`` receives every result, in order. ``RefreshVendorCatalog``,
 another pipeline, draws from the same ``vendor_api`` pool. The first push of
-order 3 fails once and is retried with the same idempotency key. Four worker
-threads and one advancer thread run in this process; every push prints the
-in-flight count it observed, which never exceeds 2.
+order 3 fails once, on purpose, and is retried with the same idempotency key: the
+demo says so before it starts, and prints one line when it happens; the warning
+with its traceback goes to the log, ``ductwork-demo.log`` in the current directory
+(every warning the fleet logs goes there, each also summed up in one console line).
+Four worker threads and one advancer thread run in this process; every push prints
+the in-flight count it observed, which never exceeds 2.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import threading
@@ -22,6 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ductwork import logs
 from ductwork.pipelines.definition import PipelineBuilder
 from ductwork.pipelines.pipeline import Pipeline
 from ductwork.pipelines.step import Step
@@ -44,6 +49,11 @@ _in_flight = 0
 _max_in_flight = 0
 _started = time.monotonic()
 _pushes: list[float] = []
+
+#: where the demo's log goes (in the current directory), replaced at each demo
+LOG_FILE = "ductwork-demo.log"
+#: the error of order 3's first push, the demo's one deliberate failure
+PLANNED_FAILURE = "vendor timed out (first attempt of order 3)"
 
 
 def _say(text: str) -> None:
@@ -81,7 +91,7 @@ class PushOrderToVendor(Step):
             time.sleep(0.3)  # the vendor call
             if self.order_id == 3 and self.context.get("order-3-failed-once") is None:
                 self.context.set("order-3-failed-once", True)
-                raise ConnectionError("vendor timed out (first attempt of order 3)")
+                raise ConnectionError(PLANNED_FAILURE)
             return {"order": self.order_id, "vendor_ref": f"V-{self.order_id:04d}"}
         finally:
             with _lock:
@@ -120,6 +130,24 @@ class RefreshCatalog(Pipeline):
         pipeline.start(RefreshVendorCatalog, limit_by="vendor_api")
 
 
+class _Summary(logging.Handler):
+    """Each warning logged while the demo runs, as one console line (its traceback is in the log file):
+    the planned failure labelled as planned, any other in full, never hidden."""
+
+    def __init__(self, log_path: Path) -> None:
+        super().__init__(logging.WARNING)
+        self.log_path = log_path
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if getattr(record, "outcome", None) == "failure" and PLANNED_FAILURE in message:
+            then = "it will be retried" if getattr(record, "next", None) == "retry" else "it will not be retried"
+            _say(f"order 3: first attempt failed as planned, ConnectionError: {PLANNED_FAILURE}; {then} "
+                 f"(traceback in the log)")
+        else:
+            _say(f"{record.levelname}: {message} (traceback, if any, in {self.log_path})")
+
+
 def _worked(worker: Worker) -> bool:
     return worker.run_once() is not None
 
@@ -130,7 +158,23 @@ def _stop(stop: threading.Event, loops: list[Any]) -> None:
         loop.join(5)
 
 
-def main(database_url: str | None = None, orders: int = 12, timeout: float = 120.0) -> int:
+def main(database_url: str | None = None, orders: int = 12, timeout: float = 120.0,
+         log_level: str = "WARNING", log_format: str = "text") -> int:
+    """Run the demo; the process's log goes to :data:`LOG_FILE` (at ``log_level``, in
+    ``log_format``) while it runs, and each warning is summed up on the console."""
+    log_path = Path(LOG_FILE).resolve()
+    with log_path.open("w", encoding="utf-8") as log_file:
+        restore = logs.configure(log_level, log_format, log_file)
+        summary = _Summary(log_path)
+        logging.getLogger().addHandler(summary)
+        try:
+            return _demo(database_url, orders, timeout, log_path)
+        finally:
+            logging.getLogger().removeHandler(summary)
+            restore()
+
+
+def _demo(database_url: str | None, orders: int, timeout: float, log_path: Path) -> int:
     from ductwork.app import connect
     from ductwork.db import migrate
     from ductwork.fleet.supervisor import Loop
@@ -145,7 +189,10 @@ def main(database_url: str | None = None, orders: int = 12, timeout: float = 120
     app = connect(database_url, CONFIG)
     migrate.upgrade(app.engine)
     print(f"ductwork demo on {app.engine.url.render_as_string(hide_password=True)}")
-    print("limit vendor_api: concurrency 2, rate 5 per 1s (burst 5); 4 worker threads, 1 advancer\n")
+    print("limit vendor_api: concurrency 2, rate 5 per 1s (burst 5); 4 worker threads, 1 advancer")
+    print(f"log: {log_path} (warnings with their tracebacks)")
+    print("order 3's first push fails on purpose (a pretend vendor timeout), to show a retry that keeps "
+          "its idempotency key\n")
     sync = SyncOrders.trigger(orders)
     refresh = RefreshCatalog.trigger(None)
     stop = threading.Event()

@@ -18,11 +18,11 @@ The tree::
     │   ├── EmptyLimitError               a limit entry declares neither concurrency nor rate
     │   ├── MissingLimitError             a ``limit_by`` key has no entry (names key and pipelines)
     │   ├── DuplicateKeyError             a YAML mapping repeats a key (names it, its path and lines)
-    │   └── DatabaseURLError              a database URL is malformed, names no database or a
-    │                                     driver that is not installed
+    │   └── DatabaseURLError              a database URL is malformed or names no database
     ├── MissingTablesError                the schema lacks tables (names them and the database)
     │   └── MissingDatabaseError          a SQLite file does not exist (never created by a check)
     ├── SchemaVersionError                the schema is not at this ductwork's migration head
+    ├── MissingExtraError (ImportError)  a module of an optional extra does not import (names the extra)
     ├── UnsupportedDialectError (NotImplementedError)
     ├── StaleClaim                        a fence found another claim token (internal, caught)
     ├── CommitFailed                      a guarded execution commit matched nothing (reaped owner)
@@ -193,7 +193,7 @@ class DuplicateKeyError(ConfigError):
 
 class DatabaseURLError(ConfigError):
     """A database URL is malformed, names a backend ductwork does not support or no
-    database, or needs a driver that is not installed."""
+    database. (A driver that is not installed is a :class:`MissingExtraError`.)"""
 
 
 class MissingTablesError(DuctworkError):
@@ -236,6 +236,21 @@ class SchemaVersionError(DuctworkError):
         self.current, self.head = current, head
         super().__init__(f"schema at revision {current!r}, this ductwork needs {head!r} "
                          "(run `ductwork db upgrade`)")
+
+
+class MissingExtraError(DuctworkError, ImportError):
+    """A module that one of ductwork's optional extras installs does not import; raised
+    before anything is written (``ductwork.db.extras.require``).
+
+    ``MissingExtraError("greenlet", "async", "Pipeline.atrigger", "is not installed")``
+    reads ``Pipeline.atrigger needs greenlet, which is not installed: pip install
+    'ductwork[async]' (nothing was written)``.
+    """
+
+    def __init__(self, module: str, extra: str, user: str, reason: str):
+        self.module, self.extra, self.user = module, extra, user
+        super().__init__(f"{user} needs {module}, which {reason}: pip install 'ductwork[{extra}]' "
+                         "(nothing was written)", name=module)
 
 
 class UnsupportedDialectError(DuctworkError, NotImplementedError):

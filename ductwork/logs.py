@@ -117,15 +117,17 @@ class _Handler(logging.StreamHandler[IO[str]]):
     before: tuple[int, list[int]]
 
 
-def start_lines(config: Config, database: str, pipelines: list[str], role: str) -> list[str]:
+def start_lines(config: Config, database: str, pipelines: list[str], role: str, version: str = "") -> list[str]:
     """What ``ductwork start`` says at INFO before it starts anything: the database
-    (``database`` with its password masked), config, pipelines, processes and limits.
+    (``database`` with its password masked), config, role and ``version`` (which ductwork,
+    from which commit: ``version.describe()``), pipelines, processes and limits.
 
     >>> start_lines(Config(), "sqlite:///ductwork.sqlite3", [], "all")[2]
     'processes: 1 advancer process with 3 threads, 1 worker process with 5 threads each'
     """
     source = config.source if config.source.startswith("<") else os.path.abspath(config.source)
-    lines = [f"ductwork start: database {database}, config {source}, env {config.env!r}, role {role}",
+    lines = [f"ductwork start: database {database}, config {source}, env {config.env!r}, role {role}"
+             + (f"; {version}" if version else ""),
              f"pipelines ({len(pipelines)}): {', '.join(pipelines)}" if pipelines else "pipelines: none listed"]
     processes = []
     if role in ("all", "advancer"):

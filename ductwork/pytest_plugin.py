@@ -66,9 +66,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _on_database(url: str, action: Callable[[Engine], None]) -> None:
     """``action(engine)`` with an engine of its own, disposed of after."""
-    from ductwork.db import dialects
+    from ductwork.db import engines
 
-    engine = dialects.create_engine(url)
+    engine = engines.create_engine(url)
     try:
         action(engine)
     finally:

@@ -6,16 +6,22 @@ recent failed ones), processes (host, pid, heartbeat age; marked ``late``, ``sta
 
 Per key: executions in flight (claimed, not completed) against its
 ``concurrency``, each bucket's tokens against its burst (refilled to now for
-display only; nothing is written), and ``blocked_until`` (a rate-blocked key is
-skipped by every worker until then). Read-only.
+display only; nothing is written), ``blocked_until`` (a rate-blocked key is
+skipped by every worker until then) and the claims it ever admitted. Read-only:
+one read-only transaction of the same few statements however many keys there are
+(each reads every key at once), taking no key lock.
+
+:func:`execution_outcomes` counts executions by outcome (a scan of the executions
+table: the dashboard's ``/metrics`` reads it, ``ductwork status`` does not).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -27,9 +33,12 @@ from ductwork.limits import buckets
 
 if TYPE_CHECKING:
     from ductwork.app import App
+    from ductwork.db.database import Tx
 
 #: the most recent failed on_halt hooks ``ductwork status`` lists
 FAILED_HOOKS_SHOWN = 5
+#: up to this many keys, their buckets are read by name (one IN list); above it, all of them
+FEW_KEYS = 1000
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,11 @@ class KeyStatus:
     buckets: list[tuple[int, Fraction, int]]
     blocked_until: datetime | None
     configured: bool
+    #: claims the key ever admitted, fleet-wide: each claim and each release of the key
+    #: takes the next value of its ``seq`` under its lock, and every release ends a claim,
+    #: so ``seq == claims + releases == 2 * claims - in_flight``. A counter: it never goes
+    #: down (a prune deletes executions, not the key's row)
+    claims: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,44 +89,115 @@ class Status:
     failed_hooks: list[tuple[str, str, str | None, str | None]] = field(default_factory=list)
 
 
-def snapshot(app: App) -> Status:
-    r, p, k, e, b = schema.runs, schema.processes, schema.limit_keys, schema.executions, schema.limit_buckets
+def snapshot(app: App, *, keys: Collection[str] | None = None, busy_only: bool = False) -> Status:
+    """Runs by status, processes, limit keys and hooks in one read-only transaction.
+    ``keys``: only these limit keys (None: every key); ``busy_only``: only keys with an
+    execution in flight or pending, or rate-blocked now (the dashboard's overview)."""
+    r = schema.runs
     with app.begin(readonly=True) as tx:
         now = tx.now
         runs = {row.status: row.runs for row in tx.execute(
             sa.select(r.c.status, sa.func.count().label("runs")).group_by(r.c.status))}
-        procs = []
-        cfg = app.config.supervisor
-        for row in tx.execute(sa.select(p.c.id, p.c.role, p.c.label, p.c.machine_identifier, p.c.pid,
-                                        p.c.os_start_ticks, p.c.last_heartbeat_at).order_by(p.c.label)):
-            age = (now - row.last_heartbeat_at).total_seconds()
-            stale = age >= cfg.reaper_timeout  # as reaper.reap_dead
-            procs.append(ProcessStatus(row.id, row.role, row.label, host_name(row.machine_identifier), row.pid,
-                                       age, stale, late=not stale and age > 2 * cfg.heartbeat_interval,
-                                       dead=proven_dead(row.machine_identifier, row.pid, row.os_start_ticks)))
-        keys = []
-        for header in tx.execute(sa.select(k.c.key, k.c.blocked_until).order_by(k.c.key)).all():
-            key, blocked = header.key, header.blocked_until
-            in_flight = tx.execute(sa.select(sa.func.count()).where(e.c.inflight_key == key)).scalar_one()
-            pending = tx.execute(sa.select(sa.func.count()).where(e.c.pending_lane == key)).scalar_one()
-            stored = {row.period_s: buckets.Bucket(row.period_s, row.level_units, row.refilled_at_us)
-                      for row in tx.execute(sa.select(b.c.period_s, b.c.level_units, b.c.refilled_at_us)
-                                            .where(b.c.key == key))}
-            entry = app.config.limits.get(key)
-            shown = []
-            for rate in (entry.rates if entry else ()):
-                bucket = stored.get(rate.per_s)
-                level = buckets.refill(bucket, rate, to_us(now)).level_units if bucket else 0
-                shown.append((rate.per_s, Fraction(level, rate.units_per_token), rate.burst))
-            keys.append(KeyStatus(key, in_flight, pending, entry.concurrency if entry else None, shown,
-                                  blocked, entry is not None))
+        procs = _processes(app, tx, now)
+        shown = _keys(app, tx, now, keys, busy_only)
         h = schema.halt_hooks
         hooks = {row.status: row.hooks for row in tx.execute(
             sa.select(h.c.status, sa.func.count().label("hooks")).group_by(h.c.status))}
         failed = [(row.run_id, row.klass, row.error_klass, row.error_message) for row in tx.execute(
             sa.select(h.c.run_id, h.c.klass, h.c.error_klass, h.c.error_message)
             .where(h.c.status == "failed").order_by(h.c.completed_at.desc()).limit(FAILED_HOOKS_SHOWN))]
-    return Status(now, runs, procs, keys, hooks, failed)
+    return Status(now, runs, procs, shown, hooks, failed)
+
+
+def process_statuses(app: App) -> tuple[datetime, list[ProcessStatus]]:
+    """The database time and every process row, as :func:`snapshot` reports them, in a
+    read-only transaction of their own (the dashboard's processes page)."""
+    with app.begin(readonly=True) as tx:
+        return tx.now, _processes(app, tx, tx.now)
+
+
+def _processes(app: App, tx: Tx, now: datetime) -> list[ProcessStatus]:
+    p, cfg = schema.processes, app.config.supervisor
+    procs = []
+    for row in tx.execute(sa.select(p.c.id, p.c.role, p.c.label, p.c.machine_identifier, p.c.pid,
+                                    p.c.os_start_ticks, p.c.last_heartbeat_at).order_by(p.c.label)):
+        age = (now - row.last_heartbeat_at).total_seconds()
+        stale = age >= cfg.reaper_timeout  # as reaper.reap_dead
+        procs.append(ProcessStatus(row.id, row.role, row.label, host_name(row.machine_identifier), row.pid,
+                                   age, stale, late=not stale and age > 2 * cfg.heartbeat_interval,
+                                   dead=proven_dead(row.machine_identifier, row.pid, row.os_start_ticks)))
+    return procs
+
+
+def key_statuses(app: App, *, keys: Collection[str] | None = None, busy_only: bool = False, contains: str = "",
+                 offset: int = 0, limit: int | None = None) -> tuple[datetime, int, list[KeyStatus]]:
+    """Limit keys as :func:`snapshot` reports them, in a read-only transaction of their own:
+    the database time, how many keys match, and those from ``offset`` (at most ``limit``)
+    in key order. ``keys`` and ``busy_only`` as for :func:`snapshot`; ``contains``: only
+    keys whose name contains it. Only the keys returned are built (their buckets refilled),
+    so a page of 100 of 10⁴ keys costs the headers' scan, not 10⁴ keys."""
+    with app.begin(readonly=True) as tx:
+        matched: list[Any] = []
+        shown = _keys(app, tx, tx.now, keys, busy_only, contains=contains, window=(offset, limit), matched=matched)
+        return tx.now, len(matched), shown
+
+
+def _keys(app: App, tx: Tx, now: datetime, names: Collection[str] | None, busy_only: bool, *, contains: str = "",
+          window: tuple[int, int | None] = (0, None), matched: list[Any] | None = None) -> list[KeyStatus]:
+    """The limit keys asked for, in key order: four statements for all of them (in flight
+    and pending are counts over the partial indexes ``ix_execution_inflight_key`` and
+    ``ix_execution_pending_lane``), never one per key; no key lock. ``matched`` gets every
+    matching header, of which ``window`` (offset, limit) is built."""
+    k, e, b = schema.limit_keys, schema.executions, schema.limit_buckets
+    counted = {"in_flight": e.c.inflight_key, "pending": e.c.pending_lane}
+    counts: dict[str, dict[str, int]] = {}
+    for what, column in counted.items():
+        query = sa.select(column.label("key"), sa.func.count().label("n")).where(column.is_not(None))
+        counts[what] = {row.key: row.n for row in tx.execute(
+            (query if names is None else query.where(column.in_(names))).group_by(column))}
+    headers = sa.select(k.c.key, k.c.blocked_until, k.c.seq).order_by(k.c.key)
+    rows = tx.execute(headers if names is None else headers.where(k.c.key.in_(names))).all()
+    if busy_only:  # filtered here: the busy keys may be too many for one IN list
+        rows = [row for row in rows if row.key in counts["in_flight"] or row.key in counts["pending"]
+                or (row.blocked_until is not None and row.blocked_until > now)]
+    rows = [row for row in rows if contains in row.key]
+    if matched is not None:
+        matched.extend(rows)
+    start, size = window
+    rows = rows[start:] if size is None else rows[start:start + size]
+    stored: dict[str, dict[int, buckets.Bucket]] = {}
+    bucket_rows = sa.select(b.c.key, b.c.period_s, b.c.level_units, b.c.refilled_at_us)
+    if len(rows) <= FEW_KEYS:  # the buckets of these keys, else all of them
+        bucket_rows = bucket_rows.where(b.c.key.in_([row.key for row in rows]))
+    for row in tx.execute(bucket_rows):
+        stored.setdefault(row.key, {})[row.period_s] = buckets.Bucket(row.period_s, row.level_units,
+                                                                      row.refilled_at_us)
+    return [_key(app, row, counts["in_flight"].get(row.key, 0), counts["pending"].get(row.key, 0),
+                 stored.get(row.key, {}), now) for row in rows]
+
+
+def _key(app: App, header: Any, running: int, pending: int, stored: dict[int, buckets.Bucket],
+         now: datetime) -> KeyStatus:
+    entry = app.config.limits.get(header.key)
+    shown = []
+    for rate in (entry.rates if entry else ()):
+        bucket = stored.get(rate.per_s)
+        level = buckets.refill(bucket, rate, to_us(now)).level_units if bucket else 0
+        shown.append((rate.per_s, Fraction(level, rate.units_per_token), rate.burst))
+    return KeyStatus(header.key, running, pending, entry.concurrency if entry else None, shown,
+                     header.blocked_until, entry is not None, claims=(int(header.seq) + running) // 2)
+
+
+def execution_outcomes(app: App) -> dict[str, int]:
+    """Executions by outcome (``success``, ``failure``, ``timed_out``, ``process_crashed``),
+    and those not ended yet as ``pending`` (not claimed) and ``running`` (claimed): one
+    read-only statement over the whole executions table (a pruned run's are gone)."""
+    e = schema.executions
+    state = sa.case((e.c.outcome.is_not(None), e.c.outcome), (e.c.claimed_at.is_(None), "pending"),
+                    else_="running").label("state")
+    with app.begin(readonly=True) as tx:
+        return {row.state: row.n for row in tx.execute(
+            sa.select(state, sa.func.count().label("n")).group_by(state))}
 
 
 def _mark(proc: ProcessStatus) -> str:

@@ -94,17 +94,8 @@ def drain(app: App, timeout: float = 30.0, *, skip_delays: bool = False) -> None
     beat_every = app.config.supervisor.heartbeat_interval
     next_beat = time.monotonic() + beat_every
     while True:
-        if time.monotonic() >= next_beat:  # a live fleet on this database must not reap us
-            next_beat = time.monotonic() + beat_every
-            if not heartbeat(app, app.process_id()):
-                app.forget_process()
-        progressed = False
-        while advancer.run_once() != "idle":
-            progressed = True
-            if time.monotonic() > deadline:
-                break
-        if worker.run_once() is not None:
-            progressed = True
+        next_beat = _heartbeat_when_due(app, next_beat, beat_every)
+        progressed = _advance_and_work(advancer, worker, deadline)
         if time.monotonic() > deadline:
             raise DrainTimeout(f"drain: runs still in progress after {timeout} s:\n"
                                + "\n".join(f"- {line}" for line in waiting_for(app)))
@@ -112,17 +103,48 @@ def drain(app: App, timeout: float = 30.0, *, skip_delays: bool = False) -> None
             continue
         if not _unsettled(app):
             return
-        eligible, blocked, now = _wake_moments(app)
-        waits = [m for m in (eligible, blocked) if m is not None]
-        if not waits:
-            time.sleep(0.005)  # waiting on work another process holds (its completion or reap)
-        elif isinstance(app.clock, ManualClock):
-            app.clock.set(min(waits))
-        elif skip_delays and isinstance(app.clock, OffsetClock) and eligible is not None \
-                and (blocked is None or eligible <= blocked):
-            app.clock.skip_to(eligible, now)  # a delay or back-off, never a rate limit's wait
-        else:
-            time.sleep(min((min(waits) - now).total_seconds(), max(0.0, deadline - time.monotonic())))
+        _wait_for_time(app, skip_delays, deadline)
+
+
+def _heartbeat_when_due(app: App, next_beat: float, beat_every: float) -> float:
+    """Beat this process's heartbeat once ``next_beat`` has passed (a live fleet on this
+    database must not reap us); returns when the next beat is due."""
+    if time.monotonic() < next_beat:
+        return next_beat
+    if not heartbeat(app, app.process_id()):
+        app.forget_process()
+    return time.monotonic() + beat_every
+
+
+def _advance_and_work(advancer: Advancer, worker: Worker, deadline: float) -> bool:
+    """Advance until the advancer is idle (or the deadline passes), then one worker pass;
+    whether either did anything."""
+    progressed = False
+    while advancer.run_once() != "idle":
+        progressed = True
+        if time.monotonic() > deadline:
+            break
+    if worker.run_once() is not None:
+        progressed = True
+    return progressed
+
+
+def _wait_for_time(app: App, skip_delays: bool, deadline: float) -> None:
+    """Nothing is runnable and a run is unsettled: wait for the next moment something may
+    run, by moving a ManualClock there, by skipping an OffsetClock past a delay or back-off
+    (``skip_delays``; never past a rate limit's wait), or by sleeping (at most until the
+    deadline)."""
+    eligible, blocked, now = _wake_moments(app)
+    waits = [m for m in (eligible, blocked) if m is not None]
+    if not waits:
+        time.sleep(0.005)  # waiting on work another process holds (its completion or reap)
+    elif isinstance(app.clock, ManualClock):
+        app.clock.set(min(waits))
+    elif skip_delays and isinstance(app.clock, OffsetClock) and eligible is not None \
+            and (blocked is None or eligible <= blocked):
+        app.clock.skip_to(eligible, now)  # a delay or back-off, never a rate limit's wait
+    else:
+        time.sleep(min((min(waits) - now).total_seconds(), max(0.0, deadline - time.monotonic())))
 
 
 # --------------------------------------------------------------------------- what a run waits for
@@ -189,7 +211,7 @@ def _branch_waits(app: App, tx: Tx, branch: sa.Row[tuple[str, str, datetime | No
 
 
 def _step_waits(app: App, tx: Tx, job_id: str) -> str:
-    e, k = schema.executions, schema.limit_keys
+    e = schema.executions
     executions = tx.execute(
         sa.select(e.c.limit_key, e.c.eligible_at, e.c.claimed_at, e.c.process_id, e.c.completed_at,
                   e.c.outcome, e.c.error_klass, e.c.error_message, e.c.retry_count, e.c.crash_count)
@@ -205,21 +227,32 @@ def _step_waits(app: App, tx: Tx, job_id: str) -> str:
         return f"running since {current.claimed_at} (attempt {attempt}, process {current.process_id})"
     now = tx.now
     if current.eligible_at > now:
-        last = ended[-1] if ended else None
-        if last is None:
-            return f"delayed (delay=) until {current.eligible_at}"
-        if last.outcome == "process_crashed":
-            return f"re-run {current.crash_count} after a crash ({last.error_klass}) at {current.eligible_at}"
-        return (f"retry {current.retry_count} at {current.eligible_at} after {last.outcome}: "
-                f"{last.error_klass}: {last.error_message}")
-    key = current.limit_key
-    if key is None:
+        return _delay_waits(current, ended[-1] if ended else None)
+    if current.limit_key is None:
         return f"queued since {current.eligible_at}, not claimed by any worker"
+    return _key_waits(app, tx, current.limit_key, current.eligible_at)
+
+
+def _delay_waits(current: sa.Row[tuple[object, ...]], last: sa.Row[tuple[object, ...]] | None) -> str:
+    """What an open execution not yet eligible waits for, after the ``last`` one that ended
+    (None: its first attempt): a ``delay=``, a crash back-off or a retry."""
+    if last is None:
+        return f"delayed (delay=) until {current.eligible_at}"
+    if last.outcome == "process_crashed":
+        return f"re-run {current.crash_count} after a crash ({last.error_klass}) at {current.eligible_at}"
+    return (f"retry {current.retry_count} at {current.eligible_at} after {last.outcome}: "
+            f"{last.error_klass}: {last.error_message}")
+
+
+def _key_waits(app: App, tx: Tx, key: str, since: datetime) -> str:
+    """What an eligible, unclaimed execution on limit key ``key`` waits for: the key's rate,
+    its concurrency, or a worker."""
+    e, k = schema.executions, schema.limit_keys
     header = tx.execute(sa.select(k.c.blocked_until).where(k.c.key == key)).first()
-    if header is not None and header.blocked_until is not None and header.blocked_until > now:
+    if header is not None and header.blocked_until is not None and header.blocked_until > tx.now:
         return f"waits for limit key {key!r}: rate-blocked until {header.blocked_until}"
     in_flight = tx.execute(sa.select(sa.func.count()).where(e.c.inflight_key == key)).scalar_one()
     entry = app.config.limits.get(key)
     if entry is not None and entry.concurrency is not None and in_flight >= entry.concurrency:
         return f"waits for limit key {key!r}: concurrency {in_flight} of {entry.concurrency} in flight"
-    return f"queued on limit key {key!r} since {current.eligible_at}, not claimed by any worker"
+    return f"queued on limit key {key!r} since {since}, not claimed by any worker"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 
 from hypothesis import HealthCheck, Phase, settings
 
@@ -48,21 +49,23 @@ import pytest  # noqa: E402
 BACKENDS = ("sqlite", "postgresql", "mysql")
 
 
-def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> str:
-    from ductwork.db import dialects, migrate
+def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id: str, purpose: str = "") -> str:
+    """A fresh migrated database of ``kind`` for this worker; ``purpose`` names another one
+    beside the session's (a module's own, e.g. ``web``)."""
+    from ductwork.db import engines, migrate
     from tests import databases
 
     if kind == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite')}/ductwork.sqlite3"
+        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite' + purpose)}/ductwork.sqlite3"
     else:
         server = databases.server_for_session(kind, worker_id)
         if isinstance(server, str):
             databases.skip_or_fail(server)
         # DUCTWORK_TEST_DB_PREFIX lets two checkouts share one server without
         # dropping each other's databases (default: ductwork_test_<worker>).
-        prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test")
+        prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test") + (f"_{purpose}" if purpose else "")
         url = databases.fresh_database(server, databases.database_name(worker_id, prefix=prefix))
-    engine = dialects.create_engine(url)
+    engine = engines.create_engine(url)
     try:
         migrate.upgrade(engine)
     finally:
@@ -205,7 +208,7 @@ def no_fleet_left_running(request):  # type: ignore[no-untyped-def]
     fleet_module = sys.modules.get("tests.fleet")
     if fleet_module is None:  # no test of this process has started a fleet
         return
-    fleets = list(fleet_module._LIVE)
+    fleets = [fleet for fleet in fleet_module._LIVE if not fleet.shared]  # a module fixture stops a shared one
     running = sorted(f.label for f in fleets if f.proc is not None and f.proc.poll() is None)
     for fleet in fleets:  # exited or not: a stopped supervisor's children may still run
         fleet.kill_host()
@@ -214,8 +217,9 @@ def no_fleet_left_running(request):  # type: ignore[no-untyped-def]
                     f"{', '.join(running)} (killed); stop each in a finally or use it as a context manager")
 
 
-TIERS = ("unit", "properties", "integration", "chaos")
+TIERS = ("lint", "unit", "properties", "integration", "chaos")
 TIER_SECONDS: dict[str, float] = {}
+TIER_TESTS: dict[str, int] = {}
 
 
 def tier(nodeid: str) -> str:
@@ -226,18 +230,34 @@ def tier(nodeid: str) -> str:
 
 
 def pytest_runtest_logreport(report):  # type: ignore[no-untyped-def]
-    """Sum each test's setup, call and teardown durations by tier. On pytest-xdist's
-    controller this sees every worker's reports, so the sums are over all workers (CPU-ish
-    time, not the run's wall time); the summary prints them as ``ci: tier times``."""
-    TIER_SECONDS[tier(report.nodeid)] = TIER_SECONDS.get(tier(report.nodeid), 0.0) + report.duration
+    """Sum each test's setup, call and teardown durations by tier, and count the tests of
+    each tier (once each: at its call, or at its setup when that did not pass, as for a
+    skip). On pytest-xdist's controller this sees every worker's reports, so the sums are
+    over all workers (CPU-ish time, not the run's wall time); the summary prints them as
+    ``ci: tier times`` and ``ci: tier tests``."""
+    name = tier(report.nodeid)
+    TIER_SECONDS[name] = TIER_SECONDS.get(name, 0.0) + report.duration
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        TIER_TESTS[name] = TIER_TESTS.get(name, 0) + 1
+
+
+def _tier_order(names: Iterable[str]) -> list[str]:
+    """The tiers in TIERS's order, then any other."""
+    return [name for name in TIERS if name in names] + sorted(set(names) - set(TIERS))
 
 
 def tier_times_line(seconds: dict[str, float]) -> str:
-    """``ci: tier times unit 12 s, properties 210 s, … (summed test durations)``: the tiers
-    in TIERS's order, then any other, each only if it ran (tests/evidence.py parses it)."""
-    order = [name for name in TIERS if name in seconds] + sorted(set(seconds) - set(TIERS))
-    return ("ci: tier times " + ", ".join(f"{name} {seconds[name]:.0f} s" for name in order)
+    """``ci: tier times unit 12 s, properties 210 s, … (summed test durations)``: each tier
+    only if it ran (tests/evidence.py parses it)."""
+    return ("ci: tier times " + ", ".join(f"{name} {seconds[name]:.0f} s" for name in _tier_order(seconds))
             + " (summed test durations)")
+
+
+def tier_tests_line(tests: dict[str, int]) -> str:
+    """``ci: tier tests unit 1265, properties 310, … (passed, failed or skipped)``: each
+    tier only if it ran (tests/evidence.py parses it)."""
+    return ("ci: tier tests " + ", ".join(f"{name} {tests[name]}" for name in _tier_order(tests))
+            + " (passed, failed or skipped)")
 
 
 def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
@@ -245,7 +265,8 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
     steps, claims, violations), recorded by tests/chaos/test_chaos.py with
     ``record_property``; an "engine mutants" section: INVARIANTS.md's engine-mutant
     table, a row per mutant killed in this run (tests/properties/test_mutants.py); and a
-    "tier times" section, one ``ci: tier times …`` line (:func:`tier_times_line`). The
+    "tier times" section, a ``ci: tier times …`` and a ``ci: tier tests …`` line
+    (:func:`tier_times_line`, :func:`tier_tests_line`). The
     properties travel with pytest-xdist's reports."""
     lines, rows = [], []
     for outcome in ("passed", "failed"):
@@ -272,6 +293,7 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
     if TIER_SECONDS:
         terminalreporter.section("tier times")
         terminalreporter.line(tier_times_line(TIER_SECONDS))
+        terminalreporter.line(tier_tests_line(TIER_TESTS))
 
 
 def _mutant_order(row: str) -> int:

@@ -1,20 +1,26 @@
-"""INVARIANTS.md's Evidence section, regenerated from one ``.ci/run`` log, not hand-edited.
+"""INVARIANTS.md's Evidence and CONTRIBUTING.md's test times, regenerated from one ``.ci/run`` log.
 
     .ci/run 2>&1 | tee ci.log
     python -m tests.evidence ci.log            # prints the generated blocks
-    python -m tests.evidence ci.log --write    # and replaces them in INVARIANTS.md
+    python -m tests.evidence ci.log --write    # and replaces them in INVARIANTS.md and CONTRIBUTING.md
 
-``.ci/run`` prints ``ci: commit …``, ``ci: versions …`` (:func:`versions`), pytest's
-summary line, its "chaos evidence", "engine mutants" and "tier times" sections
-(tests/conftest.py) and ``ci: total … s``. From these this module renders three blocks, each
-between ``<!-- evidence:NAME -->`` and ``<!-- /evidence:NAME -->`` in INVARIANTS.md: ``run``
-(the commit, date, counts, duration, each tier's summed test durations and tool versions),
-``mutants`` (the engine-mutant table)
-and ``chaos`` (a row per chaos round, with the total of process kills). The prose around
-them (what each figure means, targeted runs) stays hand-written.
+``.ci/run`` prints ``ci: commit …``, ``ci: versions …`` (:func:`versions`), and for each of its
+test steps pytest's output (its summary line, its "chaos evidence", "engine mutants" and
+"tier times" sections: tests/conftest.py) followed by ``ci: step NAME SECONDS s (COMMAND)``,
+and at the end ``ci: total … s``. From these this module renders blocks, each between
+``<!-- evidence:NAME -->`` and ``<!-- /evidence:NAME -->`` in its page (:data:`PAGES`). In
+INVARIANTS.md: ``run`` (the commit, date, counts, duration, each tier's summed test durations
+and tool versions), ``mutants`` (the engine-mutant table) and ``chaos`` (a row per chaos round,
+with the total of process kills). In CONTRIBUTING.md: ``steps`` (each step's command, its
+tests and its wall time: the lint step and the unit tier, the commands a contributor runs
+first) and ``tiers`` (the whole suite's counts and time, and each tier's tests and summed
+test durations). The prose around them (what each figure means, targeted runs) stays
+hand-written.
 
 Not done: a log without one of the sections leaves that block as it is (``--write``) and
-says so; numbers from targeted runs outside ``.ci/run`` are not generated.
+says so; the whole-suite blocks (``run``, ``tiers``) need the ``ci: total`` line that only a
+``.ci/run`` that got to its end prints, so a log of some steps alone renders ``steps`` only;
+numbers from targeted runs outside ``.ci/run`` are not generated.
 """
 
 from __future__ import annotations
@@ -27,7 +33,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 INVARIANTS = ROOT / "INVARIANTS.md"
-BLOCKS = ("run", "mutants", "chaos")
+CONTRIBUTING = ROOT / "CONTRIBUTING.md"
+#: the generated blocks of each page, by name
+PAGES = {INVARIANTS: ("run", "mutants", "chaos"), CONTRIBUTING: ("steps", "tiers")}
+BLOCKS = tuple(name for names in PAGES.values() for name in names)
+#: pytest's last line: ``=== 1 failed, 1875 passed, 12 skipped in 551.88s (0:09:11) ===``
+SUMMARY = re.compile(r"^=+ .*\bin [\d.]+s\b.* =+$")
+#: what .ci/run prints after each test step: ``ci: step unit 14 s (pytest tests/unit -n 2)``
+STEP = re.compile(r"^ci: step (\w+) (\d+) s \((.+)\)$")
 DATABASES = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MariaDB"}
 ROUNDS = {
     "test_chaos_round": "round (seed {seed})",
@@ -52,9 +65,9 @@ def versions() -> str:
         url = os.environ.get(env)
         if not url:
             continue
-        from ductwork.db import dialects
+        from ductwork.db import engines
 
-        engine = dialects.create_engine(url)
+        engine = engines.create_engine(url)
         try:
             with engine.connect() as conn:
                 text = conn.execute(sa.text("SELECT version()")).scalar_one()
@@ -84,23 +97,37 @@ def _short_version(text: str) -> str:
 
 def parse(log: str) -> dict:
     """The figures of one ``.ci/run`` log: ``commit``, ``date``, ``versions``, ``summary``
-    (passed, skipped, failed, seconds), ``total_s``, ``tiers`` (tier name -> summed test
-    seconds, in the printed order), ``mutants`` (table rows) and ``chaos`` (one dict per
-    round)."""
-    out: dict = {"mutants": [], "chaos": []}
+    (passed, skipped, failed, seconds: summed over the steps), ``total_s``, ``steps`` (one dict
+    per step: name, wall seconds, command and its pytest summary), ``tiers`` (tier name ->
+    summed test seconds) and ``tier_tests`` (tier name -> tests), both summed over the steps,
+    in the printed order, ``mutants`` (table rows) and ``chaos`` (one dict per round). A log
+    without step lines (before the lint and unit steps) is one pytest run: its last summary."""
+    out: dict = {"mutants": [], "chaos": [], "steps": []}
     if found := re.search(r"^ci: commit (\S+) at (.+)$", log, re.MULTILINE):
         out["commit"], out["date"] = found.group(1), found.group(2).strip()
     if found := re.search(r"^ci: versions (.+)$", log, re.MULTILINE):
         out["versions"] = found.group(1).strip()
     if found := re.search(r"^ci: total (\d+) s$", log, re.MULTILINE):
         out["total_s"] = int(found.group(1))
-    if found := re.search(r"^ci: tier times (.+) \(summed test durations\)$", log, re.MULTILINE):
-        out["tiers"] = {name: int(seconds) for name, seconds in re.findall(r"(\w+) (\d+) s", found.group(1))}
-    summary = [line for line in log.splitlines() if re.match(r"^=+ .*\bin [\d.]+s\b.* =+$", line)]
-    if summary:
-        line = summary[-1]
-        out["summary"] = {word: int(n) for n, word in re.findall(r"(\d+) (passed|skipped|failed|errors?)", line)}
-        out["summary"]["seconds"] = float(re.search(r"in ([\d.]+)s", line).group(1))  # type: ignore[union-attr]
+    for key, line in (("tiers", r"tier times (.+) \(summed test durations\)"), ("tier_tests", r"tier tests (.+) \(")):
+        for found in re.finditer(rf"^ci: {line}", log, re.MULTILINE):
+            totals = out.setdefault(key, {})
+            for name, n in re.findall(r"(\w+) (\d+)", found.group(1)):
+                totals[name] = totals.get(name, 0) + int(n)
+    last = None
+    for line in log.splitlines():
+        if SUMMARY.match(line):
+            last = _summary(line)
+        elif found := STEP.match(line):
+            out["steps"].append({"name": found.group(1), "seconds": int(found.group(2)), "command": found.group(3),
+                                 "summary": last})
+            last = None
+    summaries = [s for s in ([step["summary"] for step in out["steps"]] if out["steps"] else [last]) if s]
+    if summaries:
+        out["summary"] = {}
+        for s in summaries:
+            for key, value in s.items():
+                out["summary"][key] = out["summary"].get(key, 0) + value
     out["mutants"] = _section(log, "engine mutants", r"^\| `")
     for line in _section(log, "chaos evidence", r"^(passed|failed) test_"):
         found = re.match(r"^(passed|failed) (\w+)\[([a-z]+)[^\]]*\]: \w+: chaos seed (\d+): (.*); violations (\d+)$",
@@ -113,6 +140,20 @@ def parse(log: str) -> dict:
         out["chaos"].append({"outcome": outcome, "test": test, "backend": backend, "seed": int(seed),
                              "violations": int(violations), **figures})
     return out
+
+
+def _summary(line: str) -> dict:
+    """pytest's summary line as counts by word, and ``seconds``."""
+    out: dict = {word: int(n) for n, word in re.findall(r"(\d+) (passed|skipped|failed|errors?)", line)}
+    out["seconds"] = float(re.search(r"in ([\d.]+)s", line).group(1))  # type: ignore[union-attr]
+    return out
+
+
+def _outcome(s: dict) -> str:
+    """``3,086 passed, 27 skipped`` (failures, if any, in bold)."""
+    failed = s.get("failed", 0) + s.get("error", 0) + s.get("errors", 0)
+    return (f"{s.get('passed', 0):,} passed" + (f", {s['skipped']:,} skipped" if s.get("skipped") else "")
+            + (f", **{failed} failed**" if failed else ""))
 
 
 def _section(log: str, title: str, row: str) -> list[str]:
@@ -133,16 +174,25 @@ def _section(log: str, title: str, row: str) -> list[str]:
 def render(figures: dict) -> dict[str, str]:
     """The generated blocks (only those the log had the figures for)."""
     blocks = {}
-    if "summary" in figures and "commit" in figures:
+    if "summary" in figures and "commit" in figures and "total_s" in figures:
         s = figures["summary"]
-        failed = s.get("failed", 0) + s.get("error", 0) + s.get("errors", 0)
-        outcome = f"{s.get('passed', 0):,} passed, {s.get('skipped', 0)} skipped" + (
-            f", **{failed} failed**" if failed else "")
-        total = f" (the whole `.ci/run`, databases and containers included: {figures['total_s']} s)" \
-            if "total_s" in figures else ""
         blocks["run"] = (f"Run of {figures['date']}, from a fresh clone at commit `{figures['commit']}`: "
-                         f"**{outcome} in {s['seconds']:.0f} s**{total}.{_tiers(figures)} Versions: "
+                         f"**{_outcome(s)} in {s['seconds']:.0f} s** (the whole `.ci/run`, databases and "
+                         f"containers included: {figures['total_s']} s).{_tiers(figures)} Versions: "
                          f"{figures.get('versions', 'not printed')}.")
+        per_tier = "; ".join(
+            (f"{name} {figures['tier_tests'][name]:,} tests, " if name in figures.get("tier_tests", {}) else f"{name} ")
+            + f"{seconds:,} s" for name, seconds in figures.get("tiers", {}).items())
+        blocks["tiers"] = (f"The whole suite, in the `.ci/run` of {figures['date']} from a fresh clone at "
+                           f"`{figures['commit']}`: **{_outcome(s)} in {s['seconds']:,.0f} s** of pytest, "
+                           f"{figures['total_s']:,} s for the whole `.ci/run` (databases and containers included)"
+                           + (f". Per tier, the tests run and their durations summed across the xdist workers "
+                              f"(so more than the wall time): {per_tier}." if per_tier else "."))
+    steps = [step for step in figures["steps"] if step["summary"]]
+    if steps and "commit" in figures:
+        blocks["steps"] = (f"From a fresh clone at `{figures['commit']}` on {figures['date']}, each command's wall "
+                           f"time: " + "; ".join(f"`{step['command']}`, {_outcome(step['summary'])} in "
+                                                 f"**{step['seconds']:,} s**" for step in steps) + ".")
     if figures["mutants"]:
         blocks["mutants"] = "\n".join(["| mutant | guard removed | detector | killed in |", "|---|---|---|---:|",
                                        *figures["mutants"]])
@@ -178,12 +228,12 @@ def _tiers(figures: dict) -> str:
     return f" Tier times (test durations summed across the xdist workers, so more than the wall time): {times}."
 
 
-def replace(text: str, blocks: dict[str, str]) -> str:
-    """``text`` with each block's content between its markers replaced."""
+def replace(text: str, blocks: dict[str, str], page: str = "INVARIANTS.md") -> str:
+    """``text`` (of ``page``) with each block's content between its markers replaced."""
     for name, body in blocks.items():
         pattern = re.compile(rf"(<!-- evidence:{name} -->\n).*?(\n<!-- /evidence:{name} -->)", re.DOTALL)
         if not pattern.search(text):
-            raise ValueError(f"INVARIANTS.md has no <!-- evidence:{name} --> … <!-- /evidence:{name} --> block")
+            raise ValueError(f"{page} has no <!-- evidence:{name} --> … <!-- /evidence:{name} --> block")
         text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
     return text
 
@@ -191,7 +241,7 @@ def replace(text: str, blocks: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.evidence", description=__doc__.splitlines()[0])
     parser.add_argument("log", nargs="?", help="a .ci/run log")
-    parser.add_argument("--write", action="store_true", help="replace the blocks in INVARIANTS.md")
+    parser.add_argument("--write", action="store_true", help="replace the blocks in INVARIANTS.md and CONTRIBUTING.md")
     parser.add_argument("--versions", action="store_true", help="print what `ci: versions` prints, and stop")
     args = parser.parse_args(argv)
     if args.versions:
@@ -200,12 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.log:
         parser.error("a .ci/run log is required (or --versions)")
     blocks = render(parse(Path(args.log).read_text(errors="replace")))
-    for name in BLOCKS:
-        if name not in blocks:
-            print(f"evidence: the log has no figures for the {name!r} block; left as it is", file=sys.stderr)
-    if args.write:
-        INVARIANTS.write_text(replace(INVARIANTS.read_text(), blocks))
-    else:
+    for page, names in PAGES.items():
+        for name in names:
+            if name not in blocks:
+                print(f"evidence: the log has no figures for {page.name}'s {name!r} block; left as it is",
+                      file=sys.stderr)
+        if args.write:
+            mine = {name: blocks[name] for name in names if name in blocks}
+            page.write_text(replace(page.read_text(), mine, page.name))
+    if not args.write:
         for name, body in blocks.items():
             print(f"<!-- evidence:{name} -->\n{body}\n<!-- /evidence:{name} -->\n")
     return 0

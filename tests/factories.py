@@ -19,21 +19,23 @@ import sqlalchemy as sa
 
 from ductwork.db import schema
 from ductwork.db.ids import new_id
-from ductwork.limits.executions import new_execution_row
-from ductwork.pipelines.steps import ensure_limit_keys
+from ductwork.limits.executions import Pending, enqueue
 
 if TYPE_CHECKING:
     from ductwork.app import App
 
 STEP_CLASS = "tests.factories:Noop"
+NODE = "Noop#0"
 PIPELINE_CLASS = "tests.factories:NoopPipeline"
 
 
 def make_run(app: App) -> tuple[str, str]:
     """A run with one branch (no steps); returns (run_id, branch_id)."""
-    definition = json.dumps({"format": 1, "pipeline": PIPELINE_CLASS, "start": "Noop#0",
-                             "nodes": {"Noop#0": {"klass": STEP_CLASS, "delay_us": None, "timeout_us": None,
-                                                  "limit_by": None}}, "edges": {}}, sort_keys=True)
+    definition = json.dumps({"format": 1, "pipeline": PIPELINE_CLASS, "start": NODE,
+                             "nodes": {NODE: {"klass": STEP_CLASS, "delay_us": None, "timeout_us": None,
+                                              "limit_by": None}},
+                             # an expand: no simple move, so a success leaves its step advancing
+                             "edges": {NODE: {"type": "expand", "to": [NODE]}}}, sort_keys=True)
     run_id, branch_id = new_id(), new_id()
     with app.begin() as tx:
         tx.execute(schema.runs.insert().values(
@@ -48,25 +50,30 @@ def make_run(app: App) -> tuple[str, str]:
 
 def make_executions(app: App, run_id: str, branch_id: str, key: str | None, eligible_at: datetime,
                     count: int = 1) -> list[str]:
-    """``count`` pending executions in lane ``key``, each with its own step and job, in order."""
-    steps, jobs, executions = [], [], []
+    """``count`` pending executions in lane ``key``, each with its own step and job, in order.
+
+    Each step is the first of a branch of its own (a child of ``branch_id``, which has no
+    step), node ``Noop#0``, whose edge is an expand: a success leaves it ``advancing`` for an
+    advancer that never runs (no simple move), as the claim path's tests want."""
+    branches, steps, jobs, pending = [], [], [], []
     with app.begin() as tx:
         for _ in range(count):
-            step_id, job_id = new_id(), new_id()
-            steps.append({"id": step_id, "run_id": run_id, "branch_id": branch_id, "node": f"Noop#{step_id}",
+            step_id, job_id, own = new_id(), new_id(), new_id()
+            branches.append({"id": own, "run_id": run_id, "parent_id": branch_id, "status": "in_progress",
+                             "last_advanced_at": tx.now, "started_at": tx.now, "fanin_arrivals": 0,
+                             "created_at": tx.now, "updated_at": tx.now})
+            steps.append({"id": step_id, "run_id": run_id, "branch_id": own, "node": NODE,
                           "klass": STEP_CLASS, "to_transition": "start", "status": "in_progress",
                           "limit_key": key, "timeout_us": None, "started_at": tx.now, "completed_at": None,
                           "created_at": tx.now, "updated_at": tx.now})
             jobs.append({"id": job_id, "step_id": step_id, "klass": STEP_CLASS, "input_args": "[null]",
                          "output_payload": None, "started_at": tx.now, "completed_at": None,
                          "created_at": tx.now, "updated_at": tx.now})
-            executions.append(new_execution_row(job_id, key, eligible_at, 0, 0, tx.now))
-        if key is not None:
-            ensure_limit_keys(tx, [key])
+            pending.append(Pending(job_id, key, eligible_at))
+        tx.execute(schema.branches.insert(), branches)
         tx.execute(schema.steps.insert(), steps)
         tx.execute(schema.jobs.insert(), jobs)
-        tx.execute(schema.executions.insert(), executions)
-    return [row["id"] for row in executions]
+        return enqueue(tx, pending)
 
 
 def open_execution_of(app: App, job_id: str) -> sa.Row | None:

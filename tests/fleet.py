@@ -80,8 +80,12 @@ class Fleet:
     """One ``ductwork start`` (a supervisor and its children) in its own session."""
 
     def __init__(self, url: str, config: Path, *, label: str = "supervisor", role: str | None = None,
-                 env: dict[str, str] | None = None, log: Path | None = None, args: list[str] | None = None):
+                 env: dict[str, str] | None = None, log: Path | None = None, args: list[str] | None = None,
+                 shared: bool = False):
         self.url, self.config, self.label, self.role = url, config, label, role
+        #: serves several tests: the module fixture that started it stops it, so the check
+        #: after each test (conftest's no_fleet_left_running) leaves it running
+        self.shared = shared
         self.args = list(args or ["--verbose"])  # more options for `ductwork start`
         self.env = {**os.environ, **(env or {})}
         self.log_path = log or config.with_name(f"{label}.log")

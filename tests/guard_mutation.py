@@ -74,6 +74,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                          f"{_I}test_batches.py", f"{_I}test_limits.py"),
     "limits/executions.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
                              f"{_I}test_bounds.py"),
+    "pipelines/outcomes.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
+                              f"{_I}test_timeout_children.py"),
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")

@@ -51,7 +51,7 @@ def _bucket_refill(body: str) -> str:
 
 
 _BEFORE_KEY_LOCK = "faults.hit(faults.BEFORE_KEY_LOCK)"
-_GROUP_GUARD = "if ended != len(successes):  # [INV-EXE-2] one was reaped: nothing of the batch is written"
+_GROUP_GUARD = "if tx.execute(statement, params).rowcount != len(endings):  # [INV-EXE-2] one was taken: roll back"
 
 MUTANTS: dict[str, Mutant] = {
     "no_key_lock": Mutant(
@@ -141,15 +141,17 @@ MUTANTS: dict[str, Mutant] = {
           "before = None  # mutant: no other lane bounds the batch"),),
     ),
     "batch_no_guard": Mutant(
-        "a group commit ends its executions without the open-and-ours guard [INV-EXE-2]",
-        "a group commit's open-and-ours guard [INV-EXE-2]",
-        (("*guard)", ")  # mutant: no guard"),),
+        "a release (a group commit's successes, a failure, a crash: every outcome) ends its "
+        "executions without the open-and-ours guard [INV-EXE-2]",
+        "a release's open-and-ours guard, shared by every outcome [INV-EXE-2]",
+        (("_e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended\n", ""),
+         ("owner)  # [INV-EXE-2] still the owner's: the reaper did not take it", ")  # mutant: no guard")),
     ),
     "keyed_group_one_seq": Mutant(
         "a keyed group commit releases all its executions with one sequence number [INV-LIM-1, INV-CLK-1]",
         "a keyed group commit releases each execution with its own sequence number, in order [INV-CLK-1]",
-        (("seq + i for i, s in enumerate(successes, start=1)},\n",
-          "seq + 1 for i, s in enumerate(successes, start=1)},  # mutant: one seq for the whole group\n"),),
+        (("{e.execution_id: header.seq + i for i, e in enumerate(endings, start=1)}",
+          "{e.execution_id: header.seq + 1 for i, e in enumerate(endings, start=1)}"),),
     ),
     "keyed_batch_past_refusal": Mutant(
         "a keyed batch decided in memory claims on past a decision that refuses [INV-LIM-1, INV-LIM-2]",
@@ -160,14 +162,14 @@ MUTANTS: dict[str, Mutant] = {
         "a keyed group commit's hand-off numbers its claims from the key's seq before the releases "
         "[INV-LIM-1, INV-CLK-1]",
         "a hand-off's claims follow the group's releases in the key's sequence [INV-CLK-1]",
-        (("header.seq, header.unwritten = header.seq + len(successes), True",
-          "header.unwritten = True  # mutant: the releases do not move the held header's seq"),),
+        (("header.set(seq=header.seq + len(endings))",
+          "header.changed['seq'] = header.seq + len(endings)  # mutant: the held header's seq stays"),),
     ),
     "releases_seq_unwritten": Mutant(
         "a keyed group commit that hands nothing on leaves the key's seq behind its releases "
         "[INV-LIM-1, INV-CLK-1]",
         "a keyed group commit writes the key's seq past its releases [INV-CLK-1]",
-        (("write_seq(tx, key)  # the releases' seq, unless the hand-off's claim wrote it",
+        (("write_header(tx, key)  # the releases' seq, unless the hand-off's claim wrote it",
           "pass  # mutant: the releases' seq is not written"),),
     ),
     "release_clock_before_lock": Mutant(
@@ -405,7 +407,7 @@ MUTANTS: dict[str, Mutant] = {
         "carried-over steps get no execution [INV-REV-2]",
         (("else:  # [INV-REV-2] history: no execution, its status stays, never advanced again",
           "else:  # mutant: history is executed again\n"
-          "    execution_rows.append(new_execution_row(jid, step[\"limit_key\"], now, 0, 0, now))"),),
+          "    rerun = Pending(jid, step[\"limit_key\"], now)"),),
     ),
     "revive_nil_input": Mutant(
         "a revive re-enqueues a failed step with a null input (the original engine's gap) [INV-REV-3]",
@@ -467,7 +469,7 @@ MUTANTS: dict[str, Mutant] = {
         "the lost one's output, expand items, step and successor are written beside its re-run "
         "[INV-EXE-2]",
         "a group commit is written only when its guard ended every execution it holds [INV-EXE-2]",
-        ((_GROUP_GUARD, "if ended == 0:  # mutant: notices only that nothing ended"),),
+        ((_GROUP_GUARD, "if tx.execute(statement, params).rowcount == 0:  # mutant: notices only that nothing ended"),),
     ),
     "keyed_group_guard_counts_none": Mutant(
         "a keyed group commit whose guard ended fewer executions than it holds releases the others "
@@ -475,8 +477,9 @@ MUTANTS: dict[str, Mutant] = {
         "never happened [INV-EXE-2, INV-CLK-1]",
         "a keyed group commit is written only when its guard ended every execution it holds "
         "[INV-EXE-2]",
-        ((_GROUP_GUARD, "if (ended == 0 if header is not None else ended != len(successes)):  "
-                        "# mutant: a keyed release notices only that nothing ended"),),
+        ((_GROUP_GUARD, "if (lambda ended: ended == 0 if header is not None else ended != len(endings))("
+                        "tx.execute(statement, params).rowcount):  # mutant: a keyed release notices only that "
+                        "nothing ended"),),
     ),
     "batch_fence_counts_none": Mutant(
         "an advancer's batch fence asks whether each branch is held, not held by this claim, and "

@@ -46,6 +46,8 @@ MODULES = (
     "ductwork.limits.buckets",
     "ductwork.limit_entries",
     "ductwork.pipelines.definition",
+    "ductwork.pipelines.registry",
+    "ductwork.pipelines.snapshot",
     "ductwork.limits.outcomes",
     "ductwork.pipelines.rules",
     "model.limits",
@@ -164,11 +166,11 @@ EQUIVALENT: dict[str, str] = {
     "model.limits.xǁLimitsModelǁ_decide__mutmut_42":
         "cap_units None in a new bucket: refill replaces it with cap_units(entry) before the "
         "bucket is stored",
-    # ductwork.pipelines.definition
-    "ductwork.pipelines.definition.x_in_main_module__mutmut_2":
+    # ductwork.pipelines.registry, ductwork.pipelines.definition, ductwork.pipelines.snapshot
+    "ductwork.pipelines.registry.x_in_main_module__mutmut_2":
         "rpartition for partition: a ref is step_ref's 'module:qualname', one ':' (module names "
         "and qualnames are dotted identifiers)",
-    "ductwork.pipelines.definition.x__resolve__mutmut_6":
+    "ductwork.pipelines.registry.x__resolve__mutmut_6":
         "rpartition for partition: a ref with a second ':' names no class either way (no "
         "module name and no attribute holds a ':'), and one with one ':' splits alike",
     "ductwork.pipelines.definition.xǁPipelineBuilderǁ_fan_out__mutmut_29":
@@ -184,7 +186,7 @@ EQUIVALENT: dict[str, str] = {
     "ductwork.pipelines.definition.xǁPipelineBuilderǁ__init____mutmut_1":
         "default index 1: only the root builder takes the default, and only branches (built with "
         "their index) report theirs",
-    "ductwork.pipelines.definition.xǁEdgeSpecǁdivert_target__mutmut_3":
+    "ductwork.pipelines.snapshot.xǁEdgeSpecǁdivert_target__mutmut_3":
         "`to.get(None)` for None: a divert's `to` has only str keys, so it is None too",
     "ductwork.pipelines.definition.xǁPipelineBuilderǁcollapse__mutmut_2":
         "None for () as `others`: _fan_in only tests it for truth, and a collapse never joins "

@@ -421,7 +421,8 @@ class RollingCall(Step):
     def execute(self):
         import os
 
-        from ductwork.db.dialects import create_engine, db_now
+        from ductwork.db.dialects import db_now
+        from ductwork.db.engines import create_engine
 
         global _rolling_engine
         if _rolling_engine is None:

@@ -37,13 +37,13 @@ if _patches:
 
     from sqlalchemy import event
 
-    from ductwork.db import dialects
+    from ductwork.db import dialects, engines
 
     if "no_notify" in _patches:
         dialects.notify_wakeup._impls["postgresql"] = lambda _conn: None
 
     if "no_fsync" in _patches:
-        _create = dialects.create_engine
+        _create = engines.create_engine
 
         def create_engine(url, **settings):
             engine = _create(url, **settings)
@@ -55,7 +55,7 @@ if _patches:
                     dbapi_connection.commit()
             return engine
 
-        dialects.create_engine = create_engine
+        engines.create_engine = create_engine
 
     if "key_skip_locked" in _patches:
         import sqlalchemy as sa

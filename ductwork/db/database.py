@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ductwork.config import Config
-from ductwork.db import dialects, schema
+from ductwork.db import dialects, engines, schema
 from ductwork.db.clock import Clock, DatabaseClock, to_us
 from ductwork.db.wakeup import ADVANCERS, WORKERS, Wakeup
 from ductwork.errors import MissingDatabaseError, MissingTablesError, RunStateError
@@ -111,7 +111,7 @@ class Database:
         self.url_source = url_source
         self.config = config
         self.clock: Clock = clock or DatabaseClock()
-        self.engine = engine or dialects.create_engine(url, **engine_settings)
+        self.engine = engine or engines.create_engine(url, **engine_settings)
         self._schema_checked = False
         self.backend = dialects.backend(self.engine)
         self._lock = threading.Lock()
@@ -135,7 +135,7 @@ class Database:
     def check_database(self) -> None:
         """Raise :class:`MissingDatabaseError` when the database is a SQLite file that
         does not exist. Creates nothing (connects to nothing)."""
-        path = dialects.absent_database_file(self.engine.url)
+        path = engines.absent_database_file(self.engine.url)
         if path is not None:
             raise MissingDatabaseError(schema.metadata.tables, self.database, str(path))
 
@@ -184,13 +184,20 @@ class Database:
         if tx.advancers_woken:
             self.advancer_wakeup.notify()
 
+    def require_async(self, user: str) -> None:
+        """Raise :class:`~ductwork.errors.MissingExtraError` naming ``user`` (the async
+        method called) and ``pip install 'ductwork[async]'`` unless what the async client
+        needs on this database imports (``engines.require_async``); every async method
+        calls it first, before it writes or reads anything."""
+        engines.require_async(self.engine.url, user)
+
     def async_engine(self) -> AsyncEngine:
-        """The async twin of ``engine`` (``dialects.create_async_engine``: the same database
+        """The async twin of ``engine`` (``engines.create_async_engine``: the same database
         through psycopg 3's async connections, aiomysql or aiosqlite, pooling nothing),
         created at first use."""
         with self._lock:
             if self._async_engine is None:
-                self._async_engine = dialects.create_async_engine(self.url)
+                self._async_engine = engines.create_async_engine(self.url)
             return self._async_engine
 
     async def aread(self, read: Callable[[Connection], T]) -> T:

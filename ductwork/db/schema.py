@@ -151,6 +151,8 @@ runs = sa.Table(
     sa.Index("uq_run_trigger_key", "pipeline_klass", "trigger_key", unique=True,  # [INV-TRG-1]
              postgresql_where=_not_null("trigger_key")),
     sa.Index("ix_run_status_triggered", "status", "triggered_at"),
+    #: newest first, unfiltered, and keyset pages (list_runs' ``before``; revision 0009)
+    sa.Index("ix_run_triggered", "triggered_at", "id"),
     sa.Index("ix_run_pipeline_triggered", "pipeline_klass", "triggered_at"),
     **_UPDATED_IN_PLACE,
 )

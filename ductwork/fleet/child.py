@@ -58,11 +58,7 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
     (the child cannot resolve the class or bind the input) or ``BuildFailed``
     (``__init__`` raised, or the child died or never started).
     """
-    from ductwork.fleet.invoke import BuildFailed, ChildStepError, ReturnRejected, StepInvalid, StepTimedOut
-    from ductwork.limits.executions import ErrorInfo
-
     assert claimed.timeout_us, "run_in_child runs a timeout= step"
-    timeout_s = claimed.timeout_us / 1_000_000
     request = {
         "url": app.url, "sys_path": [p for p in sys.path if p], "klass": claimed.klass,
         "pipeline": claimed.pipeline_klass, "input_json": claimed.input_json,
@@ -80,33 +76,52 @@ def run_in_child(app: App, claimed: Claimed) -> Any:
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(request).encode())
         proc.stdin.close()
-        chunks: list[bytes] = []
-        deadline = time.monotonic() + STARTUP_S
-        running = False
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                _kill_group(proc)  # [INV-EXE-5] stopped and reaped before the outcome is recorded
-                if running:
-                    raise StepTimedOut(f"{claimed.klass} ran past its timeout of {timeout_s:g} s; killed")
-                raise BuildFailed(ErrorInfo("ductwork.ChildStartup",
-                                            f"step child did not start within {STARTUP_S:g} s; killed", None))
-            ready, _, _ = select.select([read_fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                break
-            if not running and not chunks and chunk.startswith(RUNNING):
-                running, chunk = True, chunk[len(RUNNING):]
-                deadline = time.monotonic() + timeout_s  # measured from execution start
-            if chunk:
-                chunks.append(chunk)
+        chunks = _read_within_deadlines(proc, read_fd, claimed.klass, claimed.timeout_us / 1_000_000)
         proc.wait()
     finally:
         os.close(read_fd)
         if proc.poll() is None:
             _kill_group(proc)
+    return _reply(proc, chunks)
+
+
+def _read_within_deadlines(proc: subprocess.Popen[bytes], read_fd: int, klass: str, timeout_s: float) -> list[bytes]:
+    """The child's reply, read until it closes the pipe: the start-up deadline
+    (``STARTUP_S``) until the child says it is running, then ``timeout_s`` from there.
+    Past a deadline the child's group is killed and reaped first [INV-EXE-5], then
+    ``StepTimedOut`` (it was running) or ``BuildFailed`` (it never started) is raised."""
+    from ductwork.fleet.invoke import BuildFailed, StepTimedOut
+    from ductwork.limits.executions import ErrorInfo
+
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + STARTUP_S
+    running = False
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            _kill_group(proc)  # [INV-EXE-5] stopped and reaped before the outcome is recorded
+            if running:
+                raise StepTimedOut(f"{klass} ran past its timeout of {timeout_s:g} s; killed")
+            raise BuildFailed(ErrorInfo("ductwork.ChildStartup",
+                                        f"step child did not start within {STARTUP_S:g} s; killed", None))
+        ready, _, _ = select.select([read_fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(read_fd, 65536)
+        if not chunk:
+            return chunks
+        if not running and not chunks and chunk.startswith(RUNNING):
+            running, chunk = True, chunk[len(RUNNING):]
+            deadline = time.monotonic() + timeout_s  # measured from execution start
+        if chunk:
+            chunks.append(chunk)
+
+
+def _reply(proc: subprocess.Popen[bytes], chunks: list[bytes]) -> Any:
+    """The step's value from the exited child's reply, or the error it reports raised."""
+    from ductwork.fleet.invoke import BuildFailed, ChildStepError, ReturnRejected, StepInvalid
+    from ductwork.limits.executions import ErrorInfo
+
     if not chunks:
         raise BuildFailed(ErrorInfo("ductwork.ChildDied",
                                     f"step child exited with status {proc.returncode} without a result", None))
@@ -192,7 +207,7 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
 
-    from ductwork.config import config_from_mapping
+    from ductwork.config_file import config_from_mapping
     from ductwork.db.database import Database as App
     from ductwork.errors import StepReturnError
     from ductwork.fleet.invoke import BuildFailed, StepInvalid, build_step, returned

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from ductwork.errors import UnknownStepClassError
 from ductwork.limits.executions import MESSAGE_LIMIT, ErrorInfo
 from ductwork.pipelines.context import Context
-from ductwork.pipelines.definition import in_main_module, resolve_step
 from ductwork.pipelines.pipeline import resolve_pipeline
+from ductwork.pipelines.registry import in_main_module, resolve_step
 from ductwork.pipelines.step import is_async
 
 if TYPE_CHECKING:

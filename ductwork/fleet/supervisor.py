@@ -241,14 +241,7 @@ class Runner:
 
         if self.role == "job_worker":
             restart_with(self.app)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
-        if self.parent_pid is not None:
-            # A supervisor that dies (SIGKILL, OOM) leaves no runner working unsupervised:
-            # the kernel sends SIGTERM, and this runner shuts down as if stopped.
-            tree.die_with_parent(signal.SIGTERM)
-            if os.getppid() != self.parent_pid:  # it died before the signal was armed
-                self._signalled = True
+        self._arm_signals()
         if self.app.backend == "postgresql":
             PgListener(self.app, self.stop).start()
         loops = self._units()
@@ -261,25 +254,55 @@ class Runner:
             self._say_lease_lost()
             return EXIT_LEASE_LOST
         self._last_heartbeat_sent = sent
+        self._start_loops(loops)
+        log.info("%s %s started: %d threads, lease %.1fs", self.role, self.process_id, self.threads, self.lease_s)
+        self._watch_until_signalled()
+        self._join_loops_or_exit(loops)
+        reap(self.app, self.process_id, force=True)  # nothing in hand: just remove the row
+        self.app.dispose()
+        return 0
+
+    def _arm_signals(self) -> None:
+        """SIGTERM and SIGINT stop this runner (acted on by :meth:`_watch_until_signalled`),
+        and so does its supervisor's death."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        if self.parent_pid is not None:
+            # A supervisor that dies (SIGKILL, OOM) leaves no runner working unsupervised:
+            # the kernel sends SIGTERM, and this runner shuts down as if stopped.
+            tree.die_with_parent(signal.SIGTERM)
+            if os.getppid() != self.parent_pid:  # it died before the signal was armed
+                self._signalled = True
+
+    def _start_loops(self, loops: list[Loop]) -> None:
+        """Start the units' loops (a worker's released and tokens loops too) and the heartbeat."""
         for loop in loops:
             loop.start()
         if self.role == "job_worker":
             self.released_loop.start()
             self.tokens_loop.start()
         threading.Thread(target=self._heartbeats, name="ductwork.heartbeat", daemon=True).start()
-        log.info("%s %s started: %d threads, lease %.1fs", self.role, self.process_id, self.threads, self.lease_s)
-        while True:  # left by the break below (stop is set there only) or by os._exit
+
+    def _watch_until_signalled(self) -> None:
+        """Return once a signal asked this runner to stop (the loops told to stop); end the
+        process, with what its steps started, as soon as it no longer holds its lease."""
+        while True:  # left by the return below (stop is set there only) or by os._exit
             if self._signalled:  # set by the handler; acted on here, outside it
                 self.stop.set()
                 self.app.wakeup.notify()
                 self.app.advancer_wakeup.notify()
-                break
+                return
             if not self.holds_lease():
                 # Our claims are (or are about to be) someone else's: no code of ours may run.
                 self._say_lease_lost()
                 tree.kill_descendants()  # [INV-EXE-5] nothing a step started outlives its claim
                 os._exit(EXIT_LEASE_LOST)
             self.stop.wait(0.05)
+
+    def _join_loops_or_exit(self, loops: list[Loop]) -> None:
+        """Wait up to the role's ``shutdown_timeout`` for the loops to finish (a worker's
+        released steps advanced before leaving); a loop still busy then ends the process,
+        with the subprocesses its steps started."""
         shutdown = (self.app.config.job_worker.shutdown_timeout if self.role == "job_worker"
                     else self.app.config.pipeline_advancer.shutdown_timeout)
         deadline = time.monotonic() + shutdown
@@ -296,9 +319,6 @@ class Runner:
             self.released_loop.join(max(0.0, deadline - time.monotonic()))
             while self.released.run_once():
                 pass
-        reap(self.app, self.process_id, force=True)  # nothing in hand: just remove the row
-        self.app.dispose()
-        return 0
 
 
 # --------------------------------------------------------------------------- supervisor

@@ -74,20 +74,20 @@ from ductwork.fleet.invoke import (
     returned,
 )
 from ductwork.fleet.steploop import STEP_LOOP
-from ductwork.limits.claims import claim_batch, complete_all_and_hand_off, seconds_to_next_due
-from ductwork.limits.executions import (
-    Claimed,
-    ErrorInfo,
-    Output,
+from ductwork.limits.claims import claim_batch, seconds_to_next_due
+from ductwork.limits.executions import Claimed, ErrorInfo
+from ductwork.pipelines import payloads
+from ductwork.pipelines.advance import Inline, advance_released_steps
+from ductwork.pipelines.outcomes import (
+    HandOff,
     Success,
+    advanced_later,
     record_crash,
     record_failure,
     record_invalid,
     record_successes,
-    released_later,
 )
-from ductwork.pipelines import payloads
-from ductwork.pipelines.advance import InlineAdvance, advance_on_successes, advance_released_steps
+from ductwork.pipelines.payloads import Output
 from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
@@ -174,19 +174,18 @@ class KeyedCommits:
     A thread whose keyed success is ready calls :meth:`record`: when no commit of that
     key is in progress in this process, it commits at once (the leader); otherwise it
     waits, and the commit in progress, once done, wakes the first waiting thread to
-    commit every success of the key waiting by then in one transaction, joined by those
-    that become ready until it holds the key's lock
-    (``claims.complete_all_and_hand_off``: the outputs and inline advancement first, then
-    the key lock, the clock again, the outputs of the late ones with their steps left to an
-    advancer, each release with its own sequence number in order, then one hand-off of up
-    to as many executions as the successes that asked for one). Each
+    commit every success of the key waiting by then in one transaction
+    (``outcomes.record_successes``: the outputs and inline advancement first, then the key
+    lock, the clock again, each release with its own sequence number in order, then one
+    hand-off of up to as many executions as the successes that asked for one). Each
     waiting thread gets one handed-on execution (in order); what is left goes to
     ``overflow`` (the process inbox). The result (or the error) of the commit is each
     thread's own: a reaped execution in the group makes it fall back to one transaction
     per success, so only that one is not recorded [INV-EXE-2].
 
     Not done: waiting for more successes than are ready (a commit starts as soon as the
-    previous one of its key ends), or grouping across keys."""
+    previous one of its key ends; those that become ready during it wait for the next), or
+    grouping across keys."""
 
     def __init__(self, overflow: Callable[[list[Claimed]], None]):
         self._lock = threading.Lock()
@@ -195,13 +194,10 @@ class KeyedCommits:
         self._overflow = overflow
 
     def record(self, success: Success, take: bool,
-               commit: Callable[[list[Success], Callable[[], list[Success]], Callable[[], int]], list[Claimed]]
-               ) -> list[Claimed]:
+               commit: Callable[[list[Success], int], list[Claimed]]) -> list[Claimed]:
         """Record ``success`` (keyed) with the others of its key that are ready; ``take``:
-        this thread wants a handed-on execution. ``commit(successes, gather, n)`` records
-        them in one transaction, calls ``gather()`` once it holds the key's lock for those
-        that became ready meanwhile, and hands on up to ``n()``. Returns what this thread
-        is handed."""
+        this thread wants a handed-on execution. ``commit(successes, n)`` records them in
+        one transaction and hands on up to ``n``. Returns what this thread is handed."""
         key = success.claimed.limit_key
         assert key is not None, "keyed group commits are for keyed successes"
         me = _Waiting(success, take)
@@ -215,15 +211,8 @@ class KeyedCommits:
                 return me.result()
         with self._lock:
             group = self._waiting.pop(key)
-
-        def gather() -> list[Success]:
-            with self._lock:
-                more = self._waiting.pop(key, [])
-            group.extend(more)
-            return [w.success for w in more]
-
         try:
-            handed = commit([w.success for w in group], gather, lambda: sum(1 for w in group if w.take))
+            handed = commit([w.success for w in group], sum(1 for w in group if w.take))
         except BaseException as error:  # noqa: BLE001 - raised in each thread, which crashes its own
             for w in group:
                 w.error = error
@@ -346,9 +335,9 @@ class ReleasedSteps:
     def __init__(self, app: App, wakeup: Wakeup, batch: int = 500):
         self.app, self.wakeup, self.batch = app, wakeup, batch
         self._lock = threading.Lock()
-        self._items: list[InlineAdvance] = []
+        self._items: list[Inline] = []
 
-    def put(self, released: list[InlineAdvance]) -> None:
+    def put(self, released: list[Inline]) -> None:
         with self._lock:
             self._items.extend(released)
         self.wakeup.notify()
@@ -580,7 +569,8 @@ class Worker:
             self._queue.extend(claimed)
             return
         spare = inbox.spare()
-        claimed = claim_batch(self.app, self.process_id, self.batch, lambda key: self.in_a_row(key) + spare)
+        per_key = {key: self.in_a_row(key) + spare for key in self.app.config.limits}
+        claimed = claim_batch(self.app, self.process_id, self.batch, self.batch + spare, per_key)
         self._note_tokens(claimed)
         if not claimed or claimed[0].limit_key is None:
             self._queue.extend(claimed)
@@ -719,8 +709,8 @@ class Worker:
         take = not self._queue and self._hands_off()
         try:
             if take:
-                handed = self._record(lambda: complete_all_and_hand_off(self.app, self._group, limit=self.batch,
-                                                                        keyed_limit=len(self._group)), self._group)
+                hand_off = HandOff(self.batch, len(self._group))
+                handed = self._record(lambda: record_successes(self.app, self._group, hand_off), self._group)
                 if self._inbox is not None and self._group[0].claimed.limit_key is not None:
                     self._in_a_row.update(c.execution_id for c in handed)  # the thread's keyed batch goes on
             else:
@@ -753,8 +743,7 @@ class Worker:
         steps left ``advancing``): ``advance.advance_released`` of those that advance inline,
         by the process's :class:`ReleasedSteps` thread, or here and now for a worker
         without one. A crash before it leaves them to an advancer [INV-ADV-1]."""
-        later = [s.advance for s in successes
-                 if s.released and released_later(s) and isinstance(s.advance, InlineAdvance)]
+        later = advanced_later(self.app, successes)
         if not later:
             return
         faults.hit(faults.BETWEEN_RELEASE_AND_ADVANCE)
@@ -763,15 +752,13 @@ class Worker:
         else:
             advance_released_steps(self.app, later)
 
-    def _commit_keyed(self, successes: list[Success], gather: Callable[[], list[Success]],
-                      take: Callable[[], int]) -> list[Claimed]:
-        """A keyed group commit (:class:`KeyedCommits`): record ``successes`` and those
-        ``gather`` adds under the key's lock, and hand on up to ``take()`` executions of
-        their key; then advance them (:meth:`_advance_released`). Not repeated here on a
-        lost connection: each thread of the group repeats its own
+    def _commit_keyed(self, successes: list[Success], take: int) -> list[Claimed]:
+        """A keyed group commit (:class:`KeyedCommits`): record ``successes`` and hand on
+        up to ``take`` executions of their key; then advance them (:meth:`_advance_released`).
+        Not repeated here on a lost connection: each thread of the group repeats its own
         :meth:`KeyedCommits.record` (``_record``)."""
-        handed = complete_all_and_hand_off(self.app, successes, keyed_limit=take, gather=gather)
-        self._advance_released(successes)  # (extended with what gather() added)
+        handed = record_successes(self.app, successes, HandOff(keyed_limit=take))
+        self._advance_released(successes)
         return handed
 
     def _paced(self, seconds: float, cpu_s: float) -> None:
@@ -844,24 +831,18 @@ class Worker:
             # then the reaper's re-run is the live execution and the step runs again.
             # Repeated on a lost connection: a commit whose acknowledgement was lost is seen
             # as CommitFailed the second time (the guarded update matches nothing).
-            inline = None
-            if self.app.config.pipeline_advancer.inline_linear and output.value_json is not None:
-                inline = InlineAdvance(claimed, definition, output.value_json)
-            together = advance_on_successes if self.app.config.pipeline_advancer.inline_linear else None
+            success = Success(claimed, output, ran_s=ran_s)
             if group:  # recorded with the batch's group commit (run_once flushes it)
                 if not self._group:
                     self._group_started = time.monotonic()
-                self._group.append(Success(claimed, output, inline, together, ran_s=ran_s))
+                self._group.append(success)
                 return "success"
             if claimed.limit_key is not None and self._inbox is not None:  # the process's keyed group commit
-                success, commits = Success(claimed, output, inline, together, ran_s=ran_s), self._inbox.commits
+                commits = self._inbox.commits
                 self._record(lambda: commits.record(success, self._hands_off(), self._commit_keyed))
                 return "success"
-            alone = [Success(claimed, output, inline, ran_s=ran_s)]  # (complete_and_hand_off, record_success)
-            if self._hands_off():
-                self._record(lambda: complete_all_and_hand_off(self.app, alone, limit=self.batch), alone)
-            else:
-                self._record(lambda: record_successes(self.app, alone), alone)
+            hand_off = HandOff(self.batch) if self._hands_off() else None
+            self._record(lambda: record_successes(self.app, [success], hand_off), [success])
             return "success"
         except CommitFailed as failed:
             log.warning("%s", failed)

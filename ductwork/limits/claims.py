@@ -1,12 +1,14 @@
 """Claiming one execution, with limits enforced exactly, fleet-wide.
 
     >>> claimed = claim(app, process_id)      # None when nothing may run now
-    >>> handed = complete_and_hand_off(app, claimed, Output("3"))
+    >>> handed = hand_off(app, tx, key, process_id)   # inside a success's transaction
 
-Each model operation of ``model.limits.LimitsModel`` is one function here of the same
-name (``claim``, ``claim_batch``, ``complete_and_hand_off``, ``complete_all_and_hand_off``,
-``restart_with``): the whole transaction, called by the worker and by the conformance
-machine alike (CONTRIBUTING.md, "Operations").
+Each model operation of ``model.limits.LimitsModel`` that claims is one function here of
+the same name (``claim``, ``claim_batch``, ``restart_with``): the whole transaction, called
+by the worker and by the conformance machine alike (CONTRIBUTING.md, "Operations"). The
+model's ``complete_and_hand_off`` and ``complete_all_and_hand_off`` are the success
+transaction (``pipelines.outcomes.record_successes``), whose limits part is
+``executions.release`` then :func:`hand_off`.
 
 A poll looks at *lanes*: each limit key with eligible pending work that is not
 rate-blocked and not concurrency-saturated, plus one lane for unkeyed work, and
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -49,7 +51,7 @@ from ductwork.db import dialects, schema
 from ductwork.db.clock import from_us
 from ductwork.limit_entries import LimitEntry, entry_digest
 from ductwork.limits import buckets
-from ductwork.limits.executions import CLAIM_COLUMNS, Claimed, KeyHeader, Output, Success, lock_key, record_successes
+from ductwork.limits.executions import CLAIM_COLUMNS, Claimed, KeyHeader, lock_key, write_header
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -219,14 +221,6 @@ def _decide_statement(_: Any) -> sa.Select[Any]:
             .limit(sa.bindparam("d_limit", type_=sa.Integer)))
 
 
-@functools.lru_cache(maxsize=8)
-def _key_update(columns: tuple[str, ...]) -> sa.Update:
-    """The key header's UPDATE of ``columns``, each bound as ``k_<column>``, the key as ``k_key``."""
-    k = schema.limit_keys
-    return (k.update().where(k.c.key == sa.bindparam("k_key", type_=k.c.key.type))
-            .values(**{name: sa.bindparam(f"k_{name}", type_=k.c[name].type) for name in columns}))
-
-
 def _precedes(oldest_at: Any, oldest_id: Any) -> sa.ColumnElement[bool]:
     """(eligible_at, id) less than ``(oldest_at, oldest_id)`` (values or bound parameters)."""
     return sa.or_(_e.c.eligible_at < oldest_at,
@@ -342,9 +336,7 @@ def _rebase(tx: Tx, key: str, entry: LimitEntry | None, header: KeyHeader,
     b = schema.limit_buckets
     if dropped:
         tx.execute(b.delete().where(b.c.key == key, b.c.period_s.in_(dropped)))
-    tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == key)
-               .values(config_digest=digest, blocked_until=None, updated_at=tx.now))
-    header.config_digest = digest
+    header.set(config_digest=digest, blocked_until=None)  # written with the claim's (write_header)
     return kept
 
 
@@ -366,6 +358,7 @@ def restart_with(app: App) -> list[str]:
             header = lock_key(tx, key)
             if header is not None:  # pragma: no branch  a key's row, once written, is never deleted
                 _rebase(tx, key, app.config.limits.get(key), header, _buckets_of(tx, key), restart=True)
+                write_header(tx, key)
     return keys
 
 
@@ -433,39 +426,6 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
     return outcome if isinstance(outcome, list) else []
 
 
-def complete_and_hand_off(app: App, claimed: Claimed, output: Output,
-                          advance: Callable[[Tx], bool] | None = None, *, limit: int = 1) -> list[Claimed]:
-    """Record ``claimed``'s success and, in the same transaction, claim its lane's next
-    execution(s) for the same owner if a poll made now would (:func:`hand_off`):
-    ``LimitsModel.complete_and_hand_off``. Raises CommitFailed as
-    :func:`ductwork.limits.executions.record_success` does; returns what was handed on, which
-    the caller must perform. ``advance`` as for ``record_success``.
-    """
-    return complete_all_and_hand_off(app, [Success(claimed, output, advance)], limit=limit)
-
-
-def complete_all_and_hand_off(app: App, successes: list[Success], *, limit: int = 1,
-                              keyed_limit: int | Callable[[], int] = 1,
-                              gather: Callable[[], list[Success]] | None = None) -> list[Claimed]:
-    """Record several successes of one owner in one transaction (a group commit,
-    :func:`ductwork.limits.executions.record_successes`), then hand on the last one's lane as
-    :func:`complete_and_hand_off` does, up to ``limit`` unkeyed executions or
-    ``keyed_limit`` of a key: ``LimitsModel.complete_all_and_hand_off``. A keyed group
-    commit (successes of one key) holds the key's lock from its first statement to the
-    hand-off, so the hand-off is what ``keyed_limit`` polls in a row would claim right
-    after the releases. Not done: a group that falls back to one transaction per success
-    hands off only in the last one's. ``gather``: more successes of the key, taken once
-    its lock is held (``record_successes``); ``keyed_limit`` may then be a function, read
-    at the hand-off."""
-    last = successes[-1].claimed
-
-    def take(tx: Tx) -> list[Claimed]:
-        most = keyed_limit() if callable(keyed_limit) else keyed_limit
-        return hand_off(app, tx, last.limit_key, last.process_id, limit, most) if most > 0 else []
-
-    return record_successes(app, successes, take, gather)
-
-
 def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, process_id: str,
                       *, write_refusal: bool = True, limit: int = 1,
                       lanes: list[Lane] | None = None) -> list[Claimed] | Refusal:
@@ -488,7 +448,8 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, proc
     old = _rebase(tx, key, entry, header, stored)
     decision = buckets.decide(entry, old, in_flight, now_us)
     if decision.refused_for == "concurrency":
-        return Refusal(key, "concurrency")  # nothing refilled, nothing stamped
+        write_header(tx, key)  # a re-base, if any (a refusal refills and stamps nothing)
+        return Refusal(key, "concurrency")
     if not decision.admitted and not write_refusal:
         return Refusal(key, "rate")  # a hand-off that does not happen leaves no trace
     seq = header.seq
@@ -515,15 +476,12 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, proc
             raise AssertionError(f"key {key!r}: one of executions {ids} taken under the key lock [INV-LIM-1]")
         faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
     _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
-    values: dict[str, Any] = {"updated_at": tx.now}
     if decision.stamp:  # pragma: no branch  only a concurrency refusal leaves the stamp, and it returned above
         # [INV-LIM-5] the exact time of the next token, or cleared
-        values["blocked_until"] = (None if decision.blocked_until_us is None
-                                   else from_us(decision.blocked_until_us))
-    if admitted or header.unwritten:  # (with the releases of a group commit that hands off)
-        header.seq, header.unwritten = seq + len(admitted), False
-        values["seq"] = header.seq
-    tx.execute(_key_update(tuple(values)), {"k_key": key, **{f"k_{name}": v for name, v in values.items()}})
+        header.set(blocked_until=None if decision.blocked_until_us is None else from_us(decision.blocked_until_us))
+    if admitted:
+        header.set(seq=seq + len(admitted))
+    write_header(tx, key)  # with the seq of a release in this transaction, if any
     if not admitted:
         return Refusal(key, "rate")
     # the key is full once these are in flight: their releases are what waiting work needs first
@@ -581,8 +539,8 @@ def claim(app: App, process_id: str) -> Claimed | None:
     return claimed[0] if claimed else None
 
 
-def claim_batch(app: App, process_id: str, limit: int,
-                keyed_limit: int | Callable[[str], int] = 1) -> list[Claimed]:
+def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1,
+                per_key: Mapping[str, int] | None = None) -> list[Claimed]:
     """What successive polls would claim while the first poll's lane stays first:
     ``LimitsModel.claim_batch``, in one transaction.
 
@@ -592,9 +550,8 @@ def claim_batch(app: App, process_id: str, limit: int,
     [INV-LIM-6]: the claims that many polls would make in a row. A keyed claim is a
     transaction of its own, whose first statement is the key lock [INV-LIM-1]; it takes
     up to ``keyed_limit`` executions of the key under that one lock hold, each the claim
-    the next poll would make (:func:`_claim_up_to`); ``keyed_limit`` may be a function of
-    the key, asked once its lane is tried. Returns the claimed executions in poll order
-    (empty: nothing may run now).
+    the next poll would make (:func:`_claim_up_to`), or ``per_key[key]`` for a key it
+    names. Returns the claimed executions in poll order (empty: nothing may run now).
     """
     with app.begin() as tx:
         lanes = scan_lanes(app, tx)
@@ -609,7 +566,7 @@ def claim_batch(app: App, process_id: str, limit: int,
             if claimed:
                 return claimed
             continue
-        most = keyed_limit(lane.key) if callable(keyed_limit) else keyed_limit
+        most = keyed_limit if per_key is None else per_key.get(lane.key, keyed_limit)
         outcome = claim_keyed(app, lane.key, process_id, most)
         if isinstance(outcome, list):
             return outcome

@@ -52,7 +52,7 @@ from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id, new_token
 from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
-from ductwork.limits.executions import ErrorInfo, payload_envelope
+from ductwork.limits.executions import Claimed, ErrorInfo
 from ductwork.pipelines import payloads
 from ductwork.pipelines.definition import render_divert_key
 from ductwork.pipelines.rules import (
@@ -89,8 +89,8 @@ MAX_CLAIM_ATTEMPTS = 3
 
 def fan_in_size(stored: int, count: int) -> int:
     """Length of the JSON list of ``count`` outputs whose stored envelopes
-    (``executions.payload_envelope``) are ``stored`` characters long in all."""
-    return stored - count * len(payload_envelope("")) + max(count - 1, 0) + len("[]")
+    (``payloads.payload_envelope``) are ``stored`` characters long in all."""
+    return stored - count * len(payloads.payload_envelope("")) + max(count - 1, 0) + len("[]")
 
 
 _b, _a = schema.branches, schema.advancements
@@ -763,15 +763,23 @@ def _branch_locks(bind: Any) -> sa.Select[Any]:
     return dialects.for_update(stmt, bind)
 
 
+class StepMovedOn(Exception):
+    """A step to be completed was no longer in the status its move required: for a worker's
+    inline advancement, its execution was taken and another attempt moved the step on
+    (the success's transaction rolls back: ``outcomes``); for an advancer, whose branch
+    fence checked the token, it cannot happen [INV-ADV-1]."""
+
+
 def _make_moves(tx: Tx, moves: list[Move], definitions: dict[str, Definition]) -> None:
     """Complete the moves' steps and create their successors; the branches' own rows are
-    the caller's (each path guards them its own way)."""
+    the caller's (each path guards them its own way). Raises :class:`StepMovedOn` when a
+    step's status is not the one its move completes it from."""
     for status in sorted({m.complete_from for m in moves if m.complete_from is not None}):
         ids = [m.step_id for m in moves if m.complete_from == status]
         done = tx.execute(dialects.prepared(tx.conn, _complete_steps),
                           {"batch_ids": ids, "b_status": status, "b_now": tx.now}).rowcount
-        if done != len(ids):  # pragma: no cover  [INV-ADV-1] the steps' branches are locked: moved past once
-            raise AssertionError(f"steps {ids}: {done} of {len(ids)} were {status} inside the batch [INV-ADV-1]")
+        if done != len(ids):  # [INV-ADV-1] the step's status guard: moved past once
+            raise StepMovedOn(f"steps {ids}: {done} of {len(ids)} were {status}")
     new: list[tuple[str, Definition, NewStep]] = []
     for m in moves:
         if m.node is not None:
@@ -829,35 +837,34 @@ def _end_free(status: str, completed: bool) -> Any:
 _END_FREE = {"completed": _end_free("completed", True), "dampened": _end_free("dampened", False)}
 
 
-def advance_on_successes(tx: Tx, successes: Sequence[Any]) -> set[str]:
-    """Advance the branches of a group commit's successes past their steps, in the
-    transaction that records them; returns the ids of the steps advanced.
+def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:
+    """Advance the branches of a success transaction's steps past them, in that
+    transaction (``outcomes.record_successes``); returns the ids of the steps advanced.
 
-    The batched form of :func:`advance_on_success`, equal to it applied to each success
-    (the model's ``advance_on_successes``). Each success (``limits.executions.Success``
-    whose ``advance`` is an :class:`InlineAdvance`) whose edge is a simple transition (:func:`simple_move`)
-    and whose branch is free (unclaimed, in progress) has its step go straight from
-    ``in_progress`` to ``completed``, with its successor (step, job, first execution)
+    The model's ``advance_on_successes`` (and, for one success, its ``advance_on_success``):
+    equal to advancing each in turn. Each success whose edge is a simple transition
+    (:func:`simple_move`: ``chain``, ``converge``, a ``divert`` with a target, a leaf,
+    ``dampen``) and whose branch is free (unclaimed, in progress) has its step go straight
+    from ``in_progress`` to ``completed``, with its successor (step, job, first execution)
     created, or its branch ended (``completed`` for a leaf, ``dampened``) and its run
     resolved [INV-RUN-1], and an advancement row opened and closed by the worker's
     process. The others are left to the caller (their steps become ``advancing``, for an
-    advancer).
+    advancer). Exactly once as for a fenced advancement [INV-ADV-1]: the branch row is
+    locked and must be unclaimed (no advancer can hold it: until this transaction commits
+    its step is not advanceable), the step's completion is guarded by its status (a step
+    an earlier attempt moved on raises :class:`StepMovedOn`), and ``uq_step_branch_node``
+    forbids a second successor.
 
-    Lock order: every branch row first, in branch-id order, then every run row of the
-    moves, in run-id order (``runs.lock_runs``), before any write; an advancer's batch
-    takes the same order, and a single fence its own branch, then its run. The runs of
-    branches that go on are locked too: on InnoDB inserting their steps takes shared
-    locks on the run rows, and two batches each holding one run and inserting under the
-    other's would deadlock. Not done here: fan-out, fan-in and expand edges.
+    Lock order [lock order]: every branch row first, in branch-id order, then every run
+    row of the moves, in run-id order (``runs.lock_runs``), before any write; an
+    advancer's batch takes the same order, and a single fence its own branch, then its
+    run. The runs of branches that go on are locked too: on InnoDB inserting their steps
+    takes shared locks on the run rows, and two batches each holding one run and
+    inserting under the other's would deadlock. Not done here: fan-out, fan-in and expand
+    edges.
     """
-    planned: list[tuple[InlineAdvance, tuple[str, str | None, str | None]]] = []
-    for success in successes:
-        inline = success.advance
-        if not isinstance(inline, InlineAdvance):
-            continue
-        move = simple_move(inline.definition, inline.claimed.node, inline.value_json)
-        if move is not None:
-            planned.append((inline, move))
+    planned = [(i, move) for i in successes
+               if (move := simple_move(i.definition, i.claimed.node, i.value_json)) is not None]
     if not planned:
         return set()
     definitions = {i.claimed.run_id: i.definition for i, _ in planned}
@@ -903,7 +910,7 @@ def _advance_free_branches(_: Any) -> sa.Update:
             .values(last_advanced_at=now, updated_at=now))
 
 
-def advance_released(tx: Tx, released: Sequence[InlineAdvance]) -> set[str]:
+def advance_released(tx: Tx, released: Sequence[Inline]) -> set[str]:
     """A worker's second transaction after a keyed release (the model's
     ``advance_released``): advance the branches past steps whose successes the worker
     recorded, with their slots released, in its transaction before, which left the
@@ -938,7 +945,7 @@ def advance_released(tx: Tx, released: Sequence[InlineAdvance]) -> set[str]:
             continue
         value_json = _value_json(row.output_payload)
         found = None if value_json is None else simple_move(i.definition, i.claimed.node, value_json)
-        if found is not None:  # pragma: no branch  released_later passes simple moves only, of this stored value
+        if found is not None:  # pragma: no branch  outcomes.released_later passes simple moves only, of this value
             status, node, kind = found
             moves.append(Move(i.claimed.branch_id, i.claimed.run_id, row.id, "advancing", status, node, kind,
                               value_json))
@@ -967,7 +974,7 @@ def _value_json(output_payload: str | None) -> str | None:
     return json.dumps(stored["payload"]) if "payload" in stored else None
 
 
-def advance_released_steps(app: App, released: Sequence[InlineAdvance]) -> set[str]:
+def advance_released_steps(app: App, released: Sequence[Inline]) -> set[str]:
     """:func:`advance_released` in a transaction of its own, repeated on a lost
     connection; returns the ids of the steps advanced. An error is logged and changes
     nothing: the steps stay ``advancing`` and an advancer is woken for them (they were
@@ -992,50 +999,10 @@ def advance_released_steps(app: App, released: Sequence[InlineAdvance]) -> set[s
 
 
 @dataclass(frozen=True)
-class InlineAdvance:
-    """``advance`` of a success (``limits.executions.Success``): advances the branch past
-    the step in the transaction that records the success (:func:`advance_on_success`);
-    a group commit advances all of its successes at once (:func:`advance_on_successes`)."""
+class Inline:
+    """A success's step to advance past in a worker's transaction (:func:`advance_on_successes`,
+    :func:`advance_released`): its claim, its run's definition and the JSON text of its value."""
 
-    claimed: Any
+    claimed: Claimed
     definition: Definition
     value_json: str
-
-    def __call__(self, tx: Tx) -> bool:
-        return advance_on_success(self.claimed, self.definition, self.value_json, tx)
-
-    def simple(self) -> bool:
-        """Whether the step's edge is a simple transition for this value (:func:`simple_move`)."""
-        return simple_move(self.definition, self.claimed.node, self.value_json) is not None
-
-
-def advance_on_success(claimed: Any, definition: Definition, value_json: str, tx: Tx) -> bool:
-    """Advance a branch past a step inside the transaction that records the step's success.
-
-    For simple transitions only (:func:`simple_move`): ``chain``, ``converge``, a
-    ``divert`` with a target (one step on the same branch), a leaf and ``dampen`` (the
-    branch ends and the run is resolved, under the run's lock taken right after the
-    branch's). The step goes straight from ``in_progress`` to ``completed`` and what
-    follows commits with the job's outcome, so no advancer hop (three transactions and,
-    in a fleet, a hand-off between processes) is needed.
-
-    Exactly once for the same reasons as a fenced advancement [INV-ADV-1]: the branch row
-    is locked and must be unclaimed — no advancer can hold it, since until this
-    transaction commits its step is not advanceable — the step's completion is guarded by
-    its status, and ``uq_step_branch_node`` forbids a second successor. An advancement
-    row, opened and closed here by the worker's process, keeps the bookkeeping complete.
-
-    Returns False, changing nothing, for every other edge (fan-out, fan-in, expand, a
-    divert without a target) or a branch not free to advance: the step is then left
-    ``advancing`` for an advancer, as without this shortcut. The one-success case of
-    :func:`advance_on_successes`.
-    """
-    one = _Inline(InlineAdvance(claimed, definition, value_json))
-    return bool(advance_on_successes(tx, [one]))
-
-
-@dataclass(frozen=True)
-class _Inline:
-    """A success as :func:`advance_on_successes` reads it (only its ``advance``)."""
-
-    advance: InlineAdvance

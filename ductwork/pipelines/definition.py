@@ -1,12 +1,14 @@
-"""Pipeline definitions: the builder ``define`` receives, the frozen snapshot, class references.
+"""Defining a pipeline: the builder ``define`` receives, which freezes into a Definition.
 
     class SyncOrders(Pipeline):
         @classmethod
         def define(cls, pipeline):
             pipeline.start(Fetch).expand(to=Push, limit_by="vendor_api").collapse(into=Record)
 
-``SyncOrders.definition`` is a :class:`Definition`; its :meth:`Definition.to_json` is
-the snapshot (docs/semantics.md §1, format 1) frozen into every run it triggers.
+``SyncOrders.definition`` is a :class:`~ductwork.pipelines.snapshot.Definition`; its
+``to_json`` is the snapshot (docs/semantics.md §1, format 1) frozen into every run it
+triggers (:mod:`ductwork.pipelines.snapshot`). The classes it names are registered by
+reference (:mod:`ductwork.pipelines.registry`).
 
 Guarantees:
 
@@ -20,16 +22,12 @@ Guarantees:
 - Node names are ``"<ClassName>#<i>"`` in creation order: the same ``define`` gives
   the same snapshot, byte for byte under ``json.dumps``.
 
-Not done here: nothing touches a database or imports a step's module at build time;
-:meth:`Definition.from_json` checks a stored snapshot's shape and references only,
-it does not re-apply the builder's fan-in rules.
+Not done here: nothing touches a database or imports a step's module at build time.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,340 +42,16 @@ from ductwork.errors import (
     DurationError,
     MainModuleError,
     StartError,
-    UnknownStepClassError,
 )
+from ductwork.pipelines.registry import in_main_module, register_class, step_ref
+from ductwork.pipelines.snapshot import Definition as Definition  # re-exported: see below
+from ductwork.pipelines.snapshot import EdgeSpec, NodeSpec, copy_targets
+from ductwork.pipelines.snapshot import render_divert_key as render_divert_key  # re-exported: see below
 from ductwork.pipelines.step import Step, check_execute
 
-FORMAT = 1
-EDGE_TYPES = ("chain", "expand", "divide", "combine", "collapse", "divert", "converge", "dampen")
-
-
-# --------------------------------------------------------------------------- divert keys
-
-
-def render_divert_key(value: Any) -> str | None:
-    """Render a divert key or a step output the way Ruby's ``to_s`` does (semantics §3.4).
-
-        >>> [render_divert_key(v) for v in ("a", True, None, 1, 1.0, [1])]
-        ['a', 'true', '', '1', '1.0', None]
-
-    ``None`` means "matches no key": lists, dicts and other objects take ``otherwise``.
-    """
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, float):
-        return float.__repr__(value)
-    return None
-
-
-# --------------------------------------------------------------------------- class references
-
-#: every class a definition referenced and every Pipeline subclass, by reference: the
-#: classes of the pipelines this process defined (its configuration's, which every
-#: worker imports at boot, and those its own code imported). Stored names resolve only
-#: through it. Strong references: a class defined inside a function stays resolvable
-#: for the life of the process. A later class with the same reference replaces the earlier.
-_REGISTRY: dict[str, type] = {}
-
-
-def step_ref(cls: type) -> str:
-    """``"module:qualname"`` of a class: ``step_ref(Fetch) == "shop.steps:Fetch"``."""
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def register_class(cls: type) -> str:
-    """Record ``cls`` under its reference, so resolving it needs no import; returns the ref."""
-    ref = step_ref(cls)
-    _REGISTRY[ref] = cls
-    return ref
-
-
-def referenced_class(ref: str) -> type | None:
-    """The class a definition (or Pipeline subclass) created in this process registered as
-    ``ref``, without importing anything; None when none did."""
-    return _REGISTRY.get(ref)
-
-
-def in_main_module(ref: str) -> bool:
-    """Whether ``ref`` names a class of ``__main__``: the script (or ``python -m`` module)
-    this process runs, which another process cannot import under that name."""
-    return ref.partition(":")[0] == "__main__"
-
-
-def main_module_refs(definition: Definition) -> list[str]:
-    """The pipeline's, the nodes' and the on_halt handler's class references that live in
-    ``__main__``, in order."""
-    refs = [definition.pipeline, *(node.klass for node in definition.nodes.values())]
-    if definition.on_halt is not None:
-        refs.append(definition.on_halt)
-    return [ref for ref in dict.fromkeys(refs) if in_main_module(ref)]
-
-
-def resolve_step(ref: str) -> type[Step]:
-    """The Step subclass a stored ``klass`` names, among the classes of the pipelines this
-    process defined; :class:`~ductwork.errors.UnknownStepClassError` naming ``ref`` if it
-    is none of them. Never imports: a name written into a row cannot make a worker import
-    a module its configuration does not."""
-    return _resolve(ref, Step, "step")
-
-
-def _resolve(ref: str, base: type, what: str) -> type:
-    """The registry, else a name in a module a registered class comes from (an alias such
-    as ``OldName = NewName`` left for running runs), looked up in the module already
-    imported. Anything else is unknown; nothing is imported."""
-    found: object = _REGISTRY.get(ref)
-    if found is None:
-        module_name, _, qualname = ref.partition(":")
-        module = sys.modules.get(module_name) if module_name in _registered_modules() else None
-        found = module
-        for part in qualname.split(".") if module is not None and qualname else ():
-            found = getattr(found, part, None)
-        if found is None or found is module:
-            raise UnknownStepClassError(what, ref)
-    if not (isinstance(found, type) and issubclass(found, base)):
-        raise UnknownStepClassError(what, ref, f"names {found!r}, not a {base.__name__} subclass")
-    return found
-
-
-def _registered_modules() -> set[str]:
-    return {cls.__module__ for cls in list(_REGISTRY.values())}
-
-
-def _import(ref: str, what: str) -> Any:
-    module_name, _, qualname = ref.partition(":")
-    cannot = f"cannot resolve {what} class {ref!r}"
-    if not module_name or not qualname:
-        raise ImportError(f"{cannot}: expected 'module:qualname'")
-    if "<locals>" in qualname:
-        raise ImportError(
-            f"{cannot}: it is defined inside a function and no definition in this process "
-            "referenced it (such classes resolve only where they were defined)",
-            name=module_name,
-        )
-    try:
-        found: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImportError(f"{cannot}: {exc}", name=module_name) from exc
-    if ref in _REGISTRY:  # importing the module created (and registered) it
-        return _REGISTRY[ref]
-    for part in qualname.split("."):
-        try:
-            found = getattr(found, part)
-        except AttributeError:
-            raise ImportError(
-                f"{cannot}: module {module_name!r} has no {qualname!r}", name=module_name
-            ) from None
-    return found
-
-
-# --------------------------------------------------------------------------- the snapshot
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """One node of a definition: the step class to run and its transition's options."""
-
-    #: ``"module:qualname"`` of the Step subclass
-    klass: str
-    #: > 0 when set: the node's job becomes eligible this long after the step is created
-    delay_us: int | None = None
-    #: > 0 when set: an execution running longer ends ``timed_out``
-    timeout_us: int | None = None
-    #: a non-blank limit key, or None for the unkeyed lane; values come from config at claim time
-    limit_by: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "klass": self.klass,
-            "delay_us": self.delay_us,
-            "timeout_us": self.timeout_us,
-            "limit_by": self.limit_by,
-        }
-
-
-@dataclass(frozen=True)
-class EdgeSpec:
-    """The one outgoing edge of a node. Treat ``to`` and ``barrier`` as read-only."""
-
-    #: one of :data:`EDGE_TYPES`
-    type: str
-    #: node names; for ``divert`` a dict from rendered key to node, always with ``"otherwise"``
-    to: list[str] | dict[str, str]
-    #: ``combine``/``collapse`` only: the nodes whose divide/expand this fan-in closes
-    barrier: list[str] | None = None
-
-    def first(self) -> str:
-        """The first target of an edge whose ``to`` is a list (every kind but ``divert``)."""
-        assert isinstance(self.to, list), self
-        return self.to[0]
-
-    def divert_target(self, key: str | None) -> str | None:
-        """A ``divert`` edge's target for a rendered key: its own, else ``"otherwise"``'s."""
-        assert isinstance(self.to, dict), self
-        return (self.to.get(key) if key is not None else None) or self.to.get("otherwise")
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type, "to": _copy(self.to)}
-        if self.barrier is not None:
-            out["barrier"] = list(self.barrier)
-        return out
-
-
-def _copy(to: list[str] | dict[str, str]) -> list[str] | dict[str, str]:
-    return dict(to) if isinstance(to, dict) else list(to)
-
-
-@dataclass(frozen=True)
-class Definition:
-    """A pipeline's graph, frozen at class creation and snapshotted into each run.
-
-        snapshot = SyncOrders.definition.to_json()      # what trigger stores
-        Definition.from_json(snapshot) == SyncOrders.definition
-
-    Routing reads only the run's snapshot, so a run is immune to later edits of
-    ``define``; classes are still resolved by reference when a step runs.
-    """
-
-    #: ``"module:qualname"`` of the Pipeline subclass
-    pipeline: str
-    #: the node ``trigger`` creates the first step for
-    start: str
-    #: every node by name, in creation order
-    nodes: dict[str, NodeSpec]
-    #: the outgoing edge of each non-leaf node, in node order
-    edges: dict[str, EdgeSpec]
-    #: ``"module:qualname"`` of the ``on_halt`` handler (a Step subclass); None: no hook
-    on_halt: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The format-1 snapshot: plain dicts, lists, strs, ints and None; deterministic order.
-
-        ``on_halt`` is written only when a handler is declared, so a definition without
-        one has the snapshot (and the digest) it had before hooks existed."""
-        out: dict[str, Any] = {
-            "format": FORMAT,
-            "pipeline": self.pipeline,
-            "start": self.start,
-            "nodes": {name: node.to_json() for name, node in self.nodes.items()},
-            "edges": {name: edge.to_json() for name, edge in self.edges.items()},
-        }
-        if self.on_halt is not None:
-            out["on_halt"] = self.on_halt
-        return out
-
-    @classmethod
-    def from_json(cls, data: Any) -> Definition:
-        """Read a snapshot back; ``DefinitionError(pipeline, "snapshot", …)`` on any bad shape."""
-        return _SnapshotReader(data).read()
-
-    def limit_keys(self) -> set[str]:
-        """Every ``limit_by`` key the nodes reference (boot validation checks each has config)."""
-        return {node.limit_by for node in self.nodes.values() if node.limit_by is not None}
-
-    def node_options(self, node: str) -> NodeSpec:
-        """The spec of ``node`` (klass, delay_us, timeout_us, limit_by); KeyError if unknown."""
-        try:
-            return self.nodes[node]
-        except KeyError:
-            raise KeyError(f"{self.pipeline} has no node {node!r}") from None
-
-
-_SNAPSHOT_KEYS = {"format", "pipeline", "start", "nodes", "edges"}
-#: keys a snapshot may add (absent from every snapshot written before they existed)
-_OPTIONAL_KEYS = {"on_halt"}
-_NODE_KEYS = {"klass", "delay_us", "timeout_us", "limit_by"}
-
-
-def _positive_int(value: Any) -> bool:
-    return type(value) is int and value > 0
-
-
-class _SnapshotReader:
-    """Shape checks for :meth:`Definition.from_json`, one rule per line."""
-
-    def __init__(self, data: Any):
-        self.data = data
-        name = data.get("pipeline") if isinstance(data, dict) else None
-        self.name = name if isinstance(name, str) and name else "<snapshot>"
-
-    def check(self, ok: bool, reason: str) -> None:
-        if not ok:
-            raise DefinitionError(self.name, "snapshot", reason)
-
-    def read(self) -> Definition:
-        data = self.data
-        self.check(isinstance(data, dict), f"expected a JSON object, got {type(data).__name__}")
-        self.check(type(data.get("format")) is int and data["format"] == FORMAT,
-                   f"format={data.get('format')!r}: only format {FORMAT} is understood")
-        self.check(_SNAPSHOT_KEYS <= set(data) <= _SNAPSHOT_KEYS | _OPTIONAL_KEYS,
-                   f"expected keys {sorted(_SNAPSHOT_KEYS)} (and optionally {sorted(_OPTIONAL_KEYS)}), "
-                   f"got {sorted(data)}")
-        on_halt = data.get("on_halt")
-        self.check(on_halt is None or (isinstance(on_halt, str) and ":" in on_halt),
-                   f"on_halt must be 'module:qualname', got {on_halt!r}")
-        self.check(isinstance(data["pipeline"], str) and ":" in data["pipeline"],
-                   f"pipeline must be 'module:qualname', got {data['pipeline']!r}")
-        self.check(isinstance(data["nodes"], dict) and bool(data["nodes"]),
-                   "nodes must be a non-empty object")
-        nodes = {name: self.node(name, raw) for name, raw in data["nodes"].items()}
-        self.check(isinstance(data["start"], str) and data["start"] in nodes,
-                   f"start {data['start']!r} is not a node")
-        self.check(isinstance(data["edges"], dict), "edges must be an object")
-        edges = {name: self.edge(name, raw, nodes) for name, raw in data["edges"].items()}
-        return Definition(data["pipeline"], data["start"], nodes, edges, on_halt)
-
-    def node(self, name: str, raw: Any) -> NodeSpec:
-        where = f"node {name!r}"
-        self.check(isinstance(raw, dict) and set(raw) == _NODE_KEYS,
-                   f"{where}: expected keys {sorted(_NODE_KEYS)}, got {raw!r}")
-        self.check(isinstance(raw["klass"], str) and ":" in raw["klass"],
-                   f"{where}: klass must be 'module:qualname', got {raw['klass']!r}")
-        for key in ("delay_us", "timeout_us"):
-            self.check(raw[key] is None or _positive_int(raw[key]),
-                       f"{where}: {key} must be a positive int or null, got {raw[key]!r}")
-        limit_by = raw["limit_by"]
-        self.check(limit_by is None or (isinstance(limit_by, str) and bool(limit_by.strip())),
-                   f"{where}: limit_by must be a non-blank str or null, got {limit_by!r}")
-        return NodeSpec(raw["klass"], raw["delay_us"], raw["timeout_us"], limit_by)
-
-    def edge(self, source: str, raw: Any, nodes: dict[str, NodeSpec]) -> EdgeSpec:
-        where = f"edge from {source!r}"
-        self.check(source in nodes, f"{where}: no such node")
-        self.check(isinstance(raw, dict) and raw.get("type") in EDGE_TYPES,
-                   f"{where}: type must be one of {', '.join(EDGE_TYPES)}, got {raw!r}")
-        kind, to = raw["type"], raw.get("to")
-        fan_in = kind in ("combine", "collapse")
-        keys = {"type", "to", "barrier"} if fan_in else {"type", "to"}
-        self.check(set(raw) == keys, f"{where}: expected keys {sorted(keys)}, got {sorted(raw)}")
-        if kind == "divert":
-            self.check(isinstance(to, dict) and "otherwise" in to,
-                       f"{where}: divert 'to' must be an object with an 'otherwise' key, "
-                       f"got {to!r}")
-            targets = list(to.values())
-        elif kind == "divide":
-            self.check(isinstance(to, list) and len(to) >= 1,
-                       f"{where}: divide 'to' must be a list of node names, got {to!r}")
-            targets = to
-        else:
-            self.check(isinstance(to, list) and len(to) == 1,
-                       f"{where}: {kind} 'to' must be a list of one node name, got {to!r}")
-            targets = to
-        self.check(self.names(targets, nodes), f"{where}: 'to' names unknown nodes: {to!r}")
-        barrier = raw.get("barrier")
-        if fan_in:
-            self.check(isinstance(barrier, list) and bool(barrier) and self.names(barrier, nodes),
-                       f"{where}: barrier must be a non-empty list of node names, got {barrier!r}")
-        return EdgeSpec(kind, _copy(to), list(barrier) if fan_in else None)
-
-    @staticmethod
-    def names(values: list[Any], nodes: dict[str, NodeSpec]) -> bool:
-        return all(isinstance(value, str) and value in nodes for value in values)
+# Definition and render_divert_key moved to ductwork.pipelines.snapshot; pipelines/advance.py,
+# pipelines/runs.py and fleet/worker.py still import them from here (re-exported until they
+# import the snapshot module).
 
 
 # --------------------------------------------------------------------------- the builder
@@ -462,7 +136,7 @@ class _Graph:
         for source in sources:
             assert source not in self.edges, f"{self.name}: node {source} already has an edge"
             fan_in = None if barrier is None else list(barrier)
-            self.edges[source] = EdgeSpec(kind, _copy(to), fan_in)
+            self.edges[source] = EdgeSpec(kind, copy_targets(to), fan_in)
 
     def freeze(self) -> Definition:
         assert self.start is not None

@@ -35,7 +35,11 @@ from ductwork.durations import parse_period
 from ductwork.errors import DurationError, RunFilterError, UnknownRunError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ductwork.db.database import Database as App
+    from ductwork.db.database import Tx
+    from ductwork.limit_entries import LimitEntry
 
 #: the statuses ``list_runs(status=…)`` and ``ductwork runs --status`` accept
 RUN_STATUSES = ("in_progress", "dampened", "completed", "halted")
@@ -135,6 +139,10 @@ class StepRecord:
     #: what ``Step.idempotency_key`` returns to its executions: its id, or for a step a
     #: revive re-ran, the key of the failed step it re-runs
     idempotency_key: str
+    #: the halted run it was carried over from by a revive, as history: its executions are
+    #: that run's (``executions`` is empty); None: created, or re-run, in this run. The run
+    #: it names may have been pruned since.
+    carried_from: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -353,11 +361,17 @@ def of_pipeline(pipeline: str) -> sa.ColumnElement[bool]:
 
 
 def list_runs(app: App, *, status: str | None = None, pipeline: str | None = None,
-              since: str | datetime | None = None, limit: int = DEFAULT_LIMIT) -> list[RunRecord]:
+              since: str | datetime | None = None, limit: int = DEFAULT_LIMIT,
+              before: tuple[datetime, str] | None = None) -> list[RunRecord]:
     """Runs, newest trigger first: at most ``limit`` (1..MAX_LIMIT) of them, of ``status``
     (one of RUN_STATUSES) and ``pipeline`` (``module:QualName``, or the bare class name) if
     given, triggered at or after ``since`` (a datetime in naive UTC, or :func:`parse_since`'s
-    text). One read-only transaction."""
+    text). One read-only transaction.
+
+    ``before``: keyset pagination, the ``(triggered_at, id)`` of the last run of the page
+    before (``(page[-1].triggered_at, page[-1].id)``): only runs after it in this order.
+    Each page is one range of an index on ``triggered_at``, as fast on the ten-thousandth
+    page as on the first, and no run is listed on two pages."""
     if status is not None and status not in RUN_STATUSES:
         raise RunFilterError("--status", status, f"expected one of {', '.join(RUN_STATUSES)}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
@@ -372,6 +386,8 @@ def list_runs(app: App, *, status: str | None = None, pipeline: str | None = Non
         if since is not None:
             query = query.where(r.c.triggered_at >= (since if isinstance(since, datetime)
                                                      else parse_since(since, tx.now)))
+        if before:  # after the previous page's last run, in (triggered_at, id) order
+            query = query.where(sa.tuple_(r.c.triggered_at, r.c.id) < tuple(before))
         rows = [schema.from_row(_RunRow, row) for row in
                 tx.execute(query.order_by(r.c.triggered_at.desc(), r.c.id.desc()).limit(limit))]
         halted = [row.id for row in rows if row.status == "halted"]
@@ -385,70 +401,116 @@ def list_runs(app: App, *, status: str | None = None, pipeline: str | None = Non
 def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistory:
     """The run's branches, steps, executions, errors, timings, limit keys and waits, in one
     read-only transaction. ``backtraces``: include each error's traceback (else None)."""
-    r, b, s, j, e, a, k = (schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions,
-                           schema.advancements, schema.limit_keys)
     with app.begin(readonly=True) as tx:
-        now = tx.now
-        found = tx.execute(sa.select(*_RUN_COLUMNS).where(r.c.id == run_id)).first()
+        found = tx.execute(sa.select(*_RUN_COLUMNS).where(schema.runs.c.id == run_id)).first()
         if found is None:
             raise UnknownRunError(run_id)
         run_row = schema.from_row(_RunRow, found)
-        branch_rows = [schema.from_row(_BranchRow, row) for row in tx.execute(
-            sa.select(b.c.id, b.c.status, b.c.halt_reason, b.c.parent_id, b.c.barrier_index, b.c.started_at,
-                      b.c.completed_at).where(b.c.run_id == run_id).order_by(b.c.started_at, b.c.id))]
-        step_rows = [schema.from_row(_StepRow, row) for row in tx.execute(
-            sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition, s.c.limit_key,
-                      s.c.created_at, s.c.completed_at, j.c.id.label("job_id"),
-                      schema.step_idempotency_key(s).label("idempotency_key"))
-            .outerjoin(j, j.c.step_id == s.c.id).where(s.c.run_id == run_id).order_by(s.c.started_at, s.c.id))]
-        executions: dict[str, list[_ExecutionRow]] = {}
-        for row in tx.execute(
-                sa.select(e.c.id, e.c.job_id, e.c.limit_key, e.c.eligible_at, e.c.claimed_at, e.c.completed_at,
-                          e.c.outcome, e.c.error_klass, e.c.error_message,
-                          (e.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
-                          e.c.retry_count, e.c.crash_count)
-                .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id).where(s.c.run_id == run_id)
-                .order_by(e.c.created_at, e.c.id)):
-            execution = schema.from_row(_ExecutionRow, row)
-            executions.setdefault(execution.job_id, []).append(execution)
-        advancements: dict[str, list[_AdvancementRow]] = {}
-        for row in tx.execute(
-                sa.select(a.c.branch_id, a.c.step_id, a.c.started_at, a.c.completed_at, a.c.error_klass,
-                          a.c.error_message,
-                          (a.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
-                          a.c.crash_count)
-                .join(b, b.c.id == a.c.branch_id)
-                .where(b.c.run_id == run_id, a.c.error_klass.is_not(None)).order_by(a.c.started_at)):
-            advancement = schema.from_row(_AdvancementRow, row)
-            advancements.setdefault(advancement.branch_id, []).append(advancement)
-        keys = sorted({x.limit_key for xs in executions.values() for x in xs
-                       if x.limit_key is not None and x.completed_at is None})
-        in_flight: dict[str, int] = {}
-        blocked: dict[str, datetime | None] = {}
-        if keys:
-            in_flight = {row.inflight_key: row.n for row in tx.execute(
-                sa.select(e.c.inflight_key, sa.func.count().label("n"))
-                .where(e.c.inflight_key.in_(keys)).group_by(e.c.inflight_key))}
-            blocked = {row.key: row.blocked_until for row in tx.execute(
-                sa.select(k.c.key, k.c.blocked_until).where(k.c.key.in_(keys)))}
+        branch_rows, step_rows = _branch_rows(tx, run_id), _step_rows(tx, run_id)
+        executions, advancements = _executions(tx, run_id, backtraces), _advancements(tx, run_id, backtraces)
+        waits = _Waits.read(tx, app.config.limits, executions)
         context_keys = tuple(sorted(tx.execute(sa.select(schema.context.c.key)
                                                .where(schema.context.c.run_id == run_id)).scalars()))
-        h = schema.halt_hooks
-        hook_row = tx.execute(sa.select(
-            h.c.id, h.c.klass, h.c.status, h.c.retry_count, h.c.crash_count, h.c.last_outcome, h.c.error_klass,
-            h.c.error_message, (h.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
-            h.c.eligible_at, h.c.completed_at).where(h.c.run_id == run_id)).first()
+        hook = _hook(tx, run_id, backtraces)
         revived_as = _revivals(tx, [run_id] if run_row.status == "halted" else []).get(run_id)
-    hook = None if hook_row is None else HookRecord(
-        id=hook_row.id, klass=hook_row.klass, status=hook_row.status, retry_count=hook_row.retry_count,
-        crash_count=hook_row.crash_count, last_outcome=hook_row.last_outcome,
-        error=None if hook_row.error_klass is None else ErrorRecord(
-            klass=hook_row.error_klass, message=hook_row.error_message or "", backtrace=hook_row.error_backtrace),
-        eligible_at=hook_row.eligible_at, completed_at=hook_row.completed_at)
     reasons = tuple(sorted(row.halt_reason for row in branch_rows if row.halt_reason is not None
                            and row.status == "halted"))
+    steps = tuple(_step_record(row, executions.get(row.job_id or "", []), waits, run_row.revived_from, backtraces)
+                  for row in step_rows)
+    branches = tuple(_branch_record(row, advancements.get(row.id, []), backtraces) for row in branch_rows)
+    return RunHistory(now=waits.now, run=_record(run_row, reasons, revived_as), branches=branches, steps=steps,
+                      context_keys=context_keys, hook=hook)
 
-    def wait(step: _StepRow, mine: list[_ExecutionRow]) -> Wait | None:
+
+def _branch_rows(tx: Tx, run_id: str) -> list[_BranchRow]:
+    b = schema.branches
+    return [schema.from_row(_BranchRow, row) for row in tx.execute(
+        sa.select(b.c.id, b.c.status, b.c.halt_reason, b.c.parent_id, b.c.barrier_index, b.c.started_at,
+                  b.c.completed_at).where(b.c.run_id == run_id).order_by(b.c.started_at, b.c.id))]
+
+
+def _step_rows(tx: Tx, run_id: str) -> list[_StepRow]:
+    s, j = schema.steps, schema.jobs
+    return [schema.from_row(_StepRow, row) for row in tx.execute(
+        sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition, s.c.limit_key,
+                  s.c.created_at, s.c.completed_at, j.c.id.label("job_id"),
+                  schema.step_idempotency_key(s).label("idempotency_key"))
+        .outerjoin(j, j.c.step_id == s.c.id).where(s.c.run_id == run_id).order_by(s.c.started_at, s.c.id))]
+
+
+def _executions(tx: Tx, run_id: str, backtraces: bool) -> dict[str, list[_ExecutionRow]]:
+    """The run's executions by job id, oldest first."""
+    s, j, e = schema.steps, schema.jobs, schema.executions
+    executions: dict[str, list[_ExecutionRow]] = {}
+    for row in tx.execute(
+            sa.select(e.c.id, e.c.job_id, e.c.limit_key, e.c.eligible_at, e.c.claimed_at, e.c.completed_at,
+                      e.c.outcome, e.c.error_klass, e.c.error_message,
+                      (e.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
+                      e.c.retry_count, e.c.crash_count)
+            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id).where(s.c.run_id == run_id)
+            .order_by(e.c.created_at, e.c.id)):
+        execution = schema.from_row(_ExecutionRow, row)
+        executions.setdefault(execution.job_id, []).append(execution)
+    return executions
+
+
+def _advancements(tx: Tx, run_id: str, backtraces: bool) -> dict[str, list[_AdvancementRow]]:
+    """The run's failed advancements by branch id, oldest first."""
+    a, b = schema.advancements, schema.branches
+    advancements: dict[str, list[_AdvancementRow]] = {}
+    for row in tx.execute(
+            sa.select(a.c.branch_id, a.c.step_id, a.c.started_at, a.c.completed_at, a.c.error_klass,
+                      a.c.error_message,
+                      (a.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
+                      a.c.crash_count)
+            .join(b, b.c.id == a.c.branch_id)
+            .where(b.c.run_id == run_id, a.c.error_klass.is_not(None)).order_by(a.c.started_at)):
+        advancement = schema.from_row(_AdvancementRow, row)
+        advancements.setdefault(advancement.branch_id, []).append(advancement)
+    return advancements
+
+
+def _hook(tx: Tx, run_id: str, backtraces: bool) -> HookRecord | None:
+    h = schema.halt_hooks
+    row = tx.execute(sa.select(
+        h.c.id, h.c.klass, h.c.status, h.c.retry_count, h.c.crash_count, h.c.last_outcome, h.c.error_klass,
+        h.c.error_message, (h.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
+        h.c.eligible_at, h.c.completed_at).where(h.c.run_id == run_id)).first()
+    if row is None:
+        return None
+    return HookRecord(id=row.id, klass=row.klass, status=row.status, retry_count=row.retry_count,
+                      crash_count=row.crash_count, last_outcome=row.last_outcome,
+                      error=_error(row.error_klass, row.error_message, row.error_backtrace, backtraces),
+                      eligible_at=row.eligible_at, completed_at=row.completed_at)
+
+
+@dataclass(frozen=True)
+class _Waits:
+    """What the rows say about the limit keys of the run's unfinished executions, at ``now``."""
+
+    now: datetime
+    limits: Mapping[str, LimitEntry]
+    #: executions in flight per key
+    in_flight: dict[str, int]
+    #: each key's ``blocked_until`` (rate)
+    blocked: dict[str, datetime | None]
+
+    @classmethod
+    def read(cls, tx: Tx, limits: Mapping[str, LimitEntry], executions: dict[str, list[_ExecutionRow]]) -> _Waits:
+        e, k = schema.executions, schema.limit_keys
+        keys = sorted({x.limit_key for xs in executions.values() for x in xs
+                       if x.limit_key is not None and x.completed_at is None})
+        if not keys:
+            return cls(tx.now, limits, {}, {})
+        in_flight = {row.inflight_key: row.n for row in tx.execute(
+            sa.select(e.c.inflight_key, sa.func.count().label("n"))
+            .where(e.c.inflight_key.in_(keys)).group_by(e.c.inflight_key))}
+        blocked = {row.key: row.blocked_until for row in tx.execute(
+            sa.select(k.c.key, k.c.blocked_until).where(k.c.key.in_(keys)))}
+        return cls(tx.now, limits, in_flight, blocked)
+
+    def of(self, step: _StepRow, mine: list[_ExecutionRow]) -> Wait | None:
+        """What holds ``step`` (with its executions ``mine``) back; None when nothing does."""
         if step.status == "advancing":
             return Wait(kind="advance")
         if step.status != "in_progress" or not mine or mine[-1].completed_at is not None:
@@ -456,44 +518,49 @@ def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistor
         last = mine[-1]
         if last.claimed_at is not None:
             return Wait(kind="running", key=last.limit_key, since=last.claimed_at)
-        if last.eligible_at > now:
+        if last.eligible_at > self.now:
             return Wait(kind="delay", key=last.limit_key, until=last.eligible_at)
         if last.limit_key is not None:
-            until = blocked.get(last.limit_key)
-            if until is not None and until > now:
+            until = self.blocked.get(last.limit_key)
+            if until is not None and until > self.now:
                 return Wait(kind="rate", key=last.limit_key, until=until)
-            entry = app.config.limits.get(last.limit_key)
-            running = in_flight.get(last.limit_key, 0)
+            entry = self.limits.get(last.limit_key)
+            running = self.in_flight.get(last.limit_key, 0)
             if entry is not None and entry.concurrency is not None and running >= entry.concurrency:
                 return Wait(kind="concurrency", key=last.limit_key, in_flight=running,
                             concurrency=entry.concurrency)
         return Wait(kind="queued", key=last.limit_key)
 
-    steps = tuple(
-        StepRecord(id=row.id, branch_id=row.branch_id, node=row.node, klass=row.klass, status=row.status,
-                   to_transition=row.to_transition, limit_key=row.limit_key, created_at=row.created_at,
-                   completed_at=row.completed_at, idempotency_key=row.idempotency_key,
-                   executions=tuple(
-                       ExecutionRecord(id=x.id, limit_key=x.limit_key, eligible_at=x.eligible_at,
-                                       claimed_at=x.claimed_at, completed_at=x.completed_at, outcome=x.outcome,
-                                       error=_error(x.error_klass, x.error_message, x.error_backtrace, backtraces),
-                                       retry_count=x.retry_count, crash_count=x.crash_count)
-                       for x in executions.get(row.job_id or "", [])),
-                   wait=wait(row, executions.get(row.job_id or "", [])))
-        for row in step_rows)
-    branches = tuple(
-        BranchRecord(id=row.id, status=row.status, halt_reason=row.halt_reason, parent_id=row.parent_id,
-                     barrier_index=row.barrier_index, started_at=row.started_at, completed_at=row.completed_at,
-                     advancement_errors=tuple(
-                         AdvancementRecord(step_id=x.step_id, started_at=x.started_at, completed_at=x.completed_at,
-                                           error=ErrorRecord(klass=x.error_klass, message=x.error_message or "",
-                                                             backtrace=x.error_backtrace if backtraces else None),
-                                           crash_count=x.crash_count)
-                         for x in advancements.get(row.id, [])),
-                     wait=Wait(kind="resume") if row.status == "dampened" else None)
-        for row in branch_rows)
-    return RunHistory(now=now, run=_record(run_row, reasons, revived_as), branches=branches, steps=steps,
-                      context_keys=context_keys, hook=hook)
+
+def _step_record(row: _StepRow, mine: list[_ExecutionRow], waits: _Waits, revived_from: str | None,
+                 backtraces: bool) -> StepRecord:
+    """``row`` with its executions ``mine``. In a revived run a step without executions of
+    its own was carried over from the halted run (INV-REV-2: a revive copies steps without
+    their executions, and every step created in a run is created with its first one)."""
+    return StepRecord(
+        id=row.id, branch_id=row.branch_id, node=row.node, klass=row.klass, status=row.status,
+        to_transition=row.to_transition, limit_key=row.limit_key, created_at=row.created_at,
+        completed_at=row.completed_at, idempotency_key=row.idempotency_key,
+        executions=tuple(
+            ExecutionRecord(id=x.id, limit_key=x.limit_key, eligible_at=x.eligible_at, claimed_at=x.claimed_at,
+                            completed_at=x.completed_at, outcome=x.outcome,
+                            error=_error(x.error_klass, x.error_message, x.error_backtrace, backtraces),
+                            retry_count=x.retry_count, crash_count=x.crash_count)
+            for x in mine),
+        wait=waits.of(row, mine), carried_from=None if mine else revived_from)
+
+
+def _branch_record(row: _BranchRow, advancements: list[_AdvancementRow], backtraces: bool) -> BranchRecord:
+    return BranchRecord(
+        id=row.id, status=row.status, halt_reason=row.halt_reason, parent_id=row.parent_id,
+        barrier_index=row.barrier_index, started_at=row.started_at, completed_at=row.completed_at,
+        advancement_errors=tuple(
+            AdvancementRecord(step_id=x.step_id, started_at=x.started_at, completed_at=x.completed_at,
+                              error=ErrorRecord(klass=x.error_klass, message=x.error_message or "",
+                                                backtrace=x.error_backtrace if backtraces else None),
+                              crash_count=x.crash_count)
+            for x in advancements),
+        wait=Wait(kind="resume") if row.status == "dampened" else None)
 
 
 # --------------------------------------------------------------------------- JSON
@@ -523,118 +590,3 @@ def history_json(history: RunHistory) -> dict[str, Any]:
                 "steps": [asdict(step) for step in history.steps], "context_keys": list(history.context_keys),
                 "hook": None if history.hook is None else asdict(history.hook)}
     return _json_value(document)  # type: ignore[no-any-return]
-
-
-# --------------------------------------------------------------------------- text
-
-
-def _at(moment: datetime | None) -> str:
-    return "-" if moment is None else moment.isoformat(sep=" ", timespec="milliseconds")
-
-
-def _took(start: datetime | None, end: datetime | None) -> str:
-    if start is None or end is None:
-        return ""
-    return f" ({(end - start).total_seconds():.3f}s)"
-
-
-def describe_wait(wait: Wait, now: datetime) -> str:
-    """One line for a wait, relative to ``now``."""
-    key = f" key {wait.key!r}" if wait.key else ""
-    if wait.kind == "delay":
-        assert wait.until is not None
-        return f"waits: not eligible until {_at(wait.until)} ({(wait.until - now).total_seconds():.3f}s from now)"
-    if wait.kind == "rate":
-        assert wait.until is not None
-        return (f"waits:{key} is rate-blocked until {_at(wait.until)} "
-                f"({(wait.until - now).total_seconds():.3f}s from now)")
-    if wait.kind == "concurrency":
-        return f"waits:{key} has {wait.in_flight} of {wait.concurrency} in flight (its concurrency)"
-    if wait.kind == "running":
-        assert wait.since is not None
-        return f"running{key} since {_at(wait.since)} ({(now - wait.since).total_seconds():.3f}s)"
-    if wait.kind == "advance":
-        return "waits: an advancer to move its branch on"
-    if wait.kind == "resume":
-        return "waits: Run.resume() (dampened; nothing resumes it by itself)"
-    return f"waits: a worker to claim it{key} (eligible, nothing holds it back)"
-
-
-def render_runs(records: list[RunRecord]) -> str:
-    """``ductwork runs``'s table."""
-    if not records:
-        return "(no runs)"
-    rows = [("RUN", "STATUS", "PIPELINE", "TRIGGERED (UTC)", "FINISHED (UTC)", "HALT REASONS")]
-    for record in records:
-        notes = [", ".join(record.halt_reasons)] if record.halt_reasons else []
-        if record.revived_from:
-            notes.append(f"revived from {record.revived_from}")
-        if record.revived_as:
-            notes.append(f"revived as {record.revived_as}")
-        rows.append((record.id, record.status, record.pipeline, _at(record.triggered_at),
-                     _at(record.finished_at), "; ".join(notes)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1]
-                     for row in rows).rstrip()
-
-
-def render_history(history: RunHistory) -> str:
-    """``ductwork show``'s text: the run, then each branch with its steps and executions."""
-    run = history.run
-    lines = [f"run {run.id}  {run.status}", f"  pipeline      {run.pipeline}",
-             f"  triggered     {_at(run.triggered_at)} UTC"]
-    if run.finished_at is not None:
-        lines.append(f"  {run.status:<13} {_at(run.finished_at)} UTC{_took(run.triggered_at, run.finished_at)}")
-    if run.revived_from:
-        lines.append(f"  revived from  {run.revived_from} (that run may have been pruned since)")
-    if run.halt_reasons:
-        lines.append(f"  halt reasons  {', '.join(run.halt_reasons)}")
-    if run.revived_as:
-        lines.append(f"  revived as    {run.revived_as}")
-    if history.context_keys:
-        lines.append(f"  context keys  {', '.join(history.context_keys)}")
-    if history.hook is not None:
-        hook = history.hook
-        lines.append(f"  on_halt hook  {hook.klass}  {hook.status}  retries {hook.retry_count} "
-                     f"crashes {hook.crash_count}" + (f"  ended {_at(hook.completed_at)}" if hook.completed_at else
-                                                      f"  eligible {_at(hook.eligible_at)}"))
-        if hook.error is not None:
-            lines.append(f"    last error {hook.error.klass}: {hook.error.message}")
-            lines += _backtrace(hook.error, "    ")
-    lines.append(f"  database time {_at(history.now)} UTC")
-    by_branch: dict[str, list[StepRecord]] = {}
-    for step in history.steps:
-        by_branch.setdefault(step.branch_id, []).append(step)
-    for branch in history.branches:
-        where = "" if branch.parent_id is None else f"  child {branch.barrier_index} of {branch.parent_id}"
-        lines += ["", f"branch {branch.id}  {branch.status}"
-                  + (f" ({branch.halt_reason})" if branch.halt_reason else "") + where]
-        if branch.wait is not None:
-            lines.append(f"  {describe_wait(branch.wait, history.now)}")
-        for advancement in branch.advancement_errors:
-            lines.append(f"  advancer error on step {advancement.step_id} at {_at(advancement.started_at)}: "
-                         f"{advancement.error.klass}: {advancement.error.message}")
-            lines += _backtrace(advancement.error, "    ")
-        for step in by_branch.get(branch.id, []):
-            key = f"  key {step.limit_key!r}" if step.limit_key else ""
-            lines.append(f"  step {step.node} ({step.klass})  {step.status}  via {step.to_transition}{key}")
-            lines.append(f"    id {step.id}  created {_at(step.created_at)}"
-                         + (f"  completed {_at(step.completed_at)}{_took(step.created_at, step.completed_at)}"
-                            if step.completed_at else ""))
-            if step.wait is not None:
-                lines.append(f"    {describe_wait(step.wait, history.now)}")
-            for number, execution in enumerate(step.executions, 1):
-                outcome = execution.outcome or ("running" if execution.claimed_at else "pending")
-                lines.append(f"    #{number} {outcome:<15} claimed {_at(execution.claimed_at)}  "
-                             f"ended {_at(execution.completed_at)}{_took(execution.claimed_at, execution.completed_at)}"
-                             f"  retries {execution.retry_count} crashes {execution.crash_count}")
-                if execution.error is not None:
-                    lines.append(f"       {execution.error.klass}: {execution.error.message}")
-                    lines += _backtrace(execution.error, "       ")
-    return "\n".join(lines)
-
-
-def _backtrace(error: ErrorRecord, indent: str) -> list[str]:
-    if error.backtrace is None:
-        return []
-    return [indent + line for line in error.backtrace.rstrip().splitlines()]

@@ -26,6 +26,7 @@ splitting larger values (store them elsewhere and pass a reference).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ductwork.errors import NotJSONError, PayloadTooLargeError
@@ -61,3 +62,30 @@ def statement_limit_warning(limit: int | None) -> str | None:
     return (f"the database's max_allowed_packet is {limit:,} bytes: a value near the maximum payload "
             f"({MAX_PAYLOAD_BYTES:,} bytes of JSON) needs {STATEMENT_BYTES_NEEDED:,}, or the statement that "
             f"stores it is refused; raise it (SET GLOBAL max_allowed_packet = {STATEMENT_BYTES_NEEDED})")
+
+
+@dataclass(frozen=True)
+class Output:
+    """A step's validated return value: its JSON text, or, when the edge expands, its items'
+    JSON texts (each within the rule above)."""
+
+    value_json: str | None = None
+    expand_items: list[str] | None = None
+
+    @property
+    def payload_json(self) -> str:
+        """The job's ``output_payload``: the value's envelope, or an expand's item count."""
+        if self.expand_items is not None:
+            return expand_envelope(len(self.expand_items))
+        assert self.value_json is not None, "an Output holds a value or expand items"
+        return payload_envelope(self.value_json)
+
+
+def payload_envelope(value_json: str) -> str:
+    """Wrap a value's JSON text as a job's ``output_payload``."""
+    return '{"payload": ' + value_json + "}"
+
+
+def expand_envelope(count: int) -> str:
+    """A job's ``output_payload`` when its step expands: the item count (the items are rows)."""
+    return json.dumps({"expand_items": count})

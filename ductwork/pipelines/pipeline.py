@@ -9,7 +9,7 @@
 
 Guarantees: ``define`` runs exactly once, when the class statement executes, so every
 :class:`~ductwork.errors.DefinitionError` surfaces at import time; the resulting
-:class:`~ductwork.pipelines.definition.Definition` is stored on the class as ``definition``
+:class:`~ductwork.pipelines.snapshot.Definition` is stored on the class as ``definition``
 and snapshotted into each run. Not done here: database access (``trigger`` delegates
 to the engine) and re-definition (edit the class and re-import instead).
 """
@@ -21,20 +21,12 @@ import functools
 import inspect
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ductwork.db.database import default_app
+from ductwork.db.database import current_default_app, default_app
 from ductwork.db.hosts import other_job_workers
 from ductwork.errors import DefinitionError, InputError, MainModuleError, TriggerConnectionError
-from ductwork.pipelines.definition import (
-    _REGISTRY,
-    Definition,
-    PipelineBuilder,
-    _import,
-    _resolve,
-    build_definition,
-    main_module_refs,
-    referenced_class,
-    register_class,
-)
+from ductwork.pipelines.definition import PipelineBuilder, build_definition
+from ductwork.pipelines.registry import _REGISTRY, _import, _resolve, referenced_class, register_class
+from ductwork.pipelines.snapshot import Definition, main_module_refs
 from ductwork.pipelines.trigger import check_key, check_window
 
 if TYPE_CHECKING:
@@ -149,7 +141,12 @@ class Pipeline:
         reads before it writes (the ``__main__`` check): done in the thread, none of it can
         block the loop. The thread is one of the loop's default executor's; cancelling the
         awaiting task does not undo a trigger the thread has begun (it commits or rolls
-        back on its own)."""
+        back on its own). Checks first, before anything is written, that the async client's
+        modules import: :class:`~ductwork.errors.MissingExtraError` names
+        ``pip install 'ductwork[async]'`` otherwise (the run's handle awaits through them)."""
+        target = app or current_default_app()  # (none: trigger's checks say so, after its own)
+        if target is not None:
+            target.require_async(f"{cls.__qualname__}.atrigger")
         connection = options.pop("connection", None)
         if connection is not None:
             run_sync = getattr(connection, "run_sync", None)
@@ -164,10 +161,10 @@ class Pipeline:
 
 
 # The lookups of a stored or configured pipeline name live here, next to the class
-# they check for (definition.py, which this module imports, cannot import it back).
+# they check for (registry.py, which this module imports, cannot import it back).
 def resolve_pipeline(ref: str) -> type:
     """The Pipeline subclass a stored ``pipeline`` names, among those this process defined;
-    UnknownStepClassError naming ``ref`` otherwise. Never imports (see ``definition.resolve_step``)."""
+    UnknownStepClassError naming ``ref`` otherwise. Never imports (see ``registry.resolve_step``)."""
     return _resolve(ref, Pipeline, "pipeline")
 
 

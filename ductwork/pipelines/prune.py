@@ -186,45 +186,64 @@ def prune(app: App, finished_before: timedelta, *, batch_size: int = DEFAULT_BAT
     ``on_batch(runs, rows)``: called after each committed batch (the CLI prints progress).
     Every committed batch is logged at INFO.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise RunFilterError("--batch-size", batch_size, "expected a whole number of runs, at least 1")
-    if finished_before < timedelta(0):
-        raise RunFilterError("--finished-before", finished_before, "must not be negative")
+    _check_arguments(batch_size, finished_before)
     if dry_run:
-        with app.begin(readonly=True) as tx:
-            cutoff = tx.now - finished_before  # [INV-CLK-1] the database's now
-            result = PruneResult(cutoff, True)
-            ids = list(tx.execute(sa.select(schema.runs.c.id).where(_prunable(cutoff, pipeline))).scalars())
-            result.runs = len(ids)
-            for start in range(0, len(ids), batch_size):
-                for name, n in _count(tx, ids[start:start + batch_size]).items():
-                    result.rows[name] += n
-        return result
+        return _dry_run(app, finished_before, batch_size, pipeline)
     with app.begin(readonly=True) as tx:
         cutoff = tx.now - finished_before  # [INV-CLK-1] one cutoff for every batch
     result = PruneResult(cutoff, False)
     if on_start is not None:
         on_start(cutoff)
     while True:
-        def one_batch() -> tuple[bool, dict[str, int]]:
-            with app.begin() as tx:
-                found = candidates(tx, cutoff, batch_size, pipeline)
-                return bool(found), prune_batch(tx, found, cutoff)
-
-        found, deleted = dialects.retry_transient(one_batch)
+        found, deleted = dialects.retry_transient(lambda: _next_batch(app, cutoff, batch_size, pipeline))
         if not found:
             return result
         if not deleted:  # another prune deleted them first: look again
             continue
-        runs = deleted[schema.runs.name]
-        result.runs += runs
-        result.batches += 1
-        for name, n in deleted.items():
-            result.rows[name] += n
-        log.info("prune: deleted %d runs finished before %s (%s)", runs, cutoff.isoformat(sep=" "),
-                 ", ".join(f"{name} {n}" for name, n in deleted.items()))
+        runs = _count_batch(result, deleted)
         if on_batch is not None:
             on_batch(runs, deleted)
+
+
+def _check_arguments(batch_size: int, finished_before: timedelta) -> None:
+    """RunFilterError, naming the option, for a batch size that is not a whole number of
+    runs (at least 1) or a negative age."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise RunFilterError("--batch-size", batch_size, "expected a whole number of runs, at least 1")
+    if finished_before < timedelta(0):
+        raise RunFilterError("--finished-before", finished_before, "must not be negative")
+
+
+def _dry_run(app: App, finished_before: timedelta, batch_size: int, pipeline: str | None) -> PruneResult:
+    """What a prune would delete now, counted in one read-only transaction."""
+    with app.begin(readonly=True) as tx:
+        cutoff = tx.now - finished_before  # [INV-CLK-1] the database's now
+        result = PruneResult(cutoff, True)
+        ids = list(tx.execute(sa.select(schema.runs.c.id).where(_prunable(cutoff, pipeline))).scalars())
+        result.runs = len(ids)
+        for start in range(0, len(ids), batch_size):
+            for name, n in _count(tx, ids[start:start + batch_size]).items():
+                result.rows[name] += n
+    return result
+
+
+def _next_batch(app: App, cutoff: datetime, batch_size: int, pipeline: str | None) -> tuple[bool, dict[str, int]]:
+    """One batch's transaction: whether candidates were found, and the rows deleted."""
+    with app.begin() as tx:
+        found = candidates(tx, cutoff, batch_size, pipeline)
+        return bool(found), prune_batch(tx, found, cutoff)
+
+
+def _count_batch(result: PruneResult, deleted: dict[str, int]) -> int:
+    """Add a committed batch to ``result`` and log it; returns its number of runs."""
+    runs = deleted[schema.runs.name]
+    result.runs += runs
+    result.batches += 1
+    for name, n in deleted.items():
+        result.rows[name] += n
+    log.info("prune: deleted %d runs finished before %s (%s)", runs, result.finished_before.isoformat(sep=" "),
+             ", ".join(f"{name} {n}" for name, n in deleted.items()))
+    return runs
 
 
 def render(result: PruneResult) -> str:

@@ -49,9 +49,8 @@ from ductwork import faults
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.errors import RevivedConcurrently, ReviveError
-from ductwork.limits.executions import new_execution_row
-from ductwork.pipelines.definition import Definition
-from ductwork.pipelines.steps import ensure_limit_keys
+from ductwork.limits.executions import Pending, enqueue
+from ductwork.pipelines.snapshot import Definition
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
@@ -117,6 +116,22 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str
     branch_ids = {b["id"]: new_id() for b in branches}
     halted = {b["id"] for b in branches if b["status"] == "halted"}
     _insert_branches(tx, new_run, branches, branch_ids, halted)
+    _copy_steps(tx, definition, run_id, new_run, branch_ids, halted)
+    if duplicate_context:
+        tx.execute(_c.insert().from_select(
+            ["id", "run_id", "key", "value", "first_set_at", "last_set_at"],
+            sa.select(_context_ids(tx, run_id), sa.literal(new_run, _c.c.run_id.type), _c.c.key, _c.c.value,
+                      _c.c.first_set_at, _c.c.last_set_at).where(_c.c.run_id == run_id)))
+    faults.hit(faults.INSIDE_REVIVE)
+    tx.wake()
+    return new_run, len(halted)
+
+
+def _copy_steps(tx: Tx, definition: Definition, run_id: str, new_run: str, branch_ids: dict[str, str],
+                halted: set[str]) -> None:
+    """Copy every step of ``run_id`` with its job (and expand items) into ``new_run``, in
+    start order, through :func:`_carry_step`; the latest step of each halted branch is
+    where that branch resumes. Only the re-enqueued steps get an execution."""
     steps = tx.execute(
         sa.select(_s, _j.c.id.label("job_id"), _j.c.input_args, _j.c.output_payload,
                   _j.c.started_at.label("job_started_at"), _j.c.completed_at.label("job_completed_at"))
@@ -126,31 +141,15 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str
     for step in steps:  # in start order: the last one of a branch is its latest
         latest[step["branch_id"]] = step
     stopped = {latest[b]["id"] for b in halted if b in latest}
-    step_rows, job_rows, execution_rows, expand_jobs, keys = [], [], [], [], set()
+    step_rows, job_rows, expand_jobs = [], [], []
+    pending: list[Pending] = []
     for step in steps:  # new ids in the old order: "latest step" stays the latest
-        sid, jid = new_id(), new_id()
-        resumed = step["id"] in stopped
-        row = {**{c.name: step[c.name] for c in _s.c}, "id": sid, "run_id": new_run,
-               "branch_id": branch_ids[step["branch_id"]],
-               # [INV-REV-3] every copy keeps the old step's key (schema.step_idempotency_key)
-               "idempotency_key": step["idempotency_key"] or step["id"]}
-        job = {"id": jid, "step_id": sid, "klass": step["klass"], "input_args": step["input_args"],
-               "output_payload": step["output_payload"], "started_at": step["job_started_at"],
-               "completed_at": step["job_completed_at"], "created_at": now, "updated_at": now}
-        if resumed and step["status"] == "failed":  # re-enqueued, with a fresh budget:
-            node = definition.nodes[step["node"]]
-            row.update(status="in_progress", started_at=now, completed_at=None, created_at=now)
-            job.update(output_payload=None, started_at=now, completed_at=None)  # [INV-REV-3] input_args kept
-            eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
-            execution_rows.append(new_execution_row(jid, step["limit_key"], eligible, 0, 0, now))
-            if step["limit_key"]:
-                keys.add(step["limit_key"])
-        elif resumed:  # an advancement halt stopped here: the transition runs again [INV-REV-3]
-            row.update(status="advancing", completed_at=None, updated_at=now)
-        else:  # [INV-REV-2] history: no execution, its status stays, never advanced again
-            row.update(updated_at=now)
+        row, job, rerun = _carry_step(step, definition, new_run, branch_ids[step["branch_id"]],
+                                      step["id"] in stopped, tx.now)
+        if rerun is not None:
+            pending.append(rerun)
         if step["output_payload"] and '"expand_items"' in step["output_payload"]:
-            expand_jobs.append((step["job_id"], jid))
+            expand_jobs.append((step["job_id"], job["id"]))
         step_rows.append(row)
         job_rows.append(job)
     if step_rows:  # pragma: no branch  a halted run has steps: its branches halted at one
@@ -161,17 +160,34 @@ def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str
             ["job_id", "item_index", "value"],
             sa.select(sa.literal(new_job, _x.c.job_id.type), _x.c.item_index, _x.c.value)
             .where(_x.c.job_id == old_job)))
-    if execution_rows:
-        ensure_limit_keys(tx, keys)
-        tx.execute(schema.executions.insert(), execution_rows)
-    if duplicate_context:
-        tx.execute(_c.insert().from_select(
-            ["id", "run_id", "key", "value", "first_set_at", "last_set_at"],
-            sa.select(_context_ids(tx, run_id), sa.literal(new_run, _c.c.run_id.type), _c.c.key, _c.c.value,
-                      _c.c.first_set_at, _c.c.last_set_at).where(_c.c.run_id == run_id)))
-    faults.hit(faults.INSIDE_REVIVE)
-    tx.wake()
-    return new_run, len(halted)
+    enqueue(tx, pending)  # the re-runs, with their keys' rows
+
+
+def _carry_step(step: Any, definition: Definition, new_run: str, branch_id: str, resume: bool,
+                now: Any) -> tuple[dict[str, Any], dict[str, Any], Pending | None]:
+    """One step of a halted run, with its job, into its revived run (the model's
+    ``PipelinesModel._carry_step``), under new ids: history, or where a halted branch
+    resumes (``resume``). Returns the step row, the job row and the execution to enqueue
+    for a re-enqueued step (None for every other step: history is never executed again)."""
+    sid, jid = new_id(), new_id()
+    row = {**{c.name: step[c.name] for c in _s.c}, "id": sid, "run_id": new_run, "branch_id": branch_id,
+           # [INV-REV-3] every copy keeps the old step's key (schema.step_idempotency_key)
+           "idempotency_key": step["idempotency_key"] or step["id"]}
+    job = {"id": jid, "step_id": sid, "klass": step["klass"], "input_args": step["input_args"],
+           "output_payload": step["output_payload"], "started_at": step["job_started_at"],
+           "completed_at": step["job_completed_at"], "created_at": now, "updated_at": now}
+    rerun: Pending | None = None
+    if resume and step["status"] == "failed":  # re-enqueued, with a fresh budget:
+        node = definition.nodes[step["node"]]
+        row.update(status="in_progress", started_at=now, completed_at=None, created_at=now)
+        job.update(output_payload=None, started_at=now, completed_at=None)  # [INV-REV-3] input_args kept
+        eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
+        rerun = Pending(jid, step["limit_key"], eligible)
+    elif resume:  # an advancement halt stopped here: the transition runs again [INV-REV-3]
+        row.update(status="advancing", completed_at=None, updated_at=now)
+    else:  # [INV-REV-2] history: no execution, its status stays, never advanced again
+        row.update(updated_at=now)
+    return row, job, rerun
 
 
 def _context_ids(tx: Tx, run_id: str) -> sa.ColumnElement[Any]:

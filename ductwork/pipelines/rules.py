@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ductwork.errors import UnknownStepClassError
-from ductwork.pipelines.definition import Definition, render_divert_key
+from ductwork.pipelines.snapshot import Definition, render_divert_key
 
 #: branch statuses of a branch that has not ended: its run is ``in_progress``
 ACTIVE_BRANCH = ("in_progress", "advancing")
@@ -158,7 +158,7 @@ def simple_move(definition: Definition, node: str, value_json: str) -> tuple[str
     fan-in, expand, a divert without a target): those are advanced one by one (the model's
     ``advance`` decides all of them alike; ``batchable`` says which are simple).
 
-    >>> from ductwork.pipelines.definition import Definition as D
+    >>> from ductwork.pipelines.snapshot import Definition as D
     >>> node = {"delay_us": None, "limit_by": None, "timeout_us": None}
     >>> d = D.from_json({"format": 1, "pipeline": "m:P", "start": "a",
     ...                  "nodes": {n: {**node, "klass": f"m:{n}"} for n in "ab"},

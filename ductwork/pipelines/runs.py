@@ -277,7 +277,10 @@ class Run:
 
     async def arefresh(self) -> Run:
         """:meth:`refresh`, awaited: the same reads through the async driver
-        (``Database.aread``), never blocking the event loop; returns self."""
+        (``Database.aread``), never blocking the event loop; returns self. Like every async
+        method, checks first that the async client's modules import
+        (:class:`~ductwork.errors.MissingExtraError`, ``pip install 'ductwork[async]'``)."""
+        self.app.require_async("Run.arefresh")
         await self.app.aread(self._read)
         return self
 
@@ -311,6 +314,7 @@ class Run:
         three statuses), polling with :meth:`arefresh` every ``poll`` s and sleeping with
         ``asyncio.sleep``, so the event loop runs on; TimeoutError after ``timeout`` s.
         Cancelling the awaiting task stops the polling (the run goes on)."""
+        self.app.require_async("Run.await_completion")
         deadline = time.monotonic() + timeout
         while (await self.arefresh()).status not in SETTLED:
             if time.monotonic() >= deadline:
@@ -362,6 +366,17 @@ class Run:
 
         return run_history(self.app, self.id, backtraces=backtraces)
 
+    def definition(self) -> Definition:
+        """The definition snapshot this run follows: frozen when it was triggered (a revived
+        run shares its halted run's), whatever ``define`` says now. One read-only
+        transaction (the parse is cached per App); UnknownRunError once the run was pruned."""
+        r = schema.runs
+        with self.app.begin(readonly=True) as tx:
+            sha1 = tx.execute(sa.select(r.c.definition_sha1).where(r.c.id == self.id)).scalar_one_or_none()
+            if sha1 is None:
+                raise UnknownRunError(self.id)
+            return cached_definition(self.app, sha1, tx=tx)
+
     def resume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
         """Continue a dampened run: every dampened branch gets its next step.
 
@@ -411,6 +426,7 @@ class Run:
         returns self. The same exactly-once: a second resume raises
         :class:`RunStateError`. Cancelling the awaiting task does not undo a resume the
         thread has begun (it commits or rolls back on its own)."""
+        self.app.require_async("Run.aresume")
         return await asyncio.to_thread(self.resume, input)
 
     def revive(self, duplicate_context: bool = False) -> Run:

@@ -14,7 +14,6 @@ Not done here: deciding which steps to create (advance.py) or running them (flee
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -23,12 +22,12 @@ import sqlalchemy as sa
 
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
-from ductwork.limits.executions import new_execution_row
+from ductwork.limits.executions import Pending, enqueue
 from ductwork.pipelines import payloads
 
 if TYPE_CHECKING:
     from ductwork.db.database import Tx
-    from ductwork.pipelines.definition import Definition
+    from ductwork.pipelines.snapshot import Definition
 
 ADVANCEABLE = ("advancing", "failed")
 """Step statuses meaning "the job is done, the branch can move" (claim and fence share it)."""
@@ -74,26 +73,6 @@ def create_branches(tx: Tx, run_id: str, branches: list[dict[str, Any]]) -> None
     ])
 
 
-def ensure_limit_keys(tx: Tx, keys: Iterable[str]) -> None:
-    """Create the header rows of these keys if missing (the row every keyed claim locks).
-
-    A plain read first: once a key exists this takes no lock at all, so an
-    advancement never waits on a claimer holding the key.
-    """
-    wanted = set(keys)
-    if not wanted:
-        return
-    existing = set(
-        tx.execute(sa.select(schema.limit_keys.c.key).where(schema.limit_keys.c.key.in_(wanted))).scalars()
-    )
-    missing = sorted(wanted - existing)
-    if missing:
-        tx.execute(
-            dialects.insert_ignore(tx.conn, schema.limit_keys),
-            [{"key": k, "seq": 0, "created_at": tx.now, "updated_at": tx.now} for k in missing],
-        )
-
-
 def create_steps(tx: Tx, run_id: str, definition: Definition, new: list[NewStep]) -> list[str]:
     """Insert each step of one run with its job and first execution; returns the step ids in order."""
     return create_steps_across(tx, [(run_id, definition, spec) for spec in new])
@@ -107,13 +86,10 @@ def create_steps_across(tx: Tx, new: list[tuple[str, Definition, NewStep]]) -> l
     now = tx.now
     step_rows: list[dict[str, Any]] = []
     job_rows: list[dict[str, Any]] = []
-    execution_rows: list[dict[str, Any]] = []
-    keys: set[str] = set()
+    pending: list[Pending] = []
     for run_id, definition, spec in new:
         node = definition.nodes[spec.node]
         step_id, job_id = new_id(), new_id()
-        if node.limit_by:
-            keys.add(node.limit_by)
         step_rows.append({
             "id": step_id, "run_id": run_id, "branch_id": spec.branch_id, "node": spec.node,
             "klass": node.klass, "to_transition": spec.to_transition, "status": "in_progress",
@@ -126,15 +102,13 @@ def create_steps_across(tx: Tx, new: list[tuple[str, Definition, NewStep]]) -> l
             "created_at": now, "updated_at": now,
         })
         eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
-        execution_rows.append(new_execution_row(job_id, node.limit_by, eligible, 0, 0, now))
-    ensure_limit_keys(tx, keys)
+        pending.append(Pending(job_id, node.limit_by, eligible))
     dialects.insert_rows(tx.conn, schema.steps, step_rows)  # [INV-ADV-1] uq_step_branch_node
     if sum(len(row["input_args"]) for row in job_rows) <= payloads.MAX_PAYLOAD_BYTES:
         dialects.insert_rows(tx.conn, schema.jobs, job_rows)  # [INV-ADV-1] uq_job_step
     else:  # large inputs: a statement per row (on PostgreSQL an array holds a column's every value)
         tx.execute(schema.jobs.insert(), job_rows)  # [INV-ADV-1] uq_job_step
-    dialects.insert_rows(tx.conn, schema.executions, execution_rows)
-    tx.wake()
+    enqueue(tx, pending)  # the first executions, in their lanes (and their keys' rows)
     return [row["id"] for row in step_rows]
 
 

@@ -73,7 +73,7 @@ from ductwork.pipelines.steps import NewStep, create_branches, create_steps
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
-    from ductwork.pipelines.definition import Definition
+    from ductwork.pipelines.snapshot import Definition
 
 _r = schema.runs
 
@@ -175,16 +175,8 @@ def trigger(app: App, tx: Tx, pipeline: type, args: list[Any], key: str | None =
     snapshot = json.dumps(definition.to_json(), sort_keys=True)
     sha1 = hashlib.sha1(snapshot.encode()).hexdigest()
     input_json = payloads.dump(list(args), f"{pipeline.__qualname__}.trigger arguments")
-    if key is not None and window_us is not None:
-        holder = key_holder(tx, definition.pipeline, key)
-        if holder is not None and not (key_expired(holder, tx.now, window_us)
-                                       and release_key(tx, definition.pipeline, key, holder, window_us)):
-            existing = keyed_run(tx, definition.pipeline, key)  # another trigger may have taken it
-            if existing is None or (existing == holder.run_id and key_expired(holder, tx.now, window_us)):
-                raise TriggeredConcurrently(definition.pipeline, key)  # its run is not ours to see yet
-            return Triggered(existing, created=False)  # [INV-TRG-1] the key's run: nothing written
-    elif key is not None:
-        existing = keyed_run(tx, definition.pipeline, key)
+    if key is not None:
+        existing = _key_kept_by(tx, definition.pipeline, key, window_us)
         if existing is not None:  # [INV-TRG-1] the key's run: nothing written
             return Triggered(existing, created=False)
     run_id, branch_id = new_id(), new_id()
@@ -211,6 +203,23 @@ def trigger(app: App, tx: Tx, pipeline: type, args: list[Any], key: str | None =
     create_steps(tx, run_id, definition, [NewStep(branch_id, definition.start, "start", input_json)])
     app._definitions.setdefault(sha1, definition)
     return Triggered(run_id, created=True)
+
+
+def _key_kept_by(tx: Tx, pipeline: str, key: str, window_us: int | None) -> str | None:
+    """The run that holds ``key`` and keeps it, which a trigger returns without writing
+    anything [INV-TRG-1]; None when the key is free, or, with a window, was taken here from
+    a run that finished at least ``window_us`` before ``tx.now`` (:func:`release_key`).
+    :class:`TriggeredConcurrently` when the key's holder is not ours to see yet."""
+    if window_us is None:
+        return keyed_run(tx, pipeline, key)
+    holder = key_holder(tx, pipeline, key)
+    if holder is None or (key_expired(holder, tx.now, window_us)
+                          and release_key(tx, pipeline, key, holder, window_us)):
+        return None
+    existing = keyed_run(tx, pipeline, key)  # another trigger may have taken it
+    if existing is None or (existing == holder.run_id and key_expired(holder, tx.now, window_us)):
+        raise TriggeredConcurrently(pipeline, key)  # [INV-TRG-1] its run is not ours to see yet
+    return existing
 
 
 def trigger_in(conn: Connection, app: App, pipeline: type, args: list[Any], key: str | None = None,

@@ -40,7 +40,7 @@ from orders_pipeline import FulfilOrder
 from pydantic import BaseModel, Field
 
 import ductwork
-from ductwork.db import dialects
+from ductwork.db import engines
 from ductwork.errors import RunStateError, UnknownRunError
 
 metadata = sa.MetaData()
@@ -75,7 +75,7 @@ class OutOfStock(Exception):
 
 def create_app(dw: ductwork.App) -> FastAPI:
     """The shop on ``dw``'s database: ductwork's tables migrated, ``metadata``'s created."""
-    engine = dialects.create_async_engine(dw.url)  # or your own AsyncEngine on the same database
+    engine = engines.create_async_engine(dw.url)  # or your own AsyncEngine on the same database
 
     @asynccontextmanager
     async def lifespan(_api):

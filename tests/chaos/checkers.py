@@ -62,7 +62,7 @@ from fractions import Fraction
 from typing import Any
 
 from ductwork.limit_entries import US_PER_S, RateEntry
-from ductwork.pipelines.definition import Definition, EdgeSpec, render_divert_key
+from ductwork.pipelines.snapshot import Definition, EdgeSpec, render_divert_key
 from tests.chaos.history import BranchRow, Execution, History, StepRow, Witness
 
 SETTLED_RUNS = ("completed", "halted", "dampened")

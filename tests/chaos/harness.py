@@ -191,7 +191,7 @@ class ChaosRound:
         self.hosts[host] = None
 
     def _engine(self) -> sa.Engine:
-        from ductwork.db.dialects import create_engine
+        from ductwork.db.engines import create_engine
 
         return create_engine(self.url, io_timeout=10)
 

@@ -40,9 +40,9 @@ SCALE = int(os.environ.get("DUCTWORK_CHAOS_SCALE", "1"))
 
 
 def _migrate(url: str) -> None:
-    from ductwork.db import dialects, migrate
+    from ductwork.db import engines, migrate
 
-    engine = dialects.create_engine(url)
+    engine = engines.create_engine(url)
     try:
         migrate.upgrade(engine)
     finally:

@@ -48,7 +48,7 @@ _engine = None
 def _witness_engine():
     global _engine
     if _engine is None:
-        from ductwork.db.dialects import create_engine
+        from ductwork.db.engines import create_engine
 
         _engine = create_engine(os.environ["DUCTWORK_CHAOS_WITNESS_URL"], pool_size=2, io_timeout=10)
     return _engine

@@ -215,13 +215,13 @@ def test_an_apps_first_read_may_be_async_its_schema_checked_off_the_loop(app):
     """An App whose only use so far is a trigger in the caller's async transaction (which
     checks nothing: the caller's connection) checks the schema before its first ``aread``,
     in a thread: a sync check on the loop would block it."""
-    from ductwork.db import dialects
+    from ductwork.db import engines
     from tests.conftest import make_app
 
     fresh = make_app(app.url)
 
     async def main():
-        engine = dialects.create_async_engine(app.url)
+        engine = engines.create_async_engine(app.url)
         try:
             async with engine.begin() as conn:
                 run = await AddP.atrigger(1, 2, connection=conn, app=fresh)
@@ -300,10 +300,10 @@ def test_atrigger_in_the_callers_async_transaction_commits_or_rolls_back_with_it
     """``atrigger(connection=AsyncConnection)`` writes through the caller's transaction on
     the loop (the async driver), never blocking it: a rollback leaves nothing, a commit the
     run, and a second keyed trigger in another transaction returns that run [INV-TRG-2]."""
-    from ductwork.db import dialects
+    from ductwork.db import engines
 
     async def main():
-        engine = dialects.create_async_engine(app.url)
+        engine = engines.create_async_engine(app.url)
         try:
             async def order_that_fails():
                 async with engine.begin() as conn:
@@ -339,3 +339,69 @@ def test_atrigger_refuses_a_synchronous_connection(app):
             await AddP.atrigger(1, 2, connection=conn)
 
     asyncio.run(main())
+
+
+#: a process without the async extra (``pip install ductwork``: no greenlet, so no SQLAlchemy
+#: asyncio extension) calls each async method, then runs async steps; prints what each said
+_WITHOUT_THE_EXTRA = """
+import asyncio, importlib.abc, json, sys
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] == "greenlet":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+import ductwork
+from ductwork.errors import MissingExtraError
+from ductwork.testing import drain
+from tests.integration.test_async_steps import Mixed
+from tests.workloads import Approval
+
+app = ductwork.connect(sys.argv[1])
+run = app.run(sys.argv[2])
+said = {}
+
+async def each():
+    for name, call in (("atrigger", lambda: Approval.atrigger(1)), ("arefresh", run.arefresh),
+                       ("await_completion", lambda: run.await_completion(1)), ("arun", lambda: app.arun(run.id)),
+                       ("aresume", lambda: run.aresume(2))):
+        try:
+            await call()
+            said[name] = "no error"
+        except MissingExtraError as error:
+            said[name] = str(error)
+
+asyncio.run(each())
+mixed = Mixed.trigger(5)
+drain(app)
+said["async steps"] = [step.output for step in mixed.steps()]
+print(json.dumps(said))
+"""
+
+
+def test_without_the_async_extra_each_async_method_names_it_before_writing(app):
+    """Without greenlet, every async method raises MissingExtraError naming
+    ``pip install 'ductwork[async]'`` before it writes: no run from ``atrigger``, the
+    dampened run not resumed by ``aresume``. Async steps need no extra (their event loop
+    is the standard library's): they run."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from ductwork.pipelines.history import list_runs
+
+    run = Approval.trigger(3)
+    drain(app)
+    assert run.refresh().status == "dampened"
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_THE_EXTRA, app.url, run.id],
+                          cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    needs = "needs greenlet, which is not installed: pip install 'ductwork[async]' (nothing was written)"
+    assert json.loads(done.stdout) == {
+        "atrigger": f"Approval.atrigger {needs}", "arefresh": f"Run.arefresh {needs}",
+        "await_completion": f"Run.await_completion {needs}", "arun": f"App.arun {needs}",
+        "aresume": f"Run.aresume {needs}", "async steps": [10, 11, 22]}
+    assert [r.id for r in list_runs(app, pipeline="Approval")] == [run.id]
+    assert run.refresh().status == "dampened"

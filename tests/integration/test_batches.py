@@ -19,8 +19,10 @@ import sqlalchemy as sa
 from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
-from ductwork.limits.claims import claim, claim_batch, complete_all_and_hand_off
-from ductwork.limits.executions import Output, Success, record_crash, record_successes
+from ductwork.limits.claims import claim, claim_batch
+from ductwork.pipelines import outcomes
+from ductwork.pipelines.outcomes import HandOff, Success, record_crash, record_successes
+from ductwork.pipelines.payloads import Output
 from tests.capabilities import needs
 from tests.factories import make_executions, make_run
 from tests.workloads import Unkeyed
@@ -267,7 +269,7 @@ def test_a_worker_dying_mid_batch_leaves_nothing_claimed(app, monkeypatch):
     assert pending == 5
 
 
-def test_one_failing_success_does_not_sink_its_batch(app):
+def test_one_failing_success_does_not_sink_its_batch(app, monkeypatch):
     """The second success's advancement raises: the batch's transaction rolls back, the
     first and third are recorded alone, and the error is raised for the second, which
     stays claimed for its worker to crash; its siblings' crash budgets are untouched."""
@@ -275,11 +277,15 @@ def test_one_failing_success_does_not_sink_its_batch(app):
     process = register(app, role="test", label="w")
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
     claimed = claim_batch(app, process, 3)
+    real = outcomes.advance_on_successes
 
-    def broken(tx):  # noqa: ARG001 - stands in for the routing it replaces
-        raise RuntimeError("routing failed")
+    def broken(tx, inline):  # the routing of the second success fails, in any transaction holding it
+        if any(i.claimed.execution_id == ids[1] for i in inline):
+            raise RuntimeError("routing failed")
+        return real(tx, inline)
 
-    successes = [Success(c, Output("null"), broken if i == 1 else None) for i, c in enumerate(claimed)]
+    monkeypatch.setattr(outcomes, "advance_on_successes", broken)
+    successes = [Success(c, Output("null")) for c in claimed]
     with pytest.raises(RuntimeError, match="routing failed"):
         record_successes(app, successes)
     rows = _rows(app, ids)
@@ -380,7 +386,7 @@ def test_a_keyed_group_commit_releases_each_with_its_own_seq_and_hands_on_the_ne
     process = register(app, role="test", label="w")
     ks = make_executions(app, run_id, branch_id, "three", AT, 5)
     got = claim_batch(app, process, 1, keyed_limit=3)
-    handed = complete_all_and_hand_off(app, [Success(c, Output("null")) for c in got], keyed_limit=3)
+    handed = record_successes(app, [Success(c, Output("null")) for c in got], HandOff(keyed_limit=3))
     assert [c.execution_id for c in handed] == ks[3:]
     claims_, releases = _seqs(app, ks, "claim_seq"), _seqs(app, ks[:3], "release_seq")
     assert releases == [claims_[2] + 1, claims_[2] + 2, claims_[2] + 3]  # one per success, in order
@@ -401,7 +407,7 @@ def test_a_keyed_group_commit_with_nothing_to_hand_on_moves_the_keys_seq_past_it
     process = register(app, role="test", label="w")
     ks = make_executions(app, run_id, branch_id, "three", AT, 2)
     got = claim_batch(app, process, 1, keyed_limit=2)
-    assert complete_all_and_hand_off(app, [Success(c, Output("null")) for c in got], keyed_limit=2) == []
+    assert record_successes(app, [Success(c, Output("null")) for c in got], HandOff(keyed_limit=2)) == []
     releases = _seqs(app, ks, "release_seq")
     assert releases == [max(_seqs(app, ks, "claim_seq")) + 1, max(_seqs(app, ks, "claim_seq")) + 2]
     with app.begin() as tx:
@@ -421,7 +427,7 @@ def test_a_keyed_group_commit_leaves_a_reaped_execution_to_the_reaper(keyed_app)
     ks = make_executions(app, run_id, branch_id, "three", AT, 3)
     got = claim_batch(app, process, 1, keyed_limit=3)
     record_crash(app, ks[1], process, "Reaped", "reaped")
-    complete_all_and_hand_off(app, [Success(c, Output("null")) for c in got], keyed_limit=3)
+    record_successes(app, [Success(c, Output("null")) for c in got], HandOff(keyed_limit=3))
     rows = _rows(app, ks)
     assert [rows[k].outcome for k in ks] == ["success", "process_crashed", "success"]
     releases = _seqs(app, ks, "release_seq")
@@ -430,8 +436,9 @@ def test_a_keyed_group_commit_leaves_a_reaped_execution_to_the_reaper(keyed_app)
 
 def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
     """Successes of one key that threads of a process have ready while a commit of the key
-    waits for its lock are recorded by that commit (gathered once the lock is held), each
-    thread gets its result, and the hand-off is spread over the threads that asked."""
+    is in progress are recorded together by the next round, one transaction for all of
+    them; each thread gets its result, and each round's hand-off is spread over the threads
+    of that round that asked."""
     from ductwork.fleet.worker import KeyedCommits
 
     app = keyed_app
@@ -443,11 +450,11 @@ def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
     commits = KeyedCommits(overflow.extend)
     gate, entered, calls = threading.Event(), threading.Event(), []
 
-    def commit(successes, gather, take):
+    def commit(successes, take):
         calls.append([s.claimed.execution_id for s in successes])
         entered.set()
         assert gate.wait(30)  # as if the key's lock were held elsewhere
-        return complete_all_and_hand_off(app, successes, keyed_limit=take, gather=gather)
+        return record_successes(app, successes, HandOff(keyed_limit=take))
 
     results: dict = {}
 
@@ -468,10 +475,10 @@ def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
     gate.set()
     for t in (first, *others):
         t.join(30)
-    assert calls == [[ks[0]]]  # one commit: the two that waited were gathered under its lock
+    assert calls == [[ks[0]], [ks[1], ks[2]]]  # the two that waited: one commit, the next round
     rows = _rows(app, ks)
     assert [rows[k].outcome for k in ks[:3]] == ["success"] * 3
-    assert len({rows[k].completed_at for k in ks[:3]}) == 1  # one transaction
+    assert rows[ks[1]].completed_at == rows[ks[2]].completed_at  # one transaction
     handed = [c.execution_id for v in results.values() for c in v] + [c.execution_id for c in overflow]
     assert sorted(handed) == sorted(ks[3:5])  # one per success that asked: k6 waits for a poll
     assert overflow == []

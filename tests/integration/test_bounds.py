@@ -2,7 +2,7 @@
 
 A keyed execution is claimed on four paths: a poll (``claims.claim``), a keyed batch of
 up to k (``claims.claim_batch``'s ``keyed_limit``), the hand-off in the transaction that
-records one success (``complete_all_and_hand_off`` of one: ``executions._record_one``),
+records one success (``outcomes.record_successes`` of one),
 and the hand-off after a keyed group commit (``executions._record_batch``). Unkeyed work
 is claimed by a batch and handed off after one success or a group commit. Failures,
 timeouts and crashes release their slot but hand nothing off. Most bounds are applied by
@@ -32,7 +32,8 @@ from ductwork.db.clock import ManualClock, to_us
 from ductwork.fleet.processes import register
 from ductwork.limit_entries import entry_digest
 from ductwork.limits import claims
-from ductwork.limits.executions import Output, Success
+from ductwork.pipelines.outcomes import HandOff, Success, record_successes
+from ductwork.pipelines.payloads import Output
 from tests.conftest import installed, make_app
 from tests.factories import make_executions, make_run
 
@@ -110,8 +111,7 @@ class World:
         if path in ("batch", "unkeyed_batch"):
             return [c.execution_id for c in claims.claim_batch(self.app, self.me, k, keyed_limit=k)]
         assert len(carried) == CARRIERS[path]
-        handed = claims.complete_all_and_hand_off(self.app, [Success(c, Output("null")) for c in carried],
-                                                  limit=k, keyed_limit=k)
+        handed = record_successes(self.app, [Success(c, Output("null")) for c in carried], HandOff(k, k))
         return [c.execution_id for c in handed]
 
     def rows(self, ids):

@@ -7,7 +7,9 @@ print a traceback).
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,10 +35,10 @@ def _check(tmp_path: Path, url: str, section, capsys, *, env: str = "default"):
 
 @pytest.fixture
 def sqlite_url(tmp_path):
-    from ductwork.db import dialects, migrate
+    from ductwork.db import engines, migrate
 
     url = f"sqlite:///{tmp_path}/check.sqlite3"
-    engine = dialects.create_engine(url)
+    engine = engines.create_engine(url)
     migrate.upgrade(engine)
     engine.dispose()
     return url
@@ -85,20 +87,20 @@ def test_unreferenced_entry_only_warns(tmp_path, sqlite_url, capsys):
 
 def test_missing_tables_are_named(tmp_path, db_url, capsys):
     """An unmigrated database of each backend: the error names the missing tables."""
-    from ductwork.db import dialects, schema
+    from ductwork.db import engines, schema
 
-    engine = dialects.create_engine(db_url)
+    engine = engines.create_engine(db_url)
     schema.limit_buckets.drop(engine)
     engine.dispose()
     try:
         code, _, err = _check(tmp_path, db_url, {"pipelines": [PIPELINE], "job_worker": {
             "limits": {"slow_key": {"concurrency": 1}}}}, capsys)
         assert code == 1
-        shown = dialects.describe(db_url)
+        shown = engines.describe(db_url)
         assert err.strip() == (f"ductwork check: MissingTablesError: missing tables in {shown}: "
                                "ductwork_limit_buckets (run `ductwork db upgrade` to create them)")
     finally:
-        engine = dialects.create_engine(db_url)
+        engine = engines.create_engine(db_url)
         schema.limit_buckets.create(engine)
         engine.dispose()
 
@@ -186,6 +188,21 @@ def test_demo_runs_and_respects_its_limit(tmp_path):
     assert "highest in flight 2 (limit 2)" in done.stdout or "highest in flight 1 (limit 2)" in done.stdout
     # each progress line whole: two worker threads' lines never run together on one line
     assert all(len(re.findall(r"\[\s*\d+\.\d\ds\]", line)) <= 1 for line in done.stdout.splitlines())
+    # the deliberate failure: announced before it happens, one line when it does, its traceback
+    # only in the log, which the output names
+    lines = done.stdout.splitlines()
+    announced = lines.index("order 3's first push fails on purpose (a pretend vendor timeout), to show a retry "
+                            "that keeps its idempotency key")
+    failed = [i for i, line in enumerate(lines) if "order 3: first attempt failed as planned, ConnectionError: "
+              "vendor timed out (first attempt of order 3); it will be retried (traceback in the log)" in line]
+    assert len(failed) == 1
+    assert announced < failed[0]
+    assert "Traceback" not in done.stdout + done.stderr
+    assert done.stderr == ""
+    log = tmp_path / "ductwork-demo.log"
+    assert f"log: {log} (warnings with their tracebacks)" in lines
+    assert "Traceback (most recent call last)" in log.read_text()
+    assert "ConnectionError: vendor timed out (first attempt of order 3)" in log.read_text()
 
 
 def test_demo_runs_on_the_database_it_is_given(tmp_path):
@@ -461,8 +478,9 @@ def test_sqlite_needs_neither_server_driver(tmp_path):
         assert done.returncode == 0, done.stderr
     done = run("check", "--database-url", "postgresql://u:secret@db/shop")
     assert done.returncode == 1
-    assert done.stderr == ("ductwork check: DatabaseURLError: database.url='postgresql+psycopg://u:***@db/shop': "
-                           "needs the psycopg driver, which is not installed: pip install 'ductwork[postgres]'\n")
+    assert done.stderr == ("ductwork check: MissingExtraError: database.url='postgresql+psycopg://u:***@db/shop' "
+                           "needs psycopg, which is not installed: pip install 'ductwork[postgres]' "
+                           "(nothing was written)\n")
 
 
 def test_a_command_run_in_process_leaves_the_callers_default_app(tmp_path):
@@ -517,3 +535,27 @@ def test_start_hands_its_options_to_its_children_and_prints_the_checks_warnings(
         assert "advancer" not in log
     finally:
         engine.dispose()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_a_built_copy_outside_the_checkout_names_the_commit_it_was_built_from(tmp_path):
+    """The build (setup.py's build_py, which ``pip wheel`` runs) records the checkout's commit
+    in ``ductwork/_build.py``; the built package, imported from a directory that is no
+    checkout, prints it. The checkout itself gets no ``_build.py``."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        pytest.skip("the tests do not run from a git checkout")
+    built = tmp_path / "lib"
+    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(built)], cwd=root,
+                   capture_output=True, text=True, timeout=120, check=True)
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = "-dirty" if subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout else ""
+    assert (built / "ductwork" / "_build.py").read_text().endswith(f"COMMIT = '{head}{dirty}'\n")
+    assert not (root / "ductwork" / "_build.py").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "ductwork.cli", "--version"], cwd=elsewhere,
+                          env={**os.environ, "PYTHONPATH": str(built)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(f" (commit {head}{dirty}) from {built / 'ductwork'}\n")

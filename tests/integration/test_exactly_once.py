@@ -24,16 +24,16 @@ from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.fleet.worker import Worker, make_output
 from ductwork.limits.claims import claim
-from ductwork.limits.executions import record_success
 from ductwork.pipelines.advance import (
     Advancer,
-    InlineAdvance,
+    Inline,
     advance_released_steps,
     candidates,
     claim_branch,
     claim_branches,
     release_advancement,
 )
+from ductwork.pipelines.outcomes import record_success
 from ductwork.pipelines.runs import cached_definition
 from ductwork.testing import drain
 from tests.conftest import race
@@ -306,8 +306,8 @@ def _released(app):
     assert claimed.fills_key  # concurrency 1: the key is full while it runs
     definition = cached_definition(app, claimed.definition_sha1)
     output = make_output(claimed.klass, definition, claimed.node, 1)
-    inline = InlineAdvance(claimed, definition, output.value_json)
-    assert record_success(app, claimed, output, inline) == []
+    inline = Inline(claimed, definition, output.value_json)
+    assert record_success(app, claimed, output) == []
     with app.begin() as tx:
         step = tx.execute(sa.select(schema.steps.c.status).where(schema.steps.c.id == claimed.step_id)).scalar_one()
     assert step == "advancing"  # released, not advanced: the worker's second transaction is next
@@ -346,7 +346,7 @@ def test_a_keyed_success_on_a_key_with_room_advances_in_its_own_transaction(keye
     assert not claimed.fills_key
     definition = cached_definition(keyed_app, claimed.definition_sha1)
     output = make_output(claimed.klass, definition, claimed.node, 1)
-    assert record_success(keyed_app, claimed, output, InlineAdvance(claimed, definition, output.value_json)) == []
+    assert record_success(keyed_app, claimed, output) == []
     assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
 
 
@@ -477,7 +477,7 @@ def test_reaped_owner_cannot_commit_and_the_step_runs_again(app):
 def test_a_reaped_owner_cannot_record_its_execution_invalid(app):
     """An owner that lost its claim to the reaper cannot fail the step as invalid either: the
     commit matches nothing, the step stays in progress and its re-run completes it [INV-EXE-2]."""
-    from ductwork.limits.executions import record_invalid
+    from ductwork.pipelines.outcomes import record_invalid
 
     (pid,) = processes(app, 1)
     run = TwoStep.trigger(5)
@@ -499,7 +499,7 @@ def test_a_late_crash_of_a_pruned_execution_crashes_nothing(app):
     row: False, nothing written."""
     from datetime import timedelta
 
-    from ductwork.limits.executions import record_crash
+    from ductwork.pipelines.outcomes import record_crash
     from ductwork.pipelines.prune import prune
 
     run = TwoStep.trigger(1)

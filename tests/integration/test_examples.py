@@ -265,6 +265,20 @@ def test_pages_mark_few_blocks_not_run():
     assert len(skipped) <= 3, f"python blocks not run: {skipped}"
 
 
+def test_pages_name_every_file_they_write_where_a_reader_sees_it():
+    """A page's code may import a module that a ``<!-- file: PATH -->`` block writes or a
+    ``<!-- support file PATH -->`` holds only if PATH is on the rendered page (in its prose or
+    in a block), where a reader copying the code learns what to save where: HTML comments are
+    not rendered."""
+    hidden = []
+    for path in PAGES:
+        page = read_page(path)
+        visible = re.sub(r"<!--.*?-->", "", path.read_text(), flags=re.S)
+        written = [b.directive[len("file: "):] for b in page.blocks if (b.directive or "").startswith("file: ")]
+        hidden += [f"{page.name}: {name}" for name in [*written, *page.support] if name not in visible]
+    assert not hidden, f"files written by a page but named only in HTML comments: {hidden}"
+
+
 def test_checked_tables_are_found():
     rows = {_CHECK_CONFIG: 0, _CHECK_DEFINE: 0}
     for path in PAGES:
@@ -346,11 +360,12 @@ class _Background:
 def _validate_yaml(block: Block) -> None:
     import yaml
 
-    from ductwork.config import _SECTION_KEYS, Config, config_from_mapping
+    from ductwork.config import SECTION_KEYS, Config
+    from ductwork.config_file import config_from_mapping
 
     doc = yaml.safe_load(block.code)
     assert isinstance(doc, dict), f"{block.page}:{block.line}: YAML is not a mapping"
-    if any(key in _SECTION_KEYS for key in doc):
+    if any(key in SECTION_KEYS for key in doc):
         Config.from_section(doc, environ={})
     else:
         for env in doc:
@@ -377,13 +392,13 @@ def _check_definitions(page: Page, line: int, rows: list[tuple[str, str]]) -> No
 
 def _run_checks(page: Page, workdir: Path) -> None:
     from ductwork.cli import main
-    from ductwork.db import dialects, migrate
+    from ductwork.db import engines, migrate
 
     sys.path.insert(0, str(REPO))  # the tables name the pipelines of examples/
     checkdir = workdir / "check"
     checkdir.mkdir()
     os.chdir(checkdir)
-    engine = dialects.create_engine("sqlite:///ductwork.sqlite3")
+    engine = engines.create_engine("sqlite:///ductwork.sqlite3")
     migrate.upgrade(engine)
     engine.dispose()
     for kind, line, rows in page.checks:

@@ -24,8 +24,8 @@ from ductwork.errors import DefinitionError
 from ductwork.fleet.hooks import run_due_hook
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
-from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.hooks import HookClaimLost, claim_hook, record_hook
+from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
 from tests.workloads import HOOK_LOG_ENV, HaltingPipeline, HaltRecorder
 

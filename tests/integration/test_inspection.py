@@ -29,6 +29,7 @@ from ductwork.fleet.processes import register
 from ductwork.limits.claims import claim
 from ductwork.pipelines import prune as pruning
 from ductwork.pipelines.history import list_runs
+from ductwork.pipelines.history_text import render_history
 from ductwork.testing import drain
 from tests.conftest import installed, make_app
 
@@ -267,6 +268,38 @@ def test_list_runs_filters_and_the_runs_command(clocked, db_url, capsys):
     assert [r["id"] for r in document["runs"]] == [waiting.id, failed.id]
     assert set(document["runs"][0]) == {"id", "pipeline", "status", "triggered_at", "completed_at", "halted_at",
                                         "revived_from", "halt_reasons", "revived_as", "finished_at"}
+
+
+def test_a_runs_definition_is_its_snapshot_and_a_revived_run_shares_it(clocked):
+    failed = Fails.trigger(1)
+    drain(clocked, skip_delays=True)
+    assert failed.definition() == Fails.definition
+    assert failed.revive().definition() == Fails.definition
+    assert Waits.trigger(1).definition().edges["Square#0"].type == "dampen"
+    clocked.clock.advance(timedelta(days=1))
+    assert pruning.prune(clocked, timedelta(hours=1), pipeline="Fails").runs == 1  # the halted one
+    with pytest.raises(UnknownRunError, match=failed.id):
+        failed.definition()
+
+
+def test_list_runs_pages_by_keyset_through_runs_triggered_at_one_moment(clocked):
+    """``before``: the (triggered_at, id) of the previous page's last run. Seven runs at
+    one moment (the clock does not move) and three an hour later: pages of three list
+    every run once, newest first, ties by id; a filter holds on every page."""
+    early = [Waits.trigger(i) for i in range(7)]
+    clocked.clock.advance(timedelta(hours=1))
+    late = [Waits.trigger(i) for i in range(3)]
+    expected = [r.id for r in sorted(late, key=lambda r: r.id, reverse=True)] + \
+        [r.id for r in sorted(early, key=lambda r: r.id, reverse=True)]
+    assert [r.id for r in list_runs(clocked)] == expected
+    pages, before = [], None
+    while page := list_runs(clocked, limit=3, before=before):
+        pages.append([r.id for r in page])
+        before = (page[-1].triggered_at, page[-1].id)
+    assert pages == [expected[0:3], expected[3:6], expected[6:9], expected[9:]]
+    first = list_runs(clocked, limit=2, since="30m")
+    assert [r.id for r in list_runs(clocked, since="30m", before=(first[-1].triggered_at, first[-1].id))] == \
+        expected[2:3]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -550,7 +583,7 @@ def waits_app(db_url):
 
 def _shown(run) -> str:
     """``ductwork show``'s text of the run at the app's clock (the CLI renders the same record)."""
-    return ductwork.pipelines.history.render_history(run.history())
+    return render_history(run.history())
 
 
 def test_show_names_what_each_step_of_a_run_in_progress_waits_for(waits_app):

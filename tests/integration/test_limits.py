@@ -440,10 +440,10 @@ def _blocked_until(app, key):
 
 
 def _succeed_and_hand_off(app, claimed):
-    from ductwork.limits import claims
-    from ductwork.limits.executions import Output
+    from ductwork.pipelines.outcomes import HandOff, record_success
+    from ductwork.pipelines.payloads import Output
 
-    return claims.complete_and_hand_off(app, claimed, Output("null"))
+    return record_success(app, claimed, Output("null"), HandOff())
 
 
 def _claim_row(app, execution_id):

@@ -28,8 +28,9 @@ from ductwork import Pipeline, Step, faults
 from ductwork.db import schema
 from ductwork.db.clock import to_us
 from ductwork.fleet.processes import register
-from ductwork.limits.claims import claim, complete_all_and_hand_off
-from ductwork.limits.executions import Output, Success
+from ductwork.limits.claims import claim
+from ductwork.pipelines.outcomes import HandOff, Success, record_successes
+from ductwork.pipelines.payloads import Output
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
 from tests.fleet import wait_for
@@ -183,9 +184,8 @@ def test_a_keyed_group_commits_release_time_is_read_after_the_key_lock(race_app)
     assert held is not None
     outcome: dict = {}
 
-    def commit_b() -> None:  # a group commit (gather): the keyed group commit's transaction
-        outcome["b"] = complete_all_and_hand_off(app, [Success(held, Output("null"))], keyed_limit=0,
-                                                 gather=list)
+    def commit_b() -> None:  # a keyed success's transaction, which would hand nothing on
+        outcome["b"] = record_successes(app, [Success(held, Output("null"))], HandOff(keyed_limit=0))
 
     late = threading.Thread(target=commit_b)
     late.start()

@@ -25,6 +25,7 @@ from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.limits.claims import claim
 from ductwork.testing import drain
+from ductwork.version import describe
 from tests.conftest import make_app, reset_tables
 from tests.fleet import Fleet, wait_for, write_config
 
@@ -287,7 +288,7 @@ def test_a_step_that_raises_in_its_timeout_child_is_a_failure_with_the_childs_er
 
 
 def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
-    import ductwork.limits.executions as executions
+    import ductwork.pipelines.outcomes as executions
 
     caplog.set_level(logging.WARNING, logger="ductwork")
     process = register(app, role="test", label="rolls-back")
@@ -297,7 +298,7 @@ def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
     def broken(*args, **kwargs):  # noqa: ARG001 - stands in for any call
         raise RuntimeError("the database went away")
 
-    monkeypatch.setattr(executions, "new_execution_row", broken)  # fails after the outcome is written
+    monkeypatch.setattr(executions, "enqueue", broken)  # fails after the outcome is written
     with pytest.raises(RuntimeError):
         executions.record_failure(app, claimed, ValueError("boom"))
     assert _warnings(caplog, "ductwork.executions") == []
@@ -313,9 +314,9 @@ def test_an_outcome_that_rolled_back_is_not_logged(app, caplog, monkeypatch):
 
 
 def _masked(url: str) -> str:
-    from ductwork.db import dialects
+    from ductwork.db import engines
 
-    engine = dialects.create_engine(url)
+    engine = engines.create_engine(url)
     try:
         return engine.url.render_as_string(hide_password=True)
     finally:
@@ -343,6 +344,7 @@ def test_start_logs_what_it_runs_and_each_failure_with_its_traceback(db_url, tmp
     lines = log.splitlines()
     (start,) = [line for line in lines if " ductwork.cli INFO ductwork start: database " in line]
     assert f"database {_masked(db_url)}, config {tmp_path / 'ductwork.yml'}, env 'default', role all" in start
+    assert start.endswith(f"role all; {describe()}")  # which ductwork, from which commit
     assert any(line.endswith(f"ductwork.cli INFO pipelines (1): {__name__}:KeyedDeclineP") for line in lines)
     assert any(line.endswith("ductwork.cli INFO processes: 1 advancer process with 1 threads, "
                              "1 worker process with 2 threads each") for line in lines)

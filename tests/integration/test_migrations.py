@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from ductwork.db import dialects, migrate, schema
+from ductwork.db import engines, migrate, schema
 from tests import databases
 from tests.conftest import BACKENDS
 
@@ -49,7 +49,7 @@ def _differences(engine: sa.Engine) -> list:
 
 
 def test_the_migrated_database_matches_schema_py(db_url):
-    engine = dialects.create_engine(db_url)
+    engine = engines.create_engine(db_url)
     try:
         assert migrate.current(engine) == migrate.head()
         assert _differences(engine) == []
@@ -70,7 +70,7 @@ def empty_engine(request, tmp_path, worker_id):  # type: ignore[no-untyped-def]
             databases.skip_or_fail(server)
         prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test")
         url = databases.fresh_database(server, databases.database_name(worker_id, prefix=prefix + "_mig"))
-    engine = dialects.create_engine(url)
+    engine = engines.create_engine(url)
     yield engine
     engine.dispose()
 

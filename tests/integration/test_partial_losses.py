@@ -31,8 +31,8 @@ from ductwork import Pipeline, Step
 from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
-from ductwork.limits.executions import record_crash
 from ductwork.pipelines.advance import Advancer, candidates, claim_branch, claim_branches, release_advancement
+from ductwork.pipelines.outcomes import record_crash
 from tests.workloads import Quick
 
 #: what a losing step does while it runs: (the input that loses, the callback given its run id)

@@ -15,7 +15,7 @@ import pytest
 
 from ductwork import Pipeline, Step
 from ductwork.errors import RunStateError
-from ductwork.pipelines.definition import Definition
+from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
 
 # --------------------------------------------------------------------------- steps

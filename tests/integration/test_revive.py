@@ -302,6 +302,44 @@ def test_a_revived_run_that_halts_again_can_be_revived_and_keeps_the_first_key(o
     assert RAN["Fragile 0"] == 1
 
 
+def test_history_and_show_say_which_steps_were_carried_over_and_from_which_run(offset_app, db_url, capsys):
+    """A revived run's steps without executions were carried over from the halted run
+    (``StepRecord.carried_from``, ``carried_from`` in ``show --json``, a line in ``show``);
+    a run revived from a revived run names its own source, not the first one."""
+    import json
+
+    from ductwork.cli import main
+
+    app = offset_app
+    first = _halted(app, FanP, 2)  # Count, Fragile 0, Fragile 1 (failed)
+    (failed,) = [s for s in first.steps() if s.status == "failed"]
+    second = first.revive()
+    drain(app, timeout=60, skip_delays=True)
+    assert second.refresh().status == "halted"  # still broken
+    BROKEN["fail"] = False
+    third = second.revive()
+    drain(app, timeout=60, skip_delays=True)
+    assert third.refresh().status == "completed"
+    for run, source in ((second, first), (third, second)):
+        steps = run.history().steps
+        carried = {s.id for s in steps if s.carried_from == source.id}
+        assert carried == {s.id for s in steps if not s.executions}
+        assert [(s.node, s.idempotency_key == failed.id) for s in steps if s.id in carried] == [
+            ("Count#0", False), ("Fragile#1", False)]  # Count and Fragile 0; Fragile 1 re-runs
+        assert all(s.carried_from is None for s in first.history().steps)
+        assert main(["show", run.id, "--json", "--database-url", db_url, "-c", "/dev/null"]) == 0
+        shown = json.loads(capsys.readouterr().out)["steps"]
+        assert {s["id"]: s["carried_from"] for s in shown} == {s.id: s.carried_from for s in steps}
+        assert main(["show", run.id, "--database-url", db_url, "-c", "/dev/null"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert f"  carried over  2 of {len(steps)} steps from {source.id}, as history (their executions stay " \
+               "with that run)" in lines
+        assert lines.count(f"    carried over from run {source.id} by its revive: no executions here (they stay "
+                           "with that run)") == 2
+        assert lines.count(f"    re-runs the step that failed in run {source.id}, with its idempotency key "
+                           f"{failed.id}") == 1
+
+
 # --------------------------------------------------------------------------- refusals
 
 

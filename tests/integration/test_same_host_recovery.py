@@ -217,11 +217,11 @@ def test_status_marks_late_and_dead_processes_and_reaps_the_dead(sqlite_app, cap
 @pytest.fixture
 def sqlite_app(tmp_path):
     """One database is enough where only the machine's processes matter."""
-    from ductwork.db import dialects, migrate
+    from ductwork.db import engines, migrate
     from tests.conftest import installed, make_app
 
     url = f"sqlite:///{tmp_path}/hosts.sqlite3"
-    engine = dialects.create_engine(url)
+    engine = engines.create_engine(url)
     migrate.upgrade(engine)
     engine.dispose()
     yield from installed(make_app(url))

@@ -20,7 +20,8 @@ from ductwork.db.wakeup import PgListener
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Inbox, Worker
 from ductwork.limits.claims import claim
-from ductwork.limits.executions import Output, record_success
+from ductwork.pipelines.outcomes import record_success
+from ductwork.pipelines.payloads import Output
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
 from tests.factories import make_executions, make_run

@@ -39,7 +39,8 @@ from ductwork.errors import CommitFailed
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.limits import claims
-from ductwork.limits.executions import Output, Success, record_failure, record_success
+from ductwork.pipelines.outcomes import HandOff, Success, record_failure, record_success, record_successes
+from ductwork.pipelines.payloads import Output
 from model import LimitsModel
 from model.invariants import check_all
 from tests.conftest import TEST_CONFIG, reset_tables
@@ -172,8 +173,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         mine = sorted(eid for eid, (w, _) in self.held.items() if w == worker)
         chosen = data.draw(st.lists(st.sampled_from(mine), min_size=1, max_size=4, unique=True))
         group = [self.held.pop(eid)[1] for eid in chosen]
-        handed = claims.complete_all_and_hand_off(self.app, [Success(c, Output("null")) for c in group], limit=limit,
-                                                  keyed_limit=limit)
+        handed = record_successes(self.app, [Success(c, Output("null")) for c in group], HandOff(limit, limit))
         expected = self.model.complete_all_and_hand_off(chosen, self.now_us, limit, limit)
         got = [c.execution_id for c in handed]
         assert got == expected, f"INV-LIM-6: group hand-off gave {got}, model {expected} at {self.now_us}"
@@ -195,7 +195,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         key's next execution for it, exactly when a poll would have [INV-LIM-6]."""
         execution_id = data.draw(st.sampled_from(sorted(self.held)))
         worker, claimed = self.held.pop(execution_id)
-        handed = claims.complete_and_hand_off(self.app, claimed, Output("null"))
+        handed = record_success(self.app, claimed, Output("null"), HandOff())
         expected = self.model.complete_and_hand_off(execution_id, self.now_us)
         got = [c.execution_id for c in handed]
         assert got == expected, f"INV-LIM-6: hand-off gave {got}, model {expected} at {self.now_us}"
@@ -348,9 +348,9 @@ def conformance_settings(**overrides) -> settings:
 
 
 def test_limits_engine_agrees_with_model(db_url):
-    from ductwork.db import dialects
+    from ductwork.db import engines
 
-    engine = dialects.create_engine(db_url)
+    engine = engines.create_engine(db_url)
     try:
         run_state_machine_as_test(lambda: LimitsAgainstModel(db_url, engine), settings=conformance_settings())
     finally:

@@ -64,8 +64,8 @@ from ductwork.db import schema
 from ductwork.db.clock import ManualClock
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
-from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.runs import trigger_run
+from ductwork.pipelines.snapshot import Definition
 from ductwork.pipelines.steps import latest_step
 from ductwork.testing import _next_wake
 from model.pipelines import CRASH, FAILURE, NO_INPUT, canonical_json, run_and_model, run_to_quiescence, success
@@ -185,9 +185,9 @@ def hunt(db_url: str, check, scenarios: st.SearchStrategy | None = None, configs
     and configs (``scenarios``, ``configs``; default ``pipeline_scenarios()`` and
     ``pipeline_configs()``) and ``strategies``, drawn by name, with the hypothesis
     profile's example budget, on one engine for the whole hunt."""
-    from ductwork.db import dialects
+    from ductwork.db import engines
 
-    engine = dialects.create_engine(db_url)
+    engine = engines.create_engine(db_url)
     examples = EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
 
     @settings(settings(), max_examples=examples, deadline=None,

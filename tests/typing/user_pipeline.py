@@ -1,4 +1,4 @@
-"""A typed user's code, checked by mypy (tests/unit/test_public_types.py), never run by pytest.
+"""A typed user's code, checked by mypy (tests/lint/test_static_checks.py), never run by pytest.
 
 Each ``assert_type`` fails the check if the public API loses its type: ``trigger()``
 typed ``-> Any`` would make ``assert_type(run, Run)`` an error, and so on.

@@ -23,9 +23,8 @@ from ductwork.config import (
     JobWorkerConfig,
     PipelineAdvancerConfig,
     SupervisorConfig,
-    config_from_mapping,
-    load_config,
 )
+from ductwork.config_file import config_from_mapping, load_config
 from ductwork.errors import ConfigError, DuplicatePeriodError, EmptyLimitError, InvalidPeriodError
 from ductwork.limit_entries import LimitEntry, RateEntry
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import ductwork.pipelines.definition as definition_module
+import ductwork.pipelines.registry as registry
 from ductwork.errors import (
     AsyncStepError,
     CollapseError,
@@ -28,17 +28,10 @@ from ductwork.errors import (
     StartError,
     UnknownStepClassError,
 )
-from ductwork.pipelines.definition import (
-    Definition,
-    EdgeSpec,
-    NodeSpec,
-    PipelineBuilder,
-    main_module_refs,
-    render_divert_key,
-    resolve_step,
-    step_ref,
-)
+from ductwork.pipelines.definition import PipelineBuilder
 from ductwork.pipelines.pipeline import Pipeline, import_pipeline, resolve_pipeline
+from ductwork.pipelines.registry import resolve_step, step_ref
+from ductwork.pipelines.snapshot import Definition, EdgeSpec, NodeSpec, main_module_refs, render_divert_key
 from ductwork.pipelines.step import Step
 
 MOD = __name__
@@ -743,8 +736,8 @@ def test_stored_names_never_import_but_configured_pipelines_do(tmp_path, monkeyp
     monkeypatch.delitem(sys.modules, "dw_fresh_steps", raising=False)
     # as if never imported, also on a second run in one process (mutmut reruns the tests in
     # the process that collected its stats, whose registry already holds the classes)
-    for ref in [ref for ref in definition_module._REGISTRY if ref.startswith("dw_fresh_steps:")]:
-        monkeypatch.delitem(definition_module._REGISTRY, ref)
+    for ref in [ref for ref in registry._REGISTRY if ref.startswith("dw_fresh_steps:")]:
+        monkeypatch.delitem(registry._REGISTRY, ref)
     with pytest.raises(UnknownStepClassError, match="'dw_fresh_steps:Fresh' is not in the configured"):
         resolve_step("dw_fresh_steps:Fresh")
     with pytest.raises(UnknownStepClassError, match="pipeline class 'dw_fresh_steps:FreshPipeline'"):

@@ -7,14 +7,15 @@ Checks: none (configuration errors name the offending URL, password masked).
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.abc
+import sys
 
 import pytest
 
 from ductwork.app import App
 from ductwork.config import Config
-from ductwork.db import dialects
-from ductwork.errors import DatabaseURLError, MissingDatabaseError, MissingTablesError
+from ductwork.db import dialects, engines, extras
+from ductwork.errors import DatabaseURLError, MissingDatabaseError, MissingExtraError, MissingTablesError
 
 
 @pytest.mark.parametrize(("url", "read_as"), [
@@ -29,7 +30,7 @@ from ductwork.errors import DatabaseURLError, MissingDatabaseError, MissingTable
     ("sqlite+aiosqlite:///x.sqlite3", "sqlite+pysqlite:///x.sqlite3"),
 ])
 def test_common_driver_spellings_are_read_as_ductworks_driver(url, read_as):
-    assert dialects.describe(url) == read_as
+    assert engines.describe(url) == read_as
 
 
 @pytest.mark.parametrize(("url", "fragment"), [
@@ -41,7 +42,7 @@ def test_common_driver_spellings_are_read_as_ductworks_driver(url, read_as):
 ])
 def test_an_unknown_driver_names_the_url_the_spellings_and_the_extra(url, fragment):
     with pytest.raises(DatabaseURLError) as info:
-        dialects.normalize_url(url)
+        engines.normalize_url(url)
     assert fragment in str(info.value)
     assert "secret" not in str(info.value)
 
@@ -49,7 +50,7 @@ def test_an_unknown_driver_names_the_url_the_spellings_and_the_extra(url, fragme
 def test_an_unknown_sqlite_driver_names_the_spellings_and_no_extra():
     """SQLite's driver comes with Python: the refusal names the spellings, and no pip extra."""
     with pytest.raises(DatabaseURLError) as info:
-        dialects.normalize_url("sqlite+pysqlcipher:///x.sqlite3")
+        engines.normalize_url("sqlite+pysqlcipher:///x.sqlite3")
     assert str(info.value).endswith("driver 'pysqlcipher' is not supported; write sqlite:///path or "
                                     "sqlite+pysqlite:// (also read as +pysqlite: +aiosqlite)")
 
@@ -57,7 +58,7 @@ def test_an_unknown_sqlite_driver_names_the_spellings_and_no_extra():
 @pytest.mark.parametrize("url", ["not a url", "postgresql://h:port/db"])
 def test_a_malformed_url_is_refused_naming_it(url):
     with pytest.raises(DatabaseURLError, match=r"not a database URL") as info:
-        dialects.normalize_url(url)
+        engines.normalize_url(url)
     assert info.value.path == "database.url"
     assert info.value.value == url
 
@@ -67,7 +68,7 @@ def test_a_malformed_url_is_refused_naming_it(url):
     ("sqlite:///x.sqlite3", "sqlite"),
 ])
 def test_the_backend_of_a_dialect_names_its_family(name, backend):
-    engine = dialects.create_engine(name)  # connects to nothing
+    engine = engines.create_engine(name)  # connects to nothing
     try:
         assert dialects.backend(engine.dialect) == backend
         assert dialects.backend(engine) == backend
@@ -78,7 +79,7 @@ def test_the_backend_of_a_dialect_names_its_family(name, backend):
 @pytest.mark.parametrize("url", ["mysql://root:pw@127.0.0.1:3306", "mysql://root@h/", "mariadb://h"])
 def test_a_mysql_url_without_a_database_is_named(url):
     with pytest.raises(DatabaseURLError, match=r"names no database; add one, e\.g\. m") as info:
-        dialects.create_engine(url)
+        engines.create_engine(url)
     assert info.value.path == "database.url"
     assert "pw" not in str(info.value)
 
@@ -89,21 +90,39 @@ def test_a_mysql_url_without_a_database_is_named(url):
     ("mysql://h/db", "pymysql", "mysql"),
 ])
 def test_a_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url, module, extra):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
-    with pytest.raises(DatabaseURLError) as info:
-        dialects.create_engine(url)
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed: its import fails
+    with pytest.raises(MissingExtraError) as info:
+        engines.create_engine(url)
     message = str(info.value)
-    assert f"needs the {module} driver, which is not installed: pip install 'ductwork[{extra}]'" in message
     assert message.startswith("database.url='")
+    assert message.endswith(f"' needs {module}, which is not installed: pip install 'ductwork[{extra}]' "
+                            "(nothing was written)")
     assert "secret" not in message
+    assert isinstance(info.value, ImportError)
+    assert (info.value.module, info.value.extra) == (module, extra)
+
+
+def test_a_driver_that_is_installed_but_does_not_load_says_why(monkeypatch):
+    """psycopg without its C library (``pip install psycopg``, no ``[binary]``, no libpq)
+    is found but raises ImportError when imported: the reason is kept."""
+    class Broken(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, *_):
+            if name == "psycopg":
+                raise ImportError("no pq wrapper available")
+            return None
+
+    monkeypatch.delitem(sys.modules, "psycopg", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+    with pytest.raises(MissingExtraError, match=r"^database\.url='postgresql\+psycopg://h/db' needs psycopg, "
+                                                r"which does not import \(no pq wrapper available\): "
+                                                r"pip install 'ductwork\[postgres\]'"):
+        engines.create_engine("postgresql://h/db")
 
 
 def test_sqlite_needs_no_driver_beyond_python(monkeypatch, tmp_path):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("psycopg", "pymysql") else real(name, *a))
-    dialects.create_engine(f"sqlite:///{tmp_path}/x.sqlite3").dispose()
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.setitem(sys.modules, "pymysql", None)
+    engines.create_engine(f"sqlite:///{tmp_path}/x.sqlite3").dispose()
 
 
 def test_a_missing_sqlite_file_is_reported_not_created(tmp_path, monkeypatch):
@@ -125,23 +144,41 @@ def test_a_sqlite_uri_filename_is_left_to_sqlite(tmp_path, monkeypatch):
     whether connecting creates the file, so ductwork does not call it absent."""
     monkeypatch.chdir(tmp_path)
     for url in ("sqlite:///file:typo.sqlite3?mode=ro&uri=true", "sqlite:///file:typo.sqlite3?mode=ro"):
-        assert dialects.absent_database_file(url) is None
-    assert dialects.absent_database_file("sqlite:///typo.sqlite3") == tmp_path / "typo.sqlite3"
+        assert engines.absent_database_file(url) is None
+    assert engines.absent_database_file("sqlite:///typo.sqlite3") == tmp_path / "typo.sqlite3"
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("url", "module", "driver"), [
-    ("postgresql://h/db", "psycopg", "psycopg_async"),
-    ("mysql://h/db", "aiomysql", "aiomysql"),
-    ("sqlite:///x.sqlite3", "greenlet", "aiosqlite"),
+@pytest.mark.parametrize(("url", "module", "extra"), [
+    ("postgresql://h/db", "greenlet", "async"),
+    ("mysql://h/db", "aiomysql", "async"),
+    ("sqlite:///x.sqlite3", "aiosqlite", "async"),
+    ("sqlite:///x.sqlite3", "greenlet", "async"),
+    ("mysql://h/db", "sqlalchemy.ext.asyncio", "async"),
+    ("postgresql://h/db", "psycopg", "postgres"),  # the async driver is the sync one's module
 ])
-def test_an_async_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url, module, driver):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
-    with pytest.raises(DatabaseURLError) as info:
-        dialects.create_async_engine(url)
-    assert str(info.value).endswith(f"the async client needs the {driver} driver and greenlet: "
-                                    "pip install 'ductwork[async]'")
+def test_an_async_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url, module, extra):
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(MissingExtraError) as info:
+        engines.create_async_engine(url)
+    assert str(info.value) == (f"the async client needs {module}, which is not installed: "
+                               f"pip install 'ductwork[{extra}]' (nothing was written)")
+
+
+def test_every_module_with_an_extra_is_in_that_extra():
+    """The map of modules to extras agrees with pyproject.toml: each module's extra lists
+    the distribution that installs it."""
+    import tomllib
+    from pathlib import Path
+
+    declared = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    distribution = {"psycopg": "psycopg", "pymysql": "PyMySQL", "greenlet": "SQLAlchemy[asyncio]",
+                    "sqlalchemy.ext.asyncio": "SQLAlchemy[asyncio]", "aiomysql": "aiomysql",
+                    "aiosqlite": "aiosqlite"}
+    assert set(extras.EXTRAS) == set(distribution)
+    for module, extra in extras.EXTRAS.items():
+        assert any(requirement.startswith(distribution[module]) for requirement in declared[extra]), (module, extra)
 
 
 def test_the_default_database_says_it_is_the_default(tmp_path, monkeypatch):

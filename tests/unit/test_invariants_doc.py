@@ -209,15 +209,96 @@ def test_the_tier_times_line_the_suite_prints_is_parsed_into_the_run_block():
     assert "Tier times" not in evidence.render(without)["run"]
 
 
-def test_invariants_md_has_every_evidence_block_and_replace_keeps_the_prose():
+def test_each_page_has_its_evidence_blocks_and_replace_keeps_the_prose():
     from tests import evidence
 
-    text = (ROOT / "INVARIANTS.md").read_text()
-    blocks = {name: f"generated {name}" for name in evidence.BLOCKS}
-    replaced = evidence.replace(text, blocks)
-    for name in evidence.BLOCKS:
-        assert f"<!-- evidence:{name} -->\ngenerated {name}\n<!-- /evidence:{name} -->" in replaced
-    assert replaced.count("\n") < text.count("\n")  # the tables went, the markers stayed
-    assert replaced.split("<!-- evidence:run -->")[0] == text.split("<!-- evidence:run -->")[0]
-    with pytest.raises(ValueError, match="no <!-- evidence:missing -->"):
-        evidence.replace(text, {"missing": "x"})
+    for page, names in evidence.PAGES.items():
+        text = page.read_text()
+        blocks = {name: f"generated {name}" for name in names}
+        replaced = evidence.replace(text, blocks, page.name)
+        for name in names:
+            assert f"<!-- evidence:{name} -->\ngenerated {name}\n<!-- /evidence:{name} -->" in replaced
+        assert replaced.count("\n") <= text.count("\n")  # the blocks went, the markers stayed
+        first = names[0]
+        assert replaced.split(f"<!-- evidence:{first} -->")[0] == text.split(f"<!-- evidence:{first} -->")[0]
+        with pytest.raises(ValueError, match=f"{page.name} has no <!-- evidence:missing -->"):
+            evidence.replace(text, {"missing": "x"}, page.name)
+
+
+#: a .ci/run log of the three steps (lint, unit, the rest), each pytest's output then its step line
+STEPS_LOG = """ci: commit def5678 at 2026-12-03 09:00 UTC
+================================== tier times ==================================
+ci: tier times lint 9 s (summed test durations)
+ci: tier tests lint 14 (passed, failed or skipped)
+============================= 14 passed in 10.02s ==============================
+ci: step lint 11 s (pytest tests/lint)
+================================== tier times ==================================
+ci: tier times unit 12 s (summed test durations)
+ci: tier tests unit 1265 (passed, failed or skipped)
+============================ 1265 passed in 9.72s ==============================
+ci: step unit 13 s (pytest tests/unit -n 2)
+================================== tier times ==================================
+ci: tier times properties 660 s, integration 1240 s, chaos 540 s, other 1 s (summed test durations)
+ci: tier tests properties 350, integration 1500, chaos 40, other 2 (passed, failed or skipped)
+================ 1865 passed, 27 skipped in 1290.40s (0:21:30) =================
+ci: step rest 1296 s (pytest -n 2 --ignore=tests/lint --ignore=tests/unit)
+ci: versions Python 3.11.7
+ci: total 1340 s
+"""
+
+
+def test_the_steps_and_tiers_blocks_are_generated_from_a_ci_log_of_three_steps():
+    from tests import evidence
+    from tests.conftest import tier_tests_line
+
+    assert tier_tests_line({"unit": 1265, "lint": 14, "other": 2}) == (
+        "ci: tier tests lint 14, unit 1265, other 2 (passed, failed or skipped)")
+    figures = evidence.parse(STEPS_LOG)
+    assert figures["summary"] == {"passed": 3144, "skipped": 27, "seconds": 10.02 + 9.72 + 1290.40}
+    assert [(s["name"], s["seconds"]) for s in figures["steps"]] == [("lint", 11), ("unit", 13), ("rest", 1296)]
+    blocks = evidence.render(figures)
+    assert blocks["steps"] == (
+        "From a fresh clone at `def5678` on 2026-12-03 09:00 UTC, each command's wall time: `pytest tests/lint`, "
+        "14 passed in **11 s**; `pytest tests/unit -n 2`, 1,265 passed in **13 s**; `pytest -n 2 --ignore=tests/lint "
+        "--ignore=tests/unit`, 1,865 passed, 27 skipped in **1,296 s**.")
+    assert blocks["tiers"] == (
+        "The whole suite, in the `.ci/run` of 2026-12-03 09:00 UTC from a fresh clone at `def5678`: **3,144 passed, "
+        "27 skipped in 1,310 s** of pytest, 1,340 s for the whole `.ci/run` (databases and containers included). "
+        "Per tier, the tests run and their durations summed across the xdist workers (so more than the wall time): "
+        "lint 14 tests, 9 s; unit 1,265 tests, 12 s; properties 350 tests, 660 s; integration 1,500 tests, 1,240 s; "
+        "chaos 40 tests, 540 s; other 2 tests, 1 s.")
+    assert "**3,144 passed, 27 skipped in 1310 s**" in blocks["run"]
+    assert "): lint 9 s, unit 12 s, properties 660 s," in blocks["run"]
+    # a log of the first steps alone (a run stopped early, or those commands run by hand)
+    # measures them, and says nothing of the whole suite
+    partial = evidence.render(evidence.parse(STEPS_LOG.split("ci: step unit")[0] + "ci: step unit 13 s (x)\n"))
+    assert set(partial) == {"steps"}
+    assert partial["steps"].endswith("`pytest tests/lint`, 14 passed in **11 s**; `x`, 1,265 passed in **13 s**.")
+
+
+#: what the generated blocks of CONTRIBUTING.md look like (the figures are not checked to be current)
+_COMMIT_DATE = r"`[0-9a-f]{7,40}` on \d{4}-\d\d-\d\d \d\d:\d\d UTC"
+_OUTCOME = r"[\d,]+ passed(, [\d,]+ skipped)?(, \*\*\d+ failed\*\*)?"
+WELL_FORMED = {
+    "steps": rf"From a fresh clone at {_COMMIT_DATE}, each command's wall time: "
+             rf"`pytest tests/lint`, {_OUTCOME} in \*\*[\d,]+ s\*\*; `pytest tests/unit -n 2`, {_OUTCOME} in "
+             rf"\*\*[\d,]+ s\*\*(; `[^`]+`, {_OUTCOME} in \*\*[\d,]+ s\*\*)*\.",
+    "tiers": rf"The whole suite, in the `\.ci/run` of \d{{4}}-\d\d-\d\d \d\d:\d\d UTC from a fresh clone at "
+             rf"`[0-9a-f]{{7,40}}`: \*\*{_OUTCOME} in [\d,]+ s\*\* of pytest, [\d,]+ s for the whole `\.ci/run` "
+             rf"\(databases and containers included\)(\. Per tier, the tests run and their durations summed across "
+             rf"the xdist workers \(so more than the wall time\): \w+ ([\d,]+ tests, )?[\d,]+ s"
+             rf"(; \w+ ([\d,]+ tests, )?[\d,]+ s)*)?\.",
+}
+
+
+def test_contributing_md_has_its_generated_test_times_and_they_are_well_formed():
+    from tests import evidence
+
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    for name in evidence.PAGES[evidence.CONTRIBUTING]:
+        found = re.search(rf"<!-- evidence:{name} -->\n(.*?)\n<!-- /evidence:{name} -->", text, re.DOTALL)
+        assert found, f"CONTRIBUTING.md has no <!-- evidence:{name} --> block"
+        assert re.fullmatch(WELL_FORMED[name], found.group(1)), f"{name}: {found.group(1)}"
+    for name, body in evidence.render(evidence.parse(STEPS_LOG)).items():  # the checks accept what is generated
+        if name in WELL_FORMED:
+            assert re.fullmatch(WELL_FORMED[name], body), f"{name}: {body}"

@@ -16,7 +16,8 @@ import sqlalchemy as sa
 
 from ductwork import logs
 from ductwork.cli import _log_settings, _parser
-from ductwork.config import Config, LoggingConfig, config_from_mapping
+from ductwork.config import Config, LoggingConfig
+from ductwork.config_file import config_from_mapping
 from ductwork.errors import ConfigError
 
 
@@ -153,3 +154,5 @@ def test_start_lines_say_what_runs_where_with_which_limits():
         "pipelines: none listed", "processes: 1 advancer process with 3 threads", "limit keys: none"]
     assert logs.start_lines(Config(), "sqlite:///x", [], "worker")[2] == (
         "processes: 1 worker process with 5 threads each")
+    assert logs.start_lines(Config(), "sqlite:///x", [], "all", "ductwork 0.1.0 (commit 1a2b3c4) from /x")[0] \
+        .endswith("role all; ductwork 0.1.0 (commit 1a2b3c4) from /x")

@@ -229,7 +229,7 @@ def test_the_known_operations_are_found():
 
 
 @pytest.mark.parametrize(("breakage", "expected"), [
-    (("engine function", "`ductwork.limits.claims.complete_and_hand_off`", "`ductwork.limits.claims.no_such_function`"),
+    (("engine function", "`ductwork.limits.claims.restart_with`", "`ductwork.limits.claims.no_such_function`"),
      "does not import"),
     (("model operation", "`model.limits.LimitsModel.claim`", "`model.limits.LimitsModel.claim_one`"),
      "no such model operation"),

@@ -13,11 +13,10 @@ from hypothesis import strategies as st
 
 from ductwork.errors import InputError, NotJSONError, PayloadTooLargeError, StepReturnError
 from ductwork.fleet.worker import make_output
-from ductwork.limits.executions import payload_envelope
 from ductwork.pipelines.advance import fan_in_size
-from ductwork.pipelines.definition import Definition
-from ductwork.pipelines.payloads import MAX_PAYLOAD_BYTES, check_size, dump, statement_limit_warning
+from ductwork.pipelines.payloads import MAX_PAYLOAD_BYTES, check_size, dump, payload_envelope, statement_limit_warning
 from ductwork.pipelines.rules import job_halt_reason
+from ductwork.pipelines.snapshot import Definition
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),

@@ -20,7 +20,6 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from ductwork.pipelines.definition import Definition, EdgeSpec, NodeSpec
 from ductwork.pipelines.rules import (
     INVALID_HALTS,
     PRUNABLE,
@@ -35,6 +34,7 @@ from ductwork.pipelines.rules import (
     resolve_run_status,
     simple_move,
 )
+from ductwork.pipelines.snapshot import Definition, EdgeSpec, NodeSpec
 from model.pipelines import resolve_run_status as model_resolve_run_status
 
 NOW = datetime(2026, 3, 1, 12, 0, 0)

@@ -17,9 +17,10 @@ import types
 import pytest
 
 from ductwork.errors import AsyncStepError, DefinitionError, InputError, MainModuleError
-from ductwork.pipelines.definition import in_main_module, main_module_refs
 from ductwork.pipelines.pipeline import Pipeline
+from ductwork.pipelines.registry import in_main_module
 from ductwork.pipelines.rules import job_halt_reason
+from ductwork.pipelines.snapshot import main_module_refs
 from ductwork.pipelines.step import Step, is_async
 from model.pipelines import job_halt_reason as model_job_halt_reason
 
@@ -208,7 +209,7 @@ def test_trigger_of_a_snapshot_whose_first_step_is_not_loaded_here_binds_nothing
     """A pipeline whose definition is a snapshot naming a step class this process never
     loaded (a service that only triggers): there is no ``__init__`` to bind against, so the
     arguments go to the trigger as they are (the worker that runs the step binds them)."""
-    from ductwork.pipelines.definition import Definition
+    from ductwork.pipelines.snapshot import Definition
 
     calls = []
     runs = types.ModuleType("ductwork.pipelines.runs")

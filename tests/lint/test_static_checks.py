@@ -3,8 +3,12 @@
 Checks: none (tooling). ``ruff check .`` with ``[tool.ruff]`` (the whole repository) and
 ``mypy`` with ``[tool.mypy]`` (ductwork/ and model/ strict, tests/typing/ and examples/) run as
 subprocesses; a finding fails the test with their output. Two more tests show that each
-check can fail: a file with a violation, checked with the same configuration, is reported.
-About 10 s (mypy on a cold cache in a temporary directory).
+check can fail: a file with a violation, checked with the same configuration, is reported;
+and one that the public types are checked: a file expecting ``trigger()`` of
+``tests/typing/user_pipeline.py`` (a typed user's code with ``assert_type`` lines) to
+return ``Any`` fails with mypy's message naming the real type.
+The lint tier (``pytest tests/lint``), out of the unit tier because mypy on a cold cache in a
+temporary directory takes most of its time.
 """
 
 from __future__ import annotations
@@ -61,3 +65,18 @@ def test_mypy_is_strict_on_the_model_and_the_engine(tmp_path, cache, package):
     done = _run("mypy", "--cache-dir", str(cache), "--config-file", str(CONFIG), f"{package}/bad.py", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "[no-untyped-def]" in done.stdout, done.stdout
+
+
+def test_mypy_fails_when_a_public_type_is_wrong(tmp_path, cache):
+    """The typed user's check is not vacuous: a wrong expectation about trigger() is reported."""
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(textwrap.dedent("""
+        from typing import Any, assert_type
+        from tests.typing.user_pipeline import Sync
+
+        assert_type(Sync.trigger("2026-01-01"), Any)
+    """))
+    done = _run("mypy", "--cache-dir", str(cache), "--no-error-summary", "--hide-error-context",
+                "tests/typing/user_pipeline.py", str(wrong))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert 'wrong.py:5: error: Expression is of type "Run", not "Any"' in done.stdout, done.stdout

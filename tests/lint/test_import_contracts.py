@@ -11,7 +11,7 @@ locks, which the generated mutants of ``tests/mutation.py`` rewrite) import neit
 SQLAlchemy nor a module of ``ductwork.db``, ``.limits``, ``.pipelines`` or ``.fleet``
 that is not pure itself (read from their import statements). The import-linter checks:
 skipped, saying why, only when import-linter is not installed (the ``test`` extra
-installs it). About 2 s.
+installs it). In the lint tier (``pytest tests/lint``) with the other static checks.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def test_an_upward_import_breaks_the_layers(tmp_path: Path):
 
 #: the pure modules: decisions on values, no SQL, no clock, no I/O
 PURE = ("ductwork/durations.py", "ductwork/limit_entries.py", "ductwork/limits/buckets.py",
-        "ductwork/limits/outcomes.py", "ductwork/pipelines/definition.py", "ductwork/pipelines/rules.py")
+        "ductwork/limits/outcomes.py", "ductwork/pipelines/definition.py", "ductwork/pipelines/registry.py",
+        "ductwork/pipelines/snapshot.py", "ductwork/pipelines/rules.py")
 #: what a pure module may import from ductwork's packages besides the pure modules (the base
 #: modules are free): the Step class a definition's nodes refer to (no SQL either)
 PURE_PACKAGES_ALLOWED = {"ductwork.pipelines.step"}

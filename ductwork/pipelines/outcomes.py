@@ -1,0 +1,393 @@
+"""Recording how an execution ended, at most once, and what follows it in the pipeline.
+
+    >>> record_successes(app, [Success(claimed, Output("3"))], HandOff(limit=8))
+    >>> record_crash(app, execution_id, owner=None, error_klass="ProcessCrash", message="reaped")
+
+Every outcome is one transaction read top-down: what the outcome means for the pipeline
+(the job's output and expand items, the step advanced past or left ``advancing``, a retry
+or a re-run enqueued, the step ``failed``), then the guard and the release
+(``limits.executions.release``: every execution still open and its owner's, or nothing of
+the transaction commits [INV-EXE-2]), then, for a success, the hand-off of the lane's next
+execution to the same worker (``limits.claims.hand_off``). If the reaper got there first,
+:func:`record_successes` and :func:`record_failure` raise :class:`CommitFailed` (the
+reaper's re-run is the live one), :func:`record_crash` returns False, so crashing is
+idempotent when several recoveries race.
+
+Successes: one path for one success and for a group (a worker's batch, or a keyed group
+commit): a group of one lane is one transaction; a group whose guard finds one execution
+taken, or whose transaction fails for a reason the database would not retry, is recorded
+one success at a time, so only the taken one (or the one that fails) is lost. A success
+whose edge is a simple transition (``advance.advance_on_successes``) advances its branch
+in the same transaction; a keyed success whose claim filled its key and whose body ran at
+least ``release_first_after`` is *released first* (``limits.outcomes.releases_first``): its
+step is left ``advancing``, its worker advances it after the commit
+(``advance.advance_released``) or an advancer does, so the key's lock is held only for the
+release and the hand-off. Lock order [lock order]: branch rows, run rows, then the key's
+lock (in the release), then the hand-off's claim.
+
+What follows a failure or timeout: a retry while ``retry_count < max_retry`` (never for a
+return value that cannot be stored: it would recur); a crash: a re-run while ``crash_count
+< max_crash`` (at once for the first third of the budget, then backing off by 10 s per
+crash); a spent budget marks the step ``failed``, and so does an ``invalid`` execution (one
+that can never succeed) at once [INV-EXE-4]; the budgets' rules are the pure functions of
+``limits/outcomes.py``. The code that ran is not stopped here: a caller that knows it may
+still run must stop it first [INV-EXE-5].
+
+Once an outcome has committed it is logged (``ductwork.logs``): a failure, timeout or crash
+as one WARNING with its context, what follows and its traceback; a success at DEBUG.
+Nothing is logged for an outcome that was not recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from ductwork import faults, logs
+from ductwork.db import dialects, schema
+from ductwork.errors import CommitFailed
+from ductwork.limits import claims
+from ductwork.limits.executions import (
+    MESSAGE_LIMIT,
+    Claimed,
+    Ending,
+    ErrorInfo,
+    Pending,
+    enqueue,
+    release,
+    write_header,
+)
+from ductwork.limits.outcomes import releases_first, rerun_at, retry_at
+from ductwork.pipelines.advance import Inline, StepMovedOn, advance_on_successes
+from ductwork.pipelines.payloads import Output
+from ductwork.pipelines.rules import simple_move
+from ductwork.pipelines.runs import cached_definition
+
+if TYPE_CHECKING:
+    from ductwork.db.database import Database as App
+    from ductwork.db.database import Tx
+
+log = logging.getLogger("ductwork.executions")
+
+#: a group commit writes its jobs' outputs with one UPDATE per distinct output while there
+#: are at most this many distinct outputs (steps that return the same value: ``None``,
+#: ``True``, a status), else one UPDATE per job in one ``executemany``
+DISTINCT_OUTPUTS = 4
+
+
+@dataclass(eq=False)
+class Success:
+    """One execution's success, to be recorded (:func:`record_successes`)."""
+
+    claimed: Claimed
+    output: Output
+    #: seconds its body ran, as its worker timed it (None: not timed, as a slow body):
+    #: ``releases_first`` releases a full key's slot first only after a slow body
+    ran_s: float | None = None
+    #: set by the recording transaction: its step was left ``advancing`` by a keyed release
+    #: first, for its worker to advance after the commit (``advance.advance_released``)
+    released: bool = False
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """What a success's transaction may claim for its worker once it released
+    (``limits.claims.hand_off``): up to ``limit`` unkeyed executions, or ``keyed_limit`` of
+    the key."""
+
+    limit: int = 1
+    keyed_limit: int = 1
+
+
+class _Taken(Exception):
+    """A group's guard matched fewer executions than it holds: one was taken."""
+
+
+def record_success(app: App, claimed: Claimed, output: Output, hand_off: HandOff | None = None) -> list[Claimed]:
+    """:func:`record_successes` of one success."""
+    return record_successes(app, [Success(claimed, output)], hand_off)
+
+
+def record_successes(app: App, successes: list[Success], hand_off: HandOff | None = None) -> list[Claimed]:
+    """Record successes of one owner: each job's output and expand items, each step advanced
+    past inline (a simple transition on a free branch) or left ``advancing``, then the
+    guarded release of every execution (the key's lock first for a keyed group), then the
+    hand-off, if asked; returns what was handed on, which the caller must perform.
+
+    One transaction for a group of one lane. When its guard ends fewer executions than it
+    holds (the reaper took one), nothing is written and each success is recorded in a
+    transaction of its own, so the taken one raises :class:`CommitFailed` alone
+    [INV-EXE-2]; so is a group whose transaction fails for any reason the database would
+    not retry (that error is raised once the other successes are recorded, and only the
+    success that caused it is left unrecorded). A group that mixes lanes is recorded one
+    by one. Raises CommitFailed only for a group of one; hands on only in the last
+    transaction.
+    """
+    lanes = {s.claimed.limit_key for s in successes}
+    if len(successes) > 1 and len(lanes) == 1:
+        try:
+            return _commit(app, successes, hand_off)
+        except _Taken:
+            log.warning("a batch of %d successes lost an execution to the reaper; recording each alone",
+                        len(successes))
+        except Exception as error:  # re-raised below by the success that causes it
+            if dialects.is_retryable(error) or dialects.is_disconnect(error):
+                raise  # the whole batch is repeated (retry_transient)
+            log.warning("a batch of %d successes failed (%s); recording each alone", len(successes), error)
+    if len(successes) == 1:
+        return _commit_one(app, successes[0], hand_off)
+    handed: list[Claimed] = []
+    failure: Exception | None = None
+    for success in successes:
+        try:
+            handed = _commit_one(app, success, hand_off if success is successes[-1] else None)
+        except CommitFailed as failed:  # the reaper's re-run is the live execution
+            log.warning("%s", failed)
+        except Exception as error:  # noqa: BLE001 - raised once the others are recorded
+            failure = failure or error
+    if failure is not None:
+        raise failure
+    return handed
+
+
+def _commit_one(app: App, success: Success, hand_off: HandOff | None) -> list[Claimed]:
+    try:
+        return _commit(app, [success], hand_off)
+    except _Taken:
+        raise CommitFailed(success.claimed.execution_id, success.claimed.process_id) from None
+
+
+def _commit(app: App, successes: list[Success], hand_off: HandOff | None) -> list[Claimed]:
+    """One group's transaction: what follows the steps, the guarded release, the hand-off."""
+    first = successes[0].claimed
+    key, owner = first.limit_key, first.process_id
+    with app.begin() as tx:
+        released = key is not None and releases_first(successes, app.config.job_worker.release_first_after)
+        _follow_up(app, tx, successes, inline=not released)  # [lock order] branch, then run rows
+        if key is not None:
+            faults.hit(faults.BEFORE_RELEASE_KEY_LOCK)
+        # [INV-EXE-2] the guard: every execution still open and ours, or nothing commits
+        # [lock order] then the key's lock (a keyed release), then the hand-off's claim
+        if not release(tx, key, owner, [Ending(s.claimed.execution_id) for s in successes], write=hand_off is None):
+            raise _Taken()
+        if key is not None:
+            faults.hit(faults.IN_KEYED_GROUP_COMMIT)
+        handed = []
+        if hand_off is not None and (key is None or hand_off.keyed_limit > 0):
+            handed = claims.hand_off(app, tx, key, owner, hand_off.limit, hand_off.keyed_limit)
+        if key is not None:
+            write_header(tx, key)  # the releases' seq, unless the hand-off's claim wrote it
+            if len(handed) < len(successes):
+                tx.wake()  # a slot is free (those a hand-off took over are nothing for anyone else)
+    _log_successes(successes)
+    return handed
+
+
+def _follow_up(app: App, tx: Tx, successes: list[Success], *, inline: bool) -> None:
+    """What follows a group's successes: the jobs' outputs and expand items, and each step
+    advanced past inline (``inline``, ``pipeline_advancer.inline_linear``, a simple
+    transition on a free branch) or left ``advancing``. Without ``inline`` (a keyed release
+    first) every step is left ``advancing``, and advancers are woken only for those their
+    worker will not advance after the commit (:func:`released_later`). Raises
+    :class:`_Taken` when a step is no longer in progress: its execution was taken and
+    another attempt moved it on."""
+    _write_outputs(tx, successes)
+    for success in successes:
+        _write_expand_items(tx, success)
+        success.released = not inline
+    moving = [_inline(app, s) for s in successes] if inline and app.config.pipeline_advancer.inline_linear else []
+    try:
+        advanced = advance_on_successes(tx, [i for i in moving if i is not None])
+    except StepMovedOn:
+        raise _Taken() from None
+    rest = [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced]
+    wake = inline or any(not released_later(app, s) for s in successes)
+    if rest and tx.execute(dialects.prepared(tx.conn, _to_advancing),
+                           {"batch_ids": rest, "b_now": tx.now}).rowcount != len(rest):
+        raise _Taken()  # a step no longer in progress: its execution was taken [INV-EXE-2]
+    if rest and wake:
+        tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
+
+
+def _inline(app: App, success: Success) -> Inline | None:
+    """The inline advancement of a success whose value is a value (not an expand's items)."""
+    value = success.output.value_json
+    if value is None:
+        return None
+    return Inline(success.claimed, cached_definition(app, success.claimed.definition_sha1), value)
+
+
+def released_later(app: App, success: Success) -> bool:
+    """Whether a keyed success released first is advanced by its worker after the release
+    commits: its edge is a simple transition for its value (``rules.simple_move``)."""
+    inline = _inline(app, success) if success.claimed.limit_key is not None else None
+    return (inline is not None and app.config.pipeline_advancer.inline_linear
+            and simple_move(inline.definition, inline.claimed.node, inline.value_json) is not None)
+
+
+def advanced_later(app: App, successes: Sequence[Success]) -> list[Inline]:
+    """The steps of recorded successes that were released first and that their worker
+    advances after the commit (``advance.advance_released``): :func:`released_later` ones."""
+    return [inline for s in successes
+            if s.released and released_later(app, s) and (inline := _inline(app, s)) is not None]
+
+
+def _write_outputs(tx: Tx, successes: Sequence[Success]) -> None:
+    """Each success's job: its output and its completion time."""
+    j = schema.jobs
+    by_output: dict[str, list[str]] = {}
+    for success in successes:
+        by_output.setdefault(success.output.payload_json, []).append(success.claimed.job_id)
+    if len(by_output) <= DISTINCT_OUTPUTS:
+        for payload, job_ids in by_output.items():
+            tx.execute(dialects.prepared(tx.conn, _write_output),
+                       {"batch_ids": job_ids, "b_payload": payload, "b_now": tx.now})
+        return
+    tx.execute(j.update().where(j.c.id == sa.bindparam("b_id"))
+               .values(output_payload=sa.bindparam("b_payload"), completed_at=tx.now, updated_at=tx.now),
+               [{"b_id": s.claimed.job_id, "b_payload": s.output.payload_json} for s in successes])
+
+
+def _write_output(_: Any) -> sa.Update:
+    j = schema.jobs
+    now = sa.bindparam("b_now", type_=schema.Timestamp)
+    return (j.update().where(j.c.id.in_(dialects.ids_param()))
+            .values(output_payload=sa.bindparam("b_payload", type_=j.c.output_payload.type), completed_at=now,
+                    updated_at=now))
+
+
+def _write_expand_items(tx: Tx, success: Success) -> None:
+    items = success.output.expand_items
+    if items is not None:
+        rows = [{"job_id": success.claimed.job_id, "item_index": i, "value": v} for i, v in enumerate(items)]
+        for start in range(0, len(rows), 1000):
+            tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
+
+
+def _to_advancing(bind: Any) -> sa.Update:
+    steps = schema.steps
+    status = dialects.by_primary_key(steps.c.status, bind)
+    return (steps.update().where(steps.c.id.in_(dialects.ids_param()), status == "in_progress")
+            .values(status="advancing", updated_at=sa.bindparam("b_now", type_=schema.Timestamp)))
+
+
+def _mark_failed(tx: Tx, step_id: str) -> None:
+    tx.execute(schema.steps.update()
+               .where(schema.steps.c.id == step_id, schema.steps.c.status == "in_progress")
+               .values(status="failed", updated_at=tx.now))
+
+
+def _log_successes(successes: list[Success]) -> None:
+    """One DEBUG per committed success (thousands per second: never INFO)."""
+    if log.isEnabledFor(logging.DEBUG):
+        for success in successes:
+            c = success.claimed
+            log.debug("step succeeded: %s (run_id=%s step_id=%s execution_id=%s attempt=%d)", c.node, c.run_id,
+                      c.step_id, c.execution_id, c.retry_count + c.crash_count + 1,
+                      extra={"run_id": c.run_id, "step": c.klass, "node": c.node, "step_id": c.step_id,
+                             "execution_id": c.execution_id, "outcome": "success"})
+
+
+def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo, *,
+                   outcome: str = "failure") -> bool:
+    """Record a failure or timeout and enqueue a retry or fail the step. Raises CommitFailed.
+
+    Returns True when a retry was enqueued.
+    """
+    assert outcome in ("failure", "timed_out"), outcome
+    max_retry = app.config.job_worker.max_retry_for(claimed.pipeline_klass, claimed.klass)
+    info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
+    with app.begin() as tx:
+        if not release(tx, claimed.limit_key, claimed.process_id, [Ending(claimed.execution_id, outcome, info)]):
+            raise CommitFailed(claimed.execution_id, claimed.process_id)  # [INV-EXE-2]
+        retry = retry_at(claimed.retry_count, max_retry, app.config.job_worker.retry_delay, tx.now)
+        if retry is not None:  # [INV-EXE-4] budget left: the retry is enqueued with the outcome
+            enqueue(tx, [Pending(claimed.job_id, claimed.limit_key, retry, claimed.retry_count + 1,
+                                 claimed.crash_count)])
+        else:
+            _mark_failed(tx, claimed.step_id)
+        tx.wake()  # a slot is free, or the step may be advanceable
+    logs.step_ended(log, logs.StepEnded(  # committed: now it may be told
+        outcome, claimed.run_id, claimed.pipeline_klass, claimed.klass, claimed.node, claimed.step_id,
+        claimed.execution_id, claimed.retry_count, claimed.crash_count, max_retry, info.klass, info.message,
+        retry, info.text or _traceback(info)))
+    return retry is not None
+
+
+def _traceback(info: ErrorInfo) -> str | None:
+    """The log's traceback text from a recorded error (when the whole text is not known)."""
+    if info.backtrace is None:
+        return None
+    return f"Traceback (most recent call last):\n{info.backtrace}{info.klass}: {info.message}"
+
+
+def record_invalid(app: App, claimed: Claimed, error: BaseException | ErrorInfo) -> None:
+    """Record an execution that can never succeed (outcome ``invalid``) and fail its step.
+
+    For a step that cannot run as stored (its class does not resolve, or its input
+    does not bind to ``__init__``) and for a return value that cannot be stored (not
+    JSON, too large, not a list before ``expand``). Running it again would end the same
+    way, so no retry or re-run is enqueued whatever budget is left; the step becomes
+    ``failed`` in this transaction and an advancer halts its branch ``job_invalid``,
+    ``step_return_invalid`` or ``payload_too_large`` (``pipelines.rules.job_halt_reason``)
+    [INV-EXE-4]. Raises CommitFailed, as :func:`record_failure` does.
+    """
+    info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
+    with app.begin() as tx:
+        if not release(tx, claimed.limit_key, claimed.process_id, [Ending(claimed.execution_id, "invalid", info)]):
+            raise CommitFailed(claimed.execution_id, claimed.process_id)  # [INV-EXE-2]
+        _mark_failed(tx, claimed.step_id)  # [INV-EXE-4] no budget applies: it cannot succeed
+        tx.wake()  # a slot is free, and the step is advanceable
+    logs.step_ended(log, logs.StepEnded(  # committed: now it may be told
+        "invalid", claimed.run_id, claimed.pipeline_klass, claimed.klass, claimed.node, claimed.step_id,
+        claimed.execution_id, claimed.retry_count, claimed.crash_count, 0, info.klass, info.message,
+        None, info.text or _traceback(info)))
+
+
+def record_crash(app: App, execution_id: str, owner: str | None, error_klass: str, message: str,
+                 backtrace: str | None = None, traceback_text: str | None = None) -> bool:
+    """Crash an execution held by ``owner`` (None: an orphan) and enqueue its re-run;
+    logged (WARNING, ``traceback_text`` or ``backtrace`` under it) once committed.
+
+    Idempotent: False, and nothing written or logged, if it already ended or another
+    owner holds it.
+    """
+    with app.begin() as tx:
+        crashed = crash_in(app, tx, execution_id, owner, error_klass, message, backtrace, traceback_text)
+    if crashed is not None:
+        logs.step_ended(log, crashed)  # committed: now it may be told
+    return crashed is not None
+
+
+def crash_in(app: App, tx: Tx, execution_id: str, owner: str | None, error_klass: str, message: str,
+             backtrace: str | None = None, traceback_text: str | None = None) -> logs.StepEnded | None:
+    """:func:`record_crash` inside the caller's transaction (a recovery's). Returns what
+    to log once the transaction commits (:func:`ductwork.logs.step_ended`), or None
+    when it crashed nothing."""
+    e, j, s, r = schema.executions, schema.jobs, schema.steps, schema.runs
+    row = tx.execute(
+        sa.select(e.c.job_id, e.c.limit_key, e.c.retry_count, e.c.crash_count, s.c.id.label("step_id"),
+                  s.c.klass, s.c.node, s.c.run_id, r.c.pipeline_klass)
+        .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
+        .where(e.c.id == execution_id)
+    ).first()
+    if row is None:
+        return None
+    info = ErrorInfo(error_klass, message[:MESSAGE_LIMIT], backtrace)
+    if not release(tx, row.limit_key, owner, [Ending(execution_id, "process_crashed", info)]):
+        return None  # [INV-EXE-2] ended already, or another owner's: nothing to crash
+    max_crash = app.config.job_worker.max_crash_for(row.pipeline_klass, row.klass)
+    eligible = rerun_at(row.crash_count, max_crash, app.config.job_worker.crash_backoff, tx.now)
+    if eligible is not None:  # [INV-EXE-4] budget left: the re-run is enqueued with the crash
+        enqueue(tx, [Pending(row.job_id, row.limit_key, eligible, row.retry_count, row.crash_count + 1)])
+    else:
+        _mark_failed(tx, row.step_id)
+    tx.wake()  # a slot is free, or the step may be advanceable
+    return logs.StepEnded("process_crashed", row.run_id, row.pipeline_klass, row.klass, row.node, row.step_id,
+                          execution_id, row.retry_count, row.crash_count, max_crash, error_klass, info.message,
+                          eligible, traceback_text or _traceback(info))
+

@@ -1,0 +1,277 @@
+"""The dashboard in-process (Starlette's TestClient), no browser: what each page and
+``/metrics`` read and say, the actions' guards, the token, a mount under a prefix.
+
+The read-only check runs on SQLite, PostgreSQL and MySQL: every statement the pages
+and ``/metrics`` send is recorded, and none writes or takes a lock (no INSERT, UPDATE,
+DELETE, FOR UPDATE/SHARE, LOCK). The rest needs one database (SQLite): the pages read
+only through the Python API, which its own tests run on the three. The browser tests
+(test_web_browser.py) show the same against a real fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
+from starlette.routing import Mount
+from starlette.testclient import TestClient
+
+from ductwork.fleet.processes import register
+from ductwork.fleet.worker import Worker
+from ductwork.limits.claims import claim
+from ductwork.pipelines.advance import Advancer
+from ductwork.status import snapshot
+from ductwork.testing import drain
+from ductwork.web import dashboard
+from tests.conftest import installed, make_app
+from tests.web_workloads import LIMITS, POOL_KEY, XSS, XSS_KEY, Approval, Flaky, Hostile, Pushes
+
+
+@pytest.fixture
+def web_app(db_url):
+    from ductwork.db.clock import OffsetClock
+
+    yield from installed(make_app(db_url, clock=OffsetClock(), job_worker={"limits": LIMITS, "max_retry": 1}))
+
+
+@pytest.fixture
+def sqlite_app(tmp_path):
+    from ductwork.db import engines, migrate
+    from ductwork.db.clock import OffsetClock
+
+    url = f"sqlite:///{tmp_path}/web.sqlite3"
+    engine = engines.create_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    yield from installed(make_app(url, clock=OffsetClock(), job_worker={"limits": LIMITS, "max_retry": 1}))
+
+
+def _every_state(app, tmp_path: Path) -> dict[str, str]:
+    """A halted, a dampened, an in-progress (keyed, claimed, with pending siblings) and a
+    hostile run; returns their ids by name."""
+    halted = Flaky.trigger(str(tmp_path / "never"))
+    dampened = Approval.trigger({"n": 1})
+    hostile = Hostile.trigger(list(XSS))
+    drain(app, skip_delays=True)
+    pushes = Pushes.trigger({"gate": str(tmp_path / "gate"), "items": 7})
+    worker, advancer = Worker(app), Advancer(app)
+    assert worker.run_once() is not None  # Fetch
+    while advancer.run_once() != "idle":  # the expand: seven pushes on POOL_KEY, pending
+        pass
+    assert claim(app, register(app, role="test", label="holder")) is not None  # one of them in flight
+    return {"halted": halted.id, "dampened": dampened.id, "hostile": hostile.id, "pushes": pushes.id}
+
+
+def _pages(runs: dict[str, str]) -> list[str]:
+    quoted = "/keys/" + "".join(f"%{b:02X}" for b in XSS_KEY.encode())
+    return ["/", "/runs", "/runs?status=halted", "/runs?pipeline=Hostile&since=1h", "/keys", "/keys?busy=1",
+            f"/keys/{POOL_KEY}", quoted, "/processes", "/metrics", *(f"/runs/{run_id}" for run_id in runs.values())]
+
+
+def test_pages_and_metrics_only_read_on_each_database(web_app, tmp_path):
+    runs = _every_state(web_app, tmp_path)
+    client = TestClient(dashboard(web_app))
+    sent: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args):
+        sent.append(statement)
+
+    sa.event.listen(web_app.engine, "before_cursor_execute", record)
+    try:
+        for path in _pages(runs):
+            response = client.get(path)
+            assert response.status_code == 200, (path, response.text[:2000])
+    finally:
+        sa.event.remove(web_app.engine, "before_cursor_execute", record)
+    assert len(sent) > 30
+    writes = [s for s in sent if re.search(r"^\s*(INSERT|UPDATE|DELETE|LOCK|BEGIN\s+IMMEDIATE)\b"
+                                           r"|\bFOR\s+(NO\s+KEY\s+)?(UPDATE|SHARE)\b", s, re.IGNORECASE)]
+    assert writes == []
+
+
+def test_what_the_pages_say(sqlite_app, tmp_path):
+    runs = _every_state(sqlite_app, tmp_path)
+    client = TestClient(dashboard(sqlite_app))
+    overview = client.get("/").text
+    assert re.search(r'data-runs="halted">2<', overview)  # Flaky and Hostile
+    assert re.search(r'data-runs="in_progress">1<', overview)
+    keys = client.get("/keys").text
+    assert re.search(r"data-key-inflight>1/5<", keys)
+    assert re.search(r"data-key-pending>6<", keys)
+    run = client.get(f"/runs/{runs['pushes']}").text
+    states = dict(re.findall(r'data-node="([^"]+)" data-state="([^"]+)"', run))
+    assert states == {"Fetch#0": "done", "PushGated#1": "running", "Tally#2": "none"}
+    assert "1 running, 6 waiting" in run
+    halted = client.get(f"/runs/{runs['halted']}").text
+    assert "job_retries_exhausted" in halted
+    assert "RuntimeError: no file never yet" in halted
+    assert 'action="/runs/' + runs["halted"] + '/revive"' in halted
+    dampened = client.get(f"/runs/{runs['dampened']}").text
+    assert 'action="/runs/' + runs["dampened"] + '/resume"' in dampened
+    assert 'data-state="dampened"' in dampened
+    assert client.get("/runs/nope").status_code == 404
+    assert client.get("/keys/nope").status_code == 404
+    bad = client.get("/runs?since=yesterday")
+    assert bad.status_code == 400
+    assert "--since=&#39;yesterday&#39;" in bad.text
+
+
+def test_runs_are_paged_by_keyset(sqlite_app):
+    ids = [Approval.trigger({"n": i}).id for i in range(53)]
+    client = TestClient(dashboard(sqlite_app))
+    first = client.get("/runs").text
+    listed = re.findall(r'href="/runs/([0-9a-f-]{36})"', first)
+    (older,) = re.findall(r'<a rel="next" href="([^"]+)"', first)
+    second = client.get(older.replace("&amp;", "&")).text
+    listed += re.findall(r'href="/runs/([0-9a-f-]{36})"', second)
+    assert listed == sorted(ids, reverse=True)  # ids are time-ordered: newest first, each once
+    assert 'rel="next"' not in second
+    assert "« newest" in second
+
+
+def test_every_database_value_is_escaped(sqlite_app, tmp_path):
+    runs = _every_state(sqlite_app, tmp_path)
+    client = TestClient(dashboard(sqlite_app))
+    texts = {path: client.get(path).text for path in _pages(runs)}
+    for path, text in texts.items():
+        if path != "/metrics":
+            assert "<script>window" not in text, path
+            assert "<img src=x" not in text, path
+            assert "<svg onload" not in text, path
+            assert "<b>k/" not in text, path
+    hostile = texts[f"/runs/{runs['hostile']}"]
+    assert "&lt;script&gt;window.__xss = &#39;script&#39;&lt;/script&gt;" in hostile  # the error message
+    assert "&lt;img src=x onerror=" in hostile  # the input, output and context
+    assert "&lt;b&gt;k/&#34;e&#39;y&lt;/b&gt;" in texts["/keys"]
+
+
+def test_actions_are_posts_with_a_csrf_token_and_a_confirmation(sqlite_app):
+    run = Approval.trigger({"n": 1})
+    drain(sqlite_app, skip_delays=True)
+    client = TestClient(dashboard(sqlite_app))
+    page = client.get(f"/runs/{run.id}").text
+    csrf = client.cookies["ductwork_csrf"]
+    assert f'name="csrf" value="{csrf}"' in page
+    assert client.get(f"/runs/{run.id}/resume").status_code == 405  # nothing through GET
+    form = {"input_from": "given", "input": '{"approved": "<yes>"}'}
+    assert client.post(f"/runs/{run.id}/resume", data=form).status_code == 403  # no token
+    assert client.post(f"/runs/{run.id}/resume", data={**form, "csrf": "x" * 43}).status_code == 403
+    confirm = client.post(f"/runs/{run.id}/resume", data={**form, "csrf": csrf})
+    assert confirm.status_code == 200
+    assert "&#34;approved&#34;: &#34;&lt;yes&gt;&#34;" in confirm.text
+    assert run.refresh().status == "dampened"  # shown, not done
+    bad = client.post(f"/runs/{run.id}/resume", data={**form, "input": "{nope", "csrf": csrf, "confirmed": "yes"})
+    assert (bad.status_code, run.refresh().status) == (400, "dampened")
+    done = client.post(f"/runs/{run.id}/resume", data={**form, "csrf": csrf, "confirmed": "yes"},
+                       follow_redirects=False)
+    assert (done.status_code, done.headers["location"]) == (303, f"/runs/{run.id}?done=resume")
+    drain(sqlite_app, skip_delays=True)
+    assert run.refresh().status == "completed"
+    assert run.steps()[-1].output == {"approved": "<yes>"}
+    again = client.post(f"/runs/{run.id}/resume", data={**form, "csrf": csrf, "confirmed": "yes"})
+    assert again.status_code == 409
+    assert "RunStateError" in again.text
+
+
+def test_revive_from_the_dashboard_and_read_only(sqlite_app, tmp_path):
+    halted = Flaky.trigger(str(tmp_path / "found"))
+    drain(sqlite_app, skip_delays=True)
+    (tmp_path / "found").touch()
+    watching = TestClient(dashboard(sqlite_app, read_only=True))
+    page = watching.get(f"/runs/{halted.id}").text
+    assert "Revive" not in page
+    refused = watching.post(f"/runs/{halted.id}/revive",
+                            data={"csrf": watching.cookies["ductwork_csrf"], "confirmed": "yes"})
+    assert refused.status_code == 403
+    assert halted.history().run.revived_as is None
+    client = TestClient(dashboard(sqlite_app))
+    client.get(f"/runs/{halted.id}")
+    done = client.post(f"/runs/{halted.id}/revive", data={"csrf": client.cookies["ductwork_csrf"],
+                                                           "confirmed": "yes"}, follow_redirects=False)
+    revived = halted.history().run.revived_as
+    assert (done.status_code, done.headers["location"]) == (303, f"/runs/{revived}?done=revive")
+    drain(sqlite_app, skip_delays=True)
+    assert sqlite_app.run(revived).status == "completed"
+
+
+def test_a_token_guards_every_page_and_metrics(sqlite_app):
+    client = TestClient(dashboard(sqlite_app, token="s3cret"))
+    assert client.get("/", follow_redirects=False).headers["location"] == "/login?next=%2F"
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert client.get("/metrics", headers={"Authorization": "Bearer s3cre"}).status_code == 401
+    login = client.get("/login")
+    assert login.status_code == 200
+    csrf = client.cookies["ductwork_csrf"]
+    assert client.post("/login", data={"csrf": csrf, "token": "wrong", "next": "/"}).status_code == 401
+    assert client.get("/").history[0].status_code == 303  # still out
+    ok = client.post("/login", data={"csrf": csrf, "token": "s3cret", "next": "//elsewhere"}, follow_redirects=False)
+    assert (ok.status_code, ok.headers["location"]) == (303, "/")
+    assert "s3cret" not in client.cookies["ductwork_session"]
+    assert client.get("/").status_code == 200
+
+
+def test_metrics_are_the_snapshot_in_prometheus_text(sqlite_app, tmp_path):
+    _every_state(sqlite_app, tmp_path)
+    text = TestClient(dashboard(sqlite_app)).get("/metrics").text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    status = snapshot(sqlite_app)
+    for state, count in status.runs.items():
+        assert samples[("ductwork_runs", (("status", state),))] == count
+    assert samples[("ductwork_key_in_flight", (("key", POOL_KEY),))] == 1
+    assert samples[("ductwork_key_pending", (("key", POOL_KEY),))] == 6
+    assert samples[("ductwork_key_concurrency", (("key", POOL_KEY),))] == 5
+    assert samples[("ductwork_key_claims_total", (("key", POOL_KEY),))] == 1
+    assert samples[("ductwork_key_claims_total", (("key", XSS_KEY),))] == 2  # Explode: a failure, its retry
+    assert samples[("ductwork_key_refusing", (("key", POOL_KEY), ("reason", "concurrency")))] == 0
+    assert samples[("ductwork_executions", (("state", "running"),))] == 1
+    assert samples[("ductwork_executions", (("state", "failure"),))] == 4  # Flaky's and Explode's two each
+    assert ("ductwork_scrape_duration_seconds", ()) in samples
+    ages = [key for key in samples if key[0] == "ductwork_process_heartbeat_age_seconds"]
+    assert len(ages) == len(status.processes) >= 1
+
+
+def test_mounted_under_a_prefix(sqlite_app):
+    run = Approval.trigger({"n": 1})
+    host = Starlette(routes=[Mount("/ops/ductwork", app=dashboard(sqlite_app))])
+    client = TestClient(host)
+    page = client.get("/ops/ductwork/runs")
+    assert page.status_code == 200
+    assert f'href="/ops/ductwork/runs/{run.id}"' in page.text
+    assert 'href="/ops/ductwork/static/dashboard.css"' in page.text
+    assert client.get("/ops/ductwork/static/dashboard.js").status_code == 200
+    assert client.get(f"/ops/ductwork/runs/{run.id}").status_code == 200
+    assert "Content-Security-Policy" in page.headers
+    assert json.loads(json.dumps(page.headers["Content-Security-Policy"])).startswith("default-src 'none'")
+
+
+def test_docs_list_every_metric_with_its_type_and_labels(sqlite_app):
+    """docs/dashboard.md's table is ``metrics.METRICS``, and a scrape exposes exactly those."""
+    from ductwork.web.metrics import METRICS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "dashboard.md").read_text()
+    rows = set(re.findall(r"^\| `(ductwork_\w+)` \| (\w+) \|([^|]*)\|", page, re.M))
+    expected = {(name, kind, ", ".join(f"`{label}`" for label in labels.split(", ") if label))
+                for name, kind, labels, _ in METRICS}
+    assert {(name, kind, labels.strip()) for name, kind, labels in rows} == expected
+    text = TestClient(dashboard(sqlite_app)).get("/metrics").text
+    exposed = {family.name for family in text_string_to_metric_families(text)}
+    assert {name.removesuffix("_total") for name, *_ in METRICS} == exposed
+
+
+def test_ductwork_web_names_a_missing_database_before_serving(tmp_path, capsys):
+    from ductwork.cli import main
+    from ductwork.web.serve import loopback
+
+    code = main(["web", "--database-url", f"sqlite:///{tmp_path}/absent.sqlite3", "-c", "/dev/null"])
+    assert code == 1
+    assert capsys.readouterr().err.startswith("ductwork web: MissingDatabaseError: ")
+    assert list(tmp_path.iterdir()) == []
+    assert [loopback(h) for h in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "10.0.0.1", "example.org")] == [
+        True, True, True, False, False, False]
