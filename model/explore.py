@@ -623,6 +623,7 @@ class PipelinesWorld:
             for run_id in m.live_runs():
                 if m.runs[run_id].status == "dampened":
                     yield f"resume({run_id})", _resume(run_id)
+        yield from self._refused_recoveries()
         if b.hooks:
             yield from self._hook_actions()
         if self.keyed < b.keyed_triggers:
@@ -639,6 +640,24 @@ class PipelinesWorld:
         later = [t for t in waits if t > m.now_us]
         if later:
             yield f"clock -> {min(later)}", _set_model_clock(min(later))
+
+    def _refused_recoveries(self) -> Iterator[Action]:
+        """The recovery operations the model refuses, over every state a run is in: revive
+        of a run that is not halted (or pruned), resume of one with no dampened branch (or
+        pruned), a context write to a pruned run. Offered only in worlds that revive or
+        prune; each is a self-loop (the explorer checks that the refusal changed nothing),
+        so none spends a bound."""
+        m, b = self.model, self.bounds
+        if not (b.revives or b.prunes):
+            return
+        for run_id, run in m.runs.items():
+            state = "pruned" if run.pruned else run.status
+            if state != "halted":
+                yield f"revive({run_id}) refused ({state})", _refused("revive", run_id)
+            if state != "dampened":
+                yield f"resume({run_id}) refused ({state})", _refused("resume", run_id)
+            if run.pruned and b.context_writes:
+                yield f"context_set({run_id}, 'k') refused (pruned)", _refused("context_set", run_id)
 
     def _hook_actions(self) -> Iterator[Action]:
         m = self.model
@@ -748,6 +767,18 @@ def _advance_with(branch_id: str, token: int | None) -> Callable[[PipelinesWorld
 
 def _resume(run_id: str) -> Callable[[PipelinesWorld], object]:
     return lambda w: w.model.resume(run_id, NO_INPUT)
+
+
+def _refused(operation: str, run_id: str) -> Callable[[PipelinesWorld], object]:
+    """A recovery operation the model must refuse here (``PreconditionError``, nothing
+    changed: the explorer checks the self-loop); no bound is spent on it."""
+    def apply(w: PipelinesWorld) -> object:
+        if operation == "revive":
+            return w.model.revive(run_id)
+        if operation == "resume":
+            return w.model.resume(run_id, NO_INPUT)
+        return w.model.context_set(run_id, "k", 0)
+    return apply
 
 
 def _set_model_clock(at: int) -> Callable[[PipelinesWorld], object]:

@@ -944,9 +944,14 @@ class PipelinesModel:
         """Give every dampened branch of the run a step for its dampen target; returns how many.
 
         Input is ``[input]`` if given, else ``[output of the dampen step]``
-        (semantics §3 item 8). A run without dampened branches is left alone.
+        (semantics §3 item 8). A run without dampened branches (in progress, or final: a
+        dampened branch makes its run ``dampened``) is refused with ``PreconditionError``,
+        changing nothing, as the engine's ``Run.resume`` raises ``RunStateError``; so is a
+        pruned run.
         """
         run = self._live(run_id)
+        if run.status in FINAL_RUN_STATES or not any(self.branches[b].status == "dampened" for b in run.branches):
+            raise PreconditionError(f"run {run_id} is {run.status} with no dampened branch; nothing to resume")
         resumed = 0
         for branch_id in run.branches:
             branch = self.branches[branch_id]

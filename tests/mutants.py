@@ -51,6 +51,7 @@ def _bucket_refill(body: str) -> str:
 
 
 _BEFORE_KEY_LOCK = "faults.hit(faults.BEFORE_KEY_LOCK)"
+_GROUP_GUARD = "if tx.execute(statement, params).rowcount != len(endings):  # [INV-EXE-2] one was taken: roll back"
 
 MUTANTS: dict[str, Mutant] = {
     "no_key_lock": Mutant(
@@ -439,6 +440,131 @@ MUTANTS: dict[str, Mutant] = {
         "leaves and the execution is crashed, not failed [INV-EXE-4]",
         "an async step's unrequested cancellation is its failure, not the worker thread's exit [INV-EXE-4]",
         (("if isinstance(awaited, asyncio.CancelledError):", "if False:  # mutant: cancellation escapes"),),
+    ),
+    # --- partial losses inside a batch (issue 37): a guard that notices "nothing ended"
+    # instead of "fewer ended than I hold"
+    "group_guard_counts_none": Mutant(
+        "a group commit whose guard ended fewer executions than it holds goes on when any ended: "
+        "the lost one's output, expand items, step and successor are written beside its re-run "
+        "[INV-EXE-2]",
+        "a group commit is written only when its guard ended every execution it holds [INV-EXE-2]",
+        ((_GROUP_GUARD, "if tx.execute(statement, params).rowcount == 0:  # mutant: notices only that nothing ended"),),
+    ),
+    "keyed_group_guard_counts_none": Mutant(
+        "a keyed group commit whose guard ended fewer executions than it holds releases the others "
+        "and keeps the lost one's output and step, with the key's seq moved past a release that "
+        "never happened [INV-EXE-2, INV-CLK-1]",
+        "a keyed group commit is written only when its guard ended every execution it holds "
+        "[INV-EXE-2]",
+        ((_GROUP_GUARD, "if (lambda ended: ended == 0 if header is not None else ended != len(endings))("
+                        "tx.execute(statement, params).rowcount):  # mutant: a keyed release notices only that "
+                        "nothing ended"),),
+    ),
+    "batch_fence_counts_none": Mutant(
+        "an advancer's batch fence asks whether each branch is held, not held by this claim, and "
+        "its close counts only that none was closed: a branch released (and re-claimed) under the "
+        "batch is moved by the stale claim [INV-ADV-1, INV-ADV-2]",
+        "an advancer's batch moves only the branches its own token still holds, and every one it "
+        "closes [INV-ADV-2]",
+        (("if rows[c.branch_id].claim_token == c.token]  # [INV-ADV-2] a stale token commits nothing",
+          "if rows[c.branch_id].claim_token is not None]  # mutant: held by anyone"),
+         ("if rows[c.branch_id].claim_token != c.token:", "if rows[c.branch_id].claim_token is None:  # mutant"),
+         ("if closed != len(ids):", "if closed == 0:  # mutant: notices only that none was closed"),
+         ("if moved.rowcount != len(ids):", "if moved.rowcount == 0:  # mutant: notices only that none moved")),
+    ),
+    # --- time predicates measured from the wrong column (issue 37)
+    "recovery_measures_creation": Mutant(
+        "the recovery of orphaned claims and of claims a live process's threads do not hold measures "
+        "a claim from its creation time, not its claim time: a claim made just now under a process "
+        "reaped long ago is crashed while its body may still run, and a claim its thread has not "
+        "registered yet is crashed [INV-EXE-1, INV-EXE-5]",
+        "the orphan sweep and reconciliation measure a claim from its claim time [INV-EXE-1]",
+        (("old(_e.c.claimed_at))  # (a claim made since may not be registered by its thread yet)",
+          "old(_e.c.created_at))  # mutant: the creation time"),
+         ("old(_a.c.started_at))", "old(_a.c.created_at))  # mutant: the creation time")),
+    ),
+    "hook_recovery_measures_creation": Mutant(
+        "the orphan sweep and reconciliation measure a running on_halt hook from its creation time, "
+        "not its claim time [INV-HLT-2]",
+        "the orphan sweep measures a hook from its claim time [INV-HLT-2]",
+        (("old(_h.c.claimed_at)).order_by(_h.c.id)", "old(_h.c.created_at)).order_by(_h.c.id)"),),
+    ),
+    "reap_measures_registration": Mutant(
+        "the reaper measures a process from its registration, not its last heartbeat: a live process "
+        "registered long ago is reaped [INV-EXE-1]",
+        "the reaper measures a process from its last heartbeat [INV-EXE-1]",
+        (("old = _p.c.last_heartbeat_at <= _stale_before(app, tx) if stale else sa.false()",
+          "old = _p.c.created_at <= _stale_before(app, tx) if stale else sa.false()  # mutant: registration"),
+         ("stmt = stmt.where(_p.c.last_heartbeat_at <= _stale_before(app, tx))",
+          "stmt = stmt.where(_p.c.created_at <= _stale_before(app, tx))  # mutant: registration")),
+    ),
+    "prune_measures_trigger_time": Mutant(
+        "a prune measures a run from its trigger time, not its finish time: a run triggered long ago "
+        "that finished a minute ago is deleted [INV-PRN-1]",
+        "a prune measures a run from its finish time [INV-PRN-1]",
+        (("return sa.func.coalesce(r.c.completed_at, r.c.halted_at)",
+          "return r.c.triggered_at  # mutant: the trigger time"),),
+    ),
+    "key_window_measures_trigger_time": Mutant(
+        "a key window measures the key's run from its trigger time, not its finish time, in the "
+        "decision and in the UPDATE's fence [INV-TRG-1]",
+        "a key window measures its holder from its finish time [INV-TRG-1]",
+        (("sa.select(_r.c.id, _r.c.status, _r.c.completed_at, _r.c.halted_at)",
+          "sa.select(_r.c.id, _r.c.status, _r.c.triggered_at.label('completed_at'), "
+          "_r.c.triggered_at.label('halted_at'))"),
+         ("_r.c.completed_at <= cutoff),", "_r.c.triggered_at <= cutoff),  # mutant: the trigger time"),
+         ("_r.c.halted_at <= cutoff))", "_r.c.triggered_at <= cutoff))  # mutant: the trigger time")),
+    ),
+    "claim_measures_creation": Mutant(
+        "a claim measures an execution's eligibility from its creation time, not its eligible time: a "
+        "retry is claimed before its back-off has passed [INV-CLK-1]",
+        "a claim takes only an execution whose eligible time has passed [INV-CLK-1]",
+        (("_e.c.eligible_at <= now)  # eligible: delays and back-off have passed",
+          "_e.c.created_at <= now)  # mutant: the creation time"),),
+    ),
+    "hook_claim_measures_creation": Mutant(
+        "a hook claim measures a pending hook from its creation time, not its eligible time: a "
+        "backed-off hook is run again before its back-off has passed [INV-HLT-2]",
+        "a hook claim takes only a hook whose eligible time has passed [INV-HLT-2]",
+        (("_h.c.eligible_at <= tx.now)", "_h.c.created_at <= tx.now)  # mutant: the creation time"),),
+    ),
+    # --- recovery preconditions over every state (issue 37): one state accepted too many
+    "resume_accepts_in_progress": Mutant(
+        "resume of a live run with no dampened branch is accepted (and rewrites its status) instead "
+        "of refused [INV-RUN-1]",
+        "resume refuses a run with no dampened branch [INV-RUN-1]",
+        (("if run.status in TERMINAL or not dampened:",
+          "if run.status in TERMINAL:  # mutant: a run with nothing dampened is resumed"),),
+    ),
+    "revive_accepts_completed": Mutant(
+        "revive continues a completed run as a new run, as if it had halted [INV-REV-1]",
+        "revive refuses every run that is not halted [INV-REV-1]",
+        (('if run.status != "halted":\n        raise ReviveError(run_id, run.status)',
+          'if run.status not in ("halted", "completed"):  # mutant: a completed run revives too\n'
+          '        raise ReviveError(run_id, run.status)'),),
+    ),
+    "hook_sweep_takes_any_status": Mutant(
+        "the reaper and the orphan sweep crash a dead claimer's on_halt hook whatever its status (the "
+        "status asked nowhere: the recovery's read, crash_hooks_of's and the record's fence): a pending "
+        "hook's crash budget is spent and a final hook's recorded outcome reopened [INV-HLT-1, INV-HLT-2] "
+        "(each of the three alone is masked by the others)",
+        "the reaper and the orphan sweep crash only a running hook [INV-HLT-2]",
+        (('whose(_h.c.process_id), _h.c.status == "running", old(_h.c.claimed_at))',
+          'whose(_h.c.process_id), old(_h.c.claimed_at))'),
+         ('.where(_h.c.status == "running", _h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))',
+          '.where(_h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))  # mutant: any status'),
+         ('result = tx.execute(_h.update().where(_h.c.id == hook_id, _h.c.status == "running",',
+          'result = tx.execute(_h.update().where(_h.c.id == hook_id,  # mutant: any status')),
+    ),
+    # --- process trees outside a supervisor (issue 37)
+    "keeper_kills_nothing": Mutant(
+        "a timeout= child's keeper dies with the worker's process without killing what is below it: "
+        "in an adopter's process (drain, run_once) SIGKILLed mid-step, the step's subprocesses and "
+        "theirs outlive it [INV-EXE-5]",
+        "a timeout= child's keeper kills every process below it when the worker's process dies "
+        "[INV-EXE-5]",
+        (("signal.signal(KEEPER_SIGNAL, _worker_died)",
+          "signal.signal(KEEPER_SIGNAL, signal.SIG_DFL)  # mutant: the keeper just dies"),),
     ),
 }
 

@@ -224,6 +224,71 @@ class SpawnerTimeoutPipeline(Pipeline):
         p.start(Spawner, timeout=1)
 
 
+class ShellSpawner(Step):
+    """Starts two shells that each start a ``sleep 600`` and wait for it (``sh -c "sleep 600
+    & wait"``), one shell in its process group and one that left it (``setsid``), waits
+    until both have their child, writes ``shells <own pid> <shell> <its sleep> <shell that
+    left> <its sleep>`` to ``job["path"]``, then sleeps ``job["seconds"]``: grandchildren of
+    the step's process, for a test to kill the step's process or its parent meanwhile."""
+
+    def __init__(self, job):
+        self.job = job
+
+    def execute(self):
+        import os
+        import subprocess
+
+        from ductwork.fleet import tree
+
+        shells = [subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=leaves)
+                  for leaves in (False, True)]
+        deadline = time.monotonic() + 30
+        while not all(tree.children(shell.pid) for shell in shells) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pids = [pid for shell in shells for pid in (shell.pid, *tree.children(shell.pid))]
+        with open(self.job["path"], "a") as marker:
+            marker.write(" ".join(["shells", str(os.getpid()), *map(str, pids)]) + "\n")
+        time.sleep(self.job["seconds"])
+        return "slept"
+
+
+class AsyncShellSpawner(ShellSpawner):
+    """:class:`ShellSpawner` as an async step (awaited on the process's step loop)."""
+
+    async def execute(self):
+        return ShellSpawner.execute(self)
+
+
+class AsyncShellSpawnerPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(AsyncShellSpawner)
+
+
+class ShellSpawnerPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(ShellSpawner)
+
+
+class ShellSpawnerChildPipeline(Pipeline):
+    """:class:`ShellSpawner` in a ``timeout=`` child, with a timeout no test reaches."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(ShellSpawner, timeout=600)
+
+
+def shells(path) -> list[list[int]]:
+    """[step pid, shell, its sleep, shell that left, its sleep] per ShellSpawner attempt."""
+    import os
+
+    if not os.path.exists(path):
+        return []
+    with open(path) as marker:
+        return [[int(pid) for pid in line.split()[1:]] for line in marker if line.startswith("shells ")]
+
+
 def spawned(path) -> list[tuple[int, int, int]]:
     """(step pid, subprocess in its group, subprocess that left it) per Spawner attempt."""
     import os
@@ -231,8 +296,8 @@ def spawned(path) -> list[tuple[int, int, int]]:
     if not os.path.exists(path):
         return []
     with open(path) as marker:
-        return [(int(a), int(b), int(c)) for what, a, b, c in (line.split() for line in marker)
-                if what == "spawned"]
+        return [(int(a), int(b), int(c)) for what, a, b, c in (line.split() for line in marker
+                                                                if line.startswith("spawned "))]
 
 
 def marker_lines(path, what: str = "start") -> list[tuple[int, str]]:

@@ -10,8 +10,11 @@ has its own deadline, ``STARTUP_S``). Past the deadline the parent SIGKILLs the
 whole group (and any descendant that left it, ``fleet/tree.py``) and waits until the
 child is reaped by the OS, and only then is the
 execution recorded ``timed_out`` and its concurrency slot freed [INV-EXE-5]. The
-child also dies with its parent (``PR_SET_PDEATHSIG`` on Linux), so a killed
-worker leaves no step code running.
+child is a keeper (:func:`_keep`): the step runs in a process of its own below it, and
+when the worker's process dies (``PR_SET_PDEATHSIG`` on Linux) the keeper kills that
+process and everything below it, the orphans of the step's subprocesses included (it is
+their subreaper), so a killed worker leaves no step code and nothing it started running,
+with or without a supervisor above it.
 
 An async step with ``timeout=`` runs here too, on an event loop of its own
 (``asyncio.run``): cancelling its task could not stop code that blocks the loop or
@@ -143,11 +146,64 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def main() -> None:
-    tree.die_with_parent(signal.SIGKILL)  # not Linux: the parent's kill of the group still applies
-    out, parent = int(sys.argv[1]), int(sys.argv[2])
+#: what a keeper gets when the worker's process dies (a signal it can handle, unlike SIGKILL)
+KEEPER_SIGNAL = signal.SIGTERM
+#: how long a keeper whose worker died goes on killing what appears below it
+KEEPER_KILL_S = 5.0
+
+
+def _keep(parent: int, out: int) -> None:
+    """Split into a keeper and the step's process; returns in the latter only.
+
+    The keeper (this process, the one the worker started and waits for) is a subreaper
+    that does nothing but wait for the step's process, which dies with it. When the
+    worker's process dies (SIGKILLed in an adopter's process that ran ``drain()`` or
+    ``Worker.run_once``, with no supervisor to adopt what is left), the keeper is told
+    (``KEEPER_SIGNAL``) and kills every process below it, the step's and those its
+    subprocesses left (re-parented to the keeper), before it exits [INV-EXE-5]. It then
+    exits as the step's process did. Not Linux: no keeper, the step runs here (the
+    worker's kill of the group at a timeout still applies)."""
+    signal.signal(KEEPER_SIGNAL, _worker_died)
+    if not tree.die_with_parent(KEEPER_SIGNAL):  # pragma: no cover - not Linux
+        signal.signal(KEEPER_SIGNAL, signal.SIG_DFL)
+        return
     if os.getppid() != parent:  # the parent died before the death signal was armed
         os._exit(1)
+    tree.become_subreaper()  # [INV-EXE-5] what the step's subprocesses leave is re-parented here
+    keeper = os.getpid()
+    step = os.fork()
+    if step == 0:
+        signal.signal(KEEPER_SIGNAL, signal.SIG_DFL)
+        tree.die_with_parent(signal.SIGKILL)  # [INV-EXE-5] the step's process dies with its keeper
+        if os.getppid() != keeper:  # pragma: no cover  the keeper died before the signal was armed
+            os._exit(1)
+        return
+    os.close(out)  # the step's process writes the result: the worker reads until it closes it
+    os.close(0)
+    _, status = os.waitpid(step, 0)
+    if os.WIFSIGNALED(status):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _worker_died(_signum: int, _frame: object) -> None:
+    """The keeper's ``KEEPER_SIGNAL``: SIGKILL every process below the keeper, again while
+    new ones appear (each round reaps what died, so the orphans of the killed are seen),
+    then exit [INV-EXE-5]."""
+    deadline = time.monotonic() + KEEPER_KILL_S
+    while (left := tree.descendants(os.getpid())) and time.monotonic() < deadline:
+        tree.kill(left)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        time.sleep(0.01)
+    os._exit(1)
+
+
+def main() -> None:
+    out, parent = int(sys.argv[1]), int(sys.argv[2])
+    _keep(parent, out)
     request = json.loads(sys.stdin.read())
     sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
 

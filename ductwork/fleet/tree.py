@@ -7,7 +7,7 @@
 A step may start subprocesses (a converter, a shell pipeline, a browser). When the
 process that ran the step is gone, its claim is re-run elsewhere [INV-EXE-5], so what
 the step started must be gone too, or the old attempt keeps producing effects beside
-the new one. Three cases, three mechanisms:
+the new one. Five cases, five mechanisms:
 
 - **A timed-out ``timeout=`` step** runs in its own session; the parent SIGKILLs the
   whole process group, and first every descendant it can see, so a subprocess that
@@ -24,6 +24,12 @@ the new one. Three cases, three mechanisms:
   environment (``DUCTWORK_STEP_OWNER``, inherited by its own children); the supervisor
   that proves the runner gone kills every process still carrying its mark before it
   reaps the runner's claims (``reaper.reap_dead``).
+- **A worker with no supervisor that dies** (an adopter's process that runs ``drain()`` or
+  ``Worker.run_once`` itself, SIGKILLed): nothing above it adopts orphans, so a
+  ``timeout=`` step's child is a *keeper*, a subreaper that runs the step in a process of
+  its own and, told of the worker's death (``PR_SET_PDEATHSIG``), kills everything below
+  it before it exits (``fleet/child.py``). A step without ``timeout=`` runs in the
+  adopter's own process: what it started is out of reach once that process is killed.
 
 Not done: this is Linux only (``prctl`` and ``/proc``); elsewhere each function does
 nothing and says so by its return value. A process that leaves the tree entirely

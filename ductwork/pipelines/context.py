@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
-from ductwork.errors import InputError, OverwriteError
+from ductwork.errors import InputError, OverwriteError, UnknownRunError
 from ductwork.pipelines import payloads
 
 if TYPE_CHECKING:
@@ -67,20 +67,28 @@ class Context:
         """Set ``key`` once for this run (or replace it with ``overwrite=True``); returns value.
 
         A value that breaks the payload rule (``payloads.dump``) raises
-        :class:`~ductwork.errors.PayloadError` and nothing is written."""
+        :class:`~ductwork.errors.PayloadError` and nothing is written. A run that does not
+        exist (never triggered, or pruned) raises :class:`~ductwork.errors.UnknownRunError`,
+        as :class:`~ductwork.pipelines.runs.Run` does, and nothing is written."""
         self._check_key(key)
         text = '{"raw_value": ' + payloads.dump(value, f"context key {key!r}") + "}"
-        with self._app.begin() as tx:
-            row = {"id": new_id(), "run_id": self.run_id, "key": key, "value": text,
-                   "first_set_at": tx.now, "last_set_at": tx.now}
-            if overwrite:
-                tx.execute(dialects.upsert(tx.conn, schema.context, ["run_id", "key"], row,
-                                           ["value", "last_set_at"]))
-            else:
-                with dialects.translate_db_errors(
-                    {"uq_context_run_key": lambda _: OverwriteError(self.run_id, key)}  # [INV-CTX-1]
-                ):
-                    tx.execute(schema.context.insert().values(**row))
+        try:
+            with self._app.begin() as tx:
+                row = {"id": new_id(), "run_id": self.run_id, "key": key, "value": text,
+                       "first_set_at": tx.now, "last_set_at": tx.now}
+                if overwrite:
+                    tx.execute(dialects.upsert(tx.conn, schema.context, ["run_id", "key"], row,
+                                               ["value", "last_set_at"]))
+                else:
+                    with dialects.translate_db_errors(
+                        {"uq_context_run_key": lambda _: OverwriteError(self.run_id, key)}  # [INV-CTX-1]
+                    ):
+                        tx.execute(schema.context.insert().values(**row))
+        except sa.exc.IntegrityError as error:  # the run's foreign key: named differently by each database
+            with self._app.begin(readonly=True) as tx:
+                if tx.execute(sa.select(schema.runs.c.id).where(schema.runs.c.id == self.run_id)).first() is None:
+                    raise UnknownRunError(self.run_id) from error
+            raise  # pragma: no cover  the run exists: not its foreign key
         return value
 
     async def aget(self, key: str) -> Any:

@@ -17,10 +17,19 @@ import sys
 
 import pytest
 
-from ductwork.fleet import tree
+from ductwork.fleet import child, tree
 from ductwork.testing import drain
+from tests import mutants
 from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
-from tests.workloads import SpawnerPipeline, SpawnerTimeoutPipeline, spawned
+from tests.workloads import (
+    AsyncShellSpawnerPipeline,
+    ShellSpawnerChildPipeline,
+    ShellSpawnerPipeline,
+    SpawnerPipeline,
+    SpawnerTimeoutPipeline,
+    shells,
+    spawned,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees are handled on Linux only")
 
@@ -31,7 +40,7 @@ def no_leftovers(marker):
     try:
         yield
     finally:
-        for _, *subprocesses in spawned(marker):
+        for _, *subprocesses in spawned(marker) + shells(marker):
             tree.kill(subprocesses)
 
 
@@ -138,3 +147,81 @@ def test_a_runner_stopped_past_its_shutdown_timeout_kills_its_steps_subprocesses
                  f"the runner and its busy step's subprocesses are gone; log: {fleet.log()[-2000:]}", 10)
         assert f"job_worker: killed 2 processes the busy steps started: {sorted([stays, leaves])}" in fleet.log()
         assert len(spawned(marker)) == 1  # the one attempt, ended by the shutdown
+
+
+#: an adopter's process that runs ductwork's worker in its own code (no ``ductwork start``):
+#: ``drain()`` or one ``Worker.run_once``, on the database named by argv[1]
+ADOPTER = """
+import sys
+import tests.workloads  # the adopter's own pipelines
+from ductwork.app import set_default_app
+from ductwork.fleet.worker import Worker
+from ductwork.testing import drain
+from tests import mutants
+from tests.conftest import make_app
+
+app = make_app(sys.argv[1])
+set_default_app(app)
+if sys.argv[2] == "drain":
+    drain(app, timeout=600)
+else:
+    Worker(app).run_once()
+"""
+
+
+@pytest.mark.usefixtures("app")  # the default app the trigger uses, tables emptied
+@pytest.mark.parametrize("runs", ["drain", "run_once"])
+def test_an_embedded_worker_killed_mid_step_leaves_no_grandchild_of_its_timeout_child(db_url, tmp_path, runs):
+    """An adopter's process runs the worker itself (``drain()``, ``Worker.run_once``) and is
+    SIGKILLed while a ``timeout=`` step's child runs, the step having started shells that
+    each started a process of their own (one shell in the step's group, one that left it):
+    no supervisor is there to adopt them, yet the child's keeper, told of the death, kills
+    the step's process and every descendant of it [INV-EXE-5]."""
+    marker = tmp_path / "marker"
+    ShellSpawnerChildPipeline.trigger({"path": str(marker), "seconds": 600})
+    adopter = subprocess.Popen([sys.executable, "-c", ADOPTER, db_url, runs], cwd=str(mutants.REPO))
+    with no_leftovers(marker):
+        try:
+            (pids,) = wait_for(lambda: shells(marker), "the step started its shells and their children")
+            step, *below = pids
+            keeper = int(_status(step)["PPid"])  # the timeout child the adopter started, above the step
+            assert _status(keeper)["PPid"] == str(adopter.pid)
+            with open(f"/proc/{keeper}/cmdline", "rb") as cmdline:
+                assert child.__name__.encode() in cmdline.read().split(b"\0")
+            os.kill(adopter.pid, signal.SIGKILL)
+            adopter.wait(10)
+            wait_for(lambda: not any(pid_alive(pid) for pid in pids),
+                     f"the step's process {step} and every process below it {below} died", 10)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                adopter.kill()
+            adopter.wait(10)
+
+
+def _status(pid: int) -> dict[str, str]:
+    """The fields of ``/proc/<pid>/status``."""
+    with open(f"/proc/{pid}/status") as status:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in status if ":\t" in line)
+
+
+@pytest.mark.parametrize("pipeline", [ShellSpawnerPipeline, AsyncShellSpawnerPipeline, ShellSpawnerChildPipeline],
+                         ids=["thread", "step_loop", "child"])
+def test_a_killed_runners_grandchildren_are_killed_by_its_supervisor(app, db_url, tmp_path, pipeline):
+    """A runner's step (in a worker thread, awaited on the step loop, or in a ``timeout=``
+    child) ran shells that each started a process (``sh -c "sleep 600 & wait"``, one shell
+    out of the step's group): the runner is SIGKILLed, the supervisor adopts the orphans and
+    kills each with everything below it [INV-EXE-5]."""
+    config = write_config(tmp_path / "ductwork.yml", pipelines=[f"tests.workloads:{pipeline.__name__}"],
+                          overrides={"supervisor": {"reaper_timeout": 600}})
+    marker = tmp_path / "marker"
+    pipeline.trigger({"path": str(marker), "seconds": 600})
+    with Fleet(db_url, config) as fleet, no_leftovers(marker):
+        try:
+            (pids,) = wait_for(lambda: shells(marker), "the step started its shells and their children")
+            (runner,) = {row.pid for row in process_rows(app.engine, role="job_worker")}
+            os.kill(runner, signal.SIGKILL)
+            below = [pid for pid in pids if pid != runner]
+            wait_for(lambda: not any(pid_alive(pid) for pid in below),
+                     f"every process below the dead runner died: {below}; log: {fleet.log()[-2000:]}", 10)
+        finally:
+            stop(fleet)

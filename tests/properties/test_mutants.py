@@ -38,6 +38,9 @@ HOOK_STALE = ("tests/integration/test_halt_hooks.py::"
 #: children arriving while their expand is parked between batches
 PARKED = ("tests/integration/test_fan_in_while_expanding.py::"
           "test_children_arriving_while_their_expand_is_parked_fire_the_merge_once")
+LOSSES = "tests/integration/test_partial_losses.py::"
+TIMES = "tests/integration/test_time_predicates.py::"
+STATES = "tests/integration/test_recovery_preconditions.py::test_each_operation_over_every_status[sqlite]"
 HOOK_CONFORMANCE = ("tests/properties/test_conformance_pipelines.py::"
                     "test_engine_hooks_end_where_the_model_hooks_end[sqlite]")
 DETECTORS = {
@@ -137,10 +140,42 @@ DETECTORS = {
     # async steps (issue 18)
     "async_cancel_escapes": "tests/integration/test_async_steps.py::"
     "test_an_async_step_that_cancels_itself_or_raises_fails[sqlite-cancels_itself]",
+    # partial losses inside a batch (issue 37)
+    "group_guard_counts_none": LOSSES + "test_a_group_commit_that_lost_one_writes_nothing_for_it[sqlite]",
+    "keyed_group_guard_counts_none":
+        LOSSES + "test_a_keyed_group_commit_that_lost_one_writes_nothing_for_it[sqlite]",
+    "batch_fence_counts_none":
+        LOSSES + "test_an_advancers_batch_that_lost_one_branch_writes_nothing_for_it[sqlite-re-claimed]",
+    # time predicates measured from the wrong column (issue 37)
+    "recovery_measures_creation": TIMES + "test_the_orphan_sweep_measures_a_claim_from_its_claim_time[sqlite]",
+    "hook_recovery_measures_creation": TIMES + "test_the_orphan_sweep_measures_a_claim_from_its_claim_time[sqlite]",
+    "reap_measures_registration": TIMES + "test_the_reaper_measures_a_process_from_its_last_heartbeat[sqlite]",
+    "prune_measures_trigger_time": TIMES + "test_a_prune_measures_a_run_from_its_finish_time[sqlite]",
+    "key_window_measures_trigger_time": TIMES + "test_a_key_window_measures_its_holder_from_its_finish_time[sqlite]",
+    "claim_measures_creation": TIMES + "test_a_claim_measures_an_execution_from_its_eligible_time[sqlite]",
+    "hook_claim_measures_creation": TIMES + "test_a_hook_claim_measures_a_hook_from_its_eligible_time[sqlite]",
+    # recovery preconditions over every state (issue 37)
+    "resume_accepts_in_progress": STATES,
+    "revive_accepts_completed": STATES,
+    "keeper_kills_nothing": "tests/integration/test_process_trees.py::"
+    "test_an_embedded_worker_killed_mid_step_leaves_no_grandchild_of_its_timeout_child[sqlite-drain]",
+    "hook_sweep_takes_any_status":
+        "tests/integration/test_recovery_preconditions.py::test_the_hook_sweep_and_the_reaper_crash_only_a_running_hook"
+        "[sqlite]",
 }
 #: mutants with another detector that a conformance machine found only with the ``deep``
 #: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
 ALSO_CONFORMANCE = {"batch_past_lane": CONFORMANCE, "keyed_batch_past_lane": CONFORMANCE}
+#: mutants of a guard that several paths share, killed on each path's own test too (the
+#: unkeyed group guard ends the async batch's group commit and an expand's items; one
+#: recovery routine serves the orphan sweep and reconciliation)
+ALSO_PATHS = {
+    # (the orphan sweep and reconciliation are one recovery routine since issue 31)
+    "recovery_measures_creation": (TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",),
+    "hook_recovery_measures_creation": (TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",),
+    "group_guard_counts_none": (LOSSES + "test_an_async_batch_that_lost_one_writes_nothing_for_it[sqlite]",
+                                LOSSES + "test_a_group_commit_that_lost_one_writes_no_expand_items_for_it[sqlite]"),
+}
 #: errors that mean the patch broke the code rather than the guard
 BROKEN = ("NameError", "UnboundLocalError", "SyntaxError", "IndentationError", "ImportError")
 
@@ -194,6 +229,15 @@ def test_mutant_is_killed_by_conformance_too(mutant, tmp_path):
     """The mutants a conformance machine once found only with the ``deep`` budget, though
     another test is their detector, are killed by it within the ``ci`` budget too."""
     hunt(mutant, ALSO_CONFORMANCE[mutant], tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mutant", "detector"),
+                         [(mutant, detector) for mutant, detectors in sorted(ALSO_PATHS.items())
+                          for detector in detectors])
+def test_mutant_is_killed_on_each_path_it_breaks(mutant, detector, tmp_path):
+    """A mutant of a guard that several batch paths share is killed by each path's test."""
+    hunt(mutant, detector, tmp_path)
 
 
 def hunt(mutant: str, detector: str, tmp_path) -> float:

@@ -4,6 +4,8 @@ For each invariant ID: a statement, what it relies on, where it is enforced (eac
 named function exists and carries a ``# [INV-…]`` tag for that ID), the model
 predicate, the history checker, the engine tests (whose module docstrings name
 the ID) and the mutants killed (which exist in ``tests/mutants.py`` and name the ID);
+each row of scenarios accounts for the adversarial classes (partial loss, columns that
+disagree, every refused state, a grandchild) with tests, ``n/a`` or ``not covered``;
 the engine-mutant table lists every mutant, in the registry's order, with its guard
 and detector (its times come from a run: the "engine mutants" section that
 ``pytest -m slow tests/properties/test_mutants.py`` prints). Conversely, every
@@ -25,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "INVARIANTS.md").read_text()
 ID = re.compile(r"INV-[A-Z]{3}-\d+")
 REF = re.compile(r"`([\w/.]+\.py)(?:::(\w+))?`")
-ROWS = ("Relies on", "Enforced at", "Model", "History checker", "Engine tests", "Mutants killed")
+ROWS = ("Relies on", "Enforced at", "Model", "History checker", "Engine tests", "Mutants killed", "Scenarios")
+#: the adversarial scenarios each invariant's Scenarios row accounts for, in this order
+SCENARIOS = ("partial loss", "columns that disagree", "every refused state", "a grandchild")
 EXPECTED = {
     "INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-LIM-4", "INV-LIM-5", "INV-LIM-6", "INV-LIM-7",
     "INV-ADV-1", "INV-ADV-2", "INV-ADV-3", "INV-ADV-4",
@@ -109,6 +113,18 @@ def test_model_checker_tests_and_mutants_name_the_id(inv):
     for mutant in re.findall(r"`(\w+)`", fields["Mutants killed"]):
         assert mutant in MUTANTS, f"{inv}: unknown mutant {mutant}"
         assert inv in MUTANTS[mutant].description, f"{inv}: mutant {mutant} does not name it"
+
+
+@pytest.mark.parametrize("inv", sorted(EXPECTED))
+def test_every_id_accounts_for_each_adversarial_scenario(inv):
+    """The Scenarios row names each class in order, each with the tests that include it, or
+    ``n/a (why)``, or ``not covered (what is missing)``: an auditor sees which are covered."""
+    row = sections()[inv]["Scenarios"]
+    parts = re.split(rf"(?:^|; )({'|'.join(SCENARIOS)}): ", row)[1:]
+    assert parts[0::2] == list(SCENARIOS), f"{inv}: Scenarios names {parts[0::2]}, not {list(SCENARIOS)}"
+    for name, text in zip(parts[0::2], parts[1::2], strict=True):
+        justified = text.startswith(("n/a (", "not covered (", "the same test", "every test")) or "`tests/" in text
+        assert justified, f"{inv} {name}: neither a test, nor n/a (why), nor not covered (what): {text!r}"
 
 
 def test_engine_tags_and_test_docstrings_cite_only_known_ids_and_every_id_is_enforced():

@@ -526,7 +526,8 @@ def test_expand_in_batches_keeps_its_claim_then_collapse_and_dampen_and_resume()
     assert m.steps["step6"] == st("step6", "D", ["c"], "resume", ("step5",), execs=[6], branch="branch5")
     assert (m.branches["branch5"].status, m.runs["run1"].status) == ("in_progress", "in_progress")
     assert m.runs["run1"].status_history == ["in_progress", "dampened", "in_progress"]
-    assert m.resume("run1") == 0
+    with raises(PreconditionError, "run run1 is in_progress with no dampened branch; nothing to resume"):
+        m.resume("run1")  # as the engine's Run.resume raises RunStateError
 
 
 def test_resume_with_an_input_and_an_empty_expand():
@@ -1221,7 +1222,7 @@ TINY = {
     "hooks": ({"definition": HALTING, "faults": 2, "fault_kinds": ("failure", "invalid"), "advancer_faults": False,
                "hooks": True}, 102, 240),
     "revive": ({"definition": HALTING, "faults": 1, "fault_kinds": ("invalid",), "advancer_faults": False,
-                "context_writes": 1, "prunes": 1, "revives": 1}, 92, 388),
+                "context_writes": 1, "prunes": 1, "revives": 1}, 92, 626),
     "two-runs": ({"definition": HALTING, "runs": 2, "faults": 0, "hooks": True}, 54, 254),
     "triggers": ({"definition": CHAIN_AB, "faults": 0, "advancer_faults": False, "batches": False,
                   "keyed_triggers": 1, "key_window_us": 1_000_000}, 145, 446),

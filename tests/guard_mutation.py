@@ -1,0 +1,347 @@
+"""Generated mutants of the engine's guard modules, against the integration tier: a nightly run.
+
+    python -m tests.guard_mutation fleet/reaper.py              # one module, on SQLite
+    python -m tests.guard_mutation --db postgresql fleet/reaper.py
+    python -m tests.guard_mutation --all                        # every guard module (hours)
+    python -m tests.guard_mutation --list fleet/reaper.py       # the mutants, not run
+    python -m tests.guard_mutation --report                     # the table of the last runs
+
+``tests/mutation.py`` runs mutmut over the pure modules against the unit tier. The guard
+modules (claims, outcomes, advancement, the reaper, revive, prune, hooks, the process
+tree) decide in SQL and in transactions, which the unit tier does not reach, and
+mutmut's operators (every constant, string and argument) would spend hours on
+changes that do not matter there. This generator writes only the operators that do, one
+change per mutant, from the module's syntax tree:
+
+- ``comparison``: ``<`` for ``<=`` and back, ``>`` for ``>=`` and back, ``==`` for
+  ``!=`` and back, ``is`` for ``is not``, ``in`` for ``not in`` (in Python and in SQL
+  expressions alike: ``e.c.claimed_at <= threshold``);
+- ``boolean``: ``and`` for ``or`` and back, a ``not`` dropped;
+- ``where``: one argument of a ``.where(...)``, ``sa.and_(...)`` or ``sa.or_(...)``
+  dropped (a ``.where`` of one argument dropped whole);
+- ``column``: a time column of a table read as another time column of the same table
+  (``claimed_at`` as ``created_at``), the class of bug issue 37 found.
+
+Each mutant is the module's source with that one change (``ast.unparse``: comments are
+lost, code is not), put in a scratch copy of the package that the tests' processes import
+first (``tests/mutants.py``'s ``sitecustomize``). The module's tests (:data:`GUARD_TESTS`,
+its part of the integration tier) run against it on one database (SQLite by default; the
+tests of no database run too) and stop at the first failure: a failure kills the mutant, a run past 4x the
+clean run's time (plus 30 s) times out (killed by a loop), a clean pass survives. Results
+are kept per module and database in ``.guard-mutation/`` (git-ignored; ``--only`` re-runs
+some and keeps the others while the module is unchanged), so ``--report`` prints the table
+and every survivor, to be killed by a new test or argued equivalent (:data:`ARGUED`).
+Not run by ``.ci/run``: a mutant costs one run of its module's tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tests import mutants
+
+ROOT = mutants.REPO
+PACKAGE = mutants.PACKAGE
+RESULTS = ROOT / ".guard-mutation"
+_I = "tests/integration/"
+
+#: each guard module (relative to ductwork/) and the integration tests that guard it
+GUARD_TESTS: dict[str, tuple[str, ...]] = {
+    "fleet/reaper.py": (f"{_I}test_time_predicates.py", f"{_I}test_recovery_preconditions.py",
+                        f"{_I}test_exactly_once.py", f"{_I}test_halt_hooks.py", f"{_I}test_same_host_recovery.py"),
+    "fleet/tree.py": (f"{_I}test_process_trees.py", f"{_I}test_timeout_children.py"),
+    "fleet/child.py": (f"{_I}test_timeout_children.py", f"{_I}test_process_trees.py"),
+    "pipelines/prune.py": (f"{_I}test_time_predicates.py", f"{_I}test_recovery_preconditions.py",
+                           f"{_I}test_inspection.py", f"{_I}test_triggers.py"),
+    "pipelines/revive.py": (f"{_I}test_recovery_preconditions.py", f"{_I}test_revive.py"),
+    "pipelines/hooks.py": (f"{_I}test_time_predicates.py", f"{_I}test_recovery_preconditions.py",
+                           f"{_I}test_halt_hooks.py"),
+    "pipelines/runs.py": (f"{_I}test_recovery_preconditions.py", f"{_I}test_pipelines.py"),
+    "pipelines/advance.py": (f"{_I}test_partial_losses.py", f"{_I}test_exactly_once.py",
+                             f"{_I}test_fan_in_while_expanding.py", f"{_I}test_pipelines.py"),
+    "limits/claims.py": (f"{_I}test_time_predicates.py", f"{_I}test_partial_losses.py", f"{_I}test_bounds.py",
+                         f"{_I}test_batches.py", f"{_I}test_limits.py"),
+    "limits/executions.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
+                             f"{_I}test_bounds.py"),
+    "pipelines/outcomes.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
+                              f"{_I}test_timeout_children.py"),
+}
+OPERATORS = ("comparison", "boolean", "where", "column")
+DATABASES = ("sqlite", "postgresql", "mysql")
+
+#: surviving mutants argued equivalent (no test can tell them from the original), by
+#: ``module#number`` of the module's current source (a change to it renumbers them: re-argue)
+ARGUED: dict[str, tuple[str, str]] = {
+    "fleet/reaper.py#3": (
+        '`and_` without `_p.c.machine_identifier == machine_identifier()`',
+        "reap_dead's read of this machine's rows without the machine: each row's proof (proven_dead) "
+        'compares the machine again, and a row without proof is reaped only when stale'),
+    "fleet/reaper.py#4": (
+        '`and_` without `_p.c.os_start_ticks.is_not(None)`',
+        "reap_dead's read of this machine's rows without the start time: proven_dead asks for it again"),
+    "fleet/reaper.py#5": (
+        '`.where(sa.or_(old, here))` dropped',
+        'reap_dead reads every row: each is reaped only on proof (proven_dead) or when its own stale '
+        'column says so (a cost, not an outcome)'),
+    "fleet/reaper.py#38": (
+        '`.where(_b.c.id == branch_id)` dropped',
+        'the branch lock without its id: SQLite has no row locks, and on a server it locks more rows (a '
+        'cost, a wider wait), not another outcome'),
+    "fleet/reaper.py#41": (
+        '`_b.c.id == branch_id`: NotEq for Eq',
+        'the branch lock on the other branches: as #38'),
+    "fleet/reaper.py#44": (
+        '`where` without `whose(_e.c.process_id)`',
+        "find reads every holder's executions: the guarded write that follows refuses what the wider "
+        "read adds (crash_in's `process_id = owner`, or `IS NULL` for orphans)"),
+    "fleet/reaper.py#45": (
+        '`where` without `_e.c.claimed_at.is_not(None)`',
+        "find without `claimed_at IS NOT NULL`: a pending execution has no owner (not the reap's), and "
+        "the sweep's and reconciliation's `claimed_at <= before` implies it"),
+    "fleet/reaper.py#46": (
+        '`where` without `_e.c.completed_at.is_(None)`',
+        'find reads closed executions too: the guarded write that follows refuses what the wider read '
+        "adds (crash_in's `completed_at IS NULL`)"),
+    "fleet/reaper.py#59": (
+        "`where` without `_h.c.status == 'running'`",
+        "find reads hooks of any status: crash_hooks_of asks `status = 'running'` again (and the "
+        "record's fence a third time)"),
+    "fleet/reaper.py#61": (
+        '`_e.c.claimed_at` read as `eligible_at`',
+        '`eligible_at IS NOT NULL` (always true) for `claimed_at IS NOT NULL`: as #45'),
+    "fleet/reaper.py#63": (
+        '`_e.c.claimed_at` read as `created_at`',
+        '`created_at IS NOT NULL` (always true): as #45'),
+    "fleet/reaper.py#64": (
+        '`_e.c.claimed_at` read as `updated_at`',
+        '`updated_at IS NOT NULL` (always true): as #45'),
+}
+_SWAP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+                           ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn,
+                           ast.NotIn: ast.In}
+_CONNECTIVES = ("where", "and_", "or_")
+
+
+@dataclass(frozen=True)
+class Generated:
+    module: str
+    number: int
+    operator: str
+    line: int
+    what: str
+
+
+def _time_columns() -> dict[str, list[str]]:
+    """Each table's timestamp columns, by the table's name in ``schema``."""
+    from ductwork.db import schema
+
+    return {name: [c.name for c in table.c if isinstance(c.type, schema.sa.DateTime)]
+            for name, table in vars(schema).items() if isinstance(table, schema.sa.Table)}
+
+
+def _aliases(tree: ast.Module) -> dict[str, str]:
+    """Names the module binds to a table (``_e = schema.executions``, ``e, a = schema.x, schema.y``)."""
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            pairs = (zip(target.elts, node.value.elts, strict=False)
+                     if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                     else [(target, node.value)])
+            for name, value in pairs:
+                if (isinstance(name, ast.Name) and isinstance(value, ast.Attribute)
+                        and isinstance(value.value, ast.Name) and value.value.id == "schema"):
+                    found[name.id] = value.attr
+    return found
+
+
+def _table_of(node: ast.Attribute, aliases: dict[str, str]) -> str | None:
+    """The table of a column reference ``<table>.c.<column>``, when the module names it."""
+    owner = node.value
+    if not (isinstance(owner, ast.Attribute) and owner.attr == "c"):
+        return None
+    base = owner.value
+    if isinstance(base, ast.Name):
+        return aliases.get(base.id)
+    if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "schema":
+        return base.attr
+    return None
+
+
+Change = tuple[str, str, Callable[[ast.AST], ast.AST | None]]
+
+
+def _changes(node: ast.AST, aliases: dict[str, str], columns: dict[str, list[str]]) -> Iterator[Change]:
+    """(operator, description, edit) for each mutant of ``node``; an edit changes the node in
+    place and returns None, or returns the node that replaces it."""
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _SWAP:
+        new = _SWAP[type(node.ops[0])]
+        yield ("comparison", f"`{ast.unparse(node)}`: {new.__name__} for {type(node.ops[0]).__name__}",
+               lambda n: setattr(n, "ops", [new()]))
+    if isinstance(node, ast.BoolOp):
+        new_op = ast.Or if isinstance(node.op, ast.And) else ast.And
+        yield ("boolean", f"`{ast.unparse(node)[:80]}`: {new_op.__name__}", lambda n: setattr(n, "op", new_op()))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        yield ("boolean", f"`{ast.unparse(node)[:80]}`: `not` dropped", lambda n: n.operand)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CONNECTIVES:
+        if len(node.args) == 1 and node.func.attr == "where" and not node.keywords:
+            yield "where", f"`.where({ast.unparse(node.args[0])[:60]})` dropped", lambda n: n.func.value
+        for i, arg in enumerate(node.args if len(node.args) > 1 else []):
+            yield ("where", f"`{node.func.attr}` without `{ast.unparse(arg)[:60]}`",
+                   lambda n, i=i: setattr(n, "args", n.args[:i] + n.args[i + 1:]))
+    if isinstance(node, ast.Attribute) and (table := _table_of(node, aliases)) in columns:
+        for other in columns[table]:
+            if node.attr in columns[table] and other != node.attr:
+                yield "column", f"`{ast.unparse(node)}` read as `{other}`", lambda n, o=other: setattr(n, "attr", o)
+
+
+def _sites(module: str) -> list[tuple[int, Change]]:
+    tree = ast.parse((PACKAGE / module).read_text())
+    aliases, columns = _aliases(tree), _time_columns()
+    return [(index, change) for index, node in enumerate(ast.walk(tree))
+            for change in _changes(node, aliases, columns)]
+
+
+def generate(module: str) -> list[Generated]:
+    """The module's mutants, numbered in syntax-tree order (a change to the module renumbers them)."""
+    tree = ast.parse((PACKAGE / module).read_text())
+    nodes = list(ast.walk(tree))
+    return [Generated(module, number, operator, getattr(nodes[index], "lineno", 0), what)
+            for number, (index, (operator, what, _)) in enumerate(_sites(module), start=1)]
+
+
+def mutated_source(module: str, number: int) -> str:
+    """The module's source with mutant ``number`` applied."""
+    index, (_, _, edit) = _sites(module)[number - 1]
+    tree = ast.parse((PACKAGE / module).read_text())
+    nodes = list(ast.walk(tree))
+    target = nodes[index]
+    replacement = edit(target)
+    if replacement is not None:
+        for parent in nodes:
+            for field, value in ast.iter_fields(parent):
+                if value is target:
+                    setattr(parent, field, replacement)
+                elif isinstance(value, list) and any(v is target for v in value):
+                    setattr(parent, field, [replacement if v is target else v for v in value])
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def _pytest(module: str, db: str, scratch: Path, timeout_s: float) -> tuple[str, float]:
+    others = " and ".join(f"not {other}" for other in DATABASES if other != db)  # (and the tests of no database)
+    command = [sys.executable, "-m", "pytest", *GUARD_TESTS[module], "-k", others, "-x", "-q", "-p", "no:randomly",
+               "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(command, cwd=ROOT, env={**mutants.environ(scratch), "HYPOTHESIS_PROFILE": "ci"},
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return "timeout", time.monotonic() - started
+    verdict = {0: "survived", 1: "killed"}.get(done.returncode, "broken")
+    return verdict, time.monotonic() - started
+
+
+def run(module: str, db: str, numbers: list[int] | None = None) -> dict:
+    """Run the module's mutants (``numbers``: only these) against its tests on ``db``;
+    returns and stores the results."""
+    generated = generate(module)
+    chosen = [g for g in generated if numbers is None or g.number in numbers]
+    with tempfile.TemporaryDirectory(prefix="guard-mutation-") as tmp:
+        scratch = Path(tmp)
+        shutil.copytree(PACKAGE, scratch / "ductwork", ignore=shutil.ignore_patterns("__pycache__"))
+        (scratch / "sitecustomize.py").write_text(mutants._SITECUSTOMIZE)
+        target = scratch / "ductwork" / module
+        target.write_text(ast.unparse(ast.parse((PACKAGE / module).read_text())))  # the clean run's source form
+        clean, clean_s = _pytest(module, db, scratch, 3600)
+        if clean != "survived":
+            raise SystemExit(f"{module}: its tests do not pass on {db} unmutated ({clean}); nothing run")
+        results = []
+        for g in chosen:
+            target.write_text(mutated_source(module, g.number))
+            verdict, seconds = _pytest(module, db, scratch, 4 * clean_s + 30)
+            results.append({**asdict(g), "verdict": verdict, "seconds": round(seconds, 1)})
+            print(f"{module} #{g.number} {g.operator} line {g.line}: {verdict} in {seconds:.1f} s  {g.what}",
+                  flush=True)
+    source = hashlib.sha1((PACKAGE / module).read_bytes()).hexdigest()
+    path = RESULTS / f"{module.replace('/', '.')}.{db}.json"
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    if earlier.get("source") == source:  # the same numbering: keep the mutants not run again
+        again = {r["number"] for r in results}
+        results = sorted([r for r in earlier["results"] if r["number"] not in again] + results,
+                         key=lambda r: r["number"])
+    record = {"module": module, "db": db, "source": source, "clean_s": round(clean_s, 1),
+              "generated": len(generated), "results": results}
+    RESULTS.mkdir(exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def _argued(result: dict) -> bool:
+    """Whether a stored result is a mutant argued equivalent (the same number and change)."""
+    argued = ARGUED.get(f"{result['module']}#{result['number']}")
+    return argued is not None and argued[0] == result["what"]
+
+
+def report() -> str:
+    lines = ["| module | database | generated | run | killed | timed out | survived | argued equivalent "
+             "| broken | score | score without the argued | s per mutant | clean run |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    survivors = []
+    for path in sorted(RESULTS.glob("*.json")):
+        record = json.loads(path.read_text())
+        results = record["results"]
+        count = {v: sum(r["verdict"] == v for r in results) for v in ("killed", "timeout", "survived", "broken")}
+        argued = sum(r["verdict"] == "survived" and _argued(r) for r in results)
+        caught, scored = count["killed"] + count["timeout"], count["killed"] + count["timeout"] + count["survived"]
+        score = f"{100 * caught / scored:.1f} %" if scored else "–"
+        strict = f"{100 * caught / (scored - argued):.1f} %" if scored - argued else "–"
+        per = f"{sum(r['seconds'] for r in results) / len(results):.1f}" if results else "–"
+        lines.append(f"| `{record['module']}` | {record['db']} | {record['generated']} | {len(results)} "
+                     f"| {count['killed']} | {count['timeout']} | {count['survived']} | {argued} | {count['broken']} "
+                     f"| {score} | {strict} | {per} | {record['clean_s']} s |")
+        survivors += [f"- `{r['module']}` #{r['number']} ({r['operator']}, line {r['line']}): {r['what']}"
+                      for r in results if r["verdict"] == "survived" and not _argued(r)]
+    return "\n".join([*lines, "", "Survivors not argued equivalent:", *survivors] if survivors else lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.guard_mutation", description=__doc__.split("\n")[0])
+    parser.add_argument("modules", nargs="*", help=f"guard modules (of {', '.join(GUARD_TESTS)})")
+    parser.add_argument("--all", action="store_true", help="every guard module")
+    parser.add_argument("--db", default="sqlite", choices=DATABASES)
+    parser.add_argument("--only", type=int, nargs="*", help="only these mutant numbers")
+    parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    parser.add_argument("--report", action="store_true", help="print the table of the stored runs")
+    args = parser.parse_args(argv)
+    modules = list(GUARD_TESTS) if args.all else args.modules
+    unknown = [m for m in modules if m not in GUARD_TESTS]
+    if unknown:
+        parser.error(f"not a guard module: {', '.join(unknown)}")
+    if args.report:
+        print(report())
+        return 0
+    for module in modules:
+        if args.list:
+            for g in generate(module):
+                print(f"{module} #{g.number} {g.operator} line {g.line}: {g.what}")
+            continue
+        run(module, args.db, args.only)
+    if not args.list:
+        print(report())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

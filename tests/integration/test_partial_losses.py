@@ -1,0 +1,271 @@
+"""Partial losses inside a batch: exactly one of several held executions or branches is
+taken between the claim and the commit, on every batch path.
+
+Each batch path holds several executions (or branch claims) and commits them in one
+transaction: the worker's group commit of unkeyed successes, the keyed group commit (a
+worker's keyed batch, released under one hold of the key's lock), an advancer's batch
+(``Advancer.advance_batch``) and the async batch (async steps awaited together, then
+group-committed). Here one of three is lost while the batch runs (its execution crashed
+as the reaper crashes it, or its branch claim released as the reaper releases it, and
+re-claimed by another advancer), and every row the commit could touch for the lost one
+(its execution and its re-run, its job's output, its expand items, its step, its branch,
+its advancements, its run, its halt hook) is compared with what it was right after the
+loss: the commit writes nothing for it, while the other two commit. A guard that
+notices only "nothing ended" instead of "fewer ended than I hold" writes the lost one's
+output, step and successor beside its pending re-run; the engine mutants
+``group_guard_counts_none``, ``keyed_group_guard_counts_none`` and
+``batch_fence_counts_none`` (tests/mutants.py) are that bug on each path.
+
+Checks: INV-EXE-2 (a group commit ends only executions still open and its owner's; the
+lost one's re-run is the live execution), INV-ADV-1 and INV-ADV-2 (a batch's stale
+branch claim commits nothing for its branch), INV-LIM-1 and INV-CLK-1 (a keyed group
+that lost one releases each of the others with its own seq after the reaper's release).
+"""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import Pipeline, Step
+from ductwork.db import schema
+from ductwork.fleet.processes import register
+from ductwork.fleet.worker import Worker
+from ductwork.pipelines.advance import Advancer, candidates, claim_branch, claim_branches, release_advancement
+from ductwork.pipelines.outcomes import record_crash
+from tests.workloads import Quick
+
+#: what a losing step does while it runs: (the input that loses, the callback given its run id)
+LOSE: dict = {}
+
+
+def _maybe_lose(n, run_id) -> None:
+    if LOSE and LOSE["n"] == n:
+        LOSE["then"](run_id)
+
+
+class Loser(Step):
+    """Returns its argument; the one whose argument is ``LOSE["n"]`` is lost while it runs."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        _maybe_lose(self.n, self._ductwork_run_id)
+        return self.n
+
+
+class SpreadLoser(Loser):
+    """As :class:`Loser`, but returns a list (an expand's items)."""
+
+    def execute(self):
+        _maybe_lose(self.n, self._ductwork_run_id)
+        return [self.n, self.n]
+
+
+class AsyncLoser(Loser):
+    async def execute(self):
+        _maybe_lose(self.n, self._ductwork_run_id)
+        return self.n
+
+
+class LoserChain(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Loser).chain(to=Quick)
+
+
+class LoserExpand(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(SpreadLoser).expand(to=Quick).collapse(into=Quick)
+
+
+class KeyedLoserChain(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Loser, limit_by="three").chain(to=Quick)
+
+
+class AsyncLoserChain(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(AsyncLoser).chain(to=Quick)
+
+
+@pytest.fixture(autouse=True)
+def _no_loss_left():
+    yield
+    LOSE.clear()
+
+
+@pytest.fixture
+def keyed_app(db_url):
+    from tests.conftest import installed, make_app
+
+    yield from installed(make_app(db_url, job_worker={"limits": {"three": {"concurrency": 3}}}))
+
+
+@pytest.fixture
+def advancer_app(db_url):
+    """Every edge through an advancer: the workers leave their steps ``advancing``."""
+    from tests.conftest import installed, make_app
+
+    yield from installed(make_app(db_url, pipeline_advancer={"inline_linear": False}))
+
+
+def run_rows(app, run_id) -> dict[str, list[tuple]]:
+    """Every row of the run, table by table, in a stable order: what a commit could touch."""
+    r, b, s, j, e = schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions
+    a, x, h = schema.advancements, schema.expand_items, schema.halt_hooks
+    steps = sa.select(s.c.id).where(s.c.run_id == run_id)
+    jobs = sa.select(j.c.id).where(j.c.step_id.in_(steps))
+    queries = {
+        "run": sa.select(r).where(r.c.id == run_id),
+        "branches": sa.select(b).where(b.c.run_id == run_id).order_by(b.c.id),
+        "steps": sa.select(s).where(s.c.run_id == run_id).order_by(s.c.id),
+        "jobs": sa.select(j).where(j.c.id.in_(jobs)).order_by(j.c.id),
+        "executions": sa.select(e).where(e.c.job_id.in_(jobs)).order_by(e.c.id),
+        "expand_items": sa.select(x).where(x.c.job_id.in_(jobs)).order_by(x.c.job_id, x.c.item_index),
+        "advancements": sa.select(a).where(a.c.step_id.in_(steps)).order_by(a.c.id),
+        "halt_hooks": sa.select(h).where(h.c.run_id == run_id),
+    }
+    with app.begin() as tx:
+        return {name: [tuple(row) for row in tx.execute(query)] for name, query in queries.items()}
+
+
+def crash_its_execution(app, process_id, frozen: dict):
+    """A loss: the run's in-flight execution crashed as the reaper crashes it; its rows
+    right after are kept in ``frozen``."""
+    e, j, s = schema.executions, schema.jobs, schema.steps
+
+    def lose(run_id):
+        with app.begin() as tx:
+            (execution_id,) = tx.execute(
+                sa.select(e.c.id).join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+                .where(s.c.run_id == run_id, e.c.completed_at.is_(None), e.c.claimed_at.is_not(None))).scalars()
+        assert record_crash(app, execution_id, process_id, "ductwork.ProcessCrash", "reaped under its batch")
+        frozen.update(run_rows(app, run_id))
+    return lose
+
+
+def _steps(app, run_id) -> list[tuple[str, str]]:
+    s = schema.steps
+    with app.begin() as tx:
+        return sorted(tuple(row) for row in tx.execute(sa.select(s.c.node, s.c.status).where(s.c.run_id == run_id)))
+
+
+def _lost_batch(app, pipeline):
+    """Three runs of ``pipeline``, run by one batching worker whose batch loses the second
+    run's execution while it runs; returns (runs, the lost run's rows after the loss)."""
+    pid = register(app, role="test", label="batcher")
+    runs = [pipeline.trigger(n) for n in range(3)]
+    frozen: dict = {}
+    LOSE.update(n=1, then=crash_its_execution(app, pid, frozen))
+    worker = Worker(app, process_id=pid, batch_size=3, batch_window=60)
+    worker.batch = 3  # paced as fast steps are (a new worker starts at 1)
+    assert worker.run_once() is not None
+    assert worker.held() == set()
+    e = schema.executions
+    with app.begin() as tx:
+        claimed_at = tx.execute(sa.select(e.c.claimed_at).where(e.c.retry_count == 0, e.c.crash_count == 0,
+                                                                 e.c.claimed_at.is_not(None))).scalars().all()
+    assert len(claimed_at) == 3
+    assert len(set(claimed_at)) == 1  # one batch claimed all three
+    assert frozen, "the batch lost nothing"
+    return runs, frozen
+
+
+def _assert_lost_untouched(app, runs, frozen):
+    lost = run_rows(app, runs[1].id)
+    assert lost == frozen  # [INV-EXE-2] nothing of the commit for the lost one
+    e = schema.executions
+    assert [row for row in lost["executions"] if row[list(e.c.keys()).index("completed_at")] is None], \
+        "the lost one's re-run is pending"
+
+
+def test_a_group_commit_that_lost_one_writes_nothing_for_it(app):
+    """Unkeyed chain runs (each success advanced inline by the group commit): the lost
+    one's job keeps no output, its step stays ``in_progress`` with no successor, its
+    branch and run are untouched, its re-run pending; the other two are advanced."""
+    runs, frozen = _lost_batch(app, LoserChain)
+    _assert_lost_untouched(app, runs, frozen)
+    for run in (runs[0], runs[2]):
+        assert _steps(app, run.id) == [("Loser#0", "completed"), ("Quick#1", "in_progress")]
+    assert _steps(app, runs[1].id) == [("Loser#0", "in_progress")]
+
+
+def test_a_group_commit_that_lost_one_writes_no_expand_items_for_it(app):
+    """Expand runs (the group commit writes each job's items and leaves its step
+    ``advancing``): the lost one's job has no items and its step stays ``in_progress``."""
+    runs, frozen = _lost_batch(app, LoserExpand)
+    _assert_lost_untouched(app, runs, frozen)
+    assert frozen["expand_items"] == []
+    for run in (runs[0], runs[2]):
+        assert _steps(app, run.id) == [("SpreadLoser#0", "advancing")]
+        assert len(run_rows(app, run.id)["expand_items"]) == 2
+
+
+def test_a_keyed_group_commit_that_lost_one_writes_nothing_for_it(keyed_app):
+    """A worker's keyed batch of three on a ``concurrency: 3`` key, one crashed (and
+    released by the crash) while the batch runs: the keyed group commit writes nothing
+    for it, and releases the other two each with its own seq after the crash's, the
+    key's seq at the last of them [INV-LIM-1, INV-CLK-1]."""
+    app = keyed_app
+    runs, frozen = _lost_batch(app, KeyedLoserChain)
+    _assert_lost_untouched(app, runs, frozen)
+    e, k = schema.executions, schema.limit_keys
+    with app.begin() as tx:
+        releases = tx.execute(sa.select(e.c.release_seq).where(e.c.release_seq.is_not(None))
+                              .order_by(e.c.release_seq)).scalars().all()
+        claims = tx.execute(sa.select(e.c.claim_seq).where(e.c.claim_seq.is_not(None))).scalars().all()
+        seq = tx.execute(sa.select(k.c.seq).where(k.c.key == "three")).scalar_one()
+    # the crash's and the two successes', each its own seq after the claims
+    assert releases == [max(claims) + 1, max(claims) + 2, max(claims) + 3]
+    assert seq == releases[-1]
+    for run in (runs[0], runs[2]):
+        assert ("Loser#0", "in_progress") not in _steps(app, run.id)
+    assert _steps(app, runs[1].id) == [("Loser#0", "in_progress")]
+
+
+def test_an_async_batch_that_lost_one_writes_nothing_for_it(app):
+    """Async steps awaited together, then group-committed: one lost while awaited is
+    left to its re-run, the other two are advanced."""
+    runs, frozen = _lost_batch(app, AsyncLoserChain)
+    _assert_lost_untouched(app, runs, frozen)
+    for run in (runs[0], runs[2]):
+        assert _steps(app, run.id) == [("AsyncLoser#0", "completed"), ("Quick#1", "in_progress")]
+
+
+@pytest.mark.parametrize("then", ["released", "re-claimed"])
+def test_an_advancers_batch_that_lost_one_branch_writes_nothing_for_it(advancer_app, then):
+    """An advancer holds three branches' claims; one is released under it (as the reaper
+    releases a dead process's), and maybe re-claimed by another advancer: its batch
+    advances the other two and writes nothing for the lost branch (its step stays
+    ``advancing``, no successor, the branch and its advancements as the loss left them);
+    the new holder then advances it once [INV-ADV-1, INV-ADV-2]."""
+    app = advancer_app
+    pa, pb = (register(app, role="test", label=label) for label in ("a", "b"))
+    runs = [LoserChain.trigger(n) for n in range(3)]
+    worker = Worker(app)
+    for _ in runs:
+        assert worker.run_once().outcome == "success"
+    with app.begin() as tx:
+        branch_ids = candidates(tx, 10)
+    claims = claim_branches(app, branch_ids, pa)
+    assert len(claims) == 3
+    claims.sort(key=lambda c: [r.id for r in runs].index(c.run_id))
+    lost = claims[1]
+    with app.begin() as tx:
+        release_advancement(tx, lost.advancement_id, lost.branch_id, lost.token, "released under its batch")
+    fresh = claim_branch(app, lost.branch_id, pb) if then == "re-claimed" else None
+    frozen = run_rows(app, runs[1].id)
+    results = Advancer(app, process_id=pa).advance_batch(claims)
+    assert results == ["advanced", "stale", "advanced"]
+    assert run_rows(app, runs[1].id) == frozen  # [INV-ADV-2] nothing for the stale claim
+    for run in (runs[0], runs[2]):
+        assert _steps(app, run.id) == [("Loser#0", "completed"), ("Quick#1", "in_progress")]
+    assert _steps(app, runs[1].id) == [("Loser#0", "advancing")]
+    if fresh is not None:
+        assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
+        assert _steps(app, runs[1].id) == [("Loser#0", "completed"), ("Quick#1", "in_progress")]  # [INV-ADV-1]

@@ -1,0 +1,252 @@
+"""Every time predicate measures the right column: rows whose candidate columns disagree by far.
+
+Each decision that compares a row's time with the database's now reads one column of
+it: the orphan sweep a claim's ``claimed_at`` (an advancement's ``started_at``), the
+runner's reconciliation the same against its grace, the reaper a process's
+``last_heartbeat_at``, a prune a run's finish time (``completed_at`` or ``halted_at``),
+a trigger key window its holder's finish time, a claim an execution's ``eligible_at``
+and a hook claim the hook's.
+Tests whose rows were all written at one moment cannot tell that column from another
+(the trigger time, the creation time, the last update). Here each test writes two rows
+on a ManualClock (STYLE §7, no sleeping): one young by the measured column and old by
+every other, one old by it and young by every other, and runs the operation once: only
+the second is taken. The engine mutants ``recovery_measures_creation``,
+``hook_recovery_measures_creation``, ``reap_measures_registration``, ``prune_measures_trigger_time``,
+``key_window_measures_trigger_time``, ``claim_measures_creation`` and
+``hook_claim_measures_creation`` (tests/mutants.py)
+each read a wrong column, and each is killed here.
+
+Checks: INV-EXE-1 (the sweep, the reaper and reconciliation recover only claims old by
+their claim or heartbeat time, and only their own: a live process's claims stay however
+old), INV-EXE-2, INV-EXE-5 (a claim made just now under a reaped process
+is not swept while its body may still run), INV-HLT-2 (an orphaned hook is swept by its
+claim time), INV-PRN-1 (a prune measures a run from its finish time), INV-TRG-1 (a key
+window measures its holder from its finish time), INV-CLK-1 (every such time is the
+database clock's, here the injected one).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import sqlalchemy as sa
+
+from ductwork.db import schema
+from ductwork.db.ids import new_id
+from ductwork.fleet.processes import register
+from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
+from ductwork.limits.claims import claim
+from ductwork.pipelines.hooks import claim_hook
+from ductwork.pipelines.prune import prune
+from tests.factories import make_executions, make_run
+from tests.workloads import Unkeyed
+
+#: far enough that every threshold below lies between the two rows of a test
+FAR = timedelta(days=10)
+
+
+def _set(app, table, row_id, **values) -> None:
+    with app.begin() as tx:
+        assert tx.execute(table.update().where(table.c.id == row_id).values(**values)).rowcount == 1
+
+
+def _open(app, table, row_id) -> bool:
+    with app.begin() as tx:
+        return tx.execute(sa.select(table.c.completed_at).where(table.c.id == row_id)).scalar_one() is None
+
+
+def _claims(app, process_id, claimed: dict[str, timedelta], others: dict[str, timedelta]) -> dict[str, dict]:
+    """Per name, an execution, an advancement and a running on_halt hook held by
+    ``process_id`` (None: an orphan), claimed ``claimed[name]`` ago, every other time
+    of theirs ``others[name]`` ago."""
+    now = app.clock.now()
+    made: dict[str, dict] = {}
+    for name in claimed:
+        at, other = now - claimed[name], now - others[name]
+        run_id, branch_id = make_run(app)
+        (execution_id,) = make_executions(app, run_id, branch_id, None, other)
+        _set(app, schema.executions, execution_id, claimed_at=at, process_id=process_id, created_at=other,
+             updated_at=other)
+        with app.begin() as tx:
+            step_id = tx.execute(sa.select(schema.steps.c.id).where(schema.steps.c.run_id == run_id)).scalar_one()
+            token, advancement_id, hook_id = new_id(), new_id(), new_id()
+            tx.execute(schema.branches.update().where(schema.branches.c.id == branch_id)
+                       .values(status="advancing", claim_token=token, claimed_at=at))
+            tx.execute(schema.advancements.insert().values(
+                id=advancement_id, branch_id=branch_id, step_id=step_id, process_id=process_id, claim_token=token,
+                started_at=at, crash_count=0, created_at=other, updated_at=other))
+            tx.execute(schema.halt_hooks.insert().values(
+                id=hook_id, run_id=run_id, klass="tests.factories:Noop", status="running", eligible_at=other,
+                claim_token=new_id(), claimed_at=at, process_id=process_id, retry_count=0, crash_count=0,
+                created_at=other, updated_at=other))
+        made[name] = {"execution": execution_id, "advancement": advancement_id, "hook": hook_id}
+    return made
+
+
+def _hook_running(app, hook_id) -> bool:
+    h = schema.halt_hooks
+    with app.begin() as tx:
+        return tx.execute(sa.select(h.c.status).where(h.c.id == hook_id)).scalar_one() == "running"
+
+
+def _taken(app, made: dict) -> tuple[bool, bool, bool]:
+    return (not _open(app, schema.executions, made["execution"]),
+            not _open(app, schema.advancements, made["advancement"]),
+            not _hook_running(app, made["hook"]))
+
+
+def test_the_orphan_sweep_measures_a_claim_from_its_claim_time(manual_app):
+    """Orphaned claims (their process row reaped): one claimed just now under a process
+    reaped long ago, its execution created and last updated long ago, is not swept (its
+    body may still run: a second would run beside it) [INV-EXE-5]; one claimed four
+    reaper timeouts ago but created and updated just now is swept, execution, advancement
+    and hook alike [INV-EXE-1, INV-HLT-2]."""
+    app = manual_app
+    timeout = timedelta(seconds=app.config.supervisor.reaper_timeout)
+    made = _claims(app, None, {"young": timedelta(seconds=1), "old": 4 * timeout},
+                   {"young": FAR, "old": timedelta(0)})
+    assert sweep_orphans(app) == 3
+    assert _taken(app, made["young"]) == (False, False, False)
+    assert _taken(app, made["old"]) == (True, True, True)
+
+
+def test_the_reaper_and_the_sweep_take_only_their_own_claims(manual_app):
+    """Claims all four reaper timeouts old: a dead process's, a live process's (still
+    heartbeating) and an orphan's. Reaping the dead one takes its claims only, once (a
+    second reap finds nothing); the sweep takes the orphan's only, not the live process's
+    however old; a live process is not reaped, and the reaper never reaps its own
+    process [INV-EXE-1, INV-EXE-2]."""
+    app = manual_app
+    now, timeout = app.clock.now(), timedelta(seconds=app.config.supervisor.reaper_timeout)
+    dead, live, own = (register(app, role="test", label=label) for label in ("dead", "live", "own"))
+    _set(app, schema.processes, dead, last_heartbeat_at=now - 2 * timeout)
+    _set(app, schema.processes, own, last_heartbeat_at=now - 2 * timeout)
+    old = {"claim": 4 * timeout}
+    held = {holder: _claims(app, pid, old, old)["claim"] for holder, pid in
+            (("dead", dead), ("live", live), ("orphan", None))}
+    assert reap(app, dead, force=True)
+    assert not reap(app, dead, force=True)  # gone: nothing left to reap
+    assert {holder: _taken(app, made) for holder, made in held.items()} == {
+        "dead": (True, True, True), "live": (False, False, False), "orphan": (False, False, False)}
+    assert sweep_orphans(app) == 3
+    assert {holder: _taken(app, made) for holder, made in held.items()} == {
+        "dead": (True, True, True), "live": (False, False, False), "orphan": (True, True, True)}
+    assert not reap(app, live, force=False)  # its heartbeat is fresh
+    assert reap_dead(app, own) == []  # never its own process, however stale
+    assert reap_dead(app, None) == [own]
+
+
+def test_reconciliation_measures_a_claim_from_its_claim_time(manual_app):
+    """A live process's claims that no thread holds: one claimed within the grace, though
+    created long ago, is left (its thread may not have registered it yet); one claimed
+    past the grace, though created just now, is recovered [INV-EXE-1]."""
+    app = manual_app
+    process_id = register(app, role="test", label="reconciled")
+    made = _claims(app, process_id, {"young": timedelta(seconds=1), "old": timedelta(minutes=2)},
+                   {"young": FAR, "old": timedelta(0)})
+    reconcile(app, process_id, set(), grace_s=60)
+    assert _taken(app, made["young"]) == (False, False, False)
+    assert _taken(app, made["old"]) == (True, True, True)
+
+
+def test_the_reaper_measures_a_process_from_its_last_heartbeat(manual_app):
+    """A process registered long ago that heartbeat just now is not reaped; one whose
+    heartbeat is two reaper timeouts old, though its row was written just now, is, on
+    this machine and on a lost host alike (no proof of death there: its heartbeat alone)
+    [INV-EXE-1]."""
+    app = manual_app
+    now, timeout = app.clock.now(), timedelta(seconds=app.config.supervisor.reaper_timeout)
+    beating, silent, lost = (register(app, role="test", label=label) for label in ("beating", "silent", "lost"))
+    _set(app, schema.processes, beating, last_heartbeat_at=now, created_at=now - FAR, updated_at=now - FAR)
+    for pid in (silent, lost):
+        _set(app, schema.processes, pid, last_heartbeat_at=now - 2 * timeout, created_at=now, updated_at=now)
+    _set(app, schema.processes, lost, machine_identifier="a-lost-host")
+    assert sorted(reap_dead(app, None)) == sorted([silent, lost])
+
+
+def test_each_recovery_threshold_includes_its_instant(manual_app):
+    """A heartbeat exactly ``reaper_timeout`` old is stale (reaped); a claim exactly three
+    reaper timeouts old whose process is gone is swept, its execution and its advancement
+    alike; one microsecond younger, neither [INV-EXE-1]."""
+    app = manual_app
+    now, timeout = app.clock.now(), timedelta(seconds=app.config.supervisor.reaper_timeout)
+    at, younger = (register(app, role="test", label=label) for label in ("at", "younger"))
+    _set(app, schema.processes, at, last_heartbeat_at=now - timeout)
+    _set(app, schema.processes, younger, last_heartbeat_at=now - timeout + timedelta(microseconds=1))
+    made = _claims(app, None, {"at": 3 * timeout, "younger": 3 * timeout - timedelta(microseconds=1)},
+                   {"at": timedelta(0), "younger": timedelta(0)})
+    assert reap_dead(app, None) == [at]
+    sweep_orphans(app)
+    assert _taken(app, made["at"]) == (True, True, True)
+    assert _taken(app, made["younger"]) == (False, False, False)
+
+
+def test_a_prune_measures_a_run_from_its_finish_time(manual_app):
+    """``finished_before=30m``: a run triggered long ago that finished a minute ago stays;
+    one that finished two hours ago goes, though its trigger, creation and last update
+    (an on_halt hook recorded since, say) are recent; completed and halted alike
+    [INV-PRN-1]."""
+    app = manual_app
+    now = app.clock.now()
+    runs = {}
+    for status, column in (("completed", "completed_at"), ("halted", "halted_at")):
+        for age, other in (("recent", FAR), ("old", timedelta(0))):
+            run_id, _ = make_run(app)
+            finished = now - (timedelta(minutes=1) if age == "recent" else timedelta(hours=2))
+            _set(app, schema.runs, run_id, status=status, **{column: finished}, triggered_at=now - other,
+                 created_at=now - other, updated_at=now - other)
+            runs[status, age] = run_id
+    result = prune(app, timedelta(minutes=30))
+    with app.begin() as tx:
+        left = set(tx.execute(sa.select(schema.runs.c.id)).scalars())
+    assert left == {runs["completed", "recent"], runs["halted", "recent"]}
+    assert result.runs == 2
+
+
+def test_a_key_window_measures_its_holder_from_its_finish_time(manual_app):
+    """``key_window="1h"``: the key of a run triggered long ago that finished a minute ago
+    stays with it; the key of a run that finished two hours ago, though triggered and
+    updated just now, goes to a new run [INV-TRG-1]."""
+    app = manual_app
+    now = app.clock.now()
+    recent, old = Unkeyed.trigger(1, key="recent"), Unkeyed.trigger(2, key="old")
+    _set(app, schema.runs, recent.id, status="completed", completed_at=now - timedelta(minutes=1),
+         triggered_at=now - FAR, created_at=now - FAR, updated_at=now - FAR)
+    _set(app, schema.runs, old.id, status="completed", completed_at=now - timedelta(hours=2),
+         triggered_at=now, created_at=now, updated_at=now)
+    assert Unkeyed.trigger(3, key="recent", key_window="1h").id == recent.id
+    assert Unkeyed.trigger(4, key="old", key_window="1h").id != old.id
+
+
+def test_a_claim_measures_an_execution_from_its_eligible_time(manual_app):
+    """An execution created long ago but eligible only in an hour (a retry's back-off) is
+    not claimed; one created just now and eligible since a second ago is [INV-CLK-1]."""
+    app = manual_app
+    now = app.clock.now()
+    run_id, branch_id = make_run(app)
+    (later,) = make_executions(app, run_id, branch_id, None, now + timedelta(hours=1))
+    (due,) = make_executions(app, run_id, branch_id, None, now - timedelta(seconds=1))
+    _set(app, schema.executions, later, created_at=now - FAR, updated_at=now - FAR)
+    _set(app, schema.executions, due, created_at=now, updated_at=now)
+    process_id = register(app, role="test", label="claimer")
+    assert claim(app, process_id).execution_id == due
+    assert claim(app, process_id) is None
+
+
+def test_a_hook_claim_measures_a_hook_from_its_eligible_time(manual_app):
+    """An on_halt hook owed long ago but backed off for an hour is not claimed; one owed
+    just now and eligible since a second ago is [INV-HLT-2]."""
+    app = manual_app
+    now = app.clock.now()
+    hooks = {}
+    for name, eligible, other in (("later", now + timedelta(hours=1), now - FAR),
+                                  ("due", now - timedelta(seconds=1), now)):
+        run_id, _ = make_run(app)
+        hooks[name] = new_id()
+        with app.begin() as tx:
+            tx.execute(schema.halt_hooks.insert().values(
+                id=hooks[name], run_id=run_id, klass="tests.factories:Noop", status="pending", eligible_at=eligible,
+                retry_count=0, crash_count=0, created_at=other, updated_at=other))
+    process_id = register(app, role="test", label="hooks")
+    assert claim_hook(app, process_id).hook_id == hooks["due"]
+    assert claim_hook(app, process_id) is None
