@@ -461,15 +461,13 @@ MUTANTS: dict[str, Mutant] = {
                         "nothing ended"),),
     ),
     "batch_fence_counts_none": Mutant(
-        "an advancer's batch fence asks whether each branch is held, not held by this claim, and "
-        "its close counts only that none was closed: a branch released (and re-claimed) under the "
-        "batch is moved by the stale claim [INV-ADV-1, INV-ADV-2]",
+        "the branch fence asks whether each branch is held, not held by this claim, and an "
+        "advancer's batch counts only that none was closed: a branch released and re-claimed under "
+        "the batch is moved by the stale claim [INV-ADV-1, INV-ADV-2]",
         "an advancer's batch moves only the branches its own token still holds, and every one it "
         "closes [INV-ADV-2]",
-        (("if rows[c.branch_id].claim_token == c.token]  # [INV-ADV-2] a stale token commits nothing",
-          "if rows[c.branch_id].claim_token is not None]  # mutant: held by anyone"),
-         ("if rows[c.branch_id].claim_token != c.token:", "if rows[c.branch_id].claim_token is None:  # mutant"),
-         ("if closed != len(ids):", "if closed == 0:  # mutant: notices only that none was closed"),
+        (("return bool(row.claim_token == token)", "return row.claim_token is not None  # mutant: held by anyone"),
+         ("if closed != len(made):", "if closed == 0:  # mutant: notices only that none was closed"),
          ("if moved.rowcount != len(ids):", "if moved.rowcount == 0:  # mutant: notices only that none moved")),
     ),
     # --- time predicates measured from the wrong column (issue 37)
