@@ -148,13 +148,9 @@ def _keys(app: App, tx: Tx, now: datetime, names: Collection[str] | None, busy_o
     and pending are counts over the partial indexes ``ix_execution_inflight_key`` and
     ``ix_execution_pending_lane``), never one per key; no key lock. ``matched`` gets every
     matching header, of which ``window`` (offset, limit) is built."""
-    k, e, b = schema.limit_keys, schema.executions, schema.limit_buckets
-    counted = {"in_flight": e.c.inflight_key, "pending": e.c.pending_lane}
-    counts: dict[str, dict[str, int]] = {}
-    for what, column in counted.items():
-        query = sa.select(column.label("key"), sa.func.count().label("n")).where(column.is_not(None))
-        counts[what] = {row.key: row.n for row in tx.execute(
-            (query if names is None else query.where(column.in_(names))).group_by(column))}
+    k, e = schema.limit_keys, schema.executions
+    counts = {what: _counts(tx, column, names)
+              for what, column in (("in_flight", e.c.inflight_key), ("pending", e.c.pending_lane))}
     headers = sa.select(k.c.key, k.c.blocked_until, k.c.seq).order_by(k.c.key)
     rows = tx.execute(headers if names is None else headers.where(k.c.key.in_(names))).all()
     if busy_only:  # filtered here: the busy keys may be too many for one IN list
@@ -165,15 +161,29 @@ def _keys(app: App, tx: Tx, now: datetime, names: Collection[str] | None, busy_o
         matched.extend(rows)
     start, size = window
     rows = rows[start:] if size is None else rows[start:start + size]
-    stored: dict[str, dict[int, buckets.Bucket]] = {}
-    bucket_rows = sa.select(b.c.key, b.c.period_s, b.c.level_units, b.c.refilled_at_us)
-    if len(rows) <= FEW_KEYS:  # the buckets of these keys, else all of them
-        bucket_rows = bucket_rows.where(b.c.key.in_([row.key for row in rows]))
-    for row in tx.execute(bucket_rows):
-        stored.setdefault(row.key, {})[row.period_s] = buckets.Bucket(row.period_s, row.level_units,
-                                                                      row.refilled_at_us)
+    stored = _stored_buckets(tx, [row.key for row in rows])
     return [_key(app, row, counts["in_flight"].get(row.key, 0), counts["pending"].get(row.key, 0),
                  stored.get(row.key, {}), now) for row in rows]
+
+
+def _counts(tx: Tx, column: sa.ColumnElement[Any], names: Collection[str] | None) -> dict[str, int]:
+    """Executions per key of a generated lane column (in flight, pending): one statement."""
+    query = sa.select(column.label("key"), sa.func.count().label("n")).where(column.is_not(None))
+    return {row.key: row.n for row in tx.execute(
+        (query if names is None else query.where(column.in_(names))).group_by(column))}
+
+
+def _stored_buckets(tx: Tx, keys: list[str]) -> dict[str, dict[int, buckets.Bucket]]:
+    """The stored buckets of these keys (of all keys, when they are many: one statement)."""
+    b = schema.limit_buckets
+    stored: dict[str, dict[int, buckets.Bucket]] = {}
+    query = sa.select(b.c.key, b.c.period_s, b.c.level_units, b.c.refilled_at_us)
+    if len(keys) <= FEW_KEYS:
+        query = query.where(b.c.key.in_(keys))
+    for row in tx.execute(query):
+        stored.setdefault(row.key, {})[row.period_s] = buckets.Bucket(row.period_s, row.level_units,
+                                                                      row.refilled_at_us)
+    return stored
 
 
 def _key(app: App, header: Any, running: int, pending: int, stored: dict[int, buckets.Bucket],

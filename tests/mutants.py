@@ -51,7 +51,7 @@ def _bucket_refill(body: str) -> str:
 
 
 _BEFORE_KEY_LOCK = "faults.hit(faults.BEFORE_KEY_LOCK)"
-_GROUP_GUARD = "if tx.execute(statement, params).rowcount != len(endings):  # [INV-EXE-2] one was taken: roll back"
+_GROUP_GUARD = "return bool(tx.execute(statement, params).rowcount == len(endings))  # [INV-EXE-2] fewer: one was taken"
 
 MUTANTS: dict[str, Mutant] = {
     "no_key_lock": Mutant(
@@ -108,7 +108,7 @@ MUTANTS: dict[str, Mutant] = {
         (("_write_buckets(tx, key, decision.buckets, old)",
           ("if not (decision.admitted and tx.execute(  # mutant: a retry spends nothing\n"
            "        sa.select(schema.executions.c.retry_count)\n"
-           "        .where(schema.executions.c.id == execution_id)).scalar_one() > 0):\n"
+           "        .where(schema.executions.c.id == rows[0].execution_id)).scalar_one() > 0):\n"
            "    _write_buckets(tx, key, decision.buckets, old)")),),
     ),
     "no_stamp": Mutant(
@@ -203,7 +203,7 @@ MUTANTS: dict[str, Mutant] = {
     "unkeyed_hand_off_past_lane": Mutant(
         "an unkeyed hand-off takes executions younger than the next lane's oldest [INV-LIM-6]",
         "an unkeyed hand-off stops before the next lane's oldest [INV-LIM-6]",
-        (("return _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))",
+        (("return _claim_unkeyed_in(tx, process_id, limit, next_lane(lanes, 0))",
           "return _claim_unkeyed_in(tx, process_id, limit, None)  # mutant: no lane bounds the hand-off"),),
     ),
     "stale_fence_commits": Mutant(
@@ -448,7 +448,8 @@ MUTANTS: dict[str, Mutant] = {
         "the lost one's output, expand items, step and successor are written beside its re-run "
         "[INV-EXE-2]",
         "a group commit is written only when its guard ended every execution it holds [INV-EXE-2]",
-        ((_GROUP_GUARD, "if tx.execute(statement, params).rowcount == 0:  # mutant: notices only that nothing ended"),),
+        ((_GROUP_GUARD,
+          "return bool(tx.execute(statement, params).rowcount > 0)  # mutant: notices only that nothing ended"),),
     ),
     "keyed_group_guard_counts_none": Mutant(
         "a keyed group commit whose guard ended fewer executions than it holds releases the others "
@@ -456,8 +457,8 @@ MUTANTS: dict[str, Mutant] = {
         "never happened [INV-EXE-2, INV-CLK-1]",
         "a keyed group commit is written only when its guard ended every execution it holds "
         "[INV-EXE-2]",
-        ((_GROUP_GUARD, "if (lambda ended: ended == 0 if header is not None else ended != len(endings))("
-                        "tx.execute(statement, params).rowcount):  # mutant: a keyed release notices only that "
+        ((_GROUP_GUARD, "return bool((lambda ended: ended > 0 if header is not None else ended == len(endings))("
+                        "tx.execute(statement, params).rowcount))  # mutant: a keyed release notices only that "
                         "nothing ended"),),
     ),
     "batch_fence_counts_none": Mutant(

@@ -42,7 +42,7 @@ from ductwork.db import dialects, schema
 from ductwork.db.hosts import machine_identifier, os_process_gone, pid_namespace
 from ductwork.fleet import tree
 from ductwork.limits.executions import lock_key
-from ductwork.pipelines.advance import PROCESS_CRASH, release_advancement
+from ductwork.pipelines.branches import PROCESS_CRASH, release_advancement
 from ductwork.pipelines.hooks import HookEnded, crash_hooks_of, log_ended
 from ductwork.pipelines.outcomes import crash_in
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ductwork.db.wakeup import Wakeup
-from ductwork.pipelines.advance import Inline, advance_released_steps
+from ductwork.pipelines.branches import Inline, advance_released_steps
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App

@@ -31,8 +31,9 @@ from ductwork.errors import CommitFailed
 from ductwork.fleet import batching
 from ductwork.fleet.execute import NOT_AWAITED, await_together, awaitable, record_failed, run_step
 from ductwork.fleet.hooks import run_due_hook
-from ductwork.limits.claims import claim_batch, seconds_to_next_due
-from ductwork.pipelines.advance import advance_released_steps
+from ductwork.limits.claims import claim_batch
+from ductwork.limits.lanes import seconds_to_next_due
+from ductwork.pipelines.branches import advance_released_steps
 from ductwork.pipelines.outcomes import HandOff, Success, advanced_later, record_crash, record_successes
 from ductwork.pipelines.runs import cached_definition
 

@@ -37,10 +37,9 @@ the same key lock: executions.py).
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -52,27 +51,14 @@ from ductwork.db.clock import from_us
 from ductwork.limit_entries import LimitEntry, entry_digest
 from ductwork.limits import buckets
 from ductwork.limits.executions import CLAIM_COLUMNS, Claimed, KeyHeader, lock_key, write_header
+from ductwork.limits.lanes import UNKEYED, Lane, Position, in_lane, next_lane, precedes, scan_lanes
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database as App
     from ductwork.db.database import Tx
 
 log = logging.getLogger("ductwork.claims")
-
-UNKEYED = ""
-"""The pending lane of unkeyed executions (limit keys are never blank)."""
-
 _e = schema.executions
-
-
-@dataclass(frozen=True, order=True)
-class Lane:
-    """A lane with eligible work; ordering is the poll's order."""
-
-    oldest_at: datetime
-    oldest_id: str
-    key: str = field(compare=False)  # UNKEYED for the unkeyed lane
-
 
 @dataclass
 class Refusal:
@@ -80,72 +66,6 @@ class Refusal:
 
     key: str
     reason: str  # "concurrency" | "rate" | "gone"
-
-
-def in_lane(query: sa.Select[Any], lane: sa.ColumnElement[Any] | str,
-            now: datetime | sa.ColumnElement[Any]) -> sa.Select[Any]:
-    """The lane predicate: ``query`` over the executions pending in ``lane`` (a key, or
-    UNKEYED) and eligible at ``now``, oldest first (eligible time, then creation order),
-    as the index ``ix_execution_pending_lane`` serves it. Not done: locking or limiting."""
-    return (query
-            .where(_e.c.pending_lane == lane,  # pending in this lane
-                   _e.c.eligible_at <= now)  # eligible: delays and back-off have passed
-            .order_by(_e.c.eligible_at, _e.c.id))  # [INV-LIM-6] FIFO within the lane
-
-
-def _oldest(column: sa.ColumnElement[Any], lane: sa.ColumnElement[Any] | str,
-            now: datetime | sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
-    return in_lane(sa.select(column), lane, now).limit(1).scalar_subquery()
-
-
-def scan_lanes(app: App, tx: Tx) -> list[Lane]:
-    """Every lane that may admit now, oldest first. A read: the claims re-check under locks.
-
-    A key may admit unless its stamp says it is rate-blocked until later [INV-LIM-5] (a
-    stamp made under other values than this process's config does not count: each
-    configured key's digest is written into the statement) or it is saturated; the
-    unkeyed lane is one more lane. One statement: a UNION of the keys' lanes and the
-    unkeyed one, built once per config (:func:`_scan_statement`)."""
-    limits = app.config.limits
-    lanes = []
-    for row in tx.execute(_scan_statement(tuple(limits.items())), {"scan_now": tx.now}).all():
-        if row.oldest_id is None:
-            continue
-        if row.key != UNKEYED:
-            entry = limits.get(row.key)
-            if entry is not None and entry.concurrency is not None and row.in_flight >= entry.concurrency:
-                continue  # saturated: retried on the next poll, no one knows when a slot frees
-        lanes.append(Lane(row.oldest_at, row.oldest_id, row.key))
-    lanes.sort()  # [INV-LIM-6] oldest lane first, unkeyed among them
-    return lanes
-
-
-@functools.lru_cache(maxsize=16)
-def _scan_statement(limits: tuple[tuple[str, LimitEntry], ...]) -> sa.CompoundSelect[Any]:
-    """The lane scan's statement for a config's limits, the database time bound as
-    ``scan_now``."""
-    k = schema.limit_keys
-    now = sa.bindparam("scan_now", type_=schema.Timestamp)
-    unconfigured = entry_digest(None)
-    configured = (sa.case({key: entry_digest(entry) for key, entry in limits}, value=k.c.key,
-                          else_=unconfigured) if limits else sa.literal(unconfigured))
-    may_admit = sa.or_(
-        k.c.blocked_until.is_(None),  # never rate-blocked
-        k.c.blocked_until <= now,  # or its next token has arrived [INV-LIM-5]
-        sa.func.coalesce(k.c.config_digest, "") != configured)  # or its stamp came from other values
-    inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
-    keyed = (sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now).label("oldest_at"),
-                       _oldest(_e.c.id, k.c.key, now).label("oldest_id"), inflight.label("in_flight"))
-             .where(may_admit))
-    unkeyed = sa.select(sa.literal(UNKEYED, k.c.key.type).label("key"),
-                        _oldest(_e.c.eligible_at, UNKEYED, now).label("oldest_at"),
-                        _oldest(_e.c.id, UNKEYED, now).label("oldest_id"), sa.literal(0).label("in_flight"))
-    return sa.union_all(keyed, unkeyed)
-
-
-def _next_lane(lanes: list[Lane], index: int) -> Lane | None:
-    """The lane a poll tries after ``lanes[index]``: what an unkeyed batch must stop before."""
-    return lanes[index + 1] if index + 1 < len(lanes) else None
 
 
 def _running(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
@@ -221,12 +141,6 @@ def _decide_statement(_: Any) -> sa.Select[Any]:
             .limit(sa.bindparam("d_limit", type_=sa.Integer)))
 
 
-def _precedes(oldest_at: Any, oldest_id: Any) -> sa.ColumnElement[bool]:
-    """(eligible_at, id) less than ``(oldest_at, oldest_id)`` (values or bound parameters)."""
-    return sa.or_(_e.c.eligible_at < oldest_at,
-                  sa.and_(_e.c.eligible_at == oldest_at, _e.c.id < oldest_id))
-
-
 def claim_unkeyed(app: App, process_id: str, limit: int = 1, before: Lane | None = None) -> list[Claimed]:
     """Claim up to ``limit`` of the oldest eligible unkeyed executions, skipping rows
     other claimers hold, and only those a poll would take before lane ``before``."""
@@ -247,7 +161,7 @@ def _claim_unkeyed_in(tx: Tx, process_id: str, limit: int, before: Lane | None) 
     stmt = dialects.prepared(tx.conn, _unkeyed_batch)
     if before is not None:
         stmt = dialects.prepared(tx.conn, _unkeyed_batch_before)  # [INV-LIM-6] not past the next lane's oldest
-        params.update(b_oldest_at=before.oldest_at, b_oldest_id=before.oldest_id)
+        params.update(b_oldest_at=before.oldest.eligible_at, b_oldest_id=before.oldest.id)
     execution_ids = list(tx.execute(stmt, params).scalars())
     if not execution_ids:
         return []
@@ -272,8 +186,8 @@ def _unkeyed_batch(bind: Any) -> sa.Select[Any]:
 
 
 def _unkeyed_batch_before(bind: Any) -> sa.Select[Any]:
-    before = _precedes(sa.bindparam("b_oldest_at", type_=schema.Timestamp),
-                       sa.bindparam("b_oldest_id", type_=_e.c.id.type))
+    before = precedes((sa.bindparam("b_oldest_at", type_=schema.Timestamp),
+                        sa.bindparam("b_oldest_id", type_=_e.c.id.type)))
     return dialects.for_update(_unkeyed_query().where(before), bind, skip_locked=True)
 
 
@@ -365,35 +279,12 @@ def restart_with(app: App) -> list[str]:
 def claim_keyed(app: App, key: str, process_id: str, limit: int = 1) -> list[Claimed] | Refusal:
     """Claim the oldest eligible execution of ``key`` if its limits admit one now, and up
     to ``limit`` in all under the same lock hold, as successive polls would
-    (:func:`_claim_up_to`); the first claim first."""
+    (:func:`decide_and_claim`); the first claim first."""
     with app.begin() as tx:
         faults.hit(faults.BEFORE_KEY_LOCK)
         header = lock_key(tx, key)  # [INV-LIM-1] the key lock, before any other read
         faults.hit(faults.AFTER_KEY_LOCK)
-        return _claim_up_to(app, tx, key, header, process_id, limit)
-
-
-def _claim_up_to(app: App, tx: Tx, key: str, header: KeyHeader | None, process_id: str, limit: int,
-                 *, write_refusal: bool = True, lanes: list[Lane] | None = None) -> list[Claimed] | Refusal:
-    """The claim a poll makes on ``key`` (whose lock ``tx`` holds), then, with ``limit`` > 1,
-    up to ``limit`` in all as the next polls would (``LimitsModel.claim_batch``); the
-    Refusal of the first decision if it did not admit. One place for a keyed claim and a
-    keyed hand-off alike; ``lanes``: a scan made under this lock hold (the hand-off's).
-
-    Each further claim is exactly the one the worker's next poll would make: while the
-    key's lane is the first lane of a scan made now and the key admits. The batch ends
-    before an execution that another lane's oldest precedes [INV-LIM-6] or before a
-    decision that refuses (which writes nothing: the last spend already stamped the key if
-    it ran short). Under the lock nothing of this key changes but what this transaction
-    writes and no other lane is touched by it, so one scan bounds every further claim
-    (the oldest of the other lanes), and the decisions are made in memory one after the
-    other (:func:`ductwork.limits.buckets.decide` on the in-flight count and buckets the
-    previous one left, at the same database time), each deciding, spending and stamping
-    as a poll does [INV-LIM-2, INV-LIM-5]; their effects are then written at once: one
-    UPDATE claims the admitted executions, each with its own sequence number, in order,
-    and the buckets and header get the last admitted decision's state."""
-    return _decide_and_claim(app, tx, key, header, process_id, write_refusal=write_refusal, limit=limit,
-                             lanes=lanes)
+        return decide_and_claim(app, tx, key, header, process_id, limit=limit)
 
 
 def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
@@ -418,63 +309,57 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
     if not lanes or lanes[0].key != lane:  # [INV-LIM-6] only what a poll would claim first
         return []
     if lane == UNKEYED:
-        return _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))
+        return _claim_unkeyed_in(tx, process_id, limit, next_lane(lanes, 0))
     header = lock_key(tx, lane)  # [INV-LIM-1] held since the completion's release (no statement)
     if header is None or header.config_digest != entry_digest(app.config.limits.get(lane)):
         return []
-    outcome = _claim_up_to(app, tx, lane, header, process_id, keyed_limit, write_refusal=False, lanes=lanes)
+    outcome = decide_and_claim(app, tx, lane, header, process_id, write_refusal=False, limit=keyed_limit, lanes=lanes)
     return outcome if isinstance(outcome, list) else []
 
 
-def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, process_id: str,
+def decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, process_id: str,
                       *, write_refusal: bool = True, limit: int = 1,
                       lanes: list[Lane] | None = None) -> list[Claimed] | Refusal:
-    """Steps 2-6 of the module docstring, for a key whose lock ``tx`` holds, and up to
-    ``limit`` claims in all as :func:`_claim_up_to` describes; ``lanes``: a scan made
-    under this lock hold, else one is made when a further claim is possible. One
-    statement reads the key's ``limit`` oldest eligible executions, with what running
-    them needs, and the key's in-flight count."""
+    """The claim a poll makes on ``key`` (whose lock ``tx`` holds: steps 2-6 of the module
+    docstring), then, with ``limit`` > 1, up to ``limit`` in all as the next polls would
+    (``LimitsModel.claim_batch``); the Refusal of the first decision if it did not admit.
+    The one place of a keyed claim and a keyed hand-off alike; ``lanes``: a scan made
+    under this lock hold (the hand-off's), else one is made when a further claim is
+    possible. One statement reads the key's ``limit`` oldest eligible executions, with
+    what running them needs, and the key's in-flight count.
+
+    Each further claim is exactly the one the worker's next poll would make: while the
+    key's lane is the first lane of a scan made now and the key admits. The batch ends
+    before an execution that another lane's oldest precedes [INV-LIM-6] or before a
+    decision that refuses (which writes nothing: the last spend already stamped the key if
+    it ran short). Under the lock nothing of this key changes but what this transaction
+    writes and no other lane is touched by it, so one scan bounds every further claim
+    (the oldest of the other lanes), and the decisions are made in memory one after the
+    other (:func:`ductwork.limits.buckets.decide` on the in-flight count and buckets the
+    previous one left, at the same database time), each deciding, spending and stamping
+    as a poll does [INV-LIM-2, INV-LIM-5]; their effects are then written at once: one
+    UPDATE claims the admitted executions, each with its own sequence number, in order,
+    and the buckets and header get the last admitted decision's state."""
     now_us = tx.now_us  # [INV-CLK-1] the clock is read only once the lock is held
     # [INV-LIM-1] the in-flight count is read under the lock, with the candidates
     rows = tx.execute(dialects.prepared(tx.conn, _decide_statement),
                       {"d_key": key, "d_now": tx.now, "d_limit": limit}).all()
     if header is None or not rows:
         return Refusal(key, "gone")
-    execution_id = rows[0].execution_id
     in_flight = rows[0].in_flight
     entry = app.config.limits.get(key)
-    rated = entry is not None and bool(entry.rates)
-    stored = _buckets_of(tx, key) if rated or header.config_digest != entry_digest(entry) else {}
-    old = _rebase(tx, key, entry, header, stored)
+    old = _rebase(tx, key, entry, header, _stored_buckets(tx, key, entry, header))
     decision = buckets.decide(entry, old, in_flight, now_us)
     if decision.refused_for == "concurrency":
         write_header(tx, key)  # a re-base, if any (a refusal refills and stamps nothing)
         return Refusal(key, "concurrency")
     if not decision.admitted and not write_refusal:
         return Refusal(key, "rate")  # a hand-off that does not happen leaves no trace
-    seq = header.seq
-    admitted: list[sa.Row[Any]] = [rows[0]] if decision.admitted else []
+    seq, admitted = header.seq, [rows[0]] if decision.admitted else []
     if decision.admitted and len(rows) > 1:
-        lanes = scan_lanes(app, tx) if lanes is None else lanes
-        # [INV-LIM-6] the oldest of every other lane: a further claim must come before it
-        before = next((lane for lane in lanes if lane.key != key), None)
-        for row in rows[1:]:
-            if before is not None and (row.eligible_at, row.execution_id) >= (before.oldest_at, before.oldest_id):
-                break  # [INV-LIM-6] another lane would come first: the batch ends
-            faults.hit(faults.BETWEEN_KEYED_BATCH_CLAIMS)
-            further = buckets.decide(entry, {b.period_s: b for b in decision.buckets}, in_flight + len(admitted),
-                                     now_us)
-            if not further.admitted:
-                break  # the next poll would be refused: the batch ends, no trace of it
-            decision = further
-            admitted.append(row)
+        decision = _decide_further(app, tx, key, rows, admitted, decision, in_flight, lanes)
     if admitted:
-        if decision.unconfigured:
-            log.warning("Claiming a limit key with no configuration entry unlimited: %r", key)
-        ids = [execution_id, *(row.execution_id for row in admitted[1:])]
-        if not _claim_rows(tx, ids, process_id, seq):  # pragma: no cover  read under the key lock all their claims take
-            raise AssertionError(f"key {key!r}: one of executions {ids} taken under the key lock [INV-LIM-1]")
-        faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
+        _claim_admitted(tx, key, admitted, process_id, seq, decision.unconfigured)
     _write_buckets(tx, key, decision.buckets, old)  # [INV-LIM-2] the spend commits with the claim
     if decision.stamp:  # pragma: no branch  only a concurrency refusal leaves the stamp, and it returned above
         # [INV-LIM-5] the exact time of the next token, or cleared
@@ -484,53 +369,59 @@ def _decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, proc
     write_header(tx, key)  # with the seq of a release in this transaction, if any
     if not admitted:
         return Refusal(key, "rate")
-    # the key is full once these are in flight: their releases are what waiting work needs first
+    return _as_claimed(tx, admitted, process_id, entry, in_flight, decision)
+
+
+def _stored_buckets(tx: Tx, key: str, entry: LimitEntry | None, header: KeyHeader) -> dict[int, buckets.Bucket]:
+    """The key's stored buckets, read when the decision needs them: a rated key, or one
+    whose stored config differs (a re-base decides what is kept)."""
+    if (entry is not None and entry.rates) or header.config_digest != entry_digest(entry):
+        return _buckets_of(tx, key)
+    return {}
+
+
+def _as_claimed(tx: Tx, admitted: list[sa.Row[Any]], process_id: str, entry: LimitEntry | None, in_flight: int,
+                decision: buckets.Decision) -> list[Claimed]:
+    """The admitted rows as claimed by ``process_id`` now, with the claim's hints: whether
+    it filled the key (its releases are what waiting work needs first) and when the next
+    token is due if it spent the last (the stamp just written, for ``TokenAlarm``)."""
     full = entry is not None and entry.concurrency is not None and in_flight + len(admitted) >= entry.concurrency
-    # the last token is spent: when the next one is due (the stamp just written), for TokenAlarm
-    next_token = None if decision.blocked_until_us is None else (decision.blocked_until_us - now_us) / 1e6
+    next_token = None if decision.blocked_until_us is None else (decision.blocked_until_us - tx.now_us) / 1e6
     return [_claimed(row, process_id, tx.now, full, next_token) for row in admitted]
 
 
-def seconds_to_next_due(app: App) -> float | None:
-    """Seconds (database time) until time alone may let a poll claim something, or None:
-    how long an idle worker may wait before it polls again. The earliest of
+def _decide_further(app: App, tx: Tx, key: str, rows: Sequence[sa.Row[Any]], admitted: list[sa.Row[Any]],
+                    decision: buckets.Decision, in_flight: int, lanes: list[Lane] | None) -> buckets.Decision:
+    """The further claims of a keyed batch after an admitted first (appended to
+    ``admitted``): each the one the next poll would make, decided in memory on the
+    in-flight count and buckets the previous decision left, at the same time; returns the
+    last admitted decision."""
+    lanes = scan_lanes(app, tx) if lanes is None else lanes
+    # [INV-LIM-6] the oldest of every other lane: a further claim must come before it
+    before = next((lane for lane in lanes if lane.key != key), None)
+    entry = app.config.limits.get(key)
+    for row in rows[1:]:
+        if before is not None and Position(row.eligible_at, row.execution_id) >= before.oldest:
+            break  # [INV-LIM-6] another lane would come first: the batch ends
+        faults.hit(faults.BETWEEN_KEYED_BATCH_CLAIMS)
+        further = buckets.decide(entry, {b.period_s: b for b in decision.buckets}, in_flight + len(admitted),
+                                 tx.now_us)
+        if not further.admitted:
+            break  # the next poll would be refused: the batch ends, no trace of it
+        decision = further
+        admitted.append(row)
+    return decision
 
-    - a rate-blocked key's next token (its ``blocked_until``), if the key has pending work;
-    - a pending execution's eligible time still to come, in the unkeyed lane or a
-      configured key's: a retry after ``retry_delay``, a re-run after a crash's back-off,
-      a trigger's ``delay=``.
 
-    Each lane's earliest eligible time to come is one probe of its index
-    (``ix_execution_pending_lane``: lane, eligible time), however long the lane's backlog
-    of executions already eligible. Not done: a key this process has no config for (its
-    delayed executions are found by the polling interval), or telling whether the lane
-    will admit a claim then (a saturated key may not: the poll finds out, as any does)."""
-    statement = _next_due_statement(tuple(sorted(app.config.limits)))
-    with app.begin(readonly=True) as tx:
-        times = [t for t in tx.execute(statement, {"n_now": tx.now}).scalars() if t is not None]
-        return None if not times else max(0.0, (min(times) - tx.now).total_seconds())
-
-
-@functools.lru_cache(maxsize=16)
-def _next_due_statement(keys: tuple[str, ...]) -> sa.CompoundSelect[Any]:
-    """:func:`seconds_to_next_due`'s candidates for a config's ``keys``, the database time
-    bound as ``n_now``: the earliest stamp of a rate-blocked key with pending work, then
-    each lane's earliest eligible time after now. Each lane is a value of its own in the
-    statement, not a column of a join: MariaDB probes ``(lane, eligible_at > now)`` as a
-    range only for a constant lane (correlated with the keys' rows, it read a lane's whole
-    backlog of eligible executions: 26 ms for 10⁵ of them, against 1.2 ms as constants)."""
-    k = schema.limit_keys
-    now = sa.bindparam("n_now", type_=schema.Timestamp)
-    pending = sa.exists().where(_e.c.pending_lane == k.c.key)
-    token = sa.select(sa.func.min(k.c.blocked_until).label("due")).where(k.c.blocked_until > now, pending)
-
-    def upcoming(lane: str) -> sa.Select[Any]:
-        first = (sa.select(_e.c.eligible_at).where(_e.c.pending_lane == sa.literal(lane, _e.c.pending_lane.type),
-                                                   _e.c.eligible_at > now)
-                 .order_by(_e.c.eligible_at).limit(1).scalar_subquery())
-        return sa.select(first.label("due"))
-
-    return sa.union_all(token, *(upcoming(lane) for lane in (*keys, UNKEYED)))
+def _claim_admitted(tx: Tx, key: str, admitted: list[sa.Row[Any]], process_id: str, seq: int,
+                    unconfigured: bool) -> None:
+    """Claim the admitted executions, in order, each with the key's next sequence number."""
+    if unconfigured:
+        log.warning("Claiming a limit key with no configuration entry unlimited: %r", key)
+    ids = [row.execution_id for row in admitted]
+    if not _claim_rows(tx, ids, process_id, seq):  # pragma: no cover  read under the key lock all their claims take
+        raise AssertionError(f"key {key!r}: one of executions {ids} taken under the key lock [INV-LIM-1]")
+    faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
 
 
 def claim(app: App, process_id: str) -> Claimed | None:
@@ -550,19 +441,19 @@ def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1,
     [INV-LIM-6]: the claims that many polls would make in a row. A keyed claim is a
     transaction of its own, whose first statement is the key lock [INV-LIM-1]; it takes
     up to ``keyed_limit`` executions of the key under that one lock hold, each the claim
-    the next poll would make (:func:`_claim_up_to`), or ``per_key[key]`` for a key it
+    the next poll would make (:func:`decide_and_claim`), or ``per_key[key]`` for a key it
     names. Returns the claimed executions in poll order (empty: nothing may run now).
     """
     with app.begin() as tx:
         lanes = scan_lanes(app, tx)
         if lanes and lanes[0].key == UNKEYED:
-            claimed = _claim_unkeyed_in(tx, process_id, limit, _next_lane(lanes, 0))
+            claimed = _claim_unkeyed_in(tx, process_id, limit, next_lane(lanes, 0))
             if claimed:
                 return claimed
             lanes = lanes[1:]
     for index, lane in enumerate(lanes):
         if lane.key == UNKEYED:
-            claimed = claim_unkeyed(app, process_id, limit, _next_lane(lanes, index))
+            claimed = claim_unkeyed(app, process_id, limit, next_lane(lanes, index))
             if claimed:
                 return claimed
             continue

@@ -217,7 +217,20 @@ def release(tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending
     whether a freed slot was handed on)."""
     if not endings:
         return True  # pragma: no cover  every caller ends something
-    header = lock_for_release(tx, key) if key else None  # [INV-LIM-1] the key's lock before the release
+    if key is None:
+        return _end(tx, owner, endings, None)  # [INV-EXE-2] the guard
+    header = lock_for_release(tx, key)  # [INV-LIM-1] the key's lock before the release
+    if not _end(tx, owner, endings, header):  # [INV-EXE-2] the guard
+        return False
+    header.set(seq=header.seq + len(endings))  # [INV-LIM-3] the slots are free: in-flight derives from completed_at
+    if write:
+        write_header(tx, key)
+    return True
+
+
+def _end(tx: Tx, owner: str | None, endings: Sequence[Ending], header: KeyHeader | None) -> bool:
+    """:func:`release`'s guarded UPDATE: whether it ended every execution; with a keyed
+    release's ``header``, each execution takes the key's next sequence number."""
     first = endings[0]
     assert len(endings) == 1 or all(e.outcome == first.outcome and e.error is None for e in endings), endings
     params: dict[str, Any] = {"batch_ids": [e.execution_id for e in endings], "b_now": tx.now,
@@ -227,13 +240,7 @@ def release(tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending
     if header is not None and len(endings) > 1:  # [INV-CLK-1] each release its own seq, in the order given
         statement = statement.values(release_seq=sa.case(
             {e.execution_id: header.seq + i for i, e in enumerate(endings, start=1)}, value=_e.c.id))
-    if tx.execute(statement, params).rowcount != len(endings):  # [INV-EXE-2] one was taken: roll back
-        return False
-    if header is not None:  # [INV-LIM-3] the slots are free: in-flight is derived from completed_at
-        header.set(seq=header.seq + len(endings))
-        if write:
-            write_header(tx, key)  # type: ignore[arg-type]
-    return True
+    return bool(tx.execute(statement, params).rowcount == len(endings))  # [INV-EXE-2] fewer: one was taken
 
 
 def _error_params(error: ErrorInfo | None) -> dict[str, str | None]:
@@ -241,7 +248,7 @@ def _error_params(error: ErrorInfo | None) -> dict[str, str | None]:
             "b_error_backtrace": error.backtrace if error else None}
 
 
-def _end(owner: sa.ColumnElement[bool]) -> sa.Update:
+def _end_statement(owner: sa.ColumnElement[bool]) -> sa.Update:
     now = sa.bindparam("b_now", type_=schema.Timestamp)
     return (_e.update()
             .where(_e.c.id.in_(dialects.ids_param()),
@@ -259,12 +266,12 @@ def _end_executions(bind: Any) -> sa.Update:
     """:func:`release`'s guarded UPDATE: the executions (``batch_ids``) end if still open
     and held by ``b_owner``."""
     owner = sa.bindparam("b_owner", type_=_e.c.process_id.type)
-    return _end(dialects.by_primary_key(_e.c.process_id, bind) == owner)
+    return _end_statement(dialects.by_primary_key(_e.c.process_id, bind) == owner)
 
 
 def _end_orphans(_: Any) -> sa.Update:
     """:func:`release`'s guarded UPDATE for orphans: still open and held by no process."""
-    return _end(_e.c.process_id.is_(None))
+    return _end_statement(_e.c.process_id.is_(None))
 
 
 @dataclass(frozen=True)

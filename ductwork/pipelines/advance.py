@@ -41,33 +41,44 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy import exc
 
 from ductwork import faults, logs
 from ductwork.db import dialects, schema
-from ductwork.db.ids import new_id, new_token
+from ductwork.db.ids import new_id
 from ductwork.errors import PayloadTooLargeError, StaleClaim, TransitionError
-from ductwork.limits.executions import Claimed, ErrorInfo
+from ductwork.limits.executions import ErrorInfo
 from ductwork.pipelines import payloads
+from ductwork.pipelines.branches import (
+    CRASH_CLASSES,
+    THREAD_CRASH,
+    BranchClaim,
+    Move,
+    candidates,
+    claim_branches,
+    close_advancement,
+    fence,
+    lock_barrier,
+    move_branches,
+    release_advancement,
+    value_json_of,
+)
 from ductwork.pipelines.rules import (
     advancer_crashes_exhausted,
     advancer_retries_exhausted,
     job_halt_reason,
     simple_move,
 )
-from ductwork.pipelines.runs import cached_definition, lock_run, lock_runs, resolve_run, resolve_runs
+from ductwork.pipelines.runs import cached_definition, lock_run, resolve_run
 from ductwork.pipelines.steps import (
     ADVANCEABLE,
     NewStep,
-    StepRow,
     create_branches,
     create_steps,
-    create_steps_across,
     latest_step,
     payload_json,
     step_complete,
@@ -81,9 +92,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ductwork.advance")
 
-PROCESS_CRASH = "ductwork.ProcessCrash"
-THREAD_CRASH = "ductwork.ThreadCrash"
-CRASH_CLASSES = (PROCESS_CRASH, THREAD_CRASH)
 MAX_CLAIM_ATTEMPTS = 3
 
 def fan_in_size(stored: int, count: int) -> int:
@@ -93,145 +101,6 @@ def fan_in_size(stored: int, count: int) -> int:
 
 
 _b, _a = schema.branches, schema.advancements
-
-
-def close_advancement(tx: Tx, advancement_id: str, **error: str | None) -> bool:
-    """Close an open advancement now, with ``error_klass``, ``error_message`` and
-    ``error_backtrace`` as given (an advancement that failed or crashed); True when this
-    call closed it, False when it was already closed. The one close: fences, abandoned
-    and reaped advancements all go through it. Not done: releasing the branch."""
-    closed = tx.execute(
-        _a.update().where(_a.c.id == advancement_id, _a.c.completed_at.is_(None))
-        .values(completed_at=tx.now, updated_at=tx.now, **error)
-    )
-    return bool(closed.rowcount == 1)
-
-
-def release_advancement(tx: Tx, advancement_id: str, branch_id: str, token: str, message: str,
-                        klass: str = PROCESS_CRASH) -> None:
-    """Close an open advancement as a crash (``klass``) and release its branch if that claim
-    still holds it, so a fresh advancer re-runs the transition; for a dead process (the
-    reaper), a claim no thread holds (the supervisor) and a thread that left (the advancer)."""
-    if close_advancement(tx, advancement_id, error_klass=klass, error_message=message):
-        tx.execute(
-            _b.update()
-            .where(_b.c.id == branch_id,
-                   _b.c.claim_token == token,  # [INV-ADV-2] only if that claim still holds it
-                   _b.c.status == "advancing")
-            .values(status="in_progress", claim_token=None, claimed_at=None, last_advanced_at=tx.now,
-                    updated_at=tx.now)
-        )
-
-
-@dataclass
-class BranchClaim:
-    """A branch this advancer holds, with the token captured at claim time."""
-
-    branch_id: str
-    run_id: str
-    token: str
-    advancement_id: str
-    crash_count: int
-    step: StepRow
-    definition_sha1: str
-    #: set once a fence committed the advancement's close; cleanup then has nothing to do
-    closed: bool = field(default=False)
-
-
-def candidates(tx: Tx, window: int) -> list[str]:
-    """Branches that look claimable, least recently advanced first (a read; the claim re-checks)."""
-    s = schema.steps
-    return list(tx.execute(
-        sa.select(_b.c.id)
-        .join(s, s.c.branch_id == _b.c.id)
-        .where(s.c.status.in_(ADVANCEABLE),  # its job is done
-               _b.c.status == "in_progress",  # not finished, not held
-               _b.c.claim_token.is_(None))  # unclaimed
-        .order_by(_b.c.last_advanced_at)
-        .limit(window)
-    ).scalars())
-
-
-def claim_branch(app: App, branch_id: str, process_id: str) -> BranchClaim | None:
-    """Claim one branch; None if another advancer won it or it no longer qualifies."""
-    claims = claim_branches(app, [branch_id], process_id)
-    return claims[0] if claims else None
-
-
-def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list[BranchClaim]:
-    """Claim several branches in one transaction; returns those won, in branch-id order.
-
-    Equal to :func:`claim_branch` of each in turn (the model's ``claim_branches``): one
-    conditional UPDATE re-asserts every predicate of :func:`candidates` for each branch
-    and writes this claim's fresh token, and the branches that carry the token after it
-    are the ones won (a branch another advancer won, or that was advanced and released
-    since it was read, is skipped). The token is this transaction's: the claims of one
-    batch share it, and a branch and its token still name one claim. Empty if this
-    process's row was reaped meanwhile (the whole claim rolls back). Not done: advancing
-    them.
-    """
-    ids = sorted(set(branch_ids))
-    if not ids:
-        return []  # pragma: no cover  both callers pass ids: claim_branch one, run_once a non-empty sample
-    token = new_token()
-    s, j = schema.steps, schema.jobs
-    try:
-        with app.begin() as tx:
-            tx.execute(
-                _b.update()
-                .where(_b.c.id.in_(dialects.inline_ids(ids)),
-                       # Re-assert every predicate of `candidates`: a branch advanced and
-                       # released since we read it must not be claimed off its new step.
-                       _b.c.status == "in_progress",  # [INV-ADV-2] not ended, not held
-                       _b.c.claim_token.is_(None),  # [INV-ADV-2] unclaimed: one winner per branch
-                       sa.exists().where(s.c.branch_id == _b.c.id, s.c.status.in_(ADVANCEABLE)))
-                .values(status="advancing", claim_token=token, claimed_at=tx.now, updated_at=tx.now)
-            )
-            won = sorted(tx.execute(sa.select(_b.c.id).where(
-                _b.c.id.in_(dialects.inline_ids(ids)), _b.c.claim_token == token)).scalars())  # [INV-ADV-2]
-            if not won:
-                return []
-            latest: dict[str, StepRow] = {}
-            for row in tx.execute(
-                    sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status,
-                              j.c.id.label("job_id"))
-                    .join(j, j.c.step_id == s.c.id).where(s.c.branch_id.in_(dialects.inline_ids(won)))
-                    .order_by(s.c.branch_id, s.c.started_at, s.c.id)):  # ix_step_branch_started
-                # latest_step's order: each branch's last row is its latest step
-                latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass,
-                                                row.status, row.job_id)
-            step_ids = [latest[b].id for b in won]
-            previous: dict[str, tuple[Any, str, int, str | None]] = {}
-            for row in tx.execute(
-                    sa.select(_a.c.step_id, _a.c.started_at, _a.c.id, _a.c.crash_count, _a.c.error_klass)
-                    .where(_a.c.step_id.in_(dialects.inline_ids(step_ids)))
-                    .order_by(_a.c.step_id, _a.c.started_at, _a.c.id)):
-                # each step's last row is its latest advancement (as for the steps above)
-                previous[row.step_id] = (row.started_at, row.id, row.crash_count, row.error_klass)
-            r, run_ids = schema.runs, sorted({latest[b].run_id for b in won})
-            sha1s: dict[str, str] = {row.id: row.definition_sha1 for row in tx.execute(
-                sa.select(r.c.id, r.c.definition_sha1).where(r.c.id.in_(dialects.inline_ids(run_ids))))}
-            claims = []
-            for branch_id in won:
-                step = latest[branch_id]
-                last = previous.get(step.id)
-                crash_count = 0 if last is None else last[2] + (1 if last[3] in CRASH_CLASSES else 0)
-                claims.append(BranchClaim(branch_id, step.run_id, token, new_id(), crash_count, step,
-                                          sha1s[step.run_id]))
-            faults.hit(faults.BEFORE_ADVANCEMENT_CREATE)
-            tx.execute(_a.insert(), [{
-                "id": c.advancement_id, "branch_id": c.branch_id, "step_id": c.step.id, "process_id": process_id,
-                "claim_token": token, "started_at": tx.now, "crash_count": c.crash_count,
-                "created_at": tx.now, "updated_at": tx.now} for c in claims])
-    except exc.IntegrityError as error:
-        # PostgreSQL names the foreign key too: only the unique constraints mean something else
-        if dialects.violated_constraint(error) not in schema.CONSTRAINT_COLUMNS:
-            # Our process row was reaped mid-claim: the foreign key failed and the
-            # whole claim rolled back. A lost race, not a failure.
-            log.warning("branch claim lost: process %s no longer registered", process_id)
-            return []
-        raise  # pragma: no cover  [INV-ADV-2] a claimable branch has no open advancement (a release closes it)
-    return claims
 
 
 class Advancer:
@@ -328,7 +197,7 @@ class Advancer:
         with self.app.begin(readonly=True) as tx:
             rows = tx.execute(sa.select(j.c.step_id, j.c.output_payload)
                               .where(j.c.step_id.in_(dialects.inline_ids([c.step.id for c in claims])))).all()
-        found = {row.step_id: _value_json(row.output_payload) for row in rows}
+        found = {row.step_id: value_json_of(row.output_payload) for row in rows}
         return {step_id: value for step_id, value in found.items() if value is not None}
 
     def _simple_move(self, c: BranchClaim, value_json: str | None) -> Move | None:
@@ -410,15 +279,18 @@ class Advancer:
     # -- fences and bookkeeping ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _fence(self, c: BranchClaim, *, ends_branch: bool = False) -> Iterator[Tx]:
+    def _fence(self, c: BranchClaim, *, ends_branch: bool = False, barrier: bool = False) -> Iterator[Tx]:
         """A transaction that commits only while ``c.token`` still holds the branch.
 
-        ``ends_branch``: the block may end the branch and so decide the run's state;
-        the run row is then locked right after the branch row, before any write. One
-        lock order (own branch, run, barrier) for every such transaction means two
-        siblings ending at once queue instead of deadlocking (on InnoDB, earlier
-        writes take shared locks on the run row that a later exclusive lock would
-        have to upgrade).
+        ``barrier`` (a fan-in): the branch's barrier (the fan-out branch its siblings share)
+        is locked right after it; ``ends_branch``: the block may end the branch and so
+        decide the run's state, and the run row is locked next, before any write. One
+        lock order (own branch, barrier, run) for every such transaction [lock order]
+        means two siblings ending at once queue instead of deadlocking (on InnoDB, earlier
+        writes take shared locks on the run row that a later exclusive lock would have to
+        upgrade), and so do a fan-in and the expand still creating its siblings (which
+        holds the barrier, its own branch, before the run: a fan-in that locked the run
+        first and the barrier after deadlocked with it on MariaDB).
 
         ``c.closed``, set by :meth:`_close` inside the block, is put back when the
         transaction does not commit: the advancement is open again, and if recording the
@@ -429,8 +301,10 @@ class Advancer:
             with self.app.begin() as tx:
                 if c.branch_id not in fence(tx, {c.branch_id: c.token}):
                     raise StaleClaim(c.branch_id, c.token)  # [INV-ADV-2] a stale token commits nothing
+                if barrier:
+                    lock_barrier(tx, c.branch_id)  # [lock order] the barrier after the branch, before the run
                 if ends_branch:
-                    lock_run(tx, c.run_id)  # [lock order] the run after the branch
+                    lock_run(tx, c.run_id)  # [lock order] the run after the branches
                 yield tx
                 faults.hit(faults.BEFORE_FENCE_COMMIT)
         except BaseException:
@@ -614,7 +488,7 @@ class Advancer:
 
     def _fan_in(self, c: BranchClaim, definition: Definition, kind: str) -> None:
         edge = definition.edges[c.step.node]
-        with self._fence(c, ends_branch=True) as tx:
+        with self._fence(c, ends_branch=True, barrier=True) as tx:
             barrier_id = tx.execute(sa.select(_b.c.barrier_id).where(_b.c.id == c.branch_id)).scalar_one()
             if barrier_id is None:
                 raise TransitionError(f"{kind} from {c.step.node}: branch {c.branch_id} has no barrier")
@@ -670,318 +544,3 @@ class Advancer:
             value_json = "[" + ",".join(payload_json(o) for o in outputs) + "]"
             payloads.check_size(len(value_json), what)  # the one rule, on the list itself
             create_steps(tx, c.run_id, definition, [NewStep(merged, edge.first(), kind, "[" + value_json + "]")])
-
-
-@dataclass(frozen=True)
-class Move:
-    """A simple transition, decided before the transaction that makes it: the branch goes
-    on to ``node`` (reached by ``kind``, with ``value_json`` as its input) and stays
-    ``in_progress``, or ends with ``status`` (``completed``, ``dampened``, ``halted`` with
-    ``halt_reason``). ``complete_from``: the step's status that completing it requires
-    (None: a failed step stays failed)."""
-
-    branch_id: str
-    run_id: str
-    step_id: str
-    complete_from: str | None
-    status: str = "in_progress"
-    node: str | None = None
-    kind: str | None = None
-    value_json: str | None = None
-    halt_reason: str | None = None
-    #: the routing error a halt records on its advancement (an advancer's move only)
-    error: ErrorInfo | None = None
-
-    @property
-    def ends(self) -> bool:
-        return self.status != "in_progress"
-
-
-def fence(tx: Tx, held: Mapping[str, str | None]) -> dict[str, sa.Row[Any]]:
-    """The branch fence [INV-ADV-2]: lock the branch rows (one statement, branch-id order
-    [lock order]) and return those still held as ``held`` says, each by its caller's claim
-    token, or, for None, free (unclaimed and in progress: a worker's success may move it).
-    A branch not returned is someone else's now (another claim, or it moved on): nothing of
-    it may be written. Every advancement locks its branches through this one function."""
-    rows = tx.execute(dialects.prepared(tx.conn, _branch_locks), {"batch_ids": sorted(held)})
-    return {row.id: row for row in rows if _held_as(row, held[row.id])}  # [INV-ADV-2] the fence
-
-
-def _held_as(row: sa.Row[Any], token: str | None) -> bool:
-    """Whether a locked branch row is held as its caller says: by ``token``, or, for None,
-    free (unclaimed, and in progress: not ended)."""
-    if token is None:
-        return row.claim_token is None and row.status == "in_progress"
-    return bool(row.claim_token == token)
-
-
-def _branch_locks(bind: Any) -> sa.Select[Any]:
-    stmt = sa.select(_b.c.id, _b.c.claim_token, _b.c.status).where(_b.c.id.in_(dialects.ids_param())).order_by(_b.c.id)
-    return dialects.for_update(stmt, bind)
-
-
-class StepMovedOn(Exception):
-    """A step to be completed was no longer in the status its move required: for a worker's
-    inline advancement, its execution was taken and another attempt moved the step on
-    (the success's transaction rolls back: ``outcomes``); for an advancer, whose branch
-    fence checked the token, it cannot happen [INV-ADV-1]."""
-
-
-def _make_moves(tx: Tx, moves: list[Move], definitions: Mapping[str, Definition]) -> None:
-    """Complete the moves' steps and create their successors; the branches' own rows are
-    the caller's (each path guards them its own way). Raises :class:`StepMovedOn` when a
-    step's status is not the one its move completes it from."""
-    for status in sorted({m.complete_from for m in moves if m.complete_from is not None}):
-        ids = [m.step_id for m in moves if m.complete_from == status]
-        done = tx.execute(dialects.prepared(tx.conn, _complete_steps),
-                          {"batch_ids": ids, "b_status": status, "b_now": tx.now}).rowcount
-        if done != len(ids):  # [INV-ADV-1] the step's status guard: moved past once
-            raise StepMovedOn(f"steps {ids}: {done} of {len(ids)} were {status}")
-    new: list[tuple[str, Definition, NewStep]] = []
-    for m in moves:
-        if m.node is not None:
-            assert m.kind is not None, m
-            assert m.value_json is not None, m
-            step = NewStep(m.branch_id, m.node, m.kind, "[" + m.value_json + "]")
-            new.append((m.run_id, definitions[m.run_id], step))
-    # [INV-ADV-1] each step completes and its successor exists in one transaction
-    create_steps_across(tx, new)
-
-
-def _complete_steps(_: Any) -> sa.Update:
-    steps, now = schema.steps, sa.bindparam("b_now", type_=schema.Timestamp)
-    return (steps.update().where(steps.c.id.in_(dialects.ids_param()),
-                                 steps.c.status == sa.bindparam("b_status", type_=steps.c.status.type))
-            .values(status="completed", completed_at=now, updated_at=now))
-
-
-def _end_branches(tx: Tx, moves: list[Move], tokens: list[str] | None) -> None:
-    """Move each branch on (``in_progress``) or to its move's end status, dropping any claim
-    and stamping ``last_advanced_at``: one UPDATE per status and halt reason, guarded by
-    the claim that holds the branches (``tokens``; None: free, ``claim_token IS NULL``),
-    and every row must match it (the fence locked them)."""
-    groups: dict[tuple[str, str | None], list[str]] = {}
-    for m in moves:
-        groups.setdefault((m.status, m.halt_reason), []).append(m.branch_id)
-    for (status, reason), ids in sorted(groups.items(), key=str):
-        params: dict[str, Any] = {"batch_ids": ids, "b_now": tx.now, "b_status": status, "b_reason": reason}
-        if tokens is None:
-            moved = tx.execute(dialects.prepared(tx.conn, _MOVE_FREE[status in _ENDED]), params)
-        else:
-            moved = tx.execute(_move_held(status in _ENDED).where(_b.c.claim_token.in_(tokens)), params)
-        if moved.rowcount != len(ids):  # pragma: no cover  [INV-ADV-2] rows locked and guarded before: all match
-            raise AssertionError(f"branches {ids}: {moved.rowcount} moved inside the batch [INV-ADV-2]")
-
-
-#: the end statuses that stamp ``completed_at``
-_ENDED = frozenset({"completed", "halted"})
-
-
-def _move_held(ends: bool) -> sa.Update:
-    """The UPDATE that moves branches (``batch_ids``) to ``b_status`` (``b_reason``: a halt's),
-    unclaimed, at ``b_now``; ``ends``: it stamps ``completed_at``. The caller adds the guard."""
-    now = sa.bindparam("b_now", type_=schema.Timestamp)
-    values: dict[str, Any] = {"status": sa.bindparam("b_status", type_=_b.c.status.type), "claim_token": None,
-                              "claimed_at": None, "last_advanced_at": now, "updated_at": now,
-                              "halt_reason": sa.bindparam("b_reason", type_=_b.c.halt_reason.type)}
-    if ends:
-        values["completed_at"] = now
-    return _b.update().where(_b.c.id.in_(dialects.ids_param())).values(**values)
-
-
-def _move_free_statement(ends: bool) -> Any:
-    """A builder (``dialects.prepared``) of :func:`_move_held` for free branches."""
-    def build(_: Any) -> sa.Update:
-        return _move_held(ends).where(_b.c.claim_token.is_(None))
-    return build
-
-
-_MOVE_FREE = {ends: _move_free_statement(ends) for ends in (False, True)}
-
-
-def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:
-    """Advance the branches of a success transaction's steps past them, in that
-    transaction (``outcomes.record_successes``); returns the ids of the steps advanced.
-
-    The model's ``advance_on_successes`` (and, for one success, its ``advance_on_success``):
-    equal to advancing each in turn. Each success whose edge is a simple transition
-    (:func:`simple_move`: ``chain``, ``converge``, a ``divert`` with a target, a leaf,
-    ``dampen``) and whose branch is free (unclaimed, in progress) has its step go straight
-    from ``in_progress`` to ``completed``, with its successor (step, job, first execution)
-    created, or its branch ended (``completed`` for a leaf, ``dampened``) and its run
-    resolved [INV-RUN-1], and an advancement row opened and closed by the worker's
-    process. The others are left to the caller (their steps become ``advancing``, for an
-    advancer). Exactly once as for a fenced advancement [INV-ADV-1]: the branch row is
-    locked and must be unclaimed (no advancer can hold it: until this transaction commits
-    its step is not advanceable), the step's completion is guarded by its status (a step
-    an earlier attempt moved on raises :class:`StepMovedOn`), and ``uq_step_branch_node``
-    forbids a second successor.
-
-    Lock order [lock order]: every branch row first, in branch-id order, then every run
-    row of the moves, in run-id order (``runs.lock_runs``), before any write; an
-    advancer's batch takes the same order, and a single fence its own branch, then its
-    run. The runs of branches that go on are locked too: on InnoDB inserting their steps
-    takes shared locks on the run rows, and two batches each holding one run and
-    inserting under the other's would deadlock. Not done here: fan-out, fan-in and expand
-    edges.
-    """
-    planned = [(i, move) for i in successes
-               if (move := simple_move(i.definition, i.claimed.node, i.value_json)) is not None]
-    if not planned:
-        return set()
-    definitions = {i.claimed.run_id: i.definition for i, _ in planned}
-    # a branch an advancer holds, or that ended, is not ours to move (the fence keeps only
-    # free ones): its step waits for an advancer
-    moves = [Move(i.claimed.branch_id, i.claimed.run_id, i.claimed.step_id, "in_progress", status, node, kind,
-                  i.value_json) for i, (status, node, kind) in planned]
-    made, _ = move_branches(tx, moves, definitions, owner={i.claimed.step_id: i.claimed.process_id for i, _ in planned})
-    return {m.step_id for m in made}
-
-
-def move_branches(tx: Tx, moves: Sequence[Move], definitions: Mapping[str, Definition], *,
-                  held: Mapping[str, BranchClaim] | None = None,
-                  owner: Mapping[str, str] | None = None) -> tuple[list[Move], dict[str, str]]:
-    """Make simple moves (:class:`Move`), fenced: the one function behind every simple
-    transition, an advancer's (``held``: its claims by branch id) or a worker's (``owner``:
-    the process id of each step's success; the branches must be free). Returns the moves
-    made and the status of each run a move ended a branch of.
-
-    The fence (:func:`fence`) keeps the moves whose branch is still held as the caller
-    says [INV-ADV-2]; then their run rows are locked (run-id order), before any write
-    [lock order]; each step is completed (from the status its move requires) and what
-    follows it created in this transaction [INV-ADV-1]; the advancements are closed (an
-    advancer's open ones; for a worker, a row opened and closed in its process's name);
-    each branch goes on (``in_progress``, unclaimed) or ends, and the runs of the branches
-    that ended are resolved [INV-RUN-1]."""
-    live = fence(tx, {m.branch_id: None if held is None else held[m.branch_id].token for m in moves})
-    made = [m for m in moves if m.branch_id in live]
-    if not made:
-        return [], {}
-    runs = lock_runs(tx, [m.run_id for m in made])  # [lock order] the runs after every branch
-    faults.hit(faults.INSIDE_ADVANCE_BATCH)
-    _make_moves(tx, made, definitions)
-    _close_advancements(tx, made, held, owner)
-    tokens = None if held is None else [held[m.branch_id].token for m in made]
-    _end_branches(tx, made, tokens)  # [INV-ADV-2] only the holders may move them
-    return made, resolve_runs(tx, {m.run_id: runs[m.run_id] for m in made if m.ends})
-
-
-def _close_advancements(tx: Tx, made: list[Move], held: Mapping[str, BranchClaim] | None,
-                        owner: Mapping[str, str] | None) -> None:
-    """The advancements of moves made: an advancer's open ones closed (with a halt's error),
-    or, for a worker, a row each opened and closed in its process's name."""
-    now = tx.now
-    if held is None:
-        assert owner is not None, "a worker's moves name the process that made them"
-        dialects.insert_rows(tx.conn, _a, [{
-            "id": new_id(), "branch_id": m.branch_id, "step_id": m.step_id, "process_id": owner[m.step_id],
-            "claim_token": new_token(), "started_at": now, "completed_at": now, "crash_count": 0, "created_at": now,
-            "updated_at": now} for m in made])
-        return
-    ids = [held[m.branch_id].advancement_id for m in made if m.error is None]
-    closed = tx.execute(_a.update().where(_a.c.id.in_(dialects.inline_ids(ids)), _a.c.completed_at.is_(None))
-                        .values(completed_at=now, updated_at=now)).rowcount if ids else 0
-    closed += sum(close_advancement(tx, held[m.branch_id].advancement_id, error_klass=m.error.klass,
-                                    error_message=m.error.message, error_backtrace=m.error.backtrace)
-                  for m in made if m.error is not None)
-    if closed != len(made):  # pragma: no cover  [INV-ADV-2] tokens checked under the locks: none closed
-        raise AssertionError(f"advancements of {made}: {closed} open inside their fence [INV-ADV-2]")
-
-
-def advance_released(tx: Tx, released: Sequence[Inline]) -> set[str]:
-    """A worker's second transaction after a keyed release (the model's
-    ``advance_released``): advance the branches past steps whose successes the worker
-    recorded, with their slots released, in its transaction before, which left the
-    steps ``advancing``. Returns the ids of the steps advanced.
-
-    Each step moves exactly as :func:`advance_on_successes` would have moved it inline,
-    from ``advancing`` instead of ``in_progress``, when, read under its branch's lock, the
-    step is still ``advancing`` (no advancer advanced it meanwhile), no advancer has
-    claimed it since it became so (no advancement row: a step an advancer failed or
-    crashed on is the advancer's, with its budgets), its branch is free (unclaimed, in
-    progress) and its edge is a simple transition. The value is the one stored with
-    the step's job, not the worker's copy. Every other step is left as it is: an
-    advancer claims it (``candidates``). Exactly once as for the inline path
-    [INV-ADV-1]: the branch row is locked and must be unclaimed, the step's completion
-    is guarded by its status, and ``uq_step_branch_node`` forbids a second successor.
-    Lock order: branch rows, then run rows, as every advancement [lock order]. Not done:
-    fan-out, fan-in and expand edges (an advancer's).
-    """
-    by_step = {i.claimed.step_id: i for i in released}
-    if not by_step:
-        return set()  # pragma: no cover  its only caller, advance_released_steps, returns first on none
-    # the branches locked before their steps are read [lock order] (move_branches' fence then
-    # finds them locked by this transaction already and keeps the free ones [INV-ADV-2])
-    fence(tx, dict.fromkeys((i.claimed.branch_id for i in by_step.values()), None))
-    step_ids = {"batch_ids": sorted(by_step)}
-    touched = set(tx.execute(dialects.prepared(tx.conn, _advanced_steps), step_ids).scalars())
-    moves: list[Move] = []
-    for row in tx.execute(dialects.prepared(tx.conn, _released_steps), step_ids):
-        i = by_step[row.id]
-        if (row.status != "advancing"  # [INV-ADV-1] advanced meanwhile: moved past once
-                or row.id in touched):  # an advancer's since: its budgets decide
-            continue  # (a held or ended branch: move_branches' fence leaves it)
-        value_json = _value_json(row.output_payload)
-        found = None if value_json is None else simple_move(i.definition, i.claimed.node, value_json)
-        if found is not None:  # pragma: no branch  outcomes.released_later passes simple moves only, of this value
-            status, node, kind = found
-            moves.append(Move(i.claimed.branch_id, i.claimed.run_id, row.id, "advancing", status, node, kind,
-                              value_json))
-    definitions = {i.claimed.run_id: i.definition for i in by_step.values()}
-    made, _ = move_branches(tx, moves, definitions, owner={sid: i.claimed.process_id for sid, i in by_step.items()})
-    return {m.step_id for m in made}
-
-
-def _advanced_steps(_: Any) -> sa.Select[Any]:
-    """Which of the steps (``batch_ids``) an advancer has claimed: they have an advancement row."""
-    return sa.select(_a.c.step_id).where(_a.c.step_id.in_(dialects.ids_param()))
-
-
-def _released_steps(_: Any) -> sa.Select[Any]:
-    """The released steps (``batch_ids``): their status and their job's stored output."""
-    s, j = schema.steps, schema.jobs
-    return (sa.select(s.c.id, s.c.status, j.c.output_payload).join(j, j.c.step_id == s.c.id)
-            .where(s.c.id.in_(dialects.ids_param())))
-
-
-def _value_json(output_payload: str | None) -> str | None:
-    """The JSON text of a succeeded step's value from its job's stored output; None when
-    there is none, or it is an expand's item count (never a simple move)."""
-    if output_payload is None:
-        return None  # pragma: no cover  read only for advancing steps, whose success stored the output
-    stored = json.loads(output_payload)
-    return json.dumps(stored["payload"]) if "payload" in stored else None
-
-
-def advance_released_steps(app: App, released: Sequence[Inline]) -> set[str]:
-    """:func:`advance_released` in a transaction of its own, repeated on a lost
-    connection; returns the ids of the steps advanced. An error is logged and changes
-    nothing: the steps stay ``advancing`` and an advancer is woken for them (they were
-    recorded; only what follows them waits). Steps it leaves without an error are an
-    advancer's already (it advanced or holds them, or failed on them and polls again):
-    no wakeup, which would only send advancers after the next releases too."""
-    if not released:
-        return set()  # pragma: no cover  its callers (ReleasedSteps.run_once, _advance_released) pass some
-
-    def once() -> set[str]:
-        with app.begin() as tx:
-            return advance_released(tx, released)
-
-    try:
-        advanced: set[str] = dialects.retry_transient(once)
-    except Exception:
-        log.exception("advancing %d released steps failed; left to an advancer", len(released))
-        with contextlib.suppress(Exception), app.begin() as tx:  # no poll interval to wait out
-            tx.wake_advancers()
-        return set()
-    return advanced
-
-
-@dataclass(frozen=True)
-class Inline:
-    """A success's step to advance past in a worker's transaction (:func:`advance_on_successes`,
-    :func:`advance_released`): its claim, its run's definition and the JSON text of its value."""
-
-    claimed: Claimed
-    definition: Definition
-    value_json: str

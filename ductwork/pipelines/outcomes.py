@@ -62,7 +62,7 @@ from ductwork.limits.executions import (
     write_header,
 )
 from ductwork.limits.outcomes import releases_first, rerun_at, retry_at
-from ductwork.pipelines.advance import Inline, StepMovedOn, advance_on_successes
+from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes
 from ductwork.pipelines.payloads import Output
 from ductwork.pipelines.rules import simple_move
 from ductwork.pipelines.runs import cached_definition

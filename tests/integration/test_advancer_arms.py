@@ -22,7 +22,8 @@ from ductwork.errors import FaultInjection
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.fleet.worker import Worker
-from ductwork.pipelines.advance import Advancer, candidates, claim_branch, claim_branches, release_advancement
+from ductwork.pipelines.advance import Advancer
+from ductwork.pipelines.branches import candidates, claim_branch, claim_branches, release_advancement
 from tests.conftest import installed, make_app
 from tests.integration.test_lock_races import blocked_on
 

@@ -6,7 +6,7 @@ records one success (``outcomes.record_successes`` of one),
 and the hand-off after a keyed group commit (``executions._record_batch``). Unkeyed work
 is claimed by a batch and handed off after one success or a group commit. Failures,
 timeouts and crashes release their slot but hand nothing off. Most bounds are applied by
-one shared guard (``claims.in_lane`` and ``buckets.decide`` in ``claims._decide_and_claim``),
+one shared guard (``lanes.in_lane`` and ``buckets.decide`` in ``claims.decide_and_claim``),
 so each test here is parametrised over the paths: a path that stopped applying the bound
 (a hand-off that skipped the decision, a batch that did not carry its spends) fails its
 own case. docs/verification.md, "Bounds per path", has the table, bound by path.

@@ -25,8 +25,8 @@ from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.fleet.worker import Worker
 from ductwork.limits.claims import claim
-from ductwork.pipelines.advance import (
-    Advancer,
+from ductwork.pipelines.advance import Advancer
+from ductwork.pipelines.branches import (
     Inline,
     advance_released_steps,
     candidates,

@@ -39,7 +39,8 @@ from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.fleet.worker import Worker
-from ductwork.pipelines.advance import Advancer, claim_branch
+from ductwork.pipelines.advance import Advancer
+from ductwork.pipelines.branches import claim_branch
 from tests.conftest import installed, make_app
 
 WIDTH = 5

@@ -31,7 +31,8 @@ from ductwork import Pipeline, Step
 from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
-from ductwork.pipelines.advance import Advancer, candidates, claim_branch, claim_branches, release_advancement
+from ductwork.pipelines.advance import Advancer
+from ductwork.pipelines.branches import candidates, claim_branch, claim_branches, release_advancement
 from ductwork.pipelines.outcomes import record_crash
 from tests.workloads import Quick
 

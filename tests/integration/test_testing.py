@@ -468,7 +468,7 @@ def test_drain_stops_advancing_at_its_deadline(states_app):
 
 def test_drain_waits_while_another_process_holds_a_branch(states_app):
     from ductwork.fleet.processes import register
-    from ductwork.pipelines.advance import claim_branch
+    from ductwork.pipelines.branches import claim_branch
 
     run = Twice.trigger(1)
     (branch,) = _branches(states_app, run)
