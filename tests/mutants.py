@@ -210,8 +210,8 @@ MUTANTS: dict[str, Mutant] = {
         "the branch fence does not compare the claim token: a stale advancer's claim, or a worker's "
         "success on a branch an advancer holds, commits [INV-ADV-2, INV-ADV-1]",
         "the one branch fence compares the claim token (an advancer's, or none: free) [INV-ADV-2]",
-        (("if _held_as(row, held[row.id])}  # [INV-ADV-2] the fence",
-          "if True}  # mutant: any claim passes the fence"),
+        (("if row.id in held and _held_as(row, held[row.id])}  # [INV-ADV-2] the fence",
+          "if row.id in held}  # mutant: any claim passes the fence"),
          ("if not closed:", "if False:  # mutant: a closed advancement is not noticed"),
          ("if closed != len(made):", "if False:  # mutant: a closed advancement is not noticed"),
          ("_b.c.claim_token == c.token)  # [INV-ADV-2] only the holder may move it",

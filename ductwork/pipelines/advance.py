@@ -62,7 +62,6 @@ from ductwork.pipelines.branches import (
     claim_branches,
     close_advancement,
     fence,
-    lock_barrier,
     move_branches,
     release_advancement,
     value_json_of,
@@ -258,9 +257,12 @@ class Advancer:
                 log.warning("branch %s claimed with no advanceable step; released", c.branch_id)
                 return "stale"
             move = self._simple_move(c, self._outputs([c]).get(c.step.id))
+            # A transaction the database rolled back for contention (a deadlock) is repeated,
+            # not recorded as the transition's error: each is fenced, and an expand resumes at
+            # its cursor [INV-ADV-4], so a repeat is safe.
             if move is not None:  # a halt, a leaf, chain, converge, divert, dampen: one function for all
-                return self._commit_batch([(c, move)])[c.branch_id]
-            self._route(c)  # fan-out, expand, fan-in
+                return str(dialects.retry_transient(lambda: self._commit_batch([(c, move)]))[c.branch_id])
+            dialects.retry_transient(lambda: self._route(c))  # fan-out, expand, fan-in
             return "advanced"
         except StaleClaim as stale:
             log.warning("%s; nothing committed", stale)
@@ -283,14 +285,13 @@ class Advancer:
         """A transaction that commits only while ``c.token`` still holds the branch.
 
         ``barrier`` (a fan-in): the branch's barrier (the fan-out branch its siblings share)
-        is locked right after it; ``ends_branch``: the block may end the branch and so
-        decide the run's state, and the run row is locked next, before any write. One
-        lock order (own branch, barrier, run) for every such transaction [lock order]
-        means two siblings ending at once queue instead of deadlocking (on InnoDB, earlier
-        writes take shared locks on the run row that a later exclusive lock would have to
-        upgrade), and so do a fan-in and the expand still creating its siblings (which
-        holds the barrier, its own branch, before the run: a fan-in that locked the run
-        first and the barrier after deadlocked with it on MariaDB).
+        is locked with it, in branch-id order; ``ends_branch``: the block may end the
+        branch and so decide the run's state, and the run row is locked next, before any
+        write. One lock order (branches in id order, then the run) for every such
+        transaction [lock order] means two siblings ending at once queue instead of
+        deadlocking (on InnoDB, earlier writes take shared locks on the run row that a later
+        exclusive lock would have to upgrade), and so do a fan-in and the expand still
+        creating its siblings (which holds the barrier, its own branch, before the run).
 
         ``c.closed``, set by :meth:`_close` inside the block, is put back when the
         transaction does not commit: the advancement is open again, and if recording the
@@ -299,10 +300,12 @@ class Advancer:
         closed = c.closed
         try:
             with self.app.begin() as tx:
-                if c.branch_id not in fence(tx, {c.branch_id: c.token}):
+                # a fan-in's barrier (the fan-out branch its siblings share) is locked with it,
+                # in branch-id order [lock order]; it never changes once the branch exists
+                shared = tx.execute(sa.select(_b.c.barrier_id).where(_b.c.id == c.branch_id)).scalar() \
+                    if barrier else None
+                if c.branch_id not in fence(tx, {c.branch_id: c.token}, barrier=shared):
                     raise StaleClaim(c.branch_id, c.token)  # [INV-ADV-2] a stale token commits nothing
-                if barrier:
-                    lock_barrier(tx, c.branch_id)  # [lock order] the barrier after the branch, before the run
                 if ends_branch:
                     lock_run(tx, c.run_id)  # [lock order] the run after the branches
                 yield tx

@@ -138,6 +138,16 @@ def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list
     s, j = schema.steps, schema.jobs
     try:
         with app.begin() as tx:
+            # [lock order] the branch rows first, in id order, skipping those another
+            # transaction holds (a fence, a success moving it): the UPDATE below then waits on
+            # none of them. (It takes a shared lock on each branch's run row on InnoDB; had it
+            # waited on a branch that a fence holds while that fence waits for the run, the
+            # two deadlocked.) A branch skipped is someone else's now, as a lost race is.
+            ids = list(tx.execute(dialects.for_update(
+                sa.select(_b.c.id).where(_b.c.id.in_(dialects.inline_ids(ids))).order_by(_b.c.id),
+                tx.conn, skip_locked=True)).scalars())
+            if not ids:
+                return []
             tx.execute(
                 _b.update()
                 .where(_b.c.id.in_(dialects.inline_ids(ids)),
@@ -220,23 +230,17 @@ class Move:
         return self.status != "in_progress"
 
 
-def fence(tx: Tx, held: Mapping[str, str | None]) -> dict[str, sa.Row[Any]]:
+def fence(tx: Tx, held: Mapping[str, str | None], *, barrier: str | None = None) -> dict[str, sa.Row[Any]]:
     """The branch fence [INV-ADV-2]: lock the branch rows (one statement, branch-id order
     [lock order]) and return those still held as ``held`` says, each by its caller's claim
     token, or, for None, free (unclaimed and in progress: a worker's success may move it).
     A branch not returned is someone else's now (another claim, or it moved on): nothing of
-    it may be written. Every advancement locks its branches through this one function."""
-    rows = tx.execute(dialects.prepared(tx.conn, _branch_locks), {"batch_ids": sorted(held)})
-    return {row.id: row for row in rows if _held_as(row, held[row.id])}  # [INV-ADV-2] the fence
-
-
-def lock_barrier(tx: Tx, branch_id: str) -> None:
-    """Lock the barrier branch of ``branch_id`` (the fan-out branch it and its siblings
-    arrive at), if it has one: a fan-in's lock, taken after its own branch's and before
-    its run's [lock order]."""
-    barrier = tx.execute(sa.select(_b.c.barrier_id).where(_b.c.id == branch_id)).scalar_one()
-    if barrier is not None:
-        tx.execute(dialects.for_update(sa.select(_b.c.id).where(_b.c.id == barrier), tx.conn))
+    it may be written. Every advancement locks its branches through this one function;
+    ``barrier``: one more row locked in the same statement, not checked (a fan-in's
+    barrier, which it bumps)."""
+    locked = sorted({*held, *([barrier] if barrier else [])})  # [lock order] in branch-id order, a barrier too
+    rows = tx.execute(dialects.prepared(tx.conn, _branch_locks), {"batch_ids": locked})
+    return {row.id: row for row in rows if row.id in held and _held_as(row, held[row.id])}  # [INV-ADV-2] the fence
 
 
 def _held_as(row: sa.Row[Any], token: str | None) -> bool:

@@ -205,11 +205,17 @@ def _follow_up(app: App, tx: Tx, successes: list[Success], *, inline: bool) -> N
     except StepMovedOn:
         raise _Taken() from None
     rest = [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced]
-    wake = inline or any(not released_later(app, s) for s in successes)
-    if rest and tx.execute(dialects.prepared(tx.conn, _to_advancing),
-                           {"batch_ids": rest, "b_now": tx.now}).rowcount != len(rest):
+    if rest:
+        _leave_advancing(tx, rest, wake=inline or any(not released_later(app, s) for s in successes))
+
+
+def _leave_advancing(tx: Tx, step_ids: list[str], *, wake: bool) -> None:
+    """Leave these succeeded steps ``advancing`` for an advancer (woken when ``wake``).
+    Raises :class:`_Taken` when one is no longer in progress: its execution was taken."""
+    if tx.execute(dialects.prepared(tx.conn, _to_advancing),
+                  {"batch_ids": step_ids, "b_now": tx.now}).rowcount != len(step_ids):
         raise _Taken()  # a step no longer in progress: its execution was taken [INV-EXE-2]
-    if rest and wake:
+    if wake:
         tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
 
 
