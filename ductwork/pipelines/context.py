@@ -30,7 +30,7 @@ from ductwork.errors import InputError, OverwriteError, UnknownRunError
 from ductwork.pipelines import payloads
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
 
 T = TypeVar("T")
 
@@ -40,7 +40,7 @@ class Context:
 
     OverwriteError = OverwriteError
 
-    def __init__(self, app: App, run_id: str):
+    def __init__(self, app: Database, run_id: str):
         self._app = app
         self.run_id = run_id
 

@@ -37,8 +37,7 @@ from ductwork.errors import DurationError, RunFilterError, UnknownRunError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
     from ductwork.limit_entries import LimitEntry
 
 #: the statuses ``list_runs(status=…)`` and ``ductwork runs --status`` accept
@@ -360,7 +359,7 @@ def of_pipeline(pipeline: str) -> sa.ColumnElement[bool]:
     return klass == pipeline if ":" in pipeline else klass.endswith(f":{pipeline}", autoescape=True)
 
 
-def list_runs(app: App, *, status: str | None = None, pipeline: str | None = None,
+def list_runs(app: Database, *, status: str | None = None, pipeline: str | None = None,
               since: str | datetime | None = None, limit: int = DEFAULT_LIMIT,
               before: tuple[datetime, str] | None = None) -> list[RunRecord]:
     """Runs, newest trigger first: at most ``limit`` (1..MAX_LIMIT) of them, of ``status``
@@ -398,7 +397,7 @@ def list_runs(app: App, *, status: str | None = None, pipeline: str | None = Non
 # --------------------------------------------------------------------------- one run
 
 
-def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistory:
+def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunHistory:
     """The run's branches, steps, executions, errors, timings, limit keys and waits, in one
     read-only transaction. ``backtraces``: include each error's traceback (else None)."""
     with app.begin(readonly=True) as tx:

@@ -51,8 +51,7 @@ from ductwork.pipelines.rules import decide_hook
 from ductwork.pipelines.steps import latest_step
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
 
 log = logging.getLogger("ductwork.hooks")
 
@@ -115,7 +114,7 @@ def owe_hooks(tx: Tx, run_ids: list[str]) -> int:
 # --------------------------------------------------------------------------- claiming
 
 
-def claim_hook(app: App, process_id: str) -> ClaimedHook | None:
+def claim_hook(app: Database, process_id: str) -> ClaimedHook | None:
     """Claim the oldest due hook for ``process_id``; None when none is due (or another
     worker claimed it first). The claim is a conditional UPDATE from ``pending``, checked
     by rowcount, that sets a fresh ``claim_token``: the fence of this attempt's record."""
@@ -183,7 +182,7 @@ class HookEnded:
     error: ErrorInfo
 
 
-def _record_in(app: App, tx: Tx, hook_id: str, token: str, pipeline: str, klass: str, retry_count: int,
+def _record_in(app: Database, tx: Tx, hook_id: str, token: str, pipeline: str, klass: str, retry_count: int,
                crash_count: int, outcome: str, error: ErrorInfo | None) -> tuple[str | None, HookEnded | None]:
     """The fenced record: the hook's status after it (None: the claim was not the hook's,
     nothing written), and what to log once committed (None for a success)."""
@@ -210,7 +209,7 @@ def _record_in(app: App, tx: Tx, hook_id: str, token: str, pipeline: str, klass:
         max_crash if outcome == "process_crashed" else max_retry, error or ErrorInfo("ductwork.Unknown", "", None))
 
 
-def record_hook(app: App, claimed: ClaimedHook, outcome: str, error: ErrorInfo | None = None) -> str:
+def record_hook(app: Database, claimed: ClaimedHook, outcome: str, error: ErrorInfo | None = None) -> str:
     """Record how the claimed attempt ended (``success``, ``failure``, ``invalid``,
     ``process_crashed``), fenced by the claim's token; returns the hook's status after it.
     Raises :class:`HookClaimLost` when the claim is no longer the hook's (nothing is
@@ -226,7 +225,7 @@ def record_hook(app: App, claimed: ClaimedHook, outcome: str, error: ErrorInfo |
     return status
 
 
-def crash_hooks_of(app: App, tx: Tx, hook_ids: list[str]) -> list[HookEnded]:
+def crash_hooks_of(app: Database, tx: Tx, hook_ids: list[str]) -> list[HookEnded]:
     """Inside a recovery's transaction (``fleet.reaper.recover``): crash each of these
     hooks that is still running, fenced by the token it holds; returns what to log once
     committed [INV-HLT-2]."""

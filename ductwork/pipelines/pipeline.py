@@ -32,7 +32,7 @@ from ductwork.pipelines.trigger import check_key, check_window
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
     from ductwork.pipelines.runs import Run
 
 
@@ -65,7 +65,7 @@ class Pipeline:
         raise NotImplementedError(f"{cls.__name__} must override the classmethod define")
 
     @classmethod
-    def trigger(cls, *args: Any, app: App | None = None, key: str | None = None,
+    def trigger(cls, *args: Any, app: Database | None = None, key: str | None = None,
                 key_window: Any = None, connection: Connection | None = None) -> Run:
         """Start a run with ``args`` as the first step's input; returns the run handle.
 
@@ -125,7 +125,7 @@ class Pipeline:
 
 
     @classmethod
-    async def atrigger(cls, *args: Any, app: App | None = None, **options: Any) -> Run:
+    async def atrigger(cls, *args: Any, app: Database | None = None, **options: Any) -> Run:
         """:meth:`trigger`, awaited: the same checks and the same one transaction, run in a
         thread (``asyncio.to_thread``) so the event loop runs on; returns the run handle
         (whose :meth:`~ductwork.pipelines.runs.Run.arefresh` and

@@ -41,8 +41,7 @@ from ductwork.pipelines.steps import NewStep, create_steps, latest_step, step_ou
 from ductwork.pipelines.trigger import Triggered, trigger, trigger_in
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
     from ductwork.pipelines.history import RunHistory
 
 TERMINAL = ("completed", "halted")
@@ -50,7 +49,7 @@ SETTLED = ("completed", "halted", "dampened")
 _UNSET: Any = object()  # resume() without input
 
 
-def trigger_run(app: App | None, pipeline: type, args: list[Any], key: str | None = None,
+def trigger_run(app: Database | None, pipeline: type, args: list[Any], key: str | None = None,
                 connection: Connection | None = None, key_window: Any = None) -> Run:
     """Start a run of ``pipeline`` (a Pipeline subclass) with ``args`` as the start step's
     positional arguments, or return the run that holds ``key`` [INV-TRG-1]
@@ -76,8 +75,8 @@ def trigger_run(app: App | None, pipeline: type, args: list[Any], key: str | Non
     return Run(app, triggered.run_id)
 
 
-def cached_definition(app: App, sha1: str, text: str | None = None, *, tx: Tx | None = None) -> Definition:
-    """The parsed definition snapshot with this digest (cached per App).
+def cached_definition(app: Database, sha1: str, text: str | None = None, *, tx: Tx | None = None) -> Definition:
+    """The parsed definition snapshot with this digest (cached per Database).
 
     Read, when not cached and ``text`` is not given, through ``tx`` if given, else in
     a read-only transaction of its own. A caller inside a transaction passes it: a
@@ -239,7 +238,7 @@ class StepInfo:
 class Run:
     """A handle on one run. Attributes reflect the last :meth:`refresh`."""
 
-    app: App
+    app: Database
     id: str
     status: RunStatus
     #: the pipeline class, ``module:QualName``
@@ -249,7 +248,7 @@ class Run:
     #: while no branch has halted
     halt_reasons: list[str]
 
-    def __init__(self, app: App, run_id: str | None = None, *, _read: bool = True):
+    def __init__(self, app: Database, run_id: str | None = None, *, _read: bool = True):
         if isinstance(app, str) or run_id is None:
             # Run("…") reads as "the run with this id"; Python's own message ("missing
             # 'run_id'") would not say that the App comes first
@@ -262,7 +261,7 @@ class Run:
             self.refresh()
 
     @classmethod
-    def read_through(cls, app: App, conn: Connection, run_id: str) -> Run:
+    def read_through(cls, app: Database, conn: Connection, run_id: str) -> Run:
         """A handle on ``run_id`` read through ``conn`` (the caller's open transaction, in
         which the run may not be committed yet); :meth:`refresh` later reads through the app."""
         run = cls(app, run_id, _read=False)
@@ -369,7 +368,7 @@ class Run:
     def definition(self) -> Definition:
         """The definition snapshot this run follows: frozen when it was triggered (a revived
         run shares its halted run's), whatever ``define`` says now. One read-only
-        transaction (the parse is cached per App); UnknownRunError once the run was pruned."""
+        transaction (the parse is cached per Database); UnknownRunError once the run was pruned."""
         r = schema.runs
         with self.app.begin(readonly=True) as tx:
             sha1 = tx.execute(sa.select(r.c.definition_sha1).where(r.c.id == self.id)).scalar_one_or_none()

@@ -72,7 +72,7 @@ from ductwork.pipelines.rules import KeyHolder, key_expired
 from ductwork.pipelines.steps import NewStep, create_branches, create_steps
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
     from ductwork.pipelines.snapshot import Definition
 
 _r = schema.runs
@@ -154,7 +154,7 @@ def release_key(tx: Tx, pipeline: str, key: str, holder: KeyHolder, window_us: i
     return bool(result.rowcount == 1)
 
 
-def trigger(app: App, tx: Tx, pipeline: type, args: list[Any], key: str | None = None,
+def trigger(app: Database, tx: Tx, pipeline: type, args: list[Any], key: str | None = None,
             key_window: Any = None) -> Triggered:
     """The trigger in ``tx``, whoever's transaction it is; commits nothing.
 
@@ -222,7 +222,7 @@ def _key_kept_by(tx: Tx, pipeline: str, key: str, window_us: int | None) -> str 
     return existing
 
 
-def trigger_in(conn: Connection, app: App, pipeline: type, args: list[Any], key: str | None = None,
+def trigger_in(conn: Connection, app: Database, pipeline: type, args: list[Any], key: str | None = None,
                key_window: Any = None) -> Triggered:
     """The trigger written through the caller's ``conn`` inside the transaction it has begun,
     which the caller commits or rolls back [INV-TRG-2]; this never ends it.
