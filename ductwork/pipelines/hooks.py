@@ -38,7 +38,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
@@ -49,6 +49,7 @@ from ductwork.errors import DuctworkError
 from ductwork.limits.executions import MESSAGE_LIMIT, ErrorInfo
 from ductwork.pipelines.rules import decide_hook
 from ductwork.pipelines.steps import latest_step
+from ductwork.values import Json
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database, Tx
@@ -82,7 +83,7 @@ class ClaimedHook:
     retry_count: int
     crash_count: int
     #: the handler's one argument: ``run_id``, ``pipeline``, ``halt_reasons``, ``errors``
-    halt: dict[str, Any]
+    halt: dict[str, Json]
 
 
 # --------------------------------------------------------------------------- owing
@@ -139,7 +140,7 @@ def claim_hook(app: Database, process_id: str) -> ClaimedHook | None:
                        row.retry_count, row.crash_count, halt)
 
 
-def halt_of(tx: Tx, run_id: str, pipeline: str) -> dict[str, Any]:
+def halt_of(tx: Tx, run_id: str, pipeline: str) -> dict[str, Json]:
     """What the handler is told: the run, its pipeline, each halted branch's reason and
     node, and the error each halted branch's last step (or advancement) ended with."""
     e, j, a = schema.executions, schema.jobs, schema.advancements

@@ -39,6 +39,7 @@ from ductwork.pipelines.hooks import owe_hooks
 from ductwork.pipelines.rules import resolve_run_status
 from ductwork.pipelines.steps import NewStep, create_steps, latest_step, step_output_json
 from ductwork.pipelines.trigger import Triggered, trigger, trigger_in
+from ductwork.values import Json
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database, Tx
@@ -49,8 +50,8 @@ SETTLED = ("completed", "halted", "dampened")
 _UNSET: Any = object()  # resume() without input
 
 
-def trigger_run(app: Database | None, pipeline: type, args: list[Any], key: str | None = None,
-                connection: Connection | None = None, key_window: Any = None) -> Run:
+def trigger_run(app: Database | None, pipeline: type, args: list[Json], key: str | None = None,
+                connection: Connection | None = None, key_window: object = None) -> Run:
     """Start a run of ``pipeline`` (a Pipeline subclass) with ``args`` as the start step's
     positional arguments, or return the run that holds ``key`` [INV-TRG-1]
     (``ductwork.pipelines.trigger``).
@@ -216,9 +217,9 @@ class StepInfo:
     #: the transition that created the step (``start``, ``chain``, ``expand``, ...)
     to_transition: str
     #: the positional arguments the step's ``__init__`` got
-    input: list[Any]
+    input: list[Json]
     #: what ``execute`` returned; None before a success
-    output: Any
+    output: Json
     #: the error of the step's latest finished execution; None when that one succeeded or
     #: none has finished (a step retried after a failure shows the failure while it waits)
     error: StepError | None
@@ -376,7 +377,7 @@ class Run:
                 raise UnknownRunError(self.id)
             return cached_definition(self.app, sha1, tx=tx)
 
-    def resume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
+    def resume(self, input: Json = _UNSET) -> Run:  # noqa: A002 - public API name
         """Continue a dampened run: every dampened branch gets its next step.
 
         The next step's input is ``input`` if given (it replaces the previous step's
@@ -419,7 +420,7 @@ class Run:
             tx.execute(r.update().where(r.c.id == self.id).values(status="in_progress", updated_at=tx.now))
         return self.refresh()
 
-    async def aresume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
+    async def aresume(self, input: Json = _UNSET) -> Run:  # noqa: A002 - public API name
         """:meth:`resume`, awaited: the same one transaction, run in a thread
         (``asyncio.to_thread``) so the event loop runs on, as ``Pipeline.atrigger`` does;
         returns self. The same exactly-once: a second resume raises
