@@ -198,9 +198,9 @@ def _follow_up(app: Database, tx: Tx, successes: list[Success], *, inline: bool)
     for success in successes:
         _write_expand_items(tx, success)
         success.released = not inline
-    moving = [_inline(app, s) for s in successes] if inline and app.config.pipeline_advancer.inline_linear else []
+    moving = _inline_moves(app, successes) if inline else []
     try:
-        advanced = advance_on_successes(tx, [i for i in moving if i is not None])
+        advanced = advance_on_successes(tx, moving)
     except StepMovedOn:
         raise _Taken() from None
     rest = [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced]
@@ -210,6 +210,14 @@ def _follow_up(app: Database, tx: Tx, successes: list[Success], *, inline: bool)
         raise _Taken()  # a step no longer in progress: its execution was taken [INV-EXE-2]
     if rest and wake:
         tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
+
+
+def _inline_moves(app: Database, successes: list[Success]) -> list[Inline]:
+    """The inline advancements of ``successes`` whose value is a value, when
+    ``pipeline_advancer.inline_linear`` is on; none when it is off."""
+    if not app.config.pipeline_advancer.inline_linear:
+        return []
+    return [i for i in [_inline(app, s) for s in successes] if i is not None]
 
 
 def _inline(app: Database, success: Success) -> Inline | None:
