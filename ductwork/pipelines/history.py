@@ -33,6 +33,7 @@ import sqlalchemy as sa
 from ductwork.db import schema
 from ductwork.durations import parse_period
 from ductwork.errors import DurationError, RunFilterError, UnknownRunError
+from ductwork.values import Json
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -575,13 +576,13 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def run_json(record: RunRecord) -> dict[str, Any]:
+def run_json(record: RunRecord) -> dict[str, Json]:
     """``ductwork runs --json``'s object for one run: the RunRecord's fields plus
     ``finished_at``; times are ISO 8601 UTC with microseconds and a ``Z``."""
     return _json_value({**asdict(record), "finished_at": record.finished_at})  # type: ignore[no-any-return]
 
 
-def history_json(history: RunHistory) -> dict[str, Any]:
+def history_json(history: RunHistory) -> dict[str, Json]:
     """``ductwork show --json``'s document: ``{"format": 1, "now", "run", "branches",
     "steps", "context_keys", "hook"}``, each record's fields by name (docs/operating.md)."""
     document = {"format": JSON_FORMAT, "now": history.now, "run": run_json(history.run),
