@@ -206,7 +206,9 @@ def boundary_anys(package: Path, pyproject: Path) -> list[str]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
 
     def layer(module: str) -> int:
-        return index[module.split(".")[1]] if "." in module else index["app"]
+        name = module.split(".")[1] if "." in module else "app"
+        assert name in index, f"ductwork.{name} is in no layer of [tool.importlinter] in {pyproject}"
+        return index[name]
 
     def definition(module: str, name: str, depth: int = 0) -> tuple[str, ast.AST] | None:
         if (module, name) in defs:
