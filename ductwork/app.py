@@ -30,12 +30,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from ductwork.config import Config
 from ductwork.config_file import config_from_mapping, load_config
 from ductwork.db.clock import Clock
 from ductwork.db.database import Database, Tx, default_app, set_default_app
+from ductwork.db.engines import EngineSettings
 from ductwork.fleet.processes import register
 from ductwork.pipelines.runs import Run, cached_definition
 from ductwork.pipelines.snapshot import Definition
@@ -73,7 +74,8 @@ class App(Database):
 
 
 def connect(url: str | None = None, config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
-            env: str | None = None, *, clock: Clock | None = None, **engine_settings: Any) -> App:
+            env: str | None = None, *, clock: Clock | None = None,
+            **engine_settings: Unpack[EngineSettings]) -> App:
     """Connect to a database and make the result the default app.
 
     >>> app = connect("postgresql://localhost/shop", config="ductwork.yml", env="production")

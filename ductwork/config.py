@@ -55,7 +55,7 @@ SECTION_KEYS = (
 # --------------------------------------------------------------------------- value checks
 
 
-def _seconds(path: str, value: Any) -> float:
+def _seconds(path: str, value: object) -> float:
     """A positive time value (int/float seconds or a duration string) as float seconds."""
     try:
         micros = parse_interval_us(value)
@@ -66,11 +66,11 @@ def _seconds(path: str, value: Any) -> float:
     return micros / 1_000_000
 
 
-def _count(path: str, value: Any, maximum: int) -> int:
+def _count(path: str, value: object, maximum: int) -> int:
     return check_int(path, value, minimum=1, maximum=maximum)
 
 
-def _budget(path: str, value: Any) -> int:
+def _budget(path: str, value: object) -> int:
     return check_int(path, value, minimum=0, maximum=MAX_COUNT)
 
 
@@ -78,7 +78,7 @@ def _dotted(name: str) -> bool:
     return all(part.isidentifier() for part in name.split("."))
 
 
-def _qualified(name: Any) -> bool:
+def _qualified(name: object) -> bool:
     """``module:Qual.Name`` with identifier parts, or a bare ``Qual.Name``."""
     if not isinstance(name, str):
         return False
@@ -96,14 +96,14 @@ def _names(name: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- max_retry / max_crash
 
 
-def _budget_key(path: str, name: Any, what: str) -> None:
+def _budget_key(path: str, name: object, what: str) -> None:
     if name != "default" and not _qualified(name):
         raise ConfigError(
             path, name, f"expected 'default' or a {what} name ('module:Class' or 'Class')"
         )
 
 
-def _overrides(path: str, value: Any, default: int) -> tuple[int, dict[str, dict[str, int]]]:
+def _overrides(path: str, value: object, default: int) -> tuple[int, dict[str, dict[str, int]]]:
     """Parse ``n`` or ``{default: n, "<Pipeline>": n | {default: n, "<Step>": n}}``.
 
     Returns the fleet-wide value and ``{pipeline: {"default"|step: n}}`` (a bare
@@ -254,14 +254,14 @@ class LoggingConfig:
     format: str = "text"
 
 
-def _logging(value: Any) -> LoggingConfig:
+def _logging(value: object) -> LoggingConfig:
     body = check_mapping("logging", value, ("level", "format"))
     values = {}
     for key, valid in (("level", LEVELS), ("format", FORMATS)):
         if key in body:
             given = body[key]
             chosen = given.upper() if key == "level" and isinstance(given, str) else given
-            if chosen not in valid:
+            if not isinstance(chosen, str) or chosen not in valid:
                 raise ConfigError(f"logging.{key}", given, f"expected one of {', '.join(valid)}")
             values[key] = chosen
     return LoggingConfig(**values)
@@ -318,7 +318,12 @@ def _supervisor(values: dict[str, Any]) -> SupervisorConfig:
     return cfg
 
 
-def _scalars(path: str, body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+def _plain_number(value: object) -> float | None:
+    """``value`` if it is an ``int`` or a ``float`` (not a ``bool`` nor a subclass), else None."""
+    return value if type(value) is int or type(value) is float else None
+
+
+def _scalars(path: str, body: Mapping[str, object], keys: tuple[str, ...]) -> dict[str, Any]:
     """Check the plain scalar keys of a section: counts, budgets and time values."""
     values: dict[str, Any] = {}
     for key in keys:
@@ -333,8 +338,8 @@ def _scalars(path: str, body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[
             values[key] = _count(key_path, body[key], _COUNT_FIELDS[key])
         elif key in _BUDGET_FIELDS:
             values[key] = _budget(key_path, body[key])
-        elif key in _MAY_BE_ZERO and type(body[key]) in (int, float) and body[key] <= 0:
-            if body[key] < 0:
+        elif key in _MAY_BE_ZERO and (number := _plain_number(body[key])) is not None and number <= 0:
+            if number < 0:
                 raise ConfigError(key_path, body[key], "must be 0 or a positive time")
             values[key] = 0.0  # (0 means "always"; every other value is a positive time)
         else:
@@ -342,7 +347,7 @@ def _scalars(path: str, body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[
     return values
 
 
-def _job_worker(body: Mapping[str, Any]) -> tuple[JobWorkerConfig, dict[str, LimitEntry]]:
+def _job_worker(body: Mapping[str, object]) -> tuple[JobWorkerConfig, dict[str, LimitEntry]]:
     values = _scalars("job_worker", body, _JOB_WORKER_SCALARS)
     for budget in ("max_retry", "max_crash"):
         if budget in body:
@@ -354,19 +359,20 @@ def _job_worker(body: Mapping[str, Any]) -> tuple[JobWorkerConfig, dict[str, Lim
     return JobWorkerConfig(**values), limits
 
 
-def _string_list(path: str, value: Any, valid: Callable[[Any], bool], what: str) -> tuple[str, ...]:
+def _string_list(path: str, value: object, valid: Callable[[str], bool], what: str) -> tuple[str, ...]:
+    """A string or a list of strings, each ``valid``, as a tuple (None: empty)."""
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list):
         raise ConfigError(path, value, f"expected a list of {what}")
     for index, item in enumerate(items):
-        if not valid(item):
+        if not isinstance(item, str) or not valid(item):
             raise ConfigError(f"{path}[{index}]", item, f"expected {what}")
     return tuple(items)
 
 
-def _pipelines(value: Any) -> tuple[str, ...]:
+def _pipelines(value: object) -> tuple[str, ...]:
     what = "'module:Class' (e.g. 'myapp.pipelines:SyncOrders'), or the single entry '*'"
     names = _string_list(
         "pipelines", value, lambda v: v == "*" or (_qualified(v) and ":" in v), what
@@ -376,7 +382,7 @@ def _pipelines(value: Any) -> tuple[str, ...]:
     return names
 
 
-def _role(body: Mapping[str, Any], environ: Mapping[str, str]) -> Role:
+def _role(body: Mapping[str, object], environ: Mapping[str, str]) -> Role:
     path, role = "role", body.get("role", "all")
     if environ.get("DUCTWORK_ROLE"):
         path, role = "DUCTWORK_ROLE", environ["DUCTWORK_ROLE"]
@@ -386,7 +392,7 @@ def _role(body: Mapping[str, Any], environ: Mapping[str, str]) -> Role:
     raise ConfigError(path, role, f"expected one of {', '.join(ROLES)}")
 
 
-def _database_url(value: Any) -> str | None:
+def _database_url(value: object) -> str | None:
     body = check_mapping("database", value, ("url",))
     url = body.get("url")
     if url is not None and (not isinstance(url, str) or not url.strip()):
@@ -430,7 +436,7 @@ class Config:
     @classmethod
     def from_section(
         cls,
-        section: Any,
+        section: object,
         env: str = DEFAULT_ENV,
         *,
         source: str = "<section>",
@@ -450,7 +456,7 @@ class Config:
         body = check_mapping("", section, SECTION_KEYS)
         pipelines = _pipelines(body.get("pipelines"))
         imports = _string_list(
-            "imports", body.get("imports"), lambda v: isinstance(v, str) and _dotted(v),
+            "imports", body.get("imports"), _dotted,
             "module names (e.g. 'myapp.pipelines')",
         )
         if pipelines == ("*",) and not imports:

@@ -32,7 +32,7 @@ DEFAULT_PATH = "ductwork.yml"
 
 
 def config_from_mapping(
-    doc: Any,
+    doc: object,
     env: str = DEFAULT_ENV,
     source: str = "<mapping>",
     *,

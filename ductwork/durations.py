@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import re
 from datetime import timedelta
-from typing import Any
 
 from ductwork.errors import DurationError
 
@@ -53,7 +52,7 @@ def _parse_string_seconds(value: str) -> int:
     return sum(int(n) * size for n, (_, size) in zip(match.groups(), _UNITS, strict=True) if n)
 
 
-def parse_period(value: Any) -> int:
+def parse_period(value: object) -> int:
     """Parse a rate period into whole seconds (>= 1).
 
     ``60``, ``"60"``, ``"1m"`` and ``"1h30m"`` are accepted; ``0``, ``"500ms"``,
@@ -69,7 +68,7 @@ def parse_period(value: Any) -> int:
     return seconds
 
 
-def parse_interval_us(value: Any) -> int:
+def parse_interval_us(value: object) -> int:
     """Parse a positive interval into whole microseconds.
 
     Takes ``int``/``float`` seconds, a ``timedelta``, or a duration string

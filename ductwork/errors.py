@@ -54,7 +54,6 @@ unchanged.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 
 class DuctworkError(Exception):
@@ -123,7 +122,7 @@ class MainModuleError(DefinitionError):
 class DurationError(DuctworkError, ValueError):
     """A duration cannot be parsed; callers wrap it with the path it came from."""
 
-    def __init__(self, value: Any, reason: str):
+    def __init__(self, value: object, reason: str):
         self.value = value
         self.reason = reason
         super().__init__(f"{value!r}: {reason}")
@@ -136,7 +135,7 @@ class ConfigError(DuctworkError, ValueError):
     reads ``job_worker.limits.api.rate[1].per='1mo': months are not supported``.
     """
 
-    def __init__(self, path: str, value: Any, reason: str):
+    def __init__(self, path: str, value: object, reason: str):
         self.path = path
         self.value = value
         self.reason = reason
@@ -179,7 +178,7 @@ class DuplicateKeyError(ConfigError):
     (YAML keeps only the last; merge the two)``.
     """
 
-    def __init__(self, source: str, path: str, key: Any, first_line: int, second_line: int):
+    def __init__(self, source: str, path: str, key: object, first_line: int, second_line: int):
         self.source, self.first_line, self.second_line = source, first_line, second_line
         DuctworkError.__init__(
             self,
@@ -295,7 +294,7 @@ class TransitionError(DuctworkError):
 class StepReturnError(DuctworkError, TypeError):
     """A step returned a value that its outgoing edge cannot carry."""
 
-    def __init__(self, step: str, value: Any, reason: str):
+    def __init__(self, step: str, value: object, reason: str):
         self.step = step
         self.value_type = type(value).__name__
         super().__init__(f"{step} returned {type(value).__name__}: {reason}")
@@ -386,7 +385,7 @@ class TriggerKeyError(InputError, ValueError):
     #: the longest key (characters): the unique index holds it with the pipeline's name
     MAX_TRIGGER_KEY = 255
 
-    def __init__(self, pipeline: str, key: Any, reason: str):
+    def __init__(self, pipeline: str, key: object, reason: str):
         self.pipeline = pipeline
         self.key = key
         shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:57] + "..."
@@ -405,7 +404,7 @@ class TriggerKeyWindowError(InputError, ValueError):
     (seconds, a timedelta or a string like '1d') given with a key``.
     """
 
-    def __init__(self, pipeline: str, window: Any, reason: str):
+    def __init__(self, pipeline: str, window: object, reason: str):
         self.pipeline = pipeline
         self.window = window
         shown = repr(window) if len(repr(window)) <= 60 else repr(window)[:57] + "..."
@@ -460,7 +459,7 @@ class NotJSONError(PayloadError):
     """The value is not JSON-serialisable by ``json.dumps(allow_nan=False)``: NaN or ∞, a
     set, bytes, an object (tuples become lists and keys strings, as JSON gives them back)."""
 
-    def __init__(self, what: str, value: Any, reason: str):
+    def __init__(self, what: str, value: object, reason: str):
         self.value_type = type(value).__name__
         super().__init__(what, f"not JSON-serialisable ({reason})")
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ductwork.durations import parse_period
 from ductwork.errors import (
@@ -57,7 +56,7 @@ _RATE_KEYS = ("limit", "per", "burst")
 # --------------------------------------------------------------------------- shared checks
 
 
-def child_path(path: str, key: Any) -> str:
+def child_path(path: str, key: object) -> str:
     """The path of ``key`` under ``path``: ``a.b`` for a non-blank str, ``a[1]`` otherwise.
 
     An empty ``path`` is the root of an environment's section: ``child_path("", "role")``
@@ -68,7 +67,7 @@ def child_path(path: str, key: Any) -> str:
     return f"{path}[{key!r}]"
 
 
-def check_mapping(path: str, value: Any, allowed: Iterable[str] | None = None) -> Mapping[str, Any]:
+def check_mapping(path: str, value: object, allowed: Iterable[str] | None = None) -> Mapping[str, object]:
     """Return ``value`` if it is a mapping whose keys are all in ``allowed``.
 
     ``None`` (a YAML key with nothing under it) reads as an empty mapping. An unknown
@@ -88,7 +87,7 @@ def check_mapping(path: str, value: Any, allowed: Iterable[str] | None = None) -
     return value
 
 
-def check_int(path: str, value: Any, *, minimum: int, maximum: int = INT64_MAX) -> int:
+def check_int(path: str, value: object, *, minimum: int, maximum: int = INT64_MAX) -> int:
     """Return ``value`` if it is an ``int`` (never a ``bool``) in ``[minimum, maximum]``.
 
     ``0`` is a value, not "unset": ``check_int("job_worker.max_retry", 0, minimum=0)``
@@ -181,7 +180,7 @@ def drop_dominated(entries: Iterable[RateEntry]) -> tuple[RateEntry, ...]:
     return tuple(entry for j, entry in enumerate(items) if not dropped(j))
 
 
-def _parse_rate(raw: Any, path: str) -> tuple[RateEntry, Any]:
+def _parse_rate(raw: object, path: str) -> tuple[RateEntry, object]:
     """One rate entry with its default burst and range checks, plus the raw ``per``."""
     raw = check_mapping(path, raw, _RATE_KEYS)
     for required in ("limit", "per"):
@@ -214,7 +213,7 @@ def _parse_rate(raw: Any, path: str) -> tuple[RateEntry, Any]:
     return entry, raw["per"]
 
 
-def parse_limit_entry(key: Any, raw: Any, path: str) -> LimitEntry:
+def parse_limit_entry(key: object, raw: object, path: str) -> LimitEntry:
     """Parse one key's entry; ``path`` is the entry's own (``job_worker.limits.vendor_api``).
 
     ``{"concurrency": 5, "rate": [{"limit": 1, "per": "1s"}, {"limit": 5000, "per": "1h"}]}``
@@ -269,7 +268,7 @@ def parse_limit_entry(key: Any, raw: Any, path: str) -> LimitEntry:
     return LimitEntry(key=key, concurrency=concurrency, rates=drop_dominated(rates))
 
 
-def parse_limits(raw: Any, path: str = "job_worker.limits") -> dict[str, LimitEntry]:
+def parse_limits(raw: object, path: str = "job_worker.limits") -> dict[str, LimitEntry]:
     """Parse ``job_worker.limits`` into ``{key: LimitEntry}``, in config order.
 
     ``None`` (the key present with nothing under it) means no limits. The first bad

@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 T = TypeVar("T")
+#: a statement's bound values: one row's, or several rows' (an executemany); what
+#: SQLAlchemy's ``Connection.execute`` takes
+Params = Mapping[str, object] | Sequence[Mapping[str, object]]
 
 
 class Tx:
@@ -46,8 +49,9 @@ class Tx:
     def __init__(self, conn: Connection, clock: Clock, backend: str):
         self.conn = conn
         #: limit keys whose lock this transaction holds, and their header rows as it has
-        #: left them (``ductwork.limits.executions.lock_key``)
-        self.held_keys: dict[str, Any] = {}
+        #: left them (``ductwork.limits.executions.lock_key``): ``KeyHeader``s of the limits
+        #: layer, which this one cannot name (``limits.executions._held`` reads them back)
+        self.held_keys: dict[str, object] = {}
         self._clock = clock
         self._now: datetime | None = None
         self.backend = backend
@@ -90,7 +94,9 @@ class Tx:
         if self._now is not None:
             self._now = self._clock.now(self.conn)  # [INV-CLK-1] read after the key's lock
 
-    def execute(self, stmt: Any, params: Any = None) -> sa.CursorResult[Any]:
+    def execute(self, stmt: sa.Executable, params: Params | None = None) -> sa.CursorResult[Any]:
+        """``conn.execute(stmt, params)``: ``params`` one row's values, or a list of rows'
+        (an executemany)."""
         return self.conn.execute(stmt, params) if params is not None else self.conn.execute(stmt)
 
 
@@ -104,7 +110,8 @@ class Database:
     """
 
     def __init__(self, url: str, config: Config, clock: Clock | None = None,
-                 engine: Engine | None = None, *, url_source: str = "argument", **engine_settings: Any):
+                 engine: Engine | None = None, *, url_source: str = "argument",
+                 **engine_settings: Unpack[engines.EngineSettings]):
         self.url = url
         #: where ``url`` came from: ``argument``, ``DUCTWORK_DATABASE_URL``,
         #: ``<config file> database.url`` or ``default`` (nothing configured one)

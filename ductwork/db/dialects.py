@@ -21,9 +21,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine
@@ -41,7 +41,13 @@ BACKENDS = ("postgresql", "mysql", "sqlite")
 _ALIASES = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "sqlite": "sqlite"}
 
 
-def backend(bind: Connection | Engine | Dialect | str) -> str:
+#: what a seam is called with: a connection, an engine, a dialect or a backend's name
+Bind = Connection | Engine | Dialect | str
+#: the statement :func:`prepared` keeps
+S = TypeVar("S")
+
+
+def backend(bind: Bind) -> str:
     """``postgresql``, ``mysql`` (MySQL and MariaDB) or ``sqlite``; else raises."""
     if isinstance(bind, str):
         name = bind
@@ -70,7 +76,7 @@ class Seam:
 
         return register
 
-    def __call__(self, bind: Connection | Engine | Dialect | str, *args: Any, **kw: Any) -> Any:
+    def __call__(self, bind: Bind, *args: Any, **kw: Any) -> Any:
         name = backend(bind)
         try:
             impl = self._impls[name]
@@ -145,7 +151,7 @@ def _sqlite_lock(_: Any, stmt: sa.Select[Any], skip_locked: bool, no_key: bool) 
     return stmt
 
 
-def for_update(stmt: sa.Select[Any], bind: Any, *, skip_locked: bool = False) -> sa.Select[Any]:
+def for_update(stmt: sa.Select[Any], bind: Bind, *, skip_locked: bool = False) -> sa.Select[Any]:
     """``SELECT … FOR UPDATE [SKIP LOCKED]`` (nothing on SQLite: see _sqlite_lock)."""
     locked: sa.Select[Any] = _for_update(bind, stmt, skip_locked, False)
     return locked
@@ -205,7 +211,7 @@ class _QuotedIds(sa.types.UserDefinedType[list[str]]):
 _prepared: dict[tuple[Callable[..., Any], str], Any] = {}
 
 
-def prepared(bind: Connection | Engine, build: Callable[[Connection | Engine], Any]) -> Any:
+def prepared(bind: Connection | Engine, build: Callable[[Connection | Engine], S]) -> S:
     """The statement ``build(bind)`` makes, built once per backend and kept: its values
     are bound parameters given at execution (batch ids as :func:`ids_param`). Building
     and keying a SQLAlchemy statement costs more Python than executing a cached one, and
@@ -244,7 +250,7 @@ def _plain_insert_rows(_: Any, table: sa.Table, rows: list[dict[str, Any]]) -> t
     return table.insert(), rows
 
 
-def insert_rows(bind: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+def insert_rows(bind: Connection, table: sa.Table, rows: Sequence[Mapping[str, object]]) -> None:
     """Insert ``rows`` (dicts with the same keys, none of them a large text: each column
     travels as one array on PostgreSQL) in one statement: ``executemany`` of
     ``table.insert()`` on MySQL and SQLite, one ``INSERT … SELECT FROM unnest`` on
@@ -273,7 +279,7 @@ def _other_by_key(_: Any, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any
     return column  # their planners weigh the IN list's few rows against the index
 
 
-def by_primary_key(column: sa.ColumnElement[Any], bind: Any) -> sa.ColumnElement[Any]:
+def by_primary_key(column: sa.ColumnElement[Any], bind: Bind) -> sa.ColumnElement[Any]:
     """``column`` in a guard that must not steer the plan away from a primary-key lookup."""
     guarded: sa.ColumnElement[Any] = _by_key(bind, column)
     return guarded
@@ -299,7 +305,7 @@ def _other_run_lock(bind: Any, stmt: sa.Select[Any]) -> sa.Select[Any]:
     return locked
 
 
-def for_update_run(stmt: sa.Select[Any], bind: Any) -> sa.Select[Any]:
+def for_update_run(stmt: sa.Select[Any], bind: Bind) -> sa.Select[Any]:
     """The run-row lock taken before deciding a run's terminal state."""
     locked: sa.Select[Any] = _run_lock(bind, stmt)
     return locked

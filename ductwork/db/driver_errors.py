@@ -19,11 +19,13 @@ import contextlib
 import re
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TypeVar
 
 from sqlalchemy import exc
 
 from ductwork.db.schema import CONSTRAINT_COLUMNS
+
+T = TypeVar("T")
 
 _MYSQL_KEY = re.compile(r"for key '(?:[^'.]*\.)?([^']+)'")
 _SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: (.+)$")
@@ -94,7 +96,7 @@ def is_disconnect(error: BaseException) -> bool:
     return isinstance(error, exc.DBAPIError) and bool(error.connection_invalidated)
 
 
-def retry_transient(fn: Callable[[], Any], *, attempts: int = 8) -> Any:
+def retry_transient(fn: Callable[[], T], *, attempts: int = 8) -> T:
     """Run ``fn`` (one whole transaction), retrying it when the database rolled it back
     for contention or the connection was lost; back-off doubles from 50 ms to 2 s
     (about 6 s in all). Anything else, or the last failure, propagates.

@@ -16,7 +16,7 @@ Not API: internal to ductwork.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -147,11 +147,27 @@ def absent_database_file(url: str | URL) -> Path | None:
     return path if path is not None and not path.exists() else None
 
 
+class EngineSettings(TypedDict, total=False):
+    """What :func:`create_engine` (and ``Database(..., **settings)``, ``ductwork.connect``)
+    may be given; each is optional, with the default named."""
+
+    #: seconds to wait for a connection to open (PostgreSQL, MySQL; default 10)
+    connect_timeout: float
+    #: seconds a network read or write may block (PostgreSQL, MySQL; default 30)
+    io_timeout: float
+    #: seconds to wait for SQLite's write lock (default 30)
+    busy_timeout: float
+    #: connections kept in the pool (PostgreSQL, MySQL; SQLAlchemy's default 5)
+    pool_size: int
+    #: connections opened beyond ``pool_size`` under load (with ``pool_size``; default 10)
+    max_overflow: int
+
+
 _engine_options = Seam("engine options")
 
 
 @_engine_options.for_db("postgresql")
-def _pg_engine_options(_: str, settings: dict[str, Any]) -> dict[str, Any]:
+def _pg_engine_options(_: str, settings: EngineSettings) -> dict[str, Any]:
     # READ COMMITTED (the default) is what every fence and count relies on: each
     # statement sees rows committed before it started.
     connect_args = {
@@ -167,7 +183,7 @@ def _pg_engine_options(_: str, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 @_engine_options.for_db("mysql")
-def _mysql_engine_options(_: str, settings: dict[str, Any]) -> dict[str, Any]:
+def _mysql_engine_options(_: str, settings: EngineSettings) -> dict[str, Any]:
     # Differs from PostgreSQL in that InnoDB defaults to REPEATABLE READ, whose
     # snapshot would make a count read after a lock stale; READ COMMITTED gives
     # each statement a fresh view, like PostgreSQL.
@@ -183,14 +199,14 @@ def _mysql_engine_options(_: str, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 @_engine_options.for_db("sqlite")
-def _sqlite_engine_options(_: str, settings: dict[str, Any]) -> dict[str, Any]:
+def _sqlite_engine_options(_: str, settings: EngineSettings) -> dict[str, Any]:
     # Differs from PostgreSQL in that there is no server and no row locks: every
     # transaction takes the database write lock at BEGIN (see _sqlite_hooks), which
     # serialises claims exactly as a key lock would.
     return {"connect_args": {"timeout": float(settings.get("busy_timeout", 30))}}
 
 
-def create_engine(url: str | URL, **settings: Any) -> Engine:
+def create_engine(url: str | URL, **settings: Unpack[EngineSettings]) -> Engine:
     """An Engine with ductwork's per-backend settings applied.
 
     ``settings`` may carry ``connect_timeout``, ``io_timeout`` (seconds a network
@@ -247,7 +263,7 @@ ASYNC_DRIVERS = {"psycopg": "psycopg_async", "pymysql": "aiomysql", "pysqlite": 
 _ASYNC_MODULES = {"psycopg_async": "psycopg", "aiomysql": "aiomysql", "aiosqlite": "aiosqlite"}
 
 
-def create_async_engine(url: str | URL, **settings: Any) -> AsyncEngine:
+def create_async_engine(url: str | URL, **settings: Unpack[EngineSettings]) -> AsyncEngine:
     """An AsyncEngine on ``url`` through ductwork's async driver (psycopg 3's async
     connections, aiomysql, aiosqlite) with the same per-backend settings as
     :func:`create_engine`: READ COMMITTED, timeouts, SQLite's ``BEGIN IMMEDIATE`` and

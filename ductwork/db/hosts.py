@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from ductwork.db import schema
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
 
 
 PROC = Path("/proc")
@@ -121,7 +121,7 @@ def _all_tasks_dead(pid: int) -> bool:
     return True
 
 
-def other_job_workers(app: App) -> int:
+def other_job_workers(app: Database) -> int:
     """How many job worker processes other than this OS process are alive on the database.
 
     Alive: a ``job_worker`` row whose heartbeat is younger than ``supervisor.reaper_timeout``

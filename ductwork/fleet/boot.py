@@ -35,7 +35,7 @@ from ductwork.pipelines.pipeline import Pipeline, import_pipeline
 
 if TYPE_CHECKING:
     from ductwork.config import Config
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
 
 
 def load_pipelines(config: Config) -> list[type[Pipeline]]:
@@ -80,7 +80,7 @@ def limit_references(pipelines: list[type[Pipeline]]) -> dict[str, set[str]]:
     return dict(refs)
 
 
-def validate(app: App, pipelines: list[type[Pipeline]] | None = None) -> list[str]:
+def validate(app: Database, pipelines: list[type[Pipeline]] | None = None) -> list[str]:
     """Run every boot check; returns warnings, raises the first error."""
     loaded = load_pipelines(app.config) if pipelines is None else pipelines
     # [INV-LIM-7] every referenced key has an entry (fail closed); unreferenced entries warn

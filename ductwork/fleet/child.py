@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any
 from ductwork.fleet import tree
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
     from ductwork.limits.executions import Claimed
 
 STARTUP_S = 60.0
 RUNNING = b"R"
 
 
-def run_in_child(app: App, claimed: Claimed) -> Any:
+def run_in_child(app: Database, claimed: Claimed) -> Any:
     """Run the claimed step in a child process; returns its value or raises.
 
     Raises ``StepTimedOut`` (killed at the deadline), ``ChildStepError`` (the step
@@ -208,14 +208,14 @@ def main() -> None:
     sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
 
     from ductwork.config_file import config_from_mapping
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
     from ductwork.errors import StepReturnError
     from ductwork.fleet.invoke import BuildFailed, StepInvalid, build_step, returned
     from ductwork.limits.executions import ErrorInfo
     from ductwork.pipelines.payloads import dump
     from ductwork.pipelines.pipeline import import_pipeline
 
-    app = App(request["url"], config_from_mapping({"default": {}}))
+    app = Database(request["url"], config_from_mapping({"default": {}}))
     pipe = os.fdopen(out, "wb")
     try:
         # The parent resolved both names among its configured pipelines' classes: import

@@ -69,7 +69,7 @@ from ductwork.pipelines.outcomes import record_crash, record_failure, record_inv
 from ductwork.pipelines.payloads import Output
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
     from ductwork.limits.executions import Claimed
     from ductwork.pipelines.definition import Definition
 
@@ -82,7 +82,7 @@ def awaitable(claimed: Claimed) -> bool:
     return not claimed.timeout_us and invoke.is_async_step(claimed)
 
 
-def await_together(app: App, batch: list[Claimed]) -> list[Any]:
+def await_together(app: Database, batch: list[Claimed]) -> list[Any]:
     """Await the async steps of ``batch`` together on the step loop; returns, in order,
     each one's value or the exception it raised (for :func:`run_step`'s ``awaited``).
     Nothing returns (nor is crashed by the caller) while a step still runs."""
@@ -95,7 +95,7 @@ def await_together(app: App, batch: list[Claimed]) -> list[Any]:
     return STEP_LOOP.result(awaiting)
 
 
-async def _awaited(app: App, claimed: Claimed) -> Any:
+async def _awaited(app: Database, claimed: Claimed) -> Any:
     """On the step loop: check, build and await one async step; its value, or raises
     what :func:`run_body` would (``StepInvalid``, ``BuildFailed``, the step's error)."""
     invoke.check_configured(claimed)
@@ -135,7 +135,7 @@ def _output(claimed: Claimed, definition: Definition, value: Any) -> Output:
         raise invoke.ReturnRejected(ErrorInfo.of(error)) from error
 
 
-def run_body(app: App, claimed: Claimed, definition: Definition) -> Output:
+def run_body(app: Database, claimed: Claimed, definition: Definition) -> Output:
     """Run the step's body in this thread, or in a child process for ``timeout=``; its
     validated output, or raises what the body (or its child, or its return value) did."""
     if claimed.timeout_us:
@@ -148,7 +148,7 @@ def run_body(app: App, claimed: Claimed, definition: Definition) -> Output:
     return _output(claimed, definition, value)
 
 
-def run_step(app: App, claimed: Claimed, definition: Definition, awaited: Any,
+def run_step(app: Database, claimed: Claimed, definition: Definition, awaited: Any,
              paced: Callable[[float, float], None]) -> tuple[Output, float | None]:
     """Run the step (or take ``awaited``: what its coroutine returned or raised on the step
     loop); returns its output and how long its body ran (None: awaited, not timed here),
@@ -164,7 +164,7 @@ def run_step(app: App, claimed: Claimed, definition: Definition, awaited: Any,
     return output, ran_s
 
 
-def record_failed(app: App, claimed: Claimed, error: Exception) -> str:
+def record_failed(app: Database, claimed: Claimed, error: Exception) -> str:
     """The failure rules: record what ``error`` (raised by :func:`run_step`) makes of the
     execution, repeated on a lost connection; returns the outcome's name. Raises
     ``CommitFailed`` when the claim is no longer this execution's [INV-EXE-2]."""

@@ -33,7 +33,7 @@ from ductwork.pipelines.hooks import ClaimedHook, HookClaimLost, claim_hook, rec
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
 
 log = logging.getLogger("ductwork.hooks")
 
@@ -52,7 +52,7 @@ class HookPerformed:
     status: str | None
 
 
-def run_due_hook(app: App, process_id: str, holding: Callable[[str | None], None] | None = None
+def run_due_hook(app: Database, process_id: str, holding: Callable[[str | None], None] | None = None
                  ) -> HookPerformed | None:
     """Claim the oldest due hook, run its handler and record the attempt; None when none is
     due. ``holding(hook_id)`` is told the hook this thread holds (None once recorded), so
@@ -84,7 +84,7 @@ def run_due_hook(app: App, process_id: str, holding: Callable[[str | None], None
                 log.exception("on_halt hook %s: could not crash the abandoned attempt", claimed.hook_id)
 
 
-def _invoke(app: App, claimed: ClaimedHook) -> tuple[str, ErrorInfo | None]:
+def _invoke(app: Database, claimed: ClaimedHook) -> tuple[str, ErrorInfo | None]:
     """Build and run the handler: its outcome and error (None for a success)."""
     try:
         # the idempotency key is the hook's id: the same on every attempt [INV-HLT-1]

@@ -22,7 +22,7 @@ from ductwork.pipelines.registry import in_main_module, resolve_step
 from ductwork.pipelines.step import is_async
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
     from ductwork.limits.executions import Claimed
 
 
@@ -107,7 +107,7 @@ def check_configured(claimed: Claimed) -> None:
             raise _invalid(error, ref) from error
 
 
-def build_step(app: App, klass: str, input_json: str, idempotency_key: str, run_id: str) -> Any:
+def build_step(app: Database, klass: str, input_json: str, idempotency_key: str, run_id: str) -> Any:
     """Construct the user's step with its identity bound: ``idempotency_key`` is what
     ``Step.idempotency_key`` returns (the step's id, or a revived step's carried-over key).
 

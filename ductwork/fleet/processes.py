@@ -30,7 +30,7 @@ from ductwork.db.hosts import machine_identifier, os_start_ticks, pid_namespace
 from ductwork.db.ids import new_id
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
 
 
 def host_name(identifier: str) -> str:
@@ -52,7 +52,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def supervisors_on_this_host(app: App) -> list[sa.Row[Any]]:
+def supervisors_on_this_host(app: Database) -> list[sa.Row[Any]]:
     """Other live supervisors of this database on this host: rows with role
     ``supervisor``, this host's identifier, a heartbeat younger than ``reaper_timeout``
     and a pid that exists (``id``, ``pid``, ``label``, ``machine_identifier``).
@@ -80,7 +80,7 @@ def same_host_warning(row: sa.Row[Any]) -> str:
             "share the work (right for a fleet of hosts, usually a mistake on one host)")
 
 
-def register(app: App, *, role: str, label: str | None = None, pid: int | None = None) -> str:
+def register(app: Database, *, role: str, label: str | None = None, pid: int | None = None) -> str:
     """Create this process's row and return its id, recovering a previous incarnation's claims."""
     from ductwork.fleet.reaper import reap
 
@@ -109,7 +109,7 @@ def register(app: App, *, role: str, label: str | None = None, pid: int | None =
     return process_id
 
 
-def heartbeat(app: App, process_id: str) -> bool:
+def heartbeat(app: Database, process_id: str) -> bool:
     """Stamp the row with database now. False when the row is gone (it was reaped)."""
     with app.begin() as tx:
         result = tx.execute(

@@ -47,8 +47,7 @@ from ductwork.pipelines.hooks import HookEnded, crash_hooks_of, log_ended
 from ductwork.pipelines.outcomes import crash_in
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
 
 log = logging.getLogger("ductwork.reaper")
 
@@ -62,11 +61,11 @@ KILL_CONFIRM_S = 5.0
 _p, _e, _a, _b, _h = schema.processes, schema.executions, schema.advancements, schema.branches, schema.halt_hooks
 
 
-def _stale_before(app: App, tx: Tx, factor: int = 1) -> datetime:
+def _stale_before(app: Database, tx: Tx, factor: int = 1) -> datetime:
     return tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout * factor)
 
 
-def reap_dead(app: App, own_process_id: str | None, *, stale: bool = True) -> list[str]:
+def reap_dead(app: Database, own_process_id: str | None, *, stale: bool = True) -> list[str]:
     """Reap every process that is dead (never our own): its heartbeat is older than
     ``reaper_timeout`` (unless ``stale`` is False), or it is of this machine and its OS
     process is provably gone.
@@ -196,7 +195,7 @@ def find(tx: Tx, claims: Claims) -> Found:
     return Found(claims, [row.id for row in executions], advancements, hooks)
 
 
-def recover(app: App, tx: Tx, found: Found) -> Recovered:
+def recover(app: Database, tx: Tx, found: Found) -> Recovered:
     """Inside ``tx``, which :func:`find` locked for them: crash every execution, release
     every advancement and crash every hook found; the one recovery routine of the reap,
     the orphan sweep and a live process's reconciliation. Each is guarded (still open,
@@ -216,7 +215,7 @@ def recover(app: App, tx: Tx, found: Found) -> Recovered:
     return recovered
 
 
-def reap(app: App, process_id: str, *, force: bool) -> bool:
+def reap(app: Database, process_id: str, *, force: bool) -> bool:
     """Recover a process's claims (:func:`recover`) and delete its row, in one
     transaction. ``force`` skips the staleness test (for callers with proof of death).
     Returns False when there was nothing to reap."""
@@ -239,7 +238,7 @@ def reap(app: App, process_id: str, *, force: bool) -> bool:
     return True
 
 
-def sweep_orphans(app: App) -> int:
+def sweep_orphans(app: Database) -> int:
     """Recover claims whose process row vanished (``process_id`` NULL) three reaper
     timeouts after they were made (:func:`recover`): a claim that raced in as its process
     was reaped, while that process may still run its body until its lease runs out."""
@@ -250,7 +249,7 @@ def sweep_orphans(app: App) -> int:
     return recovered.count
 
 
-def reconcile(app: App, process_id: str, held: set[str], grace_s: float = RECONCILE_GRACE_S) -> int:
+def reconcile(app: Database, process_id: str, held: set[str], grace_s: float = RECONCILE_GRACE_S) -> int:
     """Recover claims recorded under this live process that none of its threads holds
     (:func:`recover`).
 

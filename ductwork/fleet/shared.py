@@ -22,7 +22,7 @@ from ductwork.db.wakeup import Wakeup
 from ductwork.pipelines.branches import Inline, advance_released_steps
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
     from ductwork.limits.executions import Claimed
     from ductwork.pipelines.outcomes import Success
 
@@ -219,7 +219,7 @@ class ReleasedSteps:
     recorded: only what follows them waits) [INV-ADV-1]. Not done: bounding the queue
     (it holds at most what the worker threads released since the last round)."""
 
-    def __init__(self, app: App, wakeup: Wakeup, batch: int = 500):
+    def __init__(self, app: Database, wakeup: Wakeup, batch: int = 500):
         self.app, self.wakeup, self.batch = app, wakeup, batch
         self._lock = threading.Lock()
         self._items: list[Inline] = []

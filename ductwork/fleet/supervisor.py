@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from ductwork.db import schema
-from ductwork.db.database import Database as App
+from ductwork.db.database import Database
 from ductwork.db.hosts import machine_identifier
 from ductwork.db.wakeup import PgListener, Wakeup
 from ductwork.fleet import tree
@@ -128,7 +128,7 @@ class Loop(threading.Thread):
 class Runner:
     """A child process: threads of one role, a heartbeat, and the lease watchdog."""
 
-    def __init__(self, app: App, role: str, threads: int, label: str, *, parent_pid: int | None = None):
+    def __init__(self, app: Database, role: str, threads: int, label: str, *, parent_pid: int | None = None):
         if role not in ("job_worker", "pipeline_advancer"):
             raise ValueError(f"runner role must be job_worker or pipeline_advancer, got {role!r}")
         self.app, self.role, self.threads, self.label = app, role, threads, label
@@ -340,7 +340,7 @@ class Child:
 class Supervisor:
     """Starts, watches and replaces runner processes; reaps the dead. See the module doc."""
 
-    def __init__(self, app: App, child_command: list[str], *, role: str | None = None,
+    def __init__(self, app: Database, child_command: list[str], *, role: str | None = None,
                  label: str = "supervisor"):
         self.app = app
         self.child_command = child_command

@@ -38,7 +38,7 @@ from ductwork.pipelines.outcomes import HandOff, Success, advanced_later, record
 from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
     from ductwork.fleet.shared import Inbox, ReleasedSteps, TokenAlarm
     from ductwork.limits.executions import Claimed
 
@@ -91,7 +91,7 @@ class Worker:
     sized to take ``batch_window``).
     """
 
-    def __init__(self, app: App, *, process_id: str | None = None,
+    def __init__(self, app: Database, *, process_id: str | None = None,
                  hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05,
                  inbox: Inbox | None = None, released: ReleasedSteps | None = None,
                  tokens: TokenAlarm | None = None, lease: Callable[[], bool] | None = None):

@@ -54,8 +54,7 @@ from ductwork.limits.executions import CLAIM_COLUMNS, Claimed, KeyHeader, lock_k
 from ductwork.limits.lanes import UNKEYED, Lane, Position, in_lane, next_lane, precedes, scan_lanes
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
 
 log = logging.getLogger("ductwork.claims")
 _e = schema.executions
@@ -141,7 +140,7 @@ def _decide_statement(_: Any) -> sa.Select[Any]:
             .limit(sa.bindparam("d_limit", type_=sa.Integer)))
 
 
-def claim_unkeyed(app: App, process_id: str, limit: int = 1, before: Lane | None = None) -> list[Claimed]:
+def claim_unkeyed(app: Database, process_id: str, limit: int = 1, before: Lane | None = None) -> list[Claimed]:
     """Claim up to ``limit`` of the oldest eligible unkeyed executions, skipping rows
     other claimers hold, and only those a poll would take before lane ``before``."""
     with app.begin() as tx:
@@ -254,7 +253,7 @@ def _rebase(tx: Tx, key: str, entry: LimitEntry | None, header: KeyHeader,
     return kept
 
 
-def restart_with(app: App) -> list[str]:
+def restart_with(app: Database) -> list[str]:
     """A restart with this process's limits: re-base every key on its config (at boot);
     ``LimitsModel.restart_with``.
 
@@ -276,7 +275,7 @@ def restart_with(app: App) -> list[str]:
     return keys
 
 
-def claim_keyed(app: App, key: str, process_id: str, limit: int = 1) -> list[Claimed] | Refusal:
+def claim_keyed(app: Database, key: str, process_id: str, limit: int = 1) -> list[Claimed] | Refusal:
     """Claim the oldest eligible execution of ``key`` if its limits admit one now, and up
     to ``limit`` in all under the same lock hold, as successive polls would
     (:func:`decide_and_claim`); the first claim first."""
@@ -287,7 +286,7 @@ def claim_keyed(app: App, key: str, process_id: str, limit: int = 1) -> list[Cla
         return decide_and_claim(app, tx, key, header, process_id, limit=limit)
 
 
-def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
+def hand_off(app: Database, tx: Tx, key: str | None, process_id: str, limit: int = 1,
              keyed_limit: int = 1) -> list[Claimed]:
     """In the transaction that just completed an execution of lane ``key`` (None: the
     unkeyed lane): claim the lane's next execution for the same worker, if a poll made
@@ -317,7 +316,7 @@ def hand_off(app: App, tx: Tx, key: str | None, process_id: str, limit: int = 1,
     return outcome if isinstance(outcome, list) else []
 
 
-def decide_and_claim(app: App, tx: Tx, key: str, header: KeyHeader | None, process_id: str,
+def decide_and_claim(app: Database, tx: Tx, key: str, header: KeyHeader | None, process_id: str,
                       *, write_refusal: bool = True, limit: int = 1,
                       lanes: list[Lane] | None = None) -> list[Claimed] | Refusal:
     """The claim a poll makes on ``key`` (whose lock ``tx`` holds: steps 2-6 of the module
@@ -390,7 +389,7 @@ def _as_claimed(tx: Tx, admitted: list[sa.Row[Any]], process_id: str, entry: Lim
     return [_claimed(row, process_id, tx.now, full, next_token) for row in admitted]
 
 
-def _decide_further(app: App, tx: Tx, key: str, rows: Sequence[sa.Row[Any]], admitted: list[sa.Row[Any]],
+def _decide_further(app: Database, tx: Tx, key: str, rows: Sequence[sa.Row[Any]], admitted: list[sa.Row[Any]],
                     decision: buckets.Decision, in_flight: int, lanes: list[Lane] | None) -> buckets.Decision:
     """The further claims of a keyed batch after an admitted first (appended to
     ``admitted``): each the one the next poll would make, decided in memory on the
@@ -424,13 +423,13 @@ def _claim_admitted(tx: Tx, key: str, admitted: list[sa.Row[Any]], process_id: s
     faults.hit(faults.BETWEEN_CLAIM_AND_SPEND)
 
 
-def claim(app: App, process_id: str) -> Claimed | None:
+def claim(app: Database, process_id: str) -> Claimed | None:
     """Claim at most one execution: the oldest that its lane's limits admit now."""
     claimed = claim_batch(app, process_id, 1)
     return claimed[0] if claimed else None
 
 
-def claim_batch(app: App, process_id: str, limit: int, keyed_limit: int = 1,
+def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1,
                 per_key: Mapping[str, int] | None = None) -> list[Claimed]:
     """What successive polls would claim while the first poll's lane stays first:
     ``LimitsModel.claim_batch``, in one transaction.

@@ -24,8 +24,7 @@ from ductwork.db import schema
 from ductwork.limit_entries import LimitEntry, entry_digest
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
 
 _e = schema.executions
 
@@ -74,7 +73,7 @@ def _oldest(column: sa.ColumnElement[Any], lane: sa.ColumnElement[Any] | str,
     return in_lane(sa.select(column), lane, now).limit(1).scalar_subquery()
 
 
-def scan_lanes(app: App, tx: Tx) -> list[Lane]:
+def scan_lanes(app: Database, tx: Tx) -> list[Lane]:
     """Every lane that may admit now, oldest first. A read: the claims re-check under locks.
 
     A key may admit unless its stamp says it is rate-blocked until later [INV-LIM-5] (a
@@ -131,7 +130,7 @@ def precedes(bound: tuple[Any, Any]) -> sa.ColumnElement[bool]:
     return sa.or_(first < at, sa.and_(first == at, second < then))
 
 
-def seconds_to_next_due(app: App) -> float | None:
+def seconds_to_next_due(app: Database) -> float | None:
     """Seconds (database time) until time alone may let a poll claim something, or None:
     how long an idle worker may wait before it polls again. The earliest of
 

@@ -85,8 +85,7 @@ from ductwork.pipelines.steps import (
 )
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
     from ductwork.pipelines.definition import Definition
 
 log = logging.getLogger("ductwork.advance")
@@ -105,7 +104,7 @@ _b, _a = schema.branches, schema.advancements
 class Advancer:
     """Claims and advances branches, a batch per :meth:`run_once`."""
 
-    def __init__(self, app: App, *, process_id: str | None = None, rng: random.Random | None = None):
+    def __init__(self, app: Database, *, process_id: str | None = None, rng: random.Random | None = None):
         self.app = app
         self._process_id = process_id
         self.rng = rng or random.Random()

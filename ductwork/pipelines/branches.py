@@ -43,8 +43,7 @@ from ductwork.pipelines.runs import lock_runs, resolve_runs
 from ductwork.pipelines.steps import ADVANCEABLE, NewStep, StepRow, create_steps_across
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
     from ductwork.pipelines.snapshot import Definition
 
 log = logging.getLogger("ductwork.advance")
@@ -113,13 +112,13 @@ def candidates(tx: Tx, window: int) -> list[str]:
     ).scalars())
 
 
-def claim_branch(app: App, branch_id: str, process_id: str) -> BranchClaim | None:
+def claim_branch(app: Database, branch_id: str, process_id: str) -> BranchClaim | None:
     """Claim one branch; None if another advancer won it or it no longer qualifies."""
     claims = claim_branches(app, [branch_id], process_id)
     return claims[0] if claims else None
 
 
-def claim_branches(app: App, branch_ids: Sequence[str], process_id: str) -> list[BranchClaim]:
+def claim_branches(app: Database, branch_ids: Sequence[str], process_id: str) -> list[BranchClaim]:
     """Claim several branches in one transaction; returns those won, in branch-id order.
 
     Equal to :func:`claim_branch` of each in turn (the model's ``claim_branches``): one
@@ -489,7 +488,7 @@ def value_json_of(output_payload: str | None) -> str | None:
     return json.dumps(stored["payload"]) if "payload" in stored else None
 
 
-def advance_released_steps(app: App, released: Sequence[Inline]) -> set[str]:
+def advance_released_steps(app: Database, released: Sequence[Inline]) -> set[str]:
     """:func:`advance_released` in a transaction of its own, repeated on a lost
     connection; returns the ids of the steps advanced. An error is logged and changes
     nothing: the steps stay ``advancing`` and an advancer is woken for them (they were

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import sqlalchemy as sa
 
@@ -28,9 +28,10 @@ from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.errors import InputError, OverwriteError, UnknownRunError
 from ductwork.pipelines import payloads
+from ductwork.values import Json
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
 
 T = TypeVar("T")
 
@@ -40,19 +41,19 @@ class Context:
 
     OverwriteError = OverwriteError
 
-    def __init__(self, app: App, run_id: str):
+    def __init__(self, app: Database, run_id: str):
         self._app = app
         self.run_id = run_id
 
     @staticmethod
-    def _check_key(key: Any) -> str:
+    def _check_key(key: object) -> str:
         if not isinstance(key, str) or not key:
             raise InputError(f"Context key must be a non-empty str, got {key!r}")
         if len(key) > 255:
             raise InputError(f"Context key is longer than 255 characters: {key[:40]!r}…")
         return key
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> Json:
         """The value set for ``key`` in this run, or None."""
         self._check_key(key)
         with self._app.begin(readonly=True) as tx:
@@ -91,7 +92,7 @@ class Context:
             raise  # pragma: no cover  the run exists: not its foreign key
         return value
 
-    async def aget(self, key: str) -> Any:
+    async def aget(self, key: str) -> Json:
         """:meth:`get`, awaited: run in a thread (``asyncio.to_thread``), so the loop runs on."""
         return await asyncio.to_thread(self.get, key)
 

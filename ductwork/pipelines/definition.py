@@ -48,6 +48,7 @@ from ductwork.pipelines.snapshot import Definition as Definition  # re-exported:
 from ductwork.pipelines.snapshot import EdgeSpec, NodeSpec, copy_targets
 from ductwork.pipelines.snapshot import render_divert_key as render_divert_key  # re-exported: see below
 from ductwork.pipelines.step import Step, check_execute
+from ductwork.values import Json
 
 # Definition and render_divert_key moved to ductwork.pipelines.snapshot; pipelines/advance.py,
 # pipelines/runs.py and fleet/worker.py still import them from here (re-exported until they
@@ -96,7 +97,7 @@ class _Graph:
     def error(self, transition: str, reason: str, kind: type[DefinitionError] = DefinitionError) -> DefinitionError:
         return kind(self.name, transition, reason)
 
-    def options(self, transition: str, delay: Any, timeout: Any, limit_by: Any) -> dict[str, Any]:
+    def options(self, transition: str, delay: object, timeout: object, limit_by: object) -> dict[str, Any]:
         """Validate ``delay=``/``timeout=``/``limit_by=`` into NodeSpec fields."""
         parsed: dict[str, Any] = {"delay_us": None, "timeout_us": None, "limit_by": None}
         for key, value in (("delay", delay), ("timeout", timeout)):
@@ -208,8 +209,8 @@ class PipelineBuilder:
 
     # ----------------------------------------------------------------- transitions
 
-    def start(self, klass: type[Step], *, delay: Any = None, timeout: Any = None,
-              limit_by: Any = None) -> PipelineBuilder:
+    def start(self, klass: type[Step], *, delay: object = None, timeout: object = None,
+              limit_by: object = None) -> PipelineBuilder:
         """Add the first node; exactly once per definition."""
         graph = self._graph
         self._check_usable("start")
@@ -220,23 +221,23 @@ class PipelineBuilder:
         self._tips = [node]
         return self
 
-    def chain(self, *, to: type[Step], delay: Any = None, timeout: Any = None,
-              limit_by: Any = None) -> PipelineBuilder:
+    def chain(self, *, to: type[Step], delay: object = None, timeout: object = None,
+              limit_by: object = None) -> PipelineBuilder:
         """Run ``to`` with the last step's output."""
         return self._extend("chain", to, delay, timeout, limit_by)
 
-    def expand(self, *, to: type[Step], delay: Any = None, timeout: Any = None,
-               limit_by: Any = None) -> PipelineBuilder:
+    def expand(self, *, to: type[Step], delay: object = None, timeout: object = None,
+               limit_by: object = None) -> PipelineBuilder:
         """Run one ``to`` step per item of the last step's output (a list); close with collapse."""
         return self._extend("expand", to, delay, timeout, limit_by)
 
-    def dampen(self, *, before: type[Step], delay: Any = None, timeout: Any = None,
-               limit_by: Any = None) -> PipelineBuilder:
+    def dampen(self, *, before: type[Step], delay: object = None, timeout: object = None,
+               limit_by: object = None) -> PipelineBuilder:
         """Pause the branch until ``run.resume(input=...)``, then run ``before``."""
         return self._extend("dampen", before, delay, timeout, limit_by)
 
-    def divide(self, *, to: list[type[Step]], delay: Any = None, timeout: Any = None,
-               limit_by: Any = None) -> PipelineBuilder:
+    def divide(self, *, to: list[type[Step]], delay: object = None, timeout: object = None,
+               limit_by: object = None) -> PipelineBuilder:
         """Run each class of ``to`` on its own branch with the last output; close with combine."""
         self._begin("divide")
         if not isinstance(to, (list, tuple)) or not to:
@@ -244,8 +245,8 @@ class PipelineBuilder:
                 "divide", f"to must be a non-empty list of step classes, got {to!r}")
         return self._fan_out("divide", list(to), None, delay, timeout, limit_by)
 
-    def divert(self, *, to: Mapping[Any, type[Step]], delay: Any = None, timeout: Any = None,
-               limit_by: Any = None) -> PipelineBuilder:
+    def divert(self, *, to: Mapping[Json, type[Step]], delay: object = None, timeout: object = None,
+               limit_by: object = None) -> PipelineBuilder:
         """Run the class whose key renders like the last output (semantics §3.4), else otherwise."""
         self._begin("divert")
         graph = self._graph
@@ -264,18 +265,18 @@ class PipelineBuilder:
             keys[text] = key
         return self._fan_out("divert", list(to.values()), list(keys), delay, timeout, limit_by)
 
-    def combine(self, *others: PipelineBuilder, into: type[Step], delay: Any = None,
-                timeout: Any = None, limit_by: Any = None) -> PipelineBuilder:
+    def combine(self, *others: PipelineBuilder, into: type[Step], delay: object = None,
+                timeout: object = None, limit_by: object = None) -> PipelineBuilder:
         """Close the innermost divide: run ``into`` once with every branch's output."""
         return self._fan_in("combine", others, into, delay, timeout, limit_by)
 
-    def collapse(self, *, into: type[Step], delay: Any = None, timeout: Any = None,
-                 limit_by: Any = None) -> PipelineBuilder:
+    def collapse(self, *, into: type[Step], delay: object = None, timeout: object = None,
+                 limit_by: object = None) -> PipelineBuilder:
         """Close the innermost expand: run ``into`` once with every item step's output."""
         return self._fan_in("collapse", (), into, delay, timeout, limit_by)
 
-    def converge(self, *others: PipelineBuilder, into: type[Step], delay: Any = None,
-                 timeout: Any = None, limit_by: Any = None) -> PipelineBuilder:
+    def converge(self, *others: PipelineBuilder, into: type[Step], delay: object = None,
+                 timeout: object = None, limit_by: object = None) -> PipelineBuilder:
         """Close the innermost divert: whichever target ran, continue with ``into``."""
         return self._fan_in("converge", others, into, delay, timeout, limit_by)
 
@@ -347,8 +348,8 @@ class PipelineBuilder:
                 action, f"branch {self._index} of the {fork} has an open {self._stack[-1]}; "
                         f"close it on that branch first", _ERRORS.get(action, DefinitionError))
 
-    def _extend(self, kind: str, klass: Any, delay: Any, timeout: Any,
-                limit_by: Any) -> PipelineBuilder:
+    def _extend(self, kind: str, klass: Any, delay: object, timeout: object,
+                limit_by: object) -> PipelineBuilder:
         self._begin(kind)
         graph = self._graph
         [node] = graph.add_nodes(kind, [klass], graph.options(kind, delay, timeout, limit_by))
@@ -359,7 +360,7 @@ class PipelineBuilder:
         return self
 
     def _fan_out(self, kind: str, classes: list[Any], keys: list[str] | None,
-                 delay: Any, timeout: Any, limit_by: Any) -> PipelineBuilder:
+                 delay: object, timeout: object, limit_by: object) -> PipelineBuilder:
         graph = self._graph
         nodes = graph.add_nodes(kind, classes, graph.options(kind, delay, timeout, limit_by))
         graph.connect(self._tips, kind, nodes if keys is None else dict(zip(keys, nodes, strict=True)))
@@ -369,7 +370,7 @@ class PipelineBuilder:
         return self
 
     def _fan_in(self, kind: str, others: tuple[PipelineBuilder, ...], klass: Any,
-                delay: Any, timeout: Any, limit_by: Any) -> PipelineBuilder:
+                delay: object, timeout: object, limit_by: object) -> PipelineBuilder:
         graph, error, closes = self._graph, _ERRORS[kind], _CLOSES[kind]
         if others or (kind != "collapse" and self._parent is not None and not self._stack):
             owner = self._join_branches(kind, others)  # a branch with nothing open joins its fork

@@ -33,12 +33,12 @@ import sqlalchemy as sa
 from ductwork.db import schema
 from ductwork.durations import parse_period
 from ductwork.errors import DurationError, RunFilterError, UnknownRunError
+from ductwork.values import Json
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
     from ductwork.limit_entries import LimitEntry
 
 #: the statuses ``list_runs(status=…)`` and ``ductwork runs --status`` accept
@@ -360,7 +360,7 @@ def of_pipeline(pipeline: str) -> sa.ColumnElement[bool]:
     return klass == pipeline if ":" in pipeline else klass.endswith(f":{pipeline}", autoescape=True)
 
 
-def list_runs(app: App, *, status: str | None = None, pipeline: str | None = None,
+def list_runs(app: Database, *, status: str | None = None, pipeline: str | None = None,
               since: str | datetime | None = None, limit: int = DEFAULT_LIMIT,
               before: tuple[datetime, str] | None = None) -> list[RunRecord]:
     """Runs, newest trigger first: at most ``limit`` (1..MAX_LIMIT) of them, of ``status``
@@ -398,7 +398,7 @@ def list_runs(app: App, *, status: str | None = None, pipeline: str | None = Non
 # --------------------------------------------------------------------------- one run
 
 
-def run_history(app: App, run_id: str, *, backtraces: bool = False) -> RunHistory:
+def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunHistory:
     """The run's branches, steps, executions, errors, timings, limit keys and waits, in one
     read-only transaction. ``backtraces``: include each error's traceback (else None)."""
     with app.begin(readonly=True) as tx:
@@ -576,13 +576,13 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def run_json(record: RunRecord) -> dict[str, Any]:
+def run_json(record: RunRecord) -> dict[str, Json]:
     """``ductwork runs --json``'s object for one run: the RunRecord's fields plus
     ``finished_at``; times are ISO 8601 UTC with microseconds and a ``Z``."""
     return _json_value({**asdict(record), "finished_at": record.finished_at})  # type: ignore[no-any-return]
 
 
-def history_json(history: RunHistory) -> dict[str, Any]:
+def history_json(history: RunHistory) -> dict[str, Json]:
     """``ductwork show --json``'s document: ``{"format": 1, "now", "run", "branches",
     "steps", "context_keys", "hook"}``, each record's fields by name (docs/operating.md)."""
     document = {"format": JSON_FORMAT, "now": history.now, "run": run_json(history.run),

@@ -38,7 +38,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
@@ -49,10 +49,10 @@ from ductwork.errors import DuctworkError
 from ductwork.limits.executions import MESSAGE_LIMIT, ErrorInfo
 from ductwork.pipelines.rules import decide_hook
 from ductwork.pipelines.steps import latest_step
+from ductwork.values import Json
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
 
 log = logging.getLogger("ductwork.hooks")
 
@@ -83,7 +83,7 @@ class ClaimedHook:
     retry_count: int
     crash_count: int
     #: the handler's one argument: ``run_id``, ``pipeline``, ``halt_reasons``, ``errors``
-    halt: dict[str, Any]
+    halt: dict[str, Json]
 
 
 # --------------------------------------------------------------------------- owing
@@ -115,7 +115,7 @@ def owe_hooks(tx: Tx, run_ids: list[str]) -> int:
 # --------------------------------------------------------------------------- claiming
 
 
-def claim_hook(app: App, process_id: str) -> ClaimedHook | None:
+def claim_hook(app: Database, process_id: str) -> ClaimedHook | None:
     """Claim the oldest due hook for ``process_id``; None when none is due (or another
     worker claimed it first). The claim is a conditional UPDATE from ``pending``, checked
     by rowcount, that sets a fresh ``claim_token``: the fence of this attempt's record."""
@@ -140,7 +140,7 @@ def claim_hook(app: App, process_id: str) -> ClaimedHook | None:
                        row.retry_count, row.crash_count, halt)
 
 
-def halt_of(tx: Tx, run_id: str, pipeline: str) -> dict[str, Any]:
+def halt_of(tx: Tx, run_id: str, pipeline: str) -> dict[str, Json]:
     """What the handler is told: the run, its pipeline, each halted branch's reason and
     node, and the error each halted branch's last step (or advancement) ended with."""
     e, j, a = schema.executions, schema.jobs, schema.advancements
@@ -183,7 +183,7 @@ class HookEnded:
     error: ErrorInfo
 
 
-def _record_in(app: App, tx: Tx, hook_id: str, token: str, pipeline: str, klass: str, retry_count: int,
+def _record_in(app: Database, tx: Tx, hook_id: str, token: str, pipeline: str, klass: str, retry_count: int,
                crash_count: int, outcome: str, error: ErrorInfo | None) -> tuple[str | None, HookEnded | None]:
     """The fenced record: the hook's status after it (None: the claim was not the hook's,
     nothing written), and what to log once committed (None for a success)."""
@@ -210,7 +210,7 @@ def _record_in(app: App, tx: Tx, hook_id: str, token: str, pipeline: str, klass:
         max_crash if outcome == "process_crashed" else max_retry, error or ErrorInfo("ductwork.Unknown", "", None))
 
 
-def record_hook(app: App, claimed: ClaimedHook, outcome: str, error: ErrorInfo | None = None) -> str:
+def record_hook(app: Database, claimed: ClaimedHook, outcome: str, error: ErrorInfo | None = None) -> str:
     """Record how the claimed attempt ended (``success``, ``failure``, ``invalid``,
     ``process_crashed``), fenced by the claim's token; returns the hook's status after it.
     Raises :class:`HookClaimLost` when the claim is no longer the hook's (nothing is
@@ -226,7 +226,7 @@ def record_hook(app: App, claimed: ClaimedHook, outcome: str, error: ErrorInfo |
     return status
 
 
-def crash_hooks_of(app: App, tx: Tx, hook_ids: list[str]) -> list[HookEnded]:
+def crash_hooks_of(app: Database, tx: Tx, hook_ids: list[str]) -> list[HookEnded]:
     """Inside a recovery's transaction (``fleet.reaper.recover``): crash each of these
     hooks that is still running, fenced by the token it holds; returns what to log once
     committed [INV-HLT-2]."""

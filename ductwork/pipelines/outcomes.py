@@ -68,8 +68,7 @@ from ductwork.pipelines.rules import simple_move
 from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
 
 log = logging.getLogger("ductwork.executions")
 
@@ -107,12 +106,12 @@ class _Taken(Exception):
     """A group's guard matched fewer executions than it holds: one was taken."""
 
 
-def record_success(app: App, claimed: Claimed, output: Output, hand_off: HandOff | None = None) -> list[Claimed]:
+def record_success(app: Database, claimed: Claimed, output: Output, hand_off: HandOff | None = None) -> list[Claimed]:
     """:func:`record_successes` of one success."""
     return record_successes(app, [Success(claimed, output)], hand_off)
 
 
-def record_successes(app: App, successes: list[Success], hand_off: HandOff | None = None) -> list[Claimed]:
+def record_successes(app: Database, successes: list[Success], hand_off: HandOff | None = None) -> list[Claimed]:
     """Record successes of one owner: each job's output and expand items, each step advanced
     past inline (a simple transition on a free branch) or left ``advancing``, then the
     guarded release of every execution (the key's lock first for a keyed group), then the
@@ -154,14 +153,14 @@ def record_successes(app: App, successes: list[Success], hand_off: HandOff | Non
     return handed
 
 
-def _commit_one(app: App, success: Success, hand_off: HandOff | None) -> list[Claimed]:
+def _commit_one(app: Database, success: Success, hand_off: HandOff | None) -> list[Claimed]:
     try:
         return _commit(app, [success], hand_off)
     except _Taken:
         raise CommitFailed(success.claimed.execution_id, success.claimed.process_id) from None
 
 
-def _commit(app: App, successes: list[Success], hand_off: HandOff | None) -> list[Claimed]:
+def _commit(app: Database, successes: list[Success], hand_off: HandOff | None) -> list[Claimed]:
     """One group's transaction: what follows the steps, the guarded release, the hand-off."""
     first = successes[0].claimed
     key, owner = first.limit_key, first.process_id
@@ -187,7 +186,7 @@ def _commit(app: App, successes: list[Success], hand_off: HandOff | None) -> lis
     return handed
 
 
-def _follow_up(app: App, tx: Tx, successes: list[Success], *, inline: bool) -> None:
+def _follow_up(app: Database, tx: Tx, successes: list[Success], *, inline: bool) -> None:
     """What follows a group's successes: the jobs' outputs and expand items, and each step
     advanced past inline (``inline``, ``pipeline_advancer.inline_linear``, a simple
     transition on a free branch) or left ``advancing``. Without ``inline`` (a keyed release
@@ -199,9 +198,9 @@ def _follow_up(app: App, tx: Tx, successes: list[Success], *, inline: bool) -> N
     for success in successes:
         _write_expand_items(tx, success)
         success.released = not inline
-    moving = [_inline(app, s) for s in successes] if inline and app.config.pipeline_advancer.inline_linear else []
+    moving = _inline_moves(app, successes) if inline else []
     try:
-        advanced = advance_on_successes(tx, [i for i in moving if i is not None])
+        advanced = advance_on_successes(tx, moving)
     except StepMovedOn:
         raise _Taken() from None
     rest = [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced]
@@ -219,7 +218,15 @@ def _leave_advancing(tx: Tx, step_ids: list[str], *, wake: bool) -> None:
         tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
 
 
-def _inline(app: App, success: Success) -> Inline | None:
+def _inline_moves(app: Database, successes: list[Success]) -> list[Inline]:
+    """The inline advancements of ``successes`` whose value is a value, when
+    ``pipeline_advancer.inline_linear`` is on; none when it is off."""
+    if not app.config.pipeline_advancer.inline_linear:
+        return []
+    return [i for i in [_inline(app, s) for s in successes] if i is not None]
+
+
+def _inline(app: Database, success: Success) -> Inline | None:
     """The inline advancement of a success whose value is a value (not an expand's items)."""
     value = success.output.value_json
     if value is None:
@@ -227,7 +234,7 @@ def _inline(app: App, success: Success) -> Inline | None:
     return Inline(success.claimed, cached_definition(app, success.claimed.definition_sha1), value)
 
 
-def released_later(app: App, success: Success) -> bool:
+def released_later(app: Database, success: Success) -> bool:
     """Whether a keyed success released first is advanced by its worker after the release
     commits: its edge is a simple transition for its value (``rules.simple_move``)."""
     inline = _inline(app, success) if success.claimed.limit_key is not None else None
@@ -235,7 +242,7 @@ def released_later(app: App, success: Success) -> bool:
             and simple_move(inline.definition, inline.claimed.node, inline.value_json) is not None)
 
 
-def advanced_later(app: App, successes: Sequence[Success]) -> list[Inline]:
+def advanced_later(app: Database, successes: Sequence[Success]) -> list[Inline]:
     """The steps of recorded successes that were released first and that their worker
     advances after the commit (``advance.advance_released``): :func:`released_later` ones."""
     return [inline for s in successes
@@ -298,7 +305,7 @@ def _log_successes(successes: list[Success]) -> None:
                              "execution_id": c.execution_id, "outcome": "success"})
 
 
-def record_failure(app: App, claimed: Claimed, error: BaseException | ErrorInfo, *,
+def record_failure(app: Database, claimed: Claimed, error: BaseException | ErrorInfo, *,
                    outcome: str = "failure") -> bool:
     """Record a failure or timeout and enqueue a retry or fail the step. Raises CommitFailed.
 
@@ -331,7 +338,7 @@ def _traceback(info: ErrorInfo) -> str | None:
     return f"Traceback (most recent call last):\n{info.backtrace}{info.klass}: {info.message}"
 
 
-def record_invalid(app: App, claimed: Claimed, error: BaseException | ErrorInfo) -> None:
+def record_invalid(app: Database, claimed: Claimed, error: BaseException | ErrorInfo) -> None:
     """Record an execution that can never succeed (outcome ``invalid``) and fail its step.
 
     For a step that cannot run as stored (its class does not resolve, or its input
@@ -354,7 +361,7 @@ def record_invalid(app: App, claimed: Claimed, error: BaseException | ErrorInfo)
         None, info.text or _traceback(info)))
 
 
-def record_crash(app: App, execution_id: str, owner: str | None, error_klass: str, message: str,
+def record_crash(app: Database, execution_id: str, owner: str | None, error_klass: str, message: str,
                  backtrace: str | None = None, traceback_text: str | None = None) -> bool:
     """Crash an execution held by ``owner`` (None: an orphan) and enqueue its re-run;
     logged (WARNING, ``traceback_text`` or ``backtrace`` under it) once committed.
@@ -369,7 +376,7 @@ def record_crash(app: App, execution_id: str, owner: str | None, error_klass: st
     return crashed is not None
 
 
-def crash_in(app: App, tx: Tx, execution_id: str, owner: str | None, error_klass: str, message: str,
+def crash_in(app: Database, tx: Tx, execution_id: str, owner: str | None, error_klass: str, message: str,
              backtrace: str | None = None, traceback_text: str | None = None) -> logs.StepEnded | None:
     """:func:`record_crash` inside the caller's transaction (a recovery's). Returns what
     to log once the transaction commits (:func:`ductwork.logs.step_ended`), or None

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from ductwork.errors import NotJSONError, PayloadTooLargeError
 
@@ -37,7 +36,7 @@ MAX_PAYLOAD_BYTES = 8_000_000
 STATEMENT_BYTES_NEEDED = 16 * 1024 * 1024
 
 
-def dump(value: Any, what: str) -> str:
+def dump(value: object, what: str) -> str:
     """``value``'s JSON text; raises :class:`NotJSONError` or :class:`PayloadTooLargeError`
     naming ``what`` ("Orders.trigger arguments", "shop:Fetch returned list")."""
     try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, Unpack, cast
 
 from ductwork.db.database import current_default_app, default_app
 from ductwork.db.hosts import other_job_workers
@@ -28,12 +28,28 @@ from ductwork.pipelines.definition import PipelineBuilder, build_definition
 from ductwork.pipelines.registry import _REGISTRY, _import, _resolve, referenced_class, register_class
 from ductwork.pipelines.snapshot import Definition, main_module_refs
 from ductwork.pipelines.trigger import check_key, check_window
+from ductwork.values import Json
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
     from ductwork.pipelines.runs import Run
+
+
+class TriggerOptions(TypedDict, total=False):
+    """:meth:`Pipeline.trigger`'s keyword arguments that :meth:`Pipeline.atrigger` passes on."""
+
+    key: str | None
+    key_window: object
+
+
+class AsyncTriggerOptions(TriggerOptions, total=False):
+    """:meth:`Pipeline.atrigger`'s keyword arguments after ``app``: :meth:`Pipeline.trigger`'s,
+    with the caller's ``AsyncConnection`` in place of a ``Connection``."""
+
+    connection: AsyncConnection | None
 
 
 class Pipeline:
@@ -65,8 +81,8 @@ class Pipeline:
         raise NotImplementedError(f"{cls.__name__} must override the classmethod define")
 
     @classmethod
-    def trigger(cls, *args: Any, app: App | None = None, key: str | None = None,
-                key_window: Any = None, connection: Connection | None = None) -> Run:
+    def trigger(cls, *args: Json, app: Database | None = None, key: str | None = None,
+                key_window: object = None, connection: Connection | None = None) -> Run:
         """Start a run with ``args`` as the first step's input; returns the run handle.
 
             run = Orders.trigger(order_id, key=f"order-{order_id}")   # twice: the same run
@@ -125,7 +141,7 @@ class Pipeline:
 
 
     @classmethod
-    async def atrigger(cls, *args: Any, app: App | None = None, **options: Any) -> Run:
+    async def atrigger(cls, *args: Json, app: Database | None = None, **options: Unpack[AsyncTriggerOptions]) -> Run:
         """:meth:`trigger`, awaited: the same checks and the same one transaction, run in a
         thread (``asyncio.to_thread``) so the event loop runs on; returns the run handle
         (whose :meth:`~ductwork.pipelines.runs.Run.arefresh` and
@@ -148,6 +164,7 @@ class Pipeline:
         if target is not None:
             target.require_async(f"{cls.__qualname__}.atrigger")
         connection = options.pop("connection", None)
+        passed_on = cast(TriggerOptions, options)  # (without its connection now)
         if connection is not None:
             run_sync = getattr(connection, "run_sync", None)
             if run_sync is None:
@@ -155,9 +172,9 @@ class Pipeline:
                     cls.__qualname__,
                     f"atrigger takes an AsyncConnection (async with engine.begin() as conn), not "
                     f"{type(connection).__name__}; a synchronous Connection goes to trigger()")
-            run: Run = await run_sync(lambda sync: cls.trigger(*args, app=app, connection=sync, **options))
+            run: Run = await run_sync(lambda sync: cls.trigger(*args, app=app, connection=sync, **passed_on))
             return run
-        return await asyncio.to_thread(functools.partial(cls.trigger, *args, app=app, **options))
+        return await asyncio.to_thread(functools.partial(cls.trigger, *args, app=app, **passed_on))
 
 
 # The lookups of a stored or configured pipeline name live here, next to the class

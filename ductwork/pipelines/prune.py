@@ -44,8 +44,7 @@ from ductwork.pipelines.history import of_pipeline
 from ductwork.pipelines.rules import PRUNABLE, may_prune
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
 
 log = logging.getLogger("ductwork.prune")
 
@@ -177,7 +176,7 @@ def _count(tx: Tx, run_ids: list[str]) -> dict[str, int]:
                                      .where(_rows_of(t, batch))).scalar_one() for t in RUN_TABLES}
 
 
-def prune(app: App, finished_before: timedelta, *, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False,
+def prune(app: Database, finished_before: timedelta, *, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False,
           pipeline: str | None = None, on_start: Callable[[datetime], None] | None = None,
           on_batch: Callable[[int, dict[str, int]], None] | None = None) -> PruneResult:
     """Delete completed and halted runs that finished more than ``finished_before`` ago
@@ -217,7 +216,7 @@ def _check_arguments(batch_size: int, finished_before: timedelta) -> None:
         raise RunFilterError("--finished-before", finished_before, "must not be negative")
 
 
-def _dry_run(app: App, finished_before: timedelta, batch_size: int, pipeline: str | None) -> PruneResult:
+def _dry_run(app: Database, finished_before: timedelta, batch_size: int, pipeline: str | None) -> PruneResult:
     """What a prune would delete now, counted in one read-only transaction."""
     with app.begin(readonly=True) as tx:
         cutoff = tx.now - finished_before  # [INV-CLK-1] the database's now
@@ -230,7 +229,7 @@ def _dry_run(app: App, finished_before: timedelta, batch_size: int, pipeline: st
     return result
 
 
-def _next_batch(app: App, cutoff: datetime, batch_size: int, pipeline: str | None) -> tuple[bool, dict[str, int]]:
+def _next_batch(app: Database, cutoff: datetime, batch_size: int, pipeline: str | None) -> tuple[bool, dict[str, int]]:
     """One batch's transaction: whether candidates were found, and the rows deleted."""
     with app.begin() as tx:
         found = candidates(tx, cutoff, batch_size, pipeline)

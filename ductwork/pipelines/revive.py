@@ -53,8 +53,7 @@ from ductwork.limits.executions import Pending, enqueue
 from ductwork.pipelines.snapshot import Definition
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
 
 log = logging.getLogger("ductwork.revive")
 
@@ -68,7 +67,7 @@ def existing_revival(tx: Tx, run_id: str) -> str | None:
     return found
 
 
-def revive_run(app: App, run_id: str, duplicate_context: bool = False) -> str:
+def revive_run(app: Database, run_id: str, duplicate_context: bool = False) -> str:
     """Revive the halted run ``run_id`` in one transaction; returns the new run's id, or
     the id of the run that already revived it [INV-REV-1]. ReviveError when the run is
     not halted or does not exist; nothing is written then."""
@@ -90,7 +89,7 @@ def revive_run(app: App, run_id: str, duplicate_context: bool = False) -> str:
         return found
 
 
-def _revive(app: App, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str, int | None]:
+def _revive(app: Database, tx: Tx, run_id: str, duplicate_context: bool) -> tuple[str, int | None]:
     """The revive in ``tx``: the new run's id and how many halted branches it resumed
     (None: the run was revived already, nothing written)."""
     run = tx.execute(dialects.for_update_run(

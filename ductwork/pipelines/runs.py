@@ -39,10 +39,10 @@ from ductwork.pipelines.hooks import owe_hooks
 from ductwork.pipelines.rules import resolve_run_status
 from ductwork.pipelines.steps import NewStep, create_steps, latest_step, step_output_json
 from ductwork.pipelines.trigger import Triggered, trigger, trigger_in
+from ductwork.values import Json
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
     from ductwork.pipelines.history import RunHistory
 
 TERMINAL = ("completed", "halted")
@@ -50,8 +50,8 @@ SETTLED = ("completed", "halted", "dampened")
 _UNSET: Any = object()  # resume() without input
 
 
-def trigger_run(app: App | None, pipeline: type, args: list[Any], key: str | None = None,
-                connection: Connection | None = None, key_window: Any = None) -> Run:
+def trigger_run(app: Database | None, pipeline: type, args: list[Json], key: str | None = None,
+                connection: Connection | None = None, key_window: object = None) -> Run:
     """Start a run of ``pipeline`` (a Pipeline subclass) with ``args`` as the start step's
     positional arguments, or return the run that holds ``key`` [INV-TRG-1]
     (``ductwork.pipelines.trigger``).
@@ -76,8 +76,8 @@ def trigger_run(app: App | None, pipeline: type, args: list[Any], key: str | Non
     return Run(app, triggered.run_id)
 
 
-def cached_definition(app: App, sha1: str, text: str | None = None, *, tx: Tx | None = None) -> Definition:
-    """The parsed definition snapshot with this digest (cached per App).
+def cached_definition(app: Database, sha1: str, text: str | None = None, *, tx: Tx | None = None) -> Definition:
+    """The parsed definition snapshot with this digest (cached per Database).
 
     Read, when not cached and ``text`` is not given, through ``tx`` if given, else in
     a read-only transaction of its own. A caller inside a transaction passes it: a
@@ -217,9 +217,9 @@ class StepInfo:
     #: the transition that created the step (``start``, ``chain``, ``expand``, ...)
     to_transition: str
     #: the positional arguments the step's ``__init__`` got
-    input: list[Any]
+    input: list[Json]
     #: what ``execute`` returned; None before a success
-    output: Any
+    output: Json
     #: the error of the step's latest finished execution; None when that one succeeded or
     #: none has finished (a step retried after a failure shows the failure while it waits)
     error: StepError | None
@@ -239,7 +239,7 @@ class StepInfo:
 class Run:
     """A handle on one run. Attributes reflect the last :meth:`refresh`."""
 
-    app: App
+    app: Database
     id: str
     status: RunStatus
     #: the pipeline class, ``module:QualName``
@@ -249,7 +249,7 @@ class Run:
     #: while no branch has halted
     halt_reasons: list[str]
 
-    def __init__(self, app: App, run_id: str | None = None, *, _read: bool = True):
+    def __init__(self, app: Database, run_id: str | None = None, *, _read: bool = True):
         if isinstance(app, str) or run_id is None:
             # Run("…") reads as "the run with this id"; Python's own message ("missing
             # 'run_id'") would not say that the App comes first
@@ -262,7 +262,7 @@ class Run:
             self.refresh()
 
     @classmethod
-    def read_through(cls, app: App, conn: Connection, run_id: str) -> Run:
+    def read_through(cls, app: Database, conn: Connection, run_id: str) -> Run:
         """A handle on ``run_id`` read through ``conn`` (the caller's open transaction, in
         which the run may not be committed yet); :meth:`refresh` later reads through the app."""
         run = cls(app, run_id, _read=False)
@@ -369,7 +369,7 @@ class Run:
     def definition(self) -> Definition:
         """The definition snapshot this run follows: frozen when it was triggered (a revived
         run shares its halted run's), whatever ``define`` says now. One read-only
-        transaction (the parse is cached per App); UnknownRunError once the run was pruned."""
+        transaction (the parse is cached per Database); UnknownRunError once the run was pruned."""
         r = schema.runs
         with self.app.begin(readonly=True) as tx:
             sha1 = tx.execute(sa.select(r.c.definition_sha1).where(r.c.id == self.id)).scalar_one_or_none()
@@ -377,7 +377,7 @@ class Run:
                 raise UnknownRunError(self.id)
             return cached_definition(self.app, sha1, tx=tx)
 
-    def resume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
+    def resume(self, input: Json = _UNSET) -> Run:  # noqa: A002 - public API name
         """Continue a dampened run: every dampened branch gets its next step.
 
         The next step's input is ``input`` if given (it replaces the previous step's
@@ -420,7 +420,7 @@ class Run:
             tx.execute(r.update().where(r.c.id == self.id).values(status="in_progress", updated_at=tx.now))
         return self.refresh()
 
-    async def aresume(self, input: Any = _UNSET) -> Run:  # noqa: A002 - public API name
+    async def aresume(self, input: Json = _UNSET) -> Run:  # noqa: A002 - public API name
         """:meth:`resume`, awaited: the same one transaction, run in a thread
         (``asyncio.to_thread``) so the event loop runs on, as ``Pipeline.atrigger`` does;
         returns self. The same exactly-once: a second resume raises

@@ -21,6 +21,7 @@ from typing import Any
 
 from ductwork.errors import DefinitionError
 from ductwork.pipelines.registry import in_main_module
+from ductwork.values import Json
 
 FORMAT = 1
 EDGE_TYPES = ("chain", "expand", "divide", "combine", "collapse", "divert", "converge", "dampen")
@@ -29,7 +30,7 @@ EDGE_TYPES = ("chain", "expand", "divide", "combine", "collapse", "divert", "con
 # --------------------------------------------------------------------------- divert keys
 
 
-def render_divert_key(value: Any) -> str | None:
+def render_divert_key(value: object) -> str | None:
     """Render a divert key or a step output the way Ruby's ``to_s`` does (semantics §3.4).
 
         >>> [render_divert_key(v) for v in ("a", True, None, 1, 1.0, [1])]
@@ -63,7 +64,7 @@ class NodeSpec:
     #: a non-blank limit key, or None for the unkeyed lane; values come from config at claim time
     limit_by: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Json]:
         return {
             "klass": self.klass,
             "delay_us": self.delay_us,
@@ -93,8 +94,8 @@ class EdgeSpec:
         assert isinstance(self.to, dict), self
         return (self.to.get(key) if key is not None else None) or self.to.get("otherwise")
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type, "to": copy_targets(self.to)}
+    def to_json(self) -> dict[str, Json]:
+        out: dict[str, Json] = {"type": self.type, "to": copy_targets(self.to)}
         if self.barrier is not None:
             out["barrier"] = list(self.barrier)
         return out
@@ -127,12 +128,12 @@ class Definition:
     #: ``"module:qualname"`` of the ``on_halt`` handler (a Step subclass); None: no hook
     on_halt: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Json]:
         """The format-1 snapshot: plain dicts, lists, strs, ints and None; deterministic order.
 
         ``on_halt`` is written only when a handler is declared, so a definition without
         one has the snapshot (and the digest) it had before hooks existed."""
-        out: dict[str, Any] = {
+        out: dict[str, Json] = {
             "format": FORMAT,
             "pipeline": self.pipeline,
             "start": self.start,
@@ -144,7 +145,7 @@ class Definition:
         return out
 
     @classmethod
-    def from_json(cls, data: Any) -> Definition:
+    def from_json(cls, data: object) -> Definition:
         """Read a snapshot back; ``DefinitionError(pipeline, "snapshot", …)`` on any bad shape."""
         return _SnapshotReader(data).read()
 

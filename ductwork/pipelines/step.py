@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ductwork.pipelines.context import Context
 
 from ductwork.errors import AsyncStepError, DefinitionError
+from ductwork.values import Json
 
 _UNBOUND = "is only available while ductwork runs the step (build it with the engine, not Step())"
 
@@ -159,7 +160,7 @@ class Step:
             raise RuntimeError(f"{type(self).__name__}.context {_UNBOUND}")
         return self._ductwork_context
 
-    def execute(self) -> Any:
+    def execute(self) -> Json:
         """Do the step's work and return its output; override this. May run more than once."""
         raise NotImplementedError(f"{type(self).__name__} must override execute(self)")
 

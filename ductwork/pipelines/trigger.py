@@ -50,7 +50,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -70,9 +70,10 @@ from ductwork.errors import (
 from ductwork.pipelines import payloads
 from ductwork.pipelines.rules import KeyHolder, key_expired
 from ductwork.pipelines.steps import NewStep, create_branches, create_steps
+from ductwork.values import Json
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database as App
+    from ductwork.db.database import Database
     from ductwork.pipelines.snapshot import Definition
 
 _r = schema.runs
@@ -87,7 +88,7 @@ class Triggered:
     created: bool
 
 
-def check_key(pipeline: str, key: Any) -> str | None:
+def check_key(pipeline: str, key: object) -> str | None:
     """``key`` if it may be a trigger key, else :class:`TriggerKeyError` naming ``pipeline``
     and the key: a non-empty string of at most 255 characters, no NUL (PostgreSQL text
     cannot hold one), no whitespace around it (MySQL's comparison ignores trailing spaces,
@@ -107,7 +108,7 @@ def check_key(pipeline: str, key: Any) -> str | None:
     return key
 
 
-def check_window(pipeline: str, key: str | None, window: Any) -> int | None:
+def check_window(pipeline: str, key: str | None, window: object) -> int | None:
     """``window`` in whole microseconds, or :class:`TriggerKeyWindowError` naming ``pipeline``
     and the window: a positive duration in ``parse_interval_us``'s forms (seconds, a
     ``timedelta``, a duration string such as ``"1d"`` or ``"1h30m"``), and only with a key.
@@ -154,8 +155,8 @@ def release_key(tx: Tx, pipeline: str, key: str, holder: KeyHolder, window_us: i
     return bool(result.rowcount == 1)
 
 
-def trigger(app: App, tx: Tx, pipeline: type, args: list[Any], key: str | None = None,
-            key_window: Any = None) -> Triggered:
+def trigger(app: Database, tx: Tx, pipeline: type, args: list[Json], key: str | None = None,
+            key_window: object = None) -> Triggered:
     """The trigger in ``tx``, whoever's transaction it is; commits nothing.
 
     With ``key_window`` (:func:`check_window`), a key whose run finished at least the
@@ -222,8 +223,8 @@ def _key_kept_by(tx: Tx, pipeline: str, key: str, window_us: int | None) -> str 
     return existing
 
 
-def trigger_in(conn: Connection, app: App, pipeline: type, args: list[Any], key: str | None = None,
-               key_window: Any = None) -> Triggered:
+def trigger_in(conn: Connection, app: Database, pipeline: type, args: list[Json], key: str | None = None,
+               key_window: object = None) -> Triggered:
     """The trigger written through the caller's ``conn`` inside the transaction it has begun,
     which the caller commits or rolls back [INV-TRG-2]; this never ends it.
 

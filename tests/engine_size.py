@@ -1,0 +1,299 @@
+"""The engine's size and shape, and the budgets on them (issue 31); the lint tier checks them.
+
+    python -m tests.engine_size            # the report; exit status 1 when a budget is broken
+
+Prints the engine core's code lines per package (``ductwork/db``, ``limits``, ``pipelines``,
+``fleet``), the largest modules, the most complex functions, and each budget's status:
+
+- no function of ``ductwork/`` (methods and nested functions included, migrations
+  excluded) above cyclomatic complexity :data:`MAX_COMPLEXITY`, as radon counts it (each
+  ``def`` on its own: a nested function's branches count for it, not for the one around it);
+- no module of ``ductwork/`` (migrations included) above :data:`MAX_MODULE_LINES` lines;
+- no ``import Database as App`` (a layer below the top takes a ``Database`` and says so);
+- no ``Any`` at a package boundary: no name defined below the top (in ``fleet``,
+  ``pipelines``, ``limits``, ``db`` or a base module) and imported into another layer (the
+  layers of ``[tool.importlinter]`` in pyproject.toml) says ``Any`` in its signature, its
+  public methods' signatures or its annotated fields (SQLAlchemy's ``Row[Any]``,
+  ``Select[Any]``… aside: ``Any`` is their own parameter). The top's own names (the public
+  face, the CLI, the dashboard) are not checked. A JSON value is ``ductwork.values.Json``;
+  a value a function validates is ``object``;
+- the engine core's code lines (lines that are not blank, not comments and not docstrings;
+  migrations excluded) at most :data:`CODE_LINES_BUDGET`: a ratchet, so the engine may not
+  grow. The commit that removes code lowers the number (the report prints the count).
+
+``tests/lint/test_budgets.py`` asserts each, and shows each check failing on a copy of the
+package with one budget broken. Counting needs ``radon`` (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import sys
+import tokenize
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: the engine core: the packages under the public face, whose code lines the ratchet counts
+CORE = ("db", "limits", "pipelines", "fleet")
+#: the highest cyclomatic complexity (radon's) of any function in ductwork/
+MAX_COMPLEXITY = 15
+#: the most lines (all of them) of any module in ductwork/
+MAX_MODULE_LINES = 600
+#: the engine core's code lines at the start of issue 31 (commit 6bcd6ac), by :func:`code_lines`
+CODE_LINES_AT_ISSUE_31 = 6_305
+#: issue 31's goal: at least 20 % below the count at its start
+CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
+#: the ratchet: the engine core's code lines may not exceed this; lower it in the commit
+#: that removes code (``python -m tests.engine_size`` prints the count)
+CODE_LINES_BUDGET = 6_578
+#: SQLAlchemy generics whose ``Any`` is their row or column type, not a hole in ours
+SQLALCHEMY_ANY = re.compile(r"\b(?:sa\.)?(?:Row|Select|ColumnElement|Update|Insert|CompoundSelect|ScalarSelect"
+                            r"|CursorResult|Column|Executable)\[Any\]")
+
+
+def modules(package: Path, *, migrations: bool = False) -> list[Path]:
+    """The modules of ``package`` (``ductwork/``), sorted; those of ``db/migrations`` only
+    with ``migrations``."""
+    return sorted(p for p in package.rglob("*.py") if migrations or "migrations" not in p.relative_to(package).parts)
+
+
+def module_name(package: Path, path: Path) -> str:
+    """``ductwork.db.database`` for ``ductwork/db/database.py``; a package's ``__init__`` is
+    the package."""
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# --------------------------------------------------------------------------- code lines
+
+
+def code_lines(source: str) -> int:
+    """Lines of ``source`` that hold code: not blank, not only a comment, not part of a
+    docstring (a module's, a class's or a function's first statement, when a string). A
+    line of a multi-line string that is not a docstring (SQL text) is code."""
+    tree = ast.parse(source)
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    lines: set[int] = set()
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENCODING, tokenize.ENDMARKER)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in skip or (token.type == tokenize.STRING and token.start[0] in docstrings):
+            continue
+        lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines)
+
+
+def core_code_lines(package: Path) -> dict[str, int]:
+    """The engine core's code lines per package (``db``, ``limits``, ``pipelines``,
+    ``fleet``), migrations excluded."""
+    return {name: sum(code_lines(path.read_text()) for path in modules(package / name)) for name in CORE}
+
+
+# --------------------------------------------------------------------------- complexity
+
+
+@dataclass(frozen=True)
+class Function:
+    """A function's cyclomatic complexity, where it is and its qualified name."""
+
+    complexity: int
+    path: str
+    line: int
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line} {self.name} ({self.complexity})"
+
+
+def _defs(node: ast.AST, prefix: str) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + child.name, child
+            yield from _defs(child, f"{prefix}{child.name}.<locals>.")
+        elif isinstance(child, ast.ClassDef):
+            yield from _defs(child, f"{prefix}{child.name}.")
+        else:
+            yield from _defs(child, prefix)
+
+
+def complexities(package: Path) -> list[Function]:
+    """Every function of ``package`` (migrations excluded), most complex first. Each
+    ``def`` is measured by radon on its own (radon's visitor, given a module of that one
+    function), so a method of a class defined inside a function is measured too."""
+    from radon.visitors import ComplexityVisitor
+
+    found = []
+    for path in modules(package):
+        for name, node in _defs(ast.parse(path.read_text()), ""):
+            visited = ComplexityVisitor.from_ast(ast.Module(body=[node], type_ignores=[]))
+            found.append(Function(visited.functions[0].complexity, str(path.relative_to(package.parent)),
+                                  node.lineno, name))
+    return sorted(found, key=lambda f: (-f.complexity, f.path, f.line))
+
+
+# --------------------------------------------------------------------------- typed seams
+
+
+def database_as_app(package: Path) -> list[str]:
+    """Imports that name something else ``App`` (``from ductwork.db.database import
+    Database as App``), as ``path:line``."""
+    found = []
+    for path in modules(package, migrations=True):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found += [f"{path.relative_to(package.parent)}:{node.lineno} {alias.name} as App"
+                          for alias in node.names if alias.asname == "App" and alias.name.split(".")[-1] != "App"]
+    return found
+
+
+def layers(pyproject: Path) -> tuple[dict[str, int], int]:
+    """Each top-level name under ``ductwork`` mapped to its layer's index in the ``layers``
+    contract of ``pyproject`` (0 the highest), and the index of the lowest layer above the
+    packages' (the public face: it and what is above it are the top)."""
+    contracts = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
+    order = next(c["layers"] for c in contracts if c["id"] == "layers")
+    index = {name.strip(): i for i, layer in enumerate(order) for name in layer.split(":")}
+    return index, index["app"]
+
+
+def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[str, ast.expr]]:
+    args = node.args
+    every = [*args.posonlyargs, *args.args, *args.kwonlyargs, *(a for a in (args.vararg, args.kwarg) if a)]
+    found = [(f"{node.name}({a.arg})", a.annotation) for a in every if a.annotation is not None]
+    return found + ([(f"{node.name} ->", node.returns)] if node.returns is not None else [])
+
+
+def _annotations(node: ast.AST) -> list[tuple[str, ast.expr]]:
+    """What a user of ``node`` (a function or a class) sees typed: a function's parameters
+    and return; a class's annotated fields, its public methods' and ``__init__``'s
+    signatures, and the public attributes ``__init__`` annotates (``self.x: T``)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return _signature(node)
+    if not isinstance(node, ast.ClassDef):
+        return []
+    found = [(f"{node.name}.{ast.unparse(n.target)}", n.annotation) for n in node.body if isinstance(n, ast.AnnAssign)]
+    for method in node.body:
+        if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                not method.name.startswith("_") or method.name == "__init__"):
+            found += [(f"{node.name}.{where}", annotation) for where, annotation in _signature(method)]
+            if method.name == "__init__":
+                found += [(f"{node.name}.{n.target.attr}", n.annotation) for n in ast.walk(method)
+                          if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Attribute)
+                          and not n.target.attr.startswith("_")]
+    return found
+
+
+def boundary_anys(package: Path, pyproject: Path) -> list[str]:
+    """Names defined below the top and imported into another layer, whose annotations
+    (:func:`_annotations`) say ``Any`` outside SQLAlchemy's generics, as
+    ``module.name.where: annotation``. A name a package's ``__init__`` re-exports is followed
+    to its definition; a module imported whole (``from ductwork.db import dialects``) is
+    checked for each of its names the importer uses (``dialects.upsert``)."""
+    index, top = layers(pyproject)
+    trees = {module_name(package, path): ast.parse(path.read_text()) for path in modules(package)}
+    defs = {(module, node.name): node for module, tree in trees.items() for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+    def layer(module: str) -> int:
+        name = module.split(".")[1] if "." in module else "app"
+        assert name in index, f"ductwork.{name} is in no layer of [tool.importlinter] in {pyproject}"
+        return index[name]
+
+    def definition(module: str, name: str, depth: int = 0) -> tuple[str, ast.AST] | None:
+        if (module, name) in defs:
+            return module, defs[module, name]
+        for node in trees.get(module, ast.Module(body=[], type_ignores=[])).body:  # a re-export
+            if isinstance(node, ast.ImportFrom) and node.module and depth < 5:
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        return definition(node.module, alias.name, depth + 1)
+        return None
+
+    found = set()
+    for importer, tree in trees.items():
+        used = [(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module and node.module.startswith("ductwork.") for alias in node.names]
+        whole = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module for alias in node.names
+                 if f"{node.module}.{alias.name}" in trees}
+        used += [(whole[n.value.id], n.attr) for n in ast.walk(tree)
+                 if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in whole]
+        for module, name in used:
+            if layer(module) == layer(importer) or layer(module) <= top:
+                continue
+            target = definition(module, name)
+            if target is None:
+                continue
+            for where, annotation in _annotations(target[1]):
+                text = ast.unparse(annotation)
+                if re.search(r"\bAny\b", SQLALCHEMY_ANY.sub("", text)):
+                    found.add(f"{target[0]}.{where}: {text}")
+    return sorted(found)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def long_modules(package: Path) -> list[str]:
+    """Modules of ``package`` (migrations included) above :data:`MAX_MODULE_LINES` lines."""
+    return [f"{path.relative_to(package.parent)} ({lines})" for path in modules(package, migrations=True)
+            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+
+
+def budgets(package: Path, pyproject: Path, functions: list[Function] | None = None,
+            counted: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """Each budget's breaches (empty lists: every budget kept); ``functions`` and ``counted``
+    when :func:`complexities` and :func:`core_code_lines` have been run already."""
+    functions = complexities(package) if functions is None else functions
+    total = sum((core_code_lines(package) if counted is None else counted).values())
+    return {
+        f"no function above complexity {MAX_COMPLEXITY}": [str(f) for f in functions if f.complexity > MAX_COMPLEXITY],
+        f"no module above {MAX_MODULE_LINES} lines": long_modules(package),
+        "no Database as App": database_as_app(package),
+        "no Any at a package boundary": boundary_anys(package, pyproject),
+        f"the engine core within {CODE_LINES_BUDGET:,} code lines": [f"{total:,}"] if total > CODE_LINES_BUDGET else [],
+    }
+
+
+def report(package: Path = REPO / "ductwork", pyproject: Path = REPO / "pyproject.toml") -> tuple[str, bool]:
+    """The printed report, and whether every budget is kept."""
+    counted = core_code_lines(package)
+    total = sum(counted.values())
+    functions = complexities(package)
+    sizes = sorted(((len(p.read_text().splitlines()), code_lines(p.read_text()), p) for p in modules(package)),
+                   key=lambda s: (-s[0], s[2]))
+    out = [f"engine core code lines (not blank, comments or docstrings; migrations excluded): {total:,}",
+           "  " + ", ".join(f"{name} {n:,}" for name, n in counted.items()),
+           f"  at the start of issue 31 (6bcd6ac): {CODE_LINES_AT_ISSUE_31:,}; goal (20 % below): "
+           f"{CODE_LINES_GOAL:,}; ratchet: {CODE_LINES_BUDGET:,}"
+           + (f" (lower it to {total:,})" if total < CODE_LINES_BUDGET else ""),
+           "largest modules of ductwork/ (lines, code lines):"]
+    out += [f"  {p.relative_to(package.parent)} {lines} / {code}" for lines, code, p in sizes[:8]]
+    out.append("most complex functions of ductwork/ (radon's cyclomatic complexity):")
+    out += [f"  {f}" for f in functions[:8]]
+    out.append("budgets:")
+    broken = budgets(package, pyproject, functions, counted)
+    for name, breaches in broken.items():
+        out.append(f"  {'BROKEN' if breaches else 'ok'}: {name}" + "".join(f"\n    {b}" for b in breaches))
+    return "\n".join(out), not any(broken.values())
+
+
+def main() -> int:
+    text, kept = report()
+    print(text)
+    return 0 if kept else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
