@@ -91,7 +91,7 @@ def test_the_explorer_merges_states_and_reaches_every_operation():
     seen: set[str] = set()
     for name in ("limits", "limits-batch", "limits-fifo"):
         seen |= _labels(name)
-    for kind in ("enqueue", "claim", "claim_batch", "complete", "complete_and_hand_off", "late complete",
+    for kind in ("enqueue", "claim", "claim_batch", "complete", "complete_all_and_hand_off", "late complete",
                  "crash_worker", "reap", "restart_with", "clock +", "clock ->"):
         assert any(label.startswith(kind) for label in seen), kind
     seen = set()
