@@ -584,7 +584,7 @@ class PipelinesWorld:
         for exec_id in runnable:
             node = m.steps[m.executions[exec_id].step_id].node
             yield f"run_execution(e{exec_id} {node}, success)", _run(exec_id, None)
-            yield f"advance_on_success(e{exec_id} {node})", _run_inline(exec_id)
+            yield f"advance_on_successes([e{exec_id}] {node})", _group((exec_id,))  # a group of one
             if self.faults < b.faults:
                 for kind in b.fault_kinds:
                     yield f"run_execution(e{exec_id} {node}, {kind})", _run(exec_id, kind)
@@ -738,10 +738,6 @@ def _outcome(w: PipelinesWorld, exec_id: int, kind: str | None) -> Any:
 
 def _run(exec_id: int, kind: str | None) -> Callable[[PipelinesWorld], object]:
     return lambda w: w.model.run_execution(exec_id, _outcome(w, exec_id, kind))
-
-
-def _run_inline(exec_id: int) -> Callable[[PipelinesWorld], object]:
-    return lambda w: w.model.advance_on_success(exec_id, _outcome(w, exec_id, None))
 
 
 def _group(exec_ids: tuple[int, ...]) -> Callable[[PipelinesWorld], object]:
