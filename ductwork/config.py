@@ -222,7 +222,7 @@ class PipelineAdvancerConfig:
     #: (leaf, chain, converge, divert, dampen, halts) are advanced in one fenced transaction
     advance_batch: int = 50
     #: advance chain, converge, divert and dampen edges and leaves inside the worker's success
-    #: transaction (no advancer hop; advance.advance_on_success); false leaves every edge to
+    #: transaction (no advancer hop; branches.advance_on_successes); false leaves every edge to
     #: the advancers
     inline_linear: bool = True
 

@@ -290,7 +290,8 @@ class LimitsBounds:
     horizon_us: int
     #: jobs are enqueued while the clock is at most this (µs; None: until the horizon)
     arrive_until_us: int | None = None
-    #: the batch size of ``claim_batch`` and ``complete_and_hand_off`` (0: not explored)
+    #: the batch size of ``claim_batch`` and of a success's hand-off (``complete_all_and_hand_off``
+    #: of one job; 0: not explored)
     batch: int = 2
 
 
@@ -363,7 +364,7 @@ class LimitsWorld:
             if owner in self.live:
                 yield f"complete(job {job_id}, {owner}, now={self.now})", _complete(job_id)
                 if b.batch:
-                    yield (f"complete_and_hand_off(job {job_id}, {owner}, now={self.now})",
+                    yield (f"complete_all_and_hand_off([job {job_id}], {owner}, now={self.now})",
                            _hand_off(job_id, b.batch))
         for job_id in self.reaped_alive:
             yield f"late complete(job {job_id}) after its reap (refused)", _complete(job_id)
@@ -447,7 +448,7 @@ def _claim(worker: str, batch: int) -> Callable[[LimitsWorld], object]:
 
 
 def _hand_off(job_id: Any, batch: int) -> Callable[[LimitsWorld], object]:
-    return lambda w: w.model.complete_and_hand_off(job_id, w.now, batch)
+    return lambda w: w.model.complete_all_and_hand_off([job_id], w.now, batch)
 
 
 def _complete(job_id: Any) -> Callable[[LimitsWorld], object]:
@@ -583,7 +584,7 @@ class PipelinesWorld:
         for exec_id in runnable:
             node = m.steps[m.executions[exec_id].step_id].node
             yield f"run_execution(e{exec_id} {node}, success)", _run(exec_id, None)
-            yield f"advance_on_success(e{exec_id} {node})", _run_inline(exec_id)
+            yield f"advance_on_successes([e{exec_id}] {node})", _group((exec_id,))  # a group of one
             if self.faults < b.faults:
                 for kind in b.fault_kinds:
                     yield f"run_execution(e{exec_id} {node}, {kind})", _run(exec_id, kind)
@@ -737,10 +738,6 @@ def _outcome(w: PipelinesWorld, exec_id: int, kind: str | None) -> Any:
 
 def _run(exec_id: int, kind: str | None) -> Callable[[PipelinesWorld], object]:
     return lambda w: w.model.run_execution(exec_id, _outcome(w, exec_id, kind))
-
-
-def _run_inline(exec_id: int) -> Callable[[PipelinesWorld], object]:
-    return lambda w: w.model.advance_on_success(exec_id, _outcome(w, exec_id, None))
 
 
 def _group(exec_ids: tuple[int, ...]) -> Callable[[PipelinesWorld], object]:

@@ -605,25 +605,24 @@ class LimitsModel:
             claimed.append(job_id)
         return claimed
 
-    def complete_and_hand_off(self, job_id: JobId, now_us: int, limit: int = 1) -> list[JobId]:
-        """The owner records success and, in the same step, takes its lane's next job if a
-        poll at ``now_us`` would claim that job: the job's lane (its key, or the unkeyed
-        lane) is the first candidate lane [INV-LIM-6] and, for a key, its limits admit now. Then the
-        hand-off *is* that poll
-        (same choice, spend and stamp); otherwise nothing changes beyond the completion
-        (no refill, no stamp). For the unkeyed lane, up to ``limit`` jobs are handed on,
-        as :meth:`claim_batch` takes them. Returns the jobs handed on.
-        """
-        return self.complete_all_and_hand_off([job_id], now_us, limit)
-
     def complete_all_and_hand_off(self, job_ids: list[JobId], now_us: int, limit: int = 1,
                                   keyed_limit: int = 1) -> list[JobId]:
-        """Several successes of one owner recorded at once (a group commit), then the
-        hand-off of :meth:`complete_and_hand_off` for the last job's lane: up to ``limit``
-        jobs when that lane is the unkeyed one, up to ``keyed_limit`` when it is a key
-        (a keyed group commit: the successes of one key, then what ``keyed_limit`` polls
-        in a row would claim of it, :meth:`claim_batch`). The successes release their
-        slots in the order given, at the same time."""
+        """Successes of one owner recorded at once (one success is a group of one), then,
+        in the same step, the hand-off: the owner takes the next jobs of the last job's
+        lane if a poll at ``now_us`` would claim them, that is when the lane (its key, or
+        the unkeyed lane) is the first candidate lane [INV-LIM-6] and, for a key, its
+        limits admit now. Then the hand-off *is* those polls (same choices, spends and
+        stamps): up to ``limit`` jobs when the lane is the unkeyed one, up to
+        ``keyed_limit`` when it is a key (a keyed group commit: the successes of one key,
+        then what ``keyed_limit`` polls in a row would claim of it, :meth:`claim_batch`);
+        otherwise nothing changes beyond the completions (no refill, no stamp). The
+        successes release their slots in the order given, at the same time; a job not in
+        flight raises as :meth:`complete` does, the successes before it standing. Returns
+        the jobs handed on.
+
+        The engine's one success transaction (``pipelines.outcomes.record_successes`` with
+        a ``HandOff``), for one success and for a group alike.
+        """
         for job_id in job_ids:
             self.complete(job_id, now_us)  # raises unless the job was in flight with a live owner
         job = self.jobs[job_ids[-1]]

@@ -12,9 +12,10 @@ driven one atomic operation at a time by the caller, so hypothesis can
 interleave them: ``trigger`` (idempotent per pipeline and trigger key),
 ``trigger_in`` (inside the caller's transaction, committed or rolled back),
 ``run_execution``, ``claim_branch``, ``advance``,
-the batched ``advance_on_success(es)`` (a worker's success advancing its branch in
-its own transaction), ``claim_branches`` and ``advance_batch`` (an advancer's batch;
-each defined as the single operations one by one), ``advancer_error``,
+``advance_on_successes`` (a worker's successes, one or a group, advancing their
+branches in their own transaction), ``advance_released``, ``claim_branches`` and
+``advance_batch`` (an advancer's batch; each defined as the single operations one by
+one, and ``advance`` of a simple transition is the batch's one move), ``advancer_error``,
 ``advancer_crash``, ``resume``, ``revive``, ``context_set``, ``prune`` (retention:
 deletes final runs whole) and ``advance_clock``; and the ``on_halt`` hook a halted run
 owes (``claim_hook``, ``run_hook``, ``reap_hook``).
@@ -748,8 +749,14 @@ class PipelinesModel:
         With ``token=None`` the branch is claimed first if claimable, or the
         current holder continues (a batched expand). A ``token`` that is not the
         branch's current one raises ``StaleClaim`` and commits nothing
-        [INV-ADV-2]. An expand commits one batch of at most ``expand_batch``
-        children per call and keeps the claim until the last batch [INV-ADV-4].
+        [INV-ADV-2]. A simple transition (a halt of a failed step or of a spent crash
+        budget, a leaf, ``chain``, ``converge``, ``divert``, ``dampen``) is the one
+        move :meth:`advance_batch` makes of each of its branches (:meth:`_move`), as
+        the engine's ``Advancer.advance`` makes a lone simple move through its one move
+        function (``branches.move_branches``); so this is ``advance_batch`` of the
+        branch alone wherever that accepts it (:meth:`batchable`). An expand commits
+        one batch of at most ``expand_batch`` children per call and keeps the claim
+        until the last batch [INV-ADV-4].
         """
         branch = self.branches.get(branch_id)
         if branch is None:
@@ -759,23 +766,16 @@ class PipelinesModel:
         if not self._fence_ok(branch, token):  # [INV-ADV-2] the fence
             raise StaleClaim(f"branch {branch_id}: token {token} is not the claim token {branch.claim_token}")
         step = self.steps[branch.latest_step]
+        crashed_out = branch.advancer_crashes >= self.config.advancer_max_crash
+        if crashed_out or step.status == "failed" or self.advances_inline(step.id):
+            return self._move(branch, token)  # a simple transition: the one move
         run = self.runs[branch.run_id]
-        if branch.advancer_crashes >= self.config.advancer_max_crash:
-            return self._halt(branch, token, "advancer_crashes_exhausted", step_completed=True)
-        if step.status == "failed":
-            last = self.executions[step.executions[-1]]
-            return self._halt(branch, token, job_halt_reason(last.outcome, last.return_rejected), step_completed=False)
         edge = run.definition.edge(step.node)
-        if edge is None or (edge["type"] == "expand" and not step.output):
-            step.status = "completed"
-            return self._finish(branch, token, "completed", "leaf" if edge is None else edge["type"], ())
+        assert edge is not None, "a leaf is a simple transition"
         kind = edge["type"]
-        if kind in ("chain", "converge", "divert"):
-            to = edge["to"]
-            target = to[0] if kind != "divert" else to.get(render_key(step.output), to["otherwise"])
+        if kind == "expand" and not step.output:
             step.status = "completed"
-            created = self._new_step(branch, target, [step.output], kind, (step.id,))
-            return self._release(branch, token, kind, (created,))
+            return self._finish(branch, token, "completed", kind, ())
         if kind == "divide":
             step.status = "completed"
             branch.fanout_step, branch.fanout_width = step.id, len(edge["to"])
@@ -786,10 +786,30 @@ class PipelinesModel:
             return self._expand_batch(run, branch, step, edge, token)
         if kind in FAN_IN:
             return self._fan_in(run, branch, step, edge, token)
-        if kind == "dampen":
-            step.status = "completed"
-            return self._finish(branch, token, "dampened", kind, ())
         raise AssertionError(f"unknown edge type {kind!r}")  # pragma: no cover  Definition.parse rejects these
+
+    def _move(self, branch: Branch, token: int) -> Commit:
+        """A simple transition of a held branch (:meth:`batchable`), in the decision order
+        of semantics §3: a spent crash budget, a failed step, then the edge (a leaf,
+        ``chain``, ``converge``, ``divert``, ``dampen``). The engine's ``Move``, made by
+        ``branches.move_branches``."""
+        step = self.steps[branch.latest_step]
+        if branch.advancer_crashes >= self.config.advancer_max_crash:
+            return self._halt(branch, token, "advancer_crashes_exhausted", step_completed=True)
+        if step.status == "failed":
+            last = self.executions[step.executions[-1]]
+            return self._halt(branch, token, job_halt_reason(last.outcome, last.return_rejected), step_completed=False)
+        edge = self.runs[branch.run_id].definition.edge(step.node)
+        step.status = "completed"
+        if edge is None:
+            return self._finish(branch, token, "completed", "leaf", ())
+        kind = edge["type"]
+        if kind == "dampen":
+            return self._finish(branch, token, "dampened", kind, ())
+        to = edge["to"]
+        target = to[0] if kind != "divert" else to.get(render_key(step.output), to["otherwise"])
+        created = self._new_step(branch, target, [step.output], kind, (step.id,))
+        return self._release(branch, token, kind, (created,))
 
     # ----------------------------------------------------------------- batches
 
@@ -810,22 +830,6 @@ class PipelinesModel:
         if step.status == "failed" or branch.advancer_crashes >= self.config.advancer_max_crash:
             return True
         return step.status == "advancing" and self.advances_inline(step.id)
-
-    def advance_on_success(self, exec_id: int, outcome: Outcome) -> Commit | None:
-        """A worker records ``outcome`` and, in the same transaction, advances the branch
-        past the step when the step succeeded, its edge advances inline
-        (:meth:`advances_inline`) and the branch is free (unclaimed, in progress): the next
-        step is created, or the branch ends (``completed`` for a leaf, ``dampened``) and
-        the run is resolved [INV-RUN-1]. Returns what the advance committed (None: the step
-        is left ``advancing`` for an advancer, or did not succeed).
-
-        Defined as ``run_execution(exec_id, outcome)``, then ``claim_branch`` and
-        ``advance`` of its branch when those conditions hold, as one transaction; refused
-        (``CommitFailed``, ``PreconditionError``) exactly when ``run_execution`` is,
-        changing nothing.
-        """
-        self.run_execution(exec_id, outcome)
-        return self._advance_inline(self.executions[exec_id].step_id)
 
     def _advance_inline(self, step_id: str) -> Commit | None:
         """``claim_branch`` and ``advance`` of the step's branch when the step is
@@ -848,7 +852,7 @@ class PipelinesModel:
         meanwhile by an advancer) whose edge advances inline and whose branch is free
         (no advancer holds it) and on which no advancer failed or crashed since (then its
         budgets decide: it is the advancer's); every other step is left as it is. So a keyed success
-        followed by this is ``advance_on_success``, split in two transactions, with any
+        followed by this is ``advance_on_successes`` of it, split in two transactions, with any
         advancer operation allowed in between [INV-ADV-1, INV-ADV-2]. Refused
         (``PreconditionError``, nothing changed) for a step id that does not exist.
         """
@@ -863,18 +867,34 @@ class PipelinesModel:
         return done
 
     def advance_on_successes(self, items: Sequence[tuple[int, Outcome]]) -> list[Commit | None]:
-        """A group commit: :meth:`advance_on_success` of every ``(execution, outcome)``, in
-        one transaction. Equal to doing them one by one in the order given; refused as a
-        whole (``CommitFailed``, nothing changed) when any execution is not open or is
-        listed twice, and (``PreconditionError``) when any is not eligible yet.
+        """A worker records the outcome of each ``(execution, outcome)`` and, in the same
+        transaction, advances each branch past its step when the step succeeded, its edge
+        advances inline (:meth:`advances_inline`) and the branch is free (unclaimed, in
+        progress): the next step is created, or the branch ends (``completed`` for a
+        leaf, ``dampened``) and the run is resolved [INV-RUN-1]. One success is a group of
+        one, as in the engine (``pipelines.outcomes.record_successes``, whose inline part
+        is ``branches.advance_on_successes``). Returns, per item, what the advance
+        committed (None: the step is left ``advancing`` for an advancer, or did not
+        succeed).
+
+        Defined as ``run_execution(exec_id, outcome)``, then ``claim_branch`` and
+        ``advance`` of its branch when those conditions hold, for each item in the order
+        given, as one transaction. Refused as a whole (``CommitFailed``, nothing changed)
+        when any execution is not open or is listed twice [INV-EXE-2], and
+        (``PreconditionError``) when any is not eligible yet: exactly when
+        ``run_execution`` of one of them would be.
         """
         ids = [exec_id for exec_id, _ in items]
         if len(set(ids)) != len(ids) or any(
                 self.executions.get(i) is None or self.executions[i].state != "pending" for i in ids):
-            raise CommitFailed(f"executions {ids}: not all open")  # [INV-EXE-2] the batch's one guard
+            raise CommitFailed(f"executions {ids}: not all open")  # [INV-EXE-2] the group's one guard
         if any(self.executions[i].eligible_at_us > self.now_us for i in ids):
             raise PreconditionError(f"executions {ids}: not all eligible")
-        return [self.advance_on_success(exec_id, outcome) for exec_id, outcome in items]
+        done = []
+        for exec_id, outcome in items:
+            self.run_execution(exec_id, outcome)
+            done.append(self._advance_inline(self.executions[exec_id].step_id))
+        return done
 
     def claim_branches(self, branch_ids: Sequence[str]) -> dict[str, int]:
         """Claim every claimable branch of ``branch_ids`` in one transaction; returns the
@@ -890,10 +910,12 @@ class PipelinesModel:
         """Advance several claimed branches in one fenced transaction; returns, per
         branch, what it committed, or None when its token was stale.
 
-        Defined as ``advance(branch, token)`` of each branch in id order. The fence is per
-        branch [INV-ADV-2]: a branch whose token is stale commits nothing and only it is
-        refused, the others commit. Only :meth:`batchable` branches: any other raises
-        ``PreconditionError``, changing nothing.
+        Equal to ``advance(branch, token)`` of each branch in id order (which is this
+        operation of the branch alone: the model's one move, as ``branches.move_branches``
+        is the engine's). The fence is per branch [INV-ADV-2]: a branch whose token is
+        stale commits nothing and only it is refused, the others commit. Only
+        :meth:`batchable` branches: any other raises ``PreconditionError``, changing
+        nothing.
         """
         for branch_id in claims:
             if branch_id not in self.branches or not self.batchable(branch_id):
@@ -904,7 +926,7 @@ class PipelinesModel:
             if not self._fence_ok(branch, claims[branch_id]):  # [INV-ADV-2] per branch
                 done[branch_id] = None
                 continue
-            done[branch_id] = self.advance(branch_id, claims[branch_id])
+            done[branch_id] = self._move(branch, claims[branch_id])
         return done
 
     def advancer_error(self, branch_id: str, transition_error: bool = False) -> None:

@@ -191,7 +191,7 @@ MUTANTS: dict[str, Mutant] = {
         "they were before the batch's spends: one token admits the whole batch [INV-LIM-2]",
         "each further claim of a keyed batch or hand-off decides on the buckets the previous one left "
         "[INV-LIM-2]",
-        (("{b.period_s: b for b in decision.buckets}", "dict(old)"),),
+        (("{b.period_s: b for b in decision.buckets}", "_buckets_of(tx, key)"),),
     ),
     "keyed_batch_one_seq": Mutant(
         "a keyed batch (or a hand-off of several) claims all its executions with one sequence number "

@@ -6,7 +6,7 @@
 Each model operation of ``model.limits.LimitsModel`` that claims is one function here of
 the same name (``claim``, ``claim_batch``, ``restart_with``): the whole transaction, called
 by the worker and by the conformance machine alike (CONTRIBUTING.md, "Operations"). The
-model's ``complete_and_hand_off`` and ``complete_all_and_hand_off`` are the success
+model's ``complete_all_and_hand_off`` (of one success or a group) is the success
 transaction (``pipelines.outcomes.record_successes``), whose limits part is
 ``executions.release`` then :func:`hand_off`.
 

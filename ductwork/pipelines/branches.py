@@ -338,7 +338,7 @@ def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:
     """Advance the branches of a success transaction's steps past them, in that
     transaction (``outcomes.record_successes``); returns the ids of the steps advanced.
 
-    The model's ``advance_on_successes`` (and, for one success, its ``advance_on_success``):
+    The model's ``advance_on_successes`` (one success is a group of one, on both sides):
     equal to advancing each in turn. Each success whose edge is a simple transition
     (:func:`simple_move`: ``chain``, ``converge``, a ``divert`` with a target, a leaf,
     ``dampen``) and whose branch is free (unclaimed, in progress) has its step go straight

@@ -91,13 +91,13 @@ def test_the_explorer_merges_states_and_reaches_every_operation():
     seen: set[str] = set()
     for name in ("limits", "limits-batch", "limits-fifo"):
         seen |= _labels(name)
-    for kind in ("enqueue", "claim", "claim_batch", "complete", "complete_and_hand_off", "late complete",
+    for kind in ("enqueue", "claim", "claim_batch", "complete", "complete_all_and_hand_off", "late complete",
                  "crash_worker", "reap", "restart_with", "clock +", "clock ->"):
         assert any(label.startswith(kind) for label in seen), kind
     seen = set()
     for name in ("chain", "divide", "expand", "hooks", "revive", "two-runs"):
         seen |= _labels(name)
-    for kind in ("trigger", "run_execution", "advance_on_success", "advance_on_successes", "advance(",
+    for kind in ("trigger", "run_execution", "advance_on_successes([e", "advance_on_successes(['", "advance(",
                  "advance_batch", "advancer_crash", "advancer_error", "resume", "context_set", "prune", "revive",
                  "claim_hook", "run_hook", "reap_hook", "clock ->"):
         assert any(label.startswith(kind) for label in seen), kind

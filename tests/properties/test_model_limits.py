@@ -104,11 +104,12 @@ class LimitsModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(self.model.jobs[j].worker in self.live for j in self.model.in_flight_jobs()))
     @rule(data=st.data())
     def complete_and_hand_off(self, data):
-        """A success whose commit takes its lane's next job for the same worker when a poll would."""
+        """A success (a group of one) whose commit takes its lane's next job for the same worker
+        when a poll would."""
         mine = [j for j in self.model.in_flight_jobs() if self.model.jobs[j].worker in self.live]
         job = data.draw(st.sampled_from(mine))
         worker = self.model.jobs[job].worker
-        handed = self.model.complete_and_hand_off(job, self.now, data.draw(st.sampled_from([1, 1, 3])))
+        handed = self.model.complete_all_and_hand_off([job], self.now, data.draw(st.sampled_from([1, 1, 3])))
         assert all(self.model.jobs[h].worker == worker for h in handed)
         assert len(handed) <= 1 or all(self.model.jobs[h].key is None for h in handed)  # a keyed hand-off: one
 

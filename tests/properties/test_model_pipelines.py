@@ -201,7 +201,7 @@ class PipelinesModelMachine(RuleBasedStateMachine):
     @rule(data=st.data(), with_done=st.booleans())
     def group_commit(self, data, with_done):
         """A worker's group commit of one to four outcomes, each success advancing its
-        branch inline: equal to ``advance_on_success`` one by one; a batch holding an
+        branch inline: equal to each success alone (a group of one) in turn; a batch holding an
         execution already ended is refused whole and changes nothing."""
         ids = data.draw(st.lists(st.sampled_from(self.model.runnable_executions()), min_size=1, max_size=4,
                                  unique=True))
@@ -214,7 +214,7 @@ class PipelinesModelMachine(RuleBasedStateMachine):
                 self.model.advance_on_successes([*items, (self._pick(data, done), success(0))])
             assert self.model.snapshot() == before, "[INV-EXE-2] a refused group commit changed state"
         alone = copy.deepcopy(self.model)
-        singles = [alone.advance_on_success(i, outcome) for i, outcome in items]
+        singles = [done for i, outcome in items for done in alone.advance_on_successes([(i, outcome)])]
         batch = self.model.advance_on_successes(items)
         assert self.model.snapshot() == alone.snapshot(), "a group commit differs from its successes one by one"
         assert batch == singles
@@ -226,8 +226,8 @@ class PipelinesModelMachine(RuleBasedStateMachine):
         recorded earlier, each left ``advancing`` then, some of them advanced, claimed or
         halted by an advancer in between (the machine's other rules), and one that never
         was advancing. Equal to advancing each still-advancing, inline, free one as
-        ``advance_on_success`` would, in the order given; every other step is left
-        alone [INV-ADV-1, INV-ADV-2]."""
+        ``advance_on_successes`` of its success would, in the order given; every other
+        step is left alone [INV-ADV-1, INV-ADV-2]."""
         recorded = self._released()
         ids = data.draw(st.lists(st.sampled_from(recorded), min_size=1, max_size=4, unique=True))
         expected = copy.deepcopy(self.model)

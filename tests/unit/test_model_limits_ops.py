@@ -388,7 +388,7 @@ def test_a_keyed_hand_off_is_the_poll_that_would_claim_the_next_job():
     model.enqueue("c3", "c", 0)
     assert model.claim("w", 0) == "c1"
     start = len(model.events)
-    assert model.complete_and_hand_off("c1", 4) == ["c2"]
+    assert model.complete_all_and_hand_off(["c1"], 4) == ["c2"]
     assert model.events[start:] == [
         Completed(start, "c1", "c", "w", 4, "success"),
         Decided(key="c", at_us=4, admitted=True, refused_for=None, blocked_until_us=None, levels=(),
@@ -396,8 +396,8 @@ def test_a_keyed_hand_off_is_the_poll_that_would_claim_the_next_job():
         Polled(start + 2, start + 1, "w", 4, (_lane("c", "c2", 0, 2, "claimed"),), "c2"),
         Claimed(start + 3, "c2", "c", "w", 4),
     ]
-    assert model.complete_and_hand_off("c2", 5, 3) == ["c3"]  # limit bounds only the unkeyed lane
-    assert model.complete_and_hand_off("c3", 6) == []
+    assert model.complete_all_and_hand_off(["c2"], 5, 3) == ["c3"]  # limit bounds only the unkeyed lane
+    assert model.complete_all_and_hand_off(["c3"], 6) == []
     assert model.jobs["c3"].state == "completed"
 
 
@@ -412,7 +412,7 @@ def test_no_hand_off_when_another_lane_comes_first_or_the_key_refuses():
     assert model.buckets[("k", 1)] == Bucket(0, 0, S)
     assert model.stamps == {"k": S}
     start = len(model.events)
-    assert model.complete_and_hand_off("k1", 2) == []  # u1 (eligible at 0) comes before k2
+    assert model.complete_all_and_hand_off(["k1"], 2) == []  # u1 (eligible at 0) comes before k2
     assert model.events[start:] == [Completed(start, "k1", "k", "w", 2, "success")]
     assert model.claim("v", 2) == "u1"
     model.enqueue("k3", "k", 0)
@@ -420,7 +420,7 @@ def test_no_hand_off_when_another_lane_comes_first_or_the_key_refuses():
     model.restart_with(model.limits, S)  # clears the stamp, keeps the empty bucket
     before = (dict(model.buckets), dict(model.stamps))
     start = len(model.events)
-    assert model.complete_and_hand_off("k3", S + 1) == []  # k2 is first, k has no token: no poll
+    assert model.complete_all_and_hand_off(["k3"], S + 1) == []  # k2 is first, k has no token: no poll
     assert model.events[start:] == [Completed(start, "k3", "k", "w", S + 1, "success")]
     assert (model.buckets, model.stamps) == before
 
@@ -430,10 +430,10 @@ def test_an_unkeyed_hand_off_takes_up_to_limit_jobs():
     for job in ("u1", "u2", "u3", "u4"):
         model.enqueue(job, None, 0)
     assert model.claim("w", 0) == "u1"
-    assert model.complete_and_hand_off("u1", 1, 2) == ["u2", "u3"]
+    assert model.complete_all_and_hand_off(["u1"], 1, 2) == ["u2", "u3"]
     assert model.in_flight_jobs("w") == ["u2", "u3"]
-    assert model.complete_and_hand_off("u3", 1, 2) == ["u4"]
-    assert model.complete_and_hand_off("u2", 1, 2) == []
+    assert model.complete_all_and_hand_off(["u3"], 1, 2) == ["u4"]
+    assert model.complete_all_and_hand_off(["u2"], 1, 2) == []
 
 
 def test_a_group_commit_completes_every_job_then_hands_off_the_last_ones_lane():
@@ -459,7 +459,7 @@ def test_a_hand_off_and_a_group_commit_take_one_job_unless_told_more():
     for job in ("c1", "c2", "c3", "u1", "u2", "u3"):
         model.enqueue(job, "c" if job[0] == "c" else None, 0)
     assert model.claim("w", 0) == "c1"
-    assert model.complete_and_hand_off("c1", 1) == ["c2"]
+    assert model.complete_all_and_hand_off(["c1"], 1) == ["c2"]
     assert model.complete_all_and_hand_off(["c2"], 1) == ["c3"]
     assert model.claim("w", 1) == "u1"
     assert model.complete_all_and_hand_off(["c3", "u1"], 2) == ["u2"]
@@ -476,7 +476,7 @@ def test_no_hand_off_to_a_period_whose_bucket_a_restart_added_and_nothing_create
     assert model.claim("w", 0) == "c1"
     model.restart_with({"c": {"concurrency": 3, "rate": {"limit": 1, "per": 1}}}, S)
     start = len(model.events)
-    assert model.complete_and_hand_off("c1", 5 * S) == []
+    assert model.complete_all_and_hand_off(["c1"], 5 * S) == []
     assert model.events[start:] == [Completed(start, "c1", "c", "w", 5 * S, "success")]
     assert (model.buckets, model.stamps) == ({}, {})
     assert model.claim("w", 5 * S) is None
@@ -654,15 +654,15 @@ def test_a_batch_takes_one_keyed_job_unless_told_more():
 
 
 def test_a_hand_off_takes_one_job_unless_told_more():
-    """complete_and_hand_off's default limit is 1: the owner of an unkeyed job takes one
-    next job unless the caller asks for a batch (mutmut found it untested: the machine
-    always passes limit)."""
+    """A success's hand-off takes one job by default (``limit`` 1): the owner of an
+    unkeyed job takes one next job unless the caller asks for a batch (mutmut found it
+    untested: the machine always passes limit)."""
     model = LimitsModel({})
     for job in ("a", "b", "c", "d"):
         model.enqueue(job, None, 0)
     assert model.claim("w1", 0) == "a"
-    assert model.complete_and_hand_off("a", 0) == ["b"]
-    assert model.complete_and_hand_off("b", 0, 2) == ["c", "d"]
+    assert model.complete_all_and_hand_off(["a"], 0) == ["b"]
+    assert model.complete_all_and_hand_off(["b"], 0, 2) == ["c", "d"]
 
 
 def test_a_crash_and_a_reap_touch_only_that_workers_jobs():

@@ -660,27 +660,28 @@ def test_an_advancer_crash_mid_expand_resumes_at_the_cursor():
 # ----------------------------------------------------------------- worker batches
 
 
-def test_advance_on_success_advances_inline_edges_only_when_the_branch_is_free():
+def test_a_success_alone_advances_inline_edges_only_when_the_branch_is_free():
+    """``advance_on_successes`` of one success (a group of one)."""
     m = PipelinesModel(CFG)
     m.trigger(AB, [0])
-    assert m.advance_on_success(1, success("a")) == Commit("branch1", 1, "chain", ("step2",))
-    assert m.advance_on_success(2, FAILURE) is None
+    assert m.advance_on_successes([(1, success("a"))]) == [Commit("branch1", 1, "chain", ("step2",))]
+    assert m.advance_on_successes([(2, FAILURE)]) == [None]
     m.set_clock(10)
-    assert m.advance_on_success(3, success("b")) == Commit("branch1", 2, "leaf", ())
+    assert m.advance_on_successes([(3, success("b"))]) == [Commit("branch1", 2, "leaf", ())]
     assert (m.runs["run1"].status, m.branches["branch1"].status) == ("completed", "completed")
     m.trigger(DIVIDE4, [0])
-    assert m.advance_on_success(4, success(1)) is None  # a fan-out: left to an advancer
+    assert m.advance_on_successes([(4, success(1))]) == [None]  # a fan-out: left to an advancer
     assert m.steps["step3"].status == "advancing"
     assert not m.advances_inline("step3")
     assert m.advances_inline("step1")
     assert m.advances_inline("step2")
     m.trigger(AB, [0])
-    with raises(CommitFailed, "execution 1 is not open"):
-        m.advance_on_success(1, success(1))
+    with raises(CommitFailed, "executions [1]: not all open"):
+        m.advance_on_successes([(1, success(1))])
     before = m.snapshot()
     m.set_clock(10)
     with pytest.raises(CommitFailed):
-        m.advance_on_success(4, success(1))
+        m.advance_on_successes([(4, success(1))])
     assert m.snapshot() == before
 
 
@@ -690,7 +691,7 @@ def test_a_success_leaves_a_held_branch_to_its_advancer():
     m.run_execution(1, success(1))
     m.advance("branch1")
     m.branches["branch1"].status, m.branches["branch1"].claim_token = "advancing", 99  # a stale holder
-    assert m.advance_on_success(2, success(2)) is None
+    assert m.advance_on_successes([(2, success(2))]) == [None]
     assert m.steps["step2"].status == "advancing"
     assert m.commits[-1].token == 1
 

@@ -219,7 +219,7 @@ def test_the_operations_table_is_complete_and_resolves():
 def test_the_known_operations_are_found():
     """The criterion finds the operations everyone knows, and not the reads."""
     found = operations()
-    for op in ("limits.LimitsModel.claim", "limits.LimitsModel.complete_and_hand_off",
+    for op in ("limits.LimitsModel.claim", "limits.LimitsModel.complete_all_and_hand_off",
                "limits.LimitsModel.restart_with", "pipelines.PipelinesModel.advance",
                "pipelines.PipelinesModel.resume"):
         assert f"model.{op}" in found
