@@ -5,8 +5,8 @@
     >>> retry_at(2, 3, 10.0, now), retry_at(3, 3, 10.0, now)
     (datetime.datetime(2026, 1, 1, 0, 0, 10), None)
 
-No SQL, no clock, no configuration: ``executions.record_failure`` and
-``executions.crash_in`` read the execution's counters and the database time in the
+No SQL, no clock, no configuration: ``pipelines.outcomes.record_failure`` and
+``pipelines.outcomes.crash_in`` read the execution's counters and the database time in the
 transaction that ends it, look the budgets up for the step's pipeline and class, call a
 rule, and enqueue the next execution it returns (or fail the step) in that transaction
 [INV-EXE-4]. The model does the same in ``PipelinesModel.run_execution`` (and
@@ -14,7 +14,7 @@ rule, and enqueue the next execution it returns (or fail the step) in that trans
 rules are mutated (``python -m tests.mutation ductwork.limits.outcomes``).
 
 Not here: an ``invalid`` execution, which fails its step whatever budget is left (it
-cannot succeed: ``executions.record_invalid``), and the on_halt hook's budgets, the same
+cannot succeed: ``pipelines.outcomes.record_invalid``), and the on_halt hook's budgets, the same
 numbers decided apart (``pipelines.rules.decide_hook``).
 """
 
@@ -58,7 +58,7 @@ class Keyed(Protocol):
 
 
 class Recorded(Protocol):
-    """What :func:`releases_first` reads of a success to record (``executions.Success``)."""
+    """What :func:`releases_first` reads of a success to record (``pipelines.outcomes.Success``)."""
 
     @property
     def claimed(self) -> Keyed: ...
