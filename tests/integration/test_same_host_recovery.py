@@ -216,7 +216,10 @@ def test_status_marks_late_and_dead_processes_and_reaps_the_dead(sqlite_app, cap
 
 @pytest.fixture
 def sqlite_app(tmp_path):
-    """One database is enough where only the machine's processes matter."""
+    """One database is enough where only the machine's processes matter. Its heartbeats
+    never go stale within a test (reaper_timeout 600 s): only a proof of death reaps here,
+    however slow a loaded machine makes the test (with the suite's 5 s, a row of the other
+    pid namespace went stale during one CI run and was reaped as stale, as it should be)."""
     from ductwork.db import engines, migrate
     from tests.conftest import installed, make_app
 
@@ -224,4 +227,4 @@ def sqlite_app(tmp_path):
     engine = engines.create_engine(url)
     migrate.upgrade(engine)
     engine.dispose()
-    yield from installed(make_app(url))
+    yield from installed(make_app(url, supervisor={"reaper_timeout": 600, "heartbeat_interval": 5}))
