@@ -1,6 +1,6 @@
 """Running real ``ductwork start`` processes from tests.
 
-    with Fleet(db_url, tmp_path, pipelines=["tests.workloads:NapPipeline"]) as fleet:
+    with Fleet(db_url, tmp_path, pipelines=["tests.workloads.processes:NapPipeline"]) as fleet:
         fleet.wait_for(lambda: fleet.rows("job_worker"), "a worker registered")
 
 A :class:`Fleet` writes a ``ductwork.yml`` with short timeouts, starts

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from ductwork.cli import main
 from ductwork.db import migrate
 
-PIPELINE = "tests.workloads:SlowKeyedPipeline"  # references limit key "slow_key"
+PIPELINE = "tests.workloads.processes:SlowKeyedPipeline"  # references limit key "slow_key"
 
 
 def _check(tmp_path: Path, url: str, section, capsys, *, env: str = "default"):
@@ -56,7 +56,7 @@ def test_missing_entry_names_the_key_and_the_pipelines(tmp_path, sqlite_url, cap
     assert code == 1
     assert err.strip() == (
         "ductwork check: MissingLimitError: job_worker.limits.slow_key: no entry for limit key 'slow_key', "
-        "referenced by limit_by in tests.workloads:SlowKeyedPipeline")
+        "referenced by limit_by in tests.workloads.processes:SlowKeyedPipeline")
 
 
 @pytest.mark.parametrize(("limits", "error", "fragment"), [

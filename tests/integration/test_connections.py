@@ -39,7 +39,7 @@ from ductwork.limits.claims import claim, restart_with
 from ductwork.pipelines.context import Context
 from ductwork.testing import drain
 from tests.conftest import make_app
-from tests.workloads import Approval, Quick, Unkeyed
+from tests.workloads import Approval, Echo, Unkeyed
 
 LIMITS = {"guard_key": {"concurrency": 2, "rate": [{"limit": 1000, "per": "1s"}]}}
 
@@ -142,7 +142,7 @@ class Everything(Pipeline):
         left, right = gathered.divide(to=[Keyed, Keyed])
         (left.combine(right, into=Gather)
          .divert(to={"6": Keyed, "otherwise": Gather}).converge(into=Keyed)
-         .dampen(before=Quick).chain(to=Quick, timeout=30))
+         .dampen(before=Echo).chain(to=Echo, timeout=30))
 
 
 class Failing(Pipeline):

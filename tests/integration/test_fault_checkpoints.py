@@ -35,7 +35,7 @@ from ductwork.fleet.reaper import reap, reap_dead
 from ductwork.limits.claims import claim
 from ductwork.testing import drain
 from tests.conftest import TEST_CONFIG, installed, make_app, reset_tables
-from tests.workloads import FAULT_KEY, FAULT_TOTAL_KEY, FaultPipeline, fault_pipeline_expected
+from tests.workloads.processes import FAULT_KEY, FAULT_TOTAL_KEY, FaultPipeline, fault_pipeline_expected
 
 ITEMS = 10  # expand_batch is 4: three batches
 EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
@@ -43,7 +43,7 @@ EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
 #: inside_prune_batch (``ductwork prune``): tests/integration/test_inspection.py;
 #: while_async_steps_await (only async steps pass it): tests/integration/test_async_steps.py
 ELSEWHERE = (faults.INSIDE_PRUNE_BATCH, faults.WHILE_ASYNC_STEPS_AWAIT, *faults.HOOK_CHECKPOINTS)
-CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads:FaultPipeline"], "job_worker": {
+CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads.processes:FaultPipeline"], "job_worker": {
     **TEST_CONFIG["job_worker"],
     "limits": {FAULT_KEY: {"concurrency": 2, "rate": {"limit": 1000, "per": 1}}, FAULT_TOTAL_KEY: {"concurrency": 1}},
     "release_first_after": 0,  # the collapse's success is released first (between_release_and_advance)

@@ -22,7 +22,7 @@ from ductwork.db import schema
 from ductwork.testing import drain
 from tests.conftest import make_app, reset_tables
 from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
-from tests.workloads import ForeverKeyedPipeline, SlowKeyedPipeline, SlowPipeline, marker_lines
+from tests.workloads.processes import ForeverKeyedPipeline, SlowKeyedPipeline, SlowPipeline, marker_lines
 
 
 def _outcomes(app, run_id):
@@ -36,7 +36,7 @@ def _outcomes(app, run_id):
 
 
 def test_a_dead_hosts_step_is_reaped_by_another_supervisor(app, db_url, tmp_path):
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowPipeline"])
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowPipeline"])
     marker = tmp_path / "marker"
     run = SlowPipeline.trigger({"path": str(marker), "first": 60, "after": 0.05})
     host_a = Fleet(db_url, config, label="host-a").start()
@@ -59,7 +59,7 @@ def test_a_dead_hosts_step_is_reaped_by_another_supervisor(app, db_url, tmp_path
 def test_a_killed_worker_is_replaced_and_its_slot_freed_by_its_supervisor(app, db_url, tmp_path):
     # reaper_timeout is far beyond the test's deadlines: only the supervisor's
     # wait on its child can free the slot in time.
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowKeyedPipeline"],
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowKeyedPipeline"],
                           limits={"slow_key": {"concurrency": 1}},
                           overrides={"supervisor": {"reaper_timeout": 600}})
     marker = tmp_path / "marker"
@@ -80,7 +80,7 @@ def test_a_killed_worker_is_replaced_and_its_slot_freed_by_its_supervisor(app, d
 
 
 def test_sigterm_finishes_the_step_in_hand_and_loses_nothing(app, db_url, tmp_path):
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowPipeline"])
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowPipeline"])
     marker = tmp_path / "marker"
     run = SlowPipeline.trigger({"path": str(marker), "first": 1.0, "after": 0.05})
     fleet = Fleet(db_url, config).start()
@@ -97,7 +97,7 @@ def test_sigterm_finishes_the_step_in_hand_and_loses_nothing(app, db_url, tmp_pa
 
 
 def test_sigterm_past_the_shutdown_timeout_crashes_and_requeues_the_step(app, db_url, tmp_path):
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowPipeline"],
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowPipeline"],
                           overrides={"job_worker": {"shutdown_timeout": 0.5}})
     marker = tmp_path / "marker"
     run = SlowPipeline.trigger({"path": str(marker), "first": 60, "after": 0.05})
@@ -142,7 +142,7 @@ def test_a_timed_out_step_is_killed_recorded_and_retried(db_url, tmp_path):
 def test_sigterm_to_the_whole_group_twice_stops_cleanly(app, db_url, tmp_path):
     """Ctrl-C or systemd signal every process of the group, and the supervisor signals its
     children again: a second signal during the first handler must not hang a runner."""
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowPipeline"])
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowPipeline"])
     marker = tmp_path / "marker"
     run = SlowPipeline.trigger({"path": str(marker), "first": 1.0, "after": 0.05})
     fleet = Fleet(db_url, config).start()
@@ -166,7 +166,7 @@ def test_an_exited_scripts_inline_row_is_reaped_by_a_supervisor_tick(manual_app,
 
     from ductwork.fleet.processes import heartbeat, register
     from ductwork.fleet.supervisor import Supervisor
-    from tests.workloads import NapPipeline
+    from tests.workloads.processes import NapPipeline
 
     clock = manual_app.clock
     script = make_app(db_url, clock=clock)  # the script's own App, in its own process
@@ -337,7 +337,7 @@ def test_a_runner_started_by_hand_exits_when_its_row_is_reaped(app, db_url, tmp_
     from ductwork.fleet.supervisor import EXIT_LEASE_LOST
 
     # a lease far longer than the test: only the reap can end the runner
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowPipeline"],
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowPipeline"],
                           overrides={"supervisor": {"reaper_timeout": 600}})
     log = tmp_path / "runner.log"
     with open(log, "wb") as out:

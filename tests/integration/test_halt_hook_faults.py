@@ -36,10 +36,10 @@ from ductwork.db import schema
 from ductwork.fleet.reaper import reap, reap_dead
 from ductwork.testing import drain
 from tests.conftest import TEST_CONFIG, installed, make_app
-from tests.workloads import HOOK_LOG_ENV, HaltingPipeline
+from tests.workloads.hooks import HOOK_LOG_ENV, HaltingPipeline
 
 EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
-CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads:HaltingPipeline"],
+CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads.hooks:HaltingPipeline"],
           "job_worker": {**TEST_CONFIG["job_worker"], "max_retry": 0}}
 
 

@@ -27,7 +27,7 @@ from ductwork.fleet.reaper import reap
 from ductwork.pipelines.hooks import HookClaimLost, claim_hook, record_hook
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
-from tests.workloads import HOOK_LOG_ENV, HaltingPipeline, HaltRecorder
+from tests.workloads.hooks import HOOK_LOG_ENV, HaltingPipeline, HaltRecorder
 
 SEEN: dict[str, list[dict]] = {}
 FAILS: dict[str, int] = {}
@@ -343,7 +343,7 @@ def test_the_worker_runs_a_due_hook_with_its_idempotency_key(manual_app, tmp_pat
 def test_the_snapshot_names_the_handler_only_when_declared():
     plain, hooked = NoHook.definition.to_json(), HaltingPipeline.definition.to_json()
     assert "on_halt" not in plain  # a definition without a handler keeps its snapshot and digest
-    assert hooked["on_halt"] == "tests.workloads:HaltRecorder"
+    assert hooked["on_halt"] == "tests.workloads.hooks:HaltRecorder"
     assert Definition.from_json(hooked) == HaltingPipeline.definition
     assert Definition.from_json(plain).on_halt is None
     with pytest.raises(DefinitionError, match=r"on_halt must be 'module:qualname'"):

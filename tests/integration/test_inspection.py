@@ -463,7 +463,7 @@ def test_prune_waits_for_an_on_halt_hook_and_then_deletes_it_with_its_run(clocke
     the run goes with its hook row [INV-PRN-2]."""
     import sqlalchemy as sa
 
-    from tests.workloads import HaltingPipeline
+    from tests.workloads.hooks import HaltingPipeline
 
     run = HaltingPipeline.trigger(1)
     drain(clocked, skip_delays=True)
@@ -492,18 +492,18 @@ def test_prune_waits_for_an_on_halt_hook_and_then_deletes_it_with_its_run(clocke
 def test_history_and_show_name_the_on_halt_hook(clocked, db_url, capsys):
     """A halted run's hook (status, counters, last error) is in Run.history(), `ductwork
     show` and its --json; a run that owes none has hook None."""
-    from tests.workloads import HaltingPipeline
+    from tests.workloads.hooks import HaltingPipeline
 
     run, done = HaltingPipeline.trigger(1), Fans.trigger(1)
     drain(clocked, skip_delays=True)
     hook = run.history().hook
     assert hook is not None
     assert (hook.klass, hook.status, hook.last_outcome) == (
-        "tests.workloads:HaltRecorder", "succeeded", "success")
+        "tests.workloads.hooks:HaltRecorder", "succeeded", "success")
     assert done.history().hook is None
     code, out, _ = _cli(capsys, db_url, "show", run.id)
     assert code == 0
-    assert "  on_halt hook  tests.workloads:HaltRecorder  succeeded  retries 0 crashes 0  ended " in out
+    assert "  on_halt hook  tests.workloads.hooks:HaltRecorder  succeeded  retries 0 crashes 0  ended " in out
     code, out, _ = _cli(capsys, db_url, "show", run.id, "--json")
     assert json.loads(out)["hook"]["status"] == "succeeded"
     code, out, _ = _cli(capsys, db_url, "show", done.id, "--json")

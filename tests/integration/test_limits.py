@@ -26,7 +26,8 @@ from ductwork.fleet.supervisor import Loop
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from tests.conftest import make_app, reset_tables
-from tests.workloads import HaltingPipeline, Quick, Refuse, Unkeyed
+from tests.workloads import Boom, Echo, Unkeyed
+from tests.workloads.hooks import HaltingPipeline
 
 witness_meta = sa.MetaData()
 witness = sa.Table(
@@ -102,19 +103,19 @@ class SharedB(Pipeline):
 class Paced(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Gen).expand(to=Quick, limit_by="paced")
+        p.start(Gen).expand(to=Echo, limit_by="paced")
 
 
 class SeedTwoEntries(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Gen).expand(to=Quick, limit_by="vendor_api")
+        p.start(Gen).expand(to=Echo, limit_by="vendor_api")
 
 
 class KeyedQuick(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Quick, limit_by="shared")
+        p.start(Echo, limit_by="shared")
 
 
 def _fleet(app, workers, until, deadline_s=60.0):
@@ -321,7 +322,7 @@ def test_unkeyed_and_keyed_lanes_are_served_oldest_first(limits_app):
     worker, order = Worker(app), []
     while (done := worker.run_once()) is not None:
         order.append(done.node)
-    assert order == ["Quick#0"] * 6
+    assert order == ["Echo#0"] * 6
     e, j = schema.executions, schema.jobs
     with app.begin() as tx:
         inputs = tx.execute(sa.select(j.c.input_args).join(e, e.c.job_id == j.c.id)
@@ -334,7 +335,7 @@ def test_unkeyed_and_keyed_lanes_are_served_oldest_first(limits_app):
 class Hourly(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Quick, limit_by="hourly")
+        p.start(Echo, limit_by="hourly")
 
 
 def test_a_keyed_lane_its_rate_refuses_does_not_hold_back_a_younger_unkeyed_execution(db_url):
@@ -390,7 +391,7 @@ def test_a_claim_that_spends_its_keys_last_token_sets_the_alarm_for_the_next(db_
 class KeyedRefusal(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Refuse, limit_by="retried")
+        p.start(Boom, limit_by="retried")
 
 
 def test_an_idle_poll_knows_when_a_delayed_execution_becomes_eligible(db_url):
@@ -503,7 +504,7 @@ def test_a_hand_off_yields_to_an_older_lane(limits_app):
 class HandedOn(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Gen).expand(to=Quick, limit_by="shared")
+        p.start(Gen).expand(to=Echo, limit_by="shared")
 
 
 @pytest.mark.parametrize("hand_off", [True, False])

@@ -288,7 +288,7 @@ def test_a_sweep_that_finds_an_orphaned_hook_crashed_meanwhile_crashes_nothing(m
     from ductwork.fleet.worker import Worker
     from ductwork.pipelines.advance import Advancer
     from ductwork.pipelines.hooks import claim_hook, crash_hooks_of
-    from tests.workloads import HaltingPipeline
+    from tests.workloads.hooks import HaltingPipeline
 
     app = manual_app
     run = HaltingPipeline.trigger(1)

@@ -257,7 +257,7 @@ def no_retry_app(db_url):
 
 
 def test_a_timed_out_step_logs_a_warning_without_a_traceback(no_retry_app, caplog):
-    from tests.workloads import ForeverPipeline
+    from tests.workloads.processes import ForeverPipeline
 
     caplog.set_level(logging.WARNING, logger="ductwork")
     run = ForeverPipeline.trigger("/dev/null")
@@ -273,7 +273,7 @@ def test_a_step_that_raises_in_its_timeout_child_is_a_failure_with_the_childs_er
     """The worker records the error the child process sent back (ChildStepError's info)."""
     import os
 
-    from tests.workloads import RaisesInChildPipeline
+    from tests.workloads.processes import RaisesInChildPipeline
 
     caplog.set_level(logging.WARNING, logger="ductwork")
     run = RaisesInChildPipeline.trigger(None)

@@ -34,7 +34,7 @@ from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from ductwork.pipelines.branches import candidates, claim_branch, claim_branches, release_advancement
 from ductwork.pipelines.outcomes import record_crash
-from tests.workloads import Quick
+from tests.workloads import Echo
 
 #: what a losing step does while it runs: (the input that loses, the callback given its run id)
 LOSE: dict = {}
@@ -73,25 +73,25 @@ class AsyncLoser(Loser):
 class LoserChain(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Loser).chain(to=Quick)
+        p.start(Loser).chain(to=Echo)
 
 
 class LoserExpand(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(SpreadLoser).expand(to=Quick).collapse(into=Quick)
+        p.start(SpreadLoser).expand(to=Echo).collapse(into=Echo)
 
 
 class KeyedLoserChain(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Loser, limit_by="three").chain(to=Quick)
+        p.start(Loser, limit_by="three").chain(to=Echo)
 
 
 class AsyncLoserChain(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(AsyncLoser).chain(to=Quick)
+        p.start(AsyncLoser).chain(to=Echo)
 
 
 @pytest.fixture(autouse=True)
@@ -192,7 +192,7 @@ def test_a_group_commit_that_lost_one_writes_nothing_for_it(app):
     runs, frozen = _lost_batch(app, LoserChain)
     _assert_lost_untouched(app, runs, frozen)
     for run in (runs[0], runs[2]):
-        assert _steps(app, run.id) == [("Loser#0", "completed"), ("Quick#1", "in_progress")]
+        assert _steps(app, run.id) == [("Echo#1", "in_progress"), ("Loser#0", "completed")]
     assert _steps(app, runs[1].id) == [("Loser#0", "in_progress")]
 
 
@@ -235,7 +235,7 @@ def test_an_async_batch_that_lost_one_writes_nothing_for_it(app):
     runs, frozen = _lost_batch(app, AsyncLoserChain)
     _assert_lost_untouched(app, runs, frozen)
     for run in (runs[0], runs[2]):
-        assert _steps(app, run.id) == [("AsyncLoser#0", "completed"), ("Quick#1", "in_progress")]
+        assert _steps(app, run.id) == [("AsyncLoser#0", "completed"), ("Echo#1", "in_progress")]
 
 
 @pytest.mark.parametrize("then", ["released", "re-claimed"])
@@ -265,8 +265,8 @@ def test_an_advancers_batch_that_lost_one_branch_writes_nothing_for_it(advancer_
     assert results == ["advanced", "stale", "advanced"]
     assert run_rows(app, runs[1].id) == frozen  # [INV-ADV-2] nothing for the stale claim
     for run in (runs[0], runs[2]):
-        assert _steps(app, run.id) == [("Loser#0", "completed"), ("Quick#1", "in_progress")]
+        assert _steps(app, run.id) == [("Echo#1", "in_progress"), ("Loser#0", "completed")]
     assert _steps(app, runs[1].id) == [("Loser#0", "advancing")]
     if fresh is not None:
         assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
-        assert _steps(app, runs[1].id) == [("Loser#0", "completed"), ("Quick#1", "in_progress")]  # [INV-ADV-1]
+        assert _steps(app, runs[1].id) == [("Echo#1", "in_progress"), ("Loser#0", "completed")]  # [INV-ADV-1]

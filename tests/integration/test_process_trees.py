@@ -21,7 +21,7 @@ from ductwork.fleet import child, tree
 from ductwork.testing import drain
 from tests import mutants
 from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
-from tests.workloads import (
+from tests.workloads.processes import (
     AsyncShellSpawnerPipeline,
     ShellSpawnerChildPipeline,
     ShellSpawnerPipeline,
@@ -91,7 +91,7 @@ def stop(fleet: Fleet, pids: list[int] = ()) -> None:
 
 @pytest.mark.usefixtures("app")  # the default app the trigger uses, tables emptied
 def test_a_killed_runners_step_subprocesses_are_killed_by_its_supervisor(db_url, tmp_path):
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SpawnerPipeline"],
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SpawnerPipeline"],
                           overrides={"supervisor": {"reaper_timeout": 600}})
     marker = tmp_path / "marker"
     SpawnerPipeline.trigger({"path": str(marker), "seconds": 600})
@@ -110,7 +110,7 @@ def test_a_killed_runners_step_subprocesses_are_killed_by_its_supervisor(db_url,
 
 
 def test_a_killed_supervisors_runners_stop(app, db_url, tmp_path):
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SpawnerPipeline"],
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SpawnerPipeline"],
                           overrides={"supervisor": {"reaper_timeout": 600}})
     with Fleet(db_url, config) as fleet:
         runners: list[int] = []
@@ -136,7 +136,7 @@ def test_a_runner_stopped_past_its_shutdown_timeout_kills_its_steps_subprocesses
     waiting for the thread, and first kills what the busy step started (in its group and
     out of it); the step is re-run elsewhere."""
     # (a long lease: a loaded machine's late heartbeat must not end the runner first)
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SpawnerPipeline"],
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SpawnerPipeline"],
                           overrides={"job_worker": {"shutdown_timeout": 0.2}, "supervisor": {"reaper_timeout": 600}})
     marker = tmp_path / "marker"
     SpawnerPipeline.trigger({"path": str(marker), "seconds": 600})
@@ -153,7 +153,7 @@ def test_a_runner_stopped_past_its_shutdown_timeout_kills_its_steps_subprocesses
 #: ``drain()`` or one ``Worker.run_once``, on the database named by argv[1]
 ADOPTER = """
 import sys
-import tests.workloads  # the adopter's own pipelines
+import tests.workloads.processes  # the adopter's own pipelines
 from ductwork.app import set_default_app
 from ductwork.fleet.worker import Worker
 from ductwork.testing import drain
@@ -211,7 +211,7 @@ def test_a_killed_runners_grandchildren_are_killed_by_its_supervisor(app, db_url
     child) ran shells that each started a process (``sh -c "sleep 600 & wait"``, one shell
     out of the step's group): the runner is SIGKILLed, the supervisor adopts the orphans and
     kills each with everything below it [INV-EXE-5]."""
-    config = write_config(tmp_path / "ductwork.yml", pipelines=[f"tests.workloads:{pipeline.__name__}"],
+    config = write_config(tmp_path / "ductwork.yml", pipelines=[f"{pipeline.__module__}:{pipeline.__qualname__}"],
                           overrides={"supervisor": {"reaper_timeout": 600}})
     marker = tmp_path / "marker"
     pipeline.trigger({"path": str(marker), "seconds": 600})

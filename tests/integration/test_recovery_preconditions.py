@@ -38,7 +38,8 @@ from ductwork.pipelines.prune import prune
 from ductwork.pipelines.runs import Run
 from ductwork.testing import drain
 from tests.factories import make_run
-from tests.workloads import Approval, HaltingPipeline, Unkeyed
+from tests.workloads import Approval, Unkeyed
+from tests.workloads.hooks import HaltingPipeline
 
 STATUSES = ("in_progress", "dampened", "halted", "completed", "revived", "pruned")
 OPERATIONS = ("revive", "resume", "context_set", "prune")

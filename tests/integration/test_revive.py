@@ -449,7 +449,7 @@ def test_the_revive_command_prints_the_new_run_and_refuses_other_states(offset_a
 def test_a_revived_run_that_halts_again_owes_its_own_on_halt_hook(offset_app):
     """A revive makes a new run: if it halts too, it owes its own hook (one per halted
     run, INV-HLT-1), under its own idempotency key; the first run's hook is untouched."""
-    from tests.workloads import HaltingPipeline
+    from tests.workloads.hooks import HaltingPipeline
 
     first = HaltingPipeline.trigger(1)
     drain(offset_app, skip_delays=True)

@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from ductwork.db import schema
 from ductwork.db.clock import to_us
 from tests.fleet import Fleet, process_rows, wait_for, write_config
-from tests.workloads import RollingLowered, RollingRaised, RollingRated, rolling_witness_table
+from tests.workloads.rolling import RollingLowered, RollingRaised, RollingRated, rolling_witness_table
 
 OLD = {"raised": {"concurrency": 2}, "lowered": {"concurrency": 3},
        "rated": {"rate": {"limit": 5, "per": "1s", "burst": 3}}}
@@ -130,7 +130,7 @@ def test_a_rolling_deploy_keeps_each_configs_limits_and_loses_nothing(app, db_ur
     WITNESS.metadata.create_all(app.engine)
     with app.begin() as tx:
         tx.execute(WITNESS.delete())
-    pipelines = [f"tests.workloads:{p.__name__}" for p in PIPELINES.values()]
+    pipelines = [f"{p.__module__}:{p.__qualname__}" for p in PIPELINES.values()]
     # a lease long enough that a loaded machine's slow boot does not cost a worker its lease
     settings = {"job_worker": {"count": 4, "polling_timeout": 0.1}, "supervisor": {"reaper_timeout": 20}}
     fleets = {

@@ -31,7 +31,7 @@ from ductwork.fleet import tree
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import proven_dead, reap_dead
 from tests.fleet import Fleet, pid_alive, wait_for, write_config
-from tests.workloads import SlowKeyedPipeline, SpawnerPipeline, marker_lines, spawned
+from tests.workloads.processes import SlowKeyedPipeline, SpawnerPipeline, marker_lines, spawned
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the proof of death reads /proc (Linux)")
 
@@ -61,7 +61,7 @@ def test_a_fleet_killed_and_restarted_on_its_host_frees_the_keys_slots_at_once(a
     concurrency 2, then ``ductwork start`` again on the same host: the restarted
     supervisor proves the old processes gone and reaps them in its first ticks (before,
     only ``reaper_timeout`` freed them: 294 s in the report of issue 36)."""
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SlowKeyedPipeline"],
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowKeyedPipeline"],
                           limits={"slow_key": {"concurrency": 2}}, overrides=NEVER_STALE)
     markers = [tmp_path / "a", tmp_path / "b"]
     runs = [SlowKeyedPipeline.trigger({"path": str(m), "first": 600, "after": 0.05}) for m in markers]
@@ -167,7 +167,7 @@ def test_what_a_dead_fleets_step_started_dies_before_its_claim_moves_on(db_url, 
     """The whole host SIGKILLed: the step's subprocess that stayed in the process group dies
     with it; the one that left it (``setsid``) is found by its runner's mark and killed by
     the restarted supervisor before the step is re-run."""
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:SpawnerPipeline"],
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SpawnerPipeline"],
                           overrides=NEVER_STALE)
     marker = tmp_path / "marker"
     SpawnerPipeline.trigger({"path": str(marker), "seconds": 600})

@@ -31,7 +31,8 @@ from ductwork.limits.claims import claim
 from ductwork.pipelines.prune import prune
 from ductwork.testing import drain
 from tests.conftest import installed, make_app
-from tests.workloads import Approval, HaltingPipeline
+from tests.workloads import Approval
+from tests.workloads.hooks import HaltingPipeline
 
 #: which package writes which table: the one statement of the layering
 OWNERS: dict[str, set[str]] = {

@@ -21,7 +21,7 @@ import pytest
 from ductwork.fleet import child
 from ductwork.fleet.worker import Worker
 from tests.fleet import pid_alive, wait_for
-from tests.workloads import EndsItsChildPipeline, marker_lines
+from tests.workloads.processes import EndsItsChildPipeline, marker_lines
 
 
 def _first_execution(run):

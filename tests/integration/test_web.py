@@ -29,7 +29,7 @@ from ductwork.status import snapshot
 from ductwork.testing import drain
 from ductwork.web import dashboard
 from tests.conftest import installed, make_app
-from tests.web_workloads import LIMITS, POOL_KEY, XSS, XSS_KEY, Approval, Flaky, Hostile, Pushes
+from tests.workloads.web import LIMITS, POOL_KEY, XSS, XSS_KEY, Approval, Flaky, Hostile, Pushes
 
 
 @pytest.fixture

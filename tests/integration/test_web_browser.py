@@ -36,7 +36,7 @@ import pytest
 
 from tests.conftest import _migrated_url, make_app
 from tests.fleet import Fleet, wait_for, write_config
-from tests.web_workloads import LIMITS, PIPELINES, POOL_KEY, XSS, XSS_KEY, Approval, Flaky, Hostile, Pushes
+from tests.workloads.web import LIMITS, PIPELINES, POOL_KEY, XSS, XSS_KEY, Approval, Flaky, Hostile, Pushes
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
 expect = playwright_api.expect

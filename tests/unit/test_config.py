@@ -538,11 +538,11 @@ def test_star_finding_no_pipeline_in_the_imports_is_an_error():
 
 def test_star_loads_the_defined_pipelines_of_the_imports_in_name_order():
     from ductwork.fleet.boot import load_pipelines
-    from tests import workloads
+    from tests.workloads import processes
 
-    loaded = load_pipelines(section(pipelines=["*"], imports=["tests.workloads"]))
-    assert workloads.SlowKeyedPipeline in loaded
-    assert {cls.__module__ for cls in loaded} == {"tests.workloads"}
+    loaded = load_pipelines(section(pipelines=["*"], imports=["tests.workloads.processes"]))
+    assert processes.SlowKeyedPipeline in loaded
+    assert {cls.__module__ for cls in loaded} == {"tests.workloads.processes"}
     assert all(cls.definition is not None for cls in loaded)
     assert [cls.__qualname__ for cls in loaded] == sorted(cls.__qualname__ for cls in loaded)
 
@@ -552,7 +552,7 @@ def test_a_listed_pipeline_without_a_definition_references_no_limit_key():
     check's key references come from the pipelines that define one."""
     from ductwork import Pipeline
     from ductwork.fleet.boot import limit_references
-    from tests.workloads import SlowKeyedPipeline
+    from tests.workloads.processes import SlowKeyedPipeline
 
     class Base(Pipeline):
         pass

@@ -1,7 +1,7 @@
-"""Pipelines shared by tests that run real child processes (importable by module path).
-
-Steps used by process tests must live in an importable module: a child process
-resolves ``"tests.workloads:Work"`` by importing it.
+"""Steps and pipelines for tests that run real processes (``ductwork start`` fleets,
+``timeout=`` children, kills): they sleep, block, spawn or end their process, and write
+marker lines a test reads back. A child process resolves ``"tests.workloads.processes:Nap"``
+by importing this module.
 """
 
 from __future__ import annotations
@@ -9,35 +9,12 @@ from __future__ import annotations
 import time
 
 from ductwork import Pipeline, Step
+from tests.workloads import Gather, Items, Square
 
 FAULT_KEY = "fault_key"
 #: the collapse's key, of concurrency 1: its claim fills it, so its success is a release
 #: first, then an advancement (between_release_and_advance)
 FAULT_TOTAL_KEY = "fault_total_key"
-
-
-class Start(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return list(range(self.n))
-
-
-class Work(Step):
-    def __init__(self, i):
-        self.i = i
-
-    def execute(self):
-        return self.i * self.i
-
-
-class Total(Step):
-    def __init__(self, squares):
-        self.squares = squares
-
-    def execute(self):
-        return self.squares
 
 
 class FaultPipeline(Pipeline):
@@ -46,11 +23,11 @@ class FaultPipeline(Pipeline):
 
     @classmethod
     def define(cls, p):
-        p.start(Start).expand(to=Work, limit_by=FAULT_KEY).collapse(into=Total, limit_by=FAULT_TOTAL_KEY)
+        p.start(Items).expand(to=Square, limit_by=FAULT_KEY).collapse(into=Gather, limit_by=FAULT_TOTAL_KEY)
 
 
 def fault_pipeline_expected(n: int) -> dict:
-    return {"Start#0": 1, "Work#1": n, "Total#2": 1}
+    return {"Items#0": 1, "Square#1": n, "Gather#2": 1}
 
 
 class Nap(Step):
@@ -80,12 +57,16 @@ class Forever(Step):
 
 
 class NapPipeline(Pipeline):
+    """Two Naps in a chain (each sleeps the seconds it is given)."""
+
     @classmethod
     def define(cls, p):
         p.start(Nap).chain(to=Nap)
 
 
 class ForeverPipeline(Pipeline):
+    """One Forever step with ``timeout=1``: its child is killed at the timeout."""
+
     @classmethod
     def define(cls, p):
         p.start(Forever, timeout=1)
@@ -104,6 +85,8 @@ class RaisesInChild(Step):
 
 
 class RaisesInChildPipeline(Pipeline):
+    """One RaisesInChild step in a ``timeout=`` child."""
+
     @classmethod
     def define(cls, p):
         p.start(RaisesInChild, timeout=30)
@@ -135,6 +118,8 @@ class EndsItsChild(Step):
 
 
 class EndsItsChildPipeline(Pipeline):
+    """One EndsItsChild step in a ``timeout=`` child."""
+
     @classmethod
     def define(cls, p):
         p.start(EndsItsChild, timeout=30)
@@ -167,6 +152,8 @@ class Slow(Step):
 
 
 class Done(Step):
+    """Returns ``"done"``."""
+
     def __init__(self, job):
         self.job = job
 
@@ -175,18 +162,24 @@ class Done(Step):
 
 
 class SlowPipeline(Pipeline):
+    """Slow, then Done: an unkeyed step a test kills mid-way."""
+
     @classmethod
     def define(cls, p):
         p.start(Slow).chain(to=Done)
 
 
 class SlowKeyedPipeline(Pipeline):
+    """Slow on key ``slow_key``, then Done (the CLI's check names the key)."""
+
     @classmethod
     def define(cls, p):
         p.start(Slow, limit_by="slow_key").chain(to=Done)
 
 
 class ForeverKeyedPipeline(Pipeline):
+    """One Forever step with ``timeout=1`` on key ``forever_key``."""
+
     @classmethod
     def define(cls, p):
         p.start(Forever, timeout=1, limit_by="forever_key")
@@ -213,12 +206,16 @@ class Spawner(Step):
 
 
 class SpawnerPipeline(Pipeline):
+    """One Spawner step in its worker's thread."""
+
     @classmethod
     def define(cls, p):
         p.start(Spawner)
 
 
 class SpawnerTimeoutPipeline(Pipeline):
+    """One Spawner step in a ``timeout=1`` child."""
+
     @classmethod
     def define(cls, p):
         p.start(Spawner, timeout=1)
@@ -260,12 +257,16 @@ class AsyncShellSpawner(ShellSpawner):
 
 
 class AsyncShellSpawnerPipeline(Pipeline):
+    """One AsyncShellSpawner step, awaited on the step loop."""
+
     @classmethod
     def define(cls, p):
         p.start(AsyncShellSpawner)
 
 
 class ShellSpawnerPipeline(Pipeline):
+    """One ShellSpawner step in its worker's thread."""
+
     @classmethod
     def define(cls, p):
         p.start(ShellSpawner)
@@ -309,161 +310,3 @@ def marker_lines(path, what: str = "start") -> list[tuple[int, str]]:
     with open(path) as marker:
         return [(int(parts[1]), parts[2]) for parts in (line.split() for line in marker)
                 if len(parts) == 3 and parts[0] == what]
-
-
-class Quick(Step):
-    """Returns its argument at once."""
-
-    def __init__(self, i):
-        self.i = i
-
-    def execute(self):
-        return self.i
-
-
-class Unkeyed(Pipeline):
-    """One unkeyed step: the smallest run there is."""
-
-    @classmethod
-    def define(cls, p):
-        p.start(Quick)
-
-
-class Approval(Pipeline):
-    """Quick, then a dampen: the run waits for ``resume`` (from any process)."""
-
-    @classmethod
-    def define(cls, p):
-        p.start(Quick).dampen(before=Quick)
-
-
-# --------------------------------------------------------------------------- on_halt hooks (issue 16)
-
-#: the file each HaltRecorder attempt appends a line to (set by the test, read back by it)
-HOOK_LOG_ENV = "DUCTWORK_TEST_HOOK_LOG"
-
-
-class Refuse(Step):
-    """Always raises: with max_retry spent, its branch (and run) halts."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        raise ValueError(f"refused {self.n}")
-
-
-class HaltRecorder(Step):
-    """An on_halt handler: appends ``<idempotency_key> <run_id> <reasons>`` to the file named
-    by ``$DUCTWORK_TEST_HOOK_LOG`` (when set), so a test in another process sees every
-    attempt that ran, crashed ones included."""
-
-    def __init__(self, halt):
-        self.halt = halt
-
-    def execute(self):
-        import json
-        import os
-
-        path = os.environ.get(HOOK_LOG_ENV)
-        if path:
-            reasons = ",".join(r["reason"] for r in self.halt["halt_reasons"])
-            with open(path, "a") as out:
-                out.write(f"{self.idempotency_key} {self.halt['run_id']} {reasons} {json.dumps(self.halt)}\n")
-        return None
-
-
-class HaltingPipeline(Pipeline):
-    """start(Refuse): halts ``job_retries_exhausted`` once its retries are spent, and owes
-    its HaltRecorder hook."""
-
-    @classmethod
-    def define(cls, p):
-        p.start(Refuse).on_halt(HaltRecorder)
-
-
-# --------------------------------------------------------------------------- rolling deploys
-#
-# tests/integration/test_rolling_deploy.py: two fleets with different limits on one
-# database. Every body writes a witness row when it starts and stamps it when it
-# returns, each in its own short transaction with database time, naming the fleet that
-# ran it (``DUCTWORK_ROLLING_FLEET``); ``DUCTWORK_ROLLING_WITNESS_URL`` names the database.
-
-_rolling_engine = None
-
-
-def rolling_witness_table(metadata=None):
-    """The table ``RollingCall`` bodies write (created next to ductwork's tables)."""
-    import sqlalchemy as sa
-
-    from ductwork.db import schema
-
-    return sa.Table(
-        "rolling_witnesses", metadata if metadata is not None else sa.MetaData(),
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("step_id", schema.Id, nullable=False),
-        sa.Column("fleet", schema.Name, nullable=False),  # DUCTWORK_ROLLING_FLEET of the body's process
-        sa.Column("pid", sa.Integer, nullable=False),
-        sa.Column("limit_key", schema.Name, nullable=False),
-        sa.Column("started_at", schema.Timestamp, nullable=False),
-        sa.Column("ended_at", schema.Timestamp, nullable=True),  # NULL: did not return
-    )
-
-
-class RollingCall(Step):
-    """Writes its witness row, pauses ``seconds``, stamps the row's end."""
-
-    limit_key = ""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-
-    def execute(self):
-        import os
-
-        from ductwork.db.dialects import db_now
-        from ductwork.db.engines import create_engine
-
-        global _rolling_engine
-        if _rolling_engine is None:
-            _rolling_engine = create_engine(os.environ["DUCTWORK_ROLLING_WITNESS_URL"], pool_size=2,
-                                            io_timeout=10)
-        table = rolling_witness_table()
-        with _rolling_engine.begin() as conn:
-            witness_id = conn.execute(table.insert().values(
-                step_id=self._ductwork_step_id, fleet=os.environ["DUCTWORK_ROLLING_FLEET"],
-                pid=os.getpid(), limit_key=self.limit_key, started_at=db_now(conn))).inserted_primary_key[0]
-        time.sleep(self.seconds)
-        with _rolling_engine.begin() as conn:
-            conn.execute(table.update().where(table.c.id == witness_id).values(ended_at=db_now(conn)))
-        return self.seconds
-
-
-class RaisedCall(RollingCall):
-    limit_key = "raised"
-
-
-class LoweredCall(RollingCall):
-    limit_key = "lowered"
-
-
-class RatedCall(RollingCall):
-    limit_key = "rated"
-
-
-class RollingRaised(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(RaisedCall, limit_by="raised")
-
-
-class RollingLowered(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(LoweredCall, limit_by="lowered")
-
-
-class RollingRated(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(RatedCall, limit_by="rated")

@@ -14,6 +14,7 @@ import os
 import time
 
 from ductwork import Pipeline, Step
+from tests.workloads import Approval, Echo
 
 #: strings a page must show as text: each would run script (set window.__xss) if a page
 #: wrote it as markup
@@ -35,14 +36,6 @@ def _wait_for_file(path: str) -> None:
         if time.monotonic() > end:
             raise TimeoutError(f"{path} never appeared")
         time.sleep(0.05)
-
-
-class Echo(Step):
-    def __init__(self, value):
-        self.value = value
-
-    def execute(self):
-        return self.value
 
 
 class Fetch(Step):
@@ -67,6 +60,8 @@ class PushGated(Step):
 
 
 class Tally(Step):
+    """A fan-in: returns how many pushes it gathered."""
+
     def __init__(self, pushed):
         self.pushed = pushed
 
@@ -97,17 +92,11 @@ class FailsUntil(Step):
 
 
 class Flaky(Pipeline):
+    """One FailsUntil step: halted until its file exists, then revived to completion."""
+
     @classmethod
     def define(cls, p):
         p.start(FailsUntil)
-
-
-class Approval(Pipeline):
-    """Echo, then a dampen: resumed with an input, the last Echo returns it."""
-
-    @classmethod
-    def define(cls, p):
-        p.start(Echo).dampen(before=Echo)
 
 
 class Explode(Step):
@@ -122,9 +111,11 @@ class Explode(Step):
 
 
 class Hostile(Pipeline):
+    """Echo, then Explode on the XSS key: payloads in every place a page shows."""
+
     @classmethod
     def define(cls, p):
         p.start(Echo).chain(to=Explode, limit_by=XSS_KEY)
 
 
-PIPELINES = [f"{__name__}:{name}" for name in ("Pushes", "Flaky", "Approval", "Hostile")]
+PIPELINES = [f"{cls.__module__}:{cls.__qualname__}" for cls in (Pushes, Flaky, Approval, Hostile)]

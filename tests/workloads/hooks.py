@@ -1,0 +1,41 @@
+"""An ``on_halt`` handler that logs each of its attempts to a file, and a run that owes it
+(tests of halt hooks in-process and on real fleets: ``"tests.workloads.hooks:HaltingPipeline"``).
+"""
+
+from __future__ import annotations
+
+from ductwork import Pipeline, Step
+from tests.workloads import Boom
+
+#: the file each HaltRecorder attempt appends a line to (set by the test, read back by it)
+HOOK_LOG_ENV = "DUCTWORK_TEST_HOOK_LOG"
+
+
+class HaltRecorder(Step):
+    """An on_halt handler: appends ``<idempotency_key> <run_id> <reasons>`` to the file named
+    by ``$DUCTWORK_TEST_HOOK_LOG`` (when set), so a test in another process sees every
+    attempt that ran, crashed ones included."""
+
+    def __init__(self, halt):
+        self.halt = halt
+
+    def execute(self):
+        import json
+        import os
+
+        path = os.environ.get(HOOK_LOG_ENV)
+        if path:
+            reasons = ",".join(r["reason"] for r in self.halt["halt_reasons"])
+            with open(path, "a") as out:
+                out.write(f"{self.idempotency_key} {self.halt['run_id']} {reasons} {json.dumps(self.halt)}\n")
+        return None
+
+
+class HaltingPipeline(Pipeline):
+    """start(Boom): halts ``job_retries_exhausted`` once its retries are spent, and owes its
+    HaltRecorder hook."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Boom).on_halt(HaltRecorder)
+
