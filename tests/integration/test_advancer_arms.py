@@ -16,7 +16,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step, faults
+from ductwork import Pipeline, faults
 from ductwork.db import schema
 from ductwork.errors import FaultInjection
 from ductwork.fleet.processes import register
@@ -26,68 +26,27 @@ from ductwork.pipelines.advance import Advancer
 from ductwork.pipelines.branches import candidates, claim_branch, claim_branches, release_advancement
 from tests.conftest import installed, make_app
 from tests.integration.test_lock_races import blocked_on
+from tests.workloads import Approval, Echo, Fails, Items, TwoStep
 
 
-class Num(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n
+class Alpha(Echo):
+    """Echo under a name that sorts before Zed's."""
 
 
-class Alpha(Num):
-    pass
-
-
-class Zed(Num):
-    pass
-
-
-class Items(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return list(range(self.n))
-
-
-class Boom(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        raise ValueError(f"boom {self.n}")
-
-
-class TwoStep(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Num).chain(to=Num)
+class Zed(Echo):
+    """Echo under a name that sorts after Alpha's."""
 
 
 class Diverts(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Num).divert(to={1: Alpha, "otherwise": Zed})
-
-
-class Dampens(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Num).dampen(before=Num)
+        p.start(Echo).divert(to={1: Alpha, "otherwise": Zed})
 
 
 class Expands(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Items).expand(to=Num)
-
-
-class Fails(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Boom)
+        p.start(Items).expand(to=Echo)
 
 
 class ZedThenAlpha(Pipeline):
@@ -187,14 +146,14 @@ def test_a_divert_a_dampen_and_a_spent_crash_budget_in_a_batch_or_each_alone(app
     """One advancer's batch holds a divert, a dampen and a branch whose advancers crashed
     ``max_crash`` times. They commit together; or, when the batch's transaction fails
     (``inside_advance_batch`` raises), each is advanced alone, to the same end."""
-    diverts, dampens, crashed = Diverts.trigger(1), Dampens.trigger(2), TwoStep.trigger(3)
+    diverts, dampens, crashed = Diverts.trigger(1), Approval.trigger(2), TwoStep.trigger(3)
     _work(app)
     _crash(app, _branch(app, crashed.id).id, 3)  # the test config's max_crash
     if batch_fails:
         faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise", nth=1)
     assert Advancer(app).run_once() == "advanced"
     assert faults.fired(faults.INSIDE_ADVANCE_BATCH) == (1 if batch_fails else 0)
-    assert [s.node for s in diverts.steps()] == ["Num#0", "Alpha#1"]  # key 1's target
+    assert [s.node for s in diverts.steps()] == ["Echo#0", "Alpha#1"]  # key 1's target
     assert (dampens.refresh().status, [s.status for s in dampens.steps()]) == ("dampened", ["completed"])
     assert (crashed.refresh().status, crashed.refresh().halt_reasons) == ("halted", ["advancer_crashes_exhausted"])
     branch = _branch(app, crashed.id)
@@ -248,7 +207,7 @@ def test_an_error_whose_claim_was_lost_is_not_recorded(app, monkeypatch):
     assert (branch.status, branch.claim_token) == ("in_progress", None)
     assert [a.error_klass for a in _advancements(app, branch.id)] == ["ductwork.ProcessCrash"]
     assert Advancer(app).run_once() == "advanced"
-    assert sorted(s.input for s in run.steps() if s.node == "Num#1") == [[i] for i in range(6)]
+    assert sorted(s.input for s in run.steps() if s.node == "Echo#1") == [[i] for i in range(6)]
 
 
 def test_a_claim_whose_error_could_not_be_recorded_is_released_by_its_thread(app):
@@ -267,7 +226,7 @@ def test_a_claim_whose_error_could_not_be_recorded_is_released_by_its_thread(app
     assert [(a.completed_at is not None, a.error_klass) for a in _advancements(app, branch.id)] == [
         (True, "ductwork.ThreadCrash")]
     assert Advancer(app).run_once() == "advanced"
-    assert [(s.node, s.status) for s in run.steps()] == [("Num#0", "completed"), ("Num#1", "in_progress")]
+    assert [(s.node, s.status) for s in run.steps()] == [("Echo#0", "completed"), ("Echo#1", "in_progress")]
     assert [a.crash_count for a in _advancements(app, branch.id)] == [0, 1]
 
 
@@ -317,4 +276,4 @@ def test_a_reaper_racing_a_committing_batch_leaves_its_advancement_as_committed(
     branch = _branch(app, run.id)
     assert (branch.status, branch.claim_token) == ("in_progress", None)
     assert [(a.completed_at is not None, a.error_klass) for a in _advancements(app, branch.id)] == [(True, None)]
-    assert [(s.node, s.status) for s in run.steps()] == [("Num#0", "completed"), ("Num#1", "in_progress")]
+    assert [(s.node, s.status) for s in run.steps()] == [("Echo#0", "completed"), ("Echo#1", "in_progress")]

@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step
+from ductwork import Pipeline
 from ductwork.db import schema
 from ductwork.db.dialects import violated_constraint
 from ductwork.errors import CommitFailed
@@ -38,6 +38,7 @@ from ductwork.pipelines.outcomes import record_success
 from ductwork.pipelines.runs import cached_definition
 from ductwork.testing import drain
 from tests.conftest import race
+from tests.workloads import Echo, Fan, Takes, TwoStep, Unkeyed
 
 RACERS = 4
 
@@ -56,73 +57,28 @@ def app(db_url):
     yield from _default_app(db_url, pipeline_advancer={"inline_linear": False})
 
 
-class Num(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n
-
-
-class Spread(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return list(range(self.n))
-
-
-class Gather(Step):
-    def __init__(self, xs):
-        self.xs = xs
-
-    def execute(self):
-        return self.xs
-
-
-class TwoStep(Pipeline):
+class KeyedEcho(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Num).chain(to=Num)
-
-
-class OneStep(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Num)
-
-
-class KeyedNum(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Num, limit_by="in_a_row")
+        p.start(Echo, limit_by="in_a_row")
 
 
 #: what :class:`ReapsItsWorker` does while it runs (set by the test)
 WHILE_RUNNING: list = []
 
 
-class ReapsItsWorker(Step):
+class ReapsItsWorker(Takes):
     """Returns its argument after the test's callback ran (the reaper taking its claim)."""
-
-    def __init__(self, n):
-        self.n = n
 
     def execute(self):
         WHILE_RUNNING[0]()
-        return self.n
+        return self.value
 
 
 class ReapedUnderItsStep(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(ReapsItsWorker)
-
-
-class FanP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Spread).expand(to=Num).collapse(into=Gather)
 
 
 @pytest.fixture
@@ -176,13 +132,13 @@ def test_racing_claims_on_one_branch_have_one_winner(app):
         assert len(winners) == 1  # [INV-ADV-2] one token
         assert Advancer(app, process_id=winners[0].token and pids[claims.index(winners[0])]).advance(
             winners[0]) == "advanced"
-        assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}  # [INV-ADV-1]
+        assert step_nodes(app, run.id) == {"Echo#0": 1, "Echo#1": 1}  # [INV-ADV-1]
         drain(app, timeout=30)
 
 
 def test_racing_advancers_on_fan_out_and_fan_in_create_each_successor_once(app):
     pids = processes(app, RACERS)
-    runs = [FanP.trigger(6) for _ in range(3)]
+    runs = [Fan.trigger(6) for _ in range(3)]
     stop = threading.Event()
 
     def advance_loop(pid):
@@ -195,8 +151,8 @@ def test_racing_advancers_on_fan_out_and_fan_in_create_each_successor_once(app):
     race([lambda p=p: advance_loop(p) for p in pids])
     for run in runs:
         assert run.refresh().status == "completed"
-        assert step_nodes(app, run.id) == {"Spread#0": 1, "Num#1": 6, "Gather#2": 1}
-        assert run.steps()[-1].output == list(range(6))
+        assert step_nodes(app, run.id) == {"Items#0": 1, "Times10#1": 6, "Gather#2": 1}
+        assert run.steps()[-1].output == [i * 10 for i in range(6)]
     with app.begin() as tx:
         errors = tx.execute(sa.select(schema.advancements.c.error_klass)
                             .where(schema.advancements.c.error_klass.is_not(None))).scalars().all()
@@ -213,7 +169,7 @@ def test_stale_token_commits_nothing(app):
     assert fresh.token != stale.token
     assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
     assert Advancer(app, process_id=pa).advance(stale) == "stale"  # [INV-ADV-2]
-    assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}
+    assert step_nodes(app, run.id) == {"Echo#0": 1, "Echo#1": 1}
     with app.begin() as tx:
         rows = tx.execute(sa.select(schema.advancements.c.error_klass)
                           .order_by(schema.advancements.c.started_at)).scalars().all()
@@ -239,16 +195,16 @@ def test_a_stale_token_in_a_batch_commits_nothing_for_its_branch_only(app):
     assert fresh is not None
     results = Advancer(app, process_id=pa).advance_batch([claims[branch1], claims[branch2]])
     assert results == ["stale", "advanced"]  # [INV-ADV-2] only the stale branch is refused
-    assert step_nodes(app, run1.id) == {"Num#0": 1}
-    assert step_nodes(app, run2.id) == {"Num#0": 1, "Num#1": 1}
+    assert step_nodes(app, run1.id) == {"Echo#0": 1}
+    assert step_nodes(app, run2.id) == {"Echo#0": 1, "Echo#1": 1}
     assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
-    assert step_nodes(app, run1.id) == {"Num#0": 1, "Num#1": 1}  # [INV-ADV-1]
+    assert step_nodes(app, run1.id) == {"Echo#0": 1, "Echo#1": 1}  # [INV-ADV-1]
 
 
 def test_a_success_leaves_a_held_branch_to_its_advancer(app_inline):
     """A success whose branch an advancer holds is not advanced inline: the step is left
     ``advancing`` and the branch and its run untouched [INV-ADV-2]."""
-    run = OneStep.trigger(1)
+    run = Unkeyed.trigger(1)
     b = schema.branches
     with app_inline.begin() as tx:
         tx.execute(b.update().where(b.c.run_id == run.id).values(status="advancing", claim_token="held-elsewhere"))
@@ -263,7 +219,7 @@ def test_a_success_leaves_a_held_branch_to_its_advancer(app_inline):
 def test_a_group_commit_completes_one_step_runs_without_an_advancer(app_inline):
     """One-step runs: the worker's group commit completes each step, ends each branch and
     completes each run in the transaction that records the successes."""
-    runs = [OneStep.trigger(i) for i in range(6)]
+    runs = [Unkeyed.trigger(i) for i in range(6)]
     worker = Worker(app_inline)
     while worker.run_once() is not None:
         pass
@@ -278,7 +234,7 @@ class KeyedChain(Pipeline):
 
     @classmethod
     def define(cls, p):
-        p.start(Num, limit_by="released").chain(to=Num, limit_by="released")
+        p.start(Echo, limit_by="released").chain(to=Echo, limit_by="released")
 
 
 @pytest.fixture
@@ -324,7 +280,7 @@ def test_a_released_step_is_advanced_by_its_worker_without_an_advancer(keyed_app
     branch (advance_released): the successor exists with no advancer having run."""
     run, inline = _released(keyed_app)
     assert advance_released_steps(keyed_app, [inline]) == {inline.claimed.step_id}
-    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
     with keyed_app.begin() as tx:
         assert candidates(tx, 10) == []
 
@@ -334,7 +290,7 @@ class RoomyChain(Pipeline):
 
     @classmethod
     def define(cls, p):
-        p.start(Num, limit_by="roomy").chain(to=Num, limit_by="roomy")
+        p.start(Echo, limit_by="roomy").chain(to=Echo, limit_by="roomy")
 
 
 def test_a_keyed_success_on_a_key_with_room_advances_in_its_own_transaction(keyed_app):
@@ -348,7 +304,7 @@ def test_a_keyed_success_on_a_key_with_room_advances_in_its_own_transaction(keye
     definition = cached_definition(keyed_app, claimed.definition_sha1)
     output = make_output(claimed.klass, definition, claimed.node, 1)
     assert record_success(keyed_app, claimed, output) == []
-    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
 
 
 def test_a_keyed_success_is_advanced_by_its_worker_after_the_release(keyed_app):
@@ -356,7 +312,7 @@ def test_a_keyed_success_is_advanced_by_its_worker_after_the_release(keyed_app):
     worker advances the branch itself (no advancer runs), and what follows is there."""
     run = KeyedChain.trigger(1)
     assert Worker(keyed_app).run_once().outcome == "success"
-    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
     with keyed_app.begin() as tx:
         assert candidates(tx, 10) == []
 
@@ -374,7 +330,7 @@ def test_a_fast_keyed_success_on_a_full_key_advances_in_its_own_transaction(pace
                         lambda app, items: asked.extend(items) or real(app, items))
     run = KeyedChain.trigger(1)
     assert Worker(paced_app).run_once().outcome == "success"
-    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
     assert asked == []
 
 
@@ -387,7 +343,7 @@ def test_a_released_step_an_advancer_advanced_meanwhile_is_not_advanced_again(ke
     with caplog.at_level("WARNING", logger="ductwork"):
         assert advance_released_steps(keyed_app, [inline]) == set()
     assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
-    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
 
 
 def test_a_released_step_whose_branch_an_advancer_holds_is_left_to_it(keyed_app, caplog):
@@ -400,10 +356,10 @@ def test_a_released_step_whose_branch_an_advancer_holds_is_left_to_it(keyed_app,
     assert held is not None
     with caplog.at_level("WARNING", logger="ductwork"):
         assert advance_released_steps(keyed_app, [inline]) == set()
-    assert _nodes(run) == Counter({("Num#0", "advancing"): 1})
+    assert _nodes(run) == Counter({("Echo#0", "advancing"): 1})
     assert Advancer(keyed_app, process_id=pid).advance(held) == "advanced"
     assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
-    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
 
 
 def test_a_released_step_an_advancer_crashed_on_is_left_to_the_advancer(keyed_app):
@@ -417,9 +373,9 @@ def test_a_released_step_an_advancer_crashed_on_is_left_to_the_advancer(keyed_ap
     with keyed_app.begin() as tx:
         release_advancement(tx, held.advancement_id, held.branch_id, held.token, "crashed")
     assert advance_released_steps(keyed_app, [inline]) == set()
-    assert _nodes(run) == Counter({("Num#0", "advancing"): 1})
+    assert _nodes(run) == Counter({("Echo#0", "advancing"): 1})
     assert Advancer(keyed_app).run_once() == "advanced"
-    assert _nodes(run) == Counter({("Num#0", "completed"): 1, ("Num#1", "in_progress"): 1})
+    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
 
 
 def test_stale_candidate_is_not_claimed_off_its_new_step(app):
@@ -429,12 +385,12 @@ def test_stale_candidate_is_not_claimed_off_its_new_step(app):
         assert candidates(tx, 10) == [branch_id]  # read by a slow advancer...
     assert Advancer(app).run_once() == "advanced"  # ...while another advances and releases it
     assert claim_branch(app, branch_id, pid) is None  # the re-asserted predicate refuses
-    assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}
+    assert step_nodes(app, run.id) == {"Echo#0": 1, "Echo#1": 1}
 
 
 def test_fan_in_counter_fires_once_when_siblings_race(app):
     pids = processes(app, RACERS)
-    run = FanP.trigger(RACERS)
+    run = Fan.trigger(RACERS)
     drain_first = Worker(app)
     assert drain_first.run_once().outcome == "success"
     assert Advancer(app).run_once() == "advanced"  # expands into RACERS children
@@ -449,7 +405,7 @@ def test_fan_in_counter_fires_once_when_siblings_race(app):
     assert results == ["advanced"] * RACERS
     assert step_nodes(app, run.id)["Gather#2"] == 1  # [INV-ADV-3]
     drain(app, timeout=30)
-    assert run.refresh().steps()[-1].output == list(range(RACERS))
+    assert run.refresh().steps()[-1].output == [i * 10 for i in range(RACERS)]
 
 
 def test_workers_racing_for_one_execution(app):
@@ -602,7 +558,7 @@ def test_a_live_process_recovers_an_advancement_no_thread_holds(manual_advancer_
     assert fresh is not None
     assert Advancer(app, process_id=pa).advance(lost) == "stale"
     assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
-    assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}
+    assert step_nodes(app, run.id) == {"Echo#0": 1, "Echo#1": 1}
     with app.begin() as tx:
         errors = tx.execute(sa.select(schema.advancements.c.error_message)
                             .order_by(schema.advancements.c.started_at)).scalars().all()
@@ -630,7 +586,7 @@ def test_an_orphaned_advancement_is_swept(manual_advancer_app):
     fresh = claim_branch(app, branch_id, live)
     assert fresh is not None
     assert Advancer(app, process_id=live).advance(fresh) == "advanced"
-    assert step_nodes(app, run.id) == {"Num#0": 1, "Num#1": 1}
+    assert step_nodes(app, run.id) == {"Echo#0": 1, "Echo#1": 1}
 
 
 def test_a_batched_success_reaped_under_its_step_is_the_reapers(app, caplog):
@@ -663,7 +619,7 @@ def test_a_threads_keyed_batch_goes_on_through_its_own_hand_off(in_a_row_app):
 
     app = in_a_row_app
     (pid,) = processes(app, 1)
-    runs = [KeyedNum.trigger(i) for i in range(8)]
+    runs = [KeyedEcho.trigger(i) for i in range(8)]
     inbox = Inbox(lambda _: None, lambda: 0, threads=1)
     worker = Worker(app, process_id=pid, hand_off=lambda: True, batch_size=4, batch_window=60, inbox=inbox)
     worker.batch = 4  # paced as fast steps are (a new worker starts at 1)

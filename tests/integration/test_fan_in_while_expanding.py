@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step, faults
+from ductwork import faults
 from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
@@ -42,39 +42,10 @@ from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from ductwork.pipelines.branches import claim_branch
 from tests.conftest import installed, make_app
+from tests.workloads import Fan
 
 WIDTH = 5
 BATCH = 2  # batches [0, 1], [2, 3], [4]: two gaps, then the end
-
-
-class Items(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return list(range(self.n))
-
-
-class Tenfold(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n * 10
-
-
-class Gather(Step):
-    def __init__(self, xs):
-        self.xs = xs
-
-    def execute(self):
-        return self.xs
-
-
-class FanP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Items).expand(to=Tenfold).collapse(into=Gather)
 
 
 @dataclass(frozen=True)
@@ -202,7 +173,7 @@ class Gaps:
 def test_children_arriving_while_their_expand_is_parked_fire_the_merge_once(fan_app, monkeypatch, name):
     schedule = SCHEDULES[name]
     app = fan_app
-    run = FanP.trigger(WIDTH)
+    run = Fan.trigger(WIDTH)
     driver = Driver(app, run.id)
     parked = Advancer(app, process_id=register(app, role="advancer", label="parked"))
     action, faulted = schedule.fault or (None, 0)

@@ -32,46 +32,15 @@ from ductwork.pipelines.history import list_runs
 from ductwork.pipelines.history_text import render_history
 from ductwork.testing import drain
 from tests.conftest import installed, make_app
+from tests.workloads import Boom, Items, Square, Sum
 
 # --------------------------------------------------------------------------- pipelines
-
-
-class Emit(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return list(range(self.n))
-
-
-class Square(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n * self.n
-
-
-class Gather(Step):
-    def __init__(self, xs):
-        self.xs = xs
-
-    def execute(self):
-        return sum(self.xs)
-
-
-class Boom(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        raise ValueError(f"boom {self.n}")
 
 
 class Fans(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Emit).expand(to=Square).collapse(into=Gather)
+        p.start(Items).expand(to=Square).collapse(into=Sum)
 
 
 class Fails(Pipeline):
@@ -136,7 +105,7 @@ def test_history_of_a_completed_fan_out(clocked):
     assert (history.run.status, history.run.pipeline, history.run.revived_from) == (
         "completed", "tests.integration.test_inspection:Fans", None)
     assert history.run.finished_at == history.run.completed_at is not None
-    assert sorted(s.node for s in history.steps) == ["Emit#0", "Gather#2", "Square#1", "Square#1", "Square#1"]
+    assert sorted(s.node for s in history.steps) == ["Items#0", "Square#1", "Square#1", "Square#1", "Sum#2"]
     assert len(history.branches) == 5  # start, three children, the fan-in target
     assert {b.status for b in history.branches} == {"completed"}
     children = [b for b in history.branches if b.parent_id is not None]
@@ -626,7 +595,7 @@ def test_show_names_what_each_step_of_a_run_in_progress_waits_for(waits_app):
     assert f"    waits: key 'hourly' is rate-blocked until {until} (3600.000s from now)" in _shown(second)
 
     fans = Fans.trigger(2)
-    while Worker(app).run_once() is not None:  # Emit succeeds; no advancer has run
+    while Worker(app).run_once() is not None:  # Items succeeds; no advancer has run
         pass
     (emit,) = fans.history().steps
     assert (emit.status, emit.wait) == ("advancing", ductwork.Wait(kind="advance"))
@@ -645,7 +614,7 @@ def test_show_names_advancer_errors_context_keys_and_the_hooks_last_error(waits_
 
     app = waits_app
     fans = Fans.trigger(2)
-    assert Worker(app).run_once() is not None  # Emit succeeds: the expand is the advancer's
+    assert Worker(app).run_once() is not None  # Items succeeds: the expand is the advancer's
     ductwork.faults.arm(BETWEEN_EXPAND_BATCHES, "raise", nth=1)
     try:
         assert Advancer(app).run_once() == "error"  # one child created, then the error
@@ -662,7 +631,7 @@ def test_show_names_advancer_errors_context_keys_and_the_hooks_last_error(waits_
     assert (error.error.klass, error.error.message, error.error.backtrace) == (
         f"{FaultInjection.__module__}.FaultInjection", f"FaultInjection: {BETWEEN_EXPAND_BATCHES}", None)
     assert error.completed_at is not None
-    (emit,) = [s for s in history.steps if s.node == "Emit#0"]
+    (emit,) = [s for s in history.steps if s.node == "Items#0"]
     assert error.step_id == emit.id
     hook = paged.history().hook
     assert hook is not None

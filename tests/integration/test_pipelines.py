@@ -17,63 +17,13 @@ from ductwork import Pipeline, Step
 from ductwork.errors import RunStateError
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
+from tests.workloads import Add1, Boom, Crashes, Echo, Gather, Items, ReturnsSet, Sum, Takes, Times10
 
 # --------------------------------------------------------------------------- steps
 
 
-class Add1(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n + 1
-
-
-class Triple(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return [self.n, self.n * 2, self.n * 3]
-
-
-class Many(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return list(range(self.n))
-
-
-class Times10(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n * 10
-
-
-class Sum(Step):
-    def __init__(self, xs):
-        self.xs = xs
-
-    def execute(self):
-        return sum(self.xs)
-
-
-class Echo(Step):
-    def __init__(self, value):
-        self.value = value
-
-    def execute(self):
-        return self.value
-
-
-class Tag(Step):
+class Tag(Takes):
     """Returns its input wrapped with its class name."""
-
-    def __init__(self, value):
-        self.value = value
 
     def execute(self):
         return [type(self).__name__, self.value]
@@ -85,38 +35,6 @@ class TagB(Tag):
 
 class TagC(Tag):
     pass
-
-
-class Collect(Step):
-    def __init__(self, values):
-        self.values = values
-
-    def execute(self):
-        return self.values
-
-
-class Boom(Step):
-    def __init__(self, value):
-        self.value = value
-
-    def execute(self):
-        raise ValueError(f"boom {self.value}")
-
-
-class BadInit(Step):
-    def __init__(self, value):  # noqa: ARG002 - the step takes one argument, and fails to build
-        raise KeyError("constructor fails")
-
-    def execute(self):  # pragma: no cover - never reached
-        return 1
-
-
-class NotJson(Step):
-    def __init__(self, value):
-        pass
-
-    def execute(self):
-        return {1, 2}
 
 
 class NotAList(Step):
@@ -139,7 +57,7 @@ class ChainP(Pipeline):
 class ExpandP(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Many).expand(to=Times10).collapse(into=Sum)
+        p.start(Items).expand(to=Times10).collapse(into=Sum)
 
 
 class DivideP(Pipeline):
@@ -147,7 +65,7 @@ class DivideP(Pipeline):
     def define(cls, p):
         b, c = p.start(Echo).divide(to=[Tag, TagB])
         b.chain(to=TagC)
-        b.combine(c, into=Collect)
+        b.combine(c, into=Gather)
 
 
 class DivertP(Pipeline):
@@ -155,7 +73,7 @@ class DivertP(Pipeline):
     def define(cls, p):
         (p.start(Echo)
          .divert(to={True: Tag, None: TagB, 3: TagC, "otherwise": Echo})
-         .converge(into=Collect))
+         .converge(into=Gather))
 
 
 class DampenP(Pipeline):
@@ -170,16 +88,10 @@ class FailingP(Pipeline):
         p.start(Echo).chain(to=Boom)
 
 
-class CrashingP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(BadInit)
-
-
 class NotJsonP(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(NotJson)
+        p.start(ReturnsSet)
 
 
 class NotAListP(Pipeline):
@@ -191,7 +103,7 @@ class NotAListP(Pipeline):
 class HaltedSiblingP(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Triple).expand(to=Boom).collapse(into=Sum)
+        p.start(Items).expand(to=Boom).collapse(into=Sum)
 
 
 class NestedP(Pipeline):
@@ -199,9 +111,9 @@ class NestedP(Pipeline):
 
     @classmethod
     def define(cls, p):
-        (p.start(Many).expand(to=Echo)
+        (p.start(Items).expand(to=Echo)
          .divide(to=[Add1, Times10]).combine(into=Sum)
-         .collapse(into=Collect))
+         .collapse(into=Gather))
 
 
 class DelayedP(Pipeline):
@@ -238,7 +150,7 @@ def test_expand_collapse_in_batches_keeps_item_order(app):
     (merge,) = [s for s in steps if s.node == "Sum#2"]
     assert merge.input == [[i * 10 for i in range(10)]]  # ordered by fan-out index
     assert merge.output == 450
-    (source,) = [s for s in steps if s.node == "Many#0"]
+    (source,) = [s for s in steps if s.node == "Items#0"]
     assert source.output == list(range(10))  # the list it returned, not the storage envelope
 
 
@@ -246,7 +158,7 @@ def test_empty_expand_is_a_leaf(app):
     run = ExpandP.trigger(0)
     drain(app, timeout=30)
     assert run.refresh().status == "completed"
-    assert [(s.node, s.output) for s in run.steps()] == [("Many#0", [])]  # collapse never fires
+    assert [(s.node, s.output) for s in run.steps()] == [("Items#0", [])]  # collapse never fires
 
 
 def test_divide_combine_with_branch_builders(app):
@@ -254,7 +166,7 @@ def test_divide_combine_with_branch_builders(app):
     drain(app, timeout=30)
     assert run.refresh().status == "completed"
     steps = {s.node: s for s in run.steps()}
-    assert steps["Collect#4"].input == [[["TagC", ["Tag", "x"]], ["TagB", "x"]]]
+    assert steps["Gather#4"].input == [[["TagC", ["Tag", "x"]], ["TagB", "x"]]]
     assert len({s.branch_id for s in run.steps()}) == 4  # start, two children, merge
 
 
@@ -268,7 +180,7 @@ def test_divert_renders_keys_like_ruby(app, value, taken):
     assert run.refresh().status == "completed"
     klasses = [s.klass.rsplit(":", 1)[1] for s in run.steps()]
     assert klasses[1] == taken
-    assert klasses[-1] == "Collect"
+    assert klasses[-1] == "Gather"
     assert len({s.branch_id for s in run.steps()}) == 1  # divert never creates a branch
 
 
@@ -306,7 +218,7 @@ def test_nested_fan_in_inside_fan_out(app):
     run = NestedP.trigger(3)
     drain(app, timeout=60)
     assert run.refresh().status == "completed"
-    (final,) = [s for s in run.steps() if s.node.startswith("Collect")]
+    (final,) = [s for s in run.steps() if s.node.startswith("Gather")]
     assert final.input == [[i + 1 + i * 10 for i in range(3)]]
 
 
@@ -352,7 +264,7 @@ def test_failures_retry_within_budget_then_halt(app):
 
 def test_constructor_errors_spend_the_crash_budget(manual_app):
     app = manual_app  # crash back-off is 10 s per crash after the first third: drain moves the clock
-    run = CrashingP.trigger("x")
+    run = Crashes.trigger("x")
     drain(app, timeout=60)
     assert run.refresh().status == "halted"
     rows = _executions(app, run)
@@ -368,7 +280,7 @@ def test_non_json_return_fails_the_execution_naming_step_and_type(app):
     rows = _executions(app, run)
     assert [r.outcome for r in rows] == ["invalid"]  # it would recur: not retried (max_retry 2)
     assert rows[0].error_klass == "ductwork.errors.NotJSONError"
-    assert "test_pipelines:NotJson returned set: not JSON-serialisable" in rows[0].error_message
+    assert "tests.workloads:ReturnsSet returned set: not JSON-serialisable" in rows[0].error_message
     assert _halt_reasons(run) == ["step_return_invalid"]
 
 
@@ -383,7 +295,7 @@ def test_expand_of_a_non_list_fails_the_step(app):
 
 
 def test_halted_sibling_means_the_merge_never_fires(app):
-    run = HaltedSiblingP.trigger(1)
+    run = HaltedSiblingP.trigger(3)  # three children, each failing
     drain(app, timeout=60)
     assert run.refresh().status == "halted"
     assert _halt_reasons(run) == ["job_retries_exhausted"] * 3

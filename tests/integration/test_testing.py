@@ -24,6 +24,7 @@ from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from ductwork.testing import drain, waiting_for
 from tests.conftest import installed, make_app
+from tests.workloads import Echo, Fails, Fan, Takes
 
 pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parents[2]
@@ -47,14 +48,6 @@ class Flaky(Pipeline):
     @classmethod
     def define(cls, pipeline):
         pipeline.start(FailsFirst)
-
-
-class Echo(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n
 
 
 class Split(Echo):
@@ -209,32 +202,13 @@ DURING: list = []
 SEEN: list = []
 
 
-class Probe(Step):
+class Probe(Takes):
     """Runs each callable of DURING while its execution is claimed, keeping the results in SEEN."""
-
-    def __init__(self, n):
-        self.n = n
 
     def execute(self):
         while DURING:
             SEEN.append(DURING.pop(0)())
-        return self.n
-
-
-class Items(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return list(range(self.n))
-
-
-class Boom(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        raise RuntimeError("boom")
+        return self.value
 
 
 class Twice(Pipeline):
@@ -247,18 +221,6 @@ class KeyedCall(Pipeline):
     @classmethod
     def define(cls, pipeline):
         pipeline.start(Echo).chain(to=Probe, limit_by="k")
-
-
-class Fan(Pipeline):
-    @classmethod
-    def define(cls, pipeline):
-        pipeline.start(Items).expand(to=Echo).collapse(into=Later)
-
-
-class Fails(Pipeline):
-    @classmethod
-    def define(cls, pipeline):
-        pipeline.start(Boom)
 
 
 class Delayed(Pipeline):
@@ -367,10 +329,10 @@ def test_waiting_for_an_expand_part_way_through_its_children(states_app):
     finally:
         faults.disarm()
     expand, child = _branches(states_app, run)
-    queued = _open_execution(states_app, run, "Echo#1")
+    queued = _open_execution(states_app, run, "Times10#1")
     assert waiting_for(states_app) == [
         _head(run, expand) + "expand after Items#0 in progress: 1 of 3 children created; "
-        f"branch {child}: step Echo#1 queued since {queued.eligible_at}, not claimed by any worker"]
+        f"branch {child}: step Times10#1 queued since {queued.eligible_at}, not claimed by any worker"]
 
 
 def test_waiting_for_a_crash_back_off(states_app):
@@ -444,7 +406,7 @@ def test_waiting_for_names_at_most_the_oldest_branches_of_a_run(states_app):
     children = _branches(states_app, run)
     assert len(children) == DESCRIBED + 1
     (line,) = waiting_for(states_app)
-    assert line.startswith(_head(run, children[0]) + "step Echo#1 queued "), line
+    assert line.startswith(_head(run, children[0]) + "step Times10#1 queued "), line
     assert [part.split(":")[0] for part in line.split("; ")[1:]] == (
         [f"branch {child}" for child in children[1:DESCRIBED]] + [f"more than {DESCRIBED} active branches"])
 

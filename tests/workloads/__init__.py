@@ -1,7 +1,7 @@
 """The steps and pipelines the tests share: each step does one plain thing with its input.
 
     from tests.workloads import Echo, Fan, Unkeyed
-    run = Fan.trigger(3)   # Items → expand(Square) → collapse(Gather): [0, 1, 4]
+    run = Fan.trigger(3)   # Items → expand(Times10) → collapse(Gather): [0, 10, 20]
 
 A test module imports its workload from here and defines a class of its own only when
 the class is what the test is about (state the test reads back, a name it orders by, a
@@ -135,11 +135,11 @@ class Approval(Pipeline):
 
 
 class Fan(Pipeline):
-    """Items → expand(Square) → collapse(Gather): ``Fan.trigger(3)`` gathers ``[0, 1, 4]``."""
+    """Items → expand(Times10) → collapse(Gather): ``Fan.trigger(3)`` gathers ``[0, 10, 20]``."""
 
     @classmethod
     def define(cls, p):
-        p.start(Items).expand(to=Square).collapse(into=Gather)
+        p.start(Items).expand(to=Times10).collapse(into=Gather)
 
 
 class Fails(Pipeline):
