@@ -22,6 +22,7 @@ from ductwork.fleet.worker import Worker
 from ductwork.testing import drain
 from tests.conftest import installed as _installed
 from tests.conftest import make_app
+from tests.workloads import Add1, Takes
 
 installed = contextlib.contextmanager(_installed)
 
@@ -39,27 +40,16 @@ def executions_of(run):
     return run.history().steps[0].executions
 
 
-class AsyncDouble(Step):
-    def __init__(self, n):
-        self.n = n
-
+class AsyncDouble(Takes):
     async def execute(self):
         await asyncio.sleep(0)
-        return self.n * 2
-
-
-class PlainIncrement(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n + 1
+        return self.value * 2
 
 
 class Mixed(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(AsyncDouble).chain(to=PlainIncrement).chain(to=AsyncDouble)
+        p.start(AsyncDouble).chain(to=Add1).chain(to=AsyncDouble)
 
 
 def test_a_mix_of_async_and_plain_steps_runs_in_order(app):
@@ -181,13 +171,10 @@ def test_an_async_step_past_its_timeout_is_killed(app):
     assert quick.refresh().status == "completed"
 
 
-class Counted(Step):
+class Counted(Takes):
     """Records how many steps of its key run at once."""
 
     running = 0
-
-    def __init__(self, i):
-        self.i = i
 
     async def execute(self):
         with LOCK:
@@ -196,7 +183,7 @@ class Counted(Step):
         await asyncio.sleep(0.01)
         with LOCK:
             Counted.running -= 1
-        return self.i
+        return self.value
 
 
 class KeyedP(Pipeline):
@@ -263,15 +250,12 @@ class Odd(Pipeline):
         p.start(OddStep)
 
 
-class ReturnsACoroutine(Step):
+class ReturnsACoroutine(Takes):
     """A plain ``execute`` that returns a coroutine (it delegates to an async helper)."""
-
-    def __init__(self, n):
-        self.n = n
 
     async def _double(self):
         await asyncio.sleep(0)
-        return self.n * 2
+        return self.value * 2
 
     def execute(self):
         return self._double()
@@ -280,7 +264,7 @@ class ReturnsACoroutine(Step):
 class Delegating(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(ReturnsACoroutine).chain(to=PlainIncrement)
+        p.start(ReturnsACoroutine).chain(to=Add1)
 
 
 def test_a_plain_execute_returning_a_coroutine_has_it_awaited(app):
@@ -292,13 +276,10 @@ def test_a_plain_execute_returning_a_coroutine_has_it_awaited(app):
     assert [s.output for s in run.steps()] == [10, 11]
 
 
-class Awaiting(Step):
-    def __init__(self, i):
-        self.i = i
-
+class Awaiting(Takes):
     async def execute(self):
         await asyncio.sleep(0.2)
-        return self.i
+        return self.value
 
 
 class AwaitingP(Pipeline):

@@ -29,7 +29,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool
 
-from ductwork import Pipeline, Step
+from ductwork import Pipeline
 from ductwork.app import set_default_app
 from ductwork.cli import main
 from ductwork.fleet.processes import heartbeat, register
@@ -39,7 +39,7 @@ from ductwork.limits.claims import claim, restart_with
 from ductwork.pipelines.context import Context
 from ductwork.testing import drain
 from tests.conftest import make_app
-from tests.workloads import Approval, Echo, Unkeyed
+from tests.workloads import Approval, Crashes, Echo, FailsLater, Sum, Takes, Unkeyed
 
 LIMITS = {"guard_key": {"concurrency": 2, "rate": [{"limit": 1000, "per": "1s"}]}}
 
@@ -91,46 +91,11 @@ class OneConnectionGuard:
 # --------------------------------------------------------------------------- pipelines
 
 
-class Emit(Step):
-    def __init__(self, n):
-        self.n = n
-
+class Emit(Takes):
     def execute(self):
-        self.context.set("seen", self.n)
-        assert self.context.get("seen") == self.n
-        return list(range(self.n))
-
-
-class Keyed(Step):
-    def __init__(self, i):
-        self.i = i
-
-    def execute(self):
-        return self.i
-
-
-class Gather(Step):
-    def __init__(self, values):
-        self.values = values
-
-    def execute(self):
-        return sum(self.values)
-
-
-class Fails(Step):
-    def __init__(self, value):
-        self.value = value
-
-    def execute(self):
-        raise ValueError(f"fails {self.value}")
-
-
-class CannotBuild(Step):
-    def __init__(self, value):  # noqa: ARG002 - the step takes one argument, and fails to build
-        raise KeyError("cannot build")
-
-    def execute(self):  # pragma: no cover - never reached
-        return 1
+        self.context.set("seen", self.value)
+        assert self.context.get("seen") == self.value
+        return list(range(self.value))
 
 
 class Everything(Pipeline):
@@ -138,26 +103,14 @@ class Everything(Pipeline):
 
     @classmethod
     def define(cls, p):
-        gathered = p.start(Emit).expand(to=Keyed, limit_by="guard_key").collapse(into=Gather)
-        left, right = gathered.divide(to=[Keyed, Keyed])
-        (left.combine(right, into=Gather)
-         .divert(to={"6": Keyed, "otherwise": Gather}).converge(into=Keyed)
+        gathered = p.start(Emit).expand(to=Echo, limit_by="guard_key").collapse(into=Sum)
+        left, right = gathered.divide(to=[Echo, Echo])
+        (left.combine(right, into=Sum)
+         .divert(to={"6": Echo, "otherwise": Sum}).converge(into=Echo)
          .dampen(before=Echo).chain(to=Echo, timeout=30))
 
 
-class Failing(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Keyed).chain(to=Fails)
-
-
-class Crashing(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(CannotBuild)
-
-
-PIPELINES = [f"{__name__}:{cls.__qualname__}" for cls in (Everything, Failing, Crashing)]
+PIPELINES = [f"{cls.__module__}:{cls.__qualname__}" for cls in (Everything, FailsLater, Crashes)]
 
 
 @pytest.fixture
@@ -169,7 +122,7 @@ def guard():
 
 @pytest.mark.usefixtures("guard")
 def test_no_public_call_opens_a_second_connection_inside_a_write_transaction(app, tmp_path, capsys):
-    everything, failing, crashing = Everything.trigger(3), Failing.trigger(1), Crashing.trigger(1)
+    everything, failing, crashing = Everything.trigger(3), FailsLater.trigger(1), Crashes.trigger(1)
     opened = []
 
     def cold():  # an App that did not trigger and has cached nothing: a process of its own
@@ -194,7 +147,7 @@ def test_no_public_call_opens_a_second_connection_inside_a_write_transaction(app
         assert Context(cold(), everything.id).set("other", 1) == 1
 
         # the fleet's own transactions: register, heartbeat, claim, reconcile, reap, sweep
-        Failing.trigger(2, app=cold())
+        FailsLater.trigger(2, app=cold())
         fleet = cold()
         dead = register(fleet, role="job_worker", label="guard.dead")
         assert heartbeat(fleet, dead)

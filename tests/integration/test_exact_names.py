@@ -15,23 +15,16 @@ from ductwork import Pipeline, Step
 from ductwork.db import schema
 from ductwork.limits import claims
 from tests.conftest import installed, make_app
+from tests.workloads import Echo
 
 SPELLINGS = ("api", "API", "cafe", "café")
-
-
-class Call(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n
 
 
 def _keyed(key: str) -> type[Pipeline]:
     class Keyed(Pipeline):
         @classmethod
         def define(cls, p):
-            p.start(Call, limit_by=key)
+            p.start(Echo, limit_by=key)
 
     Keyed.__qualname__ = Keyed.__name__ = f"Keyed_{SPELLINGS.index(key)}"
     return Keyed

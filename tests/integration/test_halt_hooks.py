@@ -27,26 +27,11 @@ from ductwork.fleet.reaper import reap
 from ductwork.pipelines.hooks import HookClaimLost, claim_hook, record_hook
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
+from tests.workloads import Boom, Echo, Fails
 from tests.workloads.hooks import HOOK_LOG_ENV, HaltingPipeline, HaltRecorder
 
 SEEN: dict[str, list[dict]] = {}
 FAILS: dict[str, int] = {}
-
-
-class Fail(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        raise RuntimeError(f"fail {self.n}")
-
-
-class Fine(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n
 
 
 class Remember(Step):
@@ -132,7 +117,7 @@ def halting(handler):
     class Halting(Pipeline):
         @classmethod
         def define(cls, p):
-            p.start(Fail).on_halt(handler)
+            p.start(Boom).on_halt(handler)
 
     return Halting
 
@@ -140,19 +125,13 @@ def halting(handler):
 class Completes(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Fine).on_halt(Remember)
+        p.start(Echo).on_halt(Remember)
 
 
 class HaltsAlwaysFails(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Fail).on_halt(AlwaysFails)
-
-
-class NoHook(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Fail)
+        p.start(Boom).on_halt(AlwaysFails)
 
 
 def hooks(app, run_id=None):
@@ -182,12 +161,12 @@ def test_a_halted_run_gets_one_hook_with_its_halt(manual_app):
     [halt] = SEEN[hook.id]  # the idempotency key is the hook's id [INV-HLT-1]
     assert halt["run_id"] == run.id
     assert halt["pipeline"].endswith("Halting")
-    assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Fail#0", "job_retries_exhausted")]
-    assert halt["errors"] == [{"node": "Fail#0", "klass": "builtins.RuntimeError", "message": "fail 7"}]
+    assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Boom#0", "job_retries_exhausted")]
+    assert halt["errors"] == [{"node": "Boom#0", "klass": "builtins.ValueError", "message": "boom 7"}]
 
 
 def test_runs_that_do_not_halt_or_declare_no_handler_owe_nothing(manual_app):
-    done, plain = Completes.trigger(1), NoHook.trigger(2)
+    done, plain = Completes.trigger(1), Fails.trigger(2)
     drain(manual_app, timeout=60)
     assert (done.refresh().status, plain.refresh().status) == ("completed", "halted")
     assert hooks(manual_app) == []
@@ -287,7 +266,7 @@ def test_a_halt_that_recorded_no_error_tells_the_handler_none(db_url):
         assert run.refresh().status == "halted"
         [hook] = hooks(app, run.id)
         [halt] = SEEN[hook.id]
-        assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Fine#0", "advancer_crashes_exhausted")]
+        assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Echo#0", "advancer_crashes_exhausted")]
         assert halt["errors"] == []
     finally:
         set_default_app(None)
@@ -341,7 +320,7 @@ def test_the_worker_runs_a_due_hook_with_its_idempotency_key(manual_app, tmp_pat
 
 
 def test_the_snapshot_names_the_handler_only_when_declared():
-    plain, hooked = NoHook.definition.to_json(), HaltingPipeline.definition.to_json()
+    plain, hooked = Fails.definition.to_json(), HaltingPipeline.definition.to_json()
     assert "on_halt" not in plain  # a definition without a handler keeps its snapshot and digest
     assert hooked["on_halt"] == "tests.workloads.hooks:HaltRecorder"
     assert Definition.from_json(hooked) == HaltingPipeline.definition
@@ -355,13 +334,13 @@ def test_on_halt_rejects_a_second_handler_and_a_non_step():
         class Twice(Pipeline):
             @classmethod
             def define(cls, p):
-                p.start(Fine).on_halt(HaltRecorder).on_halt(Remember)
+                p.start(Echo).on_halt(HaltRecorder).on_halt(Remember)
 
     with pytest.raises(DefinitionError, match="valid step class"):
         class NotAStep(Pipeline):
             @classmethod
             def define(cls, p):
-                p.start(Fine).on_halt(object)
+                p.start(Echo).on_halt(object)
 
 
 def _halted_with_owed_hook(app, n=1, pipeline=HaltingPipeline):

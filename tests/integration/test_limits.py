@@ -18,7 +18,7 @@ from fractions import Fraction
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step
+from ductwork import Pipeline
 from ductwork.app import set_default_app
 from ductwork.db import schema
 from ductwork.db.clock import to_us
@@ -26,7 +26,7 @@ from ductwork.fleet.supervisor import Loop
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from tests.conftest import make_app, reset_tables
-from tests.workloads import Boom, Echo, Unkeyed
+from tests.workloads import Boom, Echo, Items, Takes, Unkeyed
 from tests.workloads.hooks import HaltingPipeline
 
 witness_meta = sa.MetaData()
@@ -57,19 +57,8 @@ def _running(app):
     return starts - ends
 
 
-class Gen(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return list(range(self.n))
-
-
-class UseShared(Step):
+class UseShared(Takes):
     """Holds its slot until HELD bodies run at once (or a deadline), proving the limit is reached."""
-
-    def __init__(self, i):
-        self.i = i
 
     def execute(self):
         _witness(self, "start")
@@ -81,7 +70,7 @@ class UseShared(Step):
             _app_for_steps["reached"] = True
         time.sleep(0.02)
         _witness(self, "end")
-        return self.i
+        return self.value
 
 
 class UseSharedToo(UseShared):
@@ -91,25 +80,25 @@ class UseSharedToo(UseShared):
 class SharedA(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Gen).expand(to=UseShared, limit_by="shared")
+        p.start(Items).expand(to=UseShared, limit_by="shared")
 
 
 class SharedB(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Gen).expand(to=UseSharedToo, limit_by="shared")
+        p.start(Items).expand(to=UseSharedToo, limit_by="shared")
 
 
 class Paced(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Gen).expand(to=Echo, limit_by="paced")
+        p.start(Items).expand(to=Echo, limit_by="paced")
 
 
 class SeedTwoEntries(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Gen).expand(to=Echo, limit_by="vendor_api")
+        p.start(Items).expand(to=Echo, limit_by="vendor_api")
 
 
 class KeyedQuick(Pipeline):
@@ -504,7 +493,7 @@ def test_a_hand_off_yields_to_an_older_lane(limits_app):
 class HandedOn(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Gen).expand(to=Echo, limit_by="shared")
+        p.start(Items).expand(to=Echo, limit_by="shared")
 
 
 @pytest.mark.parametrize("hand_off", [True, False])
@@ -513,7 +502,7 @@ def test_a_worker_performs_what_its_completions_hand_it(limits_app, hand_off):
     (or once its process is stopping) it performs exactly one per call."""
     run = HandedOn.trigger(4)
     worker = Worker(limits_app, hand_off=lambda: hand_off)
-    assert worker.run_once().node.startswith("Gen")
+    assert worker.run_once().node.startswith("Items")
     while Advancer(limits_app).run_once() != "idle":
         pass
     performed = worker.run_once()

@@ -24,7 +24,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step, faults
+from ductwork import Pipeline, faults
 from ductwork.db import schema
 from ductwork.db.clock import to_us
 from ductwork.fleet.processes import register
@@ -34,28 +34,21 @@ from ductwork.pipelines.payloads import Output
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
 from tests.fleet import wait_for
+from tests.workloads import Echo
 
 RACERS = 4
-
-
-class Solo(Step):
-    def __init__(self, value):
-        self.value = value
-
-    def execute(self):
-        return self.value
 
 
 class SoloPipeline(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Solo, limit_by="solo")
+        p.start(Echo, limit_by="solo")
 
 
 class PairPipeline(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Solo, limit_by="pair")
+        p.start(Echo, limit_by="pair")
 
 
 def lock_waiters(app) -> int:

@@ -28,6 +28,7 @@ from ductwork.testing import drain
 from ductwork.version import describe
 from tests.conftest import make_app, reset_tables
 from tests.fleet import Fleet, wait_for, write_config
+from tests.workloads import Crashes, Gather, Items, NotJson, Unkeyed
 
 
 class Decline(Step):
@@ -50,54 +51,10 @@ class KeyedDeclineP(Pipeline):
         p.start(Decline, limit_by="log_key")
 
 
-class Three(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return [1, 2, 3]
-
-
-class Gather(Step):
-    def __init__(self, values):
-        self.values = values
-
-    def execute(self):  # pragma: no cover - never reached: its inputs halt
-        return self.values
-
-
 class ThreeDeclinesP(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Three).expand(to=Decline).collapse(into=Gather)
-
-
-class Unbuildable(Step):
-    def __init__(self, value):  # noqa: ARG002 - the step takes one argument, and fails to build
-        raise KeyError("constructor fails")
-
-    def execute(self):  # pragma: no cover - never reached
-        return 1
-
-
-class UnbuildableP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Unbuildable)
-
-
-class Same(Step):
-    def __init__(self, value):
-        self.value = value
-
-    def execute(self):
-        return self.value
-
-
-class LeafP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Same)
+        p.start(Items).expand(to=Decline).collapse(into=Gather)
 
 
 def _warnings(caplog, logger: str) -> list[logging.LogRecord]:
@@ -131,25 +88,11 @@ def test_a_failing_step_logs_a_warning_per_attempt_with_its_traceback(app, caplo
     assert halt.getMessage().startswith("branch halted: job_retries_exhausted at Decline#0; the run is halted (")
 
 
-class ReturnsASet(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return {self.n}
-
-
-class ReturnsASetP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(ReturnsASet)
-
-
 def test_a_step_that_cannot_succeed_logs_one_warning_and_its_halt(app, caplog):
     """An ``invalid`` execution (here a return value that is not JSON) is not retried:
     one WARNING says so, and one for the halt with its reason."""
     caplog.set_level(logging.WARNING, logger="ductwork")
-    run = ReturnsASetP.trigger(7)
+    run = NotJson.trigger(7)
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
     (ended,) = _warnings(caplog, "ductwork.executions")
@@ -163,7 +106,7 @@ def test_a_step_that_cannot_succeed_logs_one_warning_and_its_halt(app, caplog):
 
 def test_each_halted_branch_says_whether_its_run_halted(app, caplog):
     caplog.set_level(logging.WARNING, logger="ductwork.advance")
-    run = ThreeDeclinesP.trigger(0)
+    run = ThreeDeclinesP.trigger(3)
     drain(app, timeout=60)
     halts = _warnings(caplog, "ductwork.advance")
     assert [r.run_status for r in halts] == ["in_progress", "in_progress", "halted"]
@@ -175,11 +118,11 @@ def test_each_halted_branch_says_whether_its_run_halted(app, caplog):
 
 def test_a_success_is_logged_at_debug_only(app, caplog):
     caplog.set_level(logging.DEBUG, logger="ductwork.executions")
-    run = LeafP.trigger(1)
+    run = Unkeyed.trigger(1)
     drain(app, timeout=30)
     (success,) = [r for r in caplog.records if r.name == "ductwork.executions"]
     assert (success.levelno, success.outcome, success.run_id) == (logging.DEBUG, "success", run.id)
-    assert success.getMessage().startswith("step succeeded: Same#0 (run_id=")
+    assert success.getMessage().startswith("step succeeded: Echo#0 (run_id=")
 
 
 def test_a_reaped_execution_logs_a_crash_warning(app, caplog):
@@ -199,7 +142,7 @@ def test_a_reaped_execution_logs_a_crash_warning(app, caplog):
 def test_a_step_that_cannot_be_built_logs_its_crashes_with_the_traceback(manual_app, caplog):
     app = manual_app  # crash back-off after the first third of the budget: drain moves the clock
     caplog.set_level(logging.WARNING, logger="ductwork")
-    run = UnbuildableP.trigger(1)
+    run = Crashes.trigger(1)
     drain(app, timeout=60)
     crashes = _warnings(caplog, "ductwork.executions")
     assert [(r.outcome, r.attempt) for r in crashes] == [("process_crashed", n) for n in range(1, 6)]  # max_crash 4
@@ -224,16 +167,16 @@ def test_advancement_errors_log_each_retry_and_the_halt_with_the_traceback(db_ur
     set_default_app(app)
     monkeypatch.setattr(advance, "move_branches", broken)
     caplog.set_level(logging.WARNING, logger="ductwork")
-    run = LeafP.trigger("b")
+    run = Unkeyed.trigger("b")
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
     *errors, halt = _warnings(caplog, "ductwork.advance")
     assert [(r.run_id, r.next) for r in errors] == [(run.id, "retry")] * 2  # pipeline_advancer.max_retry 2
-    assert "advancing past Same#0 failed: builtins.RuntimeError: routing broke; the branch is released for " \
+    assert "advancing past Echo#0 failed: builtins.RuntimeError: routing broke; the branch is released for " \
            "retry 1 of 2 (" in errors[0].getMessage()
     assert (halt.run_id, halt.halt_reason, halt.error) == (run.id, "advancer_retries_exhausted",
                                                            "builtins.RuntimeError")
-    assert "branch halted: advancer_retries_exhausted at Same#0 (builtins.RuntimeError: routing broke); " \
+    assert "branch halted: advancer_retries_exhausted at Echo#0 (builtins.RuntimeError: routing broke); " \
            "the run is halted" in halt.getMessage()
     for record in (*errors, halt):
         assert 'raise RuntimeError("routing broke")' in record.exc_text

@@ -16,71 +16,37 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Context, Pipeline, Step
+from ductwork import Context, Pipeline
 from ductwork.db import schema
 from ductwork.errors import InputError, NotJSONError, PayloadTooLargeError
 from ductwork.pipelines.payloads import MAX_PAYLOAD_BYTES, STATEMENT_BYTES_NEEDED
 from ductwork.testing import drain
+from tests.workloads import Echo, ReturnsSet, Takes, Unkeyed
 
 #: a str whose JSON text is 2 + 2 × n bytes: every quote is escaped (\"), and
 #: PyMySQL escapes each of those two bytes again: the worst case for a statement
 QUOTE = '"'
 
 
-class Echo(Step):
-    def __init__(self, value):
-        self.value = value
-
-    def execute(self):
-        return self.value
-
-
-class Quotes(Step):
+class Quotes(Takes):
     """Returns a str of ``n`` quotes: JSON text of 2 + 2n bytes."""
 
-    def __init__(self, n):
-        self.n = n
+    def execute(self):
+        return QUOTE * self.value
+
+
+class Count(Takes):
+    """A fan-in: returns how many outputs it gathered and their summed lengths."""
 
     def execute(self):
-        return QUOTE * self.n
+        return [len(self.value), sum(len(o) for o in self.value)]
 
 
-class Fan(Step):
-    def __init__(self, items):
-        self.items = items
-
-    def execute(self):
-        return self.items
-
-
-class Count(Step):
-    def __init__(self, outputs):
-        self.outputs = outputs
-
-    def execute(self):
-        return [len(self.outputs), sum(len(o) for o in self.outputs)]
-
-
-class ReturnsNan(Step):
-    def __init__(self, value):
-        pass
+class ReturnsNan(Takes):
+    """Returns NaN, which JSON cannot hold: its execution is invalid."""
 
     def execute(self):
         return float("nan")
-
-
-class ReturnsSet(Step):
-    def __init__(self, value):
-        pass
-
-    def execute(self):
-        return {1, 2}
-
-
-class EchoP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo)
 
 
 class QuotesP(Pipeline):
@@ -92,13 +58,13 @@ class QuotesP(Pipeline):
 class FanInP(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Fan).expand(to=Quotes).collapse(into=Count)
+        p.start(Echo).expand(to=Quotes).collapse(into=Count)
 
 
 class ItemsP(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Fan).expand(to=Echo).collapse(into=Count)
+        p.start(Echo).expand(to=Echo).collapse(into=Count)
 
 
 class NanP(Pipeline):
@@ -130,7 +96,7 @@ def _count(app, table):
 
 def test_the_largest_trigger_argument_round_trips(app):
     value = QUOTE * ((MAX_PAYLOAD_BYTES - 4) // 2)  # ["\"\"…"]: exactly the maximum
-    run = EchoP.trigger(value)
+    run = Unkeyed.trigger(value)
     drain(app, timeout=120)
     assert run.refresh().status == "completed"
     (step,) = run.steps()
@@ -141,9 +107,9 @@ def test_the_largest_trigger_argument_round_trips(app):
 def test_a_trigger_argument_one_byte_longer_raises_and_writes_nothing(app):
     value = QUOTE * ((MAX_PAYLOAD_BYTES - 4) // 2) + "x"
     with pytest.raises(PayloadTooLargeError) as raised:
-        EchoP.trigger(value)
+        Unkeyed.trigger(value)
     assert str(raised.value) == (
-        f"EchoP.trigger arguments: {MAX_PAYLOAD_BYTES + 1:,} bytes of JSON, more than the maximum of "
+        f"Unkeyed.trigger arguments: {MAX_PAYLOAD_BYTES + 1:,} bytes of JSON, more than the maximum of "
         f"{MAX_PAYLOAD_BYTES:,} (MAX_PAYLOAD_BYTES)")
     assert isinstance(raised.value, InputError)  # what trigger raised for a bad argument before
     assert (raised.value.size, raised.value.maximum) == (MAX_PAYLOAD_BYTES + 1, MAX_PAYLOAD_BYTES)
@@ -194,9 +160,9 @@ def test_a_collapse_larger_than_the_maximum_halts_at_once(app):
 
 def test_nan_breaks_the_same_rule_at_trigger_as_at_return(app):
     with pytest.raises(NotJSONError) as raised:
-        EchoP.trigger(float("nan"))
+        Unkeyed.trigger(float("nan"))
     at_trigger = str(raised.value)
-    assert at_trigger.startswith("EchoP.trigger arguments: not JSON-serialisable (Out of range float values")
+    assert at_trigger.startswith("Unkeyed.trigger arguments: not JSON-serialisable (Out of range float values")
     run = NanP.trigger(1)
     drain(app, timeout=60)
     rows = _executions(app, run)
@@ -216,7 +182,7 @@ def test_a_bad_return_in_a_timeout_child_is_not_retried_either(app):
 
 
 def test_context_values_follow_the_same_rule(app):
-    context = Context(app, EchoP.trigger(1).id)
+    context = Context(app, Unkeyed.trigger(1).id)
     with pytest.raises(PayloadTooLargeError, match=r"^context key 'k': 8,000,003 bytes of JSON"):
         context.set("k", "x" * (MAX_PAYLOAD_BYTES + 1))
     with pytest.raises(NotJSONError, match=r"^context key 'k': not JSON-serialisable \(Out of range"):

@@ -17,7 +17,7 @@ from ductwork import Pipeline, Step
 from ductwork.errors import RunStateError
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
-from tests.workloads import Add1, Boom, Crashes, Echo, Gather, Items, ReturnsSet, Sum, Takes, Times10
+from tests.workloads import Add1, Boom, Crashes, Echo, FailsLater, Gather, Items, NotJson, Sum, Takes, Times10
 
 # --------------------------------------------------------------------------- steps
 
@@ -80,18 +80,6 @@ class DampenP(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Add1).dampen(before=Times10).chain(to=Add1)
-
-
-class FailingP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo).chain(to=Boom)
-
-
-class NotJsonP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(ReturnsSet)
 
 
 class NotAListP(Pipeline):
@@ -251,7 +239,7 @@ def _halt_reasons(run):
 
 
 def test_failures_retry_within_budget_then_halt(app):
-    run = FailingP.trigger("x")
+    run = FailsLater.trigger("x")
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
     rows = [r for r in _executions(app, run) if r.node == "Boom#1"]
@@ -274,7 +262,7 @@ def test_constructor_errors_spend_the_crash_budget(manual_app):
 
 
 def test_non_json_return_fails_the_execution_naming_step_and_type(app):
-    run = NotJsonP.trigger(1)
+    run = NotJson.trigger(1)
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
     rows = _executions(app, run)

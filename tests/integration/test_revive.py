@@ -21,6 +21,7 @@ from ductwork import Pipeline, ReviveError, Step
 from ductwork.db import schema
 from ductwork.testing import drain
 from tests.conftest import installed, make_app, race, reset_tables
+from tests.workloads import Echo, Takes
 
 #: what the broken steps do; a test "deploys a fix" by flipping these
 BROKEN = {"fail": True, "crash": True}
@@ -28,36 +29,27 @@ RAN: Counter[str] = Counter()  # executions per (node, input), to see nothing ra
 KEYS: dict[str, list[str]] = {}  # idempotency keys seen per node
 
 
-class Count(Step):
-    def __init__(self, n):
-        self.n = n
-
+class Count(Takes):
     def execute(self):
-        RAN[f"Count {self.n}"] += 1
-        return list(range(self.n))
+        RAN[f"Count {self.value}"] += 1
+        return list(range(self.value))
 
 
-class Double(Step):
-    def __init__(self, n):
-        self.n = n
-
+class Double(Takes):
     def execute(self):
-        RAN[f"Double {self.n}"] += 1
-        return self.n * 2
+        RAN[f"Double {self.value}"] += 1
+        return self.value * 2
 
 
-class Fragile(Step):
+class Fragile(Takes):
     """Fails while BROKEN["fail"], for odd inputs only."""
 
-    def __init__(self, n):
-        self.n = n
-
     def execute(self):
-        RAN[f"Fragile {self.n}"] += 1
-        KEYS.setdefault(f"Fragile {self.n}", []).append(self.idempotency_key)
-        if BROKEN["fail"] and self.n % 2:
-            raise ValueError(f"fragile {self.n}")
-        return self.n + 100
+        RAN[f"Fragile {self.value}"] += 1
+        KEYS.setdefault(f"Fragile {self.value}", []).append(self.idempotency_key)
+        if BROKEN["fail"] and self.value % 2:
+            raise ValueError(f"fragile {self.value}")
+        return self.value + 100
 
 
 class Crashy(Step):
@@ -74,28 +66,19 @@ class Crashy(Step):
         return self.n
 
 
-class Total(Step):
-    def __init__(self, values):
-        self.values = values
-
+class Total(Takes):
     def execute(self):
         RAN["Total"] += 1
-        return sum(self.values)
+        return sum(self.value)
 
 
-class SetsContext(Step):
-    def __init__(self, n):
-        self.n = n
-
+class SetsContext(Takes):
     def execute(self):
-        self.context.set("seen", self.n)
-        return self.n
+        self.context.set("seen", self.value)
+        return self.value
 
 
-class ReadsContext(Step):
-    def __init__(self, n):
-        self.n = n
-
+class ReadsContext(Takes):
     def execute(self):
         if BROKEN["fail"]:
             raise ValueError("not yet")
@@ -122,20 +105,12 @@ class DivideP(Pipeline):
         p.start(Double).divide(to=[Double, Double]).combine(into=Total)
 
 
-class Same(Step):
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        return self.n
-
-
 class KeyedP(Pipeline):
     """Its failing step is keyed: a revive re-enqueues it on its key."""
 
     @classmethod
     def define(cls, p):
-        p.start(Same).chain(to=Fragile, limit_by="vendor")
+        p.start(Echo).chain(to=Fragile, limit_by="vendor")
 
 
 class ContextP(Pipeline):

@@ -14,30 +14,18 @@ from datetime import datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step
+from ductwork import Pipeline
 from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.limits.claims import claim
 from ductwork.status import execution_outcomes, key_statuses, snapshot
 from ductwork.testing import drain
 from tests.conftest import installed, make_app
+from tests.workloads import FailsOnce
 
 #: k00 of concurrency 1; k01..k29 also rated (a bucket starts empty [INV-LIM-2]: no claim here)
 LIMITS = {"pair": {"concurrency": 2}, "k00": {"concurrency": 1},
           **{f"k{i:02}": {"concurrency": 1, "rate": [{"limit": 5, "per": "1s"}]} for i in range(1, 30)}}
-
-
-class FailsOnce(Step):
-    """Fails its first attempt (marked in the run's context), then returns its input."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def execute(self):
-        if self.context.get("failed") is None:
-            self.context.set("failed", True)
-            raise ValueError(f"first attempt of {self.n}")
-        return self.n
 
 
 class Paired(Pipeline):

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 import sqlalchemy as sa
 
-from ductwork import Pipeline, Step
+from ductwork import Pipeline
 from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap, reconcile, sweep_orphans
@@ -31,7 +31,7 @@ from ductwork.limits.claims import claim
 from ductwork.pipelines.prune import prune
 from ductwork.testing import drain
 from tests.conftest import installed, make_app
-from tests.workloads import Approval
+from tests.workloads import Approval, Echo, FailsOnce, Items, Square, Takes
 from tests.workloads.hooks import HaltingPipeline
 
 #: which package writes which table: the one statement of the layering
@@ -45,58 +45,19 @@ OWNERS: dict[str, set[str]] = {
 _WRITE = re.compile(r"^\s*(?:INSERT\s+(?:OR\s+\w+\s+|IGNORE\s+)?INTO|UPDATE|DELETE\s+FROM)\s+[`\"]?(\w+)", re.I)
 
 
-class Split(Step):
-    def __init__(self, n):
-        self.n = n
+class SumToContext(Takes):
+    """A fan-in: writes the sum of what it gathered to the run's context, and returns it."""
 
     def execute(self):
-        return list(range(self.n))
+        self.context.set("total", sum(self.value))
+        return sum(self.value)
 
 
-class Square(Step):
-    def __init__(self, i):
-        self.i = i
-
-    def execute(self):
-        return self.i * self.i
-
-
-class Sum(Step):
-    def __init__(self, squares):
-        self.squares = squares
+class Label(Takes):
+    """Returns ``"big"`` for a total above 10, else ``"small"``: a divert's key."""
 
     def execute(self):
-        self.context.set("total", sum(self.squares))
-        return sum(self.squares)
-
-
-class Label(Step):
-    def __init__(self, total):
-        self.total = total
-
-    def execute(self):
-        return "big" if self.total > 10 else "small"
-
-
-class Both(Step):
-    def __init__(self, value):
-        self.value = value
-
-    def execute(self):
-        return self.value
-
-
-class Flaky(Step):
-    """Fails its first attempt (a retry), then succeeds."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def execute(self):
-        if self.context.get("failed_once") is None:
-            self.context.set("failed_once", True)
-            raise RuntimeError("first attempt fails")
-        return self.value
+        return "big" if self.value > 10 else "small"
 
 
 class EveryKind(Pipeline):
@@ -104,9 +65,9 @@ class EveryKind(Pipeline):
 
     @classmethod
     def define(cls, p):
-        (p.start(Split).expand(to=Square, limit_by="owned_key").collapse(into=Sum)
-          .chain(to=Label).divert(to={"big": Flaky, "otherwise": Flaky})
-          .divide(to=[Both, Both]).combine(into=Both))
+        (p.start(Items).expand(to=Square, limit_by="owned_key").collapse(into=SumToContext)
+          .chain(to=Label).divert(to={"big": FailsOnce, "otherwise": FailsOnce})
+          .divide(to=[Echo, Echo]).combine(into=Echo))
 
 
 def test_each_package_writes_only_its_own_tables(tmp_path):

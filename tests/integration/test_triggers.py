@@ -23,7 +23,6 @@ import sqlalchemy as sa
 
 from ductwork import (
     Pipeline,
-    Step,
     TriggerConnectionError,
     TriggeredConcurrently,
     TriggerKeyError,
@@ -34,6 +33,7 @@ from ductwork.testing import drain
 from tests.capabilities import needs
 from tests.conftest import installed, make_app, race
 from tests.fleet import wait_for
+from tests.workloads import Fails, Times10
 
 RUN_TABLES = (schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions)
 
@@ -41,24 +41,16 @@ RUN_TABLES = (schema.runs, schema.branches, schema.steps, schema.jobs, schema.ex
 orders = sa.Table("trigger_test_orders", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True))
 
 
-class Charge(Step):
-    def __init__(self, order):
-        self.order = order
-
-    def execute(self):
-        return self.order * 10
-
-
 class ChargeOrder(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Charge)
+        p.start(Times10)
 
 
 class RefundOrder(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Charge)
+        p.start(Times10)
 
 
 @pytest.fixture
@@ -112,31 +104,15 @@ def test_a_pruned_run_frees_its_key(app):
     assert ChargeOrder.trigger(1, key="order-1").id == second.id
 
 
-class Declines(Step):
-    def __init__(self, order):
-        self.order = order
-
-    def execute(self):
-        raise ValueError("declined")
-
-
-class DecliningCharge(Pipeline):
-    """A charge whose only step fails: its run halts (max_retry exhausted)."""
-
-    @classmethod
-    def define(cls, p):
-        p.start(Declines)
-
-
 def test_a_revived_run_does_not_take_the_key(app):
     from ductwork.pipelines.revive import revive_run
 
-    halted = DecliningCharge.trigger(1, key="order-1")
+    halted = Fails.trigger(1, key="order-1")
     drain(app)
     assert halted.refresh().status == "halted"
     revived = revive_run(app, halted.id)
     assert revived != halted.id
-    assert DecliningCharge.trigger(1, key="order-1").id == halted.id
+    assert Fails.trigger(1, key="order-1").id == halted.id
 
 
 def test_racing_triggers_from_threads_create_one_run(app):
@@ -305,11 +281,11 @@ def test_a_run_in_progress_keeps_its_key_whatever_the_window(app):
 
 
 def test_a_halted_run_finished_a_window_ago_gives_its_key_to_a_new_run(app):
-    halted = DecliningCharge.trigger(1, key="order-1")
+    halted = Fails.trigger(1, key="order-1")
     drain(app)
     assert halted.refresh().status == "halted"
     _finished_ago(app, halted.id, timedelta(minutes=2))
-    assert DecliningCharge.trigger(1, key="order-1", key_window="1m").id != halted.id
+    assert Fails.trigger(1, key="order-1", key_window="1m").id != halted.id
 
 
 def test_racing_triggers_on_an_expired_key_create_one_run(app):

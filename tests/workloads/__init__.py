@@ -89,6 +89,16 @@ class Boom(Takes):
         raise ValueError(f"boom {self.value}")
 
 
+class FailsOnce(Takes):
+    """Fails the first attempt in its run (marked in the run's context), then returns its input."""
+
+    def execute(self):
+        if self.context.get("failed_once") is None:
+            self.context.set("failed_once", True)
+            raise ValueError(f"first attempt of {self.value}")
+        return self.value
+
+
 class BadInit(Step):
     """Cannot be built (its ``__init__`` raises): each execution is a crash."""
 
@@ -148,6 +158,22 @@ class Fails(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Boom)
+
+
+class FailsLater(Pipeline):
+    """Echo, then Boom: the run halts at its second step."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Echo).chain(to=Boom)
+
+
+class NotJson(Pipeline):
+    """One ReturnsSet: its execution is invalid, and the run halts ``step_return_invalid``."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(ReturnsSet)
 
 
 class Crashes(Pipeline):
