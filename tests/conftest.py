@@ -52,7 +52,6 @@ BACKENDS = ("sqlite", "postgresql", "mysql")
 def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id: str, purpose: str = "") -> str:
     """A fresh migrated database of ``kind`` for this worker; ``purpose`` names another one
     beside the session's (a module's own, e.g. ``web``)."""
-    from ductwork.db import engines, migrate
     from tests import databases
 
     if kind == "sqlite":
@@ -65,6 +64,13 @@ def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id
         # dropping each other's databases (default: ductwork_test_<worker>).
         prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test") + (f"_{purpose}" if purpose else "")
         url = databases.fresh_database(server, databases.database_name(worker_id, prefix=prefix))
+    return _migrated(url)
+
+
+def _migrated(url: str) -> str:
+    """``url``, its database migrated to the head revision."""
+    from ductwork.db import engines, migrate
+
     engine = engines.create_engine(url)
     try:
         migrate.upgrade(engine)
@@ -120,6 +126,12 @@ def installed(application):  # type: ignore[no-untyped-def]
         application.dispose()
 
 
+def migrated_sqlite(directory, name: str) -> str:  # type: ignore[no-untyped-def]
+    """The URL of a fresh, migrated SQLite database ``<directory>/<name>.sqlite3``: for a test
+    where one database is enough (what it checks is the same code on all three)."""
+    return _migrated(f"sqlite:///{directory}/{name}.sqlite3")
+
+
 def race(fns):  # type: ignore[no-untyped-def]
     """Run the callables at once, each in its own thread, released together by a barrier;
     return their results in order (an exception in any is raised here)."""
@@ -134,6 +146,25 @@ def race(fns):  # type: ignore[no-untyped-def]
 
     with ThreadPoolExecutor(len(fns)) as pool:
         return [f.result(timeout=60) for f in [pool.submit(go, fn) for fn in fns]]
+
+
+def race_processes(target, *args, count: int = 3) -> list:  # type: ignore[no-untyped-def]
+    """Run ``target(*args, start, out)`` in ``count`` spawned processes, released together by
+    the ``start`` event; return what each put on the ``out`` queue (each must exit 0).
+    ``target`` is a module-level function: a spawned process imports it."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, start, out)) for _ in range(count)]
+    for proc in procs:
+        proc.start()
+    start.set()
+    got = [out.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    return got
 
 
 def make_app(url: str, *, clock=None, config=None, **section):  # type: ignore[no-untyped-def]

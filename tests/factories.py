@@ -1,7 +1,8 @@
 """Row factories: put ductwork rows in place with only the fields a test is about.
 
     run_id, branch_id = make_run(app)
-    execution_id = make_execution(app, run_id, branch_id, key="a", eligible_at=app.clock.now())
+    (execution_id,) = make_executions(app, run_id, branch_id, key="a", eligible_at=app.clock.now())
+    rows = executions_of(app, run_id)       # what the run's executions did, oldest first
 
 For tests that drive the claim path directly (the limits conformance machine,
 benchmarks): a job in the claim queue needs its step, job and run rows; the
@@ -82,3 +83,17 @@ def open_execution_of(app: App, job_id: str) -> sa.Row | None:
     with app.begin() as tx:
         return tx.execute(sa.select(e.c.id, e.c.eligible_at, e.c.retry_count, e.c.crash_count)
                           .where(e.c.job_id == job_id, e.c.completed_at.is_(None))).first()
+
+
+def executions_of(app: App, run_id: str) -> list[sa.Row]:
+    """Every execution of the run's steps, oldest first, with its step's node and status:
+    rows of ``node, status, outcome, retry_count, crash_count, completed_at, error_klass,
+    error_message``."""
+    e, j, s = schema.executions, schema.jobs, schema.steps
+    with app.begin(readonly=True) as tx:
+        return tx.execute(
+            sa.select(s.c.node, s.c.status, e.c.outcome, e.c.retry_count, e.c.crash_count, e.c.completed_at,
+                      e.c.error_klass, e.c.error_message)
+            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+            .where(s.c.run_id == run_id).order_by(e.c.created_at, e.c.id)
+        ).all()

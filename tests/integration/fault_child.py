@@ -5,6 +5,7 @@
 Registers a process row, then loops — reap stale processes, advance, work (in batches
 of up to four) — until nothing is left to do, with whatever ``DUCTWORK_FAULT`` arms. Prints ``READY
 <process id>`` first. Exits 0 when idle; a ``kill``/``exit`` fault ends it earlier.
+A test runs it with :func:`run_then_reap`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,31 @@ from __future__ import annotations
 import json
 import sys
 import time
+
+#: how the child ends under each ``DUCTWORK_FAULT`` action: killed, exited 1, or idle (a
+#: raised fault is caught and the child goes on; a pause only delays it)
+EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
+
+
+def run_then_reap(app, url: str, config: dict, label: str, fault: str) -> None:  # type: ignore[no-untyped-def]
+    """Run this child on ``url`` with ``config`` and ``DUCTWORK_FAULT=<fault>``
+    (``checkpoint:action:nth``), check that the fault fired and that the child ended as its
+    action ends it (EXIT_CODES), then do what its supervisor and a reaper would: force-reap
+    its process row and reap what it held."""
+    import os
+    import subprocess
+
+    from ductwork.fleet.reaper import reap, reap_dead
+
+    checkpoint, action, _ = fault.split(":")
+    env = {**os.environ, "DUCTWORK_FAULT": fault, "DUCTWORK_FAULT_SLEEP": "0.05"}
+    child = subprocess.run([sys.executable, "-m", __name__, url, json.dumps(config), label],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert f"FAULT FIRING {checkpoint}:{action}" in child.stderr, child.stderr[-2000:]
+    assert child.returncode == EXIT_CODES[action], child.stderr[-2000:]
+    (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
+    reap(app, ready.split()[1], force=True)
+    reap_dead(app, None)
 
 
 def main() -> int:

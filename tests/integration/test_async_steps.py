@@ -293,25 +293,12 @@ def test_a_worker_stopped_while_its_async_steps_await_loses_nothing(app, db_url,
     """A worker process killed (or failing) at ``while_async_steps_await``, its claimed
     async steps in the middle of their awaits: once its row is reaped, the executions it
     held are crashed and re-run, and every step succeeds exactly once [INV-EXE-2]."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from ductwork.fleet.reaper import reap, reap_dead
     from tests.conftest import TEST_CONFIG
+    from tests.integration.fault_child import run_then_reap
 
     runs = [AwaitingP.trigger(i) for i in range(6)]
     config = {**TEST_CONFIG, "pipelines": ["tests.integration.test_async_steps:AwaitingP"]}
-    env = {**os.environ, "DUCTWORK_FAULT": f"while_async_steps_await:{action}:2"}
-    child = subprocess.run(
-        [sys.executable, "-m", "tests.integration.fault_child", db_url, json.dumps(config), "async-child"],
-        env=env, capture_output=True, text=True, timeout=120)
-    assert f"FAULT FIRING while_async_steps_await:{action}" in child.stderr, child.stderr[-2000:]
-    assert child.returncode == (-9 if action == "kill" else 0), child.stderr[-2000:]
-    (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
-    reap(app, ready.split()[1], force=True)
-    reap_dead(app, None)
+    run_then_reap(app, db_url, config, "async-child", f"while_async_steps_await:{action}:2")
     drain(app, timeout=60)
     assert [r.refresh().status for r in runs] == ["completed"] * 6
     assert [r.steps()[0].output for r in runs] == list(range(6))

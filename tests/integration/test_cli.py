@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from ductwork.cli import main
 from ductwork.db import migrate
+from tests.conftest import migrated_sqlite
 
 PIPELINE = "tests.workloads.processes:SlowKeyedPipeline"  # references limit key "slow_key"
 
@@ -35,13 +36,7 @@ def _check(tmp_path: Path, url: str, section, capsys, *, env: str = "default"):
 
 @pytest.fixture
 def sqlite_url(tmp_path):
-    from ductwork.db import engines, migrate
-
-    url = f"sqlite:///{tmp_path}/check.sqlite3"
-    engine = engines.create_engine(url)
-    migrate.upgrade(engine)
-    engine.dispose()
-    return url
+    return migrated_sqlite(tmp_path, "check")
 
 
 def test_ok_with_every_key_configured(tmp_path, sqlite_url, capsys):

@@ -18,7 +18,6 @@ Checks: INV-ADV-1, INV-ADV-2, INV-ADV-3, INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-LI
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -31,14 +30,13 @@ import sqlalchemy as sa
 from ductwork import faults
 from ductwork.db import schema
 from ductwork.fleet.processes import register
-from ductwork.fleet.reaper import reap, reap_dead
 from ductwork.limits.claims import claim
 from ductwork.testing import drain
 from tests.conftest import TEST_CONFIG, installed, make_app, reset_tables
+from tests.integration.fault_child import EXIT_CODES, run_then_reap
 from tests.workloads.processes import FAULT_KEY, FAULT_TOTAL_KEY, FaultPipeline, fault_pipeline_expected
 
 ITEMS = 10  # expand_batch is 4: three batches
-EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
 #: checkpoints outside the fleet's work, each with its own kill test:
 #: inside_prune_batch (``ductwork prune``): tests/integration/test_inspection.py;
 #: while_async_steps_await (only async steps pass it): tests/integration/test_async_steps.py
@@ -85,20 +83,10 @@ def test_checkpoint(fault_app, db_url, checkpoint, action):
     run = FaultPipeline.trigger(ITEMS)
     if checkpoint == faults.DURING_REAP:
         _ghost_holding_a_claim(app)
-    env = {**os.environ, "DUCTWORK_FAULT": f"{checkpoint}:{action}:1", "DUCTWORK_FAULT_SLEEP": "0.05"}
     config = CONFIG
     if checkpoint == faults.INSIDE_ADVANCE_BATCH:  # the leaf is then an advancer's, in a batch
         config = {**CONFIG, "pipeline_advancer": {**CONFIG["pipeline_advancer"], "inline_linear": False}}
-    child = subprocess.run(
-        [sys.executable, "-m", "tests.integration.fault_child", db_url, json.dumps(config), "fault-child"],
-        env=env, capture_output=True, text=True, timeout=120,
-    )
-    assert f"FAULT FIRING {checkpoint}:{action}" in child.stderr, child.stderr[-2000:]
-    assert child.returncode == EXIT_CODES[action], child.stderr[-2000:]
-    (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
-    # The child is dead (or done): its supervisor would force-reap its row now.
-    reap(app, ready.split()[1], force=True)
-    reap_dead(app, None)
+    run_then_reap(app, db_url, config, "fault-child", f"{checkpoint}:{action}:1")
     drain(app, timeout=60)
 
     assert run.refresh().status == "completed"

@@ -23,22 +23,16 @@ Checks: INV-HLT-1, INV-HLT-2.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import sqlalchemy as sa
 
 from ductwork import faults
 from ductwork.db import schema
-from ductwork.fleet.reaper import reap, reap_dead
 from ductwork.testing import drain
 from tests.conftest import TEST_CONFIG, installed, make_app
+from tests.integration.fault_child import EXIT_CODES, run_then_reap
 from tests.workloads.hooks import HOOK_LOG_ENV, HaltingPipeline
 
-EXIT_CODES = {"kill": -9, "exit": 1, "raise": 0, "sleep": 0}
 CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads.hooks:HaltingPipeline"],
           "job_worker": {**TEST_CONFIG["job_worker"], "max_retry": 0}}
 
@@ -57,16 +51,7 @@ def test_hook_checkpoint(hook_app, db_url, checkpoint, action, tmp_path, monkeyp
     log_file = tmp_path / "hooks.log"
     monkeypatch.setenv(HOOK_LOG_ENV, str(log_file))
     run = HaltingPipeline.trigger(5)
-    env = {**os.environ, "DUCTWORK_FAULT": f"{checkpoint}:{action}:1", "DUCTWORK_FAULT_SLEEP": "0.05"}
-    child = subprocess.run(
-        [sys.executable, "-m", "tests.integration.fault_child", db_url, json.dumps(CONFIG), "hook-fault-child"],
-        env=env, capture_output=True, text=True, timeout=120,
-    )
-    assert f"FAULT FIRING {checkpoint}:{action}" in child.stderr, child.stderr[-2000:]
-    assert child.returncode == EXIT_CODES[action], child.stderr[-2000:]
-    (ready,) = [line for line in child.stdout.splitlines() if line.startswith("READY ")]
-    reap(app, ready.split()[1], force=True)  # its supervisor would force-reap it now
-    reap_dead(app, None)
+    run_then_reap(app, db_url, CONFIG, "hook-fault-child", f"{checkpoint}:{action}:1")
     h = schema.halt_hooks
     died = action in ("kill", "exit")
     crashed_holding_claim = died and checkpoint in (faults.AFTER_HOOK_CLAIM, faults.IN_HOOK_COMMIT)

@@ -21,6 +21,7 @@ from ductwork.db import schema
 from ductwork.errors import InputError, NotJSONError, PayloadTooLargeError
 from ductwork.pipelines.payloads import MAX_PAYLOAD_BYTES, STATEMENT_BYTES_NEEDED
 from ductwork.testing import drain
+from tests.factories import executions_of
 from tests.workloads import Echo, ReturnsSet, Takes, Unkeyed
 
 #: a str whose JSON text is 2 + 2 × n bytes: every quote is escaped (\"), and
@@ -79,16 +80,6 @@ class SetInChildP(Pipeline):
         p.start(ReturnsSet, timeout=60)
 
 
-def _executions(app, run):
-    e, j, s = schema.executions, schema.jobs, schema.steps
-    with app.begin(readonly=True) as tx:
-        return tx.execute(
-            sa.select(s.c.node, e.c.outcome, e.c.error_klass, e.c.error_message)
-            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
-            .where(s.c.run_id == run.id).order_by(e.c.created_at, e.c.id)
-        ).all()
-
-
 def _count(app, table):
     with app.begin(readonly=True) as tx:
         return tx.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
@@ -129,7 +120,7 @@ def test_a_return_value_one_byte_longer_fails_once_and_halts(app):
     drain(app, timeout=120)
     assert run.refresh().status == "halted"
     assert run.halt_reasons == ["payload_too_large"]
-    rows = _executions(app, run)
+    rows = executions_of(app, run.id)
     assert [(r.outcome, r.error_klass) for r in rows] == [("invalid", "ductwork.errors.PayloadTooLargeError")]
     assert rows[0].error_message == (
         f"tests.integration.test_payloads:Quotes returned str: {MAX_PAYLOAD_BYTES + 2:,} bytes of JSON, "
@@ -165,7 +156,7 @@ def test_nan_breaks_the_same_rule_at_trigger_as_at_return(app):
     assert at_trigger.startswith("Unkeyed.trigger arguments: not JSON-serialisable (Out of range float values")
     run = NanP.trigger(1)
     drain(app, timeout=60)
-    rows = _executions(app, run)
+    rows = executions_of(app, run.id)
     assert [(r.outcome, r.error_klass) for r in rows] == [("invalid", "ductwork.errors.NotJSONError")]
     at_return = rows[0].error_message
     assert at_return.startswith("tests.integration.test_payloads:ReturnsNan returned float: not JSON-serialisable")
@@ -177,7 +168,7 @@ def test_a_bad_return_in_a_timeout_child_is_not_retried_either(app):
     run = SetInChildP.trigger(1)
     drain(app, timeout=120)
     assert run.refresh().halt_reasons == ["step_return_invalid"]
-    rows = _executions(app, run)
+    rows = executions_of(app, run.id)
     assert [(r.outcome, r.error_klass) for r in rows] == [("invalid", "ductwork.errors.NotJSONError")]
 
 

@@ -17,6 +17,7 @@ from ductwork import Pipeline, Step
 from ductwork.errors import RunStateError
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
+from tests.factories import executions_of
 from tests.workloads import Add1, Boom, Crashes, Echo, FailsLater, Gather, Items, NotJson, Sum, Takes, Times10
 
 # --------------------------------------------------------------------------- steps
@@ -220,20 +221,6 @@ def test_many_runs_in_parallel_do_not_mix(app):
 # --------------------------------------------------------------------------- errors
 
 
-def _executions(app, run):
-    import sqlalchemy as sa
-
-    from ductwork.db import schema
-
-    e, j, s = schema.executions, schema.jobs, schema.steps
-    with app.begin() as tx:
-        return tx.execute(
-            sa.select(s.c.node, e.c.outcome, e.c.retry_count, e.c.crash_count, e.c.error_klass, e.c.error_message)
-            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
-            .where(s.c.run_id == run.id).order_by(e.c.created_at, e.c.id)
-        ).all()
-
-
 def _halt_reasons(run):
     return run.refresh().halt_reasons  # the public attribute, read from the branch rows
 
@@ -242,7 +229,7 @@ def test_failures_retry_within_budget_then_halt(app):
     run = FailsLater.trigger("x")
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
-    rows = [r for r in _executions(app, run) if r.node == "Boom#1"]
+    rows = [r for r in executions_of(app, run.id) if r.node == "Boom#1"]
     assert [(r.outcome, r.retry_count) for r in rows] == [("failure", 0), ("failure", 1), ("failure", 2)]
     assert rows[0].error_klass.endswith("ValueError")
     assert rows[0].error_message == "boom x"
@@ -255,7 +242,7 @@ def test_constructor_errors_spend_the_crash_budget(manual_app):
     run = Crashes.trigger("x")
     drain(app, timeout=60)
     assert run.refresh().status == "halted"
-    rows = _executions(app, run)
+    rows = executions_of(app, run.id)
     assert [r.crash_count for r in rows] == [0, 1, 2, 3, 4]  # max_crash 4: five crashes
     assert {r.outcome for r in rows} == {"process_crashed"}
     assert _halt_reasons(run) == ["job_crashes_exhausted"]
@@ -265,7 +252,7 @@ def test_non_json_return_fails_the_execution_naming_step_and_type(app):
     run = NotJson.trigger(1)
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
-    rows = _executions(app, run)
+    rows = executions_of(app, run.id)
     assert [r.outcome for r in rows] == ["invalid"]  # it would recur: not retried (max_retry 2)
     assert rows[0].error_klass == "ductwork.errors.NotJSONError"
     assert "tests.workloads:ReturnsSet returned set: not JSON-serialisable" in rows[0].error_message
@@ -276,7 +263,7 @@ def test_expand_of_a_non_list_fails_the_step(app):
     run = NotAListP.trigger(1)
     drain(app, timeout=30)
     assert run.refresh().status == "halted"
-    rows = _executions(app, run)
+    rows = executions_of(app, run.id)
     assert [(r.outcome, r.error_klass) for r in rows] == [("invalid", "ductwork.errors.StepReturnError")]
     assert "must return a list" in rows[0].error_message
     assert _halt_reasons(run) == ["step_return_invalid"]

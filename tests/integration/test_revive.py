@@ -9,7 +9,6 @@ context copied only when asked.
 
 from __future__ import annotations
 
-import multiprocessing
 import subprocess
 import sys
 from collections import Counter
@@ -20,7 +19,7 @@ import sqlalchemy as sa
 from ductwork import Pipeline, ReviveError, Step
 from ductwork.db import schema
 from ductwork.testing import drain
-from tests.conftest import installed, make_app, race, reset_tables
+from tests.conftest import installed, make_app, race, race_processes, reset_tables
 from tests.workloads import Echo, Takes
 
 #: what the broken steps do; a test "deploys a fix" by flipping these
@@ -372,16 +371,7 @@ def _revive_in_process(url, run_id, start, out):
 def test_concurrent_revives_from_processes_create_one_run(offset_app, db_url):
     app = offset_app
     run = _halted(app, FanP, 4)
-    ctx = multiprocessing.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_revive_in_process, args=(db_url, run.id, start, out)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    start.set()
-    got = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    got = race_processes(_revive_in_process, db_url, run.id)
     assert len(set(got)) == 1  # [INV-REV-1]
     assert [r.id for r in _rows(app, schema.runs, revived_from=run.id)] == got[:1]
 

@@ -220,11 +220,7 @@ def sqlite_app(tmp_path):
     never go stale within a test (reaper_timeout 600 s): only a proof of death reaps here,
     however slow a loaded machine makes the test (with the suite's 5 s, a row of the other
     pid namespace went stale during one CI run and was reaped as stale, as it should be)."""
-    from ductwork.db import engines, migrate
-    from tests.conftest import installed, make_app
+    from tests.conftest import installed, make_app, migrated_sqlite
 
-    url = f"sqlite:///{tmp_path}/hosts.sqlite3"
-    engine = engines.create_engine(url)
-    migrate.upgrade(engine)
-    engine.dispose()
-    yield from installed(make_app(url, supervisor={"reaper_timeout": 600, "heartbeat_interval": 5}))
+    yield from installed(make_app(migrated_sqlite(tmp_path, "hosts"),
+                                  supervisor={"reaper_timeout": 600, "heartbeat_interval": 5}))

@@ -23,6 +23,7 @@ from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from ductwork.testing import drain
+from tests.factories import executions_of
 
 
 class Since(Step):
@@ -59,16 +60,6 @@ def _counts(app):
     with app.begin() as tx:
         return {table.name: tx.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
                 for table in (schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions)}
-
-
-def _executions(app, run):
-    e, j, s = schema.executions, schema.jobs, schema.steps
-    with app.begin() as tx:
-        return tx.execute(
-            sa.select(s.c.node, s.c.status, e.c.outcome, e.c.completed_at, e.c.error_klass, e.c.error_message)
-            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
-            .where(s.c.run_id == run.id).order_by(e.c.created_at, e.c.id)
-        ).all()
 
 
 def _retarget(app, run, klass):
@@ -137,7 +128,7 @@ def test_a_class_that_does_not_resolve_halts_after_one_execution(app):
     assert _work_once(app) is None  # nothing re-queued: no retry, no re-run
     assert run.refresh().status == "halted"
     assert run.halt_reasons == ["unknown_step_class"]
-    [row] = _executions(app, run)
+    [row] = executions_of(app, run.id)
     assert (row.status, row.outcome, row.error_klass) == ("failed", "invalid", "ductwork.errors.UnknownStepClassError")
     assert row.error_message == (f"step class '{__name__}:Gone' is not in the configured pipelines "
                                  "(only their classes run; nothing was imported)")
@@ -154,7 +145,7 @@ def test_a_module_no_configured_pipeline_comes_from_is_never_imported(app, tmp_p
     assert _work_once(app) is None
     assert run.refresh().halt_reasons == ["unknown_step_class"]
     assert "dw_mistakes_raises" not in __import__("sys").modules
-    [row] = _executions(app, run)
+    [row] = executions_of(app, run.id)
     assert (row.outcome, row.error_klass) == ("invalid", "ductwork.errors.UnknownStepClassError")
 
 
@@ -162,7 +153,7 @@ def test_a_main_class_that_does_not_resolve_says_how_to_fix_it(app):
     run = SinceP.trigger(1)
     _retarget(app, run, "__main__:NotHere")  # what a worker of another process finds
     assert _work_once(app).outcome == "invalid"
-    [row] = _executions(app, run)
+    [row] = executions_of(app, run.id)
     assert row.error_message.endswith("; it is defined in __main__ (a script), which only the process "
                                       "running that script can resolve: move it into an importable module")
 
@@ -174,7 +165,7 @@ def test_stored_input_that_does_not_bind_halts_after_one_execution(app):
     assert _work_once(app) is None
     assert run.refresh().status == "halted"
     assert run.halt_reasons == ["job_invalid"]
-    rows = _executions(app, run)
+    rows = executions_of(app, run.id)
     assert [(r.node, r.outcome) for r in rows] == [("Since#0", "success"), ("NeedsTwo#1", "invalid")]
     assert (rows[1].status, rows[1].error_klass) == ("failed", "builtins.TypeError")
     assert rows[1].error_message == ("NeedsTwo(first, second) cannot take the arguments (1,): "
@@ -202,7 +193,7 @@ def test_a_child_process_that_cannot_import_the_class_halts_after_one_execution(
     assert _work_once(app).outcome == "invalid"
     assert _work_once(app) is None
     assert run.refresh().halt_reasons == ["job_invalid"]
-    [row] = _executions(app, run)
+    [row] = executions_of(app, run.id)
     assert (row.outcome, row.error_klass, row.error_message) == (
         "invalid", "builtins.RuntimeError", "broken since the deploy")
 

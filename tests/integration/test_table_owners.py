@@ -30,7 +30,7 @@ from ductwork.fleet.reaper import reap, reconcile, sweep_orphans
 from ductwork.limits.claims import claim
 from ductwork.pipelines.prune import prune
 from ductwork.testing import drain
-from tests.conftest import installed, make_app
+from tests.conftest import installed, make_app, migrated_sqlite
 from tests.workloads import Approval, Echo, FailsOnce, Items, Square, Takes
 from tests.workloads.hooks import HaltingPipeline
 
@@ -71,13 +71,9 @@ class EveryKind(Pipeline):
 
 
 def test_each_package_writes_only_its_own_tables(tmp_path):
-    from ductwork.db import engines, migrate
     from ductwork.db.clock import OffsetClock
 
-    url = f"sqlite:///{tmp_path}/owners.sqlite3"
-    engine = engines.create_engine(url)
-    migrate.upgrade(engine)
-    engine.dispose()
+    url = migrated_sqlite(tmp_path, "owners")
     app_gen = installed(make_app(url, clock=OffsetClock(), job_worker={"limits": {"owned_key": {
         "concurrency": 2, "rate": [{"limit": 1000, "per": "1s"}]}}, "max_retry": 1}))
     app = next(app_gen)

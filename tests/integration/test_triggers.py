@@ -15,7 +15,6 @@ unusable connections.
 from __future__ import annotations
 
 import functools
-import multiprocessing
 from datetime import timedelta
 
 import pytest
@@ -31,7 +30,7 @@ from ductwork import (
 from ductwork.db import schema
 from ductwork.testing import drain
 from tests.capabilities import needs
-from tests.conftest import installed, make_app, race
+from tests.conftest import installed, make_app, race, race_processes
 from tests.fleet import wait_for
 from tests.workloads import Fails, Times10
 
@@ -135,16 +134,7 @@ def _trigger_in_process(url, start, out):
 
 
 def test_racing_triggers_from_processes_create_one_run(app, db_url):
-    ctx = multiprocessing.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_trigger_in_process, args=(db_url, start, out)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    start.set()
-    got = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    got = race_processes(_trigger_in_process, db_url)
     assert len(set(got)) == 1  # [INV-TRG-1]
     assert _count(app, schema.runs) == 1
     assert _count(app, schema.executions) == 1

@@ -28,27 +28,27 @@ from ductwork.pipelines.advance import Advancer
 from ductwork.status import snapshot
 from ductwork.testing import drain
 from ductwork.web import dashboard
-from tests.conftest import installed, make_app
+from tests.conftest import installed, make_app, migrated_sqlite
 from tests.workloads.web import LIMITS, POOL_KEY, XSS, XSS_KEY, Approval, Flaky, Hostile, Pushes
+
+
+def _installed_web_app(url):
+    """The app of these tests on ``url`` (the dashboard's limits, a clock drain may move),
+    installed as the default."""
+    from ductwork.db.clock import OffsetClock
+
+    yield from installed(make_app(url, clock=OffsetClock(), job_worker={"limits": LIMITS, "max_retry": 1}))
 
 
 @pytest.fixture
 def web_app(db_url):
-    from ductwork.db.clock import OffsetClock
-
-    yield from installed(make_app(db_url, clock=OffsetClock(), job_worker={"limits": LIMITS, "max_retry": 1}))
+    yield from _installed_web_app(db_url)
 
 
 @pytest.fixture
 def sqlite_app(tmp_path):
-    from ductwork.db import engines, migrate
-    from ductwork.db.clock import OffsetClock
-
-    url = f"sqlite:///{tmp_path}/web.sqlite3"
-    engine = engines.create_engine(url)
-    migrate.upgrade(engine)
-    engine.dispose()
-    yield from installed(make_app(url, clock=OffsetClock(), job_worker={"limits": LIMITS, "max_retry": 1}))
+    """One database is enough where only the page matters."""
+    yield from _installed_web_app(migrated_sqlite(tmp_path, "web"))
 
 
 def _every_state(app, tmp_path: Path) -> dict[str, str]:
