@@ -64,10 +64,10 @@ def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id
         # dropping each other's databases (default: ductwork_test_<worker>).
         prefix = os.environ.get("DUCTWORK_TEST_DB_PREFIX", "ductwork_test") + (f"_{purpose}" if purpose else "")
         url = databases.fresh_database(server, databases.database_name(worker_id, prefix=prefix))
-    return _migrated(url)
+    return migrated(url)
 
 
-def _migrated(url: str) -> str:
+def migrated(url: str) -> str:
     """``url``, its database migrated to the head revision."""
     from ductwork.db import engines, migrate
 
@@ -129,7 +129,7 @@ def installed(application):  # type: ignore[no-untyped-def]
 def migrated_sqlite(directory, name: str) -> str:  # type: ignore[no-untyped-def]
     """The URL of a fresh, migrated SQLite database ``<directory>/<name>.sqlite3``: for a test
     where one database is enough (what it checks is the same code on all three)."""
-    return _migrated(f"sqlite:///{directory}/{name}.sqlite3")
+    return migrated(f"sqlite:///{directory}/{name}.sqlite3")
 
 
 def race(fns):  # type: ignore[no-untyped-def]

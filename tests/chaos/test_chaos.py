@@ -32,21 +32,12 @@ import pytest
 
 from tests import databases, mutants
 from tests.chaos.harness import ChaosRound, chaos_seeds, replay_command
+from tests.conftest import migrated
 
 pytestmark = pytest.mark.chaos
 
 SEEDS = chaos_seeds(dict(os.environ))
 SCALE = int(os.environ.get("DUCTWORK_CHAOS_SCALE", "1"))
-
-
-def _migrate(url: str) -> None:
-    from ductwork.db import engines, migrate
-
-    engine = engines.create_engine(url)
-    try:
-        migrate.upgrade(engine)
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql", "mysql"])
@@ -70,8 +61,7 @@ def _database(kind, server, tmp_path: Path, name: str) -> str:
         url = f"sqlite:///{tmp_path}/chaos.sqlite3"
     else:
         url = databases.fresh_database(server, databases.database_name(prefix=name, unique=True))
-    _migrate(url)
-    return url
+    return migrated(url)
 
 
 def _report(record_property, kind: str, result) -> None:

@@ -35,6 +35,7 @@ import zlib
 
 from ductwork import Pipeline, Step
 from tests.chaos.history import make_witness_table
+from tests.workloads import Echo
 
 WITNESS = make_witness_table()
 LIMITS = {
@@ -235,17 +236,7 @@ class ChaosHalts(Pipeline):
         p.start(Seed).chain(to=Refuse).on_halt(PageOnHalt)
 
 
-class Plain(Step):
-    """An unwitnessed step (ChaosRetained's): returns its input."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def execute(self):
-        return self.value
-
-
-class FailsOnThirds(Plain):
+class FailsOnThirds(Echo):
     """Fails every attempt when its input is a multiple of 3: the run halts."""
 
     def execute(self):
@@ -257,7 +248,7 @@ class FailsOnThirds(Plain):
 class ChaosRetained(Pipeline):
     @classmethod
     def define(cls, p):
-        p.start(Plain).chain(to=FailsOnThirds, delay=0.5).dampen(before=Plain)
+        p.start(Echo).chain(to=FailsOnThirds, delay=0.5).dampen(before=Echo)
 
 
 #: the pipeline the round's prunes are limited to (``ductwork prune --pipeline``)

@@ -79,13 +79,26 @@ def test_a_killed_worker_is_replaced_and_its_slot_freed_by_its_supervisor(app, d
         assert tx.execute(sa.select(sa.func.count()).where(e.c.inflight_key == "slow_key")).scalar_one() == 0
 
 
-def test_sigterm_finishes_the_step_in_hand_and_loses_nothing(app, db_url, tmp_path):
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowPipeline"])
+def _fleet_in_a_slow_step(db_url, tmp_path, first: float, **overrides):
+    """A SlowPipeline run whose first attempt sleeps ``first`` seconds, and a fleet started on
+    it, returned once the step has started (the fleet killed if it never does): (run, fleet,
+    marker)."""
+    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowPipeline"],
+                          overrides=overrides)
     marker = tmp_path / "marker"
-    run = SlowPipeline.trigger({"path": str(marker), "first": 1.0, "after": 0.05})
+    run = SlowPipeline.trigger({"path": str(marker), "first": first, "after": 0.05})
     fleet = Fleet(db_url, config).start()
     try:
         wait_for(lambda: marker_lines(marker), "the step started")
+    except BaseException:
+        fleet.kill_host()
+        raise
+    return run, fleet, marker
+
+
+def test_sigterm_finishes_the_step_in_hand_and_loses_nothing(app, db_url, tmp_path):
+    run, fleet, marker = _fleet_in_a_slow_step(db_url, tmp_path, 1.0)
+    try:
         assert fleet.terminate(30) == 0, fleet.log()[-3000:]
     finally:
         fleet.kill_host()
@@ -97,13 +110,8 @@ def test_sigterm_finishes_the_step_in_hand_and_loses_nothing(app, db_url, tmp_pa
 
 
 def test_sigterm_past_the_shutdown_timeout_crashes_and_requeues_the_step(app, db_url, tmp_path):
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowPipeline"],
-                          overrides={"job_worker": {"shutdown_timeout": 0.5}})
-    marker = tmp_path / "marker"
-    run = SlowPipeline.trigger({"path": str(marker), "first": 60, "after": 0.05})
-    fleet = Fleet(db_url, config).start()
+    run, fleet, marker = _fleet_in_a_slow_step(db_url, tmp_path, 60, job_worker={"shutdown_timeout": 0.5})
     try:
-        wait_for(lambda: marker_lines(marker), "the step started")
         ((pid, _),) = marker_lines(marker)
         assert fleet.terminate(30) == 0, fleet.log()[-3000:]
     finally:
@@ -142,12 +150,8 @@ def test_a_timed_out_step_is_killed_recorded_and_retried(db_url, tmp_path):
 def test_sigterm_to_the_whole_group_twice_stops_cleanly(app, db_url, tmp_path):
     """Ctrl-C or systemd signal every process of the group, and the supervisor signals its
     children again: a second signal during the first handler must not hang a runner."""
-    config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads.processes:SlowPipeline"])
-    marker = tmp_path / "marker"
-    run = SlowPipeline.trigger({"path": str(marker), "first": 1.0, "after": 0.05})
-    fleet = Fleet(db_url, config).start()
+    run, fleet, _ = _fleet_in_a_slow_step(db_url, tmp_path, 1.0)
     try:
-        wait_for(lambda: marker_lines(marker), "the step started")
         for _ in range(2):
             os.killpg(fleet.proc.pid, signal.SIGTERM)
         assert fleet.proc.wait(30) == 0, fleet.log()[-3000:]

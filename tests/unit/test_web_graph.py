@@ -7,27 +7,24 @@ import json
 from collections import Counter
 from datetime import datetime, timedelta
 
-from ductwork import Pipeline, Step
+from ductwork import Pipeline
 from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.history import BranchRecord, RunHistory, RunRecord, StepRecord, Wait
 from ductwork.web.graph import lay_out, node_states
 from ductwork.web.rates import ClaimRates
+from tests.workloads import Echo
 
 
-class A(Step):
-    def __init__(self, x):
-        self.x = x
-
-    def execute(self):
-        return self.x
+class A(Echo):
+    """Echo under a one-letter name, so that the layout's boxes are easy to name."""
 
 
-class B(A):
-    pass
+class B(Echo):
+    """Echo under another name."""
 
 
-class C(A):
-    pass
+class C(Echo):
+    """Echo under a third name."""
 
 
 class Shapes(Pipeline):

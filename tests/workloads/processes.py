@@ -41,6 +41,24 @@ class Nap(Step):
         return self.seconds
 
 
+def mark(path, what: str, key: str) -> list[str]:
+    """Append ``<what> <pid> <key>`` to the marker file at ``path`` (what :func:`marker_lines`
+    reads back); returns the file's lines."""
+    import os
+
+    with open(path, "a") as marker:
+        marker.write(f"{what} {os.getpid()} {key}\n")
+    with open(path) as marker:
+        return marker.read().splitlines()
+
+
+def mark_start_and_block(path, key: str) -> None:
+    """Mark ``start`` in ``path``, then sleep until the process is killed."""
+    mark(path, "start", key)
+    while True:
+        time.sleep(0.05)
+
+
 class Forever(Step):
     """Never returns: only a timeout (a killed process) ends it."""
 
@@ -48,12 +66,7 @@ class Forever(Step):
         self.marker_path = marker_path
 
     def execute(self):
-        import os
-
-        with open(self.marker_path, "a") as marker:
-            marker.write(f"start {os.getpid()} {self.idempotency_key}\n")
-        while True:
-            time.sleep(0.05)
+        mark_start_and_block(self.marker_path, self.idempotency_key)
 
 
 class NapPipeline(Pipeline):
@@ -111,10 +124,7 @@ class EndsItsChild(Step):
             os._exit(3)
         if self.how == "system_exit":
             sys.exit(4)
-        with open(self.how.removeprefix("marker:"), "a") as marker:
-            marker.write(f"start {os.getpid()} {self.idempotency_key}\n")
-        while True:
-            time.sleep(0.05)
+        mark_start_and_block(self.how.removeprefix("marker:"), self.idempotency_key)
 
 
 class EndsItsChildPipeline(Pipeline):
@@ -135,19 +145,11 @@ class Slow(Step):
     def __init__(self, job):
         self.job = job
 
-    def _note(self, what: str) -> list[str]:
-        import os
-
-        with open(self.job["path"], "a") as marker:
-            marker.write(f"{what} {os.getpid()} {self.idempotency_key}\n")
-        with open(self.job["path"]) as marker:
-            return marker.read().splitlines()
-
     def execute(self):
-        lines = self._note("start")
+        lines = mark(self.job["path"], "start", self.idempotency_key)
         first = sum(1 for line in lines if line.startswith("start")) == 1
         time.sleep(self.job["first"] if first else self.job["after"])
-        self._note("end")
+        mark(self.job["path"], "end", self.idempotency_key)
         return self.job
 
 
@@ -280,33 +282,27 @@ class ShellSpawnerChildPipeline(Pipeline):
         p.start(ShellSpawner, timeout=600)
 
 
-def shells(path) -> list[list[int]]:
-    """[step pid, shell, its sleep, shell that left, its sleep] per ShellSpawner attempt."""
+def _fields(path, what: str) -> list[list[str]]:
+    """The fields after ``what`` of each line of the marker file at ``path`` that starts
+    with it (none when the file does not exist yet)."""
     import os
 
     if not os.path.exists(path):
         return []
     with open(path) as marker:
-        return [[int(pid) for pid in line.split()[1:]] for line in marker if line.startswith("shells ")]
+        return [parts[1:] for parts in (line.split() for line in marker) if parts and parts[0] == what]
+
+
+def shells(path) -> list[list[int]]:
+    """[step pid, shell, its sleep, shell that left, its sleep] per ShellSpawner attempt."""
+    return [[int(pid) for pid in fields] for fields in _fields(path, "shells")]
 
 
 def spawned(path) -> list[tuple[int, int, int]]:
     """(step pid, subprocess in its group, subprocess that left it) per Spawner attempt."""
-    import os
-
-    if not os.path.exists(path):
-        return []
-    with open(path) as marker:
-        return [(int(a), int(b), int(c)) for what, a, b, c in (line.split() for line in marker
-                                                                if line.startswith("spawned "))]
+    return [(int(a), int(b), int(c)) for a, b, c in _fields(path, "spawned")]
 
 
 def marker_lines(path, what: str = "start") -> list[tuple[int, str]]:
-    """(pid, idempotency_key) of each ``what`` line a Slow/Forever step wrote."""
-    import os
-
-    if not os.path.exists(path):
-        return []
-    with open(path) as marker:
-        return [(int(parts[1]), parts[2]) for parts in (line.split() for line in marker)
-                if len(parts) == 3 and parts[0] == what]
+    """(pid, idempotency_key) of each ``what`` line a Slow/Forever step wrote (:func:`mark`)."""
+    return [(int(pid), key) for pid, key in (f for f in _fields(path, what) if len(f) == 2)]
