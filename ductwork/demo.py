@@ -56,13 +56,18 @@ LOG_FILE = "ductwork-demo.log"
 PLANNED_FAILURE = "vendor timed out (first attempt of order 3)"
 
 
-def _say(text: str) -> None:
-    """One timestamped line, written whole: steps of several worker threads say things at
-    once, and ``print`` writes a line and its newline separately (two lines ran together)."""
-    line = f"[{time.monotonic() - _started:6.2f}s] {text}\n"
+def _write(text: str) -> None:
+    """``text`` and its newline written whole, under the one console lock: steps of several
+    worker threads say things while the main thread reports, and ``print`` writes a line
+    and its newline separately (a main-thread line and a step's line ran together)."""
     with _output_lock:
-        sys.stdout.write(line)
+        sys.stdout.write(f"{text}\n")
         sys.stdout.flush()
+
+
+def _say(text: str) -> None:
+    """One timestamped line from a step or the log summary."""
+    _write(f"[{time.monotonic() - _started:6.2f}s] {text}")
 
 
 class FetchPendingOrders(Step):
@@ -188,10 +193,10 @@ def _demo(database_url: str | None, orders: int, timeout: float, log_path: Path)
         database_url = f"sqlite:///{path}"
     app = connect(database_url, CONFIG)
     migrate.upgrade(app.engine)
-    print(f"ductwork demo on {app.engine.url.render_as_string(hide_password=True)}")
-    print("limit vendor_api: concurrency 2, rate 5 per 1s (burst 5); 4 worker threads, 1 advancer")
-    print(f"log: {log_path} (warnings with their tracebacks)")
-    print("order 3's first push fails on purpose (a pretend vendor timeout), to show a retry that keeps "
+    _write(f"ductwork demo on {app.engine.url.render_as_string(hide_password=True)}")
+    _write("limit vendor_api: concurrency 2, rate 5 per 1s (burst 5); 4 worker threads, 1 advancer")
+    _write(f"log: {log_path} (warnings with their tracebacks)")
+    _write("order 3's first push fails on purpose (a pretend vendor timeout), to show a retry that keeps "
           "its idempotency key\n")
     sync = SyncOrders.trigger(orders)
     refresh = RefreshCatalog.trigger(None)
@@ -206,17 +211,17 @@ def _demo(database_url: str | None, orders: int, timeout: float, log_path: Path)
     deadline = time.monotonic() + timeout
     while sync.refresh().status == "in_progress" or refresh.refresh().status == "in_progress":
         if time.monotonic() > deadline:
-            print(f"demo: runs did not finish within {timeout:g} s (--timeout)", flush=True)
+            _write(f"demo: runs did not finish within {timeout:g} s (--timeout)")
             _stop(stop, loops)
             app.dispose()
             return 1
         time.sleep(0.05)
     _stop(stop, loops)
     span = (_pushes[-1] - _pushes[0]) if len(_pushes) > 1 else 0.0
-    print(f"\nSyncOrders run {sync.id}: {sync.status}; RefreshCatalog: {refresh.status}")
-    print(f"pushes: {len(_pushes)} (one retry), highest in flight {_max_in_flight} (limit 2), "
+    _write(f"\nSyncOrders run {sync.id}: {sync.status}; RefreshCatalog: {refresh.status}")
+    _write(f"pushes: {len(_pushes)} (one retry), highest in flight {_max_in_flight} (limit 2), "
           f"{len(_pushes)} starts in {span:.2f}s (rate limit 5/s, burst 5)")
-    print(f"result recorded: {sync.steps()[-1].output} orders")
+    _write(f"result recorded: {sync.steps()[-1].output} orders")
     app.dispose()
     return 0 if sync.status == "completed" and _max_in_flight <= 2 else 1
 
