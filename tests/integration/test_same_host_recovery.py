@@ -191,8 +191,12 @@ def test_what_a_dead_fleets_step_started_dies_before_its_claim_moves_on(db_url, 
 
 
 def test_status_marks_late_and_dead_processes_and_reaps_the_dead(sqlite_app, capsys):
+    """``late`` is a heartbeat more than two intervals (5 s) old and not yet stale: 11 s is
+    late; a fresh row and one of 6 s (over one interval, under two) carry no mark."""
     from datetime import timedelta
 
+    fresh = register(sqlite_app, role="job_worker", label="fresh")
+    under = register(sqlite_app, role="job_worker", label="under")
     late = register(sqlite_app, role="job_worker", label="late")
     exited = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     start = wait_for(lambda: os_start_ticks(exited.pid), "the child started")
@@ -202,11 +206,14 @@ def test_status_marks_late_and_dead_processes_and_reaps_the_dead(sqlite_app, cap
     p = schema.processes
     with sqlite_app.begin() as tx:
         tx.execute(p.update().where(p.c.id == late).values(last_heartbeat_at=tx.now - timedelta(seconds=11)))
+        tx.execute(p.update().where(p.c.id == under).values(last_heartbeat_at=tx.now - timedelta(seconds=6)))
     assert _row(sqlite_app, dead).os_start_ticks == start
     assert main(["status", "--database-url", str(sqlite_app.url), "-c", "/dev/null"]) == 0
     out = capsys.readouterr().out
-    (late_line,) = [line for line in out.splitlines() if late in line]
-    (dead_line,) = [line for line in out.splitlines() if dead in line]
+    (fresh_line, under_line, late_line, dead_line) = [
+        next(line for line in out.splitlines() if row in line) for row in (fresh, under, late, dead)]
+    assert fresh_line.endswith(fresh)  # no mark after the id
+    assert under_line.endswith(under)  # 6 s: over one interval, under two
     assert late_line.endswith("late: heartbeat overdue")  # 11 s: over two heartbeat intervals (5 s), not stale
     assert dead_line.endswith("dead: its process is gone (this machine)")
     assert "reaped 1 dead processes of this machine: their claims are free" in out
