@@ -74,6 +74,7 @@ __all__ = [
     "drop_database",
     "fresh_database",
     "provide",
+    "required",
     "server_for_session",
     "skip_or_fail",
     "stop_all",
@@ -636,18 +637,26 @@ def provide(kind: str, *, require_container: bool = False, label: str = "test") 
     return _start_container(spec, image, label)
 
 
+def required(variable: str = "DUCTWORK_REQUIRE_CONTAINERS") -> bool:
+    """True when the environment variable ``variable`` is set (1/true/yes/on): CI, where
+    what it names must be there, and a skip would hide a test that never ran.
+    ``DUCTWORK_REQUIRE_CONTAINERS``: the database containers;
+    ``DUCTWORK_REQUIRE_PID_NAMESPACES``: ``unshare --pid`` (tests/integration/test_same_host_recovery.py)."""
+    return os.environ.get(variable, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def containers_required() -> bool:
-    """True when ``DUCTWORK_REQUIRE_CONTAINERS`` is set (1/true/yes): CI, where a
-    missing container is a failure, not a skip."""
-    return os.environ.get("DUCTWORK_REQUIRE_CONTAINERS", "").strip().lower() in ("1", "true", "yes", "on")
+    """True when ``DUCTWORK_REQUIRE_CONTAINERS`` is set: a missing container is a failure,
+    not a skip."""
+    return required("DUCTWORK_REQUIRE_CONTAINERS")
 
 
-def skip_or_fail(reason: str) -> NoReturn:
-    """``pytest.skip(reason)``, or ``pytest.fail`` when :func:`containers_required`."""
+def skip_or_fail(reason: str, variable: str = "DUCTWORK_REQUIRE_CONTAINERS") -> NoReturn:
+    """``pytest.skip(reason)``, or ``pytest.fail`` when :func:`required` (``variable``)."""
     import pytest
 
-    if containers_required():
-        pytest.fail(f"DUCTWORK_REQUIRE_CONTAINERS is set, but: {reason}", pytrace=False)
+    if required(variable):
+        pytest.fail(f"{variable} is set, but: {reason}", pytrace=False)
     pytest.skip(reason)
 
 

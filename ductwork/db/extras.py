@@ -18,7 +18,8 @@ from ductwork.errors import MissingExtraError
 #: async client's psycopg is the postgres driver, also in the async extra): the one place
 #: a missing module is mapped to the ``pip install`` that brings it
 EXTRAS = {"psycopg": "postgres", "pymysql": "mysql", "greenlet": "async", "sqlalchemy.ext.asyncio": "async",
-          "aiomysql": "async", "aiosqlite": "async"}
+          "aiomysql": "async", "aiosqlite": "async", "starlette": "web", "jinja2": "web", "uvicorn": "web",
+          "prometheus_client": "web"}
 
 
 def require(user: str, *modules: str) -> None:

@@ -12,15 +12,12 @@ layer imports this package.
 
 from __future__ import annotations
 
-import importlib.util
+from ductwork.db import extras
 
-#: the web extra's modules (pyproject.toml): their import names
-REQUIRED = ("starlette", "jinja2", "uvicorn", "prometheus_client")
-
-_missing = [name for name in REQUIRED if importlib.util.find_spec(name) is None]
-if _missing:
-    raise ImportError(f"the dashboard needs {', '.join(_missing)}, not installed here: "
-                      "pip install 'ductwork[web]'")
+#: the web extra's modules (from the one map of extras), imported before anything else of
+#: the package: one that does not import raises MissingExtraError naming the extra
+REQUIRED = tuple(module for module, extra in extras.EXTRAS.items() if extra == "web")
+extras.require("the dashboard", *REQUIRED)
 
 from ductwork.web.site import dashboard  # noqa: E402  after the check, which names the extra
 

@@ -478,6 +478,47 @@ def test_sqlite_needs_neither_server_driver(tmp_path):
                            "(nothing was written)\n")
 
 
+#: ``ductwork`` in a process where jinja2 (of the web extra) is not installed (``missing``)
+#: or is installed but does not import (``broken``: found, then its import fails)
+_NO_JINJA2 = """
+import importlib.abc, importlib.machinery, sys
+
+how = sys.argv.pop(1)
+
+class Broken(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        raise ImportError("built for another Python")
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] != "jinja2":
+            return None
+        if how == "missing":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return importlib.machinery.ModuleSpec(name, Broken())
+
+sys.meta_path.insert(0, Blocked())
+from ductwork.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("how", "reason"), [("missing", "is not installed"),
+                                             ("broken", "does not import (built for another Python)")])
+def test_the_dashboard_without_its_extra_names_it_before_serving(tmp_path, how, reason):
+    """``ductwork web`` without the web extra: one line naming ``pip install
+    'ductwork[web]'`` and exit 1, before it connects (the SQLite file is never made),
+    let alone serves. Checked by import, so an installed module that cannot load says why."""
+    done = subprocess.run([sys.executable, "-c", _NO_JINJA2, how, "web", "--port", "0", "-c", "/dev/null",
+                           "--database-url", "sqlite:///shop.sqlite3"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (1, f"ductwork web: MissingExtraError: the dashboard needs jinja2, "
+                                                 f"which {reason}: pip install 'ductwork[web]' (nothing was written)\n")
+    assert not (tmp_path / "shop.sqlite3").exists()
+
+
 def test_a_command_run_in_process_leaves_the_callers_default_app(tmp_path):
     """``main()`` called from Python (a script, a test) connects, which makes its app the
     default; when the command ends it disposes that app and the caller's default is back,

@@ -93,11 +93,17 @@ def test_database_names() -> None:
 
 def test_skip_or_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DUCTWORK_REQUIRE_CONTAINERS", raising=False)
+    monkeypatch.delenv("DUCTWORK_REQUIRE_PID_NAMESPACES", raising=False)  # .ci/run sets it
     with pytest.raises(pytest.skip.Exception, match="no engine"):
         databases.skip_or_fail("no engine")
     monkeypatch.setenv("DUCTWORK_REQUIRE_CONTAINERS", "1")
     with pytest.raises(pytest.fail.Exception, match="DUCTWORK_REQUIRE_CONTAINERS is set, but: no engine"):
         databases.skip_or_fail("no engine")
+    with pytest.raises(pytest.skip.Exception, match="no unshare"):  # another variable: not required
+        databases.skip_or_fail("no unshare", "DUCTWORK_REQUIRE_PID_NAMESPACES")
+    monkeypatch.setenv("DUCTWORK_REQUIRE_PID_NAMESPACES", "1")
+    with pytest.raises(pytest.fail.Exception, match="DUCTWORK_REQUIRE_PID_NAMESPACES is set, but: no unshare"):
+        databases.skip_or_fail("no unshare", "DUCTWORK_REQUIRE_PID_NAMESPACES")
 
 
 # ----------------------------------------------------------------- URL path --

@@ -175,7 +175,8 @@ def test_every_module_with_an_extra_is_in_that_extra():
         "optional-dependencies"]
     distribution = {"psycopg": "psycopg", "pymysql": "PyMySQL", "greenlet": "SQLAlchemy[asyncio]",
                     "sqlalchemy.ext.asyncio": "SQLAlchemy[asyncio]", "aiomysql": "aiomysql",
-                    "aiosqlite": "aiosqlite"}
+                    "aiosqlite": "aiosqlite", "starlette": "starlette", "jinja2": "jinja2", "uvicorn": "uvicorn",
+                    "prometheus_client": "prometheus-client"}
     assert set(extras.EXTRAS) == set(distribution)
     for module, extra in extras.EXTRAS.items():
         assert any(requirement.startswith(distribution[module]) for requirement in declared[extra]), (module, extra)
