@@ -364,8 +364,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(render(status))
     if any(proc.dead for proc in status.processes):
         # proof of death on this machine: its claims need not wait for a supervisor
-        reaped = reap_dead(app, None, stale=False)
-        print(f"\nreaped {len(reaped)} dead processes of this machine: their claims are free")
+        reaped = len(reap_dead(app, None, stale=False))
+        print(f"\nreaped {reaped} dead process{'es' if reaped != 1 else ''} of this machine: "
+              f"{'their' if reaped != 1 else 'its'} claims are free now (the counts above were read before)")
     return 0
 
 
