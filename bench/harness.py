@@ -55,6 +55,7 @@ from ductwork.app import App
 from ductwork.config import Config
 from ductwork.db import dialects, engines, migrate, schema
 from ductwork.fleet import tree
+from ductwork.limits.executions import ensure_keys
 
 REPO = Path(__file__).resolve().parent.parent
 FORBIDDEN_DATABASES = ("test",)
@@ -307,8 +308,6 @@ def insert_pending(app: App, pipeline: type, n: int, prefix: str, *, one_run: bo
     holding n steps (node names made unique): only for claim-cost benchmarks whose
     jobs are never executed or advanced (it spares 10⁶ snapshot texts).
     """
-    from ductwork.pipelines.steps import ensure_limit_keys
-
     name, snapshot, sha1 = definition_row(pipeline)
     definition = pipeline.definition
     node = definition.nodes[definition.start]
@@ -345,7 +344,7 @@ def insert_pending(app: App, pipeline: type, n: int, prefix: str, *, one_run: bo
             node_name = sa.literal(definition.start, sa.String)
         step_id, job_id, execution_id = _id(prefix + "s", i), _id(prefix + "j", i), _id(prefix + "e", i)
         if key:
-            ensure_limit_keys(tx, [key])
+            ensure_keys(tx, {key})
         s, j, e = schema.steps, schema.jobs, schema.executions
         tx.execute(s.insert().from_select(
             ["id", "run_id", "branch_id", "node", "klass", "to_transition", "status", "limit_key",

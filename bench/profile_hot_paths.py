@@ -60,8 +60,8 @@ from ductwork.app import App
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
 from ductwork.limits import claims as claims_mod
-from ductwork.limits.executions import record_success
 from ductwork.pipelines import advance as advance_mod
+from ductwork.pipelines.outcomes import record_success
 
 _phase = threading.local()
 _outer = threading.local()
@@ -159,7 +159,7 @@ def _instrument_advancer() -> None:
     """Wrap the three parts of Advancer.run_once so their statements get their own phase."""
     if getattr(advance_mod, "_bench_wrapped", False):
         return
-    candidates, claim_branch, advance = advance_mod.candidates, advance_mod.claim_branch, advance_mod.Advancer.advance
+    candidates, claim_branch, advance = advance_mod.candidates, advance_mod.claim_branches, advance_mod.Advancer.advance
 
     def wrapped_candidates(*a: Any, **k: Any) -> Any:
         with phase(_stage("advance: candidates")):
@@ -173,7 +173,7 @@ def _instrument_advancer() -> None:
         with phase(_stage("advance: route+fence")):
             return advance(self, *a, **k)
 
-    advance_mod.candidates, advance_mod.claim_branch = wrapped_candidates, wrapped_claim
+    advance_mod.candidates, advance_mod.claim_branches = wrapped_candidates, wrapped_claim
     advance_mod.Advancer.advance = wrapped_advance
     advance_mod._bench_wrapped = True
 

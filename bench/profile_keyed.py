@@ -38,7 +38,8 @@ from bench.workloads import ConcurrencyNap
 from ductwork.db import schema
 from ductwork.fleet.processes import register
 from ductwork.limits import claims
-from ductwork.limits.executions import Output
+from ductwork.pipelines.outcomes import HandOff, record_success
+from ductwork.pipelines.payloads import Output
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -174,14 +175,14 @@ def saturated(app, fleet: ProcessFleet, seconds: float) -> None:
     cpu0, t0, completions = _cpu_s(pids), time.monotonic(), 0
     while time.monotonic() - t0 < seconds:
         done = held.pop(0)
-        held.extend(claims.complete_and_hand_off(app, done, Output("0")))
+        held.extend(record_success(app, done, Output("0"), HandOff()))
         completions += 1
         time.sleep(0.02)
     wall, cpu = time.monotonic() - t0, _cpu_s(pids) - cpu0
     log(f"saturated: {completions} completions handed on in {wall:.1f} s; fleet worker CPU "
         f"{cpu:.2f} s = {cpu / wall:.3f} CPU-s per s ({1000 * cpu / max(completions, 1):.1f} ms per completion)")
     for c in held:
-        claims.complete_and_hand_off(app, c, Output("0"))
+        record_success(app, c, Output("0"))
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ CODE_LINES_AT_ISSUE_31 = 6_305
 CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: the ratchet: the engine core's code lines may not exceed this; lower it in the commit
 #: that removes code (``python -m tests.engine_size`` prints the count)
-CODE_LINES_BUDGET = 6_582
+CODE_LINES_BUDGET = 6_581
 #: SQLAlchemy generics whose ``Any`` is their row or column type, not a hole in ours
 SQLALCHEMY_ANY = re.compile(r"\b(?:sa\.)?(?:Row|Select|ColumnElement|Update|Insert|CompoundSelect|ScalarSelect"
                             r"|CursorResult|Column|Executable)\[Any\]")

@@ -112,8 +112,8 @@ if _patches:
             header = executions.lock_key(tx, key)
             if header is None or header.config_digest != entry_digest(app.config.limits.get(key)):
                 return []
-            outcome = claims._claim_up_to(app, tx, key, header, process_id, keyed_limit, write_refusal=False,
-                                          lanes=[])
+            outcome = claims.decide_and_claim(app, tx, key, header, process_id, write_refusal=False,
+                                              limit=keyed_limit, lanes=[])
             return outcome if isinstance(outcome, list) else []
 
         claims.hand_off = hand_off
@@ -163,7 +163,7 @@ if _patches:
             return handed
 
         _shared.KeyedCommits.record = _timed_record
-        _complete = _worker.complete_all_and_hand_off
+        _complete = _worker.record_successes
 
         def _timed_complete(*args, **kwargs):
             handed = _complete(*args, **kwargs)
@@ -171,14 +171,13 @@ if _patches:
                 _note("committed", c.execution_id)
             return handed
 
-        _worker.complete_all_and_hand_off = _timed_complete
+        _worker.record_successes = _timed_complete
 
     if "released_to_advancer" in _patches:
-        from ductwork.fleet import worker as _worker_module
-        from ductwork.limits import executions as _executions
+        from ductwork.pipelines import outcomes as _outcomes
 
-        def _never(_success):
+        def _never(_app, _success):
             return False
 
-        _executions.released_later = _never  # every released step left to (and woken for) an advancer
-        _worker_module.released_later = _never  # the worker advances none of them itself
+        _outcomes.released_later = _never  # every released step left to (and woken for) an advancer, none
+        # advanced by its worker (``advanced_later`` asks ``released_later``)

@@ -293,13 +293,7 @@ def enqueue(tx: Tx, pending: Sequence[Pending]) -> list[str]:
     takes no lock at all, so an advancement never waits on a claimer holding the key."""
     if not pending:
         return []
-    keys = sorted({p.key for p in pending if p.key})
-    if keys:
-        existing = set(tx.execute(sa.select(_k.c.key).where(_k.c.key.in_(keys))).scalars())
-        missing = [key for key in keys if key not in existing]
-        if missing:
-            tx.execute(dialects.insert_ignore(tx.conn, _k),
-                       [{"key": k, "seq": 0, "created_at": tx.now, "updated_at": tx.now} for k in missing])
+    ensure_keys(tx, {p.key for p in pending if p.key})
     now, ids = tx.now, [new_id() for _ in pending]
     dialects.insert_rows(tx.conn, _e, [{
         "id": execution_id, "job_id": p.job_id, "limit_key": p.key, "eligible_at": p.eligible_at,
@@ -310,6 +304,15 @@ def enqueue(tx: Tx, pending: Sequence[Pending]) -> list[str]:
         for execution_id, p in zip(ids, pending, strict=True)])
     tx.wake()  # an execution was created: an idle worker may claim it
     return ids
+
+
+def ensure_keys(tx: Tx, keys: set[str]) -> None:
+    """Create the header rows of ``keys`` that are missing (the row every keyed claim
+    locks), read first without a lock: once a key exists this takes no lock at all."""
+    existing = set(tx.execute(sa.select(_k.c.key).where(_k.c.key.in_(sorted(keys)))).scalars()) if keys else set()
+    if missing := sorted(keys - existing):
+        tx.execute(dialects.insert_ignore(tx.conn, _k),
+                   [{"key": k, "seq": 0, "created_at": tx.now, "updated_at": tx.now} for k in missing])
 
 
 def forget(tx: Tx, where: sa.ColumnElement[bool]) -> int:
