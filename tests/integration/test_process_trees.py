@@ -176,26 +176,42 @@ def test_an_embedded_worker_killed_mid_step_leaves_no_grandchild_of_its_timeout_
     SIGKILLed while a ``timeout=`` step's child runs, the step having started shells that
     each started a process of their own (one shell in the step's group, one that left it):
     no supervisor is there to adopt them, yet the child's keeper, told of the death, kills
-    the step's process and every descendant of it [INV-EXE-5]."""
+    the step's process and every descendant of it, then exits [INV-EXE-5]."""
     marker = tmp_path / "marker"
     ShellSpawnerChildPipeline.trigger({"path": str(marker), "seconds": 600})
     adopter = subprocess.Popen([sys.executable, "-c", ADOPTER, db_url, runs], cwd=str(mutants.REPO))
+    keeper = None
     with no_leftovers(marker):
         try:
             (pids,) = wait_for(lambda: shells(marker), "the step started its shells and their children")
             step, *below = pids
             keeper = int(_status(step)["PPid"])  # the timeout child the adopter started, above the step
             assert _status(keeper)["PPid"] == str(adopter.pid)
-            with open(f"/proc/{keeper}/cmdline", "rb") as cmdline:
-                assert child.__name__.encode() in cmdline.read().split(b"\0")
+            assert is_keeper(keeper)
             os.kill(adopter.pid, signal.SIGKILL)
             adopter.wait(10)
-            wait_for(lambda: not any(pid_alive(pid) for pid in pids),
-                     f"the step's process {step} and every process below it {below} died", 10)
+            wait_for(lambda: not any(pid_alive(pid) for pid in [keeper, *pids]),
+                     f"the keeper {keeper}, the step's process {step} and every process below it {below} died", 10)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 adopter.kill()
             adopter.wait(10)
+            kill_keeper(keeper)
+
+
+def is_keeper(pid: int) -> bool:
+    """Whether ``pid`` runs a ``timeout=`` child (``ductwork.fleet.child``), a keeper or its step."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return child.__name__.encode() in cmdline.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def kill_keeper(pid: int | None) -> None:
+    """SIGKILL a keeper a failing test left (only if ``pid`` still runs one: no reused pid)."""
+    if pid is not None and is_keeper(pid):
+        tree.kill([pid])
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -210,18 +226,24 @@ def test_a_killed_runners_grandchildren_are_killed_by_its_supervisor(app, db_url
     """A runner's step (in a worker thread, awaited on the step loop, or in a ``timeout=``
     child) ran shells that each started a process (``sh -c "sleep 600 & wait"``, one shell
     out of the step's group): the runner is SIGKILLed, the supervisor adopts the orphans and
-    kills each with everything below it [INV-EXE-5]."""
+    kills each with everything below it, a ``timeout=`` child's keeper too [INV-EXE-5]."""
     config = write_config(tmp_path / "ductwork.yml", pipelines=[f"{pipeline.__module__}:{pipeline.__qualname__}"],
                           overrides={"supervisor": {"reaper_timeout": 600}})
     marker = tmp_path / "marker"
     pipeline.trigger({"path": str(marker), "seconds": 600})
+    keeper = None
     with Fleet(db_url, config) as fleet, no_leftovers(marker):
         try:
             (pids,) = wait_for(lambda: shells(marker), "the step started its shells and their children")
             (runner,) = {row.pid for row in process_rows(app.engine, role="job_worker")}
-            os.kill(runner, signal.SIGKILL)
             below = [pid for pid in pids if pid != runner]
+            if pipeline is ShellSpawnerChildPipeline:  # the keeper, between the runner and the step
+                keeper = int(_status(pids[0])["PPid"])
+                assert _status(keeper)["PPid"] == str(runner) and is_keeper(keeper)
+                below.append(keeper)
+            os.kill(runner, signal.SIGKILL)
             wait_for(lambda: not any(pid_alive(pid) for pid in below),
                      f"every process below the dead runner died: {below}; log: {fleet.log()[-2000:]}", 10)
         finally:
             stop(fleet)
+            kill_keeper(keeper)
