@@ -37,7 +37,7 @@ from ductwork.pipelines.context import Context
 from ductwork.pipelines.prune import prune
 from ductwork.pipelines.runs import Run
 from ductwork.testing import drain
-from tests.factories import make_run
+from tests.factories import make_run, run_rows
 from tests.workloads import Approval, Unkeyed
 from tests.workloads.hooks import HaltingPipeline
 
@@ -147,11 +147,19 @@ def test_each_operation_over_every_status(app):
                 assert got == "in_progress", cell
             else:
                 assert (got, Context(app, run_id).get("k")) == (7, 7), cell
+    with app.begin() as tx:  # (and the pruned ones, gone already)
+        every_run = {*tx.execute(sa.select(schema.runs.c.id)).scalars(), *made.values()}
+    before = {run_id: run_rows(app, run_id) for run_id in every_run}
     prune(app, timedelta(0))
+    after = {run_id: run_rows(app, run_id) for run_id in every_run}
+    gone = {run_id: dict.fromkeys(rows, []) for run_id, rows in before.items()}
     for status in STATUSES:
         run_id = made[status, "prune"]
-        kept = _status(app, run_id) is not None
-        assert kept == (TABLE[status, "prune"] == ("kept",) and status != "pruned"), f"prune of a {status} run"
+        kept = TABLE[status, "prune"] == ("kept",) and status != "pruned"
+        # every row of a kept run as it was; a deleted run has no row left in any table
+        assert after[run_id] == (before[run_id] if kept else gone[run_id]), f"prune of a {status} run"
+    for run_id in every_run:  # (the other columns' runs, and the revivals: each kept whole or deleted whole)
+        assert after[run_id] in (before[run_id], gone[run_id]), run_id
 
 
 HOOK_STATUSES = ("pending", "running", "succeeded", "failed")
