@@ -3,7 +3,10 @@ it [INV-EXE-5] (``ductwork/fleet/tree.py``).
 
 A step's subprocesses are checked in three ways of dying: a ``timeout=`` step killed at its
 deadline, a runner SIGKILLed mid-step, and a supervisor SIGKILLed (its runners stop). Each
-step starts one subprocess in its process group and one that left it with ``setsid``.
+step starts one subprocess in its process group and one that left it with ``setsid``. An
+``on_halt`` handler runs in its worker's thread, as a step without ``timeout=`` does, and
+its grandchildren are checked the same way (INV-HLT-1: the handler's old attempt must not
+run on beside its re-run).
 Linux only, as the mechanism is.
 """
 
@@ -21,6 +24,7 @@ from ductwork.fleet import child, tree
 from ductwork.testing import drain
 from tests import mutants
 from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
+from tests.workloads.hooks import HOOK_LOG_ENV, ShellSpawnerHookPipeline
 from tests.workloads.processes import (
     AsyncShellSpawnerPipeline,
     ShellSpawnerChildPipeline,
@@ -220,19 +224,20 @@ def _status(pid: int) -> dict[str, str]:
         return dict(line.rstrip("\n").split(":\t", 1) for line in status if ":\t" in line)
 
 
-@pytest.mark.parametrize("pipeline", [ShellSpawnerPipeline, AsyncShellSpawnerPipeline, ShellSpawnerChildPipeline],
-                         ids=["thread", "step_loop", "child"])
+@pytest.mark.parametrize("pipeline", [ShellSpawnerPipeline, AsyncShellSpawnerPipeline, ShellSpawnerChildPipeline,
+                                      ShellSpawnerHookPipeline], ids=["thread", "step_loop", "child", "on_halt"])
 def test_a_killed_runners_grandchildren_are_killed_by_its_supervisor(app, db_url, tmp_path, pipeline):
     """A runner's step (in a worker thread, awaited on the step loop, or in a ``timeout=``
-    child) ran shells that each started a process (``sh -c "sleep 600 & wait"``, one shell
-    out of the step's group): the runner is SIGKILLed, the supervisor adopts the orphans and
-    kills each with everything below it, a ``timeout=`` child's keeper too [INV-EXE-5]."""
+    child) or a halted run's ``on_halt`` handler (in a worker thread) ran shells that each
+    started a process (``sh -c "sleep 600 & wait"``, one shell out of the step's group):
+    the runner is SIGKILLed, the supervisor adopts the orphans and kills each with
+    everything below it, a ``timeout=`` child's keeper too [INV-EXE-5, INV-HLT-1]."""
     config = write_config(tmp_path / "ductwork.yml", pipelines=[f"{pipeline.__module__}:{pipeline.__qualname__}"],
                           overrides={"supervisor": {"reaper_timeout": 600}})
     marker = tmp_path / "marker"
-    pipeline.trigger({"path": str(marker), "seconds": 600})
+    pipeline.trigger({"path": str(marker), "seconds": 600})  # (the hook's pipeline: Boom's input, it halts)
     keeper = None
-    with Fleet(db_url, config) as fleet, no_leftovers(marker):
+    with Fleet(db_url, config, env={HOOK_LOG_ENV: str(marker)}) as fleet, no_leftovers(marker):
         try:
             (pids,) = wait_for(lambda: shells(marker), "the step started its shells and their children")
             (runner,) = {row.pid for row in process_rows(app.engine, role="job_worker")}

@@ -176,8 +176,8 @@ ALSO_PATHS = {
     # (the orphan sweep and reconciliation are one recovery routine since issue 31)
     "recovery_measures_creation": (TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",),
     "hook_recovery_measures_creation": (TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",),
-    # (the thread's and the step loop's steps are both the runner's own descendants)
-    "adopted_orphans_only": (GRANDCHILDREN + "[sqlite-step_loop]",),
+    # (the thread's and the step loop's steps, and an on_halt handler, are all the runner's own descendants)
+    "adopted_orphans_only": (GRANDCHILDREN + "[sqlite-step_loop]", GRANDCHILDREN + "[sqlite-on_halt]"),
     "group_guard_counts_none": (LOSSES + "test_an_async_batch_that_lost_one_writes_nothing_for_it[sqlite]",
                                 LOSSES + "test_a_group_commit_that_lost_one_writes_no_expand_items_for_it[sqlite]"),
 }
