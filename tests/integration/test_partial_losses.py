@@ -10,7 +10,8 @@ as the reaper crashes it, or its branch claim released as the reaper releases it
 re-claimed by another advancer), and every row the commit could touch for the lost one
 (its execution and its re-run, its job's output, its expand items, its step, its branch,
 its advancements, its run, its halt hook, its context; for a keyed group, the key's
-header and bucket too) is compared with what it was right after the loss: the commit writes nothing for it, while the other two commit. A guard that
+header and bucket too) is compared with what it was right after the loss: the commit
+writes nothing for it, while the other two commit. A guard that
 notices only "nothing ended" instead of "fewer ended than I hold" writes the lost one's
 output, step and successor beside its pending re-run; the engine mutants
 ``group_guard_counts_none``, ``keyed_group_guard_counts_none`` and
@@ -226,7 +227,8 @@ def test_a_keyed_group_commit_that_lost_one_writes_nothing_for_it(keyed_app):
     (header, buckets), (header_then, buckets_then) = key_rows(app, "three"), after_loss
     assert header["seq"] == header_then["seq"] + 2 == releases[-1]
     assert {**header, "seq": None, "updated_at": None} == {**header_then, "seq": None, "updated_at": None}
-    assert buckets_then and buckets == buckets_then  # a release spends (or gives back) no token
+    assert buckets_then
+    assert buckets == buckets_then  # a release spends (or gives back) no token
     for run in (runs[0], runs[2]):
         assert ("Loser#0", "in_progress") not in _steps(app, run.id)
     assert _steps(app, runs[1].id) == [("Loser#0", "in_progress")]

@@ -244,7 +244,8 @@ def test_a_killed_runners_grandchildren_are_killed_by_its_supervisor(app, db_url
             below = [pid for pid in pids if pid != runner]
             if pipeline is ShellSpawnerChildPipeline:  # the keeper, between the runner and the step
                 keeper = int(_status(pids[0])["PPid"])
-                assert _status(keeper)["PPid"] == str(runner) and is_keeper(keeper)
+                assert _status(keeper)["PPid"] == str(runner)
+                assert is_keeper(keeper)
                 below.append(keeper)
             os.kill(runner, signal.SIGKILL)
             wait_for(lambda: not any(pid_alive(pid) for pid in below),

@@ -152,7 +152,7 @@ def test_each_operation_over_every_status(app):
     before = {run_id: run_rows(app, run_id) for run_id in every_run}
     prune(app, timedelta(0))
     after = {run_id: run_rows(app, run_id) for run_id in every_run}
-    gone = {run_id: dict.fromkeys(rows, []) for run_id, rows in before.items()}
+    gone = {run_id: {table: [] for table in rows} for run_id, rows in before.items()}
     for status in STATUSES:
         run_id = made[status, "prune"]
         kept = TABLE[status, "prune"] == ("kept",) and status != "pruned"

@@ -231,9 +231,9 @@ def test_a_supervisor_judges_its_childs_lease_from_its_last_heartbeat(manual_app
 def test_an_idle_worker_waits_for_the_next_eligible_time_or_stamp_to_come(manual_app):
     """An idle worker's wait (``lanes.seconds_to_next_due``): an execution created long
     ago but eligible in an hour is the next due, not one created earlier still and eligible
-    in two hours, nor one created just now and eligible a second ago (it is due already); a key created long ago whose rate stamp lifts in half
-    an hour, with pending work, comes first, not a key written just now whose stamp
-    lifted a second ago [INV-LIM-5]."""
+    in two hours, nor one created just now and eligible a second ago (it is due already);
+    a key created long ago whose rate stamp lifts in half an hour, with pending work, comes
+    first, not a key written just now whose stamp lifted a second ago [INV-LIM-5]."""
     app = manual_app
     now = app.clock.now()
     run_id, branch_id = make_run(app)

@@ -49,6 +49,7 @@ class ShellSpawnerHook(ShellSpawner):
     def __init__(self, halt):
         import os
 
+        self.halt = halt
         super().__init__({"path": os.environ[HOOK_LOG_ENV], "seconds": 600})
 
 
