@@ -643,12 +643,17 @@ class PipelinesWorld:
             yield f"clock -> {min(later)}", _set_model_clock(min(later))
 
     def _refused_recoveries(self) -> Iterator[Action]:
-        """The recovery operations the model refuses, over every state a run is in: revive
-        of a run that is not halted (or pruned), resume of one with no dampened branch (or
-        pruned), a context write to a pruned run. Offered only in worlds that revive or
-        prune; each is a self-loop (the explorer checks that the refusal changed nothing),
-        so none spends a bound."""
+        """The recovery operations the model refuses, over every state a run or hook is in:
+        revive of a run that is not halted (or pruned), resume of one with no dampened
+        branch (or pruned), a context write to a pruned run (offered in worlds that revive
+        or prune), the reap of a hook that is not running (pending, succeeded or failed:
+        in worlds with hooks). Each is a self-loop (the explorer checks that the refusal
+        changed nothing), so none spends a bound."""
         m, b = self.model, self.bounds
+        if b.hooks:
+            for hook in m.hooks.values():
+                if hook.status != "running":
+                    yield f"reap_hook({hook.id}) refused ({hook.status})", _refused("reap_hook", hook.id)
         if not (b.revives or b.prunes):
             return
         for run_id, run in m.runs.items():
@@ -766,15 +771,18 @@ def _resume(run_id: str) -> Callable[[PipelinesWorld], object]:
     return lambda w: w.model.resume(run_id, NO_INPUT)
 
 
-def _refused(operation: str, run_id: str) -> Callable[[PipelinesWorld], object]:
+def _refused(operation: str, target: str) -> Callable[[PipelinesWorld], object]:
     """A recovery operation the model must refuse here (``PreconditionError``, nothing
-    changed: the explorer checks the self-loop); no bound is spent on it."""
+    changed: the explorer checks the self-loop) on a run or, for ``reap_hook``, a hook;
+    no bound is spent on it."""
     def apply(w: PipelinesWorld) -> object:
         if operation == "revive":
-            return w.model.revive(run_id)
+            return w.model.revive(target)
         if operation == "resume":
-            return w.model.resume(run_id, NO_INPUT)
-        return w.model.context_set(run_id, "k", 0)
+            return w.model.resume(target, NO_INPUT)
+        if operation == "reap_hook":
+            return w.model.reap_hook(target)
+        return w.model.context_set(target, "k", 0)
     return apply
 
 

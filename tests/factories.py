@@ -3,6 +3,7 @@
     run_id, branch_id = make_run(app)
     (execution_id,) = make_executions(app, run_id, branch_id, key="a", eligible_at=app.clock.now())
     rows = executions_of(app, run_id)       # what the run's executions did, oldest first
+    rows = run_rows(app, run_id)            # every row of the run, table by table
 
 For tests that drive the claim path directly (the limits conformance machine,
 benchmarks): a job in the claim queue needs its step, job and run rows; the
@@ -97,3 +98,25 @@ def executions_of(app: App, run_id: str) -> list[sa.Row]:
             .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
             .where(s.c.run_id == run_id).order_by(e.c.created_at, e.c.id)
         ).all()
+
+
+def run_rows(app: App, run_id: str) -> dict[str, list[tuple]]:
+    """Every row of the run, table by table, in a stable order: what a commit could touch,
+    what a refused operation or another run's prune must leave as it was."""
+    r, b, s, j, e = schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions
+    a, x, h, c = schema.advancements, schema.expand_items, schema.halt_hooks, schema.context
+    steps = sa.select(s.c.id).where(s.c.run_id == run_id)
+    jobs = sa.select(j.c.id).where(j.c.step_id.in_(steps))
+    queries = {
+        "run": sa.select(r).where(r.c.id == run_id),
+        "branches": sa.select(b).where(b.c.run_id == run_id).order_by(b.c.id),
+        "steps": sa.select(s).where(s.c.run_id == run_id).order_by(s.c.id),
+        "jobs": sa.select(j).where(j.c.id.in_(jobs)).order_by(j.c.id),
+        "executions": sa.select(e).where(e.c.job_id.in_(jobs)).order_by(e.c.id),
+        "expand_items": sa.select(x).where(x.c.job_id.in_(jobs)).order_by(x.c.job_id, x.c.item_index),
+        "advancements": sa.select(a).where(a.c.step_id.in_(steps)).order_by(a.c.id),
+        "halt_hooks": sa.select(h).where(h.c.run_id == run_id),
+        "context": sa.select(c).where(c.c.run_id == run_id).order_by(c.c.key),
+    }
+    with app.begin() as tx:
+        return {name: [tuple(row) for row in tx.execute(query)] for name, query in queries.items()}

@@ -565,6 +565,13 @@ MUTANTS: dict[str, Mutant] = {
         (("signal.signal(KEEPER_SIGNAL, _worker_died)",
           "signal.signal(KEEPER_SIGNAL, signal.SIG_DFL)  # mutant: the keeper just dies"),),
     ),
+    "adopted_orphans_only": Mutant(
+        "a supervisor kills the orphans a dead runner left but not what they started: a step's "
+        '`sh -c "sleep 600 & wait"` dies and its sleep, re-parented to the supervisor in turn, runs on '
+        "[INV-EXE-5]",
+        "the supervisor kills each adopted orphan with every process below it [INV-EXE-5]",
+        (("kill([pid, *descendants(pid, parents)])", "kill([pid])  # mutant: the orphan, not its descendants"),),
+    ),
 }
 
 

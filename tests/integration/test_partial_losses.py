@@ -9,8 +9,9 @@ group-committed). Here one of three is lost while the batch runs (its execution 
 as the reaper crashes it, or its branch claim released as the reaper releases it, and
 re-claimed by another advancer), and every row the commit could touch for the lost one
 (its execution and its re-run, its job's output, its expand items, its step, its branch,
-its advancements, its run, its halt hook) is compared with what it was right after the
-loss: the commit writes nothing for it, while the other two commit. A guard that
+its advancements, its run, its halt hook, its context; for a keyed group, the key's
+header and bucket too) is compared with what it was right after the loss: the commit
+writes nothing for it, while the other two commit. A guard that
 notices only "nothing ended" instead of "fewer ended than I hold" writes the lost one's
 output, step and successor beside its pending re-run; the engine mutants
 ``group_guard_counts_none``, ``keyed_group_guard_counts_none`` and
@@ -29,11 +30,13 @@ import sqlalchemy as sa
 
 from ductwork import Pipeline, Step
 from ductwork.db import schema
+from ductwork.db.clock import to_us
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from ductwork.pipelines.branches import candidates, claim_branch, claim_branches, release_advancement
 from ductwork.pipelines.outcomes import record_crash
+from tests.factories import run_rows
 from tests.workloads import Echo
 
 #: what a losing step does while it runs: (the input that loses, the callback given its run id)
@@ -104,7 +107,8 @@ def _no_loss_left():
 def keyed_app(db_url):
     from tests.conftest import installed, make_app
 
-    yield from installed(make_app(db_url, job_worker={"limits": {"three": {"concurrency": 3}}}))
+    yield from installed(make_app(db_url, job_worker={"limits": {
+        "three": {"concurrency": 3, "rate": {"limit": 1000, "per": 1}}}}))  # (a rate: the key has a bucket)
 
 
 @pytest.fixture
@@ -115,29 +119,9 @@ def advancer_app(db_url):
     yield from installed(make_app(db_url, pipeline_advancer={"inline_linear": False}))
 
 
-def run_rows(app, run_id) -> dict[str, list[tuple]]:
-    """Every row of the run, table by table, in a stable order: what a commit could touch."""
-    r, b, s, j, e = schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions
-    a, x, h = schema.advancements, schema.expand_items, schema.halt_hooks
-    steps = sa.select(s.c.id).where(s.c.run_id == run_id)
-    jobs = sa.select(j.c.id).where(j.c.step_id.in_(steps))
-    queries = {
-        "run": sa.select(r).where(r.c.id == run_id),
-        "branches": sa.select(b).where(b.c.run_id == run_id).order_by(b.c.id),
-        "steps": sa.select(s).where(s.c.run_id == run_id).order_by(s.c.id),
-        "jobs": sa.select(j).where(j.c.id.in_(jobs)).order_by(j.c.id),
-        "executions": sa.select(e).where(e.c.job_id.in_(jobs)).order_by(e.c.id),
-        "expand_items": sa.select(x).where(x.c.job_id.in_(jobs)).order_by(x.c.job_id, x.c.item_index),
-        "advancements": sa.select(a).where(a.c.step_id.in_(steps)).order_by(a.c.id),
-        "halt_hooks": sa.select(h).where(h.c.run_id == run_id),
-    }
-    with app.begin() as tx:
-        return {name: [tuple(row) for row in tx.execute(query)] for name, query in queries.items()}
-
-
-def crash_its_execution(app, process_id, frozen: dict):
+def crash_its_execution(app, process_id, frozen: dict, then=None):
     """A loss: the run's in-flight execution crashed as the reaper crashes it; its rows
-    right after are kept in ``frozen``."""
+    right after are kept in ``frozen``, and ``then()`` is called."""
     e, j, s = schema.executions, schema.jobs, schema.steps
 
     def lose(run_id):
@@ -147,7 +131,17 @@ def crash_its_execution(app, process_id, frozen: dict):
                 .where(s.c.run_id == run_id, e.c.completed_at.is_(None), e.c.claimed_at.is_not(None))).scalars()
         assert record_crash(app, execution_id, process_id, "ductwork.ProcessCrash", "reaped under its batch")
         frozen.update(run_rows(app, run_id))
+        if then is not None:
+            then()
     return lose
+
+
+def key_rows(app, key: str) -> tuple[dict, list[tuple]]:
+    """The key's header row (by column) and its buckets."""
+    k, b = schema.limit_keys, schema.limit_buckets
+    with app.begin() as tx:
+        return (tx.execute(sa.select(k).where(k.c.key == key)).one()._asdict(),
+                [tuple(row) for row in tx.execute(sa.select(b).where(b.c.key == key).order_by(b.c.period_s))])
 
 
 def _steps(app, run_id) -> list[tuple[str, str]]:
@@ -156,13 +150,14 @@ def _steps(app, run_id) -> list[tuple[str, str]]:
         return sorted(tuple(row) for row in tx.execute(sa.select(s.c.node, s.c.status).where(s.c.run_id == run_id)))
 
 
-def _lost_batch(app, pipeline):
+def _lost_batch(app, pipeline, then=None):
     """Three runs of ``pipeline``, run by one batching worker whose batch loses the second
-    run's execution while it runs; returns (runs, the lost run's rows after the loss)."""
+    run's execution while it runs (then calls ``then()``); returns (runs, the lost run's
+    rows after the loss)."""
     pid = register(app, role="test", label="batcher")
     runs = [pipeline.trigger(n) for n in range(3)]
     frozen: dict = {}
-    LOSE.update(n=1, then=crash_its_execution(app, pid, frozen))
+    LOSE.update(n=1, then=crash_its_execution(app, pid, frozen, then))
     worker = Worker(app, process_id=pid, batch_size=3, batch_window=60)
     worker.batch = 3  # paced as fast steps are (a new worker starts at 1)
     assert worker.run_once() is not None
@@ -211,19 +206,29 @@ def test_a_keyed_group_commit_that_lost_one_writes_nothing_for_it(keyed_app):
     """A worker's keyed batch of three on a ``concurrency: 3`` key, one crashed (and
     released by the crash) while the batch runs: the keyed group commit writes nothing
     for it, and releases the other two each with its own seq after the crash's, the
-    key's seq at the last of them [INV-LIM-1, INV-CLK-1]."""
+    key's seq at the last of them, and its header and bucket otherwise as the loss left
+    them (a release spends no token) [INV-LIM-1, INV-CLK-1]."""
     app = keyed_app
-    runs, frozen = _lost_batch(app, KeyedLoserChain)
+    k, b = schema.limit_keys, schema.limit_buckets
+    with app.begin() as tx:  # ten tokens in the key's bucket (a new one starts empty)
+        tx.execute(k.insert().values(key="three", seq=0, created_at=tx.now, updated_at=tx.now))
+        tx.execute(b.insert().values(key="three", period_s=1, level_units=10 * 1_000_000, refilled_at_us=to_us(tx.now),
+                                     updated_at=tx.now))
+    after_loss: list = []
+    runs, frozen = _lost_batch(app, KeyedLoserChain, then=lambda: after_loss.extend(key_rows(app, "three")))
     _assert_lost_untouched(app, runs, frozen)
-    e, k = schema.executions, schema.limit_keys
+    e = schema.executions
     with app.begin() as tx:
         releases = tx.execute(sa.select(e.c.release_seq).where(e.c.release_seq.is_not(None))
                               .order_by(e.c.release_seq)).scalars().all()
         claims = tx.execute(sa.select(e.c.claim_seq).where(e.c.claim_seq.is_not(None))).scalars().all()
-        seq = tx.execute(sa.select(k.c.seq).where(k.c.key == "three")).scalar_one()
     # the crash's and the two successes', each its own seq after the claims
     assert releases == [max(claims) + 1, max(claims) + 2, max(claims) + 3]
-    assert seq == releases[-1]
+    (header, buckets), (header_then, buckets_then) = key_rows(app, "three"), after_loss
+    assert header["seq"] == header_then["seq"] + 2 == releases[-1]
+    assert {**header, "seq": None, "updated_at": None} == {**header_then, "seq": None, "updated_at": None}
+    assert buckets_then
+    assert buckets == buckets_then  # a release spends (or gives back) no token
     for run in (runs[0], runs[2]):
         assert ("Loser#0", "in_progress") not in _steps(app, run.id)
     assert _steps(app, runs[1].id) == [("Loser#0", "in_progress")]

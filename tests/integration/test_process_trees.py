@@ -3,7 +3,10 @@ it [INV-EXE-5] (``ductwork/fleet/tree.py``).
 
 A step's subprocesses are checked in three ways of dying: a ``timeout=`` step killed at its
 deadline, a runner SIGKILLed mid-step, and a supervisor SIGKILLed (its runners stop). Each
-step starts one subprocess in its process group and one that left it with ``setsid``.
+step starts one subprocess in its process group and one that left it with ``setsid``. An
+``on_halt`` handler runs in its worker's thread, as a step without ``timeout=`` does, and
+its grandchildren are checked the same way (INV-HLT-1: the handler's old attempt must not
+run on beside its re-run).
 Linux only, as the mechanism is.
 """
 
@@ -21,6 +24,7 @@ from ductwork.fleet import child, tree
 from ductwork.testing import drain
 from tests import mutants
 from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
+from tests.workloads.hooks import HOOK_LOG_ENV, ShellSpawnerHookPipeline
 from tests.workloads.processes import (
     AsyncShellSpawnerPipeline,
     ShellSpawnerChildPipeline,
@@ -176,26 +180,42 @@ def test_an_embedded_worker_killed_mid_step_leaves_no_grandchild_of_its_timeout_
     SIGKILLed while a ``timeout=`` step's child runs, the step having started shells that
     each started a process of their own (one shell in the step's group, one that left it):
     no supervisor is there to adopt them, yet the child's keeper, told of the death, kills
-    the step's process and every descendant of it [INV-EXE-5]."""
+    the step's process and every descendant of it, then exits [INV-EXE-5]."""
     marker = tmp_path / "marker"
     ShellSpawnerChildPipeline.trigger({"path": str(marker), "seconds": 600})
     adopter = subprocess.Popen([sys.executable, "-c", ADOPTER, db_url, runs], cwd=str(mutants.REPO))
+    keeper = None
     with no_leftovers(marker):
         try:
             (pids,) = wait_for(lambda: shells(marker), "the step started its shells and their children")
             step, *below = pids
             keeper = int(_status(step)["PPid"])  # the timeout child the adopter started, above the step
             assert _status(keeper)["PPid"] == str(adopter.pid)
-            with open(f"/proc/{keeper}/cmdline", "rb") as cmdline:
-                assert child.__name__.encode() in cmdline.read().split(b"\0")
+            assert is_keeper(keeper)
             os.kill(adopter.pid, signal.SIGKILL)
             adopter.wait(10)
-            wait_for(lambda: not any(pid_alive(pid) for pid in pids),
-                     f"the step's process {step} and every process below it {below} died", 10)
+            wait_for(lambda: not any(pid_alive(pid) for pid in [keeper, *pids]),
+                     f"the keeper {keeper}, the step's process {step} and every process below it {below} died", 10)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 adopter.kill()
             adopter.wait(10)
+            kill_keeper(keeper)
+
+
+def is_keeper(pid: int) -> bool:
+    """Whether ``pid`` runs a ``timeout=`` child (``ductwork.fleet.child``), a keeper or its step."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return child.__name__.encode() in cmdline.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def kill_keeper(pid: int | None) -> None:
+    """SIGKILL a keeper a failing test left (only if ``pid`` still runs one: no reused pid)."""
+    if pid is not None and is_keeper(pid):
+        tree.kill([pid])
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -204,24 +224,32 @@ def _status(pid: int) -> dict[str, str]:
         return dict(line.rstrip("\n").split(":\t", 1) for line in status if ":\t" in line)
 
 
-@pytest.mark.parametrize("pipeline", [ShellSpawnerPipeline, AsyncShellSpawnerPipeline, ShellSpawnerChildPipeline],
-                         ids=["thread", "step_loop", "child"])
+@pytest.mark.parametrize("pipeline", [ShellSpawnerPipeline, AsyncShellSpawnerPipeline, ShellSpawnerChildPipeline,
+                                      ShellSpawnerHookPipeline], ids=["thread", "step_loop", "child", "on_halt"])
 def test_a_killed_runners_grandchildren_are_killed_by_its_supervisor(app, db_url, tmp_path, pipeline):
     """A runner's step (in a worker thread, awaited on the step loop, or in a ``timeout=``
-    child) ran shells that each started a process (``sh -c "sleep 600 & wait"``, one shell
-    out of the step's group): the runner is SIGKILLed, the supervisor adopts the orphans and
-    kills each with everything below it [INV-EXE-5]."""
+    child) or a halted run's ``on_halt`` handler (in a worker thread) ran shells that each
+    started a process (``sh -c "sleep 600 & wait"``, one shell out of the step's group):
+    the runner is SIGKILLed, the supervisor adopts the orphans and kills each with
+    everything below it, a ``timeout=`` child's keeper too [INV-EXE-5, INV-HLT-1]."""
     config = write_config(tmp_path / "ductwork.yml", pipelines=[f"{pipeline.__module__}:{pipeline.__qualname__}"],
                           overrides={"supervisor": {"reaper_timeout": 600}})
     marker = tmp_path / "marker"
-    pipeline.trigger({"path": str(marker), "seconds": 600})
-    with Fleet(db_url, config) as fleet, no_leftovers(marker):
+    pipeline.trigger({"path": str(marker), "seconds": 600})  # (the hook's pipeline: Boom's input, it halts)
+    keeper = None
+    with Fleet(db_url, config, env={HOOK_LOG_ENV: str(marker)}) as fleet, no_leftovers(marker):
         try:
             (pids,) = wait_for(lambda: shells(marker), "the step started its shells and their children")
             (runner,) = {row.pid for row in process_rows(app.engine, role="job_worker")}
-            os.kill(runner, signal.SIGKILL)
             below = [pid for pid in pids if pid != runner]
+            if pipeline is ShellSpawnerChildPipeline:  # the keeper, between the runner and the step
+                keeper = int(_status(pids[0])["PPid"])
+                assert _status(keeper)["PPid"] == str(runner)
+                assert is_keeper(keeper)
+                below.append(keeper)
+            os.kill(runner, signal.SIGKILL)
             wait_for(lambda: not any(pid_alive(pid) for pid in below),
                      f"every process below the dead runner died: {below}; log: {fleet.log()[-2000:]}", 10)
         finally:
             stop(fleet)
+            kill_keeper(keeper)

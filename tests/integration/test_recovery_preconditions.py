@@ -37,7 +37,7 @@ from ductwork.pipelines.context import Context
 from ductwork.pipelines.prune import prune
 from ductwork.pipelines.runs import Run
 from ductwork.testing import drain
-from tests.factories import make_run
+from tests.factories import make_run, run_rows
 from tests.workloads import Approval, Unkeyed
 from tests.workloads.hooks import HaltingPipeline
 
@@ -147,14 +147,27 @@ def test_each_operation_over_every_status(app):
                 assert got == "in_progress", cell
             else:
                 assert (got, Context(app, run_id).get("k")) == (7, 7), cell
+    with app.begin() as tx:  # (and the pruned ones, gone already)
+        every_run = {*tx.execute(sa.select(schema.runs.c.id)).scalars(), *made.values()}
+    before = {run_id: run_rows(app, run_id) for run_id in every_run}
     prune(app, timedelta(0))
+    after = {run_id: run_rows(app, run_id) for run_id in every_run}
+    gone = {run_id: {table: [] for table in rows} for run_id, rows in before.items()}
     for status in STATUSES:
         run_id = made[status, "prune"]
-        kept = _status(app, run_id) is not None
-        assert kept == (TABLE[status, "prune"] == ("kept",) and status != "pruned"), f"prune of a {status} run"
+        kept = TABLE[status, "prune"] == ("kept",) and status != "pruned"
+        # every row of a kept run as it was; a deleted run has no row left in any table
+        assert after[run_id] == (before[run_id] if kept else gone[run_id]), f"prune of a {status} run"
+    for run_id in every_run:  # (the other columns' runs, and the revivals: each kept whole or deleted whole)
+        assert after[run_id] in (before[run_id], gone[run_id]), run_id
 
 
-HOOK_STATUSES = ("pending", "running", "succeeded", "failed")
+#: hook status -> what the orphan sweep and the reaper do to a hook in it that a gone
+#: claimer still names: only a running one is crashed (``tests/unit/
+#: test_model_recovery_preconditions.py`` holds the model's side of this table)
+HOOK_TABLE: dict[str, str] = {"pending": "left to its next claim", "running": "crashed",
+                              "succeeded": "its outcome kept", "failed": "its outcome kept"}
+HOOK_STATUSES = tuple(HOOK_TABLE)
 
 
 def test_the_hook_sweep_and_the_reaper_crash_only_a_running_hook(app):
@@ -185,4 +198,5 @@ def test_the_hook_sweep_and_the_reaper_crash_only_a_running_hook(app):
     assert reap(app, dead, force=True)
     after = rows()
     changed = {cell for cell, hook_id in hooks.items() if after[hook_id] != before[hook_id]}
-    assert changed == {("orphan", "running"), ("reaped", "running")}
+    assert changed == {(holder, status) for holder in ("orphan", "reaped") for status in HOOK_STATUSES
+                       if HOOK_TABLE[status] == "crashed"} == {("orphan", "running"), ("reaped", "running")}

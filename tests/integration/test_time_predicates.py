@@ -5,7 +5,10 @@ it: the orphan sweep a claim's ``claimed_at`` (an advancement's ``started_at``),
 runner's reconciliation the same against its grace, the reaper a process's
 ``last_heartbeat_at``, a prune a run's finish time (``completed_at`` or ``halted_at``),
 a trigger key window its holder's finish time, a claim an execution's ``eligible_at``
-and a hook claim the hook's.
+and a hook claim the hook's. The advisory predicates are tabled the same way: a
+trigger's count of other live job workers and ``ductwork start``'s warning of another
+supervisor on this host (a heartbeat), a supervisor's judgement of its child's lease (its
+last heartbeat) and an idle worker's wait (an eligible time to come, a key's rate stamp).
 Tests whose rows were all written at one moment cannot tell that column from another
 (the trigger time, the creation time, the last update). Here each test writes two rows
 on a ManualClock (STYLE §7, no sleeping): one young by the measured column and old by
@@ -19,7 +22,8 @@ each read a wrong column, and each is killed here.
 Checks: INV-EXE-1 (the sweep, the reaper and reconciliation recover only claims old by
 their claim or heartbeat time, and only their own: a live process's claims stay however
 old), INV-EXE-2, INV-EXE-5 (a claim made just now under a reaped process
-is not swept while its body may still run), INV-HLT-2 (an orphaned hook is swept by its
+is not swept while its body may still run; a child past its lease is judged by its
+heartbeat), INV-LIM-5 (an idle worker waits for the stamp a key's rate set), INV-HLT-2 (an orphaned hook is swept by its
 claim time), INV-PRN-1 (a prune measures a run from its finish time), INV-TRG-1 (a key
 window measures its holder from its finish time), INV-CLK-1 (every such time is the
 database clock's, here the injected one).
@@ -27,15 +31,21 @@ database clock's, here the injected one).
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import sqlalchemy as sa
 
 from ductwork.db import schema
+from ductwork.db.hosts import other_job_workers
 from ductwork.db.ids import new_id
-from ductwork.fleet.processes import register
+from ductwork.fleet.processes import register, supervisors_on_this_host
 from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
+from ductwork.fleet.supervisor import Child, Supervisor
 from ductwork.limits.claims import claim
+from ductwork.limits.lanes import seconds_to_next_due
 from ductwork.pipelines.hooks import claim_hook
 from ductwork.pipelines.prune import prune
 from tests.factories import make_executions, make_run
@@ -149,19 +159,99 @@ def test_reconciliation_measures_a_claim_from_its_claim_time(manual_app):
     assert _taken(app, made["old"]) == (True, True, True)
 
 
+def _process(app, label: str, *, beating: bool, role: str = "test", pid: int | None = None) -> str:
+    """A process row: ``beating``, one that heartbeat just now though it registered (and was
+    last updated) long ago; else one whose heartbeat is two reaper timeouts old though
+    its row was written just now."""
+    now, timeout = app.clock.now(), timedelta(seconds=app.config.supervisor.reaper_timeout)
+    process_id = register(app, role=role, label=label, pid=pid)
+    if beating:
+        _set(app, schema.processes, process_id, last_heartbeat_at=now, created_at=now - FAR, updated_at=now - FAR)
+    else:
+        _set(app, schema.processes, process_id, last_heartbeat_at=now - 2 * timeout, created_at=now, updated_at=now)
+    return process_id
+
+
 def test_the_reaper_measures_a_process_from_its_last_heartbeat(manual_app):
     """A process registered long ago that heartbeat just now is not reaped; one whose
     heartbeat is two reaper timeouts old, though its row was written just now, is, on
-    this machine and on a lost host alike (no proof of death there: its heartbeat alone)
-    [INV-EXE-1]."""
+    this machine and on a lost host alike (no proof of death there: its heartbeat alone),
+    by the supervisors' reaper and by ``reap(force=False)`` alike [INV-EXE-1]."""
     app = manual_app
-    now, timeout = app.clock.now(), timedelta(seconds=app.config.supervisor.reaper_timeout)
-    beating, silent, lost = (register(app, role="test", label=label) for label in ("beating", "silent", "lost"))
-    _set(app, schema.processes, beating, last_heartbeat_at=now, created_at=now - FAR, updated_at=now - FAR)
-    for pid in (silent, lost):
-        _set(app, schema.processes, pid, last_heartbeat_at=now - 2 * timeout, created_at=now, updated_at=now)
+    beating = _process(app, "beating", beating=True)
+    silent, lost = (_process(app, label, beating=False) for label in ("silent", "lost"))
     _set(app, schema.processes, lost, machine_identifier="a-lost-host")
     assert sorted(reap_dead(app, None)) == sorted([silent, lost])
+    silent = _process(app, "silent", beating=False)
+    assert (reap(app, beating, force=False), reap(app, silent, force=False)) == (False, True)
+
+
+#: pids no process of this test has (the rows below are only read, never signalled)
+NO_SUCH_PIDS = (4_000_001, 4_000_002)
+
+
+def test_a_live_job_worker_is_one_whose_heartbeat_is_fresh(manual_app):
+    """A trigger's count of other live job workers (``hosts.other_job_workers``, which
+    decides whether a class of ``__main__`` is refused) counts a worker registered long ago
+    that heartbeat just now, and not one whose heartbeat is stale though it registered
+    just now."""
+    app = manual_app
+    beating = _process(app, "beating", beating=True, role="job_worker", pid=NO_SUCH_PIDS[0])
+    assert other_job_workers(app) == 1
+    assert reap(app, beating, force=True)
+    _process(app, "silent", beating=False, role="job_worker", pid=NO_SUCH_PIDS[1])
+    assert other_job_workers(app) == 0
+
+
+def test_another_supervisor_on_this_host_is_one_whose_heartbeat_is_fresh(manual_app):
+    """``ductwork start``'s warning of another supervisor on this host
+    (``processes.supervisors_on_this_host``) names one registered long ago that heartbeat
+    just now, and not one whose heartbeat is stale though it registered just now (both of
+    a pid that runs: this test's parent)."""
+    app = manual_app
+    beating = _process(app, "beating", beating=True, role="supervisor", pid=os.getppid())
+    _process(app, "silent", beating=False, role="supervisor", pid=os.getppid())
+    assert [row.id for row in supervisors_on_this_host(app)] == [beating]
+
+
+def test_a_supervisor_judges_its_childs_lease_from_its_last_heartbeat(manual_app):
+    """A supervisor's child (``Supervisor._stale``, which kills a child past its lease) is
+    live when it heartbeat just now though it registered long ago, and stale when its
+    heartbeat is two reaper timeouts old though it registered just now [INV-EXE-5]."""
+    app = manual_app
+    supervisor = Supervisor(app, [], role="worker")
+    children = {}
+    for label, pid in zip(("beating", "silent"), NO_SUCH_PIDS, strict=True):
+        _process(app, label, beating=label == "beating", role="job_worker", pid=pid)
+        children[label] = Child("job_worker", label, 1, proc=SimpleNamespace(pid=pid), started=time.monotonic() - 3600)
+    assert {label: supervisor._stale(child) for label, child in children.items()} == {"beating": False,
+                                                                                      "silent": True}
+
+
+def test_an_idle_worker_waits_for_the_next_eligible_time_or_stamp_to_come(manual_app):
+    """An idle worker's wait (``lanes.seconds_to_next_due``): an execution created long
+    ago but eligible in an hour is the next due, not one created earlier still and eligible
+    in two hours, nor one created just now and eligible a second ago (it is due already);
+    a key created long ago whose rate stamp lifts in half an hour, with pending work, comes
+    first, not a key written just now whose stamp lifted a second ago [INV-LIM-5]."""
+    app = manual_app
+    now = app.clock.now()
+    run_id, branch_id = make_run(app)
+    # (the later one written first and created long before: an order by anything but the
+    # eligible time picks it)
+    for eligible, other in ((now + timedelta(hours=2), now - FAR), (now + timedelta(hours=1), now - FAR / 2),
+                            (now - timedelta(seconds=1), now)):
+        (execution_id,) = make_executions(app, run_id, branch_id, None, eligible)
+        _set(app, schema.executions, execution_id, created_at=other, updated_at=other)
+    assert seconds_to_next_due(app) == 3600
+    k = schema.limit_keys
+    for key, stamp, other in (("stamped", now + timedelta(minutes=30), now - FAR),
+                              ("lifted", now - timedelta(seconds=1), now)):
+        make_executions(app, run_id, branch_id, key, now - FAR)  # its pending work, eligible long ago
+        with app.begin() as tx:
+            tx.execute(k.update().where(k.c.key == key).values(blocked_until=stamp, created_at=other,
+                                                               updated_at=other))
+    assert seconds_to_next_due(app) == 1800
 
 
 def test_each_recovery_threshold_includes_its_instant(manual_app):

@@ -41,6 +41,8 @@ PARKED = ("tests/integration/test_fan_in_while_expanding.py::"
 LOSSES = "tests/integration/test_partial_losses.py::"
 TIMES = "tests/integration/test_time_predicates.py::"
 STATES = "tests/integration/test_recovery_preconditions.py::test_each_operation_over_every_status[sqlite]"
+GRANDCHILDREN = ("tests/integration/test_process_trees.py::"
+                 "test_a_killed_runners_grandchildren_are_killed_by_its_supervisor")
 HOOK_CONFORMANCE = ("tests/properties/test_conformance_pipelines.py::"
                     "test_engine_hooks_end_where_the_model_hooks_end[sqlite]")
 DETECTORS = {
@@ -159,6 +161,7 @@ DETECTORS = {
     "revive_accepts_completed": STATES,
     "keeper_kills_nothing": "tests/integration/test_process_trees.py::"
     "test_an_embedded_worker_killed_mid_step_leaves_no_grandchild_of_its_timeout_child[sqlite-drain]",
+    "adopted_orphans_only": GRANDCHILDREN + "[sqlite-thread]",
     "hook_sweep_takes_any_status":
         "tests/integration/test_recovery_preconditions.py::test_the_hook_sweep_and_the_reaper_crash_only_a_running_hook"
         "[sqlite]",
@@ -173,6 +176,8 @@ ALSO_PATHS = {
     # (the orphan sweep and reconciliation are one recovery routine since issue 31)
     "recovery_measures_creation": (TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",),
     "hook_recovery_measures_creation": (TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",),
+    # (the thread's and the step loop's steps, and an on_halt handler, are all the runner's own descendants)
+    "adopted_orphans_only": (GRANDCHILDREN + "[sqlite-step_loop]", GRANDCHILDREN + "[sqlite-on_halt]"),
     "group_guard_counts_none": (LOSSES + "test_an_async_batch_that_lost_one_writes_nothing_for_it[sqlite]",
                                 LOSSES + "test_a_group_commit_that_lost_one_writes_no_expand_items_for_it[sqlite]"),
 }

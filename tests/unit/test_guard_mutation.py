@@ -2,14 +2,16 @@
 
 Every guard module yields mutants, each a one-change variant that compiles and differs
 from the module; the four operators are there, including the classes issue 37 found by
-hand (a sweep measuring a claim from its creation time, a where clause dropped); and a
-mutant changes exactly the node it names. The nightly run itself is not run here.
+hand (a sweep measuring a claim from its creation time, a where clause dropped); a
+mutant changes exactly the node it names; and the mutant counts docs/verification.md and
+INVARIANTS.md publish are the generator's. The nightly run itself is not run here.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import re
 
 import pytest
 
@@ -57,6 +59,31 @@ def test_a_where_of_one_argument_is_dropped_whole():
     assert ".where(" not in added
 
 
+VERIFICATION = (guard_mutation.ROOT / "docs" / "verification.md").read_text()
+INVARIANTS = (guard_mutation.ROOT / "INVARIANTS.md").read_text()
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
+           "ten": 10, "eleven": 11, "twelve": 12}
+
+
+def test_the_published_mutant_counts_are_the_generators():
+    """docs/verification.md's count per module and in all, and each "the other <n> (guard)
+    modules (<m> mutants)" of it and of INVARIANTS.md (the modules its results table has
+    not run yet), are what :func:`generate` yields now: a change to a guard module that
+    adds or removes mutants fails here until the figures are corrected."""
+    counts = {module: len(generate(module)) for module in GUARD_TESTS}
+    section = VERIFICATION[VERIFICATION.index("The mutants per module"):]
+    listed, total = section[:section.index(" in all")].rsplit(": ", 1)
+    assert dict(re.findall(r"`([\w/]+\.py)` (\d+)", listed)) == {m: str(n) for m, n in counts.items()}
+    assert int(total) == sum(counts.values())
+    table = VERIFICATION[VERIFICATION.index("| module | database | generated |"):].split("\n\n")[0]
+    run = set(re.findall(r"^\| `([\w/]+\.py)` \|", table, flags=re.M))
+    assert run <= set(counts), run - set(counts)
+    others = re.findall(r"the other (\w+) (?:guard )?modules \((\d+) mutants\)", VERIFICATION + INVARIANTS)
+    for word, mutants in others:
+        assert (NUMBERS[word], int(mutants)) == (len(counts) - len(run), sum(counts.values()) - sum(
+            counts[m] for m in run)), f"the other {word} modules ({mutants} mutants)"
+
+
 @pytest.mark.parametrize("name", sorted(ARGUED))
 def test_each_argued_equivalent_names_a_mutant_of_the_current_source(name):
     """An argument holds for the numbering it was made on: a change to the module renumbers
@@ -65,3 +92,22 @@ def test_each_argued_equivalent_names_a_mutant_of_the_current_source(name):
     what, argument = ARGUED[name]
     assert generate(module)[int(number) - 1].what == what, f"{name}: renumbered, argue again"
     assert argument
+
+
+@pytest.mark.parametrize(("db", "required"), [("sqlite", None), ("postgresql", "1"), ("mysql", "1")])
+def test_a_run_on_a_server_fails_when_the_server_is_missing_instead_of_skipping(monkeypatch, tmp_path, db, required):
+    """Skipped for want of a server, the clean run and every mutant would pass, and each
+    mutant would count as a survivor: on a server the run asks for failures instead
+    (``DUCTWORK_REQUIRE_CONTAINERS``, ``tests/databases.py::skip_or_fail``)."""
+    seen = {}
+
+    def run(command, **kwargs):
+        seen.update(command=command, env=kwargs["env"])
+        return guard_mutation.subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.delenv("DUCTWORK_REQUIRE_CONTAINERS", raising=False)
+    monkeypatch.setattr(guard_mutation.subprocess, "run", run)
+    assert guard_mutation._pytest("fleet/tree.py", db, tmp_path, 60)[0] == "survived"
+    assert seen["env"].get("DUCTWORK_REQUIRE_CONTAINERS") == required
+    assert seen["command"][seen["command"].index("-k") + 1] == " and ".join(
+        f"not {other}" for other in guard_mutation.DATABASES if other != db)

@@ -7,9 +7,13 @@ each refusal raises ``PreconditionError`` with its message and changes nothing, 
 accepted operation has its effect, and the cells the model refuses are exactly those the
 engine refuses (so a rule that accepts one state too many on either side fails here). The
 explorer (``model/explore.py``) offers the refused cells too, as self-loops, in its worlds
-that revive or prune.
+that revive or prune. The same for the hook sweep: the engine's orphan sweep and reaper
+crash only a running hook (``HOOK_TABLE``), and the model's ``reap_hook`` over every hook
+status refuses exactly the others, changing nothing; the explorer offers those refusals
+in its worlds with hooks.
 
-Checks: INV-RUN-1, INV-REV-1, INV-PRN-1, INV-CTX-1 (the model's side of the table).
+Checks: INV-RUN-1, INV-REV-1, INV-PRN-1, INV-CTX-1, INV-HLT-1, INV-HLT-2 (the model's side
+of the tables).
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import pytest
 
 from model.errors import PreconditionError
 from model.explore import _OUTPUTS as OUTPUTS
-from model.explore import CHAIN_AB
-from model.pipelines import FAILURE, NO_INPUT, PipelineConfig, PipelinesModel, success
-from tests.integration.test_recovery_preconditions import OPERATIONS, STATUSES, TABLE
+from model.explore import CHAIN_AB, HALTING
+from model.pipelines import FAILURE, INVALID, NO_INPUT, PipelineConfig, PipelinesModel, success
+from tests.integration.test_recovery_preconditions import HOOK_STATUSES, HOOK_TABLE, OPERATIONS, STATUSES, TABLE
 
 #: A -dampen-> B: the run waits for a resume after A
 DAMPEN = {**CHAIN_AB, "edges": {"A": {"type": "dampen", "to": ["B"]}}}
@@ -121,3 +125,50 @@ def test_each_model_operation_over_every_status(status, operation):
         assert (got, model.context_get(run_id, "k")) == (7, 7)
     else:
         assert got == ([run_id] if expected == "deleted" else [])
+
+
+#: hook status -> the model's ``reap_hook`` refusal (with {hook}), or its effect
+MODEL_HOOK_TABLE: dict[str, str] = {
+    "pending": "hook {hook} is not running",
+    "running": "crashed",
+    "succeeded": "hook {hook} is not running",
+    "failed": "hook {hook} is not running",
+}
+
+
+def _hook_in(model: PipelinesModel, status: str) -> str:
+    """The hook of a halted run of ``model``, in ``status``."""
+    model.trigger(HALTING, [0])
+    model.drive(lambda *_: FAILURE, hooks=False)  # max_retry 0: halted, its hook pending
+    (hook_id,) = model.hooks
+    if status != "pending":
+        token = model.claim_hook(hook_id)
+        if status != "running":
+            model.run_hook(hook_id, token, success(None) if status == "succeeded" else INVALID)
+    assert model.hooks[hook_id].status == status
+    return hook_id
+
+
+def test_the_model_reaps_exactly_the_hooks_the_engine_crashes():
+    assert set(MODEL_HOOK_TABLE) == set(HOOK_TABLE) == set(HOOK_STATUSES)
+    assert ({s for s, effect in MODEL_HOOK_TABLE.items() if effect == "crashed"}
+            == {s for s, effect in HOOK_TABLE.items() if effect == "crashed"})
+
+
+@pytest.mark.parametrize("status", list(MODEL_HOOK_TABLE))
+def test_the_models_hook_reap_over_every_hook_status(status):
+    """A running hook's reap is a crash (re-run within the crash budget); any other is
+    refused and changes nothing [INV-HLT-1, INV-HLT-2]."""
+    model = PipelinesModel(PipelineConfig(max_retry=0))
+    hook_id = _hook_in(model, status)
+    expected = MODEL_HOOK_TABLE[status]
+    if expected != "crashed":
+        before = model.snapshot()
+        with pytest.raises(PreconditionError) as refused:
+            model.reap_hook(hook_id)
+        assert str(refused.value) == expected.format(hook=hook_id)
+        assert model.snapshot() == before
+        return
+    assert model.reap_hook(hook_id) == "pending"
+    hook = model.hooks[hook_id]
+    assert (hook.crash_count, hook.attempts[-1], hook.claim_token) == (1, "process_crashed", None)

@@ -1,11 +1,13 @@
 """An ``on_halt`` handler that logs each of its attempts to a file, and a run that owes it
-(tests of halt hooks in-process and on real fleets: ``"tests.workloads.hooks:HaltingPipeline"``).
+(tests of halt hooks in-process and on real fleets: ``"tests.workloads.hooks:HaltingPipeline"``);
+one that starts shells with children of their own, for the process-tree tests.
 """
 
 from __future__ import annotations
 
 from ductwork import Pipeline, Step
 from tests.workloads import Boom
+from tests.workloads.processes import ShellSpawner
 
 #: the file each HaltRecorder attempt appends a line to (set by the test, read back by it)
 HOOK_LOG_ENV = "DUCTWORK_TEST_HOOK_LOG"
@@ -39,3 +41,21 @@ class HaltingPipeline(Pipeline):
     def define(cls, p):
         p.start(Boom).on_halt(HaltRecorder)
 
+
+class ShellSpawnerHook(ShellSpawner):
+    """An on_halt handler that is a :class:`ShellSpawner` (``sh -c "sleep 600 & wait"``, twice,
+    then a sleep), its marker file named by ``$DUCTWORK_TEST_HOOK_LOG``."""
+
+    def __init__(self, halt):
+        import os
+
+        self.halt = halt
+        super().__init__({"path": os.environ[HOOK_LOG_ENV], "seconds": 600})
+
+
+class ShellSpawnerHookPipeline(Pipeline):
+    """start(Boom), whose halt owes a :class:`ShellSpawnerHook`."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Boom).on_halt(ShellSpawnerHook)
