@@ -30,7 +30,7 @@ from ductwork.fleet.reaper import reap, reconcile, sweep_orphans
 from ductwork.limits.claims import claim
 from ductwork.pipelines.prune import prune
 from ductwork.testing import drain
-from tests.conftest import installed, make_app, migrated_sqlite
+from tests.conftest import installed, make_app, migrated_sqlite, skip_ahead
 from tests.workloads import Approval, Echo, FailsOnce, Items, Square, Takes
 from tests.workloads.hooks import HaltingPipeline
 
@@ -139,16 +139,10 @@ def _workload(app) -> None:
     assert claim(app, live) is not None
     with app.engine.begin() as conn:  # the ghost's row vanished (a reap that raced its claim): the test's write
         conn.execute(schema.processes.delete().where(schema.processes.c.id == ghost))
-    _skip(app, timedelta(seconds=3 * app.config.supervisor.reaper_timeout + 1))
+    skip_ahead(app, timedelta(seconds=3 * app.config.supervisor.reaper_timeout + 1))
     assert sweep_orphans(app) == 1
     assert reconcile(app, live, set(), grace_s=0) == 1
     drain(app, timeout=60, skip_delays=True)
-    _skip(app, timedelta(days=2))
+    skip_ahead(app, timedelta(days=2))
     assert prune(app, timedelta(days=1)).runs >= 1
 
-
-def _skip(app, by: timedelta) -> None:
-    """Move the app's OffsetClock ``by`` ahead of database time."""
-    with app.begin(readonly=True) as tx:
-        now = tx.now
-    app.clock.skip_to(now + by, now)
