@@ -345,6 +345,69 @@ def test_metrics_are_the_snapshot_in_prometheus_text(sqlite_app, tmp_path):
     assert len(ages) == len(status.processes) >= 1
 
 
+def test_refusals_a_worker_counts_reach_metrics_at_its_heartbeat_on_each_database(web_app, tmp_path, monkeypatch,
+                                                                                   caplog):
+    """A worker process counts in memory the claims its polls were refused, by key and
+    reason; its heartbeat adds them to ``ductwork_key_refusals`` and ``/metrics`` shows
+    them from there, fleet-wide. Nothing is written on the claim path; a failed heartbeat
+    keeps its counts for the next; a crash loses only what was counted since the last
+    heartbeat. The heartbeat is driven by hand (``Runner.beat``), never waited for."""
+    from ductwork.fleet import supervisor
+    from ductwork.limits import claims
+    from ductwork.limits.claims import restart_with
+    from ductwork.limits.lanes import Lane, scan_lanes
+
+    runner = supervisor.Runner(web_app, "job_worker", 1, "counting")
+    runner.process_id = register(web_app, role="job_worker", label="counting")
+    runner._units()  # its worker, sharing the process's counts; no thread started
+    (worker,) = runner.units
+    client = TestClient(dashboard(web_app))
+
+    def refusals() -> dict[tuple[str, str], float]:
+        return {(dict(labels)["key"], dict(labels)["reason"]): value for (name, labels), value
+                in _samples(client).items() if name == "ductwork_key_refusals_total"}
+
+    Metered.trigger("refused")
+    for _ in range(3):  # three polls, each refused for rate: the bucket starts empty and refills for an hour
+        restart_with(web_app)  # clears the stamp a refusal leaves, which would make the next poll pass the key by
+        assert worker.run_once() is None
+    assert refusals() == {}  # counted in memory: the claim path wrote nothing
+    assert runner.beat()
+    assert refusals() == {(RATED_KEY, "rate"): 3}
+    _pushes_pending(web_app, tmp_path, worker)
+    with web_app.begin(readonly=True) as tx:
+        before = scan_lanes(web_app, tx)  # the pool key has room
+    holder = register(web_app, role="test", label="holder")
+    for _ in range(5):  # another process fills it
+        assert claim(web_app, holder) is not None
+    monkeypatch.setattr(claims, "scan_lanes", lambda *_: before)  # each poll's scan raced that: it saw room
+    for _ in range(2):  # refused for concurrency under the key's lock
+        assert worker.run_once() is None
+    assert runner.beat()
+    assert refusals() == {(RATED_KEY, "rate"): 3, (POOL_KEY, "concurrency"): 2}
+    with monkeypatch.context() as emptied:  # a lane whose work went between the scan and the lock
+        emptied.setattr(claims, "scan_lanes", lambda *_: [Lane(before[0].oldest, "emptied")])
+        assert worker.run_once() is None  # "gone": not a refusal, not counted
+    assert worker.run_once() is None  # a third
+
+    def unreachable(*_):
+        raise sa.exc.OperationalError("UPDATE", {}, ConnectionError("server closed the connection"))
+
+    with monkeypatch.context() as failing:
+        failing.setattr(supervisor, "heartbeat", unreachable)
+        assert runner.beat()  # failed and logged; the watchdog decides when that is fatal
+    assert "heartbeat failed" in caplog.text
+    assert refusals()[(POOL_KEY, "concurrency")] == 2
+    assert runner.beat()  # the next one writes what the failed one took
+    assert refusals()[(POOL_KEY, "concurrency")] == 3
+    assert worker.run_once() is None  # a fourth, and the process dies before its next heartbeat
+    replacement = supervisor.Runner(web_app, "job_worker", 1, "counting")
+    replacement.process_id = register(web_app, role="job_worker", label="counting")  # reaps the dead one
+    replacement._units()
+    assert replacement.beat()
+    assert refusals() == {(RATED_KEY, "rate"): 3, (POOL_KEY, "concurrency"): 3}  # lost: the one since the last
+
+
 def test_mounted_under_a_prefix(sqlite_app):
     run = Approval.trigger({"n": 1})
     host = Starlette(routes=[Mount("/ops/ductwork", app=dashboard(sqlite_app))])
