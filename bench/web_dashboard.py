@@ -14,14 +14,15 @@ triggered 2.5 s apart, each with its branch, step, job and execution: 97 % compl
 execution and one context value), 1 % dampened, 1 % in progress (half of those in
 flight, half pending); every step on one of the keys ``key-00000`` … (round robin);
 each key's header with its ``seq`` (two per finished claim, one per claim in flight),
-every other key rated with a bucket; six process rows. Then ``VACUUM ANALYZE``, as
-autovacuum would leave the tables.
+every other key rated with a bucket; each key's refusal counts (``ductwork_key_refusals``:
+concurrency for every key, rate for the rated ones, as the workers' heartbeats leave
+them); six process rows. Then ``VACUUM ANALYZE``, as autovacuum would leave the tables.
 
 Each page is fetched through the dashboard's ASGI app in this process (Starlette's
 TestClient: no network, no server): one warm-up, then ``--repeats`` timed fetches; the
-figure is their median in milliseconds, with the response's size. ``status.snapshot``
-and ``status.execution_outcomes`` are timed alone too (what ``/metrics`` and the key
-pages spend in the database).
+figure is their median in milliseconds, with the response's size. ``status.snapshot``,
+``status.execution_outcomes`` and ``status.key_refusals`` are timed alone too (what
+``/metrics`` and the key pages spend in the database).
 """
 
 from __future__ import annotations
@@ -122,6 +123,11 @@ def fill(app: App, runs: int, keys: int, start: datetime) -> None:
             INSERT INTO ductwork_limit_buckets (key, period_s, level_units, refilled_at_us, updated_at)
             SELECT key, 1, 3000000, 0, CAST(:t0 AS timestamp)
             FROM ductwork_limit_keys WHERE CAST(substr(key, 5) AS int) % 2 = 1""",
+        "key refusals": """
+            INSERT INTO ductwork_key_refusals (key, reason, refusals)
+            SELECT key, reason, 1 + CAST(substr(key, 5) AS int) % 50
+            FROM ductwork_limit_keys CROSS JOIN (VALUES ('concurrency'), ('rate')) AS r (reason)
+            WHERE reason = 'concurrency' OR CAST(substr(key, 5) AS int) % 2 = 1""",
         "context": f"""
             INSERT INTO ductwork_context (id, run_id, key, value, first_set_at, last_set_at)
             SELECT 'c' || substr(id, 2), id, 'order', '{{"raw_value": {{"id": 1042}}}}', triggered_at, triggered_at
@@ -184,7 +190,7 @@ def _median_ms(fn: Any, repeats: int) -> tuple[float, list[float]]:
 def measure(app: App, repeats: int) -> dict[str, Any]:
     from starlette.testclient import TestClient
 
-    from ductwork.status import execution_outcomes, snapshot
+    from ductwork.status import execution_outcomes, key_refusals, snapshot
     from ductwork.web import dashboard
 
     client = TestClient(dashboard(app, refresh_s=0))
@@ -202,7 +208,8 @@ def measure(app: App, repeats: int) -> dict[str, Any]:
                          "bytes": sizes[-1]}
         log(f"web bench: {name:<36} {median:8.1f} ms  {sizes[-1]:>9} bytes  {path}")
     for name, fn in (("status.snapshot", lambda: snapshot(app)),
-                     ("status.execution_outcomes", lambda: execution_outcomes(app))):
+                     ("status.execution_outcomes", lambda: execution_outcomes(app)),
+                     ("status.key_refusals", lambda: key_refusals(app))):
         median, times = _median_ms(fn, repeats)
         figures[name] = {"median_ms": round(median, 1), "ms": [round(t, 1) for t in times]}
         log(f"web bench: {name:<36} {median:8.1f} ms")

@@ -12,7 +12,8 @@ one read-only transaction of the same few statements however many keys there are
 (each reads every key at once), taking no key lock.
 
 :func:`execution_outcomes` counts executions by outcome (a scan of the executions
-table: the dashboard's ``/metrics`` reads it, ``ductwork status`` does not).
+table) and :func:`key_refusals` reads the refused claims per key and reason: the
+dashboard's ``/metrics`` reads both, ``ductwork status`` does not.
 """
 
 from __future__ import annotations
@@ -208,6 +209,19 @@ def execution_outcomes(app: App) -> dict[str, int]:
     with app.begin(readonly=True) as tx:
         return {row.state: row.n for row in tx.execute(
             sa.select(state, sa.func.count().label("n")).group_by(state))}
+
+
+def key_refusals(app: App) -> dict[tuple[str, str], int]:
+    """Claims each key's limits refused, per (key, reason: ``concurrency`` or ``rate``),
+    fleet-wide: one read-only statement of ``ductwork_key_refusals``, which each worker
+    process's heartbeat adds its counts to (``fleet.shared.Refusals``). A refusal a
+    process counted after its last heartbeat is not there yet, and is lost if the process
+    dies. A poll that passes over a key known full or rate-blocked (the lane scan) makes
+    no claim, so no refusal: these are the claims the key's lock refused."""
+    t = schema.key_refusals
+    with app.begin(readonly=True) as tx:
+        return {(row.key, row.reason): row.refusals
+                for row in tx.execute(sa.select(t.c.key, t.c.reason, t.c.refusals).order_by(t.c.key, t.c.reason))}
 
 
 def _mark(proc: ProcessStatus) -> str:

@@ -180,6 +180,13 @@ def make_app(url: str, *, clock=None, config=None, **section):  # type: ignore[n
     return App(url, config or Config.from_section(body, source="<tests>"), clock)
 
 
+def skip_ahead(app, by) -> None:  # type: ignore[no-untyped-def]
+    """Move the app's OffsetClock ``by`` (a timedelta) ahead of its time now."""
+    with app.begin(readonly=True) as tx:
+        now = tx.now
+    app.clock.skip_to(now + by, now)
+
+
 @pytest.fixture
 def app(db_url: str):  # type: ignore[no-untyped-def]
     """A fresh app (database clock) on each backend, tables empty, made the default."""

@@ -49,8 +49,10 @@ CODE_LINES_AT_ISSUE_31 = 6_305
 #: issue 31's goal: at least 20 % below the count at its start
 CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: the ratchet: the engine core's code lines may not exceed this; lower it in the commit
-#: that removes code (``python -m tests.engine_size`` prints the count)
-CODE_LINES_BUDGET = 6_581
+#: that removes code (``python -m tests.engine_size`` prints the count). Raised from 6,581
+#: by 38 for issue 35's refusal counts (``ductwork_key_refusals``: its table, the upsert
+#: that adds, the worker's count and the heartbeat that writes it)
+CODE_LINES_BUDGET = 6_619
 #: SQLAlchemy generics whose ``Any`` is their row or column type, not a hole in ours
 SQLALCHEMY_ANY = re.compile(r"\b(?:sa\.)?(?:Row|Select|ColumnElement|Update|Insert|CompoundSelect|ScalarSelect"
                             r"|CursorResult|Column|Executable)\[Any\]")

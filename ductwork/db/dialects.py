@@ -337,38 +337,41 @@ def _sqlite_insert_ignore(_: Any, table: sa.Table) -> Any:
     return insert(table).on_conflict_do_nothing()
 
 
+#: insert ``values``, or on a conflict on ``keys`` set the ``update`` columns to theirs
+#: (``add``: add theirs to the stored values, a counter)
 upsert = Seam("upsert")
 
 
 @upsert.for_db("postgresql")
 def _pg_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, Any],
-               update: list[str]) -> Any:
+               update: list[str], add: bool = False) -> Any:
     from sqlalchemy.dialects.postgresql import insert
 
     stmt = insert(table).values(**values)
-    return stmt.on_conflict_do_update(index_elements=keys,
-                                      set_={c: stmt.excluded[c] for c in update})
+    return stmt.on_conflict_do_update(index_elements=keys, set_={
+        c: table.c[c] + stmt.excluded[c] if add else stmt.excluded[c] for c in update})
 
 
 @upsert.for_db("mysql")
 def _mysql_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, Any],
-                  update: list[str]) -> Any:
+                  update: list[str], add: bool = False) -> Any:
     # Differs from PostgreSQL in that ON DUPLICATE KEY has no conflict target: it
     # fires on any unique key, which is the primary key here.
     from sqlalchemy.dialects.mysql import insert
 
     stmt = insert(table).values(**values)
-    return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in update})
+    return stmt.on_duplicate_key_update({c: table.c[c] + stmt.inserted[c] if add else stmt.inserted[c]
+                                         for c in update})
 
 
 @upsert.for_db("sqlite")
 def _sqlite_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, Any],
-                   update: list[str]) -> Any:
+                   update: list[str], add: bool = False) -> Any:
     from sqlalchemy.dialects.sqlite import insert
 
     stmt = insert(table).values(**values)
-    return stmt.on_conflict_do_update(index_elements=keys,
-                                      set_={c: stmt.excluded[c] for c in update})
+    return stmt.on_conflict_do_update(index_elements=keys, set_={
+        c: table.c[c] + stmt.excluded[c] if add else stmt.excluded[c] for c in update})
 
 
 # --------------------------------------------------------------------------- savepoints

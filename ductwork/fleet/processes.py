@@ -20,12 +20,13 @@ Not done here: deciding who is stale (reaper.py) or killing anything (supervisor
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ductwork.db import schema
+from ductwork.db import dialects, schema
 from ductwork.db.hosts import machine_identifier, os_start_ticks, pid_namespace
 from ductwork.db.ids import new_id
 
@@ -109,12 +110,17 @@ def register(app: Database, *, role: str, label: str | None = None, pid: int | N
     return process_id
 
 
-def heartbeat(app: Database, process_id: str) -> bool:
-    """Stamp the row with database now. False when the row is gone (it was reaped)."""
+def heartbeat(app: Database, process_id: str, refusals: Mapping[tuple[str, str], int] | None = None) -> bool:
+    """Stamp the row with database now, and add ``refusals`` (key and reason -> claims
+    refused since the last heartbeat: ``shared.Refusals``) to the fleet-wide counts in the
+    same transaction, one upsert each. False when the row is gone (it was reaped)."""
     with app.begin() as tx:
         result = tx.execute(
             schema.processes.update()
             .where(schema.processes.c.id == process_id)
             .values(last_heartbeat_at=tx.now, updated_at=tx.now)  # [INV-CLK-1] database time
         )
+        for (key, reason), n in sorted((refusals or {}).items()):  # one order: two heartbeats never deadlock
+            tx.execute(dialects.upsert(tx.conn, schema.key_refusals, ["key", "reason"],
+                                       {"key": key, "reason": reason, "refusals": n}, ["refusals"], add=True))
         return result.rowcount == 1

@@ -1,5 +1,6 @@
 """What the worker threads of one process share: the inbox of keyed executions claimed
-for idle threads, the keyed group commits, the token alarm and the released steps.
+for idle threads, the keyed group commits, the token alarm, the released steps and the
+refusal counts.
 
     >>> inbox = Inbox(app.wakeup.notify, idle=lambda: 2, threads=4)   # one per process
     >>> Worker(app, inbox=inbox, released=ReleasedSteps(app, Wakeup()), tokens=TokenAlarm(app.wakeup.notify))
@@ -7,14 +8,14 @@ for idle threads, the keyed group commits, the token alarm and the released step
 Each is thread-safe, and made once per worker process by its runner
 (``fleet/supervisor.py``); a worker alone (tests, ``ductwork.testing.drain``) has none.
 What each may lose when its process dies is said on its class: nothing recorded, only
-hints and claims that the reaper crashes.
+hints, claims that the reaper crashes, and the refusals counted since the last heartbeat.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from ductwork.pipelines.branches import Inline, advance_released_steps
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database
+    from ductwork.limits.claims import Refusal
     from ductwork.limits.executions import Claimed
     from ductwork.pipelines.outcomes import Success
 
@@ -237,3 +239,29 @@ class ReleasedSteps:
             return False
         advance_released_steps(self.app, taken)
         return True
+
+
+class Refusals:
+    """The keyed claims this process's polls were refused (``claims.Refusal``), per key and
+    reason, since its heartbeat last added them to ``ductwork_key_refusals``
+    (``processes.heartbeat``): the claim path writes nothing. An observability counter,
+    not a guarantee: a process that dies loses what it counted since its last heartbeat,
+    and a heartbeat that fails puts what it took back. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def count(self, refusal: Refusal) -> None:
+        with self._lock:
+            self._counts[(refusal.key, refusal.reason)] += 1
+
+    def take(self) -> Counter[tuple[str, str]]:
+        """What was counted since the last take (:meth:`add` it back if it was not written)."""
+        with self._lock:
+            taken, self._counts = self._counts, Counter()
+        return taken
+
+    def add(self, counts: Counter[tuple[str, str]]) -> None:
+        with self._lock:
+            self._counts.update(counts)

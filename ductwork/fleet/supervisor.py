@@ -147,7 +147,7 @@ class Runner:
 
     def _units(self) -> list[Loop]:
         from ductwork.db.wakeup import Wakeup
-        from ductwork.fleet.shared import Inbox, ReleasedSteps, TokenAlarm
+        from ductwork.fleet.shared import Inbox, Refusals, ReleasedSteps, TokenAlarm
         from ductwork.fleet.worker import Worker
         from ductwork.pipelines.advance import Advancer
 
@@ -159,6 +159,8 @@ class Runner:
         self.released = ReleasedSteps(self.app, Wakeup())
         #: wakes an idle thread when a rated key's next token is due (a claim spent the last)
         self.tokens = TokenAlarm(self.app.wakeup.notify)
+        #: the keyed claims this process's polls were refused, written by the next heartbeat
+        self.refusals = Refusals()
         for i in range(self.threads):
             due: Callable[[], float | None] | None = None
             if self.role == "job_worker":
@@ -166,7 +168,8 @@ class Runner:
                 worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off,
                                 batch_size=self.app.config.job_worker.batch_size,
                                 batch_window=self.app.config.job_worker.batch_window, inbox=self.inbox,
-                                released=self.released, tokens=self.tokens, lease=self.holds_lease)
+                                released=self.released, tokens=self.tokens, lease=self.holds_lease,
+                                refused=self.refusals.count)
                 self.units.append(worker)
 
                 def worked(w: Worker = worker) -> bool:
@@ -204,23 +207,29 @@ class Runner:
 
     def _heartbeats(self) -> None:
         interval = self.app.config.supervisor.heartbeat_interval
-        while not self.stop.is_set():
-            sent = time.monotonic()
-            try:
-                alive = heartbeat(self.app, self.process_id)
-            except Exception:  # the watchdog decides when this is fatal
-                log.warning("heartbeat failed", exc_info=True)
-            else:
-                if not alive:
-                    self._reaped = True
-                    return
-                self._last_heartbeat_sent = sent
-                try:
-                    held = set().union(*(u.held() for u in self.units), self.inbox.held())
-                    reconcile(self.app, self.process_id, held)
-                except Exception:  # retried at the next heartbeat
-                    log.warning("reconciliation failed", exc_info=True)
+        while not self.stop.is_set() and self.beat():
             self.stop.wait(interval)
+
+    def beat(self) -> bool:
+        """One heartbeat, with the refusals counted since the last (put back if it fails),
+        then a reconciliation; False once it found this runner's row reaped."""
+        sent, refused = time.monotonic(), self.refusals.take()
+        try:
+            alive = heartbeat(self.app, self.process_id, refused)
+        except Exception:  # the watchdog decides when this is fatal
+            self.refusals.add(refused)
+            log.warning("heartbeat failed", exc_info=True)
+            return True
+        if not alive:
+            self._reaped = True
+            return False
+        self._last_heartbeat_sent = sent
+        try:
+            held = set().union(*(u.held() for u in self.units), self.inbox.held())
+            reconcile(self.app, self.process_id, held)
+        except Exception:  # retried at the next heartbeat
+            log.warning("reconciliation failed", exc_info=True)
+        return True
 
     def holds_lease(self) -> bool:
         """Whether this runner may still start step code: its row not found reaped, and its

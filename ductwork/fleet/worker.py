@@ -31,7 +31,7 @@ from ductwork.errors import CommitFailed
 from ductwork.fleet import batching
 from ductwork.fleet.execute import NOT_AWAITED, await_together, awaitable, record_failed, run_step
 from ductwork.fleet.hooks import run_due_hook
-from ductwork.limits.claims import claim_batch
+from ductwork.limits.claims import Refusal, claim_batch
 from ductwork.limits.lanes import seconds_to_next_due
 from ductwork.pipelines.branches import advance_released_steps
 from ductwork.pipelines.outcomes import HandOff, Success, advanced_later, record_crash, record_successes
@@ -94,7 +94,8 @@ class Worker:
     def __init__(self, app: Database, *, process_id: str | None = None,
                  hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05,
                  inbox: Inbox | None = None, released: ReleasedSteps | None = None,
-                 tokens: TokenAlarm | None = None, lease: Callable[[], bool] | None = None):
+                 tokens: TokenAlarm | None = None, lease: Callable[[], bool] | None = None,
+                 refused: Callable[[Refusal], None] | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
         from ductwork.fleet.boot import load_pipelines
@@ -118,6 +119,8 @@ class Worker:
         #: whether the process still holds its lease (``Runner.holds_lease``), asked before
         #: any step code starts; None: a worker of no runner (in-process, tests), always
         self._lease = lease
+        #: told of each keyed claim a poll was refused (the process's ``shared.Refusals``); None: not counted
+        self._refused = refused
         #: how many unkeyed executions the next claim may take (from the recent pace)
         self.batch = 1
         #: the recent bodies' pace and CPU share (what sizes the batch and a key's share)
@@ -253,7 +256,7 @@ class Worker:
         inbox = self._inbox
         spare = 0 if inbox is None else inbox.spare()
         per_key = None if inbox is None else {key: self.in_a_row(key) + spare for key in self.app.config.limits}
-        claimed = claim_batch(self.app, self.process_id, self.batch, self.batch + spare, per_key)
+        claimed = claim_batch(self.app, self.process_id, self.batch, self.batch + spare, per_key, self._refused)
         self._note_tokens(claimed)
         if inbox is None or not claimed or claimed[0].limit_key is None:
             self._queue.extend(claimed)

@@ -38,7 +38,7 @@ the same key lock: executions.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -430,7 +430,8 @@ def claim(app: Database, process_id: str) -> Claimed | None:
 
 
 def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1,
-                per_key: Mapping[str, int] | None = None) -> list[Claimed]:
+                per_key: Mapping[str, int] | None = None,
+                refused: Callable[[Refusal], None] | None = None) -> list[Claimed]:
     """What successive polls would claim while the first poll's lane stays first:
     ``LimitsModel.claim_batch``, in one transaction.
 
@@ -441,7 +442,9 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
     transaction of its own, whose first statement is the key lock [INV-LIM-1]; it takes
     up to ``keyed_limit`` executions of the key under that one lock hold, each the claim
     the next poll would make (:func:`decide_and_claim`), or ``per_key[key]`` for a key it
-    names. Returns the claimed executions in poll order (empty: nothing may run now).
+    names. Returns the claimed executions in poll order (empty: nothing may run now);
+    ``refused`` is told of each keyed claim refused for concurrency or rate (the fleet
+    counts them; nothing is written for it here).
     """
     with app.begin() as tx:
         lanes = scan_lanes(app, tx)
@@ -460,4 +463,6 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
         outcome = claim_keyed(app, lane.key, process_id, most)
         if isinstance(outcome, list):
             return outcome
+        if refused is not None and outcome.reason != "gone":  # ("gone": no eligible work left, not a refusal)
+            refused(outcome)
     return []

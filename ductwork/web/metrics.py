@@ -6,14 +6,17 @@ scrape time.
     >>> print(generate_latest(registry).decode())
 
 Each scrape is :func:`ductwork.status.snapshot` (runs, processes, keys: one read-only
-transaction, no key lock) and :func:`ductwork.status.execution_outcomes` (one read-only
-statement), so every process of every host is counted, whichever dashboard is scraped.
-:data:`METRICS` lists each family, its type and labels (docs/dashboard.md prints it).
+transaction, no key lock), :func:`ductwork.status.execution_outcomes` and
+:func:`ductwork.status.key_refusals` (one read-only statement each), so every process of
+every host is counted, whichever dashboard is scraped. :data:`METRICS` lists each
+family, its type and labels (docs/dashboard.md prints it).
 
-Not done: counting refusals. A claim that a key refuses writes nothing (a rate refusal
-only re-stamps ``blocked_until``), so the database holds no count of them and the engine
-does not grow to keep one; ``ductwork_key_refusing`` says instead, per key and reason,
-whether a claim made now would be refused.
+Refusals come two ways: ``ductwork_key_refusals_total`` counts the claims a key's lock
+refused, as each worker process's heartbeat adds them (at most one heartbeat behind, and
+a process that dies loses what it counted since its last heartbeat);
+``ductwork_key_refusing`` says, per key and reason, whether a claim made now would be
+refused (a poll passes over a key known full or rate-blocked without claiming, so the
+counter grows only when a claim races: the gauge is the steady state).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ductwork.pipelines.history import RUN_STATUSES
-from ductwork.status import KeyStatus, ProcessStatus, Status, execution_outcomes, snapshot
+from ductwork.status import KeyStatus, ProcessStatus, Status, execution_outcomes, key_refusals, snapshot
 from ductwork.web.rates import ClaimRates
 
 if TYPE_CHECKING:
@@ -53,6 +56,8 @@ METRICS = (
     ("ductwork_key_refusing", "gauge", "key, reason",
      "1 when a claim of the key made now would be refused for the reason (concurrency, rate), else 0"),
     ("ductwork_key_claims_total", "counter", "key", "claims the key ever admitted, fleet-wide"),
+    ("ductwork_key_refusals_total", "counter", "key, reason",
+     "claims the key's limits refused, by reason (concurrency, rate), fleet-wide, as of each worker's last heartbeat"),
     ("ductwork_scrape_duration_seconds", "gauge", "", "how long reading the database took for this scrape"),
 )
 _HELP = {name: (kind, text) for name, kind, _, text in METRICS}
@@ -79,11 +84,17 @@ class FleetCollector(Collector):
         started = time.perf_counter()
         status = snapshot(self.app)
         outcomes = execution_outcomes(self.app)
+        refused = key_refusals(self.app)
         took = time.perf_counter() - started
         if self.rates is not None:
             self.rates.record(status.now, {key.key: key.claims for key in status.keys})
         yield from _fleet(status, outcomes)
         yield from _keys(status)
+        counted = CounterMetricFamily("ductwork_key_refusals", _HELP["ductwork_key_refusals_total"][1],
+                                      labels=["key", "reason"])
+        for (key, reason), count in refused.items():
+            counted.add_metric([key, reason], count)
+        yield counted
         yield GaugeMetricFamily("ductwork_scrape_duration_seconds", _HELP["ductwork_scrape_duration_seconds"][1],
                                 value=took)
 

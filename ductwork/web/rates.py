@@ -73,16 +73,18 @@ class ClaimRates:
                 for (t1, c1), (t2, c2) in pairwise(points) if t2 > t1]
 
     def sparkline(self, key: str, width: int = 120, height: int = 28) -> tuple[str, float]:
-        """An SVG polyline's ``points`` (numbers only): a step line over the window, its right
+        """An SVG polyline's ``points`` (numbers only): a step line over the time sampled,
+        at most the window (so a chart opened a minute ago spans that minute), its right
         edge the latest sample; and the highest rate drawn (the top); ``""`` before the
         key's second sample."""
         intervals = self.series(key)
         if not intervals:
             return "", 0.0
         peak = max(rate for _, _, rate in intervals)
+        span = min(intervals[0][0], self.window_s)
 
         def x(ago: float) -> float:
-            return width * (1 - min(ago, self.window_s) / self.window_s)
+            return width * (1 - min(ago, span) / span)
 
         def y(rate: float) -> float:
             return height - 2 - (height - 4) * rate / (peak or 1.0)

@@ -6,10 +6,11 @@ The workload: runs of every transition kind (chain, divide, expand, collapse, di
 dampen and resume, a leaf), keyed steps on a key with a concurrency and a rate (claims,
 batches, hand-offs, group commits, releases first), failures with retries, a halt and
 its on_halt hook, a revive, a context write, a keyed trigger, a crash recovered by a
-reap, an orphan sweep and a reconciliation, and a prune. A statement's writer is the
-innermost frame of the engine that is not ``ductwork.db`` (whose helpers execute
-statements for their callers: ``dialects.insert_rows``, ``Tx.execute``). One database
-suffices: the statements and their callers are the same code on all three.
+reap, an orphan sweep and a reconciliation, a heartbeat with refusal counts, and a
+prune. A statement's writer is the innermost frame of the engine that is not
+``ductwork.db`` (whose helpers execute statements for their callers:
+``dialects.insert_rows``, ``Tx.execute``). One database suffices: the statements and
+their callers are the same code on all three.
 
 Checks: none of the INV IDs directly; the layering the audit relies on.
 """
@@ -25,12 +26,12 @@ import sqlalchemy as sa
 
 from ductwork import Pipeline
 from ductwork.db import schema
-from ductwork.fleet.processes import register
+from ductwork.fleet.processes import heartbeat, register
 from ductwork.fleet.reaper import reap, reconcile, sweep_orphans
 from ductwork.limits.claims import claim
 from ductwork.pipelines.prune import prune
 from ductwork.testing import drain
-from tests.conftest import installed, make_app, migrated_sqlite
+from tests.conftest import installed, make_app, migrated_sqlite, skip_ahead
 from tests.workloads import Approval, Echo, FailsOnce, Items, Square, Takes
 from tests.workloads.hooks import HaltingPipeline
 
@@ -40,7 +41,7 @@ OWNERS: dict[str, set[str]] = {
     "ductwork.pipelines": {"ductwork_runs", "ductwork_branches", "ductwork_steps", "ductwork_jobs",
                            "ductwork_expand_items", "ductwork_advancements", "ductwork_context",
                            "ductwork_halt_hooks"},
-    "ductwork.fleet": {"ductwork_processes"},
+    "ductwork.fleet": {"ductwork_processes", "ductwork_key_refusals"},
 }
 _WRITE = re.compile(r"^\s*(?:INSERT\s+(?:OR\s+\w+\s+|IGNORE\s+)?INTO|UPDATE|DELETE\s+FROM)\s+[`\"]?(\w+)", re.I)
 
@@ -139,16 +140,11 @@ def _workload(app) -> None:
     assert claim(app, live) is not None
     with app.engine.begin() as conn:  # the ghost's row vanished (a reap that raced its claim): the test's write
         conn.execute(schema.processes.delete().where(schema.processes.c.id == ghost))
-    _skip(app, timedelta(seconds=3 * app.config.supervisor.reaper_timeout + 1))
+    skip_ahead(app, timedelta(seconds=3 * app.config.supervisor.reaper_timeout + 1))
     assert sweep_orphans(app) == 1
     assert reconcile(app, live, set(), grace_s=0) == 1
+    assert heartbeat(app, live, {("owned_key", "rate"): 2})  # a worker process's refusal counts
     drain(app, timeout=60, skip_delays=True)
-    _skip(app, timedelta(days=2))
+    skip_ahead(app, timedelta(days=2))
     assert prune(app, timedelta(days=1)).runs >= 1
 
-
-def _skip(app, by: timedelta) -> None:
-    """Move the app's OffsetClock ``by`` ahead of database time."""
-    with app.begin(readonly=True) as tx:
-        now = tx.now
-    app.clock.skip_to(now + by, now)

@@ -7,11 +7,16 @@ by Playwright; .ci/run installs it) for the module. Each test triggers its own r
 and watches the page change by itself (Playwright's ``expect`` waits on a condition
 with a deadline):
 
-- a run fills its key (5/5 in flight, 2 pending) and then completes on the page;
+- a run fills its key (5/5 in flight, 2 pending, its claims on the chart) and then
+  completes on the page; a rated key shows its empty bucket, until when it is blocked
+  and by which entry, and the fleet's heartbeats bring its refusal to ``/metrics``;
 - a halted run shows its reason and is revived from the page (confirmation, POST);
 - a dampened run is resumed with JSON input from the page;
 - markup stored in payloads, an error message, a context key and value and a key's
   name stays text: no script runs, no element is made of it.
+
+Without chromium or playwright the module skips, unless ``DUCTWORK_REQUIRE_BROWSER=1``
+(.ci/run sets it): then it fails, so CI never passes without them.
 
 They take the screenshots of docs/dashboard.md on SQLite, into
 ``$DUCTWORK_WEB_SCREENSHOTS`` when set (docs/images to regenerate them), else into a
@@ -31,14 +36,27 @@ import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from tests.conftest import _migrated_url, make_app
 from tests.fleet import Fleet, wait_for, write_config
-from tests.workloads.web import LIMITS, PIPELINES, POOL_KEY, XSS, XSS_KEY, Approval, Flaky, Hostile, Pushes
+from tests.workloads import Approval
+from tests.workloads.web import LIMITS, PIPELINES, POOL_KEY, RATED_KEY, XSS, XSS_KEY, Flaky, Hostile, Metered, Pushes
 
-playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
+
+def _unavailable(reason: str) -> NoReturn:
+    """Skip the module, or fail it when DUCTWORK_REQUIRE_BROWSER=1 (.ci/run)."""
+    if os.environ.get("DUCTWORK_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"DUCTWORK_REQUIRE_BROWSER is set, but: {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+try:
+    from playwright import sync_api as playwright_api
+except ImportError:
+    _unavailable("playwright is not installed (the test extra)")
 expect = playwright_api.expect
 
 pytestmark = pytest.mark.slow
@@ -65,10 +83,7 @@ class Site:
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists():
-        reason = f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run does)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        _unavailable(f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run does)")
     with playwright_api.sync_playwright() as driver:
         chromium = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -146,7 +161,28 @@ def _status(page):
     return page.locator("[data-run-status]")
 
 
+def _key_row(page, key: str):
+    return page.locator("tr.keyrow", has=page.locator(f'a.key:text-is("{key}")'))
+
+
+def _refusals(site: Site) -> dict[tuple[str, str], float]:
+    """``ductwork_key_refusals_total`` of a scrape: (key, reason) -> count."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(site.url("/metrics"), timeout=10) as response:
+        text = response.read().decode()
+    return {(s.labels["key"], s.labels["reason"]): s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "ductwork_key_refusals_total"}
+
+
 def test_a_run_fills_its_key_then_completes_on_the_page(site, page):
+    opened = site.tmp / "gate-open"
+    opened.touch()
+    first = Pushes.trigger({"gate": str(opened), "items": 1}, app=site.app)  # one claim of the pool key
+    Metered.trigger("metered", app=site.app)  # its first claim refused: the bucket starts empty
+    wait_for(lambda: site.app.run(first.id).status == "completed", "a first push on the pool key")
+    page.goto(site.url("/keys"))
+    expect(_key_row(page, POOL_KEY).locator("svg.spark polyline")).to_have_count(1, timeout=SHOWS)  # two samples
     gate = site.tmp / "gate-pushes"
     run = Pushes.trigger({"gate": str(gate), "items": 7}, app=site.app)
     try:
@@ -158,11 +194,18 @@ def test_a_run_fills_its_key_then_completes_on_the_page(site, page):
         expect(page.locator('[data-node="Fetch#0"]')).to_have_attribute("data-state", "done")
         _shot(site, page, "run")
         page.goto(site.url("/keys"))
-        row = page.locator("tr.keyrow", has=page.locator(f'a.key:text-is("{POOL_KEY}")'))
+        row = _key_row(page, POOL_KEY)
         expect(row.locator("[data-key-inflight]")).to_have_text("5/5", timeout=SHOWS)
         expect(row.locator("[data-key-pending]")).to_have_text("2", timeout=SHOWS)
-        expect(row.locator("svg.spark polyline")).to_have_count(1, timeout=SHOWS)  # two samples of the counter
+        # the five claims since the samples above: the chart is not flat
+        expect(row.locator("svg.spark")).not_to_have_attribute("aria-label", "claims per second, peak 0.00",
+                                                               timeout=SHOWS)
+        rated = _key_row(page, RATED_KEY)
+        expect(rated.locator(".bucket")).to_have_text(re.compile(r"^0\.00/1 tokens \(1 per 3600 s\)"))
+        expect(rated.locator(".warn")).to_contain_text("blocked until", timeout=SHOWS)
+        expect(rated.locator(".warn + .muted")).to_have_text("by 1 per 3600 s")
         _shot(site, page, "keys")
+        wait_for(lambda: _refusals(site).get((RATED_KEY, "rate"), 0) >= 1, "the worker's heartbeat counted the refusal")
         page.goto(site.url("/"))
         expect(page.locator('[data-runs="in_progress"]')).not_to_have_text("0", timeout=SHOWS)
         _shot(site, page, "overview")
@@ -235,10 +278,10 @@ def test_stored_markup_stays_text_in_a_real_browser(site, page):
     expect(_status(page)).to_have_text("halted")
     _no_markup_ran(page, "run")
     failed = page.locator("details[data-step='Explode#1']")  # open: it failed
-    expect(failed.locator(".error").first).to_have_text(f"builtins.ValueError: {XSS[2]}")
+    expect(failed.locator(".error").first).to_have_text(f"builtins.ValueError: {' '.join(XSS)}")
     expect(failed.locator("pre.payload").first).to_have_text(json.dumps([list(XSS)], indent=2, ensure_ascii=False))
-    expect(page.locator("td.ctxkey")).to_have_text(XSS[0])
-    expect(page.locator("table.context pre.payload")).to_have_text(json.dumps(XSS[1]))
+    expect(page.locator("td.ctxkey")).to_have_text(sorted(XSS))  # each payload a key, its own value
+    expect(page.locator("table.context pre.payload")).to_have_text([json.dumps(p) for p in sorted(XSS)])
     expect(page.locator("[data-node='Explode#1'] .node-key")).to_contain_text("key <b>k/")
     page.locator("details[data-step='Explode#1'] summary a.key").click()  # the key's own page, by its link
     expect(page.locator("h2 .key")).to_have_text(XSS_KEY)

@@ -103,6 +103,7 @@ def test_claim_rates_are_the_counters_differences_over_database_time():
     assert rates.series("new") == []
     points, peak = rates.sparkline("k", width=60, height=20)
     assert peak == 40.0
-    assert points == "56.0,16.0 58.0,16.0 58.0,18.0 59.0,18.0 59.0,2.0 60.0,2.0"  # 5/s: an eighth of 16 px
+    # over the 4 s sampled (the window is 60 s); 5/s: an eighth of 16 px
+    assert points == "0.0,16.0 30.0,16.0 30.0,18.0 45.0,18.0 45.0,2.0 60.0,2.0"
     rates.record(t0 + timedelta(seconds=70), {"k": 150})
     assert rates.series("k") == [(66.0, 0.0, 0.0)]  # the intervals before the window are gone

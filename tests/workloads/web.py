@@ -3,9 +3,10 @@ test_web_browser.py on a real fleet, whose workers import them by this module's 
 
 Gated steps wait for a file the test creates, so a run stays in progress, and a key
 stays saturated, exactly as long as the test needs (each polls for its file for at most
-a minute, then fails). ``Hostile`` stores the XSS payloads in every place the dashboard
+a minute, then fails). ``Hostile`` stores every XSS payload in every place the dashboard
 shows a value from the database: a step's input and output, an error message, a
-context key and value, and a limit key's name.
+context key and value, and a limit key's name. ``Metered`` runs on a rated key whose
+first claim is refused (a bucket starts empty) and which then stays blocked for an hour.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ XSS = (
     '"><img src=x onerror="window.__xss = \'img\'">',
     "'><svg onload=\"window.__xss = 'svg'\">",
 )
-#: a limit key named with markup (and a slash, to be one URL segment)
-XSS_KEY = '<b>k/"e\'y</b><img src=x onerror="window.__xss=\'key\'">'
+#: a limit key named with markup, every payload in it (and a slash, to be one URL segment)
+XSS_KEY = "<b>k/" + "".join(XSS) + "</b>"
 POOL_KEY = "web_pool"
+#: one token an hour, burst 1: its first claim finds the bucket empty and stamps the key
+#: blocked for an hour (the keys page's bucket, "blocked until" and the entry that blocks)
+RATED_KEY = "web_rated"
 #: the limits of the fleets and apps of these tests
-LIMITS = {POOL_KEY: {"concurrency": 5}, XSS_KEY: {"concurrency": 1}}
+LIMITS = {POOL_KEY: {"concurrency": 5}, XSS_KEY: {"concurrency": 1}, RATED_KEY: {"rate": {"limit": 1, "per": "1h"}}}
 
 
 def _wait_for_file(path: str) -> None:
@@ -100,22 +104,33 @@ class Flaky(Pipeline):
 
 
 class Explode(Step):
-    """Sets a context key and value of payloads, then raises with a payload."""
+    """Sets one context key per payload, the payload its value too, then raises with all
+    of them in its message."""
 
     def __init__(self, payloads):
         self.payloads = payloads
 
     def execute(self):
-        self.context.set(self.payloads[0], self.payloads[1], overwrite=True)
-        raise ValueError(self.payloads[2])
+        for payload in self.payloads:
+            self.context.set(payload, payload, overwrite=True)
+        raise ValueError(" ".join(self.payloads))
 
 
 class Hostile(Pipeline):
-    """Echo, then Explode on the XSS key: payloads in every place a page shows."""
+    """Echo, then Explode on the XSS key: every payload in every place a page shows (the
+    input and output, the error, the context's keys and values, the key's name)."""
 
     @classmethod
     def define(cls, p):
         p.start(Echo).chain(to=Explode, limit_by=XSS_KEY)
 
 
-PIPELINES = [f"{cls.__module__}:{cls.__qualname__}" for cls in (Pushes, Flaky, Approval, Hostile)]
+class Metered(Pipeline):
+    """One Echo on the rated key: claimed an hour after the first poll refuses it."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Echo, limit_by=RATED_KEY)
+
+
+PIPELINES = [f"{cls.__module__}:{cls.__qualname__}" for cls in (Pushes, Flaky, Approval, Hostile, Metered)]
