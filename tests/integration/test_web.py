@@ -422,6 +422,32 @@ def test_mounted_under_a_prefix(sqlite_app):
     assert json.loads(json.dumps(page.headers["Content-Security-Policy"])).startswith("default-src 'none'")
 
 
+def test_mounted_in_a_wsgi_app_through_an_adapter(sqlite_app):
+    """docs/dashboard.md's WSGI mount: a2wsgi's ``ASGIMiddleware`` under a WSGI prefix
+    (``SCRIPT_NAME``, as a dispatcher such as werkzeug's sets it) serves the pages with the
+    prefix in their links, the static files, and refuses a POST without its CSRF token."""
+    from wsgiref.util import setup_testing_defaults
+
+    from a2wsgi import ASGIMiddleware
+
+    run = Approval.trigger({"n": 1})
+    wsgi = ASGIMiddleware(dashboard(sqlite_app))
+
+    def call(path: str, method: str = "GET") -> tuple[str, str]:
+        environ: dict[str, object] = {"SCRIPT_NAME": "/ops/ductwork", "PATH_INFO": path, "REQUEST_METHOD": method}
+        setup_testing_defaults(environ)
+        got: list[str] = []
+        body = b"".join(wsgi(environ, lambda status, headers, exc_info=None: got.append(status)))
+        return got[0], body.decode()
+
+    status, page = call("/runs")
+    assert status.startswith("200"), status
+    assert f'href="/ops/ductwork/runs/{run.id}"' in page
+    assert call("/static/dashboard.js")[0].startswith("200")
+    assert call(f"/runs/{run.id}")[0].startswith("200")
+    assert call(f"/runs/{run.id}/revive", "POST")[0].startswith("403")
+
+
 def test_docs_list_every_metric_with_its_type_and_labels(sqlite_app):
     """docs/dashboard.md's table is ``metrics.METRICS``, and a scrape exposes exactly those."""
     from ductwork.web.metrics import METRICS
