@@ -52,7 +52,7 @@ CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: that removes code (``python -m tests.engine_size`` prints the count). Raised from 6,581
 #: by 38 for issue 35's refusal counts (``ductwork_key_refusals``: its table, the upsert
 #: that adds, the worker's count and the heartbeat that writes it)
-CODE_LINES_BUDGET = 6_619
+CODE_LINES_BUDGET = 6_666
 #: SQLAlchemy generics whose ``Any`` is their row or column type, not a hole in ours
 SQLALCHEMY_ANY = re.compile(r"\b(?:sa\.)?(?:Row|Select|ColumnElement|Update|Insert|CompoundSelect|ScalarSelect"
                             r"|CursorResult|Column|Executable)\[Any\]")

@@ -461,6 +461,14 @@ MUTANTS: dict[str, Mutant] = {
                         "tx.execute(statement, params).rowcount))  # mutant: a keyed release notices only that "
                         "nothing ended"),),
     ),
+    "gathering_drops_late": Mutant(
+        "a keyed group commit closes its gathering once it holds the key's lock but records none of "
+        "the successes that joined it while it waited: their threads are told recorded, their "
+        "executions stay open [INV-EXE-1]",
+        "a keyed group commit records every success that joined it on its way [INV-EXE-1]",
+        (("    joined = gathering.close()\n",
+          "    joined = gathering.close() and []  # mutant: the joiners are dropped\n"),),
+    ),
     "batch_fence_counts_none": Mutant(
         "the branch fence asks whether each branch is held, not held by this claim, and an "
         "advancer's batch counts only that none was closed: a branch released and re-claimed under "

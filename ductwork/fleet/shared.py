@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ductwork.db.wakeup import Wakeup
 from ductwork.pipelines.branches import Inline, advance_released_steps
+from ductwork.pipelines.outcomes import Gathering
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database
@@ -53,54 +54,65 @@ class KeyedCommits:
     followers). Thread-safe.
 
     A thread whose keyed success is ready calls :meth:`record`: when no commit of that
-    key is in progress in this process, it commits at once (the leader); otherwise it
-    waits, and the commit in progress, once done, wakes the first waiting thread to
-    commit every success of the key waiting by then in one transaction
-    (``outcomes.record_successes``: the outputs and inline advancement first, then the key
-    lock, the clock again, each release with its own sequence number in order, then one
-    hand-off of up to as many executions as the successes that asked for one). Each
-    waiting thread gets one handed-on execution (in order); what is left goes to
-    ``overflow`` (the process inbox). The result (or the error) of the commit is each
-    thread's own: a reaped execution in the group makes it fall back to one transaction
-    per success, so only that one is not recorded [INV-EXE-2].
+    key is in progress in this process, it commits at once (the leader); while one is,
+    its success joins that commit if the commit does not hold the key's lock yet
+    (``outcomes.Gathering``: a commit takes what joined when its transaction begins and
+    once it holds the lock), else it waits for the next round, which the commit in
+    progress, once done, wakes the first waiting thread to lead, with every success
+    waiting by then. A commit (``outcomes.record_successes``) writes the outputs and
+    inline advancement first, then takes the key's lock, the clock again, each release
+    with its own sequence number in order, then one hand-off of up to as many executions
+    as the successes that asked for one. Each thread that asked gets one handed-on
+    execution (in order); what is left goes to ``overflow`` (the process inbox). The
+    result (or the error) of the commit is each thread's own: a reaped execution in the
+    group makes it fall back to one transaction per success, so only that one is not
+    recorded [INV-EXE-2].
 
-    Not done: waiting for more successes than are ready (a commit starts as soon as the
-    previous one of its key ends; those that become ready during it wait for the next), or
-    grouping across keys."""
+    Not done: waiting for successes that are not ready, or grouping across keys."""
 
     def __init__(self, overflow: Callable[[list[Claimed]], None]):
         self._lock = threading.Lock()
         self._waiting: dict[str, list[_Waiting]] = {}
-        self._leading: set[str] = set()
+        #: each key's commit in progress (or about to start, its leader woken): its gathering
+        #: and every thread it records
+        self._rounds: dict[str, tuple[Gathering, list[_Waiting]]] = {}
         self._overflow = overflow
 
     def record(self, success: Success, take: bool,
-               commit: Callable[[list[Success], int], list[Claimed]]) -> list[Claimed]:
+               commit: Callable[[list[Success], int, Gathering], list[Claimed]]) -> list[Claimed]:
         """Record ``success`` (keyed) with the others of its key that are ready; ``take``:
-        this thread wants a handed-on execution. ``commit(successes, n)`` records them in
-        one transaction and hands on up to ``n``. Returns what this thread is handed."""
+        this thread wants a handed-on execution. ``commit(successes, n, gathering)``
+        records them, and what joins ``gathering``, in one transaction and hands on up to
+        ``n`` plus the joiners' takers. Returns what this thread is handed."""
         key = success.claimed.limit_key
         assert key is not None, "keyed group commits are for keyed successes"
         me = _Waiting(success, take)
         with self._lock:
-            self._waiting.setdefault(key, []).append(me)
-            lead = key not in self._leading
-            self._leading.add(key)
-        if not lead:
+            current = self._rounds.get(key)
+            if current is not None and current[0].join(success, take):
+                current[1].append(me)  # joins the commit on its way
+            elif current is not None:
+                self._waiting.setdefault(key, []).append(me)  # the next round
+            else:
+                me.lead = True
+                self._rounds[key] = (Gathering(), [me])
+        if not me.lead:
             me.done.wait()
             if not me.lead:
                 return me.result()
         with self._lock:
-            group = self._waiting.pop(key)
-        rest = _commit(group, commit)
-        with self._lock:
-            following = self._waiting.get(key)
-            if following:
+            gathering, group = self._rounds[key]  # (made by whoever made this thread lead)
+        handed, error = _commit(group, gathering, commit)
+        with self._lock:  # (every joiner is in ``group`` by now: it joins under this lock)
+            rest = _hand_out(group, handed, error)
+            following = self._waiting.pop(key, None)
+            if following:  # the next round: every success waiting by now, and what joins it
+                self._rounds[key] = (Gathering(), following)
                 following[0].lead = True
-                following[0].done.set()  # the next round: every success waiting by now
+                following[0].done.set()
             else:
-                self._leading.discard(key)
-        if rest:  # pragma: no cover  defensive: the commit hands on at most take(), one per taker
+                del self._rounds[key]
+        if rest:  # pragma: no cover  defensive: the commit hands on at most one per taker
             self._overflow(rest)
         for w in group:
             if w is not me:
@@ -108,18 +120,26 @@ class KeyedCommits:
         return me.result()
 
 
-def _commit(group: list[_Waiting], commit: Callable[[list[Success], int], list[Claimed]]) -> list[Claimed]:
-    """One round of :class:`KeyedCommits`: commit the ``group``'s successes, give each
-    waiting thread that asked one handed-on execution (in order) or the commit's error;
-    returns what is left over."""
+def _commit(group: list[_Waiting], gathering: Gathering,
+            commit: Callable[[list[Success], int, Gathering], list[Claimed]]
+            ) -> tuple[list[Claimed], BaseException | None]:
+    """One round of :class:`KeyedCommits`: commit the ``group``'s successes and what joins
+    ``gathering`` meanwhile; what it handed on, or its error. The gathering is closed
+    when this returns (a commit that raised before its key's lock left it open)."""
     try:
-        handed = commit([w.success for w in group], sum(1 for w in group if w.take))
+        return commit([w.success for w in group], sum(1 for w in group if w.take), gathering), None
     except BaseException as error:  # noqa: BLE001 - raised in each thread, which crashes its own
-        for w in group:
-            w.error = error
-        handed = []
+        return [], error
+    finally:
+        gathering.close()
+
+
+def _hand_out(group: list[_Waiting], handed: list[Claimed], error: BaseException | None) -> list[Claimed]:
+    """Give each thread of the round that asked one handed-on execution (in order), or the
+    commit's error to every one; returns what is left over."""
     rest = list(handed)
     for w in group:
+        w.error = error
         if w.take and rest:
             w.handed = [rest.pop(0)]
     return rest

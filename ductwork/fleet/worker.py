@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ductwork.db.database import Database
     from ductwork.fleet.shared import Inbox, ReleasedSteps, TokenAlarm
     from ductwork.limits.executions import Claimed
+    from ductwork.pipelines.outcomes import Gathering
 
 log = logging.getLogger("ductwork.execute")
 
@@ -393,12 +394,13 @@ class Worker:
         else:
             advance_released_steps(self.app, later)
 
-    def _commit_keyed(self, successes: list[Success], take: int) -> list[Claimed]:
-        """A keyed group commit (``shared.KeyedCommits``): record ``successes`` and hand on
-        up to ``take`` executions of their key; then advance them (:meth:`_advance_released`).
-        Not repeated here on a lost connection: each thread of the group repeats its own
-        ``KeyedCommits.record`` (``_record``)."""
-        handed = record_successes(self.app, successes, HandOff(keyed_limit=take))
+    def _commit_keyed(self, successes: list[Success], take: int, gathering: Gathering) -> list[Claimed]:
+        """A keyed group commit (``shared.KeyedCommits``): record ``successes`` and what
+        joins ``gathering`` on the way (``successes`` is extended with them), hand on up to
+        ``take`` executions of their key and one per joiner that asked; then advance them
+        (:meth:`_advance_released`). Not repeated here on a lost connection: each thread of
+        the group repeats its own ``KeyedCommits.record`` (``_record``)."""
+        handed = record_successes(self.app, successes, HandOff(keyed_limit=take), gathering)
         self._advance_released(successes)
         return handed
 

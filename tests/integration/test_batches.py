@@ -26,6 +26,7 @@ from ductwork.pipelines.outcomes import HandOff, Success, record_crash, record_s
 from ductwork.pipelines.payloads import Output
 from tests.capabilities import needs
 from tests.factories import make_executions, make_run
+from tests.fleet import wait_for
 from tests.workloads import Unkeyed
 
 AT = datetime(2000, 1, 1)
@@ -435,56 +436,79 @@ def test_a_keyed_group_commit_leaves_a_reaped_execution_to_the_reaper(keyed_app)
     assert len(set(releases)) == 3
 
 
-def test_threads_of_one_process_group_their_keyed_successes(keyed_app):
-    """Successes of one key that threads of a process have ready while a commit of the key
-    is in progress are recorded together by the next round, one transaction for all of
-    them; each thread gets its result, and each round's hand-off is spread over the threads
-    of that round that asked."""
+def _keyed_round(app, monkeypatch, hold_at: str | None):
+    """Three threads' keyed successes of one ``concurrency: 3`` key: the first commits and
+    is held at ``hold_at`` (an outcomes checkpoint; None: inside ``commit``, before its
+    transaction begins) until the two others have offered theirs; returns the commits'
+    calls, each thread's result, the rows, the claims and the keyed commits."""
+    from ductwork import faults
     from ductwork.fleet.shared import KeyedCommits
 
-    app = keyed_app
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     ks = make_executions(app, run_id, branch_id, "three", AT, 6)
     got = claim_batch(app, process, 1, keyed_limit=3)
-    overflow: list = []
-    commits = KeyedCommits(overflow.extend)
-    gate, entered, calls = threading.Event(), threading.Event(), []
+    commits, key = KeyedCommits([].extend), "three"
+    held, offered, calls, results = threading.Event(), threading.Event(), [], {}
+    hit = faults.hit
 
-    def commit(successes, take):
+    def hold(name=None):
+        if name == hold_at and not held.is_set():
+            held.set()
+            assert offered.wait(30)
+        return hit(name) if name else None
+
+    monkeypatch.setattr(faults, "hit", hold)
+
+    def commit(successes, take, gathering):
         calls.append([s.claimed.execution_id for s in successes])
-        entered.set()
-        assert gate.wait(30)  # as if the key's lock were held elsewhere
-        return record_successes(app, successes, HandOff(keyed_limit=take))
-
-    results: dict = {}
+        if hold_at is None:
+            hold()
+        return record_successes(app, successes, HandOff(keyed_limit=take), gathering)
 
     def record(c, take):
         results[c.execution_id] = commits.record(Success(c, Output("null")), take, commit)
 
     first = threading.Thread(target=record, args=(got[0], True))
     first.start()
-    assert entered.wait(30)
+    assert held.wait(30) if hold_at else wait_for(lambda: calls, "the first commit began")
     others = [threading.Thread(target=record, args=(c, take)) for c, take in ((got[1], True), (got[2], False))]
     for t in others:
         t.start()
-    waited = threading.Event()
-    for _ in range(3000):  # both followers are waiting before the lock is "granted" (30 s at most)
-        if sum(len(v) for v in commits._waiting.values()) == 2:
-            break
-        waited.wait(0.01)
-    gate.set()
+    wait_for(lambda: len(commits._rounds[key][1]) + len(commits._waiting.get(key, [])) == 3,
+             "the two others offered their successes")
+    offered.set()
     for t in (first, *others):
         t.join(30)
-    assert calls == [[ks[0]], [ks[1], ks[2]]]  # the two that waited: one commit, the next round
-    rows = _rows(app, ks)
+    return calls, results, _rows(app, ks), ks
+
+
+@pytest.mark.parametrize("hold_at", [None, "before_release_key_lock"],
+                         ids=["before its transaction", "before its lock"])
+def test_keyed_successes_ready_before_the_key_lock_join_the_commit_on_its_way(keyed_app, monkeypatch, hold_at):
+    """Successes of one key that threads of a process have ready while a commit of the key
+    is on its way join it (``outcomes.Gathering``): one transaction for all three, whether
+    they joined before its transaction began or while it waited for the key's lock; each
+    thread gets its result, the hand-off is spread over those that asked, and each release
+    takes its own sequence number, in order [INV-CLK-1]."""
+    calls, results, rows, ks = _keyed_round(keyed_app, monkeypatch, hold_at)
+    assert calls == [[ks[0]]]  # one commit: the two others joined it
     assert [rows[k].outcome for k in ks[:3]] == ["success"] * 3
-    assert rows[ks[1]].completed_at == rows[ks[2]].completed_at  # one transaction
-    handed = [c.execution_id for v in results.values() for c in v] + [c.execution_id for c in overflow]
-    assert sorted(handed) == sorted(ks[3:5])  # one per success that asked: k6 waits for a poll
-    assert overflow == []
+    assert rows[ks[0]].completed_at == rows[ks[1]].completed_at == rows[ks[2]].completed_at
+    handed = sorted(c.execution_id for v in results.values() for c in v)
+    assert handed == sorted(ks[3:5])  # one per success that asked: k6 waits for a poll
     assert results[ks[2]] == []  # the third did not ask for a hand-off
-    assert _seqs(app, ks[:3], "release_seq") == sorted(_seqs(app, ks[:3], "release_seq"))
+    assert _seqs(keyed_app, ks[:3], "release_seq") == sorted(_seqs(keyed_app, ks[:3], "release_seq"))
+
+
+def test_keyed_successes_ready_once_the_key_lock_is_held_wait_for_the_next_round(keyed_app, monkeypatch):
+    """A success offered once the commit in progress holds the key's lock (its gathering
+    closed) is recorded by the next round, with every other success waiting by then."""
+    calls, results, rows, ks = _keyed_round(keyed_app, monkeypatch, "in_keyed_group_commit")
+    assert calls == [[ks[0]], [ks[1], ks[2]]]
+    assert [rows[k].outcome for k in ks[:3]] == ["success"] * 3
+    assert rows[ks[1]].completed_at == rows[ks[2]].completed_at != rows[ks[0]].completed_at
+    assert sorted(c.execution_id for v in results.values() for c in v) == sorted(ks[3:5])
 
 
 @pytest.mark.parametrize("outputs", [["1", "1", "2", "1", "null", "2"], [str(i) for i in range(7)]],

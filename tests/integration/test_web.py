@@ -437,7 +437,7 @@ def test_mounted_in_a_wsgi_app_through_an_adapter(sqlite_app):
         environ: dict[str, object] = {"SCRIPT_NAME": "/ops/ductwork", "PATH_INFO": path, "REQUEST_METHOD": method}
         setup_testing_defaults(environ)
         got: list[str] = []
-        body = b"".join(wsgi(environ, lambda status, headers, exc_info=None: got.append(status)))
+        body = b"".join(wsgi(environ, lambda status, _headers, _exc_info=None: got.append(status)))
         return got[0], body.decode()
 
     status, page = call("/runs")

@@ -146,6 +146,8 @@ DETECTORS = {
     "group_guard_counts_none": LOSSES + "test_a_group_commit_that_lost_one_writes_nothing_for_it[sqlite]",
     "keyed_group_guard_counts_none":
         LOSSES + "test_a_keyed_group_commit_that_lost_one_writes_nothing_for_it[sqlite]",
+    "gathering_drops_late": "tests/integration/test_batches.py::"
+    "test_keyed_successes_ready_before_the_key_lock_join_the_commit_on_its_way[sqlite-before its lock]",
     "batch_fence_counts_none":
         LOSSES + "test_an_advancers_batch_that_lost_one_branch_writes_nothing_for_it[sqlite-re-claimed]",
     # time predicates measured from the wrong column (issue 37)
