@@ -1221,7 +1221,7 @@ TINY = {
     "expand": ({"definition": EXPAND, "faults": 0}, 25, 91),
     "expand-parked": (dict(definition=EXPAND, faults=0, fault_kinds=(), **_PARKED), 83, 363),
     "hooks": ({"definition": HALTING, "faults": 2, "fault_kinds": ("failure", "invalid"), "advancer_faults": False,
-               "hooks": True}, 102, 240),
+               "hooks": True}, 102, 298),
     "revive": ({"definition": HALTING, "faults": 1, "fault_kinds": ("invalid",), "advancer_faults": False,
                 "context_writes": 1, "prunes": 1, "revives": 1}, 92, 626),
     "two-runs": ({"definition": HALTING, "runs": 2, "faults": 0, "hooks": True}, 54, 254),
