@@ -228,7 +228,13 @@ class ShellSpawner(Step):
     & wait"``), one shell in its process group and one that left it (``setsid``), waits
     until both have their child, writes ``shells <own pid> <shell> <its sleep> <shell that
     left> <its sleep>`` to ``job["path"]``, then sleeps ``job["seconds"]``: grandchildren of
-    the step's process, for a test to kill the step's process or its parent meanwhile."""
+    the step's process, for a test to kill the step's process or its parent meanwhile.
+
+    The shells start with a cleared environment (``PATH`` only), as a step that scrubs its
+    subprocesses' environment starts them: they do not carry the runner's mark, so when the
+    runner dies only the supervisor's adoption (``tree.kill_adopted``) and the keeper find
+    them. With the mark, the supervisor's periodic ``reap_dead`` could kill them first
+    (``tree.kill_marked``), and a broken adoption would pass whenever it did."""
 
     def __init__(self, job):
         self.job = job
@@ -239,7 +245,8 @@ class ShellSpawner(Step):
 
         from ductwork.fleet import tree
 
-        shells = [subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=leaves)
+        scrubbed = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}  # no mark: see the docstring
+        shells = [subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=leaves, env=scrubbed)
                   for leaves in (False, True)]
         deadline = time.monotonic() + 30
         while not all(tree.children(shell.pid) for shell in shells) and time.monotonic() < deadline:
