@@ -41,6 +41,10 @@ class Clock(Protocol):
     def now(self, conn: Connection) -> datetime:
         """Current time; ``conn`` is the transaction's connection."""
 
+    def in_sql(self) -> tuple[datetime | None, timedelta]:
+        """How a server-side routine reads this clock itself, after its own locks: a fixed
+        time (a test's clock), or None and an offset to add to the database's clock."""
+
 
 class DatabaseClock:
     """The database server's clock (``ductwork.db.dialects.db_now``)."""
@@ -50,6 +54,9 @@ class DatabaseClock:
 
         moment: datetime = db_now(conn)
         return moment
+
+    def in_sql(self) -> tuple[datetime | None, timedelta]:
+        return None, timedelta()
 
     def __repr__(self) -> str:
         return "DatabaseClock()"
@@ -68,6 +75,9 @@ class ManualClock:
     def now(self, conn: Connection | None = None) -> datetime:  # noqa: ARG002 - the Clock signature; no database read
         with self._lock:
             return self._now
+
+    def in_sql(self) -> tuple[datetime | None, timedelta]:
+        return self.now(), timedelta()
 
     def set(self, moment: datetime) -> None:
         with self._lock:
@@ -115,6 +125,11 @@ class OffsetClock:
         base = self._base.now(conn)
         with self._lock:
             return base + self._offset
+
+    def in_sql(self) -> tuple[datetime | None, timedelta]:
+        fixed, offset = self._base.in_sql()
+        with self._lock:
+            return (None, offset + self._offset) if fixed is None else (fixed + self._offset, timedelta())
 
     def skip_to(self, moment: datetime, now: datetime) -> None:
         """Move ahead by ``moment - now`` (``now``: a reading of this clock); never back."""

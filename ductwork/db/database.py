@@ -94,6 +94,12 @@ class Tx:
         if self._now is not None:
             self._now = self._clock.now(self.conn)  # [INV-CLK-1] read after the key's lock
 
+    def read_by_routine(self, moment: datetime) -> None:
+        """The time a server-side routine read after its locks (``Clock.in_sql``): this
+        transaction's time from here on, as :meth:`read_clock_again` would have read it
+        [INV-CLK-1]."""
+        self._now = moment
+
     def execute(self, stmt: sa.Executable, params: Params | None = None) -> sa.CursorResult[Any]:
         """``conn.execute(stmt, params)``: ``params`` one row's values, or a list of rows'
         (an executemany)."""

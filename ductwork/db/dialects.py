@@ -396,6 +396,65 @@ def _no_savepoint(conn: Connection) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
+# --------------------------------------------------------------------------- server-side routines
+
+#: a routine's argument: a value, a list (of texts) or a mapping/list of mappings (JSON)
+RoutineArg = str | int | bool | datetime | list[str] | Mapping[str, object] | list[Mapping[str, object]] | None
+
+call_routine = Seam("call_routine")
+
+
+@call_routine.for_db("postgresql")
+def _pg_call_routine(conn: Connection, name: str, args: Sequence[RoutineArg]) -> list[sa.Row[Any]]:
+    # A function returning a table: one SELECT, one round trip. Lists travel as text[] and
+    # mappings as jsonb (psycopg adapts a list to an array, a Jsonb to jsonb).
+    from psycopg.types.json import Jsonb
+
+    values = [Jsonb(a) if isinstance(a, dict) or (isinstance(a, list) and a and isinstance(a[0], dict))
+              else a for a in args]
+    placeholders = ", ".join(["%s"] * len(values))
+    return list(conn.exec_driver_sql(f"SELECT * FROM {name}({placeholders})", tuple(values)).all())
+
+
+@call_routine.for_db("mysql")
+def _mysql_call_routine(conn: Connection, name: str, args: Sequence[RoutineArg]) -> list[sa.Row[Any]]:
+    # Differs from PostgreSQL in that a stored procedure returns its rows through CALL (a
+    # function returns one value) and takes no arrays: lists and mappings travel as JSON
+    # text, which the procedure reads with JSON_TABLE.
+    import json
+
+    values = [json.dumps(a) if isinstance(a, (list, dict)) else a for a in args]
+    placeholders = ", ".join(["%s"] * len(values))
+    return list(conn.exec_driver_sql(f"CALL {name}({placeholders})", tuple(values)).all())
+
+
+@call_routine.for_db("sqlite")
+def _no_routines(conn: Connection, name: str, args: Sequence[RoutineArg]) -> list[sa.Row[Any]]:
+    # Differs from PostgreSQL in that SQLite has no server-side routines: it is in-process, so
+    # a statement is a call, not a round trip, and the caller runs the routine's steps itself.
+    raise UnsupportedDialectError("sqlite", f"the server-side routine {name}")
+
+
+#: the line that separates the statements of a routine's SQL file
+STATEMENT_BREAK = "-- ---- "
+
+
+def install_routine(conn: Connection, sql: str) -> None:
+    """Create server-side routines from ``sql`` (a migration's), one statement at a time
+    (split at :data:`STATEMENT_BREAK` lines: PyMySQL sends one statement per call), each
+    sent as it is through the driver's cursor, which then reads no placeholders in it
+    (``%`` in a PL/pgSQL RAISE)."""
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    statement: list[str] = []
+    for line in [*sql.splitlines(), STATEMENT_BREAK]:
+        if line.startswith(STATEMENT_BREAK):
+            if "".join(statement).strip():
+                cursor.execute("\n".join(statement))
+            statement = []
+        else:
+            statement.append(line)
+
+
 # --------------------------------------------------------------------------- wakeups
 
 notify_wakeup = Seam("notify_wakeup")

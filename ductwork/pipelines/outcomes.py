@@ -51,18 +51,8 @@ import sqlalchemy as sa
 from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.errors import CommitFailed
-from ductwork.limits import claims
-from ductwork.limits.executions import (
-    MESSAGE_LIMIT,
-    Claimed,
-    Ending,
-    ErrorInfo,
-    Pending,
-    enqueue,
-    lock_for_release,
-    release,
-    write_header,
-)
+from ductwork.limits.claims import release, release_and_claim
+from ductwork.limits.executions import MESSAGE_LIMIT, Claimed, Ending, ErrorInfo, Pending, enqueue, lock_for_release
 from ductwork.limits.outcomes import releases_first, rerun_at, retry_at
 from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes
 from ductwork.pipelines.payloads import Output
@@ -218,17 +208,15 @@ def _commit(app: Database, successes: list[Success], hand_off: HandOff | None,
             hand_off = _gather(app, tx, successes, gathering, hand_off)
         # [INV-EXE-2] the guard: every execution still open and ours, or nothing commits
         # [lock order] then the key's lock (a keyed release), then the hand-off's claim
-        if not release(tx, key, owner, [Ending(s.claimed.execution_id) for s in successes], write=hand_off is None):
+        take = 0 if hand_off is None else hand_off.limit if key is None else hand_off.keyed_limit
+        taken = release_and_claim(app, tx, key, owner, [Ending(s.claimed.execution_id) for s in successes], take)
+        if not taken.ended:
             raise _Taken()
         if key is not None:
             faults.hit(faults.IN_KEYED_GROUP_COMMIT)
-        handed = []
-        if hand_off is not None and (key is None or hand_off.keyed_limit > 0):
-            handed = claims.hand_off(app, tx, key, owner, hand_off.limit, hand_off.keyed_limit)
-        if key is not None:
-            write_header(tx, key)  # the releases' seq, unless the hand-off's claim wrote it
-            if len(handed) < len(successes):
-                tx.wake()  # a slot is free (those a hand-off took over are nothing for anyone else)
+        handed = taken.claimed
+        if key is not None and len(handed) < len(successes):
+            tx.wake()  # a slot is free (those a hand-off took over are nothing for anyone else)
     _log_successes(successes)
     return handed
 
@@ -376,7 +364,7 @@ def record_failure(app: Database, claimed: Claimed, error: BaseException | Error
     max_retry = app.config.job_worker.max_retry_for(claimed.pipeline_klass, claimed.klass)
     info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
     with app.begin() as tx:
-        if not release(tx, claimed.limit_key, claimed.process_id, [Ending(claimed.execution_id, outcome, info)]):
+        if not release(app, tx, claimed.limit_key, claimed.process_id, [Ending(claimed.execution_id, outcome, info)]):
             raise CommitFailed(claimed.execution_id, claimed.process_id)  # [INV-EXE-2]
         retry = retry_at(claimed.retry_count, max_retry, app.config.job_worker.retry_delay, tx.now)
         if retry is not None:  # [INV-EXE-4] budget left: the retry is enqueued with the outcome
@@ -412,7 +400,7 @@ def record_invalid(app: Database, claimed: Claimed, error: BaseException | Error
     """
     info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
     with app.begin() as tx:
-        if not release(tx, claimed.limit_key, claimed.process_id, [Ending(claimed.execution_id, "invalid", info)]):
+        if not release(app, tx, claimed.limit_key, claimed.process_id, [Ending(claimed.execution_id, "invalid", info)]):
             raise CommitFailed(claimed.execution_id, claimed.process_id)  # [INV-EXE-2]
         _mark_failed(tx, claimed.step_id)  # [INV-EXE-4] no budget applies: it cannot succeed
         tx.wake()  # a slot is free, and the step is advanceable
@@ -452,7 +440,7 @@ def crash_in(app: Database, tx: Tx, execution_id: str, owner: str | None, error_
     if row is None:
         return None
     info = ErrorInfo(error_klass, message[:MESSAGE_LIMIT], backtrace)
-    if not release(tx, row.limit_key, owner, [Ending(execution_id, "process_crashed", info)]):
+    if not release(app, tx, row.limit_key, owner, [Ending(execution_id, "process_crashed", info)]):
         return None  # [INV-EXE-2] ended already, or another owner's: nothing to crash
     max_crash = app.config.job_worker.max_crash_for(row.pipeline_klass, row.klass)
     eligible = rerun_at(row.crash_count, max_crash, app.config.job_worker.crash_backoff, tx.now)
