@@ -43,6 +43,7 @@ from ductwork.pipelines.outcomes import HandOff, Success, record_failure, record
 from ductwork.pipelines.payloads import Output
 from model import LimitsModel
 from model.invariants import check_all
+from tests import abstraction
 from tests.conftest import TEST_CONFIG, reset_tables
 from tests.factories import make_executions, make_run, open_execution_of
 
@@ -306,14 +307,11 @@ class LimitsAgainstModel(RuleBasedStateMachine):
     # -- the comparison, after every rule --------------------------------------------------------
 
     def _engine_key(self, key: str) -> tuple[int, list[int | None], int | None]:
-        e, k, b = schema.executions, schema.limit_keys, schema.limit_buckets
+        """The key as the model states it, through the one abstraction from rows to state
+        (``tests/abstraction.py``, which the refinement test of the lane routine uses too)."""
         with self.engine.connect() as conn:
-            in_flight = conn.execute(sa.select(sa.func.count()).where(e.c.inflight_key == key)).scalar_one()
-            blocked = conn.execute(sa.select(k.c.blocked_until).where(k.c.key == key)).scalar()
-            stored = dict(conn.execute(sa.select(b.c.period_s, b.c.level_units).where(b.c.key == key)).all())
-        entry = self.app.config.limits.get(key)
-        levels = [stored.get(rate.per_s) for rate in (entry.rates if entry else ())]
-        return in_flight, levels, None if blocked is None else to_us(blocked)
+            rows = abstraction.snapshot(conn)
+        return abstraction.key_view(rows, key, self.app.config.limits.get(key))
 
     @invariant()
     def inv_lim_engine_agrees_with_model(self):

@@ -1,0 +1,354 @@
+"""The lane routine against its specification, state by state: the refinement check.
+
+    >>> world = World.make(url)                       # a database of the pool rows (committed once)
+    >>> world.check(case)                             # None, or what the routine did differently
+
+``ductwork.limits.claims.release_and_claim`` is one round trip on PostgreSQL (PL/pgSQL) and
+MySQL-family (a stored procedure) and Python on SQLite; each is a *refinement* of the pure
+``ductwork.limits.plan.plan`` (the key decision ``buckets.decide`` and the poll order,
+composed). A :class:`Case` is a state of the rows (a key's header, buckets, executions
+pending, in flight and ended in two lanes, another key's stamp and config) and one call
+(the lane, the endings, how many to take, a poll or a hand-off, the time). :meth:`World.check`
+writes the case's rows in a transaction, reads them back through the one abstraction
+(``tests/abstraction.py``), computes what the specification says (the endings' guard, then
+:func:`~ductwork.limits.plan.plan` on the state after them), calls the routine in that same
+transaction, reads every row again and compares: what it returned (the guard, the claims in
+order, a poll's refusal, the hints) and every row it left, then rolls back, so cases cost a
+transaction each and never see each other.
+
+:func:`exhaustive` enumerates a small bounded domain (limits 1 to 3, in flight from 0 to the
+limit, up to three pending in each of two lanes, one or two rate entries, bucket levels and
+the time at the next token's exact microsecond and one either side, the clock stepping back
+behind a bucket, stale stamps and another config's values, endings that are not the
+owner's); :func:`cases` generates states beyond it with hypothesis.
+``tests/properties/test_refinement.py`` runs both on each database, and
+``tests/sql_mutation.py`` runs :func:`exhaustive` against every broken variant of the SQL.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+import sqlalchemy as sa
+from hypothesis import strategies as st
+
+from ductwork.app import App
+from ductwork.config import Config
+from ductwork.db import schema
+from ductwork.db.clock import ManualClock, from_us, to_us
+from ductwork.db.database import Tx
+from ductwork.fleet.processes import register
+from ductwork.limit_entries import entry_digest, parse_limits
+from ductwork.limits import claims
+from ductwork.limits.executions import Ending
+from ductwork.limits.plan import Plan, Request, plan
+from tests import abstraction
+from tests.conftest import TEST_CONFIG, reset_tables
+from tests.factories import make_executions, make_run
+
+T0_US = to_us(datetime(2026, 1, 1))
+KEY, OTHER = "k", "o"
+#: the most executions a case has (the pool's jobs)
+POOL = 14
+ID_PREFIX = "01a30000-0000-7000-8000-"
+
+
+def _id(n: int) -> str:
+    """The n-th execution id of a case: time-ordered like the engine's (UUIDv7 text)."""
+    return f"{ID_PREFIX}{n:012d}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """An execution of a case: its lane (``KEY``, ``OTHER`` or None), its eligible time
+    (µs from ``T0_US``), and its state: ``pending``, ``mine`` (in flight, the owner's),
+    ``theirs`` (in flight, another process's), ``orphan`` (in flight, no process), ``done``
+    (completed, the owner's) or ``done_orphan`` (completed, no process)."""
+
+    lane: str | None
+    eligible: int = 0
+    state: str = "pending"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One state and one call of the routine (module docstring)."""
+
+    #: ``job_worker.limits`` of the case's config (``KEY`` and ``OTHER``, each or not)
+    limits: Mapping[str, Mapping[str, object]]
+    rows: tuple[Row, ...]
+    #: the routine's lane: ``KEY``, ``OTHER`` or None (unkeyed)
+    lane: str | None = KEY
+    #: indexes into ``rows`` of the executions to end, in order (with the owner)
+    endings: tuple[int, ...] = ()
+    take: int = 1
+    poll: bool = True
+    #: the time of the call, µs from ``T0_US``
+    now: int = 0
+    #: each key's header: ``(seq, digest, blocked_until)``, the digest ``"same"`` (this
+    #: config's), ``"stale"`` (another's) or None, the stamp µs from ``T0_US`` or None
+    headers: Mapping[str, tuple[int, str | None, int | None]] = field(default_factory=dict)
+    #: ``KEY``'s stored buckets: period -> (level units, refilled at µs from ``T0_US``)
+    buckets: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    #: the endings' outcome (one for all)
+    outcome: str = "success"
+    #: the call's owner: the owner's process, or None (the endings are orphans')
+    orphans: bool = False
+
+
+@dataclass
+class World:
+    """A database holding the pool every case uses: a run, jobs without executions (each
+    case's executions take them in order), the owner's and another process's rows."""
+
+    url: str
+    engine: sa.Engine
+    jobs: list[str]
+    owner: str
+    other: str
+    _apps: dict[tuple[object, ...], App] = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, url: str, engine: sa.Engine) -> World:
+        reset_tables(engine)
+        app = App(url, _config({}), ManualClock(from_us(T0_US)), engine=engine)
+        run_id, branch_id = make_run(app)
+        ids = make_executions(app, run_id, branch_id, None, from_us(T0_US), POOL)
+        e = schema.executions
+        with engine.begin() as conn:
+            jobs = list(conn.execute(sa.select(e.c.job_id).where(e.c.id.in_(ids)).order_by(e.c.id)).scalars())
+            conn.execute(e.delete())
+        return cls(url, engine, jobs, register(app, role="test", label="owner"),
+                   register(app, role="test", label="other"))
+
+    def app(self, case: Case) -> App:
+        """An App with the case's limits and a clock at the case's time."""
+        key = tuple(sorted((k, repr(v)) for k, v in case.limits.items()))
+        app = self._apps.get(key)
+        if app is None:
+            app = self._apps[key] = App(self.url, _config(case.limits), ManualClock(from_us(T0_US)),
+                                        engine=self.engine)
+        app.clock.set(from_us(T0_US + case.now))  # type: ignore[attr-defined]
+        return app
+
+    def check(self, case: Case) -> str | None:
+        """Run ``case`` in a transaction rolled back at the end; None when the routine did
+        exactly what the specification says, else the first difference."""
+        app = self.app(case)
+        with self.engine.connect() as conn:
+            trans = conn.begin()
+            try:
+                self._write(conn, app, case)
+                return self._compare(conn, app, case)
+            finally:
+                trans.rollback()
+
+    def _write(self, conn: sa.Connection, app: App, case: Case) -> None:
+        e, k, b = schema.executions, schema.limit_keys, schema.limit_buckets
+        now = from_us(T0_US)
+        keys = {row.lane for row in case.rows if row.lane} | set(case.headers) | ({case.lane} - {None})
+        for key in sorted(keys):  # type: ignore[type-var]
+            seq, digest, blocked = case.headers.get(key, (0, "same", None))
+            stored = {"same": entry_digest(app.config.limits.get(key)), "stale": "0000stale0000000"}.get(digest or "")
+            conn.execute(k.insert().values(key=key, seq=seq, config_digest=stored, created_at=now, updated_at=now,
+                                           blocked_until=None if blocked is None else from_us(T0_US + blocked)))
+        for period, (level, at) in case.buckets.items():
+            conn.execute(b.insert().values(key=KEY, period_s=period, level_units=level, refilled_at_us=T0_US + at,
+                                           updated_at=now))
+        owners = {"mine": self.owner, "theirs": self.other, "done": self.owner}
+        rows = []
+        for n, row in enumerate(case.rows):
+            claimed = row.state != "pending"
+            rows.append({"id": _id(n), "job_id": self.jobs[n], "limit_key": row.lane,
+                         "eligible_at": from_us(T0_US + row.eligible), "claimed_at": now if claimed else None,
+                         "process_id": owners.get(row.state), "completed_at": now if row.state.startswith("done") else None,
+                         "outcome": "success" if row.state.startswith("done") else None, "error_klass": None,
+                         "error_message": None, "error_backtrace": None, "retry_count": 0, "crash_count": 0,
+                         "claim_seq": None, "release_seq": None, "created_at": now, "updated_at": now})
+        if rows:
+            conn.execute(e.insert(), rows)
+
+    def _compare(self, conn: sa.Connection, app: App, case: Case) -> str | None:
+        before = abstraction.snapshot(conn)
+        now_us = T0_US + case.now
+        owner, ids = None if case.orphans else self.owner, [_id(i) for i in case.endings]
+        entry = app.config.limits.get(case.lane) if case.lane is not None else None
+        guard = abstraction.ended(before, ids, owner)
+        tx = Tx(conn, app.clock, app.backend)
+        endings = [Ending(i, case.outcome) for i in ids]
+        taken = claims.release_and_claim(app, tx, case.lane, owner, endings, case.take, poll=case.poll)
+        if taken.ended != guard:
+            return f"the guard: ended {taken.ended}, the specification {guard} (endings {ids})"
+        if not guard:
+            return None  # the caller rolls back: nothing it wrote stands
+        released = abstraction.after_endings(before, case.lane, ids, case.outcome, now_us)
+        state = abstraction.lane_state(released, case.lane, now_us, case.take, app.config.limits)
+        decided = plan(state, Request(case.lane, entry, case.take, case.poll))
+        got = [c.execution_id for c in taken.claimed]
+        if got != list(decided.claims) or taken.refused != decided.refused:
+            return (f"claimed {got} refused {taken.refused!r}, the specification {list(decided.claims)} "
+                    f"refused {decided.refused!r} (state {state})")
+        if got and any(c.fills_key != decided.fills for c in taken.claimed):
+            return f"fills_key {[c.fills_key for c in taken.claimed]}, the specification {decided.fills}"
+        expected = _apply(released, case.lane, owner, decided, now_us)
+        actual = abstraction.snapshot(conn)
+        return _difference(expected, actual)
+
+
+def _apply(rows: abstraction.Rows, key: str | None, owner: str | None, decided: Plan,
+           now_us: int) -> abstraction.Rows:
+    """The rows the specification says the routine leaves after its endings: the plan's claims,
+    buckets and header."""
+    out = rows.copy()
+    header = out.keys.get(key) if key is not None else None
+    seq = None if header is None else header.seq
+    for i, execution_id in enumerate(decided.claims, start=1):
+        out.executions[execution_id] = replace(out.executions[execution_id], claimed_us=now_us, process_id=owner,
+                                               claim_seq=None if seq is None else seq + i)
+    if header is not None and key is not None:
+        for period in decided.dropped:
+            out.buckets.pop((key, period), None)
+        for bucket in decided.buckets or ():
+            out.buckets[(key, bucket.period_s)] = bucket
+        out.keys[key] = replace(header, seq=header.seq + len(decided.claims),
+                                digest=decided.digest if decided.digest is not None else header.digest,
+                                blocked_until_us=decided.blocked_until_us if decided.stamp else header.blocked_until_us)
+    return out
+
+
+def _difference(expected: abstraction.Rows, actual: abstraction.Rows) -> str | None:
+    for name in ("executions", "keys", "buckets"):
+        want, got = getattr(expected, name), getattr(actual, name)
+        if want != got:
+            keys = sorted(set(want) | set(got), key=str)
+            diff = [f"{k}: {want.get(k)} != {got.get(k)}" for k in keys if want.get(k) != got.get(k)]
+            return f"{name} differ from the specification's: " + "; ".join(diff)
+    return None
+
+
+def _config(limits: Mapping[str, Mapping[str, object]]) -> Config:
+    section = {name: dict(values) for name, values in TEST_CONFIG.items()}
+    section["job_worker"] = {**section["job_worker"], "limits": {k: dict(v) for k, v in limits.items()}}
+    return Config.from_section(section, source="<refinement>")
+
+
+# --------------------------------------------------------------------------- the bounded domain
+
+#: entries of ``KEY``: limits 1 to 3, one or two rate entries (a second of another period),
+#: with and without a ceiling
+ENTRIES: tuple[Mapping[str, object], ...] = (
+    {"concurrency": 1}, {"concurrency": 3},
+    {"rate": {"limit": 1, "per": 1, "burst": 1}},
+    {"concurrency": 2, "rate": {"limit": 2, "per": 1, "burst": 2}},
+    {"rate": [{"limit": 3, "per": 1, "burst": 1}, {"limit": 2, "per": 60, "burst": 2}]},
+)
+UNIT = 1_000_000  # a token of a 1 s period, in units
+
+
+def _bucket_states(entry: Mapping[str, object]) -> list[tuple[dict[int, tuple[int, int]], int]]:
+    """``(buckets, now)`` pairs for an entry: no bucket yet; the first rate's bucket one unit
+    short of a token with the time at its next token's exact µs and one µs either side; a
+    full bucket; a bucket refilled after now (the clock stepped back)."""
+    rate = entry.get("rate")
+    if rate is None:
+        return [({}, 0)]
+    first = (rate if isinstance(rate, list) else [rate])[0]
+    limit, per = int(first["limit"]), int(first["per"])  # type: ignore[call-overload, index]
+    short = per * UNIT - 1  # one unit short of a token: the next token 1 unit / limit µs on
+    states: list[tuple[dict[int, tuple[int, int]], int]] = [({}, 0)]
+    arrival = -(-1 // limit)  # ceil(1 / limit) µs after the refill time
+    states += [({per: (short, 0)}, arrival + offset) for offset in (-1, 0, 1)]
+    states += [({per: (int(first["burst"]) * per * UNIT, 0)}, 5), ({per: (per * UNIT, 1000)}, 500)]  # type: ignore[call-overload, index]
+    return states
+
+
+def exhaustive() -> Iterator[Case]:
+    """Every case of the bounded domain (module docstring), in a fixed order."""
+    yield from _decisions()
+    yield from _lanes()
+    yield from _guards()
+
+
+def _decisions() -> Iterator[Case]:
+    """One key, its decision: each entry, in flight from 0 to the limit, the bucket states,
+    one to three pending, take 1 or 3, a poll or a hand-off (after ending one of the
+    owner's), the stored values this config's or another's."""
+    for entry in ENTRIES:
+        ceiling = int(entry.get("concurrency", 2))  # type: ignore[call-overload]
+        for flying, (stored, now), pending, take, poll, digest in itertools.product(
+                range(ceiling + 1), _bucket_states(entry), (1, 3), (1, 3), (True, False), ("same", "stale")):
+            rows = [Row(KEY, 0, "theirs")] * flying + [Row(KEY, i) for i in range(pending)]
+            endings: tuple[int, ...] = ()
+            if not poll:
+                rows.append(Row(KEY, 0, "mine"))
+                endings = (len(rows) - 1,)
+            yield Case({KEY: entry}, tuple(rows), KEY, endings, take, poll, now, {KEY: (3, digest, None)}, stored)
+
+
+def _lanes() -> Iterator[Case]:
+    """Two lanes: the routine's (``KEY`` or unkeyed) and another (unkeyed, or ``OTHER``
+    stamped, saturated or under another config's values), their pending executions
+    interleaved in time, take 1 to 3, a poll or a hand-off."""
+    layouts = ((0, 1, 2), (1, 0, 2), (1, 2, 0), (0, 0, 1))  # the other lane's place among three
+    others: tuple[tuple[str | None, Mapping[str, tuple[int, str | None, int | None]], int], ...] = (
+        (None, {}, 0), (OTHER, {}, 0), (OTHER, {OTHER: (0, "same", 50)}, 0),
+        (OTHER, {OTHER: (0, "stale", 50)}, 0), (OTHER, {OTHER: (0, "same", 5)}, 0), (OTHER, {}, 1))
+    for lane, (other, headers, saturated), layout, take, poll in itertools.product(
+            (KEY, None), others, layouts, (1, 2, 3), (True, False)):
+        if lane is None and other is None:
+            continue  # one lane
+        rows = [Row(other if slot == 1 else lane, 10 * i) for i, slot in enumerate(layout)]
+        rows += [Row(OTHER, 0, "theirs")] * saturated
+        limits = {KEY: {"concurrency": 3}, OTHER: {"concurrency": 1}}
+        yield Case(limits, tuple(rows), lane, (), take, poll, 20, {KEY: (0, "same", None), **headers})
+
+
+def _guards() -> Iterator[Case]:
+    """The endings' guard: one or two endings of the owner's (keyed and unkeyed), or of no
+    process's (orphans: a recovery's), with one of them completed, another's, pending, or
+    held the other way; each outcome."""
+    for lane, orphans, bad, outcome in itertools.product(
+            (KEY, None), (False, True), ("mine", "orphan", "done", "done_orphan", "theirs", "pending"),
+            ("success", "failure", "process_crashed")):
+        good = "orphan" if orphans else "mine"
+        rows = (Row(lane, 0, good), Row(lane, 0, bad), Row(lane, 5))
+        take = 1 if outcome == "success" and not orphans else 0
+        for endings in ((0,), (1,), (0, 1)):
+            yield Case({KEY: {"concurrency": 2}}, rows, lane, endings, take, False, 10,
+                       {KEY: (7, "same", None)}, outcome=outcome, orphans=orphans)
+
+
+# --------------------------------------------------------------------------- beyond it
+
+_rate = st.fixed_dictionaries({"limit": st.integers(1, 5), "per": st.sampled_from([1, 2, 60])},
+                              optional={"burst": st.integers(1, 4)})
+_entry = st.one_of(
+    st.fixed_dictionaries({"concurrency": st.integers(1, 5)}),
+    st.fixed_dictionaries({"rate": st.lists(_rate, min_size=1, max_size=2, unique_by=lambda r: r["per"])},
+                          optional={"concurrency": st.integers(1, 5)}))
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    """A state and a call beyond the bounded domain: up to five keys' worth of rows in three
+    lanes at random times and states, stored buckets at any level and time around now, any
+    stamp and stored values, up to three endings and five to take."""
+    limits = {KEY: draw(_entry), **({OTHER: draw(_entry)} if draw(st.booleans()) else {})}
+    lanes = st.sampled_from([KEY, OTHER, None])
+    states = st.sampled_from(["pending", "pending", "pending", "mine", "theirs", "done", "orphan", "done_orphan"])
+    rows = draw(st.lists(st.builds(Row, lanes, st.integers(-100, 100), states), max_size=POOL - 2))
+    lane = draw(lanes)
+    mine = [i for i, row in enumerate(rows) if row.state == "mine" and row.lane == lane]
+    endings = tuple(draw(st.lists(st.sampled_from(mine), unique=True, max_size=3))) if mine else ()
+    stamp = st.one_of(st.none(), st.integers(-50, 150))
+    headers = {key: (draw(st.integers(0, 9)), draw(st.sampled_from(["same", "stale", None])), draw(stamp))
+               for key in (KEY, OTHER)}
+    rates = parse_limits({KEY: limits[KEY]})[KEY].rates
+    stored = {rate.per_s: (draw(st.integers(0, rate.capacity_units)), draw(st.integers(-2_000_000, 200)))
+              for rate in rates if draw(st.booleans())}
+    return Case(limits, tuple(rows), lane, endings, draw(st.integers(0, 5)), draw(st.booleans()),
+                draw(st.integers(-5, 120)), headers, stored)
+

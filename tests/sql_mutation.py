@@ -1,0 +1,236 @@
+"""Every broken variant of the lane routine's SQL against the refinement check.
+
+    python -m tests.sql_mutation                       # both servers (PostgreSQL, MariaDB/MySQL)
+    python -m tests.sql_mutation --db postgresql       # one
+    python -m tests.sql_mutation --list --db mysql     # the variants, not run
+
+The lane routine (``ductwork/limits/sql/release_and_claim_1.*.sql``) computes in SQL what
+``ductwork.limits.plan.plan`` specifies; ``tests/refinement.py`` checks that it does, state
+by state. This generates variants of each backend's SQL, one change each, and expects the
+check over the bounded domain (``refinement.exhaustive``) to find a state where the variant
+does something else:
+
+- ``comparison``: ``<`` for ``>=``, ``>`` for ``<=``, ``=`` for ``<>`` and back, and each
+  boundary moved (``<`` for ``<=``, ``>`` for ``>=`` and back);
+- ``null``: ``IS NULL`` for ``IS NOT NULL`` and back, ``IS DISTINCT FROM`` for ``IS NOT
+  DISTINCT FROM`` (PostgreSQL), ``<=>`` for ``=`` (MySQL);
+- ``predicate``: one ``AND …`` line of a condition dropped (the state guard, a lane's rule);
+- ``order``: a lane's ``ORDER BY`` reversed;
+- ``bound``: ``least`` for ``greatest`` and back (the clamp, the refill time, the stamp);
+- ``arithmetic``: a ceiling division made a floor one (``+ x - 1`` dropped), the spend
+  applied twice;
+- ``negation``: a ``NOT`` dropped.
+
+A variant the server refuses to create is not counted (it is not a routine); one that
+raises on a state is killed (the caller's transaction fails). ``FOR UPDATE`` dropped is no
+variant of this check: one transaction at a time cannot see a lock missing; the engine
+mutant ``routine_no_key_lock`` is killed by the race test instead. The variants are
+installed into a scratch database of their own (``ductwork_sql_mutation``, created, migrated
+and dropped here), one after the other; survivors are printed, to be killed by a new state
+of the domain or argued equivalent (:data:`ARGUED`). Not run by ``.ci/run`` (minutes per
+server): ``tests/properties/test_refinement.py`` runs the check itself, and the named
+engine mutants of the SQL (``tests/mutants.py``) are killed there in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from ductwork.db import dialects, engines
+from tests.refinement import World, exhaustive
+
+SOURCE = Path(__file__).resolve().parents[1] / "ductwork" / "limits" / "sql"
+SERVERS = {"postgresql": "postgresql://postgres@127.0.0.1:5432/ductwork_sql_mutation",
+           "mysql": "mysql://root@127.0.0.1:3306/ductwork_sql_mutation"}
+#: survivors argued equivalent: (backend, line text stripped, operator) -> why
+ARGUED: dict[tuple[str, str, str], str] = {}
+
+_COMPARISONS = {"<": (">=", "<="), ">": ("<=", ">="), "<=": (">", "<"), ">=": ("<", ">"), "=": ("<>",),
+                "<>": ("=",)}
+_TOKEN = re.compile(r"(?<![:<>!=])(<=>|<=|>=|<>|<|>|=)(?![=>])")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One changed line of a backend's SQL."""
+
+    backend: str
+    line: int
+    operator: str
+    before: str
+    after: str
+
+    def label(self) -> str:
+        return f"{self.backend}:{self.line} {self.operator}: {self.before.strip()} -> {self.after.strip()}"
+
+
+def _code(line: str) -> tuple[str, str]:
+    """A line's code and its comment (``-- …``)."""
+    at = line.find("--")
+    return (line, "") if at < 0 else (line[:at], line[at:])
+
+
+def _assignment(code: str, at: int, backend: str) -> bool:
+    """Whether the ``=`` at ``at`` assigns (``SET x =``, an UPDATE's ``SET a = b, c = d``,
+    ``ON DUPLICATE KEY UPDATE``, a declaration) rather than compares."""
+    before = code[:at].upper()
+    if backend == "mysql" and re.search(r"\bSET\b", before) and not re.search(r"\bWHERE\b|\bIF\b|\bWHEN\b", before):
+        return True
+    stripped = before.strip()
+    return bool(re.match(r"^(SET\s+)?[A-Z_.]+$", stripped)) or stripped.endswith(",") or "UPDATE" in stripped
+
+
+def variants(backend: str) -> Iterator[Variant]:
+    """Every variant of ``backend``'s routine (module docstring), each change once."""
+    seen: set[tuple[int, str]] = set()
+    for variant in _variants(backend):
+        if (variant.line, variant.after) not in seen:
+            seen.add((variant.line, variant.after))
+            yield variant
+
+
+def _variants(backend: str) -> Iterator[Variant]:
+    lines = (SOURCE / f"release_and_claim_1.{backend}.sql").read_text().splitlines()
+    for number, line in enumerate(lines, start=1):
+        code, comment = _code(line)
+        if not code.strip() or code.lstrip().upper().startswith(("CREATE ", "DECLARE ", "RETURNS ", "IN ", "OUT ")):
+            continue
+        for match in _TOKEN.finditer(code):
+            token = match.group(1)
+            if token == "<=>":
+                yield Variant(backend, number, "null", line, code[:match.start()] + "=" + code[match.end():] + comment)
+                continue
+            if token == "=" and _assignment(code, match.start(), backend):
+                continue
+            for other in _COMPARISONS[token]:
+                after = code[:match.start()] + other + code[match.end():] + comment
+                yield Variant(backend, number, "comparison", line, after)
+        for old, new, kind in ((" IS NOT NULL", " IS NULL", "null"), (" IS NULL", " IS NOT NULL", "null"),
+                               (" IS NOT DISTINCT FROM", " IS DISTINCT FROM", "null"),
+                               (" IS DISTINCT FROM", " IS NOT DISTINCT FROM", "null"),
+                               ("least(", "greatest(", "bound"), ("greatest(", "least(", "bound"),
+                               ("LEAST(", "GREATEST(", "bound"), ("GREATEST(", "LEAST(", "bound"),
+                               ("NOT ", "", "negation"), (" - 1) / ", ") / ", "arithmetic"),
+                               (" - 1) DIV ", ") DIV ", "arithmetic")):
+            start = 0
+            while (at := code.find(old, start)) >= 0:
+                if not (old == " IS NULL" and code[:at].endswith(" NOT")):
+                    yield Variant(backend, number, kind, line, code[:at] + new + code[at + len(old):] + comment)
+                start = at + len(old)
+        stripped = code.strip()
+        if stripped.upper().startswith("AND ") and "OR " not in stripped.upper():
+            indent = code[:len(code) - len(code.lstrip())]
+            yield Variant(backend, number, "predicate", line, indent + "AND TRUE" + (";" if stripped.endswith(";") else ""))
+        if "ORDER BY e.eligible_at, e.id" in code:
+            yield Variant(backend, number, "order", line,
+                          code.replace("ORDER BY e.eligible_at, e.id", "ORDER BY e.eligible_at DESC, e.id DESC") + comment)
+        if "* 1000000;" in code and ("level[i] - " in code or "levels, CONCAT" in code):
+            yield Variant(backend, number, "arithmetic", line, code.replace("* 1000000", "* 2000000") + comment)
+
+
+def install(engine: sa.Engine, backend: str, text: str) -> None:
+    """Replace the routines with ``text``'s (dropped first: MySQL has no CREATE OR REPLACE
+    PROCEDURE)."""
+    with engine.begin() as conn:
+        if backend == "postgresql":
+            conn.exec_driver_sql("DROP FUNCTION IF EXISTS ductwork_release_and_claim_1")
+            conn.exec_driver_sql("DROP FUNCTION IF EXISTS ductwork_decide_1")
+        else:
+            conn.exec_driver_sql("DROP PROCEDURE IF EXISTS ductwork_release_and_claim_1")
+            conn.exec_driver_sql("DROP PROCEDURE IF EXISTS ductwork_decide_1")
+        dialects.install_routine(conn, text)
+
+
+def killed(world: World) -> str | None:
+    """The first state of the bounded domain where the installed routine differs (or
+    raises), or None."""
+    for case in exhaustive():
+        try:
+            difference = world.check(case)
+        except Exception as error:  # noqa: BLE001 - a routine that raises is killed by the caller's failure
+            return f"raised on {case}: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        if difference is not None:
+            return f"{case}: {difference[:160]}"
+    return None
+
+
+def _fresh(url: str) -> None:
+    """Create the scratch database of ``url`` empty (dropping an old one)."""
+    made = sa.engine.make_url(url)
+    name, admin = made.database, made.set(database="postgres" if made.get_backend_name() == "postgresql" else "")
+    engine = engines.create_engine(admin)
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            quote = '"' if made.get_backend_name() == "postgresql" else "`"
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote}{name}{quote}")
+            conn.exec_driver_sql(f"CREATE DATABASE {quote}{name}{quote}")
+    finally:
+        engine.dispose()
+
+
+def run(backend: str, url: str) -> tuple[int, int, list[Variant]]:
+    """Every variant of ``backend`` against the check: (killed, invalid, survivors)."""
+    from tests.conftest import migrated
+
+    _fresh(url)
+    migrated(url)
+    engine = engines.create_engine(url)
+    source = (SOURCE / f"release_and_claim_1.{backend}.sql").read_text()
+    world = World.make(url, engine)
+    lines = source.splitlines()
+    kills = invalid = 0
+    survivors = []
+    try:
+        for variant in variants(backend):
+            text = "\n".join([*lines[:variant.line - 1], variant.after, *lines[variant.line:]])
+            try:
+                install(engine, backend, text)
+            except Exception:  # noqa: BLE001 - the server refuses it: not a routine
+                invalid += 1
+                continue
+            found = killed(world)
+            if found is None:
+                survivors.append(variant)
+                print(f"SURVIVED {variant.label()}", flush=True)
+            else:
+                kills += 1
+                print(f"killed   {variant.label()}\n         by {found}", flush=True)
+    finally:
+        install(engine, backend, source)
+        engine.dispose()
+    return kills, invalid, survivors
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.sql_mutation", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=sorted(SERVERS), action="append")
+    parser.add_argument("--list", action="store_true", help="print the variants, run nothing")
+    args = parser.parse_args(argv)
+    backends = args.db or sorted(SERVERS)
+    if args.list:
+        for backend in backends:
+            for variant in variants(backend):
+                print(variant.label())
+        return 0
+    status = 0
+    for backend in backends:
+        started = time.monotonic()
+        kills, invalid, survivors = run(backend, SERVERS[backend])
+        argued = [v for v in survivors if (v.backend, v.before.strip(), v.operator) in ARGUED]
+        left = [v for v in survivors if v not in argued]
+        print(f"{backend}: {kills + len(survivors)} variants, {kills} killed, {len(argued)} argued, "
+              f"{len(left)} surviving ({invalid} refused by the server) in {time.monotonic() - started:.0f} s")
+        status |= bool(left)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
