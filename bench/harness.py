@@ -454,6 +454,7 @@ class Triggered:
         self.called: list[float] = []    # time.time() as each trigger call began
         self.returned: list[float] = []  # … and as it returned (its run committed)
         self.error: BaseException | None = None
+        self.cpu_s = 0.0  # the trigger thread's own CPU (time.thread_time), once it has ended
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -465,6 +466,7 @@ class Triggered:
         return self
 
     def _loop(self, app: App, pipeline: type, n: int, args: list[Any]) -> None:
+        cpu0 = time.thread_time()
         try:
             t0 = time.monotonic()
             for i in range(n):
@@ -479,6 +481,8 @@ class Triggered:
                 self.run_ids.append(run.id)
         except BaseException as error:  # noqa: BLE001 - handed to the bench thread by visible()
             self.error = error
+        finally:
+            self.cpu_s = time.thread_time() - cpu0
 
     def visible(self) -> bool:
         """Every run of the batch triggered (committed); raises what the trigger thread raised."""
@@ -500,11 +504,13 @@ class Triggered:
             sa.select(j.c.id).join(s, j.c.step_id == s.c.id).where(s.c.run_id.in_(list(self.run_ids))))
 
     def figures(self, starts: list[float], window: tuple[float, float]) -> dict[str, float]:
-        """The pace held (calls after the first / the time from the first call to the last)
-        and the share of the body window during which no triggered run was waiting for its
-        body (``unwaited``)."""
+        """The pace held (calls after the first / the time from the first call to the last),
+        the trigger thread's CPU per call (the bench process's: not in the fleets' CPU) and
+        the share of the body window during which no triggered run was waiting for its body
+        (``unwaited``)."""
         span = self.called[-1] - self.called[0] if self.called else 0.0
         return {"triggers_per_s": (len(self.called) - 1) / span if span > 0 else float("nan"),
+                "trigger_cpu_ms": 1000 * self.cpu_s / len(self.called) if self.called else float("nan"),
                 "unwaited": unwaited(self.returned, starts, *window)}
 
 
