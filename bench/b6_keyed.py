@@ -18,7 +18,12 @@
   two slots are held by long bodies while a backlog of that key waits: nothing can be
   claimed, so whatever CPU the fleet uses is the cost of waiting (polls, wake-ups). CPU
   per second of the fleet's whole process tree (user + system, ``/proc``) and statements
-  per second, over consecutive windows, beside the same fleet with nothing to do at all.
+  per second, over consecutive windows, beside the same fleet with nothing to do at all;
+- the same with a 1 × 10 fleet (``job_worker.count: 10``, ``bench.harness.SHAPES``),
+  its own bench after the default one's (its rows say "1×10 threads"): whether adding
+  threads costs anything while a key is saturated. Not a same-run ratio: each fleet
+  needs the key saturated by its own long bodies, so the two figures are medians of
+  consecutive benches; compare them over several runs.
 
 Diagnostics: executions completed/s, CPU per completed step and statements per step of
 each batch (see B1).
@@ -32,7 +37,19 @@ import time
 import sqlalchemy as sa
 
 from bench.b1_throughput import pgqueuer, runs_batch, with_pgqueuer
-from bench.harness import Meter, Metric, ProcessFleet, Sizes, Target, insert_pending, log, ratio, wait_until
+from bench.harness import (
+    SHAPES,
+    FleetShape,
+    Meter,
+    Metric,
+    ProcessFleet,
+    Sizes,
+    Target,
+    insert_pending,
+    log,
+    ratio,
+    wait_until,
+)
 from bench.workloads import SATURATED_KEY, WIDE_LIMIT, One, SaturatedNap, WideNoop
 from ductwork.db import schema
 
@@ -91,12 +108,27 @@ def keyed_vs_unkeyed(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
 
 def saturated_idle(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
     """B6 idle CPU: default fleet, a `concurrency: 2` key held by long bodies, its backlog waiting"""
+    return _saturated_idle(target, app, sizes, SHAPES["1×5"], "", "bench6i")
+
+
+def saturated_idle_1x10(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
+    """B6 idle CPU: 1×10 fleet, a `concurrency: 2` key held by long bodies, its backlog waiting
+
+    The same as saturated_idle with ``job_worker.count: 10``: what adding threads costs
+    while a key is saturated."""
+    shape = SHAPES["1×10"]
+    return _saturated_idle(target, app, sizes, shape, f", {shape.name}", "bench6j")
+
+
+def _saturated_idle(target: Target, app, sizes: Sizes, shape: FleetShape, suffix: str,
+                    fleet_label: str) -> dict[str, Metric]:
+    """One fleet of ``shape``: idle, then beside the saturated key; rows named ``kind + suffix``."""
     window = 0.5 if sizes.quick else 3.0
     # the two bodies outlast every window after their claim (settling 1 s, each window
     # plus the meter's 0.3 s) with a margin, so nothing else can be claimed meanwhile
     body_s = 1.0 + sizes.repeats * (window + 0.3) + (2.0 if sizes.quick else 4.0)
     backlog = 50 if sizes.quick else 200
-    fleet = ProcessFleet(target, label="bench6i").start(app)
+    fleet = shape.fleet(target, fleet_label).start(app)
     e = schema.executions
     got: dict[str, dict[str, list[float]]] = {"nothing to do": {}, "saturated key": {}}
 
@@ -107,7 +139,8 @@ def saturated_idle(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
             used = used.stop()
             got[kind].setdefault("cpu", []).append(1000 * used["cpu_s"] / used["seconds"])
             got[kind].setdefault("statements", []).append(used["statements"] / used["seconds"])
-        log(f"B6 idle, {kind}: {got[kind]['cpu'][-1]:.1f} ms CPU/s, {got[kind]['statements'][-1]:.1f} statements/s")
+        log(f"B6 idle, {kind}{suffix}: {got[kind]['cpu'][-1]:.1f} ms CPU/s, "
+            f"{got[kind]['statements'][-1]:.1f} statements/s")
 
     try:
         time.sleep(1.0)  # start-up settled
@@ -130,13 +163,14 @@ def saturated_idle(target: Target, app, sizes: Sizes) -> dict[str, Metric]:
         fleet.stop(timeout=body_s + 40)
     out = {}
     for kind in got:
-        out[f"{kind}: fleet CPU, ms per second"] = Metric.of(got[kind]["cpu"], "ms/s",
-                                                             diagnostic=kind != "saturated key")
-        out[f"{kind}: SQL statements per second"] = Metric.of(got[kind]["statements"], "/s", diagnostic=True)
+        out[f"{kind}{suffix}: fleet CPU, ms per second"] = Metric.of(got[kind]["cpu"], "ms/s",
+                                                                     diagnostic=kind != "saturated key")
+        out[f"{kind}{suffix}: SQL statements per second"] = Metric.of(got[kind]["statements"], "/s",
+                                                                      diagnostic=True)
     return out
 
 
-BENCHES = [keyed_vs_unkeyed, saturated_idle]
+BENCHES = [keyed_vs_unkeyed, saturated_idle, saturated_idle_1x10]
 
 
 def main() -> None:

@@ -22,6 +22,13 @@ What the harness promises:
   except the bodies' witness lines (``bench.workloads.witness``), which are wall-clock
   times written by the bodies themselves, every process on this one host reading the
   same clock.
+- a batch is fed in one of two ways (``FedFirst``, ``Triggered``): inserted whole in
+  bulk before it is measured (``insert_pending``), or triggered one run at a time
+  through the public ``Pipeline.trigger`` by a thread of the bench process at a steady
+  pace while the fleets work (what production does). Either feed names its runs and
+  executions for the batch's queries afterwards.
+- the fleet shapes users build (issue 32) are one table, ``SHAPES``: worker processes ×
+  threads per worker process of one ``ductwork start``, and what the user writes for it.
 - a fleet's CPU (``ProcessFleet.cpu_seconds``, from ``/proc``) and SQL statements
   (``ProcessFleet.statements``, counted by bench/probes/sitecustomize.py, which only
   the bench's fleets load) can be read at any moment; ``Meter`` takes the difference
@@ -41,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -393,6 +401,144 @@ def percentile_time(times: list[datetime], fraction: float) -> datetime:
     return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
 
 
+# --------------------------------------------------------------------------- feeds
+
+
+class FedFirst:
+    """A batch inserted whole, in bulk, before anything is measured (``insert_pending``).
+
+    Its runs and executions are named by the batch prefix (``00000000-{prefix}r-…``).
+    """
+
+    name = "fed first"
+
+    def start(self, app: App, pipeline: type, n: int, prefix: str, args: list[Any]) -> FedFirst:
+        insert_pending(app, pipeline, n, prefix, input_json=json.dumps(args))
+        self.prefix = prefix
+        return self
+
+    def visible(self) -> bool:
+        """Every run of the batch is in the database (at once, for a bulk insert)."""
+        return True
+
+    def stop(self) -> None:
+        pass
+
+    def runs(self) -> sa.ColumnElement[bool]:
+        return schema.runs.c.id.like(f"00000000-{self.prefix}r-%")
+
+    def executions(self) -> sa.ColumnElement[bool]:
+        return schema.executions.c.id.like(f"00000000-{self.prefix}e-%")
+
+    def figures(self, starts: list[float], window: tuple[float, float]) -> dict[str, float]:  # noqa: ARG002
+        return {}
+
+
+class Triggered:
+    """A batch triggered one run at a time while the fleets work, as production does.
+
+    A thread of the bench process calls the public ``Pipeline.trigger(*args, app=app)``
+    (one transaction per run, returning its handle) ``n`` times, one after the other. The
+    pace is steady: the i-th call is made ``i / per_s`` seconds after the first; the
+    thread sleeps until then (a pacing sleep, nothing else waits on it), and a call that
+    is late (the loop slower than ``per_s``) is made at once, so the loop then goes as
+    fast as it can and catches up rather than drifting. ``figures`` says what pace it
+    held and whether the key's backlog ever ran dry in the measured window.
+    """
+
+    name = "triggered"
+
+    def __init__(self, per_s: float):
+        self.per_s = per_s
+        self.run_ids: list[str] = []
+        self.called: list[float] = []    # time.time() as each trigger call began
+        self.returned: list[float] = []  # … and as it returned (its run committed)
+        self.error: BaseException | None = None
+        self.cpu_s = 0.0  # the trigger thread's own CPU (time.thread_time), once it has ended
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, app: App, pipeline: type, n: int, prefix: str, args: list[Any]) -> Triggered:
+        self.n = n
+        self._thread = threading.Thread(target=self._loop, args=(app, pipeline, n, args), daemon=True,
+                                        name=f"bench-trigger-{prefix}")
+        self._thread.start()
+        return self
+
+    def _loop(self, app: App, pipeline: type, n: int, args: list[Any]) -> None:
+        cpu0 = time.thread_time()
+        try:
+            t0 = time.monotonic()
+            for i in range(n):
+                delay = t0 + i / self.per_s - time.monotonic()
+                stopped = self._stop.wait(delay) if delay > 0 else self._stop.is_set()  # the pacing sleep
+                if stopped:
+                    return
+                began = time.time()
+                run = pipeline.trigger(*args, app=app)
+                self.called.append(began)
+                self.returned.append(time.time())
+                self.run_ids.append(run.id)
+        except BaseException as error:  # noqa: BLE001 - handed to the bench thread by visible()
+            self.error = error
+        finally:
+            self.cpu_s = time.thread_time() - cpu0
+
+    def visible(self) -> bool:
+        """Every run of the batch triggered (committed); raises what the trigger thread raised."""
+        if self.error is not None:
+            raise RuntimeError(f"bench: the trigger thread failed after {len(self.run_ids)} runs") from self.error
+        return self._thread is not None and not self._thread.is_alive() and len(self.run_ids) == self.n
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def runs(self) -> sa.ColumnElement[bool]:
+        return schema.runs.c.id.in_(list(self.run_ids))
+
+    def executions(self) -> sa.ColumnElement[bool]:
+        s, j = schema.steps, schema.jobs
+        return schema.executions.c.job_id.in_(
+            sa.select(j.c.id).join(s, j.c.step_id == s.c.id).where(s.c.run_id.in_(list(self.run_ids))))
+
+    def figures(self, starts: list[float], window: tuple[float, float]) -> dict[str, float]:
+        """The pace held (calls after the first / the time from the first call to the last),
+        the trigger thread's CPU per call (the bench process's: not in the fleets' CPU) and
+        the share of the body window during which no triggered run was waiting for its body
+        (``unwaited``)."""
+        span = self.called[-1] - self.called[0] if self.called else 0.0
+        return {"triggers_per_s": (len(self.called) - 1) / span if span > 0 else float("nan"),
+                "trigger_cpu_ms": 1000 * self.cpu_s / len(self.called) if self.called else float("nan"),
+                "unwaited": unwaited(self.returned, starts, *window)}
+
+
+def unwaited(triggered: list[float], starts: list[float], a: float, b: float) -> float:
+    """Share of [a, b] during which no run was waiting: triggered (its call returned) minus
+    bodies started ≤ 0.
+
+    A run counts as waiting from its trigger's return, so one whose body started before
+    its trigger call returned counts as none waiting for that moment: the share errs
+    towards "the backlog ran dry", never the other way.
+    """
+    if b <= a:
+        return float("nan")
+    events = sorted([(t, 1) for t in triggered] + [(t, -1) for t in starts])
+    waiting, last, empty = 0, a, 0.0
+    for t, delta in events:
+        if t >= b:
+            break
+        if t > last:
+            if waiting <= 0:
+                empty += t - last
+            last = t
+        waiting += delta
+    if waiting <= 0:
+        empty += b - last
+    return empty / (b - a)
+
+
 # --------------------------------------------------------------------------- fleets
 
 
@@ -542,6 +688,36 @@ def _proc_stat(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2:].split()
 
 
+@dataclass(frozen=True)
+class FleetShape:
+    """How a user sizes one ``ductwork start``: worker processes × threads per worker process.
+
+    Every shape has the default advancer besides (1 process × 3 threads).
+    """
+
+    processes: int
+    threads: int
+    #: what the user writes to get it
+    config: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.processes}×{self.threads} threads"
+
+    def fleet(self, target: Target, label: str) -> ProcessFleet:
+        return ProcessFleet(target, workers=self.processes, worker_threads=self.threads, label=label)
+
+
+#: The fleet shapes users build (issue 32), one ``ductwork start`` each. B2 measures its
+#: limits on each (bench/b2_limits.py says which scenario on which shape), B6 the idle CPU
+#: of a saturated key on 1×5 and 1×10.
+SHAPES = {
+    "1×5": FleetShape(1, 5, "`ductwork start` as installed (job_worker.count 5, processes 1)"),
+    "1×10": FleetShape(1, 10, "`job_worker: {count: 10}`"),
+    "2×5": FleetShape(2, 5, "`job_worker: {processes: 2}`"),
+}
+
+
 class Meter:
     """CPU and statements of some fleets over an interval: ``start()``, then ``stop()``.
 
@@ -575,6 +751,12 @@ def per_step(used: dict[str, float], steps: int) -> dict[str, float]:
     return {"cpu_ms_per_step": 1000 * used["cpu_s"] / steps, "statements_per_step": used["statements"] / steps}
 
 
+def body_window(starts: list[float], skip: int = 0) -> tuple[float, float]:
+    """The measured window of a batch: from its 10 % body start (or the ``skip``-th, if
+    later) to its 90 % one; ``starts`` sorted."""
+    return starts[max(len(starts) // 10, skip)], starts[(len(starts) * 9) // 10]
+
+
 def bodies(intervals: list[tuple[float, float]], skip: int = 0) -> dict[str, float]:
     """Bodies per second and mean bodies running, from the bodies' own (start, end) times.
 
@@ -584,7 +766,7 @@ def bodies(intervals: list[tuple[float, float]], skip: int = 0) -> dict[str, flo
     time-integral of running bodies over the window / its length.
     """
     starts = sorted(s for s, _ in intervals)
-    a, b = starts[max(len(starts) // 10, skip)], starts[(len(starts) * 9) // 10]
+    a, b = body_window(starts, skip)
     if b <= a:
         return {"per_s": float("nan"), "running": float("nan"), "window_s": 0.0}
     in_window = sum(1 for s in starts if a <= s < b)
