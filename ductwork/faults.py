@@ -49,9 +49,6 @@ AFTER_FANIN_BUMP = "after_fanin_bump"
 INSIDE_ADVANCE_BATCH = "inside_advance_batch"
 # Worker
 BEFORE_KEY_LOCK = "before_key_lock"
-AFTER_KEY_LOCK = "after_key_lock"
-BETWEEN_CLAIM_AND_SPEND = "between_claim_and_spend"
-BETWEEN_KEYED_BATCH_CLAIMS = "between_keyed_batch_claims"
 #: a keyed group commit's transaction: what follows its steps written, the key's lock not yet taken
 BEFORE_RELEASE_KEY_LOCK = "before_release_key_lock"
 IN_KEYED_GROUP_COMMIT = "in_keyed_group_commit"
@@ -88,9 +85,6 @@ CHECKPOINTS = (
     AFTER_FANIN_BUMP,
     INSIDE_ADVANCE_BATCH,
     BEFORE_KEY_LOCK,
-    AFTER_KEY_LOCK,
-    BETWEEN_CLAIM_AND_SPEND,
-    BETWEEN_KEYED_BATCH_CLAIMS,
     BEFORE_RELEASE_KEY_LOCK,
     IN_KEYED_GROUP_COMMIT,
     AFTER_JOB_CLAIM,

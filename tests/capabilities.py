@@ -45,6 +45,16 @@ CAPABILITIES: dict[str, tuple[tuple[str, ...], str]] = {
         "PostgreSQL's REPEATABLE READ refuses to update a row changed after its snapshot (a "
         "serialization failure, retried by the caller); SQLite serialises writers at BEGIN IMMEDIATE",
     ),
+    "server_side_routines": (
+        ("postgresql", "mysql"),
+        "SQLite is in-process: a statement is a call, not a round trip, so the lane routine "
+        "runs its steps in Python (ductwork.limits.claims._in_python), each a statement",
+    ),
+    "python_lane_routine": (
+        ("sqlite",),
+        "PostgreSQL and MySQL run the lane routine on the server, one round trip: its "
+        "statements are the routine's (tests/properties/test_refinement.py checks them)",
+    ),
     "server_side_connections": (
         ("postgresql", "mysql"),
         "SQLite is embedded: there is no server to terminate connections from",

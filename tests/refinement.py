@@ -89,8 +89,9 @@ class Case:
     #: the time of the call, µs from ``T0_US``
     now: int = 0
     #: each key's header: ``(seq, digest, blocked_until)``, the digest ``"same"`` (this
-    #: config's), ``"stale"`` (another's) or None, the stamp µs from ``T0_US`` or None
-    headers: Mapping[str, tuple[int, str | None, int | None]] = field(default_factory=dict)
+    #: config's), ``"stale"`` (another's) or None, the stamp µs from ``T0_US`` or None; None:
+    #: the key has no row
+    headers: Mapping[str, tuple[int, str | None, int | None] | None] = field(default_factory=dict)
     #: ``KEY``'s stored buckets: period -> (level units, refilled at µs from ``T0_US``)
     buckets: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     #: the endings' outcome (one for all)
@@ -151,7 +152,10 @@ class World:
         now = from_us(T0_US)
         keys = {row.lane for row in case.rows if row.lane} | set(case.headers) | ({case.lane} - {None})
         for key in sorted(keys):  # type: ignore[type-var]
-            seq, digest, blocked = case.headers.get(key, (0, "same", None))
+            header = case.headers.get(key, (0, "same", None))
+            if header is None:
+                continue  # a key without its row
+            seq, digest, blocked = header
             stored = {"same": entry_digest(app.config.limits.get(key)), "stale": "0000stale0000000"}.get(digest or "")
             conn.execute(k.insert().values(key=key, seq=seq, config_digest=stored, created_at=now, updated_at=now,
                                            blocked_until=None if blocked is None else from_us(T0_US + blocked)))
@@ -262,6 +266,10 @@ def _bucket_states(entry: Mapping[str, object]) -> list[tuple[dict[int, tuple[in
     arrival = -(-1 // limit)  # ceil(1 / limit) µs after the refill time
     states += [({per: (short, 0)}, arrival + offset) for offset in (-1, 0, 1)]
     states += [({per: (int(first["burst"]) * per * UNIT, 0)}, 5), ({per: (per * UNIT, 1000)}, 500)]  # type: ignore[call-overload, index]
+    if isinstance(rate, list):  # every bucket holds a token, the first half a token more: both short after a spend
+        rates = [(int(r["limit"]), int(r["per"])) for r in rate]  # type: ignore[call-overload, index]
+        states += [({p: (p * UNIT + (p * UNIT // 2 if i == 0 else 0), 0) for i, (_, p) in enumerate(rates)}, 0),
+                   ({p: (p * UNIT, 0) for _, p in rates}, 0)]
     return states
 
 
@@ -270,6 +278,8 @@ def exhaustive() -> Iterator[Case]:
     yield from _decisions()
     yield from _lanes()
     yield from _guards()
+    yield from _edges()
+    yield from _delays()
 
 
 def _decisions() -> Iterator[Case]:
@@ -290,12 +300,14 @@ def _decisions() -> Iterator[Case]:
 
 def _lanes() -> Iterator[Case]:
     """Two lanes: the routine's (``KEY`` or unkeyed) and another (unkeyed, or ``OTHER``
-    stamped, saturated or under another config's values), their pending executions
-    interleaved in time, take 1 to 3, a poll or a hand-off."""
+    stamped long before now, at now, one µs after and long after, saturated, or under
+    another config's values), their pending executions interleaved in time, take 1 to 3,
+    a poll or a hand-off."""
     layouts = ((0, 1, 2), (1, 0, 2), (1, 2, 0), (0, 0, 1))  # the other lane's place among three
     others: tuple[tuple[str | None, Mapping[str, tuple[int, str | None, int | None]], int], ...] = (
         (None, {}, 0), (OTHER, {}, 0), (OTHER, {OTHER: (0, "same", 50)}, 0),
-        (OTHER, {OTHER: (0, "stale", 50)}, 0), (OTHER, {OTHER: (0, "same", 5)}, 0), (OTHER, {}, 1))
+        (OTHER, {OTHER: (0, "stale", 50)}, 0), (OTHER, {OTHER: (0, "same", 5)}, 0),
+        (OTHER, {OTHER: (0, "same", 20)}, 0), (OTHER, {OTHER: (0, "same", 21)}, 0), (OTHER, {}, 1))
     for lane, (other, headers, saturated), layout, take, poll in itertools.product(
             (KEY, None), others, layouts, (1, 2, 3), (True, False)):
         if lane is None and other is None:
@@ -319,6 +331,27 @@ def _guards() -> Iterator[Case]:
         for endings in ((0,), (1,), (0, 1)):
             yield Case({KEY: {"concurrency": 2}}, rows, lane, endings, take, False, 10,
                        {KEY: (7, "same", None)}, outcome=outcome, orphans=orphans)
+
+
+def _edges() -> Iterator[Case]:
+    """A poll of a key without its row (gone) and of each lane with nothing to take, and
+    calls that take nothing, a poll's and a hand-off's."""
+    for lane, take, poll in itertools.product((KEY, None), (0, 1), (True, False)):
+        yield Case({KEY: {"concurrency": 2}}, (Row(lane, 0),), lane, (), take, poll, 5, {KEY: (1, "same", None)})
+        yield Case({KEY: {"concurrency": 2}}, (Row(None, 0),) if lane else (), lane, (), take, poll, 5,
+                   {KEY: None if take else (1, "same", None)})
+
+
+def _delays() -> Iterator[Case]:
+    """Executions eligible one µs after now, exactly now and before it, in the routine's lane
+    and in another, created in an order that puts the later ones first: only the eligible
+    are candidates, and only another lane's eligible ones bound a batch."""
+    for lane, other, take, poll in itertools.product((KEY, None), (None, OTHER), (1, 3), (True, False)):
+        if lane == other:
+            continue
+        rows = (Row(lane, 11), Row(other, 11), Row(lane, 10), Row(other, 5), Row(lane, 3), Row(lane, 10))
+        yield Case({KEY: {"concurrency": 3}, OTHER: {"concurrency": 3}}, rows, lane, (), take, poll, 10,
+                   {KEY: (0, "same", None)})
 
 
 # --------------------------------------------------------------------------- beyond it

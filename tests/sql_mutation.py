@@ -50,8 +50,29 @@ from tests.refinement import World, exhaustive
 SOURCE = Path(__file__).resolve().parents[1] / "ductwork" / "limits" / "sql"
 SERVERS = {"postgresql": "postgresql://postgres@127.0.0.1:5432/ductwork_sql_mutation",
            "mysql": "mysql://root@127.0.0.1:3306/ductwork_sql_mutation"}
-#: survivors argued equivalent: (backend, line text stripped, operator) -> why
-ARGUED: dict[tuple[str, str, str], str] = {}
+_REFILL_WHEN = "IF dt > 0 THEN  -- time that went backwards adds nothing"
+_FILLS = {"postgresql": "IF dt >= (cap - lv + p_limit[i] - 1) / p_limit[i] THEN",
+          "mysql": "IF dt >= (cap - lv + lim - 1) DIV lim THEN"}
+_BOUND_FOR = {
+    "postgresql": "IF NOT p_poll OR p_take > 1 THEN  -- [INV-LIM-6] the oldest of every other lane a poll would try now",
+    "mysql": "IF NOT p_poll OR p_take > 1 THEN  -- [INV-LIM-6] the oldest of every other lane a poll would try now"}
+_ENDS = {"postgresql": "IF v_found AND cardinality(p_ends) > 0 THEN  -- the endings, guarded [INV-EXE-2]",
+         "mysql": "IF v_found AND v_n_ends > 0 THEN  -- the endings, guarded [INV-EXE-2]"}
+#: survivors argued equivalent: (backend, the line, the line changed), both stripped -> why
+ARGUED: dict[tuple[str, str, str], str] = {
+    **{(b, _REFILL_WHEN, _REFILL_WHEN.replace("dt > 0", "dt >= 0")):
+       "at dt = 0 a refill adds 0 units either way (the level, or the cap it already holds)" for b in _FILLS},
+    **{(b, line, line.replace(" - 1) ", ") ")):
+       "the threshold only keeps dt × limit from being formed past the cap: where a ceiling and the floor + 1 "
+       "differ (cap − level divisible by limit), dt × limit at the ceiling is exactly cap − level, so both "
+       "branches give the cap" for b, line in _FILLS.items()},
+    **{(b, line, line.replace("p_take > 1", "p_take >= 1")):
+       "the bound is also read for a poll taking one, which nothing then uses (a poll has no lane-first "
+       "rule and takes no further claim): a read more, the same decision" for b, line in _BOUND_FOR.items()},
+    **{(b, line, line.replace("> 0", ">= 0")):
+       "with no endings the guarded UPDATE ends nothing and its count, 0, matches: the same as skipping it"
+       for b, line in _ENDS.items()},
+}
 
 _COMPARISONS = {"<": (">=", "<="), ">": ("<=", ">="), "<=": (">", "<"), ">=": ("<", ">"), "=": ("<>",),
                 "<>": ("=",)}
@@ -224,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     for backend in backends:
         started = time.monotonic()
         kills, invalid, survivors = run(backend, SERVERS[backend])
-        argued = [v for v in survivors if (v.backend, v.before.strip(), v.operator) in ARGUED]
+        argued = [v for v in survivors if (v.backend, v.before.strip(), v.after.strip()) in ARGUED]
         left = [v for v in survivors if v not in argued]
         print(f"{backend}: {kills + len(survivors)} variants, {kills} killed, {len(argued)} argued, "
               f"{len(left)} surviving ({invalid} refused by the server) in {time.monotonic() - started:.0f} s")

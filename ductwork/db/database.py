@@ -60,7 +60,7 @@ class Tx:
 
     def wake(self) -> None:
         """Mark that this transaction made work claimable (an execution created or
-        completed): idle workers and advancers are woken once it commits
+        completed): an idle worker and the idle advancers are woken once it commits
         (ductwork.db.wakeup)."""
         if not self.woken:
             self.woken = True
@@ -193,7 +193,7 @@ class Database:
                 tx = Tx(conn, self.clock, self.backend)
                 yield tx
         if tx.woken:
-            self.wakeup.notify()
+            self.wakeup.notify(1)  # one idle worker looks; one that finds work wakes the next
         if tx.advancers_woken:
             self.advancer_wakeup.notify()
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+from dataclasses import dataclass
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -398,32 +399,39 @@ def _no_savepoint(conn: Connection) -> contextlib.AbstractContextManager[Any]:
 
 # --------------------------------------------------------------------------- server-side routines
 
-#: a routine's argument: a value, a list (of texts) or a mapping/list of mappings (JSON)
-RoutineArg = str | int | bool | datetime | list[str] | Mapping[str, object] | list[Mapping[str, object]] | None
+@dataclass(frozen=True)
+class Json:
+    """A routine's argument that travels as JSON (PostgreSQL ``jsonb``, MySQL JSON text)."""
+
+    value: object
+
+
+#: a routine's argument: a value, a list of texts (PostgreSQL ``text[]``, MySQL JSON text)
+#: or :class:`Json`
+RoutineArg = str | int | bool | datetime | list[str] | Json | None
 
 call_routine = Seam("call_routine")
 
 
 @call_routine.for_db("postgresql")
 def _pg_call_routine(conn: Connection, name: str, args: Sequence[RoutineArg]) -> list[sa.Row[Any]]:
-    # A function returning a table: one SELECT, one round trip. Lists travel as text[] and
-    # mappings as jsonb (psycopg adapts a list to an array, a Jsonb to jsonb).
+    # A function returning a table: one SELECT, one round trip. A list travels as text[]
+    # (psycopg adapts it) and a Json as jsonb.
     from psycopg.types.json import Jsonb
 
-    values = [Jsonb(a) if isinstance(a, dict) or (isinstance(a, list) and a and isinstance(a[0], dict))
-              else a for a in args]
-    placeholders = ", ".join(["%s"] * len(values))
+    values = [Jsonb(a.value) if isinstance(a, Json) else a for a in args]
+    placeholders = ", ".join("%s::text[]" if isinstance(a, list) else "%s" for a in args)
     return list(conn.exec_driver_sql(f"SELECT * FROM {name}({placeholders})", tuple(values)).all())
 
 
 @call_routine.for_db("mysql")
 def _mysql_call_routine(conn: Connection, name: str, args: Sequence[RoutineArg]) -> list[sa.Row[Any]]:
     # Differs from PostgreSQL in that a stored procedure returns its rows through CALL (a
-    # function returns one value) and takes no arrays: lists and mappings travel as JSON
+    # function returns one value) and takes no arrays: a list and a Json travel as JSON
     # text, which the procedure reads with JSON_TABLE.
     import json
 
-    values = [json.dumps(a) if isinstance(a, (list, dict)) else a for a in args]
+    values = [json.dumps(a.value if isinstance(a, Json) else a) if isinstance(a, (list, Json)) else a for a in args]
     placeholders = ", ".join(["%s"] * len(values))
     return list(conn.exec_driver_sql(f"CALL {name}({placeholders})", tuple(values)).all())
 

@@ -6,8 +6,12 @@
 
 A transaction that creates an execution (a new step, a retry) or completes one
 (which frees a concurrency slot) calls :meth:`ductwork.app.Tx.wake`; after it
-commits, every idle thread of this process waiting on :attr:`App.wakeup` (job
-workers) or :attr:`App.advancer_wakeup` (advancers) wakes and polls at once. A
+commits, one idle thread of this process waiting on :attr:`App.wakeup` (job workers)
+and every one waiting on :attr:`App.advancer_wakeup` (advancers) wake and poll. A
+worker whose poll claimed something wakes one more (``fleet.worker.Worker._claim``):
+work arriving wakes threads one at a time, as many as find some, never every idle
+thread of the fleet for one execution (with a key saturated, each of them would scan
+the lanes and find nothing). A
 transaction that only gives advancers work (a success leaving its step
 ``advancing``, its slot handed on or never keyed) calls
 :meth:`ductwork.app.Tx.wake_advancers` and wakes advancers alone: a job worker
@@ -96,8 +100,10 @@ class PgListener(threading.Thread):
                     conn.execute(f"LISTEN {ADVANCERS}")
                     while not self.stop.is_set():
                         for note in conn.notifies(timeout=1.0, stop_after=1):
-                            wakeup = self.app.advancer_wakeup if note.channel == ADVANCERS else self.app.wakeup
-                            wakeup.notify()
+                            if note.channel == ADVANCERS:
+                                self.app.advancer_wakeup.notify()
+                            else:  # one idle worker looks; one that finds work wakes the next
+                                self.app.wakeup.notify(1)
             except Exception:  # the listener is a hint; polling still works
                 log.warning("wakeup listener lost its connection; reconnecting", exc_info=True)
                 self.stop.wait(1.0)

@@ -149,17 +149,17 @@ def run_body(app: Database, claimed: Claimed, definition: Definition) -> Output:
 
 
 def run_step(app: Database, claimed: Claimed, definition: Definition, awaited: Any,
-             paced: Callable[[float, float], None]) -> tuple[Output, float | None]:
+             paced: Callable[[float], None]) -> tuple[Output, float | None]:
     """Run the step (or take ``awaited``: what its coroutine returned or raised on the step
     loop); returns its output and how long its body ran (None: awaited, not timed here),
-    after telling ``paced(seconds, cpu_seconds)``. Raises what :func:`record_failed` records."""
+    after telling ``paced(seconds)``. Raises what :func:`record_failed` records."""
     if awaited is not NOT_AWAITED:
         return _output(claimed, definition, _value_of(awaited)), None
     invoke.check_configured(claimed)  # before anything is built here or in a child process
-    started, cpu = time.monotonic(), time.thread_time()
+    started = time.monotonic()
     output = run_body(app, claimed, definition)
     ran_s = time.monotonic() - started
-    paced(ran_s, time.thread_time() - cpu)
+    paced(ran_s)
     faults.hit(faults.DURING_JOB_EXECUTION)
     return output, ran_s
 

@@ -147,14 +147,11 @@ class Runner:
 
     def _units(self) -> list[Loop]:
         from ductwork.db.wakeup import Wakeup
-        from ductwork.fleet.shared import Inbox, Refusals, ReleasedSteps, TokenAlarm
+        from ductwork.fleet.shared import Refusals, ReleasedSteps, TokenAlarm
         from ductwork.fleet.worker import Worker
         from ductwork.pipelines.advance import Advancer
 
         loops: list[Loop] = []
-        #: keyed executions claimed for idle threads (a keyed batch), for any thread to take
-        self.inbox = Inbox(self.app.wakeup.notify, lambda: sum(1 for loop in loops if not loop.busy),
-                           threads=self.threads)
         #: keyed steps released by this process's workers, advanced by a thread of their own
         self.released = ReleasedSteps(self.app, Wakeup())
         #: wakes an idle thread when a rated key's next token is due (a claim spent the last)
@@ -167,7 +164,7 @@ class Runner:
                 may_hand_off = (lambda: not self.stop.is_set()) if self.app.config.job_worker.hand_off else None
                 worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off,
                                 batch_size=self.app.config.job_worker.batch_size,
-                                batch_window=self.app.config.job_worker.batch_window, inbox=self.inbox,
+                                batch_window=self.app.config.job_worker.batch_window, threads=self.threads,
                                 released=self.released, tokens=self.tokens, lease=self.holds_lease,
                                 refused=self.refusals.count)
                 self.units.append(worker)
@@ -225,7 +222,7 @@ class Runner:
             return False
         self._last_heartbeat_sent = sent
         try:
-            held = set().union(*(u.held() for u in self.units), self.inbox.held())
+            held = set().union(*(u.held() for u in self.units))
             reconcile(self.app, self.process_id, held)
         except Exception:  # retried at the next heartbeat
             log.warning("reconciliation failed", exc_info=True)

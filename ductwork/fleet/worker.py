@@ -5,15 +5,14 @@ what it did, and take what its completions hand on.
     >>> worker.run_once()          # None when nothing may run now
     Performed(execution_id='…', node='Charge#1', outcome='success')
 
-One thread's loop, one :meth:`Worker.run_once` at a time. How much a claim takes, how
-many of a key the thread runs in a row and when a group of successes is recorded are
-pure rules (``fleet/batching.py``); what the process's threads share (the inbox, the
-keyed group commits, the token alarm, the released steps) is in ``fleet/shared.py``;
-running one step and the failure rules (which error becomes which outcome) in
-``fleet/execute.py``. Here: the claims, the queue of what was claimed and not yet
-performed, the commits of successes (alone, in a group, or by the process's keyed group
-commit) and the crash of whatever an escaping error left unrecorded, so that nothing
-stays held by a thread that gave up on it [INV-EXE-1].
+One thread's loop, one :meth:`Worker.run_once` at a time. How much a claim takes and
+when a group of successes is recorded are pure rules (``fleet/batching.py``); what the
+process's threads share (the token alarm, the released steps, the refusal counts) is in
+``fleet/shared.py``; running one step and the failure rules (which error becomes which
+outcome) in ``fleet/execute.py``. Here: the claims, the queue of what was claimed and not
+yet performed, the commits of successes (alone or in the thread's group) and the crash of
+whatever an escaping error left unrecorded, so that nothing stays held by a thread that
+gave up on it [INV-EXE-1].
 """
 
 from __future__ import annotations
@@ -39,9 +38,8 @@ from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database
-    from ductwork.fleet.shared import Inbox, ReleasedSteps, TokenAlarm
+    from ductwork.fleet.shared import ReleasedSteps, TokenAlarm
     from ductwork.limits.executions import Claimed
-    from ductwork.pipelines.outcomes import Gathering
 
 log = logging.getLogger("ductwork.execute")
 
@@ -68,35 +66,27 @@ class Worker:
     """Claims and runs executions: one claim (or batch) per :meth:`run_once`, and what its
     completions hand on.
 
-    Batches (``batch_size`` > 1): when the oldest lane is the unkeyed one, a claim takes
-    up to as many unkeyed executions as this worker's recent steps could run in
-    ``batch_window`` seconds (one, until a step has been timed; never more than
-    ``batch_size``), and their successes are recorded together in one transaction at the
-    batch's end, or as soon as the oldest unrecorded success is ``batch_window`` old. A
-    claimed execution therefore waits behind its siblings for about ``batch_window`` at
-    the recent pace, and a success stays unrecorded about as long: a crash in that time
-    re-runs it (at-least-once, as for any crash before the commit). A keyed success is
-    recorded by its process's keyed group commit (``inbox.commits``,
-    :class:`~ductwork.fleet.shared.KeyedCommits`): with the other successes of its key that threads of the
-    process have ready by the time the key's lock is granted, under one hold of that
-    lock, each with its own release
-    sequence number, and one hand-off of up to one execution per thread that asked; a
-    worker alone (no inbox) groups the successes of its own keyed batch instead, as it
-    groups unkeyed ones. A keyed claim takes up to as many executions of its key as
-    the process has idle threads (``inbox``: they wait there for them) plus as many as
-    this thread runs in a row (:meth:`in_a_row`: one, or with fast steps up to its share
-    of the key's concurrency, a thread's or, for bodies that mostly run Python, the
-    process's, recorded by one group commit as a worker alone records
-    its batch), or, for a worker alone, as many as an unkeyed batch. Not done: handing back
-    claimed executions that a stopping worker has not started (it runs them; they were
-    sized to take ``batch_window``).
+    Batches (``batch_size`` > 1): a claim takes up to as many executions as this worker's
+    recent steps could run in ``batch_window`` seconds (one, until a step has been timed;
+    never more than ``batch_size``), of a key no more than the thread's share of its
+    concurrency (:func:`batching.keyed_batch`: a key's slots are not held by executions
+    waiting in one thread while others could run them), and their successes are recorded
+    together in one transaction at the batch's end, or as soon as the oldest unrecorded
+    success is ``batch_window`` old; that transaction's hand-off takes the lane's next
+    executions, as many as it released, if a poll would [INV-LIM-6]. A claimed execution
+    therefore waits behind its siblings for about ``batch_window`` at the recent pace, and a
+    success stays unrecorded about as long: a crash in that time re-runs it (at-least-once,
+    as for any crash before the commit). A claim that took something wakes one more idle
+    thread of the process (there may be more to take), so that work arriving wakes threads
+    one at a time, as many as find some, never all of them for one execution. Not done:
+    handing back claimed executions that a stopping worker has not started (it runs them;
+    they were sized to take ``batch_window``).
     """
 
     def __init__(self, app: Database, *, process_id: str | None = None,
                  hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05,
-                 inbox: Inbox | None = None, released: ReleasedSteps | None = None,
-                 tokens: TokenAlarm | None = None, lease: Callable[[], bool] | None = None,
-                 refused: Callable[[Refusal], None] | None = None):
+                 threads: int = 1, released: ReleasedSteps | None = None, tokens: TokenAlarm | None = None,
+                 lease: Callable[[], bool] | None = None, refused: Callable[[Refusal], None] | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
         from ductwork.fleet.boot import load_pipelines
@@ -107,11 +97,12 @@ class Worker:
         self.app = app
         self._process_id = process_id
         #: asked after each success: may this worker take its lane's next execution in
-        #: the same transaction (``claims.hand_off``)? None: never (one per run_once)
+        #: the same transaction (``claims.release_and_claim``)? None: never (one per run_once)
         self._may_hand_off = hand_off
         self._batch_size = batch_size
         self._batch_window = batch_window
-        self._inbox = inbox
+        #: the process's worker threads: what a thread's share of a key's concurrency is of
+        self._threads = threads
         #: the process's released keyed steps, advanced by a thread of their own; None: this
         #: worker advances them itself, right after each release commits
         self._released = released
@@ -122,14 +113,12 @@ class Worker:
         self._lease = lease
         #: told of each keyed claim a poll was refused (the process's ``shared.Refusals``); None: not counted
         self._refused = refused
-        #: how many unkeyed executions the next claim may take (from the recent pace)
+        #: how many executions the next claim may take (from the recent pace)
         self.batch = 1
-        #: the recent bodies' pace and CPU share (what sizes the batch and a key's share)
+        #: the recent bodies' pace (what sizes the batch)
         self._pace = batching.Pace(batch_window, batch_size)
         #: claimed, not yet performed: handed on by a completion, or the rest of a batch
         self._queue: deque[Claimed] = deque()
-        #: queued keyed executions this thread runs in a row (their successes: one group commit)
-        self._in_a_row: set[str] = set()
         #: performed successes not yet recorded (the batch's group commit)
         self._group: list[Success] = []
         self._group_started = 0.0
@@ -191,7 +180,6 @@ class Worker:
         queued stay held and run at the next call. Never sleeps (except inside the step)."""
         if self._group and not self._queue:
             self._flush()  # successes left unrecorded when an exception left the last call
-        self._take_given()
         polled = False
         if not self._queue and not self._group and time.monotonic() >= self._next_hook_poll:
             polled = True  # busy or not, a halted run's hook waits at most a second for a poll
@@ -199,7 +187,6 @@ class Worker:
                 return hooked
         if not self._queue:
             self._claim()
-            self._top_up()
         if not self._queue:
             self.next_due_s = seconds_to_next_due(self.app)
             return None if polled else self._hook()  # idle: an owed hook is the work
@@ -214,12 +201,6 @@ class Worker:
             self._abandon()  # the thread is leaving: nothing may stay held by it
             raise
 
-    def _take_given(self) -> None:
-        """With nothing queued, take an execution claimed for this process (the inbox):
-        it comes before anything new."""
-        if not self._queue and self._inbox is not None and (given := self._inbox.take()) is not None:
-            self._queue.append(given)
-
     def _run_queued(self) -> Performed | None:
         """Run what is queued, one execution (or one awaited batch) at a time, recording the
         group of successes when :func:`batching.flush_due`, until nothing is queued."""
@@ -228,61 +209,25 @@ class Worker:
             if self._group and self._group[0].claimed.limit_key != self._queue[0].limit_key:
                 self._flush()  # pragma: no cover  defensive: a queue holds one lane (claims, hand-offs)
             claimed = self._queue.popleft()
-            in_a_row = claimed.execution_id in self._in_a_row
-            self._in_a_row.discard(claimed.execution_id)
-            group = batching.groups(self._batch_size, keyed=claimed.limit_key is not None,
-                                    alone=self._inbox is None, in_a_row=in_a_row)
             together = awaitable(claimed)
-            batch = self._async_batch(claimed, in_a_row) if together else [claimed]
-            performed = self._run(batch, group=group, together=together)
+            batch = self._async_batch(claimed) if together else [claimed]
+            performed = self._run(batch, together=together)
             if self._group and batching.flush_due(bool(self._queue), time.monotonic() - self._group_started,
                                                   self._batch_window):
                 self._flush()
-            self._take_given()
         return performed
 
-    def in_a_row(self, key: str) -> int:
-        """How many executions of ``key`` this thread may run one after the other
-        (:func:`batching.in_a_row`): a share of the key's concurrency that is the thread's
-        (one of ``inbox.threads``) or, for bodies that mostly run Python, the process's (one
-        of the supervisor's ``job_worker.processes``). A worker alone: its batch."""
-        if self._inbox is None:  # pragma: no cover  _claim, the only caller, asks only with an inbox
-            return self.batch
-        return batching.in_a_row(self.batch, self.app.config.limits.get(key), cpu_share=self._pace.cpu_share,
-                                 threads=self._inbox.threads, processes=self.app.config.job_worker.processes)
-
     def _claim(self) -> None:
-        """Claim a batch; what a keyed batch took beyond what this thread runs in a row
-        (:meth:`in_a_row`) goes to the inbox, for idle threads."""
-        inbox = self._inbox
-        spare = 0 if inbox is None else inbox.spare()
-        per_key = None if inbox is None else {key: self.in_a_row(key) + spare for key in self.app.config.limits}
-        claimed = claim_batch(self.app, self.process_id, self.batch, self.batch + spare, per_key, self._refused)
+        """Claim a batch: unkeyed, as many as the pace says; of a key, no more than the
+        thread's share of it (:func:`batching.keyed_batch`). One that took something wakes
+        one more idle thread: there may be more to take."""
+        limits = self.app.config.limits
+        per_key = {key: batching.keyed_batch(self.batch, entry, self._threads) for key, entry in limits.items()}
+        claimed = claim_batch(self.app, self.process_id, self.batch, self.batch, per_key, self._refused)
         self._note_tokens(claimed)
-        if inbox is None or not claimed or claimed[0].limit_key is None:
-            self._queue.extend(claimed)
-            return
-        own = self.in_a_row(claimed[0].limit_key)
-        self._queue.extend(claimed[:own])
-        if own > 1:
-            self._in_a_row.update(c.execution_id for c in claimed[:own])  # their successes: one group commit
-        if len(claimed) > own:
-            inbox.put(claimed[own:])
-
-    def _top_up(self) -> None:
-        """A thread's first claim takes one execution, its pace being unknown. When that one
-        is an unkeyed async step, the polls that would follow it are made now, up to
-        ``batch_size`` in all, so that what they take is awaited with it, as every later
-        claim of async steps is, instead of one await later (1,000 runs of
-        ``asyncio.sleep(0.1)`` on five fresh threads: five in the first await). They are
-        those polls' claims, in lane order [INV-LIM-6]: ``claim_batch`` again, in a second
-        transaction. Not done: a claim cannot know that what it takes is async before it
-        takes it, so plain steps claimed here wait behind the batch, as the plain steps of
-        any claim after an async batch do until their pace is known."""
-        if batching.tops_up(self._queue, self.batch, self._batch_size) and awaitable(self._queue[0]):
-            self.batch = self._batch_size - 1
-            self._claim()
-            self.batch = self._batch_size
+        self._queue.extend(claimed)
+        if claimed:
+            self.app.wakeup.notify(1)  # the baton: one more thread looks, not all of them
 
     def _note_tokens(self, claimed: list[Claimed]) -> None:
         """A claim (or hand-off) that spent its key's last token sets the process's alarm
@@ -290,22 +235,18 @@ class Worker:
         if self._tokens is not None and claimed and claimed[-1].next_token_in_s is not None:
             self._tokens.at(claimed[-1].next_token_in_s)
 
-    def _async_batch(self, first: Claimed, in_a_row: bool) -> list[Claimed]:
+    def _async_batch(self, first: Claimed) -> list[Claimed]:
         """``first`` and the queued executions after it that are awaited with it: async
-        steps of its lane, recorded the same way (in a row or not) and, with successes
-        waiting for the group commit, the same group."""
+        steps of its lane."""
         batch = [first]
-        while (self._queue and self._queue[0].limit_key == first.limit_key and awaitable(self._queue[0])
-               and (self._queue[0].execution_id in self._in_a_row) == in_a_row):
-            claimed = self._queue.popleft()
-            self._in_a_row.discard(claimed.execution_id)
-            batch.append(claimed)
+        while self._queue and self._queue[0].limit_key == first.limit_key and awaitable(self._queue[0]):
+            batch.append(self._queue.popleft())
         return batch
 
-    def _run(self, batch: list[Claimed], *, group: bool, together: bool) -> Performed:
-        """Run claimed executions and record each outcome in order (``group``: leave
-        successes to the batch's group commit): one plain step, or (``together``) async
-        steps awaited together on the step loop first. On any escape, crash every execution
+    def _run(self, batch: list[Claimed], *, together: bool) -> Performed:
+        """Run claimed executions and record each outcome in order (with batches, successes
+        wait for the batch's group commit): one plain step, or (``together``) async steps
+        awaited together on the step loop first. On any escape, crash every execution
         of the batch not recorded yet. A claim of async steps then takes ``batch_size``
         executions: they run side by side, so none waits behind its siblings (what pacing a
         batch of plain steps is for)."""
@@ -318,7 +259,7 @@ class Worker:
             outcomes = await_together(self.app, batch) if together else [NOT_AWAITED]
             for claimed, outcome in zip(batch, outcomes, strict=True):
                 self.current = claimed.execution_id
-                performed = Performed(claimed.execution_id, claimed.node, self._perform(claimed, group, outcome))
+                performed = Performed(claimed.execution_id, claimed.node, self._perform(claimed, outcome))
                 recorded.add(claimed.execution_id)
             if together:
                 self.batch = self._batch_size
@@ -336,7 +277,6 @@ class Worker:
         left = [success.claimed for success in self._group] + list(self._queue)
         self._group.clear()
         self._queue.clear()
-        self._in_a_row.clear()
         self._crash(left)
 
     def _crash(self, left: Iterable[Claimed], message: str = "execution abandoned by its worker thread") -> None:
@@ -347,18 +287,14 @@ class Worker:
             record_crash(self.app, claimed.execution_id, claimed.process_id, ABANDONED, message)
 
     def _hands_off(self) -> bool:
-        """Whether the completion being recorded may take its lane's next execution: not
-        while executions claimed for this process wait in the inbox (they come first)."""
-        return (self._may_hand_off is not None and self._may_hand_off()
-                and not (self._inbox is not None and self._inbox.waiting()))
+        """Whether the completion being recorded may take its lane's next execution."""
+        return self._may_hand_off is not None and self._may_hand_off()
 
     def _flush(self) -> None:
         """Record the group of successes in one transaction; take what it hands on."""
         hand_off = HandOff(self.batch, len(self._group)) if not self._queue and self._hands_off() else None
         try:
-            handed = self._record(lambda: record_successes(self.app, self._group, hand_off), self._group)
-            if self._inbox is not None and self._group[0].claimed.limit_key is not None:
-                self._in_a_row.update(c.execution_id for c in handed)  # the thread's keyed batch goes on
+            self._record(lambda: record_successes(self.app, self._group, hand_off), self._group)
         except CommitFailed as failed:  # a group of one, reaped under it (larger groups log each)
             log.warning("%s", failed)
         except Exception:
@@ -394,21 +330,11 @@ class Worker:
         else:
             advance_released_steps(self.app, later)
 
-    def _commit_keyed(self, successes: list[Success], take: int, gathering: Gathering) -> list[Claimed]:
-        """A keyed group commit (``shared.KeyedCommits``): record ``successes`` and what
-        joins ``gathering`` on the way (``successes`` is extended with them), hand on up to
-        ``take`` executions of their key and one per joiner that asked; then advance them
-        (:meth:`_advance_released`). Not repeated here on a lost connection: each thread of
-        the group repeats its own ``KeyedCommits.record`` (``_record``)."""
-        handed = record_successes(self.app, successes, HandOff(keyed_limit=take), gathering)
-        self._advance_released(successes)
-        return handed
-
-    def _paced(self, seconds: float, cpu_s: float) -> None:
+    def _paced(self, seconds: float) -> None:
         """Size the next batch from the recent pace (:class:`batching.Pace`)."""
-        self.batch = self._pace.note(seconds, cpu_s)
+        self.batch = self._pace.note(seconds)
 
-    def _perform(self, claimed: Claimed, group: bool, awaited: Any = NOT_AWAITED) -> str:
+    def _perform(self, claimed: Claimed, awaited: Any = NOT_AWAITED) -> str:
         """Run the step (or take ``awaited``: what its coroutine returned or raised on the
         step loop) and record its outcome; returns the outcome's name."""
         definition = cached_definition(self.app, claimed.definition_sha1)
@@ -417,28 +343,25 @@ class Worker:
                 output, ran_s = run_step(self.app, claimed, definition, awaited, self._paced)
             except Exception as error:  # noqa: BLE001 - recorded by the failure rules, never lost
                 return record_failed(self.app, claimed, error)
-            self._succeeded(Success(claimed, output, ran_s=ran_s), group)
+            self._succeeded(Success(claimed, output, ran_s=ran_s))
             return "success"
         except CommitFailed as failed:
             log.warning("%s", failed)
             return "commit_failed"
 
-    def _succeeded(self, success: Success, group: bool) -> None:
-        """Record a success: with the batch's group commit (``group``: :meth:`run_once`
-        flushes it), by the process's keyed group commit, or alone, in one transaction.
+    def _succeeded(self, success: Success) -> None:
+        """Record a success: with the batch's group commit (batches: :meth:`run_once`
+        flushes it), or alone, in one transaction.
 
         AT-LEAST-ONCE: execute() has run and its side effects are durable. The commit can
         still fail (CommitFailed) if the reaper took the claim; then the reaper's re-run is
         the live execution and the step runs again. Repeated on a lost connection: a commit
         whose acknowledgement was lost is seen as CommitFailed the second time (the guarded
         update matches nothing)."""
-        if group:
+        if self._batch_size > 1:
             if not self._group:
                 self._group_started = time.monotonic()
             self._group.append(success)
-        elif success.claimed.limit_key is not None and self._inbox is not None:
-            commits = self._inbox.commits
-            self._record(lambda: commits.record(success, self._hands_off(), self._commit_keyed))
-        else:
-            hand_off = HandOff(self.batch) if self._hands_off() else None
-            self._record(lambda: record_successes(self.app, [success], hand_off), [success])
+            return
+        hand_off = HandOff(self.batch) if self._hands_off() else None
+        self._record(lambda: record_successes(self.app, [success], hand_off), [success])

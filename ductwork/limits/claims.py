@@ -123,7 +123,8 @@ def _on_server(_: Any, app: Database, tx: Tx, key: str | None, owner: str | None
     rows = dialects.call_routine(tx.conn, ROUTINE, [
         key, owner, [e.execution_id for e in endings], endings[0].outcome if endings else None,
         error.klass if error else None, error.message if error else None, error.backtrace if error else None,
-        take, poll, fixed, offset // timedelta(microseconds=1), entry, digest, keys, unconfigured])
+        take, poll, fixed, offset // timedelta(microseconds=1), None if entry is None else dialects.Json(entry), digest,
+        dialects.Json(keys), unconfigured])
     head = rows[0]
     tx.read_by_routine(head.r_now)  # [INV-CLK-1] the time the routine read after the key's lock
     if head.r_status == "taken":
@@ -163,7 +164,7 @@ def _in_python(_: Any, app: Database, tx: Tx, key: str | None, owner: str | None
         if header is None:
             if endings:  # pragma: no cover  an execution's key row is written with it and never deleted
                 raise sa.exc.NoResultFound(f"limit key {key!r} has no row")
-            return Taken(True, [], "gone")
+            return Taken(True, [], "gone" if poll else None)
         tx.read_clock_again()  # [INV-CLK-1] what follows is timed after the key's lock
     if endings:
         if not _end(tx, owner, endings, header):  # [INV-EXE-2] the guard
@@ -221,7 +222,7 @@ def _write(tx: Tx, key: str | None, header: KeyHeader | None, owner: str | None,
         if not _claim_rows(tx, ids, owner, seq):  # pragma: no cover  read under the key lock, or FOR UPDATE
             raise AssertionError(f"lane {key!r}: one of executions {ids} was taken under its lock [INV-LIM-1]")
     if key is None or header is None:
-        return [_claimed(row, owner, tx.now) for row in _load(tx, ids)]
+        return _load(tx, ids)
     if decided.buckets is not None:
         _write_buckets(tx, key, decided.buckets, state.key.buckets if state.key else {})  # [INV-LIM-2] with the claims
     if decided.stamp:  # [INV-LIM-5] the exact time of the next token, or cleared
@@ -303,17 +304,17 @@ def _claimed(row: sa.Row[Any], process_id: str | None, claimed_at: datetime, fil
                    fills_key=fills_key, next_token_in_s=next_token_in_s)
 
 
-def _load(tx: Tx, execution_ids: list[str]) -> list[sa.Row[Any]]:
-    """What running each claimed execution needs, in the order of ``execution_ids``."""
+def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
+    """Claimed executions as their rows say, in the order of ``execution_ids``."""
     if not execution_ids:
         return []
     rows = tx.execute(dialects.prepared(tx.conn, _load_statement), {"batch_ids": execution_ids}).all()
-    by_id = {row.execution_id: row for row in rows}
+    by_id = {row.execution_id: Claimed.from_row(row) for row in rows}
     return [by_id[execution_id] for execution_id in execution_ids]
 
 
 def _load_statement(_: Any) -> sa.Select[Any]:
-    return _running().where(_e.c.id.in_(dialects.ids_param()))
+    return _running(_e.c.process_id, _e.c.claimed_at).where(_e.c.id.in_(dialects.ids_param()))
 
 
 def _keyed_candidates(_: Any) -> sa.Select[Any]:

@@ -178,18 +178,6 @@ def _header_update(columns: tuple[str, ...]) -> sa.Update:
             .values(**{name: sa.bindparam(f"k_{name}", type_=_k.c[name].type) for name in columns}))
 
 
-def lock_for_release(tx: Tx, key: str) -> KeyHeader:
-    """Lock ``key`` to release executions of it (:func:`lock_key`) and read the clock again:
-    a completion may have written what follows its step before, at the time it read then,
-    and its releases must be timed after the lock, in the key's sequence [INV-CLK-1]. Raises
-    NoResultFound if the key has no row."""
-    header = lock_key(tx, key)  # [INV-LIM-1] the releases change the key's in-flight set: under its lock
-    if header is None:  # pragma: no cover  an execution's key row is written with it and never deleted
-        raise sa.exc.NoResultFound(f"limit key {key!r} has no row")
-    tx.read_clock_again()  # [INV-CLK-1] the releases' time follows the key's sequence
-    return header
-
-
 @dataclass(frozen=True)
 class Ending:
     """One execution to end, and how: ``outcome`` (``success``, ``failure``, ``timed_out``,

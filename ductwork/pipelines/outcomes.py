@@ -41,7 +41,6 @@ Nothing is logged for an outcome that was not recorded.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -52,7 +51,7 @@ from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.errors import CommitFailed
 from ductwork.limits.claims import release, release_and_claim
-from ductwork.limits.executions import MESSAGE_LIMIT, Claimed, Ending, ErrorInfo, Pending, enqueue, lock_for_release
+from ductwork.limits.executions import MESSAGE_LIMIT, Claimed, Ending, ErrorInfo, Pending, enqueue
 from ductwork.limits.outcomes import releases_first, rerun_at, retry_at
 from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes
 from ductwork.pipelines.payloads import Output
@@ -94,32 +93,6 @@ class HandOff:
     keyed_limit: int = 1
 
 
-class Gathering:
-    """The successes of one key that join its group commit on its way (threads of the
-    process whose keyed successes become ready meanwhile: ``fleet.shared.KeyedCommits``);
-    :func:`record_successes` closes it once it holds the key's lock and records what
-    joined, under that one hold; a success offered after the close is refused
-    (:meth:`join` is False) and goes to the next commit. ``takers``: how many of the
-    joined successes ask for a handed-on execution. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock, self.takers, self._open = threading.Lock(), 0, True
-        self._joined: list[Success] = []
-
-    def join(self, success: Success, take: bool) -> bool:
-        with self._lock:
-            if self._open:
-                self._joined.append(success)
-                self.takers += take
-            return self._open
-
-    def close(self) -> list[Success]:
-        """No more joins; what joined (once: a second close returns nothing)."""
-        with self._lock:
-            self._open, joined, self._joined = False, self._joined, []
-            return joined
-
-
 class _Taken(Exception):
     """A group's guard matched fewer executions than it holds: one was taken."""
 
@@ -129,8 +102,7 @@ def record_success(app: Database, claimed: Claimed, output: Output, hand_off: Ha
     return record_successes(app, [Success(claimed, output)], hand_off)
 
 
-def record_successes(app: Database, successes: list[Success], hand_off: HandOff | None = None,
-                     gathering: Gathering | None = None) -> list[Claimed]:
+def record_successes(app: Database, successes: list[Success], hand_off: HandOff | None = None) -> list[Claimed]:
     """Record successes of one owner: each job's output and expand items, each step advanced
     past inline (a simple transition on a free branch) or left ``advancing``, then the
     guarded release of every execution (the key's lock first for a keyed group), then the
@@ -143,16 +115,12 @@ def record_successes(app: Database, successes: list[Success], hand_off: HandOff 
     not retry (that error is raised once the other successes are recorded, and only the
     success that caused it is left unrecorded). A group that mixes lanes is recorded one
     by one. Raises CommitFailed only for a group of one; hands on only in the last
-    transaction. A keyed group's ``gathering`` adds the successes that join it on its way
-    (:class:`Gathering`; ``successes`` is extended with them); recorded one by one, it is
-    closed first.
+    transaction.
     """
-    if len({s.claimed.limit_key for s in successes}) == 1 and (len(successes) > 1 or gathering is not None):
-        grouped = _commit_group(app, successes, hand_off, gathering)
+    if len(successes) > 1 and len({s.claimed.limit_key for s in successes}) == 1:
+        grouped = _commit_group(app, successes, hand_off)
         if grouped is not None:
             return grouped
-    if gathering is not None:
-        successes.extend(gathering.close())  # none joins a group recorded one by one
     if len(successes) == 1:
         return _commit_one(app, successes[0], hand_off)
     handed: list[Claimed] = []
@@ -169,13 +137,12 @@ def record_successes(app: Database, successes: list[Success], hand_off: HandOff 
     return handed
 
 
-def _commit_group(app: Database, successes: list[Success], hand_off: HandOff | None,
-                  gathering: Gathering | None) -> list[Claimed] | None:
+def _commit_group(app: Database, successes: list[Success], hand_off: HandOff | None) -> list[Claimed] | None:
     """A group's one transaction (:func:`_commit`); None when it must be recorded one by
     one: its guard found one execution taken, or it failed for a reason the database would
     not retry (repeated whole otherwise: ``retry_transient``)."""
     try:
-        return _commit(app, successes, hand_off, gathering)
+        return _commit(app, successes, hand_off)
     except _Taken:
         log.warning("a batch of %d successes lost an execution to the reaper; recording each alone",
                     len(successes))
@@ -193,10 +160,9 @@ def _commit_one(app: Database, success: Success, hand_off: HandOff | None) -> li
         raise CommitFailed(success.claimed.execution_id, success.claimed.process_id) from None
 
 
-def _commit(app: Database, successes: list[Success], hand_off: HandOff | None,
-            gathering: Gathering | None = None) -> list[Claimed]:
-    """One group's transaction: what follows the steps, the guarded release, the hand-off;
-    with a ``gathering``, the successes that joined it on the way (:func:`_gather`)."""
+def _commit(app: Database, successes: list[Success], hand_off: HandOff | None) -> list[Claimed]:
+    """One group's transaction: what follows the steps, then the routine: the guarded
+    release and the hand-off, one round trip."""
     first = successes[0].claimed
     key, owner = first.limit_key, first.process_id
     with app.begin() as tx:
@@ -204,8 +170,6 @@ def _commit(app: Database, successes: list[Success], hand_off: HandOff | None,
         _follow_up(app, tx, successes, inline=not released)  # [lock order] branch, then run rows
         if key is not None:
             faults.hit(faults.BEFORE_RELEASE_KEY_LOCK)
-        if gathering is not None:
-            hand_off = _gather(app, tx, successes, gathering, hand_off)
         # [INV-EXE-2] the guard: every execution still open and ours, or nothing commits
         # [lock order] then the key's lock (a keyed release), then the hand-off's claim
         take = 0 if hand_off is None else hand_off.limit if key is None else hand_off.keyed_limit
@@ -219,20 +183,6 @@ def _commit(app: Database, successes: list[Success], hand_off: HandOff | None,
             tx.wake()  # a slot is free (those a hand-off took over are nothing for anyone else)
     _log_successes(successes)
     return handed
-
-
-def _gather(app: Database, tx: Tx, successes: list[Success], gathering: Gathering,
-            hand_off: HandOff | None) -> HandOff:
-    """A keyed group commit's joiners: once the key's lock is held (the wait for it is when
-    threads' successes become ready), close the gathering and add what joined, their steps
-    left ``advancing`` (advancing them now would lock branch and run rows after the key's:
-    [lock order] branch, run, key), released in this hold and advanced after the commit as
-    released-first ones are; returns the hand-off with one more per joiner that asked."""
-    lock_for_release(tx, successes[0].claimed.limit_key or "")  # [INV-LIM-1] [lock order] the key's lock
-    joined = gathering.close()
-    successes.extend(joined)
-    _follow_up(app, tx, joined, inline=False)
-    return HandOff(keyed_limit=(hand_off.keyed_limit if hand_off else 0) + gathering.takers)
 
 
 def _follow_up(app: Database, tx: Tx, successes: list[Success], *, inline: bool) -> None:

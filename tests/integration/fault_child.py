@@ -54,8 +54,8 @@ def main() -> int:
     process_id = register(app, role="fault_child", label=label)
     print(f"READY {process_id}", flush=True)
     # Batches (up to 4, sized from the recent pace): unkeyed and keyed batches are claimed
-    # inside the kill windows too, a keyed batch reaches between_keyed_batch_claims, and its
-    # successes' keyed group commit (a worker alone groups its keyed batch) in_keyed_group_commit.
+    # inside the kill windows too, and a keyed batch's successes' group commit reaches
+    # in_keyed_group_commit (the lane routine returned: released and handed off, not committed).
     worker = Worker(app, process_id=process_id, batch_size=4)
     advancer = Advancer(app, process_id=process_id)
     deadline = time.monotonic() + 60

@@ -130,22 +130,6 @@ def test_one_worker_awaits_the_async_steps_of_its_claim_together(db_url):
         assert worker.batch == 8
 
 
-def test_a_fresh_workers_first_claim_of_an_async_step_takes_the_rest_of_its_batch(db_url):
-    """A fresh worker takes one execution in its first claim (no pace yet); an unkeyed
-    async step tops that claim up to ``batch_size`` (``Worker._top_up``), so the whole
-    batch is awaited together in the first ``run_once``: one Meet alone would wait for
-    the other seven and time out."""
-    SEEN.clear()
-    SEEN["inside"] = []
-    with installed(make_app(db_url, job_worker={"batch_size": 8})) as app:
-        runs = [MeetP.trigger(8, 5) for _ in range(8)]
-        worker = Worker(app, batch_size=8)
-        assert worker.batch == 1
-        worker.run_once()
-        assert [r.refresh().status for r in runs] == ["completed"] * 8
-        assert sorted(set(SEEN["inside"])) == sorted(SEEN["inside"])  # each awaited once
-
-
 class Sleepy(Step):
     def __init__(self, seconds):
         self.seconds = seconds

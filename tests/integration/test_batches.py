@@ -164,11 +164,16 @@ def test_a_group_commit_reads_its_rows_by_primary_key(app):
             assert "(id=?)" in plan, (statement, plan)
 
 
-def test_a_batch_plans_for_the_ids_it_carries(app):
+@pytest.mark.parametrize("routine", [
+    pytest.param("python", marks=needs("python_lane_routine")),
+    pytest.param("server", marks=needs("server_side_routines"))])
+def test_a_batch_plans_for_the_ids_it_carries(app, routine):
     """The claim, the load and the group commit write their batch's ids into the statement
     text, so the database plans each for those ids: a prepared statement's generic plan,
     chosen while the queue tables were small, would otherwise be kept as they grow
-    (ductwork.db.dialects.inline_ids)."""
+    (ductwork.db.dialects.inline_ids). On a server the claim, the load and the guard are
+    the lane routine's, one call whose ids travel as one array: the group commit's
+    statements (outputs, steps) still carry theirs in their text."""
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
@@ -184,7 +189,8 @@ def test_a_batch_plans_for_the_ids_it_carries(app):
         record_successes(app, [Success(c, Output("null")) for c in claimed])
     finally:
         sa.event.remove(app.engine, "before_cursor_execute", capture)
-    assert len(sent) == 5  # claim, load, the executions' guard, the jobs' output, the steps' status
+    # claim, load and the executions' guard (in Python), the jobs' output, the steps' status
+    assert len(sent) == {"python": 5, "server": 2}[routine]
     step_ids = [c.step_id for c in claimed]
     job_ids = [c.job_id for c in claimed]
     for statement, parameters in sent:
@@ -434,81 +440,6 @@ def test_a_keyed_group_commit_leaves_a_reaped_execution_to_the_reaper(keyed_app)
     assert [rows[k].outcome for k in ks] == ["success", "process_crashed", "success"]
     releases = _seqs(app, ks, "release_seq")
     assert len(set(releases)) == 3
-
-
-def _keyed_round(app, monkeypatch, hold_at: str | None):
-    """Three threads' keyed successes of one ``concurrency: 3`` key: the first commits and
-    is held at ``hold_at`` (an outcomes checkpoint; None: inside ``commit``, before its
-    transaction begins) until the two others have offered theirs; returns the commits'
-    calls, each thread's result, the rows, the claims and the keyed commits."""
-    from ductwork import faults
-    from ductwork.fleet.shared import KeyedCommits
-
-    run_id, branch_id = make_run(app)
-    process = register(app, role="test", label="w")
-    ks = make_executions(app, run_id, branch_id, "three", AT, 6)
-    got = claim_batch(app, process, 1, keyed_limit=3)
-    commits, key = KeyedCommits([].extend), "three"
-    held, offered, calls, results = threading.Event(), threading.Event(), [], {}
-    hit = faults.hit
-
-    def hold(name=None):
-        if name == hold_at and not held.is_set():
-            held.set()
-            assert offered.wait(30)
-        return hit(name) if name else None
-
-    monkeypatch.setattr(faults, "hit", hold)
-
-    def commit(successes, take, gathering):
-        calls.append([s.claimed.execution_id for s in successes])
-        if hold_at is None:
-            hold()
-        return record_successes(app, successes, HandOff(keyed_limit=take), gathering)
-
-    def record(c, take):
-        results[c.execution_id] = commits.record(Success(c, Output("null")), take, commit)
-
-    first = threading.Thread(target=record, args=(got[0], True))
-    first.start()
-    assert held.wait(30) if hold_at else wait_for(lambda: calls, "the first commit began")
-    others = [threading.Thread(target=record, args=(c, take)) for c, take in ((got[1], True), (got[2], False))]
-    for t in others:
-        t.start()
-    wait_for(lambda: len(commits._rounds[key][1]) + len(commits._waiting.get(key, [])) == 3,
-             "the two others offered their successes")
-    offered.set()
-    for t in (first, *others):
-        t.join(30)
-    return calls, results, _rows(app, ks), ks
-
-
-@pytest.mark.parametrize("hold_at", [None, "before_release_key_lock"],
-                         ids=["before its transaction", "before its lock"])
-def test_keyed_successes_ready_before_the_key_lock_join_the_commit_on_its_way(keyed_app, monkeypatch, hold_at):
-    """Successes of one key that threads of a process have ready while a commit of the key
-    is on its way join it (``outcomes.Gathering``): one transaction for all three, whether
-    they joined before its transaction began or while it waited for the key's lock; each
-    thread gets its result, the hand-off is spread over those that asked, and each release
-    takes its own sequence number, in order [INV-CLK-1]."""
-    calls, results, rows, ks = _keyed_round(keyed_app, monkeypatch, hold_at)
-    assert calls == [[ks[0]]]  # one commit: the two others joined it
-    assert [rows[k].outcome for k in ks[:3]] == ["success"] * 3
-    assert rows[ks[0]].completed_at == rows[ks[1]].completed_at == rows[ks[2]].completed_at
-    handed = sorted(c.execution_id for v in results.values() for c in v)
-    assert handed == sorted(ks[3:5])  # one per success that asked: k6 waits for a poll
-    assert results[ks[2]] == []  # the third did not ask for a hand-off
-    assert _seqs(keyed_app, ks[:3], "release_seq") == sorted(_seqs(keyed_app, ks[:3], "release_seq"))
-
-
-def test_keyed_successes_ready_once_the_key_lock_is_held_wait_for_the_next_round(keyed_app, monkeypatch):
-    """A success offered once the commit in progress holds the key's lock (its gathering
-    closed) is recorded by the next round, with every other success waiting by then."""
-    calls, results, rows, ks = _keyed_round(keyed_app, monkeypatch, "in_keyed_group_commit")
-    assert calls == [[ks[0]], [ks[1], ks[2]]]
-    assert [rows[k].outcome for k in ks[:3]] == ["success"] * 3
-    assert rows[ks[1]].completed_at == rows[ks[2]].completed_at != rows[ks[0]].completed_at
-    assert sorted(c.execution_id for v in results.values() for c in v) == sorted(ks[3:5])
 
 
 @pytest.mark.parametrize("outputs", [["1", "1", "2", "1", "null", "2"], [str(i) for i in range(7)]],

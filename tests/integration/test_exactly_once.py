@@ -612,16 +612,13 @@ def test_a_batched_success_reaped_under_its_step_is_the_reapers(app, caplog):
 
 
 def test_a_threads_keyed_batch_goes_on_through_its_own_hand_off(in_a_row_app):
-    """A worker thread of a process (an inbox) claims a keyed batch it runs in a row; its
-    group commit hands the key's next executions to the same thread, which runs them in a
-    row too: one call runs all 8, recorded by two group commits (one clock read each)."""
-    from ductwork.fleet.shared import Inbox
-
+    """A worker thread claims a keyed batch it runs in a row; its group commit hands the
+    key's next executions to the same thread, which runs them in a row too: one call runs
+    all 8, recorded by two group commits (one clock read each)."""
     app = in_a_row_app
     (pid,) = processes(app, 1)
     runs = [KeyedEcho.trigger(i) for i in range(8)]
-    inbox = Inbox(lambda _: None, lambda: 0, threads=1)
-    worker = Worker(app, process_id=pid, hand_off=lambda: True, batch_size=4, batch_window=60, inbox=inbox)
+    worker = Worker(app, process_id=pid, hand_off=lambda: True, batch_size=4, batch_window=60)
     worker.batch = 4  # paced as fast steps are (a new worker starts at 1)
     assert worker.run_once().outcome == "success"
     e = schema.executions
@@ -629,5 +626,4 @@ def test_a_threads_keyed_batch_goes_on_through_its_own_hand_off(in_a_row_app):
         rows = tx.execute(sa.select(e.c.outcome, e.c.completed_at)).all()
     assert [r.outcome for r in rows] == ["success"] * 8
     assert len({r.completed_at for r in rows}) == 2  # two group commits of 4, not 4 + one per hand-off
-    assert not inbox.waiting()
     assert [r.refresh().status for r in runs] == ["completed"] * 8

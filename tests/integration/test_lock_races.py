@@ -1,9 +1,8 @@
 """Claims racing on one key, with one claimer parked inside the key's lock.
 
-A claimer is held inside ``claim_keyed`` right after the key lock (the ``wait``
-fault at ``after_key_lock``) while the others are observed, through the
-database's own lock-wait views, blocked on that lock; then it is released. No
-sleeps: every wait is on a condition with a deadline.
+A claimer claims in a transaction it keeps open, holding the key's lock, while the
+others are observed, through the database's own lock-wait views, blocked on that lock;
+then it commits. No sleeps: every wait is on a condition with a deadline.
 
 Then second writers that wait on a holder's row locks and find, once it commits, nothing
 left to do: a prune whose batch another prune deleted looks again, an orphan sweep whose
@@ -52,10 +51,9 @@ class PairPipeline(Pipeline):
 
 
 def lock_waiters(app) -> int:
-    """Transactions of this database waiting for the key lock right now (MariaDB may not list
-    a waiter in innodb_trx until it holds a lock of its own: sessions still executing the
-    key-lock statement are counted, see :func:`blocked_on`)."""
-    return blocked_on(app, "%FROM ductwork_limit_keys%FOR UPDATE%")
+    """Claims of this database waiting for a lock right now (the key's: its holder sits idle
+    in its transaction, so a claim still executing the routine waits)."""
+    return blocked_on(app, "%FROM ductwork_limit_keys%FOR UPDATE%")  # (MySQL shows the routine's statement)
 
 
 def server_view(app) -> list:
@@ -79,16 +77,19 @@ def race_app(db_url, tmp_path, monkeypatch):
     reset_tables(app.engine)
     set_default_app(app)
     monkeypatch.setenv("DUCTWORK_FAULT_RELEASE", str(tmp_path / "release"))
-    faults.arm(faults.AFTER_KEY_LOCK, "wait")
     yield app, tmp_path / "release"
     faults.disarm()
     set_default_app(None)
     app.dispose()
 
 
-def race_claims(app, release, claimers: int, *, observe_waiters: bool) -> list:
-    """Start ``claimers`` threads claiming; park the first inside the key lock until the
-    others wait for that lock (or have all passed it: a missing lock); then release."""
+def race_claims(app, key: str, claimers: int, *, observe_waiters: bool) -> list:
+    """The first claimer claims ``key`` in a transaction left open, holding the key's lock
+    (the routine returned, nothing committed); the others claim in threads, and once they
+    all wait for that lock (or have all passed it: a missing lock), it commits. Returns
+    each claimer's claim (or None)."""
+    from ductwork.limits.claims import release_and_claim
+
     pids = [register(app, role="test", label=f"racer-{i}") for i in range(claimers)]
     results: list = [None] * claimers
     errors: list[BaseException] = []
@@ -99,31 +100,35 @@ def race_claims(app, release, claimers: int, *, observe_waiters: bool) -> list:
         except BaseException as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
-    threads = [threading.Thread(target=claim_one, args=(i,)) for i in range(claimers)]
-    for thread in threads:
-        thread.start()
-    try:
-        wait_for(lambda: faults.fired(faults.AFTER_KEY_LOCK) >= 1, "a claimer is inside the key lock", 20)
-        if observe_waiters:
-            try:
-                wait_for(lambda: lock_waiters(app) >= claimers - 1 or faults.fired(faults.AFTER_KEY_LOCK) >= claimers,
-                         "the other claimers wait on the key lock (or passed it: no lock)", 20)
-            except AssertionError as timeout:
-                raise AssertionError(f"{timeout}; claimer errors {errors!r}; server: {server_view(app)}") from None
-    finally:
-        release.touch()  # never leave a claimer parked holding the lock
+    threads = [threading.Thread(target=claim_one, args=(i,)) for i in range(1, claimers)]
+    with app.begin() as tx:
+        held = release_and_claim(app, tx, key, pids[0], [], 1, poll=True).claimed
+        results[0] = held[0] if held else None
         for thread in threads:
-            thread.join(30)
+            thread.start()
+        try:
+            if observe_waiters:
+                def waiting() -> bool:
+                    return lock_waiters(app) >= claimers - 1 or not any(t.is_alive() for t in threads)
+                try:
+                    wait_for(waiting, "the other claimers wait on the key lock (or passed it: no lock)", 20)
+                except AssertionError as timeout:
+                    raise AssertionError(f"{timeout}; claimer errors {errors!r}; server: {server_view(app)}") from None
+        except BaseException:
+            tx.conn.rollback()  # never leave the claimers waiting on a holder that failed
+            raise
+    for thread in threads:
+        thread.join(30)
     assert not errors, errors
     return results
 
 
 def test_racing_claims_on_a_key_serialise_on_its_lock(race_app):
-    app, release = race_app
+    app, _ = race_app
     for i in range(RACERS):
         SoloPipeline.trigger(i)
     observe = app.backend != "sqlite"  # SQLite: the claimers queue for the database write lock
-    results = race_claims(app, release, RACERS, observe_waiters=observe)
+    results = race_claims(app, "solo", RACERS, observe_waiters=observe)
     assert sum(r is not None for r in results) == 1  # [INV-LIM-1] concurrency 1
     with app.begin() as tx:
         assert tx.execute(sa.select(sa.func.count()).where(

@@ -1,18 +1,16 @@
 """A worker's batching policy (``fleet/batching.py``) and its settings, without a database.
 
 Checks: the batch bound documented on ``fleet.worker.Worker`` (a batch is sized to run in
-about ``batch_window`` at the recent pace, between one and ``batch_size``), the pace and
-CPU-share bookkeeping, a thread's share of a key run in a row (never above the key's
-concurrency over its shares, one for a rated key), which successes wait for a group
-commit and when that group is recorded, the first claim's top-up; the token alarm; and
-that a bad ``job_worker.batch_size`` / ``batch_window`` fails the load naming its path.
+about ``batch_window`` at the recent pace, between one and ``batch_size``), the pace
+bookkeeping, a thread's share of a key (never above the key's concurrency over the
+process's threads, one for a rated key), when a group of successes is recorded; the token
+alarm; and that a bad ``job_worker.batch_size`` / ``batch_window`` fails the load naming
+its path.
 The claims a batch makes are checked against the model in
 ``tests/properties/test_conformance_limits.py`` [INV-LIM-6], [INV-LIM-1].
 """
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -20,7 +18,7 @@ from hypothesis import strategies as st
 
 from ductwork.config import MAX_BATCH_SIZE, Config
 from ductwork.errors import ConfigError
-from ductwork.fleet.batching import Pace, batch_for, flush_due, groups, in_a_row, tops_up
+from ductwork.fleet.batching import Pace, batch_for, flush_due, keyed_batch
 from ductwork.fleet.shared import TokenAlarm
 from ductwork.fleet.worker import Worker
 from ductwork.limit_entries import LimitEntry, RateEntry
@@ -57,90 +55,59 @@ def test_slower_steps_never_make_bigger_batches(a, b, window, size):
 
 
 durations = st.floats(min_value=0, max_value=60, allow_nan=False)
-bodies = st.tuples(durations, st.floats(min_value=0, max_value=1)).map(lambda t: (t[0], t[0] * t[1]))
-shares = st.floats(min_value=0, max_value=1)
 
 
-@given(windows, sizes, st.lists(bodies, min_size=1, max_size=20))
+@given(windows, sizes, st.lists(durations, min_size=1, max_size=20))
 def test_a_pace_sizes_every_batch_within_its_bounds_and_averages_what_it_saw(window, size, timed):
     """Each noted body gives a batch of 1 to ``size``; the pace stays between the slowest
-    and the fastest body noted, the CPU share between 0 and 1."""
+    and the fastest body noted."""
     pace = Pace(window, size)
-    for seconds, cpu_s in timed:
-        batch = pace.note(seconds, cpu_s)
+    for seconds in timed:
+        batch = pace.note(seconds)
         assert 1 <= batch <= size
         assert batch == batch_for(pace.pace_s, window, size)
-    assert min(s for s, _ in timed) <= pace.pace_s <= max(s for s, _ in timed)
-    assert 0 <= pace.cpu_share <= 1
+    assert min(timed) <= pace.pace_s <= max(timed)
 
 
 def test_a_pace_worked_numbers():
     pace = Pace(0.05, 64)
-    assert (pace.pace_s, pace.cpu_share) == (None, None)  # nothing timed yet
-    assert pace.note(0.0, 0.0) == 64  # a no-op: all of it this thread's CPU
-    assert (pace.pace_s, pace.cpu_share) == (0.0, 1.0)
-    assert pace.note(0.002, 0.0) == 50  # a body that only waited: the averages halve
-    assert (pace.pace_s, pace.cpu_share) == (0.001, 0.5)
-    assert pace.note(0.01, 0.02) == 9  # more CPU than wall time (other threads' too): a share of 1
-    assert (pace.pace_s, pace.cpu_share) == (0.0055, 0.75)
+    assert pace.pace_s is None  # nothing timed yet
+    assert pace.note(0.0) == 64  # a no-op
+    assert pace.note(0.002) == 50  # the average halves
+    assert pace.pace_s == 0.001
+    assert pace.note(0.01) == 9
+    assert pace.pace_s == 0.0055
 
 
 WIDE, THREE = LimitEntry("wide", 10, ()), LimitEntry("three", 3, ())
 RATED = LimitEntry("r", None, (RateEntry(100, 1, 1),))
 
 
-def test_in_a_row_worked_numbers():
-    """Five threads, fast bodies that mostly wait: a thread's share of ``concurrency: 10``
-    is two; of 3, one; a rated key or an unconfigured one: one, the batch. Bodies that
-    mostly run Python: the process's share (10 over the supervisor's processes)."""
-    waiting = {"cpu_share": 0.0, "threads": 5, "processes": 2}
-    assert [in_a_row(64, entry, **waiting) for entry in (WIDE, THREE, RATED, None)] == [2, 1, 1, 64]
-    running = {"cpu_share": 0.5, "threads": 5, "processes": 2}
-    assert [in_a_row(64, entry, **running) for entry in (WIDE, THREE, RATED, None)] == [5, 1, 1, 64]
-    assert in_a_row(64, WIDE, cpu_share=None, threads=5, processes=2) == 2  # untimed: the thread's share
-    assert in_a_row(3, WIDE, cpu_share=1.0, threads=5, processes=1) == 3  # never more than the batch
+def test_keyed_batch_worked_numbers():
+    """Five threads: a thread's share of ``concurrency: 10`` is two; of 3, one; a rated key:
+    one; an unconfigured one, or one without a ceiling: the batch."""
+    assert [keyed_batch(64, entry, 5) for entry in (WIDE, THREE, RATED, None)] == [2, 1, 1, 64]
+    assert keyed_batch(64, WIDE, 1) == 10  # one thread: the key's whole concurrency
+    assert keyed_batch(64, RATED, 1) == 64  # one thread: no other takes the tokens
+    assert keyed_batch(3, WIDE, 1) == 3  # never more than the batch
+    assert keyed_batch(64, LimitEntry("r", None, ()), 5) == 64
 
 
-@given(sizes, st.integers(1, 1000), st.booleans(), st.one_of(st.none(), shares), st.integers(1, 64),
-       st.integers(1, 64))
-def test_in_a_row_never_exceeds_its_share_of_the_key(batch, concurrency, rated, cpu_share, threads, processes):
-    """At least one, at most the batch; for a key with a concurrency, at most that over its
-    shares (the thread's or the process's) unless that is below one; a rated key: one."""
+@given(sizes, st.integers(1, 1000), st.booleans(), st.integers(1, 64))
+def test_a_keyed_batch_never_exceeds_the_threads_share_of_the_key(batch, concurrency, rated, threads):
+    """At least one, at most the batch; for a key with a concurrency, at most that over the
+    process's threads unless that is below one; a rated key of a process of threads: one."""
     rates = (RateEntry(1, 1, 1),) if rated else ()
-    ran = in_a_row(batch, LimitEntry("k", concurrency, rates), cpu_share=cpu_share, threads=threads,
-                   processes=processes)
-    share = processes if cpu_share is not None and cpu_share >= 0.5 else threads
-    assert 1 <= ran <= max(1, min(batch, concurrency // share))
-    assert ran == 1 or not rated
-    assert in_a_row(batch, LimitEntry("k", None, rates), cpu_share=cpu_share, threads=threads,
-                    processes=processes) == (1 if rated else batch)
-
-
-def test_which_successes_wait_for_the_threads_group_commit():
-    """With batches: unkeyed ones, a lone worker's keyed ones, and keyed ones run in a row;
-    a process thread's other keyed successes go to the process's keyed group commit."""
-    assert groups(8, keyed=False, alone=False, in_a_row=False)
-    assert groups(8, keyed=True, alone=True, in_a_row=False)
-    assert groups(8, keyed=True, alone=False, in_a_row=True)
-    assert not groups(8, keyed=True, alone=False, in_a_row=False)
-    for keyed in (False, True):
-        for alone in (False, True):
-            assert not groups(1, keyed=keyed, alone=alone, in_a_row=True)  # no batches: each alone
+    took = keyed_batch(batch, LimitEntry("k", concurrency, rates), threads)
+    assert 1 <= took <= max(1, min(batch, concurrency // threads))
+    assert took == 1 or not rated or threads == 1
+    assert keyed_batch(batch, LimitEntry("k", None, rates), threads) == (1 if rated and threads > 1 else batch)
 
 
 @given(durations, windows)
 def test_a_group_is_flushed_at_its_batchs_end_or_once_its_window_has_passed(waited, window):
     assert flush_due(False, waited, window)  # nothing left to run: at once
     assert flush_due(True, waited, window) == (waited >= window)
-
-
-def test_only_a_lone_unkeyed_first_claim_is_topped_up():
-    unkeyed, keyed = SimpleNamespace(limit_key=None), SimpleNamespace(limit_key="k")
-    assert tops_up([unkeyed], 1, 8)
-    assert not tops_up([keyed], 1, 8)  # a keyed claim took its share already
-    assert not tops_up([unkeyed, unkeyed], 2, 8)  # not a first claim: its pace is known
-    assert not tops_up([unkeyed], 8, 8)  # a full batch
-    assert not tops_up([], 1, 8)
 
 
 def _job_worker(**values):

@@ -175,14 +175,17 @@ BEGIN
             IF v_n_ends > 0 THEN
                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'a limit key has no row';
             END IF;
-            SET v_status = 'gone', v_found = FALSE;
+            SET v_found = FALSE;
+            IF p_poll THEN
+                SET v_status = 'gone';
+            END IF;
         END IF;
     END IF;
     -- [INV-CLK-1] the clock, read once the key's lock is held
     SET v_now = COALESCE(p_now, TIMESTAMPADD(MICROSECOND, p_offset_us, UTC_TIMESTAMP(6)));
     SET v_now_us = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', v_now);
     SET v_seq0 = v_seq;
-    IF v_status IS NULL AND v_n_ends > 0 THEN  -- the endings, guarded [INV-EXE-2]
+    IF v_found AND v_n_ends > 0 THEN  -- the endings, guarded [INV-EXE-2]
         UPDATE ductwork_executions e
           JOIN JSON_TABLE(p_ends, '$[*]' COLUMNS (ord FOR ORDINALITY, id VARCHAR(36) PATH '$')) o ON e.id = o.id
            SET e.completed_at = v_now, e.updated_at = v_now, e.outcome = p_outcome,
@@ -199,7 +202,7 @@ BEGIN
             SET v_seq = v_seq + v_count;  -- [INV-LIM-3] the slots are free: in-flight derives from completed_at
         END IF;
     END IF;
-    IF v_status IS NULL AND p_take > 0 THEN
+    IF v_found AND v_status IS NULL AND p_take > 0 THEN
         SET v_done = FALSE;
         IF p_key IS NULL THEN
             OPEN unkeyed;

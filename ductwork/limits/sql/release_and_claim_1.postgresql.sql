@@ -129,6 +129,7 @@ DECLARE
     v_bound_id text;
     v_claims text[] := '{}';
     v_status text;
+    v_found boolean := true;
     v_rebase boolean := false;
     v_stamp boolean := false;
     v_blocked bigint;
@@ -151,14 +152,17 @@ BEGIN
             IF cardinality(p_ends) > 0 THEN
                 RAISE EXCEPTION 'limit key % has no row', p_key;
             END IF;
-            v_status := 'gone';
+            v_found := false;
+            IF p_poll THEN
+                v_status := 'gone';
+            END IF;
         END IF;
     END IF;
     -- [INV-CLK-1] the clock, read once the key's lock is held
     v_now := coalesce(p_now, (clock_timestamp() AT TIME ZONE 'UTC') + p_offset_us * interval '1 microsecond');
     v_now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
     v_seq0 := v_seq;
-    IF v_status IS NULL AND cardinality(p_ends) > 0 THEN  -- the endings, guarded [INV-EXE-2]
+    IF v_found AND cardinality(p_ends) > 0 THEN  -- the endings, guarded [INV-EXE-2]
         UPDATE ductwork_executions e
            SET completed_at = v_now, updated_at = v_now, outcome = p_outcome,
                release_seq = v_seq + o.ord,  -- [INV-CLK-1] each its own seq, in the order given (NULL: unkeyed)
@@ -177,7 +181,7 @@ BEGIN
         END IF;
         v_seq := v_seq + v_count;  -- [INV-LIM-3] the slots are free: in-flight derives from completed_at
     END IF;
-    IF v_status IS NULL AND p_take > 0 THEN
+    IF v_found AND p_take > 0 THEN
         IF p_key IS NULL THEN  -- the unkeyed lane's oldest eligible, skipping rows other claimers hold
             SELECT coalesce(array_agg(s.id ORDER BY s.eligible_at, s.id), '{}'),
                    coalesce(array_agg(s.eligible_at ORDER BY s.eligible_at, s.id), '{}')
