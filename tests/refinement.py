@@ -303,7 +303,9 @@ def _lanes() -> Iterator[Case]:
     stamped long before now, at now, one µs after and long after, saturated, or under
     another config's values), their pending executions interleaved in time, take 1 to 3,
     a poll or a hand-off."""
-    layouts = ((0, 1, 2), (1, 0, 2), (1, 2, 0), (0, 0, 1))  # the other lane's place among three
+    # the other lane's places (1) among the routine's (0), in time order: its oldest first,
+    # between, last, and two of it around the routine's
+    layouts = ((0, 1, 0), (1, 0, 0), (0, 0, 1), (0, 0, 0, 1), (1, 0, 1, 0), (0, 1, 0, 1))
     others: tuple[tuple[str | None, Mapping[str, tuple[int, str | None, int | None]], int], ...] = (
         (None, {}, 0), (OTHER, {}, 0), (OTHER, {OTHER: (0, "same", 50)}, 0),
         (OTHER, {OTHER: (0, "stale", 50)}, 0), (OTHER, {OTHER: (0, "same", 5)}, 0),
@@ -312,7 +314,7 @@ def _lanes() -> Iterator[Case]:
             (KEY, None), others, layouts, (1, 2, 3), (True, False)):
         if lane is None and other is None:
             continue  # one lane
-        rows = [Row(other if slot == 1 else lane, 10 * i) for i, slot in enumerate(layout)]
+        rows = [Row(other if slot == 1 else lane, 5 * i) for i, slot in enumerate(layout)]
         rows += [Row(OTHER, 0, "theirs")] * saturated
         limits = {KEY: {"concurrency": 3}, OTHER: {"concurrency": 1}}
         yield Case(limits, tuple(rows), lane, (), take, poll, 20, {KEY: (0, "same", None), **headers})
@@ -350,6 +352,10 @@ def _delays() -> Iterator[Case]:
         if lane == other:
             continue
         rows = (Row(lane, 11), Row(other, 11), Row(lane, 10), Row(other, 5), Row(lane, 3), Row(lane, 10))
+        yield Case({KEY: {"concurrency": 3}, OTHER: {"concurrency": 3}}, rows, lane, (), take, poll, 10,
+                   {KEY: (0, "same", None)})
+        # another lane's only eligible execution, exactly at now, between two of the routine's
+        rows = (Row(other, 11), Row(lane, 10), Row(other, 10), Row(lane, 10))
         yield Case({KEY: {"concurrency": 3}, OTHER: {"concurrency": 3}}, rows, lane, (), take, poll, 10,
                    {KEY: (0, "same", None)})
 

@@ -72,6 +72,17 @@ ARGUED: dict[tuple[str, str, str], str] = {
     **{(b, line, line.replace("> 0", ">= 0")):
        "with no endings the guarded UPDATE ends nothing and its count, 0, matches: the same as skipping it"
        for b, line in _ENDS.items()},
+    **{(b, line, line.replace(old, new)): "positions are never equal: the bound is another lane's execution, "
+       "whose id no candidate of this lane has"
+       for b, line, old, new in (
+           ("postgresql", "IF NOT p_poll AND v_bound_id IS NOT NULL AND (v_bound_at, v_bound_id) < (v_ats[1], v_ids[1]) "
+            "THEN", ") < (", ") <= ("),
+           ("postgresql", "EXIT WHEN v_bound_id IS NOT NULL AND (v_ats[i], v_ids[i]) >= (v_bound_at, v_bound_id);  "
+            "-- [INV-LIM-6]", ") >= (", ") > ("),
+           ("mysql", "IF NOT p_poll AND v_bound_id IS NOT NULL AND (v_bound_at, v_bound_id) < (v_at_us, v_id) THEN",
+            ") < (", ") <= ("),
+           ("mysql", "IF v_bound_id IS NOT NULL AND (v_at_us, v_id) >= (v_bound_at, v_bound_id) THEN",
+            ") >= (", ") > ("))},
 }
 
 _COMPARISONS = {"<": (">=", "<="), ">": ("<=", ">="), "<=": (">", "<"), ">=": ("<", ">"), "=": ("<>",),
