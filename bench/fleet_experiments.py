@@ -1,8 +1,8 @@
 """Fleet experiments: B1's chain and drain throughput with one engine behaviour patched out.
 
     python -m bench.fleet_experiments [--database-url URL] [--repeats 2] [--patches no_notify,no_fsync]
-    python -m bench.fleet_experiments --limits --patches key_skip_locked,wake_one,key_skip_locked+wake_one
-    python -m bench.fleet_experiments --b6 --repeats 3 --patches whole_key_in_a_row
+    python -m bench.fleet_experiments --limits --patches no_fsync,switch_interval
+    python -m bench.fleet_experiments --b6 --repeats 3 --patches no_notify
 
 Runs the B1 batches (chains of 5 no-op steps, trigger to run completed; one-step unkeyed
 claim drains) through real

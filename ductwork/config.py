@@ -24,6 +24,7 @@ does that once pipelines are loaded).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from typing import Any, Literal
 from ductwork.durations import parse_interval_us
 from ductwork.errors import ConfigError
 from ductwork.limit_entries import LimitEntry, check_int, check_mapping, child_path, parse_limits
+
+log = logging.getLogger("ductwork.config")
 
 #: the values ``logging.level`` and ``logging.format`` take (``ductwork.logs`` uses them;
 #: defined here, below it, because ``logs.start_lines`` reads a Config)
@@ -175,13 +178,6 @@ class JobWorkerConfig:
     #: seconds of recent-pace work a batch may hold: a claimed execution waits behind
     #: its siblings, and a success stays unrecorded, for about this long
     batch_window: float = 0.05
-    #: seconds a keyed step's body must have run for its success, on a key its claim
-    #: filled, to release the key's slot before the step is advanced (a second
-    #: transaction, ``advance.advance_released``); a faster body's success writes what
-    #: follows it inline, in one transaction: work that fast is CPU-bound, and the second
-    #: transaction costs more than the earlier release gains. 0: every such success
-    #: releases first
-    release_first_after: float = 0.005
     #: per-pipeline/per-step ``max_retry``: ``{pipeline: {"default" | step: n}}``
     max_retry_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
     #: per-pipeline/per-step ``max_crash``, same shape
@@ -268,7 +264,11 @@ def _logging(value: object) -> LoggingConfig:
 
 
 _JOB_WORKER_SCALARS = ("count", "processes", "polling_timeout", "shutdown_timeout", "retry_delay",
-                       "crash_backoff", "hand_off", "batch_size", "batch_window", "release_first_after")
+                       "crash_backoff", "hand_off", "batch_size", "batch_window")
+#: keys an earlier version read and this one no longer does: accepted, with a warning that
+#: says so, so that a config written for that version still boots
+RETIRED = {"job_worker.release_first_after": "every success is now recorded in one transaction, "
+                                             "its step advanced before the key's lock (issue 32)"}
 _JOB_WORKER_KEYS = (*_JOB_WORKER_SCALARS, "max_retry", "max_crash", "limits")
 _ADVANCER_KEYS = tuple(f.name for f in dataclasses.fields(PipelineAdvancerConfig))
 _SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))
@@ -279,8 +279,6 @@ _COUNT_FIELDS = {"count": MAX_COUNT, "processes": MAX_COUNT, "expand_batch": MAX
                  "batch_size": MAX_BATCH_SIZE}
 _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
 _FLAG_FIELDS = frozenset({"inline_linear", "hand_off"})
-#: time fields that may also be 0
-_MAY_BE_ZERO = frozenset({"release_first_after"})
 
 
 #: a process's lease (reaper_timeout minus its margin, ductwork.fleet.supervisor.lease_margin) must
@@ -318,11 +316,6 @@ def _supervisor(values: dict[str, Any]) -> SupervisorConfig:
     return cfg
 
 
-def _plain_number(value: object) -> float | None:
-    """``value`` if it is an ``int`` or a ``float`` (not a ``bool`` nor a subclass), else None."""
-    return value if type(value) is int or type(value) is float else None
-
-
 def _scalars(path: str, body: Mapping[str, object], keys: tuple[str, ...]) -> dict[str, Any]:
     """Check the plain scalar keys of a section: counts, budgets and time values."""
     values: dict[str, Any] = {}
@@ -338,13 +331,20 @@ def _scalars(path: str, body: Mapping[str, object], keys: tuple[str, ...]) -> di
             values[key] = _count(key_path, body[key], _COUNT_FIELDS[key])
         elif key in _BUDGET_FIELDS:
             values[key] = _budget(key_path, body[key])
-        elif key in _MAY_BE_ZERO and (number := _plain_number(body[key])) is not None and number <= 0:
-            if number < 0:
-                raise ConfigError(key_path, body[key], "must be 0 or a positive time")
-            values[key] = 0.0  # (0 means "always"; every other value is a positive time)
         else:
             values[key] = _seconds(key_path, body[key])
     return values
+
+
+def _unretired(section: str, body: object) -> object:
+    """``body`` without the keys :data:`RETIRED` names, each logged as ignored: a config
+    written for an earlier version boots, and the valid keys an error lists are current."""
+    if not isinstance(body, Mapping):
+        return body
+    for key in body:
+        if (retired := RETIRED.get(f"{section}.{key}")) is not None:
+            log.warning("%s.%s is no longer read and is ignored: %s; remove it", section, key, retired)
+    return {key: value for key, value in body.items() if f"{section}.{key}" not in RETIRED}
 
 
 def _job_worker(body: Mapping[str, object]) -> tuple[JobWorkerConfig, dict[str, LimitEntry]]:
@@ -462,7 +462,7 @@ class Config:
         if pipelines == ("*",) and not imports:
             raise ConfigError("pipelines", list(pipelines), "'*' loads the pipelines of the modules listed "
                               "in imports, and imports lists none; add imports: ['myapp.pipelines']")
-        job_worker, limits = _job_worker(check_mapping("job_worker", body.get("job_worker"),
+        job_worker, limits = _job_worker(check_mapping("job_worker", _unretired("job_worker", body.get("job_worker")),
                                                        _JOB_WORKER_KEYS))
         advancer = check_mapping("pipeline_advancer", body.get("pipeline_advancer"), _ADVANCER_KEYS)
         supervisor = check_mapping("supervisor", body.get("supervisor"), _SUPERVISOR_KEYS)

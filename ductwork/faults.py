@@ -55,9 +55,6 @@ IN_KEYED_GROUP_COMMIT = "in_keyed_group_commit"
 AFTER_JOB_CLAIM = "after_job_claim"
 DURING_JOB_EXECUTION = "during_job_execution"
 AFTER_JOB_COMMIT = "after_job_commit"
-#: keyed successes released and committed, their steps left `advancing`: before the worker
-#: advances them (advance_released) in a transaction of its own
-BETWEEN_RELEASE_AND_ADVANCE = "between_release_and_advance"
 # Async steps: in the worker thread, once the claimed async steps were handed to the step
 # loop and before their outcomes are read (a long-awaiting step is awaiting then)
 WHILE_ASYNC_STEPS_AWAIT = "while_async_steps_await"
@@ -90,7 +87,6 @@ CHECKPOINTS = (
     AFTER_JOB_CLAIM,
     DURING_JOB_EXECUTION,
     AFTER_JOB_COMMIT,
-    BETWEEN_RELEASE_AND_ADVANCE,
     WHILE_ASYNC_STEPS_AWAIT,
     DURING_REAP,
     *HOOK_CHECKPOINTS,

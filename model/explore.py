@@ -603,10 +603,6 @@ class PipelinesWorld:
             stale = _stale_token(m, m.branches[branch_id].claim_token)
             if stale is not None:
                 yield f"advance({branch_id}, stale token {stale})", _advance_with(branch_id, stale)
-        if b.batches:  # a worker's second transaction after keyed releases
-            released = sorted(st.id for st in m.steps.values() if st.status == "advancing")
-            if released:
-                yield f"advance_released({released})", _released(tuple(released))
         batchable = [x for x in m.claimable_branches() if m.batchable(x)]
         if b.batches and len(batchable) > 1:
             yield f"advance_batch(claim_branches({batchable}))", _batch(tuple(batchable))
@@ -747,10 +743,6 @@ def _run(exec_id: int, kind: str | None) -> Callable[[PipelinesWorld], object]:
 
 def _group(exec_ids: tuple[int, ...]) -> Callable[[PipelinesWorld], object]:
     return lambda w: w.model.advance_on_successes([(e, _outcome(w, e, None)) for e in exec_ids])
-
-
-def _released(step_ids: tuple[str, ...]) -> Callable[[PipelinesWorld], object]:
-    return lambda w: w.model.advance_released(list(step_ids))
 
 
 def _advancer(branch_id: str, how: str) -> Callable[[PipelinesWorld], object]:

@@ -13,7 +13,7 @@ interleave them: ``trigger`` (idempotent per pipeline and trigger key),
 ``trigger_in`` (inside the caller's transaction, committed or rolled back),
 ``run_execution``, ``claim_branch``, ``advance``,
 ``advance_on_successes`` (a worker's successes, one or a group, advancing their
-branches in their own transaction), ``advance_released``, ``claim_branches`` and
+branches in their own transaction), ``claim_branches`` and
 ``advance_batch`` (an advancer's batch; each defined as the single operations one by
 one, and ``advance`` of a simple transition is the batch's one move), ``advancer_error``,
 ``advancer_crash``, ``resume``, ``revive``, ``context_set``, ``prune`` (retention:
@@ -841,31 +841,6 @@ class PipelinesModel:
             return None
         return self.advance(step.branch_id)
 
-    def advance_released(self, step_ids: Sequence[str]) -> list[Commit | None]:
-        """A worker's second transaction after a keyed release: advance the branches of
-        steps whose successes it recorded (and whose slots it released) in the
-        transaction before, which left them ``advancing``. Returns, per step, what the
-        advance committed (None: left to an advancer).
-
-        Defined as :meth:`advances_inline`'s claim and advance of each step's branch, in
-        the order given, for each step that is still ``advancing`` (not advanced
-        meanwhile by an advancer) whose edge advances inline and whose branch is free
-        (no advancer holds it) and on which no advancer failed or crashed since (then its
-        budgets decide: it is the advancer's); every other step is left as it is. So a keyed success
-        followed by this is ``advance_on_successes`` of it, split in two transactions, with any
-        advancer operation allowed in between [INV-ADV-1, INV-ADV-2]. Refused
-        (``PreconditionError``, nothing changed) for a step id that does not exist.
-        """
-        missing = [s for s in step_ids if s not in self.steps]
-        if missing:
-            raise PreconditionError(f"no steps {missing}")
-        done: list[Commit | None] = []
-        for step_id in step_ids:
-            branch = self.branches[self.steps[step_id].branch_id]
-            touched = branch.advancer_errors or branch.advancer_crashes  # an advancer's since: its budgets decide
-            done.append(None if touched else self._advance_inline(step_id))
-        return done
-
     def advance_on_successes(self, items: Sequence[tuple[int, Outcome]]) -> list[Commit | None]:
         """A worker records the outcome of each ``(execution, outcome)`` and, in the same
         transaction, advances each branch past its step when the step succeeded, its edge
@@ -1221,8 +1196,7 @@ class PipelinesModel:
     # ----------------------------------------------------------------- driving
 
     def drive(self, oracle: Oracle, max_actions: int = 100_000, stop_after: int | None = None,
-              batch: int | None = None, hook_oracle: HookOracle | None = None, hooks: bool = True,
-              released: bool = False) -> int:
+              batch: int | None = None, hook_oracle: HookOracle | None = None, hooks: bool = True) -> int:
         """Run and advance everything to quiescence, deterministically; returns the action count.
 
         Each round makes one ``advance`` on every branch advanceable at its
@@ -1236,10 +1210,7 @@ class PipelinesModel:
         ``batch``: the fleet's batched operations instead, up to ``batch`` items each (one
         action): the batchable claimable branches through ``claim_branches`` and
         ``advance_batch``, the rest one by one, then the runnable executions through
-        ``advance_on_successes`` (every outcome; successes advance inline). With
-        ``released``, as the engine's workers: a chunk's unkeyed executions so, then its
-        keyed ones (whose successes release their slots first) recorded by
-        ``run_execution``, then advanced by ``advance_released``.
+        ``advance_on_successes`` (every outcome; successes advance inline).
 
         Each round then claims and runs every runnable ``on_halt`` hook, its outcome
         decided by ``hook_oracle(run_id, attempt)`` (default: success); a ``process_crashed``
@@ -1247,7 +1218,7 @@ class PipelinesModel:
         ``hooks=False`` leaves the hooks to the caller (quiescence then ignores them).
         """
         if batch is not None:
-            return self._drive_batched(oracle, batch, max_actions, hook_oracle, released)
+            return self._drive_batched(oracle, batch, max_actions, hook_oracle)
         actions = 0
         while True:
             progressed = False
@@ -1283,7 +1254,7 @@ class PipelinesModel:
         return done
 
     def _drive_batched(self, oracle: Oracle, batch: int, max_actions: int,
-                       hook_oracle: HookOracle | None = None, released: bool = False) -> int:
+                       hook_oracle: HookOracle | None = None) -> int:
         actions = 0
         while True:
             progressed = False
@@ -1298,25 +1269,12 @@ class PipelinesModel:
             runnable = self.runnable_executions()
             for start in range(0, len(runnable), batch):
                 chunk = runnable[start:start + batch]
-                items = [(e, oracle(*self.execution_input(e))) for e in chunk]
-                keyed = [e for e in chunk if released and self._keyed(e)]
-                if keyed:  # recorded (and released), then advanced in a second transaction
-                    self.advance_on_successes([(e, outcome) for e, outcome in items if e not in keyed])
-                    for e, outcome in items:
-                        if e in keyed:
-                            self.run_execution(e, outcome)
-                    self.advance_released([self.executions[e].step_id for e in keyed])
-                else:
-                    self.advance_on_successes(items)
+                self.advance_on_successes([(e, oracle(*self.execution_input(e))) for e in chunk])
                 actions, progressed = actions + 1, True
             hooks = self._drive_hooks(hook_oracle)
             actions, progressed = actions + hooks, progressed or hooks > 0
             if self._round_ended(progressed, actions, max_actions):
                 return actions
-
-    def _keyed(self, exec_id: int) -> bool:
-        step = self.steps[self.executions[exec_id].step_id]
-        return self.runs[step.run_id].definition.limit_by(step.node) is not None
 
     def _round_ended(self, progressed: bool, actions: int, max_actions: int, hooks: bool = True) -> bool:
         """After a round of ``drive``: True when nothing is pending; when the round did
@@ -1538,32 +1496,31 @@ class PipelinesModel:
 
 def run_to_quiescence(definition: Mapping[str, Any], args: Sequence[Any], oracle: Oracle,
                       config: PipelineConfig | None = None, resumes: Sequence[Any] = (),
-                      batch: int | None = None, released: bool = False) -> RunSummary:
+                      batch: int | None = None) -> RunSummary:
     """Trigger ``definition`` with ``args``, drive it with ``oracle`` until quiescent and
     return ``summary(run)`` (:func:`run_and_model` without the model)."""
-    return run_and_model(definition, args, oracle, config, resumes, batch, released=released)[0]
+    return run_and_model(definition, args, oracle, config, resumes, batch)[0]
 
 
 def run_and_model(definition: Mapping[str, Any], args: Sequence[Any], oracle: Oracle,
                   config: PipelineConfig | None = None, resumes: Sequence[Any] = (),
-                  batch: int | None = None, hook_oracle: HookOracle | None = None,
-                  released: bool = False) -> tuple[RunSummary, PipelinesModel, str]:
+                  batch: int | None = None, hook_oracle: HookOracle | None = None
+                  ) -> tuple[RunSummary, PipelinesModel, str]:
     """Trigger ``definition`` with ``args`` and drive it with ``oracle`` until quiescent.
 
     ``oracle(node, input_args, attempt) -> Outcome`` decides every execution
     (``attempt`` counts the step's earlier executions from 0). Each value in
     ``resumes`` (``NO_INPUT`` or an input) resumes the run once if it is left
-    dampened. ``batch``: drive with the batched operations (``drive(batch=…)``), and
-    ``released`` (with ``batch``) with keyed successes advanced by ``advance_released``;
+    dampened. ``batch``: drive with the batched operations (``drive(batch=…)``);
     ``hook_oracle``: how the attempts of an ``on_halt`` hook end (``drive``).
     Returns ``(summary(run), the model, the run's id)``.
     """
     model = PipelinesModel(config or PipelineConfig())
     run_id = model.trigger(definition, args)
-    model.drive(oracle, batch=batch, hook_oracle=hook_oracle, released=released)
+    model.drive(oracle, batch=batch, hook_oracle=hook_oracle)
     for value in resumes:
         if model.runs[run_id].status != "dampened":
             break
         model.resume(run_id, value)
-        model.drive(oracle, batch=batch, hook_oracle=hook_oracle, released=released)
+        model.drive(oracle, batch=batch, hook_oracle=hook_oracle)
     return model.summary(run_id), model, run_id

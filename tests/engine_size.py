@@ -51,8 +51,13 @@ CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: the ratchet: the engine core's code lines may not exceed this; lower it in the commit
 #: that removes code (``python -m tests.engine_size`` prints the count). Raised from 6,581
 #: by 38 for issue 35's refusal counts (``ductwork_key_refusals``: its table, the upsert
-#: that adds, the worker's count and the heartbeat that writes it)
-CODE_LINES_BUDGET = 6_666
+#: that adds, the worker's count and the heartbeat that writes it); lowered to 6,458 by
+#: issue 32's one keyed path (the lane routine replaced the Python claim and its parallel
+#: paths; its SQL is reported beside the count by :func:`sql_code_lines`)
+CODE_LINES_BUDGET = 6_458
+#: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
+#: that are not blank and not only a ``--`` comment
+SQL_LINE = re.compile(r"^\s*(?:--|$)")
 #: SQLAlchemy generics whose ``Any`` is their row or column type, not a hole in ours
 SQLALCHEMY_ANY = re.compile(r"\b(?:sa\.)?(?:Row|Select|ColumnElement|Update|Insert|CompoundSelect|ScalarSelect"
                             r"|CursorResult|Column|Executable)\[Any\]")
@@ -94,6 +99,14 @@ def code_lines(source: str) -> int:
             continue
         lines.update(range(token.start[0], token.end[0] + 1))
     return len(lines)
+
+
+def sql_code_lines(package: Path) -> dict[str, int]:
+    """The code lines of each SQL routine file under the engine core, by path: read by an
+    auditor like the Python, reported beside it, not in the ratchet (which counts Python)."""
+    return {str(path.relative_to(package.parent)): sum(1 for line in path.read_text().splitlines()
+                                                       if not SQL_LINE.match(line))
+            for name in CORE for path in sorted((package / name).rglob("*.sql"))}
 
 
 def core_code_lines(package: Path) -> dict[str, int]:
@@ -280,6 +293,8 @@ def report(package: Path = REPO / "ductwork", pyproject: Path = REPO / "pyprojec
            f"  at the start of issue 31 (6bcd6ac): {CODE_LINES_AT_ISSUE_31:,}; goal (20 % below): "
            f"{CODE_LINES_GOAL:,}; ratchet: {CODE_LINES_BUDGET:,}"
            + (f" (lower it to {total:,})" if total < CODE_LINES_BUDGET else ""),
+           "  beside it, the SQL routines (code lines): "
+           + ", ".join(f"{path} {n:,}" for path, n in sql_code_lines(package).items()),
            "largest modules of ductwork/ (lines, code lines):"]
     out += [f"  {p.relative_to(package.parent)} {lines} / {code}" for lines, code, p in sizes[:8]]
     out.append("most complex functions of ductwork/ (radon's cyclomatic complexity):")

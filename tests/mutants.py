@@ -7,8 +7,8 @@ checker to go red with it. The engine itself knows nothing of them: a mutant is 
 list of ``(old, new)`` edits applied to a scratch copy of the ``ductwork`` package
 (:func:`apply`), and the code under test imports that copy (:func:`environ`).
 
-Each ``old`` snippet is found by searching every ``.py`` file of the package, not by
-path, so the engine's modules may move; it must occur exactly once in the whole
+Each ``old`` snippet is found by searching every ``.py`` file of the package and the lane
+routine's SQL (``limits/sql/``), not by path, so the engine's modules may move; it must occur exactly once in the whole
 package, or applying the mutant fails naming the mutant and the snippet
 (``tests/unit/test_mutants_apply.py`` checks every mutant against the current
 source). A ``new`` text of several lines is indented like the line ``old`` starts on.
@@ -50,31 +50,129 @@ def _bucket_refill(body: str) -> str:
     return "rates = entry.rates\n\ndef refill(bucket, entry, now_us):\n" + body
 
 
-_BEFORE_KEY_LOCK = "faults.hit(faults.BEFORE_KEY_LOCK)"
 _GROUP_GUARD = "return bool(tx.execute(statement, params).rowcount == len(endings))  # [INV-EXE-2] fewer: one was taken"
 
 MUTANTS: dict[str, Mutant] = {
+    # -- the lane routine's SQL (issue 32): each server's refinement of plan() and decide(), one
+    # guard each; the locks and the clock by the race tests, the decisions by the refinement
+    # test (tests/properties/test_refinement.py; every other broken variant: tests/sql_mutation.py)
     "no_key_lock": Mutant(
-        "the key lock (claims, completions, the reaper) reads the header row without locking it [INV-LIM-1]",
-        "the key's row lock, taken by claims, completions and the reaper [INV-LIM-1]",
-        (("return dialects.for_update(stmt, bind)  # [INV-LIM-1] the key's lock",
-          "return stmt  # mutant: no lock"),),
+        "the lane routine reads the key's header row without locking it (PostgreSQL) [INV-LIM-1]",
+        "the key's row lock, the routine's first statement [INV-LIM-1]",
+        (("FROM ductwork_limit_keys k WHERE k.key = p_key FOR UPDATE;",
+          "FROM ductwork_limit_keys k WHERE k.key = p_key;  -- mutant: no lock"),),
+    ),
+    "no_key_lock_mysql": Mutant(
+        "the lane routine reads the key's header row without locking it (MySQL-family) [INV-LIM-1]",
+        "the key's row lock, the routine's first statement [INV-LIM-1]",
+        (("FROM ductwork_limit_keys k WHERE k.`key` = p_key FOR UPDATE;",
+          "FROM ductwork_limit_keys k WHERE k.`key` = p_key;  -- mutant: no lock"),),
     ),
     "count_outside_lock": Mutant(
-        "claim_keyed decides on the in-flight count read before the key lock [INV-LIM-1]",
+        "the lane routine counts the key's in-flight executions before taking its lock (PostgreSQL) "
+        "[INV-LIM-1]",
         "in-flight counted under the lock [INV-LIM-1]",
-        ((_BEFORE_KEY_LOCK,
-          'tx.conn.info["in_flight_before_lock"] = tx.execute(  # mutant: counted before the lock\n'
-          "    sa.select(sa.func.count()).where(schema.executions.c.inflight_key == key)).scalar_one()\n"
-          + _BEFORE_KEY_LOCK),
-         ("in_flight = rows[0].in_flight",
-          'in_flight = tx.conn.info.pop("in_flight_before_lock", rows[0].in_flight)  # mutant: counted before')),
+        (("    IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read\n"
+          "        SELECT k.seq, k.config_digest INTO v_seq, v_digest\n"
+          "          FROM ductwork_limit_keys k WHERE k.key = p_key",
+          "    SELECT count(*) INTO v_in_flight FROM ductwork_executions e WHERE e.inflight_key = p_key;  -- mutant\n"
+          "    IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read\n"
+          "        SELECT k.seq, k.config_digest INTO v_seq, v_digest\n"
+          "          FROM ductwork_limit_keys k WHERE k.key = p_key"),
+         ("            SELECT count(*) INTO v_in_flight FROM ductwork_executions e WHERE e.inflight_key = p_key;  "
+          "-- [INV-LIM-1]", "            NULL;  -- mutant: the count read before the lock")),
     ),
     "clock_before_lock": Mutant(
-        "claim_keyed reads the clock before taking the key lock [INV-CLK-1]",
-        "clock read after the lock [INV-CLK-1]",
-        ((_BEFORE_KEY_LOCK, "tx.now  # noqa: B018 - mutant: the clock read before the lock\n" + _BEFORE_KEY_LOCK),),
+        "the lane routine reads the clock before taking the key's lock: claims and releases are "
+        "timed out of the key's sequence (PostgreSQL) [INV-CLK-1]",
+        "the routine reads the clock once it holds the key's lock [INV-CLK-1]",
+        (("    IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read\n"
+          "        SELECT k.seq, k.config_digest INTO v_seq, v_digest\n"
+          "          FROM ductwork_limit_keys k WHERE k.key = p_key",
+          "    v_now := coalesce(p_now, (clock_timestamp() AT TIME ZONE 'UTC') + p_offset_us * interval "
+          "'1 microsecond');  -- mutant\n"
+          "    IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read\n"
+          "        SELECT k.seq, k.config_digest INTO v_seq, v_digest\n"
+          "          FROM ductwork_limit_keys k WHERE k.key = p_key"),
+         ("    -- [INV-CLK-1] the clock, read once the key's lock is held\n"
+          "    v_now := coalesce(p_now, (clock_timestamp() AT TIME ZONE 'UTC') + p_offset_us * interval "
+          "'1 microsecond');",
+          "    -- mutant: the clock was read before the lock")),
     ),
+    "clock_before_lock_mysql": Mutant(
+        "the lane routine reads the clock before taking the key's lock: claims and releases are "
+        "timed out of the key's sequence (MySQL-family) [INV-CLK-1]",
+        "the routine reads the clock once it holds the key's lock [INV-CLK-1]",
+        (("    IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read\n"
+          "        SELECT k.seq, k.config_digest INTO v_seq, v_digest\n"
+          "          FROM ductwork_limit_keys k WHERE k.`key` = p_key",
+          "    SET v_now = COALESCE(p_now, TIMESTAMPADD(MICROSECOND, p_offset_us, UTC_TIMESTAMP(6)));  -- mutant\n"
+          "    IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read\n"
+          "        SELECT k.seq, k.config_digest INTO v_seq, v_digest\n"
+          "          FROM ductwork_limit_keys k WHERE k.`key` = p_key"),
+         ("    -- [INV-CLK-1] the clock, read once the key's lock is held\n"
+          "    SET v_now = COALESCE(p_now, TIMESTAMPADD(MICROSECOND, p_offset_us, UTC_TIMESTAMP(6)));",
+          "    -- mutant: the clock was read before the lock")),
+    ),
+    "routine_ceiling_off_by_one": Mutant(
+        "the routine's key decision admits a claim with the key's concurrency in flight (PostgreSQL) "
+        "[INV-LIM-1]",
+        "the routine refuses a claim at the key's concurrency [INV-LIM-1]",
+        (("    IF p_concurrency IS NOT NULL AND p_in_flight >= p_concurrency THEN",
+          "    IF p_concurrency IS NOT NULL AND p_in_flight > p_concurrency THEN  -- mutant"),),
+    ),
+    "routine_ceiling_off_by_one_mysql": Mutant(
+        "the routine's key decision admits a claim with the key's concurrency in flight (MySQL-family) "
+        "[INV-LIM-1]",
+        "the routine refuses a claim at the key's concurrency [INV-LIM-1]",
+        (("    ELSEIF p_concurrency IS NOT NULL AND p_in_flight >= p_concurrency THEN",
+          "    ELSEIF p_concurrency IS NOT NULL AND p_in_flight > p_concurrency THEN  -- mutant"),),
+    ),
+    "routine_spend_twice": Mutant(
+        "the routine spends two tokens of every bucket for a claim (PostgreSQL) [INV-LIM-2]",
+        "one token per claim [INV-LIM-2]",
+        (("        level[i] := level[i] - p_per[i] * 1000000;",
+          "        level[i] := level[i] - 2 * p_per[i] * 1000000;  -- mutant"),),
+    ),
+    "routine_spend_twice_mysql": Mutant(
+        "the routine spends two tokens of every bucket for a claim (MySQL-family) [INV-LIM-2]",
+        "one token per claim [INV-LIM-2]",
+        (("                    - CAST(JSON_VALUE(p_rates, CONCAT('$[', i, '][1]')) AS SIGNED) * 1000000);",
+          "                    - 2 * CAST(JSON_VALUE(p_rates, CONCAT('$[', i, '][1]')) AS SIGNED) * 1000000);"),),
+    ),
+    "routine_lane_order_reversed": Mutant(
+        "the routine takes a key's newest eligible execution first (PostgreSQL) [INV-LIM-6]",
+        "a lane's oldest first [INV-LIM-6]",
+        (("                     WHERE e.pending_lane = p_key  -- pending in this key's lane\n"
+          "                       AND e.eligible_at <= v_now  -- eligible: delays and back-off have passed\n"
+          "                     ORDER BY e.eligible_at, e.id",
+          "                     WHERE e.pending_lane = p_key  -- pending in this key's lane\n"
+          "                       AND e.eligible_at <= v_now  -- eligible: delays and back-off have passed\n"
+          "                     ORDER BY e.eligible_at DESC, e.id DESC"),),
+    ),
+    "routine_lane_order_reversed_mysql": Mutant(
+        "the routine takes a key's newest eligible execution first (MySQL-family) [INV-LIM-6]",
+        "a lane's oldest first [INV-LIM-6]",
+        (("         WHERE e.pending_lane = p_key  -- pending in this key's lane\n"
+          "           AND e.eligible_at <= v_now  -- eligible: delays and back-off have passed\n"
+          "         ORDER BY e.eligible_at, e.id",
+          "         WHERE e.pending_lane = p_key  -- pending in this key's lane\n"
+          "           AND e.eligible_at <= v_now  -- eligible: delays and back-off have passed\n"
+          "         ORDER BY e.eligible_at DESC, e.id DESC"),),
+    ),
+    "routine_state_guard_dropped": Mutant(
+        "the routine ends an execution that already ended (PostgreSQL) [INV-EXE-2]",
+        "the routine's guard: still open [INV-EXE-2]",
+        (("           AND e.completed_at IS NULL  -- [INV-EXE-2] still open: not already ended",
+          "           AND TRUE"),),
+    ),
+    "routine_state_guard_dropped_mysql": Mutant(
+        "the routine ends an execution that already ended (MySQL-family) [INV-EXE-2]",
+        "the routine's guard: still open [INV-EXE-2]",
+        (("         WHERE e.completed_at IS NULL  -- [INV-EXE-2] still open: not already ended",
+          "         WHERE TRUE"),),
+    ),
+    # -- the lane routine on SQLite (Python, limits/claims.py::_in_python and limits/plan.py)
     "no_clamp": Mutant(
         "a claim's buckets refill without capping at the burst [INV-LIM-4]",
         "refill capped at the burst [INV-LIM-4]",
@@ -87,11 +185,11 @@ MUTANTS: dict[str, Mutant] = {
         "a claim that finds its key stored under other values (a rolling deploy) re-bases it with "
         "the kept buckets full [INV-LIM-2, INV-LIM-4]",
         "a claim's re-base keeps the kept buckets' levels, never adds tokens [INV-LIM-4]",
-        (("kept = buckets.carry_over(entry, stored)",
-          "kept = buckets.carry_over(entry, stored)\n"
-          "if not restart:  # mutant: a claim's re-base fills the kept buckets\n"
-          "    rates = {rate.per_s: rate for rate in entry.rates} if entry is not None else {}\n"
-          "    kept = {p: buckets.Bucket(p, rates[p].capacity_units, b.refilled_at_us) for p, b in kept.items()}"),),
+        (("kept = carry_over(request.entry, key.buckets) if rebase else dict(key.buckets)",
+          "kept = carry_over(request.entry, key.buckets) if rebase else dict(key.buckets)\n"
+          "if rebase:  # mutant: a claim's re-base fills the kept buckets\n"
+          "    rates = {rate.per_s: rate for rate in request.entry.rates} if request.entry is not None else {}\n"
+          "    kept = {p: Bucket(p, rates[p].capacity_units, b.refilled_at_us) for p, b in kept.items()}"),),
     ),
     "float_refill": Mutant(
         "a claim's buckets refill through float tokens, rounding [INV-LIM-2, INV-LIM-4]",
@@ -105,16 +203,17 @@ MUTANTS: dict[str, Mutant] = {
     "no_spend_on_retry": Mutant(
         "a retried execution's claim spends no token [INV-LIM-2]",
         "a retry's claim spends a token [INV-LIM-2]",
-        (("_write_buckets(tx, key, decision.buckets, old)",
-          ("if not (decision.admitted and tx.execute(  # mutant: a retry spends nothing\n"
-           "        sa.select(schema.executions.c.retry_count)\n"
-           "        .where(schema.executions.c.id == rows[0].execution_id)).scalar_one() > 0):\n"
-           "    _write_buckets(tx, key, decision.buckets, old)")),),
+        (("_write_buckets(tx, key, decided.buckets, stored)",
+          ("if not (claimed and tx.execute(  # mutant: a retry spends nothing\n"
+           "        sa.select(sa.func.max(schema.executions.c.retry_count))\n"
+           "        .where(schema.executions.c.claim_seq > header.seq, schema.executions.c.limit_key == key))"
+           ".scalar() > 0):\n"
+           "    _write_buckets(tx, key, decided.buckets, stored)")),),
     ),
     "no_stamp": Mutant(
         "a rate refusal leaves blocked_until unstamped [INV-LIM-5]",
         "a rate refusal stamps `blocked_until` [INV-LIM-5]",
-        (("if decision.stamp:", "if decision.stamp and decision.admitted:  # mutant: a refusal stamps nothing"),),
+        (("if decided.stamp:", "if decided.stamp and decided.refused is None:  # mutant: a refusal stamps nothing"),),
     ),
     "unkeyed_first": Mutant(
         "the lane scan puts the unkeyed lane before older keyed lanes [INV-LIM-6]",
@@ -123,22 +222,18 @@ MUTANTS: dict[str, Mutant] = {
           "lanes.sort(key=lambda lane: (lane.key != UNKEYED, lane))  # mutant: unkeyed first"),),
     ),
     "hand_off_any_lane": Mutant(
-        "hand_off claims its lane's next job even when an older lane comes first [INV-LIM-6]",
+        "a hand-off (keyed or unkeyed) claims its lane's next execution even when an older lane "
+        "comes first [INV-LIM-6]",
         "a hand-off only takes what a poll would [INV-LIM-6]",
-        (("if not lanes or lanes[0].key != lane:",
-          ("lanes = [candidate for candidate in lanes if candidate.key == lane]  # mutant: any lane\n"
-           "if not lanes or lanes[0].key != lane:")),),
+        (("if not request.poll and state.bound is not None and state.bound < state.candidates[0]:",
+          "if False:  # mutant: any lane"),),
     ),
     "batch_past_lane": Mutant(
-        "a batch of unkeyed claims takes executions younger than the next lane's oldest [INV-LIM-6]",
-        "a batch stops before the next lane's oldest [INV-LIM-6]",
-        (("if before is not None:", "if False:  # mutant: a batch ignores the next lane"),),
-    ),
-    "keyed_batch_past_lane": Mutant(
-        "a keyed batch takes executions of its key past an older lane's oldest [INV-LIM-6]",
-        "a keyed batch stops where another lane would come first [INV-LIM-6]",
-        (("before = next((lane for lane in lanes if lane.key != key), None)",
-          "before = None  # mutant: no other lane bounds the batch"),),
+        "a batch (unkeyed or keyed, a poll's or a hand-off's) takes executions younger than another "
+        "lane's oldest [INV-LIM-6]",
+        "a batch stops before another lane's oldest [INV-LIM-6]",
+        (("if state.bound is not None and position >= state.bound:",
+          "if False:  # mutant: a batch ignores the other lanes"),),
     ),
     "batch_no_guard": Mutant(
         "a release (a group commit's successes, a failure, a crash: every outcome) ends its "
@@ -156,7 +251,7 @@ MUTANTS: dict[str, Mutant] = {
     "keyed_batch_past_refusal": Mutant(
         "a keyed batch decided in memory claims on past a decision that refuses [INV-LIM-1, INV-LIM-2]",
         "a keyed batch ends at the first decision that refuses [INV-LIM-1, INV-LIM-2]",
-        (("if not further.admitted:", "if False:  # mutant: a refusal does not end the batch"),),
+        (("        return further.admitted", "        return True  # mutant: a refusal does not end the batch"),),
     ),
     "hand_off_before_releases": Mutant(
         "a keyed group commit's hand-off numbers its claims from the key's seq before the releases "
@@ -169,29 +264,23 @@ MUTANTS: dict[str, Mutant] = {
         "a keyed group commit that hands nothing on leaves the key's seq behind its releases "
         "[INV-LIM-1, INV-CLK-1]",
         "a keyed group commit writes the key's seq past its releases [INV-CLK-1]",
-        (("write_header(tx, key)  # the releases' seq, unless the hand-off's claim wrote it",
-          "pass  # mutant: the releases' seq is not written"),),
-    ),
-    "release_clock_before_lock": Mutant(
-        "a keyed group commit releases its executions at the time it read before the key's lock "
-        "[INV-CLK-1]",
-        "a keyed group commit reads the clock again once it holds the key's lock [INV-CLK-1]",
-        (("tx.read_clock_again()  # [INV-CLK-1] the releases' time follows the key's sequence",
-          "pass  # mutant: the releases keep the time read before the key's lock"),),
+        (("    if claimed:\n        header.set(seq=header.seq + claimed)\n    write_header(tx, key)",
+          "    if claimed:\n        header.set(seq=header.seq + claimed)\n    if claimed:  # mutant: the releases' seq "
+          "is not written\n        write_header(tx, key)"),),
     ),
     # -- bounds per path (issue 17): the per-path places a keyed batch or hand-off applies a bound
     "keyed_batch_stale_count": Mutant(
         "each further claim of a keyed batch (or of a hand-off of several) is decided on the in-flight "
         "count before the batch's own claims: the batch fills past the ceiling [INV-LIM-1]",
         "each further claim of a keyed batch or hand-off counts the batch's claims in flight [INV-LIM-1]",
-        (("in_flight + len(admitted),", "in_flight,  # mutant: the batch's own claims not counted"),),
+        (("state.in_flight + claimed,", "state.in_flight,  # mutant: the batch's own claims not counted"),),
     ),
     "keyed_batch_stale_buckets": Mutant(
         "each further claim of a keyed batch (or of a hand-off of several) is decided on the buckets as "
         "they were before the batch's spends: one token admits the whole batch [INV-LIM-2]",
         "each further claim of a keyed batch or hand-off decides on the buckets the previous one left "
         "[INV-LIM-2]",
-        (("{b.period_s: b for b in decision.buckets}", "_buckets_of(tx, key)"),),
+        (("{b.period_s: b for b in decided[-1].buckets}", "kept"),),
     ),
     "keyed_batch_one_seq": Mutant(
         "a keyed batch (or a hand-off of several) claims all its executions with one sequence number "
@@ -199,12 +288,6 @@ MUTANTS: dict[str, Mutant] = {
         "each claim of a keyed batch or hand-off takes its own sequence number, in order [INV-CLK-1]",
         (("seq + i for i, execution_id in enumerate(execution_ids, start=1)},\n",
           "seq + 1 for i, execution_id in enumerate(execution_ids, start=1)},  # mutant: one seq for the batch\n"),),
-    ),
-    "unkeyed_hand_off_past_lane": Mutant(
-        "an unkeyed hand-off takes executions younger than the next lane's oldest [INV-LIM-6]",
-        "an unkeyed hand-off stops before the next lane's oldest [INV-LIM-6]",
-        (("return _claim_unkeyed_in(tx, process_id, limit, next_lane(lanes, 0))",
-          "return _claim_unkeyed_in(tx, process_id, limit, None)  # mutant: no lane bounds the hand-off"),),
     ),
     "stale_fence_commits": Mutant(
         "the branch fence does not compare the claim token: a stale advancer's claim, or a worker's "
@@ -261,13 +344,6 @@ MUTANTS: dict[str, Mutant] = {
         (('_b.c.status == "in_progress",  # [INV-ADV-2] not ended, not held', "sa.true(),  # mutant: held or not"),
          ("_b.c.claim_token.is_(None),  # [INV-ADV-2] unclaimed: one winner per branch",
           "sa.true(),  # mutant: claimed or not")),
-    ),
-    "released_ignores_advancer": Mutant(
-        "a worker's second transaction advances a released step an advancer has failed or crashed on since, "
-        "past the advancer's budgets [INV-ADV-1]",
-        "a released step an advancer has claimed since is the advancer's [INV-ADV-1]",
-        (("or row.id in touched):  # an advancer's since: its budgets decide",
-          "or False):  # mutant: the advancer's history is ignored"),),
     ),
     # --- on_halt hooks (issue 16) ---
     "hook_not_owed": Mutant(
@@ -461,14 +537,6 @@ MUTANTS: dict[str, Mutant] = {
                         "tx.execute(statement, params).rowcount))  # mutant: a keyed release notices only that "
                         "nothing ended"),),
     ),
-    "gathering_drops_late": Mutant(
-        "a keyed group commit closes its gathering once it holds the key's lock but records none of "
-        "the successes that joined it while it waited: their threads are told recorded, their "
-        "executions stay open [INV-EXE-1]",
-        "a keyed group commit records every success that joined it on its way [INV-EXE-1]",
-        (("    joined = gathering.close()\n",
-          "    joined = gathering.close() and []  # mutant: the joiners are dropped\n"),),
-    ),
     "batch_fence_counts_none": Mutant(
         "the branch fence asks whether each branch is held, not held by this claim, and an "
         "advancer's batch counts only that none was closed: a branch released and re-claimed under "
@@ -588,8 +656,9 @@ class MutantError(Exception):
 
 
 def _sources(package: Path) -> dict[Path, str]:
+    """Every ``.py`` file of the package, and the lane routine's SQL (``limits/sql/*.sql``)."""
     return {path.relative_to(package): path.read_text()
-            for path in sorted(package.rglob("*.py")) if "__pycache__" not in path.parts}
+            for path in sorted([*package.rglob("*.py"), *package.rglob("*.sql")]) if "__pycache__" not in path.parts}
 
 
 def _replace(text: str, at: int, old: str, new: str) -> str:
@@ -691,5 +760,7 @@ def check_ran_patched(name: str, scratch: Path) -> set[Path]:
     outside = sorted(str(path) for path in files if not path.is_relative_to(root))
     assert not outside, f"mutant {name}: ductwork modules loaded from outside the scratch copy: {outside}"
     changed = {(root / path).resolve() for path in patched(name)}
+    if all(path.suffix == ".sql" for path in changed):  # the routine's SQL: read by the copy's migrations
+        changed = {(root / "db" / "migrate.py").resolve(), (root / "limits" / "__init__.py").resolve()}
     assert files & changed, f"mutant {name}: none of its patched modules {sorted(map(str, changed))} was loaded"
     return files

@@ -86,18 +86,10 @@ class Tx:
     def now_us(self) -> int:
         return to_us(self.now)
 
-    def read_clock_again(self) -> None:
-        """Read the clock once more, if this transaction has read it: its time from here
-        on. For a keyed group commit, which writes what follows its steps before it takes
-        the key's lock and releases its executions after it: a release's time must follow
-        the key's sequence [INV-CLK-1]. Not done: moving the times already written."""
-        if self._now is not None:
-            self._now = self._clock.now(self.conn)  # [INV-CLK-1] read after the key's lock
-
     def read_by_routine(self, moment: datetime) -> None:
         """The time a server-side routine read after its locks (``Clock.in_sql``): this
-        transaction's time from here on, as :meth:`read_clock_again` would have read it
-        [INV-CLK-1]."""
+        transaction's time from here on [INV-CLK-1]. Not done: moving the times already
+        written (what a success wrote before the key's lock keeps its earlier time)."""
         self._now = moment
 
     def execute(self, stmt: sa.Executable, params: Params | None = None) -> sa.CursorResult[Any]:

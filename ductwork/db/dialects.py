@@ -21,8 +21,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from dataclasses import dataclass
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -436,11 +436,26 @@ def _mysql_call_routine(conn: Connection, name: str, args: Sequence[RoutineArg])
     return list(conn.exec_driver_sql(f"CALL {name}({placeholders})", tuple(values)).all())
 
 
-@call_routine.for_db("sqlite")
-def _no_routines(conn: Connection, name: str, args: Sequence[RoutineArg]) -> list[sa.Row[Any]]:
+_server_routines = Seam("server_routines")
+
+
+@_server_routines.for_db("postgresql", "mysql")
+def _routines_on_server(_: Any) -> bool:
+    return True  # a statement is a round trip: a routine saves every one but the first
+
+
+@_server_routines.for_db("sqlite")
+def _routines_in_process(_: Any) -> bool:
     # Differs from PostgreSQL in that SQLite has no server-side routines: it is in-process, so
     # a statement is a call, not a round trip, and the caller runs the routine's steps itself.
-    raise UnsupportedDialectError("sqlite", f"the server-side routine {name}")
+    return False
+
+
+def has_server_routines(bind: Bind) -> bool:
+    """Whether the backend runs ductwork's routines on the server (:data:`call_routine`), or
+    the caller runs their steps itself, statement by statement."""
+    found: bool = _server_routines(bind)
+    return found
 
 
 #: the line that separates the statements of a routine's SQL file

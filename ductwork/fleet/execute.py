@@ -1,7 +1,7 @@
 """Executing one claimed step, and the failure rules: which exception becomes which
 recorded outcome.
 
-    >>> output, ran_s = run_step(app, claimed, definition, NOT_AWAITED, paced)   # or raises
+    >>> output = run_step(app, claimed, definition, NOT_AWAITED, paced)   # or raises
     >>> record_failed(app, claimed, error)                                     # 'failure'
 
 At-least-once: ``execute`` runs *before* its outcome is committed, so a crash
@@ -149,19 +149,18 @@ def run_body(app: Database, claimed: Claimed, definition: Definition) -> Output:
 
 
 def run_step(app: Database, claimed: Claimed, definition: Definition, awaited: Any,
-             paced: Callable[[float], None]) -> tuple[Output, float | None]:
+             paced: Callable[[float], None]) -> Output:
     """Run the step (or take ``awaited``: what its coroutine returned or raised on the step
-    loop); returns its output and how long its body ran (None: awaited, not timed here),
-    after telling ``paced(seconds)``. Raises what :func:`record_failed` records."""
+    loop); returns its output, after telling ``paced(seconds)`` how long its body ran (an
+    awaited one is not timed here). Raises what :func:`record_failed` records."""
     if awaited is not NOT_AWAITED:
-        return _output(claimed, definition, _value_of(awaited)), None
+        return _output(claimed, definition, _value_of(awaited))
     invoke.check_configured(claimed)  # before anything is built here or in a child process
     started = time.monotonic()
     output = run_body(app, claimed, definition)
-    ran_s = time.monotonic() - started
-    paced(ran_s)
+    paced(time.monotonic() - started)
     faults.hit(faults.DURING_JOB_EXECUTION)
-    return output, ran_s
+    return output
 
 
 def record_failed(app: Database, claimed: Claimed, error: Exception) -> str:

@@ -1,7 +1,6 @@
-"""What the worker threads of one process share: the token alarm, the released steps and
-the refusal counts.
+"""What the worker threads of one process share: the token alarm and the refusal counts.
 
-    >>> Worker(app, released=ReleasedSteps(app, Wakeup()), tokens=TokenAlarm(app.wakeup.notify))
+    >>> Worker(app, tokens=TokenAlarm(app.wakeup.notify), refused=Refusals().count)
 
 Each is thread-safe, and made once per worker process by its runner
 (``fleet/supervisor.py``); a worker alone (tests, ``ductwork.testing.drain``) has none.
@@ -18,10 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ductwork.db.wakeup import Wakeup
-from ductwork.pipelines.branches import Inline, advance_released_steps
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Database
     from ductwork.limits.claims import Refusal
 
 
@@ -68,36 +65,6 @@ class TokenAlarm:
                 return False
             self._due = None
         self._wake(1)
-        return True
-
-
-class ReleasedSteps:
-    """A process's keyed steps whose releases have committed, to be advanced past
-    (``advance.advance_released``) by one thread of their own, many per transaction,
-    while the worker threads that released them go on to their next bodies. Thread-safe.
-
-    A step waits here only until that thread wakes; a process that dies or stops with
-    some here leaves them ``advancing``, and an advancer advances them (they were
-    recorded: only what follows them waits) [INV-ADV-1]. Not done: bounding the queue
-    (it holds at most what the worker threads released since the last round)."""
-
-    def __init__(self, app: Database, wakeup: Wakeup, batch: int = 500):
-        self.app, self.wakeup, self.batch = app, wakeup, batch
-        self._lock = threading.Lock()
-        self._items: list[Inline] = []
-
-    def put(self, released: list[Inline]) -> None:
-        with self._lock:
-            self._items.extend(released)
-        self.wakeup.notify()
-
-    def run_once(self) -> bool:
-        """Advance up to ``batch`` of the queued steps in one transaction; False if none."""
-        with self._lock:
-            taken, self._items = self._items[:self.batch], self._items[self.batch:]
-        if not taken:
-            return False
-        advance_released_steps(self.app, taken)
         return True
 
 

@@ -146,14 +146,11 @@ class Runner:
         self.lease_s = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
 
     def _units(self) -> list[Loop]:
-        from ductwork.db.wakeup import Wakeup
-        from ductwork.fleet.shared import Refusals, ReleasedSteps, TokenAlarm
+        from ductwork.fleet.shared import Refusals, TokenAlarm
         from ductwork.fleet.worker import Worker
         from ductwork.pipelines.advance import Advancer
 
         loops: list[Loop] = []
-        #: keyed steps released by this process's workers, advanced by a thread of their own
-        self.released = ReleasedSteps(self.app, Wakeup())
         #: wakes an idle thread when a rated key's next token is due (a claim spent the last)
         self.tokens = TokenAlarm(self.app.wakeup.notify)
         #: the keyed claims this process's polls were refused, written by the next heartbeat
@@ -165,7 +162,7 @@ class Runner:
                 worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off,
                                 batch_size=self.app.config.job_worker.batch_size,
                                 batch_window=self.app.config.job_worker.batch_window, threads=self.threads,
-                                released=self.released, tokens=self.tokens, lease=self.holds_lease,
+                                tokens=self.tokens, lease=self.holds_lease,
                                 refused=self.refusals.count)
                 self.units.append(worker)
 
@@ -190,8 +187,6 @@ class Runner:
             wakeup = self.app.wakeup if self.role == "job_worker" else self.app.advancer_wakeup
             loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, wakeup, due))
         if self.role == "job_worker":
-            self.released_loop = Loop("ductwork.job_worker.released", self.released.run_once,
-                                      self.app.config.job_worker.polling_timeout, self.stop, self.released.wakeup)
             self.tokens_loop = Loop("ductwork.job_worker.tokens", self.tokens.run_once,
                                     self.app.config.job_worker.polling_timeout, self.stop, self.tokens.changed,
                                     self.tokens.seconds_left)
@@ -282,11 +277,10 @@ class Runner:
                 self._signalled = True
 
     def _start_loops(self, loops: list[Loop]) -> None:
-        """Start the units' loops (a worker's released and tokens loops too) and the heartbeat."""
+        """Start the units' loops (a worker's tokens loop too) and the heartbeat."""
         for loop in loops:
             loop.start()
         if self.role == "job_worker":
-            self.released_loop.start()
             self.tokens_loop.start()
         threading.Thread(target=self._heartbeats, name="ductwork.heartbeat", daemon=True).start()
 
@@ -307,9 +301,8 @@ class Runner:
             self.stop.wait(0.05)
 
     def _join_loops_or_exit(self, loops: list[Loop]) -> None:
-        """Wait up to the role's ``shutdown_timeout`` for the loops to finish (a worker's
-        released steps advanced before leaving); a loop still busy then ends the process,
-        with the subprocesses its steps started."""
+        """Wait up to the role's ``shutdown_timeout`` for the loops to finish; a loop still
+        busy then ends the process, with the subprocesses its steps started."""
         shutdown = (self.app.config.job_worker.shutdown_timeout if self.role == "job_worker"
                     else self.app.config.pipeline_advancer.shutdown_timeout)
         deadline = time.monotonic() + shutdown
@@ -322,10 +315,6 @@ class Runner:
             if killed:
                 log.warning("%s: killed %d processes the busy steps started: %s", self.role, len(killed), killed)
             os._exit(0)
-        if self.role == "job_worker":  # the steps the workers released last: advanced before leaving
-            self.released_loop.join(max(0.0, deadline - time.monotonic()))
-            while self.released.run_once():
-                pass
 
 
 # --------------------------------------------------------------------------- supervisor

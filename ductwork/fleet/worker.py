@@ -7,7 +7,7 @@ what it did, and take what its completions hand on.
 
 One thread's loop, one :meth:`Worker.run_once` at a time. How much a claim takes and
 when a group of successes is recorded are pure rules (``fleet/batching.py``); what the
-process's threads share (the token alarm, the released steps, the refusal counts) is in
+process's threads share (the token alarm, the refusal counts) is in
 ``fleet/shared.py``; running one step and the failure rules (which error becomes which
 outcome) in ``fleet/execute.py``. Here: the claims, the queue of what was claimed and not
 yet performed, the commits of successes (alone or in the thread's group) and the crash of
@@ -32,13 +32,12 @@ from ductwork.fleet.execute import NOT_AWAITED, await_together, awaitable, recor
 from ductwork.fleet.hooks import run_due_hook
 from ductwork.limits.claims import Refusal, claim_batch
 from ductwork.limits.lanes import seconds_to_next_due
-from ductwork.pipelines.branches import advance_released_steps
-from ductwork.pipelines.outcomes import HandOff, Success, advanced_later, record_crash, record_successes
+from ductwork.pipelines.outcomes import HandOff, Success, record_crash, record_successes
 from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database
-    from ductwork.fleet.shared import ReleasedSteps, TokenAlarm
+    from ductwork.fleet.shared import TokenAlarm
     from ductwork.limits.executions import Claimed
 
 log = logging.getLogger("ductwork.execute")
@@ -85,7 +84,7 @@ class Worker:
 
     def __init__(self, app: Database, *, process_id: str | None = None,
                  hand_off: Callable[[], bool] | None = None, batch_size: int = 1, batch_window: float = 0.05,
-                 threads: int = 1, released: ReleasedSteps | None = None, tokens: TokenAlarm | None = None,
+                 threads: int = 1, tokens: TokenAlarm | None = None,
                  lease: Callable[[], bool] | None = None, refused: Callable[[Refusal], None] | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
@@ -103,9 +102,6 @@ class Worker:
         self._batch_window = batch_window
         #: the process's worker threads: what a thread's share of a key's concurrency is of
         self._threads = threads
-        #: the process's released keyed steps, advanced by a thread of their own; None: this
-        #: worker advances them itself, right after each release commits
-        self._released = released
         #: the process's token alarm: set when a claim spends a rated key's last token
         self._tokens = tokens
         #: whether the process still holds its lease (``Runner.holds_lease``), asked before
@@ -294,7 +290,7 @@ class Worker:
         """Record the group of successes in one transaction; take what it hands on."""
         hand_off = HandOff(self.batch, len(self._group)) if not self._queue and self._hands_off() else None
         try:
-            self._record(lambda: record_successes(self.app, self._group, hand_off), self._group)
+            self._record(lambda: record_successes(self.app, self._group, hand_off))
         except CommitFailed as failed:  # a group of one, reaped under it (larger groups log each)
             log.warning("%s", failed)
         except Exception:
@@ -305,30 +301,13 @@ class Worker:
             raise
         self._group.clear()
 
-    def _record(self, commit: Callable[[], list[Claimed]], released: list[Success] | None = None) -> list[Claimed]:
-        """Commit successes (repeated on a lost connection) and queue what is handed on;
-        then advance the keyed ones of ``released`` (:meth:`_advance_released`)."""
+    def _record(self, commit: Callable[[], list[Claimed]]) -> list[Claimed]:
+        """Commit successes (repeated on a lost connection) and queue what is handed on."""
         handed: list[Claimed] = retry_transient(commit)
         self._note_tokens(handed)
         self._queue.extend(handed)
         faults.hit(faults.AFTER_JOB_COMMIT)
-        if released:
-            self._advance_released(released)
         return handed
-
-    def _advance_released(self, successes: list[Success]) -> None:
-        """The second transaction of keyed successes whose release has committed (their
-        steps left ``advancing``): ``advance.advance_released`` of those that advance inline,
-        by the process's ``shared.ReleasedSteps`` thread, or here and now for a worker
-        without one. A crash before it leaves them to an advancer [INV-ADV-1]."""
-        later = advanced_later(self.app, successes)
-        if not later:
-            return
-        faults.hit(faults.BETWEEN_RELEASE_AND_ADVANCE)
-        if self._released is not None:
-            self._released.put(later)
-        else:
-            advance_released_steps(self.app, later)
 
     def _paced(self, seconds: float) -> None:
         """Size the next batch from the recent pace (:class:`batching.Pace`)."""
@@ -340,10 +319,10 @@ class Worker:
         definition = cached_definition(self.app, claimed.definition_sha1)
         try:
             try:
-                output, ran_s = run_step(self.app, claimed, definition, awaited, self._paced)
+                output = run_step(self.app, claimed, definition, awaited, self._paced)
             except Exception as error:  # noqa: BLE001 - recorded by the failure rules, never lost
                 return record_failed(self.app, claimed, error)
-            self._succeeded(Success(claimed, output, ran_s=ran_s))
+            self._succeeded(Success(claimed, output))
             return "success"
         except CommitFailed as failed:
             log.warning("%s", failed)
@@ -364,4 +343,4 @@ class Worker:
             self._group.append(success)
             return
         hand_off = HandOff(self.batch) if self._hands_off() else None
-        self._record(lambda: record_successes(self.app, [success], hand_off), [success])
+        self._record(lambda: record_successes(self.app, [success], hand_off))

@@ -97,7 +97,9 @@ def release_and_claim(app: Database, tx: Tx, key: str | None, owner: str | None,
     lock and clock [INV-LIM-1, INV-CLK-1], the decision (:func:`~ductwork.limits.plan.plan`)
     and its writes. Endings of more than one execution share one outcome and no error."""
     assert len(endings) <= 1 or all(e.outcome == endings[0].outcome and e.error is None for e in endings), endings
-    return _routine(tx.conn, app, tx, key, owner, endings, take, poll)
+    if dialects.has_server_routines(tx.conn):  # one round trip (limits/sql/); SQLite: the steps here
+        return _on_server(app, tx, key, owner, endings, take, poll)
+    return _in_python(app, tx, key, owner, endings, take, poll)
 
 
 def release(app: Database, tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending]) -> bool:
@@ -105,26 +107,17 @@ def release(app: Database, tx: Tx, key: str | None, owner: str | None, endings: 
     return release_and_claim(app, tx, key, owner, endings).ended
 
 
-_routine = dialects.Seam("release_and_claim")
 #: the server-side routine's name (``limits/sql/``, installed by migration 0011): a change to
 #: it is a new name, installed by a new migration
 ROUTINE = "ductwork_release_and_claim_1"
 
 
-@_routine.for_db("postgresql", "mysql")
-def _on_server(_: Any, app: Database, tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending],
+def _on_server(app: Database, tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending],
                take: int, poll: bool) -> Taken:
-    # One round trip: the routine of limits/sql/ (PL/pgSQL, a MySQL stored procedure) takes
-    # the key's lock, reads the clock, ends, reads, decides and writes, as _in_python does.
-    fixed, offset = app.clock.in_sql()
-    keys, entries, unconfigured = _routine_config(tuple(app.config.limits.items()))
-    entry, digest = (None, None) if key is None else entries.get(key, (None, unconfigured))
-    error = endings[0].error if endings else None
-    rows = dialects.call_routine(tx.conn, ROUTINE, [
-        key, owner, [e.execution_id for e in endings], endings[0].outcome if endings else None,
-        error.klass if error else None, error.message if error else None, error.backtrace if error else None,
-        take, poll, fixed, offset // timedelta(microseconds=1), None if entry is None else dialects.Json(entry), digest,
-        dialects.Json(keys), unconfigured])
+    """The routine on a server, in one round trip: the SQL of ``limits/sql/`` (PL/pgSQL, a
+    MySQL stored procedure) takes the key's lock, reads the clock, ends, reads, decides and
+    writes, as :func:`_in_python` does."""
+    rows = dialects.call_routine(tx.conn, ROUTINE, _routine_args(app, key, owner, endings, take, poll))
     head = rows[0]
     tx.read_by_routine(head.r_now)  # [INV-CLK-1] the time the routine read after the key's lock
     if head.r_status == "taken":
@@ -132,12 +125,25 @@ def _on_server(_: Any, app: Database, tx: Tx, key: str | None, owner: str | None
     claimed = [row for row in rows if row.r_execution_id is not None]
     if claimed and head.r_unconfigured:
         log.warning(UNCONFIGURED_WARNING, key)
-    next_token = None if head.r_blocked_us is None or not head.r_stamp else (
-        (head.r_blocked_us - to_us(head.r_now)) / 1e6)
-    assert owner is not None or not claimed, "a claim has an owner"
+    stamped = head.r_stamp and head.r_blocked_us is not None
+    next_token = (head.r_blocked_us - to_us(head.r_now)) / 1e6 if stamped else None
     return Taken(True, [Claimed(**{name: row._mapping[f"r_{name}"] for name in _RUNNING}, process_id=owner or "",
-                                claimed_at=head.r_now, fills_key=head.r_fills, next_token_in_s=next_token)
+                                claimed_at=head.r_now, next_token_in_s=next_token)
                         for row in claimed], head.r_status)
+
+
+def _routine_args(app: Database, key: str | None, owner: str | None, endings: Sequence[Ending], take: int,
+                  poll: bool) -> list[dialects.RoutineArg]:
+    """The server-side routine's arguments, in its order (``limits/sql/``)."""
+    fixed, offset = app.clock.in_sql()
+    keys, entries, unconfigured = _routine_config(tuple(app.config.limits.items()))
+    entry, digest = (None, None) if key is None else entries.get(key, (None, unconfigured))
+    error = endings[0].error if endings else None
+    return [key, owner, [e.execution_id for e in endings], endings[0].outcome if endings else None,
+            None if error is None else error.klass, None if error is None else error.message,
+            None if error is None else error.backtrace, take, poll, fixed,
+            offset // timedelta(microseconds=1), None if entry is None else dialects.Json(entry), digest,
+            dialects.Json(keys), unconfigured]
 
 
 @functools.lru_cache(maxsize=16)
@@ -146,18 +152,20 @@ def _routine_config(limits: tuple[tuple[str, LimitEntry], ...]
     """What the server-side routine is given of a config's limits: every configured key with
     its concurrency and fingerprint (the lane scan's), each key's entry (concurrency and
     kept rates in config order) with its fingerprint, and the fingerprint of no entry."""
-    keys = [{"k": key, "c": entry.concurrency, "d": entry_digest(entry)} for key, entry in limits]
-    entries = {key: ({"c": entry.concurrency, "r": [[r.limit, r.per_s, r.burst] for r in entry.rates]},
-                     entry_digest(entry)) for key, entry in limits}
+    keys: list[dict[str, object]] = [{"k": key, "c": entry.concurrency, "d": entry_digest(entry)}
+                                     for key, entry in limits]
+    entries: dict[str, tuple[dict[str, object], str]] = {
+        key: ({"c": entry.concurrency, "r": [[r.limit, r.per_s, r.burst] for r in entry.rates]}, entry_digest(entry))
+        for key, entry in limits}
     return keys, entries, entry_digest(None)
 
 
-@_routine.for_db("sqlite")
-def _in_python(_: Any, app: Database, tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending],
+def _in_python(app: Database, tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending],
                take: int, poll: bool) -> Taken:
-    # Differs from PostgreSQL and MySQL in that SQLite is in-process: a statement is a call,
-    # not a round trip, so the routine's steps run here, each a statement, under the database
-    # write lock the transaction took at BEGIN IMMEDIATE (the key's lock is that lock).
+    """The routine's steps here, each a statement (SQLite: a statement is a call, not a
+    round trip), under the database write lock the transaction took at BEGIN IMMEDIATE: the
+    key's lock is that lock, and every clock read of the transaction is after it
+    [INV-CLK-1]."""
     header = None
     if key is not None:
         header = lock_key(tx, key)  # [INV-LIM-1] the key's lock, before any other read
@@ -165,7 +173,6 @@ def _in_python(_: Any, app: Database, tx: Tx, key: str | None, owner: str | None
             if endings:  # pragma: no cover  an execution's key row is written with it and never deleted
                 raise sa.exc.NoResultFound(f"limit key {key!r} has no row")
             return Taken(True, [], "gone" if poll else None)
-        tx.read_clock_again()  # [INV-CLK-1] what follows is timed after the key's lock
     if endings:
         if not _end(tx, owner, endings, header):  # [INV-EXE-2] the guard
             return Taken(False, [])
@@ -206,14 +213,8 @@ def _read(app: Database, tx: Tx, key: str | None, header: KeyHeader | None, entr
 
 def _write(tx: Tx, key: str | None, header: KeyHeader | None, owner: str | None, decided: Plan,
            rows: Mapping[str, sa.Row[Any]], state: LaneState) -> list[Claimed]:
-    """Write the plan: the re-base's dropped buckets, the claims (each the key's next
-    sequence number), the buckets and the header row; the claims as :class:`Claimed`."""
-    if key is not None and header is not None:
-        b = schema.limit_buckets
-        if decided.dropped:
-            tx.execute(b.delete().where(b.c.key == key, b.c.period_s.in_(decided.dropped)))
-        if decided.digest is not None:
-            header.set(config_digest=decided.digest)
+    """Write the plan: the claims (each the key's next sequence number), then the key's
+    buckets and header row; the claims as :class:`Claimed`."""
     ids = list(decided.claims)
     if ids:
         if decided.unconfigured:
@@ -223,16 +224,28 @@ def _write(tx: Tx, key: str | None, header: KeyHeader | None, owner: str | None,
             raise AssertionError(f"lane {key!r}: one of executions {ids} was taken under its lock [INV-LIM-1]")
     if key is None or header is None:
         return _load(tx, ids)
-    if decided.buckets is not None:
-        _write_buckets(tx, key, decided.buckets, state.key.buckets if state.key else {})  # [INV-LIM-2] with the claims
-    if decided.stamp:  # [INV-LIM-5] the exact time of the next token, or cleared
-        blocked = decided.blocked_until_us
-        header.set(blocked_until=None if blocked is None else from_us(blocked))
-    if ids:
-        header.set(seq=header.seq + len(ids))
-    write_header(tx, key)  # with the seq of the endings, if any
+    _write_key(tx, key, header, decided, state.key.buckets if state.key else {}, len(ids))
     next_token = None if decided.blocked_until_us is None else (decided.blocked_until_us - state.now_us) / 1e6
-    return [_claimed(rows[i], owner, tx.now, decided.fills, next_token if decided.stamp else None) for i in ids]
+    return [_claimed(rows[i], owner, tx.now, next_token if decided.stamp else None) for i in ids]
+
+
+def _write_key(tx: Tx, key: str, header: KeyHeader, decided: Plan, stored: Mapping[int, buckets.Bucket],
+               claimed: int) -> None:
+    """The key's part of the plan: a re-base's dropped buckets and digest, the buckets
+    [INV-LIM-2], the stamp [INV-LIM-5] and the sequence number after ``claimed`` claims, in
+    its header row (with the endings' seq, if any)."""
+    b = schema.limit_buckets
+    if decided.dropped:
+        tx.execute(b.delete().where(b.c.key == key, b.c.period_s.in_(decided.dropped)))
+    if decided.digest is not None:
+        header.set(config_digest=decided.digest)
+    if decided.buckets is not None:
+        _write_buckets(tx, key, decided.buckets, stored)  # [INV-LIM-2] the spend commits with the claims
+    if decided.stamp:  # [INV-LIM-5] the exact time of the next token, or cleared
+        header.set(blocked_until=None if decided.blocked_until_us is None else from_us(decided.blocked_until_us))
+    if claimed:
+        header.set(seq=header.seq + claimed)
+    write_header(tx, key)
 
 
 # --------------------------------------------------------------------------- the routine's statements (SQLite)
@@ -295,13 +308,13 @@ def _running(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
 _RUNNING = [name for name in CLAIM_COLUMNS if name not in ("process_id", "claimed_at")]  # (the claim's own)
 
 
-def _claimed(row: sa.Row[Any], process_id: str | None, claimed_at: datetime, fills_key: bool = False,
+def _claimed(row: sa.Row[Any], process_id: str | None, claimed_at: datetime,
              next_token_in_s: float | None = None) -> Claimed:
     """A row of :func:`_running` as claimed by ``process_id`` at ``claimed_at``."""
     mapping = row._mapping
     assert process_id is not None, "a claim has an owner"
     return Claimed(**{name: mapping[name] for name in _RUNNING}, process_id=process_id, claimed_at=claimed_at,
-                   fills_key=fills_key, next_token_in_s=next_token_in_s)
+                   next_token_in_s=next_token_in_s)
 
 
 def _load(tx: Tx, execution_ids: list[str]) -> list[Claimed]:
@@ -339,7 +352,7 @@ def _claim_rows(tx: Tx, execution_ids: list[str], owner: str | None, seq: int | 
     """Claim executions in one statement, the i-th (from 0) with sequence number ``seq + 1
     + i`` (None: unkeyed, no sequence); True when every one was still pending."""
     claim_seq: Any = None
-    if seq is not None:
+    if seq is not None:  # [INV-CLK-1] each claim its own seq, in order, after the endings'
         claim_seq = sa.case({execution_id: seq + i for i, execution_id in enumerate(execution_ids, start=1)},
                             value=_e.c.id)
     result = tx.execute(

@@ -70,9 +70,6 @@ class Claimed:
     crash_count: int
     process_id: str
     claimed_at: datetime
-    #: the claim left its key's concurrency full: other work of the key may wait for this
-    #: slot, so its success may be recorded as a release first (``outcomes.releases_first``)
-    fills_key: bool = False
     #: the claim spent its key's last token: seconds (database time, from the claim) until
     #: the rate admits the next claim (the key's ``blocked_until`` stamp); None: a token is
     #: left, or the key has no rate. A hint for waking a poller then (``TokenAlarm``)
@@ -81,15 +78,14 @@ class Claimed:
     @classmethod
     def from_row(cls, row: sa.Row[Any]) -> Claimed:
         """From a row whose columns are labelled with the field names (``claims._load``);
-        ``fills_key`` and ``next_token_in_s`` are no columns: their defaults (an unkeyed
-        claim's)."""
+        ``next_token_in_s`` is no column: its default (an unkeyed claim's)."""
         mapping = row._mapping
         return cls(**{name: mapping[name] for name in CLAIM_COLUMNS})
 
 
-#: the fields of :class:`Claimed` read from a row, by name: all but ``fills_key`` and
-#: ``next_token_in_s``, which are the claim's own decision, never stored
-CLAIM_COLUMNS = tuple(f.name for f in dataclasses.fields(Claimed) if f.name not in ("fills_key", "next_token_in_s"))
+#: the fields of :class:`Claimed` read from a row, by name: all but ``next_token_in_s``,
+#: the claim's own decision, never stored
+CLAIM_COLUMNS = tuple(f.name for f in dataclasses.fields(Claimed) if f.name != "next_token_in_s")
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,7 @@ numbers decided apart (``pipelines.rules.decide_hook``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Protocol
 
 
 def retry_at(retry_count: int, max_retry: int, retry_delay: float, now: datetime) -> datetime | None:
@@ -45,38 +43,3 @@ def rerun_at(crash_count: int, max_crash: int, crash_backoff: float, now: dateti
         count = crash_count + 1
         return now if count <= max_crash // 3 else now + timedelta(seconds=crash_backoff) * count
     return None
-
-
-class Keyed(Protocol):
-    """What :func:`releases_first` reads of a claimed execution (``executions.Claimed``)."""
-
-    @property
-    def limit_key(self) -> str | None: ...
-
-    @property
-    def fills_key(self) -> bool: ...
-
-
-class Recorded(Protocol):
-    """What :func:`releases_first` reads of a success to record (``pipelines.outcomes.Success``)."""
-
-    @property
-    def claimed(self) -> Keyed: ...
-
-    @property
-    def ran_s(self) -> float | None: ...
-
-
-def releases_first(successes: Iterable[Recorded], after_s: float) -> bool:
-    """Whether keyed successes are recorded as a release first, their steps advanced after
-    the commit (``advance.advance_released``): when one of them was claimed into a full key
-    (``Claimed.fills_key``), whose freed slot other work may be waiting for, and its body
-    ran at least ``after_s`` (``job_worker.release_first_after``; an untimed body counts
-    as slow). Otherwise what follows them is written inline, in the same transaction,
-    before the key's lock: one transaction instead of two, for a key that is not binding,
-    or for bodies so fast that the work is CPU-bound and a second transaction costs more
-    than the earlier release gains (bench/RESULTS.md, issue 15's fifth pass). Both are
-    recorded exactly once; the choice only moves what follows the step into the next
-    transaction. Unkeyed successes never release first (they hold no slot)."""
-    return any(s.claimed.limit_key is not None and s.claimed.fills_key
-               and (s.ran_s is None or s.ran_s >= after_s) for s in successes)

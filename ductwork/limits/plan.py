@@ -44,7 +44,7 @@ execution or reports them taken, and its caller rolls back), or which lane a pol
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ductwork.limit_entries import LimitEntry, entry_digest
@@ -103,7 +103,7 @@ class Plan:
     None clearing it), ``digest``: the config fingerprint to write (None: unchanged).
     ``refused``: a poll's refusal (``concurrency``, ``rate``, or ``gone``: nothing eligible
     or no key row), else None. ``unconfigured``: the key has no entry (claimed unlimited:
-    logged). ``fills``: the claims left the key's concurrency full."""
+    logged)."""
 
     claims: tuple[str, ...] = ()
     buckets: tuple[Bucket, ...] | None = None
@@ -113,29 +113,32 @@ class Plan:
     digest: str | None = None
     refused: str | None = None
     unconfigured: bool = False
-    fills: bool = False
 
 
 NOTHING = Plan()
 
 
 def plan(state: LaneState, request: Request) -> Plan:
-    """The routine's decisions (module docstring), in order: nothing eligible; a hand-off
-    whose lane is not first [INV-LIM-6]; the unkeyed lane (no decision); a key without a
-    row; a hand-off on a key whose stored values differ (left to a poll), or a poll's
-    re-base [INV-LIM-4]; the key decision and the further claims."""
+    """The routine's decisions (module docstring), in order: nothing to take or nothing
+    eligible; a hand-off whose lane is not first [INV-LIM-6]; the unkeyed lane (no decision);
+    a key without a row; then the key's (:func:`_keyed`)."""
     if request.take <= 0:
         return NOTHING  # only the endings
     if not state.candidates:
         return Plan(refused="gone") if request.poll else NOTHING
-    first = state.candidates[0]
-    if not request.poll and state.bound is not None and state.bound < first:
+    if not request.poll and state.bound is not None and state.bound < state.candidates[0]:
         return NOTHING  # [INV-LIM-6] a poll now would try another lane first
     if request.key is None:  # the unkeyed lane admits what the poll order lets it take
-        return Plan(claims=tuple(p.id for p in _in_order(state.candidates, request.take, state.bound)))
-    key = state.key
-    if key is None:
-        return Plan(refused="gone") if request.poll else NOTHING  # pragma: no cover  a key's row comes with its work
+        return Plan(claims=tuple(p.id for p in _batch(state, request.take, lambda _: True)))
+    if state.key is None:  # pragma: no cover  a key's row comes with its work
+        return Plan(refused="gone") if request.poll else NOTHING
+    return _keyed(state, request, state.key)
+
+
+def _keyed(state: LaneState, request: Request, key: KeyRow) -> Plan:
+    """A key's claims: a hand-off on a key whose stored values differ is left to a poll, which
+    re-bases it [INV-LIM-4]; then the key decision, and the further claims, each decided on
+    what the previous one left."""
     digest = entry_digest(request.entry)
     rebase = key.digest != digest
     if rebase and not request.poll:
@@ -143,41 +146,43 @@ def plan(state: LaneState, request: Request) -> Plan:
     kept = carry_over(request.entry, key.buckets) if rebase else dict(key.buckets)
     # a re-base drops the buckets of periods the entry no longer keeps and clears the stamp
     dropped, new_digest = (tuple(sorted(set(key.buckets) - set(kept))), digest) if rebase else ((), None)
-    decision = decide(request.entry, kept, state.in_flight, state.now_us)
-    if decision.refused_for == "concurrency":  # [INV-LIM-1] nothing refilled or stamped
+    decided = [decide(request.entry, kept, state.in_flight, state.now_us)]
+    if decided[0].refused_for == "concurrency":  # [INV-LIM-1] nothing refilled or stamped
         if not request.poll:
             return NOTHING
         return Plan(refused="concurrency", stamp=rebase, dropped=dropped, digest=new_digest)
-    if not decision.admitted:  # [INV-LIM-5] a poll's refusal writes its refill and stamp
-        return _written(decision, (), dropped, new_digest, refused="rate") if request.poll else NOTHING
-    claims = [first]
-    for position in state.candidates[1:request.take]:
+    if not decided[0].admitted:  # [INV-LIM-5] a poll's refusal writes its refill and stamp
+        return _written(decided[0], (), dropped, new_digest, refused="rate") if request.poll else NOTHING
+
+    def admits(claimed: int) -> bool:  # the next poll's decision, on what the last one left
+        further = decide(request.entry, {b.period_s: b for b in decided[-1].buckets}, state.in_flight + claimed,
+                         state.now_us)
+        decided.append(further)
+        return further.admitted
+
+    claims = _batch(state, request.take, admits)
+    last = next(d for d in reversed(decided) if d.admitted)
+    return _written(last, tuple(p.id for p in claims), dropped, new_digest)
+
+
+def _batch(state: LaneState, take: int, admits: Callable[[int], bool]) -> list[Position]:
+    """The first candidate, then each next one, up to ``take``, while it precedes ``bound``
+    [INV-LIM-6] and ``admits(claimed so far)``: the claims the next polls would make. The
+    batch ends, leaving no trace, at the first that another lane's oldest precedes or that
+    the next poll would be refused."""
+    claims = list(state.candidates[:1])
+    for position in state.candidates[1:take]:
         if state.bound is not None and position >= state.bound:
             break  # [INV-LIM-6] another lane would come first: the batch ends
-        further = decide(request.entry, {b.period_s: b for b in decision.buckets}, state.in_flight + len(claims),
-                         state.now_us)
-        if not further.admitted:
+        if not admits(len(claims)):
             break  # the next poll would be refused: the batch ends, leaving no trace
-        decision = further
         claims.append(position)
-    entry = request.entry
-    full = entry is not None and entry.concurrency is not None and state.in_flight + len(claims) >= entry.concurrency
-    return _written(decision, tuple(p.id for p in claims), dropped, new_digest, fills=full)
-
-
-def _in_order(candidates: tuple[Position, ...], take: int, bound: Position | None) -> list[Position]:
-    """The first candidate, then those after it that precede ``bound``, up to ``take``."""
-    taken = list(candidates[:1])
-    for position in candidates[1:take]:
-        if bound is not None and position >= bound:
-            break  # [INV-LIM-6] the batch never overtakes another lane
-        taken.append(position)
-    return taken
+    return claims
 
 
 def _written(decision: Decision, claims: tuple[str, ...], dropped: tuple[int, ...], digest: str | None, *,
-             refused: str | None = None, fills: bool = False) -> Plan:
+             refused: str | None = None) -> Plan:
     """A plan that writes ``decision``'s buckets and stamp (and a re-base's), with ``claims``."""
     return Plan(claims=claims, buckets=decision.buckets, dropped=dropped, stamp=decision.stamp,
                 blocked_until_us=decision.blocked_until_us, digest=digest, refused=refused,
-                unconfigured=decision.unconfigured, fills=fills)
+                unconfigured=decision.unconfigured)

@@ -12,8 +12,8 @@ locks the branch rows and keeps those still held as their caller says [INV-ADV-2
 dampen) of the branches it kept: each step completed and what follows it created in the
 same transaction [INV-ADV-1], the advancements closed, the branches moved on or ended,
 their runs resolved [INV-RUN-1]. An advancer's batch and single advancement
-(``advance.Advancer``), a worker's inline advancement (:func:`advance_on_successes`) and
-its advancement of released steps (:func:`advance_released`) all go through it. Lock order
+(``advance.Advancer``) and a worker's inline advancement (:func:`advance_on_successes`)
+all go through it. Lock order
 [lock order]: every branch row first, in branch-id order, then every run row of the
 moves, in run-id order, before any write.
 
@@ -24,7 +24,6 @@ routing, fan-out, expand and fan-in (``advance.py``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -134,7 +133,7 @@ def claim_branches(app: Database, branch_ids: Sequence[str], process_id: str) ->
     if not ids:
         return []  # pragma: no cover  both callers pass ids: claim_branch one, run_once a non-empty sample
     token = new_token()
-    s, j = schema.steps, schema.jobs
+    s = schema.steps
     try:
         with app.begin() as tx:
             # [lock order] the branch rows first, in id order, skipping those another
@@ -161,33 +160,7 @@ def claim_branches(app: Database, branch_ids: Sequence[str], process_id: str) ->
                 _b.c.id.in_(dialects.inline_ids(ids)), _b.c.claim_token == token)).scalars())  # [INV-ADV-2]
             if not won:
                 return []
-            latest: dict[str, StepRow] = {}
-            for row in tx.execute(
-                    sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status,
-                              j.c.id.label("job_id"))
-                    .join(j, j.c.step_id == s.c.id).where(s.c.branch_id.in_(dialects.inline_ids(won)))
-                    .order_by(s.c.branch_id, s.c.started_at, s.c.id)):  # ix_step_branch_started
-                # latest_step's order: each branch's last row is its latest step
-                latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass,
-                                                row.status, row.job_id)
-            step_ids = [latest[b].id for b in won]
-            previous: dict[str, tuple[Any, str, int, str | None]] = {}
-            for row in tx.execute(
-                    sa.select(_a.c.step_id, _a.c.started_at, _a.c.id, _a.c.crash_count, _a.c.error_klass)
-                    .where(_a.c.step_id.in_(dialects.inline_ids(step_ids)))
-                    .order_by(_a.c.step_id, _a.c.started_at, _a.c.id)):
-                # each step's last row is its latest advancement (as for the steps above)
-                previous[row.step_id] = (row.started_at, row.id, row.crash_count, row.error_klass)
-            r, run_ids = schema.runs, sorted({latest[b].run_id for b in won})
-            sha1s: dict[str, str] = {row.id: row.definition_sha1 for row in tx.execute(
-                sa.select(r.c.id, r.c.definition_sha1).where(r.c.id.in_(dialects.inline_ids(run_ids))))}
-            claims = []
-            for branch_id in won:
-                step = latest[branch_id]
-                last = previous.get(step.id)
-                crash_count = 0 if last is None else last[2] + (1 if last[3] in CRASH_CLASSES else 0)
-                claims.append(BranchClaim(branch_id, step.run_id, token, new_id(), crash_count, step,
-                                          sha1s[step.run_id]))
+            claims = _claims_of(tx, won, token)
             faults.hit(faults.BEFORE_ADVANCEMENT_CREATE)
             tx.execute(_a.insert(), [{
                 "id": c.advancement_id, "branch_id": c.branch_id, "step_id": c.step.id, "process_id": process_id,
@@ -201,6 +174,40 @@ def claim_branches(app: Database, branch_ids: Sequence[str], process_id: str) ->
             log.warning("branch claim lost: process %s no longer registered", process_id)
             return []
         raise  # pragma: no cover  [INV-ADV-2] a claimable branch has no open advancement (a release closes it)
+    return claims
+
+
+def _claims_of(tx: Tx, won: list[str], token: str) -> list[BranchClaim]:
+    """The claims of the branches ``won`` under ``token``: each one's latest step, its
+    crash count carried from the step's latest advancement, and its run's definition."""
+    s, j, r = schema.steps, schema.jobs, schema.runs
+    latest: dict[str, StepRow] = {}
+    for row in tx.execute(
+            sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status,
+                      j.c.id.label("job_id"))
+            .join(j, j.c.step_id == s.c.id).where(s.c.branch_id.in_(dialects.inline_ids(won)))
+            .order_by(s.c.branch_id, s.c.started_at, s.c.id)):  # ix_step_branch_started
+        # latest_step's order: each branch's last row is its latest step
+        latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass,
+                                        row.status, row.job_id)
+    step_ids = [latest[b].id for b in won]
+    previous: dict[str, tuple[int, str | None]] = {}
+    for row in tx.execute(
+            sa.select(_a.c.step_id, _a.c.crash_count, _a.c.error_klass)
+            .where(_a.c.step_id.in_(dialects.inline_ids(step_ids)))
+            .order_by(_a.c.step_id, _a.c.started_at, _a.c.id)):
+        # each step's last row is its latest advancement (as for the steps above)
+        previous[row.step_id] = (row.crash_count, row.error_klass)
+    run_ids = sorted({latest[b].run_id for b in won})
+    sha1s: dict[str, str] = {row.id: row.definition_sha1 for row in tx.execute(
+        sa.select(r.c.id, r.c.definition_sha1).where(r.c.id.in_(dialects.inline_ids(run_ids))))}
+    claims = []
+    for branch_id in won:
+        step = latest[branch_id]
+        last = previous.get(step.id)
+        crash_count = 0 if last is None else last[0] + (1 if last[1] in CRASH_CLASSES else 0)
+        claims.append(BranchClaim(branch_id, step.run_id, token, new_id(), crash_count, step,
+                                  sha1s[step.run_id]))
     return claims
 
 
@@ -423,62 +430,6 @@ def _close_advancements(tx: Tx, made: list[Move], held: Mapping[str, BranchClaim
         raise AssertionError(f"advancements of {made}: {closed} open inside their fence [INV-ADV-2]")
 
 
-def advance_released(tx: Tx, released: Sequence[Inline]) -> set[str]:
-    """A worker's second transaction after a keyed release (the model's
-    ``advance_released``): advance the branches past steps whose successes the worker
-    recorded, with their slots released, in its transaction before, which left the
-    steps ``advancing``. Returns the ids of the steps advanced.
-
-    Each step moves exactly as :func:`advance_on_successes` would have moved it inline,
-    from ``advancing`` instead of ``in_progress``, when, read under its branch's lock, the
-    step is still ``advancing`` (no advancer advanced it meanwhile), no advancer has
-    claimed it since it became so (no advancement row: a step an advancer failed or
-    crashed on is the advancer's, with its budgets), its branch is free (unclaimed, in
-    progress) and its edge is a simple transition. The value is the one stored with
-    the step's job, not the worker's copy. Every other step is left as it is: an
-    advancer claims it (``candidates``). Exactly once as for the inline path
-    [INV-ADV-1]: the branch row is locked and must be unclaimed, the step's completion
-    is guarded by its status, and ``uq_step_branch_node`` forbids a second successor.
-    Lock order: branch rows, then run rows, as every advancement [lock order]. Not done:
-    fan-out, fan-in and expand edges (an advancer's).
-    """
-    by_step = {i.claimed.step_id: i for i in released}
-    if not by_step:
-        return set()  # pragma: no cover  its only caller, advance_released_steps, returns first on none
-    # the branches locked before their steps are read [lock order] (move_branches' fence then
-    # finds them locked by this transaction already and keeps the free ones [INV-ADV-2])
-    fence(tx, dict.fromkeys((i.claimed.branch_id for i in by_step.values()), None))
-    step_ids = {"batch_ids": sorted(by_step)}
-    touched = set(tx.execute(dialects.prepared(tx.conn, _advanced_steps), step_ids).scalars())
-    moves: list[Move] = []
-    for row in tx.execute(dialects.prepared(tx.conn, _released_steps), step_ids):
-        i = by_step[row.id]
-        if (row.status != "advancing"  # [INV-ADV-1] advanced meanwhile: moved past once
-                or row.id in touched):  # an advancer's since: its budgets decide
-            continue  # (a held or ended branch: move_branches' fence leaves it)
-        value_json = value_json_of(row.output_payload)
-        found = None if value_json is None else simple_move(i.definition, i.claimed.node, value_json)
-        if found is not None:  # pragma: no branch  outcomes.released_later passes simple moves only, of this value
-            status, node, kind = found
-            moves.append(Move(i.claimed.branch_id, i.claimed.run_id, row.id, "advancing", status, node, kind,
-                              value_json))
-    definitions = {i.claimed.run_id: i.definition for i in by_step.values()}
-    made, _ = move_branches(tx, moves, definitions, owner={sid: i.claimed.process_id for sid, i in by_step.items()})
-    return {m.step_id for m in made}
-
-
-def _advanced_steps(_: Any) -> sa.Select[Any]:
-    """Which of the steps (``batch_ids``) an advancer has claimed: they have an advancement row."""
-    return sa.select(_a.c.step_id).where(_a.c.step_id.in_(dialects.ids_param()))
-
-
-def _released_steps(_: Any) -> sa.Select[Any]:
-    """The released steps (``batch_ids``): their status and their job's stored output."""
-    s, j = schema.steps, schema.jobs
-    return (sa.select(s.c.id, s.c.status, j.c.output_payload).join(j, j.c.step_id == s.c.id)
-            .where(s.c.id.in_(dialects.ids_param())))
-
-
 def value_json_of(output_payload: str | None) -> str | None:
     """The JSON text of a succeeded step's value from its job's stored output; None when
     there is none, or it is an expand's item count (never a simple move)."""
@@ -488,34 +439,10 @@ def value_json_of(output_payload: str | None) -> str | None:
     return json.dumps(stored["payload"]) if "payload" in stored else None
 
 
-def advance_released_steps(app: Database, released: Sequence[Inline]) -> set[str]:
-    """:func:`advance_released` in a transaction of its own, repeated on a lost
-    connection; returns the ids of the steps advanced. An error is logged and changes
-    nothing: the steps stay ``advancing`` and an advancer is woken for them (they were
-    recorded; only what follows them waits). Steps it leaves without an error are an
-    advancer's already (it advanced or holds them, or failed on them and polls again):
-    no wakeup, which would only send advancers after the next releases too."""
-    if not released:
-        return set()  # pragma: no cover  its callers (ReleasedSteps.run_once, _advance_released) pass some
-
-    def once() -> set[str]:
-        with app.begin() as tx:
-            return advance_released(tx, released)
-
-    try:
-        advanced: set[str] = dialects.retry_transient(once)
-    except Exception:
-        log.exception("advancing %d released steps failed; left to an advancer", len(released))
-        with contextlib.suppress(Exception), app.begin() as tx:  # no poll interval to wait out
-            tx.wake_advancers()
-        return set()
-    return advanced
-
-
 @dataclass(frozen=True)
 class Inline:
-    """A success's step to advance past in a worker's transaction (:func:`advance_on_successes`,
-    :func:`advance_released`): its claim, its run's definition and the JSON text of its value."""
+    """A success's step to advance past in a worker's transaction (:func:`advance_on_successes`):
+    its claim, its run's definition and the JSON text of its value."""
 
     claimed: Claimed
     definition: Definition

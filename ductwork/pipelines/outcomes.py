@@ -5,25 +5,22 @@
 
 Every outcome is one transaction read top-down: what the outcome means for the pipeline
 (the job's output and expand items, the step advanced past or left ``advancing``, a retry
-or a re-run enqueued, the step ``failed``), then the guard and the release
-(``limits.executions.release``: every execution still open and its owner's, or nothing of
-the transaction commits [INV-EXE-2]), then, for a success, the hand-off of the lane's next
-execution to the same worker (``limits.claims.hand_off``). If the reaper got there first,
-:func:`record_successes` and :func:`record_failure` raise :class:`CommitFailed` (the
-reaper's re-run is the live one), :func:`record_crash` returns False, so crashing is
-idempotent when several recoveries race.
+or a re-run enqueued, the step ``failed``), then the limits layer's routine
+(``limits.claims.release_and_claim``, one round trip on a server): the guard and the
+release (every execution still open and its owner's, or nothing of the transaction
+commits [INV-EXE-2]) and, for a success, the hand-off of the lane's next executions to
+the same worker. If the reaper got there first, :func:`record_successes` and
+:func:`record_failure` raise :class:`CommitFailed` (the reaper's re-run is the live one),
+:func:`record_crash` returns False, so crashing is idempotent when several recoveries race.
 
-Successes: one path for one success and for a group (a worker's batch, or a keyed group
-commit): a group of one lane is one transaction; a group whose guard finds one execution
-taken, or whose transaction fails for a reason the database would not retry, is recorded
-one success at a time, so only the taken one (or the one that fails) is lost. A success
-whose edge is a simple transition (``advance.advance_on_successes``) advances its branch
-in the same transaction; a keyed success whose claim filled its key and whose body ran at
-least ``release_first_after`` is *released first* (``limits.outcomes.releases_first``): its
-step is left ``advancing``, its worker advances it after the commit
-(``advance.advance_released``) or an advancer does, so the key's lock is held only for the
-release and the hand-off. Lock order [lock order]: branch rows, run rows, then the key's
-lock (in the release), then the hand-off's claim.
+Successes: one path for one success and for a group (a worker's batch): a group of one
+lane is one transaction; a group whose guard finds one execution taken, or whose
+transaction fails for a reason the database would not retry, is recorded one success at
+a time, so only the taken one (or the one that fails) is lost. A success whose edge is a
+simple transition (``branches.advance_on_successes``) advances its branch in the same
+transaction, before the key's lock is taken (so the key is held only for the routine and
+the commit); any other is left ``advancing`` for an advancer. Lock order [lock order]:
+branch rows, run rows, then the key's lock (the routine's), then the hand-off's claim.
 
 What follows a failure or timeout: a retry while ``retry_count < max_retry`` (never for a
 return value that cannot be stored: it would recur); a crash: a re-run while ``crash_count
@@ -52,10 +49,9 @@ from ductwork.db import dialects, schema
 from ductwork.errors import CommitFailed
 from ductwork.limits.claims import release, release_and_claim
 from ductwork.limits.executions import MESSAGE_LIMIT, Claimed, Ending, ErrorInfo, Pending, enqueue
-from ductwork.limits.outcomes import releases_first, rerun_at, retry_at
+from ductwork.limits.outcomes import rerun_at, retry_at
 from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes
 from ductwork.pipelines.payloads import Output
-from ductwork.pipelines.rules import simple_move
 from ductwork.pipelines.runs import cached_definition
 
 if TYPE_CHECKING:
@@ -75,12 +71,6 @@ class Success:
 
     claimed: Claimed
     output: Output
-    #: seconds its body ran, as its worker timed it (None: not timed, as a slow body):
-    #: ``releases_first`` releases a full key's slot first only after a slow body
-    ran_s: float | None = None
-    #: set by the recording transaction: its step was left ``advancing`` by a keyed release
-    #: first, for its worker to advance after the commit (``advance.advance_released``)
-    released: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,8 +156,7 @@ def _commit(app: Database, successes: list[Success], hand_off: HandOff | None) -
     first = successes[0].claimed
     key, owner = first.limit_key, first.process_id
     with app.begin() as tx:
-        released = key is not None and releases_first(successes, app.config.job_worker.release_first_after)
-        _follow_up(app, tx, successes, inline=not released)  # [lock order] branch, then run rows
+        _follow_up(app, tx, successes)  # [lock order] branch, then run rows
         if key is not None:
             faults.hit(faults.BEFORE_RELEASE_KEY_LOCK)
         # [INV-EXE-2] the guard: every execution still open and ours, or nothing commits
@@ -185,67 +174,33 @@ def _commit(app: Database, successes: list[Success], hand_off: HandOff | None) -
     return handed
 
 
-def _follow_up(app: Database, tx: Tx, successes: list[Success], *, inline: bool) -> None:
+def _follow_up(app: Database, tx: Tx, successes: list[Success]) -> None:
     """What follows a group's successes: the jobs' outputs and expand items, and each step
-    advanced past inline (``inline``, ``pipeline_advancer.inline_linear``, a simple
-    transition on a free branch) or left ``advancing``. Without ``inline`` (a keyed release
-    first) every step is left ``advancing``, and advancers are woken only for those their
-    worker will not advance after the commit (:func:`released_later`). Raises
-    :class:`_Taken` when a step is no longer in progress: its execution was taken and
-    another attempt moved it on."""
+    advanced past inline (``pipeline_advancer.inline_linear``, a simple transition on a free
+    branch) or left ``advancing`` for an advancer (woken). Raises :class:`_Taken` when a step
+    is no longer in progress: its execution was taken and another attempt moved it on."""
     _write_outputs(tx, successes)
     for success in successes:
         _write_expand_items(tx, success)
-        success.released = not inline
-    moving = _inline_moves(app, successes) if inline else []
     try:
-        advanced = advance_on_successes(tx, moving)
+        advanced = advance_on_successes(tx, _inline_moves(app, successes))
     except StepMovedOn:
         raise _Taken() from None
     rest = [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced]
     if rest:
-        _leave_advancing(tx, rest, wake=inline or any(not released_later(app, s) for s in successes))
-
-
-def _leave_advancing(tx: Tx, step_ids: list[str], *, wake: bool) -> None:
-    """Leave these succeeded steps ``advancing`` for an advancer (woken when ``wake``).
-    Raises :class:`_Taken` when one is no longer in progress: its execution was taken."""
-    if tx.execute(dialects.prepared(tx.conn, _to_advancing),
-                  {"batch_ids": step_ids, "b_now": tx.now}).rowcount != len(step_ids):
-        raise _Taken()  # a step no longer in progress: its execution was taken [INV-EXE-2]
-    if wake:
+        if tx.execute(dialects.prepared(tx.conn, _to_advancing),
+                      {"batch_ids": rest, "b_now": tx.now}).rowcount != len(rest):
+            raise _Taken()  # a step no longer in progress: its execution was taken [INV-EXE-2]
         tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
 
 
 def _inline_moves(app: Database, successes: list[Success]) -> list[Inline]:
-    """The inline advancements of ``successes`` whose value is a value, when
-    ``pipeline_advancer.inline_linear`` is on; none when it is off."""
+    """The inline advancements of ``successes`` whose value is a value (not an expand's
+    items), when ``pipeline_advancer.inline_linear`` is on; none when it is off."""
     if not app.config.pipeline_advancer.inline_linear:
         return []
-    return [i for i in [_inline(app, s) for s in successes] if i is not None]
-
-
-def _inline(app: Database, success: Success) -> Inline | None:
-    """The inline advancement of a success whose value is a value (not an expand's items)."""
-    value = success.output.value_json
-    if value is None:
-        return None
-    return Inline(success.claimed, cached_definition(app, success.claimed.definition_sha1), value)
-
-
-def released_later(app: Database, success: Success) -> bool:
-    """Whether a keyed success released first is advanced by its worker after the release
-    commits: its edge is a simple transition for its value (``rules.simple_move``)."""
-    inline = _inline(app, success) if success.claimed.limit_key is not None else None
-    return (inline is not None and app.config.pipeline_advancer.inline_linear
-            and simple_move(inline.definition, inline.claimed.node, inline.value_json) is not None)
-
-
-def advanced_later(app: Database, successes: Sequence[Success]) -> list[Inline]:
-    """The steps of recorded successes that were released first and that their worker
-    advances after the commit (``advance.advance_released``): :func:`released_later` ones."""
-    return [inline for s in successes
-            if s.released and released_later(app, s) and (inline := _inline(app, s)) is not None]
+    return [Inline(s.claimed, cached_definition(app, s.claimed.definition_sha1), s.output.value_json)
+            for s in successes if s.output.value_json is not None]
 
 
 def _write_outputs(tx: Tx, successes: Sequence[Success]) -> None:

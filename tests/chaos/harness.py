@@ -64,12 +64,9 @@ from tests.fleet import Fleet, process_rows, wait_for, write_config
 
 SETTINGS = {
     # batch_window 0.5 s (default 0.05): the witnessed steps take milliseconds each, and
-    # kills should land inside batches (claimed, queued, run but not yet recorded) often;
-    # release_first_after 0 (default 5 ms): every success on a full key is released first, so
-    # kills land between a release and its advance too (a key with room still advances inline)
+    # kills should land inside batches (claimed, queued, run but not yet recorded) often
     "job_worker": {"count": 3, "processes": 2, "polling_timeout": 0.1, "retry_delay": 0.1, "max_retry": 3,
-                   "max_crash": 30, "crash_backoff": 0.1, "shutdown_timeout": 2, "batch_window": 0.5,
-                   "release_first_after": 0},
+                   "max_crash": 30, "crash_backoff": 0.1, "shutdown_timeout": 2, "batch_window": 0.5},
     "pipeline_advancer": {"count": 2, "polling_timeout": 0.1, "expand_batch": 25, "max_crash": 30,
                           "shutdown_timeout": 2},
     "supervisor": {"polling_timeout": 0.2, "reaper_timeout": 3, "heartbeat_interval": 0.2, "shutdown_timeout": 6},

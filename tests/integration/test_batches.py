@@ -26,7 +26,6 @@ from ductwork.pipelines.outcomes import HandOff, Success, record_crash, record_s
 from ductwork.pipelines.payloads import Output
 from tests.capabilities import needs
 from tests.factories import make_executions, make_run
-from tests.fleet import wait_for
 from tests.workloads import Unkeyed
 
 AT = datetime(2000, 1, 1)

@@ -27,8 +27,6 @@ from ductwork.fleet.worker import Worker
 from ductwork.limits.claims import claim
 from ductwork.pipelines.advance import Advancer
 from ductwork.pipelines.branches import (
-    Inline,
-    advance_released_steps,
     candidates,
     claim_branch,
     claim_branches,
@@ -239,50 +237,13 @@ class KeyedChain(Pipeline):
 
 @pytest.fixture
 def keyed_app(db_url):
-    """Keys ``released`` (concurrency 1: every claim fills it) and ``roomy`` (2); every
-    success on a full key released first, however fast its body (``release_first_after: 0``)."""
+    """Keys ``released`` (concurrency 1: every claim fills it) and ``roomy`` (2)."""
     limits = {"released": {"concurrency": 1}, "roomy": {"concurrency": 2}}
-    yield from _default_app(db_url, job_worker={"limits": limits, "release_first_after": 0})
-
-
-@pytest.fixture
-def paced_app(db_url):
-    """``keyed_app``'s keys, and a ``release_first_after`` no body reaches (a minute): every
-    body counts as fast, however loaded the machine (with the default 5 ms, a body slowed
-    down by a busy CI machine was released first and failed the fast-body test)."""
-    yield from _default_app(db_url, job_worker={"limits": {"released": {"concurrency": 1}},
-                                                "release_first_after": 60})
-
-
-def _released(app):
-    """A KeyedChain run whose first step's success is recorded (the release committed,
-    the step left ``advancing``), and its worker's second transaction, not yet made."""
-    run = KeyedChain.trigger(1)
-    pid = register(app, role="test", label="releaser")
-    claimed = claim(app, pid)
-    assert claimed.fills_key  # concurrency 1: the key is full while it runs
-    definition = cached_definition(app, claimed.definition_sha1)
-    output = make_output(claimed.klass, definition, claimed.node, 1)
-    inline = Inline(claimed, definition, output.value_json)
-    assert record_success(app, claimed, output) == []
-    with app.begin() as tx:
-        step = tx.execute(sa.select(schema.steps.c.status).where(schema.steps.c.id == claimed.step_id)).scalar_one()
-    assert step == "advancing"  # released, not advanced: the worker's second transaction is next
-    return run, inline
+    yield from _default_app(db_url, job_worker={"limits": limits})
 
 
 def _nodes(run) -> Counter:
     return Counter((s.node, s.status) for s in run.steps())
-
-
-def test_a_released_step_is_advanced_by_its_worker_without_an_advancer(keyed_app):
-    """A keyed success is a release, then its worker's second transaction advances the
-    branch (advance_released): the successor exists with no advancer having run."""
-    run, inline = _released(keyed_app)
-    assert advance_released_steps(keyed_app, [inline]) == {inline.claimed.step_id}
-    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
-    with keyed_app.begin() as tx:
-        assert candidates(tx, 10) == []
 
 
 class RoomyChain(Pipeline):
@@ -293,89 +254,30 @@ class RoomyChain(Pipeline):
         p.start(Echo, limit_by="roomy").chain(to=Echo, limit_by="roomy")
 
 
-def test_a_keyed_success_on_a_key_with_room_advances_in_its_own_transaction(keyed_app):
-    """A claim that leaves its key below its concurrency: nothing can be waiting for its
-    slot, so its success writes what follows it in the transaction that records it (one
-    transaction, no second one), as an unkeyed success does."""
-    run = RoomyChain.trigger(1)
-    pid = register(keyed_app, role="test", label="roomy")
+@pytest.mark.parametrize("pipeline", [KeyedChain, RoomyChain], ids=["a key its claim filled", "a key with room"])
+def test_a_keyed_success_advances_its_branch_in_the_transaction_that_records_it(keyed_app, pipeline):
+    """Full or not, a keyed success writes what follows it in the transaction that records
+    it, before the routine takes the key's lock: the successor exists, no advancer ran,
+    nothing is left for one."""
+    run = pipeline.trigger(1)
+    pid = register(keyed_app, role="test", label="keyed")
     claimed = claim(keyed_app, pid)
-    assert not claimed.fills_key
     definition = cached_definition(keyed_app, claimed.definition_sha1)
     output = make_output(claimed.klass, definition, claimed.node, 1)
     assert record_success(keyed_app, claimed, output) == []
-    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
-
-
-def test_a_keyed_success_is_advanced_by_its_worker_after_the_release(keyed_app):
-    """A worker alone runs the first keyed step: its success is released, then the
-    worker advances the branch itself (no advancer runs), and what follows is there."""
-    run = KeyedChain.trigger(1)
-    assert Worker(keyed_app).run_once().outcome == "success"
     assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
     with keyed_app.begin() as tx:
         assert candidates(tx, 10) == []
 
 
-def test_a_fast_keyed_success_on_a_full_key_advances_in_its_own_transaction(paced_app, monkeypatch):
-    """A worker's keyed step whose body ran faster than ``release_first_after`` (5 ms) on
-    a key its claim filled: what follows it is written in the transaction that records it,
-    not released first (no second transaction: fast work is CPU-bound). Its successor
-    exists, and the worker's second transaction was never asked for anything."""
-    import ductwork.fleet.worker as worker_module
-
-    asked: list = []
-    real = worker_module.advance_released_steps
-    monkeypatch.setattr(worker_module, "advance_released_steps",
-                        lambda app, items: asked.extend(items) or real(app, items))
+def test_a_worker_alone_advances_a_keyed_success_without_an_advancer(keyed_app):
+    """A worker alone runs the first keyed step: what follows is there when its
+    ``run_once`` returns, and no advancer has anything to do."""
     run = KeyedChain.trigger(1)
-    assert Worker(paced_app).run_once().outcome == "success"
+    assert Worker(keyed_app).run_once().outcome == "success"
     assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
-    assert asked == []
-
-
-def test_a_released_step_an_advancer_advanced_meanwhile_is_not_advanced_again(keyed_app, caplog):
-    """Between the release and the worker's second transaction an advancer advances the
-    step: the second transaction finds it no longer ``advancing`` and moves nothing, with
-    no error; one successor [INV-ADV-1]."""
-    run, inline = _released(keyed_app)
-    assert Advancer(keyed_app).run_once() == "advanced"
-    with caplog.at_level("WARNING", logger="ductwork"):
-        assert advance_released_steps(keyed_app, [inline]) == set()
-    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
-    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
-
-
-def test_a_released_step_whose_branch_an_advancer_holds_is_left_to_it(keyed_app, caplog):
-    """An advancer claimed the branch after the release and has not advanced it yet: the
-    worker's second transaction leaves it alone, and the advancer's fence then advances it
-    once [INV-ADV-2, INV-ADV-1]."""
-    run, inline = _released(keyed_app)
-    pid = register(keyed_app, role="test", label="advancer")
-    held = claim_branch(keyed_app, inline.claimed.branch_id, pid)
-    assert held is not None
-    with caplog.at_level("WARNING", logger="ductwork"):
-        assert advance_released_steps(keyed_app, [inline]) == set()
-    assert _nodes(run) == Counter({("Echo#0", "advancing"): 1})
-    assert Advancer(keyed_app, process_id=pid).advance(held) == "advanced"
-    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
-    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
-
-
-def test_a_released_step_an_advancer_crashed_on_is_left_to_the_advancer(keyed_app):
-    """An advancer claimed the released step's branch and crashed (its claim released by
-    reconciliation): the step is the advancer's now, with its crash budget, and the
-    worker's second transaction leaves it."""
-    run, inline = _released(keyed_app)
-    pid = register(keyed_app, role="test", label="advancer")
-    held = claim_branch(keyed_app, inline.claimed.branch_id, pid)
-    assert held is not None
     with keyed_app.begin() as tx:
-        release_advancement(tx, held.advancement_id, held.branch_id, held.token, "crashed")
-    assert advance_released_steps(keyed_app, [inline]) == set()
-    assert _nodes(run) == Counter({("Echo#0", "advancing"): 1})
-    assert Advancer(keyed_app).run_once() == "advanced"
-    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
+        assert candidates(tx, 10) == []
 
 
 def test_stale_candidate_is_not_claimed_off_its_new_step(app):

@@ -44,7 +44,6 @@ ELSEWHERE = (faults.INSIDE_PRUNE_BATCH, faults.WHILE_ASYNC_STEPS_AWAIT, *faults.
 CONFIG = {**TEST_CONFIG, "pipelines": ["tests.workloads.processes:FaultPipeline"], "job_worker": {
     **TEST_CONFIG["job_worker"],
     "limits": {FAULT_KEY: {"concurrency": 2, "rate": {"limit": 1000, "per": 1}}, FAULT_TOTAL_KEY: {"concurrency": 1}},
-    "release_first_after": 0,  # the collapse's success is released first (between_release_and_advance)
 }}
 
 

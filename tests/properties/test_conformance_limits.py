@@ -33,7 +33,6 @@ from hypothesis.stateful import (
 
 from ductwork.app import App
 from ductwork.config import Config
-from ductwork.db import schema
 from ductwork.db.clock import ManualClock, from_us, to_us
 from ductwork.errors import CommitFailed
 from ductwork.fleet.processes import register

@@ -76,14 +76,13 @@ from tests.properties.strategies import pipeline_configs, pipeline_scenarios
 EXAMPLES = {"dev": 15, "ci": 40, "deep": 400}
 
 
-def engine_config(config, batch: int | None = None, released: bool = False) -> Config:
+def engine_config(config, batch: int | None = None, keyed: bool = False) -> Config:
     """The engine's configuration for the model's ``config``; ``batch``: the size of the
     worker's group commits and of the advancer's batches (default: the engine's);
-    ``released``: the scenarios' keys ``a`` and ``b`` of concurrency 1, so every keyed
-    claim fills its key and its success is a release first (``releases_first``)."""
+    ``keyed``: the scenarios' keys ``a`` and ``b`` of concurrency 1, so every keyed claim
+    fills its key and every keyed success goes through the lane routine's hand-off."""
     batches = {} if batch is None else {"batch_size": batch}
-    limits = {"limits": {"a": {"concurrency": 1}, "b": {"concurrency": 1}},
-              "release_first_after": 0} if released else {}  # (the oracle's bodies take no time)
+    limits = {"limits": {"a": {"concurrency": 1}, "b": {"concurrency": 1}}} if keyed else {}
     return Config.from_section({
         "job_worker": {"max_retry": config.max_retry, "max_crash": config.max_crash,
                        "retry_delay": config.retry_delay_us / 1e6, "crash_backoff": config.crash_delay_us / 1e6,
@@ -146,21 +145,18 @@ class Generated:
 
 
 def check_agreement(url: str, engine, scenario, config, batch: int | None = None,
-                    parks: list[int] | None = None, released: bool = False) -> None:
+                    parks: list[int] | None = None, keyed: bool = False) -> None:
     """``batch``: the model drives with its batched operations of that size, and the
     engine's worker and advancer batch as much (else each side drives as it does by default).
     ``parks``: the engine does that much work inside each expand's gaps between batches
-    (:func:`parked_gaps`). ``released``: every node is keyed (``limit_by``), and the model
-    advances keyed successes with ``advance_released`` after recording them, as the
-    engine's workers do."""
+    (:func:`parked_gaps`). ``keyed``: every node is keyed (``limit_by``)."""
     definition, args, oracle = scenario
-    if released:
+    if keyed:
         definition = {**definition, "nodes": {n: {**spec, "limit_by": spec.get("limit_by") or "a"}
                                               for n, spec in definition["nodes"].items()}}
-    expected = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,), batch=batch,
-                                 released=released).as_json()
+    expected = run_to_quiescence(definition, args, oracle, config, resumes=(NO_INPUT,), batch=batch).as_json()
     reset_tables(engine)
-    app = App(url, engine_config(config, batch, released), ManualClock(datetime(2026, 1, 1)), engine=engine)
+    app = App(url, engine_config(config, batch, keyed), ManualClock(datetime(2026, 1, 1)), engine=engine)
     oracle_steps.install(app, oracle)
     # Steps that declare timeout= run in a child process, where this process's oracle is
     # not installed; routing never depends on it and the oracle produces timeouts itself
@@ -284,14 +280,13 @@ def test_engine_batches_end_where_the_model_batches_end(db_url):
     hunt(db_url, check_agreement, batch=st.sampled_from([2, 5, 50]))
 
 
-def test_engine_keyed_releases_end_where_the_model_releases_end(db_url):
-    """Keyed steps (every node ``limit_by`` a key): the engine's worker records each
-    keyed success as a release (outputs, steps left ``advancing``, the key's lock for the
-    release only) and advances it in a second transaction (``advance_released``), alone
-    or as a keyed group commit of the drawn size; the model records with
-    ``run_execution`` and advances with ``advance_released``; every run ends in the
-    same state [INV-ADV-1, INV-RUN-1]."""
-    hunt(db_url, check_agreement, batch=st.sampled_from([1, 2, 5]), released=st.just(True))
+def test_engine_keyed_runs_end_where_the_model_ends(db_url):
+    """Keyed steps (every node ``limit_by`` a key of concurrency 1): the engine's worker
+    records each keyed success in the transaction that advances it inline, then the lane
+    routine releases its slot and hands the key's next execution on, alone or in a group
+    commit of the drawn size; the model drives with its batched operations; every run ends
+    in the same state [INV-ADV-1, INV-RUN-1, INV-LIM-1]."""
+    hunt(db_url, check_agreement, batch=st.sampled_from([1, 2, 5]), keyed=st.just(True))
 
 
 #: per database: expand gaps reached, and fan-in arrivals made in them, over the hunt

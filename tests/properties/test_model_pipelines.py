@@ -219,36 +219,6 @@ class PipelinesModelMachine(RuleBasedStateMachine):
         assert self.model.snapshot() == alone.snapshot(), "a group commit differs from its successes one by one"
         assert batch == singles
 
-    @precondition(lambda self: self._released())
-    @rule(data=st.data())
-    def advance_released(self, data):
-        """A worker's second transaction after keyed releases: one to four steps it
-        recorded earlier, each left ``advancing`` then, some of them advanced, claimed or
-        halted by an advancer in between (the machine's other rules), and one that never
-        was advancing. Equal to advancing each still-advancing, inline, free one as
-        ``advance_on_successes`` of its success would, in the order given; every other
-        step is left alone [INV-ADV-1, INV-ADV-2]."""
-        recorded = self._released()
-        ids = data.draw(st.lists(st.sampled_from(recorded), min_size=1, max_size=4, unique=True))
-        expected = copy.deepcopy(self.model)
-        singles = []
-        for step_id in ids:
-            step = expected.steps[step_id]
-            branch = expected.branches[step.branch_id]
-            free = step.branch_id in expected.claimable_branches()
-            untouched = not (branch.advancer_errors or branch.advancer_crashes)
-            if step.status == "advancing" and expected.advances_inline(step_id) and free and untouched:
-                singles.append(expected.advance(step.branch_id))
-            else:
-                singles.append(None)
-        got = self.model.advance_released(ids)
-        assert got == singles
-        assert self.model.snapshot() == expected.snapshot(), "advance_released differs from advance one by one"
-
-    def _released(self) -> list[str]:
-        """Steps a worker recorded a success of (their execution completed with ``success``)."""
-        return sorted({self.model.executions[e].step_id for e, kind in self.model.outcomes if kind == "success"})
-
     @precondition(lambda self: self._batchable())
     @rule(data=st.data(), stale=st.booleans())
     def advance_batch(self, data, stale):

@@ -33,6 +33,11 @@ from tests.mutants import MUTANTS
 
 CONFORMANCE = "tests/properties/test_conformance_limits.py::test_limits_engine_agrees_with_model[sqlite]"
 RACE = "tests/integration/test_lock_races.py::test_racing_claims_on_a_key_serialise_on_its_lock[postgresql]"
+#: the lane routine's statements in their order: the key's lock before the clock and the count
+ROUTINE_ORDER = "tests/unit/test_routine_sql.py::test_the_routine_locks_the_key_before_it_reads_the_clock_or_counts"
+#: the lane routine against its specification, state by state (a database each)
+REFINEMENT = ("tests/properties/test_refinement.py::"
+              "test_the_routine_does_what_the_plan_says_on_every_state_of_the_bounded_domain")
 HOOK_STALE = ("tests/integration/test_halt_hooks.py::"
               "test_a_stale_claim_records_nothing_and_the_reaper_re_runs_the_hook[sqlite]")
 #: children arriving while their expand is parked between batches
@@ -56,12 +61,13 @@ DETECTORS = {
     "hand_off_any_lane": "tests/integration/test_limits.py::test_a_hand_off_yields_to_an_older_lane[sqlite]",
     "count_outside_lock": RACE,
     "no_key_lock": RACE,
-    "clock_before_lock":
-        "tests/integration/test_lock_races.py::test_a_claims_time_is_read_after_the_key_lock[postgresql]",
-    "release_clock_before_lock": "tests/integration/test_lock_races.py::"
-    "test_a_keyed_group_commits_release_time_is_read_after_the_key_lock[postgresql]",
+    "no_key_lock_mysql": RACE.replace("[postgresql]", "[mysql]"),
+    **dict.fromkeys(("clock_before_lock", "clock_before_lock_mysql"), ROUTINE_ORDER),
+    **{name: REFINEMENT + ("[mysql]" if name.endswith("_mysql") else "[postgresql]") for name in (
+        "routine_ceiling_off_by_one", "routine_ceiling_off_by_one_mysql", "routine_spend_twice",
+        "routine_spend_twice_mysql", "routine_lane_order_reversed", "routine_lane_order_reversed_mysql",
+        "routine_state_guard_dropped", "routine_state_guard_dropped_mysql")},
     "batch_past_lane": "tests/integration/test_batches.py::test_a_batch_stops_before_an_older_keyed_lane[sqlite]",
-    "keyed_batch_past_lane": "tests/integration/test_batches.py::test_a_keyed_batch_stops_before_an_older_lane[sqlite]",
     "batch_no_guard":
         "tests/integration/test_batches.py::test_a_group_commit_leaves_a_reaped_execution_to_the_reaper[sqlite]",
     "keyed_group_one_seq": "tests/integration/test_batches.py::"
@@ -79,8 +85,6 @@ DETECTORS = {
     "test_a_bucket_one_unit_short_of_two_tokens_admits_one_on_each_path[sqlite-batch]",
     "keyed_batch_one_seq":
         "tests/integration/test_bounds.py::test_each_path_numbers_its_claims_after_its_releases[sqlite-hand_off]",
-    "unkeyed_hand_off_past_lane": "tests/integration/test_bounds.py::"
-    "test_each_path_stops_before_an_older_lanes_oldest[sqlite-unkeyed_hand_off]",
     "stale_fence_commits": "tests/integration/test_exactly_once.py::test_stale_token_commits_nothing[sqlite]",
     "fanin_outside_fence":
         "tests/integration/test_fault_checkpoints.py::test_checkpoint[sqlite-before_fanin_bump-raise]",
@@ -88,9 +92,6 @@ DETECTORS = {
     "expand_cursor_not_resumed": PARKED + "[sqlite-reaped_after_the_first_batch]",
     "claim_held_branch":
         "tests/integration/test_exactly_once.py::test_racing_claims_on_one_branch_have_one_winner[sqlite]",
-    "released_ignores_advancer":
-        "tests/integration/test_exactly_once.py::test_a_released_step_an_advancer_crashed_on_is_left_to_the_advancer"
-        "[sqlite]",
     # --- process trees ---
     "timeout_kills_group_only":
         "tests/integration/test_process_trees.py::test_a_timed_out_steps_subprocesses_die_with_it[sqlite]",
@@ -146,8 +147,6 @@ DETECTORS = {
     "group_guard_counts_none": LOSSES + "test_a_group_commit_that_lost_one_writes_nothing_for_it[sqlite]",
     "keyed_group_guard_counts_none":
         LOSSES + "test_a_keyed_group_commit_that_lost_one_writes_nothing_for_it[sqlite]",
-    "gathering_drops_late": "tests/integration/test_batches.py::"
-    "test_keyed_successes_ready_before_the_key_lock_join_the_commit_on_its_way[sqlite-before its lock]",
     "batch_fence_counts_none":
         LOSSES + "test_an_advancers_batch_that_lost_one_branch_writes_nothing_for_it[sqlite-re-claimed]",
     # time predicates measured from the wrong column (issue 37)
@@ -170,11 +169,16 @@ DETECTORS = {
 }
 #: mutants with another detector that a conformance machine found only with the ``deep``
 #: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
-ALSO_CONFORMANCE = {"batch_past_lane": CONFORMANCE, "keyed_batch_past_lane": CONFORMANCE}
+ALSO_CONFORMANCE = {"batch_past_lane": CONFORMANCE}
 #: mutants of a guard that several paths share, killed on each path's own test too (the
 #: unkeyed group guard ends the async batch's group commit and an expand's items; one
 #: recovery routine serves the orphan sweep and reconciliation)
 ALSO_PATHS = {
+    # (the one batch rule of plan(): unkeyed and keyed, a poll's and a hand-off's)
+    "batch_past_lane": ("tests/integration/test_batches.py::test_a_keyed_batch_stops_before_an_older_lane[sqlite]",
+                        "tests/integration/test_bounds.py::"
+                        "test_each_path_stops_before_an_older_lanes_oldest[sqlite-unkeyed_hand_off]"),
+
     # (the orphan sweep and reconciliation are one recovery routine since issue 31)
     "recovery_measures_creation": (TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",),
     "hook_recovery_measures_creation": (TIMES + "test_reconciliation_measures_a_claim_from_its_claim_time[sqlite]",),
@@ -194,6 +198,8 @@ def detector_label(mutant: str) -> str:
         return "limits conformance, SQLite"
     if detector == RACE and mutant != "no_key_lock":
         return "the same race test"
+    if detector.startswith(REFINEMENT):
+        return f"the routine's refinement test, {'MySQL-family' if detector.endswith('[mysql]') else 'PostgreSQL'}"
     if detector == HOOK_STALE and mutant != "hook_fence_dropped":
         return "the same stale-claim test"
     if detector == HOOK_CONFORMANCE:
@@ -224,7 +230,9 @@ def test_conformance_hunts_have_the_ci_budget(monkeypatch):
 def test_mutant_is_killed(mutant, tmp_path, record_property):
     detector = DETECTORS[mutant]
     if "[postgresql]" in detector and not os.environ.get("DUCTWORK_TEST_POSTGRES_URL"):
-        pytest.skip("this detector needs PostgreSQL row locks: set DUCTWORK_TEST_POSTGRES_URL")
+        pytest.skip("this detector needs PostgreSQL: set DUCTWORK_TEST_POSTGRES_URL")
+    if "[mysql]" in detector and not os.environ.get("DUCTWORK_TEST_MYSQL_URL"):
+        pytest.skip("this detector needs MySQL-family: set DUCTWORK_TEST_MYSQL_URL")
     took = hunt(mutant, detector, tmp_path)
     record_property("engine_mutant", f"| `{mutant}` | {MUTANTS[mutant].guard} | {detector_label(mutant)} "
                                      f"| {took:.1f} s |")

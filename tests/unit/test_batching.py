@@ -116,15 +116,14 @@ def _job_worker(**values):
 
 def test_batch_settings_default_and_parse():
     defaults = _job_worker()
-    assert (defaults.batch_size, defaults.batch_window, defaults.release_first_after) == (64, 0.05, 0.005)
-    chosen = _job_worker(batch_size=1, batch_window=0.2, release_first_after=0)
-    assert (chosen.batch_size, chosen.batch_window, chosen.release_first_after) == (1, 0.2, 0)
+    assert (defaults.batch_size, defaults.batch_window) == (64, 0.05)
+    chosen = _job_worker(batch_size=1, batch_window=0.2)
+    assert (chosen.batch_size, chosen.batch_window) == (1, 0.2)
 
 
 @pytest.mark.parametrize(("key", "value"), [
     ("batch_size", 0), ("batch_size", MAX_BATCH_SIZE + 1), ("batch_size", "16"), ("batch_size", True),
     ("batch_size", 2.5), ("batch_window", -1), ("batch_window", "soon"),
-    ("release_first_after", -0.001), ("release_first_after", "soon"), ("release_first_after", True),
 ])
 def test_bad_batch_settings_name_their_path(key, value):
     with pytest.raises(ConfigError) as info:
@@ -133,11 +132,18 @@ def test_bad_batch_settings_name_their_path(key, value):
     assert info.value.value == value
 
 
-def test_a_negative_release_first_after_says_zero_is_allowed():
-    with pytest.raises(ConfigError) as info:
-        _job_worker(release_first_after=-1)
-    assert (info.value.path, info.value.value, info.value.reason) == (
-        "job_worker.release_first_after", -1, "must be 0 or a positive time")
+def test_a_retired_setting_is_accepted_with_a_warning_that_says_it_is_ignored(caplog):
+    """``job_worker.release_first_after`` (read before issue 32): a config written for that
+    version still boots, and the log says the value is ignored and why."""
+    with caplog.at_level("WARNING", logger="ductwork.config"):
+        worker = _job_worker(release_first_after=0)
+    assert not hasattr(worker, "release_first_after")
+    assert [r.getMessage() for r in caplog.records] == [
+        "job_worker.release_first_after is no longer read and is ignored: every success is now recorded in one "
+        "transaction, its step advanced before the key's lock (issue 32); remove it"]
+    with pytest.raises(ConfigError) as info:  # and a typo's error lists only the keys read now
+        _job_worker(release_first_afterr=0)
+    assert info.value.reason.endswith("batch_size, batch_window, max_retry, max_crash, limits")
 
 
 def test_a_token_alarm_wakes_one_thread_once_its_earliest_time_has_come():

@@ -17,8 +17,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
-PATCHES = ("no_notify", "no_fsync", "key_skip_locked", "wake_one", "whole_key_in_a_row", "switch_interval",
-           "hand_off_no_scan", "released_to_advancer")
+PATCHES = ("no_notify", "no_fsync", "switch_interval")
 
 
 @pytest.mark.parametrize("module", MODULES)

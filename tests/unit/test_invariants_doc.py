@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "INVARIANTS.md").read_text()
 ID = re.compile(r"INV-[A-Z]{3}-\d+")
-REF = re.compile(r"`([\w/.]+\.py)(?:::(\w+))?`")
+REF = re.compile(r"`([\w/.]+\.(?:py|sql))(?:::(\w+))?`")
 ROWS = ("Relies on", "Enforced at", "Model", "History checker", "Engine tests", "Mutants killed", "Scenarios")
 #: the adversarial scenarios each invariant's Scenarios row accounts for, in this order
 SCENARIOS = ("partial loss", "columns that disagree", "every refused state", "a grandchild")
@@ -55,6 +55,16 @@ def sections() -> dict[str, dict[str, str]]:
 
 
 def defined_span(path: Path, name: str) -> tuple[int, int] | None:
+    """The lines of ``name`` in ``path``: a function or class of a module, or a routine of
+    the lane routine's SQL (from its ``CREATE`` to the next statement break, or the end)."""
+    if path.suffix == ".sql":
+        lines = path.read_text().splitlines()
+        create = re.compile(rf"CREATE (?:FUNCTION|PROCEDURE) {name}\(")
+        starts = [i for i, line in enumerate(lines, start=1) if create.match(line)]
+        if not starts:
+            return None
+        ends = [i for i, line in enumerate(lines, start=1) if i > starts[0] and line.startswith("-- ---- ")]
+        return starts[0], (ends[0] if ends else len(lines))
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return node.lineno, node.end_lineno or node.lineno
@@ -129,7 +139,7 @@ def test_every_id_accounts_for_each_adversarial_scenario(inv):
 
 def test_engine_tags_and_test_docstrings_cite_only_known_ids_and_every_id_is_enforced():
     tagged = set()
-    for path in (ROOT / "ductwork").rglob("*.py"):
+    for path in [*(ROOT / "ductwork").rglob("*.py"), *(ROOT / "ductwork").rglob("*.sql")]:
         for inv in ID.findall(path.read_text()):
             assert inv in EXPECTED, f"{path.name} cites unknown {inv}"
             tagged.add(inv)

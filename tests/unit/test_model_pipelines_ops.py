@@ -737,30 +737,6 @@ def test_claim_branches_and_advance_batch():
     assert not m.batchable("branch1")  # its new step is running
 
 
-def test_advance_released_advances_only_free_untouched_advancing_steps():
-    m = PipelinesModel(CFG)
-    keyed = snap("A", "AB", {"A": {"type": "chain", "to": ["B"]}}, limit_by={"A": "k"})
-    for i in range(4):
-        m.trigger(keyed, [i])
-    m.trigger(DIVIDE4, [0])
-    for e in (1, 2, 3, 4, 5):
-        m.run_execution(e, success(e))
-    with raises(PreconditionError, "no steps ['nope']"):
-        m.advance_released(["step1", "nope"])
-    m.claim_branch("branch2")  # an advancer holds it
-    m.advancer_error("branch3")  # an advancer failed on it: its budgets decide
-    m.advance("branch4")  # advanced meanwhile
-    assert m.advance_released(["step4", "step1", "step2", "step3", "step5"]) == [
-        None, Commit("branch1", 4, "chain", ("step7",)), None, None, None]
-    assert m.steps["step4"].status == "completed"
-    assert m.steps["step5"].status == "advancing"
-    m4 = PipelinesModel(CFG)
-    m4.trigger(keyed, [0])
-    m4.run_execution(1, success(1))
-    m4.advancer_crash("branch1")
-    assert m4.advance_released(["step1"]) == [None]
-
-
 # ----------------------------------------------------------------- on_halt hooks
 
 
@@ -1142,28 +1118,6 @@ def by_node(node: str, *_: object) -> Outcome:
     return success(node)
 
 
-def test_drive_released_advances_keyed_successes_in_a_second_transaction():
-    keyed = snap("A", "ABC", {"A": {"type": "chain", "to": ["B"]}, "B": {"type": "chain", "to": ["C"]}},
-                 limit_by={"A": "k"})
-    summary, m, _ = run_and_model(keyed, [0], by_node, CFG, batch=2,
-                                  released=True)
-    assert summary.status == "completed"
-    assert [c.action for c in m.commits] == ["chain", "chain", "leaf"]
-    m2 = PipelinesModel(CFG)
-    m2.trigger(keyed, [0])
-    m2.trigger(AB, [1])
-    assert m2.drive(by_node, batch=5, released=True) == 3
-    assert [(c.branch_id, c.action) for c in m2.commits] == [("branch2", "chain"), ("branch1", "chain"),
-                                                            ("branch2", "leaf"), ("branch1", "chain"),
-                                                            ("branch1", "leaf")]
-    assert m2.runs["run1"].status == m2.runs["run2"].status == "completed"
-    m3 = PipelinesModel(CFG)
-    m3.trigger(keyed, [0])
-    assert m3.drive(by_node, batch=5) == 3
-    assert m3._keyed(1)
-    assert not m3._keyed(2)
-
-
 def test_drive_advances_each_branch_once_per_round_and_waits_for_the_earliest():
     m = PipelinesModel(CFG)
     m.trigger(DIVIDE4, [0])
@@ -1216,15 +1170,15 @@ def test_snapshot_changes_with_the_state_and_the_queries_order():
 # ----------------------------------------------------------------- the smallest explorer worlds
 
 TINY = {
-    "chain": ({"definition": CHAIN, "faults": 1}, 97, 291),
-    "divide": ({"definition": DIVIDE, "faults": 0}, 16, 59),
-    "expand": ({"definition": EXPAND, "faults": 0}, 25, 91),
-    "expand-parked": (dict(definition=EXPAND, faults=0, fault_kinds=(), **_PARKED), 83, 363),
+    "chain": ({"definition": CHAIN, "faults": 1}, 97, 256),
+    "divide": ({"definition": DIVIDE, "faults": 0}, 16, 51),
+    "expand": ({"definition": EXPAND, "faults": 0}, 25, 78),
+    "expand-parked": (dict(definition=EXPAND, faults=0, fault_kinds=(), **_PARKED), 83, 315),
     "hooks": ({"definition": HALTING, "faults": 2, "fault_kinds": ("failure", "invalid"), "advancer_faults": False,
-               "hooks": True}, 102, 298),
+               "hooks": True}, 102, 292),
     "revive": ({"definition": HALTING, "faults": 1, "fault_kinds": ("invalid",), "advancer_faults": False,
-                "context_writes": 1, "prunes": 1, "revives": 1}, 92, 626),
-    "two-runs": ({"definition": HALTING, "runs": 2, "faults": 0, "hooks": True}, 54, 254),
+                "context_writes": 1, "prunes": 1, "revives": 1}, 92, 600),
+    "two-runs": ({"definition": HALTING, "runs": 2, "faults": 0, "hooks": True}, 54, 222),
     "triggers": ({"definition": CHAIN_AB, "faults": 0, "advancer_faults": False, "batches": False,
                   "keyed_triggers": 1, "key_window_us": 1_000_000}, 145, 446),
 }
@@ -1245,9 +1199,9 @@ def test_the_smallest_worlds_hold_every_invariant_in_a_known_graph(name):
 
 
 def test_run_and_model_drives_with_the_arguments_it_was_given(monkeypatch):
-    """``run_to_quiescence``/``run_and_model`` pass the config, the args, ``batch``,
-    ``released`` and ``hook_oracle`` to the model, before each resume too: the summary alone
-    does not show it (a batched drive is defined to end as the single one does)."""
+    """``run_to_quiescence``/``run_and_model`` pass the config, the args, ``batch`` and
+    ``hook_oracle`` to the model, before each resume too: the summary alone does not show it
+    (a batched drive is defined to end as the single one does)."""
     calls = []
     drive = PipelinesModel.drive
 
@@ -1261,20 +1215,19 @@ def test_run_and_model_drives_with_the_arguments_it_was_given(monkeypatch):
         return success(None)
 
     _, m, run_id = run_and_model(EXPAND3, ["x", 1], expand_oracle, CFG, resumes=["r"], batch=2,
-                                 hook_oracle=hook_oracle, released=True)
+                                 hook_oracle=hook_oracle)
     assert m.steps["step1"].input == ["x", 1]
     assert m.runs[run_id].args == ["x", 1]
-    expected = {"batch": 2, "hook_oracle": hook_oracle, "released": True}
+    expected = {"batch": 2, "hook_oracle": hook_oracle}
     assert calls == [(CFG, expected), (CFG, expected)]
     calls.clear()
-    assert run_to_quiescence(EXPAND3, [0], expand_oracle, CFG, resumes=[NO_INPUT], batch=3,
-                             released=True).status == "completed"
-    expected = {"batch": 3, "hook_oracle": None, "released": True}
+    assert run_to_quiescence(EXPAND3, [0], expand_oracle, CFG, resumes=[NO_INPUT], batch=3).status == "completed"
+    expected = {"batch": 3, "hook_oracle": None}
     assert calls == [(CFG, expected), (CFG, expected)]
     calls.clear()
     run_to_quiescence(EXPAND3, [0], expand_oracle)
     run_and_model(EXPAND3, [0], expand_oracle)
-    expected = {"batch": None, "hook_oracle": None, "released": False}
+    expected = {"batch": None, "hook_oracle": None}
     assert calls == [(PipelineConfig(), expected)] * 2
 
 
@@ -1514,27 +1467,20 @@ def test_drive_stops_past_its_budget_when_a_round_only_ran_a_hook_or_an_empty_ex
 
 
 def test_drive_defaults(monkeypatch):
-    """Without ``max_actions`` a drive stops past 100,000 actions; without ``released`` a
-    batched drive records keyed successes as any other."""
+    """Without ``max_actions`` a drive stops past 100,000 actions."""
     seen = []
-    round_ended, drive_batched = PipelinesModel._round_ended, PipelinesModel._drive_batched
+    round_ended = PipelinesModel._round_ended
 
     def spy_round(self: PipelinesModel, progressed: bool, actions: int, max_actions: int, *rest: bool) -> bool:
-        seen.append(("round", max_actions))
+        seen.append(max_actions)
         return round_ended(self, progressed, actions, max_actions, *rest)
 
-    def spy_batched(self: PipelinesModel, oracle, batch, max_actions, hook_oracle=None, released=False):
-        seen.append(("batched", released))
-        return drive_batched(self, oracle, batch, max_actions, hook_oracle, released)
-
     monkeypatch.setattr(PipelinesModel, "_round_ended", spy_round)
-    monkeypatch.setattr(PipelinesModel, "_drive_batched", spy_batched)
     m = PipelinesModel(CFG)
     m.trigger(ONE, [0])
     m.drive(by_node)
     m.drive(by_node, batch=1)
-    assert {v for k, v in seen if k == "round"} == {100_000}
-    assert [v for k, v in seen if k == "batched"] == [False]
+    assert set(seen) == {100_000}
 
 
 def test_fan_in_inputs_of_one_node_sort_by_canonical_json():

@@ -1,7 +1,7 @@
 """The pipelines model's refusals and small accessors (model/pipelines.py): each
 operation the model cannot make raises PreconditionError naming why, changing nothing
 (the explorer relies on it: a refused operation is a self-loop); and the batched drive
-with keyed successes released then advanced ends as the plain drive does."""
+with keyed successes ends as the plain drive does."""
 
 from __future__ import annotations
 
@@ -68,7 +68,6 @@ def test_operations_the_model_refuses():
     (branch_id,) = model.branches
     _refused(model, lambda: model.claim_branch(branch_id), f"branch {branch_id} is not claimable")
     _refused(model, lambda: model.advance("nope"), "no branch nope")
-    _refused(model, lambda: model.advance_released(["nope"]), "no steps ['nope']")
     _refused(model, lambda: model.advance_batch({"nope": 1}), "branch nope is not advanced in a batch")
     _refused(model, lambda: model.advancer_error(branch_id, transition_error=True),
              f"branch {branch_id}: only routing raises TransitionError")
@@ -97,22 +96,9 @@ def test_hook_operations_the_model_refuses():
     _refused(model, lambda: model.claim_hook(hook_id), f"hook {hook_id} is not eligible until {model.now_us + 10}")
 
 
-def test_a_success_an_advancer_holds_is_left_to_it_by_advance_released():
-    keyed = copy.deepcopy(CHAIN_AB)
-    keyed["nodes"]["A"]["limit_by"] = "k"
-    model = PipelinesModel(PipelineConfig())
-    model.trigger(keyed, [0])
-    (execution,) = model.pending_executions()
-    model.run_execution(execution, success(1))  # a keyed success, released: its step left advancing
-    (step_id,) = model.steps
-    (branch_id,) = model.branches
-    model.claim_branch(branch_id)  # an advancer took it in between
-    assert model.advance_released([step_id]) == [None]
-
-
-def test_the_batched_drive_with_keyed_successes_released_ends_as_the_plain_drive():
+def test_the_batched_drive_with_keyed_successes_ends_as_the_plain_drive():
     keyed = copy.deepcopy(CHAIN)
     keyed["nodes"]["B"]["limit_by"] = "k"
     plain = run_to_quiescence(keyed, [0], _ok)
-    assert run_to_quiescence(keyed, [0], _ok, batch=2, released=True) == plain
+    assert run_to_quiescence(keyed, [0], _ok, batch=2) == plain
     assert plain.status == "completed"

@@ -27,7 +27,8 @@ def test_the_mutant_applies_once_and_changes_the_package(name):
     assert changed, f"mutant {name} changes nothing"
     for path, text in changed.items():
         assert text != (PACKAGE / path).read_text()
-        compile(text, str(path), "exec")
+        if path.suffix == ".py":  # (the routine's SQL is checked by its server when installed)
+            compile(text, str(path), "exec")
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))
@@ -49,11 +50,22 @@ def test_a_snippet_missing_or_repeated_is_an_error_naming_the_mutant(tmp_path, m
 
 
 def test_a_process_run_with_the_copy_imports_the_patched_package(tmp_path):
-    scratch = mutants.apply("no_key_lock", tmp_path / "scratch")
+    scratch = mutants.apply("batch_past_lane", tmp_path / "scratch")
     code = "import ductwork, ductwork.limits.claims; print(ductwork.__file__)"
     done = subprocess.run([sys.executable, "-c", code], env=mutants.environ(scratch), cwd=mutants.REPO,
                           capture_output=True, text=True, check=True, timeout=60)
     assert Path(done.stdout.strip()).resolve() == (scratch / "ductwork" / "__init__.py").resolve()
-    mutants.check_ran_patched("no_key_lock", scratch)
+    mutants.check_ran_patched("batch_past_lane", scratch)
     changed = (scratch / "ductwork").resolve()
-    assert sum("# mutant: no lock" in path.read_text() for path in changed.rglob("*.py")) == 1
+    assert sum("# mutant: a batch ignores" in path.read_text() for path in changed.rglob("*.py")) == 1
+
+
+def test_a_mutant_of_the_routines_sql_counts_as_run_once_the_copys_package_is_loaded(tmp_path):
+    """The routine's SQL is read from the package's files (installed by migrating, or read as
+    text): a process that loaded the copy's ``ductwork.db.migrate`` ran the mutant."""
+    scratch = mutants.apply("no_key_lock", tmp_path / "scratch")
+    sql = scratch / "ductwork" / "limits" / "sql" / "release_and_claim_1.postgresql.sql"
+    assert "-- mutant: no lock" in sql.read_text()
+    code = "import ductwork.db.migrate"
+    subprocess.run([sys.executable, "-c", code], env=mutants.environ(scratch), cwd=mutants.REPO, check=True, timeout=60)
+    mutants.check_ran_patched("no_key_lock", scratch)

@@ -11,12 +11,11 @@ are recorded as a release first. The transactions that call them (``record_failu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pytest
 
-from ductwork.limits.outcomes import releases_first, rerun_at, retry_at
+from ductwork.limits.outcomes import rerun_at, retry_at
 
 NOW = datetime(2026, 3, 1, 12, 0, 0)
 
@@ -56,43 +55,3 @@ def test_a_crash_is_re_run_at_once_then_backing_off_within_its_budget(crash_coun
 
 def test_the_crash_back_off_is_in_seconds_and_may_be_a_fraction():
     assert rerun_at(3, 10, 0.5, NOW) == NOW + timedelta(seconds=2)
-
-
-@dataclass(frozen=True)
-class _Claim:
-    limit_key: str | None
-    fills_key: bool
-
-
-@dataclass(frozen=True)
-class _Success:
-    claimed: _Claim
-    ran_s: float | None = None
-
-
-@pytest.mark.parametrize(("claims", "first"), [
-    ([], False),
-    ([_Claim(None, False)], False),
-    ([_Claim(None, True)], False),  # an unkeyed claim holds no slot
-    ([_Claim("api", False)], False),  # a key with room: what follows is written inline
-    ([_Claim("api", True)], True),
-    ([_Claim("api", False), _Claim("api", True)], True),  # one claim that filled the key is enough
-    ([_Claim("api", True), _Claim("api", False)], True),
-])
-def test_a_success_releases_first_when_its_claim_filled_its_key(claims, first):
-    successes = [_Success(c) for c in claims]  # untimed bodies count as slow
-    assert releases_first(successes, 0.005) is first
-    assert releases_first(iter(successes), 0.005) is first
-
-
-@pytest.mark.parametrize(("ran_s", "first"), [
-    (0.005, True),  # a body of exactly release_first_after: released first
-    (0.0049, False),  # just faster: what follows is written inline
-    (None, True),  # untimed
-    (1.0, True),
-])
-def test_a_full_key_success_releases_first_only_after_a_body_that_slow(ran_s, first):
-    assert releases_first([_Success(_Claim("api", True), ran_s)], 0.005) is first
-    assert releases_first([_Success(_Claim("api", False), 1.0), _Success(_Claim("api", True), ran_s)],
-                          0.005) is first
-    assert releases_first([_Success(_Claim("api", True), 0.0)], 0.0) is True  # 0: every full-key success

@@ -12,14 +12,13 @@ from ductwork import Pipeline, Step
 from tests.workloads import Gather, Items, Square
 
 FAULT_KEY = "fault_key"
-#: the collapse's key, of concurrency 1: its claim fills it, so its success is a release
-#: first, then an advancement (between_release_and_advance)
+#: the collapse's key, of concurrency 1: its claim fills it
 FAULT_TOTAL_KEY = "fault_total_key"
 
 
 class FaultPipeline(Pipeline):
-    """start → expand (keyed) → collapse (keyed by a full key, a leaf: its success is
-    released, then advanced by its worker): passes every fault checkpoint."""
+    """start → expand (keyed) → collapse (keyed by a full key, a leaf: its success ends the
+    branch and the run in the transaction that records it): passes every fault checkpoint."""
 
     @classmethod
     def define(cls, p):

@@ -136,7 +136,6 @@ BEGIN
     DECLARE v_stamp BOOLEAN DEFAULT FALSE;
     DECLARE v_blocked BIGINT;
     DECLARE v_write_buckets BOOLEAN DEFAULT FALSE;
-    DECLARE v_fills BOOLEAN DEFAULT FALSE;
     DECLARE v_unconfigured BOOLEAN DEFAULT FALSE;
     DECLARE v_concurrency INT;
     DECLARE v_rates JSON;
@@ -318,8 +317,6 @@ BEGIN
                             SET v_claims = JSON_ARRAY_APPEND(v_claims, '$', v_id), v_i = v_i + 1;
                         END WHILE;
                         SET v_write_buckets = TRUE;
-                        SET v_fills = v_concurrency IS NOT NULL
-                                      AND v_in_flight + JSON_LENGTH(v_claims) >= v_concurrency;
                     END IF;
                 ELSE
                     SET v_rebase = FALSE;
@@ -366,7 +363,7 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    SELECT c.ord AS r_ord, v_status AS r_status, v_now AS r_now, v_stamp AS r_stamp, v_blocked AS r_blocked_us, v_fills AS r_fills,
+    SELECT c.ord AS r_ord, v_status AS r_status, v_now AS r_now, v_stamp AS r_stamp, v_blocked AS r_blocked_us,
            v_unconfigured AS r_unconfigured, e.id AS r_execution_id, e.job_id AS r_job_id, s.id AS r_step_id,
            COALESCE(s.idempotency_key, s.id) AS r_idempotency_key, s.run_id AS r_run_id,
            s.branch_id AS r_branch_id, s.node AS r_node, j.klass AS r_klass, r.pipeline_klass AS r_pipeline_klass,
@@ -379,7 +376,7 @@ BEGIN
       JOIN ductwork_runs r ON r.id = s.run_id
      WHERE v_status IS NULL OR v_status <> 'taken'
     UNION ALL
-    SELECT 0, v_status, v_now, v_stamp, v_blocked, v_fills, v_unconfigured, NULL, NULL, NULL, NULL, NULL, NULL,
+    SELECT 0, v_status, v_now, v_stamp, v_blocked, v_unconfigured, NULL, NULL, NULL, NULL, NULL, NULL,
            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
       FROM DUAL WHERE JSON_LENGTH(v_claims) = 0 OR v_status = 'taken'
     ORDER BY r_ord;

@@ -102,14 +102,14 @@ $decide$;
 -- Returns one row per execution claimed, in order, else one row with no execution; every
 -- row carries the status (NULL, 'taken': an ending was not open and the owner's, nothing else
 -- done, roll back; a poll's refusal: 'gone', 'concurrency', 'rate'), the routine's time,
--- the stamp written, whether the claims filled the key and whether it is unconfigured.
+-- the stamp written and whether the key is unconfigured.
 CREATE FUNCTION ductwork_release_and_claim_1(
     p_key text, p_owner text, p_ends text[], p_outcome text, p_error_klass text,
     p_error_message text, p_error_backtrace text, p_take integer, p_poll boolean,
     p_now timestamp, p_offset_us bigint, p_entry jsonb, p_digest text, p_keys jsonb,
     p_unconfigured text)
-RETURNS TABLE (r_status text, r_now timestamp, r_stamp boolean, r_blocked_us bigint, r_fills boolean,
-               r_unconfigured boolean, r_execution_id text, r_job_id text, r_step_id text,
+RETURNS TABLE (r_status text, r_now timestamp, r_stamp boolean, r_blocked_us bigint, r_unconfigured boolean,
+               r_execution_id text, r_job_id text, r_step_id text,
                r_idempotency_key text, r_run_id text, r_branch_id text, r_node text, r_klass text,
                r_pipeline_klass text, r_definition_sha1 text, r_input_json text, r_limit_key text,
                r_timeout_us bigint, r_retry_count integer, r_crash_count integer)
@@ -134,7 +134,6 @@ DECLARE
     v_stamp boolean := false;
     v_blocked bigint;
     v_write_buckets boolean := false;
-    v_fills boolean := false;
     v_unconfigured boolean := false;
     v_concurrency integer;
     v_limit bigint[];
@@ -174,7 +173,7 @@ BEGIN
            AND e.process_id IS NOT DISTINCT FROM p_owner;  -- [INV-EXE-2] still the owner's (NULL: an orphan's)
         GET DIAGNOSTICS v_count = ROW_COUNT;
         IF v_count <> cardinality(p_ends) THEN  -- [INV-EXE-2] fewer: one was taken; the caller rolls back
-            RETURN QUERY SELECT 'taken'::text, v_now, false, NULL::bigint, false, false, NULL::text, NULL::text,
+            RETURN QUERY SELECT 'taken'::text, v_now, false, NULL::bigint, false, NULL::text, NULL::text,
                 NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,
                 NULL::text, NULL::text, NULL::bigint, NULL::integer, NULL::integer;
             RETURN;
@@ -281,7 +280,6 @@ BEGIN
                         v_time := d.refilled_at;
                         v_write_buckets := true;
                         v_unconfigured := d.unconfigured;
-                        v_fills := v_concurrency IS NOT NULL AND v_in_flight + cardinality(v_claims) >= v_concurrency;
                     END IF;
                 ELSE
                     v_rebase := false;
@@ -326,7 +324,7 @@ BEGIN
         END IF;
     END IF;
     RETURN QUERY
-        SELECT v_status, v_now, v_stamp, v_blocked, v_fills, v_unconfigured, e.id::text, e.job_id::text,
+        SELECT v_status, v_now, v_stamp, v_blocked, v_unconfigured, e.id::text, e.job_id::text,
                s.id::text, coalesce(s.idempotency_key, s.id)::text, s.run_id::text, s.branch_id::text,
                s.node::text, j.klass::text, r.pipeline_klass::text, r.definition_sha1::text, j.input_args::text,
                e.limit_key::text, s.timeout_us, e.retry_count, e.crash_count
@@ -337,7 +335,7 @@ BEGIN
           JOIN ductwork_runs r ON r.id = s.run_id
          ORDER BY c.ord;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT v_status, v_now, v_stamp, v_blocked, v_fills, v_unconfigured, NULL::text, NULL::text,
+        RETURN QUERY SELECT v_status, v_now, v_stamp, v_blocked, v_unconfigured, NULL::text, NULL::text,
             NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,
             NULL::text, NULL::text, NULL::bigint, NULL::integer, NULL::integer;
     END IF;
