@@ -24,9 +24,9 @@ does something else:
 A variant the server refuses to create is not counted (it is not a routine); one that
 raises on a state is killed (the caller's transaction fails). ``FOR UPDATE`` dropped is no
 variant of this check: one transaction at a time cannot see a lock missing; the engine
-mutant ``routine_no_key_lock`` is killed by the race test instead. The variants are
-installed into a scratch database of their own (``ductwork_sql_mutation``, created, migrated
-and dropped here), one after the other; survivors are printed, to be killed by a new state
+mutants ``no_key_lock`` and ``no_key_lock_mysql`` are killed by the race test instead. The variants are
+installed into a scratch database of their own (``ductwork_sql_mutation``, made
+empty and migrated here, on the server ``tests.databases.provide`` finds), one after the other; survivors are printed, to be killed by a new state
 of the domain or argued equivalent (:data:`ARGUED`). Not run by ``.ci/run`` (minutes per
 server): ``tests/properties/test_refinement.py`` runs the check itself, and the named
 engine mutants of the SQL (``tests/mutants.py``) are killed there in CI.
@@ -48,14 +48,16 @@ from ductwork.db import dialects, engines
 from tests.refinement import World, exhaustive
 
 SOURCE = Path(__file__).resolve().parents[1] / "ductwork" / "limits" / "sql"
-SERVERS = {"postgresql": "postgresql://postgres@127.0.0.1:5432/ductwork_sql_mutation",
-           "mysql": "mysql://root@127.0.0.1:3306/ductwork_sql_mutation"}
+#: the backends, each with the server kind ``tests.databases.provide`` finds
+#: (``DUCTWORK_TEST_POSTGRES_URL`` / ``DUCTWORK_TEST_MYSQL_URL``, else a container)
+BACKENDS = {"postgresql": "postgresql", "mysql": "mysql"}
+SCRATCH = "ductwork_sql_mutation"
 _REFILL_WHEN = "IF dt > 0 THEN  -- time that went backwards adds nothing"
 _FILLS = {"postgresql": "IF dt >= (cap - lv + p_limit[i] - 1) / p_limit[i] THEN",
           "mysql": "IF dt >= (cap - lv + lim - 1) DIV lim THEN"}
-_BOUND_FOR = {
-    "postgresql": "IF NOT p_poll OR p_take > 1 THEN  -- [INV-LIM-6] the oldest of every other lane a poll would try now",
-    "mysql": "IF NOT p_poll OR p_take > 1 THEN  -- [INV-LIM-6] the oldest of every other lane a poll would try now"}
+_BOUND_FOR = dict.fromkeys(
+    ("postgresql", "mysql"),
+    "IF NOT p_poll OR p_take > 1 THEN  -- [INV-LIM-6] the oldest of every other lane a poll would try now")
 _ENDS = {"postgresql": "IF v_found AND cardinality(p_ends) > 0 THEN  -- the endings, guarded [INV-EXE-2]",
          "mysql": "IF v_found AND v_n_ends > 0 THEN  -- the endings, guarded [INV-EXE-2]"}
 #: survivors argued equivalent: (backend, the line, the line changed), both stripped -> why
@@ -75,8 +77,8 @@ ARGUED: dict[tuple[str, str, str], str] = {
     **{(b, line, line.replace(old, new)): "positions are never equal: the bound is another lane's execution, "
        "whose id no candidate of this lane has"
        for b, line, old, new in (
-           ("postgresql", "IF NOT p_poll AND v_bound_id IS NOT NULL AND (v_bound_at, v_bound_id) < (v_ats[1], v_ids[1]) "
-            "THEN", ") < (", ") <= ("),
+           ("postgresql", "IF NOT p_poll AND v_bound_id IS NOT NULL AND (v_bound_at, v_bound_id) < "
+            "(v_ats[1], v_ids[1]) THEN", ") < (", ") <= ("),
            ("postgresql", "EXIT WHEN v_bound_id IS NOT NULL AND (v_ats[i], v_ids[i]) >= (v_bound_at, v_bound_id);  "
             "-- [INV-LIM-6]", ") >= (", ") > ("),
            ("mysql", "IF NOT p_poll AND v_bound_id IS NOT NULL AND (v_bound_at, v_bound_id) < (v_at_us, v_id) THEN",
@@ -160,10 +162,11 @@ def _variants(backend: str) -> Iterator[Variant]:
         stripped = code.strip()
         if stripped.upper().startswith("AND ") and "OR " not in stripped.upper():
             indent = code[:len(code) - len(code.lstrip())]
-            yield Variant(backend, number, "predicate", line, indent + "AND TRUE" + (";" if stripped.endswith(";") else ""))
+            end = ";" if stripped.endswith(";") else ""
+            yield Variant(backend, number, "predicate", line, indent + "AND TRUE" + end)
         if "ORDER BY e.eligible_at, e.id" in code:
-            yield Variant(backend, number, "order", line,
-                          code.replace("ORDER BY e.eligible_at, e.id", "ORDER BY e.eligible_at DESC, e.id DESC") + comment)
+            reversed_order = code.replace("ORDER BY e.eligible_at, e.id", "ORDER BY e.eligible_at DESC, e.id DESC")
+            yield Variant(backend, number, "order", line, reversed_order + comment)
         if "* 1000000;" in code and ("level[i] - " in code or "levels, CONCAT" in code):
             yield Variant(backend, number, "arithmetic", line, code.replace("* 1000000", "* 2000000") + comment)
 
@@ -194,25 +197,15 @@ def killed(world: World) -> str | None:
     return None
 
 
-def _fresh(url: str) -> None:
-    """Create the scratch database of ``url`` empty (dropping an old one)."""
-    made = sa.engine.make_url(url)
-    name, admin = made.database, made.set(database="postgres" if made.get_backend_name() == "postgresql" else "")
-    engine = engines.create_engine(admin)
-    try:
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            quote = '"' if made.get_backend_name() == "postgresql" else "`"
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote}{name}{quote}")
-            conn.exec_driver_sql(f"CREATE DATABASE {quote}{name}{quote}")
-    finally:
-        engine.dispose()
-
-
-def run(backend: str, url: str) -> tuple[int, int, list[Variant]]:
+def run(backend: str) -> tuple[int, int, list[Variant]]:
     """Every variant of ``backend`` against the check: (killed, invalid, survivors)."""
     from tests.conftest import migrated
+    from tests.databases import fresh_database, provide
 
-    _fresh(url)
+    server = provide(BACKENDS[backend])
+    if isinstance(server, str):
+        raise SystemExit(f"no {backend} server: {server}")
+    url = fresh_database(server, SCRATCH)
     migrated(url)
     engine = engines.create_engine(url)
     source = (SOURCE / f"release_and_claim_1.{backend}.sql").read_text()
@@ -243,10 +236,10 @@ def run(backend: str, url: str) -> tuple[int, int, list[Variant]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.sql_mutation", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=sorted(SERVERS), action="append")
+    parser.add_argument("--db", choices=sorted(BACKENDS), action="append")
     parser.add_argument("--list", action="store_true", help="print the variants, run nothing")
     args = parser.parse_args(argv)
-    backends = args.db or sorted(SERVERS)
+    backends = args.db or sorted(BACKENDS)
     if args.list:
         for backend in backends:
             for variant in variants(backend):
@@ -255,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for backend in backends:
         started = time.monotonic()
-        kills, invalid, survivors = run(backend, SERVERS[backend])
+        kills, invalid, survivors = run(backend)
         argued = [v for v in survivors if (v.backend, v.before.strip(), v.after.strip()) in ARGUED]
         left = [v for v in survivors if v not in argued]
         print(f"{backend}: {kills + len(survivors)} variants, {kills} killed, {len(argued)} argued, "
