@@ -49,6 +49,8 @@ MODULES = (
     "ductwork.pipelines.registry",
     "ductwork.pipelines.snapshot",
     "ductwork.limits.outcomes",
+    "ductwork.limits.plan",
+    "ductwork.fleet.batching",
     "ductwork.pipelines.rules",
     "model.limits",
     "model.pipelines",
@@ -198,6 +200,12 @@ EQUIVALENT: dict[str, str] = {
     "ductwork.limits.outcomes.x_rerun_at__mutmut_8":
         "`count <= max_crash / 3` for `// 3`: count is an int, and an int is <= x exactly when "
         "it is <= floor(x)",
+    "ductwork.limits.plan.x__keyed__mutmut_9":
+        "carry_over without a re-base: the stored values are this entry's, and carry_over only drops "
+        "buckets of periods the entry does not keep, which decide ignores and leaves as they are",
+    "ductwork.limits.plan.x__batch__mutmut_7":
+        "`position > bound` for `>=`: positions are never equal, the bound being another lane's "
+        "execution, whose id no candidate of this lane has (the SQL's same survivor is argued alike)",
     "ductwork.pipelines.rules.x_decide_hook__mutmut_51":
         "`count <= max_crash / 3` for `// 3`: count is an int, and an int is <= x exactly when "
         "it is <= floor(x)",

@@ -130,7 +130,7 @@ def plan(state: LaneState, request: Request) -> Plan:
         return NOTHING  # [INV-LIM-6] a poll now would try another lane first
     if request.key is None:  # the unkeyed lane admits what the poll order lets it take
         return Plan(claims=tuple(p.id for p in _batch(state, request.take, lambda _: True)))
-    if state.key is None:  # pragma: no cover  a key's row comes with its work
+    if state.key is None:  # defensive: a key's row comes with its work
         return Plan(refused="gone") if request.poll else NOTHING
     return _keyed(state, request, state.key)
 

@@ -39,6 +39,10 @@ def test_batch_for_worked_numbers():
     assert batch_for(0.02, 0.05, 16) == 2  # 20 ms steps: two fit in 50 ms
     assert batch_for(3.0, 0.05, 16) == 1  # slow steps: one at a time, as without batches
     assert batch_for(0.0, 0.05, 16) == 16  # an untimed (instant) step
+    # a window that holds exactly the batch at this pace holds all of it, though the window
+    # over the pace, in floats, is a hair short of 27
+    pace = 0.8598627063716503
+    assert (pace * 27 / pace, batch_for(pace, pace * 27, 27)) == (26.999999999999996, 27)
 
 
 @given(paces, windows, sizes)
@@ -89,6 +93,7 @@ def test_keyed_batch_worked_numbers():
     assert [keyed_batch(64, entry, 5) for entry in (WIDE, THREE, RATED, None)] == [2, 1, 1, 64]
     assert keyed_batch(64, WIDE, 1) == 10  # one thread: the key's whole concurrency
     assert keyed_batch(64, RATED, 1) == 64  # one thread: no other takes the tokens
+    assert keyed_batch(64, RATED, 2) == 1  # two threads: the other may take the next token
     assert keyed_batch(3, WIDE, 1) == 3  # never more than the batch
     assert keyed_batch(64, LimitEntry("r", None, ()), 5) == 64
 
