@@ -7,8 +7,9 @@ the poll order, composed), and in Python on SQLite. ``tests/refinement.py`` writ
 of the rows, calls the routine, and compares what it returned and every row it left with
 what the specification says, through the one abstraction from rows to state
 (``tests/abstraction.py``). A difference names the case and the first row or value that
-differs. Every broken variant of the routines' SQL is killed by the exhaustive part
-(``python -m tests.sql_mutation``; INVARIANTS.md, "Refinement").
+differs. Every broken variant of the routines' SQL is killed by the exhaustive part, or
+argued equivalent (``python -m tests.sql_mutation``; docs/verification.md, "The lane routine
+and its refinement test").
 
 Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-EXE-2,
 INV-CLK-1.
