@@ -21,15 +21,16 @@ does something else:
   applied twice;
 - ``negation``: a ``NOT`` dropped.
 
-A variant the server refuses to create is not counted (it is not a routine); one that
-raises on a state is killed (the caller's transaction fails). ``FOR UPDATE`` dropped is no
-variant of this check: one transaction at a time cannot see a lock missing; the engine
-mutants ``no_key_lock`` and ``no_key_lock_mysql`` are killed by the race test instead. The variants are
-installed into a scratch database of their own (``ductwork_sql_mutation``, made
-empty and migrated here, on the server ``tests.databases.provide`` finds), one after the other; survivors are printed, to be killed by a new state
-of the domain or argued equivalent (:data:`ARGUED`). Not run by ``.ci/run`` (minutes per
-server): ``tests/properties/test_refinement.py`` runs the check itself, and the named
-engine mutants of the SQL (``tests/mutants.py``) are killed there in CI.
+A variant the server refuses to create is not counted (it is not a routine); one that raises
+on a state is killed (the caller's transaction fails). ``FOR UPDATE`` dropped is no variant
+of this check: one transaction at a time cannot see a lock missing; the engine mutants
+``no_key_lock`` and ``no_key_lock_mysql`` are killed by the race test instead. The variants
+are installed into a scratch database of their own (``ductwork_sql_mutation``, made empty
+and migrated here, on the server ``tests.databases.provide`` finds), one after the other;
+survivors are printed, to be killed by a new state of the domain or argued equivalent
+(:data:`ARGUED`). Not run by ``.ci/run`` (minutes per server):
+``tests/properties/test_refinement.py`` runs the check itself, and the named engine mutants
+of the SQL (``tests/mutants.py``) are killed there in CI.
 """
 
 from __future__ import annotations
