@@ -149,16 +149,17 @@ def run_body(app: Database, claimed: Claimed, definition: Definition) -> Output:
 
 
 def run_step(app: Database, claimed: Claimed, definition: Definition, awaited: Any,
-             paced: Callable[[float], None]) -> Output:
+             paced: Callable[[float, float], None]) -> Output:
     """Run the step (or take ``awaited``: what its coroutine returned or raised on the step
-    loop); returns its output, after telling ``paced(seconds)`` how long its body ran (an
-    awaited one is not timed here). Raises what :func:`record_failed` records."""
+    loop); returns its output, after telling ``paced(seconds, cpu_seconds)`` how long its
+    body ran and how much of that on this thread's CPU (an awaited one is not timed here).
+    Raises what :func:`record_failed` records."""
     if awaited is not NOT_AWAITED:
         return _output(claimed, definition, _value_of(awaited))
     invoke.check_configured(claimed)  # before anything is built here or in a child process
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.thread_time()
     output = run_body(app, claimed, definition)
-    paced(time.monotonic() - started)
+    paced(time.monotonic() - started, time.thread_time() - cpu_started)
     faults.hit(faults.DURING_JOB_EXECUTION)
     return output
 

@@ -215,10 +215,12 @@ class Worker:
 
     def _claim(self) -> None:
         """Claim a batch: unkeyed, as many as the pace says; of a key, no more than the
-        thread's share of it (:func:`batching.keyed_batch`). One that took something wakes
-        one more idle thread: there may be more to take."""
-        limits = self.app.config.limits
-        per_key = {key: batching.keyed_batch(self.batch, entry, self._threads) for key, entry in limits.items()}
+        thread's share of it (:func:`batching.keyed_batch`: the process's, if its bodies are
+        CPU-bound). One that took something wakes one more idle thread: there may be more to
+        take."""
+        cpu_share, processes = self._pace.cpu_share, self.app.config.job_worker.processes
+        per_key = {key: batching.keyed_batch(self.batch, entry, self._threads, cpu_share=cpu_share, processes=processes)
+                   for key, entry in self.app.config.limits.items()}
         claimed = claim_batch(self.app, self.process_id, self.batch, self.batch, per_key, self._refused)
         self._note_tokens(claimed)
         self._queue.extend(claimed)
@@ -309,9 +311,9 @@ class Worker:
         faults.hit(faults.AFTER_JOB_COMMIT)
         return handed
 
-    def _paced(self, seconds: float) -> None:
+    def _paced(self, seconds: float, cpu_s: float) -> None:
         """Size the next batch from the recent pace (:class:`batching.Pace`)."""
-        self.batch = self._pace.note(seconds)
+        self.batch = self._pace.note(seconds, cpu_s)
 
     def _perform(self, claimed: Claimed, awaited: Any = NOT_AWAITED) -> str:
         """Run the step (or take ``awaited``: what its coroutine returned or raised on the

@@ -100,12 +100,13 @@ def test_a_claim_that_took_something_wakes_one_more_thread(db_url):
         app.dispose()
 
 
-@pytest.mark.parametrize(("threads", "share"), [(1, 10), (5, 2), (20, 1)])
-def test_a_fast_thread_claims_its_share_of_a_wide_key(db_url, threads, share):
+@pytest.mark.parametrize(("threads", "cpu_s", "share"), [(1, 0.0, 10), (5, 0.0, 2), (20, 0.0, 1), (5, 0.0005, 10)])
+def test_a_fast_thread_claims_its_share_of_a_wide_key(db_url, threads, cpu_s, share):
     """Fast steps (a body of 0.5 ms: batches of 64), a ``concurrency: 10`` key, a process of
     ``threads`` threads: a claim takes the thread's share, 10 / threads (at least one), to
-    run in a row and record in one group commit; a key with a rate, one execution; an
-    unconfigured key, the whole batch. The key's concurrency still holds (INV-LIM-1)."""
+    run in a row and record in one group commit; of CPU-bound bodies (``cpu_s`` of the
+    0.5 ms on the thread's CPU), the process's share, 10 / its one process. The key's
+    concurrency still holds (INV-LIM-1)."""
     app = make_app(db_url, job_worker={"limits": {"wide": {"concurrency": 10},
                                                   "paced": {"rate": {"limit": 100, "per": "1s"}}}})
     reset_tables(app.engine)
@@ -113,7 +114,7 @@ def test_a_fast_thread_claims_its_share_of_a_wide_key(db_url, threads, share):
         run_id, branch_id = make_run(app)
         ids = make_executions(app, run_id, branch_id, "wide", AT, 12)
         worker = Worker(app, process_id=register(app, role="test", label="w"), batch_size=64, threads=threads)
-        worker._paced(0.0005)
+        worker._paced(0.0005, cpu_s)
         worker._claim()
         assert [c.execution_id for c in worker._queue] == ids[:share]
     finally:

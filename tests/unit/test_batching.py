@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ductwork.config import MAX_BATCH_SIZE, Config
 from ductwork.errors import ConfigError
-from ductwork.fleet.batching import Pace, batch_for, flush_due, keyed_batch
+from ductwork.fleet.batching import CPU_BOUND, Pace, batch_for, flush_due, keyed_batch
 from ductwork.fleet.shared import TokenAlarm
 from ductwork.fleet.worker import Worker
 from ductwork.limit_entries import LimitEntry, RateEntry
@@ -83,6 +83,21 @@ def test_a_pace_worked_numbers():
     assert pace.pace_s == 0.0055
 
 
+def test_a_pace_averages_the_cpu_share_of_its_bodies():
+    """The share of a body's time on its thread's CPU, averaged as the pace is; an instant
+    body counts as all CPU, a body on the CPU longer than it ran (a clock's grain) as 1."""
+    pace = Pace(0.05, 64)
+    assert pace.cpu_share == 0.0  # nothing timed yet: as if waiting (the smaller share)
+    pace.note(0.01, 0.01)
+    assert pace.cpu_share == 1.0  # the first body sets it
+    pace.note(0.01, 0.0)
+    assert pace.cpu_share == 0.5
+    pace.note(0.0, 0.0)
+    assert pace.cpu_share == 0.75
+    pace.note(0.001, 0.002)
+    assert pace.cpu_share == 0.875
+
+
 WIDE, THREE = LimitEntry("wide", 10, ()), LimitEntry("three", 3, ())
 RATED = LimitEntry("r", None, (RateEntry(100, 1, 1),))
 
@@ -98,13 +113,28 @@ def test_keyed_batch_worked_numbers():
     assert keyed_batch(64, LimitEntry("r", None, ()), 5) == 64
 
 
-@given(sizes, st.integers(1, 1000), st.booleans(), st.integers(1, 64))
-def test_a_keyed_batch_never_exceeds_the_threads_share_of_the_key(batch, concurrency, rated, threads):
+def test_a_cpu_bound_thread_takes_its_processs_share_of_a_key():
+    """Bodies that keep the thread on the CPU (at least ``CPU_BOUND`` of their time) are run
+    one at a time by the process's threads anyway: a thread may claim the process's share
+    of the key, its concurrency over the fleet's processes; below that share, the thread's."""
+    assert keyed_batch(64, WIDE, 5, cpu_share=CPU_BOUND) == 10
+    assert keyed_batch(64, WIDE, 5, cpu_share=CPU_BOUND - 0.01) == 2
+    assert keyed_batch(64, WIDE, 5, cpu_share=1.0, processes=3) == 3
+    assert keyed_batch(64, WIDE, 5, cpu_share=1.0, processes=20) == 1  # at least one
+    assert keyed_batch(64, RATED, 5, cpu_share=1.0) == 1  # a rate's tokens go to whichever thread is free
+    assert keyed_batch(4, WIDE, 5, cpu_share=1.0) == 4  # never more than the batch
+
+
+@given(sizes, st.integers(1, 1000), st.booleans(), st.integers(1, 64), st.floats(0, 1), st.integers(1, 64))
+def test_a_keyed_batch_never_exceeds_the_threads_share_of_the_key(batch, concurrency, rated, threads, cpu_share,
+                                                                 processes):
     """At least one, at most the batch; for a key with a concurrency, at most that over the
-    process's threads unless that is below one; a rated key of a process of threads: one."""
+    process's threads (over the fleet's processes for CPU-bound bodies) unless that is below
+    one; a rated key of a process of threads: one."""
     rates = (RateEntry(1, 1, 1),) if rated else ()
-    took = keyed_batch(batch, LimitEntry("k", concurrency, rates), threads)
-    assert 1 <= took <= max(1, min(batch, concurrency // threads))
+    took = keyed_batch(batch, LimitEntry("k", concurrency, rates), threads, cpu_share=cpu_share, processes=processes)
+    sharers = processes if cpu_share >= CPU_BOUND else threads
+    assert 1 <= took <= max(1, min(batch, concurrency // sharers))
     assert took == 1 or not rated or threads == 1
     assert keyed_batch(batch, LimitEntry("k", None, rates), threads) == (1 if rated and threads > 1 else batch)
 
