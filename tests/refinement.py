@@ -357,6 +357,10 @@ def _delays() -> Iterator[Case]:
         rows = (Row(other, 11), Row(lane, 10), Row(other, 10), Row(lane, 10))
         yield Case({KEY: {"concurrency": 3}, OTHER: {"concurrency": 3}}, rows, lane, (), take, poll, 10,
                    {KEY: (0, "same", None)})
+        # fewer eligible than the take: the one due a µs after now stays, though the batch has room
+        rows = (Row(lane, 11), Row(lane, 10), Row(other, 11))
+        yield Case({KEY: {"concurrency": 3}, OTHER: {"concurrency": 3}}, rows, lane, (), take, poll, 10,
+                   {KEY: (0, "same", None)})
 
 
 # --------------------------------------------------------------------------- beyond it
