@@ -41,7 +41,7 @@ class Pace:
     pace_s: float | None = None
     cpu_share: float = 0.0
 
-    def note(self, seconds: float, cpu_s: float = 0.0) -> int:
+    def note(self, seconds: float, cpu_s: float) -> int:
         """Note a body that took ``seconds``, ``cpu_s`` of them on the CPU; returns the
         next batch (:func:`batch_for`)."""
         share = min(1.0, cpu_s / seconds) if seconds > 0 else 1.0  # an instant body is all CPU

@@ -67,7 +67,7 @@ def test_a_pace_sizes_every_batch_within_its_bounds_and_averages_what_it_saw(win
     and the fastest body noted."""
     pace = Pace(window, size)
     for seconds in timed:
-        batch = pace.note(seconds)
+        batch = pace.note(seconds, 0.0)
         assert 1 <= batch <= size
         assert batch == batch_for(pace.pace_s, window, size)
     assert min(timed) <= pace.pace_s <= max(timed)
@@ -76,10 +76,10 @@ def test_a_pace_sizes_every_batch_within_its_bounds_and_averages_what_it_saw(win
 def test_a_pace_worked_numbers():
     pace = Pace(0.05, 64)
     assert pace.pace_s is None  # nothing timed yet
-    assert pace.note(0.0) == 64  # a no-op
-    assert pace.note(0.002) == 50  # the average halves
+    assert pace.note(0.0, 0.0) == 64  # a no-op
+    assert pace.note(0.002, 0.0) == 50  # the average halves
     assert pace.pace_s == 0.001
-    assert pace.note(0.01) == 9
+    assert pace.note(0.01, 0.0) == 9
     assert pace.pace_s == 0.0055
 
 
