@@ -885,7 +885,7 @@ def test_exe_4_budgets():
     assert check_inv_exe_4(history) == []
     history.executions.append(dataclasses.replace(execution("e2", key=None), retry_count=2, crash_count=0))
     assert check_inv_exe_4(history) == [
-        "INV-EXE-4: execution e2 of job j-e2 has retry_count 2 (max 1) and crash_count 0 (max 2)"]
+        "INV-EXE-4: execution e2 of step s-e2 has retry_count 2 (max 1) and crash_count 0 (max 2)"]
 
 
 # --------------------------------------------------------------------------- INV-HLT (issue 16)
