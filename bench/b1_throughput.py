@@ -78,7 +78,7 @@ def runs_batch(app, fleets: tuple[ProcessFleet, ...], pipeline, prefix: str, n: 
     Returns runs/s and executions/s (to the last, and to 90 %), CPU ms and statements per
     step over the batch (from just before the insert to its last run completed).
     """
-    r, s, j, e = schema.runs, schema.steps, schema.jobs, schema.executions
+    r, s, e = schema.runs, schema.steps, schema.executions
     meter = Meter(*fleets).start()
     insert_pending(app, pipeline, n, prefix, input_json=input_json)
     with app.begin() as tx:
@@ -94,7 +94,7 @@ def runs_batch(app, fleets: tuple[ProcessFleet, ...], pipeline, prefix: str, n: 
     with app.begin() as tx:
         runs_done = list(tx.execute(sa.select(r.c.completed_at).where(mine)).scalars())
         executions_done = list(tx.execute(
-            sa.select(e.c.completed_at).select_from(e.join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id))
+            sa.select(e.c.completed_at).select_from(e.join(s, s.c.id == e.c.step_id))
             .where(s.c.run_id.like(_prefix_like(prefix, "r")))).scalars())
     assert len(runs_done) == n, (len(runs_done), n)
     assert len(executions_done) == n * steps_per_run, (len(executions_done), n)

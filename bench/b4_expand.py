@@ -46,20 +46,17 @@ def prepare(app, n: int) -> str:
     from ductwork.pipelines.runs import trigger_run
 
     run = trigger_run(app, Expand, [n])
-    s, j, e, x = schema.steps, schema.jobs, schema.executions, schema.expand_items
+    s, e, x = schema.steps, schema.executions, schema.expand_items
     with app.begin() as tx:
-        step_id, branch_id, job_id = tx.execute(
-            sa.select(s.c.id, s.c.branch_id, j.c.id).join(j, j.c.step_id == s.c.id).where(s.c.run_id == run.id)
-        ).one()
+        step_id, branch_id = tx.execute(sa.select(s.c.id, s.c.branch_id).where(s.c.run_id == run.id)).one()
         nums, i = _numbers(n)
-        tx.execute(x.insert().from_select(["job_id", "item_index", "value"],
-                                          sa.select(sa.literal(job_id, sa.String), i, sa.cast(i, sa.String))
+        tx.execute(x.insert().from_select(["step_id", "item_index", "value"],
+                                          sa.select(sa.literal(step_id, sa.String), i, sa.cast(i, sa.String))
                                           .select_from(nums)))
-        tx.execute(e.update().where(e.c.job_id == job_id)
+        tx.execute(e.update().where(e.c.step_id == step_id)
                    .values(claimed_at=tx.now, completed_at=tx.now, outcome="success", updated_at=tx.now))
-        tx.execute(j.update().where(j.c.id == job_id)
-                   .values(output_payload=json.dumps({"expand_items": n}), completed_at=tx.now, updated_at=tx.now))
-        tx.execute(s.update().where(s.c.id == step_id).values(status="advancing", updated_at=tx.now))
+        tx.execute(s.update().where(s.c.id == step_id).values(
+            output_payload=json.dumps({"expand_items": n}), status="advancing", updated_at=tx.now))
     return branch_id
 
 

@@ -350,25 +350,22 @@ def insert_pending(app: App, pipeline: type, n: int, prefix: str, *, one_run: bo
                 sa.select(branch_id, run_id, sa.literal("in_progress", sa.String), t, t,
                           sa.literal_column("0"), t, t).select_from(nums)))
             node_name = sa.literal(definition.start, sa.String)
-        step_id, job_id, execution_id = _id(prefix + "s", i), _id(prefix + "j", i), _id(prefix + "e", i)
+        step_id, execution_id = _id(prefix + "s", i), _id(prefix + "e", i)
         if key:
             ensure_keys(tx, {key})
-        s, j, e = schema.steps, schema.jobs, schema.executions
+        s, e = schema.steps, schema.executions
         tx.execute(s.insert().from_select(
             ["id", "run_id", "branch_id", "node", "klass", "to_transition", "status", "limit_key",
-             "timeout_us", "started_at", "created_at", "updated_at"],
+             "timeout_us", "input_args", "started_at", "created_at", "updated_at"],
             sa.select(step_id, run_id, branch_id, node_name, sa.literal(node.klass, sa.String),
                       sa.literal("start", sa.String), sa.literal("in_progress", sa.String),
-                      sa.literal(key, sa.String), sa.literal(node.timeout_us, sa.BigInteger), t, t, t)
+                      sa.literal(key, sa.String), sa.literal(node.timeout_us, sa.BigInteger),
+                      sa.literal(input_json, sa.Text), t, t, t)
             .select_from(nums)))
-        tx.execute(j.insert().from_select(
-            ["id", "step_id", "klass", "input_args", "started_at", "created_at", "updated_at"],
-            sa.select(job_id, step_id, sa.literal(node.klass, sa.String), sa.literal(input_json, sa.Text),
-                      t, t, t).select_from(nums)))
         tx.execute(e.insert().from_select(
-            ["id", "job_id", "limit_key", "eligible_at", "retry_count", "crash_count", "created_at",
+            ["id", "step_id", "limit_key", "eligible_at", "retry_count", "crash_count", "created_at",
              "updated_at"],
-            sa.select(execution_id, job_id, sa.literal(key, sa.String), t, sa.literal_column("0"),
+            sa.select(execution_id, step_id, sa.literal(key, sa.String), t, sa.literal_column("0"),
                       sa.literal_column("0"), t, t).select_from(nums)))
         if hasattr(tx, "wake"):  # as trigger does: wake idle workers once this commits
             tx.wake()
@@ -499,9 +496,8 @@ class Triggered:
         return schema.runs.c.id.in_(list(self.run_ids))
 
     def executions(self) -> sa.ColumnElement[bool]:
-        s, j = schema.steps, schema.jobs
-        return schema.executions.c.job_id.in_(
-            sa.select(j.c.id).join(s, j.c.step_id == s.c.id).where(s.c.run_id.in_(list(self.run_ids))))
+        s = schema.steps
+        return schema.executions.c.step_id.in_(sa.select(s.c.id).where(s.c.run_id.in_(list(self.run_ids))))
 
     def figures(self, starts: list[float], window: tuple[float, float]) -> dict[str, float]:
         """The pace held (calls after the first / the time from the first call to the last),

@@ -10,8 +10,9 @@ drained by a default ``ductwork start``) is run once to warm up and once measure
 server's own per-table counters (``pg_stat_user_tables``: rows inserted, updated, updated
 HOT, deleted) are read before the measured batch is inserted and after its last run
 completed, so a run's figures are its trigger's writes (one insert each into runs,
-branches, steps, jobs and executions) and its drain's (everything else). Beside it, with
-``--pgqueuer-python``, pgqueuer 1.6.0's drain of as many no-op jobs
+branches, steps and executions; before revision 0011, jobs too) and its drain's
+(everything else). Beside it, with ``--pgqueuer-python``, pgqueuer 1.6.0's drain of as
+many no-op jobs
 (bench/pgqueuer_drain.py, its own database), counted the same way: its script creates its
 tables afresh (their counters start at 0), enqueues (one insert per job into ``pgqueuer``)
 and drains in one run.

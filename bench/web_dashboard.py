@@ -86,26 +86,21 @@ def fill(app: App, runs: int, keys: int, start: datetime) -> None:
             FROM generate_series(0, :k - 1) i""",
         "steps": f"""
             INSERT INTO ductwork_steps (id, run_id, branch_id, node, klass, to_transition, status, limit_key,
-                                        started_at, completed_at, created_at, updated_at)
+                                        input_args, output_payload, started_at, completed_at, created_at,
+                                        updated_at)
             SELECT 's' || substr(r.id, 2), r.id, 'b' || substr(r.id, 2), 'WebWork#0', :klass, 'start',
                    CASE r.status WHEN 'halted' THEN 'failed' WHEN 'in_progress' THEN 'in_progress'
                                  ELSE 'completed' END,
                    'key-' || lpad((CAST(substr(r.id, {len(TAIL) + 1}) AS bigint) % :k)::text, 5, '0'),
+                   '[1]', CASE WHEN r.status IN ('completed', 'dampened') THEN '{{"payload": 1}}' END,
                    r.triggered_at, CASE WHEN r.status IN ('completed', 'dampened') THEN r.triggered_at END,
                    r.triggered_at, r.triggered_at
             FROM ductwork_runs r WHERE r.id LIKE '{TAIL}%'""",
-        "jobs": f"""
-            INSERT INTO ductwork_jobs (id, step_id, klass, input_args, output_payload, started_at, completed_at,
-                                       created_at, updated_at)
-            SELECT 'j' || substr(id, 2), id, klass, '[1]',
-                   CASE WHEN status = 'completed' THEN '{{"payload": 1}}' END, started_at, completed_at,
-                   created_at, created_at
-            FROM ductwork_steps WHERE id LIKE 's{TAIL[1:]}%'""",
         "executions": f"""
-            INSERT INTO ductwork_executions (id, job_id, limit_key, eligible_at, claimed_at, completed_at,
+            INSERT INTO ductwork_executions (id, step_id, limit_key, eligible_at, claimed_at, completed_at,
                                              outcome, error_klass, error_message, retry_count, crash_count,
                                              created_at, updated_at)
-            SELECT 'e' || substr(s.id, 2), 'j' || substr(s.id, 2), s.limit_key, s.started_at,
+            SELECT 'e' || substr(s.id, 2), s.id, s.limit_key, s.started_at,
                    CASE WHEN s.status <> 'in_progress' OR CAST(substr(s.id, {len(TAIL) + 1}) AS bigint) % 200 = 2
                         THEN s.started_at END,
                    CASE WHEN s.status <> 'in_progress' THEN s.started_at + interval '1 second' END,

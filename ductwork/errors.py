@@ -199,7 +199,7 @@ class MissingTablesError(DuctworkError):
     """Tables that configured features need are absent; run ``ductwork db upgrade``.
 
     ``database`` (the URL, password masked) is named when known:
-    ``missing tables in postgresql://app@db/shop: ductwork_jobs (run `ductwork db
+    ``missing tables in postgresql://app@db/shop: ductwork_limit_keys (run `ductwork db
     upgrade` to create them)``; when every table is missing the message says so
     instead of listing them.
     """

@@ -183,10 +183,9 @@ def waiting_for(app: App) -> list[str]:
 
 def _branch_waits(app: App, tx: Tx, branch: sa.Row[tuple[str, str, datetime | None, int | None, int | None]]
                   ) -> str:
-    s, j = schema.steps, schema.jobs
+    s = schema.steps
     step = tx.execute(
-        sa.select(s.c.id, s.c.node, s.c.status, j.c.id.label("job_id"))
-        .join(j, j.c.step_id == s.c.id).where(s.c.branch_id == branch.id)
+        sa.select(s.c.id, s.c.node, s.c.status).where(s.c.branch_id == branch.id)
         .order_by(s.c.started_at.desc(), s.c.id.desc()).limit(1)
     ).first()
     node = step.node if step is not None else "?"
@@ -207,15 +206,15 @@ def _branch_waits(app: App, tx: Tx, branch: sa.Row[tuple[str, str, datetime | No
         return f"step {node} failed for good, waiting for an advancer to halt the branch"
     if step.status != "in_progress":  # pragma: no cover  defensive: completed only in the fence moving its branch
         return f"step {node} {step.status}, waiting for an advancer"
-    return f"step {node} " + _step_waits(app, tx, step.job_id)
+    return f"step {node} " + _step_waits(app, tx, step.id)
 
 
-def _step_waits(app: App, tx: Tx, job_id: str) -> str:
+def _step_waits(app: App, tx: Tx, step_id: str) -> str:
     e = schema.executions
     executions = tx.execute(
         sa.select(e.c.limit_key, e.c.eligible_at, e.c.claimed_at, e.c.process_id, e.c.completed_at,
                   e.c.outcome, e.c.error_klass, e.c.error_message, e.c.retry_count, e.c.crash_count)
-        .where(e.c.job_id == job_id).order_by(e.c.created_at, e.c.id)
+        .where(e.c.step_id == step_id).order_by(e.c.created_at, e.c.id)
     ).all()
     open_ = [x for x in executions if x.completed_at is None]
     ended = [x for x in executions if x.completed_at is not None]

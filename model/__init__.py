@@ -11,7 +11,7 @@ Modules, one per noun:
 * ``model.limits`` — rate periods, rate entries, token buckets and
   ``LimitsModel`` (jobs, claims, keys, buckets) [INV-LIM-1…7];
 * ``model.pipelines`` — definitions (snapshot format 1), ``PipelinesModel``
-  (runs, branches, steps, jobs, executions, context) and ``run_to_quiescence``
+  (runs, branches, steps, executions, context) and ``run_to_quiescence``
   [INV-ADV-*, INV-EXE-*, INV-RUN-1, INV-CTX-1];
 * ``model.invariants`` — one predicate per invariant ID, ``INVARIANT_FUNCTIONS``;
 * ``model.mutants`` — model variants with one guard removed, which the

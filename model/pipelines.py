@@ -7,7 +7,7 @@ Example::
     m.run_execution(m.runnable_executions()[0], success([1, 2]))
     m.advance(m.advanceable_branches()[0])           # one fenced transaction
 
-Runs, branches, steps, jobs (one per step) and executions (one per attempt),
+Runs, branches, steps (each holding its job: input, output) and executions (one per attempt),
 driven one atomic operation at a time by the caller, so hypothesis can
 interleave them: ``trigger`` (idempotent per pipeline and trigger key),
 ``trigger_in`` (inside the caller's transaction, committed or rolled back),
@@ -267,7 +267,7 @@ class PipelineConfig:
 
 @dataclass
 class Execution:
-    """One attempt at a step's job. ``state``: pending | completed (a run is atomic here)."""
+    """One attempt at a step. ``state``: pending | completed (a run is atomic here)."""
 
     id: int
     step_id: str
@@ -325,7 +325,8 @@ class HaltHook:
 
 @dataclass
 class Step:
-    """One visit of a node on a branch; its job is the list ``executions``.
+    """One visit of a node on a branch, holding its job (``input``, ``output``); its
+    attempts are the list ``executions``.
 
     ``status``: in_progress | advancing | failed | completed. ``origin`` is the
     transition kind that created it (``trigger`` and ``resume`` included) and
@@ -514,7 +515,7 @@ HookOracle = Callable[[str, int], Outcome]
 
 @dataclass
 class PipelinesModel:
-    """Runs, branches, steps, jobs and executions under semantics §2–§4.
+    """Runs, branches, steps and executions under semantics §2–§4.
 
     Example::
 

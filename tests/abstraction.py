@@ -33,7 +33,7 @@ class Execution:
     """One row of ``ductwork_executions``, times in µs."""
 
     id: str
-    job_id: str
+    step_id: str
     limit_key: str | None
     eligible_us: int
     claimed_us: int | None
@@ -89,10 +89,10 @@ def _us(moment: datetime | None) -> int | None:
 def snapshot(conn: sa.Connection) -> Rows:
     """Read every execution, key header and bucket row."""
     e, k, b = schema.executions, schema.limit_keys, schema.limit_buckets
-    executions = {row.id: Execution(row.id, row.job_id, row.limit_key, to_us(row.eligible_at), _us(row.claimed_at),
+    executions = {row.id: Execution(row.id, row.step_id, row.limit_key, to_us(row.eligible_at), _us(row.claimed_at),
                                     row.process_id, _us(row.completed_at), row.outcome, row.claim_seq,
                                     row.release_seq)
-                  for row in conn.execute(sa.select(e.c.id, e.c.job_id, e.c.limit_key, e.c.eligible_at, e.c.claimed_at,
+                  for row in conn.execute(sa.select(e.c.id, e.c.step_id, e.c.limit_key, e.c.eligible_at, e.c.claimed_at,
                                                     e.c.process_id, e.c.completed_at, e.c.outcome, e.c.claim_seq,
                                                     e.c.release_seq))}
     keys = {row.key: Header(row.key, int(row.seq), row.config_digest, _us(row.blocked_until))

@@ -52,50 +52,46 @@ def make_run(app: App) -> tuple[str, str]:
 
 def make_executions(app: App, run_id: str, branch_id: str, key: str | None, eligible_at: datetime,
                     count: int = 1) -> list[str]:
-    """``count`` pending executions in lane ``key``, each with its own step and job, in order.
+    """``count`` pending executions in lane ``key``, each with its own step, in order.
 
     Each step is the first of a branch of its own (a child of ``branch_id``, which has no
     step), node ``Noop#0``, whose edge is an expand: a success leaves it ``advancing`` for an
     advancer that never runs (no simple move), as the claim path's tests want."""
-    branches, steps, jobs, pending = [], [], [], []
+    branches, steps, pending = [], [], []
     with app.begin() as tx:
         for _ in range(count):
-            step_id, job_id, own = new_id(), new_id(), new_id()
+            step_id, own = new_id(), new_id()
             branches.append({"id": own, "run_id": run_id, "parent_id": branch_id, "status": "in_progress",
                              "last_advanced_at": tx.now, "started_at": tx.now, "fanin_arrivals": 0,
                              "created_at": tx.now, "updated_at": tx.now})
             steps.append({"id": step_id, "run_id": run_id, "branch_id": own, "node": NODE,
                           "klass": STEP_CLASS, "to_transition": "start", "status": "in_progress",
-                          "limit_key": key, "timeout_us": None, "started_at": tx.now, "completed_at": None,
-                          "created_at": tx.now, "updated_at": tx.now})
-            jobs.append({"id": job_id, "step_id": step_id, "klass": STEP_CLASS, "input_args": "[null]",
-                         "output_payload": None, "started_at": tx.now, "completed_at": None,
-                         "created_at": tx.now, "updated_at": tx.now})
-            pending.append(Pending(job_id, key, eligible_at))
+                          "limit_key": key, "timeout_us": None, "input_args": "[null]", "output_payload": None,
+                          "started_at": tx.now, "completed_at": None, "created_at": tx.now, "updated_at": tx.now})
+            pending.append(Pending(step_id, key, eligible_at))
         tx.execute(schema.branches.insert(), branches)
         tx.execute(schema.steps.insert(), steps)
-        tx.execute(schema.jobs.insert(), jobs)
         return enqueue(tx, pending)
 
 
-def open_execution_of(app: App, job_id: str) -> sa.Row | None:
-    """The job's open (pending or in-flight) execution, if any."""
+def open_execution_of(app: App, step_id: str) -> sa.Row | None:
+    """The step's open (pending or in-flight) execution, if any."""
     e = schema.executions
     with app.begin() as tx:
         return tx.execute(sa.select(e.c.id, e.c.eligible_at, e.c.retry_count, e.c.crash_count)
-                          .where(e.c.job_id == job_id, e.c.completed_at.is_(None))).first()
+                          .where(e.c.step_id == step_id, e.c.completed_at.is_(None))).first()
 
 
 def executions_of(app: App, run_id: str) -> list[sa.Row]:
     """Every execution of the run's steps, oldest first, with its step's node and status:
     rows of ``node, status, outcome, retry_count, crash_count, completed_at, error_klass,
     error_message``."""
-    e, j, s = schema.executions, schema.jobs, schema.steps
+    e, s = schema.executions, schema.steps
     with app.begin(readonly=True) as tx:
         return tx.execute(
             sa.select(s.c.node, s.c.status, e.c.outcome, e.c.retry_count, e.c.crash_count, e.c.completed_at,
                       e.c.error_klass, e.c.error_message)
-            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+            .join(s, s.c.id == e.c.step_id)
             .where(s.c.run_id == run_id).order_by(e.c.created_at, e.c.id)
         ).all()
 
@@ -103,17 +99,15 @@ def executions_of(app: App, run_id: str) -> list[sa.Row]:
 def run_rows(app: App, run_id: str) -> dict[str, list[tuple]]:
     """Every row of the run, table by table, in a stable order: what a commit could touch,
     what a refused operation or another run's prune must leave as it was."""
-    r, b, s, j, e = schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions
+    r, b, s, e = schema.runs, schema.branches, schema.steps, schema.executions
     a, x, h, c = schema.advancements, schema.expand_items, schema.halt_hooks, schema.context
     steps = sa.select(s.c.id).where(s.c.run_id == run_id)
-    jobs = sa.select(j.c.id).where(j.c.step_id.in_(steps))
     queries = {
         "run": sa.select(r).where(r.c.id == run_id),
         "branches": sa.select(b).where(b.c.run_id == run_id).order_by(b.c.id),
         "steps": sa.select(s).where(s.c.run_id == run_id).order_by(s.c.id),
-        "jobs": sa.select(j).where(j.c.id.in_(jobs)).order_by(j.c.id),
-        "executions": sa.select(e).where(e.c.job_id.in_(jobs)).order_by(e.c.id),
-        "expand_items": sa.select(x).where(x.c.job_id.in_(jobs)).order_by(x.c.job_id, x.c.item_index),
+        "executions": sa.select(e).where(e.c.step_id.in_(steps)).order_by(e.c.id),
+        "expand_items": sa.select(x).where(x.c.step_id.in_(steps)).order_by(x.c.step_id, x.c.item_index),
         "advancements": sa.select(a).where(a.c.step_id.in_(steps)).order_by(a.c.id),
         "halt_hooks": sa.select(h).where(h.c.run_id == run_id),
         "context": sa.select(c).where(c.c.run_id == run_id).order_by(c.c.key),

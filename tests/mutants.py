@@ -462,13 +462,13 @@ MUTANTS: dict[str, Mutant] = {
         "carried-over steps get no execution [INV-REV-2]",
         (("else:  # [INV-REV-2] history: no execution, its status stays, never advanced again",
           "else:  # mutant: history is executed again\n"
-          "    rerun = Pending(jid, step[\"limit_key\"], now)"),),
+          "    rerun = Pending(sid, step[\"limit_key\"], now)"),),
     ),
     "revive_nil_input": Mutant(
         "a revive re-enqueues a failed step with a null input (the original engine's gap) [INV-REV-3]",
         "a re-enqueued step keeps its input [INV-REV-3]",
-        (("job.update(output_payload=None, started_at=now, completed_at=None)  # [INV-REV-3] input_args kept",
-          'job.update(input_args="[null]", output_payload=None, started_at=now, completed_at=None)  # mutant'),),
+        (("created_at=now)  # [INV-REV-3] input_args kept",
+          'created_at=now, input_args="[null]")  # mutant'),),
     ),
     "revive_new_key": Mutant(
         "a re-enqueued step gets a fresh idempotency key (its own id) [INV-REV-3, INV-EXE-3]",

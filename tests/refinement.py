@@ -51,7 +51,7 @@ from tests.factories import make_executions, make_run
 
 T0_US = to_us(datetime(2026, 1, 1))
 KEY, OTHER = "k", "o"
-#: the most executions a case has (the pool's jobs)
+#: the most executions a case has (the pool's steps)
 POOL = 14
 ID_PREFIX = "01a30000-0000-7000-8000-"
 
@@ -102,12 +102,12 @@ class Case:
 
 @dataclass
 class World:
-    """A database holding the pool every case uses: a run, jobs without executions (each
+    """A database holding the pool every case uses: a run, steps without executions (each
     case's executions take them in order), the owner's and another process's rows."""
 
     url: str
     engine: sa.Engine
-    jobs: list[str]
+    steps: list[str]
     owner: str
     other: str
     _apps: dict[tuple[object, ...], App] = field(default_factory=dict)
@@ -120,9 +120,9 @@ class World:
         ids = make_executions(app, run_id, branch_id, None, from_us(T0_US), POOL)
         e = schema.executions
         with engine.begin() as conn:
-            jobs = list(conn.execute(sa.select(e.c.job_id).where(e.c.id.in_(ids)).order_by(e.c.id)).scalars())
+            steps = list(conn.execute(sa.select(e.c.step_id).where(e.c.id.in_(ids)).order_by(e.c.id)).scalars())
             conn.execute(e.delete())
-        return cls(url, engine, jobs, register(app, role="test", label="owner"),
+        return cls(url, engine, steps, register(app, role="test", label="owner"),
                    register(app, role="test", label="other"))
 
     def app(self, case: Case) -> App:
@@ -166,7 +166,7 @@ class World:
         rows = []
         for n, row in enumerate(case.rows):
             claimed = row.state != "pending"
-            rows.append({"id": _id(n), "job_id": self.jobs[n], "limit_key": row.lane,
+            rows.append({"id": _id(n), "step_id": self.steps[n], "limit_key": row.lane,
                          "eligible_at": from_us(T0_US + row.eligible), "claimed_at": now if claimed else None,
                          "process_id": owners.get(row.state),
                          "completed_at": now if row.state.startswith("done") else None,

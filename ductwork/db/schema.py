@@ -4,7 +4,7 @@ Each "exactly once" that a constraint can express is a named constraint; the
 error boundary (``dialects.translate_db_errors``) maps those names to domain
 errors. A comment on each nullable column says what NULL means.
 
-Partial uniqueness ("one open execution per job") is expressed with a stored
+Partial uniqueness ("one open execution per step") is expressed with a stored
 generated column that is NULL when the row does not take part, plus a unique
 index on it. That one form works on PostgreSQL, MySQL/MariaDB (which has no
 partial indexes) and SQLite alike, so no backend gets a weaker guarantee.
@@ -196,6 +196,8 @@ branches = sa.Table(
     **_UPDATED_IN_PLACE,
 )
 
+#: a step is one visit of a node on a branch and holds its job (its input, its output):
+#: its executions are the attempts at it
 steps = sa.Table(
     "ductwork_steps",
     metadata,
@@ -210,6 +212,9 @@ steps = sa.Table(
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("limit_key", ExactKey, nullable=True),  # NULL: unkeyed (from the run snapshot)
     sa.Column("timeout_us", sa.BigInteger, nullable=True),  # NULL: no timeout
+    sa.Column("input_args", LongText, nullable=False),  # JSON list of positional arguments
+    #: JSON {"payload": value}; NULL: no success yet. Expand outputs live in expand_items.
+    sa.Column("output_payload", LongText, nullable=True),
     sa.Column("started_at", Timestamp, nullable=False),
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: not completed
     *_timestamps(),
@@ -224,28 +229,11 @@ steps = sa.Table(
     **_UPDATED_IN_PLACE,
 )
 
-jobs = sa.Table(
-    "ductwork_jobs",
-    metadata,
-    sa.Column("id", Id, primary_key=True),
-    sa.Column("step_id", Id, sa.ForeignKey("ductwork_steps.id"), nullable=False),
-    sa.Column("klass", Name, nullable=False),
-    sa.Column("input_args", LongText, nullable=False),  # JSON list of positional arguments
-    #: JSON {"payload": value}; NULL: no success yet. Expand outputs live in expand_items.
-    sa.Column("output_payload", LongText, nullable=True),
-    sa.Column("started_at", Timestamp, nullable=False),
-    sa.Column("completed_at", Timestamp, nullable=True),  # NULL: not succeeded
-    *_timestamps(),
-    # [INV-ADV-1] one job per step
-    sa.UniqueConstraint("step_id", name="uq_job_step"),
-    **_UPDATED_IN_PLACE,
-)
-
 executions = sa.Table(
     "ductwork_executions",
     metadata,
     sa.Column("id", Id, primary_key=True),
-    sa.Column("job_id", Id, sa.ForeignKey("ductwork_jobs.id"), nullable=False),
+    sa.Column("step_id", Id, sa.ForeignKey("ductwork_steps.id"), nullable=False),
     sa.Column("limit_key", ExactKey, nullable=True),  # NULL: the unkeyed lane
     #: not eligible to claim before this time (delays, retry and crash back-off)
     sa.Column("eligible_at", Timestamp, nullable=False),
@@ -284,21 +272,21 @@ executions = sa.Table(
         ),
         nullable=True,
     ),
-    #: the job of an open execution; NULL once completed
+    #: the step of an open execution; NULL once completed
     sa.Column(
-        "open_job_id",
+        "open_step_id",
         Id,
-        sa.Computed("CASE WHEN completed_at IS NULL THEN job_id END", persisted=True),
+        sa.Computed("CASE WHEN completed_at IS NULL THEN step_id END", persisted=True),
         nullable=True,
     ),
-    # [INV-EXE-2] at most one open execution per job: a retry cannot be enqueued twice
-    *_unique_where_not_null("uq_execution_open_per_job", "open_job_id", nullable="open_job_id"),
+    # [INV-EXE-2] at most one open execution per step: a retry cannot be enqueued twice
+    *_unique_where_not_null("uq_execution_open_per_step", "open_step_id", nullable="open_step_id"),
     # [INV-LIM-6] the oldest eligible execution of a lane is an index probe, not a scan
     sa.Index("ix_execution_pending_lane", "pending_lane", "eligible_at", "id",
              postgresql_where=_not_null("pending_lane")),
     sa.Index("ix_execution_inflight_key", "inflight_key", postgresql_where=_not_null("inflight_key")),
     sa.Index("ix_execution_process", "process_id"),
-    sa.Index("ix_execution_job", "job_id"),
+    sa.Index("ix_execution_step", "step_id"),
     **_UPDATED_IN_PLACE,
 )
 
@@ -337,10 +325,10 @@ advancements = sa.Table(
 expand_items = sa.Table(
     "ductwork_expand_items",
     metadata,
-    sa.Column("job_id", Id, sa.ForeignKey("ductwork_jobs.id"), nullable=False),
+    sa.Column("step_id", Id, sa.ForeignKey("ductwork_steps.id"), nullable=False),
     sa.Column("item_index", sa.Integer, nullable=False),
     sa.Column("value", LongText, nullable=False),  # JSON of one element of the step's output
-    sa.PrimaryKeyConstraint("job_id", "item_index", name="pk_expand_items"),
+    sa.PrimaryKeyConstraint("step_id", "item_index", name="pk_expand_items"),
 )
 
 context = sa.Table(
@@ -440,10 +428,9 @@ LIMIT_TABLES = ("ductwork_limit_keys", "ductwork_limit_buckets")
 CONSTRAINT_COLUMNS = {
     "uq_context_run_key": ("ductwork_context", ("run_id", "key")),
     "uq_step_branch_node": ("ductwork_steps", ("branch_id", "node")),
-    "uq_job_step": ("ductwork_jobs", ("step_id",)),
     "uq_branch_child_index": ("ductwork_branches", ("parent_id", "barrier_index")),
     "uq_branch_merge_per_barrier": ("ductwork_branches", ("merged_barrier_id",)),
-    "uq_execution_open_per_job": ("ductwork_executions", ("open_job_id",)),
+    "uq_execution_open_per_step": ("ductwork_executions", ("open_step_id",)),
     "uq_advancement_open_per_branch": ("ductwork_advancements", ("open_branch_id",)),
     "uq_process_host_pid_label": ("ductwork_processes", ("machine_identifier", "pid", "label")),
     "uq_halt_hook_run": ("ductwork_halt_hooks", ("run_id",)),

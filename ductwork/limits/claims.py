@@ -107,7 +107,7 @@ def release(app: Database, tx: Tx, key: str | None, owner: str | None, endings: 
     return release_and_claim(app, tx, key, owner, endings).ended
 
 
-#: the server-side routine's name (``limits/sql/``, installed by migration 0011): a change to
+#: the server-side routine's name (``limits/sql/``, installed by migration 0012): a change to
 #: it is a new name, installed by a new migration
 ROUTINE = "ductwork_release_and_claim_1"
 
@@ -296,13 +296,13 @@ def _end_orphans(_: Any) -> sa.Update:
 def _running(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
     """What running an execution needs (``Claimed``'s fields but its owner and claim time),
     and ``columns``."""
-    j, s, r = schema.jobs, schema.steps, schema.runs
-    return (sa.select(_e.c.id.label("execution_id"), _e.c.job_id, s.c.id.label("step_id"),
+    s, r = schema.steps, schema.runs
+    return (sa.select(_e.c.id.label("execution_id"), _e.c.step_id,
                       schema.step_idempotency_key(s).label("idempotency_key"), s.c.run_id,
-                      s.c.branch_id, s.c.node, j.c.klass, r.c.pipeline_klass, r.c.definition_sha1,
-                      j.c.input_args.label("input_json"), _e.c.limit_key, s.c.timeout_us, _e.c.retry_count,
+                      s.c.branch_id, s.c.node, s.c.klass, r.c.pipeline_klass, r.c.definition_sha1,
+                      s.c.input_args.label("input_json"), _e.c.limit_key, s.c.timeout_us, _e.c.retry_count,
                       _e.c.crash_count, *columns)
-            .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id))
+            .join(s, s.c.id == _e.c.step_id).join(r, r.c.id == s.c.run_id))
 
 
 _RUNNING = [name for name in CLAIM_COLUMNS if name not in ("process_id", "claimed_at")]  # (the claim's own)

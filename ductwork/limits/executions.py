@@ -1,10 +1,10 @@
 """The limits layer's queue: executions enqueued in lanes, released by their outcome, and
 each limit key's header row.
 
-    >>> enqueue(tx, [Pending(job_id, "vendor_api", eligible_at)])
+    >>> enqueue(tx, [Pending(step_id, "vendor_api", eligible_at)])
     >>> release(tx, "vendor_api", owner, [Ending(execution_id, "success")])   # False: not ours now
 
-An execution is one attempt of a job, pending in a lane (its limit key, or the unkeyed
+An execution is one attempt at a step, pending in a lane (its limit key, or the unkeyed
 lane) until a claim takes it (``claims.py``) and open until :func:`release` ends it.
 :func:`release` is the one guard of every outcome, for a batch of any size (a batch of
 one is the single case): the executions must still be open (``completed_at IS NULL``)
@@ -19,7 +19,7 @@ A key's header row (its lock, sequence number, rate-block stamp and config diges
 written by one function, :func:`write_header`, with what the transaction holding its
 lock changed (:class:`KeyHeader`).
 
-Not done here: what an outcome means for the pipeline (the job's output, the step's
+Not done here: what an outcome means for the pipeline (the step's output, its
 status, a retry or a re-run: ``pipelines.outcomes`` decides and calls :func:`release` and
 :func:`enqueue`), or claiming (``claims.py``).
 """
@@ -52,7 +52,6 @@ class Claimed:
     """An execution this process holds, with what running it needs."""
 
     execution_id: str
-    job_id: str
     step_id: str
     #: what ``Step.idempotency_key`` returns: the step's id, or the key a revive carried
     #: over from the failed step this one re-runs [INV-EXE-3]
@@ -186,10 +185,10 @@ class Ending:
 
 @dataclass(frozen=True)
 class Pending:
-    """An execution to enqueue: an attempt of ``job_id`` in lane ``key`` (None: unkeyed),
+    """An execution to enqueue: an attempt at ``step_id`` in lane ``key`` (None: unkeyed),
     eligible at ``eligible_at``, after ``retry_count`` failures and ``crash_count`` crashes."""
 
-    job_id: str
+    step_id: str
     key: str | None
     eligible_at: datetime
     retry_count: int = 0
@@ -206,7 +205,7 @@ def enqueue(tx: Tx, pending: Sequence[Pending]) -> list[str]:
     ensure_keys(tx, {p.key for p in pending if p.key})
     now, ids = tx.now, [new_id() for _ in pending]
     dialects.insert_rows(tx.conn, _e, [{
-        "id": execution_id, "job_id": p.job_id, "limit_key": p.key, "eligible_at": p.eligible_at,
+        "id": execution_id, "step_id": p.step_id, "limit_key": p.key, "eligible_at": p.eligible_at,
         "claimed_at": None, "process_id": None, "completed_at": None, "outcome": None,
         "error_klass": None, "error_message": None, "error_backtrace": None,
         "retry_count": p.retry_count, "crash_count": p.crash_count, "claim_seq": None,

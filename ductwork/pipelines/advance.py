@@ -9,7 +9,7 @@ claimed with a conditional UPDATE that re-asserts every predicate of the
 candidate query and writes a fresh claim token. Every mutation after that runs
 in a *fence*: one transaction that locks the branch row, compares its token with
 the one taken at claim, and only then writes [INV-ADV-2]. Completing the step,
-creating what follows it (next step, fan-out children, fan-in target, their jobs
+creating what follows it (next step, fan-out children, fan-in target, their inputs
 and executions) and closing the bookkeeping commit together [INV-ADV-1]; a crash
 anywhere leaves all of it or none of it, and the branch is re-claimed and the
 transition re-run from scratch after the reaper releases it.
@@ -191,11 +191,11 @@ class Advancer:
         """The JSON text of each succeeded step's value, by step id (one read)."""
         if not claims:
             return {}
-        j = schema.jobs
+        s = schema.steps
         with self.app.begin(readonly=True) as tx:
-            rows = tx.execute(sa.select(j.c.step_id, j.c.output_payload)
-                              .where(j.c.step_id.in_(dialects.inline_ids([c.step.id for c in claims])))).all()
-        found = {row.step_id: value_json_of(row.output_payload) for row in rows}
+            rows = tx.execute(sa.select(s.c.id, s.c.output_payload)
+                              .where(s.c.id.in_(dialects.inline_ids([c.step.id for c in claims])))).all()
+        found = {row.id: value_json_of(row.output_payload) for row in rows}
         return {step_id: value for step_id, value in found.items() if value is not None}
 
     def _simple_move(self, c: BranchClaim, value_json: str | None) -> Move | None:
@@ -357,7 +357,7 @@ class Advancer:
         with self.app.begin() as tx:
             last = tx.execute(
                 sa.select(e.c.outcome, e.c.error_klass)
-                .where(e.c.job_id == c.step.job_id, e.c.completed_at.is_not(None))
+                .where(e.c.step_id == c.step.id, e.c.completed_at.is_not(None))
                 .order_by(e.c.completed_at.desc(), e.c.id.desc()).limit(1)
             ).first()
         return job_halt_reason(last.outcome, last.error_klass) if last else job_halt_reason(None, None)
@@ -455,7 +455,7 @@ class Advancer:
         while True:
             with self._fence(c, ends_branch=True) as tx:
                 payload = tx.execute(
-                    sa.select(schema.jobs.c.output_payload).where(schema.jobs.c.id == c.step.job_id)
+                    sa.select(schema.steps.c.output_payload).where(schema.steps.c.id == c.step.id)
                 ).scalar_one()
                 total = json.loads(payload)["expand_items"]
                 if total == 0:
@@ -467,7 +467,7 @@ class Advancer:
                 cursor = tx.execute(sa.select(_b.c.fanout_cursor).where(_b.c.id == c.branch_id)).scalar_one() or 0
                 items = tx.execute(
                     sa.select(schema.expand_items.c.item_index, schema.expand_items.c.value)
-                    .where(schema.expand_items.c.job_id == c.step.job_id,
+                    .where(schema.expand_items.c.step_id == c.step.id,
                            schema.expand_items.c.item_index >= cursor)  # [INV-ADV-4] resume at the cursor
                     .order_by(schema.expand_items.c.item_index).limit(batch)
                 ).all()
@@ -523,17 +523,17 @@ class Advancer:
                 resolve_run(tx, c.run_id)
                 return
             sources = [n for n, e in definition.edges.items() if e.type == kind and list(e.to) == list(edge.to)]
-            s, j = schema.steps, schema.jobs
-            joined = _b.join(s, s.c.branch_id == _b.c.id).join(j, j.c.step_id == s.c.id)
+            s = schema.steps
+            joined = _b.join(s, s.c.branch_id == _b.c.id)
             arrived = (_b.c.barrier_id == barrier_id, _b.c.fanin_arrived_at.is_not(None), s.c.node.in_(sources))
             what = f"{kind} into {edge.first()}: the outputs of {barrier.fanout_width} branches"
             # Measured in the database first: outputs too large together are never loaded.
             stored = tx.execute(
-                sa.select(sa.func.sum(sa.func.length(j.c.output_payload))).select_from(joined).where(*arrived)
+                sa.select(sa.func.sum(sa.func.length(s.c.output_payload))).select_from(joined).where(*arrived)
             ).scalar_one()
             payloads.check_size(fan_in_size(int(stored or 0), barrier.fanout_width), what)
             outputs = tx.execute(
-                sa.select(j.c.output_payload).select_from(joined).where(*arrived).order_by(_b.c.barrier_index)
+                sa.select(s.c.output_payload).select_from(joined).where(*arrived).order_by(_b.c.barrier_index)
             ).scalars().all()
             if len(outputs) != barrier.fanout_width:  # pragma: no cover  [INV-ADV-3] fired at the last arrival
                 raise AssertionError(

@@ -180,16 +180,14 @@ def claim_branches(app: Database, branch_ids: Sequence[str], process_id: str) ->
 def _claims_of(tx: Tx, won: list[str], token: str) -> list[BranchClaim]:
     """The claims of the branches ``won`` under ``token``: each one's latest step, its
     crash count carried from the step's latest advancement, and its run's definition."""
-    s, j, r = schema.steps, schema.jobs, schema.runs
+    s, r = schema.steps, schema.runs
     latest: dict[str, StepRow] = {}
     for row in tx.execute(
-            sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status,
-                      j.c.id.label("job_id"))
-            .join(j, j.c.step_id == s.c.id).where(s.c.branch_id.in_(dialects.inline_ids(won)))
+            sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status)
+            .where(s.c.branch_id.in_(dialects.inline_ids(won)))
             .order_by(s.c.branch_id, s.c.started_at, s.c.id)):  # ix_step_branch_started
         # latest_step's order: each branch's last row is its latest step
-        latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass,
-                                        row.status, row.job_id)
+        latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass, row.status)
     step_ids = [latest[b].id for b in won]
     previous: dict[str, tuple[int, str | None]] = {}
     for row in tx.execute(
@@ -349,7 +347,7 @@ def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:
     equal to advancing each in turn. Each success whose edge is a simple transition
     (:func:`simple_move`: ``chain``, ``converge``, a ``divert`` with a target, a leaf,
     ``dampen``) and whose branch is free (unclaimed, in progress) has its step go straight
-    from ``in_progress`` to ``completed``, with its successor (step, job, first execution)
+    from ``in_progress`` to ``completed``, with its successor (step, first execution)
     created, or its branch ended (``completed`` for a leaf, ``dampened``) and its run
     resolved [INV-RUN-1], and an advancement row opened and closed by the worker's
     process. The others are left to the caller (their steps become ``advancing``, for an
@@ -431,7 +429,7 @@ def _close_advancements(tx: Tx, made: list[Move], held: Mapping[str, BranchClaim
 
 
 def value_json_of(output_payload: str | None) -> str | None:
-    """The JSON text of a succeeded step's value from its job's stored output; None when
+    """The JSON text of a succeeded step's value from its stored output; None when
     there is none, or it is an expand's item count (never a simple move)."""
     if output_payload is None:
         return None  # pragma: no cover  read only for advancing steps, whose success stored the output

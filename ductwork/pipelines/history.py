@@ -120,7 +120,7 @@ class AdvancementRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class StepRecord:
-    """A step of the run with every execution of its job, in creation order."""
+    """A step of the run with every execution of it, in creation order."""
 
     id: str
     branch_id: str
@@ -252,14 +252,13 @@ class _StepRow:
     limit_key: str | None
     created_at: datetime
     completed_at: datetime | None
-    job_id: str | None
     idempotency_key: str
 
 
 @dataclass(frozen=True)
 class _ExecutionRow:
     id: str
-    job_id: str
+    step_id: str
     limit_key: str | None
     eligible_at: datetime
     claimed_at: datetime | None
@@ -415,7 +414,7 @@ def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunH
         revived_as = _revivals(tx, [run_id] if run_row.status == "halted" else []).get(run_id)
     reasons = tuple(sorted(row.halt_reason for row in branch_rows if row.halt_reason is not None
                            and row.status == "halted"))
-    steps = tuple(_step_record(row, executions.get(row.job_id or "", []), waits, run_row.revived_from, backtraces)
+    steps = tuple(_step_record(row, executions.get(row.id, []), waits, run_row.revived_from, backtraces)
                   for row in step_rows)
     branches = tuple(_branch_record(row, advancements.get(row.id, []), backtraces) for row in branch_rows)
     return RunHistory(now=waits.now, run=_record(run_row, reasons, revived_as), branches=branches, steps=steps,
@@ -430,27 +429,26 @@ def _branch_rows(tx: Tx, run_id: str) -> list[_BranchRow]:
 
 
 def _step_rows(tx: Tx, run_id: str) -> list[_StepRow]:
-    s, j = schema.steps, schema.jobs
+    s = schema.steps
     return [schema.from_row(_StepRow, row) for row in tx.execute(
         sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition, s.c.limit_key,
-                  s.c.created_at, s.c.completed_at, j.c.id.label("job_id"),
-                  schema.step_idempotency_key(s).label("idempotency_key"))
-        .outerjoin(j, j.c.step_id == s.c.id).where(s.c.run_id == run_id).order_by(s.c.started_at, s.c.id))]
+                  s.c.created_at, s.c.completed_at, schema.step_idempotency_key(s).label("idempotency_key"))
+        .where(s.c.run_id == run_id).order_by(s.c.started_at, s.c.id))]
 
 
 def _executions(tx: Tx, run_id: str, backtraces: bool) -> dict[str, list[_ExecutionRow]]:
-    """The run's executions by job id, oldest first."""
-    s, j, e = schema.steps, schema.jobs, schema.executions
+    """The run's executions by step id, oldest first."""
+    s, e = schema.steps, schema.executions
     executions: dict[str, list[_ExecutionRow]] = {}
     for row in tx.execute(
-            sa.select(e.c.id, e.c.job_id, e.c.limit_key, e.c.eligible_at, e.c.claimed_at, e.c.completed_at,
+            sa.select(e.c.id, e.c.step_id, e.c.limit_key, e.c.eligible_at, e.c.claimed_at, e.c.completed_at,
                       e.c.outcome, e.c.error_klass, e.c.error_message,
                       (e.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
                       e.c.retry_count, e.c.crash_count)
-            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id).where(s.c.run_id == run_id)
+            .join(s, s.c.id == e.c.step_id).where(s.c.run_id == run_id)
             .order_by(e.c.created_at, e.c.id)):
         execution = schema.from_row(_ExecutionRow, row)
-        executions.setdefault(execution.job_id, []).append(execution)
+        executions.setdefault(execution.step_id, []).append(execution)
     return executions
 
 

@@ -143,7 +143,7 @@ def claim_hook(app: Database, process_id: str) -> ClaimedHook | None:
 def halt_of(tx: Tx, run_id: str, pipeline: str) -> dict[str, Json]:
     """What the handler is told: the run, its pipeline, each halted branch's reason and
     node, and the error each halted branch's last step (or advancement) ended with."""
-    e, j, a = schema.executions, schema.jobs, schema.advancements
+    e, a = schema.executions, schema.advancements
     reasons, errors = [], []
     for branch in tx.execute(sa.select(_b.c.id, _b.c.halt_reason).where(
             _b.c.run_id == run_id, _b.c.status == "halted").order_by(_b.c.id)):
@@ -151,8 +151,8 @@ def halt_of(tx: Tx, run_id: str, pipeline: str) -> dict[str, Json]:
         assert step is not None, f"halted branch {branch.id} has a step"
         reasons.append({"node": step.node, "reason": branch.halt_reason, "branch_id": branch.id, "step_id": step.id})
         error = tx.execute(
-            sa.select(e.c.error_klass, e.c.error_message).join(j, j.c.id == e.c.job_id)
-            .where(j.c.step_id == step.id, e.c.error_klass.is_not(None))
+            sa.select(e.c.error_klass, e.c.error_message)
+            .where(e.c.step_id == step.id, e.c.error_klass.is_not(None))
             .order_by(e.c.completed_at.desc(), e.c.id.desc()).limit(1)).first()
         if error is None:
             error = tx.execute(

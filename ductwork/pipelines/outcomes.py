@@ -4,7 +4,7 @@
     >>> record_crash(app, execution_id, owner=None, error_klass="ProcessCrash", message="reaped")
 
 Every outcome is one transaction read top-down: what the outcome means for the pipeline
-(the job's output and expand items, the step advanced past or left ``advancing``, a retry
+(the step's output and expand items, the step advanced past or left ``advancing``, a retry
 or a re-run enqueued, the step ``failed``), then the limits layer's routine
 (``limits.claims.release_and_claim``, one round trip on a server): the guard and the
 release (every execution still open and its owner's, or nothing of the transaction
@@ -59,9 +59,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ductwork.executions")
 
-#: a group commit writes its jobs' outputs with one UPDATE per distinct output while there
+#: a group commit writes its steps' outputs with one UPDATE per distinct output while there
 #: are at most this many distinct outputs (steps that return the same value: ``None``,
-#: ``True``, a status), else one UPDATE per job in one ``executemany``
+#: ``True``, a status), else one UPDATE per step in one ``executemany``
 DISTINCT_OUTPUTS = 4
 
 
@@ -93,7 +93,7 @@ def record_success(app: Database, claimed: Claimed, output: Output, hand_off: Ha
 
 
 def record_successes(app: Database, successes: list[Success], hand_off: HandOff | None = None) -> list[Claimed]:
-    """Record successes of one owner: each job's output and expand items, each step advanced
+    """Record successes of one owner: each step's output and expand items, each step advanced
     past inline (a simple transition on a free branch) or left ``advancing``, then the
     guarded release of every execution (the key's lock first for a keyed group), then the
     hand-off, if asked; returns what was handed on, which the caller must perform.
@@ -175,7 +175,7 @@ def _commit(app: Database, successes: list[Success], hand_off: HandOff | None) -
 
 
 def _follow_up(app: Database, tx: Tx, successes: list[Success]) -> None:
-    """What follows a group's successes: the jobs' outputs and expand items, and each step
+    """What follows a group's successes: the steps' outputs and expand items, and each step
     advanced past inline (``pipeline_advancer.inline_linear``, a simple transition on a free
     branch) or left ``advancing`` for an advancer (woken). Raises :class:`_Taken` when a step
     is no longer in progress: its execution was taken and another attempt moved it on."""
@@ -204,33 +204,32 @@ def _inline_moves(app: Database, successes: list[Success]) -> list[Inline]:
 
 
 def _write_outputs(tx: Tx, successes: Sequence[Success]) -> None:
-    """Each success's job: its output and its completion time."""
-    j = schema.jobs
+    """Each success's step: its output."""
+    s = schema.steps
     by_output: dict[str, list[str]] = {}
     for success in successes:
-        by_output.setdefault(success.output.payload_json, []).append(success.claimed.job_id)
+        by_output.setdefault(success.output.payload_json, []).append(success.claimed.step_id)
     if len(by_output) <= DISTINCT_OUTPUTS:
-        for payload, job_ids in by_output.items():
+        for payload, step_ids in by_output.items():
             tx.execute(dialects.prepared(tx.conn, _write_output),
-                       {"batch_ids": job_ids, "b_payload": payload, "b_now": tx.now})
+                       {"batch_ids": step_ids, "b_payload": payload, "b_now": tx.now})
         return
-    tx.execute(j.update().where(j.c.id == sa.bindparam("b_id"))
-               .values(output_payload=sa.bindparam("b_payload"), completed_at=tx.now, updated_at=tx.now),
-               [{"b_id": s.claimed.job_id, "b_payload": s.output.payload_json} for s in successes])
+    tx.execute(s.update().where(s.c.id == sa.bindparam("b_id"))
+               .values(output_payload=sa.bindparam("b_payload"), updated_at=tx.now),
+               [{"b_id": x.claimed.step_id, "b_payload": x.output.payload_json} for x in successes])
 
 
 def _write_output(_: Any) -> sa.Update:
-    j = schema.jobs
-    now = sa.bindparam("b_now", type_=schema.Timestamp)
-    return (j.update().where(j.c.id.in_(dialects.ids_param()))
-            .values(output_payload=sa.bindparam("b_payload", type_=j.c.output_payload.type), completed_at=now,
-                    updated_at=now))
+    s = schema.steps
+    return (s.update().where(s.c.id.in_(dialects.ids_param()))
+            .values(output_payload=sa.bindparam("b_payload", type_=s.c.output_payload.type),
+                    updated_at=sa.bindparam("b_now", type_=schema.Timestamp)))
 
 
 def _write_expand_items(tx: Tx, success: Success) -> None:
     items = success.output.expand_items
     if items is not None:
-        rows = [{"job_id": success.claimed.job_id, "item_index": i, "value": v} for i, v in enumerate(items)]
+        rows = [{"step_id": success.claimed.step_id, "item_index": i, "value": v} for i, v in enumerate(items)]
         for start in range(0, len(rows), 1000):
             tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
 
@@ -273,7 +272,7 @@ def record_failure(app: Database, claimed: Claimed, error: BaseException | Error
             raise CommitFailed(claimed.execution_id, claimed.process_id)  # [INV-EXE-2]
         retry = retry_at(claimed.retry_count, max_retry, app.config.job_worker.retry_delay, tx.now)
         if retry is not None:  # [INV-EXE-4] budget left: the retry is enqueued with the outcome
-            enqueue(tx, [Pending(claimed.job_id, claimed.limit_key, retry, claimed.retry_count + 1,
+            enqueue(tx, [Pending(claimed.step_id, claimed.limit_key, retry, claimed.retry_count + 1,
                                  claimed.crash_count)])
         else:
             _mark_failed(tx, claimed.step_id)
@@ -335,11 +334,11 @@ def crash_in(app: Database, tx: Tx, execution_id: str, owner: str | None, error_
     """:func:`record_crash` inside the caller's transaction (a recovery's). Returns what
     to log once the transaction commits (:func:`ductwork.logs.step_ended`), or None
     when it crashed nothing."""
-    e, j, s, r = schema.executions, schema.jobs, schema.steps, schema.runs
+    e, s, r = schema.executions, schema.steps, schema.runs
     row = tx.execute(
-        sa.select(e.c.job_id, e.c.limit_key, e.c.retry_count, e.c.crash_count, s.c.id.label("step_id"),
+        sa.select(e.c.step_id, e.c.limit_key, e.c.retry_count, e.c.crash_count,
                   s.c.klass, s.c.node, s.c.run_id, r.c.pipeline_klass)
-        .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id).join(r, r.c.id == s.c.run_id)
+        .join(s, s.c.id == e.c.step_id).join(r, r.c.id == s.c.run_id)
         .where(e.c.id == execution_id)
     ).first()
     if row is None:
@@ -350,7 +349,7 @@ def crash_in(app: Database, tx: Tx, execution_id: str, owner: str | None, error_
     max_crash = app.config.job_worker.max_crash_for(row.pipeline_klass, row.klass)
     eligible = rerun_at(row.crash_count, max_crash, app.config.job_worker.crash_backoff, tx.now)
     if eligible is not None:  # [INV-EXE-4] budget left: the re-run is enqueued with the crash
-        enqueue(tx, [Pending(row.job_id, row.limit_key, eligible, row.retry_count, row.crash_count + 1)])
+        enqueue(tx, [Pending(row.step_id, row.limit_key, eligible, row.retry_count, row.crash_count + 1)])
     else:
         _mark_failed(tx, row.step_id)
     tx.wake()  # a slot is free, or the step may be advanceable

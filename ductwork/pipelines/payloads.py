@@ -81,7 +81,7 @@ class Output:
 
 
 def payload_envelope(value_json: str) -> str:
-    """Wrap a value's JSON text as a job's ``output_payload``."""
+    """Wrap a value's JSON text as a step's ``output_payload``."""
     return '{"payload": ' + value_json + "}"
 
 

@@ -5,7 +5,7 @@
         def define(cls, pipeline):
             pipeline.start(FetchPendingOrders).expand(to=PushOrder).collapse(into=RecordResults)
 
-    run = SyncOrders.trigger(since)   # one transaction: run, branch, first step, its job
+    run = SyncOrders.trigger(since)   # one transaction: run, branch, first step, its execution
 
 Guarantees: ``define`` runs exactly once, when the class statement executes, so every
 :class:`~ductwork.errors.DefinitionError` surfaces at import time; the resulting

@@ -55,21 +55,20 @@ DEFAULT_BATCH_SIZE = 100
 @dataclass(frozen=True)
 class RunTable:
     """A table with rows that belong to a run, and how a row names its run: ``run`` (a
-    ``run_id`` column), ``branch``, ``step`` or ``job`` (a ``branch_id``, ``step_id`` or
-    ``job_id`` column of a row of that run), or ``id`` (the runs table itself)."""
+    ``run_id`` column), ``branch`` or ``step`` (a ``branch_id`` or ``step_id`` column of a
+    row of that run), or ``id`` (the runs table itself)."""
 
     table: sa.Table
-    via: Literal["run", "branch", "step", "job", "id"]
+    via: Literal["run", "branch", "step", "id"]
 
 
 #: Every table with rows that belong to a run, in delete order (rows that reference
 #: others first). A new table that references a run is one line here; a unit test
 #: fails when a table with a foreign key into these is missing [INV-PRN-2].
 RUN_TABLES: tuple[RunTable, ...] = (
-    RunTable(schema.expand_items, "job"),
-    RunTable(schema.executions, "job"),
+    RunTable(schema.expand_items, "step"),
+    RunTable(schema.executions, "step"),  # ix_execution_step
     RunTable(schema.advancements, "step"),  # by step: ix_advancement_step (no index on branch_id)
-    RunTable(schema.jobs, "step"),
     RunTable(schema.steps, "run"),
     RunTable(schema.context, "run"),
     RunTable(schema.halt_hooks, "run"),
@@ -95,17 +94,14 @@ class PruneResult:
 
 def _rows_of(run_table: RunTable, ids: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
     """The WHERE clause that selects ``run_table``'s rows of the runs ``ids``."""
-    t, s, j, b = run_table.table, schema.steps, schema.jobs, schema.branches
+    t, s, b = run_table.table, schema.steps, schema.branches
     if run_table.via == "id":
         return t.c.id.in_(ids)
     if run_table.via == "run":
         return t.c.run_id.in_(ids)
     if run_table.via == "branch":  # pragma: no cover  no table of RUN_TABLES names its run by branch today
         return t.c.branch_id.in_(sa.select(b.c.id).where(b.c.run_id.in_(ids)).scalar_subquery())
-    if run_table.via == "step":
-        return t.c.step_id.in_(sa.select(s.c.id).where(s.c.run_id.in_(ids)).scalar_subquery())
-    return t.c.job_id.in_(sa.select(j.c.id).join(s, s.c.id == j.c.step_id)
-                          .where(s.c.run_id.in_(ids)).scalar_subquery())
+    return t.c.step_id.in_(sa.select(s.c.id).where(s.c.run_id.in_(ids)).scalar_subquery())
 
 
 def _finished(r: sa.Table) -> sa.ColumnElement[Any]:

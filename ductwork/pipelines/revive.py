@@ -13,7 +13,7 @@ What the transaction writes (the model's ``PipelinesModel.revive``; docs/semanti
 * every branch, with its links (parent, barrier, index, fan-out width and cursor, fan-in
   arrivals and arrival time, merged barrier) mapped to the new ids; a halted branch is
   ``in_progress`` again, without its halt reason; the others keep their status and times;
-* every step with its job (input, output, expand items) as history: same status and
+* every step (input, output, expand items) as history: same status and
   times, **no executions** (those stay with the halted run), so no succeeded step runs
   or advances again [INV-REV-2];
 * where each halted branch stopped [INV-REV-3]: a ``failed`` step (retries or crashes
@@ -57,8 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ductwork.revive")
 
-_r, _b, _s, _j, _x, _c = (schema.runs, schema.branches, schema.steps, schema.jobs, schema.expand_items,
-                          schema.context)
+_r, _b, _s, _x, _c = schema.runs, schema.branches, schema.steps, schema.expand_items, schema.context
 
 
 def existing_revival(tx: Tx, run_id: str) -> str | None:
@@ -128,65 +127,57 @@ def _revive(app: Database, tx: Tx, run_id: str, duplicate_context: bool) -> tupl
 
 def _copy_steps(tx: Tx, definition: Definition, run_id: str, new_run: str, branch_ids: dict[str, str],
                 halted: set[str]) -> None:
-    """Copy every step of ``run_id`` with its job (and expand items) into ``new_run``, in
-    start order, through :func:`_carry_step`; the latest step of each halted branch is
-    where that branch resumes. Only the re-enqueued steps get an execution."""
-    steps = tx.execute(
-        sa.select(_s, _j.c.id.label("job_id"), _j.c.input_args, _j.c.output_payload,
-                  _j.c.started_at.label("job_started_at"), _j.c.completed_at.label("job_completed_at"))
-        .join(_j, _j.c.step_id == _s.c.id).where(_s.c.run_id == run_id)
-        .order_by(_s.c.started_at, _s.c.id)).mappings().all()
+    """Copy every step of ``run_id`` (and its expand items) into ``new_run``, in start
+    order, through :func:`_carry_step`; the latest step of each halted branch is where
+    that branch resumes. Only the re-enqueued steps get an execution."""
+    steps = tx.execute(sa.select(_s).where(_s.c.run_id == run_id)
+                       .order_by(_s.c.started_at, _s.c.id)).mappings().all()
     latest: dict[str, Any] = {}
     for step in steps:  # in start order: the last one of a branch is its latest
         latest[step["branch_id"]] = step
     stopped = {latest[b]["id"] for b in halted if b in latest}
-    step_rows, job_rows, expand_jobs = [], [], []
+    step_rows, expands = [], []
     pending: list[Pending] = []
     for step in steps:  # new ids in the old order: "latest step" stays the latest
-        row, job, rerun = _carry_step(step, definition, new_run, branch_ids[step["branch_id"]],
-                                      step["id"] in stopped, tx.now)
+        row, rerun = _carry_step(step, definition, new_run, branch_ids[step["branch_id"]],
+                                 step["id"] in stopped, tx.now)
         if rerun is not None:
             pending.append(rerun)
         if step["output_payload"] and '"expand_items"' in step["output_payload"]:
-            expand_jobs.append((step["job_id"], job["id"]))
+            expands.append((step["id"], row["id"]))
         step_rows.append(row)
-        job_rows.append(job)
     if step_rows:  # pragma: no branch  a halted run has steps: its branches halted at one
         tx.execute(_s.insert(), step_rows)
-        tx.execute(_j.insert(), job_rows)
-    for old_job, new_job in expand_jobs:
+    for old_step, new_step in expands:
         tx.execute(_x.insert().from_select(
-            ["job_id", "item_index", "value"],
-            sa.select(sa.literal(new_job, _x.c.job_id.type), _x.c.item_index, _x.c.value)
-            .where(_x.c.job_id == old_job)))
+            ["step_id", "item_index", "value"],
+            sa.select(sa.literal(new_step, _x.c.step_id.type), _x.c.item_index, _x.c.value)
+            .where(_x.c.step_id == old_step)))
     enqueue(tx, pending)  # the re-runs, with their keys' rows
 
 
 def _carry_step(step: Any, definition: Definition, new_run: str, branch_id: str, resume: bool,
-                now: Any) -> tuple[dict[str, Any], dict[str, Any], Pending | None]:
-    """One step of a halted run, with its job, into its revived run (the model's
-    ``PipelinesModel._carry_step``), under new ids: history, or where a halted branch
-    resumes (``resume``). Returns the step row, the job row and the execution to enqueue
-    for a re-enqueued step (None for every other step: history is never executed again)."""
-    sid, jid = new_id(), new_id()
+                now: Any) -> tuple[dict[str, Any], Pending | None]:
+    """One step of a halted run into its revived run (the model's
+    ``PipelinesModel._carry_step``), under a new id: history, or where a halted branch
+    resumes (``resume``). Returns the step row and the execution to enqueue for a
+    re-enqueued step (None for every other step: history is never executed again)."""
+    sid = new_id()
     row = {**{c.name: step[c.name] for c in _s.c}, "id": sid, "run_id": new_run, "branch_id": branch_id,
            # [INV-REV-3] every copy keeps the old step's key (schema.step_idempotency_key)
            "idempotency_key": step["idempotency_key"] or step["id"]}
-    job = {"id": jid, "step_id": sid, "klass": step["klass"], "input_args": step["input_args"],
-           "output_payload": step["output_payload"], "started_at": step["job_started_at"],
-           "completed_at": step["job_completed_at"], "created_at": now, "updated_at": now}
     rerun: Pending | None = None
     if resume and step["status"] == "failed":  # re-enqueued, with a fresh budget:
         node = definition.nodes[step["node"]]
-        row.update(status="in_progress", started_at=now, completed_at=None, created_at=now)
-        job.update(output_payload=None, started_at=now, completed_at=None)  # [INV-REV-3] input_args kept
+        row.update(status="in_progress", output_payload=None, started_at=now, completed_at=None,
+                   created_at=now)  # [INV-REV-3] input_args kept
         eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
-        rerun = Pending(jid, step["limit_key"], eligible)
+        rerun = Pending(sid, step["limit_key"], eligible)
     elif resume:  # an advancement halt stopped here: the transition runs again [INV-REV-3]
         row.update(status="advancing", completed_at=None, updated_at=now)
     else:  # [INV-REV-2] history: no execution, its status stays, never advanced again
         row.update(updated_at=now)
-    return row, job, rerun
+    return row, rerun
 
 
 def _context_ids(tx: Tx, run_id: str) -> sa.ColumnElement[Any]:

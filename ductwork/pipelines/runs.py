@@ -5,7 +5,7 @@
     'completed'
 
 ``trigger`` writes, in one transaction, the run (with its definition snapshot),
-its start branch, and the start step with its job and first execution: a
+its start branch, and the start step with its input and first execution: a
 trigger either fully happened or not at all.
 
 A run's state follows from its branches [INV-RUN-1]: while any branch is
@@ -326,35 +326,33 @@ class Run:
         """Every step of the run, in start order, with inputs and outputs (an expanding
         step's output is the list it returned; None before a success), its latest error,
         attempts and times. One read-only transaction: a consistent snapshot."""
-        s, j, x, e = schema.steps, schema.jobs, schema.expand_items, schema.executions
+        s, x, e = schema.steps, schema.expand_items, schema.executions
         with self.app.begin(readonly=True) as tx:
             rows = tx.execute(
                 sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition,
-                          j.c.input_args, j.c.output_payload, s.c.created_at, s.c.completed_at,
-                          j.c.id.label("job_id"),
+                          s.c.input_args, s.c.output_payload, s.c.created_at, s.c.completed_at,
                           schema.step_idempotency_key(s).label("idempotency_key"))
-                .join(j, j.c.step_id == s.c.id)
                 .where(s.c.run_id == self.id)
                 .order_by(s.c.started_at, s.c.id)
             ).all()
             # output_payload is {"payload": value}, or {"expand_items": n} with the items in their table
-            payloads = {row.job_id: json.loads(row.output_payload) for row in rows if row.output_payload}
-            items: dict[str, list[Any]] = {job: [] for job, p in payloads.items() if "expand_items" in p}
+            payloads = {row.id: json.loads(row.output_payload) for row in rows if row.output_payload}
+            items: dict[str, list[Any]] = {step: [] for step, p in payloads.items() if "expand_items" in p}
             if items:
-                for item in tx.execute(sa.select(x.c.job_id, x.c.value).where(x.c.job_id.in_(list(items)))
-                                       .order_by(x.c.job_id, x.c.item_index)):
-                    items[item.job_id].append(json.loads(item.value))
+                for item in tx.execute(sa.select(x.c.step_id, x.c.value).where(x.c.step_id.in_(list(items)))
+                                       .order_by(x.c.step_id, x.c.item_index)):
+                    items[item.step_id].append(json.loads(item.value))
             executions: dict[str, list[sa.Row[Any]]] = {}
             for execution in tx.execute(
-                sa.select(e.c.job_id, e.c.claimed_at, e.c.completed_at, e.c.outcome, e.c.error_klass,
+                sa.select(e.c.step_id, e.c.claimed_at, e.c.completed_at, e.c.outcome, e.c.error_klass,
                           e.c.error_message)
-                .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+                .join(s, s.c.id == e.c.step_id)
                 .where(s.c.run_id == self.id)
                 .order_by(e.c.created_at, e.c.id)
             ):
-                executions.setdefault(execution.job_id, []).append(execution)
-        return [_step_info(row, items[row.job_id] if row.job_id in items
-                           else payloads.get(row.job_id, {}).get("payload"), executions.get(row.job_id, []))
+                executions.setdefault(execution.step_id, []).append(execution)
+        return [_step_info(row, items[row.id] if row.id in items
+                           else payloads.get(row.id, {}).get("payload"), executions.get(row.id, []))
                 for row in rows]
 
     def history(self, *, backtraces: bool = False) -> RunHistory:
@@ -451,7 +449,7 @@ class Run:
 
 
 def _step_info(row: sa.Row[Any], output: Any, executions: list[sa.Row[Any]]) -> StepInfo:
-    """One StepInfo from its step-and-job row and its executions in creation order."""
+    """One StepInfo from its step row and its executions in creation order."""
     claimed = [x.claimed_at for x in executions if x.claimed_at is not None]
     ended = [x for x in executions if x.completed_at is not None]
     last = ended[-1] if ended else None

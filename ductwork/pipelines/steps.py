@@ -1,8 +1,8 @@
-"""Creating steps: a step row, its one job, and its first execution, together.
+"""Creating steps: a step row (which holds its job: input, then output) and its first execution, together.
 
     >>> create_steps(tx, run_id, definition, [NewStep(branch_id, "Charge#1", "chain", "[42]")])
 
-A step is created with its job and its first (pending) execution in the caller's
+A step is created with its input and its first (pending) execution in the caller's
 transaction, so a step never exists without something to run it, and a rolled
 back advancement leaves no step behind [INV-ADV-1]. Options come from the run's
 definition snapshot: ``limit_by`` sets the execution's lane, ``delay`` its
@@ -50,7 +50,6 @@ class StepRow:
     node: str
     klass: str
     status: str
-    job_id: str
 
     @classmethod
     def from_row(cls, row: sa.Row[Any]) -> StepRow:
@@ -74,50 +73,42 @@ def create_branches(tx: Tx, run_id: str, branches: list[dict[str, Any]]) -> None
 
 
 def create_steps(tx: Tx, run_id: str, definition: Definition, new: list[NewStep]) -> list[str]:
-    """Insert each step of one run with its job and first execution; returns the step ids in order."""
+    """Insert each step of one run with its first execution; returns the step ids in order."""
     return create_steps_across(tx, [(run_id, definition, spec) for spec in new])
 
 
 def create_steps_across(tx: Tx, new: list[tuple[str, Definition, NewStep]]) -> list[str]:
-    """Insert each ``(run id, its definition, step)`` with its job and first execution, in
-    three statements whatever the runs (a batch's successors); returns the step ids in order."""
+    """Insert each ``(run id, its definition, step)`` with its first execution, in two
+    statements whatever the runs (a batch's successors); returns the step ids in order."""
     if not new:
         return []
     now = tx.now
     step_rows: list[dict[str, Any]] = []
-    job_rows: list[dict[str, Any]] = []
     pending: list[Pending] = []
     for run_id, definition, spec in new:
         node = definition.nodes[spec.node]
-        step_id, job_id = new_id(), new_id()
+        step_id = new_id()
         step_rows.append({
             "id": step_id, "run_id": run_id, "branch_id": spec.branch_id, "node": spec.node,
             "klass": node.klass, "to_transition": spec.to_transition, "status": "in_progress",
-            "limit_key": node.limit_by, "timeout_us": node.timeout_us, "started_at": now,
-            "completed_at": None, "created_at": now, "updated_at": now,
-        })
-        job_rows.append({
-            "id": job_id, "step_id": step_id, "klass": node.klass, "input_args": spec.input_json,
-            "output_payload": None, "started_at": now, "completed_at": None,
-            "created_at": now, "updated_at": now,
+            "limit_key": node.limit_by, "timeout_us": node.timeout_us, "input_args": spec.input_json,
+            "output_payload": None, "started_at": now, "completed_at": None, "created_at": now, "updated_at": now,
         })
         eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
-        pending.append(Pending(job_id, node.limit_by, eligible))
-    dialects.insert_rows(tx.conn, schema.steps, step_rows)  # [INV-ADV-1] uq_step_branch_node
-    if sum(len(row["input_args"]) for row in job_rows) <= payloads.MAX_PAYLOAD_BYTES:
-        dialects.insert_rows(tx.conn, schema.jobs, job_rows)  # [INV-ADV-1] uq_job_step
+        pending.append(Pending(step_id, node.limit_by, eligible))
+    if sum(len(row["input_args"]) for row in step_rows) <= payloads.MAX_PAYLOAD_BYTES:
+        dialects.insert_rows(tx.conn, schema.steps, step_rows)  # [INV-ADV-1] uq_step_branch_node
     else:  # large inputs: a statement per row (on PostgreSQL an array holds a column's every value)
-        tx.execute(schema.jobs.insert(), job_rows)  # [INV-ADV-1] uq_job_step
+        tx.execute(schema.steps.insert(), step_rows)  # [INV-ADV-1] uq_step_branch_node
     enqueue(tx, pending)  # the first executions, in their lanes (and their keys' rows)
     return [row["id"] for row in step_rows]
 
 
 def latest_step(tx: Tx, branch_id: str) -> StepRow | None:
     """The branch's most recent step (ties on start time broken by the time-ordered id)."""
-    s, j = schema.steps, schema.jobs
+    s = schema.steps
     row = tx.execute(
-        sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, j.c.id.label("job_id"))
-        .join(j, j.c.step_id == s.c.id)
+        sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status)
         .where(s.c.branch_id == branch_id)
         .order_by(s.c.started_at.desc(), s.c.id.desc())
         .limit(1)
@@ -128,7 +119,7 @@ def latest_step(tx: Tx, branch_id: str) -> StepRow | None:
 def step_output_json(tx: Tx, step_id: str) -> str:
     """The JSON text of a succeeded step's return value."""
     text = tx.execute(
-        sa.select(schema.jobs.c.output_payload).where(schema.jobs.c.step_id == step_id)
+        sa.select(schema.steps.c.output_payload).where(schema.steps.c.id == step_id)
     ).scalar_one()
     if text is None:  # pragma: no cover  a step's output is written with its success [INV-ADV-1]
         raise AssertionError(f"step {step_id} has no output but is being advanced [INV-ADV-1]")
@@ -136,7 +127,7 @@ def step_output_json(tx: Tx, step_id: str) -> str:
 
 
 def payload_json(output_payload: str) -> str:
-    """The value's JSON text inside a job's ``{"payload": …}`` envelope."""
+    """The value's JSON text inside a step's ``{"payload": …}`` output envelope."""
     return json.dumps(json.loads(output_payload)["payload"])
 
 

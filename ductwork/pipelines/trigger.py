@@ -8,7 +8,7 @@ and trigger key.
         Orders.trigger(order_id, connection=conn)               # commits (or not) with the order
 
 What is written is the model's ``PipelinesModel.trigger``: the run row (with its
-definition snapshot and its key), the start branch, and the start step with its job and
+definition snapshot and its key), the start branch, and the start step with its input and
 first execution; a trigger either fully happened or not at all.
 
 Idempotent [INV-TRG-1]: a trigger with ``key`` first looks for the run of its pipeline

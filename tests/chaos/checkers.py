@@ -388,8 +388,8 @@ def check_inv_lim_4(history: History) -> list[str]:
 
 
 def check_inv_exe_2(history: History) -> list[str]:
-    """INV-EXE-2: a step's outcome is recorded once: no job has two successes, no
-    execution was completed without having been claimed, and a job has at most one
+    """INV-EXE-2: a step's outcome is recorded once: no step has two successes, no
+    execution was completed without having been claimed, and a step has at most one
     open execution. (A step's *code* may run more than once; its recorded completion
     may not.)"""
     out = []
@@ -397,28 +397,28 @@ def check_inv_exe_2(history: History) -> list[str]:
     open_: dict[str, list[str]] = defaultdict(list)
     for e in history.executions:
         if e.outcome == "success":
-            successes[e.job_id].append(e.execution_id)
+            successes[e.step_id].append(e.execution_id)
         if e.completed_at_us is not None and e.claimed_at_us is None:
             out.append(f"INV-EXE-2: execution {e.execution_id} has an outcome but was never claimed")
         if e.completed_at_us is None:
-            open_[e.job_id].append(e.execution_id)
-    for job, ids in sorted(successes.items()):
+            open_[e.step_id].append(e.execution_id)
+    for step, ids in sorted(successes.items()):
         if len(ids) > 1:
-            out.append(f"INV-EXE-2: job {job} succeeded {len(ids)} times: {', '.join(ids)}")
-    for job, ids in sorted(open_.items()):
+            out.append(f"INV-EXE-2: step {step} succeeded {len(ids)} times: {', '.join(ids)}")
+    for step, ids in sorted(open_.items()):
         if len(ids) > 1:
-            out.append(f"INV-EXE-2: job {job} has {len(ids)} open executions: {', '.join(ids)}")
+            out.append(f"INV-EXE-2: step {step} has {len(ids)} open executions: {', '.join(ids)}")
     return out
 
 
 def check_inv_exe_4(history: History) -> list[str]:
-    """INV-EXE-4: no job ran past its budgets: retry_count <= max_retry and
+    """INV-EXE-4: no step ran past its budgets: retry_count <= max_retry and
     crash_count <= max_crash on every execution (budgets from ``history.meta``,
     which the harness records; skipped when absent)."""
     max_retry, max_crash = history.meta.get("max_retry"), history.meta.get("max_crash")
     if max_retry is None or max_crash is None:
         return []
-    return [f"INV-EXE-4: execution {e.execution_id} of job {e.job_id} has retry_count {e.retry_count} "
+    return [f"INV-EXE-4: execution {e.execution_id} of step {e.step_id} has retry_count {e.retry_count} "
             f"(max {max_retry}) and crash_count {e.crash_count} (max {max_crash})"
             for e in history.executions if e.retry_count > max_retry or e.crash_count > max_crash]
 

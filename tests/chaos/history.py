@@ -43,7 +43,8 @@ from ductwork.limit_entries import LimitEntry, RateEntry
 
 EPOCH = datetime(1970, 1, 1)
 ONE_US = timedelta(microseconds=1)
-FORMAT = 1
+#: 2: executions and steps no longer name a job (a step holds its job, revision 0011)
+FORMAT = 2
 
 
 def to_us(value: datetime | str | None) -> int | None:
@@ -66,7 +67,7 @@ def to_us(value: datetime | str | None) -> int | None:
 
 @dataclass
 class Execution:
-    """One attempt to run a job: a claim event (and its release, once completed).
+    """One attempt at a step: a claim event (and its release, once completed).
 
     ``key`` is the execution's ``limit_key`` (None: the unkeyed lane). ``claim_seq``
     and ``release_seq`` are the key's event counter at claim and completion, taken
@@ -74,8 +75,7 @@ class Execution:
     """
 
     execution_id: str
-    job_id: str
-    step_id: str | None
+    step_id: str
     run_id: str | None
     key: str | None
     claimed_at_us: int | None
@@ -95,9 +95,9 @@ ClaimEvent = Execution
 
 @dataclass
 class StepRow:
-    """One visit of a node on a branch, with its job's input and output (decoded JSON).
+    """One visit of a node on a branch, with its input and output (decoded JSON).
 
-    ``output_payload`` is the job's envelope: ``{"payload": value}`` after a success,
+    ``output_payload`` is the step's envelope: ``{"payload": value}`` after a success,
     ``{"expand_items": N}`` for a step whose edge expands (the values are then in
     ``expand_items``, in index order), None before any success.
     """
@@ -108,7 +108,6 @@ class StepRow:
     node: str
     status: str
     to_transition: str
-    job_id: str | None = None
     limit_key: str | None = None
     input: Any = None
     output_payload: dict | None = None
@@ -362,36 +361,35 @@ def read_history(engine: Engine, limits: dict[str, LimitEntry], witness_table: s
     and ``started_at_us``/``ended_at_us`` integers for the timestamps). Rows come in id
     order, so the same database gives the same history.
     """
-    e, j, s, b, r = schema.executions, schema.jobs, schema.steps, schema.branches, schema.runs
+    e, s, b, r = schema.executions, schema.steps, schema.branches, schema.runs
     history = History(limits=dict(limits), kills=list(kills or []), seed=seed, meta=dict(meta or {}))
     with engine.connect() as conn:
         for row in conn.execute(
-            sa.select(e.c.id, e.c.job_id, s.c.id, s.c.run_id, e.c.limit_key, e.c.claimed_at, e.c.completed_at,
+            sa.select(e.c.id, e.c.step_id, s.c.run_id, e.c.limit_key, e.c.claimed_at, e.c.completed_at,
                       e.c.outcome, e.c.claim_seq, e.c.release_seq, e.c.eligible_at, e.c.retry_count,
                       e.c.crash_count)
-            .select_from(e.outerjoin(j, j.c.id == e.c.job_id).outerjoin(s, s.c.id == j.c.step_id))
+            .select_from(e.outerjoin(s, s.c.id == e.c.step_id))
             .order_by(e.c.id)
         ):
             history.executions.append(Execution(
-                row[0], row[1], row[2], row[3], row[4], to_us(row[5]), to_us(row[6]), row[7],
-                None if row[8] is None else int(row[8]), None if row[9] is None else int(row[9]),
-                to_us(row[10]), row[11], row[12]))
+                row[0], row[1], row[2], row[3], to_us(row[4]), to_us(row[5]), row[6],
+                None if row[7] is None else int(row[7]), None if row[8] is None else int(row[8]),
+                to_us(row[9]), row[10], row[11]))
         items: dict[str, list] = {}
         x = schema.expand_items
-        for job_id, value in conn.execute(
-            sa.select(x.c.job_id, x.c.value).order_by(x.c.job_id, x.c.item_index)
+        for step_id, value in conn.execute(
+            sa.select(x.c.step_id, x.c.value).order_by(x.c.step_id, x.c.item_index)
         ):
-            items.setdefault(job_id, []).append(json.loads(value))
+            items.setdefault(step_id, []).append(json.loads(value))
         for row in conn.execute(
-            sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.status, s.c.to_transition, j.c.id,
-                      s.c.limit_key, j.c.input_args, j.c.output_payload, s.c.started_at, s.c.completed_at,
+            sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.status, s.c.to_transition,
+                      s.c.limit_key, s.c.input_args, s.c.output_payload, s.c.started_at, s.c.completed_at,
                       s.c.idempotency_key)
-            .select_from(s.outerjoin(j, j.c.step_id == s.c.id))
             .order_by(s.c.id)
         ):
             history.steps.append(StepRow(
-                row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], _json(row[8]),
-                _json(row[9]), items.get(row[6]), to_us(row[10]), to_us(row[11]), row[12]))
+                row[0], row[1], row[2], row[3], row[4], row[5], row[6], _json(row[7]),
+                _json(row[8]), items.get(row[0]), to_us(row[9]), to_us(row[10]), row[11]))
         for row in conn.execute(
             sa.select(b.c.id, b.c.run_id, b.c.status, b.c.halt_reason, b.c.claim_token, b.c.parent_id,
                       b.c.barrier_id, b.c.barrier_index, b.c.merged_barrier_id, b.c.fanout_width,

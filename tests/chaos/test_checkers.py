@@ -68,7 +68,7 @@ def limits(**entries: dict) -> dict:
 def execution(eid: str, *, key: str | None = "api", at: int | None = None, done: int | None = None,
               seq: int | None = None, released: int | None = None, eligible: int | None = 0,
               step: str | None = None, outcome: str = "success") -> Execution:
-    return Execution(eid, f"j-{eid}", step or f"s-{eid}", "r1", key, at, done,
+    return Execution(eid, step or f"s-{eid}", "r1", key, at, done,
                      outcome if done is not None else None, seq, released, eligible)
 
 
@@ -138,9 +138,9 @@ class Build:
         payload = {"expand_items": len(items)} if items is not None else {"payload": output}
         if status in ("failed", "in_progress"):
             payload = None
-        self.h.steps.append(StepRow(sid, run, branch, node, status, via, f"j-{sid}", None, input, payload,
+        self.h.steps.append(StepRow(sid, run, branch, node, status, via, None, input, payload,
                                     items, at, at if status == "completed" else None))
-        self.h.executions.append(Execution(f"x-{sid}", f"j-{sid}", sid, run, None, at, at + 1,
+        self.h.executions.append(Execution(f"x-{sid}", sid, run, None, at, at + 1,
                                            "failure" if status == "failed" else "success", None, None, at))
 
 
@@ -860,23 +860,23 @@ def test_lim_4_levels_within_the_configured_burst():
         "INV-LIM-4: key 'api' bucket per 1s holds -1 units, outside [0, 2000000]"]
 
 
-def test_exe_2_a_jobs_success_is_recorded_once():
+def test_exe_2_a_steps_success_is_recorded_once():
     history = History(limits={})
     history.executions = [execution("e1", key=None, at=1, done=2), execution("e2", key=None, at=3)]
     assert check_inv_exe_2(history) == []
-    twice = dataclasses.replace(history.executions[1], job_id="j-e1", completed_at_us=4, outcome="success")
+    twice = dataclasses.replace(history.executions[1], step_id="s-e1", completed_at_us=4, outcome="success")
     history.executions[1] = twice
-    never_claimed = dataclasses.replace(execution("e3", key=None, done=5), job_id="j-e3")
+    never_claimed = execution("e3", key=None, done=5)
     history.executions.append(never_claimed)
     assert check_inv_exe_2(history) == [
         "INV-EXE-2: execution e3 has an outcome but was never claimed",
-        "INV-EXE-2: job j-e1 succeeded 2 times: e1, e2"]
+        "INV-EXE-2: step s-e1 succeeded 2 times: e1, e2"]
 
 
-def test_exe_2_one_open_execution_per_job():
+def test_exe_2_one_open_execution_per_step():
     history = History(limits={})
-    history.executions = [execution("e1", key=None), dataclasses.replace(execution("e2", key=None), job_id="j-e1")]
-    assert check_inv_exe_2(history) == ["INV-EXE-2: job j-e1 has 2 open executions: e1, e2"]
+    history.executions = [execution("e1", key=None), dataclasses.replace(execution("e2", key=None), step_id="s-e1")]
+    assert check_inv_exe_2(history) == ["INV-EXE-2: step s-e1 has 2 open executions: e1, e2"]
 
 
 def test_exe_4_budgets():
@@ -885,7 +885,7 @@ def test_exe_4_budgets():
     assert check_inv_exe_4(history) == []
     history.executions.append(dataclasses.replace(execution("e2", key=None), retry_count=2, crash_count=0))
     assert check_inv_exe_4(history) == [
-        "INV-EXE-4: execution e2 of job j-e2 has retry_count 2 (max 1) and crash_count 0 (max 2)"]
+        "INV-EXE-4: execution e2 of step s-e2 has retry_count 2 (max 1) and crash_count 0 (max 2)"]
 
 
 # --------------------------------------------------------------------------- INV-HLT (issue 16)
@@ -1060,7 +1060,7 @@ def test_rev_1_a_run_that_was_not_halted_revived():
 
 def test_rev_2_a_succeeded_step_executed_again():
     h = revived()
-    h.executions.append(Execution("x-tA", "j-tA", "tA", "r2", None, 90, 91, "success", None, None, 90))
+    h.executions.append(Execution("x-tA", "tA", "r2", None, 90, 91, "success", None, None, 90))
     h.witnesses.append(Witness("tA", "tA", 1, None, 90, 91))
     assert check_inv_rev_2(h) == [
         "INV-REV-2: run r2 carried over [] from r1, whose succeeded steps are [(('A#0', '[1]'), 1)]"]

@@ -105,12 +105,12 @@ def test_a_group_commit_records_every_success_in_one_transaction(app):
     rows = _rows(app, ids)
     assert {rows[i].outcome for i in ids} == {"success"}
     assert len({rows[i].completed_at for i in ids}) == 1
-    j, s = schema.jobs, schema.steps
+    s = schema.steps
     with app.begin() as tx:
-        outputs = dict(tx.execute(sa.select(j.c.id, j.c.output_payload)
-                                  .where(j.c.id.in_([c.job_id for c in claimed]))).all())
+        outputs = dict(tx.execute(sa.select(s.c.id, s.c.output_payload)
+                                  .where(s.c.id.in_([c.step_id for c in claimed]))).all())
         statuses = set(tx.execute(sa.select(s.c.status).where(s.c.id.in_([c.step_id for c in claimed]))).scalars())
-    assert [outputs[c.job_id] for c in claimed] == ['{"payload": 0}', '{"payload": 1}', '{"payload": 2}']
+    assert [outputs[c.step_id] for c in claimed] == ['{"payload": 0}', '{"payload": 1}', '{"payload": 2}']
     assert statuses == {"advancing"}
 
 
@@ -130,7 +130,7 @@ def test_a_group_commit_leaves_a_reaped_execution_to_the_reaper(app):
     e = schema.executions
     with app.begin() as tx:
         reruns = tx.execute(sa.select(sa.func.count()).where(
-            e.c.job_id == claimed[1].job_id, e.c.completed_at.is_(None))).scalar_one()
+            e.c.step_id == claimed[1].step_id, e.c.completed_at.is_(None))).scalar_one()
     assert reruns == 1
 
 
@@ -154,7 +154,7 @@ def test_a_group_commit_reads_its_rows_by_primary_key(app):
         record_successes(app, [Success(c, Output("null")) for c in claimed])
     finally:
         sa.event.remove(app.engine, "before_cursor_execute", capture)
-    assert len(sent) == 3  # the executions' guard, the jobs' output (one UPDATE: one output) and the steps' status
+    assert len(sent) == 3  # the executions' guard, the steps' output (one UPDATE: one output) and status
     with app.engine.connect() as conn:
         for statement, parameters in sent:
             plan = " ".join(row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters))
@@ -188,13 +188,11 @@ def test_a_batch_plans_for_the_ids_it_carries(app, routine):
         record_successes(app, [Success(c, Output("null")) for c in claimed])
     finally:
         sa.event.remove(app.engine, "before_cursor_execute", capture)
-    # claim, load and the executions' guard (in Python), the jobs' output, the steps' status
+    # claim, load and the executions' guard (in Python), the steps' output and status
     assert len(sent) == {"python": 5, "server": 2}[routine]
     step_ids = [c.step_id for c in claimed]
-    job_ids = [c.job_id for c in claimed]
     for statement, parameters in sent:
-        expected = (step_ids if "ductwork_steps SET" in statement
-                    else job_ids if "ductwork_jobs SET" in statement else ids)
+        expected = step_ids if "ductwork_steps SET" in statement else ids
         assert all(f"'{i}'" in statement for i in expected), statement
         values = parameters.values() if isinstance(parameters, dict) else parameters
         assert not set(expected) & set(values), (statement, parameters)
@@ -202,10 +200,10 @@ def test_a_batch_plans_for_the_ids_it_carries(app, routine):
 
 def _executions_of(app, runs):
     """Every execution of these runs' steps."""
-    e, j, s = schema.executions, schema.jobs, schema.steps
+    e, s = schema.executions, schema.steps
     with app.begin() as tx:
-        return tx.execute(sa.select(e.c.job_id, e.c.outcome, e.c.crash_count, e.c.claimed_at, e.c.completed_at)
-                          .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+        return tx.execute(sa.select(e.c.step_id, e.c.outcome, e.c.crash_count, e.c.claimed_at, e.c.completed_at)
+                          .join(s, s.c.id == e.c.step_id)
                           .where(s.c.run_id.in_([r.id for r in runs]))).all()
 
 
@@ -326,10 +324,10 @@ def test_a_failed_group_commit_crashes_only_its_group(app, monkeypatch):
     assert len(worker.held()) == 2  # the two not yet run, still claimed by this worker
     while worker.run_once() is not None:
         pass
-    by_job: dict = {}
+    by_step: dict = {}
     for row in _executions_of(app, runs):
-        by_job.setdefault(row.job_id, []).append((row.outcome, row.crash_count))
-    assert sorted(sorted(v) for v in by_job.values()) == [
+        by_step.setdefault(row.step_id, []).append((row.outcome, row.crash_count))
+    assert sorted(sorted(v) for v in by_step.values()) == [
         [("process_crashed", 0), ("success", 1)], [("success", 0)], [("success", 0)]]
     assert worker.held() == set()
     assert _open_claims(app, process) == 0
@@ -443,21 +441,21 @@ def test_a_keyed_group_commit_leaves_a_reaped_execution_to_the_reaper(keyed_app)
 
 @pytest.mark.parametrize("outputs", [["1", "1", "2", "1", "null", "2"], [str(i) for i in range(7)]],
                          ids=["few distinct outputs", "each its own"])
-def test_a_group_commit_stores_each_jobs_own_output(app, outputs):
+def test_a_group_commit_stores_each_steps_own_output(app, outputs):
     """A group commit writes one UPDATE per distinct output while there are few of them
-    (``executions.DISTINCT_OUTPUTS``), else one per job: either way each job keeps the
-    output its own execution returned, and only the group's jobs are written."""
+    (``outcomes.DISTINCT_OUTPUTS``), else one per step: either way each step keeps the
+    output its own execution returned, and only the group's steps are written."""
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     make_executions(app, run_id, branch_id, None, AT, len(outputs) + 1)
     claimed = claim_batch(app, process, len(outputs))
     record_successes(app, [Success(c, Output(v)) for c, v in zip(claimed, outputs, strict=True)])
-    j = schema.jobs
+    s = schema.steps
     with app.begin() as tx:
-        stored = dict(tx.execute(sa.select(j.c.id, j.c.output_payload)).all())
-    assert {c.job_id: stored[c.job_id] for c in claimed} == {
-        c.job_id: '{"payload": ' + v + "}" for c, v in zip(claimed, outputs, strict=True)}
-    assert [v for k, v in stored.items() if k not in {c.job_id for c in claimed}] == [None]
+        stored = dict(tx.execute(sa.select(s.c.id, s.c.output_payload).where(s.c.run_id == run_id)).all())
+    assert {c.step_id: stored[c.step_id] for c in claimed} == {
+        c.step_id: '{"payload": ' + v + "}" for c, v in zip(claimed, outputs, strict=True)}
+    assert [v for k, v in stored.items() if k not in {c.step_id for c in claimed}] == [None]
 
 
 def test_inline_ids_quotes_any_text_exactly(app):

@@ -43,11 +43,11 @@ def _plant(tmp_path):
 
 
 def _errors(app, run_id):
-    e, j, s = schema.executions, schema.jobs, schema.steps
+    e, s = schema.executions, schema.steps
     with app.begin(readonly=True) as tx:
         return tx.execute(
             sa.select(e.c.outcome, e.c.error_klass, e.c.error_message)
-            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+            .join(s, s.c.id == e.c.step_id)
             .where(s.c.run_id == run_id, e.c.completed_at.is_not(None))
         ).all()
 
@@ -58,8 +58,6 @@ def test_a_worker_never_imports_a_step_class_a_row_names(app, db_url, tmp_path):
     planted = f"{module}:Payload"
     with app.begin() as tx:  # anyone who can write these rows
         tx.execute(schema.steps.update().where(schema.steps.c.run_id == run.id).values(klass=planted))
-        step_ids = sa.select(schema.steps.c.id).where(schema.steps.c.run_id == run.id)
-        tx.execute(schema.jobs.update().where(schema.jobs.c.step_id.in_(step_ids)).values(klass=planted))
     config = write_config(tmp_path / "ductwork.yml", pipelines=["tests.workloads:Unkeyed"])
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
     with Fleet(db_url, config, env={"PYTHONPATH": path}) as fleet:

@@ -384,21 +384,19 @@ def test_racing_reapers_crash_an_execution_once(app):
 
 
 @pytest.mark.parametrize("constraint", [
-    "uq_step_branch_node", "uq_job_step", "uq_execution_open_per_job", "uq_context_run_key",
+    "uq_step_branch_node", "uq_execution_open_per_step", "uq_context_run_key",
 ])
 def test_named_unique_constraints_exist_on_every_database(app, constraint):
     run = TwoStep.trigger(1)
-    s, j, e, c = schema.steps, schema.jobs, schema.executions, schema.context
+    s, e, c = schema.steps, schema.executions, schema.context
     with app.begin() as tx:
         step = tx.execute(sa.select(s).where(s.c.run_id == run.id)).mappings().one()
-        job = tx.execute(sa.select(j).where(j.c.step_id == step["id"])).mappings().one()
-        execution = tx.execute(sa.select(e).where(e.c.job_id == job["id"])).mappings().one()
+        execution = tx.execute(sa.select(e).where(e.c.step_id == step["id"])).mappings().one()
     copies = {
         "uq_step_branch_node": (s, {**step, "id": "dup-step"}),
-        "uq_job_step": (j, {**job, "id": "dup-job"}),
-        "uq_execution_open_per_job": (e, {k: v for k, v in execution.items()
-                                          if k not in ("pending_lane", "inflight_key", "open_job_id")}
-                                      | {"id": "dup-exec"}),
+        "uq_execution_open_per_step": (e, {k: v for k, v in execution.items()
+                                           if k not in ("pending_lane", "inflight_key", "open_step_id")}
+                                       | {"id": "dup-exec"}),
         "uq_context_run_key": (c, {"id": "ctx", "run_id": run.id, "key": "k", "value": "1",
                                    "first_set_at": step["started_at"], "last_set_at": step["started_at"]}),
     }
@@ -433,7 +431,7 @@ def test_a_live_process_recovers_claims_no_thread_holds(manual_app):
                                .where(e.c.id.in_([orphan.execution_id, held.execution_id]))).all())
     assert rows == {orphan.execution_id: "process_crashed", held.execution_id: None}
     with app.begin() as tx:  # the orphan's step runs again; the held one is still its thread's
-        rerun = tx.execute(sa.select(e.c.crash_count).where(e.c.job_id == orphan.job_id,
+        rerun = tx.execute(sa.select(e.c.crash_count).where(e.c.step_id == orphan.step_id,
                                                             e.c.completed_at.is_(None))).scalar_one()
     assert rerun == 1
 

@@ -26,11 +26,11 @@ from tests.workloads.processes import ForeverKeyedPipeline, SlowKeyedPipeline, S
 
 
 def _outcomes(app, run_id):
-    e, j, s = schema.executions, schema.jobs, schema.steps
+    e, s = schema.executions, schema.steps
     with app.begin() as tx:
         return tx.execute(
             sa.select(s.c.node, e.c.outcome, e.c.error_klass)
-            .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+            .join(s, s.c.id == e.c.step_id)
             .where(s.c.run_id == run_id).order_by(e.c.created_at, e.c.id)
         ).all()
 

@@ -312,9 +312,9 @@ def test_unkeyed_and_keyed_lanes_are_served_oldest_first(limits_app):
     while (done := worker.run_once()) is not None:
         order.append(done.node)
     assert order == ["Echo#0"] * 6
-    e, j = schema.executions, schema.jobs
+    e, s = schema.executions, schema.steps
     with app.begin() as tx:
-        inputs = tx.execute(sa.select(j.c.input_args).join(e, e.c.job_id == j.c.id)
+        inputs = tx.execute(sa.select(s.c.input_args).join(e, e.c.step_id == s.c.id)
                             .order_by(e.c.claimed_at, e.c.id)).scalars().all()
     assert [__import__("json").loads(a)[0] for a in inputs] == [x[1] for x in expected]
     app.dispose()
@@ -508,10 +508,10 @@ def test_a_worker_performs_what_its_completions_hand_it(limits_app, hand_off):
     performed = worker.run_once()
     assert performed is not None
     assert performed.outcome == "success"
-    e, j, s = schema.executions, schema.jobs, schema.steps
+    e, s = schema.executions, schema.steps
     with limits_app.begin() as tx:
         done = tx.execute(sa.select(sa.func.count())
-                          .select_from(e.join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id))
+                          .select_from(e.join(s, s.c.id == e.c.step_id))
                           .where(s.c.run_id == run.id, e.c.limit_key == "shared",
                                  e.c.outcome == "success")).scalar_one()
     assert done == (4 if hand_off else 1)

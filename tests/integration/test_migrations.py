@@ -133,8 +133,9 @@ def test_revision_0006_partial_indexes_serve_look_ups_and_updated_tables_keep_ro
     """autogenerate compares neither an index's predicate nor a table's storage parameters,
     so this reads them: after the upgrade each of these indexes is ``WHERE col IS NOT NULL``
     on PostgreSQL (and a look-up by value is planned on it), a full index elsewhere, and the
-    tables updated in place have ``fillfactor=80``; one revision down undoes both."""
-    migrate.upgrade(empty_engine)
+    tables updated in place have ``fillfactor=80``; one revision down undoes both. (Up to
+    0006 only: revision 0011 renames ``uq_execution_open_per_job`` and drops ``ductwork_jobs``.)"""
+    migrate.upgrade(empty_engine, "0006")
     with empty_engine.connect() as conn:
         if empty_engine.dialect.name != "postgresql":
             inspector = sa.inspect(conn)
@@ -183,11 +184,11 @@ def test_revision_0007_gives_each_spelling_of_a_shared_key_its_own_header_row(em
                                                        updated_at=now))
         if mysql:  # an execution of the other spelling, alone (its job and step left out)
             conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS = 0")
-            conn.execute(schema.executions.insert().values(
-                id="e1", job_id="j1", limit_key="API", eligible_at=now, retry_count=0, crash_count=0,
-                created_at=now, updated_at=now))
+            conn.exec_driver_sql(  # (0006's columns: schema.py's executions name a step since 0011)
+                "INSERT INTO ductwork_executions (id, job_id, limit_key, eligible_at, retry_count, crash_count, "
+                "created_at, updated_at) VALUES ('e1', 'j1', 'API', NOW(6), 0, 0, NOW(6), NOW(6))")
             conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS = 1")
-    migrate.upgrade(empty_engine)
+    migrate.upgrade(empty_engine, "0007")  # its own revision: 0011 fills executions.step_id from their jobs
     k = schema.limit_keys
     with empty_engine.connect() as conn:
         rows = sorted(tuple(r) for r in conn.execute(sa.select(k.c.key, k.c.seq, k.c.config_digest)))
@@ -198,3 +199,66 @@ def test_revision_0007_gives_each_spelling_of_a_shared_key_its_own_header_row(em
     else:
         assert rows == [("api", 7, "0" * 16)]
         assert exact == []
+
+
+#: revision 0010's rows of a one-step run whose step succeeded and expanded, and a retry
+#: pending: what 0011 folds (timestamps are filled in)
+_BEFORE_0011 = {
+    "ductwork_runs": "(id, pipeline_klass, definition, definition_sha1, status, triggered_at, created_at, updated_at)"
+                     " VALUES ('r1', 'p', '{{}}', 'x', 'in_progress', {now}, {now}, {now})",
+    "ductwork_branches": "(id, run_id, status, fanin_arrivals, last_advanced_at, started_at, created_at, updated_at)"
+                         " VALUES ('b1', 'r1', 'in_progress', 0, {now}, {now}, {now}, {now})",
+    "ductwork_steps": "(id, run_id, branch_id, node, klass, to_transition, status, started_at, created_at, updated_at)"
+                      " VALUES ('s1', 'r1', 'b1', 'A#0', 'k', 'start', 'advancing', {now}, {now}, {now})",
+    "ductwork_jobs": "(id, step_id, klass, input_args, output_payload, started_at, completed_at, created_at, "
+                     "updated_at) VALUES ('j1', 's1', 'k', '[1]', '{{\"expand_items\": 1}}', {now}, {now}, {now}, "
+                     "{now})",
+    "ductwork_executions": "(id, job_id, eligible_at, claimed_at, completed_at, outcome, retry_count, crash_count, "
+                           "created_at, updated_at) VALUES ('e1', 'j1', {now}, {now}, {now}, 'success', 0, 0, {now}, "
+                           "{now}), ('e2', 'j1', {now}, NULL, NULL, NULL, 1, 0, {now}, {now})",
+    "ductwork_expand_items": "(job_id, item_index, value) VALUES ('j1', 0, '5')",
+}
+
+
+def test_revision_0011_folds_each_job_into_its_step_and_back(empty_engine):
+    """A database with rows at 0010 upgraded through 0011: the step holds its job's input
+    and output, its executions and expand items name it, ``ductwork_jobs`` is gone, and
+    the schema is ``schema.py``'s (on PostgreSQL ``uq_execution_open_per_step`` is a
+    partial unique index, as 0006 made the one it replaces, and the tables updated in
+    place keep their room). The downgrade gives each step its job back (the job's id is
+    the step's, its completion its successful execution's)."""
+    migrate.upgrade(empty_engine, "0010")
+    now = "CURRENT_TIMESTAMP"
+    with empty_engine.begin() as conn:
+        for table, values in _BEFORE_0011.items():
+            conn.exec_driver_sql(f"INSERT INTO {table} " + values.format(now=now))
+    migrate.upgrade(empty_engine, "0011")
+    with empty_engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT id, input_args, output_payload FROM ductwork_steps").all() == [
+            ("s1", "[1]", '{"expand_items": 1}')]
+        assert conn.exec_driver_sql("SELECT id, step_id, open_step_id FROM ductwork_executions ORDER BY id").all() \
+            == [("e1", "s1", None), ("e2", "s1", "s1")]
+        assert conn.exec_driver_sql("SELECT step_id, item_index, value FROM ductwork_expand_items").all() == [
+            ("s1", 0, "5")]
+        assert "ductwork_jobs" not in sa.inspect(conn).get_table_names()
+    migrate.upgrade(empty_engine)
+    assert _differences(empty_engine) == []
+    if empty_engine.dialect.name == "postgresql":
+        with empty_engine.connect() as conn:
+            defs = dict(conn.execute(sa.text("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = "
+                                             "current_schema()")).all())
+            assert defs["uq_execution_open_per_step"].endswith("WHERE (open_step_id IS NOT NULL)")
+            kept = [t for t in UPDATED_IN_PLACE if t != "ductwork_jobs"]
+            assert _fillfactors(conn) == {t: ["fillfactor=80"] for t in kept}
+    migrate.downgrade(empty_engine, "0010")
+    with empty_engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT id, step_id, klass, input_args, output_payload, completed_at IS NOT NULL "
+                                    "FROM ductwork_jobs").all() == [("s1", "s1", "k", "[1]", '{"expand_items": 1}', 1)]
+        assert conn.exec_driver_sql("SELECT id, job_id, open_job_id FROM ductwork_executions ORDER BY id").all() == [
+            ("e1", "s1", None), ("e2", "s1", "s1")]
+        assert conn.exec_driver_sql("SELECT job_id, item_index, value FROM ductwork_expand_items").all() == [
+            ("s1", 0, "5")]
+        assert {c["name"] for c in sa.inspect(conn).get_columns("ductwork_steps")}.isdisjoint(
+            {"input_args", "output_payload"})
+    migrate.upgrade(empty_engine)
+    assert _differences(empty_engine) == []

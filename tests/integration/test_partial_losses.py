@@ -122,12 +122,12 @@ def advancer_app(db_url):
 def crash_its_execution(app, process_id, frozen: dict, then=None):
     """A loss: the run's in-flight execution crashed as the reaper crashes it; its rows
     right after are kept in ``frozen``, and ``then()`` is called."""
-    e, j, s = schema.executions, schema.jobs, schema.steps
+    e, s = schema.executions, schema.steps
 
     def lose(run_id):
         with app.begin() as tx:
             (execution_id,) = tx.execute(
-                sa.select(e.c.id).join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+                sa.select(e.c.id).join(s, s.c.id == e.c.step_id)
                 .where(s.c.run_id == run_id, e.c.completed_at.is_(None), e.c.claimed_at.is_not(None))).scalars()
         assert record_crash(app, execution_id, process_id, "ductwork.ProcessCrash", "reaped under its batch")
         frozen.update(run_rows(app, run_id))

@@ -247,10 +247,9 @@ def test_a_keyed_failed_step_is_re_enqueued_on_its_key_and_no_context_is_copied_
     run = _halted(app, KeyedP, 3)
     BROKEN["fail"] = False
     new = run.revive(duplicate_context=True)  # the halted run has no context: nothing to copy
-    e, j, st = schema.executions, schema.jobs, schema.steps
+    e, st = schema.executions, schema.steps
     with app.begin(readonly=True) as tx:
-        queued = tx.execute(sa.select(st.c.node, e.c.limit_key).join(j, j.c.id == e.c.job_id)
-                            .join(st, st.c.id == j.c.step_id)
+        queued = tx.execute(sa.select(st.c.node, e.c.limit_key).join(st, st.c.id == e.c.step_id)
                             .where(st.c.run_id == new.id, e.c.completed_at.is_(None))).all()
     assert [tuple(row) for row in queued] == [("Fragile#1", "vendor")]
     assert _rows(app, schema.limit_keys, key="vendor")

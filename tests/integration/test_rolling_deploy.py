@@ -179,10 +179,10 @@ def _violations(app, deploy: Deploy, stopped: datetime) -> list[str]:
     """What the database shows against the promises in the module docstring, each line one
     broken promise; empty when all hold."""
     out = []
-    j, s = schema.jobs, schema.steps
+    s = schema.steps
     with app.begin(readonly=True) as tx:
         executions = tx.execute(sa.select(s.c.id, _e.c.outcome, _e.c.claimed_at, _e.c.limit_key)
-                                .join(j, j.c.id == _e.c.job_id).join(s, s.c.id == j.c.step_id)
+                                .join(s, s.c.id == _e.c.step_id)
                                 .where(s.c.run_id.in_([run.id for run in deploy.runs]))).all()
         bodies = dict(tx.execute(sa.select(WITNESS.c.step_id, sa.func.count()).group_by(WITNESS.c.step_id)).all())
     # [INV-EXE-1, INV-EXE-2] every step succeeded once, and ran one body per execution

@@ -51,11 +51,11 @@ def _row(app, process_id):
 
 
 def _first_attempts_crashed(app, run_ids) -> bool:
-    e, j, s = schema.executions, schema.jobs, schema.steps
+    e, s = schema.executions, schema.steps
     with app.begin() as tx:
         firsts = tx.execute(
-            sa.select(s.c.run_id, sa.func.min(e.c.id).label("first")).join(j, j.c.id == e.c.job_id)
-            .join(s, s.c.id == j.c.step_id).where(s.c.run_id.in_(run_ids)).group_by(s.c.run_id)
+            sa.select(s.c.run_id, sa.func.min(e.c.id).label("first")).join(s, s.c.id == e.c.step_id)
+            .where(s.c.run_id.in_(run_ids)).group_by(s.c.run_id)
         ).all()
         outcomes = tx.execute(sa.select(e.c.outcome).where(e.c.id.in_([row.first for row in firsts]))).scalars().all()
     return len(firsts) == len(run_ids) and all(outcome == "process_crashed" for outcome in outcomes)

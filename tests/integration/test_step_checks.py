@@ -59,14 +59,12 @@ class UnbindableP(Pipeline):
 def _counts(app):
     with app.begin() as tx:
         return {table.name: tx.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
-                for table in (schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions)}
+                for table in (schema.runs, schema.branches, schema.steps, schema.executions)}
 
 
 def _retarget(app, run, klass):
     """Make the run's steps name ``klass``, as a definition naming a class that is gone does."""
     with app.begin() as tx:
-        step_ids = sa.select(schema.steps.c.id).where(schema.steps.c.run_id == run.id)
-        tx.execute(schema.jobs.update().where(schema.jobs.c.step_id.in_(step_ids)).values(klass=klass))
         tx.execute(schema.steps.update().where(schema.steps.c.run_id == run.id).values(klass=klass))
 
 
@@ -108,7 +106,7 @@ def test_main_classes_are_refused_while_other_processes_run_job_workers(app):
         "ScriptP.trigger: __main__:ScriptStep is defined in __main__ (the script this process runs), "
         "which the 1 job worker process(es) on this database cannot import: move the classes")
     assert _counts(app) == {"ductwork_runs": 0, "ductwork_branches": 0, "ductwork_steps": 0,
-                            "ductwork_jobs": 0, "ductwork_executions": 0}
+                            "ductwork_executions": 0}
 
     with app.begin() as tx:  # that worker is gone: only this process can run the steps
         tx.execute(schema.processes.delete().where(schema.processes.c.id == elsewhere))

@@ -38,9 +38,8 @@ from tests.workloads.hooks import HaltingPipeline
 #: which package writes which table: the one statement of the layering
 OWNERS: dict[str, set[str]] = {
     "ductwork.limits": {"ductwork_limit_keys", "ductwork_limit_buckets", "ductwork_executions"},
-    "ductwork.pipelines": {"ductwork_runs", "ductwork_branches", "ductwork_steps", "ductwork_jobs",
-                           "ductwork_expand_items", "ductwork_advancements", "ductwork_context",
-                           "ductwork_halt_hooks"},
+    "ductwork.pipelines": {"ductwork_runs", "ductwork_branches", "ductwork_steps", "ductwork_expand_items",
+                           "ductwork_advancements", "ductwork_context", "ductwork_halt_hooks"},
     "ductwork.fleet": {"ductwork_processes", "ductwork_key_refusals"},
 }
 _WRITE = re.compile(r"^\s*(?:INSERT\s+(?:OR\s+\w+\s+|IGNORE\s+)?INTO|UPDATE|DELETE\s+FROM)\s+[`\"]?(\w+)", re.I)

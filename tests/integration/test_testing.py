@@ -255,10 +255,10 @@ def _open_execution(app, run, node):
     """The open execution of the run's step ``node`` (eligible_at, claimed_at, process_id)."""
     from ductwork.db import schema
 
-    e, j, s = schema.executions, schema.jobs, schema.steps
+    e, s = schema.executions, schema.steps
     with app.begin(readonly=True) as tx:
         return tx.execute(sa.select(e.c.eligible_at, e.c.claimed_at, e.c.process_id)
-                          .join(j, j.c.id == e.c.job_id).join(s, s.c.id == j.c.step_id)
+                          .join(s, s.c.id == e.c.step_id)
                           .where(s.c.run_id == run.id, s.c.node == node, e.c.completed_at.is_(None))).one()
 
 

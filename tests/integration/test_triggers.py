@@ -34,7 +34,7 @@ from tests.conftest import installed, make_app, race, race_processes
 from tests.fleet import wait_for
 from tests.workloads import Fails, Times10
 
-RUN_TABLES = (schema.runs, schema.branches, schema.steps, schema.jobs, schema.executions)
+RUN_TABLES = (schema.runs, schema.branches, schema.steps, schema.executions)
 
 #: the application's own table, in the same database as ductwork's
 orders = sa.Table("trigger_test_orders", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True))

@@ -47,11 +47,11 @@ class OracleStep(Step):
         from ductwork.limits.executions import ErrorInfo
 
         app, oracle = _current["app"], _current["oracle"]
-        s, j, e = schema.steps, schema.jobs, schema.executions
+        s, e = schema.steps, schema.executions
         with app.begin(readonly=True) as tx:
             node, attempt = tx.execute(
                 sa.select(s.c.node, e.c.retry_count + e.c.crash_count)
-                .join(j, j.c.step_id == s.c.id).join(e, e.c.job_id == j.c.id)
+                .join(e, e.c.step_id == s.c.id)
                 # a revived step's key is the failed step's: its open execution tells them apart
                 .where(sa.func.coalesce(s.c.idempotency_key, s.c.id) == self.idempotency_key,
                        e.c.completed_at.is_(None))).one()

@@ -218,7 +218,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         assert retried == (claimed.retry_count < MAX_RETRY), "INV-EXE-4: retry budget"
         if not retried:
             return None
-        follow = open_execution_of(self.app, claimed.job_id)
+        follow = open_execution_of(self.app, claimed.step_id)
         assert to_us(follow.eligible_at) == self.now_us + RETRY_DELAY_US
         self.model.enqueue(follow.id, self.keys[execution_id], self.now_us + RETRY_DELAY_US)
         self.keys[follow.id] = self.keys[execution_id]
@@ -278,7 +278,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         requeue = {}
         for execution_id, claimed in mine.items():
             del self.held[execution_id]
-            follow = open_execution_of(self.app, claimed.job_id)
+            follow = open_execution_of(self.app, claimed.step_id)
             count = claimed.crash_count + 1
             if claimed.crash_count >= MAX_CRASH:
                 assert follow is None, "INV-EXE-4: crash budget spent"

@@ -112,11 +112,11 @@ def drive(app: App, run_id: str, limit: int = 5000) -> None:
 
 
 def engine_summary(app: App, run_id: str) -> dict:
-    s, j, b, r = schema.steps, schema.jobs, schema.branches, schema.runs
+    s, b, r = schema.steps, schema.branches, schema.runs
     with app.begin() as tx:
         status = tx.execute(sa.select(r.c.status).where(r.c.id == run_id)).scalar_one()
-        steps = tx.execute(sa.select(s.c.node, s.c.status, s.c.to_transition, j.c.input_args)
-                           .join(j, j.c.step_id == s.c.id).where(s.c.run_id == run_id)).all()
+        steps = tx.execute(sa.select(s.c.node, s.c.status, s.c.to_transition, s.c.input_args)
+                           .where(s.c.run_id == run_id)).all()
         branches = []
         for branch_id, branch_status, reason in tx.execute(
                 sa.select(b.c.id, b.c.status, b.c.halt_reason).where(b.c.run_id == run_id)):

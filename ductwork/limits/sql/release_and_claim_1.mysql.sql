@@ -2,7 +2,7 @@
 -- trip that ends a worker's executions of one lane and claims the lane's next ones for it, or
 -- makes a poll's claim. A refinement of ductwork/limits/plan.py::plan and
 -- ductwork/limits/buckets.py::decide, checked against them state by state on this database
--- (tests/properties/test_refinement.py). Installed by migration 0011; a change is a new
+-- (tests/properties/test_refinement.py). Installed by migration 0012; a change is a new
 -- version of the routine (a new name) in a new migration.
 -- Differs from PostgreSQL (release_and_claim_1.postgresql.sql) in that a stored procedure
 -- returns its rows through CALL and takes no arrays (lists and mappings arrive as JSON text,
@@ -364,20 +364,19 @@ BEGIN
         END IF;
     END IF;
     SELECT c.ord AS r_ord, v_status AS r_status, v_now AS r_now, v_stamp AS r_stamp, v_blocked AS r_blocked_us,
-           v_unconfigured AS r_unconfigured, e.id AS r_execution_id, e.job_id AS r_job_id, s.id AS r_step_id,
+           v_unconfigured AS r_unconfigured, e.id AS r_execution_id, s.id AS r_step_id,
            COALESCE(s.idempotency_key, s.id) AS r_idempotency_key, s.run_id AS r_run_id,
-           s.branch_id AS r_branch_id, s.node AS r_node, j.klass AS r_klass, r.pipeline_klass AS r_pipeline_klass,
-           r.definition_sha1 AS r_definition_sha1, j.input_args AS r_input_json, e.limit_key AS r_limit_key,
+           s.branch_id AS r_branch_id, s.node AS r_node, s.klass AS r_klass, r.pipeline_klass AS r_pipeline_klass,
+           r.definition_sha1 AS r_definition_sha1, s.input_args AS r_input_json, e.limit_key AS r_limit_key,
            s.timeout_us AS r_timeout_us, e.retry_count AS r_retry_count, e.crash_count AS r_crash_count
       FROM JSON_TABLE(v_claims, '$[*]' COLUMNS (ord FOR ORDINALITY, id VARCHAR(36) PATH '$')) c
       JOIN ductwork_executions e ON e.id = c.id
-      JOIN ductwork_jobs j ON j.id = e.job_id
-      JOIN ductwork_steps s ON s.id = j.step_id
+      JOIN ductwork_steps s ON s.id = e.step_id
       JOIN ductwork_runs r ON r.id = s.run_id
      WHERE v_status IS NULL OR v_status <> 'taken'
     UNION ALL
     SELECT 0, v_status, v_now, v_stamp, v_blocked, v_unconfigured, NULL, NULL, NULL, NULL, NULL, NULL,
-           NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+           NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
       FROM DUAL WHERE JSON_LENGTH(v_claims) = 0 OR v_status = 'taken'
     ORDER BY r_ord;
 END

@@ -2,7 +2,7 @@
 -- trip that ends a worker's executions of one lane and claims the lane's next ones for it,
 -- or makes a poll's claim. A refinement of ductwork/limits/plan.py::plan and
 -- ductwork/limits/buckets.py::decide, checked against them state by state on this database
--- (tests/properties/test_refinement.py). Installed by migration 0011; a change is a new
+-- (tests/properties/test_refinement.py). Installed by migration 0012; a change is a new
 -- version of the routine (a new name) in a new migration. Each statement of a PL/pgSQL
 -- function under READ COMMITTED sees the rows committed before it started, so everything
 -- read after the key's lock sees every change made under it [INV-LIM-1].
@@ -109,7 +109,7 @@ CREATE FUNCTION ductwork_release_and_claim_1(
     p_now timestamp, p_offset_us bigint, p_entry jsonb, p_digest text, p_keys jsonb,
     p_unconfigured text)
 RETURNS TABLE (r_status text, r_now timestamp, r_stamp boolean, r_blocked_us bigint, r_unconfigured boolean,
-               r_execution_id text, r_job_id text, r_step_id text,
+               r_execution_id text, r_step_id text,
                r_idempotency_key text, r_run_id text, r_branch_id text, r_node text, r_klass text,
                r_pipeline_klass text, r_definition_sha1 text, r_input_json text, r_limit_key text,
                r_timeout_us bigint, r_retry_count integer, r_crash_count integer)
@@ -173,7 +173,7 @@ BEGIN
            AND e.process_id IS NOT DISTINCT FROM p_owner;  -- [INV-EXE-2] still the owner's (NULL: an orphan's)
         GET DIAGNOSTICS v_count = ROW_COUNT;
         IF v_count <> cardinality(p_ends) THEN  -- [INV-EXE-2] fewer: one was taken; the caller rolls back
-            RETURN QUERY SELECT 'taken'::text, v_now, false, NULL::bigint, false, NULL::text, NULL::text,
+            RETURN QUERY SELECT 'taken'::text, v_now, false, NULL::bigint, false, NULL::text,
                 NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,
                 NULL::text, NULL::text, NULL::bigint, NULL::integer, NULL::integer;
             RETURN;
@@ -324,18 +324,17 @@ BEGIN
         END IF;
     END IF;
     RETURN QUERY
-        SELECT v_status, v_now, v_stamp, v_blocked, v_unconfigured, e.id::text, e.job_id::text,
+        SELECT v_status, v_now, v_stamp, v_blocked, v_unconfigured, e.id::text,
                s.id::text, coalesce(s.idempotency_key, s.id)::text, s.run_id::text, s.branch_id::text,
-               s.node::text, j.klass::text, r.pipeline_klass::text, r.definition_sha1::text, j.input_args::text,
+               s.node::text, s.klass::text, r.pipeline_klass::text, r.definition_sha1::text, s.input_args::text,
                e.limit_key::text, s.timeout_us, e.retry_count, e.crash_count
           FROM unnest(v_claims) WITH ORDINALITY AS c(id, ord)
           JOIN ductwork_executions e ON e.id = c.id
-          JOIN ductwork_jobs j ON j.id = e.job_id
-          JOIN ductwork_steps s ON s.id = j.step_id
+          JOIN ductwork_steps s ON s.id = e.step_id
           JOIN ductwork_runs r ON r.id = s.run_id
          ORDER BY c.ord;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT v_status, v_now, v_stamp, v_blocked, v_unconfigured, NULL::text, NULL::text,
+        RETURN QUERY SELECT v_status, v_now, v_stamp, v_blocked, v_unconfigured, NULL::text,
             NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,
             NULL::text, NULL::text, NULL::bigint, NULL::integer, NULL::integer;
     END IF;

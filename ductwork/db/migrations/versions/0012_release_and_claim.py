@@ -1,7 +1,7 @@
 """the lane routine: one round trip that releases a lane's executions and claims its next
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-12-06
 
 On PostgreSQL the function ``ductwork_release_and_claim_1`` (PL/pgSQL, with its key
@@ -21,8 +21,8 @@ from alembic import op
 
 from ductwork.db import dialects
 
-revision = '0011'
-down_revision = '0010'
+revision = '0012'
+down_revision = '0011'
 branch_labels = None
 depends_on = None
 
