@@ -51,6 +51,8 @@ from tests.factories import make_executions, make_run
 
 T0_US = to_us(datetime(2026, 1, 1))
 KEY, OTHER = "k", "o"
+#: the period of OTHER's bucket in a case with ``other_bucket``: one no entry of the domain has
+OTHER_PERIOD = 7
 #: the most executions a case has (the pool's steps)
 POOL = 14
 ID_PREFIX = "01a30000-0000-7000-8000-"
@@ -98,6 +100,9 @@ class Case:
     outcome: str = "success"
     #: the call's owner: the owner's process, or None (the endings are orphans')
     orphans: bool = False
+    #: whether ``OTHER`` holds a bucket of a period no entry of ``KEY`` has (its row too):
+    #: what ``KEY``'s re-base must leave alone
+    other_bucket: bool = False
 
 
 @dataclass
@@ -150,7 +155,8 @@ class World:
     def _write(self, conn: sa.Connection, app: App, case: Case) -> None:
         e, k, b = schema.executions, schema.limit_keys, schema.limit_buckets
         now = from_us(T0_US)
-        keys = {row.lane for row in case.rows if row.lane} | set(case.headers) | ({case.lane} - {None})
+        keys = ({row.lane for row in case.rows if row.lane} | set(case.headers) | ({case.lane} - {None})
+                | ({OTHER} if case.other_bucket else set()))
         for key in sorted(keys):  # type: ignore[type-var]
             header = case.headers.get(key, (0, "same", None))
             if header is None:
@@ -159,8 +165,9 @@ class World:
             stored = {"same": entry_digest(app.config.limits.get(key)), "stale": "0000stale0000000"}.get(digest or "")
             conn.execute(k.insert().values(key=key, seq=seq, config_digest=stored, created_at=now, updated_at=now,
                                            blocked_until=None if blocked is None else from_us(T0_US + blocked)))
-        for period, (level, at) in case.buckets.items():
-            conn.execute(b.insert().values(key=KEY, period_s=period, level_units=level, refilled_at_us=T0_US + at,
+        buckets = [(KEY, period, level, at) for period, (level, at) in case.buckets.items()]
+        for key, period, level, at in buckets + ([(OTHER, OTHER_PERIOD, 1, 0)] if case.other_bucket else []):
+            conn.execute(b.insert().values(key=key, period_s=period, level_units=level, refilled_at_us=T0_US + at,
                                            updated_at=now))
         owners = {"mine": self.owner, "theirs": self.other, "done": self.owner}
         rows = []
@@ -294,7 +301,8 @@ def _decisions() -> Iterator[Case]:
             if not poll:
                 rows.append(Row(KEY, 0, "mine"))
                 endings = (len(rows) - 1,)
-            yield Case({KEY: entry}, tuple(rows), KEY, endings, take, poll, now, {KEY: (3, digest, None)}, stored)
+            yield Case({KEY: entry}, tuple(rows), KEY, endings, take, poll, now, {KEY: (3, digest, None)}, stored,
+                       other_bucket=digest == "stale")
 
 
 def _lanes() -> Iterator[Case]:
@@ -392,5 +400,5 @@ def cases(draw: st.DrawFn) -> Case:
     stored = {rate.per_s: (draw(st.integers(0, rate.capacity_units)), draw(st.integers(-2_000_000, 200)))
               for rate in rates if draw(st.booleans())}
     return Case(limits, tuple(rows), lane, endings, draw(st.integers(0, 5)), draw(st.booleans()),
-                draw(st.integers(-5, 120)), headers, stored)
+                draw(st.integers(-5, 120)), headers, stored, other_bucket=draw(st.booleans()))
 

@@ -61,6 +61,9 @@ _BOUND_FOR = dict.fromkeys(
     "IF NOT p_poll OR p_take > 1 THEN  -- [INV-LIM-6] the oldest of every other lane a poll would try now")
 _ENDS = {"postgresql": "IF v_found AND cardinality(p_ends) > 0 THEN  -- the endings, guarded [INV-EXE-2]",
          "mysql": "IF v_found AND v_n_ends > 0 THEN  -- the endings, guarded [INV-EXE-2]"}
+_CLAIMS = {"postgresql": "IF cardinality(v_claims) > 0 THEN  -- the claims, each with the key's next sequence number",
+           "mysql": "IF JSON_LENGTH(v_claims) > 0 THEN  -- the claims, each with the key's next sequence number"}
+_SPEND = "IF v_write_buckets AND cardinality(v_per) > 0 THEN  -- [INV-LIM-2] the spend commits with the claims"
 #: survivors argued equivalent: (backend, the line, the line changed), both stripped -> why
 ARGUED: dict[tuple[str, str, str], str] = {
     **{(b, _REFILL_WHEN, _REFILL_WHEN.replace("dt > 0", "dt >= 0")):
@@ -75,6 +78,12 @@ ARGUED: dict[tuple[str, str, str], str] = {
     **{(b, line, line.replace("> 0", ">= 0")):
        "with no endings the guarded UPDATE ends nothing and its count, 0, matches: the same as skipping it"
        for b, line in _ENDS.items()},
+    **{(b, line, line.replace("> 0", ">= 0")):
+       "with no claims the guarded UPDATE claims nothing, its count, 0, matches and the sequence moves by 0: the "
+       "same as skipping it" for b, line in _CLAIMS.items()},
+    ("postgresql", _SPEND, _SPEND.replace("> 0", ">= 0")):
+       "with no period the upsert's SELECT over generate_subscripts of an empty array inserts no row: the same as "
+       "skipping it",
     **{(b, line, line.replace(old, new)): "positions are never equal: the bound is another lane's execution, "
        "whose id no candidate of this lane has"
        for b, line, old, new in (
