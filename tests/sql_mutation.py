@@ -201,10 +201,27 @@ def killed(world: World) -> str | None:
         try:
             difference = world.check(case)
         except Exception as error:  # noqa: BLE001 - a routine that raises is killed by the caller's failure
+            _stop_leftovers(world.engine)
             return f"raised on {case}: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
         if difference is not None:
             return f"{case}: {difference[:160]}"
     return None
+
+
+def _stop_leftovers(engine: sa.Engine) -> None:
+    """End what a variant left running on the server: a routine that loops forever (a
+    ``WHILE`` whose condition was flipped) outlives the client's read timeout there, holding
+    the rows it locked, and every later variant would time out behind it and count as
+    killed."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                                 "current_database() AND pid <> pg_backend_pid() AND state <> 'idle'").all()
+            return
+        for (thread,) in conn.exec_driver_sql(
+                "SELECT id FROM information_schema.PROCESSLIST WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+                " AND command = 'Query'").all():
+            conn.exec_driver_sql(f"KILL {int(thread)}")
 
 
 def run(backend: str) -> tuple[int, int, list[Variant]]:
