@@ -99,7 +99,8 @@ ARGUED: dict[tuple[str, str, str], str] = {
 
 _COMPARISONS = {"<": (">=", "<="), ">": ("<=", ">="), "<=": (">", "<"), ">=": ("<", ">"), "=": ("<>",),
                 "<>": ("=",)}
-_TOKEN = re.compile(r"(?<![:<>!=])(<=>|<=|>=|<>|<|>|=)(?![=>])")
+#: a comparison operator: not part of ``:=``, ``!=``, ``=>`` or PostgreSQL's JSON ``->`` / ``->>``
+_TOKEN = re.compile(r"(?<![:<>!=-])(<=>|<=|>=|<>|<|>|=)(?![=>])")
 
 
 @dataclass(frozen=True)
