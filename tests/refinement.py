@@ -286,6 +286,7 @@ def exhaustive() -> Iterator[Case]:
     yield from _guards()
     yield from _edges()
     yield from _delays()
+    yield from _unstamped()
 
 
 def _decisions() -> Iterator[Case]:
@@ -351,6 +352,15 @@ def _edges() -> Iterator[Case]:
                    {KEY: None if take else (1, "same", None)})
 
 
+def _unstamped() -> Iterator[Case]:
+    """A key whose row holds no stored values (a NULL digest), a poll's and a hand-off's: the
+    decision re-bases it, as under another config's."""
+    for poll in (True, False):
+        rows = (Row(KEY, 0),) if poll else (Row(KEY, 0), Row(KEY, 0, "mine"))
+        yield Case({KEY: {"concurrency": 2, "rate": {"limit": 2, "per": 1}}}, rows, KEY, () if poll else (1,), 1,
+                   poll, 5, {KEY: (1, None, None)})
+
+
 def _delays() -> Iterator[Case]:
     """Executions eligible one µs after now, exactly now and before it, in the routine's lane
     and in another, created in an order that puts the later ones first: only the eligible
@@ -363,6 +373,11 @@ def _delays() -> Iterator[Case]:
                    {KEY: (0, "same", None)})
         # another lane's only eligible execution, exactly at now, between two of the routine's
         rows = (Row(other, 11), Row(lane, 10), Row(other, 10), Row(lane, 10))
+        yield Case({KEY: {"concurrency": 3}, OTHER: {"concurrency": 3}}, rows, lane, (), take, poll, 10,
+                   {KEY: (0, "same", None)})
+        # another lane's oldest at the same time as the routine's, its id lower, its next one's higher:
+        # the bound is the oldest's time and id together
+        rows = (Row(other, 5), Row(lane, 5), Row(other, 8))
         yield Case({KEY: {"concurrency": 3}, OTHER: {"concurrency": 3}}, rows, lane, (), take, poll, 10,
                    {KEY: (0, "same", None)})
         # fewer eligible than the take: the one due a µs after now stays, though the batch has room

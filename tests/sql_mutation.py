@@ -64,6 +64,12 @@ _ENDS = {"postgresql": "IF v_found AND cardinality(p_ends) > 0 THEN  -- the endi
 _CLAIMS = {"postgresql": "IF cardinality(v_claims) > 0 THEN  -- the claims, each with the key's next sequence number",
            "mysql": "IF JSON_LENGTH(v_claims) > 0 THEN  -- the claims, each with the key's next sequence number"}
 _SPEND = "IF v_write_buckets AND cardinality(v_per) > 0 THEN  -- [INV-LIM-2] the spend commits with the claims"
+#: MySQL's loops over a key's rates, which walk JSON arrays by index
+_RATE_LOOPS = ("WHILE i < n DO  -- 3. refill every kept bucket [INV-LIM-4]",
+               "WHILE i < n DO  -- 4. the latest next-token time of the short buckets [INV-LIM-5]",
+               "WHILE i < n DO  -- 5. admitted: one token from every bucket [INV-LIM-2]",
+               "WHILE i < n DO  -- the stamp over the buckets now short, or cleared [INV-LIM-5]",
+               "WHILE v_i < JSON_LENGTH(v_rates) DO  -- each kept entry's stored bucket, config order")
 #: survivors argued equivalent: (backend, the line, the line changed), both stripped -> why
 ARGUED: dict[tuple[str, str, str], str] = {
     **{(b, _REFILL_WHEN, _REFILL_WHEN.replace("dt > 0", "dt >= 0")):
@@ -78,6 +84,11 @@ ARGUED: dict[tuple[str, str, str], str] = {
     **{(b, line, line.replace("> 0", ">= 0")):
        "with no endings the guarded UPDATE ends nothing and its count, 0, matches: the same as skipping it"
        for b, line in _ENDS.items()},
+    **{("mysql", line, line.replace(" < ", " <= ")):
+       "one turn past the last rate reads NULL from every array (JSON_VALUE past the end): a level or time it "
+       "appends or sets lands past the last rate, where nothing reads it (the later loops stop at the rates' "
+       "count, the bucket upsert walks the rates with JSON_TABLE), and a NULL 'missing' never stamps"
+       for line in _RATE_LOOPS},
     **{(b, line, line.replace("> 0", ">= 0")):
        "with no claims the guarded UPDATE claims nothing, its count, 0, matches and the sequence moves by 0: the "
        "same as skipping it" for b, line in _CLAIMS.items()},
