@@ -64,6 +64,7 @@ _ENDS = {"postgresql": "IF v_found AND cardinality(p_ends) > 0 THEN  -- the endi
 _CLAIMS = {"postgresql": "IF cardinality(v_claims) > 0 THEN  -- the claims, each with the key's next sequence number",
            "mysql": "IF JSON_LENGTH(v_claims) > 0 THEN  -- the claims, each with the key's next sequence number"}
 _SPEND = "IF v_write_buckets AND cardinality(v_per) > 0 THEN  -- [INV-LIM-2] the spend commits with the claims"
+_MY_SPEND = "IF v_write_buckets AND JSON_LENGTH(v_levels) > 0 THEN  -- [INV-LIM-2] the spend commits with the claims"
 #: MySQL's loops over a key's rates, which walk JSON arrays by index
 _RATE_LOOPS = ("WHILE i < n DO  -- 3. refill every kept bucket [INV-LIM-4]",
                "WHILE i < n DO  -- 4. the latest next-token time of the short buckets [INV-LIM-5]",
@@ -84,6 +85,16 @@ ARGUED: dict[tuple[str, str, str], str] = {
     **{(b, line, line.replace("> 0", ">= 0")):
        "with no endings the guarded UPDATE ends nothing and its count, 0, matches: the same as skipping it"
        for b, line in _ENDS.items()},
+    ("mysql", _MY_SPEND, _MY_SPEND.replace("> 0", ">= 0")):
+       "the levels are written (a rate refusal, an admission) only by a decision that refilled every rate, so "
+       "with none the upsert's JSON_TABLE over the empty rates yields no row: the same as skipping it",
+    **{("mysql", line, line.replace(old, new)):
+       "a claim and a refusal never come together (a batch that meets a refusal ends without one) and 'taken' "
+       "has no claims: with claims the status is NULL, so neither side of the status test changes what is "
+       "returned"
+       for line, old, new in (("WHERE v_status IS NULL OR v_status <> 'taken'", "<>", "="),
+                              ("FROM DUAL WHERE JSON_LENGTH(v_claims) = 0 OR v_status = 'taken'",
+                               "v_status = 'taken'", "v_status <> 'taken'"))},
     **{("mysql", line, line.replace(" < ", " <= ")):
        "one turn past the last rate reads NULL from every array (JSON_VALUE past the end): a level or time it "
        "appends or sets lands past the last rate, where nothing reads it (the later loops stop at the rates' "
