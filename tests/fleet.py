@@ -150,6 +150,22 @@ def process_rows(engine: sa.Engine, *, role: str | None = None, label_prefix: st
         return conn.execute(stmt).all()
 
 
+def killed(pid: int) -> bool:
+    """Whether ``pid`` is gone (or a zombie) or has a SIGKILL pending: it runs no more of its
+    code. A SIGKILLed process leaves the process table only once it is scheduled to exit,
+    so right after the kill (a group's, whose leader alone was waited for) it may still
+    show as running, with the signal pending."""
+    if not pid_alive(pid):
+        return True
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            fields = dict(line.split(":", 1) for line in status.read().splitlines() if ":" in line)
+    except OSError:
+        return True
+    sigkill = 1 << (signal.SIGKILL - 1)
+    return any(int(fields.get(name, "0").strip() or "0", 16) & sigkill for name in ("SigPnd", "ShdPnd"))
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -20,7 +20,7 @@ import pytest
 
 from ductwork.fleet import child
 from ductwork.fleet.worker import Worker
-from tests.fleet import pid_alive, wait_for
+from tests.fleet import killed, wait_for
 from tests.workloads.processes import EndsItsChildPipeline, marker_lines
 
 
@@ -92,6 +92,6 @@ def test_an_interrupted_wait_for_a_child_kills_it_and_crashes_the_execution(app,
     finally:
         signal.signal(signal.SIGUSR1, previous)
     ((pid, _),) = marker_lines(marker)
-    assert not pid_alive(pid)  # [INV-EXE-5] killed (and reaped) before the interrupt left
+    assert killed(pid)  # [INV-EXE-5] SIGKILLed (its keeper reaped) before the interrupt left
     execution = _first_execution(run)
     assert (execution.outcome, execution.error.klass) == ("process_crashed", "ductwork.AbandonedClaim")
