@@ -528,3 +528,95 @@ def test_a_claim_on_a_key_no_work_ever_named_is_refused_gone(app):
     assert claim_keyed(app, "never-named", pid) == Refusal("never-named", "gone")
     with app.begin(readonly=True) as tx:
         assert tx.execute(sa.select(sa.func.count()).select_from(schema.limit_keys)).scalar_one() == 0
+
+
+# -- a key's statements touch only its own rows ---------------------------------------------------
+
+#: three periods none of which dominates another (a lower rate, a larger burst)
+THREE_RATES = [{"limit": 1, "per": "1s", "burst": 1}, {"limit": 30, "per": "1m", "burst": 5},
+               {"limit": 600, "per": "1h", "burst": 10}]
+
+
+class ZKey(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo, limit_by="z_key")
+
+
+class MKey(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo, limit_by="m_key")
+
+
+class AKey(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo, limit_by="a_key")
+
+
+def _key_rows(app, key):
+    """``key``'s header row and its buckets (period -> row), every column."""
+    k, b = schema.limit_keys, schema.limit_buckets
+    with app.begin(readonly=True) as tx:
+        header = tuple(tx.execute(sa.select(k).where(k.c.key == key)).one())
+        kept = {row.period_s: tuple(row) for row in tx.execute(sa.select(b).where(b.c.key == key))}
+    return header, kept
+
+
+def test_a_keys_claims_and_re_bases_write_only_its_own_rows(db_url):
+    """Three rated keys with the same bucket periods; the middle one (``m_key``, between the
+    others by name and by creation order, so a statement that lost its key filter reads or
+    writes another key's rows whichever order the database returns them in) spends a token,
+    is re-based by a poll under a config that drops a period, and by a restart under one
+    that drops another. Its reads see only its own buckets (full: its claim is admitted
+    while the others' are empty), each write changes only its own rows (its three buckets
+    each keep their own level), and the other keys' header and bucket rows stay exactly as
+    they were, every column."""
+    from ductwork.db.clock import ManualClock
+    from ductwork.fleet.processes import register
+    from ductwork.limits.claims import Refusal, claim_keyed, restart_with
+    from tests.conftest import installed
+
+    clock = ManualClock(datetime(2026, 1, 1))
+    limits = {key: {"rate": THREE_RATES} for key in ("a_key", "m_key", "z_key")}
+    for app in installed(make_app(db_url, clock=clock, job_worker={"limits": limits})):
+        for pipeline in (ZKey, MKey, AKey):  # created in this order: z, m, a
+            pipeline.trigger(1)
+            pipeline.trigger(2)
+        pid = register(app, role="test", label="claimer")
+        for key in ("z_key", "m_key", "a_key"):
+            assert claim_keyed(app, key, pid) == Refusal(key, "rate")  # its buckets are made, empty
+            clock.advance(microseconds=10)
+        clock.advance(seconds=7200)  # every bucket full
+        for key in ("z_key", "a_key"):
+            assert len(claim_keyed(app, key, pid)) == 1  # each spends a token: its 1 s bucket is empty
+            clock.advance(microseconds=10)
+        others = {key: _key_rows(app, key) for key in ("a_key", "z_key")}
+
+        assert len(claim_keyed(app, "m_key", pid)) == 1  # its own full buckets, not the others' empty ones
+        header, kept = _key_rows(app, "m_key")
+        assert sorted(kept) == [1, 60, 3600]
+        levels = {period: row[2] for period, row in kept.items()}  # (key, period_s, level_units, …)
+        # one token off each full bucket, a token being period_s x 10^6 units (limits/buckets.py)
+        assert levels == {1: 0, 60: 4 * 60 * 10**6, 3600: 9 * 3600 * 10**6}
+        assert {key: _key_rows(app, key) for key in others} == others
+
+        dropped = {**limits, "m_key": {"rate": THREE_RATES[:2]}}  # a poll under it re-bases m_key
+        rebased = make_app(db_url, clock=clock, job_worker={"limits": dropped})
+        try:
+            clock.advance(seconds=1)
+            assert len(claim_keyed(rebased, "m_key", pid)) == 1
+            assert sorted(_key_rows(app, "m_key")[1]) == [1, 60]
+            assert {key: _key_rows(app, key) for key in others} == others
+            restarted = make_app(db_url, clock=clock, job_worker={"limits": {**limits, "m_key": {
+                "rate": THREE_RATES[:1]}}})
+            try:
+                restart_with(restarted)
+            finally:
+                restarted.dispose()
+        finally:
+            rebased.dispose()
+        assert sorted(_key_rows(app, "m_key")[1]) == [1]
+        assert {key: {p: row for p, row in _key_rows(app, key)[1].items()} for key in others} == {
+            key: rows for key, (_, rows) in others.items()}  # (a restart clears every key's stamp)
