@@ -5,6 +5,10 @@
     python -m tests.guard_mutation --all                        # every guard module (hours)
     python -m tests.guard_mutation --all --db postgresql        # the same on one server
     python -m tests.guard_mutation --list fleet/reaper.py       # the mutants, not run
+    python -m tests.guard_mutation --map                        # which integration tests run each line
+    python -m tests.guard_mutation --widen fleet/reaper.py      # its survivors against those tests
+    python -m tests.guard_mutation --db postgresql --survivors fleet/reaper.py  # what SQLite left
+    python -m tests.guard_mutation limits/claims.py --only 58 77 --against tests/integration/test_limits.py
     python -m tests.guard_mutation --report                     # the table of the last runs
 
 ``tests/mutation.py`` runs mutmut over the pure modules against the unit tier. The guard
@@ -28,10 +32,19 @@ lost, code is not), put in a scratch copy of the package that the tests' process
 first (``tests/mutants.py``'s ``sitecustomize``). The module's tests (:data:`GUARD_TESTS`,
 its part of the integration tier) run against it on one database (SQLite by default; the
 tests of no database run too) and stop at the first failure: a failure kills the mutant, a run past 4x the
-clean run's time (plus 30 s) times out (killed by a loop), a clean pass survives. Results
-are kept per module and database in ``.guard-mutation/`` (git-ignored; ``--only`` re-runs
-some and keeps the others while the module is unchanged), so ``--report`` prints the table
-and every survivor, to be killed by a new test or argued equivalent (:data:`ARGUED`).
+clean run's time (plus 30 s) times out (killed by a loop), a clean pass survives. A
+module's selection is what catches most mutants fast; a survivor is then run again
+(``--widen``) against every integration test that runs its line, which ``--map`` finds once
+per database: the whole integration tier under coverage.py with a context per test
+function. A survivor of that is a scenario no integration test has. Results
+are kept per module and database in ``tests/guard-mutation-results/`` (committed: the
+published scores are these files; ``--only`` re-runs some and keeps the others while the
+module is unchanged), so ``--report`` prints the table and every survivor, to be killed by
+a new test or argued equivalent (:data:`ARGUED`). A module run on several databases gets a
+row ``all`` as well: a mutant is killed there when some database's run killed it (the
+dialect seam puts some lines on one side only: the server routine's caller never runs on
+SQLite, the Python lane path never on a server), and survives when every run left it.
+A result of a module's earlier source (another numbering) is marked stale.
 Not run by ``.ci/run``: a mutant costs one run of its module's tests.
 """
 
@@ -39,8 +52,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -49,12 +64,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from xml.etree import ElementTree
+
+import coverage
 
 from tests import mutants
 
 ROOT = mutants.REPO
 PACKAGE = mutants.PACKAGE
-RESULTS = ROOT / ".guard-mutation"
+RESULTS = ROOT / "tests" / "guard-mutation-results"
 _I = "tests/integration/"
 
 #: each guard module (relative to ductwork/) and the integration tests that guard it
@@ -244,12 +262,15 @@ def mutated_source(module: str, number: int) -> str:
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
-def _pytest(module: str, db: str, scratch: Path, timeout_s: float) -> tuple[str, float]:
-    others = " and ".join(f"not {other}" for other in DATABASES if other != db)  # (and the tests of no database)
+def _others(db: str) -> str:
+    return " and ".join(f"not {other}" for other in DATABASES if other != db)  # (and the tests of no database)
+
+
+def _pytest(tests: tuple[str, ...], db: str, scratch: Path, timeout_s: float) -> tuple[str, float]:
     # a server that cannot be reached fails the tests instead of skipping them: skipped, the
     # clean run and every mutant would pass, and all would count as survivors
     server = {} if db == "sqlite" else {"DUCTWORK_REQUIRE_CONTAINERS": "1"}
-    command = [sys.executable, "-m", "pytest", *GUARD_TESTS[module], "-k", others, "-x", "-q", "-p", "no:randomly",
+    command = [sys.executable, "-m", "pytest", *tests, "-k", _others(db), "-x", "-q", "-p", "no:randomly",
                "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     started = time.monotonic()
     try:
@@ -257,8 +278,28 @@ def _pytest(module: str, db: str, scratch: Path, timeout_s: float) -> tuple[str,
                               capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return "timeout", time.monotonic() - started
-    verdict = {0: "survived", 1: "killed"}.get(done.returncode, "broken")
+    verdict = {0: "survived", 1: "killed", 5: "broken"}.get(done.returncode, "broken")
     return verdict, time.monotonic() - started
+
+
+@contextlib.contextmanager
+def _scratch(module: str) -> Iterator[tuple[Path, Path]]:
+    """A scratch copy of the package (the scratch and the module's file in it)."""
+    with tempfile.TemporaryDirectory(prefix="guard-mutation-") as tmp:
+        scratch = Path(tmp)
+        shutil.copytree(PACKAGE, scratch / "ductwork", ignore=shutil.ignore_patterns("__pycache__"))
+        (scratch / "sitecustomize.py").write_text(mutants._SITECUSTOMIZE)
+        target = scratch / "ductwork" / module
+        target.write_text(ast.unparse(ast.parse((PACKAGE / module).read_text())))  # the clean run's source form
+        yield scratch, target
+
+
+def _source(module: str) -> str:
+    return hashlib.sha1((PACKAGE / module).read_bytes()).hexdigest()
+
+
+def _path(module: str, db: str) -> Path:
+    return RESULTS / f"{module.replace('/', '.')}.{db}.json"
 
 
 def run(module: str, db: str, numbers: list[int] | None = None) -> dict:
@@ -266,24 +307,19 @@ def run(module: str, db: str, numbers: list[int] | None = None) -> dict:
     returns and stores the results."""
     generated = generate(module)
     chosen = [g for g in generated if numbers is None or g.number in numbers]
-    with tempfile.TemporaryDirectory(prefix="guard-mutation-") as tmp:
-        scratch = Path(tmp)
-        shutil.copytree(PACKAGE, scratch / "ductwork", ignore=shutil.ignore_patterns("__pycache__"))
-        (scratch / "sitecustomize.py").write_text(mutants._SITECUSTOMIZE)
-        target = scratch / "ductwork" / module
-        target.write_text(ast.unparse(ast.parse((PACKAGE / module).read_text())))  # the clean run's source form
-        clean, clean_s = _pytest(module, db, scratch, 3600)
+    with _scratch(module) as (scratch, target):
+        clean, clean_s = _pytest(GUARD_TESTS[module], db, scratch, 3600)
         if clean != "survived":
             raise SystemExit(f"{module}: its tests do not pass on {db} unmutated ({clean}); nothing run")
         results = []
         for g in chosen:
             target.write_text(mutated_source(module, g.number))
-            verdict, seconds = _pytest(module, db, scratch, 4 * clean_s + 30)
+            verdict, seconds = _pytest(GUARD_TESTS[module], db, scratch, 4 * clean_s + 30)
             results.append({**asdict(g), "verdict": verdict, "seconds": round(seconds, 1)})
             print(f"{module} #{g.number} {g.operator} line {g.line}: {verdict} in {seconds:.1f} s  {g.what}",
                   flush=True)
-    source = hashlib.sha1((PACKAGE / module).read_bytes()).hexdigest()
-    path = RESULTS / f"{module.replace('/', '.')}.{db}.json"
+    source = _source(module)
+    path = _path(module, db)
     earlier = json.loads(path.read_text()) if path.exists() else {}
     if earlier.get("source") == source:  # the same numbering: keep the mutants not run again
         again = {r["number"] for r in results}
@@ -296,31 +332,194 @@ def run(module: str, db: str, numbers: list[int] | None = None) -> dict:
     return record
 
 
+def survivors_elsewhere(module: str, db: str) -> list[int]:
+    """The mutants of ``module`` that the stored runs on the other databases (of its current
+    source) all left alive and that are not argued equivalent: a server's run of a module
+    need not repeat what SQLite killed."""
+    records = [json.loads(_path(module, other).read_text()) for other in DATABASES
+               if other != db and _path(module, other).exists()]
+    current = [r for r in records if r["source"] == _source(module)]
+    if not current:
+        raise SystemExit(f"{module}: no stored run on another database of its current source")
+    return [r["number"] for r in _combined(current) if r["verdict"] == "survived" and not _argued(r)]
+
+
+def against(module: str, db: str, numbers: list[int], tests: list[str]) -> dict[int, str]:
+    """Each of the mutants ``numbers`` of ``module`` against ``tests`` only (node ids) on
+    ``db``: the verdicts, printed and returned, not stored (to see a new test kill what it
+    was written for; the stored verdict changes with the next ``--only`` run)."""
+    verdicts = {}
+    with _scratch(module) as (scratch, target):
+        for number in numbers:
+            target.write_text(mutated_source(module, number))
+            verdicts[number], seconds = _pytest(tuple(tests), db, scratch, 600)
+            print(f"{module} #{number}: {verdicts[number]} in {seconds:.1f} s  {generate(module)[number - 1].what}",
+                  flush=True)
+    return verdicts
+
+
+def _map_path(db: str) -> Path:
+    return RESULTS / f"coverage-map.{db}.json"
+
+
+def _node_id(context: str) -> str | None:
+    """``tests/integration/test_x.py::test_y`` for coverage's context
+    ``tests.integration.test_x.test_y`` (``…test_x.TestK.test_y``: ``::TestK::test_y``)."""
+    parts = context.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        path = Path(*parts[:cut]).with_suffix(".py")
+        if (ROOT / path).is_file():
+            return "::".join([path.as_posix(), *parts[cut:]])
+    return None
+
+
+def build_map(db: str) -> dict:
+    """Which integration tests run each line of each guard module on ``db``: the whole
+    integration tier once under coverage.py with a context per test function (lines that
+    run only in a process a test starts, a fleet's, have no context and are not mapped).
+    A test function that failed any of its cases is left out of the map."""
+    with tempfile.TemporaryDirectory(prefix="guard-map-") as tmp:
+        rc, data, junit = Path(tmp) / "coveragerc", Path(tmp) / "coverage", Path(tmp) / "junit.xml"
+        rc.write_text(f"[run]\ndata_file = {data}\ndynamic_context = test_function\nsource = {PACKAGE}\n")
+        env = {k: v for k, v in os.environ.items() if k != "COVERAGE_PROCESS_START"}
+        server = {} if db == "sqlite" else {"DUCTWORK_REQUIRE_CONTAINERS": "1"}
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "tests/integration",
+                        "-k", _others(db), "-q", "-p", "no:randomly", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                        "-W", "ignore::pytest.PytestAssertRewriteWarning"],
+                       cwd=ROOT, env={**env, "HYPOTHESIS_PROFILE": "ci", **server}, check=False)
+        seconds = time.monotonic() - started
+        failed, durations = set(), {}
+        for case in ElementTree.parse(junit).getroot().iter("testcase"):
+            function = f"{case.get('classname')}.{case.get('name', '').split('[')[0]}"
+            durations[function] = durations.get(function, 0.0) + float(case.get("time") or 0)
+            if case.find("failure") is not None or case.find("error") is not None:
+                failed.add(function)
+        covered = coverage.Coverage(data_file=str(data), config_file=str(rc))
+        covered.load()
+        found = covered.get_data()
+        lines: dict[str, dict[str, list[str]]] = {}
+        for module in GUARD_TESTS:
+            by_line = found.contexts_by_lineno(str(PACKAGE / module))
+            lines[module] = {str(n): sorted({node for c in contexts if c and c not in failed
+                                             if (node := _node_id(c)) is not None})
+                             for n, contexts in by_line.items()}
+    record = {"db": db, "seconds": round(seconds, 1), "sources": {m: _source(m) for m in GUARD_TESTS},
+              "durations": {(_node_id(f) or f): round(t, 2) for f, t in durations.items()}, "lines": lines,
+              "failed": sorted(failed)}
+    RESULTS.mkdir(exist_ok=True)
+    _map_path(db).write_text(json.dumps(record, indent=1))
+    return record
+
+
+def _covering(module: str, line: int, record: dict) -> list[str]:
+    """The mapped tests that run the statement holding ``line`` (coverage records a
+    statement of several lines on one of them), and those that run a line naming the
+    function around it: a statement builder runs once per process (``dialects.prepared``,
+    ``lru_cache``), so its own lines carry only the first test's context."""
+    tree = ast.parse((PACKAGE / module).read_text())
+    around = [n for n in ast.walk(tree) if getattr(n, "lineno", 0) <= line <= (getattr(n, "end_lineno", 0) or 0)]
+    statements = [n for n in around if isinstance(n, ast.stmt) and not isinstance(n, _BLOCKS)]
+    innermost = max(statements, key=lambda n: n.lineno, default=None)
+    spans = [range(line, line + 1) if innermost is None else range(innermost.lineno, (innermost.end_lineno or 0) + 1)]
+    function = max((n for n in around if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
+                   key=lambda n: n.lineno, default=None)
+    if function is not None:
+        spans += [range(n.lineno, (n.end_lineno or n.lineno) + 1) for n in ast.walk(tree)
+                  if isinstance(n, ast.stmt) and not isinstance(n, _BLOCKS)
+                  and not function.lineno <= n.lineno <= (function.end_lineno or 0)
+                  and any(isinstance(m, ast.Name) and m.id == function.name for m in ast.walk(n))]
+    by_line = record["lines"].get(module, {})
+    return sorted({node for span in spans for n in span for node in by_line.get(str(n), [])})
+
+
+_BLOCKS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.While, ast.With, ast.Try)
+
+
+def widen(module: str, db: str) -> dict:
+    """Run the stored survivors of ``module`` on ``db`` again, each against every integration
+    test the coverage map says runs its line (beyond the module's own selection); the
+    verdict becomes the wider run's, and ``covering`` says how many test functions it had."""
+    record = json.loads(_path(module, db).read_text())
+    mapped = json.loads(_map_path(db).read_text())
+    if record["source"] != _source(module) or mapped["sources"].get(module) != _source(module):
+        raise SystemExit(f"{module}: the stored run or the coverage map is of an earlier source; run them again")
+    with _scratch(module) as (scratch, target):
+        for r in record["results"]:
+            if r["verdict"] != "survived" or _argued(r):
+                continue
+            nodes = _covering(module, r["line"], mapped)
+            if r.get("covering", -1) >= len(nodes):
+                continue  # run against these already
+            r["covering"] = len(nodes)
+            if nodes:
+                budget = sum(mapped["durations"].get(n, 30.0) for n in nodes)
+                target.write_text(mutated_source(module, r["number"]))
+                r["verdict"], seconds = _pytest(tuple(nodes), db, scratch, 4 * budget + 60)
+                r["seconds"] = round(r["seconds"] + seconds, 1)
+            print(f"{module} #{r['number']} line {r['line']}: {r['verdict']} against {len(nodes)} covering tests"
+                  f"  {r['what']}", flush=True)
+            _path(module, db).write_text(json.dumps(record, indent=1))
+    return record
+
+
 def _argued(result: dict) -> bool:
     """Whether a stored result is a mutant argued equivalent (the same number and change)."""
     argued = ARGUED.get(f"{result['module']}#{result['number']}")
     return argued is not None and argued[0] == result["what"]
 
 
+def _row(module: str, db: str, generated: int, clean: str, results: list[dict], stale: bool) -> str:
+    count = {v: sum(r["verdict"] == v for r in results) for v in ("killed", "timeout", "survived", "broken")}
+    argued = sum(r["verdict"] == "survived" and _argued(r) for r in results)
+    caught, scored = count["killed"] + count["timeout"], count["killed"] + count["timeout"] + count["survived"]
+    score = f"{100 * caught / scored:.1f} %" if scored else "–"
+    strict = f"{100 * caught / (scored - argued):.1f} %" if scored - argued else "–"
+    timed = [r["seconds"] for r in results if "seconds" in r]
+    per = f"{sum(timed) / len(timed):.1f}" if timed else "–"
+    return (f"| `{module}`{' (stale)' if stale else ''} | {db} | {generated} | {len(results)} "
+            f"| {count['killed']} | {count['timeout']} | {count['survived']} | {argued} | {count['broken']} "
+            f"| {score} | {strict} | {per} | {clean} |")
+
+
+def _combined(records: list[dict]) -> list[dict]:
+    """A module's results over its databases: killed (or timed out) where some run caught it,
+    survived where every run left it, broken where no run scored it."""
+    by_number: dict[int, list[dict]] = {}
+    for record in records:
+        for r in record["results"]:
+            by_number.setdefault(r["number"], []).append(r)
+    combined = []
+    for _number, runs in sorted(by_number.items()):
+        verdicts = {r["verdict"] for r in runs}
+        verdict = next((v for v in ("killed", "timeout", "survived") if v in verdicts), "broken")
+        combined.append({**{k: v for k, v in runs[0].items() if k != "seconds"}, "verdict": verdict})
+    return combined
+
+
 def report() -> str:
+    """The table of the stored runs (a row per module and database, and per module run on
+    more than one a row ``all``) and the survivors not argued equivalent (of ``all`` where
+    there is one)."""
     lines = ["| module | database | generated | run | killed | timed out | survived | argued equivalent "
              "| broken | score | score without the argued | s per mutant | clean run |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     survivors = []
-    for path in sorted(RESULTS.glob("*.json")):
+    records: dict[str, list[dict]] = {}
+    for path in sorted(RESULTS.glob("*.py.*.json")):
         record = json.loads(path.read_text())
-        results = record["results"]
-        count = {v: sum(r["verdict"] == v for r in results) for v in ("killed", "timeout", "survived", "broken")}
-        argued = sum(r["verdict"] == "survived" and _argued(r) for r in results)
-        caught, scored = count["killed"] + count["timeout"], count["killed"] + count["timeout"] + count["survived"]
-        score = f"{100 * caught / scored:.1f} %" if scored else "–"
-        strict = f"{100 * caught / (scored - argued):.1f} %" if scored - argued else "–"
-        per = f"{sum(r['seconds'] for r in results) / len(results):.1f}" if results else "–"
-        lines.append(f"| `{record['module']}` | {record['db']} | {record['generated']} | {len(results)} "
-                     f"| {count['killed']} | {count['timeout']} | {count['survived']} | {argued} | {count['broken']} "
-                     f"| {score} | {strict} | {per} | {record['clean_s']} s |")
-        survivors += [f"- `{r['module']}` #{r['number']} ({r['operator']}, line {r['line']}): {r['what']}"
-                      for r in results if r["verdict"] == "survived" and not _argued(r)]
+        records.setdefault(record["module"], []).append(record)
+    for module, runs in records.items():
+        source = hashlib.sha1((PACKAGE / module).read_bytes()).hexdigest()
+        current = [r for r in runs if r["source"] == source]
+        for record in runs:
+            lines.append(_row(module, record["db"], record["generated"], f"{record['clean_s']} s",
+                              record["results"], record["source"] != source))
+        if len(current) > 1:
+            lines.append(_row(module, "all", current[0]["generated"], "–", _combined(current), False))
+        left = _combined(current) if current else []
+        survivors += [f"- `{module}` #{r['number']} ({r['operator']}, line {r['line']}): {r['what']}"
+                      for r in left if r["verdict"] == "survived" and not _argued(r)]
     return "\n".join([*lines, "", "Survivors not argued equivalent:", *survivors] if survivors else lines)
 
 
@@ -332,6 +531,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", type=int, nargs="*", help="only these mutant numbers")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     parser.add_argument("--report", action="store_true", help="print the table of the stored runs")
+    parser.add_argument("--survivors", action="store_true",
+                        help="only the mutants every stored run of the module on another database left alive")
+    parser.add_argument("--against", nargs="+", metavar="TEST",
+                        help="run --only's mutants against these tests only; print, store nothing")
+    parser.add_argument("--map", action="store_true",
+                        help="map which integration tests run each guard module's lines on --db (coverage.py)")
+    parser.add_argument("--widen", action="store_true",
+                        help="run the stored survivors again against every integration test that runs their line")
     args = parser.parse_args(argv)
     modules = list(GUARD_TESTS) if args.all else args.modules
     unknown = [m for m in modules if m not in GUARD_TESTS]
@@ -340,12 +547,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(report())
         return 0
+    if args.against:
+        for module in modules:
+            against(module, args.db, args.only or [g.number for g in generate(module)], args.against)
+        return 0
+    if args.map:
+        build_map(args.db)
+        return 0
+    if args.widen:
+        for module in modules:
+            widen(module, args.db)
+        print(report())
+        return 0
     for module in modules:
         if args.list:
             for g in generate(module):
                 print(f"{module} #{g.number} {g.operator} line {g.line}: {g.what}")
             continue
-        run(module, args.db, args.only)
+        run(module, args.db, survivors_elsewhere(module, args.db) if args.survivors else args.only)
     if not args.list:
         print(report())
     return 0

@@ -107,7 +107,47 @@ def test_a_run_on_a_server_fails_when_the_server_is_missing_instead_of_skipping(
 
     monkeypatch.delenv("DUCTWORK_REQUIRE_CONTAINERS", raising=False)
     monkeypatch.setattr(guard_mutation.subprocess, "run", run)
-    assert guard_mutation._pytest("fleet/tree.py", db, tmp_path, 60)[0] == "survived"
+    assert guard_mutation._pytest(guard_mutation.GUARD_TESTS["fleet/tree.py"], db, tmp_path, 60)[0] == "survived"
     assert seen["env"].get("DUCTWORK_REQUIRE_CONTAINERS") == required
     assert seen["command"][seen["command"].index("-k") + 1] == " and ".join(
         f"not {other}" for other in guard_mutation.DATABASES if other != db)
+
+
+def _result(number, verdict):
+    return {"module": "pipelines/prune.py", "number": number, "operator": "comparison", "line": 1,
+            "what": f"mutant {number}", "verdict": verdict, "seconds": 1.0}
+
+
+def test_a_mutant_is_killed_over_the_databases_when_any_run_killed_it_and_survives_only_every_run():
+    sqlite = {"results": [_result(1, "killed"), _result(2, "survived"), _result(3, "survived"), _result(4, "broken")]}
+    server = {"results": [_result(2, "killed"), _result(3, "survived"), _result(4, "timeout")]}
+    combined = {r["number"]: r["verdict"] for r in guard_mutation._combined([sqlite, server])}
+    assert combined == {1: "killed", 2: "killed", 3: "survived", 4: "timeout"}
+
+
+def test_a_servers_run_takes_only_what_the_other_databases_left(monkeypatch, tmp_path):
+    monkeypatch.setattr(guard_mutation, "RESULTS", tmp_path)
+    module = "pipelines/prune.py"
+    record = {"module": module, "db": "sqlite", "source": guard_mutation._source(module), "clean_s": 1.0,
+              "generated": 4, "results": [_result(1, "killed"), _result(2, "survived"), _result(3, "survived")]}
+    guard_mutation._path(module, "sqlite").write_text(guard_mutation.json.dumps(record))
+    assert guard_mutation.survivors_elsewhere(module, "postgresql") == [2, 3]
+    record["source"] = "an earlier source"
+    guard_mutation._path(module, "sqlite").write_text(guard_mutation.json.dumps(record))
+    with pytest.raises(SystemExit, match="no stored run"):
+        guard_mutation.survivors_elsewhere(module, "postgresql")
+
+
+def test_coverage_contexts_become_node_ids_and_a_statement_of_several_lines_finds_its_tests():
+    assert guard_mutation._node_id("tests.integration.test_revive.test_revive_a_halted_run") == (
+        "tests/integration/test_revive.py::test_revive_a_halted_run")
+    assert guard_mutation._node_id("tests.integration.test_revive.Kind.test_x") == (
+        "tests/integration/test_revive.py::Kind::test_x")
+    assert guard_mutation._node_id("nowhere.test_x") is None
+    module = "pipelines/outcomes.py"
+    source = (PACKAGE / module).read_text().splitlines()
+    start = next(i for i, text in enumerate(source, 1) if text.strip().startswith("tx.execute(schema.steps.update()"))
+    inner = start + 1  # the where clause's line: coverage maps the statement on its first line
+    assert source[inner - 1].strip().startswith(".where(")
+    mapped = {"lines": {module: {str(start): ["a::test_one", "b::test_two"], str(start + 5): ["c::other"]}}}
+    assert guard_mutation._covering(module, inner, mapped) == ["a::test_one", "b::test_two"]
