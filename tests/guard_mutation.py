@@ -106,6 +106,7 @@ DATABASES = ("sqlite", "postgresql", "mysql")
 #: surviving mutants argued equivalent (no test can tell them from the original), by
 #: ``module#number`` of the module's current source (a change to it renumbers them: re-argue)
 ARGUED: dict[str, tuple[str, str]] = {
+    # -- fleet/reaper.py
     "fleet/reaper.py#3": (
         '`and_` without `_p.c.machine_identifier == machine_identifier()`',
         "reap_dead's read of this machine's rows without the machine: each row's proof (proven_dead) "
@@ -149,6 +150,18 @@ ARGUED: dict[str, tuple[str, str]] = {
     "fleet/reaper.py#64": (
         '`_e.c.claimed_at` read as `updated_at`',
         '`updated_at IS NOT NULL` (always true): as #45'),
+    # -- fleet/tree.py
+    # -- fleet/child.py
+    # -- pipelines/prune.py
+    # -- pipelines/revive.py
+    # -- pipelines/hooks.py
+    # -- pipelines/runs.py
+    # -- pipelines/advance.py
+    # -- pipelines/branches.py
+    # -- limits/lanes.py
+    # -- limits/claims.py
+    # -- limits/executions.py
+    # -- pipelines/outcomes.py
 }
 _SWAP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn,
