@@ -536,6 +536,24 @@ def report() -> str:
     return "\n".join([*lines, "", "Survivors not argued equivalent:", *survivors] if survivors else lines)
 
 
+#: where docs/verification.md publishes :func:`report`'s text (``--report --write`` puts it there)
+MARKERS = ("<!-- guard-mutation report: python -m tests.guard_mutation --report --write -->",
+           "<!-- /guard-mutation report -->")
+
+
+def published(text: str) -> str:
+    """The report between :data:`MARKERS` in ``text`` (docs/verification.md)."""
+    return text.split(MARKERS[0], 1)[1].split(MARKERS[1], 1)[0].strip()
+
+
+def write_report() -> None:
+    """Put :func:`report` into docs/verification.md between its markers."""
+    doc = ROOT / "docs" / "verification.md"
+    text = doc.read_text()
+    head, rest = text.split(MARKERS[0], 1)
+    doc.write_text(f"{head}{MARKERS[0]}\n\n{report()}\n\n{MARKERS[1]}{rest.split(MARKERS[1], 1)[1]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.guard_mutation", description=__doc__.split("\n")[0])
     parser.add_argument("modules", nargs="*", help=f"guard modules (of {', '.join(GUARD_TESTS)})")
@@ -544,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", type=int, nargs="*", help="only these mutant numbers")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     parser.add_argument("--report", action="store_true", help="print the table of the stored runs")
+    parser.add_argument("--write", action="store_true", help="with --report: put it into docs/verification.md")
     parser.add_argument("--survivors", action="store_true",
                         help="only the mutants every stored run of the module on another database left alive")
     parser.add_argument("--against", nargs="+", metavar="TEST",
@@ -558,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"not a guard module: {', '.join(unknown)}")
     if args.report:
+        if args.write:
+            write_report()
         print(report())
         return 0
     if args.against:

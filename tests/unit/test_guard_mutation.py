@@ -151,3 +151,10 @@ def test_coverage_contexts_become_node_ids_and_a_statement_of_several_lines_find
     assert source[inner - 1].strip().startswith(".where(")
     mapped = {"lines": {module: {str(start): ["a::test_one", "b::test_two"], str(start + 5): ["c::other"]}}}
     assert guard_mutation._covering(module, inner, mapped) == ["a::test_one", "b::test_two"]
+
+
+def test_the_published_report_is_what_the_stored_runs_say():
+    """docs/verification.md's table and survivor list are ``--report``'s over the committed
+    results: a new run, a new argument or a changed guard module (its rows turn stale)
+    fails here until ``python -m tests.guard_mutation --report --write`` publishes it."""
+    assert guard_mutation.published(VERIFICATION) == guard_mutation.report()
