@@ -6,7 +6,7 @@ error could not be recorded, a claim of a branch's latest step, a reaper racing 
 committing batch; and the columns the claim path reads: candidates in last-advance
 order, a claim's re-check of each branch's own status and steps, a claim's latest step
 and crash count by start time, a branch's completion time stamped only when it ends
-completed or halted.
+completed or halted; a late release of a claim the reaper took.
 
 Checks: INV-ADV-1 (each step moved past once), INV-ADV-2 (a stale or lost claim commits
 nothing; a claim left by its thread is released), INV-RUN-1 (the run settles).
@@ -27,7 +27,13 @@ from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
-from ductwork.pipelines.branches import candidates, claim_branch, claim_branches, release_advancement
+from ductwork.pipelines.branches import (
+    THREAD_CRASH,
+    candidates,
+    claim_branch,
+    claim_branches,
+    release_advancement,
+)
 from tests.conftest import installed, make_app
 from tests.integration.test_lock_races import blocked_on
 from tests.workloads import Approval, Echo, Fails, Items, TwoStep
@@ -389,3 +395,30 @@ def test_a_branch_is_stamped_completed_only_when_it_completes_or_halts(db_url, i
             pass
         assert [stamped(run) for run in (chain, dampens, halts)] == [
             ("completed", True), ("dampened", False), ("halted", True)]
+
+
+def test_a_late_release_of_a_reaped_claim_leaves_the_reapers_close_and_the_new_claim(app):
+    """An advancer's claim is reaped (its advancement closed as a process crash, the
+    branch released) and a second advancer claims the branch; then the first advancer's
+    thread releases its claim as well (a thread crash, as ``_abandon`` does): the closed
+    advancement keeps the reaper's close (time and error) and the second claim keeps the
+    branch [INV-ADV-2]; it then advances it once."""
+    run = TwoStep.trigger(1)
+    _work(app)
+    branch_id = _branch(app, run.id).id
+    first = register(app, role="advancer", label="reaped")
+    lost = claim_branch(app, branch_id, first)
+    assert lost is not None
+    assert reap(app, first, force=True)
+    closed = _advancements(app, branch_id)
+    assert [(a.completed_at is not None, a.error_klass) for a in closed] == [(True, "ductwork.ProcessCrash")]
+    second = Advancer(app, process_id=register(app, role="advancer", label="second"))
+    (held,) = claim_branches(app, [branch_id], second.process_id)
+    with app.begin() as tx:
+        release_advancement(tx, lost.advancement_id, branch_id, lost.token, "released by its thread", THREAD_CRASH)
+    assert _advancements(app, branch_id)[0] == closed[0]
+    assert _advancements(app, branch_id)[1].completed_at is None
+    branch = _branch(app, run.id)
+    assert (branch.status, branch.claim_token) == ("advancing", held.token)
+    assert second.advance_batch([held]) == ["advanced"]
+    assert [(s.node, s.status) for s in run.steps()] == [("Echo#0", "completed"), ("Echo#1", "in_progress")]
