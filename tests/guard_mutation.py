@@ -158,6 +158,71 @@ ARGUED: dict[str, tuple[str, str]] = {
     # -- pipelines/runs.py
     # -- pipelines/advance.py
     # -- pipelines/branches.py
+    "pipelines/branches.py#10": (
+        "`row.claim_token is None and row.status == 'in_progress'`: Or",
+        "the free fence also keeps an unclaimed branch that is not in progress: a claim writes 'advancing' "
+        "with its token and every other write drops both together, so such a branch has ended (completed, "
+        "halted, dampened), which happens only once its latest step is completed or failed; the success's "
+        "step is then not in progress, `_complete_steps`'s status guard raises StepMovedOn and the success "
+        "is refused as taken, as it is when the fence drops the branch (`_to_advancing` finds the step "
+        "moved on)"),
+    "pipelines/branches.py#16": (
+        "`.where(_b.c.claim_token.is_(None))` dropped",
+        "the free move without `claim_token IS NULL`: the fence read each of these rows under its lock "
+        "(FOR UPDATE; SQLite: the write lock of BEGIN IMMEDIATE) in this transaction and kept only the "
+        "unclaimed ones, and nothing else can write them before it commits"),
+    "pipelines/branches.py#33": (
+        "`.where(_b.c.id.in_(dialects.ids_param()))` dropped",
+        "the fence's lock read of every branch row: it keeps only the rows named in `held` "
+        "(`row.id in held`); SQLite has no row locks, and on a server it locks more rows (a cost, a wider "
+        "wait), not another outcome"),
+    "pipelines/branches.py#44": (
+        "`.where(s.c.branch_id.in_(dialects.inline_ids(won)))` dropped",
+        "_claims_of reads every branch's steps: `latest` is keyed by branch id and only the branches won "
+        "are looked up in it, each with its own rows in the same order (a cost, a wider read)"),
+    "pipelines/branches.py#45": (
+        "`.where(_a.c.step_id.in_(dialects.inline_ids(step_ids)))` dropped",
+        "_claims_of reads every advancement: `previous` is keyed by step id and only the won branches' "
+        "latest steps are looked up in it, each with its own rows in the same order (a cost, a wider read)"),
+    "pipelines/branches.py#46": (
+        "`.where(r.c.id.in_(dialects.inline_ids(run_ids)))` dropped",
+        "_claims_of reads every run's definition digest: `sha1s` is keyed by run id and only the won "
+        "branches' runs are looked up in it (a cost, a wider read)"),
+    "pipelines/branches.py#51": (
+        "`.where(_b.c.claim_token.in_(tokens))` dropped",
+        "the held move without its tokens: the fence read each of these rows under its lock (FOR UPDATE; "
+        "SQLite: the write lock of BEGIN IMMEDIATE) in this transaction and kept only those carrying their "
+        "claim's token, and nothing else can write them before it commits"),
+    "pipelines/branches.py#56": (
+        "`where` without `_b.c.claim_token == token`",
+        "the release runs only when close_advancement has just closed this claim's advancement, so it was "
+        "open; an advancement is open exactly while its claim holds the branch (a claim sets its token only "
+        "on an unclaimed branch and opens its advancement in the same transaction; every write that drops "
+        "a token, a fence's close and move, move_branches, this release, closes that claim's advancement "
+        "in the same transaction), so a branch still 'advancing' carries `token`"),
+    "pipelines/branches.py#57": (
+        "`where` without `_b.c.status == 'advancing'`",
+        "a branch carries a claim token exactly while it is 'advancing': a claim writes both, and every "
+        "write that moves a branch off 'advancing' drops the token in the same statement; `claim_token = "
+        "token` (never NULL) implies the status"),
+    "pipelines/branches.py#64": (
+        "`where` without `_b.c.claim_token.is_(None)`",
+        "the claim without `claim_token IS NULL`: a branch 'in_progress' carries no token (a claim writes "
+        "'advancing' with its token and every write back to 'in_progress', a release, a move, a resume, a "
+        "revive, drops or has none), so `status = 'in_progress'` implies it"),
+    "pipelines/branches.py#68": (
+        "`where` without `_a.c.completed_at.is_(None)`",
+        "the close of an advancer's advancements without `completed_at IS NULL`: the fence kept only "
+        "branches that still carry each claim's token, under their locks, and a claim's advancement is "
+        "open while its token holds the branch (as #56), so every row named is open"),
+    "pipelines/branches.py#75": (
+        "`where` without `_b.c.id.in_(dialects.inline_ids(ids))`",
+        "the read of the branches won without their ids: `token` is a fresh UUIDv4 of this call, written "
+        "only by this transaction's UPDATE, which names `ids`"),
+    "pipelines/branches.py#88": (
+        "`where` without `_b.c.claim_token.is_(None)`",
+        "candidates without `claim_token IS NULL`: a branch 'in_progress' carries no token (as #64), so "
+        "`status = 'in_progress'` implies it"),
     # -- limits/lanes.py
     # -- limits/claims.py
     # -- limits/executions.py

@@ -2,8 +2,11 @@
 process, a batch whose claims are all stale, a batch whose transaction fails (each
 branch then advanced alone: a divert, a dampen, a spent crash budget), a failed step
 whose halt keeps failing, an error recorded after the claim was lost, a thread whose
-error could not be recorded, a claim of a branch's latest step, and a reaper racing a
-committing batch.
+error could not be recorded, a claim of a branch's latest step, a reaper racing a
+committing batch; and the columns the claim path reads: candidates in last-advance
+order, a claim's re-check of each branch's own status and steps, a claim's latest step
+and crash count by start time, a branch's completion time stamped only when it ends
+completed or halted; a late release of a claim the reaper took.
 
 Checks: INV-ADV-1 (each step moved past once), INV-ADV-2 (a stale or lost claim commits
 nothing; a claim left by its thread is released), INV-RUN-1 (the run settles).
@@ -12,6 +15,7 @@ nothing; a claim left by its thread is released), INV-RUN-1 (the run settles).
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -23,10 +27,19 @@ from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
-from ductwork.pipelines.branches import candidates, claim_branch, claim_branches, release_advancement
+from ductwork.pipelines.branches import (
+    THREAD_CRASH,
+    candidates,
+    claim_branch,
+    claim_branches,
+    release_advancement,
+)
 from tests.conftest import installed, make_app
 from tests.integration.test_lock_races import blocked_on
 from tests.workloads import Approval, Echo, Fails, Items, TwoStep
+
+#: far enough that no two times written by a test's own transactions fall between
+FAR = timedelta(days=10)
 
 
 class Alpha(Echo):
@@ -93,6 +106,16 @@ def _advancements(app, branch_id):
     with app.begin() as tx:
         return tx.execute(sa.select(a.c.completed_at, a.c.error_klass, a.c.crash_count)
                           .where(a.c.branch_id == branch_id).order_by(a.c.started_at, a.c.id)).all()
+
+
+def _set(app, table, row_id, **values) -> None:
+    with app.begin() as tx:
+        assert tx.execute(table.update().where(table.c.id == row_id).values(**values)).rowcount == 1
+
+
+def _now(app):
+    with app.begin() as tx:
+        return tx.now
 
 
 def _crash(app, branch_id, times):
@@ -276,4 +299,126 @@ def test_a_reaper_racing_a_committing_batch_leaves_its_advancement_as_committed(
     branch = _branch(app, run.id)
     assert (branch.status, branch.claim_token) == ("in_progress", None)
     assert [(a.completed_at is not None, a.error_klass) for a in _advancements(app, branch.id)] == [(True, None)]
+    assert [(s.node, s.status) for s in run.steps()] == [("Echo#0", "completed"), ("Echo#1", "in_progress")]
+
+
+def test_candidates_are_read_least_recently_advanced_first_by_that_column_alone(app):
+    """Three claimable branches (their first step done) whose last advance is oldest for
+    the middle one, then the last one, then the first, while every other time of theirs
+    (creation, start, last update) runs the other way and their claim, fan-in and
+    completion times are unset: ``candidates`` reads them in last-advance order, and a
+    window of one is the middle branch alone."""
+    runs = [TwoStep.trigger(i) for i in range(3)]
+    _work(app)
+    now, b = _now(app), schema.branches
+    ids = [_branch(app, run.id).id for run in runs]
+    for branch_id, advanced, other in zip(ids, (now, now - FAR, now - FAR / 2), (now - FAR, now, now - FAR / 2),
+                                          strict=True):
+        _set(app, b, branch_id, last_advanced_at=advanced, created_at=other, started_at=other, updated_at=other)
+    with app.begin() as tx:
+        assert candidates(tx, 10) == [ids[1], ids[2], ids[0]]
+        assert candidates(tx, 1) == [ids[1]]
+
+
+def test_a_claim_rechecks_each_branchs_own_status_and_steps(app):
+    """A branch halted at its failed step (unclaimed, its step ``failed``) and a branch
+    whose step is still to run, claimed beside a third branch whose step is done: neither
+    is claimed (the first has ended; the second's own steps have none done, however done
+    the other branch's is), and both are left as they were [INV-ADV-2]; the third is then
+    claimed alone."""
+    halted = Fails.trigger(1)
+    _work(app)
+    assert Advancer(app).run_once() == "advanced"
+    done = TwoStep.trigger(2)
+    _work(app)
+    waiting = TwoStep.trigger(3)  # its job is never run
+    assert (halted.refresh().status, [s.status for s in halted.steps()]) == ("halted", ["failed"])
+    assert [s.status for s in waiting.steps()] == ["in_progress"]
+    before = {run.id: _branch(app, run.id) for run in (halted, waiting)}
+    pid = register(app, role="advancer", label="rechecks")
+    assert claim_branches(app, [before[halted.id].id, before[waiting.id].id], pid) == []
+    assert {run.id: _branch(app, run.id) for run in (halted, waiting)} == before
+    assert _advancements(app, before[waiting.id].id) == []
+    claim = claim_branch(app, _branch(app, done.id).id, pid)
+    assert claim is not None
+    assert (claim.run_id, claim.step.status) == (done.id, "advancing")
+
+
+def test_a_claim_orders_steps_and_advancements_by_their_start_alone(app):
+    """A branch at its second step, whose two earlier advancers on it crashed (reaped): its
+    first step's creation and last update lie far after the second's, and the first crash's
+    advancement was created, updated and closed far after the second's. The claim is of the
+    latest step by start (the second) and carries the latest advancement's crash count
+    plus one (2, not 1)."""
+    run = TwoStep.trigger(1)
+    _work(app)
+    assert Advancer(app).run_once() == "advanced"
+    _work(app)
+    branch_id = _branch(app, run.id).id
+    _crash(app, branch_id, 2)
+    now, s, a = _now(app), schema.steps, schema.advancements
+    first, second = sorted(run.steps(), key=lambda step: step.node)
+    assert (first.status, second.status) == ("completed", "advancing")
+    _set(app, s, first.id, created_at=now + FAR, updated_at=now + FAR)
+    _set(app, s, second.id, created_at=now - FAR, updated_at=now - FAR)
+    with app.begin() as tx:
+        crashed = tx.execute(sa.select(a.c.id).where(a.c.step_id == second.id)
+                             .order_by(a.c.started_at, a.c.id)).scalars().all()
+    assert [x.crash_count for x in _advancements(app, branch_id)] == [0, 0, 1]  # the first step's, two crashes
+    _set(app, a, crashed[0], created_at=now + FAR, updated_at=now + FAR, completed_at=now + FAR)
+    _set(app, a, crashed[1], created_at=now - FAR, updated_at=now - FAR, completed_at=now - FAR)
+    claim = claim_branch(app, branch_id, register(app, role="advancer", label="third"))
+    assert claim is not None
+    assert (claim.step.id, claim.step.status, claim.crash_count) == (second.id, "advancing", 2)
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["advancer", "inline"])
+def test_a_branch_is_stamped_completed_only_when_it_completes_or_halts(db_url, inline):
+    """A chain, a leaf, a dampen and a halt, moved by an advancer or (chain and leaf) by the
+    worker's success inline: the branch that goes on and the dampened one keep no
+    completion time, the completed and the halted ones are stamped with one."""
+    def stamped(run):
+        b = schema.branches
+        with app.begin() as tx:
+            row = tx.execute(sa.select(b.c.status, b.c.completed_at).where(b.c.run_id == run.id)).one()
+        return row.status, row.completed_at is not None
+
+    for app in installed(make_app(db_url, pipeline_advancer={"inline_linear": inline}, job_worker={"max_retry": 0})):
+        chain = TwoStep.trigger(1)
+        assert Worker(app).run_once() is not None  # its first step: moved on inline, or left advancing
+        if not inline:
+            assert Advancer(app).run_once() == "advanced"
+        assert stamped(chain) == ("in_progress", False)
+        dampens, halts = Approval.trigger(2), Fails.trigger(3)
+        _work(app)
+        while Advancer(app).run_once() == "advanced":
+            pass
+        assert [stamped(run) for run in (chain, dampens, halts)] == [
+            ("completed", True), ("dampened", False), ("halted", True)]
+
+
+def test_a_late_release_of_a_reaped_claim_leaves_the_reapers_close_and_the_new_claim(app):
+    """An advancer's claim is reaped (its advancement closed as a process crash, the
+    branch released) and a second advancer claims the branch; then the first advancer's
+    thread releases its claim as well (a thread crash, as ``_abandon`` does): the closed
+    advancement keeps the reaper's close (time and error) and the second claim keeps the
+    branch [INV-ADV-2]; it then advances it once."""
+    run = TwoStep.trigger(1)
+    _work(app)
+    branch_id = _branch(app, run.id).id
+    first = register(app, role="advancer", label="reaped")
+    lost = claim_branch(app, branch_id, first)
+    assert lost is not None
+    assert reap(app, first, force=True)
+    closed = _advancements(app, branch_id)
+    assert [(a.completed_at is not None, a.error_klass) for a in closed] == [(True, "ductwork.ProcessCrash")]
+    second = Advancer(app, process_id=register(app, role="advancer", label="second"))
+    (held,) = claim_branches(app, [branch_id], second.process_id)
+    with app.begin() as tx:
+        release_advancement(tx, lost.advancement_id, branch_id, lost.token, "released by its thread", THREAD_CRASH)
+    assert _advancements(app, branch_id)[0] == closed[0]
+    assert _advancements(app, branch_id)[1].completed_at is None
+    branch = _branch(app, run.id)
+    assert (branch.status, branch.claim_token) == ("advancing", held.token)
+    assert second.advance_batch([held]) == ["advanced"]
     assert [(s.node, s.status) for s in run.steps()] == [("Echo#0", "completed"), ("Echo#1", "in_progress")]

@@ -333,6 +333,28 @@ def test_reaped_owner_cannot_commit_and_the_step_runs_again(app):
     assert outcomes[:2] == ["process_crashed", "success"]
 
 
+def test_a_reaped_owners_success_after_its_re_run_moved_the_step_on_is_refused(app_inline):
+    """A step's owner is reaped; the re-run succeeds and its worker moves the step on
+    inline (completed, its successor created). The first owner's success arrives after:
+    its step is no longer in progress, so it is refused as taken (CommitFailed, not a
+    second completion) and writes nothing: every row of the run is as the re-run left it
+    [INV-EXE-2, INV-ADV-1]."""
+    from tests.factories import run_rows
+
+    app = app_inline
+    (pid,) = processes(app, 1)
+    run = TwoStep.trigger(5)
+    claimed = claim(app, pid)
+    assert reap(app, pid, force=True)  # crashed: a re-run execution is queued
+    assert Worker(app).run_once().outcome == "success"  # the re-run, moved on inline
+    assert _nodes(run) == Counter({("Echo#0", "completed"): 1, ("Echo#1", "in_progress"): 1})
+    before = run_rows(app, run.id)
+    output = make_output(claimed.klass, app.definition(claimed.definition_sha1), claimed.node, 5)
+    with pytest.raises(CommitFailed):
+        record_success(app, claimed, output)  # [INV-EXE-2] the step's status guard refuses it
+    assert run_rows(app, run.id) == before
+
+
 def test_a_reaped_owner_cannot_record_its_execution_invalid(app):
     """An owner that lost its claim to the reaper cannot fail the step as invalid either: the
     commit matches nothing, the step stays in progress and its re-run completes it [INV-EXE-2]."""
