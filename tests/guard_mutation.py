@@ -424,15 +424,24 @@ def survivors_elsewhere(module: str, db: str) -> list[int]:
 
 def against(module: str, db: str, numbers: list[int], tests: list[str]) -> dict[int, str]:
     """Each of the mutants ``numbers`` of ``module`` against ``tests`` only (node ids) on
-    ``db``: the verdicts, printed and returned, not stored (to see a new test kill what it
-    was written for; the stored verdict changes with the next ``--only`` run)."""
+    ``db``: the verdicts, printed and returned. A kill by tests of the module's selection
+    (:data:`GUARD_TESTS`: the files a full run would run too) is stored, with the tests that
+    made it (``by``); a survivor is not (a narrower run than the module's)."""
     verdicts = {}
+    path = _path(module, db)
+    stored = json.loads(path.read_text()) if path.exists() else None
+    ours = all(test.split("::")[0] in GUARD_TESTS[module] for test in tests)
     with _scratch(module) as (scratch, target):
         for number in numbers:
             target.write_text(mutated_source(module, number))
             verdicts[number], seconds = _pytest(tuple(tests), db, scratch, 600)
             print(f"{module} #{number}: {verdicts[number]} in {seconds:.1f} s  {generate(module)[number - 1].what}",
                   flush=True)
+            if verdicts[number] == "killed" and ours and stored is not None and stored["source"] == _source(module):
+                for r in stored["results"]:
+                    if r["number"] == number:
+                        r.update(verdict="killed", by=sorted(tests))
+                path.write_text(json.dumps(stored, indent=1))
     return verdicts
 
 
@@ -631,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--survivors", action="store_true",
                         help="only the mutants every stored run of the module on another database left alive")
     parser.add_argument("--against", nargs="+", metavar="TEST",
-                        help="run --only's mutants against these tests only; print, store nothing")
+                        help="run --only's mutants against these tests only; store a kill by the module's own tests")
     parser.add_argument("--map", action="store_true",
                         help="map which integration tests run each guard module's lines on --db (coverage.py)")
     parser.add_argument("--widen", action="store_true",
