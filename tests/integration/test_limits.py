@@ -403,6 +403,38 @@ def test_a_poll_tells_of_each_key_its_limits_refused_and_not_of_one_gone(db_url)
         assert [c.run_id for c in _claims_of(app, other)] == [spare.id]
 
 
+class Stray(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo, limit_by="stray")
+
+
+def test_only_a_claim_of_a_key_with_no_entry_is_logged_unlimited(db_url, caplog):
+    """A key this process's config names (``spare``) and one it does not (``stray``), one
+    execution each: claiming the configured key's logs nothing; claiming the stray key's
+    claims it unlimited and logs that once (``claims.UNCONFIGURED_WARNING``); a second poll
+    of the stray key, whose lane is gone, claims nothing and logs nothing more."""
+    import logging
+
+    from ductwork.fleet.processes import register
+    from ductwork.limits.claims import UNCONFIGURED_WARNING, Refusal, claim_keyed
+    from tests.conftest import installed
+
+    for app in installed(make_app(db_url, job_worker={"limits": {"spare": {"concurrency": 5}}})):
+        spare, stray = Spare.trigger("s"), Stray.trigger("t")
+        pid = register(app, role="test", label="claimer")
+        caplog.set_level(logging.WARNING, logger="ductwork.claims")
+        caplog.clear()
+        (configured,) = claim_keyed(app, "spare", pid)
+        assert configured.run_id == spare.id
+        assert [r.getMessage() for r in caplog.records if r.name == "ductwork.claims"] == []
+        (unlimited,) = claim_keyed(app, "stray", pid)
+        assert unlimited.run_id == stray.id
+        assert claim_keyed(app, "stray", pid) == Refusal("stray", "gone")
+        assert [r.getMessage() for r in caplog.records if r.name == "ductwork.claims"] == [
+            UNCONFIGURED_WARNING % "stray"]
+
+
 def test_a_claim_that_spends_its_keys_last_token_sets_the_alarm_for_the_next(db_url):
     """A claim that leaves its key's bucket empty carries when the next token is due (the
     stamp it wrote, ``Claimed.next_token_in_s``), and its worker sets the process's
