@@ -134,6 +134,28 @@ def test_a_group_commit_leaves_a_reaped_execution_to_the_reaper(app):
     assert reruns == 1
 
 
+def test_a_release_of_several_takes_one_outcome_and_no_error(app):
+    """The lane routine ends several executions at once only as a group commit does: with
+    one outcome and no error (an error is one execution's). Asked to end two held
+    executions with different outcomes, or with one outcome and an error each, it refuses
+    (its assertion) before any statement, and both stay held, their rows as they were
+    [INV-EXE-2]."""
+    from ductwork.limits.claims import release
+    from ductwork.limits.executions import Ending, ErrorInfo
+
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ids = make_executions(app, run_id, branch_id, None, AT, 2)
+    assert [c.execution_id for c in claim_batch(app, process, 2)] == ids
+    before = _rows(app, ids)
+    error = ErrorInfo("ValueError", "bad input", None)
+    for endings in ([Ending(ids[0], "success"), Ending(ids[1], "failure")],
+                    [Ending(ids[0], "failure", error), Ending(ids[1], "failure", error)]):
+        with pytest.raises(AssertionError), app.begin() as tx:
+            release(app, tx, None, process, endings)
+        assert _rows(app, ids) == before, endings
+
+
 @needs("planner_without_statistics")
 def test_a_group_commit_reads_its_rows_by_primary_key(app):
     """Every UPDATE of a batch finds its rows through the primary key, not through the

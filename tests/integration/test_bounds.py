@@ -298,8 +298,10 @@ def test_each_path_numbers_its_claims_after_its_releases(bounds_app, path):
 
 @pytest.mark.parametrize("path", KEYED)
 def test_a_key_enforced_with_other_values_is_rebased_by_a_claim_and_left_by_a_hand_off(bounds_app, path):
-    """The key's row carries another config's digest (a deploy in progress): a poll or
-    batch re-bases it on this process's values and claims [INV-LIM-4]; a hand-off claims
+    """The key's row carries another config's digest (a deploy in progress) and the 1 s
+    bucket those values rated it by, though this process's entry for it has no rate: a
+    poll or batch re-bases it on this process's values (the bucket of a period its entry
+    does not keep dropped, the stamp cleared) and claims [INV-LIM-4]; a hand-off claims
     nothing and writes nothing of the key, leaving it to a poll."""
     world = World(bounds_app)
     carried = world.hold("ceiling", CARRIERS[path])
@@ -307,11 +309,13 @@ def test_a_key_enforced_with_other_values_is_rebased_by_a_claim_and_left_by_a_ha
     with bounds_app.begin() as tx:
         tx.execute(schema.limit_keys.update().where(schema.limit_keys.c.key == "ceiling")
                    .values(config_digest="another-config", blocked_until=NOW + timedelta(hours=1)))
+    world.bucket("ceiling", 3 * TOKEN)
     rebased = path in ("claim", "batch")  # (a stamp made under other values holds no poll back)
     assert world.take(path, carried, 2) == (queued if rebased else [])
     row = world.key_row("ceiling")
     assert row.config_digest == (entry_digest(bounds_app.config.limits["ceiling"]) if rebased else "another-config")
     assert row.blocked_until == (None if rebased else NOW + timedelta(hours=1))
+    assert world.buckets("ceiling") == ([] if rebased else [(3 * TOKEN, to_us(NOW))])
 
 
 @pytest.mark.parametrize("path", ["claim", "batch"])

@@ -13,20 +13,24 @@ Tests whose rows were all written at one moment cannot tell that column from ano
 (the trigger time, the creation time, the last update). Here each test writes two rows
 on a ManualClock (STYLE §7, no sleeping): one young by the measured column and old by
 every other, one old by it and young by every other, and runs the operation once: only
-the second is taken. The engine mutants ``recovery_measures_creation``,
-``hook_recovery_measures_creation``, ``reap_measures_registration``, ``prune_measures_trigger_time``,
+the second is taken. The guarded end of an execution reads a time column too (a claim
+time, present or not): a pending execution, old by every other time, is no orphan to end;
+its test tables every state against every name a crash can be recorded in. The engine
+mutants ``recovery_measures_creation``, ``hook_recovery_measures_creation``,
+``reap_measures_registration``, ``prune_measures_trigger_time``,
 ``key_window_measures_trigger_time``, ``claim_measures_creation`` and
 ``hook_claim_measures_creation`` (tests/mutants.py)
 each read a wrong column, and each is killed here.
 
 Checks: INV-EXE-1 (the sweep, the reaper and reconciliation recover only claims old by
 their claim or heartbeat time, and only their own: a live process's claims stay however
-old), INV-EXE-2, INV-EXE-5 (a claim made just now under a reaped process
-is not swept while its body may still run; a child past its lease is judged by its
-heartbeat), INV-LIM-5 (an idle worker waits for the stamp a key's rate set), INV-HLT-2 (an orphaned hook is swept by its
-claim time), INV-PRN-1 (a prune measures a run from its finish time), INV-TRG-1 (a key
-window measures its holder from its finish time), INV-CLK-1 (every such time is the
-database clock's, here the injected one).
+old), INV-EXE-2 (an ending ends only an open claim, in its holder's name), INV-EXE-5 (a
+claim made just now under a reaped process is not swept while its body may still run; a
+child past its lease is judged by its heartbeat), INV-LIM-5 (an idle worker waits for
+the stamp a key's rate set), INV-HLT-2 (an orphaned hook is swept by its claim time),
+INV-PRN-1 (a prune measures a run from its finish time), INV-TRG-1 (a key window
+measures its holder from its finish time), INV-CLK-1 (every such time is the database
+clock's, here the injected one).
 """
 
 from __future__ import annotations
@@ -47,8 +51,9 @@ from ductwork.fleet.supervisor import Child, Supervisor
 from ductwork.limits.claims import claim
 from ductwork.limits.lanes import seconds_to_next_due
 from ductwork.pipelines.hooks import claim_hook
+from ductwork.pipelines.outcomes import record_crash
 from ductwork.pipelines.prune import prune
-from tests.factories import make_executions, make_run
+from tests.factories import make_executions, make_run, run_rows
 from tests.workloads import Unkeyed
 
 #: far enough that every threshold below lies between the two rows of a test
@@ -157,6 +162,46 @@ def test_reconciliation_measures_a_claim_from_its_claim_time(manual_app):
     reconcile(app, process_id, set(), grace_s=60)
     assert _taken(app, made["young"]) == (False, False, False)
     assert _taken(app, made["old"]) == (True, True, True)
+
+
+#: (the execution's state, whose name its crash is recorded in) -> what the guarded end does:
+#: only an open claim ends, and only in its holder's name (no process for an orphan)
+ENDINGS: dict[tuple[str, str | None], str] = {
+    (state, named): "crashed" if (state, named) in {("held", "holder"), ("orphaned", None)} else "left"
+    for state in ("pending", "held", "orphaned", "ended") for named in ("holder", "another", None)}
+
+
+def test_an_ending_ends_only_an_open_claim_in_its_holders_name(manual_app):
+    """The guarded end of an execution (a recorded crash, ``record_crash``, as the reaper,
+    the sweep and a runner record one) over every state x every name: an execution pending
+    (never claimed: no claim time, no process, though eligible, created and last updated
+    long ago), held by a live process, orphaned (claimed, no process: its row reaped) or
+    ended already, its crash recorded in its holder's name, another live process's, or no
+    process's (an orphan's recovery). Only an open claim ends, and only in its holder's
+    name (none for an orphan); every other cell returns False and leaves every row of its
+    run exactly as it was [INV-EXE-2]: a pending execution is no orphan, however old its
+    other times (its claim time is the column that says it was claimed)."""
+    app = manual_app
+    now = app.clock.now()
+    holder, another = (register(app, role="test", label=label) for label in ("holder", "another"))
+    names = {"holder": holder, "another": another, None: None}
+    got: dict[tuple[str, str | None], str] = {}
+    for state, named in ENDINGS:
+        run_id, branch_id = make_run(app)
+        (execution_id,) = make_executions(app, run_id, branch_id, None, now - FAR)
+        values: dict = {"created_at": now - FAR, "updated_at": now - FAR}
+        if state != "pending":
+            values.update(claimed_at=now - timedelta(seconds=1), process_id=None if state == "orphaned" else holder)
+        if state == "ended":
+            values.update(completed_at=now - timedelta(seconds=1), outcome="failure")
+        _set(app, schema.executions, execution_id, **values)
+        before = run_rows(app, run_id)
+        crashed = record_crash(app, execution_id, names[named], "ductwork.ProcessCrash", "recorded in a name")
+        if crashed:
+            got[state, named] = "crashed" if not _open(app, schema.executions, execution_id) else "still open"
+        else:
+            got[state, named] = "left" if run_rows(app, run_id) == before else "refused, yet written"
+    assert got == ENDINGS
 
 
 def _process(app, label: str, *, beating: bool, role: str = "test", pid: int | None = None) -> str:
