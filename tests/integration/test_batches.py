@@ -607,3 +607,43 @@ def test_the_keyed_commit_checkpoints_are_passed_by_keyed_commits_only(keyed_app
         assert [faults.fired(name) for name in checkpoints] == [1, 1]
     finally:
         faults.disarm()
+
+
+def _header(app, key):
+    k = schema.limit_keys
+    with app.begin() as tx:
+        return tuple(tx.execute(sa.select(k).where(k.c.key == key)).one())
+
+
+def test_a_keys_lock_and_header_write_read_and_write_its_own_row_only(db_url):
+    """Two keys of ``concurrency: 2``: ``a_busy`` (created first, first by name) whose seq
+    is far along and whose slots are all taken, and ``b_idle`` (seq 0). A poll of
+    ``a_busy`` is refused and writes nothing, not even its header's ``updated_at``;
+    ``b_idle``'s claim and release number from its own header (seq 1, then 2) and write
+    only its own: ``a_busy``'s header row stays exactly as it was, every column
+    [INV-LIM-1, INV-LIM-3]."""
+    from ductwork.db.clock import ManualClock
+    from ductwork.limits.claims import Refusal, claim_keyed
+    from tests.conftest import installed, make_app
+
+    clock = ManualClock(datetime(2026, 1, 1))
+    limits = {"a_busy": {"concurrency": 2}, "b_idle": {"concurrency": 2}}
+    for app in installed(make_app(db_url, clock=clock, job_worker={"limits": limits})):
+        run_id, branch_id = make_run(app)
+        process = register(app, role="test", label="w")
+        make_executions(app, run_id, branch_id, "a_busy", AT, 5)
+        first = claim_batch(app, process, 1, keyed_limit=2)
+        record_successes(app, [Success(c, Output("null")) for c in first])
+        assert len(claim_batch(app, process, 1, keyed_limit=2)) == 2  # a_busy's seq: 6, its slots taken
+        (idle,) = make_executions(app, run_id, branch_id, "b_idle", AT)
+        busy = _header(app, "a_busy")
+        clock.advance(seconds=1)
+        assert claim_keyed(app, "a_busy", process) == Refusal("a_busy", "concurrency")
+        assert _header(app, "a_busy") == busy
+        clock.advance(seconds=1)
+        (claimed,) = claim_keyed(app, "b_idle", process)
+        assert claimed.execution_id == idle
+        record_successes(app, [Success(claimed, Output("null"))])
+        assert (_seqs(app, [idle], "claim_seq"), _seqs(app, [idle], "release_seq")) == ([1], [2])
+        assert _header(app, "b_idle")[list(schema.limit_keys.c.keys()).index("seq")] == 2
+        assert _header(app, "a_busy") == busy
