@@ -96,7 +96,7 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "limits/claims.py": (f"{_I}test_time_predicates.py", f"{_I}test_partial_losses.py", f"{_I}test_bounds.py",
                          f"{_I}test_batches.py", f"{_I}test_limits.py"),
     "limits/executions.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
-                             f"{_I}test_bounds.py"),
+                             f"{_I}test_bounds.py", "tests/unit/test_limits.py"),
     "pipelines/outcomes.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
                               f"{_I}test_timeout_children.py"),
 }
@@ -267,7 +267,32 @@ ARGUED: dict[str, tuple[str, str]] = {
         "is inserted open, and the only write of executions.completed_at, _end_statement, requires "
         "claimed_at IS NOT NULL), so the condition always holds"),
     # -- limits/executions.py
+    "limits/executions.py#15": (
+        '`.where(_k.c.key.in_(sorted(keys)))` dropped',
+        "ensure_keys reads every key's header row instead of those of `keys`: the rows it inserts are "
+        "`keys - existing`, the same set whether `existing` holds only the asked keys that exist or every "
+        "key that exists (a cost, a wider read, not an outcome)"),
     # -- pipelines/outcomes.py
+    "pipelines/outcomes.py#5": (
+        '`len(by_output) <= DISTINCT_OUTPUTS`: Lt for LtE',
+        'with exactly DISTINCT_OUTPUTS distinct outputs the group writes its steps\' outputs with one UPDATE '
+        'per step (the executemany) instead of one per distinct output: both set each step\'s own '
+        'output_payload and updated_at = tx.now in the same transaction, and neither reads a row count '
+        '(a cost, the number of statements, not an outcome)'),
+    "pipelines/outcomes.py#35": (
+        "`where` without `status == 'in_progress'`",
+        "_to_advancing without the status: the success's release later in the same transaction is the "
+        "guard (claims._end: `completed_at IS NULL` and the owner's). A step leaves in_progress only in a "
+        "transaction that ends its one open execution (a success: this UPDATE or its inline completion; a "
+        "failure, invalid or crash with no budget: _mark_failed), so a step not in progress has no execution "
+        "open for this owner: the release ends fewer than the group holds, _Taken rolls the transaction "
+        "back, the wider UPDATE with it, as the rowcount check would have"),
+    "pipelines/outcomes.py#43": (
+        "`where` without `schema.steps.c.status == 'in_progress'`",
+        "_mark_failed runs only after release() ended this step's execution, held by this owner, in the "
+        "same transaction (record_failure, record_invalid, crash_in), and a step with an open execution is "
+        "in_progress (it leaves in_progress only in the transaction that ends its one open execution): the "
+        "condition holds whenever it runs"),
 }
 _SWAP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn,

@@ -493,3 +493,179 @@ def test_inline_ids_quotes_any_text_exactly(app):
         with app.begin() as tx:
             found = set(tx.execute(sa.select(k.c.key).where(k.c.key.in_(dialects.inline_ids(wanted)))).scalars())
         assert found == set(wanted) - {"absent"}, wanted
+
+
+def test_a_mixed_lane_batch_is_recorded_one_by_one_and_only_the_last_hands_on(keyed_app):
+    """Successes of two lanes (keyed k1 of ``three``, then unkeyed u1) in one call, with a
+    hand-off of one of either: they are recorded one by one, each under its own lane (k1
+    released with its key's next seq), and only the last transaction (u1's) hands on, so
+    what it claimed (u2) is what is returned, and the keyed k2 is left pending: nothing is
+    claimed that the caller is not given."""
+    app = keyed_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    k1, = make_executions(app, run_id, branch_id, "three", AT)
+    u1, u2 = make_executions(app, run_id, branch_id, None, AT, 2)
+    k2, = make_executions(app, run_id, branch_id, "three", AT)
+    first, second = claim(app, process), claim(app, process)
+    assert [first.execution_id, second.execution_id] == [k1, u1]
+    handed = record_successes(app, [Success(first, Output("1")), Success(second, Output("2"))],
+                              HandOff(limit=1, keyed_limit=1))
+    assert [c.execution_id for c in handed] == [u2]
+    rows = _rows(app, [k1, u1, u2, k2])
+    assert [rows[i].outcome for i in (k1, u1)] == ["success", "success"]
+    assert rows[k1].completed_at != rows[u1].completed_at  # two transactions
+    assert (rows[u2].process_id, rows[k2].claimed_at) == (process, None)
+    assert _seqs(app, [k1], "release_seq") == [_seqs(app, [k1], "claim_seq")[0] + 1]
+    assert _seqs(app, [u1], "release_seq") == [None]  # the unkeyed lane has no sequence
+
+
+def test_a_lone_success_that_lost_its_execution_is_refused_without_a_batch_warning(app, caplog):
+    """A single success whose execution the reaper crashed: CommitFailed, nothing written,
+    and no WARNING of this module (it is no batch, and an outcome that was not recorded is
+    not logged)."""
+    import logging
+
+    from ductwork.errors import CommitFailed
+
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    execution, = make_executions(app, run_id, branch_id, None, AT)
+    claimed = claim(app, process)
+    assert record_crash(app, execution, process, "ductwork.ProcessCrash", "reaped")
+    caplog.set_level(logging.WARNING, logger="ductwork.executions")
+    caplog.clear()
+    with pytest.raises(CommitFailed):
+        record_successes(app, [Success(claimed, Output("1"))])
+    assert [r.getMessage() for r in caplog.records if r.name == "ductwork.executions"] == []
+    assert _rows(app, [execution])[execution].outcome == "process_crashed"
+
+
+@pytest.mark.parametrize("connection_invalidated", [False, True], ids=["contention", "disconnect"])
+def test_a_group_commit_the_database_would_repeat_is_raised_whole(app, monkeypatch, connection_invalidated):
+    """The group's transaction fails with an error the database would retry (rolled back
+    for contention, or the connection lost): it is raised for the whole batch, nothing
+    recorded (``retry_transient`` repeats the batch), not recorded one by one; repeated,
+    the batch commits in one transaction."""
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    ids = make_executions(app, run_id, branch_id, None, AT, 3)
+    claimed = claim_batch(app, process, 3)
+    real = outcomes.advance_on_successes
+    error = sa.exc.OperationalError("UPDATE ...", {}, Exception("database is locked"),
+                                    connection_invalidated=connection_invalidated)
+    if connection_invalidated:
+        error.orig = Exception("server closed the connection")
+
+    def rolled_back(tx, inline):  # a transaction of the whole batch is rolled back; one alone would pass
+        if len(inline) > 1:
+            raise error
+        return real(tx, inline)
+
+    monkeypatch.setattr(outcomes, "advance_on_successes", rolled_back)
+    successes = [Success(c, Output("null")) for c in claimed]
+    with pytest.raises(sa.exc.OperationalError):
+        record_successes(app, successes)
+    rows = _rows(app, ids)
+    assert [(rows[i].outcome, rows[i].completed_at, rows[i].process_id) for i in ids] == [(None, None, process)] * 3
+    monkeypatch.undo()
+    record_successes(app, successes)
+    rows = _rows(app, ids)
+    assert [rows[i].outcome for i in ids] == ["success"] * 3
+    assert len({rows[i].completed_at for i in ids}) == 1
+
+
+def _generations(app):
+    return app.wakeup.generation, app.advancer_wakeup.generation
+
+
+def test_a_group_commit_wakes_a_worker_only_for_a_slot_nobody_took_over(keyed_app):
+    """What a group commit wakes (``Tx.wake``): an unkeyed group freed no slot a worker
+    could wait for (advancers only: its steps are left ``advancing``); a keyed group that
+    hands nothing on freed its key's slots (one worker too); a keyed group whose hand-off
+    took as many as it released freed none for anyone else (advancers only)."""
+    app = keyed_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    make_executions(app, run_id, branch_id, None, AT, 2)
+    unkeyed = claim_batch(app, process, 2)
+    before = _generations(app)
+    assert record_successes(app, [Success(c, Output("null")) for c in unkeyed]) == []
+    assert _generations(app) == (before[0], before[1] + 1)
+
+    make_executions(app, run_id, branch_id, "three", AT, 4)
+    keyed = claim_batch(app, process, 1, keyed_limit=2)
+    before = _generations(app)
+    handed = record_successes(app, [Success(c, Output("null")) for c in keyed], HandOff(keyed_limit=2))
+    assert len(handed) == 2
+    assert _generations(app) == (before[0], before[1] + 1)
+
+    before = _generations(app)
+    assert record_successes(app, [Success(c, Output("null")) for c in handed], HandOff(keyed_limit=2)) == []
+    assert _generations(app) == (before[0] + 1, before[1] + 1)
+
+
+def test_the_keyed_commit_checkpoints_are_passed_by_keyed_commits_only(keyed_app, monkeypatch):
+    """``before_release_key_lock`` and ``in_keyed_group_commit`` (``ductwork.faults``) are
+    the crash windows of a keyed commit: armed, an unkeyed success passes neither, a keyed
+    one passes each once."""
+    from ductwork import faults
+
+    app = keyed_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    make_executions(app, run_id, branch_id, None, AT)
+    make_executions(app, run_id, branch_id, "three", AT)
+    unkeyed, keyed = claim(app, process), claim(app, process)
+    assert (unkeyed.limit_key, keyed.limit_key) == (None, "three")
+    monkeypatch.setenv("DUCTWORK_FAULT_SLEEP", "0")
+    checkpoints = (faults.BEFORE_RELEASE_KEY_LOCK, faults.IN_KEYED_GROUP_COMMIT)
+    for name in checkpoints:
+        faults.arm(name, "sleep")
+    try:
+        record_successes(app, [Success(unkeyed, Output("null"))])
+        assert [faults.fired(name) for name in checkpoints] == [0, 0]
+        record_successes(app, [Success(keyed, Output("null"))])
+        assert [faults.fired(name) for name in checkpoints] == [1, 1]
+    finally:
+        faults.disarm()
+
+
+def _header(app, key):
+    k = schema.limit_keys
+    with app.begin() as tx:
+        return tuple(tx.execute(sa.select(k).where(k.c.key == key)).one())
+
+
+def test_a_keys_lock_and_header_write_read_and_write_its_own_row_only(db_url):
+    """Two keys of ``concurrency: 2``: ``a_busy`` (created first, first by name) whose seq
+    is far along and whose slots are all taken, and ``b_idle`` (seq 0). A poll of
+    ``a_busy`` is refused and writes nothing, not even its header's ``updated_at``;
+    ``b_idle``'s claim and release number from its own header (seq 1, then 2) and write
+    only its own: ``a_busy``'s header row stays exactly as it was, every column
+    [INV-LIM-1, INV-LIM-3]."""
+    from ductwork.db.clock import ManualClock
+    from ductwork.limits.claims import Refusal, claim_keyed
+    from tests.conftest import installed, make_app
+
+    clock = ManualClock(datetime(2026, 1, 1))
+    limits = {"a_busy": {"concurrency": 2}, "b_idle": {"concurrency": 2}}
+    for app in installed(make_app(db_url, clock=clock, job_worker={"limits": limits})):
+        run_id, branch_id = make_run(app)
+        process = register(app, role="test", label="w")
+        make_executions(app, run_id, branch_id, "a_busy", AT, 5)
+        first = claim_batch(app, process, 1, keyed_limit=2)
+        record_successes(app, [Success(c, Output("null")) for c in first])
+        assert len(claim_batch(app, process, 1, keyed_limit=2)) == 2  # a_busy's seq: 6, its slots taken
+        (idle,) = make_executions(app, run_id, branch_id, "b_idle", AT)
+        busy = _header(app, "a_busy")
+        clock.advance(seconds=1)
+        assert claim_keyed(app, "a_busy", process) == Refusal("a_busy", "concurrency")
+        assert _header(app, "a_busy") == busy
+        clock.advance(seconds=1)
+        (claimed,) = claim_keyed(app, "b_idle", process)
+        assert claimed.execution_id == idle
+        record_successes(app, [Success(claimed, Output("null"))])
+        assert (_seqs(app, [idle], "claim_seq"), _seqs(app, [idle], "release_seq")) == ([1], [2])
+        assert _header(app, "b_idle")[list(schema.limit_keys.c.keys()).index("seq")] == 2
+        assert _header(app, "a_busy") == busy

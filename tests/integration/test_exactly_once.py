@@ -10,8 +10,10 @@ every named unique constraint exists on each database.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
+from datetime import datetime
 
 import pytest
 import sqlalchemy as sa
@@ -32,10 +34,11 @@ from ductwork.pipelines.branches import (
     claim_branches,
     release_advancement,
 )
-from ductwork.pipelines.outcomes import record_success
+from ductwork.pipelines.outcomes import record_crash, record_failure, record_invalid, record_success
 from ductwork.pipelines.runs import cached_definition
 from ductwork.testing import drain
 from tests.conftest import race
+from tests.factories import make_executions, make_run
 from tests.workloads import Echo, Fan, Takes, TwoStep, Unkeyed
 
 RACERS = 4
@@ -549,3 +552,72 @@ def test_a_threads_keyed_batch_goes_on_through_its_own_hand_off(in_a_row_app):
     assert [r.outcome for r in rows] == ["success"] * 8
     assert len({r.completed_at for r in rows}) == 2  # two group commits of 4, not 4 + one per hand-off
     assert [r.refresh().status for r in runs] == ["completed"] * 8
+
+
+@pytest.fixture
+def no_budget_app(db_url):
+    """The conftest app with no retry and no re-run left for any step."""
+    yield from _default_app(db_url, job_worker={"max_retry": 0, "max_crash": 0})
+
+
+def _chained_error() -> RuntimeError:
+    """A raised error with a cause: its whole text has two tracebacks."""
+    try:
+        try:
+            raise KeyError("the cause")
+        except KeyError as cause:
+            raise RuntimeError("the error") from cause
+    except RuntimeError as error:
+        return error
+
+
+def test_a_terminal_outcome_fails_its_own_step_only_and_logs_its_own_traceback(no_budget_app, caplog):
+    """Three runs of two in-flight steps each, and a pending step of a fourth run; no budget
+    left. The first step of each of the three ends for good: a failure (record_failure
+    returns False: no retry), an invalid result, a crash. Each fails its own step, in
+    progress until then, and leaves every other step row (its sibling's, the other runs')
+    and every other execution exactly as it was [INV-EXE-4]. Each is logged once with the
+    traceback it has: a failure's or an invalid's whole text (its cause's traceback too),
+    a crash's recorded backtrace as a traceback."""
+    app = no_budget_app
+    e, s = schema.executions, schema.steps
+
+    def rows():
+        with app.begin(readonly=True) as tx:
+            return ({row.id: tuple(row) for row in tx.execute(sa.select(s))},
+                    {row.id: tuple(row) for row in tx.execute(sa.select(e))})
+
+    (pid,) = processes(app, 1)
+    runs = [make_run(app) for _ in range(4)]
+    for run_id, branch_id in runs[:3]:
+        make_executions(app, run_id, branch_id, None, datetime(2000, 1, 1), 2)
+    make_executions(app, *runs[3], None, datetime(2000, 1, 1))
+    held = [claim(app, pid) for _ in range(6)]
+    failing, invalid, crashing = held[0], held[2], held[4]
+    assert [c.run_id for c in (failing, invalid, crashing)] == [r for r, _ in runs[:3]]
+    backtrace = '  File "step.py", line 3, in execute\n    boom()\n'
+    caplog.set_level(logging.WARNING, logger="ductwork.executions")
+    outcomes = (
+        (failing, lambda: record_failure(app, failing, _chained_error()), False),
+        (invalid, lambda: record_invalid(app, invalid, _chained_error()), None),
+        (crashing, lambda: record_crash(app, crashing.execution_id, pid, "ductwork.ProcessCrash", "boom",
+                                        backtrace=backtrace), True),
+    )
+    for ended, record, returned in outcomes:
+        steps, executions = rows()
+        assert steps[ended.step_id][list(s.c.keys()).index("status")] == "in_progress"
+        caplog.clear()
+        assert record() is returned
+        steps_after, executions_after = rows()
+        assert steps_after[ended.step_id][list(s.c.keys()).index("status")] == "failed"
+        assert {k: v for k, v in steps_after.items() if k != ended.step_id} == {
+            k: v for k, v in steps.items() if k != ended.step_id}
+        assert {k: v for k, v in executions_after.items() if k != ended.execution_id} == {
+            k: v for k, v in executions.items() if k != ended.execution_id}
+        (logged,) = [r for r in caplog.records if r.name == "ductwork.executions"]
+        if ended is crashing:
+            assert logged.exc_text == (
+                f"Traceback (most recent call last):\n{backtrace}ductwork.ProcessCrash: boom")
+        else:
+            assert "The above exception was the direct cause of the following exception" in logged.exc_text
+            assert logged.exc_text.endswith("RuntimeError: the error")

@@ -318,12 +318,14 @@ def test_drop_dominated_properties(entries):
                 assert not _dominates(a, b)
 
 
-def test_a_deep_error_keeps_its_first_frames_and_says_how_many_more():
+@pytest.mark.parametrize("more", [6, 0], ids=["deeper", "exactly as deep"])
+def test_a_deep_error_keeps_its_first_frames_and_says_how_many_more(more):
     """The stored backtrace of a step's error: its first BACKTRACE_FRAMES frames, then one
-    line counting the rest; the log's text keeps the whole traceback."""
+    line counting the rest, if any (an error exactly BACKTRACE_FRAMES deep is stored whole,
+    with no count); the log's text keeps the whole traceback."""
     from ductwork.limits.executions import BACKTRACE_FRAMES, ErrorInfo
 
-    depth = BACKTRACE_FRAMES + 5  # distinct functions: a traceback folds repeats of one frame
+    depth = BACKTRACE_FRAMES + more - 1  # distinct functions: a traceback folds repeats of one frame
     calls: dict = {}
     exec("def f0():\n    raise ValueError('at the bottom')\n"  # noqa: S102 - a chain of distinct frames
          + "".join(f"def f{i}():\n    f{i - 1}()\n" for i in range(1, depth)), calls)
@@ -334,6 +336,10 @@ def test_a_deep_error_keeps_its_first_frames_and_says_how_many_more():
     assert (info.klass, info.message) == ("builtins.ValueError", "at the bottom")
     assert info.backtrace is not None
     assert info.backtrace.count('File "') == BACKTRACE_FRAMES
-    assert info.backtrace.endswith("... 6 more frames\n")  # the test's frame and 15 functions', 10 shown
+    if more:  # the test's frame and the functions', 10 shown
+        assert info.backtrace.endswith(f"... {more} more frames\n")
+    else:
+        assert "more frames" not in info.backtrace
+        assert info.backtrace.endswith('line 2, in f0\n')  # the raising frame, the last
     assert info.text is not None
     assert info.text.count('File "') == depth + 1
