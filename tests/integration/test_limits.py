@@ -349,6 +349,92 @@ def test_a_keyed_lane_its_rate_refuses_does_not_hold_back_a_younger_unkeyed_exec
         assert stamp == datetime(2026, 1, 1, 1, 0, 0, 10)  # an hour after the poll (at 10 µs) created it empty
 
 
+class Spare(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo, limit_by="spare")
+
+
+def _telling(app, told: list, after: str, lane: str, process_id: str):
+    """A poll's ``refused`` hook that keeps each refusal in ``told`` and, after ``after``'s,
+    lets another worker (``process_id``) claim lane ``lane``'s next execution."""
+    from ductwork.limits.claims import claim_keyed
+
+    def refused(refusal) -> None:
+        told.append(refusal)
+        if refusal.key == after:
+            assert len(claim_keyed(app, lane, process_id)) == 1
+
+    return refused
+
+
+def _claims_of(app, process_id):
+    e = schema.executions
+    with app.begin(readonly=True) as tx:
+        return tx.execute(sa.select(e.c.id, schema.steps.c.run_id).join(schema.steps, schema.steps.c.id == e.c.step_id)
+                          .where(e.c.process_id == process_id)).all()
+
+
+def test_a_poll_tells_of_each_key_its_limits_refused_and_not_of_one_gone(db_url):
+    """Three lanes oldest first: a rated key whose bucket starts empty, a key with a free
+    slot, and the unkeyed lane. A poll (``claim_batch``) is refused by the first for its
+    rate and tells its ``refused`` hook (the fleet counts refusals); meanwhile (in that
+    hook: after the poll's scan, before its next claim) another worker takes the second
+    key's only execution, so the poll finds that lane gone, which is no refusal and is
+    not told; it then claims the unkeyed execution. The hook heard of the rate refusal
+    alone."""
+    from ductwork.db.clock import ManualClock
+    from ductwork.fleet.processes import register
+    from ductwork.limits.claims import Refusal, claim_batch
+    from tests.conftest import installed
+
+    for app in installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)), job_worker={"limits": {
+            "hourly": {"rate": {"limit": 1, "per": "1h"}}, "spare": {"concurrency": 5}}})):
+        Hourly.trigger("h")
+        app.clock.advance(microseconds=10)
+        spare = Spare.trigger("s")
+        app.clock.advance(microseconds=10)
+        unkeyed = Unkeyed.trigger("u")
+        poller, other = (register(app, role="test", label=label) for label in ("poller", "other"))
+        told: list[Refusal] = []
+        (claimed,) = claim_batch(app, poller, 1, refused=_telling(app, told, "hourly", "spare", other))
+        assert claimed.run_id == unkeyed.id
+        assert told == [Refusal("hourly", "rate")]
+        assert [c.run_id for c in _claims_of(app, other)] == [spare.id]
+
+
+class Stray(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo, limit_by="stray")
+
+
+def test_only_a_claim_of_a_key_with_no_entry_is_logged_unlimited(db_url, caplog):
+    """A key this process's config names (``spare``) and one it does not (``stray``), one
+    execution each: claiming the configured key's logs nothing; claiming the stray key's
+    claims it unlimited and logs that once (``claims.UNCONFIGURED_WARNING``); a second poll
+    of the stray key, whose lane is gone, claims nothing and logs nothing more."""
+    import logging
+
+    from ductwork.fleet.processes import register
+    from ductwork.limits.claims import UNCONFIGURED_WARNING, Refusal, claim_keyed
+    from tests.conftest import installed
+
+    for app in installed(make_app(db_url, job_worker={"limits": {"spare": {"concurrency": 5}}})):
+        spare, stray = Spare.trigger("s"), Stray.trigger("t")
+        pid = register(app, role="test", label="claimer")
+        caplog.set_level(logging.WARNING, logger="ductwork.claims")
+        caplog.clear()
+        (configured,) = claim_keyed(app, "spare", pid)
+        assert configured.run_id == spare.id
+        assert [r.getMessage() for r in caplog.records if r.name == "ductwork.claims"] == []
+        (unlimited,) = claim_keyed(app, "stray", pid)
+        assert unlimited.run_id == stray.id
+        assert claim_keyed(app, "stray", pid) == Refusal("stray", "gone")
+        assert [r.getMessage() for r in caplog.records if r.name == "ductwork.claims"] == [
+            UNCONFIGURED_WARNING % "stray"]
+
+
 def test_a_claim_that_spends_its_keys_last_token_sets_the_alarm_for_the_next(db_url):
     """A claim that leaves its key's bucket empty carries when the next token is due (the
     stamp it wrote, ``Claimed.next_token_in_s``), and its worker sets the process's
@@ -595,7 +681,7 @@ def test_a_keys_claims_and_re_bases_write_only_its_own_rows(db_url):
         others = {key: _key_rows(app, key) for key in ("a_key", "z_key")}
 
         assert len(claim_keyed(app, "m_key", pid)) == 1  # its own full buckets, not the others' empty ones
-        _, kept = _key_rows(app, "m_key")
+        kept = _key_rows(app, "m_key")[1]
         assert sorted(kept) == [1, 60, 3600]
         levels = {period: row[2] for period, row in kept.items()}  # (key, period_s, level_units, …)
         # one token off each full bucket, a token being period_s x 10^6 units (limits/buckets.py)
@@ -619,4 +705,4 @@ def test_a_keys_claims_and_re_bases_write_only_its_own_rows(db_url):
             rebased.dispose()
         assert sorted(_key_rows(app, "m_key")[1]) == [1]
         assert {key: _key_rows(app, key)[1] for key in others} == {
-            key: rows for key, (_, rows) in others.items()}  # their buckets (a restart clears every key's stamp)
+            key: rows for key, (_, rows) in others.items()}  # (a restart clears every key's stamp)
