@@ -86,7 +86,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "pipelines/revive.py": (f"{_I}test_recovery_preconditions.py", f"{_I}test_revive.py"),
     "pipelines/hooks.py": (f"{_I}test_time_predicates.py", f"{_I}test_recovery_preconditions.py",
                            f"{_I}test_halt_hooks.py"),
-    "pipelines/runs.py": (f"{_I}test_recovery_preconditions.py", f"{_I}test_pipelines.py"),
+    "pipelines/runs.py": (f"{_I}test_recovery_preconditions.py", f"{_I}test_pipelines.py",
+                          f"{_I}test_halt_hooks.py", f"{_I}test_async_client.py"),
     "pipelines/advance.py": (f"{_I}test_partial_losses.py", f"{_I}test_exactly_once.py",
                              f"{_I}test_fan_in_while_expanding.py", f"{_I}test_pipelines.py"),
     "pipelines/branches.py": (f"{_I}test_partial_losses.py", f"{_I}test_exactly_once.py",
@@ -156,6 +157,59 @@ ARGUED: dict[str, tuple[str, str]] = {
     # -- pipelines/revive.py
     # -- pipelines/hooks.py
     # -- pipelines/runs.py
+    "pipelines/runs.py#28": (
+        "`where` without `r.c.status.not_in(TERMINAL)`",
+        "_complete_runs names only runs whose status resolve_runs was given as not final, and that status was "
+        "read by this transaction under the run row's lock (lock_run, lock_runs: FOR UPDATE on a server, the "
+        "write lock on SQLite), held to the commit; the only status writes in between are resolve_runs' own, "
+        "once per run: every row the ids name still matches the guard"),
+    "pipelines/runs.py#38": (
+        "`.where(r.c.id.in_(dialects.ids_param()))` dropped",
+        "lock_runs reads and locks every run row instead of the batch's: its one caller (branches.move_branches) "
+        "looks the result up only at its own moves' run ids, so the statuses it uses are the same; a wider lock "
+        "(taken in the same run-id order), a cost, not an outcome (SQLite holds the write lock anyway)"),
+    "pipelines/runs.py#50": (
+        "`where` without `r.c.status.not_in(TERMINAL)`",
+        "the other statuses' UPDATE: as #28 (its ids are open runs read under the run lock this transaction holds)"),
+    "pipelines/runs.py#53": (
+        "`where` without `b.c.status == 'halted'`",
+        "halt reasons of the run's branches in any status: a branch gets a halt reason only with the status "
+        "halted (Move's halt_reason is set only on halting moves, _set_branch('halted', ...)), every other move "
+        "writes it NULL, a halted branch is never claimed or moved again, and a revive clears it on the branches "
+        "it resumes; the NULLs are dropped after the read"),
+    "pipelines/runs.py#56": (
+        "`e.c.created_at` read as `eligible_at`",
+        "the order of a step's executions: one is open at a time (uq_execution_open_per_step), the next is "
+        "enqueued by the transaction that ends the one before (outcomes' retry, a crash's re-run), eligible no "
+        "earlier, and claimed and ended after that commit; an end needs a claim, and nothing writes an ended "
+        "execution. So created_at, eligible_at, claimed_at, completed_at and updated_at rise together over a "
+        "step's ended executions (equal only under a stopped test clock, then the id decides in both orders, "
+        "rising within the one process); `claimed` (a count, a min) takes no order"),
+    "pipelines/runs.py#57": (
+        "`e.c.created_at` read as `claimed_at`",
+        "as #56 (the pending execution's NULL claimed_at sorts differently per database, but `ended` leaves it "
+        "out and `claimed` takes no order)"),
+    "pipelines/runs.py#58": (
+        "`e.c.created_at` read as `completed_at`",
+        "as #56 (the open execution's NULL completed_at is left out of `ended`)"),
+    "pipelines/runs.py#59": (
+        "`e.c.created_at` read as `updated_at`",
+        "as #56: an ended execution's updated_at is its completed_at (the end writes both, nothing writes it after)"),
+    "pipelines/runs.py#65": (
+        "`.where(s.c.run_id == self.id)` dropped",
+        "steps() reads every run's executions: they are grouped by their step id and looked up only at this "
+        "run's step ids (the rows of the first read), so each step gets the same list; a cost (a wider read), "
+        "not an outcome"),
+    "pipelines/runs.py#69": (
+        "`s.c.started_at` read as `created_at`",
+        "a step row's started_at is its created_at: create_steps_across writes both as now, revive's re-enqueued "
+        "step sets both to now and its history copies keep both, and no UPDATE writes either"),
+    "pipelines/runs.py#77": (
+        "`where` without `b.c.status == 'dampened'`",
+        "resume moves the branches it has just read as dampened, in this transaction under the run row's lock; "
+        "only resume, under that lock, moves a dampened branch (advancers claim in-progress branches, a "
+        "dampened run is neither revived nor pruned), so each row still is dampened and the update matches it "
+        "alone either way"),
     # -- pipelines/advance.py
     # -- pipelines/branches.py
     "pipelines/branches.py#10": (

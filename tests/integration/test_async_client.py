@@ -183,6 +183,36 @@ def test_await_completion_times_out_and_arefresh_of_an_unknown_run_raises(app):
     run_unblocked(app, main)
 
 
+def test_await_completion_gives_up_when_the_clock_reads_its_deadline(app, monkeypatch):
+    """``await_completion`` on a run in progress (no worker here) reads it every ``poll`` s
+    and raises TimeoutError as soon as the clock reads the deadline, not a read later: with a
+    monotonic clock that moves 0.25 s per read of the run, a 0.5 s timeout is two reads."""
+    from types import SimpleNamespace
+
+    from ductwork.pipelines import runs as runs_module
+
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(runs_module, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    reads: list[float] = []
+
+    async def main():
+        run = await AddP.atrigger(1, 2)
+        read = run.arefresh
+
+        async def timed_read():
+            reads.append(clock.now)
+            await read()
+            clock.now += 0.25
+            return run
+
+        run.arefresh = timed_read
+        with pytest.raises(TimeoutError, match=rf"^run {run.id} still in_progress after 0\.5 s$"):
+            await run.await_completion(timeout=0.5, poll=0.01)
+
+    run_unblocked(app, main)
+    assert reads == [100.0, 100.25]
+
+
 def test_arun_and_aresume_never_block_the_loop(app):
     """``app.arun(id)`` is a handle read through the async driver (an unknown id raises
     ``UnknownRunError``); ``run.aresume(input)`` resumes a dampened run once, in a thread

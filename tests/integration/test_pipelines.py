@@ -12,13 +12,31 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+import sqlalchemy as sa
 
 from ductwork import Pipeline, Step
-from ductwork.errors import RunStateError
+from ductwork.db import schema
+from ductwork.errors import RunStateError, UnknownRunError
+from ductwork.pipelines import runs as runs_module
+from ductwork.pipelines.runs import Run, StepError
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
+from tests.conftest import make_app
 from tests.factories import executions_of
-from tests.workloads import Add1, Boom, Crashes, Echo, FailsLater, Gather, Items, NotJson, Sum, Takes, Times10
+from tests.workloads import (
+    Add1,
+    Boom,
+    Crashes,
+    Echo,
+    FailsLater,
+    FailsOnce,
+    Gather,
+    Items,
+    NotJson,
+    Sum,
+    Takes,
+    Times10,
+)
 
 # --------------------------------------------------------------------------- steps
 
@@ -109,6 +127,23 @@ class DelayedP(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Echo).chain(to=Add1, delay=timedelta(minutes=5))
+
+
+class HaltsThirdP(Pipeline):
+    """Two steps that succeed, then one that always fails: the run halts at its third step."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Echo).chain(to=Echo).chain(to=Boom)
+
+
+class RetriedFirstP(Pipeline):
+    """Two branches started together, the first one's step failing once."""
+
+    @classmethod
+    def define(cls, p):
+        b, c = p.start(Echo).divide(to=[FailsOnce, Tag])
+        b.combine(c, into=Gather)
 
 
 def nodes(run):
@@ -341,3 +376,172 @@ def test_an_app_reads_a_runs_definition_by_digest_or_takes_the_given_text(app):
         assert given.definition("not-stored") is parsed
     finally:
         given.dispose()
+
+
+# --------------------------------------------------------------------------- run handles
+
+
+def test_a_run_handle_takes_the_app_and_a_run_id(app):
+    """``Run(app)`` without a run id, and ``Run(id, id)`` without the App, each raise
+    TypeError saying to use ``app.run(...)``, before reading anything."""
+    with pytest.raises(TypeError, match=r"takes the App first; for a handle on run RUN_ID use app\.run\(RUN_ID\)$"):
+        Run(app)
+    with pytest.raises(TypeError, match=r"takes the App first; for a handle on run 'r1' use app\.run\('r1'\)$"):
+        Run("r1", "r2")
+
+
+def test_a_keyed_trigger_is_repeated_after_a_lost_connection_an_unkeyed_one_is_not(app):
+    """The trigger's transaction loses its connection at its first statement, once (a
+    DBAPIError marked ``connection_invalidated``, as a server restart leaves it): with a key
+    the trigger runs again and returns its run; without one it raises and has written nothing
+    (run again, a trigger whose commit was lost unacknowledged would start a second run)."""
+    from sqlalchemy import event
+
+    app.now()  # the schema checked: the next statement is the trigger's
+    armed: list[int] = []
+
+    def lose(_conn, _cursor, statement, parameters, _context, _many):
+        if armed:
+            armed.pop()
+            raise sa.exc.OperationalError(statement, parameters, Exception("connection lost"),
+                                          connection_invalidated=True)
+
+    event.listen(app.engine, "before_cursor_execute", lose)
+    try:
+        armed.append(1)
+        keyed = ChainP.trigger(1, key="k1")
+        assert not armed
+        armed.append(1)
+        with pytest.raises(sa.exc.OperationalError, match="connection lost"):
+            ChainP.trigger(2)
+        assert not armed
+    finally:
+        event.remove(app.engine, "before_cursor_execute", lose)
+    with app.begin(readonly=True) as tx:
+        rows = tx.execute(sa.select(schema.runs.c.id, schema.runs.c.trigger_key)).all()
+    assert [tuple(row) for row in rows] == [(keyed.id, "k1")]
+
+
+class _Clock:
+    """Stands in for ``ductwork.pipelines.runs``'s ``time`` module: a monotonic clock that
+    moves only while ``sleep`` is called, by what it was asked to sleep."""
+
+    def __init__(self):
+        self.now, self.sleeps = 100.0, []
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_wait_returns_a_settled_run_and_gives_up_when_the_clock_reads_its_deadline(app, monkeypatch):
+    """``Run.wait`` returns a completed or dampened run at its first read, without sleeping;
+    on a run in progress (no worker here) it reads it every ``poll`` s and raises TimeoutError
+    as soon as the clock reads the deadline, not a poll later: with a clock that moves only
+    while wait sleeps, a 0.5 s timeout polled every 0.25 s is two sleeps."""
+    settled = [ChainP.trigger(1), DampenP.trigger(1)]
+    drain(app, timeout=30)
+    waiting = ChainP.trigger(2)
+    clock = _Clock()
+    monkeypatch.setattr(runs_module, "time", clock)
+    assert [run.wait(timeout=0.5, poll=0.25).status for run in settled] == ["completed", "dampened"]
+    assert clock.sleeps == []
+    with pytest.raises(TimeoutError, match=rf"^run {waiting.id} still in_progress after 0\.5 s$"):
+        waiting.wait(timeout=0.5, poll=0.25)
+    assert clock.sleeps == [0.25, 0.25]
+
+
+def test_a_runs_definition_is_its_own_snapshot_and_the_schema_is_checked_once(app):
+    """``Run.definition()`` of two runs of different pipelines, each read by an App that has
+    cached neither snapshot: each is its own pipeline's; a handle on no run raises
+    UnknownRunError. An App checks the schema before its first transaction only: the reads
+    of a second digest and of no run do not check it again."""
+    chain, expand = ChainP.trigger(1), ExpandP.trigger(2)
+    for run, pipeline in ((expand, ExpandP), (chain, ChainP)):
+        fresh = make_app(app.url)
+        try:
+            assert Run(fresh, run.id, _read=False).definition() == pipeline.definition
+        finally:
+            fresh.dispose()
+    fresh = make_app(app.url)
+    checks: list[int] = []
+    check = fresh.check_schema
+
+    def counted():
+        checks.append(1)
+        check()
+
+    fresh.check_schema = counted
+    try:
+        assert [Run(fresh, run.id, _read=False).definition() for run in (chain, expand)] == [
+            ChainP.definition, ExpandP.definition]
+        with pytest.raises(UnknownRunError, match="no-such-run"):
+            Run(fresh, "no-such-run", _read=False).definition()
+    finally:
+        fresh.dispose()
+    assert checks == [1]
+
+
+# --------------------------------------------------------------------------- step info
+
+
+def test_steps_report_each_steps_attempts_times_and_latest_error(app):
+    """``Run.steps()`` of a run that halted at its third step, beside a completed run: each
+    succeeded step was claimed once, shows no error and finished when it completed; the
+    failed step shows its three claims, the error of its last execution (class, message,
+    outcome), and finished when that execution ended; each step started at its first claim.
+    Each run shows only its own halt reasons. The run's revival lists its steps in start
+    order, whatever their last update (the carried-over steps were written by the revive, the
+    re-enqueued one was last updated when it failed)."""
+    halting, other = HaltsThirdP.trigger("x"), ChainP.trigger(1)
+    drain(app, timeout=30)
+    assert [(run.refresh().status, run.halt_reasons) for run in (halting, other)] == [
+        ("halted", ["job_retries_exhausted"]), ("completed", [])]
+    s, e = schema.steps, schema.executions
+    with app.begin(readonly=True) as tx:
+        rows = tx.execute(sa.select(s.c.id, s.c.completed_at, e.c.claimed_at, e.c.completed_at.label("ended_at"))
+                          .join(e, e.c.step_id == s.c.id).where(s.c.run_id == halting.id)
+                          .order_by(e.c.created_at, e.c.id)).all()
+    claims: dict[str, list] = {}
+    finished: dict[str, object] = {}
+    for row in rows:
+        claims.setdefault(row.id, []).append(row.claimed_at)
+        finished[row.id] = row.completed_at or row.ended_at  # a failed step: its last execution's end
+    steps = halting.steps()
+    assert [(step.node, step.status, step.attempts) for step in steps] == [
+        ("Echo#0", "completed", 1), ("Echo#1", "completed", 1), ("Boom#2", "failed", 3)]
+    assert [step.error for step in steps] == [
+        None, None, StepError(klass="builtins.ValueError", message="boom x", outcome="failure")]
+    assert [step.started_at for step in steps] == [min(claims[step.id]) for step in steps]
+    assert [step.finished_at for step in steps] == [finished[step.id] for step in steps]
+    assert None not in [step.finished_at for step in steps]
+    assert [(step.attempts, step.error) for step in other.steps()] == [(1, None)] * 3
+    revived = halting.revive()  # its copies were written now, the re-enqueued one keeps its last update
+    assert [(step.node, step.status) for step in revived.steps()] == [
+        ("Echo#0", "completed"), ("Echo#1", "completed"), ("Boom#2", "in_progress")]
+
+
+def test_a_retried_step_shows_its_attempts_and_no_error_once_its_retry_succeeded(app):
+    """Two branches start together, the first one's step failing once: ``Run.steps()`` lists
+    the steps in start order, the retried one with two attempts and no error (the latest of
+    its executions succeeded)."""
+    run = RetriedFirstP.trigger("v")
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed"
+    assert [(step.node, step.attempts, step.error) for step in run.steps()] == [
+        ("Echo#0", 1, None), ("FailsOnce#1", 2, None), ("Tag#2", 1, None), ("Gather#3", 1, None)]
+
+
+def test_two_expanding_runs_each_read_their_own_items(app):
+    """Two runs expand and collapse at once: each completes, its source step's output is the
+    list it returned and its merge the sum of its own children's outputs (the advancer's
+    run lock and ``Run.steps()``'s read of the expand items are each run's own)."""
+    runs = {n: ExpandP.trigger(n) for n in (3, 5)}
+    drain(app, timeout=60)
+    for n, run in runs.items():
+        assert run.refresh().status == "completed"
+        steps = {step.node: step for step in run.steps() if step.node != "Times10#1"}
+        assert (steps["Items#0"].output, steps["Sum#2"].output) == (list(range(n)), 10 * sum(range(n)))
