@@ -53,7 +53,7 @@ from ductwork.limits.lanes import seconds_to_next_due
 from ductwork.pipelines.hooks import claim_hook
 from ductwork.pipelines.outcomes import record_crash
 from ductwork.pipelines.prune import prune
-from tests.factories import make_executions, make_run, run_rows
+from tests.factories import PIPELINE_CLASS, make_executions, make_run, run_rows
 from tests.workloads import Unkeyed
 
 #: far enough that every threshold below lies between the two rows of a test
@@ -336,6 +336,57 @@ def test_a_prune_measures_a_run_from_its_finish_time(manual_app):
         left = set(tx.execute(sa.select(schema.runs.c.id)).scalars())
     assert left == {runs["completed", "recent"], runs["halted", "recent"]}
     assert result.runs == 2
+
+
+def test_a_prune_keeps_a_run_finished_at_its_cutoff(manual_app):
+    """``finished_before=30m``: a completed run that finished exactly 30 minutes ago stays
+    (the cutoff is strict), one a microsecond older goes; a dry run counts the same, with
+    and without a pipeline filter, and neither counts a run of that pipeline finished just
+    now nor one still in progress (triggered long ago) [INV-PRN-1]."""
+    app = manual_app
+    now, age = app.clock.now(), timedelta(minutes=30)
+    older, at_cutoff, recent, live = (make_run(app)[0] for _ in range(4))
+    for run_id, finished in ((older, now - age - timedelta(microseconds=1)), (at_cutoff, now - age),
+                             (recent, now)):
+        _set(app, schema.runs, run_id, status="completed", completed_at=finished, triggered_at=now - FAR,
+             created_at=now - FAR, updated_at=finished)
+    _set(app, schema.runs, live, triggered_at=now - FAR, created_at=now - FAR, updated_at=now - FAR)
+    for pipeline in (None, PIPELINE_CLASS, PIPELINE_CLASS.rpartition(":")[2]):  # (a prune that counted more
+        dry = prune(app, age, dry_run=True, pipeline=pipeline)  # would loop on it below: its batches refuse it)
+        assert (dry.runs, dry.rows["ductwork_runs"]) == (1, 1), pipeline
+    assert prune(app, age, pipeline=PIPELINE_CLASS).runs == 1
+    with app.begin() as tx:
+        left = set(tx.execute(sa.select(schema.runs.c.id)).scalars())
+    assert left == {at_cutoff, recent, live}
+
+
+def test_a_prune_takes_the_oldest_trigger_first_status_by_status(manual_app):
+    """Three completed and three halted runs (the halted ones triggered first), each three
+    triggered, finished and last updated in three different orders, none of them their
+    ids': a prune of one run per batch deletes the completed runs and then the halted ones
+    (one walk of ``ix_run_status_triggered`` per status, in PRUNABLE's order), each by its
+    trigger time, oldest first, not by its finish, its last update or its id."""
+    app = manual_app
+    now = app.clock.now()
+    expected: list[str] = []
+    for status, column, base in (("completed", "completed_at", 0), ("halted", "halted_at", 20)):
+        a, b, c = sorted(make_run(app)[0] for _ in range(3))
+        # days ago: triggered c, a, b; finished b, c, a; last updated b, a, c (created when triggered)
+        for run_id, triggered, finished, updated in ((a, 29, 25, 21), (b, 28, 27, 22), (c, 30, 26, 20)):
+            at = now - timedelta(days=base + triggered)
+            _set(app, schema.runs, run_id, status=status, triggered_at=at, created_at=at,
+                 **{column: now - timedelta(days=base + finished)}, updated_at=now - timedelta(days=base + updated))
+        expected += [c, a, b]
+    order: list[str] = []
+
+    def on_batch(runs: int, _rows: dict[str, int]) -> None:
+        with app.begin() as tx:
+            left = set(tx.execute(sa.select(schema.runs.c.id)).scalars())
+        order.extend(run_id for run_id in expected if run_id not in left and run_id not in order)
+        assert runs == 1
+
+    result = prune(app, timedelta(days=1), batch_size=1, on_batch=on_batch)
+    assert (result.runs, result.batches, order) == (6, 6, expected)
 
 
 def test_a_key_window_measures_its_holder_from_its_finish_time(manual_app):
