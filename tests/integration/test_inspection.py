@@ -458,6 +458,39 @@ def test_prune_waits_for_an_on_halt_hook_and_then_deletes_it_with_its_run(clocke
     assert set(_rows_of(clocked, [run.id]).values()) == {0}
 
 
+def test_a_prune_leaves_every_row_of_the_runs_it_keeps_as_it_was(clocked):
+    """Two old runs to delete (a fan-out that completed, a run that halted) beside runs a
+    prune keeps: a fan-out that completed recently (its branches linked to their parent and
+    barrier), a dampened run, and a halted one whose on_halt hook is still pending. The
+    prune deletes exactly the two old runs, whole (another run's open hook does not hold
+    them) [INV-PRN-2], and every row of each kept run, in every table, is as it was: a
+    batch's writes touch only its own runs' rows [INV-PRN-1]."""
+    import sqlalchemy as sa
+
+    from tests.factories import run_rows
+    from tests.workloads.hooks import HaltingPipeline
+
+    old = [Fans.trigger(3), Fails.trigger(1)]
+    drain(clocked, skip_delays=True)
+    clocked.clock.advance(timedelta(days=2))
+    fresh, waiting, hooked = Fans.trigger(2), Waits.trigger(1), HaltingPipeline.trigger(1)
+    drain(clocked, skip_delays=True)
+    h = schema.halt_hooks
+    with clocked.begin() as tx:  # its hook owed and not yet run
+        tx.execute(h.update().where(h.c.run_id == hooked.id).values(status="pending", completed_at=None))
+    assert [r.refresh().status for r in (*old, fresh, waiting, hooked)] == [
+        "completed", "halted", "completed", "dampened", "halted"]
+    kept = {run.id: run_rows(clocked, run.id) for run in (fresh, waiting, hooked)}
+    b = schema.branches
+    with clocked.begin() as tx:  # (the kept fan-out's links, which a batch unlinks in its own runs)
+        assert tx.execute(sa.select(sa.func.count()).where(b.c.run_id == fresh.id, b.c.parent_id.is_not(None),
+                                                           b.c.barrier_id.is_not(None))).scalar_one() == 2
+    result = pruning.prune(clocked, timedelta(days=1))
+    assert result.runs == 2
+    assert all(set(rows.values()) == {0} for rows in (_rows_of(clocked, [run.id]) for run in old))
+    assert {run_id: run_rows(clocked, run_id) for run_id in kept} == kept
+
+
 def test_history_and_show_name_the_on_halt_hook(clocked, db_url, capsys):
     """A halted run's hook (status, counters, last error) is in Run.history(), `ductwork
     show` and its --json; a run that owes none has hook None."""
