@@ -154,6 +154,30 @@ ARGUED: dict[str, tuple[str, str]] = {
     # -- fleet/tree.py
     # -- fleet/child.py
     # -- pipelines/prune.py
+    "pipelines/prune.py#6": (
+        "`and_` without `r.c.status.in_(PRUNABLE)`",
+        "_prunable without the status: its next term `_finished(r) < cutoff` needs a finish time, and only a "
+        "completed or halted run has one: trigger and revive insert a run with completed_at and halted_at NULL, "
+        "and only resolve_runs sets them, in the UPDATE that makes the run completed (completed_at) or halted "
+        "(halted_at); that UPDATE is guarded by `status NOT IN TERMINAL` and no other write changes a final "
+        "run's status (resume moves a dampened run, which has neither time) [INV-RUN-1]; candidates also asks "
+        "`status = :status` (one of PRUNABLE), and prune_batch re-checks may_prune"),
+    "pipelines/prune.py#27": (
+        "`len(found) >= limit`: Gt for GtE",
+        "candidates without the early stop when `found` holds exactly `limit` ids: each query is limited to "
+        "`limit - len(found)`, so `found` never holds more, and the next status's query then runs with LIMIT 0 "
+        "(SQLAlchemy renders the 0), which returns no row on SQLite, PostgreSQL and MariaDB: one extra read, "
+        "a cost, not an outcome"),
+    "pipelines/prune.py#40": (
+        "`.where(b.c.run_id.in_(ids))` dropped",
+        "_rows_of's `branch` arm (`pragma: no cover`) never runs: no table of RUN_TABLES, a constant the "
+        "mutant leaves as it is, names its run by branch (each `via` is `step`, `run` or `id`)"),
+    "pipelines/prune.py#47": (
+        "`r.c.triggered_at` read as `created_at`",
+        "candidates ordered by created_at instead of triggered_at: both inserts of a run (trigger, revive) write "
+        "created_at = triggered_at = tx.now, and no write changes either column (the run UPDATEs set status, "
+        "completed_at, halted_at, trigger_key and updated_at; the server routines only read runs), so the two "
+        "orders, then by id, are the same"),
     # -- pipelines/revive.py
     # -- pipelines/hooks.py
     # -- pipelines/runs.py
