@@ -736,6 +736,7 @@ def report() -> str:
              "| broken | score | score without the argued | s per mutant | clean run |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     survivors = []
+    totals: list[list[dict]] = []
     records: dict[str, list[dict]] = {}
     for path in sorted(RESULTS.glob("*.py.*.json")):
         record = json.loads(path.read_text())
@@ -749,9 +750,19 @@ def report() -> str:
         if len(current) > 1:
             lines.append(_row(module, "all", current[0]["generated"], "–", _combined(current), False))
         left = _combined(current) if current else []
+        totals.append(left)
         survivors += [f"- `{module}` #{r['number']} ({r['operator']}, line {r['line']}): {r['what']}"
                       for r in left if r["verdict"] == "survived" and not _argued(r)]
-    return "\n".join([*lines, "", "Survivors not argued equivalent:", *survivors] if survivors else lines)
+    every = [r for left in totals for r in left]
+    caught = sum(r["verdict"] in ("killed", "timeout") for r in every)
+    argued = sum(r["verdict"] == "survived" and _argued(r) for r in every)
+    unrun = [m for m in GUARD_TESTS if not any(r["source"] == _source(m) for r in records.get(m, []))]
+    summary = (f"In all, over the databases: {len(every)} mutants of {len(records)} modules run, {caught} killed "
+               f"(or timed out), {argued} argued equivalent, {len(survivors)} survivors not argued, "
+               f"{sum(r['verdict'] == 'broken' for r in every)} broken; "
+               + (f"not run yet: {', '.join(f'`{m}`' for m in unrun)}." if unrun else "every guard module run."))
+    tail = ["", "Survivors not argued equivalent:", *survivors] if survivors else []
+    return "\n".join([*lines, "", summary, *tail])
 
 
 #: where docs/verification.md publishes :func:`report`'s text (``--report --write`` puts it there)
