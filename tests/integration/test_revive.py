@@ -51,6 +51,16 @@ class Fragile(Takes):
         return self.value + 100
 
 
+class Flaky(Takes):
+    """Fails its first attempt at 0 (then ends after its siblings), and 3 while BROKEN["fail"]."""
+
+    def execute(self):
+        RAN[f"Flaky {self.value}"] += 1
+        if (self.value == 0 and RAN["Flaky 0"] == 1) or (BROKEN["fail"] and self.value == 3):
+            raise ValueError(f"flaky {self.value}")
+        return self.value + 100
+
+
 class Crashy(Step):
     """Its constructor raises while BROKEN["crash"]: every execution counts as a crash."""
 
@@ -90,6 +100,14 @@ class FanP(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Count).expand(to=Fragile).collapse(into=Total)
+
+
+class FlakyFanP(Pipeline):
+    """expand into four children: 0 succeeds on its retry, 3 fails while broken."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Count).expand(to=Flaky).collapse(into=Total)
 
 
 class ChainCrashP(Pipeline):
@@ -240,6 +258,50 @@ def test_the_context_is_copied_only_when_asked(offset_app):
     assert {s.node: s.output for s in plain_new.refresh().steps()}["ReadsContext#1"] is None
     assert {s.node: s.output for s in copied_new.refresh().steps()}["ReadsContext#1"] == 8
     assert len(_rows(app, schema.context, run_id=copied.id)) == 1  # the halted run keeps its own
+
+
+def test_a_revive_copies_only_its_run_in_order_and_leaves_another_halted_run_as_it_was(offset_app):
+    """Two halted fan-outs side by side, each with context rows whose first and last set
+    times are days apart. Reviving one with its context copies its own expand items and
+    context rows (times included) and nothing of the other's; its branches and history
+    steps keep their start order (new ids in the old order: the fan-out's children, started
+    together, end in another order: 0 on its retry); every row of both halted runs stays as
+    it was."""
+    import json
+    from datetime import timedelta
+
+    from ductwork.db.ids import new_id
+    from tests.factories import run_rows
+
+    app = offset_app
+    run, other = _halted(app, FlakyFanP, 4), _halted(app, FanP, 6)
+    c, b = schema.context, schema.branches
+    with app.begin() as tx:
+        for rid, keys in ((run.id, ["a", "b"]), (other.id, ["c"])):
+            tx.execute(c.insert(), [{"id": new_id(), "run_id": rid, "key": k, "value": json.dumps({"raw_value": k}),
+                                     "first_set_at": tx.now - timedelta(days=3 + i), "last_set_at": tx.now}
+                                    for i, k in enumerate(keys)])
+    before = {r.id: run_rows(app, r.id) for r in (run, other)}
+    new = run.revive(duplicate_context=True)
+    assert {r.id: run_rows(app, r.id) for r in (run, other)} == before
+
+    def context(run_id):
+        return [row[2:] for row in run_rows(app, run_id)["context"]]  # key, value, first and last set
+
+    def branches(run_id):
+        with app.begin(readonly=True) as tx:
+            return [tuple(row) for row in tx.execute(
+                sa.select(b.c.started_at, b.c.barrier_index, b.c.fanout_width, b.c.fanin_arrivals)
+                .where(b.c.run_id == run_id).order_by(b.c.started_at, b.c.id))]
+
+    assert context(new.id) == context(run.id)
+    assert context(new.id) != context(other.id)
+    assert branches(new.id) == branches(run.id)
+    old = [(s.node, s.input, s.output, s.status) for s in run.steps()]
+    # history in its start order, then the re-enqueued failed steps (started now), in theirs
+    expected = [s for s in old if s[3] != "failed"] + [(*s[:3], "in_progress") for s in old if s[3] == "failed"]
+    assert [(s.node, s.input, s.output, s.status) for s in new.steps()] == expected
+    assert ("Count#0", [4], [0, 1, 2, 3], "completed") in expected
 
 
 def test_a_keyed_failed_step_is_re_enqueued_on_its_key_and_no_context_is_copied_as_none(offset_app):
