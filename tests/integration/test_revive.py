@@ -61,6 +61,20 @@ class Flaky(Takes):
         return self.value + 100
 
 
+class Spread(Takes):
+    def execute(self):
+        return [self.value * 10 + 1, self.value * 10 + 2]
+
+
+class Leaf(Takes):
+    """Fails at 111 while BROKEN["fail"]."""
+
+    def execute(self):
+        if BROKEN["fail"] and self.value == 111:
+            raise ValueError("leaf 111")
+        return self.value
+
+
 class Crashy(Step):
     """Its constructor raises while BROKEN["crash"]: every execution counts as a crash."""
 
@@ -108,6 +122,15 @@ class FlakyFanP(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Count).expand(to=Flaky).collapse(into=Total)
+
+
+class NestedP(Pipeline):
+    """three expands deep: 0 -> 1, 2 -> 11, 12, 21, 22 -> eight leaves; leaf 111 fails while broken."""
+
+    @classmethod
+    def define(cls, p):
+        (p.start(Spread).expand(to=Spread).expand(to=Spread).expand(to=Leaf)
+         .collapse(into=Total).collapse(into=Total).collapse(into=Total))
 
 
 class ChainCrashP(Pipeline):
@@ -302,6 +325,27 @@ def test_a_revive_copies_only_its_run_in_order_and_leaves_another_halted_run_as_
     expected = [s for s in old if s[3] != "failed"] + [(*s[:3], "in_progress") for s in old if s[3] == "failed"]
     assert [(s.node, s.input, s.output, s.status) for s in new.steps()] == expected
     assert ("Count#0", [4], [0, 1, 2, 3], "completed") in expected
+
+
+def test_a_revive_of_nested_fan_outs_inserts_each_branch_after_its_barrier(offset_app):
+    """Three expands deep, halted at one leaf after the other innermost groups merged: a
+    merged branch has no parent but its barrier is a child branch (one level up), which the
+    revive must insert before it (foreign key). The revived run completes with every leaf."""
+    app = offset_app
+    run = _halted(app, NestedP, 0)
+    b = schema.branches
+    with app.begin(readonly=True) as tx:
+        merged = tx.execute(sa.select(b.c.barrier_id).where(
+            b.c.run_id == run.id, b.c.parent_id.is_(None), b.c.barrier_id.is_not(None))).scalars().all()
+        parents = dict(tx.execute(sa.select(b.c.id, b.c.parent_id).where(b.c.run_id == run.id)).all())
+    # the merges of groups 12, 21 and 22 (their barriers: the branches of 1 and 2), and of 2
+    assert sorted(parents[barrier] is not None for barrier in merged) == [False, True, True, True]
+    BROKEN["fail"] = False
+    new = run.revive()
+    drain(app, timeout=60, skip_delays=True)
+    assert new.refresh().status == "completed"
+    assert len(_rows(app, schema.branches, run_id=new.id)) > len(_rows(app, schema.branches, run_id=run.id))
+    assert [s.output for s in new.steps()][-1] == 111 + 112 + 121 + 122 + 211 + 212 + 221 + 222
 
 
 def test_a_keyed_failed_step_is_re_enqueued_on_its_key_and_no_context_is_copied_as_none(offset_app):
