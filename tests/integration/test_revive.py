@@ -497,6 +497,47 @@ def test_the_unique_index_refuses_a_second_revived_run(offset_app):
         tx.execute(schema.runs.insert().values(**{**source, "id": new_id()}))
 
 
+def test_a_reviver_that_missed_the_winners_row_gets_the_winners_run_from_the_unique_index(offset_app, monkeypatch):
+    """The error boundary behind the lock: a reviver whose check found no revival (as one
+    that read before the winner committed would; here the check answers None once) has
+    its run refused by the unique index, and ``revive_run`` answers with the winner's run,
+    read after the refusal; nothing of the refused revive is written."""
+    from ductwork.pipelines import revive
+
+    app = offset_app
+    run = _halted(app, FanP, 2)
+    first = revive.revive_run(app, run.id)
+    real, calls = revive.existing_revival, []
+
+    def missed_once(tx, run_id):
+        calls.append(run_id)
+        return None if len(calls) == 1 else real(tx, run_id)
+
+    monkeypatch.setattr(revive, "existing_revival", missed_once)
+    counts = {t.name: len(_rows(app, t)) for t in (schema.runs, schema.branches, schema.steps, schema.executions)}
+    assert revive.revive_run(app, run.id) == first
+    assert calls == [run.id, run.id]  # the check in the transaction, then the one after the refusal
+    assert {t.name: len(_rows(app, t)) for t in (schema.runs, schema.branches, schema.steps,
+                                                  schema.executions)} == counts
+
+
+def test_a_revive_is_logged_once_after_its_commit(offset_app, caplog):
+    """A revive that writes its run logs it once, with both run ids, the halted branches
+    it resumed and whether the context was copied; a second revive of the same run (it
+    returns the first's run, writing nothing) logs nothing."""
+    import logging
+
+    app = offset_app
+    run = _halted(app, FanP, 4)
+    caplog.set_level(logging.INFO, logger="ductwork.revive")
+    new = run.revive()
+    assert run.revive().id == new.id
+    records = [r for r in caplog.records if r.name == "ductwork.revive"]
+    assert [r.getMessage() for r in records] == [
+        f"run {run.id} revived as run {new.id}: 2 halted branch(es) resumed, context not copied"]
+    assert (records[0].run_id, records[0].revived_from) == (new.id, run.id)
+
+
 # --------------------------------------------------------------------------- command line
 
 
