@@ -348,6 +348,29 @@ def test_a_revive_of_nested_fan_outs_inserts_each_branch_after_its_barrier(offse
     assert [s.output for s in new.steps()][-1] == 111 + 112 + 121 + 122 + 211 + 212 + 221 + 222
 
 
+def test_the_revived_branches_ids_rise_in_the_halted_runs_start_order(offset_app):
+    """Ids rise in creation order only within a process: a branch started by another
+    process may have started later than a branch with a greater id. Here the first child's
+    start is moved an hour on, after its siblings' (whose ids are greater). The
+    revive creates the copies in start order, so in the revived run id order is start
+    order again (the order a halt hook lists halted branches in)."""
+    from datetime import timedelta
+
+    app = offset_app
+    run = _halted(app, FanP, 4)
+    b, s = schema.branches, schema.steps
+    with app.begin() as tx:
+        first = tx.execute(sa.select(s.c.branch_id).where(s.c.run_id == run.id, s.c.node == "Fragile#1")
+                           .order_by(s.c.branch_id).limit(1)).scalar_one()
+        started = tx.execute(sa.select(b.c.started_at).where(b.c.id == first)).scalar_one()
+        tx.execute(b.update().where(b.c.id == first).values(started_at=started + timedelta(hours=1)))
+    new = run.revive()
+    with app.begin(readonly=True) as tx:
+        by_id = tx.execute(sa.select(b.c.started_at).where(b.c.run_id == new.id).order_by(b.c.id)).scalars().all()
+    assert by_id == sorted(by_id)
+    assert by_id[-1] == started + timedelta(hours=1)  # the moved child is the last copy: it started last
+
+
 def test_a_keyed_failed_step_is_re_enqueued_on_its_key_and_no_context_is_copied_as_none(offset_app):
     app = offset_app
     run = _halted(app, KeyedP, 3)
