@@ -179,6 +179,19 @@ ARGUED: dict[str, tuple[str, str]] = {
         "completed_at, halted_at, trigger_key and updated_at; the server routines only read runs), so the two "
         "orders, then by id, are the same"),
     # -- pipelines/revive.py
+    "pipelines/revive.py#40": (
+        "`_s.c.started_at` read as `created_at`",
+        "the steps read in created_at order instead of started_at: a step row's started_at is its created_at "
+        "(as pipelines/runs.py#69: create_steps_across writes both as now, revive's re-enqueued step sets both "
+        "to now and its history copies keep both, no UPDATE writes either), so the two orders, then by id, are "
+        "the same"),
+    "pipelines/revive.py#44": (
+        "`.where(_c.c.run_id == run_id)` dropped",
+        "_context_ids reads every run's context keys instead of the revived run's: the CASE gets a new id per "
+        "distinct key, so each key of the revived run (unique per run, uq_context_run_key) still maps to an id "
+        "of its own, rising in key order as before; the copy's own where (line 122) selects only the revived "
+        "run's rows, so the extra WHEN arms are never taken, and with no key of its own the copy inserts no "
+        "row whichever id expression it gets. A cost (a wider read, a longer CASE), not an outcome"),
     # -- pipelines/hooks.py
     # -- pipelines/runs.py
     "pipelines/runs.py#28": (

@@ -51,6 +51,30 @@ class Fragile(Takes):
         return self.value + 100
 
 
+class Flaky(Takes):
+    """Fails its first attempt at 0 (then ends after its siblings), and 3 while BROKEN["fail"]."""
+
+    def execute(self):
+        RAN[f"Flaky {self.value}"] += 1
+        if (self.value == 0 and RAN["Flaky 0"] == 1) or (BROKEN["fail"] and self.value == 3):
+            raise ValueError(f"flaky {self.value}")
+        return self.value + 100
+
+
+class Spread(Takes):
+    def execute(self):
+        return [self.value * 10 + 1, self.value * 10 + 2]
+
+
+class Leaf(Takes):
+    """Fails at 111 while BROKEN["fail"]."""
+
+    def execute(self):
+        if BROKEN["fail"] and self.value == 111:
+            raise ValueError("leaf 111")
+        return self.value
+
+
 class Crashy(Step):
     """Its constructor raises while BROKEN["crash"]: every execution counts as a crash."""
 
@@ -90,6 +114,23 @@ class FanP(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Count).expand(to=Fragile).collapse(into=Total)
+
+
+class FlakyFanP(Pipeline):
+    """expand into four children: 0 succeeds on its retry, 3 fails while broken."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Count).expand(to=Flaky).collapse(into=Total)
+
+
+class NestedP(Pipeline):
+    """three expands deep: 0 -> 1, 2 -> 11, 12, 21, 22 -> eight leaves; leaf 111 fails while broken."""
+
+    @classmethod
+    def define(cls, p):
+        (p.start(Spread).expand(to=Spread).expand(to=Spread).expand(to=Leaf)
+         .collapse(into=Total).collapse(into=Total).collapse(into=Total))
 
 
 class ChainCrashP(Pipeline):
@@ -242,6 +283,94 @@ def test_the_context_is_copied_only_when_asked(offset_app):
     assert len(_rows(app, schema.context, run_id=copied.id)) == 1  # the halted run keeps its own
 
 
+def test_a_revive_copies_only_its_run_in_order_and_leaves_another_halted_run_as_it_was(offset_app):
+    """Two halted fan-outs side by side, each with context rows whose first and last set
+    times are days apart. Reviving one with its context copies its own expand items and
+    context rows (times included) and nothing of the other's; its branches and history
+    steps keep their start order (new ids in the old order: the fan-out's children, started
+    together, end in another order: 0 on its retry); every row of both halted runs stays as
+    it was."""
+    import json
+    from datetime import timedelta
+
+    from ductwork.db.ids import new_id
+    from tests.factories import run_rows
+
+    app = offset_app
+    run, other = _halted(app, FlakyFanP, 4), _halted(app, FanP, 6)
+    c, b = schema.context, schema.branches
+    with app.begin() as tx:
+        for rid, keys in ((run.id, ["a", "b"]), (other.id, ["c"])):
+            tx.execute(c.insert(), [{"id": new_id(), "run_id": rid, "key": k, "value": json.dumps({"raw_value": k}),
+                                     "first_set_at": tx.now - timedelta(days=3 + i), "last_set_at": tx.now}
+                                    for i, k in enumerate(keys)])
+    before = {r.id: run_rows(app, r.id) for r in (run, other)}
+    new = run.revive(duplicate_context=True)
+    assert {r.id: run_rows(app, r.id) for r in (run, other)} == before
+
+    def context(run_id):
+        return [row[2:] for row in run_rows(app, run_id)["context"]]  # key, value, first and last set
+
+    def branches(run_id):
+        with app.begin(readonly=True) as tx:
+            return [tuple(row) for row in tx.execute(
+                sa.select(b.c.started_at, b.c.barrier_index, b.c.fanout_width, b.c.fanin_arrivals)
+                .where(b.c.run_id == run_id).order_by(b.c.started_at, b.c.id))]
+
+    assert context(new.id) == context(run.id)
+    assert context(new.id) != context(other.id)
+    assert branches(new.id) == branches(run.id)
+    old = [(s.node, s.input, s.output, s.status) for s in run.steps()]
+    # history in its start order, then the re-enqueued failed steps (started now), in theirs
+    expected = [s for s in old if s[3] != "failed"] + [(*s[:3], "in_progress") for s in old if s[3] == "failed"]
+    assert [(s.node, s.input, s.output, s.status) for s in new.steps()] == expected
+    assert ("Count#0", [4], [0, 1, 2, 3], "completed") in expected
+
+
+def test_a_revive_of_nested_fan_outs_inserts_each_branch_after_its_barrier(offset_app):
+    """Three expands deep, halted at one leaf after the other innermost groups merged: a
+    merged branch has no parent but its barrier is a child branch (one level up), which the
+    revive must insert before it (foreign key). The revived run completes with every leaf."""
+    app = offset_app
+    run = _halted(app, NestedP, 0)
+    b = schema.branches
+    with app.begin(readonly=True) as tx:
+        merged = tx.execute(sa.select(b.c.barrier_id).where(
+            b.c.run_id == run.id, b.c.parent_id.is_(None), b.c.barrier_id.is_not(None))).scalars().all()
+        parents = dict(tx.execute(sa.select(b.c.id, b.c.parent_id).where(b.c.run_id == run.id)).all())
+    # the merges of groups 12, 21 and 22 (their barriers: the branches of 1 and 2), and of 2
+    assert sorted(parents[barrier] is not None for barrier in merged) == [False, True, True, True]
+    BROKEN["fail"] = False
+    new = run.revive()
+    drain(app, timeout=60, skip_delays=True)
+    assert new.refresh().status == "completed"
+    assert len(_rows(app, schema.branches, run_id=new.id)) > len(_rows(app, schema.branches, run_id=run.id))
+    assert [s.output for s in new.steps()][-1] == 111 + 112 + 121 + 122 + 211 + 212 + 221 + 222
+
+
+def test_the_revived_branches_ids_rise_in_the_halted_runs_start_order(offset_app):
+    """Ids rise in creation order only within a process: a branch started by another
+    process may have started later than a branch with a greater id. Here the first child's
+    start is moved an hour on, after its siblings' (whose ids are greater). The
+    revive creates the copies in start order, so in the revived run id order is start
+    order again (the order a halt hook lists halted branches in)."""
+    from datetime import timedelta
+
+    app = offset_app
+    run = _halted(app, FanP, 4)
+    b, s = schema.branches, schema.steps
+    with app.begin() as tx:
+        first = tx.execute(sa.select(s.c.branch_id).where(s.c.run_id == run.id, s.c.node == "Fragile#1")
+                           .order_by(s.c.branch_id).limit(1)).scalar_one()
+        started = tx.execute(sa.select(b.c.started_at).where(b.c.id == first)).scalar_one()
+        tx.execute(b.update().where(b.c.id == first).values(started_at=started + timedelta(hours=1)))
+    new = run.revive()
+    with app.begin(readonly=True) as tx:
+        by_id = tx.execute(sa.select(b.c.started_at).where(b.c.run_id == new.id).order_by(b.c.id)).scalars().all()
+    assert by_id == sorted(by_id)
+    assert by_id[-1] == started + timedelta(hours=1)  # the moved child is the last copy: it started last
+
+
 def test_a_keyed_failed_step_is_re_enqueued_on_its_key_and_no_context_is_copied_as_none(offset_app):
     app = offset_app
     run = _halted(app, KeyedP, 3)
@@ -389,6 +518,47 @@ def test_the_unique_index_refuses_a_second_revived_run(offset_app):
     with pytest.raises(RevivedConcurrently), dialects.translate_db_errors(
             {"uq_run_revived_from": lambda _: RevivedConcurrently(run.id)}), app.begin() as tx:
         tx.execute(schema.runs.insert().values(**{**source, "id": new_id()}))
+
+
+def test_a_reviver_that_missed_the_winners_row_gets_the_winners_run_from_the_unique_index(offset_app, monkeypatch):
+    """The error boundary behind the lock: a reviver whose check found no revival (as one
+    that read before the winner committed would; here the check answers None once) has
+    its run refused by the unique index, and ``revive_run`` answers with the winner's run,
+    read after the refusal; nothing of the refused revive is written."""
+    from ductwork.pipelines import revive
+
+    app = offset_app
+    run = _halted(app, FanP, 2)
+    first = revive.revive_run(app, run.id)
+    real, calls = revive.existing_revival, []
+
+    def missed_once(tx, run_id):
+        calls.append(run_id)
+        return None if len(calls) == 1 else real(tx, run_id)
+
+    monkeypatch.setattr(revive, "existing_revival", missed_once)
+    counts = {t.name: len(_rows(app, t)) for t in (schema.runs, schema.branches, schema.steps, schema.executions)}
+    assert revive.revive_run(app, run.id) == first
+    assert calls == [run.id, run.id]  # the check in the transaction, then the one after the refusal
+    assert {t.name: len(_rows(app, t)) for t in (schema.runs, schema.branches, schema.steps,
+                                                  schema.executions)} == counts
+
+
+def test_a_revive_is_logged_once_after_its_commit(offset_app, caplog):
+    """A revive that writes its run logs it once, with both run ids, the halted branches
+    it resumed and whether the context was copied; a second revive of the same run (it
+    returns the first's run, writing nothing) logs nothing."""
+    import logging
+
+    app = offset_app
+    run = _halted(app, FanP, 4)
+    caplog.set_level(logging.INFO, logger="ductwork.revive")
+    new = run.revive()
+    assert run.revive().id == new.id
+    records = [r for r in caplog.records if r.name == "ductwork.revive"]
+    assert [r.getMessage() for r in records] == [
+        f"run {run.id} revived as run {new.id}: 2 halted branch(es) resumed, context not copied"]
+    assert (records[0].run_id, records[0].revived_from) == (new.id, run.id)
 
 
 # --------------------------------------------------------------------------- command line
