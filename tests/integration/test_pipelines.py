@@ -18,6 +18,7 @@ from ductwork import Pipeline, Step
 from ductwork.db import schema
 from ductwork.errors import RunStateError, UnknownRunError
 from ductwork.pipelines import runs as runs_module
+from ductwork.pipelines.payloads import MAX_PAYLOAD_BYTES
 from ductwork.pipelines.runs import Run, StepError
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
@@ -244,6 +245,28 @@ def test_nested_fan_in_inside_fan_out(app):
     assert run.refresh().status == "completed"
     (final,) = [s for s in run.steps() if s.node.startswith("Gather")]
     assert final.input == [[i + 1 + i * 10 for i in range(3)]]
+
+
+class EchoTwiceP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo).chain(to=Echo)
+
+
+def test_a_fan_in_measures_only_its_own_siblings_outputs(app):
+    """A run whose two steps each return 60 % of the payload maximum completes first; then
+    a divide/combine of small values completes too: the fan-in's size check sums only the
+    outputs of the merging barrier's arrived siblings, never every step in the database
+    (which together are above the maximum)."""
+    big = "x" * (MAX_PAYLOAD_BYTES * 6 // 10)
+    first = EchoTwiceP.trigger(big)
+    drain(app, timeout=120)
+    assert first.refresh().status == "completed"
+    run = DivideP.trigger(1)
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed", run.halt_reasons
+    (final,) = [s for s in run.steps() if s.node.startswith("Gather")]
+    assert final.output == [["TagC", ["Tag", 1]], ["TagB", 1]]
 
 
 def test_many_runs_in_parallel_do_not_mix(app):
