@@ -208,6 +208,32 @@ def test_a_failed_step_whose_halt_keeps_failing_halts_advancer_retries_exhausted
     assert [a.error_klass for a in _advancements(app, branch_id)] == ["ductwork.errors.FaultInjection"] * 3
 
 
+def test_advancer_retries_count_only_the_steps_own_errors(app):
+    """Run A's failed step's halt raises three times: two errors release it, the third
+    halts it ``advancer_retries_exhausted``. Then run B's failed step: an advancer that
+    claimed it dies (reaped: a crash, not an error), and its halt raises: B is released
+    after its first and second errors and halts only at its third, for ``max_retry`` (2)
+    counts only B's own step's recorded errors: neither A's errors nor B's crash."""
+
+    def attempt(run):
+        faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise")
+        assert Advancer(app).run_once() == "error"
+        faults.disarm()
+        return _branch(app, run.id).status
+
+    first = Fails.trigger(1)
+    _work(app)
+    assert [attempt(first) for _ in range(3)] == ["in_progress", "in_progress", "halted"]
+    second = Fails.trigger(2)
+    _work(app)
+    branch_id = _branch(app, second.id).id
+    _crash(app, branch_id, 1)
+    assert [attempt(second) for _ in range(3)] == ["in_progress", "in_progress", "halted"]
+    assert [a.error_klass for a in _advancements(app, branch_id)] == (
+        ["ductwork.ProcessCrash"] + ["ductwork.errors.FaultInjection"] * 3)
+    assert second.refresh().halt_reasons == ["advancer_retries_exhausted"]
+
+
 def test_an_error_whose_claim_was_lost_is_not_recorded(app, monkeypatch):
     """An expand stopped between batches by an error, its process reaped meanwhile: the
     error is not recorded over the reaper's close (the claim is lost, nothing committed),
