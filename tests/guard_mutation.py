@@ -90,7 +90,7 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                           f"{_I}test_halt_hooks.py", f"{_I}test_async_client.py"),
     "pipelines/advance.py": (f"{_I}test_partial_losses.py", f"{_I}test_exactly_once.py",
                              f"{_I}test_fan_in_while_expanding.py", f"{_I}test_pipelines.py",
-                             f"{_I}test_advancer_arms.py"),
+                             f"{_I}test_advancer_arms.py", f"{_I}test_logs.py"),
     "pipelines/branches.py": (f"{_I}test_partial_losses.py", f"{_I}test_exactly_once.py",
                               f"{_I}test_advancer_arms.py", f"{_I}test_pipelines.py"),
     "limits/lanes.py": (f"{_I}test_time_predicates.py", f"{_I}test_batches.py", f"{_I}test_limits.py",
