@@ -234,6 +234,39 @@ def test_advancer_retries_count_only_the_steps_own_errors(app):
     assert second.refresh().halt_reasons == ["advancer_retries_exhausted"]
 
 
+@pytest.fixture
+def batch_of_five_app(db_url):
+    """As ``app``, with ``advance_batch`` 5."""
+    yield from installed(make_app(db_url, pipeline_advancer={"inline_linear": False, "advance_batch": 5},
+                                  job_worker={"max_retry": 0}))
+
+
+def test_more_ready_branches_than_a_batch_are_advanced_a_batch_at_a_time(batch_of_five_app):
+    """An expand's twelve leaf children, all ready at once, with ``advance_batch`` 5: each
+    ``run_once`` picks 5 of the candidates it read at random (the advancer's own
+    generator) and advances exactly those; three of them advance all twelve."""
+    app = batch_of_five_app
+    run = Expands.trigger(12)
+    _work(app)
+    assert Advancer(app).run_once() == "advanced"  # the expand: twelve children
+    _work(app)
+    b = schema.branches
+
+    def completed_children():
+        with app.begin() as tx:
+            return tx.execute(sa.select(sa.func.count()).select_from(b).where(
+                b.c.run_id == run.id, b.c.parent_id.is_not(None), b.c.status == "completed")).scalar_one()
+
+    advancer = Advancer(app)
+    done = []
+    for _ in range(3):
+        assert advancer.run_once() == "advanced"
+        done.append(completed_children())
+    assert done == [5, 10, 12]
+    assert advancer.run_once() == "idle"
+    assert run.refresh().status == "completed"
+
+
 def test_an_error_whose_claim_was_lost_is_not_recorded(app, monkeypatch):
     """An expand stopped between batches by an error, its process reaped meanwhile: the
     error is not recorded over the reaper's close (the claim is lost, nothing committed),
