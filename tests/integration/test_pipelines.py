@@ -269,6 +269,33 @@ def test_a_fan_in_measures_only_its_own_siblings_outputs(app):
     assert final.output == [["TagC", ["Tag", 1]], ["TagB", 1]]
 
 
+class Repeat(Takes):
+    """Returns a str of ``n`` x's."""
+
+    def execute(self):
+        return "x" * self.value
+
+
+class RepeatsP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo).expand(to=Repeat).collapse(into=Gather)
+
+
+def test_a_fan_in_too_large_halts_with_its_last_arrival_completed(app):
+    """Three children each return 40 % of the payload maximum: the collapse's list would
+    be above it, so the last arrival halts its branch ``payload_too_large`` at once; its
+    step is completed with that halt like its siblings' (no step is left advancing) and
+    the merge never fires."""
+    n = MAX_PAYLOAD_BYTES * 4 // 10
+    run = RepeatsP.trigger([n, n, n])
+    drain(app, timeout=120)
+    assert run.refresh().status == "halted"
+    assert run.halt_reasons == ["payload_too_large"]
+    assert Counter((s.node, s.status) for s in run.steps()) == {("Echo#0", "completed"): 1,
+                                                                ("Repeat#1", "completed"): 3}
+
+
 def test_many_runs_in_parallel_do_not_mix(app):
     runs = [ChainP.trigger(i) for i in range(5)]
     drain(app, timeout=60)
