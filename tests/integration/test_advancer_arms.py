@@ -208,6 +208,23 @@ def test_a_failed_step_whose_halt_keeps_failing_halts_advancer_retries_exhausted
     assert [a.error_klass for a in _advancements(app, branch_id)] == ["ductwork.errors.FaultInjection"] * 3
 
 
+def test_a_lone_simple_move_that_raises_is_attempted_once_and_its_error_recorded(app):
+    """One failed step's halt, the only move of its batch, raises the first time only: it
+    is advanced alone (never first as a batch of one, then again), so that one attempt's
+    error is recorded and the branch released; the next advancer halts it."""
+    run = Fails.trigger(1)
+    _work(app)
+    branch_id = _branch(app, run.id).id
+    faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise", 1)
+    assert Advancer(app).run_once() == "error"
+    assert faults.fired(faults.INSIDE_ADVANCE_BATCH) == 1
+    faults.disarm()
+    assert _branch(app, run.id).status == "in_progress"
+    assert [a.error_klass for a in _advancements(app, branch_id)] == ["ductwork.errors.FaultInjection"]
+    assert Advancer(app).run_once() == "advanced"
+    assert run.refresh().halt_reasons == ["job_retries_exhausted"]
+
+
 def test_advancer_retries_count_only_the_steps_own_errors(app):
     """Run A's failed step's halt raises three times: two errors release it, the third
     halts it ``advancer_retries_exhausted``. Then run B's failed step: an advancer that
