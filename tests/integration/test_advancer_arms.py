@@ -225,6 +225,22 @@ def test_a_lone_simple_move_that_raises_is_attempted_once_and_its_error_recorded
     assert run.refresh().halt_reasons == ["job_retries_exhausted"]
 
 
+def test_a_batch_of_chains_that_raises_once_is_advanced_again_each_alone(app):
+    """Two succeeded steps whose edges are chains are one batch; its transaction raises
+    the first time only: each is then advanced alone and both advance, with no error
+    recorded (the batch was attempted, then each alone: never each alone first)."""
+    runs = [TwoStep.trigger(i) for i in (1, 2)]
+    _work(app)
+    faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise", 1)
+    assert Advancer(app).run_once() == "advanced"
+    assert faults.fired(faults.INSIDE_ADVANCE_BATCH) == 1
+    faults.disarm()
+    assert [[s.status for s in run.steps()] for run in runs] == [["completed", "in_progress"]] * 2
+    a = schema.advancements
+    with app.begin() as tx:
+        assert tx.execute(sa.select(a.c.error_klass).where(a.c.error_klass.is_not(None))).all() == []
+
+
 def test_advancer_retries_count_only_the_steps_own_errors(app):
     """Run A's failed step's halt raises three times: two errors release it, the third
     halts it ``advancer_retries_exhausted``. Then run B's failed step: an advancer that
