@@ -8,6 +8,8 @@ INV-RUN-1 (terminal states), INV-CTX-1 (context set once).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from datetime import timedelta
 
@@ -294,6 +296,26 @@ def test_a_fan_in_too_large_halts_with_its_last_arrival_completed(app):
     assert run.halt_reasons == ["payload_too_large"]
     assert Counter((s.node, s.status) for s in run.steps()) == {("Echo#0", "completed"): 1,
                                                                 ("Repeat#1", "completed"): 3}
+
+
+def test_a_fan_in_whose_barrier_ran_another_node_halts_transition_invalid(app):
+    """A run whose stored snapshot names, for its combine, a barrier node other than the
+    one its fan-out branch ran (a snapshot edited by hand): each arriving sibling's fan-in
+    raises, so each halts ``transition_invalid`` and the merge never fires."""
+    run = DivideP.trigger(1)
+    r = schema.runs
+    with app.begin() as tx:
+        data = json.loads(tx.execute(sa.select(r.c.definition).where(r.c.id == run.id)).scalar_one())
+        for source in ("TagB#2", "TagC#3"):
+            assert data["edges"][source]["barrier"] == ["Echo#0"]
+            data["edges"][source]["barrier"] = ["Tag#1"]
+        text = json.dumps(data, sort_keys=True)
+        tx.execute(r.update().where(r.c.id == run.id).values(
+            definition=text, definition_sha1=hashlib.sha1(text.encode()).hexdigest()))
+    drain(app, timeout=30)
+    assert run.refresh().status == "halted"
+    assert run.halt_reasons == ["transition_invalid"] * 2
+    assert not [s for s in run.steps() if s.node.startswith("Gather")]
 
 
 def test_many_runs_in_parallel_do_not_mix(app):
