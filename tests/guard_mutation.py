@@ -254,26 +254,28 @@ ARGUED: dict[str, tuple[str, str]] = {
         "stored output (an envelope, an expand's count, None) without raising"),
     "pipelines/advance.py#59": (
         "`_b.c.fanin_arrived_at` read as `last_advanced_at`",
-        "at the firing every branch whose barrier_id is the barrier has arrived: those are the barrier's "
-        "fanout_width children (a merge takes the barrier's own barrier_id), the counter is bumped once in each "
-        "child's arrival fence, the one that sets its fanin_arrived_at and completed_at, and it fires when the "
-        "counter reaches the width; last_advanced_at, started_at, created_at and updated_at are set when a "
-        "branch is created (create_branches), so each column is non-null on exactly the same rows"),
+        "at the firing every branch of the barrier (barrier_id) with a step at a source node has arrived: each "
+        "of the barrier's fanout_width children's lines (the child, or the merge of its own fan-out, which takes "
+        "its barrier_id; a child that fanned out ran no source node) has one such branch, whose source step is "
+        "its last, and the counter, bumped once in the fence that sets that branch's fanin_arrived_at and "
+        "completed_at, fires only when all width of them arrived (a sibling that halted instead keeps it below "
+        "the width for good); last_advanced_at, started_at, created_at and updated_at are set when a branch is "
+        "created (create_branches), so each column is non-null on exactly the rows selected"),
     "pipelines/advance.py#60": (
         "`_b.c.fanin_arrived_at` read as `started_at`",
-        "as #59: at the firing every child of the barrier has arrived, and started_at is set at creation "
+        "as #59: at the firing every branch the join selects has arrived, and started_at is set at creation "
         "(create_branches), so it is non-null on exactly the rows fanin_arrived_at is"),
     "pipelines/advance.py#61": (
         "`_b.c.fanin_arrived_at` read as `completed_at`",
-        "as #59: at the firing every child of the barrier has arrived, and the arrival fence writes completed_at "
+        "as #59: at the firing every branch the join selects has arrived, and the arrival fence writes completed_at "
         "with fanin_arrived_at (one _set_branch), so it is non-null on exactly the rows fanin_arrived_at is"),
     "pipelines/advance.py#62": (
         "`_b.c.fanin_arrived_at` read as `created_at`",
-        "as #59: at the firing every child of the barrier has arrived, and created_at is set at creation "
+        "as #59: at the firing every branch the join selects has arrived, and created_at is set at creation "
         "(create_branches), so it is non-null on exactly the rows fanin_arrived_at is"),
     "pipelines/advance.py#63": (
         "`_b.c.fanin_arrived_at` read as `updated_at`",
-        "as #59: at the firing every child of the barrier has arrived, and updated_at is set at creation "
+        "as #59: at the firing every branch the join selects has arrived, and updated_at is set at creation "
         "(create_branches), so it is non-null on exactly the rows fanin_arrived_at is"),
     "pipelines/advance.py#65": (
         "`stored or 0`: And",
@@ -291,9 +293,10 @@ ARGUED: dict[str, tuple[str, str]] = {
     "pipelines/advance.py#73": (
         "`where` without `_b.c.fanin_arrivals < _b.c.fanout_width`",
         "the counter is below the width before every bump: a barrier's width is written in the fence that "
-        "creates its first children (divide: all of them; expand: the first batch, with the total), each child "
-        "bumps it once, in the fence that completes its branch (never claimed again), and there are exactly "
-        "fanout_width children (uq_branch_child_index); so the UPDATE matches the barrier row either way"),
+        "creates its first children (divide: all of them; expand: the first batch, with the total), there are "
+        "exactly fanout_width children (uq_branch_child_index), and each child's line (the child, or the merge "
+        "of its own fan-out) arrives once, in the fence that completes the arriving branch (never claimed "
+        "again); so the UPDATE matches the barrier row either way"),
     "pipelines/advance.py#81": (
         "`_b.c.fanin_arrivals < _b.c.fanout_width`: LtE for Lt",
         "as #73: the counter is below the width before every bump, where < and <= both hold"),
