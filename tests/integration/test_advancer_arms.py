@@ -34,7 +34,10 @@ from ductwork.pipelines.branches import (
     claim_branches,
     release_advancement,
 )
+from tests.capabilities import needs
 from tests.conftest import installed, make_app
+from tests.factories import make_run
+from tests.fleet import wait_for
 from tests.integration.test_lock_races import blocked_on
 from tests.workloads import Approval, Echo, Fails, Items, TwoStep
 
@@ -239,6 +242,59 @@ def test_a_batch_of_chains_that_raises_once_is_advanced_again_each_alone(app):
     a = schema.advancements
     with app.begin() as tx:
         assert tx.execute(sa.select(a.c.error_klass).where(a.c.error_klass.is_not(None))).all() == []
+
+
+class SplitsAndJoins(Pipeline):
+    @classmethod
+    def define(cls, p):
+        left, right = p.start(Echo).divide(to=[Alpha, Zed])
+        left.combine(right, into=Echo)
+
+
+@needs("row_lock_waits_observable")
+def test_a_fan_ins_fence_waits_for_its_barrier_before_it_locks_or_writes_anything(app):
+    """An unrelated run's branch is the oldest row; a divide's barrier row is held by
+    another transaction while one of its children arrives: the child's fence waits on the
+    barrier (locked with the child, in branch-id order, the barrier first) before it has
+    locked its own row or written anything, so a third session takes the child's row at
+    once; after the holder commits the child arrives [lock order]."""
+    make_run(app)  # the oldest branch row, no barrier, never written again
+    run = SplitsAndJoins.trigger(1)
+    b = schema.branches
+    _work(app)
+    root = _branch(app, run.id).id
+    assert Advancer(app).run_once() == "advanced"  # the divide
+    _work(app)
+    with app.begin() as tx:
+        child = tx.execute(sa.select(b.c.id).where(b.c.barrier_id == root).order_by(b.c.id).limit(1)).scalar_one()
+    pid = register(app, role="advancer", label="arriving")
+    held = claim_branch(app, child, pid)
+    assert held is not None
+    outcome: dict = {}
+
+    def arrive() -> None:
+        try:
+            outcome["result"] = Advancer(app, process_id=pid).advance(held)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            outcome["error"] = error
+
+    with app.begin() as tx:
+        tx.execute(sa.select(b.c.id).where(b.c.id == root).with_for_update())
+        thread = threading.Thread(target=arrive)
+        thread.start()
+        try:
+            wait_for(lambda: blocked_on(app, "%ductwork_branches%") >= 1 or not thread.is_alive(),
+                     "the arriving child waits on its barrier", 20)
+            assert thread.is_alive(), outcome
+            with app.engine.connect() as third:
+                assert third.execute(sa.select(b.c.id).where(b.c.id == child).with_for_update(nowait=True)
+                                     ).scalar_one() == child  # the child's row is not locked yet
+                third.rollback()
+        except BaseException:
+            tx.conn.invalidate()  # never leave the arriving child blocked behind a failed test
+            raise
+    thread.join(30)
+    assert outcome == {"result": "advanced"}
 
 
 def test_advancer_retries_count_only_the_steps_own_errors(app):
