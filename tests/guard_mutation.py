@@ -89,7 +89,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "pipelines/runs.py": (f"{_I}test_recovery_preconditions.py", f"{_I}test_pipelines.py",
                           f"{_I}test_halt_hooks.py", f"{_I}test_async_client.py"),
     "pipelines/advance.py": (f"{_I}test_partial_losses.py", f"{_I}test_exactly_once.py",
-                             f"{_I}test_fan_in_while_expanding.py", f"{_I}test_pipelines.py"),
+                             f"{_I}test_fan_in_while_expanding.py", f"{_I}test_pipelines.py",
+                             f"{_I}test_advancer_arms.py", f"{_I}test_logs.py"),
     "pipelines/branches.py": (f"{_I}test_partial_losses.py", f"{_I}test_exactly_once.py",
                               f"{_I}test_advancer_arms.py", f"{_I}test_pipelines.py"),
     "limits/lanes.py": (f"{_I}test_time_predicates.py", f"{_I}test_batches.py", f"{_I}test_limits.py",
@@ -248,6 +249,111 @@ ARGUED: dict[str, tuple[str, str]] = {
         "dampened run is neither revived nor pruned), so each row still is dampened and the update matches it "
         "alone either way"),
     # -- pipelines/advance.py
+    "pipelines/advance.py#18": (
+        "`len(ids) <= cfg.advance_batch`: Lt for LtE",
+        "with exactly advance_batch candidates the mutant samples advance_batch of them: every id, in another "
+        "order; claim_branches claims the set (sorted(set(branch_ids)), branch-id order) and returns the claims "
+        "in that order, so the same branches are claimed and advanced in the same order; only the advancer's "
+        "random generator is drawn from"),
+    "pipelines/advance.py#46": (
+        "`where` without `_b.c.claim_token == c.token`",
+        "every _set_branch runs inside a _fence of the same claim, whose transaction has already locked the "
+        "branch row and found its token equal to c.token (fence, or StaleClaim and nothing runs), and nothing "
+        "in the block writes claim_token before this UPDATE; so the row matched by id still holds the token"),
+    "pipelines/advance.py#50": (
+        "`.where(s.c.id.in_(dialects.inline_ids([c.step.id for c in claims])))` dropped",
+        "a cost, not an outcome: the read then takes every step's output, but the result is only looked up by "
+        "the claims' step ids (outputs.get(c.step.id)), whose entries are the same; value_json_of maps any "
+        "stored output (an envelope, an expand's count, None) without raising"),
+    "pipelines/advance.py#59": (
+        "`_b.c.fanin_arrived_at` read as `last_advanced_at`",
+        "at the firing every branch of the barrier (barrier_id) with a step at a source node has arrived: each "
+        "of the barrier's fanout_width children's lines (the child, or the merge of its own fan-out, which takes "
+        "its barrier_id; a child that fanned out ran no source node) has one such branch, whose source step is "
+        "its last, and the counter, bumped once in the fence that sets that branch's fanin_arrived_at and "
+        "completed_at, fires only when all width of them arrived (a sibling that halted instead keeps it below "
+        "the width for good); last_advanced_at, started_at, created_at and updated_at are set when a branch is "
+        "created (create_branches), so each column is non-null on exactly the rows selected"),
+    "pipelines/advance.py#60": (
+        "`_b.c.fanin_arrived_at` read as `started_at`",
+        "as #59: at the firing every branch the join selects has arrived, and started_at is set at creation "
+        "(create_branches), so it is non-null on exactly the rows fanin_arrived_at is"),
+    "pipelines/advance.py#61": (
+        "`_b.c.fanin_arrived_at` read as `completed_at`",
+        "as #59: at the firing every branch the join selects has arrived, and the arrival fence writes completed_at "
+        "with fanin_arrived_at (one _set_branch), so it is non-null on exactly the rows fanin_arrived_at is"),
+    "pipelines/advance.py#62": (
+        "`_b.c.fanin_arrived_at` read as `created_at`",
+        "as #59: at the firing every branch the join selects has arrived, and created_at is set at creation "
+        "(create_branches), so it is non-null on exactly the rows fanin_arrived_at is"),
+    "pipelines/advance.py#63": (
+        "`_b.c.fanin_arrived_at` read as `updated_at`",
+        "as #59: at the firing every branch the join selects has arrived, and updated_at is set at creation "
+        "(create_branches), so it is non-null on exactly the rows fanin_arrived_at is"),
+    "pipelines/advance.py#65": (
+        "`stored or 0`: And",
+        "a cost, not an outcome: stored is a positive integer here (the arriving branch's own succeeded output "
+        "is among the rows summed), so the mutant measures 0 and the first check passes; the outputs are then "
+        "loaded and the second check_size, on len(value_json), raises the same PayloadTooLargeError with the same "
+        "size and text, since fan_in_size(stored, n) is exactly that length (each stored envelope is "
+        "'{\"payload\": ' + the value's json.dumps text + '}', ASCII, which payload_json re-dumps unchanged); "
+        "the merge branch inserted before it is rolled back with the fence"),
+    "pipelines/advance.py#67": (
+        "`where` without `_a.c.error_klass.is_not(None)`",
+        "`error_klass NOT IN (CRASH_CLASSES)` is NULL, not true, for a NULL error_klass (SQL's three-valued "
+        "logic, on every database), so the remaining condition already leaves out the advancements without an "
+        "error"),
+    "pipelines/advance.py#73": (
+        "`where` without `_b.c.fanin_arrivals < _b.c.fanout_width`",
+        "the counter is below the width before every bump: a barrier's width is written in the fence that "
+        "creates its first children (divide: all of them; expand: the first batch, with the total), there are "
+        "exactly fanout_width children (uq_branch_child_index), and each child's line (the child, or the merge "
+        "of its own fan-out) arrives once, in the fence that completes the arriving branch (never claimed "
+        "again); so the UPDATE matches the barrier row either way"),
+    "pipelines/advance.py#81": (
+        "`_b.c.fanin_arrivals < _b.c.fanout_width`: LtE for Lt",
+        "as #73: the counter is below the width before every bump, where < and <= both hold"),
+    "pipelines/advance.py#86": (
+        "`where` without `e.c.completed_at.is_not(None)`",
+        "_job_halt_reason reads a failed step's executions, and a failed step has no open execution: it fails "
+        "when its last execution ends with no retry or re-run left (one open execution per step at most, "
+        "uq_execution_open_per_step), and none is created for it after; so every row has completed_at set"),
+    "pipelines/advance.py#89": (
+        "`e.c.completed_at` read as `eligible_at`",
+        "a step's executions follow one another: the next is created only once the one before ended (at most one "
+        "open, uq_execution_open_per_step), eligible at or after its creation, so a later execution's "
+        "eligible_at is at or after an earlier one's completed_at, itself at or after its eligible_at (claimed "
+        "only once eligible); so eligible_at orders them as completed_at does, and where either ties, both fall "
+        "to id desc (UUIDv7, increasing in creation order)"),
+    "pipelines/advance.py#90": (
+        "`e.c.completed_at` read as `claimed_at`",
+        "as #89: a later execution of the step is claimed after it was created, after the earlier one ended, "
+        "itself after that one's claim; claimed_at orders them as completed_at does, ties falling to id desc"),
+    "pipelines/advance.py#91": (
+        "`e.c.completed_at` read as `created_at`",
+        "as #89: a later execution of the step is created once the earlier one ended, after that one's creation; "
+        "created_at orders them as completed_at does, ties falling to id desc"),
+    "pipelines/advance.py#92": (
+        "`e.c.completed_at` read as `updated_at`",
+        "an ended execution's updated_at is its completed_at: the one statement that ends executions "
+        "(claims._end_statement) writes both from one now, and no statement writes an ended execution after "
+        "(every UPDATE of executions requires completed_at IS NULL or claimed_at IS NULL)"),
+    "pipelines/advance.py#97": (
+        "`e.c.completed_at` read as `eligible_at`",
+        "as #86: a failed step's executions have all ended, and eligible_at is never NULL, so the filter keeps "
+        "the same rows"),
+    "pipelines/advance.py#98": (
+        "`e.c.completed_at` read as `claimed_at`",
+        "as #86: a failed step's executions have all ended, and an execution ends only once claimed "
+        "(claims._end_statement requires claimed_at IS NOT NULL), so the filter keeps the same rows"),
+    "pipelines/advance.py#99": (
+        "`e.c.completed_at` read as `created_at`",
+        "as #86: a failed step's executions have all ended, and created_at is never NULL, so the filter keeps "
+        "the same rows"),
+    "pipelines/advance.py#100": (
+        "`e.c.completed_at` read as `updated_at`",
+        "as #86: a failed step's executions have all ended, and updated_at is never NULL, so the filter keeps "
+        "the same rows"),
     # -- pipelines/branches.py
     "pipelines/branches.py#10": (
         "`row.claim_token is None and row.status == 'in_progress'`: Or",

@@ -34,7 +34,10 @@ from ductwork.pipelines.branches import (
     claim_branches,
     release_advancement,
 )
+from tests.capabilities import needs
 from tests.conftest import installed, make_app
+from tests.factories import make_run
+from tests.fleet import wait_for
 from tests.integration.test_lock_races import blocked_on
 from tests.workloads import Approval, Echo, Fails, Items, TwoStep
 
@@ -206,6 +209,151 @@ def test_a_failed_step_whose_halt_keeps_failing_halts_advancer_retries_exhausted
     assert run.refresh().halt_reasons == ["advancer_retries_exhausted"]
     assert [s.status for s in run.steps()] == ["failed"]
     assert [a.error_klass for a in _advancements(app, branch_id)] == ["ductwork.errors.FaultInjection"] * 3
+
+
+def test_a_lone_simple_move_that_raises_is_attempted_once_and_its_error_recorded(app):
+    """One failed step's halt, the only move of its batch, raises the first time only: it
+    is advanced alone (never first as a batch of one, then again), so that one attempt's
+    error is recorded and the branch released; the next advancer halts it."""
+    run = Fails.trigger(1)
+    _work(app)
+    branch_id = _branch(app, run.id).id
+    faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise", 1)
+    assert Advancer(app).run_once() == "error"
+    assert faults.fired(faults.INSIDE_ADVANCE_BATCH) == 1
+    faults.disarm()
+    assert _branch(app, run.id).status == "in_progress"
+    assert [a.error_klass for a in _advancements(app, branch_id)] == ["ductwork.errors.FaultInjection"]
+    assert Advancer(app).run_once() == "advanced"
+    assert run.refresh().halt_reasons == ["job_retries_exhausted"]
+
+
+def test_a_batch_of_chains_that_raises_once_is_advanced_again_each_alone(app):
+    """Two succeeded steps whose edges are chains are one batch; its transaction raises
+    the first time only: each is then advanced alone and both advance, with no error
+    recorded (the batch was attempted, then each alone: never each alone first)."""
+    runs = [TwoStep.trigger(i) for i in (1, 2)]
+    _work(app)
+    faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise", 1)
+    assert Advancer(app).run_once() == "advanced"
+    assert faults.fired(faults.INSIDE_ADVANCE_BATCH) == 1
+    faults.disarm()
+    assert [[s.status for s in run.steps()] for run in runs] == [["completed", "in_progress"]] * 2
+    a = schema.advancements
+    with app.begin() as tx:
+        assert tx.execute(sa.select(a.c.error_klass).where(a.c.error_klass.is_not(None))).all() == []
+
+
+class SplitsAndJoins(Pipeline):
+    @classmethod
+    def define(cls, p):
+        left, right = p.start(Echo).divide(to=[Alpha, Zed])
+        left.combine(right, into=Echo)
+
+
+@needs("row_lock_waits_observable")
+def test_a_fan_ins_fence_waits_for_its_barrier_before_it_locks_or_writes_anything(app):
+    """An unrelated run's branch is the oldest row; a divide's barrier row is held by
+    another transaction while one of its children arrives: the child's fence waits on the
+    barrier (locked with the child, in branch-id order, the barrier first) before it has
+    locked its own row or written anything, so a third session takes the child's row at
+    once; after the holder commits the child arrives [lock order]."""
+    make_run(app)  # the oldest branch row, no barrier, never written again
+    run = SplitsAndJoins.trigger(1)
+    b = schema.branches
+    _work(app)
+    root = _branch(app, run.id).id
+    assert Advancer(app).run_once() == "advanced"  # the divide
+    _work(app)
+    with app.begin() as tx:
+        child = tx.execute(sa.select(b.c.id).where(b.c.barrier_id == root).order_by(b.c.id).limit(1)).scalar_one()
+    pid = register(app, role="advancer", label="arriving")
+    held = claim_branch(app, child, pid)
+    assert held is not None
+    outcome: dict = {}
+
+    def arrive() -> None:
+        try:
+            outcome["result"] = Advancer(app, process_id=pid).advance(held)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            outcome["error"] = error
+
+    with app.begin() as tx:
+        tx.execute(sa.select(b.c.id).where(b.c.id == root).with_for_update())
+        thread = threading.Thread(target=arrive)
+        thread.start()
+        try:
+            wait_for(lambda: blocked_on(app, "%ductwork_branches%") >= 1 or not thread.is_alive(),
+                     "the arriving child waits on its barrier", 20)
+            assert thread.is_alive(), outcome
+            with app.engine.connect() as third:
+                assert third.execute(sa.select(b.c.id).where(b.c.id == child).with_for_update(nowait=True)
+                                     ).scalar_one() == child  # the child's row is not locked yet
+                third.rollback()
+        except BaseException:
+            tx.conn.invalidate()  # never leave the arriving child blocked behind a failed test
+            raise
+    thread.join(30)
+    assert outcome == {"result": "advanced"}
+
+
+def test_advancer_retries_count_only_the_steps_own_errors(app):
+    """Run A's failed step's halt raises three times: two errors release it, the third
+    halts it ``advancer_retries_exhausted``. Then run B's failed step: an advancer that
+    claimed it dies (reaped: a crash, not an error), and its halt raises: B is released
+    after its first and second errors and halts only at its third, for ``max_retry`` (2)
+    counts only B's own step's recorded errors: neither A's errors nor B's crash."""
+
+    def attempt(run):
+        faults.arm(faults.INSIDE_ADVANCE_BATCH, "raise")
+        assert Advancer(app).run_once() == "error"
+        faults.disarm()
+        return _branch(app, run.id).status
+
+    first = Fails.trigger(1)
+    _work(app)
+    assert [attempt(first) for _ in range(3)] == ["in_progress", "in_progress", "halted"]
+    second = Fails.trigger(2)
+    _work(app)
+    branch_id = _branch(app, second.id).id
+    _crash(app, branch_id, 1)
+    assert [attempt(second) for _ in range(3)] == ["in_progress", "in_progress", "halted"]
+    assert [a.error_klass for a in _advancements(app, branch_id)] == (
+        ["ductwork.ProcessCrash"] + ["ductwork.errors.FaultInjection"] * 3)
+    assert second.refresh().halt_reasons == ["advancer_retries_exhausted"]
+
+
+@pytest.fixture
+def batch_of_five_app(db_url):
+    """As ``app``, with ``advance_batch`` 5."""
+    yield from installed(make_app(db_url, pipeline_advancer={"inline_linear": False, "advance_batch": 5},
+                                  job_worker={"max_retry": 0}))
+
+
+def test_more_ready_branches_than_a_batch_are_advanced_a_batch_at_a_time(batch_of_five_app):
+    """An expand's twelve leaf children, all ready at once, with ``advance_batch`` 5: each
+    ``run_once`` picks 5 of the candidates it read at random (the advancer's own
+    generator) and advances exactly those; three of them advance all twelve."""
+    app = batch_of_five_app
+    run = Expands.trigger(12)
+    _work(app)
+    assert Advancer(app).run_once() == "advanced"  # the expand: twelve children
+    _work(app)
+    b = schema.branches
+
+    def completed_children():
+        with app.begin() as tx:
+            return tx.execute(sa.select(sa.func.count()).select_from(b).where(
+                b.c.run_id == run.id, b.c.parent_id.is_not(None), b.c.status == "completed")).scalar_one()
+
+    advancer = Advancer(app)
+    done = []
+    for _ in range(3):
+        assert advancer.run_once() == "advanced"
+        done.append(completed_children())
+    assert done == [5, 10, 12]
+    assert advancer.run_once() == "idle"
+    assert run.refresh().status == "completed"
 
 
 def test_an_error_whose_claim_was_lost_is_not_recorded(app, monkeypatch):

@@ -621,3 +621,28 @@ def test_a_terminal_outcome_fails_its_own_step_only_and_logs_its_own_traceback(n
         else:
             assert "The above exception was the direct cause of the following exception" in logged.exc_text
             assert logged.exc_text.endswith("RuntimeError: the error")
+
+
+def test_each_failed_step_halts_its_branch_by_its_own_last_execution(no_budget_app):
+    """Three runs of one step each, no budget left: the first step fails, the second is
+    invalid, the third crashes, in that order, so the crash is the latest execution of
+    all. The advancer then halts each branch for the reason its own step's last execution
+    gives (retries, the invalid result, crashes): never by another step's execution."""
+    app = no_budget_app
+    (pid,) = processes(app, 1)
+    runs = [make_run(app) for _ in range(3)]
+    for run_id, branch_id in runs:
+        make_executions(app, run_id, branch_id, None, datetime(2000, 1, 1))
+    failing, invalid, crashing = (claim(app, pid) for _ in range(3))
+    assert [c.run_id for c in (failing, invalid, crashing)] == [r for r, _ in runs]
+    assert record_failure(app, failing, _chained_error()) is False
+    assert record_invalid(app, invalid, _chained_error()) is None
+    assert record_crash(app, crashing.execution_id, pid, "ductwork.ProcessCrash", "boom") is True
+    advancer = Advancer(app)
+    deadline = datetime.now().timestamp() + 30
+    while advancer.run_once() != "idle":
+        assert datetime.now().timestamp() < deadline, "the advancer never ran out of branches"
+    b = schema.branches
+    with app.begin(readonly=True) as tx:
+        reasons = dict(tx.execute(sa.select(b.c.run_id, b.c.halt_reason).where(b.c.halt_reason.is_not(None))).all())
+    assert [reasons.get(r) for r, _ in runs] == ["job_retries_exhausted", "job_invalid", "job_crashes_exhausted"]

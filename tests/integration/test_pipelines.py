@@ -8,6 +8,8 @@ INV-RUN-1 (terminal states), INV-CTX-1 (context set once).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from datetime import timedelta
 
@@ -18,6 +20,7 @@ from ductwork import Pipeline, Step
 from ductwork.db import schema
 from ductwork.errors import RunStateError, UnknownRunError
 from ductwork.pipelines import runs as runs_module
+from ductwork.pipelines.payloads import MAX_PAYLOAD_BYTES
 from ductwork.pipelines.runs import Run, StepError
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
@@ -244,6 +247,75 @@ def test_nested_fan_in_inside_fan_out(app):
     assert run.refresh().status == "completed"
     (final,) = [s for s in run.steps() if s.node.startswith("Gather")]
     assert final.input == [[i + 1 + i * 10 for i in range(3)]]
+
+
+class EchoTwiceP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo).chain(to=Echo)
+
+
+def test_a_fan_in_measures_only_its_own_siblings_outputs(app):
+    """A run whose two steps each return 60 % of the payload maximum completes first; then
+    a divide/combine of small values completes too: the fan-in's size check sums only the
+    outputs of the merging barrier's arrived siblings, never every step in the database
+    (which together are above the maximum)."""
+    big = "x" * (MAX_PAYLOAD_BYTES * 6 // 10)
+    first = EchoTwiceP.trigger(big)
+    drain(app, timeout=120)
+    assert first.refresh().status == "completed"
+    run = DivideP.trigger(1)
+    drain(app, timeout=30)
+    assert run.refresh().status == "completed", run.halt_reasons
+    (final,) = [s for s in run.steps() if s.node.startswith("Gather")]
+    assert final.output == [["TagC", ["Tag", 1]], ["TagB", 1]]
+
+
+class Repeat(Takes):
+    """Returns a str of ``n`` x's."""
+
+    def execute(self):
+        return "x" * self.value
+
+
+class RepeatsP(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo).expand(to=Repeat).collapse(into=Gather)
+
+
+def test_a_fan_in_too_large_halts_with_its_last_arrival_completed(app):
+    """Three children each return 40 % of the payload maximum: the collapse's list would
+    be above it, so the last arrival halts its branch ``payload_too_large`` at once; its
+    step is completed with that halt like its siblings' (no step is left advancing) and
+    the merge never fires."""
+    n = MAX_PAYLOAD_BYTES * 4 // 10
+    run = RepeatsP.trigger([n, n, n])
+    drain(app, timeout=120)
+    assert run.refresh().status == "halted"
+    assert run.halt_reasons == ["payload_too_large"]
+    assert Counter((s.node, s.status) for s in run.steps()) == {("Echo#0", "completed"): 1,
+                                                                ("Repeat#1", "completed"): 3}
+
+
+def test_a_fan_in_whose_barrier_ran_another_node_halts_transition_invalid(app):
+    """A run whose stored snapshot names, for its combine, a barrier node other than the
+    one its fan-out branch ran (a snapshot edited by hand): each arriving sibling's fan-in
+    raises, so each halts ``transition_invalid`` and the merge never fires."""
+    run = DivideP.trigger(1)
+    r = schema.runs
+    with app.begin() as tx:
+        data = json.loads(tx.execute(sa.select(r.c.definition).where(r.c.id == run.id)).scalar_one())
+        for source in ("TagB#2", "TagC#3"):
+            assert data["edges"][source]["barrier"] == ["Echo#0"]
+            data["edges"][source]["barrier"] = ["Tag#1"]
+        text = json.dumps(data, sort_keys=True)
+        tx.execute(r.update().where(r.c.id == run.id).values(
+            definition=text, definition_sha1=hashlib.sha1(text.encode()).hexdigest()))
+    drain(app, timeout=30)
+    assert run.refresh().status == "halted"
+    assert run.halt_reasons == ["transition_invalid"] * 2
+    assert not [s for s in run.steps() if s.node.startswith("Gather")]
 
 
 def test_many_runs_in_parallel_do_not_mix(app):
