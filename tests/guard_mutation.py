@@ -354,6 +354,12 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`e.c.completed_at` read as `updated_at`",
         "as #86: a failed step's executions have all ended, and updated_at is never NULL, so the filter keeps "
         "the same rows"),
+    "pipelines/advance.py#49": (
+        "`e.type == kind and list(e.to) == list(edge.to)`: Or",
+        "the fan-in's sources widened to every edge of its kind or into its target: the rows are "
+        "still those of `arrived` (this barrier's children that arrived, by `barrier_id`), and every "
+        "child of one barrier arrives through an edge of this kind into this target in any "
+        "definition the builder accepts (only a hand-edited snapshot could name another node)"),
     # -- pipelines/branches.py
     "pipelines/branches.py#10": (
         "`row.claim_token is None and row.status == 'in_progress'`: Or",
