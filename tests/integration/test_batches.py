@@ -669,3 +669,26 @@ def test_a_keys_lock_and_header_write_read_and_write_its_own_row_only(db_url):
         assert (_seqs(app, [idle], "claim_seq"), _seqs(app, [idle], "release_seq")) == ([1], [2])
         assert _header(app, "b_idle")[list(schema.limit_keys.c.keys()).index("seq")] == 2
         assert _header(app, "a_busy") == busy
+
+
+def test_a_batch_is_not_held_back_by_a_key_that_may_not_admit(db_url):
+    """The oldest pending executions are a rate-blocked key's (its bucket starts empty:
+    the first poll stamps it for an hour) and a saturated key's (``concurrency: 1``, its
+    slot held by the first poll's claim, the only execution in flight), then three
+    unkeyed: the lane scan skips both keys, so a batch of three takes the three unkeyed
+    executions and no keyed claim is tried and refused [INV-LIM-5, INV-LIM-6]."""
+    from tests.conftest import installed, make_app
+
+    for app in installed(make_app(db_url, job_worker={"limits": {
+            "hourly": {"rate": {"limit": 1, "per": "1h"}}, "one": {"concurrency": 1}}})):
+        run_id, branch_id = make_run(app)
+        process = register(app, role="test", label="w")
+        make_executions(app, run_id, branch_id, "hourly", AT)
+        o1, _o2 = make_executions(app, run_id, branch_id, "one", AT, 2)
+        us = make_executions(app, run_id, branch_id, None, AT, 3)
+        told = []
+        assert [c.execution_id for c in claim_batch(app, process, 1, refused=told.append)] == [o1]
+        assert [r.key for r in told] == ["hourly"]  # refused, and stamped until its token
+        told.clear()
+        assert [c.execution_id for c in claim_batch(app, process, 3, refused=told.append)] == us
+        assert told == []
