@@ -443,11 +443,13 @@ def test_an_idle_worker_waits_for_no_stamp_without_work_nor_one_that_lifts_now(m
     while it is still to come and the key has pending work: a key stamped until ten
     minutes from now whose work has all run, and a key with pending work whose stamp lifts
     at this very microsecond (a poll may claim it now), leave nothing to wait for (None)
-    [INV-LIM-5]."""
+    [INV-LIM-5]; nor does an execution delayed five minutes in a key this process has no
+    config for (the polling interval finds it): each lane's probe reads its own lane."""
     app = manual_app
     now = app.clock.now()
     run_id, branch_id = make_run(app)
     make_executions(app, run_id, branch_id, "lifting", now - FAR)  # its pending work, eligible long ago
+    make_executions(app, run_id, branch_id, "unconfigured", now + timedelta(minutes=5))
     k = schema.limit_keys
     with app.begin() as tx:
         tx.execute(k.insert().values(key="drained", blocked_until=now + timedelta(minutes=10), created_at=now,
