@@ -436,3 +436,23 @@ def test_a_hook_claim_measures_a_hook_from_its_eligible_time(manual_app):
     process_id = register(app, role="test", label="hooks")
     assert claim_hook(app, process_id).hook_id == hooks["due"]
     assert claim_hook(app, process_id) is None
+
+
+def test_an_idle_worker_waits_for_no_stamp_without_work_nor_one_that_lifts_now(manual_app):
+    """An idle worker's wait (``lanes.seconds_to_next_due``) counts a key's rate stamp only
+    while it is still to come and the key has pending work: a key stamped until ten
+    minutes from now whose work has all run, and a key with pending work whose stamp lifts
+    at this very microsecond (a poll may claim it now), leave nothing to wait for (None)
+    [INV-LIM-5]; nor does an execution delayed five minutes in a key this process has no
+    config for (the polling interval finds it): each lane's probe reads its own lane."""
+    app = manual_app
+    now = app.clock.now()
+    run_id, branch_id = make_run(app)
+    make_executions(app, run_id, branch_id, "lifting", now - FAR)  # its pending work, eligible long ago
+    make_executions(app, run_id, branch_id, "unconfigured", now + timedelta(minutes=5))
+    k = schema.limit_keys
+    with app.begin() as tx:
+        tx.execute(k.insert().values(key="drained", blocked_until=now + timedelta(minutes=10), created_at=now,
+                                     updated_at=now))
+        tx.execute(k.update().where(k.c.key == "lifting").values(blocked_until=now))
+    assert seconds_to_next_due(app) is None
