@@ -692,30 +692,3 @@ def test_a_batch_is_not_held_back_by_a_key_that_may_not_admit(db_url):
         told.clear()
         assert [c.execution_id for c in claim_batch(app, process, 3, refused=told.append)] == us
         assert told == []
-
-
-def test_the_lane_order_helpers_compare_eligible_time_then_id(app):
-    """``lanes.precedes`` (the poll order [INV-LIM-6] as a SQL predicate) holds for exactly
-    the executions before a position ``b``: ``a``, at the same eligible time with a smaller
-    id, and ``d``, eligible 1 µs earlier with a larger id; not ``b`` itself, nor ``c`` (same
-    time, larger id), nor ``e`` (1 µs later, smaller id). ``lanes.next_lane`` is the lane
-    after an index of the scan, and None after its last. (The engine itself compares with
-    ``plan._batch`` and the lane routines now: these helpers are checked as the module
-    offers them.)"""
-    from datetime import timedelta
-
-    from ductwork.limits.lanes import next_lane, precedes, scan_lanes
-
-    run_id, branch_id = make_run(app)
-    tick = timedelta(microseconds=1)
-    e, a, b, _c = make_executions(app, run_id, branch_id, None, AT, 4)  # ids rise in this order
-    (d,) = make_executions(app, run_id, branch_id, "k", AT - tick)
-    t = schema.executions
-    with app.begin() as tx:
-        tx.execute(t.update().where(t.c.id == e).values(eligible_at=AT + tick))
-        before = set(tx.execute(sa.select(t.c.id).where(precedes((AT, b)))).scalars())
-        lanes = scan_lanes(app, tx)
-    assert before == {a, d}
-    assert [lane.key for lane in lanes] == ["k", ""]  # d, 1 µs older, first
-    assert next_lane(lanes, 0) == lanes[1]
-    assert next_lane(lanes, 1) is None
