@@ -37,8 +37,8 @@ _e = schema.executions
 
 #: The poll order [INV-LIM-6], within a lane and across lanes: eligible time, then creation
 #: order (execution ids are time-ordered). Its one definition: the SQL orders by these
-#: columns (:func:`in_lane`) and compares with them (:func:`precedes`), and Python compares
-#: :class:`Position`\ s, which hold the same values in the same order.
+#: columns (:func:`in_lane`), and Python compares :class:`Position`\ s, which hold the same
+#: values in the same order.
 LANE_ORDER = (_e.c.eligible_at, _e.c.id)
 
 
@@ -116,18 +116,6 @@ def _scan_statement(limits: tuple[tuple[str, LimitEntry], ...]) -> sa.CompoundSe
                         _oldest(_e.c.eligible_at, UNKEYED, now).label("oldest_at"),
                         _oldest(_e.c.id, UNKEYED, now).label("oldest_id"), sa.literal(0).label("in_flight"))
     return sa.union_all(keyed, unkeyed)
-
-
-def next_lane(lanes: list[Lane], index: int) -> Lane | None:
-    """The lane a poll tries after ``lanes[index]``: what an unkeyed batch must stop before."""
-    return lanes[index + 1] if index + 1 < len(lanes) else None
-
-
-def precedes(bound: tuple[Any, Any]) -> sa.ColumnElement[bool]:
-    """An execution's :data:`LANE_ORDER` before ``bound`` (a position's values, or bound
-    parameters, one per column), lexicographically."""
-    (first, second), (at, then) = LANE_ORDER, bound
-    return sa.or_(first < at, sa.and_(first == at, second < then))
 
 
 def seconds_to_next_due(app: Database) -> float | None:
