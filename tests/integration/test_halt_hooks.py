@@ -24,6 +24,7 @@ from ductwork.errors import DefinitionError
 from ductwork.fleet.hooks import run_due_hook
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
+from ductwork.limits.executions import ErrorInfo
 from ductwork.pipelines.hooks import HookClaimLost, claim_hook, record_hook
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
@@ -443,3 +444,58 @@ def test_a_handler_that_cannot_be_built_from_its_halt_fails_at_once(manual_app, 
                                 else "ductwork.errors.UnknownStepClassError")
     assert "not retried (it would end the same way): the hook failed" in caplog.text
     assert SEEN == {}
+
+
+def test_a_claimed_hook_is_told_its_own_runs_halt_only(manual_app):
+    """Two runs halted, each owing a hook: each claimed hook's halt names its own run's
+    halted branch and error only, never the other run's [INV-HLT-2]."""
+    runs = {n: _halted_with_owed_hook(manual_app, n) for n in (1, 2)}
+    worker = register(manual_app, role="job_worker", label="w")
+    told = {}
+    for _ in runs:
+        claimed = claim_hook(manual_app, worker)
+        assert claimed is not None
+        told[claimed.run_id] = claimed.halt
+    assert set(told) == {run.id for run in runs.values()}
+    b = schema.branches
+    for n, run in runs.items():
+        with manual_app.begin() as tx:
+            halted = tx.execute(sa.select(b.c.id).where(b.c.run_id == run.id, b.c.status == "halted")).scalars().all()
+        assert len(halted) == 1
+        assert [r["branch_id"] for r in told[run.id]["halt_reasons"]] == halted
+        assert [e["message"] for e in told[run.id]["errors"]] == [f"boom {n}"]
+
+
+def test_each_recorded_attempt_wakes_and_logs_what_follows_it(manual_app, caplog):
+    """A failure owes the hook again: it wakes the workers once, and its WARNING names the
+    retry's time (the row's ``eligible_at``) and the failure's own traceback text; a crash
+    is told against the crash budget (``max_crash``, here unlike ``max_retry``); a success
+    is final: it wakes no worker and logs nothing [INV-HLT-2]."""
+    app, config = manual_app, manual_app.config.job_worker
+    assert config.max_crash != config.max_retry
+    run = _halted_with_owed_hook(app)
+    worker = register(app, role="job_worker", label="w")
+
+    def record(outcome, error=None):
+        claimed = claim_hook(app, worker)
+        assert claimed is not None
+        caplog.clear()
+        woken = app.wakeup.generation
+        with caplog.at_level(logging.WARNING, logger="ductwork.hooks"):
+            status = record_hook(app, claimed, outcome, error)
+        return status, app.wakeup.generation - woken, [r for r in caplog.records if r.name == "ductwork.hooks"]
+
+    failure = ErrorInfo(
+        "builtins.ConnectionError", "pager down", None, "Traceback (the handler's own)\nConnectionError: pager down"
+    )
+    status, wakes, [retry] = record("failure", failure)
+    assert (status, wakes) == ("pending", 1)
+    [hook] = hooks(app, run.id)
+    assert retry.next_at == hook.eligible_at.isoformat()
+    assert retry.exc_text == failure.text
+    app.clock.advance(timedelta(seconds=config.retry_delay))
+    status, wakes, [crash] = record("process_crashed", ErrorInfo("ductwork.ProcessCrash", "gone", None))
+    assert (status, wakes) == ("pending", 1)
+    assert f"re-run 2 of {config.max_crash} at" in crash.getMessage()
+    assert crash.exc_text is None
+    assert record("success") == ("succeeded", 0, [])  # a crash within the first third re-runs at once
