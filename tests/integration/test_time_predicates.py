@@ -50,7 +50,7 @@ from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
 from ductwork.fleet.supervisor import Child, Supervisor
 from ductwork.limits.claims import claim
 from ductwork.limits.lanes import seconds_to_next_due
-from ductwork.pipelines.hooks import claim_hook
+from ductwork.pipelines.hooks import claim_hook, next_hook_at
 from ductwork.pipelines.outcomes import record_crash
 from ductwork.pipelines.prune import prune
 from tests.factories import PIPELINE_CLASS, make_executions, make_run, run_rows
@@ -436,3 +436,30 @@ def test_a_hook_claim_measures_a_hook_from_its_eligible_time(manual_app):
     process_id = register(app, role="test", label="hooks")
     assert claim_hook(app, process_id).hook_id == hooks["due"]
     assert claim_hook(app, process_id) is None
+
+
+def test_the_next_hook_time_is_the_earliest_hook_backed_off_past_now(manual_app):
+    """``next_hook_at`` is when the earliest pending hook backed off past now becomes due:
+    a hook due long ago and one due exactly now are claimable already and count for
+    nothing (None while only they wait); once a hook backed off for an hour is owed too,
+    its time is the answer [INV-HLT-2]."""
+    app = manual_app
+    now = app.clock.now()
+
+    def owe(eligible) -> None:
+        run_id, _ = make_run(app)
+        with app.begin() as tx:
+            tx.execute(schema.halt_hooks.insert().values(
+                id=new_id(), run_id=run_id, klass="tests.factories:Noop", status="pending", eligible_at=eligible,
+                retry_count=0, crash_count=0, created_at=now - FAR, updated_at=now - FAR))
+
+    def next_at():
+        with app.begin() as tx:
+            assert tx.now == now
+            return next_hook_at(tx)
+
+    owe(now - FAR)
+    owe(now)
+    assert next_at() is None
+    owe(now + timedelta(hours=1))
+    assert next_at() == now + timedelta(hours=1)
