@@ -442,15 +442,17 @@ def test_the_next_hook_time_is_the_earliest_hook_backed_off_past_now(manual_app)
     """``next_hook_at`` is when the earliest pending hook backed off past now becomes due:
     a hook due long ago and one due exactly now are claimable already and count for
     nothing (None while only they wait); once a hook backed off for an hour is owed too,
-    its time is the answer [INV-HLT-2]."""
+    its time is the answer. A running hook and a failed one wait for no time, whatever their
+    ``eligible_at`` (here half an hour ahead, as after the database clock stepped back): they
+    leave the answer as it was [INV-HLT-2]."""
     app = manual_app
     now = app.clock.now()
 
-    def owe(eligible) -> None:
+    def owe(eligible, status="pending") -> None:
         run_id, _ = make_run(app)
         with app.begin() as tx:
             tx.execute(schema.halt_hooks.insert().values(
-                id=new_id(), run_id=run_id, klass="tests.factories:Noop", status="pending", eligible_at=eligible,
+                id=new_id(), run_id=run_id, klass="tests.factories:Noop", status=status, eligible_at=eligible,
                 retry_count=0, crash_count=0, created_at=now - FAR, updated_at=now - FAR))
 
     def next_at():
@@ -462,4 +464,7 @@ def test_the_next_hook_time_is_the_earliest_hook_backed_off_past_now(manual_app)
     owe(now)
     assert next_at() is None
     owe(now + timedelta(hours=1))
+    assert next_at() == now + timedelta(hours=1)
+    owe(now + timedelta(minutes=30), "running")
+    owe(now + timedelta(minutes=30), "failed")
     assert next_at() == now + timedelta(hours=1)
