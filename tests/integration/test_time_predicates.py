@@ -468,3 +468,21 @@ def test_the_next_hook_time_is_the_earliest_hook_backed_off_past_now(manual_app)
     owe(now + timedelta(minutes=30), "running")
     owe(now + timedelta(minutes=30), "failed")
     assert next_at() == now + timedelta(hours=1)
+
+
+def test_the_hook_claimed_first_is_the_one_due_longest(manual_app):
+    """Of two due on_halt hooks, the one eligible earliest is claimed first, though the other
+    has the smaller id and was created and updated long before (a hook backed off and due
+    again just now): the claim orders by eligible time, not by id or any other time [INV-HLT-2]."""
+    app = manual_app
+    now = app.clock.now()
+    hooks = {"again": new_id(), "longest": new_id()}  # ids rise: "again" has the smaller
+    for name, eligible, stamp in (("again", now - timedelta(seconds=1), now - FAR),
+                                  ("longest", now - timedelta(hours=1), now)):
+        run_id, _ = make_run(app)
+        with app.begin() as tx:
+            tx.execute(schema.halt_hooks.insert().values(
+                id=hooks[name], run_id=run_id, klass="tests.factories:Noop", status="pending", eligible_at=eligible,
+                retry_count=0, crash_count=0, created_at=stamp, updated_at=stamp))
+    process_id = register(app, role="test", label="hooks")
+    assert [claim_hook(app, process_id).hook_id for _ in hooks] == [hooks["longest"], hooks["again"]]
