@@ -499,3 +499,41 @@ def test_each_recorded_attempt_wakes_and_logs_what_follows_it(manual_app, caplog
     assert f"re-run 2 of {config.max_crash} at" in crash.getMessage()
     assert crash.exc_text is None
     assert record("success") == ("succeeded", 0, [])  # a crash within the first third re-runs at once
+
+
+def test_a_halt_without_an_error_is_told_none_beside_another_runs_advancement_error(db_url):
+    """As above (a branch halted ``advancer_crashes_exhausted`` before anything failed), with
+    another run whose advancement ended with an error, recorded after the halt and before the
+    hook runs: the handler is told no error still (another step's advancement error is not
+    its halt's)."""
+    from datetime import datetime
+
+    from ductwork.app import set_default_app
+    from ductwork.db.clock import ManualClock
+    from tests.conftest import make_app, reset_tables
+    from tests.factories import make_executions, make_run
+
+    app = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
+                   pipeline_advancer={"max_crash": 0, "inline_linear": False})
+    reset_tables(app.engine)
+    set_default_app(app)
+    try:
+        run = _halted_with_owed_hook(app, 3, pipeline=Completes)
+        other_run, other_branch = make_run(app)
+        make_executions(app, other_run, other_branch, None, app.clock.now())
+        with app.begin() as tx:
+            step_id = tx.execute(sa.select(schema.steps.c.id).where(schema.steps.c.run_id == other_run)).scalar_one()
+            tx.execute(schema.advancements.insert().values(
+                id=new_id(), branch_id=other_branch, step_id=step_id, claim_token=new_id(), started_at=tx.now,
+                completed_at=tx.now, error_klass="builtins.RuntimeError", error_message="routing broke",
+                crash_count=0, created_at=tx.now, updated_at=tx.now))
+        done = run_due_hook(app, register(app, role="job_worker", label="w"))
+        assert done is not None
+        assert (done.outcome, done.status) == ("success", "succeeded")
+        [hook] = hooks(app, run.id)
+        [halt] = SEEN[hook.id]
+        assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Echo#0", "advancer_crashes_exhausted")]
+        assert halt["errors"] == []
+    finally:
+        set_default_app(None)
+        app.dispose()
