@@ -537,3 +537,26 @@ def test_a_halt_without_an_error_is_told_none_beside_another_runs_advancement_er
     finally:
         set_default_app(None)
         app.dispose()
+
+
+def test_the_handler_is_told_the_error_of_the_attempt_that_ended_last(manual_app):
+    """A step halted after several failed attempts: the handler is told the error of the one
+    that completed last, though an earlier one's other times (eligible, claimed, created,
+    updated) are set far later and its id is smaller (the columns the order could confuse
+    disagree by far) [INV-HLT-2]."""
+    run = _halted_with_owed_hook(manual_app, 5)
+    e, st = schema.executions, schema.steps
+    with manual_app.begin() as tx:
+        attempts = tx.execute(sa.select(e.c.id).join(st, st.c.id == e.c.step_id).where(
+            st.c.run_id == run.id, e.c.error_klass.is_not(None)).order_by(e.c.id)).scalars().all()
+        assert len(attempts) > 1
+        now, far = tx.now, timedelta(days=10)
+        for execution_id, message, completed, other in (
+                (attempts[0], "an earlier attempt", now - timedelta(hours=1), now + far),
+                (attempts[-1], "the last attempt", now, now - far)):
+            tx.execute(e.update().where(e.c.id == execution_id).values(
+                error_message=message, completed_at=completed, eligible_at=other, claimed_at=other, created_at=other,
+                updated_at=other))
+    claimed = claim_hook(manual_app, register(manual_app, role="job_worker", label="w"))
+    assert claimed is not None
+    assert claimed.halt["errors"] == [{"node": "Boom#0", "klass": "builtins.ValueError", "message": "the last attempt"}]
