@@ -560,3 +560,39 @@ def test_the_handler_is_told_the_error_of_the_attempt_that_ended_last(manual_app
     claimed = claim_hook(manual_app, register(manual_app, role="job_worker", label="w"))
     assert claimed is not None
     assert claimed.halt["errors"] == [{"node": "Boom#0", "klass": "builtins.ValueError", "message": "the last attempt"}]
+
+
+def test_the_handler_is_told_the_error_of_the_advancement_that_ended_last(db_url):
+    """A halted step with no execution error and two failed advancements: the handler is
+    told the error of the one that completed last, though the earlier one's other times
+    (started, created, updated) are set far later and its id is smaller [INV-HLT-2]."""
+    from datetime import datetime
+
+    from ductwork.app import set_default_app
+    from ductwork.db.clock import ManualClock
+    from tests.conftest import make_app, reset_tables
+
+    app = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
+                   pipeline_advancer={"max_crash": 0, "inline_linear": False})
+    reset_tables(app.engine)
+    set_default_app(app)
+    try:
+        run = _halted_with_owed_hook(app, 3, pipeline=Completes)
+        b = schema.branches
+        with app.begin() as tx:
+            [branch] = tx.execute(sa.select(b.c.id).where(b.c.run_id == run.id, b.c.status == "halted")).scalars()
+            step_id = tx.execute(sa.select(schema.steps.c.id).where(schema.steps.c.branch_id == branch)).scalar_one()
+            now, far = tx.now, timedelta(days=10)
+            for message, completed, other in (("an earlier attempt", now - timedelta(hours=1), now + far),
+                                              ("the last attempt", now, now - far)):
+                tx.execute(schema.advancements.insert().values(
+                    id=new_id(), branch_id=branch, step_id=step_id, claim_token=new_id(), started_at=other,
+                    completed_at=completed, error_klass="builtins.RuntimeError", error_message=message,
+                    crash_count=0, created_at=other, updated_at=other))
+        claimed = claim_hook(app, register(app, role="job_worker", label="w"))
+        assert claimed is not None
+        assert claimed.halt["errors"] == [{"node": "Echo#0", "klass": "builtins.RuntimeError",
+                                           "message": "the last attempt"}]
+    finally:
+        set_default_app(None)
+        app.dispose()
