@@ -194,6 +194,29 @@ ARGUED: dict[str, tuple[str, str]] = {
         "run's rows, so the extra WHEN arms are never taken, and with no key of its own the copy inserts no "
         "row whichever id expression it gets. A cost (a wider read, a longer CASE), not an outcome"),
     # -- pipelines/hooks.py
+    "pipelines/hooks.py#20": (
+        "`where` without `_h.c.id == hook_id`",
+        "the record's fence by token alone: the token is never None here (record_hook passes the claim's "
+        "new_id(); crash_hooks_of the token of a row it read as running, and only claim_hook sets running, "
+        "always with a token) and is written by one claim to one row, the hook_id passed with it (a UUIDv7, "
+        "unique); only _record_in writes a hook's token again, to NULL. So the rows with this token are that "
+        "row or none, whichever way the id is asked"),
+    "pipelines/hooks.py#21": (
+        "`where` without `_h.c.status == 'running'`",
+        "the record's fence without the status: a hook row carries a token only while it is running (owe_hooks "
+        "writes it pending with NULL, claim_hook sets running with a fresh token in one UPDATE, and the only "
+        "write off running, _record_in, sets the token NULL; no other code writes halt_hooks but prune's "
+        "delete), and the token asked is never None (as #20): a row with this id and this token is running"),
+    "pipelines/hooks.py#29": (
+        "`where` without `_h.c.status == 'pending'`",
+        "the claim's UPDATE without the status: the row was read `status = 'pending'` by this transaction's "
+        "SELECT ... FOR UPDATE (the latest committed version, locked to the commit on a server; SQLite's "
+        "BEGIN IMMEDIATE holds the write lock), so it is still pending when the UPDATE by its id runs"),
+    "pipelines/hooks.py#40": (
+        "`where` without `_h.c.status == 'running'`",
+        "crash_hooks_of reads the named hooks of any status: each is then recorded by _record_in, whose UPDATE "
+        "asks `status = 'running'` and the row's own token again; a row not running matches nothing there "
+        "(rowcount 0: nothing written, no wake, no event to log). A wider read, a cost, not an outcome"),
     # -- pipelines/runs.py
     "pipelines/runs.py#28": (
         "`where` without `r.c.status.not_in(TERMINAL)`",

@@ -24,6 +24,7 @@ from ductwork.errors import DefinitionError
 from ductwork.fleet.hooks import run_due_hook
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
+from ductwork.limits.executions import ErrorInfo
 from ductwork.pipelines.hooks import HookClaimLost, claim_hook, record_hook
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
@@ -443,3 +444,155 @@ def test_a_handler_that_cannot_be_built_from_its_halt_fails_at_once(manual_app, 
                                 else "ductwork.errors.UnknownStepClassError")
     assert "not retried (it would end the same way): the hook failed" in caplog.text
     assert SEEN == {}
+
+
+def test_a_claimed_hook_is_told_its_own_runs_halt_only(manual_app):
+    """Two runs halted, each owing a hook: each claimed hook's halt names its own run's
+    halted branch and error only, never the other run's [INV-HLT-2]."""
+    runs = {n: _halted_with_owed_hook(manual_app, n) for n in (1, 2)}
+    worker = register(manual_app, role="job_worker", label="w")
+    told = {}
+    for _ in runs:
+        claimed = claim_hook(manual_app, worker)
+        assert claimed is not None
+        told[claimed.run_id] = claimed.halt
+    assert set(told) == {run.id for run in runs.values()}
+    b = schema.branches
+    for n, run in runs.items():
+        with manual_app.begin() as tx:
+            halted = tx.execute(sa.select(b.c.id).where(b.c.run_id == run.id, b.c.status == "halted")).scalars().all()
+        assert len(halted) == 1
+        assert [r["branch_id"] for r in told[run.id]["halt_reasons"]] == halted
+        assert [e["message"] for e in told[run.id]["errors"]] == [f"boom {n}"]
+
+
+def test_each_recorded_attempt_wakes_and_logs_what_follows_it(manual_app, caplog):
+    """A failure owes the hook again: it wakes the workers once, and its WARNING names the
+    retry's time (the row's ``eligible_at``) and the failure's own traceback text; a crash
+    is told against the crash budget (``max_crash``, here unlike ``max_retry``); a success
+    is final: it wakes no worker and logs nothing [INV-HLT-2]."""
+    app, config = manual_app, manual_app.config.job_worker
+    assert config.max_crash != config.max_retry
+    run = _halted_with_owed_hook(app)
+    worker = register(app, role="job_worker", label="w")
+
+    def record(outcome, error=None):
+        claimed = claim_hook(app, worker)
+        assert claimed is not None
+        caplog.clear()
+        woken = app.wakeup.generation
+        with caplog.at_level(logging.WARNING, logger="ductwork.hooks"):
+            status = record_hook(app, claimed, outcome, error)
+        return status, app.wakeup.generation - woken, [r for r in caplog.records if r.name == "ductwork.hooks"]
+
+    failure = ErrorInfo(
+        "builtins.ConnectionError", "pager down", None, "Traceback (the handler's own)\nConnectionError: pager down"
+    )
+    status, wakes, [retry] = record("failure", failure)
+    assert (status, wakes) == ("pending", 1)
+    [hook] = hooks(app, run.id)
+    assert retry.next_at == hook.eligible_at.isoformat()
+    assert retry.exc_text == failure.text
+    app.clock.advance(timedelta(seconds=config.retry_delay))
+    status, wakes, [crash] = record("process_crashed", ErrorInfo("ductwork.ProcessCrash", "gone", None))
+    assert (status, wakes) == ("pending", 1)
+    assert f"re-run 2 of {config.max_crash} at" in crash.getMessage()
+    assert crash.exc_text is None
+    assert record("success") == ("succeeded", 0, [])  # a crash within the first third re-runs at once
+
+
+def test_a_halt_without_an_error_is_told_none_beside_another_runs_advancement_error(db_url):
+    """As above (a branch halted ``advancer_crashes_exhausted`` before anything failed), with
+    another run whose advancement ended with an error, recorded after the halt and before the
+    hook runs: the handler is told no error still (another step's advancement error is not
+    its halt's)."""
+    from datetime import datetime
+
+    from ductwork.app import set_default_app
+    from ductwork.db.clock import ManualClock
+    from tests.conftest import make_app, reset_tables
+    from tests.factories import make_executions, make_run
+
+    app = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
+                   pipeline_advancer={"max_crash": 0, "inline_linear": False})
+    reset_tables(app.engine)
+    set_default_app(app)
+    try:
+        run = _halted_with_owed_hook(app, 3, pipeline=Completes)
+        other_run, other_branch = make_run(app)
+        make_executions(app, other_run, other_branch, None, app.clock.now())
+        with app.begin() as tx:
+            step_id = tx.execute(sa.select(schema.steps.c.id).where(schema.steps.c.run_id == other_run)).scalar_one()
+            tx.execute(schema.advancements.insert().values(
+                id=new_id(), branch_id=other_branch, step_id=step_id, claim_token=new_id(), started_at=tx.now,
+                completed_at=tx.now, error_klass="builtins.RuntimeError", error_message="routing broke",
+                crash_count=0, created_at=tx.now, updated_at=tx.now))
+        done = run_due_hook(app, register(app, role="job_worker", label="w"))
+        assert done is not None
+        assert (done.outcome, done.status) == ("success", "succeeded")
+        [hook] = hooks(app, run.id)
+        [halt] = SEEN[hook.id]
+        assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Echo#0", "advancer_crashes_exhausted")]
+        assert halt["errors"] == []
+    finally:
+        set_default_app(None)
+        app.dispose()
+
+
+def test_the_handler_is_told_the_error_of_the_attempt_that_ended_last(manual_app):
+    """A step halted after several failed attempts: the handler is told the error of the one
+    that completed last, though an earlier one's other times (eligible, claimed, created,
+    updated) are set far later and its id is smaller (the columns the order could confuse
+    disagree by far) [INV-HLT-2]."""
+    run = _halted_with_owed_hook(manual_app, 5)
+    e, st = schema.executions, schema.steps
+    with manual_app.begin() as tx:
+        attempts = tx.execute(sa.select(e.c.id).join(st, st.c.id == e.c.step_id).where(
+            st.c.run_id == run.id, e.c.error_klass.is_not(None)).order_by(e.c.id)).scalars().all()
+        assert len(attempts) > 1
+        now, far = tx.now, timedelta(days=10)
+        for execution_id, message, completed, other in (
+                (attempts[0], "an earlier attempt", now - timedelta(hours=1), now + far),
+                (attempts[-1], "the last attempt", now, now - far)):
+            tx.execute(e.update().where(e.c.id == execution_id).values(
+                error_message=message, completed_at=completed, eligible_at=other, claimed_at=other, created_at=other,
+                updated_at=other))
+    claimed = claim_hook(manual_app, register(manual_app, role="job_worker", label="w"))
+    assert claimed is not None
+    assert claimed.halt["errors"] == [{"node": "Boom#0", "klass": "builtins.ValueError", "message": "the last attempt"}]
+
+
+def test_the_handler_is_told_the_error_of_the_advancement_that_ended_last(db_url):
+    """A halted step with no execution error and two failed advancements: the handler is
+    told the error of the one that completed last, though the earlier one's other times
+    (started, created, updated) are set far later and its id is smaller [INV-HLT-2]."""
+    from datetime import datetime
+
+    from ductwork.app import set_default_app
+    from ductwork.db.clock import ManualClock
+    from tests.conftest import make_app, reset_tables
+
+    app = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
+                   pipeline_advancer={"max_crash": 0, "inline_linear": False})
+    reset_tables(app.engine)
+    set_default_app(app)
+    try:
+        run = _halted_with_owed_hook(app, 3, pipeline=Completes)
+        b = schema.branches
+        with app.begin() as tx:
+            [branch] = tx.execute(sa.select(b.c.id).where(b.c.run_id == run.id, b.c.status == "halted")).scalars()
+            step_id = tx.execute(sa.select(schema.steps.c.id).where(schema.steps.c.branch_id == branch)).scalar_one()
+            now, far = tx.now, timedelta(days=10)
+            for message, completed, other in (("an earlier attempt", now - timedelta(hours=1), now + far),
+                                              ("the last attempt", now, now - far)):
+                tx.execute(schema.advancements.insert().values(
+                    id=new_id(), branch_id=branch, step_id=step_id, claim_token=new_id(), started_at=other,
+                    completed_at=completed, error_klass="builtins.RuntimeError", error_message=message,
+                    crash_count=0, created_at=other, updated_at=other))
+        claimed = claim_hook(app, register(app, role="job_worker", label="w"))
+        assert claimed is not None
+        assert claimed.halt["errors"] == [{"node": "Echo#0", "klass": "builtins.RuntimeError",
+                                           "message": "the last attempt"}]
+    finally:
+        set_default_app(None)
+        app.dispose()

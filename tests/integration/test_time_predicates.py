@@ -50,7 +50,7 @@ from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
 from ductwork.fleet.supervisor import Child, Supervisor
 from ductwork.limits.claims import claim
 from ductwork.limits.lanes import seconds_to_next_due
-from ductwork.pipelines.hooks import claim_hook
+from ductwork.pipelines.hooks import claim_hook, next_hook_at
 from ductwork.pipelines.outcomes import record_crash
 from ductwork.pipelines.prune import prune
 from tests.factories import PIPELINE_CLASS, make_executions, make_run, run_rows
@@ -456,3 +456,53 @@ def test_an_idle_worker_waits_for_no_stamp_without_work_nor_one_that_lifts_now(m
                                      updated_at=now))
         tx.execute(k.update().where(k.c.key == "lifting").values(blocked_until=now))
     assert seconds_to_next_due(app) is None
+
+
+def test_the_next_hook_time_is_the_earliest_hook_backed_off_past_now(manual_app):
+    """``next_hook_at`` is when the earliest pending hook backed off past now becomes due:
+    a hook due long ago and one due exactly now are claimable already and count for
+    nothing (None while only they wait); once a hook backed off for an hour is owed too,
+    its time is the answer. A running hook and a failed one wait for no time, whatever their
+    ``eligible_at`` (here half an hour ahead, as after the database clock stepped back): they
+    leave the answer as it was [INV-HLT-2]."""
+    app = manual_app
+    now = app.clock.now()
+
+    def owe(eligible, status="pending") -> None:
+        run_id, _ = make_run(app)
+        with app.begin() as tx:
+            tx.execute(schema.halt_hooks.insert().values(
+                id=new_id(), run_id=run_id, klass="tests.factories:Noop", status=status, eligible_at=eligible,
+                retry_count=0, crash_count=0, created_at=now - FAR, updated_at=now - FAR))
+
+    def next_at():
+        with app.begin() as tx:
+            assert tx.now == now
+            return next_hook_at(tx)
+
+    owe(now - FAR)
+    owe(now)
+    assert next_at() is None
+    owe(now + timedelta(hours=1))
+    assert next_at() == now + timedelta(hours=1)
+    owe(now + timedelta(minutes=30), "running")
+    owe(now + timedelta(minutes=30), "failed")
+    assert next_at() == now + timedelta(hours=1)
+
+
+def test_the_hook_claimed_first_is_the_one_due_longest(manual_app):
+    """Of two due on_halt hooks, the one eligible earliest is claimed first, though the other
+    has the smaller id and was created and updated long before (a hook backed off and due
+    again just now): the claim orders by eligible time, not by id or any other time [INV-HLT-2]."""
+    app = manual_app
+    now = app.clock.now()
+    hooks = {"again": new_id(), "longest": new_id()}  # ids rise: "again" has the smaller
+    for name, eligible, stamp in (("again", now - timedelta(seconds=1), now - FAR),
+                                  ("longest", now - timedelta(hours=1), now)):
+        run_id, _ = make_run(app)
+        with app.begin() as tx:
+            tx.execute(schema.halt_hooks.insert().values(
+                id=hooks[name], run_id=run_id, klass="tests.factories:Noop", status="pending", eligible_at=eligible,
+                retry_count=0, crash_count=0, created_at=stamp, updated_at=stamp))
+    process_id = register(app, role="test", label="hooks")
+    assert [claim_hook(app, process_id).hook_id for _ in hooks] == [hooks["longest"], hooks["again"]]
