@@ -674,29 +674,33 @@ def _path(module: str, db: str) -> Path:
 
 def run(module: str, db: str, numbers: list[int] | None = None) -> dict:
     """Run the module's mutants (``numbers``: only these) against its tests on ``db``;
-    returns and stores the results."""
+    returns the results, stored after each mutant (an interrupted run keeps what it ran)."""
     generated = generate(module)
     chosen = [g for g in generated if numbers is None or g.number in numbers]
+    record: dict = {}
     with _scratch(module) as (scratch, target):
         clean, clean_s = _pytest(GUARD_TESTS[module], db, scratch, 3600)
         if clean != "survived":
             raise SystemExit(f"{module}: its tests do not pass on {db} unmutated ({clean}); nothing run")
-        results = []
         for g in chosen:
             target.write_text(mutated_source(module, g.number))
             verdict, seconds = _pytest(GUARD_TESTS[module], db, scratch, 4 * clean_s + 30)
-            results.append({**asdict(g), "verdict": verdict, "seconds": round(seconds, 1)})
+            record = _store(module, db, clean_s, len(generated),
+                            {**asdict(g), "verdict": verdict, "seconds": round(seconds, 1)})
             print(f"{module} #{g.number} {g.operator} line {g.line}: {verdict} in {seconds:.1f} s  {g.what}",
                   flush=True)
-    source = _source(module)
-    path = _path(module, db)
+    return record
+
+
+def _store(module: str, db: str, clean_s: float, generated: int, result: dict) -> dict:
+    """Add ``result`` to the module's stored run on ``db`` (replacing an earlier result of
+    the same mutant; an earlier source's results, numbered otherwise, are dropped)."""
+    source, path = _source(module), _path(module, db)
     earlier = json.loads(path.read_text()) if path.exists() else {}
-    if earlier.get("source") == source:  # the same numbering: keep the mutants not run again
-        again = {r["number"] for r in results}
-        results = sorted([r for r in earlier["results"] if r["number"] not in again] + results,
-                         key=lambda r: r["number"])
+    kept = [r for r in earlier.get("results", []) if r["number"] != result["number"]] \
+        if earlier.get("source") == source else []
     record = {"module": module, "db": db, "source": source, "clean_s": round(clean_s, 1),
-              "generated": len(generated), "results": results}
+              "generated": generated, "results": sorted([*kept, result], key=lambda r: r["number"])}
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
     return record

@@ -158,3 +158,19 @@ def test_the_published_report_is_what_the_stored_runs_say():
     results: a new run, a new argument or a changed guard module (its rows turn stale)
     fails here until ``python -m tests.guard_mutation --report --write`` publishes it."""
     assert guard_mutation.published(VERIFICATION) == guard_mutation.report()
+
+
+def test_a_run_stores_each_mutant_as_it_goes_replacing_only_that_mutants_result(monkeypatch, tmp_path):
+    """An interrupted nightly run keeps what it ran: each result is stored as it comes,
+    replacing the same mutant's earlier result; an earlier source's results are dropped."""
+    monkeypatch.setattr(guard_mutation, "RESULTS", tmp_path)
+    module = "pipelines/prune.py"
+    guard_mutation._store(module, "sqlite", 1.0, 4, _result(1, "survived"))
+    guard_mutation._store(module, "sqlite", 1.0, 4, _result(2, "killed"))
+    record = guard_mutation._store(module, "sqlite", 1.0, 4, _result(1, "killed"))
+    assert [(r["number"], r["verdict"]) for r in record["results"]] == [(1, "killed"), (2, "killed")]
+    stored = guard_mutation.json.loads(guard_mutation._path(module, "sqlite").read_text())
+    stored["source"] = "an earlier source"
+    guard_mutation._path(module, "sqlite").write_text(guard_mutation.json.dumps(stored))
+    record = guard_mutation._store(module, "sqlite", 1.0, 4, _result(3, "survived"))
+    assert [r["number"] for r in record["results"]] == [3]
