@@ -636,11 +636,18 @@ def _others(db: str) -> str:
     return " and ".join(f"not {other}" for other in DATABASES if other != db)  # (and the tests of no database)
 
 
+#: each run of a module's tests in a PID namespace of its own: a mutant of the process tree
+#: (``fleet/tree.py``'s orphan scan with ``or`` for ``and``) SIGKILLs every process it can
+#: see; here that is the run's own, not the machine's (the 2026-12-06 run lost its database
+#: servers and shells to one before this). ``--kill-child``: a timed-out run's processes go too
+ISOLATE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+
+
 def _pytest(tests: tuple[str, ...], db: str, scratch: Path, timeout_s: float) -> tuple[str, float]:
     # a server that cannot be reached fails the tests instead of skipping them: skipped, the
     # clean run and every mutant would pass, and all would count as survivors
     server = {} if db == "sqlite" else {"DUCTWORK_REQUIRE_CONTAINERS": "1"}
-    command = [sys.executable, "-m", "pytest", *tests, "-k", _others(db), "-x", "-q", "-p", "no:randomly",
+    command = [*ISOLATE, sys.executable, "-m", "pytest", *tests, "-k", _others(db), "-x", "-q", "-p", "no:randomly",
                "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     started = time.monotonic()
     try:
@@ -648,8 +655,16 @@ def _pytest(tests: tuple[str, ...], db: str, scratch: Path, timeout_s: float) ->
                               capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return "timeout", time.monotonic() - started
-    verdict = {0: "survived", 1: "killed", 5: "broken"}.get(done.returncode, "broken")
-    return verdict, time.monotonic() - started
+    return _verdict(done.returncode), time.monotonic() - started
+
+
+def _verdict(returncode: int) -> str:
+    """pytest's exit status as a verdict: 0 passed (survived), 1 a test failed (killed), a
+    signal (the test run itself killed, by a mutant that kills the wrong processes: killed
+    too), anything else (no tests, usage, an internal error) broken."""
+    if returncode < 0 or returncode >= 128:
+        return "killed"
+    return {0: "survived", 1: "killed"}.get(returncode, "broken")
 
 
 @contextlib.contextmanager

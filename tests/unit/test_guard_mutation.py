@@ -174,3 +174,19 @@ def test_a_run_stores_each_mutant_as_it_goes_replacing_only_that_mutants_result(
     guard_mutation._path(module, "sqlite").write_text(guard_mutation.json.dumps(stored))
     record = guard_mutation._store(module, "sqlite", 1.0, 4, _result(3, "survived"))
     assert [r["number"] for r in record["results"]] == [3]
+
+
+def test_each_run_is_in_a_pid_namespace_of_its_own_and_a_run_killed_by_its_mutant_is_a_kill(monkeypatch, tmp_path):
+    """A mutant of the process tree that kills every process it sees kills only its own
+    run's (``unshare --pid``), and that run's death by a signal counts as a kill."""
+    seen = {}
+
+    def run(command, **_):
+        seen["command"] = command
+        return guard_mutation.subprocess.CompletedProcess(command, -9)
+
+    monkeypatch.setattr(guard_mutation.subprocess, "run", run)
+    assert guard_mutation._pytest(GUARD_TESTS["fleet/tree.py"], "sqlite", tmp_path, 60)[0] == "killed"
+    assert seen["command"][:len(guard_mutation.ISOLATE)] == list(guard_mutation.ISOLATE)
+    assert [guard_mutation._verdict(code) for code in (0, 1, 2, 5, 137)] == [
+        "survived", "killed", "broken", "broken", "killed"]
