@@ -114,14 +114,7 @@ def test_kill_marked_kills_the_processes_carrying_the_mark_and_wait_gone_sees_th
     same pid's mark of another start time, or with no mark, runs on. ``wait_gone`` returns
     at once when the killed are gone (zombies not yet waited for count as gone) and names
     the live processes when its deadline passes [INV-EXE-5]. In a pid namespace of its own."""
-    if shutil.which("unshare") is None:
-        skip_or_fail("no unshare(1) to start a process in its own pid namespace", "DUCTWORK_REQUIRE_PID_NAMESPACES")
-    done = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", MARKED],
-                          capture_output=True, text=True, timeout=120, check=False)
-    if done.returncode and "Operation not permitted" in done.stderr:
-        skip_or_fail(f"unshare --pid is not permitted here: {done.stderr.strip()}", "DUCTWORK_REQUIRE_PID_NAMESPACES")
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)
+    report = in_own_pid_namespace(MARKED)
     assert report["mark"] == report["expected"]  # this process's pid and start time
     marked, other, unmarked = (report["trees"][name] for name in ("marked", "other", "unmarked"))
     assert len(marked) == len(other) == len(unmarked) == 2  # each shell and its sleep
@@ -129,6 +122,69 @@ def test_kill_marked_kills_the_processes_carrying_the_mark_and_wait_gone_sees_th
     assert report["left"] == []
     assert report["waited"] < 30  # returned when they were gone, not at its deadline (60 s)
     assert sorted(report["alive"]) == sorted(other + unmarked)
+
+
+#: run as the init of a pid namespace of its own (a wrong kill_adopted cannot reach a process
+#: of the machine): a runner (a shell with a sleep), and what a dead runner's step left: a
+#: shell with a sleep whose parent exited, so it was re-parented here; kill_adopted spares
+#: the known runner, then reports as JSON
+ADOPTED = """
+import json, os, subprocess, time
+from ductwork.fleet import tree
+
+runner = subprocess.Popen(["sh", "-c", "sleep 600 & wait"])
+dead = subprocess.Popen(["sh", "-c", "sh -c 'sleep 600 & wait' & exit 0"])
+dead.wait()
+end = time.monotonic() + 60
+while not (tree.descendants(runner.pid) and [c for c in tree.children(os.getpid()) if c != runner.pid]
+           and all(tree.descendants(c) for c in tree.children(os.getpid()))):
+    assert time.monotonic() < end, "the shells did not start their sleeps"
+    time.sleep(0.01)
+(orphan,) = [c for c in tree.children(os.getpid()) if c != runner.pid]
+trees = {"runner": [runner.pid, *tree.descendants(runner.pid)], "orphan": [orphan, *tree.descendants(orphan)]}
+adopted = tree.kill_adopted({runner.pid})
+report = {"trees": trees, "adopted": adopted, "left": tree.wait_gone(trees["orphan"], 60),
+          "alive": tree.wait_gone(trees["runner"], 0.5)}
+tree.kill(trees["runner"])
+print(json.dumps(report), flush=True)
+"""
+
+
+def in_own_pid_namespace(script: str) -> dict:
+    """Run ``script`` as the init of a pid namespace of its own (its /proc shows its own
+    processes only) and return the JSON it prints."""
+    if shutil.which("unshare") is None:
+        skip_or_fail("no unshare(1) to start a process in its own pid namespace", "DUCTWORK_REQUIRE_PID_NAMESPACES")
+    done = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode and "Operation not permitted" in done.stderr:
+        skip_or_fail(f"unshare --pid is not permitted here: {done.stderr.strip()}", "DUCTWORK_REQUIRE_PID_NAMESPACES")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_kill_adopted_kills_the_orphan_with_its_grandchild_and_spares_the_runners():
+    """A supervisor (here a pid namespace's init, which orphans are re-parented to, as to a
+    subreaper) kills what a dead runner's step left (a shell re-parented to it, with the
+    sleep it started) and waits for it, and leaves its known runner and the runner's own
+    child running [INV-EXE-5]."""
+    report = in_own_pid_namespace(ADOPTED)
+    runner, orphan = report["trees"]["runner"], report["trees"]["orphan"]
+    assert len(runner) == len(orphan) == 2  # each shell and its sleep
+    assert report["adopted"] == orphan[:1]
+    assert report["left"] == []
+    assert sorted(report["alive"]) == sorted(runner)
+
+
+def test_descendants_of_a_parents_read_that_loops_back_end_at_the_pid():
+    """``/proc`` is not read at once: a read can link a process back above ``pid`` (a pid
+    reused meanwhile). The walk still ends, each process named once, ``pid`` not among them."""
+    found: list[list[int]] = []
+    walker = threading.Thread(target=lambda: found.append(tree.descendants(10, {11: 10, 12: 11, 10: 12, 13: 12})),
+                              daemon=True)
+    walker.start()
+    walker.join(10)
+    assert found == [[11, 12, 13]]
 
 
 def test_wait_gone_past_its_deadline_looks_once_and_names_the_live(monkeypatch):
