@@ -15,6 +15,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import types
 
 import pytest
 
@@ -54,6 +56,17 @@ def test_a_child_that_does_not_start_in_time_is_killed_and_crashed(app, tmp_path
     assert execution.error.klass == "ductwork.ChildStartup"
     assert "did not start within 0 s; killed" in execution.error.message
     assert marker_lines(marker) == []  # killed before its step ran
+
+
+def test_a_child_at_its_start_up_deadline_exactly_is_killed(app, monkeypatch):
+    """The start-up deadline reached exactly (``STARTUP_S`` 0, the worker's clock standing at
+    it): the child is killed and crashed as not started, its pipe not read once more (read,
+    it would tell that the child exited without a result)."""
+    monkeypatch.setattr(child, "STARTUP_S", 0.0)
+    monkeypatch.setattr(child, "time", types.SimpleNamespace(monotonic=lambda: 100.0, sleep=time.sleep))
+    run = EndsItsChildPipeline.trigger("exit")
+    assert Worker(app).run_once().outcome == "process_crashed"
+    assert _first_execution(run).error.klass == "ductwork.ChildStartup"
 
 
 def test_a_child_whose_parent_is_gone_exits_at_once():
