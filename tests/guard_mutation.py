@@ -154,6 +154,11 @@ ARGUED: dict[str, tuple[str, str]] = {
         '`updated_at IS NOT NULL` (always true): as #45'),
     # -- fleet/tree.py
     # -- fleet/child.py
+    "fleet/child.py#15": (
+        "`time.monotonic() < deadline`: LtE for Lt",
+        "the keeper's kill loop (_worker_died, in the keeper's own process, whose clock no test can set) "
+        "differs only when a read of the nanosecond monotonic clock equals `start + KEEPER_KILL_S` exactly: "
+        "then one more round kills what is below it, as the rounds before did, 10 ms before it exits"),
     # -- pipelines/prune.py
     "pipelines/prune.py#6": (
         "`and_` without `r.c.status.in_(PRUNABLE)`",

@@ -13,16 +13,23 @@ Linux only, as the mechanism is.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
+import types
 
 import pytest
 
+from ductwork.db.hosts import os_start_ticks
 from ductwork.fleet import child, tree
 from ductwork.testing import drain
 from tests import mutants
+from tests.databases import skip_or_fail
 from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
 from tests.workloads.hooks import HOOK_LOG_ENV, ShellSpawnerHookPipeline
 from tests.workloads.processes import (
@@ -65,6 +72,138 @@ def test_descendants_finds_grandchildren_and_kill_stops_them():
         with contextlib.suppress(ProcessLookupError):
             shell.kill()
         shell.wait(10)
+
+
+#: run in a pid namespace of its own (its /proc shows its own processes only, so a wrong
+#: kill_marked cannot reach a process of the machine): starts three shells that each start
+#: a sleep, one with this process's mark, one with the mark of another start of this pid,
+#: one without a mark; kills the marked ones, then reports as JSON
+MARKED = """
+import json, os, subprocess, sys, time
+from ductwork.db.hosts import os_start_ticks
+from ductwork.fleet import tree
+
+start = os_start_ticks(os.getpid())
+mark = tree.own_mark()
+unmarked_env = {k: v for k, v in os.environ.items() if k != tree.OWNER_ENV}
+envs = {"marked": tree.marked_environment(),
+        "other": {**unmarked_env, tree.OWNER_ENV: tree.owner_mark(os.getpid(), start + 1)},
+        "unmarked": unmarked_env}
+shells = {name: subprocess.Popen(["sh", "-c", "sleep 600 & wait"], env=env, start_new_session=True)
+          for name, env in envs.items()}
+end = time.monotonic() + 60
+while not all(tree.descendants(s.pid) for s in shells.values()):
+    assert time.monotonic() < end, "the shells did not start their sleeps"
+    time.sleep(0.01)
+trees = {name: [s.pid, *tree.descendants(s.pid)] for name, s in shells.items()}
+killed = tree.kill_marked(mark)
+began = time.monotonic()
+left = tree.wait_gone(killed, 60)
+waited = time.monotonic() - began
+alive = tree.wait_gone(trees["other"] + trees["unmarked"], 0.5)
+tree.kill([pid for pids in trees.values() for pid in pids])
+print(json.dumps({"mark": mark, "expected": tree.owner_mark(os.getpid(), start), "trees": trees,
+                  "killed": killed, "left": left, "waited": waited, "alive": alive}), flush=True)
+"""
+
+
+def test_kill_marked_kills_the_processes_carrying_the_mark_and_wait_gone_sees_them_go():
+    """The whole host's fleet died: what its runner's steps started is found by the mark in
+    its environment (``DUCTWORK_STEP_OWNER``, this process's pid and start time) and killed,
+    a grandchild (``sh -c "sleep 600 & wait"``) included, and only that: a process with the
+    same pid's mark of another start time, or with no mark, runs on. ``wait_gone`` returns
+    at once when the killed are gone (zombies not yet waited for count as gone) and names
+    the live processes when its deadline passes [INV-EXE-5]. In a pid namespace of its own."""
+    report = in_own_pid_namespace(MARKED)
+    assert report["mark"] == report["expected"]  # this process's pid and start time
+    marked, other, unmarked = (report["trees"][name] for name in ("marked", "other", "unmarked"))
+    assert len(marked) == len(other) == len(unmarked) == 2  # each shell and its sleep
+    assert sorted(report["killed"]) == sorted(marked)
+    assert report["left"] == []
+    assert report["waited"] < 30  # returned when they were gone, not at its deadline (60 s)
+    assert sorted(report["alive"]) == sorted(other + unmarked)
+
+
+#: run as the init of a pid namespace of its own (a wrong kill_adopted cannot reach a process
+#: of the machine): a runner (a shell with a sleep), and what a dead runner's step left: a
+#: shell with a sleep whose parent exited, so it was re-parented here; kill_adopted spares
+#: the known runner, then reports as JSON
+ADOPTED = """
+import json, os, subprocess, time
+from ductwork.fleet import tree
+
+runner = subprocess.Popen(["sh", "-c", "sleep 600 & wait"])
+dead = subprocess.Popen(["sh", "-c", "sh -c 'sleep 600 & wait' & exit 0"])
+dead.wait()
+end = time.monotonic() + 60
+while not (tree.descendants(runner.pid) and [c for c in tree.children(os.getpid()) if c != runner.pid]
+           and all(tree.descendants(c) for c in tree.children(os.getpid()))):
+    assert time.monotonic() < end, "the shells did not start their sleeps"
+    time.sleep(0.01)
+(orphan,) = [c for c in tree.children(os.getpid()) if c != runner.pid]
+trees = {"runner": [runner.pid, *tree.descendants(runner.pid)], "orphan": [orphan, *tree.descendants(orphan)]}
+adopted = tree.kill_adopted({runner.pid})
+report = {"trees": trees, "adopted": adopted, "left": tree.wait_gone(trees["orphan"], 60),
+          "alive": tree.wait_gone(trees["runner"], 0.5)}
+tree.kill(trees["runner"])
+print(json.dumps(report), flush=True)
+"""
+
+
+def in_own_pid_namespace(script: str) -> dict:
+    """Run ``script`` as the init of a pid namespace of its own (its /proc shows its own
+    processes only) and return the JSON it prints."""
+    if shutil.which("unshare") is None:
+        skip_or_fail("no unshare(1) to start a process in its own pid namespace", "DUCTWORK_REQUIRE_PID_NAMESPACES")
+    done = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode and "Operation not permitted" in done.stderr:
+        skip_or_fail(f"unshare --pid is not permitted here: {done.stderr.strip()}", "DUCTWORK_REQUIRE_PID_NAMESPACES")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_kill_adopted_kills_the_orphan_with_its_grandchild_and_spares_the_runners():
+    """A supervisor (here a pid namespace's init, which orphans are re-parented to, as to a
+    subreaper) kills what a dead runner's step left (a shell re-parented to it, with the
+    sleep it started) and waits for it, and leaves its known runner and the runner's own
+    child running [INV-EXE-5]."""
+    report = in_own_pid_namespace(ADOPTED)
+    runner, orphan = report["trees"]["runner"], report["trees"]["orphan"]
+    assert len(runner) == len(orphan) == 2  # each shell and its sleep
+    assert report["adopted"] == orphan[:1]
+    assert report["left"] == []
+    assert sorted(report["alive"]) == sorted(runner)
+
+
+def test_descendants_of_a_parents_read_that_loops_back_end_at_the_pid():
+    """``/proc`` is not read at once: a read can link a process back above ``pid`` (a pid
+    reused meanwhile). The walk still ends, each process named once, ``pid`` not among them."""
+    found: list[list[int]] = []
+    walker = threading.Thread(target=lambda: found.append(tree.descendants(10, {11: 10, 12: 11, 10: 12, 13: 12})),
+                              daemon=True)
+    walker.start()
+    walker.join(10)
+    assert found == [[11, 12, 13]]
+
+
+def test_wait_gone_past_its_deadline_looks_once_and_names_the_live(monkeypatch):
+    """A deadline already reached (``timeout_s`` 0, the clock standing still at it):
+    ``wait_gone`` looks once and names the process still running, with no further round;
+    a process gone is not named."""
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        wait_for(lambda: os_start_ticks(sleeper.pid), "the sleep started")
+        monkeypatch.setattr(tree, "time", types.SimpleNamespace(monotonic=lambda: 100.0, sleep=time.sleep))
+        returned: list[list[int]] = []
+        waiter = threading.Thread(target=lambda: returned.append(tree.wait_gone([sleeper.pid], 0)), daemon=True)
+        waiter.start()
+        waiter.join(10)
+        assert returned == [[sleeper.pid]]
+    finally:
+        sleeper.kill()
+        sleeper.wait(10)
+    assert tree.wait_gone([sleeper.pid], 0) == []
 
 
 def test_a_timed_out_steps_subprocesses_die_with_it(app, tmp_path):

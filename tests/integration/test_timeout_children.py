@@ -11,10 +11,13 @@ the interrupt leaves it, and the execution is crashed, not left held [INV-EXE-1]
 
 from __future__ import annotations
 
+import importlib
 import signal
 import subprocess
 import sys
 import threading
+import time
+import types
 
 import pytest
 
@@ -54,6 +57,50 @@ def test_a_child_that_does_not_start_in_time_is_killed_and_crashed(app, tmp_path
     assert execution.error.klass == "ductwork.ChildStartup"
     assert "did not start within 0 s; killed" in execution.error.message
     assert marker_lines(marker) == []  # killed before its step ran
+
+
+def test_a_child_at_its_start_up_deadline_exactly_is_killed(app, monkeypatch):
+    """The start-up deadline reached exactly (``STARTUP_S`` 0, the worker's clock standing at
+    it): the child is killed and crashed as not started, its pipe not read once more (read,
+    it would tell that the child exited without a result)."""
+    monkeypatch.setattr(child, "STARTUP_S", 0.0)
+    monkeypatch.setattr(child, "time", types.SimpleNamespace(monotonic=lambda: 100.0, sleep=time.sleep))
+    run = EndsItsChildPipeline.trigger("exit")
+    assert Worker(app).run_once().outcome == "process_crashed"
+    assert _first_execution(run).error.klass == "ductwork.ChildStartup"
+
+
+#: a pipeline module the worker imports from a ``sys.path`` entry it added itself, not
+#: from its ``PYTHONPATH`` or working directory
+ON_ADDED_PATH = """
+from ductwork import Pipeline, Step
+
+
+class OnAddedPath(Step):
+    def __init__(self, value):
+        self.value = value
+
+    def execute(self):
+        return self.value * 2
+
+
+class OnAddedPathPipeline(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(OnAddedPath, timeout=30)
+"""
+
+
+def test_a_child_imports_the_pipeline_from_a_path_its_worker_added(app, tmp_path, monkeypatch):
+    """A pipeline module found through an entry the worker's process put on ``sys.path``
+    (as an adopter's script does): the child is given that entry, imports the module there
+    and runs the step; its value is recorded."""
+    (tmp_path / "added_path_pipeline.py").write_text(ON_ADDED_PATH)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("added_path_pipeline")
+    run = module.OnAddedPathPipeline.trigger(21)
+    assert Worker(app).run_once().outcome == "success"
+    assert _first_execution(run).outcome == "success"
 
 
 def test_a_child_whose_parent_is_gone_exits_at_once():
