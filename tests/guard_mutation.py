@@ -645,7 +645,16 @@ def _others(db: str) -> str:
 #: (``fleet/tree.py``'s orphan scan with ``or`` for ``and``) SIGKILLs every process it can
 #: see; here that is the run's own, not the machine's (the 2026-12-06 run lost its database
 #: servers and shells to one before this). ``--kill-child``: a timed-out run's processes go too
-ISOLATE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+#: Its first process is a small init (:data:`_INIT`) that reaps orphans, as on the machine,
+#: so pytest is not PID 1 (whose orphans and ignored signals some tests would see).
+_INIT = ("import os, subprocess, sys\n"
+         "child = subprocess.Popen(sys.argv[1:])\n"
+         "while True:\n"
+         "    pid, status = os.wait()\n"
+         "    if pid == child.pid:\n"
+         "        code = os.waitstatus_to_exitcode(status)\n"
+         "        sys.exit(code if code >= 0 else 128 - code)\n")
+ISOLATE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-c", _INIT)
 
 
 def _pytest(tests: tuple[str, ...], db: str, scratch: Path, timeout_s: float) -> tuple[str, float]:
