@@ -159,6 +159,11 @@ ARGUED: dict[str, tuple[str, str]] = {
         "the keeper's kill loop (_worker_died, in the keeper's own process, whose clock no test can set) "
         "differs only when a read of the nanosecond monotonic clock equals `start + KEEPER_KILL_S` exactly: "
         "then one more round kills what is below it, as the rounds before did, 10 ms before it exits"),
+    "fleet/child.py#7": (
+        "`(left := tree.descendants(os.getpid())) and time.monotonic() < deadline`: Or",
+        "the keeper's kill loop goes on until KEEPER_KILL_S (5 s) after its tree is already gone, "
+        "then exits: every process below it is killed as before, nothing is written, and only the "
+        "keeper's own exit is later (a test would have to time the keeper under 5 s)"),
     # -- pipelines/prune.py
     "pipelines/prune.py#6": (
         "`and_` without `r.c.status.in_(PRUNABLE)`",
