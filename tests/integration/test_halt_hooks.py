@@ -265,13 +265,18 @@ def test_a_halt_that_recorded_no_error_tells_the_handler_none(db_url):
         run = Completes.trigger(3)
         drain(app, timeout=60)
         assert run.refresh().status == "halted"
-        [hook] = hooks(app, run.id)
-        [halt] = SEEN[hook.id]
-        assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Echo#0", "advancer_crashes_exhausted")]
-        assert halt["errors"] == []
+        _told_advancer_crashes_and_no_error(app, run)
     finally:
         set_default_app(None)
         app.dispose()
+
+
+def _told_advancer_crashes_and_no_error(app, run):
+    """The run's one hook was told its branch halted ``advancer_crashes_exhausted``, and no error."""
+    [hook] = hooks(app, run.id)
+    [halt] = SEEN[hook.id]
+    assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Echo#0", "advancer_crashes_exhausted")]
+    assert halt["errors"] == []
 
 
 def test_one_hook_per_run_is_a_named_constraint(manual_app):
@@ -530,10 +535,7 @@ def test_a_halt_without_an_error_is_told_none_beside_another_runs_advancement_er
         done = run_due_hook(app, register(app, role="job_worker", label="w"))
         assert done is not None
         assert (done.outcome, done.status) == ("success", "succeeded")
-        [hook] = hooks(app, run.id)
-        [halt] = SEEN[hook.id]
-        assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Echo#0", "advancer_crashes_exhausted")]
-        assert halt["errors"] == []
+        _told_advancer_crashes_and_no_error(app, run)
     finally:
         set_default_app(None)
         app.dispose()
