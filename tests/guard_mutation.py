@@ -894,9 +894,10 @@ def _row(module: str, db: str, generated: int, clean: str, results: list[dict], 
     strict = f"{100 * caught / (scored - argued):.1f} %" if scored - argued else "–"
     timed = [r["seconds"] for r in results if "seconds" in r]
     per = f"{sum(timed) / len(timed):.1f}" if timed else "–"
+    minutes = f"{sum(timed) / 60:.0f}" if timed else "–"
     return (f"| `{module}`{' (stale)' if stale else ''} | {db} | {generated} | {len(results)} "
             f"| {count['killed']} | {count['timeout']} | {count['survived']} | {argued} | {count['broken']} "
-            f"| {score} | {strict} | {per} | {clean} |")
+            f"| {score} | {strict} | {per} | {minutes} | {clean} |")
 
 
 def _combined(records: list[dict]) -> list[dict]:
@@ -919,8 +920,8 @@ def report() -> str:
     more than one a row ``all``) and the survivors not argued equivalent (of ``all`` where
     there is one)."""
     lines = ["| module | database | generated | run | killed | timed out | survived | argued equivalent "
-             "| broken | score | score without the argued | s per mutant | clean run |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| broken | score | score without the argued | s per mutant | minutes | clean run |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     survivors = []
     totals: list[list[dict]] = []
     records: dict[str, list[dict]] = {}
@@ -961,12 +962,16 @@ def published(text: str) -> str:
     return text.split(MARKERS[0], 1)[1].split(MARKERS[1], 1)[0].strip()
 
 
+#: the pages that publish :func:`report` between :data:`MARKERS`
+PAGES = (ROOT / "docs" / "verification.md", ROOT / "INVARIANTS.md")
+
+
 def write_report() -> None:
-    """Put :func:`report` into docs/verification.md between its markers."""
-    doc = ROOT / "docs" / "verification.md"
-    text = doc.read_text()
-    head, rest = text.split(MARKERS[0], 1)
-    doc.write_text(f"{head}{MARKERS[0]}\n\n{report()}\n\n{MARKERS[1]}{rest.split(MARKERS[1], 1)[1]}")
+    """Put :func:`report` into each of :data:`PAGES` between its markers."""
+    for doc in PAGES:
+        text = doc.read_text()
+        head, rest = text.split(MARKERS[0], 1)
+        doc.write_text(f"{head}{MARKERS[0]}\n\n{report()}\n\n{MARKERS[1]}{rest.split(MARKERS[1], 1)[1]}")
 
 
 def main(argv: list[str] | None = None) -> int:

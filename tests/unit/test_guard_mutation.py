@@ -153,11 +153,13 @@ def test_coverage_contexts_become_node_ids_and_a_statement_of_several_lines_find
     assert guard_mutation._covering(module, inner, mapped) == ["a::test_one", "b::test_two"]
 
 
-def test_the_published_report_is_what_the_stored_runs_say():
-    """docs/verification.md's table and survivor list are ``--report``'s over the committed
-    results: a new run, a new argument or a changed guard module (its rows turn stale)
-    fails here until ``python -m tests.guard_mutation --report --write`` publishes it."""
-    assert guard_mutation.published(VERIFICATION) == guard_mutation.report()
+@pytest.mark.parametrize("page", guard_mutation.PAGES, ids=lambda page: page.name)
+def test_the_published_report_is_what_the_stored_runs_say(page):
+    """docs/verification.md's and INVARIANTS.md's table and survivor list are ``--report``'s
+    over the committed results: a new run, a new argument or a changed guard module (its
+    rows turn stale) fails here until ``python -m tests.guard_mutation --report --write``
+    publishes it."""
+    assert guard_mutation.published(page.read_text()) == guard_mutation.report()
 
 
 def test_a_run_stores_each_mutant_as_it_goes_replacing_only_that_mutants_result(monkeypatch, tmp_path):
