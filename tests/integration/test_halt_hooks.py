@@ -506,39 +506,40 @@ def test_each_recorded_attempt_wakes_and_logs_what_follows_it(manual_app, caplog
     assert record("success") == ("succeeded", 0, [])  # a crash within the first third re-runs at once
 
 
-def test_a_halt_without_an_error_is_told_none_beside_another_runs_advancement_error(db_url):
+@pytest.fixture
+def crash_exhausting_app(db_url):
+    """A fresh default app on a stopped clock whose advancer halts a branch at its first crash
+    (``max_crash: 0``) and advances nothing inline."""
+    from datetime import datetime
+
+    from ductwork.db.clock import ManualClock
+    from tests.conftest import installed, make_app
+
+    yield from installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
+                                  pipeline_advancer={"max_crash": 0, "inline_linear": False}))
+
+
+def test_a_halt_without_an_error_is_told_none_beside_another_runs_advancement_error(crash_exhausting_app):
     """As above (a branch halted ``advancer_crashes_exhausted`` before anything failed), with
     another run whose advancement ended with an error, recorded after the halt and before the
     hook runs: the handler is told no error still (another step's advancement error is not
     its halt's)."""
-    from datetime import datetime
-
-    from ductwork.app import set_default_app
-    from ductwork.db.clock import ManualClock
-    from tests.conftest import make_app, reset_tables
     from tests.factories import make_executions, make_run
 
-    app = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
-                   pipeline_advancer={"max_crash": 0, "inline_linear": False})
-    reset_tables(app.engine)
-    set_default_app(app)
-    try:
-        run = _halted_with_owed_hook(app, 3, pipeline=Completes)
-        other_run, other_branch = make_run(app)
-        make_executions(app, other_run, other_branch, None, app.clock.now())
-        with app.begin() as tx:
-            step_id = tx.execute(sa.select(schema.steps.c.id).where(schema.steps.c.run_id == other_run)).scalar_one()
-            tx.execute(schema.advancements.insert().values(
-                id=new_id(), branch_id=other_branch, step_id=step_id, claim_token=new_id(), started_at=tx.now,
-                completed_at=tx.now, error_klass="builtins.RuntimeError", error_message="routing broke",
-                crash_count=0, created_at=tx.now, updated_at=tx.now))
-        done = run_due_hook(app, register(app, role="job_worker", label="w"))
-        assert done is not None
-        assert (done.outcome, done.status) == ("success", "succeeded")
-        _told_advancer_crashes_and_no_error(app, run)
-    finally:
-        set_default_app(None)
-        app.dispose()
+    app = crash_exhausting_app
+    run = _halted_with_owed_hook(app, 3, pipeline=Completes)
+    other_run, other_branch = make_run(app)
+    make_executions(app, other_run, other_branch, None, app.clock.now())
+    with app.begin() as tx:
+        step_id = tx.execute(sa.select(schema.steps.c.id).where(schema.steps.c.run_id == other_run)).scalar_one()
+        tx.execute(schema.advancements.insert().values(
+            id=new_id(), branch_id=other_branch, step_id=step_id, claim_token=new_id(), started_at=tx.now,
+            completed_at=tx.now, error_klass="builtins.RuntimeError", error_message="routing broke",
+            crash_count=0, created_at=tx.now, updated_at=tx.now))
+    done = run_due_hook(app, register(app, role="job_worker", label="w"))
+    assert done is not None
+    assert (done.outcome, done.status) == ("success", "succeeded")
+    _told_advancer_crashes_and_no_error(app, run)
 
 
 def test_the_handler_is_told_the_error_of_the_attempt_that_ended_last(manual_app):
@@ -564,37 +565,24 @@ def test_the_handler_is_told_the_error_of_the_attempt_that_ended_last(manual_app
     assert claimed.halt["errors"] == [{"node": "Boom#0", "klass": "builtins.ValueError", "message": "the last attempt"}]
 
 
-def test_the_handler_is_told_the_error_of_the_advancement_that_ended_last(db_url):
+def test_the_handler_is_told_the_error_of_the_advancement_that_ended_last(crash_exhausting_app):
     """A halted step with no execution error and two failed advancements: the handler is
     told the error of the one that completed last, though the earlier one's other times
     (started, created, updated) are set far later and its id is smaller [INV-HLT-2]."""
-    from datetime import datetime
-
-    from ductwork.app import set_default_app
-    from ductwork.db.clock import ManualClock
-    from tests.conftest import make_app, reset_tables
-
-    app = make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)),
-                   pipeline_advancer={"max_crash": 0, "inline_linear": False})
-    reset_tables(app.engine)
-    set_default_app(app)
-    try:
-        run = _halted_with_owed_hook(app, 3, pipeline=Completes)
-        b = schema.branches
-        with app.begin() as tx:
-            [branch] = tx.execute(sa.select(b.c.id).where(b.c.run_id == run.id, b.c.status == "halted")).scalars()
-            step_id = tx.execute(sa.select(schema.steps.c.id).where(schema.steps.c.branch_id == branch)).scalar_one()
-            now, far = tx.now, timedelta(days=10)
-            for message, completed, other in (("an earlier attempt", now - timedelta(hours=1), now + far),
-                                              ("the last attempt", now, now - far)):
-                tx.execute(schema.advancements.insert().values(
-                    id=new_id(), branch_id=branch, step_id=step_id, claim_token=new_id(), started_at=other,
-                    completed_at=completed, error_klass="builtins.RuntimeError", error_message=message,
-                    crash_count=0, created_at=other, updated_at=other))
-        claimed = claim_hook(app, register(app, role="job_worker", label="w"))
-        assert claimed is not None
-        assert claimed.halt["errors"] == [{"node": "Echo#0", "klass": "builtins.RuntimeError",
-                                           "message": "the last attempt"}]
-    finally:
-        set_default_app(None)
-        app.dispose()
+    app = crash_exhausting_app
+    run = _halted_with_owed_hook(app, 3, pipeline=Completes)
+    b = schema.branches
+    with app.begin() as tx:
+        [branch] = tx.execute(sa.select(b.c.id).where(b.c.run_id == run.id, b.c.status == "halted")).scalars()
+        step_id = tx.execute(sa.select(schema.steps.c.id).where(schema.steps.c.branch_id == branch)).scalar_one()
+        now, far = tx.now, timedelta(days=10)
+        for message, completed, other in (("an earlier attempt", now - timedelta(hours=1), now + far),
+                                          ("the last attempt", now, now - far)):
+            tx.execute(schema.advancements.insert().values(
+                id=new_id(), branch_id=branch, step_id=step_id, claim_token=new_id(), started_at=other,
+                completed_at=completed, error_klass="builtins.RuntimeError", error_message=message,
+                crash_count=0, created_at=other, updated_at=other))
+    claimed = claim_hook(app, register(app, role="job_worker", label="w"))
+    assert claimed is not None
+    assert claimed.halt["errors"] == [{"node": "Echo#0", "klass": "builtins.RuntimeError",
+                                       "message": "the last attempt"}]
