@@ -768,10 +768,10 @@ def against(module: str, db: str, numbers: list[int], tests: list[str]) -> dict[
             print(f"{module} #{number}: {verdicts[number]} in {seconds:.1f} s  {generate(module)[number - 1].what}",
                   flush=True)
             if verdicts[number] == "killed" and ours and stored is not None and stored["source"] == _source(module):
-                for r in stored["results"]:
-                    if r["number"] == number:
-                        r.update(verdict="killed", by=sorted(tests))
-                path.write_text(json.dumps(stored, indent=1))
+                result = next((r for r in stored["results"] if r["number"] == number), None)
+                if result is not None:  # (a mutant the stored run has not reached yet stays unstored)
+                    _store(module, db, stored["clean_s"], stored["generated"],
+                           {**result, "verdict": "killed", "by": sorted(tests)})
     return verdicts
 
 
@@ -929,7 +929,7 @@ def report() -> str:
         record = json.loads(path.read_text())
         records.setdefault(record["module"], []).append(record)
     for module, runs in records.items():
-        source = hashlib.sha1((PACKAGE / module).read_bytes()).hexdigest()
+        source = _source(module)
         current = [r for r in runs if r["source"] == source]
         for record in runs:
             lines.append(_row(module, record["db"], record["generated"], f"{record['clean_s']} s",
