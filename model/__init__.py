@@ -34,7 +34,7 @@ write ``inv_<id>_<statement>`` in ``model.invariants`` and register it in
 function; add a mutant without the new guard to ``model.mutants.MUTANTS``.
 """
 
-from model.errors import (
+from .errors import (
     CommitFailed,
     ConfigError,
     DefinitionError,
@@ -43,8 +43,8 @@ from model.errors import (
     PreconditionError,
     StaleClaim,
 )
-from model.invariants import INVARIANT_FUNCTIONS, LIMITS_INVARIANTS, PIPELINE_INVARIANTS, check_all
-from model.limits import (
+from .invariants import INVARIANT_FUNCTIONS, LIMITS_INVARIANTS, PIPELINE_INVARIANTS, check_all
+from .limits import (
     Decision,
     KeyLimits,
     LimitsModel,
@@ -55,7 +55,7 @@ from model.limits import (
     parse_rate_entries,
     render_period,
 )
-from model.pipelines import (
+from .pipelines import (
     CRASH,
     FAILURE,
     NO_INPUT,

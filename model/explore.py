@@ -56,10 +56,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from model.errors import ModelError
-from model.invariants import INVARIANT_FUNCTIONS, LIMITS_INVARIANTS, PIPELINE_INVARIANTS
-from model.limits import Claimed, Decided, LimitsModel, Restarted
-from model.pipelines import CRASH, FAILURE, INVALID, NO_INPUT, TIMED_OUT, PipelineConfig, PipelinesModel, success
+from .errors import ModelError
+from .invariants import INVARIANT_FUNCTIONS, LIMITS_INVARIANTS, PIPELINE_INVARIANTS
+from .limits import Claimed, Decided, LimitsModel, Restarted
+from .pipelines import CRASH, FAILURE, INVALID, NO_INPUT, TIMED_OUT, PipelineConfig, PipelinesModel, success
 
 __all__ = ["CONFIGS", "DEEP_CONFIGS", "MUTANT_CONFIGS", "Config", "Counterexample", "LimitsWorld", "PipelinesWorld",
            "Report", "explore", "replay"]

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import pairwise
 from typing import Any, NoReturn
 
-from model.limits import (
+from .limits import (
     Claimed,
     Completed,
     Decided,
@@ -38,7 +38,7 @@ from model.limits import (
     RateEntry,
     Restarted,
 )
-from model.pipelines import (
+from .pipelines import (
     FAN_IN,
     PipelinesModel,
     Step,

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from model.errors import CommitFailed, ConfigError, PreconditionError
+from .errors import CommitFailed, ConfigError, PreconditionError
 
 __all__ = [
     "MICROS",

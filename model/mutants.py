@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from model.limits import Bucket, LimitJob, LimitsModel, RateEntry, cap_units, next_token_us
-from model.pipelines import Branch, Definition, Execution, HaltHook, PipelinesModel, Run, Step
+from .limits import Bucket, LimitJob, LimitsModel, RateEntry, cap_units, next_token_us
+from .pipelines import Branch, Definition, Execution, HaltHook, PipelinesModel, Run, Step
 
 __all__ = ["MUTANTS", "Mutant"]
 

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.errors import CommitFailed, DefinitionError, OverwriteError, PreconditionError, StaleClaim
+from .errors import CommitFailed, DefinitionError, OverwriteError, PreconditionError, StaleClaim
 
 __all__ = [
     "CRASH",

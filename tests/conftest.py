@@ -210,7 +210,7 @@ def _terminated(signum, _frame):  # type: ignore[no-untyped-def]
 def pytest_configure(config):  # type: ignore[no-untyped-def]
     config.addinivalue_line("markers", "needs(capability): runs only on backends with it (tests/capabilities.py)")
     # A SIGTERM (``timeout``, CI cancelling) ends the session the way Ctrl-C does, so
-    # fixtures tear down and tests/fleet.py's exit hook kills the fleets this process
+    # fixtures tear down and ductwork_proof/fleet.py's exit hook kills the fleets this process
     # started; Python's default for SIGTERM is to die at once and leave them running.
     import signal
     import threading
@@ -235,7 +235,7 @@ def backend_filter(request):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(autouse=True)
 def no_fleet_left_running(request):  # type: ignore[no-untyped-def]
-    """Fail a test that leaves a ``ductwork start`` fleet of its own running (tests/fleet.py's
+    """Fail a test that leaves a ``ductwork start`` fleet of its own running (ductwork_proof/fleet.py's
     ``Fleet``), and kill it, children included, so the next tests do not share the machine
     with it. A leaked fleet keeps polling, replacing workers and loading a 2-core machine
     for the rest of the run (a CI run was starved that way by a chaos round that raised
@@ -243,7 +243,7 @@ def no_fleet_left_running(request):  # type: ignore[no-untyped-def]
     yield
     import sys
 
-    fleet_module = sys.modules.get("tests.fleet")
+    fleet_module = sys.modules.get("ductwork_proof.fleet")
     if fleet_module is None:  # no test of this process has started a fleet
         return
     fleets = [fleet for fleet in fleet_module._LIVE if not fleet.shared]  # a module fixture stops a shared one

@@ -1,6 +1,6 @@
 """``pytest -m chaos``: a real fleet on each real database, attacked, then checked.
 
-Each round (``tests/chaos/harness.py``) runs two ``ductwork start`` hosts over the
+Each round (``ductwork_proof/harness.py``) runs two ``ductwork start`` hosts over the
 chaos workload while a kill plan drawn from the seed SIGKILLs workers, advancers,
 supervisors and whole hosts (some at armed fault checkpoints), terminates the
 fleet's database connections from the server side, prunes the retained runs
@@ -11,7 +11,7 @@ independent history checkers.
 Checks: INV-CLK-1, INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-ADV-1, INV-ADV-3,
 INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3, INV-EXE-4, INV-EXE-5 (witness rows of bodies killed
 with their process), INV-RUN-1, INV-REV-1, INV-REV-2, INV-REV-3, INV-HLT-1, INV-HLT-2,
-INV-PRN-1, INV-PRN-2 (tests/chaos/checkers.py), from recorded rows, witness rows and the
+INV-PRN-1, INV-PRN-2 (ductwork_proof/checkers.py), from recorded rows, witness rows and the
 harness's reads around each prune. Halted runs of the revive pipelines are revived during
 the round, each from two threads at once.
 
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from ductwork_proof.harness import ChaosRound, chaos_seeds, replay_command
 from tests import databases, mutants
-from tests.chaos.harness import ChaosRound, chaos_seeds, replay_command
 from tests.conftest import migrated
 
 pytestmark = pytest.mark.chaos
@@ -109,7 +109,7 @@ def test_paused_database_longer_than_reaper_timeout(chaos_target, tmp_path, reco
     loses its lease and dies before any claim could be reaped from under it; after the
     thaw the fleet recovers on its own, loses nothing and never exceeds a limit."""
     kind, server = _container(chaos_target)
-    from tests.chaos.harness import SETTINGS
+    from ductwork_proof.harness import SETTINGS
 
     pause_s = SETTINGS["supervisor"]["reaper_timeout"] + 2.0
     plan = [{"at_s": 2.0, "action": "pause_database", "pause_s": pause_s, "pick": 0.0, "host": "host-a",
@@ -144,7 +144,7 @@ def test_chaos_detects_mutant(chaos_target, mutant, seed, tmp_path):
     Opt-in (a race may need several seeds to show): the evidence that the chaos checkers
     can fail. Prints which invariants were reported.
     """
-    from tests.chaos.harness import make_plan
+    from ductwork_proof.harness import make_plan
 
     kind, server = chaos_target
     url = _database(kind, server, tmp_path, "mutant")
@@ -154,10 +154,11 @@ def test_chaos_detects_mutant(chaos_target, mutant, seed, tmp_path):
     plan += [{"at_s": at, "action": "freeze_host", "host": host, "pick": 0.0, "down_s": 0.0}
              for at, host in ((2.5, "host-a"), (6.0, "host-b"))]
     plan.sort(key=lambda e: e["at_s"])
+    copy = mutants.apply(mutant, tmp_path / "mutant")
     chaos = ChaosRound(seed=seed, url=url, backend=kind, server=server, workdir=_workdir(tmp_path),
-                       scale=SCALE, mutant=mutant, plan=plan)
+                       scale=SCALE, mutant=mutant, engine_copy=copy, plan=plan)
     result = chaos.run()
-    mutants.check_ran_patched(mutant, chaos.mutant_copy)  # the fleet ran the patched copy, not ductwork/
+    mutants.check_ran_patched(mutant, copy)  # the fleet ran the patched copy, not ductwork/
     reported = {inv: len(v) for inv, v in result.violations.items()}
     print(f"mutant {mutant} seed {seed} on {kind}: reported {reported or 'nothing'}; {result.summary()}")
     assert result.violations, f"mutant {mutant} went unnoticed by the chaos checkers ({result.summary()})"

@@ -1,17 +1,17 @@
 """The chaos history checkers can fail: each is run on hand-made histories that hold
 its invariant (no message) and that violate it (the exact message).
 
-Invariants covered (tests/chaos/checkers.py): INV-LIM-1 (concurrency, by per-key
+Invariants covered (ductwork_proof/checkers.py): INV-LIM-1 (concurrency, by per-key
 sequence and by witness overlap), INV-LIM-2 (rate: worst window and empty-start
 bucket replay, plus hypothesis properties), INV-LIM-3 (no leaked slot), INV-ADV-1
 (successors exactly once), INV-ADV-3 (fan-in once, complete, ordered), INV-EXE-1
 (liveness after the quiet phase), INV-EXE-3 (idempotency keys), INV-RUN-1 (run
 state agrees with branches; terminal states final), INV-PRN-1 (a prune deleted only
 final runs finished before its cutoff), INV-PRN-2 (no row of a pruned run, whole runs,
-the last prune finished the job). Also the JSONL round trip of tests/chaos/history.py.
+the last prune finished the job). Also the JSONL round trip of ductwork_proof/history.py.
 state agrees with branches; terminal states final), INV-REV-1, INV-REV-2 and INV-REV-3
 (a halted run revived once, its succeeded steps carried over, its failed step re-run
-with its input and key). Also the JSONL round trip of tests/chaos/history.py.
+with its input and key). Also the JSONL round trip of ductwork_proof/history.py.
 
 Pure and fast: no database, no processes.
 """
@@ -29,7 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ductwork.limit_entries import RateEntry, parse_limits
-from tests.chaos.checkers import (
+from ductwork_proof.checkers import (
     CHECKERS,
     check_all,
     check_inv_adv_1,
@@ -52,7 +52,7 @@ from tests.chaos.checkers import (
     check_inv_rev_3,
     check_inv_run_1,
 )
-from tests.chaos.history import BranchRow, Execution, History, HookRow, RunRow, StepRow, Witness, to_us
+from ductwork_proof.history import BranchRow, Execution, History, HookRow, RunRow, StepRow, Witness, to_us
 
 S = 1_000_000  # µs per second
 
@@ -848,7 +848,7 @@ def test_clk_1_orders_releases_with_claims():
 
 
 def test_lim_4_levels_within_the_configured_burst():
-    from tests.chaos.history import BucketRow
+    from ductwork_proof.history import BucketRow
 
     history = History(limits=limits(api={"rate": {"limit": 5, "per": "1s", "burst": 2}}))
     history.buckets = [BucketRow("api", 1, 2 * S, 0), BucketRow("api", 60, 10**12, 0)]  # 60 s: not kept
@@ -1098,7 +1098,7 @@ def test_exe_1_and_exe_3_accept_a_revive_but_nothing_else():
 
 
 def test_chaos_seeds_default_rounds_lists_and_ranges():
-    from tests.chaos.harness import BASE_SEED, chaos_seeds
+    from ductwork_proof.harness import BASE_SEED, chaos_seeds
 
     assert chaos_seeds({}) == [BASE_SEED, BASE_SEED + 1, BASE_SEED + 2]
     assert chaos_seeds({"DUCTWORK_CHAOS_ROUNDS": "1"}) == [BASE_SEED]

@@ -34,10 +34,10 @@ from ductwork.pipelines.branches import (
     claim_branches,
     release_advancement,
 )
+from ductwork_proof.fleet import wait_for
 from tests.capabilities import needs
 from tests.conftest import installed, make_app
 from tests.factories import make_run
-from tests.fleet import wait_for
 from tests.integration.test_lock_races import blocked_on
 from tests.workloads import Approval, Echo, Fails, Items, TwoStep
 
@@ -423,7 +423,7 @@ def test_a_reaper_racing_a_committing_batch_leaves_its_advancement_as_committed(
     reaper's release then finds it closed and changes nothing: no crash is recorded over
     the close, the branch is not released again [INV-ADV-2]. (SQLite: the reaper's
     transaction waits for the database's write lock and reads the advancement closed.)"""
-    from tests.fleet import wait_for
+    from ductwork_proof.fleet import wait_for
 
     run = TwoStep.trigger(1)
     _work(app)

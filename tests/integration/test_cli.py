@@ -355,7 +355,7 @@ def test_only_live_supervisors_on_this_host_are_found(app):
 def test_a_second_start_on_one_host_warns_and_still_starts(tmp_path, sqlite_url):
     import sqlalchemy as sa
 
-    from tests.fleet import Fleet, process_rows, wait_for, write_config
+    from ductwork_proof.fleet import Fleet, process_rows, wait_for, write_config
 
     config = write_config(tmp_path / "ductwork.yml", pipelines=[])
     engine = sa.create_engine(sqlite_url)
@@ -548,7 +548,7 @@ def test_start_hands_its_options_to_its_children_and_prints_the_checks_warnings(
     the same options (a child without ``--env staging`` would find no such section)."""
     import sqlalchemy as sa
 
-    from tests.fleet import FLEET_SETTINGS, Fleet, process_rows, wait_for
+    from ductwork_proof.fleet import FLEET_SETTINGS, Fleet, process_rows, wait_for
 
     section = {name: dict(values) for name, values in FLEET_SETTINGS.items()}
     section["pipelines"] = []

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from ductwork.db import schema
 from ductwork.testing import drain
-from tests.fleet import Fleet, wait_for, write_config
+from ductwork_proof.fleet import Fleet, wait_for, write_config
 from tests.workloads import Unkeyed
 
 

@@ -20,8 +20,8 @@ import sqlalchemy as sa
 
 from ductwork.db import schema
 from ductwork.testing import drain
+from ductwork_proof.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
 from tests.conftest import make_app, reset_tables
-from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
 from tests.workloads.processes import ForeverKeyedPipeline, SlowKeyedPipeline, SlowPipeline, marker_lines
 
 

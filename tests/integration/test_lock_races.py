@@ -30,9 +30,9 @@ from ductwork.fleet.processes import register
 from ductwork.limits.claims import claim
 from ductwork.pipelines.outcomes import HandOff, Success, record_successes
 from ductwork.pipelines.payloads import Output
+from ductwork_proof.fleet import wait_for
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
-from tests.fleet import wait_for
 from tests.workloads import Echo
 
 RACERS = 4

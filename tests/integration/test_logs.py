@@ -26,8 +26,8 @@ from ductwork.fleet.reaper import reap
 from ductwork.limits.claims import claim
 from ductwork.testing import drain
 from ductwork.version import describe
+from ductwork_proof.fleet import Fleet, wait_for, write_config
 from tests.conftest import make_app, reset_tables
-from tests.fleet import Fleet, wait_for, write_config
 from tests.workloads import Crashes, Gather, Items, NotJson, Unkeyed
 
 

@@ -28,9 +28,9 @@ import pytest
 from ductwork.db.hosts import os_start_ticks
 from ductwork.fleet import child, tree
 from ductwork.testing import drain
+from ductwork_proof.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
 from tests import mutants
 from tests.databases import skip_or_fail
-from tests.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
 from tests.workloads.hooks import HOOK_LOG_ENV, ShellSpawnerHookPipeline
 from tests.workloads.processes import (
     AsyncShellSpawnerPipeline,

@@ -35,7 +35,7 @@ import sqlalchemy as sa
 
 from ductwork.db import schema
 from ductwork.db.clock import to_us
-from tests.fleet import Fleet, process_rows, wait_for, write_config
+from ductwork_proof.fleet import Fleet, process_rows, wait_for, write_config
 from tests.workloads.rolling import RollingLowered, RollingRaised, RollingRated, rolling_witness_table
 
 OLD = {"raised": {"concurrency": 2}, "lowered": {"concurrency": 3},

@@ -30,8 +30,8 @@ from ductwork.db.hosts import machine_identifier, os_start_ticks
 from ductwork.fleet import tree
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import proven_dead, reap_dead
+from ductwork_proof.fleet import Fleet, pid_alive, wait_for, write_config
 from tests.databases import skip_or_fail
-from tests.fleet import Fleet, pid_alive, wait_for, write_config
 from tests.workloads.processes import SlowKeyedPipeline, SpawnerPipeline, marker_lines, spawned
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the proof of death reads /proc (Linux)")

@@ -23,7 +23,7 @@ import pytest
 
 from ductwork.fleet import child
 from ductwork.fleet.worker import Worker
-from tests.fleet import killed, wait_for
+from ductwork_proof.fleet import killed, wait_for
 from tests.workloads.processes import EndsItsChildPipeline, marker_lines
 
 

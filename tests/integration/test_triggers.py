@@ -29,9 +29,9 @@ from ductwork import (
 )
 from ductwork.db import schema
 from ductwork.testing import drain
+from ductwork_proof.fleet import wait_for
 from tests.capabilities import needs
 from tests.conftest import installed, make_app, race, race_processes
-from tests.fleet import wait_for
 from tests.workloads import Fails, Times10
 
 RUN_TABLES = (schema.runs, schema.branches, schema.steps, schema.executions)

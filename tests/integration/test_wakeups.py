@@ -23,10 +23,10 @@ from ductwork.fleet.worker import Worker
 from ductwork.limits.claims import claim
 from ductwork.pipelines.outcomes import record_success
 from ductwork.pipelines.payloads import Output
+from ductwork_proof.fleet import wait_for
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
 from tests.factories import make_executions, make_run
-from tests.fleet import wait_for
 
 AT = datetime(2020, 1, 1)
 

@@ -40,8 +40,8 @@ from typing import NoReturn
 
 import pytest
 
+from ductwork_proof.fleet import Fleet, wait_for, write_config
 from tests.conftest import _migrated_url, make_app
-from tests.fleet import Fleet, wait_for, write_config
 from tests.workloads import Approval
 from tests.workloads.web import LIMITS, PIPELINES, POOL_KEY, RATED_KEY, XSS, XSS_KEY, Flaky, Hostile, Metered, Pushes
 

@@ -34,8 +34,7 @@ import time
 import zlib
 
 from ductwork import Pipeline, Step
-from tests.chaos.history import make_witness_table
-from tests.workloads import Echo
+from ductwork_proof.history import make_witness_table
 
 WITNESS = make_witness_table()
 LIMITS = {
@@ -236,6 +235,17 @@ class ChaosHalts(Pipeline):
         p.start(Seed).chain(to=Refuse).on_halt(PageOnHalt)
 
 
+class Echo(Step):
+    """Returns its input (unwitnessed: the retained runs are pruned, witness rows would
+    name steps that no longer exist)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def execute(self):
+        return self.value
+
+
 class FailsOnThirds(Echo):
     """Fails every attempt when its input is a multiple of 3: the run halts."""
 
@@ -252,7 +262,7 @@ class ChaosRetained(Pipeline):
 
 
 #: the pipeline the round's prunes are limited to (``ductwork prune --pipeline``)
-RETAINED = "tests.chaos.workload:ChaosRetained"
+RETAINED = "ductwork_proof.workload:ChaosRetained"
 
 
 class ChaosReviveFan(Pipeline):

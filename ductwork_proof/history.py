@@ -5,7 +5,7 @@
     >>> check_all(History.from_jsonl(tmp / "round-17.jsonl"))     # rerun offline
 
 After a round (faults off, quiet phase over) :func:`read_history` reads what the
-checkers of :mod:`tests.chaos.checkers` need from a migrated ductwork database:
+checkers of :mod:`ductwork_proof.checkers` need from a migrated ductwork database:
 executions (claims and completions in database time, with the per-key
 ``claim_seq``/``release_seq`` taken under the key's lock), steps with their job's
 input and output, branches, runs with their definition snapshot, token buckets,

@@ -23,11 +23,11 @@ A round
    one last prune (it finishes what a killed one left);
 5. stops the fleet, reads the history (execution, step, branch and run rows,
    witness rows the step bodies wrote, the harness's own kill log) and runs the
-   independent checkers of ``tests/chaos/checkers.py`` over it.
+   independent checkers of ``ductwork_proof/checkers.py`` over it.
 
-With ``mutant=NAME``, the fleet runs a scratch copy of ``ductwork`` with that engine
-mutant's edits (``tests/mutants.py``), first on its processes' ``PYTHONPATH``; the
-harness itself and its checkers run the real package.
+With ``engine_copy=DIR``, the fleet runs a scratch copy of ``ductwork`` (an engine mutant's
+edits: the repository's ``tests/mutants.py`` makes them), first on its processes'
+``PYTHONPATH``; the harness itself and its checkers run the installed package.
 
 The history is written as JSONL (with the seed, the plan and the database
 version) so the checkers can be re-run offline; a failure prints the command that
@@ -56,11 +56,10 @@ from ductwork.app import App
 from ductwork.config import Config
 from ductwork.db import schema
 from ductwork.fleet import tree
-from tests import mutants
-from tests.chaos.checkers import check_all
-from tests.chaos.history import History, read_history
-from tests.chaos.workload import LIMITS, PIPELINES, RETAINED, REVIVED, WITNESS, trigger_workload
-from tests.fleet import Fleet, process_rows, wait_for, write_config
+from ductwork_proof.checkers import check_all
+from ductwork_proof.fleet import Fleet, process_rows, wait_for, write_config
+from ductwork_proof.history import History, read_history
+from ductwork_proof.workload import LIMITS, PIPELINES, RETAINED, REVIVED, WITNESS, trigger_workload
 
 SETTINGS = {
     # batch_window 0.5 s (default 0.05): the witnessed steps take milliseconds each, and
@@ -148,12 +147,13 @@ class Result:
 
 class ChaosRound:
     def __init__(self, *, seed: int, url: str, backend: str, workdir: Path, server: Any = None,
-                 scale: int = 1, mutant: str | None = None, duration_s: float | None = None,
-                 plan: list[dict] | None = None):
+                 scale: int = 1, mutant: str | None = None, engine_copy: Path | None = None,
+                 duration_s: float | None = None, plan: list[dict] | None = None):
         self.seed, self.url, self.backend, self.workdir = seed, url, backend, workdir
         self.server, self.scale, self.mutant = server, max(1, scale), mutant
-        #: the patched copy the fleet runs when ``mutant`` is set (tests/mutants.py)
-        self.mutant_copy = mutants.apply(mutant, workdir / "mutant") if mutant else None
+        #: a directory put first on the fleet's ``PYTHONPATH``: a patched copy of ``ductwork``
+        #: (an engine mutant, named by ``mutant``, which the round's metadata records)
+        self.engine_copy = engine_copy
         self.duration_s = duration_s if duration_s is not None else 8.0 * self.scale
         self.container = server is not None and getattr(server, "container", None) is not None
         self.plan = plan if plan is not None else make_plan(
@@ -172,8 +172,9 @@ class ChaosRound:
 
     def _env(self, fault: str | None = None) -> dict[str, str]:
         env = {"DUCTWORK_CHAOS_WITNESS_URL": self.url, "DUCTWORK_FAULT": fault or ""}
-        if self.mutant_copy is not None:
-            env["PYTHONPATH"] = mutants.environ(self.mutant_copy)["PYTHONPATH"]
+        if self.engine_copy is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.engine_copy), os.environ.get("PYTHONPATH")) if p)
+            env["COVERAGE_PROCESS_START"] = ""  # a patched copy's lines are not the package's coverage
         return env
 
     def _start(self, host: str, fault: str | None = None) -> None:
@@ -299,7 +300,7 @@ class ChaosRound:
 
     def _retained(self) -> tuple[int, dict[str, list]]:
         """Database now and each ChaosRetained run's ``[status, finished µs]``, in one read."""
-        from tests.chaos.history import to_us
+        from ductwork_proof.history import to_us
 
         r = schema.runs
         with self.engine.connect() as conn:
@@ -318,7 +319,7 @@ class ChaosRound:
     def _prune(self, fault: str | None, fresh: int = 0) -> dict:
         """Trigger ``fresh`` ChaosRetained runs, read every such run's status, run ``ductwork
         prune`` on them (``fault`` armed in it), read them again: the checkers compare."""
-        from tests.chaos.workload import ChaosRetained
+        from ductwork_proof.workload import ChaosRetained
 
         try:
             for i in range(fresh):  # a multiple of 3 halts (a later prune's), the others stay dampened

@@ -5,7 +5,7 @@
 
 Each ``check_…(history) -> list[str]`` returns one message per violation (empty:
 the invariant holds on this history); every message starts with the invariant's
-ID. They read only a :class:`~tests.chaos.history.History` (committed rows, witness
+ID. They read only a :class:`~ductwork_proof.history.History` (committed rows, witness
 rows written by the step bodies, the limits the fleet ran with). They share no
 code with the engine's enforcement and do not import ``model/``; from ``ductwork``
 they use only the snapshot reader (``Definition.from_json``), divert-key rendering
@@ -63,7 +63,7 @@ from typing import Any
 
 from ductwork.limit_entries import US_PER_S, RateEntry
 from ductwork.pipelines.snapshot import Definition, EdgeSpec, render_divert_key
-from tests.chaos.history import BranchRow, Execution, History, StepRow, Witness
+from ductwork_proof.history import BranchRow, Execution, History, StepRow, Witness
 
 SETTLED_RUNS = ("completed", "halted", "dampened")
 ACTIVE_BRANCHES = ("in_progress", "advancing")
@@ -972,7 +972,7 @@ def _prunes(history: History) -> list[dict]:
 
 
 def _cutoff_us(prune: dict) -> int | None:
-    from tests.chaos.history import to_us
+    from ductwork_proof.history import to_us
 
     return to_us(prune["cutoff"]) if prune.get("cutoff") else None
 
