@@ -30,6 +30,7 @@ report a missing one (MissingDatabaseError).
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -98,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="seconds to wait for the runs before giving up with status 1 (default 120)")
     _add_revive(commands, common)
     _add_web(commands, common)
+    # its options are ductwork_proof.verify's own (`ductwork verify --help`): main() hands it
+    # the rest of the command line before this parser sees it
+    commands.add_parser("verify", add_help=False,
+                        help="run ductwork's proof on a database (the verify extra; docs/verify.md)")
     return parser
 
 
@@ -382,8 +387,25 @@ COMMANDS = {"db": cmd_db, "check": cmd_check, "start": cmd_start, "status": cmd_
             "web": cmd_web, CHILD: cmd_child}
 
 
+def cmd_verify(argv: list[str]) -> int:
+    """``ductwork verify``: the proof ships beside the engine (``ductwork_proof``, the
+    ``verify`` extra), which never imports it: loaded by name, only when asked for."""
+    try:
+        proof = importlib.import_module("ductwork_proof.verify")
+    except ImportError as error:
+        print(f"ductwork verify: {error}; install the verify extra: pip install 'ductwork[verify]'",
+              file=sys.stderr)
+        return 2
+    if os.getcwd() not in sys.path:  # the config's pipelines import from the current directory
+        sys.path.insert(0, os.getcwd())
+    code: int = proof.main(argv)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["verify"]:
+        return cmd_verify(argv[1:])
     args = _child_parser().parse_args(argv[1:]) if argv[:1] == [CHILD] else _parser().parse_args(argv)
     if os.getcwd() not in sys.path:  # like `python -m`: pipelines in the current directory import
         sys.path.insert(0, os.getcwd())

@@ -59,7 +59,7 @@ from ductwork.fleet import tree
 from ductwork_proof.checkers import check_all
 from ductwork_proof.fleet import Fleet, process_rows, wait_for, write_config
 from ductwork_proof.history import History, read_history
-from ductwork_proof.workload import LIMITS, PIPELINES, RETAINED, REVIVED, WITNESS, trigger_workload
+from ductwork_proof.workload import LIMITS, PIPELINES, RETAINED, REVIVED, WITNESS, AdopterShapes, trigger_workload
 
 SETTINGS = {
     # batch_window 0.5 s (default 0.05): the witnessed steps take milliseconds each, and
@@ -148,8 +148,16 @@ class Result:
 class ChaosRound:
     def __init__(self, *, seed: int, url: str, backend: str, workdir: Path, server: Any = None,
                  scale: int = 1, mutant: str | None = None, engine_copy: Path | None = None,
-                 duration_s: float | None = None, plan: list[dict] | None = None):
+                 duration_s: float | None = None, plan: list[dict] | None = None,
+                 adopter: AdopterShapes | None = None, builtin: bool = True):
         self.seed, self.url, self.backend, self.workdir = seed, url, backend, workdir
+        #: the adopter's limits on synthetic keys and their runs (``ductwork verify -c``), run
+        #: beside the built-in workload
+        self.adopter = adopter or AdopterShapes()
+        self.limits = {**LIMITS, **self.adopter.limits}
+        #: trigger the built-in workload's runs (False: only the adopter's; the round's prunes
+        #: still trigger and prune runs of ChaosRetained)
+        self.builtin = builtin
         self.server, self.scale, self.mutant = server, max(1, scale), mutant
         #: a directory put first on the fleet's ``PYTHONPATH``: a patched copy of ``ductwork``
         #: (an engine mutant, named by ``mutant``, which the round's metadata records)
@@ -165,13 +173,15 @@ class ChaosRound:
         self.hosts: dict[str, Fleet | None] = {}
         self.retired: list[Fleet] = []  # supervisors killed alone: their children live on
         self.config_path = write_config(workdir / "ductwork.yml",
-                                        pipelines=[f"{p.__module__}:{p.__qualname__}" for p in PIPELINES],
-                                        limits=LIMITS, overrides=SETTINGS)
+                                        pipelines=[f"{p.__module__}:{p.__qualname__}"
+                                                   for p in (*PIPELINES, *self.adopter.pipelines,
+                                                             *dict.fromkeys(p for p, _ in self.adopter.runs))],
+                                        limits=self.limits, overrides=SETTINGS)
 
     # -- fleet ---------------------------------------------------------------------------------
 
     def _env(self, fault: str | None = None) -> dict[str, str]:
-        env = {"DUCTWORK_CHAOS_WITNESS_URL": self.url, "DUCTWORK_FAULT": fault or ""}
+        env = {"DUCTWORK_CHAOS_WITNESS_URL": self.url, "DUCTWORK_FAULT": fault or "", **self.adopter.environ()}
         if self.engine_copy is not None:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.engine_copy), os.environ.get("PYTHONPATH")) if p)
             env["COVERAGE_PROCESS_START"] = ""  # a patched copy's lines are not the package's coverage
@@ -398,10 +408,10 @@ class ChaosRound:
         self.engine = self._engine()
         WITNESS.drop(self.engine, checkfirst=True)
         WITNESS.create(self.engine)
-        app = App(self.url, Config.from_section({"job_worker": {"limits": LIMITS}}, source="<chaos>"),
+        app = App(self.url, Config.from_section({"job_worker": {"limits": self.limits}}, source="<chaos>"),
                   engine=self.engine)
         self.app = app
-        runs = trigger_workload(app, self.scale)
+        runs = (trigger_workload(app, self.scale) if self.builtin else []) + self.adopter.trigger(app)
         stop_reviving = threading.Event()
         reviver = threading.Thread(target=self._reviver, args=(app, stop_reviving), daemon=True)
         try:

@@ -29,9 +29,13 @@ from the input, so a round with one seed is the same workload every time.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from ductwork import Pipeline, Step
 from ductwork_proof.history import make_witness_table
@@ -339,3 +343,97 @@ def trigger_workload(app, scale: int) -> list:
         runs.append(ChaosReviveFan.trigger(4, app=app))
         runs.append(ChaosReviveChain.trigger(2 * i + 1, app=app))
     return runs
+
+
+# --- the adopter's shapes (ductwork verify -c ductwork.yml) --------------------------------
+
+#: the environment variable that names the adopter's synthetic keys (a JSON list) in the
+#: fleet's processes, which build the same pipeline classes when they import this module
+ADOPTER_KEYS_ENV = "DUCTWORK_VERIFY_KEYS"
+#: a synthetic key's name: the adopter's key, prefixed, so no real vendor's key is used
+SYNTHETIC_PREFIX = "verify:"
+#: how long a synthetic key's runs should take at its own rate, at most (seconds): the
+#: number of items a key gets is what its rate entries admit in this time
+SYNTHETIC_SECONDS = 8
+#: the most items one synthetic key's run fans out to
+SYNTHETIC_ITEMS = 24
+
+
+def adopter_pipelines(keys: list[str]) -> list[type[Pipeline]]:
+    """For each synthetic key, ``AdopterCall<i>`` (a witnessed step on that key) and
+    ``AdopterFan<i>`` (a fan-out of it, then a fan-in), made module globals so that a
+    fleet process importing this module with :data:`ADOPTER_KEYS_ENV` set finds them by name."""
+    made: list[type[Pipeline]] = []
+    for i, key in enumerate(keys):
+        call = type(f"AdopterCall{i}", (ApiCall,), {"limit_key": key, "__module__": __name__})
+
+        def define(_cls, p, call=call, key=key):
+            p.start(Fan).expand(to=call, limit_by=key).collapse(into=Total)
+
+        pipeline = type(f"AdopterFan{i}", (Pipeline,), {"define": classmethod(define), "__module__": __name__})
+        globals()[call.__name__] = call
+        globals()[pipeline.__name__] = pipeline
+        made.append(pipeline)
+    return made
+
+
+def items_for(concurrency: int | None, rates: list[tuple[int, int, int]]) -> int:
+    """How many items a synthetic key's run fans out to: three times its concurrency (so
+    its ceiling is reached), no more than its rate entries ``(limit, per_s, burst)`` admit in
+    :data:`SYNTHETIC_SECONDS` (a bucket starts empty, so that is ``limit × seconds / per_s``),
+    at most :data:`SYNTHETIC_ITEMS`. 0: the key's first token comes too late for a round
+    (a rate slower than one per :data:`SYNTHETIC_SECONDS`): the key is not run, and the
+    report says so."""
+    wanted = 3 * concurrency if concurrency is not None else SYNTHETIC_ITEMS
+    for limit, per_s, _burst in rates:
+        wanted = min(wanted, limit * SYNTHETIC_SECONDS // per_s)
+    return min(wanted, SYNTHETIC_ITEMS)
+
+
+@dataclass
+class AdopterShapes:
+    """The adopter's limits on synthetic keys: ``limits`` (config entries by synthetic key,
+    the adopter's values), the pipelines that use them and each key's item count."""
+
+    limits: dict[str, Any] = field(default_factory=dict)
+    items: dict[str, int] = field(default_factory=dict)
+    pipelines: list[type[Pipeline]] = field(default_factory=list)
+    #: the adopter's keys not run: a rate too slow for a round's length
+    skipped: list[str] = field(default_factory=list)
+    #: the adopter's own pipelines and inputs (the ``ductwork_chaos`` fixture): each input
+    #: is one run, whose bodies are the adopter's own code
+    runs: list[tuple[type[Pipeline], Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_limits(cls, entries: Mapping[str, Any]) -> AdopterShapes:
+        """From parsed :class:`ductwork.limit_entries.LimitEntry` values by key."""
+        limits: dict[str, Any] = {}
+        items: dict[str, int] = {}
+        skipped: list[str] = []
+        for key, entry in sorted(entries.items()):
+            name = SYNTHETIC_PREFIX + key
+            if not items_for(entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates]):
+                skipped.append(key)
+                continue
+            body: dict[str, Any] = {}
+            if entry.concurrency is not None:
+                body["concurrency"] = entry.concurrency
+            if entry.rates:
+                body["rate"] = [{"limit": r.limit, "per": f"{r.per_s}s", "burst": r.burst} for r in entry.rates]
+            limits[name] = body
+            items[name] = items_for(entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates])
+        return cls(limits, items, adopter_pipelines(list(limits)), skipped)
+
+    def environ(self) -> dict[str, str]:
+        """The fleet's processes build the synthetic keys' pipelines (:func:`adopter_pipelines`)."""
+        return {ADOPTER_KEYS_ENV: json.dumps(list(self.items))} if self.items else {}
+
+    def trigger(self, app) -> list:
+        """One run per synthetic key, fanning out to its item count; then the adopter's runs."""
+        pairs = zip(self.pipelines, self.items, strict=True)
+        synthetic = [pipeline.trigger(self.items[key], app=app) for pipeline, key in pairs]
+        return synthetic + [pipeline.trigger(value, app=app) for pipeline, value in self.runs]
+
+
+if os.environ.get(ADOPTER_KEYS_ENV):
+    adopter_pipelines(json.loads(os.environ[ADOPTER_KEYS_ENV]))
