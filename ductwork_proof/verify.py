@@ -279,7 +279,7 @@ def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
         from ductwork_proof.report import write_report
 
         written = write_report(result, opts.report, histories)
-        out(f"report: {written.get('html', opts.report)}")
+        out(f"report: {written.get('report.html', opts.report)}")
     return result
 
 
