@@ -289,7 +289,7 @@ def _probe_microseconds(engine: Engine, table: sa.Table) -> list[tuple[datetime,
     with engine.begin() as conn:
         conn.execute(table.insert(), [{"id": 10 + i, "at": at} for i, at in enumerate(MICROSECOND_VALUES)])
     with engine.connect() as conn:
-        read = dict(conn.execute(sa.select(table.c.id, table.c.at).where(table.c.id >= 10)).tuples().all())
+        read = dict(conn.execute(sa.select(table.c.id, table.c.at).where(table.c.id >= 10)).all())
     return [(at, read[10 + i]) for i, at in enumerate(MICROSECOND_VALUES)]
 
 

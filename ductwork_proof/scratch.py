@@ -129,7 +129,11 @@ def _sqlite_scratch(url: URL, *, keep: bool) -> Iterator[str]:
         raise VerifyError(f"cannot create a scratch directory in {directory} for the SQLite database verify fills "
                           f"({error}); SQLite needs to write beside its file there too") from error
     try:
-        yield f"sqlite:///{made / 'verify.sqlite3'}"
+        scratch = f"sqlite:///{made / 'verify.sqlite3'}"
+        engine = engines.create_engine(scratch)  # the first connection creates the file, as CREATE DATABASE
+        engine.connect().close()
+        engine.dispose()
+        yield scratch
     finally:
         if not keep:
             shutil.rmtree(made, ignore_errors=True)
@@ -185,7 +189,7 @@ def _drop(conn: sa.Connection, name: str, database: str) -> None:
     for session in list(sessions):
         with contextlib.suppress(sa.exc.DBAPIError):  # gone meanwhile, or another user's
             conn.exec_driver_sql(f"KILL {int(session)}")
-    conn.exec_driver_sql("SET SESSION lock_wait_timeout = 60")
+    conn.exec_driver_sql("SET SESSION lock_wait_timeout = 20")  # within the engine's 30 s read timeout
     conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{database}`")
 
 
