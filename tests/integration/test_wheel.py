@@ -1,0 +1,61 @@
+"""What the wheel ships: the engine, the proof (``ductwork_proof``) and the model as
+``ductwork_model`` (the repository's ``model/``), importable without the engine.
+
+Built with setup.py's ``build_py`` (what ``pip wheel`` runs) into a scratch directory and
+imported from a directory that is no checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    lib = tmp_path_factory.mktemp("wheel") / "lib"
+    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(lib)], cwd=ROOT,
+                   capture_output=True, text=True, timeout=120, check=True)
+    return lib
+
+
+def test_the_listed_packages_are_every_package_directory():
+    """pyproject.toml lists the packages (find cannot rename model/): a new subpackage
+    missing from the list would be missing from the wheel."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for top in ("ductwork", "ductwork_proof")
+               for p in (ROOT / top).rglob("__init__.py")}
+    on_disk |= {"ductwork_model"}
+    assert listed == on_disk
+
+
+def test_the_wheel_ships_the_model_and_the_proof_and_the_model_imports_alone(built, tmp_path):
+    assert sorted(p.name for p in (built / "ductwork_model").glob("*.py")) == sorted(
+        p.name for p in (ROOT / "model").glob("*.py"))
+    assert (built / "ductwork_proof" / "verify.py").exists()
+    assert not (built / "model").exists()  # no bare top-level `model` in site-packages
+    probe = ("import sys, ductwork_model; "
+             "assert not any(m == 'ductwork' or m.startswith('ductwork.') for m in sys.modules), sorted(sys.modules); "
+             "print(ductwork_model.__file__, ductwork_model.LimitsModel.__module__)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(built)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(built / "ductwork_model" / "__init__.py"), "ductwork_model.limits"]
+
+
+def test_the_shipped_proof_imports_from_the_wheel_alone(built, tmp_path):
+    """Nothing in ductwork_proof reaches for the repository's tests/ or model/."""
+    probe = ("import ductwork_proof.verify, ductwork_proof.harness, ductwork_proof.checkers, "
+             "ductwork_proof.conformance, ductwork_proof.report, ductwork_proof.pytest_plugin, sys; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'tests', 'model'}))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(built)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
