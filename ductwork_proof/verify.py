@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ductwork import Pipeline
+from ductwork.limit_entries import LimitEntry
+from ductwork.pipelines.snapshot import Definition
 from ductwork_proof.invariants import STATEMENTS
 from ductwork_proof.results import Check, Round, VerifyResult
 
@@ -140,24 +143,28 @@ def replay(opts: Options, seed: int, *, part: str | None = None) -> str:
     return shlex.join(words)
 
 
-def _adopter(opts: Options) -> tuple[dict, list[str], list[str], list[str]]:
-    """The adopter's config: (their limits parsed, by key), the names of their pipelines,
-    the transition kinds those use, and notes on what of it is not run."""
+def _definitions(pipelines: Sequence[type[Pipeline]]) -> list[Definition]:
+    return [p.definition for p in pipelines if p.definition is not None]
+
+
+def _adopter(opts: Options) -> tuple[dict[str, LimitEntry], list[str], list[str]]:
+    """The adopter's config: their limits (parsed, by key), the names of their pipelines
+    and the transition kinds those use."""
     if not opts.config:
-        return {}, [], [], []
+        return {}, [], []
     from ductwork.config_file import load_config
     from ductwork.fleet.boot import load_pipelines
 
     config = load_config(opts.config, opts.env)
-    pipelines = load_pipelines(config) if config.pipelines else []
-    kinds = sorted({edge.type for p in pipelines for edge in p.definition.edges.values()})
-    return config.limits, [p.definition.pipeline for p in pipelines], kinds, []
+    definitions = _definitions(load_pipelines(config) if config.pipelines else [])
+    kinds = sorted({edge.type for d in definitions for edge in d.edges.values()})
+    return config.limits, [d.pipeline for d in definitions], kinds
 
 
 def _kinds_covered() -> set[str]:
     from ductwork_proof.workload import PIPELINES
 
-    return {edge.type for p in PIPELINES for edge in p.definition.edges.values()}
+    return {edge.type for d in _definitions(PIPELINES) for edge in d.edges.values()}
 
 
 def invariant_checks(rounds: list[Round], conformance: list[Check]) -> list[Check]:
@@ -207,11 +214,11 @@ def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
     seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(1, 2**31)
     backend = backend_of(opts.database_url)
     started = time.monotonic()
-    limits, pipelines, kinds, notes = _adopter(opts)
+    limits, pipelines, kinds = _adopter(opts)
     result = VerifyResult(ductwork_version=__version__, backend=backend, database_url=mask(opts.database_url),
                           server_version="", settings={}, seed=seed, quick=opts.quick,
                           started_at=datetime.now(UTC).isoformat(timespec="seconds"), pipelines=pipelines,
-                          not_checked=list(NOT_CHECKED) + notes)
+                          not_checked=list(NOT_CHECKED))
     out(f"ductwork verify: seed {seed} on {backend} ({mask(opts.database_url)})")
     missing = sorted(set(kinds) - _kinds_covered())
     if missing:
