@@ -91,25 +91,10 @@ def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return _migrated_url(request.param, tmp_path_factory, worker_id)
 
 
-def reset_tables(engine) -> None:  # type: ignore[no-untyped-def]
-    """Delete every ductwork row (children first)."""
-    from ductwork.db import schema
-
-    tables = list(reversed(schema.metadata.sorted_tables))
-    with engine.begin() as conn:
-        if conn.dialect.name in ("mysql", "mariadb"):
-            conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS=0")
-        for table in tables:
-            conn.execute(table.delete())
-        if conn.dialect.name in ("mysql", "mariadb"):
-            conn.exec_driver_sql("SET FOREIGN_KEY_CHECKS=1")
-
-
-TEST_CONFIG = {
-    "job_worker": {"retry_delay": 0.01, "max_retry": 2, "max_crash": 4, "crash_backoff": 10},
-    "pipeline_advancer": {"max_retry": 2, "max_crash": 3, "expand_batch": 4},
-    "supervisor": {"reaper_timeout": 5, "heartbeat_interval": 0.5, "polling_timeout": 0.2},
-}
+# The engine's configuration in tests, and emptying the tables between them: the conformance
+# machines' own (ductwork_proof/conformance/factories.py, shipped with `ductwork verify`).
+from ductwork_proof.conformance.factories import CONFIG as TEST_CONFIG  # noqa: E402
+from ductwork_proof.conformance.factories import reset_tables  # noqa: E402
 
 
 def installed(application):  # type: ignore[no-untyped-def]

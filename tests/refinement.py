@@ -10,7 +10,7 @@ composed). A :class:`Case` is a state of the rows (a key's header, buckets, exec
 pending, in flight and ended in two lanes, another key's stamp and config) and one call
 (the lane, the endings, how many to take, a poll or a hand-off, the time). :meth:`World.check`
 writes the case's rows in a transaction, reads them back through the one abstraction
-(``tests/abstraction.py``), computes what the specification says (the endings' guard, then
+(``ductwork_proof/conformance/abstraction.py``), computes what the specification says (the endings' guard, then
 :func:`~ductwork.limits.plan.plan` on the state after them), calls the routine in that same
 transaction, reads every row again and compares: what it returned (the guard, the claims in
 order, a poll's refusal, the hints) and every row it left, then rolls back, so cases cost a
@@ -45,7 +45,7 @@ from ductwork.limit_entries import entry_digest, parse_limits
 from ductwork.limits import claims
 from ductwork.limits.executions import Ending
 from ductwork.limits.plan import Plan, Request, plan
-from tests import abstraction
+from ductwork_proof.conformance import abstraction
 from tests.conftest import TEST_CONFIG, reset_tables
 from tests.factories import make_executions, make_run
 

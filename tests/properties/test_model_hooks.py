@@ -22,13 +22,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from model.errors import PreconditionError, StaleClaim
-from model.invariants import INVARIANT_FUNCTIONS, check_all
-from model.pipelines import CRASH, FAILURE, INVALID, PipelinesModel, run_and_model, success
-from tests.properties.strategies import pipeline_configs, pipeline_scenarios
+# the model as ductwork_model, the name the shipped strategies (its oracles and configs) use: one set
+# of model classes in this test, never `model`'s beside them
+from ductwork_model.errors import PreconditionError, StaleClaim
+from ductwork_model.invariants import INVARIANT_FUNCTIONS, check_all
+from ductwork_model.pipelines import CRASH, FAILURE, INVALID, PipelinesModel, run_and_model, success
+from ductwork_proof.conformance.strategies import pipeline_configs, pipeline_scenarios
 
 STEPS = 100 if os.environ.get("HYPOTHESIS_PROFILE") == "deep" else 40
-HANDLER = "tests.properties.oracle_steps:OnHalt"
+HANDLER = "ductwork_proof.conformance.oracle_steps:OnHalt"
 HOOK_OUTCOMES = {"success": success(None), "failure": FAILURE, "invalid": INVALID}
 
 

@@ -15,9 +15,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from model.errors import CommitFailed
-from model.invariants import INVARIANT_FUNCTIONS
-from model.limits import LimitsModel
+# the model as ductwork_model, as in the other model machines: test_model_mutants runs each machine
+# against ductwork_model's mutants
+from ductwork_model.errors import CommitFailed
+from ductwork_model.invariants import INVARIANT_FUNCTIONS
+from ductwork_model.limits import LimitsModel
 from tests.properties.strategies import LIMIT_KEYS, limits_configs
 
 #: steps per example: the ci profile's 100 examples of 40 steps take a few seconds

@@ -31,9 +31,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from model.errors import CommitFailed, DefinitionError, OverwriteError, PreconditionError, StaleClaim
-from model.invariants import INVARIANT_FUNCTIONS, check_all
-from model.pipelines import (
+# the model as ductwork_model, the name the shipped strategies (its oracles and configs) use: one set
+# of model classes in this test, never `model`'s beside them
+from ductwork_model.errors import CommitFailed, DefinitionError, OverwriteError, PreconditionError, StaleClaim
+from ductwork_model.invariants import INVARIANT_FUNCTIONS, check_all
+from ductwork_model.pipelines import (
     CRASH,
     FAILURE,
     INVALID,
@@ -44,7 +46,7 @@ from model.pipelines import (
     run_to_quiescence,
     success,
 )
-from tests.properties.strategies import pipeline_configs, pipeline_scenarios
+from ductwork_proof.conformance.strategies import pipeline_configs, pipeline_scenarios
 
 #: steps per example: 40 keeps the ci profile at a few seconds; deep explores longer runs
 STEPS = 100 if os.environ.get("HYPOTHESIS_PROFILE") == "deep" else 40

@@ -6,7 +6,7 @@ domain, then over generated states beyond it.
 the poll order, composed), and in Python on SQLite. ``tests/refinement.py`` writes a state
 of the rows, calls the routine, and compares what it returned and every row it left with
 what the specification says, through the one abstraction from rows to state
-(``tests/abstraction.py``). A difference names the case and the first row or value that
+(``ductwork_proof/conformance/abstraction.py``). A difference names the case and the first row or value that
 differs. Every broken variant of the routines' SQL is killed by the exhaustive part, or
 argued equivalent (``python -m tests.sql_mutation``; docs/verification.md, "The lane routine
 and its refinement test").

@@ -157,13 +157,15 @@ def check_conformance(ref: str) -> None:
 
 
 def drives_hypothesis(module, test) -> bool:
-    """True when ``test`` is a ``@given`` test or calls a function of its module that is
-    (the conformance tests share one ``hunt`` helper that wraps its check in ``@given``)."""
+    """True when ``test`` is a ``@given`` test or calls a function of its module, or of the
+    shipped conformance package, that is (the conformance tests share one ``hunt`` helper,
+    ``ductwork_proof.conformance.pipelines.hunt``, that wraps its check in ``@given``)."""
     source = inspect.getsource(test)
     if "@given(" in source:
         return True
     helpers = [value for name, value in vars(module).items()
-               if inspect.isfunction(value) and value.__module__ == module.__name__
+               if inspect.isfunction(value)
+               and (value.__module__ == module.__name__ or value.__module__.startswith("ductwork_proof.conformance."))
                and value is not test and re.search(rf"\b{re.escape(name)}\(", source)]
     return any("@given(" in inspect.getsource(helper) for helper in helpers)
 
@@ -236,7 +238,7 @@ def test_the_known_operations_are_found():
     (("conformance rule", "LimitsAgainstModel.restart_with`", "LimitsAgainstModel.inv_lim_model_invariants_hold`"),
      "is not a hypothesis @rule"),
     # a plain function that neither is @given nor calls a helper that is
-    (("conformance rule", "test_engine_revives_end_where_the_model_ends", "check_revives"),
+    (("conformance rule", "test_engine_revives_end_where_the_model_ends", "examples"),
      "is not a hypothesis @given test"),
     (("INV IDs", "INV-LIM-4, INV-LIM-7", "INV-LIM-4, {undefined}"), "not defined in INVARIANTS.md"),
     (("engine function", "`ductwork.limits.claims.restart_with`", "`ductwork.limits.claims.claim`"),

@@ -1,7 +1,7 @@
 """Step classes whose behaviour an oracle decides: the engine side of pipeline conformance.
 
-``tests/properties/strategies.py`` generates definitions whose nodes use these
-classes (``tests.properties.oracle_steps:Fetch`` …) and an oracle
+:mod:`ductwork_proof.conformance.strategies` generates definitions whose nodes use these
+classes (``ductwork_proof.conformance.oracle_steps:Fetch`` …) and an oracle
 ``(node, input_args, attempt) -> Outcome``. Each step asks the oracle installed
 with :func:`install` what to do, given its node and how many executions of it
 already ended (read from the database, as the model counts them), and then

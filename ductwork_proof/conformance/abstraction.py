@@ -7,9 +7,11 @@
 Written once, from the rows alone (no engine code reads them here), and used by the
 refinement test of the lane routine (``tests/refinement.py``: the state
 ``ductwork.limits.plan.plan`` decides on, and the rows the routine must leave) and by the
-limits conformance machine (``key_view``: what it compares with ``model.LimitsModel``
-after every rule). The lane scan's rules are restated here from docs/semantics.md §5, not
-imported from ``ductwork.limits.lanes``, so that the refinement test checks them too.
+limits conformance machine (``key_view``: what it compares with the model's ``LimitsModel``
+after every rule; :mod:`ductwork_proof.conformance.limits`, shipped with ``ductwork verify``,
+hence here and not in the test suite). The lane scan's rules are restated here from
+docs/semantics.md §5, not imported from ``ductwork.limits.lanes``, so that the refinement
+test checks them too.
 """
 
 from __future__ import annotations
