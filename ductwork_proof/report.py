@@ -320,10 +320,12 @@ def _findings(check: Check) -> str:
 
 def _checks(checks: list[Check], invariants: bool = False) -> str:
     rows = [[f"<b>{_e(c.id)}</b>", _e(STATEMENTS.get(c.id, c.statement) if invariants else c.statement),
-             f"<code>{_e(c.checker)}</code>", _verdict(c), _e(_counts(c.counts)), _findings(c)]
+             "<br>".join(f"<code>{_e(part.strip())}</code>" for part in c.checker.split(";")),
+             _verdict(c), _e(_counts(c.counts)), _findings(c)]
             for c in checks]
+    # (the checker column wraps between checkers: an invariant may have two)
     return _table(["ID", "Statement", "Checker", "Result", "Counts", "Details and first findings"], rows,
-                  "none ran", nowrap=(0, 2, 3))
+                  "none ran", nowrap=(0, 3))
 
 
 def _tally(checks: list[Check]) -> str:

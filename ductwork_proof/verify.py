@@ -191,7 +191,7 @@ def invariant_checks(rounds: list[Round], conformance: list[Check]) -> list[Chec
                 detail.append("replay: " + "; ".join(r.replay for r in rounds if r.seed in seeds))
         for machine in conformance:
             if inv in machines.get(machine.id, ()) and machine.passed is not None:
-                by.append(f"{machine.checker} (model invariant, conformance)")
+                by.append(f"{machine.id} (a model invariant, after every step)")
                 named = [f for f in machine.findings if inv in f]
                 verdicts.append(not named)
                 findings += named[:3]

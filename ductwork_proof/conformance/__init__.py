@@ -259,7 +259,7 @@ def _pipelines(url: str, *, seed: int, examples: int, steps: int, shrink: bool) 
         statement=("every generated pipeline run (every transition kind; failures, timeouts, crashes and invalid "
                    "returns; batched, keyed, with expands parked between batches) ends in the engine where it ends in "
                    "the model, and so do prunes, on_halt hooks, revives and keyed or transactional triggers"),
-        checker=", ".join(sorted({which.check.__name__ for which in HUNTS.values()})),
+        checker="; ".join(sorted({which.check.__name__ for which in HUNTS.values()})),
         passed=passed_all, detail=_detail(seed, trace, "; ".join(reasons)), counts=counts,
         findings=findings)
 

@@ -148,9 +148,12 @@ def test_a_broken_engine_fails_verify_naming_the_invariant(tmp_path, worker_id):
 
 
 PLUGIN_TEST = textwrap.dedent("""\
+    import pytest
+
     from shop import SyncOrders
 
 
+    @pytest.mark.chaos
     def test_sync_orders_under_kills(ductwork_chaos):
         outcome = ductwork_chaos(SyncOrders, inputs=list(range(4)),
                                  limits={"shop_api": {"concurrency": 2}}, seed=3)

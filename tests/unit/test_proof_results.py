@@ -64,7 +64,7 @@ def test_a_conformance_finding_that_names_an_invariant_fails_that_invariant_only
     assert checks["INV-LIM-2"].passed is False
     assert checks["INV-LIM-1"].passed is True  # checked by the same machine, not named
     assert checks["INV-ADV-1"].passed is None  # a pipelines invariant: that machine did not run
-    assert "LimitsMachine" in checks["INV-LIM-5"].checker
+    assert "CONF-LIMITS" in checks["INV-LIM-5"].checker
 
 
 @pytest.mark.parametrize(("concurrency", "rates", "items"), [
