@@ -93,6 +93,12 @@ def _keyed_claims(history: History) -> dict[str, list[Execution]]:
     return by_key
 
 
+def _claimed_at(execution: Execution) -> int:
+    """The claim time of one of :func:`_keyed_claims`'s executions (it keeps only claimed ones)."""
+    assert execution.claimed_at_us is not None, f"execution {execution.execution_id} was never claimed"
+    return execution.claimed_at_us
+
+
 # --------------------------------------------------------------------------- INV-LIM-1
 
 
@@ -216,7 +222,8 @@ def _sweep_witnesses(history: History) -> list[str]:
     for key, events in sorted(by_key.items()):
         limit = _concurrency(history, key) or 0
         running: set[int] = set()
-        peak_at, peak = 0.0, []  # the first moment the most bodies ran, and which
+        peak_at: float = 0.0  # the first moment the most bodies ran,
+        peak: list[int] = []  # and which (witness indexes)
         for at, delta, index in sorted(events):  # at equal times, ends (-1) before starts
             if delta < 0:
                 running.discard(index)
@@ -275,7 +282,7 @@ def check_inv_lim_2(history: History) -> list[str]:
 def _worst_window(key: str, rate: RateEntry, claims: list[Execution]) -> list[str]:
     unit, limit = rate.per_s * US_PER_S, rate.limit
     ordered = sorted(claims, key=lambda e: (e.claimed_at_us, e.claim_seq or 0, e.execution_id))
-    times = [e.claimed_at_us for e in ordered]
+    times = [_claimed_at(e) for e in ordered]
     best_i, best_a = 0, -limit * times[0]  # a_i = i·U − L·t_i, 0-based
     worst = (-1, 0, 0)  # (excess units, i, j)
     for j, t in enumerate(times):
@@ -304,7 +311,7 @@ def _replay(key: str, rate: RateEntry, claims: list[Execution], start_us: int) -
         ordered = sorted(claims, key=lambda e: (e.claimed_at_us, e.execution_id))
     level, refilled = 0, start_us
     for e in ordered:
-        now = e.claimed_at_us
+        now = _claimed_at(e)
         if now > refilled:
             level = min(capacity, level + (now - refilled) * rate.limit)
             refilled = now

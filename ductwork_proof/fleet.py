@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,7 @@ class Fleet:
         return self.log_path.read_text(errors="replace")
 
 
-def process_rows(engine: sa.Engine, *, role: str | None = None, label_prefix: str | None = None) -> list[sa.Row]:
+def process_rows(engine: sa.Engine, *, role: str | None = None, label_prefix: str | None = None) -> Sequence[sa.Row]:
     p = schema.processes
     stmt = sa.select(p.c.id, p.c.pid, p.c.role, p.c.label, p.c.last_heartbeat_at)
     if role:

@@ -46,6 +46,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -316,7 +317,8 @@ class ChaosRound:
         with self.engine.connect() as conn:
             from ductwork.db.dialects import db_now
 
-            now = to_us(db_now(conn))
+            moment: datetime = db_now(conn)  # the dialect's seam: a naive UTC datetime
+            now = to_us(moment)
             rows = conn.execute(sa.select(r.c.id, r.c.status, r.c.completed_at, r.c.halted_at)
                                 .where(r.c.pipeline_klass == RETAINED)).all()
         return now, {row.id: [row.status, to_us(row.completed_at or row.halted_at)] for row in rows}
@@ -434,7 +436,8 @@ class ChaosRound:
             for host in HOSTS:
                 fleet = self.hosts.get(host)
                 healthy = fleet is not None and fleet.proc is not None and fleet.proc.poll() is None
-                if not healthy or fleet.env.get("DUCTWORK_FAULT"):
+                faulted = fleet is not None and bool(fleet.env.get("DUCTWORK_FAULT"))
+                if not healthy or faulted:
                     self._down(host)
                     self._start(host)
             wait_for(self._settled, f"every run settled after the chaos phase (seed {self.seed})",

@@ -33,7 +33,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -47,6 +47,11 @@ ONE_US = timedelta(microseconds=1)
 FORMAT = 2
 
 
+# a timestamp gives an int and only a NULL gives None (so a NOT NULL column's value is an int)
+@overload
+def to_us(value: datetime | str) -> int: ...
+@overload
+def to_us(value: None) -> None: ...
 def to_us(value: datetime | str | None) -> int | None:
     """Exact microseconds since the epoch of a naive-UTC timestamp; None stays None.
 
@@ -397,14 +402,14 @@ def read_history(engine: Engine, limits: dict[str, LimitEntry], witness_table: s
                       b.c.completed_at).order_by(b.c.id)
         ):
             history.branches.append(BranchRow(
-                *row[:12], fanin_arrived_at_us=to_us(row[12]), started_at_us=to_us(row[13]),
-                completed_at_us=to_us(row[14])))
-        for row in conn.execute(
+                row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10], row[11],
+                fanin_arrived_at_us=to_us(row[12]), started_at_us=to_us(row[13]), completed_at_us=to_us(row[14])))
+        for run in conn.execute(
             sa.select(r.c.id, r.c.status, r.c.definition, r.c.pipeline_klass, r.c.triggered_at, r.c.completed_at,
                       r.c.halted_at, r.c.revived_from).order_by(r.c.id)
         ):
-            history.runs.append(RunRow(row[0], row[1], json.loads(row[2]), row[3], to_us(row[4]),
-                                       to_us(row[5]), to_us(row[6]), row[7]))
+            history.runs.append(RunRow(run[0], run[1], json.loads(run[2]), run[3], to_us(run[4]),
+                                       to_us(run[5]), to_us(run[6]), run[7]))
         lb = schema.limit_buckets
         for key, period, level, refilled in conn.execute(
             sa.select(lb.c.key, lb.c.period_s, lb.c.level_units, lb.c.refilled_at_us)
@@ -414,11 +419,11 @@ def read_history(engine: Engine, limits: dict[str, LimitEntry], witness_table: s
         if witness_table is not None:
             history.witnesses = _read_witnesses(conn, witness_table)
         h = schema.halt_hooks
-        for row in conn.execute(
+        for hook in conn.execute(
             sa.select(h.c.id, h.c.run_id, h.c.klass, h.c.status, h.c.retry_count, h.c.crash_count,
                       h.c.last_outcome, h.c.claim_token, h.c.completed_at).order_by(h.c.id)
         ):
-            history.hooks.append(HookRow(*row[:8], completed_at_us=to_us(row[8])))
+            history.hooks.append(HookRow(*hook[:8], completed_at_us=to_us(hook[8])))
     return history
 
 

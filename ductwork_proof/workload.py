@@ -317,10 +317,19 @@ class ChaosAsyncFan(Pipeline):
         p.start(Fan).expand(to=AsyncApiCall, limit_by="api").collapse(into=Total)
 
 
-PIPELINES = [ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed, ChaosHalts,
-             ChaosRetained, ChaosReviveFan, ChaosReviveChain, ChaosAsyncFan]
+def _stored_name(pipeline: type[Pipeline]) -> str:
+    """The pipeline name ``pipeline``'s runs store: its definition's (a pipeline that
+    defines nothing is abstract and has none)."""
+    if pipeline.definition is None:
+        raise TypeError(f"{pipeline.__qualname__} has no definition: it is abstract, no run stores its name")
+    return pipeline.definition.pipeline
+
+
+PIPELINES: list[type[Pipeline]] = [
+    ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed, ChaosHalts, ChaosRetained,
+    ChaosReviveFan, ChaosReviveChain, ChaosAsyncFan]
 #: pipelines whose halted runs the harness revives (by the name runs store)
-REVIVED = tuple(p.definition.pipeline for p in (ChaosReviveFan, ChaosReviveChain))
+REVIVED = tuple(_stored_name(p) for p in (ChaosReviveFan, ChaosReviveChain))
 
 
 def trigger_workload(app, scale: int) -> list:

@@ -42,6 +42,7 @@ from ductwork.errors import CommitFailed
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.limits import claims
+from ductwork.limits.executions import Claimed
 from ductwork.pipelines.outcomes import HandOff, Success, record_failure, record_success, record_successes
 from ductwork.pipelines.payloads import Output
 from ductwork_model import LimitsModel
@@ -90,7 +91,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         self.url, self.engine = url, engine
 
     @initialize(limits=limit_configs)
-    def setup(self, limits):
+    def setup(self, limits: dict) -> None:
         self.clock = ManualClock(T0)
         self.app = App(self.url, engine_config(limits), self.clock, engine=self.engine)
         reset_tables(self.engine)
@@ -98,7 +99,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         self.run_id, self.branch_id = make_run(self.app)
         self.process = {w: register(self.app, role="test", label=w) for w in WORKERS}
         self.generation = dict.fromkeys(WORKERS, 0)
-        self.held: dict[str, tuple[str, object]] = {}  # execution id -> (worker, Claimed)
+        self.held: dict[str, tuple[str, Claimed]] = {}  # execution id -> (worker, its claim)
         self.keys: dict[str, str | None] = {}  # execution id -> key
 
     @property
@@ -224,6 +225,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         if not retried:
             return None
         follow = open_execution_of(self.app, claimed.step_id)
+        assert follow is not None, f"INV-EXE-4: a retry was enqueued, but step {claimed.step_id} has no open execution"
         assert to_us(follow.eligible_at) == self.now_us + RETRY_DELAY_US
         self.model.enqueue(follow.id, self.keys[execution_id], self.now_us + RETRY_DELAY_US)
         self.keys[follow.id] = self.keys[execution_id]
@@ -232,7 +234,7 @@ class LimitsAgainstModel(RuleBasedStateMachine):
     def _rated_held(self) -> list[str]:
         """Held executions whose key has rate entries (buckets) under the current limits."""
         limits = self.app.config.limits
-        return sorted(eid for eid in self.held if self.keys[eid] in KEYS and limits[self.keys[eid]].rates)
+        return sorted(eid for eid in self.held if (key := self.keys[eid]) in KEYS and limits[key].rates)
 
     def _claim_until(self, worker: str, key: str, wanted, late_us: int) -> None:
         """``worker`` polls (each poll compared with the model's) until ``wanted()`` holds,

@@ -108,6 +108,14 @@ def engine_config(config, batch: int | None = None, keyed: bool = False) -> Conf
     }, source="<pipeline conformance>")
 
 
+def _manual_clock(app: App) -> ManualClock:
+    """``app``'s clock, which these hunts move by rule: every app they build has a ManualClock."""
+    clock = app.clock
+    if not isinstance(clock, ManualClock):
+        raise TypeError(f"the pipeline conformance hunts move time themselves: need a ManualClock, app has {clock!r}")
+    return clock
+
+
 def drive(app: App, run_id: str, limit: int = 5000) -> None:
     """Worker and advancer until nothing is left; time jumps to the next eligible moment."""
     worker, advancer = Worker(app), Advancer(app)
@@ -122,7 +130,7 @@ def drive(app: App, run_id: str, limit: int = 5000) -> None:
         wake, now = _next_wake(app)
         if wake is None:
             return
-        app.clock.set(max(wake, now))
+        _manual_clock(app).set(max(wake, now))
     raise AssertionError(f"run {run_id} did not settle within {limit} units of work")
 
 
@@ -133,20 +141,21 @@ def engine_summary(app: App, run_id: str) -> dict:
         steps = tx.execute(sa.select(s.c.node, s.c.status, s.c.to_transition, s.c.input_args)
                            .where(s.c.run_id == run_id)).all()
         branches = []
-        for branch_id, branch_status, reason in tx.execute(
-                sa.select(b.c.id, b.c.status, b.c.halt_reason).where(b.c.run_id == run_id)):
-            branches.append((latest_step(tx, branch_id).node, branch_status, reason))
+        for branch in tx.execute(sa.select(b.c.id, b.c.status, b.c.halt_reason).where(b.c.run_id == run_id)):
+            latest = latest_step(tx, branch.id)
+            assert latest is not None, f"branch {branch.id} has no step: a branch is created with its first"
+            branches.append((latest.node, branch.status, branch.halt_reason))
     fan_in: dict[str, list] = {}
-    for node, _, kind, args in steps:
-        if kind in ("combine", "collapse"):
-            fan_in.setdefault(node, []).append(json.loads(args))
+    for step in steps:
+        if step.to_transition in ("combine", "collapse"):
+            fan_in.setdefault(step.node, []).append(json.loads(step.input_args))
 
     def rows(counter: Counter) -> list:
         return sorted(([*key, n] for key, n in counter.items()), key=canonical_json)
 
     return {
         "status": status,
-        "steps": rows(Counter((node, st_) for node, st_, _, _ in steps)),
+        "steps": rows(Counter((step.node, step.status) for step in steps)),
         "branches": rows(Counter(branches)),
         "halt_reasons": rows(Counter((node, reason) for node, st_, reason in branches if st_ == "halted")),
         "fan_in_inputs": {n: sorted(v, key=canonical_json) for n, v in sorted(fan_in.items())},
@@ -245,7 +254,8 @@ def check_prune_agreement(url: str, engine, scenario, config, runs: int, back_ha
     model = PipelinesModel(config)
     model_runs = []
     reset_tables(engine)
-    app = App(url, engine_config(config), ManualClock(datetime(2026, 1, 1)), engine=engine)
+    clock = ManualClock(datetime(2026, 1, 1))
+    app = App(url, engine_config(config), clock, engine=engine)
     oracle_steps.install(app, oracle)
     in_process = {**definition, "nodes": {n: {**spec, "timeout_us": None} for n, spec in definition["nodes"].items()}}
     Generated.definition = Definition.from_json(in_process)
@@ -257,7 +267,7 @@ def check_prune_agreement(url: str, engine, scenario, config, runs: int, back_ha
             model.drive(oracle)
             drive(app, engine_runs[-1].id)
             model.advance_clock(HOUR_US)
-            app.clock.advance(timedelta(microseconds=HOUR_US))
+            clock.advance(timedelta(microseconds=HOUR_US))
     kept_before = {run.id: engine_summary(app, run.id) for run in engine_runs}
     back_us = back_halves * HOUR_US // 2
     expected = set(model.prune_all(model.now_us - back_us, batch))
@@ -293,7 +303,8 @@ def parked_gaps(app: App, parks: list[int]) -> Iterator[None]:
     :func:`drive` does): children of the batches so far run and arrive at their fan-in
     before the later batches exist. Work in a gap reaching a gap of its own (a nested
     expand) does not park again."""
-    real, worker, advancer, inside = faults.hit, Worker(app), Advancer(app), []
+    real, worker, advancer = faults.hit, Worker(app), Advancer(app)
+    inside: list[str] = []
 
     def arrivals() -> int:
         with app.begin(readonly=True) as tx:
@@ -314,7 +325,7 @@ def parked_gaps(app: App, parks: list[int]) -> Iterator[None]:
                         wake, now = _next_wake(app)  # as drive does: time jumps to the next eligible moment
                         if wake is None:
                             break
-                        app.clock.set(max(wake, now))
+                        _manual_clock(app).set(max(wake, now))
                 PARKED_COVERAGE["gaps"] += 1
                 PARKED_COVERAGE["arrivals in gaps"] += arrivals() - before
             finally:
@@ -505,7 +516,8 @@ def check_triggers(url: str, engine, scenario, config, calls) -> None:
     definition, args, oracle = scenario
     model = PipelinesModel(config)
     reset_tables(engine)
-    app = App(url, engine_config(config), ManualClock(datetime(2026, 1, 1)), engine=engine)
+    clock = ManualClock(datetime(2026, 1, 1))
+    app = App(url, engine_config(config), clock, engine=engine)
     oracle_steps.install(app, oracle)
     in_process = {**definition, "nodes": {n: {**spec, "timeout_us": None} for n, spec in definition["nodes"].items()}}
     Generated.definition = Definition.from_json(in_process)
@@ -517,7 +529,7 @@ def check_triggers(url: str, engine, scenario, config, calls) -> None:
             model.drive(oracle)
             drive(app, "every run")
             model.advance_clock(HOUR_US)
-            app.clock.advance(timedelta(microseconds=HOUR_US))
+            clock.advance(timedelta(microseconds=HOUR_US))
         if before == "prune":
             model.prune_all(model.now_us - HOUR_US // 2, 100)
             pruning.prune(app, timedelta(microseconds=HOUR_US // 2), batch_size=100)
@@ -551,7 +563,7 @@ def check_triggers(url: str, engine, scenario, config, calls) -> None:
     TRIGGER_FIGURES["created"] += len(model_order)
     TRIGGER_FIGURES["returned_by_key"] += sum(1 for t in model.triggers if not t.created)
     with app.begin() as tx:
-        rows = dict(tx.execute(sa.select(schema.runs.c.id, schema.runs.c.trigger_key)).all())
+        rows = {run.id: run.trigger_key for run in tx.execute(sa.select(schema.runs.c.id, schema.runs.c.trigger_key))}
     expected_rows = {engine_order[model_order.index(run_id)]:
                      None if model.runs[run_id].key_released_at_us is not None else model.runs[run_id].trigger_key
                      for run_id in model.live_runs()}

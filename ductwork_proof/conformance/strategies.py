@@ -151,6 +151,7 @@ class _Builder:
                 kinds += ["divide"] * 2 + ["expand"] * 3
         kind = self.draw(st.sampled_from(kinds))
         if kind == "close":
+            assert closer is not None, "'close' is among the kinds only when there is a fan-in to close"
             fan_in, target, barrier = closer
             self.edges[tail] = {"type": fan_in, "to": [target], "barrier": [barrier]}
         elif kind == "bad_fan_in":  # no barrier, or the wrong one: halts transition_invalid
