@@ -92,10 +92,10 @@ BASE_SEED = 20261129
 def chaos_seeds(environ: dict[str, str]) -> list[int]:
     """The rounds' seeds: ``DUCTWORK_CHAOS_SEED`` (comma-separated seeds and ``a-b`` ranges,
     to replay a round or soak over a range), else ``DUCTWORK_CHAOS_ROUNDS`` seeds from
-    :data:`BASE_SEED` on (default 3 per database)."""
+    :data:`BASE_SEED` on (default 2 per database)."""
     given = environ.get("DUCTWORK_CHAOS_SEED", "").strip()
     if not given:
-        rounds = int(environ.get("DUCTWORK_CHAOS_ROUNDS", "3"))
+        rounds = int(environ.get("DUCTWORK_CHAOS_ROUNDS", "2"))
         if rounds < 1:
             raise ValueError(f"DUCTWORK_CHAOS_ROUNDS={rounds}: must be at least 1")
         return [BASE_SEED + i for i in range(rounds)]

@@ -16,7 +16,7 @@ harness's reads around each prune. Halted runs of the revive pipelines are reviv
 the round, each from two threads at once.
 
 Sizes: ``DUCTWORK_CHAOS_SCALE`` (default 1: about 8 s of faults per round, a fault
-every 0.35 s on average); ``DUCTWORK_CHAOS_ROUNDS`` (default 3 rounds per database, seeds
+every 0.35 s on average); ``DUCTWORK_CHAOS_ROUNDS`` (default 2 rounds per database, seeds
 from 20261129 on); ``DUCTWORK_CHAOS_SEED`` (comma-separated seeds and ``a-b`` ranges)
 replays a round exactly or soaks over a range. ``DUCTWORK_CHAOS_ARTIFACTS`` keeps the
 histories (JSONL). Each round prints its seed and counts; the "chaos evidence" section
