@@ -111,7 +111,7 @@ class VerifyItem(pytest.Item):
             lines += [f"  {c.detail}" for c in failed if c.detail]
             raise VerifyFailed("\n".join([*lines, f"seed {result.seed}"]))
         if not any(c.passed for c in checks):
-            pytest.skip("; ".join(c.detail for c in checks) or f"{self.check_id}: not checked")
+            pytest.skip(f"{self.check_id}: " + ("; ".join(c.detail for c in checks) or "not checked"))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, VerifyFailed):
