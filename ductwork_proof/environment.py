@@ -52,7 +52,8 @@ MICROSECOND_VALUES = (datetime(2026, 1, 2, 3, 4, 5, 1), datetime(2026, 1, 2, 3, 
 Verdict = tuple[bool | None, str]
 
 STATEMENTS = {
-    "ENV-VERSION": "The server is a release verify accepts: PostgreSQL 13, MySQL 8.0, MariaDB 10.6, SQLite 3.35 or later.",
+    "ENV-VERSION": ("The server is a release verify accepts: PostgreSQL 13, MySQL 8.0, MariaDB 10.6, "
+                    "SQLite 3.35 or later."),
     "ENV-ISOLATION": "Connections get the isolation the engine asks for (READ COMMITTED; SQLite: WAL journal).",
     "ENV-SKIP-LOCKED": "FOR UPDATE SKIP LOCKED passes over a row another transaction holds, at once, and no other.",
     "ENV-FOR-UPDATE-BLOCKS": "A locking read (SQLite: a second BEGIN IMMEDIATE) waits while another holds the lock.",

@@ -42,6 +42,11 @@ proof beyond the bounds: a bug that needs a third worker, a fifth node or a long
 clock is outside them (``--deep`` widens them).
 
 Nothing here imports ``ductwork``. Not API.
+
+PYTEST_DONT_REWRITE: this module's assertion messages (``[INV-…]`` and what failed)
+are its output, compared exactly by its tests and quoted by ``ductwork verify``;
+pytest would rewrite the asserts of the distribution its plugins come from,
+which ships this module (as ``ductwork_model``).
 """
 
 from __future__ import annotations

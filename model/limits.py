@@ -24,6 +24,11 @@ Three layers, each usable on its own:
   ``model/invariants.py`` read.
 
 Nothing here imports ``ductwork`` (``tests/unit/test_model_isolation.py``).
+
+PYTEST_DONT_REWRITE: this module's assertion messages (``[INV-…]`` and what failed)
+are its output, compared exactly by its tests and quoted by ``ductwork verify``;
+pytest would rewrite the asserts of the distribution its plugins come from,
+which ships this module (as ``ductwork_model``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,11 @@ Every step records the step(s) it came from (``Step.predecessors``) and every
 fenced transaction is logged (``commits``), so ``model/invariants.py`` can
 re-derive the expected successors from the snapshot alone [INV-ADV-1].
 Nothing here imports ``ductwork``.
+
+PYTEST_DONT_REWRITE: this module's assertion messages (``[INV-…]`` and what failed)
+are its output, compared exactly by its tests and quoted by ``ductwork verify``;
+pytest would rewrite the asserts of the distribution its plugins come from,
+which ships this module (as ``ductwork_model``).
 """
 
 from __future__ import annotations
