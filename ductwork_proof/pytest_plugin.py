@@ -173,21 +173,15 @@ def ductwork_chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[.
 
     def run(pipeline: type, inputs: list[Any], *, limits: Mapping[str, Any] | None = None,
             seed: int = 1) -> ChaosOutcome:
-        from ductwork.db import engines, migrate
         from ductwork_proof.harness import ChaosRound
-        from ductwork_proof.scratch import scratch_database
+        from ductwork_proof.scratch import migrated, scratch_database
         from ductwork_proof.verify import backend_of
         from ductwork_proof.workload import AdopterShapes
 
         shapes = AdopterShapes(limits=dict(limits or {}), runs=[(pipeline, value) for value in inputs])
         base = url or f"sqlite:///{tmp_path}/chaos.sqlite3"
         with scratch_database(base) as scratch:
-            engine = engines.create_engine(scratch)
-            try:
-                migrate.upgrade(engine)
-            finally:
-                engine.dispose()
-            outcome = ChaosRound(seed=seed, url=scratch, backend=backend_of(scratch), workdir=tmp_path,
+            outcome = ChaosRound(seed=seed, url=migrated(scratch), backend=backend_of(scratch), workdir=tmp_path,
                                  adopter=shapes, builtin=False).run()
         return ChaosOutcome(outcome.violations, outcome.counts, outcome.history_path, seed)
 

@@ -290,3 +290,16 @@ def _restore(engine: Engine, present: set[str], full: set[str], absent_file: Pat
             conn.execute(WITNESS.delete())
     if failed is not None:
         raise failed
+
+
+def migrated(url: str) -> str:
+    """``url``, its database migrated to the head revision (verify's scratch databases,
+    the ``ductwork_chaos`` fixture's and the repository's test databases alike)."""
+    from ductwork.db import engines, migrate
+
+    engine = engines.create_engine(url)
+    try:
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    return url

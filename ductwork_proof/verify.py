@@ -205,8 +205,7 @@ def invariant_checks(rounds: list[Round], conformance: list[Check]) -> list[Chec
 def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
     """Run the parts of ``opts.which``; the result (its ``ok`` is the verdict)."""
     from ductwork import __version__
-    from ductwork.db import engines, migrate
-    from ductwork_proof.scratch import mask, scratch_database
+    from ductwork_proof.scratch import mask, migrated, scratch_database
 
     seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(1, 2**31)
     backend = backend_of(opts.database_url)
@@ -222,14 +221,6 @@ def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
         result.not_checked.append(f"transition kinds of your pipelines that the workload lacks: {missing}")
     if kinds:
         out(f"  your pipelines' transition kinds, each run by the workload: {', '.join(kinds)}")
-
-    def migrated(url: str) -> str:
-        engine = engines.create_engine(url)
-        try:
-            migrate.upgrade(engine)
-        finally:
-            engine.dispose()
-        return url
 
     workdir = Path(tempfile.mkdtemp(prefix="ductwork-verify-")) if opts.report is None else opts.report
     workdir.mkdir(parents=True, exist_ok=True)

@@ -67,17 +67,6 @@ def _migrated_url(kind: str, tmp_path_factory: pytest.TempPathFactory, worker_id
     return migrated(url)
 
 
-def migrated(url: str) -> str:
-    """``url``, its database migrated to the head revision."""
-    from ductwork.db import engines, migrate
-
-    engine = engines.create_engine(url)
-    try:
-        migrate.upgrade(engine)
-    finally:
-        engine.dispose()
-    return url
-
 
 @pytest.fixture(scope="session")
 def worker_id(request: pytest.FixtureRequest) -> str:
@@ -95,6 +84,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 # machines' own (ductwork_proof/conformance/factories.py, shipped with `ductwork verify`).
 from ductwork_proof.conformance.factories import CONFIG as TEST_CONFIG  # noqa: E402
 from ductwork_proof.conformance.factories import reset_tables  # noqa: E402
+from ductwork_proof.scratch import migrated  # noqa: E402  (tests import it from here)
 
 
 def installed(application):  # type: ignore[no-untyped-def]

@@ -41,21 +41,23 @@ def test_the_wheel_ships_the_model_and_the_proof_and_the_model_imports_alone(bui
         p.name for p in (ROOT / "model").glob("*.py"))
     assert (built / "ductwork_proof" / "verify.py").exists()
     assert not (built / "model").exists()  # no bare top-level `model` in site-packages
-    probe = ("import sys, ductwork_model; "
-             "assert not any(m == 'ductwork' or m.startswith('ductwork.') for m in sys.modules), sorted(sys.modules); "
-             "print(ductwork_model.__file__, ductwork_model.LimitsModel.__module__)")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(built)})
-    assert done.returncode == 0, done.stderr
+    done = _probe(built, tmp_path, "import sys, ductwork_model; "
+                  "assert not any(m == 'ductwork' or m.startswith('ductwork.') for m in sys.modules), "
+                  "sorted(sys.modules); print(ductwork_model.__file__, ductwork_model.LimitsModel.__module__)")
     assert done.stdout.split() == [str(built / "ductwork_model" / "__init__.py"), "ductwork_model.limits"]
 
 
 def test_the_shipped_proof_imports_from_the_wheel_alone(built, tmp_path):
     """Nothing in ductwork_proof reaches for the repository's tests/ or model/."""
-    probe = ("import ductwork_proof.verify, ductwork_proof.harness, ductwork_proof.checkers, "
-             "ductwork_proof.conformance, ductwork_proof.report, ductwork_proof.pytest_plugin, sys; "
-             "print(sorted({m.split('.')[0] for m in sys.modules} & {'tests', 'model'}))")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    done = _probe(built, tmp_path, "import ductwork_proof.verify, ductwork_proof.harness, ductwork_proof.checkers, "
+                  "ductwork_proof.conformance, ductwork_proof.report, ductwork_proof.pytest_plugin, sys; "
+                  "print(sorted({m.split('.')[0] for m in sys.modules} & {'tests', 'model'}))")
+    assert done.stdout.strip() == "[]"
+
+
+def _probe(built: Path, cwd: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` in ``cwd`` (no checkout) with only the built packages added."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(built)})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    return done
