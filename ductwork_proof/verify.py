@@ -22,6 +22,7 @@ option). ``--report DIR`` writes ``report.json`` and a self-contained ``report.h
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import random
 import shlex
@@ -303,6 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ductwork_proof.scratch import VerifyError
 
     opts = options(sys.argv[1:] if argv is None else argv)
+    try:
+        importlib.import_module("hypothesis")  # the conformance machines' (the verify extra's)
+    except ImportError:
+        print("ductwork verify: needs hypothesis: pip install 'ductwork[verify]'", file=sys.stderr)
+        return 2
     try:
         result = verify(opts)
     except VerifyError as error:
