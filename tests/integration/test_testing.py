@@ -527,8 +527,9 @@ def test_plugin_loaded_by_its_entry_point_and_by_name_registers_once(pytester, m
     conftest or ``-p`` names the module too: one registration, no "already registered"."""
     import tomllib
 
-    (name, target), = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][
-        "pytest11"].items()
+    plugins = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    target = name = "ductwork.pytest_plugin"  # (the other, ductwork_proof.pytest_plugin, is verify's)
+    assert plugins[name] == target
     dist = tmp_path / "site" / "ductwork_entry_point_probe-0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ductwork-entry-point-probe\nVersion: 0\n")
