@@ -34,7 +34,20 @@ HUNT = settings(
 )
 
 
+@pytest.fixture
+def no_local_constants(monkeypatch):
+    """Hypothesis mixes constants from every loaded local module (this repository's code) into
+    what it draws, so a derandomized hunt's examples changed with unrelated edits and with
+    which modules an xdist worker happened to have loaded (fan_in_fires_on_created went
+    uncaught after a docstring elsewhere changed). Without them, a hunt's examples depend on
+    its seed alone."""
+    from hypothesis.internal.conjecture import providers
+
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: providers.Constants())
+
+
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+@pytest.mark.usefixtures("no_local_constants")
 def test_mutant_is_caught(mutant):
     base = MACHINES[mutant.machine]
     machine = type(f"{base.__name__}_{mutant.name}", (base,), {"model_class": mutant.model_class})
