@@ -421,7 +421,8 @@ class AdopterShapes:
         skipped: list[str] = []
         for key, entry in sorted(entries.items()):
             name = SYNTHETIC_PREFIX + key
-            if not items_for(entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates]):
+            count = items_for(entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates])
+            if not count:
                 skipped.append(key)
                 continue
             body: dict[str, Any] = {}
@@ -430,7 +431,7 @@ class AdopterShapes:
             if entry.rates:
                 body["rate"] = [{"limit": r.limit, "per": f"{r.per_s}s", "burst": r.burst} for r in entry.rates]
             limits[name] = body
-            items[name] = items_for(entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates])
+            items[name] = count
         return cls(limits, items, adopter_pipelines(list(limits)), skipped)
 
     def environ(self) -> dict[str, str]:
