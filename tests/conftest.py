@@ -194,6 +194,22 @@ def pytest_configure(config):  # type: ignore[no-untyped-def]
         signal.signal(signal.SIGTERM, _terminated)
 
 
+#: the nightly command's profile: with it, the tests marked ``nightly`` run too
+NIGHTLY_PROFILE = "deep"
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    """Skip a ``@pytest.mark.nightly`` test, saying so, unless the nightly command runs
+    (``HYPOTHESIS_PROFILE=deep``, CONTRIBUTING.md "Test tiers"): a second path of something
+    CI already proves once, kept out of the 30-minute CI budget."""
+    if os.environ.get("HYPOTHESIS_PROFILE") == NIGHTLY_PROFILE:
+        return
+    skip = pytest.mark.skip(reason="nightly: runs with HYPOTHESIS_PROFILE=deep (CONTRIBUTING.md, the nightly command)")
+    for item in items:
+        if item.get_closest_marker("nightly"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def backend_filter(request):  # type: ignore[no-untyped-def]
     """Skip a ``@needs(...)`` test on a backend without the capability, saying why."""

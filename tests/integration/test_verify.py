@@ -103,7 +103,9 @@ def _scratch_databases(url: str) -> set[str]:
         engine.dispose()
 
 
-@pytest.mark.parametrize("kind", ["postgresql", "mysql"])
+# MariaDB's run is nightly: its scratch database, environment checks, conformance and chaos
+# are each proven on it by test_verify_environment.py, test_verify_conformance.py and tests/chaos
+@pytest.mark.parametrize("kind", ["postgresql", pytest.param("mysql", marks=pytest.mark.nightly)])
 def test_verify_quick_passes_with_the_adopters_limits_and_leaves_no_scratch_database(kind, tmp_path, worker_id):
     url = _server_url(kind, worker_id)
     project = _project(tmp_path)

@@ -238,6 +238,7 @@ def test_mutant_is_killed(mutant, tmp_path, record_property):
                                      f"| {took:.1f} s |")
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 @pytest.mark.parametrize("mutant", sorted(ALSO_CONFORMANCE))
 def test_mutant_is_killed_by_conformance_too(mutant, tmp_path):
@@ -246,6 +247,7 @@ def test_mutant_is_killed_by_conformance_too(mutant, tmp_path):
     hunt(mutant, ALSO_CONFORMANCE[mutant], tmp_path)
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 @pytest.mark.parametrize(("mutant", "detector"),
                          [(mutant, detector) for mutant, detectors in sorted(ALSO_PATHS.items())
