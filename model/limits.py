@@ -40,6 +40,7 @@ import re
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from .errors import CommitFailed, ConfigError, PreconditionError
@@ -344,6 +345,7 @@ def partition_key(family: str, value: object) -> str:
     return rendered
 
 
+@lru_cache(maxsize=4096)  # pure; the invariants ask it of every claim in a history
 def split_partition_key(key: Key) -> tuple[str, str | int] | None:
     """``(family, value)`` of a rendered partition key, or ``None`` for any other key:
     the inverse of ``partition_key`` on its image (a string it would not render is no
@@ -897,6 +899,8 @@ class LimitsModel:
         # across a restart with unchanged values): buckets of periods the new entry does
         # not keep are dropped, kept ones keep level and refill time, stamps are cleared.
         rebased = set(old) | set(self.config) | set(self.stamps) | {k for k, _ in self.buckets}
+        # a partition is named by no entry: every partition with an execution is re-based too
+        rebased |= {job.key for job in self.jobs.values() if job.key is not None and split_partition_key(job.key)}
         self.buckets = {(key, per_s): bucket for (key, per_s), bucket in self.buckets.items()
                         if (lim := limits_for(self.config, key)) and any(e.per_s == per_s for e in lim.rates)}
         self.stamps.clear()
