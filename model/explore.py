@@ -63,7 +63,16 @@ from typing import Any, Protocol
 
 from .errors import ModelError
 from .invariants import INVARIANT_FUNCTIONS, LIMITS_INVARIANTS, PIPELINE_INVARIANTS
-from .limits import Claimed, Decided, LimitsModel, Restarted
+from .limits import (
+    CEILING_REFUSALS,
+    Claimed,
+    Decided,
+    Forgotten,
+    LimitsModel,
+    Restarted,
+    partition_key,
+    split_partition_key,
+)
 from .pipelines import CRASH, FAILURE, INVALID, NO_INPUT, TIMED_OUT, PipelineConfig, PipelinesModel, success
 
 __all__ = ["CONFIGS", "DEEP_CONFIGS", "MUTANT_CONFIGS", "Config", "Counterexample", "LimitsWorld", "PipelinesWorld",
@@ -298,6 +307,9 @@ class LimitsBounds:
     #: the batch size of ``claim_batch`` and of a success's hand-off (``complete_all_and_hand_off``
     #: of one job; 0: not explored)
     batch: int = 2
+    #: ``forget_partition`` calls (each on a partition key of ``keys``, idle or not: a busy one
+    #: must be refused and change nothing)
+    forgets: int = 0
 
 
 @dataclass
@@ -313,6 +325,7 @@ class LimitsWorld:
     crashes: int = 0
     reaps: int = 0
     restarts: int = 0
+    forgets: int = 0
     #: jobs reaped while their worker lived: its late completion must be refused
     reaped_alive: list[Any] = field(default_factory=list)
 
@@ -382,6 +395,10 @@ class LimitsWorld:
             yield f"reap({owner}, budget spent, now={self.now})", _reap(owner, False)
         if self.restarts < b.restarts and b.restart_to is not None:
             yield f"restart_with({b.restart_to}, now={self.now})", _restart
+        if self.forgets < b.forgets:
+            for key in b.keys:
+                if key is not None and split_partition_key(key) is not None:
+                    yield f"forget_partition({key!r}, now={self.now})", _forget(key)
         if self.now + b.tick_us <= b.horizon_us:
             yield f"clock +{b.tick_us} µs -> {self.now + b.tick_us}", _tick(b.tick_us)
         for stamp in sorted(set(m.stamps.values())):
@@ -396,7 +413,8 @@ class LimitsWorld:
         each is named by what it holds, and two idle live workers are one class)."""
         names = self._canonical_workers()
         return _digest((self.now, tuple(sorted(names[w] for w in self.live)), self.jobs_enqueued, self.crashes,
-                        self.reaps, self.restarts, tuple(sorted(map(repr, self.reaped_alive))), self.present(names)))
+                        self.reaps, self.restarts, self.forgets, tuple(sorted(map(repr, self.reaped_alive))),
+                        self.present(names)))
 
     def _canonical_workers(self) -> dict[str, str]:
         m = self.model
@@ -422,16 +440,23 @@ class LimitsWorld:
         dead = sorted(m.dead_workers) if names is None else sorted(names[w] for w in m.dead_workers if w in names)
         claims: dict[str, list[int]] = {}
         refilled: set[str] = set()
+        forgotten: set[str] = set()  # forgotten and not decided since (INV-LIM-9)
         for event in m.events:  # since the last restart: the part of the history checkers read
             if isinstance(event, Restarted):
                 claims, refilled = {}, refilled - event.rebased
             elif isinstance(event, Claimed) and event.key is not None:
                 claims.setdefault(event.key, []).append(event.at_us)
-            elif isinstance(event, Decided) and event.refused_for != "concurrency" and not event.unconfigured:
-                refilled.add(event.key)
+            elif isinstance(event, Forgotten):
+                refilled.discard(event.key)
+                forgotten.add(event.key)
+            elif isinstance(event, Decided) and event.refused_for not in CEILING_REFUSALS:
+                forgotten.discard(event.key)
+                if not event.unconfigured:
+                    refilled.add(event.key)
         return (sorted(m.config.items()), jobs, tuple(sorted(m.buckets.items())), tuple(sorted(m.stamps.items())),
                 tuple(dead), m._created, m._synthetic,
-                tuple(sorted((k, tuple(sorted(t))) for k, t in claims.items())), tuple(sorted(refilled)))
+                tuple(sorted((k, tuple(sorted(t))) for k, t in claims.items())), tuple(sorted(refilled)),
+                tuple(sorted(forgotten)))
 
     def check(self, seen: bool = False) -> None:  # noqa: ARG002 - each limits invariant reads the event log
         """Every limits invariant, ``seen`` or not (each reads the event log)."""
@@ -484,6 +509,13 @@ def _reap(owner: str, requeue: bool) -> Callable[[LimitsWorld], object]:
 def _restart(w: LimitsWorld) -> None:
     w.restarts += 1
     w.model.restart_with(w.bounds.restart_to or {}, w.now)
+
+
+def _forget(key: str) -> Callable[[LimitsWorld], object]:
+    def apply(w: LimitsWorld) -> None:
+        w.forgets += 1
+        w.model.forget_partition(key, w.now)
+    return apply
 
 
 def _tick(dt: int) -> Callable[[LimitsWorld], object]:
@@ -879,6 +911,12 @@ _LOWERED = {"a": {"concurrency": 1, "rate": {"limit": 2, "per": 1, "burst": 1}},
             "b": {"concurrency": 1, "rate": {"limit": 3, "per": 2, "burst": 1}}}
 
 
+#: a key family p: each partition 1 at a time and a token every 0.5 s (one at most), the family 1
+#: at a time over all its partitions; two partitions, one of a hostile value (quote, bracket, accent)
+_FAMILY = {"p": {"per_partition": {"concurrency": 1, "rate": {"limit": 2, "per": 1, "burst": 1}}, "concurrency": 1}}
+_PARTITIONS = (partition_key("p", "x"), partition_key("p", "'\"]é"))
+
+
 def _limits(name: str, description: str, **bounds: Any) -> Config:
     fixed = LimitsBounds(**{"limits": _LIMITS, "restart_to": _LOWERED, "keys": ("a", "b"), "jobs": 3, "workers": 2,
                             "crashes": 1, "reaps": 1, "restarts": 0, "delays": (0,), "tick_us": 500_000,
@@ -899,6 +937,10 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     _limits("limits-fifo", "3 jobs on b and the unkeyed lane, eligible at once or 0.5 s later; a restart "
             "lowering b's burst; 1 worker, no crash or reap", keys=("b", None), delays=(0, 500_000), workers=1,
             crashes=0, reaps=0, restarts=1),
+    _limits("limits-partitioned", "family p (each partition: concurrency 1, 2/s burst 1; the family: concurrency "
+            "1) with partitions p[\"x\"] and a hostile one; 3 jobs arriving until 0.5 s, 2 workers, hand-offs of 1, "
+            "a forget (of a busy partition: refused), no crash; clock 0..1 s", limits=_FAMILY, restart_to=None,
+            keys=_PARTITIONS, crashes=0, reaps=0, forgets=1, batch=1, arrive_until_us=500_000),
     _pipelines("chain", "A -chain-> B -divert-> C -converge-> D: 1 run, 3 faults (failure, crash, invalid, "
                "advancer error or crash), stale tokens, group commits", definition=CHAIN, faults=3),
     _pipelines("divide", "A -divide-> [B, C] -combine-> D: 1 run, 2 faults", definition=DIVIDE),
@@ -930,6 +972,9 @@ DEEP_CONFIGS: dict[str, Config] = {c.name: c for c in (
     _limits("limits-batch", "as in CI with 4 jobs, batches of 3 and a crash", jobs=4, batch=3, crashes=1),
     _limits("limits-fifo", "as in CI with key a too and jobs arriving at any instant", keys=("a", "b", None),
             delays=(0, 500_000), workers=1, crashes=0, reaps=0, restarts=1, arrive_until_us=None),
+    # (with the unkeyed lane too and jobs arriving at any instant: not finished in 15 min under load)
+    _limits("limits-partitioned", "as in CI with a crash and a reap", limits=_FAMILY, restart_to=None,
+            keys=_PARTITIONS, crashes=1, reaps=1, forgets=1, batch=1, arrive_until_us=500_000),
     _pipelines("chain", "as in CI with 4 faults, timeouts too", definition=CHAIN, faults=4,
                fault_kinds=("failure", "timed_out", "crash", "invalid")),
     _pipelines("divide", "as in CI with 3 faults", definition=DIVIDE, faults=3),
@@ -954,6 +999,7 @@ DEEP_CONFIGS: dict[str, Config] = {c.name: c for c in (
 MUTANT_CONFIGS = {
     "refill_without_clamp": "limits", "no_concurrency_check": "limits", "spend_skipped": "limits",
     "stamp_off_by_one": "limits", "fifo_by_creation_only": "limits-fifo",
+    "family_ceiling_ignored": "limits-partitioned", "forget_refills": "limits-partitioned",
     "fan_in_fires_on_every_arrival": "divide", "stale_token_accepted": "chain", "expand_cursor_lost": "expand",
     "fan_in_fires_on_created": "expand-parked",
     "crash_budget_off_by_one": "chain", "invalid_retried": "chain", "context_overwrite_allowed": "revive",

@@ -28,15 +28,21 @@ from itertools import pairwise
 from typing import Any, NoReturn
 
 from .limits import (
+    CEILING_REFUSALS,
     Claimed,
     Completed,
     Decided,
     Enqueued,
+    FamilyLimits,
+    Forgotten,
     KeyLimits,
     LimitsModel,
     Polled,
     RateEntry,
     Restarted,
+    family_of,
+    limits_for,
+    split_partition_key,
 )
 from .pipelines import (
     FAN_IN,
@@ -71,6 +77,8 @@ __all__ = [
     "inv_lim_4_levels_in_range",
     "inv_lim_5_stamp_exact",
     "inv_lim_6_fifo",
+    "inv_lim_8_family_within_ceiling",
+    "inv_lim_9_forget_adds_no_tokens",
     "inv_rev_1_one_run_per_revive",
     "inv_rev_2_no_succeeded_step_reexecuted",
     "inv_rev_3_revived_branch_resumes",
@@ -91,9 +99,12 @@ def _fail(inv_id: str, message: str) -> NoReturn:
 # =========================================================================== limits
 
 
-def _sweep(model: LimitsModel) -> Iterable[tuple[Any, dict[str, KeyLimits]]]:
+Config = dict[str, KeyLimits | FamilyLimits]
+
+
+def _sweep(model: LimitsModel) -> Iterable[tuple[Any, Config]]:
     """Yield ``(event, config in force)`` in order."""
-    config: dict[str, KeyLimits] = {}
+    config: Config = {}
     for event in model.events:
         if isinstance(event, Restarted):
             config = dict(event.limits)
@@ -115,13 +126,14 @@ def inv_lim_1_in_flight_within_concurrency(model: LimitsModel) -> None:
     Sweeps claims and completions in event order (the per-key sequence the
     engine's checker sweeps), with the concurrency in force at each claim;
     a restart that lowers the ceiling does not evict holders, but no claim
-    may be made while at or over it.
+    may be made while at or over it. A partition of a key family is a key: its
+    ceiling is the family's ``per_partition`` concurrency (the family's own is INV-LIM-8).
     """
     holders: dict[Any, set[Any]] = defaultdict(set)
     for event, config in _sweep(model):
         if isinstance(event, Claimed):
             holders[event.key].add(event.job_id)
-            limits = config.get(event.key) if event.key is not None else None
+            limits = limits_for(config, event.key)
             if limits is not None and limits.concurrency is not None and len(holders[event.key]) > limits.concurrency:
                 _fail("INV-LIM-1", f"key {event.key!r}: claim of job {event.job_id!r} by {event.worker!r} at "
                       f"{event.at_us} µs made {len(holders[event.key])} in flight > concurrency {limits.concurrency}")
@@ -156,15 +168,18 @@ def inv_lim_2_rate_windows_of(model: LimitsModel) -> None:
     """INV-LIM-2 over a model's history: per key, per stretch between restarts, per kept entry.
 
     Within one configuration a bucket starts at most full (a carried level is
-    clamped at its first refill), so the window bound holds there exactly.
+    clamped at its first refill), so the window bound holds there exactly. A
+    partition of a key family is a key with its family's ``per_partition`` rates; its
+    claims are *not* cut at a ``forget_partition``: removing a bucket never adds a
+    token (the next one starts empty), so the bound holds across it [INV-LIM-9].
     """
     segment: dict[str, list[int]] = defaultdict(list)
-    config: dict[str, KeyLimits] = {}
+    config: Config = {}
     for event in [*model.events, None]:
         if event is None or isinstance(event, Restarted):
             for key, times in segment.items():
-                if key in config:
-                    inv_lim_2_rate_window(times, config[key].rates)
+                if (limits := limits_for(config, key)) is not None:
+                    inv_lim_2_rate_window(times, limits.rates)
             segment = defaultdict(list)
             config = dict(event.limits) if event is not None else {}
         elif isinstance(event, Claimed) and event.key is not None:
@@ -202,7 +217,9 @@ def _refilled_since_restart(model: LimitsModel) -> set[str]:
     for event in model.events:
         if isinstance(event, Restarted):
             keys -= event.rebased
-        elif isinstance(event, Decided) and event.refused_for != "concurrency" and not event.unconfigured:
+        elif isinstance(event, Forgotten):
+            keys.discard(event.key)
+        elif isinstance(event, Decided) and event.refused_for not in CEILING_REFUSALS and not event.unconfigured:
             keys.add(event.key)
     return keys
 
@@ -216,7 +233,7 @@ def inv_lim_4_levels_in_range(model: LimitsModel) -> None:
     """
     fresh = _refilled_since_restart(model)
     for (key, per_s), bucket in model.buckets.items():
-        limits = model.config.get(key)
+        limits = limits_for(model.config, key)
         entry = next((e for e in limits.rates if e.per_s == per_s), None) if limits else None
         if entry is None:
             _fail("INV-LIM-4", f"bucket ({key!r}, {per_s}s) survives but config keeps no such period")
@@ -240,7 +257,7 @@ def inv_lim_5_stamp_exact(model: LimitsModel) -> None:
         if key not in fresh:
             _fail("INV-LIM-5", f"key {key!r} stamped {stamped} without a refill since the last restart")
     for key in fresh:
-        limits = model.config.get(key)
+        limits = limits_for(model.config, key)
         rates = limits.rates if limits else ()
         found = [(e, model.buckets.get((key, e.per_s))) for e in rates]
         buckets = [(e, b) for e, b in found if b is not None]
@@ -271,6 +288,8 @@ def _track_stamps(stamps: dict[str, int], event: Any) -> None:
     if isinstance(event, Restarted):
         for key in event.rebased:
             stamps.pop(key, None)
+    elif isinstance(event, Forgotten):
+        stamps.pop(event.key, None)
     elif isinstance(event, Decided):
         if event.blocked_until_us is None:
             stamps.pop(event.key, None)
@@ -308,8 +327,18 @@ def inv_lim_6_fifo(model: LimitsModel) -> None:
         _track_stamps(stamps, event)
 
 
+def _family_saturated(config: Mapping[str, Any], key: Any, in_flight: Counter[Any]) -> bool:
+    """Whether ``key``'s family (if it is a partition) is at its ceiling, from the counts."""
+    family = family_of(config, key)
+    if family is None or family[1].concurrency is None:
+        return False
+    held = sum(n for k, n in in_flight.items() if (s := split_partition_key(k)) and s[0] == family[0]
+               and k not in config)
+    return held >= family[1].concurrency
+
+
 def _check_poll(poll: Polled, pending: Mapping[Any, Enqueued], in_flight: Counter[Any],
-                stamps: Mapping[str, int], config: Mapping[str, KeyLimits]) -> None:
+                stamps: Mapping[str, int], config: Mapping[str, Any]) -> None:
     oldest: dict[Any, Enqueued] = {}
     for job in sorted(pending.values(), key=lambda j: (j.eligible_at_us, j.created)):
         if job.eligible_at_us <= poll.at_us:
@@ -321,9 +350,9 @@ def _check_poll(poll: Polled, pending: Mapping[Any, Enqueued], in_flight: Counte
     tried = []
     for lane in poll.lanes:
         blocked = lane.key is not None and stamps.get(lane.key, poll.at_us) > poll.at_us
-        limits = config.get(lane.key) if lane.key is not None else None
-        saturated = (limits is not None and limits.concurrency is not None
-                     and in_flight[lane.key] >= limits.concurrency)
+        limits = limits_for(config, lane.key)
+        saturated = _family_saturated(config, lane.key, in_flight) or (
+            limits is not None and limits.concurrency is not None and in_flight[lane.key] >= limits.concurrency)
         if (lane.verdict == "blocked") != blocked or (lane.verdict == "saturated") != (saturated and not blocked):
             _fail("INV-LIM-6", f"poll at {poll.at_us}: lane {lane.key!r} marked {lane.verdict} but "
                   f"blocked={blocked} saturated={saturated}")
@@ -342,6 +371,68 @@ def _check_poll(poll: Polled, pending: Mapping[Any, Enqueued], in_flight: Counte
     claimed = tried[first].job_id if first < len(tried) else None
     if poll.job_id != claimed:
         _fail("INV-LIM-6", f"poll at {poll.at_us} claimed {poll.job_id!r}, FIFO says {claimed!r}")
+
+
+def inv_lim_8_family_within_ceiling(model: LimitsModel) -> None:
+    """In-flight executions of a key family, over all its partitions, never exceed the
+    family's ``concurrency``, fleet-wide (semantics §5, "Partitioned keys"; model only,
+    issue 34).
+
+    Sweeps claims and completions in event order with the configuration in force at
+    each claim, as INV-LIM-1 does per key: a claim of a partition (a key that renders
+    as ``family[<JSON>]`` of a family the configuration declares) may not make the
+    family's holders exceed its ceiling. Each partition's own ceiling is INV-LIM-1's.
+    """
+    holders: dict[str, set[Any]] = defaultdict(set)
+    for event, config in _sweep(model):
+        if not isinstance(event, (Claimed, Completed)):
+            continue
+        split = split_partition_key(event.key)
+        if split is None:
+            continue
+        if isinstance(event, Completed):
+            holders[split[0]].discard(event.job_id)
+            continue
+        holders[split[0]].add(event.job_id)
+        family = family_of(config, event.key)
+        if family is not None and family[1].concurrency is not None and len(holders[split[0]]) > family[1].concurrency:
+            _fail("INV-LIM-8", f"family {split[0]!r}: claim of job {event.job_id!r} on {event.key!r} by "
+                  f"{event.worker!r} at {event.at_us} µs made {len(holders[split[0]])} in flight > family "
+                  f"concurrency {family[1].concurrency}")
+
+
+def inv_lim_9_forget_adds_no_tokens(model: LimitsModel) -> None:
+    """Forgetting an idle partition removes its rows and adds no token (semantics §5,
+    "Partitioned keys"; model only, issue 34).
+
+    From the history: a partition was forgotten only while idle (no execution of it
+    pending or in flight); and a partition forgotten and not decided since has no bucket
+    and no stamp left, so its next decision creates its buckets empty. (That the claims
+    fit every rate entry across a forget is INV-LIM-2, whose windows are not cut there.)
+    """
+    pending: dict[Any, set[Any]] = defaultdict(set)
+    open_jobs: dict[Any, set[Any]] = defaultdict(set)
+    forgotten: set[str] = set()
+    for event in model.events:
+        if isinstance(event, Enqueued):
+            pending[event.key].add(event.job_id)
+        elif isinstance(event, Claimed):
+            pending[event.key].discard(event.job_id)
+            open_jobs[event.key].add(event.job_id)
+        elif isinstance(event, Completed):
+            open_jobs[event.key].discard(event.job_id)
+        elif isinstance(event, Forgotten):
+            busy = sorted(map(repr, pending[event.key] | open_jobs[event.key]))
+            if busy:
+                _fail("INV-LIM-9", f"partition {event.key!r} forgotten at {event.at_us} µs with work {busy}")
+            forgotten.add(event.key)
+        elif isinstance(event, Decided) and event.refused_for not in CEILING_REFUSALS:
+            forgotten.discard(event.key)
+    for key in sorted(forgotten):
+        left = {where: bucket for where, bucket in model.buckets.items() if where[0] == key}
+        if left or key in model.stamps:
+            _fail("INV-LIM-9", f"partition {key!r} forgotten, not decided since, still has buckets {left} "
+                  f"and stamp {model.stamps.get(key)}")
 
 
 # =========================================================================== pipelines
@@ -933,6 +1024,8 @@ INVARIANT_FUNCTIONS: dict[str, Callable[[Any], None]] = {
     "INV-LIM-4": inv_lim_4_levels_in_range,
     "INV-LIM-5": inv_lim_5_stamp_exact,
     "INV-LIM-6": inv_lim_6_fifo,
+    "INV-LIM-8": inv_lim_8_family_within_ceiling,
+    "INV-LIM-9": inv_lim_9_forget_adds_no_tokens,
     "INV-ADV-1": inv_adv_1_successors_exactly_once,
     "INV-ADV-2": inv_adv_2_stale_token_commits_nothing,
     "INV-ADV-3": inv_adv_3_fan_in_once,

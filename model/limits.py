@@ -19,6 +19,8 @@ Three layers, each usable on its own:
   / ``render_period`` (durations), ``parse_rate_entries`` (defaults, duplicate
   periods), ``drop_dominated`` and ``parse_key_limits`` [INV-LIM-7];
 * pure bucket arithmetic: ``refill``, ``spend``, ``next_token_us``;
+* key families (semantics §5.1, model only: issue 34): ``FamilyLimits``,
+  ``partition_key`` / ``split_partition_key`` (the rendered key), ``limits_for``;
 * ``LimitsModel``, the state machine of jobs, claims, keys and buckets, with an
   append-only event log (``events``) that the checkers in
   ``model/invariants.py`` read.
@@ -33,10 +35,12 @@ which ships this module (as ``ductwork_model``).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from .errors import CommitFailed, ConfigError, PreconditionError
@@ -50,6 +54,8 @@ __all__ = [
     "Decided",
     "Decision",
     "Enqueued",
+    "FamilyLimits",
+    "Forgotten",
     "KeyLimits",
     "LaneVerdict",
     "LimitJob",
@@ -59,14 +65,18 @@ __all__ = [
     "Restarted",
     "cap_units",
     "drop_dominated",
+    "family_of",
+    "limits_for",
     "next_token_us",
     "parse_key_limits",
     "parse_limits",
     "parse_period",
     "parse_rate_entries",
+    "partition_key",
     "refill",
     "render_period",
     "spend",
+    "split_partition_key",
     "token_units",
 ]
 
@@ -76,6 +86,10 @@ UNCONFIGURED_WARNING = "Claiming a limit key with no configuration entry unlimit
 
 JobId = Hashable
 Key = str | None
+#: the longest key the schema stores (``ExactKey``: VARCHAR(255), counted in characters)
+MAX_KEY_CHARS = 255
+#: the refusals that refill nothing (a ceiling refuses before any bucket is read)
+CEILING_REFUSALS = ("concurrency", "family_concurrency")
 
 # --------------------------------------------------------------------------- durations
 
@@ -245,14 +259,130 @@ def parse_key_limits(entry: object, path: str = "limits") -> KeyLimits:
     return KeyLimits(concurrency, tuple(drop_dominated(all_rates)), all_rates)
 
 
-def parse_limits(limits: Mapping[str, object] | None) -> dict[str, KeyLimits]:
-    """Parse a whole ``job_worker.limits`` mapping (key → entry)."""
-    parsed = {}
+@dataclass(frozen=True)
+class FamilyLimits:
+    """A key family's parsed configuration (semantics §5, "Partitioned keys"; issue 34,
+    model only): ``per_partition`` applies to each partition as a static key's entry
+    would, and ``concurrency`` (``None`` = no ceiling) bounds the family's in-flight
+    executions over all its partitions [INV-LIM-8]. A family-wide rate is not modelled
+    (``parse_family_limits`` refuses it)."""
+
+    per_partition: KeyLimits
+    concurrency: int | None = None
+
+
+def parse_family_limits(entry: Mapping[str, object], path: str) -> FamilyLimits:
+    """Parse a family entry: ``{"per_partition": {concurrency?, rate?}, "concurrency"?: n}``.
+
+    ``parse_family_limits({"per_partition": {"concurrency": 2}, "concurrency": 50}, "limits.v")``
+    → ``FamilyLimits(KeyLimits(2), 50)``. A family-level ``rate`` raises: not supported.
+    """
+    if "rate" in entry:
+        raise ConfigError(f"{path}.rate", entry["rate"], "a rate over a whole family is not supported: "
+                          "give each partition its rate under per_partition")
+    unknown = set(entry) - {"per_partition", "concurrency"}
+    if unknown:
+        raise ConfigError(path, entry, f"unknown fields {sorted(unknown)}")
+    concurrency = None
+    if "concurrency" in entry:
+        concurrency = _positive_int(entry["concurrency"], f"{path}.concurrency")
+    return FamilyLimits(parse_key_limits(entry["per_partition"], f"{path}.per_partition"), concurrency)
+
+
+def parse_limits(limits: Mapping[str, object] | None) -> dict[str, KeyLimits | FamilyLimits]:
+    """Parse a whole ``job_worker.limits`` mapping (key or family → entry).
+
+    An entry with ``per_partition`` is a family (``FamilyLimits``); any other is a
+    static key's (``KeyLimits``). A family name is a valid family (``partition_key``);
+    a static key may not be a rendered partition of a family the mapping declares.
+    """
+    parsed: dict[str, KeyLimits | FamilyLimits] = {}
     for key, entry in (limits or {}).items():
         if not isinstance(key, str) or not key.strip():
             raise ConfigError("limits", key, "a limit key must be a non-blank string")
-        parsed[key] = parse_key_limits(entry, f"limits.{key}")
+        if isinstance(entry, FamilyLimits) or (isinstance(entry, Mapping) and "per_partition" in entry):
+            _check_family(key, f"limits.{key}")
+            parsed[key] = entry if isinstance(entry, FamilyLimits) else parse_family_limits(entry, f"limits.{key}")
+        else:
+            parsed[key] = parse_key_limits(entry, f"limits.{key}")
+    for key in parsed:
+        split = split_partition_key(key)
+        if split is not None and isinstance(parsed.get(split[0]), FamilyLimits):
+            raise ConfigError("limits", key, f"a static key may not be a partition of family {split[0]!r}")
     return parsed
+
+
+# --------------------------------------------------------------------------- partitioned keys
+
+
+def _check_family(family: object, path: str = "limit_by") -> None:
+    if not isinstance(family, str) or not family.strip() or "[" in family:
+        raise ConfigError(path, family, "a key family must be a non-blank string without '['")
+
+
+def partition_key(family: str, value: object) -> str:
+    """The rendered key of ``value``'s partition of ``family``: ``family[<canonical JSON>]``.
+
+    ``partition_key("vendor_api", "acct-42") == 'vendor_api["acct-42"]'``,
+    ``partition_key("vendor_api", 42) == "vendor_api[42]"``. A value is a string or an
+    integer (not a bool, float, ``None`` or container); the JSON escapes quotes,
+    backslashes and control characters and keeps other characters as they are, so the
+    rendering is one-to-one and a value is never SQL, config or a second key. Raises
+    ``ConfigError`` for a value that cannot be rendered or stored: another type, a
+    string with a lone surrogate (no UTF-8 form), a rendered key over ``MAX_KEY_CHARS``.
+    """
+    _check_family(family)
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ConfigError("limit_by", value, "a partition value must be a string or an integer")
+    rendered = f"{family}[{json.dumps(value, ensure_ascii=False, separators=(',', ':'))}]"
+    try:
+        rendered.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("limit_by", value, "a partition value must be valid Unicode (no lone surrogate)") from None
+    if len(rendered) > MAX_KEY_CHARS:
+        raise ConfigError("limit_by", value, f"the rendered key has {len(rendered)} characters, more than "
+                          f"{MAX_KEY_CHARS}")
+    return rendered
+
+
+@lru_cache(maxsize=4096)  # pure; the invariants ask it of every claim in a history
+def split_partition_key(key: Key) -> tuple[str, str | int] | None:
+    """``(family, value)`` of a rendered partition key, or ``None`` for any other key:
+    the inverse of ``partition_key`` on its image (a string it would not render is no
+    partition)."""
+    if key is None or "[" not in key or not key.endswith("]"):
+        return None
+    family, _, rest = key.partition("[")
+    try:
+        value = json.loads(rest[:-1])
+    except ValueError:
+        return None
+    try:
+        return (family, value) if partition_key(family, value) == key else None
+    except ConfigError:
+        return None
+
+
+def family_of(config: Mapping[str, object], key: Key) -> tuple[str, FamilyLimits] | None:
+    """The family ``key`` is a partition of, with its entry, under ``config``; ``None`` when
+    ``key`` is a static key, no rendered partition, or of a family ``config`` does not declare."""
+    if key is None or key in config:
+        return None
+    split = split_partition_key(key)
+    entry = config.get(split[0]) if split is not None else None
+    return (split[0], entry) if split is not None and isinstance(entry, FamilyLimits) else None
+
+
+def limits_for(config: Mapping[str, object], key: Key) -> KeyLimits | None:
+    """The limits a decision on ``key`` applies: a static key's entry, or its family's
+    ``per_partition``; ``None``: unconfigured (a family's own name used as a key included)."""
+    if key is None:
+        return None
+    entry = config.get(key)
+    if isinstance(entry, KeyLimits):
+        return entry
+    family = family_of(config, key)
+    return family[1].per_partition if family is not None else None
 
 
 # --------------------------------------------------------------------------- bucket arithmetic
@@ -383,8 +513,18 @@ class Restarted:
 
     seq: int
     at_us: int
-    limits: Mapping[str, KeyLimits]
+    limits: Mapping[str, KeyLimits | FamilyLimits]
     rebased: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """An idle partition's rows removed (``LimitsModel.forget_partition``): its buckets and
+    stamp are gone, and its next decision creates its buckets empty [INV-LIM-9]."""
+
+    seq: int
+    key: str
+    at_us: int
 
 
 @dataclass(frozen=True)
@@ -414,7 +554,7 @@ class Decided(Decision):
     seq: int
 
 
-Event = Enqueued | Decided | Polled | Claimed | Completed | Restarted
+Event = Enqueued | Decided | Polled | Claimed | Completed | Restarted | Forgotten
 
 
 @dataclass
@@ -459,6 +599,13 @@ class LimitsModel:
     Not modelled: locks and transactions (every operation is atomic), worker
     heartbeats (``reap`` is called by the caller when it chooses).
 
+    Partitioned keys (semantics §5.1; model only, issue 34): a key rendered by
+    ``partition_key(family, value)`` is a partition of a family entry (``FamilyLimits``):
+    it is decided as a static key with the family's ``per_partition`` limits, after the
+    family's ceiling over all its partitions [INV-LIM-8]; ``forget_partition`` removes an
+    idle partition's buckets and stamp, adding no token [INV-LIM-9]. A key that is no
+    partition of a configured family behaves exactly as before.
+
     Buckets are created empty by the first decision that needs them; until then
     ``levels`` reports ``None`` in that position. A restart keeps the buckets
     of the periods the new config keeps for the key (level and refill time
@@ -467,7 +614,7 @@ class LimitsModel:
     """
 
     limits: Mapping[str, object] | None = None
-    config: dict[str, KeyLimits] = field(init=False)
+    config: dict[str, KeyLimits | FamilyLimits] = field(init=False)
     jobs: dict[JobId, LimitJob] = field(init=False, default_factory=dict)
     buckets: dict[tuple[str, int], Bucket] = field(init=False, default_factory=dict)
     stamps: dict[str, int] = field(init=False, default_factory=dict)
@@ -493,9 +640,18 @@ class LimitsModel:
         return next_token_us(bucket, entry)
 
     def _saturated(self, key: str) -> bool:
-        limits = self.config.get(key)
+        limits = limits_for(self.config, key)
         # [INV-LIM-1] the in-flight count (derived) against the ceiling in config now
         return limits is not None and limits.concurrency is not None and self.in_flight(key) >= limits.concurrency
+
+    def _family_saturated(self, key: str) -> bool:
+        family = family_of(self.config, key)
+        # [INV-LIM-8] the family's in-flight count (derived, over its partitions) against its ceiling
+        return (family is not None and family[1].concurrency is not None
+                and self.family_in_flight(family[0]) >= family[1].concurrency)
+
+    def _forget_bucket(self, bucket: Bucket, entry: RateEntry | None, now_us: int) -> Bucket | None:  # noqa: ARG002
+        return None  # [INV-LIM-9] the row is deleted: the next decision creates it empty
 
     def _lane_order(self, job: LimitJob) -> tuple[int, int]:
         return job.order
@@ -506,9 +662,15 @@ class LimitsModel:
         """Executions of ``key`` claimed and not completed; derived, never stored [INV-LIM-3]."""
         return sum(1 for job in self.jobs.values() if job.key == key and job.state == "in_flight")
 
+    def family_in_flight(self, family: str) -> int:
+        """Executions of every partition of ``family`` claimed and not completed; derived [INV-LIM-8]."""
+        return sum(1 for job in self.jobs.values()
+                   if job.state == "in_flight" and (split := split_partition_key(job.key)) is not None
+                   and split[0] == family and job.key not in self.config)
+
     def levels(self, key: str) -> list[int | None]:
         """Bucket levels in units, one per kept rate entry in config order; ``None``: not created yet."""
-        limits = self.config.get(key)
+        limits = limits_for(self.config, key)
         if limits is None:
             return []
         return [
@@ -650,19 +812,19 @@ class LimitsModel:
         for key, job in oldest.items():
             if key is not None and (stamp := self.stamps.get(key)) is not None and stamp > now_us:
                 skipped.append(self._verdict(job, "blocked"))  # [INV-LIM-5] skip until the stamp
-            elif key is not None and self._saturated(key):
-                skipped.append(self._verdict(job, "saturated"))  # [INV-LIM-1]
+            elif key is not None and (self._family_saturated(key) or self._saturated(key)):
+                skipped.append(self._verdict(job, "saturated"))  # [INV-LIM-8, INV-LIM-1] family, then partition
             else:
                 candidates.append(job)
         return skipped, sorted(candidates, key=self._lane_order)
 
     def _would_admit(self, key: str, now_us: int) -> bool:
         """Whether the key decision would admit a claim now; changes nothing."""
-        limits = self.config.get(key)
+        limits = limits_for(self.config, key)
         if limits is None:
             return True
-        if self._saturated(key):  # pragma: no cover  defensive: both callers take key from _lanes, which skips it
-            return False
+        if self._family_saturated(key) or self._saturated(key):  # pragma: no cover  defensive: both callers
+            return False  # take key from _lanes, which skips it
         for entry in limits.rates:
             bucket = self.buckets.get((key, entry.per_s)) or Bucket(0, now_us, cap_units(entry))
             if self._refill(bucket, entry, now_us).units < token_units(entry):
@@ -737,10 +899,36 @@ class LimitsModel:
         # across a restart with unchanged values): buckets of periods the new entry does
         # not keep are dropped, kept ones keep level and refill time, stamps are cleared.
         rebased = set(old) | set(self.config) | set(self.stamps) | {k for k, _ in self.buckets}
-        kept = {(key, entry.per_s) for key, lim in self.config.items() for entry in lim.rates}
-        self.buckets = {where: bucket for where, bucket in self.buckets.items() if where in kept}
+        # a partition is named by no entry: every partition with an execution is re-based too
+        rebased |= {job.key for job in self.jobs.values() if job.key is not None and split_partition_key(job.key)}
+        self.buckets = {(key, per_s): bucket for (key, per_s), bucket in self.buckets.items()
+                        if (lim := limits_for(self.config, key)) and any(e.per_s == per_s for e in lim.rates)}
         self.stamps.clear()
         self._emit(Restarted, at_us=now_us, limits=dict(self.config), rebased=frozenset(rebased))
+
+    def forget_partition(self, key: str, now_us: int) -> None:
+        """Remove an idle partition's rows: its buckets and its stamp (semantics §5,
+        "Partitioned keys"; model only, issue 34). Idle: no execution of the key is pending
+        or in flight; anything else raises ``PreconditionError`` and changes nothing, as
+        does a key that is no rendered partition (a static key's rows are bounded by config).
+
+        Never adds a token: the partition's next decision creates its buckets empty, with
+        refill time then, so the tokens available after it are at most those before
+        [INV-LIM-9]; the rows of partitions kept are bounded by the partitions with work.
+        """
+        if split_partition_key(key) is None:
+            raise PreconditionError(f"{key!r} is not a partition key")
+        busy = [job.job_id for job in self.jobs.values() if job.key == key and job.state != "completed"]
+        if busy:
+            raise PreconditionError(f"partition {key!r} is not idle: {busy!r}")
+        limits = limits_for(self.config, key)
+        for where in [where for where in self.buckets if where[0] == key]:
+            entry = next((e for e in limits.rates if e.per_s == where[1]), None) if limits else None
+            left = self._forget_bucket(self.buckets.pop(where), entry, now_us)
+            if left is not None:
+                self.buckets[where] = left
+        self.stamps.pop(key, None)
+        self._emit(Forgotten, key=key, at_us=now_us)
 
     # ----------------------------------------------------------------- internals
 
@@ -764,11 +952,13 @@ class LimitsModel:
 
     def _decide(self, key: str, now_us: int) -> Decision:
         """Semantics §5 key decision; admission is materialised by the caller (job → in flight)."""
-        limits = self.config.get(key)
+        limits = limits_for(self.config, key)
         in_flight = self.in_flight(key)
         if limits is None:
             self.log.append(UNCONFIGURED_WARNING)
             return self._decided(key, now_us, True, None, in_flight + 1, unconfigured=True)
+        if self._family_saturated(key):  # [INV-LIM-8] the family first (its lock comes first), nothing refilled
+            return self._decided(key, now_us, False, "family_concurrency", in_flight)
         if self._saturated(key):  # [INV-LIM-1] nothing refilled, nothing stamped
             return self._decided(key, now_us, False, "concurrency", in_flight)
         for entry in limits.rates:

@@ -62,6 +62,22 @@ class FifoByCreationOnly(LimitsModel):
         return (job.created, 0)
 
 
+class FamilyCeilingIgnored(LimitsModel):
+    """A partition's claim is decided on its own limits alone: the family's ceiling over all
+    its partitions is never checked (issue 34, model only)."""
+
+    def _family_saturated(self, key: str) -> bool:
+        return False
+
+
+class ForgetRefills(LimitsModel):
+    """Forgetting an idle partition leaves each of its buckets full instead of removing it
+    (a removal that adds tokens; issue 34, model only)."""
+
+    def _forget_bucket(self, bucket: Bucket, entry: RateEntry | None, now_us: int) -> Bucket | None:
+        return None if entry is None else Bucket(cap_units(entry), now_us, cap_units(entry))
+
+
 class FanInFiresOnEveryArrival(PipelinesModel):
     """Every arriving sibling creates a merge target, not only the last."""
 
@@ -183,7 +199,7 @@ class Mutant:
     """One guard removed: ``model_class`` replaces the model of the ``machine`` noun."""
 
     name: str
-    machine: str  # "limits" | "pipelines"
+    machine: str  # "limits" | "partitioned" (the limits machine with key families) | "pipelines" | "hooks"
     model_class: type
     #: invariant IDs allowed to report it, the one it targets first (others may see it earlier)
     caught_by: tuple[str, ...]
@@ -195,6 +211,8 @@ MUTANTS = (
     Mutant("spend_skipped", "limits", SpendSkipped, ("INV-LIM-2",)),
     Mutant("stamp_off_by_one", "limits", StampOffByOne, ("INV-LIM-5",)),
     Mutant("fifo_by_creation_only", "limits", FifoByCreationOnly, ("INV-LIM-6",)),
+    Mutant("family_ceiling_ignored", "partitioned", FamilyCeilingIgnored, ("INV-LIM-8", "INV-LIM-6")),
+    Mutant("forget_refills", "partitioned", ForgetRefills, ("INV-LIM-9", "INV-LIM-2")),
     Mutant("fan_in_fires_on_every_arrival", "pipelines", FanInFiresOnEveryArrival, ("INV-ADV-3", "INV-ADV-1")),
     Mutant("fan_in_fires_on_created", "pipelines", FanInFiresOnCreated, ("INV-ADV-3", "INV-ADV-1")),
     Mutant("stale_token_accepted", "pipelines", StaleTokenAccepted, ("INV-ADV-2",)),

@@ -2,7 +2,8 @@
 each bounded configuration, every invariant after every transition, and each model mutant
 found with a shortest counterexample.
 
-Checks: every invariant of ``model/invariants.py`` with a model function (INV-LIM-1…6,
+Checks: every invariant of ``model/invariants.py`` with a model function (INV-LIM-1…6, INV-LIM-8 and
+INV-LIM-9 (partitioned keys, model only: issue 34),
 INV-ADV-1…4, INV-EXE-1…4, INV-RUN-1, INV-CTX-1, INV-HLT-1, INV-HLT-2, INV-PRN-1, INV-PRN-2,
 INV-REV-1…3) in every reachable state of the configurations; that a refused operation
 changes nothing; that each mutant of ``model/mutants.py`` is caught, naming an ID it breaks.
@@ -89,10 +90,10 @@ def test_the_explorer_merges_states_and_reaches_every_operation():
     """State hashing works (fewer states than transitions) and the bounds leave no operation
     of a configuration unexplored: every kind of operation labels some transition."""
     seen: set[str] = set()
-    for name in ("limits", "limits-batch", "limits-fifo"):
+    for name in ("limits", "limits-batch", "limits-fifo", "limits-partitioned"):
         seen |= _labels(name)
     for kind in ("enqueue", "claim", "claim_batch", "complete", "complete_all_and_hand_off", "late complete",
-                 "crash_worker", "reap", "restart_with", "clock +", "clock ->"):
+                 "crash_worker", "reap", "restart_with", "forget_partition", "clock +", "clock ->"):
         assert any(label.startswith(kind) for label in seen), kind
     seen = set()
     for name in ("chain", "divide", "expand", "hooks", "revive", "two-runs"):

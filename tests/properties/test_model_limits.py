@@ -1,13 +1,16 @@
 """``LimitsModelMachine``: the limits model alone, driven by random polls, completions,
 crashes, reaps, clock moves and restarts; every invariant after every step.
+``PartitionedLimitsModelMachine``: the same with a key family (semantics §5.1, model only:
+issue 34), its partitions rendered from hostile values, and idle partitions forgotten.
 
 Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-EXE-2
-(a reaped worker's late completion is rejected).
+(a reaped worker's late completion is rejected), INV-LIM-8 and INV-LIM-9 (model only).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 
 import pytest
@@ -17,10 +20,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 # the model as ductwork_model, as in the other model machines: test_model_mutants runs each machine
 # against ductwork_model's mutants
-from ductwork_model.errors import CommitFailed
+from ductwork_model.errors import CommitFailed, ConfigError, PreconditionError
 from ductwork_model.invariants import INVARIANT_FUNCTIONS
-from ductwork_model.limits import LimitsModel
-from tests.properties.strategies import LIMIT_KEYS, limits_configs
+from ductwork_model.limits import MAX_KEY_CHARS, LimitsModel, partition_key, split_partition_key
+from tests.properties.strategies import (
+    FAMILY,
+    LIMIT_KEYS,
+    limits_configs,
+    partition_values,
+    partitioned_limits_configs,
+)
 
 #: steps per example: the ci profile's 100 examples of 40 steps take a few seconds
 STEPS = 100 if os.environ.get("HYPOTHESIS_PROFILE") == "deep" else 40
@@ -41,6 +50,9 @@ class LimitsModelMachine(RuleBasedStateMachine):
 
     @initialize(config=limits_configs())
     def configure(self, config):
+        self._start(config)
+
+    def _start(self, config):
         self.model = self.model_class(config)
         self.now = 0
         self.jobs = 0
@@ -182,6 +194,9 @@ class LimitsModelMachine(RuleBasedStateMachine):
 
     @rule(config=limits_configs())
     def restart_with_config(self, config):
+        self._restart(config)
+
+    def _restart(self, config):
         before = dict(self.model.buckets)
         self.model.restart_with(config, self.now)
         for where, bucket in self.model.buckets.items():
@@ -214,7 +229,111 @@ class LimitsModelMachine(RuleBasedStateMachine):
     def inv_lim_6_fifo(self):
         INVARIANT_FUNCTIONS["INV-LIM-6"](self.model)
 
+    @invariant()
+    def inv_lim_8_family_within_ceiling(self):
+        INVARIANT_FUNCTIONS["INV-LIM-8"](self.model)
+
+    @invariant()
+    def inv_lim_9_forget_adds_no_tokens(self):
+        INVARIANT_FUNCTIONS["INV-LIM-9"](self.model)
+
 
 LimitsModelMachine.TestCase.settings = settings(stateful_step_count=STEPS)
 TestLimitsModel = LimitsModelMachine.TestCase
+
+
+def _unstorable(value) -> bool:
+    """Whether ``value`` has no partition key: another type than a string or an integer, a lone
+    surrogate (no UTF-8 form), or a rendered key over ``MAX_KEY_CHARS`` (semantics §5.1)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return True
+    if isinstance(value, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        return True
+    return len(f"{FAMILY}[{json.dumps(value, ensure_ascii=False, separators=(',', ':'))}]") > MAX_KEY_CHARS
+
+
+def _render(value) -> str | None:
+    """The partition key of ``value`` in family ``p``, or None when it is refused: a
+    ``ConfigError`` naming the value, for exactly the values that cannot be stored."""
+    if _unstorable(value):
+        with pytest.raises(ConfigError) as raised:
+            partition_key(FAMILY, value)
+        assert raised.value.value == value
+        assert raised.value.path == "limit_by"
+        return None
+    key = partition_key(FAMILY, value)
+    # one-to-one and data only: the key is family[JSON], inverts to the value, holds no NUL
+    assert key.startswith(f"{FAMILY}[")
+    assert key.endswith("]")
+    assert "\x00" not in key
+    assert len(key) <= MAX_KEY_CHARS
+    assert split_partition_key(key) == (FAMILY, value), key
+    return key
+
+
+class PartitionedLimitsModelMachine(LimitsModelMachine):
+    """The limits machine with a key family ``p``: per-partition limits and, often, a
+    ceiling over the family; its partitions are rendered from hostile values drawn at the
+    start (so several jobs share one); idle partitions are forgotten, one or all at once.
+    Every invariant after every step, INV-LIM-8 and INV-LIM-9 included."""
+
+    @initialize(config=partitioned_limits_configs(), values=st.lists(partition_values(), min_size=1, max_size=4))
+    def configure(self, config, values):
+        self._start(config)
+        rendered = [key for key in map(_render, values) if key is not None]
+        self.partitions = list(dict.fromkeys([*rendered, partition_key(FAMILY, 0)]))
+
+    @rule(data=st.data(), delay=st.sampled_from([0, 0, 1, 500_000, 2_000_000]))
+    def enqueue(self, data, delay):
+        """A few jobs at once, on partitions of ``p`` most often, else on static keys or the
+        unkeyed lane; creation order is list order."""
+        lanes = st.one_of(st.sampled_from(self.partitions), st.sampled_from((None, "a", *LIMIT_KEYS)))
+        for key in data.draw(st.lists(lanes, min_size=1, max_size=3)):
+            self.model.enqueue(self._job_id(), key, self.now + delay)
+
+    @rule(value=partition_values())
+    def render(self, value):
+        """Any value from a tenant's data renders to one key of ``p`` or is refused by name."""
+        _render(value)
+
+    @rule(config=partitioned_limits_configs())
+    def restart_with_config(self, config):
+        self._restart(config)
+
+    def _busy(self, key) -> bool:
+        return any(job.key == key and job.state != "completed" for job in self.model.jobs.values())
+
+    @rule(data=st.data())
+    def forget_partition(self, data):
+        """Forget one partition: when idle its rows go; when busy it is refused, changing nothing."""
+        key = data.draw(st.sampled_from(self.partitions))
+        if self._busy(key):
+            before = (dict(self.model.buckets), dict(self.model.stamps), len(self.model.events))
+            with pytest.raises(PreconditionError):
+                self.model.forget_partition(key, self.now)
+            assert (dict(self.model.buckets), dict(self.model.stamps), len(self.model.events)) == before
+            return
+        self.model.forget_partition(key, self.now)
+        left = [w for w in self.model.buckets if w[0] == key]
+        assert not left, f"[INV-LIM-9] forgotten {key!r} keeps buckets {left}"
+        assert key not in self.model.stamps, f"[INV-LIM-9] forgotten {key!r} keeps its stamp"
+
+    def _idle_with_rows(self) -> list:
+        held = {key for key, _ in self.model.buckets} | set(self.model.stamps)
+        return sorted(k for k in held if split_partition_key(k) is not None and not self._busy(k))
+
+    @precondition(lambda self: self._idle_with_rows())
+    @rule()
+    def forget_idle_partitions(self):
+        """Forget every idle partition with rows: the rows left belong to static keys and to
+        partitions with work, however many partitions were ever seen (bounded state)."""
+        for key in self._idle_with_rows():
+            self.model.forget_partition(key, self.now)
+        left = {key for key, _ in self.model.buckets} | set(self.model.stamps)
+        idle = sorted(key for key in left if split_partition_key(key) is not None and not self._busy(key))
+        assert not idle, f"[INV-LIM-9] idle partitions keep rows after every idle one was forgotten: {idle}"
+
+
+PartitionedLimitsModelMachine.TestCase.settings = settings(stateful_step_count=STEPS)
+TestPartitionedLimitsModel = PartitionedLimitsModelMachine.TestCase
 

@@ -24,17 +24,22 @@ from model.invariants import (
     inv_lim_4_levels_in_range,
     inv_lim_5_stamp_exact,
     inv_lim_6_fifo,
+    inv_lim_8_family_within_ceiling,
+    inv_lim_9_forget_adds_no_tokens,
 )
 from model.limits import (
     Bucket,
     Claimed,
     Completed,
     Decided,
+    Enqueued,
+    Forgotten,
     KeyLimits,
     LaneVerdict,
     LimitsModel,
     Polled,
     RateEntry,
+    partition_key,
 )
 from model.pipelines import FAILURE, HaltHook, PipelineConfig, PipelinesModel, Prune, run_and_model, success
 
@@ -173,6 +178,45 @@ def test_inv_lim_6_fails_on_lanes_out_of_fifo_order_and_a_refused_unkeyed_lane()
     assert model.claim("w", 0) == 1
     refused = (LaneVerdict(None, 1, 0, 0, "refused_rate"),)
     _fails(inv_lim_6_fifo, _with_poll(model, lanes=refused, job_id=None), "INV-LIM-6", "the unkeyed lane was refused")
+
+
+#: a key family (semantics §5.1, model only: issue 34): each partition 1 per second, the family 1 at a time
+FAMILY = {"p": {"per_partition": {"rate": {"limit": 1, "per": "1s"}}, "concurrency": 1}}
+P1, P2 = partition_key("p", "x"), partition_key("p", "'")
+
+
+def _partitioned() -> LimitsModel:
+    """Partition P1's job 1 claimed at 1 s and completed, then P1 forgotten; job 2 of P2
+    pending: every invariant holds."""
+    model = LimitsModel(FAMILY)
+    model.enqueue(1, P1, 0)
+    assert model.claim("w", 0) is None
+    assert model.claim("w", T) == 1
+    model.complete(1, T)
+    model.forget_partition(P1, T)
+    model.enqueue(2, P2, T)
+    check_all(model)
+    return model
+
+
+def test_inv_lim_8_fails_on_a_claim_over_the_family_ceiling():
+    model = _partitioned()
+    model.events.append(Claimed(_seq(model), 3, P1, "w", 2 * T))
+    model.events.append(Claimed(_seq(model) + 1, 4, P2, "v", 2 * T))
+    _fails(inv_lim_8_family_within_ceiling, model, "INV-LIM-8", "made 2 in flight > family concurrency 1")
+
+
+def test_inv_lim_9_fails_on_a_busy_forget_and_on_rows_a_forget_left():
+    model = _partitioned()
+    model.events.append(Forgotten(_seq(model), P2, 2 * T))  # job 2 of P2 is pending
+    _fails(inv_lim_9_forget_adds_no_tokens, model, "INV-LIM-9", "forgotten at 2000000 µs with work ['2']")
+    model = _partitioned()
+    model.buckets[(P1, 1)] = Bucket(1_000_000, T, 1_000_000)  # a full bucket after the forget
+    _fails(inv_lim_9_forget_adds_no_tokens, model, "INV-LIM-9", "forgotten, not decided since, still has buckets")
+    model = _partitioned()
+    model.events.append(Enqueued(_seq(model), 3, P1, 2 * T, 3))
+    model.events.append(Forgotten(_seq(model) + 1, P1, 2 * T))
+    _fails(inv_lim_9_forget_adds_no_tokens, model, "INV-LIM-9", "with work ['3']")
 
 
 # --------------------------------------------------------------------------- pipelines

@@ -14,7 +14,9 @@ each 1,000,000 µs. Key ``r`` is 2 per 1 s, burst 2: one token each 500,000 µs,
 
 Checks: INV-LIM-1 (saturated lanes skipped, refusals), INV-LIM-3 (slots freed on
 completion and reap), INV-LIM-4 (levels, restarts), INV-LIM-5 (stamps), INV-LIM-6 (lane
-order, batches and hand-offs), INV-EXE-2 (a reaped job's commit).
+order, batches and hand-offs), INV-EXE-2 (a reaped job's commit), and for key families
+(semantics §5.1, model only: issue 34) INV-LIM-8 (the family's ceiling) and INV-LIM-9
+(forgetting an idle partition).
 """
 
 from __future__ import annotations
@@ -795,3 +797,97 @@ def test_key_limits_and_whole_configs_parse_and_refuse_naming_the_path():
                                                                         "must be an integer >= 1")
     for key in ("", "  ", 7):
         assert _config_error(parse_limits, {key: K}) == ("limits", key, "a limit key must be a non-blank string")
+
+
+# --------------------------------------------------------------------------- key families (issue 34, model only)
+
+
+def test_a_family_entry_parses_and_a_family_rate_or_a_colliding_static_key_is_refused():
+    from model.limits import FamilyLimits, parse_limits
+
+    assert parse_limits({"v": {"per_partition": {"concurrency": 2}, "concurrency": 50}}) == {
+        "v": FamilyLimits(KeyLimits(2), 50)}
+    assert parse_limits({"v": {"per_partition": {"concurrency": 2}}}) == {"v": FamilyLimits(KeyLimits(2), None)}
+    with pytest.raises(ConfigError, match="a rate over a whole family is not supported"):
+        parse_limits({"v": {"per_partition": {"concurrency": 2}, "rate": {"limit": 1, "per": 1}}})
+    with pytest.raises(ConfigError, match="unknown fields"):
+        parse_limits({"v": {"per_partition": {"concurrency": 2}, "burst": 1}})
+    with pytest.raises(ConfigError, match=r"limits\.v\.per_partition"):
+        parse_limits({"v": {"per_partition": {}}})
+    with pytest.raises(ConfigError, match="without '\\['"):
+        parse_limits({"v[": {"per_partition": {"concurrency": 1}}})
+    with pytest.raises(ConfigError, match="may not be a partition of family 'v'"):
+        parse_limits({"v": {"per_partition": {"concurrency": 1}}, 'v["a"]': {"concurrency": 1}})
+
+
+@pytest.mark.parametrize(("value", "rendered"), [
+    ("acct-42", 'v["acct-42"]'), (42, "v[42]"), (-1, "v[-1]"), ("", 'v[""]'), ('"]', 'v["\\"]"]'),
+    ("\x00", 'v["\\u0000"]'), ("é🙂", 'v["é🙂"]'), ("x" * 250, 'v["' + "x" * 250 + '"]'),
+])
+def test_a_partition_key_is_its_value_as_canonical_json_and_inverts(value, rendered):
+    from model.limits import partition_key, split_partition_key
+
+    assert partition_key("v", value) == rendered
+    assert split_partition_key(rendered) == ("v", value)
+
+
+@pytest.mark.parametrize("value", [True, None, 1.5, [1], {"a": 1}, "\ud800", "x" * 251])
+def test_a_value_that_cannot_be_rendered_or_stored_is_refused_by_name(value):
+    from model.limits import partition_key
+
+    with pytest.raises(ConfigError) as raised:
+        partition_key("v", value)
+    assert raised.value.path == "limit_by"
+    assert raised.value.value == value
+
+
+@pytest.mark.parametrize("key", [None, "v", "v[", "v[x]", 'v["a" ]', "v[1.0]", "v[true]", "v[01]", 'v["a"]x'])
+def test_a_key_that_partition_key_would_not_render_is_no_partition(key):
+    from model.limits import split_partition_key
+
+    assert split_partition_key(key) is None
+
+
+def test_a_partition_is_decided_after_its_family_and_the_family_ceiling_spans_partitions():
+    """Partitions p1, p2 of v: each 1 at a time; v: 1 at a time. p1 claimed; p2's lane is
+    skipped as saturated (the family is full); a raw decision on p2 refuses for
+    ``family_concurrency`` and changes nothing; after p1 completes, p2 is claimed."""
+    from model.limits import partition_key
+
+    p1, p2 = partition_key("v", 1), partition_key("v", 2)
+    m = LimitsModel({"v": {"per_partition": {"concurrency": 1}, "concurrency": 1}})
+    m.enqueue(1, p1, 0)
+    m.enqueue(2, p2, 0)
+    assert m.claim("w", 0) == 1
+    assert m.family_in_flight("v") == 1
+    assert m.claim("w", 0) is None
+    assert m.polls[-1].lanes == (LaneVerdict(p2, 2, 0, 2, "saturated"),)
+    decision = m.decide(p2, 0)
+    assert (decision.admitted, decision.refused_for, decision.in_flight) == (False, "family_concurrency", 0)
+    m.complete(1, 0)
+    assert m.claim("w", 0) == 2
+
+
+def test_forget_partition_removes_an_idle_partitions_rows_and_refuses_a_busy_one():
+    from model.limits import Forgotten, partition_key
+
+    p1 = partition_key("v", "a")
+    m = LimitsModel({"v": {"per_partition": {"rate": {"limit": 1, "per": "1s"}}}, "k": {"concurrency": 1}})
+    m.enqueue(1, p1, 0)
+    assert m.claim("w", 0) is None  # the bucket is created empty, the partition stamped
+    assert m.buckets == {(p1, 1): Bucket(0, 0, 1_000_000)}
+    assert m.stamps == {p1: 1_000_000}
+    with pytest.raises(PreconditionError, match="not idle"):
+        m.forget_partition(p1, 0)
+    with pytest.raises(PreconditionError, match="not a partition key"):
+        m.forget_partition("k", 0)
+    assert m.claim("w", 1_000_000) == 1
+    with pytest.raises(PreconditionError, match="not idle"):
+        m.forget_partition(p1, 1_000_000)
+    m.complete(1, 1_500_000)
+    m.forget_partition(p1, 1_500_000)
+    assert (m.buckets, m.stamps, m.events[-1]) == ({}, {}, Forgotten(len(m.events) - 1, p1, 1_500_000))
+    m.enqueue(2, p1, 2_000_000)
+    assert m.claim("w", 2_000_000) is None  # re-created empty at 2 s: no token carried over
+    assert m.buckets == {(p1, 1): Bucket(0, 2_000_000, 1_000_000)}
+    assert m.stamps == {p1: 3_000_000}

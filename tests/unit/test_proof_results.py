@@ -17,8 +17,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_shipped_statements_are_invariants_mds_headings():
+    """Every heading but the model-only IDs' (specified and modelled, engine pending): a
+    report of ``ductwork verify`` names none of them, since no engine check exists."""
+    from tests.unit.test_invariants_doc import MODEL_ONLY
+
     headings = dict(re.findall(r"^### (INV-[A-Z]+-\d+) — (.+)$", (REPO / "INVARIANTS.md").read_text(), re.M))
-    assert headings == STATEMENTS
+    assert set(headings) >= MODEL_ONLY
+    assert {inv: text for inv, text in headings.items() if inv not in MODEL_ONLY} == STATEMENTS
 
 
 def _result(**changes) -> VerifyResult:
