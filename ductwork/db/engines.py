@@ -118,7 +118,7 @@ def describe(url: str | URL) -> str:
     return normalize_url(url).render_as_string(hide_password=True)
 
 
-_database_file = Seam("database_file")
+_database_file = Seam[Path | None]("database_file")
 
 
 @_database_file.for_db("sqlite")
@@ -163,7 +163,7 @@ class EngineSettings(TypedDict, total=False):
     max_overflow: int
 
 
-_engine_options = Seam("engine options")
+_engine_options = Seam[dict[str, Any]]("engine options")
 
 
 @_engine_options.for_db("postgresql")
