@@ -122,6 +122,13 @@ def _all_tasks_dead(pid: int) -> bool:
     return True
 
 
+def rows_of_os_process(pid: int) -> tuple[sa.ColumnElement[bool], ...]:
+    """The predicate of the process rows of OS process ``pid`` of this machine (with
+    ``ductwork_processes``' ``pid`` and ``machine_identifier``)."""
+    p = schema.processes
+    return p.c.pid == pid, p.c.machine_identifier == machine_identifier()
+
+
 def other_job_workers(app: Database) -> int:
     """How many job worker processes other than this OS process are alive on the database.
 
@@ -136,6 +143,5 @@ def other_job_workers(app: Database) -> int:
             sa.select(sa.func.count()).select_from(p)
             .where(p.c.role == "job_worker",
                    p.c.last_heartbeat_at > since,  # alive, as the reaper judges it
-                   sa.not_(sa.and_(p.c.machine_identifier == machine_identifier(),
-                                   p.c.pid == os.getpid())))  # not this process
+                   sa.not_(sa.and_(*rows_of_os_process(os.getpid()))))  # not this process
         ).scalar_one())
