@@ -239,16 +239,10 @@ def main() -> None:
         message = {"invalid": True, "error": vars(invalid.info)}
     except BuildFailed as failed:
         message = {"build": True, "error": vars(failed.info)}
-    except Exception as error:  # noqa: BLE001 - reported to the parent, which records it
+    except BaseException as error:  # noqa: BLE001 - reported to the parent, which records it (SystemExit too)
         message = {"error": vars(ErrorInfo.of(error))}
-    except BaseException as error:  # noqa: BLE001 - SystemExit inside a step is the step's failure too
-        message = {"error": vars(ErrorInfo.of(error))}
-    try:
-        payload = json.dumps(message).encode()
-    except (TypeError, ValueError) as error:  # pragma: no cover  message holds only str, bool and None
-        payload = json.dumps({"error": vars(ErrorInfo.of(error))}).encode()
     with pipe:
-        pipe.write(payload)
+        pipe.write(json.dumps(message).encode())  # (only str, bool and None: ``dump``'s text, ErrorInfo's fields)
     app.dispose()
 
 
