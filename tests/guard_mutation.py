@@ -496,7 +496,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "column computed non-null only while claimed_at IS NULL), under the database write lock that "
         "BEGIN IMMEDIATE took: no other transaction writes between that read and this UPDATE, so "
         "every id is still unclaimed and the condition always holds"),
-    "limits/claims.py#111": (
+    "limits/claims.py#110": (
         "`_e.c.claimed_at` read as `completed_at`",
         "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #84: pending executions read "
         "under the same lock, and a pending execution's completed_at is always NULL (an execution "
