@@ -98,7 +98,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "limits/claims.py": (f"{_I}test_time_predicates.py", f"{_I}test_partial_losses.py", f"{_I}test_bounds.py",
                          f"{_I}test_batches.py", f"{_I}test_limits.py"),
     "limits/executions.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
-                             f"{_I}test_bounds.py", "tests/unit/test_limits.py"),
+                             f"{_I}test_bounds.py", "tests/unit/test_limits.py",
+                             f"{_I}test_inspection.py"),  # (forget: a prune keeps the other runs' executions)
     "pipelines/outcomes.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
                               f"{_I}test_timeout_children.py"),
 }
