@@ -52,8 +52,7 @@ class DatabaseClock:
     def now(self, conn: Connection) -> datetime:
         from ductwork.db.dialects import db_now
 
-        moment: datetime = db_now(conn)
-        return moment
+        return db_now(conn)
 
     def in_sql(self) -> tuple[datetime | None, timedelta]:
         return None, timedelta()

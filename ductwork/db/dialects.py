@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine
@@ -46,6 +47,8 @@ _ALIASES = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "s
 Bind = Connection | Engine | Dialect | str
 #: the statement :func:`prepared` keeps
 S = TypeVar("S")
+#: what a seam's implementations return
+R = TypeVar("R")
 
 
 def backend(bind: Bind) -> str:
@@ -62,22 +65,22 @@ def backend(bind: Bind) -> str:
         raise UnsupportedDialectError(name, "ductwork") from None
 
 
-class Seam:
+class Seam(Generic[R]):
     """A function with one implementation per backend: ``@seam.for_db("mysql")``."""
 
     def __init__(self, name: str):
         self.name = name
-        self._impls: dict[str, Callable[..., Any]] = {}
+        self._impls: dict[str, Callable[..., R]] = {}
 
-    def for_db(self, *backends: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def for_db(self, *backends: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+        def register(fn: Callable[..., R]) -> Callable[..., R]:
             for b in backends:
                 self._impls[b] = fn
             return fn
 
         return register
 
-    def __call__(self, bind: Bind, *args: Any, **kw: Any) -> Any:
+    def __call__(self, bind: Bind, *args: Any, **kw: Any) -> R:
         name = backend(bind)
         try:
             impl = self._impls[name]
@@ -88,7 +91,7 @@ class Seam:
 
 # --------------------------------------------------------------------------- server limits
 
-statement_limit = Seam("statement_limit")
+statement_limit = Seam[int | None]("statement_limit")
 
 
 @statement_limit.for_db("postgresql", "sqlite")
@@ -106,7 +109,7 @@ def _mysql_statement_limit(conn: Connection) -> int | None:
 
 # --------------------------------------------------------------------------- the clock
 
-db_now = Seam("db_now")
+db_now = Seam[datetime]("db_now")
 
 
 @db_now.for_db("postgresql")
@@ -136,12 +139,22 @@ def _sqlite_now(conn: Connection) -> datetime:
 
 # --------------------------------------------------------------------------- locking reads
 
-_for_update = Seam("for_update")
+_for_update = Seam[sa.Select[Any]]("for_update")
 
 
-@_for_update.for_db("postgresql", "mysql")
+@_for_update.for_db("postgresql")
 def _row_lock(_: Any, stmt: sa.Select[Any], skip_locked: bool, no_key: bool) -> sa.Select[Any]:
+    # ``no_key`` (a run's lock): FOR NO KEY UPDATE. Inserts of rows referencing the run hold
+    # FOR KEY SHARE on it; a plain FOR UPDATE would conflict with them and deadlock two transitions.
     return stmt.with_for_update(skip_locked=skip_locked, key_share=no_key)
+
+
+@_for_update.for_db("mysql")
+def _mysql_row_lock(_: Any, stmt: sa.Select[Any], skip_locked: bool, no_key: bool) -> sa.Select[Any]:
+    # Differs from PostgreSQL in that there is no NO KEY lock mode: a run's lock is the plain
+    # exclusive one. Transactions that take it insert nothing that references the run before
+    # it, so it cannot deadlock with their own foreign-key checks.
+    return stmt.with_for_update(skip_locked=skip_locked)
 
 
 @_for_update.for_db("sqlite")
@@ -154,8 +167,7 @@ def _sqlite_lock(_: Any, stmt: sa.Select[Any], skip_locked: bool, no_key: bool) 
 
 def for_update(stmt: sa.Select[Any], bind: Bind, *, skip_locked: bool = False) -> sa.Select[Any]:
     """``SELECT … FOR UPDATE [SKIP LOCKED]`` (nothing on SQLite: see _sqlite_lock)."""
-    locked: sa.Select[Any] = _for_update(bind, stmt, skip_locked, False)
-    return locked
+    return _for_update(bind, stmt, skip_locked, False)
 
 
 def inline_ids(ids: list[str], name: str = "batch_ids") -> sa.ColumnElement[Any]:
@@ -224,7 +236,7 @@ def prepared(bind: Connection | Engine, build: Callable[[Connection | Engine], S
     return statement
 
 
-_insert_rows = Seam("insert_rows")
+_insert_rows = Seam[tuple[Any, Any]]("insert_rows")
 
 
 @_insert_rows.for_db("postgresql")
@@ -261,7 +273,7 @@ def insert_rows(bind: Connection, table: sa.Table, rows: Sequence[Mapping[str, o
         bind.execute(statement, params)
 
 
-_by_key = Seam("by_primary_key")
+_by_key = Seam[sa.ColumnElement[Any]]("by_primary_key")
 
 
 @_by_key.for_db("sqlite")
@@ -282,46 +294,29 @@ def _other_by_key(_: Any, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any
 
 def by_primary_key(column: sa.ColumnElement[Any], bind: Bind) -> sa.ColumnElement[Any]:
     """``column`` in a guard that must not steer the plan away from a primary-key lookup."""
-    guarded: sa.ColumnElement[Any] = _by_key(bind, column)
-    return guarded
-
-
-_run_lock = Seam("lock_run")
-
-
-@_run_lock.for_db("postgresql")
-def _pg_run_lock(bind: Any, stmt: sa.Select[Any]) -> sa.Select[Any]:
-    # FOR NO KEY UPDATE: inserts of rows referencing the run hold FOR KEY SHARE on
-    # it; a plain FOR UPDATE would conflict with them and deadlock two transitions.
-    locked: sa.Select[Any] = _for_update(bind, stmt, False, True)
-    return locked
-
-
-@_run_lock.for_db("mysql", "sqlite")
-def _other_run_lock(bind: Any, stmt: sa.Select[Any]) -> sa.Select[Any]:
-    # Differs from PostgreSQL in that there is no NO KEY lock mode; transactions
-    # that take this lock insert nothing that references the run before it, so the
-    # plain exclusive lock cannot deadlock with their own foreign-key checks.
-    locked: sa.Select[Any] = _for_update(bind, stmt, False, False)
-    return locked
+    return _by_key(bind, column)
 
 
 def for_update_run(stmt: sa.Select[Any], bind: Bind) -> sa.Select[Any]:
-    """The run-row lock taken before deciding a run's terminal state."""
-    locked: sa.Select[Any] = _run_lock(bind, stmt)
-    return locked
+    """The run-row lock taken before deciding a run's terminal state (FOR NO KEY UPDATE on
+    PostgreSQL: see _row_lock)."""
+    return _for_update(bind, stmt, False, True)
 
 
 # --------------------------------------------------------------------------- inserts
 
-insert_ignore = Seam("insert_ignore")
+insert_ignore = Seam[Any]("insert_ignore")
 
 
-@insert_ignore.for_db("postgresql")
-def _pg_insert_ignore(_: Any, table: sa.Table) -> Any:
-    from sqlalchemy.dialects.postgresql import insert
+def _insert(bind: Bind, table: sa.Table) -> Any:
+    """The backend's own INSERT of ``table`` (``sqlalchemy.dialects.<backend>.insert``),
+    which has its conflict clause; its module imported on first use."""
+    return importlib.import_module(f"sqlalchemy.dialects.{backend(bind)}").insert(table)
 
-    return insert(table).on_conflict_do_nothing()
+
+@insert_ignore.for_db("postgresql", "sqlite")
+def _insert_on_conflict_do_nothing(bind: Bind, table: sa.Table) -> Any:
+    return _insert(bind, table).on_conflict_do_nothing()
 
 
 @insert_ignore.for_db("mysql")
@@ -331,53 +326,35 @@ def _mysql_insert_ignore(_: Any, table: sa.Table) -> Any:
     return sa.insert(table).prefix_with("IGNORE")
 
 
-@insert_ignore.for_db("sqlite")
-def _sqlite_insert_ignore(_: Any, table: sa.Table) -> Any:
-    from sqlalchemy.dialects.sqlite import insert
-
-    return insert(table).on_conflict_do_nothing()
-
-
 #: insert ``values``, or on a conflict on ``keys`` set the ``update`` columns to theirs
 #: (``add``: add theirs to the stored values, a counter)
-upsert = Seam("upsert")
+upsert = Seam[Any]("upsert")
 
 
-@upsert.for_db("postgresql")
-def _pg_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, Any],
-               update: list[str], add: bool = False) -> Any:
-    from sqlalchemy.dialects.postgresql import insert
+def _theirs(table: sa.Table, proposed: Any, update: list[str], add: bool) -> dict[str, Any]:
+    """An upsert's SET: each ``update`` column to the ``proposed`` row's value (``add``: plus its own)."""
+    return {c: table.c[c] + proposed[c] if add else proposed[c] for c in update}
 
-    stmt = insert(table).values(**values)
-    return stmt.on_conflict_do_update(index_elements=keys, set_={
-        c: table.c[c] + stmt.excluded[c] if add else stmt.excluded[c] for c in update})
+
+@upsert.for_db("postgresql", "sqlite")
+def _upsert_on_conflict(bind: Bind, table: sa.Table, keys: list[str], values: dict[str, Any],
+                        update: list[str], add: bool = False) -> Any:
+    stmt = _insert(bind, table).values(**values)
+    return stmt.on_conflict_do_update(index_elements=keys, set_=_theirs(table, stmt.excluded, update, add))
 
 
 @upsert.for_db("mysql")
-def _mysql_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, Any],
+def _mysql_upsert(bind: Bind, table: sa.Table, keys: list[str], values: dict[str, Any],
                   update: list[str], add: bool = False) -> Any:
     # Differs from PostgreSQL in that ON DUPLICATE KEY has no conflict target: it
     # fires on any unique key, which is the primary key here.
-    from sqlalchemy.dialects.mysql import insert
-
-    stmt = insert(table).values(**values)
-    return stmt.on_duplicate_key_update({c: table.c[c] + stmt.inserted[c] if add else stmt.inserted[c]
-                                         for c in update})
-
-
-@upsert.for_db("sqlite")
-def _sqlite_upsert(_: Any, table: sa.Table, keys: list[str], values: dict[str, Any],
-                   update: list[str], add: bool = False) -> Any:
-    from sqlalchemy.dialects.sqlite import insert
-
-    stmt = insert(table).values(**values)
-    return stmt.on_conflict_do_update(index_elements=keys, set_={
-        c: table.c[c] + stmt.excluded[c] if add else stmt.excluded[c] for c in update})
+    stmt = _insert(bind, table).values(**values)
+    return stmt.on_duplicate_key_update(_theirs(table, stmt.inserted, update, add))
 
 
 # --------------------------------------------------------------------------- savepoints
 
-statement_savepoint = Seam("statement_savepoint")
+statement_savepoint = Seam[contextlib.AbstractContextManager[Any]]("statement_savepoint")
 
 
 @statement_savepoint.for_db("postgresql")
@@ -410,7 +387,7 @@ class Json:
 #: or :class:`Json`
 RoutineArg = str | int | bool | datetime | list[str] | Json | None
 
-call_routine = Seam("call_routine")
+call_routine = Seam[list[sa.Row[Any]]]("call_routine")
 
 
 @call_routine.for_db("postgresql")
@@ -436,7 +413,7 @@ def _mysql_call_routine(conn: Connection, name: str, args: Sequence[RoutineArg])
     return list(conn.exec_driver_sql(f"CALL {name}({placeholders})", tuple(values)).all())
 
 
-_server_routines = Seam("server_routines")
+_server_routines = Seam[bool]("server_routines")
 
 
 @_server_routines.for_db("postgresql", "mysql")
@@ -454,8 +431,7 @@ def _routines_in_process(_: Any) -> bool:
 def has_server_routines(bind: Bind) -> bool:
     """Whether the backend runs ductwork's routines on the server (:data:`call_routine`), or
     the caller runs their steps itself, statement by statement."""
-    found: bool = _server_routines(bind)
-    return found
+    return _server_routines(bind)
 
 
 #: the line that separates the statements of a routine's SQL file
@@ -480,7 +456,7 @@ def install_routine(conn: Connection, sql: str) -> None:
 
 # --------------------------------------------------------------------------- wakeups
 
-notify_wakeup = Seam("notify_wakeup")
+notify_wakeup = Seam[None]("notify_wakeup")
 
 
 @notify_wakeup.for_db("postgresql")
@@ -498,7 +474,7 @@ def _no_notify(conn: Connection, channel: str) -> None:
 
 # --------------------------------------------------------------------------- emptying (test fixtures)
 
-delete_all_rows = Seam("delete_all_rows")
+delete_all_rows = Seam[None]("delete_all_rows")
 
 
 @delete_all_rows.for_db("postgresql", "sqlite")

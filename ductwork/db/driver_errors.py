@@ -38,8 +38,7 @@ def violated_constraint(error: exc.IntegrityError) -> str | None:
     the columns, which are mapped back through ``schema.CONSTRAINT_COLUMNS``.
     """
     orig = error.orig
-    diag = getattr(orig, "diag", None)
-    name: str | None = getattr(diag, "constraint_name", None) if diag is not None else None
+    name: str | None = getattr(getattr(orig, "diag", None), "constraint_name", None)  # (psycopg's diagnostics)
     if name:
         return name
     text = str(orig)

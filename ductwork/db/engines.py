@@ -70,32 +70,31 @@ def normalize_url(url: str | URL) -> URL:
         parsed = make_url(url)
     except (exc.ArgumentError, ValueError) as e:
         raise DatabaseURLError("database.url", str(url), f"not a database URL ({e})") from None
-    shown = parsed.render_as_string(hide_password=True)
     scheme, _, driver = parsed.drivername.partition("+")
     if scheme == "postgres":
         scheme = "postgresql"
-    if scheme not in DRIVERS:
-        raise DatabaseURLError(
-            "database.url", shown, f"unsupported backend {scheme!r} (postgresql, mysql, mariadb, sqlite)"
-        )
-    if driver and driver != DRIVERS[scheme] and driver not in DRIVER_ALIASES[scheme]:
-        raise DatabaseURLError(
-            "database.url", shown, f"driver {driver!r} is not supported; {_spellings(scheme)}"
-        )
+    problem = _url_problem(scheme, driver, parsed.database)
+    if problem is not None:
+        raise DatabaseURLError("database.url", parsed.render_as_string(hide_password=True), problem)
     parsed = parsed.set(drivername=f"{scheme}+{DRIVERS[scheme]}")
-    if scheme == "sqlite" and parsed.database in (None, "", ":memory:"):
-        raise DatabaseURLError(
-            "database.url", shown, "in-memory SQLite cannot be shared by ductwork's connections; use a file"
-        )
-    if scheme in ("mysql", "mariadb") and not parsed.database:
-        # Differs from PostgreSQL in that a MySQL session without a database has no
-        # default schema (PostgreSQL connects to the database named after the user).
-        raise DatabaseURLError(
-            "database.url", shown, f"names no database; add one, e.g. {scheme}://user@host/ductwork"
-        )
     if scheme in ("mysql", "mariadb") and "charset" not in parsed.query:
         parsed = parsed.update_query_dict({"charset": "utf8mb4"})
     return parsed
+
+
+def _url_problem(scheme: str, driver: str, database: str | None) -> str | None:
+    """What makes a URL of ``scheme``, ``driver`` and ``database`` unusable, or None."""
+    if scheme not in DRIVERS:
+        return f"unsupported backend {scheme!r} (postgresql, mysql, mariadb, sqlite)"
+    if driver and driver != DRIVERS[scheme] and driver not in DRIVER_ALIASES[scheme]:
+        return f"driver {driver!r} is not supported; {_spellings(scheme)}"
+    if scheme == "sqlite" and database in (None, "", ":memory:"):
+        return "in-memory SQLite cannot be shared by ductwork's connections; use a file"
+    if scheme in ("mysql", "mariadb") and not database:
+        # Differs from PostgreSQL in that a MySQL session without a database has no
+        # default schema (PostgreSQL connects to the database named after the user).
+        return f"names no database; add one, e.g. {scheme}://user@host/ductwork"
+    return None
 
 
 def require_driver(url: URL) -> None:
@@ -118,7 +117,7 @@ def describe(url: str | URL) -> str:
     return normalize_url(url).render_as_string(hide_password=True)
 
 
-_database_file = Seam("database_file")
+_database_file = Seam[Path | None]("database_file")
 
 
 @_database_file.for_db("sqlite")
@@ -163,7 +162,7 @@ class EngineSettings(TypedDict, total=False):
     max_overflow: int
 
 
-_engine_options = Seam("engine options")
+_engine_options = Seam[dict[str, Any]]("engine options")
 
 
 @_engine_options.for_db("postgresql")

@@ -71,9 +71,10 @@ def machine_identifier() -> str:
     return "/".join(part for part in parts if part)[:255]
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """``/proc/PID/stat`` after the command name, from the state on; None when unreadable."""
-    stat = _read(PROC / str(pid) / "stat")
+def stat_fields(process: int | str) -> list[str] | None:
+    """``/proc/PROCESS/stat`` (``PROCESS``: a pid, or ``PID/task/TID`` for a thread) after the
+    command name, from the state on; None when unreadable."""
+    stat = _read(PROC / str(process) / "stat")
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses
     return stat[stat.rindex(")") + 2:].split() if ")" in stat else None
 
@@ -83,7 +84,7 @@ def os_start_ticks(pid: int) -> int | None:
     (``/proc/PID/stat``, field 22), or None when it cannot be read (no such process,
     not Linux). With the boot in :func:`machine_identifier`, the pair (pid, ticks)
     names one process: a reused pid has a later start."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[19]) if fields else None
 
 
@@ -99,7 +100,7 @@ def os_process_gone(pid: int, start_ticks: int) -> bool:
         return True
     except PermissionError:  # exists, another user's
         pass
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields is None:
         return False  # exists, but /proc does not say which process it is
     if int(fields[19]) != start_ticks:  # [INV-EXE-5] by start time: a reused pid is not the row's process
@@ -115,10 +116,17 @@ def _all_tasks_dead(pid: int) -> bool:
     except OSError:
         return True  # reaped meanwhile
     for task in tasks:
-        stat = _read(PROC / str(pid) / "task" / task / "stat")
-        if stat and stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X"):
+        fields = stat_fields(f"{pid}/task/{task}")
+        if fields and fields[0] not in ("Z", "X"):
             return False
     return True
+
+
+def rows_of_os_process(pid: int) -> tuple[sa.ColumnElement[bool], ...]:
+    """The predicate of the process rows of OS process ``pid`` of this machine (with
+    ``ductwork_processes``' ``pid`` and ``machine_identifier``)."""
+    p = schema.processes
+    return p.c.pid == pid, p.c.machine_identifier == machine_identifier()
 
 
 def other_job_workers(app: Database) -> int:
@@ -135,6 +143,5 @@ def other_job_workers(app: Database) -> int:
             sa.select(sa.func.count()).select_from(p)
             .where(p.c.role == "job_worker",
                    p.c.last_heartbeat_at > since,  # alive, as the reaper judges it
-                   sa.not_(sa.and_(p.c.machine_identifier == machine_identifier(),
-                                   p.c.pid == os.getpid())))  # not this process
+                   sa.not_(sa.and_(*rows_of_os_process(os.getpid()))))  # not this process
         ).scalar_one())

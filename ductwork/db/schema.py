@@ -73,6 +73,15 @@ def _timestamps() -> list[sa.Column[datetime]]:
     ]
 
 
+def _claiming_process() -> sa.Column[str]:
+    """``process_id``: the claiming process; NULL once its row is reaped (the orphan sweep's)."""
+    return sa.Column("process_id", Id, sa.ForeignKey("ductwork_processes.id", ondelete="SET NULL"), nullable=True)
+
+
+def _stored(name: str, type_: Any, expression: str) -> sa.Column[Any]:
+    """A stored generated column: NULL where the row takes no part (see the module doc)."""
+    return sa.Column(name, type_, sa.Computed(expression, persisted=True), nullable=True)
+
 
 def _not_null(column: str) -> sa.TextClause:
     """A partial index's predicate on PostgreSQL (revision 0006): only the rows a look-up by
@@ -239,9 +248,7 @@ executions = sa.Table(
     sa.Column("eligible_at", Timestamp, nullable=False),
     sa.Column("claimed_at", Timestamp, nullable=True),  # NULL: pending
     #: the claiming process; NULL: pending, or its process row was reaped (orphan sweep)
-    sa.Column(
-        "process_id", Id, sa.ForeignKey("ductwork_processes.id", ondelete="SET NULL"), nullable=True
-    ),
+    _claiming_process(),
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: pending or in flight
     #: success | failure | timed_out | process_crashed; NULL: not completed
     sa.Column("outcome", sa.String(16), nullable=True),
@@ -256,29 +263,11 @@ executions = sa.Table(
     sa.Column("release_seq", sa.BigInteger, nullable=True),
     *_timestamps(),
     #: the claim lane of a pending execution ('' = unkeyed); NULL once claimed
-    sa.Column(
-        "pending_lane",
-        ExactKey,
-        sa.Computed("CASE WHEN claimed_at IS NULL THEN COALESCE(limit_key, '') END", persisted=True),
-        nullable=True,
-    ),
+    _stored("pending_lane", ExactKey, "CASE WHEN claimed_at IS NULL THEN COALESCE(limit_key, '') END"),
     #: the key of an in-flight keyed execution; NULL otherwise [INV-LIM-3]
-    sa.Column(
-        "inflight_key",
-        ExactKey,
-        sa.Computed(
-            "CASE WHEN claimed_at IS NOT NULL AND completed_at IS NULL THEN limit_key END",
-            persisted=True,
-        ),
-        nullable=True,
-    ),
+    _stored("inflight_key", ExactKey, "CASE WHEN claimed_at IS NOT NULL AND completed_at IS NULL THEN limit_key END"),
     #: the step of an open execution; NULL once completed
-    sa.Column(
-        "open_step_id",
-        Id,
-        sa.Computed("CASE WHEN completed_at IS NULL THEN step_id END", persisted=True),
-        nullable=True,
-    ),
+    _stored("open_step_id", Id, "CASE WHEN completed_at IS NULL THEN step_id END"),
     # [INV-EXE-2] at most one open execution per step: a retry cannot be enqueued twice
     *_unique_where_not_null("uq_execution_open_per_step", "open_step_id", nullable="open_step_id"),
     # [INV-LIM-6] the oldest eligible execution of a lane is an index probe, not a scan
@@ -298,9 +287,7 @@ advancements = sa.Table(
     #: the step being advanced past
     sa.Column("step_id", Id, sa.ForeignKey("ductwork_steps.id"), nullable=False),
     #: the advancing process; NULL: its process row was reaped (orphan sweep)
-    sa.Column(
-        "process_id", Id, sa.ForeignKey("ductwork_processes.id", ondelete="SET NULL"), nullable=True
-    ),
+    _claiming_process(),
     sa.Column("claim_token", Id, nullable=False),
     sa.Column("started_at", Timestamp, nullable=False),
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: open
@@ -310,12 +297,8 @@ advancements = sa.Table(
     #: advancer crashes on this step so far, carried forward attempt to attempt
     sa.Column("crash_count", sa.Integer, nullable=False),
     *_timestamps(),
-    sa.Column(
-        "open_branch_id",
-        Id,
-        sa.Computed("CASE WHEN completed_at IS NULL THEN branch_id END", persisted=True),
-        nullable=True,
-    ),
+    #: the branch of an open advancement; NULL once completed
+    _stored("open_branch_id", Id, "CASE WHEN completed_at IS NULL THEN branch_id END"),
     # [INV-ADV-2] one open advancement per branch
     *_unique_where_not_null("uq_advancement_open_per_branch", "open_branch_id", nullable="open_branch_id"),
     sa.Index("ix_advancement_process", "process_id"),
@@ -403,9 +386,7 @@ halt_hooks = sa.Table(
     sa.Column("claim_token", Id, nullable=True),
     sa.Column("claimed_at", Timestamp, nullable=True),  # NULL: not running
     #: the claiming process; NULL: not running, or its process row was reaped (orphan sweep)
-    sa.Column(
-        "process_id", Id, sa.ForeignKey("ductwork_processes.id", ondelete="SET NULL"), nullable=True
-    ),
+    _claiming_process(),
     sa.Column("retry_count", sa.Integer, nullable=False),
     sa.Column("crash_count", sa.Integer, nullable=False),
     #: the last attempt's outcome: success | failure | invalid | process_crashed; NULL: none yet

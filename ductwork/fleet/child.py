@@ -118,7 +118,8 @@ def _read_within_deadlines(proc: subprocess.Popen[bytes], read_fd: int, klass: s
 
 
 def _reply(proc: subprocess.Popen[bytes], chunks: list[bytes]) -> Any:
-    """The step's value from the exited child's reply, or the error it reports raised."""
+    """The step's value from the exited child's reply, or the error it reports raised (of
+    the ``kind`` it names: the step's own by default)."""
     from ductwork.fleet.invoke import BuildFailed, ChildStepError, ReturnRejected, StepInvalid
     from ductwork.limits.executions import ErrorInfo
 
@@ -128,12 +129,8 @@ def _reply(proc: subprocess.Popen[bytes], chunks: list[bytes]) -> Any:
     message = json.loads(b"".join(chunks))
     if "ok" in message:
         return json.loads(message["ok"])
-    info = ErrorInfo(**message["error"])
-    if message.get("returned"):
-        raise ReturnRejected(info)
-    if message.get("invalid"):
-        raise StepInvalid(info)
-    raise (BuildFailed(info) if message.get("build") else ChildStepError(info))
+    kinds = {"returned": ReturnRejected, "invalid": StepInvalid, "build": BuildFailed}
+    raise kinds.get(message.get("kind"), ChildStepError)(ErrorInfo(**message["error"]))
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -234,21 +231,15 @@ def main() -> None:
         try:
             message: dict[str, Any] = {"ok": dump(value, returned(request["klass"], value))}
         except StepReturnError as error:  # the parent fails the execution once (ReturnRejected)
-            message = {"returned": True, "error": vars(ErrorInfo.of(error))}
+            message = {"kind": "returned", "error": vars(ErrorInfo.of(error))}
     except StepInvalid as invalid:
-        message = {"invalid": True, "error": vars(invalid.info)}
+        message = {"kind": "invalid", "error": vars(invalid.info)}
     except BuildFailed as failed:
-        message = {"build": True, "error": vars(failed.info)}
-    except Exception as error:  # noqa: BLE001 - reported to the parent, which records it
+        message = {"kind": "build", "error": vars(failed.info)}
+    except BaseException as error:  # noqa: BLE001 - reported to the parent, which records it (SystemExit too)
         message = {"error": vars(ErrorInfo.of(error))}
-    except BaseException as error:  # noqa: BLE001 - SystemExit inside a step is the step's failure too
-        message = {"error": vars(ErrorInfo.of(error))}
-    try:
-        payload = json.dumps(message).encode()
-    except (TypeError, ValueError) as error:  # pragma: no cover  message holds only str, bool and None
-        payload = json.dumps({"error": vars(ErrorInfo.of(error))}).encode()
     with pipe:
-        pipe.write(payload)
+        pipe.write(json.dumps(message).encode())  # (only str and None: ``dump``'s text, ErrorInfo's fields, kind)
     app.dispose()
 
 

@@ -26,21 +26,21 @@ if TYPE_CHECKING:
     from ductwork.limits.executions import Claimed
 
 
-class BuildFailed(Exception):
+class _Recorded(Exception):
+    """An error that carries what is recorded of it (``info``), its message its own."""
+
+    def __init__(self, info: ErrorInfo):
+        self.info = info
+        super().__init__(info.message)
+
+
+class BuildFailed(_Recorded):
     """The step's ``__init__`` raised, or its child process never ran it: a crash, not a failure."""
 
-    def __init__(self, info: ErrorInfo):
-        self.info = info
-        super().__init__(info.message)
 
-
-class StepInvalid(Exception):
+class StepInvalid(_Recorded):
     """The step can never run as stored (its class does not resolve, its input does not
     bind): recorded ``invalid`` once, and the step fails at once (no retry, no re-run)."""
-
-    def __init__(self, info: ErrorInfo):
-        self.info = info
-        super().__init__(info.message)
 
 
 #: added to the reason when a class of ``__main__`` does not resolve in a worker
@@ -52,12 +52,8 @@ class StepTimedOut(Exception):
     """The step ran past its timeout and its process was killed."""
 
 
-class ChildStepError(Exception):
+class ChildStepError(_Recorded):
     """The step raised inside its child process; carries the child's error."""
-
-    def __init__(self, info: ErrorInfo):
-        self.info = info
-        super().__init__(info.message)
 
 
 class AsyncStepInterrupted(Exception):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ductwork.db import dialects, schema
-from ductwork.db.hosts import machine_identifier, os_start_ticks, pid_namespace
+from ductwork.db.hosts import machine_identifier, os_start_ticks, pid_namespace, rows_of_os_process
 from ductwork.db.ids import new_id
 
 if TYPE_CHECKING:
@@ -87,22 +87,17 @@ def register(app: Database, *, role: str, label: str | None = None, pid: int | N
 
     pid = os.getpid() if pid is None else pid
     label = label or role
-    host = machine_identifier()
+    p = schema.processes
     with app.begin() as tx:
-        previous = tx.execute(
-            sa.select(schema.processes.c.id).where(
-                schema.processes.c.machine_identifier == host,
-                schema.processes.c.pid == pid,
-                schema.processes.c.label == label,
-            )
-        ).scalar_one_or_none()
+        previous = tx.execute(sa.select(p.c.id).where(*rows_of_os_process(pid), p.c.label == label)
+                              ).scalar_one_or_none()
     if previous is not None:
         reap(app, previous, force=True)
     process_id = new_id()
     with app.begin() as tx:
         tx.execute(
             schema.processes.insert().values(
-                id=process_id, pid=pid, machine_identifier=host, label=label, role=role,
+                id=process_id, pid=pid, machine_identifier=machine_identifier(), label=label, role=role,
                 os_start_ticks=os_start_ticks(pid) if pid_namespace() else None,
                 last_heartbeat_at=tx.now, created_at=tx.now, updated_at=tx.now,
             )

@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -56,7 +56,7 @@ import sqlalchemy as sa
 
 from ductwork.db import schema
 from ductwork.db.database import Database
-from ductwork.db.hosts import machine_identifier
+from ductwork.db.hosts import rows_of_os_process
 from ductwork.db.wakeup import PgListener, Wakeup
 from ductwork.fleet import tree
 from ductwork.fleet.processes import heartbeat, register
@@ -146,51 +146,39 @@ class Runner:
         self.lease_s = cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval)
 
     def _units(self) -> list[Loop]:
+        """A loop per thread, each with its unit (:attr:`units`); a worker's tokens loop too."""
         from ductwork.fleet.shared import Refusals, TokenAlarm
-        from ductwork.fleet.worker import Worker
-        from ductwork.pipelines.advance import Advancer
 
-        loops: list[Loop] = []
         #: wakes an idle thread when a rated key's next token is due (a claim spent the last)
         self.tokens = TokenAlarm(self.app.wakeup.notify)
         #: the keyed claims this process's polls were refused, written by the next heartbeat
         self.refusals = Refusals()
-        for i in range(self.threads):
-            due: Callable[[], float | None] | None = None
-            if self.role == "job_worker":
-                may_hand_off = (lambda: not self.stop.is_set()) if self.app.config.job_worker.hand_off else None
-                worker = Worker(self.app, process_id=self.process_id, hand_off=may_hand_off,
-                                batch_size=self.app.config.job_worker.batch_size,
-                                batch_window=self.app.config.job_worker.batch_window, threads=self.threads,
-                                tokens=self.tokens, lease=self.holds_lease,
-                                refused=self.refusals.count)
-                self.units.append(worker)
-
-                def worked(w: Worker = worker) -> bool:
-                    return w.run_once() is not None
-
-                def next_due(w: Worker = worker) -> float | None:
-                    return w.next_due_s
-
-                unit: Callable[[], bool] = worked
-                due = next_due
-                wait = self.app.config.job_worker.polling_timeout
-            else:
-                advancer = Advancer(self.app, process_id=self.process_id)
-                self.units.append(advancer)
-
-                def advanced(a: Advancer = advancer) -> bool:
-                    return a.run_once() != "idle"
-
-                unit = advanced
-                wait = self.app.config.pipeline_advancer.polling_timeout
-            wakeup = self.app.wakeup if self.role == "job_worker" else self.app.advancer_wakeup
-            loops.append(Loop(f"ductwork.{self.role}.{i}", unit, wait, self.stop, wakeup, due))
         if self.role == "job_worker":
             self.tokens_loop = Loop("ductwork.job_worker.tokens", self.tokens.run_once,
                                     self.app.config.job_worker.polling_timeout, self.stop, self.tokens.changed,
                                     self.tokens.seconds_left)
-        return loops
+        loop = self._worker_loop if self.role == "job_worker" else self._advancer_loop
+        return [loop(f"ductwork.{self.role}.{i}") for i in range(self.threads)]
+
+    def _worker_loop(self, name: str) -> Loop:
+        from ductwork.fleet.worker import Worker
+
+        cfg = self.app.config.job_worker
+        worker = Worker(self.app, process_id=self.process_id,
+                        hand_off=(lambda: not self.stop.is_set()) if cfg.hand_off else None,
+                        batch_size=cfg.batch_size, batch_window=cfg.batch_window, threads=self.threads,
+                        tokens=self.tokens, lease=self.holds_lease, refused=self.refusals.count)
+        self.units.append(worker)
+        return Loop(name, lambda: worker.run_once() is not None, cfg.polling_timeout, self.stop, self.app.wakeup,
+                    lambda: worker.next_due_s)
+
+    def _advancer_loop(self, name: str) -> Loop:
+        from ductwork.pipelines.advance import Advancer
+
+        advancer = Advancer(self.app, process_id=self.process_id)
+        self.units.append(advancer)
+        return Loop(name, lambda: advancer.run_once() != "idle", self.app.config.pipeline_advancer.polling_timeout,
+                    self.stop, self.app.advancer_wakeup)
 
     def _on_signal(self, *_: object) -> None:
         # Only a plain assignment: a second signal arriving while the first handler sits
@@ -256,7 +244,9 @@ class Runner:
             self._say_lease_lost()
             return EXIT_LEASE_LOST
         self._last_heartbeat_sent = sent
-        self._start_loops(loops)
+        for loop in [*loops, self.tokens_loop] if self.role == "job_worker" else loops:  # a worker's tokens too
+            loop.start()
+        threading.Thread(target=self._heartbeats, name="ductwork.heartbeat", daemon=True).start()
         log.info("%s %s started: %d threads, lease %.1fs", self.role, self.process_id, self.threads, self.lease_s)
         self._watch_until_signalled()
         self._join_loops_or_exit(loops)
@@ -275,14 +265,6 @@ class Runner:
             tree.die_with_parent(signal.SIGTERM)
             if os.getppid() != self.parent_pid:  # it died before the signal was armed
                 self._signalled = True
-
-    def _start_loops(self, loops: list[Loop]) -> None:
-        """Start the units' loops (a worker's tokens loop too) and the heartbeat."""
-        for loop in loops:
-            loop.start()
-        if self.role == "job_worker":
-            self.tokens_loop.start()
-        threading.Thread(target=self._heartbeats, name="ductwork.heartbeat", daemon=True).start()
 
     def _watch_until_signalled(self) -> None:
         """Return once a signal asked this runner to stop (the loops told to stop); end the
@@ -319,6 +301,8 @@ class Runner:
 
 # --------------------------------------------------------------------------- supervisor
 
+_p = schema.processes
+
 
 @dataclass
 class Child:
@@ -329,7 +313,7 @@ class Child:
     started: float = 0.0
     failures: int = 0
     not_before: float = 0.0
-    restarts: int = field(default=0)
+    restarts: int = 0
 
 
 class Supervisor:
@@ -364,15 +348,11 @@ class Supervisor:
         child.started = time.monotonic()
         log.info("started %s (pid %d)", child.label, child.proc.pid)
 
-    def _rows_of(self, pid: int) -> list[str]:
-        with self.app.begin(readonly=True) as tx:
-            return list(tx.execute(
-                sa.select(schema.processes.c.id).where(schema.processes.c.pid == pid,
-                                                       schema.processes.c.machine_identifier == machine_identifier())
-            ).scalars())
-
     def _force_reap(self, pid: int) -> None:
-        for process_id in self._rows_of(pid):
+        """Reap the rows of a child known dead (it was waited for): whatever it registered."""
+        with self.app.begin(readonly=True) as tx:
+            rows = list(tx.execute(sa.select(_p.c.id).where(*rows_of_os_process(pid))).scalars())
+        for process_id in rows:
             reap(self.app, process_id, force=True)
 
     def _kill_and_confirm(self, child: Child) -> bool:
@@ -395,9 +375,8 @@ class Supervisor:
         if child.proc is None or age < threshold:
             return False
         with self.app.begin(readonly=True) as tx:
-            last: datetime | None = tx.execute(sa.select(sa.func.max(schema.processes.c.last_heartbeat_at))
-                              .where(schema.processes.c.pid == child.proc.pid,
-                                     schema.processes.c.machine_identifier == machine_identifier())).scalar()
+            last: datetime | None = tx.execute(sa.select(sa.func.max(_p.c.last_heartbeat_at))
+                                               .where(*rows_of_os_process(child.proc.pid))).scalar()
             now = tx.now
         if last is None:  # still starting (imports, connecting, registering)
             return age > max(STARTUP_GRACE_S, cfg.reaper_timeout)

@@ -50,7 +50,7 @@ import signal
 import time
 from pathlib import Path
 
-from ductwork.db.hosts import os_process_gone, os_start_ticks
+from ductwork.db.hosts import os_process_gone, os_start_ticks, stat_fields
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -89,15 +89,9 @@ def _parents() -> dict[int, int]:
     out: dict[int, int] = {}
     with contextlib.suppress(OSError):
         for entry in os.scandir(PROC):
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (PROC / entry.name / "stat").read_text()
-            except OSError:  # exited meanwhile
-                continue
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-            fields = stat[stat.rindex(")") + 2:].split()
-            out[int(entry.name)] = int(fields[1])
+            fields = stat_fields(entry.name) if entry.name.isdigit() else None
+            if fields:  # (None: exited meanwhile) "state ppid ...", after the command name
+                out[int(entry.name)] = int(fields[1])
     return out
 
 

@@ -303,13 +303,12 @@ class Worker:
             raise
         self._group.clear()
 
-    def _record(self, commit: Callable[[], list[Claimed]]) -> list[Claimed]:
+    def _record(self, commit: Callable[[], list[Claimed]]) -> None:
         """Commit successes (repeated on a lost connection) and queue what is handed on."""
-        handed: list[Claimed] = retry_transient(commit)
+        handed = retry_transient(commit)
         self._note_tokens(handed)
         self._queue.extend(handed)
         faults.hit(faults.AFTER_JOB_COMMIT)
-        return handed
 
     def _paced(self, seconds: float, cpu_s: float) -> None:
         """Size the next batch from the recent pace (:class:`batching.Pace`)."""

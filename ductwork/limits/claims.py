@@ -127,9 +127,7 @@ def _on_server(app: Database, tx: Tx, key: str | None, owner: str | None, ending
         log.warning(UNCONFIGURED_WARNING, key)
     stamped = head.r_stamp and head.r_blocked_us is not None
     next_token = (head.r_blocked_us - to_us(head.r_now)) / 1e6 if stamped else None
-    return Taken(True, [Claimed(**{name: row._mapping[f"r_{name}"] for name in _RUNNING}, process_id=owner or "",
-                                claimed_at=head.r_now, next_token_in_s=next_token)
-                        for row in claimed], head.r_status)
+    return Taken(True, [_claimed(row, owner, head.r_now, next_token, prefix="r_") for row in claimed], head.r_status)
 
 
 def _routine_args(app: Database, key: str | None, owner: str | None, endings: Sequence[Ending], take: int,
@@ -275,11 +273,9 @@ def _end_statement(owner: sa.ColumnElement[bool]) -> sa.Update:
                    _e.c.completed_at.is_(None),  # [INV-EXE-2] still open: not already ended
                    _e.c.claimed_at.is_not(None),  # claimed: a pending execution has no outcome
                    owner)  # [INV-EXE-2] still the owner's: the reaper did not take it
-            .values(completed_at=now, updated_at=now, outcome=sa.bindparam("b_outcome", type_=_e.c.outcome.type),
-                    release_seq=sa.bindparam("b_seq", type_=_e.c.release_seq.type),
-                    error_klass=sa.bindparam("b_error_klass", type_=_e.c.error_klass.type),
-                    error_message=sa.bindparam("b_error_message", type_=_e.c.error_message.type),
-                    error_backtrace=sa.bindparam("b_error_backtrace", type_=_e.c.error_backtrace.type)))
+            .values(completed_at=now, updated_at=now, release_seq=sa.bindparam("b_seq", type_=_e.c.release_seq.type),
+                    **{name: sa.bindparam(f"b_{name}", type_=_e.c[name].type)
+                       for name in ("outcome", "error_klass", "error_message", "error_backtrace")}))
 
 
 def _end_executions(bind: Any) -> sa.Update:
@@ -309,11 +305,12 @@ _RUNNING = [name for name in CLAIM_COLUMNS if name not in ("process_id", "claime
 
 
 def _claimed(row: sa.Row[Any], process_id: str | None, claimed_at: datetime,
-             next_token_in_s: float | None = None) -> Claimed:
-    """A row of :func:`_running` as claimed by ``process_id`` at ``claimed_at``."""
+             next_token_in_s: float | None = None, *, prefix: str = "") -> Claimed:
+    """A row of :func:`_running` (each column named ``prefix`` and the field: the server
+    routine's are ``r_…``) as claimed by ``process_id`` at ``claimed_at``."""
     mapping = row._mapping
-    assert process_id is not None, "a claim has an owner"
-    return Claimed(**{name: mapping[name] for name in _RUNNING}, process_id=process_id, claimed_at=claimed_at,
+    assert process_id is not None, "a claim has an owner"  # (only a release has none: it takes nothing)
+    return Claimed(**{name: mapping[prefix + name] for name in _RUNNING}, process_id=process_id, claimed_at=claimed_at,
                    next_token_in_s=next_token_in_s)
 
 

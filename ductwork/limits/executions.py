@@ -206,10 +206,7 @@ def enqueue(tx: Tx, pending: Sequence[Pending]) -> list[str]:
     now, ids = tx.now, [new_id() for _ in pending]
     dialects.insert_rows(tx.conn, _e, [{
         "id": execution_id, "step_id": p.step_id, "limit_key": p.key, "eligible_at": p.eligible_at,
-        "claimed_at": None, "process_id": None, "completed_at": None, "outcome": None,
-        "error_klass": None, "error_message": None, "error_backtrace": None,
-        "retry_count": p.retry_count, "crash_count": p.crash_count, "claim_seq": None,
-        "release_seq": None, "created_at": now, "updated_at": now}
+        "retry_count": p.retry_count, "crash_count": p.crash_count, "created_at": now, "updated_at": now}
         for execution_id, p in zip(ids, pending, strict=True)])
     tx.wake()  # an execution was created: an idle worker may claim it
     return ids
