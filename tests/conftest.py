@@ -198,7 +198,7 @@ def pytest_configure(config):  # type: ignore[no-untyped-def]
 NIGHTLY_PROFILE = "deep"
 
 
-def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+def pytest_collection_modifyitems(items):  # type: ignore[no-untyped-def]
     """Skip a ``@pytest.mark.nightly`` test, saying so, unless the nightly command runs
     (``HYPOTHESIS_PROFILE=deep``, CONTRIBUTING.md "Test tiers"): a second path of something
     CI already proves once, kept out of the 30-minute CI budget."""
