@@ -204,25 +204,25 @@ ARGUED: dict[str, tuple[str, str]] = {
         "run's rows, so the extra WHEN arms are never taken, and with no key of its own the copy inserts no "
         "row whichever id expression it gets. A cost (a wider read, a longer CASE), not an outcome"),
     # -- pipelines/hooks.py
-    "pipelines/hooks.py#20": (
-        "`where` without `_h.c.id == hook_id`",
+    "pipelines/hooks.py#18": (
+        "`where` without `_h.c.id == hook.hook_id`",
         "the record's fence by token alone: the token is never None here (record_hook passes the claim's "
         "new_id(); crash_hooks_of the token of a row it read as running, and only claim_hook sets running, "
         "always with a token) and is written by one claim to one row, the hook_id passed with it (a UUIDv7, "
         "unique); only _record_in writes a hook's token again, to NULL. So the rows with this token are that "
         "row or none, whichever way the id is asked"),
-    "pipelines/hooks.py#21": (
+    "pipelines/hooks.py#19": (
         "`where` without `_h.c.status == 'running'`",
         "the record's fence without the status: a hook row carries a token only while it is running (owe_hooks "
         "writes it pending with NULL, claim_hook sets running with a fresh token in one UPDATE, and the only "
         "write off running, _record_in, sets the token NULL; no other code writes halt_hooks but prune's "
-        "delete), and the token asked is never None (as #20): a row with this id and this token is running"),
-    "pipelines/hooks.py#29": (
+        "delete), and the token asked is never None (as #18): a row with this id and this token is running"),
+    "pipelines/hooks.py#27": (
         "`where` without `_h.c.status == 'pending'`",
         "the claim's UPDATE without the status: the row was read `status = 'pending'` by this transaction's "
         "SELECT ... FOR UPDATE (the latest committed version, locked to the commit on a server; SQLite's "
         "BEGIN IMMEDIATE holds the write lock), so it is still pending when the UPDATE by its id runs"),
-    "pipelines/hooks.py#40": (
+    "pipelines/hooks.py#38": (
         "`where` without `_h.c.status == 'running'`",
         "crash_hooks_of reads the named hooks of any status: each is then recorded by _record_in, whose UPDATE "
         "asks `status = 'running'` and the row's own token again; a row not running matches nothing there "
@@ -515,7 +515,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         'per step (the executemany) instead of one per distinct output: both set each step\'s own '
         'output_payload and updated_at = tx.now in the same transaction, and neither reads a row count '
         '(a cost, the number of statements, not an outcome)'),
-    "pipelines/outcomes.py#35": (
+    "pipelines/outcomes.py#33": (
         "`where` without `status == 'in_progress'`",
         "_to_advancing without the status: the success's release later in the same transaction is the "
         "guard (claims._end: `completed_at IS NULL` and the owner's). A step leaves in_progress only in a "
@@ -523,7 +523,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "failure, invalid or crash with no budget: _mark_failed), so a step not in progress has no execution "
         "open for this owner: the release ends fewer than the group holds, _Taken rolls the transaction "
         "back, the wider UPDATE with it, as the rowcount check would have"),
-    "pipelines/outcomes.py#43": (
+    "pipelines/outcomes.py#39": (
         "`where` without `schema.steps.c.status == 'in_progress'`",
         "_mark_failed runs only after release() ended this step's execution, held by this owner, in the "
         "same transaction (record_failure, record_invalid, crash_in), and a step with an open execution is "

@@ -356,7 +356,8 @@ MUTANTS: dict[str, Mutant] = {
         "a hook attempt's record is not fenced by its claim token: a reaped claimer records over the "
         "live attempt [INV-HLT-1]",
         "a hook's record matches only its current claim token [INV-HLT-1]",
-        (("_h.c.claim_token == token)  # [INV-HLT-1] the claim's fence", "sa.true())  # mutant: any claim"),),
+        (("_h.c.claim_token == hook.claim_token)  # [INV-HLT-1] the claim's fence",
+          "sa.true())  # mutant: any claim"),),
     ),
     "hook_claims_running": Mutant(
         "a claim takes a hook that is running (or final) again: two attempts at once [INV-HLT-1]",
@@ -628,8 +629,8 @@ MUTANTS: dict[str, Mutant] = {
           'whose(_h.c.process_id), old(_h.c.claimed_at))'),
          ('.where(_h.c.status == "running", _h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))',
           '.where(_h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))  # mutant: any status'),
-         ('result = tx.execute(_h.update().where(_h.c.id == hook_id, _h.c.status == "running",',
-          'result = tx.execute(_h.update().where(_h.c.id == hook_id,  # mutant: any status')),
+         ('result = tx.execute(_h.update().where(_h.c.id == hook.hook_id, _h.c.status == "running",',
+          'result = tx.execute(_h.update().where(_h.c.id == hook.hook_id,  # mutant: any status')),
     ),
     # --- process trees outside a supervisor (issue 37)
     "keeper_kills_nothing": Mutant(

@@ -5,7 +5,7 @@
     >>> history = run.history(backtraces=True)     # a RunHistory
     >>> [(s.node, s.status, s.wait) for s in history.steps]
 
-Every record is a frozen dataclass read by column name (``schema.from_row``); the
+Every record is a frozen dataclass read by column name (:func:`_record`); the
 CLI renders these and nothing else, so the command line and Python see one truth.
 
 Guarantees: each call is one read-only transaction (a consistent snapshot as of
