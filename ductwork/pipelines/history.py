@@ -271,8 +271,6 @@ def _halt_reasons(tx: Tx, run_ids: list[str]) -> dict[str, tuple[str, ...]]:
 def _revivals(tx: Tx, run_ids: list[str]) -> dict[str, str]:
     """The run revived from each of ``run_ids`` that has one (by ``uq_run_revived_from``)."""
     r = schema.runs
-    if not run_ids:
-        return {}
     return {row.revived_from: row.id for row in tx.execute(sa.select(r.c.id, r.c.revived_from)
                                                            .where(r.c.revived_from.in_(run_ids)))}
 
@@ -376,7 +374,7 @@ def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunH
         hook = tx.execute(sa.select(
             h.c.id, h.c.klass, h.c.status, h.c.retry_count, h.c.crash_count, h.c.last_outcome, h.c.eligible_at,
             h.c.completed_at, *_error_columns(h, backtraces)).where(h.c.run_id == run_id)).first()
-        revived_as = _revivals(tx, [run_id] if run.status == "halted" else []).get(run_id)
+        revived_as = _revivals(tx, [run_id]).get(run_id)  # (only a halted run is revived)
         reasons = _halt_reasons(tx, [run_id])[run_id]
     # In a revived run a step without executions of its own was carried over from the halted
     # run (INV-REV-2: a revive copies steps without their executions, and every step created
