@@ -327,18 +327,14 @@ class PipelineBuilder:
         tips: list[str] = []
         for child in self._children:
             child._settle(action)
-            child._check_closed(action, self._stack[-1])
+            if child._stack:  # a branch joining its fork must not leave a fan-out open (its fan-in would never fire)
+                raise self._graph.error(
+                    action, f"branch {child._index} of the {self._stack[-1]} has an open {child._stack[-1]}; "
+                            f"close it on that branch first", _ERRORS.get(action, DefinitionError))
             tips.extend(child._tips)
             child._closed = True
         self._tips = list(dict.fromkeys(tips))
         self._children = None
-
-    def _check_closed(self, action: str, fork: _Frame) -> None:
-        """A branch joining its fork must not leave a fan-out open (its fan-in would never fire)."""
-        if self._stack:
-            raise self._graph.error(
-                action, f"branch {self._index} of the {fork} has an open {self._stack[-1]}; "
-                        f"close it on that branch first", _ERRORS.get(action, DefinitionError))
 
     def _extend(self, kind: str, klass: Any, delay: object, timeout: object,
                 limit_by: object) -> PipelineBuilder:

@@ -224,16 +224,14 @@ class _SnapshotReader:
             self.check(isinstance(to, dict) and "otherwise" in to,
                        f"{where}: divert 'to' must be an object with an 'otherwise' key, "
                        f"got {to!r}")
-            targets = list(to.values())
         elif kind == "divide":
             self.check(isinstance(to, list) and len(to) >= 1,
                        f"{where}: divide 'to' must be a list of node names, got {to!r}")
-            targets = to
         else:
             self.check(isinstance(to, list) and len(to) == 1,
                        f"{where}: {kind} 'to' must be a list of one node name, got {to!r}")
-            targets = to
-        self.check(self.names(targets, nodes), f"{where}: 'to' names unknown nodes: {to!r}")
+        self.check(self.names(list(to.values()) if kind == "divert" else to, nodes),
+                   f"{where}: 'to' names unknown nodes: {to!r}")
         barrier = raw.get("barrier")
         if fan_in:
             self.check(isinstance(barrier, list) and bool(barrier) and self.names(barrier, nodes),
