@@ -166,7 +166,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "then exits: every process below it is killed as before, nothing is written, and only the "
         "keeper's own exit is later (a test would have to time the keeper under 5 s)"),
     # -- pipelines/prune.py
-    "pipelines/prune.py#6": (
+    "pipelines/prune.py#5": (
         "`and_` without `r.c.status.in_(PRUNABLE)`",
         "_prunable without the status: its next term `_finished(r) < cutoff` needs a finish time, and only a "
         "completed or halted run has one: trigger and revive insert a run with completed_at and halted_at NULL, "
@@ -174,17 +174,13 @@ ARGUED: dict[str, tuple[str, str]] = {
         "(halted_at); that UPDATE is guarded by `status NOT IN TERMINAL` and no other write changes a final "
         "run's status (resume moves a dampened run, which has neither time) [INV-RUN-1]; candidates also asks "
         "`status = :status` (one of PRUNABLE), and prune_batch re-checks may_prune"),
-    "pipelines/prune.py#27": (
+    "pipelines/prune.py#26": (
         "`len(found) >= limit`: Gt for GtE",
         "candidates without the early stop when `found` holds exactly `limit` ids: each query is limited to "
         "`limit - len(found)`, so `found` never holds more, and the next status's query then runs with LIMIT 0 "
         "(SQLAlchemy renders the 0), which returns no row on SQLite, PostgreSQL and MariaDB: one extra read, "
         "a cost, not an outcome"),
-    "pipelines/prune.py#40": (
-        "`.where(b.c.run_id.in_(ids))` dropped",
-        "_rows_of's `branch` arm (`pragma: no cover`) never runs: no table of RUN_TABLES, a constant the "
-        "mutant leaves as it is, names its run by branch (each `via` is `step`, `run` or `id`)"),
-    "pipelines/prune.py#47": (
+    "pipelines/prune.py#45": (
         "`r.c.triggered_at` read as `created_at`",
         "candidates ordered by created_at instead of triggered_at: both inserts of a run (trigger, revive) write "
         "created_at = triggered_at = tx.now, and no write changes either column (the run UPDATEs set status, "
@@ -205,51 +201,51 @@ ARGUED: dict[str, tuple[str, str]] = {
         "run's rows, so the extra WHEN arms are never taken, and with no key of its own the copy inserts no "
         "row whichever id expression it gets. A cost (a wider read, a longer CASE), not an outcome"),
     # -- pipelines/hooks.py
-    "pipelines/hooks.py#20": (
-        "`where` without `_h.c.id == hook_id`",
+    "pipelines/hooks.py#18": (
+        "`where` without `_h.c.id == hook.hook_id`",
         "the record's fence by token alone: the token is never None here (record_hook passes the claim's "
         "new_id(); crash_hooks_of the token of a row it read as running, and only claim_hook sets running, "
         "always with a token) and is written by one claim to one row, the hook_id passed with it (a UUIDv7, "
         "unique); only _record_in writes a hook's token again, to NULL. So the rows with this token are that "
         "row or none, whichever way the id is asked"),
-    "pipelines/hooks.py#21": (
+    "pipelines/hooks.py#19": (
         "`where` without `_h.c.status == 'running'`",
         "the record's fence without the status: a hook row carries a token only while it is running (owe_hooks "
         "writes it pending with NULL, claim_hook sets running with a fresh token in one UPDATE, and the only "
         "write off running, _record_in, sets the token NULL; no other code writes halt_hooks but prune's "
-        "delete), and the token asked is never None (as #20): a row with this id and this token is running"),
-    "pipelines/hooks.py#29": (
+        "delete), and the token asked is never None (as #18): a row with this id and this token is running"),
+    "pipelines/hooks.py#27": (
         "`where` without `_h.c.status == 'pending'`",
         "the claim's UPDATE without the status: the row was read `status = 'pending'` by this transaction's "
         "SELECT ... FOR UPDATE (the latest committed version, locked to the commit on a server; SQLite's "
         "BEGIN IMMEDIATE holds the write lock), so it is still pending when the UPDATE by its id runs"),
-    "pipelines/hooks.py#40": (
+    "pipelines/hooks.py#38": (
         "`where` without `_h.c.status == 'running'`",
         "crash_hooks_of reads the named hooks of any status: each is then recorded by _record_in, whose UPDATE "
         "asks `status = 'running'` and the row's own token again; a row not running matches nothing there "
         "(rowcount 0: nothing written, no wake, no event to log). A wider read, a cost, not an outcome"),
     # -- pipelines/runs.py
-    "pipelines/runs.py#28": (
+    "pipelines/runs.py#26": (
         "`where` without `r.c.status.not_in(TERMINAL)`",
         "_complete_runs names only runs whose status resolve_runs was given as not final, and that status was "
         "read by this transaction under the run row's lock (lock_run, lock_runs: FOR UPDATE on a server, the "
         "write lock on SQLite), held to the commit; the only status writes in between are resolve_runs' own, "
         "once per run: every row the ids name still matches the guard"),
-    "pipelines/runs.py#38": (
+    "pipelines/runs.py#36": (
         "`.where(r.c.id.in_(dialects.ids_param()))` dropped",
         "lock_runs reads and locks every run row instead of the batch's: its one caller (branches.move_branches) "
         "looks the result up only at its own moves' run ids, so the statuses it uses are the same; a wider lock "
         "(taken in the same run-id order), a cost, not an outcome (SQLite holds the write lock anyway)"),
-    "pipelines/runs.py#50": (
+    "pipelines/runs.py#46": (
         "`where` without `r.c.status.not_in(TERMINAL)`",
         "the other statuses' UPDATE: as #28 (its ids are open runs read under the run lock this transaction holds)"),
-    "pipelines/runs.py#53": (
+    "pipelines/runs.py#49": (
         "`where` without `b.c.status == 'halted'`",
         "halt reasons of the run's branches in any status: a branch gets a halt reason only with the status "
         "halted (Move's halt_reason is set only on halting moves, _set_branch('halted', ...)), every other move "
         "writes it NULL, a halted branch is never claimed or moved again, and a revive clears it on the branches "
         "it resumes; the NULLs are dropped after the read"),
-    "pipelines/runs.py#56": (
+    "pipelines/runs.py#52": (
         "`e.c.created_at` read as `eligible_at`",
         "the order of a step's executions: one is open at a time (uq_execution_open_per_step), the next is "
         "enqueued by the transaction that ends the one before (outcomes' retry, a crash's re-run), eligible no "
@@ -257,26 +253,26 @@ ARGUED: dict[str, tuple[str, str]] = {
         "execution. So created_at, eligible_at, claimed_at, completed_at and updated_at rise together over a "
         "step's ended executions (equal only under a stopped test clock, then the id decides in both orders, "
         "rising within the one process); `claimed` (a count, a min) takes no order"),
-    "pipelines/runs.py#57": (
+    "pipelines/runs.py#53": (
         "`e.c.created_at` read as `claimed_at`",
         "as #56 (the pending execution's NULL claimed_at sorts differently per database, but `ended` leaves it "
         "out and `claimed` takes no order)"),
-    "pipelines/runs.py#58": (
+    "pipelines/runs.py#54": (
         "`e.c.created_at` read as `completed_at`",
         "as #56 (the open execution's NULL completed_at is left out of `ended`)"),
-    "pipelines/runs.py#59": (
+    "pipelines/runs.py#55": (
         "`e.c.created_at` read as `updated_at`",
         "as #56: an ended execution's updated_at is its completed_at (the end writes both, nothing writes it after)"),
-    "pipelines/runs.py#65": (
+    "pipelines/runs.py#61": (
         "`.where(s.c.run_id == self.id)` dropped",
         "steps() reads every run's executions: they are grouped by their step id and looked up only at this "
         "run's step ids (the rows of the first read), so each step gets the same list; a cost (a wider read), "
         "not an outcome"),
-    "pipelines/runs.py#69": (
+    "pipelines/runs.py#65": (
         "`s.c.started_at` read as `created_at`",
         "a step row's started_at is its created_at: create_steps_across writes both as now, revive's re-enqueued "
         "step sets both to now and its history copies keep both, and no UPDATE writes either"),
-    "pipelines/runs.py#77": (
+    "pipelines/runs.py#73": (
         "`where` without `b.c.status == 'dampened'`",
         "resume moves the branches it has just read as dampened, in this transaction under the run row's lock; "
         "only resume, under that lock, moves a dampened branch (advancers claim in-progress branches, a "
@@ -395,7 +391,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "child of one barrier arrives through an edge of this kind into this target in any "
         "definition the builder accepts (only a hand-edited snapshot could name another node)"),
     # -- pipelines/branches.py
-    "pipelines/branches.py#10": (
+    "pipelines/branches.py#9": (
         "`row.claim_token is None and row.status == 'in_progress'`: Or",
         "the free fence also keeps an unclaimed branch that is not in progress: a claim writes 'advancing' "
         "with its token and every other write drops both together, so such a branch has ended (completed, "
@@ -403,60 +399,60 @@ ARGUED: dict[str, tuple[str, str]] = {
         "step is then not in progress, `_complete_steps`'s status guard raises StepMovedOn and the success "
         "is refused as taken, as it is when the fence drops the branch (`_to_advancing` finds the step "
         "moved on)"),
-    "pipelines/branches.py#16": (
+    "pipelines/branches.py#15": (
         "`.where(_b.c.claim_token.is_(None))` dropped",
         "the free move without `claim_token IS NULL`: the fence read each of these rows under its lock "
         "(FOR UPDATE; SQLite: the write lock of BEGIN IMMEDIATE) in this transaction and kept only the "
         "unclaimed ones, and nothing else can write them before it commits"),
-    "pipelines/branches.py#33": (
+    "pipelines/branches.py#25": (
         "`.where(_b.c.id.in_(dialects.ids_param()))` dropped",
         "the fence's lock read of every branch row: it keeps only the rows named in `held` "
         "(`row.id in held`); SQLite has no row locks, and on a server it locks more rows (a cost, a wider "
         "wait), not another outcome"),
-    "pipelines/branches.py#44": (
+    "pipelines/branches.py#62": (
         "`.where(s.c.branch_id.in_(dialects.inline_ids(won)))` dropped",
         "_claims_of reads every branch's steps: `latest` is keyed by branch id and only the branches won "
         "are looked up in it, each with its own rows in the same order (a cost, a wider read)"),
-    "pipelines/branches.py#45": (
-        "`.where(_a.c.step_id.in_(dialects.inline_ids(step_ids)))` dropped",
-        "_claims_of reads every advancement: `previous` is keyed by step id and only the won branches' "
+    "pipelines/branches.py#63": (
+        "`.where(_a.c.step_id.in_(dialects.inline_ids([latest[b].id for b in )` dropped",
+        "_claims_of reads every advancement: `crashes` is keyed by step id and only the won branches' "
         "latest steps are looked up in it, each with its own rows in the same order (a cost, a wider read)"),
-    "pipelines/branches.py#46": (
+    "pipelines/branches.py#37": (
         "`.where(r.c.id.in_(dialects.inline_ids(run_ids)))` dropped",
         "_claims_of reads every run's definition digest: `sha1s` is keyed by run id and only the won "
         "branches' runs are looked up in it (a cost, a wider read)"),
-    "pipelines/branches.py#51": (
+    "pipelines/branches.py#42": (
         "`.where(_b.c.claim_token.in_(tokens))` dropped",
         "the held move without its tokens: the fence read each of these rows under its lock (FOR UPDATE; "
         "SQLite: the write lock of BEGIN IMMEDIATE) in this transaction and kept only those carrying their "
         "claim's token, and nothing else can write them before it commits"),
-    "pipelines/branches.py#56": (
+    "pipelines/branches.py#47": (
         "`where` without `_b.c.claim_token == token`",
         "the release runs only when close_advancement has just closed this claim's advancement, so it was "
         "open; an advancement is open exactly while its claim holds the branch (a claim sets its token only "
         "on an unclaimed branch and opens its advancement in the same transaction; every write that drops "
         "a token, a fence's close and move, move_branches, this release, closes that claim's advancement "
         "in the same transaction), so a branch still 'advancing' carries `token`"),
-    "pipelines/branches.py#57": (
+    "pipelines/branches.py#48": (
         "`where` without `_b.c.status == 'advancing'`",
         "a branch carries a claim token exactly while it is 'advancing': a claim writes both, and every "
         "write that moves a branch off 'advancing' drops the token in the same statement; `claim_token = "
         "token` (never NULL) implies the status"),
-    "pipelines/branches.py#64": (
+    "pipelines/branches.py#60": (
         "`where` without `_b.c.claim_token.is_(None)`",
         "the claim without `claim_token IS NULL`: a branch 'in_progress' carries no token (a claim writes "
         "'advancing' with its token and every write back to 'in_progress', a release, a move, a resume, a "
         "revive, drops or has none), so `status = 'in_progress'` implies it"),
-    "pipelines/branches.py#68": (
+    "pipelines/branches.py#66": (
         "`where` without `_a.c.completed_at.is_(None)`",
         "the close of an advancer's advancements without `completed_at IS NULL`: the fence kept only "
         "branches that still carry each claim's token, under their locks, and a claim's advancement is "
         "open while its token holds the branch (as #56), so every row named is open"),
-    "pipelines/branches.py#75": (
+    "pipelines/branches.py#73": (
         "`where` without `_b.c.id.in_(dialects.inline_ids(ids))`",
         "the read of the branches won without their ids: `token` is a fresh UUIDv4 of this call, written "
         "only by this transaction's UPDATE, which names `ids`"),
-    "pipelines/branches.py#88": (
+    "pipelines/branches.py#86": (
         "`where` without `_b.c.claim_token.is_(None)`",
         "candidates without `claim_token IS NULL`: a branch 'in_progress' carries no token (as #64), so "
         "`status = 'in_progress'` implies it"),
@@ -516,7 +512,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         'per step (the executemany) instead of one per distinct output: both set each step\'s own '
         'output_payload and updated_at = tx.now in the same transaction, and neither reads a row count '
         '(a cost, the number of statements, not an outcome)'),
-    "pipelines/outcomes.py#35": (
+    "pipelines/outcomes.py#33": (
         "`where` without `status == 'in_progress'`",
         "_to_advancing without the status: the success's release later in the same transaction is the "
         "guard (claims._end: `completed_at IS NULL` and the owner's). A step leaves in_progress only in a "
@@ -524,7 +520,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "failure, invalid or crash with no budget: _mark_failed), so a step not in progress has no execution "
         "open for this owner: the release ends fewer than the group holds, _Taken rolls the transaction "
         "back, the wider UPDATE with it, as the rowcount check would have"),
-    "pipelines/outcomes.py#43": (
+    "pipelines/outcomes.py#39": (
         "`where` without `schema.steps.c.status == 'in_progress'`",
         "_mark_failed runs only after release() ended this step's execution, held by this owner, in the "
         "same transaction (record_failure, record_invalid, crash_in), and a step with an open execution is "

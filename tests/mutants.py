@@ -301,8 +301,8 @@ MUTANTS: dict[str, Mutant] = {
           "sa.true())  # mutant: anyone may move it"),
          ("moved = tx.execute(_move_held(status in _ENDED).where(_b.c.claim_token.in_(tokens)), params)",
           "moved = tx.execute(_move_held(status in _ENDED), params)  # mutant: anyone may move them"),
-         ("return _move_held(ends).where(_b.c.claim_token.is_(None))",
-          "return _move_held(ends)  # mutant: held or not")),
+         ("_move_held(ends).where(_b.c.claim_token.is_(None)) for ends in (False, True)}",
+          "_move_held(ends) for ends in (False, True)}  # mutant: held or not")),
     ),
     "fanin_outside_fence": Mutant(
         "the fan-in counter is bumped in its own transaction before the fence [INV-ADV-3]",
@@ -356,7 +356,8 @@ MUTANTS: dict[str, Mutant] = {
         "a hook attempt's record is not fenced by its claim token: a reaped claimer records over the "
         "live attempt [INV-HLT-1]",
         "a hook's record matches only its current claim token [INV-HLT-1]",
-        (("_h.c.claim_token == token)  # [INV-HLT-1] the claim's fence", "sa.true())  # mutant: any claim"),),
+        (("_h.c.claim_token == hook.claim_token)  # [INV-HLT-1] the claim's fence",
+          "sa.true())  # mutant: any claim"),),
     ),
     "hook_claims_running": Mutant(
         "a claim takes a hook that is running (or final) again: two attempts at once [INV-HLT-1]",
@@ -584,8 +585,8 @@ MUTANTS: dict[str, Mutant] = {
         "a key window measures the key's run from its trigger time, not its finish time, in the "
         "decision and in the UPDATE's fence [INV-TRG-1]",
         "a key window measures its holder from its finish time [INV-TRG-1]",
-        (("sa.select(_r.c.id, _r.c.status, _r.c.completed_at, _r.c.halted_at)",
-          "sa.select(_r.c.id, _r.c.status, _r.c.triggered_at.label('completed_at'), "
+        (("sa.select(_r.c.id.label(\"run_id\"), _r.c.status, _r.c.completed_at, _r.c.halted_at)",
+          "sa.select(_r.c.id.label('run_id'), _r.c.status, _r.c.triggered_at.label('completed_at'), "
           "_r.c.triggered_at.label('halted_at'))"),
          ("_r.c.completed_at <= cutoff),", "_r.c.triggered_at <= cutoff),  # mutant: the trigger time"),
          ("_r.c.halted_at <= cutoff))", "_r.c.triggered_at <= cutoff))  # mutant: the trigger time")),
@@ -628,8 +629,8 @@ MUTANTS: dict[str, Mutant] = {
           'whose(_h.c.process_id), old(_h.c.claimed_at))'),
          ('.where(_h.c.status == "running", _h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))',
           '.where(_h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))  # mutant: any status'),
-         ('result = tx.execute(_h.update().where(_h.c.id == hook_id, _h.c.status == "running",',
-          'result = tx.execute(_h.update().where(_h.c.id == hook_id,  # mutant: any status')),
+         ('result = tx.execute(_h.update().where(_h.c.id == hook.hook_id, _h.c.status == "running",',
+          'result = tx.execute(_h.update().where(_h.c.id == hook.hook_id,  # mutant: any status')),
     ),
     # --- process trees outside a supervisor (issue 37)
     "keeper_kills_nothing": Mutant(

@@ -195,8 +195,7 @@ class Advancer:
         with self.app.begin(readonly=True) as tx:
             rows = tx.execute(sa.select(s.c.id, s.c.output_payload)
                               .where(s.c.id.in_(dialects.inline_ids([c.step.id for c in claims])))).all()
-        found = {row.id: value_json_of(row.output_payload) for row in rows}
-        return {step_id: value for step_id, value in found.items() if value is not None}
+        return {row.id: value for row in rows if (value := value_json_of(row.output_payload)) is not None}
 
     def _simple_move(self, c: BranchClaim, value_json: str | None) -> Move | None:
         """The move of a claimed branch when it is a simple transition, in the decision
@@ -234,12 +233,8 @@ class Advancer:
             results[c.branch_id] = "advanced"
             if m.halt_reason is not None:
                 self._log_halt(c, m.halt_reason, ended[m.run_id], m.error)
-        return self._stale(moves, results)
-
-    @staticmethod
-    def _stale(moves: list[tuple[BranchClaim, Move]], results: dict[str, str]) -> dict[str, str]:
         for c, _ in moves:
-            if results.get(c.branch_id) == "stale":
+            if results[c.branch_id] == "stale":
                 log.warning("branch %s: claim %s is stale; nothing committed", c.branch_id, c.token)
                 c.closed = True  # someone else holds it now: nothing of ours to clean up
         return results
@@ -252,7 +247,7 @@ class Advancer:
                 # healthy branch's budgets are not burnt.
                 with self._fence(c) as tx:
                     self._close(tx, c)
-                    self._release(tx, c)
+                    self._set_branch(tx, c, "in_progress")
                 log.warning("branch %s claimed with no advanceable step; released", c.branch_id)
                 return "stale"
             move = self._simple_move(c, self._outputs([c]).get(c.step.id))
@@ -333,9 +328,6 @@ class Advancer:
         if moved.rowcount != 1:  # pragma: no cover  [INV-ADV-2] the fence holds the row's lock, token checked
             raise AssertionError(f"branch {c.branch_id} lost inside its fence [INV-ADV-2]")
 
-    def _release(self, tx: Tx, c: BranchClaim) -> None:
-        self._set_branch(tx, c, "in_progress")
-
     def _abandon(self, c: BranchClaim, klass: str = THREAD_CRASH) -> None:
         """Close an advancement that an exception left open and release the branch."""
         try:
@@ -389,16 +381,15 @@ class Advancer:
                     .where(_a.c.step_id == c.step.id, _a.c.error_klass.is_not(None),
                            _a.c.error_klass.not_in(CRASH_CLASSES))
                 ).scalar_one()
+                self._close(tx, c, info)
                 if advancer_retries_exhausted(failures, max_retry):
                     if c.step.status == "advancing":
                         step_complete(tx, c.step.id)
-                    self._close(tx, c, info)
                     self._set_branch(tx, c, "halted", halt_reason="advancer_retries_exhausted",
                                      completed_at=tx.now)
                     run_status = resolve_run(tx, c.run_id)
                 else:
-                    self._close(tx, c, info)
-                    self._release(tx, c)
+                    self._set_branch(tx, c, "in_progress")
         except StaleClaim:
             c.closed = True
             self._log_error(c, info, "not recorded: its claim was lost", "none")

@@ -130,8 +130,6 @@ def claim_branches(app: Database, branch_ids: Sequence[str], process_id: str) ->
     them.
     """
     ids = sorted(set(branch_ids))
-    if not ids:
-        return []  # pragma: no cover  both callers pass ids: claim_branch one, run_once a non-empty sample
     token = new_token()
     s = schema.steps
     try:
@@ -181,32 +179,22 @@ def _claims_of(tx: Tx, won: list[str], token: str) -> list[BranchClaim]:
     """The claims of the branches ``won`` under ``token``: each one's latest step, its
     crash count carried from the step's latest advancement, and its run's definition."""
     s, r = schema.steps, schema.runs
-    latest: dict[str, StepRow] = {}
-    for row in tx.execute(
-            sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status)
-            .where(s.c.branch_id.in_(dialects.inline_ids(won)))
-            .order_by(s.c.branch_id, s.c.started_at, s.c.id)):  # ix_step_branch_started
-        # latest_step's order: each branch's last row is its latest step
-        latest[row.branch_id] = StepRow(row.id, row.run_id, row.branch_id, row.node, row.klass, row.status)
-    step_ids = [latest[b].id for b in won]
-    previous: dict[str, tuple[int, str | None]] = {}
-    for row in tx.execute(
-            sa.select(_a.c.step_id, _a.c.crash_count, _a.c.error_klass)
-            .where(_a.c.step_id.in_(dialects.inline_ids(step_ids)))
-            .order_by(_a.c.step_id, _a.c.started_at, _a.c.id)):
-        # each step's last row is its latest advancement (as for the steps above)
-        previous[row.step_id] = (row.crash_count, row.error_klass)
+    # latest_step's order: each branch's last row is its latest step (the last one a dict keeps)
+    latest = {row.branch_id: schema.from_row(StepRow, row) for row in tx.execute(
+        sa.select(s.c.id, s.c.run_id, s.c.branch_id, s.c.node, s.c.klass, s.c.status)
+        .where(s.c.branch_id.in_(dialects.inline_ids(won)))
+        .order_by(s.c.branch_id, s.c.started_at, s.c.id))}  # ix_step_branch_started
+    # each step's last row is its latest advancement (as for the steps above): its crash
+    # count, one more when that advancement crashed
+    crashes = {row.step_id: row.crash_count + (1 if row.error_klass in CRASH_CLASSES else 0) for row in tx.execute(
+        sa.select(_a.c.step_id, _a.c.crash_count, _a.c.error_klass)
+        .where(_a.c.step_id.in_(dialects.inline_ids([latest[b].id for b in won])))
+        .order_by(_a.c.step_id, _a.c.started_at, _a.c.id))}
     run_ids = sorted({latest[b].run_id for b in won})
     sha1s: dict[str, str] = {row.id: row.definition_sha1 for row in tx.execute(
         sa.select(r.c.id, r.c.definition_sha1).where(r.c.id.in_(dialects.inline_ids(run_ids))))}
-    claims = []
-    for branch_id in won:
-        step = latest[branch_id]
-        last = previous.get(step.id)
-        crash_count = 0 if last is None else last[0] + (1 if last[1] in CRASH_CLASSES else 0)
-        claims.append(BranchClaim(branch_id, step.run_id, token, new_id(), crash_count, step,
-                                  sha1s[step.run_id]))
-    return claims
+    return [BranchClaim(b, latest[b].run_id, token, new_id(), crashes.get(latest[b].id, 0), latest[b],
+                        sha1s[latest[b].run_id]) for b in won]
 
 
 @dataclass(frozen=True)
@@ -329,14 +317,8 @@ def _move_held(ends: bool) -> sa.Update:
     return _b.update().where(_b.c.id.in_(dialects.ids_param())).values(**values)
 
 
-def _move_free_statement(ends: bool) -> Any:
-    """A builder (``dialects.prepared``) of :func:`_move_held` for free branches."""
-    def build(_: Any) -> sa.Update:
-        return _move_held(ends).where(_b.c.claim_token.is_(None))
-    return build
-
-
-_MOVE_FREE = {ends: _move_free_statement(ends) for ends in (False, True)}
+#: builders (``dialects.prepared``) of :func:`_move_held` for free branches, by ``ends``
+_MOVE_FREE = {ends: lambda _, ends=ends: _move_held(ends).where(_b.c.claim_token.is_(None)) for ends in (False, True)}
 
 
 def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:

@@ -63,12 +63,6 @@ _CLOSES = {"combine": "divide", "collapse": "expand", "converge": "divert"}
 _ERRORS: dict[str, type[DefinitionError]] = {
     "combine": CombineError, "collapse": CollapseError, "converge": ConvergeError,
 }
-_GERUND = {
-    "chain": "chaining", "expand": "expanding", "collapse": "collapsing", "divide": "dividing",
-    "combine": "combining", "divert": "diverting", "converge": "converging",
-    "dampen": "dampening", "unpack": "unpacking",
-}
-_PAST = {"divide": "divided", "expand": "expanded", "divert": "diverted"}
 
 
 @dataclass(frozen=True)
@@ -97,8 +91,10 @@ class _Graph:
     def error(self, transition: str, reason: str, kind: type[DefinitionError] = DefinitionError) -> DefinitionError:
         return kind(self.name, transition, reason)
 
-    def options(self, transition: str, delay: object, timeout: object, limit_by: object) -> dict[str, Any]:
-        """Validate ``delay=``/``timeout=``/``limit_by=`` into NodeSpec fields."""
+    def add_nodes(self, transition: str, classes: list[Any], delay: object, timeout: object,
+                  limit_by: object) -> list[str]:
+        """Validate ``delay=``/``timeout=``/``limit_by=`` into NodeSpec fields, check every
+        class, then add one node per class with them (all or none)."""
         parsed: dict[str, Any] = {"delay_us": None, "timeout_us": None, "limit_by": None}
         for key, value in (("delay", delay), ("timeout", timeout)):
             if value is not None:
@@ -110,17 +106,13 @@ class _Graph:
             if not isinstance(limit_by, str) or not limit_by.strip():
                 raise self.error(transition, f"limit_by must be a non-blank str, got {limit_by!r}")
             parsed["limit_by"] = limit_by
-        return parsed
-
-    def add_nodes(self, transition: str, classes: list[Any], options: dict[str, Any]) -> list[str]:
-        """Check every class, then add one node per class (all or none)."""
         for klass in classes:
             if not _is_step_class(klass):
                 what = ("Arguments must be valid step classes (Step subclasses" if len(classes) > 1
                         else "Argument must be a valid step class (a Step subclass")
                 raise self.error(transition, f"{what} defining execute(self)), got {klass!r}")
             check_execute(klass)  # (again: execute may have been replaced after the class statement)
-            if options["timeout_us"] is not None and in_main_module(step_ref(klass)):
+            if parsed["timeout_us"] is not None and in_main_module(step_ref(klass)):
                 raise self.error(transition, f"{klass.__qualname__} is defined in __main__ and has "
                                              "timeout=, so it runs in a child process, which cannot "
                                              "import __main__: move it into an importable module",
@@ -128,7 +120,7 @@ class _Graph:
         names = []
         for klass in classes:
             name = f"{klass.__name__}#{len(self.nodes)}"
-            self.nodes[name] = NodeSpec(register_class(klass), **options)
+            self.nodes[name] = NodeSpec(register_class(klass), **parsed)
             names.append(name)
         return names
 
@@ -216,7 +208,7 @@ class PipelineBuilder:
         self._check_usable("start")
         if graph.start is not None:
             raise graph.error("start", "Can only start pipeline definition once", StartError)
-        [node] = graph.add_nodes("start", [klass], graph.options("start", delay, timeout, limit_by))
+        [node] = graph.add_nodes("start", [klass], delay, timeout, limit_by)
         graph.start = node
         self._tips = [node]
         return self
@@ -324,7 +316,7 @@ class PipelineBuilder:
         self._check_usable(action)
         if self._graph.start is None:
             raise self._graph.error(action, f"Must start pipeline definition before "
-                                            f"{_GERUND[action]}", StartError)
+                                            f"{action.removesuffix('e')}ing", StartError)
         self._settle(action)
         self._fork = None
 
@@ -335,24 +327,20 @@ class PipelineBuilder:
         tips: list[str] = []
         for child in self._children:
             child._settle(action)
-            child._check_closed(action, self._stack[-1])
+            if child._stack:  # a branch joining its fork must not leave a fan-out open (its fan-in would never fire)
+                raise self._graph.error(
+                    action, f"branch {child._index} of the {self._stack[-1]} has an open {child._stack[-1]}; "
+                            f"close it on that branch first", _ERRORS.get(action, DefinitionError))
             tips.extend(child._tips)
             child._closed = True
         self._tips = list(dict.fromkeys(tips))
         self._children = None
 
-    def _check_closed(self, action: str, fork: _Frame) -> None:
-        """A branch joining its fork must not leave a fan-out open (its fan-in would never fire)."""
-        if self._stack:
-            raise self._graph.error(
-                action, f"branch {self._index} of the {fork} has an open {self._stack[-1]}; "
-                        f"close it on that branch first", _ERRORS.get(action, DefinitionError))
-
     def _extend(self, kind: str, klass: Any, delay: object, timeout: object,
                 limit_by: object) -> PipelineBuilder:
         self._begin(kind)
         graph = self._graph
-        [node] = graph.add_nodes(kind, [klass], graph.options(kind, delay, timeout, limit_by))
+        [node] = graph.add_nodes(kind, [klass], delay, timeout, limit_by)
         graph.connect(self._tips, kind, [node])
         if kind == "expand":
             self._stack.append(_Frame(kind, tuple(self._tips)))
@@ -362,7 +350,7 @@ class PipelineBuilder:
     def _fan_out(self, kind: str, classes: list[Any], keys: list[str] | None,
                  delay: object, timeout: object, limit_by: object) -> PipelineBuilder:
         graph = self._graph
-        nodes = graph.add_nodes(kind, classes, graph.options(kind, delay, timeout, limit_by))
+        nodes = graph.add_nodes(kind, classes, delay, timeout, limit_by)
         graph.connect(self._tips, kind, nodes if keys is None else dict(zip(keys, nodes, strict=True)))
         self._stack.append(_Frame(kind, tuple(self._tips)))
         self._tips = nodes
@@ -378,14 +366,14 @@ class PipelineBuilder:
             self._begin(kind)
             if not self._stack:
                 raise graph.error(kind, f"Must {closes} pipeline definition before "
-                                        f"{_GERUND[kind]}", error)
+                                        f"{kind.removesuffix('e')}ing", error)
             owner = self
         frame = owner._stack[-1]
         if frame.kind != closes:
-            raise graph.error(kind, f"Ambiguous {kind} on most recently {_PAST[frame.kind]} "
+            raise graph.error(kind, f"Ambiguous {kind} on most recently {frame.kind.removesuffix('e')}ed "
                                     f"definition", error)
         owner._settle(kind)
-        [node] = graph.add_nodes(kind, [klass], graph.options(kind, delay, timeout, limit_by))
+        [node] = graph.add_nodes(kind, [klass], delay, timeout, limit_by)
         graph.connect(owner._tips, kind, [node], None if kind == "converge" else frame.sources)
         owner._stack.pop()
         owner._tips = [node]

@@ -5,7 +5,7 @@
     >>> history = run.history(backtraces=True)     # a RunHistory
     >>> [(s.node, s.status, s.wait) for s in history.steps]
 
-Every record is a frozen dataclass read by column name (``schema.from_row``); the
+Every record is a frozen dataclass read by column name (:func:`_record`); the
 CLI renders these and nothing else, so the command line and Python see one truth.
 
 Guarantees: each call is one read-only transaction (a consistent snapshot as of
@@ -24,9 +24,9 @@ queued behind a free key is claimed by the next worker poll).
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import sqlalchemy as sa
 
@@ -36,7 +36,9 @@ from ductwork.errors import DurationError, RunFilterError, UnknownRunError
 from ductwork.values import Json
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
+
+    from _typeshed import DataclassInstance
 
     from ductwork.db.database import Database, Tx
     from ductwork.limit_entries import LimitEntry
@@ -49,6 +51,8 @@ MAX_LIMIT = 10_000
 #: version of the ``--json`` documents (docs/operating.md describes them); bumped on a
 #: change that removes or renames a field (a new field does not bump it)
 JSON_FORMAT = 1
+#: a record type (:func:`_record`)
+R = TypeVar("R", bound="DataclassInstance")
 
 #: what a step or branch waits for (``Wait.kind``):
 #: ``delay``: its execution is not eligible before ``until`` (``delay=``, retry or crash back-off);
@@ -230,104 +234,45 @@ class RunHistory:
 # --------------------------------------------------------------------------- rows
 
 
-@dataclass(frozen=True)
-class _RunRow:
-    id: str
-    pipeline_klass: str
-    status: str
-    triggered_at: datetime
-    completed_at: datetime | None
-    halted_at: datetime | None
-    revived_from: str | None
+#: a run's columns, labelled as :class:`RunRecord`'s fields
+_RUN_COLUMNS = (schema.runs.c.id, schema.runs.c.pipeline_klass.label("pipeline"), schema.runs.c.status,
+                schema.runs.c.triggered_at, schema.runs.c.completed_at, schema.runs.c.halted_at,
+                schema.runs.c.revived_from)
 
 
-@dataclass(frozen=True)
-class _StepRow:
-    id: str
-    branch_id: str
-    node: str
-    klass: str
-    status: str
-    to_transition: str
-    limit_key: str | None
-    created_at: datetime
-    completed_at: datetime | None
-    idempotency_key: str
+def _record(cls: type[R], row: sa.Row[Any], **values: Any) -> R:
+    """A record of ``cls`` from a query row, each field read by its column's name (never
+    by position; a column the query does not select raises KeyError) unless ``values``
+    gives it; a record with an ``error`` gets one from the ``error_klass``,
+    ``error_message`` and ``error_backtrace`` columns (None without a class)."""
+    columns, names = row._mapping, [field.name for field in fields(cls)]
+    if "error" in names:
+        values["error"] = None if columns["error_klass"] is None else ErrorRecord(
+            klass=columns["error_klass"], message=columns["error_message"] or "", backtrace=columns["error_backtrace"])
+    return cls(**{name: columns[name] for name in names if name not in values}, **values)
 
 
-@dataclass(frozen=True)
-class _ExecutionRow:
-    id: str
-    step_id: str
-    limit_key: str | None
-    eligible_at: datetime
-    claimed_at: datetime | None
-    completed_at: datetime | None
-    outcome: str | None
-    error_klass: str | None
-    error_message: str | None
-    error_backtrace: str | None
-    retry_count: int
-    crash_count: int
+def _grouped(rows: Iterable[sa.Row[Any]], key: str) -> dict[str, list[sa.Row[Any]]]:
+    """``rows`` by their column ``key``, each list in the rows' order."""
+    grouped: dict[str, list[sa.Row[Any]]] = {}
+    for row in rows:
+        grouped.setdefault(row._mapping[key], []).append(row)
+    return grouped
 
 
-@dataclass(frozen=True)
-class _BranchRow:
-    id: str
-    status: str
-    halt_reason: str | None
-    parent_id: str | None
-    barrier_index: int | None
-    started_at: datetime
-    completed_at: datetime | None
-
-
-@dataclass(frozen=True)
-class _AdvancementRow:
-    branch_id: str
-    step_id: str
-    started_at: datetime
-    completed_at: datetime | None
-    error_klass: str
-    error_message: str | None
-    error_backtrace: str | None
-    crash_count: int
-
-
-_RUN_COLUMNS = (schema.runs.c.id, schema.runs.c.pipeline_klass, schema.runs.c.status, schema.runs.c.triggered_at,
-                schema.runs.c.completed_at, schema.runs.c.halted_at, schema.runs.c.revived_from)
-
-
-def _error(klass: str | None, message: str | None, backtrace: str | None, backtraces: bool) -> ErrorRecord | None:
-    if klass is None:
-        return None
-    return ErrorRecord(klass=klass, message=message or "", backtrace=backtrace if backtraces else None)
-
-
-def _halt_reasons(tx: Any, run_ids: list[str]) -> dict[str, tuple[str, ...]]:
+def _halt_reasons(tx: Tx, run_ids: list[str]) -> dict[str, tuple[str, ...]]:
+    """Why each halted branch of each of ``run_ids`` halted, sorted (every halt writes its reason)."""
     b = schema.branches
-    reasons: dict[str, list[str]] = {run_id: [] for run_id in run_ids}
-    if run_ids:
-        for row in tx.execute(sa.select(b.c.run_id, b.c.halt_reason)
-                              .where(b.c.run_id.in_(run_ids), b.c.status == "halted")):
-            if row.halt_reason is not None:  # pragma: no branch  every halt writes its reason (_set_branch, Move)
-                reasons[row.run_id].append(row.halt_reason)
-    return {run_id: tuple(sorted(found)) for run_id, found in reasons.items()}
+    halted = _grouped(tx.execute(sa.select(b.c.run_id, b.c.halt_reason).where(
+        b.c.run_id.in_(run_ids), b.c.status == "halted", b.c.halt_reason.is_not(None))), "run_id") if run_ids else {}
+    return {run_id: tuple(sorted(row.halt_reason for row in halted.get(run_id, []))) for run_id in run_ids}
 
 
-def _revivals(tx: Any, run_ids: list[str]) -> dict[str, str]:
+def _revivals(tx: Tx, run_ids: list[str]) -> dict[str, str]:
     """The run revived from each of ``run_ids`` that has one (by ``uq_run_revived_from``)."""
     r = schema.runs
-    if not run_ids:
-        return {}
     return {row.revived_from: row.id for row in tx.execute(sa.select(r.c.id, r.c.revived_from)
                                                            .where(r.c.revived_from.in_(run_ids)))}
-
-
-def _record(row: _RunRow, reasons: tuple[str, ...], revived_as: str | None = None) -> RunRecord:
-    return RunRecord(id=row.id, pipeline=row.pipeline_klass, status=row.status, triggered_at=row.triggered_at,
-                     completed_at=row.completed_at, halted_at=row.halted_at, revived_from=row.revived_from,
-                     halt_reasons=reasons, revived_as=revived_as)
 
 
 # --------------------------------------------------------------------------- filters
@@ -387,11 +332,11 @@ def list_runs(app: Database, *, status: str | None = None, pipeline: str | None 
                                                      else parse_since(since, tx.now)))
         if before:  # after the previous page's last run, in (triggered_at, id) order
             query = query.where(sa.tuple_(r.c.triggered_at, r.c.id) < tuple(before))
-        rows = [schema.from_row(_RunRow, row) for row in
-                tx.execute(query.order_by(r.c.triggered_at.desc(), r.c.id.desc()).limit(limit))]
+        rows = tx.execute(query.order_by(r.c.triggered_at.desc(), r.c.id.desc()).limit(limit)).all()
         halted = [row.id for row in rows if row.status == "halted"]
         reasons, revivals = _halt_reasons(tx, halted), _revivals(tx, halted)
-    return [_record(row, reasons.get(row.id, ()), revivals.get(row.id)) for row in rows]
+    return [_record(RunRecord, row, halt_reasons=reasons.get(row.id, ()), revived_as=revivals.get(row.id))
+            for row in rows]
 
 
 # --------------------------------------------------------------------------- one run
@@ -400,86 +345,57 @@ def list_runs(app: Database, *, status: str | None = None, pipeline: str | None 
 def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunHistory:
     """The run's branches, steps, executions, errors, timings, limit keys and waits, in one
     read-only transaction. ``backtraces``: include each error's traceback (else None)."""
+    s, e, a, b, h = schema.steps, schema.executions, schema.advancements, schema.branches, schema.halt_hooks
     with app.begin(readonly=True) as tx:
-        found = tx.execute(sa.select(*_RUN_COLUMNS).where(schema.runs.c.id == run_id)).first()
-        if found is None:
+        run = tx.execute(sa.select(*_RUN_COLUMNS).where(schema.runs.c.id == run_id)).first()
+        if run is None:
             raise UnknownRunError(run_id)
-        run_row = schema.from_row(_RunRow, found)
-        branch_rows, step_rows = _branch_rows(tx, run_id), _step_rows(tx, run_id)
-        executions, advancements = _executions(tx, run_id, backtraces), _advancements(tx, run_id, backtraces)
+        branch_rows = tx.execute(
+            sa.select(b.c.id, b.c.status, b.c.halt_reason, b.c.parent_id, b.c.barrier_index, b.c.started_at,
+                      b.c.completed_at).where(b.c.run_id == run_id).order_by(b.c.started_at, b.c.id)).all()
+        step_rows = tx.execute(
+            sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition, s.c.limit_key,
+                      s.c.created_at, s.c.completed_at, schema.step_idempotency_key(s).label("idempotency_key"))
+            .where(s.c.run_id == run_id).order_by(s.c.started_at, s.c.id)).all()
+        # the run's executions by step id, oldest first
+        executions = _grouped(tx.execute(
+            sa.select(e.c.id, e.c.step_id, e.c.limit_key, e.c.eligible_at, e.c.claimed_at, e.c.completed_at,
+                      e.c.outcome, e.c.retry_count, e.c.crash_count, *_error_columns(e, backtraces))
+            .join(s, s.c.id == e.c.step_id).where(s.c.run_id == run_id).order_by(e.c.created_at, e.c.id)), "step_id")
+        # the run's failed advancements by branch id, oldest first
+        advancements = _grouped(tx.execute(
+            sa.select(a.c.branch_id, a.c.step_id, a.c.started_at, a.c.completed_at, a.c.crash_count,
+                      *_error_columns(a, backtraces))
+            .join(b, b.c.id == a.c.branch_id)
+            .where(b.c.run_id == run_id, a.c.error_klass.is_not(None)).order_by(a.c.started_at)), "branch_id")
         waits = _Waits.read(tx, app.config.limits, executions)
         context_keys = tuple(sorted(tx.execute(sa.select(schema.context.c.key)
                                                .where(schema.context.c.run_id == run_id)).scalars()))
-        hook = _hook(tx, run_id, backtraces)
-        revived_as = _revivals(tx, [run_id] if run_row.status == "halted" else []).get(run_id)
-    reasons = tuple(sorted(row.halt_reason for row in branch_rows if row.halt_reason is not None
-                           and row.status == "halted"))
-    steps = tuple(_step_record(row, executions.get(row.id, []), waits, run_row.revived_from, backtraces)
-                  for row in step_rows)
-    branches = tuple(_branch_record(row, advancements.get(row.id, []), backtraces) for row in branch_rows)
-    return RunHistory(now=waits.now, run=_record(run_row, reasons, revived_as), branches=branches, steps=steps,
-                      context_keys=context_keys, hook=hook)
+        hook = tx.execute(sa.select(
+            h.c.id, h.c.klass, h.c.status, h.c.retry_count, h.c.crash_count, h.c.last_outcome, h.c.eligible_at,
+            h.c.completed_at, *_error_columns(h, backtraces)).where(h.c.run_id == run_id)).first()
+        revived_as = _revivals(tx, [run_id]).get(run_id)  # (only a halted run is revived)
+        reasons = _halt_reasons(tx, [run_id])[run_id]
+    # In a revived run a step without executions of its own was carried over from the halted
+    # run (INV-REV-2: a revive copies steps without their executions, and every step created
+    # in a run is created with its first one).
+    steps = tuple(_record(StepRecord, row, executions=tuple(_record(ExecutionRecord, x) for x in mine),
+                          wait=waits.of(row.status, mine), carried_from=None if mine else run.revived_from)
+                  for row in step_rows for mine in [executions.get(row.id, [])])
+    branches = tuple(
+        _record(BranchRecord, row, advancement_errors=tuple(_record(AdvancementRecord, x)
+                                                            for x in advancements.get(row.id, [])),
+                wait=Wait(kind="resume") if row.status == "dampened" else None)
+        for row in branch_rows)
+    return RunHistory(now=waits.now, run=_record(RunRecord, run, halt_reasons=reasons, revived_as=revived_as),
+                      branches=branches, steps=steps, context_keys=context_keys,
+                      hook=None if hook is None else _record(HookRecord, hook))
 
 
-def _branch_rows(tx: Tx, run_id: str) -> list[_BranchRow]:
-    b = schema.branches
-    return [schema.from_row(_BranchRow, row) for row in tx.execute(
-        sa.select(b.c.id, b.c.status, b.c.halt_reason, b.c.parent_id, b.c.barrier_index, b.c.started_at,
-                  b.c.completed_at).where(b.c.run_id == run_id).order_by(b.c.started_at, b.c.id))]
-
-
-def _step_rows(tx: Tx, run_id: str) -> list[_StepRow]:
-    s = schema.steps
-    return [schema.from_row(_StepRow, row) for row in tx.execute(
-        sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition, s.c.limit_key,
-                  s.c.created_at, s.c.completed_at, schema.step_idempotency_key(s).label("idempotency_key"))
-        .where(s.c.run_id == run_id).order_by(s.c.started_at, s.c.id))]
-
-
-def _executions(tx: Tx, run_id: str, backtraces: bool) -> dict[str, list[_ExecutionRow]]:
-    """The run's executions by step id, oldest first."""
-    s, e = schema.steps, schema.executions
-    executions: dict[str, list[_ExecutionRow]] = {}
-    for row in tx.execute(
-            sa.select(e.c.id, e.c.step_id, e.c.limit_key, e.c.eligible_at, e.c.claimed_at, e.c.completed_at,
-                      e.c.outcome, e.c.error_klass, e.c.error_message,
-                      (e.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
-                      e.c.retry_count, e.c.crash_count)
-            .join(s, s.c.id == e.c.step_id).where(s.c.run_id == run_id)
-            .order_by(e.c.created_at, e.c.id)):
-        execution = schema.from_row(_ExecutionRow, row)
-        executions.setdefault(execution.step_id, []).append(execution)
-    return executions
-
-
-def _advancements(tx: Tx, run_id: str, backtraces: bool) -> dict[str, list[_AdvancementRow]]:
-    """The run's failed advancements by branch id, oldest first."""
-    a, b = schema.advancements, schema.branches
-    advancements: dict[str, list[_AdvancementRow]] = {}
-    for row in tx.execute(
-            sa.select(a.c.branch_id, a.c.step_id, a.c.started_at, a.c.completed_at, a.c.error_klass,
-                      a.c.error_message,
-                      (a.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
-                      a.c.crash_count)
-            .join(b, b.c.id == a.c.branch_id)
-            .where(b.c.run_id == run_id, a.c.error_klass.is_not(None)).order_by(a.c.started_at)):
-        advancement = schema.from_row(_AdvancementRow, row)
-        advancements.setdefault(advancement.branch_id, []).append(advancement)
-    return advancements
-
-
-def _hook(tx: Tx, run_id: str, backtraces: bool) -> HookRecord | None:
-    h = schema.halt_hooks
-    row = tx.execute(sa.select(
-        h.c.id, h.c.klass, h.c.status, h.c.retry_count, h.c.crash_count, h.c.last_outcome, h.c.error_klass,
-        h.c.error_message, (h.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"),
-        h.c.eligible_at, h.c.completed_at).where(h.c.run_id == run_id)).first()
-    if row is None:
-        return None
-    return HookRecord(id=row.id, klass=row.klass, status=row.status, retry_count=row.retry_count,
-                      crash_count=row.crash_count, last_outcome=row.last_outcome,
-                      error=_error(row.error_klass, row.error_message, row.error_backtrace, backtraces),
-                      eligible_at=row.eligible_at, completed_at=row.completed_at)
+def _error_columns(table: sa.Table, backtraces: bool) -> tuple[sa.ColumnElement[Any], ...]:
+    """A table's error columns, its backtrace only with ``backtraces`` (else NULL)."""
+    return (table.c.error_klass, table.c.error_message,
+            (table.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"))
 
 
 @dataclass(frozen=True)
@@ -494,7 +410,7 @@ class _Waits:
     blocked: dict[str, datetime | None]
 
     @classmethod
-    def read(cls, tx: Tx, limits: Mapping[str, LimitEntry], executions: dict[str, list[_ExecutionRow]]) -> _Waits:
+    def read(cls, tx: Tx, limits: Mapping[str, LimitEntry], executions: dict[str, list[sa.Row[Any]]]) -> _Waits:
         e, k = schema.executions, schema.limit_keys
         keys = sorted({x.limit_key for xs in executions.values() for x in xs
                        if x.limit_key is not None and x.completed_at is None})
@@ -507,11 +423,11 @@ class _Waits:
             sa.select(k.c.key, k.c.blocked_until).where(k.c.key.in_(keys)))}
         return cls(tx.now, limits, in_flight, blocked)
 
-    def of(self, step: _StepRow, mine: list[_ExecutionRow]) -> Wait | None:
-        """What holds ``step`` (with its executions ``mine``) back; None when nothing does."""
-        if step.status == "advancing":
+    def of(self, status: str, mine: list[sa.Row[Any]]) -> Wait | None:
+        """What holds a step of ``status`` (with its executions ``mine``) back; None when nothing does."""
+        if status == "advancing":
             return Wait(kind="advance")
-        if step.status != "in_progress" or not mine or mine[-1].completed_at is not None:
+        if status != "in_progress" or not mine or mine[-1].completed_at is not None:
             return None
         last = mine[-1]
         if last.claimed_at is not None:
@@ -528,37 +444,6 @@ class _Waits:
                 return Wait(kind="concurrency", key=last.limit_key, in_flight=running,
                             concurrency=entry.concurrency)
         return Wait(kind="queued", key=last.limit_key)
-
-
-def _step_record(row: _StepRow, mine: list[_ExecutionRow], waits: _Waits, revived_from: str | None,
-                 backtraces: bool) -> StepRecord:
-    """``row`` with its executions ``mine``. In a revived run a step without executions of
-    its own was carried over from the halted run (INV-REV-2: a revive copies steps without
-    their executions, and every step created in a run is created with its first one)."""
-    return StepRecord(
-        id=row.id, branch_id=row.branch_id, node=row.node, klass=row.klass, status=row.status,
-        to_transition=row.to_transition, limit_key=row.limit_key, created_at=row.created_at,
-        completed_at=row.completed_at, idempotency_key=row.idempotency_key,
-        executions=tuple(
-            ExecutionRecord(id=x.id, limit_key=x.limit_key, eligible_at=x.eligible_at, claimed_at=x.claimed_at,
-                            completed_at=x.completed_at, outcome=x.outcome,
-                            error=_error(x.error_klass, x.error_message, x.error_backtrace, backtraces),
-                            retry_count=x.retry_count, crash_count=x.crash_count)
-            for x in mine),
-        wait=waits.of(row, mine), carried_from=None if mine else revived_from)
-
-
-def _branch_record(row: _BranchRow, advancements: list[_AdvancementRow], backtraces: bool) -> BranchRecord:
-    return BranchRecord(
-        id=row.id, status=row.status, halt_reason=row.halt_reason, parent_id=row.parent_id,
-        barrier_index=row.barrier_index, started_at=row.started_at, completed_at=row.completed_at,
-        advancement_errors=tuple(
-            AdvancementRecord(step_id=x.step_id, started_at=x.started_at, completed_at=x.completed_at,
-                              error=ErrorRecord(klass=x.error_klass, message=x.error_message or "",
-                                                backtrace=x.error_backtrace if backtraces else None),
-                              crash_count=x.crash_count)
-            for x in advancements),
-        wait=Wait(kind="resume") if row.status == "dampened" else None)
 
 
 # --------------------------------------------------------------------------- JSON

@@ -28,13 +28,11 @@ def _took(start: datetime | None, end: datetime | None) -> str:
 def describe_wait(wait: Wait, now: datetime) -> str:
     """One line for a wait, relative to ``now``."""
     key = f" key {wait.key!r}" if wait.key else ""
+    until = "" if wait.until is None else f"{_at(wait.until)} ({(wait.until - now).total_seconds():.3f}s from now)"
     if wait.kind == "delay":
-        assert wait.until is not None
-        return f"waits: not eligible until {_at(wait.until)} ({(wait.until - now).total_seconds():.3f}s from now)"
+        return f"waits: not eligible until {until}"
     if wait.kind == "rate":
-        assert wait.until is not None
-        return (f"waits:{key} is rate-blocked until {_at(wait.until)} "
-                f"({(wait.until - now).total_seconds():.3f}s from now)")
+        return f"waits:{key} is rate-blocked until {until}"
     if wait.kind == "concurrency":
         return f"waits:{key} has {wait.in_flight} of {wait.concurrency} in flight (its concurrency)"
     if wait.kind == "running":

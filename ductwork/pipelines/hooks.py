@@ -38,7 +38,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -100,11 +100,9 @@ def owe_hooks(tx: Tx, run_ids: list[str]) -> int:
             _r.c.id.in_(dialects.inline_ids(sorted(run_ids))))):
         klass = json.loads(run.definition).get("on_halt")
         if klass is not None:
-            owed.append({"id": new_id(), "run_id": run.id, "klass": klass, "status": "pending",
-                         "eligible_at": tx.now, "claim_token": None, "claimed_at": None, "process_id": None,
-                         "retry_count": 0, "crash_count": 0, "last_outcome": None, "error_klass": None,
-                         "error_message": None, "error_backtrace": None, "completed_at": None,
-                         "created_at": tx.now, "updated_at": tx.now})
+            owed.append({"id": new_id(), "run_id": run.id, "klass": klass, "status": "pending",  # (unclaimed)
+                         "eligible_at": tx.now, "retry_count": 0, "crash_count": 0, "created_at": tx.now,
+                         "updated_at": tx.now})
     if owed:
         tx.execute(_h.insert(), owed)  # [INV-HLT-2] owed by the halt's own transaction
         faults.hit(faults.BETWEEN_HALT_AND_HOOK)
@@ -150,15 +148,10 @@ def halt_of(tx: Tx, run_id: str, pipeline: str) -> dict[str, Json]:
         step = latest_step(tx, branch.id)
         assert step is not None, f"halted branch {branch.id} has a step"
         reasons.append({"node": step.node, "reason": branch.halt_reason, "branch_id": branch.id, "step_id": step.id})
-        error = tx.execute(
-            sa.select(e.c.error_klass, e.c.error_message)
-            .where(e.c.step_id == step.id, e.c.error_klass.is_not(None))
-            .order_by(e.c.completed_at.desc(), e.c.id.desc()).limit(1)).first()
-        if error is None:
-            error = tx.execute(
-                sa.select(a.c.error_klass, a.c.error_message)
-                .where(a.c.step_id == step.id, a.c.error_klass.is_not(None))
-                .order_by(a.c.completed_at.desc(), a.c.id.desc()).limit(1)).first()
+        # the step's last error, else its advancement's (read only when the step has none)
+        error = next(filter(None, (tx.execute(
+            sa.select(t.c.error_klass, t.c.error_message).where(t.c.step_id == step.id, t.c.error_klass.is_not(None))
+            .order_by(t.c.completed_at.desc(), t.c.id.desc()).limit(1)).first() for t in (e, a))), None)
         if error is not None:
             errors.append({"node": step.node, "klass": error.error_klass, "message": error.error_message})
     return {"run_id": run_id, "pipeline": pipeline, "halt_reasons": reasons, "errors": errors}
@@ -183,20 +176,23 @@ class HookEnded:
     error: ErrorInfo
 
 
-def _record_in(app: Database, tx: Tx, hook_id: str, token: str, pipeline: str, klass: str, retry_count: int,
-               crash_count: int, outcome: str, error: ErrorInfo | None) -> tuple[str | None, HookEnded | None]:
-    """The fenced record: the hook's status after it (None: the claim was not the hook's,
-    nothing written), and what to log once committed (None for a success)."""
+def _record_in(app: Database, tx: Tx, hook: ClaimedHook | sa.Row[Any], outcome: str,
+               error: ErrorInfo | None) -> tuple[str | None, HookEnded | None]:
+    """The fenced record of ``hook``'s attempt (its claim, or the row a recovery read: the
+    hook's id, run, handler, pipeline, claim token and counters): the hook's status after
+    it (None: the claim was not the hook's, nothing written), and what to log once
+    committed (None for a success)."""
     config = app.config.job_worker
-    max_retry, max_crash = config.max_retry_for(pipeline, klass), config.max_crash_for(pipeline, klass)
-    values = decide_hook(outcome, retry_count, crash_count, tx.now, max_retry=max_retry,
+    max_retry, max_crash = config.max_retry_for(hook.pipeline_klass, hook.klass), config.max_crash_for(
+        hook.pipeline_klass, hook.klass)
+    values = decide_hook(outcome, hook.retry_count, hook.crash_count, tx.now, max_retry=max_retry,
                          max_crash=max_crash, retry_delay=config.retry_delay, crash_backoff=config.crash_backoff)
     values.update(claim_token=None, claimed_at=None, process_id=None, last_outcome=outcome, updated_at=tx.now)
     if error is not None:
         values.update(error_klass=error.klass, error_message=error.message[:MESSAGE_LIMIT],
                       error_backtrace=error.backtrace)
-    result = tx.execute(_h.update().where(_h.c.id == hook_id, _h.c.status == "running",
-                                          _h.c.claim_token == token)  # [INV-HLT-1] the claim's fence
+    result = tx.execute(_h.update().where(_h.c.id == hook.hook_id, _h.c.status == "running",
+                                          _h.c.claim_token == hook.claim_token)  # [INV-HLT-1] the claim's fence
                         .values(**values))
     if result.rowcount != 1:
         return None, None
@@ -205,8 +201,8 @@ def _record_in(app: Database, tx: Tx, hook_id: str, token: str, pipeline: str, k
     if outcome == "success":
         return values["status"], None
     return values["status"], HookEnded(
-        hook_id, "", pipeline, klass, retry_count + crash_count, outcome, values["status"],
-        values.get("eligible_at") if values["status"] == "pending" else None,
+        hook.hook_id, hook.run_id, hook.pipeline_klass, hook.klass, hook.retry_count + hook.crash_count, outcome,
+        values["status"], values.get("eligible_at") if values["status"] == "pending" else None,
         max_crash if outcome == "process_crashed" else max_retry, error or ErrorInfo("ductwork.Unknown", "", None))
 
 
@@ -216,13 +212,11 @@ def record_hook(app: Database, claimed: ClaimedHook, outcome: str, error: ErrorI
     Raises :class:`HookClaimLost` when the claim is no longer the hook's (nothing is
     recorded). A non-success is logged at WARNING once committed."""
     with app.begin() as tx:
-        status, ended = _record_in(app, tx, claimed.hook_id, claimed.claim_token, claimed.pipeline_klass,
-                                   claimed.klass, claimed.retry_count, claimed.crash_count, outcome, error)
+        status, ended = _record_in(app, tx, claimed, outcome, error)
         if status is None:
             raise HookClaimLost(claimed.hook_id, claimed.claim_token)
         faults.hit(faults.IN_HOOK_COMMIT)
-    if ended is not None:  # committed: now it may be told
-        _log(HookEnded(**{**ended.__dict__, "run_id": claimed.run_id}))
+    log_ended([ended] if ended else [])  # committed: now it may be told
     return status
 
 
@@ -230,34 +224,31 @@ def crash_hooks_of(app: Database, tx: Tx, hook_ids: list[str]) -> list[HookEnded
     """Inside a recovery's transaction (``fleet.reaper.recover``): crash each of these
     hooks that is still running, fenced by the token it holds; returns what to log once
     committed [INV-HLT-2]."""
-    rows = tx.execute(sa.select(_h.c.id, _h.c.run_id, _h.c.klass, _h.c.claim_token, _h.c.retry_count,
-                                _h.c.crash_count, _r.c.pipeline_klass)
+    rows = tx.execute(sa.select(_h.c.id.label("hook_id"), _h.c.run_id, _h.c.klass, _h.c.claim_token,
+                                _h.c.retry_count, _h.c.crash_count, _r.c.pipeline_klass)
                       .join(_r, _r.c.id == _h.c.run_id)
                       .where(_h.c.status == "running", _h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))
                       .order_by(_h.c.id)).all()
-    ended = []
-    for row in rows:
-        crash = ErrorInfo("ductwork.ProcessCrash", "on_halt hook reaped from a dead process", None)
-        _, event = _record_in(app, tx, row.id, row.claim_token, row.pipeline_klass, row.klass, row.retry_count,
-                              row.crash_count, "process_crashed", crash)
-        if event is not None:
-            ended.append(HookEnded(**{**event.__dict__, "run_id": row.run_id}))
-    return ended
+    crash = ErrorInfo("ductwork.ProcessCrash", "on_halt hook reaped from a dead process", None)
+    ended = [_record_in(app, tx, row, "process_crashed", crash)[1] for row in rows]
+    return [event for event in ended if event is not None]
 
 
 def log_ended(events: list[HookEnded]) -> None:
-    """Log what :func:`crash_hooks_of` crashed, once its transaction committed."""
+    """Log attempts that did not succeed (:func:`crash_hooks_of`'s, :func:`record_hook`'s),
+    once their transaction committed."""
     for event in events:
-        _log(event)
+        logs.hook_ended(log, run_id=event.run_id, pipeline=event.pipeline, hook=event.klass, hook_id=event.hook_id,
+                        attempt=event.attempt, outcome=event.outcome, status=event.status, next_at=event.next_at,
+                        budget=event.budget, error=event.error.klass, error_message=event.error.message,
+                        traceback=traceback_of(event.error))
 
 
-def _log(event: HookEnded) -> None:
-    error = event.error
-    logs.hook_ended(log, run_id=event.run_id, pipeline=event.pipeline, hook=event.klass, hook_id=event.hook_id,
-                    attempt=event.attempt, outcome=event.outcome, status=event.status, next_at=event.next_at,
-                    budget=event.budget, error=error.klass, error_message=error.message,
-                    traceback=error.text or (f"Traceback (most recent call last):\n{error.backtrace}"
-                                             f"{error.klass}: {error.message}" if error.backtrace else None))
+def traceback_of(error: ErrorInfo) -> str | None:
+    """The log's traceback of an error (a step's or a hook's): its whole text when known,
+    else one made of the recorded backtrace, class and message (None without a backtrace)."""
+    return error.text or (f"Traceback (most recent call last):\n{error.backtrace}{error.klass}: {error.message}"
+                          if error.backtrace else None)
 
 
 def open_hooks(tx: Tx) -> bool:

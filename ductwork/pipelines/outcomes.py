@@ -51,6 +51,7 @@ from ductwork.limits.claims import release, release_and_claim
 from ductwork.limits.executions import MESSAGE_LIMIT, Claimed, Ending, ErrorInfo, Pending, enqueue
 from ductwork.limits.outcomes import rerun_at, retry_at
 from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes
+from ductwork.pipelines.hooks import traceback_of
 from ductwork.pipelines.payloads import Output
 from ductwork.pipelines.runs import cached_definition
 
@@ -265,30 +266,7 @@ def record_failure(app: Database, claimed: Claimed, error: BaseException | Error
     Returns True when a retry was enqueued.
     """
     assert outcome in ("failure", "timed_out"), outcome
-    max_retry = app.config.job_worker.max_retry_for(claimed.pipeline_klass, claimed.klass)
-    info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
-    with app.begin() as tx:
-        if not release(app, tx, claimed.limit_key, claimed.process_id, [Ending(claimed.execution_id, outcome, info)]):
-            raise CommitFailed(claimed.execution_id, claimed.process_id)  # [INV-EXE-2]
-        retry = retry_at(claimed.retry_count, max_retry, app.config.job_worker.retry_delay, tx.now)
-        if retry is not None:  # [INV-EXE-4] budget left: the retry is enqueued with the outcome
-            enqueue(tx, [Pending(claimed.step_id, claimed.limit_key, retry, claimed.retry_count + 1,
-                                 claimed.crash_count)])
-        else:
-            _mark_failed(tx, claimed.step_id)
-        tx.wake()  # a slot is free, or the step may be advanceable
-    logs.step_ended(log, logs.StepEnded(  # committed: now it may be told
-        outcome, claimed.run_id, claimed.pipeline_klass, claimed.klass, claimed.node, claimed.step_id,
-        claimed.execution_id, claimed.retry_count, claimed.crash_count, max_retry, info.klass, info.message,
-        retry, info.text or _traceback(info)))
-    return retry is not None
-
-
-def _traceback(info: ErrorInfo) -> str | None:
-    """The log's traceback text from a recorded error (when the whole text is not known)."""
-    if info.backtrace is None:
-        return None
-    return f"Traceback (most recent call last):\n{info.backtrace}{info.klass}: {info.message}"
+    return _record_end(app, claimed, outcome, error).next_at is not None
 
 
 def record_invalid(app: Database, claimed: Claimed, error: BaseException | ErrorInfo) -> None:
@@ -302,16 +280,19 @@ def record_invalid(app: Database, claimed: Claimed, error: BaseException | Error
     ``step_return_invalid`` or ``payload_too_large`` (``pipelines.rules.job_halt_reason``)
     [INV-EXE-4]. Raises CommitFailed, as :func:`record_failure` does.
     """
+    _record_end(app, claimed, "invalid", error)
+
+
+def _record_end(app: Database, claimed: Claimed, outcome: str, error: BaseException | ErrorInfo) -> logs.StepEnded:
+    """:func:`_end_in` of a claimed execution in a transaction of its own, logged once
+    committed; CommitFailed when its guard found it ended or taken."""
     info = error if isinstance(error, ErrorInfo) else ErrorInfo.of(error)
     with app.begin() as tx:
-        if not release(app, tx, claimed.limit_key, claimed.process_id, [Ending(claimed.execution_id, "invalid", info)]):
+        ended = _end_in(app, tx, claimed, claimed.execution_id, claimed.process_id, outcome, info)
+        if ended is None:
             raise CommitFailed(claimed.execution_id, claimed.process_id)  # [INV-EXE-2]
-        _mark_failed(tx, claimed.step_id)  # [INV-EXE-4] no budget applies: it cannot succeed
-        tx.wake()  # a slot is free, and the step is advanceable
-    logs.step_ended(log, logs.StepEnded(  # committed: now it may be told
-        "invalid", claimed.run_id, claimed.pipeline_klass, claimed.klass, claimed.node, claimed.step_id,
-        claimed.execution_id, claimed.retry_count, claimed.crash_count, 0, info.klass, info.message,
-        None, info.text or _traceback(info)))
+    logs.step_ended(log, ended)  # committed: now it may be told
+    return ended
 
 
 def record_crash(app: Database, execution_id: str, owner: str | None, error_klass: str, message: str,
@@ -343,17 +324,34 @@ def crash_in(app: Database, tx: Tx, execution_id: str, owner: str | None, error_
     ).first()
     if row is None:
         return None
-    info = ErrorInfo(error_klass, message[:MESSAGE_LIMIT], backtrace)
-    if not release(app, tx, row.limit_key, owner, [Ending(execution_id, "process_crashed", info)]):
-        return None  # [INV-EXE-2] ended already, or another owner's: nothing to crash
-    max_crash = app.config.job_worker.max_crash_for(row.pipeline_klass, row.klass)
-    eligible = rerun_at(row.crash_count, max_crash, app.config.job_worker.crash_backoff, tx.now)
-    if eligible is not None:  # [INV-EXE-4] budget left: the re-run is enqueued with the crash
-        enqueue(tx, [Pending(row.step_id, row.limit_key, eligible, row.retry_count, row.crash_count + 1)])
-    else:
-        _mark_failed(tx, row.step_id)
-    tx.wake()  # a slot is free, or the step may be advanceable
-    return logs.StepEnded("process_crashed", row.run_id, row.pipeline_klass, row.klass, row.node, row.step_id,
-                          execution_id, row.retry_count, row.crash_count, max_crash, error_klass, info.message,
-                          eligible, traceback_text or _traceback(info))
+    info = ErrorInfo(error_klass, message[:MESSAGE_LIMIT], backtrace, traceback_text)
+    return _end_in(app, tx, row, execution_id, owner, "process_crashed", info)
 
+
+def _end_in(app: Database, tx: Tx, x: Claimed | sa.Row[Any], execution_id: str, owner: str | None, outcome: str,
+            info: ErrorInfo) -> logs.StepEnded | None:
+    """An execution's end without success, in ``tx``: the guarded release (None, and
+    nothing written, when it ended already or is another owner's), then a retry (a failure
+    or timeout) or a re-run (a crash) enqueued with it while its budget lasts, else its step
+    ``failed``, at once for an ``invalid`` execution (no budget applies: it cannot succeed)
+    [INV-EXE-4]. ``x``: the execution's step, run and counters (its claim, or the row a
+    recovery read). Returns what to log once the transaction commits."""
+    if not release(app, tx, x.limit_key, owner, [Ending(execution_id, outcome, info)]):
+        return None  # [INV-EXE-2] ended already, or another owner's: nothing to end
+    config, retries, crashes = app.config.job_worker, x.retry_count, x.crash_count
+    if outcome == "process_crashed":
+        budget = config.max_crash_for(x.pipeline_klass, x.klass)
+        eligible, crashes = rerun_at(x.crash_count, budget, config.crash_backoff, tx.now), crashes + 1
+    elif outcome == "invalid":
+        budget, eligible = 0, None  # [INV-EXE-4] no budget applies: it cannot succeed
+    else:
+        budget = config.max_retry_for(x.pipeline_klass, x.klass)
+        eligible, retries = retry_at(x.retry_count, budget, config.retry_delay, tx.now), retries + 1
+    if eligible is not None:  # [INV-EXE-4] budget left: the retry or re-run is enqueued with the outcome
+        enqueue(tx, [Pending(x.step_id, x.limit_key, eligible, retries, crashes)])
+    else:
+        _mark_failed(tx, x.step_id)
+    tx.wake()  # a slot is free, or the step may be advanceable
+    return logs.StepEnded(outcome, x.run_id, x.pipeline_klass, x.klass, x.node, x.step_id, execution_id,
+                          x.retry_count, x.crash_count, budget, info.klass, info.message, eligible,
+                          traceback_of(info))

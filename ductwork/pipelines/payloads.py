@@ -75,7 +75,7 @@ class Output:
     def payload_json(self) -> str:
         """The job's ``output_payload``: the value's envelope, or an expand's item count."""
         if self.expand_items is not None:
-            return expand_envelope(len(self.expand_items))
+            return json.dumps({"expand_items": len(self.expand_items)})  # the items are rows
         assert self.value_json is not None, "an Output holds a value or expand items"
         return payload_envelope(self.value_json)
 
@@ -84,7 +84,3 @@ def payload_envelope(value_json: str) -> str:
     """Wrap a value's JSON text as a step's ``output_payload``."""
     return '{"payload": ' + value_json + "}"
 
-
-def expand_envelope(count: int) -> str:
-    """A job's ``output_payload`` when its step expands: the item count (the items are rows)."""
-    return json.dumps({"expand_items": count})

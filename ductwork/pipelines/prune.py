@@ -55,11 +55,11 @@ DEFAULT_BATCH_SIZE = 100
 @dataclass(frozen=True)
 class RunTable:
     """A table with rows that belong to a run, and how a row names its run: ``run`` (a
-    ``run_id`` column), ``branch`` or ``step`` (a ``branch_id`` or ``step_id`` column of a
-    row of that run), or ``id`` (the runs table itself)."""
+    ``run_id`` column), ``step`` (a ``step_id`` column of a step of that run), or ``id``
+    (the runs table itself)."""
 
     table: sa.Table
-    via: Literal["run", "branch", "step", "id"]
+    via: Literal["run", "step", "id"]
 
 
 #: Every table with rows that belong to a run, in delete order (rows that reference
@@ -94,13 +94,11 @@ class PruneResult:
 
 def _rows_of(run_table: RunTable, ids: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
     """The WHERE clause that selects ``run_table``'s rows of the runs ``ids``."""
-    t, s, b = run_table.table, schema.steps, schema.branches
+    t, s = run_table.table, schema.steps
     if run_table.via == "id":
         return t.c.id.in_(ids)
     if run_table.via == "run":
         return t.c.run_id.in_(ids)
-    if run_table.via == "branch":  # pragma: no cover  no table of RUN_TABLES names its run by branch today
-        return t.c.branch_id.in_(sa.select(b.c.id).where(b.c.run_id.in_(ids)).scalar_subquery())
     return t.c.step_id.in_(sa.select(s.c.id).where(s.c.run_id.in_(ids)).scalar_subquery())
 
 

@@ -68,7 +68,8 @@ def _resolve(ref: str, base: type, what: str) -> type:
     found: object = _REGISTRY.get(ref)
     if found is None:
         module_name, _, qualname = ref.partition(":")
-        module = sys.modules.get(module_name) if module_name in _registered_modules() else None
+        registered = {cls.__module__ for cls in list(_REGISTRY.values())}
+        module = sys.modules.get(module_name) if module_name in registered else None
         found = module
         for part in qualname.split(".") if module is not None and qualname else ():
             found = getattr(found, part, None)
@@ -77,10 +78,6 @@ def _resolve(ref: str, base: type, what: str) -> type:
     if not (isinstance(found, type) and issubclass(found, base)):
         raise UnknownStepClassError(what, ref, f"names {found!r}, not a {base.__name__} subclass")
     return found
-
-
-def _registered_modules() -> set[str]:
-    return {cls.__module__ for cls in list(_REGISTRY.values())}
 
 
 def _import(ref: str, what: str) -> Any:

@@ -132,9 +132,7 @@ def _copy_steps(tx: Tx, definition: Definition, run_id: str, new_run: str, branc
     that branch resumes. Only the re-enqueued steps get an execution."""
     steps = tx.execute(sa.select(_s).where(_s.c.run_id == run_id)
                        .order_by(_s.c.started_at, _s.c.id)).mappings().all()
-    latest: dict[str, Any] = {}
-    for step in steps:  # in start order: the last one of a branch is its latest
-        latest[step["branch_id"]] = step
+    latest = {step["branch_id"]: step for step in steps}  # in start order: the last one of a branch is its latest
     stopped = {latest[b]["id"] for b in halted if b in latest}
     step_rows, expands = [], []
     pending: list[Pending] = []
@@ -146,8 +144,7 @@ def _copy_steps(tx: Tx, definition: Definition, run_id: str, new_run: str, branc
         if step["output_payload"] and '"expand_items"' in step["output_payload"]:
             expands.append((step["id"], row["id"]))
         step_rows.append(row)
-    if step_rows:  # pragma: no branch  a halted run has steps: its branches halted at one
-        tx.execute(_s.insert(), step_rows)
+    tx.execute(_s.insert(), step_rows)  # (a halted run has steps: its branches halted at one)
     for old_step, new_step in expands:
         tx.execute(_x.insert().from_select(
             ["step_id", "item_index", "value"],

@@ -16,7 +16,7 @@ imports a class.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ductwork.errors import DefinitionError
@@ -65,12 +65,8 @@ class NodeSpec:
     limit_by: str | None = None
 
     def to_json(self) -> dict[str, Json]:
-        return {
-            "klass": self.klass,
-            "delay_us": self.delay_us,
-            "timeout_us": self.timeout_us,
-            "limit_by": self.limit_by,
-        }
+        """``klass``, ``delay_us``, ``timeout_us`` and ``limit_by``, in that order."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -167,10 +163,6 @@ _OPTIONAL_KEYS = {"on_halt"}
 _NODE_KEYS = {"klass", "delay_us", "timeout_us", "limit_by"}
 
 
-def _positive_int(value: Any) -> bool:
-    return type(value) is int and value > 0
-
-
 class _SnapshotReader:
     """Shape checks for :meth:`Definition.from_json`, one rule per line."""
 
@@ -212,7 +204,7 @@ class _SnapshotReader:
         self.check(isinstance(raw["klass"], str) and ":" in raw["klass"],
                    f"{where}: klass must be 'module:qualname', got {raw['klass']!r}")
         for key in ("delay_us", "timeout_us"):
-            self.check(raw[key] is None or _positive_int(raw[key]),
+            self.check(raw[key] is None or (type(raw[key]) is int and raw[key] > 0),
                        f"{where}: {key} must be a positive int or null, got {raw[key]!r}")
         limit_by = raw["limit_by"]
         self.check(limit_by is None or (isinstance(limit_by, str) and bool(limit_by.strip())),
@@ -232,16 +224,14 @@ class _SnapshotReader:
             self.check(isinstance(to, dict) and "otherwise" in to,
                        f"{where}: divert 'to' must be an object with an 'otherwise' key, "
                        f"got {to!r}")
-            targets = list(to.values())
         elif kind == "divide":
             self.check(isinstance(to, list) and len(to) >= 1,
                        f"{where}: divide 'to' must be a list of node names, got {to!r}")
-            targets = to
         else:
             self.check(isinstance(to, list) and len(to) == 1,
                        f"{where}: {kind} 'to' must be a list of one node name, got {to!r}")
-            targets = to
-        self.check(self.names(targets, nodes), f"{where}: 'to' names unknown nodes: {to!r}")
+        self.check(self.names(list(to.values()) if kind == "divert" else to, nodes),
+                   f"{where}: 'to' names unknown nodes: {to!r}")
         barrier = raw.get("barrier")
         if fan_in:
             self.check(isinstance(barrier, list) and bool(barrier) and self.names(barrier, nodes),

@@ -51,11 +51,6 @@ class StepRow:
     klass: str
     status: str
 
-    @classmethod
-    def from_row(cls, row: sa.Row[Any]) -> StepRow:
-        """From a row whose columns are labelled with the field names (:func:`latest_step`)."""
-        return schema.from_row(cls, row)
-
 
 def create_branches(tx: Tx, run_id: str, branches: list[dict[str, Any]]) -> None:
     """Insert new branches of ``run_id``: in progress, no arrivals yet, started now; each
@@ -113,7 +108,7 @@ def latest_step(tx: Tx, branch_id: str) -> StepRow | None:
         .order_by(s.c.started_at.desc(), s.c.id.desc())
         .limit(1)
     ).first()
-    return None if row is None else StepRow.from_row(row)
+    return None if row is None else schema.from_row(StepRow, row)
 
 
 def step_output_json(tx: Tx, step_id: str) -> str:

@@ -133,11 +133,9 @@ def keyed_run(tx: Tx, pipeline: str, key: str) -> str | None:
 
 def key_holder(tx: Tx, pipeline: str, key: str) -> KeyHolder | None:
     """:func:`keyed_run` with the holder's status and finish times."""
-    row = tx.execute(sa.select(_r.c.id, _r.c.status, _r.c.completed_at, _r.c.halted_at).where(
-        _r.c.pipeline_klass == pipeline, _r.c.trigger_key == key)).mappings().first()
-    if row is None:
-        return None
-    return KeyHolder(row["id"], row["status"], row["completed_at"], row["halted_at"])
+    row = tx.execute(sa.select(_r.c.id.label("run_id"), _r.c.status, _r.c.completed_at, _r.c.halted_at).where(
+        _r.c.pipeline_klass == pipeline, _r.c.trigger_key == key)).first()
+    return None if row is None else schema.from_row(KeyHolder, row)
 
 
 def release_key(tx: Tx, pipeline: str, key: str, holder: KeyHolder, window_us: int) -> bool:
