@@ -62,8 +62,9 @@ CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: near-duplicates folded into one function each: dialect variants, schema columns, /proc
 #: reads, a URL's checks) and pipelines/ (-194: history's records built from their rows by
 #: name, a step's failure, invalid return and crash recorded by one function, helpers used
-#: once, loops a comprehension says and guards no caller needs)
-CODE_LINES_BUDGET = 6_120
+#: once, loops a comprehension says and guards no caller needs); 6,119 when the log's traceback became
+#: ErrorInfo.log_traceback (outcomes had imported it from hooks)
+CODE_LINES_BUDGET = 6_119
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment
 SQL_LINE = re.compile(r"^\s*(?:--|$)")

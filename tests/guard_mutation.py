@@ -201,25 +201,25 @@ ARGUED: dict[str, tuple[str, str]] = {
         "run's rows, so the extra WHEN arms are never taken, and with no key of its own the copy inserts no "
         "row whichever id expression it gets. A cost (a wider read, a longer CASE), not an outcome"),
     # -- pipelines/hooks.py
-    "pipelines/hooks.py#18": (
+    "pipelines/hooks.py#17": (
         "`where` without `_h.c.id == hook.hook_id`",
         "the record's fence by token alone: the token is never None here (record_hook passes the claim's "
         "new_id(); crash_hooks_of the token of a row it read as running, and only claim_hook sets running, "
         "always with a token) and is written by one claim to one row, the hook_id passed with it (a UUIDv7, "
         "unique); only _record_in writes a hook's token again, to NULL. So the rows with this token are that "
         "row or none, whichever way the id is asked"),
-    "pipelines/hooks.py#19": (
+    "pipelines/hooks.py#18": (
         "`where` without `_h.c.status == 'running'`",
         "the record's fence without the status: a hook row carries a token only while it is running (owe_hooks "
         "writes it pending with NULL, claim_hook sets running with a fresh token in one UPDATE, and the only "
         "write off running, _record_in, sets the token NULL; no other code writes halt_hooks but prune's "
         "delete), and the token asked is never None (as #18): a row with this id and this token is running"),
-    "pipelines/hooks.py#27": (
+    "pipelines/hooks.py#26": (
         "`where` without `_h.c.status == 'pending'`",
         "the claim's UPDATE without the status: the row was read `status = 'pending'` by this transaction's "
         "SELECT ... FOR UPDATE (the latest committed version, locked to the commit on a server; SQLite's "
         "BEGIN IMMEDIATE holds the write lock), so it is still pending when the UPDATE by its id runs"),
-    "pipelines/hooks.py#38": (
+    "pipelines/hooks.py#37": (
         "`where` without `_h.c.status == 'running'`",
         "crash_hooks_of reads the named hooks of any status: each is then recorded by _record_in, whose UPDATE "
         "asks `status = 'running'` and the row's own token again; a row not running matches nothing there "
@@ -500,7 +500,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "is inserted open, and the only write of executions.completed_at, _end_statement, requires "
         "claimed_at IS NOT NULL), so the condition always holds"),
     # -- limits/executions.py
-    "limits/executions.py#15": (
+    "limits/executions.py#16": (
         '`.where(_k.c.key.in_(sorted(keys)))` dropped',
         "ensure_keys reads every key's header row instead of those of `keys`: the rows it inserts are "
         "`keys - existing`, the same set whether `existing` holds only the asked keys that exist or every "

@@ -106,6 +106,12 @@ class ErrorInfo:
                    str(error)[:MESSAGE_LIMIT], "".join(frames) or None,
                    "".join(traceback.format_exception(error)).rstrip("\n"))
 
+    def log_traceback(self) -> str | None:
+        """The log's traceback (a step's or a hook's): the whole text when known, else one
+        made of the recorded backtrace, class and message (None without a backtrace)."""
+        return self.text or (f"Traceback (most recent call last):\n{self.backtrace}{self.klass}: {self.message}"
+                             if self.backtrace else None)
+
 
 @dataclass
 class KeyHeader:

@@ -241,14 +241,7 @@ def log_ended(events: list[HookEnded]) -> None:
         logs.hook_ended(log, run_id=event.run_id, pipeline=event.pipeline, hook=event.klass, hook_id=event.hook_id,
                         attempt=event.attempt, outcome=event.outcome, status=event.status, next_at=event.next_at,
                         budget=event.budget, error=event.error.klass, error_message=event.error.message,
-                        traceback=traceback_of(event.error))
-
-
-def traceback_of(error: ErrorInfo) -> str | None:
-    """The log's traceback of an error (a step's or a hook's): its whole text when known,
-    else one made of the recorded backtrace, class and message (None without a backtrace)."""
-    return error.text or (f"Traceback (most recent call last):\n{error.backtrace}{error.klass}: {error.message}"
-                          if error.backtrace else None)
+                        traceback=event.error.log_traceback())
 
 
 def open_hooks(tx: Tx) -> bool:

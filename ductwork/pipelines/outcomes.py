@@ -51,7 +51,6 @@ from ductwork.limits.claims import release, release_and_claim
 from ductwork.limits.executions import MESSAGE_LIMIT, Claimed, Ending, ErrorInfo, Pending, enqueue
 from ductwork.limits.outcomes import rerun_at, retry_at
 from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes
-from ductwork.pipelines.hooks import traceback_of
 from ductwork.pipelines.payloads import Output
 from ductwork.pipelines.runs import cached_definition
 
@@ -354,4 +353,4 @@ def _end_in(app: Database, tx: Tx, x: Claimed | sa.Row[Any], execution_id: str, 
     tx.wake()  # a slot is free, or the step may be advanceable
     return logs.StepEnded(outcome, x.run_id, x.pipeline_klass, x.klass, x.node, x.step_id, execution_id,
                           x.retry_count, x.crash_count, budget, info.klass, info.message, eligible,
-                          traceback_of(info))
+                          info.log_traceback())
