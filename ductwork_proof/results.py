@@ -57,6 +57,8 @@ class VerifyResult:
     limits: dict[str, Any] = field(default_factory=dict)
     #: the adopter's pipelines whose transition kinds the rounds ran (names)
     pipelines: list[str] = field(default_factory=list)
+    #: the databases each part ran in (the scratch ones, dropped unless ``--keep``), masked
+    databases: list[str] = field(default_factory=list)
     environment: list[Check] = field(default_factory=list)
     conformance: list[Check] = field(default_factory=list)
     invariants: list[Check] = field(default_factory=list)

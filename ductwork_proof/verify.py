@@ -22,6 +22,7 @@ option). ``--report DIR`` writes ``report.json`` and a self-contained ``report.h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import random
@@ -29,7 +30,7 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -206,7 +207,7 @@ def invariant_checks(rounds: list[Round], conformance: list[Check]) -> list[Chec
 def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
     """Run the parts of ``opts.which``; the result (its ``ok`` is the verdict)."""
     from ductwork import __version__
-    from ductwork_proof.scratch import mask, migrated, scratch_database
+    from ductwork_proof.scratch import mask, migrated
 
     seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(1, 2**31)
     backend = backend_of(opts.database_url)
@@ -229,16 +230,14 @@ def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
     if "environment" in opts.which:
         from ductwork_proof.environment import check_environment
 
-        with scratch_database(opts.database_url, in_place=opts.in_place, force=opts.force,
-                              keep=opts.keep) as url:
+        with _database(opts, result, out) as url:
             result.environment, result.settings, result.server_version = check_environment(migrated(url))
         _print_checks(out, "environment", result.environment)
     if "conformance" in opts.which:
         from ductwork_proof.conformance import run_conformance
 
         examples = opts.examples or (QUICK_EXAMPLES if opts.quick else FULL_EXAMPLES)
-        with scratch_database(opts.database_url, in_place=opts.in_place, force=opts.force,
-                              keep=opts.keep) as url:
+        with _database(opts, result, out) as url:
             # --quick does not shrink a failing example (shrinking took minutes on a server):
             # the replay command, without --quick, shrinks it
             result.conformance = run_conformance(migrated(url), seed=seed, examples=examples,
@@ -259,8 +258,7 @@ def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
                                "(slower than one per 8 s from an empty bucket)" for k in shapes.skipped]
         for i in range(opts.rounds or (QUICK_ROUNDS if opts.quick else FULL_ROUNDS)):
             round_seed = seed + i
-            with scratch_database(opts.database_url, in_place=opts.in_place, force=opts.force,
-                                  keep=opts.keep) as url:
+            with _database(opts, result, out) as url:
                 chaos = ChaosRound(seed=round_seed, url=migrated(url), backend=backend, workdir=workdir,
                                    adopter=shapes)
                 outcome = chaos.run()
@@ -284,6 +282,19 @@ def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
         written = write_report(result, opts.report, histories)
         out(f"report: {written.get('report.html', opts.report)}")
     return result
+
+
+@contextlib.contextmanager
+def _database(opts: Options, result: VerifyResult, out: Callable[[str], None]) -> Iterator[str]:
+    """The database a part runs in (:func:`ductwork_proof.scratch.scratch_database`),
+    recorded in ``result.databases`` and, when ``--keep`` leaves it, said."""
+    from ductwork_proof.scratch import mask, scratch_database
+
+    with scratch_database(opts.database_url, in_place=opts.in_place, force=opts.force, keep=opts.keep) as url:
+        result.databases.append(mask(url))
+        yield url
+    if opts.keep and not opts.in_place:
+        out(f"  kept: {mask(url)}")
 
 
 def _print_checks(out: Callable[[str], None], part: str, checks: list[Check], *, quiet: bool = False) -> None:

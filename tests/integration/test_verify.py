@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 
 from tests import databases, mutants
 
@@ -109,7 +110,6 @@ def _scratch_databases(url: str) -> set[str]:
 def test_verify_quick_passes_with_the_adopters_limits_and_leaves_no_scratch_database(kind, tmp_path, worker_id):
     url = _server_url(kind, worker_id)
     project = _project(tmp_path)
-    before = _scratch_databases(url)
     done = _verify(["--database-url", url, "-c", "ductwork.yml", "--quick", "--seed", str(SEED),
                     "--report", str(tmp_path / "report")], project)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -131,7 +131,12 @@ def test_verify_quick_passes_with_the_adopters_limits_and_leaves_no_scratch_data
     history = Path(chaos_round["history_path"]).read_text()
     assert '"verify:shop_api"' in history  # the adopter's limit ran, on its synthetic key
     assert (tmp_path / "report" / "report.html").stat().st_size > 0
-    assert _scratch_databases(url) == before
+    # each part ran in a scratch database of its own, and each is gone (this run's: a test
+    # on another xdist worker may create and drop its own meanwhile)
+    used = {make_url(u).database for u in report["databases"]}
+    assert len(used) == 3, report["databases"]
+    assert all(n.startswith("ductwork_verify_") for n in used), report["databases"]
+    assert not used & _scratch_databases(url)
 
 
 def test_a_broken_engine_fails_verify_naming_the_invariant(tmp_path, worker_id):
@@ -181,3 +186,15 @@ def test_the_adopters_pytest_runs_the_proof_one_item_per_invariant_on_sqlite(tmp
     # the environment, two machines, each invariant checked; and the adopter's own test
     assert f"{3 + checked + 1} passed, {not_checked} skipped" in done.stdout, done.stdout
     assert "INV-LIM-7: not checked by ductwork verify" in done.stdout  # skipped, saying why
+
+
+def test_keep_says_which_scratch_database_it_left(tmp_path):
+    """With ``--keep`` the output and the report name the scratch database left behind,
+    so it can be opened and then dropped by hand."""
+    given = f"sqlite:///{tmp_path / 'app.sqlite3'}"
+    done = _verify(["--database-url", given, "--only", "environment", "--keep", "--report",
+                    str(tmp_path / "report")], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (kept,) = json.loads((tmp_path / "report" / "report.json").read_text())["databases"]
+    assert f"  kept: {kept}" in done.stdout
+    assert Path(make_url(kept).database).exists()
