@@ -508,8 +508,8 @@ MUTANTS: dict[str, Mutant] = {
         "a trigger given the caller's connection writes in ductwork's own transaction, committed "
         "at once, so the caller's rollback leaves the run behind [INV-TRG-2]",
         "a trigger with `connection=` writes through the caller's transaction and never ends it [INV-TRG-2]",
-        (("return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key, key_window)  # [INV-TRG-2]",
-          "with app.begin() as own: return trigger(app, own, pipeline, args, key, key_window)  # mutant"),),
+        (("triggered = trigger(app, tx, pipeline, args, key, key_window)  # [INV-TRG-2]",
+          "with app.begin() as own: triggered = trigger(app, own, pipeline, args, key, key_window)  # mutant"),),
     ),
     # async steps (issue 18)
     "async_cancel_escapes": Mutant(

@@ -189,7 +189,7 @@ class World:
         owner, ids = None if case.orphans else self.owner, [_id(i) for i in case.endings]
         entry = app.config.limits.get(case.lane) if case.lane is not None else None
         guard = abstraction.ended(before, ids, owner)
-        tx = Tx(conn, app.clock, app.backend)
+        tx = Tx(conn, app.clock)
         endings = [Ending(i, case.outcome) for i in ids]
         taken = claims.release_and_claim(app, tx, case.lane, owner, endings, case.take, poll=case.poll)
         if taken.ended != guard:

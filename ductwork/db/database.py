@@ -44,9 +44,9 @@ Params = Mapping[str, object] | Sequence[Mapping[str, object]]
 class Tx:
     """One open transaction: ``conn``, and ``now`` (database time, read on first use)."""
 
-    __slots__ = ("_clock", "_now", "advancers_woken", "backend", "conn", "held_keys", "woken")
+    __slots__ = ("_clock", "_now", "advancers_woken", "conn", "held_keys", "woken")
 
-    def __init__(self, conn: Connection, clock: Clock, backend: str):
+    def __init__(self, conn: Connection, clock: Clock):
         self.conn = conn
         #: limit keys whose lock this transaction holds, and their header rows as it has
         #: left them (``ductwork.limits.executions.lock_key``): ``KeyHeader``s of the limits
@@ -54,27 +54,30 @@ class Tx:
         self.held_keys: dict[str, object] = {}
         self._clock = clock
         self._now: datetime | None = None
-        self.backend = backend
-        self.woken = False
-        self.advancers_woken = False
+        self.woken = self.advancers_woken = False
 
     def wake(self) -> None:
         """Mark that this transaction made work claimable (an execution created or
         completed): an idle worker and the idle advancers are woken once it commits
         (ductwork.db.wakeup)."""
-        if not self.woken:
-            self.woken = True
-            dialects.notify_wakeup(self.conn, WORKERS)
-        self.wake_advancers()
+        self.woken = self.advancers_woken = True
 
     def wake_advancers(self) -> None:
         """Mark that this transaction gave advancers work (a step left ``advancing``) and
         nothing a job worker could claim: only idle advancers are woken once it commits.
         A worker woken for it would poll for nothing (with a saturated key, every
         completion would make every idle worker thread of the fleet scan the lanes)."""
-        if not self.advancers_woken:
-            self.advancers_woken = True
-            dialects.notify_wakeup(self.conn, ADVANCERS)
+        self.advancers_woken = True
+
+    def send_wakeups(self) -> None:
+        """Tell the other processes what the marks ask for, in this transaction (so they
+        hear it once it commits): one statement at its end, whatever was marked and how
+        often. Called by :meth:`Database.begin` as the block ends, and by whoever runs
+        ductwork's writes in a transaction it did not begin (a trigger through the
+        caller's connection)."""
+        channels = [c for c, marked in ((WORKERS, self.woken), (ADVANCERS, self.advancers_woken)) if marked]
+        if channels:
+            dialects.notify_wakeup(self.conn, channels)
 
     @property
     def now(self) -> datetime:
@@ -182,8 +185,9 @@ class Database:
             if readonly:
                 conn = conn.execution_options(ductwork_readonly=True)
             with conn.begin():
-                tx = Tx(conn, self.clock, self.backend)
+                tx = Tx(conn, self.clock)
                 yield tx
+                tx.send_wakeups()
         if tx.woken:
             self.wakeup.notify(1)  # one idle worker looks; one that finds work wakes the next
         if tx.advancers_woken:

@@ -460,13 +460,14 @@ notify_wakeup = Seam[None]("notify_wakeup")
 
 
 @notify_wakeup.for_db("postgresql")
-def _pg_notify(conn: Connection, channel: str) -> None:
+def _pg_notify(conn: Connection, channels: Sequence[str]) -> None:
     # Delivered to listeners only if this transaction commits; coalesced per transaction.
-    conn.exec_driver_sql(f"SELECT pg_notify('{channel}', '')")
+    # The channels are ductwork's own names (ductwork.db.wakeup), never user data.
+    conn.exec_driver_sql("SELECT " + ", ".join(f"pg_notify('{channel}', '')" for channel in channels))
 
 
 @notify_wakeup.for_db("mysql", "sqlite")
-def _no_notify(conn: Connection, channel: str) -> None:
+def _no_notify(conn: Connection, channels: Sequence[str]) -> None:
     # Differs from PostgreSQL in that there is no notification channel: processes
     # other than this one find the work at their next poll.
     return None

@@ -67,14 +67,13 @@ def trigger_run(app: Database | None, pipeline: type, args: list[Json], key: str
     app = app or default_app()
     if connection is not None:
         triggered = trigger_in(connection, app, pipeline, args, key, key_window)
-        return Run.read_through(app, connection, triggered.run_id)
+    else:
+        def once() -> Triggered:
+            with app.begin() as tx:
+                return trigger(app, tx, pipeline, args, key, key_window)
 
-    def once() -> Triggered:
-        with app.begin() as tx:
-            return trigger(app, tx, pipeline, args, key, key_window)
-
-    triggered = once() if key is None else dialects.retry_transient(once)
-    return Run(app, triggered.run_id)
+        triggered = once() if key is None else dialects.retry_transient(once)
+    return Run.of(app, triggered, connection)
 
 
 def cached_definition(app: Database, sha1: str, text: str | None = None, *, tx: Tx | None = None) -> Definition:
@@ -233,7 +232,8 @@ class StepInfo:
 
 
 class Run:
-    """A handle on one run. Attributes reflect the last :meth:`refresh`."""
+    """A handle on one run. Attributes reflect the last :meth:`refresh` (a trigger's
+    handle: the run as the trigger wrote it, or found it)."""
 
     app: Database
     id: str
@@ -258,18 +258,21 @@ class Run:
             self.refresh()
 
     @classmethod
-    def read_through(cls, app: Database, conn: Connection, run_id: str) -> Run:
-        """A handle on ``run_id`` read through ``conn`` (the caller's open transaction, in
-        which the run may not be committed yet); :meth:`refresh` later reads through the app."""
-        run = cls(app, run_id, _read=False)
-        run._read(conn)
+    def of(cls, app: Database, triggered: Triggered, conn: Connection | None = None) -> Run:
+        """The handle a trigger returns: a run it wrote is as it wrote it (in progress,
+        nothing halted: no read); the run that holds the key is read, through ``conn`` when
+        the trigger ran in the caller's open transaction (the run may not be committed yet),
+        else through the app. :meth:`refresh` later reads through the app."""
+        run = cls(app, triggered.run_id, _read=False)
+        if triggered.written is None:
+            return run.refresh() if conn is None else run._read(conn)
+        (run.pipeline, run.triggered_at), run.status, run.halt_reasons = triggered.written, "in_progress", []
         return run
 
     def refresh(self) -> Run:
         """Read the run's status, pipeline, trigger time and halt reasons again; returns self."""
         with self.app.begin(readonly=True) as tx:
-            self._read(tx.conn)
-        return self
+            return self._read(tx.conn)
 
     async def arefresh(self) -> Run:
         """:meth:`refresh`, awaited: the same reads through the async driver
@@ -280,7 +283,7 @@ class Run:
         await self.app.aread(self._read)
         return self
 
-    def _read(self, conn: Connection) -> None:
+    def _read(self, conn: Connection) -> Run:
         b, r = schema.branches, schema.runs
         row = conn.execute(
             sa.select(r.c.status, r.c.pipeline_klass, r.c.triggered_at).where(r.c.id == self.id)
@@ -291,6 +294,7 @@ class Run:
                                .where(b.c.run_id == self.id, b.c.status == "halted")).scalars()
         self.halt_reasons = sorted(reason for reason in reasons if reason is not None)
         self.status, self.pipeline, self.triggered_at = row.status, row.pipeline_klass, row.triggered_at
+        return self
 
     def wait(self, timeout: float, poll: float = 0.1) -> Run:
         """Block until the run is completed, halted or dampened; TimeoutError after ``timeout`` s.

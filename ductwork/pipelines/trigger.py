@@ -49,7 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -81,11 +81,12 @@ _r = schema.runs
 
 @dataclass(frozen=True)
 class Triggered:
-    """What a trigger did: the run it returns, and whether it wrote it (False: the run
-    that holds the key, found; nothing written)."""
+    """What a trigger did: the run it returns and, when it wrote that run, the pipeline's
+    name and the trigger time it wrote (None: the run that holds the key, found; nothing
+    written)."""
 
     run_id: str
-    created: bool
+    written: tuple[str, datetime] | None = None
 
 
 def check_key(pipeline: str, key: object) -> str | None:
@@ -177,7 +178,7 @@ def trigger(app: Database, tx: Tx, pipeline: type, args: list[Json], key: str | 
     if key is not None:
         existing = _key_kept_by(tx, definition.pipeline, key, window_us)
         if existing is not None:  # [INV-TRG-1] the key's run: nothing written
-            return Triggered(existing, created=False)
+            return Triggered(existing)
     run_id, branch_id = new_id(), new_id()
     now = tx.now
     insert = _r.insert().values(
@@ -197,11 +198,11 @@ def trigger(app: Database, tx: Tx, pipeline: type, args: list[Json], key: str | 
             existing = keyed_run(tx, definition.pipeline, key)
             if existing is None:  # committed after this transaction's snapshot: not ours to see
                 raise
-            return Triggered(existing, created=False)
+            return Triggered(existing)
     create_branches(tx, run_id, [{"id": branch_id}])
     create_steps(tx, run_id, definition, [NewStep(branch_id, definition.start, "start", input_json)])
     app._definitions.setdefault(sha1, definition)
-    return Triggered(run_id, created=True)
+    return Triggered(run_id, (definition.pipeline, now))
 
 
 def _key_kept_by(tx: Tx, pipeline: str, key: str, window_us: int | None) -> str | None:
@@ -245,4 +246,7 @@ def trigger_in(conn: Connection, app: Database, pipeline: type, args: list[Json]
     if kind != app.backend:
         raise TriggerConnectionError(name, f"the connection is to {kind}, but the app's database is "
                                            f"{app.backend} ({app.database})")
-    return trigger(app, Tx(conn, app.clock, app.backend), pipeline, args, key, key_window)  # [INV-TRG-2]
+    tx = Tx(conn, app.clock)
+    triggered = trigger(app, tx, pipeline, args, key, key_window)  # [INV-TRG-2]
+    tx.send_wakeups()  # heard once the caller commits
+    return triggered

@@ -92,6 +92,32 @@ def test_a_second_trigger_with_the_key_returns_the_first_run(app):
     assert ChargeOrder.trigger(3, key="order-1").id == first.id  # held while the run exists
 
 
+def test_a_triggers_handle_is_the_run_it_wrote_without_reading_it_back(app):
+    """The handle a trigger returns is the run as it wrote it (in progress, its pipeline,
+    the trigger time stored to the microsecond, nothing halted), with no read after the
+    write; a trigger that finds the key's run reads that run, in whatever state it is."""
+    statements = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001 - SQLAlchemy's hook
+        statements.append(statement.lstrip().split(None, 1)[0].upper())
+
+    sa.event.listen(app.engine, "before_cursor_execute", capture)
+    try:
+        run = ChargeOrder.trigger(1, key="order-1")
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", capture)
+    assert "INSERT" in statements
+    assert [s for s in statements[statements.index("INSERT"):] if s == "SELECT"] == (
+        ["SELECT"] if app.backend == "postgresql" else [])  # PostgreSQL's one NOTIFY, nothing read
+    stored = app.run(run.id)
+    assert (run.status, run.pipeline, run.triggered_at, run.halt_reasons) == (
+        stored.status, stored.pipeline, stored.triggered_at, stored.halt_reasons)
+    assert (run.status, run.halt_reasons) == ("in_progress", [])
+    drain(app)
+    again = ChargeOrder.trigger(2, key="order-1")
+    assert (again.id, again.status) == (run.id, "completed")
+
+
 def test_a_pruned_run_frees_its_key(app):
     from ductwork import prune
 
