@@ -9,8 +9,8 @@ wrote when it claimed the branch, a worker's success on a free branch (unclaimed
 progress, which no advancer can hold while the step's execution is open). :func:`fence`
 locks the branch rows and keeps those still held as their caller says [INV-ADV-2];
 :func:`move_branches` then makes the simple moves (a halt, a leaf, chain, converge, divert,
-dampen) of the branches it kept: each step completed and what follows it created in the
-same transaction [INV-ADV-1], the advancements closed, the branches moved on or ended,
+dampen) of the branches it kept: each step completed and what follows it created in the same
+transaction [INV-ADV-1], an advancer's advancements closed, the branches moved on or ended,
 their runs resolved [INV-RUN-1]. An advancer's batch and single advancement
 (``advance.Advancer``) and a worker's inline advancement (:func:`advance_on_successes`)
 all go through it. Lock order
@@ -52,6 +52,11 @@ _b, _a = schema.branches, schema.advancements
 PROCESS_CRASH = "ductwork.ProcessCrash"
 THREAD_CRASH = "ductwork.ThreadCrash"
 CRASH_CLASSES = (PROCESS_CRASH, THREAD_CRASH)
+
+#: :func:`set_status_if` writes with one UPDATE per distinct output while there are at most
+#: this many distinct outputs (steps that return the same value: ``None``, ``True``, a
+#: status), else with one UPDATE per step in one ``executemany``
+DISTINCT_OUTPUTS = 4
 
 
 def close_advancement(tx: Tx, advancement_id: str, **error: str | None) -> bool:
@@ -214,6 +219,8 @@ class Move:
     kind: str | None = None
     value_json: str | None = None
     halt_reason: str | None = None
+    #: the output its step stores as it completes (a worker's success; None: stored before)
+    output: str | None = None
     #: the routing error a halt records on its advancement (an advancer's move only)
     error: ErrorInfo | None = None
 
@@ -260,11 +267,10 @@ def _make_moves(tx: Tx, moves: list[Move], definitions: Mapping[str, Definition]
     the caller's (each path guards them its own way). Raises :class:`StepMovedOn` when a
     step's status is not the one its move completes it from."""
     for status in sorted({m.complete_from for m in moves if m.complete_from is not None}):
-        ids = [m.step_id for m in moves if m.complete_from == status]
-        done = tx.execute(dialects.prepared(tx.conn, _complete_steps),
-                          {"batch_ids": ids, "b_status": status, "b_now": tx.now}).rowcount
-        if done != len(ids):  # [INV-ADV-1] the step's status guard: moved past once
-            raise StepMovedOn(f"steps {ids}: {done} of {len(ids)} were {status}")
+        outputs = {m.step_id: m.output for m in moves if m.complete_from == status}
+        done = set_status_if(tx, outputs, status, "completed")
+        if done != len(outputs):  # [INV-ADV-1] the step's status guard: moved past once
+            raise StepMovedOn(f"steps {list(outputs)}: {done} of {len(outputs)} were {status}")
     new: list[tuple[str, Definition, NewStep]] = []
     for m in moves:
         if m.node is not None:
@@ -276,11 +282,44 @@ def _make_moves(tx: Tx, moves: list[Move], definitions: Mapping[str, Definition]
     create_steps_across(tx, new)
 
 
-def _complete_steps(_: Any) -> sa.Update:
-    steps, now = schema.steps, sa.bindparam("b_now", type_=schema.Timestamp)
-    return (steps.update().where(steps.c.id.in_(dialects.ids_param()),
-                                 steps.c.status == sa.bindparam("b_status", type_=steps.c.status.type))
-            .values(status="completed", completed_at=now, updated_at=now))
+def set_status_if(tx: Tx, outputs: Mapping[str, str | None], status: str, to: str) -> int:
+    """Move the steps ``outputs`` names (by id) from ``status`` to ``to``, each storing its
+    output (payload JSON; None keeps the stored one) in the same write: each write is
+    guarded by the status, so a step no longer ``status`` is left as it is. Returns how many
+    moved; the caller compares it with how many it asked [INV-ADV-1, INV-EXE-2].
+    ``completed`` stamps ``completed_at``. One UPDATE per distinct output while there are
+    at most :data:`DISTINCT_OUTPUTS`, else one UPDATE per step in one ``executemany``."""
+    now = tx.now
+    params = {"b_status": status, "b_to": to, "b_now": now, "b_completed": now if to == "completed" else None}
+    by_output: dict[str | None, list[str]] = {}
+    for step_id, output in outputs.items():
+        by_output.setdefault(output, []).append(step_id)
+    if len(by_output) <= DISTINCT_OUTPUTS:
+        return sum(tx.execute(dialects.prepared(tx.conn, _set_status_in),
+                              {**params, "batch_ids": ids, "b_payload": output}).rowcount
+                   for output, ids in by_output.items())
+    return int(tx.execute(dialects.prepared(tx.conn, _set_status_each),
+                          [{**params, "b_id": i, "b_payload": output} for i, output in outputs.items()]).rowcount)
+
+
+def _set_status(bind: Any, which: sa.ColumnElement[bool]) -> sa.Update:
+    s = schema.steps
+    stamp = sa.bindparam("b_completed", type_=schema.Timestamp)
+    return (s.update()
+            .where(which, dialects.by_primary_key(s.c.status, bind) == sa.bindparam("b_status", type_=s.c.status.type))
+            .values(status=sa.bindparam("b_to", type_=s.c.status.type),
+                    output_payload=sa.func.coalesce(sa.bindparam("b_payload", type_=s.c.output_payload.type),
+                                                    s.c.output_payload),
+                    completed_at=sa.func.coalesce(stamp, s.c.completed_at),
+                    updated_at=sa.bindparam("b_now", type_=schema.Timestamp)))
+
+
+def _set_status_in(bind: Any) -> sa.Update:
+    return _set_status(bind, schema.steps.c.id.in_(dialects.ids_param()))
+
+
+def _set_status_each(bind: Any) -> sa.Update:
+    return _set_status(bind, schema.steps.c.id == sa.bindparam("b_id", type_=schema.steps.c.id.type))
 
 
 def _end_branches(tx: Tx, moves: list[Move], tokens: list[str] | None) -> None:
@@ -331,13 +370,13 @@ def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:
     ``dampen``) and whose branch is free (unclaimed, in progress) has its step go straight
     from ``in_progress`` to ``completed``, with its successor (step, first execution)
     created, or its branch ended (``completed`` for a leaf, ``dampened``) and its run
-    resolved [INV-RUN-1], and an advancement row opened and closed by the worker's
-    process. The others are left to the caller (their steps become ``advancing``, for an
-    advancer). Exactly once as for a fenced advancement [INV-ADV-1]: the branch row is
-    locked and must be unclaimed (no advancer can hold it: until this transaction commits
-    its step is not advanceable), the step's completion is guarded by its status (a step
-    an earlier attempt moved on raises :class:`StepMovedOn`), and ``uq_step_branch_node``
-    forbids a second successor.
+    resolved [INV-RUN-1]; no advancement row is written (a worker's move holds no claim, and
+    a closed advancement without an error is read by nothing). The others are left to the
+    caller (their steps become ``advancing``, for an advancer). Exactly once as for a fenced
+    advancement [INV-ADV-1]: the branch row is locked and must be unclaimed (no advancer can
+    hold it: until this transaction commits its step is not advanceable), the step's
+    completion is guarded by its status (a step an earlier attempt moved on raises
+    :class:`StepMovedOn`), and ``uq_step_branch_node`` forbids a second successor.
 
     Lock order [lock order]: every branch row first, in branch-id order, then every run
     row of the moves, in run-id order (``runs.lock_runs``), before any write; an
@@ -355,25 +394,23 @@ def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:
     # a branch an advancer holds, or that ended, is not ours to move (the fence keeps only
     # free ones): its step waits for an advancer
     moves = [Move(i.claimed.branch_id, i.claimed.run_id, i.claimed.step_id, "in_progress", status, node, kind,
-                  i.value_json) for i, (status, node, kind) in planned]
-    made, _ = move_branches(tx, moves, definitions, owner={i.claimed.step_id: i.claimed.process_id for i, _ in planned})
+                  i.value_json, output=i.output) for i, (status, node, kind) in planned]
+    made, _ = move_branches(tx, moves, definitions)
     return {m.step_id for m in made}
 
 
 def move_branches(tx: Tx, moves: Sequence[Move], definitions: Mapping[str, Definition], *,
-                  held: Mapping[str, BranchClaim] | None = None,
-                  owner: Mapping[str, str] | None = None) -> tuple[list[Move], dict[str, str]]:
+                  held: Mapping[str, BranchClaim] | None = None) -> tuple[list[Move], dict[str, str]]:
     """Make simple moves (:class:`Move`), fenced: the one function behind every simple
-    transition, an advancer's (``held``: its claims by branch id) or a worker's (``owner``:
-    the process id of each step's success; the branches must be free). Returns the moves
-    made and the status of each run a move ended a branch of.
+    transition, an advancer's (``held``: its claims by branch id) or a worker's (None: the
+    branches must be free). Returns the moves made and the status of each run a move ended
+    a branch of.
 
     The fence (:func:`fence`) keeps the moves whose branch is still held as the caller
     says [INV-ADV-2]; then their run rows are locked (run-id order), before any write
     [lock order]; each step is completed (from the status its move requires) and what
-    follows it created in this transaction [INV-ADV-1]; the advancements are closed (an
-    advancer's open ones; for a worker, a row opened and closed in its process's name);
-    each branch goes on (``in_progress``, unclaimed) or ends, and the runs of the branches
+    follows it created in this transaction [INV-ADV-1]; an advancer's advancements are
+    closed; each branch goes on (``in_progress``, unclaimed) or ends, and the runs of the branches
     that ended are resolved [INV-RUN-1]."""
     live = fence(tx, {m.branch_id: None if held is None else held[m.branch_id].token for m in moves})
     made = [m for m in moves if m.branch_id in live]
@@ -382,24 +419,16 @@ def move_branches(tx: Tx, moves: Sequence[Move], definitions: Mapping[str, Defin
     runs = lock_runs(tx, [m.run_id for m in made])  # [lock order] the runs after every branch
     faults.hit(faults.INSIDE_ADVANCE_BATCH)
     _make_moves(tx, made, definitions)
-    _close_advancements(tx, made, held, owner)
+    if held is not None:
+        _close_advancements(tx, made, held)
     tokens = None if held is None else [held[m.branch_id].token for m in made]
     _end_branches(tx, made, tokens)  # [INV-ADV-2] only the holders may move them
     return made, resolve_runs(tx, {m.run_id: runs[m.run_id] for m in made if m.ends})
 
 
-def _close_advancements(tx: Tx, made: list[Move], held: Mapping[str, BranchClaim] | None,
-                        owner: Mapping[str, str] | None) -> None:
-    """The advancements of moves made: an advancer's open ones closed (with a halt's error),
-    or, for a worker, a row each opened and closed in its process's name."""
+def _close_advancements(tx: Tx, made: list[Move], held: Mapping[str, BranchClaim]) -> None:
+    """The advancer's open advancements of moves made, closed (with a halt's error)."""
     now = tx.now
-    if held is None:
-        assert owner is not None, "a worker's moves name the process that made them"
-        dialects.insert_rows(tx.conn, _a, [{
-            "id": new_id(), "branch_id": m.branch_id, "step_id": m.step_id, "process_id": owner[m.step_id],
-            "claim_token": new_token(), "started_at": now, "completed_at": now, "crash_count": 0, "created_at": now,
-            "updated_at": now} for m in made])
-        return
     ids = [held[m.branch_id].advancement_id for m in made if m.error is None]
     closed = tx.execute(_a.update().where(_a.c.id.in_(dialects.inline_ids(ids)), _a.c.completed_at.is_(None))
                         .values(completed_at=now, updated_at=now)).rowcount if ids else 0
@@ -422,8 +451,10 @@ def value_json_of(output_payload: str | None) -> str | None:
 @dataclass(frozen=True)
 class Inline:
     """A success's step to advance past in a worker's transaction (:func:`advance_on_successes`):
-    its claim, its run's definition and the JSON text of its value."""
+    its claim, its run's definition, the JSON text of its value and its output (the payload
+    JSON its step stores)."""
 
     claimed: Claimed
     definition: Definition
     value_json: str
+    output: str

@@ -38,7 +38,6 @@ Nothing is logged for an outcome that was not recorded.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +49,7 @@ from ductwork.errors import CommitFailed
 from ductwork.limits.claims import release, release_and_claim
 from ductwork.limits.executions import MESSAGE_LIMIT, Claimed, Ending, ErrorInfo, Pending, enqueue
 from ductwork.limits.outcomes import rerun_at, retry_at
-from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes
+from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes, set_status_if
 from ductwork.pipelines.payloads import Output
 from ductwork.pipelines.runs import cached_definition
 
@@ -58,11 +57,6 @@ if TYPE_CHECKING:
     from ductwork.db.database import Database, Tx
 
 log = logging.getLogger("ductwork.executions")
-
-#: a group commit writes its steps' outputs with one UPDATE per distinct output while there
-#: are at most this many distinct outputs (steps that return the same value: ``None``,
-#: ``True``, a status), else one UPDATE per step in one ``executemany``
-DISTINCT_OUTPUTS = 4
 
 
 @dataclass(eq=False)
@@ -179,17 +173,15 @@ def _follow_up(app: Database, tx: Tx, successes: list[Success]) -> None:
     advanced past inline (``pipeline_advancer.inline_linear``, a simple transition on a free
     branch) or left ``advancing`` for an advancer (woken). Raises :class:`_Taken` when a step
     is no longer in progress: its execution was taken and another attempt moved it on."""
-    _write_outputs(tx, successes)
     for success in successes:
         _write_expand_items(tx, success)
     try:
         advanced = advance_on_successes(tx, _inline_moves(app, successes))
     except StepMovedOn:
         raise _Taken() from None
-    rest = [s.claimed.step_id for s in successes if s.claimed.step_id not in advanced]
+    rest = {s.claimed.step_id: s.output.payload_json for s in successes if s.claimed.step_id not in advanced}
     if rest:
-        if tx.execute(dialects.prepared(tx.conn, _to_advancing),
-                      {"batch_ids": rest, "b_now": tx.now}).rowcount != len(rest):
+        if set_status_if(tx, rest, "in_progress", "advancing") != len(rest):
             raise _Taken()  # a step no longer in progress: its execution was taken [INV-EXE-2]
         tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
 
@@ -199,31 +191,8 @@ def _inline_moves(app: Database, successes: list[Success]) -> list[Inline]:
     items), when ``pipeline_advancer.inline_linear`` is on; none when it is off."""
     if not app.config.pipeline_advancer.inline_linear:
         return []
-    return [Inline(s.claimed, cached_definition(app, s.claimed.definition_sha1), s.output.value_json)
-            for s in successes if s.output.value_json is not None]
-
-
-def _write_outputs(tx: Tx, successes: Sequence[Success]) -> None:
-    """Each success's step: its output."""
-    s = schema.steps
-    by_output: dict[str, list[str]] = {}
-    for success in successes:
-        by_output.setdefault(success.output.payload_json, []).append(success.claimed.step_id)
-    if len(by_output) <= DISTINCT_OUTPUTS:
-        for payload, step_ids in by_output.items():
-            tx.execute(dialects.prepared(tx.conn, _write_output),
-                       {"batch_ids": step_ids, "b_payload": payload, "b_now": tx.now})
-        return
-    tx.execute(s.update().where(s.c.id == sa.bindparam("b_id"))
-               .values(output_payload=sa.bindparam("b_payload"), updated_at=tx.now),
-               [{"b_id": x.claimed.step_id, "b_payload": x.output.payload_json} for x in successes])
-
-
-def _write_output(_: Any) -> sa.Update:
-    s = schema.steps
-    return (s.update().where(s.c.id.in_(dialects.ids_param()))
-            .values(output_payload=sa.bindparam("b_payload", type_=s.c.output_payload.type),
-                    updated_at=sa.bindparam("b_now", type_=schema.Timestamp)))
+    return [Inline(s.claimed, cached_definition(app, s.claimed.definition_sha1), s.output.value_json,
+                   s.output.payload_json) for s in successes if s.output.value_json is not None]
 
 
 def _write_expand_items(tx: Tx, success: Success) -> None:
@@ -234,17 +203,6 @@ def _write_expand_items(tx: Tx, success: Success) -> None:
             tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
 
 
-def _to_advancing(bind: Any) -> sa.Update:
-    steps = schema.steps
-    status = dialects.by_primary_key(steps.c.status, bind)
-    return (steps.update().where(steps.c.id.in_(dialects.ids_param()), status == "in_progress")
-            .values(status="advancing", updated_at=sa.bindparam("b_now", type_=schema.Timestamp)))
-
-
-def _mark_failed(tx: Tx, step_id: str) -> None:
-    tx.execute(schema.steps.update()
-               .where(schema.steps.c.id == step_id, schema.steps.c.status == "in_progress")
-               .values(status="failed", updated_at=tx.now))
 
 
 def _log_successes(successes: list[Success]) -> None:
@@ -349,7 +307,7 @@ def _end_in(app: Database, tx: Tx, x: Claimed | sa.Row[Any], execution_id: str, 
     if eligible is not None:  # [INV-EXE-4] budget left: the retry or re-run is enqueued with the outcome
         enqueue(tx, [Pending(x.step_id, x.limit_key, eligible, retries, crashes)])
     else:
-        _mark_failed(tx, x.step_id)
+        set_status_if(tx, {x.step_id: None}, "in_progress", "failed")
     tx.wake()  # a slot is free, or the step may be advanceable
     return logs.StepEnded(outcome, x.run_id, x.pipeline_klass, x.klass, x.node, x.step_id, execution_id,
                           x.retry_count, x.crash_count, budget, info.klass, info.message, eligible,

@@ -176,7 +176,7 @@ def test_a_group_commit_reads_its_rows_by_primary_key(app):
         record_successes(app, [Success(c, Output("null")) for c in claimed])
     finally:
         sa.event.remove(app.engine, "before_cursor_execute", capture)
-    assert len(sent) == 3  # the executions' guard, the steps' output (one UPDATE: one output) and status
+    assert len(sent) == 2  # the executions' guard; the steps' status with their output (one UPDATE: one output)
     with app.engine.connect() as conn:
         for statement, parameters in sent:
             plan = " ".join(row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters))
@@ -194,7 +194,7 @@ def test_a_batch_plans_for_the_ids_it_carries(app, routine):
     chosen while the queue tables were small, would otherwise be kept as they grow
     (ductwork.db.dialects.inline_ids). On a server the claim, the load and the guard are
     the lane routine's, one call whose ids travel as one array: the group commit's
-    statements (outputs, steps) still carry theirs in their text."""
+    statement (the steps' status and outputs) still carries theirs in its text."""
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     ids = make_executions(app, run_id, branch_id, None, AT, 3)
@@ -210,8 +210,8 @@ def test_a_batch_plans_for_the_ids_it_carries(app, routine):
         record_successes(app, [Success(c, Output("null")) for c in claimed])
     finally:
         sa.event.remove(app.engine, "before_cursor_execute", capture)
-    # claim, load and the executions' guard (in Python), the steps' output and status
-    assert len(sent) == {"python": 5, "server": 2}[routine]
+    # claim, load and the executions' guard (in Python), the steps' status with their output
+    assert len(sent) == {"python": 4, "server": 1}[routine]
     step_ids = [c.step_id for c in claimed]
     for statement, parameters in sent:
         expected = step_ids if "ductwork_steps SET" in statement else ids
@@ -465,7 +465,7 @@ def test_a_keyed_group_commit_leaves_a_reaped_execution_to_the_reaper(keyed_app)
                          ids=["few distinct outputs", "each its own"])
 def test_a_group_commit_stores_each_steps_own_output(app, outputs):
     """A group commit writes one UPDATE per distinct output while there are few of them
-    (``outcomes.DISTINCT_OUTPUTS``), else one per step: either way each step keeps the
+    (``branches.DISTINCT_OUTPUTS``), else one per step: either way each step keeps the
     output its own execution returned, and only the group's steps are written."""
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")

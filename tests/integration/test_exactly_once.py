@@ -219,7 +219,8 @@ def test_a_success_leaves_a_held_branch_to_its_advancer(app_inline):
 
 def test_a_group_commit_completes_one_step_runs_without_an_advancer(app_inline):
     """One-step runs: the worker's group commit completes each step, ends each branch and
-    completes each run in the transaction that records the successes."""
+    completes each run in the transaction that records the successes, writing four rows a
+    run in all."""
     runs = [Unkeyed.trigger(i) for i in range(6)]
     worker = Worker(app_inline)
     while worker.run_once() is not None:
@@ -228,6 +229,12 @@ def test_a_group_commit_completes_one_step_runs_without_an_advancer(app_inline):
     with app_inline.begin() as tx:
         assert candidates(tx, 10) == []
         assert set(tx.execute(sa.select(schema.branches.c.status)).scalars()) == {"completed"}
+        # four rows a run (run, branch, step, execution): a worker's move holds no claim, so
+        # it writes no advancement row (an advancer's claim is one)
+        rows = {t.name: tx.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
+                for t in (schema.runs, schema.branches, schema.steps, schema.executions, schema.advancements)}
+    assert rows == {"ductwork_runs": 6, "ductwork_branches": 6, "ductwork_steps": 6, "ductwork_executions": 6,
+                    "ductwork_advancements": 0}
 
 
 class KeyedChain(Pipeline):
