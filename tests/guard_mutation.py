@@ -92,7 +92,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                              f"{_I}test_fan_in_while_expanding.py", f"{_I}test_pipelines.py",
                              f"{_I}test_advancer_arms.py", f"{_I}test_logs.py"),
     "pipelines/branches.py": (f"{_I}test_partial_losses.py", f"{_I}test_exactly_once.py",
-                              f"{_I}test_advancer_arms.py", f"{_I}test_pipelines.py"),
+                              f"{_I}test_advancer_arms.py", f"{_I}test_pipelines.py",
+                              f"{_I}test_batches.py"),  # (set_status_if: a group's status and outputs)
     "limits/lanes.py": (f"{_I}test_time_predicates.py", f"{_I}test_batches.py", f"{_I}test_limits.py",
                         f"{_I}test_bounds.py"),
     "limits/claims.py": (f"{_I}test_time_predicates.py", f"{_I}test_partial_losses.py", f"{_I}test_bounds.py",
@@ -225,27 +226,27 @@ ARGUED: dict[str, tuple[str, str]] = {
         "asks `status = 'running'` and the row's own token again; a row not running matches nothing there "
         "(rowcount 0: nothing written, no wake, no event to log). A wider read, a cost, not an outcome"),
     # -- pipelines/runs.py
-    "pipelines/runs.py#26": (
+    "pipelines/runs.py#27": (
         "`where` without `r.c.status.not_in(TERMINAL)`",
         "_complete_runs names only runs whose status resolve_runs was given as not final, and that status was "
         "read by this transaction under the run row's lock (lock_run, lock_runs: FOR UPDATE on a server, the "
         "write lock on SQLite), held to the commit; the only status writes in between are resolve_runs' own, "
         "once per run: every row the ids name still matches the guard"),
-    "pipelines/runs.py#36": (
+    "pipelines/runs.py#37": (
         "`.where(r.c.id.in_(dialects.ids_param()))` dropped",
         "lock_runs reads and locks every run row instead of the batch's: its one caller (branches.move_branches) "
         "looks the result up only at its own moves' run ids, so the statuses it uses are the same; a wider lock "
         "(taken in the same run-id order), a cost, not an outcome (SQLite holds the write lock anyway)"),
-    "pipelines/runs.py#46": (
+    "pipelines/runs.py#48": (
         "`where` without `r.c.status.not_in(TERMINAL)`",
-        "the other statuses' UPDATE: as #28 (its ids are open runs read under the run lock this transaction holds)"),
-    "pipelines/runs.py#49": (
+        "the other statuses' UPDATE: as #27 (its ids are open runs read under the run lock this transaction holds)"),
+    "pipelines/runs.py#51": (
         "`where` without `b.c.status == 'halted'`",
         "halt reasons of the run's branches in any status: a branch gets a halt reason only with the status "
         "halted (Move's halt_reason is set only on halting moves, _set_branch('halted', ...)), every other move "
         "writes it NULL, a halted branch is never claimed or moved again, and a revive clears it on the branches "
         "it resumes; the NULLs are dropped after the read"),
-    "pipelines/runs.py#52": (
+    "pipelines/runs.py#54": (
         "`e.c.created_at` read as `eligible_at`",
         "the order of a step's executions: one is open at a time (uq_execution_open_per_step), the next is "
         "enqueued by the transaction that ends the one before (outcomes' retry, a crash's re-run), eligible no "
@@ -253,26 +254,26 @@ ARGUED: dict[str, tuple[str, str]] = {
         "execution. So created_at, eligible_at, claimed_at, completed_at and updated_at rise together over a "
         "step's ended executions (equal only under a stopped test clock, then the id decides in both orders, "
         "rising within the one process); `claimed` (a count, a min) takes no order"),
-    "pipelines/runs.py#53": (
-        "`e.c.created_at` read as `claimed_at`",
-        "as #56 (the pending execution's NULL claimed_at sorts differently per database, but `ended` leaves it "
-        "out and `claimed` takes no order)"),
-    "pipelines/runs.py#54": (
-        "`e.c.created_at` read as `completed_at`",
-        "as #56 (the open execution's NULL completed_at is left out of `ended`)"),
     "pipelines/runs.py#55": (
+        "`e.c.created_at` read as `claimed_at`",
+        "as #54 (the pending execution's NULL claimed_at sorts differently per database, but `ended` leaves it "
+        "out and `claimed` takes no order)"),
+    "pipelines/runs.py#56": (
+        "`e.c.created_at` read as `completed_at`",
+        "as #54 (the open execution's NULL completed_at is left out of `ended`)"),
+    "pipelines/runs.py#57": (
         "`e.c.created_at` read as `updated_at`",
-        "as #56: an ended execution's updated_at is its completed_at (the end writes both, nothing writes it after)"),
-    "pipelines/runs.py#61": (
+        "as #54: an ended execution's updated_at is its completed_at (the end writes both, nothing writes it after)"),
+    "pipelines/runs.py#63": (
         "`.where(s.c.run_id == self.id)` dropped",
         "steps() reads every run's executions: they are grouped by their step id and looked up only at this "
         "run's step ids (the rows of the first read), so each step gets the same list; a cost (a wider read), "
         "not an outcome"),
-    "pipelines/runs.py#65": (
+    "pipelines/runs.py#67": (
         "`s.c.started_at` read as `created_at`",
         "a step row's started_at is its created_at: create_steps_across writes both as now, revive's re-enqueued "
         "step sets both to now and its history copies keep both, and no UPDATE writes either"),
-    "pipelines/runs.py#73": (
+    "pipelines/runs.py#75": (
         "`where` without `b.c.status == 'dampened'`",
         "resume moves the branches it has just read as dampened, in this transaction under the run row's lock; "
         "only resume, under that lock, moves a dampened branch (advancers claim in-progress branches, a "
@@ -391,70 +392,76 @@ ARGUED: dict[str, tuple[str, str]] = {
         "child of one barrier arrives through an edge of this kind into this target in any "
         "definition the builder accepts (only a hand-edited snapshot could name another node)"),
     # -- pipelines/branches.py
-    "pipelines/branches.py#9": (
+    "pipelines/branches.py#2": (
+        '`len(by_output) <= DISTINCT_OUTPUTS`: Lt for LtE',
+        'with exactly DISTINCT_OUTPUTS distinct outputs set_status_if writes with one UPDATE per step (the '
+        'executemany) instead of one per distinct output: both move the same rows, each guarded by its '
+        'status, with its own output_payload and updated_at = tx.now, and the row counts are summed either '
+        'way (a cost, the number of statements, not an outcome)'),
+    "pipelines/branches.py#10": (
         "`row.claim_token is None and row.status == 'in_progress'`: Or",
         "the free fence also keeps an unclaimed branch that is not in progress: a claim writes 'advancing' "
         "with its token and every other write drops both together, so such a branch has ended (completed, "
         "halted, dampened), which happens only once its latest step is completed or failed; the success's "
-        "step is then not in progress, `_complete_steps`'s status guard raises StepMovedOn and the success "
-        "is refused as taken, as it is when the fence drops the branch (`_to_advancing` finds the step "
-        "moved on)"),
-    "pipelines/branches.py#15": (
+        "step is then not in progress, `set_status_if`'s status guard (the completion) raises StepMovedOn and "
+        "the success is refused as taken, as it is when the fence drops the branch (its `advancing` write "
+        "finds the step moved on)"),
+    "pipelines/branches.py#17": (
         "`.where(_b.c.claim_token.is_(None))` dropped",
         "the free move without `claim_token IS NULL`: the fence read each of these rows under its lock "
         "(FOR UPDATE; SQLite: the write lock of BEGIN IMMEDIATE) in this transaction and kept only the "
         "unclaimed ones, and nothing else can write them before it commits"),
-    "pipelines/branches.py#25": (
+    "pipelines/branches.py#26": (
         "`.where(_b.c.id.in_(dialects.ids_param()))` dropped",
         "the fence's lock read of every branch row: it keeps only the rows named in `held` "
         "(`row.id in held`); SQLite has no row locks, and on a server it locks more rows (a cost, a wider "
         "wait), not another outcome"),
-    "pipelines/branches.py#62": (
+    "pipelines/branches.py#67": (
         "`.where(s.c.branch_id.in_(dialects.inline_ids(won)))` dropped",
         "_claims_of reads every branch's steps: `latest` is keyed by branch id and only the branches won "
         "are looked up in it, each with its own rows in the same order (a cost, a wider read)"),
-    "pipelines/branches.py#63": (
+    "pipelines/branches.py#68": (
         "`.where(_a.c.step_id.in_(dialects.inline_ids([latest[b].id for b in )` dropped",
         "_claims_of reads every advancement: `crashes` is keyed by step id and only the won branches' "
         "latest steps are looked up in it, each with its own rows in the same order (a cost, a wider read)"),
-    "pipelines/branches.py#37": (
+    "pipelines/branches.py#39": (
         "`.where(r.c.id.in_(dialects.inline_ids(run_ids)))` dropped",
         "_claims_of reads every run's definition digest: `sha1s` is keyed by run id and only the won "
         "branches' runs are looked up in it (a cost, a wider read)"),
-    "pipelines/branches.py#42": (
+    "pipelines/branches.py#47": (
         "`.where(_b.c.claim_token.in_(tokens))` dropped",
         "the held move without its tokens: the fence read each of these rows under its lock (FOR UPDATE; "
         "SQLite: the write lock of BEGIN IMMEDIATE) in this transaction and kept only those carrying their "
         "claim's token, and nothing else can write them before it commits"),
-    "pipelines/branches.py#47": (
+    "pipelines/branches.py#52": (
         "`where` without `_b.c.claim_token == token`",
         "the release runs only when close_advancement has just closed this claim's advancement, so it was "
         "open; an advancement is open exactly while its claim holds the branch (a claim sets its token only "
         "on an unclaimed branch and opens its advancement in the same transaction; every write that drops "
         "a token, a fence's close and move, move_branches, this release, closes that claim's advancement "
         "in the same transaction), so a branch still 'advancing' carries `token`"),
-    "pipelines/branches.py#48": (
+    "pipelines/branches.py#53": (
         "`where` without `_b.c.status == 'advancing'`",
         "a branch carries a claim token exactly while it is 'advancing': a claim writes both, and every "
         "write that moves a branch off 'advancing' drops the token in the same statement; `claim_token = "
         "token` (never NULL) implies the status"),
-    "pipelines/branches.py#60": (
+    "pipelines/branches.py#65": (
         "`where` without `_b.c.claim_token.is_(None)`",
         "the claim without `claim_token IS NULL`: a branch 'in_progress' carries no token (a claim writes "
         "'advancing' with its token and every write back to 'in_progress', a release, a move, a resume, a "
         "revive, drops or has none), so `status = 'in_progress'` implies it"),
-    "pipelines/branches.py#66": (
+    "pipelines/branches.py#71": (
         "`where` without `_a.c.completed_at.is_(None)`",
         "the close of an advancer's advancements without `completed_at IS NULL`: the fence kept only "
         "branches that still carry each claim's token, under their locks, and a claim's advancement is "
-        "open while its token holds the branch (as #56), so every row named is open"),
-    "pipelines/branches.py#73": (
+        "open while its token holds the branch (as #52), so every row named is open"),
+    "pipelines/branches.py#78": (
         "`where` without `_b.c.id.in_(dialects.inline_ids(ids))`",
         "the read of the branches won without their ids: `token` is a fresh UUIDv4 of this call, written "
         "only by this transaction's UPDATE, which names `ids`"),
-    "pipelines/branches.py#86": (
+    "pipelines/branches.py#91": (
         "`where` without `_b.c.claim_token.is_(None)`",
-        "candidates without `claim_token IS NULL`: a branch 'in_progress' carries no token (as #64), so "
+        "candidates without `claim_token IS NULL`: a branch 'in_progress' carries no token (as #65), so "
         "`status = 'in_progress'` implies it"),
     # -- limits/lanes.py
     # -- limits/claims.py
@@ -506,26 +513,6 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`keys - existing`, the same set whether `existing` holds only the asked keys that exist or every "
         "key that exists (a cost, a wider read, not an outcome)"),
     # -- pipelines/outcomes.py
-    "pipelines/outcomes.py#5": (
-        '`len(by_output) <= DISTINCT_OUTPUTS`: Lt for LtE',
-        'with exactly DISTINCT_OUTPUTS distinct outputs the group writes its steps\' outputs with one UPDATE '
-        'per step (the executemany) instead of one per distinct output: both set each step\'s own '
-        'output_payload and updated_at = tx.now in the same transaction, and neither reads a row count '
-        '(a cost, the number of statements, not an outcome)'),
-    "pipelines/outcomes.py#33": (
-        "`where` without `status == 'in_progress'`",
-        "_to_advancing without the status: the success's release later in the same transaction is the "
-        "guard (claims._end: `completed_at IS NULL` and the owner's). A step leaves in_progress only in a "
-        "transaction that ends its one open execution (a success: this UPDATE or its inline completion; a "
-        "failure, invalid or crash with no budget: _mark_failed), so a step not in progress has no execution "
-        "open for this owner: the release ends fewer than the group holds, _Taken rolls the transaction "
-        "back, the wider UPDATE with it, as the rowcount check would have"),
-    "pipelines/outcomes.py#39": (
-        "`where` without `schema.steps.c.status == 'in_progress'`",
-        "_mark_failed runs only after release() ended this step's execution, held by this owner, in the "
-        "same transaction (record_failure, record_invalid, crash_in), and a step with an open execution is "
-        "in_progress (it leaves in_progress only in the transaction that ends its one open execution): the "
-        "condition holds whenever it runs"),
 }
 _SWAP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn,

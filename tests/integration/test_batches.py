@@ -480,6 +480,28 @@ def test_a_group_commit_stores_each_steps_own_output(app, outputs):
     assert [v for k, v in stored.items() if k not in {c.step_id for c in claimed}] == [None]
 
 
+def test_a_group_of_distinct_outputs_writes_each_by_its_own_id_and_stamps_no_completion(app):
+    """One output more than ``branches.DISTINCT_OUTPUTS``, each distinct, and no other step
+    in progress: the steps' status write is one UPDATE per step (an ``executemany``), each
+    by its own id, so each step keeps its own output; and a step left ``advancing`` has no
+    ``completed_at`` (only a completion stamps one)."""
+    from ductwork.pipelines.branches import DISTINCT_OUTPUTS
+
+    outputs = [str(i) for i in range(DISTINCT_OUTPUTS + 1)]
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    make_executions(app, run_id, branch_id, None, AT, len(outputs))
+    claimed = claim_batch(app, process, len(outputs))
+    record_successes(app, [Success(c, Output(v)) for c, v in zip(claimed, outputs, strict=True)])
+    s = schema.steps
+    with app.begin() as tx:
+        stored = {row.id: row for row in tx.execute(
+            sa.select(s.c.id, s.c.status, s.c.output_payload, s.c.completed_at).where(s.c.run_id == run_id))}
+    assert {c.step_id: stored[c.step_id].output_payload for c in claimed} == {
+        c.step_id: '{"payload": ' + v + "}" for c, v in zip(claimed, outputs, strict=True)}
+    assert {(row.status, row.completed_at) for row in stored.values()} == {("advancing", None)}
+
+
 def test_inline_ids_quotes_any_text_exactly(app):
     """Plain ids are quoted by ductwork in one string, any other text by SQLAlchemy
     (``dialects.inline_ids``): a quote, a backslash or a ``%`` finds its own row and no other."""

@@ -146,10 +146,10 @@ def test_coverage_contexts_become_node_ids_and_a_statement_of_several_lines_find
     assert guard_mutation._node_id("nowhere.test_x") is None
     module = "pipelines/outcomes.py"
     source = (PACKAGE / module).read_text().splitlines()
-    start = next(i for i, text in enumerate(source, 1) if text.strip().startswith("tx.execute(schema.steps.update()"))
-    inner = start + 1  # the where clause's line: coverage maps the statement on its first line
+    start = next(i for i, text in enumerate(source, 1) if text.strip().startswith("row = tx.execute("))
+    inner = start + 4  # the where clause's line: coverage maps the statement on its first line
     assert source[inner - 1].strip().startswith(".where(")
-    mapped = {"lines": {module: {str(start): ["a::test_one", "b::test_two"], str(start + 5): ["c::other"]}}}
+    mapped = {"lines": {module: {str(start): ["a::test_one", "b::test_two"], str(start + 7): ["c::other"]}}}
     assert guard_mutation._covering(module, inner, mapped) == ["a::test_one", "b::test_two"]
 
 
