@@ -57,10 +57,12 @@ class Tx:
         self.woken = self.advancers_woken = False
 
     def wake(self) -> None:
-        """Mark that this transaction made work claimable (an execution created or
-        completed): an idle worker and the idle advancers are woken once it commits
-        (ductwork.db.wakeup)."""
-        self.woken = self.advancers_woken = True
+        """Mark that this transaction made work a job worker may claim (an execution
+        created, a slot freed): one idle worker thread is woken once it commits
+        (ductwork.db.wakeup). Advancers are not: a transaction that gives them work says
+        so (:meth:`wake_advancers`), and each wake of theirs wakes every idle advancer
+        thread of every process."""
+        self.woken = True
 
     def wake_advancers(self) -> None:
         """Mark that this transaction gave advancers work (a step left ``advancing``) and

@@ -1,7 +1,8 @@
 """Wakeups by kind: what a transaction wakes, in its process and (PostgreSQL) in others.
 
-A success that leaves its step ``advancing`` wakes advancers only; a new execution or a
-slot freed without a hand-off wakes one job worker too, and a worker whose claim took
+A success that leaves its step ``advancing`` wakes advancers only; a new execution (a
+trigger's too) or a slot freed without a hand-off wakes one job worker, and advancers only
+when there is a step for them (a step failed for good), and a worker whose claim took
 something wakes one more (never every idle thread for one execution). No timing:
 generations and the wakes asked for are compared, and a notification from another
 process is waited for with a deadline.
@@ -21,12 +22,14 @@ from ductwork.db.wakeup import PgListener
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
 from ductwork.limits.claims import claim
-from ductwork.pipelines.outcomes import record_success
+from ductwork.pipelines.outcomes import record_invalid, record_success
 from ductwork.pipelines.payloads import Output
+from ductwork.pipelines.runs import trigger_run
 from ductwork_proof.fleet import wait_for
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
 from tests.factories import make_executions, make_run
+from tests.workloads import Unkeyed
 
 AT = datetime(2020, 1, 1)
 
@@ -43,6 +46,26 @@ def test_a_success_left_advancing_wakes_advancers_only(app):
     workers, advancers = _generations(app)
     record_success(app, claimed, Output("null"))
     assert _generations(app) == (workers, advancers + 1)
+
+
+def test_a_trigger_wakes_one_worker_and_no_advancer(app):
+    """A new run's first step is a job: a worker may claim it, an advancer has nothing to
+    do. (Each trigger woke every idle advancer thread of every process before: on
+    PostgreSQL, runs triggered one at a time cost the fleet three times the CPU per step
+    of runs fed first, bench/RESULTS.md.)"""
+    workers, advancers = _generations(app)
+    trigger_run(app, Unkeyed, [1])
+    assert _generations(app) == (workers + 1, advancers)
+
+
+def test_a_step_failed_for_good_wakes_advancers_and_a_worker(app):
+    """Its slot is free, and an advancer halts its branch."""
+    run_id, branch_id = make_run(app)
+    make_executions(app, run_id, branch_id, None, AT)
+    claimed = claim(app, register(app, role="test", label="w"))
+    workers, advancers = _generations(app)
+    record_invalid(app, claimed, ValueError("cannot succeed"))
+    assert _generations(app) == (workers + 1, advancers + 1)
 
 
 def test_a_keyed_success_without_a_hand_off_wakes_workers_too(app):
