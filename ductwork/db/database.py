@@ -56,13 +56,12 @@ class Tx:
         self._now: datetime | None = None
         self.woken = self.advancers_woken = False
 
-    def wake(self) -> None:
+    def wake(self, *, advancers: bool = False) -> None:
         """Mark that this transaction made work a job worker may claim (an execution
         created, a slot freed): one idle worker thread is woken once it commits
-        (ductwork.db.wakeup). Advancers are not: a transaction that gives them work says
-        so (:meth:`wake_advancers`), and each wake of theirs wakes every idle advancer
-        thread of every process."""
-        self.woken = True
+        (ductwork.db.wakeup); the idle advancers too only with ``advancers`` (it gave them
+        a step), since a wake of theirs wakes every idle advancer thread of every process."""
+        self.woken, self.advancers_woken = True, self.advancers_woken or advancers
 
     def wake_advancers(self) -> None:
         """Mark that this transaction gave advancers work (a step left ``advancing``) and

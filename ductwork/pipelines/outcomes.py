@@ -308,8 +308,7 @@ def _end_in(app: Database, tx: Tx, x: Claimed | sa.Row[Any], execution_id: str, 
         enqueue(tx, [Pending(x.step_id, x.limit_key, eligible, retries, crashes)])
     else:
         set_status_if(tx, {x.step_id: None}, "in_progress", "failed")
-        tx.wake_advancers()  # the failed step is advanceable: an advancer halts its branch
-    tx.wake()  # a slot is free (and a retry or re-run is pending)
+    tx.wake(advancers=eligible is None)  # a slot is free; a failed step is an advancer's to halt its branch
     return logs.StepEnded(outcome, x.run_id, x.pipeline_klass, x.klass, x.node, x.step_id, execution_id,
                           x.retry_count, x.crash_count, budget, info.klass, info.message, eligible,
                           info.log_traceback())

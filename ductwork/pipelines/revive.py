@@ -121,8 +121,7 @@ def _revive(app: Database, tx: Tx, run_id: str, duplicate_context: bool) -> tupl
             sa.select(_context_ids(tx, run_id), sa.literal(new_run, _c.c.run_id.type), _c.c.key, _c.c.value,
                       _c.c.first_set_at, _c.c.last_set_at).where(_c.c.run_id == run_id)))
     faults.hit(faults.INSIDE_REVIVE)
-    tx.wake()  # the re-run steps' executions
-    tx.wake_advancers()  # the steps carried over advancing
+    tx.wake(advancers=True)  # the re-run steps' executions, and the steps carried over advancing
     return new_run, len(halted)
 
 
