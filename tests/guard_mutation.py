@@ -102,7 +102,7 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                              f"{_I}test_bounds.py", "tests/unit/test_limits.py",
                              f"{_I}test_inspection.py"),  # (forget: a prune keeps the other runs' executions)
     "pipelines/outcomes.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
-                              f"{_I}test_timeout_children.py"),
+                              f"{_I}test_timeout_children.py", f"{_I}test_wakeups.py"),
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")
