@@ -203,8 +203,6 @@ def _write_expand_items(tx: Tx, success: Success) -> None:
             tx.execute(schema.expand_items.insert(), rows[start:start + 1000])
 
 
-
-
 def _log_successes(successes: list[Success]) -> None:
     """One DEBUG per committed success (thousands per second: never INFO)."""
     if log.isEnabledFor(logging.DEBUG):
