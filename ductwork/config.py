@@ -32,7 +32,15 @@ from typing import Any, Literal
 
 from ductwork.durations import parse_interval_us
 from ductwork.errors import ConfigError
-from ductwork.limit_entries import LimitEntry, check_int, check_mapping, child_path, parse_limits
+from ductwork.limit_entries import (
+    FamilyEntry,
+    LimitEntry,
+    check_int,
+    check_mapping,
+    child_path,
+    family_of_key,
+    parse_limit_config,
+)
 
 log = logging.getLogger("ductwork.config")
 
@@ -347,7 +355,8 @@ def _unretired(section: str, body: object) -> object:
     return {key: value for key, value in body.items() if f"{section}.{key}" not in RETIRED}
 
 
-def _job_worker(body: Mapping[str, object]) -> tuple[JobWorkerConfig, dict[str, LimitEntry]]:
+def _job_worker(body: Mapping[str, object]
+                ) -> tuple[JobWorkerConfig, tuple[dict[str, LimitEntry], dict[str, FamilyEntry]]]:
     values = _scalars("job_worker", body, _JOB_WORKER_SCALARS)
     for budget in ("max_retry", "max_crash"):
         if budget in body:
@@ -355,8 +364,7 @@ def _job_worker(body: Mapping[str, object]) -> tuple[JobWorkerConfig, dict[str, 
             values[budget], values[f"{budget}_overrides"] = _overrides(
                 f"job_worker.{budget}", body[budget], builtin
             )
-    limits = parse_limits(body.get("limits"), "job_worker.limits")
-    return JobWorkerConfig(**values), limits
+    return JobWorkerConfig(**values), parse_limit_config(body.get("limits"), "job_worker.limits")
 
 
 def _string_list(path: str, value: object, valid: Callable[[str], bool], what: str) -> tuple[str, ...]:
@@ -426,12 +434,30 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     #: ``job_worker.limits``, parsed: key → kept concurrency and rate entries [INV-LIM-7]
     limits: dict[str, LimitEntry] = field(default_factory=dict)
+    #: ``job_worker.limits``' key families (an entry with ``per_partition``): family → entry
+    families: dict[str, FamilyEntry] = field(default_factory=dict)
     #: where this came from (a file path, ``<mapping>`` or ``<defaults>``), for messages
     source: str = "<defaults>"
 
-    def with_limits(self, limits: Mapping[str, LimitEntry]) -> Config:
-        """A copy with ``limits`` in place of this config's (already parsed entries)."""
-        return dataclasses.replace(self, limits=dict(limits))
+    def with_limits(self, limits: Mapping[str, LimitEntry],
+                    families: Mapping[str, FamilyEntry] | None = None) -> Config:
+        """A copy with ``limits`` (and ``families``, when given) in place of this config's
+        (already parsed entries)."""
+        return dataclasses.replace(self, limits=dict(limits),
+                                   families=self.families if families is None else dict(families))
+
+    def family_of(self, key: str) -> FamilyEntry | None:
+        """The entry of the family ``key`` is a partition of; None: a static key."""
+        family = family_of_key(key, self.families)
+        return None if family is None else self.families[family]
+
+    def entry_for(self, key: str) -> LimitEntry | None:
+        """The limits a decision on ``key`` applies: a static key's entry, or its family's
+        ``per_partition`` (semantics §5.1); None: unconfigured."""
+        entry = self.limits.get(key)
+        if entry is None and (family := self.family_of(key)) is not None:
+            return family.per_partition
+        return entry
 
     @classmethod
     def from_section(
@@ -462,7 +488,7 @@ class Config:
         if pipelines == ("*",) and not imports:
             raise ConfigError("pipelines", list(pipelines), "'*' loads the pipelines of the modules listed "
                               "in imports, and imports lists none; add imports: ['myapp.pipelines']")
-        job_worker, limits = _job_worker(check_mapping("job_worker", _unretired("job_worker", body.get("job_worker")),
+        job_worker, (limits, families) = _job_worker(check_mapping("job_worker", _unretired("job_worker", body.get("job_worker")),
                                                        _JOB_WORKER_KEYS))
         advancer = check_mapping("pipeline_advancer", body.get("pipeline_advancer"), _ADVANCER_KEYS)
         supervisor = check_mapping("supervisor", body.get("supervisor"), _SUPERVISOR_KEYS)
@@ -479,5 +505,6 @@ class Config:
             supervisor=_supervisor(_scalars("supervisor", supervisor, _SUPERVISOR_KEYS)),
             logging=_logging(body.get("logging")),
             limits=limits,
+            families=families,
             source=source,
         )

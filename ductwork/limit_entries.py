@@ -269,13 +269,74 @@ def parse_limit_entry(key: object, raw: object, path: str) -> LimitEntry:
 
 
 def parse_limits(raw: object, path: str = "job_worker.limits") -> dict[str, LimitEntry]:
-    """Parse ``job_worker.limits`` into ``{key: LimitEntry}``, in config order.
+    """Parse ``job_worker.limits`` into ``{key: LimitEntry}``, in config order: its static
+    keys (:func:`parse_limit_config` parses the families too).
 
     ``None`` (the key present with nothing under it) means no limits. The first bad
     entry raises; see :func:`parse_limit_entry`.
     """
+    return parse_limit_config(raw, path)[0]
+
+
+@dataclass(frozen=True)
+class FamilyEntry:
+    """A key family's entry (docs/semantics.md §5.1): ``per_partition`` applies to every
+    partition ``family[<value>]`` as a static key's entry would; ``concurrency`` (None: no
+    ceiling) bounds the family's in-flight executions over all its partitions together
+    [INV-LIM-8]."""
+
+    family: str
+    per_partition: LimitEntry
+    concurrency: int | None
+
+
+_FAMILY_KEYS = ("per_partition", "concurrency", "rate")
+
+
+def parse_limit_config(raw: object, path: str = "job_worker.limits"
+                       ) -> tuple[dict[str, LimitEntry], dict[str, FamilyEntry]]:
+    """Parse ``job_worker.limits`` into its static keys' entries and its families', each in
+    config order. An entry with ``per_partition`` is a family's:
+    ``{"per_partition": {"concurrency": 2}, "concurrency": 50}`` gives
+    ``FamilyEntry("vendor_api", LimitEntry("vendor_api", 2, ()), 50)``. A family's name is
+    a non-blank string without ``[``; a rate over a whole family is refused (semantics
+    §5.1 says why), and so is a static key that is a partition of a family declared here
+    (``family[…]``): every key a pipeline writes is then either static or a partition."""
     body = check_mapping(path, raw)
-    return {key: parse_limit_entry(key, raw, child_path(path, key)) for key, raw in body.items()}
+    limits: dict[str, LimitEntry] = {}
+    families: dict[str, FamilyEntry] = {}
+    for key, entry in body.items():
+        where = child_path(path, key)
+        if isinstance(entry, Mapping) and "per_partition" in entry:
+            families[key] = _parse_family(key, entry, where)
+        else:
+            limits[key] = parse_limit_entry(key, entry, where)
+    for key in limits:
+        if (family := family_of_key(key, families)) is not None:
+            raise ConfigError(child_path(path, key), key, f"a static key may not be a partition of family "
+                              f"{family!r} ({family}[…]); rename it")
+    return limits, families
+
+
+def _parse_family(family: object, raw: Mapping[str, object], path: str) -> FamilyEntry:
+    if not isinstance(family, str) or not family.strip() or "[" in family:
+        raise ConfigError(path, family, "a key family must be a non-blank string without '['")
+    body = check_mapping(path, raw, _FAMILY_KEYS)
+    if "rate" in body:
+        raise ConfigError(f"{path}.rate", body["rate"], "a rate over a whole family is not supported: put it "
+                          "under per_partition (each partition's own), or use a static key")
+    concurrency = None
+    if "concurrency" in body:
+        concurrency = check_int(f"{path}.concurrency", body["concurrency"], minimum=1)
+    return FamilyEntry(family, parse_limit_entry(family, body["per_partition"], f"{path}.per_partition"),
+                       concurrency)
+
+
+def family_of_key(key: str, families: Mapping[str, FamilyEntry]) -> str | None:
+    """The family ``key`` is a partition of (it begins with the family's name and ``[``),
+    among ``families``; None: a static key (or a family's own name)."""
+    family, bracket, _ = key.partition("[")
+    return family if bracket and family in families else None
 
 
 def validate_references(
