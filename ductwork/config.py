@@ -488,8 +488,8 @@ class Config:
         if pipelines == ("*",) and not imports:
             raise ConfigError("pipelines", list(pipelines), "'*' loads the pipelines of the modules listed "
                               "in imports, and imports lists none; add imports: ['myapp.pipelines']")
-        job_worker, (limits, families) = _job_worker(check_mapping("job_worker", _unretired("job_worker", body.get("job_worker")),
-                                                       _JOB_WORKER_KEYS))
+        job_worker, (limits, families) = _job_worker(
+            check_mapping("job_worker", _unretired("job_worker", body.get("job_worker")), _JOB_WORKER_KEYS))
         advancer = check_mapping("pipeline_advancer", body.get("pipeline_advancer"), _ADVANCER_KEYS)
         supervisor = check_mapping("supervisor", body.get("supervisor"), _SUPERVISOR_KEYS)
         return cls(

@@ -67,8 +67,11 @@ CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: came to be written by its step's guarded status write (``branches.set_status_if``: four
 #: statement builders folded into it), a worker's inline move stopped writing an advancement
 #: row, a trigger's handle came from what it wrote, a transaction's wake-ups became one
-#: statement, and ``Tx.backend`` (unread) went
-CODE_LINES_BUDGET = 6_106
+#: statement, and ``Tx.backend`` (unread) went. Then a feature, not a speed pass: partitioned
+#: keys (issue 34) add what :data:`PARTITIONED_KEYS_LINES` counts, named apart so that the
+#: clean-ups' ratchet stays visible
+PARTITIONED_KEYS_LINES = 7
+CODE_LINES_BUDGET = 6_106 + PARTITIONED_KEYS_LINES
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment
 SQL_LINE = re.compile(r"^\s*(?:--|$)")

@@ -657,9 +657,11 @@ class MutantError(Exception):
 
 
 def _sources(package: Path) -> dict[Path, str]:
-    """Every ``.py`` file of the package, and the lane routine's SQL (``limits/sql/*.sql``)."""
+    """Every ``.py`` file of the package, and the lane routine's SQL (``limits/sql/*.sql``; not
+    the older versions a migration keeps as history)."""
     return {path.relative_to(package): path.read_text()
-            for path in sorted([*package.rglob("*.py"), *package.rglob("*.sql")]) if "__pycache__" not in path.parts}
+            for path in sorted([*package.rglob("*.py"), *(package / "limits" / "sql").glob("*.sql")])
+            if "__pycache__" not in path.parts}
 
 
 def _replace(text: str, at: int, old: str, new: str) -> str:

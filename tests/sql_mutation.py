@@ -4,7 +4,7 @@
     python -m tests.sql_mutation --db postgresql       # one
     python -m tests.sql_mutation --list --db mysql     # the variants, not run
 
-The lane routine (``ductwork/limits/sql/release_and_claim_1.*.sql``) computes in SQL what
+The lane routine (``ductwork/limits/sql/release_and_claim_2.*.sql``) computes in SQL what
 ``ductwork.limits.plan.plan`` specifies; ``tests/refinement.py`` checks that it does, state
 by state. This generates variants of each backend's SQL, one change each, and expects the
 check over the bounded domain (``refinement.exhaustive``) to find a state where the variant
@@ -165,7 +165,7 @@ def variants(backend: str) -> Iterator[Variant]:
 
 
 def _variants(backend: str) -> Iterator[Variant]:
-    lines = (SOURCE / f"release_and_claim_1.{backend}.sql").read_text().splitlines()
+    lines = (SOURCE / f"release_and_claim_2.{backend}.sql").read_text().splitlines()
     for number, line in enumerate(lines, start=1):
         code, comment = _code(line)
         if not code.strip() or code.lstrip().upper().startswith(("CREATE ", "DECLARE ", "RETURNS ", "IN ", "OUT ")):
@@ -209,11 +209,11 @@ def install(engine: sa.Engine, backend: str, text: str) -> None:
     PROCEDURE)."""
     with engine.begin() as conn:
         if backend == "postgresql":
-            conn.exec_driver_sql("DROP FUNCTION IF EXISTS ductwork_release_and_claim_1")
-            conn.exec_driver_sql("DROP FUNCTION IF EXISTS ductwork_decide_1")
+            conn.exec_driver_sql("DROP FUNCTION IF EXISTS ductwork_release_and_claim_2")
+            conn.exec_driver_sql("DROP FUNCTION IF EXISTS ductwork_decide_2")
         else:
-            conn.exec_driver_sql("DROP PROCEDURE IF EXISTS ductwork_release_and_claim_1")
-            conn.exec_driver_sql("DROP PROCEDURE IF EXISTS ductwork_decide_1")
+            conn.exec_driver_sql("DROP PROCEDURE IF EXISTS ductwork_release_and_claim_2")
+            conn.exec_driver_sql("DROP PROCEDURE IF EXISTS ductwork_decide_2")
         dialects.install_routine(conn, text)
 
 
@@ -258,7 +258,7 @@ def run(backend: str) -> tuple[int, int, list[Variant]]:
     url = fresh_database(server, SCRATCH)
     migrated(url)
     engine = engines.create_engine(url)
-    source = (SOURCE / f"release_and_claim_1.{backend}.sql").read_text()
+    source = (SOURCE / f"release_and_claim_2.{backend}.sql").read_text()
     world = World.make(url, engine)
     lines = source.splitlines()
     kills = invalid = 0

@@ -55,7 +55,7 @@ import sqlalchemy as sa
 from ductwork import faults
 from ductwork.db import dialects, schema
 from ductwork.db.clock import from_us, to_us
-from ductwork.limit_entries import LimitEntry, entry_digest
+from ductwork.limit_entries import FamilyEntry, LimitEntry, entry_digest
 from ductwork.limits import buckets
 from ductwork.limits.executions import CLAIM_COLUMNS, Claimed, Ending, KeyHeader, lock_key, write_header
 from ductwork.limits.lanes import UNKEYED, Position, in_lane, scan_lanes
@@ -107,9 +107,9 @@ def release(app: Database, tx: Tx, key: str | None, owner: str | None, endings: 
     return release_and_claim(app, tx, key, owner, endings).ended
 
 
-#: the server-side routine's name (``limits/sql/``, installed by migration 0012): a change to
+#: the server-side routine's name (``limits/sql/``, installed by migration 0013): a change to
 #: it is a new name, installed by a new migration
-ROUTINE = "ductwork_release_and_claim_1"
+ROUTINE = "ductwork_release_and_claim_2"
 
 
 def _on_server(app: Database, tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending],
@@ -134,27 +134,36 @@ def _routine_args(app: Database, key: str | None, owner: str | None, endings: Se
                   poll: bool) -> list[dialects.RoutineArg]:
     """The server-side routine's arguments, in its order (``limits/sql/``)."""
     fixed, offset = app.clock.in_sql()
-    keys, entries, unconfigured = _routine_config(tuple(app.config.limits.items()))
-    entry, digest = (None, None) if key is None else entries.get(key, (None, unconfigured))
+    keys, entries, unconfigured = _routine_config(tuple(app.config.limits.items()), tuple(app.config.families.items()))
+    family = None if key is None else app.config.family_of(key)
+    entry, digest = (None, None) if key is None else entries.get(
+        key if family is None else family.family, (None, unconfigured))
+    ceiling = None if family is None else family.concurrency
     error = endings[0].error if endings else None
     return [key, owner, [e.execution_id for e in endings], endings[0].outcome if endings else None,
             None if error is None else error.klass, None if error is None else error.message,
             None if error is None else error.backtrace, take, poll, fixed,
             offset // timedelta(microseconds=1), None if entry is None else dialects.Json(entry), digest,
-            dialects.Json(keys), unconfigured]
+            dialects.Json(keys), unconfigured, None if family is None or ceiling is None else family.family, ceiling]
 
 
 @functools.lru_cache(maxsize=16)
-def _routine_config(limits: tuple[tuple[str, LimitEntry], ...]
+def _routine_config(limits: tuple[tuple[str, LimitEntry], ...], families: tuple[tuple[str, FamilyEntry], ...]
                     ) -> tuple[list[dict[str, object]], dict[str, tuple[dict[str, object], str]], str]:
-    """What the server-side routine is given of a config's limits: every configured key with
-    its concurrency and fingerprint (the lane scan's), each key's entry (concurrency and
-    kept rates in config order) with its fingerprint, and the fingerprint of no entry."""
-    keys: list[dict[str, object]] = [{"k": key, "c": entry.concurrency, "d": entry_digest(entry)}
-                                     for key, entry in limits]
+    """What the server-side routine is given of a config's limits: every configured key and
+    family with its concurrency and fingerprint (the lane scan's; a family's are its
+    ``per_partition``'s, marked ``"p"``, with its ceiling ``"f"``), each key's and family's
+    entry (concurrency and kept rates in config order) with its fingerprint, and the
+    fingerprint of no entry."""
+    named = [*limits, *((family, f.per_partition) for family, f in families)]
+    ceilings = {family: f.concurrency for family, f in families}
+    keys: list[dict[str, object]] = [
+        {"k": key, "c": entry.concurrency, "d": entry_digest(entry), **({"p": True, "f": ceilings[key]}
+                                                                          if key in ceilings else {})}
+        for key, entry in named]
     entries: dict[str, tuple[dict[str, object], str]] = {
         key: ({"c": entry.concurrency, "r": [[r.limit, r.per_s, r.burst] for r in entry.rates]}, entry_digest(entry))
-        for key, entry in limits}
+        for key, entry in named}
     return keys, entries, entry_digest(None)
 
 
