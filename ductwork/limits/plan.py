@@ -78,18 +78,23 @@ class LaneState:
     in_flight: int
     candidates: tuple[Position, ...]
     bound: Position | None
+    #: a partition's family's in-flight count over all its partitions, read under the
+    #: family's lock (0 when the request has no ``family_ceiling``) [INV-LIM-8]
+    family_in_flight: int = 0
 
 
 @dataclass(frozen=True)
 class Request:
     """What the routine is asked: the lane's key (None: the unkeyed lane) and its entry in
-    this process's config (None: unconfigured), how many to claim (0: only the endings),
-    and whether this is a poll's claim or a hand-off."""
+    this process's config (None: unconfigured; a partition's: its family's
+    ``per_partition``), how many to claim (0: only the endings), whether this is a poll's
+    claim or a hand-off, and a partition's family's ceiling (None: none, or no partition)."""
 
     key: str | None
     entry: LimitEntry | None
     take: int
     poll: bool
+    family_ceiling: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,8 @@ def _keyed(state: LaneState, request: Request, key: KeyRow) -> Plan:
     rebase = key.digest != digest
     if rebase and not request.poll:
         return NOTHING  # a deploy in progress: a poll re-bases the key first
+    if not _family_admits(state, request, 0):  # [INV-LIM-8] the family first: nothing read, refilled or written
+        return Plan(refused="family_concurrency") if request.poll else NOTHING
     kept = carry_over(request.entry, key.buckets) if rebase else dict(key.buckets)
     # a re-base drops the buckets of periods the entry no longer keeps and clears the stamp
     dropped, new_digest = (tuple(sorted(set(key.buckets) - set(kept))), digest) if rebase else ((), None)
@@ -155,6 +162,8 @@ def _keyed(state: LaneState, request: Request, key: KeyRow) -> Plan:
         return _written(decided[0], (), dropped, new_digest, refused="rate") if request.poll else NOTHING
 
     def admits(claimed: int) -> bool:  # the next poll's decision, on what the last one left
+        if not _family_admits(state, request, claimed):
+            return False  # [INV-LIM-8] the family is at its ceiling: the batch ends
         further = decide(request.entry, {b.period_s: b for b in decided[-1].buckets}, state.in_flight + claimed,
                          state.now_us)
         decided.append(further)
@@ -163,6 +172,12 @@ def _keyed(state: LaneState, request: Request, key: KeyRow) -> Plan:
     claims = _batch(state, request.take, admits)
     last = next(d for d in reversed(decided) if d.admitted)
     return _written(last, tuple(p.id for p in claims), dropped, new_digest)
+
+
+def _family_admits(state: LaneState, request: Request, claimed: int) -> bool:
+    """Whether a partition's family admits one more claim after ``claimed`` of this call:
+    its in-flight count over all its partitions below its ceiling [INV-LIM-8]."""
+    return request.family_ceiling is None or state.family_in_flight + claimed < request.family_ceiling
 
 
 def _batch(state: LaneState, take: int, admits: Callable[[int], bool]) -> list[Position]:
