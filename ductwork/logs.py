@@ -143,6 +143,12 @@ def start_lines(config: Config, database: str, pipelines: list[str], role: str, 
         if entry.rates:
             parts.append("rate " + ", ".join(f"{r.limit} per {r.per_s}s (burst {r.burst})" for r in entry.rates))
         keys.append(f"{key}: {', '.join(parts)}")
+    for family, f in sorted(config.families.items()):
+        each = f.per_partition
+        parts = [f"concurrency {each.concurrency}"] if each.concurrency is not None else []
+        parts += [f"rate {r.limit} per {r.per_s}s (burst {r.burst})" for r in each.rates]
+        ceiling = f", {f.concurrency} over the family" if f.concurrency is not None else ""
+        keys.append(f"{family}[…]: each partition {', '.join(parts)}{ceiling}")
     lines.append(f"limit keys ({len(keys)}): {'; '.join(keys)}" if keys else "limit keys: none")
     return lines
 

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 FAILED_HOOKS_SHOWN = 5
 #: up to this many keys, their buckets are read by name (one IN list); above it, all of them
 FEW_KEYS = 1000
+#: the busiest partitions ``ductwork status`` lists under each key family (in flight, then pending)
+TOP_PARTITIONS = 5
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ class Status:
     hooks: dict[str, int] = field(default_factory=dict)
     #: the failed hooks: (run id, handler, last error class, last error message)
     failed_hooks: list[tuple[str, str, str | None, str | None]] = field(default_factory=list)
+    #: the configured key families and their ceilings (None: none): their partitions are
+    #: shown by family, the busiest first
+    families: dict[str, int | None] = field(default_factory=dict)
 
 
 def snapshot(app: App, *, keys: Collection[str] | None = None, busy_only: bool = False) -> Status:
@@ -107,7 +112,8 @@ def snapshot(app: App, *, keys: Collection[str] | None = None, busy_only: bool =
         failed = [(row.run_id, row.klass, row.error_klass, row.error_message) for row in tx.execute(
             sa.select(h.c.run_id, h.c.klass, h.c.error_klass, h.c.error_message)
             .where(h.c.status == "failed").order_by(h.c.completed_at.desc()).limit(FAILED_HOOKS_SHOWN))]
-    return Status(now, runs, procs, shown, hooks, failed)
+    return Status(now, runs, procs, shown, hooks, failed,
+                  {family: entry.concurrency for family, entry in app.config.families.items()})
 
 
 def process_statuses(app: App) -> tuple[datetime, list[ProcessStatus]]:
@@ -189,7 +195,7 @@ def _stored_buckets(tx: Tx, keys: list[str]) -> dict[str, dict[int, buckets.Buck
 
 def _key(app: App, header: Any, running: int, pending: int, stored: dict[int, buckets.Bucket],
          now: datetime) -> KeyStatus:
-    entry = app.config.limits.get(header.key)
+    entry = app.config.entry_for(header.key)
     shown = []
     for rate in (entry.rates if entry else ()):
         bucket = stored.get(rate.per_s)
@@ -249,16 +255,42 @@ def render(status: Status) -> str:
     for proc in status.processes:
         lines.append(f"  {proc.label:<28} {proc.role:<18} {proc.host:<{width}} pid {proc.pid:<7} "
                      f"heartbeat {proc.heartbeat_age_s:6.1f}s ago  {proc.id}" + _mark(proc))
-    lines += ["", "limit keys:"]
-    if not status.keys:
-        lines.append("  (none)")
+    return "\n".join([*lines, "", "limit keys:", *_limit_key_lines(status)])
+
+
+def _limit_key_lines(status: Status) -> list[str]:
+    """The static keys, then each family with its busiest partitions (:data:`TOP_PARTITIONS`)."""
+    lines: list[str] = []
+    partitions: dict[str, list[KeyStatus]] = {family: [] for family in status.families}
+    static: list[KeyStatus] = []
     for key in status.keys:
-        limit = "unlimited (no config entry)" if not key.configured else (
-            f"{key.in_flight}/{key.concurrency} in flight" if key.concurrency else f"{key.in_flight} in flight")
-        lines.append(f"  {key.key}: {limit}, {key.pending} pending")
-        for period, tokens, burst in key.buckets:
-            lines.append(f"    rate per {period}s: {float(tokens):.3f} of {burst} tokens")
-        if key.blocked_until is not None and key.blocked_until > status.now:
-            lines.append(f"    blocked until {key.blocked_until.isoformat(sep=' ')} "
-                         f"({(key.blocked_until - status.now).total_seconds():.3f}s from now)")
-    return "\n".join(lines)
+        family, bracket, _ = key.key.partition("[")
+        if key.key not in status.families:  # (a family's own row is its partitions' lock, not a key)
+            (partitions[family] if bracket and family in partitions else static).append(key)
+    if not static and not status.families:
+        lines.append("  (none)")
+    for key in static:
+        lines += _key_lines(key, status.now, "  ")
+    for family, ceiling in status.families.items():
+        members = sorted(partitions[family], key=lambda k: (-k.in_flight, -k.pending, k.key))
+        in_flight = sum(k.in_flight for k in members)
+        lines.append(f"  family {family}: {len(members)} partitions, "
+                     f"{in_flight}{'' if ceiling is None else f'/{ceiling}'} in flight, "
+                     f"{sum(k.pending for k in members)} pending")
+        for key in members[:TOP_PARTITIONS]:
+            lines += _key_lines(key, status.now, "    ")
+        if len(members) > TOP_PARTITIONS:
+            lines.append(f"    … and {len(members) - TOP_PARTITIONS} more partitions")
+    return lines
+
+
+def _key_lines(key: KeyStatus, now: datetime, indent: str) -> list[str]:
+    limit = "unlimited (no config entry)" if not key.configured else (
+        f"{key.in_flight}/{key.concurrency} in flight" if key.concurrency else f"{key.in_flight} in flight")
+    lines = [f"{indent}{key.key}: {limit}, {key.pending} pending"]
+    for period, tokens, burst in key.buckets:
+        lines.append(f"{indent}  rate per {period}s: {float(tokens):.3f} of {burst} tokens")
+    if key.blocked_until is not None and key.blocked_until > now:
+        lines.append(f"{indent}  blocked until {key.blocked_until.isoformat(sep=' ')} "
+                     f"({(key.blocked_until - now).total_seconds():.3f}s from now)")
+    return lines

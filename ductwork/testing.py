@@ -251,7 +251,7 @@ def _key_waits(app: App, tx: Tx, key: str, since: datetime) -> str:
     if header is not None and header.blocked_until is not None and header.blocked_until > tx.now:
         return f"waits for limit key {key!r}: rate-blocked until {header.blocked_until}"
     in_flight = tx.execute(sa.select(sa.func.count()).where(e.c.inflight_key == key)).scalar_one()
-    entry = app.config.limits.get(key)
+    entry = app.config.entry_for(key)
     if entry is not None and entry.concurrency is not None and in_flight >= entry.concurrency:
         return f"waits for limit key {key!r}: concurrency {in_flight} of {entry.concurrency} in flight"
     return f"queued on limit key {key!r} since {since}, not claimed by any worker"

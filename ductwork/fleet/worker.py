@@ -219,8 +219,10 @@ class Worker:
         CPU-bound). One that took something wakes one more idle thread: there may be more to
         take."""
         cpu_share, processes = self._pace.cpu_share, self.app.config.job_worker.processes
+        config = self.app.config  # (a family's share applies to each of its partitions)
+        entries = [*config.limits.items(), *((family, f.per_partition) for family, f in config.families.items())]
         per_key = {key: batching.keyed_batch(self.batch, entry, self._threads, cpu_share=cpu_share, processes=processes)
-                   for key, entry in self.app.config.limits.items()}
+                   for key, entry in entries}
         claimed = claim_batch(self.app, self.process_id, self.batch, self.batch, per_key, self._refused)
         self._note_tokens(claimed)
         self._queue.extend(claimed)

@@ -43,6 +43,7 @@ step, what an outcome means for the pipeline (``pipelines.outcomes``), or enqueu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -58,7 +59,7 @@ from ductwork.db.clock import from_us, to_us
 from ductwork.limit_entries import FamilyEntry, LimitEntry, entry_digest
 from ductwork.limits import buckets
 from ductwork.limits.executions import CLAIM_COLUMNS, Claimed, Ending, KeyHeader, lock_key, write_header
-from ductwork.limits.lanes import UNKEYED, Position, in_lane, scan_lanes
+from ductwork.limits.lanes import UNKEYED, Position, family_in_flight, in_lane, scan_lanes
 from ductwork.limits.plan import KeyRow, LaneState, Plan, Request, plan
 
 if TYPE_CHECKING:
@@ -174,6 +175,10 @@ def _in_python(app: Database, tx: Tx, key: str | None, owner: str | None, ending
     key's lock is that lock, and every clock read of the transaction is after it
     [INV-CLK-1]."""
     header = None
+    family = None if key is None or take <= 0 else app.config.family_of(key)
+    ceiling = None if family is None else family.concurrency
+    if family is not None and ceiling is not None and lock_key(tx, family.family) is None:  # [INV-LIM-8] first
+        raise sa.exc.NoResultFound(f"key family {family.family!r} has no row")  # pragma: no cover  enqueue writes it
     if key is not None:
         header = lock_key(tx, key)  # [INV-LIM-1] the key's lock, before any other read
         if header is None:
@@ -189,9 +194,11 @@ def _in_python(app: Database, tx: Tx, key: str | None, owner: str | None, ending
         if key is not None:
             write_header(tx, key)
         return Taken(True, [])
-    entry = None if key is None else app.config.limits.get(key)
+    entry = None if key is None else app.config.entry_for(key)
     state, rows = _read(app, tx, key, header, entry, take, poll)
-    decided = plan(state, Request(key, entry, take, poll))
+    if family is not None and ceiling is not None:  # [INV-LIM-8] counted under the family's lock, after the endings
+        state = dataclasses.replace(state, family_in_flight=tx.execute(family_in_flight(family.family)).scalar_one())
+    decided = plan(state, Request(key, entry, take, poll, ceiling))
     claimed = _write(tx, key, header, owner, decided, rows, state)
     return Taken(True, claimed, decided.refused)
 
@@ -440,7 +447,8 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
             if claimed:
                 return claimed
             continue
-        most = keyed_limit if per_key is None else per_key.get(lane.key, keyed_limit)
+        family = app.config.family_of(lane.key)  # (a partition's share is its family's)
+        most = keyed_limit if per_key is None else per_key.get(family.family if family else lane.key, keyed_limit)
         outcome = claim_keyed(app, lane.key, process_id, most)
         if isinstance(outcome, list):
             return outcome
@@ -470,7 +478,7 @@ def restart_with(app: Database) -> list[str]:
             header = lock_key(tx, key)  # [INV-LIM-1]
             if header is None:  # pragma: no cover  a key's row, once written, is never deleted
                 continue
-            entry = app.config.limits.get(key)
+            entry = app.config.entry_for(key)
             stored = _buckets_of(tx, key)
             dropped = sorted(set(stored) - set(buckets.carry_over(entry, stored)))  # [INV-LIM-4]
             if dropped:

@@ -208,7 +208,8 @@ def enqueue(tx: Tx, pending: Sequence[Pending]) -> list[str]:
     takes no lock at all, so an advancement never waits on a claimer holding the key."""
     if not pending:
         return []
-    ensure_keys(tx, {p.key for p in pending if p.key})
+    keys = {p.key for p in pending if p.key}
+    ensure_keys(tx, keys | {key.partition("[")[0] for key in keys if "[" in key})  # (a partition's family's lock)
     now, ids = tx.now, [new_id() for _ in pending]
     dialects.insert_rows(tx.conn, _e, [{
         "id": execution_id, "step_id": p.step_id, "limit_key": p.key, "eligible_at": p.eligible_at,

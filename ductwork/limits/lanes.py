@@ -14,6 +14,7 @@ its locks (``claims.py``). Not done here: claiming.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import sqlalchemy as sa
 
 from ductwork.db import schema
-from ductwork.limit_entries import LimitEntry, entry_digest
+from ductwork.limit_entries import FamilyEntry, LimitEntry, entry_digest
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database, Tx
@@ -81,29 +82,56 @@ def scan_lanes(app: Database, tx: Tx) -> list[Lane]:
     configured key's digest is written into the statement) or it is saturated; the
     unkeyed lane is one more lane. One statement: a UNION of the keys' lanes and the
     unkeyed one, built once per config (:func:`_scan_statement`)."""
-    limits = app.config.limits
+    config = app.config
+    full = _full_families(tx, config.families)
     lanes = []
-    for row in tx.execute(_scan_statement(tuple(limits.items())), {"scan_now": tx.now}).all():
+    statement = _scan_statement(tuple(config.limits.items()), tuple(config.families.items()))
+    for row in tx.execute(statement, {"scan_now": tx.now}).all():
         if row.oldest_id is None:
             continue
         if row.key != UNKEYED:
-            entry = limits.get(row.key)
+            entry = config.entry_for(row.key)
             if entry is not None and entry.concurrency is not None and row.in_flight >= entry.concurrency:
                 continue  # saturated: retried on the next poll, no one knows when a slot frees
+            if (family := config.family_of(row.key)) is not None and family.family in full:
+                continue  # [INV-LIM-8] its family is at its ceiling: as saturated
         lanes.append(Lane(Position(row.oldest_at, row.oldest_id), row.key))
     lanes.sort()  # [INV-LIM-6] oldest lane first, unkeyed among them
     return lanes
 
 
+def of_family(key: sa.ColumnElement[Any], family: str) -> sa.ColumnElement[bool]:
+    """Whether ``key`` is a partition of ``family``: it begins with the family's name and
+    ``[`` (a family's name has none; a static key is never a configured family's partition)."""
+    return sa.func.substr(key, 1, len(family) + 1) == family + "["
+
+
+def family_in_flight(family: str) -> sa.Select[Any]:
+    """The count of executions in flight in every partition of ``family`` [INV-LIM-8]:
+    derived from execution rows, as a key's is, never stored."""
+    return sa.select(sa.func.count()).where(of_family(_e.c.inflight_key, family))
+
+
+def _full_families(tx: Tx, families: Mapping[str, FamilyEntry]) -> set[str]:
+    """The families at their ceiling now, in one statement (none without a ceiling)."""
+    ceilings = {family: entry.concurrency for family, entry in families.items() if entry.concurrency is not None}
+    if not ceilings:
+        return set()
+    counts = tx.execute(sa.select(*(family_in_flight(f).scalar_subquery() for f in ceilings))).one()
+    return {family for (family, ceiling), count in zip(ceilings.items(), counts, strict=True) if count >= ceiling}
+
+
 @functools.lru_cache(maxsize=16)
-def _scan_statement(limits: tuple[tuple[str, LimitEntry], ...]) -> sa.CompoundSelect[Any]:
+def _scan_statement(limits: tuple[tuple[str, LimitEntry], ...],
+                    families: tuple[tuple[str, FamilyEntry], ...]) -> sa.CompoundSelect[Any]:
     """The lane scan's statement for a config's limits, the database time bound as
     ``scan_now``."""
     k = schema.limit_keys
     now = sa.bindparam("scan_now", type_=schema.Timestamp)
     unconfigured = entry_digest(None)
-    configured = (sa.case({key: entry_digest(entry) for key, entry in limits}, value=k.c.key,
-                          else_=unconfigured) if limits else sa.literal(unconfigured))
+    whens = [*((k.c.key == key, entry_digest(entry)) for key, entry in limits),
+             *((of_family(k.c.key, family), entry_digest(entry.per_partition)) for family, entry in families)]
+    configured = sa.case(*whens, else_=unconfigured) if whens else sa.literal(unconfigured)
     may_admit = sa.or_(
         k.c.blocked_until.is_(None),  # never rate-blocked
         k.c.blocked_until <= now,  # or its next token has arrived [INV-LIM-5]

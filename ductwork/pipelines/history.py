@@ -36,7 +36,7 @@ from ductwork.errors import DurationError, RunFilterError, UnknownRunError
 from ductwork.values import Json
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable
 
     from _typeshed import DataclassInstance
 
@@ -368,7 +368,7 @@ def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunH
                       *_error_columns(a, backtraces))
             .join(b, b.c.id == a.c.branch_id)
             .where(b.c.run_id == run_id, a.c.error_klass.is_not(None)).order_by(a.c.started_at)), "branch_id")
-        waits = _Waits.read(tx, app.config.limits, executions)
+        waits = _Waits.read(tx, app.config.entry_for, executions)
         context_keys = tuple(sorted(tx.execute(sa.select(schema.context.c.key)
                                                .where(schema.context.c.run_id == run_id)).scalars()))
         hook = tx.execute(sa.select(
@@ -403,14 +403,16 @@ class _Waits:
     """What the rows say about the limit keys of the run's unfinished executions, at ``now``."""
 
     now: datetime
-    limits: Mapping[str, LimitEntry]
+    #: a key's entry (a partition's: its family's ``per_partition``)
+    limits: Callable[[str], LimitEntry | None]
     #: executions in flight per key
     in_flight: dict[str, int]
     #: each key's ``blocked_until`` (rate)
     blocked: dict[str, datetime | None]
 
     @classmethod
-    def read(cls, tx: Tx, limits: Mapping[str, LimitEntry], executions: dict[str, list[sa.Row[Any]]]) -> _Waits:
+    def read(cls, tx: Tx, limits: Callable[[str], LimitEntry | None],
+             executions: dict[str, list[sa.Row[Any]]]) -> _Waits:
         e, k = schema.executions, schema.limit_keys
         keys = sorted({x.limit_key for xs in executions.values() for x in xs
                        if x.limit_key is not None and x.completed_at is None})
@@ -438,7 +440,7 @@ class _Waits:
             until = self.blocked.get(last.limit_key)
             if until is not None and until > self.now:
                 return Wait(kind="rate", key=last.limit_key, until=until)
-            entry = self.limits.get(last.limit_key)
+            entry = self.limits(last.limit_key)
             running = self.in_flight.get(last.limit_key, 0)
             if entry is not None and entry.concurrency is not None and running >= entry.concurrency:
                 return Wait(kind="concurrency", key=last.limit_key, in_flight=running,

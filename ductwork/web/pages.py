@@ -58,7 +58,7 @@ class KeyView:
 
 
 def key_view(dash: Dashboard, key: KeyStatus, status: Status) -> KeyView:
-    entry = dash.app.config.limits.get(key.key)
+    entry = dash.app.config.entry_for(key.key)
     rates: tuple[RateEntry, ...] = entry.rates if entry else ()
     shown = tuple(BucketView(period, rate.limit, float(level), burst, level < 1)
                   for rate, (period, level, burst) in zip(rates, key.buckets, strict=True))
@@ -165,6 +165,6 @@ def key(request: Request) -> HTMLResponse:
     found = next(iter(found_keys), None)
     if found is None:
         return page(request, "missing.html", 404, what=f"no limit key {name!r} (no execution ever used it)")
-    entry = dash.app.config.limits.get(name)
+    entry = dash.app.config.entry_for(name)
     return page(request, "key.html", status=status, view=key_view(dash, found, status), entry=entry,
                 window_s=dash.rates.window_s)
