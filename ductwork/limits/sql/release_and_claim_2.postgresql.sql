@@ -224,9 +224,11 @@ BEGIN
                 SELECT b.at, b.id INTO v_bound_at, v_bound_id FROM (
                     SELECT o.eligible_at AS at, o.id::text AS id
                       FROM ductwork_limit_keys k
-                      LEFT JOIN jsonb_to_recordset(p_keys) AS c(k text, c integer, d text, p boolean, f integer)
-                        ON (c.p IS NOT TRUE AND c.k = k.key)  -- a static key's entry
-                           OR (c.p AND left(k.key, length(c.k) + 1) = c.k || '[')  -- or its family's: a partition
+                      LEFT JOIN jsonb_to_recordset(p_keys) AS s(k text, c integer, d text, p boolean)
+                        ON s.k = k.key AND s.p IS NOT TRUE  -- a static key's entry
+                      LEFT JOIN jsonb_to_recordset(p_keys) AS m(k text, c integer, d text, p boolean, f integer)
+                        ON m.k = split_part(k.key, '[', 1) AND m.p AND strpos(k.key, '[') > 0  -- or a partition's family's
+                      CROSS JOIN LATERAL (SELECT coalesce(s.c, m.c) AS c, coalesce(s.d, m.d) AS d, m.f, m.k AS family) c
                       CROSS JOIN LATERAL (
                           SELECT e.eligible_at, e.id FROM ductwork_executions e
                            WHERE e.pending_lane = k.key AND e.eligible_at <= v_now
@@ -240,7 +242,7 @@ BEGIN
                        AND (c.f IS NULL  -- no family ceiling, or its family not at it [INV-LIM-8]
                             OR (SELECT count(*) FROM ductwork_executions g
                                  WHERE g.inflight_key IS NOT NULL
-                                   AND left(g.inflight_key, length(c.k) + 1) = c.k || '[') < c.f)
+                                   AND left(g.inflight_key, length(c.family) + 1) = c.family || '[') < c.f)
                     UNION ALL
                     (SELECT e.eligible_at, e.id::text FROM ductwork_executions e
                       WHERE v_lane <> '' AND e.pending_lane = '' AND e.eligible_at <= v_now
