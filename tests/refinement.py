@@ -436,17 +436,22 @@ def _families() -> Iterator[Case]:
 
 
 def _family_lanes() -> Iterator[Case]:
-    """The bound: another family's partition (``POTHER``) pending before or between the
-    routine's lane's (a static key, the unkeyed lane, or the family's other partition ``PKEY``),
-    its family below or at its ceiling by executions in flight in a third partition
-    (``SIBLING``): a partition of a saturated family is no lane a poll would try [INV-LIM-8]."""
+    """The bound: another partition of the family (``POTHER``) pending before or between the
+    routine's lane's (a static key, the unkeyed lane, or the family's partition ``PKEY``), and
+    ``POTHER`` a lane a poll would try or not: its family below its ceiling or at it by
+    executions in flight in a third partition (``SIBLING``), ``POTHER`` itself saturated by its
+    ``per_partition`` concurrency, or stamped under the family's ``per_partition`` values: a
+    partition of a saturated family is no lane a poll would try [INV-LIM-8]."""
     layouts = ((1, 0, 0), (0, 1, 0), (1, 0, 1, 0))
-    for lane, flying, layout, take, poll in itertools.product(
-            (KEY, None, PKEY), (1, 2), layouts, (1, 3), (True, False)):
+    #: (executions in flight in SIBLING, in POTHER, POTHER's stamp)
+    others = ((1, 0, None), (3, 0, None), (0, 2, None), (1, 0, 50))
+    for lane, (flying, own, stamp), layout, take, poll in itertools.product(
+            (KEY, None, PKEY), others, layouts, (1, 3), (True, False)):
         rows = [Row(POTHER if slot == 1 else lane, 5 * i) for i, slot in enumerate(layout)]
-        rows += [Row(SIBLING, 0, "theirs")] * flying
-        limits = {KEY: {"concurrency": 3}, **_family({"concurrency": 3}, 2)}
-        yield Case(limits, tuple(rows), lane, (), take, poll, 20, {KEY: (0, "same", None), PKEY: (0, "same", None)},
+        rows += [Row(SIBLING, 0, "theirs")] * flying + [Row(POTHER, 0, "theirs")] * own
+        limits = {KEY: {"concurrency": 3}, **_family({"concurrency": 2}, 3)}
+        yield Case(limits, tuple(rows), lane, (), take, poll, 20,
+                   {KEY: (0, "same", None), PKEY: (0, "same", None), POTHER: (0, "same", stamp)},
                    key=PKEY if lane == PKEY else KEY)
 
 
@@ -464,20 +469,33 @@ _entry = st.one_of(
 def cases(draw: st.DrawFn) -> Case:
     """A state and a call beyond the bounded domain: up to five keys' worth of rows in three
     lanes at random times and states, stored buckets at any level and time around now, any
-    stamp and stored values, up to three endings and five to take."""
-    limits = {KEY: draw(_entry), **({OTHER: draw(_entry)} if draw(st.booleans()) else {})}
-    lanes = st.sampled_from([KEY, OTHER, None])
+    stamp and stored values, up to three endings and five to take. Half the cases are a
+    family's: ``KEY`` is its partition ``PKEY``, ``OTHER`` its partition ``POTHER`` or a static
+    key, the family's ceiling 1 to 3 or none, and its third partition ``SIBLING`` holds
+    executions in flight."""
+    family = draw(st.booleans())
+    key, other = KEY, OTHER
+    if family:
+        key, other = PKEY, draw(st.sampled_from([POTHER, OTHER]))
+        ceiling = draw(st.one_of(st.none(), st.integers(1, 3)))
+        entry = draw(_entry)
+        limits = {**_family(entry, ceiling), **({OTHER: draw(_entry)} if other == OTHER and draw(st.booleans()) else {})}
+    else:
+        entry = draw(_entry)
+        limits = {KEY: entry, **({OTHER: draw(_entry)} if draw(st.booleans()) else {})}
+    lanes = st.sampled_from([key, other, None])
     states = st.sampled_from(["pending", "pending", "pending", "mine", "theirs", "done", "orphan", "done_orphan"])
     rows = draw(st.lists(st.builds(Row, lanes, st.integers(-100, 100), states), max_size=POOL - 2))
+    if family:
+        rows = rows[:POOL - 4] + [Row(SIBLING, 0, "theirs")] * draw(st.integers(0, 2))
     lane = draw(lanes)
     mine = [i for i, row in enumerate(rows) if row.state == "mine" and row.lane == lane]
     endings = tuple(draw(st.lists(st.sampled_from(mine), unique=True, max_size=3))) if mine else ()
     stamp = st.one_of(st.none(), st.integers(-50, 150))
-    headers = {key: (draw(st.integers(0, 9)), draw(st.sampled_from(["same", "stale", None])), draw(stamp))
-               for key in (KEY, OTHER)}
-    rates = parse_limits({KEY: limits[KEY]})[KEY].rates
+    headers = {name: (draw(st.integers(0, 9)), draw(st.sampled_from(["same", "stale", None])), draw(stamp))
+               for name in (key, other)}
+    rates = parse_limits({KEY: entry})[KEY].rates
     stored = {rate.per_s: (draw(st.integers(0, rate.capacity_units)), draw(st.integers(-2_000_000, 200)))
               for rate in rates if draw(st.booleans())}
     return Case(limits, tuple(rows), lane, endings, draw(st.integers(0, 5)), draw(st.booleans()),
-                draw(st.integers(-5, 120)), headers, stored, other_bucket=draw(st.booleans()))
-
+                draw(st.integers(-5, 120)), headers, stored, other_bucket=draw(st.booleans()), key=key)
