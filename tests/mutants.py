@@ -172,6 +172,22 @@ MUTANTS: dict[str, Mutant] = {
         (("         WHERE e.completed_at IS NULL  -- [INV-EXE-2] still open: not already ended",
           "         WHERE TRUE"),),
     ),
+    "routine_family_ceiling_ignored": Mutant(
+        "the routine admits a partition's claims and tries a partition's lane with its family at its ceiling "
+        "(PostgreSQL) [INV-LIM-8]",
+        "the routine refuses a partition's claim at its family's ceiling [INV-LIM-8]",
+        (("                ELSIF p_family_ceiling IS NOT NULL AND v_family_in_flight >= p_family_ceiling THEN",
+          "                ELSIF FALSE THEN  -- mutant: the family's ceiling ignored"),
+         ("                            EXIT WHEN p_family_ceiling IS NOT NULL  -- [INV-LIM-8]",
+          "                            EXIT WHEN FALSE  -- mutant"),
+         ("c.family || '[') < c.f)", "c.family || '[') < c.f OR TRUE)  -- mutant")),
+    ),
+    "routine_family_ceiling_off_by_one": Mutant(
+        "the routine admits a partition's claim with its family's ceiling in flight (PostgreSQL) [INV-LIM-8]",
+        "the routine refuses a partition's claim at its family's ceiling [INV-LIM-8]",
+        (("                ELSIF p_family_ceiling IS NOT NULL AND v_family_in_flight >= p_family_ceiling THEN",
+          "                ELSIF p_family_ceiling IS NOT NULL AND v_family_in_flight > p_family_ceiling THEN  -- mutant"),),
+    ),
     # -- the lane routine on SQLite (Python, limits/claims.py::_in_python and limits/plan.py)
     "no_clamp": Mutant(
         "a claim's buckets refill without capping at the burst [INV-LIM-4]",

@@ -51,6 +51,10 @@ from tests.factories import make_executions, make_run
 
 T0_US = to_us(datetime(2026, 1, 1))
 KEY, OTHER = "k", "o"
+#: a family case's family (docs/semantics.md §5.1), and ``KEY`` and ``OTHER`` as its partitions;
+#: ``SIBLING``: a third partition, holding only executions in flight
+FAMILY = "f"
+PKEY, POTHER, SIBLING = 'f["k"]', 'f["o"]', 'f[3]'
 #: the period of OTHER's bucket in a case with ``other_bucket``: one no entry of the domain has
 OTHER_PERIOD = 7
 #: the most executions a case has (the pool's steps)
@@ -79,10 +83,11 @@ class Row:
 class Case:
     """One state and one call of the routine (module docstring)."""
 
-    #: ``job_worker.limits`` of the case's config (``KEY`` and ``OTHER``, each or not)
+    #: ``job_worker.limits`` of the case's config (``KEY`` and ``OTHER``, each or not; a family
+    #: case's: ``FAMILY``'s entry, with ``per_partition`` and an optional ceiling)
     limits: Mapping[str, Mapping[str, object]]
     rows: tuple[Row, ...]
-    #: the routine's lane: ``KEY``, ``OTHER`` or None (unkeyed)
+    #: the routine's lane: ``KEY``, ``OTHER`` or None (unkeyed); a family case's: a partition too
     lane: str | None = KEY
     #: indexes into ``rows`` of the executions to end, in order (with the owner)
     endings: tuple[int, ...] = ()
@@ -94,7 +99,7 @@ class Case:
     #: config's), ``"stale"`` (another's) or None, the stamp µs from ``T0_US`` or None; None:
     #: the key has no row
     headers: Mapping[str, tuple[int, str | None, int | None] | None] = field(default_factory=dict)
-    #: ``KEY``'s stored buckets: period -> (level units, refilled at µs from ``T0_US``)
+    #: ``key``'s stored buckets: period -> (level units, refilled at µs from ``T0_US``)
     buckets: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     #: the endings' outcome (one for all)
     outcome: str = "success"
@@ -103,6 +108,8 @@ class Case:
     #: whether ``OTHER`` holds a bucket of a period no entry of ``KEY`` has (its row too):
     #: what ``KEY``'s re-base must leave alone
     other_bucket: bool = False
+    #: the key ``buckets`` are of: ``KEY``, or in a family case its partition ``PKEY``
+    key: str = KEY
 
 
 @dataclass
@@ -157,15 +164,17 @@ class World:
         now = from_us(T0_US)
         keys = ({row.lane for row in case.rows if row.lane} | set(case.headers) | ({case.lane} - {None})
                 | ({OTHER} if case.other_bucket else set()))
+        # a partition's family's own header row, written with its partitions' (key = the family's name)
+        keys |= {family.family for key in keys if (family := app.config.family_of(key)) is not None}  # type: ignore[arg-type]
         for key in sorted(keys):  # type: ignore[type-var]
             header = case.headers.get(key, (0, "same", None))
             if header is None:
                 continue  # a key without its row
             seq, digest, blocked = header
-            stored = {"same": entry_digest(app.config.limits.get(key)), "stale": "0000stale0000000"}.get(digest or "")
+            stored = {"same": entry_digest(app.config.entry_for(key)), "stale": "0000stale0000000"}.get(digest or "")
             conn.execute(k.insert().values(key=key, seq=seq, config_digest=stored, created_at=now, updated_at=now,
                                            blocked_until=None if blocked is None else from_us(T0_US + blocked)))
-        buckets = [(KEY, period, level, at) for period, (level, at) in case.buckets.items()]
+        buckets = [(case.key, period, level, at) for period, (level, at) in case.buckets.items()]
         for key, period, level, at in buckets + ([(OTHER, OTHER_PERIOD, 1, 0)] if case.other_bucket else []):
             conn.execute(b.insert().values(key=key, period_s=period, level_units=level, refilled_at_us=T0_US + at,
                                            updated_at=now))
@@ -187,7 +196,9 @@ class World:
         before = abstraction.snapshot(conn)
         now_us = T0_US + case.now
         owner, ids = None if case.orphans else self.owner, [_id(i) for i in case.endings]
-        entry = app.config.limits.get(case.lane) if case.lane is not None else None
+        entry = app.config.entry_for(case.lane) if case.lane is not None else None
+        family = None if case.lane is None else app.config.family_of(case.lane)
+        ceiling = None if family is None else family.concurrency
         guard = abstraction.ended(before, ids, owner)
         tx = Tx(conn, app.clock)
         endings = [Ending(i, case.outcome) for i in ids]
@@ -197,8 +208,9 @@ class World:
         if not guard:
             return None  # the caller rolls back: nothing it wrote stands
         released = abstraction.after_endings(before, case.lane, ids, case.outcome, now_us)
-        state = abstraction.lane_state(released, case.lane, now_us, case.take, app.config.limits)
-        decided = plan(state, Request(case.lane, entry, case.take, case.poll))
+        state = abstraction.lane_state(released, case.lane, now_us, case.take, app.config.limits,
+                                       app.config.families)
+        decided = plan(state, Request(case.lane, entry, case.take, case.poll, ceiling))
         got = [c.execution_id for c in taken.claimed]
         if got != list(decided.claims) or taken.refused != decided.refused:
             return (f"claimed {got} refused {taken.refused!r}, the specification {list(decided.claims)} "
@@ -287,6 +299,8 @@ def exhaustive() -> Iterator[Case]:
     yield from _edges()
     yield from _delays()
     yield from _unstamped()
+    yield from _families()
+    yield from _family_lanes()
 
 
 def _decisions() -> Iterator[Case]:
@@ -386,6 +400,61 @@ def _delays() -> Iterator[Case]:
                    {KEY: (0, "same", None)})
 
 
+# --------------------------------------------------------------------------- key families (semantics §5.1)
+
+#: ``per_partition`` entries of a family case's ``KEY`` (``PKEY``), each with its bucket states:
+#: a ceiling above the family's and one below, with a rate whose bucket is empty (a refusal the
+#: family's must come before: it would refill and stamp) or full
+FAMILY_ENTRIES: tuple[tuple[Mapping[str, object], tuple[tuple[dict[int, tuple[int, int]], int], ...]], ...] = (
+    ({"concurrency": 3}, (({}, 0),)),
+    ({"concurrency": 2, "rate": {"limit": 2, "per": 1, "burst": 2}}, (({}, 0), ({1: (2 * UNIT, 0)}, 5))),
+)
+
+
+def _family(entry: Mapping[str, object], ceiling: int | None) -> dict[str, Mapping[str, object]]:
+    """A config with ``FAMILY`` (``entry`` for each partition, ``ceiling`` over them all)."""
+    return {FAMILY: {"per_partition": entry, **({} if ceiling is None else {"concurrency": ceiling})}}
+
+
+def _families() -> Iterator[Case]:
+    """``KEY`` a partition (``PKEY``) of a family with a ceiling of 1 to 3 (or none), from none
+    to the ceiling of its executions in flight in the family's other partition (``POTHER``),
+    none or one more in ``PKEY``, three pending, take 1 or 3, a poll or a hand-off (after
+    ending one of the owner's in ``PKEY``: the family's count is read after it), the stored
+    values this config's or another's (a family at its ceiling re-bases nothing) [INV-LIM-8]."""
+    for (entry, states), ceiling in itertools.product(FAMILY_ENTRIES, (1, 2, 3, None)):
+        for others, own, (stored, now), take, poll, digest in itertools.product(
+                (0, 3) if ceiling is None else range(ceiling + 1), (0, 1), states, (1, 3), (True, False),
+                ("same", "stale")):
+            rows = [Row(POTHER, 0, "theirs")] * others + [Row(PKEY, 0, "theirs")] * own + [Row(PKEY, i) for i in range(3)]
+            endings: tuple[int, ...] = ()
+            if not poll:
+                rows.append(Row(PKEY, 0, "mine"))
+                endings = (len(rows) - 1,)
+            yield Case(_family(entry, ceiling), tuple(rows), PKEY, endings, take, poll, now, {PKEY: (3, digest, None)},
+                       stored, key=PKEY)
+
+
+def _family_lanes() -> Iterator[Case]:
+    """The bound: another partition of the family (``POTHER``) pending before or between the
+    routine's lane's (a static key, the unkeyed lane, or the family's partition ``PKEY``), and
+    ``POTHER`` a lane a poll would try or not: its family below its ceiling or at it by
+    executions in flight in a third partition (``SIBLING``), ``POTHER`` itself saturated by its
+    ``per_partition`` concurrency, or stamped under the family's ``per_partition`` values: a
+    partition of a saturated family is no lane a poll would try [INV-LIM-8]."""
+    layouts = ((1, 0, 0), (0, 1, 0), (1, 0, 1, 0))
+    #: (executions in flight in SIBLING, in POTHER, POTHER's stamp)
+    others = ((1, 0, None), (3, 0, None), (0, 2, None), (1, 0, 50))
+    for lane, (flying, own, stamp), layout, take, poll in itertools.product(
+            (KEY, None, PKEY), others, layouts, (1, 3), (True, False)):
+        rows = [Row(POTHER if slot == 1 else lane, 5 * i) for i, slot in enumerate(layout)]
+        rows += [Row(SIBLING, 0, "theirs")] * flying + [Row(POTHER, 0, "theirs")] * own
+        limits = {KEY: {"concurrency": 3}, **_family({"concurrency": 2}, 3)}
+        yield Case(limits, tuple(rows), lane, (), take, poll, 20,
+                   {KEY: (0, "same", None), PKEY: (0, "same", None), POTHER: (0, "same", stamp)},
+                   key=PKEY if lane == PKEY else KEY)
+
+
 # --------------------------------------------------------------------------- beyond it
 
 _rate = st.fixed_dictionaries({"limit": st.integers(1, 5), "per": st.sampled_from([1, 2, 60])},
@@ -400,20 +469,33 @@ _entry = st.one_of(
 def cases(draw: st.DrawFn) -> Case:
     """A state and a call beyond the bounded domain: up to five keys' worth of rows in three
     lanes at random times and states, stored buckets at any level and time around now, any
-    stamp and stored values, up to three endings and five to take."""
-    limits = {KEY: draw(_entry), **({OTHER: draw(_entry)} if draw(st.booleans()) else {})}
-    lanes = st.sampled_from([KEY, OTHER, None])
+    stamp and stored values, up to three endings and five to take. Half the cases are a
+    family's: ``KEY`` is its partition ``PKEY``, ``OTHER`` its partition ``POTHER`` or a static
+    key, the family's ceiling 1 to 3 or none, and its third partition ``SIBLING`` holds
+    executions in flight."""
+    family = draw(st.booleans())
+    key, other = KEY, OTHER
+    if family:
+        key, other = PKEY, draw(st.sampled_from([POTHER, OTHER]))
+        ceiling = draw(st.one_of(st.none(), st.integers(1, 3)))
+        entry = draw(_entry)
+        limits = {**_family(entry, ceiling), **({OTHER: draw(_entry)} if other == OTHER and draw(st.booleans()) else {})}
+    else:
+        entry = draw(_entry)
+        limits = {KEY: entry, **({OTHER: draw(_entry)} if draw(st.booleans()) else {})}
+    lanes = st.sampled_from([key, other, None])
     states = st.sampled_from(["pending", "pending", "pending", "mine", "theirs", "done", "orphan", "done_orphan"])
     rows = draw(st.lists(st.builds(Row, lanes, st.integers(-100, 100), states), max_size=POOL - 2))
+    if family:
+        rows = rows[:POOL - 4] + [Row(SIBLING, 0, "theirs")] * draw(st.integers(0, 2))
     lane = draw(lanes)
     mine = [i for i, row in enumerate(rows) if row.state == "mine" and row.lane == lane]
     endings = tuple(draw(st.lists(st.sampled_from(mine), unique=True, max_size=3))) if mine else ()
     stamp = st.one_of(st.none(), st.integers(-50, 150))
-    headers = {key: (draw(st.integers(0, 9)), draw(st.sampled_from(["same", "stale", None])), draw(stamp))
-               for key in (KEY, OTHER)}
-    rates = parse_limits({KEY: limits[KEY]})[KEY].rates
+    headers = {name: (draw(st.integers(0, 9)), draw(st.sampled_from(["same", "stale", None])), draw(stamp))
+               for name in (key, other)}
+    rates = parse_limits({KEY: entry})[KEY].rates
     stored = {rate.per_s: (draw(st.integers(0, rate.capacity_units)), draw(st.integers(-2_000_000, 200)))
               for rate in rates if draw(st.booleans())}
     return Case(limits, tuple(rows), lane, endings, draw(st.integers(0, 5)), draw(st.booleans()),
-                draw(st.integers(-5, 120)), headers, stored, other_bucket=draw(st.booleans()))
-
+                draw(st.integers(-5, 120)), headers, stored, other_bucket=draw(st.booleans()), key=key)

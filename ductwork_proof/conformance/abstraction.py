@@ -2,6 +2,7 @@
 
     >>> rows = snapshot(conn)                      # every execution, key header and bucket row
     >>> lane_state(rows, "a", now_us, take=2, limits=config.limits)   # plan.LaneState
+    >>> lane_state(rows, 'f["a"]', now_us, 2, config.limits, config.families)   # a partition's
     >>> key_view(rows, "a", entry)                 # (in flight, levels, blocked_until) as the model says them
 
 Written once, from the rows alone (no engine code reads them here), and used by the
@@ -24,7 +25,7 @@ import sqlalchemy as sa
 
 from ductwork.db import schema
 from ductwork.db.clock import from_us, to_us
-from ductwork.limit_entries import LimitEntry, entry_digest
+from ductwork.limit_entries import FamilyEntry, LimitEntry, entry_digest
 from ductwork.limits.buckets import Bucket
 from ductwork.limits.lanes import Position
 from ductwork.limits.plan import KeyRow, LaneState
@@ -109,26 +110,53 @@ def in_flight(rows: Rows, key: str) -> int:
     return sum(1 for e in rows.executions.values() if e.limit_key == key and e.in_flight)
 
 
+def family_of(key: str, families: Mapping[str, FamilyEntry] | None) -> FamilyEntry | None:
+    """The family ``key`` is a partition of (``family[<value>]``, semantics §5.1), among
+    ``families``; None: a static key, or a family's own name."""
+    name, bracket, _ = key.partition("[")
+    return (families or {}).get(name) if bracket else None
+
+
+def entry_of(key: str, limits: Mapping[str, LimitEntry], families: Mapping[str, FamilyEntry] | None
+             ) -> LimitEntry | None:
+    """The entry a decision on ``key`` applies: its own, or its family's ``per_partition``."""
+    family = family_of(key, families) if key not in limits else None
+    return limits.get(key) if family is None else family.per_partition
+
+
+def family_in_flight(rows: Rows, family: str) -> int:
+    """Claimed, not completed executions of every partition of ``family`` (each key
+    ``family[…]``): derived, never stored [INV-LIM-3]."""
+    prefix = family + "["
+    return sum(1 for e in rows.executions.values()
+               if e.in_flight and e.limit_key is not None and e.limit_key.startswith(prefix))
+
+
 def eligible(rows: Rows, lane: str, now_us: int) -> list[Execution]:
     """The pending executions of ``lane`` ("" : unkeyed) eligible at ``now_us``, in poll order."""
     found = [e for e in rows.executions.values() if e.pending and e.lane == lane and e.eligible_us <= now_us]
     return sorted(found, key=lambda e: (e.eligible_us, e.id))
 
 
-def may_admit(rows: Rows, key: str, now_us: int, limits: Mapping[str, LimitEntry]) -> bool:
-    """Whether a poll tries ``key``'s lane (semantics §5): not rate-blocked by a stamp made
-    under this config's values, and not saturated."""
-    header, entry = rows.keys[key], limits.get(key)
+def may_admit(rows: Rows, key: str, now_us: int, limits: Mapping[str, LimitEntry],
+              families: Mapping[str, FamilyEntry] | None = None) -> bool:
+    """Whether a poll tries ``key``'s lane (semantics §5, §5.1): not rate-blocked by a stamp
+    made under this config's values, not saturated, and, for a partition, its family not at
+    its ceiling."""
+    header, entry, family = rows.keys[key], entry_of(key, limits, families), family_of(key, families)
     blocked = (header.blocked_until_us is not None and header.blocked_until_us > now_us
                and (header.digest or "") == entry_digest(entry))
     saturated = entry is not None and entry.concurrency is not None and in_flight(rows, key) >= entry.concurrency
-    return not blocked and not saturated
+    full = (family is not None and family.concurrency is not None  # [INV-LIM-8]
+            and family_in_flight(rows, family.family) >= family.concurrency)
+    return not blocked and not saturated and not full
 
 
-def bound(rows: Rows, lane: str, now_us: int, limits: Mapping[str, LimitEntry]) -> Position | None:
+def bound(rows: Rows, lane: str, now_us: int, limits: Mapping[str, LimitEntry],
+          families: Mapping[str, FamilyEntry] | None = None) -> Position | None:
     """The oldest eligible execution of every other lane a poll would try now [INV-LIM-6]."""
     heads = []
-    others = [key for key in rows.keys if key != lane and may_admit(rows, key, now_us, limits)]
+    others = [key for key in rows.keys if key != lane and may_admit(rows, key, now_us, limits, families)]
     for other in [*others, *([""] if lane else [])]:
         waiting = eligible(rows, other, now_us)
         if waiting:
@@ -136,16 +164,21 @@ def bound(rows: Rows, lane: str, now_us: int, limits: Mapping[str, LimitEntry]) 
     return min(heads, default=None)
 
 
-def lane_state(rows: Rows, key: str | None, now_us: int, take: int, limits: Mapping[str, LimitEntry]) -> LaneState:
+def lane_state(rows: Rows, key: str | None, now_us: int, take: int, limits: Mapping[str, LimitEntry],
+               families: Mapping[str, FamilyEntry] | None = None) -> LaneState:
     """The state the lane routine decides on (``plan.LaneState``), from the rows as it reads
-    them after its endings."""
+    them after its endings: a partition of a family with a ceiling with its family's
+    in-flight count (else 0)."""
     lane = key or ""
     candidates = tuple(e.position for e in eligible(rows, lane, now_us)[:take])
     header = rows.keys.get(key) if key is not None else None
     row = None if header is None else KeyRow(header.seq, header.digest,
                                              {p: b for (k, p), b in rows.buckets.items() if k == key})
+    family = None if key is None else family_of(key, families)
+    counted = family is not None and family.concurrency is not None
     return LaneState(now_us, row, 0 if key is None else in_flight(rows, key), candidates,
-                     bound(rows, lane, now_us, limits) if candidates else None)
+                     bound(rows, lane, now_us, limits, families) if candidates else None,
+                     family_in_flight(rows, family.family) if counted else 0)  # type: ignore[union-attr]
 
 
 def key_view(rows: Rows, key: str, entry: LimitEntry | None) -> tuple[int, list[int | None], int | None]:

@@ -94,12 +94,16 @@ $decide$;
 -- p_now: a fixed time (a test's clock), else the database clock plus p_offset_us, read after
 -- the key's lock [INV-CLK-1]; p_entry: this process's entry for the key ({"c": concurrency or
 -- null, "r": [[limit, per_s, burst], ...] kept rates in config order}; NULL: unconfigured),
--- p_digest its fingerprint (limit_entries.entry_digest), p_keys every configured key
--- ([{"k": key, "c": concurrency, "d": digest}]) and p_unconfigured the fingerprint of no entry:
--- what the lane scan of every other lane needs (lanes.scan_lanes).
+-- p_digest its fingerprint (limit_entries.entry_digest), p_keys every configured key and family
+-- ([{"k": key, "c": concurrency, "d": digest}]; a family's: {"k": family, "c": per-partition
+-- concurrency, "d": per-partition digest, "p": true, "f": the family's ceiling or null}) and
+-- p_unconfigured the fingerprint of no entry: what the lane scan of every other lane needs
+-- (lanes.scan_lanes); p_family: the family p_key is a partition of, when that family has a
+-- ceiling, p_family_ceiling (else both NULL): its row is locked first, before p_key's, and its
+-- in-flight count over all its partitions decides before the key does [INV-LIM-8].
 -- Returns one row per execution claimed, in order, else one row with no execution; every
 -- row carries the status (NULL, 'taken': an ending was not open and the owner's, nothing else
--- done, roll back; a poll's refusal: 'gone', 'concurrency', 'rate'), the routine's time,
+-- done, roll back; a poll's refusal: 'gone', 'family_concurrency', 'concurrency', 'rate'), the routine's time,
 -- the stamp written and whether the key is unconfigured.
 CREATE FUNCTION ductwork_release_and_claim_2(
     p_key text, p_owner text, p_ends text[], p_outcome text, p_error_klass text,
@@ -121,6 +125,7 @@ DECLARE
     v_now_us bigint;
     v_count integer;
     v_in_flight integer := 0;
+    v_family_in_flight integer := 0;
     v_ids text[] := '{}';
     v_ats timestamp[] := '{}';
     v_bound_at timestamp;
@@ -142,6 +147,12 @@ DECLARE
     d record;
     v_next record;
 BEGIN
+    IF p_family IS NOT NULL AND p_take > 0 THEN  -- [INV-LIM-8] the family's lock first, then the partition's, always
+        PERFORM 1 FROM ductwork_limit_keys k WHERE k.key = p_family FOR UPDATE;
+        IF NOT FOUND THEN  -- created with its partitions' rows
+            RAISE EXCEPTION 'limit key family % has no row', p_family;
+        END IF;
+    END IF;
     IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read
         SELECT k.seq, k.config_digest INTO v_seq, v_digest
           FROM ductwork_limit_keys k WHERE k.key = p_key FOR UPDATE;
@@ -198,6 +209,11 @@ BEGIN
                      ORDER BY e.eligible_at, e.id  -- [INV-LIM-6] FIFO within the lane
                      LIMIT p_take) s;
             SELECT count(*) INTO v_in_flight FROM ductwork_executions e WHERE e.inflight_key = p_key;  -- [INV-LIM-1]
+            IF p_family IS NOT NULL THEN  -- [INV-LIM-8] the family's in flight, over all its partitions, under its lock
+                SELECT count(*) INTO v_family_in_flight FROM ductwork_executions e
+                 WHERE e.inflight_key IS NOT NULL
+                   AND left(e.inflight_key, length(p_family) + 1) = p_family || '[';  -- a partition of p_family
+            END IF;
         END IF;
         IF cardinality(v_ids) = 0 THEN
             IF p_poll THEN
@@ -208,7 +224,11 @@ BEGIN
                 SELECT b.at, b.id INTO v_bound_at, v_bound_id FROM (
                     SELECT o.eligible_at AS at, o.id::text AS id
                       FROM ductwork_limit_keys k
-                      LEFT JOIN jsonb_to_recordset(p_keys) AS c(k text, c integer, d text) ON c.k = k.key
+                      LEFT JOIN jsonb_to_recordset(p_keys) AS s(k text, c integer, d text, p boolean)
+                        ON s.k = k.key AND s.p IS NOT TRUE  -- a static key's entry
+                      LEFT JOIN jsonb_to_recordset(p_keys) AS m(k text, c integer, d text, p boolean, f integer)
+                        ON m.k = split_part(k.key, '[', 1) AND m.p AND strpos(k.key, '[') > 0  -- or a partition's family's
+                      CROSS JOIN LATERAL (SELECT coalesce(s.c, m.c) AS c, coalesce(s.d, m.d) AS d, m.f, m.k AS family) c
                       CROSS JOIN LATERAL (
                           SELECT e.eligible_at, e.id FROM ductwork_executions e
                            WHERE e.pending_lane = k.key AND e.eligible_at <= v_now
@@ -219,6 +239,10 @@ BEGIN
                             OR coalesce(k.config_digest, '') <> coalesce(c.d, p_unconfigured))  -- or stamped under other values
                        AND (c.c IS NULL  -- no ceiling, or not saturated [INV-LIM-1]
                             OR (SELECT count(*) FROM ductwork_executions f WHERE f.inflight_key = k.key) < c.c)
+                       AND (c.f IS NULL  -- no family ceiling, or its family not at it [INV-LIM-8]
+                            OR (SELECT count(*) FROM ductwork_executions g
+                                 WHERE g.inflight_key IS NOT NULL
+                                   AND left(g.inflight_key, length(c.family) + 1) = c.family || '[') < c.f)
                     UNION ALL
                     (SELECT e.eligible_at, e.id::text FROM ductwork_executions e
                       WHERE v_lane <> '' AND e.pending_lane = '' AND e.eligible_at <= v_now
@@ -235,7 +259,14 @@ BEGIN
                 END LOOP;
             ELSE
                 v_rebase := v_digest IS DISTINCT FROM p_digest;
-                IF NOT (v_rebase AND NOT p_poll) THEN  -- a hand-off leaves a key stored under other values to a poll
+                IF v_rebase AND NOT p_poll THEN  -- a hand-off leaves a key stored under other values to a poll
+                    v_rebase := false;
+                ELSIF p_family_ceiling IS NOT NULL AND v_family_in_flight >= p_family_ceiling THEN  -- [INV-LIM-8]
+                    v_rebase := false;  -- the family first: nothing read, refilled, re-based or stamped
+                    IF p_poll THEN
+                        v_status := 'family_concurrency';
+                    END IF;
+                ELSE
                     v_concurrency := (p_entry ->> 'c')::integer;
                     SELECT coalesce(array_agg((r ->> 0)::bigint ORDER BY n), '{}'),
                            coalesce(array_agg((r ->> 1)::bigint ORDER BY n), '{}'),
@@ -265,6 +296,8 @@ BEGIN
                         v_claims := ARRAY[v_ids[1]];
                         FOR i IN 2 .. cardinality(v_ids) LOOP
                             EXIT WHEN v_bound_id IS NOT NULL AND (v_ats[i], v_ids[i]) >= (v_bound_at, v_bound_id);  -- [INV-LIM-6]
+                            EXIT WHEN p_family_ceiling IS NOT NULL  -- [INV-LIM-8] the family would be at its ceiling
+                                      AND v_family_in_flight + cardinality(v_claims) >= p_family_ceiling;
                             v_next := ductwork_decide_2(p_entry IS NOT NULL, v_concurrency, v_limit, v_per, v_burst,
                                                         d.level, d.refilled_at, v_in_flight + cardinality(v_claims),
                                                         v_now_us);
@@ -279,8 +312,6 @@ BEGIN
                         v_write_buckets := true;
                         v_unconfigured := d.unconfigured;
                     END IF;
-                ELSE
-                    v_rebase := false;
                 END IF;
             END IF;
         END IF;
