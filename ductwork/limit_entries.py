@@ -30,6 +30,7 @@ seam, not API. Pure: no I/O, no logging; every error is a :class:`ConfigError` w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -376,3 +377,35 @@ def entry_digest(entry: LimitEntry | None) -> str:
     else:
         text = repr((entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates]))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- partitioned keys
+
+#: the longest key the schema stores (``limit_key``: VARCHAR(255), counted in characters)
+MAX_KEY_CHARS = 255
+
+
+def partition_key(family: str, value: object) -> str:
+    """The key of ``value``'s partition of ``family``: ``family[<canonical JSON>]``
+    (docs/semantics.md §5.1), as ``model/limits.py``'s ``partition_key`` renders it.
+
+    ``partition_key("vendor_api", "acct-42") == 'vendor_api["acct-42"]'`` and
+    ``partition_key("vendor_api", 42) == "vendor_api[42]"``. The JSON is compact and
+    escapes quotes, backslashes and control characters, so two values are two keys and a
+    value never ends its key early. Raises ``ValueError`` with the reason for a value
+    that is not a str or an int (a bool included), a str with a lone surrogate (no UTF-8
+    form), or a key longer than :data:`MAX_KEY_CHARS`; ``family`` is taken as valid (the
+    definition checked it).
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError("a partition value must be a str or an int")
+    try:
+        rendered = f"{family}[{json.dumps(value, ensure_ascii=False, separators=(',', ':'))}]"
+        rendered.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a partition value must be valid Unicode (no lone surrogate)") from None
+    except ValueError:  # an int of more digits than str() converts: far too long anyway
+        raise ValueError(f"the rendered key is longer than {MAX_KEY_CHARS} characters") from None
+    if len(rendered) > MAX_KEY_CHARS:
+        raise ValueError(f"the rendered key has {len(rendered)} characters, more than {MAX_KEY_CHARS}")
+    return rendered
