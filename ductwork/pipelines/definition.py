@@ -45,7 +45,7 @@ from ductwork.errors import (
 )
 from ductwork.pipelines.registry import in_main_module, register_class, step_ref
 from ductwork.pipelines.snapshot import Definition as Definition  # re-exported: see below
-from ductwork.pipelines.snapshot import EdgeSpec, NodeSpec, copy_targets
+from ductwork.pipelines.snapshot import EdgeSpec, NodeSpec, PartitionBy, copy_targets
 from ductwork.pipelines.snapshot import render_divert_key as render_divert_key  # re-exported: see below
 from ductwork.pipelines.step import Step, check_execute
 from ductwork.values import Json
@@ -102,10 +102,17 @@ class _Graph:
                     parsed[f"{key}_us"] = parse_interval_us(value)
                 except DurationError as exc:
                     raise self.error(transition, f"{key}={exc}") from exc
-        if limit_by is not None:
+        by: tuple[str, str] | None = None
+        if isinstance(limit_by, (tuple, list)):
+            if len(limit_by) != 2 or not PartitionBy.valid(*limit_by):
+                raise self.error(transition, "limit_by must be a key or a (family, field) pair: a non-blank family "
+                                             f"without '[' and a field 'name' or 'name.sub', got {limit_by!r}")
+            by = (limit_by[0], limit_by[1])
+        elif limit_by is not None:
             if not isinstance(limit_by, str) or not limit_by.strip():
                 raise self.error(transition, f"limit_by must be a non-blank str, got {limit_by!r}")
             parsed["limit_by"] = limit_by
+        partitions: list[PartitionBy | None] = []
         for klass in classes:
             if not _is_step_class(klass):
                 what = ("Arguments must be valid step classes (Step subclasses" if len(classes) > 1
@@ -117,12 +124,29 @@ class _Graph:
                                              "timeout=, so it runs in a child process, which cannot "
                                              "import __main__: move it into an importable module",
                                  MainModuleError)
+            partitions.append(None if by is None else PartitionBy(*by, self.argument(transition, klass, by[1])))
         names = []
-        for klass in classes:
+        for klass, partition in zip(classes, partitions, strict=True):
             name = f"{klass.__name__}#{len(self.nodes)}"
-            self.nodes[name] = NodeSpec(register_class(klass), **parsed)
+            self.nodes[name] = NodeSpec(register_class(klass), **parsed, partition=partition)
             names.append(name)
         return names
+
+    def argument(self, transition: str, klass: Any, field: str) -> int:
+        """The position of the ``__init__`` parameter a partition's ``field`` names (its
+        first name), after ``self``: a plain positional parameter, not ``*args``,
+        ``**kwargs`` or keyword-only."""
+        name = field.split(".")[0]
+        try:
+            signature = inspect.signature(klass.__init__)
+        except (TypeError, ValueError):  # pragma: no cover  a C-level __init__ of a Step subclass
+            signature = inspect.Signature()
+        params = list(signature.parameters.values())[1:]
+        for index, param in enumerate(params):
+            if param.name == name and param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+                return index
+        raise self.error(transition, f"limit_by field {name!r} is no parameter of "
+                                     f"{klass.__qualname__}.__init__{signature}")
 
     def connect(self, sources: list[str], kind: str, to: list[str] | dict[str, str],
                 barrier: tuple[str, ...] | None = None) -> None:
@@ -173,8 +197,10 @@ class PipelineBuilder:
         bill, ship = pipeline.start(Fetch).divide(to=[Bill, Ship]); bill.chain(to=Audit)
 
     Each transition takes ``delay=``, ``timeout=`` (positive seconds, ``timedelta`` or
-    duration string) and ``limit_by=`` (non-blank ``str``); they apply to the node(s)
-    the transition creates. Transitions return the builder to continue on.
+    duration string) and ``limit_by=`` (a non-blank ``str`` key, or ``(family, field)``:
+    each step's key is its partition of the family, ``field`` a parameter of the class's
+    ``__init__`` or a dotted path into it, docs/semantics.md §5.1); they apply to the
+    node(s) the transition creates. Transitions return the builder to continue on.
 
     ``divide``/``divert`` return a fork. Chained on, it acts on every branch at once
     (``.chain(to=D)`` adds ONE node D after each branch's last node; at run time each
