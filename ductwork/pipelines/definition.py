@@ -102,16 +102,7 @@ class _Graph:
                     parsed[f"{key}_us"] = parse_interval_us(value)
                 except DurationError as exc:
                     raise self.error(transition, f"{key}={exc}") from exc
-        by: tuple[str, str] | None = None
-        if isinstance(limit_by, (tuple, list)):
-            if len(limit_by) != 2 or not PartitionBy.valid(*limit_by):
-                raise self.error(transition, "limit_by must be a key or a (family, field) pair: a non-blank family "
-                                             f"without '[' and a field 'name' or 'name.sub', got {limit_by!r}")
-            by = (limit_by[0], limit_by[1])
-        elif limit_by is not None:
-            if not isinstance(limit_by, str) or not limit_by.strip():
-                raise self.error(transition, f"limit_by must be a non-blank str, got {limit_by!r}")
-            parsed["limit_by"] = limit_by
+        parsed["limit_by"], by = self.limit_option(transition, limit_by)
         partitions: list[PartitionBy | None] = []
         for klass in classes:
             if not _is_step_class(klass):
@@ -132,21 +123,28 @@ class _Graph:
             names.append(name)
         return names
 
+    def limit_option(self, transition: str, limit_by: object) -> tuple[str | None, tuple[str, str] | None]:
+        """``limit_by=`` as a static key or a partition's ``(family, field)``, at most one set."""
+        if isinstance(limit_by, (tuple, list)):
+            if len(limit_by) != 2 or not PartitionBy.valid(*limit_by):
+                raise self.error(transition, "limit_by must be a key or a (family, field) pair: a non-blank family "
+                                             f"without '[' and a field 'name' or 'name.sub', got {limit_by!r}")
+            return None, (limit_by[0], limit_by[1])
+        if limit_by is None or (isinstance(limit_by, str) and limit_by.strip()):
+            return limit_by, None
+        raise self.error(transition, f"limit_by must be a non-blank str, got {limit_by!r}")
+
     def argument(self, transition: str, klass: Any, field: str) -> int:
-        """The position of the ``__init__`` parameter a partition's ``field`` names (its
-        first name), after ``self``: a plain positional parameter, not ``*args``,
-        ``**kwargs`` or keyword-only."""
-        name = field.split(".")[0]
-        try:
-            signature = inspect.signature(klass.__init__)
-        except (TypeError, ValueError):  # pragma: no cover  a C-level __init__ of a Step subclass
-            signature = inspect.Signature()
+        """The position (after ``self``) of the ``__init__`` parameter a partition's ``field``
+        names first: a plain positional one, not ``*args``, ``**kwargs`` or keyword-only."""
+        signature = inspect.signature(klass.__init__)  # (a Step subclass's: a Python function, or object's)
         params = list(signature.parameters.values())[1:]
-        for index, param in enumerate(params):
-            if param.name == name and param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
-                return index
-        raise self.error(transition, f"limit_by field {name!r} is no parameter of "
-                                     f"{klass.__qualname__}.__init__{signature}")
+        index = next((i for i, p in enumerate(params) if p.name == field.split(".")[0]
+                      and p.kind <= p.POSITIONAL_OR_KEYWORD), None)
+        if index is None:
+            raise self.error(transition, f"limit_by field {field.split('.')[0]!r} is no parameter of "
+                                         f"{klass.__qualname__}.__init__{signature}")
+        return index
 
     def connect(self, sources: list[str], kind: str, to: list[str] | dict[str, str],
                 barrier: tuple[str, ...] | None = None) -> None:
