@@ -39,7 +39,9 @@ from ductwork.errors import (
     ConfigError,
     DuplicatePeriodError,
     EmptyLimitError,
+    FamilyKeyError,
     InvalidPeriodError,
+    MissingFamilyError,
     MissingLimitError,
 )
 
@@ -341,27 +343,38 @@ def family_of_key(key: str, families: Mapping[str, FamilyEntry]) -> str | None:
 
 
 def validate_references(
-    limits: Mapping[str, LimitEntry], references: Mapping[str, Iterable[str]]
+    limits: Mapping[str, LimitEntry], references: Mapping[str, Iterable[str]], *,
+    families: Mapping[str, FamilyEntry] | None = None, family_references: Mapping[str, Iterable[str]] | None = None,
 ) -> list[str]:
-    """Boot validation of keys against the pipelines that use them [INV-LIM-7].
+    """Boot validation of keys and key families against the pipelines that use them [INV-LIM-7].
 
-    ``references`` maps each ``limit_by`` key to the names of the loaded pipelines
-    that use it. The first referenced key (sorted) with no entry raises
-    ``MissingLimitError`` naming the key and those pipelines. Configured keys nobody
-    references only warn: the returned strings, sorted by key, are for the caller to
-    log (retiring a key takes two deploys, so this must not fail the boot). A key
-    whose pipeline set is empty counts as unreferenced.
+    ``references`` maps each static ``limit_by`` key to the names of the loaded pipelines
+    that use it, ``family_references`` each key family they partition by
+    (``limit_by=(family, field)``). In sorted order, the first static key that names a
+    configured family or is one of its partitions raises ``FamilyKeyError``; the first
+    referenced key with no entry ``MissingLimitError`` naming the key and those
+    pipelines; the first family with no family entry ``MissingFamilyError``. Configured
+    keys and families nobody references only warn: the returned strings, sorted by key,
+    are for the caller to log (retiring a key takes two deploys, so this must not fail
+    the boot). A key whose pipeline set is empty counts as unreferenced.
     """
+    families = families or {}
     used = {key: set(pipelines) for key, pipelines in references.items() if pipelines}
+    partitioned = {family: set(pipelines) for family, pipelines in (family_references or {}).items() if pipelines}
     for key in sorted(used):
+        if (family := key if key in families else family_of_key(key, families)) is not None:
+            raise FamilyKeyError(key, family, used[key])
         if key not in limits:
             raise MissingLimitError(key, used[key])
-    return [
-        f"job_worker.limits.{key}: configured but no loaded pipeline uses limit_by={key!r}; "
-        "remove the entry once keyed work has drained"
-        for key in sorted(limits)
-        if key not in used
-    ]
+    for family in sorted(partitioned):
+        if family not in families:
+            raise MissingFamilyError(family, partitioned[family], static=family in limits)
+    return [text for _, text in sorted(
+        [(key, f"job_worker.limits.{key}: configured but no loaded pipeline uses limit_by={key!r}; "
+               "remove the entry once keyed work has drained") for key in limits if key not in used]
+        + [(family, f"job_worker.limits.{family}: a key family configured but no loaded pipeline uses "
+                    f"limit_by=({family!r}, …); remove the entry once keyed work has drained")
+           for family in families if family not in partitioned])]
 
 
 def entry_digest(entry: LimitEntry | None) -> str:
