@@ -359,22 +359,25 @@ def validate_references(
     the boot). A key whose pipeline set is empty counts as unreferenced.
     """
     families = families or {}
-    used = {key: set(pipelines) for key, pipelines in references.items() if pipelines}
-    partitioned = {family: set(pipelines) for family, pipelines in (family_references or {}).items() if pipelines}
+    used, partitioned = _used(references), _used(family_references or {})
     for key in sorted(used):
         if (family := key if key in families else family_of_key(key, families)) is not None:
             raise FamilyKeyError(key, family, used[key])
         if key not in limits:
             raise MissingLimitError(key, used[key])
-    for family in sorted(partitioned):
-        if family not in families:
-            raise MissingFamilyError(family, partitioned[family], static=family in limits)
+    for family in sorted(set(partitioned) - set(families)):
+        raise MissingFamilyError(family, partitioned[family], static=family in limits)
     return [text for _, text in sorted(
         [(key, f"job_worker.limits.{key}: configured but no loaded pipeline uses limit_by={key!r}; "
                "remove the entry once keyed work has drained") for key in limits if key not in used]
         + [(family, f"job_worker.limits.{family}: a key family configured but no loaded pipeline uses "
                     f"limit_by=({family!r}, …); remove the entry once keyed work has drained")
            for family in families if family not in partitioned])]
+
+
+def _used(references: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
+    """The references that name at least one pipeline, as sets."""
+    return {key: set(pipelines) for key, pipelines in references.items() if pipelines}
 
 
 def entry_digest(entry: LimitEntry | None) -> str:
