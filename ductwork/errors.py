@@ -17,6 +17,8 @@ The tree::
     │   ├── DuplicatePeriodError          two rate entries of one key share a period
     │   ├── EmptyLimitError               a limit entry declares neither concurrency nor rate
     │   ├── MissingLimitError             a ``limit_by`` key has no entry (names key and pipelines)
+    │   │   └── MissingFamilyError        a ``limit_by`` key family has no family entry (per_partition)
+    │   ├── FamilyKeyError                a static ``limit_by`` key names a key family or one of its partitions
     │   ├── DuplicateKeyError             a YAML mapping repeats a key (names it, its path and lines)
     │   └── DatabaseURLError              a database URL is malformed or names no database
     ├── MissingTablesError                the schema lacks tables (names them and the database)
@@ -36,7 +38,8 @@ The tree::
     │   └── ReviveError                   revive of a run that is not halted, or unknown
     ├── InputError (TypeError)            trigger/resume/context input is not JSON-serialisable
     │   ├── TriggerKeyError (ValueError)  a trigger key is not a non-empty string of at most 255 characters
-    │   └── TriggerKeyWindowError (ValueError)  a key window is not a positive duration, or has no key
+    │   ├── TriggerKeyWindowError (ValueError)  a key window is not a positive duration, or has no key
+    │   └── PartitionValueError (TransitionError)  a step's ``limit_by`` partition value cannot be rendered
     ├── TriggerConnectionError (TypeError) ``trigger(connection=…)`` got no usable Connection
     ├── TriggeredConcurrently             a trigger key was taken by a transaction this one cannot see
     ├── PayloadError (InputError, StepReturnError)  a value breaks the one payload rule (payloads.dump)
@@ -168,6 +171,27 @@ class MissingLimitError(ConfigError):
         self.path = f"job_worker.limits.{key}"
         self.value = None
         self.reason = "missing"
+
+
+class MissingFamilyError(MissingLimitError):
+    """A key family that loaded pipelines partition by (``limit_by=(family, field)``) has no
+    family entry (one with ``per_partition``) under ``job_worker.limits``."""
+
+    def __init__(self, family: str, pipelines: Iterable[str], static: bool = False):
+        super().__init__(family, pipelines)
+        why = "is a static key's; a family's entry has per_partition" if static else "is missing"
+        self.args = (f"job_worker.limits.{family}: the entry of key family {family!r} {why}, "
+                     f"referenced by limit_by=({family!r}, …) in {', '.join(self.pipelines)}",)
+
+
+class FamilyKeyError(ConfigError):
+    """A static ``limit_by`` key names a key family the configuration declares, or is one of
+    its partitions (``family[…]``): a key is either static or a partition, never both."""
+
+    def __init__(self, key: str, family: str, pipelines: Iterable[str]):
+        what = "names key family" if key == family else "is a partition of key family"
+        super().__init__(f"job_worker.limits.{family}", key, f"limit_by={key!r} in {', '.join(sorted(pipelines))} "
+                         f"{what} {family!r}; partition by limit_by=({family!r}, field) or use another key")
 
 
 class DuplicateKeyError(ConfigError):
@@ -411,6 +435,26 @@ class TriggerKeyWindowError(InputError, ValueError):
         DuctworkError.__init__(
             self, f"{pipeline}.trigger key_window={shown}: {reason}; a key window is a positive duration "
                   "(seconds, a timedelta or a string like '1d') given with a key")
+
+
+class PartitionValueError(InputError, TransitionError):
+    """A step's partition cannot be rendered into its limit key (docs/semantics.md §5.1):
+    ``limit_by=(family, field)`` finds no such field in the step's input, or a value that is
+    not a str or an int, a str with a lone surrogate, or one whose key is longer than 255
+    characters. Names the pipeline, the node, the family, the field and the value (repr,
+    truncated). ``trigger`` raises it before anything is written; when an advancer creates
+    the step, the branch halts ``transition_invalid`` with it (the value is the same on every
+    attempt).
+
+    ``PartitionValueError("shop:Orders", "Push#1", "vendor_api", "account_id", 4.5, "not a str
+    or an int")`` reads ``shop:Orders node Push#1: limit_by=('vendor_api', 'account_id'): not
+    a str or an int, got 4.5``.
+    """
+
+    def __init__(self, pipeline: str, node: str, family: str, field: str, value: object, reason: str):
+        self.pipeline, self.node, self.family, self.field, self.value = pipeline, node, family, field, value
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        DuctworkError.__init__(self, f"{pipeline} node {node}: limit_by=({family!r}, {field!r}): {reason}, got {shown}")
 
 
 class TriggerConnectionError(DuctworkError, TypeError):

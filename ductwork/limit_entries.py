@@ -30,6 +30,7 @@ seam, not API. Pure: no I/O, no logging; every error is a :class:`ConfigError` w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -38,7 +39,9 @@ from ductwork.errors import (
     ConfigError,
     DuplicatePeriodError,
     EmptyLimitError,
+    FamilyKeyError,
     InvalidPeriodError,
+    MissingFamilyError,
     MissingLimitError,
 )
 
@@ -340,27 +343,41 @@ def family_of_key(key: str, families: Mapping[str, FamilyEntry]) -> str | None:
 
 
 def validate_references(
-    limits: Mapping[str, LimitEntry], references: Mapping[str, Iterable[str]]
+    limits: Mapping[str, LimitEntry], references: Mapping[str, Iterable[str]], *,
+    families: Mapping[str, FamilyEntry] | None = None, family_references: Mapping[str, Iterable[str]] | None = None,
 ) -> list[str]:
-    """Boot validation of keys against the pipelines that use them [INV-LIM-7].
+    """Boot validation of keys and key families against the pipelines that use them [INV-LIM-7].
 
-    ``references`` maps each ``limit_by`` key to the names of the loaded pipelines
-    that use it. The first referenced key (sorted) with no entry raises
-    ``MissingLimitError`` naming the key and those pipelines. Configured keys nobody
-    references only warn: the returned strings, sorted by key, are for the caller to
-    log (retiring a key takes two deploys, so this must not fail the boot). A key
-    whose pipeline set is empty counts as unreferenced.
+    ``references`` maps each static ``limit_by`` key to the names of the loaded pipelines
+    that use it, ``family_references`` each key family they partition by
+    (``limit_by=(family, field)``). In sorted order, the first static key that names a
+    configured family or is one of its partitions raises ``FamilyKeyError``; the first
+    referenced key with no entry ``MissingLimitError`` naming the key and those
+    pipelines; the first family with no family entry ``MissingFamilyError``. Configured
+    keys and families nobody references only warn: the returned strings, sorted by key,
+    are for the caller to log (retiring a key takes two deploys, so this must not fail
+    the boot). A key whose pipeline set is empty counts as unreferenced.
     """
-    used = {key: set(pipelines) for key, pipelines in references.items() if pipelines}
+    families = families or {}
+    used, partitioned = _used(references), _used(family_references or {})
     for key in sorted(used):
+        if (family := key if key in families else family_of_key(key, families)) is not None:
+            raise FamilyKeyError(key, family, used[key])
         if key not in limits:
             raise MissingLimitError(key, used[key])
-    return [
-        f"job_worker.limits.{key}: configured but no loaded pipeline uses limit_by={key!r}; "
-        "remove the entry once keyed work has drained"
-        for key in sorted(limits)
-        if key not in used
-    ]
+    for family in sorted(set(partitioned) - set(families)):
+        raise MissingFamilyError(family, partitioned[family], static=family in limits)
+    return [text for _, text in sorted(
+        [(key, f"job_worker.limits.{key}: configured but no loaded pipeline uses limit_by={key!r}; "
+               "remove the entry once keyed work has drained") for key in limits if key not in used]
+        + [(family, f"job_worker.limits.{family}: a key family configured but no loaded pipeline uses "
+                    f"limit_by=({family!r}, …); remove the entry once keyed work has drained")
+           for family in families if family not in partitioned])]
+
+
+def _used(references: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
+    """The references that name at least one pipeline, as sets."""
+    return {key: set(pipelines) for key, pipelines in references.items() if pipelines}
 
 
 def entry_digest(entry: LimitEntry | None) -> str:
@@ -376,3 +393,35 @@ def entry_digest(entry: LimitEntry | None) -> str:
     else:
         text = repr((entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates]))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- partitioned keys
+
+#: the longest key the schema stores (``limit_key``: VARCHAR(255), counted in characters)
+MAX_KEY_CHARS = 255
+
+
+def partition_key(family: str, value: object) -> str:
+    """The key of ``value``'s partition of ``family``: ``family[<canonical JSON>]``
+    (docs/semantics.md §5.1), as ``model/limits.py``'s ``partition_key`` renders it.
+
+    ``partition_key("vendor_api", "acct-42") == 'vendor_api["acct-42"]'`` and
+    ``partition_key("vendor_api", 42) == "vendor_api[42]"``. The JSON is compact and
+    escapes quotes, backslashes and control characters, so two values are two keys and a
+    value never ends its key early. Raises ``ValueError`` with the reason for a value
+    that is not a str or an int (a bool included), a str with a lone surrogate (no UTF-8
+    form), or a key longer than :data:`MAX_KEY_CHARS`; ``family`` is taken as valid (the
+    definition checked it).
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError("a partition value must be a str or an int")
+    try:
+        rendered = f"{family}[{json.dumps(value, ensure_ascii=False, separators=(',', ':'))}]"
+        rendered.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a partition value must be valid Unicode (no lone surrogate)") from None
+    except ValueError:  # an int of more digits than str() converts: far too long anyway
+        raise ValueError(f"the rendered key is longer than {MAX_KEY_CHARS} characters") from None
+    if len(rendered) > MAX_KEY_CHARS:
+        raise ValueError(f"the rendered key has {len(rendered)} characters, more than {MAX_KEY_CHARS}")
+    return rendered

@@ -69,8 +69,12 @@ CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: row, a trigger's handle came from what it wrote, a transaction's wake-ups became one
 #: statement, and ``Tx.backend`` (unread) went. Then a feature, not a speed pass: partitioned
 #: keys (issue 34) add what :data:`PARTITIONED_KEYS_LINES` counts, named apart so that the
-#: clean-ups' ratchet stays visible
-PARTITIONED_KEYS_LINES = 7
+#: clean-ups' ratchet stays visible: ``limit_by=(family, field)`` (its declaration checked and
+#: resolved, its snapshot, its key rendered from each step's input, a worker's inline move
+#: leaving an unrenderable one to an advancer, the boot check of the families its pipelines
+#: use), and its enforcement (a partition's entry and family resolved, the family's lock, count
+#: and ceiling on the Python path and in the lane scan)
+PARTITIONED_KEYS_LINES = 112
 CODE_LINES_BUDGET = 6_106 + PARTITIONED_KEYS_LINES
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment
@@ -120,10 +124,11 @@ def code_lines(source: str) -> int:
 
 def sql_code_lines(package: Path) -> dict[str, int]:
     """The code lines of each SQL routine file under the engine core, by path: read by an
-    auditor like the Python, reported beside it, not in the ratchet (which counts Python)."""
+    auditor like the Python, reported beside it, not in the ratchet (which counts Python).
+    Not the older versions a migration keeps as history (``db/migrations/routines/``)."""
     return {str(path.relative_to(package.parent)): sum(1 for line in path.read_text().splitlines()
                                                        if not SQL_LINE.match(line))
-            for name in CORE for path in sorted((package / name).rglob("*.sql"))}
+            for name in CORE for path in sorted((package / name).rglob("*.sql")) if "migrations" not in path.parts}
 
 
 def core_code_lines(package: Path) -> dict[str, int]:

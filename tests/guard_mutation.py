@@ -416,11 +416,11 @@ ARGUED: dict[str, tuple[str, str]] = {
         "the fence's lock read of every branch row: it keeps only the rows named in `held` "
         "(`row.id in held`); SQLite has no row locks, and on a server it locks more rows (a cost, a wider "
         "wait), not another outcome"),
-    "pipelines/branches.py#67": (
+    "pipelines/branches.py#68": (
         "`.where(s.c.branch_id.in_(dialects.inline_ids(won)))` dropped",
         "_claims_of reads every branch's steps: `latest` is keyed by branch id and only the branches won "
         "are looked up in it, each with its own rows in the same order (a cost, a wider read)"),
-    "pipelines/branches.py#68": (
+    "pipelines/branches.py#69": (
         "`.where(_a.c.step_id.in_(dialects.inline_ids([latest[b].id for b in )` dropped",
         "_claims_of reads every advancement: `crashes` is keyed by step id and only the won branches' "
         "latest steps are looked up in it, each with its own rows in the same order (a cost, a wider read)"),
@@ -433,33 +433,33 @@ ARGUED: dict[str, tuple[str, str]] = {
         "the held move without its tokens: the fence read each of these rows under its lock (FOR UPDATE; "
         "SQLite: the write lock of BEGIN IMMEDIATE) in this transaction and kept only those carrying their "
         "claim's token, and nothing else can write them before it commits"),
-    "pipelines/branches.py#52": (
+    "pipelines/branches.py#53": (
         "`where` without `_b.c.claim_token == token`",
         "the release runs only when close_advancement has just closed this claim's advancement, so it was "
         "open; an advancement is open exactly while its claim holds the branch (a claim sets its token only "
         "on an unclaimed branch and opens its advancement in the same transaction; every write that drops "
         "a token, a fence's close and move, move_branches, this release, closes that claim's advancement "
         "in the same transaction), so a branch still 'advancing' carries `token`"),
-    "pipelines/branches.py#53": (
+    "pipelines/branches.py#54": (
         "`where` without `_b.c.status == 'advancing'`",
         "a branch carries a claim token exactly while it is 'advancing': a claim writes both, and every "
         "write that moves a branch off 'advancing' drops the token in the same statement; `claim_token = "
         "token` (never NULL) implies the status"),
-    "pipelines/branches.py#65": (
+    "pipelines/branches.py#66": (
         "`where` without `_b.c.claim_token.is_(None)`",
         "the claim without `claim_token IS NULL`: a branch 'in_progress' carries no token (a claim writes "
         "'advancing' with its token and every write back to 'in_progress', a release, a move, a resume, a "
         "revive, drops or has none), so `status = 'in_progress'` implies it"),
-    "pipelines/branches.py#71": (
+    "pipelines/branches.py#72": (
         "`where` without `_a.c.completed_at.is_(None)`",
         "the close of an advancer's advancements without `completed_at IS NULL`: the fence kept only "
         "branches that still carry each claim's token, under their locks, and a claim's advancement is "
         "open while its token holds the branch (as #52), so every row named is open"),
-    "pipelines/branches.py#78": (
+    "pipelines/branches.py#79": (
         "`where` without `_b.c.id.in_(dialects.inline_ids(ids))`",
         "the read of the branches won without their ids: `token` is a fresh UUIDv4 of this call, written "
         "only by this transaction's UPDATE, which names `ids`"),
-    "pipelines/branches.py#91": (
+    "pipelines/branches.py#92": (
         "`where` without `_b.c.claim_token.is_(None)`",
         "candidates without `claim_token IS NULL`: a branch 'in_progress' carries no token (as #65), so "
         "`status = 'in_progress'` implies it"),

@@ -7,12 +7,14 @@ table) [INV-LIM-7]:
 
 ===========================================  =========================================
 A ``limit_by`` key has no entry              MissingLimitError naming key and pipelines
+A key family has no family entry             MissingFamilyError naming family and pipelines
+A static key names a family or a partition   FamilyKeyError naming key, family and pipelines
 An entry has neither concurrency nor rate    EmptyLimitError (raised by config parsing)
 Two rate entries share a period              DuplicatePeriodError (config parsing)
 A period is months/years, zero or garbage    InvalidPeriodError (config parsing)
 Tables are missing                           MissingTablesError naming them and the database
 The SQLite file does not exist               MissingDatabaseError (the file is not created)
-A configured key nobody references           a warning only
+A configured key or family nobody uses       a warning only
 MySQL's max_allowed_packet below 16 MiB      a warning only (payloads.statement_limit_warning)
 ===========================================  =========================================
 
@@ -70,12 +72,13 @@ def _subclasses(cls: type[Pipeline]) -> list[type[Pipeline]]:
     return out
 
 
-def limit_references(pipelines: list[type[Pipeline]]) -> dict[str, set[str]]:
-    """limit_by key -> names of the pipelines whose definitions reference it."""
+def limit_references(pipelines: list[type[Pipeline]], *, families: bool = False) -> dict[str, set[str]]:
+    """Static limit_by key (``families``: key family) -> names of the pipelines whose
+    definitions reference it."""
     refs: dict[str, set[str]] = defaultdict(set)
     for cls in pipelines:
         if cls.definition is not None:
-            for key in cls.definition.limit_keys():
+            for key in cls.definition.limit_families() if families else cls.definition.limit_keys():
                 refs[key].add(cls.definition.pipeline)
     return dict(refs)
 
@@ -84,7 +87,8 @@ def validate(app: Database, pipelines: list[type[Pipeline]] | None = None) -> li
     """Run every boot check; returns warnings, raises the first error."""
     loaded = load_pipelines(app.config) if pipelines is None else pipelines
     # [INV-LIM-7] every referenced key has an entry (fail closed); unreferenced entries warn
-    warnings = validate_references(app.config.limits, limit_references(loaded))
+    warnings = validate_references(app.config.limits, limit_references(loaded), families=app.config.families,
+                                   family_references=limit_references(loaded, families=True))
     from ductwork.db import migrate
 
     app.check_schema()

@@ -39,7 +39,7 @@ from ductwork.db.ids import new_id, new_token
 from ductwork.limits.executions import Claimed, ErrorInfo
 from ductwork.pipelines.rules import simple_move
 from ductwork.pipelines.runs import lock_runs, resolve_runs
-from ductwork.pipelines.steps import ADVANCEABLE, NewStep, StepRow, create_steps_across
+from ductwork.pipelines.steps import ADVANCEABLE, NewStep, StepRow, create_steps_across, renders
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database, Tx
@@ -372,7 +372,8 @@ def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:
     created, or its branch ended (``completed`` for a leaf, ``dampened``) and its run
     resolved [INV-RUN-1]; no advancement row is written (a worker's move holds no claim, and
     a closed advancement without an error is read by nothing). The others are left to the
-    caller (their steps become ``advancing``, for an advancer). Exactly once as for a fenced
+    caller (their steps become ``advancing``, for an advancer), and so are those whose next
+    step's partition cannot be rendered (``steps.renders``). Exactly once as for a fenced
     advancement [INV-ADV-1]: the branch row is locked and must be unclaimed (no advancer can
     hold it: until this transaction commits its step is not advanceable), the step's
     completion is guarded by its status (a step an earlier attempt moved on raises
@@ -387,7 +388,8 @@ def advance_on_successes(tx: Tx, successes: Sequence[Inline]) -> set[str]:
     edges.
     """
     planned = [(i, move) for i in successes
-               if (move := simple_move(i.definition, i.claimed.node, i.value_json)) is not None]
+               if (move := simple_move(i.definition, i.claimed.node, i.value_json)) is not None
+               and renders(i.definition, move[1], i.value_json)]  # else an advancer halts it, naming why
     if not planned:
         return set()
     definitions = {i.claimed.run_id: i.definition for i, _ in planned}

@@ -45,7 +45,7 @@ from ductwork.errors import (
 )
 from ductwork.pipelines.registry import in_main_module, register_class, step_ref
 from ductwork.pipelines.snapshot import Definition as Definition  # re-exported: see below
-from ductwork.pipelines.snapshot import EdgeSpec, NodeSpec, copy_targets
+from ductwork.pipelines.snapshot import EdgeSpec, NodeSpec, PartitionBy, copy_targets
 from ductwork.pipelines.snapshot import render_divert_key as render_divert_key  # re-exported: see below
 from ductwork.pipelines.step import Step, check_execute
 from ductwork.values import Json
@@ -102,10 +102,8 @@ class _Graph:
                     parsed[f"{key}_us"] = parse_interval_us(value)
                 except DurationError as exc:
                     raise self.error(transition, f"{key}={exc}") from exc
-        if limit_by is not None:
-            if not isinstance(limit_by, str) or not limit_by.strip():
-                raise self.error(transition, f"limit_by must be a non-blank str, got {limit_by!r}")
-            parsed["limit_by"] = limit_by
+        parsed["limit_by"], by = self.limit_option(transition, limit_by)
+        partitions: list[PartitionBy | None] = []
         for klass in classes:
             if not _is_step_class(klass):
                 what = ("Arguments must be valid step classes (Step subclasses" if len(classes) > 1
@@ -117,12 +115,36 @@ class _Graph:
                                              "timeout=, so it runs in a child process, which cannot "
                                              "import __main__: move it into an importable module",
                                  MainModuleError)
+            partitions.append(None if by is None else PartitionBy(*by, self.argument(transition, klass, by[1])))
         names = []
-        for klass in classes:
+        for klass, partition in zip(classes, partitions, strict=True):
             name = f"{klass.__name__}#{len(self.nodes)}"
-            self.nodes[name] = NodeSpec(register_class(klass), **parsed)
+            self.nodes[name] = NodeSpec(register_class(klass), **parsed, partition=partition)
             names.append(name)
         return names
+
+    def limit_option(self, transition: str, limit_by: object) -> tuple[str | None, tuple[str, str] | None]:
+        """``limit_by=`` as a static key or a partition's ``(family, field)``, at most one set."""
+        if isinstance(limit_by, (tuple, list)):
+            if len(limit_by) != 2 or not PartitionBy.valid(*limit_by):
+                raise self.error(transition, "limit_by must be a key or a (family, field) pair: a non-blank family "
+                                             f"without '[' and a field 'name' or 'name.sub', got {limit_by!r}")
+            return None, (limit_by[0], limit_by[1])
+        if limit_by is None or (isinstance(limit_by, str) and limit_by.strip()):
+            return limit_by, None
+        raise self.error(transition, f"limit_by must be a non-blank str, got {limit_by!r}")
+
+    def argument(self, transition: str, klass: Any, field: str) -> int:
+        """The position (after ``self``) of the ``__init__`` parameter a partition's ``field``
+        names first: a plain positional one, not ``*args``, ``**kwargs`` or keyword-only."""
+        signature = inspect.signature(klass.__init__)  # (a Step subclass's: a Python function, or object's)
+        params = list(signature.parameters.values())[1:]
+        index = next((i for i, p in enumerate(params) if p.name == field.split(".")[0]
+                      and p.kind <= p.POSITIONAL_OR_KEYWORD), None)
+        if index is None:
+            raise self.error(transition, f"limit_by field {field.split('.')[0]!r} is no parameter of "
+                                         f"{klass.__qualname__}.__init__{signature}")
+        return index
 
     def connect(self, sources: list[str], kind: str, to: list[str] | dict[str, str],
                 barrier: tuple[str, ...] | None = None) -> None:
@@ -173,8 +195,10 @@ class PipelineBuilder:
         bill, ship = pipeline.start(Fetch).divide(to=[Bill, Ship]); bill.chain(to=Audit)
 
     Each transition takes ``delay=``, ``timeout=`` (positive seconds, ``timedelta`` or
-    duration string) and ``limit_by=`` (non-blank ``str``); they apply to the node(s)
-    the transition creates. Transitions return the builder to continue on.
+    duration string) and ``limit_by=`` (a non-blank ``str`` key, or ``(family, field)``:
+    each step's key is its partition of the family, ``field`` a parameter of the class's
+    ``__init__`` or a dotted path into it, docs/semantics.md §5.1); they apply to the
+    node(s) the transition creates. Transitions return the builder to continue on.
 
     ``divide``/``divert`` return a fork. Chained on, it acts on every branch at once
     (``.chain(to=D)`` adds ONE node D after each branch's last node; at run time each

@@ -101,7 +101,9 @@ class Pipeline:
         this never ends [INV-TRG-2] (docs/triggers.md). Checked before anything is
         written: DefinitionError on an abstract pipeline (no database touched);
         :class:`~ductwork.errors.InputError` when ``args`` do not bind to the first
-        step's ``__init__`` (``trigger(1, 2, 3)`` for ``__init__(self, since)``);
+        step's ``__init__`` (``trigger(1, 2, 3)`` for ``__init__(self, since)``), and
+        :class:`~ductwork.errors.PartitionValueError` (one) when its ``limit_by=(family,
+        field)`` finds no partition value it can render in them;
         :class:`~ductwork.errors.TriggerKeyError` for a key that is not a non-empty string
         of at most 255 characters; :class:`~ductwork.errors.TriggerKeyWindowError` for a
         window that is not a positive duration or has no key;

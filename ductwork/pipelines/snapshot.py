@@ -16,7 +16,7 @@ imports a class.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from ductwork.errors import DefinitionError
@@ -52,6 +52,29 @@ def render_divert_key(value: object) -> str | None:
 
 
 @dataclass(frozen=True)
+class PartitionBy:
+    """A partitioned ``limit_by=(family, field)`` (docs/semantics.md §5.1): a step's key is
+    ``family[<value>]``, the value its input's positional argument ``arg`` (the position of
+    the ``__init__`` parameter ``field`` names first), then each name after a dot in
+    ``field`` looked up in a JSON object. Snapshotted as ``{"family", "field", "arg"}``."""
+
+    family: str
+    #: the parameter's name, or a dotted path into it (``order.account_id``)
+    field: str
+    #: the parameter's position among ``__init__``'s, after ``self``
+    arg: int
+
+    @staticmethod
+    def valid(family: object, field: object) -> bool:
+        """A family is a non-blank str without ``[``; a field is non-blank names joined by dots."""
+        return (isinstance(family, str) and bool(family.strip()) and "[" not in family
+                and isinstance(field, str) and all(name.strip() for name in field.split(".")))
+
+    def __str__(self) -> str:
+        return f"{self.family}[{self.field}]"
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     """One node of a definition: the step class to run and its transition's options."""
 
@@ -63,10 +86,15 @@ class NodeSpec:
     timeout_us: int | None = None
     #: a non-blank limit key, or None for the unkeyed lane; values come from config at claim time
     limit_by: str | None = None
+    #: a partitioned ``limit_by`` (each step's key rendered from its input); ``limit_by`` is None
+    partition: PartitionBy | None = None
 
     def to_json(self) -> dict[str, Json]:
-        """``klass``, ``delay_us``, ``timeout_us`` and ``limit_by``, in that order."""
-        return asdict(self)
+        """``klass``, ``delay_us``, ``timeout_us`` and ``limit_by`` (a static key, null or a
+        partition's object), in that order."""
+        by = self.partition
+        limit_by: Json = self.limit_by if by is None else {"family": by.family, "field": by.field, "arg": by.arg}
+        return {"klass": self.klass, "delay_us": self.delay_us, "timeout_us": self.timeout_us, "limit_by": limit_by}
 
 
 @dataclass(frozen=True)
@@ -146,8 +174,12 @@ class Definition:
         return _SnapshotReader(data).read()
 
     def limit_keys(self) -> set[str]:
-        """Every ``limit_by`` key the nodes reference (boot validation checks each has config)."""
+        """Every static ``limit_by`` key the nodes reference (boot validation checks each has config)."""
         return {node.limit_by for node in self.nodes.values() if node.limit_by is not None}
+
+    def limit_families(self) -> set[str]:
+        """Every key family the nodes partition by (boot validation checks each has a family entry)."""
+        return {node.partition.family for node in self.nodes.values() if node.partition is not None}
 
     def node_options(self, node: str) -> NodeSpec:
         """The spec of ``node`` (klass, delay_us, timeout_us, limit_by); KeyError if unknown."""
@@ -206,10 +238,18 @@ class _SnapshotReader:
         for key in ("delay_us", "timeout_us"):
             self.check(raw[key] is None or (type(raw[key]) is int and raw[key] > 0),
                        f"{where}: {key} must be a positive int or null, got {raw[key]!r}")
-        limit_by = raw["limit_by"]
+        limit_by, by = raw["limit_by"], None
+        if isinstance(limit_by, dict):
+            arg = limit_by.get("arg")
+            self.check(set(limit_by) == {"family", "field", "arg"} and type(arg) is int and arg >= 0
+                       and PartitionBy.valid(limit_by["family"], limit_by["field"]),
+                       f"{where}: a partitioned limit_by must be {{family, field, arg}} (a non-blank family "
+                       f"without '[', a dotted field, an int arg >= 0), got {limit_by!r}")
+            by = PartitionBy(limit_by["family"], limit_by["field"], limit_by["arg"])
+            limit_by = None
         self.check(limit_by is None or (isinstance(limit_by, str) and bool(limit_by.strip())),
                    f"{where}: limit_by must be a non-blank str or null, got {limit_by!r}")
-        return NodeSpec(raw["klass"], raw["delay_us"], raw["timeout_us"], limit_by)
+        return NodeSpec(raw["klass"], raw["delay_us"], raw["timeout_us"], limit_by, by)
 
     def edge(self, source: str, raw: Any, nodes: dict[str, NodeSpec]) -> EdgeSpec:
         where = f"edge from {source!r}"

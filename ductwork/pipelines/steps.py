@@ -5,7 +5,8 @@
 A step is created with its input and its first (pending) execution in the caller's
 transaction, so a step never exists without something to run it, and a rolled
 back advancement leaves no step behind [INV-ADV-1]. Options come from the run's
-definition snapshot: ``limit_by`` sets the execution's lane, ``delay`` its
+definition snapshot: ``limit_by`` sets the execution's lane (a static key, or a partition
+rendered from the step's input: :func:`limit_key`), ``delay`` its
 eligibility (database time plus the delay), ``timeout`` is kept on the step.
 
 Not done here: deciding which steps to create (advance.py) or running them (fleet/worker.py).
@@ -22,12 +23,16 @@ import sqlalchemy as sa
 
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
+from ductwork.errors import PartitionValueError
+from ductwork.limit_entries import partition_key
 from ductwork.limits.executions import Pending, enqueue
 from ductwork.pipelines import payloads
 
 if TYPE_CHECKING:
     from ductwork.db.database import Tx
     from ductwork.pipelines.snapshot import Definition
+
+_MISSING = object()
 
 ADVANCEABLE = ("advancing", "failed")
 """Step statuses meaning "the job is done, the branch can move" (claim and fence share it)."""
@@ -82,21 +87,54 @@ def create_steps_across(tx: Tx, new: list[tuple[str, Definition, NewStep]]) -> l
     pending: list[Pending] = []
     for run_id, definition, spec in new:
         node = definition.nodes[spec.node]
-        step_id = new_id()
+        step_id, key = new_id(), limit_key(definition, spec.node, spec.input_json)
         step_rows.append({
             "id": step_id, "run_id": run_id, "branch_id": spec.branch_id, "node": spec.node,
             "klass": node.klass, "to_transition": spec.to_transition, "status": "in_progress",
-            "limit_key": node.limit_by, "timeout_us": node.timeout_us, "input_args": spec.input_json,
+            "limit_key": key, "timeout_us": node.timeout_us, "input_args": spec.input_json,
             "output_payload": None, "started_at": now, "completed_at": None, "created_at": now, "updated_at": now,
         })
         eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
-        pending.append(Pending(step_id, node.limit_by, eligible))
+        pending.append(Pending(step_id, key, eligible))
     if sum(len(row["input_args"]) for row in step_rows) <= payloads.MAX_PAYLOAD_BYTES:
         dialects.insert_rows(tx.conn, schema.steps, step_rows)  # [INV-ADV-1] uq_step_branch_node
     else:  # large inputs: a statement per row (on PostgreSQL an array holds a column's every value)
         tx.execute(schema.steps.insert(), step_rows)  # [INV-ADV-1] uq_step_branch_node
     enqueue(tx, pending)  # the first executions, in their lanes (and their keys' rows)
     return [row["id"] for row in step_rows]
+
+
+def limit_key(definition: Definition, node: str, input_json: str) -> str | None:
+    """The key of a new step of ``node`` whose input (the JSON list of its arguments) is
+    ``input_json``: the node's static ``limit_by``, or its partition rendered from the input
+    (docs/semantics.md §5.1): argument ``arg``, then each dotted name in a JSON object.
+    Raises :class:`PartitionValueError` when the field is missing or its value cannot be
+    rendered (``limit_entries.partition_key``). Rendered once, here: its executions keep it."""
+    by = definition.nodes[node].partition
+    if by is None:
+        return definition.nodes[node].limit_by
+    args = json.loads(input_json)
+    value: object = args[by.arg] if by.arg < len(args) else _MISSING
+    for name in by.field.split(".")[1:]:
+        value = value.get(name, _MISSING) if isinstance(value, dict) else _MISSING
+    if value is _MISSING:
+        raise PartitionValueError(definition.pipeline, node, by.family, by.field, args, "no such field in the input")
+    try:
+        return partition_key(by.family, value)
+    except ValueError as error:
+        raise PartitionValueError(definition.pipeline, node, by.family, by.field, value, str(error)) from None
+
+
+def renders(definition: Definition, node: str | None, value_json: str) -> bool:
+    """Whether a step of ``node`` (None: no step) with ``value_json`` as its input has a
+    key :func:`limit_key` renders; a worker's inline move leaves the others to an advancer,
+    which halts the branch with the error (its success is recorded either way)."""
+    try:
+        if node is not None:
+            limit_key(definition, node, "[" + value_json + "]")
+    except PartitionValueError:
+        return False
+    return True
 
 
 def latest_step(tx: Tx, branch_id: str) -> StepRow | None:

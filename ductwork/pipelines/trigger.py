@@ -69,7 +69,7 @@ from ductwork.errors import (
 )
 from ductwork.pipelines import payloads
 from ductwork.pipelines.rules import KeyHolder, key_expired
-from ductwork.pipelines.steps import NewStep, create_branches, create_steps
+from ductwork.pipelines.steps import NewStep, create_branches, create_steps, limit_key
 from ductwork.values import Json
 
 if TYPE_CHECKING:
@@ -164,8 +164,9 @@ def trigger(app: Database, tx: Tx, pipeline: type, args: list[Json], key: str | 
 
     ``pipeline`` is a Pipeline subclass (anything with a ``definition``). Checked before
     anything is written: the key (:func:`check_key`), the arguments (``payloads.dump``: JSON,
-    at most ``MAX_PAYLOAD_BYTES``). :class:`TriggeredConcurrently` when the key's run was
-    committed by a transaction ``tx`` cannot see (its snapshot is older); nothing written.
+    at most ``MAX_PAYLOAD_BYTES``), the first step's partition (``steps.limit_key``).
+    :class:`TriggeredConcurrently` when the key's run was committed by a transaction ``tx``
+    cannot see (its snapshot is older); nothing written.
     """
     definition: Definition | None = getattr(pipeline, "definition", None)
     if definition is None:  # pragma: no cover  Pipeline.trigger, the only way here, refuses it first
@@ -175,6 +176,7 @@ def trigger(app: Database, tx: Tx, pipeline: type, args: list[Json], key: str | 
     snapshot = json.dumps(definition.to_json(), sort_keys=True)
     sha1 = hashlib.sha1(snapshot.encode()).hexdigest()
     input_json = payloads.dump(list(args), f"{pipeline.__qualname__}.trigger arguments")
+    limit_key(definition, definition.start, input_json)  # PartitionValueError before anything is written
     if key is not None:
         existing = _key_kept_by(tx, definition.pipeline, key, window_us)
         if existing is not None:  # [INV-TRG-1] the key's run: nothing written

@@ -34,6 +34,7 @@ class Box:
     name: str
     #: the step class's qualified name (after the colon of ``module:QualName``)
     label: str
+    #: a static key, or a partition as ``family[field]``
     limit_by: str | None
     state: str
     #: e.g. ``3 done, 2 running``; empty: not reached
@@ -140,7 +141,8 @@ def lay_out(definition: Definition, states: dict[str, Counter[str]]) -> Layout:
         at[name] = (MARGIN + column * (BOX_W + GAP_X), MARGIN + rows[column] * (BOX_H + GAP_Y))
         rows[column] += 1
     boxes = tuple(
-        Box(name=name, label=node.klass.partition(":")[2] or node.klass, limit_by=node.limit_by,
+        Box(name=name, label=node.klass.partition(":")[2] or node.klass,
+            limit_by=node.limit_by if node.partition is None else str(node.partition),
             state=next((s for s in STATES if states.get(name, Counter())[s]), "none"),
             counts=_counts_text(states.get(name)), x=at[name][0], y=at[name][1])
         for name, node in ((name, definition.nodes[name]) for name in order))

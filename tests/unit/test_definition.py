@@ -31,13 +31,23 @@ from ductwork.errors import (
 from ductwork.pipelines.definition import PipelineBuilder
 from ductwork.pipelines.pipeline import Pipeline, import_pipeline, resolve_pipeline
 from ductwork.pipelines.registry import resolve_step, step_ref
-from ductwork.pipelines.snapshot import Definition, EdgeSpec, NodeSpec, main_module_refs, render_divert_key
+from ductwork.pipelines.snapshot import (
+    Definition,
+    EdgeSpec,
+    NodeSpec,
+    PartitionBy,
+    main_module_refs,
+    render_divert_key,
+)
 from ductwork.pipelines.step import Step
 
 MOD = __name__
 
 
 class A(Step):
+    def __init__(self, order=None):  # an input a partitioned limit_by can name
+        self.order = order
+
     def execute(self):
         return type(self).__name__
 
@@ -333,6 +343,89 @@ def test_bad_options_name_the_value(case, options, reason):
     fn, _ = OPTION_CASES[case]
     transition = case.split()[-1]
     fails(lambda p: fn(p, options), DefinitionError, f"P.{transition}: {reason}")
+
+
+# --------------------------------------------------------------------------- partitioned limit_by
+
+
+@pytest.mark.parametrize("case", OPTION_CASES, ids=str)
+@pytest.mark.parametrize("limit_by", [("vendor_api", "order.account_id"), ["vendor_api", "order.account_id"]],
+                         ids=["tuple", "list"])
+def test_a_partitioned_limit_by_on_every_transition(case, limit_by):
+    """``limit_by=(family, field)``: the created nodes partition by the field's argument
+    (resolved to its position), snapshotted as an object that reads back; no static key."""
+    fn, created = OPTION_CASES[case]
+    definition = build(lambda p: fn(p, {"limit_by": limit_by})).definition
+    by = PartitionBy("vendor_api", "order.account_id", 0)
+    assert {name: spec.partition for name, spec in definition.nodes.items()} == {
+        name: by if name in created else None for name in definition.nodes}
+    assert all(spec.limit_by is None for spec in definition.nodes.values())
+    assert definition.to_json()["nodes"][created[0]]["limit_by"] == {
+        "family": "vendor_api", "field": "order.account_id", "arg": 0}
+    assert Definition.from_json(json.loads(json.dumps(definition.to_json()))) == definition
+    assert (definition.limit_keys(), definition.limit_families()) == (set(), {"vendor_api"})
+    assert str(by) == "vendor_api[order.account_id]"
+
+
+class Two(Step):
+    def __init__(self, order, account_id, /, note=None):
+        self.args = (order, account_id, note)
+
+    def execute(self):
+        return None
+
+
+class Starred(Step):
+    def __init__(self, *account_id, **order):
+        self.args = (account_id, order)
+
+    def execute(self):
+        return None
+
+
+class KeywordOnly(Step):
+    def __init__(self, order, *, account_id=None):
+        self.args = (order, account_id)
+
+    def execute(self):
+        return None
+
+
+def test_a_field_resolves_to_its_parameters_position_in_each_class():
+    definition = build(lambda p: p.start(A).divide(to=[Two, A], limit_by=("f", "order"))).definition
+    assert [spec.partition for spec in definition.nodes.values()] == [
+        None, PartitionBy("f", "order", 0), PartitionBy("f", "order", 0)]
+    definition = build(lambda p: p.start(Two, limit_by=("f", "account_id.id"))).definition
+    assert definition.nodes["Two#0"].partition == PartitionBy("f", "account_id.id", 1)
+
+
+@pytest.mark.parametrize(("fn", "reason"), [
+    (lambda p: p.start(A).expand(to=Two, limit_by=("f", "account")),
+     "P.expand: limit_by field 'account' is no parameter of Two.__init__(self, order, account_id, /, note=None)"),
+    (lambda p: p.start(A).divide(to=[A, Starred], limit_by=("f", "order")),  # A has it, Starred not
+     "P.divide: limit_by field 'order' is no parameter of Starred.__init__(self, *account_id, **order)"),
+    (lambda p: p.start(A).chain(to=Starred, limit_by=("f", "account_id")),
+     "P.chain: limit_by field 'account_id' is no parameter of Starred.__init__(self, *account_id, **order)"),
+    (lambda p: p.start(KeywordOnly, limit_by=("f", "account_id.x")),
+     "P.start: limit_by field 'account_id' is no parameter of KeywordOnly.__init__(self, order, *, "
+     "account_id=None)"),
+    (lambda p: p.start(A).divert(to={"otherwise": NeverReferenced}, limit_by=("f", "self")),
+     "P.divert: limit_by field 'self' is no parameter of NeverReferenced.__init__(self, /, *args, **kwargs)"),
+])
+def test_a_field_that_is_no_positional_parameter_names_the_class(fn, reason):
+    fails(fn, DefinitionError, reason)
+
+
+@pytest.mark.parametrize("limit_by", [
+    ("vendor_api",), ("vendor_api", "order", "x"), ("", "order"), (" ", "order"), ("vendor[api", "order"),
+    ("vendor_api", ""), ("vendor_api", " "), ("vendor_api", "order..x"), ("vendor_api", "order."),
+    (1, "order"), ("vendor_api", None), (), ["vendor_api"]], ids=repr)
+@pytest.mark.parametrize("case", ["start", "combine", "divert"])
+def test_a_bad_partition_declaration_names_the_value(case, limit_by):
+    fn, _ = OPTION_CASES[case]
+    fails(lambda p: fn(p, {"limit_by": limit_by}), DefinitionError,
+          f"P.{case}: limit_by must be a key or a (family, field) pair: a non-blank family without '[' and a "
+          f"field 'name' or 'name.sub', got {limit_by!r}")
 
 
 # --------------------------------------------------------------------------- errors
@@ -842,6 +935,43 @@ def test_from_json_reads_good_snapshot():
         definition.node_options("Z#9")
 
 
+#: trigger's digest of GOOD's snapshot, computed before partitioned keys existed (at 7b854f8)
+SHA1_OF_GOOD = "89e81bc419c0df9a7f658fb66cc9bd921fcbbfed"
+PARTITIONED = mutate(["nodes", "B#1", "limit_by"], {"family": "vendor_api", "field": "order.id", "arg": 0})
+
+
+def test_from_json_reads_a_partitioned_limit_by():
+    definition = Definition.from_json(PARTITIONED)
+    assert definition.node_options("B#1") == NodeSpec("m:B", 1, None, None, PartitionBy("vendor_api", "order.id", 0))
+    assert definition.to_json() == PARTITIONED
+    assert (definition.limit_keys(), definition.limit_families()) == ({"k"}, {"vendor_api"})
+
+
+def test_a_static_keys_snapshot_and_digest_are_as_before_partitions():
+    """A static key's node snapshots as it did (the four keys, in order), so a definition
+    digest (``trigger``'s sha1 of the sorted JSON) is unchanged: pinned for GOOD."""
+    import hashlib
+
+    text = json.dumps(Definition.from_json(GOOD).to_json(), sort_keys=True)
+    assert list(Definition.from_json(GOOD).nodes["A#0"].to_json()) == ["klass", "delay_us", "timeout_us", "limit_by"]
+    assert hashlib.sha1(text.encode()).hexdigest() == SHA1_OF_GOOD
+
+
+@pytest.mark.parametrize("bad", [
+    {"family": "vendor_api", "field": "order"}, {"family": "vendor_api", "field": "order", "arg": 0, "x": 1},
+    {"family": "v[", "field": "order", "arg": 0}, {"family": " ", "field": "order", "arg": 0},
+    {"family": "vendor_api", "field": "a..b", "arg": 0}, {"family": "vendor_api", "field": 3, "arg": 0},
+    {"family": "vendor_api", "field": "order", "arg": -1}, {"family": "vendor_api", "field": "order", "arg": True},
+    {"family": "vendor_api", "field": "order", "arg": "0"}, {}], ids=repr)
+def test_from_json_refuses_a_bad_partition(bad):
+    with pytest.raises(DefinitionError) as info:
+        Definition.from_json(mutate(["nodes", "B#1", "limit_by"], bad))
+    assert (info.value.pipeline, info.value.transition) == ("m:P", "snapshot")
+    assert info.value.reason == (
+        "node 'B#1': a partitioned limit_by must be {family, field, arg} (a non-blank family without '[', a "
+        f"dotted field, an int arg >= 0), got {bad!r}")
+
+
 def test_from_json_reads_on_halt():
     hooked = {**GOOD, "on_halt": "m:H"}
     definition = Definition.from_json(hooked)
@@ -917,7 +1047,7 @@ INTERVALS = st.one_of(
     st.floats(min_value=1e-6, max_value=1e6),
 )
 OPTIONS = st.fixed_dictionaries({}, optional={
-    "delay": INTERVALS, "timeout": INTERVALS, "limit_by": st.sampled_from(["api", "db"])})
+    "delay": INTERVALS, "timeout": INTERVALS, "limit_by": st.sampled_from(["api", "db", ("fam", "order.id")])})
 DIVERT_KEYS = st.lists(
     st.one_of(st.text(max_size=3), st.integers(-5, 5), st.booleans(), st.none(),
               st.floats(allow_nan=False, allow_infinity=False)),

@@ -18,7 +18,9 @@ from ductwork.errors import (
     ConfigError,
     DuplicatePeriodError,
     EmptyLimitError,
+    FamilyKeyError,
     InvalidPeriodError,
+    MissingFamilyError,
     MissingLimitError,
 )
 from ductwork.limit_entries import (
@@ -29,6 +31,7 @@ from ductwork.limit_entries import (
     check_int,
     drop_dominated,
     entry_digest,
+    parse_limit_config,
     parse_limit_entry,
     parse_limits,
     validate_references,
@@ -128,6 +131,75 @@ def test_unreferenced_entry_only_warns():
     assert len(warnings) == 1
     assert "job_worker.limits.old_api" in warnings[0]
     assert validate_references(limits, {"old_api": {"p:X"}, "vendor_api": {"p:Y"}}) == []
+
+
+# ---------------------------------------------------------------- key families at boot
+
+#: docs/limits.md's worked example: each account 2 at once and 10/s, the platform 50
+FAMILY_CONFIG = {"vendor_api": {"per_partition": {"concurrency": 2, "rate": {"limit": 10, "per": "1s"}},
+                                "concurrency": 50},
+                 "report_export": {"concurrency": 2}}
+
+
+def check_families(static, partitioned, config=FAMILY_CONFIG):
+    limits, families = parse_limit_config(config)
+    return validate_references(limits, static, families=families, family_references=partitioned)
+
+
+def test_a_family_partitioned_by_a_pipeline_with_its_entry_passes():
+    assert check_families({"report_export": {"a:Export"}}, {"vendor_api": {"a:Sync"}}) == []
+
+
+def test_a_family_without_a_family_entry_names_it_and_its_pipelines():
+    with pytest.raises(MissingFamilyError) as info:
+        check_families({}, {"zeta": {"b:Two", "a:One"}, "vendor_api": {"a:Sync"}, "alpha": {"c:C"}})
+    assert isinstance(info.value, MissingLimitError)
+    assert (info.value.key, info.value.path, info.value.pipelines) == ("alpha", "job_worker.limits.alpha", ["c:C"])
+    assert str(info.value) == ("job_worker.limits.alpha: the entry of key family 'alpha' is missing, referenced by "
+                               "limit_by=('alpha', …) in c:C")
+    with pytest.raises(MissingFamilyError) as info:
+        check_families({}, {"report_export": {"a:Sync"}})
+    assert str(info.value) == ("job_worker.limits.report_export: the entry of key family 'report_export' is a "
+                               "static key's; a family's entry has per_partition, referenced by "
+                               "limit_by=('report_export', …) in a:Sync")
+
+
+@pytest.mark.parametrize(("key", "what"), [
+    ("vendor_api", "names key family"),
+    ('vendor_api["acct-1"]', "is a partition of key family"),
+    ("vendor_api[42]", "is a partition of key family"),
+])
+def test_a_static_key_naming_a_family_or_its_partition_is_refused(key, what):
+    with pytest.raises(FamilyKeyError) as info:
+        check_families({key: {"b:P", "a:Q"}}, {"vendor_api": {"a:Sync"}})
+    assert (info.value.path, info.value.value) == ("job_worker.limits.vendor_api", key)
+    assert str(info.value) == (
+        f"job_worker.limits.vendor_api={key!r}: limit_by={key!r} in a:Q, b:P {what} 'vendor_api'; partition by "
+        "limit_by=('vendor_api', field) or use another key")
+
+
+def test_a_configured_family_nobody_partitions_by_only_warns_in_key_order():
+    assert check_families({"report_export": {"a:Export"}}, {"gone": set()}, {**FAMILY_CONFIG, "a_old": {
+        "concurrency": 1}}) == [
+        "job_worker.limits.a_old: configured but no loaded pipeline uses limit_by='a_old'; remove the entry "
+        "once keyed work has drained",
+        "job_worker.limits.vendor_api: a key family configured but no loaded pipeline uses "
+        "limit_by=('vendor_api', …); remove the entry once keyed work has drained"]
+
+
+def test_boot_references_split_static_keys_from_families():
+    from ductwork import Pipeline
+    from ductwork.fleet.boot import limit_references
+    from tests.workloads import Echo
+
+    class Mixed(Pipeline):
+        @classmethod
+        def define(cls, p):
+            p.start(Echo, limit_by="report_export").chain(to=Echo, limit_by=("vendor_api", "value.account"))
+
+    name = Mixed.definition.pipeline
+    assert limit_references([Mixed]) == {"report_export": {name}}
+    assert limit_references([Mixed], families=True) == {"vendor_api": {name}}
 
 
 # ---------------------------------------------------------------- shapes and values

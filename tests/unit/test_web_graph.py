@@ -107,3 +107,13 @@ def test_claim_rates_are_the_counters_differences_over_database_time():
     assert points == "0.0,16.0 30.0,16.0 30.0,18.0 45.0,18.0 45.0,2.0 60.0,2.0"
     rates.record(t0 + timedelta(seconds=70), {"k": 150})
     assert rates.series("k") == [(66.0, 0.0, 0.0)]  # the intervals before the window are gone
+
+
+def test_a_partitioned_node_shows_its_family_and_field():
+    class Tenants(Pipeline):
+        @classmethod
+        def define(cls, p):
+            p.start(A, limit_by=("vendor_api", "value.account_id")).chain(to=B, limit_by="k").chain(to=C)
+
+    assert [box.limit_by for box in lay_out(Tenants.definition, {}).boxes] == [
+        "vendor_api[value.account_id]", "k", None]
