@@ -96,7 +96,11 @@ END
 -- ---- (one statement each: the migration sends them one by one)
 
 -- The routine: the parameters and the rows returned are those of the PostgreSQL function
--- (release_and_claim_2.postgresql.sql), lists as JSON text.
+-- (release_and_claim_2.postgresql.sql), lists as JSON text. p_keys: the config's keys for the
+-- bound scan, [{"k": name, "c": concurrency|null, "d": digest}, ...], a family's marked
+-- "p": true, with its per-partition concurrency and digest and its ceiling "f" (null: none).
+-- p_family, p_family_ceiling: a partition's family and the family's ceiling over all its
+-- partitions (both NULL: no partition, or a family without a ceiling) [INV-LIM-8].
 CREATE PROCEDURE ductwork_release_and_claim_2(
     IN p_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, IN p_owner VARCHAR(36), IN p_ends JSON,
     IN p_outcome VARCHAR(16), IN p_error_klass VARCHAR(255), IN p_error_message VARCHAR(255),
@@ -114,6 +118,8 @@ BEGIN
     DECLARE v_count INT;
     DECLARE v_n_ends INT DEFAULT COALESCE(JSON_LENGTH(p_ends), 0);
     DECLARE v_in_flight INT DEFAULT 0;
+    DECLARE v_family_in_flight INT DEFAULT 0;
+    DECLARE v_family_seq BIGINT;
     DECLARE v_ids JSON DEFAULT JSON_ARRAY();
     DECLARE v_ats JSON DEFAULT JSON_ARRAY();
     DECLARE v_n INT DEFAULT 0;
@@ -124,7 +130,7 @@ BEGIN
     DECLARE v_bound_at BIGINT;
     DECLARE v_bound_id VARCHAR(36);
     DECLARE v_claims JSON DEFAULT JSON_ARRAY();
-    DECLARE v_status VARCHAR(16);
+    DECLARE v_status VARCHAR(32);
     DECLARE v_rebase BOOLEAN DEFAULT FALSE;
     DECLARE v_stamp BOOLEAN DEFAULT FALSE;
     DECLARE v_blocked BIGINT;
@@ -160,6 +166,13 @@ BEGIN
          LIMIT p_take;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
 
+    IF p_family IS NOT NULL AND p_take > 0 THEN  -- [INV-LIM-8] the family's lock first, then the partition's
+        SELECT k.seq INTO v_family_seq
+          FROM ductwork_limit_keys k WHERE k.`key` = p_family FOR UPDATE;
+        IF v_done THEN  -- [INV-LIM-8] a family's row is written with its partitions' rows
+            SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'a key family has no row';
+        END IF;
+    END IF;
     IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read
         SELECT k.seq, k.config_digest INTO v_seq, v_digest
           FROM ductwork_limit_keys k WHERE k.`key` = p_key FOR UPDATE;
@@ -215,6 +228,11 @@ BEGIN
             END LOOP;
             CLOSE keyed;
             SELECT COUNT(*) INTO v_in_flight FROM ductwork_executions e WHERE e.inflight_key = p_key;  -- [INV-LIM-1]
+            IF p_family IS NOT NULL THEN  -- [INV-LIM-8] the family's in flight, over all its partitions
+                SELECT COUNT(*) INTO v_family_in_flight FROM ductwork_executions e
+                 WHERE e.inflight_key IS NOT NULL  -- in flight (few rows)
+                   AND LEFT(e.inflight_key, CHAR_LENGTH(p_family) + 1) = CONCAT(p_family, '[');  -- [INV-LIM-8]
+            END IF;
         END IF;
         SET v_n = JSON_LENGTH(v_ids);
         IF v_n = 0 THEN
@@ -234,13 +252,19 @@ BEGIN
                       FROM ductwork_limit_keys k
                       LEFT JOIN JSON_TABLE(p_keys, '$[*]' COLUMNS (
                           k VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.k',
-                          c INT PATH '$.c', d VARCHAR(16) PATH '$.d')) c ON c.k = k.`key`
+                          c INT PATH '$.c', d VARCHAR(16) PATH '$.d', p INT EXISTS PATH '$.p', f INT PATH '$.f')) c
+                        ON (c.p = 0 AND c.k = k.`key`)  -- a static key's entry, or a partition's family's
+                        OR (c.p = 1 AND LEFT(k.`key`, CHAR_LENGTH(c.k) + 1) = CONCAT(c.k, '['))  -- [INV-LIM-8]
                      WHERE k.`key` <> v_lane
                        AND (k.blocked_until IS NULL  -- never rate-blocked
                             OR k.blocked_until <= v_now  -- or its next token has arrived [INV-LIM-5]
                             OR COALESCE(k.config_digest, '') <> COALESCE(c.d, p_unconfigured))  -- or stamped under other values
                        AND (c.c IS NULL  -- no ceiling, or not saturated [INV-LIM-1]
                             OR (SELECT COUNT(*) FROM ductwork_executions f WHERE f.inflight_key = k.`key`) < c.c)
+                       AND (c.f IS NULL  -- no family ceiling, or the family not at it [INV-LIM-8]
+                            OR (SELECT COUNT(*) FROM ductwork_executions g
+                                 WHERE g.inflight_key IS NOT NULL
+                                   AND LEFT(g.inflight_key, CHAR_LENGTH(c.k) + 1) = CONCAT(c.k, '[')) < c.f)
                     UNION ALL
                     SELECT (SELECT e.eligible_at FROM ductwork_executions e
                              WHERE e.pending_lane = '' AND e.eligible_at <= v_now
@@ -267,7 +291,14 @@ BEGIN
                 END WHILE;
             ELSE
                 SET v_rebase = NOT (v_digest <=> p_digest);
-                IF NOT (v_rebase AND NOT p_poll) THEN  -- a hand-off leaves a key stored under other values to a poll
+                IF v_rebase AND NOT p_poll THEN  -- a hand-off leaves a key stored under other values to a poll
+                    SET v_rebase = FALSE;
+                ELSEIF p_family_ceiling IS NOT NULL AND v_family_in_flight >= p_family_ceiling THEN  -- [INV-LIM-8]
+                    SET v_rebase = FALSE;  -- the family at its ceiling: nothing read or written, no re-base
+                    IF p_poll THEN
+                        SET v_status = 'family_concurrency';
+                    END IF;
+                ELSE
                     SET v_concurrency = CAST(JSON_VALUE(p_entry, '$.c') AS SIGNED);
                     SET v_rates = COALESCE(JSON_EXTRACT(p_entry, '$.r'), JSON_ARRAY());
                     SET v_levels = JSON_ARRAY(), v_times = JSON_ARRAY(), v_i = 0;
@@ -299,6 +330,10 @@ BEGIN
                             IF v_bound_id IS NOT NULL AND (v_at_us, v_id) >= (v_bound_at, v_bound_id) THEN
                                 LEAVE claiming;  -- [INV-LIM-6]
                             END IF;
+                            IF p_family_ceiling IS NOT NULL
+                               AND v_family_in_flight + JSON_LENGTH(v_claims) >= p_family_ceiling THEN
+                                LEAVE claiming;  -- [INV-LIM-8] the family would be at its ceiling: the batch ends
+                            END IF;
                             SET v_levels2 = v_levels, v_times2 = v_times;
                             CALL ductwork_decide_2(p_entry IS NOT NULL, v_concurrency, v_rates,
                                                    v_in_flight + JSON_LENGTH(v_claims), v_now_us, v_levels2, v_times2,
@@ -311,8 +346,6 @@ BEGIN
                         END WHILE;
                         SET v_write_buckets = TRUE;
                     END IF;
-                ELSE
-                    SET v_rebase = FALSE;
                 END IF;
             END IF;
         END IF;
