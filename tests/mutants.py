@@ -188,6 +188,20 @@ MUTANTS: dict[str, Mutant] = {
         (("                ELSIF p_family_ceiling IS NOT NULL AND v_family_in_flight >= p_family_ceiling THEN",
           "                ELSIF p_family_ceiling IS NOT NULL AND v_family_in_flight > p_family_ceiling THEN  -- mutant"),),
     ),
+    "routine_family_ceiling_ignored_mysql": Mutant(
+        "the routine admits a partition's claims and tries a partition's lane with its family at its ceiling "
+        "(MySQL-family) [INV-LIM-8]",
+        "the routine refuses a partition's claim at its family's ceiling [INV-LIM-8]",
+        (("                ELSEIF p_family_ceiling IS NOT NULL AND v_family_in_flight >= p_family_ceiling THEN"
+          "  -- [INV-LIM-8]\n"
+          "                    SET v_rebase = FALSE;  -- the family at its ceiling",
+          "                ELSEIF FALSE THEN  -- mutant: the family's ceiling ignored\n"
+          "                    SET v_rebase = FALSE;  -- the family at its ceiling"),
+         ("                            IF p_family_ceiling IS NOT NULL\n"
+          "                               AND v_family_in_flight + JSON_LENGTH(v_claims) >= p_family_ceiling THEN",
+          "                            IF FALSE THEN  -- mutant: the family's ceiling ignored"),
+         ("CONCAT(c.k, '[')) < c.f)", "CONCAT(c.k, '[')) < c.f OR TRUE)  -- mutant")),
+    ),
     # -- the lane routine on SQLite (Python, limits/claims.py::_in_python and limits/plan.py)
     "no_clamp": Mutant(
         "a claim's buckets refill without capping at the burst [INV-LIM-4]",

@@ -67,7 +67,7 @@ DETECTORS = {
         "routine_ceiling_off_by_one", "routine_ceiling_off_by_one_mysql", "routine_spend_twice",
         "routine_spend_twice_mysql", "routine_lane_order_reversed", "routine_lane_order_reversed_mysql",
         "routine_state_guard_dropped", "routine_state_guard_dropped_mysql", "routine_family_ceiling_ignored",
-        "routine_family_ceiling_off_by_one")},
+        "routine_family_ceiling_off_by_one", "routine_family_ceiling_ignored_mysql")},
     "batch_past_lane": "tests/integration/test_batches.py::test_a_batch_stops_before_an_older_keyed_lane[sqlite]",
     "batch_no_guard":
         "tests/integration/test_batches.py::test_a_group_commit_leaves_a_reaped_execution_to_the_reaper[sqlite]",
