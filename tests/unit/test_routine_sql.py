@@ -10,7 +10,8 @@ each routine the key's lock (``SELECT … FOR UPDATE`` of its header row) comes 
 clock is read and before the in-flight count and the candidates are read, and the clock is
 read once.
 
-Checks: INV-LIM-1 (the count under the lock), INV-CLK-1 (the clock after the lock).
+Checks: INV-LIM-1 (the count under the lock), INV-CLK-1 (the clock after the lock), INV-LIM-8
+(a partition's family locked before it, its count under both).
 """
 
 from __future__ import annotations
@@ -53,6 +54,28 @@ def test_the_routine_locks_the_key_before_it_reads_the_clock_or_counts(path):
     assert lock.start() < clock.start(), f"{path.name}: [INV-CLK-1] the clock is read before the key's lock"
     assert lock.start() < count.start(), f"{path.name}: [INV-LIM-1] in flight is counted before the key's lock"
     assert lock.start() < candidates.start(), f"{path.name}: the candidates are read before the key's lock"
+
+
+#: per backend: a partition's family's lock, and its family in-flight count [INV-LIM-8] (a backend
+#: is listed once its routine takes them)
+FAMILY_PATTERNS = {
+    "mysql": (r"FROM ductwork_limit_keys k WHERE k\.`key` = p_family FOR UPDATE;",
+              r"SELECT COUNT\(\*\) INTO v_family_in_flight"),
+}
+
+
+@pytest.mark.parametrize("path", [p for p in ROUTINES if p.name.split(".")[1] in FAMILY_PATTERNS],
+                         ids=lambda p: p.name)
+def test_the_routine_locks_a_partitions_family_first_and_counts_it_under_both_locks(path):
+    """Lock order: the family's row, then the partition's, always; the family's in-flight count
+    under both [INV-LIM-8]."""
+    backend = path.name.split(".")[1]
+    body = _body(path)
+    key, family, counted = found = [re.search(p, body) for p in (PATTERNS[backend][0], *FAMILY_PATTERNS[backend])]
+    assert None not in found, f"{path.name}: a statement the order pins is missing"
+    assert len(re.findall(FAMILY_PATTERNS[backend][0], body)) == 1, f"{path.name}: the family is locked twice"
+    assert family.start() < key.start(), f"{path.name}: [INV-LIM-8] the partition is locked before its family"
+    assert key.start() < counted.start(), f"{path.name}: [INV-LIM-8] the family is counted before the locks"
 
 
 def test_every_backend_with_routines_has_its_routine():
