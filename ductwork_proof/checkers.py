@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from ductwork.limit_entries import US_PER_S, RateEntry
+from ductwork.limit_entries import US_PER_S, LimitEntry, RateEntry
 from ductwork.pipelines.snapshot import Definition, EdgeSpec, render_divert_key
 from ductwork_proof.history import BranchRow, Execution, History, StepRow, Witness
 
@@ -132,8 +132,26 @@ def check_inv_lim_1(history: History) -> list[str]:
     return out
 
 
-def _concurrency(history: History, key: str) -> int | None:
+def _family_of(history: History, key: str) -> str | None:
+    """The configured family ``key`` is a partition of: it begins with the family's name and
+    ``[`` (docs/semantics.md §5.1; the rule ``Config.family_of`` applies, restated here so the
+    checkers share no code with the engine); None: a static key."""
+    family, bracket, _ = key.partition("[")
+    return family if bracket and family in history.families else None
+
+
+def _entry(history: History, key: str) -> LimitEntry | None:
+    """The limits a decision on ``key`` applies: a static key's entry, or for a partition of a
+    configured family the family's ``per_partition`` (each partition a key of its own,
+    INV-LIM-8); None: unconfigured."""
     entry = history.limits.get(key)
+    if entry is None and (family := _family_of(history, key)) is not None:
+        return history.families[family].per_partition
+    return entry
+
+
+def _concurrency(history: History, key: str) -> int | None:
+    entry = _entry(history, key)
     return None if entry is None else entry.concurrency
 
 
@@ -198,16 +216,19 @@ def _open_at(executions_by_step: dict[str, list[Execution]], witness: Witness, a
                for e in executions_by_step.get(witness.step_id, ()))
 
 
-def _sweep_witnesses(history: History) -> list[str]:
+def _witness_intervals(history: History, keep: Callable[[str], bool]) -> dict[str, list[tuple[int, float, int]]]:
+    """The keyed witnesses whose key ``keep`` accepts, as running intervals ``(start, end,
+    witness index)`` by key: :func:`check_inv_lim_1`'s rules (an unended body runs until its
+    execution completed; a frozen host's body until the freeze began); empty ones dropped."""
     by_step: dict[str, list[Execution]] = defaultdict(list)
     for e in history.executions:
         if e.step_id is not None:
             by_step[e.step_id].append(e)
-    by_key: dict[str, list[tuple[float, int, int]]] = defaultdict(list)  # (time, +1|-1, witness index)
+    by_key: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
     freezes = [(k["frozen_at_us"], set(k["pids"])) for k in history.kills
                if k.get("action") == "freeze_host" and k.get("frozen_at_us") is not None]
     for index, w in enumerate(history.witnesses):
-        if w.key is not None and _concurrency(history, w.key) is not None:
+        if w.key is not None and keep(w.key):
             end = _witness_end(by_step, w)
             for frozen_at_us, pids in freezes:
                 if w.pid not in pids:
@@ -217,20 +238,33 @@ def _sweep_witnesses(history: History) -> list[str]:
                 elif frozen_at_us < w.started_at_us and _open_at(by_step, w, frozen_at_us):
                     end = w.started_at_us  # admitted before the freeze, recorded after the thaw
             if end > w.started_at_us:
-                by_key[w.key] += [(w.started_at_us, +1, index), (end, -1, index)]
+                by_key[w.key].append((w.started_at_us, end, index))
+    return by_key
+
+
+def _peak(intervals: Iterable[tuple[int, float, int]]) -> tuple[float, list[int]]:
+    """The first moment the most intervals overlap, and which (witness indexes, sorted). An
+    interval ending at the very microsecond another starts does not overlap it."""
+    events = sorted(ev for start, end, index in intervals for ev in ((start, +1, index), (end, -1, index)))
+    running: set[int] = set()
+    peak_at: float = 0.0
+    peak: list[int] = []
+    for at, delta, index in events:  # at equal times, ends (-1) before starts
+        if delta < 0:
+            running.discard(index)
+        else:
+            running.add(index)
+            if len(running) > len(peak):
+                peak_at, peak = at, sorted(running)
+    return peak_at, peak
+
+
+def _sweep_witnesses(history: History) -> list[str]:
     out = []
-    for key, events in sorted(by_key.items()):
+    intervals = _witness_intervals(history, lambda key: _concurrency(history, key) is not None)
+    for key, running in sorted(intervals.items()):
         limit = _concurrency(history, key) or 0
-        running: set[int] = set()
-        peak_at: float = 0.0  # the first moment the most bodies ran,
-        peak: list[int] = []  # and which (witness indexes)
-        for at, delta, index in sorted(events):  # at equal times, ends (-1) before starts
-            if delta < 0:
-                running.discard(index)
-            else:
-                running.add(index)
-                if len(running) > len(peak):
-                    peak_at, peak = at, sorted(running)
+        peak_at, peak = _peak(running)
         if len(peak) > limit:
             steps = ", ".join(history.witnesses[i].step_id for i in peak)
             out.append(f"INV-LIM-1: key {key!r} had {len(peak)} step bodies running at once at "
@@ -271,7 +305,7 @@ def check_inv_lim_2(history: History) -> list[str]:
         if e.key is not None and e.eligible_at_us is not None:
             eligible[e.key] = min(eligible.get(e.key, e.eligible_at_us), e.eligible_at_us)
     for key, claims in sorted(_keyed_claims(history).items()):
-        entry = history.limits.get(key)
+        entry = _entry(history, key)
         for rate in entry.rates if entry is not None else ():
             out += _worst_window(key, rate, claims)
             if key in eligible:
@@ -384,7 +418,7 @@ def check_inv_lim_4(history: History) -> list[str]:
     """
     out = []
     for bucket in history.buckets:
-        entry = history.limits.get(bucket.key)
+        entry = _entry(history, bucket.key)
         rate = next((r for r in (entry.rates if entry else ()) if r.per_s == bucket.period_s), None)
         if rate is None:
             continue
