@@ -381,6 +381,91 @@ def check_inv_lim_3(history: History) -> list[str]:
     return out
 
 
+def check_inv_lim_8(history: History) -> list[str]:
+    """INV-LIM-8: the executions of a key family's partitions in flight never exceed the
+    family's ``concurrency`` (its ceiling), counted over all its partitions together.
+
+    The per-partition half of INV-LIM-8 (each partition within ``per_partition``) is
+    INV-LIM-1's and INV-LIM-2's, which resolve a partition to its family's entry. Here, per
+    family with a ceiling, two lower bounds on the family's in-flight count, each compared
+    with the ceiling at single instants:
+
+    1. **At each claim, from claim and release times.** Every claim of a partition locks
+       its family's header row first and reads database time under it (semantics §5.1,
+       INV-CLK-1), so the family's claims are totally ordered by that lock and their times
+       follow the order: a claim ``e`` timed strictly before a claim ``c`` held the lock
+       first and had committed when ``c`` read its clock. A release reads its time before it
+       commits, so an execution released at a time strictly after ``c``'s (or never) was not
+       yet released then. At the instant ``c`` read its clock, then, every execution of the
+       family claimed strictly before it and released strictly after it was in flight at
+       once; their number must not exceed the ceiling. (``c`` itself is not counted: it is
+       in flight only from its commit, whose time nobody records. Claims of one batch share
+       a time and do not count each other.)
+    2. **From the witness rows.** A step body runs strictly inside its execution's claim:
+       its witness start is read after the claim committed (the worker got it from the
+       commit) and its end before the release's transaction (its completion) began; a body
+       with no end counts until its execution's ``completed_at``, and a frozen host's body
+       until the freeze began, as in INV-LIM-1. So bodies whose witness intervals overlap
+       had their executions in flight at once (intervals on a line that overlap pairwise
+       share a point), and at no instant may more of the family's bodies run than its
+       ceiling.
+
+    Also checked: a witness of a partition names its step's key (the workload renders its
+    key itself; a mismatch would make the per-partition sweeps count the wrong partition).
+
+    Sound: every reported count is of executions provably in flight at one instant, assuming
+    only that the database clock never runs backwards during the round (and, for 1., that
+    claims take the family's lock before reading their time, which the engine's lock order
+    promises and INV-CLK-1's per-key order corroborates). Cannot see: a release of one
+    partition and a claim of another are ordered by no lock (a release takes only its
+    partition's), so neither bound counts an execution between its claim's commit and the
+    next family event, nor the claim being decided: the engine's own check (in flight before
+    the claim + 1 ≤ ceiling) is stronger than anything the history shows, and an excess of
+    one that lasts only until the next release may go unseen. Nothing is checked for a
+    family without ``concurrency`` or for a config changed mid-round.
+    """
+    out: list[str] = []
+    step_keys = {s.step_id: s.limit_key for s in history.steps}
+    for w in history.witnesses:
+        if w.key is not None and _family_of(history, w.key) is not None and w.step_id in step_keys \
+                and step_keys[w.step_id] != w.key:
+            out.append(f"INV-LIM-8: a body of step {w.step_id} named partition {w.key!r}, but the step's key "
+                       f"is {step_keys[w.step_id]!r}")
+    claims_of: dict[str, list[Execution]] = defaultdict(list)
+    for key, claims in _keyed_claims(history).items():
+        if (family := _family_of(history, key)) is not None:
+            claims_of[family] += claims
+    ceilings = {name: f.concurrency for name, f in history.families.items() if f.concurrency is not None}
+    for family, ceiling in sorted(ceilings.items()):
+        out += _family_at_claims(family, ceiling, claims_of.get(family, []))
+    intervals = _witness_intervals(history, lambda key: _family_of(history, key) in ceilings)
+    by_family: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
+    for key, running in intervals.items():
+        by_family[key.partition("[")[0]] += running
+    for family, running in sorted(by_family.items()):
+        peak_at, peak = _peak(running)
+        if len(peak) > ceilings[family]:
+            bodies = ", ".join(f"{history.witnesses[i].step_id} ({history.witnesses[i].key})" for i in peak)
+            out.append(f"INV-LIM-8: family {family!r} had {len(peak)} step bodies running at once at {peak_at} µs "
+                       f"(ceiling {ceilings[family]}): {bodies}")
+    return out
+
+
+def _family_at_claims(family: str, ceiling: int, claims: list[Execution]) -> list[str]:
+    """Bound 1 of :func:`check_inv_lim_8`: the first claim at whose time more than
+    ``ceiling`` executions of ``family`` were provably in flight."""
+    ordered = sorted(claims, key=lambda e: (_claimed_at(e), e.execution_id))
+    for c in ordered:
+        at = _claimed_at(c)
+        held = [e for e in ordered if _claimed_at(e) < at
+                and (e.completed_at_us is None or e.completed_at_us > at)]
+        if len(held) > ceiling:
+            listed = ", ".join(f"{e.execution_id} ({e.key})" for e in held)
+            return [f"INV-LIM-8: family {family!r} had {len(held)} executions in flight (ceiling {ceiling}) when "
+                    f"execution {c.execution_id} ({c.key}) was claimed at {at} µs: {listed}"]
+    return []
+
+
 def check_inv_clk_1(history: History) -> list[str]:
     """INV-CLK-1: a key's events are timed by the database clock read under its lock.
 
@@ -1198,6 +1283,7 @@ CHECKERS: dict[str, Callable[[History], list[str]]] = {
     "INV-LIM-2": check_inv_lim_2,
     "INV-LIM-3": check_inv_lim_3,
     "INV-LIM-4": check_inv_lim_4,
+    "INV-LIM-8": check_inv_lim_8,
     "INV-ADV-1": check_inv_adv_1,
     "INV-ADV-3": check_inv_adv_3,
     "INV-EXE-1": check_inv_exe_1,

@@ -20,7 +20,8 @@ Times are integer microseconds since the epoch, converted exactly:
 schema stores them; an aware value is converted to UTC first).
 
 The JSONL file holds one header line (``{"record": "history", "seed", "meta",
-"limits", "families"}``; a file without ``families`` has none) and then one line per record, ``{"record": "<kind>", ...fields}``.
+"limits", "families"}``; a file without ``families`` has none) and then one line per
+record, ``{"record": "<kind>", ...fields}``.
 Reading it back gives an equal :class:`History`.
 
 Pure data and reading only: no checker logic here, nothing is written to the
