@@ -196,7 +196,8 @@ class TenantCall(Witnessed):
         return f"tenant[{json.dumps(self.value['tenant'], ensure_ascii=False, separators=(',', ':'))}]"
 
     def body(self):
-        self.pause(4)
+        self.pause(4)  # 20-98 ms: longer than a partition's token interval (50 ms), so
+        self.pause(5)  # several partitions' bodies overlap and the family's ceiling binds
         return self.value["n"]
 
 
@@ -383,10 +384,10 @@ def trigger_workload(app, scale: int) -> list:
     runs = []
     for i in range(6 * scale):  # first: the earliest prunes find some of them halted
         runs.append(ChaosRetained.trigger(i, app=app))
-    for i in range(2 * scale):  # (ChaosFan gives ChaosTenantFan 10 of its items per run)
+    for i in range(2 * scale):  # (ChaosFan gives ChaosTenantFan about 10 of its items per run)
         runs.append(ChaosFan.trigger(50 + 20 * i, app=app))
         runs.append(ChaosAsyncFan.trigger(30 + 10 * i, app=app))
-        runs.append(ChaosTenantFan.trigger(10 + i, app=app))
+        runs.append(ChaosTenantFan.trigger(12 + i, app=app))
     for i in range(8 * scale):
         runs.append(ChaosChain.trigger(i, app=app))
         runs.append(ChaosDivert.trigger(i, app=app))
