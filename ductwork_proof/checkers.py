@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from ductwork.limit_entries import US_PER_S, RateEntry
+from ductwork.limit_entries import US_PER_S, LimitEntry, RateEntry
 from ductwork.pipelines.snapshot import Definition, EdgeSpec, render_divert_key
 from ductwork_proof.history import BranchRow, Execution, History, StepRow, Witness
 
@@ -132,8 +132,26 @@ def check_inv_lim_1(history: History) -> list[str]:
     return out
 
 
-def _concurrency(history: History, key: str) -> int | None:
+def _family_of(history: History, key: str) -> str | None:
+    """The configured family ``key`` is a partition of: it begins with the family's name and
+    ``[`` (docs/semantics.md §5.1; the rule ``Config.family_of`` applies, restated here so the
+    checkers share no code with the engine); None: a static key."""
+    family, bracket, _ = key.partition("[")
+    return family if bracket and family in history.families else None
+
+
+def _entry(history: History, key: str) -> LimitEntry | None:
+    """The limits a decision on ``key`` applies: a static key's entry, or for a partition of a
+    configured family the family's ``per_partition`` (each partition a key of its own,
+    INV-LIM-8); None: unconfigured."""
     entry = history.limits.get(key)
+    if entry is None and (family := _family_of(history, key)) is not None:
+        return history.families[family].per_partition
+    return entry
+
+
+def _concurrency(history: History, key: str) -> int | None:
+    entry = _entry(history, key)
     return None if entry is None else entry.concurrency
 
 
@@ -198,16 +216,19 @@ def _open_at(executions_by_step: dict[str, list[Execution]], witness: Witness, a
                for e in executions_by_step.get(witness.step_id, ()))
 
 
-def _sweep_witnesses(history: History) -> list[str]:
+def _witness_intervals(history: History, keep: Callable[[str], bool]) -> dict[str, list[tuple[int, float, int]]]:
+    """The keyed witnesses whose key ``keep`` accepts, as running intervals ``(start, end,
+    witness index)`` by key: :func:`check_inv_lim_1`'s rules (an unended body runs until its
+    execution completed; a frozen host's body until the freeze began); empty ones dropped."""
     by_step: dict[str, list[Execution]] = defaultdict(list)
     for e in history.executions:
         if e.step_id is not None:
             by_step[e.step_id].append(e)
-    by_key: dict[str, list[tuple[float, int, int]]] = defaultdict(list)  # (time, +1|-1, witness index)
+    by_key: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
     freezes = [(k["frozen_at_us"], set(k["pids"])) for k in history.kills
                if k.get("action") == "freeze_host" and k.get("frozen_at_us") is not None]
     for index, w in enumerate(history.witnesses):
-        if w.key is not None and _concurrency(history, w.key) is not None:
+        if w.key is not None and keep(w.key):
             end = _witness_end(by_step, w)
             for frozen_at_us, pids in freezes:
                 if w.pid not in pids:
@@ -217,20 +238,33 @@ def _sweep_witnesses(history: History) -> list[str]:
                 elif frozen_at_us < w.started_at_us and _open_at(by_step, w, frozen_at_us):
                     end = w.started_at_us  # admitted before the freeze, recorded after the thaw
             if end > w.started_at_us:
-                by_key[w.key] += [(w.started_at_us, +1, index), (end, -1, index)]
+                by_key[w.key].append((w.started_at_us, end, index))
+    return by_key
+
+
+def _peak(intervals: Iterable[tuple[int, float, int]]) -> tuple[float, list[int]]:
+    """The first moment the most intervals overlap, and which (witness indexes, sorted). An
+    interval ending at the very microsecond another starts does not overlap it."""
+    events = sorted(ev for start, end, index in intervals for ev in ((start, +1, index), (end, -1, index)))
+    running: set[int] = set()
+    peak_at: float = 0.0
+    peak: list[int] = []
+    for at, delta, index in events:  # at equal times, ends (-1) before starts
+        if delta < 0:
+            running.discard(index)
+        else:
+            running.add(index)
+            if len(running) > len(peak):
+                peak_at, peak = at, sorted(running)
+    return peak_at, peak
+
+
+def _sweep_witnesses(history: History) -> list[str]:
     out = []
-    for key, events in sorted(by_key.items()):
+    intervals = _witness_intervals(history, lambda key: _concurrency(history, key) is not None)
+    for key, running in sorted(intervals.items()):
         limit = _concurrency(history, key) or 0
-        running: set[int] = set()
-        peak_at: float = 0.0  # the first moment the most bodies ran,
-        peak: list[int] = []  # and which (witness indexes)
-        for at, delta, index in sorted(events):  # at equal times, ends (-1) before starts
-            if delta < 0:
-                running.discard(index)
-            else:
-                running.add(index)
-                if len(running) > len(peak):
-                    peak_at, peak = at, sorted(running)
+        peak_at, peak = _peak(running)
         if len(peak) > limit:
             steps = ", ".join(history.witnesses[i].step_id for i in peak)
             out.append(f"INV-LIM-1: key {key!r} had {len(peak)} step bodies running at once at "
@@ -271,7 +305,7 @@ def check_inv_lim_2(history: History) -> list[str]:
         if e.key is not None and e.eligible_at_us is not None:
             eligible[e.key] = min(eligible.get(e.key, e.eligible_at_us), e.eligible_at_us)
     for key, claims in sorted(_keyed_claims(history).items()):
-        entry = history.limits.get(key)
+        entry = _entry(history, key)
         for rate in entry.rates if entry is not None else ():
             out += _worst_window(key, rate, claims)
             if key in eligible:
@@ -347,6 +381,91 @@ def check_inv_lim_3(history: History) -> list[str]:
     return out
 
 
+def check_inv_lim_8(history: History) -> list[str]:
+    """INV-LIM-8: the executions of a key family's partitions in flight never exceed the
+    family's ``concurrency`` (its ceiling), counted over all its partitions together.
+
+    The per-partition half of INV-LIM-8 (each partition within ``per_partition``) is
+    INV-LIM-1's and INV-LIM-2's, which resolve a partition to its family's entry. Here, per
+    family with a ceiling, two lower bounds on the family's in-flight count, each compared
+    with the ceiling at single instants:
+
+    1. **At each claim, from claim and release times.** Every claim of a partition locks
+       its family's header row first and reads database time under it (semantics §5.1,
+       INV-CLK-1), so the family's claims are totally ordered by that lock and their times
+       follow the order: a claim ``e`` timed strictly before a claim ``c`` held the lock
+       first and had committed when ``c`` read its clock. A release reads its time before it
+       commits, so an execution released at a time strictly after ``c``'s (or never) was not
+       yet released then. At the instant ``c`` read its clock, then, every execution of the
+       family claimed strictly before it and released strictly after it was in flight at
+       once; their number must not exceed the ceiling. (``c`` itself is not counted: it is
+       in flight only from its commit, whose time nobody records. Claims of one batch share
+       a time and do not count each other.)
+    2. **From the witness rows.** A step body runs strictly inside its execution's claim:
+       its witness start is read after the claim committed (the worker got it from the
+       commit) and its end before the release's transaction (its completion) began; a body
+       with no end counts until its execution's ``completed_at``, and a frozen host's body
+       until the freeze began, as in INV-LIM-1. So bodies whose witness intervals overlap
+       had their executions in flight at once (intervals on a line that overlap pairwise
+       share a point), and at no instant may more of the family's bodies run than its
+       ceiling.
+
+    Also checked: a witness of a partition names its step's key (the workload renders its
+    key itself; a mismatch would make the per-partition sweeps count the wrong partition).
+
+    Sound: every reported count is of executions provably in flight at one instant, assuming
+    only that the database clock never runs backwards during the round (and, for 1., that
+    claims take the family's lock before reading their time, which the engine's lock order
+    promises and INV-CLK-1's per-key order corroborates). Cannot see: a release of one
+    partition and a claim of another are ordered by no lock (a release takes only its
+    partition's), so neither bound counts an execution between its claim's commit and the
+    next family event, nor the claim being decided: the engine's own check (in flight before
+    the claim + 1 ≤ ceiling) is stronger than anything the history shows, and an excess of
+    one that lasts only until the next release may go unseen. Nothing is checked for a
+    family without ``concurrency`` or for a config changed mid-round.
+    """
+    out: list[str] = []
+    step_keys = {s.step_id: s.limit_key for s in history.steps}
+    for w in history.witnesses:
+        if w.key is not None and _family_of(history, w.key) is not None and w.step_id in step_keys \
+                and step_keys[w.step_id] != w.key:
+            out.append(f"INV-LIM-8: a body of step {w.step_id} named partition {w.key!r}, but the step's key "
+                       f"is {step_keys[w.step_id]!r}")
+    claims_of: dict[str, list[Execution]] = defaultdict(list)
+    for key, claims in _keyed_claims(history).items():
+        if (family := _family_of(history, key)) is not None:
+            claims_of[family] += claims
+    ceilings = {name: f.concurrency for name, f in history.families.items() if f.concurrency is not None}
+    for family, ceiling in sorted(ceilings.items()):
+        out += _family_at_claims(family, ceiling, claims_of.get(family, []))
+    intervals = _witness_intervals(history, lambda key: _family_of(history, key) in ceilings)
+    by_family: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
+    for key, running in intervals.items():
+        by_family[key.partition("[")[0]] += running
+    for family, running in sorted(by_family.items()):
+        peak_at, peak = _peak(running)
+        if len(peak) > ceilings[family]:
+            bodies = ", ".join(f"{history.witnesses[i].step_id} ({history.witnesses[i].key})" for i in peak)
+            out.append(f"INV-LIM-8: family {family!r} had {len(peak)} step bodies running at once at {peak_at} µs "
+                       f"(ceiling {ceilings[family]}): {bodies}")
+    return out
+
+
+def _family_at_claims(family: str, ceiling: int, claims: list[Execution]) -> list[str]:
+    """Bound 1 of :func:`check_inv_lim_8`: the first claim at whose time more than
+    ``ceiling`` executions of ``family`` were provably in flight."""
+    ordered = sorted(claims, key=lambda e: (_claimed_at(e), e.execution_id))
+    for c in ordered:
+        at = _claimed_at(c)
+        held = [e for e in ordered if _claimed_at(e) < at
+                and (e.completed_at_us is None or e.completed_at_us > at)]
+        if len(held) > ceiling:
+            listed = ", ".join(f"{e.execution_id} ({e.key})" for e in held)
+            return [f"INV-LIM-8: family {family!r} had {len(held)} executions in flight (ceiling {ceiling}) when "
+                    f"execution {c.execution_id} ({c.key}) was claimed at {at} µs: {listed}"]
+    return []
+
+
 def check_inv_clk_1(history: History) -> list[str]:
     """INV-CLK-1: a key's events are timed by the database clock read under its lock.
 
@@ -384,7 +503,7 @@ def check_inv_lim_4(history: History) -> list[str]:
     """
     out = []
     for bucket in history.buckets:
-        entry = history.limits.get(bucket.key)
+        entry = _entry(history, bucket.key)
         rate = next((r for r in (entry.rates if entry else ()) if r.per_s == bucket.period_s), None)
         if rate is None:
             continue
@@ -1164,6 +1283,7 @@ CHECKERS: dict[str, Callable[[History], list[str]]] = {
     "INV-LIM-2": check_inv_lim_2,
     "INV-LIM-3": check_inv_lim_3,
     "INV-LIM-4": check_inv_lim_4,
+    "INV-LIM-8": check_inv_lim_8,
     "INV-ADV-1": check_inv_adv_1,
     "INV-ADV-3": check_inv_adv_3,
     "INV-EXE-1": check_inv_exe_1,

@@ -459,7 +459,8 @@ class ChaosRound:
                         fleet.terminate(20)
                     fleet.kill_host()
         history = read_history(self.engine, app.config.limits, WITNESS, kills=self.kills, seed=self.seed,
-                               meta={**self._meta(len(runs)), "revives": self.revives})
+                               meta={**self._meta(len(runs)), "revives": self.revives},
+                               families=app.config.families)
         path = self.workdir / f"history-{self.backend}-{self.seed}.jsonl"
         history.to_jsonl(path)
         violations = {k: v for k, v in check_all(history).items() if v}

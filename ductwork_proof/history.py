@@ -20,7 +20,8 @@ Times are integer microseconds since the epoch, converted exactly:
 schema stores them; an aware value is converted to UTC first).
 
 The JSONL file holds one header line (``{"record": "history", "seed", "meta",
-"limits"}``) and then one line per record, ``{"record": "<kind>", ...fields}``.
+"limits", "families"}``; a file without ``families`` has none) and then one line per
+record, ``{"record": "<kind>", ...fields}``.
 Reading it back gives an equal :class:`History`.
 
 Pure data and reading only: no checker logic here, nothing is written to the
@@ -39,7 +40,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from ductwork.db import schema
-from ductwork.limit_entries import LimitEntry, RateEntry
+from ductwork.limit_entries import FamilyEntry, LimitEntry, RateEntry
 
 EPOCH = datetime(1970, 1, 1)
 ONE_US = timedelta(microseconds=1)
@@ -246,6 +247,8 @@ class History:
     hooks: list[HookRow] = field(default_factory=list)
     #: the ``job_worker.limits`` the fleet ran with (one config for the whole round)
     limits: dict[str, LimitEntry] = field(default_factory=dict)
+    #: its key families (an entry with ``per_partition``, docs/semantics.md §5.1): family → entry
+    families: dict[str, FamilyEntry] = field(default_factory=dict)
     #: the harness's log of what it killed: ``{"pid", "role", "at_us", "how", ...}``
     kills: list[dict] = field(default_factory=list)
     seed: int | None = None
@@ -255,7 +258,10 @@ class History:
     def to_jsonl(self, path: str | Path) -> None:
         """Write the history as JSONL (header line first), so it can be checked offline."""
         header = {"record": "history", "format": FORMAT, "seed": self.seed, "meta": self.meta,
-                  "limits": {key: _limit_to_json(entry) for key, entry in self.limits.items()}}
+                  "limits": {key: _limit_to_json(entry) for key, entry in self.limits.items()},
+                  "families": {name: {"per_partition": _limit_to_json(family.per_partition),
+                                      "concurrency": family.concurrency}
+                               for name, family in self.families.items()}}
         with open(path, "w", encoding="utf-8") as out:
             out.write(json.dumps(header) + "\n")
             for kind, (attr, _) in _RECORDS.items():
@@ -273,7 +279,10 @@ class History:
             raise ValueError(f"{path}: not a format-{FORMAT} history (first line must be the header)")
         header = lines[0]
         history = cls(seed=header["seed"], meta=header["meta"],
-                      limits={key: _limit_from_json(key, raw) for key, raw in header["limits"].items()})
+                      limits={key: _limit_from_json(key, raw) for key, raw in header["limits"].items()},
+                      families={name: FamilyEntry(name, _limit_from_json(name, raw["per_partition"]),
+                                                  raw["concurrency"])
+                                for name, raw in header.get("families", {}).items()})
         for line in lines[1:]:
             kind = line.pop("record")
             if kind == "kill":
@@ -358,7 +367,7 @@ def _json(text: str | None) -> Any:
 
 def read_history(engine: Engine, limits: dict[str, LimitEntry], witness_table: sa.Table | str | None = None,
                  *, kills: list[dict] | None = None, seed: int | None = None,
-                 meta: dict | None = None) -> History:
+                 meta: dict | None = None, families: dict[str, FamilyEntry] | None = None) -> History:
     """Read a round's history from a migrated ductwork database (one read transaction).
 
     ``witness_table`` is a :class:`sqlalchemy.Table` or a table name (reflected); its
@@ -367,7 +376,8 @@ def read_history(engine: Engine, limits: dict[str, LimitEntry], witness_table: s
     order, so the same database gives the same history.
     """
     e, s, b, r = schema.executions, schema.steps, schema.branches, schema.runs
-    history = History(limits=dict(limits), kills=list(kills or []), seed=seed, meta=dict(meta or {}))
+    history = History(limits=dict(limits), families=dict(families or {}), kills=list(kills or []), seed=seed,
+                      meta=dict(meta or {}))
     with engine.connect() as conn:
         for row in conn.execute(
             sa.select(e.c.id, e.c.step_id, s.c.run_id, e.c.limit_key, e.c.claimed_at, e.c.completed_at,

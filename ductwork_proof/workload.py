@@ -13,6 +13,14 @@ attempt (a retry), ``Nap`` after a ``delay``. ``ChaosHalts`` runs always halt an
 their ``PageOnHalt`` hook, whose first attempt fails. Durations come from the input, so a
 round with one seed is the same workload every time.
 
+``tenant`` is a key family (docs/semantics.md §5.1): each partition 2 at once and its own
+rate, the family 3 at once over all its partitions [INV-LIM-8]. ``ChaosTenantFan`` fans out
+to ``TenantCall`` items partitioned by their input's ``tenant`` (``limit_by=("tenant",
+"value.tenant")``), half of a run's items on one hot tenant and the rest over tenants with
+hostile values (a quote, a ``]``, a backslash, an accent, an integer), so the family's
+ceiling and a partition's own limit both bind; ``TenantCall`` renders its partition's key
+itself for its witness rows.
+
 ``ChaosAsyncFan`` fans out to ``AsyncApiCall``, an async step on the ``api`` key: a kill
 lands while several of them await on the worker's step loop.
 
@@ -45,7 +53,13 @@ LIMITS = {
     "api": {"concurrency": 3, "rate": {"limit": 40, "per": "1s", "burst": 10}},
     "vendor": {"concurrency": 2, "rate": [{"limit": 10, "per": "1s", "burst": 3},
                                           {"limit": 240, "per": "1m", "burst": 20}]},
+    # a key family: each partition tenant[<value>] its own limits, the family a ceiling [INV-LIM-8]
+    "tenant": {"per_partition": {"concurrency": 2, "rate": {"limit": 20, "per": "1s", "burst": 5}},
+               "concurrency": 3},
 }
+#: the tenants ChaosTenantFan's items are partitioned by: the first is the hot one, the others
+#: values a key must render faithfully (a quote, a ``]``, a backslash, an accent, an integer)
+TENANTS: tuple[str | int, ...] = ("acct-1", 'acct"2', "acct]3", "acct\\4", "café", 7)
 _engine = None
 
 
@@ -160,6 +174,39 @@ class Halting(Witnessed):
                 raise RuntimeError(f"halting step: {self.value} fails until its run is revived")
         self.pause(3)
         return self.value
+
+
+class TenantFan(Witnessed):
+    """``value`` items, each ``{"tenant": …, "n": i}``: even items on the hot tenant
+    (:data:`TENANTS`' first), odd ones spread over the others, from ``value`` alone."""
+
+    def body(self):
+        others = len(TENANTS) - 1
+        return [{"tenant": TENANTS[0] if i % 2 == 0 else TENANTS[1 + (i // 2 + self.value) % others], "n": i}
+                for i in range(self.value)]
+
+
+class TenantCall(Witnessed):
+    """A step on a partition of the ``tenant`` family: its input's ``tenant`` picks it."""
+
+    @property
+    def limit_key(self) -> str:  # type: ignore[override]
+        """The partition's key as semantics §5.1 renders it (``tenant[<canonical JSON>]``),
+        computed here, not by the engine: INV-LIM-8's checker compares it with the step's."""
+        return f"tenant[{json.dumps(self.value['tenant'], ensure_ascii=False, separators=(',', ':'))}]"
+
+    def body(self):
+        self.pause(4)  # 20-98 ms: longer than a partition's token interval (50 ms), so
+        self.pause(5)  # several partitions' bodies overlap and the family's ceiling binds
+        return self.value["n"]
+
+
+class ChaosTenantFan(Pipeline):
+    """An expand over partitions of the ``tenant`` family, then a fan-in [INV-LIM-8]."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(TenantFan).expand(to=TenantCall, limit_by=("tenant", "value.tenant")).collapse(into=Total)
 
 
 class ChaosFan(Pipeline):
@@ -327,7 +374,7 @@ def _stored_name(pipeline: type[Pipeline]) -> str:
 
 PIPELINES: list[type[Pipeline]] = [
     ChaosFan, ChaosChain, ChaosDivide, ChaosDivideKeyed, ChaosDivert, ChaosDivertKeyed, ChaosHalts, ChaosRetained,
-    ChaosReviveFan, ChaosReviveChain, ChaosAsyncFan]
+    ChaosReviveFan, ChaosReviveChain, ChaosAsyncFan, ChaosTenantFan]
 #: pipelines whose halted runs the harness revives (by the name runs store)
 REVIVED = tuple(_stored_name(p) for p in (ChaosReviveFan, ChaosReviveChain))
 
@@ -337,9 +384,10 @@ def trigger_workload(app, scale: int) -> list:
     runs = []
     for i in range(6 * scale):  # first: the earliest prunes find some of them halted
         runs.append(ChaosRetained.trigger(i, app=app))
-    for i in range(2 * scale):
-        runs.append(ChaosFan.trigger(60 + 20 * i, app=app))
+    for i in range(2 * scale):  # (ChaosFan gives ChaosTenantFan about 10 of its items per run)
+        runs.append(ChaosFan.trigger(50 + 20 * i, app=app))
         runs.append(ChaosAsyncFan.trigger(30 + 10 * i, app=app))
+        runs.append(ChaosTenantFan.trigger(12 + i, app=app))
     for i in range(8 * scale):
         runs.append(ChaosChain.trigger(i, app=app))
         runs.append(ChaosDivert.trigger(i, app=app))

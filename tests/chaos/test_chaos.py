@@ -8,7 +8,8 @@ fleet's database connections from the server side, prunes the retained runs
 in a container, restarts the server; then a quiet phase and a last prune, then the
 independent history checkers.
 
-Checks: INV-CLK-1, INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-ADV-1, INV-ADV-3,
+Checks: INV-CLK-1, INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-8 (a key family's
+ceiling; INV-LIM-1 and 2 on each partition), INV-ADV-1, INV-ADV-3,
 INV-ADV-4, INV-EXE-1, INV-EXE-2, INV-EXE-3, INV-EXE-4, INV-EXE-5 (witness rows of bodies killed
 with their process), INV-RUN-1, INV-REV-1, INV-REV-2, INV-REV-3, INV-HLT-1, INV-HLT-2,
 INV-PRN-1, INV-PRN-2 (ductwork_proof/checkers.py), from recorded rows, witness rows and the

@@ -3,7 +3,9 @@ its invariant (no message) and that violate it (the exact message).
 
 Invariants covered (ductwork_proof/checkers.py): INV-LIM-1 (concurrency, by per-key
 sequence and by witness overlap), INV-LIM-2 (rate: worst window and empty-start
-bucket replay, plus hypothesis properties), INV-LIM-3 (no leaked slot), INV-ADV-1
+bucket replay, plus hypothesis properties; both on a family's partitions with its
+per_partition entry), INV-LIM-3 (no leaked slot), INV-LIM-8 (a key family's ceiling, at
+claims and by witness overlap), INV-ADV-1
 (successors exactly once), INV-ADV-3 (fan-in once, complete, ordered), INV-EXE-1
 (liveness after the quiet phase), INV-EXE-3 (idempotency keys), INV-RUN-1 (run
 state agrees with branches; terminal states final), INV-PRN-1 (a prune deleted only
@@ -28,7 +30,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ductwork.limit_entries import RateEntry, parse_limits
+from ductwork.limit_entries import RateEntry, parse_limit_config, parse_limits
 from ductwork_proof.checkers import (
     CHECKERS,
     check_all,
@@ -45,6 +47,7 @@ from ductwork_proof.checkers import (
     check_inv_lim_2,
     check_inv_lim_3,
     check_inv_lim_4,
+    check_inv_lim_8,
     check_inv_prn_1,
     check_inv_prn_2,
     check_inv_rev_1,
@@ -279,6 +282,122 @@ def test_lim_1_killed_body_runs_until_its_execution_completed():
 def test_lim_1_killed_body_without_execution_runs_to_the_end():
     assert check_inv_lim_1(witnessed((0, None), (10_000, 10_100))) == [
         "INV-LIM-1: key 'api' had 2 step bodies running at once at 10000 µs (limit 1): steps s1, s2"]
+
+
+# --------------------------------------------------------------------------- INV-LIM-8 (key families)
+
+
+def tenant_family(*, ceiling: int | None = 3, per_partition: dict | None = None) -> History:
+    """An empty history whose config has the family ``tenant`` (per partition 2 at once, unless
+    ``per_partition`` says otherwise; the family ``ceiling`` at once, None: none)."""
+    entry: dict[str, Any] = {"per_partition": per_partition or {"concurrency": 2}}
+    if ceiling is not None:
+        entry["concurrency"] = ceiling
+    static, families = parse_limit_config({"tenant": entry, "api": {"concurrency": 3}})
+    return History(limits=static, families=families)
+
+
+def partition_bodies(*spans: tuple[str, int, int | None], ceiling: int | None = 3) -> History:
+    """Steps s1, s2, … of partition ``tenant["<p>"]`` whose bodies ran over [start, end]."""
+    history = tenant_family(ceiling=ceiling)
+    for n, (partition, start, end) in enumerate(spans, 1):
+        key = f'tenant["{partition}"]'
+        history.steps.append(StepRow(f"s{n}", "r1", "b1", "Call#0", "succeeded", "collapse", key))
+        history.witnesses.append(Witness(f"s{n}", f"s{n}", 100 + n, key, start, end))
+    return history
+
+
+def partition_claims(*spans: tuple[str, int, int | None], ceiling: int = 3) -> History:
+    """Executions e1, e2, … of partition ``tenant["<p>"]`` claimed at ``at`` and released at
+    ``done`` (None: still open), each partition's sequence numbers in claim order."""
+    history = tenant_family(ceiling=ceiling)
+    seq: dict[str, int] = {}
+    for n, (partition, at, done) in enumerate(spans, 1):
+        seq[partition] = seq.get(partition, 0) + 1
+        history.executions.append(execution(f"e{n}", key=f'tenant["{partition}"]', at=at, done=done,
+                                            seq=seq[partition] * 100 + n, released=None))
+    return history
+
+
+def test_lim_8_family_bodies_within_the_ceiling_pass():
+    # three partitions' bodies at once (the ceiling), a fourth starting as one ends, and a
+    # partition with two at once (its own limit)
+    history = partition_bodies(("a", 0, 100), ("b", 10, 200), ("c", 20, 300), ("d", 100, 250),
+                               ("a", 200, 400), ("a", 250, 450))
+    assert check_inv_lim_8(history) == []
+    assert check_inv_lim_1(history) == []
+
+
+def test_lim_8_ceiling_plus_one_family_bodies_fail():
+    # four partitions, one body each (each within its own limit of 2): four at once, ceiling 3
+    history = partition_bodies(("a", 0, 100), ("b", 10, 200), ("c", 20, 300), ("d", 50, 250))
+    assert check_inv_lim_1(history) == []
+    assert check_inv_lim_8(history) == [
+        "INV-LIM-8: family 'tenant' had 4 step bodies running at once at 50 µs (ceiling 3): "
+        's1 (tenant["a"]), s2 (tenant["b"]), s3 (tenant["c"]), s4 (tenant["d"])']
+    assert check_all(history)["INV-LIM-8"] == check_inv_lim_8(history)
+
+
+def test_lim_8_a_static_key_and_another_family_do_not_count():
+    history = partition_bodies(("a", 0, 100), ("b", 10, 200), ("c", 20, 300))
+    history.witnesses.append(Witness("x", "x", 9, "api", 30, 90))  # a static key's body
+    history.witnesses.append(Witness("y", "y", 9, 'other["a"]', 30, 90))  # no such family: a static key
+    assert check_inv_lim_8(history) == []
+
+
+def test_lim_8_a_family_without_a_ceiling_has_no_bound():
+    history = partition_bodies(("a", 0, 100), ("b", 10, 200), ("c", 20, 300), ("d", 50, 250), ceiling=None)
+    assert check_inv_lim_8(history) == []
+
+
+def test_lim_8_a_killed_body_counts_until_its_execution_completed():
+    history = partition_bodies(("a", 0, None), ("b", 10, 200), ("c", 20, 300), ("d", 150, 250))
+    history.executions.append(execution("x1", key='tenant["a"]', step="s1", at=0, done=120, seq=1, released=2))
+    assert check_inv_lim_8(history) == []
+    history.executions[0].completed_at_us = 160  # reaped after d's body started
+    assert check_inv_lim_8(history) == [
+        "INV-LIM-8: family 'tenant' had 4 step bodies running at once at 150 µs (ceiling 3): "
+        's1 (tenant["a"]), s2 (tenant["b"]), s3 (tenant["c"]), s4 (tenant["d"])']
+
+
+def test_lim_8_at_a_claim_executions_claimed_before_and_released_after_count():
+    # e1..e3 in flight when e4 is claimed at 40 (3: at the ceiling, e4 itself is not counted)
+    history = partition_claims(("a", 10, 100), ("b", 20, 100), ("c", 30, 100), ("d", 40, 100), ("a", 50, 100))
+    assert check_inv_lim_8(history) == [
+        "INV-LIM-8: family 'tenant' had 4 executions in flight (ceiling 3) when execution e5 (tenant[\"a\"]) "
+        'was claimed at 50 µs: e1 (tenant["a"]), e2 (tenant["b"]), e3 (tenant["c"]), e4 (tenant["d"])']
+    history.executions[1].completed_at_us = 50  # released at that very time: not provably in flight
+    assert check_inv_lim_8(history) == []
+
+
+def test_lim_8_claims_at_one_time_do_not_count_each_other():
+    # a batch (one transaction, one time) and its releases: nothing provably overlaps
+    history = partition_claims(("a", 10, 60), ("b", 10, 60), ("c", 10, 60), ("d", 10, 60), ("a", 60, 90))
+    assert check_inv_lim_8(history) == []
+
+
+def test_lim_8_a_witness_names_its_steps_partition():
+    history = partition_bodies(("a", 0, 100))
+    history.witnesses[0].key = 'tenant["A"]'
+    assert check_inv_lim_8(history) == [
+        'INV-LIM-8: a body of step s1 named partition \'tenant["A"]\', but the step\'s key is \'tenant["a"]\'']
+
+
+def test_lim_1_and_lim_2_apply_per_partition_entry_to_each_partition():
+    history = partition_claims(("a", 10, None), ("a", 20, None), ("a", 30, None), ("b", 40, None), ceiling=9)
+    for n, e in enumerate(history.executions, 1):
+        e.claim_seq = n
+    assert check_inv_lim_1(history) == [
+        "INV-LIM-1: key 'tenant[\"a\"]' had 3 in flight (limit 2) after claim_seq 3 (execution e3)"]
+    history.families = tenant_family(per_partition={"rate": {"limit": 1, "per": "1s", "burst": 2}}).families
+    assert check_inv_lim_1(history) == []
+    assert check_inv_lim_2(history) == [
+        "INV-LIM-2: key 'tenant[\"a\"]' (limit 1 per 1s, burst 2): 3 claims in the 20 µs window [10, 30] "
+        "(executions e1 … e3), B + L·T/P allows 2",
+        "INV-LIM-2: key 'tenant[\"a\"]' (limit 1 per 1s, burst 2): claim_seq 1 (execution e1) at 10 µs found "
+        "1/100000 of a token in a bucket started empty at 0 µs (the key's earliest eligible_at); a claim needs 1",
+        "INV-LIM-2: key 'tenant[\"b\"]' (limit 1 per 1s, burst 2): claim_seq 4 (execution e4) at 40 µs found "
+        "1/25000 of a token in a bucket started empty at 0 µs (the key's earliest eligible_at); a claim needs 1"]
 
 
 # --------------------------------------------------------------------------- INV-LIM-2
@@ -792,7 +911,8 @@ def test_run_1_run_without_branches():
 
 def test_check_all_names_every_checker_and_passes_a_valid_history():
     assert check_all(full()) == {inv: [] for inv in CHECKERS}
-    assert list(CHECKERS) == ["INV-CLK-1", "INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-LIM-4", "INV-ADV-1",
+    assert list(CHECKERS) == ["INV-CLK-1", "INV-LIM-1", "INV-LIM-2", "INV-LIM-3", "INV-LIM-4", "INV-LIM-8",
+                              "INV-ADV-1",
                               "INV-ADV-3", "INV-EXE-1", "INV-EXE-2", "INV-EXE-3", "INV-EXE-4", "INV-RUN-1",
                               "INV-HLT-1", "INV-HLT-2", "INV-PRN-1", "INV-PRN-2", "INV-REV-1", "INV-REV-2",
                               "INV-REV-3"]
@@ -807,6 +927,7 @@ def test_history_round_trips_through_jsonl(tmp_path):
     history.witnesses.append(Witness("sA", "sA", 42, "api", 5, None))
     history.limits = limits(api={"concurrency": 2, "rate": [{"limit": 5, "per": "1s"}, {"limit": 60, "per": "1h",
                                                                                         "burst": 30}]})
+    history.families = tenant_family().families
     history.kills.append({"pid": 42, "role": "worker", "at_us": 7, "how": "SIGKILL"})
     history.hooks += halted_with_hook().hooks
     history.seed, history.meta = 1234, {"database": "sqlite 3.45", "commit": "abc"}
