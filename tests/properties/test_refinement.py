@@ -11,8 +11,8 @@ differs. Every broken variant of the routines' SQL is killed by the exhaustive p
 argued equivalent (``python -m tests.sql_mutation``; docs/verification.md, "The lane routine
 and its refinement test").
 
-Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-EXE-2,
-INV-CLK-1.
+Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-LIM-8,
+INV-EXE-2, INV-CLK-1.
 """
 
 from __future__ import annotations
