@@ -322,7 +322,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     pipelines = load_pipelines(app.config)
     for warning in validate(app, pipelines):
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"ok: {len(pipelines)} pipelines, {len(app.config.limits)} limit keys, env {app.config.env!r}, "
+    families = f", {len(app.config.families)} key families" if app.config.families else ""
+    print(f"ok: {len(pipelines)} pipelines, {len(app.config.limits)} limit keys{families}, env {app.config.env!r}, "
           f"database {app.database}")
     return 0
 

@@ -453,6 +453,16 @@ def test_a_duplicated_key_fails_the_check(tmp_path, sqlite_url, capsys):
         "at lines 2 and 3 (YAML keeps only the last; merge the two)\n")
 
 
+def test_the_check_counts_key_families_beside_keys_and_warns_of_one_no_pipeline_uses(tmp_path, sqlite_url, capsys):
+    path = tmp_path / "ductwork.yml"
+    path.write_text("default:\n  job_worker:\n    limits:\n      api: {concurrency: 1}\n"
+                    "      vendor_api: {per_partition: {concurrency: 2}, concurrency: 50}\n")
+    assert main(["check", "-c", str(path), "--database-url", sqlite_url]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("ok: 0 pipelines, 1 limit keys, 1 key families, env 'default', database ")
+    assert "vendor_api" in err and "api" in err  # neither is used by a loaded pipeline
+
+
 _NO_DRIVERS = """
 import sys
 sys.modules["psycopg"] = sys.modules["pymysql"] = None  # as if not installed: imports fail, find_spec is None
