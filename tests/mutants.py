@@ -203,6 +203,24 @@ MUTANTS: dict[str, Mutant] = {
          ("CONCAT(c.k, '[')) < c.f)", "CONCAT(c.k, '[')) < c.f OR TRUE)  -- mutant")),
     ),
     # -- the lane routine on SQLite (Python, limits/claims.py::_in_python and limits/plan.py)
+    "family_ceiling_ignored": Mutant(
+        "a partition's claims are admitted, and its lane tried, with its family at its ceiling (the Python "
+        "path: the plan's decision and batch, the lane scan) [INV-LIM-8]",
+        "a partition's claim is refused at its family's ceiling [INV-LIM-8]",
+        (("    return request.family_ceiling is None or state.family_in_flight + claimed < request.family_ceiling",
+          "    return True  # mutant: the family's ceiling ignored"),
+         ("    return {family for (family, ceiling), count in zip(ceilings.items(), counts, strict=True) "
+          "if count >= ceiling}",
+          "    return set()  # mutant: no family is ever at its ceiling")),
+    ),
+    "family_ceiling_off_by_one": Mutant(
+        "a partition's claim is admitted, and its lane tried, with its family's ceiling in flight (the Python "
+        "path) [INV-LIM-8]",
+        "a partition's claim is refused at its family's ceiling [INV-LIM-8]",
+        (("state.family_in_flight + claimed < request.family_ceiling",
+          "state.family_in_flight + claimed <= request.family_ceiling  # mutant"),
+         ("strict=True) if count >= ceiling}", "strict=True) if count > ceiling}  # mutant")),
+    ),
     "no_clamp": Mutant(
         "a claim's buckets refill without capping at the burst [INV-LIM-4]",
         "refill capped at the burst [INV-LIM-4]",

@@ -187,7 +187,7 @@ def _limits(url: str, *, seed: int, examples: int, steps: int, shrink: bool) -> 
     from hypothesis.stateful import invariant, run_state_machine_as_test
 
     from ductwork.db import engines
-    from ductwork_proof.conformance.limits import KEYS, UNCONFIGURED, LimitsAgainstModel
+    from ductwork_proof.conformance.limits import LimitsAgainstModel
 
     trace = _Trace()
 
@@ -197,7 +197,7 @@ def _limits(url: str, *, seed: int, examples: int, steps: int, shrink: bool) -> 
         if hasattr(self, "model"):
             trace.step([self.now_us, len(self.held), sorted(self.generation.items()),
                         [[key, self.model.in_flight(key), self.model.levels(key), self.model.blocked_until(key)]
-                         for key in (*KEYS, UNCONFIGURED)]])
+                         for key in self.compared_keys()]])
 
     # the machine as it is (rules, draws, name in a falsifying example), with one invariant more;
     # type() returns a bare ``type``, this one a subclass of LimitsAgainstModel by its bases

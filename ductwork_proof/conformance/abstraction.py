@@ -4,6 +4,7 @@
     >>> lane_state(rows, "a", now_us, take=2, limits=config.limits)   # plan.LaneState
     >>> lane_state(rows, 'f["a"]', now_us, 2, config.limits, config.families)   # a partition's
     >>> key_view(rows, "a", entry)                 # (in flight, levels, blocked_until) as the model says them
+    >>> family_in_flight(rows, "p")                # in flight over every partition p[...] of family p
 
 Written once, from the rows alone (no engine code reads them here), and used by the
 refinement test of the lane routine (``tests/refinement.py``: the state

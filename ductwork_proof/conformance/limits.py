@@ -6,9 +6,15 @@ move the clock (by zero, one µs, sub-millisecond and larger steps), claim by
 one of several workers, claim a batch, complete (also with a hand-off of the key's next
 job, and several at once in a group commit), fail (retries), crash and reap a worker,
 restart with changed limits, and a step on a rated key that fails with its retry
-claimed once eligible (``fail_and_claim_the_retry``). After every rule the engine and
-the model agree on each key's in-flight count, bucket levels and ``blocked_until``
-stamp, and every claim chose the same job.
+claimed once eligible (``fail_and_claim_the_retry``). Beside the static keys ``a`` and
+``b`` there is a key family ``p`` (semantics §5.1): ``per_partition`` limits drawn like
+a static key's, an optional ceiling over the family, and two or three partitions
+``p[<value>]``, at least one of a hostile value (quotes, brackets, a backslash, an
+accent, a SQL fragment), rendered by the model's ``partition_key``; every rule acts on
+them as on any key (``enqueue_partition`` and ``fill_the_family`` put work in them).
+After every rule the engine and the model agree on each key's and each partition's
+in-flight count, bucket levels and ``blocked_until`` stamp and on the family's in-flight
+count, and every claim chose the same job.
 
 Shipped so that ``ductwork verify`` runs it against an adopter's database
 (:func:`ductwork_proof.conformance.run_conformance`); the test suite runs it on each of its
@@ -17,7 +23,7 @@ databases with its hypothesis profile's budget
 first. The rules keep their names and draws: hypothesis orders rules by name, and the
 derandomized examples the engine-mutant hunts rely on follow from them.
 
-Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-LIM-7,
+Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-LIM-7, INV-LIM-8,
 INV-CLK-1 (every decision uses the injected database time), INV-EXE-2, INV-EXE-4.
 """
 
@@ -47,13 +53,19 @@ from ductwork.pipelines.outcomes import HandOff, Success, record_failure, record
 from ductwork.pipelines.payloads import Output
 from ductwork_model import LimitsModel
 from ductwork_model.invariants import check_all
+from ductwork_model.limits import partition_key
 from ductwork_proof.conformance import abstraction
 from ductwork_proof.conformance.factories import CONFIG, make_executions, make_run, open_execution_of, reset_tables
 
-__all__ = ["KEYS", "UNCONFIGURED", "WORKERS", "LimitsAgainstModel", "engine_config"]
+__all__ = ["FAMILY", "KEYS", "UNCONFIGURED", "WORKERS", "LimitsAgainstModel", "engine_config"]
 
 KEYS = ("a", "b")
 UNCONFIGURED = "u"  # stamped on jobs, absent from config: claims unlimited
+FAMILY = "p"  # a key family: its partitions p[<value>] are drawn per example
+#: partition values a rendered key must keep as data: quotes, brackets, a backslash, an
+#: accent, LIKE's wildcards, a SQL fragment (each example has at least one)
+HOSTILE = ("'); DROP TABLE x;--", 'q"]\\[é', "]", "[", "\\", "é", "100%_off")
+PLAIN = ("acct-42", 42, "")
 WORKERS = ("w0", "w1", "w2")
 MAX_RETRY = CONFIG["job_worker"]["max_retry"]
 MAX_CRASH = CONFIG["job_worker"]["max_crash"]
@@ -72,8 +84,20 @@ key_limits = st.one_of(
 rated = st.fixed_dictionaries(
     {"rate": st.lists(rate_entry, min_size=1, max_size=2, unique_by=lambda e: e["per"])},
     optional={"concurrency": st.integers(1, 3)})
-# Key "a" always has rate entries (where buckets live); "b" is anything.
-limit_configs = st.fixed_dictionaries({"a": rated, "b": key_limits})
+family_limits = st.fixed_dictionaries({"per_partition": key_limits}, optional={"concurrency": st.integers(1, 3)})
+# Key "a" always has rate entries (where buckets live); "b" is anything; "p" is a family.
+limit_configs = st.fixed_dictionaries({"a": rated, "b": key_limits, FAMILY: family_limits})
+
+
+def _distinct(drawn: tuple[str, list[str | int]]) -> tuple[str | int, ...]:
+    """A hostile value and one or two more, distinct (a plain one if the draw repeated it)."""
+    values = tuple(dict.fromkeys((drawn[0], *drawn[1])))
+    return values if len(values) > 1 else (drawn[0], PLAIN[0])
+
+
+#: two or three partition values, one of them hostile at least
+partition_values = st.tuples(st.sampled_from(HOSTILE), st.lists(st.sampled_from(HOSTILE + PLAIN), min_size=1,
+                                                                  max_size=2, unique=True)).map(_distinct)
 clock_steps = st.sampled_from([0, 1, 2, 7, 999, 1_000, 99_999, 250_000, 999_999, 1_000_000, 3_000_000, 61_000_000])
 
 
@@ -90,8 +114,9 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         super().__init__()
         self.url, self.engine = url, engine
 
-    @initialize(limits=limit_configs)
-    def setup(self, limits: dict) -> None:
+    @initialize(limits=limit_configs, values=partition_values)
+    def setup(self, limits: dict, values: tuple[str | int, ...]) -> None:
+        self.partitions = tuple(partition_key(FAMILY, value) for value in values)
         self.clock = ManualClock(T0)
         self.app = App(self.url, engine_config(limits), self.clock, engine=self.engine)
         reset_tables(self.engine)
@@ -106,6 +131,15 @@ class LimitsAgainstModel(RuleBasedStateMachine):
     def now_us(self) -> int:
         return to_us(self.clock.now())
 
+    def limited_keys(self) -> tuple[str, ...]:
+        """The static keys and this example's partitions: the keys that have limits."""
+        return (*KEYS, *self.partitions)
+
+    def compared_keys(self) -> tuple[str, ...]:
+        """Every key compared after each rule: the limited ones, the unconfigured one and
+        the family's own name (a header row, never a lane: no buckets, no stamp)."""
+        return (*KEYS, UNCONFIGURED, FAMILY, *self.partitions)
+
     # -- rules ------------------------------------------------------------------------------
 
     @rule(key=st.sampled_from([None, "a", "a", "b", UNCONFIGURED]),
@@ -115,6 +149,26 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         for execution_id in make_executions(self.app, self.run_id, self.branch_id, key, eligible, count):
             self.model.enqueue(execution_id, key, self.now_us + delay_us)
             self.keys[execution_id] = key
+
+    @precondition(lambda self: hasattr(self, "model"))
+    @rule(partition=st.integers(0, 2), delay_us=st.sampled_from([0, 0, 1, 500_000]), count=st.integers(1, 3))
+    def enqueue_partition(self, partition, delay_us, count):
+        """``count`` executions in one of the family's partitions (``enqueue`` keeps its
+        draws: the derandomized examples the engine-mutant hunts rely on)."""
+        self.enqueue(key=self.partitions[partition % len(self.partitions)], delay_us=delay_us, count=count)
+
+    @precondition(lambda self: hasattr(self, "model"))
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 3))
+    def fill_the_family(self, worker, limit):
+        """One new execution in each partition, then one poll (a batch of up to ``limit``)
+        per partition and one more: the family reaches its ceiling whenever it has one
+        below the partitions' work, and a poll must skip a partition with work and room
+        of its own while the family is full, a batch end there [INV-LIM-8]. The other rules
+        alone seldom fill a family across partitions (older work is claimed first)."""
+        for key in self.partitions:
+            self.enqueue(key=key, delay_us=0, count=1)
+        for _ in range(len(self.partitions) + 1):
+            self.claim_batch(worker, limit)
 
     @rule(key=st.sampled_from(["a", "b", UNCONFIGURED]), unkeyed_first=st.booleans(),
           worker=st.sampled_from(WORKERS), limit=st.integers(2, 4))
@@ -134,11 +188,13 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         self.clock.advance(microseconds=microseconds)
 
     @precondition(lambda self: hasattr(self, "model") and any(s is not None and s > self.now_us
-                                   for s in (self.model.blocked_until(k) for k in KEYS)))
+                                   for s in (self.model.blocked_until(k) for k in self.limited_keys())))
     @rule(offset=st.sampled_from([-1, 0, 0, 1]))
     def advance_to_next_stamp(self, offset):
-        """Jump to a rate-blocked key's stamp (one µs before, at, or after it) [INV-LIM-5]."""
-        soonest = min(s for s in (self.model.blocked_until(k) for k in KEYS) if s is not None and s > self.now_us)
+        """Jump to a rate-blocked key's or partition's stamp (one µs before, at, or after
+        it) [INV-LIM-5]."""
+        soonest = min(s for s in (self.model.blocked_until(k) for k in self.limited_keys())
+                      if s is not None and s > self.now_us)
         target = soonest + offset
         if target > self.now_us:
             self.clock.set(from_us(target))
@@ -232,9 +288,12 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         return follow.id
 
     def _rated_held(self) -> list[str]:
-        """Held executions whose key has rate entries (buckets) under the current limits."""
-        limits = self.app.config.limits
-        return sorted(eid for eid in self.held if (key := self.keys[eid]) in KEYS and limits[key].rates)
+        """Held executions whose key (or partition: its family's ``per_partition``) has rate
+        entries (buckets) under the current limits."""
+        config = self.app.config
+        return sorted(eid for eid in self.held
+                      if (key := self.keys[eid]) in self.limited_keys() and (entry := config.entry_for(key))
+                      and entry.rates)
 
     def _claim_until(self, worker: str, key: str, wanted, late_us: int) -> None:
         """``worker`` polls (each poll compared with the model's) until ``wanted()`` holds,
@@ -313,25 +372,38 @@ class LimitsAgainstModel(RuleBasedStateMachine):
 
     # -- the comparison, after every rule --------------------------------------------------------
 
-    def _engine_key(self, key: str) -> tuple[int, list[int | None], int | None]:
+    def _engine_rows(self) -> abstraction.Rows:
+        """Every row of the limits layer, read once per comparison."""
+        with self.engine.connect() as conn:
+            return abstraction.snapshot(conn)
+
+    def _engine_key(self, key: str, rows: abstraction.Rows | None = None) -> tuple[int, list[int | None], int | None]:
         """The key as the model states it, through the one abstraction from rows to state
         (:mod:`ductwork_proof.conformance.abstraction`, which the refinement test of the lane
-        routine uses too)."""
-        with self.engine.connect() as conn:
-            rows = abstraction.snapshot(conn)
-        return abstraction.key_view(rows, key, self.app.config.limits.get(key))
+        routine uses too); a partition's levels follow its family's ``per_partition``."""
+        rows = self._engine_rows() if rows is None else rows
+        return abstraction.key_view(rows, key, self.app.config.entry_for(key))
 
     @invariant()
     def inv_lim_engine_agrees_with_model(self):
-        """In-flight counts, bucket levels and stamps are the model's, key by key."""
+        """In-flight counts, bucket levels and stamps are the model's, key by key and
+        partition by partition; the family's in-flight count over its partitions is the
+        model's, and its header row (the lock a partition's claim takes first) exists
+        once a partition has one [INV-LIM-8]."""
         if not hasattr(self, "model"):
             return
-        for key in (*KEYS, UNCONFIGURED):
-            in_flight, levels, blocked = self._engine_key(key)
+        rows = self._engine_rows()
+        for key in self.compared_keys():
+            in_flight, levels, blocked = self._engine_key(key, rows)
             assert in_flight == self.model.in_flight(key), f"INV-LIM-1/3: {key} in flight"
             assert levels == self.model.levels(key), f"INV-LIM-4: {key} levels {levels} != {self.model.levels(key)}"
             assert blocked == self.model.blocked_until(key), (
                 f"INV-LIM-5: {key} blocked_until {blocked} != {self.model.blocked_until(key)}")
+        family = abstraction.family_in_flight(rows, FAMILY)
+        assert family == self.model.family_in_flight(FAMILY), (
+            f"INV-LIM-8: family {FAMILY} in flight {family} != {self.model.family_in_flight(FAMILY)}")
+        if any(key in rows.keys for key in self.partitions):
+            assert FAMILY in rows.keys, f"INV-LIM-8: partitions of {FAMILY} have header rows, the family none"
 
     @invariant()
     def inv_lim_model_invariants_hold(self):
