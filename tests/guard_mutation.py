@@ -95,12 +95,13 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                               f"{_I}test_advancer_arms.py", f"{_I}test_pipelines.py",
                               f"{_I}test_batches.py"),  # (set_status_if: a group's status and outputs)
     "limits/lanes.py": (f"{_I}test_time_predicates.py", f"{_I}test_batches.py", f"{_I}test_limits.py",
-                        f"{_I}test_bounds.py"),
+                        f"{_I}test_bounds.py", f"{_I}test_key_families.py"),
     "limits/claims.py": (f"{_I}test_time_predicates.py", f"{_I}test_partial_losses.py", f"{_I}test_bounds.py",
-                         f"{_I}test_batches.py", f"{_I}test_limits.py"),
+                         f"{_I}test_batches.py", f"{_I}test_limits.py", f"{_I}test_key_families.py"),
     "limits/executions.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
                              f"{_I}test_bounds.py", "tests/unit/test_limits.py",
-                             f"{_I}test_inspection.py"),  # (forget: a prune keeps the other runs' executions)
+                             f"{_I}test_inspection.py",  # (forget: a prune keeps the other runs' executions)
+                             f"{_I}test_key_families.py", f"{_I}test_partitions.py"),
     "pipelines/outcomes.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
                               f"{_I}test_timeout_children.py", f"{_I}test_wakeups.py"),
 }

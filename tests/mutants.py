@@ -186,7 +186,8 @@ MUTANTS: dict[str, Mutant] = {
         "the routine admits a partition's claim with its family's ceiling in flight (PostgreSQL) [INV-LIM-8]",
         "the routine refuses a partition's claim at its family's ceiling [INV-LIM-8]",
         (("                ELSIF p_family_ceiling IS NOT NULL AND v_family_in_flight >= p_family_ceiling THEN",
-          "                ELSIF p_family_ceiling IS NOT NULL AND v_family_in_flight > p_family_ceiling THEN  -- mutant"),),
+          "                ELSIF p_family_ceiling IS NOT NULL AND v_family_in_flight > p_family_ceiling THEN"
+          "  -- mutant"),),
     ),
     "routine_family_ceiling_ignored_mysql": Mutant(
         "the routine admits a partition's claims and tries a partition's lane with its family at its ceiling "

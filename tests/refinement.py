@@ -426,7 +426,8 @@ def _families() -> Iterator[Case]:
         for others, own, (stored, now), take, poll, digest in itertools.product(
                 (0, 3) if ceiling is None else range(ceiling + 1), (0, 1), states, (1, 3), (True, False),
                 ("same", "stale")):
-            rows = [Row(POTHER, 0, "theirs")] * others + [Row(PKEY, 0, "theirs")] * own + [Row(PKEY, i) for i in range(3)]
+            rows = ([Row(POTHER, 0, "theirs")] * others + [Row(PKEY, 0, "theirs")] * own
+                    + [Row(PKEY, i) for i in range(3)])
             endings: tuple[int, ...] = ()
             if not poll:
                 rows.append(Row(PKEY, 0, "mine"))
@@ -479,7 +480,8 @@ def cases(draw: st.DrawFn) -> Case:
         key, other = PKEY, draw(st.sampled_from([POTHER, OTHER]))
         ceiling = draw(st.one_of(st.none(), st.integers(1, 3)))
         entry = draw(_entry)
-        limits = {**_family(entry, ceiling), **({OTHER: draw(_entry)} if other == OTHER and draw(st.booleans()) else {})}
+        extra = {OTHER: draw(_entry)} if other == OTHER and draw(st.booleans()) else {}
+        limits = {**_family(entry, ceiling), **extra}
     else:
         entry = draw(_entry)
         limits = {KEY: entry, **({OTHER: draw(_entry)} if draw(st.booleans()) else {})}

@@ -460,7 +460,8 @@ def test_the_check_counts_key_families_beside_keys_and_warns_of_one_no_pipeline_
     assert main(["check", "-c", str(path), "--database-url", sqlite_url]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("ok: 0 pipelines, 1 limit keys, 1 key families, env 'default', database ")
-    assert "vendor_api" in err and "api" in err  # neither is used by a loaded pipeline
+    assert "job_worker.limits.api: configured but no loaded pipeline" in err  # neither is used by a pipeline
+    assert "job_worker.limits.vendor_api" in err
 
 
 _NO_DRIVERS = """
