@@ -466,49 +466,49 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`status = 'in_progress'` implies it"),
     # -- limits/lanes.py
     # -- limits/claims.py
-    "limits/claims.py#6": (
+    "limits/claims.py#7": (
         "`take <= 0`: Lt for LtE",
         "take 0 (the endings only) goes on to the read, the plan and the writes: the candidates' read "
         "is LIMIT 0 (none), plan() returns NOTHING for take <= 0 (its first test), and writing NOTHING "
         "is write_header for a key and no statement for the unkeyed lane, which is what the early "
         "return does; Taken(True, [], None) either way. The extra reads (candidates, buckets) are a cost"),
-    "limits/claims.py#8": (
+    "limits/claims.py#10": (
         "`candidates and (not poll or take > 1)`: Or",
         "the bound (scan_lanes, a read) is read also with no candidates and for a poll of one: plan() "
         "returns gone or NOTHING on no candidates before it reads the bound, and a poll of one uses no "
         "bound (only a hand-off compares its first candidate with it; _batch compares only the "
         "candidates after the first, and a take of one reads one). An extra read: a cost"),
-    "limits/claims.py#9": (
+    "limits/claims.py#11": (
         "`key is None or header is None`: And",
         "in _write the header is None exactly when the key is None: _in_python sets it from lock_key "
         "for a key and returns before _read/_write when a key has no row, so `and` and `or` agree"),
-    "limits/claims.py#28": (
+    "limits/claims.py#39": (
         "`header is None or key is None`: And",
-        "in _read the header is None exactly when the key is None: as #9"),
-    "limits/claims.py#34": (
+        "in _read the header is None exactly when the key is None: as #11"),
+    "limits/claims.py#45": (
         "`len(endings) > 1`: GtE for Gt",
         "one keyed ending also gets the CASE of release_seq: CASE id WHEN its id THEN seq + 1, on an "
         "UPDATE of that id alone, the same seq + 1 that b_seq already writes"),
-    "limits/claims.py#54": (
+    "limits/claims.py#68": (
         "`take > 1`: GtE for Gt",
-        "a poll of one reads the bound too: it uses none (as #8: only a hand-off compares its first "
+        "a poll of one reads the bound too: it uses none (as #10: only a hand-off compares its first "
         "candidate with the bound, and _batch compares only the candidates after the first). An "
         "extra read: a cost"),
-    "limits/claims.py#84": (
+    "limits/claims.py#102": (
         "`where` without `_e.c.claimed_at.is_(None)`",
         "_claim_rows runs only on the Python path (SQLite: a server runs the routine), on ids the "
         "plan took from candidates read in this transaction by in_lane (`pending_lane = lane`, a "
         "column computed non-null only while claimed_at IS NULL), under the database write lock that "
         "BEGIN IMMEDIATE took: no other transaction writes between that read and this UPDATE, so "
         "every id is still unclaimed and the condition always holds"),
-    "limits/claims.py#110": (
+    "limits/claims.py#128": (
         "`_e.c.claimed_at` read as `completed_at`",
-        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #84: pending executions read "
+        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #102: pending executions read "
         "under the same lock, and a pending execution's completed_at is always NULL (an execution "
         "is inserted open, and the only write of executions.completed_at, _end_statement, requires "
         "claimed_at IS NOT NULL), so the condition always holds"),
     # -- limits/executions.py
-    "limits/executions.py#16": (
+    "limits/executions.py#17": (
         '`.where(_k.c.key.in_(sorted(keys)))` dropped',
         "ensure_keys reads every key's header row instead of those of `keys`: the rows it inserts are "
         "`keys - existing`, the same set whether `existing` holds only the asked keys that exist or every "
