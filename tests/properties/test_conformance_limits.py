@@ -13,7 +13,8 @@ the model agree on each key's in-flight count, bucket levels and ``blocked_until
 stamp, and every claim chose the same job.
 
 Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-LIM-7,
-INV-LIM-8 (a key family beside the keys), INV-CLK-1 (every decision uses the injected database time), INV-EXE-2, INV-EXE-4.
+INV-LIM-8 (a key family beside the keys), INV-CLK-1 (every decision uses the injected database time),
+INV-EXE-2, INV-EXE-4.
 """
 
 from __future__ import annotations
