@@ -466,6 +466,12 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`status = 'in_progress'` implies it"),
     # -- limits/lanes.py
     # -- limits/claims.py
+    "limits/claims.py#8": (
+        "`family is not None and ceiling is not None`: Or",
+        "_in_python counts the family's in flight also for a partition of a family without a ceiling: "
+        "plan() reads family_in_flight only through _family_admits, which admits whatever the count "
+        "when Request.family_ceiling is None; a key that is no partition has no family and no ceiling "
+        "(both False either way). An extra read: a cost"),
     "limits/claims.py#7": (
         "`take <= 0`: Lt for LtE",
         "take 0 (the endings only) goes on to the read, the plan and the writes: the candidates' read "
@@ -482,6 +488,17 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`key is None or header is None`: And",
         "in _write the header is None exactly when the key is None: _in_python sets it from lock_key "
         "for a key and returns before _read/_write when a key has no row, so `and` and `or` agree"),
+    "limits/claims.py#28": (
+        "`family is not None`: Is for IsNot",
+        "_in_python skips its read of the family's header row (lock_key of the family): on SQLite, "
+        "the only database that runs this path, every key's lock, the family's included, is the "
+        "write lock the transaction took at BEGIN IMMEDIATE, so that read locks nothing more; it "
+        "only checks that the row exists, which enqueue guarantees (the raise is defensive, "
+        "pragma no cover). The count and the decision below use family and ceiling, unchanged"),
+    "limits/claims.py#29": (
+        "`ceiling is not None`: Is for IsNot",
+        "as #28: the family's header row is read (for a family without a ceiling) or not read (with "
+        "one), a read under the SQLite write lock that decides nothing"),
     "limits/claims.py#39": (
         "`header is None or key is None`: And",
         "in _read the header is None exactly when the key is None: as #11"),
@@ -489,6 +506,17 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`len(endings) > 1`: GtE for Gt",
         "one keyed ending also gets the CASE of release_seq: CASE id WHEN its id THEN seq + 1, on an "
         "UPDATE of that id alone, the same seq + 1 that b_seq already writes"),
+    "limits/claims.py#64": (
+        "`family is None or ceiling is None`: And",
+        "the server routine is given the family of a partition whose family has no ceiling too "
+        "(p_family set, p_family_ceiling NULL): it then locks and counts the family (a lock and a read "
+        "more) and decides nothing by it, every family condition being `p_family_ceiling IS NOT NULL "
+        "AND …`; a key that is no partition has no family (None either way). A cost, not an outcome"),
+    "limits/claims.py#66": (
+        "`take <= 0`: Lt for LtE",
+        "a release that claims nothing (take 0) resolves its key's family too: with a ceiling it reads "
+        "the family's header row (as #28: a read under the SQLite write lock), then returns at "
+        "`take <= 0` (#7's line) before the count or the plan. An extra read: a cost"),
     "limits/claims.py#68": (
         "`take > 1`: GtE for Gt",
         "a poll of one reads the bound too: it uses none (as #10: only a hand-off compares its first "
