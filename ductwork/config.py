@@ -451,6 +451,12 @@ class Config:
         family = family_of_key(key, self.families)
         return None if family is None else self.families[family]
 
+    def family_ceiling(self, key: str) -> tuple[str, int] | None:
+        """The family ``key`` is a partition of and the family's ceiling, when it has one;
+        None: a static key, or a family without a ceiling (semantics §5.1)."""
+        family = self.family_of(key)
+        return None if family is None or family.concurrency is None else (family.family, family.concurrency)
+
     def entry_for(self, key: str) -> LimitEntry | None:
         """The limits a decision on ``key`` applies: a static key's entry, or its family's
         ``per_partition`` (semantics §5.1); None: unconfigured."""

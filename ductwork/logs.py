@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from typing import IO, Any
 
 from ductwork.config import FORMATS, LEVELS, Config
+from ductwork.limit_entries import FamilyEntry
 
 TEXT_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 #: third-party loggers held at WARNING unless the level is DEBUG (Alembic logs its
@@ -143,14 +144,17 @@ def start_lines(config: Config, database: str, pipelines: list[str], role: str, 
         if entry.rates:
             parts.append("rate " + ", ".join(f"{r.limit} per {r.per_s}s (burst {r.burst})" for r in entry.rates))
         keys.append(f"{key}: {', '.join(parts)}")
-    for family, f in sorted(config.families.items()):
-        each = f.per_partition
-        parts = [f"concurrency {each.concurrency}"] if each.concurrency is not None else []
-        parts += [f"rate {r.limit} per {r.per_s}s (burst {r.burst})" for r in each.rates]
-        ceiling = f", {f.concurrency} over the family" if f.concurrency is not None else ""
-        keys.append(f"{family}[…]: each partition {', '.join(parts)}{ceiling}")
+    keys += [_family_line(family, f) for family, f in sorted(config.families.items())]
     lines.append(f"limit keys ({len(keys)}): {'; '.join(keys)}" if keys else "limit keys: none")
     return lines
+
+
+def _family_line(family: str, entry: FamilyEntry) -> str:
+    each = entry.per_partition
+    parts = [f"concurrency {each.concurrency}"] if each.concurrency is not None else []
+    parts += [f"rate {r.limit} per {r.per_s}s (burst {r.burst})" for r in each.rates]
+    ceiling = f", {entry.concurrency} over the family" if entry.concurrency is not None else ""
+    return f"{family}[…]: each partition {', '.join(parts)}{ceiling}"
 
 
 def emit(logger: logging.Logger, level: int, message: str, context: dict[str, Any],

@@ -466,72 +466,50 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`status = 'in_progress'` implies it"),
     # -- limits/lanes.py
     # -- limits/claims.py
-    "limits/claims.py#8": (
-        "`family is not None and ceiling is not None`: Or",
-        "_in_python counts the family's in flight also for a partition of a family without a ceiling: "
-        "plan() reads family_in_flight only through _family_admits, which admits whatever the count "
-        "when Request.family_ceiling is None; a key that is no partition has no family and no ceiling "
-        "(both False either way). An extra read: a cost"),
-    "limits/claims.py#7": (
+    "limits/claims.py#6": (
         "`take <= 0`: Lt for LtE",
         "take 0 (the endings only) goes on to the read, the plan and the writes: the candidates' read "
         "is LIMIT 0 (none), plan() returns NOTHING for take <= 0 (its first test), and writing NOTHING "
         "is write_header for a key and no statement for the unkeyed lane, which is what the early "
         "return does; Taken(True, [], None) either way. The extra reads (candidates, buckets) are a cost"),
-    "limits/claims.py#10": (
+    "limits/claims.py#9": (
         "`candidates and (not poll or take > 1)`: Or",
         "the bound (scan_lanes, a read) is read also with no candidates and for a poll of one: plan() "
         "returns gone or NOTHING on no candidates before it reads the bound, and a poll of one uses no "
         "bound (only a hand-off compares its first candidate with it; _batch compares only the "
         "candidates after the first, and a take of one reads one). An extra read: a cost"),
-    "limits/claims.py#11": (
+    "limits/claims.py#10": (
         "`key is None or header is None`: And",
         "in _write the header is None exactly when the key is None: _in_python sets it from lock_key "
         "for a key and returns before _read/_write when a key has no row, so `and` and `or` agree"),
-    "limits/claims.py#28": (
-        "`family is not None`: Is for IsNot",
-        "_in_python skips its read of the family's header row (lock_key of the family): on SQLite, "
-        "the only database that runs this path, every key's lock, the family's included, is the "
-        "write lock the transaction took at BEGIN IMMEDIATE, so that read locks nothing more; it "
-        "only checks that the row exists, which enqueue guarantees (the raise is defensive, "
-        "pragma no cover). The count and the decision below use family and ceiling, unchanged"),
-    "limits/claims.py#29": (
-        "`ceiling is not None`: Is for IsNot",
-        "as #28: the family's header row is read (for a family without a ceiling) or not read (with "
-        "one), a read under the SQLite write lock that decides nothing"),
-    "limits/claims.py#39": (
+    "limits/claims.py#32": (
         "`header is None or key is None`: And",
-        "in _read the header is None exactly when the key is None: as #11"),
-    "limits/claims.py#45": (
+        "in _read the header is None exactly when the key is None: as #10"),
+    "limits/claims.py#38": (
         "`len(endings) > 1`: GtE for Gt",
         "one keyed ending also gets the CASE of release_seq: CASE id WHEN its id THEN seq + 1, on an "
         "UPDATE of that id alone, the same seq + 1 that b_seq already writes"),
-    "limits/claims.py#64": (
+    "limits/claims.py#57": (
         "`family is None or ceiling is None`: And",
         "the server routine is given the family of a partition whose family has no ceiling too "
         "(p_family set, p_family_ceiling NULL): it then locks and counts the family (a lock and a read "
         "more) and decides nothing by it, every family condition being `p_family_ceiling IS NOT NULL "
         "AND …`; a key that is no partition has no family (None either way). A cost, not an outcome"),
-    "limits/claims.py#66": (
-        "`take <= 0`: Lt for LtE",
-        "a release that claims nothing (take 0) resolves its key's family too: with a ceiling it reads "
-        "the family's header row (as #28: a read under the SQLite write lock), then returns at "
-        "`take <= 0` (#7's line) before the count or the plan. An extra read: a cost"),
-    "limits/claims.py#68": (
+    "limits/claims.py#59": (
         "`take > 1`: GtE for Gt",
-        "a poll of one reads the bound too: it uses none (as #10: only a hand-off compares its first "
+        "a poll of one reads the bound too: it uses none (as #9: only a hand-off compares its first "
         "candidate with the bound, and _batch compares only the candidates after the first). An "
         "extra read: a cost"),
-    "limits/claims.py#102": (
+    "limits/claims.py#94": (
         "`where` without `_e.c.claimed_at.is_(None)`",
         "_claim_rows runs only on the Python path (SQLite: a server runs the routine), on ids the "
         "plan took from candidates read in this transaction by in_lane (`pending_lane = lane`, a "
         "column computed non-null only while claimed_at IS NULL), under the database write lock that "
         "BEGIN IMMEDIATE took: no other transaction writes between that read and this UPDATE, so "
         "every id is still unclaimed and the condition always holds"),
-    "limits/claims.py#128": (
+    "limits/claims.py#120": (
         "`_e.c.claimed_at` read as `completed_at`",
-        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #102: pending executions read "
+        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #94: pending executions read "
         "under the same lock, and a pending execution's completed_at is always NULL (an execution "
         "is inserted open, and the only write of executions.completed_at, _end_statement, requires "
         "claimed_at IS NOT NULL), so the condition always holds"),

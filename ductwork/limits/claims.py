@@ -172,13 +172,9 @@ def _in_python(app: Database, tx: Tx, key: str | None, owner: str | None, ending
                take: int, poll: bool) -> Taken:
     """The routine's steps here, each a statement (SQLite: a statement is a call, not a
     round trip), under the database write lock the transaction took at BEGIN IMMEDIATE: the
-    key's lock is that lock, and every clock read of the transaction is after it
-    [INV-CLK-1]."""
+    key's lock is that lock (a partition's family's too: taken first, before any read
+    [INV-LIM-8]), and every clock read of the transaction is after it [INV-CLK-1]."""
     header = None
-    family = None if key is None or take <= 0 else app.config.family_of(key)
-    ceiling = None if family is None else family.concurrency
-    if family is not None and ceiling is not None and lock_key(tx, family.family) is None:  # [INV-LIM-8] first
-        raise sa.exc.NoResultFound(f"key family {family.family!r} has no row")  # pragma: no cover  enqueue writes it
     if key is not None:
         header = lock_key(tx, key)  # [INV-LIM-1] the key's lock, before any other read
         if header is None:
@@ -195,10 +191,11 @@ def _in_python(app: Database, tx: Tx, key: str | None, owner: str | None, ending
             write_header(tx, key)
         return Taken(True, [])
     entry = None if key is None else app.config.entry_for(key)
+    ceiling = None if key is None else app.config.family_ceiling(key)
     state, rows = _read(app, tx, key, header, entry, take, poll)
-    if family is not None and ceiling is not None:  # [INV-LIM-8] counted under the family's lock, after the endings
-        state = dataclasses.replace(state, family_in_flight=tx.execute(family_in_flight(family.family)).scalar_one())
-    decided = plan(state, Request(key, entry, take, poll, ceiling))
+    if ceiling is not None:  # [INV-LIM-8] the family's in flight, after the endings, under the write lock
+        state = dataclasses.replace(state, family_in_flight=tx.execute(family_in_flight(ceiling[0])).scalar_one())
+    decided = plan(state, Request(key, entry, take, poll, None if ceiling is None else ceiling[1]))
     claimed = _write(tx, key, header, owner, decided, rows, state)
     return Taken(True, claimed, decided.refused)
 
