@@ -56,7 +56,8 @@ def parser(doc: str | None = None, prog: str = "python -m bench") -> argparse.Ar
                    help="a database the bench may own (repeatable; default: a fresh SQLite file)")
     p.add_argument("--all", action="store_true", help="SQLite + the PostgreSQL and MariaDB on this host")
     p.add_argument("--quick", action="store_true", help="smoke sizes, one repetition (< 60 s in all)")
-    p.add_argument("--full", action="store_true", help="include the 10⁶ sizes of B3 and B4, and B8's 10⁴-partition drain and fairness")
+    p.add_argument("--full", action="store_true",
+                   help="include the 10⁶ sizes of B3 and B4, and B8's 10⁴-partition drain and fairness")
     p.add_argument("--only", default=None, help="comma-separated subset of B1,B2,B3,B4,B5,B6,B7,B8")
     p.add_argument("--json", default=None, help="write every measurement to this file")
     p.add_argument("--pgqueuer-python", default=None,
