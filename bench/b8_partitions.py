@@ -70,10 +70,10 @@ from bench.harness import (
 from bench.workloads import LIMITS, PIPELINES, TENANT_FAMILY, TENANT_LIMITS, One, Tenants
 from ductwork.app import App
 from ductwork.config import Config
-from ductwork.db import schema
+from ductwork.db import dialects, schema
 from ductwork.fleet.processes import register
 from ductwork.limits import lanes
-from ductwork.limits.claims import claim, release_and_claim
+from ductwork.limits.claims import ROUTINE, _routine_args, claim, release_and_claim
 from ductwork.limits.executions import Ending
 
 B8_PIPELINES = [*PIPELINES, "bench.workloads:Tenants"]
@@ -304,7 +304,47 @@ def _profile(target: Target, app: App, partitions: int) -> dict[str, Metric]:
     ms = float(total.split(":")[1].split()[0]) if total else None
     out[f"lane scan EXPLAIN ANALYZE execution time, {partitions:,} partitions"] = Metric(
         ms, "ms", note=plan, diagnostic=True)
+    bound = _bound_scan_plan(app)
+    if bound is not None:
+        log(f"B8 profile: the routine's bound scan in a hand-off at {partitions:,} partitions (auto_explain):\n{bound}")
+        duration = next((line for line in bound.splitlines() if line.startswith("duration:")), "")
+        out[f"hand-off's bound scan (auto_explain) duration, {partitions:,} partitions"] = Metric(
+            float(duration.split()[1]) if duration else None, "ms", note=bound, diagnostic=True)
     return out
+
+
+def _bound_scan_plan(app: App) -> str | None:
+    """PostgreSQL: the plan of the routine's bound scan (``release_and_claim_2.postgresql.sql``,
+    INV-LIM-6) in one hand-off, from ``auto_explain`` (nested statements, ANALYZE, sent to
+    this session as notices); rolled back, then the held execution completed as the
+    others are."""
+    process_id = register(app, role="inline", label="bench-b8-profile")
+    held = claim(app, process_id)
+    if held is None:
+        return None
+    notices: list[str] = []
+    try:
+        with app.engine.connect() as conn:
+            driver = conn.connection.driver_connection
+            def handler(diagnostic) -> None:
+                notices.append(diagnostic.message_primary or "")
+
+            driver.add_notice_handler(handler)
+            for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                            "SET auto_explain.log_analyze = on", "SET auto_explain.log_buffers = on",
+                            "SET auto_explain.log_nested_statements = on", "SET auto_explain.log_level = notice"):
+                conn.exec_driver_sql(setting)
+            dialects.call_routine(conn, ROUTINE, _routine_args(app, held.limit_key, process_id,
+                                                                [Ending(held.execution_id)], 1, False))
+            conn.rollback()
+            driver.remove_notice_handler(handler)
+            conn.invalidate()  # the session's auto_explain settings must not return to the pool
+    finally:
+        _complete(app, held.execution_id)
+    plans = [n for n in notices if "ductwork_limit_keys" in n and "LATERAL" in n.upper()]
+    if not plans:
+        plans = [n for n in notices if "ductwork_limit_keys" in n]
+    return max(plans, key=len) if plans else "\n\n".join(notices)
 
 
 # --------------------------------------------------------------------------- 2. drain
@@ -335,9 +375,16 @@ def _batch(app: App, fleet: ProcessFleet, prefix: str, n: int, insert, timeout: 
     used = meter.stop()
     with app.begin() as tx:
         runs_done = list(tx.execute(sa.select(r.c.completed_at).where(mine)).scalars())
+        e = schema.executions
+        held = tx.execute(sa.select(e.c.claimed_at, e.c.completed_at)
+                          .where(e.c.id.like(_prefix_like(prefix, "e")))).all()
     assert len(runs_done) == n, (len(runs_done), n)
+    span = seconds(max(c for _, c in held) - visible)
     return {"runs_per_s": n / seconds(max(runs_done) - visible),
             "runs_per_s_90": 0.9 * n / seconds(percentile_time(runs_done, 0.9) - visible),
+            # executions held (claimed, not yet completed), averaged over the batch: of 5 threads
+            "in_flight": sum(seconds(c - a) for a, c in held) / span if span > 0 else float("nan"),
+            "held_ms": 1000 * statistics.median(seconds(c - a) for a, c in held),
             **per_step(used, n)}
 
 
@@ -376,6 +423,10 @@ def drain(target: Target, app: App, sizes: Sizes) -> dict[str, Metric]:
         out[f"{kind}: CPU per completed step (fleet process tree)"] = Metric.of(
             got[kind]["cpu_ms_per_step"], "ms", diagnostic=True)
         out[f"{kind}: SQL statements per step"] = Metric.of(got[kind]["statements_per_step"], "", diagnostic=True)
+        out[f"{kind}: executions held (claimed, not completed), mean over the batch"] = Metric.of(
+            got[kind]["in_flight"], "", note="the fleet has 5 worker threads", diagnostic=True)
+        out[f"{kind}: claim to completion, median per execution"] = Metric.of(got[kind]["held_ms"], "ms",
+                                                                              diagnostic=True)
     return out
 
 
