@@ -1,6 +1,6 @@
 """Run ductwork's benchmarks and print one table (and optionally JSON).
 
-    python -m bench                                        # SQLite (fresh temp file), B1-B7
+    python -m bench                                        # SQLite (fresh temp file), B1-B8
     python -m bench --all --json bench/results/NAME.json   # SQLite + PostgreSQL + MariaDB on this host
     python -m bench --quick                                # the smoke run: everything sized down (< 60 s)
     python -m bench --only B2,B5 --database-url postgresql://postgres@127.0.0.1:5432/ductwork_bench
@@ -33,11 +33,20 @@ import traceback
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import b1_throughput, b2_limits, b3_claim_cost, b4_expand, b5_blocked_key, b6_keyed, b7_async_steps
+from bench import (
+    b1_throughput,
+    b2_limits,
+    b3_claim_cost,
+    b4_expand,
+    b5_blocked_key,
+    b6_keyed,
+    b7_async_steps,
+    b8_partitions,
+)
 from bench.harness import DEFAULT_SERVERS, Metric, Sizes, Target, git_commit, label, log, machine
 
 MODULES = {"B1": b1_throughput, "B2": b2_limits, "B3": b3_claim_cost, "B4": b4_expand, "B5": b5_blocked_key,
-           "B6": b6_keyed, "B7": b7_async_steps}
+           "B6": b6_keyed, "B7": b7_async_steps, "B8": b8_partitions}
 
 
 def parser(doc: str | None = None, prog: str = "python -m bench") -> argparse.ArgumentParser:
@@ -47,8 +56,9 @@ def parser(doc: str | None = None, prog: str = "python -m bench") -> argparse.Ar
                    help="a database the bench may own (repeatable; default: a fresh SQLite file)")
     p.add_argument("--all", action="store_true", help="SQLite + the PostgreSQL and MariaDB on this host")
     p.add_argument("--quick", action="store_true", help="smoke sizes, one repetition (< 60 s in all)")
-    p.add_argument("--full", action="store_true", help="include the 10⁶ sizes of B3 and B4")
-    p.add_argument("--only", default=None, help="comma-separated subset of B1,B2,B3,B4,B5,B6,B7")
+    p.add_argument("--full", action="store_true",
+                   help="include the 10⁶ sizes of B3 and B4, and B8's 10⁴-partition drain and fairness")
+    p.add_argument("--only", default=None, help="comma-separated subset of B1,B2,B3,B4,B5,B6,B7,B8")
     p.add_argument("--json", default=None, help="write every measurement to this file")
     p.add_argument("--pgqueuer-python", default=None,
                    help="an interpreter with pgqueuer[asyncpg] installed: on PostgreSQL, B1 and B2 also "

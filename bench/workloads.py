@@ -27,6 +27,10 @@ WIDE_KEY = "bench_wide"
 #: its concurrency (B6; pgqueuer's peer registers its entrypoint with the same limit)
 WIDE_LIMIT = 50
 SATURATED_KEY = "bench_saturated"
+#: B8's key family (``Tenants``): not in :data:`LIMITS` or :data:`PIPELINES`, so no other
+#: bench's fleet or lane scan carries it; bench/b8_partitions.py adds both to its own
+TENANT_FAMILY = "bench_tenant"
+TENANT_LIMITS = {TENANT_FAMILY: {"per_partition": {"concurrency": 1}}}
 
 #: ``job_worker.limits`` of every bench fleet (keys nobody references only warn).
 LIMITS = {
@@ -192,6 +196,25 @@ class AsyncNaps(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(AsyncSleep)
+
+
+class TenantNoop(Step):
+    """B8's step: a no-op whose ``tenant`` picks its partition of :data:`TENANT_FAMILY`."""
+
+    def __init__(self, tenant, value=None):
+        self.tenant, self.value = tenant, value
+
+    def execute(self):
+        return None
+
+
+class Tenants(Pipeline):
+    """B8: one no-op step partitioned by its input's ``tenant``
+    (``limit_by=("bench_tenant", "tenant")``, key ``bench_tenant[<tenant>]``)."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(TenantNoop, limit_by=(TENANT_FAMILY, "tenant"))
 
 
 PIPELINES = [f"bench.workloads:{cls.__name__}" for cls in
