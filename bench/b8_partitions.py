@@ -57,9 +57,7 @@ from bench.harness import (
     ProcessFleet,
     Sizes,
     Target,
-    _id,
     _numbers,
-    definition_row,
     insert_pending,
     log,
     per_step,
@@ -112,72 +110,30 @@ def insert_partitioned(app: App, n: int, prefix: str, partitions: int, partition
                        one_run: bool = False) -> None:
     """Insert ``n`` pending ``Tenants`` start steps, the i-th in partition
     ``partition_of(i)`` (a SQL expression of i, from 0 to ``partitions`` − 1), with
-    the header rows of every partition and of the family; in one transaction.
+    the header rows of every partition and of the family; in one transaction
+    (``harness.insert_pending`` with the key and input of each step's partition).
 
     ``one_run``: one run and branch hold every step (node names made unique), as
     ``insert_pending(one_run=True)``: for claim benches whose jobs are never run.
     Ids sort in i order, every eligible time is the same: the poll order is i's.
     """
-    name, snapshot, sha1 = definition_row(Tenants)
-    definition = Tenants.definition
-    node = definition.nodes[definition.start]
     k = schema.limit_keys
-    with app.begin() as tx:
-        now = tx.now
+
+    def key_rows(tx, now) -> None:  # the family's row, then every partition's not written yet
         t = sa.literal(now, schema.Timestamp)
-        existing = set(tx.execute(sa.select(k.c.key).where(k.c.key == TENANT_FAMILY)).scalars())
-        if not existing:
+        if tx.execute(sa.select(k.c.key).where(k.c.key == TENANT_FAMILY)).first() is None:
             tx.execute(k.insert().values(key=TENANT_FAMILY, seq=0, created_at=now, updated_at=now))
         pnums, p = _numbers(partitions)
         tx.execute(k.insert().from_select(
             ["key", "seq", "created_at", "updated_at"],
             sa.select(_key(p), sa.literal_column("0"), t, t).select_from(pnums)
             .where(_key(p).not_in(sa.select(k.c.key)))))
-        nums, i = _numbers(n)
+
+    def keyed(i):
         part = partition_of(i)
-        run_id, branch_id = _id(prefix + "r", i), _id(prefix + "b", i)
-        if one_run:
-            run_id = sa.literal(f"00000000-{prefix}r-one", sa.String)
-            branch_id = sa.literal(f"00000000-{prefix}b-one", sa.String)
-            tx.execute(schema.runs.insert().values(
-                id=f"00000000-{prefix}r-one", pipeline_klass=name, definition=snapshot, definition_sha1=sha1,
-                status="in_progress", triggered_at=now, created_at=now, updated_at=now))
-            tx.execute(schema.branches.insert().values(
-                id=f"00000000-{prefix}b-one", run_id=f"00000000-{prefix}r-one", status="in_progress",
-                last_advanced_at=now, started_at=now, fanin_arrivals=0, created_at=now, updated_at=now))
-            node_name = sa.literal(definition.start + ".", sa.String) + sa.cast(i, sa.String)
-        else:
-            r, b = schema.runs, schema.branches
-            tx.execute(r.insert().from_select(
-                ["id", "pipeline_klass", "definition", "definition_sha1", "status", "triggered_at",
-                 "created_at", "updated_at"],
-                sa.select(run_id, sa.literal(name, sa.String), sa.literal(snapshot, sa.Text),
-                          sa.literal(sha1, sa.String), sa.literal("in_progress", sa.String), t, t, t)
-                .select_from(nums)))
-            tx.execute(b.insert().from_select(
-                ["id", "run_id", "status", "last_advanced_at", "started_at", "fanin_arrivals",
-                 "created_at", "updated_at"],
-                sa.select(branch_id, run_id, sa.literal("in_progress", sa.String), t, t,
-                          sa.literal_column("0"), t, t).select_from(nums)))
-            node_name = sa.literal(definition.start, sa.String)
-        step_id, execution_id = _id(prefix + "s", i), _id(prefix + "e", i)
-        input_json = sa.literal("[", sa.String) + sa.cast(part, sa.String) + sa.literal("]", sa.String)
-        s, e = schema.steps, schema.executions
-        tx.execute(s.insert().from_select(
-            ["id", "run_id", "branch_id", "node", "klass", "to_transition", "status", "limit_key",
-             "timeout_us", "input_args", "started_at", "created_at", "updated_at"],
-            sa.select(step_id, run_id, branch_id, node_name, sa.literal(node.klass, sa.String),
-                      sa.literal("start", sa.String), sa.literal("in_progress", sa.String),
-                      _key(part), sa.literal(node.timeout_us, sa.BigInteger), input_json, t, t, t)
-            .select_from(nums)))
-        tx.execute(e.insert().from_select(
-            ["id", "step_id", "limit_key", "eligible_at", "retry_count", "crash_count", "created_at",
-             "updated_at"],
-            sa.select(execution_id, step_id, _key(part), t, sa.literal_column("0"),
-                      sa.literal_column("0"), t, t).select_from(nums)))
-        if hasattr(tx, "wake"):
-            tx.wake()
-    app._definitions.setdefault(sha1, definition)
+        return _key(part), sa.literal("[", sa.String) + sa.cast(part, sa.String) + sa.literal("]", sa.String)
+
+    insert_pending(app, Tenants, n, prefix, one_run=one_run, keyed=keyed, before=key_rows)
 
 
 def round_robin(partitions: int):

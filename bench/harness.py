@@ -62,6 +62,7 @@ import yaml
 from ductwork.app import App
 from ductwork.config import Config
 from ductwork.db import dialects, engines, migrate, schema
+from ductwork.db.database import Tx
 from ductwork.fleet import tree
 from ductwork.limits.executions import ensure_keys
 
@@ -308,13 +309,17 @@ def definition_row(pipeline: type) -> tuple[str, str, str]:
 
 
 def insert_pending(app: App, pipeline: type, n: int, prefix: str, *, one_run: bool = False,
-                   input_json: str = "[0]") -> datetime:
+                   input_json: str = "[0]", keyed: Callable[[Any], tuple[Any, Any]] | None = None,
+                   before: Callable[[Tx, datetime], None] | None = None) -> datetime:
     """Insert ``n`` pending start steps of ``pipeline`` in one transaction; returns its time.
 
     ``one_run=False``: n runs, each with its start branch, step, job and pending
     execution: what n ``trigger`` calls write. ``one_run=True``: one run and one branch
     holding n steps (node names made unique): only for claim-cost benchmarks whose
-    jobs are never executed or advanced (it spares 10⁶ snapshot texts).
+    jobs are never executed or advanced (it spares 10⁶ snapshot texts). ``keyed``: the
+    i-th step's key and input as SQL expressions of i (a partitioned start step's:
+    B8), in place of the start node's static key and ``input_json``; ``before`` runs
+    first in the transaction (B8 writes its partitions' key rows there).
     """
     name, snapshot, sha1 = definition_row(pipeline)
     definition = pipeline.definition
@@ -322,6 +327,8 @@ def insert_pending(app: App, pipeline: type, n: int, prefix: str, *, one_run: bo
     key = node.limit_by
     with app.begin() as tx:
         now = tx.now
+        if before is not None:
+            before(tx, now)
         nums, i = _numbers(n)
         t = sa.literal(now, schema.Timestamp)
         run_id = _id(prefix + "r", i)
@@ -353,19 +360,19 @@ def insert_pending(app: App, pipeline: type, n: int, prefix: str, *, one_run: bo
         step_id, execution_id = _id(prefix + "s", i), _id(prefix + "e", i)
         if key:
             ensure_keys(tx, {key})
+        key_sql, input_sql = keyed(i) if keyed else (sa.literal(key, sa.String), sa.literal(input_json, sa.Text))
         s, e = schema.steps, schema.executions
         tx.execute(s.insert().from_select(
             ["id", "run_id", "branch_id", "node", "klass", "to_transition", "status", "limit_key",
              "timeout_us", "input_args", "started_at", "created_at", "updated_at"],
             sa.select(step_id, run_id, branch_id, node_name, sa.literal(node.klass, sa.String),
                       sa.literal("start", sa.String), sa.literal("in_progress", sa.String),
-                      sa.literal(key, sa.String), sa.literal(node.timeout_us, sa.BigInteger),
-                      sa.literal(input_json, sa.Text), t, t, t)
+                      key_sql, sa.literal(node.timeout_us, sa.BigInteger), input_sql, t, t, t)
             .select_from(nums)))
         tx.execute(e.insert().from_select(
             ["id", "step_id", "limit_key", "eligible_at", "retry_count", "crash_count", "created_at",
              "updated_at"],
-            sa.select(execution_id, step_id, sa.literal(key, sa.String), t, sa.literal_column("0"),
+            sa.select(execution_id, step_id, key_sql, t, sa.literal_column("0"),
                       sa.literal_column("0"), t, t).select_from(nums)))
         if hasattr(tx, "wake"):  # as trigger does: wake idle workers once this commits
             tx.wake()
