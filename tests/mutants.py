@@ -204,6 +204,18 @@ MUTANTS: dict[str, Mutant] = {
          ("CONCAT(c.k, '[')) < c.f)", "CONCAT(c.k, '[')) < c.f OR TRUE)  -- mutant")),
     ),
     # -- the lane routine on SQLite (Python, limits/claims.py::_in_python and limits/plan.py)
+    "no_family_lock": Mutant(
+        "the lane routine reads a partition's family's header row without locking it (PostgreSQL) [INV-LIM-8]",
+        "the family's row lock, before the partition's [INV-LIM-8]",
+        (("PERFORM 1 FROM ductwork_limit_keys k WHERE k.key = p_family FOR UPDATE;",
+          "PERFORM 1 FROM ductwork_limit_keys k WHERE k.key = p_family;  -- mutant: no lock"),),
+    ),
+    "no_family_lock_mysql": Mutant(
+        "the lane routine reads a partition's family's header row without locking it (MySQL-family) [INV-LIM-8]",
+        "the family's row lock, before the partition's [INV-LIM-8]",
+        (("FROM ductwork_limit_keys k WHERE k.`key` = p_family FOR UPDATE;",
+          "FROM ductwork_limit_keys k WHERE k.`key` = p_family;  -- mutant: no lock"),),
+    ),
     "family_ceiling_ignored": Mutant(
         "a partition's claims are admitted, and its lane tried, with its family at its ceiling (the Python "
         "path: the plan's decision and batch, the lane scan) [INV-LIM-8]",

@@ -247,8 +247,9 @@ def _stop_leftovers(engine: sa.Engine) -> None:
             conn.exec_driver_sql(f"KILL {int(thread)}")
 
 
-def run(backend: str) -> tuple[int, int, list[Variant]]:
-    """Every variant of ``backend`` against the check: (killed, invalid, survivors)."""
+def run(backend: str, tag: str | None = None) -> tuple[int, int, list[Variant]]:
+    """Every variant of ``backend`` against the check (only those of lines whose comment
+    names ``tag``, when given): (killed, invalid, survivors)."""
     from tests.conftest import migrated
     from tests.databases import fresh_database, provide
 
@@ -265,6 +266,8 @@ def run(backend: str) -> tuple[int, int, list[Variant]]:
     survivors = []
     try:
         for variant in variants(backend):
+            if tag is not None and tag not in variant.before:
+                continue
             text = "\n".join([*lines[:variant.line - 1], variant.after, *lines[variant.line:]])
             try:
                 install(engine, backend, text)
@@ -288,17 +291,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.sql_mutation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", choices=sorted(BACKENDS), action="append")
     parser.add_argument("--list", action="store_true", help="print the variants, run nothing")
+    parser.add_argument("--tag", help="only the variants of lines whose comment names TAG (e.g. INV-LIM-8)")
     args = parser.parse_args(argv)
     backends = args.db or sorted(BACKENDS)
     if args.list:
         for backend in backends:
             for variant in variants(backend):
-                print(variant.label())
+                if args.tag is None or args.tag in variant.before:
+                    print(variant.label())
         return 0
     status = 0
     for backend in backends:
         started = time.monotonic()
-        kills, invalid, survivors = run(backend)
+        kills, invalid, survivors = run(backend, args.tag)
         argued = [v for v in survivors if (v.backend, v.before.strip(), v.after.strip()) in ARGUED]
         left = [v for v in survivors if v not in argued]
         print(f"{backend}: {kills + len(survivors)} variants, {kills} killed, {len(argued)} argued, "

@@ -13,7 +13,8 @@ Checks: INV-LIM-1 (claims on a key serialise on its lock: of N racing claimers
 under ``concurrency: 1`` exactly one is admitted), INV-CLK-1 (a claim's time, and a
 keyed group commit's release time, is read after the lock, so a key's claim and
 release times follow its sequence), INV-PRN-1 (a prune re-checks its batch under the
-row locks), INV-HLT-1 and INV-HLT-2 (a hook crashed once by two racing sweeps).
+row locks), INV-HLT-1 and INV-HLT-2 (a hook crashed once by two racing sweeps), INV-LIM-8
+(claims in a family's partitions serialise on the family's lock).
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ class PairPipeline(Pipeline):
         p.start(Echo, limit_by="pair")
 
 
+class TenantPipeline(Pipeline):
+    """A step in partition ``fam[<value>]`` of a family of ceiling 1 (each partition 1 too)."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Echo, limit_by=("fam", "value"))
+
+
 def lock_waiters(app) -> int:
     """Claims of this database waiting for a lock right now (the key's: its holder sits idle
     in its transaction, so a claim still executing the routine waits)."""
@@ -73,7 +82,8 @@ def server_view(app) -> list:
 def race_app(db_url, tmp_path, monkeypatch):
     from ductwork.app import set_default_app
 
-    app = make_app(db_url, job_worker={"limits": {"solo": {"concurrency": 1}, "pair": {"concurrency": 2}}})
+    app = make_app(db_url, job_worker={"limits": {"solo": {"concurrency": 1}, "pair": {"concurrency": 2},
+                                                  "fam": {"per_partition": {"concurrency": 1}, "concurrency": 1}}})
     reset_tables(app.engine)
     set_default_app(app)
     monkeypatch.setenv("DUCTWORK_FAULT_RELEASE", str(tmp_path / "release"))
@@ -133,6 +143,24 @@ def test_racing_claims_on_a_key_serialise_on_its_lock(race_app):
     with app.begin() as tx:
         assert tx.execute(sa.select(sa.func.count()).where(
             schema.executions.c.inflight_key == "solo")).scalar_one() == 1
+
+
+def test_racing_claims_in_the_partitions_of_a_family_serialise_on_its_lock(race_app):
+    """One claimer holds a claim of partition ``fam[0]`` uncommitted (its newest lane, so no
+    other claimer tries it first and waits on its row instead); the others poll, each finding
+    an older partition free (its own concurrency 1 admits) but the family's lock held: they
+    wait for it, then count the family at its ceiling of 1. Without the family's lock each
+    would count the family empty (the claim is not committed) and claim a partition
+    [INV-LIM-8]."""
+    app, _ = race_app
+    for i in [*range(1, RACERS), 0]:
+        TenantPipeline.trigger(i)
+    observe = app.backend != "sqlite"  # SQLite: the claimers queue for the database write lock
+    results = race_claims(app, 'fam[0]', RACERS, observe_waiters=observe)
+    assert sum(r is not None for r in results) == 1  # [INV-LIM-8] the family's ceiling, 1
+    with app.begin() as tx:
+        assert tx.execute(sa.select(sa.func.count()).where(
+            schema.executions.c.inflight_key.like("fam[%"))).scalar_one() == 1
 
 
 @needs("key_lock_after_begin")

@@ -50,6 +50,8 @@ GRANDCHILDREN = ("tests/integration/test_process_trees.py::"
                  "test_a_killed_runners_grandchildren_are_killed_by_its_supervisor")
 HOOK_CONFORMANCE = ("tests/properties/test_conformance_pipelines.py::"
                     "test_engine_hooks_end_where_the_model_hooks_end[sqlite]")
+FAMILY_RACE = ("tests/integration/test_lock_races.py::"
+               "test_racing_claims_in_the_partitions_of_a_family_serialise_on_its_lock")
 FAMILY_CEILING = ("tests/integration/test_key_families.py::"
                   "test_a_familys_ceiling_bounds_polls_batches_and_hand_offs_over_all_its_partitions")
 DETECTORS = {
@@ -66,6 +68,8 @@ DETECTORS = {
     "count_outside_lock": RACE,
     "no_key_lock": RACE,
     "no_key_lock_mysql": RACE.replace("[postgresql]", "[mysql]"),
+    "no_family_lock": FAMILY_RACE + "[postgresql]",
+    "no_family_lock_mysql": FAMILY_RACE + "[mysql]",
     **dict.fromkeys(("clock_before_lock", "clock_before_lock_mysql"), ROUTINE_ORDER),
     **{name: REFINEMENT + ("[mysql]" if name.endswith("_mysql") else "[postgresql]") for name in (
         "routine_ceiling_off_by_one", "routine_ceiling_off_by_one_mysql", "routine_spend_twice",
