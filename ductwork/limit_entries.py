@@ -335,7 +335,7 @@ def _parse_family(family: object, raw: Mapping[str, object], path: str) -> Famil
                        concurrency)
 
 
-def family_of_key(key: str, families: Mapping[str, FamilyEntry]) -> str | None:
+def family_of_key(key: str, families: Mapping[str, object]) -> str | None:
     """The family ``key`` is a partition of (it begins with the family's name and ``[``),
     among ``families``; None: a static key (or a family's own name)."""
     family, bracket, _ = key.partition("[")

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import IO, Any
 
 from ductwork.config import FORMATS, LEVELS, Config
-from ductwork.limit_entries import FamilyEntry
+from ductwork.limit_entries import LimitEntry
 
 TEXT_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 #: third-party loggers held at WARNING unless the level is DEBUG (Alembic logs its
@@ -138,23 +138,20 @@ def start_lines(config: Config, database: str, pipelines: list[str], role: str, 
         processes.append(f"{workers} worker process{'es' if workers > 1 else ''} with "
                          f"{config.job_worker.count} threads each")
     lines.append(f"processes: {', '.join(processes)}")
-    keys = []
-    for key, entry in sorted(config.limits.items()):
-        parts = [f"concurrency {entry.concurrency}"] if entry.concurrency is not None else []
-        if entry.rates:
-            parts.append("rate " + ", ".join(f"{r.limit} per {r.per_s}s (burst {r.burst})" for r in entry.rates))
-        keys.append(f"{key}: {', '.join(parts)}")
-    keys += [_family_line(family, f) for family, f in sorted(config.families.items())]
+    keys = [f"{key}: {_entry_text(entry)}" for key, entry in sorted(config.limits.items())]
+    keys += [f"{family}[…]: each partition {_entry_text(f.per_partition)}"
+             + (f", {f.concurrency} over the family" if f.concurrency is not None else "")
+             for family, f in sorted(config.families.items())]
     lines.append(f"limit keys ({len(keys)}): {'; '.join(keys)}" if keys else "limit keys: none")
     return lines
 
 
-def _family_line(family: str, entry: FamilyEntry) -> str:
-    each = entry.per_partition
-    parts = [f"concurrency {each.concurrency}"] if each.concurrency is not None else []
-    parts += [f"rate {r.limit} per {r.per_s}s (burst {r.burst})" for r in each.rates]
-    ceiling = f", {entry.concurrency} over the family" if entry.concurrency is not None else ""
-    return f"{family}[…]: each partition {', '.join(parts)}{ceiling}"
+def _entry_text(entry: LimitEntry) -> str:
+    """A key's entry (a family's ``per_partition``) as the start lines say it."""
+    parts = [f"concurrency {entry.concurrency}"] if entry.concurrency is not None else []
+    if entry.rates:
+        parts.append("rate " + ", ".join(f"{r.limit} per {r.per_s}s (burst {r.burst})" for r in entry.rates))
+    return ", ".join(parts)
 
 
 def emit(logger: logging.Logger, level: int, message: str, context: dict[str, Any],

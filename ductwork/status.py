@@ -30,6 +30,7 @@ from ductwork.db import schema
 from ductwork.db.clock import to_us
 from ductwork.fleet.processes import host_name
 from ductwork.fleet.reaper import proven_dead
+from ductwork.limit_entries import family_of_key
 from ductwork.limits import buckets
 
 if TYPE_CHECKING:
@@ -264,9 +265,9 @@ def _limit_key_lines(status: Status) -> list[str]:
     partitions: dict[str, list[KeyStatus]] = {family: [] for family in status.families}
     static: list[KeyStatus] = []
     for key in status.keys:
-        family, bracket, _ = key.key.partition("[")
         if key.key not in status.families:  # (a family's own row is its partitions' lock, not a key)
-            (partitions[family] if bracket and family in partitions else static).append(key)
+            family = family_of_key(key.key, status.families)
+            (static if family is None else partitions[family]).append(key)
     if not static and not status.families:
         lines.append("  (none)")
     for key in static:

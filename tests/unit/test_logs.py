@@ -150,6 +150,12 @@ def test_start_lines_say_what_runs_where_with_which_limits():
         "limit keys (2): mail: concurrency 1; vendor_api: concurrency 5, rate 1 per 1s (burst 1), "
         "2000 per 3600s (burst 50)",
     ]
+    families = config_from_mapping({"default": {"job_worker": {"limits": {
+        "mail": {"concurrency": 1}, "api": {"per_partition": {"rate": {"limit": 10, "per": "1s"}}, "concurrency": 50},
+        "ftp": {"per_partition": {"concurrency": 2}}}}}})
+    assert logs.start_lines(families, "sqlite:///x", [], "all")[-1] == (
+        "limit keys (3): mail: concurrency 1; api[…]: each partition rate 10 per 1s (burst 10), 50 over the "
+        "family; ftp[…]: each partition concurrency 2")
     assert logs.start_lines(Config(), "sqlite:///x", [], "advancer")[1:] == [
         "pipelines: none listed", "processes: 1 advancer process with 3 threads", "limit keys: none"]
     assert logs.start_lines(Config(), "sqlite:///x", [], "worker")[2] == (
