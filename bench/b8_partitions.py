@@ -38,8 +38,8 @@ the family's) written beside them, as ``enqueue`` would.
   finish first (the big one, concurrency 1, can only go one at a time).
 
 Profile (PostgreSQL only, at the largest size of the claim bench): ``EXPLAIN (ANALYZE,
-BUFFERS)`` of the lane scan's statement, and the key rows a poll reads (every row of
-``ductwork_limit_keys``); printed to stderr and kept in the JSON as metric notes.
+BUFFERS)`` of the lane scan's first page, and the routine's bound walk in a hand-off
+(auto_explain); printed to stderr and kept in the JSON as metric notes.
 """
 
 from __future__ import annotations
@@ -240,19 +240,17 @@ def claim_latency(target: Target, app: App, sizes: Sizes) -> dict[str, Metric]:
 
 
 def _profile(target: Target, app: App, partitions: int) -> dict[str, Metric]:
-    """The key rows a poll reads, and (PostgreSQL) the lane scan's EXPLAIN ANALYZE."""
-    k = schema.limit_keys
-    with app.begin() as tx:
-        key_rows = tx.execute(sa.select(sa.func.count()).select_from(k)).scalar_one()
-    out = {f"key rows read per lane scan, {partitions:,} partitions": Metric(
-        key_rows, "rows", note="every row of ductwork_limit_keys: the partitions and the family's", diagnostic=True)}
+    """(PostgreSQL) the EXPLAIN ANALYZE of the lane scan's first page (``lanes.scan_lanes``:
+    the pending executions in poll order, with their keys' rows), and the routine's bound."""
+    out: dict[str, Metric] = {}
     if target.kind != "postgresql":
         return out
-    statement = lanes._scan_statement(tuple(app.config.limits.items()), tuple(app.config.families.items()))
+    statement = lanes._walk_statement()
     with app.engine.connect() as conn:
-        compiled = statement.compile(dialect=conn.dialect)
         now = conn.exec_driver_sql("select (now() at time zone 'utc')").scalar_one()
-        params = {**compiled.params, "scan_now": now}
+        compiled = statement.compile(dialect=conn.dialect)
+        expanded = compiled.construct_expanded_state({"w_upto": now, "w_passed": []})
+        compiled, params = expanded.statement, expanded.parameters
         plan = "\n".join(row[0] for row in conn.exec_driver_sql(
             "EXPLAIN (ANALYZE, BUFFERS) " + str(compiled), params))
         conn.rollback()
@@ -271,7 +269,7 @@ def _profile(target: Target, app: App, partitions: int) -> dict[str, Metric]:
 
 
 def _bound_scan_plan(app: App) -> str | None:
-    """PostgreSQL: the plan of the routine's bound scan (``release_and_claim_2.postgresql.sql``,
+    """PostgreSQL: the plan of the routine's bound scan (``release_and_claim_3.postgresql.sql``,
     INV-LIM-6) in one hand-off, from ``auto_explain`` (nested statements, ANALYZE, sent to
     this session as notices); rolled back, then the held execution completed as the
     others are."""
@@ -298,9 +296,7 @@ def _bound_scan_plan(app: App) -> str | None:
             conn.invalidate()  # the session's auto_explain settings must not return to the pool
     finally:
         _complete(app, held.execution_id)
-    plans = [n for n in notices if "ductwork_limit_keys" in n and "LATERAL" in n.upper()]
-    if not plans:
-        plans = [n for n in notices if "ductwork_limit_keys" in n]
+    plans = [n for n in notices if "claimed_at IS NULL" in n]  # the walk's probes
     return max(plans, key=len) if plans else "\n\n".join(notices)
 
 

@@ -160,6 +160,31 @@ MUTANTS: dict[str, Mutant] = {
           "           AND e.eligible_at <= v_now  -- eligible: delays and back-off have passed\n"
           "         ORDER BY e.eligible_at DESC, e.id DESC"),),
     ),
+    "routine_walk_passes_no_lane": Mutant(
+        "the routine's bound walk takes any other lane's oldest, a saturated or rate-blocked one's "
+        "too, so a hand-off yields to a lane no poll would try (PostgreSQL) [INV-LIM-6]",
+        "the bound is a lane a poll would try [INV-LIM-6]",
+        (("                         OR (v_walk_at, v_walk_id) > (v_ats[cardinality(v_ats)], v_ids[cardinality(v_ids)]);"
+          "  -- none older\n"
+          "                    IF v_walk_lane = '' OR EXISTS (  -- the unkeyed lane, or a key that may admit now",
+          "                         OR (v_walk_at, v_walk_id) > (v_ats[cardinality(v_ats)], v_ids[cardinality(v_ids)]);\n"
+          "                    IF TRUE OR EXISTS (  -- mutant: every lane may admit"),),
+    ),
+    "routine_walk_passes_no_lane_mysql": Mutant(
+        "the routine's bound walk takes any other lane's oldest, a saturated or rate-blocked one's "
+        "too, so a hand-off yields to a lane no poll would try (MySQL-family) [INV-LIM-6]",
+        "the bound is a lane a poll would try [INV-LIM-6]",
+        (("                    END IF;\n"
+          "                    IF v_walk_lane = '' OR EXISTS (  -- the unkeyed lane, or a key that may admit now",
+          "                    END IF;\n"
+          "                    IF TRUE OR EXISTS (  -- mutant: every lane may admit"),),
+    ),
+    "walk_stops_at_the_first_page": Mutant(
+        "the lane scan reads one page of the pending executions and stops, so a lane whose oldest "
+        "is behind a page of another lane's is never tried [INV-LIM-6]",
+        "the lane scan walks on until it has its lanes [INV-LIM-6]",
+        (("        if len(rows) < WALK_PAGE:", "        if True:  # mutant: one page only"),),
+    ),
     "routine_state_guard_dropped": Mutant(
         "the routine ends an execution that already ended (PostgreSQL) [INV-EXE-2]",
         "the routine's guard: still open [INV-EXE-2]",
@@ -279,8 +304,8 @@ MUTANTS: dict[str, Mutant] = {
     "unkeyed_first": Mutant(
         "the lane scan puts the unkeyed lane before older keyed lanes [INV-LIM-6]",
         "oldest lane first [INV-LIM-6]",
-        (("lanes.sort()  # [INV-LIM-6] oldest lane first, unkeyed among them",
-          "lanes.sort(key=lambda lane: (lane.key != UNKEYED, lane))  # mutant: unkeyed first"),),
+        ((".order_by(page.c.eligible_at, page.c.id))  # [INV-LIM-6] oldest lane first, unkeyed among them",
+          ".order_by(page.c.lane != UNKEYED, page.c.eligible_at, page.c.id))  # mutant: unkeyed first"),),
     ),
     "hand_off_any_lane": Mutant(
         "a hand-off (keyed or unkeyed) claims its lane's next execution even when an older lane "

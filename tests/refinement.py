@@ -51,6 +51,8 @@ from tests.factories import make_executions, make_run
 
 T0_US = to_us(datetime(2026, 1, 1))
 KEY, OTHER = "k", "o"
+#: a third static key: the lane the bound's walk finds past ``OTHER`` when the routine's is unkeyed
+THIRD = "t"
 #: a family case's family (docs/semantics.md §5.1), and ``KEY`` and ``OTHER`` as its partitions;
 #: ``SIBLING``: a third partition, holding only executions in flight
 FAMILY = "f"
@@ -301,6 +303,7 @@ def exhaustive() -> Iterator[Case]:
     yield from _unstamped()
     yield from _families()
     yield from _family_lanes()
+    yield from _walks()
 
 
 def _decisions() -> Iterator[Case]:
@@ -398,6 +401,25 @@ def _delays() -> Iterator[Case]:
         rows = (Row(lane, 11), Row(lane, 10), Row(other, 11))
         yield Case({KEY: {"concurrency": 3}, OTHER: {"concurrency": 3}}, rows, lane, (), take, poll, 10,
                    {KEY: (0, "same", None)})
+
+
+def _walks() -> Iterator[Case]:
+    """The bound's walk past a lane a poll would not try: ``OTHER``, with executions older
+    than the routine's lane's (two in most layouts: the walk meets a lane it passed already),
+    saturated or stamped rate-blocked until after now, then a third lane (the unkeyed one,
+    or ``THIRD`` for the unkeyed lane's routine) before, between or after the routine's
+    executions, or none; take 1 or 3, a poll or a hand-off [INV-LIM-6]."""
+    # the places of the routine's lane (0), OTHER (1) and the third lane (2), in time order
+    layouts = ((1, 1, 2, 0, 0), (1, 2, 1, 0, 0), (1, 0, 1, 2, 0), (1, 0, 2, 0, 1), (2, 1, 0, 1, 0),
+               (1, 1, 0, 0, 2), (1, 0, 1, 0))
+    blocked = (({OTHER: (0, "same", None)}, 1), ({OTHER: (0, "same", 50)}, 0))  # saturated; stamped to 50
+    for lane, (headers, saturated), layout, take, poll in itertools.product(
+            (KEY, None), blocked, layouts, (1, 3), (True, False)):
+        names = {0: lane, 1: OTHER, 2: None if lane == KEY else THIRD}
+        rows = [Row(names[slot], 5 * i) for i, slot in enumerate(layout)] + [Row(OTHER, 0, "theirs")] * saturated
+        limits = {KEY: {"concurrency": 3}, OTHER: {"concurrency": 1}, THIRD: {"concurrency": 3}}
+        yield Case(limits, tuple(rows), lane, (), take, poll, 20,
+                   {KEY: (0, "same", None), THIRD: (0, "same", None), **headers})
 
 
 # --------------------------------------------------------------------------- key families (semantics §5.1)

@@ -4,7 +4,7 @@
     python -m tests.sql_mutation --db postgresql       # one
     python -m tests.sql_mutation --list --db mysql     # the variants, not run
 
-The lane routine (``ductwork/limits/sql/release_and_claim_2.*.sql``) computes in SQL what
+The lane routine (``ductwork/limits/sql/release_and_claim_3.*.sql``) computes in SQL what
 ``ductwork.limits.plan.plan`` specifies; ``tests/refinement.py`` checks that it does, state
 by state. This generates variants of each backend's SQL, one change each, and expects the
 check over the bounded domain (``refinement.exhaustive``) to find a state where the variant
@@ -39,7 +39,7 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,7 +165,7 @@ def variants(backend: str) -> Iterator[Variant]:
 
 
 def _variants(backend: str) -> Iterator[Variant]:
-    lines = (SOURCE / f"release_and_claim_2.{backend}.sql").read_text().splitlines()
+    lines = (SOURCE / f"release_and_claim_3.{backend}.sql").read_text().splitlines()
     for number, line in enumerate(lines, start=1):
         code, comment = _code(line)
         if not code.strip() or code.lstrip().upper().startswith(("CREATE ", "DECLARE ", "RETURNS ", "IN ", "OUT ")):
@@ -209,11 +209,11 @@ def install(engine: sa.Engine, backend: str, text: str) -> None:
     PROCEDURE)."""
     with engine.begin() as conn:
         if backend == "postgresql":
-            conn.exec_driver_sql("DROP FUNCTION IF EXISTS ductwork_release_and_claim_2")
-            conn.exec_driver_sql("DROP FUNCTION IF EXISTS ductwork_decide_2")
+            conn.exec_driver_sql("DROP FUNCTION IF EXISTS ductwork_release_and_claim_3")
+            conn.exec_driver_sql("DROP FUNCTION IF EXISTS ductwork_decide_3")
         else:
-            conn.exec_driver_sql("DROP PROCEDURE IF EXISTS ductwork_release_and_claim_2")
-            conn.exec_driver_sql("DROP PROCEDURE IF EXISTS ductwork_decide_2")
+            conn.exec_driver_sql("DROP PROCEDURE IF EXISTS ductwork_release_and_claim_3")
+            conn.exec_driver_sql("DROP PROCEDURE IF EXISTS ductwork_decide_3")
         dialects.install_routine(conn, text)
 
 
@@ -247,9 +247,9 @@ def _stop_leftovers(engine: sa.Engine) -> None:
             conn.exec_driver_sql(f"KILL {int(thread)}")
 
 
-def run(backend: str, tag: str | None = None) -> tuple[int, int, list[Variant]]:
-    """Every variant of ``backend`` against the check (only those of lines whose comment
-    names ``tag``, when given): (killed, invalid, survivors)."""
+def run(backend: str, chosen: Callable[[Variant], bool] = lambda _: True) -> tuple[int, int, list[Variant]]:
+    """Every variant of ``backend`` against the check (only those ``chosen``): (killed,
+    invalid, survivors)."""
     from tests.conftest import migrated
     from tests.databases import fresh_database, provide
 
@@ -259,14 +259,14 @@ def run(backend: str, tag: str | None = None) -> tuple[int, int, list[Variant]]:
     url = fresh_database(server, SCRATCH)
     migrated(url)
     engine = engines.create_engine(url)
-    source = (SOURCE / f"release_and_claim_2.{backend}.sql").read_text()
+    source = (SOURCE / f"release_and_claim_3.{backend}.sql").read_text()
     world = World.make(url, engine)
     lines = source.splitlines()
     kills = invalid = 0
     survivors = []
     try:
         for variant in variants(backend):
-            if tag is not None and tag not in variant.before:
+            if not chosen(variant):
                 continue
             text = "\n".join([*lines[:variant.line - 1], variant.after, *lines[variant.line:]])
             try:
@@ -292,18 +292,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", choices=sorted(BACKENDS), action="append")
     parser.add_argument("--list", action="store_true", help="print the variants, run nothing")
     parser.add_argument("--tag", help="only the variants of lines whose comment names TAG (e.g. INV-LIM-8)")
+    parser.add_argument("--lines", help="only the variants of the lines FIRST-LAST of each backend's file, "
+                        "for one backend (e.g. 240-262: a block just changed)")
     args = parser.parse_args(argv)
+    first, last = (int(n) for n in args.lines.split("-")) if args.lines else (1, sys.maxsize)
+
+    def chosen(variant: Variant) -> bool:
+        return (args.tag is None or args.tag in variant.before) and first <= variant.line <= last
     backends = args.db or sorted(BACKENDS)
     if args.list:
         for backend in backends:
             for variant in variants(backend):
-                if args.tag is None or args.tag in variant.before:
+                if chosen(variant):
                     print(variant.label())
         return 0
     status = 0
     for backend in backends:
         started = time.monotonic()
-        kills, invalid, survivors = run(backend, args.tag)
+        kills, invalid, survivors = run(backend, chosen)
         argued = [v for v in survivors if (v.backend, v.before.strip(), v.after.strip()) in ARGUED]
         left = [v for v in survivors if v not in argued]
         print(f"{backend}: {kills + len(survivors)} variants, {kills} killed, {len(argued)} argued, "

@@ -103,6 +103,22 @@ def _unique_where_not_null(name: str, *columns: str, nullable: str) -> tuple[sa.
             sa.Index(name, *columns, unique=True, postgresql_where=_not_null(nullable)).ddl_if(dialect="postgresql"))
 
 
+def _pending_order() -> tuple[sa.Index, sa.Index]:
+    """The pending executions in poll order (eligible time, then id), read from the oldest by
+    the lane scan and the routine's bound (revision 0014). On PostgreSQL and SQLite a partial
+    index of the pending rows; on MySQL/MariaDB, which has no partial indexes, the pending rows
+    (``claimed_at`` NULL) lead the index and come in the same order after it. Differs because
+    PostgreSQL serves an order from an index's later columns only after an equality on the
+    earlier ones, and takes ``claimed_at IS NULL`` for none (it sorted every pending row);
+    MariaDB does for ``IS NULL``. The name is the same: the statements are."""
+    pending = sa.text("claimed_at IS NULL")
+    # (a tuple of dialect names is documented by SQLAlchemy; its stubs say str only)
+    return (sa.Index("ix_execution_pending_order", "eligible_at", "id", postgresql_where=pending,
+                     sqlite_where=pending).ddl_if(dialect=("postgresql", "sqlite")),  # type: ignore[arg-type]
+            sa.Index("ix_execution_pending_order", "claimed_at", "eligible_at", "id")
+            .ddl_if(dialect=("mysql", "mariadb")))  # type: ignore[arg-type]
+
+
 #: tables whose rows are updated a few times each right after their insert (revision 0006):
 #: on PostgreSQL each page keeps a fifth free, so an update's new row version fits on its
 #: page (HOT where no indexed column changes; else no lock record for moving the row)
@@ -273,6 +289,7 @@ executions = sa.Table(
     # [INV-LIM-6] the oldest eligible execution of a lane is an index probe, not a scan
     sa.Index("ix_execution_pending_lane", "pending_lane", "eligible_at", "id",
              postgresql_where=_not_null("pending_lane")),
+    *_pending_order(),  # [INV-LIM-6] the lanes' oldest in poll order: the lane scan (revision 0014)
     sa.Index("ix_execution_inflight_key", "inflight_key", postgresql_where=_not_null("inflight_key")),
     sa.Index("ix_execution_process", "process_id"),
     sa.Index("ix_execution_step", "step_id"),

@@ -59,7 +59,7 @@ from ductwork.db.clock import from_us, to_us
 from ductwork.limit_entries import FamilyEntry, LimitEntry, entry_digest
 from ductwork.limits import buckets
 from ductwork.limits.executions import CLAIM_COLUMNS, Claimed, Ending, KeyHeader, lock_key, write_header
-from ductwork.limits.lanes import UNKEYED, Position, family_in_flight, in_lane, scan_lanes
+from ductwork.limits.lanes import LANES_PER_SCAN, UNKEYED, Position, family_in_flight, in_lane, scan_lanes
 from ductwork.limits.plan import KeyRow, LaneState, Plan, Request, plan
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def release(app: Database, tx: Tx, key: str | None, owner: str | None, endings: 
 
 #: the server-side routine's name (``limits/sql/``, installed by migration 0013): a change to
 #: it is a new name, installed by a new migration
-ROUTINE = "ductwork_release_and_claim_2"
+ROUTINE = "ductwork_release_and_claim_3"
 
 
 def _on_server(app: Database, tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending],
@@ -135,37 +135,37 @@ def _routine_args(app: Database, key: str | None, owner: str | None, endings: Se
                   poll: bool) -> list[dialects.RoutineArg]:
     """The server-side routine's arguments, in its order (``limits/sql/``)."""
     fixed, offset = app.clock.in_sql()
-    keys, entries, unconfigured = _routine_config(tuple(app.config.limits.items()), tuple(app.config.families.items()))
-    family = None if key is None else app.config.family_of(key)
-    entry, digest = (None, None) if key is None else entries.get(
-        key if family is None else family.family, (None, unconfigured))
-    ceiling = None if family is None else family.concurrency
+    keys, unconfigured = _routine_config(tuple(app.config.limits.items()), tuple(app.config.families.items()))
+    entry = None if key is None else app.config.entry_for(key)  # (a partition's: its family's per_partition)
+    family, ceiling = (None, None) if key is None else app.config.family_ceiling(key) or (None, None)
     error = endings[0].error if endings else None
     return [key, owner, [e.execution_id for e in endings], endings[0].outcome if endings else None,
             None if error is None else error.klass, None if error is None else error.message,
             None if error is None else error.backtrace, take, poll, fixed,
-            offset // timedelta(microseconds=1), None if entry is None else dialects.Json(entry), digest,
-            dialects.Json(keys), unconfigured, None if family is None or ceiling is None else family.family, ceiling]
+            offset // timedelta(microseconds=1), None if entry is None else dialects.Json(_entry_json(entry)),
+            None if key is None else entry_digest(entry), dialects.Json(keys), unconfigured, family, ceiling]
+
+
+@functools.lru_cache(maxsize=64)
+def _entry_json(entry: LimitEntry) -> dict[str, object]:
+    """A key's entry as the routine reads it: concurrency and kept rates in config order."""
+    return {"c": entry.concurrency, "r": [[r.limit, r.per_s, r.burst] for r in entry.rates]}
 
 
 @functools.lru_cache(maxsize=16)
 def _routine_config(limits: tuple[tuple[str, LimitEntry], ...], families: tuple[tuple[str, FamilyEntry], ...]
-                    ) -> tuple[list[dict[str, object]], dict[str, tuple[dict[str, object], str]], str]:
-    """What the server-side routine is given of a config's limits: every configured key and
-    family with its concurrency and fingerprint (the lane scan's; a family's are its
-    ``per_partition``'s, marked ``"p"``, with its ceiling ``"f"``), each key's and family's
-    entry (concurrency and kept rates in config order) with its fingerprint, and the
-    fingerprint of no entry."""
+                    ) -> tuple[list[dict[str, object]], str]:
+    """What the server-side routine is given of a config's limits for its bound's walk: every
+    configured key and family with its concurrency and fingerprint (a family's are its
+    ``per_partition``'s, marked ``"p"``, with its ceiling ``"f"``), and the fingerprint of no
+    entry."""
     named = [*limits, *((family, f.per_partition) for family, f in families)]
     ceilings = {family: f.concurrency for family, f in families}
     keys: list[dict[str, object]] = [
         {"k": key, "c": entry.concurrency, "d": entry_digest(entry), **({"p": True, "f": ceilings[key]}
                                                                           if key in ceilings else {})}
         for key, entry in named]
-    entries: dict[str, tuple[dict[str, object], str]] = {
-        key: ({"c": entry.concurrency, "r": [[r.limit, r.per_s, r.burst] for r in entry.rates]}, entry_digest(entry))
-        for key, entry in named}
-    return keys, entries, entry_digest(None)
+    return keys, entry_digest(None)
 
 
 def _in_python(app: Database, tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending],
@@ -215,7 +215,7 @@ def _read(app: Database, tx: Tx, key: str | None, header: KeyHeader | None, entr
     bound = None
     if candidates and (not poll or take > 1):
         # [INV-LIM-6] the oldest of every other lane a poll would try now
-        bound = next((lane.oldest for lane in scan_lanes(app, tx) if lane.key != (key or UNKEYED)), None)
+        bound = next((lane.oldest for lane in scan_lanes(app, tx, 1, (key or UNKEYED,), candidates[-1])), None)
     row = None if header is None or key is None else KeyRow(header.seq, header.config_digest,
                                                              _stored_buckets(tx, key, entry, header))
     state = LaneState(tx.now_us, row, in_flight, candidates, bound)
@@ -430,27 +430,31 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
     executions in poll order (empty: nothing may run now); ``refused`` is told of each
     keyed claim refused for concurrency or rate (the fleet counts them).
     """
-    with app.begin() as tx:
-        lanes = scan_lanes(app, tx)
-        if lanes and lanes[0].key == UNKEYED:
-            claimed = release_and_claim(app, tx, None, process_id, [], limit, poll=True).claimed
-            if claimed:
+    tried: list[str] = []  # lanes tried, left out of the next scan
+    while True:
+        with app.begin(readonly=True) as tx:
+            lanes = scan_lanes(app, tx, passed=tried)
+        for lane in lanes:
+            if claimed := _claim_lane(app, lane.key, process_id, limit, keyed_limit, per_key, refused):
                 return claimed
-            lanes = lanes[1:]
-    for lane in lanes:
-        if lane.key == UNKEYED:
-            with app.begin() as tx:
-                claimed = release_and_claim(app, tx, None, process_id, [], limit, poll=True).claimed
-            if claimed:
-                return claimed
-            continue
-        family = app.config.family_of(lane.key)  # (a partition's share is its family's)
-        most = keyed_limit if per_key is None else per_key.get(family.family if family else lane.key, keyed_limit)
-        outcome = claim_keyed(app, lane.key, process_id, most)
-        if isinstance(outcome, list):
-            return outcome
-        if refused is not None and outcome.reason != "gone":  # ("gone": no eligible work left, not a refusal)
-            refused(outcome)
+        if len(lanes) < LANES_PER_SCAN:
+            return []  # every lane that may admit was tried (a full scan: more may, after them)
+        tried += [lane.key for lane in lanes]
+
+
+def _claim_lane(app: Database, key: str, process_id: str, limit: int, keyed_limit: int,
+                per_key: Mapping[str, int] | None, refused: Callable[[Refusal], None] | None) -> list[Claimed]:
+    """A poll's claim in one lane (:func:`claim_batch`), in a transaction of its own."""
+    if key == UNKEYED:
+        with app.begin() as tx:
+            return release_and_claim(app, tx, None, process_id, [], limit, poll=True).claimed
+    family = app.config.family_of(key)  # (a partition's share is its family's)
+    most = keyed_limit if per_key is None else per_key.get(family.family if family else key, keyed_limit)
+    outcome = claim_keyed(app, key, process_id, most)
+    if isinstance(outcome, list):
+        return outcome
+    if refused is not None and outcome.reason != "gone":  # ("gone": no eligible work left, not a refusal)
+        refused(outcome)
     return []
 
 

@@ -1,7 +1,7 @@
 """Lanes: the order in which polls try the queue's pending work, and when time alone
 may make some of it claimable.
 
-    >>> scan_lanes(app, tx)          # every lane that may admit now, oldest first
+    >>> scan_lanes(app, tx)          # the first lanes that may admit now, oldest first
     [Lane(oldest=Position(...), key='vendor_api'), Lane(oldest=Position(...), key='')]
 
 A lane is a limit key with eligible pending work that is neither rate-blocked nor
@@ -14,7 +14,7 @@ its locks (``claims.py``). Not done here: claiming.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import sqlalchemy as sa
 
 from ductwork.db import schema
-from ductwork.limit_entries import FamilyEntry, LimitEntry, entry_digest
+from ductwork.limit_entries import FamilyEntry, entry_digest
 
 if TYPE_CHECKING:
+    from ductwork.config import Config
     from ductwork.db.database import Database, Tx
 
 _e = schema.executions
@@ -69,35 +70,75 @@ def in_lane(query: sa.Select[Any], lane: sa.ColumnElement[Any] | str,
             .order_by(*LANE_ORDER))  # [INV-LIM-6] FIFO within the lane
 
 
-def _oldest(column: sa.ColumnElement[Any], lane: sa.ColumnElement[Any] | str,
-            now: datetime | sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
-    return in_lane(sa.select(column), lane, now).limit(1).scalar_subquery()
+#: pending executions a lane scan reads per statement (each lane's oldest, and the rows after it
+#: up to the page's end); a scan reads further pages only while it has found too few lanes
+WALK_PAGE = 64
+
+#: lanes a poll's scan finds before it tries them (more are scanned if all of them refuse)
+LANES_PER_SCAN = 8
 
 
-def scan_lanes(app: Database, tx: Tx) -> list[Lane]:
-    """Every lane that may admit now, oldest first. A read: the claims re-check under locks.
+def scan_lanes(app: Database, tx: Tx, want: int = LANES_PER_SCAN, passed: Collection[str] = (),
+               upto: Position | None = None) -> list[Lane]:
+    """The first ``want`` lanes that may admit now, oldest first, other than those ``passed``,
+    each with its oldest eligible execution no later than ``upto``'s time (None: now; a lane
+    whose oldest is later than ``upto`` comes after it, as no lane at all would). A read: the
+    claims re-check under locks.
 
-    A key may admit unless its stamp says it is rate-blocked until later [INV-LIM-5] (a
-    stamp made under other values than this process's config does not count: each
-    configured key's digest is written into the statement) or it is saturated; the
-    unkeyed lane is one more lane. One statement: a UNION of the keys' lanes and the
-    unkeyed one, built once per config (:func:`_scan_statement`)."""
+    It walks the pending executions in poll order from the oldest (``ix_execution_pending_order``,
+    one statement per :data:`WALK_PAGE` of them, leaving out the lanes met already); a lane's
+    first execution met is its oldest, so the lanes come in poll order [INV-LIM-6], and the
+    walk ends once it has ``want`` of them: its cost grows with the executions ahead of those
+    lanes, never with the number of limit keys. A key may admit unless its stamp says it is
+    rate-blocked until later [INV-LIM-5] (a stamp made under other values than this process's
+    config does not count), it is saturated, or its family is at its ceiling [INV-LIM-8]; the
+    unkeyed lane is one more lane."""
     config = app.config
     full = _full_families(tx, config.families)
-    lanes = []
-    statement = _scan_statement(tuple(config.limits.items()), tuple(config.families.items()))
-    for row in tx.execute(statement, {"scan_now": tx.now}).all():
-        if row.oldest_id is None:
-            continue
-        if row.key != UNKEYED:
-            entry = config.entry_for(row.key)
-            if entry is not None and entry.concurrency is not None and row.in_flight >= entry.concurrency:
-                continue  # saturated: retried on the next poll, no one knows when a slot frees
-            if (family := config.family_of(row.key)) is not None and family.family in full:
-                continue  # [INV-LIM-8] its family is at its ceiling: as saturated
-        lanes.append(Lane(Position(row.oldest_at, row.oldest_id), row.key))
-    lanes.sort()  # [INV-LIM-6] oldest lane first, unkeyed among them
-    return lanes
+    lanes: list[Lane] = []
+    met = set(passed)
+    while len(lanes) < want:
+        rows = tx.execute(_walk_statement(), {"w_upto": tx.now if upto is None else upto.eligible_at,
+                                              "w_passed": sorted(met)}).all()
+        for row in rows:
+            if row.lane not in met:  # (else a lane met already: its oldest was earlier)
+                met.add(row.lane)
+                if _may_admit(config, row, full, tx.now):  # (the unkeyed lane always may)
+                    lanes.append(Lane(Position(row.eligible_at, row.id), row.lane))
+        if len(rows) < WALK_PAGE:
+            break  # no pending execution left to walk
+    return lanes[:want]
+
+
+def _may_admit(config: Config, row: sa.Row[Any], full: set[str], now: datetime) -> bool:
+    """Whether a key's lane may admit now, from its row (none: never stamped) and in-flight count."""
+    entry = config.entry_for(row.lane)
+    if entry is not None and entry.concurrency is not None and row.in_flight >= entry.concurrency:
+        return False  # saturated: retried on the next poll, no one knows when a slot frees [INV-LIM-1]
+    if (family := config.family_of(row.lane)) is not None and family.family in full:
+        return False  # [INV-LIM-8] its family is at its ceiling: as saturated
+    return (row.blocked_until is None  # never rate-blocked
+            or row.blocked_until <= now  # or its next token has arrived [INV-LIM-5]
+            or (row.config_digest or "") != entry_digest(entry))  # or its stamp came from other values
+
+
+@functools.cache
+def _walk_statement() -> sa.Select[Any]:
+    """A page of the lane walk (:func:`scan_lanes`): the next :data:`WALK_PAGE` pending
+    executions eligible by ``w_upto`` in poll order, but those of the lanes ``w_passed``,
+    each with its key's row (outer-joined: none before a first claim) and in-flight count."""
+    k = schema.limit_keys
+    page = (sa.select(_e.c.pending_lane.label("lane"), _e.c.eligible_at, _e.c.id)
+            .where(_e.c.claimed_at.is_(None),  # pending
+                   _e.c.eligible_at <= sa.bindparam("w_upto", type_=schema.Timestamp),  # eligible
+                   _e.c.pending_lane.not_in(sa.bindparam("w_passed", expanding=True)))  # lanes not met yet
+            .order_by(*LANE_ORDER)  # [INV-LIM-6] the poll order
+            .limit(WALK_PAGE).subquery("page"))
+    in_flight = sa.select(sa.func.count()).where(_e.c.inflight_key == page.c.lane).scalar_subquery()
+    return (sa.select(page.c.lane, page.c.eligible_at, page.c.id, k.c.blocked_until, k.c.config_digest,
+                      in_flight.label("in_flight"))
+            .select_from(page.outerjoin(k, k.c.key == page.c.lane))
+            .order_by(page.c.eligible_at, page.c.id))  # [INV-LIM-6] oldest lane first, unkeyed among them
 
 
 def of_family(key: sa.ColumnElement[Any], family: str) -> sa.ColumnElement[bool]:
@@ -119,31 +160,6 @@ def _full_families(tx: Tx, families: Mapping[str, FamilyEntry]) -> set[str]:
         return set()
     counts = tx.execute(sa.select(*(family_in_flight(f).scalar_subquery() for f in ceilings))).one()
     return {family for (family, ceiling), count in zip(ceilings.items(), counts, strict=True) if count >= ceiling}
-
-
-@functools.lru_cache(maxsize=16)
-def _scan_statement(limits: tuple[tuple[str, LimitEntry], ...],
-                    families: tuple[tuple[str, FamilyEntry], ...]) -> sa.CompoundSelect[Any]:
-    """The lane scan's statement for a config's limits, the database time bound as
-    ``scan_now``."""
-    k = schema.limit_keys
-    now = sa.bindparam("scan_now", type_=schema.Timestamp)
-    unconfigured = entry_digest(None)
-    whens = [*((k.c.key == key, entry_digest(entry)) for key, entry in limits),
-             *((of_family(k.c.key, family), entry_digest(entry.per_partition)) for family, entry in families)]
-    configured = sa.case(*whens, else_=unconfigured) if whens else sa.literal(unconfigured)
-    may_admit = sa.or_(
-        k.c.blocked_until.is_(None),  # never rate-blocked
-        k.c.blocked_until <= now,  # or its next token has arrived [INV-LIM-5]
-        sa.func.coalesce(k.c.config_digest, "") != configured)  # or its stamp came from other values
-    inflight = sa.select(sa.func.count()).where(_e.c.inflight_key == k.c.key).scalar_subquery()
-    keyed = (sa.select(k.c.key, _oldest(_e.c.eligible_at, k.c.key, now).label("oldest_at"),
-                       _oldest(_e.c.id, k.c.key, now).label("oldest_id"), inflight.label("in_flight"))
-             .where(may_admit))
-    unkeyed = sa.select(sa.literal(UNKEYED, k.c.key.type).label("key"),
-                        _oldest(_e.c.eligible_at, UNKEYED, now).label("oldest_at"),
-                        _oldest(_e.c.id, UNKEYED, now).label("oldest_id"), sa.literal(0).label("in_flight"))
-    return sa.union_all(keyed, unkeyed)
 
 
 def seconds_to_next_due(app: Database) -> float | None:

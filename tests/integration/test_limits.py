@@ -576,6 +576,27 @@ def test_a_hand_off_yields_to_an_older_lane(limits_app):
     assert [claims.claim(app, process).execution_id for _ in range(2)] == [older, later]
 
 
+def test_a_poll_walks_past_a_saturated_lanes_backlog_to_the_next_lane(limits_app):
+    """The lane scan walks the pending executions in poll order a page at a time
+    (``lanes.WALK_PAGE``), leaving out the lanes it met: with a saturated key's backlog of
+    more than a page ahead of them, polls still find the unkeyed execution behind it, then
+    another key's behind that [INV-LIM-6]."""
+    from ductwork.fleet.processes import register
+    from ductwork.limits import claims, lanes
+    from tests.factories import make_executions, make_run
+
+    app = limits_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    at = datetime(2000, 1, 1)
+    make_executions(app, run_id, branch_id, "shared", at, count=HELD + lanes.WALK_PAGE + 1)
+    assert all(claims.claim(app, process) for _ in range(HELD))  # "shared" saturated, its backlog older than all
+    behind, = make_executions(app, run_id, branch_id, None, at + timedelta(seconds=1))
+    last, = make_executions(app, run_id, branch_id, "unconfigured", at + timedelta(seconds=2))
+    assert [claims.claim(app, process).execution_id for _ in range(2)] == [behind, last]
+    assert claims.claim(app, process) is None
+
+
 class HandedOn(Pipeline):
     @classmethod
     def define(cls, p):

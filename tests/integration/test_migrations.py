@@ -26,14 +26,18 @@ def _schema_on(dialect: str) -> sa.MetaData:
         wanted = getattr(getattr(obj, "_ddl_if", None), "dialect", None)
         return wanted is not None and dialect not in ((wanted,) if isinstance(wanted, str) else wanted)
 
-    left_out = {(t.name, type(o).__name__, o.name) for t in schema.metadata.sorted_tables
+    def identity(table: sa.Table, obj: sa.Index | sa.Constraint) -> tuple[str, ...]:
+        # (by columns too: an index may have one form per dialect under one name)
+        return (table.name, type(obj).__name__, str(obj.name), *(c.name for c in obj.columns))
+
+    left_out = {identity(t, o) for t in schema.metadata.sorted_tables
                 for o in [*t.indexes, *t.constraints] if elsewhere(o)}
     copied = sa.MetaData()
     for table in schema.metadata.sorted_tables:
         copy = table.to_metadata(copied)
-        for index in [i for i in copy.indexes if (table.name, "Index", i.name) in left_out]:
+        for index in [i for i in copy.indexes if identity(table, i) in left_out]:
             copy.indexes.discard(index)
-        for constraint in [c for c in copy.constraints if (table.name, type(c).__name__, c.name) in left_out]:
+        for constraint in [c for c in copy.constraints if identity(table, c) in left_out]:
             copy.constraints.discard(constraint)
     return copied
 

@@ -64,7 +64,7 @@ def test_a_mutant_of_the_routines_sql_counts_as_run_once_the_copys_package_is_lo
     """The routine's SQL is read from the package's files (installed by migrating, or read as
     text): a process that loaded the copy's ``ductwork.db.migrate`` ran the mutant."""
     scratch = mutants.apply("no_key_lock", tmp_path / "scratch")
-    sql = scratch / "ductwork" / "limits" / "sql" / "release_and_claim_2.postgresql.sql"
+    sql = scratch / "ductwork" / "limits" / "sql" / "release_and_claim_3.postgresql.sql"
     assert "-- mutant: no lock" in sql.read_text()
     code = "import ductwork.db.migrate"
     subprocess.run([sys.executable, "-c", code], env=mutants.environ(scratch), cwd=mutants.REPO, check=True, timeout=60)

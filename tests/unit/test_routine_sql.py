@@ -39,8 +39,8 @@ PATTERNS = {
 
 def _body(path: Path) -> str:
     """The routine's own statement (after the decision's), comments dropped."""
-    text = path.read_text().split("CREATE PROCEDURE ductwork_release_and_claim_2(" if "mysql" in path.name
-                                  else "CREATE FUNCTION ductwork_release_and_claim_2(")[1]
+    text = path.read_text().split("CREATE PROCEDURE ductwork_release_and_claim_3(" if "mysql" in path.name
+                                  else "CREATE FUNCTION ductwork_release_and_claim_3(")[1]
     return "\n".join(line.split("--")[0] for line in text.splitlines())
 
 

@@ -5,7 +5,8 @@ Revises: 0012
 Create Date: 2026-12-06
 
 Installs ``ductwork_release_and_claim_2`` on PostgreSQL (PL/pgSQL) and MySQL-family (a stored
-procedure) from ``ductwork/limits/sql/release_and_claim_2.*.sql``: version 1 with key
+procedure) from ``ductwork/db/migrations/routines/release_and_claim_2.*.sql`` (kept there as
+history once version 3 replaced it): version 1 with key
 families (docs/semantics.md §5.1, issue 34), which every claim and release of this version
 calls, with its key decision ``ductwork_decide_2`` (version 1's, renamed). SQLite has no
 server-side routines.
@@ -25,7 +26,7 @@ down_revision = '0012'
 branch_labels = None
 depends_on = None
 
-SOURCE = Path(__file__).resolve().parents[3] / "limits" / "sql"
+SOURCE = Path(__file__).resolve().parents[1] / "routines"
 #: each backend's routine (dropped by the downgrade)
 ROUTINES = {"postgresql": ("FUNCTION ductwork_release_and_claim_2", "FUNCTION ductwork_decide_2"),
             "mysql": ("PROCEDURE ductwork_release_and_claim_2", "PROCEDURE ductwork_decide_2")}
