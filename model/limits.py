@@ -908,8 +908,8 @@ class LimitsModel:
 
     def forget_partition(self, key: str, now_us: int) -> None:
         """Remove an idle partition's rows: its buckets and its stamp (semantics §5,
-        "Partitioned keys"; the engine's ``limits.executions.forget_partition``). Idle: no execution of the key is pending
-        or in flight; anything else raises ``PreconditionError`` and changes nothing, as
+        "Partitioned keys"; the engine's ``limits.executions.forget_partition``). Idle: no
+        execution of the key is pending or in flight; anything else raises ``PreconditionError`` and changes nothing, as
         does a key that is no rendered partition or that the config names (a static key's
         rows are bounded by config).
 

@@ -75,7 +75,11 @@ CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: use), and its enforcement (a partition's entry and family resolved, the family's lock, count
 #: and ceiling on the Python path and in the lane scan)
 PARTITIONED_KEYS_LINES = 109
-CODE_LINES_BUDGET = 6_106 + PARTITIONED_KEYS_LINES
+#: and forgetting idle partitions (issue 34, INV-LIM-9): ``forget_partition`` and its bounded
+#: sweep, the supervisor's tick that runs it, a claim creating a forgotten key's row and a new
+#: partition row numbering on from its family's seq (``lock_key``)
+FORGET_PARTITIONS_LINES = 43
+CODE_LINES_BUDGET = 6_106 + PARTITIONED_KEYS_LINES + FORGET_PARTITIONS_LINES
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment
 SQL_LINE = re.compile(r"^\s*(?:--|$)")

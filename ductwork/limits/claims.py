@@ -176,7 +176,7 @@ def _in_python(app: Database, tx: Tx, key: str | None, owner: str | None, ending
     [INV-LIM-8]), and every clock read of the transaction is after it [INV-CLK-1]."""
     header = None
     if key is not None:
-        header = lock_key(tx, key, create=take > 0)  # [INV-LIM-1] the key's lock, before any other read
+        header = lock_key(tx, key, create=bool(take))  # [INV-LIM-1] the key's lock, before any other read
         if header is None:
             if endings:  # pragma: no cover  a key with work in flight is never forgotten [INV-LIM-9]
                 raise sa.exc.NoResultFound(f"limit key {key!r} has no row")

@@ -146,7 +146,7 @@ def lock_key(tx: Tx, key: str, *, create: bool = False) -> KeyHeader | None:
     statement on the key, so a key's in-flight set changes under it [INV-LIM-1].
     A transaction that holds it already gets the header as it has left it, with no
     statement (the lock is held to the end of the transaction). With ``create`` (a claim,
-    on SQLite: the servers' routines do the same), a missing row is inserted first, as
+    on SQLite: the servers' routines do the same), a partition's missing row is inserted first, as
     :func:`enqueue` would have: a sweep may have forgotten the partition between an
     enqueue's read of its row and its commit (:func:`forget_partition`) [INV-LIM-9].
     A partition's row that never numbered an event resumes above its family's ``seq``,
@@ -155,7 +155,7 @@ def lock_key(tx: Tx, key: str, *, create: bool = False) -> KeyHeader | None:
     if held is not None:
         return held  # locked by this transaction already: held until it ends
     row = tx.execute(dialects.prepared(tx.conn, _lock_key_statement), {"k_key": key}).first()  # the key's lock
-    if row is None and create:  # [INV-LIM-9] a forgotten key's row, created again (its insert locks it)
+    if row is None and create and "[" in key:  # [INV-LIM-9] a forgotten partition's row, created again
         ensure_keys(tx, {key})
         row = tx.execute(dialects.prepared(tx.conn, _lock_key_statement), {"k_key": key}).first()
     if row is None:

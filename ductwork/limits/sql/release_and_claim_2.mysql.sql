@@ -176,7 +176,8 @@ BEGIN
     IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read
         SELECT k.seq, k.config_digest INTO v_seq, v_digest
           FROM ductwork_limit_keys k WHERE k.`key` = p_key FOR UPDATE;
-        IF v_done AND p_take > 0 THEN  -- [INV-LIM-9] forgotten after an enqueue read it: created again, locked
+        IF v_done AND p_take > 0 AND LOCATE('[', p_key) > 0 THEN  -- [INV-LIM-9] a partition forgotten after an
+            -- enqueue read its row: created again, locked
             INSERT INTO ductwork_limit_keys (`key`, seq, created_at, updated_at)
                  VALUES (p_key, 0, COALESCE(p_now, UTC_TIMESTAMP(6)), COALESCE(p_now, UTC_TIMESTAMP(6)))
                  ON DUPLICATE KEY UPDATE `key` = VALUES(`key`);  -- (created meanwhile: locked all the same)

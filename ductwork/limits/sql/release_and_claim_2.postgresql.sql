@@ -156,7 +156,8 @@ BEGIN
     IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read
         SELECT k.seq, k.config_digest INTO v_seq, v_digest
           FROM ductwork_limit_keys k WHERE k.key = p_key FOR UPDATE;
-        IF NOT FOUND AND p_take > 0 THEN  -- [INV-LIM-9] forgotten after an enqueue read it: created again, locked
+        IF NOT FOUND AND p_take > 0 AND strpos(p_key, '[') > 0 THEN  -- [INV-LIM-9] a partition forgotten after an
+            -- enqueue read its row: created again, locked
             INSERT INTO ductwork_limit_keys AS n (key, seq, created_at, updated_at)
                  VALUES (p_key, 0, coalesce(p_now, now() AT TIME ZONE 'UTC'), coalesce(p_now, now() AT TIME ZONE 'UTC'))
             ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key  -- (created meanwhile: locked all the same)
