@@ -515,7 +515,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "is inserted open, and the only write of executions.completed_at, _end_statement, requires "
         "claimed_at IS NOT NULL), so the condition always holds"),
     # -- limits/executions.py
-    "limits/executions.py#43": (
+    "limits/executions.py#44": (
         '`.where(_k.c.key.in_(sorted(keys)))` dropped',
         "ensure_keys reads every key's header row instead of those of `keys`: the rows it inserts are "
         "`keys - existing`, the same set whether `existing` holds only the asked keys that exist or every "
