@@ -111,8 +111,9 @@ def check_inv_lim_1(history: History) -> list[str]:
     swept in sequence order; after each claim the in-flight count must be at most
     the limit. The sweep's preconditions are checked too: a claimed keyed execution
     has a ``claim_seq``, a completed one a ``release_seq`` greater than it, and no
-    sequence number is used twice in a key. A completion without ``release_seq``
-    counts as never released (nothing orders it).
+    sequence number is used twice in a key (a partition's row forgotten and created again
+    numbers on above the old one's, INV-LIM-9, so this holds across a forget too). A
+    completion without ``release_seq`` counts as never released (nothing orders it).
 
     Second, independently, over witness rows: at no instant do more step bodies of a
     key run than its limit. A witness without an end runs until its execution's
@@ -473,8 +474,9 @@ def check_inv_clk_1(history: History) -> list[str]:
     number under the key's lock and stamps the event with database time read after
     that lock; so, per key, times in sequence order never go backwards. A claim that
     read its clock before the lock (and waited for it) carries an earlier time than
-    the claim that held the lock before it. Proves the ordering only; assumes the
-    database clock itself never steps back during a round.
+    the claim that held the lock before it; a partition's row forgotten and created again
+    (INV-LIM-9) numbers on above the old one's, so this holds across a forget. Proves the
+    ordering only; assumes the database clock itself never steps back during a round.
     """
     out = []
     events: dict[str, list[tuple[int, int, str, str]]] = defaultdict(list)

@@ -2,8 +2,8 @@
 headings), shipped so that a report names what it checked without the repository.
 
 ``tests/unit/test_proof_results.py`` holds this table equal to INVARIANTS.md's headings, but
-for the IDs the page marks model only (specified and modelled, the engine pending: issue 34's
-forgetting of idle partitions), which no report names until the engine enforces them.
+for the IDs the page marks model only (specified and modelled, the engine pending; none
+now), which no report names until the engine enforces them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ STATEMENTS: dict[str, str] = {
     "INV-LIM-6": "FIFO across lanes",
     "INV-LIM-7": "Configuration is validated at boot; dominated entries change nothing",
     "INV-LIM-8": "In-flight executions of a key family never exceed its ceiling",
+    "INV-LIM-9": "Forgetting an idle partition removes its rows and adds no token",
     "INV-ADV-1": "Successors are created exactly once",
     "INV-ADV-2": "A stale claim token commits nothing",
     "INV-ADV-3": "Fan-in fires exactly once, after every sibling, with all their outputs",

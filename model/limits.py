@@ -908,15 +908,16 @@ class LimitsModel:
 
     def forget_partition(self, key: str, now_us: int) -> None:
         """Remove an idle partition's rows: its buckets and its stamp (semantics §5,
-        "Partitioned keys"; model only, issue 34). Idle: no execution of the key is pending
-        or in flight; anything else raises ``PreconditionError`` and changes nothing, as
-        does a key that is no rendered partition (a static key's rows are bounded by config).
+        "Partitioned keys"; the engine's ``limits.executions.forget_partition``). Idle: no
+        execution of the key is pending or in flight; anything else raises ``PreconditionError`` and changes nothing, as
+        does a key that is no rendered partition or that the config names (a static key's
+        rows are bounded by config).
 
         Never adds a token: the partition's next decision creates its buckets empty, with
         refill time then, so the tokens available after it are at most those before
         [INV-LIM-9]; the rows of partitions kept are bounded by the partitions with work.
         """
-        if split_partition_key(key) is None:
+        if split_partition_key(key) is None or key in self.config:
             raise PreconditionError(f"{key!r} is not a partition key")
         busy = [job.job_id for job in self.jobs.values() if job.key == key and job.state != "completed"]
         if busy:

@@ -16,6 +16,11 @@ CAPABILITIES: dict[str, tuple[tuple[str, ...], str]] = {
         ("postgresql", "mysql"),
         "SQLite has no row locks: its claimers queue for the database write lock, which no view shows",
     ),
+    "interleaved_writers": (
+        ("postgresql", "mysql"),
+        "SQLite serialises writers at BEGIN IMMEDIATE: no sweep can delete a key's row between an "
+        "enqueue's read of it and its commit",
+    ),
     "key_lock_after_begin": (
         ("postgresql", "mysql"),
         "SQLite takes its write lock at BEGIN, before any statement, so a claim has no moment "

@@ -80,7 +80,11 @@ PARTITIONED_KEYS_LINES = 109
 #: that stops at the lanes it needs (``lanes.scan_lanes``), and a poll tries the lanes of one
 #: walk, then walks on past them (``claims.claim_batch``); it replaced the scan, and is longer
 LANE_WALK_LINES = 8
-CODE_LINES_BUDGET = 6_106 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES
+#: and forgetting idle partitions (issue 34, INV-LIM-9): ``forget_partition`` and its bounded
+#: sweep, the supervisor's tick that runs it, a claim creating a forgotten key's row and a new
+#: partition row numbering on from its family's seq (``lock_key``)
+FORGET_PARTITIONS_LINES = 43
+CODE_LINES_BUDGET = 6_106 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment
 SQL_LINE = re.compile(r"^\s*(?:--|$)")

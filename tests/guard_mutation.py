@@ -101,7 +101,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "limits/executions.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
                              f"{_I}test_bounds.py", "tests/unit/test_limits.py",
                              f"{_I}test_inspection.py",  # (forget: a prune keeps the other runs' executions)
-                             f"{_I}test_key_families.py", f"{_I}test_partitions.py"),
+                             f"{_I}test_key_families.py", f"{_I}test_partitions.py",
+                             f"{_I}test_forget_partitions.py"),
     "pipelines/outcomes.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
                               f"{_I}test_timeout_children.py", f"{_I}test_wakeups.py"),
 }
@@ -514,7 +515,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "is inserted open, and the only write of executions.completed_at, _end_statement, requires "
         "claimed_at IS NOT NULL), so the condition always holds"),
     # -- limits/executions.py
-    "limits/executions.py#17": (
+    "limits/executions.py#44": (
         '`.where(_k.c.key.in_(sorted(keys)))` dropped',
         "ensure_keys reads every key's header row instead of those of `keys`: the rows it inserts are "
         "`keys - existing`, the same set whether `existing` holds only the asked keys that exist or every "

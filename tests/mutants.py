@@ -167,7 +167,8 @@ MUTANTS: dict[str, Mutant] = {
         (("                         OR (v_walk_at, v_walk_id) > (v_ats[cardinality(v_ats)], v_ids[cardinality(v_ids)]);"
           "  -- none older\n"
           "                    IF v_walk_lane = '' OR EXISTS (  -- the unkeyed lane, or a key that may admit now",
-          "                         OR (v_walk_at, v_walk_id) > (v_ats[cardinality(v_ats)], v_ids[cardinality(v_ids)]);\n"
+          "                         OR (v_walk_at, v_walk_id) > (v_ats[cardinality(v_ats)], "
+          "v_ids[cardinality(v_ids)]);\n"
           "                    IF TRUE OR EXISTS (  -- mutant: every lane may admit"),),
     ),
     "routine_walk_passes_no_lane_mysql": Mutant(
@@ -227,6 +228,61 @@ MUTANTS: dict[str, Mutant] = {
           "                               AND v_family_in_flight + JSON_LENGTH(v_claims) >= p_family_ceiling THEN",
           "                            IF FALSE THEN  -- mutant: the family's ceiling ignored"),
          ("CONCAT(c.k, '[')) < c.f)", "CONCAT(c.k, '[')) < c.f OR TRUE)  -- mutant")),
+    ),
+    # -- forgetting idle partitions (issue 34): the idleness re-check, the row a claim creates
+    # again, the sequence a new row numbers on from [INV-LIM-9, INV-CLK-1]
+    "forget_without_recheck": Mutant(
+        "forget_partition deletes a partition's rows without re-checking under its lock that it is idle: "
+        "a busy partition's buckets go, and with them tokens it spent [INV-LIM-9]",
+        "a partition is forgotten only while idle, re-checked under its lock [INV-LIM-9]",
+        (("        if tx.execute(sa.select(_busy(key))).scalar_one():  # [INV-LIM-9] idle, re-checked",
+          "        if False:  # mutant: no re-check"),),
+    ),
+    "forget_in_flight": Mutant(
+        "forget_partition counts only pending work as busy: a partition with an execution in flight is "
+        "forgotten [INV-LIM-9]",
+        "a partition is forgotten only while idle, re-checked under its lock [INV-LIM-9]",
+        (("sa.exists().where(_e.c.inflight_key == key))", "sa.false())  # mutant: in flight is idle"),),
+    ),
+    "forget_restarts_seq": Mutant(
+        "a partition's row created again after a forget numbers its claims from 0 again, below the "
+        "sequence numbers its executions hold (SQLite) [INV-CLK-1, INV-LIM-9]",
+        "a new partition row numbers on from its family's seq [INV-CLK-1]",
+        (("    if header.seq == 0 and \"[\" in key:  # [INV-CLK-1] a new partition row numbers on from its family's",
+          "    if False:  # mutant: numbered from 0"),),
+    ),
+    "forget_restarts_seq_routine": Mutant(
+        "a partition's row created again after a forget numbers its claims from 0 again (PostgreSQL) "
+        "[INV-CLK-1, INV-LIM-9]",
+        "a new partition row numbers on from its family's seq [INV-CLK-1]",
+        (("        IF v_seq = 0 AND strpos(p_key, '[') > 0 THEN",
+          "        IF false THEN  -- mutant: numbered from 0"),),
+    ),
+    "forget_restarts_seq_mysql": Mutant(
+        "a partition's row created again after a forget numbers its claims from 0 again (MySQL-family) "
+        "[INV-CLK-1, INV-LIM-9]",
+        "a new partition row numbers on from its family's seq [INV-CLK-1]",
+        (("        IF v_seq = 0 AND LOCATE('[', p_key) > 0 THEN",
+          "        IF FALSE THEN  -- mutant: numbered from 0"),),
+    ),
+    "forgotten_row_not_created_sqlite": Mutant(
+        "a claim of a key whose row was forgotten finds no row and claims nothing (SQLite) [INV-LIM-9]",
+        "a keyed claim creates a forgotten key's row [INV-LIM-9]",
+        (("    if row is None and create and \"[\" in key:  # [INV-LIM-9]", "    if False:  # mutant: [INV-LIM-9]"),),
+    ),
+    "forgotten_row_not_created": Mutant(
+        "a claim of a key whose row a sweep forgot under an uncommitted enqueue finds no row and claims "
+        "nothing: the execution waits forever (PostgreSQL) [INV-LIM-9]",
+        "a keyed claim creates a forgotten key's row [INV-LIM-9]",
+        (("        IF NOT FOUND AND p_take > 0 AND strpos(p_key, '[') > 0 THEN",
+          "        IF false THEN  -- mutant: [INV-LIM-9]"),),
+    ),
+    "forgotten_row_not_created_mysql": Mutant(
+        "a claim of a key whose row a sweep forgot under an uncommitted enqueue finds no row and claims "
+        "nothing: the execution waits forever (MySQL-family) [INV-LIM-9]",
+        "a keyed claim creates a forgotten key's row [INV-LIM-9]",
+        (("        IF v_done AND p_take > 0 AND LOCATE('[', p_key) > 0 THEN",
+          "        IF FALSE THEN  -- mutant: [INV-LIM-9]"),),
     ),
     # -- the lane routine on SQLite (Python, limits/claims.py::_in_python and limits/plan.py)
     "no_family_lock": Mutant(

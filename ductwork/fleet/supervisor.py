@@ -17,7 +17,9 @@ with ``job_worker.count`` threads each (``role`` picks which) — and every tick
 3. reaps every process whose heartbeat is older than ``reaper_timeout``, and every
    process of this machine that is provably gone (a crashed ``ductwork start`` this one
    replaced: its claims are free within a tick, not after ``reaper_timeout``), never
-   its own row, and sweeps orphaned claims.
+   its own row, and sweeps orphaned claims;
+4. forgets the idle partitions of one bounded batch of limit key rows, the next batch
+   at the next tick (``limits.executions.forget_idle_partitions``, docs/semantics.md §5.1).
 
 Each step is rescued on its own, so one bad tick cannot stop the loop.
 
@@ -61,6 +63,7 @@ from ductwork.db.wakeup import PgListener, Wakeup
 from ductwork.fleet import tree
 from ductwork.fleet.processes import heartbeat, register
 from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
+from ductwork.limits.executions import forget_idle_partitions
 
 if TYPE_CHECKING:
     from ductwork.fleet.worker import Worker
@@ -332,6 +335,7 @@ class Supervisor:
         self._subreaper = False
         self.process_id: str | None = None
         self.children: list[Child] = []
+        self._forget_after = ""  # the key the sweep of idle partitions goes on after
         cfg = app.config
         if self.role in ("all", "advancer"):
             self.children.append(Child("pipeline_advancer", f"{label}.advancer", cfg.pipeline_advancer.count))
@@ -414,8 +418,8 @@ class Supervisor:
     # -- the tick -----------------------------------------------------------------------------
 
     def run_once(self) -> None:
-        """One supervisor tick: children, own heartbeat, reap, sweep. Each step rescued."""
-        for step in (self.check_children, self._heartbeat, self._reap):
+        """One supervisor tick: children, own heartbeat, reap, sweeps. Each step rescued."""
+        for step in (self.check_children, self._heartbeat, self._reap, self._forget):
             try:
                 step()
             except Exception:  # a failed step must not stop the supervisor
@@ -430,6 +434,9 @@ class Supervisor:
         if reaped:
             log.warning("reaped dead processes: %s", reaped)
         sweep_orphans(self.app)
+
+    def _forget(self) -> None:
+        _, self._forget_after = forget_idle_partitions(self.app, self._forget_after)
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):

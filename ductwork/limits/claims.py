@@ -176,9 +176,9 @@ def _in_python(app: Database, tx: Tx, key: str | None, owner: str | None, ending
     [INV-LIM-8]), and every clock read of the transaction is after it [INV-CLK-1]."""
     header = None
     if key is not None:
-        header = lock_key(tx, key)  # [INV-LIM-1] the key's lock, before any other read
+        header = lock_key(tx, key, create=bool(take))  # [INV-LIM-1] the key's lock, before any other read
         if header is None:
-            if endings:  # pragma: no cover  an execution's key row is written with it and never deleted
+            if endings:  # pragma: no cover  a key with work in flight is never forgotten [INV-LIM-9]
                 raise sa.exc.NoResultFound(f"limit key {key!r} has no row")
             return Taken(True, [], "gone" if poll else None)
     if endings:
@@ -477,7 +477,7 @@ def restart_with(app: Database) -> list[str]:
     for key in keys:
         with app.begin() as tx:
             header = lock_key(tx, key)  # [INV-LIM-1]
-            if header is None:  # pragma: no cover  a key's row, once written, is never deleted
+            if header is None:  # forgotten since it was read (executions.forget_partition)
                 continue
             entry = app.config.entry_for(key)
             stored = _buckets_of(tx, key)

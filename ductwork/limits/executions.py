@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import sqlalchemy as sa
@@ -40,7 +41,9 @@ from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 
 if TYPE_CHECKING:
-    from ductwork.db.database import Tx
+    from ductwork.db.database import Database, Tx
+
+log = logging.getLogger("ductwork.limits")
 
 MESSAGE_LIMIT = 255
 BACKTRACE_FRAMES = 10
@@ -136,22 +139,37 @@ def _held(tx: Tx) -> dict[str, KeyHeader]:
     return cast("dict[str, KeyHeader]", tx.held_keys)
 
 
-def lock_key(tx: Tx, key: str) -> KeyHeader | None:
+def lock_key(tx: Tx, key: str, *, create: bool = False) -> KeyHeader | None:
     """Lock the key's header row (``SELECT … FOR UPDATE``; SQLite: the write lock taken at
     ``BEGIN IMMEDIATE``) and return its ``seq`` and ``config_digest``; None if the key has
     no row. The one key lock: claims, releases and recoveries take it, each as the first
     statement on the key, so a key's in-flight set changes under it [INV-LIM-1].
     A transaction that holds it already gets the header as it has left it, with no
-    statement (the lock is held to the end of the transaction). Not done: creating the
-    row (:func:`enqueue` does, with the work)."""
+    statement (the lock is held to the end of the transaction). With ``create`` (a claim,
+    on SQLite: the servers' routines do the same), a partition's missing row is inserted first, as
+    :func:`enqueue` would have: a sweep may have forgotten the partition between an
+    enqueue's read of its row and its commit (:func:`forget_partition`) [INV-LIM-9].
+    A partition's row that never numbered an event resumes above its family's ``seq``,
+    where a forget left the highest number its earlier rows used [INV-CLK-1]."""
     held = _held(tx).get(key)
     if held is not None:
         return held  # locked by this transaction already: held until it ends
     row = tx.execute(dialects.prepared(tx.conn, _lock_key_statement), {"k_key": key}).first()  # the key's lock
+    if row is None and create and "[" in key:  # [INV-LIM-9] a forgotten partition's row, created again
+        ensure_keys(tx, {key})
+        row = tx.execute(dialects.prepared(tx.conn, _lock_key_statement), {"k_key": key}).first()
     if row is None:
         return None
     header = _held(tx)[key] = KeyHeader(int(row.seq), row.config_digest)
+    if header.seq == 0 and "[" in key:  # [INV-CLK-1] a new partition row numbers on from its family's
+        header.seq = int(tx.execute(sa.select(_k.c.seq).where(_k.c.key == family_row(key))).scalar() or 0)
     return header
+
+
+def family_row(key: str) -> str:
+    """The header row locked as ``key``'s family (written by :func:`enqueue` with a
+    partition's row): the name before its first ``[``; the key itself for any other key."""
+    return key.partition("[")[0]
 
 
 def _lock_key_statement(bind: Any) -> sa.Select[Any]:
@@ -209,7 +227,7 @@ def enqueue(tx: Tx, pending: Sequence[Pending]) -> list[str]:
     if not pending:
         return []
     keys = {p.key for p in pending if p.key}
-    ensure_keys(tx, keys | {key.partition("[")[0] for key in keys if "[" in key})  # (a partition's family's lock)
+    ensure_keys(tx, keys | {family_row(key) for key in keys})  # (a partition's family's lock)
     now, ids = tx.now, [new_id() for _ in pending]
     dialects.insert_rows(tx.conn, _e, [{
         "id": execution_id, "step_id": p.step_id, "limit_key": p.key, "eligible_at": p.eligible_at,
@@ -233,3 +251,60 @@ def forget(tx: Tx, where: sa.ColumnElement[bool]) -> int:
     ended long ago) and return how many: the history of the queue goes with its runs.
     Not done: checking that they ended (the prune re-checked its runs under their locks)."""
     return int(tx.execute(_e.delete().where(where)).rowcount)
+
+
+# --------------------------------------------------------------------------- forgetting idle partitions
+
+
+def _busy(key: str | sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    """Whether ``key`` has an execution pending in its lane or in flight (two index probes)."""
+    return sa.or_(sa.exists().where(_e.c.pending_lane == key), sa.exists().where(_e.c.inflight_key == key))
+
+
+def forget_partition(app: Database, key: str) -> bool:
+    """Remove an idle partition's rows, its buckets and its header row, in a transaction of
+    its own: ``LimitsModel.forget_partition`` (docs/semantics.md §5.1, "Forgetting idle
+    partitions"). True: forgotten (or it had no row); False: busy, or no partition (a static
+    key or a family's own row is never forgotten), and nothing changed.
+
+    The family's row is locked first, then the partition's, the order of every claim
+    [INV-LIM-8]; idleness is re-checked under the partition's lock, so no claim or release
+    of it runs meanwhile, and an enqueue that commits after the delete finds its row
+    created again by the claim (:func:`lock_key`, the routines). Nothing is lost: in-flight
+    counts derive from execution rows, and a bucket created again starts empty, so no
+    token is added [INV-LIM-9]. The family's ``seq`` keeps the highest the partition used,
+    so its next row numbers on above it [INV-CLK-1]."""
+    if "[" not in key or key in app.config.limits:
+        return False  # a static key's and a family's rows are bounded by the config
+    with app.begin() as tx:
+        family = lock_key(tx, family_row(key))  # [INV-LIM-8] the family's lock before the partition's
+        header = lock_key(tx, key)
+        if header is None:
+            return True
+        if tx.execute(sa.select(_busy(key))).scalar_one():  # [INV-LIM-9] idle, re-checked under the key's lock
+            return False
+        if family is not None and header.seq > family.seq:  # [INV-CLK-1] the highest seq the partition used
+            family.set(seq=header.seq)
+            write_header(tx, family_row(key))
+        tx.execute(schema.limit_buckets.delete().where(schema.limit_buckets.c.key == key))
+        tx.execute(_k.delete().where(_k.c.key == key))
+        del _held(tx)[key]
+    return True
+
+
+def forget_idle_partitions(app: Database, after: str = "", limit: int = 100,
+                           idle_for: timedelta = timedelta(hours=1)) -> tuple[list[str], str]:
+    """One bounded step of the sweep (the supervisor's, every tick): of the ``limit`` header
+    rows after key ``after`` (key order), forget each partition whose row no claim or
+    release changed for ``idle_for`` and that looks idle (:func:`forget_partition`
+    re-checks under its lock). Returns the keys forgotten, logged, and where the next step
+    starts ("": the first key again), so a sweep never reads more than ``limit`` rows."""
+    with app.begin(readonly=True) as tx:
+        rows = tx.execute(sa.select(_k.c.key, _k.c.updated_at, _busy(_k.c.key).label("busy"))
+                          .where(_k.c.key > after).order_by(_k.c.key).limit(limit)).all()
+        before = tx.now - idle_for
+    forgotten = [row.key for row in rows
+                 if not row.busy and row.updated_at <= before and forget_partition(app, row.key)]
+    if forgotten:
+        log.info("forgot %d idle partitions: %s", len(forgotten), ", ".join(forgotten))
+    return forgotten, rows[-1].key if len(rows) == limit else ""

@@ -5,8 +5,9 @@ model's ``LimitsModel`` side by side: enqueue keyed, unkeyed and delayed jobs,
 move the clock (by zero, one µs, sub-millisecond and larger steps), claim by
 one of several workers, claim a batch, complete (also with a hand-off of the key's next
 job, and several at once in a group commit), fail (retries), crash and reap a worker,
-restart with changed limits, and a step on a rated key that fails with its retry
-claimed once eligible (``fail_and_claim_the_retry``). Beside the static keys ``a`` and
+restart with changed limits, a step on a rated key that fails with its retry
+claimed once eligible (``fail_and_claim_the_retry``), and forget a partition (idle: its rows
+removed; busy, a static key or the family: nothing changes). Beside the static keys ``a`` and
 ``b`` there is a key family ``p`` (semantics §5.1): ``per_partition`` limits drawn like
 a static key's, an optional ceiling over the family, and two or three partitions
 ``p[<value>]``, at least one of a hostile value (quotes, brackets, a backslash, an
@@ -24,7 +25,8 @@ first. The rules keep their names and draws: hypothesis orders rules by name, an
 derandomized examples the engine-mutant hunts rely on follow from them.
 
 Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-LIM-7, INV-LIM-8,
-INV-CLK-1 (every decision uses the injected database time), INV-EXE-2, INV-EXE-4.
+INV-LIM-9 (forgetting idle partitions), INV-CLK-1 (every decision uses the injected database time;
+a key's sequence numbers are used once, across a forget too), INV-EXE-2, INV-EXE-4.
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ from ductwork.errors import CommitFailed
 from ductwork.fleet.processes import register
 from ductwork.fleet.reaper import reap
 from ductwork.limits import claims
-from ductwork.limits.executions import Claimed
+from ductwork.limits.executions import Claimed, forget_partition
 from ductwork.pipelines.outcomes import HandOff, Success, record_failure, record_success, record_successes
 from ductwork.pipelines.payloads import Output
 from ductwork_model import LimitsModel
+from ductwork_model.errors import PreconditionError
 from ductwork_model.invariants import check_all
 from ductwork_model.limits import partition_key
 from ductwork_proof.conformance import abstraction
@@ -363,6 +366,27 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         self.generation[worker] += 1
         self.process[worker] = register(self.app, role="test", label=f"{worker}.{self.generation[worker]}")
 
+    @precondition(lambda self: hasattr(self, "model"))
+    @rule(index=st.integers(0, 4))
+    def forget_partition(self, index):
+        """Forget one of the partitions, or try the static key ``a`` or the family's own row:
+        an idle partition's rows are removed (and, on its next decision, its buckets come
+        back empty); a busy partition, a static key or a family changes nothing [INV-LIM-9]."""
+        keys = (*self.partitions, "a", FAMILY)
+        key = keys[index % len(keys)]
+        before = self._engine_rows()
+        try:
+            self.model.forget_partition(key, self.now_us)
+        except PreconditionError:
+            assert not forget_partition(self.app, key), f"INV-LIM-9: the engine forgot {key!r}, the model refused"
+            after = self._engine_rows()
+            assert (after.keys, after.buckets) == (before.keys, before.buckets), f"INV-LIM-9: {key!r} refused, changed"
+            return
+        assert forget_partition(self.app, key), f"INV-LIM-9: the engine kept idle {key!r}, the model forgot it"
+        after = self._engine_rows()
+        assert key not in after.keys, f"INV-LIM-9: {key!r} forgotten, its header row left"
+        assert not [where for where in after.buckets if where[0] == key], f"INV-LIM-9: {key!r}'s buckets left"
+
     @rule(limits=limit_configs)
     def restart_with(self, limits):
         """The fleet restarts with new limit values: a new app re-bases every key at boot."""
@@ -399,6 +423,10 @@ class LimitsAgainstModel(RuleBasedStateMachine):
             assert levels == self.model.levels(key), f"INV-LIM-4: {key} levels {levels} != {self.model.levels(key)}"
             assert blocked == self.model.blocked_until(key), (
                 f"INV-LIM-5: {key} blocked_until {blocked} != {self.model.blocked_until(key)}")
+        for key in self.compared_keys():  # [INV-CLK-1] a key's numbers, across a forget too, are used once
+            used = [s for e in rows.executions.values() if e.limit_key == key
+                    for s in (e.claim_seq, e.release_seq) if s is not None]
+            assert len(used) == len(set(used)), f"INV-CLK-1: {key} used a sequence number twice: {sorted(used)}"
         family = abstraction.family_in_flight(rows, FAMILY)
         assert family == self.model.family_in_flight(FAMILY), (
             f"INV-LIM-8: family {FAMILY} in flight {family} != {self.model.family_in_flight(FAMILY)}")

@@ -7,13 +7,16 @@ model's ``LimitsModel`` side by side: enqueue keyed, unkeyed and delayed jobs,
 move the clock (by zero, one µs, sub-millisecond and larger steps), claim by
 one of several workers, claim a batch, complete (also with a hand-off of the key's next
 job, and several at once in a group commit), fail (retries), crash and reap a worker,
-restart with changed limits, and a step on a rated key that fails with its retry
-claimed once eligible (``fail_and_claim_the_retry``). After every rule the engine and
-the model agree on each key's in-flight count, bucket levels and ``blocked_until``
-stamp, and every claim chose the same job.
+restart with changed limits, a step on a rated key that fails with its retry
+claimed once eligible (``fail_and_claim_the_retry``), and forget a partition
+(``forget_partition``: idle or busy, or the static key or the family, which change
+nothing). After every rule the engine and the model agree on each key's in-flight count,
+bucket levels and ``blocked_until`` stamp, every claim chose the same job, and no key used
+a sequence number twice.
 
 Checks: INV-LIM-1, INV-LIM-2, INV-LIM-3, INV-LIM-4, INV-LIM-5, INV-LIM-6, INV-LIM-7,
-INV-LIM-8 (a key family beside the keys), INV-CLK-1 (every decision uses the injected database time),
+INV-LIM-8 (a key family beside the keys), INV-LIM-9 (forgetting idle partitions), INV-CLK-1
+(every decision uses the injected database time; a key's numbers across a forget),
 INV-EXE-2, INV-EXE-4.
 """
 

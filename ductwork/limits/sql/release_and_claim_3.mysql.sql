@@ -187,6 +187,18 @@ BEGIN
     IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read
         SELECT k.seq, k.config_digest INTO v_seq, v_digest
           FROM ductwork_limit_keys k WHERE k.`key` = p_key FOR UPDATE;
+        IF v_done AND p_take > 0 AND LOCATE('[', p_key) > 0 THEN  -- [INV-LIM-9] a partition forgotten after an
+            -- enqueue read its row: created again, locked
+            INSERT INTO ductwork_limit_keys (`key`, seq, created_at, updated_at)
+                 VALUES (p_key, 0, COALESCE(p_now, UTC_TIMESTAMP(6)), COALESCE(p_now, UTC_TIMESTAMP(6)))
+                 ON DUPLICATE KEY UPDATE `key` = VALUES(`key`);  -- (created meanwhile: locked all the same)
+            SET v_done = FALSE;
+            SELECT n.seq, n.config_digest INTO v_seq, v_digest FROM ductwork_limit_keys n WHERE n.`key` = p_key;
+        END IF;
+        IF v_seq = 0 AND LOCATE('[', p_key) > 0 THEN  -- [INV-CLK-1] a new partition row numbers on from its family's
+            SET v_seq = COALESCE((SELECT f.seq FROM ductwork_limit_keys f
+                                   WHERE f.`key` = SUBSTRING_INDEX(p_key, '[', 1)), 0);
+        END IF;
         IF v_done THEN
             IF v_n_ends > 0 THEN
                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'a limit key has no row';

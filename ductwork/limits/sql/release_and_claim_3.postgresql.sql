@@ -163,7 +163,17 @@ BEGIN
     IF p_key IS NOT NULL THEN  -- [INV-LIM-1] the key's lock, before any other read
         SELECT k.seq, k.config_digest INTO v_seq, v_digest
           FROM ductwork_limit_keys k WHERE k.key = p_key FOR UPDATE;
-        IF NOT FOUND THEN
+        IF NOT FOUND AND p_take > 0 AND strpos(p_key, '[') > 0 THEN  -- [INV-LIM-9] a partition forgotten after an
+            -- enqueue read its row: created again, locked
+            INSERT INTO ductwork_limit_keys AS n (key, seq, created_at, updated_at)
+                 VALUES (p_key, 0, coalesce(p_now, now() AT TIME ZONE 'UTC'), coalesce(p_now, now() AT TIME ZONE 'UTC'))
+            ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key  -- (created meanwhile: locked all the same)
+            RETURNING n.seq, n.config_digest INTO v_seq, v_digest;
+        END IF;
+        IF v_seq = 0 AND strpos(p_key, '[') > 0 THEN  -- [INV-CLK-1] a new partition row numbers on from its family's
+            v_seq := coalesce((SELECT f.seq FROM ductwork_limit_keys f WHERE f.key = split_part(p_key, '[', 1)), 0);
+        END IF;
+        IF v_seq IS NULL THEN
             IF cardinality(p_ends) > 0 THEN
                 RAISE EXCEPTION 'limit key % has no row', p_key;
             END IF;

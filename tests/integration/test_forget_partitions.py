@@ -1,0 +1,218 @@
+"""Forgetting idle partitions (docs/semantics.md §5.1, "Forgetting idle partitions"), on
+SQLite, PostgreSQL and MySQL.
+
+Checks: INV-LIM-9 (a partition's rows are removed only while it is idle, re-checked under
+its lock; a bucket created again starts empty, so no token is added; a static key and a
+family's own row are never forgotten), INV-CLK-1 (a partition's row created again numbers
+its claims and releases above every sequence number its forgotten rows used), and the race
+with an enqueue: a sweep that deletes the row between an enqueue's read of it and its commit
+leaves a pending execution whose key has no row, and the claim creates the row and claims it.
+The sweep reads at most its batch of header rows per call and goes on from where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from datetime import datetime
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork.db import schema
+from ductwork.db.clock import ManualClock
+from ductwork.fleet.processes import register
+from ductwork.limits import claims, executions
+from ductwork.limits.claims import Refusal, claim_keyed
+from ductwork.limits.executions import Ending, forget_idle_partitions, forget_partition
+from ductwork_proof.conformance.factories import make_executions, make_run
+from tests.capabilities import needs
+from tests.conftest import installed, make_app
+
+T0 = datetime(2026, 1, 1, 12, 0, 0)
+KEY = 'fam["acct-1"]'
+LIMITS = {"fam": {"per_partition": {"concurrency": 1, "rate": {"limit": 1, "per": 1}}}, "static[1]": {"concurrency": 1}}
+
+
+@pytest.fixture
+def fam_app(db_url):
+    """An app on a ManualClock whose family ``fam`` admits one claim per second per partition."""
+    yield from installed(make_app(db_url, clock=ManualClock(T0), job_worker={"limits": LIMITS}))
+
+
+def rows(app) -> dict[str, list[tuple]]:
+    """Every row of the limits tables, as tuples, sorted."""
+    with app.begin(readonly=True) as tx:
+        return {t.name: sorted(tuple(r) for r in tx.execute(sa.select(t)))
+                for t in (schema.limit_keys, schema.limit_buckets)}
+
+
+def seqs(app, key: str) -> list[int]:
+    """Every claim and release sequence number the key's executions hold."""
+    e = schema.executions
+    with app.begin(readonly=True) as tx:
+        got = tx.execute(sa.select(e.c.claim_seq, e.c.release_seq).where(e.c.limit_key == key)).all()
+    return sorted(s for row in got for s in row if s is not None)
+
+
+def claim_and_complete(app, process: str, key: str) -> None:
+    """Claim one execution of ``key`` and release it: its first decision creates its bucket
+    empty (refused), one second on a token is there."""
+    got = claim_keyed(app, key, process)
+    if isinstance(got, Refusal):
+        assert got.reason == "rate", got
+        app.clock.advance(seconds=1)
+        got = claim_keyed(app, key, process)
+    (claimed,) = got
+    with app.begin() as tx:
+        assert claims.release(app, tx, key, process, [Ending(claimed.execution_id)])
+
+
+@pytest.fixture
+def history(fam_app):
+    """Partition KEY with two executions claimed and completed: it is idle, its bucket and
+    its header row (seq 4) left, a minute later (its bucket full again)."""
+    run_id, branch_id = make_run(fam_app)
+    process = register(fam_app, role="test", label="w")
+    make_executions(fam_app, run_id, branch_id, KEY, T0, 2)
+    claim_and_complete(fam_app, process, KEY)
+    claim_and_complete(fam_app, process, KEY)
+    fam_app.clock.advance(seconds=60)
+    assert seqs(fam_app, KEY) == [1, 2, 3, 4]
+    return run_id, branch_id, process
+
+
+def test_an_idle_partition_is_forgotten_and_comes_back_empty_numbering_on(fam_app, history):
+    run_id, branch_id, process = history
+    assert forget_partition(fam_app, KEY)
+    left = rows(fam_app)
+    assert [r for r in left["ductwork_limit_keys"] if r[0] == KEY] == []
+    assert left["ductwork_limit_buckets"] == []
+    assert [r[0] for r in left["ductwork_limit_keys"]] == ["fam"]  # the family's row stays
+    (later,) = make_executions(fam_app, run_id, branch_id, KEY, fam_app.clock.now(), 1)
+    # [INV-LIM-9] the bucket starts empty: a kept one was full and would admit now
+    refused = claim_keyed(fam_app, KEY, process)
+    assert refused == Refusal(KEY, "rate")
+    fam_app.clock.advance(seconds=1)
+    (claimed,) = claim_keyed(fam_app, KEY, process)
+    assert claimed.execution_id == later
+    assert seqs(fam_app, KEY) == [1, 2, 3, 4, 5]  # [INV-CLK-1] on from 4, not from 0
+
+
+@pytest.mark.parametrize("busy", ["pending", "in_flight"])
+def test_a_busy_partition_static_key_or_family_row_is_never_forgotten(fam_app, history, busy):
+    run_id, branch_id, process = history
+    make_executions(fam_app, run_id, branch_id, KEY, fam_app.clock.now(), 1)
+    make_executions(fam_app, run_id, branch_id, "static[1]", fam_app.clock.now(), 1)
+    if busy == "in_flight":
+        assert isinstance(claim_keyed(fam_app, KEY, process), list)
+        assert isinstance(claim_keyed(fam_app, "static[1]", process), list)
+    before = rows(fam_app)
+    assert not forget_partition(fam_app, KEY)  # [INV-LIM-9] busy
+    assert not forget_partition(fam_app, "static[1]")  # a static key, even idle or named like a partition
+    assert not forget_partition(fam_app, "fam")  # the family's own row: every partition's claim locks it
+    assert rows(fam_app) == before
+
+
+def test_a_pending_execution_whose_row_was_forgotten_is_claimed(fam_app, history, monkeypatch):
+    """The state the race leaves (any backend): the sweep forgot the partition after an
+    enqueue read its row and before the enqueue committed, so the execution is pending in a
+    lane whose key has no row. The claim creates the row, locked, and claims it; its bucket
+    starts empty and its sequence goes on."""
+    run_id, branch_id, process = history
+    assert forget_partition(fam_app, KEY)
+    with monkeypatch.context() as patched:  # the enqueue found the row (read before the sweep deleted it)
+        patched.setattr(executions, "ensure_keys", lambda *_: None)
+        (pending,) = make_executions(fam_app, run_id, branch_id, KEY, fam_app.clock.now(), 1)
+    assert [r for r in rows(fam_app)["ductwork_limit_keys"] if r[0] == KEY] == []
+    refused = claim_keyed(fam_app, KEY, process)
+    assert refused == Refusal(KEY, "rate")  # created, with an empty bucket
+    assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam", KEY]
+    fam_app.clock.advance(seconds=1)
+    (claimed,) = claim_keyed(fam_app, KEY, process)
+    assert claimed.execution_id == pending
+    assert seqs(fam_app, KEY) == [1, 2, 3, 4, 5]
+
+
+class ForgetBeforeCommit:
+    """An app whose transactions, once their body ran, let a sweep forget ``key`` from
+    another connection before they commit (what ``make_executions`` enqueues then commits
+    after the sweep)."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key, self.forgot = app, key, None
+
+    @contextlib.contextmanager
+    def begin(self):
+        with self.app.begin() as tx:
+            yield tx
+            self.forgot = forget_partition(self.app, self.key)
+
+
+@needs("interleaved_writers")
+def test_a_sweep_between_an_enqueues_read_and_its_commit(fam_app, history):
+    """The race itself, on a server: the enqueue read the partition's row (it exists) and
+    inserted its execution; before it commits, the sweep locks the row, finds no execution
+    it can see and deletes the row; the enqueue commits. The claim creates the row again,
+    starts its bucket empty, numbers on above the forgotten sequence, and claims it."""
+    run_id, branch_id, process = history
+    racing = ForgetBeforeCommit(fam_app, KEY)
+    (pending,) = make_executions(racing, run_id, branch_id, KEY, fam_app.clock.now(), 1)
+    assert racing.forgot is True, "the sweep did not see the uncommitted enqueue: it forgot the row"
+    assert [r for r in rows(fam_app)["ductwork_limit_keys"] if r[0] == KEY] == []
+    refused = claim_keyed(fam_app, KEY, process)
+    assert refused == Refusal(KEY, "rate")  # [INV-LIM-9] the bucket starts empty
+    fam_app.clock.advance(seconds=1)
+    (claimed,) = claim_keyed(fam_app, KEY, process)
+    assert claimed.execution_id == pending
+    assert seqs(fam_app, KEY) == [1, 2, 3, 4, 5]  # [INV-CLK-1]
+
+
+def test_the_sweep_reads_a_bounded_batch_and_goes_on_where_it_stopped(fam_app, caplog):
+    run_id, branch_id = make_run(fam_app)
+    process = register(fam_app, role="test", label="w")
+    idle = [f"fam[{i}]" for i in range(5)]
+    for key in idle:
+        make_executions(fam_app, run_id, branch_id, key, T0, 1)
+        claim_and_complete(fam_app, process, key)
+    make_executions(fam_app, run_id, branch_id, "fam[9]", T0, 1)  # pending: never forgotten
+    assert forget_idle_partitions(fam_app, limit=10) == ([], "")  # nothing idle for an hour yet
+    fam_app.clock.advance(seconds=3600)
+    with caplog.at_level(logging.INFO, logger="ductwork.limits"):
+        first = forget_idle_partitions(fam_app, limit=3)  # the rows fam, fam[0], fam[1]
+        second = forget_idle_partitions(fam_app, after=first[1], limit=3)  # fam[2], fam[3], fam[4]
+        third = forget_idle_partitions(fam_app, after=second[1], limit=3)  # fam[9], then the end
+    assert first == (["fam[0]", "fam[1]"], "fam[1]")
+    assert second == (["fam[2]", "fam[3]", "fam[4]"], "fam[4]")
+    assert third == ([], "")
+    assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam", "fam[9]"]
+    assert "forgot 3 idle partitions: fam[2], fam[3], fam[4]" in caplog.text
+
+
+def test_a_new_partition_numbers_on_from_its_familys_seq(fam_app, history):
+    """The family's row keeps the highest seq any forgotten partition used: a partition
+    never seen before starts above it too (any start above its own past is sound)."""
+    run_id, branch_id, process = history
+    assert forget_partition(fam_app, KEY)
+    make_executions(fam_app, run_id, branch_id, "fam[7]", fam_app.clock.now(), 1)
+    fam_app.clock.advance(seconds=1)
+    claim_keyed(fam_app, "fam[7]", process)  # refused: its bucket starts empty
+    fam_app.clock.advance(seconds=1)
+    assert len(claim_keyed(fam_app, "fam[7]", process)) == 1
+    assert seqs(fam_app, "fam[7]") == [5]
+
+
+@pytest.mark.usefixtures("history")
+def test_the_supervisors_tick_forgets_idle_partitions_a_batch_at_a_time(fam_app, monkeypatch):
+    """Each supervisor tick runs one bounded step of the sweep, the next tick the next step."""
+    from ductwork.fleet import supervisor as supervision
+
+    monkeypatch.setattr(supervision, "forget_idle_partitions",
+                        lambda app, after: forget_idle_partitions(app, after, limit=1))
+    tick = supervision.Supervisor(fam_app, [], role="worker")
+    tick.children.clear()  # the tick without child processes
+    fam_app.clock.advance(seconds=3600)
+    tick.run_once()  # the batch of one row: "fam"
+    assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam", KEY]
+    tick.run_once()  # the next: KEY, idle for an hour
+    assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam"]
