@@ -23,7 +23,7 @@ from ductwork.db import schema
 from ductwork.db.clock import ManualClock
 from ductwork.fleet.processes import register
 from ductwork.limits import claims, executions
-from ductwork.limits.claims import Refusal, claim_keyed
+from ductwork.limits.claims import Refusal, claim, claim_keyed
 from ductwork.limits.executions import Ending, forget_idle_partitions, forget_partition
 from ductwork_proof.conformance.factories import make_executions, make_run
 from tests.capabilities import needs
@@ -117,7 +117,8 @@ def test_a_busy_partition_static_key_or_family_row_is_never_forgotten(fam_app, h
 def test_a_pending_execution_whose_row_was_forgotten_is_claimed(fam_app, history, monkeypatch):
     """The state the race leaves (any backend): the sweep forgot the partition after an
     enqueue read its row and before the enqueue committed, so the execution is pending in a
-    lane whose key has no row. The claim creates the row, locked, and claims it; its bucket
+    lane whose key has no row. A poll's lane walk finds the lane (from the executions, the
+    key's row outer-joined) and its claim creates the row, locked, and claims it; its bucket
     starts empty and its sequence goes on."""
     run_id, branch_id, process = history
     assert forget_partition(fam_app, KEY)
@@ -125,12 +126,11 @@ def test_a_pending_execution_whose_row_was_forgotten_is_claimed(fam_app, history
         patched.setattr(executions, "ensure_keys", lambda *_: None)
         (pending,) = make_executions(fam_app, run_id, branch_id, KEY, fam_app.clock.now(), 1)
     assert [r for r in rows(fam_app)["ductwork_limit_keys"] if r[0] == KEY] == []
-    refused = claim_keyed(fam_app, KEY, process)
-    assert refused == Refusal(KEY, "rate")  # created, with an empty bucket
+    assert claim(fam_app, process) is None  # a poll's walk found the lane: its row created, its bucket empty
     assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam", KEY]
     fam_app.clock.advance(seconds=1)
-    (claimed,) = claim_keyed(fam_app, KEY, process)
-    assert claimed.execution_id == pending
+    claimed = claim(fam_app, process)
+    assert claimed is not None and claimed.execution_id == pending
     assert seqs(fam_app, KEY) == [1, 2, 3, 4, 5]
 
 
