@@ -466,6 +466,16 @@ ARGUED: dict[str, tuple[str, str]] = {
         "candidates without `claim_token IS NULL`: a branch 'in_progress' carries no token (as #65), so "
         "`status = 'in_progress'` implies it"),
     # -- limits/lanes.py
+    "limits/lanes.py#5": (
+        "`len(lanes) < want`: LtE for Lt",
+        "the walk reads one page more once it has `want` lanes (if the last page was full) and returns "
+        "`lanes[:want]`: the same lanes, a statement more"),
+    "limits/lanes.py#49": (
+        "`where` without `_e.c.eligible_at <= sa.bindparam('w_upto', type_=schema.Time`",
+        "executions eligible later than `w_upto` come after every eligible one in poll order (they are "
+        "later by eligible time), so they only add lanes after the eligible lanes: a poll's claim in such "
+        "a lane is 'gone' (nothing eligible: no claim, no refusal counted), and a bound later than the "
+        "candidates decides nothing (a hand-off or batch is cut only by a bound before a candidate)"),
     # -- limits/claims.py
     "limits/claims.py#6": (
         "`take <= 0`: Lt for LtE",

@@ -206,7 +206,7 @@ MUTANTS: dict[str, Mutant] = {
           "                ELSIF FALSE THEN  -- mutant: the family's ceiling ignored"),
          ("                            EXIT WHEN p_family_ceiling IS NOT NULL  -- [INV-LIM-8]",
           "                            EXIT WHEN FALSE  -- mutant"),
-         ("c.family || '[') < c.f)", "c.family || '[') < c.f OR TRUE)  -- mutant")),
+         ("c.family || '[') < c.f)", "c.family || '[') < c.f OR TRUE)")),  # (the bound's walk: a mutant)
     ),
     "routine_family_ceiling_off_by_one": Mutant(
         "the routine admits a partition's claim with its family's ceiling in flight (PostgreSQL) [INV-LIM-8]",
@@ -227,7 +227,7 @@ MUTANTS: dict[str, Mutant] = {
          ("                            IF p_family_ceiling IS NOT NULL\n"
           "                               AND v_family_in_flight + JSON_LENGTH(v_claims) >= p_family_ceiling THEN",
           "                            IF FALSE THEN  -- mutant: the family's ceiling ignored"),
-         ("CONCAT(c.k, '[')) < c.f)", "CONCAT(c.k, '[')) < c.f OR TRUE)  -- mutant")),
+         ("CONCAT(c.k, '[')) < c.f)", "CONCAT(c.k, '[')) < c.f OR TRUE)")),  # (the bound's walk: a mutant)
     ),
     # -- forgetting idle partitions (issue 34): the idleness re-check, the row a claim creates
     # again, the sequence a new row numbers on from [INV-LIM-9, INV-CLK-1]

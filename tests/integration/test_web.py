@@ -380,13 +380,13 @@ def test_refusals_a_worker_counts_reach_metrics_at_its_heartbeat_on_each_databas
     holder = register(web_app, role="test", label="holder")
     for _ in range(5):  # another process fills it
         assert claim(web_app, holder) is not None
-    monkeypatch.setattr(claims, "scan_lanes", lambda *_: before)  # each poll's scan raced that: it saw room
+    monkeypatch.setattr(claims, "scan_lanes", lambda *_, **__: before)  # each poll's scan raced that: it saw room
     for _ in range(2):  # refused for concurrency under the key's lock
         assert worker.run_once() is None
     assert runner.beat()
     assert refusals() == {(RATED_KEY, "rate"): 3, (POOL_KEY, "concurrency"): 2}
     with monkeypatch.context() as emptied:  # a lane whose work went between the scan and the lock
-        emptied.setattr(claims, "scan_lanes", lambda *_: [Lane(before[0].oldest, "emptied")])
+        emptied.setattr(claims, "scan_lanes", lambda *_, **__: [Lane(before[0].oldest, "emptied")])
         assert worker.run_once() is None  # "gone": not a refusal, not counted
     assert worker.run_once() is None  # a third
 
