@@ -470,6 +470,14 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`len(lanes) < want`: LtE for Lt",
         "the walk reads one page more once it has `want` lanes (if the last page was full) and returns "
         "`lanes[:want]`: the same lanes, a statement more"),
+    "limits/lanes.py#53": (
+        "`_e.c.eligible_at` read as `claimed_at`",
+        "not equivalent, and invisible on the three databases: a lane's upcoming probe (`upcoming`, "
+        "`pending_lane = lane AND eligible_at > now`) is a range of `ix_execution_pending_lane`, read "
+        "in eligible-time order, and the order by `claimed_at` (NULL on every pending row) keeps that "
+        "order (SQLite's sorter is stable; PostgreSQL's top-1 keeps the first of equals; MariaDB serves "
+        "it from the index): `test_an_idle_worker_waits_for_the_next_eligible_time_or_stamp_to_come` "
+        "writes the later execution first and passes under it on each database (2026-12-06)"),
     "limits/lanes.py#49": (
         "`where` without `_e.c.eligible_at <= sa.bindparam('w_upto', type_=schema.Time`",
         "executions eligible later than `w_upto` come after every eligible one in poll order (they are "
