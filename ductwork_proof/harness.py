@@ -46,7 +46,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +170,7 @@ class ChaosRound:
         self.kills: list[dict] = []
         #: every revive pass's calls: ``{"run", "got": [new run ids], "errors": [...]}``
         self.revives: list[dict] = []
+        self.forgotten: list[str] = []  # the partitions the harness's sweep forgot (INV-LIM-9)
         self.rng = random.Random(seed + 1)
         self.hosts: dict[str, Fleet | None] = {}
         self.retired: list[Fleet] = []  # supervisors killed alone: their children live on
@@ -392,6 +393,18 @@ class ChaosRound:
             with contextlib.suppress(Exception):  # a killed connection or server: the next pass retries
                 self._revive_pass(app)
 
+    def _forgetter(self, app: App, stop: threading.Event) -> None:
+        """Forget idle partitions while the fleet works and faults strike (INV-LIM-9): the
+        supervisors' sweep waits for an hour of idleness, which no round lasts, so the harness
+        sweeps with none, racing the enqueues, claims and kills; each key forgotten is kept."""
+        from ductwork.limits.executions import forget_idle_partitions
+
+        after = ""
+        while not stop.wait(0.2):  # a polling interval, not a wait for anything to settle
+            with contextlib.suppress(Exception):  # a killed connection or server: the next pass retries
+                forgotten, after = forget_idle_partitions(app, after, idle_for=timedelta(0))
+                self.forgotten += forgotten
+
     # -- the round -----------------------------------------------------------------------------
 
     def _settled(self) -> bool:
@@ -416,6 +429,7 @@ class ChaosRound:
         runs = (trigger_workload(app, self.scale) if self.builtin else []) + self.adopter.trigger(app)
         stop_reviving = threading.Event()
         reviver = threading.Thread(target=self._reviver, args=(app, stop_reviving), daemon=True)
+        forgetter = threading.Thread(target=self._forgetter, args=(app, stop_reviving), daemon=True)
         try:
             # (inside the try: a fleet that never registers is stopped by the finally below too;
             # started before it, one leaked on a loaded machine and kept replacing its workers,
@@ -426,6 +440,7 @@ class ChaosRound:
                      "both hosts' workers registered", deadline_s=60)
             started = time.monotonic()
             reviver.start()
+            forgetter.start()
             for event in self.plan:
                 delay = started + event["at_s"] - time.monotonic()
                 if delay > 0:
@@ -448,8 +463,9 @@ class ChaosRound:
                                **self._prune(None)})
         finally:
             stop_reviving.set()
-            if reviver.ident is not None:  # (started)
-                reviver.join(120)
+            for thread in (reviver, forgetter):
+                if thread.ident is not None:  # (started)
+                    thread.join(120)
             for fleet in self.retired:
                 fleet.kill_host()  # runners of supervisors killed alone, if still stopping
             for host in HOSTS:
@@ -459,7 +475,8 @@ class ChaosRound:
                         fleet.terminate(20)
                     fleet.kill_host()
         history = read_history(self.engine, app.config.limits, WITNESS, kills=self.kills, seed=self.seed,
-                               meta={**self._meta(len(runs)), "revives": self.revives},
+                               meta={**self._meta(len(runs)), "revives": self.revives,
+                                     "forgotten": self.forgotten},
                                families=app.config.families)
         path = self.workdir / f"history-{self.backend}-{self.seed}.jsonl"
         history.to_jsonl(path)
@@ -502,6 +519,7 @@ class ChaosRound:
             "on_halt hooks": len(history.hooks),
             "revived runs": sum(1 for r in history.runs if r.revived_from is not None),
             "concurrent revive calls": sum(len(c["got"]) + len(c["errors"]) for c in history.meta.get("revives", [])),
+            "forgotten partitions": len(history.meta.get("forgotten", [])),
         }
 
 

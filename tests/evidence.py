@@ -199,8 +199,8 @@ def render(figures: dict) -> dict[str, str]:
     if figures["chaos"]:
         rows = ["| round | database | process kills | server-side connection kills | runs | steps "
                 "| claims (keyed, batched) | witnesses | halted runs / on_halt hooks / revived runs (revive calls) "
-                "| prunes / runs pruned | violations |",
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                "| prunes / runs pruned | partitions forgotten | violations |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         order = list(ROUNDS)
         for r in sorted(figures["chaos"], key=lambda r: (order.index(r["test"]) if r["test"] in order else 99,
                                                          list(DATABASES).index(r["backend"]), r["seed"])):
@@ -211,11 +211,13 @@ def render(figures: dict) -> dict[str, str]:
                 f"| {r.get('claims', 0)} ({r.get('keyed claims', 0)}, {r.get('batched claims', 0)}) "
                 f"| {r.get('witnesses', 0)} | {r.get('halted runs', 0)} / {r.get('on_halt hooks', 0)} / "
                 f"{r.get('revived runs', 0)} ({r.get('concurrent revive calls', 0)}) "
-                f"| {r.get('prunes', 0)} / {r.get('pruned runs', 0)} | {r['violations']} |")
+                f"| {r.get('prunes', 0)} / {r.get('pruned runs', 0)} | {r.get('forgotten partitions', 0)} "
+                f"| {r['violations']} |")
         kills = sum(r.get("kills", 0) for r in figures["chaos"])
         violations = sum(r["violations"] for r in figures["chaos"])
         rows.append(f"| **all {len(figures['chaos'])} rounds** | | **{kills}** "
-                    f"| {sum(r.get('connection kills', 0) for r in figures['chaos'])} | | | | | | | **{violations}** |")
+                    f"| {sum(r.get('connection kills', 0) for r in figures['chaos'])} | | | | | | "
+                    f"| {sum(r.get('forgotten partitions', 0) for r in figures['chaos'])} | **{violations}** |")
         blocks["chaos"] = "\n".join(rows)
     return blocks
 

@@ -211,10 +211,10 @@ def test_the_evidence_blocks_are_generated_from_a_ci_log():
         "| `no_key_lock` | the key's row lock [INV-LIM-1] | the race test | 7.7 s |")
     chaos = blocks["chaos"].splitlines()
     assert chaos[2] == (
-        "| round (seed 20261129) | SQLite | 11 | 0 | 45 | 294 | 324 (163, 114) | 314 | 6 / 2 / 4 (8) | 2 / 3 | 0 |")
+        "| round (seed 20261129) | SQLite | 11 | 0 | 45 | 294 | 324 (163, 114) | 314 | 6 / 2 / 4 (8) | 2 / 3 | 0 | 0 |")
     assert chaos[3].startswith("| database container SIGKILLed | MariaDB | 0 | 3 |")
     assert chaos[3].endswith("| 2 |")
-    assert chaos[4] == "| **all 2 rounds** | | **11** | 3 | | | | | | | **2** |"
+    assert chaos[4] == "| **all 2 rounds** | | **11** | 3 | | | | | | | 0 | **2** |"
 
 
 def test_the_tier_times_line_the_suite_prints_is_parsed_into_the_run_block():
