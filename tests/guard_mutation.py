@@ -501,38 +501,36 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`key is None or header is None`: And",
         "in _write the header is None exactly when the key is None: _in_python sets it from lock_key "
         "for a key and returns before _read/_write when a key has no row, so `and` and `or` agree"),
-    "limits/claims.py#32": (
+    "limits/claims.py#34": (
         "`header is None or key is None`: And",
         "in _read the header is None exactly when the key is None: as #10"),
-    "limits/claims.py#38": (
+    "limits/claims.py#40": (
         "`len(endings) > 1`: GtE for Gt",
         "one keyed ending also gets the CASE of release_seq: CASE id WHEN its id THEN seq + 1, on an "
         "UPDATE of that id alone, the same seq + 1 that b_seq already writes"),
-    "limits/claims.py#57": (
-        "`family is None or ceiling is None`: And",
-        "the server routine is given the family of a partition whose family has no ceiling too "
-        "(p_family set, p_family_ceiling NULL): it then locks and counts the family (a lock and a read "
-        "more) and decides nothing by it, every family condition being `p_family_ceiling IS NOT NULL "
-        "AND …`; a key that is no partition has no family (None either way). A cost, not an outcome"),
-    "limits/claims.py#59": (
+    "limits/claims.py#62": (
         "`take > 1`: GtE for Gt",
         "a poll of one reads the bound too: it uses none (as #9: only a hand-off compares its first "
         "candidate with the bound, and _batch compares only the candidates after the first). An "
         "extra read: a cost"),
-    "limits/claims.py#94": (
+    "limits/claims.py#90": (
         "`where` without `_e.c.claimed_at.is_(None)`",
         "_claim_rows runs only on the Python path (SQLite: a server runs the routine), on ids the "
         "plan took from candidates read in this transaction by in_lane (`pending_lane = lane`, a "
         "column computed non-null only while claimed_at IS NULL), under the database write lock that "
         "BEGIN IMMEDIATE took: no other transaction writes between that read and this UPDATE, so "
         "every id is still unclaimed and the condition always holds"),
-    "limits/claims.py#120": (
+    "limits/claims.py#115": (
         "`_e.c.claimed_at` read as `completed_at`",
-        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #94: pending executions read "
+        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #90: pending executions read "
         "under the same lock, and a pending execution's completed_at is always NULL (an execution "
         "is inserted open, and the only write of executions.completed_at, _end_statement, requires "
         "claimed_at IS NOT NULL), so the condition always holds"),
     # -- limits/executions.py
+    "limits/executions.py#33": (
+        "`header.seq > family.seq`: GtE for Gt",
+        "at equal numbers the family's row is written with the seq it holds already: the same row, "
+        "a statement more"),
     "limits/executions.py#44": (
         '`.where(_k.c.key.in_(sorted(keys)))` dropped',
         "ensure_keys reads every key's header row instead of those of `keys`: the rows it inserts are "

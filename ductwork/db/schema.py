@@ -110,12 +110,14 @@ def _pending_order() -> tuple[sa.Index, sa.Index]:
     (``claimed_at`` NULL) lead the index and come in the same order after it. Differs because
     PostgreSQL serves an order from an index's later columns only after an equality on the
     earlier ones, and takes ``claimed_at IS NULL`` for none (it sorted every pending row);
-    MariaDB does for ``IS NULL``. The name is the same: the statements are."""
+    MariaDB does for ``IS NULL``. The name is the same: the statements are. Each holds the
+    lane too, so the walk leaves out the lanes it met from the index alone, with no read of
+    their rows (a saturated lane's backlog ahead is read at an index entry each)."""
     pending = sa.text("claimed_at IS NULL")
     # (a tuple of dialect names is documented by SQLAlchemy; its stubs say str only)
-    return (sa.Index("ix_execution_pending_order", "eligible_at", "id", postgresql_where=pending,
+    return (sa.Index("ix_execution_pending_order", "eligible_at", "id", "pending_lane", postgresql_where=pending,
                      sqlite_where=pending).ddl_if(dialect=("postgresql", "sqlite")),  # type: ignore[arg-type]
-            sa.Index("ix_execution_pending_order", "claimed_at", "eligible_at", "id")
+            sa.Index("ix_execution_pending_order", "claimed_at", "eligible_at", "id", "pending_lane")
             .ddl_if(dialect=("mysql", "mariadb")))  # type: ignore[arg-type]
 
 

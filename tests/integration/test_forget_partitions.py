@@ -130,7 +130,8 @@ def test_a_pending_execution_whose_row_was_forgotten_is_claimed(fam_app, history
     assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam", KEY]
     fam_app.clock.advance(seconds=1)
     claimed = claim(fam_app, process)
-    assert claimed is not None and claimed.execution_id == pending
+    assert claimed is not None
+    assert claimed.execution_id == pending
     assert seqs(fam_app, KEY) == [1, 2, 3, 4, 5]
 
 
@@ -216,3 +217,45 @@ def test_the_supervisors_tick_forgets_idle_partitions_a_batch_at_a_time(fam_app,
     assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam", KEY]
     tick.run_once()  # the next: KEY, idle for an hour
     assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam"]
+
+
+def test_a_forget_touches_no_other_partition_and_keeps_the_familys_highest_seq(fam_app, history):
+    """A partition whose one execution is in flight, with nothing else in flight anywhere,
+    is busy; once idle, forgetting it leaves another partition's bucket alone; forgetting
+    that other one (which numbered less) does not lower the family's high-water mark, so the
+    first partition, seen again, numbers on above its own past [INV-LIM-9, INV-CLK-1]."""
+    run_id, branch_id, process = history
+    other = 'fam["acct-2"]'
+    make_executions(fam_app, run_id, branch_id, other, fam_app.clock.now(), 1)
+    claim_and_complete(fam_app, process, other)  # its row numbered 1, 2; its bucket left
+    make_executions(fam_app, run_id, branch_id, KEY, fam_app.clock.now(), 1)
+    (claimed,) = claim_keyed(fam_app, KEY, process)  # the only execution in flight anywhere
+    assert not forget_partition(fam_app, KEY)  # [INV-LIM-9] busy: its own execution is in flight
+    with fam_app.begin() as tx:
+        assert claims.release(fam_app, tx, KEY, process, [Ending(claimed.execution_id)])
+    assert seqs(fam_app, KEY) == [1, 2, 3, 4, 5, 6]
+    assert forget_partition(fam_app, KEY)
+    assert {r[0] for r in rows(fam_app)["ductwork_limit_buckets"]} == {other}  # the other's bucket stays
+    assert forget_partition(fam_app, other)  # it numbered up to 2: the family keeps 6
+    make_executions(fam_app, run_id, branch_id, KEY, fam_app.clock.now(), 1)
+    claim_and_complete(fam_app, process, KEY)
+    assert seqs(fam_app, KEY) == [1, 2, 3, 4, 5, 6, 7, 8]  # [INV-CLK-1] on from 6
+
+
+def test_a_new_partition_reads_its_own_familys_seq(fam_app):
+    """A partition's first row numbers on from its own family's row, not from another key's
+    row met first: a static key's row, written before the family's, has numbered 2 [INV-CLK-1].
+    And a claim creates only a partition's missing row: a key never named gets none."""
+    run_id, branch_id = make_run(fam_app)
+    process = register(fam_app, role="test", label="w")
+    make_executions(fam_app, run_id, branch_id, "plain", T0, 1)  # its row first, unconfigured
+    (taken,) = claim_keyed(fam_app, "plain", process)
+    with fam_app.begin() as tx:
+        assert claims.release(fam_app, tx, "plain", process, [Ending(taken.execution_id)])
+    assert seqs(fam_app, "plain") == [1, 2]
+    make_executions(fam_app, run_id, branch_id, KEY, T0, 1)
+    claim_and_complete(fam_app, process, KEY)
+    assert seqs(fam_app, KEY) == [1, 2]  # from the family's 0, not from "plain"'s 2
+    # only a partition's missing row is created by its claim: a key never named has none
+    assert claim_keyed(fam_app, "never-named", process) == Refusal("never-named", "gone")
+    assert "never-named" not in {r[0] for r in rows(fam_app)["ductwork_limit_keys"]}

@@ -597,6 +597,33 @@ def test_a_poll_walks_past_a_saturated_lanes_backlog_to_the_next_lane(limits_app
     assert claims.claim(app, process) is None
 
 
+def test_a_poll_walks_on_past_a_walks_lanes_when_all_of_them_refuse(db_url):
+    """A poll tries the lanes one walk found (``lanes.LANES_PER_SCAN``) and, when every one
+    refuses, walks on past them: nine rate keys never decided yet (each looks open to a scan:
+    no stamp) hold the oldest executions, and each refuses its first claim (its bucket starts
+    empty); the unkeyed execution behind them is claimed by the same poll [INV-LIM-6]."""
+    from ductwork.fleet.processes import register
+    from ductwork.limits import claims, lanes
+    from tests.factories import make_executions, make_run
+
+    keys = [f"rated{i}" for i in range(lanes.LANES_PER_SCAN + 1)]
+    app = make_app(db_url, job_worker={"limits": {k: {"rate": {"limit": 1, "per": "1h"}} for k in keys}})
+    reset_tables(app.engine)
+    try:
+        run_id, branch_id = make_run(app)
+        process = register(app, role="test", label="w")
+        at = datetime(2000, 1, 1)
+        for i, key in enumerate(keys):
+            make_executions(app, run_id, branch_id, key, at + timedelta(seconds=i))
+        behind, = make_executions(app, run_id, branch_id, None, at + timedelta(minutes=1))
+        refused: list = []
+        got = claims.claim_batch(app, process, 1, refused=refused.append)
+        assert [c.execution_id for c in got] == [behind]
+        assert sorted(r.key for r in refused) == sorted(keys)  # each tried once, each refused for rate
+    finally:
+        app.dispose()
+
+
 class HandedOn(Pipeline):
     @classmethod
     def define(cls, p):

@@ -5,8 +5,9 @@ Revises: 0013
 Create Date: 2026-12-06
 
 - ``ix_execution_pending_order``: the pending executions in poll order (``eligible_at``,
-  ``id``), a partial index of the pending rows on PostgreSQL and SQLite; on MySQL/MariaDB
-  (no partial indexes) ``(claimed_at, eligible_at, id)``, whose pending rows lead
+  ``id``, and their lane, ``pending_lane``), a partial index of the pending rows on
+  PostgreSQL and SQLite; on MySQL/MariaDB (no partial indexes) ``(claimed_at, eligible_at,
+  id, pending_lane)``, whose pending rows lead
   (``schema._pending_order`` says why they differ). The lane scan and the routine's bound
   read the lanes' oldest from it in poll order [INV-LIM-6], so a poll's cost does not grow
   with the number of limit keys (partitioned keys: issue 34).
@@ -42,10 +43,10 @@ INDEX = "ix_execution_pending_order"
 def upgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name in ("mysql", "mariadb"):
-        op.create_index(INDEX, "ductwork_executions", ["claimed_at", "eligible_at", "id"])
+        op.create_index(INDEX, "ductwork_executions", ["claimed_at", "eligible_at", "id", "pending_lane"])
     else:
         pending = sa.text("claimed_at IS NULL")
-        op.create_index(INDEX, "ductwork_executions", ["eligible_at", "id"], postgresql_where=pending,
+        op.create_index(INDEX, "ductwork_executions", ["eligible_at", "id", "pending_lane"], postgresql_where=pending,
                         sqlite_where=pending)
     backend = dialects.backend(bind)
     if backend in ROUTINES:
