@@ -76,9 +76,10 @@ def test_a_claim_decision_that_admits_one_more_than_the_concurrency_is_caught(tm
     url = migrated_sqlite(tmp_path, "broken")
     home = tmp_path / "hypothesis-home"  # where hypothesis would write: its example database, its caches
     monkeypatch.setattr(configuration, "__hypothesis_home_directory", home)
-    # (seed 7: since the machine also draws a key family, 5 examples of seeds 5 and 8 spend
-    # their steps elsewhere and miss this decision; seeds 6 and 7 find it)
-    budget = {"seed": 7, "examples": 5, "which": ("limits",), "shrink": False}
+    # (seed 9: the machine also draws a key family and forgets partitions, so some seeds spend
+    # 5 examples elsewhere: measured over seeds 1-12, 7 find this decision within 5 examples
+    # and 10 within 10; seed 9 finds it at its 3rd example with either budget)
+    budget = {"seed": 9, "examples": 5, "which": ("limits",), "shrink": False}
     (real,) = run_conformance(url, **budget)
     assert real.passed is True, real.findings
     decide = plan.decide
@@ -90,7 +91,7 @@ def test_a_claim_decision_that_admits_one_more_than_the_concurrency_is_caught(tm
     assert finding.startswith("AssertionError: INV-LIM-"), finding[:500]
     assert "Falsifying example:" in finding, finding[:2000]
     assert "state.setup(limits=" in finding, finding[:2000]
-    assert "seed 7" in broken.detail
+    assert "seed 9" in broken.detail
     assert not home.exists(), f"hypothesis wrote under its storage directory: {sorted(home.rglob('*'))[:5]}"
     assert configuration.storage_directory(intent_to_write=False).home_directory == home
 
