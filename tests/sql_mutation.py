@@ -71,6 +71,24 @@ _RATE_LOOPS = ("WHILE i < n DO  -- 3. refill every kept bucket [INV-LIM-4]",
                "WHILE i < n DO  -- 5. admitted: one token from every bucket [INV-LIM-2]",
                "WHILE i < n DO  -- the stamp over the buckets now short, or cleared [INV-LIM-5]",
                "WHILE v_i < JSON_LENGTH(v_rates) DO  -- each kept entry's stored bucket, config order")
+#: the lane walk's arguments (routine version 3's bound, tests.sql_mutation --lines of its block)
+_WALK_RANGE = (
+    "the walk's range ends at the candidates only to read less: a row past them is left at once by "
+    'the exit test that follows (`> the last candidate`), so the bound is the same'
+)
+_KEYSET = (
+    'the keyset and the lanes-passed filter each leave out the rows walked already (every row before '
+    'the keyset is of a lane the walk passed: it stops at the first lane that may admit), so either '
+    'one alone gives the same next lane'
+)
+_NEVER_EQUAL = (
+    "the walked row is never the last candidate: the walk leaves out the routine's own lane, so the "
+    'positions are never equal'
+)
+_NO_FAMILY_LANE = (
+    "a lane without '[' meets a family's entry only if its key is the family's name, and no "
+    "execution's lane is (a static limit_by naming a family fails the boot: FamilyKeyError)"
+)
 #: survivors argued equivalent: (backend, the line, the line changed), both stripped -> why
 ARGUED: dict[tuple[str, str, str], str] = {
     **{(b, _REFILL_WHEN, _REFILL_WHEN.replace("dt > 0", "dt >= 0")):
@@ -117,6 +135,28 @@ ARGUED: dict[tuple[str, str, str], str] = {
             ") < (", ") <= ("),
            ("mysql", "IF v_bound_id IS NOT NULL AND (v_at_us, v_id) >= (v_bound_at, v_bound_id) THEN",
             ") >= (", ") > ("))},
+    ('postgresql', 'AND e.eligible_at <= v_ats[cardinality(v_ats)]  -- no later than the candidates (eligible)',
+     'AND TRUE'): _WALK_RANGE,
+    ('postgresql', 'AND (v_walk_id IS NULL OR (e.eligible_at, e.id) > (v_walk_at, v_walk_id))',
+     'AND (v_walk_id IS NULL OR (e.eligible_at, e.id) >= (v_walk_at, v_walk_id))'): _KEYSET,
+    ('postgresql', 'OR (v_walk_at, v_walk_id) > (v_ats[cardinality(v_ats)], v_ids[cardinality(v_ids)]);  -- none older',
+     'OR (v_walk_at, v_walk_id) >= (v_ats[cardinality(v_ats)], v_ids[cardinality(v_ids)]);  -- none older'): _NEVER_EQUAL,  # noqa: E501
+    ('postgresql', "ON m.k = split_part(l.key, '[', 1) AND m.p AND strpos(l.key, '[') > 0  -- or a partition's family's",  # noqa: E501
+     "ON m.k = split_part(l.key, '[', 1) AND m.p AND strpos(l.key, '[') >= 0  -- or a partition's family's"): _NO_FAMILY_LANE,  # noqa: E501
+    ('mysql', 'AND e.eligible_at <= v_last_at  -- no later than the candidates (eligible)',
+     'AND TRUE'): _WALK_RANGE,
+    ('mysql', 'AND NOT JSON_CONTAINS(v_passed, JSON_QUOTE(e.pending_lane))  -- not yet tried',
+     'AND TRUE'): _KEYSET,
+    ('mysql', 'AND (v_walk_id IS NULL OR e.eligible_at > v_walk_at',
+     'AND (v_walk_id IS NULL OR e.eligible_at >= v_walk_at'): _KEYSET,
+    ('mysql', 'OR (e.eligible_at = v_walk_at AND e.id > v_walk_id))',
+     'OR (e.eligible_at <> v_walk_at AND e.id > v_walk_id))'): _KEYSET,
+    ('mysql', 'OR (e.eligible_at = v_walk_at AND e.id > v_walk_id))',
+     'OR (e.eligible_at = v_walk_at AND e.id <= v_walk_id))'): _KEYSET,
+    ('mysql', 'OR (e.eligible_at = v_walk_at AND e.id > v_walk_id))',
+     'OR (e.eligible_at = v_walk_at AND e.id >= v_walk_id))'): _KEYSET,
+    ('mysql', 'IF (v_walk_us, v_walk_id) > (v_last_us, v_last_id) THEN  -- none older than the candidates',
+     'IF (v_walk_us, v_walk_id) >= (v_last_us, v_last_id) THEN  -- none older than the candidates'): _NEVER_EQUAL,
 }
 
 _COMPARISONS = {"<": (">=", "<="), ">": ("<=", ">="), "<=": (">", "<"), ">=": ("<", ">"), "=": ("<>",),
