@@ -18,9 +18,9 @@ the family's) written beside them, as ``enqueue`` would.
   process, one call after another: ``claims.claim`` (a poll: the lane scan, then the
   first lane's routine), the lane scan alone (``lanes.scan_lanes`` in a transaction),
   and a hand-off (``release_and_claim`` ending one claimed execution with ``take=1``:
-  the routine's bound scan of every other lane, INV-LIM-6). Each claimed execution is
-  then marked completed (untimed, as B3) so its partition's slot is free again. Figures:
-  the median of the calls per size, and each size / 10 partitions. Goal (issue 34):
+  the routine's bound, a walk of the executions older than its own, INV-LIM-6). Each
+  claimed execution is then marked completed (untimed, as B3) so its partition's slot
+  is free again. Figures: the median of the calls per size, and each size / 10 partitions. Goal (issue 34):
   claim at 10⁴ partitions ≤ 1.5× at 10.
 - *drain*: a default ``ductwork start`` (1 advancer × 3 threads, 1 worker × 5 threads)
   takes, in each repetition, n one-step no-op runs without a key (``One``), then n
@@ -269,10 +269,10 @@ def _profile(target: Target, app: App, partitions: int) -> dict[str, Metric]:
 
 
 def _bound_scan_plan(app: App) -> str | None:
-    """PostgreSQL: the plan of the routine's bound scan (``release_and_claim_3.postgresql.sql``,
-    INV-LIM-6) in one hand-off, from ``auto_explain`` (nested statements, ANALYZE, sent to
-    this session as notices); rolled back, then the held execution completed as the
-    others are."""
+    """PostgreSQL: the plans of the routine's bound walk (``release_and_claim_3.postgresql.sql``,
+    INV-LIM-6: its probes of ``ix_execution_pending_order``) in one hand-off, from
+    ``auto_explain`` (nested statements, ANALYZE, sent to this session as notices); rolled
+    back, then the held execution completed as the others are."""
     process_id = register(app, role="inline", label="bench-b8-profile")
     held = claim(app, process_id)
     if held is None:
