@@ -1,0 +1,163 @@
+"""What the lane routine costs per lane: the floor under a keyed step at ``concurrency: 1``.
+
+    python -m bench.routine_per_lane [--database-url URL] [--lanes 500] [--repeats 3]
+
+B8's drain goal (issue 34: runs over 10³–10⁴ ``concurrency: 1`` partitions at ≥ 0.5× the
+unkeyed drain) asks what batching across partitions could reach. Each partition's
+execution needs its own claim and release (a lane's lock, its in-flight count, its
+decision and its writes: ``claims.release_and_claim``), however many lanes one
+transaction or one round trip carries. This measures that per-lane work alone, against
+the same executions unkeyed (one routine call claims them all, one releases them all):
+
+- ``lanes`` partitions of ``bench.workloads.Tenants`` with one pending execution each
+  (``b8_partitions.insert_partitioned``), then in one transaction a poll's claim of each
+  lane in turn (``release_and_claim(key, owner, [], 1, poll=True)``), then in another the
+  release of each (``release_and_claim(key, owner, [Ending(id)])``): wall and this
+  process's CPU per lane (the rest of the wall time is the server's and the round trip's);
+- on PostgreSQL, the same claims and releases called from one SQL statement
+  (``unnest(keys)`` ⋈ ``LATERAL ductwork_release_and_claim_3(…)``): the server's time
+  per lane, with no round trip and no Python at all;
+- ``lanes`` unkeyed executions (``bench.workloads.One``): one routine call claims them
+  all, one releases them all, per execution.
+
+Medians of ``repeats``. A diagnostic, not a benchmark of record: it shows the bound
+(bench/RESULTS.md "B8 drain: the per-lane floor").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from bench.b8_partitions import b8_app, insert_partitioned, round_robin
+from bench.harness import Target, insert_pending, log
+from bench.workloads import TENANT_FAMILY, One
+from ductwork.db import dialects
+from ductwork.fleet.processes import register
+from ductwork.limits.claims import ROUTINE, _routine_args, release_and_claim
+from ductwork.limits.executions import Ending
+
+
+def _timed(fn) -> tuple[float, float, Any]:
+    """(wall seconds, this process's CPU seconds, what ``fn`` returned)"""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    return time.perf_counter() - wall, time.process_time() - cpu, result
+
+
+def _keyed(app, owner: str, keys: list[str]) -> dict[str, float]:
+    """Each lane's poll claim, then each one's release, one call a lane, one transaction each."""
+    def claims() -> list[tuple[str, str]]:
+        with app.begin() as tx:
+            return [(key, c.execution_id) for key in keys
+                    for c in release_and_claim(app, tx, key, owner, [], 1, poll=True).claimed]
+
+    def releases(claimed: list[tuple[str, str]]) -> None:
+        with app.begin() as tx:
+            for key, execution_id in claimed:
+                assert release_and_claim(app, tx, key, owner, [Ending(execution_id)]).ended
+
+    wall_c, cpu_c, claimed = _timed(claims)
+    assert len(claimed) == len(keys), (len(claimed), len(keys))
+    wall_r, cpu_r, _ = _timed(lambda: releases(claimed))
+    n = len(keys)
+    return {"claim_ms": 1000 * wall_c / n, "claim_cpu_ms": 1000 * cpu_c / n,
+            "release_ms": 1000 * wall_r / n, "release_cpu_ms": 1000 * cpu_r / n}
+
+
+def _keyed_in_sql(app, owner: str, keys: list[str]) -> dict[str, float]:
+    """PostgreSQL: every lane's claim from one statement, then every release from one."""
+    def statement(args: list[Any]) -> tuple[str, list[Any]]:
+        from psycopg.types.json import Jsonb
+
+        fixed: list[Any] = []
+        marks = []
+        for i, a in enumerate(args):
+            if i == 0:
+                marks.append("k.key")
+            elif i == 2:
+                marks.append("k.ends")
+            else:
+                marks.append("%s::text[]" if isinstance(a, list) else "%s")
+                fixed.append(Jsonb(a.value) if isinstance(a, dialects.Json) else a)
+        return f"LATERAL {ROUTINE}({', '.join(marks)}) r", fixed
+
+    routine, fixed = statement(_routine_args(app, keys[0], owner, [], 1, True))
+    with app.begin() as tx:
+        wall = time.perf_counter()
+        rows = tx.conn.exec_driver_sql(
+            f"SELECT r.r_limit_key, r.r_execution_id FROM (SELECT key, ARRAY[]::text[] AS ends "
+            f"FROM unnest(%s::text[]) AS u(key)) k, {routine}", (keys, *fixed)).all()
+        claim = time.perf_counter() - wall
+    claimed = [(row.r_limit_key, row.r_execution_id) for row in rows if row.r_execution_id is not None]
+    assert len(claimed) == len(keys), (len(claimed), len(keys))
+    routine, fixed = statement(_routine_args(app, keys[0], owner, [Ending("-")], 0, False))
+    with app.begin() as tx:
+        wall = time.perf_counter()
+        rows = tx.conn.exec_driver_sql(
+            f"SELECT r.r_status FROM (SELECT key, ARRAY[id] AS ends FROM unnest(%s::text[], %s::text[]) "
+            f"AS u(key, id)) k, {routine}", ([k for k, _ in claimed], [i for _, i in claimed], *fixed)).all()
+        release = time.perf_counter() - wall
+    assert all(row.r_status is None for row in rows), {row.r_status for row in rows}
+    n = len(keys)
+    return {"claim_in_sql_ms": 1000 * claim / n, "release_in_sql_ms": 1000 * release / n}
+
+
+def _unkeyed(app, owner: str, n: int) -> dict[str, float]:
+    """``n`` unkeyed executions: one call claims them all, one releases them all."""
+    def claims() -> list[str]:
+        with app.begin() as tx:
+            return [c.execution_id for c in release_and_claim(app, tx, None, owner, [], n, poll=True).claimed]
+
+    def releases(ids: list[str]) -> None:
+        with app.begin() as tx:
+            assert release_and_claim(app, tx, None, owner, [Ending(i) for i in ids]).ended
+
+    wall_c, cpu_c, ids = _timed(claims)
+    assert len(ids) == n, (len(ids), n)
+    wall_r, cpu_r, _ = _timed(lambda: releases(ids))
+    return {"unkeyed_claim_ms": 1000 * wall_c / n, "unkeyed_claim_cpu_ms": 1000 * cpu_c / n,
+            "unkeyed_release_ms": 1000 * wall_r / n, "unkeyed_release_cpu_ms": 1000 * cpu_r / n}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
+    parser.add_argument("--lanes", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=3)
+    options = parser.parse_args()
+    target = Target.from_url(options.database_url)
+    target.setup()
+    got: dict[str, list[float]] = {}
+    try:
+        for rep in range(options.repeats):
+            target.reset()  # (SQLite: a fresh copy of the file, so an app of its own each time)
+            app = b8_app(target)
+            owner = register(app, role="worker")
+            insert_partitioned(app, options.lanes, f"l{rep}", options.lanes, round_robin(options.lanes))
+            keys = [f"{TENANT_FAMILY}[{i}]" for i in range(options.lanes)]
+            measured = _keyed(app, owner, keys)
+            if target.kind == "postgresql":
+                insert_partitioned(app, options.lanes, f"s{rep}", options.lanes, round_robin(options.lanes))
+                measured |= _keyed_in_sql(app, owner, keys)
+            insert_pending(app, One, options.lanes, f"u{rep}")
+            measured |= _unkeyed(app, owner, options.lanes)
+            for name, value in measured.items():
+                got.setdefault(name, []).append(value)
+            app.dispose()
+            log(f"repetition {rep + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in measured.items()))
+    finally:
+        target.cleanup()
+    print(f"{target.name}, {options.lanes} lanes, medians of {options.repeats} (ms per lane or execution):")
+    for name, values in got.items():
+        print(f"  {name:<24} {statistics.median(values):8.3f}   ({', '.join(f'{v:.3f}' for v in values)})")
+    keyed = statistics.median(got["claim_ms"]) + statistics.median(got["release_ms"])
+    unkeyed = statistics.median(got["unkeyed_claim_ms"]) + statistics.median(got["unkeyed_release_ms"])
+    print(f"  claim + release: keyed {keyed:.3f} ms a lane, unkeyed {unkeyed:.3f} ms an execution "
+          f"({keyed / unkeyed:.0f}×)")
+
+
+if __name__ == "__main__":
+    main()
