@@ -17,6 +17,13 @@ the same executions unkeyed (one routine call claims them all, one releases them
 - on PostgreSQL, the same claims and releases called from one SQL statement
   (``unnest(keys)`` ⋈ ``LATERAL ductwork_release_and_claim_3(…)``): the server's time
   per lane, with no round trip and no Python at all;
+- on PostgreSQL, a **prototype** that is not the engine's path: the same claims and
+  releases as two set-based statements each (:data:`SET_LOCK` takes every lane's key row
+  in key order; :data:`SET_CLAIM` counts each lane's in flight, takes its oldest that its
+  ``concurrency`` admits, numbers the claims on from the key's ``seq`` and writes it;
+  :data:`SET_RELEASE` ends the executions the same way). Concurrency-only lanes with
+  their rows present: no rates, no family ceiling, no re-base, no stamp, no bound. It
+  shows what the per-lane work costs when it is done for all lanes at once;
 - ``lanes`` unkeyed executions (``bench.workloads.One``): one routine call claims them
   all, one releases them all, per execution.
 
@@ -105,6 +112,64 @@ def _keyed_in_sql(app, owner: str, keys: list[str]) -> dict[str, float]:
     return {"claim_in_sql_ms": 1000 * claim / n, "release_in_sql_ms": 1000 * release / n}
 
 
+#: the prototype's lock: every lane's key row, in key order (two claims never deadlock)
+SET_LOCK = "SELECT key FROM ductwork_limit_keys WHERE key = ANY(%(keys)s) ORDER BY key FOR UPDATE"
+#: the prototype's claim, a statement after the lock (READ COMMITTED: its snapshot is taken
+#: after the lock, so it counts every claim committed before)
+SET_CLAIM = """
+WITH lanes AS (SELECT * FROM unnest(%(keys)s::text[], %(concurrency)s::int[]) AS l(key, c)),
+inflight AS (SELECT e.inflight_key AS key, count(*) AS n FROM ductwork_executions e
+             WHERE e.inflight_key = ANY(%(keys)s) GROUP BY 1),
+heads AS (SELECT l.key, l.c, h.id, row_number() OVER (PARTITION BY l.key ORDER BY h.eligible_at, h.id) AS rn
+          FROM lanes l CROSS JOIN LATERAL (
+              SELECT e.id, e.eligible_at FROM ductwork_executions e
+              WHERE e.pending_lane = l.key AND e.eligible_at <= %(now)s
+              ORDER BY e.eligible_at, e.id LIMIT l.c) h),
+admitted AS (SELECT heads.key, heads.id, heads.rn FROM heads LEFT JOIN inflight USING (key)
+             WHERE coalesce(inflight.n, 0) + heads.rn <= heads.c),
+claimed AS (UPDATE ductwork_executions e SET claimed_at = %(now)s, process_id = %(owner)s,
+                   claim_seq = k.seq + a.rn, updated_at = %(now)s
+            FROM admitted a JOIN ductwork_limit_keys k ON k.key = a.key
+            WHERE e.id = a.id AND e.claimed_at IS NULL RETURNING e.id, e.limit_key),
+bumped AS (UPDATE ductwork_limit_keys k SET seq = k.seq + x.n, updated_at = %(now)s
+           FROM (SELECT limit_key, count(*) AS n FROM claimed GROUP BY 1) x WHERE k.key = x.limit_key)
+SELECT claimed.id, claimed.limit_key FROM claimed
+"""
+#: the prototype's release (one execution a lane here), after the same lock
+SET_RELEASE = """
+WITH ended AS (UPDATE ductwork_executions e SET completed_at = %(now)s, updated_at = %(now)s,
+                      outcome = 'success', release_seq = k.seq + 1
+               FROM ductwork_limit_keys k
+               WHERE e.id = ANY(%(ids)s) AND k.key = e.limit_key AND e.completed_at IS NULL
+                     AND e.claimed_at IS NOT NULL AND e.process_id = %(owner)s
+               RETURNING e.id, e.limit_key),
+bumped AS (UPDATE ductwork_limit_keys k SET seq = k.seq + x.n, updated_at = %(now)s
+           FROM (SELECT limit_key, count(*) AS n FROM ended GROUP BY 1) x WHERE k.key = x.limit_key)
+SELECT count(*) FROM ended
+"""
+
+
+def _set_based(app, owner: str, keys: list[str]) -> dict[str, float]:
+    """PostgreSQL, the prototype: every lane's claim in two statements, then every release in two."""
+    with app.begin() as tx:
+        now = tx.now
+        wall = time.perf_counter()
+        tx.conn.exec_driver_sql(SET_LOCK, {"keys": keys}).all()
+        rows = tx.conn.exec_driver_sql(SET_CLAIM, {"keys": keys, "concurrency": [1] * len(keys), "now": now,
+                                                   "owner": owner}).all()
+        claim = time.perf_counter() - wall
+    assert len(rows) == len(keys) == len({row.limit_key for row in rows}), (len(rows), len(keys))
+    with app.begin() as tx:
+        wall = time.perf_counter()
+        tx.conn.exec_driver_sql(SET_LOCK, {"keys": keys}).all()
+        ended = tx.conn.exec_driver_sql(SET_RELEASE, {"ids": [row.id for row in rows], "now": now,
+                                                      "owner": owner}).scalar_one()
+        release = time.perf_counter() - wall
+    assert ended == len(keys), (ended, len(keys))
+    n = len(keys)
+    return {"set_based_claim_ms": 1000 * claim / n, "set_based_release_ms": 1000 * release / n}
+
+
 def _unkeyed(app, owner: str, n: int) -> dict[str, float]:
     """``n`` unkeyed executions: one call claims them all, one releases them all."""
     def claims() -> list[str]:
@@ -142,6 +207,8 @@ def main() -> None:
             if target.kind == "postgresql":
                 insert_partitioned(app, options.lanes, f"s{rep}", options.lanes, round_robin(options.lanes))
                 measured |= _keyed_in_sql(app, owner, keys)
+                insert_partitioned(app, options.lanes, f"p{rep}", options.lanes, round_robin(options.lanes))
+                measured |= _set_based(app, owner, keys)
             insert_pending(app, One, options.lanes, f"u{rep}")
             measured |= _unkeyed(app, owner, options.lanes)
             for name, value in measured.items():
