@@ -17,11 +17,14 @@ the same executions unkeyed (one routine call claims them all, one releases them
 - on PostgreSQL, the same claims and releases called from one SQL statement
   (``unnest(keys)`` ⋈ ``LATERAL ductwork_release_and_claim_3(…)``): the server's time
   per lane, with no round trip and no Python at all;
-- on PostgreSQL, a **prototype** that is not the engine's path: the same claims and
+- a **prototype** that is not the engine's path: the same claims and
   releases as two set-based statements each (:data:`SET_LOCK` takes every lane's key row
   in key order; :data:`SET_CLAIM` counts each lane's in flight, takes its oldest that its
   ``concurrency`` admits, numbers the claims on from the key's ``seq`` and writes it;
-  :data:`SET_RELEASE` ends the executions the same way). Concurrency-only lanes with
+  :data:`SET_RELEASE` ends the executions the same way; MySQL-family, which has neither a
+  data-modifying CTE nor LATERAL, reads the admitted executions with
+  :data:`SET_ADMITTED_MYSQL`, then claims them and writes the keys in one UPDATE each,
+  and so does SQLite, under its write lock). Concurrency-only lanes with
   their rows present: no rates, no family ceiling, no re-base, no stamp, no bound. It
   shows what the per-lane work costs when it is done for all lanes at once;
 - ``lanes`` unkeyed executions (``bench.workloads.One``): one routine call claims them
@@ -170,6 +173,113 @@ def _set_based(app, owner: str, keys: list[str]) -> dict[str, float]:
     return {"set_based_claim_ms": 1000 * claim / n, "set_based_release_ms": 1000 * release / n}
 
 
+#: MySQL-family's form of the prototype (no data-modifying CTE, no LATERAL): after the same
+#: lock (in the key's index order), the admitted executions in one read, then the claims and
+#: the keys' ``seq`` in one UPDATE each
+SET_ADMITTED_MYSQL = """
+SELECT h.id, h.k, h.rn, k.seq FROM (
+    SELECT e.id, e.pending_lane AS k,
+           ROW_NUMBER() OVER (PARTITION BY e.pending_lane ORDER BY e.eligible_at, e.id) AS rn
+    FROM ductwork_executions e WHERE e.pending_lane IN %(keys)s AND e.eligible_at <= %(now)s) h
+JOIN ductwork_limit_keys k ON k.`key` = h.k
+LEFT JOIN (SELECT inflight_key, COUNT(*) AS n FROM ductwork_executions WHERE inflight_key IN %(keys)s
+           GROUP BY inflight_key) f ON f.inflight_key = h.k
+WHERE COALESCE(f.n, 0) + h.rn <= %(concurrency)s
+"""
+
+
+def _set_based_mysql(app, owner: str, keys: list[str]) -> dict[str, float]:
+    """MySQL-family, the prototype (concurrency 1 for every lane, as ``_set_based``)."""
+    import json
+
+    lock = "SELECT `key` FROM ductwork_limit_keys WHERE `key` IN %(keys)s ORDER BY `key` FOR UPDATE"
+
+    def seqs(rows: list[tuple[str, str, int]]) -> str:  # (execution id, key, seq to write) as JSON_TABLE reads it
+        return json.dumps([list(row) for row in rows])
+
+    claim = ("UPDATE ductwork_executions e JOIN JSON_TABLE(%(rows)s, '$[*]' COLUMNS (id VARCHAR(64) PATH '$[0]', "
+             "seq BIGINT PATH '$[2]')) j ON j.id = e.id SET e.claimed_at = %(now)s, e.process_id = %(owner)s, "
+             "e.claim_seq = j.seq, e.updated_at = %(now)s WHERE e.claimed_at IS NULL")
+    bump = ("UPDATE ductwork_limit_keys k JOIN JSON_TABLE(%(rows)s, '$[*]' COLUMNS (k VARCHAR(255) PATH '$[1]', "
+            "seq BIGINT PATH '$[2]')) j ON j.k = k.`key` SET k.seq = j.seq, k.updated_at = %(now)s")
+    end = ("UPDATE ductwork_executions e JOIN JSON_TABLE(%(rows)s, '$[*]' COLUMNS (id VARCHAR(64) PATH '$[0]', "
+           "seq BIGINT PATH '$[2]')) j ON j.id = e.id SET e.completed_at = %(now)s, e.updated_at = %(now)s, "
+           "e.outcome = 'success', e.release_seq = j.seq WHERE e.completed_at IS NULL "
+           "AND e.claimed_at IS NOT NULL AND e.process_id = %(owner)s")
+    with app.begin() as tx:
+        now = tx.now
+        raw = tx.conn.connection.cursor()
+        wall = time.perf_counter()
+        raw.execute(lock, {"keys": keys})
+        raw.fetchall()
+        raw.execute(SET_ADMITTED_MYSQL, {"keys": keys, "now": now, "concurrency": 1})
+        rows = [(i, k, seq + rn) for i, k, rn, seq in raw.fetchall()]
+        raw.execute(claim, {"rows": seqs(rows), "now": now, "owner": owner})
+        claimed = raw.rowcount
+        raw.execute(bump, {"rows": seqs(rows), "now": now})
+        claim_s = time.perf_counter() - wall
+    assert claimed == len(keys) == len({k for _, k, _ in rows}), (claimed, len(keys))
+    with app.begin() as tx:
+        raw = tx.conn.connection.cursor()
+        wall = time.perf_counter()
+        raw.execute(lock, {"keys": keys})
+        raw.fetchall()
+        raw.execute("SELECT `key`, seq FROM ductwork_limit_keys WHERE `key` IN %(keys)s", {"keys": keys})
+        seq = dict(raw.fetchall())
+        ends = [(i, k, seq[k] + 1) for i, k, _ in rows]
+        raw.execute(end, {"rows": seqs(ends), "now": now, "owner": owner})
+        ended = raw.rowcount
+        raw.execute(bump, {"rows": seqs(ends), "now": now})
+        release_s = time.perf_counter() - wall
+    assert ended == len(keys), (ended, len(keys))
+    n = len(keys)
+    return {"set_based_claim_ms": 1000 * claim_s / n, "set_based_release_ms": 1000 * release_s / n}
+
+
+def _set_based_sqlite(app, owner: str, keys: list[str]) -> dict[str, float]:
+    """SQLite, the prototype: the write lock taken at BEGIN IMMEDIATE is every key's lock;
+    :data:`SET_ADMITTED_MYSQL`'s read, then the claims and the keys' ``seq`` in one UPDATE
+    each (``UPDATE … FROM``); a release's sequence number is its key's next (one ending a
+    lane here)."""
+    import json
+
+    marks = ", ".join("?" * len(keys))
+    admitted = (SET_ADMITTED_MYSQL.replace("%(keys)s", f"({marks})", 1).replace("%(now)s", "?")
+                .replace("%(keys)s", f"({marks})").replace("%(concurrency)s", "?").replace("`", '"'))
+    claim = ("UPDATE ductwork_executions AS e SET claimed_at = ?, process_id = ?, claim_seq = j.value ->> 2, "
+             "updated_at = ? FROM json_each(?) AS j WHERE e.id = j.value ->> 0 AND e.claimed_at IS NULL")
+    bump = ('UPDATE ductwork_limit_keys AS k SET seq = j.value ->> 2, updated_at = ? FROM json_each(?) AS j '
+            'WHERE k."key" = j.value ->> 1')
+    end = ("UPDATE ductwork_executions AS e SET completed_at = ?, updated_at = ?, outcome = 'success', "
+           "release_seq = (SELECT k.seq + 1 FROM ductwork_limit_keys AS k WHERE k.\"key\" = e.limit_key) "
+           "WHERE e.id IN (SELECT value ->> 0 FROM json_each(?)) "
+           "AND e.completed_at IS NULL AND e.claimed_at IS NOT NULL AND e.process_id = ?")
+    with app.begin() as tx:
+        now = tx.now.isoformat(sep=" ")
+        raw = tx.conn.connection.cursor()
+        wall = time.perf_counter()
+        raw.execute(admitted, (*keys, now, *keys, 1))
+        rows = [(i, k, seq + rn) for i, k, rn, seq in raw.fetchall()]
+        raw.execute(claim, (now, owner, now, json.dumps(rows)))
+        claimed = raw.rowcount
+        raw.execute(bump, (now, json.dumps(rows)))
+        claim_s = time.perf_counter() - wall
+    assert claimed == len(keys) == len({k for _, k, _ in rows}), (claimed, len(keys))
+    with app.begin() as tx:
+        raw = tx.conn.connection.cursor()
+        wall = time.perf_counter()
+        raw.execute(f'SELECT "key", seq FROM ductwork_limit_keys WHERE "key" IN ({marks})', keys)
+        seq = dict(raw.fetchall())
+        ends = [(i, k, seq[k] + 1) for i, k, _ in rows]
+        raw.execute(end, (now, now, json.dumps(ends), owner))
+        ended = raw.rowcount
+        raw.execute(bump, (now, json.dumps(ends)))
+        release_s = time.perf_counter() - wall
+    assert ended == len(keys), (ended, len(keys))
+    n = len(keys)
+    return {"set_based_claim_ms": 1000 * claim_s / n, "set_based_release_ms": 1000 * release_s / n}
+
+
 def _unkeyed(app, owner: str, n: int) -> dict[str, float]:
     """``n`` unkeyed executions: one call claims them all, one releases them all."""
     def claims() -> list[str]:
@@ -209,6 +319,12 @@ def main() -> None:
                 measured |= _keyed_in_sql(app, owner, keys)
                 insert_partitioned(app, options.lanes, f"p{rep}", options.lanes, round_robin(options.lanes))
                 measured |= _set_based(app, owner, keys)
+            elif target.kind == "mysql":
+                insert_partitioned(app, options.lanes, f"p{rep}", options.lanes, round_robin(options.lanes))
+                measured |= _set_based_mysql(app, owner, keys)
+            else:
+                insert_partitioned(app, options.lanes, f"p{rep}", options.lanes, round_robin(options.lanes))
+                measured |= _set_based_sqlite(app, owner, keys)
             insert_pending(app, One, options.lanes, f"u{rep}")
             measured |= _unkeyed(app, owner, options.lanes)
             for name, value in measured.items():
