@@ -9,8 +9,9 @@ order (docs/verify.md):
 2. the **conformance machines**, engine against model, derandomized by the seed
    (:mod:`ductwork_proof.conformance`);
 3. **chaos rounds**: two ``ductwork start`` hosts over the built-in workload plus one
-   pipeline per key of the adopter's ``ductwork.yml`` (their concurrency and rate values on
-   synthetic keys, ``verify:<key>``: no real vendor is called), under seeded process kills
+   pipeline per key and per key family of the adopter's ``ductwork.yml`` (their concurrency
+   and rate values on synthetic keys and families, ``verify:<key>``: no real vendor is
+   called), under seeded process kills
    and server-side connection kills (:mod:`ductwork_proof.harness`);
 4. the **history checkers** over each round (:mod:`ductwork_proof.checkers`).
 
@@ -36,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ductwork import Pipeline
-from ductwork.limit_entries import LimitEntry
+from ductwork.limit_entries import FamilyEntry, LimitEntry
 from ductwork.pipelines.snapshot import Definition
 from ductwork_proof.invariants import STATEMENTS
 from ductwork_proof.results import Check, Round, VerifyResult
@@ -146,18 +147,18 @@ def _definitions(pipelines: Sequence[type[Pipeline]]) -> list[Definition]:
     return [p.definition for p in pipelines if p.definition is not None]
 
 
-def _adopter(opts: Options) -> tuple[dict[str, LimitEntry], list[str], list[str]]:
-    """The adopter's config: their limits (parsed, by key), the names of their pipelines
-    and the transition kinds those use."""
+def _adopter(opts: Options) -> tuple[dict[str, LimitEntry], dict[str, FamilyEntry], list[str], list[str]]:
+    """The adopter's config: their limits (parsed, by key), their key families (by family),
+    the names of their pipelines and the transition kinds those use."""
     if not opts.config:
-        return {}, [], []
+        return {}, {}, [], []
     from ductwork.config_file import load_config
     from ductwork.fleet.boot import load_pipelines
 
     config = load_config(opts.config, opts.env)
     definitions = _definitions(load_pipelines(config) if config.pipelines else [])
     kinds = sorted({edge.type for d in definitions for edge in d.edges.values()})
-    return config.limits, [d.pipeline for d in definitions], kinds
+    return config.limits, config.families, [d.pipeline for d in definitions], kinds
 
 
 def _kinds_covered() -> set[str]:
@@ -212,7 +213,7 @@ def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
     seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(1, 2**31)
     backend = backend_of(opts.database_url)
     started = time.monotonic()
-    limits, pipelines, kinds = _adopter(opts)
+    limits, families, pipelines, kinds = _adopter(opts)
     result = VerifyResult(ductwork_version=__version__, backend=backend, database_url=mask(opts.database_url),
                           server_version="", settings={}, seed=seed, quick=opts.quick,
                           started_at=datetime.now(UTC).isoformat(timespec="seconds"), pipelines=pipelines,
@@ -252,10 +253,10 @@ def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
         from ductwork_proof.history import History
         from ductwork_proof.workload import LIMITS, AdopterShapes
 
-        shapes = AdopterShapes.from_limits(limits)
+        shapes = AdopterShapes.from_limits(limits, families)
         result.limits = {**LIMITS, **shapes.limits}
-        result.not_checked += [f"your key {k!r}: its rate admits no claim within a round "
-                               "(slower than one per 8 s from an empty bucket)" for k in shapes.skipped]
+        result.not_checked += [f"your {'key family' if k in families else 'key'} {k!r}: its rate admits no claim "
+                               "within a round (slower than one per 8 s from an empty bucket)" for k in shapes.skipped]
         for i in range(opts.rounds or (QUICK_ROUNDS if opts.quick else FULL_ROUNDS)):
             round_seed = seed + i
             with _database(opts, result, out) as url:

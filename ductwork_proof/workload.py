@@ -41,11 +41,12 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ductwork import Pipeline, Step
+from ductwork.limit_entries import LimitEntry
 from ductwork_proof.history import make_witness_table
 
 WITNESS = make_witness_table()
@@ -187,13 +188,16 @@ class TenantFan(Witnessed):
 
 
 class TenantCall(Witnessed):
-    """A step on a partition of the ``tenant`` family: its input's ``tenant`` picks it."""
+    """A step on a partition of the ``tenant`` family (``family``): its input's ``tenant``
+    picks it."""
+
+    family = "tenant"
 
     @property
     def limit_key(self) -> str:  # type: ignore[override]
         """The partition's key as semantics §5.1 renders it (``tenant[<canonical JSON>]``),
         computed here, not by the engine: INV-LIM-8's checker compares it with the step's."""
-        return f"tenant[{json.dumps(self.value['tenant'], ensure_ascii=False, separators=(',', ':'))}]"
+        return f"{self.family}[{json.dumps(self.value['tenant'], ensure_ascii=False, separators=(',', ':'))}]"
 
     def body(self):
         self.pause(4)  # 20-98 ms: longer than a partition's token interval (50 ms), so
@@ -407,6 +411,8 @@ def trigger_workload(app, scale: int) -> list:
 #: the environment variable that names the adopter's synthetic keys (a JSON list) in the
 #: fleet's processes, which build the same pipeline classes when they import this module
 ADOPTER_KEYS_ENV = "DUCTWORK_VERIFY_KEYS"
+#: the same for the adopter's synthetic key families
+ADOPTER_FAMILIES_ENV = "DUCTWORK_VERIFY_FAMILIES"
 #: a synthetic key's name: the adopter's key, prefixed, so no real vendor's key is used
 SYNTHETIC_PREFIX = "verify:"
 #: how long a synthetic key's runs should take at its own rate, at most (seconds): the
@@ -416,10 +422,14 @@ SYNTHETIC_SECONDS = 8
 SYNTHETIC_ITEMS = 24
 
 
-def adopter_pipelines(keys: list[str]) -> list[type[Pipeline]]:
+def adopter_pipelines(keys: Sequence[str], families: Sequence[str] = ()) -> list[type[Pipeline]]:
     """For each synthetic key, ``AdopterCall<i>`` (a witnessed step on that key) and
-    ``AdopterFan<i>`` (a fan-out of it, then a fan-in), made module globals so that a
-    fleet process importing this module with :data:`ADOPTER_KEYS_ENV` set finds them by name."""
+    ``AdopterFan<i>`` (a fan-out of it, then a fan-in); for each synthetic family,
+    ``AdopterTenantCall<i>`` (a witnessed step on a partition of it) and
+    ``AdopterTenantFan<i>`` (a fan-out over :data:`TENANTS`' partitions, as
+    ``ChaosTenantFan``'s); made module globals so that a fleet process importing this module
+    with :data:`ADOPTER_KEYS_ENV` and :data:`ADOPTER_FAMILIES_ENV` set finds them by name.
+    Keys first, then families."""
     made: list[type[Pipeline]] = []
     for i, key in enumerate(keys):
         call = type(f"AdopterCall{i}", (ApiCall,), {"limit_key": key, "__module__": __name__})
@@ -427,11 +437,22 @@ def adopter_pipelines(keys: list[str]) -> list[type[Pipeline]]:
         def define(_cls, p, call=call, key=key):
             p.start(Fan).expand(to=call, limit_by=key).collapse(into=Total)
 
-        pipeline = type(f"AdopterFan{i}", (Pipeline,), {"define": classmethod(define), "__module__": __name__})
-        globals()[call.__name__] = call
-        globals()[pipeline.__name__] = pipeline
-        made.append(pipeline)
+        made.append(_made(call, f"AdopterFan{i}", define))
+    for i, family in enumerate(families):
+        call = type(f"AdopterTenantCall{i}", (TenantCall,), {"family": family, "__module__": __name__})
+
+        def define_family(_cls, p, call=call, family=family):
+            p.start(TenantFan).expand(to=call, limit_by=(family, "value.tenant")).collapse(into=Total)
+
+        made.append(_made(call, f"AdopterTenantFan{i}", define_family))
     return made
+
+
+def _made(call: type[Step], name: str, define) -> type[Pipeline]:
+    pipeline = type(name, (Pipeline,), {"define": classmethod(define), "__module__": __name__})
+    globals()[call.__name__] = call
+    globals()[pipeline.__name__] = pipeline
+    return pipeline
 
 
 def items_for(concurrency: int | None, rates: list[tuple[int, int, int]]) -> int:
@@ -455,36 +476,49 @@ class AdopterShapes:
     limits: dict[str, Any] = field(default_factory=dict)
     items: dict[str, int] = field(default_factory=dict)
     pipelines: list[type[Pipeline]] = field(default_factory=list)
-    #: the adopter's keys not run: a rate too slow for a round's length
+    #: the adopter's keys (and key families) not run: a rate too slow for a round's length
     skipped: list[str] = field(default_factory=list)
+    #: which of ``limits`` are key families (their entries ``per_partition`` and a ceiling)
+    families: list[str] = field(default_factory=list)
     #: the adopter's own pipelines and inputs (the ``ductwork_chaos`` fixture): each input
     #: is one run, whose bodies are the adopter's own code
     runs: list[tuple[type[Pipeline], Any]] = field(default_factory=list)
 
     @classmethod
-    def from_limits(cls, entries: Mapping[str, Any]) -> AdopterShapes:
-        """From parsed :class:`ductwork.limit_entries.LimitEntry` values by key."""
+    def from_limits(cls, entries: Mapping[str, Any], families: Mapping[str, Any] | None = None) -> AdopterShapes:
+        """From parsed :class:`ductwork.limit_entries.LimitEntry` values by key and
+        :class:`~ductwork.limit_entries.FamilyEntry` values by family. A family's run fans out
+        over :data:`TENANTS`' partitions, half of its items on the first: twice what one
+        partition's entry wants (:func:`items_for`), so that partition's own limits bind,
+        and its other items spread, so the family's ceiling can."""
         limits: dict[str, Any] = {}
         items: dict[str, int] = {}
         skipped: list[str] = []
         for key, entry in sorted(entries.items()):
-            name = SYNTHETIC_PREFIX + key
-            count = items_for(entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates])
-            if not count:
+            if count := items_for(entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates]):
+                limits[SYNTHETIC_PREFIX + key], items[SYNTHETIC_PREFIX + key] = _entry(entry), count
+            else:
                 skipped.append(key)
+        named: list[str] = []
+        for family, f in sorted((families or {}).items()):
+            one = items_for(f.per_partition.concurrency, [(r.limit, r.per_s, r.burst) for r in f.per_partition.rates])
+            if not one:
+                skipped.append(family)
                 continue
-            body: dict[str, Any] = {}
-            if entry.concurrency is not None:
-                body["concurrency"] = entry.concurrency
-            if entry.rates:
-                body["rate"] = [{"limit": r.limit, "per": f"{r.per_s}s", "burst": r.burst} for r in entry.rates]
-            limits[name] = body
-            items[name] = count
-        return cls(limits, items, adopter_pipelines(list(limits)), skipped)
+            name = SYNTHETIC_PREFIX + family
+            limits[name] = {"per_partition": _entry(f.per_partition),
+                            **({} if f.concurrency is None else {"concurrency": f.concurrency})}
+            items[name] = min(2 * one, SYNTHETIC_ITEMS)
+            named.append(name)
+        keys = [name for name in limits if name not in named]
+        return cls(limits, items, adopter_pipelines(keys, named), skipped, families=named)
 
     def environ(self) -> dict[str, str]:
-        """The fleet's processes build the synthetic keys' pipelines (:func:`adopter_pipelines`)."""
-        return {ADOPTER_KEYS_ENV: json.dumps(list(self.items))} if self.items else {}
+        """The fleet's processes build the synthetic keys' and families' pipelines
+        (:func:`adopter_pipelines`)."""
+        keys = [name for name in self.items if name not in self.families]
+        return {**({ADOPTER_KEYS_ENV: json.dumps(keys)} if keys else {}),
+                **({ADOPTER_FAMILIES_ENV: json.dumps(self.families)} if self.families else {})}
 
     def trigger(self, app) -> list:
         """One run per synthetic key, fanning out to its item count; then the adopter's runs."""
@@ -493,5 +527,16 @@ class AdopterShapes:
         return synthetic + [pipeline.trigger(value, app=app) for pipeline, value in self.runs]
 
 
-if os.environ.get(ADOPTER_KEYS_ENV):
-    adopter_pipelines(json.loads(os.environ[ADOPTER_KEYS_ENV]))
+def _entry(entry: LimitEntry) -> dict[str, Any]:
+    """A parsed entry's values as config (``job_worker.limits``) writes them."""
+    body: dict[str, Any] = {}
+    if entry.concurrency is not None:
+        body["concurrency"] = entry.concurrency
+    if entry.rates:
+        body["rate"] = [{"limit": r.limit, "per": f"{r.per_s}s", "burst": r.burst} for r in entry.rates]
+    return body
+
+
+if os.environ.get(ADOPTER_KEYS_ENV) or os.environ.get(ADOPTER_FAMILIES_ENV):
+    adopter_pipelines(json.loads(os.environ.get(ADOPTER_KEYS_ENV) or "[]"),
+                      json.loads(os.environ.get(ADOPTER_FAMILIES_ENV) or "[]"))

@@ -1,8 +1,9 @@
 """``ductwork verify`` end to end, as an adopter runs it (docs/verify.md).
 
 - on PostgreSQL and MariaDB: ``ductwork verify --quick`` with an adopter's ``ductwork.yml``
-  (a limit with a rate, a pipeline of their own) passes, writes its report, runs the
-  adopter's limit on a synthetic key and leaves no scratch database behind;
+  (a limit with a rate, a key family, a pipeline of their own) passes, writes its report,
+  runs the adopter's limit on a synthetic key and the family on a synthetic family, and
+  leaves no scratch database behind;
 - on SQLite: the same proof through the adopter's pytest plugin (``pytest -m chaos
   --ductwork-verify-url``), one item per invariant, and ``ductwork_chaos`` running an
   adopter's own pipeline under kills;
@@ -34,6 +35,7 @@ ADOPTER_CONFIG = textwrap.dedent("""\
       job_worker:
         limits:
           shop_api: {concurrency: 2, rate: {limit: 5, per: 1s, burst: 2}}
+          shop_tenant: {per_partition: {concurrency: 1, rate: {limit: 10, per: 1s}}, concurrency: 2}
 """)
 ADOPTER_PIPELINES = textwrap.dedent("""\
     from ductwork import Pipeline, Step
@@ -121,15 +123,18 @@ def test_verify_quick_passes_with_the_adopters_limits_and_leaves_no_scratch_data
     assert report["seed"] == SEED
     assert report["backend"] == kind
     assert report["limits"]["verify:shop_api"] == {"concurrency": 2, "rate": [{"limit": 5, "per": "1s", "burst": 2}]}
+    assert report["limits"]["verify:shop_tenant"] == {  # a key family: its partitions and ceiling
+        "per_partition": {"concurrency": 1, "rate": [{"limit": 10, "per": "1s", "burst": 10}]}, "concurrency": 2}
     assert report["pipelines"] == ["shop:SyncOrders"]
     assert {c["id"] for c in report["conformance"]} == {"CONF-LIMITS", "CONF-PIPELINES"}
     checked = {c["id"] for c in report["invariants"] if c["passed"]}
-    assert {"INV-LIM-1", "INV-LIM-2", "INV-ADV-1", "INV-EXE-1", "INV-RUN-1"} <= checked
+    assert {"INV-LIM-1", "INV-LIM-2", "INV-LIM-8", "INV-ADV-1", "INV-EXE-1", "INV-RUN-1"} <= checked
     (chaos_round,) = report["rounds"]
     assert chaos_round["counts"]["kills"] > 0
     assert chaos_round["counts"]["claims"] > 0
     history = Path(chaos_round["history_path"]).read_text()
     assert '"verify:shop_api"' in history  # the adopter's limit ran, on its synthetic key
+    assert '"verify:shop_tenant[\\"acct-1\\"]"' in history  # and its family, on a synthetic family's partitions
     assert (tmp_path / "report" / "report.html").stat().st_size > 0
     # each part ran in a scratch database of its own, and each is gone (this run's: a test
     # on another xdist worker may create and drop its own meanwhile)

@@ -99,6 +99,37 @@ def test_the_adopters_limits_run_on_synthetic_keys_with_their_values():
     assert shapes.environ() == {"DUCTWORK_VERIFY_KEYS": '["verify:stripe"]'}
 
 
+def test_the_adopters_key_families_run_on_synthetic_families_with_their_values():
+    """A family's per-partition entry and ceiling are kept; its run fans out to twice what
+    one partition's entry wants (half of the items go to one partition); a family whose
+    partitions' rate admits nothing in a round is skipped, as a key is."""
+    from ductwork.config import Config
+
+    config = Config.from_section({"job_worker": {"limits": {
+        "acct": {"per_partition": {"concurrency": 2, "rate": {"limit": 10, "per": "1s"}}, "concurrency": 3},
+        "open": {"per_partition": {"concurrency": 1}},
+        "slow": {"per_partition": {"rate": {"limit": 1, "per": "1h"}}},
+        "stripe": {"concurrency": 2}}}}, source="<test>")
+    shapes = AdopterShapes.from_limits(config.limits, config.families)
+    assert shapes.limits == {
+        "verify:stripe": {"concurrency": 2},
+        "verify:acct": {"per_partition": {"concurrency": 2, "rate": [{"limit": 10, "per": "1s", "burst": 10}]},
+                        "concurrency": 3},
+        "verify:open": {"per_partition": {"concurrency": 1}}}
+    again = Config.from_section({"job_worker": {"limits": shapes.limits}}, source="<again>")
+    assert again.families["verify:acct"].per_partition.rates == config.families["acct"].per_partition.rates
+    assert again.families["verify:acct"].concurrency == 3
+    assert shapes.items == {"verify:stripe": 6, "verify:acct": 12, "verify:open": 6}
+    assert shapes.families == ["verify:acct", "verify:open"]
+    assert shapes.skipped == ["slow"]
+    assert [p.__name__ for p in shapes.pipelines] == ["AdopterFan0", "AdopterTenantFan0", "AdopterTenantFan1"]
+    fan = shapes.pipelines[1].definition
+    (partitioned,) = [n for n in fan.nodes.values() if n.partition is not None]
+    assert str(partitioned.partition) == "verify:acct[value.tenant]"
+    assert shapes.environ() == {"DUCTWORK_VERIFY_KEYS": '["verify:stripe"]',
+                                "DUCTWORK_VERIFY_FAMILIES": '["verify:acct", "verify:open"]'}
+
+
 def test_the_replay_command_masks_the_password_and_names_the_seed():
     opts = verify.Options("postgresql://app:s3cret@db.example/prod", config="ductwork.yml")
     command = verify.replay(opts, 42, part="chaos")
