@@ -105,12 +105,23 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                              f"{_I}test_forget_partitions.py"),
     "pipelines/outcomes.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
                               f"{_I}test_timeout_children.py", f"{_I}test_wakeups.py"),
+    "pipelines/trigger.py": (f"{_I}test_triggers.py", f"{_I}test_time_predicates.py", f"{_I}test_async_client.py",
+                             f"{_I}test_exact_names.py"),  # (keyed and transactional triggers, INV-TRG-1/2)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")
 
 #: surviving mutants argued equivalent (no test can tell them from the original), by
 #: ``module#number`` of the module's current source (a change to it renumbers them: re-argue)
+#: why the key window's fence re-checks what cannot change (pipelines/trigger.py's argued mutants)
+TERMINAL_ARGUMENT = (
+    "a run is completed or halted for good (runs.TERMINAL: resolve_runs' UPDATE that sets the status and its "
+    "finish time is guarded by `status NOT IN TERMINAL`; revive writes a new run and leaves the halted one as it "
+    "is; resume moves only a dampened run), and it has a finish time only then, written once in that UPDATE; "
+    "key_expired decided on this row's status and finish time, read in this transaction, so the fence's term "
+    "re-decides a fact that cannot have changed since (a prune deleting the row meanwhile makes the id miss "
+    "either way); the fence's time terms are killed where they can differ (#32, #34: the window's own instant; "
+    "#40-#47: another time column)")
 ARGUED: dict[str, tuple[str, str]] = {
     # -- fleet/reaper.py
     "fleet/reaper.py#3": (
@@ -537,6 +548,42 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`keys - existing`, the same set whether `existing` holds only the asked keys that exist or every "
         "key that exists (a cost, a wider read, not an outcome)"),
     # -- pipelines/outcomes.py
+    # -- pipelines/trigger.py
+    "pipelines/trigger.py#21": (
+        "`and_` without `_r.c.status == 'completed'`",
+        "release_key's fence on a completed_at alone: only a completed run has one: " + TERMINAL_ARGUMENT),
+    "pipelines/trigger.py#22": (
+        "`and_` without `_r.c.completed_at <= cutoff`",
+        "release_key's fence on the completed status alone: " + TERMINAL_ARGUMENT),
+    "pipelines/trigger.py#23": (
+        "`and_` without `_r.c.status == 'halted'`",
+        "release_key's fence on a halted_at alone: only a halted run has one: " + TERMINAL_ARGUMENT),
+    "pipelines/trigger.py#24": (
+        "`and_` without `_r.c.halted_at <= cutoff`",
+        "release_key's fence on the halted status alone: " + TERMINAL_ARGUMENT),
+    "pipelines/trigger.py#48": (
+        "`where` without `_r.c.id == holder.run_id`",
+        "release_key's fence without the holder's id: at most one run holds a pipeline's key "
+        "(uq_run_trigger_key), so the fence meets the holder key_holder read or, if another trigger took the key "
+        "since, the run that trigger wrote; the fence's finish terms then decide of that run what they decide of "
+        "any holder (unfinished: refused, as the id would; finished a window ago: released, which is what this "
+        "trigger, deciding now, would do with it as the holder read)"),
+    "pipelines/trigger.py#49": (
+        "`where` without `_r.c.pipeline_klass == pipeline`",
+        "release_key's fence without the pipeline: the holder's id names one row, and key_holder read it with "
+        "the pipeline (#38's look-up is killed)"),
+    "pipelines/trigger.py#50": (
+        "`where` without `_r.c.trigger_key == key`",
+        "release_key's fence without the key: if another trigger took the key since key_holder's read (the "
+        "holder's trigger_key set NULL, and that trigger's run written with the key, committed), the fence "
+        "still meets the holder's row and sets NULL again, so the trigger goes on to insert its run with the "
+        "key; uq_run_trigger_key refuses that insert (translated to TriggeredConcurrently under a savepoint), "
+        "and the trigger answers with the run that took the key, or raises TriggeredConcurrently when its "
+        "snapshot cannot see it: what the fence's refusal leads to (keyed_run, then the same two answers); "
+        "SQLite's write lock makes the race impossible there, and the PostgreSQL and MariaDB runs leave it"),
+    "pipelines/trigger.py#51": (
+        "`where` without `finished`",
+        "release_key's fence without its finish terms: " + TERMINAL_ARGUMENT),
 }
 _SWAP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn,

@@ -404,6 +404,20 @@ def test_a_key_window_measures_its_holder_from_its_finish_time(manual_app):
     assert Unkeyed.trigger(4, key="old", key_window="1h").id != old.id
 
 
+def test_a_key_window_releases_a_key_finished_exactly_the_window_before(manual_app):
+    """``key_window="1h"``: a run completed, or halted, exactly an hour before the trigger
+    gives its key to a new run: the decision and the release's fence both count the
+    window's own instant [INV-TRG-1] (a fence that did not would refuse the release the
+    decision made, and the trigger would raise)."""
+    app = manual_app
+    now = app.clock.now()
+    completed, halted = Unkeyed.trigger(1, key="completed"), Unkeyed.trigger(2, key="halted")
+    _set(app, schema.runs, completed.id, status="completed", completed_at=now - timedelta(hours=1))
+    _set(app, schema.runs, halted.id, status="halted", halted_at=now - timedelta(hours=1))
+    assert Unkeyed.trigger(3, key="completed", key_window="1h").id != completed.id
+    assert Unkeyed.trigger(4, key="halted", key_window="1h").id != halted.id
+
+
 def test_a_claim_measures_an_execution_from_its_eligible_time(manual_app):
     """An execution created long ago but eligible only in an hour (a retry's back-off) is
     not claimed; one created just now and eligible since a second ago is [INV-CLK-1]."""

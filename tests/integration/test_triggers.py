@@ -296,6 +296,24 @@ def test_a_run_in_progress_keeps_its_key_whatever_the_window(app):
     assert _count(app, schema.runs) == 1
 
 
+@pytest.mark.parametrize("expired", [ChargeOrder, RefundOrder])
+def test_a_key_window_decides_by_the_holder_in_its_own_pipeline(app, expired):
+    """The same key held in two pipelines: the run that finished two days ago gives it to a
+    new run of its pipeline; the other pipeline's run, finished just now (and triggered
+    first, so a look-up of the holder by the key alone would meet it first), keeps its own
+    [INV-TRG-1]."""
+    held = RefundOrder if expired is ChargeOrder else ChargeOrder
+    recent = held.trigger(2, key="order-1")
+    finished = expired.trigger(1, key="order-1")
+    drain(app)
+    _finished_ago(app, finished.id, timedelta(days=2))
+    renewed = expired.trigger(3, key="order-1", key_window="1d")
+    assert renewed.id not in (finished.id, recent.id)
+    assert _key_of(app, finished.id) is None
+    assert held.trigger(4, key="order-1", key_window="1d").id == recent.id
+    assert _key_of(app, recent.id) == "order-1"
+
+
 def test_a_halted_run_finished_a_window_ago_gives_its_key_to_a_new_run(app):
     halted = Fails.trigger(1, key="order-1")
     drain(app)
