@@ -105,6 +105,9 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                              f"{_I}test_forget_partitions.py"),
     "pipelines/outcomes.py": (f"{_I}test_partial_losses.py", f"{_I}test_batches.py", f"{_I}test_exactly_once.py",
                               f"{_I}test_timeout_children.py", f"{_I}test_wakeups.py"),
+    "fleet/worker.py": (f"{_I}test_worker_loop.py", f"{_I}test_batches.py", f"{_I}test_partial_losses.py",
+                        f"{_I}test_async_steps.py", f"{_I}test_wakeups.py", f"{_I}test_halt_hooks.py",
+                        f"{_I}test_testing.py"),  # (a batch's claims and group commits; run_once's outcomes)
     "pipelines/trigger.py": (f"{_I}test_triggers.py", f"{_I}test_time_predicates.py", f"{_I}test_async_client.py",
                              f"{_I}test_exact_names.py"),  # (keyed and transactional triggers, INV-TRG-1/2)
 }
@@ -547,6 +550,22 @@ ARGUED: dict[str, tuple[str, str]] = {
         "ensure_keys reads every key's header row instead of those of `keys`: the rows it inserts are "
         "`keys - existing`, the same set whether `existing` holds only the asked keys that exist or every "
         "key that exists (a cost, a wider read, not an outcome)"),
+    # -- fleet/worker.py
+    "fleet/worker.py#7": (
+        "`not self._queue and (not self._group) and (time.monotonic() >= self._next_hook_p`: Or",
+        "run_once polls for a due hook on every call with nothing queued or grouped, not at most once a second "
+        "while busy: each poll is run_due_hook's guarded claim of a hook that is due, so what runs is still a due "
+        "hook, once; only the order (a busy worker's next claim waits behind the hooks due) and the polls' cost "
+        "differ"),
+    "fleet/worker.py#19": (
+        "`time.monotonic() >= self._next_hook_poll`: Gt for GtE",
+        "the hook poll's second has passed or is exactly now: equal only at one instant of a float clock, and "
+        "the next call polls (a hook waits one call longer, never more)"),
+    "fleet/worker.py#26": (
+        "`not together`: `not` dropped",
+        "_run's fault checkpoint AFTER_JOB_CLAIM (faults.hit, which does nothing unless a chaos round or a test "
+        "arms it) is passed for awaited batches instead of plain steps: where a chaos kill may land, not what "
+        "the engine does"),
     # -- pipelines/outcomes.py
     # -- pipelines/trigger.py
     "pipelines/trigger.py#21": (
