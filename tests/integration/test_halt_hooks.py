@@ -29,7 +29,7 @@ from ductwork.pipelines.hooks import HookClaimLost, claim_hook, record_hook
 from ductwork.pipelines.snapshot import Definition
 from ductwork.testing import drain
 from tests.workloads import Boom, Echo, Fails
-from tests.workloads.hooks import HOOK_LOG_ENV, HaltingPipeline, HaltRecorder
+from tests.workloads.hooks import HOOK_LOG_ENV, HaltingPipeline, HaltRecorder, halted_with_owed_hook
 
 SEEN: dict[str, list[dict]] = {}
 FAILS: dict[str, int] = {}
@@ -291,7 +291,7 @@ def test_one_hook_per_run_is_a_named_constraint(manual_app):
 
 
 def test_a_stale_claim_records_nothing_and_the_reaper_re_runs_the_hook(manual_app):
-    run = _halted_with_owed_hook(manual_app, 3)
+    run = halted_with_owed_hook(manual_app, 3)
     ghost = register(manual_app, role="ghost", label="ghost")
     claimed = claim_hook(manual_app, ghost)
     assert claimed is not None
@@ -349,27 +349,10 @@ def test_on_halt_rejects_a_second_handler_and_a_non_step():
                 p.start(Echo).on_halt(object)
 
 
-def _halted_with_owed_hook(app, n=1, pipeline=HaltingPipeline):
-    """A run of ``pipeline`` (one that halts) driven to its halt by a worker that runs no hooks."""
-    from ductwork.fleet.worker import Worker
-    from ductwork.pipelines.advance import Advancer
-
-    run = pipeline.trigger(n)
-    worker, advancer = Worker(app), Advancer(app)
-    worker._hook = lambda: None  # this worker runs executions only: the hook is left owed
-    for _ in range(50):
-        advancer.run_once()
-        if run.refresh().status == "halted":
-            return run
-        worker.run_once()
-        app.clock.advance(timedelta(seconds=1))
-    raise AssertionError(f"run {run.id} did not halt")
-
-
 def test_a_hook_held_by_no_thread_of_a_live_process_is_reconciled(manual_app):
     from ductwork.fleet.reaper import RECONCILE_GRACE_S, reconcile
 
-    run = _halted_with_owed_hook(manual_app)
+    run = halted_with_owed_hook(manual_app)
     live = register(manual_app, role="job_worker", label="w")
     claimed = claim_hook(manual_app, live)
     assert claimed is not None
@@ -383,7 +366,7 @@ def test_a_hook_held_by_no_thread_of_a_live_process_is_reconciled(manual_app):
 def test_an_orphaned_hook_claim_is_swept(manual_app):
     from ductwork.fleet.reaper import sweep_orphans
 
-    run = _halted_with_owed_hook(manual_app)
+    run = halted_with_owed_hook(manual_app)
     ghost = register(manual_app, role="ghost", label="ghost")
     assert claim_hook(manual_app, ghost) is not None
     with manual_app.begin() as tx:  # its row vanished (a reap that raced the claim)
@@ -399,7 +382,7 @@ def test_a_hook_reaped_under_its_handler_records_nothing(manual_app, caplog):
     """The reaper takes the claim while the handler runs (its worker looked dead): the
     handler's record matches nothing, and the reaper's re-run is the live attempt
     [INV-HLT-1]. Called as a caller that tracks no held hook (no ``holding``)."""
-    run = _halted_with_owed_hook(manual_app, pipeline=halting(ReapedUnderIt))
+    run = halted_with_owed_hook(manual_app, pipeline=halting(ReapedUnderIt))
     worker = register(manual_app, role="job_worker", label="w")
     UNDER.append(lambda: reap(manual_app, worker, force=True))
     with caplog.at_level(logging.WARNING, logger="ductwork.hooks"):
@@ -417,7 +400,7 @@ def test_a_handler_leaving_its_thread_after_a_reap_leaves_the_reapers_record(man
     """The thread leaves the handler (a BaseException) after the reaper took the claim: the
     crash of the abandoned attempt matches nothing, is logged, and the reaper's record
     stands; the caller is told the hook is no longer held."""
-    run = _halted_with_owed_hook(manual_app, pipeline=halting(LeavesAfterItsReap))
+    run = halted_with_owed_hook(manual_app, pipeline=halting(LeavesAfterItsReap))
     worker = register(manual_app, role="job_worker", label="w")
     UNDER.append(lambda: reap(manual_app, worker, force=True))
     held = []
@@ -433,7 +416,7 @@ def test_a_handler_leaving_its_thread_after_a_reap_leaves_the_reapers_record(man
 def test_a_handler_that_cannot_be_built_from_its_halt_fails_at_once(manual_app, caplog, case):
     """A handler whose ``__init__`` does not take the halt, or whose class this process no
     longer has (a deploy renamed it), is ``invalid``: not retried, the hook fails."""
-    run = _halted_with_owed_hook(manual_app, pipeline=halting(TakesNoHalt if case == "does_not_take_the_halt"
+    run = halted_with_owed_hook(manual_app, pipeline=halting(TakesNoHalt if case == "does_not_take_the_halt"
                                                             else Remember))
     if case == "class_gone":
         with manual_app.begin() as tx:
@@ -454,7 +437,7 @@ def test_a_handler_that_cannot_be_built_from_its_halt_fails_at_once(manual_app, 
 def test_a_claimed_hook_is_told_its_own_runs_halt_only(manual_app):
     """Two runs halted, each owing a hook: each claimed hook's halt names its own run's
     halted branch and error only, never the other run's [INV-HLT-2]."""
-    runs = {n: _halted_with_owed_hook(manual_app, n) for n in (1, 2)}
+    runs = {n: halted_with_owed_hook(manual_app, n) for n in (1, 2)}
     worker = register(manual_app, role="job_worker", label="w")
     told = {}
     for _ in runs:
@@ -478,7 +461,7 @@ def test_each_recorded_attempt_wakes_and_logs_what_follows_it(manual_app, caplog
     is final: it wakes no worker and logs nothing [INV-HLT-2]."""
     app, config = manual_app, manual_app.config.job_worker
     assert config.max_crash != config.max_retry
-    run = _halted_with_owed_hook(app)
+    run = halted_with_owed_hook(app)
     worker = register(app, role="job_worker", label="w")
 
     def record(outcome, error=None):
@@ -527,7 +510,7 @@ def test_a_halt_without_an_error_is_told_none_beside_another_runs_advancement_er
     from tests.factories import make_executions, make_run
 
     app = crash_exhausting_app
-    run = _halted_with_owed_hook(app, 3, pipeline=Completes)
+    run = halted_with_owed_hook(app, 3, pipeline=Completes)
     other_run, other_branch = make_run(app)
     make_executions(app, other_run, other_branch, None, app.clock.now())
     with app.begin() as tx:
@@ -547,7 +530,7 @@ def test_the_handler_is_told_the_error_of_the_attempt_that_ended_last(manual_app
     that completed last, though an earlier one's other times (eligible, claimed, created,
     updated) are set far later and its id is smaller (the columns the order could confuse
     disagree by far) [INV-HLT-2]."""
-    run = _halted_with_owed_hook(manual_app, 5)
+    run = halted_with_owed_hook(manual_app, 5)
     e, st = schema.executions, schema.steps
     with manual_app.begin() as tx:
         attempts = tx.execute(sa.select(e.c.id).join(st, st.c.id == e.c.step_id).where(
@@ -570,7 +553,7 @@ def test_the_handler_is_told_the_error_of_the_advancement_that_ended_last(crash_
     told the error of the one that completed last, though the earlier one's other times
     (started, created, updated) are set far later and its id is smaller [INV-HLT-2]."""
     app = crash_exhausting_app
-    run = _halted_with_owed_hook(app, 3, pipeline=Completes)
+    run = halted_with_owed_hook(app, 3, pipeline=Completes)
     b = schema.branches
     with app.begin() as tx:
         [branch] = tx.execute(sa.select(b.c.id).where(b.c.run_id == run.id, b.c.status == "halted")).scalars()

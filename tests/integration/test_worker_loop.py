@@ -23,7 +23,7 @@ from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from tests.conftest import installed, make_app
 from tests.workloads import Boom, Echo, Fails, Unkeyed
-from tests.workloads.hooks import HaltingPipeline
+from tests.workloads.hooks import halted_with_owed_hook
 
 
 class Ticked(Pipeline):
@@ -43,24 +43,10 @@ def clocked(db_url):
                                   job_worker={"limits": {"tick": {"rate": {"limit": 1, "per": "1s", "burst": 1}}}}))
 
 
-def _halted_with_owed_hook(app):
-    """A HaltingPipeline run driven to its halt by a worker that runs no hooks."""
-    run = HaltingPipeline.trigger(1)
-    worker, advancer = Worker(app), Advancer(app)
-    worker._hook = lambda: None  # this worker runs executions only: the hook is left owed
-    for _ in range(50):
-        advancer.run_once()
-        if run.refresh().status == "halted":
-            return run
-        worker.run_once()
-        app.clock.advance(timedelta(seconds=1))
-    raise AssertionError(f"run {run.id} did not halt")
-
-
 def test_a_busy_worker_runs_a_due_hook_before_its_next_claim(clocked):
     """A worker with work waiting still polls for due hooks (at most once a second while
     busy): its first call runs the owed hook, the next one the waiting execution."""
-    _halted_with_owed_hook(clocked)
+    halted_with_owed_hook(clocked)
     run = Unkeyed.trigger(1)
     worker = Worker(clocked)
     first = worker.run_once()

@@ -42,6 +42,26 @@ class HaltingPipeline(Pipeline):
         p.start(Boom).on_halt(HaltRecorder)
 
 
+def halted_with_owed_hook(app, n=1, pipeline=HaltingPipeline):  # type: ignore[no-untyped-def]
+    """A run of ``pipeline`` (one that halts) driven to its halt on ``app``'s ManualClock by a
+    worker that runs no hooks: the run owes its hook, which no thread has claimed."""
+    from datetime import timedelta
+
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
+
+    run = pipeline.trigger(n)
+    worker, advancer = Worker(app), Advancer(app)
+    worker._hook = lambda: None  # this worker runs executions only: the hook is left owed
+    for _ in range(50):
+        advancer.run_once()
+        if run.refresh().status == "halted":
+            return run
+        worker.run_once()
+        app.clock.advance(timedelta(seconds=1))
+    raise AssertionError(f"run {run.id} did not halt")
+
+
 class ShellSpawnerHook(ShellSpawner):
     """An on_halt handler that is a :class:`ShellSpawner` (``sh -c "sleep 600 & wait"``, twice,
     then a sleep), its marker file named by ``$DUCTWORK_TEST_HOOK_LOG``."""
