@@ -495,13 +495,13 @@ class AdopterShapes:
         items: dict[str, int] = {}
         skipped: list[str] = []
         for key, entry in sorted(entries.items()):
-            if count := items_for(entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates]):
+            if count := _items(entry):
                 limits[SYNTHETIC_PREFIX + key], items[SYNTHETIC_PREFIX + key] = _entry(entry), count
             else:
                 skipped.append(key)
         named: list[str] = []
         for family, f in sorted((families or {}).items()):
-            one = items_for(f.per_partition.concurrency, [(r.limit, r.per_s, r.burst) for r in f.per_partition.rates])
+            one = _items(f.per_partition)
             if not one:
                 skipped.append(family)
                 continue
@@ -525,6 +525,11 @@ class AdopterShapes:
         pairs = zip(self.pipelines, self.items, strict=True)
         synthetic = [pipeline.trigger(self.items[key], app=app) for pipeline, key in pairs]
         return synthetic + [pipeline.trigger(value, app=app) for pipeline, value in self.runs]
+
+
+def _items(entry: LimitEntry) -> int:
+    """:func:`items_for` a parsed entry."""
+    return items_for(entry.concurrency, [(r.limit, r.per_s, r.burst) for r in entry.rates])
 
 
 def _entry(entry: LimitEntry) -> dict[str, Any]:

@@ -196,17 +196,14 @@ class LimitsAgainstModel(RuleBasedStateMachine):
         some examples only (older work in other lanes ends a batch first): a decision told
         one fewer in flight than there is was found by 9 of 20 seeds within 5 examples
         without this rule."""
-        limited = [key for key in self.limited_keys()
+        limited = [(key, entry.concurrency) for key in self.limited_keys()
                    if (entry := self.app.config.entry_for(key)) is not None and entry.concurrency is not None]
         if not limited:
             return
-        key = limited[index % len(limited)]
-        concurrency = self.app.config.entry_for(key).concurrency
+        key, concurrency = limited[index % len(limited)]
         full = sorted(eid for eid in self.held if self.keys[eid] == key)
         if full and self.model.in_flight(key) >= concurrency:
-            _worker, claimed = self.held.pop(full[0])
-            record_success(self.app, claimed, Output("null"))
-            self.model.complete(full[0], self.now_us)
+            self._complete(full[0])
         room = max(0, concurrency - self.model.in_flight(key))  # (a restart may have lowered the limit below it)
         for execution_id in make_executions(self.app, self.run_id, self.branch_id, key, OVERDUE, room + 1):
             self.model.enqueue(execution_id, key, to_us(OVERDUE))
@@ -294,7 +291,10 @@ class LimitsAgainstModel(RuleBasedStateMachine):
     @precondition(lambda self: self.held)
     @rule(data=st.data())
     def complete(self, data):
-        execution_id = data.draw(st.sampled_from(sorted(self.held)))
+        self._complete(data.draw(st.sampled_from(sorted(self.held))))
+
+    def _complete(self, execution_id: str) -> None:
+        """A held execution's success, recorded by the engine and the model."""
         _worker, claimed = self.held.pop(execution_id)
         record_success(self.app, claimed, Output("null"))
         self.model.complete(execution_id, self.now_us)
