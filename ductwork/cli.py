@@ -147,8 +147,8 @@ def _whole(option: str, text: str) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     import json
 
-    from ductwork.pipelines.history import JSON_FORMAT, list_runs, run_json
-    from ductwork.pipelines.history_text import render_runs
+    from ductwork.history_text import JSON_FORMAT, render_runs, run_json
+    from ductwork.pipelines.history import list_runs
 
     limit = _whole("--limit", args.limit)
     app = _connect(args)
@@ -163,8 +163,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     import json
 
-    from ductwork.pipelines.history import history_json, run_history
-    from ductwork.pipelines.history_text import render_history
+    from ductwork.history_text import history_json, render_history
+    from ductwork.pipelines.history import run_history
 
     history = run_history(_connect(args), args.run_id, backtraces=args.backtrace)
     print(json.dumps(history_json(history), indent=2) if args.json else render_history(history))

@@ -84,7 +84,13 @@ LANE_WALK_LINES = 8
 #: sweep, the supervisor's tick that runs it, a claim creating a forgotten key's row and a new
 #: partition row numbering on from its family's seq (``lock_key``)
 FORGET_PARTITIONS_LINES = 43
-CODE_LINES_BUDGET = 6_106 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
+#: and a move, not a removal: the text and ``--json`` documents of ``ductwork runs`` and
+#: ``ductwork show`` (``history_text.py``: 135 code lines of presentation) left
+#: ``pipelines/`` for the top, beside ``status.py``'s text of ``ductwork status``; the engine
+#: layers hold no presentation. Counted apart so that the removals stay visible
+PRESENTATION_MOVED_LINES = 135
+CODE_LINES_BUDGET = (6_106 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
+                     - PRESENTATION_MOVED_LINES)
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment
 SQL_LINE = re.compile(r"^\s*(?:--|$)")

@@ -24,7 +24,7 @@ queued behind a free key is claimed by the next worker poll).
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -33,7 +33,6 @@ import sqlalchemy as sa
 from ductwork.db import schema
 from ductwork.durations import parse_period
 from ductwork.errors import DurationError, RunFilterError, UnknownRunError
-from ductwork.values import Json
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -48,9 +47,6 @@ RUN_STATUSES = ("in_progress", "dampened", "completed", "halted")
 #: ``list_runs``'s default and largest ``limit``
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 10_000
-#: version of the ``--json`` documents (docs/operating.md describes them); bumped on a
-#: change that removes or renames a field (a new field does not bump it)
-JSON_FORMAT = 1
 #: a record type (:func:`_record`)
 R = TypeVar("R", bound="DataclassInstance")
 
@@ -446,32 +442,3 @@ class _Waits:
                 return Wait(kind="concurrency", key=last.limit_key, in_flight=running,
                             concurrency=entry.concurrency)
         return Wait(kind="queued", key=last.limit_key)
-
-
-# --------------------------------------------------------------------------- JSON
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat(sep="T", timespec="microseconds") + "Z"
-    if isinstance(value, dict):
-        return {key: _json_value(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_value(item) for item in value]
-    return value
-
-
-def run_json(record: RunRecord) -> dict[str, Json]:
-    """``ductwork runs --json``'s object for one run: the RunRecord's fields plus
-    ``finished_at``; times are ISO 8601 UTC with microseconds and a ``Z``."""
-    return _json_value({**asdict(record), "finished_at": record.finished_at})  # type: ignore[no-any-return]
-
-
-def history_json(history: RunHistory) -> dict[str, Json]:
-    """``ductwork show --json``'s document: ``{"format": 1, "now", "run", "branches",
-    "steps", "context_keys", "hook"}``, each record's fields by name (docs/operating.md)."""
-    document = {"format": JSON_FORMAT, "now": history.now, "run": run_json(history.run),
-                "branches": [asdict(branch) for branch in history.branches],
-                "steps": [asdict(step) for step in history.steps], "context_keys": list(history.context_keys),
-                "hook": None if history.hook is None else asdict(history.hook)}
-    return _json_value(document)  # type: ignore[no-any-return]

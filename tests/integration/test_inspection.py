@@ -26,10 +26,10 @@ from ductwork.cli import main
 from ductwork.db import schema
 from ductwork.errors import RunFilterError, UnknownRunError
 from ductwork.fleet.processes import register
+from ductwork.history_text import history_json, render_history
 from ductwork.limits.claims import claim
 from ductwork.pipelines import prune as pruning
 from ductwork.pipelines.history import list_runs
-from ductwork.pipelines.history_text import render_history
 from ductwork.testing import drain
 from tests.conftest import installed, make_app
 from tests.workloads import Boom, Items, Square, Sum
@@ -148,7 +148,7 @@ def test_history_of_a_halted_run_names_the_error_and_the_backtrace_on_request(cl
     document = json.loads(out)
     assert (code, document["format"], document["run"]["status"]) == (0, 1, "halted")
     assert set(document) == {"format", "now", "run", "branches", "steps", "context_keys", "hook"}
-    expected = json.loads(json.dumps(ductwork.pipelines.history.history_json(run.history())))
+    expected = json.loads(json.dumps(history_json(run.history())))
     assert {**document, "now": None} == {**expected, "now": None}  # the CLI's clock is the database's
 
 

@@ -1,18 +1,26 @@
-"""The text of ``ductwork runs`` and ``ductwork show``: the records of
-:mod:`ductwork.pipelines.history` rendered, nothing read besides them.
+"""What ``ductwork runs`` and ``ductwork show`` print: the records of
+:mod:`ductwork.pipelines.history` rendered as text or as ``--json`` documents, nothing read
+besides them (the presentation, beside ``status.py``'s; the engine's layers hold none).
 
     >>> print(render_history(run_history(app, run_id)))
+    >>> print(json.dumps(history_json(run_history(app, run_id))))
 
-Times are database time (UTC), to the millisecond; a wait is described relative to the
-history's ``now``. The ``--json`` documents are ``history.run_json`` and
-``history.history_json``.
+Text times are database time (UTC), to the millisecond; a wait is described relative to
+the history's ``now``. JSON times are ISO 8601 UTC with microseconds and a ``Z``.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
+from typing import Any
 
 from ductwork.pipelines.history import BranchRecord, ErrorRecord, RunHistory, RunRecord, StepRecord, Wait
+from ductwork.values import Json
+
+#: version of the ``--json`` documents (docs/operating.md describes them); bumped on a
+#: change that removes or renames a field (a new field does not bump it)
+JSON_FORMAT = 1
 
 
 def _at(moment: datetime | None) -> str:
@@ -149,3 +157,31 @@ def _backtrace(error: ErrorRecord, indent: str) -> list[str]:
     if error.backtrace is None:
         return []
     return [indent + line for line in error.backtrace.rstrip().splitlines()]
+
+# --------------------------------------------------------------------------- JSON
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat(sep="T", timespec="microseconds") + "Z"
+    if isinstance(value, dict):
+        return {key: _json_value(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(item) for item in value]
+    return value
+
+
+def run_json(record: RunRecord) -> dict[str, Json]:
+    """``ductwork runs --json``'s object for one run: the RunRecord's fields plus
+    ``finished_at``; times are ISO 8601 UTC with microseconds and a ``Z``."""
+    return _json_value({**asdict(record), "finished_at": record.finished_at})  # type: ignore[no-any-return]
+
+
+def history_json(history: RunHistory) -> dict[str, Json]:
+    """``ductwork show --json``'s document: ``{"format": 1, "now", "run", "branches",
+    "steps", "context_keys", "hook"}``, each record's fields by name (docs/operating.md)."""
+    document = {"format": JSON_FORMAT, "now": history.now, "run": run_json(history.run),
+                "branches": [asdict(branch) for branch in history.branches],
+                "steps": [asdict(step) for step in history.steps], "context_keys": list(history.context_keys),
+                "hook": None if history.hook is None else asdict(history.hook)}
+    return _json_value(document)  # type: ignore[no-any-return]
