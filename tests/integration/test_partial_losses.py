@@ -20,7 +20,9 @@ output, step and successor beside its pending re-run; the engine mutants
 Checks: INV-EXE-2 (a group commit ends only executions still open and its owner's; the
 lost one's re-run is the live execution), INV-ADV-1 and INV-ADV-2 (a batch's stale
 branch claim commits nothing for its branch), INV-LIM-1 and INV-CLK-1 (a keyed group
-that lost one releases each of the others with its own seq after the reaper's release).
+that lost one releases each of the others with its own seq after the reaper's release),
+INV-LIM-8 (the same in a partition of a key family at its ceiling: a release takes only
+its partition's lock and writes nothing of the family's row).
 """
 
 from __future__ import annotations
@@ -91,6 +93,20 @@ class KeyedLoserChain(Pipeline):
         p.start(Loser, limit_by="three").chain(to=Echo)
 
 
+class PartitionLoser(Loser):
+    """As :class:`Loser`, in its account's partition of the key family ``tenant``."""
+
+    def __init__(self, account, n):
+        super().__init__(n)
+        self.account = account
+
+
+class PartitionLoserChain(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(PartitionLoser, limit_by=("tenant", "account")).chain(to=Echo)
+
+
 class AsyncLoserChain(Pipeline):
     @classmethod
     def define(cls, p):
@@ -109,6 +125,15 @@ def keyed_app(db_url):
 
     yield from installed(make_app(db_url, job_worker={"limits": {
         "three": {"concurrency": 3, "rate": {"limit": 1000, "per": 1}}}}))  # (a rate: the key has a bucket)
+
+
+@pytest.fixture
+def family_app(db_url):
+    """A key family whose ceiling one partition's ``concurrency`` fills."""
+    from tests.conftest import installed, make_app
+
+    yield from installed(make_app(db_url, job_worker={"limits": {
+        "tenant": {"per_partition": {"concurrency": 3}, "concurrency": 3}}}))
 
 
 @pytest.fixture
@@ -150,12 +175,14 @@ def _steps(app, run_id) -> list[tuple[str, str]]:
         return sorted(tuple(row) for row in tx.execute(sa.select(s.c.node, s.c.status).where(s.c.run_id == run_id)))
 
 
-def _lost_batch(app, pipeline, then=None):
-    """Three runs of ``pipeline``, run by one batching worker whose batch loses the second
-    run's execution while it runs (then calls ``then()``); returns (runs, the lost run's
-    rows after the loss)."""
+def _lost_batch(app, pipeline, then=None, account=None, also=None):
+    """Three runs of ``pipeline`` (of ``account``'s, when given, before each one's number),
+    then ``also()``, run by one batching worker whose batch loses the second run's execution
+    while it runs (then calls ``then()``); returns (runs, the lost run's rows after the loss)."""
     pid = register(app, role="test", label="batcher")
-    runs = [pipeline.trigger(n) for n in range(3)]
+    runs = [pipeline.trigger(*(() if account is None else (account,)), n) for n in range(3)]
+    if also is not None:
+        also()
     frozen: dict = {}
     LOSE.update(n=1, then=crash_its_execution(app, pid, frozen, then))
     worker = Worker(app, process_id=pid, batch_size=3, batch_window=60)
@@ -232,6 +259,41 @@ def test_a_keyed_group_commit_that_lost_one_writes_nothing_for_it(keyed_app):
     for run in (runs[0], runs[2]):
         assert ("Loser#0", "in_progress") not in _steps(app, run.id)
     assert _steps(app, runs[1].id) == [("Loser#0", "in_progress")]
+
+
+def test_a_keyed_group_commit_in_a_partition_that_lost_one_writes_nothing_for_it(family_app):
+    """The keyed group commit in a partition of a key family whose ceiling (3) the batch
+    fills, one of its three crashed while it runs: nothing for the lost one; the other two
+    released in the partition, each with its own seq after the crash's; the family's row
+    as the loss left it (a release takes only its partition's lock, and ending an
+    execution only lowers the family's count); another partition's execution, refused
+    while the family was full, is claimed once the family has room [INV-LIM-8, INV-EXE-2]."""
+    app = family_app
+    waiting: list = []  # another partition's run, after the three: the family's ceiling keeps it
+    after_loss: list = []
+    runs, frozen = _lost_batch(app, PartitionLoserChain, account="a",
+                               then=lambda: after_loss.extend(key_rows(app, "tenant")),
+                               also=lambda: waiting.append(PartitionLoserChain.trigger("b", 7)))
+    _assert_lost_untouched(app, runs, frozen)
+    e, s = schema.executions, schema.steps
+    partition = 'tenant["a"]'
+    with app.begin() as tx:
+        releases = tx.execute(sa.select(e.c.release_seq).where(e.c.limit_key == partition,
+                                                                e.c.release_seq.is_not(None))
+                              .order_by(e.c.release_seq)).scalars().all()
+        claims = tx.execute(sa.select(e.c.claim_seq).where(e.c.limit_key == partition,
+                                                            e.c.claim_seq.is_not(None))).scalars().all()
+        other = tx.execute(sa.select(e.c.claimed_at).join(s, s.c.id == e.c.step_id)
+                           .where(s.c.run_id == waiting[0].id)).scalars().all()
+    assert releases == [max(claims) + 1, max(claims) + 2, max(claims) + 3]  # the crash's, then the group's
+    assert key_rows(app, "tenant") == tuple(after_loss)  # [INV-LIM-8] the family's row: no release wrote it
+    assert other == [None]  # refused while the batch filled the family
+    for run in (runs[0], runs[2]):
+        assert ("PartitionLoser#0", "in_progress") not in _steps(app, run.id)
+    assert Worker(app, process_id=register(app, role="test", label="next")).run_once() is not None
+    with app.begin() as tx:
+        assert tx.execute(sa.select(e.c.claimed_at.is_not(None)).join(s, s.c.id == e.c.step_id)
+                          .where(s.c.run_id == waiting[0].id, s.c.node == "PartitionLoser#0")).scalar_one()
 
 
 def test_an_async_batch_that_lost_one_writes_nothing_for_it(app):
