@@ -257,6 +257,10 @@ def verify(opts: Options, out: Callable[[str], None] = print) -> VerifyResult:
         result.limits = {**LIMITS, **shapes.limits}
         result.not_checked += [f"your {'key family' if k in families else 'key'} {k!r}: its rate admits no claim "
                                "within a round (slower than one per 8 s from an empty bucket)" for k in shapes.skipped]
+        run = [f"{k} (a key family)" if k in shapes.families else k for k in shapes.items]
+        if run or shapes.skipped:
+            out(f"  your limits, each on a synthetic key in every round: {', '.join(run) or 'none'}"
+                + (f"; not run (listed under not checked): {', '.join(shapes.skipped)}" if shapes.skipped else ""))
         for i in range(opts.rounds or (QUICK_ROUNDS if opts.quick else FULL_ROUNDS)):
             round_seed = seed + i
             with _database(opts, result, out) as url:

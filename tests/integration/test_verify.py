@@ -118,6 +118,9 @@ def test_verify_quick_passes_with_the_adopters_limits_and_leaves_no_scratch_data
     assert "verdict: passed" in done.stdout
     for part in ("environment:", "conformance:", "chaos round 1", "invariants:"):
         assert part in done.stdout, done.stdout
+    # what of the adopter's config the rounds run, said before them
+    assert "your limits, each on a synthetic key in every round: verify:shop_api, verify:shop_tenant (a key family)" \
+        in done.stdout, done.stdout
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["ok"]
     assert report["seed"] == SEED
