@@ -109,6 +109,17 @@ class BadInit(Step):
         return 1
 
 
+class Since(Step):
+    """Takes exactly one argument, named ``since`` (``Since(since)``), and returns it: the
+    first step whose ``__init__`` a trigger's arguments must bind to."""
+
+    def __init__(self, since):
+        self.since = since
+
+    def execute(self):
+        return self.since
+
+
 class ReturnsSet(Takes):
     """Returns ``{1, 2}``, which is not JSON: its execution is invalid."""
 
@@ -166,6 +177,14 @@ class FailsLater(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Echo).chain(to=Boom)
+
+
+class SinceP(Pipeline):
+    """One Since: ``SinceP.trigger(1, 2, 3)`` is refused before anything is written."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Since)
 
 
 class NotJson(Pipeline):
