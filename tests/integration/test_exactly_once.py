@@ -39,7 +39,7 @@ from ductwork.pipelines.runs import cached_definition
 from ductwork.testing import drain
 from tests.conftest import race
 from tests.factories import make_executions, make_run
-from tests.workloads import Echo, Fan, Takes, TwoStep, Unkeyed
+from tests.workloads import Echo, Fan, OnKey, Takes, TwoStep, Unkeyed
 
 RACERS = 4
 
@@ -58,10 +58,8 @@ def app(db_url):
     yield from _default_app(db_url, pipeline_advancer={"inline_linear": False})
 
 
-class KeyedEcho(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="in_a_row")
+class KeyedEcho(OnKey):
+    key = "in_a_row"
 
 
 #: what :class:`ReapsItsWorker` does while it runs (set by the test)

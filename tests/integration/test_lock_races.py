@@ -34,21 +34,17 @@ from ductwork.pipelines.payloads import Output
 from ductwork_proof.fleet import wait_for
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
-from tests.workloads import Echo
+from tests.workloads import Echo, OnKey
 
 RACERS = 4
 
 
-class SoloPipeline(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="solo")
+class SoloPipeline(OnKey):
+    key = "solo"
 
 
-class PairPipeline(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="pair")
+class PairPipeline(OnKey):
+    key = "pair"
 
 
 class TenantPipeline(Pipeline):

@@ -17,6 +17,8 @@ workers and a ``timeout=`` child resolve what a run names. Beside this module:
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from ductwork import Pipeline, Step
 
 
@@ -144,6 +146,18 @@ class TwoStep(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Echo).chain(to=Echo)
+
+
+class OnKey(Pipeline):
+    """One Echo on the key ``key``: a test's keyed pipeline is a subclass naming its key
+    (``class Solo(OnKey): key = "solo"``), which reuses this ``define`` under its own name.
+    This one's key is ``k``."""
+
+    key: ClassVar[str] = "k"
+
+    @classmethod
+    def define(cls, p):
+        p.start(Echo, limit_by=cls.key)
 
 
 class Approval(Pipeline):
