@@ -168,14 +168,21 @@ def app(db_url: str):  # type: ignore[no-untyped-def]
     yield from installed(make_app(db_url))
 
 
-@pytest.fixture
-def manual_app(db_url: str):  # type: ignore[no-untyped-def]
-    """Like ``app`` but on a ManualClock that only moves when a test (or drain) moves it."""
+def installed_on_manual_clock(url: str, **section):  # type: ignore[no-untyped-def]
+    """For a fixture: ``installed`` for an app on a ManualClock at 2026-01-01 12:00 that only
+    moves when a test (or drain) moves it, the test config overridden per section
+    (``yield from installed_on_manual_clock(db_url, job_worker={"limits": ...})``)."""
     from datetime import datetime
 
     from ductwork.db.clock import ManualClock
 
-    yield from installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12, 0, 0))))
+    yield from installed(make_app(url, clock=ManualClock(datetime(2026, 1, 1, 12, 0, 0)), **section))
+
+
+@pytest.fixture
+def manual_app(db_url: str):  # type: ignore[no-untyped-def]
+    """Like ``app`` but on a ManualClock that only moves when a test (or drain) moves it."""
+    yield from installed_on_manual_clock(db_url)
 
 
 def _terminated(signum, _frame):  # type: ignore[no-untyped-def]

@@ -50,6 +50,16 @@ def _bucket_refill(body: str) -> str:
     return "rates = entry.rates\n\ndef refill(bucket, entry, now_us):\n" + body
 
 
+def _lane_order_reversed(indent: str) -> tuple[str, str]:
+    """The edit that orders the lane routine's pending executions newest first: its
+    ``WHERE … ORDER BY`` at the routine's ``indent`` (each server's routine has its own),
+    with ``DESC`` added to both sort keys."""
+    where = (f"{indent}WHERE e.pending_lane = p_key  -- pending in this key's lane\n"
+             f"{indent}  AND e.eligible_at <= v_now  -- eligible: delays and back-off have passed\n"
+             f"{indent}ORDER BY ")
+    return where + "e.eligible_at, e.id", where + "e.eligible_at DESC, e.id DESC"
+
+
 _GROUP_GUARD = "return bool(tx.execute(statement, params).rowcount == len(endings))  # [INV-EXE-2] fewer: one was taken"
 
 MUTANTS: dict[str, Mutant] = {
@@ -143,22 +153,12 @@ MUTANTS: dict[str, Mutant] = {
     "routine_lane_order_reversed": Mutant(
         "the routine takes a key's newest eligible execution first (PostgreSQL) [INV-LIM-6]",
         "a lane's oldest first [INV-LIM-6]",
-        (("                     WHERE e.pending_lane = p_key  -- pending in this key's lane\n"
-          "                       AND e.eligible_at <= v_now  -- eligible: delays and back-off have passed\n"
-          "                     ORDER BY e.eligible_at, e.id",
-          "                     WHERE e.pending_lane = p_key  -- pending in this key's lane\n"
-          "                       AND e.eligible_at <= v_now  -- eligible: delays and back-off have passed\n"
-          "                     ORDER BY e.eligible_at DESC, e.id DESC"),),
+        (_lane_order_reversed(" " * 21),),
     ),
     "routine_lane_order_reversed_mysql": Mutant(
         "the routine takes a key's newest eligible execution first (MySQL-family) [INV-LIM-6]",
         "a lane's oldest first [INV-LIM-6]",
-        (("         WHERE e.pending_lane = p_key  -- pending in this key's lane\n"
-          "           AND e.eligible_at <= v_now  -- eligible: delays and back-off have passed\n"
-          "         ORDER BY e.eligible_at, e.id",
-          "         WHERE e.pending_lane = p_key  -- pending in this key's lane\n"
-          "           AND e.eligible_at <= v_now  -- eligible: delays and back-off have passed\n"
-          "         ORDER BY e.eligible_at DESC, e.id DESC"),),
+        (_lane_order_reversed(" " * 9),),
     ),
     "routine_walk_passes_no_lane": Mutant(
         "the routine's bound walk takes any other lane's oldest, a saturated or rate-blocked one's "

@@ -39,7 +39,7 @@ from ductwork.pipelines.runs import cached_definition
 from ductwork.testing import drain
 from tests.conftest import race
 from tests.factories import make_executions, make_run
-from tests.workloads import Echo, Fan, Takes, TwoStep, Unkeyed
+from tests.workloads import Echo, Fan, OnKey, Takes, TwoStep, Unkeyed
 
 RACERS = 4
 
@@ -58,10 +58,8 @@ def app(db_url):
     yield from _default_app(db_url, pipeline_advancer={"inline_linear": False})
 
 
-class KeyedEcho(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="in_a_row")
+class KeyedEcho(OnKey):
+    key = "in_a_row"
 
 
 #: what :class:`ReapsItsWorker` does while it runs (set by the test)
@@ -115,6 +113,13 @@ def step_nodes(app, run_id):
             sa.select(schema.steps.c.node).where(schema.steps.c.run_id == run_id)).scalars())
 
 
+def advancement_column(app, column: str) -> list:
+    """One column of every advancement (``error_klass``, ``error_message``), oldest first."""
+    a = schema.advancements
+    with app.begin() as tx:
+        return list(tx.execute(sa.select(a.c[column]).order_by(a.c.started_at, a.c.id)).scalars())
+
+
 def ready_branch(app, pipeline, arg):
     """Trigger and run the first step, leaving its branch ready to advance."""
     run = pipeline.trigger(arg)
@@ -154,9 +159,7 @@ def test_racing_advancers_on_fan_out_and_fan_in_create_each_successor_once(app):
         assert run.refresh().status == "completed"
         assert step_nodes(app, run.id) == {"Items#0": 1, "Times10#1": 6, "Gather#2": 1}
         assert run.steps()[-1].output == [i * 10 for i in range(6)]
-    with app.begin() as tx:
-        errors = tx.execute(sa.select(schema.advancements.c.error_klass)
-                            .where(schema.advancements.c.error_klass.is_not(None))).scalars().all()
+    errors = [klass for klass in advancement_column(app, "error_klass") if klass is not None]
     assert errors == []  # no advancement hit a constraint or a stale fence error
 
 
@@ -171,10 +174,7 @@ def test_stale_token_commits_nothing(app):
     assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
     assert Advancer(app, process_id=pa).advance(stale) == "stale"  # [INV-ADV-2]
     assert step_nodes(app, run.id) == {"Echo#0": 1, "Echo#1": 1}
-    with app.begin() as tx:
-        rows = tx.execute(sa.select(schema.advancements.c.error_klass)
-                          .order_by(schema.advancements.c.started_at)).scalars().all()
-    assert rows == ["ductwork.ProcessCrash", None]
+    assert advancement_column(app, "error_klass") == ["ductwork.ProcessCrash", None]
 
 
 def test_a_stale_token_in_a_batch_commits_nothing_for_its_branch_only(app):
@@ -491,10 +491,7 @@ def test_a_live_process_recovers_an_advancement_no_thread_holds(manual_advancer_
     assert Advancer(app, process_id=pa).advance(lost) == "stale"
     assert Advancer(app, process_id=pb).advance(fresh) == "advanced"
     assert step_nodes(app, run.id) == {"Echo#0": 1, "Echo#1": 1}
-    with app.begin() as tx:
-        errors = tx.execute(sa.select(schema.advancements.c.error_message)
-                            .order_by(schema.advancements.c.started_at)).scalars().all()
-    assert errors == ["Claim held by no thread of its process", None]
+    assert advancement_column(app, "error_message") == ["Claim held by no thread of its process", None]
 
 
 def test_an_orphaned_advancement_is_swept(manual_advancer_app):

@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -31,7 +31,7 @@ from ductwork.limits.claims import claim
 from ductwork.pipelines import prune as pruning
 from ductwork.pipelines.history import list_runs
 from ductwork.testing import drain
-from tests.conftest import installed, make_app
+from tests.conftest import installed_on_manual_clock
 from tests.workloads import Boom, Items, Square, Sum
 
 # --------------------------------------------------------------------------- pipelines
@@ -70,10 +70,7 @@ class Keyed(Pipeline):
 @pytest.fixture
 def clocked(db_url):
     """A ManualClock app (so a test can age its runs), tables empty, the default app."""
-    from ductwork.db.clock import ManualClock
-
-    yield from installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12)),
-                                  job_worker={"limits": {"one_at_a_time": {"concurrency": 1}}}))
+    yield from installed_on_manual_clock(db_url, job_worker={"limits": {"one_at_a_time": {"concurrency": 1}}})
 
 
 def _work_now(app) -> None:
@@ -574,13 +571,11 @@ class Hourly(Pipeline):
 @pytest.fixture
 def waits_app(db_url):
     """A ManualClock app with a concurrency key and a rate key, expands in batches of one."""
-    from ductwork.db.clock import ManualClock
-
-    yield from installed(make_app(
-        db_url, clock=ManualClock(datetime(2026, 1, 1, 12)),
+    yield from installed_on_manual_clock(
+        db_url,
         job_worker={"limits": {"one_at_a_time": {"concurrency": 1},
                                "hourly": {"rate": {"limit": 1, "per": "1h"}}}},
-        pipeline_advancer={"expand_batch": 1}))
+        pipeline_advancer={"expand_batch": 1})
 
 
 def _shown(run) -> str:

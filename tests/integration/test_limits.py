@@ -26,7 +26,7 @@ from ductwork.fleet.supervisor import Loop
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from tests.conftest import make_app, reset_tables
-from tests.workloads import Boom, Echo, Items, Takes, Unkeyed
+from tests.workloads import Boom, Echo, Items, OnKey, Takes, Unkeyed
 from tests.workloads.hooks import HaltingPipeline
 
 witness_meta = sa.MetaData()
@@ -101,10 +101,8 @@ class SeedTwoEntries(Pipeline):
         p.start(Items).expand(to=Echo, limit_by="vendor_api")
 
 
-class KeyedQuick(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="shared")
+class KeyedQuick(OnKey):
+    key = "shared"
 
 
 def _fleet(app, workers, until, deadline_s=60.0):
@@ -321,10 +319,8 @@ def test_unkeyed_and_keyed_lanes_are_served_oldest_first(limits_app):
     set_default_app(limits_app)
 
 
-class Hourly(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="hourly")
+class Hourly(OnKey):
+    key = "hourly"
 
 
 def test_a_keyed_lane_its_rate_refuses_does_not_hold_back_a_younger_unkeyed_execution(db_url):
@@ -349,10 +345,8 @@ def test_a_keyed_lane_its_rate_refuses_does_not_hold_back_a_younger_unkeyed_exec
         assert stamp == datetime(2026, 1, 1, 1, 0, 0, 10)  # an hour after the poll (at 10 µs) created it empty
 
 
-class Spare(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="spare")
+class Spare(OnKey):
+    key = "spare"
 
 
 def _telling(app, told: list, after: str, lane: str, process_id: str):
@@ -403,10 +397,8 @@ def test_a_poll_tells_of_each_key_its_limits_refused_and_not_of_one_gone(db_url)
         assert [c.run_id for c in _claims_of(app, other)] == [spare.id]
 
 
-class Stray(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="stray")
+class Stray(OnKey):
+    key = "stray"
 
 
 def test_only_a_claim_of_a_key_with_no_entry_is_logged_unlimited(db_url, caplog):
@@ -671,22 +663,16 @@ THREE_RATES = [{"limit": 1, "per": "1s", "burst": 1}, {"limit": 30, "per": "1m",
                {"limit": 600, "per": "1h", "burst": 10}]
 
 
-class ZKey(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="z_key")
+class ZKey(OnKey):
+    key = "z_key"
 
 
-class MKey(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="m_key")
+class MKey(OnKey):
+    key = "m_key"
 
 
-class AKey(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="a_key")
+class AKey(OnKey):
+    key = "a_key"
 
 
 def _key_rows(app, key):

@@ -34,21 +34,17 @@ from ductwork.pipelines.payloads import Output
 from ductwork_proof.fleet import wait_for
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
-from tests.workloads import Echo
+from tests.workloads import Echo, OnKey
 
 RACERS = 4
 
 
-class SoloPipeline(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="solo")
+class SoloPipeline(OnKey):
+    key = "solo"
 
 
-class PairPipeline(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="pair")
+class PairPipeline(OnKey):
+    key = "pair"
 
 
 class TenantPipeline(Pipeline):
@@ -65,17 +61,22 @@ def lock_waiters(app) -> int:
     return blocked_on(app, "%FROM ductwork_limit_keys%FOR UPDATE%")  # (MySQL shows the routine's statement)
 
 
+def ask_server(app, postgresql: str, mysql: str, **params) -> list:
+    """The rows a query of the server's session tables returns: ``postgresql`` on
+    PostgreSQL, ``mysql`` on the MySQL family (with ``params`` bound)."""
+    with app.engine.connect() as conn:
+        return conn.execute(sa.text(postgresql if app.backend == "postgresql" else mysql), params).all()
+
+
 def server_view(app) -> list:
     """What the database says its sessions are doing (for a failure message)."""
-    with app.engine.connect() as conn:
-        if app.backend == "postgresql":
-            return conn.execute(sa.text(
-                "SELECT pid, state, wait_event_type, wait_event, left(query, 80) FROM pg_stat_activity "
-                "WHERE datname = current_database()")).all()
-        return conn.execute(sa.text(
-            "SELECT p.id, p.state, t.trx_state, left(p.info, 80) FROM information_schema.processlist p "
-            "LEFT JOIN information_schema.innodb_trx t ON t.trx_mysql_thread_id = p.id "
-            "WHERE p.db = DATABASE()")).all()
+    return ask_server(
+        app,
+        "SELECT pid, state, wait_event_type, wait_event, left(query, 80) FROM pg_stat_activity "
+        "WHERE datname = current_database()",
+        "SELECT p.id, p.state, t.trx_state, left(p.info, 80) FROM information_schema.processlist p "
+        "LEFT JOIN information_schema.innodb_trx t ON t.trx_mysql_thread_id = p.id "
+        "WHERE p.db = DATABASE()")
 
 
 @pytest.fixture
@@ -242,14 +243,12 @@ def blocked_on(app, mysql_statement: str) -> int:
     """Sessions of this database waiting for a row lock now: PostgreSQL's lock waits; on
     MySQL the sessions executing a statement like ``mysql_statement`` (the holder sits idle
     in its transaction, so one still executing it waits)."""
-    with app.engine.connect() as conn:
-        if app.backend == "postgresql":
-            return conn.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()")).scalar_one()
-        return conn.execute(sa.text(
-            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND info LIKE :s"),
-            {"s": mysql_statement}).scalar_one()
+    ((count,),) = ask_server(
+        app,
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND info LIKE :s",
+        s=mysql_statement)
+    return count
 
 
 def behind_a_holder(app, hold, second, mysql_statement: str):

@@ -39,6 +39,7 @@ from tests.workloads import (
     Sum,
     Takes,
     Times10,
+    TwoStep,
 )
 
 # --------------------------------------------------------------------------- steps
@@ -249,19 +250,13 @@ def test_nested_fan_in_inside_fan_out(app):
     assert final.input == [[i + 1 + i * 10 for i in range(3)]]
 
 
-class EchoTwiceP(Pipeline):
-    @classmethod
-    def define(cls, p):
-        p.start(Echo).chain(to=Echo)
-
-
 def test_a_fan_in_measures_only_its_own_siblings_outputs(app):
     """A run whose two steps each return 60 % of the payload maximum completes first; then
     a divide/combine of small values completes too: the fan-in's size check sums only the
     outputs of the merging barrier's arrived siblings, never every step in the database
     (which together are above the maximum)."""
     big = "x" * (MAX_PAYLOAD_BYTES * 6 // 10)
-    first = EchoTwiceP.trigger(big)
+    first = TwoStep.trigger(big)
     drain(app, timeout=120)
     assert first.refresh().status == "completed"
     run = DivideP.trigger(1)

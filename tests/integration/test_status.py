@@ -9,7 +9,7 @@ execution by how it ended. Read-only: no statement writes or locks.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -20,7 +20,7 @@ from ductwork.fleet.processes import register
 from ductwork.limits.claims import claim
 from ductwork.status import execution_outcomes, key_statuses, snapshot
 from ductwork.testing import drain
-from tests.conftest import installed, make_app
+from tests.conftest import installed_on_manual_clock
 from tests.workloads import FailsOnce
 
 #: k00 of concurrency 1; k01..k29 also rated (a bucket starts empty [INV-LIM-2]: no claim here)
@@ -44,10 +44,7 @@ class OnKey(Pipeline):
 
 @pytest.fixture
 def keyed(db_url):
-    from ductwork.db.clock import ManualClock
-
-    yield from installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12)),
-                                  job_worker={"limits": LIMITS}))
+    yield from installed_on_manual_clock(db_url, job_worker={"limits": LIMITS})
 
 
 def _statements(app) -> list[str]:

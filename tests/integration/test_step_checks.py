@@ -24,14 +24,7 @@ from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
 from ductwork.testing import drain
 from tests.factories import executions_of
-
-
-class Since(Step):
-    def __init__(self, since):
-        self.since = since
-
-    def execute(self):
-        return self.since
+from tests.workloads import Since, SinceP
 
 
 class NeedsTwo(Step):
@@ -42,12 +35,6 @@ class NeedsTwo(Step):
 
     def execute(self):  # pragma: no cover - never built
         return self.first
-
-
-class SinceP(Pipeline):
-    @classmethod
-    def define(cls, pipeline):
-        pipeline.start(Since)
 
 
 class UnbindableP(Pipeline):

@@ -13,34 +13,29 @@ fleet/worker.py``) that the rest of the integration tier left alive.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
-from ductwork import Pipeline
 from ductwork.fleet import worker as worker_module
 from ductwork.fleet.worker import Worker
 from ductwork.pipelines.advance import Advancer
-from tests.conftest import installed, make_app
-from tests.workloads import Boom, Echo, Fails, Unkeyed
+from tests.conftest import installed_on_manual_clock
+from tests.workloads import Boom, Fails, OnKey, Unkeyed
 from tests.workloads.hooks import halted_with_owed_hook
 
 
-class Ticked(Pipeline):
+class Ticked(OnKey):
     """One Echo on key ``tick``: one claim a second, burst 1."""
 
-    @classmethod
-    def define(cls, p):
-        p.start(Echo, limit_by="tick")
+    key = "tick"
 
 
 @pytest.fixture
 def clocked(db_url):
     """A ManualClock app with the rated key ``tick``."""
-    from ductwork.db.clock import ManualClock
-
-    yield from installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1, 12)),
-                                  job_worker={"limits": {"tick": {"rate": {"limit": 1, "per": "1s", "burst": 1}}}}))
+    yield from installed_on_manual_clock(
+        db_url, job_worker={"limits": {"tick": {"rate": {"limit": 1, "per": "1s", "burst": 1}}}})
 
 
 def test_a_busy_worker_runs_a_due_hook_before_its_next_claim(clocked):

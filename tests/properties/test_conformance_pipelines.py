@@ -51,6 +51,9 @@ INV-TRG-2.
 from __future__ import annotations
 
 import os
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ductwork_proof.conformance.pipelines import (
     HUNTS,
@@ -69,17 +72,24 @@ def examples() -> int:
     return EXAMPLES.get(os.environ.get("HYPOTHESIS_PROFILE", "dev"), EXAMPLES["dev"])
 
 
+@contextmanager
+def printed(db_url: str, name: str, figures: Counter, what: str) -> Iterator[None]:
+    """Around the hunt ``name``: ``figures`` emptied before it, and what it counted in them
+    printed after it (``-s``), the hunt passed or not: ``<name> conformance [<database>]: <what>: {…}``."""
+    figures.clear()
+    try:
+        yield
+    finally:
+        print(f"{name} conformance [{db_url.split(':')[0]}]: {what}: {dict(sorted(figures.items()))}")
+
+
 def test_engine_runs_end_where_the_model_ends(db_url):
     hunt(db_url, HUNTS["runs"], examples=examples())
 
 
 def test_engine_prunes_what_the_model_prunes(db_url):
-    PRUNE_COVERAGE.clear()
-    try:
+    with printed(db_url, "prune", PRUNE_COVERAGE, "examples by (pruned, live kept)"):
         hunt(db_url, HUNTS["prune"], examples=examples())
-    finally:
-        print(f"prune conformance [{db_url.split(':')[0]}]: (pruned, live kept) per example: "
-              f"{sorted(PRUNE_COVERAGE.items())}")
 
 
 def test_engine_batches_end_where_the_model_batches_end(db_url):
@@ -106,11 +116,8 @@ def test_engine_agrees_when_children_arrive_while_their_expand_is_parked(db_url)
     their fan-in while the expand holds its claim, and every run still ends where the
     model's does [INV-ADV-3, INV-ADV-4]. The gaps reached and the arrivals made in them
     are printed (``-s``)."""
-    PARKED_COVERAGE.clear()
-    try:
+    with printed(db_url, "parked", PARKED_COVERAGE, "expands' gaps and arrivals in them"):
         hunt(db_url, HUNTS["parked"], examples=examples())
-    finally:
-        print(f"parked-expand conformance [{db_url.split(':')[0]}]: {dict(PARKED_COVERAGE)}")
 
 
 def test_engine_hooks_end_where_the_model_hooks_end(db_url):
@@ -122,18 +129,12 @@ def test_engine_hooks_end_where_the_model_hooks_end(db_url):
 
 def test_engine_revives_end_where_the_model_ends(db_url):
     """Revives against the engine: every run of a revive chain ends where the model's does."""
-    REVIVE_FIGURES.clear()
-    try:
+    with printed(db_url, "revives", REVIVE_FIGURES, "revive chains"):
         hunt(db_url, HUNTS["revives"], examples=examples())
-    finally:
-        print(f"revive conformance [{db_url.split(':')[0]}]: {dict(REVIVE_FIGURES)}")
 
 
 def test_engine_triggers_end_where_the_model_triggers_end(db_url):
     """Keyed and transactional triggers against the engine, with and without a key window,
     time passing between them (``age``) or finished runs pruned [INV-TRG-1, INV-TRG-2]."""
-    TRIGGER_FIGURES.clear()
-    try:
+    with printed(db_url, "triggers", TRIGGER_FIGURES, "triggers"):
         hunt(db_url, HUNTS["triggers"], examples=examples())
-    finally:
-        print(f"trigger conformance [{db_url.split(':')[0]}]: {dict(TRIGGER_FIGURES)}")

@@ -316,16 +316,19 @@ def test_limit_errors_surface_through_config(limits, error):
     assert info.value.path.startswith("job_worker.limits.api")
 
 
-def test_yaml_syntax_error_names_file_and_line(tmp_path):
-    path = write(tmp_path, "default:\n  job_worker:\n    count: 1\n   bad: [2\n")
-    with pytest.raises(ConfigError, match=r"line 4") as info:
-        load_config(path, environ=NO_ENV)
-    assert info.value.path == str(path)
-
-
-def test_bad_yaml_value_names_the_line(tmp_path):
-    path = write(tmp_path, "default:\n  job_worker:\n    count: 2020-02-30\n")
-    with pytest.raises(ConfigError, match=r"line 3, column 12: invalid .*timestamp") as info:
+@pytest.mark.parametrize(
+    ("document", "says"),
+    [
+        pytest.param("default:\n  job_worker:\n    count: 1\n   bad: [2\n", r"line 4", id="syntax error"),
+        pytest.param("default:\n  job_worker:\n    count: 2020-02-30\n", r"line 3, column 12: invalid .*timestamp",
+                     id="bad value"),
+        pytest.param("default:\n  role: \x07\n", r"invalid YAML: unacceptable character #x0007",
+                     id="control character"),
+    ],
+)
+def test_invalid_yaml_is_a_config_error_naming_the_file_and_where(tmp_path, document, says):
+    path = write(tmp_path, document)
+    with pytest.raises(ConfigError, match=says) as info:
         load_config(path, environ=NO_ENV)
     assert info.value.path == str(path)
 
@@ -338,13 +341,6 @@ def test_a_key_that_cannot_be_built_names_its_line_and_why(tmp_path):
         load_config(path, environ=NO_ENV)
     assert str(info.value).endswith("invalid YAML at line 3, column 5: invalid tag:yaml.org,2002:int value: "
                                     "invalid literal for int() with base 10: 'many'"), info.value
-    assert info.value.path == str(path)
-
-
-def test_a_control_character_is_invalid_yaml_naming_the_file(tmp_path):
-    path = write(tmp_path, "default:\n  role: \x07\n")
-    with pytest.raises(ConfigError, match=r"invalid YAML: unacceptable character #x0007") as info:
-        load_config(path, environ=NO_ENV)
     assert info.value.path == str(path)
 
 

@@ -23,14 +23,7 @@ from ductwork.pipelines.rules import job_halt_reason
 from ductwork.pipelines.snapshot import main_module_refs
 from ductwork.pipelines.step import Step, is_async
 from model.pipelines import job_halt_reason as model_job_halt_reason
-
-
-class One(Step):
-    def __init__(self, since):
-        self.since = since
-
-    def execute(self):
-        return self.since
+from tests.workloads import Since, SinceP
 
 
 class Flexible(Step):
@@ -44,12 +37,6 @@ class Flexible(Step):
 class NoInit(Step):
     def execute(self):
         return 0
-
-
-class OneP(Pipeline):
-    @classmethod
-    def define(cls, pipeline):
-        pipeline.start(One)
 
 
 # --------------------------------------------------------------------------- class creation
@@ -117,15 +104,15 @@ def test_plain_and_abstract_steps_are_accepted():
 
 
 @pytest.mark.parametrize(("cls", "args"), [
-    (One, [1]), (Flexible, [1]), (Flexible, [1, 2, 3]), (NoInit, []),
+    (Since, [1]), (Flexible, [1]), (Flexible, [1, 2, 3]), (NoInit, []),
 ])
 def test_arguments_that_bind(cls, args):
     cls._ductwork_bind(args)
 
 
 @pytest.mark.parametrize(("cls", "args", "message"), [
-    (One, [1, 2, 3], "One(since) cannot take the arguments (1, 2, 3): too many positional arguments"),
-    (One, [], "One(since) cannot take the arguments (): missing a required argument: 'since'"),
+    (Since, [1, 2, 3], "Since(since) cannot take the arguments (1, 2, 3): too many positional arguments"),
+    (Since, [], "Since(since) cannot take the arguments (): missing a required argument: 'since'"),
     (Flexible, [], "Flexible(first, *rest, flag=False) cannot take the arguments (): "
                    "missing a required argument: 'first'"),
     (NoInit, [1], "NoInit() cannot take the arguments (1,): too many positional arguments"),
@@ -197,11 +184,11 @@ def test_trigger_refuses_arguments_the_first_step_cannot_take(monkeypatch):
     runs.trigger_run = lambda _app, _cls, args, **_: calls.append(args) or "handle"
     monkeypatch.setitem(sys.modules, "ductwork.pipelines.runs", runs)
     with pytest.raises(InputError) as info:
-        OneP.trigger(1, 2, 3, app="app")
-    assert str(info.value) == ("OneP.trigger: One(since) cannot take the arguments (1, 2, 3): "
+        SinceP.trigger(1, 2, 3, app="app")
+    assert str(info.value) == ("SinceP.trigger: Since(since) cannot take the arguments (1, 2, 3): "
                                "too many positional arguments")
     assert calls == []  # refused before the engine was asked to write anything
-    assert OneP.trigger("2026-01-01", app="app") == "handle"
+    assert SinceP.trigger("2026-01-01", app="app") == "handle"
     assert calls == [["2026-01-01"]]
 
 
@@ -236,26 +223,26 @@ def _in_main(cls: type) -> type:
 
 
 def test_main_module_refs_name_the_pipeline_and_step_classes_of_main():
-    main_step = _in_main(type("Script", (One,), {}))
+    main_step = _in_main(type("Script", (Since,), {}))
 
     class Mixed(Pipeline):
         @classmethod
         def define(cls, pipeline):
-            pipeline.start(main_step).chain(to=One)
+            pipeline.start(main_step).chain(to=Since)
 
     assert in_main_module("__main__:Script")
     assert not in_main_module("shop.steps:Script")
     assert main_module_refs(Mixed.definition) == ["__main__:Script"]
-    assert main_module_refs(OneP.definition) == []
+    assert main_module_refs(SinceP.definition) == []
 
 
 def test_a_main_step_with_timeout_is_refused_when_the_pipeline_is_created():
-    main_step = _in_main(type("Script", (One,), {}))
+    main_step = _in_main(type("Script", (Since,), {}))
     with pytest.raises(MainModuleError) as info:
         class Timed(Pipeline):
             @classmethod
             def define(cls, pipeline):
-                pipeline.start(One).chain(to=main_step, timeout=5)
+                pipeline.start(Since).chain(to=main_step, timeout=5)
     assert str(info.value) == (
         "Timed.chain: Script is defined in __main__ and has timeout=, so it runs in a child "
         "process, which cannot import __main__: move it into an importable module")

@@ -68,32 +68,29 @@ def test_skip_locked_passes_only_when_it_returns_the_unlocked_row_alone():
     assert judge_skip_locked(LockOutcome((2,)))[0] is True
 
 
-@pytest.mark.parametrize(("outcome", "says"), [
-    (LockOutcome(None, timed_out=True, error="canceling statement due to lock timeout"),
-     "waited for the locked row until the lock timeout: SKIP LOCKED did not skip"),
-    (LockOutcome((1, 2)), "returned rows [1, 2] while row 1 was locked: the lock was not respected"),
-    (LockOutcome((1,)), "returned rows [1] while row 1 was locked"),
-    (LockOutcome(()), "returned rows [], not [2]: the unlocked row was not returned"),
-    (LockOutcome(None, error="syntax error at or near \"SKIP\""), "refused: syntax error at or near \"SKIP\""),
-])
-def test_skip_locked_that_waits_returns_the_locked_row_or_none_fails(outcome: LockOutcome, says: str):
-    passed, detail = judge_skip_locked(outcome)
-    assert passed is False
-    assert says in detail
-
-
 def test_a_locking_read_that_waits_until_the_lock_timeout_passes():
     passed, detail = judge_blocks(LockOutcome(None, timed_out=True, error="Lock wait timeout exceeded"))
     assert passed is True
     assert "Lock wait timeout exceeded" in detail
 
 
-@pytest.mark.parametrize(("outcome", "says"), [
-    (LockOutcome((1,)), "went through while another transaction held the lock (returned rows [1])"),
-    (LockOutcome(None, error="could not obtain lock on row"), "refused without waiting for the lock: could not"),
+@pytest.mark.parametrize(("judge", "outcome", "says"), [
+    # SKIP LOCKED that waits, returns the locked row, or returns none
+    (judge_skip_locked, LockOutcome(None, timed_out=True, error="canceling statement due to lock timeout"),
+     "waited for the locked row until the lock timeout: SKIP LOCKED did not skip"),
+    (judge_skip_locked, LockOutcome((1, 2)),
+     "returned rows [1, 2] while row 1 was locked: the lock was not respected"),
+    (judge_skip_locked, LockOutcome((1,)), "returned rows [1] while row 1 was locked"),
+    (judge_skip_locked, LockOutcome(()), "returned rows [], not [2]: the unlocked row was not returned"),
+    (judge_skip_locked, LockOutcome(None, error="syntax error at or near \"SKIP\""),
+     "refused: syntax error at or near \"SKIP\""),
+    # a locking read that does not wait for the lock
+    (judge_blocks, LockOutcome((1,)), "went through while another transaction held the lock (returned rows [1])"),
+    (judge_blocks, LockOutcome(None, error="could not obtain lock on row"),
+     "refused without waiting for the lock: could not"),
 ])
-def test_a_locking_read_that_does_not_wait_fails(outcome: LockOutcome, says: str):
-    passed, detail = judge_blocks(outcome)
+def test_a_lock_outcome_the_engine_cannot_rely_on_fails_naming_what_happened(judge, outcome: LockOutcome, says: str):
+    passed, detail = judge(outcome)
     assert passed is False
     assert says in detail
 

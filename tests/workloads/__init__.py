@@ -17,6 +17,8 @@ workers and a ``timeout=`` child resolve what a run names. Beside this module:
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from ductwork import Pipeline, Step
 
 
@@ -109,6 +111,17 @@ class BadInit(Step):
         return 1
 
 
+class Since(Step):
+    """Takes exactly one argument, named ``since`` (``Since(since)``), and returns it: the
+    first step whose ``__init__`` a trigger's arguments must bind to."""
+
+    def __init__(self, since):
+        self.since = since
+
+    def execute(self):
+        return self.since
+
+
 class ReturnsSet(Takes):
     """Returns ``{1, 2}``, which is not JSON: its execution is invalid."""
 
@@ -133,6 +146,18 @@ class TwoStep(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Echo).chain(to=Echo)
+
+
+class OnKey(Pipeline):
+    """One Echo on the key ``key``: a test's keyed pipeline is a subclass naming its key
+    (``class Solo(OnKey): key = "solo"``), which reuses this ``define`` under its own name.
+    This one's key is ``k``."""
+
+    key: ClassVar[str] = "k"
+
+    @classmethod
+    def define(cls, p):
+        p.start(Echo, limit_by=cls.key)
 
 
 class Approval(Pipeline):
@@ -166,6 +191,14 @@ class FailsLater(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Echo).chain(to=Boom)
+
+
+class SinceP(Pipeline):
+    """One Since: ``SinceP.trigger(1, 2, 3)`` is refused before anything is written."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(Since)
 
 
 class NotJson(Pipeline):
