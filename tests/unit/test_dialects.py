@@ -181,7 +181,8 @@ def test_every_module_with_an_extra_is_in_that_extra():
     for module, extra in extras.EXTRAS.items():
         assert any(requirement.startswith(distribution[module]) for requirement in declared[extra]), (module, extra)
     # the URL scheme's and the server's names install the same drivers
-    assert declared["postgresql"] == declared["postgres"] and declared["mariadb"] == declared["mysql"]
+    assert declared["postgresql"] == declared["postgres"]
+    assert declared["mariadb"] == declared["mysql"]
 
 
 def test_the_default_database_says_it_is_the_default(tmp_path, monkeypatch):
