@@ -25,7 +25,7 @@ from ductwork.db.database import current_default_app, default_app
 from ductwork.db.hosts import other_job_workers
 from ductwork.errors import DefinitionError, InputError, MainModuleError, TriggerConnectionError
 from ductwork.pipelines.definition import PipelineBuilder, build_definition
-from ductwork.pipelines.registry import _REGISTRY, _import, _resolve, referenced_class, register_class
+from ductwork.pipelines.registry import _REGISTRY, _import, _resolve, register_class
 from ductwork.pipelines.snapshot import Definition, main_module_refs
 from ductwork.pipelines.trigger import check_key, check_window
 from ductwork.values import Json
@@ -120,7 +120,7 @@ class Pipeline:
                                   "Must define pipeline before triggering "
                                   "(override the classmethod define)")
         check_window(cls.__qualname__, check_key(cls.__qualname__, key), key_window)
-        bind = getattr(referenced_class(definition.nodes[definition.start].klass), "_ductwork_bind", None)
+        bind = getattr(_REGISTRY.get(definition.nodes[definition.start].klass), "_ductwork_bind", None)
         if bind is not None:  # (a definition read from a snapshot may name a class not loaded here)
             try:
                 bind(args)

@@ -41,12 +41,6 @@ def register_class(cls: type) -> str:
     return ref
 
 
-def referenced_class(ref: str) -> type | None:
-    """The class a definition (or Pipeline subclass) created in this process registered as
-    ``ref``, without importing anything; None when none did."""
-    return _REGISTRY.get(ref)
-
-
 def in_main_module(ref: str) -> bool:
     """Whether ``ref`` names a class of ``__main__``: the script (or ``python -m`` module)
     this process runs, which another process cannot import under that name."""

@@ -40,11 +40,6 @@ def _init_signature(init: Any) -> inspect.Signature | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached_signature(init: Any) -> inspect.Signature | None:
-    return _read_signature(init)
-
-
-@functools.lru_cache(maxsize=4096)
 def _positional_counts(init: Any) -> tuple[int, int] | None:
     """How many positional arguments (after ``self``) an ``__init__`` whose parameters are
     all plain positional ones takes, at least and at most; None for any other signature
@@ -65,6 +60,10 @@ def _read_signature(init: Any) -> inspect.Signature | None:
         return inspect.signature(init)
     except (TypeError, ValueError):
         return None
+
+
+#: :func:`_read_signature`, remembered per ``__init__`` (a Python function's or object's: :func:`_init_signature`)
+_cached_signature = functools.lru_cache(maxsize=4096)(_read_signature)
 
 
 class Step:
@@ -190,8 +189,6 @@ def check_execute(cls: type) -> None:
                              "returns one): define `async def execute(self)` with a `return`")
 
 
-def is_async(cls: type) -> bool:
+def is_async(cls: type[Step]) -> bool:
     """Whether ``cls.execute`` is ``async def`` (an async step: its worker awaits it)."""
-    raw = inspect.getattr_static(cls, "execute", None)
-    function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
-    return inspect.iscoroutinefunction(function)
+    return inspect.iscoroutinefunction(cls.execute)  # (a classmethod's is bound: it looks through that)
