@@ -45,14 +45,12 @@ from ductwork.errors import (
 )
 from ductwork.pipelines.registry import in_main_module, register_class, step_ref
 from ductwork.pipelines.snapshot import Definition as Definition  # re-exported: see below
-from ductwork.pipelines.snapshot import EdgeSpec, NodeSpec, PartitionBy, copy_targets
-from ductwork.pipelines.snapshot import render_divert_key as render_divert_key  # re-exported: see below
+from ductwork.pipelines.snapshot import EdgeSpec, NodeSpec, PartitionBy, copy_targets, render_divert_key
 from ductwork.pipelines.step import Step, check_execute
 from ductwork.values import Json
 
-# Definition and render_divert_key moved to ductwork.pipelines.snapshot; pipelines/advance.py,
-# pipelines/runs.py and fleet/worker.py still import them from here (re-exported until they
-# import the snapshot module).
+# Definition moved to ductwork.pipelines.snapshot; pipelines/advance.py, pipelines/runs.py and
+# fleet/execute.py still import it from here (re-exported until they import the snapshot module).
 
 
 # --------------------------------------------------------------------------- the builder
@@ -105,23 +103,25 @@ class _Graph:
         parsed["limit_by"], by = self.limit_option(transition, limit_by)
         partitions: list[PartitionBy | None] = []
         for klass in classes:
-            if not _is_step_class(klass):
-                what = ("Arguments must be valid step classes (Step subclasses" if len(classes) > 1
-                        else "Argument must be a valid step class (a Step subclass")
-                raise self.error(transition, f"{what} defining execute(self)), got {klass!r}")
-            check_execute(klass)  # (again: execute may have been replaced after the class statement)
+            self.check_class(transition, klass, several=len(classes) > 1)
             if parsed["timeout_us"] is not None and in_main_module(step_ref(klass)):
                 raise self.error(transition, f"{klass.__qualname__} is defined in __main__ and has "
                                              "timeout=, so it runs in a child process, which cannot "
                                              "import __main__: move it into an importable module",
                                  MainModuleError)
             partitions.append(None if by is None else PartitionBy(*by, self.argument(transition, klass, by[1])))
-        names = []
         for klass, partition in zip(classes, partitions, strict=True):
             name = f"{klass.__name__}#{len(self.nodes)}"
             self.nodes[name] = NodeSpec(register_class(klass), **parsed, partition=partition)
-            names.append(name)
-        return names
+        return list(self.nodes)[-len(classes):]  # the nodes just added
+
+    def check_class(self, transition: str, klass: Any, *, several: bool = False) -> None:
+        """Raise unless ``klass`` is a valid step class (``several``: one of the transition's)."""
+        if not _is_step_class(klass):
+            what = ("Arguments must be valid step classes (Step subclasses" if several
+                    else "Argument must be a valid step class (a Step subclass")
+            raise self.error(transition, f"{what} defining execute(self)), got {klass!r}")
+        check_execute(klass)  # (again: execute may have been replaced after the class statement)
 
     def limit_option(self, transition: str, limit_by: object) -> tuple[str | None, tuple[str, str] | None]:
         """``limit_by=`` as a static key or a partition's ``(family, field)``, at most one set."""
@@ -307,10 +307,7 @@ class PipelineBuilder:
         self._check_usable("on_halt")
         if graph.on_halt is not None:
             raise graph.error("on_halt", f"on_halt is declared once per pipeline, already {graph.on_halt!r}")
-        if not _is_step_class(handler):
-            raise graph.error("on_halt", "Argument must be a valid step class (a Step subclass defining "
-                                         f"execute(self)), got {handler!r}")
-        check_execute(handler)
+        graph.check_class("on_halt", handler)
         graph.on_halt = register_class(handler)
         return self
 

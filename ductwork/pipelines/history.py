@@ -23,6 +23,7 @@ queued behind a free key is claimed by the next worker poll).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
@@ -278,16 +279,11 @@ def parse_since(value: str, now: datetime) -> datetime:
     """``--since``: a duration back from ``now`` (``"90m"``, ``"1d"``: the project's duration
     grammar) or an ISO 8601 moment (``2026-01-01``, ``2026-01-01T12:00:00+02:00``; without an
     offset it is UTC). Returns naive UTC; :class:`RunFilterError` naming the value otherwise."""
-    try:
+    with contextlib.suppress(DurationError):
         return now - timedelta(seconds=parse_period(value))
-    except DurationError:
-        pass
     if re.fullmatch(r"\d{4}-\d{2}-\d{2}([T ][0-9:.]+([+-]\d{2}:?\d{2}|Z)?)?", value):
-        try:
+        with contextlib.suppress(ValueError):
             moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            pass
-        else:
             return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
     raise RunFilterError("--since", value, "expected a duration back from now (e.g. '90m', '1d', '1w') "
                                            "or an ISO 8601 time (e.g. '2026-01-01T12:00:00Z')")

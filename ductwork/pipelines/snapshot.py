@@ -286,7 +286,5 @@ class _SnapshotReader:
 def main_module_refs(definition: Definition) -> list[str]:
     """The pipeline's, the nodes' and the on_halt handler's class references that live in
     ``__main__``, in order."""
-    refs = [definition.pipeline, *(node.klass for node in definition.nodes.values())]
-    if definition.on_halt is not None:
-        refs.append(definition.on_halt)
-    return [ref for ref in dict.fromkeys(refs) if in_main_module(ref)]
+    refs = [definition.pipeline, *(node.klass for node in definition.nodes.values()), definition.on_halt]
+    return [ref for ref in dict.fromkeys(refs) if ref is not None and in_main_module(ref)]

@@ -4,7 +4,7 @@
     >>> [(box.name, box.state) for box in layout.boxes]
     [('Fetch#0', 'done'), ('Push#1', 'running'), ('Record#2', 'none')]
 
-Pure: it takes a :class:`~ductwork.pipelines.definition.Definition` (the run's snapshot)
+Pure: it takes a :class:`~ductwork.pipelines.snapshot.Definition` (the run's snapshot)
 and what each node's steps are doing, and returns numbers and strings; the template
 draws them (every string escaped there). A node's column is its longest path from the
 start, so every edge points right; nodes of one column stack in creation order.
@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.history import RunHistory, StepRecord
+from ductwork.pipelines.snapshot import Definition
 
 BOX_W, BOX_H, GAP_X, GAP_Y, MARGIN = 190, 54, 80, 26, 16
 #: most urgent first: a node shows the first of these that any of its steps is in

@@ -8,8 +8,8 @@ from collections import Counter
 from datetime import datetime, timedelta
 
 from ductwork import Pipeline
-from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.history import BranchRecord, RunHistory, RunRecord, StepRecord, Wait
+from ductwork.pipelines.snapshot import Definition
 from ductwork.web.graph import lay_out, node_states
 from ductwork.web.rates import ClaimRates
 from tests.workloads import Echo
