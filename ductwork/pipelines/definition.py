@@ -240,17 +240,17 @@ class PipelineBuilder:
     def chain(self, *, to: type[Step], delay: object = None, timeout: object = None,
               limit_by: object = None) -> PipelineBuilder:
         """Run ``to`` with the last step's output."""
-        return self._extend("chain", to, delay, timeout, limit_by)
+        return self._begin("chain")._extend("chain", [to], delay, timeout, limit_by)
 
     def expand(self, *, to: type[Step], delay: object = None, timeout: object = None,
                limit_by: object = None) -> PipelineBuilder:
         """Run one ``to`` step per item of the last step's output (a list); close with collapse."""
-        return self._extend("expand", to, delay, timeout, limit_by)
+        return self._begin("expand")._extend("expand", [to], delay, timeout, limit_by)
 
     def dampen(self, *, before: type[Step], delay: object = None, timeout: object = None,
                limit_by: object = None) -> PipelineBuilder:
         """Pause the branch until ``run.resume(input=...)``, then run ``before``."""
-        return self._extend("dampen", before, delay, timeout, limit_by)
+        return self._begin("dampen")._extend("dampen", [before], delay, timeout, limit_by)
 
     def divide(self, *, to: list[type[Step]], delay: object = None, timeout: object = None,
                limit_by: object = None) -> PipelineBuilder:
@@ -259,7 +259,7 @@ class PipelineBuilder:
         if not isinstance(to, (list, tuple)) or not to:
             raise self._graph.error(
                 "divide", f"to must be a non-empty list of step classes, got {to!r}")
-        return self._fan_out("divide", list(to), None, delay, timeout, limit_by)
+        return self._extend("divide", list(to), delay, timeout, limit_by)
 
     def divert(self, *, to: Mapping[Json, type[Step]], delay: object = None, timeout: object = None,
                limit_by: object = None) -> PipelineBuilder:
@@ -279,7 +279,7 @@ class PipelineBuilder:
                 raise graph.error("divert", f"keys {keys[text]!r} and {key!r} both render as "
                                             f"{text!r}", DivertError)
             keys[text] = key
-        return self._fan_out("divert", list(to.values()), list(keys), delay, timeout, limit_by)
+        return self._extend("divert", list(to.values()), delay, timeout, limit_by, keys=list(keys))
 
     def combine(self, *others: PipelineBuilder, into: type[Step], delay: object = None,
                 timeout: object = None, limit_by: object = None) -> PipelineBuilder:
@@ -332,7 +332,7 @@ class PipelineBuilder:
             raise self._graph.error(action, "this branch builder was joined into its parent; "
                                             "continue on the builder combine/converge returned")
 
-    def _begin(self, action: str) -> None:
+    def _begin(self, action: str) -> PipelineBuilder:
         """Checks common to every transition after start; joins unpacked branches back in."""
         self._check_usable(action)
         if self._graph.start is None:
@@ -340,6 +340,7 @@ class PipelineBuilder:
                                             f"{action.removesuffix('e')}ing", StartError)
         self._settle(action)
         self._fork = None
+        return self
 
     def _settle(self, action: str) -> None:
         """Continue from every unpacked branch's last nodes; each must have closed its fan-outs."""
@@ -357,25 +358,18 @@ class PipelineBuilder:
         self._tips = list(dict.fromkeys(tips))
         self._children = None
 
-    def _extend(self, kind: str, klass: Any, delay: object, timeout: object,
-                limit_by: object) -> PipelineBuilder:
-        self._begin(kind)
-        graph = self._graph
-        [node] = graph.add_nodes(kind, [klass], delay, timeout, limit_by)
-        graph.connect(self._tips, kind, [node])
-        if kind == "expand":
-            self._stack.append(_Frame(kind, tuple(self._tips)))
-        self._tips = [node]
-        return self
-
-    def _fan_out(self, kind: str, classes: list[Any], keys: list[str] | None,
-                 delay: object, timeout: object, limit_by: object) -> PipelineBuilder:
+    def _extend(self, kind: str, classes: list[Any], delay: object, timeout: object, limit_by: object,
+                keys: list[str] | None = None) -> PipelineBuilder:
+        """Add a node per class after the last nodes, on a ``kind`` edge (a divert's by the
+        rendered ``keys``), once :meth:`_begin` passed: an expand, divide or divert opens a
+        fan-out, and a divide's or divert's nodes may be unpacked."""
         graph = self._graph
         nodes = graph.add_nodes(kind, classes, delay, timeout, limit_by)
         graph.connect(self._tips, kind, nodes if keys is None else dict(zip(keys, nodes, strict=True)))
-        self._stack.append(_Frame(kind, tuple(self._tips)))
+        if kind in _CLOSES.values():  # a fan-out
+            self._stack.append(_Frame(kind, tuple(self._tips)))
         self._tips = nodes
-        self._fork = list(nodes)
+        self._fork = list(nodes) if kind in ("divide", "divert") else None
         return self
 
     def _fan_in(self, kind: str, others: tuple[PipelineBuilder, ...], klass: Any,
