@@ -164,12 +164,12 @@ def payload_json(output_payload: str) -> str:
     return json.dumps(json.loads(output_payload)["payload"])
 
 
-def step_complete(tx: Tx, step_id: str, *, from_status: tuple[str, ...] = ("advancing",)) -> None:
-    """Mark the step advanced past. The status guard makes a stale writer match nothing."""
+def step_complete(tx: Tx, step_id: str) -> None:
+    """Mark an advancing step advanced past. The status guard makes a stale writer match nothing."""
     result = tx.execute(
         schema.steps.update()
-        .where(schema.steps.c.id == step_id, schema.steps.c.status.in_(from_status))
+        .where(schema.steps.c.id == step_id, schema.steps.c.status == "advancing")
         .values(status="completed", completed_at=tx.now, updated_at=tx.now)
     )
     if result.rowcount != 1:  # pragma: no cover  the caller holds the branch's fence [INV-ADV-1]
-        raise AssertionError(f"step {step_id}: expected status in {from_status} inside the fence [INV-ADV-1]")
+        raise AssertionError(f"step {step_id}: expected status advancing inside the fence [INV-ADV-1]")
