@@ -5,8 +5,9 @@
     >>> history = run.history(backtraces=True)     # a RunHistory
     >>> [(s.node, s.status, s.wait) for s in history.steps]
 
-Every record is a frozen dataclass read by column name (:func:`_record`); the
-CLI renders these and nothing else, so the command line and Python see one truth.
+Every record is a frozen dataclass whose fields name the columns a query selects
+(:func:`_columns`) and reads back by name (:func:`_record`); the CLI renders these and
+nothing else, so the command line and Python see one truth.
 
 Guarantees: each call is one read-only transaction (a consistent snapshot as of
 the database time ``now`` it reports); it writes nothing and creates nothing (a
@@ -231,10 +232,19 @@ class RunHistory:
 # --------------------------------------------------------------------------- rows
 
 
-#: a run's columns, labelled as :class:`RunRecord`'s fields
-_RUN_COLUMNS = (schema.runs.c.id, schema.runs.c.pipeline_klass.label("pipeline"), schema.runs.c.status,
-                schema.runs.c.triggered_at, schema.runs.c.completed_at, schema.runs.c.halted_at,
-                schema.runs.c.revived_from)
+def _columns(table: sa.Table, cls: type[DataclassInstance], backtraces: bool = False,
+             **named: sa.ColumnElement[Any]) -> list[sa.ColumnElement[Any]]:
+    """What :func:`_record` reads for ``cls`` from a row of ``table``: for each field, the column
+    of its name or the expression ``named`` gives (labelled with it), and for an ``error`` field
+    the error columns (the traceback only with ``backtraces``, else NULL). A field of neither
+    (a record's parts, read from other rows) is given to :func:`_record`."""
+    names = [field.name for field in fields(cls)]
+    columns: list[sa.ColumnElement[Any]] = [named[name].label(name) if name in named else table.c[name]
+                                            for name in names if name in named or name in table.c]
+    if "error" in names:
+        columns += [table.c.error_klass, table.c.error_message,
+                    (table.c.error_backtrace if backtraces else sa.null()).label("error_backtrace")]
+    return columns
 
 
 def _record(cls: type[R], row: sa.Row[Any], **values: Any) -> R:
@@ -247,6 +257,10 @@ def _record(cls: type[R], row: sa.Row[Any], **values: Any) -> R:
         values["error"] = None if columns["error_klass"] is None else ErrorRecord(
             klass=columns["error_klass"], message=columns["error_message"] or "", backtrace=columns["error_backtrace"])
     return cls(**{name: columns[name] for name in names if name not in values}, **values)
+
+
+#: a run's columns, as :class:`RunRecord`'s fields
+_RUN_COLUMNS = _columns(schema.runs, RunRecord, pipeline=schema.runs.c.pipeline_klass)
 
 
 def _grouped(rows: Iterable[sa.Row[Any]], key: str) -> dict[str, list[sa.Row[Any]]]:
@@ -342,30 +356,22 @@ def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunH
         run = tx.execute(sa.select(*_RUN_COLUMNS).where(schema.runs.c.id == run_id)).first()
         if run is None:
             raise UnknownRunError(run_id)
-        branch_rows = tx.execute(
-            sa.select(b.c.id, b.c.status, b.c.halt_reason, b.c.parent_id, b.c.barrier_index, b.c.started_at,
-                      b.c.completed_at).where(b.c.run_id == run_id).order_by(b.c.started_at, b.c.id)).all()
-        step_rows = tx.execute(
-            sa.select(s.c.id, s.c.branch_id, s.c.node, s.c.klass, s.c.status, s.c.to_transition, s.c.limit_key,
-                      s.c.created_at, s.c.completed_at, schema.step_idempotency_key(s).label("idempotency_key"))
-            .where(s.c.run_id == run_id).order_by(s.c.started_at, s.c.id)).all()
+        branch_rows = tx.execute(sa.select(*_columns(b, BranchRecord)).where(b.c.run_id == run_id)
+                                 .order_by(b.c.started_at, b.c.id)).all()
+        step_rows = tx.execute(sa.select(*_columns(s, StepRecord, idempotency_key=schema.step_idempotency_key(s)))
+                               .where(s.c.run_id == run_id).order_by(s.c.started_at, s.c.id)).all()
         # the run's executions by step id, oldest first
         executions = _grouped(tx.execute(
-            sa.select(e.c.id, e.c.step_id, e.c.limit_key, e.c.eligible_at, e.c.claimed_at, e.c.completed_at,
-                      e.c.outcome, e.c.retry_count, e.c.crash_count, *_error_columns(e, backtraces))
+            sa.select(e.c.step_id, *_columns(e, ExecutionRecord, backtraces))
             .join(s, s.c.id == e.c.step_id).where(s.c.run_id == run_id).order_by(e.c.created_at, e.c.id)), "step_id")
         # the run's failed advancements by branch id, oldest first
         advancements = _grouped(tx.execute(
-            sa.select(a.c.branch_id, a.c.step_id, a.c.started_at, a.c.completed_at, a.c.crash_count,
-                      *_error_columns(a, backtraces))
-            .join(b, b.c.id == a.c.branch_id)
+            sa.select(a.c.branch_id, *_columns(a, AdvancementRecord, backtraces)).join(b, b.c.id == a.c.branch_id)
             .where(b.c.run_id == run_id, a.c.error_klass.is_not(None)).order_by(a.c.started_at)), "branch_id")
         waits = _Waits.read(tx, app.config.entry_for, executions)
         context_keys = tuple(sorted(tx.execute(sa.select(schema.context.c.key)
                                                .where(schema.context.c.run_id == run_id)).scalars()))
-        hook = tx.execute(sa.select(
-            h.c.id, h.c.klass, h.c.status, h.c.retry_count, h.c.crash_count, h.c.last_outcome, h.c.eligible_at,
-            h.c.completed_at, *_error_columns(h, backtraces)).where(h.c.run_id == run_id)).first()
+        hook = tx.execute(sa.select(*_columns(h, HookRecord, backtraces)).where(h.c.run_id == run_id)).first()
         revived_as = _revivals(tx, [run_id]).get(run_id)  # (only a halted run is revived)
         reasons = _halt_reasons(tx, [run_id])[run_id]
     # In a revived run a step without executions of its own was carried over from the halted
@@ -382,12 +388,6 @@ def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunH
     return RunHistory(now=waits.now, run=_record(RunRecord, run, halt_reasons=reasons, revived_as=revived_as),
                       branches=branches, steps=steps, context_keys=context_keys,
                       hook=None if hook is None else _record(HookRecord, hook))
-
-
-def _error_columns(table: sa.Table, backtraces: bool) -> tuple[sa.ColumnElement[Any], ...]:
-    """A table's error columns, its backtrace only with ``backtraces`` (else NULL)."""
-    return (table.c.error_klass, table.c.error_message,
-            (table.c.error_backtrace if backtraces else sa.null()).label("error_backtrace"))
 
 
 @dataclass(frozen=True)
