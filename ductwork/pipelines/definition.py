@@ -232,9 +232,8 @@ class PipelineBuilder:
         self._check_usable("start")
         if graph.start is not None:
             raise graph.error("start", "Can only start pipeline definition once", StartError)
-        [node] = graph.add_nodes("start", [klass], delay, timeout, limit_by)
-        graph.start = node
-        self._tips = [node]
+        self._extend("start", [klass], delay, timeout, limit_by)  # (no last nodes yet: no edge)
+        graph.start = self._tips[0]
         return self
 
     def chain(self, *, to: type[Step], delay: object = None, timeout: object = None,
@@ -359,13 +358,14 @@ class PipelineBuilder:
         self._children = None
 
     def _extend(self, kind: str, classes: list[Any], delay: object, timeout: object, limit_by: object,
-                keys: list[str] | None = None) -> PipelineBuilder:
+                keys: list[str] | None = None, barrier: tuple[str, ...] | None = None) -> PipelineBuilder:
         """Add a node per class after the last nodes, on a ``kind`` edge (a divert's by the
-        rendered ``keys``), once :meth:`_begin` passed: an expand, divide or divert opens a
-        fan-out, and a divide's or divert's nodes may be unpacked."""
+        rendered ``keys``, a combine's or collapse's with its ``barrier``), once the
+        transition's checks passed: an expand, divide or divert opens a fan-out, and a
+        divide's or divert's nodes may be unpacked."""
         graph = self._graph
         nodes = graph.add_nodes(kind, classes, delay, timeout, limit_by)
-        graph.connect(self._tips, kind, nodes if keys is None else dict(zip(keys, nodes, strict=True)))
+        graph.connect(self._tips, kind, nodes if keys is None else dict(zip(keys, nodes, strict=True)), barrier)
         if kind in _CLOSES.values():  # a fan-out
             self._stack.append(_Frame(kind, tuple(self._tips)))
         self._tips = nodes
@@ -388,10 +388,8 @@ class PipelineBuilder:
             raise graph.error(kind, f"Ambiguous {kind} on most recently {frame.kind.removesuffix('e')}ed "
                                     f"definition", error)
         owner._settle(kind)
-        [node] = graph.add_nodes(kind, [klass], delay, timeout, limit_by)
-        graph.connect(owner._tips, kind, [node], None if kind == "converge" else frame.sources)
-        owner._stack.pop()
-        owner._tips = [node]
+        owner._extend(kind, [klass], delay, timeout, limit_by, barrier=None if kind == "converge" else frame.sources)
+        owner._stack.pop()  # the fan-out it closed
         return owner
 
     def _join_branches(self, kind: str, others: tuple[Any, ...]) -> PipelineBuilder:
