@@ -146,13 +146,6 @@ class _Graph:
                                          f"{klass.__qualname__}.__init__{signature}")
         return index
 
-    def connect(self, sources: list[str], kind: str, to: list[str] | dict[str, str],
-                barrier: tuple[str, ...] | None = None) -> None:
-        for source in sources:
-            assert source not in self.edges, f"{self.name}: node {source} already has an edge"
-            fan_in = None if barrier is None else list(barrier)
-            self.edges[source] = EdgeSpec(kind, copy_targets(to), fan_in)
-
     def freeze(self) -> Definition:
         assert self.start is not None
         self.frozen = True
@@ -359,13 +352,16 @@ class PipelineBuilder:
 
     def _extend(self, kind: str, classes: list[Any], delay: object, timeout: object, limit_by: object,
                 keys: list[str] | None = None, barrier: tuple[str, ...] | None = None) -> PipelineBuilder:
-        """Add a node per class after the last nodes, on a ``kind`` edge (a divert's by the
+        """Add a node per class and a ``kind`` edge to them from each last node (a divert's by the
         rendered ``keys``, a combine's or collapse's with its ``barrier``), once the
         transition's checks passed: an expand, divide or divert opens a fan-out, and a
         divide's or divert's nodes may be unpacked."""
         graph = self._graph
         nodes = graph.add_nodes(kind, classes, delay, timeout, limit_by)
-        graph.connect(self._tips, kind, nodes if keys is None else dict(zip(keys, nodes, strict=True)), barrier)
+        to = nodes if keys is None else dict(zip(keys, nodes, strict=True))
+        for source in self._tips:  # (each its own copy of the targets and barrier)
+            assert source not in graph.edges, f"{graph.name}: node {source} already has an edge"
+            graph.edges[source] = EdgeSpec(kind, copy_targets(to), None if barrier is None else list(barrier))
         if kind in _CLOSES.values():  # a fan-out
             self._stack.append(_Frame(kind, tuple(self._tips)))
         self._tips = nodes
