@@ -30,6 +30,9 @@ from typing import Any
 from ductwork.errors import UnknownStepClassError
 from ductwork.pipelines.snapshot import Definition, render_divert_key
 
+#: branch statuses of a branch that has not ended: its run is ``in_progress``
+ACTIVE_BRANCH = ("in_progress", "advancing")
+
 # --------------------------------------------------------------------------- runs
 
 
@@ -44,7 +47,7 @@ def resolve_run_status(branch_statuses: Iterable[str]) -> str:
     ('halted', 'in_progress')
     """
     statuses = set(branch_statuses)
-    if statuses & {"in_progress", "advancing"}:  # a branch that has not ended
+    if statuses & set(ACTIVE_BRANCH):
         return "in_progress"
     if "dampened" in statuses:
         return "dampened"
