@@ -67,6 +67,16 @@ class Keyed(Pipeline):
         p.start(Square, limit_by="one_at_a_time")
 
 
+class HaltsAndWaits(Pipeline):
+    """Two branches: one halts (Boom), the other waits in a dampen: the run is dampened
+    with a halted branch."""
+
+    @classmethod
+    def define(cls, p):
+        _, waits = p.start(Square).divide(to=[Boom, Square])
+        waits.dampen(before=Square)
+
+
 @pytest.fixture
 def clocked(db_url):
     """A ManualClock app (so a test can age its runs), tables empty, the default app."""
@@ -234,6 +244,20 @@ def test_list_runs_filters_and_the_runs_command(clocked, db_url, capsys):
     assert [r["id"] for r in document["runs"]] == [waiting.id, failed.id]
     assert set(document["runs"][0]) == {"id", "pipeline", "status", "triggered_at", "completed_at", "halted_at",
                                         "revived_from", "halt_reasons", "revived_as", "finished_at"}
+
+
+def test_a_run_not_halted_with_a_halted_branch_is_listed_with_its_halt_reason(clocked, db_url, capsys):
+    """A run whose branch halted while another waits in a dampen is dampened, not halted:
+    ``list_runs`` (and ``ductwork runs``) give its halt reason as ``run_history`` does,
+    nothing hidden (RunRecord.halt_reasons: why each halted branch halted)."""
+    run = HaltsAndWaits.trigger(3)
+    drain(clocked, skip_delays=True)
+    (listed,) = list_runs(clocked)
+    assert (listed.status, listed.halt_reasons) == ("dampened", ("job_retries_exhausted",))
+    assert listed.halt_reasons == run.history().run.halt_reasons == tuple(run.refresh().halt_reasons)
+    code, out, _ = _cli(capsys, db_url, "runs")
+    assert code == 0
+    assert "job_retries_exhausted" in out
 
 
 def test_a_runs_definition_is_its_snapshot_and_a_revived_run_shares_it(clocked):
