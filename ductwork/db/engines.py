@@ -268,8 +268,8 @@ def create_async_engine(url: str | URL, **settings: Unpack[EngineSettings]) -> A
 
     parsed = normalize_url(url)
     name = backend(parsed.get_backend_name())
-    driver = ASYNC_DRIVERS[parsed.drivername.partition("+")[2]]
-    parsed = parsed.set(drivername=f"{parsed.drivername.partition('+')[0]}+{driver}")
+    scheme, _, driver = parsed.drivername.partition("+")
+    parsed = parsed.set(drivername=f"{scheme}+{ASYNC_DRIVERS[driver]}")
     options = _engine_options(name, settings)
     if name == "mysql":
         # Differs from PostgreSQL in that aiomysql takes no read or write timeout (PyMySQL

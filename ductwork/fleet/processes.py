@@ -52,12 +52,9 @@ def supervisors_on_this_host(app: Database) -> list[sa.Row[Any]]:
     p = schema.processes
     with app.begin(readonly=True) as tx:
         since = tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout)
-        rows = tx.execute(
-            sa.select(p.c.id, p.c.pid, p.c.label, p.c.machine_identifier)
-            .where(p.c.role == "supervisor", p.c.machine_identifier == machine_identifier(),
-                   p.c.pid != os.getpid(), p.c.last_heartbeat_at > since)
-            .order_by(p.c.label)
-        ).all()
+        rows = tx.execute(sa.select(p.c.id, p.c.pid, p.c.label, p.c.machine_identifier)
+                          .where(p.c.role == "supervisor", p.c.machine_identifier == machine_identifier(),
+                                 p.c.pid != os.getpid(), p.c.last_heartbeat_at > since).order_by(p.c.label)).all()
     return [row for row in rows if pid_alive(row.pid)]
 
 

@@ -179,9 +179,8 @@ class Runner:
         self._signalled = True
 
     def _heartbeats(self) -> None:
-        interval = self.app.config.supervisor.heartbeat_interval
         while not self.stop.is_set() and self.beat():
-            self.stop.wait(interval)
+            self.stop.wait(self.app.config.supervisor.heartbeat_interval)
 
     def beat(self) -> bool:
         """One heartbeat, with the refusals counted since the last (put back if it fails),
@@ -198,8 +197,7 @@ class Runner:
             return False
         self._last_heartbeat_sent = sent
         try:
-            held = set().union(*(u.held() for u in self.units))
-            reconcile(self.app, self.process_id, held)
+            reconcile(self.app, self.process_id, set().union(*(u.held() for u in self.units)))
         except Exception:  # retried at the next heartbeat
             log.warning("reconciliation failed", exc_info=True)
         return True
@@ -276,8 +274,7 @@ class Runner:
     def _join_loops_or_exit(self, loops: list[Loop]) -> None:
         """Wait up to the role's ``shutdown_timeout`` for the loops to finish; a loop still
         busy then ends the process, with the subprocesses its steps started."""
-        shutdown = (self.app.config.job_worker.shutdown_timeout if self.role == "job_worker"
-                    else self.app.config.pipeline_advancer.shutdown_timeout)
+        shutdown: float = getattr(self.app.config, self.role).shutdown_timeout  # (the role names its section)
         deadline = time.monotonic() + shutdown
         for loop in loops:
             loop.join(max(0.0, deadline - time.monotonic()))
