@@ -67,7 +67,11 @@ CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: came to be written by its step's guarded status write (``branches.set_status_if``: four
 #: statement builders folded into it), a worker's inline move stopped writing an advancement
 #: row, a trigger's handle came from what it wrote, a transaction's wake-ups became one
-#: statement, and ``Tx.backend`` (unread) went. Then a feature, not a speed pass: partitioned
+#: statement, and ``Tx.backend`` (unread) went; 6,003 when fleet/ and db/ lost 103 (the map of
+#: unique constraints derived from the tables; names nothing read gone: ``Loop.busy``,
+#: ``dialects.BACKENDS``, ``schema.LIMIT_TABLES``, ``wakeup.CHANNEL``; one pid probe for hosts
+#: and processes, a two-constant seam become a table, the error columns and SQLite's pragmas
+#: said once, helpers used once inlined). Then a feature, not a speed pass: partitioned
 #: keys (issue 34) add what :data:`PARTITIONED_KEYS_LINES` counts, named apart so that the
 #: clean-ups' ratchet stays visible: ``limit_by=(family, field)`` (its declaration checked and
 #: resolved, its snapshot, its key rendered from each step's input, a worker's inline move
@@ -84,7 +88,7 @@ LANE_WALK_LINES = 8
 #: sweep, the supervisor's tick that runs it, a claim creating a forgotten key's row and a new
 #: partition row numbering on from its family's seq (``lock_key``)
 FORGET_PARTITIONS_LINES = 43
-CODE_LINES_BUDGET = 6_106 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
+CODE_LINES_BUDGET = 6_003 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment
 SQL_LINE = re.compile(r"^\s*(?:--|$)")
