@@ -144,8 +144,7 @@ class Database:
     def check_database(self) -> None:
         """Raise :class:`MissingDatabaseError` when the database is a SQLite file that
         does not exist. Creates nothing (connects to nothing)."""
-        path = engines.absent_database_file(self.engine.url)
-        if path is not None:
+        if (path := engines.absent_database_file(self.engine.url)) is not None:
             raise MissingDatabaseError(schema.metadata.tables, self.database, str(path))
 
     def check_schema(self) -> None:

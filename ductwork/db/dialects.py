@@ -4,7 +4,8 @@
     >>> with translate_db_errors({"uq_run_trigger_key": lambda _: TriggeredConcurrently(...)}): ...
 
 Every backend-specific statement or setting is registered per backend with
-:meth:`Seam.for_db`; callers never test ``dialect.name``. PostgreSQL is the
+:meth:`Seam.for_db` (a value that is all the difference: a table keyed by backend);
+callers never test ``dialect.name``. PostgreSQL is the
 reference; each other variant opens with "Differs from PostgreSQL in that …
 because …". An unknown backend raises :class:`UnsupportedDialectError`, never a
 silent fallback. The statements' variants are here; connecting (URLs, drivers,
@@ -39,7 +40,6 @@ from ductwork.db.driver_errors import translate_db_errors as translate_db_errors
 from ductwork.db.driver_errors import violated_constraint as violated_constraint
 from ductwork.errors import UnsupportedDialectError
 
-BACKENDS = ("postgresql", "mysql", "sqlite")
 _ALIASES = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "sqlite": "sqlite"}
 
 
@@ -53,12 +53,7 @@ R = TypeVar("R")
 
 def backend(bind: Bind) -> str:
     """``postgresql``, ``mysql`` (MySQL and MariaDB) or ``sqlite``; else raises."""
-    if isinstance(bind, str):
-        name = bind
-    elif isinstance(bind, Dialect):
-        name = bind.name
-    else:
-        name = bind.dialect.name
+    name = bind if isinstance(bind, str) else (bind if isinstance(bind, Dialect) else bind.dialect).name
     try:
         return _ALIASES[name]
     except KeyError:
@@ -74,8 +69,7 @@ class Seam(Generic[R]):
 
     def for_db(self, *backends: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
         def register(fn: Callable[..., R]) -> Callable[..., R]:
-            for b in backends:
-                self._impls[b] = fn
+            self._impls.update(dict.fromkeys(backends, fn))
             return fn
 
         return register
@@ -413,25 +407,16 @@ def _mysql_call_routine(conn: Connection, name: str, args: Sequence[RoutineArg])
     return list(conn.exec_driver_sql(f"CALL {name}({placeholders})", tuple(values)).all())
 
 
-_server_routines = Seam[bool]("server_routines")
-
-
-@_server_routines.for_db("postgresql", "mysql")
-def _routines_on_server(_: Any) -> bool:
-    return True  # a statement is a round trip: a routine saves every one but the first
-
-
-@_server_routines.for_db("sqlite")
-def _routines_in_process(_: Any) -> bool:
-    # Differs from PostgreSQL in that SQLite has no server-side routines: it is in-process, so
-    # a statement is a call, not a round trip, and the caller runs the routine's steps itself.
-    return False
+#: whether the backend runs routines on the server: a statement is a round trip, which a
+#: routine saves but for the first. Differs from PostgreSQL on SQLite, which has no server-side
+#: routines: it is in-process, so a statement is a call, not a round trip
+_SERVER_ROUTINES = {"postgresql": True, "mysql": True, "sqlite": False}
 
 
 def has_server_routines(bind: Bind) -> bool:
     """Whether the backend runs ductwork's routines on the server (:data:`call_routine`), or
     the caller runs their steps itself, statement by statement."""
-    return _server_routines(bind)
+    return _SERVER_ROUTINES[backend(bind)]
 
 
 #: the line that separates the statements of a routine's SQL file
@@ -444,14 +429,9 @@ def install_routine(conn: Connection, sql: str) -> None:
     sent as it is through the driver's cursor, which then reads no placeholders in it
     (``%`` in a PL/pgSQL RAISE)."""
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    statement: list[str] = []
-    for line in [*sql.splitlines(), STATEMENT_BREAK]:
-        if line.startswith(STATEMENT_BREAK):
-            if "".join(statement).strip():
-                cursor.execute("\n".join(statement))
-            statement = []
-        else:
-            statement.append(line)
+    for statement in re.split(f"^{re.escape(STATEMENT_BREAK)}.*$", sql, flags=re.MULTILINE):
+        if statement.strip():
+            cursor.execute(statement)
 
 
 # --------------------------------------------------------------------------- wakeups

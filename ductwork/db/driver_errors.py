@@ -41,18 +41,12 @@ def violated_constraint(error: exc.IntegrityError) -> str | None:
     name: str | None = getattr(getattr(orig, "diag", None), "constraint_name", None)  # (psycopg's diagnostics)
     if name:
         return name
-    text = str(orig)
-    match = _MYSQL_KEY.search(text)
-    if match:
+    if match := _MYSQL_KEY.search(str(orig)):
         return match.group(1)
-    match = _SQLITE_UNIQUE.search(text)
-    if match:
-        cols = [c.strip() for c in match.group(1).split(",")]
-        table = cols[0].split(".")[0]
-        names = tuple(c.split(".", 1)[1] for c in cols)
-        for name, (t, columns) in CONSTRAINT_COLUMNS.items():
-            if t == table and columns == names:
-                return name
+    if match := _SQLITE_UNIQUE.search(str(orig)):
+        failed = [c.strip() for c in match.group(1).split(",")]  # "table.column" each
+        return next((name for name, (table, columns) in CONSTRAINT_COLUMNS.items()
+                     if failed == [f"{table}.{column}" for column in columns]), None)
     return None
 
 
@@ -81,13 +75,10 @@ def is_retryable(error: BaseException) -> bool:
     if not isinstance(error, exc.DBAPIError):
         return False
     orig = error.orig
-    sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate in _RETRYABLE_PG:
-        return True
-    args = getattr(orig, "args", ())
-    if args and isinstance(args[0], int) and args[0] in _RETRYABLE_MYSQL:
-        return True
-    return "database is locked" in str(orig)
+    args: tuple[object, ...] = getattr(orig, "args", ())
+    return (getattr(orig, "sqlstate", None) in _RETRYABLE_PG  # psycopg's SQLSTATE
+            or (bool(args) and isinstance(args[0], int) and args[0] in _RETRYABLE_MYSQL)  # PyMySQL's errno
+            or "database is locked" in str(orig))  # SQLite's message
 
 
 def is_disconnect(error: BaseException) -> bool:

@@ -71,10 +71,8 @@ def normalize_url(url: str | URL) -> URL:
     except (exc.ArgumentError, ValueError) as e:
         raise DatabaseURLError("database.url", str(url), f"not a database URL ({e})") from None
     scheme, _, driver = parsed.drivername.partition("+")
-    if scheme == "postgres":
-        scheme = "postgresql"
-    problem = _url_problem(scheme, driver, parsed.database)
-    if problem is not None:
+    scheme = "postgresql" if scheme == "postgres" else scheme
+    if (problem := _url_problem(scheme, driver, parsed.database)) is not None:
         raise DatabaseURLError("database.url", parsed.render_as_string(hide_password=True), problem)
     parsed = parsed.set(drivername=f"{scheme}+{DRIVERS[scheme]}")
     if scheme in ("mysql", "mariadb") and "charset" not in parsed.query:
@@ -172,10 +170,7 @@ def _pg_engine_options(_: str, settings: EngineSettings) -> dict[str, Any]:
     connect_args = {
         "connect_timeout": int(settings.get("connect_timeout", 10)),
         # A frozen server or a dead peer must not hang a worker forever.
-        "keepalives": 1,
-        "keepalives_idle": 5,
-        "keepalives_interval": 2,
-        "keepalives_count": 3,
+        "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
         "tcp_user_timeout": int(settings.get("io_timeout", 30) * 1000),
     }
     return {"isolation_level": "READ COMMITTED", "connect_args": connect_args}
@@ -187,14 +182,9 @@ def _mysql_engine_options(_: str, settings: EngineSettings) -> dict[str, Any]:
     # snapshot would make a count read after a lock stale; READ COMMITTED gives
     # each statement a fresh view, like PostgreSQL.
     io_timeout = int(settings.get("io_timeout", 30))
-    return {
-        "isolation_level": "READ COMMITTED",
-        "connect_args": {
-            "connect_timeout": int(settings.get("connect_timeout", 10)),
-            "read_timeout": io_timeout,
-            "write_timeout": io_timeout,
-        },
-    }
+    connect_args = {"connect_timeout": int(settings.get("connect_timeout", 10)), "read_timeout": io_timeout,
+                    "write_timeout": io_timeout}
+    return {"isolation_level": "READ COMMITTED", "connect_args": connect_args}
 
 
 @_engine_options.for_db("sqlite")
@@ -242,10 +232,9 @@ def _sqlite_hooks(engine: Engine, busy_timeout: float) -> None:
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # pysqlite must not emit its own BEGIN
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        for pragma in ("foreign_keys=ON", f"busy_timeout={int(busy_timeout * 1000)}", "journal_mode=WAL",
+                       "synchronous=NORMAL"):
+            cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -279,8 +268,8 @@ def create_async_engine(url: str | URL, **settings: Unpack[EngineSettings]) -> A
 
     parsed = normalize_url(url)
     name = backend(parsed.get_backend_name())
-    driver = ASYNC_DRIVERS[parsed.drivername.partition("+")[2]]
-    parsed = parsed.set(drivername=f"{parsed.drivername.partition('+')[0]}+{driver}")
+    scheme, _, driver = parsed.drivername.partition("+")
+    parsed = parsed.set(drivername=f"{scheme}+{ASYNC_DRIVERS[driver]}")
     options = _engine_options(name, settings)
     if name == "mysql":
         # Differs from PostgreSQL in that aiomysql takes no read or write timeout (PyMySQL

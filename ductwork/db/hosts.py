@@ -32,6 +32,18 @@ if TYPE_CHECKING:
 PROC = Path("/proc")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host: signal 0 asks the kernel (and
+    sends nothing), whatever ``/proc`` shows (hidepid hides other users' pids)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        pass
+    return True
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text().strip()
@@ -94,12 +106,8 @@ def os_process_gone(pid: int, start_ticks: int) -> bool:
     it started at another time (the pid was reused), or it is a zombie (exited, not yet
     waited for) with every thread dead. False whenever that cannot be told (``/proc``
     hidden or unreadable): a caller in doubt waits for the heartbeat to go stale."""
-    try:
-        os.kill(pid, 0)  # asks the kernel, whatever /proc shows (hidepid hides others' pids)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return True
-    except PermissionError:  # exists, another user's
-        pass
     fields = stat_fields(pid)
     if fields is None:
         return False  # exists, but /proc does not say which process it is
@@ -115,11 +123,8 @@ def _all_tasks_dead(pid: int) -> bool:
         tasks = [entry.name for entry in os.scandir(PROC / str(pid) / "task")]
     except OSError:
         return True  # reaped meanwhile
-    for task in tasks:
-        fields = stat_fields(f"{pid}/task/{task}")
-        if fields and fields[0] not in ("Z", "X"):
-            return False
-    return True
+    states = (stat_fields(f"{pid}/task/{task}") for task in tasks)
+    return all(not fields or fields[0] in ("Z", "X") for fields in states)  # (a task gone meanwhile: dead)
 
 
 def rows_of_os_process(pid: int) -> tuple[sa.ColumnElement[bool], ...]:

@@ -57,8 +57,7 @@ def head() -> str:
     return revision
 
 
-def missing_tables(engine: Engine | sa.Connection, tables: tuple[str, ...] | None = None) -> list[str]:
-    """Which of ``tables`` (default: all of ductwork's) the database lacks."""
-    wanted = tables or tuple(schema.metadata.tables)
+def missing_tables(engine: Engine | sa.Connection) -> list[str]:
+    """Which of ductwork's tables the database lacks."""
     present = set(sa.inspect(engine).get_table_names())
-    return sorted(t for t in wanted if t not in present)
+    return sorted(t for t in schema.metadata.tables if t not in present)

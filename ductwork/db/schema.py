@@ -67,10 +67,13 @@ ExactKey = sa.String(255).with_variant(mysql.VARCHAR(255, collation="utf8mb4_bin
 
 
 def _timestamps() -> list[sa.Column[datetime]]:
-    return [
-        sa.Column("created_at", Timestamp, nullable=False),
-        sa.Column("updated_at", Timestamp, nullable=False),
-    ]
+    return [sa.Column("created_at", Timestamp, nullable=False), sa.Column("updated_at", Timestamp, nullable=False)]
+
+
+def _error() -> list[sa.Column[Any]]:
+    """``error_klass``, ``error_message`` and ``error_backtrace``: the error recorded (NULL: none)."""
+    return [sa.Column("error_klass", Name, nullable=True), sa.Column("error_message", sa.String(255), nullable=True),
+            sa.Column("error_backtrace", LongText, nullable=True)]
 
 
 def _claiming_process() -> sa.Column[str]:
@@ -89,17 +92,13 @@ def _not_null(column: str) -> sa.TextClause:
     return sa.text(f"{column} IS NOT NULL")
 
 
-#: where a uniqueness of mostly-NULL columns stays a unique constraint (revision 0001's)
-_CONSTRAINT_DIALECTS = ("mysql", "mariadb", "sqlite")
-
-
 def _unique_where_not_null(name: str, *columns: str, nullable: str) -> tuple[sa.UniqueConstraint, sa.Index]:
     """A uniqueness that only concerns rows whose ``nullable`` column is set: on PostgreSQL
     a partial unique index (revision 0006: a row with NULL there writes no index entry),
     elsewhere revision 0001's unique constraint. NULLs never collide, so both refuse exactly
     the same rows; the name is the same, so the error boundary maps both (CONSTRAINT_COLUMNS)."""
     # (a tuple of dialect names is documented by SQLAlchemy; its stubs say str only)
-    return (sa.UniqueConstraint(*columns, name=name).ddl_if(dialect=_CONSTRAINT_DIALECTS),  # type: ignore[arg-type]
+    return (sa.UniqueConstraint(*columns, name=name).ddl_if(dialect=("mysql", "mariadb", "sqlite")),  # type: ignore[arg-type]
             sa.Index(name, *columns, unique=True, postgresql_where=_not_null(nullable)).ddl_if(dialect="postgresql"))
 
 
@@ -270,9 +269,7 @@ executions = sa.Table(
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: pending or in flight
     #: success | failure | timed_out | process_crashed; NULL: not completed
     sa.Column("outcome", sa.String(16), nullable=True),
-    sa.Column("error_klass", Name, nullable=True),  # NULL: no error
-    sa.Column("error_message", sa.String(255), nullable=True),
-    sa.Column("error_backtrace", LongText, nullable=True),
+    *_error(),  # NULL: no error
     sa.Column("retry_count", sa.Integer, nullable=False),
     sa.Column("crash_count", sa.Integer, nullable=False),
     #: the key's event sequence at claim, taken under the key lock; NULL: unkeyed or pending
@@ -310,9 +307,7 @@ advancements = sa.Table(
     sa.Column("claim_token", Id, nullable=False),
     sa.Column("started_at", Timestamp, nullable=False),
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: open
-    sa.Column("error_klass", Name, nullable=True),  # NULL: succeeded (or open)
-    sa.Column("error_message", sa.String(255), nullable=True),
-    sa.Column("error_backtrace", LongText, nullable=True),
+    *_error(),  # NULL: succeeded (or open)
     #: advancer crashes on this step so far, carried forward attempt to attempt
     sa.Column("crash_count", sa.Integer, nullable=False),
     *_timestamps(),
@@ -410,9 +405,7 @@ halt_hooks = sa.Table(
     sa.Column("crash_count", sa.Integer, nullable=False),
     #: the last attempt's outcome: success | failure | invalid | process_crashed; NULL: none yet
     sa.Column("last_outcome", sa.String(16), nullable=True),
-    sa.Column("error_klass", Name, nullable=True),  # NULL: no attempt has failed
-    sa.Column("error_message", sa.String(255), nullable=True),
-    sa.Column("error_backtrace", LongText, nullable=True),
+    *_error(),  # NULL: no attempt has failed
     sa.Column("completed_at", Timestamp, nullable=True),  # NULL: no outcome recorded yet
     *_timestamps(),
     # [INV-HLT-1] one hook per run: a halted run's outcome is recorded exactly once
@@ -421,19 +414,9 @@ halt_hooks = sa.Table(
     sa.Index("ix_halt_hook_process", "process_id"),
 )
 
-#: Tables the limits feature needs (boot validation names the missing ones).
-LIMIT_TABLES = ("ductwork_limit_keys", "ductwork_limit_buckets")
-
-#: Constraint names that mean "this already happened": the error boundary maps them.
-CONSTRAINT_COLUMNS = {
-    "uq_context_run_key": ("ductwork_context", ("run_id", "key")),
-    "uq_step_branch_node": ("ductwork_steps", ("branch_id", "node")),
-    "uq_branch_child_index": ("ductwork_branches", ("parent_id", "barrier_index")),
-    "uq_branch_merge_per_barrier": ("ductwork_branches", ("merged_barrier_id",)),
-    "uq_execution_open_per_step": ("ductwork_executions", ("open_step_id",)),
-    "uq_advancement_open_per_branch": ("ductwork_advancements", ("open_branch_id",)),
-    "uq_process_host_pid_label": ("ductwork_processes", ("machine_identifier", "pid", "label")),
-    "uq_halt_hook_run": ("ductwork_halt_hooks", ("run_id",)),
-    "uq_run_revived_from": ("ductwork_runs", ("revived_from",)),
-    "uq_run_trigger_key": ("ductwork_runs", ("pipeline_klass", "trigger_key")),
-}
+#: Constraint names that mean "this already happened", with their table and columns: every
+#: unique constraint and unique index above (the error boundary maps them by name; SQLite's
+#: message names only the columns)
+CONSTRAINT_COLUMNS = {str(unique.name): (table.name, tuple(unique.columns.keys()))
+                      for table in metadata.tables.values() for unique in [*table.constraints, *table.indexes]
+                      if isinstance(unique, sa.UniqueConstraint) or (isinstance(unique, sa.Index) and unique.unique)}

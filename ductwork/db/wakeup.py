@@ -40,9 +40,8 @@ from sqlalchemy.engine import Engine
 
 log = logging.getLogger("ductwork.wakeup")
 
-CHANNEL = "ductwork_wakeup"
 #: the channel of each kind of wakeup (``Tx.wake`` sends both, ``Tx.wake_advancers`` one)
-WORKERS = CHANNEL
+WORKERS = "ductwork_wakeup"
 ADVANCERS = "ductwork_advance"
 
 

@@ -57,19 +57,15 @@ def load_pipelines(config: Config) -> list[type[Pipeline]]:
     pipelines = []
     for i, ref in enumerate(config.pipelines):
         try:
-            cls = import_pipeline(ref)
+            pipelines.append(import_pipeline(ref))
         except ImportError as error:
             raise ConfigError(f"pipelines[{i}]", ref, f"cannot load pipeline ({error})") from None
-        pipelines.append(cls)
     return pipelines
 
 
 def _subclasses(cls: type[Pipeline]) -> list[type[Pipeline]]:
-    out: list[type[Pipeline]] = []
-    for sub in cls.__subclasses__():
-        out.append(sub)
-        out.extend(_subclasses(sub))
-    return out
+    """Every subclass of ``cls``, at any depth, each before its own subclasses."""
+    return [found for sub in cls.__subclasses__() for found in (sub, *_subclasses(sub))]
 
 
 def limit_references(pipelines: list[type[Pipeline]], *, families: bool = False) -> dict[str, set[str]]:

@@ -89,10 +89,9 @@ def await_together(app: Database, batch: list[Claimed]) -> list[Any]:
     awaiting = STEP_LOOP.start([_awaited(app, claimed) for claimed in batch])
     try:
         faults.hit(faults.WHILE_ASYNC_STEPS_AWAIT)
-    except BaseException:
-        STEP_LOOP.result(awaiting)  # no execution is crashed while its step still runs
-        raise
-    return STEP_LOOP.result(awaiting)
+    finally:
+        results = STEP_LOOP.result(awaiting)  # no execution is crashed while its step still runs
+    return results
 
 
 async def _awaited(app: Database, claimed: Claimed) -> Any:
@@ -177,8 +176,6 @@ def record_failed(app: Database, claimed: Claimed, error: Exception) -> str:
                                              info.message, info.backtrace, info.text))
         return "process_crashed"
     failed = error.info if isinstance(error, invoke.ChildStepError) else ErrorInfo.of(error)
-    if isinstance(error, invoke.StepTimedOut):
-        retry_transient(lambda: record_failure(app, claimed, failed, outcome="timed_out"))
-        return "timed_out"
-    retry_transient(lambda: record_failure(app, claimed, failed))  # the step's own failure: retried, never lost
-    return "failure"
+    outcome = "timed_out" if isinstance(error, invoke.StepTimedOut) else "failure"
+    retry_transient(lambda: record_failure(app, claimed, failed, outcome=outcome))  # retried, never lost
+    return outcome

@@ -52,7 +52,7 @@ class HookPerformed:
     status: str | None
 
 
-def run_due_hook(app: Database, process_id: str, holding: Callable[[str | None], None] | None = None
+def run_due_hook(app: Database, process_id: str, holding: Callable[[str | None], None] = lambda _: None
                  ) -> HookPerformed | None:
     """Claim the oldest due hook, run its handler and record the attempt; None when none is
     due. ``holding(hook_id)`` is told the hook this thread holds (None once recorded), so
@@ -61,8 +61,7 @@ def run_due_hook(app: Database, process_id: str, holding: Callable[[str | None],
     claimed = claim_hook(app, process_id)
     if claimed is None:
         return None
-    if holding is not None:
-        holding(claimed.hook_id)
+    holding(claimed.hook_id)
     recorded = False
     try:
         faults.hit(faults.AFTER_HOOK_CLAIM)
@@ -75,8 +74,7 @@ def run_due_hook(app: Database, process_id: str, holding: Callable[[str | None],
         recorded = True
         return HookPerformed(claimed.hook_id, claimed.run_id, outcome, status)
     finally:
-        if holding is not None:
-            holding(None)
+        holding(None)
         if not recorded:  # never leave the claim held by a thread that is gone
             try:
                 record_hook(app, claimed, "process_crashed", ABANDONED)

@@ -76,11 +76,6 @@ KILL_CONFIRM_S = 5.0
 STARTUP_GRACE_S = 60.0
 
 
-def jittered(seconds: float, rng: random.Random) -> float:
-    """``seconds`` ± 25 %, re-drawn every time, so pollers do not wake in lockstep."""
-    return seconds * rng.uniform(0.75, 1.25)
-
-
 def lease_margin(reaper_timeout: float, heartbeat_interval: float) -> float:
     """How long before ``reaper_timeout`` a runner without a heartbeat kills itself."""
     return max(heartbeat_interval * 2, reaper_timeout * 0.2)
@@ -101,24 +96,19 @@ class Loop(threading.Thread):
                  wakeup: Wakeup | None = None, until_due: Callable[[], float | None] | None = None):
         super().__init__(name=name, daemon=True)
         self.unit, self.idle_wait, self.stop = unit, idle_wait, stop
-        self.wakeup = wakeup
-        self.until_due = until_due
+        self.wakeup, self.until_due = wakeup, until_due
         self.rng = random.Random()
-        self.busy = False
 
     def run(self) -> None:
         while not self.stop.is_set():
             seen = self.wakeup.generation if self.wakeup else 0
             try:
-                self.busy = True
                 did = self.unit()
             except Exception:  # one failed unit must not end the thread
                 log.exception("%s: unit of work failed", self.name)
                 did = False
-            finally:
-                self.busy = False
             if not did:
-                wait = jittered(self.idle_wait, self.rng)
+                wait = self.idle_wait * self.rng.uniform(0.75, 1.25)  # ± 25 %, re-drawn: no lockstep wakes
                 due = self.until_due() if self.until_due else None
                 if due is not None:
                     wait = min(wait, due)  # a token or a delayed execution is due at an exact time: be there
@@ -189,9 +179,8 @@ class Runner:
         self._signalled = True
 
     def _heartbeats(self) -> None:
-        interval = self.app.config.supervisor.heartbeat_interval
         while not self.stop.is_set() and self.beat():
-            self.stop.wait(interval)
+            self.stop.wait(self.app.config.supervisor.heartbeat_interval)
 
     def beat(self) -> bool:
         """One heartbeat, with the refusals counted since the last (put back if it fails),
@@ -208,8 +197,7 @@ class Runner:
             return False
         self._last_heartbeat_sent = sent
         try:
-            held = set().union(*(u.held() for u in self.units))
-            reconcile(self.app, self.process_id, held)
+            reconcile(self.app, self.process_id, set().union(*(u.held() for u in self.units)))
         except Exception:  # retried at the next heartbeat
             log.warning("reconciliation failed", exc_info=True)
         return True
@@ -222,13 +210,11 @@ class Runner:
         return not self._reaped and time.monotonic() - self._last_heartbeat_sent <= self.lease_s
 
     def _say_lease_lost(self) -> None:
-        sys.stderr.write(f"ductwork: {self.role} {self.process_id} lost its lease; exiting\n")
-        sys.stderr.flush()
+        print(f"ductwork: {self.role} {self.process_id} lost its lease; exiting", file=sys.stderr, flush=True)
 
     def run(self) -> int:
         self.process_id = register(self.app, role=self.role, label=self.label)
-        mark = tree.own_mark()
-        if mark:  # still one thread: every process a step starts inherits it [INV-EXE-5]
+        if mark := tree.own_mark():  # still one thread: every process a step starts inherits it [INV-EXE-5]
             os.environ[tree.OWNER_ENV] = mark
         from ductwork.limits.claims import restart_with
 
@@ -288,16 +274,14 @@ class Runner:
     def _join_loops_or_exit(self, loops: list[Loop]) -> None:
         """Wait up to the role's ``shutdown_timeout`` for the loops to finish; a loop still
         busy then ends the process, with the subprocesses its steps started."""
-        shutdown = (self.app.config.job_worker.shutdown_timeout if self.role == "job_worker"
-                    else self.app.config.pipeline_advancer.shutdown_timeout)
+        shutdown: float = getattr(self.app.config, self.role).shutdown_timeout  # (the role names its section)
         deadline = time.monotonic() + shutdown
         for loop in loops:
             loop.join(max(0.0, deadline - time.monotonic()))
         if any(loop.is_alive() for loop in loops):
             # Threads cannot be killed: exit, and let the supervisor (or reaper) recover.
             log.warning("%s: threads still busy after %.1fs; exiting", self.role, shutdown)
-            killed = tree.kill_descendants()  # [INV-EXE-5] the busy steps' subprocesses too
-            if killed:
+            if killed := tree.kill_descendants():  # [INV-EXE-5] the busy steps' subprocesses too
                 log.warning("%s: killed %d processes the busy steps started: %s", self.role, len(killed), killed)
             os._exit(0)
 
@@ -324,10 +308,8 @@ class Supervisor:
 
     def __init__(self, app: Database, child_command: list[str], *, role: str | None = None,
                  label: str = "supervisor"):
-        self.app = app
-        self.child_command = child_command
+        self.app, self.child_command, self.label = app, child_command, label
         self.role = role or app.config.role
-        self.label = label
         self.stop = threading.Event()
         self._stopping = False
         self._child_exited = False
@@ -430,8 +412,7 @@ class Supervisor:
             self.process_id = register(self.app, role="supervisor", label=self.label)
 
     def _reap(self) -> None:
-        reaped = reap_dead(self.app, self.process_id)
-        if reaped:
+        if reaped := reap_dead(self.app, self.process_id):
             log.warning("reaped dead processes: %s", reaped)
         sweep_orphans(self.app)
 

@@ -339,10 +339,10 @@ def list_runs(app: Database, *, status: str | None = None, pipeline: str | None 
         if before:  # after the previous page's last run, in (triggered_at, id) order
             query = query.where(sa.tuple_(r.c.triggered_at, r.c.id) < tuple(before))
         rows = tx.execute(query.order_by(r.c.triggered_at.desc(), r.c.id.desc()).limit(limit)).all()
-        # a halted branch's reason, in any run not completed (one in progress or dampened may
-        # have one too); a revival, of a halted run only
-        reasons = _halt_reasons(tx, [row.id for row in rows if row.status != "completed"])
-        revivals = _revivals(tx, [row.id for row in rows if row.status == "halted"])
+        # a halted branch's reason is in any run not completed (in progress or dampened too);
+        # a revival only of a halted run, one of them
+        unfinished = [row.id for row in rows if row.status != "completed"]
+        reasons, revivals = _halt_reasons(tx, unfinished), _revivals(tx, unfinished)
     return [_record(RunRecord, row, halt_reasons=reasons.get(row.id, ()), revived_as=revivals.get(row.id))
             for row in rows]
 
