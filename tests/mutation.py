@@ -175,12 +175,12 @@ EQUIVALENT: dict[str, str] = {
     "ductwork.pipelines.registry.x__resolve__mutmut_6":
         "rpartition for partition: a ref with a second ':' names no class either way (no "
         "module name and no attribute holds a ':'), and one with one ':' splits alike",
-    "ductwork.pipelines.definition.xǁPipelineBuilderǁ_fan_out__mutmut_25":
-        "zip strict=None: divert passes one rendered key per target of `to` (two keys rendering "
-        "alike raised before)",
-    **{f"ductwork.pipelines.definition.xǁPipelineBuilderǁ_fan_out__mutmut_{n}":
-       "zip strict=False or left out: divert passes one rendered key per target of `to` (two "
-       "keys rendering alike raised before)" for n in (28, 29)},
+    **{f"ductwork.pipelines.definition.xǁPipelineBuilderǁ_extend__mutmut_{n}":
+       "zip strict=None, False or left out: divert passes one rendered key per target of `to` "
+       "(two keys rendering alike raised before), so keys and nodes are as long" for n in (20, 23, 24)},
+    **{f"ductwork.pipelines.definition.xǁ_Graphǁadd_nodes__mutmut_{n}":
+       "zip strict=None, False or left out: `partitions` gets one entry per class in the loop "
+       "before, so the two are as long" for n in (67, 70, 71)},
     "ductwork.pipelines.definition.xǁ_Graphǁ__init____mutmut_8":
         "`frozen = None` for False: it is only tested for truth",
     "ductwork.pipelines.definition.xǁPipelineBuilderǁ__init____mutmut_10":

@@ -8,6 +8,7 @@ and each fan-in's arrival counter reaches exactly its fan-out's width
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import types
@@ -580,8 +581,18 @@ def test_joined_branch_is_closed():
                                    "continue on the builder combine/converge returned")
 
 
+def _unpack_after_a_failed_transition(p):
+    """A transition that raised (and define swallowed) leaves no fork to unpack either."""
+    fork = p.start(A).divide(to=[B, C])
+    with contextlib.suppress(DefinitionError):
+        fork.chain(to=int)
+    return list(fork)
+
+
 @pytest.mark.parametrize("fn", [
+    lambda p: list(p),
     lambda p: list(p.start(A)),
+    _unpack_after_a_failed_transition,
     lambda p: list(p.start(A).divide(to=[B, C]).chain(to=D)),
     lambda p: (list(p.start(A).divide(to=[B, C])), list(p)),
     lambda p: list(p.start(A).divide(to=[B, C]).divide(to=[D, E]).combine(into=A)),
