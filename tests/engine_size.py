@@ -67,11 +67,11 @@ CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: came to be written by its step's guarded status write (``branches.set_status_if``: four
 #: statement builders folded into it), a worker's inline move stopped writing an advancement
 #: row, a trigger's handle came from what it wrote, a transaction's wake-ups became one
-#: statement, and ``Tx.backend`` (unread) went; 6,003 when fleet/ and db/ lost 103 (the map of
+#: statement, and ``Tx.backend`` (unread) went; 6,031 when fleet/ and db/ lost 75 (the map of
 #: unique constraints derived from the tables; names nothing read gone: ``Loop.busy``,
 #: ``dialects.BACKENDS``, ``schema.LIMIT_TABLES``, ``wakeup.CHANNEL``; one pid probe for hosts
 #: and processes, a two-constant seam become a table, the error columns and SQLite's pragmas
-#: said once, helpers used once inlined); 5,969 when pipelines/ lost 34 more: a definition's
+#: said once, helpers used once inlined); 5,997 when pipelines/ lost 34 more: a definition's
 #: transitions adding their nodes and edges through one ``PipelineBuilder._extend``
 #: (``_fan_out`` and ``_Graph.connect`` folded in) with one step-class check, history's
 #: queries selecting their records' fields by name (``_columns``), ``registry.referenced_class``
@@ -98,7 +98,7 @@ FORGET_PARTITIONS_LINES = 43
 #: ``pipelines/`` for the top, beside ``status.py``'s text of ``ductwork status``; the engine
 #: layers hold no presentation. Counted apart so that the removals stay visible
 PRESENTATION_MOVED_LINES = 135
-CODE_LINES_BUDGET = (5_969 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
+CODE_LINES_BUDGET = (5_997 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
                      - PRESENTATION_MOVED_LINES)
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment

@@ -170,7 +170,10 @@ def _pg_engine_options(_: str, settings: EngineSettings) -> dict[str, Any]:
     connect_args = {
         "connect_timeout": int(settings.get("connect_timeout", 10)),
         # A frozen server or a dead peer must not hang a worker forever.
-        "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
         "tcp_user_timeout": int(settings.get("io_timeout", 30) * 1000),
     }
     return {"isolation_level": "READ COMMITTED", "connect_args": connect_args}
@@ -182,9 +185,14 @@ def _mysql_engine_options(_: str, settings: EngineSettings) -> dict[str, Any]:
     # snapshot would make a count read after a lock stale; READ COMMITTED gives
     # each statement a fresh view, like PostgreSQL.
     io_timeout = int(settings.get("io_timeout", 30))
-    connect_args = {"connect_timeout": int(settings.get("connect_timeout", 10)), "read_timeout": io_timeout,
-                    "write_timeout": io_timeout}
-    return {"isolation_level": "READ COMMITTED", "connect_args": connect_args}
+    return {
+        "isolation_level": "READ COMMITTED",
+        "connect_args": {
+            "connect_timeout": int(settings.get("connect_timeout", 10)),
+            "read_timeout": io_timeout,
+            "write_timeout": io_timeout,
+        },
+    }
 
 
 @_engine_options.for_db("sqlite")

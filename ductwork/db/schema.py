@@ -67,13 +67,19 @@ ExactKey = sa.String(255).with_variant(mysql.VARCHAR(255, collation="utf8mb4_bin
 
 
 def _timestamps() -> list[sa.Column[datetime]]:
-    return [sa.Column("created_at", Timestamp, nullable=False), sa.Column("updated_at", Timestamp, nullable=False)]
+    return [
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("updated_at", Timestamp, nullable=False),
+    ]
 
 
 def _error() -> list[sa.Column[Any]]:
     """``error_klass``, ``error_message`` and ``error_backtrace``: the error recorded (NULL: none)."""
-    return [sa.Column("error_klass", Name, nullable=True), sa.Column("error_message", sa.String(255), nullable=True),
-            sa.Column("error_backtrace", LongText, nullable=True)]
+    return [
+        sa.Column("error_klass", Name, nullable=True),
+        sa.Column("error_message", sa.String(255), nullable=True),
+        sa.Column("error_backtrace", LongText, nullable=True),
+    ]
 
 
 def _claiming_process() -> sa.Column[str]:

@@ -52,9 +52,12 @@ def supervisors_on_this_host(app: Database) -> list[sa.Row[Any]]:
     p = schema.processes
     with app.begin(readonly=True) as tx:
         since = tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout)
-        rows = tx.execute(sa.select(p.c.id, p.c.pid, p.c.label, p.c.machine_identifier)
-                          .where(p.c.role == "supervisor", p.c.machine_identifier == machine_identifier(),
-                                 p.c.pid != os.getpid(), p.c.last_heartbeat_at > since).order_by(p.c.label)).all()
+        rows = tx.execute(
+            sa.select(p.c.id, p.c.pid, p.c.label, p.c.machine_identifier)
+            .where(p.c.role == "supervisor", p.c.machine_identifier == machine_identifier(),
+                   p.c.pid != os.getpid(), p.c.last_heartbeat_at > since)
+            .order_by(p.c.label)
+        ).all()
     return [row for row in rows if pid_alive(row.pid)]
 
 
@@ -79,9 +82,13 @@ def register(app: Database, *, role: str, label: str | None = None, pid: int | N
         reap(app, previous, force=True)
     process_id = new_id()
     with app.begin() as tx:
-        tx.execute(p.insert().values(id=process_id, pid=pid, machine_identifier=machine_identifier(), label=label,
-                                     role=role, os_start_ticks=os_start_ticks(pid) if pid_namespace() else None,
-                                     last_heartbeat_at=tx.now, created_at=tx.now, updated_at=tx.now))
+        tx.execute(
+            p.insert().values(
+                id=process_id, pid=pid, machine_identifier=machine_identifier(), label=label, role=role,
+                os_start_ticks=os_start_ticks(pid) if pid_namespace() else None,
+                last_heartbeat_at=tx.now, created_at=tx.now, updated_at=tx.now,
+            )
+        )
     return process_id
 
 
@@ -90,8 +97,11 @@ def heartbeat(app: Database, process_id: str, refusals: Mapping[tuple[str, str],
     refused since the last heartbeat: ``shared.Refusals``) to the fleet-wide counts in the
     same transaction, one upsert each. False when the row is gone (it was reaped)."""
     with app.begin() as tx:
-        result = tx.execute(schema.processes.update().where(schema.processes.c.id == process_id)
-                            .values(last_heartbeat_at=tx.now, updated_at=tx.now))  # [INV-CLK-1] database time
+        result = tx.execute(
+            schema.processes.update()
+            .where(schema.processes.c.id == process_id)
+            .values(last_heartbeat_at=tx.now, updated_at=tx.now)  # [INV-CLK-1] database time
+        )
         for (key, reason), n in sorted((refusals or {}).items()):  # one order: two heartbeats never deadlock
             tx.execute(dialects.upsert(tx.conn, schema.key_refusals, ["key", "reason"],
                                        {"key": key, "reason": reason, "refusals": n}, ["refusals"], add=True))

@@ -96,7 +96,8 @@ class Loop(threading.Thread):
                  wakeup: Wakeup | None = None, until_due: Callable[[], float | None] | None = None):
         super().__init__(name=name, daemon=True)
         self.unit, self.idle_wait, self.stop = unit, idle_wait, stop
-        self.wakeup, self.until_due = wakeup, until_due
+        self.wakeup = wakeup
+        self.until_due = until_due
         self.rng = random.Random()
 
     def run(self) -> None:
@@ -274,7 +275,8 @@ class Runner:
     def _join_loops_or_exit(self, loops: list[Loop]) -> None:
         """Wait up to the role's ``shutdown_timeout`` for the loops to finish; a loop still
         busy then ends the process, with the subprocesses its steps started."""
-        shutdown: float = getattr(self.app.config, self.role).shutdown_timeout  # (the role names its section)
+        shutdown = (self.app.config.job_worker.shutdown_timeout if self.role == "job_worker"
+                    else self.app.config.pipeline_advancer.shutdown_timeout)
         deadline = time.monotonic() + shutdown
         for loop in loops:
             loop.join(max(0.0, deadline - time.monotonic()))
@@ -308,8 +310,10 @@ class Supervisor:
 
     def __init__(self, app: Database, child_command: list[str], *, role: str | None = None,
                  label: str = "supervisor"):
-        self.app, self.child_command, self.label = app, child_command, label
+        self.app = app
+        self.child_command = child_command
         self.role = role or app.config.role
+        self.label = label
         self.stop = threading.Event()
         self._stopping = False
         self._child_exited = False
