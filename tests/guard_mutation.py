@@ -108,6 +108,9 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "fleet/worker.py": (f"{_I}test_worker_loop.py", f"{_I}test_batches.py", f"{_I}test_partial_losses.py",
                         f"{_I}test_async_steps.py", f"{_I}test_wakeups.py", f"{_I}test_halt_hooks.py",
                         f"{_I}test_testing.py"),  # (a batch's claims and group commits; run_once's outcomes)
+    "pipelines/steps.py": (f"{_I}test_pipelines.py", f"{_I}test_partial_losses.py", f"{_I}test_exactly_once.py",
+                           f"{_I}test_partitions.py", f"{_I}test_fan_in_while_expanding.py",
+                           f"{_I}test_halt_hooks.py"),  # (steps' rows, INV-ADV-1; latest_step: a halt's node)
     "pipelines/trigger.py": (f"{_I}test_triggers.py", f"{_I}test_time_predicates.py", f"{_I}test_async_client.py",
                              f"{_I}test_exact_names.py"),  # (keyed and transactional triggers, INV-TRG-1/2)
 }
@@ -408,6 +411,33 @@ ARGUED: dict[str, tuple[str, str]] = {
         "child of one barrier arrives through an edge of this kind into this target in any "
         "definition the builder accepts (only a hand-edited snapshot could name another node)"),
     # -- pipelines/branches.py
+    # -- pipelines/steps.py
+    "pipelines/steps.py#2": (
+        "`sum((len(row['input_args']) for row in step_rows)) <= payloads.MAX_PAYLOAD_BYTES`: Lt for LtE",
+        'with inputs of exactly MAX_PAYLOAD_BYTES in all, create_steps_across inserts the rows with one '
+        'statement per row (the executemany) instead of dialects.insert_rows: the same rows, each with its '
+        'own values, under the same uq_step_branch_node (a cost, the statements, not an outcome)'),
+    "pipelines/steps.py#12": (
+        '`where` without `schema.steps.c.status == \'advancing\'`',
+        "step_complete's callers (the advancer's divide, expand and fan-in, and _record_error only for an "
+        "advancing step) hold the branch's fence, and the branch's claim re-asserted an advanceable step; a "
+        "failed one is halted by a simple move and never reaches them, so the step is advancing and the "
+        "guard matches the same one row (its only other effect, the AssertionError, is unreachable)"),
+    "pipelines/steps.py#19": (
+        '`s.c.started_at` read as `created_at`',
+        "latest_step ordered by created_at: a step's created_at and started_at are written together and "
+        "equal in every row (create_steps_across sets both to tx.now, a revive copies both or sets both to "
+        "now for a re-enqueued step, and nothing else writes either), so the order is the same"),
+    "pipelines/steps.py#20": (
+        '`s.c.started_at` read as `updated_at`',
+        "latest_step ordered by updated_at: a completed step is never written again, and its successor is "
+        "created in the transaction that completes it (at that updated_at), so along a branch updated_at "
+        "follows start order, ties broken by the time-ordered id as in the original; a revive writes one "
+        "`now` into every history copy's updated_at (copied in start order, so their new ids keep it) and an "
+        "advancing copy's, and keeps a re-enqueued step's older one, but that step is the branch's latest and "
+        "every caller asks only for a branch whose latest step was written since (a halted branch's failed "
+        "step, a dampened branch's completed dampen, a fan-out's completed step: halt_of, resume, _fan_in), "
+        "which puts its updated_at above the rest. The same step comes first"),
     "pipelines/branches.py#2": (
         '`len(by_output) <= DISTINCT_OUTPUTS`: Lt for LtE',
         'with exactly DISTINCT_OUTPUTS distinct outputs set_status_if writes with one UPDATE per step (the '

@@ -166,6 +166,25 @@ def test_a_halted_run_gets_one_hook_with_its_halt(manual_app):
     assert halt["errors"] == [{"node": "Boom#0", "klass": "builtins.ValueError", "message": "boom 7"}]
 
 
+class EchoThenHalts(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Echo).chain(to=Boom).on_halt(Remember)
+
+
+def test_the_halt_names_the_branchs_last_step_not_an_earlier_completed_one(manual_app):
+    """A branch that completed Echo and halted in Boom: the handler is told Boom, its last
+    step, which failed and never completed (its completion time is NULL), not Echo, the last
+    step that completed (``steps.latest_step``: start order, not another time column)."""
+    run = EchoThenHalts.trigger(7)
+    drain(manual_app, timeout=60)
+    assert run.refresh().status == "halted"
+    [hook] = hooks(manual_app, run.id)
+    [halt] = SEEN[hook.id]
+    assert [(r["node"], r["reason"]) for r in halt["halt_reasons"]] == [("Boom#1", "job_retries_exhausted")]
+    assert halt["errors"] == [{"node": "Boom#1", "klass": "builtins.ValueError", "message": "boom 7"}]
+
+
 def test_runs_that_do_not_halt_or_declare_no_handler_owe_nothing(manual_app):
     done, plain = Completes.trigger(1), Fails.trigger(2)
     drain(manual_app, timeout=60)

@@ -16,7 +16,7 @@ import logging
 import pytest
 import sqlalchemy as sa
 
-from ductwork import Pipeline
+from ductwork import Pipeline, Step
 from ductwork.db import schema
 from ductwork.errors import PartitionValueError
 from ductwork.testing import drain
@@ -45,6 +45,24 @@ class FanBadField(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Items).expand(to=Echo, limit_by=("fam", "value.id"))
+
+
+class MaybeAccount(Step):
+    """Returns its value; its ``account`` has a default, so a step may be made without it."""
+
+    def __init__(self, value, account=None):
+        self.value, self.account = value, account
+
+    def execute(self):
+        return self.value
+
+
+class OptionalTenant(Pipeline):
+    """MaybeAccount keyed by ``account``, a parameter a trigger need not pass."""
+
+    @classmethod
+    def define(cls, p):
+        p.start(MaybeAccount, limit_by=("fam", "account"))
 
 
 def keys(app, run_id):
@@ -87,6 +105,16 @@ def test_a_trigger_whose_partition_cannot_be_rendered_writes_nothing(app, value,
                                f"{reason}")
     with app.begin(readonly=True) as tx:
         assert tx.execute(sa.select(sa.func.count()).select_from(schema.runs)).scalar_one() == 0
+
+
+def test_a_partition_parameter_left_to_its_default_is_no_field_of_the_input(app):
+    """The input holds the arguments passed, not ``__init__``'s defaults: a partition field
+    naming a parameter the step was made without is missing, refused like any other."""
+    with pytest.raises(PartitionValueError) as info:
+        OptionalTenant.trigger(1)
+    assert str(info.value) == (f"{OptionalTenant.definition.pipeline} node MaybeAccount#0: "
+                               "limit_by=('fam', 'account'): no such field in the input, got [1]")
+    assert keys(app, OptionalTenant.trigger(1, "acct").id) == [("MaybeAccount#0", 'fam["acct"]', ['fam["acct"]'])]
 
 
 @pytest.mark.parametrize(("pipeline", "value", "node", "got"), [
