@@ -71,7 +71,7 @@ from ductwork.pipelines.payloads import Output
 if TYPE_CHECKING:
     from ductwork.db.database import Database
     from ductwork.limits.executions import Claimed
-    from ductwork.pipelines.definition import Definition
+    from ductwork.pipelines.snapshot import Definition
 
 #: :func:`run_step` without an awaited outcome: the step is run there
 NOT_AWAITED: Any = object()

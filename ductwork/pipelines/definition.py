@@ -49,8 +49,8 @@ from ductwork.pipelines.snapshot import EdgeSpec, NodeSpec, PartitionBy, copy_ta
 from ductwork.pipelines.step import Step, check_execute
 from ductwork.values import Json
 
-# Definition moved to ductwork.pipelines.snapshot; pipelines/advance.py, pipelines/runs.py and
-# fleet/execute.py still import it from here (re-exported until they import the snapshot module).
+# Definition moved to ductwork.pipelines.snapshot; pipelines/advance.py and pipelines/runs.py
+# still import it from here (re-exported until they import the snapshot module).
 
 
 # --------------------------------------------------------------------------- the builder
