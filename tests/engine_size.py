@@ -75,7 +75,9 @@ CODE_LINES_GOAL = CODE_LINES_AT_ISSUE_31 * 4 // 5
 #: transitions adding their nodes and edges through one ``PipelineBuilder._extend``
 #: (``_fan_out`` and ``_Graph.connect`` folded in) with one step-class check, history's
 #: queries selecting their records' fields by name (``_columns``), ``registry.referenced_class``
-#: (read once) inlined, and smaller folds in step.py, snapshot.py and ``parse_since``. Then a
+#: (read once) inlined, and smaller folds in step.py, snapshot.py and ``parse_since``; 5,994
+#: when three names nothing needed left guard modules (``lanes._e`` assigned twice,
+#: ``advance.MAX_CLAIM_ATTEMPTS`` unread, ``definition``'s re-export of ``Definition``). Then a
 #: feature, not a speed pass: partitioned
 #: keys (issue 34) add what :data:`PARTITIONED_KEYS_LINES` counts, named apart so that the
 #: clean-ups' ratchet stays visible: ``limit_by=(family, field)`` (its declaration checked and
@@ -98,7 +100,7 @@ FORGET_PARTITIONS_LINES = 43
 #: ``pipelines/`` for the top, beside ``status.py``'s text of ``ductwork status``; the engine
 #: layers hold no presentation. Counted apart so that the removals stay visible
 PRESENTATION_MOVED_LINES = 135
-CODE_LINES_BUDGET = (5_997 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
+CODE_LINES_BUDGET = (5_994 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
                      - PRESENTATION_MOVED_LINES)
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment

@@ -34,8 +34,6 @@ _e = schema.executions
 UNKEYED = ""
 """The pending lane of unkeyed executions (limit keys are never blank)."""
 
-_e = schema.executions
-
 
 #: The poll order [INV-LIM-6], within a lane and across lanes: eligible time, then creation
 #: order (execution ids are time-ordered). Its one definition: the SQL orders by these

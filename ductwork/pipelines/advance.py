@@ -86,11 +86,10 @@ from ductwork.pipelines.steps import (
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database, Tx
-    from ductwork.pipelines.definition import Definition
+    from ductwork.pipelines.snapshot import Definition
 
 log = logging.getLogger("ductwork.advance")
 
-MAX_CLAIM_ATTEMPTS = 3
 
 def fan_in_size(stored: int, count: int) -> int:
     """Length of the JSON list of ``count`` outputs whose stored envelopes

@@ -44,14 +44,9 @@ from ductwork.errors import (
     StartError,
 )
 from ductwork.pipelines.registry import in_main_module, register_class, step_ref
-from ductwork.pipelines.snapshot import Definition as Definition  # re-exported: see below
-from ductwork.pipelines.snapshot import EdgeSpec, NodeSpec, PartitionBy, copy_targets, render_divert_key
+from ductwork.pipelines.snapshot import Definition, EdgeSpec, NodeSpec, PartitionBy, copy_targets, render_divert_key
 from ductwork.pipelines.step import Step, check_execute
 from ductwork.values import Json
-
-# Definition moved to ductwork.pipelines.snapshot; pipelines/advance.py and pipelines/runs.py
-# still import it from here (re-exported until they import the snapshot module).
-
 
 # --------------------------------------------------------------------------- the builder
 

@@ -35,9 +35,9 @@ from ductwork.db import dialects, schema
 from ductwork.db.database import default_app
 from ductwork.errors import RunStateError, UnknownRunError
 from ductwork.pipelines import payloads
-from ductwork.pipelines.definition import Definition
 from ductwork.pipelines.hooks import owe_hooks
 from ductwork.pipelines.rules import resolve_run_status
+from ductwork.pipelines.snapshot import Definition
 from ductwork.pipelines.steps import NewStep, create_steps, latest_step, step_output_json
 from ductwork.pipelines.trigger import Triggered, trigger, trigger_in
 from ductwork.values import Json
