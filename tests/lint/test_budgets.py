@@ -5,10 +5,12 @@ excluded) above cyclomatic complexity 15 (radon's count); no module of ``ductwor
 600 lines; no ``Database as App``; no ``Any`` in the signature or fields of a name defined
 below the top and imported into another layer; the engine core's code lines (db, limits,
 pipelines, fleet; not blank, comments or docstrings; migrations excluded) at most
-``CODE_LINES_BUDGET``, a ratchet lowered by the commit that removes code. And that each
+``CODE_LINES_BUDGET``, a ratchet lowered by the commit that removes code, and its code
+tokens at most ``CODE_TOKENS_BUDGET``, the same ratchet counted in tokens. And that each
 check can fail: run on a copy of ``ductwork/`` with one budget broken (a function of
 complexity 16, a module of 601 lines, a ``Database as App``, one ``Any`` put back at a
-boundary, one code line too many), it reports exactly that. ``python -m tests.engine_size``
+boundary, one code line too many, a token too many on a line already there), it reports
+exactly that. ``python -m tests.engine_size``
 prints the same figures. In the lint tier (``pytest tests/lint``); no database.
 """
 
@@ -25,12 +27,15 @@ import pytest
 from tests import engine_size
 from tests.engine_size import (
     CODE_LINES_BUDGET,
+    CODE_TOKENS_BUDGET,
     MAX_COMPLEXITY,
     MAX_MODULE_LINES,
     boundary_anys,
     code_lines,
+    code_tokens,
     complexities,
     core_code_lines,
+    core_code_tokens,
     database_as_app,
     long_modules,
 )
@@ -175,6 +180,23 @@ def test_code_lines_count_code_only():
     assert code_lines(source) == 1 + 3 + 1 + 2
 
 
+def test_code_tokens_count_code_only_and_a_joined_line_is_no_token_fewer():
+    source = textwrap.dedent('''\
+        """A docstring."""
+        # a comment
+        x = (1 +
+             2)  # a comment after code
+        SQL = """
+        SELECT 1
+        """
+    ''')
+    joined = source.replace("(1 +\n     2)", "(1 + 2)")
+
+    # x = ( 1 + 2 ); SQL = <string>
+    assert len(code_tokens(source)) == len(code_tokens(joined)) == 7 + 3
+    assert code_lines(joined) == code_lines(source) - 1
+
+
 def test_the_engine_core_is_within_its_code_lines_budget():
     counted = core_code_lines(PACKAGE)
     assert sum(counted.values()) <= CODE_LINES_BUDGET, (
@@ -185,7 +207,13 @@ def test_the_engine_core_is_within_its_code_lines_budget():
 def test_a_code_line_too_many_breaks_the_budget(copy: Path):
     over = CODE_LINES_BUDGET - sum(core_code_lines(PACKAGE).values()) + 1
     claims = copy / "limits" / "claims.py"
-    claims.write_text(claims.read_text() + "\n" + "".join(f"_X{i} = {i}  # one more\n" for i in range(over)))
+    text = claims.read_text()
+    tokens = ["log", "=", "logging", ".", "getLogger", "(", '"ductwork.claims"', ")"]
+    assert "".join(tokens[2:]) in text
+    assert over < len(tokens)
+    # the same tokens, split onto `over` more lines by backslashes: lines more, no token more
+    split = " \\\n".join(tokens[:over + 1]) + " " + "".join(tokens[over + 1:])
+    claims.write_text(text.replace(f"log = {''.join(tokens[2:])}", split))
 
     broken = engine_size.budgets(copy, copy.parent / "pyproject.toml")
 
@@ -194,10 +222,33 @@ def test_a_code_line_too_many_breaks_the_budget(copy: Path):
         f"the engine core within {CODE_LINES_BUDGET:,} code lines"]
 
 
+def test_the_engine_core_is_within_its_code_tokens_budget():
+    tokens = core_code_tokens(PACKAGE)
+    assert tokens <= CODE_TOKENS_BUDGET, (
+        f"the engine core has {tokens:,} code tokens, more than the budget of {CODE_TOKENS_BUDGET:,} "
+        f"(tests/engine_size.py): the engine may not grow")
+
+
+def test_a_code_token_too_many_on_a_line_already_there_breaks_the_tokens_budget(copy: Path):
+    over = CODE_TOKENS_BUDGET - core_code_tokens(PACKAGE) + 1
+    pairs = (over + 1) // 2  # a pair of parentheses is two tokens, on the same line
+    claims = copy / "limits" / "claims.py"
+    text = claims.read_text()
+    line = 'log = logging.getLogger("ductwork.claims")'
+    assert line in text
+    claims.write_text(text.replace(line, f'log = logging.getLogger({"(" * pairs}"ductwork.claims"{")" * pairs})'))
+
+    broken = engine_size.budgets(copy, copy.parent / "pyproject.toml")
+
+    name = f"the engine core within {CODE_TOKENS_BUDGET:,} code tokens"
+    assert broken[name] == [f"{core_code_tokens(PACKAGE) + 2 * pairs:,}"]
+    assert [n for n, breaches in broken.items() if breaches] == [name]
+
+
 def test_the_report_runs_and_says_every_budget_is_kept():
     done = subprocess.run([sys.executable, "-m", "tests.engine_size"], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"at the start of issue 31 (6bcd6ac): {engine_size.CODE_LINES_AT_ISSUE_31:,}" in done.stdout
     assert "BROKEN" not in done.stdout, done.stdout
-    assert done.stdout.count("  ok: ") == 5, done.stdout
+    assert done.stdout.count("  ok: ") == 6, done.stdout
