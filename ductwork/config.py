@@ -244,6 +244,11 @@ class SupervisorConfig:
     #: seconds between a process's heartbeats; omitted with ``reaper_timeout`` set, it is
     #: ``min(5, reaper_timeout / 10)`` (:func:`default_heartbeat_interval`)
     heartbeat_interval: float = 5.0
+    #: seconds a partition's limit key row must go without a claim or release before the
+    #: supervisor's sweep forgets it (limits.executions.forget_idle_partitions); a policy, not a guard
+    forget_idle_after: float = 3600.0
+    #: limit key rows the sweep reads per supervisor tick, the next ones at the next tick
+    forget_batch: int = 100
 
 
 @dataclass(frozen=True)
@@ -284,7 +289,7 @@ _SUPERVISOR_KEYS = tuple(f.name for f in dataclasses.fields(SupervisorConfig))
 MAX_BATCH_SIZE = 1000
 #: count fields (at least 1) and the most each may be
 _COUNT_FIELDS = {"count": MAX_COUNT, "processes": MAX_COUNT, "expand_batch": MAX_COUNT, "advance_batch": MAX_BATCH_SIZE,
-                 "batch_size": MAX_BATCH_SIZE}
+                 "batch_size": MAX_BATCH_SIZE, "forget_batch": MAX_COUNT}
 _BUDGET_FIELDS = frozenset({"max_retry", "max_crash"})
 _FLAG_FIELDS = frozenset({"inline_linear", "hand_off"})
 

@@ -89,6 +89,7 @@ def test_defaults():
     sv = config.supervisor
     assert (sv.polling_timeout, sv.reaper_timeout, sv.shutdown_timeout,
             sv.heartbeat_interval) == (1.0, 300.0, 30.0, 5.0)
+    assert (sv.forget_idle_after, sv.forget_batch) == (3600.0, 100)
 
 
 def test_no_file_means_defaults(tmp_path, monkeypatch):
@@ -136,6 +137,10 @@ def test_zero_is_a_value_not_unset():
         ({"job_worker": {"polling_timeout": "9" * 5000}}, "job_worker.polling_timeout"),
         ({"supervisor": {"reaper_timeout": 10**12}}, "supervisor.reaper_timeout"),
         ({"supervisor": {"heartbeat_interval": True}}, "supervisor.heartbeat_interval"),
+        ({"supervisor": {"forget_idle_after": 0}}, "supervisor.forget_idle_after"),
+        ({"supervisor": {"forget_idle_after": "1mo"}}, "supervisor.forget_idle_after"),
+        ({"supervisor": {"forget_batch": 0}}, "supervisor.forget_batch"),
+        ({"supervisor": {"forget_batch": "100"}}, "supervisor.forget_batch"),
         ({"role": "boss"}, "role"),
         ({"role": None}, "role"),
         ({"pipelines": ["SyncOrders"]}, "pipelines[0]"),
@@ -168,6 +173,36 @@ def test_time_values_are_float_seconds():
     assert config.job_worker.shutdown_timeout == 60.0
     assert config.job_worker.retry_delay == 3.0
     assert config.supervisor.reaper_timeout == 5400.0
+
+
+def test_the_sweep_of_idle_partitions_is_configured():
+    supervisor = section(supervisor={"forget_idle_after": "10m", "forget_batch": 1}).supervisor
+    assert (supervisor.forget_idle_after, supervisor.forget_batch) == (600.0, 1)
+    assert section(supervisor={"forget_idle_after": 0.5}).supervisor.forget_idle_after == 0.5
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("forget_idle_after", 0, "supervisor.forget_idle_after=0: must be positive"),
+    ("forget_idle_after", -60, "supervisor.forget_idle_after=-60: must be positive"),
+    ("forget_idle_after", "an hour", "supervisor.forget_idle_after='an hour': expected whole seconds or <int><unit> "
+                                     "groups in the order w d h m s (e.g. '90', '1m', '1h30m')"),
+    ("forget_idle_after", True, "supervisor.forget_idle_after=True: expected seconds, a timedelta or a duration "
+                                "string, got bool"),
+    ("forget_idle_after", None, "supervisor.forget_idle_after=None: expected seconds, a timedelta or a duration "
+                                "string, got NoneType"),
+    ("forget_idle_after", 10**12, "supervisor.forget_idle_after=1000000000000: must be at most 100 years"),
+    ("forget_batch", 0, "supervisor.forget_batch=0: must be at least 1"),
+    ("forget_batch", -5, "supervisor.forget_batch=-5: must be at least 1"),
+    ("forget_batch", 1.5, "supervisor.forget_batch=1.5: expected an integer >= 1, got float"),
+    ("forget_batch", "100", "supervisor.forget_batch='100': expected an integer >= 1, got str"),
+    ("forget_batch", True, "supervisor.forget_batch=True: expected an integer >= 1, got bool"),
+    ("forget_batch", None, "supervisor.forget_batch=None: expected an integer >= 1, got NoneType"),
+    ("forget_batch", 2**31, "supervisor.forget_batch=2147483648: must be at most 2147483647"),
+])
+def test_bad_sweep_settings_name_the_setting_and_the_value(key, value, message):
+    with pytest.raises(ConfigError) as info:
+        section(supervisor={key: value})
+    assert (info.value.path, str(info.value)) == (f"supervisor.{key}", message)
 
 
 def test_pipelines_and_imports():
@@ -359,6 +394,7 @@ KNOWN_KEYS = [
     "default", "pipelines", "imports", "role", "database", "url", "job_worker", "pipeline_advancer",
     "supervisor", "count", "processes", "max_retry", "max_crash", "polling_timeout",
     "shutdown_timeout", "retry_delay", "expand_batch", "reaper_timeout", "heartbeat_interval",
+    "forget_idle_after", "forget_batch",
     "limits", "vendor_api", "concurrency", "rate", "limit", "per", "burst", "SyncOrders", "*",
 ]
 scalars = (
@@ -394,7 +430,8 @@ SECTION = {
                    "max_retry": ((None,),), "max_crash": ((None,),),
                    "limits": LIMITS},
     "pipeline_advancer": {"count": None, "max_retry": None, "expand_batch": None},
-    "supervisor": {"reaper_timeout": None, "heartbeat_interval": None},
+    "supervisor": {"reaper_timeout": None, "heartbeat_interval": None, "forget_idle_after": None,
+                   "forget_batch": None},
 }
 documents = (
     trees
