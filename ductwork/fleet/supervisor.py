@@ -18,8 +18,9 @@ with ``job_worker.count`` threads each (``role`` picks which) — and every tick
    process of this machine that is provably gone (a crashed ``ductwork start`` this one
    replaced: its claims are free within a tick, not after ``reaper_timeout``), never
    its own row, and sweeps orphaned claims;
-4. forgets the idle partitions of one bounded batch of limit key rows, the next batch
-   at the next tick (``limits.executions.forget_idle_partitions``, docs/semantics.md §5.1).
+4. forgets the idle partitions (no claim or release for ``supervisor.forget_idle_after``)
+   of one batch of ``supervisor.forget_batch`` limit key rows, the next batch at the next
+   tick (``limits.executions.forget_idle_partitions``, docs/semantics.md §5.1).
 
 Each step is rescued on its own, so one bad tick cannot stop the loop.
 
@@ -51,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -421,7 +422,9 @@ class Supervisor:
         sweep_orphans(self.app)
 
     def _forget(self) -> None:
-        _, self._forget_after = forget_idle_partitions(self.app, self._forget_after)
+        cfg = self.app.config.supervisor
+        _, self._forget_after = forget_idle_partitions(self.app, self._forget_after, limit=cfg.forget_batch,
+                                                       idle_for=timedelta(seconds=cfg.forget_idle_after))
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):

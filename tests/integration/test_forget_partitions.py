@@ -35,9 +35,12 @@ LIMITS = {"fam": {"per_partition": {"concurrency": 1, "rate": {"limit": 1, "per"
 
 
 @pytest.fixture
-def fam_app(db_url):
-    """An app on a ManualClock whose family ``fam`` admits one claim per second per partition."""
-    yield from installed(make_app(db_url, clock=ManualClock(T0), job_worker={"limits": LIMITS}))
+def fam_app(db_url, request):
+    """An app on a ManualClock whose family ``fam`` admits one claim per second per partition
+    (its supervisor section overridden by an indirect parameter, when given)."""
+    supervisor = getattr(request, "param", {})
+    yield from installed(make_app(db_url, clock=ManualClock(T0), job_worker={"limits": LIMITS},
+                                  supervisor=supervisor))
 
 
 def rows(app) -> dict[str, list[tuple]]:
@@ -203,19 +206,30 @@ def test_a_new_partition_numbers_on_from_its_familys_seq(fam_app, history):
     assert seqs(fam_app, "fam[7]") == [5]
 
 
-@pytest.mark.usefixtures("history")
-def test_the_supervisors_tick_forgets_idle_partitions_a_batch_at_a_time(fam_app, monkeypatch):
-    """Each supervisor tick runs one bounded step of the sweep, the next tick the next step."""
-    from ductwork.fleet import supervisor as supervision
+@pytest.mark.parametrize("fam_app", [{"forget_idle_after": "10m", "forget_batch": 3}], indirect=True)
+def test_the_supervisors_tick_sweeps_a_configured_batch_after_the_configured_idle_age(fam_app):
+    """Each supervisor tick runs one step of the sweep, of ``supervisor.forget_batch`` rows,
+    the next tick the next step, and forgets a partition once no claim or release changed it
+    for ``supervisor.forget_idle_after`` (ten minutes here; the defaults, an hour and 100 rows,
+    would forget nothing at first, then all three at once)."""
+    from ductwork.fleet.supervisor import Supervisor
 
-    monkeypatch.setattr(supervision, "forget_idle_partitions",
-                        lambda app, after: forget_idle_partitions(app, after, limit=1))
-    tick = supervision.Supervisor(fam_app, [], role="worker")
+    run_id, branch_id = make_run(fam_app)
+    process = register(fam_app, role="test", label="w")
+    partitions = ["fam[0]", "fam[1]", "fam[2]"]
+    for key in partitions:
+        make_executions(fam_app, run_id, branch_id, key, T0, 1)
+        claim_and_complete(fam_app, process, key)  # each a second after the one before
+    tick = Supervisor(fam_app, [], role="worker")
     tick.children.clear()  # the tick without child processes
-    fam_app.clock.advance(seconds=3600)
-    tick.run_once()  # the batch of one row: "fam"
-    assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam", KEY]
-    tick.run_once()  # the next: KEY, idle for an hour
+    fam_app.clock.advance(seconds=540)  # the last release nine minutes ago, the first 9 min 2 s
+    tick.run_once()  # the batch of three rows: fam, fam[0], fam[1]
+    tick.run_once()  # the rest, fam[2]; the next tick starts again at the first key
+    assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam", *partitions]
+    fam_app.clock.advance(seconds=60)  # every partition idle for ten minutes at least
+    tick.run_once()  # fam, fam[0], fam[1]: the batch of three, of which two partitions
+    assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam", "fam[2]"]
+    tick.run_once()  # fam[2]
     assert [r[0] for r in rows(fam_app)["ductwork_limit_keys"]] == ["fam"]
 
 
