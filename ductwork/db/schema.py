@@ -376,15 +376,16 @@ limit_buckets = sa.Table(
     sa.PrimaryKeyConstraint("key", "period_s", name="pk_limit_bucket"),
 )
 
-#: refused keyed claims per key and reason (``concurrency``, ``rate``), fleet-wide: each
-#: worker process counts its own in memory (``fleet.shared.Refusals``) and adds them here
-#: in its heartbeat's transaction (revision 0010). An observability counter, not a
-#: guarantee: a process that dies loses what it counted since its last heartbeat
+#: refused keyed claims per key and reason (``limits.plan.Refused``: every reason fits
+#: ``reason``, revision 0015), fleet-wide: each worker process counts its own in memory
+#: (``fleet.shared.Refusals``) and adds them here in its heartbeat's transaction (revision
+#: 0010). An observability counter, not a guarantee: a process that dies loses what it
+#: counted since its last heartbeat
 key_refusals = sa.Table(
     "ductwork_key_refusals",
     metadata,
     sa.Column("key", ExactKey, nullable=False),
-    sa.Column("reason", sa.String(16), nullable=False),
+    sa.Column("reason", sa.String(32), nullable=False),
     sa.Column("refusals", sa.BigInteger, nullable=False),
     sa.PrimaryKeyConstraint("key", "reason", name="pk_key_refusal"),
 )

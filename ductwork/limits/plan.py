@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from ductwork.limit_entries import LimitEntry, entry_digest
 from ductwork.limits.buckets import Bucket, Decision, carry_over, decide
@@ -97,6 +98,13 @@ class Request:
     family_ceiling: int | None = None
 
 
+#: why a poll's claim of a keyed lane was refused: the key's concurrency, its rate, its
+#: family's ceiling (INV-LIM-8), or ``gone`` (nothing eligible, or no key row: not counted
+#: as a refusal). The workers count the others by reason in ``ductwork_key_refusals``,
+#: whose ``reason`` column holds the longest (``tests/unit/test_plan.py`` checks it)
+Refused = Literal["concurrency", "rate", "family_concurrency", "gone"]
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the routine writes, and what it tells its caller.
@@ -106,9 +114,8 @@ class Plan:
     period; None: none written), ``dropped``: periods whose buckets a re-base deletes,
     ``stamp``: whether the key's ``blocked_until`` is written (with ``blocked_until_us``,
     None clearing it), ``digest``: the config fingerprint to write (None: unchanged).
-    ``refused``: a poll's refusal (``concurrency``, ``rate``, or ``gone``: nothing eligible
-    or no key row), else None. ``unconfigured``: the key has no entry (claimed unlimited:
-    logged)."""
+    ``refused``: a poll's refusal (:data:`Refused`), else None. ``unconfigured``: the key
+    has no entry (claimed unlimited: logged)."""
 
     claims: tuple[str, ...] = ()
     buckets: tuple[Bucket, ...] | None = None
@@ -116,7 +123,7 @@ class Plan:
     stamp: bool = False
     blocked_until_us: int | None = None
     digest: str | None = None
-    refused: str | None = None
+    refused: Refused | None = None
     unconfigured: bool = False
 
 
@@ -196,7 +203,7 @@ def _batch(state: LaneState, take: int, admits: Callable[[int], bool]) -> list[P
 
 
 def _written(decision: Decision, claims: tuple[str, ...], dropped: tuple[int, ...], digest: str | None, *,
-             refused: str | None = None) -> Plan:
+             refused: Refused | None = None) -> Plan:
     """A plan that writes ``decision``'s buckets and stamp (and a re-base's), with ``claims``."""
     return Plan(claims=claims, buckets=decision.buckets, dropped=dropped, stamp=decision.stamp,
                 blocked_until_us=decision.blocked_until_us, digest=digest, refused=refused,

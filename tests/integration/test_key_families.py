@@ -126,3 +126,32 @@ def test_the_bound_skips_the_partitions_of_a_family_at_its_ceiling(family_app):
     assert _ids(_call(app, None, owner, endings=[free[1]], take=1, poll=False)) == []
     assert _ids(_call(app, None, owner, take=2)) == [free[3]]
     assert _ids(_call(app, B, owner, take=2)) == [in_b[0]]  # the family's last slot
+
+
+def test_a_polls_refusal_at_the_familys_ceiling_is_counted_at_the_workers_heartbeat(family_app, monkeypatch, caplog):
+    """A worker counts a poll refused ``family_concurrency`` by key and reason, and its next
+    heartbeat adds the count to ``ductwork_key_refusals`` on each database. The reason is
+    18 characters: before revision 0015 widened the column from 16, the servers refused the
+    upsert, and every heartbeat after it failed (the worker keeps its counts for the next)."""
+    from ductwork.fleet import supervisor
+    from ductwork.limits.lanes import scan_lanes
+
+    app = family_app
+    owner, _, _, _ = _setup(app, 2, 1)
+    with app.begin(readonly=True) as tx:
+        (lane_b,) = [lane for lane in scan_lanes(app, tx) if lane.key == B]  # before the family filled
+    assert _ids(_call(app, A, owner, take=2)) != []  # another process fills the family's ceiling
+    assert _in_flight(app) == 2
+    runner = supervisor.Runner(app, "job_worker", 1, "counting")
+    runner.process_id = register(app, role="job_worker", label="counting")
+    runner._units()  # its worker, sharing the process's counts; no thread started
+    (worker,) = runner.units
+    monkeypatch.setattr(claims, "scan_lanes", lambda *_, **__: [lane_b])  # its scan raced the fill: room in f
+
+    assert worker.run_once() is None  # refused under the family's lock
+    assert runner.beat()
+
+    assert "heartbeat failed" not in caplog.text
+    k = schema.key_refusals
+    with app.begin(readonly=True) as tx:
+        assert tx.execute(sa.select(k.c.key, k.c.reason, k.c.refusals)).all() == [(B, "family_concurrency", 1)]

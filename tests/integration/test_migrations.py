@@ -266,3 +266,27 @@ def test_revision_0011_folds_each_job_into_its_step_and_back(empty_engine):
             {"input_args", "output_payload"})
     migrate.upgrade(empty_engine)
     assert _differences(empty_engine) == []
+
+
+def test_revision_0015_widens_a_refusals_reason_to_hold_family_concurrency_and_back(empty_engine):
+    """At 0014 a refusal's reason holds 16 characters (PostgreSQL and MySQL-family refuse
+    ``family_concurrency``, 18; SQLite does not check); 0015 widens it to 32, keeping the
+    counts there; the downgrade deletes the counts whose reason does not fit 16 and keeps
+    the others."""
+    refusals = sa.table("ductwork_key_refusals", sa.column("key"), sa.column("reason"), sa.column("refusals"))
+    rows = sa.select(refusals.c.reason, refusals.c.refusals).order_by(refusals.c.reason)
+    migrate.upgrade(empty_engine, "0014")
+    with empty_engine.begin() as conn:
+        conn.execute(refusals.insert().values(key="k", reason="rate", refusals=3))
+    if empty_engine.dialect.name != "sqlite":
+        with pytest.raises(sa.exc.DBAPIError), empty_engine.begin() as conn:
+            conn.execute(refusals.insert().values(key="k", reason="family_concurrency", refusals=3))
+    migrate.upgrade(empty_engine, "0015")
+    with empty_engine.begin() as conn:
+        conn.execute(refusals.insert().values(key="k", reason="family_concurrency", refusals=3))
+    assert _differences(empty_engine) == []
+    with empty_engine.connect() as conn:
+        assert conn.execute(rows).all() == [("family_concurrency", 3), ("rate", 3)]
+    migrate.downgrade(empty_engine, "0014")
+    with empty_engine.connect() as conn:
+        assert conn.execute(rows).all() == [("rate", 3)]

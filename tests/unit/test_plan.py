@@ -172,3 +172,17 @@ def test_a_batch_is_the_claims_of_as_many_polls_one_after_another(entry, in_flig
     if last is not None:
         assert (whole.buckets, whole.stamp, whole.blocked_until_us) == (last.buckets, last.stamp,
                                                                         last.blocked_until_us)
+
+
+def test_every_refusal_reason_fits_the_column_the_workers_count_it_in():
+    """Each reason a poll can be refused for is counted by a worker in
+    ``ductwork_key_refusals.reason``; one longer than the column (``family_concurrency`` in a
+    ``VARCHAR(16)``, before revision 0015) made every heartbeat after it fail on the servers."""
+    from typing import get_args
+
+    from ductwork.db import schema
+    from ductwork.limits.plan import Refused
+
+    width = schema.key_refusals.c.reason.type.length
+    assert {reason: len(reason) for reason in get_args(Refused) if len(reason) > width} == {}
+    assert "family_concurrency" in get_args(Refused)
