@@ -110,8 +110,12 @@ FORGET_SETTINGS_LINES = 2
 #: (``limits.plan.Refused``), so that a test can hold each against the width of the column
 #: the workers count them in (``family_concurrency`` did not fit: revision 0015)
 REFUSED_TYPE_LINES = 2
+#: and the lease kept apart from the counters: a worker's heartbeat that failed with its
+#: refusal counts is sent again without them, and the failure logged (``Runner.beat``)
+HEARTBEAT_WITHOUT_COUNTS_LINES = 8
 CODE_LINES_BUDGET = (5_994 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
-                     - PRESENTATION_MOVED_LINES + FORGET_SETTINGS_LINES + REFUSED_TYPE_LINES)
+                     - PRESENTATION_MOVED_LINES + FORGET_SETTINGS_LINES + REFUSED_TYPE_LINES
+                     + HEARTBEAT_WITHOUT_COUNTS_LINES)
 #: the engine core's code tokens (:func:`code_tokens`) may not exceed this either: a second
 #: ratchet beside the lines', because a line count cannot tell code removed from code joined
 #: onto fewer lines, and a token count can (joining two lines removes no token). Lower it in
@@ -122,7 +126,9 @@ CODE_LINES_BUDGET = (5_994 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_P
 FORGET_SETTINGS_TOKENS = 28
 #: and by the tokens of the lines :data:`REFUSED_TYPE_LINES` counts
 REFUSED_TYPE_TOKENS = 16
-CODE_TOKENS_BUDGET = 62_712 + FORGET_SETTINGS_TOKENS + REFUSED_TYPE_TOKENS
+#: and by those of :data:`HEARTBEAT_WITHOUT_COUNTS_LINES`
+HEARTBEAT_WITHOUT_COUNTS_TOKENS = 44
+CODE_TOKENS_BUDGET = 62_712 + FORGET_SETTINGS_TOKENS + REFUSED_TYPE_TOKENS + HEARTBEAT_WITHOUT_COUNTS_TOKENS
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment
 SQL_LINE = re.compile(r"^\s*(?:--|$)")

@@ -186,14 +186,25 @@ class Runner:
 
     def beat(self) -> bool:
         """One heartbeat, with the refusals counted since the last (put back if it fails),
-        then a reconciliation; False once it found this runner's row reaped."""
+        then a reconciliation; False once it found this runner's row reaped. A heartbeat
+        that failed with counts is sent again without them: an observability counter the
+        database refuses must not cost the process its lease (a reason longer than its
+        column did, before revision 0015)."""
         sent, refused = time.monotonic(), self.refusals.take()
         try:
             alive = heartbeat(self.app, self.process_id, refused)
         except Exception:  # the watchdog decides when this is fatal
             self.refusals.add(refused)
             log.warning("heartbeat failed", exc_info=True)
-            return True
+            if not refused:
+                return True
+            try:
+                alive = heartbeat(self.app, self.process_id)
+            except Exception:  # the database, not the counts
+                log.warning("heartbeat failed without its refusal counts too", exc_info=True)
+                return True
+            log.error("heartbeat sent without its refusal counts, whose write failed (kept for the next): %s",
+                      dict(refused))
         if not alive:
             self._reaped = True
             return False

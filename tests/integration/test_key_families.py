@@ -155,3 +155,41 @@ def test_a_polls_refusal_at_the_familys_ceiling_is_counted_at_the_workers_heartb
     k = schema.key_refusals
     with app.begin(readonly=True) as tx:
         assert tx.execute(sa.select(k.c.key, k.c.reason, k.c.refusals)).all() == [(B, "family_concurrency", 1)]
+
+
+def test_a_heartbeat_whose_refusal_counts_are_refused_is_sent_without_them(family_app, monkeypatch, caplog):
+    """An observability counter must not cost a worker its lease: when the heartbeat's
+    transaction fails with the refusal counts in it (as every one did while a reason did not
+    fit its column), the heartbeat is sent again without them, the failure is logged as an
+    error naming the counts, and they are kept for the next heartbeat, which writes them."""
+    from ductwork.fleet import supervisor
+    from ductwork.limits.claims import Refusal
+
+    app = family_app
+    runner = supervisor.Runner(app, "job_worker", 1, "counting")
+    runner.process_id = register(app, role="job_worker", label="counting")
+    runner._units()  # its worker and the process's counts; no thread started
+    real = supervisor.heartbeat
+
+    def refusing_counts(app_, process_id, refusals=None):
+        if refusals:
+            raise sa.exc.DataError("INSERT INTO ductwork_key_refusals", {}, ValueError("value too long"))
+        return real(app_, process_id, refusals)
+
+    def stamped() -> datetime:
+        p = schema.processes
+        with app.begin(readonly=True) as tx:
+            return tx.execute(sa.select(p.c.last_heartbeat_at).where(p.c.id == runner.process_id)).scalar_one()
+
+    before = stamped()
+    runner.refusals.count(Refusal(B, "family_concurrency"))
+    with monkeypatch.context() as patched:
+        patched.setattr(supervisor, "heartbeat", refusing_counts)
+        assert runner.beat()
+    assert stamped() > before  # the lease held
+    assert "heartbeat sent without its refusal counts" in caplog.text
+    assert "family_concurrency" in caplog.text
+    assert runner.beat()  # the next one writes what was kept
+    k = schema.key_refusals
+    with app.begin(readonly=True) as tx:
+        assert tx.execute(sa.select(k.c.key, k.c.reason, k.c.refusals)).all() == [(B, "family_concurrency", 1)]
