@@ -113,9 +113,13 @@ REFUSED_TYPE_LINES = 2
 #: and the lease kept apart from the counters: a worker's heartbeat that failed with its
 #: refusal counts is sent again without them, and the failure logged (``Runner.beat``)
 HEARTBEAT_WITHOUT_COUNTS_LINES = 8
+#: and bug fixes: a user's value fitted to, or refused before, the bounded column it is stored
+#: in, which SQLite does not check and the servers do (tests/integration/test_column_widths.py):
+#: an error's class cut and NUL written out (``ErrorInfo``)
+FITTED_VALUES_LINES = 8
 CODE_LINES_BUDGET = (5_994 + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
                      - PRESENTATION_MOVED_LINES + FORGET_SETTINGS_LINES + REFUSED_TYPE_LINES
-                     + HEARTBEAT_WITHOUT_COUNTS_LINES)
+                     + HEARTBEAT_WITHOUT_COUNTS_LINES + FITTED_VALUES_LINES)
 #: the engine core's code tokens (:func:`code_tokens`) may not exceed this either: a second
 #: ratchet beside the lines', because a line count cannot tell code removed from code joined
 #: onto fewer lines, and a token count can (joining two lines removes no token). Lower it in
@@ -128,7 +132,10 @@ FORGET_SETTINGS_TOKENS = 28
 REFUSED_TYPE_TOKENS = 16
 #: and by those of :data:`HEARTBEAT_WITHOUT_COUNTS_LINES`
 HEARTBEAT_WITHOUT_COUNTS_TOKENS = 44
-CODE_TOKENS_BUDGET = 62_712 + FORGET_SETTINGS_TOKENS + REFUSED_TYPE_TOKENS + HEARTBEAT_WITHOUT_COUNTS_TOKENS
+#: and by those of :data:`FITTED_VALUES_LINES`
+FITTED_VALUES_TOKENS = 98
+CODE_TOKENS_BUDGET = (62_712 + FORGET_SETTINGS_TOKENS + REFUSED_TYPE_TOKENS + HEARTBEAT_WITHOUT_COUNTS_TOKENS
+                      + FITTED_VALUES_TOKENS)
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment
 SQL_LINE = re.compile(r"^\s*(?:--|$)")

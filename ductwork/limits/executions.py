@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ductwork.limits")
 
 MESSAGE_LIMIT = 255
+#: the longest error class name recorded (``error_klass``, a ``schema.Name``)
+CLASS_LIMIT = 255
 BACKTRACE_FRAMES = 10
 _e, _k = schema.executions, schema.limit_keys
 
@@ -93,12 +95,27 @@ CLAIM_COLUMNS = tuple(f.name for f in dataclasses.fields(Claimed) if f.name != "
 @dataclass(frozen=True)
 class ErrorInfo:
     """An error as recorded: class, message (cut to 255) and backtrace (first frames).
-    ``text`` is the whole traceback, chained errors included, for the log only (not stored)."""
+    ``text`` is the whole traceback, chained errors included, for the log only (not stored).
+
+    Made to fit its columns on every database, whoever makes it: a class name longer than
+    :data:`CLASS_LIMIT` keeps its end (the class's own name) after ``…``, the message its
+    first :data:`MESSAGE_LIMIT` characters, and a NUL character, which PostgreSQL's text
+    cannot hold, is written ``\\x00``. (SQLite stores whatever it is given: a class or a
+    message the servers refused made the failure unrecordable there, and the execution
+    was crashed instead, within the crash budget, its error lost.)"""
 
     klass: str
     message: str
     backtrace: str | None
     text: str | None = None
+
+    def __post_init__(self) -> None:
+        klass = self.klass.replace("\0", "\\x00")
+        fitted = {"klass": klass if len(klass) <= CLASS_LIMIT else "…" + klass[1 - CLASS_LIMIT:],
+                  "message": self.message.replace("\0", "\\x00")[:MESSAGE_LIMIT],
+                  "backtrace": self.backtrace and self.backtrace.replace("\0", "\\x00")}
+        for name, value in fitted.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def of(cls, error: BaseException) -> ErrorInfo:
@@ -106,7 +123,7 @@ class ErrorInfo:
         if len(frames) > BACKTRACE_FRAMES:
             frames = [*frames[:BACKTRACE_FRAMES], f"... {len(frames) - BACKTRACE_FRAMES} more frames\n"]
         return cls(f"{type(error).__module__}.{type(error).__qualname__}",
-                   str(error)[:MESSAGE_LIMIT], "".join(frames) or None,
+                   str(error), "".join(frames) or None,
                    "".join(traceback.format_exception(error)).rstrip("\n"))
 
     def log_traceback(self) -> str | None:

@@ -117,17 +117,13 @@ class HookFailsDeep(Pipeline):
         p.start(Boom).on_halt(HandlerRaisesDeep)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: error_klass is module.qualname uncut (limits.executions.ErrorInfo.of); "
-                                       "a step's exception class longer than VARCHAR(255) cannot be recorded on "
-                                       "PostgreSQL/MySQL: the worker crashes the execution instead (AbandonedClaim), "
-                                       "the step re-runs within max_crash, not max_retry, and the error is lost")
 def test_a_step_failure_whose_exception_class_has_a_long_name_is_recorded_as_a_failure(manual_app):
-    """Every attempt is recorded a ``failure`` with its message and a class cut to the column,
-    retried within ``max_retry`` (2), and the branch halts ``job_retries_exhausted``. Today
-    SQLite stores the whole class (326 characters in a VARCHAR(255)); on PostgreSQL and MySQL
-    the failure's transaction fails, the worker crashes the execution, and the step runs
-    ``max_crash`` + 1 (5) times, recorded ``process_crashed``, until its branch halts
-    ``job_crashes_exhausted``."""
+    """Every attempt is recorded a ``failure`` with its message and a class cut to the column
+    (``ErrorInfo``: its end kept), retried within ``max_retry`` (2), and the branch halts
+    ``job_retries_exhausted``. Before the cut, SQLite stored the whole class (326 characters
+    in a VARCHAR(255)); on PostgreSQL and MySQL the failure's transaction failed, the worker
+    crashed the execution, and the step ran ``max_crash`` + 1 (5) times, recorded
+    ``process_crashed``, until its branch halted ``job_crashes_exhausted``."""
     run = FailsDeep.trigger(1)
     raised = _as_a_fleet(manual_app)
     e = schema.executions
@@ -147,14 +143,11 @@ def test_a_step_failure_whose_exception_class_has_a_long_name_is_recorded_as_a_f
     }
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: error_klass is module.qualname uncut (limits.executions.ErrorInfo.of); "
-                                       "an on_halt handler's exception class longer than VARCHAR(255) cannot be "
-                                       "recorded on PostgreSQL/MySQL: each attempt is crashed (AbandonedClaim), "
-                                       "within max_crash, not max_retry, and the error is lost")
 def test_an_on_halt_hook_failure_whose_exception_class_has_a_long_name_is_recorded_as_a_failure(manual_app):
     """Each attempt of the hook is recorded a ``failure`` (retried within ``max_retry``, 2)
-    with its class cut to the column. Today SQLite stores the whole class; on PostgreSQL and
-    MySQL recording it fails and the attempt is crashed, 5 times (``max_crash`` 4)."""
+    with its class cut to the column. Before the cut, SQLite stored the whole class; on
+    PostgreSQL and MySQL recording it failed and the attempt was crashed, 5 times
+    (``max_crash`` 4)."""
     HookFailsDeep.trigger(1)
     raised = _as_a_fleet(manual_app)
     h = schema.halt_hooks
@@ -269,15 +262,11 @@ class FailsNul(Pipeline):
         p.start(RaisesNul)
 
 
-def test_a_step_failure_whose_message_holds_a_nul_character_is_recorded_as_a_failure(manual_app, request):
+def test_a_step_failure_whose_message_holds_a_nul_character_is_recorded_as_a_failure(manual_app):
     """Not a width, the same failure path: PostgreSQL's text holds no NUL character, which
-    SQLite and MySQL store. Each attempt is a ``failure`` (its message kept, the NUL dropped
-    or escaped), retried within ``max_retry``. Today on PostgreSQL recording it fails and the
-    execution is crashed instead, as for a class name too long."""
-    if manual_app.backend == "postgresql":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "BUG: error_message is the error's text with any NUL in it (limits.executions.ErrorInfo.of): "
-            "PostgreSQL refuses it, so the failure cannot be recorded and the execution is crashed instead")))
+    SQLite and MySQL store. Each attempt is a ``failure``, its message kept with the NUL
+    written ``\\x00`` (``ErrorInfo``), retried within ``max_retry``. Before, on PostgreSQL,
+    recording it failed and the execution was crashed instead, as for a class name too long."""
     run = FailsNul.trigger(1)
     raised = _as_a_fleet(manual_app)
     e = schema.executions
@@ -285,3 +274,6 @@ def test_a_step_failure_whose_message_holds_a_nul_character_is_recorded_as_a_fai
         outcomes = tx.execute(sa.select(e.c.outcome).order_by(e.c.created_at, e.c.id)).scalars().all()
     assert ((run.refresh().status, run.halt_reasons), outcomes, raised) == (
         ("halted", ["job_retries_exhausted"]), ["failure"] * 3, {})
+    with manual_app.begin(readonly=True) as tx:
+        messages = set(tx.execute(sa.select(e.c.error_message)).scalars())
+    assert messages == {"bad record 1: b'\\x00\x01'"}

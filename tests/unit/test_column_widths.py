@@ -300,15 +300,18 @@ USER_CONTROLLED = {
     "ductwork_limit_buckets.key": "a key that has a ductwork_limit_keys row",
     "ductwork_key_refusals.key": "a key that has a ductwork_limit_keys row",
     "ductwork_context.key": "checked: InputError, at most 255 characters (context.Context._check_key)",
-    "ductwork_executions.error_klass": "the class a step raised, module.qualname: not cut (test_a_step_failure_"
-                                       "whose_exception_class_has_a_long_name_is_recorded_as_a_failure)",
-    "ductwork_halt_hooks.error_klass": "the class a handler raised, module.qualname: not cut (test_an_on_halt_"
-                                       "hook_failure_whose_exception_class_has_a_long_name_is_recorded_as_a_failure)",
+    "ductwork_executions.error_klass": "the class a step raised, module.qualname: cut to CLASS_LIMIT, its end "
+                                       "kept (ErrorInfo; test_a_step_failure_whose_exception_class_has_a_long_"
+                                       "name_is_recorded_as_a_failure)",
+    "ductwork_halt_hooks.error_klass": "the class a handler raised, module.qualname: cut to CLASS_LIMIT, its end "
+                                       "kept (ErrorInfo; test_an_on_halt_hook_failure_whose_exception_class_has_a_"
+                                       "long_name_is_recorded_as_a_failure)",
     "ductwork_advancements.error_klass": "the class a transition raised: the engine's, SQLAlchemy's and the "
                                          "standard library's (no step code runs in an advancer)",
-    "ductwork_executions.error_message": "the error's text: cut to MESSAGE_LIMIT (ErrorInfo.of, crash_in)",
-    "ductwork_halt_hooks.error_message": "the error's text: cut to MESSAGE_LIMIT (ErrorInfo.of, hooks._record_in)",
-    "ductwork_advancements.error_message": "the error's text: cut to MESSAGE_LIMIT (ErrorInfo.of)",
+    "ductwork_executions.error_message": "the error's text: cut to MESSAGE_LIMIT, a NUL written \\x00 (ErrorInfo)",
+    "ductwork_halt_hooks.error_message": "the error's text: cut to MESSAGE_LIMIT, a NUL written \\x00 (ErrorInfo)",
+    "ductwork_advancements.error_message": "the error's text: cut to MESSAGE_LIMIT, a NUL written \\x00 "
+                                           "(ErrorInfo)",
 }
 
 
@@ -326,3 +329,31 @@ def test_every_bounded_column_is_accounted_for():
     defined = {node.name for node in ast.parse(reproducers.read_text()).body if isinstance(node, ast.FunctionDef)}
     named = {name for note in USER_CONTROLLED.values() for name in re.findall(r"\btest_\w+", note)}
     assert sorted(named - defined) == []  # each gap names its reproducer
+
+
+def test_an_error_is_fitted_to_its_columns_whoever_makes_it():
+    """``ErrorInfo``, from an exception or built by hand (a child's report, a crash): a class
+    name longer than ``error_klass`` keeps its end, the class's own name; a message its first
+    ``MESSAGE_LIMIT`` characters; a NUL, which PostgreSQL's text cannot hold, is written
+    ``\\x00`` in the class, the message and the backtrace. One that fits is kept as it is."""
+    from ductwork.limits.executions import CLASS_LIMIT, MESSAGE_LIMIT, ErrorInfo
+
+    assert CLASS_LIMIT == _width("ductwork_executions.error_klass") == _width("ductwork_halt_hooks.error_klass")
+    long_class = "pkg." + "Outer." * 60 + "TheError"
+    fitted = ErrorInfo(long_class, "m" * 300, "frame\0\n")
+    assert (len(fitted.klass), fitted.klass[0], fitted.klass.endswith(".TheError")) == (CLASS_LIMIT, "…", True)
+    assert fitted.message == "m" * MESSAGE_LIMIT
+    assert fitted.backtrace == "frame\\x00\n"
+    assert ErrorInfo("a.B\0", "x\0y", None) == ErrorInfo("a.B\\x00", "x\\x00y", None)
+    exact = ErrorInfo("k" * CLASS_LIMIT, "m" * MESSAGE_LIMIT, None)
+    assert (exact.klass, exact.message) == ("k" * CLASS_LIMIT, "m" * MESSAGE_LIMIT)
+
+    class Deep(Exception):
+        pass
+
+    Deep.__qualname__ = "Nested." * 50 + "Deep"
+    try:
+        raise Deep("deep\0message")
+    except Deep as error:
+        of = ErrorInfo.of(error)
+    assert (len(of.klass), of.klass.endswith("Nested.Deep"), of.message) == (CLASS_LIMIT, True, "deep\\x00message")
