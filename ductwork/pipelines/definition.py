@@ -43,12 +43,19 @@ from ductwork.errors import (
     MainModuleError,
     StartError,
 )
+from ductwork.limit_entries import MAX_KEY_CHARS
 from ductwork.pipelines.registry import in_main_module, register_class, step_ref
 from ductwork.pipelines.snapshot import Definition, EdgeSpec, NodeSpec, PartitionBy, copy_targets, render_divert_key
 from ductwork.pipelines.step import Step, check_execute
 from ductwork.values import Json
 
 # --------------------------------------------------------------------------- the builder
+
+#: the most characters of a name a run stores: a class's ``module:qualname`` (the pipeline's,
+#: a step's, the on_halt handler's) and a node's name, in ``schema.Name`` columns. SQLite
+#: stores a longer one; PostgreSQL and MySQL refuse it, at a trigger or deep in a worker's
+#: transaction, so it is refused here (tests/unit/test_column_widths.py holds it to the columns)
+NAME_LIMIT = 255
 
 #: fan-in transition -> the fan-out it closes
 _CLOSES = {"combine": "divide", "collapse": "expand", "converge": "divert"}
@@ -84,6 +91,12 @@ class _Graph:
     def error(self, transition: str, reason: str, kind: type[DefinitionError] = DefinitionError) -> DefinitionError:
         return kind(self.name, transition, reason)
 
+    def check_name(self, transition: str, what: str, name: str, limit: int = NAME_LIMIT) -> None:
+        """Raise unless ``name`` (``what`` it is) has at most ``limit`` characters, as stored."""
+        if len(name) > limit:
+            raise self.error(transition, f"{what} has {len(name)} characters, more than the {limit} a run "
+                                         f"stores: {name[:80]!r}…")
+
     def add_nodes(self, transition: str, classes: list[Any], delay: object, timeout: object,
                   limit_by: object) -> list[str]:
         """Validate ``delay=``/``timeout=``/``limit_by=`` into NodeSpec fields, check every
@@ -97,8 +110,9 @@ class _Graph:
                     raise self.error(transition, f"{key}={exc}") from exc
         parsed["limit_by"], by = self.limit_option(transition, limit_by)
         partitions: list[PartitionBy | None] = []
-        for klass in classes:
+        for i, klass in enumerate(classes):
             self.check_class(transition, klass, several=len(classes) > 1)
+            self.check_name(transition, "the node name", f"{klass.__name__}#{len(self.nodes) + i}")
             if parsed["timeout_us"] is not None and in_main_module(step_ref(klass)):
                 raise self.error(transition, f"{klass.__qualname__} is defined in __main__ and has "
                                              "timeout=, so it runs in a child process, which cannot "
@@ -117,6 +131,7 @@ class _Graph:
                     else "Argument must be a valid step class (a Step subclass")
             raise self.error(transition, f"{what} defining execute(self)), got {klass!r}")
         check_execute(klass)  # (again: execute may have been replaced after the class statement)
+        self.check_name(transition, f"{klass.__qualname__}'s reference", step_ref(klass))
 
     def limit_option(self, transition: str, limit_by: object) -> tuple[str | None, tuple[str, str] | None]:
         """``limit_by=`` as a static key or a partition's ``(family, field)``, at most one set."""
@@ -124,8 +139,12 @@ class _Graph:
             if len(limit_by) != 2 or not PartitionBy.valid(*limit_by):
                 raise self.error(transition, "limit_by must be a key or a (family, field) pair: a non-blank family "
                                              f"without '[' and a field 'name' or 'name.sub', got {limit_by!r}")
+            # the shortest partition key, family[0], fits the key columns
+            self.check_name(transition, "limit_by's family", limit_by[0], MAX_KEY_CHARS - len("[0]"))
             return None, (limit_by[0], limit_by[1])
         if limit_by is None or (isinstance(limit_by, str) and limit_by.strip()):
+            if limit_by is not None:
+                self.check_name(transition, "limit_by", limit_by, MAX_KEY_CHARS)
             return limit_by, None
         raise self.error(transition, f"limit_by must be a non-blank str, got {limit_by!r}")
 
@@ -170,6 +189,7 @@ def build_definition(pipeline: type, define: Callable[[PipelineBuilder], object]
     ran. Builders handed out are unusable afterwards.
     """
     graph = _Graph(pipeline)
+    graph.check_name("define", "the pipeline's reference", graph.ref)
     define(PipelineBuilder(graph))
     if graph.start is None:
         raise graph.error("define", "Must start pipeline definition before completing", StartError)

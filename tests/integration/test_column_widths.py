@@ -168,25 +168,18 @@ def test_an_on_halt_hook_failure_whose_exception_class_has_a_long_name_is_record
 # --------------------------------------------------------------------------- names defined
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a Pipeline's module:qualname is not checked against "
-                                       "ductwork_runs.pipeline_klass VARCHAR(255): every trigger fails on "
-                                       "PostgreSQL/MySQL (DataError; in trigger_in, inside the caller's transaction)")
 def test_a_pipeline_whose_name_is_longer_than_the_column_is_refused_when_defined(manual_app):
-    """A DefinitionError naming the limit when the class is created. Today: SQLite stores the
-    name whole and the run completes (DID NOT RAISE); PostgreSQL and MySQL refuse the
-    trigger's INSERT (DataError)."""
+    """A DefinitionError naming the limit when the class is created (``_Graph.check_name``).
+    Without the check, SQLite stores the name whole and the run completes; PostgreSQL and
+    MySQL refuse the trigger's INSERT (DataError)."""
     with pytest.raises(DefinitionError, match=str(WIDTH)):
         _define_and_run(manual_app, lambda: _deep("DeepPipeline", Pipeline,
                                                   define=classmethod(lambda _cls, p: p.start(Echo))), ("completed", []))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a step class's module:qualname is not checked against "
-                                       "ductwork_steps.klass VARCHAR(255): on MySQL the success before it cannot be "
-                                       "recorded (the previous step re-runs within max_crash); on PostgreSQL the "
-                                       "name is cut (dialects.insert_rows) and the step halts unknown_step_class")
 def test_a_step_class_whose_name_is_longer_than_the_column_is_refused_when_defined(manual_app):
-    """A DefinitionError naming the limit when the pipeline is defined. Today the definition
-    builds and the run completes on SQLite (DID NOT RAISE); on PostgreSQL the step row holds
+    """A DefinitionError naming the limit when the pipeline is defined. Without the check,
+    the definition builds and the run completes on SQLite; on PostgreSQL the step row holds
     the name cut to 255 characters, which resolves to no class (``unknown_step_class``); on
     MySQL the worker's success transaction, which creates the step, fails, and the first
     step is crashed and re-run until ``job_crashes_exhausted``."""
@@ -195,12 +188,9 @@ def test_a_step_class_whose_name_is_longer_than_the_column_is_refused_when_defin
             "ThenDeep", lambda p: p.start(Echo).chain(to=_deep("DeepStep", Echo))), ("completed", []))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an on_halt handler's module:qualname is not checked against "
-                                       "ductwork_halt_hooks.klass VARCHAR(255): on PostgreSQL/MySQL the halting "
-                                       "transaction fails, so the branch never halts and its advancers loop for ever")
 def test_an_on_halt_handler_whose_name_is_longer_than_the_column_is_refused_when_defined(manual_app):
-    """A DefinitionError naming the limit when the pipeline is defined. Today the run halts
-    and its hook runs on SQLite (DID NOT RAISE); on PostgreSQL and MySQL every transaction
+    """A DefinitionError naming the limit when the pipeline is defined. Without the check,
+    the run halts and its hook runs on SQLite; on PostgreSQL and MySQL every transaction
     that would halt the branch owes the hook, whose INSERT fails: the advancer's halt, its
     error's record, its crash (``advancer_crashes_exhausted``) alike. The run stays in
     progress however long the fleet runs."""
@@ -210,13 +200,10 @@ def test_an_on_halt_handler_whose_name_is_longer_than_the_column_is_refused_when
             ("halted", ["job_retries_exhausted"]))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a static limit_by= key is not checked against the key columns' "
-                                       "VARCHAR(255) (limit_entries.MAX_KEY_CHARS, which partition keys are held "
-                                       "to): every trigger fails on PostgreSQL/MySQL (DataError)")
 def test_a_static_limit_key_longer_than_the_column_is_refused_when_defined(manual_app):
     """A DefinitionError naming the limit when the pipeline is defined, as a partition's key
-    longer than ``MAX_KEY_CHARS`` is refused when it is rendered. Today SQLite stores the
-    key and the run completes (DID NOT RAISE); PostgreSQL and MySQL refuse the trigger."""
+    longer than ``MAX_KEY_CHARS`` is refused when it is rendered. Without the check, SQLite
+    stores the key and the run completes; PostgreSQL and MySQL refuse the trigger."""
     with pytest.raises(DefinitionError, match=str(WIDTH)):
         _define_and_run(manual_app, lambda: _pipeline("DeepKeyed", lambda p: p.start(Echo, limit_by="k" * (WIDTH + 1))),
                         ("completed", []))

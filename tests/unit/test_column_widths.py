@@ -282,17 +282,20 @@ USER_CONTROLLED = {
                                              "(db.hosts.machine_identifier)",
     "ductwork_processes.label": "`ductwork start --label`, and its children's <label>.worker.<i>: not checked "
                                 "(test_a_supervisor_label_too_long_for_its_childrens_rows_is_refused)",
-    "ductwork_runs.pipeline_klass": "the Pipeline class's module:qualname: not checked "
-                                    "(test_a_pipeline_whose_name_is_longer_than_the_column_is_refused_when_defined)",
+    "ductwork_runs.pipeline_klass": "the Pipeline class's module:qualname: checked, at most NAME_LIMIT "
+                                    "(definition._Graph.check_name; test_a_pipeline_whose_name_is_longer_than_the_"
+                                    "column_is_refused_when_defined)",
     "ductwork_runs.trigger_key": "checked: TriggerKeyError, at most MAX_TRIGGER_KEY (trigger.check_key)",
-    "ductwork_steps.node": "<ClassName>#<i> (definition._Graph.add_nodes): not checked; longer than the column "
-                           "only with a class name that is too (the step class's test)",
-    "ductwork_steps.klass": "the step class's module:qualname: not checked "
-                            "(test_a_step_class_whose_name_is_longer_than_the_column_is_refused_when_defined)",
-    "ductwork_halt_hooks.klass": "the on_halt handler's module:qualname: not checked "
-                                 "(test_an_on_halt_handler_whose_name_is_longer_than_the_column_is_refused_when_defined)",
+    "ductwork_steps.node": "<ClassName>#<i>: checked, at most NAME_LIMIT (definition._Graph.add_nodes)",
+    "ductwork_steps.klass": "the step class's module:qualname: checked, at most NAME_LIMIT (definition._Graph."
+                            "check_class; test_a_step_class_whose_name_is_longer_than_the_column_is_refused_when_"
+                            "defined)",
+    "ductwork_halt_hooks.klass": "the on_halt handler's module:qualname: checked, at most NAME_LIMIT (definition."
+                                 "_Graph.check_class; test_an_on_halt_handler_whose_name_is_longer_than_the_column_"
+                                 "is_refused_when_defined)",
     "ductwork_steps.limit_key": "a partition's: checked (PartitionValueError, MAX_KEY_CHARS); a static limit_by=: "
-                                "not checked (test_a_static_limit_key_longer_than_the_column_is_refused_when_defined)",
+                                "checked, at most MAX_KEY_CHARS (definition._Graph.limit_option; test_a_static_limit_"
+                                "key_longer_than_the_column_is_refused_when_defined)",
     "ductwork_executions.limit_key": "the step's limit_key",
     "ductwork_executions.pending_lane": "the execution's limit_key (generated)",
     "ductwork_executions.inflight_key": "the execution's limit_key (generated)",
@@ -357,3 +360,14 @@ def test_an_error_is_fitted_to_its_columns_whoever_makes_it():
     except Deep as error:
         of = ErrorInfo.of(error)
     assert (len(of.klass), of.klass.endswith("Nested.Deep"), of.message) == (CLASS_LIMIT, True, "deep\\x00message")
+
+
+def test_the_limits_names_are_checked_against_are_the_columns_widths():
+    """``definition.NAME_LIMIT`` (class references, node names) is the width of the columns
+    they are stored in, and ``limit_entries.MAX_KEY_CHARS`` that of the key columns."""
+    from ductwork.limit_entries import MAX_KEY_CHARS
+    from ductwork.pipelines.definition import NAME_LIMIT
+
+    names = ("ductwork_runs.pipeline_klass", "ductwork_steps.klass", "ductwork_steps.node", "ductwork_halt_hooks.klass")
+    assert {column: _width(column) for column in names} == dict.fromkeys(names, NAME_LIMIT)
+    assert {column: _width(column) for column in KEY_COLUMNS} == dict.fromkeys(KEY_COLUMNS, MAX_KEY_CHARS)

@@ -9,6 +9,7 @@ and each fan-in's arrival counter reaches exactly its fan-out's width
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 import types
@@ -1176,3 +1177,76 @@ def test_builder_is_the_define_argument():
     seen = []
     build(lambda p: (seen.append(p), p.start(A)))
     assert isinstance(seen[0], PipelineBuilder)
+
+
+# --------------------------------------------------------------------------- names a run stores
+
+
+def _named(qualname: str, base: type = A, module: str = MOD) -> type:
+    """A subclass of ``base`` whose reference is ``module:qualname``."""
+    return type(qualname.rsplit(".", 1)[-1], (base,), {"__qualname__": qualname, "__module__": module})
+
+
+def _long(ref_chars: int) -> str:
+    """A qualname (nested classes) that makes ``MOD:qualname`` exactly ``ref_chars`` long."""
+    room = ref_chars - len(MOD) - 1
+    return "N." * ((room - 1) // 2) + "X" * (room - 2 * ((room - 1) // 2))
+
+
+@pytest.mark.parametrize("chars", [255, 256])
+def test_a_class_reference_fits_the_255_characters_a_run_stores_or_is_refused(chars):
+    """A pipeline's, a step class's and an on_halt handler's ``module:qualname`` are stored in
+    255-character columns: 255 builds, 256 is a DefinitionError naming the length and the
+    limit, when the pipeline is defined (the servers would refuse it at a trigger or in a
+    worker's transaction; SQLite would store it)."""
+    qualname = _long(chars)
+    assert len(step_ref(_named(qualname))) == chars
+    cases = {
+        "pipeline": (lambda: type("P", (Pipeline,), {"define": classmethod(lambda _c, p: p.start(A)),
+                                                       "__module__": MOD, "__qualname__": qualname}),
+                     "P.define: the pipeline's reference"),
+        "step": (lambda: build(lambda p: p.start(A).chain(to=_named(qualname))),
+                 f"P.chain: {qualname}'s reference"),
+        "handler": (lambda: build(lambda p: p.start(A).on_halt(_named(qualname))),
+                    f"P.on_halt: {qualname}'s reference"),
+    }
+    for make, message in cases.values():
+        if chars == 255:
+            make()
+            continue
+        with pytest.raises(DefinitionError) as info:
+            make()
+        assert str(info.value).startswith(f"{message} has 256 characters, more than the 255 a run stores: ")
+
+
+@pytest.mark.parametrize(("chars", "ok"), [(255, True), (256, False)])
+def test_a_static_limit_key_fits_the_key_columns_or_is_refused(chars, ok):
+    key = "k" * chars
+    if ok:
+        assert build(lambda p: p.start(A, limit_by=key)).definition.limit_keys() == {key}
+    else:
+        fails(lambda p: p.start(A, limit_by=key), DefinitionError,
+              f"P.start: limit_by has 256 characters, more than the 255 a run stores: {'k' * 80!r}…")
+
+
+@pytest.mark.parametrize(("chars", "ok"), [(252, True), (253, False)])
+def test_a_familys_name_leaves_room_for_its_shortest_partition_key(chars, ok):
+    """``family[0]``, the shortest partition key, must fit the 255-character key columns."""
+    family = "f" * chars
+    if ok:
+        assert build(lambda p: p.start(A, limit_by=(family, "order"))).definition.limit_families() == {family}
+    else:
+        fails(lambda p: p.start(A, limit_by=(family, "order")), DefinitionError,
+              f"P.start: limit_by's family has 253 characters, more than the 252 a run stores: {'f' * 80!r}…")
+
+
+def test_a_node_name_fits_the_255_characters_a_run_stores_or_is_refused():
+    """A node is ``<ClassName>#<i>``: a class whose reference fits may still make a node name
+    that does not, once the pipeline has ten nodes (``#10``)."""
+    long_name = "X" * (255 - len("#0"))  # its reference, "m:" + name, fits
+    klass = _named(long_name, module="m")
+    assert len(step_ref(klass)) == 255
+    assert len(build(lambda p: p.start(klass)).definition.start) == 255
+    chain = lambda p: functools.reduce(lambda b, _: b.chain(to=A), range(9), p.start(A)).chain(to=klass)  # noqa: E731
+    with pytest.raises(DefinitionError, match=r"^P\.chain: the node name has 256 characters, more than the 255 "):
+        build(chain)
