@@ -61,6 +61,7 @@ from ductwork.db import schema
 from ductwork.db.database import Database
 from ductwork.db.hosts import rows_of_os_process
 from ductwork.db.wakeup import PgListener, Wakeup
+from ductwork.errors import ConfigError
 from ductwork.fleet import tree
 from ductwork.fleet.processes import heartbeat, register
 from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
@@ -73,6 +74,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ductwork.supervisor")
 
 EXIT_LEASE_LOST = 75
+#: the most characters of a process's label (``ductwork_processes.label``): ``ductwork start
+#: --label L`` names its children ``L.advancer`` and ``L.worker.<i>``
+LABEL_LIMIT = 100
 KILL_CONFIRM_S = 5.0
 STARTUP_GRACE_S = 60.0
 
@@ -340,6 +344,10 @@ class Supervisor:
         if self.role in ("all", "worker"):
             for i in range(cfg.job_worker.processes):
                 self.children.append(Child("job_worker", f"{label}.worker.{i}", cfg.job_worker.count))
+        longest = max([label, *(child.label for child in self.children)], key=len)
+        if len(longest) > LABEL_LIMIT:  # a child that cannot register would be restarted for ever
+            raise ConfigError("--label", label, f"its processes' label {longest!r} has {len(longest)} characters, "
+                                                f"more than the {LABEL_LIMIT} a process row holds")
 
     # -- children --------------------------------------------------------------------------
 

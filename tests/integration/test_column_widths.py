@@ -212,17 +212,23 @@ def test_a_static_limit_key_longer_than_the_column_is_refused_when_defined(manua
 # --------------------------------------------------------------------------- process rows
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `ductwork start --label` is not checked against "
-                                       "ductwork_processes.label VARCHAR(100), nor are its children's "
-                                       "<label>.worker.<i>: on PostgreSQL/MySQL they cannot register")
 def test_a_supervisor_label_too_long_for_its_childrens_rows_is_refused(app):
     """A label that fits the column but whose children's labels do not (``<label>.advancer``,
     ``<label>.worker.<i>``) is refused with an error naming it and the limit before anything
-    starts. Today nothing checks it: SQLite registers every row (DID NOT RAISE); on
+    starts (``Supervisor``: a ConfigError). Without the check, SQLite registers every row; on
     PostgreSQL and MySQL each child fails to register (DataError) and is restarted, with
     back-off, for as long as the supervisor runs."""
     with pytest.raises(ValueError, match="100"):
         _start_children(app, "l" * 95)
+
+
+def test_a_supervisor_label_whose_childrens_rows_fit_exactly_registers_them(app):
+    """The boundary of the check above: ``<label>.worker.0`` and ``<label>.advancer`` of 100
+    characters register on every database."""
+    _start_children(app, "l" * (100 - len(".worker.0")))
+    p = schema.processes
+    with app.begin(readonly=True) as tx:
+        assert max(len(label) for label in tx.execute(sa.select(p.c.label)).scalars()) == 100
 
 
 def _start_children(app: App, label: str) -> None:

@@ -280,8 +280,9 @@ def test_every_value_the_engine_writes_fits_where_it_is_stored(where, width, val
 USER_CONTROLLED = {
     "ductwork_processes.machine_identifier": "the host name: cut to 120, the whole to 255 "
                                              "(db.hosts.machine_identifier)",
-    "ductwork_processes.label": "`ductwork start --label`, and its children's <label>.worker.<i>: not checked "
-                                "(test_a_supervisor_label_too_long_for_its_childrens_rows_is_refused)",
+    "ductwork_processes.label": "`ductwork start --label`, and its children's <label>.worker.<i>: checked, at "
+                                "most LABEL_LIMIT (fleet.supervisor.Supervisor; test_a_supervisor_label_too_long_"
+                                "for_its_childrens_rows_is_refused)",
     "ductwork_runs.pipeline_klass": "the Pipeline class's module:qualname: checked, at most NAME_LIMIT "
                                     "(definition._Graph.check_name; test_a_pipeline_whose_name_is_longer_than_the_"
                                     "column_is_refused_when_defined)",
@@ -365,9 +366,11 @@ def test_an_error_is_fitted_to_its_columns_whoever_makes_it():
 def test_the_limits_names_are_checked_against_are_the_columns_widths():
     """``definition.NAME_LIMIT`` (class references, node names) is the width of the columns
     they are stored in, and ``limit_entries.MAX_KEY_CHARS`` that of the key columns."""
+    from ductwork.fleet.supervisor import LABEL_LIMIT
     from ductwork.limit_entries import MAX_KEY_CHARS
     from ductwork.pipelines.definition import NAME_LIMIT
 
     names = ("ductwork_runs.pipeline_klass", "ductwork_steps.klass", "ductwork_steps.node", "ductwork_halt_hooks.klass")
     assert {column: _width(column) for column in names} == dict.fromkeys(names, NAME_LIMIT)
+    assert _width("ductwork_processes.label") == LABEL_LIMIT
     assert {column: _width(column) for column in KEY_COLUMNS} == dict.fromkeys(KEY_COLUMNS, MAX_KEY_CHARS)
