@@ -248,7 +248,14 @@ def _unnest_insert(table: sa.Table, columns: tuple[str, ...]) -> sa.TextClause:
     from sqlalchemy.dialects import postgresql
 
     pg = postgresql.dialect()  # type: ignore[no-untyped-call]
-    arrays = ", ".join(f"CAST(:c{i} AS {table.c[c].type.compile(dialect=pg)}[])" for i, c in enumerate(columns))
+
+    def array(column: sa.Column[Any]) -> str:
+        # a bounded string travels as text: an explicit cast to VARCHAR(n) cuts a longer
+        # value silently, where the column's own assignment refuses it, as any INSERT does
+        bounded = isinstance(column.type, sa.String) and column.type.length
+        return "TEXT[]" if bounded else f"{column.type.compile(dialect=pg)}[]"
+
+    arrays = ", ".join(f"CAST(:c{i} AS {array(table.c[c])})" for i, c in enumerate(columns))
     return sa.text(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays})")
 
 

@@ -184,6 +184,10 @@ def _mysql_engine_options(_: str, settings: EngineSettings) -> dict[str, Any]:
     # Differs from PostgreSQL in that InnoDB defaults to REPEATABLE READ, whose
     # snapshot would make a count read after a lock stale; READ COMMITTED gives
     # each statement a fresh view, like PostgreSQL.
+    # And the session's sql_mode is the engine's, not the server's: strict, so that a value
+    # longer than its column is refused as PostgreSQL refuses it, never cut with a warning
+    # (a server configured without STRICT_TRANS_TABLES would cut it), and no mode that
+    # changes how the driver's quoting reads (ANSI_QUOTES, NO_BACKSLASH_ESCAPES).
     io_timeout = int(settings.get("io_timeout", 30))
     return {
         "isolation_level": "READ COMMITTED",
@@ -191,8 +195,15 @@ def _mysql_engine_options(_: str, settings: EngineSettings) -> dict[str, Any]:
             "connect_timeout": int(settings.get("connect_timeout", 10)),
             "read_timeout": io_timeout,
             "write_timeout": io_timeout,
+            # (init_command, not sql_mode=: aiomysql sends that one unquoted)
+            "init_command": f"SET SESSION sql_mode = '{MYSQL_SQL_MODE}'",
         },
     }
+
+
+#: the session sql_mode of every MySQL-family connection (the defaults of MySQL 8 and
+#: MariaDB 10.x that matter, on any server's configuration)
+MYSQL_SQL_MODE = "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION"
 
 
 @_engine_options.for_db("sqlite")

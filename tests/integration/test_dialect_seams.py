@@ -90,3 +90,32 @@ def test_a_lock_refused_for_contention_is_retryable_and_retried(app):
 
         assert dialects.retry_transient(once) == "k"
     assert len(attempts) == 2
+
+
+def test_a_value_longer_than_its_column_is_refused_by_a_batch_insert_as_by_any_insert(app):
+    """``insert_rows`` (the steps and executions of a batch): on PostgreSQL each column travels
+    as an array, and a bounded string's array is text, so a value longer than its column is
+    refused by the column, as a one-row INSERT's is (cast to ``VARCHAR(255)[]``, it was cut
+    to 255 silently: a step class name cut so, resolving to no class). MySQL refuses it too
+    (strict, whatever the server's mode: the engine's session sql_mode); SQLite stores it."""
+    long_key = "k" * 256
+    if app.backend == "sqlite":
+        with app.begin() as tx:
+            dialects.insert_rows(tx.conn, k, [{"key": long_key, "seq": 0, "created_at": tx.now, "updated_at": tx.now}])
+        assert _keys(app) == [long_key]
+        return
+    with pytest.raises(sa.exc.DataError), app.begin() as tx:
+        dialects.insert_rows(tx.conn, k, [{"key": long_key, "seq": 0, "created_at": tx.now, "updated_at": tx.now}])
+    assert _keys(app) == []
+
+
+def test_a_mysql_session_is_strict_whatever_the_servers_mode(app):
+    """Every MySQL-family connection sets the engine's sql_mode (``engines.MYSQL_SQL_MODE``):
+    strict, so that a value longer than its column is refused, never cut with a warning."""
+    if app.backend != "mysql":
+        pytest.skip("MySQL-family's sql_mode")
+    from ductwork.db.engines import MYSQL_SQL_MODE
+
+    with app.begin(readonly=True) as tx:
+        mode = tx.execute(sa.text("SELECT @@SESSION.sql_mode")).scalar_one()
+    assert set(mode.split(",")) == set(MYSQL_SQL_MODE.split(","))
