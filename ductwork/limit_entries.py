@@ -230,6 +230,8 @@ def parse_limit_entry(key: object, raw: object, path: str) -> LimitEntry:
             path, key, "limit keys must be non-blank strings (quote keys YAML reads as "
             "numbers, booleans or null)"
         )
+    if len(key) > MAX_KEY_CHARS:  # no step's key could match it: the key columns hold 255
+        raise ConfigError(path, key, f"a limit key has at most {MAX_KEY_CHARS} characters, this one {len(key)}")
     body = check_mapping(path, raw, _ENTRY_KEYS)
     concurrency = None
     if "concurrency" in body:
@@ -324,6 +326,10 @@ def parse_limit_config(raw: object, path: str = "job_worker.limits"
 def _parse_family(family: object, raw: Mapping[str, object], path: str) -> FamilyEntry:
     if not isinstance(family, str) or not family.strip() or "[" in family:
         raise ConfigError(path, family, "a key family must be a non-blank string without '['")
+    if len(family) > MAX_KEY_CHARS - len("[0]"):
+        raise ConfigError(path, family, f"a key family has at most {MAX_KEY_CHARS - len('[0]')} characters (its "
+                                        f"shortest partition key, family[0], fits {MAX_KEY_CHARS}), this one "
+                                        f"{len(family)}")
     body = check_mapping(path, raw, _FAMILY_KEYS)
     if "rate" in body:
         raise ConfigError(f"{path}.rate", body["rate"], "a rate over a whole family is not supported: put it "

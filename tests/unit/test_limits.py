@@ -315,6 +315,33 @@ def test_a_blank_key_is_refused_with_the_key_and_the_hint():
         " ", "limit keys must be non-blank strings (quote keys YAML reads as numbers, booleans or null)")
 
 
+@pytest.mark.parametrize("chars", [255, 256])
+def test_a_key_fits_the_255_characters_of_the_key_columns_or_is_refused(chars):
+    """A configured key longer than a stored key can be would match no step's key."""
+    key = "k" * chars
+    if chars == 255:
+        assert set(parse_limits({key: {"concurrency": 1}})) == {key}
+        return
+    with pytest.raises(ConfigError) as info:
+        parse_limits({key: {"concurrency": 1}})
+    assert (info.value.path, info.value.value, info.value.reason) == (
+        f"job_worker.limits.{key}", key, "a limit key has at most 255 characters, this one 256")
+
+
+@pytest.mark.parametrize("chars", [252, 253])
+def test_a_family_leaves_room_for_its_shortest_partition_key_or_is_refused(chars):
+    family = "f" * chars
+    raw = {family: {"per_partition": {"concurrency": 1}, "concurrency": 2}}
+    if chars == 252:
+        assert set(parse_limit_config(raw)[1]) == {family}
+        return
+    with pytest.raises(ConfigError) as info:
+        parse_limit_config(raw)
+    assert (info.value.value, info.value.reason) == (
+        family, "a key family has at most 252 characters (its shortest partition key, family[0], fits 255), "
+                "this one 253")
+
+
 def test_the_unreferenced_warning_text():
     limits = parse_limits({"old_api": {"concurrency": 1}})
     assert validate_references(limits, {}) == [
