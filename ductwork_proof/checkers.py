@@ -282,6 +282,8 @@ def _rate_label(rate: RateEntry) -> str:
 
 def check_inv_lim_2(history: History) -> list[str]:
     """INV-LIM-2: claims of a key in any interval of length T are at most B + L·T/P.
+    Across a partition's removals too (INV-LIM-9: its buckets come back empty, so a
+    removal that added tokens would put more claims in some window than the bound).
 
     Window bound, per key and kept rate entry (L per P s, burst B), all windows in one
     pass: with claim times t_1 ≤ … ≤ t_n (µs) and U = P·10⁶, the bound for every
