@@ -1,0 +1,369 @@
+"""Strings the engine compares, as each database compares them: trailing spaces and case.
+
+PostgreSQL and SQLite compare a ``VARCHAR`` as it is stored: ``'api'`` and ``'api '`` are two
+values, and so are ``'api'`` and ``'API'``. MySQL-family compares by the column's collation.
+Revision 0007 gave the columns holding limit keys, pipeline names and context keys the binary
+collation (``schema.ExactKey``, ``utf8mb4_bin``), so case and accents count there
+(``test_exact_names.py``); but ``utf8mb4_bin``, like the default ``utf8mb4_general_ci``, is a
+PAD SPACE collation on MariaDB 10.x (and MySQL's ``utf8mb4_bin`` too): a shorter value is
+padded with spaces before it is compared, so ``'api' = 'api '`` is true, a unique index or a
+primary key holds only one of them, and a look-up of either finds the other. Only trailing
+U+0020 spaces count: a tab or a space inside the value compares as on the other databases.
+The columns of the default collation (``processes.label``) also ignore case and accents.
+
+Each test states what PostgreSQL and SQLite do, which is what should happen on every
+database. Where MySQL-family does otherwise the test is a reproducer of a bug,
+``xfail(strict=True)`` on MySQL-family only (:func:`_fails_on_mysql_family`), naming it, so
+it flips when the bug is fixed. Where the engine keeps such values out before they reach a
+column (a trigger key with whitespace around it, a blank limit key) or renders them so that
+no trailing space is left (a partition's value, quoted in its key), the test shows that, on
+the three databases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from ductwork import DefinitionError, Pipeline, Step
+from ductwork.config import Config
+from ductwork.db import schema
+from ductwork.errors import ConfigError, OverwriteError, TriggerKeyError
+from ductwork.fleet.processes import heartbeat, register
+from ductwork.limits import claims
+from ductwork.pipelines.history import list_runs
+from ductwork.testing import drain
+from tests.conftest import TEST_CONFIG, installed, make_app
+from tests.workloads import Echo
+
+
+def _fails_on_mysql_family(request: pytest.FixtureRequest, bug: str) -> None:
+    """Mark this test ``xfail(strict=True)`` when it runs on MySQL-family: the bug ``bug``."""
+    if request.node.callspec.params.get("db_url") == "mysql":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"BUG: {bug}"))
+
+
+def _pipeline(name: str, define: Callable[[Any], object]) -> type[Pipeline]:
+    """A pipeline of this module named ``name`` (``module:name``), defined by ``define(p)``."""
+    return type(name, (Pipeline,), {"__module__": __name__, "define": classmethod(lambda _cls, p: define(p))})
+
+
+def _header_keys(app: Any) -> list[str]:
+    """The keys of ``ductwork_limit_keys``' rows (one per key: the key's lock), sorted."""
+    with app.begin(readonly=True) as tx:
+        return sorted(tx.execute(sa.select(schema.limit_keys.c.key)).scalars())
+
+
+# --------------------------------------------------------------------------- limit keys
+
+#: three static keys that differ only in trailing spaces
+SPACED_KEYS = ("acct", "acct ", "acct  ")
+SPACED_KEYED = [_pipeline(f"SpacedKey{i}", lambda p, key=key: p.start(Echo, limit_by=key))
+                for i, key in enumerate(SPACED_KEYS)]
+
+
+def test_static_limit_keys_that_differ_only_in_trailing_spaces_are_distinct_keys(db_url, request):
+    """Three static keys of concurrency 1 each, one run of each: all three are claimed at
+    once, each in its own key's count, with a header row each (the key's lock). On
+    MariaDB the three are one row of ``ductwork_limit_keys`` (its primary key; ``enqueue``'s
+    INSERT IGNORE drops the others without a word), so one lock, one in-flight count, one
+    set of buckets and one rate stamp for three keys with three configs: the first claim
+    fills all three and the other two runs wait (stricter than configured, never looser;
+    a key's refusals and ``ductwork status`` count the three as one)."""
+    _fails_on_mysql_family(request, "limit keys that differ only in trailing spaces are one key on MySQL-family "
+                                    "(utf8mb4_bin is PAD SPACE): one header row, lock, in-flight count and buckets")
+    limits = {key: {"concurrency": 1} for key in SPACED_KEYS}
+    for app in installed(make_app(db_url, job_worker={"limits": limits})):
+        for pipeline in SPACED_KEYED:
+            pipeline.trigger(0)
+        process = app.process_id()
+        claimed = [claims.claim(app, process) for _ in SPACED_KEYS]
+        assert {
+            "claimed": sorted(c.limit_key for c in claimed if c is not None),
+            "then": claims.claim(app, process),  # and each key is now full
+            "header rows": _header_keys(app),
+        } == {
+            "claimed": sorted(SPACED_KEYS),
+            "then": None,
+            "header rows": sorted(SPACED_KEYS),
+        }
+
+
+SPACED_FAMILY = _pipeline("SpacedFamily", lambda p: p.start(Echo, limit_by=("acct ", "value")))
+
+
+def test_a_family_whose_name_differs_from_a_static_keys_only_in_a_trailing_space_has_its_own_row(db_url, request):
+    """A static key ``acct`` and a family ``acct `` (per partition 1): a run of each is
+    claimed, and the header rows are the static key's, the family's own (its lock, taken
+    before a partition's, and the ``seq`` a forgotten partition leaves) and the partition's.
+    On MariaDB the family's row is the static key's: each partition's claim locks the
+    static key too, and a forgotten partition's ``seq`` is written into the static key's
+    row (``forget_partition``). No limit is broken: a shared lock, and numbers that only
+    grow."""
+    _fails_on_mysql_family(request, "a key family named as a static key plus a trailing space shares the static "
+                                    "key's header row on MySQL-family (utf8mb4_bin is PAD SPACE)")
+    limits = {"acct": {"concurrency": 1}, "acct ": {"per_partition": {"concurrency": 1}}}
+    for app in installed(make_app(db_url, job_worker={"limits": limits})):
+        SPACED_KEYED[0].trigger(0)
+        SPACED_FAMILY.trigger("x")
+        process = app.process_id()
+        claimed = [claims.claim(app, process) for _ in range(2)]
+        assert {
+            "claimed": sorted(c.limit_key for c in claimed if c is not None),
+            "header rows": _header_keys(app),
+        } == {
+            "claimed": ["acct", 'acct ["x"]'],
+            "header rows": ["acct", "acct ", 'acct ["x"]'],
+        }
+
+
+PARTITIONED = _pipeline("SpacedPartitions", lambda p: p.start(Echo, limit_by=("acct", "value")))
+
+
+def test_partition_values_that_differ_only_in_trailing_spaces_are_distinct_partitions(db_url):
+    """A partition's key is ``family[<JSON of the value>]``: a string value is quoted, so its
+    trailing spaces are inside the key (``acct["x "]``), which always ends with ``]``, and
+    PAD SPACE never meets them. ``x``, ``x `` and ``x  `` (per partition 1) are three
+    partitions, claimed at once, on the three databases."""
+    values = ("x", "x ", "x  ")
+    limits = {"acct": {"per_partition": {"concurrency": 1}}}
+    for app in installed(make_app(db_url, job_worker={"limits": limits})):
+        for value in values:
+            PARTITIONED.trigger(value)
+        process = app.process_id()
+        claimed = [claims.claim(app, process) for _ in values]
+        keys = sorted(f'acct["{value}"]' for value in values)
+        assert {
+            "claimed": sorted(c.limit_key for c in claimed if c is not None),
+            "then": claims.claim(app, process),
+            "header rows": _header_keys(app),
+        } == {"claimed": keys, "then": None, "header rows": sorted(["acct", *keys])}
+
+
+def test_a_blank_limit_key_is_refused_so_no_key_is_the_unkeyed_lane():
+    """The unkeyed lane is ``''`` (``pending_lane``, ``lanes.UNKEYED``); under PAD SPACE a key
+    of spaces would be equal to it, one lane on MariaDB and two elsewhere. The engine refuses
+    a blank key where it is written, before any database: ``limit_by=`` (DefinitionError) and
+    ``job_worker.limits`` (ConfigError), and a family's name too."""
+    with pytest.raises(DefinitionError, match="non-blank"):
+        _pipeline("BlankKey", lambda p: p.start(Echo, limit_by="  "))
+    with pytest.raises(DefinitionError, match="non-blank"):
+        _pipeline("BlankFamily", lambda p: p.start(Echo, limit_by=("  ", "value")))
+    for limits in ({"  ": {"concurrency": 1}}, {"  ": {"per_partition": {"concurrency": 1}}}):
+        with pytest.raises(ConfigError, match="non-blank"):
+            Config.from_section({**TEST_CONFIG, "job_worker": {**TEST_CONFIG.get("job_worker", {}), "limits": limits}},
+                                source="<tests>")
+
+
+# --------------------------------------------------------------------------- trigger keys and pipeline names
+
+ORDERS = _pipeline("SpacedOrders", lambda p: p.start(Echo))
+
+
+def test_a_trigger_key_with_whitespace_around_it_is_refused_on_every_database(db_url):
+    """``runs.trigger_key`` is compared exactly for case (revision 0005) but PAD SPACE on
+    MariaDB, so ``2026-12`` and ``2026-12 `` would be one key there and two elsewhere.
+    ``trigger.check_key`` refuses whitespace around a key (TriggerKeyError) before anything
+    is written, on the three databases; the key without it triggers as usual."""
+    for app in installed(make_app(db_url)):
+        for key in ("2026-12 ", " 2026-12", "2026-12\t", "2026-12\xa0"):
+            with pytest.raises(TriggerKeyError, match="whitespace around it"):
+                ORDERS.trigger(1, key=key)
+        with app.begin(readonly=True) as tx:
+            assert tx.execute(sa.select(sa.func.count()).select_from(schema.runs)).scalar_one() == 0
+        run = ORDERS.trigger(1, key="2026-12")
+        assert ORDERS.trigger(1, key="2026-12").id == run.id
+
+
+#: two pipelines whose names (``module:qualname``) differ only in a trailing space: a class
+#: made by a factory (``type()``), or given a ``__qualname__``; no ``class`` statement makes one
+SPACED_PIPELINES = [_pipeline(name, lambda p: p.start(Echo)) for name in ("Ledger", "Ledger ")]
+
+
+def test_pipelines_whose_names_differ_only_in_a_trailing_space_keep_their_own_trigger_keys(db_url, request):
+    """One trigger key, two pipelines named ``…:Ledger`` and ``…:Ledger ``: two runs, one of
+    each (``uq_run_trigger_key`` is per pipeline name), and ``list_runs`` (``ductwork runs
+    --pipeline``) of each name lists its own. On MariaDB the second trigger finds the first
+    pipeline's run by the key (``pipeline_klass = 'm:Ledger '`` matches ``m:Ledger``) and
+    returns it: a run of another pipeline, and the second pipeline never runs."""
+    _fails_on_mysql_family(request, "pipeline names that differ only in trailing spaces share trigger keys on "
+                                    "MySQL-family (utf8mb4_bin is PAD SPACE)")
+    for app in installed(make_app(db_url)):
+        first, second = (pipeline.trigger(1, key="2026-12") for pipeline in SPACED_PIPELINES)
+        names = [f"{__name__}:{pipeline.__qualname__}" for pipeline in SPACED_PIPELINES]
+        assert {
+            "pipelines of the runs": [first.refresh().pipeline, second.refresh().pipeline],
+            "runs listed per name": [[r.id for r in list_runs(app, pipeline=name)] for name in names],
+        } == {
+            "pipelines of the runs": names,
+            "runs listed per name": [[first.id], [second.id]],
+        }
+
+
+# --------------------------------------------------------------------------- context keys
+
+
+class Totals(Step):
+    """Sets context keys that differ only in a trailing space, and reads them back."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def execute(self):
+        ctx = self.context
+        ctx.set("total", 1)
+        before = ctx.get("total ")  # not set yet
+        ctx.set("total ", 2, overwrite=True)
+        ctx.set("count", 1)
+        try:
+            ctx.set("count ", 2)
+            second = "set"
+        except OverwriteError:
+            second = "refused as set already"
+        return {"'total ' before it is set": before, "total": ctx.get("total"), "total ": ctx.get("total "),
+                "count ": second, "count": ctx.get("count")}
+
+
+SPACED_CONTEXT = _pipeline("SpacedContext", lambda p: p.start(Totals))
+
+
+def test_context_keys_that_differ_only_in_a_trailing_space_are_two_keys(db_url, request):
+    """``total`` and ``total `` are two keys of a run: the second is unset until it is set,
+    setting it leaves the first's value, and ``count `` can be set beside ``count``. On
+    MariaDB they are one key (``uq_context_run_key``): ``get('total ')`` reads ``total``'s
+    value, ``set('total ', overwrite=True)`` silently replaces ``total``'s value, and
+    ``set('count ')`` raises ``OverwriteError``."""
+    _fails_on_mysql_family(request, "context keys that differ only in trailing spaces are one key on MySQL-family "
+                                    "(utf8mb4_bin is PAD SPACE): a read or an overwrite of one is the other's")
+    for app in installed(make_app(db_url)):
+        run = SPACED_CONTEXT.trigger(1)
+        drain(app)
+        assert (run.refresh().status, run.steps()[-1].output) == ("completed", {
+            "'total ' before it is set": None, "total": 1, "total ": 2, "count ": "set", "count": 1})
+
+
+# --------------------------------------------------------------------------- process labels
+
+
+def test_process_labels_that_differ_only_in_case_or_trailing_spaces_are_two_processes(db_url, request):
+    """Several process identities may live in one OS process (embedded use; ``register``'s
+    ``label``): ``worker``, ``Worker`` and ``worker `` registered in this process are three
+    rows, each alive (its heartbeat lands), and the first keeps the execution it claimed.
+    ``ductwork_processes.label`` has the table's default collation, which on MariaDB
+    ignores case, accents and trailing spaces: ``register`` looks for a previous incarnation
+    of this pid by label (``label = 'Worker'`` finds ``worker``), takes the live ``worker``
+    for a dead one and reaps it, recovering its claim as crashed while it runs."""
+    _fails_on_mysql_family(request, "process labels are compared by the default collation on MySQL-family (case-"
+                                    "insensitive, PAD SPACE): registering 'Worker' reaps the live 'worker' of the "
+                                    "same OS process")
+    for app in installed(make_app(db_url)):
+        ORDERS.trigger(1)
+        labels = ("worker", "Worker", "worker ")
+        first = register(app, role="job_worker", label=labels[0])
+        held = claims.claim(app, first)
+        assert held is not None
+        others = [register(app, role="job_worker", label=label) for label in labels[1:]]
+        p, e = schema.processes, schema.executions
+        with app.begin(readonly=True) as tx:
+            rows = sorted(tx.execute(sa.select(p.c.label).where(p.c.role == "job_worker")).scalars())
+            holder = tx.execute(sa.select(e.c.process_id, e.c.completed_at)
+                                .where(e.c.id == held.execution_id)).one()
+        assert {
+            "rows": rows,
+            "alive": [heartbeat(app, process) for process in (first, *others)],
+            "claim": (holder.process_id, holder.completed_at),
+        } == {
+            "rows": sorted(labels),
+            "alive": [True, True, True],
+            "claim": (first, None),
+        }
+
+
+# --------------------------------------------------------------------------- every string column
+
+ENGINE = "engine"  # values only the engine writes (tests/unit/test_column_widths.py holds them): one spelling each
+SHOWN = "shown"  # a user's value, stored and shown, never compared by a statement
+EXACT = "exact"  # schema.ExactKey: utf8mb4_bin on MySQL-family, so case and accents count; trailing spaces do not
+DEFAULT = "default"  # the table's default collation on MySQL-family: case, accents and trailing spaces do not count
+
+#: Each string column but the ids (``schema.Id``: UUIDv7 text that ``db/ids.py`` makes), how
+#: MySQL-family compares it and what keeps that from differing from PostgreSQL and SQLite:
+#: an engine-made value, a value never compared, a check that keeps trailing spaces out, or
+#: the test above that reproduces what happens.
+COLUMNS = {
+    "ductwork_processes.role": (ENGINE, "ROLES"),
+    "ductwork_processes.machine_identifier": (DEFAULT, "host/machine-id/boot:pid-namespace (db.hosts): compared to "
+                                                       "this process's own; only a host name can differ only in "
+                                                       "case (as DNS names do), and a row without the machine id "
+                                                       "and namespace proves no death (reaper.proven_dead), but "
+                                                       "register's look-up of the same pid and label: not reproduced"),
+    "ductwork_processes.label": (DEFAULT, "--label, register(label=): compared by register's look-up and "
+                                          "uq_process_host_pid_label; test_process_labels_that_differ_only_in_case_"
+                                          "or_trailing_spaces_are_two_processes"),
+    "ductwork_runs.pipeline_klass": (EXACT, "the class's module:qualname, compared with trigger keys (uq_run_trigger_"
+                                            "key) and by list_runs; test_pipelines_whose_names_differ_only_in_a_"
+                                            "trailing_space_keep_their_own_trigger_keys"),
+    "ductwork_runs.definition_sha1": (ENGINE, "a SHA-1 in hex"),
+    "ductwork_runs.status": (ENGINE, "RunStatus; list_runs refuses any other (RunFilterError)"),
+    "ductwork_runs.trigger_key": (EXACT, "no whitespace around it (trigger.check_key); test_a_trigger_key_with_"
+                                         "whitespace_around_it_is_refused_on_every_database"),
+    "ductwork_branches.status": (ENGINE, "BRANCH_STATUSES"),
+    "ductwork_branches.halt_reason": (ENGINE, "HALT_REASONS"),
+    "ductwork_steps.node": (ENGINE, "<ClassName>#<i>, <i> its own in the definition: no two nodes of a run differ "
+                                    "only in case or trailing spaces (uq_step_branch_node, the fan-in's IN)"),
+    "ductwork_steps.klass": (SHOWN, "a step class's module:qualname"),
+    "ductwork_steps.to_transition": (ENGINE, "EDGE_TYPES"),
+    "ductwork_steps.status": (ENGINE, "StepStatus"),
+    "ductwork_steps.limit_key": (EXACT, "a static limit_by= or a partition's key; test_static_limit_keys_that_differ_"
+                                        "only_in_trailing_spaces_are_distinct_keys, test_partition_values_that_"
+                                        "differ_only_in_trailing_spaces_are_distinct_partitions"),
+    "ductwork_executions.outcome": (ENGINE, "OUTCOMES"),
+    "ductwork_executions.error_klass": (SHOWN, "the class a step raised; the advancer's NOT IN CRASH_CLASSES reads "
+                                               "ductwork_advancements.error_klass only"),
+    "ductwork_executions.error_message": (SHOWN, "the error's text"),
+    "ductwork_executions.limit_key": (EXACT, "the step's limit_key"),
+    "ductwork_executions.pending_lane": (EXACT, "the execution's limit_key, or '' (the unkeyed lane): a blank key "
+                                                "is refused, test_a_blank_limit_key_is_refused_so_no_key_is_the_"
+                                                "unkeyed_lane"),
+    "ductwork_executions.inflight_key": (EXACT, "the execution's limit_key"),
+    "ductwork_advancements.error_klass": (ENGINE, "the class a transition raised: the engine's, SQLAlchemy's and the "
+                                                  "standard library's (compared NOT IN CRASH_CLASSES)"),
+    "ductwork_advancements.error_message": (SHOWN, "the error's text"),
+    "ductwork_context.key": (EXACT, "Context.set/get's key; test_context_keys_that_differ_only_in_a_trailing_space_"
+                                    "are_two_keys"),
+    "ductwork_limit_keys.key": (EXACT, "a step's limit_key or a partition's family; test_a_family_whose_name_differs_"
+                                       "from_a_static_keys_only_in_a_trailing_space_has_its_own_row"),
+    "ductwork_limit_keys.config_digest": (ENGINE, "limit_entries.entry_digest: hex"),
+    "ductwork_limit_buckets.key": (EXACT, "a key that has a ductwork_limit_keys row"),
+    "ductwork_key_refusals.key": (EXACT, "a key that has a ductwork_limit_keys row"),
+    "ductwork_key_refusals.reason": (ENGINE, "limits.plan.Refused"),
+    "ductwork_halt_hooks.klass": (SHOWN, "the on_halt handler's module:qualname"),
+    "ductwork_halt_hooks.status": (ENGINE, "HOOK_STATUSES"),
+    "ductwork_halt_hooks.last_outcome": (ENGINE, "OUTCOMES"),
+    "ductwork_halt_hooks.error_klass": (SHOWN, "the class a handler raised"),
+    "ductwork_halt_hooks.error_message": (SHOWN, "the error's text"),
+}
+
+
+def test_every_string_column_says_how_mysql_family_compares_it():
+    """Every bounded string column of ``schema.py`` but the ids has a row in ``COLUMNS``; a
+    row says ``exact`` exactly when the column has a collation of its own on MySQL-family
+    (``schema.ExactKey``), and each test a row names is one of this module's. A new string
+    column fails here until it says how its values compare."""
+    import re
+
+    from sqlalchemy.dialects import mysql
+
+    strings = {f"{table.name}.{column.name}": column for table in schema.metadata.tables.values()
+               for column in table.columns
+               if isinstance(column.type, sa.String) and not isinstance(column.type, sa.Text)}
+    ids = {name for name, column in strings.items() if column.type is schema.Id}
+    assert sorted(set(strings) - ids - set(COLUMNS)) == []
+    assert sorted(set(COLUMNS) - set(strings)) == []  # no row for a column that is gone, or an id
+    collated = {name for name, column in strings.items() if "COLLATE" in column.type.compile(dialect=mysql.dialect())}
+    assert sorted(collated ^ {name for name, (kind, _) in COLUMNS.items() if kind == EXACT}) == []
+    named = {test for _, note in COLUMNS.values() for test in re.findall(r"\btest_\w+", note)}
+    assert sorted(named - set(globals())) == []
