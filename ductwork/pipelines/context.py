@@ -51,6 +51,9 @@ class Context:
             raise InputError(f"Context key must be a non-empty str, got {key!r}")
         if len(key) > 255:
             raise InputError(f"Context key is longer than 255 characters: {key[:40]!r}…")
+        if "\x00" in key or key != key.strip():  # as a trigger key (trigger.check_key): the
+            # same on every database (PostgreSQL holds no NUL; MySQL ignores trailing spaces)
+            raise InputError(f"Context key has whitespace around it or a NUL character: {key!r}")
         return key
 
     def get(self, key: str) -> Json:

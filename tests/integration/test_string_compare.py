@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from ductwork import DefinitionError, Pipeline, Step
 from ductwork.config import Config
 from ductwork.db import schema
-from ductwork.errors import ConfigError, OverwriteError, TriggerKeyError
+from ductwork.errors import ConfigError, InputError, TriggerKeyError
 from ductwork.fleet.processes import heartbeat, register
 from ductwork.limits import claims
 from ductwork.pipelines.history import list_runs
@@ -207,42 +207,42 @@ def test_pipelines_whose_names_differ_only_in_a_trailing_space_keep_their_own_tr
 
 
 class Totals(Step):
-    """Sets context keys that differ only in a trailing space, and reads them back."""
+    """Sets context keys with whitespace around them or a NUL, each refused, then one without."""
 
     def __init__(self, n):
         self.n = n
 
     def execute(self):
-        ctx = self.context
-        ctx.set("total", 1)
-        before = ctx.get("total ")  # not set yet
-        ctx.set("total ", 2, overwrite=True)
-        ctx.set("count", 1)
-        try:
-            ctx.set("count ", 2)
-            second = "set"
-        except OverwriteError:
-            second = "refused as set already"
-        return {"'total ' before it is set": before, "total": ctx.get("total"), "total ": ctx.get("total "),
-                "count ": second, "count": ctx.get("count")}
+        refused = []
+        for key in ("total ", " total", "total\t", "total\xa0", "to\x00tal"):
+            try:
+                self.context.set(key, 2)
+            except InputError as error:
+                refused.append(str(error))
+            try:
+                self.context.get(key)
+            except InputError:
+                refused.append("get")
+        self.context.set("total", 1)
+        return {"refused": len(refused), "total": self.context.get("total"),
+                "says": refused[0]}
 
 
 SPACED_CONTEXT = _pipeline("SpacedContext", lambda p: p.start(Totals))
 
 
-def test_context_keys_that_differ_only_in_a_trailing_space_are_two_keys(db_url, request):
-    """``total`` and ``total `` are two keys of a run: the second is unset until it is set,
-    setting it leaves the first's value, and ``count `` can be set beside ``count``. On
-    MariaDB they are one key (``uq_context_run_key``): ``get('total ')`` reads ``total``'s
-    value, ``set('total ', overwrite=True)`` silently replaces ``total``'s value, and
-    ``set('count ')`` raises ``OverwriteError``."""
-    _fails_on_mysql_family(request, "context keys that differ only in trailing spaces are one key on MySQL-family "
-                                    "(utf8mb4_bin is PAD SPACE): a read or an overwrite of one is the other's")
+def test_a_context_key_with_whitespace_around_it_or_a_nul_is_refused_on_every_database(db_url):
+    """``context.key`` is PAD SPACE on MariaDB (``utf8mb4_bin``): ``total`` and ``total `` would
+    be one key there (``get('total ')`` reading ``total``'s value, ``set('total ',
+    overwrite=True)`` silently replacing it) and two elsewhere; PostgreSQL's text holds no
+    NUL. So ``Context.get`` and ``set`` refuse such a key (InputError naming it), as
+    ``trigger.check_key`` refuses a trigger key, on the three databases."""
     for app in installed(make_app(db_url)):
         run = SPACED_CONTEXT.trigger(1)
         drain(app)
         assert (run.refresh().status, run.steps()[-1].output) == ("completed", {
-            "'total ' before it is set": None, "total": 1, "total ": 2, "count ": "set", "count": 1})
+            "refused": 10, "total": 1,
+            "says": "Context key has whitespace around it or a NUL character: 'total '"})
 
 
 # --------------------------------------------------------------------------- process labels
@@ -332,8 +332,9 @@ COLUMNS = {
     "ductwork_advancements.error_klass": (ENGINE, "the class a transition raised: the engine's, SQLAlchemy's and the "
                                                   "standard library's (compared NOT IN CRASH_CLASSES)"),
     "ductwork_advancements.error_message": (SHOWN, "the error's text"),
-    "ductwork_context.key": (EXACT, "Context.set/get's key; test_context_keys_that_differ_only_in_a_trailing_space_"
-                                    "are_two_keys"),
+    "ductwork_context.key": (EXACT, "Context.set/get's key, refused with whitespace around it or a NUL; "
+                                    "test_a_context_key_with_whitespace_around_it_or_a_nul_is_refused_on_every_"
+                                    "database"),
     "ductwork_limit_keys.key": (EXACT, "a step's limit_key or a partition's family; test_a_family_whose_name_differs_"
                                        "from_a_static_keys_only_in_a_trailing_space_has_its_own_row"),
     "ductwork_limit_keys.config_digest": (ENGINE, "limit_entries.entry_digest: hex"),
