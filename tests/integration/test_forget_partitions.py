@@ -193,6 +193,20 @@ def test_the_sweep_reads_a_bounded_batch_and_goes_on_where_it_stopped(fam_app, c
     assert "forgot 3 idle partitions: fam[2], fam[3], fam[4]" in caplog.text
 
 
+def test_a_sweep_of_one_row_a_batch_goes_on_past_a_row_it_does_not_forget(fam_app):
+    """The next batch starts after the last row read, not at it: with a batch of one row
+    (``supervisor.forget_batch: 1``) and the family's own row first, a sweep that started
+    at that row again would read it for ever and forget nothing."""
+    run_id, branch_id = make_run(fam_app)
+    process = register(fam_app, role="test", label="w")
+    make_executions(fam_app, run_id, branch_id, "fam[0]", T0, 1)
+    claim_and_complete(fam_app, process, "fam[0]")
+    fam_app.clock.advance(seconds=3600)
+    first = forget_idle_partitions(fam_app, limit=1)  # the family's row: never forgotten
+    second = forget_idle_partitions(fam_app, after=first[1], limit=1)
+    assert (first, second) == (([], "fam"), (["fam[0]"], "fam[0]"))
+
+
 def test_a_new_partition_numbers_on_from_its_familys_seq(fam_app, history):
     """The family's row keeps the highest seq any forgotten partition used: a partition
     never seen before starts above it too (any start above its own past is sound)."""
