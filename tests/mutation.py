@@ -180,7 +180,10 @@ EQUIVALENT: dict[str, str] = {
        "(two keys rendering alike raised before), so keys and nodes are as long" for n in (20, 23, 24)},
     **{f"ductwork.pipelines.definition.xǁ_Graphǁadd_nodes__mutmut_{n}":
        "zip strict=None, False or left out: `partitions` gets one entry per class in the loop "
-       "before, so the two are as long" for n in (67, 70, 71)},
+       "before, so the two are as long" for n in (77, 80, 81)},
+    "ductwork.pipelines.definition.xǁ_Graphǁlimit_option__mutmut_36":
+        "check_name's default limit for MAX_KEY_CHARS: NAME_LIMIT and MAX_KEY_CHARS are both 255 "
+        "(tests/unit/test_column_widths.py holds each to its columns, which are both 255 wide)",
     "ductwork.pipelines.definition.xǁ_Graphǁ__init____mutmut_8":
         "`frozen = None` for False: it is only tested for truth",
     "ductwork.pipelines.definition.xǁPipelineBuilderǁ__init____mutmut_10":

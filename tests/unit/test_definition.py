@@ -1250,3 +1250,12 @@ def test_a_node_name_fits_the_255_characters_a_run_stores_or_is_refused():
     chain = lambda p: functools.reduce(lambda b, _: b.chain(to=A), range(9), p.start(A)).chain(to=klass)  # noqa: E731
     with pytest.raises(DefinitionError, match=r"^P\.chain: the node name has 256 characters, more than the 255 "):
         build(chain)
+
+
+def test_each_of_a_transitions_classes_has_its_own_node_name_checked():
+    """A divide's second class is node ``#<n + 1>``: its name is checked with that index,
+    whose digits may be one more than the first's (``#9`` then ``#10``)."""
+    klass = _named("X" * (255 - len("#10") + 1), module="m")  # "X…#10" is 256 characters, "X…#9" 255
+    chain = lambda p: functools.reduce(lambda b, _: b.chain(to=A), range(8), p.start(A))  # noqa: E731 - #0..#8
+    with pytest.raises(DefinitionError, match=r"^P\.divide: the node name has 256 characters"):
+        build(lambda p: chain(p).divide(to=[A, klass]))
