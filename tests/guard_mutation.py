@@ -114,6 +114,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                            f"{_I}test_halt_hooks.py"),  # (steps' rows, INV-ADV-1; latest_step: a halt's node)
     "pipelines/trigger.py": (f"{_I}test_triggers.py", f"{_I}test_time_predicates.py", f"{_I}test_async_client.py",
                              f"{_I}test_exact_names.py"),  # (keyed and transactional triggers, INV-TRG-1/2)
+    "fleet/processes.py": (f"{_I}test_process_rows.py", f"{_I}test_time_predicates.py",
+                           f"{_I}test_same_host_recovery.py"),  # (registration, heartbeat, other supervisors)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")

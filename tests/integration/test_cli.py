@@ -324,34 +324,6 @@ def test_the_cli_imports_pipelines_from_the_current_directory(tmp_path, sqlite_u
     assert done.stdout.startswith("ok: 1 pipelines")
 
 
-def test_only_live_supervisors_on_this_host_are_found(app):
-    import os
-    from datetime import timedelta
-
-    from ductwork.db import schema
-    from ductwork.fleet.processes import register, same_host_warning, supervisors_on_this_host
-
-    exited = subprocess.Popen([sys.executable, "-c", "pass"])
-    exited.wait()
-    alive = os.getppid()
-    live = register(app, role="supervisor", label="live", pid=alive)
-    register(app, role="supervisor", label="mine", pid=os.getpid())
-    register(app, role="supervisor", label="exited", pid=exited.pid)
-    register(app, role="job_worker", label="live.worker.0", pid=alive)
-    stale = register(app, role="supervisor", label="stale", pid=alive)
-    elsewhere = register(app, role="supervisor", label="elsewhere", pid=alive)
-    p = schema.processes
-    with app.begin() as tx:
-        old = tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout + 1)
-        tx.execute(p.update().where(p.c.id == stale).values(last_heartbeat_at=old))
-        tx.execute(p.update().where(p.c.id == elsewhere).values(machine_identifier="another-host/0f0f"))
-    (found,) = supervisors_on_this_host(app)
-    assert (found.id, found.pid) == (live, alive)
-    warning = same_host_warning(found)
-    assert f"pid {alive}, label 'live'" in warning
-    assert "share the work" in warning
-
-
 def test_a_second_start_on_one_host_warns_and_still_starts(tmp_path, sqlite_url):
     import sqlalchemy as sa
 

@@ -7,8 +7,9 @@ runner's reconciliation the same against its grace, the reaper a process's
 a trigger key window its holder's finish time, a claim an execution's ``eligible_at``
 and a hook claim the hook's. The advisory predicates are tabled the same way: a
 trigger's count of other live job workers and ``ductwork start``'s warning of another
-supervisor on this host (a heartbeat), a supervisor's judgement of its child's lease (its
-last heartbeat) and an idle worker's wait (an eligible time to come, a key's rate stamp).
+supervisor on this host (a heartbeat, judged at its instant as the reaper judges it), a
+supervisor's judgement of its child's lease (its last heartbeat) and an idle worker's wait
+(an eligible time to come, a key's rate stamp).
 Tests whose rows were all written at one moment cannot tell that column from another
 (the trigger time, the creation time, the last update). Here each test writes two rows
 on a ManualClock (STYLE §7, no sleeping): one young by the measured column and old by
@@ -257,6 +258,24 @@ def test_another_supervisor_on_this_host_is_one_whose_heartbeat_is_fresh(manual_
     beating = _process(app, "beating", beating=True, role="supervisor", pid=os.getppid())
     _process(app, "silent", beating=False, role="supervisor", pid=os.getppid())
     assert [row.id for row in supervisors_on_this_host(app)] == [beating]
+
+
+def test_a_heartbeat_exactly_reaper_timeout_old_is_alive_to_neither_count(manual_app):
+    """Both advisory counts judge a heartbeat as the reaper does (it reaps one exactly
+    ``reaper_timeout`` old, ``test_each_recovery_threshold_includes_its_instant``): a job
+    worker and a supervisor that heartbeat exactly ``reaper_timeout`` ago are neither
+    another live job worker nor another supervisor on this host; one microsecond later
+    (younger), each is."""
+    app = manual_app
+    now, timeout = app.clock.now(), timedelta(seconds=app.config.supervisor.reaper_timeout)
+    worker = _process(app, "worker", beating=True, role="job_worker", pid=NO_SUCH_PIDS[0])
+    supervisor = _process(app, "supervisor", beating=True, role="supervisor", pid=os.getppid())
+    for process_id in (worker, supervisor):
+        _set(app, schema.processes, process_id, last_heartbeat_at=now - timeout)
+    assert (other_job_workers(app), supervisors_on_this_host(app)) == (0, [])
+    for process_id in (worker, supervisor):
+        _set(app, schema.processes, process_id, last_heartbeat_at=now - timeout + timedelta(microseconds=1))
+    assert (other_job_workers(app), [row.id for row in supervisors_on_this_host(app)]) == (1, [supervisor])
 
 
 def test_a_supervisor_judges_its_childs_lease_from_its_last_heartbeat(manual_app):
