@@ -116,6 +116,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                              f"{_I}test_exact_names.py"),  # (keyed and transactional triggers, INV-TRG-1/2)
     "fleet/processes.py": (f"{_I}test_process_rows.py", f"{_I}test_time_predicates.py",
                            f"{_I}test_same_host_recovery.py"),  # (registration, heartbeat, other supervisors)
+    "db/hosts.py": (f"{_I}test_process_rows.py", f"{_I}test_same_host_recovery.py",
+                    f"{_I}test_time_predicates.py"),  # (a proof of death, this OS process's rows, other workers)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")

@@ -4,8 +4,10 @@ tick, not after ``reaper_timeout``, and never on a guess.
 Checks: INV-EXE-1 (a dead host's work is re-run: by the supervisor that replaced it on
 the same machine, as soon as it proves the old processes gone), INV-EXE-5 (the proof is
 by machine, boot, pid namespace, pid and start time: a reused pid, or a live process of
-another pid namespace with the same pid and host name, is never taken for a dead one;
-what a dead runner's steps started is killed before its claims move on), INV-LIM-3 (the
+another pid namespace with the same pid and host name, is never taken for a dead one,
+nor is a process whose first thread exited while another runs, and a process that cannot
+read its own namespace's ``/proc`` names no namespace, so proves nothing; what a dead
+runner's steps started is killed before its claims move on), INV-LIM-3 (the
 key's slots come back).
 
 Linux only, as the proof is (``/proc``); elsewhere a row waits for ``reaper_timeout``.
@@ -14,6 +16,7 @@ Linux only, as the proof is (``/proc``); elsewhere a row waits for ``reaper_time
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -165,6 +168,61 @@ def test_a_zombie_is_dead_and_a_row_without_a_start_time_is_in_doubt():
         assert not proven_dead(f"another-host/{machine_identifier()}", zombie.pid, start)
     finally:
         zombie.wait(10)
+
+
+#: the thread-exit system call (exit, not exit_group: the other threads run on), per machine
+SYS_EXIT = {"x86_64": 60, "aarch64": 93}
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_process_whose_first_thread_exited_while_another_runs_is_alive_until_that_one_ends():
+    """A leader thread that exits while another thread of its process runs leaves a zombie
+    leader (state Z) over a process that still runs code: not dead (``hosts._all_tasks_dead``:
+    every thread must be a zombie); once the last thread ends, it is."""
+    if platform.machine() not in SYS_EXIT:
+        pytest.skip(f"no thread-exit system call number known for {platform.machine()}")
+    script = textwrap.dedent(f"""
+        import ctypes, sys, threading
+        threading.Thread(target=sys.stdin.read).start()  # runs until stdin closes
+        print("started", flush=True)
+        ctypes.CDLL(None).syscall({SYS_EXIT[platform.machine()]}, 0)  # the first thread alone exits
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "started\n"
+        start = os_start_ticks(proc.pid)
+        wait_for(lambda: _state(proc.pid) == "Z", "the first thread exited")
+        assert len(os.listdir(f"/proc/{proc.pid}/task")) == 2
+        assert not proven_dead(machine_identifier(), proc.pid, start)
+        proc.stdin.close()
+        wait_for(lambda: proven_dead(machine_identifier(), proc.pid, start), "the last thread ended: dead")
+    finally:
+        if not proc.stdin.closed:
+            proc.stdin.close()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+def test_a_process_whose_proc_is_of_another_pid_namespace_names_none():
+    """A process in a pid namespace of its own that sees its parent namespace's ``/proc``
+    (``unshare --pid`` without ``--mount-proc``) cannot read its own processes there: its
+    pid namespace is "" (``hosts.pid_namespace``), so its machine identifier names none and
+    the rows it writes never prove a death."""
+    if shutil.which("unshare") is None:
+        skip_or_fail("no unshare(1) to start a process in its own pid namespace", REQUIRE_PID_NAMESPACES)
+    script = ("import os; from ductwork.db.hosts import machine_identifier, pid_namespace; "
+              "print(os.getpid(), repr(pid_namespace()), machine_identifier())")
+    done = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=60, check=False)
+    if "Operation not permitted" in done.stderr:
+        skip_or_fail(f"unshare --pid is not permitted here: {done.stderr.strip()}", REQUIRE_PID_NAMESPACES)
+    assert done.returncode == 0, done.stderr
+    pid, namespace, identifier = done.stdout.split()
+    assert (pid, namespace) == ("1", "''")  # the first process of its namespace, which it cannot tell
+    assert identifier == machine_identifier().rsplit("/", 1)[0]  # the host and machine id: no namespace
 
 
 @pytest.mark.usefixtures("app")  # the default app the trigger uses, tables emptied
