@@ -181,6 +181,11 @@ EQUIVALENT: dict[str, str] = {
     **{f"ductwork.pipelines.definition.xǁ_Graphǁadd_nodes__mutmut_{n}":
        "zip strict=None, False or left out: `partitions` gets one entry per class in the loop "
        "before, so the two are as long" for n in (77, 80, 81)},
+    "ductwork.limits.plan.x__keyed__mutmut_22":
+        "carry_over(entry, buckets) also when the key's digest is the entry's: a key's buckets are "
+        "written under its digest, and a re-base drops every period its entry does not keep in the "
+        "transaction that writes the new digest, so with the digests equal every stored period is "
+        "the entry's and carry_over keeps each bucket as it is",
     "ductwork.pipelines.definition.xǁ_Graphǁlimit_option__mutmut_36":
         "check_name's default limit for MAX_KEY_CHARS: NAME_LIMIT and MAX_KEY_CHARS are both 255 "
         "(tests/unit/test_column_widths.py holds each to its columns, which are both 255 wide)",

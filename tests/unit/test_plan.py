@@ -9,6 +9,7 @@ that ``take`` polls made one after another would make, each on what the previous
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 
 from hypothesis import given
@@ -186,3 +187,30 @@ def test_every_refusal_reason_fits_the_column_the_workers_count_it_in():
     width = schema.key_refusals.c.reason.type.length
     assert {reason: len(reason) for reason in get_args(Refused) if len(reason) > width} == {}
     assert "family_concurrency" in get_args(Refused)
+
+
+#: a partition's entry (its family's ``per_partition``): concurrency 5, no rate
+P5 = LimitEntry('f["a"]', concurrency=5, rates=())
+
+
+def _in_family(family_in_flight: int, **kwargs) -> LaneState:
+    return dataclasses.replace(_state(P5, **kwargs), family_in_flight=family_in_flight)
+
+
+def test_a_familys_ceiling_refuses_a_poll_first_and_says_nothing_to_a_hand_off():
+    """[INV-LIM-8] a partition with room of its own, its family at its ceiling of 3: a poll
+    is refused ``family_concurrency`` and writes nothing, a hand-off claims nothing; one
+    below the ceiling, each claims one."""
+    full, room = _in_family(3), _in_family(2)
+    assert plan(full, Request('f["a"]', P5, take=1, poll=True, family_ceiling=3)) == Plan(refused="family_concurrency")
+    assert plan(full, Request('f["a"]', P5, take=1, poll=False, family_ceiling=3)) == NOTHING
+    for poll in (True, False):
+        claimed = plan(room, Request('f["a"]', P5, take=1, poll=poll, family_ceiling=3))
+        assert (claimed.claims, claimed.refused) == (("e0",), None)
+
+
+def test_a_batch_ends_where_its_family_reaches_the_ceiling():
+    """One of the family's 3 in flight elsewhere and a partition of concurrency 5: a batch
+    of 3 claims 2, the ceiling; without a ceiling, all 3."""
+    assert plan(_in_family(1), Request('f["a"]', P5, take=3, poll=True, family_ceiling=3)).claims == ("e0", "e1")
+    assert plan(_in_family(0), Request('f["a"]', P5, take=3, poll=True)).claims == ("e0", "e1", "e2")
