@@ -8,6 +8,7 @@ bad period, unreferenced entry warns; dominated entries dropped).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from ductwork.errors import (
 from ductwork.limit_entries import (
     INT64_MAX,
     MAX_PERIOD_S,
+    FamilyEntry,
     LimitEntry,
     RateEntry,
     check_int,
@@ -34,6 +36,7 @@ from ductwork.limit_entries import (
     parse_limit_config,
     parse_limit_entry,
     parse_limits,
+    partition_key,
     validate_references,
 )
 
@@ -187,6 +190,60 @@ def test_a_configured_family_nobody_partitions_by_only_warns_in_key_order():
         "limit_by=('vendor_api', …); remove the entry once keyed work has drained"]
 
 
+def test_a_family_entry_parses_to_its_partitions_entry_and_its_ceiling():
+    """docs/limits.md's worked example, beside a family with no ceiling of its own and a
+    static key: each kept in config order, the partitions' entry parsed as a static key's
+    (default burst: one second's worth), a family ceiling of 1 accepted."""
+    assert parse_limit_config({
+        "vendor_api": {"per_partition": {"concurrency": 2, "rate": {"limit": 10, "per": "1s"}}, "concurrency": 1},
+        "report_export": {"concurrency": 2},
+        "mail": {"per_partition": {"rate": {"limit": 5, "per": "1m"}}},
+    }) == ({"report_export": LimitEntry("report_export", 2, ())},
+           {"vendor_api": FamilyEntry("vendor_api", LimitEntry("vendor_api", 2, (RateEntry(10, 1, 10),)), 1),
+            "mail": FamilyEntry("mail", LimitEntry("mail", None, (RateEntry(5, 60, 1),)), None)})
+
+
+ONE = {"concurrency": 1}
+FAMILY_V = {"per_partition": ONE}
+
+
+@pytest.mark.parametrize(("raw", "path", "value", "reason"), [
+    ({"v[": FAMILY_V}, "job_worker.limits.v[", "v[", "a key family must be a non-blank string without '['"),
+    ({" ": FAMILY_V}, "job_worker.limits[' ']", " ", "a key family must be a non-blank string without '['"),
+    ({7: FAMILY_V}, "job_worker.limits[7]", 7, "a key family must be a non-blank string without '['"),
+    ({"v": {**FAMILY_V, "burst": 1}}, "job_worker.limits.v.burst", 1,
+     "unknown key; valid keys: per_partition, concurrency, rate"),
+    ({"v": {**FAMILY_V, "rate": {"limit": 1, "per": "1s"}}}, "job_worker.limits.v.rate", {"limit": 1, "per": "1s"},
+     "a rate over a whole family is not supported: put it under per_partition (each partition's own), or use a "
+     "static key"),
+    ({"v": {**FAMILY_V, "concurrency": 0}}, "job_worker.limits.v.concurrency", 0, "must be at least 1"),
+    ({"v": {"per_partition": {}}}, "job_worker.limits.v.per_partition", {},
+     "declares neither concurrency nor rate; an empty entry is never unlimited"),
+    ({"v": {"per_partition": {"concurrency": "2"}}}, "job_worker.limits.v.per_partition.concurrency", "2",
+     "expected an integer >= 1, got str"),
+    ({"v": FAMILY_V, 'v["a"]': ONE}, 'job_worker.limits.v["a"]', 'v["a"]',
+     "a static key may not be a partition of family 'v' (v[…]); rename it"),
+    ({"v[1]": ONE, "v": FAMILY_V}, "job_worker.limits.v[1]", "v[1]",
+     "a static key may not be a partition of family 'v' (v[…]); rename it"),
+    # the family is the name before the first '[': a value holding one is still v's partition
+    ({"v": FAMILY_V, 'v["a[0]"]': ONE}, 'job_worker.limits.v["a[0]"]', 'v["a[0]"]',
+     "a static key may not be a partition of family 'v' (v[…]); rename it"),
+], ids=["bracket", "blank", "not-str", "unknown-key", "family-rate", "ceiling-0", "empty-partition",
+        "partition-int", "static-partition", "static-partition-first", "bracket-in-value"])
+def test_family_refusals_give_path_value_and_reason(raw, path, value, reason):
+    with pytest.raises(ConfigError) as info:
+        parse_limit_config(raw)
+    assert (info.value.path, info.value.value, info.value.reason) == (path, value, reason)
+
+
+def test_parse_limits_names_the_path_it_is_given():
+    """Its ``path`` argument (default ``job_worker.limits``) roots every error's path, as
+    parse_limit_config's does."""
+    with pytest.raises(ConfigError) as info:
+        parse_limits({"k": {"concurrency": 0}}, "environments.prod.limits")
+    assert info.value.path == "environments.prod.limits.k.concurrency"
+
+
 def test_boot_references_split_static_keys_from_families():
     from ductwork import Pipeline
     from ductwork.fleet.boot import limit_references
@@ -337,9 +394,40 @@ def test_a_family_leaves_room_for_its_shortest_partition_key_or_is_refused(chars
         return
     with pytest.raises(ConfigError) as info:
         parse_limit_config(raw)
-    assert (info.value.value, info.value.reason) == (
-        family, "a key family has at most 252 characters (its shortest partition key, family[0], fits 255), "
-                "this one 253")
+    assert (info.value.path, info.value.value, info.value.reason) == (
+        f"job_worker.limits.{family}", family,
+        "a key family has at most 252 characters (its shortest partition key, family[0], fits 255), this one 253")
+
+
+# ---------------------------------------------------------------- partition keys (docs/semantics.md §5.1)
+
+
+@pytest.mark.parametrize(("value", "rendered"), [
+    ("acct-42", 'v["acct-42"]'), (42, "v[42]"), (-1, "v[-1]"), ("", 'v[""]'), ('"]', 'v["\\"]"]'),
+    ("\x00", 'v["\\u0000"]'), ("é🙂", 'v["é🙂"]'),
+    ("x" * 250, 'v["' + "x" * 250 + '"]'),  # 255 characters: the longest a key column holds
+], ids=["str", "int", "negative", "empty", "quote-bracket", "nul", "non-ascii", "255-chars"])
+def test_a_partition_key_is_its_value_as_compact_json_kept_unicode(value, rendered):
+    """The engine's rendering, the same table as model/limits.py's (test_model_limits_ops):
+    quotes, backslashes and control characters escaped, other characters kept as they are."""
+    assert partition_key("v", value) == rendered
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (True, "a partition value must be a str or an int"),
+    (None, "a partition value must be a str or an int"),
+    (1.5, "a partition value must be a str or an int"),
+    ([1], "a partition value must be a str or an int"),
+    ("\ud800", "a partition value must be valid Unicode (no lone surrogate)"),
+    ("x" * 251, "the rendered key has 256 characters, more than 255"),
+    (10**300, "the rendered key has 304 characters, more than 255"),
+    # more digits than int() converts to a string: json.dumps raises a plain ValueError
+    (10**5000, "the rendered key is longer than 255 characters"),
+], ids=["bool", "none", "float", "list", "surrogate", "256-chars", "big-int", "huge-int"])
+def test_a_partition_value_that_cannot_be_rendered_or_stored_is_refused_with_the_reason(value, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)) as info:
+        partition_key("v", value)
+    assert str(info.value) == reason
 
 
 def test_the_unreferenced_warning_text():
