@@ -131,6 +131,19 @@ EQUIVALENT: dict[str, str] = {
     "ductwork.limit_entries.x__parse_rate__mutmut_95":
         "`capacity >= INT64_MAX` for `>`: capacity is burst × per × 10⁶, a multiple of 10⁶, "
         "and INT64_MAX is not, so they are never equal",
+    # partition_key's json.dumps and encode arguments: the value is a str or an int there
+    # (every other type was refused the line before)
+    "ductwork.limit_entries.x_partition_key__mutmut_8":
+        "`ensure_ascii=None` for False: json reads it only for truth (dumps' cached-encoder test, "
+        "then JSONEncoder.encode's choice of encode_basestring), so None keeps non-ASCII characters "
+        "as False does",
+    **{f"ductwork.limit_entries.x_partition_key__mutmut_{n}":
+       "json.dumps' separators None, left out (both the defaults ', ' and ': '), or 'XX,XX' / 'XX:XX': "
+       "they are written only between a list's items and a dict's keys and values, and the JSON of a "
+       "str or an int has neither" for n in (9, 12, 14, 15)},
+    "ductwork.limit_entries.x_partition_key__mutmut_18":
+        "`encode('UTF-8')` for 'utf-8': codec names are looked up case-insensitively, so it is the "
+        "same strict UTF-8 codec, refusing the same lone surrogates",
     # model.limits.decide(): the synthetic in-flight job that holds an admission's slot
     # until complete(decision.job_id); only that it is in flight on the key is observed
     **{f"model.limits.xǁLimitsModelǁdecide__mutmut_{n}":
