@@ -4,6 +4,13 @@ Checks: INV-EXE-1 (a dead host's work is re-run by another supervisor), INV-EXE-
 (a timed-out step's process no longer runs when its slot is freed), INV-LIM-3
 (a killed worker's slot comes back through its supervisor, not the stale
 reaper), INV-EXE-3 (re-runs carry the step's idempotency key).
+
+The last section drives the supervisor's tick and a runner's own decisions in this
+process (its own row heartbeat and registered again once reaped, the wait between ticks,
+an exited child reaped alone and replaced in the same tick, a shutdown that leaves a child
+it could not confirm dead, a runner's boot, its loops' units and waits, its hand-offs and
+its role's shutdown timeout): each test there was written for mutants of
+``fleet/supervisor.py`` that the fleets above let through (``python -m tests.guard_mutation``).
 """
 
 from __future__ import annotations
@@ -13,12 +20,15 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from ductwork.db import schema
+from ductwork.db.wakeup import Wakeup
 from ductwork.testing import drain
 from ductwork_proof.fleet import Fleet, pid_alive, process_rows, wait_for, write_config
 from tests.conftest import make_app, reset_tables
@@ -432,3 +442,331 @@ def test_a_runner_holds_its_lease_until_its_last_heartbeat_is_older_than_it(manu
     runner._last_heartbeat_sent = time.monotonic()
     runner._reaped = True
     assert not runner.holds_lease()
+
+
+# --------------------------------------------------------------------------- the supervisor's tick and a runner's
+# own decisions, in this process (found missing by the generated mutants of fleet/supervisor.py)
+
+#: a pid no process of these tests has (its rows are only read or reaped, never signalled)
+NO_SUCH_PID = 4_000_001
+
+
+def test_a_supervisors_tick_heartbeats_its_own_row_and_registers_again_once_reaped(manual_app):
+    """Each tick stamps the supervisor's own row (the same row, the database's now); a tick
+    that finds it reaped (another supervisor took it for dead) registers a new one."""
+    from ductwork.fleet.reaper import reap
+    from ductwork.fleet.supervisor import Supervisor
+
+    app = manual_app
+    supervisor = Supervisor(app, [], role="advancer")
+    supervisor.children.clear()  # the tick without child processes: heartbeat, reap, sweeps
+
+    def rows() -> list[tuple]:
+        return [(row.id, row.last_heartbeat_at) for row in process_rows(app.engine, role="supervisor")]
+
+    supervisor.run_once()
+    first = supervisor.process_id
+    assert rows() == [(first, app.clock.now())]
+    app.clock.advance(timedelta(seconds=1))
+    supervisor.run_once()
+    assert (supervisor.process_id, rows()) == (first, [(first, app.clock.now())])
+    assert reap(app, first, force=True)
+    supervisor.run_once()
+    assert supervisor.process_id != first
+    assert rows() == [(supervisor.process_id, app.clock.now())]
+
+
+def _slept(supervisor, tick: float, deadline_s: float) -> float:
+    """How long ``supervisor._sleep(tick)`` took, run in a thread that must end within ``deadline_s``."""
+    import threading
+
+    sleeper = threading.Thread(target=supervisor._sleep, args=(tick,), daemon=True)
+    started = time.monotonic()
+    sleeper.start()
+    sleeper.join(deadline_s)
+    assert not sleeper.is_alive(), f"the supervisor's sleep of {tick} s did not end within {deadline_s} s"
+    return time.monotonic() - started
+
+
+def test_a_supervisor_sleeps_its_tick_unless_a_child_exited(manual_app):
+    """Between ticks the supervisor waits ``tick`` seconds, and returns at once when a child
+    exited (SIGCHLD's handler sets the flag), the flag cleared for the next wait."""
+    from ductwork.fleet.supervisor import Supervisor
+
+    supervisor = Supervisor(manual_app, [], role="advancer")
+    assert _slept(supervisor, 0.2, 10) >= 0.2
+    supervisor._on_child_signal(signal.SIGCHLD, None)
+    assert _slept(supervisor, 30, 10) < 10
+    assert not supervisor._child_exited
+
+
+def test_a_child_that_exited_is_reaped_alone_and_replaced_in_the_same_tick(manual_app, monkeypatch):
+    """A child that exited after a long life: the tick that sees it reaps its rows, and only
+    its (another process's row stays), and starts its replacement at once."""
+    from ductwork.fleet.processes import register
+    from ductwork.fleet.supervisor import Supervisor
+
+    app = manual_app
+    supervisor = Supervisor(app, [], role="worker")
+    (child,) = supervisor.children
+    spawned = []
+    monkeypatch.setattr(supervisor, "_spawn", lambda c: spawned.append(c.label))
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    child.proc, child.started = exited, time.monotonic() - 60
+    register(app, role="job_worker", label=child.label, pid=exited.pid)
+    other = register(app, role="job_worker", label="another-host.worker.0", pid=NO_SUCH_PID)
+    supervisor.check_children()
+    assert {row.id for row in process_rows(app.engine)} == {other}
+    assert (spawned, child.restarts) == ([child.label], 1)
+
+
+def test_shutdown_reaps_no_child_it_could_not_confirm_dead_and_skips_one_not_running(quick_stop_app, monkeypatch,
+                                                                                    caplog):
+    """At shutdown a child that neither stopped nor died of SIGKILL keeps its row (its
+    claims stay its own until its death is confirmed [INV-EXE-5]); a child not running
+    (between a crash and its restart) is passed over; the supervisor's own row is removed."""
+    from ductwork.fleet import supervisor as sup
+    from ductwork.fleet.processes import register
+
+    app = quick_stop_app
+    monkeypatch.setattr(sup, "KILL_CONFIRM_S", 0.2)
+    supervisor = sup.Supervisor(app, [], role="all")
+    advancer, worker, *_ = supervisor.children
+    assert (advancer.role, worker.role, advancer.proc) == ("pipeline_advancer", "job_worker", None)
+    supervisor.process_id = register(app, role="supervisor", label="supervisor")
+    with _started(["sh", "-c", "trap '' TERM; echo ready; exec sleep 600"]) as proc:
+        row = register(app, role="job_worker", label=worker.label, pid=proc.pid)
+        worker.proc = proc
+        monkeypatch.setattr(proc, "kill", lambda: None)  # a kill that does not arrive
+        try:
+            with caplog.at_level(logging.WARNING, logger="ductwork.supervisor"):
+                supervisor.shutdown()
+            assert proc.poll() is None
+            assert f"{worker.label} (pid {proc.pid}) did not die after SIGKILL; leaving it" in caplog.text
+            assert {r.id for r in process_rows(app.engine)} == {row}
+        finally:
+            monkeypatch.undo()  # the kill arrives: the process ends with the test
+
+
+def test_a_supervisor_kills_what_its_dead_runners_left_only_as_their_subreaper(manual_app, monkeypatch):
+    """The orphans a dead runner's steps left are re-parented to the supervisor only once it
+    is their subreaper: then it kills every child of its own but its runners (the ones it
+    started and still holds); before that there is nothing of theirs to find."""
+    from types import SimpleNamespace
+
+    from ductwork.fleet import supervisor as sup
+
+    known = []
+    monkeypatch.setattr(sup.tree, "kill_adopted", lambda runners: known.append(runners) or [])
+    supervisor = sup.Supervisor(manual_app, [], role="all")
+    worker = next(child for child in supervisor.children if child.role == "job_worker")
+    worker.proc = SimpleNamespace(pid=NO_SUCH_PID)  # the advancer is between a crash and its restart
+    supervisor._kill_adopted()
+    assert known == []
+    supervisor._subreaper = True
+    supervisor._kill_adopted()
+    assert known == [{NO_SUCH_PID}]
+
+
+def test_a_runners_boot_rebases_the_keys_as_a_job_worker_and_listens_where_the_database_notifies(app, monkeypatch):
+    """A job worker runner starts by re-basing every limit key on its own config (its stamp
+    cleared: ``claims.restart_with``), an advancer runner leaves the keys alone; each
+    listens for other processes' wakeups (``PgListener``) on PostgreSQL, and only there."""
+    from ductwork.fleet import supervisor as sup
+    from ductwork.fleet.reaper import reap
+    from ductwork.limits.executions import ensure_keys
+
+    real_units = sup.Runner._units
+    listening = []
+
+    def units_then_reaped(self):  # type: ignore[no-untyped-def]
+        loops = real_units(self)
+        assert reap(self.app, self.process_id, force=True)  # ends the run at its first heartbeat
+        return loops
+
+    class Listener:
+        def __init__(self, app, _stop) -> None:  # type: ignore[no-untyped-def]
+            self.app = app
+
+        def start(self) -> None:
+            listening.append(self.app)
+
+    monkeypatch.setattr(sup.Runner, "_units", units_then_reaped)
+    monkeypatch.setattr(sup, "PgListener", Listener)
+    monkeypatch.setenv(sup.tree.OWNER_ENV, "")  # run() marks this process: unmarked after the test
+    k = schema.limit_keys
+    with app.begin() as tx:
+        ensure_keys(tx, {"stamped"})
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stamped = {}
+    try:
+        for role in ("pipeline_advancer", "job_worker"):
+            with app.begin() as tx:
+                tx.execute(k.update().values(blocked_until=tx.now + timedelta(hours=1)))
+            runner = sup.Runner(app, role, 1, role)
+            assert runner.run() == sup.EXIT_LEASE_LOST
+            with app.begin() as tx:
+                stamped[role] = tx.execute(sa.select(k.c.blocked_until)).scalar_one() is not None
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert stamped == {"pipeline_advancer": True, "job_worker": False}
+    assert listening == ([app, app] if app.backend == "postgresql" else [])
+
+
+def test_a_supervised_runner_dies_with_its_supervisor_and_stops_if_it_died_already(app, monkeypatch):
+    """A runner its supervisor started asks the kernel for SIGTERM at that supervisor's
+    death, and is stopping at once if its parent is no longer that supervisor (it died
+    before the request); a runner started by hand asks nothing."""
+    from ductwork.fleet import supervisor as sup
+
+    asked = []
+    monkeypatch.setattr(sup.tree, "die_with_parent", lambda sig: asked.append(sig) or True)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signalled = {}
+    try:
+        for name, parent in (("by hand", None), ("supervised", os.getppid()), ("orphaned", NO_SUCH_PID)):
+            runner = sup.Runner(app, "job_worker", 1, name, parent_pid=parent)
+            runner._arm_signals()
+            signalled[name] = runner._signalled
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert asked == [signal.SIGTERM, signal.SIGTERM]
+    assert signalled == {"by hand": False, "supervised": False, "orphaned": True}
+
+
+def test_a_runners_loops_run_its_roles_units_and_say_whether_they_did_something(app):
+    """A job worker runner's loops run Workers, an advancer runner's Advancers, and each
+    loop's unit says whether it did something: idle on an empty database, busy while a
+    step runs or a branch is advanced (an idle unit makes its loop wait)."""
+    from ductwork.fleet.supervisor import Runner
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
+    from tests.workloads import Fan
+
+    workers, advancers = Runner(app, "job_worker", 1, "w"), Runner(app, "pipeline_advancer", 1, "a")
+    ((work,), (advance,)) = workers._units(), advancers._units()
+    assert [type(u) for u in (*workers.units, *advancers.units)] == [Worker, Advancer]
+    assert (work.unit(), advance.unit()) == (False, False)
+    Fan.trigger(1)
+    assert (work.unit(), advance.unit()) == (True, True)  # Items ran; its expand advanced
+
+
+def test_an_idle_loop_waits_for_its_wakeup_or_due_time_and_a_busy_one_goes_on():
+    """A loop runs its unit again at once while the unit did something; idle, it waits
+    for its wakeup, or for the time its unit says work comes due, or its idle wait."""
+    import threading
+
+    from ductwork.fleet.supervisor import Loop
+
+    stop, wakeup = threading.Event(), Wakeup()
+    calls: list[bool] = []
+    notified = threading.Event()
+
+    def unit() -> bool:
+        calls.append(notified.is_set())
+        return len(calls) <= 3  # three busy calls, then idle
+
+    loop = Loop("woken", unit, 600, stop, wakeup)
+    loop.start()
+    try:
+        wait_for(lambda: len(calls) == 4, "three busy calls run back to back, then one idle", 10)
+        notified.set()
+        wakeup.notify()
+        wait_for(lambda: len(calls) == 5, "the wakeup ended the idle wait", 10)
+        assert calls == [False, False, False, False, True]  # no call between the idle one and the wakeup
+    finally:
+        stop.set()
+        wakeup.notify()
+        loop.join(10)
+    for name, idle_wait, until_due in (("due", 600, lambda: 0.05), ("plain", 0.05, None)):
+        calls.clear()
+        stop = threading.Event()
+        idle = Loop(name, lambda: calls.append(True) and False, idle_wait, stop, until_due=until_due)
+        idle.start()
+        try:
+            wait_for(lambda: len(calls) >= 2, f"{name}: an idle wait ended without a wakeup", 10)
+        finally:
+            stop.set()
+            idle.join(10)
+
+
+def test_a_runners_workers_hand_off_work_only_until_it_is_stopped(app):
+    """A runner's workers take the work their completions hand them while the runner runs,
+    and not once it is stopping (``job_worker.hand_off``)."""
+    from ductwork.fleet.supervisor import Runner
+
+    runner = Runner(app, "job_worker", 2, "handing")
+    runner._units()
+    assert [worker._hands_off() for worker in runner.units] == [True, True]
+    runner.stop.set()
+    assert [worker._hands_off() for worker in runner.units] == [False, False]
+
+
+class _Exited(BaseException):
+    pass
+
+
+class _Busy:
+    """A loop whose unit never ends: it records how long it was waited for."""
+
+    def __init__(self) -> None:
+        self.waited: float | None = None
+
+    def join(self, timeout: float) -> None:
+        self.waited = timeout
+
+    def is_alive(self) -> bool:
+        return True
+
+
+def test_a_stopping_runner_gives_a_busy_loop_its_roles_shutdown_timeout(db_url, monkeypatch):
+    """A stopping runner waits for its busy loops the ``shutdown_timeout`` of its own role,
+    then exits (killing what its steps started)."""
+    from ductwork.fleet import supervisor as sup
+
+    app = make_app(db_url, job_worker={"shutdown_timeout": 0.5}, pipeline_advancer={"shutdown_timeout": 7})
+    exits, killed = [], []
+
+    def exit_(code: int) -> None:
+        exits.append(code)
+        raise _Exited
+
+    monkeypatch.setattr(sup.os, "_exit", exit_)
+    monkeypatch.setattr(sup.tree, "kill_descendants", lambda: killed.append(True) or [])
+    waited = {}
+    try:
+        for role in ("job_worker", "pipeline_advancer"):
+            busy = _Busy()
+            with pytest.raises(_Exited):
+                sup.Runner(app, role, 1, "busy")._join_loops_or_exit([busy])
+            waited[role] = busy.waited
+    finally:
+        app.dispose()
+    assert 0.4 < waited["job_worker"] <= 0.5
+    assert 6.9 < waited["pipeline_advancer"] <= 7
+    assert (exits, killed) == ([0, 0], [True, True])
+
+
+def test_an_advancer_runner_started_by_hand_runs_until_sigterm_and_removes_its_row(app, db_url, tmp_path):
+    """``ductwork _child --role pipeline_advancer`` starts its loops and heartbeats; SIGTERM
+    stops it cleanly (exit 0) and its row goes with it."""
+    config = write_config(tmp_path / "ductwork.yml", pipelines=[], overrides={"supervisor": {"reaper_timeout": 600}})
+    log = tmp_path / "runner.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ductwork.cli", "_child", "--database-url", db_url,
+                                 "-c", str(config), "--role", "pipeline_advancer", "--threads", "1",
+                                 "--label", "by-hand"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: " started: " in log.read_text() or proc.poll() is not None, "the runner started", 30)
+        assert " started: " in log.read_text(), log.read_text()[-2000:]
+        assert process_rows(app.engine, label_prefix="by-hand")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()[-2000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(10)
+    assert not process_rows(app.engine, label_prefix="by-hand")

@@ -48,7 +48,7 @@ from ductwork.db.hosts import other_job_workers
 from ductwork.db.ids import new_id
 from ductwork.fleet.processes import register, supervisors_on_this_host
 from ductwork.fleet.reaper import reap, reap_dead, reconcile, sweep_orphans
-from ductwork.fleet.supervisor import Child, Supervisor
+from ductwork.fleet.supervisor import Child, Supervisor, lease_margin
 from ductwork.limits.claims import claim, claim_batch
 from ductwork.limits.lanes import seconds_to_next_due
 from ductwork.pipelines.hooks import claim_hook, next_hook_at
@@ -290,6 +290,26 @@ def test_a_supervisor_judges_its_childs_lease_from_its_last_heartbeat(manual_app
         children[label] = Child("job_worker", label, 1, proc=SimpleNamespace(pid=pid), started=time.monotonic() - 3600)
     assert {label: supervisor._stale(child) for label, child in children.items()} == {"beating": False,
                                                                                       "silent": True}
+
+
+def test_a_supervisor_judges_a_child_stale_only_past_its_threshold_and_never_while_young(manual_app):
+    """A child whose last heartbeat is exactly the threshold old (``reaper_timeout`` less half
+    the lease margin) is not stale yet; a microsecond older, it is. A child younger than the
+    threshold is never stale, whatever rows its pid has (here that stale row, of a process
+    before it) [INV-EXE-5]."""
+    app = manual_app
+    cfg = app.config.supervisor
+    threshold = timedelta(seconds=cfg.reaper_timeout - lease_margin(cfg.reaper_timeout, cfg.heartbeat_interval) / 2)
+    supervisor = Supervisor(app, [], role="worker")
+    process_id = register(app, role="job_worker", label="child", pid=NO_SUCH_PIDS[0])
+    child = Child("job_worker", "child", 1, proc=SimpleNamespace(pid=NO_SUCH_PIDS[0]), started=time.monotonic() - 3600)
+    now, judged = app.clock.now(), []
+    for age in (threshold, threshold + timedelta(microseconds=1)):
+        _set(app, schema.processes, process_id, last_heartbeat_at=now - age)
+        judged.append(supervisor._stale(child))
+    assert judged == [False, True]
+    young = Child("job_worker", "young", 1, proc=SimpleNamespace(pid=NO_SUCH_PIDS[0]), started=time.monotonic())
+    assert not supervisor._stale(young)
 
 
 def test_an_idle_worker_waits_for_the_next_eligible_time_or_stamp_to_come(manual_app):
