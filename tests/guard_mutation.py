@@ -118,6 +118,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                            f"{_I}test_same_host_recovery.py"),  # (registration, heartbeat, other supervisors)
     "db/hosts.py": (f"{_I}test_process_rows.py", f"{_I}test_same_host_recovery.py",
                     f"{_I}test_time_predicates.py"),  # (a proof of death, this OS process's rows, other workers)
+    "pipelines/context.py": (f"{_I}test_context.py", f"{_I}test_recovery_preconditions.py",
+                             f"{_I}test_async_steps.py"),  # (a key set once per run, INV-CTX-1; a pruned run)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")

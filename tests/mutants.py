@@ -791,6 +791,32 @@ MUTANTS: dict[str, Mutant] = {
         "the supervisor kills each adopted orphan with every process below it [INV-EXE-5]",
         (("kill([pid, *descendants(pid, parents)])", "kill([pid])  # mutant: the orphan, not its descendants"),),
     ),
+    # --- the invariants that had no engine mutant
+    "context_set_overwrites": Mutant(
+        "Context.set without overwrite= replaces a key already set instead of refusing: of racing "
+        "setters every one wins, the last writer's value stays [INV-CTX-1]",
+        "Context.set inserts, and uq_context_run_key refuses a key already set [INV-CTX-1]",
+        (("if overwrite:", "if True:  # mutant: set always upserts"),),
+    ),
+    "idempotency_key_of_the_run": Mutant(
+        "a step's idempotency key is its run's id, not its step's: every step of a run shares one "
+        "[INV-EXE-3]",
+        "a step's idempotency key is its step row's id (or a revived step's carried-over key) [INV-EXE-3]",
+        (("return cls._ductwork_build(args, idempotency_key, run_id, Context(app, run_id))",
+          "return cls._ductwork_build(args, run_id, run_id, Context(app, run_id))  # mutant: the run's id"),),
+    ),
+    "prune_leaves_context": Mutant(
+        "a prune deletes a run without its context rows (RUN_TABLES without the context) [INV-PRN-2]",
+        "a prune deletes a run's rows from every table that references it (RUN_TABLES) [INV-PRN-2]",
+        (('    RunTable(schema.context, "run"),\n', ""),),
+    ),
+    "dominance_ignores_burst": Mutant(
+        "an entry with a lower rate but a larger burst is dropped as dominated: a burst the "
+        "configuration allows is refused, or one it refuses admitted [INV-LIM-7]",
+        "an entry dominates another only with a rate and a burst each at most the other's [INV-LIM-7]",
+        (("return a.limit * b.per_s <= b.limit * a.per_s and a.burst <= b.burst",
+          "return a.limit * b.per_s <= b.limit * a.per_s  # mutant: the burst ignored"),),
+    ),
 }
 
 

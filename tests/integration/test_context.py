@@ -51,13 +51,24 @@ def test_set_get_overwrite(app):
     assert Context(app, RememberP.trigger("y").id).get("k") is None  # scoped to the run
 
 
-@pytest.mark.parametrize("bad", [None, "", 7, "x" * 256])
+@pytest.mark.parametrize("bad", [None, "", 7, "x" * 256, "total ", "\x00total"])
 def test_bad_keys_and_values_are_named(app, bad):
     run = RememberP.trigger("x")
     with pytest.raises(InputError):
         Context(app, run.id).set(bad, 1)
     with pytest.raises(InputError, match="not JSON-serialisable"):
         Context(app, run.id).set("ok", object())
+
+
+def test_each_key_of_a_run_reads_its_own_value_up_to_the_longest_key(app):
+    """Several keys in one run, the longest 255 characters (the column's width, accepted):
+    ``get`` reads each key's own value, and a key never set reads None."""
+    run = RememberP.trigger("x")
+    context = Context(app, run.id)
+    values = {"a": 1, "b": [2], "x" * 255: "longest"}
+    for key, value in values.items():
+        context.set(key, value)
+    assert {key: context.get(key) for key in [*values, "c"]} == {**values, "c": None}
 
 
 def test_racing_setters_one_wins(app):

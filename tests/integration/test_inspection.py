@@ -19,6 +19,7 @@ import sys
 from datetime import timedelta
 
 import pytest
+import sqlalchemy as sa
 
 import ductwork
 from ductwork import Pipeline, Step
@@ -415,6 +416,44 @@ def test_a_batch_rechecks_each_run_under_its_lock(clocked):
     assert deleted["ductwork_runs"] == 1
     assert waiting.refresh().status == "dampened"
     assert set(_rows_of(clocked, [done.id]).values()) == {0}
+
+
+def _rows_naming(app, run_ids, step_ids) -> dict[str, int]:
+    """Rows of every table that names one of these runs or steps by a ``run_id`` or a
+    ``step_id`` column, counted from the schema alone (not from ``RUN_TABLES``)."""
+    counts = {}
+    with app.begin(readonly=True) as tx:
+        for table in schema.metadata.sorted_tables:
+            for column, ids in (("run_id", run_ids), ("step_id", step_ids)):
+                if column in table.c:
+                    counts[f"{table.name}.{column}"] = tx.execute(
+                        sa.select(sa.func.count()).select_from(table).where(table.c[column].in_(ids))).scalar_one()
+    return counts
+
+
+def test_a_pruned_run_leaves_no_row_in_any_table_that_names_it(clocked):
+    """A completed run with a context key and a halted run with its on_halt hook: after the
+    prune, no table of the schema holds a row naming either run or any of their steps,
+    counted by the columns themselves, so a table missing from ``RUN_TABLES`` shows
+    [INV-PRN-2]; a run that is not pruned keeps its context."""
+    from tests.workloads.hooks import HaltingPipeline
+
+    done, halted, kept = Fans.trigger(2), HaltingPipeline.trigger(1), Waits.trigger(1)
+    drain(clocked, skip_delays=True)
+    for run in (done, kept):
+        ductwork.Context(clocked, run.id).set("noted", run.id)
+    run_ids = [done.id, halted.id]
+    step_ids = [step.id for run in (done, halted) for step in run.steps()]
+    before = _rows_naming(clocked, run_ids, step_ids)
+    assert (done.refresh().status, halted.refresh().status, halted.history().hook is not None,
+            before["ductwork_context.run_id"] > 0) == ("completed", "halted", True, True)
+    with clocked.begin(readonly=True) as tx:  # only these two runs are final
+        assert tx.execute(sa.select(sa.func.count()).select_from(schema.runs).where(
+            schema.runs.c.status.in_(["completed", "halted"]))).scalar_one() == 2
+    clocked.clock.advance(timedelta(days=2))
+    assert pruning.prune(clocked, timedelta(days=1)).runs == 2
+    assert {name: n for name, n in _rows_naming(clocked, run_ids, step_ids).items() if n} == {}  # [INV-PRN-2]
+    assert ductwork.Context(clocked, kept.id).get("noted") == kept.id
 
 
 def test_prune_rows_cover_every_table_that_references_a_run():

@@ -191,6 +191,13 @@ DETECTORS = {
     "hook_sweep_takes_any_status":
         "tests/integration/test_recovery_preconditions.py::test_the_hook_sweep_and_the_reaper_crash_only_a_running_hook"
         "[sqlite]",
+    # the invariants that had no engine mutant
+    "context_set_overwrites": "tests/integration/test_context.py::test_racing_setters_one_wins[sqlite]",
+    "idempotency_key_of_the_run": ("tests/integration/test_context.py::"
+                                   "test_a_steps_key_is_its_id_across_retries_and_distinct_across_steps[sqlite]"),
+    "prune_leaves_context": ("tests/integration/test_inspection.py::"
+                             "test_a_pruned_run_leaves_no_row_in_any_table_that_names_it[sqlite]"),
+    "dominance_ignores_burst": "tests/unit/test_limits.py::test_drop_dominated_properties",
 }
 #: mutants with another detector that a conformance machine found only with the ``deep``
 #: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
