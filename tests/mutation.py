@@ -169,18 +169,35 @@ EQUIVALENT: dict[str, str] = {
     **{f"model.limits.xǁLimitsModelǁclaim_batch__mutmut_{n}":
        "the message of an assertion that never fails: the first lane of _lanes admits (see the "
        "stop before it), so the poll claims its job" for n in (36, 37, 39, 40)},
-    **{f"model.limits.xǁLimitsModelǁ_would_admit__mutmut_{n}":
-       "its saturation check never fires: both callers ask only about the first lane of _lanes, "
-       "which skips saturated keys" for n in (5, 6)},
-    "model.limits.xǁLimitsModelǁ_would_admit__mutmut_12":
+    "model.limits.xǁLimitsModelǁ_would_admit__mutmut_17":
         "cap_units None in a missing bucket: refill replaces it with cap_units(entry), and only "
         "the refilled level is read",
-    "model.limits.xǁLimitsModelǁ_would_admit__mutmut_16":
+    "model.limits.xǁLimitsModelǁ_would_admit__mutmut_21":
         "a missing bucket taken as 1 unit, not 0: refilled at now_us it holds 1, short of a "
         "token (per_s·10⁶ >= 10⁶ units) either way",
-    "model.limits.xǁLimitsModelǁ_decide__mutmut_42":
+    "model.limits.xǁLimitsModelǁ_decide__mutmut_59":
         "cap_units None in a new bucket: refill replaces it with cap_units(entry) before the "
         "bucket is stored",
+    # model.limits' key families (partition_key and forget_partition)
+    "model.limits.x_partition_key__mutmut_16":
+        "`ensure_ascii=None` for False: json reads it only for truth (dumps' cached-encoder test, "
+        "then JSONEncoder.encode's choice of encode_basestring), so None keeps non-ASCII characters "
+        "as False does",
+    **{f"model.limits.x_partition_key__mutmut_{n}":
+       "json.dumps' separators None, left out (both the defaults ', ' and ': '), or 'XX,XX' / 'XX:XX': "
+       "they are written only between a list's items and a dict's keys and values, and the JSON of a "
+       "str or an int (every other type was refused the line before) has neither" for n in (17, 20, 22, 23)},
+    "model.limits.x_partition_key__mutmut_26":
+        "`encode('UTF-8')` for 'utf-8': codec names are looked up case-insensitively, so it is the "
+        "same strict UTF-8 codec, refusing the same lone surrogates",
+    "model.limits.xǁLimitsModelǁforget_partition__mutmut_22":
+        "`limits or True`: the loop runs only over the partition's buckets, and a key has buckets only "
+        "while limits_for gives it an entry (_decide creates them under one, restart_with drops those "
+        "of a key without), so limits is never None there",
+    "model.limits.xǁLimitsModelǁforget_partition__mutmut_25":
+        "next() without its default None: a key's buckets are only of periods its entry keeps "
+        "(_decide creates one per kept rate, restart_with drops the others), so the entry of the "
+        "bucket's period is always found and StopIteration is never raised",
     # ductwork.pipelines.registry, ductwork.pipelines.definition, ductwork.pipelines.snapshot
     "ductwork.pipelines.registry.x_in_main_module__mutmut_2":
         "rpartition for partition: a ref is step_ref's 'module:qualname', one ':' (module names "

@@ -891,3 +891,130 @@ def test_forget_partition_removes_an_idle_partitions_rows_and_refuses_a_busy_one
     assert m.claim("w", 2_000_000) is None  # re-created empty at 2 s: no token carried over
     assert m.buckets == {(p1, 1): Bucket(0, 2_000_000, 1_000_000)}
     assert m.stamps == {p1: 3_000_000}
+
+
+def test_a_parsed_family_entry_passes_through_and_family_of_names_only_a_declared_family():
+    """``parse_limits`` keeps a ``FamilyLimits`` as it is (the object itself); ``family_of``
+    names the family of a rendered partition only when the mapping declares it a family
+    and does not name the key itself (a static key, even one written like a partition)."""
+    from model.limits import FamilyLimits, family_of, limits_for, parse_limits
+
+    family = FamilyLimits(KeyLimits(2), 5)
+    parsed = parse_limits({"v": family})
+    assert parsed == {"v": family}
+    assert parsed["v"] is family
+    assert family_of(parsed, 'v["a"]') == ("v", family)
+    assert limits_for(parsed, 'v["a"]') == KeyLimits(2)
+    assert family_of(parsed, None) is None
+    assert family_of(parsed, "v") is None
+    assert family_of(parsed, "v[") is None
+    assert family_of({"v": family, 'v["a"]': K_LIMITS}, 'v["a"]') is None  # the key is named: static
+    assert family_of({}, 'v["a"]') is None  # no such family
+    assert family_of({"v": K_LIMITS}, 'v["a"]') is None  # v is a static key, not a family
+    assert limits_for({"v": K_LIMITS}, 'v["a"]') is None
+
+
+def test_a_family_ceiling_refusal_is_a_whole_decision_of_the_partition_at_its_time():
+    """The refusal for the family's ceiling reports the partition asked about and the time
+    asked, no stamp, no levels (nothing refilled) and the partition's own in-flight count."""
+    from model.limits import partition_key
+
+    p1, p2 = partition_key("v", 1), partition_key("v", 2)
+    m = LimitsModel({"v": {"per_partition": {"concurrency": 2}, "concurrency": 1}})
+    assert m.decide(p1, 0).admitted
+    since = len(m.events)
+    assert m.decide(p2, 5) == Decision(p2, 5, False, "family_concurrency", None, (), 0)
+    assert _new_events(m, since) == [Decided(p2, 5, False, "family_concurrency", None, (), 0, seq=since)]
+
+
+def test_would_admit_answers_as_the_key_decision_would_and_changes_nothing():
+    """``_would_admit`` (a keyed batch's and a hand-off's question, and the limits machine's
+    oracle) is False for a partition whose family is full though the partition is not, and
+    for a key at its own ceiling, as the decision refuses them; on a bucket it is True from
+    the exact µs the bucket holds a token (r: 2 per 1 s, one token each 500,000 µs)."""
+    from model.limits import partition_key
+
+    p1, p2 = partition_key("v", 1), partition_key("v", 2)
+    m = LimitsModel({"v": {"per_partition": {"concurrency": 2}, "concurrency": 1}, "k": {"concurrency": 1}, "r": R})
+    assert m._would_admit(p2, 0) is True
+    assert m._would_admit("k", 0) is True
+    assert m._would_admit("unnamed", 0) is True
+    assert m.decide(p1, 0).admitted  # the family is full, p2 is not
+    assert m.decide("k", 0).admitted  # k is at its ceiling, in no family
+    assert m._would_admit(p2, 0) is False
+    assert m.decide(p2, 0).refused_for == "family_concurrency"
+    assert m._would_admit("k", 0) is False
+    assert m.decide("k", 0).refused_for == "concurrency"
+    assert m._would_admit("r", 0) is False  # no bucket yet: it would be created empty
+    assert m.decide("r", 0).refused_for == "rate"
+    state = (dict(m.buckets), dict(m.stamps), len(m.events))
+    assert m._would_admit("r", S // 2 - 1) is False
+    assert m._would_admit("r", S // 2) is True
+    assert (dict(m.buckets), dict(m.stamps), len(m.events)) == state
+
+
+def test_a_restart_rebases_every_partition_with_an_execution_and_no_other_unnamed_key():
+    """A partition no entry names, with a pending execution and neither bucket nor stamp,
+    is re-based by a restart; an unconfigured static key with one is not (no entry named
+    it before or after), nor the unkeyed lane."""
+    from model.limits import FamilyLimits, partition_key
+
+    p = partition_key("v", "a")
+    m = LimitsModel({"v": {"per_partition": {"concurrency": 1}}})
+    m.enqueue(1, p, 0)
+    m.enqueue(2, "unnamed", 0)
+    m.enqueue(3, None, 0)
+    m.restart_with({"v": {"per_partition": {"concurrency": 2}}}, 5)
+    limits = {"v": FamilyLimits(KeyLimits(2), None)}
+    assert m.events[-1] == Restarted(len(m.events) - 1, 5, limits, frozenset({"v", p}))
+
+
+def test_forget_partition_refuses_a_key_that_is_no_partition_or_is_named_and_changes_nothing():
+    """Neither a key that renders no partition nor a static key written like one (``s[1]``,
+    s no family) is forgotten: a PreconditionError, and no event."""
+    m = LimitsModel({"v": {"per_partition": {"concurrency": 1}}, "s[1]": {"concurrency": 1}})
+    since = len(m.events)
+    for key in ("unnamed", "s[1]", "v"):
+        with pytest.raises(PreconditionError, match=rf"^{key!r} is not a partition key$".replace("[", r"\[")):
+            m.forget_partition(key, 0)
+    assert len(m.events) == since
+
+
+def test_forget_partition_of_a_partition_never_stamped_or_never_decided():
+    """An idle partition with no stamp (a concurrency-only partition, completed; or one never
+    claimed) is forgotten: nothing to remove, the Forgotten event all the same."""
+    from model.limits import Forgotten, partition_key
+
+    p, q = partition_key("v", "a"), partition_key("v", "b")
+    m = LimitsModel({"v": {"per_partition": {"concurrency": 1}}})
+    m.enqueue(1, p, 0)
+    assert m.claim("w", 0) == 1
+    m.complete(1, 3)
+    m.forget_partition(p, 4)
+    m.forget_partition(q, 5)
+    assert m.events[-2:] == [Forgotten(len(m.events) - 2, p, 4), Forgotten(len(m.events) - 1, q, 5)]
+    assert (m.buckets, m.stamps) == ({}, {})
+
+
+def test_forget_partition_hands_each_bucket_its_own_periods_entry_and_the_time():
+    """The hook ``_forget_bucket`` gets each bucket with the entry of its period and the
+    time of the forgetting, and a bucket it returns is kept in its place: with
+    ``model.mutants.ForgetRefills`` (the INV-LIM-9 mutant, which refills instead of
+    removing) each of the two buckets comes back full to its own entry's cap at that time,
+    and the stamp is removed."""
+    from model.limits import partition_key
+    from model.mutants import ForgetRefills
+
+    fast, slow = RateEntry(10, 1, 10), RateEntry(100, 60, 20)  # neither beats the other: both kept
+    p = partition_key("v", "a")
+    m = ForgetRefills({"v": {"per_partition": {"rate": [{"limit": 10, "per": 1, "burst": 10},
+                                                        {"limit": 100, "per": "1m", "burst": 20}]}}})
+    assert m.config["v"].per_partition.rates == (fast, slow)
+    assert m.decide(p, 0).refused_for == "rate"  # both buckets created empty, p stamped
+    assert set(m.buckets) == {(p, 1), (p, 60)}
+    assert p in m.stamps
+    m.forget_partition(p, 7)
+    assert m.buckets == {(p, 1): Bucket(cap_units(fast), 7, cap_units(fast)),
+                         (p, 60): Bucket(cap_units(slow), 7, cap_units(slow))}
+    assert m.stamps == {}
+

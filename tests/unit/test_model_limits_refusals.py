@@ -9,7 +9,14 @@ from __future__ import annotations
 import pytest
 
 from model.errors import ConfigError, PreconditionError
-from model.limits import LimitsModel, parse_key_limits, parse_limits, parse_rate_entries, render_period
+from model.limits import (
+    LimitsModel,
+    parse_key_limits,
+    parse_limits,
+    parse_rate_entries,
+    partition_key,
+    render_period,
+)
 
 
 @pytest.mark.parametrize(("parse", "value", "message"), [
@@ -25,10 +32,40 @@ from model.limits import LimitsModel, parse_key_limits, parse_limits, parse_rate
      "limits={'concurrency': 1, 'burst': 2}: unknown fields ['burst']"),
     (parse_key_limits, {}, "limits={}: declares neither concurrency nor rate"),
     (parse_limits, {" ": {"concurrency": 1}}, "limits=' ': a limit key must be a non-blank string"),
+    # key families (semantics §5.1, model only: issue 34): the entry's own path, under limits.<family>
+    (parse_limits, {"v": {"per_partition": {"concurrency": 2}, "rate": {"limit": 1, "per": 1}}},
+     "limits.v.rate={'limit': 1, 'per': 1}: a rate over a whole family is not supported: "
+     "give each partition its rate under per_partition"),
+    (parse_limits, {"v": {"per_partition": {"concurrency": 2}, "burst": 1}},
+     "limits.v={'per_partition': {'concurrency': 2}, 'burst': 1}: unknown fields ['burst']"),
+    (parse_limits, {"v": {"per_partition": {"concurrency": 2}, "concurrency": 0}},
+     "limits.v.concurrency=0: must be an integer >= 1"),
+    (parse_limits, {"v[": {"per_partition": {"concurrency": 1}}},
+     "limits.v[='v[': a key family must be a non-blank string without '['"),
+    (parse_limits, {"v": {"per_partition": {"concurrency": 1}}, 'v["a"]': {"concurrency": 1}},
+     "limits='v[\"a\"]': a static key may not be a partition of family 'v'"),
 ])
 def test_a_malformed_limits_entry_is_refused_naming_its_path(parse, value, message):
     with pytest.raises(ConfigError) as refused:
         parse(value)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(("family", "value", "message"), [
+    ("v[", 1, "limit_by='v[': a key family must be a non-blank string without '['"),
+    (" ", 1, "limit_by=' ': a key family must be a non-blank string without '['"),
+    (7, 1, "limit_by=7: a key family must be a non-blank string without '['"),
+    ("v", True, "limit_by=True: a partition value must be a string or an integer"),
+    ("v", None, "limit_by=None: a partition value must be a string or an integer"),
+    ("v", "\ud800", "limit_by='\\ud800': a partition value must be valid Unicode (no lone surrogate)"),
+    ("v", "x" * 251, f"limit_by='{'x' * 251}': the rendered key has 256 characters, more than 255"),
+])
+def test_a_partition_that_cannot_be_rendered_or_stored_is_refused_naming_limit_by(family, value, message):
+    """A family that is blank, not a string or holds a '[', a value of another type, with a
+    lone surrogate or rendering past the 255 characters a key column holds: each refused
+    under ``limit_by`` (the option that names the partition), with its value and reason."""
+    with pytest.raises(ConfigError) as refused:
+        partition_key(family, value)
     assert str(refused.value) == message
 
 
