@@ -23,9 +23,10 @@ units, plus the most one refill step can overshoot it before the cap) and ``per`
 most 100 years (so a next-token time stays a representable timestamp).
 
 Also home of the small value checks that :mod:`ductwork.config` shares
-(:func:`check_mapping`, :func:`check_int`, :func:`child_path`); they are an internal
-seam, not API. Pure: no I/O, no logging; every error is a :class:`ConfigError` whose
-``path`` names the offending key.
+(:func:`check_mapping`, :func:`check_int`, :func:`child_path`), and one that definitions
+and contexts share (:func:`has_whitespace_around`); they are an internal seam, not API.
+Pure: no I/O, no logging; every error is a :class:`ConfigError` whose ``path`` names the
+offending key.
 """
 
 from __future__ import annotations
@@ -53,19 +54,34 @@ MAX_PERIOD_S = 3_155_760_000
 US_PER_S = 1_000_000
 
 _ENTRY_KEYS = ("concurrency", "rate")
+#: why a key with whitespace around it is refused (:func:`has_whitespace_around`)
+_PAD_SPACE = "MySQL-family ignores trailing spaces when it compares keys"
 _RATE_KEYS = ("limit", "per", "burst")
 
 
 # --------------------------------------------------------------------------- shared checks
 
 
+def has_whitespace_around(text: str) -> bool:
+    """Whether ``text`` begins or ends with whitespace (``str.strip``'s: spaces, tabs, line
+    breaks, U+00A0…). MySQL-family compares strings with trailing spaces ignored (PAD SPACE
+    collations, ``utf8mb4_bin`` included), so ``"api "`` would be ``"api"`` there and another
+    key on PostgreSQL and SQLite: names and keys the engine stores and compares (limit keys
+    and families, class references and node names, trigger keys, context keys) are refused
+    with it where they are declared or written, on every database. (``trigger.check_key``
+    says the same, ``key != key.strip()``, itself: trigger.py is a guard module, its mutants
+    counted in docs/verification.md.)"""
+    return text != text.strip()
+
+
 def child_path(path: str, key: object) -> str:
-    """The path of ``key`` under ``path``: ``a.b`` for a non-blank str, ``a[1]`` otherwise.
+    """The path of ``key`` under ``path``: ``a.b`` for a non-blank str without whitespace
+    around it, ``a[1]`` or ``a['b ']`` otherwise.
 
     An empty ``path`` is the root of an environment's section: ``child_path("", "role")``
     is ``role``.
     """
-    if isinstance(key, str) and key.strip():
+    if isinstance(key, str) and key and not has_whitespace_around(key):
         return f"{path}.{key}" if path else key
     return f"{path}[{key!r}]"
 
@@ -230,6 +246,8 @@ def parse_limit_entry(key: object, raw: object, path: str) -> LimitEntry:
             path, key, "limit keys must be non-blank strings (quote keys YAML reads as "
             "numbers, booleans or null)"
         )
+    if has_whitespace_around(key):
+        raise ConfigError(path, key, f"a limit key may not have whitespace around it ({_PAD_SPACE})")
     if len(key) > MAX_KEY_CHARS:  # no step's key could match it: the key columns hold 255
         raise ConfigError(path, key, f"a limit key has at most {MAX_KEY_CHARS} characters, this one {len(key)}")
     body = check_mapping(path, raw, _ENTRY_KEYS)
@@ -304,7 +322,8 @@ def parse_limit_config(raw: object, path: str = "job_worker.limits"
     config order. An entry with ``per_partition`` is a family's:
     ``{"per_partition": {"concurrency": 2}, "concurrency": 50}`` gives
     ``FamilyEntry("vendor_api", LimitEntry("vendor_api", 2, ()), 50)``. A family's name is
-    a non-blank string without ``[``; a rate over a whole family is refused (semantics
+    a non-blank string without ``[`` or whitespace around it, as a static key is (see
+    :func:`has_whitespace_around`); a rate over a whole family is refused (semantics
     §5.1 says why), and so is a static key that is a partition of a family declared here
     (``family[…]``): every key a pipeline writes is then either static or a partition."""
     body = check_mapping(path, raw)
@@ -326,6 +345,8 @@ def parse_limit_config(raw: object, path: str = "job_worker.limits"
 def _parse_family(family: object, raw: Mapping[str, object], path: str) -> FamilyEntry:
     if not isinstance(family, str) or not family.strip() or "[" in family:
         raise ConfigError(path, family, "a key family must be a non-blank string without '['")
+    if has_whitespace_around(family):
+        raise ConfigError(path, family, f"a key family may not have whitespace around it ({_PAD_SPACE})")
     if len(family) > MAX_KEY_CHARS - len("[0]"):
         raise ConfigError(path, family, f"a key family has at most {MAX_KEY_CHARS - len('[0]')} characters (its "
                                         f"shortest partition key, family[0], fits {MAX_KEY_CHARS}), this one "

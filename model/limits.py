@@ -293,13 +293,17 @@ def parse_limits(limits: Mapping[str, object] | None) -> dict[str, KeyLimits | F
     """Parse a whole ``job_worker.limits`` mapping (key or family → entry).
 
     An entry with ``per_partition`` is a family (``FamilyLimits``); any other is a
-    static key's (``KeyLimits``). A family name is a valid family (``partition_key``);
+    static key's (``KeyLimits``). A key is a non-blank string without whitespace around
+    it (MySQL-family would compare ``"api "`` equal to ``"api"``); a family name is a
+    valid family (``partition_key``: the same, and no ``[``);
     a static key may not be a rendered partition of a family the mapping declares.
     """
     parsed: dict[str, KeyLimits | FamilyLimits] = {}
     for key, entry in (limits or {}).items():
         if not isinstance(key, str) or not key.strip():
             raise ConfigError("limits", key, "a limit key must be a non-blank string")
+        if key != key.strip():  # MySQL-family compares keys with trailing spaces ignored
+            raise ConfigError("limits", key, "a limit key may not have whitespace around it")
         if isinstance(entry, FamilyLimits) or (isinstance(entry, Mapping) and "per_partition" in entry):
             _check_family(key, f"limits.{key}")
             parsed[key] = entry if isinstance(entry, FamilyLimits) else parse_family_limits(entry, f"limits.{key}")
@@ -318,6 +322,8 @@ def parse_limits(limits: Mapping[str, object] | None) -> dict[str, KeyLimits | F
 def _check_family(family: object, path: str = "limit_by") -> None:
     if not isinstance(family, str) or not family.strip() or "[" in family:
         raise ConfigError(path, family, "a key family must be a non-blank string without '['")
+    if family != family.strip():
+        raise ConfigError(path, family, "a key family may not have whitespace around it")
 
 
 def partition_key(family: str, value: object) -> str:

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.errors import InputError, OverwriteError, UnknownRunError
+from ductwork.limit_entries import has_whitespace_around
 from ductwork.pipelines import payloads
 from ductwork.values import Json
 
@@ -51,7 +52,7 @@ class Context:
             raise InputError(f"Context key must be a non-empty str, got {key!r}")
         if len(key) > 255:
             raise InputError(f"Context key is longer than 255 characters: {key[:40]!r}…")
-        if "\x00" in key or key != key.strip():  # as a trigger key (trigger.check_key): the
+        if "\x00" in key or has_whitespace_around(key):  # as a trigger key (trigger.check_key): the
             # same on every database (PostgreSQL holds no NUL; MySQL ignores trailing spaces)
             raise InputError(f"Context key has whitespace around it or a NUL character: {key!r}")
         return key

@@ -21,6 +21,9 @@ Guarantees:
   sibling from another fan-out (shape preconditions of INV-ADV-1 and INV-ADV-3).
 - Node names are ``"<ClassName>#<i>"`` in creation order: the same ``define`` gives
   the same snapshot, byte for byte under ``json.dumps``.
+- The names a run stores (class references, node names, ``limit_by`` keys and families)
+  fit their columns and have no whitespace around them, which MySQL-family would ignore
+  when comparing (``"acct "`` would be ``"acct"``'s key there, another one elsewhere).
 
 Not done here: nothing touches a database or imports a step's module at build time.
 """
@@ -43,7 +46,7 @@ from ductwork.errors import (
     MainModuleError,
     StartError,
 )
-from ductwork.limit_entries import MAX_KEY_CHARS
+from ductwork.limit_entries import MAX_KEY_CHARS, has_whitespace_around
 from ductwork.pipelines.registry import in_main_module, register_class, step_ref
 from ductwork.pipelines.snapshot import Definition, EdgeSpec, NodeSpec, PartitionBy, copy_targets, render_divert_key
 from ductwork.pipelines.step import Step, check_execute
@@ -92,10 +95,14 @@ class _Graph:
         return kind(self.name, transition, reason)
 
     def check_name(self, transition: str, what: str, name: str, limit: int = NAME_LIMIT) -> None:
-        """Raise unless ``name`` (``what`` it is) has at most ``limit`` characters, as stored."""
+        """Raise unless ``name`` (``what`` it is) has at most ``limit`` characters, as stored,
+        and no whitespace around it (MySQL-family would compare it equal to another name)."""
         if len(name) > limit:
             raise self.error(transition, f"{what} has {len(name)} characters, more than the {limit} a run "
                                          f"stores: {name[:80]!r}…")
+        if has_whitespace_around(name):
+            raise self.error(transition, f"{what} has whitespace around it, which MySQL-family ignores when it "
+                                         f"compares names: {name!r}")
 
     def add_nodes(self, transition: str, classes: list[Any], delay: object, timeout: object,
                   limit_by: object) -> list[str]:
@@ -203,10 +210,10 @@ class PipelineBuilder:
         bill, ship = pipeline.start(Fetch).divide(to=[Bill, Ship]); bill.chain(to=Audit)
 
     Each transition takes ``delay=``, ``timeout=`` (positive seconds, ``timedelta`` or
-    duration string) and ``limit_by=`` (a non-blank ``str`` key, or ``(family, field)``:
-    each step's key is its partition of the family, ``field`` a parameter of the class's
-    ``__init__`` or a dotted path into it, docs/semantics.md §5.1); they apply to the
-    node(s) the transition creates. Transitions return the builder to continue on.
+    duration string) and ``limit_by=`` (a non-blank ``str`` key without whitespace around
+    it, or ``(family, field)``: each step's key is its partition of the family, ``field`` a
+    parameter of the class's ``__init__`` or a dotted path into it, docs/semantics.md
+    §5.1); they apply to the node(s) the transition creates. Transitions return the builder to continue on.
 
     ``divide``/``divert`` return a fork. Chained on, it acts on every branch at once
     (``.chain(to=D)`` adds ONE node D after each branch's last node; at run time each

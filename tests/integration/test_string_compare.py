@@ -9,19 +9,27 @@ PAD SPACE collation on MariaDB 10.x (and MySQL's ``utf8mb4_bin`` too): a shorter
 padded with spaces before it is compared, so ``'api' = 'api '`` is true, a unique index or a
 primary key holds only one of them, and a look-up of either finds the other. Only trailing
 U+0020 spaces count: a tab or a space inside the value compares as on the other databases.
-The columns of the default collation (``processes.label``) also ignore case and accents.
+
+Those columns are large (executions, steps, runs), so rather than a NO PAD collation for
+each, the engine keeps such values out of them before they reach a database: a name or key
+with whitespace around it (``limit_entries.has_whitespace_around``, ``str.strip``'s
+whitespace) is refused where it is declared or written, on every database: a trigger key
+(TriggerKeyError), a context key (InputError), a static ``limit_by`` key, a key family, a
+pipeline's or a class's reference and a node name (DefinitionError, when the class is
+created), a key or family of ``job_worker.limits`` (ConfigError); a blank limit key too (the
+unkeyed lane is ``''``). A partition's value is rendered so that no trailing space is left
+(quoted in its key). The one column of the default collation that the engine compares,
+``ductwork_processes.label``, ignores case, accents and trailing spaces.
 
 Each test states what PostgreSQL and SQLite do, which is what should happen on every
 database. Where MySQL-family does otherwise the test is a reproducer of a bug,
 ``xfail(strict=True)`` on MySQL-family only (:func:`_fails_on_mysql_family`), naming it, so
-it flips when the bug is fixed. Where the engine keeps such values out before they reach a
-column (a trigger key with whitespace around it, a blank limit key) or renders them so that
-no trailing space is left (a partition's value, quoted in its key), the test shows that, on
-the three databases.
+it flips when the bug is fixed.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -59,65 +67,61 @@ def _header_keys(app: Any) -> list[str]:
 
 # --------------------------------------------------------------------------- limit keys
 
-#: three static keys that differ only in trailing spaces
-SPACED_KEYS = ("acct", "acct ", "acct  ")
-SPACED_KEYED = [_pipeline(f"SpacedKey{i}", lambda p, key=key: p.start(Echo, limit_by=key))
-                for i, key in enumerate(SPACED_KEYS)]
+#: a key with whitespace around it, each way: trailing spaces (what PAD SPACE ignores),
+#: leading ones, a tab, a no-break space (refused as a trigger key's are)
+SPACED_KEYS = ("acct ", "acct  ", " acct", "acct\t", "acct\xa0")
+KEYED = _pipeline("SpacedKey", lambda p: p.start(Echo, limit_by="acct"))
 
 
-def test_static_limit_keys_that_differ_only_in_trailing_spaces_are_distinct_keys(db_url, request):
-    """Three static keys of concurrency 1 each, one run of each: all three are claimed at
-    once, each in its own key's count, with a header row each (the key's lock). On
-    MariaDB the three are one row of ``ductwork_limit_keys`` (its primary key; ``enqueue``'s
-    INSERT IGNORE drops the others without a word), so one lock, one in-flight count, one
-    set of buckets and one rate stamp for three keys with three configs: the first claim
-    fills all three and the other two runs wait (stricter than configured, never looser;
-    a key's refusals and ``ductwork status`` count the three as one)."""
-    _fails_on_mysql_family(request, "limit keys that differ only in trailing spaces are one key on MySQL-family "
-                                    "(utf8mb4_bin is PAD SPACE): one header row, lock, in-flight count and buckets")
-    limits = {key: {"concurrency": 1} for key in SPACED_KEYS}
-    for app in installed(make_app(db_url, job_worker={"limits": limits})):
-        for pipeline in SPACED_KEYED:
-            pipeline.trigger(0)
+def _limits(limits: dict[str, Any]) -> Config:
+    """The test config with ``job_worker.limits`` ``limits``."""
+    return Config.from_section({**TEST_CONFIG, "job_worker": {**TEST_CONFIG.get("job_worker", {}), "limits": limits}},
+                               source="<tests>")
+
+
+def test_a_static_limit_key_with_whitespace_around_it_is_refused_on_every_database(db_url):
+    """Static keys ``acct``, ``acct `` and ``acct  `` would be three keys on PostgreSQL and
+    SQLite and one on MariaDB: one row of ``ductwork_limit_keys`` (its primary key;
+    ``enqueue``'s INSERT IGNORE drops the others without a word), so one lock, one in-flight
+    count, one set of buckets and one rate stamp for three keys with three configs. So a
+    key with whitespace around it is refused where it is declared, naming it: ``limit_by=``
+    (DefinitionError, when the class is created) and ``job_worker.limits`` (ConfigError, when
+    the config is read), before any database. ``acct`` itself (concurrency 1) is one key
+    with one header row, on the three databases."""
+    for key in SPACED_KEYS:
+        with pytest.raises(DefinitionError, match=rf"^SpacedKey\.start: limit_by has whitespace around it, .*: "
+                                                  rf"{re.escape(repr(key))}$"):
+            _pipeline("SpacedKey", lambda p, key=key: p.start(Echo, limit_by=key))
+        with pytest.raises(ConfigError, match=rf"={re.escape(repr(key))}: a limit key may not have whitespace "
+                                              "around it"):
+            make_app(db_url, job_worker={"limits": {"acct": {"concurrency": 1}, key: {"concurrency": 1}}})
+    for app in installed(make_app(db_url, job_worker={"limits": {"acct": {"concurrency": 1}}})):
+        KEYED.trigger(0)
+        KEYED.trigger(1)
         process = app.process_id()
-        claimed = [claims.claim(app, process) for _ in SPACED_KEYS]
+        claimed = claims.claim(app, process)
         assert {
-            "claimed": sorted(c.limit_key for c in claimed if c is not None),
-            "then": claims.claim(app, process),  # and each key is now full
+            "claimed": None if claimed is None else claimed.limit_key,
+            "then": claims.claim(app, process),  # the key is full
             "header rows": _header_keys(app),
-        } == {
-            "claimed": sorted(SPACED_KEYS),
-            "then": None,
-            "header rows": sorted(SPACED_KEYS),
-        }
+        } == {"claimed": "acct", "then": None, "header rows": ["acct"]}
 
 
-SPACED_FAMILY = _pipeline("SpacedFamily", lambda p: p.start(Echo, limit_by=("acct ", "value")))
-
-
-def test_a_family_whose_name_differs_from_a_static_keys_only_in_a_trailing_space_has_its_own_row(db_url, request):
-    """A static key ``acct`` and a family ``acct `` (per partition 1): a run of each is
-    claimed, and the header rows are the static key's, the family's own (its lock, taken
-    before a partition's, and the ``seq`` a forgotten partition leaves) and the partition's.
-    On MariaDB the family's row is the static key's: each partition's claim locks the
-    static key too, and a forgotten partition's ``seq`` is written into the static key's
-    row (``forget_partition``). No limit is broken: a shared lock, and numbers that only
-    grow."""
-    _fails_on_mysql_family(request, "a key family named as a static key plus a trailing space shares the static "
-                                    "key's header row on MySQL-family (utf8mb4_bin is PAD SPACE)")
-    limits = {"acct": {"concurrency": 1}, "acct ": {"per_partition": {"concurrency": 1}}}
-    for app in installed(make_app(db_url, job_worker={"limits": limits})):
-        SPACED_KEYED[0].trigger(0)
-        SPACED_FAMILY.trigger("x")
-        process = app.process_id()
-        claimed = [claims.claim(app, process) for _ in range(2)]
-        assert {
-            "claimed": sorted(c.limit_key for c in claimed if c is not None),
-            "header rows": _header_keys(app),
-        } == {
-            "claimed": ["acct", 'acct ["x"]'],
-            "header rows": ["acct", "acct ", 'acct ["x"]'],
-        }
+def test_a_key_family_with_whitespace_around_its_name_is_refused_on_every_database(db_url):
+    """A static key ``acct`` and a family ``acct `` would have a header row each on
+    PostgreSQL and SQLite and share one on MariaDB: each partition's claim locking the
+    static key too, a forgotten partition's ``seq`` written into the static key's row. So a
+    family whose name has whitespace around it is refused, naming it, in ``limit_by=(family,
+    field)`` (DefinitionError) and in ``job_worker.limits`` (ConfigError), on the three
+    databases."""
+    for family in SPACED_KEYS:
+        with pytest.raises(DefinitionError, match=rf"^SpacedFamily\.start: limit_by's family has whitespace around "
+                                                  rf"it, .*: {re.escape(repr(family))}$"):
+            _pipeline("SpacedFamily", lambda p, family=family: p.start(Echo, limit_by=(family, "value")))
+        with pytest.raises(ConfigError, match=rf"={re.escape(repr(family))}: a key family may not have whitespace "
+                                              "around it"):
+            make_app(db_url, job_worker={"limits": {"acct": {"concurrency": 1},
+                                                    family: {"per_partition": {"concurrency": 1}}}})
 
 
 PARTITIONED = _pipeline("SpacedPartitions", lambda p: p.start(Echo, limit_by=("acct", "value")))
@@ -154,8 +158,7 @@ def test_a_blank_limit_key_is_refused_so_no_key_is_the_unkeyed_lane():
         _pipeline("BlankFamily", lambda p: p.start(Echo, limit_by=("  ", "value")))
     for limits in ({"  ": {"concurrency": 1}}, {"  ": {"per_partition": {"concurrency": 1}}}):
         with pytest.raises(ConfigError, match="non-blank"):
-            Config.from_section({**TEST_CONFIG, "job_worker": {**TEST_CONFIG.get("job_worker", {}), "limits": limits}},
-                                source="<tests>")
+            _limits(limits)
 
 
 # --------------------------------------------------------------------------- trigger keys and pipeline names
@@ -178,29 +181,41 @@ def test_a_trigger_key_with_whitespace_around_it_is_refused_on_every_database(db
         assert ORDERS.trigger(1, key="2026-12").id == run.id
 
 
-#: two pipelines whose names (``module:qualname``) differ only in a trailing space: a class
-#: made by a factory (``type()``), or given a ``__qualname__``; no ``class`` statement makes one
-SPACED_PIPELINES = [_pipeline(name, lambda p: p.start(Echo)) for name in ("Ledger", "Ledger ")]
+#: a pipeline whose name (``module:qualname``) has whitespace around it: a class made by a
+#: factory (``type()``), or given a ``__qualname__``; no ``class`` statement makes one
+SPACED_NAMES = ("Ledger ", "Ledger\t")
+LEDGER = _pipeline("Ledger", lambda p: p.start(Echo))
 
 
-def test_pipelines_whose_names_differ_only_in_a_trailing_space_keep_their_own_trigger_keys(db_url, request):
-    """One trigger key, two pipelines named ``…:Ledger`` and ``…:Ledger ``: two runs, one of
-    each (``uq_run_trigger_key`` is per pipeline name), and ``list_runs`` (``ductwork runs
-    --pipeline``) of each name lists its own. On MariaDB the second trigger finds the first
-    pipeline's run by the key (``pipeline_klass = 'm:Ledger '`` matches ``m:Ledger``) and
-    returns it: a run of another pipeline, and the second pipeline never runs."""
-    _fails_on_mysql_family(request, "pipeline names that differ only in trailing spaces share trigger keys on "
-                                    "MySQL-family (utf8mb4_bin is PAD SPACE)")
+def test_a_pipeline_name_with_whitespace_around_it_is_refused_on_every_database(db_url):
+    """Pipelines ``…:Ledger`` and ``…:Ledger `` would keep their own trigger keys on
+    PostgreSQL and SQLite (``uq_run_trigger_key`` is per pipeline name); on MariaDB the
+    second's trigger would find the first's run by the key (``pipeline_klass = 'm:Ledger '``
+    matches ``m:Ledger``) and return it: a run of another pipeline. So a pipeline, step class
+    or on_halt handler whose reference has whitespace around it is refused when the class is
+    created (DefinitionError naming it), and so is a node name (``<ClassName>#<i>``) that
+    begins with whitespace; ``…:Ledger`` triggers once per key and ``list_runs`` of its name
+    lists its run, on the three databases."""
+    for name in SPACED_NAMES:
+        ref = re.escape(repr(f"{__name__}:{name}"))
+        with pytest.raises(DefinitionError, match=rf"^{name}\.define: the pipeline's reference has whitespace "
+                                                  rf"around it, .*: {ref}$"):
+            _pipeline(name, lambda p: p.start(Echo))
+        step = type(name, (Echo,), {"__module__": __name__})
+        for transition, define in (("start", lambda p, step=step: p.start(step)),
+                                   ("on_halt", lambda p, step=step: p.start(Echo).on_halt(step))):
+            with pytest.raises(DefinitionError, match=rf"^Halting\.{transition}: {re.escape(name)}'s reference has "
+                                                      rf"whitespace around it, .*: {ref}$"):
+                _pipeline("Halting", define)
+    node = type(" Echo", (Echo,), {"__module__": __name__})  # its reference, "…: Echo", has none around it
+    with pytest.raises(DefinitionError, match=r"^Nodes\.start: the node name has whitespace around it, .*: ' Echo#0'$"):
+        _pipeline("Nodes", lambda p: p.start(node))
     for app in installed(make_app(db_url)):
-        first, second = (pipeline.trigger(1, key="2026-12") for pipeline in SPACED_PIPELINES)
-        names = [f"{__name__}:{pipeline.__qualname__}" for pipeline in SPACED_PIPELINES]
+        run = LEDGER.trigger(1, key="2026-12")
         assert {
-            "pipelines of the runs": [first.refresh().pipeline, second.refresh().pipeline],
-            "runs listed per name": [[r.id for r in list_runs(app, pipeline=name)] for name in names],
-        } == {
-            "pipelines of the runs": names,
-            "runs listed per name": [[first.id], [second.id]],
-        }
+            "again": LEDGER.trigger(1, key="2026-12").id,
+            "listed": [r.id for r in list_runs(app, pipeline=f"{__name__}:Ledger")],
+        } == {"again": run.id, "listed": [run.id]}
 
 
 # --------------------------------------------------------------------------- context keys
@@ -304,8 +319,9 @@ COLUMNS = {
                                           "uq_process_host_pid_label; test_process_labels_that_differ_only_in_case_"
                                           "or_trailing_spaces_are_two_processes"),
     "ductwork_runs.pipeline_klass": (EXACT, "the class's module:qualname, compared with trigger keys (uq_run_trigger_"
-                                            "key) and by list_runs; test_pipelines_whose_names_differ_only_in_a_"
-                                            "trailing_space_keep_their_own_trigger_keys"),
+                                            "key) and by list_runs: no whitespace around it (definition._Graph.check_"
+                                            "name); test_a_pipeline_name_with_whitespace_around_it_is_refused_on_"
+                                            "every_database"),
     "ductwork_runs.definition_sha1": (ENGINE, "a SHA-1 in hex"),
     "ductwork_runs.status": (ENGINE, "RunStatus; list_runs refuses any other (RunFilterError)"),
     "ductwork_runs.trigger_key": (EXACT, "no whitespace around it (trigger.check_key); test_a_trigger_key_with_"
@@ -317,9 +333,10 @@ COLUMNS = {
     "ductwork_steps.klass": (SHOWN, "a step class's module:qualname"),
     "ductwork_steps.to_transition": (ENGINE, "EDGE_TYPES"),
     "ductwork_steps.status": (ENGINE, "StepStatus"),
-    "ductwork_steps.limit_key": (EXACT, "a static limit_by= or a partition's key; test_static_limit_keys_that_differ_"
-                                        "only_in_trailing_spaces_are_distinct_keys, test_partition_values_that_"
-                                        "differ_only_in_trailing_spaces_are_distinct_partitions"),
+    "ductwork_steps.limit_key": (EXACT, "a static limit_by=, no whitespace around it (definition._Graph.check_name), "
+                                        "or a partition's key, its value quoted; test_a_static_limit_key_with_"
+                                        "whitespace_around_it_is_refused_on_every_database, test_partition_values_"
+                                        "that_differ_only_in_trailing_spaces_are_distinct_partitions"),
     "ductwork_executions.outcome": (ENGINE, "OUTCOMES"),
     "ductwork_executions.error_klass": (SHOWN, "the class a step raised; the advancer's NOT IN CRASH_CLASSES reads "
                                                "ductwork_advancements.error_klass only"),
@@ -335,8 +352,9 @@ COLUMNS = {
     "ductwork_context.key": (EXACT, "Context.set/get's key, refused with whitespace around it or a NUL; "
                                     "test_a_context_key_with_whitespace_around_it_or_a_nul_is_refused_on_every_"
                                     "database"),
-    "ductwork_limit_keys.key": (EXACT, "a step's limit_key or a partition's family; test_a_family_whose_name_differs_"
-                                       "from_a_static_keys_only_in_a_trailing_space_has_its_own_row"),
+    "ductwork_limit_keys.key": (EXACT, "a step's limit_key or a partition's family, no whitespace around it "
+                                       "(definition._Graph.check_name); test_a_key_family_with_whitespace_around_its_"
+                                       "name_is_refused_on_every_database"),
     "ductwork_limit_keys.config_digest": (ENGINE, "limit_entries.entry_digest: hex"),
     "ductwork_limit_buckets.key": (EXACT, "a key that has a ductwork_limit_keys row"),
     "ductwork_key_refusals.key": (EXACT, "a key that has a ductwork_limit_keys row"),

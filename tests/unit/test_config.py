@@ -417,7 +417,7 @@ def shaped(schema):
     if isinstance(schema, list):
         return st.lists(shaped(schema[0]), max_size=3) | shaped(schema[0])
     if isinstance(schema, tuple):  # a mapping with free keys
-        names = keys | st.sampled_from(["api", "SyncOrders", "a:B"])
+        names = keys | st.sampled_from(["api", "SyncOrders", "a:B", "api ", " api", "api\t", "a[b", "a[1] "])
         return st.dictionaries(names, shaped(schema[0]), max_size=3)
     return st.integers(0, 5) | st.sampled_from(["1s", "1m", "all", "a:B", "x.y", "*"]) | scalars
 

@@ -1259,3 +1259,55 @@ def test_each_of_a_transitions_classes_has_its_own_node_name_checked():
     chain = lambda p: functools.reduce(lambda b, _: b.chain(to=A), range(8), p.start(A))  # noqa: E731 - #0..#8
     with pytest.raises(DefinitionError, match=r"^P\.divide: the node name has 256 characters"):
         build(lambda p: chain(p).divide(to=[A, klass]))
+
+
+#: whitespace around a name, each way ``str.strip`` removes: MySQL-family compares names
+#: with trailing spaces ignored, so each would be another name's there and its own elsewhere
+AROUND = ["x ", "x  ", " x", "x\t", "\nx", "x\xa0", "x\u3000"]
+#: one a class reference ends with (it begins with its module's name)
+TRAILING = [name for name in AROUND if name[0] == "x"]
+WHITESPACE = "has whitespace around it, which MySQL-family ignores when it compares names"
+
+
+@pytest.mark.parametrize("key", AROUND, ids=repr)
+@pytest.mark.parametrize("case", ["start", "expand", "divert", "combine"])
+def test_a_static_limit_key_or_family_with_whitespace_around_it_is_refused_naming_it(case, key):
+    """``limit_by="x "`` and ``limit_by=("x ", field)``: a DefinitionError naming the key,
+    when the pipeline is defined, as a trigger key's whitespace is refused at a trigger;
+    the same key without it builds."""
+    fn, _ = OPTION_CASES[case]
+    transition = case.split()[-1]
+    fails(lambda p: fn(p, {"limit_by": key}), DefinitionError, f"P.{transition}: limit_by {WHITESPACE}: {key!r}")
+    fails(lambda p: fn(p, {"limit_by": (key, "order")}), DefinitionError,
+          f"P.{transition}: limit_by's family {WHITESPACE}: {key!r}")
+    assert build(lambda p: fn(p, {"limit_by": key.strip()})).definition.limit_keys() == {"x"}
+
+
+@pytest.mark.parametrize("name", TRAILING, ids=repr)
+def test_a_class_reference_with_whitespace_around_it_is_refused_naming_it(name):
+    """A pipeline's, a step class's and an on_halt handler's ``module:qualname`` ending in
+    whitespace (a class made by ``type()`` or given a ``__qualname__``): a DefinitionError
+    naming the reference when the pipeline is defined; a module name beginning with it
+    too."""
+    ref = f"{MOD}:{name}"
+    cases = {
+        "pipeline": (lambda: type("P", (Pipeline,), {"define": classmethod(lambda _c, p: p.start(A)),
+                                                       "__module__": MOD, "__qualname__": name}),
+                     f"P.define: the pipeline's reference {WHITESPACE}: {ref!r}"),
+        "step": (lambda: build(lambda p: p.start(A).chain(to=_named(name))),
+                 f"P.chain: {name}'s reference {WHITESPACE}: {ref!r}"),
+        "handler": (lambda: build(lambda p: p.start(A).on_halt(_named(name))),
+                    f"P.on_halt: {name}'s reference {WHITESPACE}: {ref!r}"),
+        "module": (lambda: build(lambda p: p.start(_named("X", module=f" {MOD}"))),
+                   f"P.start: X's reference {WHITESPACE}: {' ' + MOD + ':X'!r}"),
+    }
+    for make, message in cases.values():
+        with pytest.raises(DefinitionError) as info:
+            make()
+        assert str(info.value) == message
+
+
+def test_a_node_name_beginning_with_whitespace_is_refused_naming_it():
+    """A class named `` X`` has a reference (``m: X``) without whitespace around it, but its
+    node ``' X#0'`` begins with a space."""
+    fails(lambda p: p.start(_named(" X", module="m")), DefinitionError, f"P.start: the node name {WHITESPACE}: ' X#0'")

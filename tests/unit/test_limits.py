@@ -31,6 +31,7 @@ from ductwork.limit_entries import (
     LimitEntry,
     RateEntry,
     check_int,
+    child_path,
     drop_dominated,
     entry_digest,
     parse_limit_config,
@@ -205,12 +206,16 @@ def test_a_family_entry_parses_to_its_partitions_entry_and_its_ceiling():
 
 ONE = {"concurrency": 1}
 FAMILY_V = {"per_partition": ONE}
+#: why a key or family with whitespace around it is refused
+PAD = "MySQL-family ignores trailing spaces when it compares keys"
 
 
 @pytest.mark.parametrize(("raw", "path", "value", "reason"), [
     ({"v[": FAMILY_V}, "job_worker.limits.v[", "v[", "a key family must be a non-blank string without '['"),
     ({" ": FAMILY_V}, "job_worker.limits[' ']", " ", "a key family must be a non-blank string without '['"),
     ({7: FAMILY_V}, "job_worker.limits[7]", 7, "a key family must be a non-blank string without '['"),
+    ({"v ": FAMILY_V}, "job_worker.limits['v ']", "v ", f"a key family may not have whitespace around it ({PAD})"),
+    ({"\tv": FAMILY_V}, "job_worker.limits['\\tv']", "\tv", f"a key family may not have whitespace around it ({PAD})"),
     ({"v": {**FAMILY_V, "burst": 1}}, "job_worker.limits.v.burst", 1,
      "unknown key; valid keys: per_partition, concurrency, rate"),
     ({"v": {**FAMILY_V, "rate": {"limit": 1, "per": "1s"}}}, "job_worker.limits.v.rate", {"limit": 1, "per": "1s"},
@@ -228,7 +233,7 @@ FAMILY_V = {"per_partition": ONE}
     # the family is the name before the first '[': a value holding one is still v's partition
     ({"v": FAMILY_V, 'v["a[0]"]': ONE}, 'job_worker.limits.v["a[0]"]', 'v["a[0]"]',
      "a static key may not be a partition of family 'v' (v[…]); rename it"),
-], ids=["bracket", "blank", "not-str", "unknown-key", "family-rate", "ceiling-0", "empty-partition",
+], ids=["bracket", "blank", "not-str", "spaced", "tabbed", "unknown-key", "family-rate", "ceiling-0", "empty-partition",
         "partition-int", "static-partition", "static-partition-first", "bracket-in-value"])
 def test_family_refusals_give_path_value_and_reason(raw, path, value, reason):
     with pytest.raises(ConfigError) as info:
@@ -363,6 +368,32 @@ def test_rate_refusals_give_the_reason(raw, path, reason):
     with pytest.raises(ConfigError) as info:
         parse(raw)
     assert (info.value.path, info.value.reason) == (path, reason)
+
+
+@pytest.mark.parametrize("key", ["api ", "api  ", " api", "api\t", "\napi", "api\xa0", "api\u3000"], ids=repr)
+def test_a_key_with_whitespace_around_it_is_refused_naming_it(key):
+    """MySQL-family compares keys with trailing spaces ignored: ``api `` would be ``api``'s
+    key there and its own elsewhere, so it is refused, at a path that shows it in brackets
+    (``job_worker.limits['api ']``), as a static key and as a family's partitions' key; the
+    key without it parses."""
+    for raw in ({key: ONE}, {"api": ONE, key: ONE}):
+        with pytest.raises(ConfigError) as info:
+            parse_limits(raw)
+        assert (info.value.path, info.value.value, info.value.reason) == (
+            f"job_worker.limits[{key!r}]", key, f"a limit key may not have whitespace around it ({PAD})")
+        with pytest.raises(ConfigError) as info:
+            parse_limit_entry(key, ONE, "limits.x")
+        assert (info.value.path, info.value.reason) == (
+            "limits.x", f"a limit key may not have whitespace around it ({PAD})")
+    assert set(parse_limits({key.strip(): ONE})) == {"api"}
+
+
+@pytest.mark.parametrize(("key", "path"), [
+    ("api", "a.api"), ("a b", "a.a b"), ("api ", "a['api ']"), (" api", "a[' api']"), ("api\n", "a['api\\n']"),
+    ("", "a['']"), (" ", "a[' ']"), (7, "a[7]"), (None, "a[None]"),
+], ids=repr)
+def test_a_childs_path_is_dotted_only_for_a_non_blank_key_without_whitespace_around_it(key, path):
+    assert child_path("a", key) == path
 
 
 def test_a_blank_key_is_refused_with_the_key_and_the_hint():

@@ -19,6 +19,11 @@ from model.limits import (
 )
 
 
+def partition_key_of(family):
+    """``partition_key`` of ``family``, of the value it is given."""
+    return lambda value: partition_key(family, value)
+
+
 @pytest.mark.parametrize(("parse", "value", "message"), [
     (render_period, 0, "seconds=0: a period must be a whole number of seconds >= 1"),
     (parse_rate_entries, [], "rate=[]: must be one {limit, per, burst} mapping or a non-empty list"),
@@ -44,6 +49,10 @@ from model.limits import (
      "limits.v[='v[': a key family must be a non-blank string without '['"),
     (parse_limits, {"v": {"per_partition": {"concurrency": 1}}, 'v["a"]': {"concurrency": 1}},
      "limits='v[\"a\"]': a static key may not be a partition of family 'v'"),
+    (parse_limits, {"k ": {"concurrency": 1}}, "limits='k ': a limit key may not have whitespace around it"),
+    (parse_limits, {"\tk": {"per_partition": {"concurrency": 1}}},
+     "limits='\\tk': a limit key may not have whitespace around it"),
+    (partition_key_of("k\xa0"), 1, "limit_by='k\\xa0': a key family may not have whitespace around it"),
 ])
 def test_a_malformed_limits_entry_is_refused_naming_its_path(parse, value, message):
     with pytest.raises(ConfigError) as refused:
