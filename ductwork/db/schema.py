@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
+from sqlalchemy.ext.compiler import compiles
 
 #: Text that holds a payload (JSON of a step's input or output, an expand item, a
 #: context value), a definition snapshot or a backtrace: at least
@@ -64,6 +65,19 @@ Name = sa.String(255)
 #: be one key: two limit keys one lock, count and buckets, two pipelines one trigger key,
 #: two context keys one value. The binary collation compares them as PostgreSQL and SQLite do.
 ExactKey = sa.String(255).with_variant(mysql.VARCHAR(255, collation="utf8mb4_bin"), "mysql", "mariadb")
+
+
+class NoPadBin(mysql.VARCHAR):
+    """MySQL-family's ``VARCHAR`` of the binary NO PAD collation, which compares as PostgreSQL
+    and SQLite do, trailing spaces included (``utf8mb4_bin`` is PAD SPACE: ``'a' = 'a '``):
+    ``utf8mb4_nopad_bin`` on MariaDB, ``utf8mb4_0900_bin`` on MySQL 8.0.17+ (revision 0016).
+    Chosen as the DDL is compiled: one dialect (``mysql``) serves both servers."""
+
+
+@compiles(NoPadBin, "mysql", "mariadb")
+def _no_pad_bin(type_: NoPadBin, compiler: Any, **_: Any) -> str:
+    collation = "utf8mb4_nopad_bin" if compiler.dialect.is_mariadb else "utf8mb4_0900_bin"
+    return f"VARCHAR({type_.length}) COLLATE {collation}"
 
 
 def _timestamps() -> list[sa.Column[datetime]]:
@@ -146,8 +160,9 @@ processes = sa.Table(
     sa.Column("pid", sa.Integer, nullable=False),
     #: the host, and where Linux tells them the boot and pid namespace (db/hosts.py)
     sa.Column("machine_identifier", Name, nullable=False),
-    #: several process identities may live in one OS process (tests, embedded use)
-    sa.Column("label", sa.String(100), nullable=False),
+    #: several process identities may live in one OS process (tests, embedded use), told
+    #: apart by label: compared exactly, case and trailing spaces included (revision 0016)
+    sa.Column("label", sa.String(100).with_variant(NoPadBin(100), "mysql", "mariadb"), nullable=False),
     sa.Column("role", sa.String(32), nullable=False),
     sa.Column("last_heartbeat_at", Timestamp, nullable=False),
     #: when the OS process started (clock ticks after boot): with machine_identifier and

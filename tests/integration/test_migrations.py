@@ -14,6 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from ductwork.db import engines, migrate, schema
+from ductwork.db.ids import new_id
 from tests import databases
 from tests.conftest import BACKENDS
 
@@ -290,3 +291,47 @@ def test_revision_0015_widens_a_refusals_reason_to_hold_family_concurrency_and_b
     migrate.downgrade(empty_engine, "0014")
     with empty_engine.connect() as conn:
         assert conn.execute(rows).all() == [("rate", 3)]
+
+
+def test_revision_0016_tells_process_labels_apart_by_case_and_trailing_spaces_and_back(empty_engine):
+    """At 0015 MySQL-family compares ``ductwork_processes.label`` by the table's default
+    collation (case-insensitive, PAD SPACE): a look-up of ``Worker `` finds ``worker``, and
+    ``uq_process_host_pid_label`` refuses ``Worker`` beside it in one OS process. 0016 gives
+    the column the binary NO PAD collation: the three labels are three rows, each found by
+    its own spelling only, as on PostgreSQL and SQLite all along. A downgrade is refused
+    while they would collide again, before anything is altered, and goes once they are gone."""
+    p = schema.processes
+    mysql = empty_engine.dialect.name in ("mysql", "mariadb")
+    now = sa.func.current_timestamp()
+
+    def add(label: str) -> None:
+        with empty_engine.begin() as conn:
+            conn.execute(p.insert().values(id=new_id(), pid=1, machine_identifier="m", label=label,
+                                           role="job_worker", last_heartbeat_at=now, created_at=now, updated_at=now))
+
+    def found(label: str) -> list[str]:
+        with empty_engine.connect() as conn:
+            return conn.execute(sa.select(p.c.label).where(p.c.label == label)).scalars().all()
+
+    migrate.upgrade(empty_engine, "0015")
+    add("worker")
+    assert found("Worker ") == (["worker"] if mysql else [])
+    if mysql:
+        with pytest.raises(sa.exc.IntegrityError):
+            add("Worker")
+    migrate.upgrade(empty_engine, "0016")
+    assert _differences(empty_engine) == []
+    add("Worker")
+    add("worker ")
+    assert [found(label) for label in ("worker", "Worker", "worker ", "WORKER")] == [
+        ["worker"], ["Worker"], ["worker "], []]
+    if mysql:
+        with pytest.raises(RuntimeError, match=r"cannot downgrade below 0016: .*pid 1: "):
+            migrate.downgrade(empty_engine, "0015")
+        assert migrate.current(empty_engine) == "0016"
+        with empty_engine.begin() as conn:
+            conn.execute(p.delete().where(p.c.label != "worker"))
+    migrate.downgrade(empty_engine, "0015")
+    assert found("worker") == ["worker"]
+    migrate.upgrade(empty_engine)
+    assert _differences(empty_engine) == []

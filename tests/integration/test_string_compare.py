@@ -19,12 +19,11 @@ pipeline's or a class's reference and a node name (DefinitionError, when the cla
 created), a key or family of ``job_worker.limits`` (ConfigError); a blank limit key too (the
 unkeyed lane is ``''``). A partition's value is rendered so that no trailing space is left
 (quoted in its key). The one column of the default collation that the engine compares,
-``ductwork_processes.label``, ignores case, accents and trailing spaces.
+``ductwork_processes.label`` (case, accents and trailing spaces ignored), is small: revision
+0016 gave it the binary NO PAD collation (``schema.NoPadBin``).
 
-Each test states what PostgreSQL and SQLite do, which is what should happen on every
-database. Where MySQL-family does otherwise the test is a reproducer of a bug,
-``xfail(strict=True)`` on MySQL-family only (:func:`_fails_on_mysql_family`), naming it, so
-it flips when the bug is fixed.
+Each test states what PostgreSQL and SQLite do, and shows that it happens on the three
+databases.
 """
 
 from __future__ import annotations
@@ -46,12 +45,6 @@ from ductwork.pipelines.history import list_runs
 from ductwork.testing import drain
 from tests.conftest import TEST_CONFIG, installed, make_app
 from tests.workloads import Echo
-
-
-def _fails_on_mysql_family(request: pytest.FixtureRequest, bug: str) -> None:
-    """Mark this test ``xfail(strict=True)`` when it runs on MySQL-family: the bug ``bug``."""
-    if request.node.callspec.params.get("db_url") == "mysql":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"BUG: {bug}"))
 
 
 def _pipeline(name: str, define: Callable[[Any], object]) -> type[Pipeline]:
@@ -263,17 +256,15 @@ def test_a_context_key_with_whitespace_around_it_or_a_nul_is_refused_on_every_da
 # --------------------------------------------------------------------------- process labels
 
 
-def test_process_labels_that_differ_only_in_case_or_trailing_spaces_are_two_processes(db_url, request):
+def test_process_labels_that_differ_only_in_case_or_trailing_spaces_are_three_processes(db_url):
     """Several process identities may live in one OS process (embedded use; ``register``'s
     ``label``): ``worker``, ``Worker`` and ``worker `` registered in this process are three
     rows, each alive (its heartbeat lands), and the first keeps the execution it claimed.
-    ``ductwork_processes.label`` has the table's default collation, which on MariaDB
-    ignores case, accents and trailing spaces: ``register`` looks for a previous incarnation
-    of this pid by label (``label = 'Worker'`` finds ``worker``), takes the live ``worker``
-    for a dead one and reaps it, recovering its claim as crashed while it runs."""
-    _fails_on_mysql_family(request, "process labels are compared by the default collation on MySQL-family (case-"
-                                    "insensitive, PAD SPACE): registering 'Worker' reaps the live 'worker' of the "
-                                    "same OS process")
+    Before revision 0016 ``ductwork_processes.label`` had the table's default collation,
+    which on MariaDB ignores case, accents and trailing spaces: ``register``'s look-up of a
+    previous incarnation of this pid by label (``label = 'Worker'`` found ``worker``) took
+    the live ``worker`` for a dead one and reaped it, recovering its claim as crashed while
+    it ran. Now the binary NO PAD collation (``schema.NoPadBin``), on the three databases."""
     for app in installed(make_app(db_url)):
         ORDERS.trigger(1)
         labels = ("worker", "Worker", "worker ")
@@ -302,12 +293,13 @@ def test_process_labels_that_differ_only_in_case_or_trailing_spaces_are_two_proc
 ENGINE = "engine"  # values only the engine writes (tests/unit/test_column_widths.py holds them): one spelling each
 SHOWN = "shown"  # a user's value, stored and shown, never compared by a statement
 EXACT = "exact"  # schema.ExactKey: utf8mb4_bin on MySQL-family, so case and accents count; trailing spaces do not
+NOPAD = "nopad"  # schema.NoPadBin: binary and NO PAD on MySQL-family, so case, accents and trailing spaces count
 DEFAULT = "default"  # the table's default collation on MySQL-family: case, accents and trailing spaces do not count
 
 #: Each string column but the ids (``schema.Id``: UUIDv7 text that ``db/ids.py`` makes), how
 #: MySQL-family compares it and what keeps that from differing from PostgreSQL and SQLite:
-#: an engine-made value, a value never compared, a check that keeps trailing spaces out, or
-#: the test above that reproduces what happens.
+#: an engine-made value, a value never compared, a check that keeps trailing spaces out or a
+#: NO PAD collation, and the test above that shows it.
 COLUMNS = {
     "ductwork_processes.role": (ENGINE, "ROLES"),
     "ductwork_processes.machine_identifier": (DEFAULT, "host/machine-id/boot:pid-namespace (db.hosts): compared to "
@@ -315,9 +307,9 @@ COLUMNS = {
                                                        "case (as DNS names do), and a row without the machine id "
                                                        "and namespace proves no death (reaper.proven_dead), but "
                                                        "register's look-up of the same pid and label: not reproduced"),
-    "ductwork_processes.label": (DEFAULT, "--label, register(label=): compared by register's look-up and "
-                                          "uq_process_host_pid_label; test_process_labels_that_differ_only_in_case_"
-                                          "or_trailing_spaces_are_two_processes"),
+    "ductwork_processes.label": (NOPAD, "--label, register(label=): compared by register's look-up and "
+                                        "uq_process_host_pid_label (revision 0016); test_process_labels_that_differ_"
+                                        "only_in_case_or_trailing_spaces_are_three_processes"),
     "ductwork_runs.pipeline_klass": (EXACT, "the class's module:qualname, compared with trigger keys (uq_run_trigger_"
                                             "key) and by list_runs: no whitespace around it (definition._Graph.check_"
                                             "name); test_a_pipeline_name_with_whitespace_around_it_is_refused_on_"
@@ -369,11 +361,10 @@ COLUMNS = {
 
 def test_every_string_column_says_how_mysql_family_compares_it():
     """Every bounded string column of ``schema.py`` but the ids has a row in ``COLUMNS``; a
-    row says ``exact`` exactly when the column has a collation of its own on MySQL-family
-    (``schema.ExactKey``), and each test a row names is one of this module's. A new string
-    column fails here until it says how its values compare."""
-    import re
-
+    row says ``exact`` exactly when the column has ``utf8mb4_bin`` on MySQL-family
+    (``schema.ExactKey``), ``nopad`` exactly when it has another collation of its own
+    (``schema.NoPadBin``: MariaDB's or MySQL's), and each test a row names is one of this
+    module's. A new string column fails here until it says how its values compare."""
     from sqlalchemy.dialects import mysql
 
     strings = {f"{table.name}.{column.name}": column for table in schema.metadata.tables.values()
@@ -382,7 +373,14 @@ def test_every_string_column_says_how_mysql_family_compares_it():
     ids = {name for name, column in strings.items() if column.type is schema.Id}
     assert sorted(set(strings) - ids - set(COLUMNS)) == []
     assert sorted(set(COLUMNS) - set(strings)) == []  # no row for a column that is gone, or an id
-    collated = {name for name, column in strings.items() if "COLLATE" in column.type.compile(dialect=mysql.dialect())}
-    assert sorted(collated ^ {name for name, (kind, _) in COLUMNS.items() if kind == EXACT}) == []
+    for is_mariadb in (False, True):
+        compiled = {name: column.type.compile(dialect=mysql.dialect(is_mariadb=is_mariadb))
+                    for name, column in strings.items()}
+        kinds = {name: EXACT if "COLLATE utf8mb4_bin" in sql else NOPAD if "COLLATE" in sql else None
+                 for name, sql in compiled.items()}
+        assert {name: kind for name, kind in kinds.items() if kind} == {
+            name: kind for name, (kind, _) in COLUMNS.items() if kind in (EXACT, NOPAD)}
+        nopad = "utf8mb4_nopad_bin" if is_mariadb else "utf8mb4_0900_bin"
+        assert {name for name, kind in kinds.items() if kind == NOPAD and nopad not in compiled[name]} == set()
     named = {test for _, note in COLUMNS.values() for test in re.findall(r"\btest_\w+", note)}
     assert sorted(named - set(globals())) == []
