@@ -347,8 +347,8 @@ def _parse_family(family: object, raw: Mapping[str, object], path: str) -> Famil
         raise ConfigError(path, family, "a key family must be a non-blank string without '['")
     if has_whitespace_around(family):
         raise ConfigError(path, family, f"a key family may not have whitespace around it ({_PAD_SPACE})")
-    if len(family) > MAX_KEY_CHARS - len("[0]"):
-        raise ConfigError(path, family, f"a key family has at most {MAX_KEY_CHARS - len('[0]')} characters (its "
+    if len(family) > MAX_FAMILY_CHARS:
+        raise ConfigError(path, family, f"a key family has at most {MAX_FAMILY_CHARS} characters (its "
                                         f"shortest partition key, family[0], fits {MAX_KEY_CHARS}), this one "
                                         f"{len(family)}")
     body = check_mapping(path, raw, _FAMILY_KEYS)
@@ -426,6 +426,8 @@ def entry_digest(entry: LimitEntry | None) -> str:
 
 #: the longest key the schema stores (``limit_key``: VARCHAR(255), counted in characters)
 MAX_KEY_CHARS = 255
+#: the longest family name: its shortest partition key, ``family[0]``, fits :data:`MAX_KEY_CHARS`
+MAX_FAMILY_CHARS = MAX_KEY_CHARS - len("[0]")
 
 
 def partition_key(family: str, value: object) -> str:

@@ -70,14 +70,20 @@ ExactKey = sa.String(255).with_variant(mysql.VARCHAR(255, collation="utf8mb4_bin
 class NoPadBin(mysql.VARCHAR):
     """MySQL-family's ``VARCHAR`` of the binary NO PAD collation, which compares as PostgreSQL
     and SQLite do, trailing spaces included (``utf8mb4_bin`` is PAD SPACE: ``'a' = 'a '``):
-    ``utf8mb4_nopad_bin`` on MariaDB, ``utf8mb4_0900_bin`` on MySQL 8.0.17+ (revision 0016).
-    Chosen as the DDL is compiled: one dialect (``mysql``) serves both servers."""
+    :func:`no_pad_bin` of the server, chosen as the DDL is compiled (revision 0016)."""
+
+
+def no_pad_bin(dialect: Any) -> str:
+    """``utf8mb4_nopad_bin`` on MariaDB, ``utf8mb4_0900_bin`` on MySQL 8.0.17 and later; an
+    older MySQL has no binary NO PAD collation, so ``utf8mb4_bin`` (exact for case, padded)."""
+    if dialect.is_mariadb:
+        return "utf8mb4_nopad_bin"
+    return "utf8mb4_0900_bin" if (dialect.server_version_info or (8, 0, 17)) >= (8, 0, 17) else "utf8mb4_bin"
 
 
 @compiles(NoPadBin, "mysql", "mariadb")
 def _no_pad_bin(type_: NoPadBin, compiler: Any, **_: Any) -> str:
-    collation = "utf8mb4_nopad_bin" if compiler.dialect.is_mariadb else "utf8mb4_0900_bin"
-    return f"VARCHAR({type_.length}) COLLATE {collation}"
+    return f"VARCHAR({type_.length}) COLLATE {no_pad_bin(compiler.dialect)}"
 
 
 def _timestamps() -> list[sa.Column[datetime]]:

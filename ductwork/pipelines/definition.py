@@ -46,7 +46,7 @@ from ductwork.errors import (
     MainModuleError,
     StartError,
 )
-from ductwork.limit_entries import MAX_KEY_CHARS, has_whitespace_around
+from ductwork.limit_entries import MAX_FAMILY_CHARS, MAX_KEY_CHARS, has_whitespace_around
 from ductwork.pipelines.registry import in_main_module, register_class, step_ref
 from ductwork.pipelines.snapshot import Definition, EdgeSpec, NodeSpec, PartitionBy, copy_targets, render_divert_key
 from ductwork.pipelines.step import Step, check_execute
@@ -147,7 +147,7 @@ class _Graph:
                 raise self.error(transition, "limit_by must be a key or a (family, field) pair: a non-blank family "
                                              f"without '[' and a field 'name' or 'name.sub', got {limit_by!r}")
             # the shortest partition key, family[0], fits the key columns
-            self.check_name(transition, "limit_by's family", limit_by[0], MAX_KEY_CHARS - len("[0]"))
+            self.check_name(transition, "limit_by's family", limit_by[0], MAX_FAMILY_CHARS)
             return None, (limit_by[0], limit_by[1])
         if limit_by is None or (isinstance(limit_by, str) and limit_by.strip()):
             if limit_by is not None:

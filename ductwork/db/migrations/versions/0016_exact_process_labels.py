@@ -12,8 +12,9 @@ live ``worker`` of the same pid as its previous incarnation, reaped it and recov
 claims as crashed while it ran; and ``uq_process_host_pid_label`` held one of the two.
 
 This revision gives the column the binary NO PAD collation, which compares as PostgreSQL
-and SQLite do: ``utf8mb4_nopad_bin`` on MariaDB, ``utf8mb4_0900_bin`` on MySQL (8.0.17 and
-later; an older MySQL refuses the ``ALTER`` as an unknown collation, and nothing changes).
+and SQLite do: ``utf8mb4_nopad_bin`` on MariaDB, ``utf8mb4_0900_bin`` on MySQL 8.0.17 and
+later (``schema.no_pad_bin``); an older MySQL has no binary NO PAD collation and gets
+``utf8mb4_bin``, exact for case and accents, still padded.
 The unique index is rebuilt by the ``ALTER``. The processes table holds one row per live
 process (a fleet's workers, advancers and supervisors), so the copy is cheap: upgrade with
 the fleet running or stopped. PostgreSQL and SQLite already compare exactly: nothing
@@ -24,6 +25,8 @@ the ``ALTER``, while two labels of one OS process would then collide (stop those
 processes first).
 """
 from alembic import op
+
+from ductwork.db.schema import no_pad_bin
 
 revision = '0016'
 down_revision = '0015'
@@ -40,8 +43,7 @@ def _mysql_family() -> bool:
 def upgrade() -> None:
     if not _mysql_family():
         return
-    collation = "utf8mb4_nopad_bin" if getattr(op.get_bind().dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
-    op.execute(_MODIFY.format(collate=f"CHARACTER SET utf8mb4 COLLATE {collation}"))
+    op.execute(_MODIFY.format(collate=f"CHARACTER SET utf8mb4 COLLATE {no_pad_bin(op.get_bind().dialect)}"))
 
 
 def downgrade() -> None:
