@@ -118,6 +118,9 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                            f"{_I}test_same_host_recovery.py"),  # (registration, heartbeat, other supervisors)
     "db/hosts.py": (f"{_I}test_process_rows.py", f"{_I}test_same_host_recovery.py",
                     f"{_I}test_time_predicates.py"),  # (a proof of death, this OS process's rows, other workers)
+    "fleet/supervisor.py": (f"{_I}test_fleet.py", f"{_I}test_time_predicates.py", f"{_I}test_forget_partitions.py",
+                            f"{_I}test_key_families.py",  # (a heartbeat sent again without its counts)
+                            f"{_I}test_column_widths.py"),  # (a label too long for its children's rows)
     "pipelines/context.py": (f"{_I}test_context.py", f"{_I}test_recovery_preconditions.py",
                              f"{_I}test_async_steps.py"),  # (a key set once per run, INV-CTX-1; a pruned run)
 }
@@ -603,6 +606,43 @@ ARGUED: dict[str, tuple[str, str]] = {
         "_run's fault checkpoint AFTER_JOB_CLAIM (faults.hit, which does nothing unless a chaos round or a test "
         "arms it) is passed for awaited batches instead of plain steps: where a chaos kill may land, not what "
         "the engine does"),
+    # -- fleet/supervisor.py
+    "fleet/supervisor.py#28": (
+        "`time.monotonic() - self._last_heartbeat_sent <= self.lease_s`: Lt for LtE",
+        "holds_lease, asked by the watchdog every 50 ms and by each worker before a body starts, reads the "
+        "monotonic clock afresh at each call (in the runner's own process; no clock of the engine's a test can "
+        "set): `<` ends the lease at the one float instant `_last_heartbeat_sent + lease_s` where `<=` still "
+        "holds it, and every read before or after that instant decides as the original; the lease already stops "
+        "lease_margin short of reaper_timeout, so losing it one instant sooner hands no claim on earlier "
+        "[INV-EXE-5]; its two sides are pinned (held just after a heartbeat, lost 0.5 s past the lease: "
+        "test_fleet)"),
+    "fleet/supervisor.py#34": (
+        "`age < threshold`: LtE for Lt",
+        "_stale's pre-check from the child's start (age: a fresh time.monotonic() less child.started): `<=` also "
+        "takes a child exactly `threshold` old for young, without reading its heartbeat; equal only when the "
+        "monotonic read lands on the float instant `started + threshold`, which no test can place it on without a "
+        "clock of its own in the module; the next tick (polling_timeout later) reads the heartbeat as the original "
+        "would, a stale child killed at most one tick later; its two sides are pinned (a child an hour old is "
+        "judged by its heartbeat, one just started is never stale: test_time_predicates)"),
+    "fleet/supervisor.py#35": (
+        "`age > max(STARTUP_GRACE_S, cfg.reaper_timeout)`: GtE for Gt",
+        "_stale of a child with no heartbeat row yet (still starting): `>=` takes it for stale at exactly the "
+        "start-up grace where `>` waits on; the age is a fresh monotonic read less child.started, equal to the "
+        "grace only at one float instant, and at the tick after it both kill the child: a SIGKILL one instant "
+        "sooner to a process that had the whole grace (60 s or reaper_timeout) to register"),
+    "fleet/supervisor.py#41": (
+        "`time.monotonic() < end`: LtE for Lt",
+        "_sleep's wait between ticks polls the monotonic clock every 10 ms until `end`: `<=` sleeps once more "
+        "when a read lands exactly on the float `end` (probability zero, and no test can place it there), and then "
+        "only 10 ms longer, within the loop's own 10 ms granularity; it lasts the tick, and a child's exit (or a "
+        "stop signal) ends it at once, either way (both pinned: test_fleet's sleep test)"),
+    "fleet/supervisor.py#54": (
+        "`now - child.started < 5.0`: LtE for Lt",
+        "check_children's count of a short-lived child (failures and the restart back-off): `<=` counts one that "
+        "the tick found exited exactly 5.0 s after its start as short-lived; `now` is the monotonic clock read once "
+        "at the tick's start, up to a tick after the exit itself, so the line is fuzzy by a tick already and the "
+        "mutant moves it by one float instant that no test can set `now` on; a child that exited a minute after "
+        "its start is replaced in the same tick, not backed off (pinned: test_fleet)"),
     # -- pipelines/outcomes.py
     # -- pipelines/trigger.py
     "pipelines/trigger.py#21": (
