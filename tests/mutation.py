@@ -59,13 +59,8 @@ MODULES = (
 _P = "model.pipelines.xǁPipelinesModelǁ"
 #: model.pipelines' equivalent mutants (kept apart from the other modules' arguments)
 PIPELINES_EQUIVALENT: dict[str, str] = {
-    f"{_P}_drive_batched__mutmut_1":
-        "default released=True: drive(), its only caller, always passes released",
-    f"{_P}_drive_batched__mutmut_5":
+    f"{_P}_drive_batched__mutmut_4":
         "`progressed = None` for False: it is only read for truth",
-    **{f"{_P}advance_batch__mutmut_{n}":
-       "advance(branch, None) for the claim's token: the fence was checked with that token just "
-       "before, so the branch is held and None takes its holder's token" for n in (21, 23)},
     f"{_P}_end_attempt__mutmut_35":
         "`crash_count <= max_crash / 3` for `// 3`: for an integer c, c <= n // 3 exactly when c <= n / 3",
     **{f"{_P}{name}":
@@ -77,7 +72,7 @@ PIPELINES_EQUIVALENT: dict[str, str] = {
        for n in (70, 77, 80)},
     **{f"{_P}resume__mutmut_{n}":
        "the message of `assert edge is not None`: a branch is dampened only by advancing past its "
-       "step's dampen edge, so it never fails" for n in (14, 15)},
+       "step's dampen edge, so it never fails" for n in (22, 23)},
     f"{_P}_fan_in__mutmut_3":
         "`if branch.barrier or True`: branches.get(None) is None, as the else branch gives",
     f"{_P}_fan_in__mutmut_10":
@@ -88,21 +83,25 @@ PIPELINES_EQUIVALENT: dict[str, str] = {
     **{f"{_P}_claim_or_hold__mutmut_{n}":
        "the message of `assert branch.claim_token is not None`: a branch is advancing only with its "
        "claim's token set, so it never fails" for n in (9, 10)},
-    f"{_P}advance__mutmut_37":
+    f"{_P}_move__mutmut_23":
         "`step_completed=None` for False: _halt only reads it for truth",
-    f"{_P}advance__mutmut_46":
+    f"{_P}_move__mutmut_32":
         "`step_completed=True` on the failed-step branch: _halt completes only an advancing step, and "
         "this one is failed",
+    **{f"{_P}advance__mutmut_{n}":
+       "the message of `assert edge is not None` after the simple moves: a step without an edge (a leaf) "
+       "advances inline, so advance returned through _move the line before and it never fails"
+       for n in (31, 32)},
     f"{_P}run_execution__mutmut_78":
         "`crash + 1 <= max_crash / 3` for `// 3`: for an integer c, c <= n // 3 exactly when c <= n / 3",
-    f"{_P}advance__mutmut_211":
+    f"{_P}advance__mutmut_120":
         "the message of the unknown-edge AssertionError: Definition.parse rejects every other edge type, "
         "so it is never raised",
-    f"{_P}resume__mutmut_25":
+    f"{_P}resume__mutmut_33":
         "a copy for a deep copy of the resume input: _new_step deep-copies the input it is given",
-    f"{_P}drive__mutmut_18":
+    f"{_P}drive__mutmut_15":
         "`progressed = None` for False: it is only read for truth",
-    f"{_P}drive__mutmut_22":
+    f"{_P}drive__mutmut_19":
         "`break` for `continue` where a branch listed at the round's start is no longer advanceable: an "
         "advance changes no other listed branch (only its barrier, completed, and a new merge branch), so "
         "it never happens",

@@ -1492,3 +1492,27 @@ def test_fan_in_inputs_of_one_node_sort_by_canonical_json():
                                   "D": {"type": "collapse", "to": ["F"], "barrier": ["B", "C"]}}), [0])
     m.drive(lambda node, inp, _: success({"B": ["z"], "C": ["é"]}[node] if node in "BC" else inp[0]))
     assert m.summary("run1").fan_in_inputs == {"F": [[["é"]], [["z"]]]}
+
+
+def test_advance_halts_a_spent_crash_budget_or_a_failed_step_whatever_the_edge():
+    m = PipelinesModel(CFG)  # advancer_max_crash 2
+    m.trigger(DIVIDE4, [0])
+    m.run_execution(1, success(1))
+    m.advancer_crash("branch1")
+    m.advancer_crash("branch1")  # exactly the budget: the next advance halts, on a divide edge too
+    assert m.advance("branch1") == Commit("branch1", 3, "halt:advancer_crashes_exhausted", ())
+    assert (m.steps["step1"].status, m.steps["step1"].halted_by_advancer) == ("completed", True)
+    assert (list(m.branches), m.branches["branch1"].fanout_step) == (["branch1"], None)
+    for shape, branch in ((DIVIDE4, "branch2"), (EXPAND3, "branch3")):
+        m.trigger(shape, [0])
+        first = m.pending_executions()[0]
+        m.run_execution(first, FAILURE)
+        m.set_clock(m.now_us + 10)
+        m.run_execution(m.pending_executions()[0], FAILURE)
+        step = m.branches[branch].latest_step
+        assert m.steps[step].status == "failed"
+        token = m.claim_branch(branch)
+        assert m.advance(branch, token) == Commit(branch, token, "halt:job_retries_exhausted", ())
+        assert (m.steps[step].status, m.steps[step].halted_by_advancer) == ("failed", False)
+        assert (m.branches[branch].status, m.branches[branch].fanout_step) == ("halted", None)
+    assert sorted(m.branches) == ["branch1", "branch2", "branch3"]
