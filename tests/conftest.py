@@ -87,6 +87,13 @@ from ductwork_proof.conformance.factories import reset_tables  # noqa: E402
 from ductwork_proof.scratch import migrated  # noqa: E402  (tests import it from here)
 
 
+def spelled(value: object) -> str:
+    """A parameter's id that shows it as ``repr`` does, with ``^`` for each backslash
+    (``'x^t'`` for ``"x\\t"``): pytest cannot select by node id a test whose id holds a
+    backslash, and mutmut selects each test that way (``python -m tests.mutation``)."""
+    return repr(value).replace("\\", "^")
+
+
 def installed(application):  # type: ignore[no-untyped-def]
     """For a fixture: ``application``'s tables emptied, it the default app while the test
     runs (``yield from installed(make_app(...))``), then disposed."""

@@ -42,6 +42,7 @@ from ductwork.pipelines.snapshot import (
     render_divert_key,
 )
 from ductwork.pipelines.step import Step
+from tests.conftest import spelled
 
 MOD = __name__
 
@@ -1269,7 +1270,7 @@ TRAILING = [name for name in AROUND if name[0] == "x"]
 WHITESPACE = "has whitespace around it, which MySQL-family ignores when it compares names"
 
 
-@pytest.mark.parametrize("key", AROUND, ids=repr)
+@pytest.mark.parametrize("key", AROUND, ids=spelled)
 @pytest.mark.parametrize("case", ["start", "expand", "divert", "combine"])
 def test_a_static_limit_key_or_family_with_whitespace_around_it_is_refused_naming_it(case, key):
     """``limit_by="x "`` and ``limit_by=("x ", field)``: a DefinitionError naming the key,
@@ -1283,7 +1284,7 @@ def test_a_static_limit_key_or_family_with_whitespace_around_it_is_refused_namin
     assert build(lambda p: fn(p, {"limit_by": key.strip()})).definition.limit_keys() == {"x"}
 
 
-@pytest.mark.parametrize("name", TRAILING, ids=repr)
+@pytest.mark.parametrize("name", TRAILING, ids=spelled)
 def test_a_class_reference_with_whitespace_around_it_is_refused_naming_it(name):
     """A pipeline's, a step class's and an on_halt handler's ``module:qualname`` ending in
     whitespace (a class made by ``type()`` or given a ``__qualname__``): a DefinitionError

@@ -40,6 +40,7 @@ from ductwork.limit_entries import (
     partition_key,
     validate_references,
 )
+from tests.conftest import spelled
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 RATE_ENTRIES = json.loads((VECTORS / "rate_entries.json").read_text())
@@ -370,7 +371,7 @@ def test_rate_refusals_give_the_reason(raw, path, reason):
     assert (info.value.path, info.value.reason) == (path, reason)
 
 
-@pytest.mark.parametrize("key", ["api ", "api  ", " api", "api\t", "\napi", "api\xa0", "api\u3000"], ids=repr)
+@pytest.mark.parametrize("key", ["api ", "api  ", " api", "api\t", "\napi", "api\xa0", "api\u3000"], ids=spelled)
 def test_a_key_with_whitespace_around_it_is_refused_naming_it(key):
     """MySQL-family compares keys with trailing spaces ignored: ``api `` would be ``api``'s
     key there and its own elsewhere, so it is refused, at a path that shows it in brackets
@@ -391,7 +392,7 @@ def test_a_key_with_whitespace_around_it_is_refused_naming_it(key):
 @pytest.mark.parametrize(("key", "path"), [
     ("api", "a.api"), ("a b", "a.a b"), ("api ", "a['api ']"), (" api", "a[' api']"), ("api\n", "a['api\\n']"),
     ("", "a['']"), (" ", "a[' ']"), (7, "a[7]"), (None, "a[None]"),
-], ids=repr)
+], ids=spelled)
 def test_a_childs_path_is_dotted_only_for_a_non_blank_key_without_whitespace_around_it(key, path):
     assert child_path("a", key) == path
 
