@@ -215,7 +215,7 @@ EQUIVALENT: dict[str, str] = {
         "written under its digest, and a re-base drops every period its entry does not keep in the "
         "transaction that writes the new digest, so with the digests equal every stored period is "
         "the entry's and carry_over keeps each bucket as it is",
-    "ductwork.pipelines.definition.xǁ_Graphǁlimit_option__mutmut_36":
+    "ductwork.pipelines.definition.xǁ_Graphǁlimit_option__mutmut_35":
         "check_name's default limit for MAX_KEY_CHARS: NAME_LIMIT and MAX_KEY_CHARS are both 255 "
         "(tests/unit/test_column_widths.py holds each to its columns, which are both 255 wide)",
     "ductwork.pipelines.definition.xǁ_Graphǁ__init____mutmut_8":
