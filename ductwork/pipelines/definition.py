@@ -213,7 +213,8 @@ class PipelineBuilder:
     duration string) and ``limit_by=`` (a non-blank ``str`` key without whitespace around
     it, or ``(family, field)``: each step's key is its partition of the family, ``field`` a
     parameter of the class's ``__init__`` or a dotted path into it, docs/semantics.md
-    §5.1); they apply to the node(s) the transition creates. Transitions return the builder to continue on.
+    §5.1); they apply to the node(s) the transition creates. Transitions return the
+    builder to continue on.
 
     ``divide``/``divert`` return a fork. Chained on, it acts on every branch at once
     (``.chain(to=D)`` adds ONE node D after each branch's last node; at run time each
