@@ -35,6 +35,7 @@ import sqlalchemy as sa
 from ductwork.db import schema
 from ductwork.durations import parse_period
 from ductwork.errors import DurationError, RunFilterError, UnknownRunError
+from ductwork.limit_entries import has_whitespace_around
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -305,7 +306,11 @@ def parse_since(value: str, now: datetime) -> datetime:
 
 def of_pipeline(pipeline: str) -> sa.ColumnElement[bool]:
     """Runs of ``pipeline``: ``module:QualName`` exactly, or a bare class name as the part
-    after the colon (``ductwork runs --pipeline``, ``ductwork prune --pipeline``)."""
+    after the colon (``ductwork runs --pipeline``, ``ductwork prune --pipeline``).
+    :class:`RunFilterError` for a name with whitespace around it, which no pipeline has:
+    MySQL-family would match ``"m:Ledger "`` to ``m:Ledger``'s runs (PAD SPACE)."""
+    if has_whitespace_around(pipeline):
+        raise RunFilterError("--pipeline", pipeline, "a pipeline's name has no whitespace around it")
     klass = schema.runs.c.pipeline_klass
     return klass == pipeline if ":" in pipeline else klass.endswith(f":{pipeline}", autoescape=True)
 

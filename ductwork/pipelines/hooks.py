@@ -46,7 +46,7 @@ from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.db.ids import new_id
 from ductwork.errors import DuctworkError
-from ductwork.limits.executions import MESSAGE_LIMIT, ErrorInfo
+from ductwork.limits.executions import ErrorInfo
 from ductwork.pipelines.rules import decide_hook
 from ductwork.pipelines.steps import latest_step
 from ductwork.values import Json
@@ -189,7 +189,7 @@ def _record_in(app: Database, tx: Tx, hook: ClaimedHook | sa.Row[Any], outcome: 
                          max_crash=max_crash, retry_delay=config.retry_delay, crash_backoff=config.crash_backoff)
     values.update(claim_token=None, claimed_at=None, process_id=None, last_outcome=outcome, updated_at=tx.now)
     if error is not None:
-        values.update(error_klass=error.klass, error_message=error.message[:MESSAGE_LIMIT],
+        values.update(error_klass=error.klass, error_message=error.message,
                       error_backtrace=error.backtrace)
     result = tx.execute(_h.update().where(_h.c.id == hook.hook_id, _h.c.status == "running",
                                           _h.c.claim_token == hook.claim_token)  # [INV-HLT-1] the claim's fence

@@ -47,7 +47,7 @@ from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.errors import CommitFailed
 from ductwork.limits.claims import release, release_and_claim
-from ductwork.limits.executions import MESSAGE_LIMIT, Claimed, Ending, ErrorInfo, Pending, enqueue
+from ductwork.limits.executions import Claimed, Ending, ErrorInfo, Pending, enqueue
 from ductwork.limits.outcomes import rerun_at, retry_at
 from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes, set_status_if
 from ductwork.pipelines.payloads import Output
@@ -279,7 +279,7 @@ def crash_in(app: Database, tx: Tx, execution_id: str, owner: str | None, error_
     ).first()
     if row is None:
         return None
-    info = ErrorInfo(error_klass, message[:MESSAGE_LIMIT], backtrace, traceback_text)
+    info = ErrorInfo(error_klass, message, backtrace, traceback_text)
     return _end_in(app, tx, row, execution_id, owner, "process_crashed", info)
 
 
