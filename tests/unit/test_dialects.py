@@ -262,3 +262,27 @@ def test_a_bare_database_registers_no_process_and_no_app_is_no_default(tmp_path)
     set_default_app(None)
     with pytest.raises(RunStateError, match=r"^no ductwork app: call ductwork\.connect\(\) first or pass app=$"):
         default_app()
+
+
+@pytest.mark.parametrize(("mariadb", "version", "collation"), [
+    (True, (10, 11, 19), "utf8mb4_nopad_bin"),
+    (True, (11, 4, 2), "utf8mb4_nopad_bin"),
+    (False, (8, 4, 0), "utf8mb4_0900_bin"),
+    (False, (8, 0, 17), "utf8mb4_0900_bin"),  # the first MySQL with a binary NO PAD collation
+    (False, (8, 0, 16), "utf8mb4_bin"),  # none: exact for case, still padded
+    (False, (5, 7, 44), "utf8mb4_bin"),
+    (False, None, "utf8mb4_0900_bin"),  # a version not read yet (DDL compiled offline): today's MySQL
+])
+def test_a_process_label_gets_the_servers_binary_no_pad_collation(mariadb, version, collation):
+    """``ductwork_processes.label`` (``schema.NoPadBin``, revision 0016) compiles with each
+    server's binary NO PAD collation (``schema.no_pad_bin``): the MySQL branches CI's
+    MariaDB never takes, the 8.0.17 boundary on both sides."""
+    from sqlalchemy.dialects import mysql
+    from sqlalchemy.schema import CreateTable
+
+    from ductwork.db import schema
+
+    dialect = mysql.dialect(is_mariadb=mariadb)
+    dialect.server_version_info = version
+    ddl = str(CreateTable(schema.processes).compile(dialect=dialect))
+    assert (schema.no_pad_bin(dialect), f"label VARCHAR(100) COLLATE {collation} NOT NULL" in ddl) == (collation, True)
