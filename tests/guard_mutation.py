@@ -123,6 +123,11 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                             f"{_I}test_column_widths.py"),  # (a label too long for its children's rows)
     "pipelines/context.py": (f"{_I}test_context.py", f"{_I}test_recovery_preconditions.py",
                              f"{_I}test_async_steps.py"),  # (a key set once per run, INV-CTX-1; a pruned run)
+    "db/engines.py": ("tests/unit/test_dialects.py",  # (URLs: drivers, aliases, refusals, a missing file)
+                      f"{_I}test_dialect_seams.py",  # (a server's session: isolation, sql_mode)
+                      f"{_I}test_connections.py",  # (SQLite's BEGIN IMMEDIATE and busy_timeout)
+                      f"{_I}test_verify_environment.py",  # (the pragmas and isolation a connection has)
+                      f"{_I}test_async_client.py"),  # (create_async_engine)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")

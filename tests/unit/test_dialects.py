@@ -84,6 +84,99 @@ def test_a_mysql_url_without_a_database_is_named(url):
     assert "pw" not in str(info.value)
 
 
+def test_a_url_without_a_database_is_refused_only_where_the_backend_has_none_to_default_to():
+    """In-memory SQLite (no path, or ``:memory:``) is refused: ductwork's several
+    connections could not share it; a server URL without a database is refused only for
+    the MySQL family (no default schema), and PostgreSQL connects to the user's database.
+    A MySQL-family URL with its database is read as it is, with ``charset=utf8mb4`` added
+    unless it names a charset. (No database's name in the test's id: it runs on every
+    database's run of the tests.)"""
+    for url in ("sqlite://", "sqlite:///:memory:", "sqlite+pysqlite:///:memory:"):
+        with pytest.raises(DatabaseURLError, match=r"in-memory SQLite cannot be shared by ductwork's connections"):
+            engines.normalize_url(url)
+    assert engines.describe("postgresql://u:pw@h") == "postgresql+psycopg://u:***@h"
+    assert engines.describe("postgres://h:5433") == "postgresql+psycopg://h:5433"
+    assert engines.describe("mysql://root@h/db") == "mysql+pymysql://root@h/db?charset=utf8mb4"
+    assert engines.describe("mariadb://h/db?charset=latin1") == "mariadb+pymysql://h/db?charset=latin1"
+    with pytest.raises(DatabaseURLError, match=r"names no database; add one, e\.g\. mariadb://user@host/ductwork"):
+        engines.normalize_url("mariadb://h")
+
+
+def test_a_pool_size_is_a_servers_and_sqlite_keeps_its_default_pool():
+    """``pool_size`` and ``max_overflow`` reach a server's pool (connects to nothing);
+    SQLite's engine ignores them (EngineSettings: PostgreSQL, MySQL)."""
+    server = engines.create_engine("postgresql://u@h/db", pool_size=2, max_overflow=3)
+    default = engines.create_engine("postgresql://u@h/db")
+    local = engines.create_engine("sqlite:///x.sqlite3", pool_size=1, max_overflow=0)
+    try:
+        assert (server.pool.size(), server.pool._max_overflow) == (2, 3)
+        assert (default.pool.size(), default.pool._max_overflow) == (5, 10)
+        assert (local.pool.size(), local.pool._max_overflow) == (5, 10)
+    finally:
+        for engine in (server, default, local):
+            engine.dispose()
+
+
+def test_the_async_engine_of_a_mariadb_url_passes_no_io_timeouts_and_keeps_the_rest(monkeypatch):
+    """aiomysql takes no read or write timeout (PyMySQL does): the async engine's connect
+    arguments drop those two and keep the connect timeout and the session's sql_mode."""
+    import sqlalchemy.ext.asyncio
+
+    seen = {}
+    real = sqlalchemy.ext.asyncio.create_async_engine
+
+    def spy(url, **options):
+        seen.update(url=url, options=options)
+        return real(url, **options)
+
+    monkeypatch.setattr(sqlalchemy.ext.asyncio, "create_async_engine", spy)
+    engine = engines.create_async_engine("mariadb://h/db", connect_timeout=4, io_timeout=7)
+    try:
+        assert seen["url"].drivername == "mariadb+aiomysql"
+        assert seen["options"]["connect_args"] == {
+            "connect_timeout": 4, "init_command": f"SET SESSION sql_mode = '{engines.MYSQL_SQL_MODE}'"}
+    finally:
+        asyncio_dispose(engine)
+
+
+def asyncio_dispose(engine) -> None:
+    import asyncio
+
+    asyncio.run(engine.dispose())
+
+
+def test_an_async_sqlite_engine_sets_the_pragmas_and_begins_immediate(tmp_path):
+    """The async client's SQLite connections are ductwork's as the sync ones are: WAL,
+    foreign keys, the busy timeout, and every writing transaction ``BEGIN IMMEDIATE``
+    (which holds the write lock from its first statement: a second connection's write
+    waits, here refused at once by a zero busy timeout)."""
+    import asyncio
+    import sqlite3
+
+    import sqlalchemy as sa
+
+    path = tmp_path / "async.sqlite3"
+    engine = engines.create_async_engine(f"sqlite:///{path}", busy_timeout=7)
+
+    async def read() -> tuple:
+        async with engine.connect() as conn:
+            pragmas = tuple([(await conn.execute(sa.text(f"PRAGMA {p}"))).scalar_one()
+                             for p in ("journal_mode", "foreign_keys", "busy_timeout")])
+        async with engine.begin():
+            other = sqlite3.connect(path, timeout=0, isolation_level=None)
+            try:
+                with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+                    other.execute("BEGIN IMMEDIATE")
+            finally:
+                other.close()
+        return pragmas
+
+    try:
+        assert asyncio.run(read()) == ("wal", 1, 7000)
+    finally:
+        asyncio_dispose(engine)
+
+
 @pytest.mark.parametrize(("url", "module", "extra"), [
     ("postgresql://u:secret@h/db", "psycopg", "postgres"),
     ("postgresql+psycopg2://h/db", "psycopg", "postgres"),
