@@ -128,6 +128,20 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                       f"{_I}test_connections.py",  # (SQLite's BEGIN IMMEDIATE and busy_timeout)
                       f"{_I}test_verify_environment.py",  # (the pragmas and isolation a connection has)
                       f"{_I}test_async_client.py"),  # (create_async_engine)
+    "db/database.py": ("tests/unit/test_dialects.py",  # (the default app, a missing file, a bare Database)
+                       f"{_I}test_missing_tables.py", f"{_I}test_wakeups.py", f"{_I}test_connections.py",
+                       f"{_I}test_async_client.py",  # (aread, the async engine made once)
+                       "tests/unit/test_clocks_and_ids.py"),
+    "fleet/batching.py": ("tests/unit/test_batching.py",),  # (pure rules: the worker asks, the unit tier checks)
+    "fleet/boot.py": ("tests/unit/test_config.py", "tests/unit/test_limits.py",  # (load_pipelines, references)
+                      f"{_I}test_cli.py",  # (ductwork check: a missing entry, missing tables, an old schema)
+                      f"{_I}test_payloads.py"),  # (the packet warning)
+    "fleet/execute.py": (f"{_I}test_async_steps.py",  # (awaited together on the step loop)
+                         f"{_I}test_payloads.py",  # (a return value its edge cannot carry)
+                         "tests/unit/test_payloads.py", f"{_I}test_step_checks.py", f"{_I}test_pipelines.py"),
+    "fleet/shared.py": ("tests/unit/test_batching.py",  # (the token alarm on a clock the test sets)
+                        f"{_I}test_limits.py", f"{_I}test_worker_loop.py", f"{_I}test_key_families.py"),
+    "fleet/steploop.py": ("tests/unit/test_steploop.py", f"{_I}test_async_steps.py"),
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")

@@ -54,6 +54,26 @@ def test_missing_entry_names_the_key_and_the_pipelines(tmp_path, sqlite_url, cap
         "referenced by limit_by in tests.workloads.processes:SlowKeyedPipeline")
 
 
+def test_boot_validation_checks_the_pipelines_it_is_given_else_the_configured_ones(sqlite_url):
+    """``validate(app, pipelines)`` (``check`` and ``start`` load them first) judges those
+    pipelines' references; ``validate(app)`` loads the config's: here a pipeline whose
+    ``limit_by`` key has no entry, which fails only the second."""
+    from ductwork.app import App
+    from ductwork.config import Config
+    from ductwork.errors import MissingLimitError
+    from ductwork.fleet.boot import load_pipelines, validate
+
+    app = App(sqlite_url, Config.from_section({"pipelines": [PIPELINE]}, source="<tests>"))
+    try:
+        assert validate(app, []) == []
+        with pytest.raises(MissingLimitError, match=r"no entry for limit key 'slow_key'"):
+            validate(app)
+        with pytest.raises(MissingLimitError, match=r"no entry for limit key 'slow_key'"):
+            validate(app, load_pipelines(app.config))
+    finally:
+        app.dispose()
+
+
 @pytest.mark.parametrize(("limits", "error", "fragment"), [
     ({"slow_key": {}}, "EmptyLimitError", "job_worker.limits.slow_key="),
     ({"slow_key": {"rate": [{"limit": 1, "per": "1s"}, {"limit": 5, "per": 1, "burst": 9}]}},

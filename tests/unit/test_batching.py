@@ -195,6 +195,8 @@ def test_a_token_alarm_wakes_one_thread_once_its_earliest_time_has_come():
     seen = alarm.changed.generation
     alarm.at(2.0)  # later than the one set: ignored
     assert (alarm.seconds_left(), alarm.changed.generation) == (0.5, seen)
+    alarm.at(0.5)  # the very time set (another claim spent the same key's last token): already set
+    assert (alarm.seconds_left(), alarm.changed.generation) == (0.5, seen)  # its loop is not woken for it
     alarm.at(0.25)
     assert alarm.seconds_left() == 0.25
     now[0] = 10.2

@@ -1,7 +1,8 @@
 """The step loop's two refusals (ductwork/fleet/steploop.py): a step's coroutine that
 asks the loop it runs on to run more steps is refused at once (waiting would deadlock:
 the loop would wait for itself), and a worker thread interrupted while it waits for its
-coroutines cancels them instead of leaving them running."""
+coroutines cancels them instead of leaving them running; and the one loop serves every
+batch (started once, not per batch)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,25 @@ def test_a_thread_interrupted_while_it_waits_cancels_its_coroutines():
         StepLoop.result(future)
     assert future.cancelled()
     assert cancelled.wait(10)  # the coroutine got its CancelledError on the loop
+
+
+def test_one_loop_serves_every_batch_of_the_process():
+    """The loop is started at first use and then reused: each batch of async steps runs on
+    the same event loop in the same thread (a client or lock a step keeps for the next is
+    bound to that loop), and no batch leaves a loop thread behind it."""
+    loop = StepLoop()
+
+    async def where():
+        return asyncio.get_running_loop(), threading.current_thread()
+
+    def loop_threads() -> int:  # (every StepLoop's thread serves forever: the count only grows)
+        return sum(thread.name == "ductwork.steps.loop" for thread in threading.enumerate())
+
+    before = loop_threads()
+    first = loop.run([where(), where()])
+    assert first[0] == first[1]
+    assert loop_threads() == before + 1
+    for _ in range(3):
+        assert loop.run([where()]) == [first[0]]
+    assert loop.loop() is first[0][0]
+    assert loop_threads() == before + 1
