@@ -142,6 +142,21 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "fleet/shared.py": ("tests/unit/test_batching.py",  # (the token alarm on a clock the test sets)
                         f"{_I}test_limits.py", f"{_I}test_worker_loop.py", f"{_I}test_key_families.py"),
     "fleet/steploop.py": ("tests/unit/test_steploop.py", f"{_I}test_async_steps.py"),
+    "db/clock.py": ("tests/unit/test_clocks_and_ids.py",
+                    f"{_I}test_testing.py",  # (drain's skip_delays: an OffsetClock over the database's)
+                    f"{_I}test_limits.py"),  # (a rated key's routine reading the test's clock: in_sql)
+    "db/wakeup.py": (f"{_I}test_wakeups.py",  # (generations, one thread or all; PgListener on PostgreSQL)
+                     f"{_I}test_worker_loop.py"),
+    "db/dialects.py": (f"{_I}test_dialect_seams.py", "tests/unit/test_dialects.py",
+                       f"{_I}test_batches.py",  # (a batch's id lists and rows inserted at once)
+                       f"{_I}test_column_widths.py"),  # (a value longer than its column refused in an unnest insert)
+    "db/schema.py": (f"{_I}test_dialect_seams.py", "tests/unit/test_dialects.py",
+                     f"{_I}test_triggers.py",  # (a unique violation named through CONSTRAINT_COLUMNS)
+                     f"{_I}test_exact_names.py"),  # (the binary NO PAD collation of the MySQL family)
+    "db/migrate.py": (f"{_I}test_migrations.py", f"{_I}test_missing_tables.py"),
+    "limits/outcomes.py": ("tests/unit/test_outcomes.py",  # (pure rules: every branch and boundary)
+                           f"{_I}test_exactly_once.py"),  # (the budgets as the engine spends them)
+    "fleet/hooks.py": (f"{_I}test_halt_hooks.py", f"{_I}test_halt_hook_faults.py"),  # (an abandoned attempt crashed)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")
@@ -699,6 +714,11 @@ ARGUED: dict[str, tuple[str, str]] = {
     "pipelines/trigger.py#51": (
         "`where` without `finished`",
         "release_key's fence without its finish terms: " + TERMINAL_ARGUMENT),
+    # -- db/clock.py
+    "db/clock.py#2": (
+        "`moment > now`: GtE for Gt",
+        "OffsetClock.skip_to at `moment == now` adds `moment - now`, a zero timedelta, to the offset: the offset, "
+        "and every reading and in_sql after it, are the same as without the addition"),
 }
 _SWAP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn,

@@ -104,6 +104,36 @@ def test_a_commit_that_makes_work_claimable_wakes_one_idle_worker_not_all(app):
     assert app.wakeup.asked == [1]
 
 
+def test_a_wakeup_of_one_wakes_one_waiting_thread_and_a_wakeup_of_all_every_one():
+    """``Wakeup.notify(1)`` (a commit's job-worker wakeup) wakes exactly one of the idle
+    threads waiting; ``notify()`` (the advancers') wakes all; a wait whose generation has
+    not moved is not woken, one whose generation moved past ``seen`` is at once. (The
+    waiting threads are counted on the condition itself: no timing.)"""
+    from ductwork.db.wakeup import Wakeup
+
+    wakeup = Wakeup()
+    seen = wakeup.generation
+    assert wakeup.wait(seen, timeout=0) is False  # nothing happened since seen
+    woken: list[bool] = []
+    threads = [threading.Thread(target=lambda: woken.append(wakeup.wait(seen, timeout=60))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+
+    def waiting() -> int:
+        with wakeup._cond:
+            return len(wakeup._cond._waiters)  # (threading.Condition's own list of its waiters)
+
+    wait_for(lambda: waiting() == 3, "three threads waiting")
+    wakeup.notify(1)
+    assert waiting() == 2  # one taken off the condition by the notify, the others still wait
+    wait_for(lambda: woken == [True], "the one woken thread returning True")
+    wakeup.notify()
+    for thread in threads:
+        thread.join(10)
+    assert woken == [True, True, True]
+    assert wakeup.wait(seen, timeout=0) is True  # the generation moved past seen: at once
+
+
 def test_a_claim_that_took_something_wakes_one_more_thread(db_url):
     """The baton: a thread whose poll claimed wakes one more, which looks for what is left;
     a poll that claims nothing wakes nobody."""

@@ -1,7 +1,8 @@
 """Edges of the clocks and the id generator that the integration tier does not reach.
 
-ManualClock refuses to move back and OffsetClock.skip_to never moves back (INV-CLK-1:
-the one injectable clock only moves forward); new_id stays strictly increasing when
+ManualClock refuses to move back (and stays put for a step of zero) and OffsetClock.skip_to
+never moves back (INV-CLK-1: the one injectable clock only moves forward); what OffsetClock
+tells a server-side routine of its time; new_id stays strictly increasing when
 more than 4,096 ids are made within one millisecond (the counter carries into the
 timestamp); machine_identifier falls back to the host name where /etc/machine-id is
 unreadable.
@@ -24,6 +25,30 @@ def test_manual_clock_refuses_to_move_back_and_names_itself():
         manual.advance(timedelta(seconds=-1))
     assert manual.now() == start
     assert repr(manual) == "ManualClock(2026-01-01T12:00:00)"
+
+
+def test_manual_clock_advanced_by_nothing_stays_where_it_is():
+    """A step of zero (a rule's delay that came out 0, ``advance()`` with no argument) is
+    not a move back: the clock stays, no error."""
+    start = datetime(2026, 1, 1, 12, 0, 0)
+    manual = clock.ManualClock(start)
+    assert manual.advance() == start
+    assert manual.advance(timedelta(), microseconds=0) == start
+    assert manual.advance(microseconds=1) == start + timedelta(microseconds=1)
+
+
+def test_offset_clock_tells_a_server_routine_its_time_or_its_offset():
+    """``in_sql`` (what a server-side routine reads after its locks): over a fixed clock
+    (a test's) the fixed time moved by the offset; over the database's clock, no time and
+    the offset to add to the database's own."""
+    start = datetime(2026, 1, 1, 12, 0, 0)
+    fixed = clock.OffsetClock(clock.ManualClock(start))
+    flowing = clock.OffsetClock(clock.DatabaseClock())
+    assert (fixed.in_sql(), flowing.in_sql()) == ((start, timedelta()), (None, timedelta()))
+    fixed.skip_to(start + timedelta(seconds=5), start)
+    flowing.skip_to(start + timedelta(seconds=7), start)
+    assert fixed.in_sql() == (start + timedelta(seconds=5), timedelta())
+    assert flowing.in_sql() == (None, timedelta(seconds=7))
 
 
 def test_offset_clock_skip_to_never_moves_back():
