@@ -157,6 +157,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "limits/outcomes.py": ("tests/unit/test_outcomes.py",  # (pure rules: every branch and boundary)
                            f"{_I}test_exactly_once.py"),  # (the budgets as the engine spends them)
     "fleet/hooks.py": (f"{_I}test_halt_hooks.py", f"{_I}test_halt_hook_faults.py"),  # (an abandoned attempt crashed)
+    "pipelines/history.py": (f"{_I}test_inspection.py", f"{_I}test_revive.py",  # (runs and show; carried steps)
+                             f"{_I}test_string_compare.py"),  # (a pipeline filter's exact names)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")
@@ -719,6 +721,96 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`moment > now`: GtE for Gt",
         "OffsetClock.skip_to at `moment == now` adds `moment - now`, a zero timedelta, to the offset: the offset, "
         "and every reading and in_sql after it, are the same as without the addition"),
+    # -- pipelines/history.py
+    "pipelines/history.py#36": (
+        "`where` without `b.c.run_id.in_(run_ids)`",
+        "_halt_reasons reading every run's halted branches: grouped by run_id, and the dict it returns has a key "
+        "for each of run_ids only (`for run_id in run_ids`), so another run's rows are read and dropped"),
+    "pipelines/history.py#37": (
+        "`where` without `b.c.status == 'halted'`",
+        "_halt_reasons without the status: a branch's halt_reason is written only with the status `halted` (the "
+        "four halts of advance.py, through _end_branches' Move and _set_branch), every other branch write sets a "
+        "Move's reason, None, or leaves it NULL, a halted branch never moves again, and a revive's copy of a "
+        "halted branch is in_progress with the reason NULL: a reason is never on a branch not halted"),
+    "pipelines/history.py#38": (
+        "`where` without `b.c.halt_reason.is_not(None)`",
+        "_halt_reasons without the NULL test: every write of the status `halted` to a branch carries a reason "
+        "(advance.py's four halts: a job's via job_halt_reason, which always names one, and the advancer's), so "
+        "no halted branch has a NULL reason"),
+    "pipelines/history.py#39": (
+        "`.where(r.c.revived_from.in_(run_ids))` dropped",
+        "_revivals over every run: keyed by revived_from and looked up only by the ids listed (list_runs gives "
+        "every listed row `revivals.get(row.id)`, completed ones too, but only a halted run is revived "
+        "(revive_run refuses any other) and a halted run stays halted, so a completed row has no revival "
+        "either way); a revived_from NULL becomes the key None, which no run id is"),
+    "pipelines/history.py#55": (
+        "`r.c.triggered_at` read as `created_at`",
+        "a run's created_at is its triggered_at: both written `now` in its one insert (trigger.py and revive.py, "
+        "the only inserts into runs) and never updated"),
+    "pipelines/history.py#58": (
+        "`e.c.created_at` read as `eligible_at`",
+        "a step's executions by eligible_at: a step has one open execution at a time, and the next is created "
+        "when (or after) the previous ends, eligible at or after its own creation, while the previous was "
+        "eligible before its claim; so eligible_at never falls in creation order, and where it ties (an "
+        "immediate re-run at the instant the previous became eligible) both orders fall back to the id, "
+        "generated after the previous row was committed, claimed and ended (a UUIDv7, the same millisecond only "
+        "across processes within one millisecond of all that)"),
+    "pipelines/history.py#61": (
+        "`e.c.created_at` read as `updated_at`",
+        "a step's executions by updated_at: an execution's last write is its end (completed_at, updated_at "
+        "together), and the next is created at or after that end, then written only later; so updated_at never "
+        "falls in creation order, and ties fall back to the id as #58's do"),
+    "pipelines/history.py#62": (
+        "`a.c.started_at` read as `completed_at`",
+        "a branch's failed advancements by completed_at: one open advancement per branch "
+        "(uq_advancement_open_per_branch), so each is closed (close_advancement: completed_at, updated_at and the "
+        "error in one write) before the next is inserted; completed_at rises with started_at, and a tie is "
+        "ordered by neither (the original has no tie-breaker either: the database's order, which no test can "
+        "pin)"),
+    "pipelines/history.py#63": (
+        "`a.c.started_at` read as `created_at`",
+        "an advancement's created_at is its started_at: both tx.now in its one insert (claim_branches), never "
+        "updated"),
+    "pipelines/history.py#64": (
+        "`a.c.started_at` read as `updated_at`",
+        "a failed advancement's updated_at is its completed_at (close_advancement writes both; nothing writes "
+        "the row after it: the process row's removal sets process_id NULL by ON DELETE SET NULL, without "
+        "updated_at): #62's argument"),
+    "pipelines/history.py#67": (
+        "`.where(k.c.key.in_(keys))` dropped",
+        "_Waits.read's blocked_until of every key instead of the run's open ones: looked up only by an open "
+        "execution's limit_key, which is in `keys`"),
+    "pipelines/history.py#70": (
+        "`r.c.triggered_at` read as `created_at`",
+        "list_runs' page bound on created_at: equal to triggered_at in every run (#55)"),
+    "pipelines/history.py#77": (
+        "`b.c.started_at` read as `created_at`",
+        "a run's branches by created_at: create_branches writes started_at and created_at `now` together; a "
+        "revive's copies keep their started_at and are all created at the revive's instant, with ids "
+        "(new_id, one process, rising) assigned in the halted run's (started_at, id) order, so the tie on "
+        "created_at falls back to the id, which is that order; branches created after it start and are created "
+        "later, with later ids"),
+    "pipelines/history.py#80": (
+        "`s.c.started_at` read as `created_at`",
+        "a step's created_at is its started_at: create_steps writes both `now`, a revive's re-enqueued step both "
+        "`now` again and its other copies keep both (pipelines/steps.py's argued #17 rests on the same)"),
+    "pipelines/history.py#82": (
+        "`.where(s.c.run_id == run_id)` dropped",
+        "run_history's executions of every run: grouped by step id and read only for this run's steps; "
+        "_Waits.read then also counts the other runs' open keys' rows, looked up only by this run's open "
+        "executions' keys (#67's argument)"),
+    "pipelines/history.py#83": (
+        "`where` without `b.c.run_id == run_id`",
+        "run_history's failed advancements of every run: grouped by branch id and read only for this run's "
+        "branches"),
+    "pipelines/history.py#94": (
+        "`.where(e.c.inflight_key.in_(keys))` dropped",
+        "_Waits.read's in-flight count of every key: still counted per key (group_by inflight_key) and looked up "
+        "only by an open execution's limit_key"),
+    "pipelines/history.py#104": (
+        "`r.c.triggered_at` read as `created_at`",
+        "list_runs ordered by created_at: equal to triggered_at in every run (#55), the id breaking ties as "
+        "before"),
 }
 _SWAP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn,

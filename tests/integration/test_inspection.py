@@ -33,7 +33,7 @@ from ductwork.pipelines import prune as pruning
 from ductwork.pipelines.history import list_runs
 from ductwork.testing import drain
 from tests.conftest import installed_on_manual_clock
-from tests.workloads import Boom, Items, Square, Sum
+from tests.workloads import Boom, FailsOnce, Items, Square, Sum
 
 # --------------------------------------------------------------------------- pipelines
 
@@ -66,6 +66,24 @@ class Keyed(Pipeline):
     @classmethod
     def define(cls, p):
         p.start(Square, limit_by="one_at_a_time")
+
+
+class Staggered(Pipeline):
+    """A divide whose first child fails once (FailsOnce: its retry a ``retry_delay`` later)
+    and whose second succeeds at once, then a combine: each branch's and each step's
+    other time columns (its last advance, its arrival, its finish, its last write)
+    disagree with its start order."""
+
+    @classmethod
+    def define(cls, p):
+        slow, fast = p.start(Square).divide(to=[FailsOnce, Square])
+        slow.combine(fast, into=Sum)
+
+
+class KeyedThenDelayed(Pipeline):
+    @classmethod
+    def define(cls, p):
+        p.start(Square, limit_by="one_at_a_time").chain(to=Square, delay="1h")
 
 
 class HaltsAndWaits(Pipeline):
@@ -291,6 +309,32 @@ def test_list_runs_pages_by_keyset_through_runs_triggered_at_one_moment(clocked)
     first = list_runs(clocked, limit=2, since="30m")
     assert [r.id for r in list_runs(clocked, since="30m", before=(first[-1].triggered_at, first[-1].id))] == \
         expected[2:3]
+
+
+def test_since_lists_a_run_triggered_at_that_very_instant(clocked):
+    """``since`` is "triggered at or after": a run triggered exactly at it is listed, the
+    moment given as a datetime or as the duration back from now that reaches it."""
+    early = Fans.trigger(1)
+    clocked.clock.advance(timedelta(hours=1))
+    late = Waits.trigger(1)
+    late_at, early_at = (r.triggered_at for r in list_runs(clocked))
+    assert [r.id for r in list_runs(clocked, since=late_at)] == [late.id]
+    assert [r.id for r in list_runs(clocked, since=early_at)] == [late.id, early.id]
+    assert [r.id for r in list_runs(clocked, since="1h")] == [late.id, early.id]
+    assert [r.id for r in list_runs(clocked, since="59m")] == [late.id]
+
+
+def test_pages_follow_trigger_time_when_a_run_finishes_after_a_later_trigger(clocked):
+    """``before`` is the previous page's last (triggered_at, id): a run triggered before it
+    but finished (its row written) after it is still on the next page."""
+    first = Keyed.trigger(1)
+    clocked.clock.advance(timedelta(hours=1))
+    second = Waits.trigger(1)
+    clocked.clock.advance(timedelta(hours=1))
+    drain(clocked)  # the first run completes after the second's trigger
+    page = list_runs(clocked, limit=1)
+    assert [r.id for r in page] == [second.id]
+    assert [r.id for r in list_runs(clocked, before=(page[-1].triggered_at, page[-1].id))] == [first.id]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -748,3 +792,79 @@ def test_show_names_advancer_errors_context_keys_and_the_hooks_last_error(waits_
 
 def test_the_runs_command_with_no_runs(app, db_url, capsys):  # noqa: ARG001 - app: migrated, empty tables
     assert _cli(capsys, db_url, "runs") == (0, "(no runs)\n", "")
+
+
+# --------------------------------------------------------------------------- history: order, waits, its own run
+
+
+def test_a_history_lists_branches_steps_and_executions_in_start_order(clocked):
+    """Branches and steps in start order (ties by id), each step's executions in creation
+    order, whatever their other time columns say: the divide's first child ends an attempt
+    after its sibling has finished and arrived at the combine; a failed attempt's retry,
+    not yet claimed, is the step's last execution and what it waits for."""
+    run = Staggered.trigger(3)
+    _work_now(clocked)  # FailsOnce failed once (its retry not yet eligible); its sibling arrived
+    history = run.history()
+    start, slow, fast = history.branches
+    assert (start.parent_id, slow.barrier_index, fast.barrier_index) == (None, 0, 1)
+    (failing,) = [s for s in history.steps if s.node == "FailsOnce#1"]
+    assert [x.outcome for x in failing.executions] == ["failure", None]
+    assert failing.wait is not None
+    assert failing.wait.kind == "delay"
+    assert failing.wait.until > clocked.now()
+    drain(clocked, skip_delays=True)
+    history = run.history()
+    assert [b.id for b in history.branches][:3] == [start.id, slow.id, fast.id]
+    assert [s.node for s in history.steps] == ["Square#0", "FailsOnce#1", "Square#2", "Sum#3"]
+    assert [x.outcome for x in history.steps[1].executions] == ["failure", "success"]
+
+
+def test_a_history_lists_a_branch_an_advancer_holds_in_its_start_order(clocked):
+    """A branch claimed by an advancer (``claimed_at`` set, its siblings' NULL) keeps its
+    place among the branches."""
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.branches import claim_branches
+
+    run = Staggered.trigger(3)
+    _work_now(clocked)
+    clocked.clock.advance(timedelta(seconds=10))
+    assert Worker(clocked).run_once() is not None  # FailsOnce's retry succeeds: its branch may advance
+    start, slow, fast = run.history().branches
+    assert claim_branches(clocked, [slow.id], register(clocked, role="test", label="advancer"))
+    assert [(b.id, b.status) for b in run.history().branches] == [
+        (start.id, "completed"), (slow.id, "advancing"), (fast.id, fast.status)]
+
+
+def test_a_key_rate_blocked_until_exactly_now_holds_its_step_no_longer(waits_app):
+    """A key is rate-blocked while its ``blocked_until`` is after now: at that instant the
+    step is queued again."""
+    app = waits_app
+    Hourly.trigger(1)
+    second = Hourly.trigger(2)
+    _work_now(app)  # the key's one token an hour: the second run is rate-blocked
+    (step,) = second.history().steps
+    assert step.wait is not None
+    assert step.wait.kind == "rate"
+    app.clock.advance(step.wait.until - app.now())
+    (step,) = second.history().steps
+    assert step.wait == ductwork.Wait(kind="queued", key="hourly")
+
+
+def test_an_unkeyed_step_after_a_keyed_one_that_completed_waits_for_no_key(clocked):
+    """A run whose keyed step completed and whose next step is unkeyed: that step's wait
+    names no key (only a keyed execution still open has its key's rows read)."""
+    run = KeyedThenDelayed.trigger(2)
+    _work_now(clocked)
+    done, later = run.history().steps
+    assert (done.status, done.limit_key, later.limit_key) == ("completed", "one_at_a_time", None)
+    assert later.wait is not None
+    assert later.wait.kind == "delay"
+    clocked.clock.advance(timedelta(hours=1))
+    assert run.history().steps[1].wait == ductwork.Wait(kind="queued")
+
+
+def test_a_history_lists_only_its_own_runs_context_keys(clocked):
+    first, second = Waits.trigger(1), Waits.trigger(2)
+    ductwork.Context(clocked, first.id).set("region", "eu")
+    ductwork.Context(clocked, second.id).set("attempt", 1)
+    assert (first.history().context_keys, second.history().context_keys) == (("region",), ("attempt",))
