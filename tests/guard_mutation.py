@@ -159,6 +159,10 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "fleet/hooks.py": (f"{_I}test_halt_hooks.py", f"{_I}test_halt_hook_faults.py"),  # (an abandoned attempt crashed)
     "pipelines/history.py": (f"{_I}test_inspection.py", f"{_I}test_revive.py",  # (runs and show; carried steps)
                              f"{_I}test_string_compare.py"),  # (a pipeline filter's exact names)
+    "pipelines/snapshot.py": ("tests/unit/test_definition.py",  # (the snapshot's round trip and every shape refused)
+                              "tests/unit/test_rules.py", "tests/unit/test_step_checks.py", f"{_I}test_pipelines.py",
+                              f"{_I}test_partitions.py",
+                              f"{_I}test_step_checks.py"),  # (a class of __main__ named in the definition)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")
