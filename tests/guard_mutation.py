@@ -163,6 +163,9 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                               "tests/unit/test_rules.py", "tests/unit/test_step_checks.py", f"{_I}test_pipelines.py",
                               f"{_I}test_partitions.py",
                               f"{_I}test_step_checks.py"),  # (a class of __main__ named in the definition)
+    "pipelines/step.py": ("tests/unit/test_step_checks.py", "tests/unit/test_definition.py",
+                          f"{_I}test_step_checks.py",  # (an input that cannot bind; execute's checks)
+                          f"{_I}test_async_steps.py", f"{_I}test_context.py"),  # (async execute; a step's context)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")
@@ -815,6 +818,18 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`r.c.triggered_at` read as `created_at`",
         "list_runs ordered by created_at: equal to triggered_at in every run (#55), the id breaking ties as "
         "before"),
+    # -- pipelines/step.py
+    "pipelines/step.py#1": (
+        "`inspect.isfunction(init) or init is object.__init__`: And",
+        "_init_signature never remembering a signature (no function is object.__init__): every call reads it "
+        "with _read_signature, which _cached_signature wraps, so the same Signature (inspect.signature of one "
+        "unchanged function) or None comes back; only the cost of a read per bind differs"),
+    "pipelines/step.py#2": (
+        "`signature is None`: IsNot for Is",
+        "_positional_counts answering None for every readable signature (it is called only for a Python "
+        "function, whose signature _read_signature always reads): _ductwork_bind loses its fast path and binds "
+        "through the signature, which accepts exactly the argument counts the fast path would have (all "
+        "parameters plain positional, between the required and the total)"),
 }
 _SWAP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn,

@@ -10,6 +10,7 @@ the model alike. Relates to INV-EXE-4 (an invalid execution fails its step at on
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import types
@@ -37,6 +38,16 @@ class Flexible(Step):
 class NoInit(Step):
     def execute(self):
         return 0
+
+
+class KeywordOnly(Step):
+    """Takes its one input by keyword only: no positional input binds (the engine passes them positionally)."""
+
+    def __init__(self, *, since):
+        self.since = since
+
+    def execute(self):
+        return self.since
 
 
 # --------------------------------------------------------------------------- class creation
@@ -116,6 +127,7 @@ def test_arguments_that_bind(cls, args):
     (Flexible, [], "Flexible(first, *rest, flag=False) cannot take the arguments (): "
                    "missing a required argument: 'first'"),
     (NoInit, [1], "NoInit() cannot take the arguments (1,): too many positional arguments"),
+    (KeywordOnly, [1], "KeywordOnly(*, since) cannot take the arguments (1,): too many positional arguments"),
 ])
 def test_arguments_that_do_not_bind_name_the_class_and_its_signature(cls, args, message):
     with pytest.raises(TypeError) as info:
@@ -159,6 +171,23 @@ class Priced(Step):
         return f"{self.amount} {self.unit}"
 
 
+@dataclasses.dataclass
+class _Scale:
+    """A callable ``__init__`` that is an instance of a dataclass: equal by value, so unhashable."""
+
+    factor: int
+
+    def __call__(self, step, amount):
+        step.amount = amount * self.factor
+
+
+class Scaled(Step):
+    __init__ = _Scale(10)
+
+    def execute(self):
+        return self.amount
+
+
 def test_an_init_that_is_not_a_function_is_bound_through_its_signature():
     """A C type's ``__init__`` (``dict``'s) and a ``functools.partial`` are read with
     ``inspect.signature`` as they are: the arguments bind, or the refusal names the signature."""
@@ -170,6 +199,19 @@ def test_an_init_that_is_not_a_function_is_bound_through_its_signature():
         Priced._ductwork_bind([5, 6])
     assert str(info.value) == ("Priced(amount, *, unit='EUR') cannot take the arguments (5, 6): "
                                "too many positional arguments")
+    Scaled._ductwork_bind([5])  # (an unhashable __init__: its signature is read, not remembered)
+    assert Scaled._ductwork_build([5], "s", "r", None).execute() == 50
+    with pytest.raises(TypeError, match=r"^Scaled\(amount\) cannot take the arguments \(\): missing"):
+        Scaled._ductwork_bind([])
+
+
+def test_a_step_built_without_a_context_has_its_key_and_refuses_its_context():
+    """Built through the seam with no Context (as a unit test of a step does): its id is its
+    key, and ``context`` raises instead of answering None."""
+    step = Scaled._ductwork_build([1], "step-1", "run-1", None)
+    assert step.idempotency_key == "step-1"
+    with pytest.raises(RuntimeError, match=r"^Scaled\.context is only available while ductwork runs the step"):
+        _ = step.context
 
 
 def test_an_init_whose_signature_cannot_be_read_is_not_checked():
