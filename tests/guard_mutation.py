@@ -166,6 +166,9 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "pipelines/step.py": ("tests/unit/test_step_checks.py", "tests/unit/test_definition.py",
                           f"{_I}test_step_checks.py",  # (an input that cannot bind; execute's checks)
                           f"{_I}test_async_steps.py", f"{_I}test_context.py"),  # (async execute; a step's context)
+    "pipelines/registry.py": ("tests/unit/test_definition.py", "tests/unit/test_step_checks.py",
+                              f"{_I}test_configured_code.py",  # (stored names resolve without importing)
+                              f"{_I}test_step_checks.py"),
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")
