@@ -169,6 +169,10 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
     "pipelines/registry.py": ("tests/unit/test_definition.py", "tests/unit/test_step_checks.py",
                               f"{_I}test_configured_code.py",  # (stored names resolve without importing)
                               f"{_I}test_step_checks.py"),
+    "pipelines/pipeline.py": ("tests/unit/test_definition.py", "tests/unit/test_step_checks.py",
+                              f"{_I}test_step_checks.py",  # (a trigger's input and __main__ checks)
+                              f"{_I}test_async_client.py",  # (atrigger, with and without a connection)
+                              f"{_I}test_configured_code.py"),  # (import_pipeline of a configured name)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")
