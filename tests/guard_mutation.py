@@ -173,6 +173,8 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                               f"{_I}test_step_checks.py",  # (a trigger's input and __main__ checks)
                               f"{_I}test_async_client.py",  # (atrigger, with and without a connection)
                               f"{_I}test_configured_code.py"),  # (import_pipeline of a configured name)
+    "pipelines/payloads.py": ("tests/unit/test_payloads.py", f"{_I}test_payloads.py",  # (every value's JSON and size)
+                              "tests/unit/test_verify_environment_judges.py"),  # (the max_allowed_packet warning)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")
