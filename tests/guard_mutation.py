@@ -175,6 +175,11 @@ GUARD_TESTS: dict[str, tuple[str, ...]] = {
                               f"{_I}test_configured_code.py"),  # (import_pipeline of a configured name)
     "pipelines/payloads.py": ("tests/unit/test_payloads.py", f"{_I}test_payloads.py",  # (every value's JSON and size)
                               "tests/unit/test_verify_environment_judges.py"),  # (the max_allowed_packet warning)
+    "db/driver_errors.py": ("tests/unit/test_dialects.py",  # (each driver's contention errors, the retries)
+                            f"{_I}test_dialect_seams.py", f"{_I}test_triggers.py",  # (constraints named)
+                            f"{_I}test_exactly_once.py", f"{_I}test_revive.py", f"{_I}test_batches.py"),
+    "db/extras.py": ("tests/unit/test_dialects.py",),  # (a driver not installed names its extra)
+    "db/ids.py": ("tests/unit/test_clocks_and_ids.py",),  # (time-ordered ids, tokens)
 }
 OPERATORS = ("comparison", "boolean", "where", "column")
 DATABASES = ("sqlite", "postgresql", "mysql")

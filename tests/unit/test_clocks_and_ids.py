@@ -76,3 +76,17 @@ def test_machine_identifier_without_machine_id_is_the_host_name(monkeypatch):
 
     monkeypatch.setattr(hosts.Path, "read_text", unreadable)
     assert hosts.machine_identifier() == hosts.socket.gethostname()[:255]
+
+
+def test_ids_made_in_one_millisecond_count_on_and_the_4097th_moves_to_the_next(monkeypatch):
+    """``ids.new_id`` within one millisecond: the 12-bit counter after the time counts 0,
+    1, 2, … so each id is greater than the one before (the random bits after it never
+    decide), up to 4,095; the next id takes the next millisecond, its counter 0."""
+    start = 1_800_000_000_000  # (2027-01-15, a fixed clock; _last_ms set below it)
+    monkeypatch.setattr(ids.time, "time_ns", lambda: start * 1_000_000)
+    monkeypatch.setattr(ids, "_last_ms", 0)
+    made = [uuid.UUID(ids.new_id()).int for _ in range(4097)]
+    fields = [(value >> 80, (value >> 64) & 0xFFF) for value in made]
+    assert (fields[:3], fields[4095], fields[4096]) == (
+        [(start, 0), (start, 1), (start, 2)], (start, 4095), (start + 1, 0))
+    assert (made == sorted(made), len(set(made))) == (True, 4097)

@@ -8,6 +8,7 @@ Checks: none (configuration errors name the offending URL, password masked).
 from __future__ import annotations
 
 import importlib.abc
+import re
 import sys
 
 import pytest
@@ -195,19 +196,26 @@ def test_a_driver_that_is_not_installed_is_named_with_its_extra(monkeypatch, url
     assert (info.value.module, info.value.extra) == (module, extra)
 
 
-def test_a_driver_that_is_installed_but_does_not_load_says_why(monkeypatch):
+@pytest.mark.parametrize(("error", "reason"), [
+    (ImportError("no pq wrapper available"), "no pq wrapper available"),
+    # an ImportError that names the module itself (a name it lacks: another version's
+    # psycopg) is not a missing module either: only ModuleNotFoundError is
+    (ImportError("cannot import name 'Connection' from 'psycopg'", name="psycopg"),
+     "cannot import name 'Connection' from 'psycopg'"),
+], ids=["no-libpq", "names-the-module"])
+def test_a_driver_that_is_installed_but_does_not_load_says_why(monkeypatch, error, reason):
     """psycopg without its C library (``pip install psycopg``, no ``[binary]``, no libpq)
     is found but raises ImportError when imported: the reason is kept."""
     class Broken(importlib.abc.MetaPathFinder):
         def find_spec(self, name, *_):
             if name == "psycopg":
-                raise ImportError("no pq wrapper available")
+                raise error
             return None
 
     monkeypatch.delitem(sys.modules, "psycopg", raising=False)
     monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
     with pytest.raises(MissingExtraError, match=r"^database\.url='postgresql\+psycopg://h/db' needs psycopg, "
-                                                r"which does not import \(no pq wrapper available\): "
+                                                rf"which does not import \({re.escape(reason)}\): "
                                                 r"pip install 'ductwork\[postgres\]'"):
         engines.create_engine("postgresql://h/db")
 
@@ -379,3 +387,65 @@ def test_a_process_label_gets_the_servers_binary_no_pad_collation(mariadb, versi
     dialect.server_version_info = version
     ddl = str(CreateTable(schema.processes).compile(dialect=dialect))
     assert (schema.no_pad_bin(dialect), f"label VARCHAR(100) COLLATE {collation} NOT NULL" in ddl) == (collation, True)
+
+
+def _db_error(**orig: object) -> Exception:
+    """A DBAPIError as SQLAlchemy raises it, over a driver error with ``orig``'s attributes."""
+    import sqlalchemy.exc
+
+    driver = type("DriverError", (Exception,), {})(*orig.pop("args", ()))
+    for name, value in orig.items():
+        setattr(driver, name, value)
+    return sqlalchemy.exc.OperationalError("UPDATE …", {}, driver)
+
+
+@pytest.mark.parametrize(("error", "retryable"), [
+    (_db_error(sqlstate="40001"), True),  # serialization failure
+    (_db_error(sqlstate="40P01"), True),  # deadlock
+    (_db_error(sqlstate="55P03"), True),  # lock not available
+    (_db_error(sqlstate="23505"), False),  # a unique violation: not contention
+    (_db_error(args=(1213, "Deadlock found")), True),
+    (_db_error(args=(1205, "Lock wait timeout exceeded")), True),
+    (_db_error(args=(1062, "Duplicate entry")), False),
+    (_db_error(args=("1213",)), False),  # an errno is an int
+    (_db_error(args=("database is locked",)), True),  # SQLite
+    (ValueError("database is locked"), False),  # not the database's
+], ids=["pg-serialization", "pg-deadlock", "pg-lock-not-available", "pg-unique", "my-deadlock",
+        "my-lock-wait", "my-duplicate", "my-errno-text", "sqlite-locked", "not-a-db-error"])
+def test_a_transaction_is_retried_only_when_the_database_rolled_it_back_for_contention(error, retryable):
+    """``driver_errors.is_retryable``: PostgreSQL's SQLSTATEs, MySQL-family's errnos and
+    SQLite's message for contention, nothing else (each server's lines run in CI only on
+    that server; these are the driver errors as each driver raises them)."""
+    assert dialects.is_retryable(error) is retryable
+
+
+def test_retry_transient_retries_contention_and_raises_anything_else_at_once(monkeypatch):
+    """``retry_transient`` runs the transaction again after a rollback for contention
+    (backing off 50 ms, then 100 ms), and lets any other database error through on its
+    first occurrence, without running the transaction again."""
+    import sqlalchemy.exc
+
+    from ductwork.db import driver_errors
+
+    naps: list[float] = []
+    monkeypatch.setattr(driver_errors.time, "sleep", naps.append)
+    calls: list[int] = []
+
+    def contended() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise _db_error(sqlstate="40P01")
+        return "done"
+
+    assert (driver_errors.retry_transient(contended), len(calls), naps) == ("done", 3, [0.05, 0.1])
+    calls.clear()
+
+    def refused() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise _db_error(sqlstate="23505")
+        return "ran again"
+
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        driver_errors.retry_transient(refused)
+    assert (len(calls), naps) == (1, [0.05, 0.1])
