@@ -720,12 +720,7 @@ def test_show_names_what_each_step_of_a_run_in_progress_waits_for(waits_app):
     assert "    waits: key 'one_at_a_time' has 1 of 1 in flight (its concurrency)" in _shown(full)
     assert "    #1 pending         claimed -  ended -  retries 0 crashes 0" in _shown(full)
 
-    Hourly.trigger(1)
-    second = Hourly.trigger(2)
-    _work_now(app)  # the key's one token an hour: the second run is rate-blocked
-    (step,) = second.history().steps
-    assert step.wait is not None
-    assert step.wait.kind == "rate"
+    second, step = _rate_blocked_second(app)
     until = step.wait.until.isoformat(sep=" ", timespec="milliseconds")
     assert f"    waits: key 'hourly' is rate-blocked until {until} (3600.000s from now)" in _shown(second)
 
@@ -835,16 +830,22 @@ def test_a_history_lists_a_branch_an_advancer_holds_in_its_start_order(clocked):
         (start.id, "completed"), (slow.id, "advancing"), (fast.id, fast.status)]
 
 
+def _rate_blocked_second(app):
+    """Two runs of ``Hourly`` worked now: the key's one token an hour goes to the first, so
+    the second's step waits, rate-blocked; the second run and its step's record."""
+    Hourly.trigger(1)
+    second = Hourly.trigger(2)
+    _work_now(app)
+    (step,) = second.history().steps
+    assert step.wait is not None
+    assert step.wait.kind == "rate"
+    return second, step
+
 def test_a_key_rate_blocked_until_exactly_now_holds_its_step_no_longer(waits_app):
     """A key is rate-blocked while its ``blocked_until`` is after now: at that instant the
     step is queued again."""
     app = waits_app
-    Hourly.trigger(1)
-    second = Hourly.trigger(2)
-    _work_now(app)  # the key's one token an hour: the second run is rate-blocked
-    (step,) = second.history().steps
-    assert step.wait is not None
-    assert step.wait.kind == "rate"
+    second, step = _rate_blocked_second(app)
     app.clock.advance(step.wait.until - app.now())
     (step,) = second.history().steps
     assert step.wait == ductwork.Wait(kind="queued", key="hourly")
