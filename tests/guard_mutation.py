@@ -989,14 +989,21 @@ def _pytest(tests: tuple[str, ...], db: str, scratch: Path, timeout_s: float) ->
                               capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return "timeout", time.monotonic() - started
-    return _verdict(done.returncode), time.monotonic() - started
+    return _verdict(done.returncode, f"{done.stdout}{done.stderr}"), time.monotonic() - started
 
 
-def _verdict(returncode: int) -> str:
+#: what pytest prints when a conftest raises as it is imported (its exit status is then 4)
+CONFTEST_FAILED = "ImportError while loading conftest"
+
+
+def _verdict(returncode: int, output: str = "") -> str:
     """pytest's exit status as a verdict: 0 passed (survived), 1 a test failed (killed), a
     signal (the test run itself killed, by a mutant that kills the wrong processes: killed
-    too), anything else (no tests, usage, an internal error) broken."""
-    if returncode < 0 or returncode >= 128:
+    too), 4 with the conftest failing to load (killed: the clean run loaded it, so the
+    mutant made the engine refuse what the conftest imports, ``ductwork_proof``'s own
+    pipelines, at their definition), anything else (no tests, usage, an internal error)
+    broken."""
+    if returncode < 0 or returncode >= 128 or (returncode == 4 and CONFTEST_FAILED in output):
         return "killed"
     return {0: "survived", 1: "killed"}.get(returncode, "broken")
 

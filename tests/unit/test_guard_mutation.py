@@ -190,5 +190,8 @@ def test_each_run_is_in_a_pid_namespace_of_its_own_and_a_run_killed_by_its_mutan
     monkeypatch.setattr(guard_mutation.subprocess, "run", run)
     assert guard_mutation._pytest(GUARD_TESTS["fleet/tree.py"], "sqlite", tmp_path, 60)[0] == "killed"
     assert seen["command"][:len(guard_mutation.ISOLATE)] == list(guard_mutation.ISOLATE)
-    assert [guard_mutation._verdict(code) for code in (0, 1, 2, 5, 137)] == [
-        "survived", "killed", "broken", "broken", "killed"]
+    assert [guard_mutation._verdict(code) for code in (0, 1, 2, 4, 5, 137)] == [
+        "survived", "killed", "broken", "broken", "broken", "killed"]
+    # a conftest that no longer loads under the mutant (its clean run loaded it): a kill
+    conftest = f"{guard_mutation.CONFTEST_FAILED} '/x/tests/conftest.py'.\nDefinitionError: ..."
+    assert [guard_mutation._verdict(4, conftest), guard_mutation._verdict(1, conftest)] == ["killed", "killed"]
