@@ -17,9 +17,13 @@ splits into:
   ``Worker._perform`` is entered;
 - *body*: ``_perform`` to the end of ``Step.execute`` (20 ms of sleep, and building it);
 - *body ends → released*: from there to the release's time, read once the key's lock is
-  held: waiting for the process's group commit in progress, the outputs written first,
-  the wait for the key's lock;
-- *released → recorded*: the rest of that hold and its commit, until ``_perform`` returns.
+  held, and its three parts: *body ends → its transaction begins* (waiting for the
+  process's group commit in progress: ``outcomes._commit`` entered), *the statements
+  before the routine* (the outputs and the advance, until ``release_and_claim`` is
+  called) and *the routine's call → released* (the round trip to the routine, the wait
+  for the key's lock, until the routine reads the clock).
+(A body's ``_perform`` returns when its success is queued for the group commit, before its
+release: the probe's ``recorded`` point is not a segment's end.)
 
 A slot is busy from its claim to its release, so at concurrency c the key runs at most
 c / (claim → released) bodies a second; the first two and the fourth segment are what
@@ -43,7 +47,8 @@ from ductwork.db import schema
 from ductwork.db.clock import to_us
 
 SEGMENTS = ("claim → hand-off committed", "committed → body starts", "body", "body ends → released",
-            "released → recorded", "claim → released (the slot)")
+            "of it: body ends → its transaction begins", "of it: the statements before the routine",
+            "of it: the routine's call → released", "claim → released (the slot)")
 
 
 def _points(fleet: ProcessFleet) -> dict[str, dict[str, float]]:
@@ -66,7 +71,9 @@ def segments(points: dict[str, dict[str, float]], rows: Sequence[sa.Row[Any]]) -
                  "committed → body starts": (p.get("committed"), p.get("perform")),
                  "body": (p.get("perform"), p.get("ran")),
                  "body ends → released": (p.get("ran"), released),
-                 "released → recorded": (released, p.get("recorded")),
+                 "of it: body ends → its transaction begins": (p.get("ran"), p.get("transaction")),
+                 "of it: the statements before the routine": (p.get("transaction"), p.get("routine")),
+                 "of it: the routine's call → released": (p.get("routine"), released),
                  "claim → released (the slot)": (claimed, released)}
         for name, (start, end) in spans.items():
             if start is not None and end is not None:

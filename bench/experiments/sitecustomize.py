@@ -93,3 +93,18 @@ if _patches:
             return handed
 
         _worker.record_successes = _timed_complete
+        from ductwork.pipelines import outcomes as _outcomes
+
+        _commit, _routine = _outcomes._commit, _outcomes.release_and_claim
+
+        def _timed_commit(app, successes, hand_off):  # a success's transaction begins
+            for s in successes:
+                _note("transaction", s.claimed.execution_id)
+            return _commit(app, successes, hand_off)
+
+        def _timed_routine(app, tx, key, owner, endings, take=0, **kwargs):  # its statements before the routine done
+            for e in endings:
+                _note("routine", e.execution_id)
+            return _routine(app, tx, key, owner, endings, take, **kwargs)
+
+        _outcomes._commit, _outcomes.release_and_claim = _timed_commit, _timed_routine
