@@ -841,6 +841,7 @@ def _rate_blocked_second(app):
     assert step.wait.kind == "rate"
     return second, step
 
+
 def test_a_key_rate_blocked_until_exactly_now_holds_its_step_no_longer(waits_app):
     """A key is rate-blocked while its ``blocked_until`` is after now: at that instant the
     step is queued again."""

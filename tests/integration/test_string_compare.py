@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -38,10 +39,11 @@ import sqlalchemy as sa
 from ductwork import DefinitionError, Pipeline, Step
 from ductwork.config import Config
 from ductwork.db import schema
-from ductwork.errors import ConfigError, InputError, TriggerKeyError
+from ductwork.errors import ConfigError, InputError, RunFilterError, TriggerKeyError
 from ductwork.fleet.processes import heartbeat, register
 from ductwork.limits import claims
 from ductwork.pipelines.history import list_runs
+from ductwork.pipelines.prune import prune
 from ductwork.testing import drain
 from tests.conftest import TEST_CONFIG, installed, make_app
 from tests.workloads import Echo
@@ -211,18 +213,12 @@ def test_a_pipeline_name_with_whitespace_around_it_is_refused_on_every_database(
         } == {"again": run.id, "listed": [run.id]}
 
 
-
 def test_a_pipeline_filter_with_whitespace_around_it_is_refused_on_every_database(db_url):
     """No pipeline's name has whitespace around it (above), so a filter naming one is a
     mistake: on MariaDB ``pipeline_klass = 'm:Ledger '`` matches ``m:Ledger``'s runs (PAD
     SPACE), and ``prune(pipeline="m:Ledger ")`` would delete them. ``list_runs`` and
     ``prune`` refuse it (RunFilterError naming ``--pipeline`` and the value) and delete
     nothing, on the three databases."""
-    from datetime import timedelta
-
-    from ductwork.errors import RunFilterError
-    from ductwork.pipelines.prune import prune
-
     for app in installed(make_app(db_url)):
         run = LEDGER.trigger(1)
         drain(app)

@@ -137,10 +137,10 @@ def test_the_async_engine_of_a_mariadb_url_passes_no_io_timeouts_and_keeps_the_r
         assert seen["options"]["connect_args"] == {
             "connect_timeout": 4, "init_command": f"SET SESSION sql_mode = '{engines.MYSQL_SQL_MODE}'"}
     finally:
-        asyncio_dispose(engine)
+        _dispose_async(engine)
 
 
-def asyncio_dispose(engine) -> None:
+def _dispose_async(engine) -> None:
     import asyncio
 
     asyncio.run(engine.dispose())
@@ -175,7 +175,7 @@ def test_an_async_sqlite_engine_sets_the_pragmas_and_begins_immediate(tmp_path):
     try:
         assert asyncio.run(read()) == ("wal", 1, 7000)
     finally:
-        asyncio_dispose(engine)
+        _dispose_async(engine)
 
 
 @pytest.mark.parametrize(("url", "module", "extra"), [
