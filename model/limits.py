@@ -751,15 +751,32 @@ class LimitsModel:
         return claimed.job_id
 
     def claim_batch(self, worker: str, now_us: int, limit: int, keyed_limit: int = 1) -> list[JobId]:
+        """Polls by ``worker`` at ``now_us``, made in a row: a batch claim, in runs of one
+        lane each (:meth:`_claim_run`). Each claim is exactly the claim a poll would make at
+        that moment [INV-LIM-6], with its decision, spend and stamp [INV-LIM-2, INV-LIM-5].
+        A run takes up to ``limit`` claims of the unkeyed lane, ``keyed_limit`` of a key;
+        the batch goes on to another run only after a key whose run filled its concurrency
+        (it is saturated: the next poll is another lane's), and takes at most
+        ``max(limit, keyed_limit)`` in all. Returns the jobs claimed, in order."""
+        most = max(limit, keyed_limit)
+        claimed: list[JobId] = []
+        while len(claimed) < most:
+            run = self._claim_run(worker, now_us, min(limit, most - len(claimed)),
+                                  min(keyed_limit, most - len(claimed)))
+            claimed += run
+            limits = None if not run else limits_for(self.config, self.jobs[run[0]].key)
+            if limits is None or limits.concurrency is None or len(run) < limits.concurrency:
+                break  # nothing claimed, the unkeyed lane, or a key that may be the next poll's
+        return claimed
+
+    def _claim_run(self, worker: str, now_us: int, limit: int, keyed_limit: int) -> list[JobId]:
         """Polls by ``worker`` at ``now_us``, made in a row while the first poll's lane
-        stays the first lane and admits: a batch claim. The first poll is an ordinary one
-        (of any lane); then, up to ``limit`` claims in all when that lane is the unkeyed
-        one, up to ``keyed_limit`` when it is a key. Each is exactly the claim a poll
-        would make at that moment [INV-LIM-6], with its decision, spend and stamp
-        [INV-LIM-2, INV-LIM-5]; the batch stops, writing nothing more, before a poll that
-        would try another lane first or that the key would refuse (so a refusal's stamp
-        is never written by a batch: the last spend already stamped the key if it ran
-        short). Returns the jobs claimed, in order."""
+        stays the first lane and admits: one lane's run of a batch. The first poll is an
+        ordinary one (of any lane); then, up to ``limit`` claims in all when that lane is
+        the unkeyed one, up to ``keyed_limit`` when it is a key. The run stops, writing
+        nothing more, before a poll that would try another lane first or that the key would
+        refuse (so a refusal's stamp is never written by a run: the last spend already
+        stamped the key if it ran short). Returns the jobs claimed, in order."""
         first = self.claim(worker, now_us)
         if first is None:
             return []
@@ -781,17 +798,19 @@ class LimitsModel:
     def complete_all_and_hand_off(self, job_ids: list[JobId], now_us: int, limit: int = 1,
                                   keyed_limit: int = 1) -> list[JobId]:
         """Successes of one owner recorded at once (one success is a group of one), then,
-        in the same step, the hand-off: the owner takes the next jobs of the last job's
-        lane if a poll at ``now_us`` would claim them, that is when the lane (its key, or
-        the unkeyed lane) is the first candidate lane [INV-LIM-6] and, for a key, its
+        in the same step, the hand-off: when every job is of one lane, the owner takes the
+        lane's next jobs if a poll at ``now_us`` would claim them, that is when the lane (its
+        key, or the unkeyed lane) is the first candidate lane [INV-LIM-6] and, for a key, its
         limits admit now. Then the hand-off *is* those polls (same choices, spends and
         stamps): up to ``limit`` jobs when the lane is the unkeyed one, up to
         ``keyed_limit`` when it is a key (a keyed group commit: the successes of one key,
-        then what ``keyed_limit`` polls in a row would claim of it, :meth:`claim_batch`);
-        otherwise nothing changes beyond the completions (no refill, no stamp). The
-        successes release their slots in the order given, at the same time; a job not in
-        flight raises as :meth:`complete` does, the successes before it standing. Returns
-        the jobs handed on.
+        then what ``keyed_limit`` polls in a row would claim of it, one run of
+        :meth:`claim_batch`); otherwise nothing changes beyond the completions (no refill,
+        no stamp). A group of several lanes hands nothing on: its releases take each key's
+        lock in key order, and a claim after them could need a family's lock that comes
+        before. The successes release their slots in the order given, at the same time; a
+        job not in flight raises as :meth:`complete` does, the successes before it
+        standing. Returns the jobs handed on.
 
         The engine's one success transaction (``pipelines.outcomes.record_successes`` with
         a ``HandOff``), for one success and for a group alike.
@@ -799,13 +818,15 @@ class LimitsModel:
         for job_id in job_ids:
             self.complete(job_id, now_us)  # raises unless the job was in flight with a live owner
         job = self.jobs[job_ids[-1]]
+        if any(self.jobs[job_id].key != job.key for job_id in job_ids):
+            return []  # several lanes: nothing handed on
         _, candidates = self._lanes(now_us)
         if not candidates or candidates[0].key != job.key:
             return []
         if job.key is not None and not self._would_admit(job.key, now_us):
             return []
         assert job.worker is not None
-        return self.claim_batch(job.worker, now_us, limit, keyed_limit)
+        return self._claim_run(job.worker, now_us, limit, keyed_limit)
 
     def _lanes(self, now_us: int) -> tuple[list[LaneVerdict], list[LimitJob]]:
         """The verdicts of lanes a poll skips (blocked, saturated), and the head job of

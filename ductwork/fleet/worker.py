@@ -69,10 +69,12 @@ class Worker:
     recent steps could run in ``batch_window`` seconds (one, until a step has been timed;
     never more than ``batch_size``), of a key no more than the thread's share of its
     concurrency (:func:`batching.keyed_batch`: a key's slots are not held by executions
-    waiting in one thread while others could run them), and their successes are recorded
-    together in one transaction at the batch's end, or as soon as the oldest unrecorded
-    success is ``batch_window`` old; that transaction's hand-off takes the lane's next
-    executions, as many as it released, if a poll would [INV-LIM-6]. A claimed execution
+    waiting in one thread while others could run them), and of several lanes only past keys
+    it saturated (``claims.claim_batch``: one each of many ``concurrency: 1`` partitions);
+    their successes are recorded together in one transaction at the batch's end, or as soon
+    as the oldest unrecorded success is ``batch_window`` old; that transaction's hand-off
+    (a group of one lane) takes the lane's next executions, as many as it released, if a
+    poll would [INV-LIM-6]. A claimed execution
     therefore waits behind its siblings for about ``batch_window`` at the recent pace, and a
     success stays unrecorded about as long: a crash in that time re-runs it (at-least-once,
     as for any crash before the commit). A claim that took something wakes one more idle
@@ -202,8 +204,6 @@ class Worker:
         group of successes when :func:`batching.flush_due`, until nothing is queued."""
         performed = None
         while self._queue:
-            if self._group and self._group[0].claimed.limit_key != self._queue[0].limit_key:
-                self._flush()  # pragma: no cover  defensive: a queue holds one lane (claims, hand-offs)
             claimed = self._queue.popleft()
             together = awaitable(claimed)
             batch = self._async_batch(claimed) if together else [claimed]
@@ -231,15 +231,16 @@ class Worker:
 
     def _note_tokens(self, claimed: list[Claimed]) -> None:
         """A claim (or hand-off) that spent its key's last token sets the process's alarm
-        for the next one (``shared.TokenAlarm``)."""
-        if self._tokens is not None and claimed and claimed[-1].next_token_in_s is not None:
-            self._tokens.at(claimed[-1].next_token_in_s)
+        for the next one (``shared.TokenAlarm``; of a batch of several keys, the soonest)."""
+        times = [c.next_token_in_s for c in claimed if c.next_token_in_s is not None]
+        if self._tokens is not None and times:
+            self._tokens.at(min(times))
 
     def _async_batch(self, first: Claimed) -> list[Claimed]:
         """``first`` and the queued executions after it that are awaited with it: async
-        steps of its lane."""
+        steps, of any lane."""
         batch = [first]
-        while self._queue and self._queue[0].limit_key == first.limit_key and awaitable(self._queue[0]):
+        while self._queue and awaitable(self._queue[0]):
             batch.append(self._queue.popleft())
         return batch
 

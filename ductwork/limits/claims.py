@@ -103,11 +103,6 @@ def release_and_claim(app: Database, tx: Tx, key: str | None, owner: str | None,
     return _in_python(app, tx, key, owner, endings, take, poll)
 
 
-def release(app: Database, tx: Tx, key: str | None, owner: str | None, endings: Sequence[Ending]) -> bool:
-    """:func:`release_and_claim` that claims nothing: whether every ending ended."""
-    return release_and_claim(app, tx, key, owner, endings).ended
-
-
 #: the server-side routine's name (``limits/sql/``, installed by migration 0013): a change to
 #: it is a new name, installed by a new migration
 ROUTINE = "ductwork_release_and_claim_3"
@@ -418,39 +413,49 @@ def claim_keyed(app: Database, key: str, process_id: str, limit: int = 1) -> lis
 def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1,
                 per_key: Mapping[str, int] | None = None,
                 refused: Callable[[Refusal], None] | None = None) -> list[Claimed]:
-    """What successive polls would claim while the first poll's lane stays first:
-    ``LimitsModel.claim_batch``.
+    """What successive polls would claim, in runs of one lane each: ``LimitsModel.claim_batch``.
 
-    A poll claims the oldest execution that its lane's limits admit now. When the oldest
-    lane is the unkeyed one, the claim happens in the lane scan's own transaction and takes
-    up to ``limit`` unkeyed executions, each older than the next lane's oldest [INV-LIM-6].
-    A keyed claim is a transaction of its own, whose first statement is the key's lock
-    [INV-LIM-1]; it takes up to ``keyed_limit`` executions of the key (``per_key[key]`` for
-    a key it names), each the claim the next poll would make. Returns the claimed
-    executions in poll order (empty: nothing may run now); ``refused`` is told of each
-    keyed claim refused for concurrency or rate (the fleet counts them).
+    A poll claims the oldest execution that its lane's limits admit now. A run is the polls
+    made in a row while the first poll's lane stays first: up to ``limit`` unkeyed
+    executions, each older than the next lane's oldest [INV-LIM-6], or up to ``keyed_limit``
+    of a key (``per_key[key]`` for a key or family it names), each the claim the next poll
+    would make, under one hold of its lock [INV-LIM-1]. The batch goes on to another run
+    only after a key whose run filled its ``concurrency`` (saturated, it cannot be the next
+    poll's lane), and claims at most ``max(limit, keyed_limit)`` in all; so a thread takes
+    one execution each of many ``concurrency: 1`` partitions in one batch, and records them
+    in one group commit. The lanes come from one scan (``lanes.scan_lanes``), tried in its
+    order, each claim a transaction of its own whose first statement is the key's lock; a
+    lane refused or filled is passed by the next scan's walk, when the first finds too few.
+    Returns the claimed executions in poll order (empty: nothing may run now); ``refused``
+    is told of each keyed claim refused for concurrency or rate (the fleet counts them).
     """
+    most = max(limit, keyed_limit)
+    claimed: list[Claimed] = []
     tried: list[str] = []  # lanes tried, left out of the next scan
     while True:
         with app.begin(readonly=True) as tx:
             lanes = scan_lanes(app, tx, passed=tried)
         for lane in lanes:
-            if claimed := _claim_lane(app, lane.key, process_id, limit, keyed_limit, per_key, refused):
-                return claimed
+            run = _claim_lane(app, lane.key, process_id, most - len(claimed), limit, keyed_limit, per_key, refused)
+            claimed += run
+            entry = app.config.entry_for(lane.key)  # (None for the unkeyed lane, as for an unconfigured key)
+            if len(claimed) >= most or (run and (entry is None or entry.concurrency is None
+                                                 or len(run) < entry.concurrency)):
+                return claimed  # (a lane that may admit again is the next poll's, unless another comes first)
         if len(lanes) < LANES_PER_SCAN:
-            return []  # every lane that may admit was tried (a full scan: more may, after them)
+            return claimed  # every lane that may admit was tried (a full scan: more may, after them)
         tried += [lane.key for lane in lanes]
 
 
-def _claim_lane(app: Database, key: str, process_id: str, limit: int, keyed_limit: int,
+def _claim_lane(app: Database, key: str, process_id: str, left: int, limit: int, keyed_limit: int,
                 per_key: Mapping[str, int] | None, refused: Callable[[Refusal], None] | None) -> list[Claimed]:
     """A poll's claim in one lane (:func:`claim_batch`), in a transaction of its own."""
     if key == UNKEYED:
         with app.begin() as tx:
-            return release_and_claim(app, tx, None, process_id, [], limit, poll=True).claimed
+            return release_and_claim(app, tx, None, process_id, [], min(limit, left), poll=True).claimed
     family = app.config.family_of(key)  # (a partition's share is its family's)
     most = keyed_limit if per_key is None else per_key.get(family.family if family else key, keyed_limit)
-    outcome = claim_keyed(app, key, process_id, most)
+    outcome = claim_keyed(app, key, process_id, min(most, left))
     if isinstance(outcome, list):
         return outcome
     if refused is not None and outcome.reason != "gone":  # ("gone": no eligible work left, not a refusal)

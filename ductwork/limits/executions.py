@@ -2,12 +2,12 @@
 each limit key's header row.
 
     >>> enqueue(tx, [Pending(step_id, "vendor_api", eligible_at)])
-    >>> release(tx, "vendor_api", owner, [Ending(execution_id, "success")])   # False: not ours now
+    >>> release_and_claim(app, tx, "vendor_api", owner, [Ending(execution_id, "success")]).ended   # False: not ours
 
 An execution is one attempt at a step, pending in a lane (its limit key, or the unkeyed
-lane) until a claim takes it (``claims.py``) and open until :func:`release` ends it.
-:func:`release` is the one guard of every outcome, for a batch of any size (a batch of
-one is the single case): the executions must still be open (``completed_at IS NULL``)
+lane) until a claim takes it (``claims.py``) and open until its release ends it
+(``claims.release_and_claim``), the one guard of every outcome, for a batch of any size (a
+batch of one is the single case): the executions must still be open (``completed_at IS NULL``)
 and held by the owner that claimed them, every one of them, or the caller rolls its
 transaction back [INV-EXE-2]. A keyed release first takes its key's lock and reads the
 clock again, and each execution released takes the key's next sequence number, so every
@@ -20,7 +20,7 @@ written by one function, :func:`write_header`, with what the transaction holding
 lock changed (:class:`KeyHeader`).
 
 Not done here: what an outcome means for the pipeline (the step's output, its
-status, a retry or a re-run: ``pipelines.outcomes`` decides and calls :func:`release` and
+status, a retry or a re-run: ``pipelines.outcomes`` decides, releases and calls
 :func:`enqueue`), or claiming (``claims.py``).
 """
 

@@ -46,7 +46,7 @@ import sqlalchemy as sa
 from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.errors import CommitFailed
-from ductwork.limits.claims import release, release_and_claim
+from ductwork.limits.claims import release_and_claim
 from ductwork.limits.executions import Claimed, Ending, ErrorInfo, Pending, enqueue
 from ductwork.limits.outcomes import rerun_at, retry_at
 from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes, set_status_if
@@ -77,10 +77,6 @@ class HandOff:
     keyed_limit: int = 1
 
 
-class _Taken(Exception):
-    """A group's guard matched fewer executions than it holds: one was taken."""
-
-
 def record_success(app: Database, claimed: Claimed, output: Output, hand_off: HandOff | None = None) -> list[Claimed]:
     """:func:`record_successes` of one success."""
     return record_successes(app, [Success(claimed, output)], hand_off)
@@ -89,29 +85,34 @@ def record_success(app: Database, claimed: Claimed, output: Output, hand_off: Ha
 def record_successes(app: Database, successes: list[Success], hand_off: HandOff | None = None) -> list[Claimed]:
     """Record successes of one owner: each step's output and expand items, each step advanced
     past inline (a simple transition on a free branch) or left ``advancing``, then the
-    guarded release of every execution (the key's lock first for a keyed group), then the
-    hand-off, if asked; returns what was handed on, which the caller must perform.
+    guarded release of every execution (each key's lock first, in key order), then the
+    hand-off, if asked and the group is of one lane; returns what was handed on, which the
+    caller must perform.
 
-    One transaction for a group of one lane. When its guard ends fewer executions than it
-    holds (the reaper took one), nothing is written and each success is recorded in a
-    transaction of its own, so the taken one raises :class:`CommitFailed` alone
+    One transaction for a group, whatever its lanes. When its guard ends fewer executions
+    than it holds (the reaper took one), nothing is written and each success is recorded in
+    a transaction of its own, so the taken one raises :class:`CommitFailed` alone
     [INV-EXE-2]; so is a group whose transaction fails for any reason the database would
     not retry (that error is raised once the other successes are recorded, and only the
-    success that caused it is left unrecorded). A group that mixes lanes is recorded one
-    by one. Raises CommitFailed only for a group of one; hands on only in the last
-    transaction.
+    success that caused it is left unrecorded). Raises CommitFailed only for a group of
+    one; recorded one by one, hands on only in the last transaction.
     """
-    if len(successes) > 1 and len({s.claimed.limit_key for s in successes}) == 1:
-        grouped = _commit_group(app, successes, hand_off)
-        if grouped is not None:
-            return grouped
-    if len(successes) == 1:
-        return _commit_one(app, successes[0], hand_off)
+    if len(successes) <= 1:
+        return _commit(app, successes, hand_off) if successes else []
+    try:
+        return _commit(app, successes, hand_off)
+    except CommitFailed:  # one taken: each is recorded alone, so that only the taken one is lost
+        log.warning("a batch of %d successes lost an execution to the reaper; recording each alone",
+                    len(successes))
+    except Exception as error:  # re-raised by the success that causes it, recorded alone
+        if dialects.is_retryable(error) or dialects.is_disconnect(error):
+            raise  # the whole batch is repeated (retry_transient)
+        log.warning("a batch of %d successes failed (%s); recording each alone", len(successes), error)
     handed: list[Claimed] = []
     failure: Exception | None = None
     for success in successes:
         try:
-            handed = _commit_one(app, success, hand_off if success is successes[-1] else None)
+            handed = _commit(app, [success], hand_off if success is successes[-1] else None)
         except CommitFailed as failed:  # the reaper's re-run is the live execution
             log.warning("%s", failed)
         except Exception as error:  # noqa: BLE001 - raised once the others are recorded
@@ -121,68 +122,56 @@ def record_successes(app: Database, successes: list[Success], hand_off: HandOff 
     return handed
 
 
-def _commit_group(app: Database, successes: list[Success], hand_off: HandOff | None) -> list[Claimed] | None:
-    """A group's one transaction (:func:`_commit`); None when it must be recorded one by
-    one: its guard found one execution taken, or it failed for a reason the database would
-    not retry (repeated whole otherwise: ``retry_transient``)."""
-    try:
-        return _commit(app, successes, hand_off)
-    except _Taken:
-        log.warning("a batch of %d successes lost an execution to the reaper; recording each alone",
-                    len(successes))
-    except Exception as error:  # re-raised by the success that causes it, recorded alone
-        if dialects.is_retryable(error) or dialects.is_disconnect(error):
-            raise  # the whole batch is repeated (retry_transient)
-        log.warning("a batch of %d successes failed (%s); recording each alone", len(successes), error)
-    return None
-
-
-def _commit_one(app: Database, success: Success, hand_off: HandOff | None) -> list[Claimed]:
-    try:
-        return _commit(app, [success], hand_off)
-    except _Taken:
-        raise CommitFailed(success.claimed.execution_id, success.claimed.process_id) from None
-
-
 def _commit(app: Database, successes: list[Success], hand_off: HandOff | None) -> list[Claimed]:
-    """One group's transaction: what follows the steps, then the routine: the guarded
-    release and the hand-off, one round trip."""
-    first = successes[0].claimed
-    key, owner = first.limit_key, first.process_id
+    """One group's transaction: what follows the steps, then the routine of each lane, in
+    key order: the guarded release and, for a group of one lane, the hand-off, one round
+    trip each. Raises CommitFailed (naming the group's first execution) when one of its
+    executions was taken, and nothing is written."""
+    lanes: dict[str | None, list[Ending]] = {}
+    for success in sorted(successes, key=lambda s: s.claimed.limit_key or ""):  # (stable: the order given in a lane)
+        lanes.setdefault(success.claimed.limit_key, []).append(Ending(success.claimed.execution_id))
+    keyed = any(key is not None for key in lanes)
     with app.begin() as tx:
         _follow_up(app, tx, successes)  # [lock order] branch, then run rows
-        if key is not None:
+        if keyed:
             faults.hit(faults.BEFORE_RELEASE_KEY_LOCK)
-        # [INV-EXE-2] the guard: every execution still open and ours, or nothing commits
-        # [lock order] then the key's lock (a keyed release), then the hand-off's claim
-        take = 0 if hand_off is None else hand_off.limit if key is None else hand_off.keyed_limit
-        taken = release_and_claim(app, tx, key, owner, [Ending(s.claimed.execution_id) for s in successes], take)
-        if not taken.ended:
-            raise _Taken()
-        if key is not None:
+        for key, endings in lanes.items():
+            # [INV-EXE-2] the guard: every execution still open and ours, or nothing commits
+            # [lock order] then each key's lock (a keyed release), in key order, then the hand-off's claim
+            take = 0 if hand_off is None or len(lanes) > 1 else hand_off.limit if key is None else hand_off.keyed_limit
+            taken = release_and_claim(app, tx, key, successes[0].claimed.process_id, endings, take)
+            if not taken.ended:
+                raise _lost(successes)
+            handed = taken.claimed
+        if keyed:
             faults.hit(faults.IN_KEYED_GROUP_COMMIT)
-        handed = taken.claimed
-        if key is not None and len(handed) < len(successes):
+        if keyed and len(handed) < len(successes):
             tx.wake()  # a slot is free (those a hand-off took over are nothing for anyone else)
     _log_successes(successes)
     return handed
 
 
+def _lost(successes: list[Success]) -> CommitFailed:
+    """A group's guard matched fewer executions than it holds: one was taken (the error
+    names the group's first, the one of a group of one)."""
+    return CommitFailed(successes[0].claimed.execution_id, successes[0].claimed.process_id)
+
+
 def _follow_up(app: Database, tx: Tx, successes: list[Success]) -> None:
     """What follows a group's successes: the steps' outputs and expand items, and each step
     advanced past inline (``pipeline_advancer.inline_linear``, a simple transition on a free
-    branch) or left ``advancing`` for an advancer (woken). Raises :class:`_Taken` when a step
+    branch) or left ``advancing`` for an advancer (woken). Raises CommitFailed when a step
     is no longer in progress: its execution was taken and another attempt moved it on."""
     for success in successes:
         _write_expand_items(tx, success)
     try:
         advanced = advance_on_successes(tx, _inline_moves(app, successes))
     except StepMovedOn:
-        raise _Taken() from None
+        raise _lost(successes) from None
     rest = {s.claimed.step_id: s.output.payload_json for s in successes if s.claimed.step_id not in advanced}
     if rest:
         if set_status_if(tx, rest, "in_progress", "advancing") != len(rest):
-            raise _Taken()  # a step no longer in progress: its execution was taken [INV-EXE-2]
+            raise _lost(successes)  # a step no longer in progress: its execution was taken [INV-EXE-2]
         tx.wake_advancers()  # an advancer has work (a job worker has nothing new)
 
 
@@ -291,7 +280,7 @@ def _end_in(app: Database, tx: Tx, x: Claimed | sa.Row[Any], execution_id: str, 
     ``failed``, at once for an ``invalid`` execution (no budget applies: it cannot succeed)
     [INV-EXE-4]. ``x``: the execution's step, run and counters (its claim, or the row a
     recovery read). Returns what to log once the transaction commits."""
-    if not release(app, tx, x.limit_key, owner, [Ending(execution_id, outcome, info)]):
+    if not release_and_claim(app, tx, x.limit_key, owner, [Ending(execution_id, outcome, info)]).ended:
         return None  # [INV-EXE-2] ended already, or another owner's: nothing to end
     config, retries, crashes = app.config.job_worker, x.retry_count, x.crash_count
     if outcome == "process_crashed":

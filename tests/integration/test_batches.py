@@ -24,6 +24,7 @@ from ductwork.limits.claims import claim, claim_batch
 from ductwork.pipelines import outcomes
 from ductwork.pipelines.outcomes import HandOff, Success, record_crash, record_successes
 from ductwork.pipelines.payloads import Output
+from ductwork.pipelines.runs import cached_definition
 from tests.capabilities import needs
 from tests.factories import make_executions, make_run
 from tests.workloads import Unkeyed
@@ -140,7 +141,7 @@ def test_a_release_of_several_takes_one_outcome_and_no_error(app):
     executions with different outcomes, or with one outcome and an error each, it refuses
     (its assertion) before any statement, and both stay held, their rows as they were
     [INV-EXE-2]."""
-    from ductwork.limits.claims import release
+    from ductwork.limits.claims import release_and_claim
     from ductwork.limits.executions import Ending, ErrorInfo
 
     run_id, branch_id = make_run(app)
@@ -152,7 +153,7 @@ def test_a_release_of_several_takes_one_outcome_and_no_error(app):
     for endings in ([Ending(ids[0], "success"), Ending(ids[1], "failure")],
                     [Ending(ids[0], "failure", error), Ending(ids[1], "failure", error)]):
         with pytest.raises(AssertionError), app.begin() as tx:
-            release(app, tx, None, process, endings)
+            release_and_claim(app, tx, None, process, endings)
         assert _rows(app, ids) == before, endings
 
 
@@ -517,12 +518,11 @@ def test_inline_ids_quotes_any_text_exactly(app):
         assert found == set(wanted) - {"absent"}, wanted
 
 
-def test_a_mixed_lane_batch_is_recorded_one_by_one_and_only_the_last_hands_on(keyed_app):
+def test_a_group_of_several_lanes_is_one_transaction_that_hands_nothing_on(keyed_app):
     """Successes of two lanes (keyed k1 of ``three``, then unkeyed u1) in one call, with a
-    hand-off of one of either: they are recorded one by one, each under its own lane (k1
-    released with its key's next seq), and only the last transaction (u1's) hands on, so
-    what it claimed (u2) is what is returned, and the keyed k2 is left pending: nothing is
-    claimed that the caller is not given."""
+    hand-off of one of either: one transaction records both (one commit), k1 released with
+    its key's next seq, and nothing is handed on though a poll would claim in either lane
+    (u2 and k2 stay pending)."""
     app = keyed_app
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
@@ -531,15 +531,84 @@ def test_a_mixed_lane_batch_is_recorded_one_by_one_and_only_the_last_hands_on(ke
     k2, = make_executions(app, run_id, branch_id, "three", AT)
     first, second = claim(app, process), claim(app, process)
     assert [first.execution_id, second.execution_id] == [k1, u1]
-    handed = record_successes(app, [Success(first, Output("1")), Success(second, Output("2"))],
-                              HandOff(limit=1, keyed_limit=1))
-    assert [c.execution_id for c in handed] == [u2]
+    cached_definition(app, first.definition_sha1)  # (read once, in a transaction of its own)
+    commits = []
+
+    def committed(conn):
+        commits.append(conn)
+
+    sa.event.listen(app.engine, "commit", committed)
+    try:
+        handed = record_successes(app, [Success(first, Output("1")), Success(second, Output("2"))],
+                                  HandOff(limit=1, keyed_limit=1))
+    finally:
+        sa.event.remove(app.engine, "commit", committed)
+    assert handed == []
+    assert len(commits) == 1
     rows = _rows(app, [k1, u1, u2, k2])
     assert [rows[i].outcome for i in (k1, u1)] == ["success", "success"]
-    assert rows[k1].completed_at != rows[u1].completed_at  # two transactions
-    assert (rows[u2].process_id, rows[k2].claimed_at) == (process, None)
+    assert (rows[u2].claimed_at, rows[k2].claimed_at) == (None, None)
     assert _seqs(app, [k1], "release_seq") == [_seqs(app, [k1], "claim_seq")[0] + 1]
     assert _seqs(app, [u1], "release_seq") == [None]  # the unkeyed lane has no sequence
+
+
+@pytest.fixture
+def partitioned_app(db_url):
+    """Keys ``one_a`` and ``one_b`` (``concurrency: 1``) and ``three`` (3)."""
+    from tests.conftest import installed, make_app
+
+    limits = {"one_a": {"concurrency": 1}, "one_b": {"concurrency": 1}, "three": {"concurrency": 3}}
+    yield from installed(make_app(db_url, job_worker={"limits": limits}))
+
+
+def test_a_batch_goes_on_past_the_keys_its_runs_fill(partitioned_app):
+    """Pending a1, b1, a2 (``concurrency: 1`` keys), t1..t4 (``three``), then u1: a batch
+    takes a run of one lane at a time and goes on only after a run that filled its key's
+    concurrency, as polls one after another would [INV-LIM-6]: a1, b1, then t1, where a
+    share of ``three`` below its concurrency ends it; then t2, t3, where ``three`` is full
+    but its run of two did not fill it alone, so the batch ends there too; then u1, an
+    unkeyed run."""
+    app = partitioned_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    a1, = make_executions(app, run_id, branch_id, "one_a", AT)
+    b1, = make_executions(app, run_id, branch_id, "one_b", AT)
+    a2, = make_executions(app, run_id, branch_id, "one_a", AT)
+    ts = make_executions(app, run_id, branch_id, "three", AT, 4)
+    u1, = make_executions(app, run_id, branch_id, None, AT)
+    assert [c.execution_id for c in claim_batch(app, process, 9, 9, per_key={"three": 1})] == [a1, b1, ts[0]]
+    claimed = claim_batch(app, process, 9, 9)
+    assert [c.execution_id for c in claimed] == [ts[1], ts[2]]
+    claimed += claim_batch(app, process, 9, 9)
+    assert [c.execution_id for c in claimed] == [ts[1], ts[2], u1]
+    assert record_successes(app, [Success(c, Output("null")) for c in claimed], HandOff(9, 9)) == []
+    assert [c.execution_id for c in claim_batch(app, process, 2, 2)] == [ts[3]]  # a2: one_a is still held
+    assert _rows(app, [a2])[a2].claimed_at is None
+
+
+def test_a_group_of_several_keys_releases_them_in_key_order(partitioned_app, monkeypatch):
+    """Successes given as b1 (``one_b``), t1 (``three``), a1 (``one_a``): the group takes
+    each key's lock by its routine in key order, one_a, one_b, three, whatever the order of
+    the successes, so two groups of the same keys never wait on each other in a cycle
+    (docs/semantics.md §9)."""
+    app = partitioned_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    a1, = make_executions(app, run_id, branch_id, "one_a", AT)
+    b1, = make_executions(app, run_id, branch_id, "one_b", AT)
+    t1, = make_executions(app, run_id, branch_id, "three", AT)
+    held = {c.execution_id: c for c in claim_batch(app, process, 9, 9)}
+    assert set(held) == {a1, b1, t1}
+    routine, order = outcomes.release_and_claim, []
+
+    def spy(app, tx, key, *args, **kwargs):
+        order.append(key)
+        return routine(app, tx, key, *args, **kwargs)
+
+    monkeypatch.setattr(outcomes, "release_and_claim", spy)
+    record_successes(app, [Success(held[i], Output("null")) for i in (b1, t1, a1)])
+    assert order == ["one_a", "one_b", "three"]
+    assert {r.outcome for r in _rows(app, [a1, b1, t1]).values()} == {"success"}
 
 
 def test_a_lone_success_that_lost_its_execution_is_refused_without_a_batch_warning(app, caplog):

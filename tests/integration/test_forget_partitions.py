@@ -68,7 +68,7 @@ def claim_and_complete(app, process: str, key: str) -> None:
         got = claim_keyed(app, key, process)
     (claimed,) = got
     with app.begin() as tx:
-        assert claims.release(app, tx, key, process, [Ending(claimed.execution_id)])
+        assert claims.release_and_claim(app, tx, key, process, [Ending(claimed.execution_id)]).ended
 
 
 @pytest.fixture
@@ -260,7 +260,7 @@ def test_a_forget_touches_no_other_partition_and_keeps_the_familys_highest_seq(f
     (claimed,) = claim_keyed(fam_app, KEY, process)  # the only execution in flight anywhere
     assert not forget_partition(fam_app, KEY)  # [INV-LIM-9] busy: its own execution is in flight
     with fam_app.begin() as tx:
-        assert claims.release(fam_app, tx, KEY, process, [Ending(claimed.execution_id)])
+        assert claims.release_and_claim(fam_app, tx, KEY, process, [Ending(claimed.execution_id)]).ended
     assert seqs(fam_app, KEY) == [1, 2, 3, 4, 5, 6]
     assert forget_partition(fam_app, KEY)
     assert {r[0] for r in rows(fam_app)["ductwork_limit_buckets"]} == {other}  # the other's bucket stays
@@ -279,7 +279,7 @@ def test_a_new_partition_reads_its_own_familys_seq(fam_app):
     make_executions(fam_app, run_id, branch_id, "plain", T0, 1)  # its row first, unconfigured
     (taken,) = claim_keyed(fam_app, "plain", process)
     with fam_app.begin() as tx:
-        assert claims.release(fam_app, tx, "plain", process, [Ending(taken.execution_id)])
+        assert claims.release_and_claim(fam_app, tx, "plain", process, [Ending(taken.execution_id)]).ended
     assert seqs(fam_app, "plain") == [1, 2]
     make_executions(fam_app, run_id, branch_id, KEY, T0, 1)
     claim_and_complete(fam_app, process, KEY)

@@ -455,6 +455,28 @@ def test_a_claim_that_spends_its_keys_last_token_sets_the_alarm_for_the_next(db_
         assert unkeyed._tokens.seconds_left() is None
 
 
+def test_a_batch_over_several_keys_sets_the_alarm_for_the_token_any_of_them_spent(db_url):
+    """A batch that takes ``hourly``'s last token and then, past it (its run filled its
+    ``concurrency: 1``), ``spare``'s execution sets the alarm for ``hourly``'s next token,
+    though the batch's last claim carries none."""
+    from ductwork.db.clock import ManualClock
+    from ductwork.fleet.shared import TokenAlarm
+    from tests.conftest import installed
+
+    limits = {"hourly": {"concurrency": 1, "rate": {"limit": 1, "per": "1h"}}, "spare": {"concurrency": 1}}
+    for app in installed(make_app(db_url, clock=ManualClock(datetime(2026, 1, 1)), job_worker={"limits": limits})):
+        hourly = Hourly.trigger("a")
+        alarm = TokenAlarm(lambda _: None, clock=lambda: 100.0)
+        worker = Worker(app, tokens=alarm, batch_size=8)
+        assert worker.run_once() is None  # the bucket starts empty: refused, stamped an hour on
+        app.clock.advance(seconds=3600)
+        spare = Spare.trigger("b")
+        worker.batch = 8
+        assert worker.run_once() is not None  # one claim of both, then both run
+        assert (hourly.refresh().status, spare.refresh().status) == ("completed", "completed")
+        assert alarm.seconds_left() == 3600.0
+
+
 class KeyedRefusal(Pipeline):
     @classmethod
     def define(cls, p):

@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 # against ductwork_model's mutants
 from ductwork_model.errors import CommitFailed, ConfigError, PreconditionError
 from ductwork_model.invariants import INVARIANT_FUNCTIONS
-from ductwork_model.limits import MAX_KEY_CHARS, LimitsModel, partition_key, split_partition_key
+from ductwork_model.limits import MAX_KEY_CHARS, LimitsModel, limits_for, partition_key, split_partition_key
 from tests.properties.strategies import (
     FAMILY,
     LIMIT_KEYS,
@@ -90,22 +90,36 @@ class LimitsModelMachine(RuleBasedStateMachine):
     def claim_batch(self, data, limit, keyed_limit):
         """A batch claim is what polls in a row would claim, made on a copy of the model
         one at a time: the same jobs, then the same jobs, buckets and stamps (the same
-        decisions and spends [INV-LIM-2, INV-LIM-5]); and it stops only where the next
-        poll would try another lane first or be refused [INV-LIM-6]."""
+        decisions and spends [INV-LIM-2, INV-LIM-5]). It claims in runs of one lane, each
+        within its share, and goes on past a run only when the run filled its key's
+        concurrency (then the next poll is another lane's, and may claim nothing); a run
+        below its share stops only where the next poll would try another lane first or be
+        refused [INV-LIM-6]."""
         worker = data.draw(st.sampled_from(self.live))
         polls = copy.deepcopy(self.model)
         claimed = self.model.claim_batch(worker, self.now, limit, keyed_limit)
-        if not claimed:
-            assert polls.claim(worker, self.now) is None
-            return
-        key = self.model.jobs[claimed[0]].key
-        cap = limit if key is None else keyed_limit
-        assert len(claimed) <= cap
-        assert all(self.model.jobs[j].key == key for j in claimed)
+        most = max(limit, keyed_limit)
+        assert len(claimed) <= most
         assert [polls.claim(worker, self.now) for _ in claimed] == claimed, "a batch is polls in a row"
+        runs: list[list[str]] = []
+        for job in claimed:
+            if runs and self.model.jobs[runs[-1][0]].key == self.model.jobs[job].key:
+                runs[-1].append(job)
+            else:
+                runs.append([job])
+        taken = 0
+        for i, run in enumerate(runs):
+            key = self.model.jobs[run[0]].key
+            assert len(run) <= min(limit if key is None else keyed_limit, most - taken), "a run within its share"
+            taken += len(run)
+            limits = None if key is None else limits_for(self.model.config, key)
+            filled = limits is not None and limits.concurrency is not None and len(run) >= limits.concurrency
+            assert filled or i == len(runs) - 1, "a batch goes on only past a key its run filled"
+        if not runs or (filled and len(claimed) < most):  # the poll after the last run claimed nothing
+            assert polls.claim(worker, self.now) is None
         assert _state(polls) == _state(self.model), "a batch decides, spends and stamps as polls do"
-        if len(claimed) < cap:  # why it stopped: the next poll tries another lane first, or is refused
-            polls.claim(worker, self.now)
+        if runs and not filled and len(runs[-1]) < min(limit if key is None else keyed_limit, most - taken + len(run)):
+            polls.claim(worker, self.now)  # why the run stopped: the next poll tries another lane first, or is refused
             tried = [lane for lane in polls.polls[-1].lanes if lane.verdict not in ("blocked", "saturated")]
             assert not tried or tried[0].key != key or tried[0].verdict.startswith("refused"), tried
 

@@ -93,6 +93,8 @@ DETECTORS = {
     **{name: FAMILY_CEILING + ("[mysql]" if name.endswith("_mysql") else "[postgresql]") for name in (
         "routine_family_ceiling_ignored", "routine_family_ceiling_off_by_one", "routine_family_ceiling_ignored_mysql")},
     "batch_past_lane": "tests/integration/test_batches.py::test_a_batch_stops_before_an_older_keyed_lane[sqlite]",
+    "batch_past_unfilled_key":
+        "tests/integration/test_batches.py::test_a_batch_goes_on_past_the_keys_its_runs_fill[sqlite]",
     "batch_no_guard":
         "tests/integration/test_batches.py::test_a_group_commit_leaves_a_reaped_execution_to_the_reaper[sqlite]",
     "keyed_group_one_seq": "tests/integration/test_batches.py::"
@@ -201,7 +203,7 @@ DETECTORS = {
 }
 #: mutants with another detector that a conformance machine found only with the ``deep``
 #: budget, and now finds within ``ci``'s (docs/verification.md, "Conformance budgets")
-ALSO_CONFORMANCE = {"batch_past_lane": CONFORMANCE}
+ALSO_CONFORMANCE = {"batch_past_lane": CONFORMANCE, "batch_past_unfilled_key": CONFORMANCE}
 #: mutants of a guard that several paths share, killed on each path's own test too (the
 #: unkeyed group guard ends the async batch's group commit and an expand's items; one
 #: recovery routine serves the orphan sweep and reconciliation)

@@ -365,7 +365,9 @@ def test_a_keyed_batch_stops_at_the_keys_ceiling_and_at_its_keyed_limit():
     for job in ("c1", "c2", "c3"):
         model.enqueue(job, "c", 0)
     assert model.claim_batch("w", 0, 9, 9) == ["c1", "c2"]
-    assert model.polls[-1].lanes == (_lane("c", "c2", 0, 2, "claimed"),)
+    assert model.polls[-2].lanes == (_lane("c", "c2", 0, 2, "claimed"),)
+    # c's run filled its concurrency: the batch polls on, and that poll finds c saturated
+    assert (model.polls[-1].lanes, model.polls[-1].job_id) == ((_lane("c", "c3", 0, 3, "saturated"),), None)
     for job in ("d1", "d2", "d3"):
         model.enqueue(job, "d", 0)
     assert model.claim_batch("w", 0, 9, 2) == ["d1", "d2"]
@@ -378,6 +380,45 @@ def test_an_unconfigured_keys_batch_is_bounded_by_keyed_limit():
         model.enqueue(job, "x", 0)
     assert model.claim_batch("w", 0, 1, 2) == ["x1", "x2"]
     assert model.log == [UNCONFIGURED_WARNING] * 2
+
+
+def test_a_batch_goes_on_past_the_keys_its_runs_saturate():
+    """Runs of one lane each: a ``concurrency: 1`` key's run of one fills it, so the batch
+    polls on (q, then r's run of two, which fills r too, then the unkeyed lane's); it
+    stops after a run that leaves its lane able to admit (the unkeyed lane, a key's share
+    below its concurrency), and at ``max(limit, keyed_limit)`` claims in all."""
+    config = {"p": {"concurrency": 1}, "q": {"concurrency": 1}, "r": {"concurrency": 2}}
+    jobs = [("p1", "p"), ("q1", "q"), ("p2", "p"), ("r1", "r"), ("r2", "r"), ("r3", "r"), ("u1", None), ("u2", None)]
+
+    def fed():
+        model = LimitsModel(config)
+        for job, key in jobs:
+            model.enqueue(job, key, 0)
+        return model
+
+    assert fed().claim_batch("w", 0, 9, 9) == ["p1", "q1", "r1", "r2", "u1", "u2"]
+    assert fed().claim_batch("w", 0, 9, 1) == ["p1", "q1", "r1"]  # r's share of 1 leaves it admitting
+    assert fed().claim_batch("w", 0, 3, 1) == ["p1", "q1", "r1"]  # three in all
+    assert fed().claim_batch("w", 0, 1, 3) == ["p1", "q1", "r1"]
+    model = fed()
+    assert model.claim_batch("w", 0, 1) == ["p1"]  # one in all
+    assert model.claim_batch("w", 0, 9, 2) == ["q1", "r1", "r2", "u1", "u2"]
+    assert model.pending() == ["p2", "r3"]
+
+
+def test_a_group_of_several_lanes_hands_nothing_on():
+    """Successes of two lanes recorded at once complete both and claim nothing, though a
+    poll would claim in either lane: no poll, no decision."""
+    model = LimitsModel({"c": {"concurrency": 9}})
+    for job in ("c1", "u1", "c2", "u2"):
+        model.enqueue(job, "c" if job[0] == "c" else None, 0)
+    assert model.claim("w", 0) == "c1"
+    assert model.claim("w", 0) == "u1"
+    start = len(model.events)
+    assert model.complete_all_and_hand_off(["c1", "u1"], 1, 2, 2) == []
+    assert model.events[start:] == [Completed(start, "c1", "c", "w", 1, "success"),
+                                    Completed(start + 1, "u1", None, "w", 1, "success")]
+    assert model.pending() == ["c2", "u2"]
 
 
 # --------------------------------------------------------------------------- hand-offs
@@ -463,9 +504,9 @@ def test_a_hand_off_and_a_group_commit_take_one_job_unless_told_more():
     assert model.claim("w", 0) == "c1"
     assert model.complete_all_and_hand_off(["c1"], 1) == ["c2"]
     assert model.complete_all_and_hand_off(["c2"], 1) == ["c3"]
-    assert model.claim("w", 1) == "u1"
-    assert model.complete_all_and_hand_off(["c3", "u1"], 2) == ["u2"]
-    assert model.pending() == ["u3"]
+    assert model.claim_batch("w", 1, 2) == ["u1", "u2"]
+    assert model.complete_all_and_hand_off(["u1", "u2"], 2) == ["u3"]
+    assert model.pending() == []
 
 
 def test_no_hand_off_to_a_period_whose_bucket_a_restart_added_and_nothing_created():
