@@ -624,16 +624,16 @@ ARGUED: dict[str, tuple[str, str]] = {
         "a poll of one reads the bound too: it uses none (as #9: only a hand-off compares its first "
         "candidate with the bound, and _batch compares only the candidates after the first). An "
         "extra read: a cost"),
-    "limits/claims.py#90": (
+    "limits/claims.py#91": (
         "`where` without `_e.c.claimed_at.is_(None)`",
         "_claim_rows runs only on the Python path (SQLite: a server runs the routine), on ids the "
         "plan took from candidates read in this transaction by in_lane (`pending_lane = lane`, a "
         "column computed non-null only while claimed_at IS NULL), under the database write lock that "
         "BEGIN IMMEDIATE took: no other transaction writes between that read and this UPDATE, so "
         "every id is still unclaimed and the condition always holds"),
-    "limits/claims.py#115": (
+    "limits/claims.py#122": (
         "`_e.c.claimed_at` read as `completed_at`",
-        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #90: pending executions read "
+        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #91: pending executions read "
         "under the same lock, and a pending execution's completed_at is always NULL (an execution "
         "is inserted open, and the only write of executions.completed_at, _end_statement, requires "
         "claimed_at IS NOT NULL), so the condition always holds"),
@@ -658,7 +658,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`time.monotonic() >= self._next_hook_poll`: Gt for GtE",
         "the hook poll's second has passed or is exactly now: equal only at one instant of a float clock, and "
         "the next call polls (a hook waits one call longer, never more)"),
-    "fleet/worker.py#26": (
+    "fleet/worker.py#23": (
         "`not together`: `not` dropped",
         "_run's fault checkpoint AFTER_JOB_CLAIM (faults.hit, which does nothing unless a chaos round or a test "
         "arms it) is passed for awaited batches instead of plain steps: where a chaos kill may land, not what "

@@ -20,7 +20,8 @@ from ductwork.db import schema
 from ductwork.fleet import execute
 from ductwork.fleet.processes import register
 from ductwork.fleet.worker import Worker
-from ductwork.limits.claims import claim, claim_batch
+from ductwork.limits import claims
+from ductwork.limits.claims import claim, claim_batch, claim_keyed
 from ductwork.pipelines import outcomes
 from ductwork.pipelines.outcomes import HandOff, Success, record_crash, record_successes
 from ductwork.pipelines.payloads import Output
@@ -448,18 +449,24 @@ def test_a_keyed_group_commit_with_nothing_to_hand_on_moves_the_keys_seq_past_it
 
 def test_a_keyed_group_commit_leaves_a_reaped_execution_to_the_reaper(keyed_app):
     """A keyed group commit whose guard misses one execution (the reaper crashed it) is
-    recorded one by one: the others succeed, the reaped one keeps its crash [INV-EXE-2]."""
+    recorded one by one: the others succeed, the reaped one keeps its crash [INV-EXE-2];
+    only the last transaction hands on (the crash's re-run), so what the process holds is
+    what the caller is given."""
     app = keyed_app
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     ks = make_executions(app, run_id, branch_id, "three", AT, 3)
     got = claim_batch(app, process, 1, keyed_limit=3)
     record_crash(app, ks[1], process, "Reaped", "reaped")
-    record_successes(app, [Success(c, Output("null")) for c in got], HandOff(keyed_limit=3))
+    handed = record_successes(app, [Success(c, Output("null")) for c in got], HandOff(keyed_limit=3))
     rows = _rows(app, ks)
     assert [rows[k].outcome for k in ks] == ["success", "process_crashed", "success"]
     releases = _seqs(app, ks, "release_seq")
     assert len(set(releases)) == 3
+    e = schema.executions
+    with app.begin() as tx:
+        held = tx.execute(sa.select(e.c.id).where(e.c.process_id == process, e.c.completed_at.is_(None))).scalars()
+        assert [c.execution_id for c in handed] == list(held) != []
 
 
 @pytest.mark.parametrize("outputs", [["1", "1", "2", "1", "null", "2"], [str(i) for i in range(7)]],
@@ -561,13 +568,13 @@ def partitioned_app(db_url):
     yield from installed(make_app(db_url, job_worker={"limits": limits}))
 
 
-def test_a_batch_goes_on_past_the_keys_its_runs_fill(partitioned_app):
+def test_a_batch_goes_on_past_the_keys_its_runs_fill(partitioned_app, monkeypatch):
     """Pending a1, b1, a2 (``concurrency: 1`` keys), t1..t4 (``three``), then u1: a batch
     takes a run of one lane at a time and goes on only after a run that filled its key's
-    concurrency, as polls one after another would [INV-LIM-6]: a1, b1, then t1, where a
-    share of ``three`` below its concurrency ends it; then t2, t3, where ``three`` is full
-    but its run of two did not fill it alone, so the batch ends there too; then u1, an
-    unkeyed run."""
+    concurrency, as polls one after another would [INV-LIM-6]: a1, b1, where a batch of two
+    ends, trying no lane more; then t1, where a share of ``three`` below its concurrency
+    ends it; then t2, t3, where ``three`` is full but its run of two did not fill it alone,
+    so the batch ends there too; then u1, an unkeyed run."""
     app = partitioned_app
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
@@ -576,7 +583,11 @@ def test_a_batch_goes_on_past_the_keys_its_runs_fill(partitioned_app):
     a2, = make_executions(app, run_id, branch_id, "one_a", AT)
     ts = make_executions(app, run_id, branch_id, "three", AT, 4)
     u1, = make_executions(app, run_id, branch_id, None, AT)
-    assert [c.execution_id for c in claim_batch(app, process, 9, 9, per_key={"three": 1})] == [a1, b1, ts[0]]
+    keyed = []
+    monkeypatch.setattr(claims, "claim_keyed", lambda app, key, *args: keyed.append(key) or claim_keyed(app, key, *args))
+    assert [c.execution_id for c in claim_batch(app, process, 2, 2)] == [a1, b1]
+    assert keyed == ["one_a", "one_b"]  # the batch has its two: no lane more is tried
+    assert [c.execution_id for c in claim_batch(app, process, 9, 9, per_key={"three": 1})] == [ts[0]]
     claimed = claim_batch(app, process, 9, 9)
     assert [c.execution_id for c in claimed] == [ts[1], ts[2]]
     claimed += claim_batch(app, process, 9, 9)
