@@ -404,6 +404,10 @@ def test_a_batch_goes_on_past_the_keys_its_runs_saturate():
     assert model.claim_batch("w", 0, 1) == ["p1"]  # one in all
     assert model.claim_batch("w", 0, 9, 2) == ["q1", "r1", "r2", "u1", "u2"]
     assert model.pending() == ["p2", "r3"]
+    model = LimitsModel(config)
+    for job, key in [("p1", "p"), ("q1", "q"), ("u1", None), ("u2", None), ("u3", None)]:
+        model.enqueue(job, key, 0)
+    assert model.claim_batch("w", 0, 3, 1) == ["p1", "q1", "u1"]  # the unkeyed run has what is left of three
 
 
 def test_a_group_of_several_lanes_hands_nothing_on():
