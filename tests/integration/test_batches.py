@@ -568,6 +568,15 @@ def partitioned_app(db_url):
     yield from installed(make_app(db_url, job_worker={"limits": limits}))
 
 
+def _a1_b1(app):
+    """A run, a process, and one pending execution of ``one_a``, then one of ``one_b``."""
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    a1, = make_executions(app, run_id, branch_id, "one_a", AT)
+    b1, = make_executions(app, run_id, branch_id, "one_b", AT)
+    return run_id, branch_id, process, a1, b1
+
+
 def test_a_batch_goes_on_past_the_keys_its_runs_fill(partitioned_app, monkeypatch):
     """Pending a1, b1, a2 (``concurrency: 1`` keys), t1..t4 (``three``), then u1: a batch
     takes a run of one lane at a time and goes on only after a run that filled its key's
@@ -576,15 +585,17 @@ def test_a_batch_goes_on_past_the_keys_its_runs_fill(partitioned_app, monkeypatc
     ends it; then t2, t3, where ``three`` is full but its run of two did not fill it alone,
     so the batch ends there too; then u1, an unkeyed run."""
     app = partitioned_app
-    run_id, branch_id = make_run(app)
-    process = register(app, role="test", label="w")
-    a1, = make_executions(app, run_id, branch_id, "one_a", AT)
-    b1, = make_executions(app, run_id, branch_id, "one_b", AT)
+    run_id, branch_id, process, a1, b1 = _a1_b1(app)
     a2, = make_executions(app, run_id, branch_id, "one_a", AT)
     ts = make_executions(app, run_id, branch_id, "three", AT, 4)
     u1, = make_executions(app, run_id, branch_id, None, AT)
     keyed = []
-    monkeypatch.setattr(claims, "claim_keyed", lambda app, key, *args: keyed.append(key) or claim_keyed(app, key, *args))
+
+    def counted(app, key, *args):
+        keyed.append(key)
+        return claim_keyed(app, key, *args)
+
+    monkeypatch.setattr(claims, "claim_keyed", counted)
     assert [c.execution_id for c in claim_batch(app, process, 2, 2)] == [a1, b1]
     assert keyed == ["one_a", "one_b"]  # the batch has its two: no lane more is tried
     assert [c.execution_id for c in claim_batch(app, process, 9, 9, per_key={"three": 1})] == [ts[0]]
@@ -603,10 +614,7 @@ def test_a_group_of_several_keys_releases_them_in_key_order(partitioned_app, mon
     the successes, so two groups of the same keys never wait on each other in a cycle
     (docs/semantics.md §9)."""
     app = partitioned_app
-    run_id, branch_id = make_run(app)
-    process = register(app, role="test", label="w")
-    a1, = make_executions(app, run_id, branch_id, "one_a", AT)
-    b1, = make_executions(app, run_id, branch_id, "one_b", AT)
+    run_id, branch_id, process, a1, b1 = _a1_b1(app)
     t1, = make_executions(app, run_id, branch_id, "three", AT)
     held = {c.execution_id: c for c in claim_batch(app, process, 9, 9)}
     assert set(held) == {a1, b1, t1}
