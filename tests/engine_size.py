@@ -139,7 +139,12 @@ PAD_SPACE_LINES = 16
 #: ``release_and_claim`` that claims nothing) and the group's own exception (``_Taken``, now
 #: ``CommitFailed``) with ``_commit_one`` and ``_commit_group`` were folded into their callers
 CROSS_LANE_BATCHES_LINES = -4
-CODE_LINES_BUDGET = (5_994 + CROSS_LANE_BATCHES_LINES + PARTITIONED_KEYS_LINES + LANE_WALK_LINES
+#: and a bug fix: a poll's claim in a lane that the database rolled back for contention (a
+#: deadlock's victim on MariaDB, beside a transaction inserting executions) is made again
+#: (``dialects.retry_transient``, as a commit is) instead of ending the worker's ``run_once``
+#: with the error (``claims._claim_lane``)
+CLAIM_RETRIED_LINES = 2
+CODE_LINES_BUDGET = (5_994 + CROSS_LANE_BATCHES_LINES + CLAIM_RETRIED_LINES + PARTITIONED_KEYS_LINES + LANE_WALK_LINES
                      + FORGET_PARTITIONS_LINES - PRESENTATION_MOVED_LINES + FORGET_SETTINGS_LINES + REFUSED_TYPE_LINES
                      + HEARTBEAT_WITHOUT_COUNTS_LINES + FITTED_VALUES_LINES + PAD_SPACE_LINES)
 #: the engine core's code tokens (:func:`code_tokens`) may not exceed this either: a second
@@ -161,8 +166,10 @@ FITTED_VALUES_TOKENS = 345
 PAD_SPACE_TOKENS = 128
 #: and lowered by the tokens of :data:`CROSS_LANE_BATCHES_LINES`' change
 CROSS_LANE_BATCHES_TOKENS = -39
-CODE_TOKENS_BUDGET = (62_712 + CROSS_LANE_BATCHES_TOKENS + FORGET_SETTINGS_TOKENS + REFUSED_TYPE_TOKENS
-                      + HEARTBEAT_WITHOUT_COUNTS_TOKENS + FITTED_VALUES_TOKENS + PAD_SPACE_TOKENS)
+#: and raised by those of :data:`CLAIM_RETRIED_LINES`
+CLAIM_RETRIED_TOKENS = 24
+CODE_TOKENS_BUDGET = (62_712 + CROSS_LANE_BATCHES_TOKENS + CLAIM_RETRIED_TOKENS + FORGET_SETTINGS_TOKENS
+                      + REFUSED_TYPE_TOKENS + HEARTBEAT_WITHOUT_COUNTS_TOKENS + FITTED_VALUES_TOKENS + PAD_SPACE_TOKENS)
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment
 SQL_LINE = re.compile(r"^\s*(?:--|$)")

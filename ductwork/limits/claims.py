@@ -449,13 +449,16 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
 
 def _claim_lane(app: Database, key: str, process_id: str, left: int, limit: int, keyed_limit: int,
                 per_key: Mapping[str, int] | None, refused: Callable[[Refusal], None] | None) -> list[Claimed]:
-    """A poll's claim in one lane (:func:`claim_batch`), in a transaction of its own."""
+    """A poll's claim in one lane (:func:`claim_batch`), in a transaction of its own, made
+    again when the database rolls it back for contention (a deadlock victim wrote nothing)."""
     if key == UNKEYED:
-        with app.begin() as tx:
-            return release_and_claim(app, tx, None, process_id, [], min(limit, left), poll=True).claimed
+        def unkeyed() -> list[Claimed]:
+            with app.begin() as tx:
+                return release_and_claim(app, tx, None, process_id, [], min(limit, left), poll=True).claimed
+        return dialects.retry_transient(unkeyed)
     family = app.config.family_of(key)  # (a partition's share is its family's)
     most = keyed_limit if per_key is None else per_key.get(family.family if family else key, keyed_limit)
-    outcome = claim_keyed(app, key, process_id, min(most, left))
+    outcome = dialects.retry_transient(lambda: claim_keyed(app, key, process_id, min(most, left)))
     if isinstance(outcome, list):
         return outcome
     if refused is not None and outcome.reason != "gone":  # ("gone": no eligible work left, not a refusal)

@@ -608,6 +608,29 @@ def test_a_batch_goes_on_past_the_keys_its_runs_fill(partitioned_app, monkeypatc
     assert _rows(app, [a2])[a2].claimed_at is None
 
 
+@pytest.mark.parametrize("lane", [None, "three"], ids=["unkeyed", "keyed"])
+def test_a_claim_the_database_rolls_back_for_contention_is_made_again(partitioned_app, monkeypatch, lane):
+    """A poll's claim in a lane whose transaction the database rolls back for contention
+    (MariaDB chose it as a deadlock's victim while inserts of other transactions held its
+    index range) is made again and claims, rather than ending the worker's ``run_once``
+    with the error: it wrote nothing."""
+    app = partitioned_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    execution, = make_executions(app, run_id, branch_id, lane, AT)
+    routine, calls = claims.release_and_claim, []
+
+    def deadlocked_once(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("CALL ductwork_release_and_claim_3", {}, Exception(1213, "Deadlock found"))
+        return routine(*args, **kwargs)
+
+    monkeypatch.setattr(claims, "release_and_claim", deadlocked_once)
+    assert [c.execution_id for c in claim_batch(app, process, 1)] == [execution]
+    assert calls == [lane, lane]
+
+
 def test_a_group_of_several_keys_releases_them_in_key_order(partitioned_app, monkeypatch):
     """Successes given as b1 (``one_b``), t1 (``three``), a1 (``one_a``): the group takes
     each key's lock by its routine in key order, one_a, one_b, three, whatever the order of
