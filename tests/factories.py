@@ -65,3 +65,12 @@ def run_rows(app: App, run_id: str) -> dict[str, list[tuple]]:
     }
     with app.begin() as tx:
         return {name: [tuple(row) for row in tx.execute(query)] for name, query in queries.items()}
+
+
+def of_another_process(app):  # type: ignore[no-untyped-def]
+    """An App on ``app``'s database and config, as another process has one: the threads of
+    one App poll in turn (``Database.polls``), so claimers meant to race are each of their
+    own. The caller disposes of it."""
+    from ductwork.app import App
+
+    return App(app.url, app.config)

@@ -126,6 +126,8 @@ class Database:
         self._lock = threading.Lock()
         self._inline_process: str | None = None
         self.wakeup = Wakeup()
+        #: held by a poll (``claims.claim_batch``): this process's polls take turns
+        self.polls = threading.Lock()
         #: woken when advancers have work (``Tx.wake``, ``Tx.wake_advancers``)
         self.advancer_wakeup = Wakeup()
         #: parsed definition snapshots by digest (``pipelines.runs.cached_definition``)

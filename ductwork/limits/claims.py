@@ -36,9 +36,10 @@ moment exists at which it stands empty while work waits (docs/semantics.md §5).
 
 A poll (:func:`claim`, :func:`claim_batch`) scans the lanes (``lanes.scan_lanes``) and
 calls the routine on each in the scan's order, each keyed claim a transaction of its own
-whose first statement is the key's lock, until one claims. Not done here: running the
-step, what an outcome means for the pipeline (``pipelines.outcomes``), or enqueueing
-(``executions.enqueue``).
+whose first statement is the key's lock, until one claims (a batch goes on past a key its
+claims filled). One process's polls take turns, so each sees its siblings' claims
+committed. Not done here: running the step, what an outcome means for the pipeline
+(``pipelines.outcomes``), or enqueueing (``executions.enqueue``).
 """
 
 from __future__ import annotations
@@ -428,23 +429,31 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
     lane refused or filled is passed by the next scan's walk, when the first finds too few.
     Returns the claimed executions in poll order (empty: nothing may run now); ``refused``
     is told of each keyed claim refused for concurrency or rate (the fleet counts them).
+
+    The threads of one process poll in turn (``app.polls``): a poll's scan sees the claims
+    of the one before it committed, so siblings never try the lane one of them just filled
+    (five threads polling together made 3 tries in 4 in vain, each a round trip and a wait
+    on the key's lock: bench/RESULTS.md, "B8: one process's polls take turns"). The
+    model's polls are one at a time already: turns only leave interleavings out.
     """
-    most = max(limit, keyed_limit)
-    claimed: list[Claimed] = []
-    tried: list[str] = []  # lanes tried, left out of the next scan
-    while True:
-        with app.begin(readonly=True) as tx:
-            lanes = scan_lanes(app, tx, passed=tried)
-        for lane in lanes:
-            run = _claim_lane(app, lane.key, process_id, most - len(claimed), limit, keyed_limit, per_key, refused)
-            claimed += run
-            entry = app.config.entry_for(lane.key)  # (None for the unkeyed lane, as for an unconfigured key)
-            if len(claimed) >= most or (run and (entry is None or entry.concurrency is None
-                                                 or len(run) < entry.concurrency)):
-                return claimed  # (a lane that may admit again is the next poll's, unless another comes first)
-        if len(lanes) < LANES_PER_SCAN:
-            return claimed  # every lane that may admit was tried (a full scan: more may, after them)
-        tried += [lane.key for lane in lanes]
+    with app.polls:  # this process's turn
+        most = max(limit, keyed_limit)
+        claimed: list[Claimed] = []
+        tried: list[str] = []  # lanes tried, left out of the next scan
+        while True:
+            with app.begin(readonly=True) as tx:
+                lanes = scan_lanes(app, tx, passed=tried)
+            for lane in lanes:
+                run = _claim_lane(app, lane.key, process_id, most - len(claimed), limit, keyed_limit, per_key,
+                                  refused)
+                claimed += run
+                entry = app.config.entry_for(lane.key)  # (None for the unkeyed lane, as for an unconfigured key)
+                if len(claimed) >= most or (run and (entry is None or entry.concurrency is None
+                                                     or len(run) < entry.concurrency)):
+                    return claimed  # (a lane that may admit again is the next poll's, unless another comes first)
+            if len(lanes) < LANES_PER_SCAN:
+                return claimed  # every lane that may admit was tried (a full scan: more may, after them)
+            tried += [lane.key for lane in lanes]
 
 
 def _claim_lane(app: Database, key: str, process_id: str, left: int, limit: int, keyed_limit: int,

@@ -13,14 +13,15 @@ the same worker. If the reaper got there first, :func:`record_successes` and
 :func:`record_failure` raise :class:`CommitFailed` (the reaper's re-run is the live one),
 :func:`record_crash` returns False, so crashing is idempotent when several recoveries race.
 
-Successes: one path for one success and for a group (a worker's batch): a group of one
-lane is one transaction; a group whose guard finds one execution taken, or whose
-transaction fails for a reason the database would not retry, is recorded one success at
-a time, so only the taken one (or the one that fails) is lost. A success whose edge is a
-simple transition (``branches.advance_on_successes``) advances its branch in the same
-transaction, before the key's lock is taken (so the key is held only for the routine and
-the commit); any other is left ``advancing`` for an advancer. Lock order [lock order]:
-branch rows, run rows, then the key's lock (the routine's), then the hand-off's claim.
+Successes: one path for one success and for a group (a worker's batch): a group, of one
+lane or of several, is one transaction; a group whose guard finds one execution taken, or
+whose transaction fails for a reason the database would not retry, is recorded one
+success at a time, so only the taken one (or the one that fails) is lost. A success whose
+edge is a simple transition (``branches.advance_on_successes``) advances its branch in the
+same transaction, before any key's lock is taken (so a key is held only for the routine
+and the commit); any other is left ``advancing`` for an advancer. Lock order [lock order]:
+branch rows, run rows, then each key's lock in key order (the routine's, once per lane),
+then the hand-off's claim, for a group of one lane only.
 
 What follows a failure or timeout: a retry while ``retry_count < max_retry`` (never for a
 return value that cannot be stored: it would recur); a crash: a re-run while ``crash_count

@@ -27,7 +27,7 @@ from ductwork.pipelines.outcomes import HandOff, Success, record_crash, record_s
 from ductwork.pipelines.payloads import Output
 from ductwork.pipelines.runs import cached_definition
 from tests.capabilities import needs
-from tests.factories import make_executions, make_run
+from tests.factories import make_executions, make_run, of_another_process
 from tests.workloads import Unkeyed
 
 AT = datetime(2000, 1, 1)
@@ -69,8 +69,9 @@ def test_a_batch_stops_before_an_older_keyed_lane(app):
 
 
 def test_racing_batches_claim_each_execution_once(app):
-    """Four threads on their own connections claim batches until nothing is left: every
-    execution is claimed by exactly one of them."""
+    """Four threads, each of its own process (``of_another_process``: the threads of one
+    process poll in turn), claim batches until nothing is left: every execution is claimed
+    by exactly one of them."""
     run_id, branch_id = make_run(app)
     ids = make_executions(app, run_id, branch_id, None, AT, 40)
     pids = [register(app, role="test", label=f"w{i}") for i in range(4)]
@@ -79,12 +80,15 @@ def test_racing_batches_claim_each_execution_once(app):
     failures = []
 
     def claimer(pid):
+        own = of_another_process(app)
         try:
             barrier.wait(timeout=30)
-            while batch := claim_batch(app, pid, 3):
+            while batch := claim_batch(own, pid, 3):
                 got[pid].extend(c.execution_id for c in batch)
         except Exception as error:  # noqa: BLE001 - reported below, on the test's thread
             failures.append(error)
+        finally:
+            own.dispose()
 
     threads = [threading.Thread(target=claimer, args=(p,)) for p in pids]
     for t in threads:
@@ -825,3 +829,56 @@ def test_a_batch_is_not_held_back_by_a_key_that_may_not_admit(db_url):
         told.clear()
         assert [c.execution_id for c in claim_batch(app, process, 3, refused=told.append)] == us
         assert told == []
+
+
+def test_the_threads_of_one_process_poll_in_turn(tmp_path, monkeypatch):
+    """Two threads of one process (one App, as a fleet process's threads share it) poll
+    at once, a1 (``one_a``, ``concurrency: 1``) and b1 (``one_b``) pending: the second
+    thread's poll begins only when the first's has ended, so its scan sees a1's claim
+    committed and it tries ``one_b`` alone, never the lane its sibling just filled. The
+    first poll stops inside its scan until the second thread has called ``claim_batch``,
+    and then until its scan begins, for 2 s at most: it may not begin."""
+    from tests.conftest import installed, make_app, migrated_sqlite
+
+    limits = {"one_a": {"concurrency": 1}, "one_b": {"concurrency": 1}}
+    app = next(installed(make_app(migrated_sqlite(tmp_path, "turns"), job_worker={"limits": limits})))
+    _, _, process, a1, b1 = _a1_b1(app)
+    scan, tried, scans = claims.scan_lanes, [], []
+    first_inside, second_called, second_scans = threading.Event(), threading.Event(), threading.Event()
+
+    def watched(*args, **kwargs):
+        scans.append(threading.current_thread().name)
+        if len(scans) == 1:
+            first_inside.set()
+            assert second_called.wait(10)
+            second_scans.wait(2)  # (the second poll's scan, if it did not wait for its turn)
+            scans.append("first's scan ends")
+        else:
+            second_scans.set()
+        return scan(*args, **kwargs)
+
+    def counted(app, key, *args):
+        tried.append((threading.current_thread().name, key))
+        return claim_keyed(app, key, *args)
+
+    monkeypatch.setattr(claims, "scan_lanes", watched)
+    monkeypatch.setattr(claims, "claim_keyed", counted)
+    got = {}
+
+    def poll():
+        got[threading.current_thread().name] = [c.execution_id for c in claim_batch(app, process, 1)]
+
+    def second():
+        assert first_inside.wait(10)
+        second_called.set()
+        poll()
+
+    threads = [threading.Thread(target=poll, name="first"), threading.Thread(target=second, name="second")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    app.dispose()
+    assert scans == ["first", "first's scan ends", "second"]
+    assert got == {"first": [a1], "second": [b1]}
+    assert tried == [("first", "one_a"), ("second", "one_b")]

@@ -34,6 +34,7 @@ from ductwork.pipelines.payloads import Output
 from ductwork_proof.fleet import wait_for
 from tests.capabilities import needs
 from tests.conftest import make_app, reset_tables
+from tests.factories import of_another_process
 from tests.workloads import Echo, OnKey
 
 RACERS = 4
@@ -96,9 +97,10 @@ def race_app(db_url, tmp_path, monkeypatch):
 
 def race_claims(app, key: str, claimers: int, *, observe_waiters: bool) -> list:
     """The first claimer claims ``key`` in a transaction left open, holding the key's lock
-    (the routine returned, nothing committed); the others claim in threads, and once they
-    all wait for that lock (or have all passed it: a missing lock), it commits. Returns
-    each claimer's claim (or None)."""
+    (the routine returned, nothing committed); the others, each of its own process
+    (:func:`of_another_process`), claim in threads, and once they all wait for that lock
+    (or have all passed it: a missing lock), it commits. Returns each claimer's claim (or
+    None)."""
     from ductwork.limits.claims import release_and_claim
 
     pids = [register(app, role="test", label=f"racer-{i}") for i in range(claimers)]
@@ -106,10 +108,13 @@ def race_claims(app, key: str, claimers: int, *, observe_waiters: bool) -> list:
     errors: list[BaseException] = []
 
     def claim_one(i: int) -> None:
+        other = of_another_process(app)
         try:
-            results[i] = claim(app, pids[i])
+            results[i] = claim(other, pids[i])
         except BaseException as error:  # noqa: BLE001 - reported below
             errors.append(error)
+        finally:
+            other.dispose()
 
     threads = [threading.Thread(target=claim_one, args=(i,)) for i in range(1, claimers)]
     with app.begin() as tx:
@@ -176,7 +181,8 @@ def test_a_claims_time_is_read_after_the_key_lock(race_app):
         PairPipeline.trigger(i)
     pid_a, pid_b = (register(app, role="test", label=f"racer-{n}") for n in "ab")
     outcome: dict = {}
-    late = threading.Thread(target=lambda: outcome.setdefault("b", claim(app, pid_b)))
+    other = of_another_process(app)  # (B's: a thread of A's process would wait for A's turn to poll)
+    late = threading.Thread(target=lambda: outcome.setdefault("b", claim(other, pid_b)))
     late.start()
     try:
         wait_for(lambda: faults.fired(faults.BEFORE_KEY_LOCK) == 1, "claimer B parked before the key lock", 20)
@@ -184,6 +190,7 @@ def test_a_claims_time_is_read_after_the_key_lock(race_app):
     finally:
         release.touch()
         late.join(30)
+        other.dispose()
     assert outcome["a"] is not None
     assert outcome["b"] is not None
     e = schema.executions
