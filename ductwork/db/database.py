@@ -126,8 +126,9 @@ class Database:
         self._lock = threading.Lock()
         self._inline_process: str | None = None
         self.wakeup = Wakeup()
-        #: held by a poll (``claims.claim_batch``): this process's polls take turns
-        self.polls = threading.Lock()
+        #: the keys a poll of this process is trying to fill, and its lock (``claims._claim_lane``)
+        self.filling: set[str] = set()
+        self.filling_lock = threading.Lock()
         #: woken when advancers have work (``Tx.wake``, ``Tx.wake_advancers``)
         self.advancer_wakeup = Wakeup()
         #: parsed definition snapshots by digest (``pipelines.runs.cached_definition``)

@@ -37,8 +37,7 @@ moment exists at which it stands empty while work waits (docs/semantics.md §5).
 A poll (:func:`claim`, :func:`claim_batch`) scans the lanes (``lanes.scan_lanes``) and
 calls the routine on each in the scan's order, each keyed claim a transaction of its own
 whose first statement is the key's lock, until one claims (a batch goes on past a key its
-claims filled). One process's polls take turns, so each sees its siblings' claims
-committed. Not done here: running the step, what an outcome means for the pipeline
+claims filled). Not done here: running the step, what an outcome means for the pipeline
 (``pipelines.outcomes``), or enqueueing (``executions.enqueue``).
 """
 
@@ -430,44 +429,58 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
     Returns the claimed executions in poll order (empty: nothing may run now); ``refused``
     is told of each keyed claim refused for concurrency or rate (the fleet counts them).
 
-    The threads of one process poll in turn (``app.polls``): a poll's scan sees the claims
-    of the one before it committed, so siblings never try the lane one of them just filled
-    (five threads polling together made 3 tries in 4 in vain, each a round trip and a wait
-    on the key's lock: bench/RESULTS.md, "B8: one process's polls take turns"). The
-    model's polls are one at a time already: turns only leave interleavings out.
+    Threads of one process pass a lane a sibling is trying to fill (:func:`_claim_lane`).
     """
-    with app.polls:  # this process's turn
-        most = max(limit, keyed_limit)
-        claimed: list[Claimed] = []
-        tried: list[str] = []  # lanes tried, left out of the next scan
-        while True:
-            with app.begin(readonly=True) as tx:
-                lanes = scan_lanes(app, tx, passed=tried)
-            for lane in lanes:
-                run = _claim_lane(app, lane.key, process_id, most - len(claimed), limit, keyed_limit, per_key,
-                                  refused)
-                claimed += run
-                entry = app.config.entry_for(lane.key)  # (None for the unkeyed lane, as for an unconfigured key)
-                if len(claimed) >= most or (run and (entry is None or entry.concurrency is None
-                                                     or len(run) < entry.concurrency)):
-                    return claimed  # (a lane that may admit again is the next poll's, unless another comes first)
-            if len(lanes) < LANES_PER_SCAN:
-                return claimed  # every lane that may admit was tried (a full scan: more may, after them)
-            tried += [lane.key for lane in lanes]
+    most = max(limit, keyed_limit)
+    claimed: list[Claimed] = []
+    tried: list[str] = []  # lanes tried, left out of the next scan
+    while True:
+        with app.begin(readonly=True) as tx:
+            lanes = scan_lanes(app, tx, passed=tried)
+        for lane in lanes:
+            run = _claim_lane(app, lane.key, process_id, most - len(claimed), limit, keyed_limit, per_key, refused)
+            claimed += run
+            entry = app.config.entry_for(lane.key)  # (None for the unkeyed lane, as for an unconfigured key)
+            if len(claimed) >= most or (run and (entry is None or entry.concurrency is None
+                                                 or len(run) < entry.concurrency)):
+                return claimed  # (a lane that may admit again is the next poll's, unless another comes first)
+        if len(lanes) < LANES_PER_SCAN:
+            return claimed  # every lane that may admit was tried (a full scan: more may, after them)
+        tried += [lane.key for lane in lanes]
 
 
 def _claim_lane(app: Database, key: str, process_id: str, left: int, limit: int, keyed_limit: int,
                 per_key: Mapping[str, int] | None, refused: Callable[[Refusal], None] | None) -> list[Claimed]:
     """A poll's claim in one lane (:func:`claim_batch`), in a transaction of its own, made
-    again when the database rolls it back for contention (a deadlock victim wrote nothing)."""
+    again when the database rolls it back for contention (a deadlock victim wrote nothing).
+
+    A keyed try that may take the key's whole ``concurrency`` is marked, for its duration,
+    in the process's ``app.filling``, and a sibling thread's poll passes a lane so marked
+    as refused, without a round trip: once the try is made, the lane admits nothing more
+    (full, or refused for rate, or out of eligible work), so the sibling's try would wait
+    on the key's lock to be refused. Threads that walk the same oldest lanes of many
+    ``concurrency: 1`` partitions so take different ones (they took 3 tries in 4 in vain:
+    bench/RESULTS.md, "B8: threads pass the lanes a sibling fills"). A try that may leave
+    room (a share below the concurrency) is not marked: a sibling may be admitted after it."""
     if key == UNKEYED:
         def unkeyed() -> list[Claimed]:
             with app.begin() as tx:
                 return release_and_claim(app, tx, None, process_id, [], min(limit, left), poll=True).claimed
         return dialects.retry_transient(unkeyed)
     family = app.config.family_of(key)  # (a partition's share is its family's)
-    most = keyed_limit if per_key is None else per_key.get(family.family if family else key, keyed_limit)
-    outcome = dialects.retry_transient(lambda: claim_keyed(app, key, process_id, min(most, left)))
+    most = min(left, keyed_limit if per_key is None else per_key.get(family.family if family else key, keyed_limit))
+    entry = app.config.entry_for(key)
+    fills = entry is not None and entry.concurrency is not None and most >= entry.concurrency
+    with app.filling_lock:
+        if key in app.filling:
+            return []  # a sibling's try takes all the lane admits: this one's would be refused
+        if fills:
+            app.filling.add(key)
+    try:
+        outcome = dialects.retry_transient(lambda: claim_keyed(app, key, process_id, most))
+    finally:
+        if fills:
+            app.filling.discard(key)
     if isinstance(outcome, list):
         return outcome
     if refused is not None and outcome.reason != "gone":  # ("gone": no eligible work left, not a refusal)

@@ -69,9 +69,8 @@ def test_a_batch_stops_before_an_older_keyed_lane(app):
 
 
 def test_racing_batches_claim_each_execution_once(app):
-    """Four threads, each of its own process (``of_another_process``: the threads of one
-    process poll in turn), claim batches until nothing is left: every execution is claimed
-    by exactly one of them."""
+    """Four threads, each of its own process (``of_another_process``), claim batches until
+    nothing is left: every execution is claimed by exactly one of them."""
     run_id, branch_id = make_run(app)
     ids = make_executions(app, run_id, branch_id, None, AT, 40)
     pids = [register(app, role="test", label=f"w{i}") for i in range(4)]
@@ -831,54 +830,45 @@ def test_a_batch_is_not_held_back_by_a_key_that_may_not_admit(db_url):
         assert told == []
 
 
-def test_the_threads_of_one_process_poll_in_turn(tmp_path, monkeypatch):
-    """Two threads of one process (one App, as a fleet process's threads share it) poll
-    at once, a1 (``one_a``, ``concurrency: 1``) and b1 (``one_b``) pending: the second
-    thread's poll begins only when the first's has ended, so its scan sees a1's claim
-    committed and it tries ``one_b`` alone, never the lane its sibling just filled. The
-    first poll stops inside its scan until the second thread has called ``claim_batch``,
-    and then until its scan begins, for 2 s at most: it may not begin."""
+@pytest.mark.parametrize("share", [1, 3], ids=["fills", "leaves-room"])
+def test_a_thread_passes_a_lane_a_sibling_is_trying_to_fill(tmp_path, monkeypatch, share):
+    """Two threads of one process (one App, as a fleet process's threads share it): the
+    first is inside its try of a lane, parked before the database; the second polls. A try
+    that may take the key's whole concurrency (``one_a``, 1) is passed by the sibling, as
+    refused, without a round trip: it claims ``one_b``'s b1 and never tries ``one_a``.
+    A try with a share below the concurrency (``three``, 3, share 1) may leave room: the
+    sibling tries the lane too, and each claims one of its executions."""
     from tests.conftest import installed, make_app, migrated_sqlite
 
-    limits = {"one_a": {"concurrency": 1}, "one_b": {"concurrency": 1}}
-    app = next(installed(make_app(migrated_sqlite(tmp_path, "turns"), job_worker={"limits": limits})))
-    _, _, process, a1, b1 = _a1_b1(app)
-    scan, tried, scans = claims.scan_lanes, [], []
-    first_inside, second_called, second_scans = threading.Event(), threading.Event(), threading.Event()
+    limits = {"one_a": {"concurrency": 1}, "one_b": {"concurrency": 1}, "three": {"concurrency": 3}}
+    app = next(installed(make_app(migrated_sqlite(tmp_path, "siblings"), job_worker={"limits": limits})))
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    key = "one_a" if share == 1 else "three"
+    first_lane = make_executions(app, run_id, branch_id, key, AT, 2)
+    b1, = make_executions(app, run_id, branch_id, "one_b", AT)
+    inside, go, tried, got = threading.Event(), threading.Event(), [], {}
 
-    def watched(*args, **kwargs):
-        scans.append(threading.current_thread().name)
-        if len(scans) == 1:
-            first_inside.set()
-            assert second_called.wait(10)
-            second_scans.wait(2)  # (the second poll's scan, if it did not wait for its turn)
-            scans.append("first's scan ends")
-        else:
-            second_scans.set()
-        return scan(*args, **kwargs)
-
-    def counted(app, key, *args):
+    def parked(app, key, *args):
         tried.append((threading.current_thread().name, key))
+        if threading.current_thread().name == "first":
+            inside.set()
+            assert go.wait(30)
         return claim_keyed(app, key, *args)
 
-    monkeypatch.setattr(claims, "scan_lanes", watched)
-    monkeypatch.setattr(claims, "claim_keyed", counted)
-    got = {}
-
-    def poll():
-        got[threading.current_thread().name] = [c.execution_id for c in claim_batch(app, process, 1)]
-
-    def second():
-        assert first_inside.wait(10)
-        second_called.set()
-        poll()
-
-    threads = [threading.Thread(target=poll, name="first"), threading.Thread(target=second, name="second")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    monkeypatch.setattr(claims, "claim_keyed", parked)
+    first = threading.Thread(target=lambda: got.setdefault("first", claim_batch(app, process, 1)), name="first")
+    first.start()
+    try:
+        assert inside.wait(30)
+        second = [c.execution_id for c in claim_batch(app, process, 1, 1, per_key={"three": 1})]
+    finally:
+        go.set()
+        first.join(30)
     app.dispose()
-    assert scans == ["first", "first's scan ends", "second"]
-    assert got == {"first": [a1], "second": [b1]}
-    assert tried == [("first", "one_a"), ("second", "one_b")]
+    if share == 1:
+        assert (second, tried) == ([b1], [("first", "one_a"), ("MainThread", "one_b")])
+        assert [c.execution_id for c in got["first"]] == first_lane[:1]
+    else:
+        assert (tried[:2], second) == ([("first", "three"), ("MainThread", "three")], first_lane[:1])
+        assert [c.execution_id for c in got["first"]] == first_lane[1:]

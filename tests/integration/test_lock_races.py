@@ -181,7 +181,7 @@ def test_a_claims_time_is_read_after_the_key_lock(race_app):
         PairPipeline.trigger(i)
     pid_a, pid_b = (register(app, role="test", label=f"racer-{n}") for n in "ab")
     outcome: dict = {}
-    other = of_another_process(app)  # (B's: a thread of A's process would wait for A's turn to poll)
+    other = of_another_process(app)  # (B's: a thread of A's process would pass the key A is trying)
     late = threading.Thread(target=lambda: outcome.setdefault("b", claim(other, pid_b)))
     late.start()
     try:
