@@ -98,6 +98,8 @@ def release_and_claim(app: Database, tx: Tx, key: str | None, owner: str | None,
     lock and clock [INV-LIM-1, INV-CLK-1], the decision (:func:`~ductwork.limits.plan.plan`)
     and its writes. Endings of more than one execution share one outcome and no error."""
     assert len(endings) <= 1 or all(e.outcome == endings[0].outcome and e.error is None for e in endings), endings
+    if endings and key is not None:
+        app.filling.discard(key)  # a release: no longer held full by this process (_claim_lane)
     if dialects.has_server_routines(tx.conn):  # one round trip (limits/sql/); SQLite: the steps here
         return _on_server(app, tx, key, owner, endings, take, poll)
     return _in_python(app, tx, key, owner, endings, take, poll)
@@ -454,14 +456,20 @@ def _claim_lane(app: Database, key: str, process_id: str, left: int, limit: int,
     """A poll's claim in one lane (:func:`claim_batch`), in a transaction of its own, made
     again when the database rolls it back for contention (a deadlock victim wrote nothing).
 
-    A keyed try that may take the key's whole ``concurrency`` is marked, for its duration,
-    in the process's ``app.filling``, and a sibling thread's poll passes a lane so marked
-    as refused, without a round trip: once the try is made, the lane admits nothing more
-    (full, or refused for rate, or out of eligible work), so the sibling's try would wait
-    on the key's lock to be refused. Threads that walk the same oldest lanes of many
-    ``concurrency: 1`` partitions so take different ones (they took 3 tries in 4 in vain:
+    A keyed try that may take the key's whole ``concurrency`` is marked in the process's
+    ``app.filling``, and a sibling thread's poll passes a lane so marked as refused,
+    without a round trip: once the try is made, the lane admits nothing more (full, or
+    refused for rate, or out of eligible work), so the sibling's try would wait on the
+    key's lock to be refused. The mark goes when the try ends, unless the try took the
+    whole concurrency: then the key is full of this process's executions, and the mark
+    goes with the first of their releases (:func:`release_and_claim`, before it commits).
+    Threads that walk the same oldest lanes of many ``concurrency: 1`` partitions so take
+    different ones, and pass those their siblings hold (they took 3 tries in 4 in vain:
     bench/RESULTS.md, "B8: threads pass the lanes a sibling fills"). A try that may leave
-    room (a share below the concurrency) is not marked: a sibling may be admitted after it."""
+    room (a share below the concurrency) is not marked: a sibling may be admitted after it.
+    Nor is any on SQLite, where the routine runs in the process: a try is a call under the
+    write lock any claim takes, not a round trip, and threads spread over more lanes only
+    queued more for that lock (B8 drained 13-27 % slower with marks there)."""
     if key == UNKEYED:
         def unkeyed() -> list[Claimed]:
             with app.begin() as tx:
@@ -470,17 +478,19 @@ def _claim_lane(app: Database, key: str, process_id: str, left: int, limit: int,
     family = app.config.family_of(key)  # (a partition's share is its family's)
     most = min(left, keyed_limit if per_key is None else per_key.get(family.family if family else key, keyed_limit))
     entry = app.config.entry_for(key)
-    fills = entry is not None and entry.concurrency is not None and most >= entry.concurrency
+    concurrency = (entry.concurrency if entry is not None else None) or 0  # (0: none)
+    fills = 0 < concurrency <= most and dialects.has_server_routines(app.backend)  # (SQLite: a try is a call)
     with app.filling_lock:
         if key in app.filling:
             return []  # a sibling's try takes all the lane admits: this one's would be refused
         if fills:
             app.filling.add(key)
+    outcome: list[Claimed] | Refusal = []
     try:
         outcome = dialects.retry_transient(lambda: claim_keyed(app, key, process_id, most))
     finally:
-        if fills:
-            app.filling.discard(key)
+        if fills and not (isinstance(outcome, list) and len(outcome) >= concurrency):
+            app.filling.discard(key)  # (else it holds the key full until a release: release_and_claim)
     if isinstance(outcome, list):
         return outcome
     if refused is not None and outcome.reason != "gone":  # ("gone": no eligible work left, not a refusal)

@@ -132,6 +132,7 @@ def _commit(app: Database, successes: list[Success], hand_off: HandOff | None) -
     for success in sorted(successes, key=lambda s: s.claimed.limit_key or ""):  # (stable: the order given in a lane)
         lanes.setdefault(success.claimed.limit_key, []).append(Ending(success.claimed.execution_id))
     keyed = any(key is not None for key in lanes)
+    app.filling.difference_update(lanes)  # held full no more, even if lost (claims._claim_lane)
     with app.begin() as tx:
         _follow_up(app, tx, successes)  # [lock order] branch, then run rows
         if keyed:

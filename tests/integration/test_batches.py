@@ -830,18 +830,26 @@ def test_a_batch_is_not_held_back_by_a_key_that_may_not_admit(db_url):
         assert told == []
 
 
+@pytest.fixture
+def siblings_app(db_url):
+    """Keys ``one_a`` and ``one_b`` (``concurrency: 1``) and ``three`` (3)."""
+    from tests.conftest import installed, make_app
+
+    limits = {"one_a": {"concurrency": 1}, "one_b": {"concurrency": 1}, "three": {"concurrency": 3}}
+    yield from installed(make_app(db_url, job_worker={"limits": limits}))
+
+
 @pytest.mark.parametrize("share", [1, 3], ids=["fills", "leaves-room"])
-def test_a_thread_passes_a_lane_a_sibling_is_trying_to_fill(tmp_path, monkeypatch, share):
+def test_a_thread_passes_a_lane_a_sibling_is_trying_to_fill(siblings_app, monkeypatch, share):
     """Two threads of one process (one App, as a fleet process's threads share it): the
     first is inside its try of a lane, parked before the database; the second polls. A try
     that may take the key's whole concurrency (``one_a``, 1) is passed by the sibling, as
-    refused, without a round trip: it claims ``one_b``'s b1 and never tries ``one_a``.
-    A try with a share below the concurrency (``three``, 3, share 1) may leave room: the
-    sibling tries the lane too, and each claims one of its executions."""
-    from tests.conftest import installed, make_app, migrated_sqlite
-
-    limits = {"one_a": {"concurrency": 1}, "one_b": {"concurrency": 1}, "three": {"concurrency": 3}}
-    app = next(installed(make_app(migrated_sqlite(tmp_path, "siblings"), job_worker={"limits": limits})))
+    refused, without a round trip: it claims ``one_b``'s b1 and never tries ``one_a``; on
+    SQLite, where a try is a call in the process and not a round trip, it tries ``one_a``
+    and claims a1 itself (the first, refused there, goes on to b1). A try with a share
+    below the concurrency (``three``, 3, share 1) may leave room: the sibling tries the
+    lane too, and each claims one of its executions."""
+    app = siblings_app
     run_id, branch_id = make_run(app)
     process = register(app, role="test", label="w")
     key = "one_a" if share == 1 else "three"
@@ -865,10 +873,75 @@ def test_a_thread_passes_a_lane_a_sibling_is_trying_to_fill(tmp_path, monkeypatc
     finally:
         go.set()
         first.join(30)
-    app.dispose()
-    if share == 1:
+    passes = share == 1 and app.backend != "sqlite"
+    if passes:
         assert (second, tried) == ([b1], [("first", "one_a"), ("MainThread", "one_b")])
         assert [c.execution_id for c in got["first"]] == first_lane[:1]
     else:
-        assert (tried[:2], second) == ([("first", "three"), ("MainThread", "three")], first_lane[:1])
-        assert [c.execution_id for c in got["first"]] == first_lane[1:]
+        assert (tried[:2], second) == ([("first", key), ("MainThread", key)], first_lane[:1])
+        assert [c.execution_id for c in got["first"]] == ([b1] if share == 1 else first_lane[1:])
+
+
+@needs("server_side_routines")
+def test_a_thread_passes_a_lane_its_process_holds_full_until_a_release(siblings_app, monkeypatch):
+    """A poll whose try took a ``concurrency: 1`` key's slot leaves the key marked as held
+    full by its process: a sibling's poll from a scan made before that claim passes the lane
+    without trying it. The release of that execution (before it commits) removes the mark,
+    a success's as a failure's: a poll from the same stale scan tries the lane again, and
+    claims its next execution."""
+    from ductwork.pipelines.outcomes import record_failure
+
+    app = siblings_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    a1, a2, a3 = make_executions(app, run_id, branch_id, "one_a", AT, 3)
+    b1, _ = make_executions(app, run_id, branch_id, "one_b", AT, 2)
+    with app.begin(readonly=True) as tx:
+        stale = claims.scan_lanes(app, tx)  # one_a, then one_b: both may admit
+    held, = claim_batch(app, process, 1)
+    assert held.execution_id == a1
+    tried = []
+
+    def counted(app, key, *args):
+        tried.append(key)
+        return claim_keyed(app, key, *args)
+
+    monkeypatch.setattr(claims, "scan_lanes", lambda *_, **__: stale)
+    monkeypatch.setattr(claims, "claim_keyed", counted)
+    assert [c.execution_id for c in claim_batch(app, process, 1)] == [b1]
+    assert tried == ["one_b"]
+    assert record_successes(app, [Success(held, Output("null"))], HandOff(0, 0)) == []
+    failing, = claim_batch(app, process, 1)
+    assert (failing.execution_id, tried) == (a2, ["one_b", "one_a"])
+    assert claim_batch(app, process, 1) == []  # one_a passed again, one_b held (b1)
+    record_failure(app, failing, RuntimeError("down"))
+    assert [c.execution_id for c in claim_batch(app, process, 1)] == [a3]
+
+
+@needs("server_side_routines")
+def test_a_success_lost_to_the_reaper_leaves_no_lane_held_full(siblings_app, monkeypatch):
+    """The reaper of another process crashed a1 (``one_a``, ``concurrency: 1``) and a1's
+    re-run succeeded there: this process's record of a1's success is refused before any
+    release (its step moved on), and still the key is no longer held full by this process:
+    a poll from a scan made while a1 was held tries ``one_a`` and claims a2."""
+    from ductwork.errors import CommitFailed
+
+    app = siblings_app
+    run_id, branch_id = make_run(app)
+    process = register(app, role="test", label="w")
+    a1, = make_executions(app, run_id, branch_id, "one_a", AT)
+    with app.begin(readonly=True) as tx:
+        stale = claims.scan_lanes(app, tx)
+    held, = claim_batch(app, process, 1)
+    other = of_another_process(app)
+    try:
+        assert record_crash(other, a1, process, "ductwork.ProcessCrash", "reaped")
+        rerun, = claim_batch(other, register(other, role="test", label="other"), 1)
+        assert record_successes(other, [Success(rerun, Output("null"))]) == []
+    finally:
+        other.dispose()
+    with pytest.raises(CommitFailed):
+        record_successes(app, [Success(held, Output("null"))])
+    a2, = make_executions(app, run_id, branch_id, "one_a", AT)
+    monkeypatch.setattr(claims, "scan_lanes", lambda *_, **__: stale)
+    assert [c.execution_id for c in claim_batch(app, process, 1)] == [a2]
