@@ -374,7 +374,7 @@ def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunH
         # the run's failed advancements by branch id, oldest first
         advancements = _grouped(tx.execute(
             sa.select(a.c.branch_id, *_columns(a, AdvancementRecord, backtraces)).join(b, b.c.id == a.c.branch_id)
-            .where(b.c.run_id == run_id, a.c.error_klass.is_not(None)).order_by(a.c.started_at)), "branch_id")
+            .where(b.c.run_id == run_id, a.c.error_klass.is_not(None)).order_by(a.c.started_at, a.c.id)), "branch_id")
         waits = _Waits.read(tx, app.config.entry_for, executions)
         context_keys = tuple(sorted(tx.execute(sa.select(schema.context.c.key)
                                                .where(schema.context.c.run_id == run_id)).scalars()))

@@ -183,6 +183,8 @@ def prune(app: Database, finished_before: timedelta, *, batch_size: int = DEFAUL
     Every committed batch is logged at INFO.
     """
     _check_arguments(batch_size, finished_before)
+    if pipeline is not None:
+        of_pipeline(pipeline)  # (a filter it refuses is refused before anything starts)
     if dry_run:
         return _dry_run(app, finished_before, batch_size, pipeline)
     with app.begin(readonly=True) as tx:

@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -34,6 +34,8 @@ from ductwork.pipelines.history import list_runs
 from ductwork.testing import drain
 from tests.conftest import installed_on_manual_clock
 from tests.workloads import Boom, FailsOnce, Items, Square, Sum
+
+AT = datetime(2000, 1, 1)
 
 # --------------------------------------------------------------------------- pipelines
 
@@ -812,6 +814,29 @@ def test_a_history_lists_branches_steps_and_executions_in_start_order(clocked):
     assert [b.id for b in history.branches][:3] == [start.id, slow.id, fast.id]
     assert [s.node for s in history.steps] == ["Square#0", "FailsOnce#1", "Square#2", "Sum#3"]
     assert [x.outcome for x in history.steps[1].executions] == ["failure", "success"]
+
+
+def test_a_historys_advancer_errors_of_one_instant_are_in_id_order(app):
+    """Two failed advancements of a branch that started at the same instant (a frozen or
+    coarse clock) are listed in id order (creation order), not as the database happens to
+    return them: here the later id was written first."""
+    from ductwork.db.ids import new_id
+    from ductwork.pipelines.history import run_history
+    from tests.factories import make_executions, make_run
+
+    run_id, parent = make_run(app)
+    make_executions(app, run_id, parent, None, AT)
+    e, s = schema.executions, schema.steps
+    with app.begin() as tx:
+        branch_id, step_id = tx.execute(sa.select(s.c.branch_id, s.c.id).join(e, e.c.step_id == s.c.id)
+                                        .where(s.c.run_id == run_id)).one()
+        first, second = new_id(), new_id()
+        tx.execute(schema.advancements.insert(), [
+            {"id": i, "branch_id": branch_id, "step_id": step_id, "claim_token": new_id(), "started_at": AT,
+             "completed_at": AT, "error_klass": "builtins.RuntimeError", "error_message": f"attempt {i}",
+             "crash_count": 0, "created_at": AT, "updated_at": AT} for i in (second, first)])
+    (branch,) = [b for b in run_history(app, run_id).branches if b.id == branch_id]
+    assert [x.error.message for x in branch.advancement_errors] == [f"attempt {first}", f"attempt {second}"]
 
 
 def test_a_history_lists_a_branch_an_advancer_holds_in_its_start_order(clocked):

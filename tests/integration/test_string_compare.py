@@ -218,19 +218,21 @@ def test_a_pipeline_filter_with_whitespace_around_it_is_refused_on_every_databas
     mistake: on MariaDB ``pipeline_klass = 'm:Ledger '`` matches ``m:Ledger``'s runs (PAD
     SPACE), and ``prune(pipeline="m:Ledger ")`` would delete them. ``list_runs`` and
     ``prune`` refuse it (RunFilterError naming ``--pipeline`` and the value) and delete
-    nothing, on the three databases."""
+    nothing, on the three databases; ``prune`` before it starts (``ductwork prune`` printed
+    its cutoff, then the error)."""
     for app in installed(make_app(db_url)):
         run = LEDGER.trigger(1)
         drain(app)
-        refused = []
+        refused, started = [], []
         for name in (f"{__name__}:Ledger ", "Ledger\t", " Ledger"):
             for call in (lambda app=app, name=name: list_runs(app, pipeline=name),
-                         lambda app=app, name=name: prune(app, timedelta(0), pipeline=name)):
+                         lambda app=app, name=name, to=started: prune(app, timedelta(0), pipeline=name,
+                                                                      on_start=to.append)):
                 with pytest.raises(RunFilterError) as raised:
                     call()
                 refused.append(str(raised.value) == f"--pipeline={name!r}: a pipeline's name has no whitespace "
                                                      "around it")
-        assert (refused, [r.id for r in list_runs(app, pipeline="Ledger")]) == ([True] * 6, [run.id])
+        assert (refused, started, [r.id for r in list_runs(app, pipeline="Ledger")]) == ([True] * 6, [], [run.id])
 
 
 # --------------------------------------------------------------------------- context keys
