@@ -261,13 +261,13 @@ ARGUED: dict[str, tuple[str, str]] = {
         "(halted_at); that UPDATE is guarded by `status NOT IN TERMINAL` and no other write changes a final "
         "run's status (resume moves a dampened run, which has neither time) [INV-RUN-1]; candidates also asks "
         "`status = :status` (one of PRUNABLE), and prune_batch re-checks may_prune"),
-    "pipelines/prune.py#26": (
+    "pipelines/prune.py#27": (
         "`len(found) >= limit`: Gt for GtE",
         "candidates without the early stop when `found` holds exactly `limit` ids: each query is limited to "
         "`limit - len(found)`, so `found` never holds more, and the next status's query then runs with LIMIT 0 "
         "(SQLAlchemy renders the 0), which returns no row on SQLite, PostgreSQL and MariaDB: one extra read, "
         "a cost, not an outcome"),
-    "pipelines/prune.py#45": (
+    "pipelines/prune.py#46": (
         "`r.c.triggered_at` read as `created_at`",
         "candidates ordered by created_at instead of triggered_at: both inserts of a run (trigger, revive) write "
         "created_at = triggered_at = tx.now, and no write changes either column (the run UPDATEs set status, "
@@ -596,44 +596,38 @@ ARGUED: dict[str, tuple[str, str]] = {
         "a lane is 'gone' (nothing eligible: no claim, no refusal counted), and a bound later than the "
         "candidates decides nothing (a hand-off or batch is cut only by a bound before a candidate)"),
     # -- limits/claims.py
-    "limits/claims.py#6": (
+    "limits/claims.py#7": (
         "`take <= 0`: Lt for LtE",
         "take 0 (the endings only) goes on to the read, the plan and the writes: the candidates' read "
         "is LIMIT 0 (none), plan() returns NOTHING for take <= 0 (its first test), and writing NOTHING "
         "is write_header for a key and no statement for the unkeyed lane, which is what the early "
         "return does; Taken(True, [], None) either way. The extra reads (candidates, buckets) are a cost"),
-    "limits/claims.py#9": (
-        "`candidates and (not poll or take > 1)`: Or",
-        "the bound (scan_lanes, a read) is read also with no candidates and for a poll of one: plan() "
-        "returns gone or NOTHING on no candidates before it reads the bound, and a poll of one uses no "
-        "bound (only a hand-off compares its first candidate with it; _batch compares only the "
-        "candidates after the first, and a take of one reads one). An extra read: a cost"),
-    "limits/claims.py#10": (
+    "limits/claims.py#11": (
         "`key is None or header is None`: And",
         "in _write the header is None exactly when the key is None: _in_python sets it from lock_key "
         "for a key and returns before _read/_write when a key has no row, so `and` and `or` agree"),
-    "limits/claims.py#34": (
+    "limits/claims.py#38": (
         "`header is None or key is None`: And",
-        "in _read the header is None exactly when the key is None: as #10"),
-    "limits/claims.py#40": (
+        "in _read the header is None exactly when the key is None: as #11"),
+    "limits/claims.py#44": (
         "`len(endings) > 1`: GtE for Gt",
         "one keyed ending also gets the CASE of release_seq: CASE id WHEN its id THEN seq + 1, on an "
         "UPDATE of that id alone, the same seq + 1 that b_seq already writes"),
-    "limits/claims.py#62": (
+    "limits/claims.py#67": (
         "`take > 1`: GtE for Gt",
-        "a poll of one reads the bound too: it uses none (as #9: only a hand-off compares its first "
+        "a poll of one reads the bound too: it uses none (only a hand-off compares its first "
         "candidate with the bound, and _batch compares only the candidates after the first). An "
         "extra read: a cost"),
-    "limits/claims.py#91": (
+    "limits/claims.py#99": (
         "`where` without `_e.c.claimed_at.is_(None)`",
         "_claim_rows runs only on the Python path (SQLite: a server runs the routine), on ids the "
         "plan took from candidates read in this transaction by in_lane (`pending_lane = lane`, a "
         "column computed non-null only while claimed_at IS NULL), under the database write lock that "
         "BEGIN IMMEDIATE took: no other transaction writes between that read and this UPDATE, so "
         "every id is still unclaimed and the condition always holds"),
-    "limits/claims.py#122": (
+    "limits/claims.py#132": (
         "`_e.c.claimed_at` read as `completed_at`",
-        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #91: pending executions read "
+        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #99: pending executions read "
         "under the same lock, and a pending execution's completed_at is always NULL (an execution "
         "is inserted open, and the only write of executions.completed_at, _end_statement, requires "
         "claimed_at IS NOT NULL), so the condition always holds"),
