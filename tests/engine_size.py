@@ -146,17 +146,23 @@ CROSS_LANE_BATCHES_LINES = -4
 CLAIM_RETRIED_LINES = 2
 #: and raised by 18 when a thread's poll came to pass a lane a sibling thread of its process is
 #: trying to fill or holds full (``claims._claim_lane``, ``Database.filling``, released in
-#: ``release_and_claim`` and ``outcomes._commit``), on a server: threads walking the same oldest
-#: lanes tried the lanes a sibling had, 3 tries in 4 in vain, and five threads drained a
-#: family's partitions slower than one (bench/RESULTS.md, "B8: threads pass the lanes a
-#: sibling fills"). A refusal made without a round trip, on the one poll path
+#: ``release_and_claim`` and ``outcomes._commit``; named since: :data:`MARKS_NAMED_LINES`), on
+#: a server: threads walking the same oldest lanes tried the lanes a sibling had, 3 tries in 4
+#: in vain, and five threads drained a family's partitions slower than one (bench/RESULTS.md,
+#: "B8: threads pass the lanes a sibling fills"). A refusal made without a round trip, on the one poll path
 SIBLING_FILLS_LINES = 18
 #: and by 2 for a bug fix: ``prune`` refuses a pipeline filter it would refuse anyway before
 #: it starts, so ``ductwork prune --pipeline " x"`` no longer prints its cutoff and then the error
 PRUNE_FILTER_FIRST_LINES = 2
+#: and by 4 when the marks of :data:`SIBLING_FILLS_LINES` were named: ``claims.no_longer_full``,
+#: called by each outcome (``outcomes._commit``, ``outcomes._end_in``) instead of a discard
+#: inside ``release_and_claim`` and a second in ``_commit``, and ``claims._try_marked``, the
+#: mark around a try, out of ``_claim_lane``, which tells ``claim_batch`` whether its run
+#: filled the key instead of ``claim_batch`` reading the key's entry again
+MARKS_NAMED_LINES = 4
 CODE_LINES_BUDGET = (5_994 + CROSS_LANE_BATCHES_LINES + CLAIM_RETRIED_LINES + SIBLING_FILLS_LINES
-                     + PRUNE_FILTER_FIRST_LINES + PARTITIONED_KEYS_LINES + LANE_WALK_LINES + FORGET_PARTITIONS_LINES
-                     - PRESENTATION_MOVED_LINES + FORGET_SETTINGS_LINES + REFUSED_TYPE_LINES
+                     + PRUNE_FILTER_FIRST_LINES + MARKS_NAMED_LINES + PARTITIONED_KEYS_LINES + LANE_WALK_LINES
+                     + FORGET_PARTITIONS_LINES - PRESENTATION_MOVED_LINES + FORGET_SETTINGS_LINES + REFUSED_TYPE_LINES
                      + HEARTBEAT_WITHOUT_COUNTS_LINES + FITTED_VALUES_LINES + PAD_SPACE_LINES)
 #: the engine core's code tokens (:func:`code_tokens`) may not exceed this either: a second
 #: ratchet beside the lines', because a line count cannot tell code removed from code joined
@@ -183,8 +189,10 @@ CLAIM_RETRIED_TOKENS = 24
 SIBLING_FILLS_TOKENS = 156
 #: and by those of :data:`PRUNE_FILTER_FIRST_LINES`
 PRUNE_FILTER_FIRST_TOKENS = 16
+#: and by those of :data:`MARKS_NAMED_LINES`
+MARKS_NAMED_TOKENS = 64
 CODE_TOKENS_BUDGET = (62_712 + CROSS_LANE_BATCHES_TOKENS + CLAIM_RETRIED_TOKENS + SIBLING_FILLS_TOKENS
-                      + PRUNE_FILTER_FIRST_TOKENS + FORGET_SETTINGS_TOKENS + REFUSED_TYPE_TOKENS
+                      + PRUNE_FILTER_FIRST_TOKENS + MARKS_NAMED_TOKENS + FORGET_SETTINGS_TOKENS + REFUSED_TYPE_TOKENS
                       + HEARTBEAT_WITHOUT_COUNTS_TOKENS + FITTED_VALUES_TOKENS + PAD_SPACE_TOKENS)
 #: the engine core's SQL routines (``*.sql`` files), counted apart: code lines are those
 #: that are not blank and not only a ``--`` comment

@@ -69,7 +69,7 @@ def run_rows(app: App, run_id: str) -> dict[str, list[tuple]]:
 
 def of_another_process(app):  # type: ignore[no-untyped-def]
     """An App on ``app``'s database and config, as another process has one: a thread of one
-    App passes a lane a sibling is trying to fill (``claims._claim_lane``) where a thread of
+    App passes a lane a sibling is trying to fill (``claims._try_marked``) where a thread of
     another process waits on the key's lock, so claimers meant to race are each of their
     own. The caller disposes of it."""
     from ductwork.app import App

@@ -381,8 +381,8 @@ MUTANTS: dict[str, Mutant] = {
         "a batch goes on to another lane after a key's run that left the key able to admit, "
         "claiming a younger lane's execution before the key's next [INV-LIM-6]",
         "a batch goes on past a key only when its run filled the key [INV-LIM-6]",
-        (("if len(claimed) >= most or (run and (entry is None or entry.concurrency is None\n",
-          "if len(claimed) >= most or (run and False and (entry is None or entry.concurrency is None\n"),),
+        (("if len(claimed) >= most or (run and not full):\n",
+          "if len(claimed) >= most or (run and False):\n"),),
     ),
     "batch_no_guard": Mutant(
         "a release (a group commit's successes, a failure, a crash: every outcome) ends its "

@@ -127,7 +127,7 @@ class Database:
         self._inline_process: str | None = None
         self.wakeup = Wakeup()
         #: the keys a poll of this process is trying to fill or holds full, and its lock
-        #: (``claims._claim_lane``)
+        #: (``claims._try_marked``)
         self.filling: set[str] = set()
         self.filling_lock = threading.Lock()
         #: woken when advancers have work (``Tx.wake``, ``Tx.wake_advancers``)

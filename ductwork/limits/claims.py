@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -98,8 +98,6 @@ def release_and_claim(app: Database, tx: Tx, key: str | None, owner: str | None,
     lock and clock [INV-LIM-1, INV-CLK-1], the decision (:func:`~ductwork.limits.plan.plan`)
     and its writes. Endings of more than one execution share one outcome and no error."""
     assert len(endings) <= 1 or all(e.outcome == endings[0].outcome and e.error is None for e in endings), endings
-    if endings and key is not None:
-        app.filling.discard(key)  # a release: no longer held full by this process (_claim_lane)
     if dialects.has_server_routines(tx.conn):  # one round trip (limits/sql/); SQLite: the steps here
         return _on_server(app, tx, key, owner, endings, take, poll)
     return _in_python(app, tx, key, owner, endings, take, poll)
@@ -431,7 +429,7 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
     Returns the claimed executions in poll order (empty: nothing may run now); ``refused``
     is told of each keyed claim refused for concurrency or rate (the fleet counts them).
 
-    Threads of one process pass a lane a sibling is trying to fill (:func:`_claim_lane`).
+    Threads of one process pass a lane a sibling is trying to fill (:func:`_try_marked`).
     """
     most = max(limit, keyed_limit)
     claimed: list[Claimed] = []
@@ -440,11 +438,10 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
         with app.begin(readonly=True) as tx:
             lanes = scan_lanes(app, tx, passed=tried)
         for lane in lanes:
-            run = _claim_lane(app, lane.key, process_id, most - len(claimed), limit, keyed_limit, per_key, refused)
+            run, full = _claim_lane(app, lane.key, process_id, most - len(claimed), limit, keyed_limit, per_key,
+                                    refused)
             claimed += run
-            entry = app.config.entry_for(lane.key)  # (None for the unkeyed lane, as for an unconfigured key)
-            if len(claimed) >= most or (run and (entry is None or entry.concurrency is None
-                                                 or len(run) < entry.concurrency)):
+            if len(claimed) >= most or (run and not full):
                 return claimed  # (a lane that may admit again is the next poll's, unless another comes first)
         if len(lanes) < LANES_PER_SCAN:
             return claimed  # every lane that may admit was tried (a full scan: more may, after them)
@@ -452,34 +449,50 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
 
 
 def _claim_lane(app: Database, key: str, process_id: str, left: int, limit: int, keyed_limit: int,
-                per_key: Mapping[str, int] | None, refused: Callable[[Refusal], None] | None) -> list[Claimed]:
+                per_key: Mapping[str, int] | None,
+                refused: Callable[[Refusal], None] | None) -> tuple[list[Claimed], bool]:
     """A poll's claim in one lane (:func:`claim_batch`), in a transaction of its own, made
     again when the database rolls it back for contention (a deadlock victim wrote nothing).
-
-    A keyed try that may take the key's whole ``concurrency`` is marked in the process's
-    ``app.filling``, and a sibling thread's poll passes a lane so marked as refused,
-    without a round trip: once the try is made, the lane admits nothing more (full, or
-    refused for rate, or out of eligible work), so the sibling's try would wait on the
-    key's lock to be refused. The mark goes when the try ends, unless the try took the
-    whole concurrency: then the key is full of this process's executions, and the mark
-    goes with the first of their releases (:func:`release_and_claim`, before it commits).
-    Threads that walk the same oldest lanes of many ``concurrency: 1`` partitions so take
-    different ones, and pass those their siblings hold (they took 3 tries in 4 in vain:
-    bench/RESULTS.md, "B8: threads pass the lanes a sibling fills"). A try that may leave
-    room (a share below the concurrency) is not marked: a sibling may be admitted after it.
-    Nor is any on SQLite, where the routine runs in the process: a try is a call under the
-    write lock any claim takes, not a round trip, and threads spread over more lanes only
-    queued more for that lock (B8 drained 13-27 % slower with marks there)."""
+    Returns what it claimed and whether that filled the key's ``concurrency`` (the lane
+    cannot be the next poll's). A try that may fill the key is made under its process's
+    mark (:func:`_try_marked`)."""
     if key == UNKEYED:
         def unkeyed() -> list[Claimed]:
             with app.begin() as tx:
                 return release_and_claim(app, tx, None, process_id, [], min(limit, left), poll=True).claimed
-        return dialects.retry_transient(unkeyed)
+        return dialects.retry_transient(unkeyed), False
     family = app.config.family_of(key)  # (a partition's share is its family's)
     most = min(left, keyed_limit if per_key is None else per_key.get(family.family if family else key, keyed_limit))
     entry = app.config.entry_for(key)
     concurrency = (entry.concurrency if entry is not None else None) or 0  # (0: none)
     fills = 0 < concurrency <= most and dialects.has_server_routines(app.backend)  # (SQLite: a try is a call)
+    outcome = _try_marked(app, key, process_id, most, concurrency if fills else 0)
+    if isinstance(outcome, list):
+        return outcome, 0 < concurrency <= len(outcome)
+    if refused is not None and outcome.reason != "gone":  # ("gone": no eligible work left, not a refusal)
+        refused(outcome)
+    return [], False
+
+
+def _try_marked(app: Database, key: str, process_id: str, most: int, fills: int) -> list[Claimed] | Refusal:
+    """:func:`claim_keyed`, made again for contention: a try that may take all of the key's
+    ``fills`` (its concurrency; 0: it may leave room), unless a sibling thread of this
+    process is trying to fill the key or holds it full: then the try is passed, as
+    refused, without a round trip.
+
+    A try that may take the key's whole concurrency marks the key in ``app.filling``: once
+    it is made, the lane admits nothing more (full, or refused for rate, or out of eligible
+    work), so a sibling's try would wait on the key's lock to be refused. The mark goes
+    when the try ends, unless it took the whole concurrency: then the key is full of this
+    process's executions, and the mark goes with the first of their releases
+    (:func:`no_longer_full`, before it commits). Threads that walk the same oldest lanes of
+    many ``concurrency: 1`` partitions so take different ones, and pass those their
+    siblings hold (they took 3 tries in 4 in vain: bench/RESULTS.md, "B8: threads pass the
+    lanes a sibling fills"). A try that may leave room (a share below the concurrency) is
+    not marked: a sibling may be admitted after it. Nor is any on SQLite (``fills`` 0),
+    where the routine runs in the process: a try is a call under the write lock any claim
+    takes, not a round trip, and threads spread over more lanes only queued more for that
+    lock (B8 drained 13-27 % slower with marks there)."""
     with app.filling_lock:
         if key in app.filling:
             return []  # a sibling's try takes all the lane admits: this one's would be refused
@@ -489,13 +502,17 @@ def _claim_lane(app: Database, key: str, process_id: str, left: int, limit: int,
     try:
         outcome = dialects.retry_transient(lambda: claim_keyed(app, key, process_id, most))
     finally:
-        if fills and not (isinstance(outcome, list) and len(outcome) >= concurrency):
-            app.filling.discard(key)  # (else it holds the key full until a release: release_and_claim)
-    if isinstance(outcome, list):
-        return outcome
-    if refused is not None and outcome.reason != "gone":  # ("gone": no eligible work left, not a refusal)
-        refused(outcome)
-    return []
+        if fills and not (isinstance(outcome, list) and len(outcome) >= fills):
+            app.filling.discard(key)  # (else it holds the key full until a release: no_longer_full)
+    return outcome
+
+
+def no_longer_full(app: Database, keys: Iterable[str | None]) -> None:
+    """This process releases executions of the lanes ``keys``, in a transaction about to
+    commit or roll back: a sibling thread's poll tries them again (:func:`_try_marked`).
+    Called by every outcome before its release, even one that turns out lost (a success
+    whose step moved on is refused before any release), so no lane stays passed."""
+    app.filling.difference_update(keys)
 
 
 # --------------------------------------------------------------------------- restarts

@@ -47,7 +47,7 @@ import sqlalchemy as sa
 from ductwork import faults, logs
 from ductwork.db import dialects, schema
 from ductwork.errors import CommitFailed
-from ductwork.limits.claims import release_and_claim
+from ductwork.limits.claims import no_longer_full, release_and_claim
 from ductwork.limits.executions import Claimed, Ending, ErrorInfo, Pending, enqueue
 from ductwork.limits.outcomes import rerun_at, retry_at
 from ductwork.pipelines.branches import Inline, StepMovedOn, advance_on_successes, set_status_if
@@ -132,7 +132,7 @@ def _commit(app: Database, successes: list[Success], hand_off: HandOff | None) -
     for success in sorted(successes, key=lambda s: s.claimed.limit_key or ""):  # (stable: the order given in a lane)
         lanes.setdefault(success.claimed.limit_key, []).append(Ending(success.claimed.execution_id))
     keyed = any(key is not None for key in lanes)
-    app.filling.difference_update(lanes)  # held full no more, even if lost (claims._claim_lane)
+    no_longer_full(app, lanes)
     with app.begin() as tx:
         _follow_up(app, tx, successes)  # [lock order] branch, then run rows
         if keyed:
@@ -282,6 +282,7 @@ def _end_in(app: Database, tx: Tx, x: Claimed | sa.Row[Any], execution_id: str, 
     ``failed``, at once for an ``invalid`` execution (no budget applies: it cannot succeed)
     [INV-EXE-4]. ``x``: the execution's step, run and counters (its claim, or the row a
     recovery read). Returns what to log once the transaction commits."""
+    no_longer_full(app, [x.limit_key])
     if not release_and_claim(app, tx, x.limit_key, owner, [Ending(execution_id, outcome, info)]).ended:
         return None  # [INV-EXE-2] ended already, or another owner's: nothing to end
     config, retries, crashes = app.config.job_worker, x.retry_count, x.crash_count
