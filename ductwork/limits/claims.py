@@ -423,9 +423,13 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
     only after a key whose run filled its ``concurrency`` (saturated, it cannot be the next
     poll's lane), and claims at most ``max(limit, keyed_limit)`` in all; so a thread takes
     one execution each of many ``concurrency: 1`` partitions in one batch, and records them
-    in one group commit. The lanes come from one scan (``lanes.scan_lanes``), tried in its
+    in one group commit. The lanes come from one scan (``lanes.scan_lanes``) of as many
+    lanes as the batch may still claim executions (a poll's eight at least), tried in its
     order, each claim a transaction of its own whose first statement is the key's lock; a
     lane refused or filled is passed by the next scan's walk, when the first finds too few.
+    (A scan of eight made a thread of ten walk the same eight lanes as its siblings, pass
+    the seven they were filling and scan again: a scan a claim; bench/RESULTS.md, "B8: a
+    scan of the lanes a batch may claim".)
     Returns the claimed executions in poll order (empty: nothing may run now); ``refused``
     is told of each keyed claim refused for concurrency or rate (the fleet counts them).
 
@@ -435,15 +439,16 @@ def claim_batch(app: Database, process_id: str, limit: int, keyed_limit: int = 1
     claimed: list[Claimed] = []
     tried: list[str] = []  # lanes tried, left out of the next scan
     while True:
+        want = max(LANES_PER_SCAN, most - len(claimed))  # (as many lanes as it may still claim executions)
         with app.begin(readonly=True) as tx:
-            lanes = scan_lanes(app, tx, passed=tried)
+            lanes = scan_lanes(app, tx, want, passed=tried)
         for lane in lanes:
             run, full = _claim_lane(app, lane.key, process_id, most - len(claimed), limit, keyed_limit, per_key,
                                     refused)
             claimed += run
             if len(claimed) >= most or (run and not full):
                 return claimed  # (a lane that may admit again is the next poll's, unless another comes first)
-        if len(lanes) < LANES_PER_SCAN:
+        if len(lanes) < want:
             return claimed  # every lane that may admit was tried (a full scan: more may, after them)
         tried += [lane.key for lane in lanes]
 

@@ -611,6 +611,34 @@ def test_a_batch_goes_on_past_the_keys_its_runs_fill(partitioned_app, monkeypatc
     assert _rows(app, [a2])[a2].claimed_at is None
 
 
+def test_a_batch_scans_as_many_lanes_as_it_may_claim(db_url, monkeypatch):
+    """Twenty ``concurrency: 1`` keys with one pending execution each, the oldest first: a
+    batch of twenty takes one of each, in poll order, from one scan of twenty lanes, not
+    eight at a time (threads of one process walking the same eight lanes passed the seven
+    their siblings were filling and scanned again: a scan a claim) [INV-LIM-6]; a batch
+    of three scans eight, a poll's least, and stops at its three."""
+    from tests.conftest import installed, make_app
+
+    keys = [f"k{i:02}" for i in range(20)]
+    for app in installed(make_app(db_url, job_worker={"limits": {key: {"concurrency": 1} for key in keys}})):
+        run_id, branch_id = make_run(app)
+        process = register(app, role="test", label="w")
+        ids = [make_executions(app, run_id, branch_id, key, AT)[0] for key in keys]
+        scans, scan = [], claims.scan_lanes
+
+        def counted(*args, **kwargs):
+            lanes = scan(*args, **kwargs)
+            if "passed" in kwargs:  # a batch's scan (not the bound of a run of several, on SQLite)
+                scans.append(len(lanes))
+            return lanes
+
+        monkeypatch.setattr(claims, "scan_lanes", counted)
+        assert [c.execution_id for c in claim_batch(app, process, 3, 3)] == ids[:3]
+        assert scans == [8]
+        assert [c.execution_id for c in claim_batch(app, process, 17, 17)] == ids[3:]
+        assert scans == [8, 17]
+
+
 @pytest.mark.parametrize("lane", [None, "three"], ids=["unkeyed", "keyed"])
 def test_a_claim_the_database_rolls_back_for_contention_is_made_again(partitioned_app, monkeypatch, lane):
     """A poll's claim in a lane whose transaction the database rolls back for contention
