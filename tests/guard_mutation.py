@@ -596,38 +596,38 @@ ARGUED: dict[str, tuple[str, str]] = {
         "a lane is 'gone' (nothing eligible: no claim, no refusal counted), and a bound later than the "
         "candidates decides nothing (a hand-off or batch is cut only by a bound before a candidate)"),
     # -- limits/claims.py
-    "limits/claims.py#7": (
+    "limits/claims.py#6": (
         "`take <= 0`: Lt for LtE",
         "take 0 (the endings only) goes on to the read, the plan and the writes: the candidates' read "
         "is LIMIT 0 (none), plan() returns NOTHING for take <= 0 (its first test), and writing NOTHING "
         "is write_header for a key and no statement for the unkeyed lane, which is what the early "
         "return does; Taken(True, [], None) either way. The extra reads (candidates, buckets) are a cost"),
-    "limits/claims.py#11": (
+    "limits/claims.py#10": (
         "`key is None or header is None`: And",
         "in _write the header is None exactly when the key is None: _in_python sets it from lock_key "
         "for a key and returns before _read/_write when a key has no row, so `and` and `or` agree"),
-    "limits/claims.py#38": (
+    "limits/claims.py#36": (
         "`header is None or key is None`: And",
-        "in _read the header is None exactly when the key is None: as #11"),
-    "limits/claims.py#44": (
+        "in _read the header is None exactly when the key is None: as #10"),
+    "limits/claims.py#42": (
         "`len(endings) > 1`: GtE for Gt",
         "one keyed ending also gets the CASE of release_seq: CASE id WHEN its id THEN seq + 1, on an "
         "UPDATE of that id alone, the same seq + 1 that b_seq already writes"),
-    "limits/claims.py#67": (
+    "limits/claims.py#65": (
         "`take > 1`: GtE for Gt",
         "a poll of one reads the bound too: it uses none (only a hand-off compares its first "
         "candidate with the bound, and _batch compares only the candidates after the first). An "
         "extra read: a cost"),
-    "limits/claims.py#99": (
+    "limits/claims.py#97": (
         "`where` without `_e.c.claimed_at.is_(None)`",
         "_claim_rows runs only on the Python path (SQLite: a server runs the routine), on ids the "
         "plan took from candidates read in this transaction by in_lane (`pending_lane = lane`, a "
         "column computed non-null only while claimed_at IS NULL), under the database write lock that "
         "BEGIN IMMEDIATE took: no other transaction writes between that read and this UPDATE, so "
         "every id is still unclaimed and the condition always holds"),
-    "limits/claims.py#132": (
+    "limits/claims.py#127": (
         "`_e.c.claimed_at` read as `completed_at`",
-        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #99: pending executions read "
+        "`completed_at IS NULL` for `claimed_at IS NULL` on the ids of #97: pending executions read "
         "under the same lock, and a pending execution's completed_at is always NULL (an execution "
         "is inserted open, and the only write of executions.completed_at, _end_statement, requires "
         "claimed_at IS NOT NULL), so the condition always holds"),

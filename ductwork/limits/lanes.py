@@ -72,8 +72,7 @@ def in_lane(query: sa.Select[Any], lane: sa.ColumnElement[Any] | str,
 #: up to the page's end); a scan reads further pages only while it has found too few lanes
 WALK_PAGE = 64
 
-#: lanes a poll's scan finds at least before it tries them (more are scanned if all of them
-#: refuse; a batch's scan finds as many as it may claim executions: ``claims.claim_batch``)
+#: lanes a poll's scan finds before it tries them (more are scanned if all of them refuse)
 LANES_PER_SCAN = 8
 
 
