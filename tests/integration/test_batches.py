@@ -626,7 +626,7 @@ def test_a_batch_scans_as_many_lanes_as_it_may_claim(db_url, monkeypatch):
         ids = [make_executions(app, run_id, branch_id, key, AT)[0] for key in keys]
         scans, scan = [], claims.scan_lanes
 
-        def counted(*args, **kwargs):
+        def counted(*args, scan=scan, scans=scans, **kwargs):
             lanes = scan(*args, **kwargs)
             if "passed" in kwargs:  # a batch's scan (not the bound of a run of several, on SQLite)
                 scans.append(len(lanes))
