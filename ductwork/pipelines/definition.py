@@ -108,13 +108,12 @@ class _Graph:
                   limit_by: object) -> list[str]:
         """Validate ``delay=``/``timeout=``/``limit_by=`` into NodeSpec fields, check every
         class, then add one node per class with them (all or none)."""
-        parsed: dict[str, Any] = {"delay_us": None, "timeout_us": None, "limit_by": None}
+        parsed: dict[str, Any] = {}
         for key, value in (("delay", delay), ("timeout", timeout)):
-            if value is not None:
-                try:
-                    parsed[f"{key}_us"] = parse_interval_us(value)
-                except DurationError as exc:
-                    raise self.error(transition, f"{key}={exc}") from exc
+            try:
+                parsed[f"{key}_us"] = None if value is None else parse_interval_us(value)
+            except DurationError as exc:
+                raise self.error(transition, f"{key}={exc}") from exc
         parsed["limit_by"], by = self.limit_option(transition, limit_by)
         partitions: list[PartitionBy | None] = []
         for i, klass in enumerate(classes):
@@ -167,26 +166,17 @@ class _Graph:
                                          f"{klass.__qualname__}.__init__{signature}")
         return index
 
-    def freeze(self) -> Definition:
-        assert self.start is not None
-        self.frozen = True
-        edges = {name: self.edges[name] for name in self.nodes if name in self.edges}
-        return Definition(self.ref, self.start, dict(self.nodes), edges, self.on_halt)
-
-
 def _is_step_class(klass: Any) -> bool:
     """A Step subclass that overrides ``execute`` with a method callable without arguments."""
     if not (isinstance(klass, type) and issubclass(klass, Step)):
         return False
     raw = inspect.getattr_static(klass, "execute")
-    if raw is Step.__dict__["execute"]:
-        return False
     unbound = () if isinstance(raw, (staticmethod, classmethod)) else (None,)
     try:
         inspect.signature(klass.execute).bind(*unbound)
     except (TypeError, ValueError):
         return False
-    return True
+    return raw is not Step.__dict__["execute"]
 
 
 def build_definition(pipeline: type, define: Callable[[PipelineBuilder], object]) -> Definition:
@@ -200,7 +190,9 @@ def build_definition(pipeline: type, define: Callable[[PipelineBuilder], object]
     define(PipelineBuilder(graph))
     if graph.start is None:
         raise graph.error("define", "Must start pipeline definition before completing", StartError)
-    return graph.freeze()
+    graph.frozen = True
+    edges = {name: graph.edges[name] for name in graph.nodes if name in graph.edges}
+    return Definition(graph.ref, graph.start, dict(graph.nodes), edges, graph.on_halt)
 
 
 class PipelineBuilder:
@@ -361,16 +353,14 @@ class PipelineBuilder:
         """Continue from every unpacked branch's last nodes; each must have closed its fan-outs."""
         if self._children is None:
             return
-        tips: list[str] = []
         for child in self._children:
             child._settle(action)
             if child._stack:  # a branch joining its fork must not leave a fan-out open (its fan-in would never fire)
                 raise self._graph.error(
                     action, f"branch {child._index} of the {self._stack[-1]} has an open {child._stack[-1]}; "
                             f"close it on that branch first", _ERRORS.get(action, DefinitionError))
-            tips.extend(child._tips)
             child._closed = True
-        self._tips = list(dict.fromkeys(tips))
+        self._tips = list(dict.fromkeys(tip for child in self._children for tip in child._tips))
         self._children = None
 
     def _extend(self, kind: str, classes: list[Any], delay: object, timeout: object, limit_by: object,

@@ -17,7 +17,6 @@ to the engine) and re-definition (edit the class and re-import instead).
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, Unpack, cast
 
@@ -176,7 +175,7 @@ class Pipeline:
                     f"{type(connection).__name__}; a synchronous Connection goes to trigger()")
             run: Run = await run_sync(lambda sync: cls.trigger(*args, app=app, connection=sync, **passed_on))
             return run
-        return await asyncio.to_thread(functools.partial(cls.trigger, *args, app=app, **passed_on))
+        return await asyncio.to_thread(cls.trigger, *args, app=app, **passed_on)
 
 
 # The lookups of a stored or configured pipeline name live here, next to the class

@@ -75,8 +75,7 @@ def key_expired(holder: KeyHolder, now: datetime, window_us: int) -> bool:
     (exactly the window is enough). A run that is running or dampened never lets its key
     go. The model's ``PipelinesModel._key_expired``; the release's UPDATE re-checks the
     same condition in its fence (``trigger.release_key``)."""
-    finished = holder.completed_at if holder.status == "completed" else \
-        holder.halted_at if holder.status == "halted" else None
+    finished = {"completed": holder.completed_at, "halted": holder.halted_at}.get(holder.status)
     return finished is not None and finished + timedelta(microseconds=window_us) <= now  # [INV-TRG-1]
 
 
@@ -209,7 +208,6 @@ def decide_hook(outcome: str, retry_count: int, crash_count: int, now: datetime,
                 "eligible_at": now + timedelta(seconds=retry_delay)}
     if outcome == "process_crashed" and crash_count < max_crash:  # [INV-HLT-2] budget
         count = crash_count + 1
-        backoff = timedelta(seconds=crash_backoff) * count
         return {"status": "pending", "crash_count": count,
-                "eligible_at": now if count <= max_crash // 3 else now + backoff}
+                "eligible_at": now if count <= max_crash // 3 else now + timedelta(seconds=crash_backoff) * count}
     return {"status": "failed", "completed_at": now}
