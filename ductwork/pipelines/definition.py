@@ -166,6 +166,7 @@ class _Graph:
                                          f"{klass.__qualname__}.__init__{signature}")
         return index
 
+
 def _is_step_class(klass: Any) -> bool:
     """A Step subclass that overrides ``execute`` with a method callable without arguments."""
     if not (isinstance(klass, type) and issubclass(klass, Step)):
@@ -217,13 +218,11 @@ class PipelineBuilder:
     fan-out open.
     """
 
-    def __init__(self, graph: _Graph, tips: list[str] | None = None,
-                 parent: PipelineBuilder | None = None, index: int = 0):
+    def __init__(self, graph: _Graph, tips: list[str] | None = None, parent: PipelineBuilder | None = None):
         self._graph = graph
         self._tips: list[str] = tips or []   # the nodes the next transition leaves from
         self._stack: list[_Frame] = []       # fan-outs opened on this builder, innermost last
         self._parent = parent                # the builder whose fork this branch came from
-        self._index = index                  # position of this branch in the parent's fork
         self._fork: list[str] | None = None  # targets of a divide/divert that may be unpacked
         self._children: list[PipelineBuilder] | None = None  # branches unpacked, not joined
         self._closed = False                 # joined into the parent; unusable
@@ -324,8 +323,7 @@ class PipelineBuilder:
         if self._fork is None:
             raise self._graph.error(
                 "unpack", "Can only unpack a divide() or divert() right after it")
-        self._children = [PipelineBuilder(self._graph, [node], self, index)
-                          for index, node in enumerate(self._fork)]
+        self._children = [PipelineBuilder(self._graph, [node], self) for node in self._fork]
         self._fork = None
         return iter(self._children)
 
@@ -353,11 +351,11 @@ class PipelineBuilder:
         """Continue from every unpacked branch's last nodes; each must have closed its fan-outs."""
         if self._children is None:
             return
-        for child in self._children:
+        for index, child in enumerate(self._children):  # (in fork order: the branch's position)
             child._settle(action)
             if child._stack:  # a branch joining its fork must not leave a fan-out open (its fan-in would never fire)
                 raise self._graph.error(
-                    action, f"branch {child._index} of the {self._stack[-1]} has an open {child._stack[-1]}; "
+                    action, f"branch {index} of the {self._stack[-1]} has an open {child._stack[-1]}; "
                             f"close it on that branch first", _ERRORS.get(action, DefinitionError))
             child._closed = True
         self._tips = list(dict.fromkeys(tip for child in self._children for tip in child._tips))

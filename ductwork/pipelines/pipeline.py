@@ -190,7 +190,7 @@ def import_pipeline(ref: str) -> type:
     """The Pipeline subclass a *configuration* entry names, importing its module if needed
     (``ductwork.yml``'s ``pipelines``); ``ImportError`` naming ``ref`` if none. For names
     the operator configured, never for names read from the database."""
-    found = _REGISTRY.get(ref) or _import(ref, "pipeline")
+    found = _REGISTRY.get(ref) or _import(ref)
     if not (isinstance(found, type) and issubclass(found, Pipeline)):
         raise ImportError(f"pipeline class {ref!r} resolves to {found!r}, not a Pipeline subclass")
     return found

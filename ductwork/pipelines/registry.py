@@ -74,9 +74,9 @@ def _resolve(ref: str, base: type, what: str) -> type:
     return found
 
 
-def _import(ref: str, what: str) -> Any:
+def _import(ref: str) -> Any:
     module_name, _, qualname = ref.partition(":")
-    cannot = f"cannot resolve {what} class {ref!r}"
+    cannot = f"cannot resolve pipeline class {ref!r}"
     if not module_name or not qualname:
         raise ImportError(f"{cannot}: expected 'module:qualname'")
     if "<locals>" in qualname:
