@@ -110,9 +110,8 @@ def descendants(pid: int, parents: dict[int, int] | None = None) -> list[int]:
     out: list[int] = []
     frontier = [pid]
     while frontier:
-        found = sorted(c for p in frontier for c in below.get(p, ()) if c not in out and c != pid)
-        out.extend(found)
-        frontier = found
+        frontier = sorted(c for p in frontier for c in below.get(p, ()) if c not in out and c != pid)
+        out.extend(frontier)
     return out
 
 
@@ -164,8 +163,7 @@ def own_mark() -> str | None:
 def marked_environment() -> dict[str, str]:
     """``os.environ`` with this process's mark: the environment for a process a step
     runs in (a ``timeout=`` step's child)."""
-    mark = own_mark()
-    return {**os.environ, OWNER_ENV: mark} if mark else dict(os.environ)
+    return {**os.environ, OWNER_ENV: mark} if (mark := own_mark()) else dict(os.environ)
 
 
 def kill_marked(mark: str) -> list[int]:
@@ -178,12 +176,9 @@ def kill_marked(mark: str) -> list[int]:
         for entry in os.scandir(PROC):
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
-            try:
-                environ = (PROC / entry.name / "environ").read_bytes()
-            except OSError:
-                continue
-            if wanted in environ.split(b"\0"):
-                found.append(int(entry.name))
+            with contextlib.suppress(OSError):  # (another user's environment, or exited meanwhile)
+                if wanted in (PROC / entry.name / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
     kill(found)
     return found
 
@@ -192,11 +187,9 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
     """Wait until none of ``pids`` runs any more (gone, or a zombie), at most
     ``timeout_s``; returns those still running then."""
     deadline = time.monotonic() + timeout_s
-    left = [pid for pid in pids if _running(pid)]
-    while left and time.monotonic() < deadline:
+    while (pids := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.01)
-        left = [pid for pid in left if _running(pid)]
-    return left
+    return pids
 
 
 def _running(pid: int) -> bool:
