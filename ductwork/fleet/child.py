@@ -104,8 +104,7 @@ def _read_within_deadlines(proc: subprocess.Popen[bytes], read_fd: int, klass: s
                 raise StepTimedOut(f"{klass} ran past its timeout of {timeout_s:g} s; killed")
             raise BuildFailed(ErrorInfo("ductwork.ChildStartup",
                                         f"step child did not start within {STARTUP_S:g} s; killed", None))
-        ready, _, _ = select.select([read_fd], [], [], remaining)
-        if not ready:
+        if not select.select([read_fd], [], [], remaining)[0]:  # nothing to read yet: the deadline again
             continue
         chunk = os.read(read_fd, 65536)
         if not chunk:
@@ -232,10 +231,8 @@ def main() -> None:
             message: dict[str, Any] = {"ok": dump(value, returned(request["klass"], value))}
         except StepReturnError as error:  # the parent fails the execution once (ReturnRejected)
             message = {"kind": "returned", "error": vars(ErrorInfo.of(error))}
-    except StepInvalid as invalid:
-        message = {"kind": "invalid", "error": vars(invalid.info)}
-    except BuildFailed as failed:
-        message = {"kind": "build", "error": vars(failed.info)}
+    except (StepInvalid, BuildFailed) as refused:  # raised again in the parent as the kind named (_reply)
+        message = {"kind": "invalid" if isinstance(refused, StepInvalid) else "build", "error": vars(refused.info)}
     except BaseException as error:  # noqa: BLE001 - reported to the parent, which records it (SystemExit too)
         message = {"error": vars(ErrorInfo.of(error))}
     with pipe:
