@@ -33,6 +33,8 @@ from ductwork.db.ids import new_id
 if TYPE_CHECKING:
     from ductwork.db.database import Database
 
+_p = schema.processes
+
 
 def host_name(identifier: str) -> str:
     """The host name in a :func:`machine_identifier` (rows written before it carried
@@ -49,14 +51,13 @@ def supervisors_on_this_host(app: Database) -> list[sa.Row[Any]]:
     ``ductwork start`` left running; ``ductwork start`` warns. Not done: telling a
     reused pid from the supervisor itself (a fresh heartbeat makes that unlikely).
     """
-    p = schema.processes
     with app.begin(readonly=True) as tx:
         since = tx.now - timedelta(seconds=app.config.supervisor.reaper_timeout)
         rows = tx.execute(
-            sa.select(p.c.id, p.c.pid, p.c.label, p.c.machine_identifier)
-            .where(p.c.role == "supervisor", p.c.machine_identifier == machine_identifier(),
-                   p.c.pid != os.getpid(), p.c.last_heartbeat_at > since)
-            .order_by(p.c.label)
+            sa.select(_p.c.id, _p.c.pid, _p.c.label, _p.c.machine_identifier)
+            .where(_p.c.role == "supervisor", _p.c.machine_identifier == machine_identifier(),
+                   _p.c.pid != os.getpid(), _p.c.last_heartbeat_at > since)
+            .order_by(_p.c.label)
         ).all()
     return [row for row in rows if pid_alive(row.pid)]
 
@@ -74,16 +75,15 @@ def register(app: Database, *, role: str, label: str | None = None, pid: int | N
 
     pid = os.getpid() if pid is None else pid
     label = label or role
-    p = schema.processes
     with app.begin() as tx:
-        previous = tx.execute(sa.select(p.c.id).where(*rows_of_os_process(pid), p.c.label == label)
+        previous = tx.execute(sa.select(_p.c.id).where(*rows_of_os_process(pid), _p.c.label == label)
                               ).scalar_one_or_none()
     if previous is not None:
         reap(app, previous, force=True)
     process_id = new_id()
     with app.begin() as tx:
         tx.execute(
-            p.insert().values(
+            _p.insert().values(
                 id=process_id, pid=pid, machine_identifier=machine_identifier(), label=label, role=role,
                 os_start_ticks=os_start_ticks(pid) if pid_namespace() else None,
                 last_heartbeat_at=tx.now, created_at=tx.now, updated_at=tx.now,
@@ -98,8 +98,8 @@ def heartbeat(app: Database, process_id: str, refusals: Mapping[tuple[str, str],
     same transaction, one upsert each. False when the row is gone (it was reaped)."""
     with app.begin() as tx:
         result = tx.execute(
-            schema.processes.update()
-            .where(schema.processes.c.id == process_id)
+            _p.update()
+            .where(_p.c.id == process_id)
             .values(last_heartbeat_at=tx.now, updated_at=tx.now)  # [INV-CLK-1] database time
         )
         for (key, reason), n in sorted((refusals or {}).items()):  # one order: two heartbeats never deadlock
