@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine
@@ -54,10 +54,9 @@ R = TypeVar("R")
 def backend(bind: Bind) -> str:
     """``postgresql``, ``mysql`` (MySQL and MariaDB) or ``sqlite``; else raises."""
     name = bind if isinstance(bind, str) else (bind if isinstance(bind, Dialect) else bind.dialect).name
-    try:
-        return _ALIASES[name]
-    except KeyError:
-        raise UnsupportedDialectError(name, "ductwork") from None
+    if (family := _ALIASES.get(name)) is None:
+        raise UnsupportedDialectError(name, "ductwork")
+    return family
 
 
 class Seam(Generic[R]):
@@ -76,29 +75,24 @@ class Seam(Generic[R]):
 
     def __call__(self, bind: Bind, *args: Any, **kw: Any) -> R:
         name = backend(bind)
-        try:
-            impl = self._impls[name]
-        except KeyError:
-            raise UnsupportedDialectError(name, self.name) from None
+        if (impl := self._impls.get(name)) is None:
+            raise UnsupportedDialectError(name, self.name)
         return impl(bind, *args, **kw)
 
 
 # --------------------------------------------------------------------------- server limits
 
-statement_limit = Seam[int | None]("statement_limit")
+#: the query for the longest statement the server takes; None: no limit of its own (a
+#: statement may carry a value of up to 1 GB). Differs from PostgreSQL on MySQL in that the
+#: server refuses (and drops the connection of) a statement longer than max_allowed_packet,
+#: because it reads each client packet whole into a buffer of at most that size
+_STATEMENT_LIMIT = {"postgresql": None, "mysql": "SELECT @@max_allowed_packet", "sqlite": None}
 
 
-@statement_limit.for_db("postgresql", "sqlite")
-def _no_statement_limit(conn: Connection) -> int | None:
-    return None  # a statement may carry a value of up to 1 GB
-
-
-@statement_limit.for_db("mysql")
-def _mysql_statement_limit(conn: Connection) -> int | None:
-    # Differs from PostgreSQL in that the server refuses (and drops the connection
-    # of) a statement longer than max_allowed_packet, because it reads each client
-    # packet whole into a buffer of at most that size.
-    return int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+def statement_limit(conn: Connection) -> int | None:
+    """The longest statement the server takes, in bytes; None: no limit of its own (see _STATEMENT_LIMIT)."""
+    query = _STATEMENT_LIMIT[backend(conn)]
+    return None if query is None else int(conn.exec_driver_sql(query).scalar_one())
 
 
 # --------------------------------------------------------------------------- the clock
@@ -109,8 +103,7 @@ db_now = Seam[datetime]("db_now")
 @db_now.for_db("postgresql")
 def _pg_now(conn: Connection) -> datetime:
     # clock_timestamp(), not now(): the time of this statement, not of BEGIN.
-    now: datetime = conn.exec_driver_sql("SELECT clock_timestamp() AT TIME ZONE 'UTC'").scalar_one()
-    return now
+    return cast(datetime, conn.exec_driver_sql("SELECT clock_timestamp() AT TIME ZONE 'UTC'").scalar_one())
 
 
 @db_now.for_db("mysql")
@@ -118,8 +111,7 @@ def _mysql_now(conn: Connection) -> datetime:
     # Differs from PostgreSQL in that the function is UTC_TIMESTAMP(6): like
     # CURRENT_TIMESTAMP(6) but independent of the session time zone, because
     # DATETIME columns store no zone.
-    now: datetime = conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one()
-    return now
+    return cast(datetime, conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one())
 
 
 @db_now.for_db("sqlite")
@@ -133,35 +125,27 @@ def _sqlite_now(conn: Connection) -> datetime:
 
 # --------------------------------------------------------------------------- locking reads
 
-_for_update = Seam[sa.Select[Any]]("for_update")
-
-
-@_for_update.for_db("postgresql")
-def _row_lock(_: Any, stmt: sa.Select[Any], skip_locked: bool, no_key: bool) -> sa.Select[Any]:
-    # ``no_key`` (a run's lock): FOR NO KEY UPDATE. Inserts of rows referencing the run hold
-    # FOR KEY SHARE on it; a plain FOR UPDATE would conflict with them and deadlock two transitions.
-    return stmt.with_for_update(skip_locked=skip_locked, key_share=no_key)
-
-
-@_for_update.for_db("mysql")
-def _mysql_row_lock(_: Any, stmt: sa.Select[Any], skip_locked: bool, no_key: bool) -> sa.Select[Any]:
-    # Differs from PostgreSQL in that there is no NO KEY lock mode: a run's lock is the plain
-    # exclusive one. Transactions that take it insert nothing that references the run before
-    # it, so it cannot deadlock with their own foreign-key checks.
-    return stmt.with_for_update(skip_locked=skip_locked)
-
-
-@_for_update.for_db("sqlite")
-def _sqlite_lock(_: Any, stmt: sa.Select[Any], skip_locked: bool, no_key: bool) -> sa.Select[Any]:
-    # Differs from PostgreSQL in that there are no row locks: the transaction
-    # already holds the database write lock (BEGIN IMMEDIATE), so the plain read
-    # is as exclusive as FOR UPDATE.
-    return stmt
+#: whether a locking read takes row locks. Differs from PostgreSQL on SQLite in that there are
+#: no row locks: the transaction already holds the database write lock (BEGIN IMMEDIATE), so
+#: the plain read is as exclusive as FOR UPDATE
+_ROW_LOCKS = {"postgresql": True, "mysql": True, "sqlite": False}
 
 
 def for_update(stmt: sa.Select[Any], bind: Bind, *, skip_locked: bool = False) -> sa.Select[Any]:
-    """``SELECT … FOR UPDATE [SKIP LOCKED]`` (nothing on SQLite: see _sqlite_lock)."""
-    return _for_update(bind, stmt, skip_locked, False)
+    """``SELECT … FOR UPDATE [SKIP LOCKED]`` (nothing on SQLite: see _ROW_LOCKS)."""
+    return stmt.with_for_update(skip_locked=skip_locked) if _ROW_LOCKS[backend(bind)] else stmt
+
+
+def for_update_run(stmt: sa.Select[Any], bind: Bind) -> sa.Select[Any]:
+    """The run-row lock taken before deciding a run's terminal state (FOR NO KEY UPDATE on
+    PostgreSQL; nothing on SQLite: see _ROW_LOCKS)."""
+    # FOR NO KEY UPDATE: inserts of rows referencing the run hold FOR KEY SHARE on it; a plain
+    # FOR UPDATE would conflict with them and deadlock two transitions. Differs from
+    # PostgreSQL on MySQL in that there is no NO KEY lock mode (SQLAlchemy renders
+    # ``key_share`` on PostgreSQL only): a run's lock is the plain exclusive one. Transactions
+    # that take it insert nothing that references the run before it, so it cannot deadlock
+    # with their own foreign-key checks.
+    return stmt.with_for_update(key_share=True) if _ROW_LOCKS[backend(bind)] else stmt
 
 
 def inline_ids(ids: list[str], name: str = "batch_ids") -> sa.ColumnElement[Any]:
@@ -274,34 +258,20 @@ def insert_rows(bind: Connection, table: sa.Table, rows: Sequence[Mapping[str, o
         bind.execute(statement, params)
 
 
-_by_key = Seam[sa.ColumnElement[Any]]("by_primary_key")
-
-
-@_by_key.for_db("sqlite")
-def _sqlite_by_key(_: Any, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
-    # Differs from PostgreSQL and MySQL in that SQLite's planner, without statistics,
-    # prefers an index on ``column`` (``status = ?``, ``process_id = ?``) to a
-    # primary-key IN list and then reads every row with that value: 100,000 pending
-    # steps made a batch's status update 30x slower, and a worker's group commit read
-    # every execution its process ever ran. A unary + keeps the value and makes the
-    # column unindexable.
-    return UnaryExpression(column, operator=custom_op("+"), type_=column.type)
-
-
-@_by_key.for_db("postgresql", "mysql")
-def _other_by_key(_: Any, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
-    return column  # their planners weigh the IN list's few rows against the index
+#: whether a guard's column can steer the planner off a primary-key lookup. Differs from
+#: PostgreSQL and MySQL (their planners weigh the IN list's few rows against the index) on
+#: SQLite in that its planner, without statistics, prefers an index on the column
+#: (``status = ?``, ``process_id = ?``) to a primary-key IN list and then reads every row with
+#: that value: 100,000 pending steps made a batch's status update 30x slower, and a worker's
+#: group commit read every execution its process ever ran
+_GUARDS_STEER_PLANS = {"postgresql": False, "mysql": False, "sqlite": True}
 
 
 def by_primary_key(column: sa.ColumnElement[Any], bind: Bind) -> sa.ColumnElement[Any]:
     """``column`` in a guard that must not steer the plan away from a primary-key lookup."""
-    return _by_key(bind, column)
-
-
-def for_update_run(stmt: sa.Select[Any], bind: Bind) -> sa.Select[Any]:
-    """The run-row lock taken before deciding a run's terminal state (FOR NO KEY UPDATE on
-    PostgreSQL: see _row_lock)."""
-    return _for_update(bind, stmt, False, True)
+    if _GUARDS_STEER_PLANS[backend(bind)]:  # a unary + keeps the value and makes the column unindexable
+        return UnaryExpression(column, operator=custom_op("+"), type_=column.type)
+    return column
 
 
 # --------------------------------------------------------------------------- inserts
@@ -355,24 +325,19 @@ def _mysql_upsert(bind: Bind, table: sa.Table, keys: list[str], values: dict[str
 
 # --------------------------------------------------------------------------- savepoints
 
-statement_savepoint = Seam[contextlib.AbstractContextManager[Any]]("statement_savepoint")
+#: whether a statement that fails on a unique index aborts the whole transaction (PostgreSQL).
+#: Differs from PostgreSQL on MySQL and SQLite in that it rolls back only itself (InnoDB's
+#: statement rollback, SQLite's ABORT): the transaction goes on without a savepoint, and
+#: pysqlite's own transaction handling (a caller's plain SQLite engine) does not support
+#: SAVEPOINT reliably
+_FAILURE_ABORTS_TRANSACTION = {"postgresql": True, "mysql": False, "sqlite": False}
 
 
-@statement_savepoint.for_db("postgresql")
-def _pg_savepoint(conn: Connection) -> contextlib.AbstractContextManager[Any]:
-    # A failed statement aborts the whole transaction on PostgreSQL: a statement that may
-    # violate a unique index inside a transaction that must go on (the caller's) runs in a
-    # savepoint, rolled back to on the violation.
-    return conn.begin_nested()
-
-
-@statement_savepoint.for_db("mysql", "sqlite")
-def _no_savepoint(conn: Connection) -> contextlib.AbstractContextManager[Any]:
-    # Differs from PostgreSQL in that a statement failing on a unique index rolls back only
-    # itself (InnoDB's statement rollback, SQLite's ABORT): the transaction goes on without a
-    # savepoint, and pysqlite's own transaction handling (a caller's plain SQLite engine)
-    # does not support SAVEPOINT reliably.
-    return contextlib.nullcontext()
+def statement_savepoint(conn: Connection) -> contextlib.AbstractContextManager[object]:
+    """What a statement that may violate a unique index runs in, inside a transaction that
+    must go on (the caller's): a savepoint, rolled back to on the violation, where a failed
+    statement aborts the whole transaction (PostgreSQL); elsewhere nothing."""
+    return conn.begin_nested() if _FAILURE_ABORTS_TRANSACTION[backend(conn)] else contextlib.nullcontext()
 
 
 # --------------------------------------------------------------------------- server-side routines
