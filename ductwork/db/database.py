@@ -99,7 +99,7 @@ class Tx:
     def execute(self, stmt: sa.Executable, params: Params | None = None) -> sa.CursorResult[Any]:
         """``conn.execute(stmt, params)``: ``params`` one row's values, or a list of rows'
         (an executemany)."""
-        return self.conn.execute(stmt, params) if params is not None else self.conn.execute(stmt)
+        return self.conn.execute(stmt, params)
 
 
 class Database:

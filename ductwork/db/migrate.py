@@ -27,10 +27,11 @@ VERSION_TABLE = "ductwork_alembic_version"
 
 
 def _alembic_config(connection: sa.Connection | None = None) -> AlembicConfig:
+    """The script directory's config; ``connection``: the one env.py migrates (None for
+    :func:`head`, which runs no migration)."""
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    if connection is not None:
-        cfg.attributes["connection"] = connection
+    cfg.attributes["connection"] = connection
     return cfg
 
 

@@ -50,17 +50,14 @@ class Wakeup:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._generation = 0
-
-    @property
-    def generation(self) -> int:
-        return self._generation
+        #: how many notifies so far (moved under the condition, read without it)
+        self.generation = 0
 
     def notify(self, n: int | None = None) -> None:
         """Wake every waiter, or only ``n`` of them (the others see the new generation
         when their own wait ends)."""
         with self._cond:
-            self._generation += 1
+            self.generation += 1
             if n is None:
                 self._cond.notify_all()
             else:
@@ -69,7 +66,7 @@ class Wakeup:
     def wait(self, seen: int, timeout: float) -> bool:
         """Wait until the generation moves past ``seen`` or ``timeout`` s; True if woken."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._generation != seen, timeout)
+            return self._cond.wait_for(lambda: self.generation != seen, timeout)
 
 
 class Listened(Protocol):
