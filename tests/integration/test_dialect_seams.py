@@ -119,3 +119,53 @@ def test_a_mysql_session_is_strict_whatever_the_servers_mode(app):
     with app.begin(readonly=True) as tx:
         mode = tx.execute(sa.text("SELECT @@SESSION.sql_mode")).scalar_one()
     assert set(mode.split(",")) == set(MYSQL_SQL_MODE.split(","))
+
+
+def _server_pid(conn) -> int:
+    return int(conn.exec_driver_sql("SELECT pg_backend_pid()" if conn.dialect.name == "postgresql"
+                                    else "SELECT CONNECTION_ID()").scalar_one())
+
+
+def _close_on_the_server(app, pid: int) -> None:
+    killer = sa.create_engine(app.engine.url, poolclass=sa.pool.NullPool)  # (not the pool's: it holds the victim)
+    try:
+        with killer.connect() as other:
+            other.exec_driver_sql(f"SELECT pg_terminate_backend({pid})" if other.dialect.name == "postgresql"
+                                  else f"KILL {pid}")
+    finally:
+        killer.dispose()
+
+
+@needs("connections_a_server_closes")
+def test_a_connection_idle_past_its_ping_age_that_the_server_closed_is_replaced_at_checkout(app, monkeypatch):
+    """A pooled connection unused for longer than ``PING_AFTER_IDLE_S`` is pinged when it is
+    checked out again; one the server closed meanwhile (a restart, a proxy's timeout) is not
+    handed out: the pool connects anew, and the transaction runs as if nothing happened."""
+    from ductwork.db import engines
+
+    app.now()  # (the pool holds a connection)
+    with app.engine.connect() as conn:
+        victim = _server_pid(conn)
+    _close_on_the_server(app, victim)
+    monkeypatch.setattr(engines, "PING_AFTER_IDLE_S", -1.0)  # every connection is past its ping age
+    with app.begin() as tx:
+        assert _server_pid(tx.conn) != victim
+        assert tx.execute(sa.select(sa.literal(4))).scalar_one() == 4
+
+
+@needs("connections_a_server_closes")
+def test_a_connection_used_again_at_once_is_not_pinged(app, monkeypatch):
+    """``pool_pre_ping`` pinged every checkout, a round trip per transaction; a connection
+    the pool handed out less than ``PING_AFTER_IDLE_S`` ago is handed out again without one,
+    and one past it is pinged once."""
+    from ductwork.db import engines
+
+    pings: list[object] = []
+    ping = app.engine.dialect.do_ping
+    monkeypatch.setattr(app.engine.dialect, "do_ping", lambda connection: pings.append(connection) or ping(connection))
+    for _ in range(3):
+        app.now()
+    assert pings == []
+    monkeypatch.setattr(engines, "PING_AFTER_IDLE_S", -1.0)
+    app.now()
+    assert len(pings) == 1
