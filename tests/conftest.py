@@ -45,6 +45,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # every test starts from empty tables.
 
 import pytest  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
 
 BACKENDS = ("sqlite", "postgresql", "mysql")
 
@@ -100,12 +101,21 @@ def installed(application):  # type: ignore[no-untyped-def]
     from ductwork.app import set_default_app
 
     reset_tables(application.engine)
+    sa.event.listen(application.engine, "before_cursor_execute", _reads_only)
     set_default_app(application)
     try:
         yield application
     finally:
         set_default_app(None)
         application.dispose()
+
+
+def _reads_only(conn, _cursor, statement: str, *_) -> None:  # type: ignore[no-untyped-def]
+    """A read-only block (``App.begin(readonly=True)``) that writes fails the test: on
+    PostgreSQL it runs outside a transaction block, so each write would commit alone."""
+    verb = statement.lstrip().split(None, 1)[0].upper()
+    if conn.get_execution_options().get("ductwork_readonly") and verb not in ("SELECT", "WITH", "BEGIN", "SHOW", "PRAGMA"):
+        raise AssertionError(f"a read-only block wrote: {statement[:120]}")
 
 
 def migrated_sqlite(directory, name: str) -> str:  # type: ignore[no-untyped-def]

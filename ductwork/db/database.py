@@ -172,13 +172,15 @@ class Database:
     # -- transactions ---------------------------------------------------------------
 
     @contextlib.contextmanager
-    def begin(self, *, readonly: bool = False) -> Iterator[Tx]:
+    def begin(self, *, readonly: bool = False, one_statement: bool = False) -> Iterator[Tx]:
         """One transaction; commits when the block exits normally, else rolls back.
 
         ``readonly``: the block only reads (a lane scan, a candidate query, status).
         On SQLite it then starts deferred and takes no write lock, so readers do not
         queue behind writers; a decision made on what it read is re-checked by a
-        writing transaction anyway.
+        writing transaction anyway. ``one_statement``: the block makes one statement (a
+        poll's call of the lane routine). On PostgreSQL both run without BEGIN and COMMIT,
+        each statement a transaction of its own (``dialects.runs_outside_transactions``).
 
         The App's first transaction is preceded by :meth:`check_schema`, so a database
         without ductwork's tables raises :class:`MissingTablesError` naming it.
@@ -188,6 +190,8 @@ class Database:
         with self.engine.connect() as conn:
             if readonly:
                 conn = conn.execution_options(ductwork_readonly=True)
+            if (readonly or one_statement) and dialects.runs_outside_transactions(conn):
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             with conn.begin():
                 tx = Tx(conn, self.clock)
                 yield tx

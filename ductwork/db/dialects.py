@@ -391,6 +391,21 @@ def has_server_routines(bind: Bind) -> bool:
     return _SERVER_ROUTINES[backend(bind)]
 
 
+#: whether a block that only reads, or makes one statement (a call of a routine that is one
+#: statement), runs outside a transaction block: on PostgreSQL, READ COMMITTED gives each
+#: statement a snapshot of its own anyway and runs each atomically, so BEGIN and COMMIT would
+#: only add two round trips. Differs on MySQL-family, where the driver's switch to autocommit
+#: and back is a round trip each and a procedure's statements would each commit on their own,
+#: and on SQLite, whose reads share one snapshot in a transaction that costs no round trip
+_OUTSIDE_TRANSACTIONS = {"postgresql": True, "mysql": False, "sqlite": False}
+
+
+def runs_outside_transactions(bind: Bind) -> bool:
+    """Whether ``Database.begin(readonly=True)`` and ``begin(one_statement=True)`` run their
+    statements outside a transaction block (:data:`_OUTSIDE_TRANSACTIONS`)."""
+    return _OUTSIDE_TRANSACTIONS[backend(bind)]
+
+
 #: the line that separates the statements of a routine's SQL file
 STATEMENT_BREAK = "-- ---- "
 

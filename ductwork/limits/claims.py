@@ -404,7 +404,7 @@ def claim(app: Database, process_id: str) -> Claimed | None:
 def claim_keyed(app: Database, key: str, process_id: str, limit: int = 1) -> list[Claimed] | Refusal:
     """A poll's claim of ``key``, in a transaction of its own: up to ``limit`` of its
     executions if its limits admit one now (the routine), else the Refusal."""
-    with app.begin() as tx:
+    with app.begin(one_statement=True) as tx:
         faults.hit(faults.BEFORE_KEY_LOCK)
         taken = release_and_claim(app, tx, key, process_id, [], limit, poll=True)
     return taken.claimed if taken.refused is None else Refusal(key, taken.refused)
@@ -463,7 +463,7 @@ def _claim_lane(app: Database, key: str, process_id: str, left: int, limit: int,
     mark (:func:`_try_marked`)."""
     if key == UNKEYED:
         def unkeyed() -> list[Claimed]:
-            with app.begin() as tx:
+            with app.begin(one_statement=True) as tx:
                 return release_and_claim(app, tx, None, process_id, [], min(limit, left), poll=True).claimed
         return dialects.retry_transient(unkeyed), False
     family = app.config.family_of(key)  # (a partition's share is its family's)
