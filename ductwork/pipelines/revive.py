@@ -115,11 +115,13 @@ def _revive(app: Database, tx: Tx, run_id: str, duplicate_context: bool) -> tupl
     halted = {b["id"] for b in branches if b["status"] == "halted"}
     _insert_branches(tx, new_run, branches, branch_ids, halted)
     _copy_steps(tx, definition, run_id, new_run, branch_ids, halted)
-    if duplicate_context:
+    keys = tx.execute(sa.select(_c.c.key).where(_c.c.run_id == run_id)
+                      .order_by(_c.c.key)).scalars().all() if duplicate_context else []
+    if keys:  # a new id per copied context row: a CASE over the row's key (context keys are few)
         tx.execute(_c.insert().from_select(
             ["id", "run_id", "key", "value", "first_set_at", "last_set_at"],
-            sa.select(_context_ids(tx, run_id), sa.literal(new_run, _c.c.run_id.type), _c.c.key, _c.c.value,
-                      _c.c.first_set_at, _c.c.last_set_at).where(_c.c.run_id == run_id)))
+            sa.select(sa.case({key: new_id() for key in keys}, value=_c.c.key), sa.literal(new_run, _c.c.run_id.type),
+                      _c.c.key, _c.c.value, _c.c.first_set_at, _c.c.last_set_at).where(_c.c.run_id == run_id)))
     faults.hit(faults.INSIDE_REVIVE)
     tx.wake(advancers=True)  # the re-run steps' executions, and the steps carried over advancing
     return new_run, len(halted)
@@ -134,23 +136,17 @@ def _copy_steps(tx: Tx, definition: Definition, run_id: str, new_run: str, branc
                        .order_by(_s.c.started_at, _s.c.id)).mappings().all()
     latest = {step["branch_id"]: step for step in steps}  # in start order: the last one of a branch is its latest
     stopped = {latest[b]["id"] for b in halted if b in latest}
-    step_rows, expands = [], []
-    pending: list[Pending] = []
-    for step in steps:  # new ids in the old order: "latest step" stays the latest
-        row, rerun = _carry_step(step, definition, new_run, branch_ids[step["branch_id"]],
-                                 step["id"] in stopped, tx.now)
-        if rerun is not None:
-            pending.append(rerun)
+    # new ids in the old order: "latest step" stays the latest
+    carried = [_carry_step(step, definition, new_run, branch_ids[step["branch_id"]], step["id"] in stopped, tx.now)
+               for step in steps]
+    tx.execute(_s.insert(), [row for row, _ in carried])  # (a halted run has steps: its branches halted at one)
+    for step, (row, _) in zip(steps, carried, strict=True):
         if step["output_payload"] and '"expand_items"' in step["output_payload"]:
-            expands.append((step["id"], row["id"]))
-        step_rows.append(row)
-    tx.execute(_s.insert(), step_rows)  # (a halted run has steps: its branches halted at one)
-    for old_step, new_step in expands:
-        tx.execute(_x.insert().from_select(
-            ["step_id", "item_index", "value"],
-            sa.select(sa.literal(new_step, _x.c.step_id.type), _x.c.item_index, _x.c.value)
-            .where(_x.c.step_id == old_step)))
-    enqueue(tx, pending)  # the re-runs, with their keys' rows
+            tx.execute(_x.insert().from_select(
+                ["step_id", "item_index", "value"],
+                sa.select(sa.literal(row["id"], _x.c.step_id.type), _x.c.item_index, _x.c.value)
+                .where(_x.c.step_id == step["id"])))
+    enqueue(tx, [rerun for _, rerun in carried if rerun is not None])  # the re-runs, with their keys' rows
 
 
 def _carry_step(step: Any, definition: Definition, new_run: str, branch_id: str, resume: bool,
@@ -177,26 +173,16 @@ def _carry_step(step: Any, definition: Definition, new_run: str, branch_id: str,
     return row, rerun
 
 
-def _context_ids(tx: Tx, run_id: str) -> sa.ColumnElement[Any]:
-    """A new id per copied context row: a CASE over the row's key (context keys are few)."""
-    keys = tx.execute(sa.select(_c.c.key).where(_c.c.run_id == run_id).order_by(_c.c.key)).scalars().all()
-    if not keys:
-        return sa.literal("", _c.c.id.type)
-    return sa.case({key: new_id() for key in keys}, value=_c.c.key)
-
-
 def _insert_branches(tx: Tx, run_id: str, branches: Any, ids: dict[str, str], halted: set[str]) -> None:
     """Insert the copies, parents and barriers first (their foreign keys are checked per row)."""
     now = tx.now
-    rows = []
-    for b in branches:
-        row = {**b, "id": ids[b["id"]], "run_id": run_id, "claim_token": None, "claimed_at": None,
-               "updated_at": now, "created_at": now,
-               "parent_id": ids.get(b["parent_id"]), "barrier_id": ids.get(b["barrier_id"]),
-               "merged_barrier_id": ids.get(b["merged_barrier_id"])}
-        if b["id"] in halted:  # [INV-REV-3] resumes: in progress again, no halt reason
-            row.update(status="in_progress", halt_reason=None, completed_at=None, last_advanced_at=now)
-        rows.append(row)
+    resumed = {"status": "in_progress", "halt_reason": None, "completed_at": None, "last_advanced_at": now}
+    rows = [{**b, "id": ids[b["id"]], "run_id": run_id, "claim_token": None, "claimed_at": None,
+             "updated_at": now, "created_at": now,
+             "parent_id": ids.get(b["parent_id"]), "barrier_id": ids.get(b["barrier_id"]),
+             "merged_barrier_id": ids.get(b["merged_barrier_id"]),
+             **(resumed if b["id"] in halted else {})}  # [INV-REV-3] resumes: in progress again, no halt reason
+            for b in branches]
     inserted: set[str | None] = {None}
     while rows:
         ready = [r for r in rows if r["parent_id"] in inserted and r["barrier_id"] in inserted]
