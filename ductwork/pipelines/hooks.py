@@ -95,14 +95,11 @@ def owe_hooks(tx: Tx, run_ids: list[str]) -> int:
 
     The unique constraint ``uq_halt_hook_run`` allows one per run [INV-HLT-1]; a run
     already halted is never passed here (a final run never changes, INV-RUN-1)."""
-    owed = []
-    for run in tx.execute(sa.select(_r.c.id, _r.c.definition).where(
-            _r.c.id.in_(dialects.inline_ids(sorted(run_ids))))):
-        klass = json.loads(run.definition).get("on_halt")
-        if klass is not None:
-            owed.append({"id": new_id(), "run_id": run.id, "klass": klass, "status": "pending",  # (unclaimed)
-                         "eligible_at": tx.now, "retry_count": 0, "crash_count": 0, "created_at": tx.now,
-                         "updated_at": tx.now})
+    handlers = {run.id: json.loads(run.definition).get("on_halt") for run in tx.execute(
+        sa.select(_r.c.id, _r.c.definition).where(_r.c.id.in_(dialects.inline_ids(sorted(run_ids)))))}
+    owed = [{"id": new_id(), "run_id": run_id, "klass": klass, "status": "pending",  # (unclaimed)
+             "eligible_at": tx.now, "retry_count": 0, "crash_count": 0, "created_at": tx.now, "updated_at": tx.now}
+            for run_id, klass in handlers.items() if klass is not None]
     if owed:
         tx.execute(_h.insert(), owed)  # [INV-HLT-2] owed by the halt's own transaction
         faults.hit(faults.BETWEEN_HALT_AND_HOOK)

@@ -106,16 +106,15 @@ def _finished(r: sa.Table) -> sa.ColumnElement[Any]:
     return sa.func.coalesce(r.c.completed_at, r.c.halted_at)
 
 
-def _hook_open(r: sa.Table) -> sa.Exists:
-    """The run owes an on_halt hook whose outcome is not recorded yet (pending or running):
-    live work, which a prune leaves alone. A final hook never opens again."""
-    h = schema.halt_hooks
-    return sa.exists().where(h.c.run_id == r.c.id, h.c.status.in_(("pending", "running")))
+#: the run owes an on_halt hook whose outcome is not recorded yet (pending or running):
+#: live work, which a prune leaves alone. A final hook never opens again.
+_HOOK_OPEN = sa.exists().where(schema.halt_hooks.c.run_id == schema.runs.c.id,
+                               schema.halt_hooks.c.status.in_(("pending", "running")))
 
 
 def _prunable(cutoff: datetime, pipeline: str | None) -> sa.ColumnElement[bool]:
     r = schema.runs
-    where = sa.and_(r.c.status.in_(PRUNABLE), _finished(r) < cutoff, ~_hook_open(r))
+    where = sa.and_(r.c.status.in_(PRUNABLE), _finished(r) < cutoff, ~_HOOK_OPEN)
     return where if pipeline is None else sa.and_(where, of_pipeline(pipeline))
 
 
@@ -142,7 +141,7 @@ def prune_batch(tx: Tx, run_ids: list[str], cutoff: datetime) -> dict[str, int]:
     if not run_ids:
         return {}
     locked = tx.execute(dialects.for_update(
-        sa.select(r.c.id, r.c.status, _finished(r).label("finished_at"), _hook_open(r).label("hook_open"))
+        sa.select(r.c.id, r.c.status, _finished(r).label("finished_at"), _HOOK_OPEN.label("hook_open"))
         .where(r.c.id.in_(dialects.inline_ids(sorted(run_ids)))).order_by(r.c.id), tx.conn)).all()
     ids = sorted(row.id for row in locked
                  if may_prune(row.status, row.finished_at, cutoff,
@@ -185,11 +184,16 @@ def prune(app: Database, finished_before: timedelta, *, batch_size: int = DEFAUL
     _check_arguments(batch_size, finished_before)
     if pipeline is not None:
         of_pipeline(pipeline)  # (a filter it refuses is refused before anything starts)
-    if dry_run:
-        return _dry_run(app, finished_before, batch_size, pipeline)
     with app.begin(readonly=True) as tx:
-        cutoff = tx.now - finished_before  # [INV-CLK-1] one cutoff for every batch
-    result = PruneResult(cutoff, False)
+        cutoff = tx.now - finished_before  # [INV-CLK-1] the database's now, one cutoff for every batch
+        result = PruneResult(cutoff, dry_run)
+        if dry_run:  # what a prune would delete now, counted in this one read-only transaction
+            ids = list(tx.execute(sa.select(schema.runs.c.id).where(_prunable(cutoff, pipeline))).scalars())
+            result.runs = len(ids)
+            for start in range(0, len(ids), batch_size):
+                for name, n in _count(tx, ids[start:start + batch_size]).items():
+                    result.rows[name] += n
+            return result
     if on_start is not None:
         on_start(cutoff)
     while True:
@@ -198,7 +202,13 @@ def prune(app: Database, finished_before: timedelta, *, batch_size: int = DEFAUL
             return result
         if not deleted:  # another prune deleted them first: look again
             continue
-        runs = _count_batch(result, deleted)
+        runs = deleted[schema.runs.name]
+        result.runs += runs
+        result.batches += 1
+        for name, n in deleted.items():
+            result.rows[name] += n
+        log.info("prune: deleted %d runs finished before %s (%s)", runs, cutoff.isoformat(sep=" "),
+                 ", ".join(f"{name} {n}" for name, n in deleted.items()))
         if on_batch is not None:
             on_batch(runs, deleted)
 
@@ -212,36 +222,11 @@ def _check_arguments(batch_size: int, finished_before: timedelta) -> None:
         raise RunFilterError("--finished-before", finished_before, "must not be negative")
 
 
-def _dry_run(app: Database, finished_before: timedelta, batch_size: int, pipeline: str | None) -> PruneResult:
-    """What a prune would delete now, counted in one read-only transaction."""
-    with app.begin(readonly=True) as tx:
-        cutoff = tx.now - finished_before  # [INV-CLK-1] the database's now
-        result = PruneResult(cutoff, True)
-        ids = list(tx.execute(sa.select(schema.runs.c.id).where(_prunable(cutoff, pipeline))).scalars())
-        result.runs = len(ids)
-        for start in range(0, len(ids), batch_size):
-            for name, n in _count(tx, ids[start:start + batch_size]).items():
-                result.rows[name] += n
-    return result
-
-
 def _next_batch(app: Database, cutoff: datetime, batch_size: int, pipeline: str | None) -> tuple[bool, dict[str, int]]:
     """One batch's transaction: whether candidates were found, and the rows deleted."""
     with app.begin() as tx:
         found = candidates(tx, cutoff, batch_size, pipeline)
         return bool(found), prune_batch(tx, found, cutoff)
-
-
-def _count_batch(result: PruneResult, deleted: dict[str, int]) -> int:
-    """Add a committed batch to ``result`` and log it; returns its number of runs."""
-    runs = deleted[schema.runs.name]
-    result.runs += runs
-    result.batches += 1
-    for name, n in deleted.items():
-        result.rows[name] += n
-    log.info("prune: deleted %d runs finished before %s (%s)", runs, result.finished_before.isoformat(sep=" "),
-             ", ".join(f"{name} {n}" for name, n in deleted.items()))
-    return runs
 
 
 def render(result: PruneResult) -> str:
