@@ -38,7 +38,7 @@ from ductwork.errors import DurationError, RunFilterError, UnknownRunError
 from ductwork.limit_entries import has_whitespace_around
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Sequence
 
     from _typeshed import DataclassInstance
 
@@ -272,19 +272,19 @@ def _grouped(rows: Iterable[sa.Row[Any]], key: str) -> dict[str, list[sa.Row[Any
     return grouped
 
 
-def _halt_reasons(tx: Tx, run_ids: list[str]) -> dict[str, tuple[str, ...]]:
-    """Why each halted branch of each of ``run_ids`` halted, sorted (every halt writes its reason)."""
-    b = schema.branches
+def _run_records(tx: Tx, rows: Sequence[sa.Row[Any]]) -> list[RunRecord]:
+    """The records of run rows read with :data:`_RUN_COLUMNS`: each with why its halted branches
+    halted, sorted (every halt writes its reason), and the run revived from it (by
+    ``uq_run_revived_from``). A halted branch's reason is in any run not completed (in progress
+    or dampened too); a revival only of a halted run, one of them."""
+    b, r = schema.branches, schema.runs
+    ids = [row.id for row in rows if row.status != "completed"]  # (the others have neither)
     halted = _grouped(tx.execute(sa.select(b.c.run_id, b.c.halt_reason).where(
-        b.c.run_id.in_(run_ids), b.c.status == "halted", b.c.halt_reason.is_not(None))), "run_id") if run_ids else {}
-    return {run_id: tuple(sorted(row.halt_reason for row in halted.get(run_id, []))) for run_id in run_ids}
-
-
-def _revivals(tx: Tx, run_ids: list[str]) -> dict[str, str]:
-    """The run revived from each of ``run_ids`` that has one (by ``uq_run_revived_from``)."""
-    r = schema.runs
-    return {row.revived_from: row.id for row in tx.execute(sa.select(r.c.id, r.c.revived_from)
-                                                           .where(r.c.revived_from.in_(run_ids)))}
+        b.c.run_id.in_(ids), b.c.status == "halted", b.c.halt_reason.is_not(None))), "run_id") if ids else {}
+    revivals = {row.revived_from: row.id for row in tx.execute(sa.select(r.c.id, r.c.revived_from)
+                                                               .where(r.c.revived_from.in_(ids)))}
+    return [_record(RunRecord, row, halt_reasons=tuple(sorted(x.halt_reason for x in halted.get(row.id, []))),
+                    revived_as=revivals.get(row.id)) for row in rows]
 
 
 # --------------------------------------------------------------------------- filters
@@ -343,13 +343,7 @@ def list_runs(app: Database, *, status: str | None = None, pipeline: str | None 
                                                      else parse_since(since, tx.now)))
         if before:  # after the previous page's last run, in (triggered_at, id) order
             query = query.where(sa.tuple_(r.c.triggered_at, r.c.id) < tuple(before))
-        rows = tx.execute(query.order_by(r.c.triggered_at.desc(), r.c.id.desc()).limit(limit)).all()
-        # a halted branch's reason is in any run not completed (in progress or dampened too);
-        # a revival only of a halted run, one of them
-        unfinished = [row.id for row in rows if row.status != "completed"]
-        reasons, revivals = _halt_reasons(tx, unfinished), _revivals(tx, unfinished)
-    return [_record(RunRecord, row, halt_reasons=reasons.get(row.id, ()), revived_as=revivals.get(row.id))
-            for row in rows]
+        return _run_records(tx, tx.execute(query.order_by(r.c.triggered_at.desc(), r.c.id.desc()).limit(limit)).all())
 
 
 # --------------------------------------------------------------------------- one run
@@ -379,8 +373,7 @@ def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunH
         context_keys = tuple(sorted(tx.execute(sa.select(schema.context.c.key)
                                                .where(schema.context.c.run_id == run_id)).scalars()))
         hook = tx.execute(sa.select(*_columns(h, HookRecord, backtraces)).where(h.c.run_id == run_id)).first()
-        revived_as = _revivals(tx, [run_id]).get(run_id)  # (only a halted run is revived)
-        reasons = _halt_reasons(tx, [run_id])[run_id]
+        record = _run_records(tx, [run])[0]
     # In a revived run a step without executions of its own was carried over from the halted
     # run (INV-REV-2: a revive copies steps without their executions, and every step created
     # in a run is created with its first one).
@@ -392,8 +385,7 @@ def run_history(app: Database, run_id: str, *, backtraces: bool = False) -> RunH
                                                             for x in advancements.get(row.id, [])),
                 wait=Wait(kind="resume") if row.status == "dampened" else None)
         for row in branch_rows)
-    return RunHistory(now=waits.now, run=_record(RunRecord, run, halt_reasons=reasons, revived_as=revived_as),
-                      branches=branches, steps=steps, context_keys=context_keys,
+    return RunHistory(now=waits.now, run=record, branches=branches, steps=steps, context_keys=context_keys,
                       hook=None if hook is None else _record(HookRecord, hook))
 
 

@@ -35,6 +35,7 @@ from ductwork.db import dialects, schema
 from ductwork.db.database import default_app
 from ductwork.errors import RunStateError, UnknownRunError
 from ductwork.pipelines import payloads
+from ductwork.pipelines.history import RunHistory, _grouped, run_history
 from ductwork.pipelines.hooks import owe_hooks
 from ductwork.pipelines.rules import resolve_run_status
 from ductwork.pipelines.snapshot import Definition
@@ -44,7 +45,6 @@ from ductwork.values import Json
 
 if TYPE_CHECKING:
     from ductwork.db.database import Database, Tx
-    from ductwork.pipelines.history import RunHistory
 
 TERMINAL = ("completed", "halted")
 SETTLED = ("completed", "halted", "dampened")
@@ -342,15 +342,13 @@ class Run:
                 for item in tx.execute(sa.select(x.c.step_id, x.c.value).where(x.c.step_id.in_(list(items)))
                                        .order_by(x.c.step_id, x.c.item_index)):
                     items[item.step_id].append(json.loads(item.value))
-            executions: dict[str, list[sa.Row[Any]]] = {}
-            for execution in tx.execute(
+            executions = _grouped(tx.execute(
                 sa.select(e.c.step_id, e.c.claimed_at, e.c.completed_at, e.c.outcome, e.c.error_klass,
                           e.c.error_message)
                 .join(s, s.c.id == e.c.step_id)
                 .where(s.c.run_id == self.id)
                 .order_by(e.c.created_at, e.c.id)
-            ):
-                executions.setdefault(execution.step_id, []).append(execution)
+            ), "step_id")
         return [_step_info(row, items[row.id] if row.id in items
                            else payloads.get(row.id, {}).get("payload"), executions.get(row.id, []))
                 for row in rows]
@@ -360,8 +358,6 @@ class Run:
         typed records (what ``ductwork show`` prints), in one read-only transaction.
         ``backtraces``: include each error's traceback. Raises UnknownRunError once the run
         was pruned."""
-        from ductwork.pipelines.history import run_history
-
         return run_history(self.app, self.id, backtraces=backtraces)
 
     def definition(self) -> Definition:
@@ -450,12 +446,10 @@ def _step_info(row: sa.Row[Any], output: Any, executions: list[sa.Row[Any]]) -> 
     claimed = [x.claimed_at for x in executions if x.claimed_at is not None]
     ended = [x for x in executions if x.completed_at is not None]
     last = ended[-1] if ended else None
-    error = None
-    if last is not None and last.outcome != "success":
-        error = StepError(klass=last.error_klass or "", message=last.error_message or "", outcome=last.outcome)
-    finished = row.completed_at
-    if finished is None and row.status == "failed" and last is not None:
-        finished = last.completed_at
+    error = None if last is None or last.outcome == "success" else StepError(
+        klass=last.error_klass or "", message=last.error_message or "", outcome=last.outcome)
+    # a failed step finished when its last execution failed for good
+    finished = row.completed_at or (last.completed_at if row.status == "failed" and last is not None else None)
     return StepInfo(id=row.id, branch_id=row.branch_id, node=row.node, klass=row.klass, status=row.status,
                     to_transition=row.to_transition, input=json.loads(row.input_args), output=output,
                     error=error, attempts=len(claimed), created_at=row.created_at,
