@@ -227,8 +227,7 @@ def crash_hooks_of(app: Database, tx: Tx, hook_ids: list[str]) -> list[HookEnded
                       .where(_h.c.status == "running", _h.c.id.in_(dialects.inline_ids(sorted(hook_ids))))
                       .order_by(_h.c.id)).all()
     crash = ErrorInfo("ductwork.ProcessCrash", "on_halt hook reaped from a dead process", None)
-    ended = [_record_in(app, tx, row, "process_crashed", crash)[1] for row in rows]
-    return [event for event in ended if event is not None]
+    return [event for row in rows if (event := _record_in(app, tx, row, "process_crashed", crash)[1]) is not None]
 
 
 def log_ended(events: list[HookEnded]) -> None:

@@ -161,11 +161,10 @@ def _carry_step(step: Any, definition: Definition, new_run: str, branch_id: str,
            "idempotency_key": step["idempotency_key"] or step["id"]}
     rerun: Pending | None = None
     if resume and step["status"] == "failed":  # re-enqueued, with a fresh budget:
-        node = definition.nodes[step["node"]]
         row.update(status="in_progress", output_payload=None, started_at=now, completed_at=None,
                    created_at=now)  # [INV-REV-3] input_args kept
-        eligible = now + timedelta(microseconds=node.delay_us) if node.delay_us else now
-        rerun = Pending(sid, step["limit_key"], eligible)
+        delay_us = definition.nodes[step["node"]].delay_us
+        rerun = Pending(sid, step["limit_key"], now + timedelta(microseconds=delay_us) if delay_us else now)
     elif resume:  # an advancement halt stopped here: the transition runs again [INV-REV-3]
         row.update(status="advancing", completed_at=None, updated_at=now)
     else:  # [INV-REV-2] history: no execution, its status stays, never advanced again

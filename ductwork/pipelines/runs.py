@@ -290,9 +290,8 @@ class Run:
         ).first()
         if row is None:
             raise UnknownRunError(self.id)
-        reasons = conn.execute(sa.select(b.c.halt_reason)
-                               .where(b.c.run_id == self.id, b.c.status == "halted")).scalars()
-        self.halt_reasons = sorted(reason for reason in reasons if reason is not None)
+        self.halt_reasons = sorted(conn.execute(sa.select(b.c.halt_reason).where(
+            b.c.run_id == self.id, b.c.status == "halted", b.c.halt_reason.is_not(None))).scalars())
         self.status, self.pipeline, self.triggered_at = row.status, row.pipeline_klass, row.triggered_at
         return self
 
