@@ -378,8 +378,7 @@ class Run:
         Exactly once: a second resume finds no dampened branch and raises
         :class:`RunStateError`.
         """
-        replace = input is not _UNSET
-        value_json = payloads.dump(input, f"run {self.id} resume input") if replace else None
+        value_json = payloads.dump(input, f"run {self.id} resume input") if input is not _UNSET else None
         r, b = schema.runs, schema.branches
         with self.app.begin() as tx:
             run = tx.execute(
