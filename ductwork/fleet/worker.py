@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ductwork import faults
@@ -107,8 +108,8 @@ class Worker:
         #: the process's token alarm: set when a claim spends a rated key's last token
         self._tokens = tokens
         #: whether the process still holds its lease (``Runner.holds_lease``), asked before
-        #: any step code starts; None: a worker of no runner (in-process, tests), always
-        self._lease = lease
+        #: any step code starts; without ``lease`` (a worker of no runner: in-process, tests), always
+        self._holds_lease = lease or (lambda: True)
         #: told of each keyed claim a poll was refused (the process's ``shared.Refusals``); None: not counted
         self._refused = refused
         #: how many executions the next claim may take (from the recent pace)
@@ -143,9 +144,6 @@ class Worker:
         held.update(running for running in (self.current, self.current_hook) if running is not None)
         return held
 
-    def _holds_lease(self) -> bool:
-        return self._lease is None or self._lease()
-
     def _may_start_code(self) -> None:
         """Raise :class:`LeaseLost` if this worker's process no longer holds its lease.
 
@@ -164,11 +162,8 @@ class Worker:
         self._next_hook_poll = time.monotonic() + HOOK_POLL_S
         if not self._holds_lease():
             return None  # [INV-EXE-5] a handler is step code too: its claim is the reaper's
-        done = run_due_hook(self.app, self.process_id, self._holding_hook)
+        done = run_due_hook(self.app, self.process_id, partial(setattr, self, "current_hook"))  # (the hook it holds)
         return None if done is None else Performed(done.hook_id, "on_halt", done.outcome)
-
-    def _holding_hook(self, hook_id: str | None) -> None:
-        self.current_hook = hook_id
 
     def run_once(self) -> Performed | None:
         """Claim and run one execution (or one batch), then every execution its
@@ -200,13 +195,15 @@ class Worker:
             raise
 
     def _run_queued(self) -> Performed | None:
-        """Run what is queued, one execution (or one awaited batch) at a time, recording the
-        group of successes when :func:`batching.flush_due`, until nothing is queued."""
+        """Run what is queued, one execution (or one awaited batch: an async step and the
+        queued async steps after it, of any lane) at a time, recording the group of successes
+        when :func:`batching.flush_due`, until nothing is queued."""
         performed = None
         while self._queue:
-            claimed = self._queue.popleft()
-            together = awaitable(claimed)
-            batch = self._async_batch(claimed) if together else [claimed]
+            batch = [self._queue.popleft()]
+            together = awaitable(batch[0])
+            while together and self._queue and awaitable(self._queue[0]):
+                batch.append(self._queue.popleft())
             performed = self._run(batch, together=together)
             if self._group and batching.flush_due(bool(self._queue), time.monotonic() - self._group_started,
                                                   self._batch_window):
@@ -218,31 +215,24 @@ class Worker:
         thread's share of it (:func:`batching.keyed_batch`: the process's, if its bodies are
         CPU-bound). One that took something wakes one more idle thread: there may be more to
         take."""
-        cpu_share, processes = self._pace.cpu_share, self.app.config.job_worker.processes
-        config = self.app.config  # (a family's share applies to each of its partitions)
+        # (a family's share applies to each of its partitions)
+        config, cpu_share = self.app.config, self._pace.cpu_share
         entries = [*config.limits.items(), *((family, f.per_partition) for family, f in config.families.items())]
-        per_key = {key: batching.keyed_batch(self.batch, entry, self._threads, cpu_share=cpu_share, processes=processes)
-                   for key, entry in entries}
+        per_key = {key: batching.keyed_batch(self.batch, entry, self._threads, cpu_share=cpu_share,
+                                             processes=config.job_worker.processes) for key, entry in entries}
         claimed = claim_batch(self.app, self.process_id, self.batch, self.batch, per_key, self._refused)
-        self._note_tokens(claimed)
-        self._queue.extend(claimed)
+        self._queue_claimed(claimed)
         if claimed:
             self.app.wakeup.notify(1)  # the baton: one more thread looks, not all of them
 
-    def _note_tokens(self, claimed: list[Claimed]) -> None:
-        """A claim (or hand-off) that spent its key's last token sets the process's alarm
-        for the next one (``shared.TokenAlarm``; of a batch of several keys, the soonest)."""
+    def _queue_claimed(self, claimed: list[Claimed]) -> None:
+        """Queue what a claim (or hand-off) took. One that spent its key's last token sets
+        the process's alarm for the next one (``shared.TokenAlarm``; of a batch of several
+        keys, the soonest)."""
         times = [c.next_token_in_s for c in claimed if c.next_token_in_s is not None]
         if self._tokens is not None and times:
             self._tokens.at(min(times))
-
-    def _async_batch(self, first: Claimed) -> list[Claimed]:
-        """``first`` and the queued executions after it that are awaited with it: async
-        steps, of any lane."""
-        batch = [first]
-        while self._queue and awaitable(self._queue[0]):
-            batch.append(self._queue.popleft())
-        return batch
+        self._queue.extend(claimed)
 
     def _run(self, batch: list[Claimed], *, together: bool) -> Performed:
         """Run claimed executions and record each outcome in order (with batches, successes
@@ -308,9 +298,7 @@ class Worker:
 
     def _record(self, commit: Callable[[], list[Claimed]]) -> None:
         """Commit successes (repeated on a lost connection) and queue what is handed on."""
-        handed = retry_transient(commit)
-        self._note_tokens(handed)
-        self._queue.extend(handed)
+        self._queue_claimed(retry_transient(commit))
         faults.hit(faults.AFTER_JOB_COMMIT)
 
     def _paced(self, seconds: float, cpu_s: float) -> None:
