@@ -47,7 +47,7 @@ class Context:
         self.run_id = run_id
 
     @staticmethod
-    def _check_key(key: object) -> str:
+    def _check_key(key: object) -> None:
         if not isinstance(key, str) or not key:
             raise InputError(f"Context key must be a non-empty str, got {key!r}")
         if len(key) > 255:
@@ -55,7 +55,6 @@ class Context:
         if "\x00" in key or has_whitespace_around(key):  # as a trigger key (trigger.check_key): the
             # same on every database (PostgreSQL holds no NUL; MySQL ignores trailing spaces)
             raise InputError(f"Context key has whitespace around it or a NUL character: {key!r}")
-        return key
 
     def get(self, key: str) -> Json:
         """The value set for ``key`` in this run, or None."""
