@@ -99,8 +99,8 @@ class Worker:
         self.app = app
         self._process_id = process_id
         #: asked after each success: may this worker take its lane's next execution in
-        #: the same transaction (``claims.release_and_claim``)? None: never (one per run_once)
-        self._may_hand_off = hand_off
+        #: the same transaction (``claims.release_and_claim``)? Without ``hand_off``: never (one per run_once)
+        self._hands_off = hand_off or (lambda: False)
         self._batch_size = batch_size
         self._batch_window = batch_window
         #: the process's worker threads: what a thread's share of a key's concurrency is of
@@ -173,11 +173,10 @@ class Worker:
         queued stay held and run at the next call. Never sleeps (except inside the step)."""
         if self._group and not self._queue:
             self._flush()  # successes left unrecorded when an exception left the last call
-        polled = False
-        if not self._queue and not self._group and time.monotonic() >= self._next_hook_poll:
-            polled = True  # busy or not, a halted run's hook waits at most a second for a poll
-            if (hooked := self._hook()) is not None:
-                return hooked
+        # busy or not, a halted run's hook waits at most a second for a poll
+        polled = not self._queue and not self._group and time.monotonic() >= self._next_hook_poll
+        if polled and (hooked := self._hook()) is not None:
+            return hooked
         if not self._queue:
             self._claim()
         if not self._queue:
@@ -276,10 +275,6 @@ class Worker:
         orphaned claims once it answers again."""
         for claimed in left:
             record_crash(self.app, claimed.execution_id, claimed.process_id, ABANDONED, message)
-
-    def _hands_off(self) -> bool:
-        """Whether the completion being recorded may take its lane's next execution."""
-        return self._may_hand_off is not None and self._may_hand_off()
 
     def _flush(self) -> None:
         """Record the group of successes in one transaction; take what it hands on."""
