@@ -114,7 +114,8 @@ def _reads_only(conn, _cursor, statement: str, *_) -> None:  # type: ignore[no-u
     """A read-only block (``App.begin(readonly=True)``) that writes fails the test: on
     PostgreSQL it runs outside a transaction block, so each write would commit alone."""
     verb = statement.lstrip().split(None, 1)[0].upper()
-    if conn.get_execution_options().get("ductwork_readonly") and verb not in ("SELECT", "WITH", "BEGIN", "SHOW", "PRAGMA"):
+    reads = ("SELECT", "WITH", "BEGIN", "SHOW", "PRAGMA")
+    if conn.get_execution_options().get("ductwork_readonly") and verb not in reads:
         raise AssertionError(f"a read-only block wrote: {statement[:120]}")
 
 
