@@ -253,7 +253,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "then exits: every process below it is killed as before, nothing is written, and only the "
         "keeper's own exit is later (a test would have to time the keeper under 5 s)"),
     # -- pipelines/prune.py
-    "pipelines/prune.py#5": (
+    "pipelines/prune.py#6": (
         "`and_` without `r.c.status.in_(PRUNABLE)`",
         "_prunable without the status: its next term `_finished(r) < cutoff` needs a finish time, and only a "
         "completed or halted run has one: trigger and revive insert a run with completed_at and halted_at NULL, "
@@ -274,7 +274,7 @@ ARGUED: dict[str, tuple[str, str]] = {
         "completed_at, halted_at, trigger_key and updated_at; the server routines only read runs), so the two "
         "orders, then by id, are the same"),
     # -- pipelines/revive.py
-    "pipelines/revive.py#40": (
+    "pipelines/revive.py#39": (
         "`_s.c.started_at` read as `created_at`",
         "the steps read in created_at order instead of started_at: a step row's started_at is its created_at "
         "(as pipelines/runs.py#69: create_steps_across writes both as now, revive's re-enqueued step sets both "
@@ -282,9 +282,10 @@ ARGUED: dict[str, tuple[str, str]] = {
         "the same"),
     "pipelines/revive.py#44": (
         "`.where(_c.c.run_id == run_id)` dropped",
-        "_context_ids reads every run's context keys instead of the revived run's: the CASE gets a new id per "
+        "the keys' read (with duplicate_context) reads every run's context keys instead of the revived run's: "
+        "there is then a copy to make whenever any run has a key, and the CASE gets a new id per "
         "distinct key, so each key of the revived run (unique per run, uq_context_run_key) still maps to an id "
-        "of its own, rising in key order as before; the copy's own where (line 122) selects only the revived "
+        "of its own, rising in key order as before; the copy's own where (line 124) selects only the revived "
         "run's rows, so the extra WHEN arms are never taken, and with no key of its own the copy inserts no "
         "row whichever id expression it gets. A cost (a wider read, a longer CASE), not an outcome"),
     # -- pipelines/hooks.py
@@ -312,13 +313,13 @@ ARGUED: dict[str, tuple[str, str]] = {
         "asks `status = 'running'` and the row's own token again; a row not running matches nothing there "
         "(rowcount 0: nothing written, no wake, no event to log). A wider read, a cost, not an outcome"),
     # -- pipelines/runs.py
-    "pipelines/runs.py#27": (
+    "pipelines/runs.py#21": (
         "`where` without `r.c.status.not_in(TERMINAL)`",
         "_complete_runs names only runs whose status resolve_runs was given as not final, and that status was "
         "read by this transaction under the run row's lock (lock_run, lock_runs: FOR UPDATE on a server, the "
         "write lock on SQLite), held to the commit; the only status writes in between are resolve_runs' own, "
         "once per run: every row the ids name still matches the guard"),
-    "pipelines/runs.py#37": (
+    "pipelines/runs.py#35": (
         "`.where(r.c.id.in_(dialects.ids_param()))` dropped",
         "lock_runs reads and locks every run row instead of the batch's: its one caller (branches.move_branches) "
         "looks the result up only at its own moves' run ids, so the statuses it uses are the same; a wider lock "
@@ -326,13 +327,13 @@ ARGUED: dict[str, tuple[str, str]] = {
     "pipelines/runs.py#48": (
         "`where` without `r.c.status.not_in(TERMINAL)`",
         "the other statuses' UPDATE: as #27 (its ids are open runs read under the run lock this transaction holds)"),
-    "pipelines/runs.py#51": (
+    "pipelines/runs.py#55": (
         "`where` without `b.c.status == 'halted'`",
         "halt reasons of the run's branches in any status: a branch gets a halt reason only with the status "
         "halted (Move's halt_reason is set only on halting moves, _set_branch('halted', ...)), every other move "
         "writes it NULL, a halted branch is never claimed or moved again, and a revive clears it on the branches "
         "it resumes; the NULLs are dropped after the read"),
-    "pipelines/runs.py#54": (
+    "pipelines/runs.py#57": (
         "`e.c.created_at` read as `eligible_at`",
         "the order of a step's executions: one is open at a time (uq_execution_open_per_step), the next is "
         "enqueued by the transaction that ends the one before (outcomes' retry, a crash's re-run), eligible no "
@@ -340,26 +341,26 @@ ARGUED: dict[str, tuple[str, str]] = {
         "execution. So created_at, eligible_at, claimed_at, completed_at and updated_at rise together over a "
         "step's ended executions (equal only under a stopped test clock, then the id decides in both orders, "
         "rising within the one process); `claimed` (a count, a min) takes no order"),
-    "pipelines/runs.py#55": (
+    "pipelines/runs.py#58": (
         "`e.c.created_at` read as `claimed_at`",
         "as #54 (the pending execution's NULL claimed_at sorts differently per database, but `ended` leaves it "
         "out and `claimed` takes no order)"),
-    "pipelines/runs.py#56": (
+    "pipelines/runs.py#59": (
         "`e.c.created_at` read as `completed_at`",
         "as #54 (the open execution's NULL completed_at is left out of `ended`)"),
-    "pipelines/runs.py#57": (
+    "pipelines/runs.py#60": (
         "`e.c.created_at` read as `updated_at`",
         "as #54: an ended execution's updated_at is its completed_at (the end writes both, nothing writes it after)"),
-    "pipelines/runs.py#63": (
+    "pipelines/runs.py#69": (
         "`.where(s.c.run_id == self.id)` dropped",
         "steps() reads every run's executions: they are grouped by their step id and looked up only at this "
         "run's step ids (the rows of the first read), so each step gets the same list; a cost (a wider read), "
         "not an outcome"),
-    "pipelines/runs.py#67": (
+    "pipelines/runs.py#66": (
         "`s.c.started_at` read as `created_at`",
         "a step row's started_at is its created_at: create_steps_across writes both as now, revive's re-enqueued "
         "step sets both to now and its history copies keep both, and no UPDATE writes either"),
-    "pipelines/runs.py#75": (
+    "pipelines/runs.py#74": (
         "`where` without `b.c.status == 'dampened'`",
         "resume moves the branches it has just read as dampened, in this transaction under the run row's lock; "
         "only resume, under that lock, moves a dampened branch (advancers claim in-progress branches, a "
@@ -642,13 +643,13 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`keys - existing`, the same set whether `existing` holds only the asked keys that exist or every "
         "key that exists (a cost, a wider read, not an outcome)"),
     # -- fleet/worker.py
-    "fleet/worker.py#7": (
+    "fleet/worker.py#8": (
         "`not self._queue and (not self._group) and (time.monotonic() >= self._next_hook_p`: Or",
         "run_once polls for a due hook on every call with nothing queued or grouped, not at most once a second "
         "while busy: each poll is run_due_hook's guarded claim of a hook that is due, so what runs is still a due "
         "hook, once; only the order (a busy worker's next claim waits behind the hooks due) and the polls' cost "
         "differ"),
-    "fleet/worker.py#19": (
+    "fleet/worker.py#18": (
         "`time.monotonic() >= self._next_hook_poll`: Gt for GtE",
         "the hook poll's second has passed or is exactly now: equal only at one instant of a float clock, and "
         "the next call polls (a hook waits one call longer, never more)"),
@@ -737,27 +738,28 @@ ARGUED: dict[str, tuple[str, str]] = {
         "OffsetClock.skip_to at `moment == now` adds `moment - now`, a zero timedelta, to the offset: the offset, "
         "and every reading and in_sql after it, are the same as without the addition"),
     # -- pipelines/history.py
-    "pipelines/history.py#36": (
-        "`where` without `b.c.run_id.in_(run_ids)`",
-        "_halt_reasons reading every run's halted branches: grouped by run_id, and the dict it returns has a key "
-        "for each of run_ids only (`for run_id in run_ids`), so another run's rows are read and dropped"),
     "pipelines/history.py#37": (
+        "`where` without `b.c.run_id.in_(ids)`",
+        "_run_records reading every run's halted branches: grouped by run_id and looked up only by each listed "
+        "row's id (`halted.get(row.id, [])`), so another run's rows are read and dropped; a completed row, left "
+        "out of ids, has no halted branch either way (a completed run's branches all completed: INV-RUN-1)"),
+    "pipelines/history.py#38": (
         "`where` without `b.c.status == 'halted'`",
-        "_halt_reasons without the status: a branch's halt_reason is written only with the status `halted` (the "
+        "_run_records without the status: a branch's halt_reason is written only with the status `halted` (the "
         "four halts of advance.py, through _end_branches' Move and _set_branch), every other branch write sets a "
         "Move's reason, None, or leaves it NULL, a halted branch never moves again, and a revive's copy of a "
         "halted branch is in_progress with the reason NULL: a reason is never on a branch not halted"),
-    "pipelines/history.py#38": (
+    "pipelines/history.py#39": (
         "`where` without `b.c.halt_reason.is_not(None)`",
-        "_halt_reasons without the NULL test: every write of the status `halted` to a branch carries a reason "
+        "_run_records without the NULL test: every write of the status `halted` to a branch carries a reason "
         "(advance.py's four halts: a job's via job_halt_reason, which always names one, and the advancer's), so "
         "no halted branch has a NULL reason"),
-    "pipelines/history.py#39": (
-        "`.where(r.c.revived_from.in_(run_ids))` dropped",
-        "_revivals over every run: keyed by revived_from and looked up only by the ids listed (list_runs gives "
-        "every listed row `revivals.get(row.id)`, completed ones too, but only a halted run is revived "
-        "(revive_run refuses any other) and a halted run stays halted, so a completed row has no revival "
-        "either way); a revived_from NULL becomes the key None, which no run id is"),
+    "pipelines/history.py#40": (
+        "`.where(r.c.revived_from.in_(ids))` dropped",
+        "_run_records' revivals over every run: keyed by revived_from and looked up only by each listed row's id "
+        "(`revivals.get(row.id)`), completed rows too, but only a halted run is revived (revive_run refuses any "
+        "other) and a halted run stays halted, so a completed row has no revival either way; a revived_from NULL "
+        "becomes the key None, which no run id is"),
     "pipelines/history.py#55": (
         "`r.c.triggered_at` read as `created_at`",
         "a run's created_at is its triggered_at: both written `now` in its one insert (trigger.py and revive.py, "
