@@ -12,7 +12,9 @@ from an App that did not trigger the runs (its caches are cold, as in a process 
 only resumes or only works).
 
 Also: ``Run.resume`` from a process that did not trigger the run (the approval flow
-of docs/pipelines.md, resumed by a web request or another worker).
+of docs/pipelines.md, resumed by a web request or another worker); and a writing block
+is one transaction on every database, though on PostgreSQL a read-only block and a
+poll's one statement run outside a transaction block.
 """
 
 from __future__ import annotations
@@ -195,3 +197,20 @@ def test_resume_from_another_process(app):
     drain(app, timeout=30)
     assert run.refresh().status == "completed"
     assert [(s.input, s.output) for s in run.steps()] == [([1], 1), ([7], 7)]
+
+
+def test_a_writing_block_is_one_transaction_on_every_database(app):
+    """``App.begin()`` is one transaction: a block that raises after its first write leaves
+    none of it. On PostgreSQL ``begin(readonly=True)`` and ``begin(one_statement=True)`` run
+    without BEGIN and COMMIT (``dialects.runs_outside_transactions``); a writing block never
+    does, or each of its statements would commit alone."""
+    import sqlalchemy as sa
+
+    from ductwork.db import schema
+
+    k = schema.limit_keys
+    with pytest.raises(RuntimeError, match="after the first write"), app.begin() as tx:
+        tx.execute(k.insert().values(key="k", seq=0, created_at=tx.now, updated_at=tx.now))
+        raise RuntimeError("after the first write")
+    with app.begin(readonly=True) as tx:
+        assert tx.execute(sa.select(k.c.key)).all() == []
