@@ -121,6 +121,16 @@ def test_a_mysql_session_is_strict_whatever_the_servers_mode(app):
     assert set(mode.split(",")) == set(MYSQL_SQL_MODE.split(","))
 
 
+def test_the_statement_limit_is_the_servers_own(app):
+    """``dialects.statement_limit``: MySQL-family's ``max_allowed_packet`` (the longest
+    statement its server reads; the boot check warns below 16 MiB), and None on PostgreSQL
+    and SQLite, which have no limit of their own."""
+    with app.engine.connect() as conn:
+        limit = dialects.statement_limit(conn)
+        own = conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one() if app.backend == "mysql" else None
+    assert limit == own
+
+
 def _server_pid(conn) -> int:
     return int(conn.exec_driver_sql("SELECT pg_backend_pid()" if conn.dialect.name == "postgresql"
                                     else "SELECT CONNECTION_ID()").scalar_one())
