@@ -125,6 +125,14 @@ class _Graph:
                                              "import __main__: move it into an importable module",
                                  MainModuleError)
             partitions.append(None if by is None else PartitionBy(*by, self.argument(transition, klass, by[1])))
+            if transition != "start":  # every other transition builds its step from one input
+                try:
+                    klass._ductwork_bind([None])
+                except TypeError:
+                    raise self.error(transition, f"{klass.__qualname__}.__init__{inspect.signature(klass.__init__)} "
+                                                 f"must take one input: a step after start gets one (a chain's the "
+                                                 f"output, an expand's one item); take it whole and read its "
+                                                 f"fields") from None
         for klass, partition in zip(classes, partitions, strict=True):
             name = f"{klass.__name__}#{len(self.nodes)}"
             self.nodes[name] = NodeSpec(register_class(klass), **parsed, partition=partition)

@@ -209,8 +209,13 @@ def test_a_writing_block_is_one_transaction_on_every_database(app):
     from ductwork.db import schema
 
     k = schema.limit_keys
-    with pytest.raises(RuntimeError, match="after the first write"), app.begin() as tx:
-        tx.execute(k.insert().values(key="k", seq=0, created_at=tx.now, updated_at=tx.now))
-        raise RuntimeError("after the first write")
+
+    def write_then_fail() -> None:
+        with app.begin() as tx:
+            tx.execute(k.insert().values(key="k", seq=0, created_at=tx.now, updated_at=tx.now))
+            raise RuntimeError("after the first write")
+
+    with pytest.raises(RuntimeError, match="after the first write"):
+        write_then_fail()
     with app.begin(readonly=True) as tx:
         assert tx.execute(sa.select(k.c.key)).all() == []

@@ -394,8 +394,28 @@ class KeywordOnly(Step):
         return None
 
 
+@pytest.mark.parametrize(("fn", "transition"), [
+    (lambda p: p.start(A).chain(to=Two), "chain"),
+    (lambda p: p.start(A).expand(to=Two).collapse(into=A), "expand"),
+    (lambda p: p.start(A).divide(to=[A, Two]).combine(into=A), "divide"),
+    (lambda p: p.start(A).expand(to=A).collapse(into=Two), "collapse"),
+])
+def test_a_step_after_start_must_take_one_input(fn, transition):
+    """Every transition but start builds its step from one input (a chain's the output, an
+    expand's one item): a class that cannot take one is refused when the pipeline is
+    defined, not when its first step halts ``job_invalid``."""
+    fails(fn, DefinitionError, f"P.{transition}: Two.__init__(self, order, account_id, /, note=None) must take one "
+                               "input: a step after start gets one (a chain's the output, an expand's one item); "
+                               "take it whole and read its fields")
+
+
+def test_a_step_after_start_may_take_one_input_in_any_form():
+    definition = build(lambda p: p.start(Two).chain(to=KeywordOnly).chain(to=Starred).chain(to=A)).definition
+    assert list(definition.nodes) == ["Two#0", "KeywordOnly#1", "Starred#2", "A#3"]
+
+
 def test_a_field_resolves_to_its_parameters_position_in_each_class():
-    definition = build(lambda p: p.start(A).divide(to=[Two, A], limit_by=("f", "order"))).definition
+    definition = build(lambda p: p.start(A).divide(to=[KeywordOnly, A], limit_by=("f", "order"))).definition
     assert [spec.partition for spec in definition.nodes.values()] == [
         None, PartitionBy("f", "order", 0), PartitionBy("f", "order", 0)]
     definition = build(lambda p: p.start(Two, limit_by=("f", "account_id.id"))).definition
