@@ -333,6 +333,11 @@ ARGUED: dict[str, tuple[str, str]] = {
         "halted (Move's halt_reason is set only on halting moves, _set_branch('halted', ...)), every other move "
         "writes it NULL, a halted branch is never claimed or moved again, and a revive clears it on the branches "
         "it resumes; the NULLs are dropped after the read"),
+    "pipelines/runs.py#56": (
+        "`where` without `b.c.halt_reason.is_not(None)`",
+        "Run._read's halt reasons without the NULL test: every write of the status `halted` to a branch carries "
+        "a reason (advance.py's four halts: a job's via job_halt_reason, which always names one, and the "
+        "advancer's), so no halted branch has a NULL reason (as pipelines/history.py#39)"),
     "pipelines/runs.py#57": (
         "`e.c.created_at` read as `eligible_at`",
         "the order of a step's executions: one is open at a time (uq_execution_open_per_step), the next is "
@@ -737,6 +742,20 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`moment > now`: GtE for Gt",
         "OffsetClock.skip_to at `moment == now` adds `moment - now`, a zero timedelta, to the offset: the offset, "
         "and every reading and in_sql after it, are the same as without the addition"),
+    # -- db/engines.py
+    "db/engines.py#28": (
+        "`time.monotonic() - record.info.get('ductwork_returned', time.monotonic()) > PING_AFTER_IDLE_S`: GtE for Gt",
+        "the ping's age boundary: a connection idle exactly PING_AFTER_IDLE_S is pinged or not, an instant no "
+        "clock reading distinguishes; either way every outcome is the same (a ping only replaces a connection "
+        "that is dead, and an unpinged dead one fails its statement, which the worker's loops retry on a new "
+        "connection)"),
+    # -- db/database.py
+    "db/database.py#13": (
+        "`readonly or one_statement`: And",
+        "no caller passes both, so every block runs in a transaction block, as before the change that added "
+        "it: the same statements with the same outcomes (under READ COMMITTED each statement reads its own "
+        "snapshot in a transaction block or out of one, and the lane routine's one call is atomic either way), "
+        "two round trips more per block (BEGIN, COMMIT): a cost, measured in bench/RESULTS.md, not an outcome"),
     # -- pipelines/history.py
     "pipelines/history.py#37": (
         "`where` without `b.c.run_id.in_(ids)`",

@@ -591,6 +591,23 @@ def test_steps_report_each_steps_attempts_times_and_latest_error(app):
         ("Echo#0", "completed"), ("Echo#1", "completed"), ("Boom#2", "in_progress")]
 
 
+def test_a_step_waiting_for_its_retry_has_not_finished(manual_app):
+    """A step whose first execution failed and whose retry is not due yet (the clock does
+    not move) is in progress: ``Run.steps()`` shows its attempt and that attempt's error,
+    and no finish time (only a step that failed for good finished when its last execution
+    ended)."""
+    from ductwork.fleet.worker import Worker
+    from ductwork.pipelines.advance import Advancer
+
+    run = RetriedFirstP.trigger("v")
+    worker, advancer = Worker(manual_app), Advancer(manual_app)
+    while worker.run_once() is not None or advancer.run_once() != "idle":
+        pass  # (each turn makes progress; the retry waits for the clock, so this ends)
+    [waiting] = [step for step in run.steps() if step.node == "FailsOnce#1"]
+    assert (waiting.status, waiting.attempts, waiting.error.klass) == ("in_progress", 1, "builtins.ValueError")
+    assert waiting.finished_at is None
+
+
 def test_a_retried_step_shows_its_attempts_and_no_error_once_its_retry_succeeded(app):
     """Two branches start together, the first one's step failing once: ``Run.steps()`` lists
     the steps in start order, the retried one with two attempts and no error (the latest of
