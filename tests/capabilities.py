@@ -50,10 +50,6 @@ CAPABILITIES: dict[str, tuple[tuple[str, ...], str]] = {
         "PostgreSQL's REPEATABLE READ refuses to update a row changed after its snapshot (a "
         "serialization failure, retried by the caller); SQLite serialises writers at BEGIN IMMEDIATE",
     ),
-    "connections_a_server_closes": (
-        ("postgresql", "mysql"),
-        "SQLite is a file this process opens: no server can close its connection, and its pool pings none",
-    ),
     "server_side_routines": (
         ("postgresql", "mysql"),
         "SQLite is in-process: a statement is a call, not a round trip, so the lane routine "

@@ -165,15 +165,14 @@ MARKS_NAMED_LINES = 4
 #: scanned the same eight lanes, passed the seven their siblings were filling and scanned
 #: again, a scan a claim (bench/RESULTS.md, "B8: a scan of the lanes a batch may claim")
 BATCH_SCAN_LINES = 1
-#: and two changes of round trips, not of paths (issues 32 and 34): a pooled server
-#: connection pinged only when it sat unused for more than 0.25 s (``engines._ping_if_idle``,
-#: SQLAlchemy's checkout-listener form of the pre-ping, replacing ``pool_pre_ping``, which
-#: pinged every checkout), and on PostgreSQL a read-only block and a poll's one call of the
-#: lane routine run without BEGIN and COMMIT (``dialects.runs_outside_transactions``,
-#: ``Database.begin(one_statement=)``). Paid for in the same stop: the base below lost 109
-#: lines to issue 31's clean-ups of 2026-12-07, late (five modules' helpers folded,
-#: dialects' two-variant seams become tables, history's run records read once, …)
-ROUND_TRIPS_LINES = 19
+#: and a change of round trips, not of paths (issues 32 and 34): on PostgreSQL a read-only
+#: block and a poll's one call of the lane routine run without BEGIN and COMMIT
+#: (``dialects.runs_outside_transactions``, ``Database.begin(one_statement=)``). Paid for in
+#: the same stop: the base below lost 109 lines to issue 31's clean-ups of 2026-12-08 (five
+#: modules' helpers folded, dialects' two-variant seams become tables, history's run records
+#: read once, …). (A pooled connection pinged only when idle, measured in the same stop,
+#: was reverted: no gain, and an error logged after a connection was killed.)
+ROUND_TRIPS_LINES = 5
 #: and a newcomer's trip-up fixed: a step after start whose ``__init__`` cannot take the one
 #: input every transition but start gives it (an expand's item spread over two parameters)
 #: is refused when the pipeline is defined (``_Graph.add_nodes``), not halted at its first run
@@ -213,7 +212,7 @@ MARKS_NAMED_TOKENS = 64
 #: and by those of :data:`BATCH_SCAN_LINES`
 BATCH_SCAN_TOKENS = 15
 #: and by those of :data:`ROUND_TRIPS_LINES` (the base lowered by the clean-ups' 739)
-ROUND_TRIPS_TOKENS = 194
+ROUND_TRIPS_TOKENS = 69
 #: and by those of :data:`ONE_INPUT_LINES`
 ONE_INPUT_TOKENS = 32
 CODE_TOKENS_BUDGET = (61_973 + ROUND_TRIPS_TOKENS + ONE_INPUT_TOKENS + CROSS_LANE_BATCHES_TOKENS + CLAIM_RETRIED_TOKENS

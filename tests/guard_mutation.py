@@ -742,13 +742,6 @@ ARGUED: dict[str, tuple[str, str]] = {
         "`moment > now`: GtE for Gt",
         "OffsetClock.skip_to at `moment == now` adds `moment - now`, a zero timedelta, to the offset: the offset, "
         "and every reading and in_sql after it, are the same as without the addition"),
-    # -- db/engines.py
-    "db/engines.py#28": (
-        "`time.monotonic() - record.info.get('ductwork_returned', time.monotonic()) > PING_AFTER_IDLE_S`: GtE for Gt",
-        "the ping's age boundary: a connection idle exactly PING_AFTER_IDLE_S is pinged or not, an instant no "
-        "clock reading distinguishes; either way every outcome is the same (a ping only replaces a connection "
-        "that is dead, and an unpinged dead one fails its statement, which the worker's loops retry on a new "
-        "connection)"),
     # -- db/database.py
     "db/database.py#13": (
         "`readonly or one_statement`: And",

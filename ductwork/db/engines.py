@@ -15,7 +15,6 @@ Not API: internal to ductwork.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
@@ -232,40 +231,11 @@ def create_engine(url: str | URL, **settings: Unpack[EngineSettings]) -> Engine:
     if "pool_size" in settings and name != "sqlite":
         options["pool_size"] = settings["pool_size"]
         options["max_overflow"] = settings.get("max_overflow", 10)
+    options["pool_pre_ping"] = True
     engine = sa.create_engine(parsed, **options)
     if name == "sqlite":
         _sqlite_hooks(engine, float(settings.get("busy_timeout", 30)))
-    else:
-        _ping_if_idle(engine)
     return engine
-
-
-#: seconds a pooled server connection may sit unused before its next checkout pings it: less
-#: than a server restart takes (0.4 s and more, docs/containers.md), so a connection that
-#: outlived one is pinged, while a busy worker's, handed out again within milliseconds, is not
-PING_AFTER_IDLE_S = 0.25
-
-
-def _ping_if_idle(engine: Engine) -> None:
-    """SQLAlchemy's pre-ping, for connections idle more than :data:`PING_AFTER_IDLE_S`
-    (the pool's documented checkout-listener form of it): one that fails the ping, after a
-    server restart or a proxy's timeout, invalidates the pool, whose checkout then connects
-    anew. A connection the pool handed out a moment ago is not pinged: a worker that runs
-    transactions back to back saves a round trip in each (``pool_pre_ping`` pings every
-    checkout). One the server closes in that moment fails its statement, which the
-    worker's loops retry on a new connection (``dialects.retry_transient``)."""
-
-    @event.listens_for(engine, "checkin")
-    def _returned(_dbapi_connection: Any, record: Any) -> None:
-        record.info["ductwork_returned"] = time.monotonic()
-
-    @event.listens_for(engine, "checkout")
-    def _checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        if time.monotonic() - record.info.get("ductwork_returned", time.monotonic()) > PING_AFTER_IDLE_S:
-            try:
-                engine.dialect.do_ping(dbapi_connection)
-            except Exception as error:
-                raise exc.InvalidatePoolError(f"a pooled connection failed its ping: {error}") from error
 
 
 def _sqlite_hooks(engine: Engine, busy_timeout: float) -> None:
